@@ -1,0 +1,624 @@
+"""The report's figures. Each is a pure function of loaded artifacts (:class:`ReportInputs`) and
+returns a matplotlib ``Figure`` (or None when its artifacts are missing). Evaluating the exported
+law (``law.predict``) is allowed: it is part of the law artifact; nothing is refitted.
+
+Built on ``matplotlib.figure.Figure`` without pyplot, so no global state and no display backend
+(PNG rendering goes through Agg).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from matplotlib import rc_context
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import (FixedLocator, FuncFormatter, LogLocator, MaxNLocator,
+                               NullFormatter, NullLocator)
+
+from reports.inputs import SEVERITIES, ReportInputs, RunData
+from reports.style import (FORECAST_COLOR, LAW_COLOR, NOT_APPLICABLE_COLOR, RC, SEVERITY_COLORS,
+                           TARGET_COLOR, loss_fmt as num, rung_colors, sci, si)
+
+HEALTH_KEYS = ("moe/drop_frac", "grad/norm", "moe/router_entropy", "params/norm/router_bias",
+               "moe/load_max_over_mean")
+HEALTH_LABELS = {
+    "moe/drop_frac": ("token-drop fraction", "fraction of assignments dropped"),
+    "grad/norm": ("gradient norm", "global L2 norm"),
+    "moe/router_entropy": ("router entropy", "nats"),
+    "params/norm/router_bias": ("router-bias norm (rule-set, not trained)", "L2 norm"),
+    "moe/load_max_over_mean": ("expert load imbalance", "max load / mean load"),
+}
+# Alert kinds drawn on a health panel as well as on the watch plot.
+HEALTH_ALERT_KINDS = {"moe/drop_frac": ("drop_frac",), "grad/norm": ("grad_norm", "spike", "nan"),
+                      "moe/router_entropy": ("router",), "params/norm/router_bias": ("router",)}
+
+
+def _styled(func):
+    """Apply the report's rcParams while a figure is built (axes read them when created)."""
+    @functools.wraps(func)
+    def wrapper(*args, **kw):
+        with rc_context(RC):
+            return func(*args, **kw)
+    return wrapper
+
+
+def _fig(w: float, h: float) -> Figure:
+    return Figure(figsize=(w, h), layout="constrained")
+
+
+def _plain_log_y(ax) -> None:
+    """Log y axis labelled with plain numbers (losses 2.1, 2.5, 3 rather than 10^0.3). Within
+    less than a decade, log locators give two or three ticks; there the ticks are chosen as
+    round linear values instead (call after the limits are settled)."""
+    ax.set_yscale("log")
+    lo, hi = ax.get_ylim()
+    if lo > 0 and hi / lo < 10:
+        ticks = [t for t in MaxNLocator(7).tick_values(lo, hi) if lo <= t <= hi and t > 0]
+        ax.yaxis.set_major_locator(FixedLocator(ticks))
+        ax.yaxis.set_minor_locator(NullLocator())
+    else:
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _pct_x(ax) -> None:
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0%}"))
+
+
+def _si_x(ax) -> None:
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: si(v)))
+
+
+def _sci_x(ax) -> None:
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: sci(v, 2)))
+
+
+def _note(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=10,
+            color="#666666", wrap=True)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.grid(False)
+
+
+def colors_for(inp: ReportInputs) -> dict[str, str]:
+    return rung_colors([r.name for r in inp.rungs])
+
+
+def _metric_label(metric: str) -> str:
+    return f"{metric} (nats/token)" if metric.endswith("loss") else metric
+
+
+# ----------------------------------------------------------------------------- 1. the ladder
+
+
+def _law_along_run(inp: ReportInputs, run: RunData, fractions: np.ndarray):
+    """The law evaluated along ``run`` at ``fractions`` of its plan (tokens and compute so far)."""
+    if inp.law is None or run.planned_tokens is None:
+        return None
+    tokens = fractions * run.planned_tokens
+    return inp.law.predict(level=inp.level, params=run.params, active_params=run.active_params,
+                           tokens=tokens, compute=run.compute_at(tokens), fraction=fractions)
+
+
+def ladder_residuals(inp: ReportInputs) -> np.ndarray:
+    """Relative residuals (observed / law - 1) of every rung's eval points (empty without a law)."""
+    out = []
+    for run in inp.rungs:
+        s = run.series(inp.metric)
+        ok = np.isfinite(s.fraction) & (s.fraction > 0)
+        if not ok.any():
+            continue
+        p = _law_along_run(inp, run, s.fraction[ok])
+        if p is not None:
+            out.append(s.value[ok] / p.loss - 1.0)
+    return np.concatenate(out) if out else np.array([])
+
+
+@_styled
+def plot_ladder(inp: ReportInputs) -> Figure | None:
+    metric = inp.metric
+    runs = [r for r in inp.rungs if len(r.series(metric))]
+    if not runs:
+        return None
+    colors = colors_for(inp)
+    fig = _fig(9.5, 5.6)
+    ax = fig.add_subplot()
+    drew_law = False
+    for run in runs:
+        s = run.series(metric)
+        c = colors[run.name]
+        ok = np.isfinite(s.tokens) & (s.tokens > 0)
+        label = f"{run.name}  ({si(run.active_params)} active, {sci(run.compute, 2)} FLOPs)"
+        if run.status != "complete":
+            label += f"  [{run.status}]"
+        ax.plot(s.tokens[ok], s.value[ok], "o", color=c, ms=4.5, mec="white", mew=0.5,
+                label=label, zorder=3)
+        g_obs = s.fraction[ok & np.isfinite(s.fraction)]
+        if len(g_obs):
+            grid = np.unique(np.concatenate([np.linspace(g_obs.min(), max(g_obs.max(), 1.0), 80),
+                                             g_obs]))
+            p = _law_along_run(inp, run, grid)
+            if p is not None and np.isfinite(p.loss).any():
+                drew_law = True
+                t = grid * run.planned_tokens
+                ax.plot(t, p.loss, "-", color=c, lw=1.6, alpha=0.9, zorder=2)
+                if np.isfinite(p.lo).any():
+                    ax.fill_between(t, p.lo, p.hi, color=c, alpha=0.12, lw=0, zorder=1)
+    t = inp.target
+    if t is not None and len(t.series(metric)):
+        s = t.series(metric)
+        ok = np.isfinite(s.tokens) & (s.tokens > 0)
+        ax.plot(s.tokens[ok], s.value[ok], "s", color=TARGET_COLOR, ms=4.5,
+                label=f"{t.name} (target; {si(t.active_params)} active)", zorder=4)
+    fc = inp.forecast
+    if fc is not None:
+        ok = np.isfinite(fc.tokens) & (fc.tokens > 0) & (fc.fraction > 0)
+        if ok.any():
+            ax.plot(fc.tokens[ok], fc.loss[ok], "--", color=TARGET_COLOR, lw=1.2,
+                    label="target: pre-registered forecast", zorder=2)
+            ax.fill_between(fc.tokens[ok], fc.lo[ok], fc.hi[ok], color=TARGET_COLOR, alpha=0.08,
+                            lw=0)
+    ax.set_xscale("log")
+    _si_x(ax)
+    _plain_log_y(ax)
+    ax.set_xlabel("training tokens seen")
+    ax.set_ylabel(_metric_label(metric))
+    handles, labels = ax.get_legend_handles_labels()
+    if drew_law:
+        handles.append(Line2D([], [], color="#555555", lw=1.6))
+        labels.append(f"law ({inp.law.form}), shaded: {inp.level:.0%} band")
+    ax.legend(handles, labels, loc="upper right")
+    res = ladder_residuals(inp) if drew_law else np.array([])
+    res = res[np.isfinite(res)]
+    first = [r.series(metric).value[-1] for r in runs]
+    if len(res):
+        title = (f"The law tracks the ladder: median |error| {np.median(np.abs(res)):.2%} over "
+                 f"{len(res)} eval points of {len(runs)} rungs")
+    elif inp.law is None:
+        title = f"Ladder: {len(runs)} rungs, last {metric} {num(max(first))} -> {num(min(first))} (no law given)"
+    else:
+        title = f"Ladder: {len(runs)} rungs; the law could not be evaluated along them"
+    ax.set_title(title, loc="left")
+    return fig
+
+
+# ----------------------------------------------------------------------------- 2. the law
+
+
+def _allocation(inp: ReportInputs):
+    """params, active params and tokens as power laws of compute through the rungs and the target
+    (the ladder's own sizing rule, read off its runs), so that laws in (N, D) can be drawn against
+    compute. Returns a function compute -> dict of arrays, or None with fewer than one point."""
+    pts = []
+    runs = list(inp.rungs) + ([inp.target] if inp.target is not None else [])
+    for r in runs:
+        vals = (r.compute, r.params, r.active_params, r.planned_tokens)
+        if all(v is not None and v > 0 for v in vals):
+            pts.append(vals)
+    ti = inp.target_info
+    tv = tuple(ti.get(k) for k in ("compute", "params", "active_params", "tokens"))
+    if all(isinstance(v, (int, float)) and v > 0 for v in tv):
+        pts.append(tuple(float(v) for v in tv))
+    if not pts:
+        return None
+    arr = np.log(np.asarray(pts, float))
+    lc = arr[:, 0]
+    coefs = []
+    for j in range(1, 4):
+        if len(np.unique(lc)) >= 2:
+            coefs.append(np.polyfit(lc, arr[:, j], 1))
+        else:  # one point: keep the ratio fixed, N and D each ~ C^0.5
+            coefs.append(np.array([0.5, arr[0, j] - 0.5 * lc[0]]))
+
+    def at(compute):
+        x = np.log(np.asarray(compute, float))
+        p, a, d = (np.exp(np.polyval(c, x)) for c in coefs)
+        return {"params": p, "active_params": a, "tokens": d, "compute": np.exp(x)}
+    return at
+
+
+def backtests(law_meta: dict) -> list[dict]:
+    """Backtest rows found in ``law.json`` diagnostics: ``{kind, label, rel_error}``.
+
+    Tolerant of layout: any list/dict under a diagnostics key containing "backtest" whose entries
+    carry a relative error (``rel_error``/``relative_error``/``error``) and a name of the held-out
+    run, or a plain mapping run -> relative error.
+    """
+    diag = law_meta.get("diagnostics") if isinstance(law_meta, dict) else None
+    if not isinstance(diag, dict):
+        return []
+    rows: list[dict] = []
+    err_keys = ("rel_error", "relative_error", "rel_err", "error")
+    name_keys = ("held_out", "run", "target", "name", "heldout", "predict")
+
+    def visit(obj, kind: str):
+        if isinstance(obj, list):
+            for x in obj:
+                visit(x, kind)
+        elif isinstance(obj, dict):
+            err = next((obj[k] for k in err_keys if isinstance(obj.get(k), (int, float))), None)
+            if err is not None:
+                label = next((obj[k] for k in name_keys if isinstance(obj.get(k), (str, int))), "")
+                if isinstance(label, list):
+                    label = ",".join(map(str, label))
+                rows.append({"kind": kind, "label": str(label), "rel_error": float(err)})
+                return
+            for k, v in obj.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and kind and \
+                        k not in ("n", "mean", "max", "mae", "rmse", "level"):
+                    continue
+                visit(v, f"{kind}/{k}" if kind else k)
+
+    for key, val in diag.items():
+        if "backtest" in key.lower():
+            visit(val, "" if key.lower() == "backtests" else key)
+    return rows
+
+
+@_styled
+def plot_law(inp: ReportInputs) -> Figure | None:
+    law, metric = inp.law, inp.metric
+    finals = [(r, r.final(metric)) for r in inp.rungs]
+    finals = [(r, v) for r, v in finals if v is not None and r.compute]
+    fc_final = inp.prereg.get("final") if inp.prereg else None
+    tcomp = inp.target_info.get("compute")
+    if law is None and not finals and not fc_final:
+        return None
+    colors = colors_for(inp)
+    fig = _fig(12.5, 5.4)
+    gs = fig.add_gridspec(1, 2, width_ratios=[2.3, 1])
+    ax, axb = fig.add_subplot(gs[0]), fig.add_subplot(gs[1])
+    E = law.params.get("E") if law is not None else None
+    E = float(E) if isinstance(E, (int, float)) and math.isfinite(E) else None
+
+    xs = [r.compute for r, _ in finals]
+    if isinstance(tcomp, (int, float)) and tcomp > 0:
+        xs.append(float(tcomp))
+    grid = np.geomspace(min(xs) / 2, max(xs) * 2, 200) if xs else None
+    pred = None
+    alloc = _allocation(inp)
+    if law is not None and grid is not None and alloc is not None:
+        kw = alloc(grid)
+        pred = law.predict(level=inp.level, fraction=np.ones_like(grid), **kw)
+    ys = [v for _, v in finals]
+    if fc_final:
+        ys += [fc_final.get("loss"), fc_final.get("lo")]
+    if pred is not None:
+        ys += list(pred.loss[np.isfinite(pred.loss)])
+    # Subtract E only when every plotted loss stays above it (a log axis cannot show <= 0).
+    use_e = E is not None and all(isinstance(y, (int, float)) and y > E for y in ys if y is not None)
+    sub = E if use_e else 0.0
+
+    if pred is not None:
+        ax.plot(grid, pred.loss - sub, "-", color=LAW_COLOR, lw=2,
+                label=f"law: {law.meta.get('expression') or law.form}")
+        if np.isfinite(pred.lo).any():
+            lo = np.where(pred.lo - sub > 0, pred.lo - sub, np.nan)
+            ax.fill_between(grid, lo, pred.hi - sub, color=LAW_COLOR, alpha=0.15, lw=0,
+                            label=f"{pred.level:.0%} prediction band")
+        else:
+            ax.plot([], [], " ", label="band: could not be computed (missing, not zero)")
+    for r, v in finals:
+        ax.plot(r.compute, v - sub, "o", color=colors[r.name], ms=8, mec="white", mew=0.8,
+                zorder=4, label=f"{r.name}: {num(v)}")
+    if fc_final and isinstance(tcomp, (int, float)):
+        f, lo, hi = (fc_final.get(k) for k in ("loss", "lo", "hi"))
+        if isinstance(f, (int, float)):
+            yerr = None
+            if isinstance(lo, (int, float)) and isinstance(hi, (int, float)):
+                yerr = [[f - lo], [hi - f]]
+            ax.errorbar([tcomp], [f - sub], yerr=yerr, fmt="D", color=TARGET_COLOR, ms=8,
+                        capsize=6, lw=2, zorder=5,
+                        label=f"{inp.target_name or 'target'} forecast: {num(f)} "
+                              f"[{num(lo)}, {num(hi)}]")
+    if inp.target is not None:
+        v = inp.target.final(metric)
+        if v is not None and isinstance(tcomp, (int, float)):
+            ax.plot([tcomp], [v - sub], "*", color="#e8590c", ms=15, mec=TARGET_COLOR, mew=0.8,
+                    zorder=6, label=f"{inp.target.name} actual: {num(v)}")
+    ax.set_xscale("log")
+    _plain_log_y(ax)
+    ax.set_xlabel("training compute C (FLOPs, no LM head)")
+    ax.set_ylabel(f"{metric} - E  (E = {num(E)})" if use_e else _metric_label(metric))
+    ax.legend(loc="lower left")
+    if fc_final and isinstance(fc_final.get("loss"), (int, float)) and finals and \
+            isinstance(tcomp, (int, float)):
+        ratio = tcomp / max(r.compute for r, _ in finals)
+        title = (f"Forecast for {inp.target_name or 'the target'}: {num(fc_final['loss'])} "
+                 f"[{num(fc_final.get('lo'))}, {num(fc_final.get('hi'))}], "
+                 f"{ratio:.3g}x the largest rung's compute")
+    elif law is not None:
+        title = f"The {law.form} law through {len(finals)} finished rungs"
+    else:
+        title = f"{len(finals)} finished rungs (no law given)"
+    ax.set_title(title, loc="left")
+    if law is not None and law.error and pred is None:
+        ax.text(0.02, 0.98, "fitted line unavailable:\n" + law.error[:120], transform=ax.transAxes,
+                va="top", fontsize=8, color="#a61e4d")
+
+    rows = backtests(law.meta) if law is not None else []
+    if rows:
+        labels = [f"{r['kind']}: {r['label']}".strip(": ") for r in rows]
+        vals = np.array([100 * r["rel_error"] for r in rows])
+        y = np.arange(len(rows))
+        axb.barh(y, vals, color=["#c92a2a" if v > 0 else "#1971c2" for v in vals], height=0.5)
+        axb.set_ylim(max(len(rows), 5) - 0.5, -0.5)  # fixed bar thickness for few rows
+        axb.set_yticks(y, labels, fontsize=8)
+        axb.axvline(0, color="#333333", lw=0.8)
+        for yi, v in zip(y, vals):
+            axb.text(v, yi, f" {v:+.2f}% ", va="center", ha="left" if v >= 0 else "right",
+                     fontsize=8)
+        lim = max(np.abs(vals).max() * 1.6, 0.1)
+        axb.set_xlim(-lim, lim)
+        axb.set_xlabel("relative error of held-out prediction (%)\n(predicted / actual - 1)")
+        axb.grid(axis="y", visible=False)
+        axb.set_title(f"Backtests: max |error| {np.abs(vals).max():.2f}%", loc="left")
+    else:
+        _note(axb, "no backtest errors in law.json" if law is not None else "no law given")
+        axb.set_title("Backtests", loc="left")
+    return fig
+
+
+# ----------------------------------------------------------------------------- 3. the watch
+
+
+def _alert_fraction(a: dict, inp: ReportInputs) -> float | None:
+    g = a.get("fraction")
+    if isinstance(g, (int, float)) and math.isfinite(g):
+        return float(g)
+    ti = inp.target_info
+    for key, total in (("step", ti.get("steps")), ("tokens", ti.get("tokens"))):
+        v = a.get(key)
+        if isinstance(v, (int, float)) and isinstance(total, (int, float)) and total > 0:
+            return float(v) / float(total)
+    return None
+
+
+def not_applicable_spans(inp: ReportInputs) -> list[tuple[float, float]]:
+    """Fractions of the run where the forecast did not apply: from each ``not_applicable`` alert to
+    the next alert saying it applies again (kind ``applicable``/``applies``) or the run's end."""
+    spans, start = [], None
+    events = sorted(((g, a) for a in inp.alerts or [] if (g := _alert_fraction(a, inp)) is not None),
+                    key=lambda x: x[0])
+    for g, a in events:
+        kind = str(a.get("kind", ""))
+        if kind == "not_applicable" and start is None:
+            start = g
+        elif kind in ("applicable", "applies", "applicable_again") and start is not None:
+            spans.append((start, g))
+            start = None
+    if start is not None:
+        spans.append((start, 1.0))
+    return spans
+
+
+def watch_verdict(inp: ReportInputs) -> dict:
+    """Numbers the watch plot and the summary share: last actual vs forecast, inside or not."""
+    out: dict = {}
+    t, fc = inp.target, inp.forecast
+    if t is None or fc is None:
+        return out
+    s = t.series(inp.metric)
+    if not len(s):
+        return out
+    g, v = float(s.fraction[-1]), float(s.value[-1])
+    f, lo, hi = (float(x) for x in fc.at(g))
+    out.update(fraction=g, actual=v, forecast=f, lo=lo, hi=hi, complete=t.status == "complete")
+    if math.isfinite(lo) and math.isfinite(hi):
+        out["inside"] = lo <= v <= hi
+    return out
+
+
+@_styled
+def plot_watch(inp: ReportInputs) -> Figure | None:
+    t, fc, metric = inp.target, inp.forecast, inp.metric
+    if t is None and fc is None:
+        return None
+    fig = _fig(11, 6.6)
+    gs = fig.add_gridspec(2, 1, height_ratios=[2.2, 1], hspace=0.05)
+    ax = fig.add_subplot(gs[0])
+    axr = fig.add_subplot(gs[1], sharex=ax)
+    lvl = f"{inp.level:.0%}"
+    if fc is not None:
+        ok = fc.fraction > 0
+        ax.fill_between(fc.fraction[ok], fc.lo[ok], fc.hi[ok], color=FORECAST_COLOR, alpha=0.18,
+                        lw=0, label=f"pre-registered {lvl} band")
+        ax.plot(fc.fraction[ok], fc.loss[ok], "--", color=FORECAST_COLOR, lw=1.4,
+                label="pre-registered forecast")
+        rel_lo = fc.lo[ok] / fc.loss[ok] - 1
+        rel_hi = fc.hi[ok] / fc.loss[ok] - 1
+        axr.fill_between(fc.fraction[ok], 100 * rel_lo, 100 * rel_hi, color=FORECAST_COLOR,
+                         alpha=0.18, lw=0)
+        axr.axhline(0, color=FORECAST_COLOR, ls="--", lw=1.2)
+        if not np.isfinite(fc.lo).any():
+            ax.text(0.5, 0.02, "band missing in prereg (could not be computed)",
+                    transform=ax.transAxes, ha="center", color="#a61e4d")
+    s = t.series(metric) if t is not None else None
+    if s is not None and len(s):
+        ok = np.isfinite(s.fraction)
+        ax.plot(s.fraction[ok], s.value[ok], "-o", color=TARGET_COLOR, lw=2, ms=3.5,
+                label=f"{t.name}: {metric} ({t.status})", zorder=4)
+        if fc is not None:
+            f, _, _ = fc.at(s.fraction[ok])
+            axr.plot(s.fraction[ok], 100 * (s.value[ok] / f - 1), "-o", color=TARGET_COLOR,
+                     lw=2, ms=3.5, zorder=4)
+        for st in t.nonfinite_steps(metric):
+            g = st / t.steps if t.steps else None
+            if g is not None and math.isfinite(g):
+                ax.axvline(g, color=SEVERITY_COLORS["critical"], lw=2, ls=":")
+    elif t is None:
+        _note_text = "no target run found: forecast only"
+        ax.text(0.5, 0.9, _note_text, transform=ax.transAxes, ha="center", color="#666666")
+    else:
+        ax.text(0.5, 0.9, f"{t.name}: no {metric} logged yet", transform=ax.transAxes,
+                ha="center", color="#666666")
+
+    for g0, g1 in not_applicable_spans(inp):
+        for a in (ax, axr):
+            a.axvspan(g0, g1, color=NOT_APPLICABLE_COLOR, alpha=0.35, hatch="//", lw=0, zorder=0)
+    seen_sev, counts = set(), {k: 0 for k in SEVERITIES}
+    for a in inp.alerts or []:
+        g = _alert_fraction(a, inp)
+        sev = str(a.get("severity", "info"))
+        counts[sev] = counts.get(sev, 0) + 1
+        if g is None or a.get("kind") == "not_applicable":
+            continue
+        c = SEVERITY_COLORS.get(sev, SEVERITY_COLORS["info"])
+        for axx in (ax, axr):
+            axx.axvline(g, color=c, lw=1.3 if sev != "info" else 0.8, alpha=0.8, zorder=1)
+        v = a.get("value")
+        if a.get("kind") in ("above_band", "below_band") and isinstance(v, (int, float)):
+            ax.plot([g], [v], "o", ms=11, mfc="none", mec=c, mew=2, zorder=5)
+        seen_sev.add(sev)
+    ax.set_ylabel(_metric_label(metric))
+    axr.set_ylabel("actual / forecast - 1 (%)")
+    axr.set_xlabel("fraction of the target's planned run")
+    _pct_x(axr)
+    ax.tick_params(labelbottom=False)
+    ax.set_xlim(0, 1.0)
+    # y limits from the band and the curve after the first 5% (the first evals sit far above)
+    ys = []
+    if fc is not None:
+        m = fc.fraction >= 0.05
+        ys += list(fc.lo[m]) + list(fc.hi[m])
+    if s is not None and len(s):
+        ys += list(s.value[s.fraction >= 0.05])
+    ys = np.asarray([y for y in ys if np.isfinite(y)])
+    if len(ys):
+        pad = 0.08 * (ys.max() - ys.min() + 1e-9)
+        ax.set_ylim(ys.min() - pad, ys.max() + pad)
+    tokens_total = inp.target_info.get("tokens") or (t.planned_tokens if t else None)
+    if isinstance(tokens_total, (int, float)) and tokens_total > 0:
+        sec = ax.secondary_xaxis("top", functions=(lambda g: g * tokens_total,
+                                                    lambda x: x / tokens_total))
+        sec.xaxis.set_major_formatter(FuncFormatter(lambda v, _: si(v)))
+        sec.set_xlabel("tokens seen")
+    handles, labels = ax.get_legend_handles_labels()
+    for sev in SEVERITIES:
+        if sev in seen_sev:
+            handles.append(Line2D([], [], color=SEVERITY_COLORS[sev], lw=1.5))
+            labels.append(f"{sev} alert ({counts[sev]})")
+    if not_applicable_spans(inp):
+        handles.append(Patch(facecolor=NOT_APPLICABLE_COLOR, alpha=0.35, hatch="//"))
+        labels.append("forecast does not apply")
+    ax.legend(handles, labels, loc="upper right")
+    v = watch_verdict(inp)
+    name = t.name if t is not None else (inp.target_name or "target")
+    if "inside" in v:
+        where = "final" if v["complete"] else f"at {v['fraction']:.0%} of the run"
+        state = "inside" if v["inside"] else ("ABOVE" if v["actual"] > v["hi"] else "BELOW")
+        title = (f"{name} {where}: {num(v['actual'])} vs forecast {num(v['forecast'])} "
+                 f"[{num(v['lo'])}, {num(v['hi'])}] -> {state} the {lvl} band")
+    elif fc is None:
+        title = f"{name}: no pre-registered forecast to compare with"
+    else:
+        title = f"{name}: pre-registered forecast, no live points yet"
+    n_bad = counts.get("warn", 0) + counts.get("critical", 0)
+    if inp.alerts is not None:
+        title += f"; {n_bad} warning/critical alert{'s' if n_bad != 1 else ''}"
+    ax.set_title(title, loc="left", pad=22 if isinstance(tokens_total, (int, float)) else 6)
+    return fig
+
+
+# ----------------------------------------------------------------------------- 4. health
+
+
+def health_keys(inp: ReportInputs) -> list[str]:
+    present: set[str] = set()
+    for r in list(inp.rungs) + ([inp.target] if inp.target is not None else []):
+        present |= r.keys()
+    keys = [k for k in HEALTH_KEYS if k in present]
+    keys += sorted(k for k in present if k.startswith("params/norm/") and k not in keys)
+    return keys
+
+
+def _smooth(x: np.ndarray, y: np.ndarray, max_points: int = 400):
+    """Rolling median over windows of len/max_points points (dense per-step logs stay readable);
+    the window is stated in the figure."""
+    n = len(y)
+    w = max(1, n // max_points)
+    if w == 1:
+        return x, y, 1
+    m = n // w
+    return (x[: m * w].reshape(m, w).mean(1), np.median(y[: m * w].reshape(m, w), axis=1), w)
+
+
+@_styled
+def plot_health(inp: ReportInputs) -> Figure | None:
+    keys = health_keys(inp)
+    if not keys:
+        return None
+    colors = colors_for(inp)
+    ncol = 3
+    nrow = math.ceil(len(keys) / ncol)
+    fig = _fig(13, 3.1 * nrow + 0.6)
+    axes = fig.subplots(nrow, ncol, squeeze=False, sharex=True)
+    windows = set()
+    ladder_max: dict[str, float] = {}
+    for i, key in enumerate(keys):
+        ax = axes[i // ncol][i % ncol]
+        for run in inp.rungs:
+            s = run.series(key)
+            ok = np.isfinite(s.fraction)
+            if not ok.any():
+                continue
+            x, y, w = _smooth(s.fraction[ok], s.value[ok])
+            windows.add(w)
+            ax.plot(x, y, "-", color=colors[run.name], lw=1.0, alpha=0.9, label=run.name)
+            ladder_max[key] = max(ladder_max.get(key, -np.inf), float(np.nanmax(s.value[ok])))
+        t = inp.target
+        if t is not None:
+            s = t.series(key)
+            ok = np.isfinite(s.fraction)
+            if ok.any():
+                x, y, w = _smooth(s.fraction[ok], s.value[ok])
+                windows.add(w)
+                ax.plot(x, y, "-", color=TARGET_COLOR, lw=2.4, label=f"{t.name} (target)",
+                        zorder=4)
+        for a in inp.alerts or []:
+            if a.get("kind") in HEALTH_ALERT_KINDS.get(key, ()):
+                g = _alert_fraction(a, inp)
+                if g is not None:
+                    ax.axvline(g, color=SEVERITY_COLORS.get(str(a.get("severity")), "#888"),
+                               lw=1.2, alpha=0.8)
+        title, unit = HEALTH_LABELS.get(key, (key.replace("params/norm/", "param norm: "),
+                                              "L2 norm"))
+        ax.set_title(title, loc="left", fontsize=10)
+        ax.set_ylabel(unit, fontsize=8.5)
+        if key == "grad/norm":
+            _plain_log_y(ax)
+        if key == "moe/drop_frac":
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.1%}"))
+        _pct_x(ax)
+    for j in range(len(keys), nrow * ncol):
+        axes[j // ncol][j % ncol].set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel("fraction of the run's own schedule")
+    for j in range(ncol):  # x labels on the lowest visible panel of each column
+        col = [axes[r][j] for r in range(nrow) if (r * ncol + j) < len(keys)]
+        if col:
+            col[-1].set_xlabel("fraction of the run's own schedule")
+            col[-1].tick_params(labelbottom=True)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if inp.target is not None and not any("(target)" in lab for lab in labels):
+        handles.append(Line2D([], [], color=TARGET_COLOR, lw=2.4))
+        labels.append(f"{inp.target.name} (target)")
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 6))
+    n_alerts = sum(1 for a in inp.alerts or []
+                   if a.get("kind") in {k for ks in HEALTH_ALERT_KINDS.values() for k in ks}
+                   and a.get("severity") in ("warn", "critical"))
+    who = inp.target.name if inp.target is not None else "the ladder"
+    sup = (f"Health of {who} against the ladder at the same fraction of the schedule: "
+           + (f"{n_alerts} health alert{'s' if n_alerts != 1 else ''}" if inp.alerts is not None
+              else "no alerts file"))
+    w = max(windows) if windows else 1
+    if w > 1:
+        sup += f"  (rolling median over {w} logged steps)"
+    fig.suptitle(sup, x=0.01, ha="left", fontsize=12)
+    return fig
