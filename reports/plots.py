@@ -57,7 +57,7 @@ def _plain_log_y(ax) -> None:
     ax.set_yscale("log")
     lo, hi = ax.get_ylim()
     if lo > 0 and hi / lo < 10:
-        ticks = [t for t in MaxNLocator(7).tick_values(lo, hi) if lo <= t <= hi and t > 0]
+        ticks = [t for t in MaxNLocator(7, steps=[1, 2, 2.5, 5, 10]).tick_values(lo, hi) if lo <= t <= hi and t > 0]
         ax.yaxis.set_major_locator(FixedLocator(ticks))
         ax.yaxis.set_minor_locator(NullLocator())
     else:
@@ -139,6 +139,8 @@ def plot_ladder(inp: ReportInputs) -> Figure | None:
             label += f"  [{run.status}]"
         ax.plot(s.tokens[ok], s.value[ok], "o", color=c, ms=4.5, mec="white", mew=0.5,
                 label=label, zorder=3)
+        if inp.law is None or inp.law.obj is None:  # no law curve: join the points instead
+            ax.plot(s.tokens[ok], s.value[ok], "-", color=c, lw=0.8, alpha=0.6, zorder=2)
         g_obs = s.fraction[ok & np.isfinite(s.fraction)]
         if len(g_obs):
             grid = np.unique(np.concatenate([np.linspace(g_obs.min(), max(g_obs.max(), 1.0), 80),
@@ -439,6 +441,10 @@ def plot_watch(inp: ReportInputs) -> Figure | None:
         if not np.isfinite(fc.lo).any():
             ax.text(0.5, 0.02, "band missing in prereg (could not be computed)",
                     transform=ax.transAxes, ha="center", color="#a61e4d")
+    else:
+        axr.text(0.5, 0.5, "no pre-registration given: no forecast to compare with",
+                 transform=axr.transAxes, ha="center", va="center", color="#666666")
+        axr.set_yticks([])
     s = t.series(metric) if t is not None else None
     if s is not None and len(s):
         ok = np.isfinite(s.fraction)
@@ -538,15 +544,38 @@ def health_keys(inp: ReportInputs) -> list[str]:
     return keys
 
 
-def _smooth(x: np.ndarray, y: np.ndarray, max_points: int = 400):
-    """Rolling median over windows of len/max_points points (dense per-step logs stay readable);
-    the window is stated in the figure."""
+SMOOTH_FRACTION = 0.02  # health lines: rolling median over 2% of each run's own schedule
+
+
+def _smooth(x: np.ndarray, y: np.ndarray, width: float = SMOOTH_FRACTION):
+    """Centred rolling median over ``width`` of the run (x in fractions), so that per-step signals
+    of runs with 60 or 20,000 steps read alike; evaluated at no more than ~400 x positions."""
     n = len(y)
-    w = max(1, n // max_points)
-    if w == 1:
-        return x, y, 1
-    m = n // w
-    return (x[: m * w].reshape(m, w).mean(1), np.median(y[: m * w].reshape(m, w), axis=1), w)
+    if n < 3:
+        return x, y
+    span = np.nanmax(x) - np.nanmin(x)
+    if not span > 0:
+        return x, y
+    per = max(1, int(round(width / (span / max(n - 1, 1)))))  # points per window
+    if per <= 1:
+        return x, y
+    import pandas as pd  # rolling median without a Python loop; lazy (only health needs it)
+    ys = pd.Series(y).rolling(per, center=True, min_periods=1).median().to_numpy()
+    step = max(1, n // 400)
+    return x[::step], ys[::step]
+
+
+def _at_fraction(run: RunData, key: str, g: float) -> float | None:
+    """``key`` of ``run`` around fraction ``g`` (median over the smoothing window), if logged."""
+    s = run.series(key)
+    m = np.isfinite(s.fraction) & (np.abs(s.fraction - g) <= SMOOTH_FRACTION / 2 + 1e-9)
+    if not m.any():
+        return None
+    return float(np.median(s.value[m]))
+
+
+def _fmt_health(key: str, v: float) -> str:
+    return f"{v:.1%}" if key == "moe/drop_frac" else f"{v:.3g}"
 
 
 @_styled
@@ -555,70 +584,80 @@ def plot_health(inp: ReportInputs) -> Figure | None:
     if not keys:
         return None
     colors = colors_for(inp)
-    ncol = 3
+    ncol = 4 if len(keys) > 9 else 3
     nrow = math.ceil(len(keys) / ncol)
-    fig = _fig(13, 3.1 * nrow + 0.6)
+    fig = _fig(3.7 * ncol, 2.9 * nrow + 0.8)
     axes = fig.subplots(nrow, ncol, squeeze=False, sharex=True)
-    windows = set()
-    ladder_max: dict[str, float] = {}
+    t = inp.target
+    t_last = None
+    if t is not None:
+        g = np.concatenate([t.series(k).fraction for k in keys])
+        g = g[np.isfinite(g)]
+        t_last = float(g.max()) if len(g) else None
+    health_kinds = {k for ks in HEALTH_ALERT_KINDS.values() for k in ks}
     for i, key in enumerate(keys):
         ax = axes[i // ncol][i % ncol]
         for run in inp.rungs:
             s = run.series(key)
             ok = np.isfinite(s.fraction)
-            if not ok.any():
-                continue
-            x, y, w = _smooth(s.fraction[ok], s.value[ok])
-            windows.add(w)
-            ax.plot(x, y, "-", color=colors[run.name], lw=1.0, alpha=0.9, label=run.name)
-            ladder_max[key] = max(ladder_max.get(key, -np.inf), float(np.nanmax(s.value[ok])))
-        t = inp.target
+            if ok.any():
+                x, y = _smooth(s.fraction[ok], s.value[ok])
+                ax.plot(x, y, "-", color=colors[run.name], lw=1.1, alpha=0.95, label=run.name)
+        compare = ""
         if t is not None:
             s = t.series(key)
             ok = np.isfinite(s.fraction)
             if ok.any():
-                x, y, w = _smooth(s.fraction[ok], s.value[ok])
-                windows.add(w)
+                ax.plot(s.fraction[ok], s.value[ok], "-", color=TARGET_COLOR, lw=0.6, alpha=0.2,
+                        zorder=3)
+                x, y = _smooth(s.fraction[ok], s.value[ok])
                 ax.plot(x, y, "-", color=TARGET_COLOR, lw=2.4, label=f"{t.name} (target)",
                         zorder=4)
+                gl = float(s.fraction[ok][-1])
+                tv = _at_fraction(t, key, gl)
+                lv = [v for r in inp.rungs if (v := _at_fraction(r, key, gl)) is not None]
+                if tv is not None and lv:
+                    compare = (f"\nat {gl:.0%}: target {_fmt_health(key, tv)}, ladder "
+                               f"{_fmt_health(key, min(lv))}-{_fmt_health(key, max(lv))}")
         for a in inp.alerts or []:
             if a.get("kind") in HEALTH_ALERT_KINDS.get(key, ()):
                 g = _alert_fraction(a, inp)
                 if g is not None:
                     ax.axvline(g, color=SEVERITY_COLORS.get(str(a.get("severity")), "#888"),
-                               lw=1.2, alpha=0.8)
+                               lw=1.4, alpha=0.85, zorder=5)
         title, unit = HEALTH_LABELS.get(key, (key.replace("params/norm/", "param norm: "),
                                               "L2 norm"))
-        ax.set_title(title, loc="left", fontsize=10)
+        ax.set_title(title + compare, loc="left", fontsize=9.5)
         ax.set_ylabel(unit, fontsize=8.5)
         if key == "grad/norm":
             _plain_log_y(ax)
         if key == "moe/drop_frac":
-            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.1%}"))
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0%}"))
         _pct_x(ax)
     for j in range(len(keys), nrow * ncol):
         axes[j // ncol][j % ncol].set_visible(False)
-    for ax in axes[-1]:
-        ax.set_xlabel("fraction of the run's own schedule")
     for j in range(ncol):  # x labels on the lowest visible panel of each column
         col = [axes[r][j] for r in range(nrow) if (r * ncol + j) < len(keys)]
         if col:
             col[-1].set_xlabel("fraction of the run's own schedule")
             col[-1].tick_params(labelbottom=True)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    if inp.target is not None and not any("(target)" in lab for lab in labels):
-        handles.append(Line2D([], [], color=TARGET_COLOR, lw=2.4))
-        labels.append(f"{inp.target.name} (target)")
+    handles, labels = [], []
+    for ax in axes.ravel():
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    if t is not None:
+        handles.append(Line2D([], [], color=TARGET_COLOR, lw=0.6, alpha=0.3))
+        labels.append("target, every logged step")
     fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 6))
-    n_alerts = sum(1 for a in inp.alerts or []
-                   if a.get("kind") in {k for ks in HEALTH_ALERT_KINDS.values() for k in ks}
+    n_alerts = sum(1 for a in inp.alerts or [] if a.get("kind") in health_kinds
                    and a.get("severity") in ("warn", "critical"))
-    who = inp.target.name if inp.target is not None else "the ladder"
-    sup = (f"Health of {who} against the ladder at the same fraction of the schedule: "
-           + (f"{n_alerts} health alert{'s' if n_alerts != 1 else ''}" if inp.alerts is not None
-              else "no alerts file"))
-    w = max(windows) if windows else 1
-    if w > 1:
-        sup += f"  (rolling median over {w} logged steps)"
+    who = t.name if t is not None else "the ladder"
+    sup = f"Health of {who} against the ladder at the same fraction of the schedule"
+    if inp.alerts is not None:
+        sup += f": {n_alerts} health alert{'s' if n_alerts != 1 else ''} (vertical lines)"
     fig.suptitle(sup, x=0.01, ha="left", fontsize=12)
+    fig.text(0.01, 0.0, f"lines: rolling median over {SMOOTH_FRACTION:.0%} of each run",
+             fontsize=8, color="#666666", ha="left", va="bottom")
     return fig
