@@ -55,7 +55,7 @@ def _table(rows: list[dict], empty: str) -> str:
         for c in cols:
             v = r.get(c, "")
             cls = f' class="sev-{_esc(v)}"' if c == "severity" else ""
-            if not cls and isinstance(v, str) and v[:1] in "+-0123456789[" and c != "message":
+            if not cls and isinstance(v, str) and v[:1] in "+-0123456789[" and c not in ("message", "run"):
                 cls = ' class="num"'
             cells.append(f"<td{cls}>{_esc(v)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")

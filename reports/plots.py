@@ -647,9 +647,6 @@ def plot_health(inp: ReportInputs) -> Figure | None:
             if lab not in labels:
                 handles.append(h)
                 labels.append(lab)
-    if t is not None:
-        handles.append(Line2D([], [], color=TARGET_COLOR, lw=0.6, alpha=0.3))
-        labels.append("target, every logged step")
     fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 6))
     n_alerts = sum(1 for a in inp.alerts or [] if a.get("kind") in health_kinds
                    and a.get("severity") in ("warn", "critical"))
@@ -657,7 +654,6 @@ def plot_health(inp: ReportInputs) -> Figure | None:
     sup = f"Health of {who} against the ladder at the same fraction of the schedule"
     if inp.alerts is not None:
         sup += f": {n_alerts} health alert{'s' if n_alerts != 1 else ''} (vertical lines)"
+    sup += f"\nthick lines: rolling median over {SMOOTH_FRACTION:.0%} of each run; faint: every step"
     fig.suptitle(sup, x=0.01, ha="left", fontsize=12)
-    fig.text(0.01, 0.0, f"lines: rolling median over {SMOOTH_FRACTION:.0%} of each run",
-             fontsize=8, color="#666666", ha="left", va="bottom")
     return fig

@@ -75,4 +75,5 @@ def loss_fmt(x: float | None) -> str:
 def pct(x: float | None, digits: int = 2) -> str:
     if x is None or not math.isfinite(x):
         return "n/a"
-    return f"{100 * x:+.{digits}f}%"
+    v = round(100 * x, digits)
+    return f"{v + 0.0:+.{digits}f}%"  # + 0.0 turns -0.0 into 0.0 (no "-0.00%")

@@ -19,6 +19,7 @@ from ladder.cli import main as cli_main
 from ladder.specs import get_ladder
 from reports.commands import build_report
 from reports.inputs import load_inputs
+from reports.page import render_summary
 from reports.plots import backtests, not_applicable_spans
 from reports.tables import forecast_rows, param_intervals
 
@@ -134,17 +135,24 @@ def _img_payloads(html: str) -> list[bytes]:
     return [base64.b64decode(m) for m in re.findall(r'src="data:image/png;base64,([^"]+)"', html)]
 
 
-def test_full_report_inside_band(tmp_path, ladder_dir):
-    runs, prereg, alerts = _hero_setup(tmp_path, ladder_dir)
-    index = build_report(tmp_path / "out", runs=runs, law=KnownLaw(), prereg=prereg,
-                         alerts=alerts)
+@pytest.fixture(scope="module")
+def full_report(tmp_path_factory, ladder_dir):
+    """One complete report, built once: every artifact present, the hero on its forecast."""
+    tmp = tmp_path_factory.mktemp("full")
+    runs, prereg, alerts = _hero_setup(tmp, ladder_dir)
+    index = build_report(tmp / "out", runs=runs, law=KnownLaw(), prereg=prereg, alerts=alerts)
+    return index, runs, prereg
+
+
+def test_full_report_inside_band(full_report):
+    index, runs, prereg = full_report
     html = index.read_text()
     imgs = _img_payloads(html)
     assert len(imgs) == 4 and all(b.startswith(PNG_MAGIC) for b in imgs)
     for key in ("ladder", "law", "watch", "health"):
         assert (index.parent / f"{key}.png").read_bytes().startswith(PNG_MAGIC)
     assert "http://" not in html and "https://" not in html and "<script" not in html
-    summary = (tmp_path / "out" / "summary.md").read_text()
+    summary = (index.parent / "summary.md").read_text()
     assert "Inside the pre-registered band" in summary
     assert "0 critical, 0 warning" in summary
     # forecast vs actual at 25/50/75/100%: the hero follows the truth, so the error is ~0
@@ -159,11 +167,10 @@ def test_report_says_outside_when_hero_drifts(tmp_path, ladder_dir):
              "kind": "above_band", "severity": "critical", "value": 3.0, "expected": 2.8,
              "lo": 2.75, "hi": 2.85, "direction": "worse", "message": "above band"}
     runs, prereg, alerts = _hero_setup(tmp_path, ladder_dir, scale=1.05, alerts=[alert])
-    build_report(tmp_path / "out", runs=runs, law=KnownLaw(), prereg=prereg, alerts=alerts)
-    summary = (tmp_path / "out" / "summary.md").read_text()
+    inp = load_inputs(runs=runs, law=KnownLaw(), prereg=prereg, alerts=alerts)
+    summary = render_summary(inp, {})  # the figures are exercised by the other tests
     assert "OUTSIDE the pre-registered band (above)" in summary
     assert "1 critical" in summary
-    inp = load_inputs(runs=runs, prereg=prereg)
     assert [r["inside"] for r in forecast_rows(inp)] == ["above"] * 4
     # +5% everywhere (up to the linear interpolation of the 1% forecast grid at the eval's fraction)
     errs = [float(r["error"].rstrip("%")) for r in forecast_rows(inp)]
@@ -224,9 +231,10 @@ def test_not_applicable_spans_and_backtests(tmp_path):
 def test_cli_report_and_bad_input(tmp_path, ladder_dir, capsys):
     runs, prereg, alerts = _hero_setup(tmp_path, ladder_dir)
     out = tmp_path / "out"
-    assert cli_main(["report", "--runs", str(runs), "--prereg", str(prereg), "--alerts",
-                     str(alerts), "--out", str(out)]) == 0
-    assert (out / "index.html").is_file()
+    assert cli_main(["report", "--prereg", str(prereg), "--alerts", str(alerts),
+                     "--out", str(out)]) == 0
+    assert (out / "index.html").is_file() and (out / "watch.png").is_file()
+    assert "report: " in capsys.readouterr().out
     assert cli_main(["report", "--law", str(tmp_path / "nope.json"), "--out", str(out)]) == 66
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"schema": "prereg/1"}))
@@ -245,10 +253,8 @@ CHROMIUM = Path("/usr/bin/chromium")
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="headless Chromium not installed")
-def test_page_loads_all_images_in_chromium(tmp_path, ladder_dir):
-    runs, prereg, alerts = _hero_setup(tmp_path, ladder_dir)
-    index = build_report(tmp_path / "out", runs=runs, law=KnownLaw(), prereg=prereg,
-                         alerts=alerts)
+def test_page_loads_all_images_in_chromium(tmp_path, full_report):
+    index = full_report[0]
     # A copy of the page with a script that records, after load, how many images decoded.
     probe = index.read_text().replace("</body>", """<script>
 window.addEventListener('load', function () {
@@ -257,7 +263,7 @@ window.addEventListener('load', function () {
   var d = document.createElement('div'); d.id = 'probe';
   d.textContent = 'images ' + ok + '/' + imgs.length; document.body.appendChild(d);
 });</script></body>""")
-    page = tmp_path / "out" / "probe.html"
+    page = tmp_path / "probe.html"
     page.write_text(probe)
     cmd = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu",
            "--disable-background-networking", "--disable-component-update", "--disable-sync",
