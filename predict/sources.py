@@ -553,7 +553,6 @@ class WandbApiSource:
             kw = {"page_size": self.page_size}
             if start is not None:
                 kw["min_step"] = start + 1
-            n = 0
             for row in run.scan_history(**kw):
                 row = dict(row)
                 step = row.get("_step")
@@ -566,10 +565,6 @@ class WandbApiSource:
                     continue
                 out.rows.append(row)
                 self.last_step[rid] = max(self.last_step.get(rid, s), s)
-                n += 1
-            state = str(getattr(run, "state", "") or "")
-            if k < len(ids) - 1 or state in ("finished", "crashed", "failed", "killed"):
-                # an earlier run of the lineage (superseded) or a finished one: read once
-                if k < len(ids) - 1:
-                    self.done_ids.append(rid)
+            if k < len(ids) - 1:  # an earlier run of the lineage (superseded): read once
+                self.done_ids.append(rid)
         return out

@@ -302,14 +302,14 @@ class Batch:
         return b.last_wins()
 
     def last_wins(self) -> Batch:
-        """Keep the last row of each repeated step, in step order of those last rows' arrival."""
+        """Keep the last row of each repeated step; rows in step order."""
         n = len(self.step)
         if n < 2 or (np.diff(self.step) > 0).all():
             return self
         # index of the last occurrence of each step
         rev = self.step[::-1]
         _, first_in_rev = np.unique(rev, return_index=True)
-        keep = np.sort(n - 1 - first_in_rev)
+        keep = n - 1 - first_in_rev  # np.unique sorts by step
         return self.take(keep)
 
     def take(self, idx: np.ndarray) -> Batch:
@@ -398,6 +398,9 @@ class PreregView:
 
     def expected(self, frac: np.ndarray, *, alert: bool = True):
         """Forecast and band at ``frac``; with ``alert``, the band widened to the alert level."""
+        f0, f1 = self.fraction[0], self.fraction[-1]
+        frac = np.where((frac < f0) & (frac > f0 - 1e-6), f0, frac)  # rounding at the ends
+        frac = np.where((frac > f1) & (frac < f1 + 1e-6), f1, frac)
         e = np.interp(frac, self.fraction, self.loss, left=np.nan, right=np.nan)
         lo = np.interp(frac, self.fraction, self.lo, left=np.nan, right=np.nan)
         hi = np.interp(frac, self.fraction, self.hi, left=np.nan, right=np.nan)
@@ -683,7 +686,8 @@ def _band_rule(view: PreregView, b: Batch, frac, tokens, st, emit, stamp):
                        message=f"no '{view.metric}' in the rows read so far; loss is not compared "
                                f"until it appears (wrong --metric?)"))
         return
-    idx = np.flatnonzero(np.isfinite(y_all) & np.isfinite(frac) & (frac >= cfg.min_fraction))
+    idx = np.flatnonzero(np.isfinite(y_all) & np.isfinite(frac)
+                         & (frac >= cfg.min_fraction - 1e-9))
     if not idx.size:
         return
     exp_all, lo_all, hi_all = view.expected(frac[idx])
