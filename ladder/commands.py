@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from ladder.io import EX_USAGE, InputError
 from ladder.specs import LADDERS, Ladder, resolve
@@ -42,4 +43,63 @@ def list_main(args) -> int:
     conv = {s["param_convention"] for s in rows}
     print(f"* target run. params: {', '.join(sorted(conv))}; FLOPs: flops-v1, C = 3 x forward x "
           f"tokens (see ladder/counting.py)")
+    return 0
+
+
+def _train_config(args):
+    """TrainConfig from --config FILE, then --key=value overrides, then the run flags."""
+    from ladder.io import read_json
+    from ladder.train import parse_overrides, train_config
+
+    values: dict = {}
+    where = "overrides"
+    if getattr(args, "config", None):
+        obj = read_json(args.config)
+        obj.pop("schema", None)
+        values.update(obj)
+        where = args.config
+    overrides = parse_overrides(list(getattr(args, "overrides", []) or []))
+    if overrides:
+        where = f"{where} + --key=value" if getattr(args, "config", None) else "--key=value"
+    values.update(overrides)
+    for flag in ("devices", "expert_parallel", "vocab_size"):
+        if getattr(args, flag, None) is not None:
+            values[flag] = getattr(args, flag)
+    if getattr(args, "data", None):
+        values["data"] = list(args.data)
+    if getattr(args, "wandb", False):
+        values["wandb"] = True
+    return train_config(values, where=where)
+
+
+def run_main(args) -> int:
+    """`ladder run`: the named rungs (default: all, the target last) into OUT/LADDER/RUNG/."""
+    from pathlib import Path
+
+    from ladder.train import EX_DIVERGED, EX_INTERRUPTED, train_rung
+
+    ladder, rungs = _resolve(args.ladder)
+    if args.rung:
+        try:
+            rungs = [ladder.get(name) for name in args.rung]
+        except KeyError as e:
+            raise InputError(f"no rung {e.args[0]!r} in ladder {ladder.name!r} (rungs: "
+                             f"{', '.join(r.name for r in ladder.all)})", field="rung",
+                             exit_code=EX_USAGE) from None
+    cfg = _train_config(args)
+    for rung in rungs:
+        out = Path(args.out) / ladder.name / rung.name
+        s = train_rung(rung, out, cfg, max_steps=args.max_steps, resume=args.resume)
+        final = s.get("final", {}).get("eval_dropless/loss")
+        note = f", eval_dropless/loss {final:.4f}" if isinstance(final, float) else ""
+        print(f"{ladder.name}/{rung.name}: {s['status']} at step {s['step']}/{s['steps']}"
+              f"{note} -> {out}", flush=True)
+        if s["status"] == "diverged":
+            print(f"ladder run: {ladder.name}/{rung.name} diverged at step {s['step']} "
+                  f"(non-finite loss); see {out / 'summary.json'}", file=sys.stderr)
+            return EX_DIVERGED
+        if s.get("interrupted"):
+            print(f"ladder run: interrupted at step {s['step']}; continue with --resume",
+                  file=sys.stderr)
+            return EX_INTERRUPTED
     return 0
