@@ -392,6 +392,14 @@ class ReportInputs:
         return self.target.name if self.target is not None else None
 
 
+def _same_run(run: RunData, name: str) -> bool:
+    """A run matches a target name given as RUNG, LADDER:RUNG or LADDER/RUNG."""
+    ladder = str(run.summary.get("ladder") or (run.rung.ladder if run.rung is not None else ""))
+    names = {run.name, run.path.name}
+    return name in names or name in {f"{ladder}:{n}" for n in names} | \
+        {f"{ladder}/{n}" for n in names}
+
+
 def load_inputs(runs=None, law=None, prereg=None, alerts=None, target_run=None) -> ReportInputs:
     notes: list[str] = []
     all_runs: list[RunData] = []
@@ -443,7 +451,7 @@ def load_inputs(runs=None, law=None, prereg=None, alerts=None, target_run=None) 
         tpath = target.path.resolve()
         all_runs = [r for r in all_runs if r.path.resolve() != tpath]
     else:
-        named = [r for r in all_runs if tname and (r.name == tname or r.path.name == tname)]
+        named = [r for r in all_runs if tname and _same_run(r, str(tname))]
         flagged = [r for r in all_runs if r.is_target]
         pick = named or (flagged if len(flagged) == 1 else [])
         if pick:

@@ -77,6 +77,13 @@ def verdict_lines(inp: ReportInputs) -> tuple[list[str], str]:
         else:
             tone = "bad"
             lines.append(f"OUTSIDE the pre-registered band ({'above' if v['actual'] > v['hi'] else 'below'}).")
+    elif v.get("band_missing"):
+        where = "final" if v["complete"] else f"latest (at {v['fraction']:.0%} of the run)"
+        lines.append(f"{name} {where} {inp.metric}: {loss_fmt(v['actual'])}; forecast "
+                     f"{loss_fmt(v['forecast'])} ({v['actual'] / v['forecast'] - 1:+.2%}).")
+        tone = "warn"
+        lines.append("The pre-registered band is missing (the law could not compute it): "
+                     "inside/outside cannot be judged.")
     elif inp.prereg and isinstance(inp.prereg.get("final"), dict):
         f = inp.prereg["final"]
         lines.append(f"{name} pre-registered final {inp.metric}: {loss_fmt(f.get('loss'))} "

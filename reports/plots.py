@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import textwrap
 
 import numpy as np
 from matplotlib import rc_context
@@ -32,8 +33,30 @@ HEALTH_LABELS = {
     "params/norm/router_bias": ("router-bias norm (rule-set, not trained)", "L2 norm"),
     "moe/load_max_over_mean": ("expert load imbalance", "max load / mean load"),
 }
+# Alert kinds about the watched metric itself (DESIGN.md §3 and the watcher's contingency advisory).
+LOSS_ALERT_KINDS = {"above_band", "below_band", "nan", "contingency", "stalled", "applicable"}
+
+
+def _is_loss_alert(a: dict) -> bool:
+    kind = str(a.get("kind", ""))
+    if kind == "cleared":  # the watcher clears both band and health alerts with this kind
+        return "band" in str(a.get("message", ""))
+    return kind in LOSS_ALERT_KINDS
+
+
+def _health_alert_for(a: dict, key: str) -> bool:
+    """Whether alert ``a`` is about health signal ``key``: named in its message, or of the kind
+    the watcher uses for that signal."""
+    if _is_loss_alert(a):
+        return False
+    msg = str(a.get("message", ""))
+    if "/" in msg:  # the message names the metric key it is about
+        return key in msg
+    return a.get("kind") in HEALTH_ALERT_KINDS.get(key, ())
+
+
 # Alert kinds drawn on a health panel as well as on the watch plot.
-HEALTH_ALERT_KINDS = {"moe/drop_frac": ("drop_frac",), "grad/norm": ("grad_norm", "spike", "nan"),
+HEALTH_ALERT_KINDS = {"moe/drop_frac": ("drop_frac",), "grad/norm": ("grad_norm", "nan"),
                       "moe/router_entropy": ("router",), "params/norm/router_bias": ("router",)}
 
 
@@ -129,7 +152,7 @@ def plot_ladder(inp: ReportInputs) -> Figure | None:
     colors = colors_for(inp)
     fig = _fig(9.5, 5.6)
     ax = fig.add_subplot()
-    drew_law = False
+    drew_law = drew_band = False
     for run in runs:
         s = run.series(metric)
         c = colors[run.name]
@@ -151,6 +174,7 @@ def plot_ladder(inp: ReportInputs) -> Figure | None:
                 t = grid * run.planned_tokens
                 ax.plot(t, p.loss, "-", color=c, lw=1.6, alpha=0.9, zorder=2)
                 if np.isfinite(p.lo).any():
+                    drew_band = True
                     ax.fill_between(t, p.lo, p.hi, color=c, alpha=0.12, lw=0, zorder=1)
     t = inp.target
     if t is not None and len(t.series(metric)):
@@ -174,14 +198,15 @@ def plot_ladder(inp: ReportInputs) -> Figure | None:
     handles, labels = ax.get_legend_handles_labels()
     if drew_law:
         handles.append(Line2D([], [], color="#555555", lw=1.6))
-        labels.append(f"law ({inp.law.form}), shaded: {inp.level:.0%} band")
+        labels.append(f"law ({inp.law.form}), shaded: {inp.level:.0%} band" if drew_band else
+                      f"law ({inp.law.form}); band missing (could not be computed)")
     ax.legend(handles, labels, loc="upper right")
     res = ladder_residuals(inp) if drew_law else np.array([])
     res = res[np.isfinite(res)]
     first = [r.series(metric).value[-1] for r in runs]
     if len(res):
-        title = (f"The law tracks the ladder: median |error| {np.median(np.abs(res)):.2%} over "
-                 f"{len(res)} eval points of {len(runs)} rungs")
+        title = (f"The law tracks the ladder: median |error| {np.median(np.abs(res)):.2%}, max "
+                 f"{np.abs(res).max():.2%} over {len(res)} eval points of {len(runs)} rungs")
     elif inp.law is None:
         title = f"Ladder: {len(runs)} rungs, last {metric} {num(max(first))} -> {num(min(first))} (no law given)"
     else:
@@ -226,15 +251,30 @@ def _allocation(inp: ReportInputs):
 
 
 def backtests(law_meta: dict) -> list[dict]:
-    """Backtest rows found in ``law.json`` diagnostics: ``{kind, label, rel_error}``.
+    """Backtest rows of ``law.json`` diagnostics: ``{kind, label, rel_error}`` with rel_error =
+    predicted / actual - 1 at the held-out run's final point.
 
-    Tolerant of layout: any list/dict under a diagnostics key containing "backtest" whose entries
-    carry a relative error (``rel_error``/``relative_error``/``error``) and a name of the held-out
-    run, or a plain mapping run -> relative error.
+    The fitter's layout (``diagnostics.backtest.folds``: ``train_runs``, ``held_out`` and
+    ``final_rel_err`` as parallel lists) is read first; other layouts are searched tolerantly for
+    entries with a relative error (``rel_error``/``relative_error``/``error``) and a run name.
     """
     diag = law_meta.get("diagnostics") if isinstance(law_meta, dict) else None
     if not isinstance(diag, dict):
         return []
+    bt = diag.get("backtest")
+    if isinstance(bt, dict) and isinstance(bt.get("folds"), list):
+        rows = []
+        for f in bt["folds"]:
+            if not isinstance(f, dict):
+                continue
+            names, errs = f.get("held_out") or [], f.get("final_rel_err") or []
+            names = names if isinstance(names, list) else [names]
+            errs = errs if isinstance(errs, list) else [errs]
+            for name, err in zip(names, errs):
+                if isinstance(err, (int, float)) and math.isfinite(err):
+                    rows.append({"kind": f"fit on {f.get('train_runs', '?')} runs",
+                                 "label": str(name), "rel_error": float(err)})
+        return rows
     rows: list[dict] = []
     err_keys = ("rel_error", "relative_error", "rel_err", "error")
     name_keys = ("held_out", "run", "target", "name", "heldout", "predict")
@@ -247,20 +287,33 @@ def backtests(law_meta: dict) -> list[dict]:
             err = next((obj[k] for k in err_keys if isinstance(obj.get(k), (int, float))), None)
             if err is not None:
                 label = next((obj[k] for k in name_keys if isinstance(obj.get(k), (str, int))), "")
-                if isinstance(label, list):
-                    label = ",".join(map(str, label))
                 rows.append({"kind": kind, "label": str(label), "rel_error": float(err)})
                 return
             for k, v in obj.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and kind and \
-                        k not in ("n", "mean", "max", "mae", "rmse", "level"):
-                    continue
                 visit(v, f"{kind}/{k}" if kind else k)
 
     for key, val in diag.items():
         if "backtest" in key.lower():
             visit(val, "" if key.lower() == "backtests" else key)
     return rows
+
+
+def form_comparison(law_meta: dict) -> list[str]:
+    """One line per candidate form of ``--form auto`` (rollout error), chosen one first."""
+    auto = (law_meta.get("diagnostics") or {}).get("auto") if isinstance(law_meta, dict) else None
+    if not isinstance(auto, dict) or not isinstance(auto.get("candidates"), list):
+        return []
+    out = []
+    for c in auto["candidates"]:
+        if not isinstance(c, dict):
+            continue
+        e = c.get("rollout_mean_abs_final")
+        mark = " (chosen)" if c.get("form") == auto.get("chosen") else ""
+        if isinstance(e, (int, float)):
+            out.append(f"{c.get('form')}: {100 * e:.2f}%{mark}")
+        else:
+            out.append(f"{c.get('form')}: n/a{mark}")
+    return out
 
 
 @_styled
@@ -294,12 +347,17 @@ def plot_law(inp: ReportInputs) -> Figure | None:
     if pred is not None:
         ys += list(pred.loss[np.isfinite(pred.loss)])
     # Subtract E only when every plotted loss stays above it (a log axis cannot show <= 0).
-    use_e = E is not None and all(isinstance(y, (int, float)) and y > E for y in ys if y is not None)
+    ys = [float(y) for y in ys if isinstance(y, (int, float)) and math.isfinite(y)]
+    # ... and only when E is a sizeable part of the loss (an E at its lower bound ~0 changes
+    # nothing but the label).
+    use_e = (E is not None and bool(ys) and all(y > E for y in ys) and E > 0.05 * min(ys))
     sub = E if use_e else 0.0
 
     if pred is not None:
+        expr = textwrap.fill(str(law.meta.get("expression") or law.form), 70,
+                             subsequent_indent="    ")
         ax.plot(grid, pred.loss - sub, "-", color=LAW_COLOR, lw=2,
-                label=f"law: {law.meta.get('expression') or law.form}")
+                label=f"law ({law.form}, end of run): {expr}")
         if np.isfinite(pred.lo).any():
             lo = np.where(pred.lo - sub > 0, pred.lo - sub, np.nan)
             ax.fill_between(grid, lo, pred.hi - sub, color=LAW_COLOR, alpha=0.15, lw=0,
@@ -346,7 +404,7 @@ def plot_law(inp: ReportInputs) -> Figure | None:
 
     rows = backtests(law.meta) if law is not None else []
     if rows:
-        labels = [f"{r['kind']}: {r['label']}".strip(": ") for r in rows]
+        labels = [f"{r['label']}\n({r['kind']})" if r["kind"] else r["label"] for r in rows]
         vals = np.array([100 * r["rel_error"] for r in rows])
         y = np.arange(len(rows))
         axb.barh(y, vals, color=["#c92a2a" if v > 0 else "#1971c2" for v in vals], height=0.5)
@@ -360,10 +418,23 @@ def plot_law(inp: ReportInputs) -> Figure | None:
         axb.set_xlim(-lim, lim)
         axb.set_xlabel("relative error of held-out prediction (%)\n(predicted / actual - 1)")
         axb.grid(axis="y", visible=False)
-        axb.set_title(f"Backtests: max |error| {np.abs(vals).max():.2f}%", loc="left")
+        axb.set_title(f"Backtests: held-out final loss within {np.abs(vals).max():.2f}%",
+                      loc="left")
     else:
-        _note(axb, "no backtest errors in law.json" if law is not None else "no law given")
+        why = "no law given"
+        if law is not None:
+            bt = (law.meta.get("diagnostics") or {}).get("backtest")
+            skipped = bt.get("skipped") if isinstance(bt, dict) else None
+            why = "no backtest errors in law.json"
+            if skipped:
+                why += f"\n({len(skipped)} folds skipped:\ntoo few runs for the form)"
+        _note(axb, why)
         axb.set_title("Backtests", loc="left")
+    comp = form_comparison(law.meta) if law is not None else []
+    if comp:
+        axb.text(0.02, 0.02, "form chosen by rollout |error|:\n" + "\n".join(comp),
+                 transform=axb.transAxes, fontsize=7.5, va="bottom", color="#444444",
+                 bbox={"facecolor": "white", "edgecolor": "#dddddd", "alpha": 0.9})
     return fig
 
 
@@ -414,6 +485,8 @@ def watch_verdict(inp: ReportInputs) -> dict:
     out.update(fraction=g, actual=v, forecast=f, lo=lo, hi=hi, complete=t.status == "complete")
     if math.isfinite(lo) and math.isfinite(hi):
         out["inside"] = lo <= v <= hi
+    elif math.isfinite(f):
+        out["band_missing"] = True
     return out
 
 
@@ -468,20 +541,34 @@ def plot_watch(inp: ReportInputs) -> Figure | None:
     for g0, g1 in not_applicable_spans(inp):
         for a in (ax, axr):
             a.axvspan(g0, g1, color=NOT_APPLICABLE_COLOR, alpha=0.35, hatch="//", lw=0, zorder=0)
-    seen_sev, counts = set(), {k: 0 for k in SEVERITIES}
+    # Alerts about the loss are vertical lines through both panels, labelled with their kind;
+    # every other alert (health, spikes, cleared) is a triangle on the top edge, so a run with
+    # many health warnings stays readable (they are drawn in full on the health figure).
+    seen_line, seen_tick, counts = set(), set(), {k: 0 for k in SEVERITIES}
+    labelled = set()
     for a in inp.alerts or []:
         g = _alert_fraction(a, inp)
         sev = str(a.get("severity", "info"))
+        kind = str(a.get("kind", ""))
         counts[sev] = counts.get(sev, 0) + 1
-        if g is None or a.get("kind") == "not_applicable":
+        if g is None or kind == "not_applicable":
             continue
         c = SEVERITY_COLORS.get(sev, SEVERITY_COLORS["info"])
-        for axx in (ax, axr):
-            axx.axvline(g, color=c, lw=1.3 if sev != "info" else 0.8, alpha=0.8, zorder=1)
-        v = a.get("value")
-        if a.get("kind") in ("above_band", "below_band") and isinstance(v, (int, float)):
-            ax.plot([g], [v], "o", ms=11, mfc="none", mec=c, mew=2, zorder=5)
-        seen_sev.add(sev)
+        if _is_loss_alert(a):
+            for axx in (ax, axr):
+                axx.axvline(g, color=c, lw=1.6 if sev != "info" else 0.8, alpha=0.85, zorder=1)
+            v = a.get("value")
+            if kind in ("above_band", "below_band") and isinstance(v, (int, float)):
+                ax.plot([g], [v], "o", ms=11, mfc="none", mec=c, mew=2, zorder=5)
+            if (kind, sev) not in labelled:
+                labelled.add((kind, sev))
+                ax.text(g, 0.985, f" {kind} ({sev})", transform=ax.get_xaxis_transform(),
+                        rotation=90, va="top", ha="left", fontsize=7.5, color=c)
+            seen_line.add(sev)
+        else:
+            ax.plot([g], [1.0], "v", ms=7, color=c, transform=ax.get_xaxis_transform(),
+                    clip_on=False, zorder=6, mec="white", mew=0.5)
+            seen_tick.add(sev)
     ax.set_ylabel(_metric_label(metric))
     axr.set_ylabel("actual / forecast - 1 (%)")
     axr.set_xlabel("fraction of the target's planned run")
@@ -506,10 +593,16 @@ def plot_watch(inp: ReportInputs) -> Figure | None:
         sec.xaxis.set_major_formatter(FuncFormatter(lambda v, _: si(v)))
         sec.set_xlabel("tokens seen")
     handles, labels = ax.get_legend_handles_labels()
+    if fc is not None and not np.isfinite(fc.lo).any():
+        keep = [i for i, lab in enumerate(labels) if "band" not in lab]
+        handles, labels = [handles[i] for i in keep], [labels[i] for i in keep]
     for sev in SEVERITIES:
-        if sev in seen_sev:
+        if sev in seen_line:
             handles.append(Line2D([], [], color=SEVERITY_COLORS[sev], lw=1.5))
-            labels.append(f"{sev} alert ({counts[sev]})")
+            labels.append(f"{sev}: loss alert")
+        if sev in seen_tick:
+            handles.append(Line2D([], [], color=SEVERITY_COLORS[sev], marker="v", ls=""))
+            labels.append(f"{sev}: other alert (health, spikes)")
     if not_applicable_spans(inp):
         handles.append(Patch(facecolor=NOT_APPLICABLE_COLOR, alpha=0.35, hatch="//"))
         labels.append("forecast does not apply")
@@ -521,6 +614,10 @@ def plot_watch(inp: ReportInputs) -> Figure | None:
         state = "inside" if v["inside"] else ("ABOVE" if v["actual"] > v["hi"] else "BELOW")
         title = (f"{name} {where}: {num(v['actual'])} vs forecast {num(v['forecast'])} "
                  f"[{num(v['lo'])}, {num(v['hi'])}] -> {state} the {lvl} band")
+    elif v.get("band_missing"):
+        where = "final" if v["complete"] else f"at {v['fraction']:.0%} of the run"
+        title = (f"{name} {where}: {num(v['actual'])} vs forecast {num(v['forecast'])} "
+                 f"({v['actual'] / v['forecast'] - 1:+.1%}); band missing, cannot judge")
     elif fc is None:
         title = f"{name}: no pre-registered forecast to compare with"
     else:
@@ -594,7 +691,6 @@ def plot_health(inp: ReportInputs) -> Figure | None:
         g = np.concatenate([t.series(k).fraction for k in keys])
         g = g[np.isfinite(g)]
         t_last = float(g.max()) if len(g) else None
-    health_kinds = {k for ks in HEALTH_ALERT_KINDS.values() for k in ks}
     for i, key in enumerate(keys):
         ax = axes[i // ncol][i % ncol]
         for run in inp.rungs:
@@ -620,7 +716,7 @@ def plot_health(inp: ReportInputs) -> Figure | None:
                     compare = (f"\nat {gl:.0%}: target {_fmt_health(key, tv)}, ladder "
                                f"{_fmt_health(key, min(lv))}-{_fmt_health(key, max(lv))}")
         for a in inp.alerts or []:
-            if a.get("kind") in HEALTH_ALERT_KINDS.get(key, ()):
+            if _health_alert_for(a, key):
                 g = _alert_fraction(a, inp)
                 if g is not None:
                     ax.axvline(g, color=SEVERITY_COLORS.get(str(a.get("severity")), "#888"),
@@ -648,8 +744,8 @@ def plot_health(inp: ReportInputs) -> Figure | None:
                 handles.append(h)
                 labels.append(lab)
     fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 6))
-    n_alerts = sum(1 for a in inp.alerts or [] if a.get("kind") in health_kinds
-                   and a.get("severity") in ("warn", "critical"))
+    n_alerts = sum(1 for a in inp.alerts or [] if a.get("severity") in ("warn", "critical")
+                   and any(_health_alert_for(a, k) for k in keys))
     who = t.name if t is not None else "the ladder"
     sup = f"Health of {who} against the ladder at the same fraction of the schedule"
     if inp.alerts is not None:

@@ -104,7 +104,7 @@ def _prereg(path: Path, hero) -> Path:
     fin = fc[-1]
     path.write_text(json.dumps({
         "schema": "prereg/1", "metric": METRIC, "band_level": 0.9,
-        "target": {"name": hero.name, "params": s["params"], "active_params": s["active_params"],
+        "target": {"name": f"{hero.ladder}:{hero.name}", "params": s["params"], "active_params": s["active_params"],
                    "tokens": hero.tokens, "steps": hero.steps, "compute": s["compute_no_lm_head"]},
         "forecast": fc, "final": {"loss": fin["loss"], "lo": fin["lo"], "hi": fin["hi"]}}))
     return path
@@ -220,6 +220,13 @@ def test_not_applicable_spans_and_backtests(tmp_path):
     meta = KnownLaw().to_json()
     assert backtests(meta) == [{"kind": "rollout", "label": "103K-A47.8K", "rel_error": 0.004},
                                {"kind": "rollout", "label": "170K-A82.1K", "rel_error": -0.006}]
+    # the fitter's own layout: folds with parallel held_out / final_rel_err lists
+    folds = {"diagnostics": {"backtest": {"folds": [
+        {"train_runs": 2, "held_out": ["cpu/a"], "final_rel_err": [0.01]},
+        {"train_runs": 3, "held_out": ["cpu/b", "cpu/c"], "final_rel_err": [-0.02, 0.03]}]}}}
+    assert [(r["kind"], r["label"], r["rel_error"]) for r in backtests(folds)] == [
+        ("fit on 2 runs", "cpu/a", 0.01), ("fit on 3 runs", "cpu/b", -0.02),
+        ("fit on 3 runs", "cpu/c", 0.03)]
     assert backtests({"diagnostics": {"backtest_leave_largest_out": {"r4": {"rel_error": 0.01}}}}
                      ) == [{"kind": "backtest_leave_largest_out/r4", "label": "",
                             "rel_error": 0.01}]
