@@ -354,7 +354,7 @@ def plot_law(inp: ReportInputs) -> Figure | None:
     sub = E if use_e else 0.0
 
     if pred is not None:
-        expr = textwrap.fill(str(law.meta.get("expression") or law.form), 70,
+        expr = textwrap.fill(str(law.meta.get("expression") or law.form), 56,
                              subsequent_indent="    ")
         ax.plot(grid, pred.loss - sub, "-", color=LAW_COLOR, lw=2,
                 label=f"law ({law.form}, end of run): {expr}")
@@ -386,7 +386,7 @@ def plot_law(inp: ReportInputs) -> Figure | None:
     _plain_log_y(ax)
     ax.set_xlabel("training compute C (FLOPs, no LM head)")
     ax.set_ylabel(f"{metric} - E  (E = {num(E)})" if use_e else _metric_label(metric))
-    ax.legend(loc="lower left")
+    ax.legend(loc="upper right")
     if fc_final and isinstance(fc_final.get("loss"), (int, float)) and finals and \
             isinstance(tcomp, (int, float)):
         ratio = tcomp / max(r.compute for r, _ in finals)

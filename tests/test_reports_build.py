@@ -21,7 +21,7 @@ from reports.commands import build_report
 from reports.inputs import load_inputs
 from reports.page import render_summary
 from reports.plots import backtests, not_applicable_spans
-from reports.tables import forecast_rows, param_intervals
+from reports.tables import forecast_rows, law_rows, param_intervals
 
 E, A, ALPHA = 1.5, 19.0, 0.1   # the synthetic truth
 BAND = 0.02                   # +-2% band of the known law
@@ -278,3 +278,27 @@ window.addEventListener('load', function () {
            "--virtual-time-budget=5000", "--dump-dom", page.as_uri()]
     dom = subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
     assert "images 4/4" in dom, dom[-500:]
+
+
+@pytest.mark.slow  # ~10 s: a real multi-start fit, a pre-registration and a watch
+def test_report_on_real_producer_artifacts(tmp_path, ladder_dir):
+    """law.json, prereg.json and alerts.jsonl written by `ladder fit`, `ladder preregister` and
+    `ladder watch` themselves (not by this test), on the synthetic ladder that follows the truth:
+    the report reads them through the documented APIs and the hero lands inside its band."""
+    root, lad = ladder_dir
+    runs, _, _ = _hero_setup(tmp_path, ladder_dir)
+    law, prereg, alerts = tmp_path / "law.json", tmp_path / "real_prereg.json", tmp_path / "a.jsonl"
+    assert cli_main(["fit", str(root), "--form", "compute", "--bootstrap", "20",
+                     "--out", str(law)]) == 0
+    assert cli_main(["preregister", str(law), "--target", f"cpu:{lad.target.name}",
+                     "--out", str(prereg)]) == 0
+    hero_metrics = runs / "cpu" / lad.target.name / "metrics.jsonl"
+    cli_main(["watch", str(prereg), "--source", str(hero_metrics), "--alerts", str(alerts)])
+    index = build_report(tmp_path / "out", runs=runs, law=law, prereg=prereg, alerts=alerts)
+    html = index.read_text()
+    assert len(_img_payloads(html)) == 4
+    inp = load_inputs(runs=runs, law=law, prereg=prereg, alerts=alerts)
+    assert inp.law.obj is not None and inp.law.error is None   # fit.load_law rebuilt it
+    assert inp.target is not None and inp.target.name == lad.target.name
+    assert [r["parameter"] for r in law_rows(inp)] == ["E", "A", "alpha"]
+    assert all(r["inside"] == "yes" for r in forecast_rows(inp)), forecast_rows(inp)
