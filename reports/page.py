@@ -36,6 +36,7 @@ td.num {{ text-align: right; font-variant-numeric: tabular-nums; }}
 .sev-warn {{ color: {SEVERITY_COLORS['warn']}; font-weight: 600; }}
 .sev-info {{ color: {SEVERITY_COLORS['info']}; }}
 .missing {{ color: #a61e4d; }}
+.rule {{ font-size: 13px; color: #333; max-width: 1000px; }}
 code {{ background: #f1f3f5; padding: 1px 4px; border-radius: 3px; }}
 """
 
@@ -156,6 +157,11 @@ def render_html(inp: ReportInputs, pngs: dict[str, bytes], missing_plots: dict[s
     parts.append(_table(law_rows(inp), "no law given"))
     parts.append(f"<h3>Forecast vs actual ({_esc(inp.metric)})</h3>")
     parts.append(_table(forecast_rows(inp), "no pre-registration given"))
+    rule = inp.prereg.get("decision_rule") if inp.prereg else None
+    words = rule.get("words") if isinstance(rule, dict) else rule if isinstance(rule, str) else None
+    if words:
+        parts.append("<h3>Decision rule (pre-registered)</h3>")
+        parts.append(f'<p class="rule">{_esc(words)}</p>')
     n = len(inp.alerts or [])
     parts.append(f"<h3>Alerts ({n})</h3>")
     parts.append(_table(alert_rows(inp), "no alerts file given" if inp.alerts is None

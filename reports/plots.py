@@ -120,6 +120,13 @@ def _metric_label(metric: str) -> str:
 # ----------------------------------------------------------------------------- 1. the ladder
 
 
+def law_follows_runs(inp: ReportInputs) -> bool:
+    """Whether the law describes whole runs (loss at every fraction of the schedule: the
+    trajectory form, or one law per fraction) rather than only each run's final point."""
+    law = inp.law
+    return law is not None and (law.form == "trajectory" or law.meta.get("by") == "fraction")
+
+
 def _law_along_run(inp: ReportInputs, run: RunData, fractions: np.ndarray):
     """The law evaluated along ``run`` at ``fractions`` of its plan (tokens and compute so far)."""
     if inp.law is None or run.planned_tokens is None:
@@ -132,9 +139,13 @@ def _law_along_run(inp: ReportInputs, run: RunData, fractions: np.ndarray):
 def ladder_residuals(inp: ReportInputs) -> np.ndarray:
     """Relative residuals (observed / law - 1) of every rung's eval points (empty without a law)."""
     out = []
+    whole = law_follows_runs(inp)
     for run in inp.rungs:
         s = run.series(inp.metric)
         ok = np.isfinite(s.fraction) & (s.fraction > 0)
+        if not whole:  # a law of final points is judged at final points only
+            ok &= s.fraction >= 0.999
+            ok &= run.status == "complete"
         if not ok.any():
             continue
         p = _law_along_run(inp, run, s.fraction[ok])
@@ -153,6 +164,7 @@ def plot_ladder(inp: ReportInputs) -> Figure | None:
     fig = _fig(9.5, 5.6)
     ax = fig.add_subplot()
     drew_law = drew_band = False
+    whole = law_follows_runs(inp)
     for run in runs:
         s = run.series(metric)
         c = colors[run.name]
@@ -162,10 +174,14 @@ def plot_ladder(inp: ReportInputs) -> Figure | None:
             label += f"  [{run.status}]"
         ax.plot(s.tokens[ok], s.value[ok], "o", color=c, ms=4.5, mec="white", mew=0.5,
                 label=label, zorder=3)
-        if inp.law is None or inp.law.obj is None:  # no law curve: join the points instead
+        if not whole or inp.law.obj is None:  # no law curve per run: join the points instead
             ax.plot(s.tokens[ok], s.value[ok], "-", color=c, lw=0.8, alpha=0.6, zorder=2)
+        fin = run.final(metric)
+        if fin is not None and not whole and run.planned_tokens:
+            ax.plot([run.planned_tokens], [fin], "o", color=c, ms=8, mec=TARGET_COLOR, mew=1,
+                    zorder=4)
         g_obs = s.fraction[ok & np.isfinite(s.fraction)]
-        if len(g_obs):
+        if len(g_obs) and whole:
             grid = np.unique(np.concatenate([np.linspace(g_obs.min(), max(g_obs.max(), 1.0), 80),
                                              g_obs]))
             p = _law_along_run(inp, run, grid)
@@ -176,6 +192,21 @@ def plot_ladder(inp: ReportInputs) -> Figure | None:
                 if np.isfinite(p.lo).any():
                     drew_band = True
                     ax.fill_between(t, p.lo, p.hi, color=c, alpha=0.12, lw=0, zorder=1)
+    alloc = _allocation(inp)
+    if inp.law is not None and not whole and alloc is not None:
+        # A law of final points: one line through the rungs' end points, along the ladder's own
+        # sizing rule (params and tokens as power laws of compute), out to the target.
+        cs = [r.compute for r in runs if r.compute] + [inp.target_info.get("compute")]
+        cs = [float(c) for c in cs if isinstance(c, (int, float)) and c > 0]
+        if cs:
+            kw = alloc(np.geomspace(min(cs) / 1.5, max(cs) * 1.2, 120))
+            p = inp.law.predict(level=inp.level, fraction=np.ones_like(kw["compute"]), **kw)
+            if p is not None and np.isfinite(p.loss).any():
+                drew_law = True
+                ax.plot(kw["tokens"], p.loss, "-", color=LAW_COLOR, lw=1.8, zorder=2)
+                if np.isfinite(p.lo).any():
+                    drew_band = True
+                    ax.fill_between(kw["tokens"], p.lo, p.hi, color=LAW_COLOR, alpha=0.12, lw=0)
     t = inp.target
     if t is not None and len(t.series(metric)):
         s = t.series(metric)
@@ -197,16 +228,18 @@ def plot_ladder(inp: ReportInputs) -> Figure | None:
     ax.set_ylabel(_metric_label(metric))
     handles, labels = ax.get_legend_handles_labels()
     if drew_law:
-        handles.append(Line2D([], [], color="#555555", lw=1.6))
-        labels.append(f"law ({inp.law.form}), shaded: {inp.level:.0%} band" if drew_band else
-                      f"law ({inp.law.form}); band missing (could not be computed)")
+        what = "along each run" if whole else "through the final points (large dots)"
+        handles.append(Line2D([], [], color="#555555" if whole else LAW_COLOR, lw=1.6))
+        labels.append(f"law ({inp.law.form}) {what}" + (f", shaded: {inp.level:.0%} band"
+                      if drew_band else "; band missing (could not be computed)"))
     ax.legend(handles, labels, loc="upper right")
     res = ladder_residuals(inp) if drew_law else np.array([])
     res = res[np.isfinite(res)]
     first = [r.series(metric).value[-1] for r in runs]
     if len(res):
+        pts = "eval points" if whole else "final points"
         title = (f"The law tracks the ladder: median |error| {np.median(np.abs(res)):.2%}, max "
-                 f"{np.abs(res).max():.2%} over {len(res)} eval points of {len(runs)} rungs")
+                 f"{np.abs(res).max():.2%} over {len(res)} {pts} of {len(runs)} rungs")
     elif inp.law is None:
         title = f"Ladder: {len(runs)} rungs, last {metric} {num(max(first))} -> {num(min(first))} (no law given)"
     else:
@@ -418,8 +451,7 @@ def plot_law(inp: ReportInputs) -> Figure | None:
         axb.set_xlim(-lim, lim)
         axb.set_xlabel("relative error of held-out prediction (%)\n(predicted / actual - 1)")
         axb.grid(axis="y", visible=False)
-        axb.set_title(f"Backtests: held-out final loss within {np.abs(vals).max():.2f}%",
-                      loc="left")
+        axb.set_title(f"Backtests\nheld-out runs within {np.abs(vals).max():.2f}%", loc="left")
     else:
         why = "no law given"
         if law is not None:
@@ -431,8 +463,13 @@ def plot_law(inp: ReportInputs) -> Figure | None:
         _note(axb, why)
         axb.set_title("Backtests", loc="left")
     comp = form_comparison(law.meta) if law is not None else []
+    comp = (["form chosen by rollout |error|:"] + comp) if comp else []
+    bt = (law.meta.get("diagnostics") or {}).get("backtest") if law is not None else None
+    cov = bt.get("band_coverage_final") if isinstance(bt, dict) else None
+    if isinstance(cov, (int, float)) and math.isfinite(cov):
+        comp.insert(0, f"held-out finals inside the band: {cov:.0%}")
     if comp:
-        axb.text(0.02, 0.02, "form chosen by rollout |error|:\n" + "\n".join(comp),
+        axb.text(0.02, 0.02, "\n".join(comp),
                  transform=axb.transAxes, fontsize=7.5, va="bottom", color="#444444",
                  bbox={"facecolor": "white", "edgecolor": "#dddddd", "alpha": 0.9})
     return fig
