@@ -19,8 +19,8 @@ from ladder.cli import main as cli_main
 from ladder.specs import get_ladder
 from reports.commands import build_report
 from reports.inputs import load_inputs
-from reports.page import render_summary
-from reports.plots import backtests, not_applicable_spans
+from reports.page import render_html, render_summary
+from reports.plots import backtests, not_applicable_spans, plot_law, plot_watch
 from reports.tables import forecast_rows, law_rows, param_intervals
 
 E, A, ALPHA = 1.5, 19.0, 0.1   # the synthetic truth
@@ -179,12 +179,15 @@ def test_report_says_outside_when_hero_drifts(tmp_path, ladder_dir):
 
 def test_partial_target_and_missing_law(tmp_path, ladder_dir):
     runs, prereg, alerts = _hero_setup(tmp_path, ladder_dir, upto=0.6)
-    index = build_report(tmp_path / "out", runs=runs, prereg=prereg, alerts=alerts)
-    html = index.read_text()
-    assert len(_img_payloads(html)) == 4  # the law figure still shows rungs and the forecast
-    rows = forecast_rows(load_inputs(runs=runs, prereg=prereg))
+    inp = load_inputs(runs=runs, prereg=prereg, alerts=alerts)
+    assert inp.target.status == "running" and inp.law is None
+    # without a law the law figure still shows the finished rungs and the registered forecast
+    assert plot_law(inp) is not None and plot_watch(inp) is not None
+    rows = forecast_rows(inp)
+    assert [r["inside"] for r in rows[:2]] == ["yes", "yes"]
     assert [r["actual"] for r in rows][2:] == ["not reached", "not reached"]
-    assert "no law given" in html
+    html = render_html(inp, {}, {})
+    assert "no law given" in html and "latest (at 55% of the run)" in html  # last eval before 60%
 
 
 def test_nothing_given(tmp_path):
