@@ -68,7 +68,12 @@ def verdict_lines(inp: ReportInputs) -> tuple[list[str], str]:
     lines, tone = [], "ok"
     v = watch_verdict(inp)
     name = inp.target_name or "target"
-    if "inside" in v:
+    if "not_applicable_since" in v:
+        tone = "warn"
+        lines.append(f"{name}: the forecast no longer applies since {v['not_applicable_since']:.0%}"
+                     f" of the run ({v['not_applicable_reason']}); the last value "
+                     f"{loss_fmt(v['actual'])} is not judged against it.")
+    elif "inside" in v:
         where = "final" if v["complete"] else f"latest (at {v['fraction']:.0%} of the run)"
         lines.append(f"{name} {where} {inp.metric}: {loss_fmt(v['actual'])}; forecast "
                      f"{loss_fmt(v['forecast'])} [{loss_fmt(v['lo'])}, {loss_fmt(v['hi'])}] "

@@ -520,7 +520,13 @@ def watch_verdict(inp: ReportInputs) -> dict:
     g, v = float(s.fraction[-1]), float(s.value[-1])
     f, lo, hi = (float(x) for x in fc.at(g))
     out.update(fraction=g, actual=v, forecast=f, lo=lo, hi=hi, complete=t.status == "complete")
-    if math.isfinite(lo) and math.isfinite(hi):
+    spans = [sp for sp in not_applicable_spans(inp) if sp[0] <= g <= sp[1] + 1e-9]
+    if spans:  # the watcher declared the forecast void here: it is not judged (DESIGN.md §3)
+        out["not_applicable_since"] = spans[-1][0]
+        out["not_applicable_reason"] = next(
+            (str(a.get("message", "")) for a in inp.alerts or []
+             if a.get("kind") == "not_applicable"), "")
+    elif math.isfinite(lo) and math.isfinite(hi):
         out["inside"] = lo <= v <= hi
     elif math.isfinite(f):
         out["band_missing"] = True
@@ -532,7 +538,7 @@ def plot_watch(inp: ReportInputs) -> Figure | None:
     t, fc, metric = inp.target, inp.forecast, inp.metric
     if t is None and fc is None:
         return None
-    fig = _fig(11, 6.6)
+    fig = _fig(11, 7.2)
     gs = fig.add_gridspec(2, 1, height_ratios=[2.2, 1], hspace=0.05)
     ax = fig.add_subplot(gs[0])
     axr = fig.add_subplot(gs[1], sharex=ax)
@@ -643,10 +649,14 @@ def plot_watch(inp: ReportInputs) -> Figure | None:
     if not_applicable_spans(inp):
         handles.append(Patch(facecolor=NOT_APPLICABLE_COLOR, alpha=0.35, hatch="//"))
         labels.append("forecast does not apply")
-    ax.legend(handles, labels, loc="upper right")
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(4, len(handles)))
     v = watch_verdict(inp)
     name = t.name if t is not None else (inp.target_name or "target")
-    if "inside" in v:
+    if "not_applicable_since" in v:
+        where = "final" if v["complete"] else f"at {v['fraction']:.0%} of the run"
+        title = (f"{name} {where}: {num(v['actual'])} vs forecast {num(v['forecast'])}; the "
+                 f"forecast no longer applies since {v['not_applicable_since']:.0%}: not judged")
+    elif "inside" in v:
         where = "final" if v["complete"] else f"at {v['fraction']:.0%} of the run"
         state = "inside" if v["inside"] else ("ABOVE" if v["actual"] > v["hi"] else "BELOW")
         title = (f"{name} {where}: {num(v['actual'])} vs forecast {num(v['forecast'])} "
@@ -662,7 +672,7 @@ def plot_watch(inp: ReportInputs) -> Figure | None:
     n_bad = counts.get("warn", 0) + counts.get("critical", 0)
     if inp.alerts is not None:
         title += f"; {n_bad} warning/critical alert{'s' if n_bad != 1 else ''}"
-    ax.set_title(title, loc="left", pad=22 if isinstance(tokens_total, (int, float)) else 6)
+    fig.suptitle(textwrap.fill(title, 110), x=0.01, ha="left", fontsize=12)
     return fig
 
 

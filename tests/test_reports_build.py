@@ -305,3 +305,16 @@ def test_report_on_real_producer_artifacts(tmp_path, ladder_dir):
     assert inp.target is not None and inp.target.name == lad.target.name
     assert [r["parameter"] for r in law_rows(inp)] == ["E", "A", "alpha"]
     assert all(r["inside"] == "yes" for r in forecast_rows(inp)), forecast_rows(inp)
+
+
+def test_not_applicable_is_not_judged(tmp_path, ladder_dir):
+    """Once the watcher says the forecast no longer applies, the report does not call the run
+    inside or outside the band (DESIGN.md §3: "forecast no longer applies" instead of comparing)."""
+    lad = ladder_dir[1]
+    na = {"time": "t", "step": lad.target.steps // 2, "tokens": None, "fraction": None,
+          "kind": "not_applicable", "severity": "warn", "message": "planned steps changed"}
+    runs, prereg, alerts = _hero_setup(tmp_path, ladder_dir, scale=1.05, alerts=[na])
+    inp = load_inputs(runs=runs, prereg=prereg, alerts=alerts)
+    summary = render_summary(inp, {})
+    assert "no longer applies since 50% of the run (planned steps changed)" in summary
+    assert "OUTSIDE" not in summary and "Inside" not in summary
