@@ -10,10 +10,10 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display: figures are rendered to PNG only
 
-from ladder.io import atomic_write_bytes, atomic_write_text  # noqa: E402
-from reports import plots  # noqa: E402
-from reports.inputs import load_inputs  # noqa: E402
-from reports.page import render_html, render_summary  # noqa: E402
+from ladder.io import atomic_write_bytes, atomic_write_text
+from reports import plots
+from reports.inputs import load_inputs
+from reports.page import render_html, render_summary
 
 FIGURES = (("ladder", plots.plot_ladder, "no ladder runs with the metric"),
            ("law", plots.plot_law, "no law, no finished rungs and no forecast"),

@@ -59,10 +59,7 @@ class RunData:
         if v is not None and math.isfinite(v):
             return v
         if self.rung is not None:
-            try:
-                s = self.rung.summary()
-            except Exception:  # a rung that cannot count itself just lacks the field
-                return None
+            s = self.rung.summary()
             return as_float(s.get("compute_no_lm_head" if key == "compute" else key))
         return None
 
@@ -101,11 +98,8 @@ class RunData:
         planned compute scaled by tokens (training FLOPs are linear in tokens, flops-v1)."""
         tokens = np.asarray(tokens, dtype=float)
         if self.rung is not None:
-            try:
-                return np.array([self.rung.compute(float(t)) for t in tokens.ravel()]
-                                ).reshape(tokens.shape)
-            except Exception:
-                pass
+            return np.array([self.rung.compute(float(t)) for t in tokens.ravel()]
+                            ).reshape(tokens.shape)
         c, d = self.compute, self.planned_tokens
         if c is None or not d:
             return np.full(tokens.shape, np.nan)

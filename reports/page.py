@@ -116,19 +116,20 @@ def verdict_lines(inp: ReportInputs) -> tuple[list[str], str]:
 
 SECTIONS = (
     ("ladder", "1. The ladder",
-     "Each rung's held-out loss against tokens (dots) with the exported law evaluated along the "
-     "rung's own schedule (lines, shaded band). Colours are fixed per rung throughout the report."),
+     ("Each rung's held-out loss against tokens (dots) with the exported law: along each rung's "
+      "own schedule for a law of whole runs (trajectory), or through the rungs' final points "
+      "for a law of final points. Colours are fixed per rung throughout the report.")),
     ("law", "2. The law",
-     "Final loss of the finished rungs against training compute on log axes, the fitted law with "
-     "its band, and the pre-registered forecast for the target far to the right. Right: backtest "
-     "errors recorded in law.json (fit on smaller runs, predict a held-out larger one)."),
+     ("Final loss of the finished rungs against training compute on log axes, the fitted law "
+      "with its band, and the pre-registered forecast for the target far to the right. Right: "
+      "backtest errors recorded in law.json (fit on smaller runs, predict a held-out larger one).")),
     ("watch", "3. The watch",
-     "The target's live curve over the band that was frozen before it started. Vertical lines: "
-     "alerts where they fired, coloured by severity; hatched: the forecast did not apply. Bottom: "
-     "the same as a relative deviation from the forecast."),
+     ("The target's live curve over the band that was frozen before it started. Vertical lines: "
+      "loss alerts where they fired, coloured by severity; triangles on the top edge: other "
+      "alerts; hatched: the forecast did not apply. Bottom: the deviation from the forecast.")),
     ("health", "4. Health against the ladder",
-     "Training health signals at the same fraction of each run's schedule: ladder rungs thin, "
-     "the target thick. Vertical lines: health alerts."),
+     ("Training health signals at the same fraction of each run's schedule: ladder rungs thin, "
+      "the target thick. Vertical lines: health alerts.")),
 )
 
 
@@ -141,8 +142,8 @@ def render_html(inp: ReportInputs, pngs: dict[str, bytes], missing_plots: dict[s
         f"<title>Scaling-ladder report: {_esc(inp.target_name or 'ladder')}</title>",
         f"<style>{CSS}</style></head><body><main>",
         f"<h1>Scaling-ladder report{': ' + _esc(inp.target_name) if inp.target_name else ''}</h1>",
-        f'<p class="sub">metric <code>{_esc(inp.metric)}</code>, band level {inp.level:.0%}; '
-        f"generated {stamp} from artifacts only.</p>",
+        (f'<p class="sub">metric <code>{_esc(inp.metric)}</code>, band level {inp.level:.0%}; '
+         f"generated {stamp} from artifacts only.</p>"),
     ]
     if lines:
         cls = {"ok": "", "warn": " warn", "bad": " bad"}[tone]

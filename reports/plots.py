@@ -17,12 +17,28 @@ from matplotlib import rc_context
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import (FixedLocator, FuncFormatter, LogLocator, MaxNLocator,
-                               NullFormatter, NullLocator)
+from matplotlib.ticker import (
+    FixedLocator,
+    FuncFormatter,
+    LogLocator,
+    MaxNLocator,
+    NullFormatter,
+    NullLocator,
+)
 
 from reports.inputs import SEVERITIES, ReportInputs, RunData
-from reports.style import (FORECAST_COLOR, LAW_COLOR, NOT_APPLICABLE_COLOR, RC, SEVERITY_COLORS,
-                           TARGET_COLOR, loss_fmt as num, rung_colors, sci, si)
+from reports.style import (
+    FORECAST_COLOR,
+    LAW_COLOR,
+    NOT_APPLICABLE_COLOR,
+    RC,
+    SEVERITY_COLORS,
+    TARGET_COLOR,
+    rung_colors,
+    sci,
+    si,
+)
+from reports.style import loss_fmt as num
 
 HEALTH_KEYS = ("moe/drop_frac", "grad/norm", "moe/router_entropy", "params/norm/router_bias",
                "moe/load_max_over_mean")
@@ -700,7 +716,7 @@ def _smooth(x: np.ndarray, y: np.ndarray, width: float = SMOOTH_FRACTION):
     span = np.nanmax(x) - np.nanmin(x)
     if not span > 0:
         return x, y
-    per = max(1, int(round(width / (span / max(n - 1, 1)))))  # points per window
+    per = max(1, round(width / (span / max(n - 1, 1))))  # points per window
     if per <= 1:
         return x, y
     import pandas as pd  # rolling median without a Python loop; lazy (only health needs it)
@@ -733,11 +749,6 @@ def plot_health(inp: ReportInputs) -> Figure | None:
     fig = _fig(3.7 * ncol, 2.9 * nrow + 0.8)
     axes = fig.subplots(nrow, ncol, squeeze=False, sharex=True)
     t = inp.target
-    t_last = None
-    if t is not None:
-        g = np.concatenate([t.series(k).fraction for k in keys])
-        g = g[np.isfinite(g)]
-        t_last = float(g.max()) if len(g) else None
     for i, key in enumerate(keys):
         ax = axes[i // ncol][i % ncol]
         for run in inp.rungs:

@@ -38,7 +38,7 @@ class KnownLaw:
     the synthetic truth: the report's fitted curve must pass through the synthetic points."""
 
     form, metric = "compute", METRIC
-    params = {"E": E, "A": A, "alpha": ALPHA}
+    params = {"E": E, "A": A, "alpha": ALPHA}  # noqa: RUF012 (read-only here)
 
     def predict(self, compute=None, level=0.9, **_):
         loss = truth(compute)
@@ -93,7 +93,7 @@ def _write_run(root: Path, rung, *, scale=1.0, upto=1.0, status="complete", spik
 
 def _prereg(path: Path, hero) -> Path:
     fc = []
-    for i in range(0, 101):
+    for i in range(101):
         g = i / 100
         step = round(g * hero.steps)
         tokens = step * hero.tokens_per_step
@@ -239,7 +239,7 @@ def test_not_applicable_spans_and_backtests(tmp_path):
 
 
 def test_cli_report_and_bad_input(tmp_path, ladder_dir, capsys):
-    runs, prereg, alerts = _hero_setup(tmp_path, ladder_dir)
+    _, prereg, alerts = _hero_setup(tmp_path, ladder_dir)
     out = tmp_path / "out"
     assert cli_main(["report", "--prereg", str(prereg), "--alerts", str(alerts),
                      "--out", str(out)]) == 0
@@ -279,7 +279,7 @@ window.addEventListener('load', function () {
            "--disable-background-networking", "--disable-component-update", "--disable-sync",
            "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
            "--virtual-time-budget=5000", "--dump-dom", page.as_uri()]
-    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
+    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False).stdout
     assert "images 4/4" in dom, dom[-500:]
 
 
