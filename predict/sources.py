@@ -79,21 +79,38 @@ class JsonlSource:
         self.line_no = 0
         self.max_step: int | None = None  # highest step read (to skip after a rotation)
         self.skip_through: int | None = None
+        self.head = ""
         self.chunk_bytes = chunk_bytes
         self._config_sent = False
 
     def position(self) -> dict:
         return {"kind": self.kind, "path": str(self.path), "offset": self.offset,
                 "inode": self.inode, "line_no": self.line_no, "max_step": self.max_step,
-                "config_sent": self._config_sent}
+                "config_sent": self._config_sent, "head": self.head,
+                "skip_through": self.skip_through}
 
     def restore(self, pos: dict) -> None:
         if pos.get("kind") == self.kind and pos.get("path") == str(self.path):
             self.offset = int(pos.get("offset", 0))
+            self.head = str(pos.get("head", ""))
+            self.skip_through = pos.get("skip_through")
             self.inode = pos.get("inode")
             self.line_no = int(pos.get("line_no", 0))
             self.max_step = pos.get("max_step")
             self._config_sent = bool(pos.get("config_sent"))
+
+    def _read_head(self) -> str:
+        """The file's first line (up to 4 KiB): its fingerprint, since a rotated file can reuse
+        the old inode number."""
+        try:
+            with open(self.path, "rb") as f:
+                line = f.readline(4096)
+        except OSError:
+            return ""
+        return line.decode("utf-8", "replace") if line.endswith(b"\n") else ""
+
+    def _same_head(self) -> bool:
+        return not self.head or self._read_head() == self.head
 
     def _config(self, out: Poll) -> None:
         if self._config_sent:
@@ -113,13 +130,18 @@ class JsonlSource:
         except FileNotFoundError:
             out.notes.append(f"{self.path}: not there (yet); waiting")
             return out
-        if self.inode is not None and (st.st_ino != self.inode or st.st_size < self.offset):
-            what = "replaced (rotated)" if st.st_ino != self.inode else "truncated"
+        replaced = self.inode is not None and (st.st_ino != self.inode or
+                                               not self._same_head())
+        if self.offset and (replaced or st.st_size < self.offset):
+            what = "replaced (rotated)" if replaced else "truncated"
             out.notes.append(f"{self.path} was {what}: reading it again from the start; steps "
                              f"up to {self.max_step} already judged are skipped")
             self.offset, self.line_no = 0, 0
             self.skip_through = self.max_step
+            self.head = ""
         self.inode = st.st_ino
+        if not self.head:
+            self.head = self._read_head()
         self._config(out)
         if st.st_size <= self.offset:
             return out
