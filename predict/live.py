@@ -23,7 +23,7 @@ STATE_SCHEMA = "watch-state/1"
 
 
 def relevant_key(metric: str, nan_keys: Sequence[str]):
-    fixed = {"tokens", "progress", "time", metric, "train/loss", "grad/norm", "moe/drop_frac",
+    fixed = {"tokens", "progress", metric, "train/loss", "grad/norm", "moe/drop_frac",
              "moe/router_entropy", *nan_keys}
 
     def keep(k: str) -> bool:

@@ -94,13 +94,13 @@ def test_jsonl_position_round_trip(tmp_path):
 
 
 def test_big_file_is_read_in_bounded_polls(tmp_path, prereg_path):
-    """200k rows: several bounded polls, every eval judged (timing is in bench/watch_quality.py)."""
+    """100k rows: several bounded polls, every eval judged (timing is in bench/watch_quality.py)."""
     p = tmp_path / "m.jsonl"
     base = rows(seed=3)
     big = base + [{"step": TARGET.steps + i, "train/loss": 2.0, "grad/norm": 0.3}
-                  for i in range(1, 200_000 - len(base) + 1)]
+                  for i in range(1, 100_000 - len(base) + 1)]
     write_jsonl(p, big)
-    src = JsonlSource(p, max_rows=50_000)
+    src = JsonlSource(p, max_rows=30_000)
     w = Watcher(prereg_path, src, [], None)
     w.poll()
     assert w.state["n_points"] == len(big)
