@@ -389,3 +389,43 @@ def test_follow_judges_an_appended_line_within_a_second(tmp_path, prereg_path):
         proc.wait(timeout=10)
     assert seen is not None, proc.stderr.read().decode()[-2000:]
     assert seen < 1.0
+
+
+def test_watcher_follows_an_amendment_that_appears_while_watching(tmp_path, prereg_path):
+    """The run is shortened (decay re-aimed at half the steps): the original forecast stops
+    applying (exit 3, no false alarm); once the amendment is written the watcher switches to it,
+    says so, and judges the new rows against it."""
+    import dataclasses
+    short = dataclasses.replace(TARGET, steps=TARGET.steps // 2, tokens=TARGET.tokens / 2,
+                                compute=TARGET.compute / 2, eval_steps=())
+    rs = sy.make_run(TRUTH, short, noise=NOISE, seed=21, offset=0.0).rows
+    p = tmp_path / "m.jsonl"
+    write_jsonl(p, rs[: len(rs) // 3])
+    w = Watcher(prereg_path, JsonlSource(p), [], None, chain_every=0.0)
+    w.poll()
+    assert w.exit_code == 3 and not [a for a in w.all_alerts if a.kind.endswith("_band")]
+    am = pr.amendment(prereg_path, "shortened to 50% of the tokens, decay re-aimed")
+    pr.write_once(tmp_path / "prereg-v2.json",
+                  make_prereg(LAW, short, eval_noise=0.003, amends=am))
+    write_jsonl(p, rs[len(rs) // 3:], mode="a")
+    new = w.poll()
+    assert new[0].kind == "prereg" and "prereg-v2.json" in new[0].message
+    assert w.exit_code == 0 and w.state["n_evals"] > 50
+
+
+def test_watcher_in_a_background_thread(tmp_path, prereg_path):
+    p = tmp_path / "m.jsonl"
+    rs = rows(seed=22)
+    write_jsonl(p, rs[:100])
+    w = Watcher(prereg_path, JsonlSource(p), [], tmp_path / "state.json")
+    thread, stop = w.start_thread(poll_seconds=0.05)
+    try:
+        write_jsonl(p, [dict(rs[100], **{"grad/norm": "Infinity"})], mode="a")
+        deadline = time.monotonic() + 10
+        while not any(a.kind == "nan" for a in w.all_alerts) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+    assert any(a.kind == "nan" and a.step == rs[100]["step"] for a in w.all_alerts)
+    assert not thread.is_alive()
