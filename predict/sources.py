@@ -329,6 +329,7 @@ class WandbOfflineSource:
         self.path = Path(path)
         self.seen_num = 0
         self.use_leet = use_leet
+        self._last_sig = None
         self._config_sent = False
 
     def position(self) -> dict:
@@ -379,6 +380,14 @@ class WandbOfflineSource:
 
     def poll(self) -> Poll:
         out = Poll()
+        try:
+            f = self.record_file()
+            sig = (str(f), f.stat().st_size, f.stat().st_mtime_ns)
+        except OSError:
+            sig = None
+        if sig is not None and sig == self._last_sig:
+            return out  # unchanged since the last poll: do not decode the log again
+        self._last_sig = sig
         for rec in self.records():
             num = int(rec.get("num", 0) or 0)
             typ = rec.get("type")

@@ -35,6 +35,10 @@ def test_target_from_rung_uses_the_one_counter():
     assert t.compute == rung.compute() and t.params == rung.params.total
     assert t.active_params == rung.params.active and t.tokens == rung.tokens
     assert t.steps == rung.steps and list(t.eval_steps) == rung.eval_steps()
+    # compute so far at fraction g is g x planned (the counter is linear in tokens)
+    for g in (0.01, 0.37, 1.0):
+        assert t.at(np.array([g]))["compute"][0] == pytest.approx(rung.compute(g * rung.tokens),
+                                                                  rel=1e-12)
 
 
 
