@@ -262,6 +262,7 @@ class RungCoverage:
     below: int
     missing: int           # points whose band could not be computed (NaN): not counted inside
     mean_rel_error: float
+    inside_law_only: int = 0  # inside the law's own band, without the eval-noise term
 
     @property
     def coverage(self) -> float:
@@ -284,9 +285,14 @@ class Calibration:
         n = self.n
         return sum(r.inside for r in self.rungs) / n if n else math.nan
 
+    @property
+    def coverage_law_only(self) -> float:
+        n = self.n
+        return sum(r.inside_law_only for r in self.rungs) / n if n else math.nan
+
     def report(self) -> str:
         lines = [f"leave-one-rung-out coverage of the {self.level:.0%} band: {self.coverage:.1%} "
-                 f"of {self.n} points"]
+                 f"of {self.n} points (the law's band alone: {self.coverage_law_only:.1%})"]
         for r in self.rungs:
             lines.append(f"  {r.run:<24} {r.coverage:6.1%} of {r.n:4d} (above {r.above}, below "
                          f"{r.below}, no band {r.missing}), mean |rel err| "
@@ -324,15 +330,16 @@ def leave_one_rung_out(points, fit_fn: Callable[[Any], Any], *, level: float = 0
         law = fit_fn(train)
         inputs = {k: test[k].to_numpy(float) if k in test else np.full(len(test), np.nan)
                   for k in ("params", "active_params", "tokens", "compute", "fraction")}
-        loss, lo, hi = _predict(law, inputs, level)
-        lo, hi = combine_band(loss, lo, hi, level=level, eval_noise=eval_noise)
+        loss, lo0, hi0 = _predict(law, inputs, level)
+        lo, hi = combine_band(loss, lo0, hi0, level=level, eval_noise=eval_noise)
         y = test["loss"].to_numpy(float)
         has = np.isfinite(lo) & np.isfinite(hi)
         inside = has & (y >= lo) & (y <= hi)
         out.append(RungCoverage(run=str(run), n=len(y), inside=int(inside.sum()),
                                 above=int((has & (y > hi)).sum()),
                                 below=int((has & (y < lo)).sum()), missing=int((~has).sum()),
-                                mean_rel_error=float(np.mean(np.abs(loss / y - 1)))))
+                                mean_rel_error=float(np.mean(np.abs(loss / y - 1))),
+                                inside_law_only=int((has & (y >= lo0) & (y <= hi0)).sum())))
     return Calibration(level=level, rungs=tuple(out))
 
 

@@ -23,7 +23,7 @@ STATE_SCHEMA = "watch-state/1"
 
 
 def relevant_key(metric: str, nan_keys: Sequence[str]):
-    fixed = {"tokens", "progress", "time", metric, "train/loss", "grad/norm", "moe/drop_frac",
+    fixed = {"tokens", "progress", metric, "train/loss", "grad/norm", "moe/drop_frac",
              "moe/router_entropy", *nan_keys}
 
     def keep(k: str) -> bool:
@@ -61,7 +61,11 @@ class Watcher:
             doc = dict(doc)
             doc["metric"] = self.metric_override
         self.doc = doc
-        self.view = PreregView.of(doc)
+        try:
+            self.view = PreregView.of(doc)
+        except (KeyError, ValueError, TypeError, IndexError) as e:
+            raise InputError(f"not a usable pre-registration ({type(e).__name__}: {e})",
+                             path=self.prereg_path, field="decision_rule") from None
         self.description = description
         self.keep, self.keys = relevant_key(self.view.metric, self.view.config.nan_keys)
         self.context = {"prereg_sha256": doc.get("sha256"),

@@ -79,21 +79,38 @@ class JsonlSource:
         self.line_no = 0
         self.max_step: int | None = None  # highest step read (to skip after a rotation)
         self.skip_through: int | None = None
+        self.head = ""
         self.chunk_bytes = chunk_bytes
         self._config_sent = False
 
     def position(self) -> dict:
         return {"kind": self.kind, "path": str(self.path), "offset": self.offset,
                 "inode": self.inode, "line_no": self.line_no, "max_step": self.max_step,
-                "config_sent": self._config_sent}
+                "config_sent": self._config_sent, "head": self.head,
+                "skip_through": self.skip_through}
 
     def restore(self, pos: dict) -> None:
         if pos.get("kind") == self.kind and pos.get("path") == str(self.path):
             self.offset = int(pos.get("offset", 0))
+            self.head = str(pos.get("head", ""))
+            self.skip_through = pos.get("skip_through")
             self.inode = pos.get("inode")
             self.line_no = int(pos.get("line_no", 0))
             self.max_step = pos.get("max_step")
             self._config_sent = bool(pos.get("config_sent"))
+
+    def _read_head(self) -> str:
+        """The file's first line (up to 4 KiB): its fingerprint, since a rotated file can reuse
+        the old inode number."""
+        try:
+            with open(self.path, "rb") as f:
+                line = f.readline(4096)
+        except OSError:
+            return ""
+        return line.decode("utf-8", "replace") if line.endswith(b"\n") else ""
+
+    def _same_head(self) -> bool:
+        return not self.head or self._read_head() == self.head
 
     def _config(self, out: Poll) -> None:
         if self._config_sent:
@@ -113,19 +130,23 @@ class JsonlSource:
         except FileNotFoundError:
             out.notes.append(f"{self.path}: not there (yet); waiting")
             return out
-        if self.inode is not None and (st.st_ino != self.inode or st.st_size < self.offset):
-            what = "replaced (rotated)" if st.st_ino != self.inode else "truncated"
+        replaced = self.inode is not None and (st.st_ino != self.inode or
+                                               not self._same_head())
+        if self.offset and (replaced or st.st_size < self.offset):
+            what = "replaced (rotated)" if replaced else "truncated"
             out.notes.append(f"{self.path} was {what}: reading it again from the start; steps "
                              f"up to {self.max_step} already judged are skipped")
             self.offset, self.line_no = 0, 0
             self.skip_through = self.max_step
+            self.head = ""
         self.inode = st.st_ino
+        if not self.head:
+            self.head = self._read_head()
         self._config(out)
         if st.st_size <= self.offset:
             return out
         bad = 0
         first_bad = None
-        loads = json.loads
         with open(self.path, "rb") as f:
             f.seek(self.offset)
             while True:
@@ -140,23 +161,13 @@ class JsonlSource:
                     if not data.endswith(b"\n"):
                         break
                     end = len(data) - 1
-                lines = data[:end].split(b"\n")
+                got, nbad, first = _parse_lines(data[:end], self.line_no)
+                out.rows.extend(got)
+                if nbad:
+                    bad += nbad
+                    first_bad = first_bad or first
+                self.line_no += data.count(b"\n", 0, end) + 1
                 rows = out.rows
-                for raw in lines:
-                    self.line_no += 1
-                    if not raw.strip():
-                        continue
-                    try:
-                        row = loads(raw)
-                    except (ValueError, UnicodeDecodeError):
-                        bad += 1
-                        first_bad = first_bad or self.line_no
-                        continue
-                    if isinstance(row, dict):
-                        rows.append(row)
-                    else:
-                        bad += 1
-                        first_bad = first_bad or self.line_no
                 self.offset += end + 1
                 f.seek(self.offset)
                 if len(rows) >= self.max_rows:
@@ -169,7 +180,9 @@ class JsonlSource:
         return out
 
     def _after_rows(self, out: Poll) -> None:
-        steps = [s for s in (_step_of(r) for r in out.rows) if s is not None]
+        steps = [s for s in (r.get("step") for r in out.rows) if type(s) is int]
+        if not steps:
+            steps = [s for s in (_step_of(r) for r in out.rows) if s is not None]
         if self.skip_through is not None:
             keep = [r for r in out.rows if (_step_of(r) or 0) > self.skip_through]
             if len(keep) < len(out.rows):
@@ -181,6 +194,34 @@ class JsonlSource:
         if steps:
             m = max(steps)
             self.max_step = m if self.max_step is None else max(self.max_step, m)
+
+
+def _parse_lines(block: bytes, line_no: int) -> tuple[list[dict], int, int | None]:
+    """JSON objects of the newline-separated ``block``: one ``json.loads`` of the whole block as
+    an array when every line is a clean object (a quarter faster than line by line), else line by
+    line, skipping (and counting) the lines that are not a JSON object."""
+    try:
+        text = block.decode("utf-8")
+        lines = [ln for ln in text.split("\n") if ln and not ln.isspace()]
+        rows = json.loads("[" + ",".join(lines) + "]")
+        if len(rows) == len(lines) and all(type(r) is dict for r in rows):
+            return rows, 0, None
+    except (ValueError, UnicodeDecodeError):
+        pass
+    rows, bad, first = [], 0, None
+    for k, raw in enumerate(block.split(b"\n")):
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            row = None
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
+            bad += 1
+            first = first or line_no + k + 1
+    return rows, bad, first
 
 
 def _step_of(row: dict) -> int | None:
@@ -288,6 +329,7 @@ class WandbOfflineSource:
         self.path = Path(path)
         self.seen_num = 0
         self.use_leet = use_leet
+        self._last_sig = None
         self._config_sent = False
 
     def position(self) -> dict:
@@ -338,6 +380,14 @@ class WandbOfflineSource:
 
     def poll(self) -> Poll:
         out = Poll()
+        try:
+            f = self.record_file()
+            sig = (str(f), f.stat().st_size, f.stat().st_mtime_ns)
+        except OSError:
+            sig = None
+        if sig is not None and sig == self._last_sig:
+            return out  # unchanged since the last poll: do not decode the log again
+        self._last_sig = sig
         for rec in self.records():
             num = int(rec.get("num", 0) or 0)
             typ = rec.get("type")

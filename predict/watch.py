@@ -251,32 +251,25 @@ class Batch:
         """Columns from row dicts (as read from JSONL/CSV/W&B). A row with a ``config`` dict is a
         configuration; rows without a numeric ``step`` are skipped with a note. Within the batch
         a repeated step keeps its last row (a resumed run re-logs steps: last one wins)."""
-        rows_l: list[Mapping] = []
-        configs: list[dict] = []
+        rows_l = rows if isinstance(rows, list) else list(rows)
+        configs = [r["config"] for r in rows_l if "config" in r and isinstance(r["config"], dict)]
         notes: list[str] = []
-        no_step = 0
-        for r in rows:
-            cfg = r.get("config")
-            if isinstance(cfg, dict):
-                configs.append(cfg)
-                if "step" not in r:
-                    continue
-            s = r.get("step")
-            if isinstance(s, bool) or not isinstance(s, (int, float)) or math.isnan(s):
-                s = as_float(s)
-                if s is None or not math.isfinite(s):
-                    no_step += 1
-                    continue
-            rows_l.append(r)
-        if no_step:
-            notes.append(f"{no_step} row(s) without a numeric 'step' skipped")
+        steps_raw = [r.get("step") for r in rows_l]
+        arr, _, _ = _to_float(steps_raw, nonfinite=False)
+        ok = np.isfinite(arr)
+        if not ok.all():
+            is_cfg = np.array(["config" in r and "step" not in r for r in rows_l], dtype=bool)
+            no_step = int((~ok & ~is_cfg).sum())
+            if no_step:
+                notes.append(f"{no_step} row(s) without a numeric 'step' skipped")
+            rows_l = [r for r, k in zip(rows_l, ok) if k]
         return cls._columns(rows_l, keys, configs, notes, keep)
 
     @classmethod
     def _columns(cls, rows: list[Mapping], keys, configs, notes, keep=None) -> Batch:
         n = len(rows)
-        step = np.array([int(float(r["step"])) for r in rows], dtype=np.int64) if n else \
-            np.zeros(0, dtype=np.int64)
+        step = _to_float([r["step"] for r in rows], nonfinite=False)[0].astype(np.int64) if n \
+            else np.zeros(0, dtype=np.int64)
         ks: set[str] = set(keys or ())
         if keys is None or keep is not None:
             # discover keys: all rows when few, else a sample (key sets of a run barely change)
@@ -318,7 +311,7 @@ class Batch:
                      configs=self.configs, notes=self.notes)
 
 
-def _to_float(vals: list) -> tuple[np.ndarray, int, np.ndarray]:
+def _to_float(vals: list, *, nonfinite: bool = True) -> tuple[np.ndarray, int, np.ndarray]:
     """(float array with NaN for missing/invalid, count of non-numeric values, written-non-finite mask)."""
     n = len(vals)
     try:
@@ -337,6 +330,8 @@ def _to_float(vals: list) -> tuple[np.ndarray, int, np.ndarray]:
                 out[i] = f
         arr = out
     nf = ~np.isfinite(arr)
+    if not nonfinite:
+        return arr, bad, nf
     if nf.any():
         # written non-finite: not missing (None) and parsed to NaN/Inf
         idx = np.flatnonzero(nf)

@@ -35,6 +35,10 @@ def test_target_from_rung_uses_the_one_counter():
     assert t.compute == rung.compute() and t.params == rung.params.total
     assert t.active_params == rung.params.active and t.tokens == rung.tokens
     assert t.steps == rung.steps and list(t.eval_steps) == rung.eval_steps()
+    # compute so far at fraction g is g x planned (the counter is linear in tokens)
+    for g in (0.01, 0.37, 1.0):
+        assert t.at(np.array([g]))["compute"][0] == pytest.approx(rung.compute(g * rung.tokens),
+                                                                  rel=1e-12)
 
 
 
@@ -176,3 +180,16 @@ def test_cli_preregister_refuses_existing_out_before_any_work(tmp_path, capsys):
 def test_cli_reason_without_amend_is_a_usage_error(tmp_path):
     assert main(["preregister", "law.json", "--target", "cpu:x", "--reason", "r",
                  "--out", str(tmp_path / "p.json")]) == 64
+
+
+def test_predict_never_imports_jax():
+    import subprocess
+    import sys
+    code = ("import sys; import predict.commands, predict.live, predict.sinks, predict.sources, "
+            "predict.forecast, predict.prereg, predict.watch, predict.synthetic; "
+            "from ladder.cli import main; "
+            "print('jax' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]),
+                         check=True)
+    assert out.stdout.strip() == "False"
