@@ -9,12 +9,72 @@ Einsum letters: b=B, s=S, t=T, d=D, h=H, k=K, g=G, x=Hd.
 from __future__ import annotations
 
 import math
+import zlib
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
+from flax import struct
+from flax.core import meta, unfreeze
+from flax.traverse_util import flatten_dict, unflatten_dict
 
 from model.config import ModelConfig
+
+
+# ------------------------------------------------------------------------------------ init
+@struct.dataclass
+class Init(meta.AxisMetadata):
+    """A parameter boxed with how it was initialised: normal(0, std), or ones when std is None.
+
+    The box survives ``jax.eval_shape`` (std is static), so ``model.init`` reads every
+    parameter's shape and init rule from one abstract trace and draws the values with numpy:
+    XLA compiles jax.random samplers slowly on CPU (measured here: ~17 s to jit the linen init
+    of the largest cpu-ladder rung). Linen unboxes it whenever a module reads the parameter.
+    """
+
+    value: Any
+    std: float | None = struct.field(pytree_node=False)
+
+    def unbox(self):
+        return self.value
+
+    def replace_boxed(self, val):
+        return self.replace(value=val)
+
+    def add_axis(self, index, params):
+        return self
+
+    def remove_axis(self, index, params):
+        return self
+
+
+def normal(std: float):
+    """Linen initializer: normal(0, std), boxed with its std."""
+    def init(key, shape, dtype=jnp.float32):
+        return Init(std * jax.random.normal(key, shape, dtype), std)
+    return init
+
+
+def ones(key, shape, dtype=jnp.float32):
+    """Linen initializer for norm scales: ones, boxed."""
+    return Init(jnp.ones(shape, dtype), None)
+
+
+def materialize(boxes, seed: int) -> dict:
+    """Nested dict of Init(ShapeDtypeStruct, std) (``jax.eval_shape`` of a linen init) -> nested
+    dict of arrays. Each parameter is drawn from its own numpy stream seeded by (seed, its path),
+    so its initial value does not depend on which other parameters exist."""
+    values = {}
+    for path, box in flatten_dict(unfreeze(boxes)).items():
+        shape, dtype = box.value.shape, box.value.dtype
+        if box.std is None:
+            values[path] = jnp.ones(shape, dtype)
+            continue
+        rng = np.random.default_rng([seed, zlib.crc32("/".join(path).encode())])
+        values[path] = jnp.asarray(box.std * rng.standard_normal(shape, dtype=np.float32), dtype)
+    return unflatten_dict(values)
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
@@ -29,7 +89,7 @@ class RMSNorm(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32)
+        scale = self.param("scale", ones, (x.shape[-1],), jnp.float32)
         return rms_norm(x, scale, self.eps)
 
 
@@ -66,7 +126,7 @@ def output_init(cfg: ModelConfig):
     """Init of projections that write into the residual stream: std / sqrt(2 n_layers), so the
     residual variance does not grow with depth (GPT-2's scaling of residual projections,
     Radford et al. 2019, section 2.3)."""
-    return nn.initializers.normal(cfg.init_std / math.sqrt(2 * cfg.n_layers))
+    return normal(cfg.init_std / math.sqrt(2 * cfg.n_layers))
 
 
 class Attention(nn.Module):
@@ -85,7 +145,7 @@ class Attention(nn.Module):
         B, S, D = x.shape
         H, K, Hd = cfg.n_heads, cfg.n_kv_heads(self.layer), cfg.head_dim
         G = H // K
-        init = nn.initializers.normal(cfg.init_std)
+        init = normal(cfg.init_std)
         wq = self.param("q", init, (D, H, Hd), jnp.float32)
         wk = self.param("k", init, (D, K, Hd), jnp.float32)
         wv = self.param("v", init, (D, K, Hd), jnp.float32)

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from model.config import ModelConfig
-from model.layers import RMSNorm, output_init
+from model.layers import RMSNorm, normal, output_init
 
 
 class Routing(NamedTuple):
@@ -126,7 +126,7 @@ class RoutedExperts(nn.Module):
     def __call__(self, buf: jax.Array) -> jax.Array:          # [E, C, L] -> [E, C, L]
         cfg = self.cfg
         E, L, F = cfg.n_experts, cfg.latent_dim, cfg.expert_dim
-        init = nn.initializers.normal(cfg.init_std)
+        init = normal(cfg.init_std)
         w_gate = self.param("gate", init, (E, L, F), jnp.float32)
         w_up = self.param("up", init, (E, L, F), jnp.float32)
         w_down = self.param("down", init, (E, F, L), jnp.float32)
@@ -142,7 +142,7 @@ class SharedExperts(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:            # [T, D] -> [T, D]
         cfg = self.cfg
         N, D, F = cfg.n_shared, cfg.d_model, cfg.shared_dim
-        init = nn.initializers.normal(cfg.init_std)
+        init = normal(cfg.init_std)
         w_gate = self.param("gate", init, (N, D, F), jnp.float32)
         w_up = self.param("up", init, (N, D, F), jnp.float32)
         w_down = self.param("down", output_init(cfg), (N, F, D), jnp.float32)
@@ -164,7 +164,7 @@ class MoE(nn.Module):
         B, S, D = x.shape
         T, E, L = B * S, cfg.n_experts, cfg.latent_dim
         xt = x.reshape(T, D)                                           # [B, S, D] -> [T, D]
-        init = nn.initializers.normal(cfg.init_std)
+        init = normal(cfg.init_std)
         w_router = self.param("router", init, (D, E), jnp.float32)
         w_down = self.param("down", init, (D, L), jnp.float32)
         w_up = self.param("up", output_init(cfg), (L, D), jnp.float32)
@@ -214,7 +214,7 @@ def moe_stats(cfg: ModelConfig, logits: jax.Array, routing: Routing, kept: jax.A
     p = jnp.exp(logp)
     lse = jax.nn.logsumexp(logits, axis=-1)                            # [T]
     return {
-        "drop_frac": 1.0 - jnp.sum(kept) / A,
+        "drop_frac": (A - jnp.sum(kept)) / A,                           # integer count: exact
         "load": load,
         "router_entropy": jnp.mean(-jnp.sum(p * logp, axis=-1)),
         "router_z_loss": jnp.mean(lse ** 2),

@@ -18,10 +18,10 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 from flax.core import unfreeze
-from flax.traverse_util import flatten_dict
+from flax.traverse_util import flatten_dict, unflatten_dict
 
 from model.config import ModelConfig
-from model.layers import Attention, RMSNorm
+from model.layers import Attention, RMSNorm, materialize, normal
 from model.moe import MoE
 
 AUX_KEYS = ("drop_frac", "load", "router_entropy", "router_z_loss", "balance_loss", "bias_target")
@@ -47,7 +47,7 @@ class Decoder(nn.Module):
     @nn.compact
     def __call__(self, tokens, router_bias, dropless: bool = False):
         cfg = self.cfg
-        init = nn.initializers.normal(cfg.init_std)
+        init = normal(cfg.init_std)
         embedding = self.param("embedding", init, (cfg.vocab_size, cfg.d_model), jnp.float32)
         lm_head = self.param("lm_head", init, (cfg.d_model, cfg.vocab_size), jnp.float32)
         x = jnp.take(embedding, tokens, axis=0)                          # [B, S, D]
@@ -61,22 +61,32 @@ class Decoder(nn.Module):
         return logits, {k: jnp.stack([a[k] for a in auxes]) for k in AUX_KEYS}
 
 
-def _init_params(cfg: ModelConfig, key: jax.Array) -> dict:
+def _boxed_params(cfg: ModelConfig, key: jax.Array) -> dict:
+    """Linen's init: params boxed in :class:`model.layers.Init` (value + init rule)."""
     tokens = jnp.zeros((1, 1), jnp.int32)
     bias = jnp.zeros((cfg.n_layers, cfg.n_experts), jnp.float32)
     return unfreeze(Decoder(cfg).init(key, tokens, bias)["params"])
 
 
+def _abstract_boxes(cfg: ModelConfig) -> dict:
+    """{path: Init(ShapeDtypeStruct, std)} from an abstract trace: nothing is allocated."""
+    return flatten_dict(jax.eval_shape(partial(_boxed_params, cfg), jax.random.key(0)))
+
+
 def init(cfg: ModelConfig, seed: int):
     """-> (params, router_bias): params a nested dict of float32 arrays, router_bias zeros
-    [n_layers, n_experts]. Deterministic in ``seed``."""
-    params = jax.jit(partial(_init_params, cfg))(jax.random.key(seed))
-    return params, jnp.zeros((cfg.n_layers, cfg.n_experts), jnp.float32)
+    [n_layers, n_experts].
+
+    Shapes and init rules come from the modules (an abstract trace, see model.layers.Init); the
+    values are drawn with numpy by :func:`model.layers.materialize`.
+    """
+    boxes = jax.eval_shape(partial(_boxed_params, cfg), jax.random.key(0))
+    return materialize(boxes, seed), jnp.zeros((cfg.n_layers, cfg.n_experts), jnp.float32)
 
 
 def param_shapes(cfg: ModelConfig):
     """(params, router_bias) as jax.ShapeDtypeStruct trees, without allocating anything."""
-    params = jax.eval_shape(partial(_init_params, cfg), jax.random.key(0))
+    params = unflatten_dict({path: box.value for path, box in _abstract_boxes(cfg).items()})
     return params, jax.ShapeDtypeStruct((cfg.n_layers, cfg.n_experts), jnp.float32)
 
 
