@@ -113,6 +113,13 @@ class RunData:
         return out
 
     def series(self, key: str) -> Series:
+        """``key`` over the run (cached: rows are read once, series asked for many times)."""
+        cache = self.__dict__.setdefault("_series_cache", {})
+        if key not in cache:
+            cache[key] = self._series(key)
+        return cache[key]
+
+    def _series(self, key: str) -> Series:
         step, frac, tok, val = [], [], [], []
         steps = self.steps
         planned = self.planned_tokens

@@ -87,7 +87,10 @@ def forecast_rows(inp: ReportInputs) -> list[dict]:
 
 def alert_rows(inp: ReportInputs, limit: int = 200) -> list[dict]:
     rows = []
-    for a in (inp.alerts or [])[:limit]:
+    def when(a):  # in the order they fired along the run (the file groups them by signal)
+        s = as_float(a.get("step"))
+        return (s is None, s or 0.0)
+    for a in sorted(inp.alerts or [], key=when)[:limit]:
         g = as_float(a.get("fraction"))
         rows.append({
             "severity": str(a.get("severity", "")), "kind": str(a.get("kind", "")),
@@ -98,6 +101,11 @@ def alert_rows(inp: ReportInputs, limit: int = 200) -> list[dict]:
             "message": str(a.get("message", "")),
         })
     return rows
+
+
+def _opt(v) -> str:
+    x = as_float(v)
+    return "" if x is None else num(x)
 
 
 def alert_counts(inp: ReportInputs) -> dict[str, int]:
