@@ -325,7 +325,8 @@ def prereg_forecast(prereg: dict) -> Forecast | None:
     rows = prereg.get("forecast")
     if not isinstance(rows, list) or not rows:
         return None
-    cols: dict[str, list[float]] = {k: [] for k in ("fraction", "step", "tokens", "loss", "lo", "hi")}
+    keys = ("fraction", "step", "tokens", "loss", "lo", "hi")
+    cols: dict[str, list[float]] = {k: [] for k in keys}
     for r in rows:
         if not isinstance(r, dict):
             continue

@@ -56,7 +56,8 @@ def _table(rows: list[dict], empty: str) -> str:
         for c in cols:
             v = r.get(c, "")
             cls = f' class="sev-{_esc(v)}"' if c == "severity" else ""
-            if not cls and isinstance(v, str) and v[:1] in "+-0123456789[" and c not in ("message", "run"):
+            numeric = isinstance(v, str) and v[:1] in "+-0123456789["
+            if not cls and numeric and c not in ("message", "run"):
                 cls = ' class="num"'
             cells.append(f"<td{cls}>{_esc(v)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
@@ -82,7 +83,8 @@ def verdict_lines(inp: ReportInputs) -> tuple[list[str], str]:
             lines.append("Inside the pre-registered band.")
         else:
             tone = "bad"
-            lines.append(f"OUTSIDE the pre-registered band ({'above' if v['actual'] > v['hi'] else 'below'}).")
+            side = "above" if v["actual"] > v["hi"] else "below"
+            lines.append(f"OUTSIDE the pre-registered band ({side}).")
     elif v.get("band_missing"):
         where = "final" if v["complete"] else f"latest (at {v['fraction']:.0%} of the run)"
         lines.append(f"{name} {where} {inp.metric}: {loss_fmt(v['actual'])}; forecast "
@@ -93,7 +95,8 @@ def verdict_lines(inp: ReportInputs) -> tuple[list[str], str]:
     elif inp.prereg and isinstance(inp.prereg.get("final"), dict):
         f = inp.prereg["final"]
         lines.append(f"{name} pre-registered final {inp.metric}: {loss_fmt(f.get('loss'))} "
-                     f"[{loss_fmt(f.get('lo'))}, {loss_fmt(f.get('hi'))}]; no live points to compare.")
+                     f"[{loss_fmt(f.get('lo'))}, {loss_fmt(f.get('hi'))}]; "
+                     "no live points to compare.")
     if inp.alerts is not None:
         c = alert_counts(inp)
         if c.get("critical"):
@@ -122,7 +125,8 @@ SECTIONS = (
     ("law", "2. The law",
      ("Final loss of the finished rungs against training compute on log axes, the fitted law "
       "with its band, and the pre-registered forecast for the target far to the right. Right: "
-      "backtest errors recorded in law.json (fit on smaller runs, predict a held-out larger one).")),
+      "backtest errors recorded in law.json (fit on smaller runs, predict a held-out larger "
+      "one).")),
     ("watch", "3. The watch",
      ("The target's live curve over the band that was frozen before it started. Vertical lines: "
       "loss alerts where they fired, coloured by severity; triangles on the top edge: other "

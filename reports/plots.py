@@ -96,7 +96,8 @@ def _plain_log_y(ax) -> None:
     ax.set_yscale("log")
     lo, hi = ax.get_ylim()
     if lo > 0 and hi / lo < 10:
-        ticks = [t for t in MaxNLocator(7, steps=[1, 2, 2.5, 5, 10]).tick_values(lo, hi) if lo <= t <= hi and t > 0]
+        cand = MaxNLocator(7, steps=[1, 2, 2.5, 5, 10]).tick_values(lo, hi)
+        ticks = [t for t in cand if lo <= t <= hi and t > 0]
         ax.yaxis.set_major_locator(FixedLocator(ticks))
         ax.yaxis.set_minor_locator(NullLocator())
     else:
@@ -257,7 +258,8 @@ def plot_ladder(inp: ReportInputs) -> Figure | None:
         title = (f"The law tracks the ladder: median |error| {np.median(np.abs(res)):.2%}, max "
                  f"{np.abs(res).max():.2%} over {len(res)} {pts} of {len(runs)} rungs")
     elif inp.law is None:
-        title = f"Ladder: {len(runs)} rungs, last {metric} {num(max(first))} -> {num(min(first))} (no law given)"
+        title = (f"Ladder: {len(runs)} rungs, last {metric} {num(max(first))} -> "
+                 f"{num(min(first))} (no law given)")
     else:
         title = f"Ladder: {len(runs)} rungs; the law could not be evaluated along them"
     ax.set_title(title, loc="left")
@@ -319,7 +321,7 @@ def backtests(law_meta: dict) -> list[dict]:
             names, errs = f.get("held_out") or [], f.get("final_rel_err") or []
             names = names if isinstance(names, list) else [names]
             errs = errs if isinstance(errs, list) else [errs]
-            for name, err in zip(names, errs):
+            for name, err in zip(names, errs, strict=False):
                 if isinstance(err, (int, float)) and math.isfinite(err):
                     rows.append({"kind": f"fit on {f.get('train_runs', '?')} runs",
                                  "label": str(name), "rel_error": float(err)})
@@ -460,7 +462,7 @@ def plot_law(inp: ReportInputs) -> Figure | None:
         axb.set_ylim(max(len(rows), 5) - 0.5, -0.5)  # fixed bar thickness for few rows
         axb.set_yticks(y, labels, fontsize=8)
         axb.axvline(0, color="#333333", lw=0.8)
-        for yi, v in zip(y, vals):
+        for yi, v in zip(y, vals, strict=True):
             axb.text(v, yi, f" {v:+.2f}% ", va="center", ha="left" if v >= 0 else "right",
                      fontsize=8)
         lim = max(np.abs(vals).max() * 1.6, 0.1)
@@ -510,7 +512,8 @@ def not_applicable_spans(inp: ReportInputs) -> list[tuple[float, float]]:
     """Fractions of the run where the forecast did not apply: from each ``not_applicable`` alert to
     the next alert saying it applies again (kind ``applicable``/``applies``) or the run's end."""
     spans, start = [], None
-    events = sorted(((g, a) for a in inp.alerts or [] if (g := _alert_fraction(a, inp)) is not None),
+    events = sorted(((g, a) for a in inp.alerts or []
+                     if (g := _alert_fraction(a, inp)) is not None),
                     key=lambda x: x[0])
     for g, a in events:
         kind = str(a.get("kind", ""))
@@ -797,7 +800,7 @@ def plot_health(inp: ReportInputs) -> Figure | None:
             col[-1].tick_params(labelbottom=True)
     handles, labels = [], []
     for ax in axes.ravel():
-        for h, lab in zip(*ax.get_legend_handles_labels()):
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
             if lab not in labels:
                 handles.append(h)
                 labels.append(lab)
@@ -808,6 +811,7 @@ def plot_health(inp: ReportInputs) -> Figure | None:
     sup = f"Health of {who} against the ladder at the same fraction of the schedule"
     if inp.alerts is not None:
         sup += f": {n_alerts} health alert{'s' if n_alerts != 1 else ''} (vertical lines)"
-    sup += f"\nthick lines: rolling median over {SMOOTH_FRACTION:.0%} of each run; faint: every step"
+    sup += (f"\nthick lines: rolling median over {SMOOTH_FRACTION:.0%} of each run; "
+            "faint: every step")
     fig.suptitle(sup, x=0.01, ha="left", fontsize=12)
     return fig

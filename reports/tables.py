@@ -66,7 +66,8 @@ def forecast_rows(inp: ReportInputs) -> list[dict]:
     rows = []
     for g in CHECKPOINTS:
         f, lo, hi = (float(x) for x in fc.at(g))
-        row = {"fraction": f"{g:.0%}", "forecast": loss_fmt(f), "band": f"[{loss_fmt(lo)}, {loss_fmt(hi)}]",
+        row = {"fraction": f"{g:.0%}", "forecast": loss_fmt(f),
+               "band": f"[{loss_fmt(lo)}, {loss_fmt(hi)}]",
                "actual": "not reached", "at": "", "error": "", "inside": ""}
         if s is not None and len(s):
             ok = np.isfinite(s.fraction)
@@ -95,7 +96,7 @@ def alert_rows(inp: ReportInputs, limit: int = 200) -> list[dict]:
         rows.append({
             "severity": str(a.get("severity", "")), "kind": str(a.get("kind", "")),
             "step": str(a.get("step", "")), "fraction": "" if g is None else f"{g:.1%}",
-            "value": loss_fmt(as_float(a.get("value"))), "expected": loss_fmt(as_float(a.get("expected"))),
+            "value": _opt(a.get("value")), "expected": _opt(a.get("expected")),
             "band": (f"[{loss_fmt(as_float(a.get('lo')))}, {loss_fmt(as_float(a.get('hi')))}]"
                      if a.get("lo") is not None else ""),
             "message": str(a.get("message", "")),

@@ -104,7 +104,8 @@ def _prereg(path: Path, hero) -> Path:
     fin = fc[-1]
     path.write_text(json.dumps({
         "schema": "prereg/1", "metric": METRIC, "band_level": 0.9,
-        "target": {"name": f"{hero.ladder}:{hero.name}", "params": s["params"], "active_params": s["active_params"],
+        "target": {"name": f"{hero.ladder}:{hero.name}", "params": s["params"],
+                   "active_params": s["active_params"],
                    "tokens": hero.tokens, "steps": hero.steps, "compute": s["compute_no_lm_head"]},
         "forecast": fc, "final": {"loss": fin["loss"], "lo": fin["lo"], "hi": fin["hi"]}}))
     return path
