@@ -69,6 +69,11 @@ def verdict_lines(inp: ReportInputs) -> tuple[list[str], str]:
     lines, tone = [], "ok"
     v = watch_verdict(inp)
     name = inp.target_name or "target"
+    if inp.target is not None and inp.target.status in ("diverged", "failed"):
+        tone = "bad"
+        step = inp.target.summary.get("step")
+        lines.append(f"{name} {inp.target.status} at step {step} of {inp.target.steps or '?'}"
+                     " (summary.json).")
     if "not_applicable_since" in v:
         tone = "warn"
         lines.append(f"{name}: the forecast no longer applies since {v['not_applicable_since']:.0%}"

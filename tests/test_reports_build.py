@@ -319,3 +319,21 @@ def test_not_applicable_is_not_judged(tmp_path, ladder_dir):
     summary = render_summary(inp, {})
     assert "no longer applies since 50% of the run (planned steps changed)" in summary
     assert "OUTSIDE" not in summary and "Inside" not in summary
+
+
+def test_diverged_target(tmp_path, ladder_dir):
+    """A target that diverged (NaN written as a string, status "diverged") is drawn and said."""
+    runs, prereg, alerts = _hero_setup(tmp_path, ladder_dir, upto=0.5)
+    d = runs / "cpu" / ladder_dir[1].target.name
+    with open(d / "metrics.jsonl", "a") as f:
+        step = int(ladder_dir[1].target.steps * 0.5) + 1
+        f.write(json.dumps({"step": step, "progress": 0.5, "tokens": 1, METRIC: "NaN",
+                            "train/loss": "NaN"}) + "\n")
+    summary = json.loads((d / "summary.json").read_text())
+    summary.update(status="diverged", step=step)
+    (d / "summary.json").write_text(json.dumps(summary))
+    inp = load_inputs(runs=runs, prereg=prereg, alerts=alerts)
+    assert inp.target.nonfinite_steps(METRIC) == [step]
+    assert plot_watch(inp) is not None
+    lines = render_summary(inp, {})
+    assert f"diverged at step {step} of {ladder_dir[1].target.steps}" in lines
