@@ -26,7 +26,8 @@ from matplotlib.ticker import (
     NullLocator,
 )
 
-from reports.inputs import SEVERITIES, ReportInputs, RunData
+from reports.inputs import SEVERITIES, ReportInputs, RunData, not_applicable_spans
+from reports.inputs import alert_fraction as _alert_fraction
 from reports.style import (
     FORECAST_COLOR,
     LAW_COLOR,
@@ -494,37 +495,6 @@ def plot_law(inp: ReportInputs) -> Figure | None:
 
 
 # ----------------------------------------------------------------------------- 3. the watch
-
-
-def _alert_fraction(a: dict, inp: ReportInputs) -> float | None:
-    g = a.get("fraction")
-    if isinstance(g, (int, float)) and math.isfinite(g):
-        return float(g)
-    ti = inp.target_info
-    for key, total in (("step", ti.get("steps")), ("tokens", ti.get("tokens"))):
-        v = a.get(key)
-        if isinstance(v, (int, float)) and isinstance(total, (int, float)) and total > 0:
-            return float(v) / float(total)
-    return None
-
-
-def not_applicable_spans(inp: ReportInputs) -> list[tuple[float, float]]:
-    """Fractions of the run where the forecast did not apply: from each ``not_applicable`` alert to
-    the next alert saying it applies again (kind ``applicable``/``applies``) or the run's end."""
-    spans, start = [], None
-    events = sorted(((g, a) for a in inp.alerts or []
-                     if (g := _alert_fraction(a, inp)) is not None),
-                    key=lambda x: x[0])
-    for g, a in events:
-        kind = str(a.get("kind", ""))
-        if kind == "not_applicable" and start is None:
-            start = g
-        elif kind in ("applicable", "applies", "applicable_again") and start is not None:
-            spans.append((start, g))
-            start = None
-    if start is not None:
-        spans.append((start, 1.0))
-    return spans
 
 
 def watch_verdict(inp: ReportInputs) -> dict:

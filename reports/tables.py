@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from ladder.io import as_float
-from reports.inputs import ReportInputs
+from reports.inputs import ReportInputs, not_applicable_spans
 from reports.style import loss_fmt, num, pct, sci, si
 
 CHECKPOINTS = (0.25, 0.5, 0.75, 1.0)
@@ -63,6 +63,7 @@ def forecast_rows(inp: ReportInputs) -> list[dict]:
     if fc is None:
         return []
     s = inp.target.series(inp.metric) if inp.target is not None else None
+    void = not_applicable_spans(inp)
     rows = []
     for g in CHECKPOINTS:
         f, lo, hi = (float(x) for x in fc.at(g))
@@ -77,7 +78,9 @@ def forecast_rows(inp: ReportInputs) -> list[dict]:
                 if abs(ga - g) <= NEAR:
                     fa, loa, hia = (float(x) for x in fc.at(ga))  # compare at the eval's fraction
                     row.update(actual=loss_fmt(va), at=f"{ga:.1%}", error=pct(va / fa - 1))
-                    if math.isfinite(loa) and math.isfinite(hia):
+                    if any(g0 <= ga <= g1 for g0, g1 in void):
+                        row["inside"] = "not judged (forecast void)"
+                    elif math.isfinite(loa) and math.isfinite(hia):
                         row["inside"] = "yes" if loa <= va <= hia else (
                             "above" if va > hia else "below")
                     else:

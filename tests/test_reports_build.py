@@ -319,6 +319,8 @@ def test_not_applicable_is_not_judged(tmp_path, ladder_dir):
     summary = render_summary(inp, {})
     assert "no longer applies since 50% of the run (planned steps changed)" in summary
     assert "OUTSIDE" not in summary and "Inside" not in summary
+    void = "not judged (forecast void)"  # from the not_applicable step (50%) on
+    assert [r["inside"] for r in forecast_rows(inp)] == ["above", void, void, void]
 
 
 def test_diverged_target(tmp_path, ladder_dir):
