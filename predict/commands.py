@@ -1,4 +1,4 @@
-"""`ladder preregister`, `ladder verify` and `ladder watch` (argument parsing is in ladder/cli.py)."""
+"""`ladder preregister`, `ladder verify` and `ladder watch` (arguments are parsed in ladder/cli)."""
 
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ Rules (thresholds in :class:`WatchConfig`, stored in the pre-registration's ``de
    evals, or far outside (beyond the band by ``far_factor`` of its half-width) for ``k_far`` evals
    -> critical; back inside for ``k_clear`` evals -> ``cleared`` (info). Hysteresis: no new alert
    while the state does not change.
-2. **token-drop fraction** (``moe/drop_frac``) against the ladder's value at the same fraction of the
-   schedule (reference curves stored in the pre-registration), else absolute thresholds.
+2. **token-drop fraction** (``moe/drop_frac``) against the ladder's value at the same fraction of
+   the schedule (reference curves stored in the pre-registration), else absolute thresholds.
 3. **numerical stability**: non-finite loss/grad-norm -> critical at once; grad-norm level against
    the ladder and its growth since warmup (the real team added logit z-loss when grad norm grew
    past 4: Marin hero-run tracking issue, see shared/DESIGN.md section 1); train-loss spikes
@@ -212,7 +212,7 @@ class Alert:
 
 
 def exit_code_for(worst: str | None, not_applicable: bool) -> int:
-    """shared/DESIGN.md section 4: 0 nothing above info, 1 warnings, 2 critical, 3 not applicable."""
+    """DESIGN.md section 4: 0 nothing above info, 1 warnings, 2 critical, 3 not applicable."""
     if not_applicable:
         return 3
     return {"warn": 1, "critical": 2}.get(worst or "info", 0)
@@ -262,7 +262,7 @@ class Batch:
             no_step = int((~ok & ~is_cfg).sum())
             if no_step:
                 notes.append(f"{no_step} row(s) without a numeric 'step' skipped")
-            rows_l = [r for r, k in zip(rows_l, ok) if k]
+            rows_l = [r for r, k in zip(rows_l, ok, strict=True) if k]
         return cls._columns(rows_l, keys, configs, notes, keep)
 
     @classmethod
@@ -312,7 +312,7 @@ class Batch:
 
 
 def _to_float(vals: list, *, nonfinite: bool = True) -> tuple[np.ndarray, int, np.ndarray]:
-    """(float array with NaN for missing/invalid, count of non-numeric values, written-non-finite mask)."""
+    """Float array (NaN: missing/invalid), count of non-numeric values, written-non-finite mask."""
     n = len(vals)
     try:
         arr = np.array(vals, dtype=np.float64)  # None -> NaN, "NaN"/"Infinity" strings parse
@@ -792,7 +792,7 @@ def _trailing(st, key: str, x: np.ndarray, window: int) -> np.ndarray:
 
 
 def _rolling_median(x: np.ndarray, window: int, *, shift: bool) -> np.ndarray:
-    """Trailing median over the finite values (NaN rows skipped); ``shift`` excludes the row itself."""
+    """Trailing median over the finite values (NaN rows skipped); ``shift`` excludes the row."""
     import pandas as pd
     s = pd.Series(x)
     fin = s.dropna()
@@ -951,7 +951,7 @@ def _level_signal(kind, key, sev, value, ref, b: Batch, frac, tokens, st, emit, 
     sv = sev[judged]
     starts = np.flatnonzero(np.concatenate([[True], sv[1:] != sv[:-1]]))
     ends = np.concatenate([starts[1:], [sv.size]])
-    for a, e in zip(starts, ends):
+    for a, e in zip(starts, ends, strict=True):
         level = int(sv[a])
         length = int(e - a)
         if s["run_sev"] == level:

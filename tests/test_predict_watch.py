@@ -210,7 +210,7 @@ def test_rewound_steps_last_one_wins_within_a_batch():
     rows += [{"step": s, "x": -float(s)} for s in range(6, 9)]  # resumed at 5, crashed after 8
     b = Batch.from_rows(rows)
     assert b.step.tolist() == list(range(1, 11))
-    x = dict(zip(b.step.tolist(), b.cols["x"].tolist()))
+    x = dict(zip(b.step.tolist(), b.cols["x"].tolist(), strict=True))
     assert x[6] == -6.0 and x[8] == -8.0 and x[9] == 9.0 and len(b) == 10
 
 
