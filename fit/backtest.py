@@ -36,7 +36,8 @@ def scale_levels(df: pd.DataFrame) -> pd.Series:
 
 
 def backtest(df: pd.DataFrame, spec, opts: dict, *, by: str | None = None,
-             final_only: bool | None = None, max_folds: int = MAX_FOLDS) -> dict:
+             final_only: bool | None = None, max_folds: int = MAX_FOLDS,
+             starts=None) -> dict:
     from fit.law import _fit_by, fit_one
     levels = scale_levels(df)
     uniq = np.sort(levels.unique())
@@ -54,7 +55,7 @@ def backtest(df: pd.DataFrame, spec, opts: dict, *, by: str | None = None,
                     res = _fit_by(train, spec.form.name, spec.fix, spec.tie, by,
                                   dict(opts, backtest=False))
                 else:
-                    res = fit_one(train, spec, final_only=final_only, **opts)
+                    res = fit_one(train, spec, final_only=final_only, starts=starts, **opts)
         except InputError as e:
             skipped.append({"train_runs": int(len(train_runs)), "reason": str(e)})
             continue

@@ -321,10 +321,18 @@ class Model:
 
     def _term(self, V, entries):
         """(S, n), or (S, 1) for a term made of constants only."""
-        const = all(x is self._ones for _, x, _ in entries)
-        z = np.zeros((V.shape[0], 1 if const else self.n))
+        const = np.zeros((V.shape[0], 1))
+        z = None
         for p, x, m in entries:
-            z = z + (m * V[:, p])[:, None] * (1.0 if x is self._ones else x[None, :])
+            if x is self._ones:
+                const += m * V[:, p:p + 1]
+            elif z is None:
+                z = np.multiply.outer(m * V[:, p], x)
+            else:
+                z += np.multiply.outer(m * V[:, p], x)
+        if z is None:
+            return const
+        z += const
         return z
 
     def jacobian(self, u: np.ndarray) -> np.ndarray:
@@ -344,29 +352,53 @@ class Model:
     def objective(self, U, logy, W, delta):
         """Summed Huber of log residuals and its gradient wrt U: f (S,), G (S, P).
 
-        Not max-shifted: the terms are exponentiated directly (a constant term costs (S, 1),
-        not (S, n)), which is 3x cheaper; parameters for which a term over- or underflows give a
-        non-finite f, which the solver's line search rejects.
+        ``W`` is None (unweighted) or (S, n) point weights (bootstrap counts). Not max-shifted: the terms
+        are exponentiated directly (a constant term costs (S, 1), not (S, n)), which is 3x
+        cheaper; parameters for which a term over- or underflows give a non-finite f, which the
+        solver's line search rejects.
         """
         V = self._values(U)
-        ek = [np.exp(self._term(V, t)) for t in self.terms]  # (S, n) or (S, 1) each
-        total = ek[0]
-        for e in ek[1:]:
-            total = total + e
-        r = np.log(total) - logy[None, :]
+        ek = [self._term(V, t) for t in self.terms]
+        for e in ek:
+            np.exp(e, out=e)
+        total = ek[0] + ek[1]
+        for e in ek[2:]:
+            total += e
+        r = np.log(total)
+        r -= logy[None, :]
         a = np.abs(r)
-        rho = np.where(a <= delta, 0.5 * r * r, delta * (a - 0.5 * delta))
-        f = (W * rho).sum(axis=1)
-        scaled = W * np.clip(r, -delta, delta) / total  # psi / sum_k exp(z_k)
+        m = np.minimum(a, delta)          # Huber: rho = m (|r| - m/2), psi = sign(r) m
+        a -= 0.5 * m
+        a *= m
+        unweighted = W is None
+        if not unweighted:
+            a *= W
+        f = a.sum(axis=1)
+        scaled = np.copysign(m, r, out=m)
+        scaled /= total                    # psi / sum_k exp(z_k)
+        if not unweighted:
+            scaled *= W
+        ssum = None
         G = np.zeros_like(U)
         for e, entries in zip(ek, self.terms):
-            dz = scaled * e
-            for p, x, m in entries:
-                G[:, p] += m * (dz @ x if x is not self._ones else dz.sum(axis=1))
+            if e.shape[1] == 1:            # constant term: dz = scaled * e, summed over points
+                if ssum is None:
+                    ssum = scaled.sum(axis=1)
+                dzsum, dz = e[:, 0] * ssum, None
+            else:
+                dz = e
+                dz *= scaled
+                dzsum = None
+            for p, x, mult in entries:
+                if x is self._ones:
+                    if dzsum is None:
+                        dzsum = dz.sum(axis=1)
+                    G[:, p] += mult * dzsum
+                else:
+                    G[:, p] += mult * (dz @ x)
         if self.positive.any():
             G[:, self.positive] *= V[:, self.positive]
         return f, G
-
 
 def _logsumexp0(Z):
     zmax = Z.max(axis=0)
