@@ -141,7 +141,8 @@ def main(argv=None):
               "drift to +3% (30%->end)": sy.Fault("drift", 0.3, 0.03),
               "NaN at 60%": sy.Fault("nan", 0.6),
               "drop frac 3%->15% at 40%": sy.Fault("drop", 0.4, 0.15)}
-    fault_kinds = {"shift": ("above_band",), "drift": ("above_band",), "nan": ("nan",),
+    fault_kinds = {"shift": ("above_band", "trend"), "drift": ("above_band", "trend"),
+                   "nan": ("nan",),
                    "drop": ("drop_frac",)}
     levels = (0.99, 0.9)
     false_any = {lv: 0 for lv in levels}
