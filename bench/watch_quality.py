@@ -29,10 +29,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from predict import forecast as fc  # noqa: E402
-from predict import synthetic as sy  # noqa: E402
-from predict.commands import make_prereg  # noqa: E402
-from predict.watch import PreregView, WatchConfig, check  # noqa: E402
+from predict import forecast as fc
+from predict import synthetic as sy
+from predict.commands import make_prereg
+from predict.watch import PreregView, WatchConfig, check
 
 METRIC = "eval_dropless/loss"
 
@@ -141,7 +141,8 @@ def main(argv=None):
               "drift to +3% (30%->end)": sy.Fault("drift", 0.3, 0.03),
               "NaN at 60%": sy.Fault("nan", 0.6),
               "drop frac 3%->15% at 40%": sy.Fault("drop", 0.4, 0.15)}
-    fault_kinds = {"shift": ("above_band",), "drift": ("above_band",), "nan": ("nan",),
+    fault_kinds = {"shift": ("above_band", "trend"), "drift": ("above_band", "trend"),
+                   "nan": ("nan",),
                    "drop": ("drop_frac",)}
     levels = (0.99, 0.9)
     false_any = {lv: 0 for lv in levels}
@@ -152,12 +153,11 @@ def main(argv=None):
         runs, pts = ladder_points(truth, rungs, noise, seed=k)
         law = fit_fn(args.bootstrap, k)(pts)
         tmp = Path(tempfile.mkdtemp())
-        for i, r in enumerate(runs):  # ladder run dirs: health references + eval noise
+        for r in runs:  # ladder run dirs: health references + eval noise
             d = tmp / r.target.name
             d.mkdir()
             with open(d / "metrics.jsonl", "w") as fh:
-                for row in r.rows:
-                    fh.write(json.dumps(row) + "\n")
+                fh.writelines(json.dumps(row) + "\n" for row in r.rows)
         docs = {lv: make_prereg(law, target, level=0.9, runs=str(tmp),
                                 config=WatchConfig(alert_level=lv)) for lv in levels}
         for s in range(n_healthy):
@@ -209,7 +209,6 @@ def main(argv=None):
     print(f"\n4. speed: a {args.lines:,}-line metrics.jsonl")
     tmp = Path(tempfile.mkdtemp())
     path = tmp / "metrics.jsonl"
-    base = sy.make_run(truth, target, noise=noise, seed=1).rows
     steps_total = args.lines
     big_target = fc.Target(name="big", params=target.params, active_params=target.active_params,
                            tokens=target.tokens / target.steps * steps_total, steps=steps_total,

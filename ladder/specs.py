@@ -312,8 +312,8 @@ def _builtin() -> dict[str, Ladder]:
     cpu = make_ladder(
         "cpu", "the hero recipe shrunk for 2 CPU cores: 4 rungs and a proxy hero, byte vocabulary",
         CPU_RECIPE,
-        [Dials(32, 2), Dials(40, 2), Dials(48, 3), Dials(64, 3)],
-        Dials(96, 5, 2),
+        [Dials(32, 2), Dials(40, 2), Dials(48, 2), Dials(64, 2)],
+        Dials(80, 4, 2),
     )
     tiny = make_ladder(
         "tiny", "for tests: seconds on one core", TINY_RECIPE,

@@ -1,4 +1,4 @@
-"""`ladder preregister`, `ladder verify` and `ladder watch` (argument parsing is in ladder/cli.py)."""
+"""`ladder preregister`, `ladder verify` and `ladder watch` (arguments are parsed in ladder/cli)."""
 
 from __future__ import annotations
 
@@ -170,6 +170,11 @@ def watch_main(args) -> int:
         u = source.uri
         sinks.append(sk.WandbAlertSink(u.entity, u.project, u.run_ids[-1]))
     w = Watcher(args.prereg, source, sinks, args.state, metric=args.metric)
+    registered = w.doc.get("metric") if not args.metric else pr.load(w.chain.newest.path)["metric"]
+    if args.metric and args.metric != registered:
+        print(f"ladder watch: the source's '{args.metric}' is compared with the forecast of "
+              f"'{registered}' (--metric names the source key holding the registered metric)",
+              file=sys.stderr)
     print(f"ladder watch: {w.description}; metric {w.view.metric}; source {args.source}",
           file=sys.stderr)
     code = w.run(follow=args.follow, poll_seconds=args.poll, max_seconds=args.max_seconds)

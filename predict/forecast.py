@@ -186,7 +186,7 @@ class Forecast:
         return [{"fraction": float(f), "step": int(s), "tokens": float(t), "loss": float(l),
                  "lo": float(a), "hi": float(b)}
                 for f, s, t, l, a, b in zip(self.fraction, self.step, self.tokens, self.loss,
-                                            self.lo, self.hi)]
+                                            self.lo, self.hi, strict=True)]
 
 
 def _z(level: float) -> float:

@@ -1,4 +1,4 @@
-"""The watcher's I/O shell: a source, the pure :func:`predict.watch.check`, sinks and a persisted state.
+"""The watcher's I/O shell: a source, the pure :func:`predict.watch.check`, sinks, a saved state.
 
 ``Watcher(prereg_path, source, sinks, state_path).poll()`` judges whatever arrived since the last
 call and returns the new alerts; ``run(follow=...)`` loops. The demo can call ``poll()`` in-process
@@ -174,7 +174,8 @@ class Watcher:
                 s.close()
         return self.exit_code
 
-    def start_thread(self, *, poll_seconds: float = 0.5) -> tuple[threading.Thread, threading.Event]:
+    def start_thread(self, *, poll_seconds: float = 0.5
+                     ) -> tuple[threading.Thread, threading.Event]:
         """Follow in a daemon thread (for the demo); set the returned event to stop it."""
         stop = threading.Event()
         t = threading.Thread(target=self.run, kwargs={"follow": True, "poll_seconds": poll_seconds,

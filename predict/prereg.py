@@ -7,9 +7,9 @@ embedded law, so an edited law is named as such. A file is written atomically, m
 and never replaces an existing file (the final step is a hard link, which fails if the name is
 taken, so two writers cannot race either).
 
-An amendment (``--amend OLD.json --reason ...``) is a new pre-registration whose ``amends`` names the
-old one's sha256, path and the reason; the old file is not touched. :func:`resolve_chain` finds the
-newest valid amendment of a file among the pre-registrations in the same directory.
+An amendment (``--amend OLD.json --reason ...``) is a new pre-registration whose ``amends`` names
+the old one's sha256, path and the reason; the old file is not touched. :func:`resolve_chain`
+finds the newest valid amendment of a file among the pre-registrations in the same directory.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ Rules (thresholds in :class:`WatchConfig`, stored in the pre-registration's ``de
    evals, or far outside (beyond the band by ``far_factor`` of its half-width) for ``k_far`` evals
    -> critical; back inside for ``k_clear`` evals -> ``cleared`` (info). Hysteresis: no new alert
    while the state does not change.
-2. **token-drop fraction** (``moe/drop_frac``) against the ladder's value at the same fraction of the
-   schedule (reference curves stored in the pre-registration), else absolute thresholds.
+2. **token-drop fraction** (``moe/drop_frac``) against the ladder's value at the same fraction of
+   the schedule (reference curves stored in the pre-registration), else absolute thresholds.
 3. **numerical stability**: non-finite loss/grad-norm -> critical at once; grad-norm level against
    the ladder and its growth since warmup (the real team added logit z-loss when grad norm grew
    past 4: Marin hero-run tracking issue, see shared/DESIGN.md section 1); train-loss spikes
@@ -70,6 +70,12 @@ class WatchConfig:
     k_far: int = 2                 # ... for this many evals -> critical
     k_clear: int = 2               # evals back inside before "cleared"
     min_fraction: float = 0.01     # no comparison before 1% of the run (warmup, steep start)
+    # rule 1b: a change against the run's own earlier level (catches a step or a drift inside the
+    # band: a healthy run keeps its offset to the forecast, a fault moves it)
+    trend_rel: float = 0.01        # smoothed residual moved by 1% of the forecast ...
+    trend_window: float = 0.3      # ... from its median over the preceding 30% of the run ...
+    trend_gap: float = 0.03        # ... ending 3% of the run before the eval judged
+    trend_after: float = 0.1       # not before 10% of the run (the early curve is least certain)
     # rule 4: contingency
     contingency_fraction: float = 0.25   # real plan: trouble in the first 25% of tokens
     # rule 2: token-drop fraction
@@ -112,14 +118,15 @@ class WatchConfig:
                 raise ValueError(f"{name}: must be a positive integer, got {v!r}")
         if self.k_critical < self.k_consecutive:
             raise ValueError("k_critical: must be >= k_consecutive")
-        for name in ("far_factor", "drop_warn_ratio", "drop_crit_ratio", "drop_warn_abs",
+        for name in ("trend_rel", "far_factor", "drop_warn_ratio", "drop_crit_ratio", "drop_warn_abs",
                      "drop_crit_abs", "spike_rel", "grad_growth_warn", "grad_ref_warn",
                      "grad_ref_crit", "param_growth_ratio", "router_bias_jump",
                      "stalled_seconds", "steps_tolerance"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
                 raise ValueError(f"{name}: must be a positive number, got {v!r}")
-        for name in ("min_fraction", "contingency_fraction", "drop_floor", "grad_after",
+        for name in ("trend_window", "trend_gap", "trend_after", "min_fraction",
+                     "contingency_fraction", "drop_floor", "grad_after",
                      "entropy_drop", "router_bias_after"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and 0.0 <= v <= 1.0):
@@ -150,7 +157,11 @@ class WatchConfig:
             f"better); outside for {self.k_critical} evals, or beyond the band by "
             f"{self.far_factor}x its half-width for {self.k_far} evals, is critical; inside "
             f"again for {self.k_clear} evals clears it. Evals before {self.min_fraction:.0%} of "
-            f"the run are not compared. A confirmed above_band deviation inside the first "
+            f"the run are not compared. After {self.trend_after:.0%} of the run, the smoothed "
+            f"residual moving by more than {self.trend_rel:.0%} of the forecast from its own median "
+            f"over the preceding {self.trend_window:.0%} of the run (ending {self.trend_gap:.0%} "
+            f"before) for {self.k_consecutive} evals is a 'trend' warning, cleared when it is back "
+            f"within half that of the earlier level for {self.k_clear} evals. A confirmed above_band deviation inside the first "
             f"{self.contingency_fraction:.0%} of the token budget adds a contingency advisory. "
             f"Token-drop fraction (trailing median of {self.drop_window} rows) above "
             f"{self.drop_warn_ratio}x the ladder's value at the same fraction warns, above "
@@ -212,7 +223,7 @@ class Alert:
 
 
 def exit_code_for(worst: str | None, not_applicable: bool) -> int:
-    """shared/DESIGN.md section 4: 0 nothing above info, 1 warnings, 2 critical, 3 not applicable."""
+    """DESIGN.md section 4: 0 nothing above info, 1 warnings, 2 critical, 3 not applicable."""
     if not_applicable:
         return 3
     return {"warn": 1, "critical": 2}.get(worst or "info", 0)
@@ -262,7 +273,7 @@ class Batch:
             no_step = int((~ok & ~is_cfg).sum())
             if no_step:
                 notes.append(f"{no_step} row(s) without a numeric 'step' skipped")
-            rows_l = [r for r, k in zip(rows_l, ok) if k]
+            rows_l = [r for r, k in zip(rows_l, ok, strict=True) if k]
         return cls._columns(rows_l, keys, configs, notes, keep)
 
     @classmethod
@@ -312,7 +323,7 @@ class Batch:
 
 
 def _to_float(vals: list, *, nonfinite: bool = True) -> tuple[np.ndarray, int, np.ndarray]:
-    """(float array with NaN for missing/invalid, count of non-numeric values, written-non-finite mask)."""
+    """Float array (NaN: missing/invalid), count of non-numeric values, written-non-finite mask."""
     n = len(vals)
     try:
         arr = np.array(vals, dtype=np.float64)  # None -> NaN, "NaN"/"Infinity" strings parse
@@ -446,6 +457,7 @@ def new_state() -> dict:
             "n_points": 0, "n_evals": 0, "worst": None, "not_applicable": None,
             "band": {"ema": None, "run_dir": None, "run_len": 0, "far_len": 0, "in_len": 0,
                      "level": None, "direction": None, "contingency_sent": False},
+            "trend": {"hist": [], "run_len": 0, "in_len": 0, "base": None, "dir": None},
             "signals": {}, "tails": {}, "nan_reported": [], "stalled": False,
             "grad_min": None, "notes_seen": 0}
 
@@ -696,6 +708,8 @@ def _band_rule(view: PreregView, b: Batch, frac, tokens, st, emit, stamp):
         r = y - e
         bs["ema"] = r if bs["ema"] is None else cfg.ema_alpha * r + (1 - cfg.ema_alpha) * bs["ema"]
         ys = e + bs["ema"]
+        _trend_rule(view, st, f, r / e, bs["ema"] / e, int(b.step[i]), _opt(tokens[i]), e,
+                    emit, stamp)
         direction = "above" if ys > hi else "below" if ys < lo else None
         if direction:
             half = (hi - e) if direction == "above" else (e - lo)
@@ -739,6 +753,51 @@ def _band_rule(view: PreregView, b: Batch, frac, tokens, st, emit, stamp):
                            message=f"{view.metric} back inside the band for {bs['in_len']} evals "
                                    f"(was {bs['direction']}_band, {bs['level']})"))
                 bs["level"], bs["direction"] = None, None
+
+
+def _trend_rule(view: PreregView, st, f, rel, rel_smooth, step, tokens, e, emit, stamp):
+    """Rule 1b: the smoothed relative residual against its own median over an earlier window."""
+    cfg = view.config
+    ts = st.setdefault("trend", {"hist": [], "run_len": 0, "in_len": 0, "base": None,
+                                 "dir": None})
+    hist = ts["hist"]
+    hist.append([f, rel])
+    lo_f = f - cfg.trend_window - cfg.trend_gap
+    while hist and hist[0][0] < lo_f - 1e-9:
+        hist.pop(0)
+    if f < cfg.trend_after:
+        return
+    if ts["dir"] is not None:  # alert active: clear when back near the level it left
+        if abs(rel_smooth - ts["base"]) <= cfg.trend_rel / 2:
+            ts["in_len"] += 1
+            if ts["in_len"] >= cfg.k_clear:
+                emit(Alert(stamp, step, tokens, f, "cleared", "info", value=e * (1 + rel_smooth),
+                           expected=e, direction=None,
+                           message=f"{view.metric} back within {cfg.trend_rel / 2:.1%} of its "
+                                   f"earlier level relative to the forecast (was trend, "
+                                   f"{ts['dir']})"))
+                ts.update(dir=None, base=None, in_len=0, run_len=0)
+        else:
+            ts["in_len"] = 0
+        return
+    base_vals = [v for g, v in hist if lo_f - 1e-9 <= g <= f - cfg.trend_gap + 1e-9]
+    if len(base_vals) < 3:
+        return
+    base = float(np.median(base_vals))
+    d = rel_smooth - base
+    if abs(d) > cfg.trend_rel:
+        ts["run_len"] += 1
+        if ts["run_len"] >= cfg.k_consecutive:
+            worse = "worse" if d > 0 else "better"
+            ts.update(dir=worse, base=base, in_len=0)
+            emit(Alert(stamp, step, tokens, f, "trend", "warn", value=e * (1 + rel_smooth),
+                       expected=e * (1 + base), direction=worse,
+                       message=f"{view.metric} moved {d:+.2%} of the forecast away from its own "
+                               f"level over the preceding {cfg.trend_window:.0%} of the run "
+                               f"({base:+.2%} -> {rel_smooth:+.2%} vs forecast): {worse}, for "
+                               f"{ts['run_len']} evals"))
+    else:
+        ts["run_len"] = 0
 
 
 def _contingency(view: PreregView, b: Batch, i, f, ys, e, tokens, stamp) -> Alert:
@@ -792,7 +851,7 @@ def _trailing(st, key: str, x: np.ndarray, window: int) -> np.ndarray:
 
 
 def _rolling_median(x: np.ndarray, window: int, *, shift: bool) -> np.ndarray:
-    """Trailing median over the finite values (NaN rows skipped); ``shift`` excludes the row itself."""
+    """Trailing median over the finite values (NaN rows skipped); ``shift`` excludes the row."""
     import pandas as pd
     s = pd.Series(x)
     fin = s.dropna()
@@ -951,7 +1010,7 @@ def _level_signal(kind, key, sev, value, ref, b: Batch, frac, tokens, st, emit, 
     sv = sev[judged]
     starts = np.flatnonzero(np.concatenate([[True], sv[1:] != sv[:-1]]))
     ends = np.concatenate([starts[1:], [sv.size]])
-    for a, e in zip(starts, ends):
+    for a, e in zip(starts, ends, strict=True):
         level = int(sv[a])
         length = int(e - a)
         if s["run_sev"] == level:

@@ -62,8 +62,7 @@ def fitted_law(tmp_path_factory):
     for r in runs:
         (rundir / r.target.name).mkdir(parents=True)
         with open(rundir / r.target.name / "metrics.jsonl", "w") as f:
-            for row in r.rows:
-                f.write(json.dumps(row) + "\n")
+            f.writelines(json.dumps(row) + "\n" for row in r.rows)
     return d / "law.json", rundir
 
 
@@ -107,8 +106,7 @@ def test_cli_preregister_verify_watch_with_a_fitted_law(fitted_law, tmp_path, ca
     m.mkdir()
     rows = sy.make_run(TRUTH, target, noise=NOISE, seed=99, offset=0.0).rows
     with open(m / "metrics.jsonl", "w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
+        f.writelines(json.dumps(row) + "\n" for row in rows)
     (m / "config.json").write_text(json.dumps({"schema": "run-config/1",
                                                "train": {"data_tag": "mix-b", "z_loss": 1e-4}}))
     capsys.readouterr()

@@ -69,7 +69,7 @@ def test_band_combines_law_band_and_eval_noise_in_quadrature():
 def test_eval_noise_estimate_recovers_known_sigma():
     rng = np.random.default_rng(0)
     curves = []
-    for k in range(4):
+    for _ in range(4):
         x = np.linspace(0.01, 1, 100)
         y = 2 + 0.5 * x ** -0.3 + rng.normal(0, 0.004, x.size)
         curves.append((x, y))

@@ -16,7 +16,7 @@ from predict import prereg as pr
 from predict import synthetic as sy
 from predict.commands import make_prereg
 from predict.live import Watcher
-from predict.sinks import JsonlSink, WandbAlertSink, WebhookSink
+from predict.sinks import WandbAlertSink, WebhookSink
 from predict.sources import CsvSource, JsonlSource, WandbApiSource, WandbOfflineSource, WandbUri
 from predict.watch import Alert
 
@@ -39,8 +39,7 @@ def prereg_path(tmp_path):
 
 def write_jsonl(path, rs, mode="w"):
     with open(path, mode) as f:
-        for r in rs:
-            f.write(json.dumps(r) + "\n")
+        f.writelines(json.dumps(r) + "\n" for r in rs)
 
 
 # ------------------------------------------------------------------ JSONL tailing
@@ -133,7 +132,8 @@ def test_wandb_csv_export_columns(tmp_path):
 def test_csv_watch_end_to_end(tmp_path, prereg_path, capsys):
     import pandas as pd
     p = tmp_path / "m.csv"
-    pd.DataFrame(rows("shift", 0.4, seed=1)).rename(columns={"step": "_step"}).to_csv(p, index=False)
+    df = pd.DataFrame(rows("shift", 0.4, seed=1)).rename(columns={"step": "_step"})
+    df.to_csv(p, index=False)
     assert main(["watch", str(prereg_path), "--source", str(p)]) == 2
     assert "above_band" in capsys.readouterr().out
 
@@ -221,7 +221,8 @@ def test_wandb_api_lineage_merges_and_later_ids_win(prereg_path):
     assert got.configs == [{"seq_len": TARGET.seq_len}]
     from predict.watch import Batch
     b_ = Batch.from_rows(got.rows)
-    assert dict(zip(b_.step.tolist(), b_.cols["train/loss"].tolist()))[9] == 2.0  # last wins
+    merged = dict(zip(b_.step.tolist(), b_.cols["train/loss"].tolist(), strict=True))
+    assert merged[9] == 2.0  # last wins
     b.rows.append({"_step": 13, "train/loss": 1.9})
     got2 = src.poll()  # only the newest run is polled again, from the next step
     assert [r["step"] for r in got2.rows] == [13]

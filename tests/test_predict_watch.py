@@ -210,7 +210,7 @@ def test_rewound_steps_last_one_wins_within_a_batch():
     rows += [{"step": s, "x": -float(s)} for s in range(6, 9)]  # resumed at 5, crashed after 8
     b = Batch.from_rows(rows)
     assert b.step.tolist() == list(range(1, 11))
-    x = dict(zip(b.step.tolist(), b.cols["x"].tolist()))
+    x = dict(zip(b.step.tolist(), b.cols["x"].tolist(), strict=True))
     assert x[6] == -6.0 and x[8] == -8.0 and x[9] == 9.0 and len(b) == 10
 
 
@@ -243,3 +243,18 @@ def test_config_validation_names_the_field():
         WatchConfig.from_dict({"bogus": 1})
     assert WatchConfig.from_dict(WatchConfig().to_dict()) == WatchConfig()
     assert math.isfinite(WatchConfig().stalled_seconds)
+
+
+def test_trend_catches_a_step_inside_the_band(doc):
+    """A run 1.2% below forecast (inside the band) that steps up 2% at 50% stays inside the alert
+    band (+0.8%), but moved against its own earlier level: 'trend' within a few evals. The same
+    run without the step raises nothing."""
+    off = math.log(1 - 0.012)
+    healthy = check(doc, run(seed=15, offset=off), None, now=0)
+    assert [a for a in healthy.alerts if a.severity != "info"] == []
+    res = check(doc, run("shift", at=0.5, size=0.02, seed=15, offset=off), None, now=0)
+    assert not [a for a in res.alerts if a.kind == "above_band"]
+    tr = [a for a in res.alerts if a.kind == "trend"]
+    assert len(tr) == 1 and tr[0].direction == "worse" and tr[0].severity == "warn"
+    assert 0.5 <= tr[0].fraction <= 0.55
+    assert res.exit_code == 1
