@@ -20,7 +20,8 @@ from ladder.specs import get_ladder
 from reports.commands import build_report
 from reports.inputs import load_inputs
 from reports.page import render_html, render_summary
-from reports.plots import backtests, not_applicable_spans, plot_law, plot_watch
+from reports.plots import (backtests, ladder_residuals, not_applicable_spans, plot_law,
+                           plot_watch)
 from reports.tables import forecast_rows, law_rows, param_intervals
 
 E, A, ALPHA = 1.5, 19.0, 0.1   # the synthetic truth
@@ -342,3 +343,18 @@ def test_diverged_target(tmp_path, ladder_dir):
     assert plot_watch(inp) is not None
     lines = render_summary(inp, {})
     assert f"diverged at step {step} of {ladder_dir[1].target.steps}" in lines
+
+
+def test_law_evaluated_at_the_right_compute(ladder_dir):
+    """The ladder figure evaluates a whole-run law at each eval's compute so far (from the shared
+    counter, via the rung spec in config.json): on rungs that follow the truth exactly, the
+    residuals are zero at every eval point; for a law of final points, at the final points."""
+    class TrajectoryTruth(KnownLaw):
+        form = "trajectory"
+
+    inp = load_inputs(runs=ladder_dir[0], law=TrajectoryTruth())
+    res = ladder_residuals(inp)
+    assert len(res) == sum(len(r.series(METRIC)) for r in inp.rungs) == 4 * 20
+    assert np.abs(res).max() < 1e-12
+    res_final = ladder_residuals(load_inputs(runs=ladder_dir[0], law=KnownLaw()))
+    assert len(res_final) == 4 and np.abs(res_final).max() < 1e-12
