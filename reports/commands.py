@@ -10,7 +10,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display: figures are rendered to PNG only
 
-from ladder.io import atomic_write_bytes, atomic_write_text
+from ladder.io import EX_CANTCREAT, InputError, atomic_write_bytes, atomic_write_text
 from reports import plots
 from reports.inputs import load_inputs
 from reports.page import render_html, render_summary
@@ -33,6 +33,9 @@ def build_report(out_dir: str | os.PathLike, runs=None, law=None, prereg=None, a
     path of ``index.html``. Every input is optional (a path; ``law`` may also be a loaded law
     object); what is missing is said in the report. Bad files raise ``InputError``."""
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise InputError("exists and is not a directory", path=out, field="--out",
+                         exit_code=EX_CANTCREAT)
     inp = load_inputs(runs=runs, law=law, prereg=prereg, alerts=alerts, target_run=target_run)
     pngs: dict[str, bytes] = {}
     missing: dict[str, str] = {}

@@ -254,8 +254,9 @@ def test_cli_report_and_bad_input(tmp_path, ladder_dir, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"schema": "prereg/1"}))
     assert cli_main(["report", "--law", str(bad), "--out", str(out)]) == 65
+    assert cli_main(["report", "--out", str(bad)]) == 73  # --out is a file
     err = capsys.readouterr().err
-    assert "nope.json" in err and "field 'schema'" in err
+    assert "nope.json" in err and "field 'schema'" in err and "not a directory" in err
 
 
 def test_reports_never_imports_jax():
