@@ -91,7 +91,7 @@ class RunData:
     @property
     def is_target(self) -> bool:
         rung = self.config.get("rung") if isinstance(self.config.get("rung"), dict) else {}
-        return bool(rung.get("is_target", False))
+        return bool(rung.get("is_target", False) or self.summary.get("is_target") is True)
 
     def compute_at(self, tokens: np.ndarray) -> np.ndarray:
         """Compute so far at ``tokens`` seen: the shared counter when the rung is known, else the
