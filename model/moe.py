@@ -68,8 +68,9 @@ def dispatch_sorted(expert_fn: ExpertFn, x: jax.Array, expert: jax.Array, n_expe
     x [T, L], expert [T, k] -> (out [T, k, L] with zeros where dropped, kept [T, k] bool).
     Sort the assignments by expert (stable, so earlier tokens come first), find each one's slot
     from the running counts, scatter into an [E, C, L] buffer, run all experts as one batched
-    einsum, gather back. Measured on CPU ~2x faster than one-hot einsum dispatch and 4-5x faster
-    than jax.lax.ragged_dot (bench/moe_dispatch.py).
+    einsum, gather back. Measured here on CPU (bench/moe_dispatch.py, expert path fwd+bwd, T=2048,
+    E=8, top-2, L=F=32): ~5x faster than running every expert on every token with a one-hot mask,
+    ~7x faster than jax.lax.ragged_dot, ~70x faster than an [A, E, C] one-hot dispatch einsum.
     """
     T, k = expert.shape
     A = T * k
