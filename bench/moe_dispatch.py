@@ -83,14 +83,15 @@ def ragged_path(w, x, expert, n_experts, cap):
     starts = jnp.cumsum(counts) - counts
     kept = (jnp.arange(A) - starts[flat[order]]) < cap           # [A] in sorted order
     xs = x[order // k]                                           # [A, L]
-    h = jax.nn.silu(jax.lax.ragged_dot(xs, w["gate"], counts)) * jax.lax.ragged_dot(xs, w["up"], counts)
+    gate = jax.lax.ragged_dot(xs, w["gate"], counts)             # [A, F]
+    h = jax.nn.silu(gate) * jax.lax.ragged_dot(xs, w["up"], counts)
     ys = jax.lax.ragged_dot(h, w["down"], counts) * kept[:, None]
     return jnp.zeros_like(ys).at[order].set(ys).reshape(T, k, -1)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokens", type=int, default=2048, help="tokens per step (cpu ladder: 16 x 128)")
+    ap.add_argument("--tokens", type=int, default=2048, help="tokens per step (cpu: 16 x 128)")
     ap.add_argument("--d", type=int, default=64, help="model width; latent = expert width = d/2")
     ap.add_argument("--experts", type=int, default=8)
     ap.add_argument("--top-k", type=int, default=2)
@@ -129,9 +130,9 @@ def main() -> None:
             print(f"{name}: skipped ({type(e).__name__}: {str(e).splitlines()[0][:100]})")
             steps.pop(name, None)
     ref_val, ref_grads = results["sorted"]
-    for name, (val, grads) in results.items():
+    for val, grads in results.values():
         np.testing.assert_allclose(val, ref_val, rtol=1e-4)
-        for g, g_ref in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
+        for g, g_ref in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads), strict=True):
             np.testing.assert_allclose(g, g_ref, rtol=1e-3, atol=1e-5 * float(jnp.abs(g_ref).max()))
 
     times = {name: [] for name in steps}

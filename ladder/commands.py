@@ -12,7 +12,8 @@ def _resolve(target: str):
     try:
         return resolve(target)
     except KeyError as e:
-        known = ", ".join(f"{n} ({', '.join(r.name for r in lad.all)})" for n, lad in LADDERS.items())
+        known = ", ".join(f"{n} ({', '.join(r.name for r in lad.all)})"
+                          for n, lad in LADDERS.items())
         raise InputError(f"unknown ladder or rung {e.args[0]!r}; known: {known}",
                          field="LADDER[:RUNG]", exit_code=EX_USAGE) from None
 
@@ -85,7 +86,8 @@ def plan_main(args) -> int:
               f"{_fmt(r['active_params']):>8} {r['flops_per_step']:>10.3e} "
               f"{_fmt(r['tokens_per_device']):>8} {_bytes(r['param_bytes']):>9} "
               f"{_bytes(r['grad_bytes']):>9} {_bytes(r['optimizer_bytes']):>9} "
-              f"{_bytes(r['activation_bytes_per_sequence']):>9} {_bytes(r['activation_bytes']):>9} {_bytes(r['total_bytes']):>9} "
+              f"{_bytes(r['activation_bytes_per_sequence']):>9} "
+              f"{_bytes(r['activation_bytes']):>9} {_bytes(r['total_bytes']):>9} "
               f"{_duration(r['step_time_s']):>8} {_duration(r['run_time_s']):>8}")
     print(f"memory per device: params f32 (routed experts split over the expert axis), grads f32, "
           f"Adam 2 x f32, activations of one step's batch (bf16 estimate, no remat; "

@@ -56,7 +56,8 @@ class Mesh:
         if self.devices < 1:
             raise ValueError(f"devices: must be >= 1, got {self.devices}")
         if self.data * self.expert != self.devices:
-            raise ValueError(f"expert_parallel: {self.expert} does not divide devices={self.devices}")
+            raise ValueError(f"expert_parallel: {self.expert} does not divide "
+                             f"devices={self.devices}")
 
 
 def make_mesh(devices: int, n_experts: int, expert_parallel: int | None = None) -> Mesh:

@@ -81,7 +81,7 @@ def dispatch_sorted(expert_fn: ExpertFn, x: jax.Array, expert: jax.Array, n_expe
     starts = jnp.cumsum(counts) - counts                       # [E] first sorted index of expert e
     slot = jnp.arange(A) - starts[sorted_expert]               # [A] position within its expert
     kept_sorted = slot < cap
-    slot = jnp.where(kept_sorted, slot, cap)                   # out of range: dropped by mode="drop"
+    slot = jnp.where(kept_sorted, slot, cap)                   # out of range: mode="drop" drops
     tokens = x[order // k]                                     # [A, L] token of each assignment
     buf = jnp.zeros((n_experts, cap, x.shape[-1]), x.dtype)
     buf = buf.at[sorted_expert, slot].set(tokens, mode="drop")  # [E, C, L]
