@@ -17,6 +17,9 @@ Rules (thresholds in :class:`WatchConfig`, stored in the pre-registration's ``de
    evals, or far outside (beyond the band by ``far_factor`` of its half-width) for ``k_far`` evals
    -> critical; back inside for ``k_clear`` evals -> ``cleared`` (info). Hysteresis: no new alert
    while the state does not change.
+1b. **trend**: the smoothed residual (relative to the forecast) moving more than ``trend_rel`` from
+   its own median over an earlier window of the run -> warn: a step or drift that stays inside the
+   band (a healthy run keeps its offset to the forecast; a fault moves it).
 2. **token-drop fraction** (``moe/drop_frac``) against the ladder's value at the same fraction of
    the schedule (reference curves stored in the pre-registration), else absolute thresholds.
 3. **numerical stability**: non-finite loss/grad-norm -> critical at once; grad-norm level against
@@ -320,6 +323,35 @@ class Batch:
         return Batch(step=self.step[idx], cols={k: v[idx] for k, v in self.cols.items()},
                      nonfinite={k: v[idx] for k, v in self.nonfinite.items()},
                      configs=self.configs, notes=self.notes)
+
+
+@dataclass(frozen=True)
+class KeyFilter:
+    """Which row keys the rules read (picklable, for parallel parsing)."""
+
+    fixed: frozenset
+    prefixes: tuple = ("params/norm/",)
+
+    def __call__(self, k: str) -> bool:
+        return k in self.fixed or k.startswith(self.prefixes)
+
+
+def concat_batches(batches: list[Batch]) -> Batch:
+    """One batch from consecutive ones (missing columns NaN, missing masks False)."""
+    batches = [b for b in batches if b is not None]
+    if not batches:
+        return Batch.empty()
+    keys = sorted({k for b in batches for k in b.cols})
+    nf_keys = sorted({k for b in batches for k in b.nonfinite})
+    step = np.concatenate([b.step for b in batches])
+    cols = {k: np.concatenate([b.cols.get(k, np.full(len(b), np.nan)) for b in batches])
+            for k in keys}
+    nonfinite = {k: np.concatenate([b.nonfinite.get(k, np.zeros(len(b), bool)) for b in batches])
+                 for k in nf_keys}
+    out = Batch(step=step, cols=cols, nonfinite=nonfinite,
+                configs=[c for b in batches for c in b.configs],
+                notes=[n for b in batches for n in b.notes])
+    return out.last_wins()
 
 
 def _to_float(vals: list, *, nonfinite: bool = True) -> tuple[np.ndarray, int, np.ndarray]:
