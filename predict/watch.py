@@ -121,8 +121,8 @@ class WatchConfig:
                 raise ValueError(f"{name}: must be a positive integer, got {v!r}")
         if self.k_critical < self.k_consecutive:
             raise ValueError("k_critical: must be >= k_consecutive")
-        for name in ("trend_rel", "far_factor", "drop_warn_ratio", "drop_crit_ratio", "drop_warn_abs",
-                     "drop_crit_abs", "spike_rel", "grad_growth_warn", "grad_ref_warn",
+        for name in ("trend_rel", "far_factor", "drop_warn_ratio", "drop_crit_ratio",
+                     "drop_warn_abs", "drop_crit_abs", "spike_rel", "grad_growth_warn", "grad_ref_warn",
                      "grad_ref_crit", "param_growth_ratio", "router_bias_jump",
                      "stalled_seconds", "steps_tolerance"):
             v = getattr(self, name)
@@ -161,10 +161,11 @@ class WatchConfig:
             f"{self.far_factor}x its half-width for {self.k_far} evals, is critical; inside "
             f"again for {self.k_clear} evals clears it. Evals before {self.min_fraction:.0%} of "
             f"the run are not compared. After {self.trend_after:.0%} of the run, the smoothed "
-            f"residual moving by more than {self.trend_rel:.0%} of the forecast from its own median "
-            f"over the preceding {self.trend_window:.0%} of the run (ending {self.trend_gap:.0%} "
-            f"before) for {self.k_consecutive} evals is a 'trend' warning, cleared when it is back "
-            f"within half that of the earlier level for {self.k_clear} evals. A confirmed above_band deviation inside the first "
+            f"residual moving by more than {self.trend_rel:.0%} of the forecast from its own "
+            f"median over the preceding {self.trend_window:.0%} of the run (ending "
+            f"{self.trend_gap:.0%} before) for {self.k_consecutive} evals is a 'trend' warning, "
+            f"cleared when it is back within half that of the earlier level for {self.k_clear} "
+            f"evals. A confirmed above_band deviation inside the first "
             f"{self.contingency_fraction:.0%} of the token budget adds a contingency advisory. "
             f"Token-drop fraction (trailing median of {self.drop_window} rows) above "
             f"{self.drop_warn_ratio}x the ladder's value at the same fraction warns, above "
