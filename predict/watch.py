@@ -122,8 +122,8 @@ class WatchConfig:
         if self.k_critical < self.k_consecutive:
             raise ValueError("k_critical: must be >= k_consecutive")
         for name in ("trend_rel", "far_factor", "drop_warn_ratio", "drop_crit_ratio",
-                     "drop_warn_abs", "drop_crit_abs", "spike_rel", "grad_growth_warn", "grad_ref_warn",
-                     "grad_ref_crit", "param_growth_ratio", "router_bias_jump",
+                     "drop_warn_abs", "drop_crit_abs", "spike_rel", "grad_growth_warn",
+                     "grad_ref_warn", "grad_ref_crit", "param_growth_ratio", "router_bias_jump",
                      "stalled_seconds", "steps_tolerance"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
