@@ -74,6 +74,13 @@ class Watcher:
         if self.state_path is None or not self.state_path.exists():
             return new_state()
         saved = read_json(self.state_path, schema="watch-state")
+        chain_shas = [lk.sha256 for lk in self.chain.links] if self.chain else []
+        if saved.get("prereg_sha256") != self.doc.get("sha256") and \
+                saved.get("prereg_sha256") in chain_shas:
+            # amended while the watcher was down: keep reading where it stopped, judge anew
+            if "source" in saved:
+                self.source.restore(saved["source"])
+            return new_state()
         if saved.get("prereg_sha256") != self.doc.get("sha256"):
             raise InputError("the state file belongs to another pre-registration "
                              f"({saved.get('prereg_sha256')}); use a new --state file",
