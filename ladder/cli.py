@@ -108,6 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--require", action="append", default=[], metavar="KEY=VALUE")
     s.add_argument("--amend", default=None, metavar="OLD.json")
     s.add_argument("--reason", default=None)
+    s.add_argument("--runs", default=None, metavar="DIR",
+                   help="ladder run directories: health reference curves and eval noise")
+    s.add_argument("--data-tag", default=None, help="data-mix tag the forecast applies to")
+    s.add_argument("--eval-noise", type=float, default=None, metavar="SIGMA",
+                   help="sd of one eval's metric (default: estimated from --runs)")
     s.add_argument("--out", default="prereg.json")
     s.set_defaults(func=_call("predict.commands:preregister_main"))
 
