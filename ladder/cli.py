@@ -48,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--expert-parallel", type=int, default=None,
                    help="size of the 'expert' mesh axis (default: largest divisor of --devices "
                         "that divides the number of experts)")
+    s.add_argument("--peak-flops", type=float, default=None, metavar="FLOP/S",
+                   help="peak FLOP/s of one device (default: 2.5e15, one GB200 GPU, bf16 dense; "
+                        "see ladder/plan.py)")
+    s.add_argument("--mfu", type=float, default=None,
+                   help="assumed model FLOPs utilisation (default: 0.4)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_call("ladder.commands:plan_main"))
 

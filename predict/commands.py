@@ -121,8 +121,12 @@ def preregister_main(args) -> int:
     pr.write_once(out, doc)
     fin = doc["final"]
     print(f"wrote {out} (read-only), sha256 {doc['sha256']}")
-    print(f"  target {target.name}: final {doc['metric']} {fin['loss']:.4f} "
-          f"[{fin['lo']}, {fin['hi']}] at {args.level:.0%}; {len(doc['forecast'])} forecast points")
+    def num(v):
+        return f"{v:.4f}" if isinstance(v, float) else str(v)
+    print(f"  target {target.name}: final {doc['metric']} {num(fin['loss'])} "
+          f"[{num(fin['lo'])}, {num(fin['hi'])}] at {args.level:.0%}; {len(doc['forecast'])} "
+          f"forecast points; eval noise {doc['eval_noise']['sigma']:.4g} "
+          f"({doc['eval_noise']['method']})")
     if amends:
         print(f"  amends {amends['path']} (sha256 {amends['sha256'][:12]}...): {amends['reason']}")
     return 0

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from ladder.io import InputError, atomic_write_json, read_json
 from predict import prereg as _prereg
-from predict.watch import Alert, Batch, CheckResult, PreregView, check, exit_code_for, new_state
+from predict.watch import (Alert, Batch, CheckResult, KeyFilter, PreregView, check, exit_code_for,
+                           new_state)
 
 STATE_SCHEMA = "watch-state/1"
 
@@ -25,10 +26,7 @@ STATE_SCHEMA = "watch-state/1"
 def relevant_key(metric: str, nan_keys: Sequence[str]):
     fixed = {"tokens", "progress", metric, "train/loss", "grad/norm", "moe/drop_frac",
              "moe/router_entropy", *nan_keys}
-
-    def keep(k: str) -> bool:
-        return k in fixed or k.startswith("params/norm/")
-    return keep, sorted(fixed)
+    return KeyFilter(frozenset(fixed)), sorted(fixed)
 
 
 class Watcher:
@@ -76,6 +74,13 @@ class Watcher:
         if self.state_path is None or not self.state_path.exists():
             return new_state()
         saved = read_json(self.state_path, schema="watch-state")
+        chain_shas = [lk.sha256 for lk in self.chain.links] if self.chain else []
+        if saved.get("prereg_sha256") != self.doc.get("sha256") and \
+                saved.get("prereg_sha256") in chain_shas:
+            # amended while the watcher was down: keep reading where it stopped, judge anew
+            if "source" in saved:
+                self.source.restore(saved["source"])
+            return new_state()
         if saved.get("prereg_sha256") != self.doc.get("sha256"):
             raise InputError("the state file belongs to another pre-registration "
                              f"({saved.get('prereg_sha256')}); use a new --state file",
@@ -124,11 +129,17 @@ class Watcher:
         new += self._maybe_follow_chain(now)
         got_rows = False
         while True:
-            p = self.source.poll()
+            if hasattr(self.source, "poll_batch"):
+                p = self.source.poll_batch(self.keys, self.keep,
+                                           parallel=threading.current_thread()
+                                           is threading.main_thread())
+            else:
+                p = self.source.poll()
             now = self.clock()
             stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
             notes = list(p.notes)
-            batch = Batch.from_rows(p.rows, keys=self.keys, keep=self.keep)
+            batch = p.batch if p.batch is not None else \
+                Batch.from_rows(p.rows, keys=self.keys, keep=self.keep)
             batch.configs = list(p.configs) + batch.configs
             notes += batch.notes
             for n in notes:

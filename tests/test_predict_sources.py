@@ -430,3 +430,23 @@ def test_watcher_in_a_background_thread(tmp_path, prereg_path):
         thread.join(timeout=5)
     assert any(a.kind == "nan" and a.step == rs[100]["step"] for a in w.all_alerts)
     assert not thread.is_alive()
+
+
+def test_parallel_parse_of_a_backlog_equals_the_serial_one(tmp_path, prereg_path):
+    p = tmp_path / "m.jsonl"
+    rs = rows("shift", 0.4, seed=23)
+    rs[500]["train/loss"] = "NaN"
+    write_jsonl(p, rs)
+    with open(p, "a") as f:
+        f.write("garbage\n")
+    write_jsonl(p, rows(seed=23)[:50], mode="a")  # a resumed run re-logs early steps
+    results = []
+    for par in (False, True):
+        src = JsonlSource(p)
+        src.parallel_min_bytes, src.piece_bytes = (1, 20_000) if par else (1 << 40, 1 << 40)
+        w = Watcher(prereg_path, src, [], None)
+        w.poll()
+        results.append(([(a.kind, a.severity, a.step) for a in w.all_alerts if a.kind != "input"],
+                        w.state["n_points"], w.state["n_evals"], src.offset))
+    assert results[0] == results[1]
+    assert any(k == "nan" for k, _, _ in results[0][0])
