@@ -350,11 +350,10 @@ def fit_one(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
     cov = None
     if sigma is not None and sigma > 0:
         J = _jacobian_rows(model, u) @ prob.M
-        try:
-            cov = sigma ** 2 * np.linalg.inv(J.T @ J)
-            if not np.all(np.isfinite(cov)):
-                cov = None
-        except np.linalg.LinAlgError:
+        # pinv: a shape factor driven to 0 leaves a flat direction; its variance is then not
+        # propagated (it does not move the prediction either)
+        cov = sigma ** 2 * np.linalg.pinv(J.T @ J, rcond=1e-12)
+        if not np.all(np.isfinite(cov)):
             cov = None
 
     boot_u, boot_info = None, {"replicates": 0}
@@ -588,6 +587,8 @@ def _intervals(spec, u, boot_u, cov, dof, level) -> dict:
 
 def _bound_flag(p, value) -> str | None:
     lo, hi = p.bounds
+    if p.kind == "positive":  # a shape factor at 0 is legitimate: that factor is unused
+        return f"at or above its upper bound {hi:g}" if value >= hi else None
     if value <= lo * (1 + 1e-6) if lo > 0 else value <= lo + 1e-6:
         return f"at or below its lower bound {lo:g}"
     if value >= hi:

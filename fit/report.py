@@ -64,7 +64,7 @@ def report(r) -> str:
     if cmp_:
         lines.append("trajectory vs per-fraction fits (same held-out rungs):")
         for k, v in cmp_.items():
-            if isinstance(v, dict):
+            if isinstance(v, dict) and k != "folds":
                 lines.append(f"  {k:<28} rollout mean |err|: final {_pct(v.get('final'))}, "
                              f"whole curve {_pct(v.get('curve'))}")
         if cmp_.get("better"):

@@ -91,14 +91,15 @@ def _trajectory_table(truth, n_runs=5, fractions=np.arange(1, 21) / 20, noise=0.
     rows = []
     for i, CT in enumerate(np.logspace(18, 21, n_runs)):
         for g in fractions:
-            h = g ** -truth["gamma"] * math.exp(truth["c1"] * (1 - g) + truth["c2"] * (1 - g) ** 2)
+            h = g ** -truth["gamma"] * math.exp(truth["c0"] * (1 / g - 1) + truth["c1"] * (1 - g)
+                                                + truth["c2"] * (1 - g) ** 2)
             L = truth["E"] + truth["A"] * CT ** -truth["alpha"] * h
             rows.append({"run": f"r{i}", "compute": CT * g, "fraction": g,
                          "loss": L * math.exp(noise * rng.standard_normal())})
     return pd.DataFrame(rows)
 
 
-TRUTH = dict(E=1.6, A=150.0, alpha=0.1, gamma=0.25, c1=0.3, c2=0.1)
+TRUTH = dict(E=1.6, A=150.0, alpha=0.1, gamma=0.25, c0=0.02, c1=0.3, c2=0.1)
 
 
 def test_trajectory_recovers_known_parameters_and_is_monotone():
