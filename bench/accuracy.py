@@ -163,7 +163,49 @@ def olmo_13b(anchors: Path) -> list[Row]:
     return out
 
 
-ROWS = [epoch_chinchilla, porian_tuned, gadre_overtraining, olmo_13b]
+OLMO_N = {"190M": 190354176, "370M": 371262464, "760M": 758220288, "1B": 1279395840,
+          "3B": 3169537280}  # anchors README (configs/*.json; 3B from MODEL_PARAMS)
+C4 = "eval/c4_en-validation/CrossEntropyLoss"
+
+
+def olmo_curves(anchors: Path, xc: str = "1xC") -> pd.DataFrame:
+    """The OLMo ladder's C4 eval curves at every 5% of each run (log-linear interpolation
+    between its evals), as a points table; compute = 6 N tokens."""
+    rows = []
+    g = np.round(np.arange(1, 21) / 20, 3)
+    for size, N in OLMO_N.items():
+        d = pd.read_csv(_need(anchors / "olmo_ladder_bhagia2024" / "ladder-runs"
+                              / f"{size}-{xc}.csv"))
+        d = d.dropna(subset=[C4]).sort_values("_step")
+        frac = d["_step"].to_numpy() / d["_step"].max()
+        tokens = d["throughput/total_tokens"].to_numpy()[-1]
+        loss = np.exp(np.interp(g, frac, np.log(d[C4].to_numpy())))
+        rows += [{"run": size, "params": N, "tokens": gi * tokens,
+                  "compute": 6 * N * gi * tokens, "fraction": gi, "loss": li}
+                 for gi, li in zip(g, loss)]
+    return pd.DataFrame(rows)
+
+
+def olmo_trajectory(anchors: Path) -> list[Row]:
+    """Which forecasts a held-out rung's whole curve better: the joint trajectory law or the
+    real ladder's per-fraction compute fits (E = 1.5)? Rollout backtests on the OLMo ladder's
+    1xC C4 curves (fit on the smaller sizes, predict the next, up to the 3B). No published
+    number: the 'published' column holds the per-fraction method's error."""
+    df = olmo_curves(anchors)
+    out = []
+    for fix in ({}, {"E": 1.5}):
+        r = _fit(df, form="trajectory", fix=fix)
+        cmp_ = r.diagnostics["trajectory_vs_per_fraction"]
+        pf = next(k for k in cmp_ if k.startswith("per-fraction"))
+        label = "trajectory" + (" (E=1.5)" if fix else "")
+        for key, what in (("curve", "held-out curves"), ("final", "held-out finals")):
+            t, p = cmp_["trajectory"][key], cmp_[pf][key]
+            out.append(Row(f"OLMo 1xC: {label} vs per-fraction", f"mean |err|, {what}", t, p,
+                           None, "below per-fraction", t < p, f"better: {cmp_.get('better')}"))
+    return out
+
+
+ROWS = [epoch_chinchilla, porian_tuned, gadre_overtraining, olmo_13b, olmo_trajectory]
 
 
 def main(argv=None) -> int:
