@@ -66,6 +66,7 @@ from ladder.io import InputError, sha256_of
 
 SCHEMA = "law/1"
 HUBER_DELTA = 1e-3      # on log residuals, as the Chinchilla refits (Besiroglu et al. 2024)
+LOG_LR_STEP = 0.05      # blocks never span more than ~5% of LR change (see _design)
 MAX_NODES = 500         # annealing-sum blocks per run (see module doc)
 
 
@@ -167,14 +168,20 @@ def _design(name: str, lr: np.ndarray, t: np.ndarray, y: np.ndarray | None, size
         # blocks: runs of node_every updates, split at every evaluation step
         cuts = np.unique(np.r_[t, np.arange(node_every, T + node_every, node_every)])
         blk = np.searchsorted(cuts, s, side="left")            # block ends at cuts[blk] >= s
-        ids, inv = np.unique(blk, return_inverse=True)
+        # also split where log LR has moved by LOG_LR_STEP: eta^-gamma is very convex near a
+        # zero LR (decay to 0), where one representative LR per long block is not enough
+        band = np.floor(np.log(np.maximum(lr[s - 1], 1e-12)) / LOG_LR_STEP)
+        new_block = np.r_[True, (np.diff(blk) != 0) | (np.diff(band) != 0)]
+        gid = np.cumsum(new_block) - 1
+        ids, inv = np.unique(gid, return_inverse=True)
+        last = np.flatnonzero(np.r_[new_block[1:], True])        # last update of each block
         w = np.abs(d)
         wsum = np.bincount(inv, weights=w)
         D = np.bincount(inv, weights=d)
         eta = np.bincount(inv, weights=w * lr[s - 1]) / wsum
         c = np.bincount(inv, weights=w * cum[s - 1]) / wsum    # area before the block's updates
         p = np.bincount(inv, weights=w * s) / wsum
-        end = cuts[ids]
+        end = cuts[blk[last]]
     else:
         D = eta = c = p = end = np.zeros(0)
     valid = end[None, :] <= t[:, None]
