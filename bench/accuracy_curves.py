@@ -179,6 +179,9 @@ def main(argv=None) -> int:
     ap.add_argument("--form", default="mpl", choices=["mpl", "momentum"])
     args = ap.parse_args(argv)
     failed = 0
+    import warnings
+
+    warnings.filterwarnings("ignore", message="curve law has no bootstrap draws")
     for row in ROWS:
         r = row(Path(args.anchors), form=args.form)
         if "skipped" in r:

@@ -154,7 +154,7 @@ def test_size_transfer_predicts_a_larger_model_under_a_new_schedule():
         return dict(MPL_TRUE, L0=2.5 * r ** -0.06, A=1.6 * r ** -0.1)
     frames = [table(mpl_reference, truth_at(n), ["cosine", "wsd"], noise=1e-4, seed=i, size=n)
               for i, n in enumerate((1e6, 3e6, 1e7))]
-    law = fit_curve_law(pd.concat(frames, ignore_index=True), "mpl", bootstrap=0)
+    law = fit_curve_law(pd.concat(frames, ignore_index=True), "mpl", bootstrap=0, n_starts=2)
     assert law.params["L0_size_exp"] == pytest.approx(-0.06, abs=0.01)
     target = 5e7
     lr = lr_of(**SCHEDS["linear_short"])
@@ -171,7 +171,7 @@ def test_size_transfer_predicts_a_larger_model_under_a_new_schedule():
 def test_bootstrap_band_contains_truth_and_json_round_trip():
     train = table(mpl_reference, MPL_TRUE, ["cosine", "constant", "wsd", "wsd_long"],
                   noise=1e-3, seed=3)
-    law = fit_curve_law(train, "mpl", bootstrap=8, seed=1, level=0.9)
+    law = fit_curve_law(train, "mpl", bootstrap=8, seed=1, level=0.9, n_starts=2)
     assert len(law.draws) == 8 and law.sigma > 0
     lr = lr_of(**SCHEDS["linear_short"])
     pred = law.predict(lr=lr, at_steps=EVAL)
@@ -238,6 +238,6 @@ def test_bad_arguments_raise_input_error():
 
 def test_fixed_parameter_is_respected():
     train = table(mpl_reference, MPL_TRUE, ["cosine", "wsd"], noise=1e-4)
-    law = fit_curve_law(train, "mpl", bootstrap=0, fix={"gamma": 0.5})
+    law = fit_curve_law(train, "mpl", bootstrap=0, fix={"gamma": 0.5}, n_starts=1)
     assert law.params["gamma"] == 0.5 and law.fixed == {"gamma": 0.5}
     assert math.isfinite(law.params["L0"])
