@@ -52,6 +52,7 @@ No JAX here.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import math
 import warnings
@@ -130,18 +131,37 @@ SIZE_VARIABLES = ("active_params", "params")
 
 @dataclass
 class _Run:
-    """One run, precomputed for fast evaluation: loss at ``t`` steps from the LR sequence."""
+    """Runs precomputed for fast evaluation: one row per evaluated (run, step). Several runs are
+    stacked into one (``_stack``), blocks padded with zero drops, so that one numpy expression
+    evaluates them all."""
 
     name: str
-    size: float
+    size0: float           # the run's size (the first run's, for a stack)
+    size: np.ndarray       # size per row, shape (n,)
     t: np.ndarray          # evaluation steps (completed), shape (n,)
     y: np.ndarray          # observed losses (NaN when only predicting)
     S: np.ndarray          # LR area up to t, shape (n,)
-    D: np.ndarray          # LR drop per block, shape (m,)
-    eta: np.ndarray        # representative LR per block, shape (m,)
+    D: np.ndarray          # LR drop per block, shape (n, m) (0 for blocks after t, padding)
+    eta: np.ndarray        # representative LR per block, shape (n, m)
     Sk: np.ndarray         # LR area from block to t, shape (n, m), 0 where the block is later
     dt: np.ndarray         # steps from block to t (+1), shape (n, m), 0 where the block is later
-    valid: np.ndarray      # block at or before t, shape (n, m)
+
+
+def _stack(runs: Sequence[_Run]) -> _Run:
+    if isinstance(runs, _Run):
+        return runs
+    runs = list(runs)
+    if len(runs) == 1:
+        return runs[0]
+    m = max(r.D.shape[1] for r in runs)
+
+    def pad(a, fill):
+        return np.pad(a, ((0, 0), (0, m - a.shape[1])), constant_values=fill)
+    cat = np.concatenate
+    return _Run("+".join(r.name for r in runs), runs[0].size0, cat([r.size for r in runs]),
+                cat([r.t for r in runs]), cat([r.y for r in runs]), cat([r.S for r in runs]),
+                cat([pad(r.D, 0.0) for r in runs]), cat([pad(r.eta, 1.0) for r in runs]),
+                cat([pad(r.Sk, 0.0) for r in runs]), cat([pad(r.dt, 0.0) for r in runs]))
 
 
 def _design(name: str, lr: np.ndarray, t: np.ndarray, y: np.ndarray | None, size: float,
@@ -173,7 +193,7 @@ def _design(name: str, lr: np.ndarray, t: np.ndarray, y: np.ndarray | None, size
         band = np.floor(np.log(np.maximum(lr[s - 1], 1e-12)) / LOG_LR_STEP)
         new_block = np.r_[True, (np.diff(blk) != 0) | (np.diff(band) != 0)]
         gid = np.cumsum(new_block) - 1
-        ids, inv = np.unique(gid, return_inverse=True)
+        _ids, inv = np.unique(gid, return_inverse=True)
         last = np.flatnonzero(np.r_[new_block[1:], True])        # last update of each block
         w = np.abs(d)
         wsum = np.bincount(inv, weights=w)
@@ -189,8 +209,11 @@ def _design(name: str, lr: np.ndarray, t: np.ndarray, y: np.ndarray | None, size
     Sk = np.where(valid, cum[t][:, None] - c[None, :], 0.0)
     dt = np.where(valid, t[:, None] - p[None, :] + 1.0, 0.0)
     eta = np.maximum(eta, 1e-12)
+    n = t.size
     yy = np.full(t.shape, np.nan) if y is None else np.asarray(y, float)
-    return _Run(name, float(size), t, yy, cum[t], D, eta, Sk, dt, valid)
+    return _Run(name, float(size), np.full(n, float(size)), t, yy, cum[t],
+                np.where(valid, D[None, :], 0.0), np.broadcast_to(eta, (n, eta.size)).copy(),
+                Sk, dt)
 
 
 def _components(form: str, p: dict, run: _Run, grad: bool = False):
@@ -199,29 +222,29 @@ def _components(form: str, p: dict, run: _Run, grad: bool = False):
     ``Sk = dt = 0`` and so contribute exactly 0 (G(0) = 0, (1 - lam^0) = 0)."""
     f1 = run.S ** (-p["alpha"])
     df2: dict[str, np.ndarray] = {}
-    if run.D.size == 0:
+    if run.D.shape[1] == 0:
         z = np.zeros_like(f1)
         if grad:
             df2 = {k: z for k in (("C", "beta", "gamma") if form == "mpl" else ("lam",))}
         return (f1, z, df2) if grad else (f1, z)
     if form == "mpl":
-        x = run.Sk * run.eta[None, :] ** (-p["gamma"])
+        x = run.Sk * run.eta ** (-p["gamma"])
         lu = np.log1p(p["C"] * x)
         ub = np.exp(-p["beta"] * lu)                              # (1 + Cx)^-beta
-        f2 = (1.0 - ub) @ run.D                                   # G(x) = 1 - (1 + Cx)^-beta
+        f2 = ((1.0 - ub) * run.D).sum(axis=1)                     # G(x) = 1 - (1 + Cx)^-beta
         if grad:
             dgdc = p["beta"] * x * ub / (1.0 + p["C"] * x)
-            df2["C"] = dgdc @ run.D
-            df2["beta"] = (ub * lu) @ run.D
-            df2["gamma"] = (dgdc * (-p["C"] * np.log(run.eta))[None, :]) @ run.D
+            df2["C"] = (dgdc * run.D).sum(axis=1)
+            df2["beta"] = (ub * lu * run.D).sum(axis=1)
+            df2["gamma"] = (dgdc * run.D * np.log(run.eta)).sum(axis=1) * (-p["C"])
     else:
         lam = p["lam"]
         pw = np.exp(run.dt * math.log(lam))                       # lam^dt
         k = (1.0 - pw) / (1.0 - lam)                              # (1 - lam^dt) / (1 - lam)
-        f2 = k @ run.D
+        f2 = (k * run.D).sum(axis=1)
         if grad:
             dk = (-run.dt * pw / lam * (1.0 - lam) + (1.0 - pw)) / (1.0 - lam) ** 2
-            df2["lam"] = dk @ run.D
+            df2["lam"] = (dk * run.D).sum(axis=1)
     return (f1, f2, df2) if grad else (f1, f2)
 
 
@@ -306,37 +329,32 @@ class _Model:
         return [(self.specs[i].lo, self.specs[i].hi) for i in self.free]
 
 
-def _objective(model: _Model, theta: np.ndarray, runs: Sequence[_Run], delta: float) -> float:
-    v = model.values(theta)
-    tot = 0.0
-    for run in runs:
-        pred = _curve(model.form, model.run_params(v, run.size), run)
-        r = _safe_log(pred) - np.log(run.y)
-        tot += float(_huber(r, delta).sum())
+def _objective(model: _Model, theta: np.ndarray, runs, delta: float) -> float:
+    run = _stack(runs)
+    pred = _curve(model.form, model.run_params(model.values(theta), run.size), run)
+    tot = float(_huber(_safe_log(pred) - np.log(run.y), delta).sum())
     return tot if math.isfinite(tot) else 1e300
 
 
-def _objective_grad(model: _Model, theta: np.ndarray, runs: Sequence[_Run], delta: float,
+def _objective_grad(model: _Model, theta: np.ndarray, runs, delta: float,
                     eps: float = 1e-6) -> tuple[float, np.ndarray]:
     """The summed Huber objective and its exact gradient in theta (all parameters)."""
+    run = _stack(runs)
     v = model.values(theta)
-    tot = 0.0
     g = np.zeros(len(model.specs))
     index = {n: i for i, n in enumerate(model.names)}
-    for run in runs:
-        p = model.run_params(v, run.size)
-        pred, d = _curve_grad(model.form, p, run)
-        r = _safe_log(pred, eps) - np.log(run.y)
-        tot += float(_huber(r, delta).sum())
-        w = np.clip(r, -delta, delta) / np.where(pred >= eps, pred, eps)   # dHuber/dpred
-        for name, dp in d.items():
-            gp = float(w @ dp)                       # d objective / d run parameter
-            if name in model.scaled:
-                rel = math.log(run.size / model.size_ref)
-                e = f"{name}_size_exp"
-                g[index[e]] += gp * p[name] * rel
-                gp *= p[name] / v[name]              # d p_run / d p
-            g[index[name]] += gp
+    p = model.run_params(v, run.size)
+    pred, d = _curve_grad(model.form, p, run)
+    r = _safe_log(pred, eps) - np.log(run.y)
+    tot = float(_huber(r, delta).sum())
+    w = np.clip(r, -delta, delta) / np.where(pred >= eps, pred, eps)   # dHuber/dpred
+    for name, dp in d.items():
+        if name in model.scaled:                 # p_row = p * (size/ref)^e
+            wdp = w * dp * p[name]
+            g[index[f"{name}_size_exp"]] += float(wdp @ np.log(run.size / model.size_ref))
+            g[index[name]] += float(wdp.sum()) / v[name]
+        else:
+            g[index[name]] += float(w @ dp)
     # chain rule to theta
     for i, spec in enumerate(model.specs):
         val = v[spec.name]
@@ -350,6 +368,7 @@ def _objective_grad(model: _Model, theta: np.ndarray, runs: Sequence[_Run], delt
 def _minimize(model: _Model, theta0: np.ndarray, runs, delta: float, maxiter: int = 3000):
     from scipy.optimize import minimize
 
+    runs = _stack(runs)
     if not model.free:
         return theta0, _objective(model, theta0, runs, delta), True
 
@@ -363,6 +382,42 @@ def _minimize(model: _Model, theta0: np.ndarray, runs, delta: float, maxiter: in
                    options={"maxiter": maxiter, "maxfun": 4 * maxiter, "ftol": 1e-15,
                             "gtol": 1e-12})
     return model.full_theta(res.x, theta0), float(res.fun), bool(res.success)
+
+
+@contextlib.contextmanager
+def _single_thread_blas():
+    """Run OpenBLAS single-threaded inside the block (restored after). L-BFGS-B's BLAS calls on
+    7-10 variables are tiny; multithreaded they spend most of their time starting and spinning
+    threads: a bootstrap refit took 3.5x the CPU time with the default threads on a 2-core
+    machine (measured here). Linux, OpenBLAS only; anything unexpected -> no change."""
+    import ctypes
+
+    handles = []
+    try:
+        with open("/proc/self/maps") as f:
+            libs = sorted({ln.split()[-1] for ln in f if "openblas" in ln.lower()
+                           and ln.split()[-1].startswith("/")})
+        for lib in libs:
+            dll = ctypes.CDLL(lib)
+            for suffix in ("64_", "", "_64_"):
+                get = getattr(dll, f"scipy_openblas_get_num_threads{suffix}", None) \
+                    or getattr(dll, f"openblas_get_num_threads{suffix}", None)
+                set_ = getattr(dll, f"scipy_openblas_set_num_threads{suffix}", None) \
+                    or getattr(dll, f"openblas_set_num_threads{suffix}", None)
+                if get is not None and set_ is not None:
+                    handles.append((set_, int(get())))
+                    set_(ctypes.c_int(1))
+                    break
+    except (OSError, AttributeError, ValueError):
+        pass
+    try:
+        yield
+    finally:
+        for set_, n in handles:
+            try:
+                set_(ctypes.c_int(n))
+            except (OSError, ValueError):
+                pass
 
 
 # ------------------------------------------------------------------------------- start grid
@@ -382,12 +437,9 @@ def _solve_linear(form: str, nl: dict, runs: Sequence[_Run]) -> dict | None:
     from scipy.optimize import nnls
 
     p = dict(nl, L0=1.0, A=1.0, B=1.0, C=nl.get("C", 1.0))
-    cols, ys = [], []
-    for run in runs:
-        f1, f2 = _components(form, p, run)
-        cols.append(np.c_[np.ones_like(f1), f1, -f2] / run.y[:, None])
-        ys.append(np.ones_like(run.y))
-    M, b = np.vstack(cols), np.concatenate(ys)
+    run = _stack(runs)
+    f1, f2 = _components(form, p, run)
+    M, b = np.c_[np.ones_like(f1), f1, -f2] / run.y[:, None], np.ones_like(run.y)
     if not np.all(np.isfinite(M)):
         return None
     scale = np.maximum(np.abs(M).max(axis=0), 1e-300)
@@ -405,7 +457,8 @@ def _solve_linear(form: str, nl: dict, runs: Sequence[_Run]) -> dict | None:
 def _fit_one_size(model: _Model, runs: Sequence[_Run], delta: float, n_starts: int,
                   extra_starts: Iterable[dict] = ()):
     """Multi-start fit; returns (theta, objective, converged, n_local_fits)."""
-    T = max(float(r.S.max()) for r in runs)
+    runs = _stack(runs)
+    T = float(runs.S.max())
     cands = []
     for nl in list(_nonlinear_grid(model.form, T)) + list(extra_starts):
         nl = {k: model.fix.get(k, v) for k, v in nl.items()}
@@ -775,6 +828,14 @@ def fit_curve_law(df, form: str = "mpl", bootstrap: int = 200, level: float = 0.
     units of the largest LR of the data). ``scaled``: parameters that become power laws of size
     when the table holds more than one size. ``bootstrap``: run-level bootstrap draws for bands.
     """
+    with _single_thread_blas():
+        return _fit_curve_law(df, form, bootstrap, level, seed, metric=metric, fix=fix,
+                              size_column=size_column, scaled=scaled, schedules=schedules,
+                              n_starts=n_starts, node_every=node_every, huber_delta=huber_delta)
+
+
+def _fit_curve_law(df, form, bootstrap, level, seed, *, metric, fix, size_column, scaled,
+                   schedules, n_starts, node_every, huber_delta) -> CurveLaw:
     if form not in FORMS:
         raise InputError(f"unknown curve form {form!r}; choose one of {sorted(FORMS)}",
                          field="form")
@@ -782,9 +843,10 @@ def fit_curve_law(df, form: str = "mpl", bootstrap: int = 200, level: float = 0.
         raise InputError(f"must be in (0, 1), got {level}", field="level")
     if bootstrap < 0:
         raise InputError("must be >= 0", field="bootstrap")
-    bad = sorted(set(scaled) - {p.name for p in FORMS[form]})
+    bad = sorted(set(scaled) - set(_LINEAR[form]))
     if bad:
-        raise InputError(f"cannot scale unknown parameter {bad[0]!r}", field="scaled")
+        raise InputError(f"only the linear parameters {_LINEAR[form]} can scale with size, "
+                         f"not {bad[0]!r}", field="scaled")
     data = curve_data_from_table(df, size_column=size_column, schedules=schedules)
     lr_scale = float(max(seq.max() for seq in data.lr))
     if not lr_scale > 0:
@@ -802,14 +864,15 @@ def fit_curve_law(df, form: str = "mpl", bootstrap: int = 200, level: float = 0.
                          field="loss")
 
     diagnostics: dict[str, Any] = {"sizes": sizes}
+    stacked = _stack(runs)
     if not multi:
-        theta, obj, ok, n_local = _fit_one_size(model, runs, huber_delta, n_starts)
+        theta, obj, ok, n_local = _fit_one_size(model, stacked, huber_delta, n_starts)
     else:
         # stage 1: each size on its own (shape parameters free per size)
         per_size, starts = {}, []
         m1 = _Model(form, (), None, {k: v for k, v in fix.items() if not k.endswith("_size_exp")})
         for s in sizes:
-            rs = [r for r in runs if r.size == s]
+            rs = [r for r in runs if r.size0 == s]
             th, o, k_ok, _ = _fit_one_size(m1, rs, huber_delta, max(1, n_starts // 2))
             per_size[s] = m1.values(th)
         diagnostics["per_size"] = [dict(size=s, **v) for s, v in per_size.items()]
@@ -829,20 +892,21 @@ def fit_curve_law(df, form: str = "mpl", bootstrap: int = 200, level: float = 0.
             starts.append(v)
         lo = np.array([p.lo for p in model.specs])
         hi = np.array([p.hi for p in model.specs])
-        cands = sorted(((_objective(model, np.clip(model.theta_of(v), lo, hi), runs, huber_delta),
+        cands = sorted(((_objective(model, np.clip(model.theta_of(v), lo, hi), stacked,
+                                    huber_delta),
                          np.clip(model.theta_of(v), lo, hi)) for v in starts),
                        key=lambda c: c[0])
         best = None
         for _, th0 in cands[:max(1, n_starts // 2)]:
-            th, o, k_ok = _minimize(model, th0, runs, huber_delta)
+            th, o, k_ok = _minimize(model, th0, stacked, huber_delta)
             if best is None or o < best[1]:
                 best = (th, o, k_ok)
         theta, obj, ok = best
         n_local = len(cands)
 
     values = model.values(theta)
-    resid = np.concatenate([_safe_log(_curve(form, model.run_params(values, r.size), r))
-                            - np.log(r.y) for r in runs])
+    resid = (_safe_log(_curve(form, model.run_params(values, stacked.size), stacked))
+             - np.log(stacked.y))
     dof = max(1, resid.size - len(model.free))
     sigma = float(np.sqrt(np.sum(resid ** 2) / dof))
     at_bounds = [model.names[i] for i in model.free
@@ -877,7 +941,7 @@ def _bootstrap(model: _Model, runs: list[_Run], theta: np.ndarray, n: int, seed:
     for _ in range(n):
         for _try in range(20):
             pick = rng.integers(0, len(runs), len(runs))
-            if not multi or len({runs[i].size for i in pick}) >= 2:
+            if not multi or len({runs[i].size0 for i in pick}) >= 2:
                 break
         else:
             continue

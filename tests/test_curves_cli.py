@@ -106,8 +106,8 @@ def _rows(out: str):
 
 def test_cli_named_schedule_prints_csv(tmp_path, capsys):
     law = _law_file(tmp_path)
-    rc = main(["predict", str(law), "--schedule", "linear:steps=400,peak=1e-3,warmup=0.01,"
-               "min=0.05,decay_end=0.6"])
+    rc = main(["predict", str(law), "--schedule", ("linear:steps=400,peak=1e-3,warmup=0.01,"
+               "min=0.05,decay_end=0.6")])
     assert rc == 0
     rows = _rows(capsys.readouterr().out)
     assert rows.shape == (100, 4)                           # every 1% of the run

@@ -52,7 +52,7 @@ def momentum_reference(lr, t_eval, p):
     warmup (Tissue et al. 2024). Plain recursion."""
     eta = np.asarray(lr, float) / p["unit"]
     W = int(np.argmax(eta >= eta.max() * (1 - 1e-9))) + 1
-    m, s2, s1, out, want = 0.0, 0.0, 0.0, {}, set(int(x) for x in t_eval)
+    m, s2, s1, out, want = 0.0, 0.0, 0.0, {}, {int(x) for x in t_eval}
     for i in range(1, len(eta) + 1):
         s1 += eta[i - 1]
         drop = eta[i - 2] - eta[i - 1] if i > W else 0.0
@@ -67,11 +67,11 @@ MPL_TRUE = {"L0": 2.5, "A": 1.6, "alpha": 0.45, "B": 0.9, "C": 0.02, "beta": 0.6
 MOM_TRUE = {"L0": 2.5, "A": 1.6, "alpha": 0.45, "C": 2e-4, "lam": 0.99}
 EVAL = np.arange(20, STEPS + 1, 20)
 SCHEDS = {
-    "cosine": dict(kind="cosine", warmup=0.02, min_lr_frac=0.1),
-    "constant": dict(kind="constant", warmup=0.02),
-    "wsd": dict(kind="wsd", warmup=0.02, decay=0.2, min_lr_frac=0.0),
-    "linear_short": dict(kind="linear", warmup=0.02, min_lr_frac=0.05, decay_end=0.6),
-    "wsd_long": dict(kind="wsd", warmup=0.02, decay=0.5, min_lr_frac=0.1),
+    "cosine": {"kind": "cosine", "warmup": 0.02, "min_lr_frac": 0.1},
+    "constant": {"kind": "constant", "warmup": 0.02},
+    "wsd": {"kind": "wsd", "warmup": 0.02, "decay": 0.2, "min_lr_frac": 0.0},
+    "linear_short": {"kind": "linear", "warmup": 0.02, "min_lr_frac": 0.05, "decay_end": 0.6},
+    "wsd_long": {"kind": "wsd", "warmup": 0.02, "decay": 0.5, "min_lr_frac": 0.1},
 }
 
 
