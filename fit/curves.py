@@ -1022,6 +1022,9 @@ def predict_schedule_main(args) -> int:
 
     from fit.lr_schedules import schedule_source
 
+    if getattr(args, "tokens", None) is not None:
+        raise InputError("has no meaning with --schedule (the schedule sets the run's length)",
+                         field="--tokens", exit_code=64)
     law = load_curve_law(args.law)
     at, lr = schedule_source(args.schedule)
     fraction = getattr(args, "fraction", None)

@@ -138,6 +138,8 @@ def test_cli_errors(tmp_path, capsys):
                  "--active-params", "2e7"]) == 0
     capsys.readouterr()
     assert main(["predict", str(law), "--schedule", "bogus:steps=5"]) >= 64
+    assert main(["predict", str(law), "--schedule", "cosine:steps=50,peak=1e-3",
+                 "--active-params", "2e7", "--tokens", "1e9"]) >= 64
     assert main(["predict", str(tmp_path / "missing.json"), "--schedule",
                  "cosine:steps=5,peak=1"]) >= 64
 
