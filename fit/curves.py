@@ -30,15 +30,18 @@ Conventions (ours, written into law.json):
   under this rescaling: e.g. MPL's C becomes C * lr_scale^(1-gamma)). ``lr_scale`` is stored.
 - The annealing sums are exact for steps at which the LR changes by a jump; where it changes
   every step they are summed over blocks of ``node_every`` updates (LR-drop-weighted midpoint
-  rule; blocks never straddle a step where the loss is evaluated). ``node_every`` is chosen so
-  a run has at most ~500 blocks (on the Luo et al. anchors 500 and 170 blocks give the same accuracy); with 1 the sums are exact.
+  rule; blocks never straddle a step where the loss is evaluated, nor more than ~5% of LR
+  change). ``node_every`` is chosen so a run has at most ~500 blocks (on the Luo et al. anchors
+  500 and 170 blocks give the same accuracy); with 1 the sums are exact (tested against a naive
+  per-step implementation).
 
 Fitting: Huber loss (delta 1e-3) on log residuals, summed (not averaged: averaging stops L-BFGS
 early, the Chinchilla-refit lesson of Besiroglu et al. 2024); starts from a grid over the
 nonlinear parameters with the linear ones (L0, A, B or L0, A, C) solved by non-negative least
 squares, then L-BFGS-B (scipy) from the best few. Bands: run-level bootstrap (resample whole runs
 with replacement, refit from the estimate) for parameter uncertainty, plus the RMS log residual
-of the fit as run-to-run and point noise, combined by Monte Carlo in log space.
+of the fit as run-to-run and point noise, combined by Monte Carlo in log space. Fewer than 2
+draws -> NaN band with a warning, never a zero-width one.
 
 Across model sizes: with runs of several sizes (``active_params`` column by default), the
 parameters named in ``scaled`` (default L0 and A) are power laws of size,
