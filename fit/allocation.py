@@ -92,6 +92,7 @@ def isoflop_approach2(df: pd.DataFrame, *, budget: str = "compute", size: str = 
     if len(groups) < 2:
         raise InputError(f"needs at least 2 budgets with >= {min_points} points", field=budget)
     rows, notes = [], []
+    groups = [(float(np.exp(np.log(g[budget]).mean())), g) for _, g in groups]
     for c, g in groups:
         x = np.log(g[size].to_numpy())
         y = g[loss].to_numpy()

@@ -66,6 +66,10 @@ class Form:
     needs: tuple[str, ...]           # points-table columns the features are computed from
     shape_params: tuple[str, ...] = ()  # identified within runs (do not need more runs)
     note: str = ""
+    # True: the grid values of a coefficient are the log of its term at the data's mean log
+    # inputs (the solver's centred coordinates, see fit.law._centering), i.e. log(L - E)-sized
+    # numbers, so every start is a plausible curve. False: natural logs (the Chinchilla grid).
+    centered_grid: bool = False
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -132,6 +136,7 @@ _EXP_GRID = (0.0, 0.5, 1.0, 1.5, 2.0)
 _AB_GRID = (0.0, 5.0, 10.0, 15.0, 20.0, 25.0)
 
 _E = Param("E", "coef", _E_GRID, (1e-3, 20.0))
+_E_CENTRED = Param("E", "coef", (-0.5, 0.0, 0.5, 1.0), (1e-3, 20.0))
 
 
 def chinchilla() -> Form:
@@ -149,21 +154,20 @@ def chinchilla() -> Form:
         note="N is the params column chosen with --params-column; D the tokens column.")
 
 
-# A compute law's coefficient log A ~ alpha * log C + log(L - E): with C ~ 1e15..1e25 the grid
-# spans alpha * 35..58, so a covers 0..30.
-_COMPUTE_A_GRID = tuple(float(x) for x in np.arange(0.0, 30.1, 2.5))
-_COMPUTE_ALPHA_GRID = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
+# Centred grids: the reducible loss L - E at the data's mean compute is ~0.02..3 (log -4..1).
+_CENTRED_A_GRID = (-4.0, -2.5, -1.0, 0.0, 1.0)
+_COMPUTE_ALPHA_GRID = (0.02, 0.05, 0.1, 0.2, 0.4)
 
 
 def compute() -> Form:
     return Form(
         name="compute",
         expression="L = E + A * C^-alpha",
-        params=(_E, Param("A", "coef", _COMPUTE_A_GRID, (1e-6, 1e15)),
+        params=(_E_CENTRED, Param("A", "coef", _CENTRED_A_GRID, (1e-6, 1e15)),
                 Param("alpha", "exponent", _COMPUTE_ALPHA_GRID, (0.0, 3.0))),
         terms=((Entry("E", "one", 1.0),),
                (Entry("A", "one", 1.0), Entry("alpha", "logC", -1.0))),
-        needs=("compute",),
+        needs=("compute",), centered_grid=True,
         note="C is training compute so far (flops-v1, no LM head) at each point.")
 
 
@@ -177,7 +181,7 @@ def trajectory() -> Form:
         name="trajectory",
         expression="L = E + A * C_T^-alpha * g^-gamma * exp(c1 (1-g) + c2 (1-g)^2),"
                    " C_T = compute / g (planned total compute)",
-        params=(_E, Param("A", "coef", _COMPUTE_A_GRID[::2], (1e-6, 1e15)),
+        params=(_E_CENTRED, Param("A", "coef", (-4.0, -2.0, 0.0), (1e-6, 1e15)),
                 Param("alpha", "exponent", (0.05, 0.1, 0.2, 0.4), (0.0, 3.0)),
                 Param("gamma", "positive", pos_grid, (1e-6, 5.0)),
                 Param("c1", "positive", pos_grid, (1e-6, 20.0)),
@@ -186,7 +190,7 @@ def trajectory() -> Form:
                (Entry("A", "one", 1.0), Entry("alpha", "logCT", -1.0),
                 Entry("gamma", "neglogg", 1.0), Entry("c1", "q1", 1.0),
                 Entry("c2", "q2", 1.0))),
-        needs=("compute", "fraction"),
+        needs=("compute", "fraction"), centered_grid=True,
         shape_params=("gamma", "c1", "c2"),
         note="compute is so far at the point (points-table convention); the law is written in "
              "the planned total C_T = compute / fraction, and is non-increasing in the fraction at "
@@ -201,16 +205,16 @@ def moe() -> Form:
     return Form(
         name="moe",
         expression="L = E + A * Na^-alpha * (N/Na)^-gamma + B / D^beta",
-        params=(_E, Param("A", "coef", _AB_GRID, (1e-6, 1e15)),
-                Param("B", "coef", _AB_GRID, (1e-6, 1e15)),
-                Param("alpha", "exponent", (0.0, 0.5, 1.0), (0.0, 3.0)),
+        params=(_E_CENTRED, Param("A", "coef", (-4.0, -2.0, 0.0), (1e-6, 1e15)),
+                Param("B", "coef", (-4.0, -2.0, 0.0), (1e-6, 1e15)),
+                Param("alpha", "exponent", (0.1, 0.3, 0.6), (0.0, 3.0)),
                 Param("gamma", "exponent", (0.0, 0.3), (-1.0, 3.0)),
-                Param("beta", "exponent", (0.0, 0.5, 1.0), (0.0, 3.0))),
+                Param("beta", "exponent", (0.1, 0.3, 0.6), (0.0, 3.0))),
         terms=((Entry("E", "one", 1.0),),
                (Entry("A", "one", 1.0), Entry("alpha", "logNa", -1.0),
                 Entry("gamma", "logSparsity", -1.0)),
                (Entry("B", "one", 1.0), Entry("beta", "logD", -1.0))),
-        needs=("params", "active_params", "tokens"),
+        needs=("params", "active_params", "tokens"), centered_grid=True,
         note="Na = active params, N = total params, D = tokens.")
 
 
@@ -321,10 +325,18 @@ class Model:
 
     def _term(self, V, entries):
         """(S, n), or (S, 1) for a term made of constants only."""
-        const = all(x is self._ones for _, x, _ in entries)
-        z = np.zeros((V.shape[0], 1 if const else self.n))
+        const = np.zeros((V.shape[0], 1))
+        z = None
         for p, x, m in entries:
-            z = z + (m * V[:, p])[:, None] * (1.0 if x is self._ones else x[None, :])
+            if x is self._ones:
+                const += m * V[:, p:p + 1]
+            elif z is None:
+                z = np.multiply.outer(m * V[:, p], x)
+            else:
+                z += np.multiply.outer(m * V[:, p], x)
+        if z is None:
+            return const
+        z += const
         return z
 
     def jacobian(self, u: np.ndarray) -> np.ndarray:
@@ -344,29 +356,53 @@ class Model:
     def objective(self, U, logy, W, delta):
         """Summed Huber of log residuals and its gradient wrt U: f (S,), G (S, P).
 
-        Not max-shifted: the terms are exponentiated directly (a constant term costs (S, 1),
-        not (S, n)), which is 3x cheaper; parameters for which a term over- or underflows give a
-        non-finite f, which the solver's line search rejects.
+        ``W`` is None (unweighted) or (S, n) point weights (bootstrap counts). Not max-shifted: the terms
+        are exponentiated directly (a constant term costs (S, 1), not (S, n)), which is 3x
+        cheaper; parameters for which a term over- or underflows give a non-finite f, which the
+        solver's line search rejects.
         """
         V = self._values(U)
-        ek = [np.exp(self._term(V, t)) for t in self.terms]  # (S, n) or (S, 1) each
-        total = ek[0]
-        for e in ek[1:]:
-            total = total + e
-        r = np.log(total) - logy[None, :]
+        ek = [self._term(V, t) for t in self.terms]
+        for e in ek:
+            np.exp(e, out=e)
+        total = ek[0] + ek[1]
+        for e in ek[2:]:
+            total += e
+        r = np.log(total)
+        r -= logy[None, :]
         a = np.abs(r)
-        rho = np.where(a <= delta, 0.5 * r * r, delta * (a - 0.5 * delta))
-        f = (W * rho).sum(axis=1)
-        scaled = W * np.clip(r, -delta, delta) / total  # psi / sum_k exp(z_k)
+        m = np.minimum(a, delta)          # Huber: rho = m (|r| - m/2), psi = sign(r) m
+        a -= 0.5 * m
+        a *= m
+        unweighted = W is None
+        if not unweighted:
+            a *= W
+        f = a.sum(axis=1)
+        scaled = np.copysign(m, r, out=m)
+        scaled /= total                    # psi / sum_k exp(z_k)
+        if not unweighted:
+            scaled *= W
+        ssum = None
         G = np.zeros_like(U)
         for e, entries in zip(ek, self.terms):
-            dz = scaled * e
-            for p, x, m in entries:
-                G[:, p] += m * (dz @ x if x is not self._ones else dz.sum(axis=1))
+            if e.shape[1] == 1:            # constant term: dz = scaled * e, summed over points
+                if ssum is None:
+                    ssum = scaled.sum(axis=1)
+                dzsum, dz = e[:, 0] * ssum, None
+            else:
+                dz = e
+                dz *= scaled
+                dzsum = None
+            for p, x, mult in entries:
+                if x is self._ones:
+                    if dzsum is None:
+                        dzsum = dz.sum(axis=1)
+                    G[:, p] += mult * dzsum
+                else:
+                    G[:, p] += mult * (dz @ x)
         if self.positive.any():
             G[:, self.positive] *= V[:, self.positive]
         return f, G
-
 
 def _logsumexp0(Z):
     zmax = Z.max(axis=0)

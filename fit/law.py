@@ -21,6 +21,7 @@ cannot be computed (no residual degrees of freedom, no usable replicates) is NaN
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import math
 import warnings
@@ -197,7 +198,8 @@ class FitResult:
             raise InputError(f"outside the fitted range {values.min():g}..{values.max():g} of "
                              f"the per-{self.by} laws", field=self.by)
         out = np.full((3, gb.size), np.nan)
-        b = lambda x: None if x is None else np.broadcast_to(np.asarray(x, float), shape).ravel()
+        def b(x):
+            return None if x is None else np.broadcast_to(np.asarray(x, float), shape).ravel()
         kw = dict(params=b(params), active_params=b(active_params), tokens=b(tokens),
                   compute=b(compute), level=level, extra_log_sigma=b(extra))
         preds = [r.predict(**kw) for _, r in self.groups]
@@ -239,9 +241,9 @@ def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = 
             params_column: str = "params", metric: str | None = None,
             delta: float = HUBER_DELTA, backtest: bool = True) -> FitResult:
     """Fit ``form`` to the points table ``df`` (from :func:`fit.load_points`)."""
-    if not isinstance(df, pd.DataFrame):
-        from fit.points import load_points
-        df = load_points(df, metric)
+    from fit.points import COLUMNS, load_points
+    if not isinstance(df, pd.DataFrame) or not set(COLUMNS) <= set(df.columns):
+        df = load_points(df, metric)  # files, or a bare DataFrame: normalise and clean it
     metric = metric or df.attrs.get("metric") or "loss"
     if not 0 < level < 1:
         raise InputError(f"must be in (0, 1), got {level!r}", field="level")
@@ -291,8 +293,14 @@ def _fit_by(df, form, fix, tie, by, opts) -> FitResult:
             "groups": [{by: v, "params": r.params, "objective": r.diagnostics.get("objective"),
                         "converged": r.diagnostics.get("converged")} for v, r in groups]}
     if opts["backtest"]:
-        from fit.backtest import backtest
-        diag["backtest"] = backtest(df, spec, opts, by=by)
+        from fit.backtest import backtest, trajectory_vs_per_fraction
+        diag["backtest"] = backtest(df, spec, dict(opts, bootstrap=0, backtest=False), by=by)
+        if by == "fraction" and spec.form.name == "compute" and set(spec.fix) == {"E"}:
+            try:
+                diag["trajectory_vs_per_fraction"] = trajectory_vs_per_fraction(
+                    df, opts, per_fraction_bt=diag["backtest"], E=float(spec.fix["E"]))
+            except InputError as e:
+                diag["trajectory_vs_per_fraction"] = {"error": str(e)}
     return FitResult(spec=spec, metric=opts["metric"], u=last.u, level=opts["level"],
                      params_column=opts["params_column"], boot_u=last.boot_u, cov=last.cov,
                      sigma=last.sigma, dof=last.dof, intervals=last.intervals,
@@ -315,27 +323,24 @@ def fit_one(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
             "parameters (--fix NAME=VALUE, --tie A=B)", field="form")
     model = Model(form, form.features(cols))
     logy = np.log(data["loss"].to_numpy(dtype=float))
-    u0, M = spec.mapping()
-
-    def fg_for(W):
-        def fg(X, rows):
-            U = u0 + X @ M.T
-            f, G = model.objective(U, logy, W if W.shape[0] == 1 else W[rows], delta)
-            return f, G @ M
-        return fg
-
-    grid = spec.grid() if starts is None else starts
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        res = lbfgs(fg_for(np.ones((1, n))), grid)
+    prob = _Problem(model, logy, spec, delta)
+    if starts is not None:
+        grid = np.atleast_2d(starts)
+    else:
+        grid = spec.grid()
+        if form.centered_grid:  # grid values are in the centred coordinates
+            grid = grid @ prob.P.T
+    res = prob.solve(grid, ftol=STAGE1_FTOL, max_iter=STAGE1_MAX_ITER)
     order = np.argsort(np.where(np.isfinite(res.f), res.f, np.inf))
+    near = order[:400][res.f[order[:400]] <= res.f[order[0]] * (1 + POLISH_WITHIN)]
+    cands = _distinct(res.x[near], res.f[near], res.x[order[0]], k=POLISH_TOP)
+    phi, fbest, pol = prob.polish(cands)
     best = order[0]
-    phi, fbest, polished = _polish(fg_for(np.ones((1, n))), res.x[best], res.f[best])
     u = spec.to_u(phi)
     logfit = model.log_predict(u[None])[0]
     resid = logy - logfit
-    # distinct local optima (for bootstrap warm starts)
-    optima = _distinct(res.x[order[: min(len(order), 400)]], res.f[order[: min(len(order), 400)]],
-                       phi)
+    # distinct local optima (warm starts of the bootstrap replicates)
+    optima = _distinct(res.x[order[:400]], res.f[order[:400]], phi)
 
     # lack-of-fit: residual scale and degrees of freedom
     multi = data.groupby("run").size().max() > 1
@@ -344,7 +349,7 @@ def fit_one(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
     dof = float(dof) if dof > 0 else None
     cov = None
     if sigma is not None and sigma > 0:
-        J = _jacobian_rows(model, u) @ M
+        J = _jacobian_rows(model, u) @ prob.M
         try:
             cov = sigma ** 2 * np.linalg.inv(J.T @ J)
             if not np.all(np.isfinite(cov)):
@@ -354,7 +359,7 @@ def fit_one(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
 
     boot_u, boot_info = None, {"replicates": 0}
     if bootstrap > 0:
-        boot_u, boot_info = _bootstrap(model, logy, runs, spec, optima, bootstrap, seed, delta)
+        boot_u, boot_info = _bootstrap(prob, runs, optima, bootstrap, seed)
 
     intervals = _intervals(spec, u, boot_u, cov, dof, level)
     names = form.names
@@ -364,13 +369,14 @@ def fit_one(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
     diagnostics = {
         "objective": float(fbest),
         "huber_delta": delta,
-        "converged": bool(res.status[best] == 0 or polished),
+        "converged": bool(res.status[best] == 0 and pol.status.min() == 0),
+        "polish_gain_rel": float((res.f[best] - fbest) / max(abs(fbest), 1e-300)),
         "starts": int(len(grid)),
         "starts_status": {STATUS[i]: int((res.status == i).sum()) for i in range(len(STATUS))},
         "best_start": grid[best].tolist(),
         "iterations_max": int(res.iterations.max()),
         "distinct_optima": len(optima),
-        "polished": polished,
+        "polished_candidates": len(cands),
         "at_bound": at_bound,
         "free": list(spec.free),
         "n_points": n, "n_runs": int(len(uniq_runs)),
@@ -393,8 +399,26 @@ def fit_one(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
         diagnostics["backtest"] = run_backtest(
             df, spec, dict(bootstrap=0, level=level, seed=seed, params_column=params_column,
                            metric=metric, delta=delta, backtest=False),
-            final_only=final_only)
+            final_only=final_only, starts=_backtest_starts(grid, res, order))
+        if form.name == "trajectory":
+            from fit.backtest import trajectory_vs_per_fraction
+            diagnostics["trajectory_vs_per_fraction"] = trajectory_vs_per_fraction(
+                df, dict(level=level, seed=seed, params_column=params_column, metric=metric,
+                         delta=delta), traj_bt=diagnostics["backtest"],
+                E=float(spec.fix.get("E", 1.5)))
     return result
+
+
+def _backtest_starts(grid, res, order):
+    """Starts of the backtest refits. A grid of up to 500 starts is used whole; a larger one
+    (the Chinchilla grid) is thinned to every 10th start plus the 32 best distinct end points
+    of the full fit's starts, which are local optima of a closely related objective (the
+    backtest fits drop a few of the largest runs); this keeps a backtest fold ~10x cheaper
+    than the full fit."""
+    if len(grid) <= 500:
+        return None
+    ends = _distinct(res.x[order[:2000]], res.f[order[:2000]], res.x[order[0]], k=32)
+    return np.vstack([grid[::10], ends])
 
 
 def select_points(df: pd.DataFrame, form: Form, final_only: bool | None):
@@ -426,18 +450,75 @@ def _required(data, form, params_column) -> dict:
     return cols
 
 
-def _polish(fg, x0, f0):
-    """scipy L-BFGS-B from the best start at tight tolerances; keeps whichever is lower."""
-    def fun(x):
-        f, g = fg(x[None], np.array([0]))
-        return float(f[0]), g[0]
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        r = optimize.minimize(fun, x0, jac=True, method="L-BFGS-B",
-                              options={"maxiter": 5000, "ftol": 1e-15, "gtol": 1e-12,
-                                       "maxcor": 20})
-    if np.isfinite(r.fun) and r.fun < f0:
-        return r.x, float(r.fun), True
-    return np.asarray(x0, dtype=float), float(f0), False
+# Stage 1 runs every start until its relative decrease of f stays below 1e-6 for two
+# iterations (scipy's default L-BFGS-B test, factr 1e7, is 2.2e-9 relative to max(|f|, 1), i.e.
+# ~2e-6 of a Chinchilla-size objective of ~1e-3, but meaningless for a near-exact fit whose f is
+# ~1e-7; this test is relative to f itself). Stage 2 polishes the best POLISH_TOP distinct
+# candidates within POLISH_WITHIN of the best to a relative decrease below 1e-15 (the batched
+# solver again: scipy's L-BFGS-B costs milliseconds per iteration in call overhead) and keeps
+# the lowest.
+STAGE1_FTOL = 1e-6
+STAGE1_MAX_ITER = 300  # starts still moving after this are reported as max_iter
+POLISH_FTOL = 1e-15
+POLISH_TOP = 5
+POLISH_WITHIN = 0.01  # only candidates within 1% of the best stage-1 objective are polished
+BOOT_FTOL = 1e-9
+
+
+class _Problem:
+    """One fit's objective in solver coordinates. The solver works in a centred
+    parametrisation: a coefficient whose term holds ``-alpha * log x`` is replaced by the term's
+    value at the mean log x, which decorrelates (log A, alpha) (log x varies by a few units
+    around ~20-50) and lets L-BFGS converge in several times fewer iterations. It is a linear
+    change of variables, so optima are unchanged."""
+
+    def __init__(self, model, logy, spec, delta):
+        self.model, self.logy, self.spec, self.delta = model, logy, spec, delta
+        self.u0, self.M = spec.mapping()
+        self.P = _centering(spec, model)
+        self.Pinv = np.linalg.inv(self.P)
+
+    def fg(self, W=None):
+        u0, M, P = self.u0, self.M, self.P
+
+        def fg(X, rows):
+            U = u0 + (X @ P.T) @ M.T
+            f, G = self.model.objective(U, self.logy, None if W is None else W[rows],
+                                        self.delta)
+            return f, (G @ M) @ P
+        return fg
+
+    def solve(self, starts_phi, W=None, **kw):
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+            r = lbfgs(self.fg(W), np.asarray(starts_phi, dtype=float) @ self.Pinv.T, **kw)
+        return dataclasses.replace(r, x=r.x @ self.P.T)
+
+    def polish(self, cands):
+        """Stage 2: the candidates to tight tolerances, all at once; (phi, f) of the best."""
+        r = self.solve(np.atleast_2d(cands), ftol=POLISH_FTOL, gtol=1e-13, max_iter=1000)
+        f = np.where(np.isfinite(r.f), r.f, np.inf)
+        i = int(np.argmin(f))
+        return r.x[i], float(f[i]), r
+
+
+def _centering(spec, model) -> np.ndarray:
+    free = spec.free
+    P = np.eye(len(free))
+    tied_to = set(spec.tie.values())
+    for term in spec.form.terms:
+        coefs = [e for e in term if e.feature == "one"]
+        if len(coefs) != 1:
+            continue
+        c = coefs[0].param
+        if c not in free or c in tied_to or spec.form.param(c).kind != "coef":
+            continue
+        i = free.index(c)
+        for e in term:
+            if spec.form.param(e.param).kind != "exponent" or e.param in spec.fix:
+                continue
+            j = free.index(spec.tie.get(e.param, e.param))
+            P[i, j] += -e.multiplier * float(np.mean(model.feats[e.feature]))
+    return P
 
 
 def _distinct(X, f, phi, k: int = 4, rtol: float = 1e-3):
@@ -455,38 +536,27 @@ def _jacobian_rows(model: Model, u: np.ndarray) -> np.ndarray:
     return model.jacobian(u)
 
 
-def _bootstrap(model, logy, runs, spec, optima, R, seed, delta):
+def _bootstrap(prob, runs, optima, R, seed):
     """Run-level bootstrap: each replicate draws runs with replacement (all points of a drawn
     run come along, weighted by how often it was drawn) and is refitted from the distinct
     optima of the full fit. Replicates with fewer distinct runs than across-run parameters
     are degenerate and left out (counted)."""
+    spec = prob.spec
     rng = np.random.default_rng(seed)
     uniq, inv = np.unique(runs, return_inverse=True)
     counts = rng.multinomial(len(uniq), np.full(len(uniq), 1.0 / len(uniq)), size=R)  # (R, U)
-    W_rep = counts[:, inv].astype(float)                                               # (R, n)
     k = len(optima)
-    W = np.repeat(W_rep, k, axis=0)
-    X0 = np.tile(optima, (R, 1))
-    u0, M = spec.mapping()
-
-    def fg(X, rows):
-        U = u0 + X @ M.T
-        f, G = model.objective(U, logy, W[rows], delta)
-        return f, G @ M
-
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        res = lbfgs(fg, X0)
+    W = np.repeat(counts[:, inv].astype(float), k, axis=0)                           # (R k, n)
+    res = prob.solve(np.tile(optima, (R, 1)), W=W, ftol=BOOT_FTOL, max_iter=1000)
     f = np.where(np.isfinite(res.f), res.f, np.inf).reshape(R, k)
-    pick = f.argmin(axis=1)
-    rows = np.arange(R) * k + pick
-    phis = res.x[rows]
+    rows = np.arange(R) * k + f.argmin(axis=1)
     conv = res.status[rows] == 0
     n_unique = (counts > 0).sum(axis=1)
-    valid = (n_unique >= max(spec.n_across, 1)) & conv & np.isfinite(f.min(axis=1))
-    U = u0 + phis[valid] @ M.T
-    info = {"replicates": int(R), "valid": int(valid.sum()),
-            "degenerate": int((n_unique < max(spec.n_across, 1)).sum()),
-            "not_converged": int((~conv).sum()), "starts_per_replicate": int(k),
+    enough = n_unique >= max(spec.n_across, 1)
+    valid = enough & conv & np.isfinite(f.min(axis=1))
+    U = prob.u0 + res.x[rows][valid] @ prob.M.T
+    info = {"replicates": int(R), "valid": int(valid.sum()), "degenerate": int((~enough).sum()),
+            "not_converged": int((enough & ~conv).sum()), "starts_per_replicate": int(k),
             "seed": int(seed), "resampled": "runs"}
     if valid.sum() < 20:
         warnings.warn(f"bootstrap: only {int(valid.sum())} of {R} replicates usable; the "
