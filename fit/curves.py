@@ -56,6 +56,7 @@ No JAX here.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as _dt
 import math
 import warnings
@@ -1011,6 +1012,49 @@ def predict_rung(law: CurveLaw, rung, schedule=None, *, level: float | None = No
     p = rung.params
     return law.predict(lr=lr, at_steps=at_steps, fraction=fraction, params=p.total,
                        active_params=p.active, level=level)
+
+
+@dataclass(frozen=True)
+class PlanForecast:
+    """Final loss (with band) of one plan for a run: its length and where the prediction ends."""
+
+    steps: int
+    tokens: int
+    decay_end: float
+    loss: float
+    lo: float
+    hi: float
+
+
+@dataclass(frozen=True)
+class ContingencyForecast:
+    """"Continue as planned" vs "shorten and re-aim the decay" (the real hero's contingency:
+    trouble within the first 25% of tokens -> shorten the run and re-aim the LR decay)."""
+
+    planned: PlanForecast
+    shortened: PlanForecast
+    level: float
+
+    def to_dict(self) -> dict:
+        return {"planned": dataclasses.asdict(self.planned),
+                "shortened": dataclasses.asdict(self.shortened), "level": self.level}
+
+
+def contingency_forecast(law: CurveLaw, rung, decay_end: float, *,
+                         level: float | None = None) -> ContingencyForecast:
+    """Projected final loss of ``rung`` as planned and when shortened to ``decay_end`` of its
+    planned steps with the decay re-aimed to end there (``Schedule.decay_end``)."""
+    if not 0 < decay_end <= 1:
+        raise InputError(f"must be in (0, 1], got {decay_end!r}", field="decay_end")
+    short_sched = dataclasses.replace(rung.schedule, decay_end=float(decay_end))
+    short_steps = max(1, round(decay_end * rung.steps))
+    out = []
+    for sched, steps in ((rung.schedule, rung.steps), (short_sched, short_steps)):
+        pred = predict_rung(law, rung, sched, level=level, at_steps=[steps])
+        out.append(PlanForecast(steps=int(steps), tokens=int(steps * rung.tokens_per_step),
+                                decay_end=float(sched.decay_end), loss=float(pred.loss[0]),
+                                lo=float(pred.lo[0]), hi=float(pred.hi[0])))
+    return ContingencyForecast(out[0], out[1], float(pred.level))
 
 
 def load_curve_law(path) -> CurveLaw:

@@ -74,3 +74,24 @@ def test_ladder_runs_forecast_the_target_under_a_shortened_decay(tmp_path):
     # 3 rungs, one schedule shape each, target 3x the largest rung and 3x its steps
     assert np.max(np.abs(pred.loss / want - 1)) < 0.01
     assert pred.loss[-1] == pytest.approx(want[-1], rel=5e-3)
+
+
+def test_contingency_forecast_planned_vs_shortened():
+    from test_curves_laws import MPL_TRUE
+
+    from fit.curves import CurveLaw, contingency_forecast
+
+    rung = get_ladder("tiny").target
+    law = CurveLaw(form="mpl", params=dict(MPL_TRUE), lr_scale=UNIT)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        c = contingency_forecast(law, rung, 0.6)
+    assert c.planned.steps == rung.steps and c.shortened.steps == round(0.6 * rung.steps)
+    assert c.shortened.tokens == c.shortened.steps * rung.tokens_per_step
+    for plan, end in ((c.planned, 1.0), (c.shortened, 0.6)):
+        sched = dataclasses.replace(rung.schedule, decay_end=end)
+        lr = lr_from_schedule(sched, rung.steps, rung.peak_lr)
+        want = mpl_reference(lr, [plan.steps], dict(MPL_TRUE, unit=UNIT))[0]
+        assert plan.loss == pytest.approx(want, rel=1e-4)
+    assert c.shortened.loss > c.planned.loss          # fewer tokens: a higher final loss
+    assert np.isnan(c.planned.lo)                      # no bootstrap draws: no band
