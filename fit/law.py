@@ -252,6 +252,12 @@ def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = 
     if params_column not in ("params", "active_params"):
         raise InputError("must be 'params' or 'active_params'", field="params_column")
     fix, tie = dict(fix or {}), dict(tie or {})
+    if form in CURVE_FORMS:  # schedule-aware curve laws live in fit.curves
+        if tie or by:
+            raise InputError(f"the {form} form takes no --tie or --by", field="form")
+        from fit.curves import fit_curve_law
+        return fit_curve_law(df, form=form, bootstrap=bootstrap, level=level, seed=seed,
+                             metric=metric, fix=fix or None)
     opts = dict(bootstrap=bootstrap, level=level, seed=seed, params_column=params_column,
                 metric=metric, delta=delta, backtest=backtest)
     if by is not None:
