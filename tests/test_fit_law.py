@@ -215,3 +215,27 @@ def test_missing_column_names_file_and_field(tmp_path):
     p.write_text("run,compute,value\na,1e19,3\n")
     with pytest.raises(InputError, match=r"pts.csv: field 'loss'"):
         load_points([p])
+
+
+def test_moe_law_recovers_known_parameters():
+    truth = dict(E=1.7, A=60.0, B=900.0, alpha=0.25, gamma=0.1, beta=0.3)
+    rng = np.random.default_rng(0)
+    Na = np.exp(rng.uniform(np.log(5e7), np.log(2e9), 40))
+    sparsity = np.exp(rng.uniform(0, np.log(32), 40))
+    D = np.exp(rng.uniform(np.log(1e9), np.log(1e11), 40))
+    L = (truth["E"] + truth["A"] * Na ** -truth["alpha"] * sparsity ** -truth["gamma"]
+         + truth["B"] * D ** -truth["beta"])
+    df = pd.DataFrame({"run": np.arange(40).astype(str), "params": Na * sparsity,
+                       "active_params": Na, "tokens": D, "loss": L})
+    res = fit_law(df, form="moe", bootstrap=0, backtest=False)
+    for k, v in truth.items():
+        assert res.params[k] == pytest.approx(v, rel=5e-3), k
+
+
+def test_trajectory_fit_reports_the_per_fraction_comparison():
+    df = _trajectory_table(TRUTH, n_runs=4, noise=0.001)
+    res = fit_law(df, form="trajectory", fix={"E": 1.5}, bootstrap=0)
+    cmp_ = res.diagnostics["trajectory_vs_per_fraction"]
+    assert cmp_["better"] in ("trajectory", "per-fraction compute (E=1.5)")
+    assert cmp_["trajectory"]["curve"] is not None
+    assert "trajectory vs per-fraction" in res.report()
