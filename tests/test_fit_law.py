@@ -239,3 +239,16 @@ def test_trajectory_fit_reports_the_per_fraction_comparison():
     assert cmp_["better"] in ("trajectory", "per-fraction compute (E=1.5)")
     assert cmp_["trajectory"]["curve"] is not None
     assert "trajectory vs per-fraction" in res.report()
+
+
+def test_per_fraction_law_roundtrips_json():
+    df = _trajectory_table(TRUTH, n_runs=4, fractions=[0.5, 1.0], noise=0.002)
+    res = fit_law(df, form="compute", fix={"E": 1.5}, by="fraction", bootstrap=30,
+                  backtest=False)
+    back = FitResult.from_json(res.to_json())
+    for g in (0.5, 0.75, 1.0):
+        a, b = res.predict(compute=1e22, fraction=g), back.predict(compute=1e22, fraction=g)
+        assert float(a.loss) == pytest.approx(float(b.loss), rel=1e-12)
+        assert float(a.hi) == pytest.approx(float(b.hi), rel=1e-12)
+    with pytest.raises(InputError, match="outside the fitted range"):
+        back.predict(compute=1e22, fraction=0.1)
