@@ -312,6 +312,8 @@ class Model:
         # per term: list of (param index, feature vector, multiplier)
         self.terms = [[(idx[e.param], feats[e.feature], e.multiplier) for e in t]
                       for t in form.terms]
+        # per term: its entries and the (n, entries) matrix of their features
+        self._term_mats = [(t, np.stack([x for _, x, _ in t], axis=1)) for t in self.terms]
 
     def _values(self, U):
         V = U.copy()
@@ -376,34 +378,29 @@ class Model:
         r -= logy[None, :]
         a = np.abs(r)
         m = np.minimum(a, delta)          # Huber: rho = m (|r| - m/2), psi = sign(r) m
-        a -= 0.5 * m
-        a *= m
-        unweighted = W is None
-        if not unweighted:
+        if W is None:
+            f = np.einsum("ij,ij->i", m, a) - 0.5 * np.einsum("ij,ij->i", m, m)
+        else:
+            a -= 0.5 * m
+            a *= m
             a *= W
-        f = a.sum(axis=1)
+            f = a.sum(axis=1)
         scaled = np.copysign(m, r, out=m)
         scaled /= total                    # psi / sum_k exp(z_k)
-        if not unweighted:
+        if W is not None:
             scaled *= W
         ssum = None
         G = np.zeros_like(U)
-        for e, entries in zip(ek, self.terms):
-            if e.shape[1] == 1:            # constant term: dz = scaled * e, summed over points
+        for e, (entries, X) in zip(ek, self._term_mats):
+            if e.shape[1] == 1:            # constant term: sum_i scaled_i * e
                 if ssum is None:
                     ssum = scaled.sum(axis=1)
-                dzsum, dz = e[:, 0] * ssum, None
-            else:
-                dz = e
-                dz *= scaled
-                dzsum = None
-            for p, x, mult in entries:
-                if x is self._ones:
-                    if dzsum is None:
-                        dzsum = dz.sum(axis=1)
-                    G[:, p] += mult * dzsum
-                else:
-                    G[:, p] += mult * (dz @ x)
+                sums = (e[:, 0] * ssum)[:, None]
+            else:                          # all of this term's sums in one matmul
+                e *= scaled
+                sums = e @ X
+            for col, (p, x, mult) in enumerate(entries):
+                G[:, p] += mult * sums[:, col]
         if self.positive.any():
             G[:, self.positive] *= V[:, self.positive]
         return f, G

@@ -336,7 +336,8 @@ def fit_one(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
         grid = spec.grid()
         if form.centered_grid:  # grid values are in the centred coordinates
             grid = grid @ prob.P.T
-    res = prob.solve(grid, ftol=STAGE1_FTOL, max_iter=STAGE1_MAX_ITER)
+    res = prob.solve(grid, ftol=STAGE1_FTOL, patience=STAGE1_PATIENCE,
+                     max_iter=STAGE1_MAX_ITER)
     order = np.argsort(np.where(np.isfinite(res.f), res.f, np.inf))
     near = order[:400][res.f[order[:400]] <= res.f[order[0]] * (1 + POLISH_WITHIN)]
     cands = _distinct(res.x[near], res.f[near], res.x[order[0]], k=POLISH_TOP)
@@ -455,14 +456,15 @@ def _required(data, form, params_column) -> dict:
     return cols
 
 
-# Stage 1 runs every start until its relative decrease of f stays below 1e-6 for two
-# iterations (scipy's default L-BFGS-B test, factr 1e7, is 2.2e-9 relative to max(|f|, 1), i.e.
-# ~2e-6 of a Chinchilla-size objective of ~1e-3, but meaningless for a near-exact fit whose f is
-# ~1e-7; this test is relative to f itself). Stage 2 polishes the best POLISH_TOP distinct
+# Stage 1 runs every start until one iteration decreases f by less than 2.2e-6 of f (scipy's
+# default L-BFGS-B test, factr 1e7, is 2.2e-9 relative to max(|f|, 1): ~2e-6 of a
+# Chinchilla-size objective of ~1e-3, the same test there, but meaningless for a near-exact fit
+# whose f is ~1e-7; this one is relative to f itself). Stage 2 polishes the best POLISH_TOP distinct
 # candidates within POLISH_WITHIN of the best to a relative decrease below 1e-15 (the batched
 # solver again: scipy's L-BFGS-B costs milliseconds per iteration in call overhead) and keeps
 # the lowest.
-STAGE1_FTOL = 1e-6
+STAGE1_FTOL = 2.2e-6
+STAGE1_PATIENCE = 1
 STAGE1_MAX_ITER = 300  # starts still moving after this are reported as max_iter
 POLISH_FTOL = 1e-15
 POLISH_TOP = 5

@@ -37,9 +37,11 @@ class BatchResult:
 
 
 def lbfgs(fg, x0: np.ndarray, *, m: int = 10, max_iter: int = 1000, gtol: float = 1e-9,
-          ftol: float = 1e-12, max_ls: int = 40) -> BatchResult:
+          ftol: float = 1e-12, max_ls: int = 40, patience: int = 2) -> BatchResult:
     """Minimise each row of ``x0`` independently. ``fg(X, rows) -> (f, G)`` evaluates the
-    objective of the problems ``rows`` (an index array) at ``X`` (len(rows), P)."""
+    objective of the problems ``rows`` (an index array) at ``X`` (len(rows), P). A row has
+    converged when max |grad| <= gtol or its relative decrease of f stayed <= ftol for
+    ``patience`` successive iterations."""
     x = np.array(x0, dtype=float)
     S, P = x.shape
     all_rows = np.arange(S)
@@ -119,7 +121,7 @@ def lbfgs(fg, x0: np.ndarray, *, m: int = 10, max_iter: int = 1000, gtol: float 
         x[act], f[act], g[act] = x_new, f_new, g_new
         iters[act] += 1
         still = status[act] < 0
-        conv = still & ((np.abs(g_new).max(axis=1) <= gtol) | (small[act] >= 2))
+        conv = still & ((np.abs(g_new).max(axis=1) <= gtol) | (small[act] >= patience))
         status[act[conv]] = 0
         nonfin = ~np.isfinite(f_new)
         status[act[nonfin]] = 3
