@@ -26,7 +26,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's fit/, not an installed copy
 
-from fit import fit_law, isoflop_approach2, load_points  # noqa: E402
+from fit import fit_law, isoflop_approach2, load_points
 
 
 class Skip(Exception):

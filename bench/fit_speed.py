@@ -103,7 +103,7 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "ladder.cli", "fit", str(pts), "--form",
                                "chinchilla", "--bootstrap", "0", "--out", str(out)],
-                              capture_output=True, text=True, env=env, cwd=ROOT)
+                              check=False, capture_output=True, text=True, env=env, cwd=ROOT)
         t_cmd = time.perf_counter() - t0
         if proc.returncode != 0:
             print(proc.stderr)
@@ -129,8 +129,9 @@ def main(argv=None) -> int:
     t_loop = (time.perf_counter() - t0) * scale
     f_loop = best.fun
 
-    from fit import fit_law, load_points  # after the timed command: same process from here on
     import warnings
+
+    from fit import fit_law, load_points  # after the timed command: same process from here on
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         table = load_points(df)

@@ -69,9 +69,9 @@ class IsoFlopResult:
     warnings: tuple[str, ...] = field(default_factory=tuple)
 
     def report(self) -> str:
-        lines = [f"IsoFLOP Approach 2: N_opt ~ C^a, a = {self.exponent:.4f} "
+        lines = [(f"IsoFLOP Approach 2: N_opt ~ C^a, a = {self.exponent:.4f} "
                  f"({self.level:.0%} interval {self.interval[0]:.4f}..{self.interval[1]:.4f}) "
-                 f"from {len(self.budgets)} budgets"]
+                 f"from {len(self.budgets)} budgets")]
         lines += [f"  warning: {w}" for w in self.warnings]
         return "\n".join(lines)
 

@@ -57,7 +57,7 @@ def backtest(df: pd.DataFrame, spec, opts: dict, *, by: str | None = None,
                 else:
                     res = fit_one(train, spec, final_only=final_only, starts=starts, **opts)
         except InputError as e:
-            skipped.append({"train_runs": int(len(train_runs)), "reason": str(e)})
+            skipped.append({"train_runs": len(train_runs), "reason": str(e)})
             continue
         folds.append(_evaluate(res, test, spec, by, final_only, len(train_runs)))
     out = {"method": "rollout by scale level (0.05 decades); leave-largest-out = last fold",

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy import optimize, stats
+from scipy import stats
 
 from fit.forms import FORMS, Form, Model, Spec, get_form
 from fit.solver import STATUS, lbfgs
@@ -107,8 +107,11 @@ class FitResult:
 
     # --- prediction ----------------------------------------------------------------------------
     def predict(self, params=None, active_params=None, tokens=None, compute=None, fraction=None,
-                level: float | None = None, extra_log_sigma=0.0) -> Prediction:
-        level = self.level if level is None else float(level)
+                level: float = 0.9, extra_log_sigma=0.0) -> Prediction:
+        """Loss and its band at ``level`` (numpy arrays, inputs broadcast). ``compute`` and
+        ``tokens`` are so far at the point (points-table convention); ``fraction`` is the
+        progress through the planned run (trajectory and per-fraction laws; default 1)."""
+        level = float(level)
         if not 0 < level < 1:
             raise ValueError(f"level: must be in (0, 1), got {level!r}")
         if self.groups:
@@ -116,6 +119,10 @@ class FitResult:
                                         extra_log_sigma)
         cols = self._columns(params, active_params, tokens, compute, fraction)
         shape = np.broadcast(*cols.values()).shape
+        fr = self.diagnostics.get("fraction_range")
+        if "fraction" in cols and fr and np.any(cols["fraction"] < fr[0] - 1e-9):
+            warnings.warn(f"{self.form} law: fractions below {fr[0]:g}, the smallest fitted, "
+                          "are extrapolated", stacklevel=2)
         flat = {k: np.broadcast_to(v, shape).ravel() for k, v in cols.items()}
         model = Model(self.spec.form, self.spec.form.features(flat))
         center = model.log_predict(self.u[None])[0]
@@ -162,7 +169,7 @@ class FitResult:
             down = np.maximum(down, -np.quantile(dev, 1 - q, axis=0))
             have_param = True
         if self.cov is not None and tq is not None:
-            u0, M = self.spec.mapping()
+            _u0, M = self.spec.mapping()
             J = _jacobian_rows(model, self.u) @ M             # (m, F)
             se = np.sqrt(np.maximum(np.einsum("mf,fg,mg->m", J, self.cov, J), 0.0))
             up = np.maximum(up, tq * se)
@@ -200,8 +207,8 @@ class FitResult:
         out = np.full((3, gb.size), np.nan)
         def b(x):
             return None if x is None else np.broadcast_to(np.asarray(x, float), shape).ravel()
-        kw = dict(params=b(params), active_params=b(active_params), tokens=b(tokens),
-                  compute=b(compute), level=level, extra_log_sigma=b(extra))
+        kw = {"params": b(params), "active_params": b(active_params), "tokens": b(tokens),
+                  "compute": b(compute), "level": level, "extra_log_sigma": b(extra)}
         preds = [r.predict(**kw) for _, r in self.groups]
         logs = np.log(np.array([[p.loss, p.lo, p.hi] for p in preds]))  # (G, 3, m)
         for j in range(gb.size):
@@ -228,7 +235,7 @@ class FitResult:
         return to_json(self)
 
     @classmethod
-    def from_json(cls, obj: dict, *, path=None) -> "FitResult":
+    def from_json(cls, obj: dict, *, path=None) -> FitResult:
         from fit.lawjson import from_json
         return from_json(obj, path=path)
 
@@ -258,8 +265,8 @@ def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = 
         from fit.curves import fit_curve_law
         return fit_curve_law(df, form=form, bootstrap=bootstrap, level=level, seed=seed,
                              metric=metric, fix=fix or None)
-    opts = dict(bootstrap=bootstrap, level=level, seed=seed, params_column=params_column,
-                metric=metric, delta=delta, backtest=backtest)
+    opts = {"bootstrap": bootstrap, "level": level, "seed": seed, "params_column": params_column,
+                "metric": metric, "delta": delta, "backtest": backtest}
     if by is not None:
         return _fit_by(df, form, fix, tie, by, opts)
     if form == "auto":
@@ -377,7 +384,7 @@ def fit_one(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
         "huber_delta": delta,
         "converged": bool(res.status[best] == 0 and pol.status.min() == 0),
         "polish_gain_rel": float((res.f[best] - fbest) / max(abs(fbest), 1e-300)),
-        "starts": int(len(grid)),
+        "starts": len(grid),
         "starts_status": {STATUS[i]: int((res.status == i).sum()) for i in range(len(STATUS))},
         "best_start": grid[best].tolist(),
         "iterations_max": int(res.iterations.max()),
@@ -385,7 +392,8 @@ def fit_one(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
         "polished_candidates": len(cands),
         "at_bound": at_bound,
         "free": list(spec.free),
-        "n_points": n, "n_runs": int(len(uniq_runs)),
+        "n_points": n, "n_runs": len(uniq_runs),
+        "fraction_range": [float(data["fraction"].min()), float(data["fraction"].max())],
         "points_note": note,
         "rmse_log": float(np.sqrt(np.mean(resid ** 2))),
         "max_abs_rel_residual": float(np.max(np.abs(np.expm1(-resid)))),
@@ -403,14 +411,14 @@ def fit_one(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
     if backtest:
         from fit.backtest import backtest as run_backtest
         diagnostics["backtest"] = run_backtest(
-            df, spec, dict(bootstrap=0, level=level, seed=seed, params_column=params_column,
-                           metric=metric, delta=delta, backtest=False),
+            df, spec, {"bootstrap": 0, "level": level, "seed": seed, "params_column": params_column,
+                           "metric": metric, "delta": delta, "backtest": False},
             final_only=final_only, starts=_backtest_starts(grid, res, order))
         if form.name == "trajectory":
             from fit.backtest import trajectory_vs_per_fraction
             diagnostics["trajectory_vs_per_fraction"] = trajectory_vs_per_fraction(
-                df, dict(level=level, seed=seed, params_column=params_column, metric=metric,
-                         delta=delta), traj_bt=diagnostics["backtest"],
+                df, {"level": level, "seed": seed, "params_column": params_column, "metric": metric,
+                         "delta": delta}, traj_bt=diagnostics["backtest"],
                 E=float(spec.fix.get("E", 1.5)))
     return result
 
@@ -608,7 +616,7 @@ def _inputs(df: pd.DataFrame) -> dict:
     cols = [c for c in ("run", "params", "active_params", "tokens", "compute", "fraction",
                         "loss") if c in df.columns]
     table = df[cols].sort_values(cols).astype(object).where(df[cols].notna(), None)
-    return {"sha256": sha256_of(table.to_dict(orient="list")), "n_points": int(len(df)),
+    return {"sha256": sha256_of(table.to_dict(orient="list")), "n_points": len(df),
             "n_runs": int(df["run"].nunique()), "runs": sorted(df["run"].astype(str).unique())}
 
 

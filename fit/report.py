@@ -18,8 +18,8 @@ def _pct(x):
 def report(r) -> str:
     d = r.diagnostics
     lines = [f"law: {r.form}   {r.expression}" + (f"   (one fit per {r.by})" if r.by else ""),
-             f"metric: {r.metric}   points: {r.inputs.get('n_points')}   runs: "
-             f"{r.inputs.get('n_runs')}"]
+             (f"metric: {r.metric}   points: {r.inputs.get('n_points')}   runs: "
+             f"{r.inputs.get('n_runs')}")]
     if r.by:
         lines.append(f"{len(r.groups)} fits, one per {r.by}:")
         lines.append(f"  {r.by:>8}  " + "  ".join(f"{n:>10}" for n in r.spec.form.names))

@@ -52,7 +52,7 @@ def test_compute_law_recovers_known_parameters():
 
 
 def test_chinchilla_recovers_known_parameters_and_allocation():
-    truth = dict(E=1.69, A=406.4, B=410.7, alpha=0.34, beta=0.28)
+    truth = {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}
     N, D = np.meshgrid(np.logspace(7.5, 9.5, 5), np.logspace(9, 11, 5))
     N, D = N.ravel(), D.ravel()
     L = truth["E"] + truth["A"] / N ** truth["alpha"] + truth["B"] / D ** truth["beta"]
@@ -86,7 +86,8 @@ def test_fix_and_tie():
     assert res.params["B"] == pytest.approx(900, rel=1e-3)
 
 
-def _trajectory_table(truth, n_runs=5, fractions=np.arange(1, 21) / 20, noise=0.0, seed=0):
+def _trajectory_table(truth, n_runs=5, fractions=None, noise=0.0, seed=0):
+    fractions = np.arange(1, 21) / 20 if fractions is None else fractions
     rng = np.random.default_rng(seed)
     rows = []
     for i, CT in enumerate(np.logspace(18, 21, n_runs)):
@@ -99,7 +100,7 @@ def _trajectory_table(truth, n_runs=5, fractions=np.arange(1, 21) / 20, noise=0.
     return pd.DataFrame(rows)
 
 
-TRUTH = dict(E=1.6, A=150.0, alpha=0.1, gamma=0.25, c0=0.02, c1=0.3, c2=0.1)
+TRUTH = {"E": 1.6, "A": 150.0, "alpha": 0.1, "gamma": 0.25, "c0": 0.02, "c1": 0.3, "c2": 0.1}
 
 
 def test_trajectory_recovers_known_parameters_and_is_monotone():
@@ -218,7 +219,7 @@ def test_missing_column_names_file_and_field(tmp_path):
 
 
 def test_moe_law_recovers_known_parameters():
-    truth = dict(E=1.7, A=60.0, B=900.0, alpha=0.25, gamma=0.1, beta=0.3)
+    truth = {"E": 1.7, "A": 60.0, "B": 900.0, "alpha": 0.25, "gamma": 0.1, "beta": 0.3}
     rng = np.random.default_rng(0)
     Na = np.exp(rng.uniform(np.log(5e7), np.log(2e9), 40))
     sparsity = np.exp(rng.uniform(0, np.log(32), 40))
