@@ -127,10 +127,22 @@ def trajectory_vs_per_fraction(df: pd.DataFrame, opts: dict, *, traj_bt: dict | 
         per_fraction_bt = backtest(df, Spec(get_form("compute"), fix={"E": E}), o,
                                    by="fraction")
     label_pf = f"per-fraction compute (E={E:g})"
-    out = {"trajectory": {"final": traj_bt.get("rollout_mean_abs_final"),
-                          "curve": traj_bt.get("rollout_mean_abs_curve")},
-           label_pf: {"final": per_fraction_bt.get("rollout_mean_abs_final"),
-                      "curve": per_fraction_bt.get("rollout_mean_abs_curve")}}
+    # compare on the folds both methods could fit (the same held-out rungs)
+    common = {tuple(f["held_out"]) for f in traj_bt.get("folds", [])} & \
+        {tuple(f["held_out"]) for f in per_fraction_bt.get("folds", [])}
+
+    def summary(bt):
+        folds = [f for f in bt.get("folds", []) if tuple(f["held_out"]) in common]
+        if not folds:
+            return {"final": None, "curve": None}
+        fin = np.concatenate([np.abs(f["final_rel_err"]) for f in folds])
+        curve = [f["curve_mean_abs_rel_err"] for f in folds
+                 if f["curve_mean_abs_rel_err"] is not None]
+        return {"final": float(np.mean(fin)) if fin.size else None,
+                "curve": float(np.mean(curve)) if curve else None}
+
+    out = {"trajectory": summary(traj_bt), label_pf: summary(per_fraction_bt),
+           "held_out": sorted(r for held in common for r in held)}
     t, p = out["trajectory"], out[label_pf]
     key = "curve" if t["curve"] is not None and p["curve"] is not None else "final"
     if t[key] is not None and p[key] is not None:
