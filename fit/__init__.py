@@ -4,9 +4,25 @@ No JAX here (a user fitting a CSV on a laptop must not pay for JAX start-up); la
 ladder.specs and ladder.counting are plain Python.
 
     from fit import load_points, fit_law, load_law
-    df = load_points(["runs/"], metric="eval_dropless/loss")
-    res = fit_law(df, form="trajectory", bootstrap=200)
-    res.predict(compute=2.6e24, fraction=1.0)   # Prediction(loss, lo, hi, level)
+    df = load_points(["runs/"], metric="eval_dropless/loss")   # or CSV / Parquet tables
+    res = fit_law(df, form="trajectory", bootstrap=200)         # -> FitResult
+    res.predict(compute=2.6e24 * 0.5, fraction=0.5)             # Prediction(loss, lo, hi, level)
+    print(res.report()); law = res.to_json()                    # schema "law/1"
+
+Forms (``fit.forms``): ``compute`` E + A C^-alpha; ``chinchilla`` E + A/N^alpha + B/D^beta;
+``trajectory`` E + A C_T^-alpha h(g), one joint law of a run's whole curve, with C_T the planned
+total compute (= compute so far / fraction; inputs stay in the points-table convention, compute
+so far) and h a positive factor, non-increasing in the fraction g by construction, h(1) = 1;
+``moe`` E + A Na^-alpha (N/Na)^-gamma + B/D^beta; ``auto`` picks by rollout backtest. The real
+ladder's method is ``fit_law(df, form="compute", fix={"E": 1.5}, by="fraction")``.
+
+Solver (``fit.solver``, ``fit.law``): summed Huber(1e-3) on log residuals, every start of a grid
+(Chinchilla: the paper's 4,500) run by a batched numpy L-BFGS with per-start convergence
+status, the best distinct candidates polished to 1e-15 relative decrease.
+Uncertainty: run-level bootstrap (resampling runs) and a lack-of-fit Student-t interval
+(delta method); bands combine them with run-to-run noise (see ``fit.law``). Backtests:
+rollout and leave-the-largest-out (``fit.backtest``). Allocation and IsoFLOP Approach 2:
+``fit.allocation``. Schedule-aware curve laws (mpl, momentum): ``fit.curves``.
 """
 
 from fit.allocation import Allocation, IsoFlopResult, allocation, isoflop_approach2
@@ -14,5 +30,14 @@ from fit.law import FitResult, Prediction, fit_law
 from fit.lawjson import load_law
 from fit.points import load_points
 
-__all__ = ["load_points", "fit_law", "load_law", "FitResult", "Prediction", "allocation",
-           "Allocation", "isoflop_approach2", "IsoFlopResult"]
+__all__ = [
+           "Allocation",
+           "FitResult",
+           "IsoFlopResult",
+           "Prediction",
+           "allocation",
+           "fit_law",
+           "isoflop_approach2",
+           "load_law",
+           "load_points",
+]

@@ -57,7 +57,7 @@ def backtest(df: pd.DataFrame, spec, opts: dict, *, by: str | None = None,
                 else:
                     res = fit_one(train, spec, final_only=final_only, starts=starts, **opts)
         except InputError as e:
-            skipped.append({"train_runs": int(len(train_runs)), "reason": str(e)})
+            skipped.append({"train_runs": len(train_runs), "reason": str(e)})
             continue
         folds.append(_evaluate(res, test, spec, by, final_only, len(train_runs)))
     out = {"method": "rollout by scale level (0.05 decades); leave-largest-out = last fold",
@@ -111,3 +111,43 @@ def _predict(res, pts):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return res.predict(**kw)
+
+
+def trajectory_vs_per_fraction(df: pd.DataFrame, opts: dict, *, traj_bt: dict | None = None,
+                               per_fraction_bt: dict | None = None, E: float = 1.5) -> dict:
+    """Backtest the joint trajectory law against the real ladder's method (a separate compute
+    law per progress fraction with E fixed; Marin's hero-run issue fixed E = 1.5) on the same
+    held-out rungs, and say which predicts them better (mean |relative error| over the held-out
+    runs' whole curves, then at their final points)."""
+    from fit.forms import Spec, get_form
+    o = dict(opts, bootstrap=0, backtest=False)
+    if traj_bt is None:
+        traj_bt = backtest(df, Spec(get_form("trajectory")), o, final_only=False)
+    if per_fraction_bt is None:
+        per_fraction_bt = backtest(df, Spec(get_form("compute"), fix={"E": E}), o,
+                                   by="fraction")
+    label_pf = f"per-fraction compute (E={E:g})"
+    # compare on the folds both methods could fit (the same held-out rungs)
+    common = {tuple(f["held_out"]) for f in traj_bt.get("folds", [])} & \
+        {tuple(f["held_out"]) for f in per_fraction_bt.get("folds", [])}
+
+    def summary(bt):
+        folds = [f for f in bt.get("folds", []) if tuple(f["held_out"]) in common]
+        if not folds:
+            return {"final": None, "curve": None}
+        fin = np.concatenate([np.abs(f["final_rel_err"]) for f in folds])
+        curve = [f["curve_mean_abs_rel_err"] for f in folds
+                 if f["curve_mean_abs_rel_err"] is not None]
+        return {"final": float(np.mean(fin)) if fin.size else None,
+                "curve": float(np.mean(curve)) if curve else None}
+
+    out = {"trajectory": summary(traj_bt), label_pf: summary(per_fraction_bt),
+           "held_out": sorted(r for held in common for r in held)}
+    t, p = out["trajectory"], out[label_pf]
+    key = "curve" if t["curve"] is not None and p["curve"] is not None else "final"
+    if t[key] is not None and p[key] is not None:
+        out["better"] = "trajectory" if t[key] < p[key] else label_pf
+        out["criterion"] = f"rollout mean |relative error| over held-out {key} points"
+    out["folds"] = {"trajectory": traj_bt.get("folds", []),
+                    label_pf: per_fraction_bt.get("folds", [])}
+    return out

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy import optimize, stats
+from scipy import stats
 
 from fit.forms import FORMS, Form, Model, Spec, get_form
 from fit.solver import STATUS, lbfgs
@@ -107,8 +107,11 @@ class FitResult:
 
     # --- prediction ----------------------------------------------------------------------------
     def predict(self, params=None, active_params=None, tokens=None, compute=None, fraction=None,
-                level: float | None = None, extra_log_sigma=0.0) -> Prediction:
-        level = self.level if level is None else float(level)
+                level: float = 0.9, extra_log_sigma=0.0) -> Prediction:
+        """Loss and its band at ``level`` (numpy arrays, inputs broadcast). ``compute`` and
+        ``tokens`` are so far at the point (points-table convention); ``fraction`` is the
+        progress through the planned run (trajectory and per-fraction laws; default 1)."""
+        level = float(level)
         if not 0 < level < 1:
             raise ValueError(f"level: must be in (0, 1), got {level!r}")
         if self.groups:
@@ -116,6 +119,10 @@ class FitResult:
                                         extra_log_sigma)
         cols = self._columns(params, active_params, tokens, compute, fraction)
         shape = np.broadcast(*cols.values()).shape
+        fr = self.diagnostics.get("fraction_range")
+        if "fraction" in cols and fr and np.any(cols["fraction"] < fr[0] - 1e-9):
+            warnings.warn(f"{self.form} law: fractions below {fr[0]:g}, the smallest fitted, "
+                          "are extrapolated", stacklevel=2)
         flat = {k: np.broadcast_to(v, shape).ravel() for k, v in cols.items()}
         model = Model(self.spec.form, self.spec.form.features(flat))
         center = model.log_predict(self.u[None])[0]
@@ -162,7 +169,7 @@ class FitResult:
             down = np.maximum(down, -np.quantile(dev, 1 - q, axis=0))
             have_param = True
         if self.cov is not None and tq is not None:
-            u0, M = self.spec.mapping()
+            _u0, M = self.spec.mapping()
             J = _jacobian_rows(model, self.u) @ M             # (m, F)
             se = np.sqrt(np.maximum(np.einsum("mf,fg,mg->m", J, self.cov, J), 0.0))
             up = np.maximum(up, tq * se)
@@ -200,8 +207,8 @@ class FitResult:
         out = np.full((3, gb.size), np.nan)
         def b(x):
             return None if x is None else np.broadcast_to(np.asarray(x, float), shape).ravel()
-        kw = dict(params=b(params), active_params=b(active_params), tokens=b(tokens),
-                  compute=b(compute), level=level, extra_log_sigma=b(extra))
+        kw = {"params": b(params), "active_params": b(active_params), "tokens": b(tokens),
+                  "compute": b(compute), "level": level, "extra_log_sigma": b(extra)}
         preds = [r.predict(**kw) for _, r in self.groups]
         logs = np.log(np.array([[p.loss, p.lo, p.hi] for p in preds]))  # (G, 3, m)
         for j in range(gb.size):
@@ -228,7 +235,7 @@ class FitResult:
         return to_json(self)
 
     @classmethod
-    def from_json(cls, obj: dict, *, path=None) -> "FitResult":
+    def from_json(cls, obj: dict, *, path=None) -> FitResult:
         from fit.lawjson import from_json
         return from_json(obj, path=path)
 
@@ -252,8 +259,14 @@ def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = 
     if params_column not in ("params", "active_params"):
         raise InputError("must be 'params' or 'active_params'", field="params_column")
     fix, tie = dict(fix or {}), dict(tie or {})
-    opts = dict(bootstrap=bootstrap, level=level, seed=seed, params_column=params_column,
-                metric=metric, delta=delta, backtest=backtest)
+    if form in CURVE_FORMS:  # schedule-aware curve laws live in fit.curves
+        if tie or by:
+            raise InputError(f"the {form} form takes no --tie or --by", field="form")
+        from fit.curves import fit_curve_law
+        return fit_curve_law(df, form=form, bootstrap=bootstrap, level=level, seed=seed,
+                             metric=metric, fix=fix or None)
+    opts = {"bootstrap": bootstrap, "level": level, "seed": seed, "params_column": params_column,
+                "metric": metric, "delta": delta, "backtest": backtest}
     if by is not None:
         return _fit_by(df, form, fix, tie, by, opts)
     if form == "auto":
@@ -293,8 +306,14 @@ def _fit_by(df, form, fix, tie, by, opts) -> FitResult:
             "groups": [{by: v, "params": r.params, "objective": r.diagnostics.get("objective"),
                         "converged": r.diagnostics.get("converged")} for v, r in groups]}
     if opts["backtest"]:
-        from fit.backtest import backtest
-        diag["backtest"] = backtest(df, spec, opts, by=by)
+        from fit.backtest import backtest, trajectory_vs_per_fraction
+        diag["backtest"] = backtest(df, spec, dict(opts, bootstrap=0, backtest=False), by=by)
+        if by == "fraction" and spec.form.name == "compute" and set(spec.fix) == {"E"}:
+            try:
+                diag["trajectory_vs_per_fraction"] = trajectory_vs_per_fraction(
+                    df, opts, per_fraction_bt=diag["backtest"], E=float(spec.fix["E"]))
+            except InputError as e:
+                diag["trajectory_vs_per_fraction"] = {"error": str(e)}
     return FitResult(spec=spec, metric=opts["metric"], u=last.u, level=opts["level"],
                      params_column=opts["params_column"], boot_u=last.boot_u, cov=last.cov,
                      sigma=last.sigma, dof=last.dof, intervals=last.intervals,
@@ -318,10 +337,17 @@ def fit_one(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
     model = Model(form, form.features(cols))
     logy = np.log(data["loss"].to_numpy(dtype=float))
     prob = _Problem(model, logy, spec, delta)
-    grid = spec.grid() if starts is None else np.atleast_2d(starts)
-    res = prob.solve(grid, ftol=STAGE1_FTOL, max_iter=STAGE1_MAX_ITER)
+    if starts is not None:
+        grid = np.atleast_2d(starts)
+    else:
+        grid = spec.grid()
+        if form.centered_grid:  # grid values are in the centred coordinates
+            grid = grid @ prob.P.T
+    res = prob.solve(grid, ftol=STAGE1_FTOL, patience=STAGE1_PATIENCE,
+                     max_iter=STAGE1_MAX_ITER)
     order = np.argsort(np.where(np.isfinite(res.f), res.f, np.inf))
-    cands = _distinct(res.x[order[:400]], res.f[order[:400]], res.x[order[0]], k=POLISH_TOP)
+    near = order[:400][res.f[order[:400]] <= res.f[order[0]] * (1 + POLISH_WITHIN)]
+    cands = _distinct(res.x[near], res.f[near], res.x[order[0]], k=POLISH_TOP)
     phi, fbest, pol = prob.polish(cands)
     best = order[0]
     u = spec.to_u(phi)
@@ -338,11 +364,10 @@ def fit_one(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
     cov = None
     if sigma is not None and sigma > 0:
         J = _jacobian_rows(model, u) @ prob.M
-        try:
-            cov = sigma ** 2 * np.linalg.inv(J.T @ J)
-            if not np.all(np.isfinite(cov)):
-                cov = None
-        except np.linalg.LinAlgError:
+        # pinv: a shape factor driven to 0 leaves a flat direction; its variance is then not
+        # propagated (it does not move the prediction either)
+        cov = sigma ** 2 * np.linalg.pinv(J.T @ J, rcond=1e-12)
+        if not np.all(np.isfinite(cov)):
             cov = None
 
     boot_u, boot_info = None, {"replicates": 0}
@@ -359,7 +384,7 @@ def fit_one(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
         "huber_delta": delta,
         "converged": bool(res.status[best] == 0 and pol.status.min() == 0),
         "polish_gain_rel": float((res.f[best] - fbest) / max(abs(fbest), 1e-300)),
-        "starts": int(len(grid)),
+        "starts": len(grid),
         "starts_status": {STATUS[i]: int((res.status == i).sum()) for i in range(len(STATUS))},
         "best_start": grid[best].tolist(),
         "iterations_max": int(res.iterations.max()),
@@ -367,7 +392,8 @@ def fit_one(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
         "polished_candidates": len(cands),
         "at_bound": at_bound,
         "free": list(spec.free),
-        "n_points": n, "n_runs": int(len(uniq_runs)),
+        "n_points": n, "n_runs": len(uniq_runs),
+        "fraction_range": [float(data["fraction"].min()), float(data["fraction"].max())],
         "points_note": note,
         "rmse_log": float(np.sqrt(np.mean(resid ** 2))),
         "max_abs_rel_residual": float(np.max(np.abs(np.expm1(-resid)))),
@@ -385,9 +411,15 @@ def fit_one(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
     if backtest:
         from fit.backtest import backtest as run_backtest
         diagnostics["backtest"] = run_backtest(
-            df, spec, dict(bootstrap=0, level=level, seed=seed, params_column=params_column,
-                           metric=metric, delta=delta, backtest=False),
+            df, spec, {"bootstrap": 0, "level": level, "seed": seed, "params_column": params_column,
+                           "metric": metric, "delta": delta, "backtest": False},
             final_only=final_only, starts=_backtest_starts(grid, res, order))
+        if form.name == "trajectory":
+            from fit.backtest import trajectory_vs_per_fraction
+            diagnostics["trajectory_vs_per_fraction"] = trajectory_vs_per_fraction(
+                df, {"level": level, "seed": seed, "params_column": params_column, "metric": metric,
+                         "delta": delta}, traj_bt=diagnostics["backtest"],
+                E=float(spec.fix.get("E", 1.5)))
     return result
 
 
@@ -432,16 +464,19 @@ def _required(data, form, params_column) -> dict:
     return cols
 
 
-# Stage 1 runs every start until its relative decrease of f stays below 1e-6 for two
-# iterations (scipy's default L-BFGS-B test, factr 1e7, is 2.2e-9 relative to max(|f|, 1), i.e.
-# ~2e-6 of a Chinchilla-size objective of ~1e-3, but meaningless for a near-exact fit whose f is
-# ~1e-7; this test is relative to f itself). Stage 2 polishes the best POLISH_TOP distinct
-# candidates to a relative decrease below 1e-15 (the batched solver again: scipy's L-BFGS-B
-# costs ~5 ms per iteration here in call overhead alone) and keeps the lowest.
-STAGE1_FTOL = 1e-6
+# Stage 1 runs every start until one iteration decreases f by less than 2.2e-6 of f (scipy's
+# default L-BFGS-B test, factr 1e7, is 2.2e-9 relative to max(|f|, 1): ~2e-6 of a
+# Chinchilla-size objective of ~1e-3, the same test there, but meaningless for a near-exact fit
+# whose f is ~1e-7; this one is relative to f itself). Stage 2 polishes the best POLISH_TOP distinct
+# candidates within POLISH_WITHIN of the best to a relative decrease below 1e-15 (the batched
+# solver again: scipy's L-BFGS-B costs milliseconds per iteration in call overhead) and keeps
+# the lowest.
+STAGE1_FTOL = 2.2e-6
+STAGE1_PATIENCE = 1
 STAGE1_MAX_ITER = 300  # starts still moving after this are reported as max_iter
 POLISH_FTOL = 1e-15
 POLISH_TOP = 5
+POLISH_WITHIN = 0.01  # only candidates within 1% of the best stage-1 objective are polished
 BOOT_FTOL = 1e-9
 
 
@@ -475,7 +510,7 @@ class _Problem:
 
     def polish(self, cands):
         """Stage 2: the candidates to tight tolerances, all at once; (phi, f) of the best."""
-        r = self.solve(np.atleast_2d(cands), ftol=POLISH_FTOL, gtol=1e-13, max_iter=5000)
+        r = self.solve(np.atleast_2d(cands), ftol=POLISH_FTOL, gtol=1e-13, max_iter=1000)
         f = np.where(np.isfinite(r.f), r.f, np.inf)
         i = int(np.argmin(f))
         return r.x[i], float(f[i]), r
@@ -568,6 +603,8 @@ def _intervals(spec, u, boot_u, cov, dof, level) -> dict:
 
 def _bound_flag(p, value) -> str | None:
     lo, hi = p.bounds
+    if p.kind == "positive":  # a shape factor at 0 is legitimate: that factor is unused
+        return f"at or above its upper bound {hi:g}" if value >= hi else None
     if value <= lo * (1 + 1e-6) if lo > 0 else value <= lo + 1e-6:
         return f"at or below its lower bound {lo:g}"
     if value >= hi:
@@ -579,7 +616,7 @@ def _inputs(df: pd.DataFrame) -> dict:
     cols = [c for c in ("run", "params", "active_params", "tokens", "compute", "fraction",
                         "loss") if c in df.columns]
     table = df[cols].sort_values(cols).astype(object).where(df[cols].notna(), None)
-    return {"sha256": sha256_of(table.to_dict(orient="list")), "n_points": int(len(df)),
+    return {"sha256": sha256_of(table.to_dict(orient="list")), "n_points": len(df),
             "n_runs": int(df["run"].nunique()), "runs": sorted(df["run"].astype(str).unique())}
 
 

@@ -110,9 +110,9 @@ def from_json(obj: dict, *, path=None):
                 raise InputError("expected a finite number or null", path=where,
                                  field=prefix + "uncertainty." + name)
         level = unc.get("level", 0.9)
-        return dict(spec=spec, metric=metric, u=u, level=level,
-                    params_column=fit.get("params_column", "params"), boot_u=boot, cov=cov,
-                    sigma=sigma, dof=dof, intervals=unc.get("intervals") or {})
+        return {"spec": spec, "metric": metric, "u": u, "level": level,
+                    "params_column": fit.get("params_column", "params"), "boot_u": boot, "cov": cov,
+                    "sigma": sigma, "dof": dof, "intervals": unc.get("intervals") or {}}
 
     unc = need(obj, "uncertainty", dict)
     top = one(obj, unc, "")

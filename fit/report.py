@@ -18,8 +18,8 @@ def _pct(x):
 def report(r) -> str:
     d = r.diagnostics
     lines = [f"law: {r.form}   {r.expression}" + (f"   (one fit per {r.by})" if r.by else ""),
-             f"metric: {r.metric}   points: {r.inputs.get('n_points')}   runs: "
-             f"{r.inputs.get('n_runs')}"]
+             (f"metric: {r.metric}   points: {r.inputs.get('n_points')}   runs: "
+             f"{r.inputs.get('n_runs')}")]
     if r.by:
         lines.append(f"{len(r.groups)} fits, one per {r.by}:")
         lines.append(f"  {r.by:>8}  " + "  ".join(f"{n:>10}" for n in r.spec.form.names))
@@ -62,9 +62,10 @@ def report(r) -> str:
         lines += _backtest_lines("backtest", bt)
     cmp_ = d.get("trajectory_vs_per_fraction")
     if cmp_:
-        lines.append("trajectory vs per-fraction fits (same held-out rungs):")
+        lines.append("trajectory vs per-fraction fits (same held-out rungs: "
+                     f"{', '.join(cmp_.get('held_out', [])) or 'none'}):")
         for k, v in cmp_.items():
-            if isinstance(v, dict):
+            if isinstance(v, dict) and k != "folds":
                 lines.append(f"  {k:<28} rollout mean |err|: final {_pct(v.get('final'))}, "
                              f"whole curve {_pct(v.get('curve'))}")
         if cmp_.get("better"):
@@ -104,6 +105,7 @@ def _backtest_lines(title, bt) -> list[str]:
     llo = bt.get("leave_largest_out", {})
     out.append(f"  rollout mean |err| (final): {_pct(bt.get('rollout_mean_abs_final'))}; "
                f"leave-largest-out: {_pct(llo.get('mean_abs_final'))}"
-               + (f"; band coverage {bt['band_coverage_final']:.0%}"
+               + (f"; band coverage (t-interval bands of the refits) "
+                  f"{bt['band_coverage_final']:.0%}"
                   if bt.get("band_coverage_final") is not None else ""))
     return out

@@ -37,9 +37,11 @@ class BatchResult:
 
 
 def lbfgs(fg, x0: np.ndarray, *, m: int = 10, max_iter: int = 1000, gtol: float = 1e-9,
-          ftol: float = 1e-12, max_ls: int = 40) -> BatchResult:
+          ftol: float = 1e-12, max_ls: int = 40, patience: int = 2) -> BatchResult:
     """Minimise each row of ``x0`` independently. ``fg(X, rows) -> (f, G)`` evaluates the
-    objective of the problems ``rows`` (an index array) at ``X`` (len(rows), P)."""
+    objective of the problems ``rows`` (an index array) at ``X`` (len(rows), P). A row has
+    converged when max |grad| <= gtol or its relative decrease of f stayed <= ftol for
+    ``patience`` successive iterations."""
     x = np.array(x0, dtype=float)
     S, P = x.shape
     all_rows = np.arange(S)
@@ -66,10 +68,11 @@ def lbfgs(fg, x0: np.ndarray, *, m: int = 10, max_iter: int = 1000, gtol: float 
             d[bad] = -ga[bad]
             gd[bad] = -(ga[bad] ** 2).sum(axis=1)
             rho[act[bad]] = 0.0
-        # the first step of a fresh history is scaled to unit length, as scipy does
+        # the first step of a fresh history has unit length, as in scipy's L-BFGS-B (the
+        # gradient of a summed Huber objective is ~delta * n, far from unit scale)
         fresh = (rho[act] == 0).all(axis=1)
         t = np.ones(act.size)
-        t[fresh] = 1.0 / np.maximum(1.0, np.linalg.norm(d[fresh], axis=1))
+        t[fresh] = 1.0 / np.maximum(np.linalg.norm(d[fresh], axis=1), 1e-300)
         x_new = np.empty_like(d)
         f_new = np.empty(act.size)
         g_new = np.empty_like(d)
@@ -118,7 +121,7 @@ def lbfgs(fg, x0: np.ndarray, *, m: int = 10, max_iter: int = 1000, gtol: float 
         x[act], f[act], g[act] = x_new, f_new, g_new
         iters[act] += 1
         still = status[act] < 0
-        conv = still & ((np.abs(g_new).max(axis=1) <= gtol) | (small[act] >= 2))
+        conv = still & ((np.abs(g_new).max(axis=1) <= gtol) | (small[act] >= patience))
         status[act[conv]] = 0
         nonfin = ~np.isfinite(f_new)
         status[act[nonfin]] = 3

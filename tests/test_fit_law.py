@@ -52,7 +52,7 @@ def test_compute_law_recovers_known_parameters():
 
 
 def test_chinchilla_recovers_known_parameters_and_allocation():
-    truth = dict(E=1.69, A=406.4, B=410.7, alpha=0.34, beta=0.28)
+    truth = {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}
     N, D = np.meshgrid(np.logspace(7.5, 9.5, 5), np.logspace(9, 11, 5))
     N, D = N.ravel(), D.ravel()
     L = truth["E"] + truth["A"] / N ** truth["alpha"] + truth["B"] / D ** truth["beta"]
@@ -86,19 +86,21 @@ def test_fix_and_tie():
     assert res.params["B"] == pytest.approx(900, rel=1e-3)
 
 
-def _trajectory_table(truth, n_runs=5, fractions=np.arange(1, 21) / 20, noise=0.0, seed=0):
+def _trajectory_table(truth, n_runs=5, fractions=None, noise=0.0, seed=0):
+    fractions = np.arange(1, 21) / 20 if fractions is None else fractions
     rng = np.random.default_rng(seed)
     rows = []
     for i, CT in enumerate(np.logspace(18, 21, n_runs)):
         for g in fractions:
-            h = g ** -truth["gamma"] * math.exp(truth["c1"] * (1 - g) + truth["c2"] * (1 - g) ** 2)
+            h = g ** -truth["gamma"] * math.exp(truth["c0"] * (1 / g - 1) + truth["c1"] * (1 - g)
+                                                + truth["c2"] * (1 - g) ** 2)
             L = truth["E"] + truth["A"] * CT ** -truth["alpha"] * h
             rows.append({"run": f"r{i}", "compute": CT * g, "fraction": g,
                          "loss": L * math.exp(noise * rng.standard_normal())})
     return pd.DataFrame(rows)
 
 
-TRUTH = dict(E=1.6, A=150.0, alpha=0.1, gamma=0.25, c1=0.3, c2=0.1)
+TRUTH = {"E": 1.6, "A": 150.0, "alpha": 0.1, "gamma": 0.25, "c0": 0.02, "c1": 0.3, "c2": 0.1}
 
 
 def test_trajectory_recovers_known_parameters_and_is_monotone():
@@ -214,3 +216,40 @@ def test_missing_column_names_file_and_field(tmp_path):
     p.write_text("run,compute,value\na,1e19,3\n")
     with pytest.raises(InputError, match=r"pts.csv: field 'loss'"):
         load_points([p])
+
+
+def test_moe_law_recovers_known_parameters():
+    truth = {"E": 1.7, "A": 60.0, "B": 900.0, "alpha": 0.25, "gamma": 0.1, "beta": 0.3}
+    rng = np.random.default_rng(0)
+    Na = np.exp(rng.uniform(np.log(5e7), np.log(2e9), 40))
+    sparsity = np.exp(rng.uniform(0, np.log(32), 40))
+    D = np.exp(rng.uniform(np.log(1e9), np.log(1e11), 40))
+    L = (truth["E"] + truth["A"] * Na ** -truth["alpha"] * sparsity ** -truth["gamma"]
+         + truth["B"] * D ** -truth["beta"])
+    df = pd.DataFrame({"run": np.arange(40).astype(str), "params": Na * sparsity,
+                       "active_params": Na, "tokens": D, "loss": L})
+    res = fit_law(df, form="moe", bootstrap=0, backtest=False)
+    for k, v in truth.items():
+        assert res.params[k] == pytest.approx(v, rel=5e-3), k
+
+
+def test_trajectory_fit_reports_the_per_fraction_comparison():
+    df = _trajectory_table(TRUTH, n_runs=4, noise=0.001)
+    res = fit_law(df, form="trajectory", fix={"E": 1.5}, bootstrap=0)
+    cmp_ = res.diagnostics["trajectory_vs_per_fraction"]
+    assert cmp_["better"] in ("trajectory", "per-fraction compute (E=1.5)")
+    assert cmp_["trajectory"]["curve"] is not None
+    assert "trajectory vs per-fraction" in res.report()
+
+
+def test_per_fraction_law_roundtrips_json():
+    df = _trajectory_table(TRUTH, n_runs=4, fractions=[0.5, 1.0], noise=0.002)
+    res = fit_law(df, form="compute", fix={"E": 1.5}, by="fraction", bootstrap=30,
+                  backtest=False)
+    back = FitResult.from_json(res.to_json())
+    for g in (0.5, 0.75, 1.0):
+        a, b = res.predict(compute=1e22, fraction=g), back.predict(compute=1e22, fraction=g)
+        assert float(a.loss) == pytest.approx(float(b.loss), rel=1e-12)
+        assert float(a.hi) == pytest.approx(float(b.hi), rel=1e-12)
+    with pytest.raises(InputError, match="outside the fitted range"):
+        back.predict(compute=1e22, fraction=0.1)

@@ -1,0 +1,166 @@
+"""Speed of the Chinchilla grid fit: `ladder fit --bootstrap 0` against a plain scipy loop.
+
+On the Epoch AI digitisation of Chinchilla Fig. 4 (245 points, the 5 highest-loss dropped as in
+Besiroglu et al. 2024), in one run:
+  1. the whole command `ladder fit POINTS.csv --form chinchilla --bootstrap 0 --out law.json`
+     (Python start-up, imports, the 4,500-start grid, polish, backtests, writing law.json);
+  2. a plain loop: scipy.optimize.minimize(method="L-BFGS-B", jac=True) from each of the 4,500
+     starts of the Chinchilla grid, one after another, default tolerances (as in Epoch's
+     replication), with an analytic gradient of the same summed Huber(1e-3) objective written
+     here independently of fit/;
+  3. the extra time of a 1,000-replicate run-level bootstrap (fit_law with bootstrap=1000 minus
+     bootstrap=0, in-process, backtests off).
+Prints both optima, their relative difference (must be <= 1e-9), the speed ratio (aim >= 20x)
+and the bootstrap time (aim < 30 s on 2 cores). Timings on a shared machine are inflated by
+others' load; the ratio is measured side by side.
+
+    python bench/fit_speed.py [--anchors ../shared/anchors] [--loop-starts N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import minimize
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's fit/, not an installed copy
+DELTA = 1e-3
+
+
+def epoch_points(anchors: Path) -> pd.DataFrame | None:
+    path = anchors / "chinchilla_epoch" / "svg_extracted_data.csv"
+    if not path.exists():
+        return None
+    raw = pd.read_csv(path)
+    # Epoch drops the 5 highest-loss points (anchors README): keep loss < 5th largest.
+    raw = raw[raw["loss"] < np.sort(raw["loss"].to_numpy())[-5]]
+    N, C = raw["Model Size"].to_numpy(), raw["Training FLOP"].to_numpy()
+    return pd.DataFrame({"run": np.arange(len(raw)), "params": N, "compute": C,
+                         "tokens": C / (6 * N), "loss": raw["loss"].to_numpy()})
+
+
+def reference_objective(df):
+    """Summed Huber(1e-3) of log residuals of E + A/N^alpha + B/D^beta and its gradient in
+    (e, a, b, alpha, beta) = (log E, log A, log B, alpha, beta), as in the Chinchilla paper."""
+    lN, lD, ly = (np.log(df[c].to_numpy()) for c in ("params", "tokens", "loss"))
+
+    def fun(p):
+        e, a, b, al, be = p
+        z = np.stack([np.full_like(lN, e), a - al * lN, b - be * lD])
+        zmax = z.max(axis=0)
+        w = np.exp(z - zmax)
+        s = w.sum(axis=0)
+        r = zmax + np.log(s) - ly
+        ab = np.abs(r)
+        f = np.where(ab <= DELTA, 0.5 * r * r, DELTA * (ab - 0.5 * DELTA)).sum()
+        psi = np.clip(r, -DELTA, DELTA)
+        sm = w / s
+        g = np.array([(psi * sm[0]).sum(), (psi * sm[1]).sum(), (psi * sm[2]).sum(),
+                      -(psi * sm[1] * lN).sum(), -(psi * sm[2] * lD).sum()])
+        return f, g
+    return fun
+
+
+def chinchilla_grid() -> np.ndarray:
+    # Hoffmann et al. 2022 App. D.2: e in {-1,-.5,0,.5,1}, a, b in {0,5,...,25},
+    # alpha, beta in {0,.5,...,2}: 4,500 starts.
+    E = [-1.0, -0.5, 0.0, 0.5, 1.0]
+    AB = [0.0, 5.0, 10.0, 15.0, 20.0, 25.0]
+    X = [0.0, 0.5, 1.0, 1.5, 2.0]
+    return np.array(list(itertools.product(E, AB, AB, X, X)), dtype=float)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--anchors", default=str(ROOT / ".." / "shared" / "anchors"))
+    ap.add_argument("--loop-starts", type=int, default=None,
+                    help="run the scipy loop on a random subset and extrapolate its time "
+                         "(quick check; the optimum comparison then uses the subset)")
+    ap.add_argument("--bootstrap", type=int, default=1000)
+    args = ap.parse_args(argv)
+    df = epoch_points(Path(args.anchors))
+    if df is None:
+        print(f"skip: no chinchilla_epoch data under {args.anchors}")
+        return 0
+    fun = reference_objective(df)
+    with tempfile.TemporaryDirectory() as tmp:
+        pts = Path(tmp) / "chinchilla.csv"
+        df.to_csv(pts, index=False)
+        out = Path(tmp) / "law.json"
+        env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH",
+                                                                              ""))
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "ladder.cli", "fit", str(pts), "--form",
+                               "chinchilla", "--bootstrap", "0", "--out", str(out)],
+                              check=False, capture_output=True, text=True, env=env, cwd=ROOT)
+        t_cmd = time.perf_counter() - t0
+        if proc.returncode != 0:
+            print(proc.stderr)
+            return 1
+        law = json.loads(out.read_text())
+    p = law["params"]
+    ours = np.array([np.log(p["E"]), np.log(p["A"]), np.log(p["B"]), p["alpha"], p["beta"]])
+    f_ours = fun(ours)[0]
+
+    grid = chinchilla_grid()
+    scale = 1.0
+    if args.loop_starts:
+        rng = np.random.default_rng(0)
+        scale = len(grid) / args.loop_starts
+        grid = grid[rng.choice(len(grid), args.loop_starts, replace=False)]
+    t0 = time.perf_counter()
+    best = None
+    for x0 in grid:
+        with np.errstate(all="ignore"):
+            r = minimize(fun, x0, jac=True, method="L-BFGS-B")
+        if np.isfinite(r.fun) and (best is None or r.fun < best.fun):
+            best = r
+    t_loop = (time.perf_counter() - t0) * scale
+    f_loop = best.fun
+
+    import warnings
+
+    from fit import fit_law, load_points  # after the timed command: same process from here on
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        table = load_points(df)
+        t0 = time.perf_counter()
+        fit_law(table, form="chinchilla", bootstrap=0, backtest=False)
+        t_plain = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        rb = fit_law(table, form="chinchilla", bootstrap=args.bootstrap, backtest=False)
+        t_boot = time.perf_counter() - t0 - t_plain
+
+    rel = (f_ours - f_loop) / f_loop
+    print(f"points: {len(df)} (Epoch digitisation of Chinchilla Fig. 4, 5 highest-loss dropped)")
+    print(f"ours:  `ladder fit --form chinchilla --bootstrap 0` whole command {t_cmd:8.2f} s; "
+          f"objective {f_ours:.12g}; E {p['E']:.4f} A {p['A']:.1f} B {p['B']:.0f} "
+          f"alpha {p['alpha']:.4f} beta {p['beta']:.4f}")
+    xb = best.x
+    print(f"scipy: L-BFGS-B loop over {len(grid)} starts"
+          + (f" (time x{scale:.1f} extrapolated to 4,500)" if scale != 1 else "")
+          + f"          {t_loop:8.2f} s; objective {f_loop:.12g}; E {np.exp(xb[0]):.4f} "
+          f"A {np.exp(xb[1]):.1f} B {np.exp(xb[2]):.0f} alpha {xb[3]:.4f} beta {xb[4]:.4f}")
+    print(f"same optimum: relative objective difference (ours - loop) / loop = {rel:+.2e} "
+          f"({'OK' if abs(rel) <= 1e-9 or rel < 0 else 'FAIL'}: within 1e-9, or ours lower)")
+    print(f"speed-up counting the whole command: {t_loop / t_cmd:.1f}x (aim >= 20x)")
+    b = rb.diagnostics["bootstrap"]
+    print(f"run-level bootstrap: {b['replicates']} replicates ({b['valid']} usable) in "
+          f"{t_boot:.2f} s on top of the {t_plain:.2f} s fit (aim < 30 s on 2 cores); "
+          f"alpha {rb.intervals['alpha']}, beta {rb.intervals['beta']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
