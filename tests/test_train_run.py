@@ -216,3 +216,39 @@ def test_wandb_offline_mirror(tmp_path, monkeypatch):
     assert s["wandb"]["mode"] == "offline" and run_dir.is_dir()
     assert run_dir.is_relative_to(tmp_path / "w")
     assert list(run_dir.glob("*.wandb"))   # the offline run log (a watch source)
+
+
+@pytest.mark.parametrize("fault", ["lr-spike", "data-swap"])
+def test_injected_faults_start_at_their_step(full_run, tmp_path, fault):
+    out, _ = full_run
+    ref = read_metrics(out / "metrics.jsonl")
+    cfg = TrainConfig(peak_flops=1e11, progress=False, fault=fault, fault_at=0.5,
+                      fault_scale=10.0)
+    s = train_rung(RUNG, tmp_path / fault, cfg)
+    rows = read_metrics(tmp_path / fault / "metrics.jsonl")
+    k = RUNG.steps // 2                       # steps 1..k run clean, step k+1 is the first hit
+    assert s["fault"]["from_step"] == k + 1 and s["status"] == "complete"
+    assert [r["train/loss"] for r in rows[:k]] == [r["train/loss"] for r in ref[:k]]
+    if fault == "lr-spike":
+        assert rows[k]["optim/lr"] == pytest.approx(10 * ref[k]["optim/lr"], rel=1e-6)
+        assert rows[k]["train/loss"] == ref[k]["train/loss"]  # the LR acts on the update
+        assert rows[k + 1]["train/loss"] != ref[k + 1]["train/loss"]
+    else:
+        assert rows[k]["optim/lr"] == ref[k]["optim/lr"]
+        assert rows[k]["train/loss"] != ref[k]["train/loss"]  # a different batch at once
+        # order destroyed: training on shuffled bytes cannot keep the held-out loss falling
+        assert rows[-1]["eval_dropless/loss"] > ref[-1]["eval_dropless/loss"]
+
+
+@pytest.mark.slow
+def test_ladder_run_tiny_trains_every_rung_then_skips_them(tmp_path):
+    r = _cli("run", "tiny", "--out", str(tmp_path), "--peak_flops=1e11", "--progress=false")
+    assert r.returncode == 0, r.stderr
+    lad = LADDERS["tiny"]
+    for rung in lad.all:
+        s = read_json(tmp_path / "tiny" / rung.name / "summary.json", schema="run-summary")
+        assert s["status"] == "complete" and s["step"] == rung.steps
+        assert s["is_target"] == rung.is_target
+    assert r.stdout.splitlines()[-1].startswith(f"tiny/{lad.target.name}: complete")
+    again = _cli("run", "tiny", "--out", str(tmp_path), "--peak_flops=1e11")
+    assert again.returncode == 0 and again.stdout.count("complete") == len(lad.all)
