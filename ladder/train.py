@@ -585,8 +585,8 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
                on_metrics: Callable[[dict], None] | None = None) -> dict:
     """Train ``rung`` into ``out_dir`` and return its summary (the dict written to summary.json).
 
-    A completed run is not retrained (its summary is returned). An unfinished one is resumed from
-    its latest checkpoint when ``resume``, else it is an InputError. ``max_steps`` stops after that
+    A completed (or diverged) run is not retrained: its summary is returned. An unfinished one
+    is resumed from its latest checkpoint when ``resume``, else it is an InputError. ``max_steps`` stops after that
     many steps of the planned schedule (the schedule is not shortened; status stays "running").
     ``on_metrics(row)`` sees every metrics row as it is written. Bad input raises InputError
     before anything is written. Divergence returns status "diverged"; Ctrl-C checkpoints and
@@ -607,8 +607,8 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
     corpus.check_fits(rung.seq_len, ",".join(cfg.data) or "python-stdlib")
     config = {"schema": RUN_CONFIG_SCHEMA, "rung": rung.to_dict(), "train": cfg.to_dict()}
     previous = _previous_run(out, config, resume)
-    if previous is not None and previous.get("status") == "complete":
-        return previous
+    if previous is not None and previous.get("status") in ("complete", "diverged"):
+        return previous  # finished: a diverged run would only diverge again from its checkpoint
 
     import jax
     from jax.sharding import NamedSharding
@@ -793,7 +793,7 @@ def _previous_run(out: Path, config: dict, resume: bool) -> dict | None:
                                  f" there, {value!r} now); use another --out",
                                  path=out / "config.json", field=f"train.{key}",
                                  exit_code=EX_USAGE)
-    if summary.get("status") == "complete":
+    if summary.get("status") in ("complete", "diverged"):
         return summary
     if not resume:
         raise InputError(f"holds an unfinished run (status {summary.get('status')!r}); pass "
