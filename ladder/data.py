@@ -120,7 +120,7 @@ def stdlib_corpus() -> Corpus:
         "implementation": platform.python_implementation(), "root": str(root),
         "files": len(docs), "bytes": sum(len(d) for _, d in docs),
         "sha256_files_and_sizes": hashlib.sha256(listing.encode("utf-8")).hexdigest(),
-        "train_tokens": int(len(corpus.train)), "val_tokens": int(len(corpus.val)),
+        "train_tokens": len(corpus.train), "val_tokens": len(corpus.val),
         "val_rule": f"sha256(relative path) mod {VAL_BUCKETS} == 0",
         "vocab_size": BYTE_VOCAB, "tokenizer": "bytes",
     }
@@ -178,7 +178,7 @@ def load_corpus(data: tuple[str, ...] | list[str] = (), vocab_size: int | None =
     listing = "\n".join(f"{n}\t{len(d)}\t{hashlib.sha256(d).hexdigest()}" for n, d in docs)
     fp = {"kind": "text-files", "files": len(docs), "bytes": sum(len(d) for _, d in docs),
           "sha256_files_and_contents": hashlib.sha256(listing.encode()).hexdigest(),
-          "train_tokens": int(len(corpus.train)), "val_tokens": int(len(corpus.val)),
+          "train_tokens": len(corpus.train), "val_tokens": len(corpus.val),
           "vocab_size": BYTE_VOCAB, "tokenizer": "bytes"}
     return Corpus(corpus.train, corpus.val, BYTE_VOCAB, fp, 1.0)
 
@@ -218,7 +218,7 @@ def _token_corpus(path: Path, vocab_size: int | None) -> Corpus:
         raise InputError(f"token id {bad} at position {pos} is outside the vocabulary "
                          f"[0, {vocab})", path=path, field="vocab_size")
     cut = int(len(arr) * (1 - TAIL_VAL_FRACTION))
-    fp = {"kind": "token-array", "path": str(path), "tokens": int(len(arr)),
+    fp = {"kind": "token-array", "path": str(path), "tokens": len(arr),
           "dtype": str(arr.dtype), "sha256": _sha256_path(path), "vocab_size": int(vocab),
           "train_tokens": cut, "val_tokens": int(len(arr) - cut),
           "val_rule": f"last {TAIL_VAL_FRACTION:.0%} of the stream"}

@@ -23,18 +23,25 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from ladder import __version__
 from ladder.counting import conventions
 from ladder.data import Corpus, load_corpus, shuffle_bytes
-from ladder.io import (EX_USAGE, InputError, atomic_write_json, atomic_write_text, iter_jsonl,
-                       read_json, to_jsonable)
+from ladder.io import (
+    EX_USAGE,
+    InputError,
+    atomic_write_json,
+    atomic_write_text,
+    iter_jsonl,
+    read_json,
+    to_jsonable,
+)
 from ladder.specs import Rung, Schedule
 from model.config import ModelConfig
 
@@ -183,7 +190,7 @@ def parse_overrides(items: list[str]) -> dict:
     anything that is not JSON is taken as a string)."""
     out = {}
     for item in items:
-        body = item[2:] if item.startswith("--") else item
+        body = item.removeprefix("--")
         key, eq, raw = body.partition("=")
         if not eq or not key:
             raise InputError(f"expected --key=value, got {item!r}", field="overrides",
@@ -237,7 +244,7 @@ def lr_table(rung: Rung, cfg: TrainConfig) -> np.ndarray:
 
 def fault_step(rung: Rung, cfg: TrainConfig) -> int:
     """First (0-based) step affected by the configured fault."""
-    return int(round(cfg.fault_at * rung.steps))
+    return round(cfg.fault_at * rung.steps)
 
 
 def checkpoint_steps(rung: Rung, cfg: TrainConfig) -> set[int]:
@@ -292,7 +299,7 @@ def git_sha() -> dict:
     def git(*a):
         try:
             return subprocess.run(["git", "-C", str(root), *a], capture_output=True, text=True,
-                                  timeout=10).stdout.strip()
+                                  timeout=10, check=False).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""
     sha = git("rev-parse", "HEAD")
@@ -353,7 +360,8 @@ def make_mesh(n_devices: int | None, expert_parallel: int | None, n_experts: int
 def _param_shardings(params, groups, mesh, n_experts: int):
     """Routed-expert weights split on their leading E axis over "expert"; the rest replicated."""
     import jax
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     routed = {id(x) for x in groups["routed_experts"]}
 
@@ -383,28 +391,81 @@ def make_optimizer(cfg: TrainConfig):
     return optax.chain(*parts)
 
 
-def init_state(model_cfg: ModelConfig, cfg: TrainConfig, optimizer, mesh):
-    """Fresh train state placed on the mesh: params, opt_state, router_bias, step."""
+def state_shardings(model_cfg: ModelConfig, optimizer, mesh) -> dict:
+    """Shardings of the train state, from abstract shapes (nothing allocated): routed-expert
+    weights and their Adam moments split over "expert", everything else replicated."""
     import jax
-    import jax.numpy as jnp
     import optax
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     import model as M
 
-    params, router_bias = M.init(model_cfg, cfg.seed)
+    params, _ = M.param_shapes(model_cfg)
     pshard = _param_shardings(params, M.param_groups(params), mesh, model_cfg.n_experts)
     repl = NamedSharding(mesh, P())
-    params = jax.device_put(params, pshard)
-    opt_state = jax.jit(optimizer.init)(params)
+    opt_state = jax.eval_shape(optimizer.init, params)
     oshard = optax.tree_utils.tree_map_params(
         optimizer, lambda _, s: s, opt_state, pshard, transform_non_params=lambda _: repl)
-    return {
-        "step": jax.device_put(jnp.zeros((), jnp.int32), repl),
-        "params": params,
-        "opt_state": jax.device_put(opt_state, oshard),
-        "router_bias": jax.device_put(jnp.asarray(router_bias, jnp.float32), repl),
-    }
+    return {"step": repl, "params": pshard, "opt_state": oshard, "router_bias": repl}
+
+
+@dataclass
+class Programs:
+    """The jitted programs of one (model, optimizer, mesh); cached per process, so a resumed or
+    repeated run in the same process does not trace the model again."""
+
+    model_cfg: ModelConfig
+    optimizer: object
+    shardings: dict
+    train_step: Callable     # jitted train_step(state, batch) -> (state, metrics), state donated
+    eval_step: Callable      # jitted eval_step(params, router_bias, batch) -> dict
+    init_opt: Callable       # jitted optimizer.init with the opt_state shardings
+    _compiled: dict = field(default_factory=dict)
+
+    def init_state(self, seed: int) -> dict:
+        """Fresh train state placed on the mesh: step, params, opt_state, router_bias."""
+        import jax
+        import jax.numpy as jnp
+
+        import model as M
+
+        params, router_bias = M.init(self.model_cfg, seed)
+        params = jax.device_put(params, self.shardings["params"])
+        return {"step": jax.device_put(jnp.zeros((), jnp.int32), self.shardings["step"]),
+                "params": params, "opt_state": self.init_opt(params),
+                "router_bias": jax.device_put(jnp.asarray(router_bias, jnp.float32),
+                                              self.shardings["router_bias"])}
+
+    def compiled_step(self, state, batch):
+        """The train step compiled ahead of time for these shapes (so a step's measured time
+        never includes compilation)."""
+        key = tuple((k, v.shape, str(v.dtype)) for k, v in sorted(batch.items()))
+        if key not in self._compiled:
+            self._compiled[key] = self.train_step.lower(state, batch).compile()
+        return self._compiled[key]
+
+
+def programs(model_cfg: ModelConfig, cfg: TrainConfig, mesh) -> Programs:
+    return _programs(model_cfg, (cfg.b1, cfg.b2, cfg.eps, cfg.weight_decay, cfg.grad_clip), mesh)
+
+
+@lru_cache(maxsize=4)
+def _programs(model_cfg: ModelConfig, optim: tuple, mesh) -> Programs:
+    import jax
+
+    b1, b2, eps, weight_decay, grad_clip = optim
+    optimizer = make_optimizer(TrainConfig(b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
+                                           grad_clip=grad_clip))
+    shard = state_shardings(model_cfg, optimizer, mesh)
+    return Programs(model_cfg, optimizer, shard,
+                    make_train_step(model_cfg, optimizer, shard), make_eval_step(model_cfg),
+                    jax.jit(optimizer.init, out_shardings=shard["opt_state"]))
+
+
+def init_state(model_cfg: ModelConfig, cfg: TrainConfig, mesh) -> dict:
+    """Fresh train state for ``model_cfg`` on ``mesh`` (see Programs.init_state)."""
+    return programs(model_cfg, cfg, mesh).init_state(cfg.seed)
 
 
 def make_train_step(model_cfg: ModelConfig, optimizer, state_shardings):
@@ -480,7 +541,7 @@ class MetricsFile:
 
     def append(self, row: dict) -> None:
         if self._f is None:
-            self._f = open(self.path, "a", encoding="utf-8")
+            self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (held open)
         self._f.write(json.dumps(to_jsonable(row), allow_nan=False) + "\n")
         self._f.flush()
 
@@ -524,8 +585,8 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
                on_metrics: Callable[[dict], None] | None = None) -> dict:
     """Train ``rung`` into ``out_dir`` and return its summary (the dict written to summary.json).
 
-    A completed run is not retrained (its summary is returned). An unfinished one is resumed from
-    its latest checkpoint when ``resume``, else it is an InputError. ``max_steps`` stops after that
+    A completed (or diverged) run is not retrained: its summary is returned. An unfinished one
+    is resumed from its latest checkpoint when ``resume``, else it is an InputError. ``max_steps`` stops after that
     many steps of the planned schedule (the schedule is not shortened; status stays "running").
     ``on_metrics(row)`` sees every metrics row as it is written. Bad input raises InputError
     before anything is written. Divergence returns status "diverged"; Ctrl-C checkpoints and
@@ -546,12 +607,12 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
     corpus.check_fits(rung.seq_len, ",".join(cfg.data) or "python-stdlib")
     config = {"schema": RUN_CONFIG_SCHEMA, "rung": rung.to_dict(), "train": cfg.to_dict()}
     previous = _previous_run(out, config, resume)
-    if previous is not None and previous.get("status") == "complete":
-        return previous
+    if previous is not None and previous.get("status") in ("complete", "diverged"):
+        return previous  # finished: a diverged run would only diverge again from its checkpoint
 
     import jax
-
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     enable_compilation_cache()
     mesh = make_mesh(cfg.devices, cfg.expert_parallel, rung.model.n_experts, rung.batch)
@@ -569,17 +630,15 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
     metrics = MetricsFile(out / "metrics.jsonl")
 
     lrs = lr_table(rung, cfg)
-    optimizer = make_optimizer(cfg)
-    state = init_state(rung.model, cfg, optimizer, mesh)
+    progs = programs(rung.model, cfg, mesh)
+    state = progs.init_state(cfg.seed)
     start = ckpt.latest_step() or 0
     if start:
         state = _restore(ckpt, start, state)
     metrics.truncate_to(start)   # rows past the checkpoint are recomputed, identically
     if not start and metrics.path.exists():
         metrics.path.unlink()
-    shardings = jax.tree.map(lambda x: x.sharding, state)
-    train_step = make_train_step(rung.model, optimizer, shardings)
-    eval_step = make_eval_step(rung.model)
+    eval_step = progs.eval_step
     batch_sharding = NamedSharding(mesh, P("data"))
     step_sharding = {"tokens": batch_sharding, "targets": batch_sharding,
                      "lr": NamedSharding(mesh, P())}
@@ -620,7 +679,7 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
                disable=not cfg.progress, mininterval=0.5, dynamic_ncols=True, leave=False)
     batch = get_batch(start) if start < stop else None
     if batch is not None:  # compile before the clock starts, so tokens/s is the step's own
-        train_step = train_step.lower(state, batch).compile()
+        train_step = progs.compiled_step(state, batch)
     status, last_saved, final = "running", start, {}
     tick = time.perf_counter()
     try:
@@ -734,7 +793,7 @@ def _previous_run(out: Path, config: dict, resume: bool) -> dict | None:
                                  f" there, {value!r} now); use another --out",
                                  path=out / "config.json", field=f"train.{key}",
                                  exit_code=EX_USAGE)
-    if summary.get("status") == "complete":
+    if summary.get("status") in ("complete", "diverged"):
         return summary
     if not resume:
         raise InputError(f"holds an unfinished run (status {summary.get('status')!r}); pass "

@@ -7,8 +7,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ladder.data import (VAL_BUCKETS, is_held_out, load_corpus, shuffle_bytes, stdlib_corpus,
-                         stdlib_files)
+from ladder.data import (
+    VAL_BUCKETS,
+    is_held_out,
+    load_corpus,
+    shuffle_bytes,
+    stdlib_corpus,
+    stdlib_files,
+)
 from ladder.io import InputError
 
 

@@ -2,7 +2,6 @@
 
 import json
 import math
-import os
 import signal
 import subprocess
 import sys
@@ -99,26 +98,34 @@ def test_resume_reproduces_the_uninterrupted_run_bitwise(full_run, tmp_path):
 
 def _cli(*args, env=None, **kw):
     return subprocess.run([sys.executable, "-m", "ladder.cli", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, **kw)
+                          capture_output=True, text=True, check=False, **kw)
 
 
-def test_sigkill_mid_run_then_resume_loses_and_duplicates_nothing(full_run, tmp_path):
-    out, _ = full_run
-    args = ["run", "tiny", "--rung", RUNG.name, "--out", str(tmp_path), "--peak_flops=1e11",
-            "--checkpoint_every=7", "--progress=false"]
-    metrics = tmp_path / "tiny" / RUNG.name / "metrics.jsonl"
+def _start_and_signal(args, metrics: Path, sig) -> subprocess.Popen:
+    """Start `ladder ARGS`, send ``sig`` once it is past a checkpoint (every 7 steps) but not at
+    one, and wait for it to end."""
     proc = subprocess.Popen([sys.executable, "-m", "ladder.cli", *args], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:  # kill it once it is past a checkpoint (step 7) but not at one
-        deadline = time.time() + 120
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
         while time.time() < deadline and proc.poll() is None:
             n = metrics.read_bytes().count(b"\n") if metrics.exists() else 0
             if n >= 10 and n % 7:
                 break
             time.sleep(0.002)
-        proc.send_signal(signal.SIGKILL)
+        proc.send_signal(sig)
     finally:
-        proc.wait()
+        proc.err = proc.communicate()[1]
+    return proc
+
+
+@pytest.mark.slow
+def test_sigkill_mid_run_then_resume_loses_and_duplicates_nothing(full_run, tmp_path):
+    out, _ = full_run
+    args = ["run", "tiny", "--rung", RUNG.name, "--out", str(tmp_path), "--peak_flops=1e11",
+            "--checkpoint_every=7", "--progress=false"]
+    metrics = tmp_path / "tiny" / RUNG.name / "metrics.jsonl"
+    proc = _start_and_signal(args, metrics, signal.SIGKILL)
     assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
     killed_at = metrics.read_bytes().count(b"\n")
     assert 10 <= killed_at < RUNG.steps
@@ -129,6 +136,25 @@ def test_sigkill_mid_run_then_resume_loses_and_duplicates_nothing(full_run, tmp_
     assert steps == list(range(1, RUNG.steps + 1))        # no duplicate, no gap, no partial line
     ref = {row["step"]: row["train/loss"] for row in read_metrics(out / "metrics.jsonl")}
     assert [json.loads(line)["train/loss"] for line in lines] == [ref[s] for s in steps]
+
+
+@pytest.mark.slow
+def test_ctrl_c_checkpoints_and_exits_then_resumes(full_run, tmp_path):
+    out, _ = full_run
+    args = ["run", "tiny", "--rung", RUNG.name, "--out", str(tmp_path), "--peak_flops=1e11",
+            "--checkpoint_every=7", "--progress=false"]
+    run_dir = tmp_path / "tiny" / RUNG.name
+    proc = _start_and_signal(args, run_dir / "metrics.jsonl", signal.SIGINT)
+    assert proc.returncode == 130, proc.err
+    assert "interrupted at step" in proc.err and "--resume" in proc.err
+    s = read_json(run_dir / "summary.json", schema="run-summary")
+    assert s["status"] == "running" and s["interrupted"] and 10 <= s["step"] < RUNG.steps
+    assert s["step"] % 7  # saved at the step it stopped at, not only at the last multiple of 7
+    assert str(s["step"]) in {p.name for p in (run_dir / "checkpoints").iterdir()}
+    assert _cli(*args, "--resume").returncode == 0
+    ref = read_metrics(out / "metrics.jsonl")
+    assert [r["train/loss"] for r in read_metrics(run_dir / "metrics.jsonl")] == \
+        [r["train/loss"] for r in ref]
 
 
 def test_nan_loss_marks_the_run_diverged(tmp_path, capsys):
@@ -190,3 +216,39 @@ def test_wandb_offline_mirror(tmp_path, monkeypatch):
     assert s["wandb"]["mode"] == "offline" and run_dir.is_dir()
     assert run_dir.is_relative_to(tmp_path / "w")
     assert list(run_dir.glob("*.wandb"))   # the offline run log (a watch source)
+
+
+@pytest.mark.parametrize("fault", ["lr-spike", "data-swap"])
+def test_injected_faults_start_at_their_step(full_run, tmp_path, fault):
+    out, _ = full_run
+    ref = read_metrics(out / "metrics.jsonl")
+    cfg = TrainConfig(peak_flops=1e11, progress=False, fault=fault, fault_at=0.5,
+                      fault_scale=10.0)
+    s = train_rung(RUNG, tmp_path / fault, cfg)
+    rows = read_metrics(tmp_path / fault / "metrics.jsonl")
+    k = RUNG.steps // 2                       # steps 1..k run clean, step k+1 is the first hit
+    assert s["fault"]["from_step"] == k + 1 and s["status"] == "complete"
+    assert [r["train/loss"] for r in rows[:k]] == [r["train/loss"] for r in ref[:k]]
+    if fault == "lr-spike":
+        assert rows[k]["optim/lr"] == pytest.approx(10 * ref[k]["optim/lr"], rel=1e-6)
+        assert rows[k]["train/loss"] == ref[k]["train/loss"]  # the LR acts on the update
+        assert rows[k + 1]["train/loss"] != ref[k + 1]["train/loss"]
+    else:
+        assert rows[k]["optim/lr"] == ref[k]["optim/lr"]
+        assert rows[k]["train/loss"] != ref[k]["train/loss"]  # a different batch at once
+        # order destroyed: training on shuffled bytes cannot keep the held-out loss falling
+        assert rows[-1]["eval_dropless/loss"] > ref[-1]["eval_dropless/loss"]
+
+
+@pytest.mark.slow
+def test_ladder_run_tiny_trains_every_rung_then_skips_them(tmp_path):
+    r = _cli("run", "tiny", "--out", str(tmp_path), "--peak_flops=1e11", "--progress=false")
+    assert r.returncode == 0, r.stderr
+    lad = LADDERS["tiny"]
+    for rung in lad.all:
+        s = read_json(tmp_path / "tiny" / rung.name / "summary.json", schema="run-summary")
+        assert s["status"] == "complete" and s["step"] == rung.steps
+        assert s["is_target"] == rung.is_target
+    assert r.stdout.splitlines()[-1].startswith(f"tiny/{lad.target.name}: complete")
+    again = _cli("run", "tiny", "--out", str(tmp_path), "--peak_flops=1e11")
+    assert again.returncode == 0 and again.stdout.count("complete") == len(lad.all)
