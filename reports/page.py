@@ -113,9 +113,10 @@ def verdict_lines(inp: ReportInputs) -> tuple[list[str], str]:
         lines.append(f"Alerts: {c.get('critical', 0)} critical, {c.get('warn', 0)} warning, "
                      f"{c.get('info', 0)} info" + (f" ({', '.join(kinds)})." if kinds else "."))
     if inp.law is not None:
-        lines.append(f"Law: {inp.law.form}, {inp.law.meta.get('expression') or ''} fitted on "
-                     f"{inp.metric}; params "
-                     + ", ".join(f"{k}={num(v)}" for k, v in inp.law.params.items()) + ".")
+        n = len(inp.law.params)
+        shown = ", ".join(f"{k}={num(v)}" for k, v in inp.law.params.items()) if n <= 4 else \
+            f"{n} parameters (table below)"
+        lines.append(f"Law: {inp.law.form} fitted on {inp.metric}; {shown}.")
     if inp.rungs:
         done = sum(r.status == "complete" for r in inp.rungs)
         lines.append(f"Ladder: {len(inp.rungs)} rungs, {done} complete.")

@@ -51,7 +51,8 @@ HEALTH_LABELS = {
     "moe/load_max_over_mean": ("expert load imbalance", "max load / mean load"),
 }
 # Alert kinds about the watched metric itself (DESIGN.md §3 and the watcher's contingency advisory).
-LOSS_ALERT_KINDS = {"above_band", "below_band", "nan", "contingency", "stalled", "applicable"}
+LOSS_ALERT_KINDS = {"above_band", "below_band", "trend", "nan", "contingency", "stalled",
+                    "applicable"}
 
 
 def _is_loss_alert(a: dict) -> bool:
@@ -207,9 +208,8 @@ def plot_ladder(inp: ReportInputs) -> Figure | None:
                 drew_law = True
                 t = grid * run.planned_tokens
                 ax.plot(t, p.loss, "-", color=c, lw=1.6, alpha=0.9, zorder=2)
-                if np.isfinite(p.lo).any():
-                    drew_band = True
-                    ax.fill_between(t, p.lo, p.hi, color=c, alpha=0.12, lw=0, zorder=1)
+                # No per-rung band here: the rungs overlap in tokens and their bands would
+                # hide the points; the law's band is drawn in the law and watch figures.
     alloc = _allocation(inp)
     if inp.law is not None and not whole and alloc is not None:
         # A law of final points: one line through the rungs' end points, along the ladder's own
@@ -236,11 +236,23 @@ def plot_ladder(inp: ReportInputs) -> Figure | None:
         ok = np.isfinite(fc.tokens) & (fc.tokens > 0) & (fc.fraction > 0)
         if ok.any():
             ax.plot(fc.tokens[ok], fc.loss[ok], "--", color=TARGET_COLOR, lw=1.2,
-                    label="target: pre-registered forecast", zorder=2)
+                    label=f"target: pre-registered forecast (shaded: {inp.level:.0%} band)",
+                    zorder=2)
             ax.fill_between(fc.tokens[ok], fc.lo[ok], fc.hi[ok], color=TARGET_COLOR, alpha=0.08,
                             lw=0)
     ax.set_xscale("log")
     _si_x(ax)
+    # y range from what was measured (and the target's forecast after its first 5%): early
+    # forecast bands are wide and would otherwise flatten every curve.
+    ys = [v for r in runs + ([t] if t is not None else []) for v in r.series(metric).value]
+    if fc is not None:
+        m = (fc.fraction >= 0.05) & np.isfinite(fc.loss)
+        ys += list(fc.loss[m])
+    ys = np.asarray([y for y in ys if np.isfinite(y) and y > 0])
+    if len(ys):
+        lo, hi = np.log(ys.min()), np.log(ys.max())
+        pad = 0.06 * (hi - lo + 1e-9)
+        ax.set_ylim(np.exp(lo - pad), np.exp(hi + pad))
     _plain_log_y(ax)
     ax.set_xlabel("training tokens seen")
     ax.set_ylabel(_metric_label(metric))
@@ -248,8 +260,11 @@ def plot_ladder(inp: ReportInputs) -> Figure | None:
     if drew_law:
         what = "along each run" if whole else "through the final points (large dots)"
         handles.append(Line2D([], [], color="#555555" if whole else LAW_COLOR, lw=1.6))
-        labels.append(f"law ({inp.law.form}) {what}" + (f", shaded: {inp.level:.0%} band"
-                      if drew_band else "; band missing (could not be computed)"))
+        band = ""
+        if not whole:
+            band = (f", shaded: {inp.level:.0%} band" if drew_band
+                    else "; band missing (could not be computed)")
+        labels.append(f"law ({inp.law.form}) {what}{band}")
     ax.legend(handles, labels, loc="upper right")
     res = ladder_residuals(inp) if drew_law else np.array([])
     res = res[np.isfinite(res)]
@@ -406,10 +421,8 @@ def plot_law(inp: ReportInputs) -> Figure | None:
     sub = E if use_e else 0.0
 
     if pred is not None:
-        expr = textwrap.fill(str(law.meta.get("expression") or law.form), 56,
-                             subsequent_indent="    ")
         ax.plot(grid, pred.loss - sub, "-", color=LAW_COLOR, lw=2,
-                label=f"law ({law.form}, end of run): {expr}")
+                label=f"law ({law.form}) at the end of a run")
         if np.isfinite(pred.lo).any():
             lo = np.where(pred.lo - sub > 0, pred.lo - sub, np.nan)
             ax.fill_between(grid, lo, pred.hi - sub, color=LAW_COLOR, alpha=0.15, lw=0,
@@ -438,7 +451,10 @@ def plot_law(inp: ReportInputs) -> Figure | None:
     _plain_log_y(ax)
     ax.set_xlabel("training compute C (FLOPs, no LM head)")
     ax.set_ylabel(f"{metric} - E  (E = {num(E)})" if use_e else _metric_label(metric))
-    ax.legend(loc="upper right")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
+    if law is not None and law.meta.get("expression"):
+        expr = textwrap.fill(f"law: {law.meta['expression']}", 110)
+        ax.set_title(expr, loc="left", fontsize=8, color="#555555", fontweight="normal")
     if fc_final and isinstance(fc_final.get("loss"), (int, float)) and finals and \
             isinstance(tcomp, (int, float)):
         ratio = tcomp / max(r.compute for r, _ in finals)
@@ -449,7 +465,7 @@ def plot_law(inp: ReportInputs) -> Figure | None:
         title = f"The {law.form} law through {len(finals)} finished rungs"
     else:
         title = f"{len(finals)} finished rungs (no law given)"
-    ax.set_title(title, loc="left")
+    fig.suptitle(title, x=0.01, ha="left", fontsize=12)
     if law is not None and law.error and pred is None:
         ax.text(0.02, 0.98, "fitted line unavailable:\n" + law.error[:120], transform=ax.transAxes,
                 va="top", fontsize=8, color="#a61e4d")
@@ -590,7 +606,7 @@ def plot_watch(inp: ReportInputs) -> Figure | None:
             for axx in (ax, axr):
                 axx.axvline(g, color=c, lw=1.6 if sev != "info" else 0.8, alpha=0.85, zorder=1)
             v = a.get("value")
-            if kind in ("above_band", "below_band") and isinstance(v, (int, float)):
+            if kind in ("above_band", "below_band", "trend") and isinstance(v, (int, float)):
                 ax.plot([g], [v], "o", ms=11, mfc="none", mec=c, mew=2, zorder=5)
             if (kind, sev) not in labelled:
                 labelled.add((kind, sev))
@@ -618,6 +634,17 @@ def plot_watch(inp: ReportInputs) -> Figure | None:
     if len(ys):
         pad = 0.08 * (ys.max() - ys.min() + 1e-9)
         ax.set_ylim(ys.min() - pad, ys.max() + pad)
+    rs = []  # the same for the deviation panel, in percent
+    if fc is not None:
+        m = (fc.fraction >= 0.05) & (fc.loss > 0)
+        rs += list(100 * (fc.lo[m] / fc.loss[m] - 1)) + list(100 * (fc.hi[m] / fc.loss[m] - 1))
+        if s is not None and len(s):
+            m = s.fraction >= 0.05
+            rs += list(100 * (s.value[m] / fc.at(s.fraction[m])[0] - 1))
+    rs = np.asarray([r for r in rs if np.isfinite(r)] + [0.0])
+    if len(rs) > 1:
+        pad = 0.1 * (rs.max() - rs.min() + 1e-9)
+        axr.set_ylim(rs.min() - pad, rs.max() + pad)
     tokens_total = inp.target_info.get("tokens") or (t.planned_tokens if t else None)
     if isinstance(tokens_total, (int, float)) and tokens_total > 0:
         sec = ax.secondary_xaxis("top", functions=(lambda g: g * tokens_total,
