@@ -111,3 +111,31 @@ def _predict(res, pts):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return res.predict(**kw)
+
+
+def trajectory_vs_per_fraction(df: pd.DataFrame, opts: dict, *, traj_bt: dict | None = None,
+                               per_fraction_bt: dict | None = None, E: float = 1.5) -> dict:
+    """Backtest the joint trajectory law against the real ladder's method (a separate compute
+    law per progress fraction with E fixed; Marin's hero-run issue fixed E = 1.5) on the same
+    held-out rungs, and say which predicts them better (mean |relative error| over the held-out
+    runs' whole curves, then at their final points)."""
+    from fit.forms import Spec, get_form
+    o = dict(opts, bootstrap=0, backtest=False)
+    if traj_bt is None:
+        traj_bt = backtest(df, Spec(get_form("trajectory")), o, final_only=False)
+    if per_fraction_bt is None:
+        per_fraction_bt = backtest(df, Spec(get_form("compute"), fix={"E": E}), o,
+                                   by="fraction")
+    label_pf = f"per-fraction compute (E={E:g})"
+    out = {"trajectory": {"final": traj_bt.get("rollout_mean_abs_final"),
+                          "curve": traj_bt.get("rollout_mean_abs_curve")},
+           label_pf: {"final": per_fraction_bt.get("rollout_mean_abs_final"),
+                      "curve": per_fraction_bt.get("rollout_mean_abs_curve")}}
+    t, p = out["trajectory"], out[label_pf]
+    key = "curve" if t["curve"] is not None and p["curve"] is not None else "final"
+    if t[key] is not None and p[key] is not None:
+        out["better"] = "trajectory" if t[key] < p[key] else label_pf
+        out["criterion"] = f"rollout mean |relative error| over held-out {key} points"
+    out["folds"] = {"trajectory": traj_bt.get("folds", []),
+                    label_pf: per_fraction_bt.get("folds", [])}
+    return out

@@ -293,8 +293,14 @@ def _fit_by(df, form, fix, tie, by, opts) -> FitResult:
             "groups": [{by: v, "params": r.params, "objective": r.diagnostics.get("objective"),
                         "converged": r.diagnostics.get("converged")} for v, r in groups]}
     if opts["backtest"]:
-        from fit.backtest import backtest
-        diag["backtest"] = backtest(df, spec, opts, by=by)
+        from fit.backtest import backtest, trajectory_vs_per_fraction
+        diag["backtest"] = backtest(df, spec, dict(opts, bootstrap=0, backtest=False), by=by)
+        if by == "fraction" and spec.form.name == "compute" and set(spec.fix) == {"E"}:
+            try:
+                diag["trajectory_vs_per_fraction"] = trajectory_vs_per_fraction(
+                    df, opts, per_fraction_bt=diag["backtest"], E=float(spec.fix["E"]))
+            except InputError as e:
+                diag["trajectory_vs_per_fraction"] = {"error": str(e)}
     return FitResult(spec=spec, metric=opts["metric"], u=last.u, level=opts["level"],
                      params_column=opts["params_column"], boot_u=last.boot_u, cov=last.cov,
                      sigma=last.sigma, dof=last.dof, intervals=last.intervals,
@@ -318,10 +324,16 @@ def fit_one(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
     model = Model(form, form.features(cols))
     logy = np.log(data["loss"].to_numpy(dtype=float))
     prob = _Problem(model, logy, spec, delta)
-    grid = spec.grid() if starts is None else np.atleast_2d(starts)
+    if starts is not None:
+        grid = np.atleast_2d(starts)
+    else:
+        grid = spec.grid()
+        if form.centered_grid:  # grid values are in the centred coordinates
+            grid = grid @ prob.P.T
     res = prob.solve(grid, ftol=STAGE1_FTOL, max_iter=STAGE1_MAX_ITER)
     order = np.argsort(np.where(np.isfinite(res.f), res.f, np.inf))
-    cands = _distinct(res.x[order[:400]], res.f[order[:400]], res.x[order[0]], k=POLISH_TOP)
+    near = order[:400][res.f[order[:400]] <= res.f[order[0]] * (1 + POLISH_WITHIN)]
+    cands = _distinct(res.x[near], res.f[near], res.x[order[0]], k=POLISH_TOP)
     phi, fbest, pol = prob.polish(cands)
     best = order[0]
     u = spec.to_u(phi)
@@ -388,6 +400,12 @@ def fit_one(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
             df, spec, dict(bootstrap=0, level=level, seed=seed, params_column=params_column,
                            metric=metric, delta=delta, backtest=False),
             final_only=final_only, starts=_backtest_starts(grid, res, order))
+        if form.name == "trajectory":
+            from fit.backtest import trajectory_vs_per_fraction
+            diagnostics["trajectory_vs_per_fraction"] = trajectory_vs_per_fraction(
+                df, dict(level=level, seed=seed, params_column=params_column, metric=metric,
+                         delta=delta), traj_bt=diagnostics["backtest"],
+                E=float(spec.fix.get("E", 1.5)))
     return result
 
 
@@ -436,12 +454,14 @@ def _required(data, form, params_column) -> dict:
 # iterations (scipy's default L-BFGS-B test, factr 1e7, is 2.2e-9 relative to max(|f|, 1), i.e.
 # ~2e-6 of a Chinchilla-size objective of ~1e-3, but meaningless for a near-exact fit whose f is
 # ~1e-7; this test is relative to f itself). Stage 2 polishes the best POLISH_TOP distinct
-# candidates to a relative decrease below 1e-15 (the batched solver again: scipy's L-BFGS-B
-# costs ~5 ms per iteration here in call overhead alone) and keeps the lowest.
+# candidates within POLISH_WITHIN of the best to a relative decrease below 1e-15 (the batched
+# solver again: scipy's L-BFGS-B costs milliseconds per iteration in call overhead) and keeps
+# the lowest.
 STAGE1_FTOL = 1e-6
 STAGE1_MAX_ITER = 300  # starts still moving after this are reported as max_iter
 POLISH_FTOL = 1e-15
 POLISH_TOP = 5
+POLISH_WITHIN = 0.01  # only candidates within 1% of the best stage-1 objective are polished
 BOOT_FTOL = 1e-9
 
 
@@ -475,7 +495,7 @@ class _Problem:
 
     def polish(self, cands):
         """Stage 2: the candidates to tight tolerances, all at once; (phi, f) of the best."""
-        r = self.solve(np.atleast_2d(cands), ftol=POLISH_FTOL, gtol=1e-13, max_iter=5000)
+        r = self.solve(np.atleast_2d(cands), ftol=POLISH_FTOL, gtol=1e-13, max_iter=1000)
         f = np.where(np.isfinite(r.f), r.f, np.inf)
         i = int(np.argmin(f))
         return r.x[i], float(f[i]), r

@@ -66,10 +66,11 @@ def lbfgs(fg, x0: np.ndarray, *, m: int = 10, max_iter: int = 1000, gtol: float 
             d[bad] = -ga[bad]
             gd[bad] = -(ga[bad] ** 2).sum(axis=1)
             rho[act[bad]] = 0.0
-        # the first step of a fresh history is scaled to unit length, as scipy does
+        # the first step of a fresh history has unit length, as in scipy's L-BFGS-B (the
+        # gradient of a summed Huber objective is ~delta * n, far from unit scale)
         fresh = (rho[act] == 0).all(axis=1)
         t = np.ones(act.size)
-        t[fresh] = 1.0 / np.maximum(1.0, np.linalg.norm(d[fresh], axis=1))
+        t[fresh] = 1.0 / np.maximum(np.linalg.norm(d[fresh], axis=1), 1e-300)
         x_new = np.empty_like(d)
         f_new = np.empty(act.size)
         g_new = np.empty_like(d)
