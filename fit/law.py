@@ -302,7 +302,7 @@ def _fit_by(df, form, fix, tie, by, opts) -> FitResult:
     if not groups:
         raise InputError("no points", field="by")
     last = groups[-1][1]
-    diag = {"by": by, "n_groups": len(groups),
+    diag = {"by": by, "n_groups": len(groups), "dropped_rows": list(df.attrs.get("dropped", [])),
             "groups": [{by: v, "params": r.params, "objective": r.diagnostics.get("objective"),
                         "converged": r.diagnostics.get("converged")} for v, r in groups]}
     if opts["backtest"]:
