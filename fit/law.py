@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import math
+import time
 import warnings
 from dataclasses import dataclass
 
@@ -556,6 +557,7 @@ def _bootstrap(prob, runs, optima, R, seed):
     run come along, weighted by how often it was drawn) and is refitted from the distinct
     optima of the full fit. Replicates with fewer distinct runs than across-run parameters
     are degenerate and left out (counted)."""
+    t0 = time.perf_counter()
     spec = prob.spec
     rng = np.random.default_rng(seed)
     uniq, inv = np.unique(runs, return_inverse=True)
@@ -572,7 +574,8 @@ def _bootstrap(prob, runs, optima, R, seed):
     U = prob.u0 + res.x[rows][valid] @ prob.M.T
     info = {"replicates": int(R), "valid": int(valid.sum()), "degenerate": int((~enough).sum()),
             "not_converged": int((enough & ~conv).sum()), "starts_per_replicate": int(k),
-            "seed": int(seed), "resampled": "runs"}
+            "seed": int(seed), "resampled": "runs",
+            "seconds": round(time.perf_counter() - t0, 3)}
     if valid.sum() < 20:
         warnings.warn(f"bootstrap: only {int(valid.sum())} of {R} replicates usable; the "
                       "bootstrap part of the bands is left out", stacklevel=3)
