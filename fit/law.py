@@ -350,12 +350,14 @@ def fit_one(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
     near = order[:400][res.f[order[:400]] <= res.f[order[0]] * (1 + POLISH_WITHIN)]
     cands = _distinct(res.x[near], res.f[near], res.x[order[0]], k=POLISH_TOP)
     phi, fbest, pol = prob.polish(cands)
+    pol_best = int(np.argmin(np.where(np.isfinite(pol.f), pol.f, np.inf)))
     best = order[0]
     u = spec.to_u(phi)
     logfit = model.log_predict(u[None])[0]
     resid = logy - logfit
-    # distinct local optima (warm starts of the bootstrap replicates)
-    optima = _distinct(res.x[order[:400]], res.f[order[:400]], phi)
+    # distinct local optima within 10% of the best (warm starts of the bootstrap replicates)
+    near10 = order[:400][res.f[order[:400]] <= fbest * 1.1]
+    optima = _distinct(res.x[near10], res.f[near10], phi)
 
     # lack-of-fit: residual scale and degrees of freedom
     multi = data.groupby("run").size().max() > 1
@@ -376,14 +378,13 @@ def fit_one(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
         boot_u, boot_info = _bootstrap(prob, runs, optima, bootstrap, seed)
 
     intervals = _intervals(spec, u, boot_u, cov, dof, level)
-    names = form.names
     disp = {p.name: float(p.to_display(u[i])) for i, p in enumerate(form.params)}
     at_bound = {k: v for k, v in ((p.name, _bound_flag(p, disp[p.name])) for p in form.params
                                   if p.name in spec.free) if v}
     diagnostics = {
         "objective": float(fbest),
         "huber_delta": delta,
-        "converged": bool(res.status[best] == 0 and pol.status.min() == 0),
+        "converged": bool(res.status[best] == 0 and pol.status[pol_best] == 0),
         "polish_gain_rel": float((res.f[best] - fbest) / max(abs(fbest), 1e-300)),
         "starts": len(grid),
         "starts_status": {STATUS[i]: int((res.status == i).sum()) for i in range(len(STATUS))},
@@ -408,7 +409,6 @@ def fit_one(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
     result = FitResult(spec=spec, metric=metric, u=u, level=level, params_column=params_column,
                        boot_u=boot_u, cov=cov, sigma=sigma, dof=dof, intervals=intervals,
                        diagnostics=diagnostics, inputs=_inputs(data))
-    del names
     if backtest:
         from fit.backtest import backtest as run_backtest
         diagnostics["backtest"] = run_backtest(
