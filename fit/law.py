@@ -24,12 +24,13 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import math
+import time
 import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+from scipy.special import ndtri, stdtrit  # quantiles; scipy.stats takes 0.6 s to import
 
 from fit.forms import FORMS, Form, Model, Spec, get_form
 from fit.solver import STATUS, lbfgs
@@ -155,8 +156,8 @@ class FitResult:
         """lo, hi (loss units) around ``center`` (log loss) at ``level``."""
         q = 0.5 + level / 2
         dof = self.dof
-        tq = float(stats.t.ppf(q, dof)) if dof and dof > 0 else None
-        z = float(stats.norm.ppf(q))
+        tq = float(stdtrit(dof, q)) if dof and dof > 0 else None
+        z = float(ndtri(q))
         reasons = []
         # parameter part
         up = np.zeros_like(center)
@@ -302,7 +303,7 @@ def _fit_by(df, form, fix, tie, by, opts) -> FitResult:
     if not groups:
         raise InputError("no points", field="by")
     last = groups[-1][1]
-    diag = {"by": by, "n_groups": len(groups),
+    diag = {"by": by, "n_groups": len(groups), "dropped_rows": list(df.attrs.get("dropped", [])),
             "groups": [{by: v, "params": r.params, "objective": r.diagnostics.get("objective"),
                         "converged": r.diagnostics.get("converged")} for v, r in groups]}
     if opts["backtest"]:
@@ -349,12 +350,14 @@ def fit_one(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
     near = order[:400][res.f[order[:400]] <= res.f[order[0]] * (1 + POLISH_WITHIN)]
     cands = _distinct(res.x[near], res.f[near], res.x[order[0]], k=POLISH_TOP)
     phi, fbest, pol = prob.polish(cands)
+    pol_best = int(np.argmin(np.where(np.isfinite(pol.f), pol.f, np.inf)))
     best = order[0]
     u = spec.to_u(phi)
     logfit = model.log_predict(u[None])[0]
     resid = logy - logfit
-    # distinct local optima (warm starts of the bootstrap replicates)
-    optima = _distinct(res.x[order[:400]], res.f[order[:400]], phi)
+    # distinct local optima within 10% of the best (warm starts of the bootstrap replicates)
+    near10 = order[:400][res.f[order[:400]] <= fbest * 1.1]
+    optima = _distinct(res.x[near10], res.f[near10], phi)
 
     # lack-of-fit: residual scale and degrees of freedom
     multi = data.groupby("run").size().max() > 1
@@ -375,14 +378,13 @@ def fit_one(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
         boot_u, boot_info = _bootstrap(prob, runs, optima, bootstrap, seed)
 
     intervals = _intervals(spec, u, boot_u, cov, dof, level)
-    names = form.names
     disp = {p.name: float(p.to_display(u[i])) for i, p in enumerate(form.params)}
     at_bound = {k: v for k, v in ((p.name, _bound_flag(p, disp[p.name])) for p in form.params
                                   if p.name in spec.free) if v}
     diagnostics = {
         "objective": float(fbest),
         "huber_delta": delta,
-        "converged": bool(res.status[best] == 0 and pol.status.min() == 0),
+        "converged": bool(res.status[best] == 0 and pol.status[pol_best] == 0),
         "polish_gain_rel": float((res.f[best] - fbest) / max(abs(fbest), 1e-300)),
         "starts": len(grid),
         "starts_status": {STATUS[i]: int((res.status == i).sum()) for i in range(len(STATUS))},
@@ -407,7 +409,6 @@ def fit_one(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
     result = FitResult(spec=spec, metric=metric, u=u, level=level, params_column=params_column,
                        boot_u=boot_u, cov=cov, sigma=sigma, dof=dof, intervals=intervals,
                        diagnostics=diagnostics, inputs=_inputs(data))
-    del names
     if backtest:
         from fit.backtest import backtest as run_backtest
         diagnostics["backtest"] = run_backtest(
@@ -425,14 +426,14 @@ def fit_one(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
 
 def _backtest_starts(grid, res, order):
     """Starts of the backtest refits. A grid of up to 500 starts is used whole; a larger one
-    (the Chinchilla grid) is thinned to every 10th start plus the 32 best distinct end points
+    (the Chinchilla grid) is thinned to every 20th start plus the 32 best distinct end points
     of the full fit's starts, which are local optima of a closely related objective (the
-    backtest fits drop a few of the largest runs); this keeps a backtest fold ~10x cheaper
+    backtest fits drop a few of the largest runs); this keeps a backtest fold ~15x cheaper
     than the full fit."""
     if len(grid) <= 500:
         return None
     ends = _distinct(res.x[order[:2000]], res.f[order[:2000]], res.x[order[0]], k=32)
-    return np.vstack([grid[::10], ends])
+    return np.vstack([grid[::20], ends])
 
 
 def select_points(df: pd.DataFrame, form: Form, final_only: bool | None):
@@ -556,6 +557,7 @@ def _bootstrap(prob, runs, optima, R, seed):
     run come along, weighted by how often it was drawn) and is refitted from the distinct
     optima of the full fit. Replicates with fewer distinct runs than across-run parameters
     are degenerate and left out (counted)."""
+    t0 = time.perf_counter()
     spec = prob.spec
     rng = np.random.default_rng(seed)
     uniq, inv = np.unique(runs, return_inverse=True)
@@ -572,7 +574,8 @@ def _bootstrap(prob, runs, optima, R, seed):
     U = prob.u0 + res.x[rows][valid] @ prob.M.T
     info = {"replicates": int(R), "valid": int(valid.sum()), "degenerate": int((~enough).sum()),
             "not_converged": int((enough & ~conv).sum()), "starts_per_replicate": int(k),
-            "seed": int(seed), "resampled": "runs"}
+            "seed": int(seed), "resampled": "runs",
+            "seconds": round(time.perf_counter() - t0, 3)}
     if valid.sum() < 20:
         warnings.warn(f"bootstrap: only {int(valid.sum())} of {R} replicates usable; the "
                       "bootstrap part of the bands is left out", stacklevel=3)
@@ -594,7 +597,7 @@ def _intervals(spec, u, boot_u, cov, dof, level) -> dict:
             out[p.name] = [float(np.quantile(d, 1 - q)), float(np.quantile(d, q))]
         elif cov is not None and dof:
             j = free.index(spec.tie.get(p.name, p.name))
-            h = float(stats.t.ppf(q, dof)) * math.sqrt(max(cov[j, j], 0.0))
+            h = float(stdtrit(dof, q)) * math.sqrt(max(cov[j, j], 0.0))
             out[p.name] = [float(p.to_display(u[i] - h)), float(p.to_display(u[i] + h))]
         else:
             out[p.name] = [math.nan, math.nan]
