@@ -13,7 +13,8 @@ def _resolve(target: str):
     try:
         return resolve(target)
     except KeyError as e:
-        known = ", ".join(f"{n} ({', '.join(r.name for r in lad.all)})" for n, lad in LADDERS.items())
+        known = ", ".join(f"{n} ({', '.join(r.name for r in lad.all)})"
+                          for n, lad in LADDERS.items())
         raise InputError(f"unknown ladder or rung {e.args[0]!r}; known: {known}",
                          field="LADDER[:RUNG]", exit_code=EX_USAGE) from None
 
@@ -102,4 +103,54 @@ def run_main(args) -> int:
             print(f"ladder run: interrupted at step {s['step']}; continue with --resume",
                   file=sys.stderr)
             return EX_INTERRUPTED
+    return 0
+
+
+def _bytes(x: float) -> str:
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if x >= scale:
+            return f"{x / scale:.3g}{unit}"
+    return f"{x:.0f}B"
+
+
+def _duration(s: float) -> str:
+    for unit, scale in (("d", 86400), ("h", 3600), ("min", 60)):
+        if s >= scale:
+            return f"{s / scale:.3g}{unit}"
+    return f"{s:.3g}s"
+
+
+def plan_main(args) -> int:
+    from ladder.plan import DEFAULT_MFU, GB200_BF16_DENSE_FLOPS, plan_rung
+
+    _, rungs = _resolve(args.target)
+    peak = GB200_BF16_DENSE_FLOPS if args.peak_flops is None else args.peak_flops
+    mfu = DEFAULT_MFU if args.mfu is None else args.mfu
+    try:
+        plans = [plan_rung(r, args.devices, expert_parallel=args.expert_parallel,
+                           peak_flops=peak, mfu=mfu) for r in rungs]
+    except ValueError as e:  # names the field: devices, expert_parallel, peak_flops, mfu
+        field, _, message = str(e).partition(": ")
+        raise InputError(message, field=f"--{field.replace('_', '-')}",
+                         exit_code=EX_USAGE) from None
+    rows = [p.to_dict() for p in plans]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'ladder':<11} {'rung':<14} {'mesh dxe':>9} {'params':>8} {'active':>8} "
+          f"{'FLOPs/step':>10} {'tok/dev':>8} {'params':>9} {'grads':>9} {'adam':>9} "
+          f"{'act/seq':>9} {'activ.':>9} {'total':>9} {'step':>8} {'run':>8}")
+    for r in rows:
+        mesh = f"{r['data_parallel']}x{r['expert_parallel']}"
+        print(f"{r['ladder']:<11} {r['name']:<14} {mesh:>9} {_fmt(r['params']):>8} "
+              f"{_fmt(r['active_params']):>8} {r['flops_per_step']:>10.3e} "
+              f"{_fmt(r['tokens_per_device']):>8} {_bytes(r['param_bytes']):>9} "
+              f"{_bytes(r['grad_bytes']):>9} {_bytes(r['optimizer_bytes']):>9} "
+              f"{_bytes(r['activation_bytes_per_sequence']):>9} "
+              f"{_bytes(r['activation_bytes']):>9} {_bytes(r['total_bytes']):>9} "
+              f"{_duration(r['step_time_s']):>8} {_duration(r['run_time_s']):>8}")
+    print(f"memory per device: params f32 (routed experts split over the expert axis), grads f32, "
+          f"Adam 2 x f32, activations of one step's batch (bf16 estimate, no remat; "
+          f"see ladder/plan.py). time: FLOPs/step (LM head included) / ({args.devices} x "
+          f"{peak:.3g} FLOP/s x MFU {mfu:g})")
     return 0

@@ -102,7 +102,7 @@ def rope(x: jax.Array, positions: jax.Array, rope_dim: int, theta: float) -> jax
     if rope_dim == 0:
         return x
     half = rope_dim // 2
-    freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)     # [half] = theta^(-2i/rope_dim)
+    freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)  # [half]: theta^(-2i/rope_dim)
     angle = positions.astype(jnp.float32)[:, None] * freq[None, :]   # [S, half]
     cos = jnp.cos(angle)[None, :, None, :]                           # [1, S, 1, half]
     sin = jnp.sin(angle)[None, :, None, :]
@@ -160,7 +160,7 @@ class Attention(nn.Module):
         q = rope(q, positions, cfg.rope_dim, cfg.rope_theta)
         k = rope(k, positions, cfg.rope_dim, cfg.rope_theta)
 
-        q = q.reshape(B, S, K, G, Hd)                              # [B,S,H,Hd] -> [B,S,K,G,Hd]; h = k*G + g
+        q = q.reshape(B, S, K, G, Hd)               # [B,S,H,Hd] -> [B,S,K,G,Hd]; head h = k*G + g
         scores = jnp.einsum("bskgx,btkx->bkgst", q, k) / math.sqrt(Hd)   # [B, K, G, S, T]
         window = None if cfg.is_global(self.layer) else cfg.local_window
         mask = attention_mask(S, window)                           # [S, T]

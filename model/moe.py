@@ -61,15 +61,21 @@ def route(cfg: ModelConfig, logits: jax.Array, bias: jax.Array) -> Routing:
 ExpertFn = Callable[[jax.Array], jax.Array]   # [E, C, L] -> [E, C, L], each expert on its row
 
 
+class Dispatched(NamedTuple):
+    out: jax.Array    # [T, k, L]: each assignment's expert output, zeros where dropped
+    kept: jax.Array   # [T, k] bool: the assignment got a slot
+
+
 def dispatch_sorted(expert_fn: ExpertFn, x: jax.Array, expert: jax.Array, n_experts: int,
-                    cap: int) -> tuple[jax.Array, jax.Array]:
+                    cap: int) -> Dispatched:
     """Run each token's chosen experts with at most ``cap`` assignments per expert.
 
-    x [T, L], expert [T, k] -> (out [T, k, L] with zeros where dropped, kept [T, k] bool).
+    x [T, L], expert [T, k] -> Dispatched(out [T, k, L] with zeros where dropped, kept [T, k]).
     Sort the assignments by expert (stable, so earlier tokens come first), find each one's slot
     from the running counts, scatter into an [E, C, L] buffer, run all experts as one batched
-    einsum, gather back. Measured on CPU ~2x faster than one-hot einsum dispatch and 4-5x faster
-    than jax.lax.ragged_dot (bench/moe_dispatch.py).
+    einsum, gather back. Measured here on CPU (bench/moe_dispatch.py, expert path fwd+bwd, T=2048,
+    E=8, top-2, L=F=32): ~5x faster than running every expert on every token with a one-hot mask,
+    ~7x faster than jax.lax.ragged_dot, ~70x faster than an [A, E, C] one-hot dispatch einsum.
     """
     T, k = expert.shape
     A = T * k
@@ -80,7 +86,7 @@ def dispatch_sorted(expert_fn: ExpertFn, x: jax.Array, expert: jax.Array, n_expe
     starts = jnp.cumsum(counts) - counts                       # [E] first sorted index of expert e
     slot = jnp.arange(A) - starts[sorted_expert]               # [A] position within its expert
     kept_sorted = slot < cap
-    slot = jnp.where(kept_sorted, slot, cap)                   # out of range: dropped by mode="drop"
+    slot = jnp.where(kept_sorted, slot, cap)                   # out of range: mode="drop" drops
     tokens = x[order // k]                                     # [A, L] token of each assignment
     buf = jnp.zeros((n_experts, cap, x.shape[-1]), x.dtype)
     buf = buf.at[sorted_expert, slot].set(tokens, mode="drop")  # [E, C, L]
@@ -88,11 +94,11 @@ def dispatch_sorted(expert_fn: ExpertFn, x: jax.Array, expert: jax.Array, n_expe
     out_sorted = out.at[sorted_expert, slot].get(mode="fill", fill_value=0)   # [A, L]
     out_flat = jnp.zeros_like(out_sorted).at[order].set(out_sorted)          # unsort -> [A, L]
     kept = jnp.zeros((A,), bool).at[order].set(kept_sorted)
-    return out_flat.reshape(T, k, -1), kept.reshape(T, k)      # [A, L] -> [T, k, L]
+    return Dispatched(out_flat.reshape(T, k, -1), kept.reshape(T, k))   # [A, L] -> [T, k, L]
 
 
 def dispatch_reference(expert_fn: ExpertFn, x: jax.Array, expert: jax.Array, n_experts: int,
-                       cap: int) -> tuple[jax.Array, jax.Array]:
+                       cap: int) -> Dispatched:
     """Slow, obviously correct twin of :func:`dispatch_sorted`: every expert computes every token;
     a Python loop over experts keeps the first ``cap`` tokens (in flattened order) that chose it."""
     T, k = expert.shape
@@ -106,7 +112,7 @@ def dispatch_reference(expert_fn: ExpertFn, x: jax.Array, expert: jax.Array, n_e
         keep = chose & (chose_token & (rank < cap))[:, None]   # [T, k]
         out = jnp.where(keep[..., None], all_out[e][:, None, :], out)
         kept = kept | keep
-    return out, kept
+    return Dispatched(out, kept)
 
 
 # ------------------------------------------------------------------------------------ experts

@@ -57,7 +57,7 @@ class Decoder(nn.Module):
             auxes.append(aux)
         x = RMSNorm(cfg.norm_eps, name="final_norm")(x)
         logits = jnp.einsum("bsd,dv->bsv", x, lm_head).astype(jnp.float32)   # [B, S, V]
-        # per-layer stats stacked along a leading layer axis: scalars -> [n_layers], load -> [n_layers, E]
+        # per-layer stats on a leading layer axis: scalars -> [n_layers], load -> [n_layers, E]
         return logits, {k: jnp.stack([a[k] for a in auxes]) for k in AUX_KEYS}
 
 

@@ -28,7 +28,8 @@ def test_tiny_forward_and_backward(tiny):
     params, bias = tiny
     B, S = 2, 16
     tokens = jax.random.randint(jax.random.key(0), (B, S), 0, TINY.vocab_size)
-    grad_fn = jax.jit(jax.value_and_grad(partial(model.loss_fn, TINY), argnums=(0, 1), has_aux=True))
+    grad_fn = jax.jit(jax.value_and_grad(partial(model.loss_fn, TINY), argnums=(0, 1),
+                                         has_aux=True))
     (loss, stats), (g_params, g_bias) = grad_fn(params, bias + 0.1, tokens, jnp.roll(tokens, -1, 1))
     # at init the logits are near zero: the loss is near log(vocab) (uniform prediction)
     assert float(stats["ce"]) == pytest.approx(math.log(TINY.vocab_size), abs=0.05)
@@ -79,7 +80,7 @@ def test_init_is_deterministic_and_seeded(tiny):
     again, _ = model.init(TINY, 0)
     other, _ = model.init(TINY, 1)
     flat, flat_again = jax.tree.leaves(params), jax.tree.leaves(again)
-    assert all(np.array_equal(a, b) for a, b in zip(flat, flat_again))
+    assert all(np.array_equal(a, b) for a, b in zip(flat, flat_again, strict=True))
     assert not np.array_equal(params["embedding"], other["embedding"])
     assert float(jnp.std(params["embedding"])) == pytest.approx(TINY.init_std, rel=0.1)
     np.testing.assert_array_equal(params["final_norm"]["scale"], np.ones(TINY.d_model))
@@ -119,7 +120,8 @@ def test_rope_scores_depend_on_relative_position_only():
     pos = jnp.arange(8)
 
     def scores(shift):
-        return jnp.einsum("bshx,bthx->st", rope(q, pos + shift, 8, 1e4), rope(k, pos + shift, 8, 1e4))
+        rotated_q, rotated_k = rope(q, pos + shift, 8, 1e4), rope(k, pos + shift, 8, 1e4)
+        return jnp.einsum("bshx,bthx->st", rotated_q, rotated_k)
 
     np.testing.assert_allclose(scores(0), scores(13), rtol=1e-4, atol=1e-5)
     assert not np.allclose(scores(0), jnp.einsum("bshx,bthx->st", q, k), atol=1e-3)

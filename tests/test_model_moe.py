@@ -73,14 +73,15 @@ HAND_KEPT = np.array([[True, True], [True, True], [False, True], [False, False]]
 @pytest.mark.parametrize("dispatch", [dispatch_sorted, dispatch_reference])
 def test_drops_exact_on_hand_built_routing(dispatch):
     x = jnp.arange(4 * 3, dtype=jnp.float32).reshape(4, 3) + 1.0       # [T, L], no zero rows
-    scale = jnp.array([1.0, 10.0, 100.0])                              # expert e multiplies by scale[e]
+    scale = jnp.array([1.0, 10.0, 100.0])                  # expert e multiplies by scale[e]
 
     def expert_fn(buf):                                                # [E, C, L] -> [E, C, L]
         return buf * scale[:, None, None]
 
     out, kept = jax.jit(lambda x, e: dispatch(expert_fn, x, e, 3, 2))(x, jnp.asarray(HAND_EXPERT))
     np.testing.assert_array_equal(kept, HAND_KEPT)
-    want = np.where(HAND_KEPT[..., None], np.asarray(x)[:, None, :] * np.asarray(scale)[HAND_EXPERT][..., None], 0.0)
+    expert_scale = np.asarray(scale)[HAND_EXPERT][..., None]          # [T, k, 1]
+    want = np.where(HAND_KEPT[..., None], np.asarray(x)[:, None, :] * expert_scale, 0.0)
     np.testing.assert_allclose(out, want)
 
     cfg = small_cfg(n_experts=3, top_k=2)
@@ -113,8 +114,9 @@ def test_combine_weights_use_unbiased_logits():
     r = route(cfg, logits, jnp.array([10.0, 0.0, 0.0]))        # the bias makes expert 0 win
     assert sorted(np.asarray(r.expert[0]).tolist()) == [0, 2]
     s = 1 / (1 + np.exp(-np.array([1.0, 3.0])))
-    want = dict(zip([0, 2], 2.5 * s / s.sum()))
-    got = dict(zip(np.asarray(r.expert[0]).tolist(), np.asarray(r.weight[0]).tolist()))
+    want = dict(zip([0, 2], 2.5 * s / s.sum(), strict=True))
+    got = dict(zip(np.asarray(r.expert[0]).tolist(), np.asarray(r.weight[0]).tolist(),
+                   strict=True))
     assert got == pytest.approx(want, rel=1e-6)
     r = route(small_cfg(n_experts=3, top_k=2, combine="softmax", route_scale=1.0), logits,
               jnp.zeros(3))
@@ -135,15 +137,19 @@ def test_bias_rules_move_only_by_their_rule():
     target = jnp.array([[1.0, 2.0, -3.0, 0.0]])
     stats = {"moe/load": load, "moe/bias_target": target}
     u = 0.01
-    np.testing.assert_allclose(update_router_bias(small_cfg(bias_rule="sign", bias_rate=u), bias, stats),
+    def update(**kw):
+        return update_router_bias(small_cfg(**kw), bias, stats)
+
+    np.testing.assert_allclose(update(bias_rule="sign", bias_rate=u),
                                [[0.1 + u, -0.2 - u, 0.3, 0.0]], rtol=1e-6)
-    np.testing.assert_array_equal(update_router_bias(small_cfg(bias_rule="threshold"), bias, stats), target)
-    np.testing.assert_array_equal(update_router_bias(small_cfg(bias_rule="none"), bias, stats), bias)
+    np.testing.assert_array_equal(update(bias_rule="threshold"), target)
+    np.testing.assert_array_equal(update(bias_rule="none"), bias)
 
 
 def _balance(rule: str, steps: int = 300, tokens: int = 2048):
     """Route skewed logits (expert e gets a +1.5 .. -1.5 offset) for ``steps`` steps, updating the
-    bias by ``rule`` after each; return the mean load over the last 50 steps, and the first step's."""
+    bias by ``rule`` after each; return the mean load over the last 50 steps and the first
+    step's load."""
     E = 8
     cfg = small_cfg(n_experts=E, top_k=2, bias_rule=rule, bias_rate=0.01)
     skew = jnp.linspace(1.5, -1.5, E)

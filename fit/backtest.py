@@ -1,0 +1,113 @@
+"""Backtests: fit on the smaller runs, predict the larger ones.
+
+Runs are ordered by scale (their largest compute; else params x tokens; else params) and grouped
+into scale levels (runs within 0.05 decades are one level, so the runs of one IsoFLOP budget or
+one rung with a rerun are held out together). Rollout: for each of the last ``max_folds`` levels,
+fit on every smaller level and predict that level. Leave-the-largest-out is the last rollout fold:
+fit on everything but the largest level. Errors are relative, ``predicted / observed - 1``, at the
+held-out runs' final points and (for runs with several points) averaged over their whole curves.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+
+from ladder.io import InputError
+
+MAX_FOLDS = 4
+
+
+def scale_levels(df: pd.DataFrame) -> pd.Series:
+    """Scale level (an integer, larger = bigger) of every run."""
+    g = df.groupby("run")
+    if "compute" in df.columns and df["compute"].notna().all():
+        s = g["compute"].max() / g["fraction"].max().clip(lower=1e-12)  # planned total
+    elif {"params", "tokens"} <= set(df.columns) and df[["params", "tokens"]].notna().all().all():
+        s = (g["params"].max() * g["tokens"].max())
+    elif "params" in df.columns and df["params"].notna().all():
+        s = g["params"].max()
+    else:
+        s = 1.0 / g["loss"].min()  # no scale column: order by final loss, high to low
+    logs = np.log10(s.astype(float))
+    return pd.Series(np.round(logs * 20).astype(int), index=s.index)
+
+
+def backtest(df: pd.DataFrame, spec, opts: dict, *, by: str | None = None,
+             final_only: bool | None = None, max_folds: int = MAX_FOLDS,
+             starts=None) -> dict:
+    from fit.law import _fit_by, fit_one
+    levels = scale_levels(df)
+    uniq = np.sort(levels.unique())
+    folds, skipped = [], []
+    for lv in uniq[max(1, len(uniq) - max_folds):]:
+        train_runs = levels.index[levels < lv]
+        test_runs = levels.index[levels == lv]
+        train = df[df["run"].isin(train_runs)].copy()
+        test = df[df["run"].isin(test_runs)].copy()
+        train.attrs = {}
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                if by is not None:
+                    res = _fit_by(train, spec.form.name, spec.fix, spec.tie, by,
+                                  dict(opts, backtest=False))
+                else:
+                    res = fit_one(train, spec, final_only=final_only, starts=starts, **opts)
+        except InputError as e:
+            skipped.append({"train_runs": int(len(train_runs)), "reason": str(e)})
+            continue
+        folds.append(_evaluate(res, test, spec, by, final_only, len(train_runs)))
+    out = {"method": "rollout by scale level (0.05 decades); leave-largest-out = last fold",
+           "folds": folds, "skipped": skipped}
+    if folds:
+        fin = np.concatenate([f["final_rel_err"] for f in folds])
+        out["rollout_mean_abs_final"] = float(np.mean(np.abs(fin)))
+        curve = [f["curve_mean_abs_rel_err"] for f in folds if f["curve_mean_abs_rel_err"]
+                 is not None]
+        out["rollout_mean_abs_curve"] = float(np.mean(curve)) if curve else None
+        last = folds[-1]
+        out["leave_largest_out"] = {"held_out": last["held_out"],
+                                    "final_rel_err": last["final_rel_err"],
+                                    "mean_abs_final": float(np.mean(np.abs(
+                                        last["final_rel_err"]))),
+                                    "curve_mean_abs_rel_err": last["curve_mean_abs_rel_err"]}
+        cov = [f["inside_band"] for f in folds if f["inside_band"] is not None]
+        out["band_coverage_final"] = float(np.mean(cov)) if cov else None
+    return out
+
+
+def _evaluate(res, test, spec, by, final_only, n_train) -> dict:
+    from fit.law import select_points
+    final_pts, _ = select_points(test, spec.form, True)
+    curve_pts = test if (by is not None or spec.form.name == "trajectory") else None
+    if by is not None:  # per-fraction laws predict only inside their fitted fraction range
+        lo = min(v for v, _ in res.groups) - 5e-4
+        hi = max(v for v, _ in res.groups) + 5e-4
+        curve_pts = test[(test["fraction"] >= lo) & (test["fraction"] <= hi)]
+        final_pts = final_pts[(final_pts["fraction"] >= lo) & (final_pts["fraction"] <= hi)]
+    fin = _predict(res, final_pts)
+    rel = fin.loss / final_pts["loss"].to_numpy() - 1.0
+    inside = None
+    if np.all(np.isfinite(fin.lo)):
+        y = final_pts["loss"].to_numpy()
+        inside = float(np.mean((y >= fin.lo) & (y <= fin.hi)))
+    curve_err = None
+    if curve_pts is not None and len(curve_pts):
+        cp = _predict(res, curve_pts)
+        curve_err = float(np.mean(np.abs(cp.loss / curve_pts["loss"].to_numpy() - 1.0)))
+    return {"train_runs": int(n_train), "held_out": sorted(final_pts["run"].astype(str)),
+            "final_rel_err": [float(x) for x in rel], "final_mean_abs": float(np.mean(np.abs(rel)))
+            if len(rel) else None, "curve_mean_abs_rel_err": curve_err, "inside_band": inside}
+
+
+def _predict(res, pts):
+    kw = {}
+    for col in ("params", "active_params", "tokens", "compute", "fraction"):
+        if col in pts.columns and pts[col].notna().all():
+            kw[col] = pts[col].to_numpy(dtype=float)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return res.predict(**kw)

@@ -1,0 +1,73 @@
+"""`ladder fit` and `ladder predict`: parse-free entry points called by ladder/cli.py."""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+
+from ladder.io import EX_USAGE, InputError, atomic_write_json, to_jsonable
+
+
+def _pairs(items, what: str, numeric: bool) -> dict:
+    out = {}
+    for item in items or []:
+        for part in str(item).split(","):
+            if not part.strip():
+                continue
+            if "=" not in part:
+                raise InputError(f"expected NAME=VALUE, got {part!r}", field=what,
+                                 exit_code=EX_USAGE)
+            k, v = (s.strip() for s in part.split("=", 1))
+            if numeric:
+                try:
+                    v = float(v)
+                except ValueError:
+                    raise InputError(f"{k}: not a number: {v!r}", field=what,
+                                     exit_code=EX_USAGE) from None
+            out[k] = v
+    return out
+
+
+def fit_main(args) -> int:
+    from fit.law import fit_law
+    from fit.points import load_points
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        df = load_points(args.sources, args.metric)
+        res = fit_law(df, form=args.form, fix=_pairs(args.fix, "--fix", True),
+                      tie=_pairs(args.tie, "--tie", False), by=args.by,
+                      bootstrap=args.bootstrap, level=args.level, seed=args.seed,
+                      params_column=args.params_column, metric=df.attrs.get("metric"))
+    seen = set()
+    for w in caught:
+        msg = str(w.message)
+        if msg not in seen and "dropped:" not in msg:
+            seen.add(msg)
+            print(f"ladder fit: warning: {msg}", file=sys.stderr)
+    print(res.report())
+    if args.out:
+        atomic_write_json(args.out, res.to_json())
+        print(f"wrote {args.out}")
+    return 0
+
+
+def predict_main(args) -> int:
+    if getattr(args, "schedule", None):
+        try:
+            from fit.curves import predict_schedule_main
+        except ImportError:
+            raise InputError("--schedule needs the schedule-aware curve laws (fit.curves)",
+                             field="--schedule", exit_code=EX_USAGE) from None
+        return predict_schedule_main(args)
+    from fit.lawjson import load_law
+    law = load_law(args.law)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pred = law.predict(params=args.params, active_params=args.active_params,
+                           tokens=args.tokens, compute=args.compute, fraction=args.fraction,
+                           level=args.level)
+    for w in caught:
+        print(f"ladder predict: warning: {w.message}", file=sys.stderr)
+    print(json.dumps(to_jsonable(pred.to_dict())))
+    return 0

@@ -1,0 +1,593 @@
+"""Fitting a law to a points table: ``fit_law(df, form=...) -> FitResult``.
+
+Objective: Huber (delta 1e-3) of log residuals, *summed* over points (Hoffmann et al. 2022, App.
+D.2, averaged it; Besiroglu et al. 2024 show the average stops L-BFGS early and gives wrong
+parameters). Multi-start from the form's grid (for ``chinchilla`` the paper's 4,500 starts), every
+start run to convergence by the batched L-BFGS of ``fit.solver``, the best polished with scipy's
+L-BFGS-B at tight tolerances.
+
+Uncertainty (both kept in law.json, so bands can be recomputed):
+- a bootstrap that resamples *runs* (points of one run are correlated), each replicate refitted
+  from the point estimate and the other distinct local optima of the full fit;
+- a lack-of-fit Student-t interval: residual scale sigma from the fit, t quantile with the
+  residual degrees of freedom (runs minus across-run parameters), and the delta-method
+  covariance sigma^2 (J'J)^-1 for the parameter part. With few rungs the bootstrap has little to
+  resample; the t interval is what stays honest.
+A prediction band at a point: in log space, the parameter part is the larger of the bootstrap
+quantile deviation and the t x delta-method standard error; the run-to-run noise part is t x
+sigma; an extra log-sigma (eval noise, added by a forecaster) is added in quadrature. A band that
+cannot be computed (no residual degrees of freedom, no usable replicates) is NaN with a warning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy import optimize, stats
+
+from fit.forms import FORMS, Form, Model, Spec, get_form
+from fit.solver import STATUS, lbfgs
+from ladder.io import InputError, sha256_of
+
+SCHEMA = "law/1"
+HUBER_DELTA = 1e-3
+CURVE_FORMS = ("mpl", "momentum")  # fit.curves (schedule-aware curve laws)
+
+
+# ----------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class Prediction:
+    loss: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    level: float
+
+    def to_dict(self) -> dict:
+        def one(a):
+            a = np.asarray(a, dtype=float)
+            return float(a) if a.ndim == 0 else a.tolist()
+        return {"loss": one(self.loss), "lo": one(self.lo), "hi": one(self.hi),
+                "level": self.level}
+
+
+class FitResult:
+    """A fitted law: parameters, intervals, diagnostics, ``predict()``, ``report()``, JSON.
+
+    For ``by=`` fits (one law per value of a column, e.g. the real ladder's per-fraction fits)
+    ``groups`` holds the per-value results and ``predict(fraction=...)`` uses the matching one,
+    interpolating log loss linearly between neighbouring values.
+    """
+
+    def __init__(self, *, spec: Spec, metric: str, u: np.ndarray, level: float,
+                 params_column: str = "params", boot_u: np.ndarray | None = None,
+                 cov: np.ndarray | None = None, sigma: float | None = None,
+                 dof: float | None = None, intervals: dict | None = None,
+                 diagnostics: dict | None = None, inputs: dict | None = None,
+                 conventions: dict | None = None, created: str | None = None,
+                 tool_version: str | None = None, by: str | None = None,
+                 groups: list | None = None):
+        self.spec = spec
+        self.metric = metric
+        self.u = np.asarray(u, dtype=float)
+        self.level = float(level)
+        self.params_column = params_column
+        self.boot_u = None if boot_u is None else np.asarray(boot_u, dtype=float)
+        self.cov = None if cov is None else np.asarray(cov, dtype=float)
+        self.sigma = sigma
+        self.dof = dof
+        self.intervals = intervals or {}
+        self.diagnostics = diagnostics or {}
+        self.inputs = inputs or {}
+        self.conventions = conventions or _conventions()
+        self.created = created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        self.tool_version = tool_version or _version()
+        self.by = by
+        self.groups = groups or []  # list of (value, FitResult)
+
+    # --- named views ---------------------------------------------------------------------------
+    @property
+    def form(self) -> str:
+        return self.spec.form.name
+
+    @property
+    def expression(self) -> str:
+        return self.spec.form.expression
+
+    @property
+    def params(self) -> dict:
+        return {p.name: float(p.to_display(self.u[i])) for i, p in enumerate(self.spec.form.params)}
+
+    # --- prediction ----------------------------------------------------------------------------
+    def predict(self, params=None, active_params=None, tokens=None, compute=None, fraction=None,
+                level: float | None = None, extra_log_sigma=0.0) -> Prediction:
+        level = self.level if level is None else float(level)
+        if not 0 < level < 1:
+            raise ValueError(f"level: must be in (0, 1), got {level!r}")
+        if self.groups:
+            return self._predict_groups(params, active_params, tokens, compute, fraction, level,
+                                        extra_log_sigma)
+        cols = self._columns(params, active_params, tokens, compute, fraction)
+        shape = np.broadcast(*cols.values()).shape
+        flat = {k: np.broadcast_to(v, shape).ravel() for k, v in cols.items()}
+        model = Model(self.spec.form, self.spec.form.features(flat))
+        center = model.log_predict(self.u[None])[0]
+        lo, hi = self._band(model, center, level, np.broadcast_to(extra_log_sigma, shape).ravel())
+        return Prediction(loss=np.exp(center).reshape(shape), lo=lo.reshape(shape),
+                          hi=hi.reshape(shape), level=level)
+
+    def _columns(self, params, active_params, tokens, compute, fraction) -> dict:
+        given = {"params": params, "active_params": active_params, "tokens": tokens,
+                 "compute": compute, "fraction": fraction}
+        form = self.spec.form
+        if form.name == "trajectory" and fraction is None:
+            given["fraction"] = 1.0
+        cols = {}
+        for need in form.needs:
+            key = self.params_column if need == "N" else need
+            v = given.get(key)
+            if v is None:
+                raise InputError(f"the {form.name} law needs --{key.replace('_', '-')}",
+                                 field=key)
+            v = np.asarray(v, dtype=float)
+            if not np.all(np.isfinite(v) & (v > 0)):
+                raise InputError("must be finite and positive", field=key)
+            if need == "fraction" and np.any(v > 1):
+                raise InputError("must be in (0, 1]", field="fraction")
+            cols[need] = v
+        return cols
+
+    def _band(self, model, center, level, extra):
+        """lo, hi (loss units) around ``center`` (log loss) at ``level``."""
+        q = 0.5 + level / 2
+        dof = self.dof
+        tq = float(stats.t.ppf(q, dof)) if dof and dof > 0 else None
+        z = float(stats.norm.ppf(q))
+        reasons = []
+        # parameter part
+        up = np.zeros_like(center)
+        down = np.zeros_like(center)
+        have_param = False
+        if self.boot_u is not None and len(self.boot_u) >= 20:
+            draws = model.log_predict(self.boot_u)           # (R, m)
+            dev = draws - center[None]
+            up = np.maximum(up, np.quantile(dev, q, axis=0))
+            down = np.maximum(down, -np.quantile(dev, 1 - q, axis=0))
+            have_param = True
+        if self.cov is not None and tq is not None:
+            u0, M = self.spec.mapping()
+            J = _jacobian_rows(model, self.u) @ M             # (m, F)
+            se = np.sqrt(np.maximum(np.einsum("mf,fg,mg->m", J, self.cov, J), 0.0))
+            up = np.maximum(up, tq * se)
+            down = np.maximum(down, tq * se)
+            have_param = True
+        if not have_param:
+            reasons.append("no parameter uncertainty (no bootstrap replicates and no "
+                           "covariance)")
+        if self.sigma is None or tq is None:
+            reasons.append("no residual degrees of freedom to estimate run-to-run noise "
+                           f"(dof={dof})")
+            noise = np.full_like(center, np.nan)
+        else:
+            noise = np.full_like(center, tq * self.sigma)
+        extra = z * np.asarray(extra, dtype=float)
+        if reasons:
+            warnings.warn(f"{self.form} law: prediction band unavailable: "
+                          + "; ".join(reasons), stacklevel=3)
+            nan = np.full_like(center, np.nan)
+            return nan, nan
+        hi = center + np.sqrt(up ** 2 + noise ** 2 + extra ** 2)
+        lo = center - np.sqrt(down ** 2 + noise ** 2 + extra ** 2)
+        return np.exp(lo), np.exp(hi)
+
+    def _predict_groups(self, params, active_params, tokens, compute, fraction, level, extra):
+        values = np.array([v for v, _ in self.groups])
+        g = np.asarray(1.0 if fraction is None else fraction, dtype=float)
+        shape = np.broadcast(*[np.asarray(x) for x in (params, active_params, tokens, compute,
+                                                        g, extra) if x is not None]).shape
+        gb = np.broadcast_to(g, shape).ravel()
+        tol = 1e-6 + 0.5e-3  # group values are fractions rounded to 1e-3
+        if np.any(gb < values.min() - tol) or np.any(gb > values.max() + tol):
+            raise InputError(f"outside the fitted range {values.min():g}..{values.max():g} of "
+                             f"the per-{self.by} laws", field=self.by)
+        out = np.full((3, gb.size), np.nan)
+        def b(x):
+            return None if x is None else np.broadcast_to(np.asarray(x, float), shape).ravel()
+        kw = dict(params=b(params), active_params=b(active_params), tokens=b(tokens),
+                  compute=b(compute), level=level, extra_log_sigma=b(extra))
+        preds = [r.predict(**kw) for _, r in self.groups]
+        logs = np.log(np.array([[p.loss, p.lo, p.hi] for p in preds]))  # (G, 3, m)
+        for j in range(gb.size):
+            gj = min(max(gb[j], values.min()), values.max())
+            i = int(np.searchsorted(values, gj))
+            if i < len(values) and abs(values[i] - gj) <= tol or i == 0:
+                out[:, j] = logs[min(i, len(values) - 1), :, j]
+            elif abs(values[i - 1] - gj) <= tol or i == len(values):
+                out[:, j] = logs[i - 1, :, j]
+            else:
+                w = (gj - values[i - 1]) / (values[i] - values[i - 1])
+                out[:, j] = (1 - w) * logs[i - 1, :, j] + w * logs[i, :, j]
+        loss, lo, hi = (np.exp(out[k]).reshape(shape) for k in range(3))
+        return Prediction(loss=loss, lo=lo, hi=hi, level=level)
+
+    # --- text ----------------------------------------------------------------------------------
+    def report(self) -> str:
+        from fit.report import report
+        return report(self)
+
+    # --- JSON ----------------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        from fit.lawjson import to_json
+        return to_json(self)
+
+    @classmethod
+    def from_json(cls, obj: dict, *, path=None) -> "FitResult":
+        from fit.lawjson import from_json
+        return from_json(obj, path=path)
+
+
+# ----------------------------------------------------------------------------- fitting
+
+
+def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = None,
+            by: str | None = None, bootstrap: int = 200, level: float = 0.9, seed: int = 0,
+            params_column: str = "params", metric: str | None = None,
+            delta: float = HUBER_DELTA, backtest: bool = True) -> FitResult:
+    """Fit ``form`` to the points table ``df`` (from :func:`fit.load_points`)."""
+    from fit.points import COLUMNS, load_points
+    if not isinstance(df, pd.DataFrame) or not set(COLUMNS) <= set(df.columns):
+        df = load_points(df, metric)  # files, or a bare DataFrame: normalise and clean it
+    metric = metric or df.attrs.get("metric") or "loss"
+    if not 0 < level < 1:
+        raise InputError(f"must be in (0, 1), got {level!r}", field="level")
+    if bootstrap < 0:
+        raise InputError(f"must be >= 0, got {bootstrap!r}", field="bootstrap")
+    if params_column not in ("params", "active_params"):
+        raise InputError("must be 'params' or 'active_params'", field="params_column")
+    fix, tie = dict(fix or {}), dict(tie or {})
+    opts = dict(bootstrap=bootstrap, level=level, seed=seed, params_column=params_column,
+                metric=metric, delta=delta, backtest=backtest)
+    if by is not None:
+        return _fit_by(df, form, fix, tie, by, opts)
+    if form == "auto":
+        from fit.select import fit_auto
+        return fit_auto(df, fix, tie, opts)
+    return fit_one(df, _spec(form, fix, tie), **opts)
+
+
+def _spec(form: str, fix: dict, tie: dict) -> Spec:
+    if form in CURVE_FORMS:
+        raise InputError(f"the {form} form is a schedule-aware curve law (fit.curves)",
+                         field="form")
+    if form not in FORMS:
+        raise InputError(f"unknown form {form!r}; one of auto, {', '.join(FORMS)}", field="form")
+    try:
+        return Spec(get_form(form), fix=fix, tie=tie)
+    except ValueError as e:
+        raise InputError(str(e), field="fix" if fix else "tie") from None
+
+
+def _fit_by(df, form, fix, tie, by, opts) -> FitResult:
+    if by not in df.columns or df[by].isna().all():
+        raise InputError(f"no column '{by}' to group by", field="by")
+    if form == "auto":
+        raise InputError("--by needs an explicit --form", field="by")
+    spec = _spec(form, fix, tie)
+    key = df[by].round(3) if by == "fraction" else df[by]
+    groups = []
+    for i, (value, sub) in enumerate(sorted(df.groupby(key), key=lambda kv: kv[0])):
+        o = dict(opts, seed=opts["seed"] + i)
+        r = fit_one(sub.copy(), spec, final_only=False, **o)
+        groups.append((float(value), r))
+    if not groups:
+        raise InputError("no points", field="by")
+    last = groups[-1][1]
+    diag = {"by": by, "n_groups": len(groups),
+            "groups": [{by: v, "params": r.params, "objective": r.diagnostics.get("objective"),
+                        "converged": r.diagnostics.get("converged")} for v, r in groups]}
+    if opts["backtest"]:
+        from fit.backtest import backtest
+        diag["backtest"] = backtest(df, spec, opts, by=by)
+    return FitResult(spec=spec, metric=opts["metric"], u=last.u, level=opts["level"],
+                     params_column=opts["params_column"], boot_u=last.boot_u, cov=last.cov,
+                     sigma=last.sigma, dof=last.dof, intervals=last.intervals,
+                     diagnostics=diag, inputs=_inputs(df), by=by, groups=groups)
+
+
+def fit_one(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
+            params_column="params", metric="loss", delta=HUBER_DELTA, backtest=True,
+            final_only: bool | None = None, starts: np.ndarray | None = None) -> FitResult:
+    """One form on one table: multi-start fit, bootstrap, diagnostics, backtests."""
+    form = spec.form
+    data, note = select_points(df, form, final_only)
+    cols = _required(data, form, params_column)
+    n, runs = len(data), data["run"].astype(str).to_numpy()
+    uniq_runs = np.unique(runs)
+    if n < spec.n_free or len(uniq_runs) < spec.n_across:
+        raise InputError(
+            f"{n} points from {len(uniq_runs)} runs cannot determine the {spec.n_free} free "
+            f"parameters of the {form.name} form ({', '.join(spec.free)}); add runs or fix "
+            "parameters (--fix NAME=VALUE, --tie A=B)", field="form")
+    model = Model(form, form.features(cols))
+    logy = np.log(data["loss"].to_numpy(dtype=float))
+    prob = _Problem(model, logy, spec, delta)
+    grid = spec.grid() if starts is None else np.atleast_2d(starts)
+    res = prob.solve(grid, ftol=STAGE1_FTOL, max_iter=STAGE1_MAX_ITER)
+    order = np.argsort(np.where(np.isfinite(res.f), res.f, np.inf))
+    cands = _distinct(res.x[order[:400]], res.f[order[:400]], res.x[order[0]], k=POLISH_TOP)
+    phi, fbest, pol = prob.polish(cands)
+    best = order[0]
+    u = spec.to_u(phi)
+    logfit = model.log_predict(u[None])[0]
+    resid = logy - logfit
+    # distinct local optima (warm starts of the bootstrap replicates)
+    optima = _distinct(res.x[order[:400]], res.f[order[:400]], phi)
+
+    # lack-of-fit: residual scale and degrees of freedom
+    multi = data.groupby("run").size().max() > 1
+    dof = (len(uniq_runs) - spec.n_across) if multi else (n - spec.n_free)
+    sigma = float(np.sqrt((resid ** 2).sum() / (n - spec.n_free))) if n > spec.n_free else None
+    dof = float(dof) if dof > 0 else None
+    cov = None
+    if sigma is not None and sigma > 0:
+        J = _jacobian_rows(model, u) @ prob.M
+        try:
+            cov = sigma ** 2 * np.linalg.inv(J.T @ J)
+            if not np.all(np.isfinite(cov)):
+                cov = None
+        except np.linalg.LinAlgError:
+            cov = None
+
+    boot_u, boot_info = None, {"replicates": 0}
+    if bootstrap > 0:
+        boot_u, boot_info = _bootstrap(prob, runs, optima, bootstrap, seed)
+
+    intervals = _intervals(spec, u, boot_u, cov, dof, level)
+    names = form.names
+    disp = {p.name: float(p.to_display(u[i])) for i, p in enumerate(form.params)}
+    at_bound = {k: v for k, v in ((p.name, _bound_flag(p, disp[p.name])) for p in form.params
+                                  if p.name in spec.free) if v}
+    diagnostics = {
+        "objective": float(fbest),
+        "huber_delta": delta,
+        "converged": bool(res.status[best] == 0 and pol.status.min() == 0),
+        "polish_gain_rel": float((res.f[best] - fbest) / max(abs(fbest), 1e-300)),
+        "starts": int(len(grid)),
+        "starts_status": {STATUS[i]: int((res.status == i).sum()) for i in range(len(STATUS))},
+        "best_start": grid[best].tolist(),
+        "iterations_max": int(res.iterations.max()),
+        "distinct_optima": len(optima),
+        "polished_candidates": len(cands),
+        "at_bound": at_bound,
+        "free": list(spec.free),
+        "n_points": n, "n_runs": int(len(uniq_runs)),
+        "points_note": note,
+        "rmse_log": float(np.sqrt(np.mean(resid ** 2))),
+        "max_abs_rel_residual": float(np.max(np.abs(np.expm1(-resid)))),
+        "dof": dof, "sigma_log": sigma,
+        "bootstrap": boot_info,
+        "dropped_rows": list(df.attrs.get("dropped", [])),
+    }
+    if form.name == "chinchilla":
+        from fit.allocation import allocation_diagnostics
+        diagnostics["allocation"] = allocation_diagnostics(disp, boot_u, spec, level)
+    result = FitResult(spec=spec, metric=metric, u=u, level=level, params_column=params_column,
+                       boot_u=boot_u, cov=cov, sigma=sigma, dof=dof, intervals=intervals,
+                       diagnostics=diagnostics, inputs=_inputs(data))
+    del names
+    if backtest:
+        from fit.backtest import backtest as run_backtest
+        diagnostics["backtest"] = run_backtest(
+            df, spec, dict(bootstrap=0, level=level, seed=seed, params_column=params_column,
+                           metric=metric, delta=delta, backtest=False),
+            final_only=final_only, starts=_backtest_starts(grid, res, order))
+    return result
+
+
+def _backtest_starts(grid, res, order):
+    """Starts of the backtest refits. A grid of up to 500 starts is used whole; a larger one
+    (the Chinchilla grid) is thinned to every 10th start plus the 32 best distinct end points
+    of the full fit's starts, which are local optima of a closely related objective (the
+    backtest fits drop a few of the largest runs); this keeps a backtest fold ~10x cheaper
+    than the full fit."""
+    if len(grid) <= 500:
+        return None
+    ends = _distinct(res.x[order[:2000]], res.f[order[:2000]], res.x[order[0]], k=32)
+    return np.vstack([grid[::10], ends])
+
+
+def select_points(df: pd.DataFrame, form: Form, final_only: bool | None):
+    """Rows a form is fitted on. Non-trajectory forms fit each run's final point when runs carry
+    several points (intermediate points of a decaying schedule are not end points of shorter
+    runs); ``final_only=False`` keeps every row (the per-fraction fits)."""
+    if final_only is None:
+        final_only = form.name != "trajectory"
+    if df.empty:
+        raise InputError("no points left to fit", field="loss")
+    per_run = df.groupby("run").size()
+    if final_only and per_run.max() > 1:
+        idx = df.groupby("run")["fraction"].idxmax()
+        out = df.loc[np.sort(idx.to_numpy())].reset_index(drop=True)
+        return out, (f"the {form.name} form is fitted on each run's final point "
+                     f"({len(out)} of {len(df)} points)")
+    return df.reset_index(drop=True), f"all {len(df)} points"
+
+
+def _required(data, form, params_column) -> dict:
+    cols = {}
+    for need in form.needs:
+        key = params_column if need == "N" else need
+        if key not in data.columns or data[key].isna().any():
+            miss = int(data[key].isna().sum()) if key in data.columns else len(data)
+            raise InputError(f"the {form.name} form needs this column ({miss} rows lack it)",
+                             field=key)
+        cols[need] = data[key].to_numpy(dtype=float)
+    return cols
+
+
+# Stage 1 runs every start until its relative decrease of f stays below 1e-6 for two
+# iterations (scipy's default L-BFGS-B test, factr 1e7, is 2.2e-9 relative to max(|f|, 1), i.e.
+# ~2e-6 of a Chinchilla-size objective of ~1e-3, but meaningless for a near-exact fit whose f is
+# ~1e-7; this test is relative to f itself). Stage 2 polishes the best POLISH_TOP distinct
+# candidates to a relative decrease below 1e-15 (the batched solver again: scipy's L-BFGS-B
+# costs ~5 ms per iteration here in call overhead alone) and keeps the lowest.
+STAGE1_FTOL = 1e-6
+STAGE1_MAX_ITER = 300  # starts still moving after this are reported as max_iter
+POLISH_FTOL = 1e-15
+POLISH_TOP = 5
+BOOT_FTOL = 1e-9
+
+
+class _Problem:
+    """One fit's objective in solver coordinates. The solver works in a centred
+    parametrisation: a coefficient whose term holds ``-alpha * log x`` is replaced by the term's
+    value at the mean log x, which decorrelates (log A, alpha) (log x varies by a few units
+    around ~20-50) and lets L-BFGS converge in several times fewer iterations. It is a linear
+    change of variables, so optima are unchanged."""
+
+    def __init__(self, model, logy, spec, delta):
+        self.model, self.logy, self.spec, self.delta = model, logy, spec, delta
+        self.u0, self.M = spec.mapping()
+        self.P = _centering(spec, model)
+        self.Pinv = np.linalg.inv(self.P)
+
+    def fg(self, W=None):
+        u0, M, P = self.u0, self.M, self.P
+
+        def fg(X, rows):
+            U = u0 + (X @ P.T) @ M.T
+            f, G = self.model.objective(U, self.logy, None if W is None else W[rows],
+                                        self.delta)
+            return f, (G @ M) @ P
+        return fg
+
+    def solve(self, starts_phi, W=None, **kw):
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+            r = lbfgs(self.fg(W), np.asarray(starts_phi, dtype=float) @ self.Pinv.T, **kw)
+        return dataclasses.replace(r, x=r.x @ self.P.T)
+
+    def polish(self, cands):
+        """Stage 2: the candidates to tight tolerances, all at once; (phi, f) of the best."""
+        r = self.solve(np.atleast_2d(cands), ftol=POLISH_FTOL, gtol=1e-13, max_iter=5000)
+        f = np.where(np.isfinite(r.f), r.f, np.inf)
+        i = int(np.argmin(f))
+        return r.x[i], float(f[i]), r
+
+
+def _centering(spec, model) -> np.ndarray:
+    free = spec.free
+    P = np.eye(len(free))
+    tied_to = set(spec.tie.values())
+    for term in spec.form.terms:
+        coefs = [e for e in term if e.feature == "one"]
+        if len(coefs) != 1:
+            continue
+        c = coefs[0].param
+        if c not in free or c in tied_to or spec.form.param(c).kind != "coef":
+            continue
+        i = free.index(c)
+        for e in term:
+            if spec.form.param(e.param).kind != "exponent" or e.param in spec.fix:
+                continue
+            j = free.index(spec.tie.get(e.param, e.param))
+            P[i, j] += -e.multiplier * float(np.mean(model.feats[e.feature]))
+    return P
+
+
+def _distinct(X, f, phi, k: int = 4, rtol: float = 1e-3):
+    """Up to ``k`` distinct minima (first = the polished optimum) for warm starts."""
+    keep = [np.asarray(phi, dtype=float)]
+    for x, fx in zip(X, f):
+        if not np.isfinite(fx) or len(keep) >= k:
+            continue
+        if all(np.max(np.abs(x - y) / (1 + np.abs(y))) > rtol for y in keep):
+            keep.append(x)
+    return np.array(keep)
+
+
+def _jacobian_rows(model: Model, u: np.ndarray) -> np.ndarray:
+    return model.jacobian(u)
+
+
+def _bootstrap(prob, runs, optima, R, seed):
+    """Run-level bootstrap: each replicate draws runs with replacement (all points of a drawn
+    run come along, weighted by how often it was drawn) and is refitted from the distinct
+    optima of the full fit. Replicates with fewer distinct runs than across-run parameters
+    are degenerate and left out (counted)."""
+    spec = prob.spec
+    rng = np.random.default_rng(seed)
+    uniq, inv = np.unique(runs, return_inverse=True)
+    counts = rng.multinomial(len(uniq), np.full(len(uniq), 1.0 / len(uniq)), size=R)  # (R, U)
+    k = len(optima)
+    W = np.repeat(counts[:, inv].astype(float), k, axis=0)                           # (R k, n)
+    res = prob.solve(np.tile(optima, (R, 1)), W=W, ftol=BOOT_FTOL, max_iter=1000)
+    f = np.where(np.isfinite(res.f), res.f, np.inf).reshape(R, k)
+    rows = np.arange(R) * k + f.argmin(axis=1)
+    conv = res.status[rows] == 0
+    n_unique = (counts > 0).sum(axis=1)
+    enough = n_unique >= max(spec.n_across, 1)
+    valid = enough & conv & np.isfinite(f.min(axis=1))
+    U = prob.u0 + res.x[rows][valid] @ prob.M.T
+    info = {"replicates": int(R), "valid": int(valid.sum()), "degenerate": int((~enough).sum()),
+            "not_converged": int((enough & ~conv).sum()), "starts_per_replicate": int(k),
+            "seed": int(seed), "resampled": "runs"}
+    if valid.sum() < 20:
+        warnings.warn(f"bootstrap: only {int(valid.sum())} of {R} replicates usable; the "
+                      "bootstrap part of the bands is left out", stacklevel=3)
+        return None, info
+    return U, info
+
+
+def _intervals(spec, u, boot_u, cov, dof, level) -> dict:
+    q = 0.5 + level / 2
+    out = {}
+    free = spec.free
+    for i, p in enumerate(spec.form.params):
+        if p.name in spec.fix:
+            v = float(p.to_display(u[i]))
+            out[p.name] = [v, v]
+            continue
+        if boot_u is not None:
+            d = p.to_display(boot_u[:, i])
+            out[p.name] = [float(np.quantile(d, 1 - q)), float(np.quantile(d, q))]
+        elif cov is not None and dof:
+            j = free.index(spec.tie.get(p.name, p.name))
+            h = float(stats.t.ppf(q, dof)) * math.sqrt(max(cov[j, j], 0.0))
+            out[p.name] = [float(p.to_display(u[i] - h)), float(p.to_display(u[i] + h))]
+        else:
+            out[p.name] = [math.nan, math.nan]
+    return out
+
+
+def _bound_flag(p, value) -> str | None:
+    lo, hi = p.bounds
+    if value <= lo * (1 + 1e-6) if lo > 0 else value <= lo + 1e-6:
+        return f"at or below its lower bound {lo:g}"
+    if value >= hi:
+        return f"at or above its upper bound {hi:g}"
+    return None
+
+
+def _inputs(df: pd.DataFrame) -> dict:
+    cols = [c for c in ("run", "params", "active_params", "tokens", "compute", "fraction",
+                        "loss") if c in df.columns]
+    table = df[cols].sort_values(cols).astype(object).where(df[cols].notna(), None)
+    return {"sha256": sha256_of(table.to_dict(orient="list")), "n_points": int(len(df)),
+            "n_runs": int(df["run"].nunique()), "runs": sorted(df["run"].astype(str).unique())}
+
+
+def _conventions() -> dict:
+    from ladder.counting import conventions
+    return conventions()
+
+
+def _version() -> str:
+    from ladder import __version__
+    return __version__

@@ -1,0 +1,159 @@
+"""law.json (schema ``law/1``): write and validate-on-read.
+
+Fields (shared/DESIGN.md): schema, form, expression, params, uncertainty, metric, conventions,
+inputs, diagnostics, created, tool_version. Beyond those, ``fit`` holds what rebuilds the law
+exactly: the form's fixed/tied parameters, the params column, the solver's parameter vector
+``u`` (logs of coefficients, exponents as they are), and under ``uncertainty`` the run-level
+bootstrap draws of ``u`` and the delta-method covariance with the residual scale and degrees of
+freedom, so that prediction bands can be recomputed at any level. ``by`` fits (one law per
+fraction) carry ``groups``: one such law per value.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fit.forms import FORMS, Spec, get_form
+from ladder.io import InputError, to_jsonable
+
+SCHEMA = "law/1"
+
+
+def to_json(r) -> dict:
+    obj = {
+        "schema": SCHEMA,
+        "form": r.form,
+        "expression": r.expression + (f"  (one law per {r.by})" if r.by else ""),
+        "params": r.params,
+        "uncertainty": _uncertainty(r),
+        "metric": r.metric,
+        "conventions": r.conventions,
+        "inputs": r.inputs,
+        "diagnostics": r.diagnostics,
+        "created": r.created,
+        "tool_version": r.tool_version,
+        "fit": _fit_block(r),
+    }
+    if r.by:
+        obj["by"] = r.by
+        obj["groups"] = [{"value": v, "params": g.params, "fit": _fit_block(g),
+                          "uncertainty": _uncertainty(g)} for v, g in r.groups]
+    return to_jsonable(obj)
+
+
+def _fit_block(r) -> dict:
+    return {"spec": r.spec.to_json(), "params_column": r.params_column,
+            "u_names": list(r.spec.form.names), "u": r.u.tolist(),
+            "free": list(r.spec.free)}
+
+
+def _uncertainty(r) -> dict:
+    return {
+        "method": "run-level bootstrap (percentiles) and lack-of-fit Student-t (delta method)",
+        "level": r.level,
+        "intervals": r.intervals,
+        "bootstrap_u": None if r.boot_u is None else r.boot_u.tolist(),
+        "covariance_free": None if r.cov is None else r.cov.tolist(),
+        "sigma_log": r.sigma,
+        "dof": r.dof,
+        "band": "log space: max(bootstrap quantile, t * delta-method se) for the parameters, "
+                "t * sigma_log for run-to-run noise, combined in quadrature",
+    }
+
+
+def from_json(obj: dict, *, path=None):
+    from fit.law import FitResult
+    where = str(path) if path else "<law>"
+
+    def need(d, key, types, prefix=""):
+        if not isinstance(d, dict) or key not in d:
+            raise InputError("missing", path=where, field=prefix + key)
+        v = d[key]
+        if not isinstance(v, types) or isinstance(v, bool):
+            raise InputError(f"expected {types}", path=where, field=prefix + key)
+        return v
+
+    schema = need(obj, "schema", str)
+    if not schema.startswith("law/"):
+        raise InputError(f"expected schema 'law/<version>', got {schema!r}", path=where,
+                         field="schema")
+    if schema != SCHEMA:
+        raise InputError(f"unsupported version {schema!r} (this tool reads {SCHEMA})",
+                         path=where, field="schema")
+    form = need(obj, "form", str)
+    if form not in FORMS:
+        raise InputError(f"unknown form {form!r}", path=where, field="form")
+    metric = need(obj, "metric", str)
+
+    def one(block, unc, prefix):
+        fit = need(block, "fit", dict, prefix)
+        spec_d = need(fit, "spec", dict, prefix + "fit.")
+        try:
+            spec = Spec(get_form(form), fix={k: float(v) for k, v in
+                                             (spec_d.get("fix") or {}).items()},
+                        tie=dict(spec_d.get("tie") or {}))
+        except (ValueError, TypeError) as e:
+            raise InputError(str(e), path=where, field=prefix + "fit.spec") from None
+        u = _array(need(fit, "u", list, prefix + "fit."), (len(spec.form.names),),
+                   where, prefix + "fit.u")
+        boot = unc.get("bootstrap_u")
+        boot = None if boot is None else _array(boot, (None, len(spec.form.names)), where,
+                                                prefix + "uncertainty.bootstrap_u")
+        cov = unc.get("covariance_free")
+        cov = None if cov is None else _array(cov, (spec.n_free, spec.n_free), where,
+                                              prefix + "uncertainty.covariance_free")
+        sigma, dof = unc.get("sigma_log"), unc.get("dof")
+        for name, v in (("sigma_log", sigma), ("dof", dof)):
+            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v)):
+                raise InputError("expected a finite number or null", path=where,
+                                 field=prefix + "uncertainty." + name)
+        level = unc.get("level", 0.9)
+        return dict(spec=spec, metric=metric, u=u, level=level,
+                    params_column=fit.get("params_column", "params"), boot_u=boot, cov=cov,
+                    sigma=sigma, dof=dof, intervals=unc.get("intervals") or {})
+
+    unc = need(obj, "uncertainty", dict)
+    top = one(obj, unc, "")
+    groups = []
+    if obj.get("by"):
+        gl = need(obj, "groups", list)
+        for i, g in enumerate(gl):
+            pre = f"groups[{i}]."
+            value = need(g, "value", (int, float), pre)
+            kw = one(g, need(g, "uncertainty", dict, pre), pre)
+            groups.append((float(value), FitResult(**kw)))
+    return FitResult(**top, diagnostics=obj.get("diagnostics") or {},
+                     inputs=obj.get("inputs") or {}, conventions=obj.get("conventions"),
+                     created=obj.get("created"), tool_version=obj.get("tool_version"),
+                     by=obj.get("by"), groups=groups)
+
+
+def _array(v, shape, where, field):
+    try:
+        a = np.array(v, dtype=float)
+    except (TypeError, ValueError):
+        raise InputError("expected numbers", path=where, field=field) from None
+    if a.ndim != len(shape) or any(s is not None and s != d for s, d in zip(shape, a.shape)):
+        raise InputError(f"expected shape {shape}, got {a.shape}", path=where, field=field)
+    if not np.all(np.isfinite(a)):
+        raise InputError("non-finite values", path=where, field=field)
+    return a
+
+
+def load_law(path):
+    """Read and validate a law.json; a schema-aware dispatch on ``form`` (the schedule-aware
+    curve laws ``mpl``/``momentum`` live in ``fit.curves``)."""
+    from fit.law import CURVE_FORMS
+    from ladder.io import read_json
+    obj = read_json(path, schema="law")
+    form = obj.get("form")
+    if form in CURVE_FORMS:
+        try:
+            from fit.curves import CurveLaw
+        except ImportError:
+            raise InputError(f"the {form} form needs fit.curves, which is not installed",
+                             path=path, field="form") from None
+        return CurveLaw.from_json(obj, path=path)
+    return from_json(obj, path=path)

@@ -1,0 +1,200 @@
+"""The points table: load it from CSV/Parquet files and/or runs directories, drop bad rows.
+
+Columns (shared/DESIGN.md): ``run, params, active_params, tokens, compute, fraction, loss`` (+
+``step, lr`` for schedule-aware curve laws). ``compute`` and ``tokens`` are *so far* at the point;
+``compute`` is flops-v1 training FLOPs without the LM head. A runs directory (``RUNS/<ladder>/
+<rung>/`` with config.json, summary.json, metrics.jsonl) is converted to the same table: every
+eval row of every rung becomes a point with its progress fraction, compute counted by the one
+counter (``Rung.compute(tokens_so_far)``).
+
+Bad rows (NaN or non-positive numbers, fractions outside (0, 1], duplicates) are dropped and
+reported with their row numbers in ``df.attrs["dropped"]`` (a list of one-line strings) and by
+``warnings.warn``.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ladder.io import EX_NOINPUT, InputError, as_float, read_json, read_metrics
+
+DEFAULT_METRIC = "eval_dropless/loss"
+NUMERIC = ("params", "active_params", "tokens", "compute", "fraction", "loss", "step", "lr")
+POSITIVE = ("params", "active_params", "tokens", "compute", "loss")
+COLUMNS = ("run", "params", "active_params", "tokens", "compute", "fraction", "loss", "step",
+           "lr", "source", "row")
+
+
+def load_points(sources, metric: str | None = None, *, include_incomplete: bool = True
+                ) -> pd.DataFrame:
+    """One points table from several sources (paths to CSV/Parquet files or runs directories, or
+    DataFrames). ``metric`` picks the metric of runs directories (default the dropless eval loss)
+    and labels the table's ``loss`` column (a table without ``loss`` may carry a column named
+    after the metric instead)."""
+    if isinstance(sources, (str, Path, pd.DataFrame)):
+        sources = [sources]
+    metric = metric or DEFAULT_METRIC
+    frames, dropped = [], []
+    for src in sources:
+        if isinstance(src, pd.DataFrame):
+            frames.append(_table(src.copy(), "<dataframe>", metric))
+            continue
+        path = Path(src)
+        if not path.exists():
+            raise InputError("no such file or directory", path=path, exit_code=EX_NOINPUT)
+        if path.is_dir():
+            frame, notes = _runs_dir(path, metric, include_incomplete)
+            dropped += notes
+            frames.append(frame)
+        else:
+            frames.append(_table(_read_table(path), str(path), metric))
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
+    df, bad = _clean(df)
+    dropped += bad
+    for line in dropped:
+        warnings.warn(line, stacklevel=2)
+    df.attrs["dropped"] = dropped
+    df.attrs["metric"] = metric
+    return df
+
+
+def _read_table(path: Path) -> pd.DataFrame:
+    name = path.name.lower()
+    try:
+        if name.endswith((".parquet", ".pq")):
+            try:
+                return pd.read_parquet(path)
+            except ImportError as e:
+                raise InputError(f"reading Parquet needs pyarrow or fastparquet ({e})",
+                                 path=path) from None
+        return pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as e:
+        raise InputError(f"not a readable table ({str(e).splitlines()[0]})", path=path) from None
+
+
+def _table(df: pd.DataFrame, where: str, metric: str) -> pd.DataFrame:
+    df.columns = [str(c).strip() for c in df.columns]
+    if "loss" not in df.columns:
+        if metric in df.columns:
+            df = df.rename(columns={metric: "loss"})
+        else:
+            raise InputError(f"no 'loss' column (nor '{metric}'); columns: "
+                             f"{', '.join(df.columns)}", path=where, field="loss")
+    out = pd.DataFrame(index=df.index)
+    # row numbers as a person counts them in the file: data row 1 is line 2 of a CSV
+    out["row"] = np.arange(1, len(df) + 1)
+    out["source"] = where
+    out["run"] = (df["run"].astype(str) if "run" in df.columns
+                  else [f"{where}#{i}" for i in range(1, len(df) + 1)])
+    for col in NUMERIC:
+        if col in df.columns:
+            out[col] = pd.to_numeric(df[col], errors="coerce")
+            nonnum = df[col].notna() & out[col].isna()
+            if nonnum.all() and len(df):
+                raise InputError("column is not numeric", path=where, field=col)
+        else:
+            out[col] = np.nan
+    if "fraction" not in df.columns:
+        out["fraction"] = 1.0  # DESIGN.md: fraction defaults to 1.0
+    return out
+
+
+def _runs_dir(root: Path, metric: str, include_incomplete: bool):
+    """Every rung directory below ``root`` (one with a metrics.jsonl), to points."""
+    rungs = sorted({p.parent for p in root.rglob("metrics.jsonl")})
+    if not rungs:
+        raise InputError("no runs found (no */metrics.jsonl below it)", path=root,
+                         exit_code=EX_NOINPUT)
+    frames, notes = [], []
+    for rd in rungs:
+        summary = read_json(rd / "summary.json", schema="run-summary") \
+            if (rd / "summary.json").exists() else {}
+        status = summary.get("status")
+        if status in ("diverged", "failed"):
+            notes.append(f"{rd}: run {status}; its points are excluded")
+            continue
+        if status == "running" and not include_incomplete:
+            notes.append(f"{rd}: run still running; its points are excluded")
+            continue
+        rung = None
+        if (rd / "config.json").exists():
+            cfg = read_json(rd / "config.json", schema="run-config")
+            if "rung" not in cfg:
+                raise InputError("missing", path=rd / "config.json", field="rung")
+            from ladder.specs import Rung  # plain Python; no JAX
+            try:
+                rung = Rung.from_dict(cfg["rung"])
+            except (ValueError, TypeError, KeyError) as e:
+                raise InputError(str(e), path=rd / "config.json", field="rung") from None
+        if rung is None and not summary:
+            raise InputError("needs config.json or summary.json beside metrics.jsonl",
+                             path=rd)
+        if rung is not None:
+            pc = rung.params
+            params, active = float(pc.total), float(pc.active)
+            name = f"{rung.ladder}/{rung.name}"
+        else:
+            params, active = as_float(summary.get("params")), as_float(summary.get("active_params"))
+            name = f"{summary.get('ladder', rd.parent.name)}/{summary.get('rung', rd.name)}"
+        rows = []
+        for i, row in enumerate(read_metrics(rd / "metrics.jsonl"), start=1):
+            if metric not in row:
+                continue
+            tokens = as_float(row.get("tokens"))
+            if rung is not None and tokens is not None:
+                compute = rung.compute(tokens)
+            elif tokens is not None and summary.get("compute") and summary.get("tokens"):
+                compute = float(summary["compute"]) * tokens / float(summary["tokens"])
+            else:
+                compute = math.nan
+            rows.append({"row": i, "source": str(rd / "metrics.jsonl"), "run": name,
+                         "params": params, "active_params": active, "tokens": tokens,
+                         "compute": compute, "fraction": as_float(row.get("progress")),
+                         "loss": as_float(row.get(metric)), "step": as_float(row.get("step")),
+                         "lr": as_float(row.get("optim/lr"))})
+        if not rows:
+            notes.append(f"{rd / 'metrics.jsonl'}: no rows with '{metric}'")
+            continue
+        frames.append(pd.DataFrame(rows))
+    if not frames:
+        raise InputError(f"no points with metric '{metric}' in any run", path=root,
+                         field=metric)
+    return pd.concat(frames, ignore_index=True), notes
+
+
+def _clean(df: pd.DataFrame):
+    """Drop and report bad rows: NaN/non-positive required numbers, bad fractions, duplicates."""
+    notes = []
+    bad = np.zeros(len(df), dtype=bool)
+    reasons = [[] for _ in range(len(df))]
+    for col in POSITIVE:
+        v = df[col].to_numpy(dtype=float)
+        present = df[col].notna().any()
+        if not present:
+            continue
+        with np.errstate(invalid="ignore"):
+            b = ~np.isfinite(v) | (v <= 0)
+        for i in np.flatnonzero(b):
+            reasons[i].append(f"{col}={v[i]!r} (must be a finite positive number)")
+        bad |= b
+    fr = df["fraction"].to_numpy(dtype=float)
+    with np.errstate(invalid="ignore"):
+        b = ~np.isfinite(fr) | (fr <= 0) | (fr > 1 + 1e-9)
+    for i in np.flatnonzero(b):
+        reasons[i].append(f"fraction={fr[i]!r} (must be in (0, 1])")
+    bad |= b
+    key = [c for c in ("run", "fraction", "step", "params", "active_params", "tokens", "compute")
+           if df[c].notna().any()]
+    dup = df.duplicated(subset=key, keep="first").to_numpy() & ~bad
+    for i in np.flatnonzero(dup):
+        reasons[i].append("duplicate of an earlier row (same run and point)")
+    bad |= dup
+    for i in np.flatnonzero(bad):
+        notes.append(f"{df['source'].iat[i]}: row {int(df['row'].iat[i])}: dropped: "
+                     + "; ".join(reasons[i]))
+    return df.loc[~bad].reset_index(drop=True), notes
