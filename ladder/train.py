@@ -562,7 +562,6 @@ class WandbMirror:
                  config: dict):
         import wandb
 
-        self._wandb = wandb
         self.run = wandb.init(project=cfg.wandb_project, name=f"{rung.ladder}/{rung.name}",
                               dir=str(out_dir), id=run_id, resume="allow", config=config,
                               reinit="finish_previous")
@@ -586,8 +585,9 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
     """Train ``rung`` into ``out_dir`` and return its summary (the dict written to summary.json).
 
     A completed (or diverged) run is not retrained: its summary is returned. An unfinished one
-    is resumed from its latest checkpoint when ``resume``, else it is an InputError. ``max_steps`` stops after that
-    many steps of the planned schedule (the schedule is not shortened; status stays "running").
+    is resumed from its latest checkpoint when ``resume``, else it is an InputError.
+    ``max_steps`` stops after that many steps of the planned schedule (the schedule is not
+    shortened; status stays "running").
     ``on_metrics(row)`` sees every metrics row as it is written. Bad input raises InputError
     before anything is written. Divergence returns status "diverged"; Ctrl-C checkpoints and
     returns status "running" with ``"interrupted": True``.
