@@ -504,7 +504,7 @@ def make_train_step(model_cfg: ModelConfig, optimizer, state_shardings):
 
 
 def make_eval_step(model_cfg: ModelConfig):
-    """Held-out CE of one batch, as trained (capacity, drops) and dropless, and the drop fraction."""
+    """Held-out CE of one batch as trained (capacity, drops) and dropless; the drop fraction."""
     import jax
 
     import model as M
