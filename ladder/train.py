@@ -594,6 +594,8 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
     """
     cfg = cfg or TrainConfig()
     out = Path(out_dir)
+    t_start = time.perf_counter()
+    timing = {"setup_s": 0.0, "steps_s": 0.0, "eval_s": 0.0, "checkpoint_s": 0.0}
     if max_steps is not None and max_steps < 1:
         raise InputError(f"must be >= 1, got {max_steps}", field="max_steps", exit_code=EX_USAGE)
 
@@ -674,14 +676,15 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
     saves = checkpoint_steps(rung, cfg)
     train_flops_per_token = rung.flops.training(1, lm_head=True)  # MFU counts the LM head's work
     interrupted = _SigintFlag()
-    from tqdm.auto import tqdm
-    bar = tqdm(total=rung.steps, initial=start, desc=f"{rung.ladder}/{rung.name}", unit="step",
-               disable=not cfg.progress, mininterval=0.5, dynamic_ncols=True, leave=False)
     batch = get_batch(start) if start < stop else None
     if batch is not None:  # compile before the clock starts, so tokens/s is the step's own
         train_step = progs.compiled_step(state, batch)
+    from tqdm.auto import tqdm
+    bar = tqdm(total=rung.steps, initial=start, desc=f"{rung.ladder}/{rung.name}", unit="step",
+               disable=not cfg.progress, mininterval=0.5, dynamic_ncols=True, leave=False)
     status, last_saved, final = "running", start, {}
     tick = time.perf_counter()
+    timing["setup_s"] = tick - t_start  # data, tracing and compiling: this session's overhead
     try:
         with interrupted:
             for i in range(start, stop):                 # ONE visible loop over steps
@@ -692,6 +695,7 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
                 m = {k: float(v) for k, v in jax.device_get(m).items()}
                 now = time.perf_counter()
                 dt, tick = now - tick, now
+                timing["steps_s"] += dt
                 row = {"step": step, "tokens": step * rung.tokens_per_step,
                        "progress": step / rung.steps, "time": time.time(), **m,
                        "throughput/tokens_per_s": rung.tokens_per_step / dt,
@@ -700,7 +704,9 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
                        "flops": rung.compute(step * rung.tokens_per_step)}
                 diverged = not math.isfinite(m["train/loss"])
                 if step in evals and not diverged:
+                    t_eval = time.perf_counter()
                     row.update(evaluate(state["params"], state["router_bias"]))
+                    timing["eval_s"] += time.perf_counter() - t_eval
                 if step % cfg.log_every == 0 or step in evals or step == stop or diverged:
                     metrics.append(row)
                     if wb:
@@ -715,7 +721,9 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
                     final = {"train/loss": m["train/loss"], "diverged_at_step": step}
                     break
                 if step in saves or step == stop or interrupted.set:
+                    t_save = time.perf_counter()
                     _save(ckpt, step, state)
+                    timing["checkpoint_s"] += time.perf_counter() - t_save
                     last_saved = step
                     atomic_write_json(out / "summary.json",
                                       _summary(rung, "running", step, cfg, peak, wandb_info))
@@ -744,6 +752,7 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
         final = {k: v for k, v in rows[-1].items() if k.startswith(("eval", "train/"))} \
             if rows else {}
     summary = _summary(rung, status, step_done, cfg, peak, wandb_info, final=final)
+    summary["timing"] = {k: round(v, 3) for k, v in timing.items()}  # this session's wall time
     if interrupted.set:
         summary["interrupted"] = True
     atomic_write_json(out / "summary.json", summary)
