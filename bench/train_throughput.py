@@ -116,8 +116,8 @@ def main(argv=None) -> int:
         print(f"{d:>4} {moe_cfg.n_experts:>4}/{moe_cfg.top_k:<3} {row['active_params_moe']:>8,} "
               f"{med['moe'] * 1e3:>8.1f} {med['dense'] * 1e3:>9.1f} {row['moe_over_dense']:>9.2f} "
               f"{row['moe_flops_per_s'] / 1e9:>9.2f} {row['dense_flops_per_s'] / 1e9:>10.2f} "
-              f"{peak / 1e9:>8.1f} {row['moe_frac_of_peak']:>8.1%} {row['dense_frac_of_peak']:>10.1%}",
-              flush=True)
+              f"{peak / 1e9:>8.1f} {row['moe_frac_of_peak']:>8.1%} "
+              f"{row['dense_frac_of_peak']:>10.1%}", flush=True)
     print("targets: moe/dense <= 1.15; at d=256 moe/peak >= 30%")
     if args.json:
         with open(args.json, "w") as f:

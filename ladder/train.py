@@ -504,7 +504,7 @@ def make_train_step(model_cfg: ModelConfig, optimizer, state_shardings):
 
 
 def make_eval_step(model_cfg: ModelConfig):
-    """Held-out CE of one batch, as trained (capacity, drops) and dropless, and the drop fraction."""
+    """Held-out CE of one batch as trained (capacity, drops) and dropless; the drop fraction."""
     import jax
 
     import model as M
@@ -562,7 +562,6 @@ class WandbMirror:
                  config: dict):
         import wandb
 
-        self._wandb = wandb
         self.run = wandb.init(project=cfg.wandb_project, name=f"{rung.ladder}/{rung.name}",
                               dir=str(out_dir), id=run_id, resume="allow", config=config,
                               reinit="finish_previous")
@@ -586,14 +585,17 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
     """Train ``rung`` into ``out_dir`` and return its summary (the dict written to summary.json).
 
     A completed (or diverged) run is not retrained: its summary is returned. An unfinished one
-    is resumed from its latest checkpoint when ``resume``, else it is an InputError. ``max_steps`` stops after that
-    many steps of the planned schedule (the schedule is not shortened; status stays "running").
+    is resumed from its latest checkpoint when ``resume``, else it is an InputError.
+    ``max_steps`` stops after that many steps of the planned schedule (the schedule is not
+    shortened; status stays "running").
     ``on_metrics(row)`` sees every metrics row as it is written. Bad input raises InputError
     before anything is written. Divergence returns status "diverged"; Ctrl-C checkpoints and
     returns status "running" with ``"interrupted": True``.
     """
     cfg = cfg or TrainConfig()
     out = Path(out_dir)
+    t_start = time.perf_counter()
+    timing = {"setup_s": 0.0, "steps_s": 0.0, "eval_s": 0.0, "checkpoint_s": 0.0}
     if max_steps is not None and max_steps < 1:
         raise InputError(f"must be >= 1, got {max_steps}", field="max_steps", exit_code=EX_USAGE)
 
@@ -674,14 +676,15 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
     saves = checkpoint_steps(rung, cfg)
     train_flops_per_token = rung.flops.training(1, lm_head=True)  # MFU counts the LM head's work
     interrupted = _SigintFlag()
-    from tqdm.auto import tqdm
-    bar = tqdm(total=rung.steps, initial=start, desc=f"{rung.ladder}/{rung.name}", unit="step",
-               disable=not cfg.progress, mininterval=0.5, dynamic_ncols=True, leave=False)
     batch = get_batch(start) if start < stop else None
     if batch is not None:  # compile before the clock starts, so tokens/s is the step's own
         train_step = progs.compiled_step(state, batch)
+    from tqdm.auto import tqdm
+    bar = tqdm(total=rung.steps, initial=start, desc=f"{rung.ladder}/{rung.name}", unit="step",
+               disable=not cfg.progress, mininterval=0.5, dynamic_ncols=True, leave=False)
     status, last_saved, final = "running", start, {}
     tick = time.perf_counter()
+    timing["setup_s"] = tick - t_start  # data, tracing and compiling: this session's overhead
     try:
         with interrupted:
             for i in range(start, stop):                 # ONE visible loop over steps
@@ -692,6 +695,7 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
                 m = {k: float(v) for k, v in jax.device_get(m).items()}
                 now = time.perf_counter()
                 dt, tick = now - tick, now
+                timing["steps_s"] += dt
                 row = {"step": step, "tokens": step * rung.tokens_per_step,
                        "progress": step / rung.steps, "time": time.time(), **m,
                        "throughput/tokens_per_s": rung.tokens_per_step / dt,
@@ -700,7 +704,9 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
                        "flops": rung.compute(step * rung.tokens_per_step)}
                 diverged = not math.isfinite(m["train/loss"])
                 if step in evals and not diverged:
+                    t_eval = time.perf_counter()
                     row.update(evaluate(state["params"], state["router_bias"]))
+                    timing["eval_s"] += time.perf_counter() - t_eval
                 if step % cfg.log_every == 0 or step in evals or step == stop or diverged:
                     metrics.append(row)
                     if wb:
@@ -715,7 +721,9 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
                     final = {"train/loss": m["train/loss"], "diverged_at_step": step}
                     break
                 if step in saves or step == stop or interrupted.set:
+                    t_save = time.perf_counter()
                     _save(ckpt, step, state)
+                    timing["checkpoint_s"] += time.perf_counter() - t_save
                     last_saved = step
                     atomic_write_json(out / "summary.json",
                                       _summary(rung, "running", step, cfg, peak, wandb_info))
@@ -744,6 +752,7 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
         final = {k: v for k, v in rows[-1].items() if k.startswith(("eval", "train/"))} \
             if rows else {}
     summary = _summary(rung, status, step_done, cfg, peak, wandb_info, final=final)
+    summary["timing"] = {k: round(v, 3) for k, v in timing.items()}  # this session's wall time
     if interrupted.set:
         summary["interrupted"] = True
     atomic_write_json(out / "summary.json", summary)

@@ -252,3 +252,12 @@ def test_ladder_run_tiny_trains_every_rung_then_skips_them(tmp_path):
     assert r.stdout.splitlines()[-1].startswith(f"tiny/{lad.target.name}: complete")
     again = _cli("run", "tiny", "--out", str(tmp_path), "--peak_flops=1e11")
     assert again.returncode == 0 and again.stdout.count("complete") == len(lad.all)
+
+
+def test_unknown_key_in_a_config_file_names_the_file(tmp_path, capsys):
+    cfg = tmp_path / "train.json"
+    cfg.write_text(json.dumps({"seed": 1, "schedule": {"kind": "wsd", "warmupp": 0.1}}))
+    code = main(["run", "tiny", "--out", str(tmp_path / "o"), "--config", str(cfg)])
+    err = capsys.readouterr().err.strip()
+    assert code == 64 and str(cfg) in err and "schedule.warmupp" in err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "o").exists()
