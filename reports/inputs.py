@@ -270,6 +270,33 @@ class LawView:
             return None
         return out
 
+    @property
+    def is_curve(self) -> bool:
+        """A loss-curve law of the LR schedule (``--form mpl``/``momentum``): it is evaluated
+        from a run's schedule, not from its tokens and compute."""
+        return self.form in CURVE_FORMS
+
+    def predict_run(self, rung, fractions, level: float | None = None) -> Prediction | None:
+        """A curve law along ``rung`` (a ``ladder.specs.Rung`` from a run's config.json) at
+        ``fractions`` of its schedule, via ``fit.curves.predict_rung``; None when it fails."""
+        if self.obj is None or rung is None:
+            return None
+        fr = np.asarray(fractions, float)
+        try:
+            from fit.curves import predict_rung
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                p = predict_rung(self.obj, rung, fraction=fr, level=level or self.level)
+            return Prediction(*(np.asarray(getattr(p, a), float).reshape(fr.shape)
+                                for a in ("loss", "lo", "hi")),
+                              level=float(getattr(p, "level", level or self.level)))
+        except Exception as e:  # noqa: BLE001 -- any failure of the law is shown, not raised
+            self.error = f"curve law prediction failed: {type(e).__name__}: {e}"
+            return None
+
+
+CURVE_FORMS = ("mpl", "momentum")
+
 
 def load_law(law: Any) -> LawView | None:
     """A law path (law/1 JSON) or an already-loaded law object (anything with ``predict``)."""

@@ -186,9 +186,12 @@ def render_html(inp: ReportInputs, pngs: dict[str, bytes], missing_plots: dict[s
         parts.append(f"<p>first 200 of {n} alerts shown.</p>")
     parts.append("<h3>Runs</h3>")
     parts.append(_table(run_rows(inp), "no runs"))
-    if inp.notes:
+    notes = list(inp.notes)
+    if inp.law is not None and inp.law.error and inp.law.error not in notes:
+        notes.append(inp.law.error)  # set while drawing: the law could not be evaluated
+    if notes:
         parts.append("<h3>Missing or unusable inputs</h3><ul>"
-                     + "".join(f'<li class="missing">{_esc(x)}</li>' for x in inp.notes)
+                     + "".join(f'<li class="missing">{_esc(x)}</li>' for x in notes)
                      + "</ul>")
     parts.append("</main></body></html>")
     return "\n".join(parts) + "\n"
@@ -214,6 +217,9 @@ def render_summary(inp: ReportInputs, pngs: dict[str, bytes]) -> str:
     if pngs:
         out += ["", "Figures: " + ", ".join(f"[{k}]({k}.png)" for k in pngs)
                 + "; full report: [index.html](index.html)."]
-    if inp.notes:
-        out += ["", "Missing: " + "; ".join(inp.notes) + "."]
+    notes = list(inp.notes)
+    if inp.law is not None and inp.law.error and inp.law.error not in notes:
+        notes.append(inp.law.error)
+    if notes:
+        out += ["", "Missing: " + "; ".join(notes) + "."]
     return "\n".join(out) + "\n"

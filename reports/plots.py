@@ -143,13 +143,16 @@ def law_follows_runs(inp: ReportInputs) -> bool:
     """Whether the law describes whole runs (loss at every fraction of the schedule: the
     trajectory form, or one law per fraction) rather than only each run's final point."""
     law = inp.law
-    return law is not None and (law.form == "trajectory" or law.meta.get("by") == "fraction")
+    return law is not None and (law.form == "trajectory" or law.meta.get("by") == "fraction"
+                                or law.is_curve)
 
 
 def _law_along_run(inp: ReportInputs, run: RunData, fractions: np.ndarray):
     """The law evaluated along ``run`` at ``fractions`` of its plan (tokens and compute so far)."""
     if inp.law is None or run.planned_tokens is None:
         return None
+    if inp.law.is_curve:  # a law of the LR schedule: evaluated from the run's own rung spec
+        return inp.law.predict_run(run.rung, fractions, level=inp.level)
     tokens = fractions * run.planned_tokens
     return inp.law.predict(level=inp.level, params=run.params, active_params=run.active_params,
                            tokens=tokens, compute=run.compute_at(tokens), fraction=fractions)
@@ -405,7 +408,21 @@ def plot_law(inp: ReportInputs) -> Figure | None:
     grid = np.geomspace(min(xs) / 2, max(xs) * 2, 200) if xs else None
     pred = None
     alloc = _allocation(inp)
-    if law is not None and grid is not None and alloc is not None:
+    if law is not None and law.is_curve:
+        # A curve law needs each run's schedule: its end-of-run value at each run with a rung
+        # spec (the ladder and the target), joined by a line, instead of a continuous curve.
+        pts = []
+        for r in list(inp.rungs) + ([inp.target] if inp.target is not None else []):
+            p = law.predict_run(r.rung, np.array([1.0]), level=inp.level) if r.compute else None
+            if p is not None:
+                pts.append((r.compute, p.loss[0], p.lo[0], p.hi[0]))
+        if pts:
+            pts.sort()
+            grid = np.array([p[0] for p in pts])
+            pred = type("P", (), {})()
+            pred.loss, pred.lo, pred.hi = (np.array([p[i] for p in pts]) for i in (1, 2, 3))
+            pred.level = inp.level
+    elif law is not None and grid is not None and alloc is not None:
         kw = alloc(grid)
         pred = law.predict(level=inp.level, fraction=np.ones_like(grid), **kw)
     ys = [v for _, v in finals]
