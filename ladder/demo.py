@@ -18,7 +18,7 @@ import time
 import warnings
 from pathlib import Path
 
-from ladder.io import EX_USAGE, InputError, atomic_write_json, iter_jsonl
+from ladder.io import EX_USAGE, InputError, as_float, atomic_write_json, iter_jsonl
 from ladder.specs import Ladder, get_ladder
 
 METRIC = "eval_dropless/loss"  # the real ladder fitted the held-out loss without token drops
@@ -64,7 +64,7 @@ def run_demo(out: Path, ladder: Ladder, *, inject: str | None = None,
         if summary.get("status") != "complete":
             raise RuntimeError(f"rung {rung.name} ended {summary.get('status')}; see "
                                f"{runs / rung.name}")
-        say(f"      {rung.name}: final {METRIC} {summary['final'].get(METRIC, float('nan')):.4f}")
+        say(f"      {rung.name}: final {METRIC} {_num(summary['final'].get(METRIC)):.4f}")
     rung_dirs = [runs / r.name for r in ladder.rungs]
 
     # 2. the law ------------------------------------------------------------------------------
@@ -142,7 +142,7 @@ def _preregister(prereg_path: Path, law, ladder: Ladder, runs: Path) -> dict:
     pr.write_once(prereg_path, doc)
     fin = doc["final"]
     say(f"[3/5] pre-registered {ladder.target.name}: final {doc['metric']} {fin['loss']:.4f} "
-        f"in [{fin['lo']:.4f}, {fin['hi']:.4f}] ({LEVEL:.0%}); {prereg_path} is read-only, "
+        f"in {_band(fin)} ({LEVEL:.0%}); {prereg_path} is read-only, "
         f"sha256 {doc['sha256'][:12]}...")
     return doc
 
@@ -168,18 +168,30 @@ def _train_watched(rung, target_dir: Path, cfg, prereg_path: Path, alerts_path: 
     return alerts, summary
 
 
+def _num(x) -> float:
+    v = as_float(x)
+    return math.nan if v is None else v
+
+
+def _band(fin: dict) -> str:
+    lo, hi = _num(fin.get("lo")), _num(fin.get("hi"))
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "[no band: the law could not compute one]"
+    return f"[{lo:.4f}, {hi:.4f}]"
+
+
 def _verdict(doc: dict, summary: dict, alerts: list[dict]) -> dict:
     fin = doc["final"]
-    actual = (summary.get("final") or {}).get(doc["metric"], math.nan)
-    inside = fin["lo"] <= actual <= fin["hi"]
+    actual = _num((summary.get("final") or {}).get(doc["metric"]))
+    inside = _num(fin.get("lo")) <= actual <= _num(fin.get("hi"))  # False when NaN
     worst = {"info": 0, "warn": 1, "critical": 2}
     counts = {s: sum(a.get("severity") == s for a in alerts) for s in worst}
     kinds = sorted({a.get("kind") for a in alerts if a.get("severity") in ("warn", "critical")})
     err = (actual - fin["loss"]) / fin["loss"] * 100
     lines = [
         f"verdict: {doc['target']['name']}, {doc['metric']}",
-        (f"  forecast (frozen {doc['created']}): {fin['loss']:.4f} "
-         f"[{fin['lo']:.4f}, {fin['hi']:.4f}] at {doc['band_level']:.0%}"),
+        (f"  forecast (frozen {doc['created']}): {fin['loss']:.4f} {_band(fin)} "
+         f"at {doc['band_level']:.0%}"),
         f"  actual final: {actual:.4f} ({err:+.2f}% vs forecast) -> "
         + ("INSIDE the band" if inside else "OUTSIDE the band"),
         f"  alerts: {counts['critical']} critical, {counts['warn']} warn, {counts['info']} info"
