@@ -3,7 +3,8 @@
 1. train the ladder's rungs (finished ones are reused),
 2. fit the trajectory law on their eval curves, with a run-level bootstrap -> law.json,
 3. pre-register the proxy hero's forecast -> prereg.json (frozen before the hero starts),
-4. train the proxy hero while a watcher follows its metrics.jsonl live, printing alerts as they fire,
+4. train the proxy hero while a watcher follows its metrics.jsonl live, printing alerts as
+   they fire,
 5. write the report, and print a five-line verdict.
 
 ``--inject FAULT`` perturbs the proxy hero from ``--inject-at`` (a fraction of its run) so that the
