@@ -1015,6 +1015,55 @@ def predict_rung(law: CurveLaw, rung, schedule=None, *, level: float | None = No
 
 
 @dataclass(frozen=True)
+class ScheduledLaw:
+    """A curve law bound to one planned run (a rung and its LR schedule).
+
+    It answers the points-table style call the forecaster makes of every law,
+    ``predict(params=, active_params=, tokens=, compute=, fraction=, level=)``: ``fraction`` is
+    progress through the planned run; ``tokens``, when given, is read as tokens so far, so that
+    ``tokens / fraction`` is the run's total budget and a different budget means the same schedule
+    shape stretched to that many steps (the contingency "shorten the run, re-aim the decay").
+    """
+
+    law: CurveLaw
+    rung: Any
+    schedule: Any = None  # a ladder.specs.Schedule; None = the rung's own
+
+    @property
+    def form(self) -> str:
+        return self.law.form
+
+    @property
+    def metric(self) -> str | None:
+        return self.law.metric
+
+    @property
+    def params(self) -> dict[str, float]:
+        return self.law.params
+
+    def to_json(self) -> dict:
+        return self.law.to_json()
+
+    def predict(self, *, fraction=None, tokens=None, level: float | None = None,
+                **_sizes) -> CurvePrediction:
+        g = np.atleast_1d(np.asarray(1.0 if fraction is None else fraction, float))
+        steps = np.full(g.shape, self.rung.steps, dtype=np.int64)
+        if tokens is not None:
+            total = np.broadcast_to(np.asarray(tokens, float), g.shape) / np.maximum(g, 1e-12)
+            steps = np.maximum(1, np.rint(total / self.rung.tokens_per_step)).astype(np.int64)
+        loss, lo, hi = (np.full(g.shape, np.nan) for _ in range(3))
+        step_out = np.zeros(g.shape, dtype=np.int64)
+        pred = None
+        for n in np.unique(steps):
+            idx = np.flatnonzero(steps == n)
+            pred = predict_rung(self.law, dataclasses.replace(self.rung, steps=int(n)),
+                                self.schedule, level=level, fraction=g[idx])
+            loss[idx], lo[idx], hi[idx], step_out[idx] = pred.loss, pred.lo, pred.hi, pred.step
+        return CurvePrediction(step=step_out, fraction=g, loss=loss, lo=lo, hi=hi,
+                               level=float(pred.level if pred is not None else level or 0.9))
+
+
+@dataclass(frozen=True)
 class PlanForecast:
     """Final loss (with band) of one plan for a run: its length and where the prediction ends."""
 
