@@ -1,6 +1,7 @@
 """The fitter against known truth: the real ladder's published fit, synthetic laws with known
 parameters, hand-checkable refusals and bands."""
 
+import json
 import math
 import warnings
 
@@ -150,6 +151,8 @@ def test_band_without_degrees_of_freedom_is_nan_and_loud():
     with pytest.warns(UserWarning, match="band unavailable"):
         p = res.predict(compute=1e24)
     assert np.isfinite(p.loss) and np.isnan(p.lo) and np.isnan(p.hi)
+    back = FitResult.from_json(json.loads(json.dumps(res.to_json())))  # NaN intervals as text
+    assert math.isnan(back.intervals["A"][0]) and "n/a" in back.report()
 
 
 def test_backtest_errors_are_reported():
@@ -188,6 +191,7 @@ def test_roundtrip_json():
                 "inputs", "diagnostics", "created", "tool_version"):
         assert key in obj
     back = FitResult.from_json(obj)
+    assert back.report().splitlines()[0] == res.report().splitlines()[0]
     a, b = res.predict(compute=[1e23, 1e24]), back.predict(compute=[1e23, 1e24])
     np.testing.assert_allclose(a.loss, b.loss, rtol=1e-12)
     np.testing.assert_allclose(a.hi, b.hi, rtol=1e-12)
