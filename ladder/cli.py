@@ -48,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--expert-parallel", type=int, default=None,
                    help="size of the 'expert' mesh axis (default: largest divisor of --devices "
                         "that divides the number of experts)")
+    s.add_argument("--peak-flops", type=float, default=None, metavar="FLOP/S",
+                   help="peak FLOP/s of one device (default: 2.5e15, one GB200 GPU, bf16 dense; "
+                        "see ladder/plan.py)")
+    s.add_argument("--mfu", type=float, default=None,
+                   help="assumed model FLOPs utilisation (default: 0.4)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_call("ladder.commands:plan_main"))
 
@@ -103,6 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--require", action="append", default=[], metavar="KEY=VALUE")
     s.add_argument("--amend", default=None, metavar="OLD.json")
     s.add_argument("--reason", default=None)
+    s.add_argument("--runs", default=None, metavar="DIR",
+                   help="ladder run directories: health reference curves and eval noise")
+    s.add_argument("--data-tag", default=None, help="data-mix tag the forecast applies to")
+    s.add_argument("--eval-noise", type=float, default=None, metavar="SIGMA",
+                   help="sd of one eval's metric (default: estimated from --runs)")
     s.add_argument("--out", default="prereg.json")
     s.set_defaults(func=_call("predict.commands:preregister_main"))
 

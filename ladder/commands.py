@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from ladder.io import EX_USAGE, InputError
 from ladder.specs import LADDERS, Ladder, resolve
@@ -12,7 +13,8 @@ def _resolve(target: str):
     try:
         return resolve(target)
     except KeyError as e:
-        known = ", ".join(f"{n} ({', '.join(r.name for r in lad.all)})" for n, lad in LADDERS.items())
+        known = ", ".join(f"{n} ({', '.join(r.name for r in lad.all)})"
+                          for n, lad in LADDERS.items())
         raise InputError(f"unknown ladder or rung {e.args[0]!r}; known: {known}",
                          field="LADDER[:RUNG]", exit_code=EX_USAGE) from None
 
@@ -42,4 +44,113 @@ def list_main(args) -> int:
     conv = {s["param_convention"] for s in rows}
     print(f"* target run. params: {', '.join(sorted(conv))}; FLOPs: flops-v1, C = 3 x forward x "
           f"tokens (see ladder/counting.py)")
+    return 0
+
+
+def _train_config(args):
+    """TrainConfig from --config FILE, then --key=value overrides, then the run flags."""
+    from ladder.io import read_json
+    from ladder.train import parse_overrides, train_config
+
+    values: dict = {}
+    where = "overrides"
+    if getattr(args, "config", None):
+        obj = read_json(args.config)
+        obj.pop("schema", None)
+        values.update(obj)
+        where = args.config
+    overrides = parse_overrides(list(getattr(args, "overrides", []) or []))
+    if overrides:
+        where = f"{where} + --key=value" if getattr(args, "config", None) else "--key=value"
+    values.update(overrides)
+    for flag in ("devices", "expert_parallel", "vocab_size"):
+        if getattr(args, flag, None) is not None:
+            values[flag] = getattr(args, flag)
+    if getattr(args, "data", None):
+        values["data"] = list(args.data)
+    if getattr(args, "wandb", False):
+        values["wandb"] = True
+    return train_config(values, where=where)
+
+
+def run_main(args) -> int:
+    """`ladder run`: the named rungs (default: all, the target last) into OUT/LADDER/RUNG/."""
+    from pathlib import Path
+
+    from ladder.train import EX_DIVERGED, EX_INTERRUPTED, train_rung
+
+    ladder, rungs = _resolve(args.ladder)
+    if args.rung:
+        try:
+            rungs = [ladder.get(name) for name in args.rung]
+        except KeyError as e:
+            raise InputError(f"no rung {e.args[0]!r} in ladder {ladder.name!r} (rungs: "
+                             f"{', '.join(r.name for r in ladder.all)})", field="rung",
+                             exit_code=EX_USAGE) from None
+    cfg = _train_config(args)
+    for rung in rungs:
+        out = Path(args.out) / ladder.name / rung.name
+        s = train_rung(rung, out, cfg, max_steps=args.max_steps, resume=args.resume)
+        final = s.get("final", {}).get("eval_dropless/loss")
+        note = f", eval_dropless/loss {final:.4f}" if isinstance(final, float) else ""
+        print(f"{ladder.name}/{rung.name}: {s['status']} at step {s['step']}/{s['steps']}"
+              f"{note} -> {out}", flush=True)
+        if s["status"] == "diverged":
+            print(f"ladder run: {ladder.name}/{rung.name} diverged at step {s['step']} "
+                  f"(non-finite loss); see {out / 'summary.json'}", file=sys.stderr)
+            return EX_DIVERGED
+        if s.get("interrupted"):
+            print(f"ladder run: interrupted at step {s['step']}; continue with --resume",
+                  file=sys.stderr)
+            return EX_INTERRUPTED
+    return 0
+
+
+def _bytes(x: float) -> str:
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if x >= scale:
+            return f"{x / scale:.3g}{unit}"
+    return f"{x:.0f}B"
+
+
+def _duration(s: float) -> str:
+    for unit, scale in (("d", 86400), ("h", 3600), ("min", 60)):
+        if s >= scale:
+            return f"{s / scale:.3g}{unit}"
+    return f"{s:.3g}s"
+
+
+def plan_main(args) -> int:
+    from ladder.plan import DEFAULT_MFU, GB200_BF16_DENSE_FLOPS, plan_rung
+
+    _, rungs = _resolve(args.target)
+    peak = GB200_BF16_DENSE_FLOPS if args.peak_flops is None else args.peak_flops
+    mfu = DEFAULT_MFU if args.mfu is None else args.mfu
+    try:
+        plans = [plan_rung(r, args.devices, expert_parallel=args.expert_parallel,
+                           peak_flops=peak, mfu=mfu) for r in rungs]
+    except ValueError as e:  # names the field: devices, expert_parallel, peak_flops, mfu
+        field, _, message = str(e).partition(": ")
+        raise InputError(message, field=f"--{field.replace('_', '-')}",
+                         exit_code=EX_USAGE) from None
+    rows = [p.to_dict() for p in plans]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'ladder':<11} {'rung':<14} {'mesh dxe':>9} {'params':>8} {'active':>8} "
+          f"{'FLOPs/step':>10} {'tok/dev':>8} {'params':>9} {'grads':>9} {'adam':>9} "
+          f"{'act/seq':>9} {'activ.':>9} {'total':>9} {'step':>8} {'run':>8}")
+    for r in rows:
+        mesh = f"{r['data_parallel']}x{r['expert_parallel']}"
+        print(f"{r['ladder']:<11} {r['name']:<14} {mesh:>9} {_fmt(r['params']):>8} "
+              f"{_fmt(r['active_params']):>8} {r['flops_per_step']:>10.3e} "
+              f"{_fmt(r['tokens_per_device']):>8} {_bytes(r['param_bytes']):>9} "
+              f"{_bytes(r['grad_bytes']):>9} {_bytes(r['optimizer_bytes']):>9} "
+              f"{_bytes(r['activation_bytes_per_sequence']):>9} "
+              f"{_bytes(r['activation_bytes']):>9} {_bytes(r['total_bytes']):>9} "
+              f"{_duration(r['step_time_s']):>8} {_duration(r['run_time_s']):>8}")
+    print(f"memory per device: params f32 (routed experts split over the expert axis), grads f32, "
+          f"Adam 2 x f32, activations of one step's batch (bf16 estimate, no remat; "
+          f"see ladder/plan.py). time: FLOPs/step (LM head included) / ({args.devices} x "
+          f"{peak:.3g} FLOP/s x MFU {mfu:g})")
     return 0

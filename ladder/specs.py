@@ -44,8 +44,8 @@ class Schedule:
         """LR at ``step`` (0-based) of ``steps`` as a fraction of the peak."""
         end = max(1.0, self.decay_end * steps)
         warm = self.warmup * steps
-        if warm > 0 and step < warm:
-            return (step + 1) / warm
+        if warm > 0 and step < warm:  # capped: a warmup shorter than one step starts at peak
+            return min(1.0, (step + 1) / warm)
         if step >= end:
             return self.min_lr_frac
         lo = self.min_lr_frac

@@ -1,0 +1,47 @@
+"""Flax MoE decoder in the shape of Marin's hero recipe, behind a small functional API.
+
+    init(cfg, seed) -> (params, router_bias)
+    apply(cfg, params, router_bias, tokens, *, dropless=False) -> (logits, aux)
+    loss_fn(cfg, params, router_bias, tokens, targets, *, dropless=False) -> (loss, stats)
+    update_router_bias(cfg, router_bias, stats) -> router_bias
+    param_groups(params) -> {group: [leaf, ...]}
+
+Importing ``model`` alone imports only the config (no JAX); the functions load JAX on first use.
+
+Files: config.py (ModelConfig), layers.py (RMSNorm, RoPE, attention, init boxes), moe.py (router,
+dispatch, experts, bias rules, reference MoE), transformer.py (decoder, API, losses, groups).
+
+Sharding: routed-expert weights carry a leading E axis; under a ``jax.sharding.Mesh`` with "Auto"
+axes ("data", "expert"), jit/GSPMD runs the model unchanged (tests/test_model_sharding.py). Meshes
+with "Explicit" axes (jax.make_mesh's default in jax 0.10) are not supported: the embedding
+gather would need out_sharding annotations.
+
+Left out of the real recipe (little effect on scaling behaviour, per issue #2): short
+convolutions, gated norms, attention head gates. Also: computation is float32 throughout (no bf16
+path), attention is a dense masked softmax (no flash/splash kernel, so memory is O(S^2) per head),
+and there is no hand-written expert-parallel all-to-all (GSPMD partitions the dispatch).
+"""
+
+from model.config import ModelConfig
+
+__all__ = [
+    "PARAM_GROUPS",
+    "ModelConfig",
+    "apply",
+    "init",
+    "loss_fn",
+    "param_groups",
+    "param_shapes",
+    "update_router_bias",
+]
+
+_LAZY = {"init": "model.transformer", "apply": "model.transformer", "loss_fn": "model.transformer",
+         "param_groups": "model.transformer", "param_shapes": "model.transformer",
+         "PARAM_GROUPS": "model.transformer", "update_router_bias": "model.moe"}
+
+
+def __getattr__(name):  # PEP 562: `from model import init` imports JAX only when asked for
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'model' has no attribute {name!r}")

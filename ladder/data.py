@@ -1,0 +1,233 @@
+"""Training data: a token stream split into train and held-out parts, and batches as pure functions.
+
+Default corpus: the running Python's standard-library sources (test suites excluded), byte tokens
+(vocab 256). It exists on every machine and needs no network. Each document (file) goes to the
+held-out split when a hash of its path (relative to the stdlib root) says so, so the split never
+changes between runs, machines or seeds. ``--data`` brings other text files (bytes, vocab 256) or
+pre-tokenized arrays (``.npy``, or raw ``.bin`` of uint16/uint32 with the vocab size given).
+
+Batch ``i`` is a pure function of ``(seed, i)`` (random windows drawn from a generator seeded by
+both), which is what makes resume exact: no data-loader state needs checkpointing. The held-out
+set is a fixed list of evenly spaced windows of the validation stream, independent of the seed,
+so every rung of a ladder is evaluated on the same tokens.
+
+No JAX here: batches are numpy arrays.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import platform
+import sysconfig
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from ladder.io import EX_NOINPUT, InputError
+
+BYTE_VOCAB = 256
+VAL_BUCKETS = 20          # one document in 20 (by path hash) is held out: ~5% of the corpus
+TAIL_VAL_FRACTION = 0.05  # a single stream (one file, a token array) holds out its last 5%
+# Directories of the standard library that are test suites or third-party packages.
+STDLIB_SKIP = frozenset({"test", "tests", "idle_test", "site-packages", "dist-packages",
+                         "__pycache__"})
+TOKEN_SUFFIXES = (".npy", ".bin")
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """Tokens of a corpus, split once into a training and a held-out stream (1-D integer arrays)."""
+
+    train: np.ndarray
+    val: np.ndarray
+    vocab_size: int
+    fingerprint: dict       # what the corpus was: kind, source, sizes, sha256 (for env.json)
+    bytes_per_token: float | None  # 1.0 for byte tokens; None when unknown (bpb not defined)
+
+    def batch(self, seed: int, index: int, batch: int, seq_len: int) -> dict:
+        """Training batch ``index`` for ``seed``: ``tokens`` and next-token ``targets`` [B, S].
+
+        Windows start at uniform random offsets drawn from a generator seeded by (seed, index),
+        so the batch depends on nothing but those two numbers.
+        """
+        rng = np.random.default_rng([int(seed), int(index)])
+        starts = rng.integers(0, len(self.train) - seq_len, size=batch)
+        return _windows(self.train, starts, seq_len)
+
+    def eval_batches(self, n_batches: int, batch: int, seq_len: int) -> list[dict]:
+        """The fixed held-out set: ``n_batches x batch`` evenly spaced windows of the val stream."""
+        n = n_batches * batch
+        starts = np.linspace(0, len(self.val) - seq_len - 1, n).astype(np.int64)
+        return [_windows(self.val, starts[i * batch:(i + 1) * batch], seq_len)
+                for i in range(n_batches)]
+
+    def check_fits(self, seq_len: int, where: str) -> None:
+        for name, part in (("train", self.train), ("validation", self.val)):
+            if len(part) < seq_len + 2:
+                raise InputError(f"the {name} split has {len(part)} tokens, fewer than one "
+                                 f"sequence of {seq_len} + 1", path=where)
+
+
+def _windows(stream: np.ndarray, starts: np.ndarray, seq_len: int) -> dict:
+    idx = starts[:, None] + np.arange(seq_len + 1)[None, :]  # [B, S+1]
+    w = stream[idx].astype(np.int32)
+    return {"tokens": w[:, :-1], "targets": w[:, 1:]}
+
+
+def shuffle_bytes(batch: dict, seed: int, index: int) -> dict:
+    """The same tokens permuted within each sequence: unigram statistics kept, all structure gone.
+
+    Used by the ``data-swap`` fault (a run's data silently replaced by garbage of the same
+    alphabet); deterministic in (seed, index) so a faulted run still resumes exactly.
+    """
+    rng = np.random.default_rng([int(seed), int(index), 0xDA7A])
+    full = np.concatenate([batch["tokens"], batch["targets"][:, -1:]], axis=1)
+    full = rng.permuted(full, axis=1)
+    return {"tokens": full[:, :-1], "targets": full[:, 1:]}
+
+
+# ------------------------------------------------------------------------------- loading
+
+
+def is_held_out(name: str) -> bool:
+    """A document is held out when sha256 of its name falls in bucket 0 of ``VAL_BUCKETS``."""
+    h = hashlib.sha256(name.encode("utf-8")).digest()
+    return int.from_bytes(h[:8], "big") % VAL_BUCKETS == 0
+
+
+def stdlib_files() -> tuple[Path, list[Path]]:
+    """The standard library's ``.py`` files, test suites excluded, in a fixed (sorted) order."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in STDLIB_SKIP)
+        files += [Path(dirpath) / f for f in sorted(filenames) if f.endswith(".py")]
+    return root, files
+
+
+@lru_cache(maxsize=4)
+def stdlib_corpus() -> Corpus:
+    root, files = stdlib_files()
+    docs = [(str(f.relative_to(root)), f.read_bytes()) for f in files]
+    corpus = _split_documents(docs, str(root))
+    listing = "\n".join(f"{name}\t{len(data)}" for name, data in docs)
+    fp = {
+        "kind": "python-stdlib", "python": platform.python_version(),
+        "implementation": platform.python_implementation(), "root": str(root),
+        "files": len(docs), "bytes": sum(len(d) for _, d in docs),
+        "sha256_files_and_sizes": hashlib.sha256(listing.encode("utf-8")).hexdigest(),
+        "train_tokens": len(corpus.train), "val_tokens": len(corpus.val),
+        "val_rule": f"sha256(relative path) mod {VAL_BUCKETS} == 0",
+        "vocab_size": BYTE_VOCAB, "tokenizer": "bytes",
+    }
+    return Corpus(corpus.train, corpus.val, BYTE_VOCAB, fp, 1.0)
+
+
+def _split_documents(docs: list[tuple[str, bytes]], where: str) -> Corpus:
+    """Byte documents -> train/val streams by path hash; documents are separated by a NUL byte.
+
+    When the hash leaves either split empty (e.g. one file), the last 5% of the stream is held out.
+    """
+    sep = b"\0"
+    train = sep.join(d for n, d in docs if not is_held_out(n))
+    val = sep.join(d for n, d in docs if is_held_out(n))
+    if not train or not val:
+        stream = sep.join(d for _, d in docs)
+        cut = int(len(stream) * (1 - TAIL_VAL_FRACTION))
+        train, val = stream[:cut], stream[cut:]
+    if not train:
+        raise InputError("no text found", path=where)
+    return Corpus(np.frombuffer(train, np.uint8), np.frombuffer(val, np.uint8), BYTE_VOCAB,
+                  {}, 1.0)
+
+
+def _expand(patterns: tuple[str, ...]) -> list[Path]:
+    files: list[Path] = []
+    for pat in patterns:
+        hits = sorted(glob.glob(os.path.expanduser(pat), recursive=True))
+        if not hits:
+            raise InputError("no such file (or the glob matched nothing)", path=pat,
+                             field="data", exit_code=EX_NOINPUT)
+        files += [Path(h) for h in hits if Path(h).is_file()]
+    if not files:
+        raise InputError("matched only directories", path=",".join(patterns), field="data",
+                         exit_code=EX_NOINPUT)
+    return files
+
+
+def load_corpus(data: tuple[str, ...] | list[str] = (), vocab_size: int | None = None) -> Corpus:
+    """The default stdlib corpus, or ``data``: text files/globs, or one token array file."""
+    if not data:
+        return stdlib_corpus()
+    files = _expand(tuple(data))
+    tokens = [f for f in files if f.suffix in TOKEN_SUFFIXES]
+    if tokens:
+        if len(files) != 1:
+            raise InputError("give either one token array (.npy/.bin) or text files, not a mix "
+                             "or several arrays", path=",".join(map(str, files)), field="data")
+        return _token_corpus(tokens[0], vocab_size)
+    if vocab_size not in (None, BYTE_VOCAB):
+        raise InputError(f"text files are byte-tokenized (vocab 256); got --vocab-size "
+                         f"{vocab_size}", field="vocab_size")
+    docs = [(str(f), f.read_bytes()) for f in files]
+    corpus = _split_documents(docs, ",".join(map(str, files)))
+    listing = "\n".join(f"{n}\t{len(d)}\t{hashlib.sha256(d).hexdigest()}" for n, d in docs)
+    fp = {"kind": "text-files", "files": len(docs), "bytes": sum(len(d) for _, d in docs),
+          "sha256_files_and_contents": hashlib.sha256(listing.encode()).hexdigest(),
+          "train_tokens": len(corpus.train), "val_tokens": len(corpus.val),
+          "vocab_size": BYTE_VOCAB, "tokenizer": "bytes"}
+    return Corpus(corpus.train, corpus.val, BYTE_VOCAB, fp, 1.0)
+
+
+def _token_corpus(path: Path, vocab_size: int | None) -> Corpus:
+    """A pre-tokenized stream; the last 5% is held out (a flat array has no document names)."""
+    if path.suffix == ".npy":
+        try:
+            arr = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError, EOFError) as e:
+            raise InputError(f"not a readable .npy array ({str(e).splitlines()[0]})",
+                             path=path) from None
+        if arr.ndim != 1 or arr.dtype.kind not in "iu":
+            raise InputError(f"expected a 1-D integer token array, got shape {arr.shape} of "
+                             f"{arr.dtype}", path=path)
+        vocab = vocab_size or int(arr.max()) + 1
+    else:
+        if vocab_size is None:
+            raise InputError("a raw .bin token file needs --vocab-size (it sets uint16 vs "
+                             "uint32)", path=path, field="vocab_size")
+        # uint16 holds ids below 65,536 (GPT-2-sized vocabularies); larger ones are uint32.
+        dtype = np.uint16 if vocab_size <= 1 << 16 else np.uint32
+        size = path.stat().st_size
+        if size % np.dtype(dtype).itemsize:
+            raise InputError(f"byte length {size} is not a multiple of {np.dtype(dtype).itemsize}"
+                             f" ({np.dtype(dtype).name} for vocab {vocab_size}); truncated or "
+                             f"wrong dtype", path=path)
+        arr = np.memmap(path, dtype=dtype, mode="r")
+        vocab = vocab_size
+    if len(arr) == 0:
+        raise InputError("empty token array", path=path)
+    arr = np.asarray(arr)
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi >= vocab:
+        bad = hi if hi >= vocab else lo
+        pos = int(np.argmax(arr == bad))
+        raise InputError(f"token id {bad} at position {pos} is outside the vocabulary "
+                         f"[0, {vocab})", path=path, field="vocab_size")
+    cut = int(len(arr) * (1 - TAIL_VAL_FRACTION))
+    fp = {"kind": "token-array", "path": str(path), "tokens": len(arr),
+          "dtype": str(arr.dtype), "sha256": _sha256_path(path), "vocab_size": int(vocab),
+          "train_tokens": cut, "val_tokens": int(len(arr) - cut),
+          "val_rule": f"last {TAIL_VAL_FRACTION:.0%} of the stream"}
+    return Corpus(arr[:cut], arr[cut:], int(vocab), fp, None)
+
+
+def _sha256_path(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

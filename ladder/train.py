@@ -1,0 +1,863 @@
+"""The training loop: one rung of a ladder into one run directory.
+
+``train_rung(rung, out_dir, cfg)`` resolves the rung against the training config, loads the data,
+builds a jitted ``train_step(state, batch) -> (state, metrics)`` with donated state on a device
+mesh with axes ("data", "expert"), and runs ONE visible loop: step, log, eval, checkpoint. The run
+directory it writes is the contract of shared/DESIGN.md: ``config.json``, ``env.json``,
+``metrics.jsonl``, ``checkpoints/`` (Orbax) and ``summary.json``.
+
+Exactness: batch i is a pure function of (seed, i) and the LR of step i a pure function of i, so a
+run resumed from a checkpoint at step k recomputes steps k+1... exactly as the uninterrupted run
+did (bitwise on CPU). On resume metrics.jsonl is cut back (atomically) to the rows of steps <= k,
+so a run killed between a checkpoint and the next one leaves no duplicated or lost rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import platform
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from ladder import __version__
+from ladder.counting import conventions
+from ladder.data import Corpus, load_corpus, shuffle_bytes
+from ladder.io import (
+    EX_USAGE,
+    InputError,
+    atomic_write_json,
+    atomic_write_text,
+    iter_jsonl,
+    read_json,
+    to_jsonable,
+)
+from ladder.specs import Rung, Schedule
+from model.config import ModelConfig
+
+FAULTS = ("lr-spike", "data-swap")
+RUN_CONFIG_SCHEMA = "run-config/1"
+SUMMARY_SCHEMA = "run-summary/1"
+ENV_SCHEMA = "run-env/1"
+EX_DIVERGED = 1        # a diverged run exits 1 (it is not an input error: those are 64+)
+EX_INTERRUPTED = 130   # Ctrl-C, as shells report SIGINT
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to train a rung (the rung itself says what to train). JSON round-trip via to_dict.
+
+    ``devices``, ``expert_parallel``, ``wandb`` and ``progress`` are run arguments: they change
+    where and how a run is watched, never its numbers (the identity check on resume ignores them).
+    """
+
+    seed: int = 0
+    checkpoint_every: int = 0        # steps between checkpoints; 0 = every 25% of the run
+    keep: int = 2                    # checkpoints kept (the issue: the last 2)
+    eval_batches: int = 2            # held-out set = eval_batches x rung.batch fixed windows
+    eval_every: float | None = None  # fraction of the run between evals; None = the rung's (5%)
+    log_every: int = 1               # steps between metrics rows (the loss is checked every step)
+    peak_flops: float | None = None  # FLOP/s for throughput/mfu; None = measured once by a matmul
+    devices: int | None = None       # devices in the mesh; None = all visible devices
+    expert_parallel: int | None = None  # size of the "expert" mesh axis; None = largest that fits
+    b1: float = 0.9
+    b2: float = 0.95                 # 0.95: the usual LLM pre-training choice (GPT-3, Llama)
+    eps: float = 1e-8
+    weight_decay: float = 0.1        # AdamW, on matrices only (norm scales are not decayed)
+    grad_clip: float = 1.0           # global-norm clipping; 0 disables
+    lr: float | None = None          # peak LR override; None = the ladder's LR rule
+    schedule: dict = field(default_factory=dict)  # Schedule field overrides (decay_end: re-aim)
+    model: dict = field(default_factory=dict)  # ModelConfig field overrides (ablations)
+    data: tuple[str, ...] = ()       # text files/globs or one token array; () = Python stdlib
+    vocab_size: int | None = None    # for raw .bin token files (and a check for .npy)
+    fault: str | None = None         # fault injection for demos: "lr-spike" or "data-swap"
+    fault_at: float = 0.5            # ... from this fraction of the planned steps on
+    fault_scale: float = 10.0        # lr-spike: LR multiplier
+    wandb: bool = False
+    wandb_project: str = "ladder"
+    progress: bool = True            # tqdm bar on stderr
+
+    def __post_init__(self):
+        def check(name, ok, what):
+            if not ok:
+                raise ValueError(f"{name}: must be {what}, got {getattr(self, name)!r}")
+
+        def is_int(v):
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        def is_num(v):
+            return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+        for name in ("seed", "checkpoint_every"):
+            check(name, is_int(getattr(self, name)) and getattr(self, name) >= 0,
+                  "an integer >= 0")
+        for name in ("keep", "eval_batches", "log_every"):
+            check(name, is_int(getattr(self, name)) and getattr(self, name) >= 1,
+                  "an integer >= 1")
+        for name in ("devices", "expert_parallel", "vocab_size"):
+            v = getattr(self, name)
+            check(name, v is None or is_int(v) and v >= 1, "null or an integer >= 1")
+        for name in ("b1", "b2"):
+            check(name, is_num(getattr(self, name)) and 0 <= getattr(self, name) < 1,
+                  "a number in [0, 1)")
+        for name in ("eps", "weight_decay", "grad_clip"):
+            check(name, is_num(getattr(self, name)) and getattr(self, name) >= 0, "a number >= 0")
+        for name in ("lr", "peak_flops"):
+            v = getattr(self, name)
+            check(name, v is None or is_num(v) and v > 0, "null or a number > 0")
+        check("eval_every", self.eval_every is None
+              or is_num(self.eval_every) and 0 < self.eval_every <= 1, "null or in (0, 1]")
+        check("fault", self.fault is None or self.fault in FAULTS, f"null or one of {FAULTS}")
+        check("fault_at", is_num(self.fault_at) and 0 <= self.fault_at < 1, "in [0, 1)")
+        check("fault_scale", is_num(self.fault_scale) and self.fault_scale > 0, "> 0")
+        for name in ("wandb", "progress"):
+            check(name, isinstance(getattr(self, name), bool), "true or false")
+        check("wandb_project", isinstance(self.wandb_project, str) and self.wandb_project,
+              "a non-empty string")
+        check("model", isinstance(self.model, dict), "an object of model config fields")
+        if isinstance(self.data, (list, str)):
+            object.__setattr__(self, "data", (self.data,) if isinstance(self.data, str)
+                               else tuple(self.data))
+        check("data", all(isinstance(p, str) for p in self.data), "a list of paths")
+        check("schedule", isinstance(self.schedule, dict), "an object of schedule fields")
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["data"] = list(self.data)
+        return d
+
+    # Fields that do not change a run's numbers: allowed to differ on resume.
+    RUN_ARGUMENTS = ("devices", "expert_parallel", "wandb", "wandb_project", "progress",
+                     "peak_flops", "checkpoint_every", "keep", "log_every")
+
+
+def train_config(values: dict, *, where: str = "config") -> TrainConfig:
+    """A TrainConfig from a dict (a --config file and --key=value overrides merged).
+
+    Dotted keys ``model.X`` / ``schedule.X`` set one field of those nested objects. An unknown key
+    or a bad value is an InputError naming ``where`` and the field.
+    """
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    flat: dict = {}
+    for key, value in values.items():
+        head, _, rest = key.partition(".")
+        if head not in known:
+            raise InputError(f"unknown training config key (known: {', '.join(sorted(known))})",
+                             path=where, field=key, exit_code=EX_USAGE)
+        if rest:
+            if head not in ("model", "schedule"):
+                raise InputError("only model.X and schedule.X take dotted keys", path=where,
+                                 field=key, exit_code=EX_USAGE)
+            nested = dict(flat.get(head) or {})
+            nested[rest] = value
+            flat[head] = nested
+        elif head in ("model", "schedule") and isinstance(value, dict) and flat.get(head):
+            flat[head] = {**flat[head], **value}
+        else:
+            flat[head] = value
+    sched = flat.get("schedule")
+    if isinstance(sched, dict):
+        unknown = sorted(set(sched) - {f.name for f in dataclasses.fields(Schedule)})
+        if unknown:
+            raise InputError("unknown schedule key", path=where, field=f"schedule.{unknown[0]}",
+                             exit_code=EX_USAGE)
+    model = flat.get("model")
+    if isinstance(model, dict):
+        unknown = sorted(set(model) - {f.name for f in dataclasses.fields(ModelConfig)})
+        if unknown:
+            raise InputError("unknown model config key", path=where, field=f"model.{unknown[0]}",
+                             exit_code=EX_USAGE)
+    try:
+        return TrainConfig(**flat)
+    except (ValueError, TypeError) as e:
+        name = str(e).split(":")[0] if ":" in str(e) else None
+        raise InputError(str(e).split(": ", 1)[-1], path=where, field=name,
+                         exit_code=EX_USAGE) from None
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """``["--lr=1e-3", "--model.top_k=4"]`` -> ``{"lr": 0.001, "model.top_k": 4}`` (JSON values;
+    anything that is not JSON is taken as a string)."""
+    out = {}
+    for item in items:
+        body = item.removeprefix("--")
+        key, eq, raw = body.partition("=")
+        if not eq or not key:
+            raise InputError(f"expected --key=value, got {item!r}", field="overrides",
+                             exit_code=EX_USAGE)
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        out[key.replace("-", "_")] = value
+    return out
+
+
+# ------------------------------------------------------------------------------ resolution
+
+
+def resolve_rung(rung: Rung, cfg: TrainConfig, corpus_vocab: int | None = None) -> Rung:
+    """The rung actually trained: model/LR/schedule overrides and the data's vocabulary applied."""
+    model_kw = dict(cfg.model)
+    if corpus_vocab is not None and corpus_vocab != rung.model.vocab_size:
+        model_kw.setdefault("vocab_size", corpus_vocab)
+    try:
+        model = rung.model.replace(**model_kw) if model_kw else rung.model
+    except ValueError as e:
+        field_name = str(e).split(":")[0]
+        raise InputError(str(e).split(": ", 1)[-1], field=f"model.{field_name}",
+                         exit_code=EX_USAGE) from None
+    except TypeError as e:
+        raise InputError(str(e), field="model", exit_code=EX_USAGE) from None
+    kw = {"model": model}
+    if cfg.lr is not None:
+        kw["peak_lr"] = float(cfg.lr)
+    if cfg.schedule:
+        try:
+            kw["schedule"] = dataclasses.replace(rung.schedule, **cfg.schedule)
+        except ValueError as e:
+            raise InputError(str(e).split(": ", 1)[-1], field=str(e).split(":")[0],
+                             exit_code=EX_USAGE) from None
+    if cfg.eval_every is not None:
+        kw["eval_every"] = float(cfg.eval_every)
+    return rung.replace(**kw)
+
+
+def lr_table(rung: Rung, cfg: TrainConfig) -> np.ndarray:
+    """Peak LR x schedule for every step (0-based), with the lr-spike fault applied."""
+    fr = np.array([rung.schedule.lr_frac(i, rung.steps) for i in range(rung.steps)], np.float64)
+    lr = rung.peak_lr * fr
+    if cfg.fault == "lr-spike":
+        lr[fault_step(rung, cfg):] *= cfg.fault_scale
+    return lr.astype(np.float32)
+
+
+def fault_step(rung: Rung, cfg: TrainConfig) -> int:
+    """First (0-based) step affected by the configured fault."""
+    return round(cfg.fault_at * rung.steps)
+
+
+def checkpoint_steps(rung: Rung, cfg: TrainConfig) -> set[int]:
+    """Steps after which a checkpoint is saved (always the last). By default every quarter of
+    the run: an Orbax save costs ~0.2-0.7 s here, a lot next to a CPU rung's 10-60 s."""
+    if cfg.checkpoint_every:
+        return set(range(cfg.checkpoint_every, rung.steps + 1, cfg.checkpoint_every)) \
+            | {rung.steps}
+    return {max(1, round(rung.steps * q / 4)) for q in (1, 2, 3, 4)}
+
+
+# ------------------------------------------------------------------------------ environment
+
+
+def enable_compilation_cache() -> str | None:
+    """Persist compiled XLA programs across processes (a rung's step compiles in 5-20 s on 2 busy
+    CPU cores, measured here, and a re-run, a resume or a test re-uses them). Directory:
+    $LADDER_JAX_CACHE (``0`` disables), else ~/.cache/ladder/jax. An already configured JAX
+    cache is left alone."""
+    import jax
+
+    if jax.config.jax_compilation_cache_dir:
+        return jax.config.jax_compilation_cache_dir
+    path = os.environ.get("LADDER_JAX_CACHE",
+                          os.path.join(os.path.expanduser("~"), ".cache", "ladder", "jax"))
+    if not path or path == "0":
+        return None
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    return path
+
+
+@lru_cache(maxsize=1)
+def measure_peak_flops(n: int = 2048, repeats: int = 3) -> float:
+    """FLOP/s of an n x n float32 matmul on the default device (best of ``repeats``)."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+    mm = jax.jit(lambda x: x @ x)
+    mm(a).block_until_ready()
+    best = math.inf
+    for _ in range(repeats):
+        t = time.perf_counter()
+        mm(a).block_until_ready()
+        best = min(best, time.perf_counter() - t)
+    return 2.0 * n ** 3 / best
+
+
+def git_sha() -> dict:
+    root = Path(__file__).resolve().parent.parent
+    def git(*a):
+        try:
+            return subprocess.run(["git", "-C", str(root), *a], capture_output=True, text=True,
+                                  timeout=10, check=False).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    sha = git("rev-parse", "HEAD")
+    return {"sha": sha or None, "dirty": bool(git("status", "--porcelain")) if sha else None}
+
+
+def environment(corpus: Corpus, mesh_info: dict, peak: dict) -> dict:
+    import importlib.metadata as md
+
+    import jax
+    versions = {}
+    for pkg in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "wandb", "tqdm"):
+        try:
+            versions[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            versions[pkg] = None
+    devs = jax.devices()
+    return {
+        "schema": ENV_SCHEMA, "ladder_version": __version__, "git": git_sha(),
+        "python": platform.python_version(), "platform": platform.platform(),
+        "hostname": socket.gethostname(), "versions": versions,
+        "devices": {"backend": jax.default_backend(), "count": len(devs),
+                    "kind": devs[0].device_kind, "process_count": jax.process_count()},
+        "mesh": mesh_info, "peak_flops": peak, "corpus": corpus.fingerprint,
+        "started": time.time(),
+    }
+
+
+# ------------------------------------------------------------------------------ the step
+
+
+def make_mesh(n_devices: int | None, expert_parallel: int | None, n_experts: int, batch: int):
+    """A ("data", "expert") mesh. The default expert axis is the largest divisor of the device
+    count that divides the number of experts and leaves a data axis dividing the batch."""
+    import jax
+    from jax.sharding import Mesh
+
+    devices = jax.devices()
+    n = n_devices or len(devices)
+    if n > len(devices):
+        raise InputError(f"{n} devices requested, {len(devices)} visible", field="devices",
+                         exit_code=EX_USAGE)
+    if expert_parallel is None:
+        expert_parallel = max(e for e in range(1, n + 1)
+                              if n % e == 0 and n_experts % e == 0 and batch % (n // e) == 0) \
+            if any(n % e == 0 and n_experts % e == 0 and batch % (n // e) == 0
+                   for e in range(1, n + 1)) else 1
+    ep = expert_parallel
+    if n % ep or n_experts % ep:
+        raise InputError(f"expert axis {ep} must divide both the devices ({n}) and the experts "
+                         f"({n_experts})", field="expert_parallel", exit_code=EX_USAGE)
+    if batch % (n // ep):
+        raise InputError(f"the data axis ({n // ep}) must divide the batch ({batch})",
+                         field="devices", exit_code=EX_USAGE)
+    return Mesh(np.array(devices[:n]).reshape(n // ep, ep), ("data", "expert"))
+
+
+def _param_shardings(params, groups, mesh, n_experts: int):
+    """Routed-expert weights split on their leading E axis over "expert"; the rest replicated."""
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    routed = {id(x) for x in groups["routed_experts"]}
+
+    def spec(x):
+        if id(x) in routed:
+            if x.shape[0] != n_experts:
+                raise ValueError(f"routed expert weight of shape {x.shape} has no leading E axis")
+            return NamedSharding(mesh, P("expert"))
+        return NamedSharding(mesh, P())
+    return jax.tree.map(spec, params)
+
+
+def make_optimizer(cfg: TrainConfig):
+    """AdamW as optax composes it (adam scaling, then decoupled weight decay on matrices only:
+    norm scales and other vectors are not decayed), after global-norm clipping. The learning
+    rate is applied in the step from the step's own input, so the compiled program does not
+    depend on the schedule (a resumed, re-aimed or fault-injected run re-uses it)."""
+    import jax
+    import optax
+
+    def decay_mask(params):
+        return jax.tree.map(lambda x: x.ndim >= 2, params)
+
+    parts = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip else []
+    parts += [optax.scale_by_adam(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps),
+              optax.add_decayed_weights(cfg.weight_decay, mask=decay_mask)]
+    return optax.chain(*parts)
+
+
+def state_shardings(model_cfg: ModelConfig, optimizer, mesh) -> dict:
+    """Shardings of the train state, from abstract shapes (nothing allocated): routed-expert
+    weights and their Adam moments split over "expert", everything else replicated."""
+    import jax
+    import optax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import model as M
+
+    params, _ = M.param_shapes(model_cfg)
+    pshard = _param_shardings(params, M.param_groups(params), mesh, model_cfg.n_experts)
+    repl = NamedSharding(mesh, P())
+    opt_state = jax.eval_shape(optimizer.init, params)
+    oshard = optax.tree_utils.tree_map_params(
+        optimizer, lambda _, s: s, opt_state, pshard, transform_non_params=lambda _: repl)
+    return {"step": repl, "params": pshard, "opt_state": oshard, "router_bias": repl}
+
+
+@dataclass
+class Programs:
+    """The jitted programs of one (model, optimizer, mesh); cached per process, so a resumed or
+    repeated run in the same process does not trace the model again."""
+
+    model_cfg: ModelConfig
+    optimizer: object
+    shardings: dict
+    train_step: Callable     # jitted train_step(state, batch) -> (state, metrics), state donated
+    eval_step: Callable      # jitted eval_step(params, router_bias, batch) -> dict
+    init_opt: Callable       # jitted optimizer.init with the opt_state shardings
+    _compiled: dict = field(default_factory=dict)
+
+    def init_state(self, seed: int) -> dict:
+        """Fresh train state placed on the mesh: step, params, opt_state, router_bias."""
+        import jax
+        import jax.numpy as jnp
+
+        import model as M
+
+        params, router_bias = M.init(self.model_cfg, seed)
+        params = jax.device_put(params, self.shardings["params"])
+        return {"step": jax.device_put(jnp.zeros((), jnp.int32), self.shardings["step"]),
+                "params": params, "opt_state": self.init_opt(params),
+                "router_bias": jax.device_put(jnp.asarray(router_bias, jnp.float32),
+                                              self.shardings["router_bias"])}
+
+    def compiled_step(self, state, batch):
+        """The train step compiled ahead of time for these shapes (so a step's measured time
+        never includes compilation)."""
+        key = tuple((k, v.shape, str(v.dtype)) for k, v in sorted(batch.items()))
+        if key not in self._compiled:
+            self._compiled[key] = self.train_step.lower(state, batch).compile()
+        return self._compiled[key]
+
+
+def programs(model_cfg: ModelConfig, cfg: TrainConfig, mesh) -> Programs:
+    return _programs(model_cfg, (cfg.b1, cfg.b2, cfg.eps, cfg.weight_decay, cfg.grad_clip), mesh)
+
+
+@lru_cache(maxsize=4)
+def _programs(model_cfg: ModelConfig, optim: tuple, mesh) -> Programs:
+    import jax
+
+    b1, b2, eps, weight_decay, grad_clip = optim
+    optimizer = make_optimizer(TrainConfig(b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
+                                           grad_clip=grad_clip))
+    shard = state_shardings(model_cfg, optimizer, mesh)
+    return Programs(model_cfg, optimizer, shard,
+                    make_train_step(model_cfg, optimizer, shard), make_eval_step(model_cfg),
+                    jax.jit(optimizer.init, out_shardings=shard["opt_state"]))
+
+
+def init_state(model_cfg: ModelConfig, cfg: TrainConfig, mesh) -> dict:
+    """Fresh train state for ``model_cfg`` on ``mesh`` (see Programs.init_state)."""
+    return programs(model_cfg, cfg, mesh).init_state(cfg.seed)
+
+
+def make_train_step(model_cfg: ModelConfig, optimizer, state_shardings):
+    """The jitted ``train_step(state, batch) -> (state, metrics)``; the state is donated.
+
+    ``batch`` is the step's input: ``tokens`` and ``targets`` [B, S] (split over "data") and
+    ``lr``, this step's learning rate (a scalar from the schedule table)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    import model as M
+
+    def train_step(state, batch):
+        params, rb = state["params"], state["router_bias"]
+
+        def objective(p):
+            return M.loss_fn(model_cfg, p, rb, batch["tokens"], batch["targets"])
+
+        (loss, stats), grads = jax.value_and_grad(objective, has_aux=True)(params)
+        updates, opt_state = optimizer.update(grads, state["opt_state"], params)
+        params = optax.apply_updates(params, jax.tree.map(lambda u: -batch["lr"] * u, updates))
+        new_rb = M.update_router_bias(model_cfg, rb, stats)
+        metrics = {"train/loss": loss, "train/ce": stats["ce"], "train/z_loss": stats["z_loss"],
+                   "grad/norm": optax.global_norm(grads), "optim/lr": batch["lr"]}
+        metrics.update({k: v for k, v in stats.items() if k.startswith("moe/") and v.ndim == 0})
+        for group, leaves in M.param_groups(params).items():
+            metrics[f"params/norm/{group}"] = jnp.sqrt(sum(jnp.sum(jnp.square(x))
+                                                           for x in leaves))
+        metrics["params/norm/router_bias"] = jnp.sqrt(jnp.sum(jnp.square(new_rb)))
+        new_state = {"step": state["step"] + 1, "params": params, "opt_state": opt_state,
+                     "router_bias": new_rb}
+        return new_state, metrics
+
+    return jax.jit(train_step, donate_argnums=0, out_shardings=(state_shardings, None))
+
+
+def make_eval_step(model_cfg: ModelConfig):
+    """Held-out CE of one batch as trained (capacity, drops) and dropless; the drop fraction."""
+    import jax
+
+    import model as M
+
+    def eval_step(params, router_bias, batch):
+        _, s = M.loss_fn(model_cfg, params, router_bias, batch["tokens"], batch["targets"])
+        _, sd = M.loss_fn(model_cfg, params, router_bias, batch["tokens"], batch["targets"],
+                          dropless=True)
+        return {"loss": s["ce"], "dropless": sd["ce"], "drop_frac": s["moe/drop_frac"]}
+
+    return jax.jit(eval_step)
+
+
+# ------------------------------------------------------------------------------ run files
+
+
+class MetricsFile:
+    """metrics.jsonl: one row per logged step, appended and flushed; cut back on resume."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._f = None
+
+    def truncate_to(self, step: int) -> None:
+        """Keep only complete rows with ``step <= step`` (atomic rewrite); drop the rest."""
+        if not self.path.exists():
+            return
+        rows = [r for _, r in iter_jsonl(self.path)
+                if isinstance(r.get("step"), int) and r["step"] <= step]
+        atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in rows))
+
+    def rows(self) -> list[dict]:
+        return [r for _, r in iter_jsonl(self.path)] if self.path.exists() else []
+
+    def append(self, row: dict) -> None:
+        if self._f is None:
+            self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (held open)
+        self._f.write(json.dumps(to_jsonable(row), allow_nan=False) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+
+class WandbMirror:
+    """Mirrors metrics rows to Weights & Biases (WANDB_MODE=offline works without network).
+
+    The same W&B run id is reused on resume; its local directory (an offline run directory is a
+    `ladder watch` source) is recorded in summary.json.
+    """
+
+    def __init__(self, out_dir: Path, rung: Rung, cfg: TrainConfig, run_id: str | None,
+                 config: dict):
+        import wandb
+
+        self.run = wandb.init(project=cfg.wandb_project, name=f"{rung.ladder}/{rung.name}",
+                              dir=str(out_dir), id=run_id, resume="allow", config=config,
+                              reinit="finish_previous")
+        self.info = {"id": self.run.id, "dir": str(Path(self.run.dir).parent),
+                     "mode": os.environ.get("WANDB_MODE", "online"),
+                     "project": cfg.wandb_project}
+
+    def log(self, row: dict) -> None:
+        self.run.log({k: v for k, v in row.items() if k != "step"}, step=int(row["step"]))
+
+    def finish(self, exit_code: int = 0) -> None:
+        self.run.finish(exit_code=exit_code)
+
+
+# ------------------------------------------------------------------------------ the run
+
+
+def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None = None, *,
+               max_steps: int | None = None, resume: bool = True,
+               on_metrics: Callable[[dict], None] | None = None) -> dict:
+    """Train ``rung`` into ``out_dir`` and return its summary (the dict written to summary.json).
+
+    A completed (or diverged) run is not retrained: its summary is returned. An unfinished one
+    is resumed from its latest checkpoint when ``resume``, else it is an InputError.
+    ``max_steps`` stops after that many steps of the planned schedule (the schedule is not
+    shortened; status stays "running").
+    ``on_metrics(row)`` sees every metrics row as it is written. Bad input raises InputError
+    before anything is written. Divergence returns status "diverged"; Ctrl-C checkpoints and
+    returns status "running" with ``"interrupted": True``.
+    """
+    cfg = cfg or TrainConfig()
+    out = Path(out_dir)
+    t_start = time.perf_counter()
+    timing = {"setup_s": 0.0, "steps_s": 0.0, "eval_s": 0.0, "checkpoint_s": 0.0}
+    if max_steps is not None and max_steps < 1:
+        raise InputError(f"must be >= 1, got {max_steps}", field="max_steps", exit_code=EX_USAGE)
+
+    # --- everything that can be bad input is checked before the first file is written -------
+    corpus = load_corpus(cfg.data, cfg.vocab_size)
+    rung = resolve_rung(rung, cfg, corpus.vocab_size)
+    if corpus.vocab_size > rung.model.vocab_size:
+        raise InputError(f"the data has token ids up to {corpus.vocab_size - 1}, the model's "
+                         f"vocabulary is {rung.model.vocab_size}", field="model.vocab_size",
+                         exit_code=EX_USAGE)
+    corpus.check_fits(rung.seq_len, ",".join(cfg.data) or "python-stdlib")
+    config = {"schema": RUN_CONFIG_SCHEMA, "rung": rung.to_dict(), "train": cfg.to_dict()}
+    previous = _previous_run(out, config, resume)
+    if previous is not None and previous.get("status") in ("complete", "diverged"):
+        return previous  # finished: a diverged run would only diverge again from its checkpoint
+
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    enable_compilation_cache()
+    mesh = make_mesh(cfg.devices, cfg.expert_parallel, rung.model.n_experts, rung.batch)
+    mesh_info = {"axes": list(mesh.axis_names), "shape": dict(mesh.shape),
+                 "devices": int(mesh.devices.size)}
+    config["mesh"] = mesh_info
+    peak = ({"flops_per_s": float(cfg.peak_flops), "source": "config"} if cfg.peak_flops else
+            {"flops_per_s": measure_peak_flops(), "source": "measured: 2048x2048 f32 matmul"})
+
+    # --- the run directory -------------------------------------------------------------------
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "config.json", config)
+    atomic_write_json(out / "env.json", environment(corpus, mesh_info, peak))
+    ckpt = _checkpoint_manager(out / "checkpoints", cfg.keep)
+    metrics = MetricsFile(out / "metrics.jsonl")
+
+    lrs = lr_table(rung, cfg)
+    progs = programs(rung.model, cfg, mesh)
+    state = progs.init_state(cfg.seed)
+    start = ckpt.latest_step() or 0
+    if start:
+        state = _restore(ckpt, start, state)
+    metrics.truncate_to(start)   # rows past the checkpoint are recomputed, identically
+    if not start and metrics.path.exists():
+        metrics.path.unlink()
+    eval_step = progs.eval_step
+    batch_sharding = NamedSharding(mesh, P("data"))
+    step_sharding = {"tokens": batch_sharding, "targets": batch_sharding,
+                     "lr": NamedSharding(mesh, P())}
+    eval_set = [jax.device_put(b, batch_sharding)
+                for b in corpus.eval_batches(cfg.eval_batches, rung.batch, rung.seq_len)]
+
+    def get_batch(i: int):  # input of step i (0-based): a pure function of (seed, i)
+        b = corpus.batch(cfg.seed, i, rung.batch, rung.seq_len)
+        if cfg.fault == "data-swap" and i >= fault_step(rung, cfg):
+            b = shuffle_bytes(b, cfg.seed, i)
+        return jax.device_put({**b, "lr": lrs[i]}, step_sharding)
+
+    def evaluate(params, router_bias) -> dict:
+        parts = [jax.device_get(eval_step(params, router_bias, b)) for b in eval_set]
+        loss = float(np.mean([p["loss"] for p in parts]))
+        dropless = float(np.mean([p["dropless"] for p in parts]))
+        row = {"eval/loss": loss, "eval_dropless/loss": dropless,
+               "eval/drop_frac": float(np.mean([p["drop_frac"] for p in parts]))}
+        if corpus.bytes_per_token:  # bits per byte of the dropless loss (the fitted metric)
+            row["eval/bpb"] = dropless / math.log(2) / corpus.bytes_per_token
+        return row
+
+    wb = None
+    wandb_info = (previous or {}).get("wandb")
+    if cfg.wandb:
+        wb = WandbMirror(out, rung, cfg, (wandb_info or {}).get("id"), config)
+        wandb_info = wb.info
+    summary = _summary(rung, "running", start, cfg, peak, wandb_info)
+    atomic_write_json(out / "summary.json", summary)
+
+    stop = min(rung.steps, max_steps or rung.steps)
+    evals = set(rung.eval_steps())
+    saves = checkpoint_steps(rung, cfg)
+    train_flops_per_token = rung.flops.training(1, lm_head=True)  # MFU counts the LM head's work
+    interrupted = _SigintFlag()
+    batch = get_batch(start) if start < stop else None
+    if batch is not None:  # compile before the clock starts, so tokens/s is the step's own
+        train_step = progs.compiled_step(state, batch)
+    from tqdm.auto import tqdm
+    bar = tqdm(total=rung.steps, initial=start, desc=f"{rung.ladder}/{rung.name}", unit="step",
+               disable=not cfg.progress, mininterval=0.5, dynamic_ncols=True, leave=False)
+    status, last_saved, final = "running", start, {}
+    tick = time.perf_counter()
+    timing["setup_s"] = tick - t_start  # data, tracing and compiling: this session's overhead
+    try:
+        with interrupted:
+            for i in range(start, stop):                 # ONE visible loop over steps
+                step = i + 1
+                state, m = train_step(state, batch)
+                if step < stop:
+                    batch = get_batch(step)             # next batch, built while this one runs
+                m = {k: float(v) for k, v in jax.device_get(m).items()}
+                now = time.perf_counter()
+                dt, tick = now - tick, now
+                timing["steps_s"] += dt
+                row = {"step": step, "tokens": step * rung.tokens_per_step,
+                       "progress": step / rung.steps, "time": time.time(), **m,
+                       "throughput/tokens_per_s": rung.tokens_per_step / dt,
+                       "throughput/mfu": rung.tokens_per_step / dt * train_flops_per_token
+                       / peak["flops_per_s"],
+                       "flops": rung.compute(step * rung.tokens_per_step)}
+                diverged = not math.isfinite(m["train/loss"])
+                if step in evals and not diverged:
+                    t_eval = time.perf_counter()
+                    row.update(evaluate(state["params"], state["router_bias"]))
+                    timing["eval_s"] += time.perf_counter() - t_eval
+                if step % cfg.log_every == 0 or step in evals or step == stop or diverged:
+                    metrics.append(row)
+                    if wb:
+                        wb.log(row)
+                    if on_metrics:
+                        on_metrics(row)
+                bar.update(1)
+                bar.set_postfix(loss=f"{m['train/loss']:.3f}",
+                                tok_s=f"{row['throughput/tokens_per_s']:.0f}", refresh=False)
+                if diverged:
+                    status = "diverged"
+                    final = {"train/loss": m["train/loss"], "diverged_at_step": step}
+                    break
+                if step in saves or step == stop or interrupted.set:
+                    t_save = time.perf_counter()
+                    _save(ckpt, step, state)
+                    timing["checkpoint_s"] += time.perf_counter() - t_save
+                    last_saved = step
+                    atomic_write_json(out / "summary.json",
+                                      _summary(rung, "running", step, cfg, peak, wandb_info))
+                if interrupted.set:
+                    break
+                tick = time.perf_counter()              # evals and saves are not step time
+            else:
+                if stop == rung.steps:
+                    status = "complete"
+    except BaseException:
+        bar.close()
+        metrics.close()
+        atomic_write_json(out / "summary.json", {
+            **_summary(rung, "failed", last_saved, cfg, peak, wandb_info),
+            "error": "training raised an exception; see the log"})
+        if wb:
+            wb.finish(exit_code=1)
+        raise
+    finally:
+        ckpt.close()
+    bar.close()
+    metrics.close()
+    step_done = last_saved if status != "diverged" else final["diverged_at_step"]
+    if status == "complete":
+        rows = [r for r in metrics.rows() if "eval_dropless/loss" in r]
+        final = {k: v for k, v in rows[-1].items() if k.startswith(("eval", "train/"))} \
+            if rows else {}
+    summary = _summary(rung, status, step_done, cfg, peak, wandb_info, final=final)
+    summary["timing"] = {k: round(v, 3) for k, v in timing.items()}  # this session's wall time
+    if interrupted.set:
+        summary["interrupted"] = True
+    atomic_write_json(out / "summary.json", summary)
+    if wb:
+        wb.finish(exit_code=0 if status in ("complete", "running") else 1)
+    return summary
+
+
+def _summary(rung: Rung, status: str, step: int, cfg: TrainConfig, peak: dict,
+             wandb_info: dict | None, final: dict | None = None) -> dict:
+    p, pe = rung.params, rung.params_exact
+    tokens_seen = step * rung.tokens_per_step
+    s = {"schema": SUMMARY_SCHEMA, "status": status, "step": step, "steps": rung.steps,
+         "ladder": rung.ladder, "rung": rung.name, "is_target": rung.is_target,
+         "params": p.total, "active_params": p.active, "param_convention": p.convention,
+         "params_exact": pe.total, "active_params_exact": pe.active,
+         "tokens": rung.tokens, "tokens_seen": tokens_seen,
+         "compute": rung.compute(lm_head=False), "compute_with_lm_head": rung.compute(lm_head=True),
+         "compute_seen": rung.compute(tokens_seen), "peak_lr": rung.peak_lr,
+         "seq_len": rung.seq_len, "batch": rung.batch, "seed": cfg.seed,
+         "conventions": conventions(), "peak_flops": peak, "final": final or {},
+         "updated": time.time()}
+    if cfg.fault:
+        s["fault"] = {"kind": cfg.fault, "from_step": fault_step(rung, cfg) + 1,
+                      "scale": cfg.fault_scale if cfg.fault == "lr-spike" else None}
+    if wandb_info:
+        s["wandb"] = wandb_info
+    return s
+
+
+def _previous_run(out: Path, config: dict, resume: bool) -> dict | None:
+    """The summary of an earlier run in ``out`` (None if there is none); InputError when it is
+    a different run, or an unfinished one and ``resume`` is off."""
+    if not (out / "summary.json").exists() and not (out / "checkpoints").exists():
+        return None
+    summary = read_json(out / "summary.json", schema="run-summary") \
+        if (out / "summary.json").exists() else {"status": "running"}
+    if (out / "config.json").exists():
+        old = read_json(out / "config.json", schema="run-config")
+        if old.get("rung") != json.loads(json.dumps(to_jsonable(config["rung"]))):
+            raise InputError("the run directory holds a different rung; use another --out",
+                             path=out / "config.json", field="rung", exit_code=EX_USAGE)
+        old_train = old.get("train", {})
+        for key, value in json.loads(json.dumps(to_jsonable(config["train"]))).items():
+            if key not in TrainConfig.RUN_ARGUMENTS and old_train.get(key) != value:
+                raise InputError(f"differs from the run in this directory ({old_train.get(key)!r}"
+                                 f" there, {value!r} now); use another --out",
+                                 path=out / "config.json", field=f"train.{key}",
+                                 exit_code=EX_USAGE)
+    if summary.get("status") in ("complete", "diverged"):
+        return summary
+    if not resume:
+        raise InputError(f"holds an unfinished run (status {summary.get('status')!r}); pass "
+                         f"--resume to continue it or remove the directory", path=out,
+                         exit_code=EX_USAGE)
+    return summary
+
+
+def _checkpoint_manager(path: Path, keep: int):
+    import orbax.checkpoint as ocp
+
+    # Synchronous saves: a checkpoint is complete (renamed from its temporary directory) when
+    # save() returns, so the summary written after it never points at a half-written one.
+    return ocp.CheckpointManager(path.resolve(), options=ocp.CheckpointManagerOptions(
+        max_to_keep=keep, create=True, enable_async_checkpointing=False,
+        cleanup_tmp_directories=True))
+
+
+def _save(mngr, step: int, state) -> None:
+    import orbax.checkpoint as ocp
+
+    mngr.save(step, args=ocp.args.StandardSave(state), force=True)
+    mngr.wait_until_finished()
+
+
+def _restore(mngr, step: int, like):
+    import jax
+    import orbax.checkpoint as ocp
+
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like)
+    return mngr.restore(step, args=ocp.args.StandardRestore(abstract))
+
+
+class _SigintFlag:
+    """Ctrl-C sets a flag that the loop checks after each step (checkpoint, then exit) instead of
+    raising inside a step, whose donated input state would then be lost."""
+
+    def __init__(self):
+        self.set = False
+        self._old = None
+
+    def _handler(self, signum, frame):
+        if self.set:  # a second Ctrl-C: give up at once
+            raise KeyboardInterrupt
+        self.set = True
+
+    def __enter__(self):
+        try:
+            self._old = signal.signal(signal.SIGINT, self._handler)
+        except ValueError:  # not the main thread: leave SIGINT alone
+            self._old = None
+        return self
+
+    def __exit__(self, *exc):
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+        return False

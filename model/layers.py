@@ -1,0 +1,171 @@
+"""Dense building blocks: RMSNorm, partial RoPE, causal attention with QK-norm and grouped KV heads.
+
+Axis legend (as in model/config.py): B batch, S sequence (query positions), T sequence (key
+positions, or flattened tokens B*S in model/moe.py), D model width, H query heads, K KV heads,
+G query heads per KV head (H = K * G), Hd head dim.
+Einsum letters: b=B, s=S, t=T, d=D, h=H, k=K, g=G, x=Hd.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+from flax import struct
+from flax.core import meta, unfreeze
+from flax.traverse_util import flatten_dict, unflatten_dict
+
+from model.config import ModelConfig
+
+
+# ------------------------------------------------------------------------------------ init
+@struct.dataclass
+class Init(meta.AxisMetadata):
+    """A parameter boxed with how it was initialised: normal(0, std), or ones when std is None.
+
+    The box survives ``jax.eval_shape`` (std is static), so ``model.init`` reads every
+    parameter's shape and init rule from one abstract trace and draws the values with numpy:
+    XLA compiles jax.random samplers slowly on CPU (measured here: ~17 s to jit the linen init
+    of the largest cpu-ladder rung). Linen unboxes it whenever a module reads the parameter.
+    """
+
+    value: Any
+    std: float | None = struct.field(pytree_node=False)
+
+    def unbox(self):
+        return self.value
+
+    def replace_boxed(self, val):
+        return self.replace(value=val)
+
+    def add_axis(self, index, params):
+        return self
+
+    def remove_axis(self, index, params):
+        return self
+
+
+def normal(std: float):
+    """Linen initializer: normal(0, std), boxed with its std."""
+    def init(key, shape, dtype=jnp.float32):
+        return Init(std * jax.random.normal(key, shape, dtype), std)
+    return init
+
+
+def ones(key, shape, dtype=jnp.float32):
+    """Linen initializer for norm scales: ones, boxed."""
+    return Init(jnp.ones(shape, dtype), None)
+
+
+def materialize(boxes, seed: int) -> dict:
+    """Nested dict of Init(ShapeDtypeStruct, std) (``jax.eval_shape`` of a linen init) -> nested
+    dict of arrays. Each parameter is drawn from its own numpy stream seeded by (seed, its path),
+    so its initial value does not depend on which other parameters exist."""
+    values = {}
+    for path, box in flatten_dict(unfreeze(boxes)).items():
+        shape, dtype = box.value.shape, box.value.dtype
+        if box.std is None:
+            values[path] = jnp.ones(shape, dtype)
+            continue
+        rng = np.random.default_rng([seed, zlib.crc32("/".join(path).encode())])
+        values[path] = jnp.asarray(box.std * rng.standard_normal(shape, dtype=np.float32), dtype)
+    return unflatten_dict(values)
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    """x / rms(x) * scale over the last axis, computed in float32."""
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (y * scale).astype(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    eps: float
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        scale = self.param("scale", ones, (x.shape[-1],), jnp.float32)
+        return rms_norm(x, scale, self.eps)
+
+
+def rope(x: jax.Array, positions: jax.Array, rope_dim: int, theta: float) -> jax.Array:
+    """Rotary position embedding on the first ``rope_dim`` channels of each head.
+
+    x [B, S, N, Hd] (N heads), positions [S]. Channel i is paired with channel i + rope_dim/2
+    ("rotate-half" layout); the remaining Hd - rope_dim channels carry no position.
+    """
+    if rope_dim == 0:
+        return x
+    half = rope_dim // 2
+    freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)  # [half]: theta^(-2i/rope_dim)
+    angle = positions.astype(jnp.float32)[:, None] * freq[None, :]   # [S, half]
+    cos = jnp.cos(angle)[None, :, None, :]                           # [1, S, 1, half]
+    sin = jnp.sin(angle)[None, :, None, :]
+    x1, x2, rest = x[..., :half], x[..., half:rope_dim], x[..., rope_dim:]
+    rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return jnp.concatenate([rotated.astype(x.dtype), rest], axis=-1)
+
+
+def attention_mask(seq_len: int, window: int | None) -> jax.Array:
+    """[S, T] bool: query s may read key t iff t <= s (causal) and s - t < window (local layers;
+    the window counts the current token)."""
+    s = jnp.arange(seq_len)[:, None]
+    t = jnp.arange(seq_len)[None, :]
+    mask = t <= s
+    if window is not None:
+        mask = mask & (s - t < window)
+    return mask
+
+
+def output_init(cfg: ModelConfig):
+    """Init of projections that write into the residual stream: std / sqrt(2 n_layers), so the
+    residual variance does not grow with depth (GPT-2's scaling of residual projections,
+    Radford et al. 2019, section 2.3)."""
+    return normal(cfg.init_std / math.sqrt(2 * cfg.n_layers))
+
+
+class Attention(nn.Module):
+    """Causal self-attention: QK-norm, partial RoPE, grouped KV heads, optional sliding window.
+
+    Layer ``layer`` is global (full causal) when ``cfg.is_global(layer)``, else local: each query
+    sees the last ``cfg.local_window`` positions, itself included.
+    """
+
+    cfg: ModelConfig
+    layer: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg = self.cfg
+        B, S, D = x.shape
+        H, K, Hd = cfg.n_heads, cfg.n_kv_heads(self.layer), cfg.head_dim
+        G = H // K
+        init = normal(cfg.init_std)
+        wq = self.param("q", init, (D, H, Hd), jnp.float32)
+        wk = self.param("k", init, (D, K, Hd), jnp.float32)
+        wv = self.param("v", init, (D, K, Hd), jnp.float32)
+        wo = self.param("o", output_init(cfg), (H, Hd, D), jnp.float32)
+
+        q = jnp.einsum("bsd,dhx->bshx", x, wq)                     # [B, S, H, Hd]
+        k = jnp.einsum("btd,dkx->btkx", x, wk)                     # [B, T, K, Hd]
+        v = jnp.einsum("btd,dkx->btkx", x, wv)                     # [B, T, K, Hd]
+        q = RMSNorm(cfg.norm_eps, name="q_norm")(q)                # QK-norm over Hd
+        k = RMSNorm(cfg.norm_eps, name="k_norm")(k)
+        positions = jnp.arange(S)
+        q = rope(q, positions, cfg.rope_dim, cfg.rope_theta)
+        k = rope(k, positions, cfg.rope_dim, cfg.rope_theta)
+
+        q = q.reshape(B, S, K, G, Hd)               # [B,S,H,Hd] -> [B,S,K,G,Hd]; head h = k*G + g
+        scores = jnp.einsum("bskgx,btkx->bkgst", q, k) / math.sqrt(Hd)   # [B, K, G, S, T]
+        window = None if cfg.is_global(self.layer) else cfg.local_window
+        mask = attention_mask(S, window)                           # [S, T]
+        scores = jnp.where(mask, scores.astype(jnp.float32), -jnp.inf)
+        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)    # every row sees itself: no NaN
+        out = jnp.einsum("bkgst,btkx->bskgx", probs, v)            # [B, S, K, G, Hd]
+        out = out.reshape(B, S, H, Hd)                             # [B,S,K,G,Hd] -> [B,S,H,Hd]
+        return jnp.einsum("bshx,hxd->bsd", out, wo)                # [B, S, D]

@@ -1,0 +1,190 @@
+"""`ladder preregister`, `ladder verify` and `ladder watch` (arguments are parsed in ladder/cli)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+from ladder.io import EX_DATAERR, EX_USAGE, InputError, read_json
+from predict import forecast as fc
+from predict import prereg as pr
+from predict.watch import WatchConfig
+
+
+def load_law_file(path: str):
+    """The law object of ``fit.load_law`` (imported here: fit is only needed when forecasting)."""
+    try:
+        from fit import load_law
+    except ImportError as e:
+        raise InputError(f"the fit package cannot load laws here ({e})", path=path,
+                         exit_code=69) from None
+    if not Path(path).exists():
+        raise InputError("no such file", path=path, exit_code=66)
+    return load_law(path)
+
+
+def parse_requires(items: list[str]) -> dict:
+    out = {}
+    for item in items or []:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise InputError(f"expected KEY=VALUE, got {item!r}", field="--require",
+                             exit_code=EX_USAGE)
+        try:
+            out[key.strip()] = json.loads(value)
+        except ValueError:
+            out[key.strip()] = value
+    return out
+
+
+def resolve_target(args) -> fc.Target:
+    if getattr(args, "target", None):
+        from ladder.specs import LADDERS, resolve
+        try:
+            _, rungs = resolve(args.target)
+        except KeyError as e:
+            known = ", ".join(f"{n}:{r.name}" for n, lad in LADDERS.items() for r in lad.all)
+            raise InputError(f"unknown ladder or rung {e.args[0]!r}; known: {known}",
+                             field="--target", exit_code=EX_USAGE) from None
+        if ":" not in args.target or len(rungs) != 1:
+            raise InputError("expected LADDER:RUNG (one rung)", field="--target",
+                             exit_code=EX_USAGE)
+        return fc.Target.from_rung(rungs[0])
+    spec = read_json(args.target_spec)
+    return fc.Target.from_spec(spec, path=args.target_spec)
+
+
+def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None = None,
+                eval_noise: float | None = None, data_tag: str | None = None,
+                requires: dict | None = None, config: WatchConfig | None = None,
+                amends: dict | None = None, created: str | None = None) -> dict:
+    """The pre-registration document for ``target`` from ``law`` (library entry of the command)."""
+    metric = getattr(law, "metric", None) or "eval_dropless/loss"
+    noise_info = {"sigma": 0.0, "n": 0, "method": "none (no --runs, no --eval-noise)"}
+    health = None
+    if runs:
+        ladder_runs = fc.read_ladder_runs(runs)
+        if not ladder_runs:
+            raise InputError("no run directories (metrics.jsonl) found", path=runs,
+                             field="--runs")
+        health = fc.health_reference(ladder_runs)
+        est = fc.eval_noise_from_runs(ladder_runs, metric)
+        if eval_noise is None:
+            if math.isfinite(est.sigma):
+                noise_info = est.to_dict()
+            else:
+                print(f"ladder preregister: no {metric} evals in {runs} to estimate eval noise; "
+                      f"the band leaves it out", file=sys.stderr)
+    if eval_noise is not None:
+        if not (math.isfinite(eval_noise) and eval_noise >= 0):
+            raise InputError(f"must be >= 0, got {eval_noise!r}", field="--eval-noise",
+                             exit_code=EX_USAGE)
+        noise_info = {"sigma": float(eval_noise), "n": 0, "method": "given (--eval-noise)"}
+    f = fc.forecast(law, target, level=level, eval_noise=noise_info["sigma"])
+    import numpy as np
+    if not (np.isfinite(f.lo).all() and np.isfinite(f.hi).all()):
+        print("ladder preregister: WARNING the law could not compute a band for some points; "
+              "they are registered with lo/hi missing (NaN), and never judged as inside",
+              file=sys.stderr)
+    cfg = config or WatchConfig()
+    app = {"seq_len": target.seq_len, "steps": target.steps, "tokens": target.tokens,
+           "data_tag": data_tag, "config_hash": target.config_hash,
+           "require": dict(requires or {})}
+    law_json = law.to_json()
+    return pr.build(target=target.to_dict(), applicability=app, metric=metric, law=law_json,
+                    forecast=f.points(), final=f.final, band_level=level,
+                    eval_noise=noise_info,
+                    decision_rule={"words": cfg.words(level), "parameters": cfg.to_dict()},
+                    health_reference=health, budget_curve=fc.budget_curve(law, target),
+                    amends=amends, created=created)
+
+
+def preregister_main(args) -> int:
+    if args.reason and not args.amend:
+        raise InputError("--reason is only for --amend", field="--reason", exit_code=EX_USAGE)
+    if not 0 < args.level < 1:
+        raise InputError(f"must be in (0, 1), got {args.level}", field="--level",
+                         exit_code=EX_USAGE)
+    out = Path(args.out)
+    if out.exists():  # fail before any work
+        raise InputError("exists; a pre-registration is never overwritten", path=out,
+                         exit_code=73)
+    amends = pr.amendment(args.amend, args.reason) if args.amend else None
+    law = load_law_file(args.law)
+    target = resolve_target(args)
+    doc = make_prereg(law, target, level=args.level, runs=getattr(args, "runs", None),
+                      eval_noise=getattr(args, "eval_noise", None),
+                      data_tag=getattr(args, "data_tag", None),
+                      requires=parse_requires(args.require), amends=amends)
+    pr.write_once(out, doc)
+    fin = doc["final"]
+    print(f"wrote {out} (read-only), sha256 {doc['sha256']}")
+    def num(v):
+        return f"{v:.4f}" if isinstance(v, float) else str(v)
+    print(f"  target {target.name}: final {doc['metric']} {num(fin['loss'])} "
+          f"[{num(fin['lo'])}, {num(fin['hi'])}] at {args.level:.0%}; {len(doc['forecast'])} "
+          f"forecast points; eval noise {doc['eval_noise']['sigma']:.4g} "
+          f"({doc['eval_noise']['method']})")
+    if amends:
+        print(f"  amends {amends['path']} (sha256 {amends['sha256'][:12]}...): {amends['reason']}")
+    return 0
+
+
+def verify_main(args) -> int:
+    v = pr.verify(args.prereg)
+    print(v.report())
+    if not v.ok:
+        return EX_DATAERR
+    doc = read_json(args.prereg)
+    am = doc.get("amends")
+    if isinstance(am, dict):
+        old = Path(args.prereg).parent / str(am.get("path", ""))
+        if not old.exists():
+            print(f"  amends {am.get('path')} (sha256 {am.get('sha256')}): not found beside it")
+        else:
+            vo = pr.verify(old)
+            if not vo.ok or vo.stored != am.get("sha256"):
+                print(f"  amends {old}: its sha256 is {vo.stored}, this file names "
+                      f"{am.get('sha256')}; the chain is broken")
+                return EX_DATAERR
+            print(f"  amends {old} (verified), reason: {am.get('reason')}")
+    chain = pr.resolve_chain(args.prereg)
+    if len(chain.links) > 1 or chain.skipped:
+        print(f"  chain: {chain.describe()}")
+    return 0
+
+
+def watch_main(args) -> int:
+    from predict import sinks as sk
+    from predict.live import Watcher
+    from predict.sources import WandbApiSource, open_source
+
+    source = open_source(args.source)
+    sinks: list = [sk.StdoutSink()]
+    if args.alerts:
+        sinks.append(sk.JsonlSink(args.alerts))
+    if args.webhook:
+        sinks.append(sk.WebhookSink(args.webhook))
+    if args.wandb_alert:
+        if not isinstance(source, WandbApiSource):
+            raise InputError("--wandb-alert needs a wandb://ENTITY/PROJECT/RUN_ID source",
+                             field="--wandb-alert", exit_code=EX_USAGE)
+        u = source.uri
+        sinks.append(sk.WandbAlertSink(u.entity, u.project, u.run_ids[-1]))
+    w = Watcher(args.prereg, source, sinks, args.state, metric=args.metric)
+    registered = w.doc.get("metric") if not args.metric else pr.load(w.chain.newest.path)["metric"]
+    if args.metric and args.metric != registered:
+        print(f"ladder watch: the source's '{args.metric}' is compared with the forecast of "
+              f"'{registered}' (--metric names the source key holding the registered metric)",
+              file=sys.stderr)
+    print(f"ladder watch: {w.description}; metric {w.view.metric}; source {args.source}",
+          file=sys.stderr)
+    code = w.run(follow=args.follow, poll_seconds=args.poll, max_seconds=args.max_seconds)
+    st = w.state
+    print(f"ladder watch: {st.get('n_points', 0)} points, {st.get('n_evals', 0)} evals judged, "
+          f"last step {st.get('last_step')}; worst {st.get('worst') or 'none'}"
+          + (f"; NOT APPLICABLE: {st['not_applicable']}" if st.get("not_applicable") else "")
+          + f"; exit {code}", file=sys.stderr)
+    return code

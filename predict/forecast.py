@@ -1,0 +1,461 @@
+"""Forecast a target run's metric curve from a law, with a band, and check that band's calibration.
+
+The band of a forecast point combines, in quadrature (independent errors, Gaussian approximation):
+- the law's band at the level (bootstrap parameter uncertainty + run-to-run residual noise, as
+  returned by ``law.predict``), and
+- evaluation noise: the scatter of a single eval about the run's smooth curve (finite eval set),
+  estimated from the ladder's eval points (:func:`estimate_eval_noise`) or given.
+A band the law cannot compute stays NaN (missing, loudly), never zero width.
+
+Calibration (:func:`leave_one_rung_out`) refits the law without one rung, forecasts that rung's
+points and counts how many fall inside the band: a 90% band should hold about 90%.
+
+No JAX here, and ``fit`` is imported lazily (only to load a law from a file).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ladder.io import InputError, as_float, read_json, read_metrics, require, sha256_of
+
+# Token-budget multipliers of the planned run at which the law's final value is tabulated, for the
+# contingency advisory ("at what budget is the registered final value still reached?").
+BUDGET_MULTIPLIERS = (0.25, 0.35, 0.5, 0.6, 0.7, 0.85, 1.0, 1.2, 1.4, 1.7, 2.0, 2.5, 3.0, 4.0)
+
+
+# ------------------------------------------------------------------------------------ target
+
+
+@dataclass(frozen=True)
+class Target:
+    """The run to forecast (the ``target`` section of a pre-registration)."""
+
+    name: str
+    params: float
+    active_params: float
+    tokens: float
+    steps: int
+    compute: float               # planned training FLOPs without LM head (flops-v1)
+    seq_len: int
+    schedule: dict = field(default_factory=dict)
+    eval_steps: tuple = ()
+    batch: int | None = None
+    config_hash: str | None = None
+
+    def __post_init__(self):
+        for name in ("params", "active_params", "tokens", "compute"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"{name}: must be a positive number, got {v!r}")
+        for name in ("steps", "seq_len"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{name}: must be a positive integer, got {v!r}")
+        object.__setattr__(self, "eval_steps", tuple(int(s) for s in self.eval_steps))
+
+    @classmethod
+    def from_rung(cls, rung) -> Target:
+        p = rung.params
+        return cls(name=f"{rung.ladder}:{rung.name}", params=float(p.total),
+                   active_params=float(p.active), tokens=float(rung.tokens), steps=rung.steps,
+                   compute=float(rung.compute()), seq_len=rung.seq_len,
+                   schedule=rung.schedule.to_dict(), eval_steps=tuple(rung.eval_steps()),
+                   batch=rung.batch, config_hash=sha256_of(rung.to_dict()))
+
+    @classmethod
+    def from_spec(cls, d: Mapping, *, path=None) -> Target:
+        """From a ``--target-spec`` JSON object (a pre-registration's ``target`` fields)."""
+        if "target" in d and isinstance(d["target"], Mapping):
+            d = d["target"]
+        kw: dict[str, Any] = {}
+        for key in ("params", "active_params", "tokens", "compute"):
+            kw[key] = float(require(d, key, (int, float), path=path))
+        for key in ("steps", "seq_len"):
+            v = require(d, key, (int, float), path=path)
+            if float(v) != int(v):
+                raise InputError(f"expected an integer, got {v!r}", path=path, field=key)
+            kw[key] = int(v)
+        kw["name"] = str(d.get("name", Path(str(path or "target")).stem))
+        sched = d.get("schedule", {})
+        if isinstance(sched, str):
+            sched = {"kind": sched}
+        if not isinstance(sched, Mapping):
+            raise InputError("expected an object or a name", path=path, field="schedule")
+        kw["schedule"] = dict(sched)
+        ev = d.get("eval_steps", ())
+        if not isinstance(ev, (list, tuple)):
+            raise InputError("expected a list of steps", path=path, field="eval_steps")
+        kw["eval_steps"] = tuple(int(s) for s in ev)
+        if d.get("batch") is not None:
+            kw["batch"] = int(d["batch"])
+        if d.get("config_hash") is not None:
+            kw["config_hash"] = str(d["config_hash"])
+        try:
+            return cls(**kw)
+        except ValueError as e:
+            field_name = str(e).split(":")[0]
+            raise InputError(str(e).split(": ", 1)[-1], path=path, field=field_name) from None
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "params": self.params, "active_params": self.active_params,
+                "tokens": self.tokens, "steps": self.steps, "compute": self.compute,
+                "seq_len": self.seq_len, "schedule": dict(self.schedule),
+                "eval_steps": list(self.eval_steps), "batch": self.batch,
+                "config_hash": self.config_hash}
+
+    def at(self, fraction: np.ndarray) -> dict:
+        """Law inputs at ``fraction`` of the run: tokens and compute so far (a constant batch and
+        sequence length make both proportional to the fraction; flops-v1 is linear in tokens)."""
+        g = np.asarray(fraction, dtype=float)
+        return {"params": np.full(g.shape, self.params),
+                "active_params": np.full(g.shape, self.active_params),
+                "tokens": g * self.tokens, "compute": g * self.compute, "fraction": g}
+
+
+# ------------------------------------------------------------------------------------ noise
+
+
+@dataclass(frozen=True)
+class EvalNoise:
+    """Standard deviation of one eval's metric about the run's smooth curve."""
+
+    sigma: float
+    n: int
+    method: str
+
+    def to_dict(self) -> dict:
+        return {"sigma": self.sigma, "n": self.n, "method": self.method}
+
+
+def estimate_eval_noise(curves: Iterable[tuple[np.ndarray, np.ndarray]], *,
+                        min_fraction: float = 0.2) -> EvalNoise:
+    """Eval noise from the scatter of each eval about the line through its two neighbours.
+
+    For three consecutive evals at fractions x0 < x1 < x2 of a smooth curve, the residual
+    r = y1 - (w y0 + (1 - w) y2), w = (x2 - x1)/(x2 - x0), has variance sigma^2 (1 + w^2 + (1-w)^2)
+    when the eval errors are independent with sd sigma, and the curve's own curvature is small
+    (hence only evals after ``min_fraction`` of the run). Robust scale: 1.4826 x MAD.
+    """
+    z = []
+    for x, y in curves:
+        x, y = np.asarray(x, float), np.asarray(y, float)
+        ok = np.isfinite(x) & np.isfinite(y) & (x >= min_fraction)
+        x, y = x[ok], y[ok]
+        order = np.argsort(x)
+        x, y = x[order], y[order]
+        if x.size < 3:
+            continue
+        x0, x1, x2 = x[:-2], x[1:-1], x[2:]
+        w = (x2 - x1) / np.maximum(x2 - x0, 1e-300)
+        r = y[1:-1] - (w * y[:-2] + (1 - w) * y[2:])
+        z.append(r / np.sqrt(1 + w ** 2 + (1 - w) ** 2))
+    if not z:
+        return EvalNoise(sigma=math.nan, n=0, method="second-difference MAD (no data)")
+    zz = np.concatenate(z)
+    sigma = float(1.4826 * np.median(np.abs(zz - np.median(zz))))
+    return EvalNoise(sigma=sigma, n=int(zz.size), method="second-difference MAD")
+
+
+# ------------------------------------------------------------------------------------ forecast
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """A target's metric curve with its band. Arrays share one index (the grid)."""
+
+    fraction: np.ndarray
+    step: np.ndarray
+    tokens: np.ndarray
+    loss: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    final: dict
+    level: float
+    eval_noise: float
+    law_lo: np.ndarray
+    law_hi: np.ndarray
+
+    def points(self) -> list[dict]:
+        return [{"fraction": float(f), "step": int(s), "tokens": float(t), "loss": float(l),
+                 "lo": float(a), "hi": float(b)}
+                for f, s, t, l, a, b in zip(self.fraction, self.step, self.tokens, self.loss,
+                                            self.lo, self.hi, strict=True)]
+
+
+def _z(level: float) -> float:
+    from scipy.stats import norm
+    return float(norm.ppf(0.5 + level / 2))
+
+
+def combine_band(loss, lo, hi, *, level: float, eval_noise: float):
+    """Widen the law's band [lo, hi] by eval noise in quadrature on each side."""
+    loss, lo, hi = (np.asarray(a, float) for a in (loss, lo, hi))
+    e = 0.0 if eval_noise is None or not math.isfinite(eval_noise) else float(eval_noise)
+    extra = (_z(level) * e) ** 2
+    lo2 = loss - np.sqrt((loss - lo) ** 2 + extra)
+    hi2 = loss + np.sqrt((hi - loss) ** 2 + extra)
+    return lo2, hi2  # NaN stays NaN: missing uncertainty is never made up
+
+
+def grid_fractions(target: Target, *, every: float = 0.01) -> np.ndarray:
+    """Every 1% of the run, the target's eval steps, and the end."""
+    n = int(round(1 / every))
+    g = set(np.round(np.arange(1, n + 1) / n, 10).tolist())
+    g.update(s / target.steps for s in target.eval_steps if 0 < s <= target.steps)
+    g.add(1.0)
+    return np.array(sorted(g))
+
+
+def _predict(law, inputs: Mapping, level: float):
+    res = law.predict(params=inputs["params"], active_params=inputs["active_params"],
+                      tokens=inputs["tokens"], compute=inputs["compute"],
+                      fraction=inputs["fraction"], level=level)
+    shape = np.shape(inputs["fraction"])
+    return tuple(np.broadcast_to(np.asarray(getattr(res, k), float), shape).copy()
+                 for k in ("loss", "lo", "hi"))
+
+
+def forecast(law, target: Target, *, level: float = 0.9, eval_noise: float = 0.0,
+             every: float = 0.01) -> Forecast:
+    """The target's forecast on the grid (every ``every`` of the run + eval steps + final)."""
+    if not 0 < level < 1:
+        raise ValueError(f"level: must be in (0, 1), got {level!r}")
+    g = grid_fractions(target, every=every)
+    loss, lo, hi = _predict(law, target.at(g), level)
+    lo2, hi2 = combine_band(loss, lo, hi, level=level, eval_noise=eval_noise)
+    steps = np.rint(g * target.steps).astype(np.int64)
+    final = {"loss": float(loss[-1]), "lo": float(lo2[-1]), "hi": float(hi2[-1])}
+    return Forecast(fraction=g, step=steps, tokens=g * target.tokens, loss=loss, lo=lo2, hi=hi2,
+                    final=final, level=level, eval_noise=float(eval_noise or 0.0),
+                    law_lo=lo, law_hi=hi)
+
+
+def budget_curve(law, target: Target) -> dict:
+    """The law's final metric if the run were given ``m`` x its planned tokens (decay re-aimed to
+    the new end: fraction 1 of a run of that budget), for the contingency advisory."""
+    m = np.array(BUDGET_MULTIPLIERS)
+    inputs = {"params": np.full(m.shape, target.params),
+              "active_params": np.full(m.shape, target.active_params),
+              "tokens": m * target.tokens, "compute": m * target.compute,
+              "fraction": np.ones(m.shape)}
+    loss, _, _ = _predict(law, inputs, 0.9)
+    return {"multiplier": m.tolist(), "tokens": (m * target.tokens).tolist(),
+            "loss": loss.tolist()}
+
+
+# ------------------------------------------------------------------------------------ calibration
+
+
+@dataclass(frozen=True)
+class RungCoverage:
+    run: str
+    n: int
+    inside: int
+    above: int
+    below: int
+    missing: int           # points whose band could not be computed (NaN): not counted inside
+    mean_rel_error: float
+    inside_law_only: int = 0  # inside the law's own band, without the eval-noise term
+
+    @property
+    def coverage(self) -> float:
+        return self.inside / self.n if self.n else math.nan
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Leave-one-rung-out coverage of the band."""
+
+    level: float
+    rungs: tuple[RungCoverage, ...]
+
+    @property
+    def n(self) -> int:
+        return sum(r.n for r in self.rungs)
+
+    @property
+    def coverage(self) -> float:
+        n = self.n
+        return sum(r.inside for r in self.rungs) / n if n else math.nan
+
+    @property
+    def coverage_law_only(self) -> float:
+        n = self.n
+        return sum(r.inside_law_only for r in self.rungs) / n if n else math.nan
+
+    def report(self) -> str:
+        lines = [f"leave-one-rung-out coverage of the {self.level:.0%} band: {self.coverage:.1%} "
+                 f"of {self.n} points (the law's band alone: {self.coverage_law_only:.1%})"]
+        for r in self.rungs:
+            lines.append(f"  {r.run:<24} {r.coverage:6.1%} of {r.n:4d} (above {r.above}, below "
+                         f"{r.below}, no band {r.missing}), mean |rel err| "
+                         f"{r.mean_rel_error:.3%}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"level": self.level, "coverage": self.coverage, "n": self.n,
+                "rungs": [{"run": r.run, "n": r.n, "inside": r.inside, "above": r.above,
+                           "below": r.below, "missing": r.missing, "coverage": r.coverage,
+                           "mean_rel_error": r.mean_rel_error} for r in self.rungs]}
+
+
+def leave_one_rung_out(points, fit_fn: Callable[[Any], Any], *, level: float = 0.9,
+                       eval_noise: float = 0.0, min_fraction: float = 0.01,
+                       runs: Iterable[str] | None = None) -> Calibration:
+    """Refit without each rung (``fit_fn(points_without_it) -> law``), forecast its points.
+
+    ``points`` is a points table (pandas DataFrame with ``run, params, active_params, tokens,
+    compute, fraction, loss``). Points before ``min_fraction`` are not scored (the watcher does
+    not compare them either).
+    """
+    import pandas as pd
+
+    df = pd.DataFrame(points)
+    for col in ("run", "loss", "fraction"):
+        if col not in df:
+            raise InputError("missing column", field=col)
+    out = []
+    for run in (runs or list(dict.fromkeys(df["run"]))):
+        train = df[df["run"] != run]
+        test = df[(df["run"] == run) & (df["fraction"] >= min_fraction)]
+        if test.empty:
+            continue
+        law = fit_fn(train)
+        inputs = {k: test[k].to_numpy(float) if k in test else np.full(len(test), np.nan)
+                  for k in ("params", "active_params", "tokens", "compute", "fraction")}
+        loss, lo0, hi0 = _predict(law, inputs, level)
+        lo, hi = combine_band(loss, lo0, hi0, level=level, eval_noise=eval_noise)
+        y = test["loss"].to_numpy(float)
+        has = np.isfinite(lo) & np.isfinite(hi)
+        inside = has & (y >= lo) & (y <= hi)
+        out.append(RungCoverage(run=str(run), n=len(y), inside=int(inside.sum()),
+                                above=int((has & (y > hi)).sum()),
+                                below=int((has & (y < lo)).sum()), missing=int((~has).sum()),
+                                mean_rel_error=float(np.mean(np.abs(loss / y - 1))),
+                                inside_law_only=int((has & (y >= lo0) & (y <= hi0)).sum())))
+    return Calibration(level=level, rungs=tuple(out))
+
+
+# ------------------------------------------------------------------------------------ ladder runs
+
+
+@dataclass(frozen=True)
+class LadderRun:
+    """A finished ladder run read from its directory (for references and eval noise)."""
+
+    path: str
+    name: str
+    steps: int
+    rows: list
+
+
+def read_ladder_runs(runs_dir: str | Path, *, include_targets: bool = False) -> list[LadderRun]:
+    """Every run directory (a ``metrics.jsonl``, with ``config.json`` when present) under
+    ``runs_dir`` (up to three levels down). Target runs (``rung.is_target``) are left out unless
+    asked: the references describe the ladder, not the run being watched."""
+    root = Path(runs_dir)
+    if not root.exists():
+        raise InputError("no such directory", path=root, field="--runs")
+    found = sorted({p.parent for depth in ("", "*/", "*/*/", "*/*/*/")
+                    for p in root.glob(depth + "metrics.jsonl")})
+    out = []
+    for d in found:
+        steps = None
+        name = d.name
+        cfg_path = d / "config.json"
+        if cfg_path.exists():
+            cfg = read_json(cfg_path)
+            rung = cfg.get("rung") if isinstance(cfg.get("rung"), dict) else {}
+            if rung.get("is_target") and not include_targets:
+                continue
+            steps = as_float(rung.get("steps"))
+            name = str(rung.get("name", name))
+        rows = read_metrics(d / "metrics.jsonl")
+        if not rows:
+            continue
+        if steps is None:
+            prog = [(r["step"], as_float(r.get("progress"))) for r in rows]
+            prog = [(s, p) for s, p in prog if p]
+            steps = prog[-1][0] / prog[-1][1] if prog else rows[-1]["step"]
+        out.append(LadderRun(path=str(d), name=name, steps=int(round(steps)), rows=rows))
+    return out
+
+
+def _run_fraction(run: LadderRun, row: Mapping) -> float:
+    p = as_float(row.get("progress"))
+    if p is not None and math.isfinite(p):
+        return p
+    return row["step"] / run.steps
+
+
+def eval_noise_from_runs(runs: list[LadderRun], metric: str) -> EvalNoise:
+    curves = []
+    for run in runs:
+        xs, ys = [], []
+        for r in run.rows:
+            v = as_float(r.get(metric))
+            if v is not None and math.isfinite(v):
+                xs.append(_run_fraction(run, r))
+                ys.append(v)
+        curves.append((np.array(xs), np.array(ys)))
+    return estimate_eval_noise(curves)
+
+
+HEALTH_KEYS = ("moe/drop_frac", "grad/norm", "moe/router_entropy")
+
+
+def health_reference(runs: list[LadderRun], *, bins: int = 100, grad_after: float = 0.02) -> dict:
+    """The ladder's health signals per 1% of the schedule: median (and min/max) across rungs of
+    each rung's median within the bin. Parameter norms (``params/norm/<group>``, not router_bias)
+    are stored relative to each rung's value at ``grad_after`` of its run, since their absolute
+    size grows with width; the watcher compares growth with growth."""
+    edges = np.linspace(0, 1, bins + 1)
+    centers = (edges[:-1] + edges[1:]) / 2
+    keys = set(HEALTH_KEYS)
+    for run in runs:
+        for r in run.rows[:50] + run.rows[-50:]:
+            keys.update(k for k in r if k.startswith("params/norm/") and
+                        not k.endswith("/router_bias"))
+    signals: dict[str, dict] = {}
+    for key in sorted(keys):
+        per_run = []
+        for run in runs:
+            fr = np.array([_run_fraction(run, r) for r in run.rows])
+            v = np.array([np.nan if as_float(r.get(key)) is None else as_float(r.get(key))
+                          for r in run.rows], dtype=float)
+            ok = np.isfinite(fr) & np.isfinite(v)
+            if ok.sum() < 2:
+                continue
+            fr, v = fr[ok], v[ok]
+            if key.startswith("params/norm/"):
+                base = v[np.searchsorted(fr, grad_after).clip(0, len(v) - 1)]
+                if not base:
+                    continue
+                v = v / base
+            which = np.clip(np.digitize(fr, edges) - 1, 0, bins - 1)
+            med = np.full(bins, np.nan)
+            for b in np.unique(which):
+                med[b] = np.median(v[which == b])
+            per_run.append(med)
+        if not per_run:
+            continue
+        m = np.vstack(per_run)
+        with np.errstate(all="ignore"):
+            import warnings
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                signals[key] = {"median": np.nanmedian(m, axis=0).tolist(),
+                                "min": np.nanmin(m, axis=0).tolist(),
+                                "max": np.nanmax(m, axis=0).tolist(),
+                                "relative_to": (f"value at {grad_after:.0%}"
+                                                if key.startswith("params/norm/") else None),
+                                "runs": len(per_run)}
+    return {"fractions": centers.tolist(), "signals": signals,
+            "runs": [r.name for r in runs]}

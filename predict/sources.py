@@ -1,0 +1,703 @@
+"""Live metric sources for the watcher. Each source's ``poll()`` returns a :class:`Poll` of the rows
+that arrived since the last poll (dicts with ``step`` and metric keys), run configurations seen, and
+notes about the input; ``position()``/``restore()`` give a JSON-serialisable read position so a
+restarted watcher continues where it stopped (no row judged twice, none skipped).
+
+- :class:`JsonlSource`: a metrics.jsonl, tailed by byte offset. A partial last line waits for its
+  newline; a corrupt complete line is skipped with a note; a truncated or replaced (rotated) file is
+  read again from its start, and the rows of steps already judged are skipped.
+- :class:`CsvSource`: a CSV, incl. W&B exports (``_step``/``Step`` columns, ``<run> - <key>``
+  chart columns, ``__MIN``/``__MAX`` dropped).
+- :class:`WandbOfflineSource`: a W&B offline run directory (or its ``.wandb`` file), read with
+  ``wandb leet inspect --json`` (wandb >= 0.2x) or, when that is unavailable, by decoding the record
+  log directly with wandb's protobuf classes.
+- :class:`WandbApiSource`: ``wandb://ENTITY/PROJECT/ID[,ID...]`` through the public API; several
+  ids form one lineage (a restarted run gets a new id) and later ids win for repeated steps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ladder.io import EX_NOINPUT, InputError, as_float, read_json
+
+
+@dataclass
+class Poll:
+    rows: list[dict] = field(default_factory=list)
+    configs: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    more: bool = False  # the source has more rows ready: poll again at once
+    batch: Any = None   # rows already as columns (predict.watch.Batch), when the source made them
+
+
+def open_source(src: str, **kw):
+    """The source for a ``--source`` argument."""
+    if src.startswith("wandb://"):
+        return WandbApiSource(src, **kw)
+    p = Path(src)
+    if not p.exists():
+        raise InputError("no such file or directory", path=src, field="--source",
+                         exit_code=EX_NOINPUT)
+    if p.is_dir():
+        if (p / "metrics.jsonl").exists():
+            return JsonlSource(p / "metrics.jsonl")
+        if list(p.glob("*.wandb")) or list(p.glob("*/*.wandb")) or (p / "latest-run").exists():
+            return WandbOfflineSource(p)
+        raise InputError("a directory without metrics.jsonl or a .wandb file", path=src,
+                         field="--source")
+    if p.suffix == ".wandb":
+        return WandbOfflineSource(p)
+    if p.suffix.lower() in (".csv", ".tsv"):
+        return CsvSource(p)
+    return JsonlSource(p)
+
+
+# ----------------------------------------------------------------------------------- JSONL
+
+
+class JsonlSource:
+    """Tail a metrics JSONL by byte offset."""
+
+    kind = "jsonl"
+
+    def __init__(self, path: str | os.PathLike, *, chunk_bytes: int = 16 << 20,
+                 max_rows: int = 200_000):
+        self.path = Path(path)
+        self.max_rows = max_rows  # a poll returns at most about this many rows (bounded memory)
+        self.offset = 0
+        self.inode: int | None = None
+        self.line_no = 0
+        self.max_step: int | None = None  # highest step read (to skip after a rotation)
+        self.skip_through: int | None = None
+        self.head = ""
+        self.chunk_bytes = chunk_bytes
+        self._config_sent = False
+
+    def position(self) -> dict:
+        return {"kind": self.kind, "path": str(self.path), "offset": self.offset,
+                "inode": self.inode, "line_no": self.line_no, "max_step": self.max_step,
+                "config_sent": self._config_sent, "head": self.head,
+                "skip_through": self.skip_through}
+
+    def restore(self, pos: dict) -> None:
+        if pos.get("kind") == self.kind and pos.get("path") == str(self.path):
+            self.offset = int(pos.get("offset", 0))
+            self.head = str(pos.get("head", ""))
+            self.skip_through = pos.get("skip_through")
+            self.inode = pos.get("inode")
+            self.line_no = int(pos.get("line_no", 0))
+            self.max_step = pos.get("max_step")
+            self._config_sent = bool(pos.get("config_sent"))
+
+    def _read_head(self) -> str:
+        """The file's first line (up to 4 KiB): its fingerprint, since a rotated file can reuse
+        the old inode number."""
+        try:
+            with open(self.path, "rb") as f:
+                line = f.readline(4096)
+        except OSError:
+            return ""
+        return line.decode("utf-8", "replace") if line.endswith(b"\n") else ""
+
+    def _same_head(self) -> bool:
+        return not self.head or self._read_head() == self.head
+
+    def _config(self, out: Poll) -> None:
+        if self._config_sent:
+            return
+        cfg = self.path.parent / "config.json"
+        self._config_sent = True
+        if cfg.exists():
+            try:
+                out.configs.append(read_json(cfg))
+            except InputError as e:
+                out.notes.append(f"run config not read: {e}")
+
+    def poll(self) -> Poll:
+        out = Poll()
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            out.notes.append(f"{self.path}: not there (yet); waiting")
+            return out
+        replaced = self.inode is not None and (st.st_ino != self.inode or
+                                               not self._same_head())
+        if self.offset and (replaced or st.st_size < self.offset):
+            what = "replaced (rotated)" if replaced else "truncated"
+            out.notes.append(f"{self.path} was {what}: reading it again from the start; steps "
+                             f"up to {self.max_step} already judged are skipped")
+            self.offset, self.line_no = 0, 0
+            self.skip_through = self.max_step
+            self.head = ""
+        self.inode = st.st_ino
+        if not self.head:
+            self.head = self._read_head()
+        self._config(out)
+        if st.st_size <= self.offset:
+            return out
+        bad = 0
+        first_bad = None
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            while True:
+                data = f.read(self.chunk_bytes)
+                if not data:
+                    break
+                end = data.rfind(b"\n")
+                if end < 0:
+                    if len(data) < self.chunk_bytes:
+                        break  # the partial last line: wait for its newline
+                    data += f.readline()  # one line longer than a chunk
+                    if not data.endswith(b"\n"):
+                        break
+                    end = len(data) - 1
+                got, nbad, first = _parse_lines(data[:end], self.line_no)
+                out.rows.extend(got)
+                if nbad:
+                    bad += nbad
+                    first_bad = first_bad or first
+                self.line_no += data.count(b"\n", 0, end) + 1
+                rows = out.rows
+                self.offset += end + 1
+                f.seek(self.offset)
+                if len(rows) >= self.max_rows:
+                    out.more = True
+                    break
+        if bad:
+            out.notes.append(f"{self.path}: {bad} line(s) not a JSON object, skipped (first at "
+                             f"line {first_bad})")
+        self._after_rows(out)
+        return out
+
+    # A backlog this large (a watcher started on a long run) is parsed by several processes: JSON
+    # parsing is the whole cost, and each worker returns columns (numpy), which pickle cheaply.
+    parallel_min_bytes = 32 << 20
+    piece_bytes = 16 << 20
+
+    def poll_batch(self, keys, keep, *, parallel: bool = True) -> Poll:
+        """Like :meth:`poll`, but returns the rows as a :class:`predict.watch.Batch` (columns of
+        the ``keys``/``keep`` keys only); a large backlog is parsed in parallel processes."""
+        from predict.watch import Batch
+        try:
+            size = os.path.getsize(self.path)
+        except OSError:
+            size = 0
+        workers = min(os.cpu_count() or 1, 8)
+        if not parallel or workers < 2 or size - self.offset < self.parallel_min_bytes:
+            p = self.poll()
+            p.batch = Batch.from_rows(p.rows, keys=keys, keep=keep)
+            p.rows = []
+            return p
+        out = Poll()
+        st = os.stat(self.path)
+        if self.inode is None:
+            self.inode, self.head = st.st_ino, self._read_head()
+        if st.st_ino != self.inode or not self._same_head() or st.st_size < self.offset:
+            p = self.poll()  # rotated or truncated: the careful path
+            p.batch = Batch.from_rows(p.rows, keys=keys, keep=keep)
+            p.rows = []
+            return p
+        with open(self.path, "rb") as f:  # split at line ends into ~16 MB pieces
+            cuts = [self.offset]
+            pos = self.offset
+            while True:
+                pos += self.piece_bytes
+                if pos >= st.st_size:
+                    break
+                f.seek(pos)
+                f.readline()
+                pos = f.tell()
+                if pos >= st.st_size:
+                    break
+                cuts.append(pos)
+            f.seek(max(self.offset, st.st_size - (1 << 20)))
+            tail = f.read(st.st_size - f.tell())
+        end = st.st_size - (len(tail) - tail.rfind(b"\n") - 1) if b"\n" in tail else self.offset
+        cuts = [c for c in cuts if c < end] + [end]
+        if len(cuts) < 3:
+            p = self.poll()
+            p.batch = Batch.from_rows(p.rows, keys=keys, keep=keep)
+            p.rows = []
+            return p
+        import concurrent.futures as cf
+        import multiprocessing as mp
+        tasks = [(str(self.path), a, b, keys, keep) for a, b in zip(cuts[:-1], cuts[1:],
+                                                                    strict=True)]
+        with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as ex:
+            parts = list(ex.map(_parse_range, tasks))
+        from predict.watch import concat_batches
+        bad = sum(pp[1] for pp in parts)
+        self.line_no += sum(pp[2] for pp in parts)
+        self.offset = end
+        batch = concat_batches([pp[0] for pp in parts])
+        if bad:
+            out.notes.append(f"{self.path}: {bad} line(s) not a JSON object, skipped")
+        if len(batch):
+            m = int(batch.step.max())
+            self.max_step = m if self.max_step is None else max(self.max_step, m)
+        self._config(out)
+        out.batch = batch
+        return out
+
+    def _after_rows(self, out: Poll) -> None:
+        steps = [s for s in (r.get("step") for r in out.rows) if type(s) is int]
+        if not steps:
+            steps = [s for s in (_step_of(r) for r in out.rows) if s is not None]
+        if self.skip_through is not None:
+            keep = [r for r in out.rows if (_step_of(r) or 0) > self.skip_through]
+            if len(keep) < len(out.rows):
+                out.notes.append(f"{len(out.rows) - len(keep)} row(s) of steps already judged "
+                                 f"skipped after the file was replaced")
+            out.rows = keep
+            if keep:
+                self.skip_through = None
+        if steps:
+            m = max(steps)
+            self.max_step = m if self.max_step is None else max(self.max_step, m)
+
+
+def _parse_range(task) -> tuple[Any, int, int]:
+    """Worker: parse bytes [a, b) of a JSONL file into a Batch (see JsonlSource.poll_batch)."""
+    path, a, b, keys, keep = task
+    from predict.watch import Batch
+    with open(path, "rb") as f:
+        f.seek(a)
+        data = f.read(b - a)
+    block = data[:-1] if data.endswith(b"\n") else data
+    rows, bad, _ = _parse_lines(block, 0)
+    return Batch.from_rows(rows, keys=keys, keep=keep), bad, data.count(b"\n")
+
+
+def _parse_lines(block: bytes, line_no: int) -> tuple[list[dict], int, int | None]:
+    """JSON objects of the newline-separated ``block``: one ``json.loads`` of the whole block as
+    an array when every line is a clean object (a quarter faster than line by line), else line by
+    line, skipping (and counting) the lines that are not a JSON object."""
+    try:
+        text = block.decode("utf-8")
+        lines = [ln for ln in text.split("\n") if ln and not ln.isspace()]
+        rows = json.loads("[" + ",".join(lines) + "]")
+        if len(rows) == len(lines) and all(type(r) is dict for r in rows):
+            return rows, 0, None
+    except (ValueError, UnicodeDecodeError):
+        pass
+    rows, bad, first = [], 0, None
+    for k, raw in enumerate(block.split(b"\n")):
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            row = None
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
+            bad += 1
+            first = first or line_no + k + 1
+    return rows, bad, first
+
+
+def _step_of(row: dict) -> int | None:
+    s = row.get("step")
+    f = as_float(s)
+    if f is None or not math.isfinite(f):
+        return None
+    return int(f)
+
+
+# ----------------------------------------------------------------------------------- CSV
+
+
+class CsvSource:
+    """A CSV of metrics (read whole each poll; rows already returned are not returned again)."""
+
+    kind = "csv"
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.n_rows = 0
+        self.size = 0
+
+    def position(self) -> dict:
+        return {"kind": self.kind, "path": str(self.path), "n_rows": self.n_rows,
+                "size": self.size}
+
+    def restore(self, pos: dict) -> None:
+        if pos.get("kind") == self.kind and pos.get("path") == str(self.path):
+            self.n_rows = int(pos.get("n_rows", 0))
+            self.size = int(pos.get("size", 0))
+
+    def poll(self) -> Poll:
+        import pandas as pd
+        out = Poll()
+        try:
+            size = os.path.getsize(self.path)
+        except FileNotFoundError:
+            out.notes.append(f"{self.path}: not there (yet); waiting")
+            return out
+        if size == self.size:
+            return out
+        if size < self.size:
+            out.notes.append(f"{self.path} shrank: reading it again from the start")
+            self.n_rows = 0
+        self.size = size
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read()
+            complete = data[: data.rfind(b"\n") + 1] if b"\n" in data else b""
+            import io
+            df = pd.read_csv(io.BytesIO(complete), sep=None if self.path.suffix == ".tsv"
+                             else ",", engine="c" if self.path.suffix != ".tsv" else "python",
+                             dtype=str, keep_default_na=False)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+            if isinstance(e, pd.errors.EmptyDataError):
+                return out
+            raise InputError(f"not a readable CSV ({str(e).splitlines()[0]})",
+                             path=self.path) from None
+        df = normalise_columns(df)
+        if "step" not in df.columns:
+            raise InputError("no step column (expected 'step', '_step' or 'Step')",
+                             path=self.path, field="step")
+        new = df.iloc[self.n_rows:]
+        self.n_rows = len(df)
+        for rec in new.to_dict("records"):
+            out.rows.append({k: (None if v == "" else v) for k, v in rec.items()})
+        return out
+
+
+def normalise_columns(df):
+    """W&B exports: ``_step``/``Step`` -> ``step``; ``<run name> - <key>`` -> ``<key>``;
+    ``__MIN``/``__MAX`` companion columns (chart exports) dropped."""
+    cols = {}
+    for c in df.columns:
+        name = str(c)
+        if name.endswith(("__MIN", "__MAX")):
+            continue
+        if name in ("_step", "Step") and "step" not in df.columns:
+            cols[c] = "step"
+        elif " - " in name and "/" in name.split(" - ", 1)[1]:
+            cols[c] = name.split(" - ", 1)[1]
+        else:
+            cols[c] = name
+    df = df[list(cols)].rename(columns=cols)
+    return df.loc[:, ~df.columns.duplicated()]
+
+
+# ----------------------------------------------------------------------------------- W&B offline
+
+
+def wandb_executable() -> str | None:
+    exe = Path(sys.executable).parent / "wandb"
+    if exe.exists():
+        return str(exe)
+    return shutil.which("wandb")
+
+
+class WandbOfflineSource:
+    """A W&B offline run (directory or .wandb file)."""
+
+    kind = "wandb-offline"
+
+    def __init__(self, path: str | os.PathLike, *, use_leet: bool | None = None):
+        self.path = Path(path)
+        self.seen_num = 0
+        self.use_leet = use_leet
+        self._last_sig = None
+        self._config_sent = False
+
+    def position(self) -> dict:
+        return {"kind": self.kind, "path": str(self.path), "seen_num": self.seen_num,
+                "config_sent": self._config_sent}
+
+    def restore(self, pos: dict) -> None:
+        if pos.get("kind") == self.kind and pos.get("path") == str(self.path):
+            self.seen_num = int(pos.get("seen_num", 0))
+            self._config_sent = bool(pos.get("config_sent"))
+
+    def record_file(self) -> Path:
+        p = self.path
+        if p.is_file():
+            return p
+        for cand in (p, p / "latest-run"):
+            files = sorted(cand.glob("*.wandb"))
+            if files:
+                return files[-1]
+        files = sorted(p.glob("*/*.wandb"), key=lambda q: q.stat().st_mtime)
+        if files:
+            return files[-1]
+        raise InputError("no .wandb record file", path=p, field="--source", exit_code=EX_NOINPUT)
+
+    def records(self) -> Iterable[dict]:
+        """The run's records as dicts shaped like ``wandb leet inspect --json`` lines."""
+        f = self.record_file()
+        exe = wandb_executable() if self.use_leet is not False else None
+        if exe:
+            try:
+                proc = subprocess.run([exe, "leet", "inspect", "--json", str(f)],
+                                      capture_output=True, timeout=120, check=False)
+            except (OSError, subprocess.TimeoutExpired):
+                proc = None
+            if proc is not None and proc.returncode == 0 and proc.stdout.strip():
+                out = []
+                for line in proc.stdout.splitlines():
+                    try:
+                        out.append(json.loads(line))
+                    except ValueError:
+                        continue
+                return out
+            if self.use_leet:
+                raise InputError("`wandb leet inspect --json` failed: "
+                                 + (proc.stderr.decode(errors="replace").strip()[:200]
+                                    if proc else "not runnable"), path=f)
+        return list(read_wandb_records(f))
+
+    def poll(self) -> Poll:
+        out = Poll()
+        try:
+            f = self.record_file()
+            sig = (str(f), f.stat().st_size, f.stat().st_mtime_ns)
+        except OSError:
+            sig = None
+        if sig is not None and sig == self._last_sig:
+            return out  # unchanged since the last poll: do not decode the log again
+        self._last_sig = sig
+        for rec in self.records():
+            num = int(rec.get("num", 0) or 0)
+            typ = rec.get("type")
+            if typ == "run" and not self._config_sent:
+                cfg = _config_from_update((rec.get("run") or {}).get("config") or {})
+                if cfg:
+                    out.configs.append(cfg)
+                self._config_sent = True
+            elif typ == "config" and num > self.seen_num:
+                cfg = _config_from_update(rec.get("config") or {})
+                if cfg:
+                    out.configs.append(cfg)
+            if num <= self.seen_num:
+                continue
+            if typ == "history":
+                h = rec.get("history") or {}
+                row = dict(h.get("item") or {})
+                step = (h.get("step") or {}).get("num", row.get("_step"))
+                row["step"] = step
+                out.rows.append(row)
+            self.seen_num = max(self.seen_num, num)
+        return out
+
+
+def _config_from_update(cfg: dict) -> dict:
+    upd = cfg.get("update", cfg) if isinstance(cfg, dict) else {}
+    if isinstance(upd, list):  # protobuf-shaped: [{"key", "value_json"}]
+        d = {}
+        for item in upd:
+            try:
+                d[item.get("key")] = json.loads(item.get("value_json", "null"))
+            except ValueError:
+                continue
+        upd = d
+    return {k: v for k, v in upd.items() if k != "_wandb"} if isinstance(upd, dict) else {}
+
+
+# The .wandb file: a 7-byte header (":W&B", a 2-byte magic, a version byte), then the LevelDB log
+# format: 32 KiB blocks of records, each a 7-byte header (CRC32C, uint16 length, type: 1 full,
+# 2 first, 3 middle, 4 last) and a payload; a block tail under 7 bytes is zero padding. The
+# payloads are ``wandb_internal_pb2.Record`` protobufs. (LevelDB log format: leveldb's
+# doc/log_format.md.)
+_BLOCK = 32768
+
+
+def read_wandb_records(path: str | os.PathLike) -> Iterable[dict]:
+    """Decode a .wandb record log (the fallback when ``wandb leet`` is unavailable). The CRC is not
+    checked; a truncated last record (a live run) is left for the next poll."""
+    from google.protobuf.json_format import MessageToDict
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = Path(path).read_bytes()
+    if data[:4] != b":W&B":
+        raise InputError("not a W&B record file (bad header)", path=path)
+    pos = 7
+    buf = b""
+    while pos + 7 <= len(data):
+        block_left = _BLOCK - (pos % _BLOCK)
+        if block_left < 7:
+            pos += block_left
+            continue
+        _crc, length, typ = struct.unpack("<IHB", data[pos:pos + 7])
+        start = pos + 7
+        if start + length > len(data):
+            break
+        payload = data[start:start + length]
+        pos = start + length
+        if typ == 0 and length == 0:
+            pos += _BLOCK - (pos % _BLOCK) if pos % _BLOCK else 0
+            continue
+        if typ == 1:
+            buf = payload
+        elif typ == 2:
+            buf = payload
+            continue
+        elif typ == 3:
+            buf += payload
+            continue
+        elif typ == 4:
+            buf += payload
+        else:
+            continue
+        rec = pb.Record()
+        try:
+            rec.ParseFromString(buf)
+        except Exception:  # noqa: BLE001 - a corrupt record: skip it, keep reading
+            continue
+        which = rec.WhichOneof("record_type")
+        d: dict[str, Any] = {"num": rec.num, "type": which}
+        if which == "history":
+            item = {}
+            for it in rec.history.item:
+                key = it.key or "/".join(it.nested_key)
+                item[key] = _history_value(it)
+            d["history"] = {"item": item, "step": {"num": rec.history.step.num}}
+        elif which in ("run", "config"):
+            cfg_msg = rec.run.config if which == "run" else rec.config
+            upd = {}
+            for it in cfg_msg.update:
+                key = it.key or "/".join(it.nested_key)
+                try:
+                    upd[key] = json.loads(it.value_json)
+                except ValueError:
+                    upd[key] = it.value_json
+            d[which] = {"config": {"update": upd}} if which == "run" else {"update": upd}
+        else:
+            d[which] = MessageToDict(getattr(rec, which)) if which else {}
+        yield d
+
+
+def _history_value(it) -> Any:
+    which = it.WhichOneof("value") if any(f.containing_oneof for f in it.DESCRIPTOR.fields) \
+        else None
+    if which and which != "value_json":
+        v = getattr(it, which)
+        if which == "none":
+            return None
+        return v
+    try:
+        return json.loads(it.value_json)
+    except ValueError:
+        return it.value_json
+
+
+# ----------------------------------------------------------------------------------- W&B API
+
+
+@dataclass(frozen=True)
+class WandbUri:
+    entity: str
+    project: str
+    run_ids: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, uri: str) -> WandbUri:
+        if not uri.startswith("wandb://"):
+            raise InputError("expected wandb://ENTITY/PROJECT/RUN_ID[,RUN_ID...]",
+                             field="--source", exit_code=64)
+        parts = uri[len("wandb://"):].strip("/").split("/")
+        if len(parts) != 3 or not all(parts):
+            raise InputError(f"expected wandb://ENTITY/PROJECT/RUN_ID[,RUN_ID...], got {uri!r}",
+                             field="--source", exit_code=64)
+        ids = tuple(i.strip() for i in parts[2].split(",") if i.strip())
+        if not ids:
+            raise InputError("no run id", field="--source", exit_code=64)
+        return cls(parts[0], parts[1], ids)
+
+
+class WandbApiSource:
+    """Runs of one lineage through the W&B public API (``api`` injectable for tests).
+
+    The first poll reads every id's history in lineage order; later polls read the last id's new
+    rows (``min_step`` past the last step seen). Rows are passed on in lineage order, so a step
+    logged again by a later run replaces the earlier one downstream (last one wins)."""
+
+    kind = "wandb-api"
+
+    def __init__(self, uri: str, *, api: Any = None, page_size: int = 1000):
+        self.uri = WandbUri.parse(uri)
+        self._api = api
+        self.page_size = page_size
+        self.last_step: dict[str, int] = {}
+        self.done_ids: list[str] = []
+        self._config_sent = False
+        self.runs: dict[str, Any] = {}
+
+    @property
+    def api(self):
+        if self._api is None:
+            try:
+                import wandb
+                self._api = wandb.Api(timeout=30)
+            except Exception as e:  # noqa: BLE001 - no network / no login: one clear line
+                raise InputError(f"cannot reach the W&B API ({type(e).__name__}: {e})",
+                                 field="--source", exit_code=69) from None
+        return self._api
+
+    def position(self) -> dict:
+        return {"kind": self.kind, "uri": list(self.uri.run_ids), "last_step": self.last_step,
+                "done_ids": self.done_ids, "config_sent": self._config_sent}
+
+    def restore(self, pos: dict) -> None:
+        if pos.get("kind") == self.kind and pos.get("uri") == list(self.uri.run_ids):
+            self.last_step = {k: int(v) for k, v in (pos.get("last_step") or {}).items()}
+            self.done_ids = list(pos.get("done_ids") or [])
+            self._config_sent = bool(pos.get("config_sent"))
+
+    def run(self, run_id: str):
+        if run_id not in self.runs:
+            path = f"{self.uri.entity}/{self.uri.project}/{run_id}"
+            try:
+                self.runs[run_id] = self.api.run(path)
+            except InputError:
+                raise
+            except Exception as e:  # noqa: BLE001
+                raise InputError(f"W&B run {path} not readable ({type(e).__name__}: {e})",
+                                 field="--source", exit_code=69) from None
+        return self.runs[run_id]
+
+    def poll(self) -> Poll:
+        out = Poll()
+        ids = self.uri.run_ids
+        for k, rid in enumerate(ids):
+            if rid in self.done_ids:
+                continue
+            run = self.run(rid)
+            if k == len(ids) - 1 and not self._config_sent:
+                cfg = dict(getattr(run, "config", {}) or {})
+                if cfg:
+                    out.configs.append({key: v for key, v in cfg.items() if key != "_wandb"})
+                self._config_sent = True
+            start = self.last_step.get(rid)
+            kw = {"page_size": self.page_size}
+            if start is not None:
+                kw["min_step"] = start + 1
+            for row in run.scan_history(**kw):
+                row = dict(row)
+                step = row.get("_step")
+                if "step" not in row:
+                    row["step"] = step
+                s = _step_of(row)
+                if s is None:
+                    continue
+                if start is not None and s <= start:
+                    continue
+                out.rows.append(row)
+                self.last_step[rid] = max(self.last_step.get(rid, s), s)
+            if k < len(ids) - 1:  # an earlier run of the lineage (superseded): read once
+                self.done_ids.append(rid)
+        return out

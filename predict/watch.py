@@ -1,0 +1,1078 @@
+"""The watcher: a pure function ``check(prereg, points, state) -> CheckResult(alerts, state)``.
+
+Everything here is a function of its arguments: no file, clock or network access (the caller
+passes ``now``). I/O lives around it (``predict.sources`` reads points, ``predict.sinks`` sends
+alerts, :class:`Watcher` glues them with a persisted state).
+
+Points arrive as a :class:`Batch`: columns of one logged row each (``step`` plus float columns,
+NaN where a key is missing, and a mask of values that were *written* non-finite). Train-level rules
+are vectorised over the batch so that a 1M-row file is judged in well under a second; the
+loss-vs-forecast rule loops over eval rows only (a few hundred per run).
+
+Rules (thresholds in :class:`WatchConfig`, stored in the pre-registration's ``decision_rule``):
+
+1. **loss vs forecast**: the residual of the metric against the forecast, smoothed over evals
+   (exponential moving average), outside the band for ``k_consecutive`` evals -> warn, named
+   ``above_band`` (worse than forecast) or ``below_band`` (better); outside for ``k_critical``
+   evals, or far outside (beyond the band by ``far_factor`` of its half-width) for ``k_far`` evals
+   -> critical; back inside for ``k_clear`` evals -> ``cleared`` (info). Hysteresis: no new alert
+   while the state does not change.
+1b. **trend**: the smoothed residual (relative to the forecast) moving more than ``trend_rel`` from
+   its own median over an earlier window of the run -> warn: a step or drift that stays inside the
+   band (a healthy run keeps its offset to the forecast; a fault moves it).
+2. **token-drop fraction** (``moe/drop_frac``) against the ladder's value at the same fraction of
+   the schedule (reference curves stored in the pre-registration), else absolute thresholds.
+3. **numerical stability**: non-finite loss/grad-norm -> critical at once; grad-norm level against
+   the ladder and its growth since warmup (the real team added logit z-loss when grad norm grew
+   past 4: Marin hero-run tracking issue, see shared/DESIGN.md section 1); train-loss spikes
+   against a trailing median; parameter-norm growth per group against the ladder's, with
+   ``router_bias`` judged on its own (set by a balancing rule, not by gradients; spikes early).
+4. **contingency**: a confirmed ``above_band`` deviation inside the first ``contingency_fraction``
+   of the token budget -> an advisory with the projected final value if the run continues and the
+   token budget at which the registered final value would still be reached.
+
+Also ``stalled`` (no new point for ``stalled_seconds``) and ``not_applicable`` (an applicability
+condition of the pre-registration is broken: from here on nothing is compared, exit status 3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time as _time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ladder.io import as_float, sha256_of
+
+SEVERITIES = ("info", "warn", "critical")
+_SEV_RANK = {"info": 0, "warn": 1, "critical": 2}
+
+
+# ------------------------------------------------------------------------------------ config
+
+
+@dataclass(frozen=True)
+class WatchConfig:
+    """Thresholds of the decision rule. Stored in the pre-registration; validated here."""
+
+    align: str = "auto"            # how a row maps to the forecast: auto | tokens | step | fraction
+    # rule 1: loss vs forecast
+    alert_level: float = 0.99      # band level the alerts use: the registered band (say 90%)
+    #                                widened by z(alert_level)/z(band_level) (Gaussian). A healthy
+    #                                run sits outside a calibrated 90% band 10% of the time, and its
+    #                                offset persists over the run, so alerting at 90% would flag
+    #                                ~1 healthy run in 10; bench/watch_quality.py measures both.
+    ema_alpha: float = 0.5         # smoothing of the residual over evals (1.0 = none)
+    k_consecutive: int = 3         # evals outside the band before a warning
+    k_critical: int = 6            # evals outside before a warning becomes critical ("persisting")
+    far_factor: float = 1.0        # "far outside": beyond the band by this x its half-width ...
+    k_far: int = 2                 # ... for this many evals -> critical
+    k_clear: int = 2               # evals back inside before "cleared"
+    min_fraction: float = 0.01     # no comparison before 1% of the run (warmup, steep start)
+    # rule 1b: a change against the run's own earlier level (catches a step or a drift inside the
+    # band: a healthy run keeps its offset to the forecast, a fault moves it)
+    trend_rel: float = 0.01        # smoothed residual moved by 1% of the forecast ...
+    trend_window: float = 0.5      # ... from its median over the preceding 50% of the run ...
+    #                                (0.3 missed a +3% drift over 70% of the run in 2 of 32 runs
+    #                                and took ~50 evals; 0.5: all, ~29 evals; no false alarm in
+    #                                either: bench/watch_quality.py)
+    trend_gap: float = 0.03        # ... ending 3% of the run before the eval judged
+    trend_after: float = 0.1       # not before 10% of the run (the early curve is least certain)
+    # rule 4: contingency
+    contingency_fraction: float = 0.25   # real plan: trouble in the first 25% of tokens
+    # rule 2: token-drop fraction
+    drop_window: int = 20          # rows in the trailing median
+    drop_warn_ratio: float = 2.0   # x the ladder's value at the same fraction
+    drop_crit_ratio: float = 5.0
+    drop_warn_abs: float = 0.08    # without a ladder reference (issue: hero ~2%, 8% plausible)
+    drop_crit_abs: float = 0.40    # (at 65k context the real drops went 7% -> 40%)
+    drop_floor: float = 0.01       # below this drop fraction never alert
+    # rule 3: stability
+    spike_window: int = 50         # rows in the trailing median of train loss
+    spike_rel: float = 0.10        # a spike: train loss > trailing median x (1 + this)
+    grad_window: int = 20
+    grad_after: float = 0.02       # ignore grad norm before this fraction (warmup transients)
+    grad_growth_warn: float = 4.0  # growth of grad norm since its post-warmup minimum (real: 4)
+    grad_ref_warn: float = 4.0     # x the ladder's grad norm at the same fraction
+    grad_ref_crit: float = 16.0
+    entropy_drop: float = 0.25     # router entropy below ladder x (1 - this)
+    param_growth_ratio: float = 2.0  # per-group norm growth vs the ladder's, either way
+    router_bias_after: float = 0.1   # router_bias spikes early by design: judge it after this
+    router_bias_jump: float = 3.0    # |router_bias| norm > this x its trailing median
+    k_health: int = 5              # rows a health condition must hold before an alert
+    k_health_clear: int = 20       # rows it must be gone before "cleared"
+    # stalled and applicability
+    stalled_seconds: float = 1800.0
+    steps_tolerance: float = 0.005  # planned steps implied by step/progress may differ this much
+    nan_keys: tuple = ("train/loss", "grad/norm", "eval/loss")
+
+    def __post_init__(self):
+        if self.align not in ("auto", "tokens", "step", "fraction"):
+            raise ValueError(f"align: must be auto, tokens, step or fraction, got {self.align!r}")
+        if not 0.0 < self.alert_level < 1.0:
+            raise ValueError(f"alert_level: must be in (0, 1), got {self.alert_level!r}")
+        if not 0.0 < self.ema_alpha <= 1.0:
+            raise ValueError(f"ema_alpha: must be in (0, 1], got {self.ema_alpha!r}")
+        for name in ("k_consecutive", "k_critical", "k_far", "k_clear", "drop_window",
+                     "spike_window", "grad_window", "k_health", "k_health_clear"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name}: must be a positive integer, got {v!r}")
+        if self.k_critical < self.k_consecutive:
+            raise ValueError("k_critical: must be >= k_consecutive")
+        for name in ("trend_rel", "far_factor", "drop_warn_ratio", "drop_crit_ratio",
+                     "drop_warn_abs", "drop_crit_abs", "spike_rel", "grad_growth_warn",
+                     "grad_ref_warn", "grad_ref_crit", "param_growth_ratio", "router_bias_jump",
+                     "stalled_seconds", "steps_tolerance"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
+                raise ValueError(f"{name}: must be a positive number, got {v!r}")
+        for name in ("trend_window", "trend_gap", "trend_after", "min_fraction",
+                     "contingency_fraction", "drop_floor", "grad_after",
+                     "entropy_drop", "router_bias_after"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and 0.0 <= v <= 1.0):
+                raise ValueError(f"{name}: must be in [0, 1], got {v!r}")
+        object.__setattr__(self, "nan_keys", tuple(self.nan_keys))
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["nan_keys"] = list(self.nan_keys)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> WatchConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"{unknown[0]}: unknown decision-rule parameter")
+        return cls(**dict(d))
+
+    def words(self, level: float) -> str:
+        """The decision rule in words (stored beside the parameters)."""
+        return (
+            f"Loss: the eval metric's residual against the forecast, smoothed by an EMA "
+            f"(alpha {self.ema_alpha}), outside the band widened from {level:.0%} to "
+            f"{self.alert_level:.0%} (half-widths x z({self.alert_level})/z({level}), Gaussian) "
+            f"for {self.k_consecutive} "
+            f"consecutive evals is a warning (above_band = worse than forecast, below_band = "
+            f"better); outside for {self.k_critical} evals, or beyond the band by "
+            f"{self.far_factor}x its half-width for {self.k_far} evals, is critical; inside "
+            f"again for {self.k_clear} evals clears it. Evals before {self.min_fraction:.0%} of "
+            f"the run are not compared. After {self.trend_after:.0%} of the run, the smoothed "
+            f"residual moving by more than {self.trend_rel:.0%} of the forecast from its own "
+            f"median over the preceding {self.trend_window:.0%} of the run (ending "
+            f"{self.trend_gap:.0%} before) for {self.k_consecutive} evals is a 'trend' warning, "
+            f"cleared when it is back within half that of the earlier level for {self.k_clear} "
+            f"evals. A confirmed above_band deviation inside the first "
+            f"{self.contingency_fraction:.0%} of the token budget adds a contingency advisory. "
+            f"Token-drop fraction (trailing median of {self.drop_window} rows) above "
+            f"{self.drop_warn_ratio}x the ladder's value at the same fraction warns, above "
+            f"{self.drop_crit_ratio}x is critical (without a ladder reference: "
+            f"{self.drop_warn_abs} / {self.drop_crit_abs}); never below {self.drop_floor}. "
+            f"A non-finite {', '.join(self.nan_keys)} or metric is critical at once. Grad norm "
+            f"(median of {self.grad_window} rows, after {self.grad_after:.0%} of the run) grown "
+            f"{self.grad_growth_warn}x since its post-warmup minimum, or {self.grad_ref_warn}x the "
+            f"ladder's, warns; {self.grad_ref_crit}x the ladder's is critical. Train loss more "
+            f"than {self.spike_rel:.0%} above its trailing median of {self.spike_window} rows is a "
+            f"spike. Router entropy below (1 - {self.entropy_drop}) x the ladder's warns. A "
+            f"parameter-norm group whose growth differs from the ladder's by more than "
+            f"{self.param_growth_ratio}x warns; router_bias is judged on its own after "
+            f"{self.router_bias_after:.0%} of the run (> {self.router_bias_jump}x its trailing "
+            f"median). Health conditions must hold for {self.k_health} rows and be gone for "
+            f"{self.k_health_clear} rows to clear. No new point for {self.stalled_seconds:g} s is "
+            f"'stalled'. A broken applicability condition (config, planned steps from "
+            f"step/progress off by more than {self.steps_tolerance:.1%}) stops all comparison: "
+            f"not_applicable.")
+
+
+# ------------------------------------------------------------------------------------ alerts
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One alert (shared/DESIGN.md section 3, alerts.jsonl)."""
+
+    time: str
+    step: int | None
+    tokens: float | None
+    fraction: float | None
+    kind: str
+    severity: str
+    value: float | None = None
+    expected: float | None = None
+    lo: float | None = None
+    hi: float | None = None
+    direction: str | None = None
+    message: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"severity: must be one of {SEVERITIES}, got {self.severity!r}")
+
+    def to_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in ("time", "step", "tokens", "fraction", "kind",
+                                           "severity", "value", "expected", "lo", "hi",
+                                           "direction", "message")}
+        d.update(self.extra)
+        return d
+
+    def line(self) -> str:
+        where = f"step {self.step}" if self.step is not None else "-"
+        if self.fraction is not None:
+            where += f" ({self.fraction:.1%})"
+        return f"[{self.severity.upper():8}] {self.kind:<14} {where}: {self.message}"
+
+
+def exit_code_for(worst: str | None, not_applicable: bool) -> int:
+    """DESIGN.md section 4: 0 nothing above info, 1 warnings, 2 critical, 3 not applicable."""
+    if not_applicable:
+        return 3
+    return {"warn": 1, "critical": 2}.get(worst or "info", 0)
+
+
+# ------------------------------------------------------------------------------------ points
+
+
+@dataclass
+class Batch:
+    """Rows of a metrics source as columns. ``cols[key]`` is float64 with NaN where the row lacks
+    the key or its value is non-finite; ``nonfinite[key]`` marks values *written* as NaN/Inf.
+    ``configs`` are run configurations seen in the source (checked for applicability); ``notes``
+    are human-readable remarks on the input (skipped lines, non-numeric values)."""
+
+    step: np.ndarray
+    cols: dict[str, np.ndarray]
+    nonfinite: dict[str, np.ndarray] = field(default_factory=dict)
+    configs: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def col(self, key: str) -> np.ndarray:
+        c = self.cols.get(key)
+        return c if c is not None else np.full(len(self.step), np.nan)
+
+    @classmethod
+    def empty(cls) -> Batch:
+        return cls(step=np.zeros(0, dtype=np.int64), cols={})
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[Mapping], *, keys: Iterable[str] | None = None,
+                  keep=None) -> Batch:
+        """Columns from row dicts (as read from JSONL/CSV/W&B). A row with a ``config`` dict is a
+        configuration; rows without a numeric ``step`` are skipped with a note. Within the batch
+        a repeated step keeps its last row (a resumed run re-logs steps: last one wins)."""
+        rows_l = rows if isinstance(rows, list) else list(rows)
+        configs = [r["config"] for r in rows_l if "config" in r and isinstance(r["config"], dict)]
+        notes: list[str] = []
+        steps_raw = [r.get("step") for r in rows_l]
+        arr, _, _ = _to_float(steps_raw, nonfinite=False)
+        ok = np.isfinite(arr)
+        if not ok.all():
+            is_cfg = np.array(["config" in r and "step" not in r for r in rows_l], dtype=bool)
+            no_step = int((~ok & ~is_cfg).sum())
+            if no_step:
+                notes.append(f"{no_step} row(s) without a numeric 'step' skipped")
+            rows_l = [r for r, k in zip(rows_l, ok, strict=True) if k]
+        return cls._columns(rows_l, keys, configs, notes, keep)
+
+    @classmethod
+    def _columns(cls, rows: list[Mapping], keys, configs, notes, keep=None) -> Batch:
+        n = len(rows)
+        step = _to_float([r["step"] for r in rows], nonfinite=False)[0].astype(np.int64) if n \
+            else np.zeros(0, dtype=np.int64)
+        ks: set[str] = set(keys or ())
+        if keys is None or keep is not None:
+            # discover keys: all rows when few, else a sample (key sets of a run barely change)
+            sample = rows if n <= 5000 else rows[:1000] + rows[1000::97] + rows[-1000:]
+            for r in sample:
+                ks.update(r.keys())
+            if keep is not None:
+                ks = {k for k in ks if keep(k)} | set(keys or ())
+        ks -= {"step", "config"}
+        cols: dict[str, np.ndarray] = {}
+        nonfinite: dict[str, np.ndarray] = {}
+        for k in ks:
+            vals = [r.get(k) for r in rows]
+            arr, bad, nf = _to_float(vals)
+            if bad:
+                notes.append(f"{bad} non-numeric value(s) of '{k}' ignored")
+            if not np.isfinite(arr).all() or nf.any():
+                arr = np.where(np.isfinite(arr), arr, np.nan)
+            cols[k] = arr
+            if nf.any():
+                nonfinite[k] = nf
+        b = cls(step=step, cols=cols, nonfinite=nonfinite, configs=configs, notes=notes)
+        return b.last_wins()
+
+    def last_wins(self) -> Batch:
+        """Keep the last row of each repeated step; rows in step order."""
+        n = len(self.step)
+        if n < 2 or (np.diff(self.step) > 0).all():
+            return self
+        # index of the last occurrence of each step
+        rev = self.step[::-1]
+        _, first_in_rev = np.unique(rev, return_index=True)
+        keep = n - 1 - first_in_rev  # np.unique sorts by step
+        return self.take(keep)
+
+    def take(self, idx: np.ndarray) -> Batch:
+        return Batch(step=self.step[idx], cols={k: v[idx] for k, v in self.cols.items()},
+                     nonfinite={k: v[idx] for k, v in self.nonfinite.items()},
+                     configs=self.configs, notes=self.notes)
+
+
+@dataclass(frozen=True)
+class KeyFilter:
+    """Which row keys the rules read (picklable, for parallel parsing)."""
+
+    fixed: frozenset
+    prefixes: tuple = ("params/norm/",)
+
+    def __call__(self, k: str) -> bool:
+        return k in self.fixed or k.startswith(self.prefixes)
+
+
+def concat_batches(batches: list[Batch]) -> Batch:
+    """One batch from consecutive ones (missing columns NaN, missing masks False)."""
+    batches = [b for b in batches if b is not None]
+    if not batches:
+        return Batch.empty()
+    keys = sorted({k for b in batches for k in b.cols})
+    nf_keys = sorted({k for b in batches for k in b.nonfinite})
+    step = np.concatenate([b.step for b in batches])
+    cols = {k: np.concatenate([b.cols.get(k, np.full(len(b), np.nan)) for b in batches])
+            for k in keys}
+    nonfinite = {k: np.concatenate([b.nonfinite.get(k, np.zeros(len(b), bool)) for b in batches])
+                 for k in nf_keys}
+    out = Batch(step=step, cols=cols, nonfinite=nonfinite,
+                configs=[c for b in batches for c in b.configs],
+                notes=[n for b in batches for n in b.notes])
+    return out.last_wins()
+
+
+def _to_float(vals: list, *, nonfinite: bool = True) -> tuple[np.ndarray, int, np.ndarray]:
+    """Float array (NaN: missing/invalid), count of non-numeric values, written-non-finite mask."""
+    n = len(vals)
+    try:
+        arr = np.array(vals, dtype=np.float64)  # None -> NaN, "NaN"/"Infinity" strings parse
+        bad = 0
+    except (TypeError, ValueError):
+        out = np.empty(n, dtype=np.float64)
+        bad = 0
+        for i, v in enumerate(vals):
+            f = as_float(v)
+            if f is None:
+                out[i] = np.nan
+                if v is not None:
+                    bad += 1
+            else:
+                out[i] = f
+        arr = out
+    nf = ~np.isfinite(arr)
+    if not nonfinite:
+        return arr, bad, nf
+    if nf.any():
+        # written non-finite: not missing (None) and parsed to NaN/Inf
+        idx = np.flatnonzero(nf)
+        for i in idx:
+            v = vals[i]
+            if v is None or as_float(v) is None:
+                nf[i] = False
+    return arr, bad, nf
+
+
+# ------------------------------------------------------------------------------------ prereg view
+
+
+@dataclass(frozen=True)
+class PreregView:
+    """What the watcher needs from a pre-registration dict, as arrays."""
+
+    metric: str
+    steps: int
+    tokens: float
+    fraction: np.ndarray
+    loss: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    final: float
+    final_lo: float
+    final_hi: float
+    level: float
+    config: WatchConfig
+    applicability: dict
+    health: dict
+    budget: dict
+    sha256: str
+
+    @classmethod
+    def of(cls, prereg: Mapping) -> PreregView:
+        fc = prereg["forecast"]
+        fr = np.array([as_float(p["fraction"]) for p in fc], dtype=float)
+        order = np.argsort(fr, kind="stable")
+
+        def arr(key):
+            return np.array([np.nan if as_float(p.get(key)) is None else as_float(p.get(key))
+                             for p in fc], dtype=float)[order]
+
+        rule = prereg.get("decision_rule", {})
+        params = rule.get("parameters", {}) if isinstance(rule, dict) else {}
+        target = prereg["target"]
+        final = prereg.get("final", {})
+        return cls(metric=prereg["metric"], steps=int(target["steps"]),
+                   tokens=float(target["tokens"]), fraction=fr[order], loss=arr("loss"),
+                   lo=arr("lo"), hi=arr("hi"), final=_f(final.get("loss")),
+                   final_lo=_f(final.get("lo")), final_hi=_f(final.get("hi")),
+                   level=float(prereg.get("band_level", 0.9)),
+                   config=WatchConfig.from_dict(params),
+                   applicability=dict(prereg.get("applicability", {})),
+                   health=dict(prereg.get("health_reference") or {}),
+                   budget=dict(prereg.get("budget_curve") or {}),
+                   sha256=str(prereg.get("sha256", sha256_of(prereg))))
+
+    def expected(self, frac: np.ndarray, *, alert: bool = True):
+        """Forecast and band at ``frac``; with ``alert``, the band widened to the alert level."""
+        f0, f1 = self.fraction[0], self.fraction[-1]
+        frac = np.where((frac < f0) & (frac > f0 - 1e-6), f0, frac)  # rounding at the ends
+        frac = np.where((frac > f1) & (frac < f1 + 1e-6), f1, frac)
+        e = np.interp(frac, self.fraction, self.loss, left=np.nan, right=np.nan)
+        lo = np.interp(frac, self.fraction, self.lo, left=np.nan, right=np.nan)
+        hi = np.interp(frac, self.fraction, self.hi, left=np.nan, right=np.nan)
+        if alert and self.config.alert_level != self.level:
+            from scipy.stats import norm
+            k = norm.ppf(0.5 + self.config.alert_level / 2) / norm.ppf(0.5 + self.level / 2)
+            lo, hi = e - (e - lo) * k, e + (hi - e) * k
+        return e, lo, hi
+
+    def reference(self, key: str, frac: np.ndarray) -> np.ndarray | None:
+        """The ladder's median of ``key`` at fraction ``frac`` (NaN outside its range)."""
+        sig = (self.health.get("signals") or {}).get(key)
+        fr = self.health.get("fractions")
+        if not sig or not fr:
+            return None
+        x = np.array([_f(v) for v in fr])
+        y = np.array([_f(v) for v in sig.get("median", [])])
+        ok = np.isfinite(x) & np.isfinite(y)
+        if ok.sum() < 2:
+            return None
+        return np.interp(frac, x[ok], y[ok], left=np.nan, right=np.nan)
+
+
+def _f(v) -> float:
+    x = as_float(v)
+    return math.nan if x is None else x
+
+
+# ------------------------------------------------------------------------------------ check
+
+
+@dataclass
+class CheckResult:
+    alerts: list[Alert]
+    state: dict
+
+    @property
+    def worst(self) -> str | None:
+        return self.state.get("worst")
+
+    @property
+    def exit_code(self) -> int:
+        return exit_code_for(self.state.get("worst"), bool(self.state.get("not_applicable")))
+
+
+def new_state() -> dict:
+    return {"schema": "watch-state/1", "last_step": None, "last_point_time": None,
+            "n_points": 0, "n_evals": 0, "worst": None, "not_applicable": None,
+            "band": {"ema": None, "run_dir": None, "run_len": 0, "far_len": 0, "in_len": 0,
+                     "level": None, "direction": None, "contingency_sent": False},
+            "trend": {"hist": [], "run_len": 0, "in_len": 0, "base": None, "dir": None},
+            "signals": {}, "tails": {}, "nan_reported": [], "stalled": False,
+            "grad_min": None, "notes_seen": 0}
+
+
+def check(prereg: Mapping | PreregView, points: Batch | Iterable[Mapping], state: dict | None,
+          *, now: float | None = None) -> CheckResult:
+    """Judge new ``points`` against ``prereg``; returns the new alerts and the new state.
+
+    Pure: ``state`` is not modified (a copy is returned), ``now`` (epoch seconds) is only used
+    for alert times and the stalled rule. Passing the same points again after a restart with the
+    returned state raises no alert twice: alerts fire on state changes only.
+    """
+    import copy
+
+    view = prereg if isinstance(prereg, PreregView) else PreregView.of(prereg)
+    cfg = view.config
+    st = copy.deepcopy(state) if state else new_state()
+    now = _time.time() if now is None else float(now)
+    stamp = _time.strftime("%Y-%m-%dT%H:%M:%SZ", _time.gmtime(now))
+    batch = points if isinstance(points, Batch) else Batch.from_rows(points)
+    alerts: list[Alert] = []
+
+    def emit(a: Alert):
+        alerts.append(a)
+        if a.severity != "info" and (st["worst"] is None
+                                     or _SEV_RANK[a.severity] > _SEV_RANK[st["worst"]]):
+            st["worst"] = a.severity
+
+    if st.get("not_applicable"):
+        return CheckResult([], st)
+
+    # --- applicability: configs in the source, and planned steps implied by step/progress
+    for c in batch.configs:
+        broken = applicability_breaks(view.applicability, c)
+        if broken:
+            return _not_applicable(st, emit, stamp, None, broken, alerts)
+    if len(batch) and "progress" in batch.cols:
+        prog = batch.cols["progress"]
+        ok = np.isfinite(prog) & (prog > 0) & (batch.step >= 1)
+        if ok.any():
+            implied = batch.step[ok] / prog[ok]
+            rel = np.abs(implied - view.steps) / view.steps
+            bad = np.flatnonzero(rel > max(cfg.steps_tolerance, 1.0 / view.steps))
+            if bad.size:
+                i = np.flatnonzero(ok)[bad[0]]
+                msg = (f"planned steps changed: step {int(batch.step[i])} at progress "
+                       f"{prog[i]:.4f} implies {implied[bad[0]]:.0f} planned steps, the "
+                       f"pre-registration is for {view.steps}")
+                return _not_applicable(st, emit, stamp, int(batch.step[i]), [msg], alerts)
+
+    if not len(batch):
+        _stalled_rule(view, st, emit, stamp, now)
+        return CheckResult(alerts, st)
+
+    # rewinds: a resumed run re-logs steps; rows are judged in arrival order, last one wins
+    if st["last_step"] is not None and batch.step[0] <= st["last_step"]:
+        emit(Alert(stamp, int(batch.step[0]), None, None, "rewind", "info",
+                   message=f"steps from {int(batch.step[0])} logged again (resumed run?); the "
+                           f"new rows replace the earlier ones (last one wins)"))
+
+    frac = _fractions(view, batch)
+    tokens = batch.col("tokens")
+
+    _nan_rule(view, batch, frac, tokens, st, emit, stamp)
+    _band_rule(view, batch, frac, tokens, st, emit, stamp)
+    _health_rules(view, batch, frac, tokens, st, emit, stamp)
+
+    st["last_step"] = int(batch.step[-1])
+    st["n_points"] += len(batch)
+    st["last_point_time"] = now
+    if st["stalled"]:
+        st["stalled"] = False
+        emit(Alert(stamp, int(batch.step[-1]), None, None, "stalled", "info",
+                   message="new points arrive again (stall cleared)"))
+    return CheckResult(alerts, st)
+
+
+def stalled_check(prereg, state: dict, *, now: float) -> CheckResult:
+    """The stalled rule alone (called by the follower between polls that brought nothing)."""
+    import copy
+    view = prereg if isinstance(prereg, PreregView) else PreregView.of(prereg)
+    return check(view, Batch.empty(), copy.deepcopy(state), now=now)
+
+
+def _not_applicable(st, emit, stamp, step, reasons: list[str], alerts) -> CheckResult:
+    st["not_applicable"] = "; ".join(reasons)
+    emit(Alert(stamp, step, None, None, "not_applicable", "warn",
+               message="the forecast no longer applies, nothing is compared from here on: "
+                       + st["not_applicable"]))
+    return CheckResult(alerts, st)
+
+
+def _stalled_rule(view, st, emit, stamp, now):
+    last = st.get("last_point_time")
+    if last is None or st.get("stalled"):
+        return
+    if now - last > view.config.stalled_seconds:
+        st["stalled"] = True
+        emit(Alert(stamp, st.get("last_step"), None, None, "stalled", "warn",
+                   message=f"no new point for {now - last:.0f} s (limit "
+                           f"{view.config.stalled_seconds:g} s); last step {st.get('last_step')}"))
+
+
+def _fractions(view: PreregView, b: Batch) -> np.ndarray:
+    align = view.config.align
+    tok = b.col("tokens")
+    prog = b.col("progress")
+    by_step = b.step.astype(float) / view.steps
+    if align == "tokens":
+        return tok / view.tokens
+    if align == "step":
+        return by_step
+    if align == "fraction":
+        return prog
+    out = np.where(np.isfinite(tok), tok / view.tokens, by_step)
+    return out
+
+
+def applicability_breaks(app: Mapping, config: Mapping) -> list[str]:
+    """The applicability conditions that ``config`` (a run-config/1 dict, a flat dict of fields, or
+    a W&B config) definitely breaks. A key the config does not carry is not a break."""
+    out = []
+    facts = config_facts(config)
+    for key in ("seq_len", "steps", "tokens"):
+        want = app.get(key)
+        have = facts.get(key)
+        if want is None or have is None:
+            continue
+        if abs(float(have) - float(want)) > 1e-9 * max(1.0, abs(float(want))):
+            out.append(f"{key} is {have:g} in the run, {want:g} in the pre-registration")
+    for key in ("data_tag", "config_hash"):
+        want, have = app.get(key), facts.get(key)
+        if want is not None and have is not None and str(want) != str(have):
+            out.append(f"{key} is {have!r} in the run, {want!r} in the pre-registration")
+    for key, want in (app.get("require") or {}).items():
+        have = lookup(config, key)
+        if have is _MISSING:
+            continue
+        if not _same(have, want):
+            out.append(f"{key} is {have!r} in the run, required {want!r}")
+    return out
+
+
+_MISSING = object()
+
+
+def lookup(d: Mapping, dotted: str):
+    """``d['a']['b']`` for 'a.b'; also a flat key 'a.b', and 'rung.'/'train.' sections tried."""
+    if dotted in d:
+        return d[dotted]
+    cur: Any = d
+    for part in dotted.split("."):
+        if isinstance(cur, Mapping) and part in cur:
+            cur = cur[part]
+        else:
+            cur = _MISSING
+            break
+    if cur is not _MISSING:
+        return cur
+    for section in ("rung", "train"):
+        sub = d.get(section)
+        if isinstance(sub, Mapping):
+            v = lookup(sub, dotted)
+            if v is not _MISSING:
+                return v
+    return _MISSING
+
+
+def _same(have, want) -> bool:
+    if str(have) == str(want):
+        return True
+    a, b = as_float(have), as_float(want)
+    if a is not None and b is not None:
+        return a == b or abs(a - b) <= 1e-12 * max(abs(a), abs(b))
+    if isinstance(have, bool):
+        return str(have).lower() == str(want).lower()
+    return False
+
+
+def config_facts(config: Mapping) -> dict:
+    """seq_len, steps, tokens, data_tag and config_hash of a run configuration, where known."""
+    facts: dict[str, Any] = {}
+    rung = config.get("rung") if isinstance(config.get("rung"), Mapping) else None
+    src = rung if rung is not None else config
+    for key in ("seq_len", "steps", "batch"):
+        v = as_float(src.get(key))
+        if v is not None:
+            facts[key] = v
+    if "tokens" in config and as_float(config["tokens"]) is not None:
+        facts["tokens"] = as_float(config["tokens"])
+    elif "steps" in facts and "batch" in facts and "seq_len" in facts:
+        facts["tokens"] = facts["steps"] * facts["batch"] * facts["seq_len"]
+    for holder in (config, config.get("train") if isinstance(config.get("train"), Mapping) else {}):
+        if holder.get("data_tag") is not None:
+            facts["data_tag"] = holder["data_tag"]
+    if rung is not None:
+        facts["config_hash"] = sha256_of(rung)
+    elif config.get("config_hash") is not None:
+        facts["config_hash"] = config["config_hash"]
+    return facts
+
+
+# ------------------------------------------------------------------------------------ rule 3a
+
+
+def _nan_rule(view, b: Batch, frac, tokens, st, emit, stamp):
+    keys = list(dict.fromkeys((view.metric,) + tuple(view.config.nan_keys)))
+    for k in keys:
+        nf = b.nonfinite.get(k)
+        if nf is None or not nf.any() or k in st["nan_reported"]:
+            continue
+        i = int(np.flatnonzero(nf)[0])
+        st["nan_reported"].append(k)
+        emit(Alert(stamp, int(b.step[i]), _opt(tokens[i]), _opt(frac[i]), "nan", "critical",
+                   value=None, message=f"{k} is not finite at step {int(b.step[i])}"))
+
+
+def _opt(x) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+# ------------------------------------------------------------------------------------ rules 1, 4
+
+
+def _band_rule(view: PreregView, b: Batch, frac, tokens, st, emit, stamp):
+    cfg = view.config
+    y_all = b.cols.get(view.metric)
+    if y_all is None:
+        if "missing_metric" not in st:
+            st["missing_metric"] = True
+            emit(Alert(stamp, int(b.step[-1]), None, None, "missing_metric", "info",
+                       message=f"no '{view.metric}' in the rows read so far; loss is not compared "
+                               f"until it appears (wrong --metric?)"))
+        return
+    idx = np.flatnonzero(np.isfinite(y_all) & np.isfinite(frac)
+                         & (frac >= cfg.min_fraction - 1e-9))
+    if not idx.size:
+        return
+    exp_all, lo_all, hi_all = view.expected(frac[idx])
+    bs = st["band"]
+    for j, i in enumerate(idx):
+        y, f = float(y_all[i]), float(frac[i])
+        e, lo, hi = float(exp_all[j]), float(lo_all[j]), float(hi_all[j])
+        if not (math.isfinite(e) and math.isfinite(lo) and math.isfinite(hi)):
+            continue
+        st["n_evals"] += 1
+        r = y - e
+        bs["ema"] = r if bs["ema"] is None else cfg.ema_alpha * r + (1 - cfg.ema_alpha) * bs["ema"]
+        ys = e + bs["ema"]
+        _trend_rule(view, st, f, r / e, bs["ema"] / e, int(b.step[i]), _opt(tokens[i]), e,
+                    emit, stamp)
+        direction = "above" if ys > hi else "below" if ys < lo else None
+        if direction:
+            half = (hi - e) if direction == "above" else (e - lo)
+            excess = (ys - hi) if direction == "above" else (lo - ys)
+            far = excess > cfg.far_factor * half
+            if bs["run_dir"] == direction:
+                bs["run_len"] += 1
+            else:
+                bs["run_dir"], bs["run_len"], bs["far_len"] = direction, 1, 0
+            bs["far_len"] = bs["far_len"] + 1 if far else 0
+            bs["in_len"] = 0
+            want = None
+            if bs["run_len"] >= cfg.k_consecutive:
+                want = "warn"
+            if bs["run_len"] >= cfg.k_critical or (bs["far_len"] >= cfg.k_far
+                                                    and bs["run_len"] >= min(cfg.k_far,
+                                                                             cfg.k_consecutive)):
+                want = "critical"
+            cur = bs["level"] if bs["direction"] == direction else None
+            if want and (cur is None or _SEV_RANK[want] > _SEV_RANK[cur]):
+                bs["level"], bs["direction"] = want, direction
+                why = (f"{bs['run_len']} consecutive evals" if want == "warn" else
+                       "far outside the band" if bs["far_len"] >= cfg.k_far and
+                       bs["run_len"] < cfg.k_critical else f"{bs['run_len']} consecutive evals")
+                worse = "worse" if direction == "above" else "better"
+                emit(Alert(stamp, int(b.step[i]), _opt(tokens[i]), f, f"{direction}_band", want,
+                           value=ys, expected=e, lo=lo, hi=hi, direction=worse,
+                           message=f"{view.metric} {ys:.4f} (smoothed; raw {y:.4f}) is {worse} "
+                                   f"than forecast {e:.4f} [{lo:.4f}, {hi:.4f}] at "
+                                   f"{cfg.alert_level:.0%}: {why}"))
+                if direction == "above" and f <= cfg.contingency_fraction \
+                        and not bs["contingency_sent"]:
+                    bs["contingency_sent"] = True
+                    emit(_contingency(view, b, i, f, ys, e, tokens, stamp))
+        else:
+            bs["run_dir"], bs["run_len"], bs["far_len"] = None, 0, 0
+            bs["in_len"] += 1
+            if bs["level"] is not None and bs["in_len"] >= cfg.k_clear:
+                emit(Alert(stamp, int(b.step[i]), _opt(tokens[i]), f, "cleared", "info",
+                           value=ys, expected=e, lo=lo, hi=hi, direction=None,
+                           message=f"{view.metric} back inside the band for {bs['in_len']} evals "
+                                   f"(was {bs['direction']}_band, {bs['level']})"))
+                bs["level"], bs["direction"] = None, None
+
+
+def _trend_rule(view: PreregView, st, f, rel, rel_smooth, step, tokens, e, emit, stamp):
+    """Rule 1b: the smoothed relative residual against its own median over an earlier window."""
+    cfg = view.config
+    ts = st.setdefault("trend", {"hist": [], "run_len": 0, "in_len": 0, "base": None,
+                                 "dir": None})
+    hist = ts["hist"]
+    hist.append([f, rel])
+    lo_f = f - cfg.trend_window - cfg.trend_gap
+    while hist and hist[0][0] < lo_f - 1e-9:
+        hist.pop(0)
+    if f < cfg.trend_after:
+        return
+    if ts["dir"] is not None:  # alert active: clear when back near the level it left
+        if abs(rel_smooth - ts["base"]) <= cfg.trend_rel / 2:
+            ts["in_len"] += 1
+            if ts["in_len"] >= cfg.k_clear:
+                emit(Alert(stamp, step, tokens, f, "cleared", "info", value=e * (1 + rel_smooth),
+                           expected=e, direction=None,
+                           message=f"{view.metric} back within {cfg.trend_rel / 2:.1%} of its "
+                                   f"earlier level relative to the forecast (was trend, "
+                                   f"{ts['dir']})"))
+                ts.update(dir=None, base=None, in_len=0, run_len=0)
+        else:
+            ts["in_len"] = 0
+        return
+    base_vals = [v for g, v in hist if lo_f - 1e-9 <= g <= f - cfg.trend_gap + 1e-9]
+    if len(base_vals) < 3:
+        return
+    base = float(np.median(base_vals))
+    d = rel_smooth - base
+    if abs(d) > cfg.trend_rel:
+        ts["run_len"] += 1
+        if ts["run_len"] >= cfg.k_consecutive:
+            worse = "worse" if d > 0 else "better"
+            ts.update(dir=worse, base=base, in_len=0)
+            emit(Alert(stamp, step, tokens, f, "trend", "warn", value=e * (1 + rel_smooth),
+                       expected=e * (1 + base), direction=worse,
+                       message=f"{view.metric} moved {d:+.2%} of the forecast away from its own "
+                               f"level over the preceding {cfg.trend_window:.0%} of the run "
+                               f"({base:+.2%} -> {rel_smooth:+.2%} vs forecast): {worse}, for "
+                               f"{ts['run_len']} evals"))
+    else:
+        ts["run_len"] = 0
+
+
+def _contingency(view: PreregView, b: Batch, i, f, ys, e, tokens, stamp) -> Alert:
+    """Projected final value if the run continues, and the token budget that would still reach the
+    registered final value. The deviation is taken as a constant ratio of the loss to the
+    forecast (the same relative offset to the end of the run); the budget comes from the
+    pre-registration's ``budget_curve`` (the law's final loss against token budget)."""
+    ratio = ys / e
+    projected = view.final * ratio
+    bc = view.budget
+    budget_msg = "no budget curve in the pre-registration"
+    needed = None
+    mult = np.array([_f(v) for v in bc.get("multiplier", [])])
+    fl = np.array([_f(v) for v in bc.get("loss", [])])
+    if mult.size >= 2 and np.isfinite(fl).all():
+        scaled = fl * ratio
+        # final loss falls with the budget: the smallest budget whose scaled loss <= registered
+        ok = np.flatnonzero(scaled <= view.final)
+        if ok.size == 0:
+            budget_msg = (f"not reached within {mult.max():g}x the planned tokens "
+                          f"({mult.max() * view.tokens:.3g})")
+        else:
+            k = int(ok[0])
+            if k == 0:
+                needed = float(mult[0])
+            else:  # linear interpolation between the bracketing budgets
+                x0, x1, y0, y1 = mult[k - 1], mult[k], scaled[k - 1], scaled[k]
+                needed = float(x0 + (view.final - y0) * (x1 - x0) / (y1 - y0))
+            budget_msg = (f"the registered final {view.final:.4f} would still be reached at about "
+                          f"{needed:.2f}x the planned tokens ({needed * view.tokens:.3g} tokens)")
+    return Alert(stamp, int(b.step[i]), _opt(tokens[i]), f, "contingency", "info", value=projected,
+                 expected=view.final, lo=view.final_lo, hi=view.final_hi, direction="worse",
+                 message=f"deviation confirmed at {f:.1%} of the token budget (inside the first "
+                         f"{view.config.contingency_fraction:.0%}): if the run continues, final "
+                         f"{view.metric} ~ {projected:.4f} vs registered {view.final:.4f}; "
+                         f"{budget_msg}. Consider shortening and re-aiming the LR decay, then "
+                         f"`ladder preregister --amend`.",
+                 extra={"projected_final": projected, "budget_multiplier": needed})
+
+
+# ------------------------------------------------------------------------------------ rules 2, 3
+
+
+def _trailing(st, key: str, x: np.ndarray, window: int) -> np.ndarray:
+    """x with the previous batch's last ``window`` finite values prepended (state carries them)."""
+    tail = np.array(st["tails"].get(key, []), dtype=float)
+    both = np.concatenate([tail, x])
+    fin = both[np.isfinite(both)]
+    st["tails"][key] = fin[-window:].tolist()
+    return both, tail.size
+
+
+def _rolling_median(x: np.ndarray, window: int, *, shift: bool) -> np.ndarray:
+    """Trailing median over the finite values (NaN rows skipped); ``shift`` excludes the row."""
+    import pandas as pd
+    s = pd.Series(x)
+    fin = s.dropna()
+    med = fin.rolling(window, min_periods=max(1, window // 4)).median()
+    if shift:
+        med = med.shift(1)
+    return med.reindex(s.index).to_numpy(dtype=float)
+
+
+def _health_rules(view: PreregView, b: Batch, frac, tokens, st, emit, stamp):
+    cfg = view.config
+    n = len(b)
+
+    def signal(kind: str, key: str, sev: np.ndarray, value: np.ndarray, ref: np.ndarray | None,
+               describe):
+        _level_signal(kind, key, sev, value, ref, b, frac, tokens, st, emit, stamp, cfg, describe)
+
+    # spikes: train loss vs trailing median of the rows before it
+    if "train/loss" in b.cols:
+        x = b.cols["train/loss"]
+        both, off = _trailing(st, "train/loss", x, cfg.spike_window)
+        med = _rolling_median(both, cfg.spike_window, shift=True)[off:]
+        spike = np.isfinite(x) & np.isfinite(med) & (x > med * (1 + cfg.spike_rel))
+        _spikes(spike, x, med, b, frac, tokens, st, emit, stamp, cfg)
+
+    # grad norm: level vs ladder, growth since post-warmup minimum
+    if "grad/norm" in b.cols:
+        x = b.cols["grad/norm"]
+        both, off = _trailing(st, "grad/norm", x, cfg.grad_window)
+        med = _rolling_median(both, cfg.grad_window, shift=False)[off:]
+        after = np.isfinite(med) & (frac >= cfg.grad_after)
+        gmin = st.get("grad_min")
+        run_min = np.fmin.accumulate(np.where(after, med, np.inf)) if n else np.zeros(0)
+        if gmin is not None:
+            run_min = np.minimum(run_min, gmin)
+        if n and np.isfinite(run_min[-1]):
+            st["grad_min"] = float(run_min[-1])
+        growth = np.where(after & np.isfinite(run_min), med / run_min, np.nan)
+        sev = np.where(growth > cfg.grad_growth_warn, 1, 0)
+        ref = view.reference("grad/norm", frac)
+        ratio = None
+        if ref is not None:
+            ratio = med / ref
+            sev = np.maximum(sev, np.where(after & (ratio > cfg.grad_ref_warn), 1, 0))
+            sev = np.maximum(sev, np.where(after & (ratio > cfg.grad_ref_crit), 2, 0))
+        sev = np.where(np.isfinite(med) & after, sev, -1)
+
+        def describe(i, level):
+            parts = [f"grad norm (median of {cfg.grad_window}) {med[i]:.3g}"]
+            if math.isfinite(growth[i]):
+                parts.append(f"{growth[i]:.1f}x its post-warmup minimum")
+            if ratio is not None and math.isfinite(ratio[i]):
+                parts.append(f"{ratio[i]:.1f}x the ladder's {ref[i]:.3g} at this fraction")
+            return ", ".join(parts)
+        signal("grad_norm", "grad/norm", sev, med, ref, describe)
+
+    # token-drop fraction vs ladder at the same fraction
+    if "moe/drop_frac" in b.cols:
+        x = b.cols["moe/drop_frac"]
+        both, off = _trailing(st, "moe/drop_frac", x, cfg.drop_window)
+        med = _rolling_median(both, cfg.drop_window, shift=False)[off:]
+        ref = view.reference("moe/drop_frac", frac)
+        if ref is not None:
+            warn_t = np.fmax(cfg.drop_warn_ratio * ref, cfg.drop_floor)
+            crit_t = np.fmax(cfg.drop_crit_ratio * ref, cfg.drop_floor)
+            warn_t = np.where(np.isfinite(ref), warn_t, cfg.drop_warn_abs)
+            crit_t = np.where(np.isfinite(ref), crit_t, cfg.drop_crit_abs)
+        else:
+            warn_t = np.full(n, cfg.drop_warn_abs)
+            crit_t = np.full(n, cfg.drop_crit_abs)
+        sev = np.where(med > crit_t, 2, np.where(med > warn_t, 1, 0))
+        sev = np.where(np.isfinite(med), sev, -1)
+
+        def describe(i, level):
+            against = (f"the ladder's {ref[i]:.2%} at this fraction" if ref is not None
+                       and math.isfinite(ref[i]) else "the absolute limits (no ladder reference)")
+            return (f"token-drop fraction (median of {cfg.drop_window}) {med[i]:.2%}: above "
+                    f"{(crit_t if level == 2 else warn_t)[i]:.2%}, against {against}")
+        signal("drop_frac", "moe/drop_frac", sev, med, ref, describe)
+
+    # router entropy vs ladder
+    if "moe/router_entropy" in b.cols:
+        ref = view.reference("moe/router_entropy", frac)
+        if ref is not None:
+            x = b.cols["moe/router_entropy"]
+            both, off = _trailing(st, "moe/router_entropy", x, cfg.drop_window)
+            med = _rolling_median(both, cfg.drop_window, shift=False)[off:]
+            low = med < ref * (1 - cfg.entropy_drop)
+            sev = np.where(np.isfinite(med) & np.isfinite(ref), np.where(low, 1, 0), -1)
+            signal("router", "moe/router_entropy", sev, med, ref,
+                   lambda i, lv: f"router entropy {med[i]:.3g} below {1 - cfg.entropy_drop:.0%} "
+                                 f"of the ladder's {ref[i]:.3g} at this fraction")
+
+    # parameter norms per group; router_bias on its own
+    for key in sorted(k for k in b.cols if k.startswith("params/norm/")):
+        x = b.cols[key]
+        group = key[len("params/norm/"):]
+        both, off = _trailing(st, key, x, cfg.grad_window)
+        med = _rolling_median(both, cfg.grad_window, shift=False)[off:]
+        if group == "router_bias":
+            prev = _rolling_median(both, cfg.spike_window, shift=True)[off:]
+            jump = np.abs(med) / np.abs(prev)
+            sev = np.where(np.isfinite(jump) & (frac >= cfg.router_bias_after),
+                           np.where(jump > cfg.router_bias_jump, 1, 0), -1)
+            signal("router", key, sev, med, None,
+                   lambda i, lv, med=med, jump=jump:
+                   f"router_bias norm {med[i]:.3g} is {jump[i]:.1f}x its trailing "
+                                 f"median (judged on its own: not gradient-trained)")
+            continue
+        ref = view.reference(key, frac)  # the ladder's norm relative to its value at grad_after
+        base_key = f"param_base/{key}"
+        base = st.get(base_key)
+        if base is None:
+            ok = np.flatnonzero(np.isfinite(med) & (frac >= cfg.grad_after))
+            if ok.size:
+                base = float(med[ok[0]])
+                st[base_key] = base
+        if ref is None or base is None or not base:
+            continue
+        growth = med / base
+        rel = growth / ref
+        bad = (rel > cfg.param_growth_ratio) | (rel < 1 / cfg.param_growth_ratio)
+        sev = np.where(np.isfinite(rel) & (frac >= cfg.grad_after), np.where(bad, 1, 0), -1)
+        signal("param_norm", key, sev, med, None,
+               lambda i, lv, key=key, growth=growth, ref=ref:
+               f"{key} grew {growth[i]:.2f}x since {cfg.grad_after:.0%} of the run; "
+               f"the ladder's grew {ref[i]:.2f}x by this fraction")
+
+
+def _spikes(spike, x, med, b, frac, tokens, st, emit, stamp, cfg):
+    idx = np.flatnonzero(spike)
+    if not idx.size:
+        return
+    last = st.get("last_spike_step")
+    for i in idx:
+        s = int(b.step[i])
+        if last is not None and 0 <= s - last <= cfg.spike_window:
+            continue  # one alert per burst of spikes
+        last = s
+        emit(Alert(stamp, s, _opt(tokens[i]), _opt(frac[i]), "spike", "warn", value=float(x[i]),
+                   expected=float(med[i]), direction="worse",
+                   message=f"train/loss {x[i]:.4f} is {x[i] / med[i] - 1:.1%} above its trailing "
+                           f"median {med[i]:.4f}"))
+    st["last_spike_step"] = last
+
+
+def _level_signal(kind, key, sev, value, ref, b: Batch, frac, tokens, st, emit, stamp, cfg,
+                  describe):
+    """A health signal with hysteresis. ``sev`` per row: -1 unknown (skipped), 0 fine, 1 warn,
+    2 critical. A level must hold for ``k_health`` judged rows to be raised (escalations alert),
+    and be gone for ``k_health_clear`` rows to clear. Loops over runs of equal ``sev`` only."""
+    s = st["signals"].setdefault(key, {"level": 0, "run_sev": None, "run_len": 0})
+    judged = np.flatnonzero(sev >= 0)
+    if not judged.size:
+        return
+    sv = sev[judged]
+    starts = np.flatnonzero(np.concatenate([[True], sv[1:] != sv[:-1]]))
+    ends = np.concatenate([starts[1:], [sv.size]])
+    for a, e in zip(starts, ends, strict=True):
+        level = int(sv[a])
+        length = int(e - a)
+        if s["run_sev"] == level:
+            prior = s["run_len"]
+        else:
+            prior = 0
+        total = prior + length
+        s["run_sev"], s["run_len"] = level, total
+        if level > s["level"]:
+            if total >= cfg.k_health:
+                at = judged[a + max(0, cfg.k_health - prior - 1)]
+                s["level"] = level
+                sev_name = "critical" if level == 2 else "warn"
+                emit(Alert(stamp, int(b.step[at]), _opt(tokens[at]), _opt(frac[at]), kind,
+                           sev_name, value=_opt(value[at]),
+                           expected=None if ref is None else _opt(ref[at]),
+                           direction="above" if kind != "router" else None,
+                           message=describe(at, level) + f" ({key})"))
+        elif level < s["level"]:
+            need = cfg.k_health_clear if level == 0 else cfg.k_health
+            if total >= need:
+                at = judged[a + max(0, need - prior - 1)]
+                old = s["level"]
+                s["level"] = level
+                if level == 0:
+                    emit(Alert(stamp, int(b.step[at]), _opt(tokens[at]), _opt(frac[at]),
+                               "cleared", "info", value=_opt(value[at]),
+                               message=f"{key} back to normal for {need} rows (was {kind}, "
+                                       f"{'critical' if old == 2 else 'warn'})"))

@@ -1,0 +1,61 @@
+"""`ladder report` and the library entry point :func:`build_report` used by `ladder demo`."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display: figures are rendered to PNG only
+
+from ladder.io import EX_CANTCREAT, InputError, atomic_write_bytes, atomic_write_text
+from reports import plots
+from reports.inputs import load_inputs
+from reports.page import render_html, render_summary
+
+FIGURES = (("ladder", plots.plot_ladder, "no ladder runs with the metric"),
+           ("law", plots.plot_law, "no law, no finished rungs and no forecast"),
+           ("watch", plots.plot_watch, "no target run and no pre-registration"),
+           ("health", plots.plot_health, "no health metrics in any run"))
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", facecolor="white")
+    return buf.getvalue()
+
+
+def build_report(out_dir: str | os.PathLike, runs=None, law=None, prereg=None, alerts=None,
+                 target_run=None) -> Path:
+    """Write ``index.html``, one PNG per figure and ``summary.md`` into ``out_dir``; return the
+    path of ``index.html``. Every input is optional (a path; ``law`` may also be a loaded law
+    object); what is missing is said in the report. Bad files raise ``InputError``."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise InputError("exists and is not a directory", path=out, field="--out",
+                         exit_code=EX_CANTCREAT)
+    inp = load_inputs(runs=runs, law=law, prereg=prereg, alerts=alerts, target_run=target_run)
+    pngs: dict[str, bytes] = {}
+    missing: dict[str, str] = {}
+    for key, func, why in FIGURES:
+        fig = func(inp)
+        if fig is None:
+            missing[key] = why
+            continue
+        pngs[key] = _png(fig)
+        atomic_write_bytes(out / f"{key}.png", pngs[key])
+    for key in missing:  # a stale PNG from an earlier report must not pass for this one
+        (out / f"{key}.png").unlink(missing_ok=True)
+    atomic_write_text(out / "summary.md", render_summary(inp, pngs))
+    return atomic_write_text(out / "index.html", render_html(inp, pngs, missing))
+
+
+def report_main(args) -> int:
+    path = build_report(args.out, runs=args.runs, law=args.law, prereg=args.prereg,
+                        alerts=args.alerts, target_run=args.target_run)
+    print(f"report: {path}")
+    summary = path.parent / "summary.md"
+    print(summary.read_text(encoding="utf-8").split("\n## ")[0].rstrip())
+    return 0

@@ -1,0 +1,530 @@
+"""Loading the artifacts a report is drawn from: run directories, the law, the pre-registration
+and the alerts. Everything here reads files; nothing is recomputed (the one exception is the
+FLOP counter of ``ladder.counting``, reached through ``Rung.compute``, which turns "tokens so far"
+into "compute so far" exactly as the points table of the fitter does).
+
+Any artifact may be absent: the loaders return what exists and collect one line per missing or
+unusable piece in ``ReportInputs.notes``, which the report prints. A path the user named that does
+not exist, or a file that is not what it claims to be, is an :class:`InputError` (the CLI prints
+it as one line and exits 64+).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ladder.io import EX_NOINPUT, InputError, as_float, iter_jsonl, read_json, read_metrics
+
+DEFAULT_METRIC = "eval_dropless/loss"  # the metric the real ladder fitted (DESIGN.md §1)
+DEFAULT_LEVEL = 0.9
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+@dataclass
+class Series:
+    """One metric of one run: aligned arrays, rows without a finite value dropped."""
+
+    step: np.ndarray
+    fraction: np.ndarray
+    tokens: np.ndarray
+    value: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.value)
+
+
+@dataclass
+class RunData:
+    """One run directory: its identity from summary/config and its metrics rows."""
+
+    name: str
+    path: Path
+    rows: list[dict]
+    summary: dict = field(default_factory=dict)
+    config: dict = field(default_factory=dict)
+    rung: Any = None  # ladder.specs.Rung when config.json could be rebuilt
+
+    # -- identity and plan (summary first, then the rung spec, then the metrics) ------------------
+    def _get(self, key: str) -> float | None:
+        v = as_float(self.summary.get(key))
+        if v is not None and math.isfinite(v):
+            return v
+        if self.rung is not None:
+            s = self.rung.summary()
+            return as_float(s.get("compute_no_lm_head" if key == "compute" else key))
+        return None
+
+    @property
+    def params(self) -> float | None:
+        return self._get("params")
+
+    @property
+    def active_params(self) -> float | None:
+        return self._get("active_params")
+
+    @property
+    def planned_tokens(self) -> float | None:
+        return self._get("tokens")
+
+    @property
+    def steps(self) -> float | None:
+        return self._get("steps")
+
+    @property
+    def compute(self) -> float | None:
+        """Planned training FLOPs without the LM head (flops-v1), as the law was fitted on."""
+        return self._get("compute")
+
+    @property
+    def status(self) -> str:
+        return str(self.summary.get("status") or ("running" if self.rows else "no metrics"))
+
+    @property
+    def is_target(self) -> bool:
+        rung = self.config.get("rung") if isinstance(self.config.get("rung"), dict) else {}
+        return bool(rung.get("is_target", False) or self.summary.get("is_target") is True)
+
+    def compute_at(self, tokens: np.ndarray) -> np.ndarray:
+        """Compute so far at ``tokens`` seen: the shared counter when the rung is known, else the
+        planned compute scaled by tokens (training FLOPs are linear in tokens, flops-v1)."""
+        tokens = np.asarray(tokens, dtype=float)
+        if self.rung is not None:
+            return np.array([self.rung.compute(float(t)) for t in tokens.ravel()]
+                            ).reshape(tokens.shape)
+        c, d = self.compute, self.planned_tokens
+        if c is None or not d:
+            return np.full(tokens.shape, np.nan)
+        return c * tokens / d
+
+    # -- metrics ---------------------------------------------------------------------------------
+    def keys(self) -> set[str]:
+        out: set[str] = set()
+        for r in self.rows:
+            out.update(r)
+        return out
+
+    def series(self, key: str) -> Series:
+        """``key`` over the run (cached: rows are read once, series asked for many times)."""
+        cache = self.__dict__.setdefault("_series_cache", {})
+        if key not in cache:
+            cache[key] = self._series(key)
+        return cache[key]
+
+    def _series(self, key: str) -> Series:
+        step, frac, tok, val = [], [], [], []
+        steps = self.steps
+        planned = self.planned_tokens
+        for r in self.rows:
+            v = as_float(r.get(key))
+            if v is None or not math.isfinite(v):
+                continue
+            s = as_float(r.get("step"))
+            g = as_float(r.get("progress"))
+            t = as_float(r.get("tokens"))
+            if g is None and s is not None and steps:
+                g = s / steps
+            if t is None and g is not None and planned:
+                t = g * planned
+            if g is None and t is not None and planned:
+                g = t / planned
+            step.append(np.nan if s is None else s)
+            frac.append(np.nan if g is None else g)
+            tok.append(np.nan if t is None else t)
+            val.append(v)
+        return Series(np.array(step, float), np.array(frac, float), np.array(tok, float),
+                      np.array(val, float))
+
+    def nonfinite_steps(self, key: str) -> list[float]:
+        """Steps where ``key`` was logged as NaN/Inf (a diverging run says so this way)."""
+        out = []
+        for r in self.rows:
+            v = as_float(r.get(key))
+            if v is not None and not math.isfinite(v):
+                out.append(as_float(r.get("step")) or float("nan"))
+        return out
+
+    def final(self, metric: str) -> float | None:
+        """The final value of ``metric`` for a complete run: the last eval row at the end of the
+        plan, else ``summary.final``. None when the run has not finished its plan."""
+        if self.status != "complete":
+            return None
+        s = self.series(metric)
+        if len(s) and np.isfinite(s.fraction[-1]) and s.fraction[-1] >= 0.999:
+            return float(s.value[-1])
+        fin = self.summary.get("final")
+        if isinstance(fin, dict):
+            v = as_float(fin.get(metric))
+            if v is not None and math.isfinite(v):
+                return v
+        return float(s.value[-1]) if len(s) else None
+
+
+def _looks_like_run(d: Path) -> bool:
+    return any((d / f).is_file() for f in ("metrics.jsonl", "summary.json", "config.json"))
+
+
+def find_run_dirs(root: str | os.PathLike) -> list[Path]:
+    """Run directories at or below ``root`` (RUNS, RUNS/<ladder> or one run), three levels deep."""
+    root = Path(root)
+    if _looks_like_run(root):
+        return [root]
+    found = []
+    for dirpath, dirnames, _ in os.walk(root):
+        d = Path(dirpath)
+        depth = len(d.relative_to(root).parts)
+        dirnames[:] = sorted(n for n in dirnames if n != "checkpoints" and not n.startswith("."))
+        if depth and _looks_like_run(d):
+            found.append(d)
+            dirnames[:] = []
+        elif depth >= 3:
+            dirnames[:] = []
+    return found
+
+
+def load_run(path: str | os.PathLike) -> RunData:
+    path = Path(path)
+    if not path.is_dir():
+        raise InputError("no such run directory", path=path, exit_code=EX_NOINPUT)
+    summary = read_json(path / "summary.json", schema="run-summary") \
+        if (path / "summary.json").is_file() else {}
+    config = read_json(path / "config.json", schema="run-config") \
+        if (path / "config.json").is_file() else {}
+    rung = None
+    if isinstance(config.get("rung"), dict):
+        try:
+            from ladder.specs import Rung
+            rung = Rung.from_dict(config["rung"])
+        except (ValueError, TypeError, KeyError) as e:
+            raise InputError(f"cannot rebuild the rung ({e})", path=path / "config.json",
+                             field="rung") from None
+    rows = read_metrics(path / "metrics.jsonl") if (path / "metrics.jsonl").is_file() else []
+    name = str(summary.get("rung") or (rung.name if rung is not None else "") or path.name)
+    return RunData(name=name, path=path, rows=rows, summary=summary, config=config, rung=rung)
+
+
+# ----------------------------------------------------------------------------- the law
+
+
+@dataclass
+class Prediction:
+    loss: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    level: float
+
+
+@dataclass
+class LawView:
+    """The law's JSON (always) and its Python object (when ``fit.load_law`` can rebuild it)."""
+
+    meta: dict
+    obj: Any = None
+    path: Path | None = None
+    error: str | None = None  # why predictions are unavailable
+
+    @property
+    def form(self) -> str:
+        return str(getattr(self.obj, "form", None) or self.meta.get("form") or "?")
+
+    @property
+    def metric(self) -> str:
+        return str(getattr(self.obj, "metric", None) or self.meta.get("metric") or DEFAULT_METRIC)
+
+    @property
+    def params(self) -> dict:
+        p = getattr(self.obj, "params", None)
+        if not isinstance(p, dict):
+            p = self.meta.get("params")
+        return p if isinstance(p, dict) else {}
+
+    @property
+    def level(self) -> float:
+        u = self.meta.get("uncertainty")
+        v = as_float(u.get("level")) if isinstance(u, dict) else None
+        return v if v and 0 < v < 1 else DEFAULT_LEVEL
+
+    def predict(self, level: float | None = None, **kw) -> Prediction | None:
+        """``law.predict`` on arrays; None (and ``error`` set) when it cannot be evaluated."""
+        if self.obj is None:
+            return None
+        kw = {k: np.asarray(v, dtype=float) for k, v in kw.items() if v is not None}
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # a NaN band is reported by the plots, not stderr
+                p = self.obj.predict(level=level or self.level, **kw)
+            shape = np.broadcast(*kw.values()).shape if kw else ()
+            out = Prediction(*(np.broadcast_to(np.asarray(getattr(p, a), float), shape).copy()
+                               for a in ("loss", "lo", "hi")),
+                             level=float(getattr(p, "level", level or self.level)))
+        except Exception as e:  # noqa: BLE001 -- any failure of the law is shown, not raised
+            self.error = f"law.predict failed: {type(e).__name__}: {e}"
+            return None
+        return out
+
+    @property
+    def is_curve(self) -> bool:
+        """A loss-curve law of the LR schedule (``--form mpl``/``momentum``): it is evaluated
+        from a run's schedule, not from its tokens and compute."""
+        return self.form in CURVE_FORMS
+
+    def predict_run(self, rung, fractions, level: float | None = None) -> Prediction | None:
+        """A curve law along ``rung`` (a ``ladder.specs.Rung`` from a run's config.json) at
+        ``fractions`` of its schedule, via ``fit.curves.predict_rung``; None when it fails."""
+        if self.obj is None or rung is None:
+            return None
+        fr = np.asarray(fractions, float)
+        try:
+            from fit.curves import predict_rung
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                p = predict_rung(self.obj, rung, fraction=fr, level=level or self.level)
+            return Prediction(*(np.asarray(getattr(p, a), float).reshape(fr.shape)
+                                for a in ("loss", "lo", "hi")),
+                              level=float(getattr(p, "level", level or self.level)))
+        except Exception as e:  # noqa: BLE001 -- any failure of the law is shown, not raised
+            self.error = f"curve law prediction failed: {type(e).__name__}: {e}"
+            return None
+
+
+CURVE_FORMS = ("mpl", "momentum")
+
+
+def load_law(law: Any) -> LawView | None:
+    """A law path (law/1 JSON) or an already-loaded law object (anything with ``predict``)."""
+    if law is None:
+        return None
+    if not isinstance(law, (str, os.PathLike)):
+        meta = law.to_json() if hasattr(law, "to_json") else {}
+        return LawView(meta=meta if isinstance(meta, dict) else {}, obj=law)
+    path = Path(law)
+    meta = read_json(path, schema="law")
+    view = LawView(meta=meta, path=path)
+    try:  # fit never imports JAX; imported lazily so a report without a law does not need it
+        from fit import load_law as fit_load_law
+    except ImportError as e:
+        view.error = f"fit.load_law is not available ({e}); the fitted curve cannot be drawn"
+        return view
+    try:
+        view.obj = fit_load_law(path)
+    except Exception as e:  # noqa: BLE001
+        view.error = f"fit.load_law({path.name}) failed: {type(e).__name__}: {e}"
+    return view
+
+
+# ----------------------------------------------------------------------------- prereg, alerts
+
+
+@dataclass
+class Forecast:
+    """The pre-registered forecast as arrays sorted by fraction."""
+
+    fraction: np.ndarray
+    step: np.ndarray
+    tokens: np.ndarray
+    loss: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+
+    def at(self, fraction: float | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(loss, lo, hi) interpolated linearly in fraction; NaN outside the registered grid."""
+        g = np.asarray(fraction, float)
+        out = []
+        for arr in (self.loss, self.lo, self.hi):
+            ok = np.isfinite(arr)
+            if ok.sum() == 0:
+                out.append(np.full(g.shape, np.nan))
+                continue
+            v = np.interp(g, self.fraction[ok], arr[ok], left=np.nan, right=np.nan)
+            out.append(v)
+        return tuple(out)
+
+
+def prereg_forecast(prereg: dict) -> Forecast | None:
+    rows = prereg.get("forecast")
+    if not isinstance(rows, list) or not rows:
+        return None
+    keys = ("fraction", "step", "tokens", "loss", "lo", "hi")
+    cols: dict[str, list[float]] = {k: [] for k in keys}
+    for r in rows:
+        if not isinstance(r, dict):
+            continue
+        vals = {k: as_float(r.get(k)) for k in cols}
+        if vals["fraction"] is None or vals["loss"] is None:
+            continue
+        for k, v in vals.items():
+            cols[k].append(np.nan if v is None else v)
+    if not cols["fraction"]:
+        return None
+    order = np.argsort(cols["fraction"])
+    return Forecast(*(np.asarray(cols[k], float)[order] for k in cols))
+
+
+SEVERITIES = ("info", "warn", "critical")
+
+
+def load_alerts(path: str | os.PathLike) -> list[dict]:
+    """alerts.jsonl rows (tolerant reader: partial last line and corrupt lines skipped)."""
+    return [row for _, row in iter_jsonl(path)]
+
+
+# ----------------------------------------------------------------------------- all inputs
+
+
+@dataclass
+class ReportInputs:
+    rungs: list[RunData]          # the ladder, sorted by planned compute (target excluded)
+    target: RunData | None
+    law: LawView | None
+    prereg: dict | None
+    alerts: list[dict] | None
+    notes: list[str]              # what is missing or could not be used, one line each
+
+    @property
+    def metric(self) -> str:
+        if self.law is not None:
+            return self.law.metric
+        if self.prereg and isinstance(self.prereg.get("metric"), str):
+            return self.prereg["metric"]
+        return DEFAULT_METRIC
+
+    @property
+    def level(self) -> float:
+        if self.prereg:
+            v = as_float(self.prereg.get("band_level"))
+            if v and 0 < v < 1:
+                return v
+        return self.law.level if self.law is not None else DEFAULT_LEVEL
+
+    @property
+    def forecast(self) -> Forecast | None:
+        return prereg_forecast(self.prereg) if self.prereg else None
+
+    @property
+    def target_info(self) -> dict:
+        t = self.prereg.get("target") if self.prereg else None
+        return t if isinstance(t, dict) else {}
+
+    @property
+    def target_name(self) -> str | None:
+        name = self.target_info.get("name")
+        if isinstance(name, str):
+            return name
+        return self.target.name if self.target is not None else None
+
+
+def _same_run(run: RunData, name: str) -> bool:
+    """A run matches a target name given as RUNG, LADDER:RUNG or LADDER/RUNG."""
+    ladder = str(run.summary.get("ladder") or (run.rung.ladder if run.rung is not None else ""))
+    names = {run.name, run.path.name}
+    return name in names or name in {f"{ladder}:{n}" for n in names} | \
+        {f"{ladder}/{n}" for n in names}
+
+
+def load_inputs(runs=None, law=None, prereg=None, alerts=None, target_run=None) -> ReportInputs:
+    notes: list[str] = []
+    all_runs: list[RunData] = []
+    if runs is not None:
+        root = Path(runs)
+        if not root.is_dir():
+            raise InputError("no such runs directory", path=root, exit_code=EX_NOINPUT)
+        dirs = find_run_dirs(root)
+        if not dirs:
+            notes.append(f"no run directories under {root}")
+        all_runs = [load_run(d) for d in dirs]
+    else:
+        notes.append("no runs directory given (--runs): no ladder curves or health")
+
+    law_view = load_law(law)
+    if law_view is None:
+        notes.append("no law given (--law): no fitted curve, no law plot")
+    elif law_view.error:
+        notes.append(law_view.error)
+
+    prereg_obj = None
+    if prereg is not None:
+        prereg_obj = read_json(prereg, schema="prereg") if isinstance(prereg, (str, os.PathLike)) \
+            else dict(prereg)
+    else:
+        notes.append("no pre-registration given (--prereg): no forecast band, no watch plot")
+
+    alert_rows = None
+    if alerts is not None:
+        if isinstance(alerts, (str, os.PathLike)):
+            if Path(alerts).is_file():
+                alert_rows = load_alerts(alerts)
+            else:  # the watcher may write the file only when something fires
+                alert_rows = []
+                notes.append(f"alerts file {alerts} does not exist: read as no alerts")
+        else:
+            alert_rows = [dict(a) for a in alerts]
+    else:
+        notes.append("no alerts given (--alerts)")
+
+    # The target: --target-run, else the run named like the pre-registration's target, else the
+    # one run whose rung spec says is_target.
+    target = None
+    tname = None
+    if prereg_obj and isinstance(prereg_obj.get("target"), dict):
+        tname = prereg_obj["target"].get("name")
+    if target_run is not None:
+        target = load_run(target_run)
+        tpath = target.path.resolve()
+        all_runs = [r for r in all_runs if r.path.resolve() != tpath]
+    else:
+        named = [r for r in all_runs if tname and _same_run(r, str(tname))]
+        flagged = [r for r in all_runs if r.is_target]
+        pick = named or (flagged if len(flagged) == 1 else [])
+        if pick:
+            target = pick[0]
+            all_runs = [r for r in all_runs if r is not target]
+    all_runs = [r for r in all_runs if not r.is_target or r is target]
+    if target is None and (prereg_obj is not None or alerts is not None):
+        notes.append(f"no target run found (looked for {tname!r} in --runs; or pass --target-run)")
+
+    rungs = sorted(all_runs, key=lambda r: (r.compute if r.compute is not None else math.inf,
+                                            r.name))
+    return ReportInputs(rungs=rungs, target=target, law=law_view, prereg=prereg_obj,
+                        alerts=alert_rows, notes=notes)
+
+
+# ----------------------------------------------------------------------------- alert timing
+
+
+def alert_fraction(a: dict, inp: ReportInputs) -> float | None:
+    g = a.get("fraction")
+    if isinstance(g, (int, float)) and math.isfinite(g):
+        return float(g)
+    ti = inp.target_info
+    for key, total in (("step", ti.get("steps")), ("tokens", ti.get("tokens"))):
+        v = a.get(key)
+        if isinstance(v, (int, float)) and isinstance(total, (int, float)) and total > 0:
+            return float(v) / float(total)
+    return None
+
+
+def not_applicable_spans(inp: ReportInputs) -> list[tuple[float, float]]:
+    """Fractions of the run where the forecast did not apply: from each ``not_applicable`` alert to
+    the next alert saying it applies again (kind ``applicable``/``applies``) or the run's end."""
+    spans, start = [], None
+    events = sorted(((g, a) for a in inp.alerts or []
+                     if (g := alert_fraction(a, inp)) is not None),
+                    key=lambda x: x[0])
+    for g, a in events:
+        kind = str(a.get("kind", ""))
+        if kind == "not_applicable" and start is None:
+            start = g
+        elif kind in ("applicable", "applies", "applicable_again") and start is not None:
+            spans.append((start, g))
+            start = None
+    if start is not None:
+        spans.append((start, 1.0))
+    return spans

@@ -1,0 +1,174 @@
+"""The MoE layer: fast vs reference dispatch, exact drop counting, routing weights, bias rules."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from model.config import ModelConfig
+from model.layers import materialize
+from model.moe import (
+    MoE,
+    capacity,
+    dispatch_reference,
+    dispatch_sorted,
+    moe_stats,
+    route,
+    threshold_bias,
+    update_router_bias,
+)
+
+
+def small_cfg(**kw) -> ModelConfig:
+    base = {"vocab_size": 32, "d_model": 16, "n_layers": 1, "n_heads": 2, "head_dim": 8,
+            "n_kv_heads_local": 1, "n_kv_heads_global": 1, "n_experts": 4, "top_k": 2,
+            "n_shared": 1, "expert_dim": 8, "latent_dim": 8, "shared_dim": 8}
+    return ModelConfig(**{**base, **kw})
+
+
+def init_layer(layer, *args, seed=0):
+    return materialize(jax.eval_shape(layer.init, jax.random.key(0), *args)["params"], seed)
+
+
+def run_moe(cfg, x, bias, dispatch, dropless=False, params=None):
+    layer = MoE(cfg, dispatch=dispatch)
+    if params is None:
+        params = init_layer(layer, x, bias)
+    y, aux = jax.jit(lambda p, x, b: layer.apply({"params": p}, x, b, dropless))(params, x, bias)
+    return params, y, aux
+
+
+@pytest.mark.parametrize("capacity_factor,dropless", [(0.5, False), (0.5, True)])
+def test_sorted_dispatch_matches_reference(capacity_factor, dropless):
+    cfg = small_cfg(capacity_factor=capacity_factor)
+    x = jax.random.normal(jax.random.key(1), (2, 24, cfg.d_model))
+    # a skewed bias so that some experts overflow at low capacity
+    bias = jnp.array([1.0, 0.5, 0.0, -0.5])
+    params, y_fast, aux_fast = run_moe(cfg, x, bias, dispatch_sorted, dropless)
+    _, y_ref, aux_ref = run_moe(cfg, x, bias, dispatch_reference, dropless, params)
+    np.testing.assert_allclose(y_fast, y_ref, rtol=1e-5, atol=1e-6)
+    for key in aux_ref:
+        np.testing.assert_allclose(aux_fast[key], aux_ref[key], rtol=1e-6, atol=1e-7)
+    if capacity_factor < 1 and not dropless:
+        assert aux_fast["drop_frac"] > 0.1  # the comparison covered dropping
+    if dropless:
+        assert aux_fast["drop_frac"] == 0
+
+
+def test_capacity_formula():
+    cfg = small_cfg(n_experts=8, top_k=2, capacity_factor=1.25)
+    assert capacity(cfg, 100) == math.ceil(1.25 * 100 * 2 / 8) == 32
+    assert capacity(cfg, 100, dropless=True) == 100
+    assert capacity(small_cfg(n_experts=4, top_k=2, capacity_factor=10.0), 6) == 6  # at most T
+
+
+# A hand-built routing: T=4 tokens, k=2, E=3, capacity 2. Expert 0 is chosen by tokens 0,1,2,3
+# (keeps 0,1), expert 1 by tokens 0,2,3 (keeps 0,2), expert 2 by token 1: 3 of 8 dropped.
+HAND_EXPERT = np.array([[0, 1], [0, 2], [0, 1], [1, 0]], np.int32)
+HAND_KEPT = np.array([[True, True], [True, True], [False, True], [False, False]])
+
+
+@pytest.mark.parametrize("dispatch", [dispatch_sorted, dispatch_reference])
+def test_drops_exact_on_hand_built_routing(dispatch):
+    x = jnp.arange(4 * 3, dtype=jnp.float32).reshape(4, 3) + 1.0       # [T, L], no zero rows
+    scale = jnp.array([1.0, 10.0, 100.0])                  # expert e multiplies by scale[e]
+
+    def expert_fn(buf):                                                # [E, C, L] -> [E, C, L]
+        return buf * scale[:, None, None]
+
+    out, kept = jax.jit(lambda x, e: dispatch(expert_fn, x, e, 3, 2))(x, jnp.asarray(HAND_EXPERT))
+    np.testing.assert_array_equal(kept, HAND_KEPT)
+    expert_scale = np.asarray(scale)[HAND_EXPERT][..., None]          # [T, k, 1]
+    want = np.where(HAND_KEPT[..., None], np.asarray(x)[:, None, :] * expert_scale, 0.0)
+    np.testing.assert_allclose(out, want)
+
+    cfg = small_cfg(n_experts=3, top_k=2)
+    routing_logits = jnp.zeros((4, 3))
+    stats = moe_stats(cfg, routing_logits, route(cfg, routing_logits, jnp.zeros(3))._replace(
+        expert=jnp.asarray(HAND_EXPERT)), kept)
+    assert float(stats["drop_frac"]) == pytest.approx(3 / 8, abs=0)
+    np.testing.assert_array_equal(stats["load"], [4, 3, 1])
+
+
+def test_dropless_drops_nothing_where_capacity_drops_half():
+    # the bias forces every token onto experts 0 and 1: with T=8, k=2, E=4 and capacity factor 1
+    # each expert has ceil(8*2/4) = 4 slots, so experts 0 and 1 keep 4 of 8 each: half dropped
+    cfg = small_cfg(capacity_factor=1.0)
+    x = jax.random.normal(jax.random.key(2), (1, 8, cfg.d_model))
+    bias = jnp.array([100.0, 50.0, 0.0, 0.0])
+    params, y_drop, aux_drop = run_moe(cfg, x, bias, dispatch_sorted)
+    _, y_all, aux_all = run_moe(cfg, x, bias, dispatch_sorted, dropless=True, params=params)
+    assert float(aux_drop["drop_frac"]) == 0.5
+    assert float(aux_all["drop_frac"]) == 0.0
+    np.testing.assert_array_equal(aux_all["load"], [8, 8, 0, 0])
+    # the first 4 tokens won their slots, so their outputs agree; the last 4 lost both experts
+    np.testing.assert_allclose(y_drop[:, :4], y_all[:, :4], rtol=1e-5, atol=1e-6)
+    assert not np.allclose(y_drop[:, 4:], y_all[:, 4:])
+
+
+def test_combine_weights_use_unbiased_logits():
+    cfg = small_cfg(n_experts=3, top_k=2, route_scale=2.5)
+    logits = jnp.array([[1.0, 2.0, 3.0]])
+    r = route(cfg, logits, jnp.array([10.0, 0.0, 0.0]))        # the bias makes expert 0 win
+    assert sorted(np.asarray(r.expert[0]).tolist()) == [0, 2]
+    s = 1 / (1 + np.exp(-np.array([1.0, 3.0])))
+    want = dict(zip([0, 2], 2.5 * s / s.sum(), strict=True))
+    got = dict(zip(np.asarray(r.expert[0]).tolist(), np.asarray(r.weight[0]).tolist(),
+                   strict=True))
+    assert got == pytest.approx(want, rel=1e-6)
+    r = route(small_cfg(n_experts=3, top_k=2, combine="softmax", route_scale=1.0), logits,
+              jnp.zeros(3))
+    np.testing.assert_allclose(r.weight[0], [np.exp(1) / (1 + np.exp(1)), 1 / (1 + np.exp(1))],
+                               rtol=1e-6)  # experts 2 then 1
+
+
+def test_threshold_bias_hand_computed():
+    # k=1, E=2, T=4: n = T*k/E = 2. Expert 0's 2nd-largest logit is 3, expert 1's is 2:
+    # bias = (-3, -2), centred -> (-0.5, 0.5)
+    logits = jnp.array([[4.0, 0.0], [3.0, 1.0], [2.0, 5.0], [1.0, 2.0]])
+    np.testing.assert_allclose(threshold_bias(logits, 1), [-0.5, 0.5])
+
+
+def test_bias_rules_move_only_by_their_rule():
+    bias = jnp.array([[0.1, -0.2, 0.3, 0.0]])
+    load = jnp.array([[10.0, 30.0, 20.0, 20.0]])                  # mean 20
+    target = jnp.array([[1.0, 2.0, -3.0, 0.0]])
+    stats = {"moe/load": load, "moe/bias_target": target}
+    u = 0.01
+    def update(**kw):
+        return update_router_bias(small_cfg(**kw), bias, stats)
+
+    np.testing.assert_allclose(update(bias_rule="sign", bias_rate=u),
+                               [[0.1 + u, -0.2 - u, 0.3, 0.0]], rtol=1e-6)
+    np.testing.assert_array_equal(update(bias_rule="threshold"), target)
+    np.testing.assert_array_equal(update(bias_rule="none"), bias)
+
+
+def _balance(rule: str, steps: int = 300, tokens: int = 2048):
+    """Route skewed logits (expert e gets a +1.5 .. -1.5 offset) for ``steps`` steps, updating the
+    bias by ``rule`` after each; return the mean load over the last 50 steps and the first
+    step's load."""
+    E = 8
+    cfg = small_cfg(n_experts=E, top_k=2, bias_rule=rule, bias_rate=0.01)
+    skew = jnp.linspace(1.5, -1.5, E)
+
+    def step(bias, key):
+        logits = jax.random.normal(key, (tokens, E)) + skew          # [T, E]
+        r = route(cfg, logits, bias[0])
+        s = moe_stats(cfg, logits, r, jnp.ones_like(r.expert, bool))
+        stats = {"moe/load": s["load"][None], "moe/bias_target": s["bias_target"][None]}
+        return update_router_bias(cfg, bias, stats), s["load"]
+
+    keys = jax.random.split(jax.random.key(3), steps)
+    _, loads = jax.jit(lambda b: jax.lax.scan(step, b, keys))(jnp.zeros((1, E)))
+    return np.asarray(loads[-50:].mean(0)), np.asarray(loads[0])
+
+
+@pytest.mark.parametrize("rule", ["threshold", "sign"])
+def test_bias_rule_balances_skewed_load(rule):
+    final, first = _balance(rule)
+    uniform = final.mean()
+    assert first.max() / first.mean() > 2          # the skew really unbalanced the start
+    assert np.all(np.abs(final / uniform - 1) < 0.10), final / uniform

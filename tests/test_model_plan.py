@@ -1,0 +1,86 @@
+"""`ladder plan`: memory and time per step from abstract shapes, consistent with the counter."""
+
+import json
+import math
+
+import pytest
+
+from ladder.cli import main
+from ladder.counting import count_params
+from ladder.plan import GB200_BF16_DENSE_FLOPS, make_mesh, plan_rung
+from ladder.specs import LADDERS
+
+
+def test_plan_marin_first_rung_on_8_devices():
+    rung = LADDERS["marin-535b"].get("1.6B-A61M")
+    cfg = rung.model
+    p = plan_rung(rung, 8)
+    counted = count_params(cfg)
+    # 384 experts, 8 devices: the whole mesh is the expert axis
+    assert (p.data_parallel, p.expert_parallel) == (1, 8)
+    # the abstract parameter tree (+ router bias) is exactly what the counter counts
+    assert p.params_exact == counted.total
+    assert (p.params, p.active_params) == (rung.params.total, rung.params.active)
+    assert p.active_params == pytest.approx(60.56e6, rel=5e-3)   # the published size
+    # FLOPs per step: 3 x forward x tokens per step, from the counter
+    tokens = 1024 * 4096
+    assert p.tokens_per_step == tokens and p.tokens_per_device == tokens
+    assert p.flops_per_step == pytest.approx(3 * rung.flops.forward * tokens, rel=1e-12)
+    assert p.flops_per_step_no_lm_head * rung.steps == pytest.approx(2.650e19, rel=1e-2)
+    # memory: routed experts split 8 ways, everything else (router bias too) replicated, f32
+    bias = cfg.n_layers * cfg.n_experts
+    trained = counted.total - bias - counted.routed_experts + counted.routed_experts / 8
+    assert p.param_bytes == pytest.approx(4 * (trained + bias))
+    assert p.grad_bytes == pytest.approx(4 * trained)
+    assert p.optimizer_bytes == pytest.approx(8 * trained)
+    assert p.activation_bytes == pytest.approx(1024 * p.activation_bytes_per_sequence)
+    assert p.step_time_s == pytest.approx(p.flops_per_step / (8 * 2.5e15 * 0.4))
+    assert p.run_time_s == pytest.approx(rung.steps * p.step_time_s)
+
+
+def test_plan_tiny_hand_computed():
+    rung = LADDERS["tiny"].rungs[0]
+    cfg = rung.model
+    assert (cfg.d_model, cfg.n_layers, cfg.q_dim, cfg.head_dim, cfg.n_kv_heads_local,
+            cfg.n_kv_heads_global, cfg.n_experts, cfg.top_k, cfg.latent_dim, cfg.expert_dim,
+            cfg.n_shared, cfg.shared_dim, cfg.vocab_size, rung.seq_len, rung.batch) == \
+        (16, 2, 16, 8, 1, 1, 4, 2, 8, 8, 1, 8, 256, 64, 4)
+    p = plan_rung(rung, 8, peak_flops=1e12, mfu=0.5)
+    assert (p.data_parallel, p.expert_parallel) == (2, 4)
+    assert p.tokens_per_device == 2 * 64
+    # per token and layer: 4*16 + 3*16 + 3*8 + 2*2 + 2*4 + 3*8 + 1.25*2*(2*8 + 3*8) + 3*8 = 296;
+    # two layers + 2*16 + 2*256 = 1136 elements, bf16
+    assert p.activation_bytes_per_sequence == 1136 * 2 * 64
+    assert p.activation_bytes == 2 * 1136 * 2 * 64
+    assert p.step_time_s == pytest.approx(p.flops_per_step / (8 * 1e12 * 0.5))
+    assert p.params_exact == count_params(cfg).total
+
+
+def test_mesh_choice_and_errors():
+    assert make_mesh(8, 384) == make_mesh(8, 384, 8)
+    m = make_mesh(792, 384)              # 11 racks of 72: gcd(792, 384) = 24
+    assert (m.data, m.expert) == (33, 24)
+    assert make_mesh(6, 4).expert == 2
+    with pytest.raises(ValueError, match="^expert_parallel:"):
+        make_mesh(8, 384, 3)
+    with pytest.raises(ValueError, match="^devices:"):
+        make_mesh(0, 8)
+    # an uneven batch split plans for the most loaded device
+    p = plan_rung(LADDERS["tiny"].rungs[0], 3, expert_parallel=1)
+    assert p.tokens_per_device == math.ceil(4 / 3) * 64
+
+
+def test_plan_cli_json_and_errors(capsys):
+    assert main(["plan", "tiny", "--devices", "8", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in rows] == [r.name for r in LADDERS["tiny"].all]
+    for r in rows:
+        assert r["peak_flops"] == GB200_BF16_DENSE_FLOPS and r["mfu"] == 0.4
+        assert r["total_bytes"] == pytest.approx(r["param_bytes"] + r["grad_bytes"]
+                                                 + r["optimizer_bytes"] + r["activation_bytes"])
+    assert main(["plan", "tiny:12.8K-A3.8K", "--devices", "2"]) == 0
+    assert "12.8K-A3.8K" in capsys.readouterr().out
+    assert main(["plan", "tiny", "--devices", "8", "--expert-parallel", "3"]) == 64
+    assert "--expert-parallel" in capsys.readouterr().err
+    assert main(["plan", "tiny", "--mfu", "0"]) == 64
+    assert main(["plan", "nosuch"]) == 64

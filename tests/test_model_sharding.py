@@ -1,0 +1,51 @@
+"""The model under a (data x expert) device mesh matches one device (8 host CPU devices)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SCRIPT = textwrap.dedent("""
+    import jax, jax.numpy as jnp, numpy as np
+    from functools import partial
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    from flax.traverse_util import flatten_dict, unflatten_dict
+    from ladder.specs import LADDERS
+    import model
+    from model.transformer import param_group
+
+    assert jax.device_count() == 8
+    cfg = LADDERS["tiny"].rungs[0].model.replace(n_experts=8)
+    params, bias = model.init(cfg, 0)
+    tokens = jax.random.randint(jax.random.key(1), (4, 32), 0, cfg.vocab_size)
+    step = jax.jit(jax.value_and_grad(partial(model.loss_fn, cfg), has_aux=True))
+    (loss1, _), grads1 = step(params, bias, tokens, tokens)
+
+    # GSPMD ("Auto" axes): routed experts split on "expert", batch on "data", the rest replicated
+    mesh = jax.make_mesh((2, 4), ("data", "expert"), axis_types=(AxisType.Auto,) * 2)
+    def place(path, x):
+        spec = P("expert") if param_group(path) == "routed_experts" else P()
+        return jax.device_put(x, NamedSharding(mesh, spec))
+    sharded = unflatten_dict({k: place(k, v) for k, v in flatten_dict(params).items()})
+    with jax.set_mesh(mesh):
+        toks = jax.device_put(tokens, NamedSharding(mesh, P("data")))
+        (loss8, _), grads8 = step(sharded, bias, toks, toks)
+    np.testing.assert_allclose(loss8, loss1, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(grads8), jax.tree.leaves(grads1)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+    g = grads8["layer_0"]["moe"]["experts"]["gate"]
+    assert g.sharding.spec == P("expert"), g.sharding
+    print("ok")
+""")
+
+
+@pytest.mark.slow
+def test_data_expert_mesh_matches_one_device():
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+           "JAX_PLATFORMS": "cpu"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", SCRIPT], cwd=root, env=env, capture_output=True,
+                         text=True, timeout=600, check=False)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
