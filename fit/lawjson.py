@@ -147,7 +147,8 @@ def _array(v, shape, where, field):
         a = np.array(v, dtype=float)
     except (TypeError, ValueError):
         raise InputError("expected numbers", path=where, field=field) from None
-    if a.ndim != len(shape) or any(s is not None and s != d for s, d in zip(shape, a.shape)):
+    if a.ndim != len(shape) or any(s is not None and s != d
+                                   for s, d in zip(shape, a.shape, strict=True)):
         raise InputError(f"expected shape {shape}, got {a.shape}", path=where, field=field)
     if not np.all(np.isfinite(a)):
         raise InputError("non-finite values", path=where, field=field)

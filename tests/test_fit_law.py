@@ -257,3 +257,13 @@ def test_per_fraction_law_roundtrips_json():
         assert float(a.hi) == pytest.approx(float(b.hi), rel=1e-12)
     with pytest.raises(InputError, match="outside the fitted range"):
         back.predict(compute=1e22, fraction=0.1)
+
+
+def test_trajectory_below_the_fitted_fractions_has_no_band():
+    res = fit_law(_trajectory_table(TRUTH, noise=0.002), form="trajectory", bootstrap=30,
+                  backtest=False)
+    g = np.array([0.01, 0.03, 0.05, 0.5, 1.0])
+    with pytest.warns(UserWarning, match="no band below fraction 0.05"):
+        p = res.predict(compute=1e21 * g, fraction=g)
+    assert np.all(np.isnan(p.lo[:2])) and np.all(np.isfinite(p.lo[2:]))
+    assert np.all(np.diff(p.loss) <= 0) and np.all(np.isfinite(p.loss))
