@@ -125,17 +125,16 @@ class FitResult:
         below = None
         if "fraction" in cols and fr and as_float(fr[0]) is not None:
             # below the smallest fitted fraction nothing was measured: the early-transient
-            # factor is held at its value there (1/g would otherwise explode) and the band is
-            # missing, loudly
+            # factor is held at its value there (1/g would otherwise explode), and a warning
+            # says that these points are extrapolated
             flat["fraction_floor"] = float(as_float(fr[0]))
             below = flat["fraction"] < flat["fraction_floor"] - 1e-9
+        if below is not None and below.any():
+            warnings.warn(f"{self.form} law: fractions below {flat['fraction_floor']:g}, the "
+                          "smallest fitted, are extrapolated", stacklevel=2)
         model = Model(self.spec.form, self.spec.form.features(flat))
         center = model.log_predict(self.u[None])[0]
         lo, hi = self._band(model, center, level, np.broadcast_to(extra_log_sigma, shape).ravel())
-        if below is not None and below.any():
-            warnings.warn(f"{self.form} law: no band below fraction {flat['fraction_floor']:g}, "
-                          "the smallest fitted (extrapolation)", stacklevel=2)
-            lo, hi = np.where(below, np.nan, lo), np.where(below, np.nan, hi)
         return Prediction(loss=np.exp(center).reshape(shape), lo=lo.reshape(shape),
                           hi=hi.reshape(shape), level=level)
 

@@ -259,11 +259,16 @@ def test_per_fraction_law_roundtrips_json():
         back.predict(compute=1e22, fraction=0.1)
 
 
-def test_trajectory_below_the_fitted_fractions_has_no_band():
+def test_trajectory_below_the_fitted_fractions_is_flagged_and_stays_sane():
     res = fit_law(_trajectory_table(TRUTH, noise=0.002), form="trajectory", bootstrap=30,
                   backtest=False)
-    g = np.array([0.01, 0.03, 0.05, 0.5, 1.0])
-    with pytest.warns(UserWarning, match="no band below fraction 0.05"):
+    g = np.array([0.001, 0.01, 0.03, 0.05, 0.5, 1.0])
+    with pytest.warns(UserWarning, match="below 0.05, the smallest fitted, are extrapolated"):
         p = res.predict(compute=1e21 * g, fraction=g)
-    assert np.all(np.isnan(p.lo[:2])) and np.all(np.isfinite(p.lo[2:]))
-    assert np.all(np.diff(p.loss) <= 0) and np.all(np.isfinite(p.loss))
+    assert np.all(np.diff(p.loss) <= 0) and np.all(np.isfinite(p.lo))
+    # the 1/g transient is held at its 5% value (1/0.05 - 1 = 19): no explosion at 0.1%
+    q = res.params
+    g0 = 0.001
+    held = q["E"] + q["A"] * 1e21 ** -q["alpha"] * g0 ** -q["gamma"] * math.exp(
+        q["c0"] * 19 + q["c1"] * (1 - g0) + q["c2"] * (1 - g0) ** 2)
+    assert p.loss[0] == pytest.approx(held, rel=1e-9)
