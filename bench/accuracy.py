@@ -26,7 +26,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's fit/, not an installed copy
 
-from fit import fit_law, isoflop_approach2, load_points
+from fit import fit_law, isoflop_approach2, load_points  # noqa: E402
 
 
 class Skip(Exception):
@@ -182,7 +182,7 @@ def olmo_curves(anchors: Path, xc: str = "1xC") -> pd.DataFrame:
         loss = np.exp(np.interp(g, frac, np.log(d[C4].to_numpy())))
         rows += [{"run": size, "params": N, "tokens": gi * tokens,
                   "compute": 6 * N * gi * tokens, "fraction": gi, "loss": li}
-                 for gi, li in zip(g, loss)]
+                 for gi, li in zip(g, loss, strict=True)]
     return pd.DataFrame(rows)
 
 

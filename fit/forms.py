@@ -112,7 +112,11 @@ def _feat_trajectory(c):
     g = np.asarray(c["fraction"], dtype=float)
     logCT = _log(c["compute"]) - np.log(g)
     one_minus = 1.0 - g
-    return {"one": _one(len(g)), "logCT": logCT, "neglogg": -np.log(g), "r1": 1.0 / g - 1.0,
+    # the early-transient feature is held constant below ``fraction_floor`` (the smallest
+    # fitted fraction, passed at prediction time): no data constrains 1/g - 1 there
+    floor = c.get("fraction_floor")
+    r1 = 1.0 / (g if floor is None else np.maximum(g, floor)) - 1.0
+    return {"one": _one(len(g)), "logCT": logCT, "neglogg": -np.log(g), "r1": r1,
             "q1": one_minus, "q2": one_minus ** 2}
 
 
@@ -362,10 +366,10 @@ class Model:
     def objective(self, U, logy, W, delta):
         """Summed Huber of log residuals and its gradient wrt U: f (S,), G (S, P).
 
-        ``W`` is None (unweighted) or (S, n) point weights (bootstrap counts). Not max-shifted: the terms
-        are exponentiated directly (a constant term costs (S, 1), not (S, n)), which is 3x
-        cheaper; parameters for which a term over- or underflows give a non-finite f, which the
-        solver's line search rejects.
+        ``W`` is None (unweighted) or (S, n) point weights (bootstrap counts). Not max-shifted:
+        the terms are exponentiated directly (a constant term costs (S, 1), not (S, n)), which
+        is 3x cheaper; parameters for which a term over- or underflows give a non-finite f,
+        which the solver's line search rejects.
         """
         V = self._values(U)
         ek = [self._term(V, t) for t in self.terms]
@@ -391,7 +395,7 @@ class Model:
             scaled *= W
         ssum = None
         G = np.zeros_like(U)
-        for e, (entries, X) in zip(ek, self._term_mats):
+        for e, (entries, X) in zip(ek, self._term_mats, strict=True):
             if e.shape[1] == 1:            # constant term: sum_i scaled_i * e
                 if ssum is None:
                     ssum = scaled.sum(axis=1)
@@ -399,7 +403,7 @@ class Model:
             else:                          # all of this term's sums in one matmul
                 e *= scaled
                 sums = e @ X
-            for col, (p, x, mult) in enumerate(entries):
+            for col, (p, _x, mult) in enumerate(entries):
                 G[:, p] += mult * sums[:, col]
         if self.positive.any():
             G[:, self.positive] *= V[:, self.positive]

@@ -34,7 +34,7 @@ from scipy.special import ndtri, stdtrit  # quantiles; scipy.stats takes 0.6 s t
 
 from fit.forms import FORMS, Form, Model, Spec, get_form
 from fit.solver import STATUS, lbfgs
-from ladder.io import InputError, sha256_of
+from ladder.io import InputError, as_float, sha256_of
 
 SCHEMA = "law/1"
 HUBER_DELTA = 1e-3
@@ -120,11 +120,18 @@ class FitResult:
                                         extra_log_sigma)
         cols = self._columns(params, active_params, tokens, compute, fraction)
         shape = np.broadcast(*cols.values()).shape
-        fr = self.diagnostics.get("fraction_range")
-        if "fraction" in cols and fr and np.any(cols["fraction"] < fr[0] - 1e-9):
-            warnings.warn(f"{self.form} law: fractions below {fr[0]:g}, the smallest fitted, "
-                          "are extrapolated", stacklevel=2)
         flat = {k: np.broadcast_to(v, shape).ravel() for k, v in cols.items()}
+        fr = self.diagnostics.get("fraction_range")
+        below = None
+        if "fraction" in cols and fr and as_float(fr[0]) is not None:
+            # below the smallest fitted fraction nothing was measured: the early-transient
+            # factor is held at its value there (1/g would otherwise explode), and a warning
+            # says that these points are extrapolated
+            flat["fraction_floor"] = float(as_float(fr[0]))
+            below = flat["fraction"] < flat["fraction_floor"] - 1e-9
+        if below is not None and below.any():
+            warnings.warn(f"{self.form} law: fractions below {flat['fraction_floor']:g}, the "
+                          "smallest fitted, are extrapolated", stacklevel=2)
         model = Model(self.spec.form, self.spec.form.features(flat))
         center = model.log_predict(self.u[None])[0]
         lo, hi = self._band(model, center, level, np.broadcast_to(extra_log_sigma, shape).ravel())
@@ -540,7 +547,7 @@ def _centering(spec, model) -> np.ndarray:
 def _distinct(X, f, phi, k: int = 4, rtol: float = 1e-3):
     """Up to ``k`` distinct minima (first = the polished optimum) for warm starts."""
     keep = [np.asarray(phi, dtype=float)]
-    for x, fx in zip(X, f):
+    for x, fx in zip(X, f, strict=True):
         if not np.isfinite(fx) or len(keep) >= k:
             continue
         if all(np.max(np.abs(x - y) / (1 + np.abs(y))) > rtol for y in keep):

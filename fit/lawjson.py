@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from fit.forms import FORMS, Spec, get_form
-from ladder.io import InputError, to_jsonable
+from ladder.io import InputError, as_float, to_jsonable
 
 SCHEMA = "law/1"
 
@@ -111,8 +111,9 @@ def from_json(obj: dict, *, path=None):
                                  field=prefix + "uncertainty." + name)
         level = unc.get("level", 0.9)
         return {"spec": spec, "metric": metric, "u": u, "level": level,
-                    "params_column": fit.get("params_column", "params"), "boot_u": boot, "cov": cov,
-                    "sigma": sigma, "dof": dof, "intervals": unc.get("intervals") or {}}
+                "params_column": fit.get("params_column", "params"), "boot_u": boot, "cov": cov,
+                "sigma": sigma, "dof": dof,
+                "intervals": _intervals(unc.get("intervals"), where, prefix)}
 
     unc = need(obj, "uncertainty", dict)
     top = one(obj, unc, "")
@@ -130,12 +131,24 @@ def from_json(obj: dict, *, path=None):
                      by=obj.get("by"), groups=groups)
 
 
+def _intervals(obj, where, prefix) -> dict:
+    """name -> [lo, hi] as floats ("NaN" strings, as written for missing intervals, to NaN)."""
+    out = {}
+    for name, iv in (obj or {}).items():
+        if not isinstance(iv, list) or len(iv) != 2 or any(as_float(x) is None for x in iv):
+            raise InputError("expected [lo, hi]", path=where,
+                             field=f"{prefix}uncertainty.intervals.{name}")
+        out[name] = [as_float(iv[0]), as_float(iv[1])]
+    return out
+
+
 def _array(v, shape, where, field):
     try:
         a = np.array(v, dtype=float)
     except (TypeError, ValueError):
         raise InputError("expected numbers", path=where, field=field) from None
-    if a.ndim != len(shape) or any(s is not None and s != d for s, d in zip(shape, a.shape)):
+    if a.ndim != len(shape) or any(s is not None and s != d
+                                   for s, d in zip(shape, a.shape, strict=True)):
         raise InputError(f"expected shape {shape}, got {a.shape}", path=where, field=field)
     if not np.all(np.isfinite(a)):
         raise InputError("non-finite values", path=where, field=field)

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import math
 
+from ladder.io import as_float
+
 
 def _g(x, fmt="{:.4g}"):
-    if x is None or isinstance(x, float) and not math.isfinite(x):
+    x = as_float(x)  # law.json writes non-finite numbers as "NaN" strings
+    if x is None or not math.isfinite(x):
         return "n/a"
     return fmt.format(x)
 
 
 def _pct(x):
-    return "n/a" if x is None else f"{100 * x:+.2f}%"
+    x = as_float(x)
+    return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:+.2f}%"
 
 
 def report(r) -> str:

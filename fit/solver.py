@@ -155,7 +155,7 @@ def _two_loop(g, s_hist, y_hist, rho, k, m):
             gamma[use] = 1.0 / (rho[use, j] * yy)
             found |= use
     r = gamma[:, None] * q
-    for j, a in zip(reversed(order), reversed(alphas)):
+    for j, a in zip(reversed(order), reversed(alphas), strict=True):
         b = rho[:, j] * (y_hist[:, j] * r).sum(axis=1)
         r += (a - b)[:, None] * s_hist[:, j]
     return -r

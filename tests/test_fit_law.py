@@ -1,6 +1,7 @@
 """The fitter against known truth: the real ladder's published fit, synthetic laws with known
 parameters, hand-checkable refusals and bands."""
 
+import json
 import math
 import warnings
 
@@ -150,6 +151,8 @@ def test_band_without_degrees_of_freedom_is_nan_and_loud():
     with pytest.warns(UserWarning, match="band unavailable"):
         p = res.predict(compute=1e24)
     assert np.isfinite(p.loss) and np.isnan(p.lo) and np.isnan(p.hi)
+    back = FitResult.from_json(json.loads(json.dumps(res.to_json())))  # NaN intervals as text
+    assert math.isnan(back.intervals["A"][0]) and "n/a" in back.report()
 
 
 def test_backtest_errors_are_reported():
@@ -188,6 +191,7 @@ def test_roundtrip_json():
                 "inputs", "diagnostics", "created", "tool_version"):
         assert key in obj
     back = FitResult.from_json(obj)
+    assert back.report().splitlines()[0] == res.report().splitlines()[0]
     a, b = res.predict(compute=[1e23, 1e24]), back.predict(compute=[1e23, 1e24])
     np.testing.assert_allclose(a.loss, b.loss, rtol=1e-12)
     np.testing.assert_allclose(a.hi, b.hi, rtol=1e-12)
@@ -253,3 +257,18 @@ def test_per_fraction_law_roundtrips_json():
         assert float(a.hi) == pytest.approx(float(b.hi), rel=1e-12)
     with pytest.raises(InputError, match="outside the fitted range"):
         back.predict(compute=1e22, fraction=0.1)
+
+
+def test_trajectory_below_the_fitted_fractions_is_flagged_and_stays_sane():
+    res = fit_law(_trajectory_table(TRUTH, noise=0.002), form="trajectory", bootstrap=30,
+                  backtest=False)
+    g = np.array([0.001, 0.01, 0.03, 0.05, 0.5, 1.0])
+    with pytest.warns(UserWarning, match="below 0.05, the smallest fitted, are extrapolated"):
+        p = res.predict(compute=1e21 * g, fraction=g)
+    assert np.all(np.diff(p.loss) <= 0) and np.all(np.isfinite(p.lo))
+    # the 1/g transient is held at its 5% value (1/0.05 - 1 = 19): no explosion at 0.1%
+    q = res.params
+    g0 = 0.001
+    held = q["E"] + q["A"] * 1e21 ** -q["alpha"] * g0 ** -q["gamma"] * math.exp(
+        q["c0"] * 19 + q["c1"] * (1 - g0) + q["c2"] * (1 - g0) ** 2)
+    assert p.loss[0] == pytest.approx(held, rel=1e-9)
