@@ -205,7 +205,34 @@ def olmo_trajectory(anchors: Path) -> list[Row]:
     return out
 
 
-ROWS = [epoch_chinchilla, porian_tuned, gadre_overtraining, olmo_13b, olmo_trajectory]
+def _curve_rows(fn):
+    """Adapt a row of bench/accuracy_curves.py (schedule-aware curve laws, issue #6) to ``Row``."""
+    def rows(anchors: Path) -> list[Row]:
+        r = fn(anchors)
+        if "skipped" in r:
+            raise Skip(r["skipped"])
+        d = r["detail"]
+        if isinstance(r["published"], dict):  # Luo et al.: one row per model size
+            return [Row(f"Luo 2025 multi-power, {size}", "held-out schedules mean err",
+                        v["mean_rel_error"], v["published"], target="<= 0.2%",
+                        ok=v["mean_rel_error"] <= 0.002, note="relative error (fraction)")
+                    for size, v in d["per_size"].items()]
+        return [Row("Schaipp 2025 cooldown fractions", "discordant pairs", float(r["value"]),
+                    0.0, target="0 (order matches)", ok=bool(r["passed"]),
+                    note=f"{d['pairs_compared']} pairs, exact order at "
+                         f"{d['predicted_horizons_with_exact_order']} predicted horizons")]
+    rows.__name__ = fn.__name__
+    return rows
+
+
+def _curve_row_functions():
+    from bench import accuracy_curves
+
+    return [_curve_rows(fn) for fn in accuracy_curves.ROWS]
+
+
+ROWS = [epoch_chinchilla, porian_tuned, gadre_overtraining, olmo_13b, olmo_trajectory,
+        *_curve_row_functions()]
 
 
 def main(argv=None) -> int:
