@@ -44,7 +44,7 @@ class Schedule:
         """LR at ``step`` (0-based) of ``steps`` as a fraction of the peak."""
         end = max(1.0, self.decay_end * steps)
         warm = self.warmup * steps
-        if warm > 0 and step < warm:  # capped: a warmup shorter than one step starts at peak
+        if warm > 0 and step < warm:  # capped: a warmup shorter than one step must not overshoot
             return min(1.0, (step + 1) / warm)
         if step >= end:
             return self.min_lr_frac
@@ -285,18 +285,22 @@ MARIN_RECIPE = Recipe(
 # The same recipe shape, shrunk so that 4 rungs and a proxy hero train on 2 CPU cores in minutes:
 # byte vocabulary, 8 experts top-2 + 1 shared, seq 128 with a 64-token local window (the real
 # window is half the sequence too). Tokens per active parameter = 10, so that the whole ladder
-# trains in minutes; the proxy hero is ~9x the compute of the largest rung (the issue asks for
-# 8-30x). The LR rule is the real one.
+# trains in minutes; the proxy hero is 8.5x the compute of the largest rung (the issue asks for
+# 8-30x). The LR rule is the real one. Widths 32/40/48/64 at 2 layers span 10x in compute; d must
+# be a multiple of d/16 heads (56 is not). Measured (trainer issue #3): the whole ladder is ~330
+# CPU-seconds (user+sys) on this 2-core machine; final dropless losses 2.69, 2.64, 2.48, 2.33 and
+# 1.98 for the proxy hero, i.e. falling with compute.
 CPU_RECIPE = Recipe(
     vocab_size=256, seq_len=128, head_dim=16, n_experts=8, top_k=2, n_shared=1,
     tokens_per_active=10, batch_per_unit=16, lr_coef=0.087571, lr_tokens_exp=-0.3461,
     lr_d_exp=-0.3448, local_window=64,
 )
 
-# A ladder for tests: seconds on one core.
+# A ladder for tests: seconds on one core (366 steps in all; batch 8 halves the steps of batch 4
+# for the same tokens, and a CPU step this small costs about the same at either batch).
 TINY_RECIPE = Recipe(
     vocab_size=256, seq_len=64, head_dim=8, n_experts=4, top_k=2, n_shared=1,
-    tokens_per_active=4, batch_per_unit=4, lr_coef=0.087571, lr_tokens_exp=-0.3461,
+    tokens_per_active=4, batch_per_unit=8, lr_coef=0.087571, lr_tokens_exp=-0.3461,
     lr_d_exp=-0.3448, local_window=32, eval_every=0.25,
 )
 
@@ -312,12 +316,12 @@ def _builtin() -> dict[str, Ladder]:
     cpu = make_ladder(
         "cpu", "the hero recipe shrunk for 2 CPU cores: 4 rungs and a proxy hero, byte vocabulary",
         CPU_RECIPE,
-        [Dials(32, 2), Dials(40, 2), Dials(48, 3), Dials(64, 3)],
-        Dials(96, 5, 2),
+        [Dials(32, 2), Dials(40, 2), Dials(48, 2), Dials(64, 2)],
+        Dials(80, 4, 2),
     )
     tiny = make_ladder(
         "tiny", "for tests: seconds on one core", TINY_RECIPE,
-        [Dials(16, 2), Dials(24, 2), Dials(32, 2)], Dials(48, 3),
+        [Dials(16, 2), Dials(24, 2), Dials(32, 2)], Dials(40, 2),
     )
     return {lad.name: lad for lad in (marin, cpu, tiny)}
 
