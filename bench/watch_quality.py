@@ -7,7 +7,8 @@ offsets, eval noise), and optionally on real ladder runs (``--runs DIR``):
    without each rung; the held-out rung's eval points inside the combined band);
 2. false-alarm rate on held-out healthy runs of a target beyond the ladder (target: none);
 3. detection rate and latency (in evals after onset; one eval per 1% of the run) for injected
-   faults: loss +2% from 50% on, a slow upward drift, a NaN, a token-drop-fraction jump;
+   faults: loss +2% from 50% on, a slow upward drift, a NaN, a token-drop-fraction jump, an LR
+   spike (train loss +10% within 3 steps; caught by the spike rule) and a router collapse;
 4. speed: judging a 1M-line metrics file, next to the time to merely json-parse its lines.
 
     PYTHONPATH=. .venv/bin/python bench/watch_quality.py [--quick] [--runs DIR]
@@ -154,10 +155,12 @@ def main(argv=None):
     faults = {"shift +2% at 50%": sy.Fault("shift", 0.5, 0.02),
               "drift to +3% (30%->end)": sy.Fault("drift", 0.3, 0.03),
               "NaN at 60%": sy.Fault("nan", 0.6),
-              "drop frac 3%->15% at 40%": sy.Fault("drop", 0.4, 0.15)}
+              "drop frac 3%->15% at 40%": sy.Fault("drop", 0.4, 0.15),
+              "LR x10 at 60% (loss +10%)": sy.Fault("lrspike", 0.6, 0.10),
+              "router collapse at 50%": sy.Fault("collapse", 0.5, 0.2)}
     fault_kinds = {"shift": ("above_band", "trend"), "drift": ("above_band", "trend"),
                    "nan": ("nan",),
-                   "drop": ("drop_frac",)}
+                   "drop": ("drop_frac",), "lrspike": ("spike",), "collapse": ("router",)}
     levels = (0.99, 0.9)
     false_any = {lv: 0 for lv in levels}
     false_kinds: dict[str, int] = {}

@@ -1196,7 +1196,7 @@ def _level_signal(kind, key, sev, value, ref, b: Batch, frac, tokens, st, emit, 
                            sev_name, value=_opt(value[at]),
                            expected=None if ref is None else _opt(ref[at]),
                            direction="above" if kind != "router" else None,
-                           message=describe(at, level) + f" ({key})"))
+                           message=describe(at, level) + f" ({key})", extra={"key": key}))
         elif level < s["level"]:
             need = cfg.k_health_clear if level == 0 else cfg.k_health
             if total >= need:
