@@ -306,11 +306,20 @@ class Batch:
 
     @classmethod
     def from_rows(cls, rows: Iterable[Mapping], *, keys: Iterable[str] | None = None,
-                  keep=None) -> Batch:
+                  keep=None, nan_tokens: bool = True) -> Batch:
         """Columns from row dicts (as read from JSONL/CSV/W&B). A row with a ``config`` dict is a
         configuration; rows without a numeric ``step`` are skipped with a note. Within the batch
-        a repeated step keeps its last row (a resumed run re-logs steps: last one wins)."""
+        a repeated step keeps its last row (a resumed run re-logs steps: last one wins).
+
+        ``nan_tokens=False`` is the caller's guarantee that no value was *written* as NaN (the
+        source text has no ``NaN`` token or string): then a NaN in a numeric column can only be a
+        missing key, and large batches take a columnar path (pandas builds the columns in C;
+        about twice as fast as per-key Python loops)."""
         rows_l = rows if isinstance(rows, list) else list(rows)
+        if not nan_tokens and len(rows_l) >= 2000:
+            b = cls._columns_fast(rows_l, keys, keep)
+            if b is not None:
+                return b
         configs = [r["config"] for r in rows_l if "config" in r and isinstance(r["config"], dict)]
         notes: list[str] = []
         steps_raw = [r.get("step") for r in rows_l]
@@ -329,15 +338,7 @@ class Batch:
         n = len(rows)
         step = _to_float([r["step"] for r in rows], nonfinite=False)[0].astype(np.int64) if n \
             else np.zeros(0, dtype=np.int64)
-        ks: set[str] = set(keys or ())
-        if keys is None or keep is not None:
-            # discover keys: all rows when few, else a sample (key sets of a run barely change)
-            sample = rows if n <= 5000 else rows[:1000] + rows[1000::97] + rows[-1000:]
-            for r in sample:
-                ks.update(r.keys())
-            if keep is not None:
-                ks = {k for k in ks if keep(k)} | set(keys or ())
-        ks -= {"step", "config"}
+        ks = cls._keys(rows, keys, keep) - {"step", "config"}
         cols: dict[str, np.ndarray] = {}
         nonfinite: dict[str, np.ndarray] = {}
         for k in ks:
@@ -352,6 +353,62 @@ class Batch:
                 nonfinite[k] = nf
         b = cls(step=step, cols=cols, nonfinite=nonfinite, configs=configs, notes=notes)
         return b.last_wins()
+
+    @classmethod
+    def _columns_fast(cls, rows: list[Mapping], keys, keep) -> Batch | None:
+        """The columnar path of :meth:`from_rows` (no written NaN in ``rows``); None when the rows
+        need the general path (configuration rows, a non-numeric ``step``)."""
+        import pandas as pd
+        if any("config" in r for r in rows):
+            return None
+        ks = cls._keys(rows, keys, keep)
+        names = ["step"] + sorted(ks - {"step", "config"})
+        df = pd.DataFrame.from_records(rows, columns=names)
+        st = df["step"]
+        if st.dtype.kind not in "iuf":
+            return None
+        stepf = st.to_numpy(dtype=float)
+        ok = np.isfinite(stepf)
+        notes: list[str] = []
+        if not ok.all():  # rare: the general path, on the rows with a step
+            notes.append(f"{int((~ok).sum())} row(s) without a numeric 'step' skipped")
+            kept = [r for r, k in zip(rows, ok, strict=True) if k]
+            b = cls._columns_fast(kept, keys, keep) if kept else None
+            if b is None:
+                return None
+            b.notes = notes + b.notes
+            return b
+        cols: dict[str, np.ndarray] = {}
+        nonfinite: dict[str, np.ndarray] = {}
+        for k in names[1:]:
+            c = df[k]
+            if c.dtype.kind in "iufb":
+                arr = c.to_numpy(dtype=float)  # NaN here = key missing (no NaN was written)
+                nf = np.isinf(arr)             # 1e999 parses to inf: written non-finite
+            else:  # mixed types: the general conversion, with missing keys as None
+                vals = [None if isinstance(v, float) and v != v else v for v in c.tolist()]
+                arr, bad, nf = _to_float(vals)
+                if bad:
+                    notes.append(f"{bad} non-numeric value(s) of '{k}' ignored")
+            if nf.any():
+                nonfinite[k] = nf
+                arr = np.where(np.isfinite(arr), arr, np.nan)
+            cols[k] = arr
+        return cls(step=stepf.astype(np.int64), cols=cols, nonfinite=nonfinite, configs=[],
+                   notes=notes).last_wins()
+
+    @staticmethod
+    def _keys(rows: list[Mapping], keys, keep) -> set[str]:
+        n = len(rows)
+        ks: set[str] = set(keys or ())
+        if keys is None or keep is not None:
+            # discover keys: all rows when few, else a sample (key sets of a run barely change)
+            sample = rows if n <= 5000 else rows[:1000] + rows[1000::97] + rows[-1000:]
+            for r in sample:
+                ks.update(r.keys())
+            if keep is not None:
+                ks = {k for k in ks if keep(k)} | set(keys or ())
+        return ks
 
     def last_wins(self) -> Batch:
         """Keep the last row of each repeated step; rows in step order."""
