@@ -502,10 +502,18 @@ def health_reference(runs: list[LadderRun], *, bins: int = 100, grad_after: floa
             "runs": [r.name for r in runs]}
 
 
-def spike_scores(x: np.ndarray, window: int) -> np.ndarray:
+@dataclass(frozen=True)
+class SpikeScores:
+    z: np.ndarray        # robust z-score of each value (NaN where not yet defined)
+    median: np.ndarray   # the trailing median it is measured from (rows before, NaN at first)
+
+
+def spike_scores(x: np.ndarray, window: int) -> SpikeScores:
     """Robust z-score of each value against the ``window`` finite values before it:
-    (x - trailing median) / (1.4826 x trailing MAD), NaN until a quarter window is seen. The same
-    function judges the target (predict.watch) and calibrates ``spike_k`` on the ladder."""
+    (x - trailing median) / (1.4826 x trailing MAD), where the MAD is the trailing median of the
+    absolute deviations from the rolling median (robust to the falling trend of a loss curve);
+    NaN until two quarter windows are seen. The same function judges the target
+    (predict.watch) and calibrates ``spike_k`` on the ladder."""
     import pandas as pd
     s = pd.Series(np.asarray(x, float))
     fin = s.dropna()
@@ -515,8 +523,8 @@ def spike_scores(x: np.ndarray, window: int) -> np.ndarray:
     mad = (fin - med).abs().rolling(window, min_periods=minp).median()
     med, mad = med.shift(1), mad.shift(1)
     z = (fin - med) / (1.4826 * mad)
-    out = z.reindex(s.index).to_numpy(dtype=float)
-    return out
+    return SpikeScores(z=z.reindex(s.index).to_numpy(dtype=float),
+                       median=med.reindex(s.index).to_numpy(dtype=float))
 
 
 def calibrate_spike_k(runs: list[LadderRun], window: int, *, key: str = "train/loss") -> dict:
@@ -527,7 +535,7 @@ def calibrate_spike_k(runs: list[LadderRun], window: int, *, key: str = "train/l
         x = np.array([np.nan if as_float(r.get(key)) is None else as_float(r.get(key))
                       for r in run.rows], dtype=float)
         with np.errstate(all="ignore"):
-            z = spike_scores(x, window)
+            z = spike_scores(x, window).z
         z = z[np.isfinite(z)]
         if z.size:
             n += 1

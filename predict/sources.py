@@ -287,12 +287,41 @@ def _parse_range(task) -> tuple[Any, int, int]:
             data.count(b"\n"))
 
 
+_FAST_LOADS: list = []
+
+
+def _fast_loads():
+    """pandas' bundled ujson decoder (the one ``pandas.read_json`` uses; about 1.4x faster than
+    ``json.loads`` here), or None. It is only used on text without a ``NaN`` token: it decodes a
+    bare NaN as None (missing), where json gives a written NaN. With ``precise_float`` its floats
+    equal json's; what it cannot represent (ints beyond 64 bits, 1e999) raises, and json decides.
+    It accepts a few malformed forms json refuses (``01``, ``1.``, a trailing comma), which are
+    then read rather than skipped. The module is pandas-internal: absent, json does everything."""
+    if not _FAST_LOADS:
+        try:
+            from pandas._libs._ujson import ujson_loads
+        except ImportError:
+            ujson_loads = None
+        _FAST_LOADS.append(ujson_loads)
+    return _FAST_LOADS[0]
+
+
 def _parse_lines(block: bytes, line_no: int) -> tuple[list[dict], int, int | None]:
-    """JSON objects of the newline-separated ``block``: one ``json.loads`` of the whole block as
-    an array when every line is a clean object (a quarter faster than line by line), else line by
-    line, skipping (and counting) the lines that are not a JSON object."""
+    """JSON objects of the newline-separated ``block``: one decode of the whole block as an array
+    when every line is a clean object (a quarter faster than line by line; pandas' ujson when
+    the block has no NaN token, see :func:`_fast_loads`), else line by line with ``json``,
+    skipping (and counting) the lines that are not a JSON object."""
     try:  # newlines -> commas: one array; a blank line (",,") fails and takes the slow path
-        rows = json.loads(b"[" + block.replace(b"\n", b",") + b"]")
+        arr = b"[" + block.replace(b"\n", b",") + b"]"
+        fast = _fast_loads() if b"NaN" not in block else None
+        rows = None
+        if fast is not None:
+            try:
+                rows = fast(arr, precise_float=True)
+            except (ValueError, OverflowError):
+                rows = None  # e.g. an int beyond 64 bits, 1e999, 5e-324: the stdlib decides
+        if rows is None:
+            rows = json.loads(arr)
         if len(rows) == block.count(b"\n") + 1 and all(type(r) is dict for r in rows):
             return rows, 0, None
     except (ValueError, UnicodeDecodeError, RecursionError):

@@ -1074,9 +1074,9 @@ def _health_rules(view: PreregView, b: Batch, frac, tokens, st, emit, stamp):
         from predict.forecast import spike_scores
         x = b.cols["train/loss"]
         both, off = _trailing(st, "train/loss", x, 2 * cfg.spike_window)
-        med = _rolling_median(both, cfg.spike_window, shift=True)[off:]
         with np.errstate(all="ignore"):
-            z = spike_scores(both, cfg.spike_window)[off:]
+            sc = spike_scores(both, cfg.spike_window)
+        z, med = sc.z[off:], sc.median[off:]
         spike = (np.isfinite(x) & np.isfinite(med) & (x > med * (1 + cfg.spike_rel))
                  & ((z > cfg.spike_k) | (np.isinf(z) & (z > 0))))
         _spikes(spike, x, med, z, b, frac, tokens, st, emit, stamp, cfg)

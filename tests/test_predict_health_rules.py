@@ -45,12 +45,12 @@ def test_spike_scores_of_gaussian_noise_and_of_a_known_spike():
     rng = np.random.default_rng(0)
     n = 3000
     x = 3.0 * np.exp(-np.arange(n) / 2000) + rng.normal(0, 0.05, n)
-    z = fc.spike_scores(x, 50)
+    z = fc.spike_scores(x, 50).z
     # a quarter window for the median, another for the MAD of the deviations from it
     assert np.isnan(z[:12]).all() and np.isfinite(z[30:]).all()
     assert np.nanmax(z) < 6.0
     x[2000] += 1.0
-    z2 = fc.spike_scores(x, 50)
+    z2 = fc.spike_scores(x, 50).z
     assert 14 < z2[2000] < 30
     assert np.nanmax(np.delete(z2, 2000)) < 6.0  # the spike does not move its neighbours' z
 
