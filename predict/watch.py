@@ -132,6 +132,9 @@ class WatchConfig:
     #                                fewer than 3 rungs to measure it): a leave-one-rung-out max
     #                                over 3-4 rungs underestimates the spread of the next size
     #                                (cpu ladder: 0.27 over 3 rungs, while the 4th strays 0.7)
+    envelope_tol_max: float = 1.1  # ... and its cap (x3): a ladder whose small rungs scatter
+    #                                wildly (cpu ladder drop fraction: 1.8, x6) must not blind
+    #                                the rule to a jump like 7% -> 40% (issue: 65k context)
     param_growth_ratio: float = 2.0  # per-group norm growth vs the ladder's, either way
     router_bias_after: float = 0.1   # router_bias spikes early by design: judge it after this
     router_bias_jump: float = 3.0    # |router_bias| norm > this x its trailing median
@@ -158,7 +161,7 @@ class WatchConfig:
             raise ValueError("k_critical: must be >= k_consecutive")
         for name in ("trend_rel", "far_factor", "drop_crit_factor",
                      "drop_warn_abs", "drop_crit_abs", "spike_rel", "spike_k", "spike_k_margin",
-                     "trend_noise_k", "envelope_tol", "grad_growth_warn",
+                     "trend_noise_k", "envelope_tol", "envelope_tol_max", "grad_growth_warn",
                      "grad_ref_warn", "grad_ref_crit", "param_growth_ratio", "router_bias_jump",
                      "stalled_seconds", "steps_tolerance", "envelope_margin"):
             v = getattr(self, name)
@@ -219,7 +222,8 @@ class WatchConfig:
             f"the ladder's healthy runs, at least the default) and more than "
             f"{self.spike_rel:.0%} is a spike. Router entropy below, or load max/mean above, the "
             f"range of the ladder's rungs at the same fraction widened by the ladder's own "
-            f"leave-one-rung-out tolerance (else {self.envelope_tol}) plus "
+            f"leave-one-rung-out tolerance (within {self.envelope_tol}..{self.envelope_tol_max}; "
+            f"{self.envelope_tol} without one) plus "
             f"{self.envelope_margin} (log units) warns. A "
             f"parameter-norm group whose growth differs from the ladder's by more than "
             f"{self.param_growth_ratio}x warns; router_bias is judged on its own after "
@@ -576,9 +580,11 @@ class PreregView:
         tol = sig.get("tolerance") or {}
         fallback = self.config.envelope_tol
 
-        def t(side):  # the measured tolerance, never below the configured floor
+        def t(side):  # the measured tolerance within the configured floor and cap
             v = as_float(tol.get(side))
-            return fallback if v is None or not math.isfinite(v) else max(v, fallback)
+            if v is None or not math.isfinite(v):
+                return fallback
+            return min(max(v, fallback), max(fallback, self.config.envelope_tol_max))
         return Envelope(lo=lo, hi=hi, tol_below=t("below"), tol_above=t("above"),
                         calibrated=tol.get("below") is not None)
 
@@ -593,7 +599,10 @@ class PreregView:
         ok = np.isfinite(x) & np.isfinite(y)
         if ok.sum() < 2:
             return None
-        return np.interp(frac, x[ok], y[ok], left=np.nan, right=np.nan)
+        # the bins cover [0, 1]: their outer halves take the edge values (the last 0.5% of the
+        # run would otherwise go unjudged)
+        out = np.interp(frac, x[ok], y[ok])
+        return np.where((frac >= -1e-9) & (frac <= 1 + 1e-9), out, np.nan)
 
     def band_half_rel(self, frac: float) -> float:
         """The registered band's relative half-width (hi - lo) / 2 / forecast at ``frac``."""
