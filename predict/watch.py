@@ -106,11 +106,13 @@ class WatchConfig:
     drop_floor: float = 0.01       # below this drop fraction never alert
     # rule 3: stability
     spike_window: int = 50         # rows in the trailing median (and MAD) of train loss
-    spike_k: float = 8.0           # a spike: train loss > trailing median + k x 1.4826 x MAD
+    spike_k: float = 7.0           # a spike: train loss > trailing median + k x 1.4826 x MAD
     #                                (a robust z-score above k). With ladder runs, preregister
     #                                raises k to spike_k_margin x the largest z of the ladder's
-    #                                healthy runs (the cpu ladder: 1.7; its proxy hero: 2.9,
-    #                                with 4k tokens a step); this value is the floor.
+    #                                healthy runs (the cpu ladder: 1.5; its proxy hero: 2.7,
+    #                                with 4k tokens a step); this value is the floor: 1M rows of
+    #                                Gaussian noise on a loss curve reach z 6.8 (3 rows above 6),
+    #                                and heavier tails show on the ladder and raise k.
     spike_k_margin: float = 1.5
     spike_rel: float = 0.02        # ... and at least this much above the median (a flat series
     #                                has MAD 0)
