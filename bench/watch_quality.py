@@ -265,6 +265,8 @@ def main(argv=None):
         src = JsonlSource(path)
         if mode == "serial":
             src.parallel_min_bytes = 1 << 62
+        else:  # the process pool even where the watcher would not use it (< 4 cores)
+            src.parallel_min_workers = 2
         t0 = time.perf_counter()
         w = Watcher(doc_big, src, [], None)
         w.poll()

@@ -185,6 +185,7 @@ class JsonlSource:
     # A backlog this large (a watcher started on a long run) is parsed by several processes: JSON
     # parsing is the whole cost, and each worker returns columns (numpy), which pickle cheaply.
     parallel_min_bytes = 32 << 20
+    parallel_min_workers = 4
     piece_bytes = 16 << 20
 
     def poll_batch(self, keys, keep, *, parallel: bool = True) -> Poll:
@@ -196,7 +197,10 @@ class JsonlSource:
         except OSError:
             size = 0
         workers = min(os.cpu_count() or 1, 8)
-        if not parallel or workers < 2 or size - self.offset < self.parallel_min_bytes:
+        # below 4 cores the pool does not pay: on 2 (shared) cores a 1M-line backlog took 1.1-1.6x
+        # the serial time (bench/watch_quality.py), the serial path being columnar already
+        if not parallel or workers < self.parallel_min_workers or \
+                size - self.offset < self.parallel_min_bytes:
             p = self.poll()
             p.batch = Batch.from_rows(p.rows, keys=keys, keep=keep, nan_tokens=p.nan_tokens)
             p.rows = []
