@@ -164,6 +164,7 @@ def main(argv=None):
     levels = (0.99, 0.9)
     false_any = {lv: 0 for lv in levels}
     false_kinds: dict[str, int] = {}
+    false_by_ladder: dict[int, int] = {}
     healthy_total = 0
     det = {name: [] for name in faults}
     for k in range(n_ladders):
@@ -188,6 +189,7 @@ def main(argv=None):
                 if bad:
                     false_any[lv] += 1
                     if lv == levels[0]:
+                        false_by_ladder[k] = false_by_ladder.get(k, 0) + 1
                         for a in bad:
                             false_kinds[a.kind] = false_kinds.get(a.kind, 0) + 1
             for name, fault in faults.items():
@@ -209,7 +211,8 @@ def main(argv=None):
               f"critical alert ({false_any[lv] / healthy_total:.1%})"
               + ("  <- default" if lv == WatchConfig().alert_level else ""))
     if false_kinds:
-        print(f"   kinds at the default: {false_kinds}")
+        print(f"   kinds at the default: {false_kinds}; runs per fitted ladder: "
+              f"{ {k: false_by_ladder.get(k, 0) for k in range(n_ladders)} } of {n_healthy}")
     out["false_alarm_rate"] = {str(lv): false_any[lv] / healthy_total for lv in levels}
     print(f"\n3. detection (default rule), latency in evals after onset (1 eval = 1% of the "
           f"run)  [{time.perf_counter() - t0:.0f} s]")
