@@ -7,7 +7,8 @@ offsets, eval noise), and optionally on real ladder runs (``--runs DIR``):
    without each rung; the held-out rung's eval points inside the combined band);
 2. false-alarm rate on held-out healthy runs of a target beyond the ladder (target: none);
 3. detection rate and latency (in evals after onset; one eval per 1% of the run) for injected
-   faults: loss +2% from 50% on, a slow upward drift, a NaN, a token-drop-fraction jump;
+   faults: loss +2% from 50% on, a slow upward drift, a NaN, a token-drop-fraction jump, an LR
+   spike (train loss +10% within 3 steps; caught by the spike rule) and a router collapse;
 4. speed: judging a 1M-line metrics file, next to the time to merely json-parse its lines.
 
     PYTHONPATH=. .venv/bin/python bench/watch_quality.py [--quick] [--runs DIR]
@@ -154,13 +155,16 @@ def main(argv=None):
     faults = {"shift +2% at 50%": sy.Fault("shift", 0.5, 0.02),
               "drift to +3% (30%->end)": sy.Fault("drift", 0.3, 0.03),
               "NaN at 60%": sy.Fault("nan", 0.6),
-              "drop frac 3%->15% at 40%": sy.Fault("drop", 0.4, 0.15)}
+              "drop frac 3%->15% at 40%": sy.Fault("drop", 0.4, 0.15),
+              "LR x10 at 60% (loss +10%)": sy.Fault("lrspike", 0.6, 0.10),
+              "router collapse at 50%": sy.Fault("collapse", 0.5, 0.2)}
     fault_kinds = {"shift": ("above_band", "trend"), "drift": ("above_band", "trend"),
                    "nan": ("nan",),
-                   "drop": ("drop_frac",)}
+                   "drop": ("drop_frac",), "lrspike": ("spike",), "collapse": ("router",)}
     levels = (0.99, 0.9)
     false_any = {lv: 0 for lv in levels}
     false_kinds: dict[str, int] = {}
+    false_by_ladder: dict[int, int] = {}
     healthy_total = 0
     det = {name: [] for name in faults}
     for k in range(n_ladders):
@@ -185,6 +189,7 @@ def main(argv=None):
                 if bad:
                     false_any[lv] += 1
                     if lv == levels[0]:
+                        false_by_ladder[k] = false_by_ladder.get(k, 0) + 1
                         for a in bad:
                             false_kinds[a.kind] = false_kinds.get(a.kind, 0) + 1
             for name, fault in faults.items():
@@ -206,7 +211,8 @@ def main(argv=None):
               f"critical alert ({false_any[lv] / healthy_total:.1%})"
               + ("  <- default" if lv == WatchConfig().alert_level else ""))
     if false_kinds:
-        print(f"   kinds at the default: {false_kinds}")
+        print(f"   kinds at the default: {false_kinds}; runs per fitted ladder: "
+              f"{ {k: false_by_ladder.get(k, 0) for k in range(n_ladders)} } of {n_healthy}")
     out["false_alarm_rate"] = {str(lv): false_any[lv] / healthy_total for lv in levels}
     print(f"\n3. detection (default rule), latency in evals after onset (1 eval = 1% of the "
           f"run)  [{time.perf_counter() - t0:.0f} s]")
@@ -262,6 +268,8 @@ def main(argv=None):
         src = JsonlSource(path)
         if mode == "serial":
             src.parallel_min_bytes = 1 << 62
+        else:  # the process pool even where the watcher would not use it (< 4 cores)
+            src.parallel_min_workers = 2
         t0 = time.perf_counter()
         w = Watcher(doc_big, src, [], None)
         w.poll()

@@ -64,12 +64,25 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
     metric = getattr(law, "metric", None) or "eval_dropless/loss"
     noise_info = {"sigma": 0.0, "n": 0, "method": "none (no --runs, no --eval-noise)"}
     health = None
+    cfg = config or WatchConfig()
+    calibration: dict = {}
     if runs:
         ladder_runs = fc.read_ladder_runs(runs)
         if not ladder_runs:
             raise InputError("no run directories (metrics.jsonl) found", path=runs,
                              field="--runs")
         health = fc.health_reference(ladder_runs)
+        # the spike threshold above the largest robust z-score of the ladder's healthy runs
+        spk = fc.calibrate_spike_k(ladder_runs, cfg.spike_window)
+        if spk["max_z"] is not None and math.isfinite(spk["max_z"]):
+            k = max(cfg.spike_k, cfg.spike_k_margin * spk["max_z"])
+            spk["spike_k"] = k
+            import dataclasses
+            cfg = dataclasses.replace(cfg, spike_k=round(k, 3))
+        calibration["spike_k"] = spk
+        calibration["envelope_tolerance"] = {
+            k: v.get("tolerance") for k, v in health["signals"].items()
+            if k in ("moe/router_entropy", "moe/load_max_over_mean", "moe/drop_frac")}
         est = fc.eval_noise_from_runs(ladder_runs, metric)
         if eval_noise is None:
             if math.isfinite(est.sigma):
@@ -88,7 +101,6 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
         print("ladder preregister: WARNING the law could not compute a band for some points; "
               "they are registered with lo/hi missing (NaN), and never judged as inside",
               file=sys.stderr)
-    cfg = config or WatchConfig()
     app = {"seq_len": target.seq_len, "steps": target.steps, "tokens": target.tokens,
            "data_tag": data_tag, "config_hash": target.config_hash,
            "require": dict(requires or {})}
@@ -96,7 +108,8 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
     return pr.build(target=target.to_dict(), applicability=app, metric=metric, law=law_json,
                     forecast=f.points(), final=f.final, band_level=level,
                     eval_noise=noise_info,
-                    decision_rule={"words": cfg.words(level), "parameters": cfg.to_dict()},
+                    decision_rule={"words": cfg.words(level), "parameters": cfg.to_dict(),
+                                   "calibration": calibration or None},
                     health_reference=health, budget_curve=fc.budget_curve(law, target),
                     amends=amends, created=created)
 

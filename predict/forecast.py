@@ -408,14 +408,58 @@ def eval_noise_from_runs(runs: list[LadderRun], metric: str) -> EvalNoise:
     return estimate_eval_noise(curves)
 
 
-HEALTH_KEYS = ("moe/drop_frac", "grad/norm", "moe/router_entropy")
+HEALTH_KEYS = ("moe/drop_frac", "grad/norm", "moe/router_entropy", "moe/load_max_over_mean")
 
 
-def health_reference(runs: list[LadderRun], *, bins: int = 100, grad_after: float = 0.02) -> dict:
-    """The ladder's health signals per 1% of the schedule: median (and min/max) across rungs of
-    each rung's median within the bin. Parameter norms (``params/norm/<group>``, not router_bias)
-    are stored relative to each rung's value at ``grad_after`` of its run, since their absolute
-    size grows with width; the watcher compares growth with growth."""
+def _smoothed_bins(fr: np.ndarray, v: np.ndarray, centers: np.ndarray, width: float) -> np.ndarray:
+    """Median of ``v`` within +-width/2 of each bin centre (NaN where the run has no row there).
+    A window in fraction, not in rows, so that rungs with 70 and 400 steps are smoothed alike."""
+    order = np.argsort(fr, kind="stable")
+    fr, v = fr[order], v[order]
+    lo = np.searchsorted(fr, centers - width / 2, side="left")
+    hi = np.searchsorted(fr, centers + width / 2, side="right")
+    out = np.full(centers.size, np.nan)
+    for j, (a, b) in enumerate(zip(lo, hi, strict=True)):
+        if b > a:
+            out[j] = np.median(v[a:b])
+    return out
+
+
+def envelope_tolerance(m: np.ndarray, *, min_others: int = 2) -> dict:
+    """How far (in log units) a rung strays outside the envelope of the *other* rungs at the same
+    fraction of the schedule, worst case over rungs and fractions: leave-one-rung-out. Health
+    signals differ between model sizes and depths (router entropy of the cpu ladder at 30% of
+    the run: 0.6 to 1.5 across rungs), so the distance a healthy new size may lie outside the
+    ladder's range is measured on the ladder itself rather than assumed. ``m``: runs x bins of
+    positive values. None per side when fewer than ``min_others`` + 1 runs have data."""
+    out = {"below": None, "above": None, "runs": int(m.shape[0])}
+    if m.shape[0] < min_others + 1:
+        return out
+    with np.errstate(all="ignore"):
+        lm = np.log(np.where(m > 0, m, np.nan))
+    below, above = [], []
+    for r in range(lm.shape[0]):
+        others = np.delete(lm, r, axis=0)
+        enough = np.isfinite(others).sum(axis=0) >= min_others
+        ok = enough & np.isfinite(lm[r])
+        if not ok.any():
+            continue
+        below.append(np.max(np.nanmin(others[:, ok], axis=0) - lm[r, ok]))
+        above.append(np.max(lm[r, ok] - np.nanmax(others[:, ok], axis=0)))
+    if below:
+        out["below"] = max(0.0, float(max(below)))
+        out["above"] = max(0.0, float(max(above)))
+    return out
+
+
+def health_reference(runs: list[LadderRun], *, bins: int = 100, grad_after: float = 0.02,
+                     smooth: float = 0.05) -> dict:
+    """The ladder's health signals per 1% of the schedule: median, min and max across rungs of
+    each rung's median within +-``smooth``/2 of the bin centre, and the leave-one-rung-out
+    ``tolerance`` of the envelope (:func:`envelope_tolerance`). Parameter norms
+    (``params/norm/<group>``, not router_bias) are stored relative to each rung's value at
+    ``grad_after`` of its run, since their absolute size grows with width; the watcher compares
+    growth with growth."""
     edges = np.linspace(0, 1, bins + 1)
     centers = (edges[:-1] + edges[1:]) / 2
     keys = set(HEALTH_KEYS)
@@ -439,11 +483,7 @@ def health_reference(runs: list[LadderRun], *, bins: int = 100, grad_after: floa
                 if not base:
                     continue
                 v = v / base
-            which = np.clip(np.digitize(fr, edges) - 1, 0, bins - 1)
-            med = np.full(bins, np.nan)
-            for b in np.unique(which):
-                med[b] = np.median(v[which == b])
-            per_run.append(med)
+            per_run.append(_smoothed_bins(fr, v, centers, smooth))
         if not per_run:
             continue
         m = np.vstack(per_run)
@@ -454,8 +494,50 @@ def health_reference(runs: list[LadderRun], *, bins: int = 100, grad_after: floa
                 signals[key] = {"median": np.nanmedian(m, axis=0).tolist(),
                                 "min": np.nanmin(m, axis=0).tolist(),
                                 "max": np.nanmax(m, axis=0).tolist(),
+                                "tolerance": envelope_tolerance(m),
                                 "relative_to": (f"value at {grad_after:.0%}"
                                                 if key.startswith("params/norm/") else None),
                                 "runs": len(per_run)}
-    return {"fractions": centers.tolist(), "signals": signals,
+    return {"fractions": centers.tolist(), "signals": signals, "smooth": smooth,
             "runs": [r.name for r in runs]}
+
+
+@dataclass(frozen=True)
+class SpikeScores:
+    z: np.ndarray        # robust z-score of each value (NaN where not yet defined)
+    median: np.ndarray   # the trailing median it is measured from (rows before, NaN at first)
+
+
+def spike_scores(x: np.ndarray, window: int) -> SpikeScores:
+    """Robust z-score of each value against the ``window`` finite values before it:
+    (x - trailing median) / (1.4826 x trailing MAD), where the MAD is the trailing median of the
+    absolute deviations from the rolling median (robust to the falling trend of a loss curve);
+    NaN until two quarter windows are seen. The same function judges the target
+    (predict.watch) and calibrates ``spike_k`` on the ladder."""
+    import pandas as pd
+    s = pd.Series(np.asarray(x, float))
+    fin = s.dropna()
+    minp = max(3, window // 4)
+    roll = fin.rolling(window, min_periods=minp)
+    med = roll.median()
+    mad = (fin - med).abs().rolling(window, min_periods=minp).median()
+    med, mad = med.shift(1), mad.shift(1)
+    z = (fin - med) / (1.4826 * mad)
+    return SpikeScores(z=z.reindex(s.index).to_numpy(dtype=float),
+                       median=med.reindex(s.index).to_numpy(dtype=float))
+
+
+def calibrate_spike_k(runs: list[LadderRun], window: int, *, key: str = "train/loss") -> dict:
+    """The largest robust z-score of ``key`` (:func:`spike_scores`) over the ladder's healthy runs:
+    the watcher's spike threshold is set above it (``spike_k`` in the decision rule)."""
+    worst, n = None, 0
+    for run in runs:
+        x = np.array([np.nan if as_float(r.get(key)) is None else as_float(r.get(key))
+                      for r in run.rows], dtype=float)
+        with np.errstate(all="ignore"):
+            z = spike_scores(x, window).z
+        z = z[np.isfinite(z)]
+        if z.size:
+            n += 1
+            worst = float(z.max()) if worst is None else max(worst, float(z.max()))
+    return {"max_z": worst, "runs": n, "key": key, "window": window}

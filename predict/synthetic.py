@@ -7,7 +7,10 @@ compute and g the fraction of the run. Each synthetic run gets a run-level multi
 rows carry train loss with larger per-step noise, a grad norm, a token-drop fraction, the router
 entropy and parameter norms, so every rule of the watcher has something to read. Faults can be
 injected from a given fraction on: ``shift`` (loss +2%), ``drift`` (loss rising linearly), ``nan``
-(a non-finite loss and grad norm), ``drop`` (token-drop fraction jumps).
+(a non-finite loss and grad norm), ``drop`` (token-drop fraction jumps), ``lrspike`` (the learning
+rate x10 from that step: train loss jumps by ``size`` relative within a few steps and stays up,
+grad norm x3, evals follow), ``collapse`` (the router collapses: entropy falls to ``size`` x its
+level and the expert load max/mean climbs towards its limit within 2% of the run).
 
 :class:`TruthLaw` exposes the truth through the law API (``predict``/``to_json``), with a band
 from the known run-to-run noise: the band a perfect fit would give.
@@ -22,7 +25,7 @@ import numpy as np
 
 from predict.forecast import Target
 
-FAULTS = ("none", "shift", "drift", "nan", "drop")
+FAULTS = ("none", "shift", "drift", "nan", "drop", "lrspike", "collapse")
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,8 @@ class RunNoise:
 class Fault:
     kind: str = "none"
     at: float = 0.5              # onset, fraction of the run
-    size: float = 0.02           # shift: +2% loss; drift: +size at the end; drop: new drop frac
+    size: float = 0.02           # shift: +2% loss; drift: +size at the end; drop: new drop frac;
+    #                              lrspike: relative jump of the loss; collapse: entropy factor
 
     def __post_init__(self):
         if self.kind not in FAULTS:
@@ -125,6 +129,9 @@ def make_run(truth: Truth, target: Target, *, noise: RunNoise = RunNoise(), faul
         factor = np.where(g >= fault.at, 1 + fault.size, 1.0)
     elif fault.kind == "drift":
         factor = 1 + fault.size * np.clip((g - fault.at) / max(1 - fault.at, 1e-9), 0, None)
+    elif fault.kind == "lrspike":  # the jump builds over ~3 steps, then persists
+        ramp = np.clip((s - fault.at * steps) / 3.0 + 1.0 / 3.0, 0, 1)
+        factor = 1 + fault.size * np.where(g >= fault.at, ramp, 0.0)
     curve = clean * factor
     n_eval = max(1, round(1 / eval_every))
     eval_steps = sorted({max(1, round(steps * i / n_eval)) for i in range(1, n_eval + 1)})
@@ -135,7 +142,15 @@ def make_run(truth: Truth, target: Target, *, noise: RunNoise = RunNoise(), faul
     if fault.kind == "drop":
         drop = np.where(g >= fault.at, np.clip(fault.size * np.exp(rng.normal(0, 0.1, g.size)),
                                                0, 1), drop)
+    if fault.kind == "lrspike":
+        grad = np.where(g >= fault.at, 3 * grad, grad)
     entropy = 1.8 + rng.normal(0, 0.02, g.size)
+    # its own stream, so that adding this signal left the other draws of a seed unchanged
+    load = 1.5 * np.exp(np.random.default_rng([seed, 1]).normal(0, 0.05, g.size))
+    if fault.kind == "collapse":  # towards the fault's level over 2% of the run
+        w = np.clip((g - fault.at) / 0.02, 0, 1)
+        entropy = entropy * (1 - w * (1 - fault.size))
+        load = load * (1 - w) + 3.9 * w
     pnorm = 50 * (1 + 0.5 * g) * np.exp(rng.normal(0, 0.002, g.size))
     bias = 0.5 * (1 + 2 * np.exp(-g / 0.03)) * np.exp(rng.normal(0, 0.05, g.size))
     tps = target.tokens / steps
@@ -145,6 +160,7 @@ def make_run(truth: Truth, target: Target, *, noise: RunNoise = RunNoise(), faul
         r = {"step": step, "tokens": step * tps, "progress": step / steps, "time": 10.0 * step,
              "train/loss": float(train[i]), "grad/norm": float(grad[i]),
              "moe/drop_frac": float(drop[i]), "moe/router_entropy": float(entropy[i]),
+             "moe/load_max_over_mean": float(load[i]),
              "params/norm/blocks": float(pnorm[i]), "params/norm/router_bias": float(bias[i]),
              "optim/lr": 1e-3}
         if step == nan_step:

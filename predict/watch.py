@@ -49,6 +49,11 @@ import numpy as np
 from ladder.io import as_float, sha256_of
 
 SEVERITIES = ("info", "warn", "critical")
+# decision-rule parameters of earlier versions, ignored when reading an older pre-registration
+# (entropy_drop: router entropy below (1 - x) of the ladder's median; replaced by the envelope;
+# drop_warn_ratio / drop_crit_ratio: x the ladder's median; replaced by the envelope and
+# drop_crit_factor)
+RETIRED_PARAMETERS = frozenset({"entropy_drop", "drop_warn_ratio", "drop_crit_ratio"})
 _SEV_RANK = {"info": 0, "warn": 1, "critical": 2}
 
 
@@ -81,25 +86,57 @@ class WatchConfig:
     #                                and took ~50 evals; 0.5: all, ~29 evals; no false alarm in
     #                                either: bench/watch_quality.py)
     trend_gap: float = 0.03        # ... ending 3% of the run before the eval judged
-    trend_after: float = 0.1       # not before 10% of the run (the early curve is least certain)
+    trend_after: float = 0.25      # not before 25% of the run: the early curve is least certain
+    #                                (the cpu demo's healthy hero drifted 2.2% of the forecast
+    #                                toward "better" between 10% and 30%)
+    trend_band: float = 0.25       # the threshold is at least this x the registered band's
+    #                                relative half-width at that fraction (a wide band = a curve
+    #                                shape the law knows less well) ...
+    trend_noise_k: float = 4.0     # ... and at least this x the sd of the smoothed residual's own
+    #                                eval-to-eval noise (robust, from the run's history).
+    #                                A move toward "better" than forecast is recorded as info.
     # rule 4: contingency
     contingency_fraction: float = 0.25   # real plan: trouble in the first 25% of tokens
     # rule 2: token-drop fraction
     drop_window: int = 20          # rows in the trailing median
-    drop_warn_ratio: float = 2.0   # x the ladder's value at the same fraction
-    drop_crit_ratio: float = 5.0
+    drop_crit_factor: float = 2.5  # critical: this x the warning limit (the ladder's max at the
+    #                                same fraction x exp(tolerance + margin), see envelope_*)
     drop_warn_abs: float = 0.08    # without a ladder reference (issue: hero ~2%, 8% plausible)
     drop_crit_abs: float = 0.40    # (at 65k context the real drops went 7% -> 40%)
     drop_floor: float = 0.01       # below this drop fraction never alert
     # rule 3: stability
-    spike_window: int = 50         # rows in the trailing median of train loss
-    spike_rel: float = 0.10        # a spike: train loss > trailing median x (1 + this)
+    spike_window: int = 50         # rows in the trailing median (and MAD) of train loss
+    spike_k: float = 7.0           # a spike: train loss > trailing median + k x 1.4826 x MAD
+    #                                (a robust z-score above k). With ladder runs, preregister
+    #                                raises k to spike_k_margin x the largest z of the ladder's
+    #                                healthy runs (the cpu ladder: 1.5; its proxy hero: 2.7,
+    #                                with 4k tokens a step); this value is the floor: 1M rows of
+    #                                Gaussian noise on a loss curve reach z 6.8 (3 rows above 6),
+    #                                and heavier tails show on the ladder and raise k.
+    spike_k_margin: float = 1.5
+    spike_rel: float = 0.02        # ... and at least this much above the median (a flat series
+    #                                has MAD 0)
     grad_window: int = 20
     grad_after: float = 0.02       # ignore grad norm before this fraction (warmup transients)
     grad_growth_warn: float = 4.0  # growth of grad norm since its post-warmup minimum (real: 4)
     grad_ref_warn: float = 4.0     # x the ladder's grad norm at the same fraction
     grad_ref_crit: float = 16.0
-    entropy_drop: float = 0.25     # router entropy below ladder x (1 - this)
+    # router: entropy below / load max-over-mean above the envelope (min..max) of the ladder's
+    # rungs at the same fraction, widened by the ladder's own leave-one-rung-out tolerance (how
+    # far one rung strays outside the others' envelope; stored in health_reference) plus this
+    # margin, in log units. Entropy and load differ with size and depth (cpu ladder, 30% of the
+    # run: entropy 0.6 to 1.5 across rungs), so a fixed fraction of the ladder's mean is not a
+    # rule. A collapse (entropy -> 0, load -> n_experts/top_k) leaves the widened envelope.
+    # The same envelope rule judges the token-drop fraction (rule 2): it too differs between
+    # rungs (cpu ladder at the end of the run: 1.5% to 9%).
+    envelope_margin: float = 0.25  # exp(0.25) = 1.28x beyond the calibrated tolerance
+    envelope_tol: float = 0.5      # floor of the tolerance (and its value when the ladder has
+    #                                fewer than 3 rungs to measure it): a leave-one-rung-out max
+    #                                over 3-4 rungs underestimates the spread of the next size
+    #                                (cpu ladder: 0.27 over 3 rungs, while the 4th strays 0.7)
+    envelope_tol_max: float = 1.1  # ... and its cap (x3): a ladder whose small rungs scatter
+    #                                wildly (cpu ladder drop fraction: 1.8, x6) must not blind
+    #                                the rule to a jump like 7% -> 40% (issue: 65k context)
     param_growth_ratio: float = 2.0  # per-group norm growth vs the ladder's, either way
     router_bias_after: float = 0.1   # router_bias spikes early by design: judge it after this
     router_bias_jump: float = 3.0    # |router_bias| norm > this x its trailing median
@@ -124,16 +161,17 @@ class WatchConfig:
                 raise ValueError(f"{name}: must be a positive integer, got {v!r}")
         if self.k_critical < self.k_consecutive:
             raise ValueError("k_critical: must be >= k_consecutive")
-        for name in ("trend_rel", "far_factor", "drop_warn_ratio", "drop_crit_ratio",
-                     "drop_warn_abs", "drop_crit_abs", "spike_rel", "grad_growth_warn",
+        for name in ("trend_rel", "far_factor", "drop_crit_factor",
+                     "drop_warn_abs", "drop_crit_abs", "spike_rel", "spike_k", "spike_k_margin",
+                     "trend_noise_k", "envelope_tol", "envelope_tol_max", "grad_growth_warn",
                      "grad_ref_warn", "grad_ref_crit", "param_growth_ratio", "router_bias_jump",
-                     "stalled_seconds", "steps_tolerance"):
+                     "stalled_seconds", "steps_tolerance", "envelope_margin"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
                 raise ValueError(f"{name}: must be a positive number, got {v!r}")
         for name in ("trend_window", "trend_gap", "trend_after", "min_fraction",
                      "contingency_fraction", "drop_floor", "grad_after",
-                     "entropy_drop", "router_bias_after"):
+                     "trend_band", "router_bias_after"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and 0.0 <= v <= 1.0):
                 raise ValueError(f"{name}: must be in [0, 1], got {v!r}")
@@ -147,6 +185,7 @@ class WatchConfig:
     @classmethod
     def from_dict(cls, d: Mapping) -> WatchConfig:
         known = {f.name for f in dataclasses.fields(cls)}
+        d = {k: v for k, v in d.items() if k not in RETIRED_PARAMETERS}
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"{unknown[0]}: unknown decision-rule parameter")
@@ -164,22 +203,30 @@ class WatchConfig:
             f"{self.far_factor}x its half-width for {self.k_far} evals, is critical; inside "
             f"again for {self.k_clear} evals clears it. Evals before {self.min_fraction:.0%} of "
             f"the run are not compared. After {self.trend_after:.0%} of the run, the smoothed "
-            f"residual moving by more than {self.trend_rel:.0%} of the forecast from its own "
-            f"median over the preceding {self.trend_window:.0%} of the run (ending "
-            f"{self.trend_gap:.0%} before) for {self.k_consecutive} evals is a 'trend' warning, "
-            f"cleared when it is back within half that of the earlier level for {self.k_clear} "
-            f"evals. A confirmed above_band deviation inside the first "
+            f"residual moving from its own median over the preceding {self.trend_window:.0%} of "
+            f"the run (ending {self.trend_gap:.0%} before) by more than the largest of "
+            f"{self.trend_rel:.0%} of the forecast, {self.trend_band}x the band's relative "
+            f"half-width there and {self.trend_noise_k}x the smoothed residual's own noise, for "
+            f"{self.k_consecutive} evals, is a 'trend' warning when worse than forecast (info "
+            f"when better), cleared when it is back within half that of the earlier level for "
+            f"{self.k_clear} evals. A confirmed above_band deviation inside the first "
             f"{self.contingency_fraction:.0%} of the token budget adds a contingency advisory. "
-            f"Token-drop fraction (trailing median of {self.drop_window} rows) above "
-            f"{self.drop_warn_ratio}x the ladder's value at the same fraction warns, above "
-            f"{self.drop_crit_ratio}x is critical (without a ladder reference: "
+            f"Token-drop fraction (trailing median of {self.drop_window} rows) above the "
+            f"ladder's max at the same fraction widened as below for the router warns, above "
+            f"{self.drop_crit_factor}x that is critical (without a ladder reference: "
             f"{self.drop_warn_abs} / {self.drop_crit_abs}); never below {self.drop_floor}. "
             f"A non-finite {', '.join(self.nan_keys)} or metric is critical at once. Grad norm "
             f"(median of {self.grad_window} rows, after {self.grad_after:.0%} of the run) grown "
             f"{self.grad_growth_warn}x since its post-warmup minimum, or {self.grad_ref_warn}x the "
-            f"ladder's, warns; {self.grad_ref_crit}x the ladder's is critical. Train loss more "
-            f"than {self.spike_rel:.0%} above its trailing median of {self.spike_window} rows is a "
-            f"spike. Router entropy below (1 - {self.entropy_drop}) x the ladder's warns. A "
+            f"ladder's, warns; {self.grad_ref_crit}x the ladder's is critical. Train loss above "
+            f"its trailing median of {self.spike_window} rows by more than {self.spike_k:g}x the "
+            f"robust sd (1.4826 x MAD; k = {self.spike_k_margin}x the largest such z-score of "
+            f"the ladder's healthy runs, at least the default) and more than "
+            f"{self.spike_rel:.0%} is a spike. Router entropy below, or load max/mean above, the "
+            f"range of the ladder's rungs at the same fraction widened by the ladder's own "
+            f"leave-one-rung-out tolerance (within {self.envelope_tol}..{self.envelope_tol_max}; "
+            f"{self.envelope_tol} without one) plus "
+            f"{self.envelope_margin} (log units) warns. A "
             f"parameter-norm group whose growth differs from the ladder's by more than "
             f"{self.param_growth_ratio}x warns; router_bias is judged on its own after "
             f"{self.router_bias_after:.0%} of the run (> {self.router_bias_jump}x its trailing "
@@ -265,11 +312,20 @@ class Batch:
 
     @classmethod
     def from_rows(cls, rows: Iterable[Mapping], *, keys: Iterable[str] | None = None,
-                  keep=None) -> Batch:
+                  keep=None, nan_tokens: bool = True) -> Batch:
         """Columns from row dicts (as read from JSONL/CSV/W&B). A row with a ``config`` dict is a
         configuration; rows without a numeric ``step`` are skipped with a note. Within the batch
-        a repeated step keeps its last row (a resumed run re-logs steps: last one wins)."""
+        a repeated step keeps its last row (a resumed run re-logs steps: last one wins).
+
+        ``nan_tokens=False`` is the caller's guarantee that no value was *written* as NaN (the
+        source text has no ``NaN`` token or string): then a NaN in a numeric column can only be a
+        missing key, and large batches take a columnar path (pandas builds the columns in C;
+        about twice as fast as per-key Python loops)."""
         rows_l = rows if isinstance(rows, list) else list(rows)
+        if not nan_tokens and len(rows_l) >= 2000:
+            b = cls._columns_fast(rows_l, keys, keep)
+            if b is not None:
+                return b
         configs = [r["config"] for r in rows_l if "config" in r and isinstance(r["config"], dict)]
         notes: list[str] = []
         steps_raw = [r.get("step") for r in rows_l]
@@ -288,15 +344,7 @@ class Batch:
         n = len(rows)
         step = _to_float([r["step"] for r in rows], nonfinite=False)[0].astype(np.int64) if n \
             else np.zeros(0, dtype=np.int64)
-        ks: set[str] = set(keys or ())
-        if keys is None or keep is not None:
-            # discover keys: all rows when few, else a sample (key sets of a run barely change)
-            sample = rows if n <= 5000 else rows[:1000] + rows[1000::97] + rows[-1000:]
-            for r in sample:
-                ks.update(r.keys())
-            if keep is not None:
-                ks = {k for k in ks if keep(k)} | set(keys or ())
-        ks -= {"step", "config"}
+        ks = cls._keys(rows, keys, keep) - {"step", "config"}
         cols: dict[str, np.ndarray] = {}
         nonfinite: dict[str, np.ndarray] = {}
         for k in ks:
@@ -311,6 +359,62 @@ class Batch:
                 nonfinite[k] = nf
         b = cls(step=step, cols=cols, nonfinite=nonfinite, configs=configs, notes=notes)
         return b.last_wins()
+
+    @classmethod
+    def _columns_fast(cls, rows: list[Mapping], keys, keep) -> Batch | None:
+        """The columnar path of :meth:`from_rows` (no written NaN in ``rows``); None when the rows
+        need the general path (configuration rows, a non-numeric ``step``)."""
+        import pandas as pd
+        if any("config" in r for r in rows):
+            return None
+        ks = cls._keys(rows, keys, keep)
+        names = ["step"] + sorted(ks - {"step", "config"})
+        df = pd.DataFrame.from_records(rows, columns=names)
+        st = df["step"]
+        if st.dtype.kind not in "iuf":
+            return None
+        stepf = st.to_numpy(dtype=float)
+        ok = np.isfinite(stepf)
+        notes: list[str] = []
+        if not ok.all():  # rare: the general path, on the rows with a step
+            notes.append(f"{int((~ok).sum())} row(s) without a numeric 'step' skipped")
+            kept = [r for r, k in zip(rows, ok, strict=True) if k]
+            b = cls._columns_fast(kept, keys, keep) if kept else None
+            if b is None:
+                return None
+            b.notes = notes + b.notes
+            return b
+        cols: dict[str, np.ndarray] = {}
+        nonfinite: dict[str, np.ndarray] = {}
+        for k in names[1:]:
+            c = df[k]
+            if c.dtype.kind in "iufb":
+                arr = c.to_numpy(dtype=float)  # NaN here = key missing (no NaN was written)
+                nf = np.isinf(arr)             # 1e999 parses to inf: written non-finite
+            else:  # mixed types: the general conversion, with missing keys as None
+                vals = [None if isinstance(v, float) and v != v else v for v in c.tolist()]
+                arr, bad, nf = _to_float(vals)
+                if bad:
+                    notes.append(f"{bad} non-numeric value(s) of '{k}' ignored")
+            if nf.any():
+                nonfinite[k] = nf
+                arr = np.where(np.isfinite(arr), arr, np.nan)
+            cols[k] = arr
+        return cls(step=stepf.astype(np.int64), cols=cols, nonfinite=nonfinite, configs=[],
+                   notes=notes).last_wins()
+
+    @staticmethod
+    def _keys(rows: list[Mapping], keys, keep) -> set[str]:
+        n = len(rows)
+        ks: set[str] = set(keys or ())
+        if keys is None or keep is not None:
+            # discover keys: all rows when few, else a sample (key sets of a run barely change)
+            sample = rows if n <= 5000 else rows[:1000] + rows[1000::97] + rows[-1000:]
+            for r in sample:
+                ks.update(r.keys())
+            if keep is not None:
+                ks = {k for k in ks if keep(k)} | set(keys or ())
+        return ks
 
     def last_wins(self) -> Batch:
         """Keep the last row of each repeated step; rows in step order."""
@@ -464,6 +568,58 @@ class PreregView:
         if ok.sum() < 2:
             return None
         return np.interp(frac, x[ok], y[ok], left=np.nan, right=np.nan)
+
+    def envelope(self, key: str, frac: np.ndarray) -> Envelope | None:
+        """The ladder's min and max of ``key`` across rungs at ``frac`` and the leave-one-rung-out
+        tolerance (log units) stored with them; None without a reference for ``key``."""
+        sig = (self.health.get("signals") or {}).get(key)
+        lo = self._curve(sig, "min", frac)
+        hi = self._curve(sig, "max", frac)
+        if lo is None or hi is None:  # a reference with medians only: a zero-width envelope
+            lo = hi = self._curve(sig, "median", frac)
+        if lo is None:
+            return None
+        tol = sig.get("tolerance") or {}
+        fallback = self.config.envelope_tol
+
+        def t(side):  # the measured tolerance within the configured floor and cap
+            v = as_float(tol.get(side))
+            if v is None or not math.isfinite(v):
+                return fallback
+            return min(max(v, fallback), max(fallback, self.config.envelope_tol_max))
+        return Envelope(lo=lo, hi=hi, tol_below=t("below"), tol_above=t("above"),
+                        calibrated=tol.get("below") is not None)
+
+    def _curve(self, sig, name, frac):
+        fr = self.health.get("fractions")
+        if not sig or not fr or not sig.get(name):
+            return None
+        x = np.array([_f(v) for v in fr])
+        y = np.array([_f(v) for v in sig.get(name, [])])
+        if x.size != y.size:
+            return None
+        ok = np.isfinite(x) & np.isfinite(y)
+        if ok.sum() < 2:
+            return None
+        # the bins cover [0, 1]: their outer halves take the edge values (the last 0.5% of the
+        # run would otherwise go unjudged)
+        out = np.interp(frac, x[ok], y[ok])
+        return np.where((frac >= -1e-9) & (frac <= 1 + 1e-9), out, np.nan)
+
+    def band_half_rel(self, frac: float) -> float:
+        """The registered band's relative half-width (hi - lo) / 2 / forecast at ``frac``."""
+        e, lo, hi = self.expected(np.array([frac]), alert=False)
+        w = float((hi[0] - lo[0]) / 2 / e[0])
+        return w if math.isfinite(w) else 0.0
+
+
+@dataclass(frozen=True)
+class Envelope:
+    lo: np.ndarray
+    hi: np.ndarray
+    tol_below: float
+    tol_above: float
+    calibrated: bool
 
 
 def _f(v) -> float:
@@ -804,12 +960,12 @@ def _trend_rule(view: PreregView, st, f, rel, rel_smooth, step, tokens, e, emit,
     if f < cfg.trend_after:
         return
     if ts["dir"] is not None:  # alert active: clear when back near the level it left
-        if abs(rel_smooth - ts["base"]) <= cfg.trend_rel / 2:
+        if abs(rel_smooth - ts["base"]) <= _trend_threshold(view, hist, f) / 2:
             ts["in_len"] += 1
             if ts["in_len"] >= cfg.k_clear:
                 emit(Alert(stamp, step, tokens, f, "cleared", "info", value=e * (1 + rel_smooth),
                            expected=e, direction=None,
-                           message=f"{view.metric} back within {cfg.trend_rel / 2:.1%} of its "
+                           message=f"{view.metric} back within half the threshold of its "
                                    f"earlier level relative to the forecast (was trend, "
                                    f"{ts['dir']})"))
                 ts.update(dir=None, base=None, in_len=0, run_len=0)
@@ -821,19 +977,38 @@ def _trend_rule(view: PreregView, st, f, rel, rel_smooth, step, tokens, e, emit,
         return
     base = float(np.median(base_vals))
     d = rel_smooth - base
-    if abs(d) > cfg.trend_rel:
+    thr = _trend_threshold(view, hist, f)
+    if abs(d) > thr:
         ts["run_len"] += 1
         if ts["run_len"] >= cfg.k_consecutive:
             worse = "worse" if d > 0 else "better"
             ts.update(dir=worse, base=base, in_len=0)
-            emit(Alert(stamp, step, tokens, f, "trend", "warn", value=e * (1 + rel_smooth),
-                       expected=e * (1 + base), direction=worse,
+            # better than forecast is no risk to the run: recorded, not raised
+            emit(Alert(stamp, step, tokens, f, "trend", "warn" if worse == "worse" else "info",
+                       value=e * (1 + rel_smooth), expected=e * (1 + base), direction=worse,
                        message=f"{view.metric} moved {d:+.2%} of the forecast away from its own "
                                f"level over the preceding {cfg.trend_window:.0%} of the run "
-                               f"({base:+.2%} -> {rel_smooth:+.2%} vs forecast): {worse}, for "
-                               f"{ts['run_len']} evals"))
+                               f"({base:+.2%} -> {rel_smooth:+.2%} vs forecast; threshold "
+                               f"{thr:.2%}): {worse}, for {ts['run_len']} evals",
+                       extra={"threshold": thr}))
     else:
         ts["run_len"] = 0
+
+
+def _trend_threshold(view: PreregView, hist: list, f: float) -> float:
+    """The trend rule's threshold (relative to the forecast) at fraction ``f``: the largest of the
+    configured floor, a share of the registered band's relative half-width, and a multiple of
+    the smoothed residual's own noise. The noise is robust: 1.4826 x the median absolute first
+    difference of the raw relative residuals / sqrt(2) (a slow drift barely changes first
+    differences), scaled by the EMA's sd factor sqrt(alpha / (2 - alpha))."""
+    cfg = view.config
+    thr = max(cfg.trend_rel, cfg.trend_band * view.band_half_rel(f))
+    if len(hist) >= 8:
+        r = np.array([v for _, v in hist])
+        sd = 1.4826 * float(np.median(np.abs(np.diff(r)))) / math.sqrt(2)
+        a = cfg.ema_alpha
+        thr = max(thr, cfg.trend_noise_k * sd * math.sqrt(a / (2 - a)))
+    return thr
 
 
 def _contingency(view: PreregView, b: Batch, i, f, ys, e, tokens, stamp) -> Alert:
@@ -905,13 +1080,17 @@ def _health_rules(view: PreregView, b: Batch, frac, tokens, st, emit, stamp):
                describe):
         _level_signal(kind, key, sev, value, ref, b, frac, tokens, st, emit, stamp, cfg, describe)
 
-    # spikes: train loss vs trailing median of the rows before it
+    # spikes: train loss vs trailing median + k x robust sd of the rows before it
     if "train/loss" in b.cols:
+        from predict.forecast import spike_scores
         x = b.cols["train/loss"]
-        both, off = _trailing(st, "train/loss", x, cfg.spike_window)
-        med = _rolling_median(both, cfg.spike_window, shift=True)[off:]
-        spike = np.isfinite(x) & np.isfinite(med) & (x > med * (1 + cfg.spike_rel))
-        _spikes(spike, x, med, b, frac, tokens, st, emit, stamp, cfg)
+        both, off = _trailing(st, "train/loss", x, 2 * cfg.spike_window)
+        with np.errstate(all="ignore"):
+            sc = spike_scores(both, cfg.spike_window)
+        z, med = sc.z[off:], sc.median[off:]
+        spike = (np.isfinite(x) & np.isfinite(med) & (x > med * (1 + cfg.spike_rel))
+                 & ((z > cfg.spike_k) | (np.isinf(z) & (z > 0))))
+        _spikes(spike, x, med, z, b, frac, tokens, st, emit, stamp, cfg)
 
     # grad norm: level vs ladder, growth since post-warmup minimum
     if "grad/norm" in b.cols:
@@ -944,15 +1123,18 @@ def _health_rules(view: PreregView, b: Batch, frac, tokens, st, emit, stamp):
             return ", ".join(parts)
         signal("grad_norm", "grad/norm", sev, med, ref, describe)
 
-    # token-drop fraction vs ladder at the same fraction
+    # token-drop fraction vs the ladder's widened envelope at the same fraction
     if "moe/drop_frac" in b.cols:
         x = b.cols["moe/drop_frac"]
         both, off = _trailing(st, "moe/drop_frac", x, cfg.drop_window)
         med = _rolling_median(both, cfg.drop_window, shift=False)[off:]
-        ref = view.reference("moe/drop_frac", frac)
-        if ref is not None:
-            warn_t = np.fmax(cfg.drop_warn_ratio * ref, cfg.drop_floor)
-            crit_t = np.fmax(cfg.drop_crit_ratio * ref, cfg.drop_floor)
+        env = view.envelope("moe/drop_frac", frac)
+        ref = None
+        if env is not None:
+            ref = env.hi
+            warn_t = np.fmax(env.hi * math.exp(env.tol_above + cfg.envelope_margin),
+                             cfg.drop_floor)
+            crit_t = cfg.drop_crit_factor * warn_t
             warn_t = np.where(np.isfinite(ref), warn_t, cfg.drop_warn_abs)
             crit_t = np.where(np.isfinite(ref), crit_t, cfg.drop_crit_abs)
         else:
@@ -962,24 +1144,41 @@ def _health_rules(view: PreregView, b: Batch, frac, tokens, st, emit, stamp):
         sev = np.where(np.isfinite(med), sev, -1)
 
         def describe(i, level):
-            against = (f"the ladder's {ref[i]:.2%} at this fraction" if ref is not None
-                       and math.isfinite(ref[i]) else "the absolute limits (no ladder reference)")
+            against = (f"the ladder's max {ref[i]:.2%} at this fraction, widened" if ref is
+                       not None and math.isfinite(ref[i])
+                       else "the absolute limits (no ladder reference)")
             return (f"token-drop fraction (median of {cfg.drop_window}) {med[i]:.2%}: above "
                     f"{(crit_t if level == 2 else warn_t)[i]:.2%}, against {against}")
         signal("drop_frac", "moe/drop_frac", sev, med, ref, describe)
 
-    # router entropy vs ladder
-    if "moe/router_entropy" in b.cols:
-        ref = view.reference("moe/router_entropy", frac)
-        if ref is not None:
-            x = b.cols["moe/router_entropy"]
-            both, off = _trailing(st, "moe/router_entropy", x, cfg.drop_window)
-            med = _rolling_median(both, cfg.drop_window, shift=False)[off:]
-            low = med < ref * (1 - cfg.entropy_drop)
-            sev = np.where(np.isfinite(med) & np.isfinite(ref), np.where(low, 1, 0), -1)
-            signal("router", "moe/router_entropy", sev, med, ref,
-                   lambda i, lv: f"router entropy {med[i]:.3g} below {1 - cfg.entropy_drop:.0%} "
-                                 f"of the ladder's {ref[i]:.3g} at this fraction")
+    # router entropy (low) and load max/mean (high) against the ladder's widened envelope
+    for key, side in (("moe/router_entropy", "below"), ("moe/load_max_over_mean", "above")):
+        if key not in b.cols:
+            continue
+        env = view.envelope(key, frac)
+        if env is None:
+            continue
+        x = b.cols[key]
+        both, off = _trailing(st, key, x, cfg.drop_window)
+        med = _rolling_median(both, cfg.drop_window, shift=False)[off:]
+        if side == "below":
+            tol = env.tol_below + cfg.envelope_margin
+            limit = env.lo * math.exp(-tol)
+            bad = med < limit
+        else:
+            tol = env.tol_above + cfg.envelope_margin
+            limit = env.hi * math.exp(tol)
+            bad = med > limit
+        sev = np.where(np.isfinite(med) & np.isfinite(limit), np.where(bad, 1, 0), -1)
+        name = "router entropy" if side == "below" else "expert load max/mean"
+        edge = env.lo if side == "below" else env.hi
+        signal("router", key, sev, med, edge,
+               lambda i, lv, med=med, limit=limit, edge=edge, env=env, name=name, side=side,
+               tol=tol:
+               f"{name} {med[i]:.3g} (median of {cfg.drop_window}) {side} {limit[i]:.3g}: the "
+               f"ladder's range {env.lo[i]:.3g}..{env.hi[i]:.3g} at this fraction widened by "
+               f"x{math.exp(tol):.2f} (tolerance "
+               f"{'measured leave-one-rung-out' if env.calibrated else 'by default'} + margin)")
 
     # parameter norms per group; router_bias on its own
     for key in sorted(k for k in b.cols if k.startswith("params/norm/")):
@@ -1017,7 +1216,7 @@ def _health_rules(view: PreregView, b: Batch, frac, tokens, st, emit, stamp):
                f"the ladder's grew {ref[i]:.2f}x by this fraction")
 
 
-def _spikes(spike, x, med, b, frac, tokens, st, emit, stamp, cfg):
+def _spikes(spike, x, med, z, b, frac, tokens, st, emit, stamp, cfg):
     idx = np.flatnonzero(spike)
     if not idx.size:
         return
@@ -1030,7 +1229,8 @@ def _spikes(spike, x, med, b, frac, tokens, st, emit, stamp, cfg):
         emit(Alert(stamp, s, _opt(tokens[i]), _opt(frac[i]), "spike", "warn", value=float(x[i]),
                    expected=float(med[i]), direction="worse",
                    message=f"train/loss {x[i]:.4f} is {x[i] / med[i] - 1:.1%} above its trailing "
-                           f"median {med[i]:.4f}"))
+                           f"median {med[i]:.4f} ({z[i]:.1f} robust sd; limit {cfg.spike_k:g})",
+                   extra={"z": _opt(z[i])}))
     st["last_spike_step"] = last
 
 
@@ -1064,7 +1264,7 @@ def _level_signal(kind, key, sev, value, ref, b: Batch, frac, tokens, st, emit, 
                            sev_name, value=_opt(value[at]),
                            expected=None if ref is None else _opt(ref[at]),
                            direction="above" if kind != "router" else None,
-                           message=describe(at, level) + f" ({key})"))
+                           message=describe(at, level) + f" ({key})", extra={"key": key}))
         elif level < s["level"]:
             need = cfg.k_health_clear if level == 0 else cfg.k_health
             if total >= need:

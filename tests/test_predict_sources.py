@@ -444,6 +444,7 @@ def test_parallel_parse_of_a_backlog_equals_the_serial_one(tmp_path, prereg_path
     for par in (False, True):
         src = JsonlSource(p)
         src.parallel_min_bytes, src.piece_bytes = (1, 20_000) if par else (1 << 40, 1 << 40)
+        src.parallel_min_workers = 2  # the pool even on a 2-core machine
         w = Watcher(prereg_path, src, [], None)
         w.poll()
         results.append(([(a.kind, a.severity, a.step) for a in w.all_alerts if a.kind != "input"],
