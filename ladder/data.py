@@ -90,6 +90,20 @@ def shuffle_bytes(batch: dict, seed: int, index: int) -> dict:
     return {"tokens": full[:, :-1], "targets": full[:, 1:]}
 
 
+def corrupt_bytes(batch: dict, fraction: float, vocab: int, seed: int, index: int) -> dict:
+    """Each token replaced, with probability ``fraction``, by a uniform random one.
+
+    Used by the ``loss-drift`` fault: a slowly growing share of noise in the data (a data-pipeline
+    bug that creeps in) makes the loss drift up slowly rather than jump. Deterministic in
+    (seed, index), so a faulted run still resumes exactly.
+    """
+    rng = np.random.default_rng([int(seed), int(index), 0xD21F])
+    full = np.concatenate([batch["tokens"], batch["targets"][:, -1:]], axis=1)
+    noise = rng.integers(0, vocab, size=full.shape, dtype=full.dtype)
+    full = np.where(rng.random(full.shape) < fraction, noise, full)
+    return {"tokens": full[:, :-1], "targets": full[:, 1:]}
+
+
 # ------------------------------------------------------------------------------- loading
 
 

@@ -16,7 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
-# Exit statuses for bad input follow BSD sysexits(3): 64 usage, 65 data, 66 no input, 73 can't create.
+# Exit statuses for bad input follow BSD sysexits(3): 64 usage, 65 data, 66 no input,
+# 73 can't create.
 EX_USAGE, EX_DATAERR, EX_NOINPUT, EX_CANTCREAT = 64, 65, 66, 73
 
 
@@ -67,7 +68,8 @@ def atomic_write_text(path: str | os.PathLike, text: str, **kw) -> Path:
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any, **kw) -> Path:
-    return atomic_write_text(path, json.dumps(to_jsonable(obj), indent=2, allow_nan=False) + "\n", **kw)
+    text = json.dumps(to_jsonable(obj), indent=2, allow_nan=False) + "\n"
+    return atomic_write_text(path, text, **kw)
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -32,7 +32,7 @@ import numpy as np
 
 from ladder import __version__
 from ladder.counting import conventions
-from ladder.data import Corpus, load_corpus, shuffle_bytes
+from ladder.data import Corpus, corrupt_bytes, load_corpus, shuffle_bytes
 from ladder.io import (
     EX_USAGE,
     InputError,
@@ -45,7 +45,7 @@ from ladder.io import (
 from ladder.specs import Rung, Schedule
 from model.config import ModelConfig
 
-FAULTS = ("lr-spike", "data-swap")
+FAULTS = ("lr-spike", "data-swap", "loss-drift")
 RUN_CONFIG_SCHEMA = "run-config/1"
 SUMMARY_SCHEMA = "run-summary/1"
 ENV_SCHEMA = "run-env/1"
@@ -80,9 +80,10 @@ class TrainConfig:
     model: dict = field(default_factory=dict)  # ModelConfig field overrides (ablations)
     data: tuple[str, ...] = ()       # text files/globs or one token array; () = Python stdlib
     vocab_size: int | None = None    # for raw .bin token files (and a check for .npy)
-    fault: str | None = None         # fault injection for demos: "lr-spike" or "data-swap"
+    fault: str | None = None         # fault injection for demos: lr-spike, data-swap, loss-drift
     fault_at: float = 0.5            # ... from this fraction of the planned steps on
     fault_scale: float = 10.0        # lr-spike: LR multiplier
+    drift_max: float = 0.3           # loss-drift: share of random tokens reached at the end
     wandb: bool = False
     wandb_project: str = "ladder"
     progress: bool = True            # tqdm bar on stderr
@@ -120,6 +121,7 @@ class TrainConfig:
         check("fault", self.fault is None or self.fault in FAULTS, f"null or one of {FAULTS}")
         check("fault_at", is_num(self.fault_at) and 0 <= self.fault_at < 1, "in [0, 1)")
         check("fault_scale", is_num(self.fault_scale) and self.fault_scale > 0, "> 0")
+        check("drift_max", is_num(self.drift_max) and 0 < self.drift_max <= 1, "in (0, 1]")
         for name in ("wandb", "progress"):
             check(name, isinstance(getattr(self, name), bool), "true or false")
         check("wandb_project", isinstance(self.wandb_project, str) and self.wandb_project,
@@ -651,6 +653,10 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
         b = corpus.batch(cfg.seed, i, rung.batch, rung.seq_len)
         if cfg.fault == "data-swap" and i >= fault_step(rung, cfg):
             b = shuffle_bytes(b, cfg.seed, i)
+        if cfg.fault == "loss-drift" and i >= fault_step(rung, cfg):
+            start = fault_step(rung, cfg)  # noise share grows linearly to drift_max at the end
+            share = cfg.drift_max * (i - start + 1) / max(1, rung.steps - start)
+            b = corrupt_bytes(b, share, rung.model.vocab_size, cfg.seed, i)
         return jax.device_put({**b, "lr": lrs[i]}, step_sharding)
 
     def evaluate(params, router_bias) -> dict:
