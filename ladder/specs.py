@@ -287,9 +287,10 @@ MARIN_RECIPE = Recipe(
 # window is half the sequence too). Tokens per active parameter = 10, so that the whole ladder
 # trains in minutes; the proxy hero is 8.5x the compute of the largest rung (the issue asks for
 # 8-30x). The LR rule is the real one. Widths 32/40/48/64 at 2 layers span 10x in compute; d must
-# be a multiple of d/16 heads (56 is not). Measured (trainer issue #3): the whole ladder is ~330
-# CPU-seconds (user+sys) on this 2-core machine; final dropless losses 2.69, 2.64, 2.48, 2.33 and
-# 1.98 for the proxy hero, i.e. falling with compute.
+# be a multiple of d/16 heads (56 is not). Measured (trainer issue #3): `ladder run cpu` took
+# 6 min 10 s on this shared 2-core machine with a cold compile cache (317 CPU-seconds; the process
+# got 85% of one core), final dropless losses 2.692, 2.643, 2.483, 2.331 and 1.983 for the proxy
+# hero: falling with compute, identical in three runs.
 CPU_RECIPE = Recipe(
     vocab_size=256, seq_len=128, head_dim=16, n_experts=8, top_k=2, n_shared=1,
     tokens_per_active=10, batch_per_unit=16, lr_coef=0.087571, lr_tokens_exp=-0.3461,
