@@ -51,9 +51,9 @@ def test_eight_device_mesh_matches_one_device(tmp_path):
     one, eight = out["1"], out["8"]
     assert one["mesh"] == {"data": 1, "expert": 1} and eight["mesh"] == {"data": 2, "expert": 4}
     assert len(one["loss"]) == len(eight["loss"]) == 4
-    for a, b in zip(one["loss"], eight["loss"]):
+    for a, b in zip(one["loss"], eight["loss"], strict=True):
         assert b == pytest.approx(a, abs=1e-5)
     assert out["routed_shard_rows"] == [1]   # tiny has 4 experts: one per device of the axis
     assert out["attention_shard_rows"] == [True]
-    for a, b in zip(one["gnorm"], eight["gnorm"]):
+    for a, b in zip(one["gnorm"], eight["gnorm"], strict=True):
         assert b == pytest.approx(a, rel=1e-4)
