@@ -64,7 +64,10 @@ class TrainConfig:
     seed: int = 0
     checkpoint_every: int = 0        # steps between checkpoints; 0 = every 25% of the run
     keep: int = 2                    # checkpoints kept (the issue: the last 2)
-    eval_batches: int = 2            # held-out set = eval_batches x rung.batch fixed windows
+    eval_sequences: int = 96         # held-out set: this many fixed windows (rounded up to whole
+                                     # batches), the same for every rung whatever its batch (96
+                                     # divides every cpu-ladder batch). A set that shrank with the
+                                     # batch made small rungs' evals noisy: 1k tokens at batch 4.
     eval_every: float | None = None  # fraction of the run between evals; None = the rung's (5%)
     log_every: int = 1               # steps between metrics rows (the loss is checked every step)
     peak_flops: float | None = None  # FLOP/s for throughput/mfu; None = measured once by a matmul
@@ -102,7 +105,7 @@ class TrainConfig:
         for name in ("seed", "checkpoint_every"):
             check(name, is_int(getattr(self, name)) and getattr(self, name) >= 0,
                   "an integer >= 0")
-        for name in ("keep", "eval_batches", "log_every"):
+        for name in ("keep", "eval_sequences", "log_every"):
             check(name, is_int(getattr(self, name)) and getattr(self, name) >= 1,
                   "an integer >= 1")
         for name in ("devices", "expert_parallel", "vocab_size"):
@@ -647,7 +650,8 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
     step_sharding = {"tokens": batch_sharding, "targets": batch_sharding,
                      "lr": NamedSharding(mesh, P())}
     eval_set = [jax.device_put(b, batch_sharding)
-                for b in corpus.eval_batches(cfg.eval_batches, rung.batch, rung.seq_len)]
+                for b in corpus.eval_batches(-(-cfg.eval_sequences // rung.batch), rung.batch,
+                                             rung.seq_len)]
 
     def get_batch(i: int):  # input of step i (0-based): a pure function of (seed, i)
         b = corpus.batch(cfg.seed, i, rung.batch, rung.seq_len)

@@ -185,8 +185,8 @@ def test_bad_input_fails_with_one_line_and_writes_nothing(tmp_path, capsys, case
         args.append("--learning_rate=0.1")
         expect = "learning_rate"
     else:
-        args.append("--eval_batches=0")
-        expect = "eval_batches"
+        args.append("--eval_sequences=0")
+        expect = "eval_sequences"
     code = main(args)
     err = capsys.readouterr().err.strip()
     assert code >= 64, err
