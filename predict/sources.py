@@ -240,7 +240,10 @@ class JsonlSource:
         import multiprocessing as mp
         tasks = [(str(self.path), a, b, keys, keep) for a, b in zip(cuts[:-1], cuts[1:],
                                                                     strict=True)]
-        with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as ex:
+        # fork is fastest, but forking a process that runs JAX (the demo watches in the trainer's
+        # process) can deadlock on JAX's threads: start clean interpreters there instead
+        method = "spawn" if "jax" in sys.modules else "fork"
+        with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context(method)) as ex:
             parts = list(ex.map(_parse_range, tasks))
         from predict.watch import concat_batches
         bad = sum(pp[1] for pp in parts)
