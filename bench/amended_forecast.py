@@ -1,8 +1,11 @@
 """Issue #6 on the CPU ladder: the proxy hero's plan changes, and the forecast is amended honestly.
 
 After `ladder demo` (its rungs and its frozen prereg.json are reused), this script
-1. fits the schedule-aware multi-power law (Luo et al. 2025; `fit.curves`) on the rungs' whole
-   curves, with the exact LR of every step rebuilt from each run's config.json;
+1. takes the law for the amendment: ``--law mpl`` fits the schedule-aware multi-power law (Luo et
+   al. 2025; `fit.curves`) on the rungs' whole curves, with the exact LR of every step rebuilt from
+   each run's config.json; ``--law trajectory`` reuses the demo's law.json (a shortened run whose
+   decay is re-aimed to its new end keeps the schedule's shape, so it is a run of 0.6x the planned
+   compute in that law's own domain); the multi-power law's projections are printed either way;
 2. copies the demo's frozen pre-registration into OUT/ (byte for byte: the chain lives in one
    folder) and writes an amendment for the changed plan: the same proxy hero, shortened to
    ``--decay-end`` (default 60%) of its planned tokens with the LR decay re-aimed to end there,
@@ -13,7 +16,7 @@ After `ladder demo` (its rungs and its frozen prereg.json are reused), this scri
    (the watcher follows the amendment and judges the run against it);
 5. prints whether the amended band holds the run's final loss.
 
-    python bench/amended_forecast.py [--demo demo_out] [--out demo_out/amended] [--decay-end 0.6]
+    python bench/amended_forecast.py [--demo demo_out] [--law mpl|trajectory] [--decay-end 0.6]
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fit import load_points  # noqa: E402
+from fit import load_law, load_points  # noqa: E402
 from fit.curves import ScheduledLaw, contingency_forecast, fit_curve_law, schedules_from_sources  # noqa: E402,E501
 from ladder.io import as_float, atomic_write_json  # noqa: E402
 from ladder.specs import get_ladder  # noqa: E402
@@ -51,6 +54,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ladder", default="cpu")
     ap.add_argument("--decay-end", type=float, default=0.6)
     ap.add_argument("--bootstrap", type=int, default=100)
+    ap.add_argument("--law", default="mpl", choices=["mpl", "trajectory"],
+                    help="the law the amendment is forecast with")
     args = ap.parse_args(argv)
     from predict import prereg as pr
     from predict.commands import make_prereg
@@ -78,12 +83,12 @@ def main(argv=None) -> int:
                             schedules=schedules_from_sources([str(d) for d in rung_dirs]))
     atomic_write_json(law_path, law.to_json())
     print(f"[1/4] multi-power law on {len(points)} eval points of {len(rung_dirs)} rungs -> "
-          f"{law_path} ({time.time() - t0:.0f} s)")
+          f"{law_path} ({time.time() - t0:.0f} s); the amendment uses the {args.law} law")
 
     # 2. the amendment ----------------------------------------------------------------------
     hero = ladder.target
     short = dataclasses.replace(hero, steps=max(1, round(args.decay_end * hero.steps)))
-    chain_dir = out / "chain"
+    chain_dir = out / f"chain-{args.law}"
     chain_dir.mkdir(parents=True, exist_ok=True)
     old_copy = chain_dir / "prereg.json"
     if not old_copy.exists():
@@ -96,7 +101,9 @@ def main(argv=None) -> int:
     if not new_path.exists():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            doc = make_prereg(ScheduledLaw(law, short), Target.from_rung(short), level=0.9,
+            amend_law = (ScheduledLaw(law, short) if args.law == "mpl"
+                         else load_law(demo / "law.json"))
+            doc = make_prereg(amend_law, Target.from_rung(short), level=0.9,
                               runs=str(runs), data_tag="python-stdlib",
                               amends=pr.amendment(old_copy, reason))
         pr.write_once(new_path, doc)
@@ -126,13 +133,15 @@ def main(argv=None) -> int:
         shutil.copyfile(old_prereg, alone / "prereg.json")
     code_old, text_old = watch(alone / "prereg.json", run_dir / "metrics.jsonl",
                                out / "alerts-unamended.jsonl")
-    code_new, text_new = watch(old_copy, run_dir / "metrics.jsonl", out / "alerts-chain.jsonl")
+    code_new, text_new = watch(old_copy, run_dir / "metrics.jsonl",
+                               out / f"alerts-chain-{args.law}.jsonl")
     inside = fin["lo"] <= actual <= fin["hi"]
-    result = {"decay_end": args.decay_end, "steps": short.steps, "planned_steps": hero.steps,
+    result = {"law": args.law, "decay_end": args.decay_end, "steps": short.steps,
+              "planned_steps": hero.steps,
               "amended_final": fin, "actual_final": actual, "inside": inside,
               "unamended_watch_exit": code_old, "chain_watch_exit": code_new,
               "seconds": time.time() - t0}
-    atomic_write_json(out / "result.json", result)
+    atomic_write_json(out / f"result-{args.law}.json", result)
     print("[4/4] watch against the old pre-registration alone (exit "
           f"{code_old}; 3 = the forecast no longer applies):")
     print("      " + "\n      ".join(text_old.splitlines()[-4:]))

@@ -705,7 +705,8 @@ class CurveLaw:
         sigma = float("nan") if not isinstance(sigma, (int, float)) else float(sigma)
         size_variable = curve.get("size_variable")
         size_ref = curve.get("size_ref")
-        if scaled and (size_variable not in SIZE_VARIABLES or not isinstance(size_ref, (int, float))):
+        if scaled and (size_variable not in SIZE_VARIABLES
+                       or not isinstance(size_ref, (int, float))):
             raise bad("curve.size_ref", "a size-scaled law needs size_variable and size_ref")
         return cls(form=form, params={k: float(v) for k, v in params.items()},
                    lr_scale=lr_scale, metric=obj.get("metric"), scaled=scaled,
