@@ -86,7 +86,7 @@ class TrainConfig:
     fault: str | None = None         # fault injection for demos: lr-spike, data-swap, loss-drift
     fault_at: float = 0.5            # ... from this fraction of the planned steps on
     fault_scale: float = 10.0        # lr-spike: LR multiplier
-    drift_max: float = 1.0           # loss-drift: share of random tokens reached at the end
+    drift_max: float = 0.3           # loss-drift: share of random tokens reached at the end
     wandb: bool = False
     wandb_project: str = "ladder"
     progress: bool = True            # tqdm bar on stderr
