@@ -20,6 +20,8 @@ Rules (thresholds in :class:`WatchConfig`, stored in the pre-registration's ``de
 1b. **trend**: the smoothed residual (relative to the forecast) moving more than ``trend_rel`` from
    its own median over an earlier window of the run -> warn: a step or drift that stays inside the
    band (a healthy run keeps its offset to the forecast; a fault moves it).
+1c. **rising**: the metric above its own running minimum by more than ``rise_rel`` (and
+   ``rise_noise_k`` x the ladder's eval noise) for ``rise_k`` consecutive evals -> warn.
 2. **token-drop fraction** (``moe/drop_frac``) against the ladder's value at the same fraction of
    the schedule (reference curves stored in the pre-registration), else absolute thresholds.
 3. **numerical stability**: non-finite loss/grad-norm -> critical at once; grad-norm level against
@@ -95,6 +97,14 @@ class WatchConfig:
     trend_noise_k: float = 4.0     # ... and at least this x the sd of the smoothed residual's own
     #                                eval-to-eval noise (robust, from the run's history).
     #                                A move toward "better" than forecast is recorded as info.
+    # rule 1c: the metric rising above its own running minimum. A healthy run's held-out loss does
+    # not go up while it trains; a data or optimizer fault makes it, well before the offset to a
+    # wide forecast band shows (cpu demo, loss-drift from 40%: +4.9% one eval after onset, +11.5%
+    # two evals after; the band and trend rules needed 5 evals)
+    rise_rel: float = 0.01         # above the running minimum by 1% of it ...
+    rise_noise_k: float = 4.0      # ... and by at least this x the ladder's eval noise ...
+    rise_k: int = 2                # ... for this many consecutive evals -> warn "rising"
+    rise_after: float = 0.1        # judged from 10% of the run on
     # rule 4: contingency
     contingency_fraction: float = 0.25   # real plan: trouble in the first 25% of tokens
     # rule 2: token-drop fraction
@@ -155,7 +165,7 @@ class WatchConfig:
         if not 0.0 < self.ema_alpha <= 1.0:
             raise ValueError(f"ema_alpha: must be in (0, 1], got {self.ema_alpha!r}")
         for name in ("k_consecutive", "k_critical", "k_far", "k_clear", "drop_window",
-                     "spike_window", "grad_window", "k_health", "k_health_clear"):
+                     "spike_window", "grad_window", "k_health", "k_health_clear", "rise_k"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name}: must be a positive integer, got {v!r}")
@@ -165,13 +175,14 @@ class WatchConfig:
                      "drop_warn_abs", "drop_crit_abs", "spike_rel", "spike_k", "spike_k_margin",
                      "trend_noise_k", "envelope_tol", "envelope_tol_max", "grad_growth_warn",
                      "grad_ref_warn", "grad_ref_crit", "param_growth_ratio", "router_bias_jump",
-                     "stalled_seconds", "steps_tolerance", "envelope_margin"):
+                     "stalled_seconds", "steps_tolerance", "envelope_margin", "rise_rel",
+                     "rise_noise_k"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
                 raise ValueError(f"{name}: must be a positive number, got {v!r}")
         for name in ("trend_window", "trend_gap", "trend_after", "min_fraction",
                      "contingency_fraction", "drop_floor", "grad_after",
-                     "trend_band", "router_bias_after"):
+                     "trend_band", "router_bias_after", "rise_after"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and 0.0 <= v <= 1.0):
                 raise ValueError(f"{name}: must be in [0, 1], got {v!r}")
@@ -209,7 +220,10 @@ class WatchConfig:
             f"half-width there and {self.trend_noise_k}x the smoothed residual's own noise, for "
             f"{self.k_consecutive} evals, is a 'trend' warning when worse than forecast (info "
             f"when better), cleared when it is back within half that of the earlier level for "
-            f"{self.k_clear} evals. A confirmed above_band deviation inside the first "
+            f"{self.k_clear} evals. From {self.rise_after:.0%} of the run, the metric above its "
+            f"lowest value so far by more than {self.rise_rel:.0%} of it (and "
+            f"{self.rise_noise_k}x the ladder's eval noise) for {self.rise_k} consecutive evals "
+            f"is a 'rising' warning. A confirmed above_band deviation inside the first "
             f"{self.contingency_fraction:.0%} of the token budget adds a contingency advisory. "
             f"Token-drop fraction (trailing median of {self.drop_window} rows) above the "
             f"ladder's max at the same fraction widened as below for the router warns, above "
@@ -516,6 +530,7 @@ class PreregView:
     health: dict
     budget: dict
     sha256: str
+    eval_noise: float = 0.0
 
     @classmethod
     def of(cls, prereg: Mapping) -> PreregView:
@@ -540,7 +555,8 @@ class PreregView:
                    applicability=dict(prereg.get("applicability", {})),
                    health=dict(prereg.get("health_reference") or {}),
                    budget=dict(prereg.get("budget_curve") or {}),
-                   sha256=str(prereg.get("sha256", sha256_of(prereg))))
+                   sha256=str(prereg.get("sha256", sha256_of(prereg))),
+                   eval_noise=_noise_sigma(prereg.get("eval_noise")))
 
     def expected(self, frac: np.ndarray, *, alert: bool = True):
         """Forecast and band at ``frac``; with ``alert``, the band widened to the alert level."""
@@ -622,6 +638,11 @@ class Envelope:
     calibrated: bool
 
 
+def _noise_sigma(noise) -> float:
+    sigma = as_float(noise.get("sigma")) if isinstance(noise, Mapping) else None
+    return sigma if sigma is not None and math.isfinite(sigma) and sigma > 0 else 0.0
+
+
 def _f(v) -> float:
     x = as_float(v)
     return math.nan if x is None else x
@@ -650,6 +671,7 @@ def new_state() -> dict:
             "band": {"ema": None, "run_dir": None, "run_len": 0, "far_len": 0, "in_len": 0,
                      "level": None, "direction": None, "contingency_sent": False},
             "trend": {"hist": [], "run_len": 0, "in_len": 0, "base": None, "dir": None},
+            "rise": {"min": None, "run_len": 0, "in_len": 0, "active": False},
             "signals": {}, "tails": {}, "nan_reported": [], "stalled": False,
             "grad_min": None, "notes_seen": 0}
 
@@ -897,6 +919,7 @@ def _band_rule(view: PreregView, b: Batch, frac, tokens, st, emit, stamp):
         if not (math.isfinite(e) and math.isfinite(lo) and math.isfinite(hi)):
             continue
         st["n_evals"] += 1
+        _rise_rule(view, st, f, y, int(b.step[i]), _opt(tokens[i]), emit, stamp)
         r = y - e
         bs["ema"] = r if bs["ema"] is None else cfg.ema_alpha * r + (1 - cfg.ema_alpha) * bs["ema"]
         ys = e + bs["ema"]
@@ -945,6 +968,37 @@ def _band_rule(view: PreregView, b: Batch, frac, tokens, st, emit, stamp):
                            message=f"{view.metric} back inside the band for {bs['in_len']} evals "
                                    f"(was {bs['direction']}_band, {bs['level']})"))
                 bs["level"], bs["direction"] = None, None
+
+
+def _rise_rule(view: PreregView, st, f, y, step, tokens, emit, stamp):
+    """Rule 1c: the metric above its own running minimum for ``rise_k`` consecutive evals."""
+    cfg = view.config
+    rs = st.setdefault("rise", {"min": None, "run_len": 0, "in_len": 0, "active": False})
+    low = rs["min"]
+    rs["min"] = y if low is None else min(low, y)
+    if low is None or f < cfg.rise_after:
+        return
+    thr = max(cfg.rise_rel * low, cfg.rise_noise_k * view.eval_noise)
+    if y - low > thr:
+        rs["run_len"] += 1
+        rs["in_len"] = 0
+        if rs["run_len"] >= cfg.rise_k and not rs["active"]:
+            rs["active"] = True
+            emit(Alert(stamp, step, tokens, f, "rising", "warn", value=y, expected=low,
+                       direction="worse",
+                       message=f"{view.metric} {y:.4f} is {y / low - 1:+.2%} above its lowest "
+                               f"value so far ({low:.4f}; threshold {thr:.4f}) for "
+                               f"{rs['run_len']} consecutive evals: a healthy run's held-out "
+                               f"loss does not rise", extra={"threshold": thr}))
+    else:
+        rs["run_len"] = 0
+        if rs["active"]:
+            rs["in_len"] += 1
+            if rs["in_len"] >= cfg.k_clear:
+                rs.update(active=False, in_len=0)
+                emit(Alert(stamp, step, tokens, f, "cleared", "info", value=y, expected=low,
+                           message=f"{view.metric} back within {thr:.4f} of its lowest value "
+                                   f"(was rising)"))
 
 
 def _trend_rule(view: PreregView, st, f, rel, rel_smooth, step, tokens, e, emit, stamp):

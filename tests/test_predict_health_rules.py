@@ -218,3 +218,26 @@ def test_trend_threshold_follows_the_band_width_and_waits_for_a_quarter_of_the_r
     tr = [a for a in early.alerts if a.kind == "trend"]
     assert WatchConfig().trend_after == 0.25
     assert len(tr) == 1 and 0.25 <= tr[0].fraction <= 0.3 and tr[0].direction == "worse"
+
+
+# ------------------------------------------------------------------------------ rising
+
+
+def test_rising_is_silent_on_healthy_noisy_runs_and_catches_a_loss_that_goes_up():
+    """A healthy run's held-out loss falls (eval noise sd 0.003, ~0.1%): never 1% above its own
+    minimum. A +3% step at 60% of the run puts the loss above its minimum at once (the truth
+    falls far less than 3% between two evals there): 'rising' on the second eval after onset,
+    whatever the (here very wide) forecast band says."""
+    doc = _doc_with_band(0.5)   # a band too wide for the band and trend rules to see anything
+    for seed in range(5):
+        healthy = check(doc, sy.make_run(TRUTH, TARGET, noise=NOISE, seed=seed).rows, None,
+                        now=0)
+        assert warns(healthy.alerts) == [], seed
+    evals = sorted({float(r["progress"]) for r in _shifted(0.03, 0.6)
+                    if "eval_dropless/loss" in r})
+    onset_evals = [g for g in evals if g >= 0.6]
+    res = check(doc, _shifted(0.03, 0.6), None, now=0)
+    rising = warns(res.alerts, "rising")
+    assert len(rising) == 1 and rising[0].direction == "worse"
+    assert rising[0].fraction == pytest.approx(onset_evals[1], abs=1e-6)
+    assert warns(res.alerts, "trend") == [] and warns(res.alerts, "above_band") == []
