@@ -127,6 +127,15 @@ def preregister_main(args) -> int:
     amends = pr.amendment(args.amend, args.reason) if args.amend else None
     law = load_law_file(args.law)
     target = resolve_target(args)
+    if getattr(law, "form", None) in ("mpl", "momentum"):  # a curve law needs the run's schedule
+        if not getattr(args, "target", None):
+            raise InputError(f"a {law.form} law forecasts a run from its LR schedule: give the "
+                             f"target as --target LADDER:RUNG", field="--target-spec",
+                             exit_code=EX_USAGE)
+        from fit.curves import ScheduledLaw
+        from ladder.specs import resolve
+
+        law = ScheduledLaw(law, resolve(args.target)[1][0])
     doc = make_prereg(law, target, level=args.level, runs=getattr(args, "runs", None),
                       eval_noise=getattr(args, "eval_noise", None),
                       data_tag=getattr(args, "data_tag", None),

@@ -1093,6 +1093,11 @@ def _contingency(view: PreregView, b: Batch, i, f, ys, e, tokens, stamp) -> Aler
                 needed = float(x0 + (view.final - y0) * (x1 - x0) / (y1 - y0))
             budget_msg = (f"the registered final {view.final:.4f} would still be reached at about "
                           f"{needed:.2f}x the planned tokens ({needed * view.tokens:.3g} tokens)")
+    if mult.size >= 2 and np.isfinite(fl).all():  # the law's finals for shorter plans
+        short = [(m, x * ratio) for m, x in zip(mult, fl) if m < 1 and m in (0.5, 0.6, 0.7, 0.85)]
+        if short:
+            budget_msg += ("; shortened with the LR decay re-aimed to the new end: " + ", ".join(
+                f"{m:g}x -> {x:.4f}" for m, x in short) + f" (as planned: {projected:.4f})")
     return Alert(stamp, int(b.step[i]), _opt(tokens[i]), f, "contingency", "info", value=projected,
                  expected=view.final, lo=view.final_lo, hi=view.final_hi, direction="worse",
                  message=f"deviation confirmed at {f:.1%} of the token budget (inside the first "

@@ -51,7 +51,7 @@ HEALTH_LABELS = {
     "moe/load_max_over_mean": ("expert load imbalance", "max load / mean load"),
 }
 # Alert kinds about the watched metric itself (DESIGN.md §3 and the watcher's contingency advisory).
-LOSS_ALERT_KINDS = {"above_band", "below_band", "trend", "nan", "contingency", "stalled",
+LOSS_ALERT_KINDS = {"above_band", "below_band", "trend", "rising", "nan", "contingency", "stalled",
                     "applicable"}
 
 
@@ -623,7 +623,8 @@ def plot_watch(inp: ReportInputs) -> Figure | None:
             for axx in (ax, axr):
                 axx.axvline(g, color=c, lw=1.6 if sev != "info" else 0.8, alpha=0.85, zorder=1)
             v = a.get("value")
-            if kind in ("above_band", "below_band", "trend") and isinstance(v, (int, float)):
+            marked = ("above_band", "below_band", "trend", "rising")
+            if kind in marked and isinstance(v, (int, float)):
                 ax.plot([g], [v], "o", ms=11, mfc="none", mec=c, mew=2, zorder=5)
             if (kind, sev) not in labelled:
                 labelled.add((kind, sev))

@@ -158,6 +158,9 @@ def test_contingency_advisory_numbers(doc):
     # the truth agrees: at that budget the true final x ratio is the registered final
     c = TARGET.compute * need
     assert float(TRUTH.loss(c, 1.0)) * ratio == pytest.approx(doc["final"]["loss"], rel=2e-3)
+    # the shortened plans (decay re-aimed) are the law's finals at those budgets x the ratio
+    k = list(m).index(0.6)
+    assert f"0.6x -> {doc['budget_curve']['loss'][k] * ratio:.4f}" in adv[0].message
 
 
 def test_late_deviation_gives_no_contingency(doc):
