@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fit.law import Prediction
 from predict.forecast import Target
 
 FAULTS = ("none", "shift", "drift", "nan", "drop", "lrspike", "collapse")
@@ -42,14 +43,6 @@ class Truth:
         g = np.asarray(fraction, float)
         return self.E + self.A * ct ** -self.alpha * g ** -self.gamma * np.exp(
             self.c1 * (1 - g) + self.c2 * (1 - g) ** 2)
-
-
-@dataclass(frozen=True)
-class Prediction:
-    loss: np.ndarray
-    lo: np.ndarray
-    hi: np.ndarray
-    level: float
 
 
 @dataclass(frozen=True)
