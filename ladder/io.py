@@ -40,8 +40,14 @@ class InputError(Exception):
 # ----------------------------------------------------------------------------- writing
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, mode: int | None = None) -> Path:
-    """Write ``data`` to ``path`` via a temp file in the same directory, fsync, and rename."""
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, mode: int | None = None,
+                       exclusive: bool = False) -> Path:
+    """Write ``data`` to ``path`` via a temp file in the same directory, fsync, and rename.
+
+    ``exclusive``: never replace an existing file; publish with a hard link, which fails if the
+    name exists even under a race (raises FileExistsError). File systems without hard links get
+    a best-effort check-then-rename.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -52,13 +58,22 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, mode: int | None
             os.fsync(f.fileno())
         if mode is not None:
             os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
+        if not exclusive:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                raise
+            except OSError:
+                if path.exists():
+                    raise FileExistsError(str(path)) from None
+                os.rename(tmp, path)
+    finally:
         try:
-            os.unlink(tmp)
+            os.unlink(tmp)  # the temp name (after a link, or after a failure)
         except FileNotFoundError:
             pass
-        raise
     _fsync_dir(path.parent)
     return path
 

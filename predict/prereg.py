@@ -17,13 +17,13 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import subprocess
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ladder.io import EX_CANTCREAT, InputError, canonical_json, read_json, sha256_of, to_jsonable
+from ladder.io import (EX_CANTCREAT, InputError, atomic_write_bytes, canonical_json, read_json,
+                       sha256_of, to_jsonable)
 
 SCHEMA = "prereg/1"
 HASHED_OUT = ("sha256",)
@@ -90,40 +90,13 @@ def write_once(path: str | os.PathLike, doc: Mapping) -> Path:
     if path.exists() or path.is_symlink():
         raise InputError("exists; a pre-registration is never overwritten (choose another --out, "
                          "or amend it with --amend)", path=path, exit_code=EX_CANTCREAT)
-    path.parent.mkdir(parents=True, exist_ok=True)
     import json
     data = (json.dumps(to_jsonable(doc), indent=2, allow_nan=False) + "\n").encode("utf-8")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o444)
-        try:
-            os.link(tmp, path)  # fails if the name exists: no overwrite, even under a race
-        except FileExistsError:
-            raise InputError("exists; a pre-registration is never overwritten", path=path,
-                             exit_code=EX_CANTCREAT) from None
-        except OSError:  # file systems without hard links: best effort exclusive rename
-            if path.exists():
-                raise InputError("exists; a pre-registration is never overwritten", path=path,
-                                 exit_code=EX_CANTCREAT) from None
-            os.rename(tmp, path)
-    finally:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-    try:
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
-    return path
+        return atomic_write_bytes(path, data, mode=0o444, exclusive=True)
+    except FileExistsError:
+        raise InputError("exists; a pre-registration is never overwritten", path=path,
+                         exit_code=EX_CANTCREAT) from None
 
 
 @dataclass
