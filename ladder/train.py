@@ -170,18 +170,14 @@ def train_config(values: dict, *, where: str = "config") -> TrainConfig:
             flat[head] = {**flat[head], **value}
         else:
             flat[head] = value
-    sched = flat.get("schedule")
-    if isinstance(sched, dict):
-        unknown = sorted(set(sched) - {f.name for f in dataclasses.fields(Schedule)})
-        if unknown:
-            raise InputError("unknown schedule key", path=where, field=f"schedule.{unknown[0]}",
-                             exit_code=EX_USAGE)
-    model = flat.get("model")
-    if isinstance(model, dict):
-        unknown = sorted(set(model) - {f.name for f in dataclasses.fields(ModelConfig)})
-        if unknown:
-            raise InputError("unknown model config key", path=where, field=f"model.{unknown[0]}",
-                             exit_code=EX_USAGE)
+    for key, cls, what in (("schedule", Schedule, "schedule key"),
+                           ("model", ModelConfig, "model config key")):
+        sub = flat.get(key)
+        if isinstance(sub, dict):
+            unknown = sorted(set(sub) - {f.name for f in dataclasses.fields(cls)})
+            if unknown:
+                raise InputError(f"unknown {what}", path=where, field=f"{key}.{unknown[0]}",
+                                 exit_code=EX_USAGE)
     try:
         return TrainConfig(**flat)
     except (ValueError, TypeError) as e:
