@@ -33,14 +33,17 @@ def list_main(args) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     head = (f"{'ladder':<11} {'rung':<14} {'total':>8} {'active':>8} {'d':>5} {'L':>3} "
-            f"{'steps':>8} {'batch':>6} {'tokens':>8} {'C (no head)':>11} {'C':>9} {'peak lr':>8}")
+            f"{'steps':>8} {'batch':>6} {'tokens':>8} {'C (no head)':>11} {'C':>9} {'peak lr':>8} "
+            f"{'optimizer':>9} {'muonh lr':>8}")
     print(head)
     for s in rows:
         name = s["name"] + (" *" if s["is_target"] else "")
+        muonh = s["optimizer"]["muonh_lr"]
         print(f"{s['ladder']:<11} {name:<14} {_fmt(s['params']):>8} {_fmt(s['active_params']):>8} "
               f"{s['d_model']:>5} {s['n_layers']:>3} {s['steps']:>8,} {s['batch']:>6} "
               f"{_fmt(s['tokens']):>8} {s['compute_no_lm_head']:>11.3e} {s['compute']:>9.3e} "
-              f"{s['peak_lr']:>8.2e}")
+              f"{s['peak_lr']:>8.2e} {s['optimizer']['kind']:>9} "
+              f"{'' if muonh is None else format(muonh, '.2e'):>8}")
     conv = {s["param_convention"] for s in rows}
     print(f"* target run. params: {', '.join(sorted(conv))}; FLOPs: flops-v1, C = 3 x forward x "
           f"tokens (see ladder/counting.py)")

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, field
 
 from ladder.counting import FLOP_CONVENTION, count_params, flops_per_token
+from ladder.optim import OptimizerSettings, OptimizerSpec
 from model.config import ModelConfig
 
 SCHEDULES = ("linear", "wsd", "cosine", "constant")
@@ -81,6 +82,7 @@ class Rung:
     eval_every: float = 0.05  # evals every 5% of the run (and at the end)
     param_convention: str = "exact-v1"
     is_target: bool = False
+    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
 
     def __post_init__(self):
         for name in ("seq_len", "batch", "steps"):
@@ -98,6 +100,11 @@ class Rung:
     @property
     def tokens(self) -> int:
         return self.steps * self.tokens_per_step
+
+    @property
+    def optimizer_settings(self) -> OptimizerSettings:
+        """The optimizer's numbers for this rung (the Adam peak LR is ``peak_lr``)."""
+        return self.optimizer.settings(self.peak_lr, self.tokens, self.tokens_per_step)
 
     @property
     def params(self):
@@ -129,6 +136,7 @@ class Rung:
             "tokens": self.tokens, "steps": self.steps, "batch": self.batch,
             "seq_len": self.seq_len, "tokens_per_step": self.tokens_per_step,
             "peak_lr": self.peak_lr, "schedule": self.schedule.to_dict(),
+            "optimizer": self.optimizer_settings.to_dict(),
             "d_model": self.model.d_model, "n_layers": self.model.n_layers,
             "n_experts": self.model.n_experts, "top_k": self.model.top_k,
             "forward_flops_per_token": f.forward,
@@ -142,6 +150,7 @@ class Rung:
         d = dataclasses.asdict(self)
         d["model"] = self.model.to_dict()
         d["schedule"] = self.schedule.to_dict()
+        d["optimizer"] = self.optimizer.to_dict()
         return d
 
     @classmethod
@@ -153,6 +162,7 @@ class Rung:
         d = dict(d)
         d["model"] = ModelConfig.from_dict(d["model"])
         d["schedule"] = Schedule(**d.get("schedule", {}))
+        d["optimizer"] = OptimizerSpec.from_dict(d.get("optimizer", {}))
         return cls(**d)
 
     def replace(self, **kw) -> "Rung":
@@ -187,6 +197,7 @@ class Recipe:
     sizing_convention: str = "exact-v1"
     schedule: Schedule = field(default_factory=Schedule)
     eval_every: float = 0.05
+    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
 
     def model(self, d: int, n_layers: int) -> ModelConfig:
         heads = max(1, d // self.head_dim)
@@ -220,7 +231,8 @@ class Recipe:
         return Rung(ladder=ladder, name=name, model=model, seq_len=self.seq_len, batch=batch,
                     steps=steps, peak_lr=self.peak_lr(tokens, dials.d, tokens_per_step),
                     schedule=self.schedule, eval_every=self.eval_every,
-                    param_convention=self.sizing_convention, is_target=dials.is_target)
+                    param_convention=self.sizing_convention, is_target=dials.is_target,
+                    optimizer=self.optimizer)
 
 
 @dataclass(frozen=True)
@@ -279,6 +291,7 @@ MARIN_RECIPE = Recipe(
     vocab_size=128_256, seq_len=4096, head_dim=128, n_experts=384, top_k=8, n_shared=2,
     tokens_per_active=791, batch_per_unit=1024, lr_coef=0.087571, lr_tokens_exp=-0.3461,
     lr_d_exp=-0.3448, local_window=2048, sizing_convention="marin-sizing-v1",
+    optimizer=OptimizerSpec("marin"),
 )
 # local_window 2048: with it, flops-v1 reproduces all five published training-FLOP figures.
 
