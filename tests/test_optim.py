@@ -194,3 +194,25 @@ def test_marin_trains_the_tiny_model_and_resumes_bitwise(tmp_path):
     b = read_metrics(tmp_path / "r" / "metrics.jsonl")
     keys = ["train/loss", "grad/norm", "params/norm/lm_head", "params/norm/routed_experts"]
     assert [[r[k] for k in keys] for r in rows] == [[r[k] for k in keys] for r in b]
+
+
+def test_marin_with_decay_and_clipping_decays_only_the_adam_matrices():
+    import jax.numpy as jnp
+
+    _, full = _tiny_params()
+    params = {"embedding": full["embedding"], "lm_head": full["lm_head"],
+              "final_norm": full["final_norm"]}
+    rung = LADDERS["tiny"].rungs[0]
+    plain = resolve_rung(rung, TrainConfig(optimizer="marin")).optimizer_settings
+    decayed = resolve_rung(rung, TrainConfig(optimizer="marin", weight_decay=0.1,
+                                             grad_clip=1e6)).optimizer_settings
+    assert (decayed.weight_decay, decayed.clip) == (0.1, 1e6)
+    grads = _random_like(params, 3)
+    lr = jnp.float32(plain.adam_lr)
+    a, _ = make_optimizer(plain).update(grads, make_optimizer(plain).init(params), params, lr=lr)
+    opt = make_optimizer(decayed)
+    b, _ = opt.update(grads, opt.init(params), params, lr=lr)
+    np.testing.assert_allclose(b["embedding"], a["embedding"] + 0.1 * params["embedding"],
+                               rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(b["final_norm"]["scale"], a["final_norm"]["scale"])  # a vector
+    np.testing.assert_array_equal(b["lm_head"], a["lm_head"])           # the hyperball's own
