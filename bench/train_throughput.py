@@ -32,8 +32,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ladder.data import stdlib_corpus
-from ladder.specs import CPU_RECIPE
+from ladder.specs import LADDERS
 from ladder.train import TrainConfig, enable_compilation_cache, make_mesh, programs
+
+CPU_RECIPE = LADDERS["cpu"].recipe
 
 
 def step_timer(model_cfg, batch: int, seq_len: int):

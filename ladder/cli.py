@@ -38,12 +38,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     # --- ladders and rungs -------------------------------------------------------------------
     s = sub.add_parser("list", help="ladders, rungs, params total/active, tokens, FLOPs")
-    s.add_argument("ladder", nargs="?")
+    s.add_argument("ladder", nargs="?", help="one ladder (default: all, or --ladder-file's)")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--ladder-file", default=None, metavar="FILE",
+                   help="a ladder as data (TOML or JSON, like ladder/ladders/*.toml); it joins "
+                        "the built-in ladders, replacing one of its name (default: none)")
     s.set_defaults(func=_call("ladder.commands:list_main"))
 
     s = sub.add_parser("plan", help="memory and time per step on a mesh, no training")
-    s.add_argument("target", metavar="LADDER[:RUNG]")
+    s.add_argument("target", metavar="LADDER[:RUNG]",
+                   help="with --ladder-file, ':RUNG' names a rung of the file's ladder")
+    s.add_argument("--ladder-file", default=None, metavar="FILE",
+                   help="a ladder as data (TOML or JSON, like ladder/ladders/*.toml); it joins "
+                        "the built-in ladders, replacing one of its name (default: none)")
     s.add_argument("--devices", type=int, default=1)
     s.add_argument("--expert-parallel", type=int, default=None,
                    help="size of the 'expert' mesh axis (default: largest divisor of --devices "
@@ -57,7 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_call("ladder.commands:plan_main"))
 
     s = sub.add_parser("run", help="train ladder rungs")
-    s.add_argument("ladder")
+    s.add_argument("ladder", nargs="?", help="the ladder (default: --ladder-file's)")
+    s.add_argument("--ladder-file", default=None, metavar="FILE",
+                   help="a ladder as data (TOML or JSON, like ladder/ladders/*.toml); it joins "
+                        "the built-in ladders, replacing one of its name (default: none)")
     s.add_argument("--rung", action="append", default=None, metavar="NAME")
     s.add_argument("--out", default="runs")
     s.add_argument("--max-steps", type=int, default=None)

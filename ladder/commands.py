@@ -6,15 +6,30 @@ import json
 import sys
 
 from ladder.io import EX_USAGE, InputError
-from ladder.specs import LADDERS, Ladder, resolve
+from ladder.specs import Ladder, resolve, with_file
 
 
-def _resolve(target: str):
+def _ladders(args) -> dict[str, Ladder]:
+    """The built-in ladders, plus the one of --ladder-file (replacing a built-in of its name)."""
+    return with_file(getattr(args, "ladder_file", None))
+
+
+def _resolve(target: str | None, args=None):
+    """'LADDER[:RUNG]' among the built-ins and --ladder-file; no LADDER with --ladder-file (or
+    ':RUNG') means the file's ladder."""
+    ladders = _ladders(args)
+    file = getattr(args, "ladder_file", None)
+    if file is not None and (not target or target.startswith(":")):
+        from ladder.specs import load_ladder_file
+        target = load_ladder_file(file).name + (target or "")
+    if not target:
+        raise InputError("name a ladder (or give --ladder-file FILE)", field="LADDER",
+                         exit_code=EX_USAGE)
     try:
-        return resolve(target)
+        return resolve(target, ladders)
     except KeyError as e:
         known = ", ".join(f"{n} ({', '.join(r.name for r in lad.all)})"
-                          for n, lad in LADDERS.items())
+                          for n, lad in ladders.items())
         raise InputError(f"unknown ladder or rung {e.args[0]!r}; known: {known}",
                          field="LADDER[:RUNG]", exit_code=EX_USAGE) from None
 
@@ -27,20 +42,26 @@ def _fmt(x: float) -> str:
 
 
 def list_main(args) -> int:
-    ladders: list[Ladder] = [_resolve(args.ladder)[0]] if args.ladder else list(LADDERS.values())
+    if args.ladder or getattr(args, "ladder_file", None):
+        ladders: list[Ladder] = [_resolve(args.ladder, args)[0]]
+    else:
+        ladders = list(_ladders(args).values())
     rows = [r.summary() for lad in ladders for r in lad.all]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     head = (f"{'ladder':<11} {'rung':<14} {'total':>8} {'active':>8} {'d':>5} {'L':>3} "
-            f"{'steps':>8} {'batch':>6} {'tokens':>8} {'C (no head)':>11} {'C':>9} {'peak lr':>8}")
+            f"{'steps':>8} {'batch':>6} {'tokens':>8} {'C (no head)':>11} {'C':>9} {'peak lr':>8} "
+            f"{'optimizer':>9} {'muonh lr':>8}")
     print(head)
     for s in rows:
         name = s["name"] + (" *" if s["is_target"] else "")
+        muonh = s["optimizer"]["muonh_lr"]
         print(f"{s['ladder']:<11} {name:<14} {_fmt(s['params']):>8} {_fmt(s['active_params']):>8} "
               f"{s['d_model']:>5} {s['n_layers']:>3} {s['steps']:>8,} {s['batch']:>6} "
               f"{_fmt(s['tokens']):>8} {s['compute_no_lm_head']:>11.3e} {s['compute']:>9.3e} "
-              f"{s['peak_lr']:>8.2e}")
+              f"{s['peak_lr']:>8.2e} {s['optimizer']['kind']:>9} "
+              f"{'' if muonh is None else format(muonh, '.2e'):>8}")
     conv = {s["param_convention"] for s in rows}
     print(f"* target run. params: {', '.join(sorted(conv))}; FLOPs: flops-v1, C = 3 x forward x "
           f"tokens (see ladder/counting.py)")
@@ -79,7 +100,7 @@ def run_main(args) -> int:
 
     from ladder.train import EX_DIVERGED, EX_INTERRUPTED, train_rung
 
-    ladder, rungs = _resolve(args.ladder)
+    ladder, rungs = _resolve(args.ladder, args)
     if args.rung:
         try:
             rungs = [ladder.get(name) for name in args.rung]
@@ -123,7 +144,7 @@ def _duration(s: float) -> str:
 def plan_main(args) -> int:
     from ladder.plan import DEFAULT_MFU, GB200_BF16_DENSE_FLOPS, plan_rung
 
-    _, rungs = _resolve(args.target)
+    _, rungs = _resolve(args.target, args)
     peak = GB200_BF16_DENSE_FLOPS if args.peak_flops is None else args.peak_flops
     mfu = DEFAULT_MFU if args.mfu is None else args.mfu
     try:

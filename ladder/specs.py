@@ -8,8 +8,9 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from ladder.counting import FLOP_CONVENTION, count_params, flops_per_token
-from model.config import ModelConfig
+from ladder.counting import FLOP_CONVENTION, SIZING_CONVENTIONS, count_params, flops_per_token
+from ladder.optim import OptimizerSettings, OptimizerSpec
+from model.config import BIAS_RULES, ModelConfig
 
 SCHEDULES = ("linear", "wsd", "cosine", "constant")
 
@@ -81,6 +82,7 @@ class Rung:
     eval_every: float = 0.05  # evals every 5% of the run (and at the end)
     param_convention: str = "exact-v1"
     is_target: bool = False
+    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
 
     def __post_init__(self):
         for name in ("seq_len", "batch", "steps"):
@@ -98,6 +100,11 @@ class Rung:
     @property
     def tokens(self) -> int:
         return self.steps * self.tokens_per_step
+
+    @property
+    def optimizer_settings(self) -> OptimizerSettings:
+        """The optimizer's numbers for this rung (the Adam peak LR is ``peak_lr``)."""
+        return self.optimizer.settings(self.peak_lr, self.tokens, self.tokens_per_step)
 
     @property
     def params(self):
@@ -129,6 +136,7 @@ class Rung:
             "tokens": self.tokens, "steps": self.steps, "batch": self.batch,
             "seq_len": self.seq_len, "tokens_per_step": self.tokens_per_step,
             "peak_lr": self.peak_lr, "schedule": self.schedule.to_dict(),
+            "optimizer": self.optimizer_settings.to_dict(),
             "d_model": self.model.d_model, "n_layers": self.model.n_layers,
             "n_experts": self.model.n_experts, "top_k": self.model.top_k,
             "forward_flops_per_token": f.forward,
@@ -142,6 +150,7 @@ class Rung:
         d = dataclasses.asdict(self)
         d["model"] = self.model.to_dict()
         d["schedule"] = self.schedule.to_dict()
+        d["optimizer"] = self.optimizer.to_dict()
         return d
 
     @classmethod
@@ -153,6 +162,7 @@ class Rung:
         d = dict(d)
         d["model"] = ModelConfig.from_dict(d["model"])
         d["schedule"] = Schedule(**d.get("schedule", {}))
+        d["optimizer"] = OptimizerSpec.from_dict(d.get("optimizer", {}))
         return cls(**d)
 
     def replace(self, **kw) -> "Rung":
@@ -187,6 +197,30 @@ class Recipe:
     sizing_convention: str = "exact-v1"
     schedule: Schedule = field(default_factory=Schedule)
     eval_every: float = 0.05
+    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
+    bias_rule: str = "threshold"  # router balancing (model/moe.py, model/balance.py)
+
+    def __post_init__(self):
+        for name in ("vocab_size", "seq_len", "head_dim", "n_experts", "top_k",
+                     "batch_per_unit", "local_window", "kv_local_div", "kv_global_div",
+                     "global_every"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{name}: must be a positive integer, got {v!r}")
+        if not isinstance(self.n_shared, int) or self.n_shared < 0:
+            raise ValueError(f"n_shared: must be an integer >= 0, got {self.n_shared!r}")
+        if self.top_k > self.n_experts:
+            raise ValueError(f"top_k: {self.top_k} > n_experts={self.n_experts}")
+        for name in ("tokens_per_active", "lr_coef", "capacity_factor"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)!r}")
+        if not 0 < self.eval_every <= 1:
+            raise ValueError(f"eval_every: must be in (0, 1], got {self.eval_every!r}")
+        if self.sizing_convention not in SIZING_CONVENTIONS:
+            raise ValueError(f"sizing_convention: must be one of {SIZING_CONVENTIONS}, got "
+                             f"{self.sizing_convention!r}")
+        if self.bias_rule not in BIAS_RULES:
+            raise ValueError(f"bias_rule: must be one of {BIAS_RULES}, got {self.bias_rule!r}")
 
     def model(self, d: int, n_layers: int) -> ModelConfig:
         heads = max(1, d // self.head_dim)
@@ -202,6 +236,7 @@ class Recipe:
             # hidden d/2 (this reproduces the published parameter counts)
             expert_dim=d // 2, latent_dim=d // 2, shared_dim=d // 2,
             capacity_factor=self.capacity_factor, route_scale=self.route_scale,
+            bias_rule=self.bias_rule,
         )
 
     def peak_lr(self, tokens: float, d: int, tokens_per_step: int) -> float:
@@ -220,7 +255,8 @@ class Recipe:
         return Rung(ladder=ladder, name=name, model=model, seq_len=self.seq_len, batch=batch,
                     steps=steps, peak_lr=self.peak_lr(tokens, dials.d, tokens_per_step),
                     schedule=self.schedule, eval_every=self.eval_every,
-                    param_convention=self.sizing_convention, is_target=dials.is_target)
+                    param_convention=self.sizing_convention, is_target=dials.is_target,
+                    optimizer=self.optimizer)
 
 
 @dataclass(frozen=True)
@@ -269,78 +305,166 @@ def make_ladder(name: str, description: str, recipe: Recipe, rungs: list[Dials],
     return Ladder(name=name, description=description, recipe=recipe, rungs=built, target=hero)
 
 
-# ----------------------------------------------------------------------------------- built-ins
+# ------------------------------------------------------------------------------ ladder files
 
-# Marin's 535B-A23B hero recipe and its 4-rung ladder (Marin's public hero-run tracking issue;
-# shared/DESIGN.md section 1): 384 routed experts, top-8, 2 shared, latent = expert width = d/2,
-# head_dim 128, seq 4096, vocab 128,256, tokens = 791 x active, batch = 1024 x racks,
-# 1% warmup then linear decay to 5%; LR = 0.087571 * tokens^-0.3461 * d^-0.3448 * sqrt(B*S).
-MARIN_RECIPE = Recipe(
-    vocab_size=128_256, seq_len=4096, head_dim=128, n_experts=384, top_k=8, n_shared=2,
-    tokens_per_active=791, batch_per_unit=1024, lr_coef=0.087571, lr_tokens_exp=-0.3461,
-    lr_d_exp=-0.3448, local_window=2048, sizing_convention="marin-sizing-v1",
-)
-# local_window 2048: with it, flops-v1 reproduces all five published training-FLOP figures.
+LADDER_FILE_SCHEMA = "ladder/1"
+BUILTIN_DIR = "ladders"   # package data: ladder/ladders/*.toml
 
-# The same recipe shape, shrunk so that 4 rungs and a proxy hero train on 2 CPU cores in minutes:
-# byte vocabulary, 8 experts top-2 + 1 shared, seq 128 with a 64-token local window (the real
-# window is half the sequence too). Tokens per active parameter = 10 at a fixed batch, so steps
-# grow with size (74 -> 267 for the rungs, 409 for the proxy hero at 2x the batch): at this scale
-# the loss is limited by optimizer steps as much as by parameters, and ladders that broke this
-# pattern (near-constant steps via growing batches, or a 2-layer d=128 proxy hero) gave
-# non-monotone rungs or a proxy hero 18% better than its forecast. Widths 32/40/48/64 at 2 layers
-# span 10x in compute; the proxy hero (d=80, 4 layers) is 8.5x the largest rung (the issue asks
-# for 8-30x). d must be a multiple of the 16-wide heads. Measured (trainer, issue #3): `ladder
-# run cpu` took 6 min 10 s on the shared 2-core machine (317 CPU-seconds), final dropless losses
-# 2.692, 2.643, 2.483, 2.331 and 1.983 for the proxy hero.
-CPU_RECIPE = Recipe(
-    vocab_size=256, seq_len=128, head_dim=16, n_experts=8, top_k=2, n_shared=1,
-    tokens_per_active=10, batch_per_unit=16, lr_coef=0.087571, lr_tokens_exp=-0.3461,
-    lr_d_exp=-0.3448, local_window=64,
-)
 
-# A ladder for tests: seconds on one core (731 steps in all, a few ms each; compiling dominates).
-TINY_RECIPE = Recipe(
-    vocab_size=256, seq_len=64, head_dim=8, n_experts=4, top_k=2, n_shared=1,
-    tokens_per_active=4, batch_per_unit=4, lr_coef=0.087571, lr_tokens_exp=-0.3461,
-    lr_d_exp=-0.3448, local_window=32, eval_every=0.25,
-)
+def _check_type(value, annotation: str, where: str):
+    """Check a TOML/JSON value against a dataclass field annotation ('int', 'float | None'...)."""
+    kinds = [a.strip() for a in annotation.split("|")]
+    if value is None:
+        if "None" in kinds:
+            return value
+        raise ValueError(f"{where}: must not be null")
+    if isinstance(value, bool):
+        if "bool" in kinds:
+            return value
+    elif isinstance(value, int) and ("int" in kinds or "float" in kinds):
+        return value if "int" in kinds else float(value)
+    elif isinstance(value, float) and "float" in kinds:
+        return value
+    elif isinstance(value, str) and "str" in kinds:
+        return value
+    want = " or ".join(k for k in kinds if k != "None")
+    raise ValueError(f"{where}: must be {want}, got {value!r}")
+
+
+def _build(cls, table, where: str, skip: tuple[str, ...] = (), extra: dict | None = None):
+    """``cls(**table, **extra)`` with unknown keys and wrong types reported as
+    ``where.key: ...`` (``extra``: fields already built, e.g. nested tables)."""
+    if not isinstance(table, dict):
+        raise ValueError(f"{where}: must be a table, got {table!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in skip}
+    unknown = sorted(set(table) - set(fields))
+    if unknown:
+        raise ValueError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(fields)})")
+    missing = [n for n, f in fields.items() if n not in table
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ValueError(f"{where}.{missing[0]}: missing")
+    kw = {k: _check_type(v, fields[k].type, f"{where}.{k}") for k, v in table.items()}
+    kw.update(extra or {})
+    try:
+        return cls(**kw)
+    except ValueError as e:  # the dataclass names its field first: 'field: message'
+        field_name, _, message = str(e).partition(": ")
+        field_name = field_name.removeprefix(where.rpartition(".")[2] + ".")  # 'schedule.kind'
+        raise ValueError(f"{where}.{field_name}: {message}") from None
+
+
+def parse_ladder(obj: dict) -> Ladder:
+    """A :class:`Ladder` from a ladder file's content (a dict). Raises ValueError whose message
+    starts with the field ('recipe.top_k: ...', 'rungs[2].d: ...')."""
+    if not isinstance(obj, dict):
+        raise ValueError("(top level): must be a table")
+    known = ("schema", "name", "description", "recipe", "rungs", "target")
+    unknown = sorted(set(obj) - set(known))
+    if unknown:
+        raise ValueError(f"{unknown[0]}: unknown key (known: {', '.join(known)})")
+    for key in known:
+        if key not in obj:
+            raise ValueError(f"{key}: missing")
+    if obj["schema"] != LADDER_FILE_SCHEMA:
+        raise ValueError(f"schema: must be {LADDER_FILE_SCHEMA!r}, got {obj['schema']!r}")
+    for key in ("name", "description"):
+        if not isinstance(obj[key], str) or not obj[key]:
+            raise ValueError(f"{key}: must be a non-empty string, got {obj[key]!r}")
+    if ":" in obj["name"]:
+        raise ValueError(f"name: must not contain ':' (LADDER:RUNG), got {obj['name']!r}")
+    table = obj["recipe"]
+    if not isinstance(table, dict):
+        raise ValueError(f"recipe: must be a table, got {table!r}")
+    nested = {key: _build(cls, table[key], f"recipe.{key}")
+              for key, cls in (("schedule", Schedule), ("optimizer", OptimizerSpec))
+              if key in table}
+    recipe = _build(Recipe, {k: v for k, v in table.items() if k not in nested}, "recipe",
+                    skip=("schedule", "optimizer"), extra=nested)
+    rungs = obj["rungs"]
+    if not isinstance(rungs, list) or not rungs:
+        raise ValueError("rungs: must be a non-empty array of tables")
+    dials = [_build(Dials, r, f"rungs[{i}]", skip=("is_target",)) for i, r in enumerate(rungs)]
+    target = _build(Dials, obj["target"], "target", skip=("is_target",))
+    built = []
+    for where, dial in [(f"rungs[{i}]", x) for i, x in enumerate(dials)] + [("target", target)]:
+        try:
+            built.append(recipe.rung(obj["name"], dataclasses.replace(
+                dial, is_target=where == "target")))
+        except ValueError as e:  # the model config refuses these dials with this recipe
+            raise ValueError(f"{where}: {e}") from None
+    names = [r.name for r in built]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise ValueError(f"rungs: two rungs are named {dup!r}")
+    return Ladder(name=obj["name"], description=obj["description"], recipe=recipe,
+                  rungs=tuple(built[:-1]), target=built[-1])
+
+
+def load_ladder_file(path) -> Ladder:
+    """A ladder from a TOML (``.toml``) or JSON file. Bad content is an InputError naming the
+    file and the field."""
+    import json
+    import tomllib
+    from pathlib import Path
+
+    from ladder.io import EX_NOINPUT, InputError
+
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise InputError(f"cannot read: {e.strerror}", path=path, exit_code=EX_NOINPUT) from None
+    try:
+        if path.suffix == ".json":
+            obj = json.loads(raw)
+        else:
+            obj = tomllib.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError and TOMLDecodeError
+        raise InputError(f"not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {e}",
+                         path=path) from None
+    try:
+        return parse_ladder(obj)
+    except ValueError as e:
+        field_name, _, message = str(e).partition(": ")
+        raise InputError(message, path=path, field=field_name) from None
 
 
 def _builtin() -> dict[str, Ladder]:
-    marin = make_ladder(
-        "marin-535b", "Marin's real 4-rung ladder and its 535B-A23B hero (11 GB200 NVL72 racks)",
-        MARIN_RECIPE,
-        [Dials(768, 8, 1, "1.6B-A61M"), Dials(1024, 12, 2, "4.0B-A162M"),
-         Dials(1536, 16, 6, "11.5B-A481M"), Dials(2048, 22, 11, "27.7B-A1.2B")],
-        Dials(6144, 48, 11, "535B-A23B"),
-    )
-    cpu = make_ladder(
-        "cpu", "the hero recipe shrunk for 2 CPU cores: 4 rungs and a proxy hero, byte vocabulary",
-        CPU_RECIPE,
-        [Dials(32, 2), Dials(40, 2), Dials(48, 2), Dials(64, 2)],
-        Dials(80, 4, 2),
-    )
-    tiny = make_ladder(
-        "tiny", "for tests: seconds on one core", TINY_RECIPE,
-        [Dials(16, 2), Dials(24, 2), Dials(32, 2)], Dials(40, 2),
-    )
-    return {lad.name: lad for lad in (marin, cpu, tiny)}
+    """The ladders shipped as package data (ladder/ladders/*.toml), in a fixed order."""
+    from importlib.resources import files
+    from pathlib import Path
+
+    ladders = {}
+    for name in ("marin-535b", "cpu", "tiny"):
+        lad = load_ladder_file(Path(str(files("ladder") / BUILTIN_DIR / f"{name}.toml")))
+        ladders[lad.name] = lad
+    return ladders
 
 
 LADDERS: dict[str, Ladder] = _builtin()
 
 
-def get_ladder(name: str) -> Ladder:
-    if name not in LADDERS:
+def with_file(ladder_file=None) -> dict[str, Ladder]:
+    """The built-in ladders plus the one in ``ladder_file`` (which replaces a built-in of the
+    same name, so a team can run its own variant of a shipped recipe)."""
+    if ladder_file is None:
+        return LADDERS
+    lad = load_ladder_file(ladder_file)
+    return {**LADDERS, lad.name: lad}
+
+
+def get_ladder(name: str, ladders: dict[str, Ladder] | None = None) -> Ladder:
+    ladders = LADDERS if ladders is None else ladders
+    if name not in ladders:
         raise KeyError(name)
-    return LADDERS[name]
+    return ladders[name]
 
 
-def resolve(target: str) -> tuple[Ladder, list[Rung]]:
+def resolve(target: str, ladders: dict[str, Ladder] | None = None) -> tuple[Ladder, list[Rung]]:
     """'LADDER' -> all rungs and the target; 'LADDER:RUNG' -> that rung. KeyError names what."""
     name, _, rung = target.partition(":")
-    ladder = get_ladder(name)
+    ladder = get_ladder(name, ladders)
     if not rung:
         return ladder, list(ladder.all)
     return ladder, [ladder.get(rung)]

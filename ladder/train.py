@@ -42,6 +42,7 @@ from ladder.io import (
     read_json,
     to_jsonable,
 )
+from ladder.optim import OPTIMIZERS, OptimizerSettings
 from ladder.specs import Rung, Schedule
 from model.config import ModelConfig
 
@@ -73,11 +74,14 @@ class TrainConfig:
     peak_flops: float | None = None  # FLOP/s for throughput/mfu; None = measured once by a matmul
     devices: int | None = None       # devices in the mesh; None = all visible devices
     expert_parallel: int | None = None  # size of the "expert" mesh axis; None = largest that fits
-    b1: float = 0.9
-    b2: float = 0.95                 # 0.95: the usual LLM pre-training choice (GPT-3, Llama)
-    eps: float = 1e-8
-    weight_decay: float = 0.1        # AdamW, on matrices only (norm scales are not decayed)
-    grad_clip: float = 1.0           # global-norm clipping; 0 disables
+    optimizer: str | None = None     # adamw | marin (ladder/optim.py); None = the ladder's
+    # Fixed optimizer numbers; None = the optimizer's rule (adamw: b1 0.9, b2 0.95, eps 1e-8,
+    # weight decay 0.1 on matrices, clip 1.0; marin: the recipe's rules, see ladder/optim.py).
+    b1: float | None = None
+    b2: float | None = None
+    eps: float | None = None
+    weight_decay: float | None = None
+    grad_clip: float | None = None   # global-norm clipping; 0 disables
     lr: float | None = None          # peak LR override; None = the ladder's LR rule
     schedule: dict = field(default_factory=dict)  # Schedule field overrides (decay_end: re-aim)
     model: dict = field(default_factory=dict)  # ModelConfig field overrides (ablations)
@@ -112,10 +116,13 @@ class TrainConfig:
             v = getattr(self, name)
             check(name, v is None or is_int(v) and v >= 1, "null or an integer >= 1")
         for name in ("b1", "b2"):
-            check(name, is_num(getattr(self, name)) and 0 <= getattr(self, name) < 1,
-                  "a number in [0, 1)")
+            v = getattr(self, name)
+            check(name, v is None or is_num(v) and 0 <= v < 1, "null or a number in [0, 1)")
         for name in ("eps", "weight_decay", "grad_clip"):
-            check(name, is_num(getattr(self, name)) and getattr(self, name) >= 0, "a number >= 0")
+            v = getattr(self, name)
+            check(name, v is None or is_num(v) and v >= 0, "null or a number >= 0")
+        check("optimizer", self.optimizer is None or self.optimizer in OPTIMIZERS,
+              f"null or one of {OPTIMIZERS}")
         for name in ("lr", "peak_flops"):
             v = getattr(self, name)
             check(name, v is None or is_num(v) and v > 0, "null or a number > 0")
@@ -231,7 +238,18 @@ def resolve_rung(rung: Rung, cfg: TrainConfig, corpus_vocab: int | None = None) 
                              exit_code=EX_USAGE) from None
     if cfg.eval_every is not None:
         kw["eval_every"] = float(cfg.eval_every)
+    kw["optimizer"] = optimizer_spec(cfg, rung.optimizer)
     return rung.replace(**kw)
+
+
+def optimizer_spec(cfg: TrainConfig, spec):
+    """The rung's optimizer rule with the training config's kind and fixed numbers applied."""
+    if cfg.optimizer is not None:
+        spec = spec.replace(kind=cfg.optimizer)
+    fixed = {key: getattr(cfg, name) for name, key in (
+        ("b1", "beta1"), ("b2", "beta2"), ("eps", "eps"), ("weight_decay", "weight_decay"),
+        ("grad_clip", "clip")) if getattr(cfg, name) is not None}
+    return spec.replace(**fixed) if fixed else spec
 
 
 def lr_table(rung: Rung, cfg: TrainConfig) -> np.ndarray:
@@ -375,21 +393,13 @@ def _param_shardings(params, groups, mesh, n_experts: int):
     return jax.tree.map(spec, params)
 
 
-def make_optimizer(cfg: TrainConfig):
-    """AdamW as optax composes it (adam scaling, then decoupled weight decay on matrices only:
-    norm scales and other vectors are not decayed), after global-norm clipping. The learning
-    rate is applied in the step from the step's own input, so the compiled program does not
-    depend on the schedule (a resumed, re-aimed or fault-injected run re-uses it)."""
-    import jax
-    import optax
+def make_optimizer(settings: OptimizerSettings):
+    """The rung's optimizer (``adamw`` or ``marin``, ladder/optim.py). The learning rate is
+    applied in the step from the step's own input, so the compiled program does not depend on
+    the schedule (a resumed, re-aimed or fault-injected run re-uses it)."""
+    from ladder import optim
 
-    def decay_mask(params):
-        return jax.tree.map(lambda x: x.ndim >= 2, params)
-
-    parts = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip else []
-    parts += [optax.scale_by_adam(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps),
-              optax.add_decayed_weights(cfg.weight_decay, mask=decay_mask)]
-    return optax.chain(*parts)
+    return optim.make_optimizer(settings)
 
 
 def state_shardings(model_cfg: ModelConfig, optimizer, mesh) -> dict:
@@ -447,17 +457,24 @@ class Programs:
         return self._compiled[key]
 
 
-def programs(model_cfg: ModelConfig, cfg: TrainConfig, mesh) -> Programs:
-    return _programs(model_cfg, (cfg.b1, cfg.b2, cfg.eps, cfg.weight_decay, cfg.grad_clip), mesh)
+def programs(model_cfg: ModelConfig, cfg: TrainConfig, mesh,
+             optimizer: OptimizerSettings | None = None) -> Programs:
+    """``optimizer``: the rung's resolved settings (``Rung.optimizer_settings``); None = AdamW
+    with ``cfg``'s numbers (its LR enters per step, so no rung is needed)."""
+    if optimizer is None:
+        from ladder.optim import OptimizerSpec
+        spec = optimizer_spec(cfg, OptimizerSpec())
+        if spec.kind != "adamw":
+            raise ValueError("optimizer: marin needs the rung's settings (Rung.optimizer_settings)")
+        optimizer = spec.settings(1.0, 1, 1)
+    return _programs(model_cfg, optimizer, mesh)
 
 
 @lru_cache(maxsize=4)
-def _programs(model_cfg: ModelConfig, optim: tuple, mesh) -> Programs:
+def _programs(model_cfg: ModelConfig, settings: OptimizerSettings, mesh) -> Programs:
     import jax
 
-    b1, b2, eps, weight_decay, grad_clip = optim
-    optimizer = make_optimizer(TrainConfig(b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
-                                           grad_clip=grad_clip))
+    optimizer = make_optimizer(settings)
     shard = state_shardings(model_cfg, optimizer, mesh)
     return Programs(model_cfg, optimizer, shard,
                     make_train_step(model_cfg, optimizer, shard), make_eval_step(model_cfg),
@@ -487,7 +504,7 @@ def make_train_step(model_cfg: ModelConfig, optimizer, state_shardings):
             return M.loss_fn(model_cfg, p, rb, batch["tokens"], batch["targets"])
 
         (loss, stats), grads = jax.value_and_grad(objective, has_aux=True)(params)
-        updates, opt_state = optimizer.update(grads, state["opt_state"], params)
+        updates, opt_state = optimizer.update(grads, state["opt_state"], params, lr=batch["lr"])
         params = optax.apply_updates(params, jax.tree.map(lambda u: -batch["lr"] * u, updates))
         new_rb = M.update_router_bias(model_cfg, rb, stats)
         metrics = {"train/loss": loss, "train/ce": stats["ce"], "train/z_loss": stats["z_loss"],
@@ -633,7 +650,7 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
     metrics = MetricsFile(out / "metrics.jsonl")
 
     lrs = lr_table(rung, cfg)
-    progs = programs(rung.model, cfg, mesh)
+    progs = programs(rung.model, cfg, mesh, rung.optimizer_settings)
     state = progs.init_state(cfg.seed)
     start = ckpt.latest_step() or 0
     if start:

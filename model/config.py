@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 
 COMBINE_RULES = ("sigmoid", "softmax")
-BIAS_RULES = ("threshold", "sign", "none")
+BIAS_RULES = ("threshold", "quantile", "sign", "none")
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class ModelConfig:
     combine: str = "sigmoid"       # combine weights over the chosen k: sigmoid or softmax
     route_scale: float = 2.5       # combine weights rescaled to sum to this (real recipe: 2.5)
     capacity_factor: float = 1.25  # slots per expert = ceil(cf * tokens * k / E)
-    bias_rule: str = "threshold"   # router-bias balancing rule: threshold | sign | none
+    bias_rule: str = "threshold"   # router-bias balancing rule: threshold | quantile | sign | none
     bias_rate: float = 1e-3        # u of the sign rule
     z_loss: float = 1e-4           # logit z-loss weight (real recipe: 1e-4)
     norm_eps: float = 1e-6

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from model.balance import bias_from_histogram, margin_histogram
 from model.config import ModelConfig
 from model.layers import RMSNorm, normal, output_init
 
@@ -186,7 +187,7 @@ class MoE(nn.Module):
         y = jnp.einsum("tl,ld->td", mixed, w_up)                       # [T, D]
         if cfg.n_shared:
             y = y + SharedExperts(cfg, name="shared")(xt)
-        aux = moe_stats(cfg, logits, routing, kept)
+        aux = moe_stats(cfg, logits, routing, kept, bias)
         return y.reshape(B, S, D), aux                                 # [T, D] -> [B, S, D]
 
 
@@ -203,14 +204,18 @@ def threshold_bias(logits: jax.Array, top_k: int) -> jax.Array:
     return bias - jnp.mean(bias)
 
 
-def moe_stats(cfg: ModelConfig, logits: jax.Array, routing: Routing, kept: jax.Array) -> dict:
+def moe_stats(cfg: ModelConfig, logits: jax.Array, routing: Routing, kept: jax.Array,
+              bias: jax.Array | None = None) -> dict:
     """Named statistics of one MoE layer (for logging and the bias rule; none is differentiated).
 
     drop_frac: dropped assignments / all assignments (exact). load [E]: assignments per expert
     before dropping. router_entropy: mean over tokens of the entropy (nats) of softmax(logits)
     over all E experts. router_z_loss: mean logsumexp(logits)^2. balance_loss: Switch-style
     E * sum_e f_e P_e with f_e the fraction of assignments to e and P_e the mean softmax
-    probability of e (Fedus et al. 2021, eq. 4). bias_target [E]: :func:`threshold_bias`.
+    probability of e (Fedus et al. 2021, eq. 4). bias_target: what the bias rule consumes:
+    [E] :func:`threshold_bias`, or for the "quantile" rule the margin histogram [E, N_BINS] of
+    model/balance.py (``bias`` is then the layer's current bias), a count that sums over devices
+    and microbatches.
     """
     logits = jax.lax.stop_gradient(logits)
     T, E = logits.shape
@@ -225,20 +230,25 @@ def moe_stats(cfg: ModelConfig, logits: jax.Array, routing: Routing, kept: jax.A
         "router_entropy": jnp.mean(-jnp.sum(p * logp, axis=-1)),
         "router_z_loss": jnp.mean(lse ** 2),
         "balance_loss": E * jnp.sum(load / A * jnp.mean(p, axis=0)),
-        "bias_target": threshold_bias(logits, cfg.top_k),
+        "bias_target": (margin_histogram(logits, bias, cfg.top_k) if cfg.bias_rule == "quantile"
+                        else threshold_bias(logits, cfg.top_k)),
     }
 
 
 def update_router_bias(cfg: ModelConfig, router_bias: jax.Array, stats: dict) -> jax.Array:
     """The next step's router bias [n_layers, E] from this step's stats (``cfg.bias_rule``).
 
-    threshold: replaced by ``stats["moe/bias_target"]`` (the real recipe).
+    threshold: replaced by ``stats["moe/bias_target"]`` (minus each expert's n-th raw logit).
+    quantile: minus each expert's upper K/E margin quantile, from the histogram in
+    ``stats["moe/bias_target"]`` (the hero recipe, model/balance.py).
     sign: bias += bias_rate * sign(mean load - load), per layer (loss-free balancing, Wang et al.
     2024, "Auxiliary-loss-free load balancing strategy for mixture-of-experts").
     none: unchanged.
     """
     if cfg.bias_rule == "threshold":
         new = stats["moe/bias_target"]
+    elif cfg.bias_rule == "quantile":  # model/balance.py: the recipe's rule, from summed counts
+        new = bias_from_histogram(stats["moe/bias_target"], cfg.top_k)
     elif cfg.bias_rule == "sign":
         load = stats["moe/load"]                                       # [n_layers, E]
         new = router_bias + cfg.bias_rate * jnp.sign(jnp.mean(load, axis=-1, keepdims=True) - load)
