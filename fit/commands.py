@@ -34,7 +34,7 @@ def fit_main(args) -> int:
     from fit.points import load_points
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        df = load_points(args.sources, args.metric)
+        df = load_points(args.sources, args.metric, sizes=getattr(args, "sizes", None))
         res = fit_law(df, form=args.form, fix=_pairs(args.fix, "--fix", True),
                       tie=_pairs(args.tie, "--tie", False), by=args.by,
                       bootstrap=args.bootstrap, level=args.level, seed=args.seed,
@@ -45,10 +45,11 @@ def fit_main(args) -> int:
         if msg not in seen and "dropped:" not in msg:
             seen.add(msg)
             print(f"ladder fit: warning: {msg}", file=sys.stderr)
-    print(res.report())
+    as_json = getattr(args, "json", False)
+    print(json.dumps(to_jsonable(res.to_json())) if as_json else res.report())
     if args.out:
         atomic_write_json(args.out, res.to_json())
-        print(f"wrote {args.out}")
+        print(f"wrote {args.out}", file=sys.stderr if as_json else sys.stdout)
     return 0
 
 

@@ -745,6 +745,11 @@ def _stalled_rule(view, st, emit, stamp, now):
                            f"{view.config.stalled_seconds:g} s); last step {st.get('last_step')}"))
 
 
+def row_fractions(view: PreregView, b: Batch) -> np.ndarray:
+    """Where each row of ``b`` falls in the registered run (0..1), by the ``align`` rule."""
+    return _fractions(view, b)
+
+
 def _fractions(view: PreregView, b: Batch) -> np.ndarray:
     align = view.config.align
     tok = b.col("tokens")
@@ -772,7 +777,17 @@ def applicability_breaks(app: Mapping, config: Mapping) -> list[str]:
             continue
         if abs(float(have) - float(want)) > 1e-9 * max(1.0, abs(float(want))):
             out.append(f"{key} is {have:g} in the run, {want:g} in the pre-registration")
-    for key in ("data_tag", "config_hash"):
+    registered = app.get("config")
+    run_rung = config.get("rung") if isinstance(config.get("rung"), Mapping) else None
+    compare = ["data_tag"]
+    if isinstance(registered, Mapping) and run_rung is not None:
+        # values, not a hash: a config that went through W&B comes back with 1.0 as 1
+        diff = config_difference(registered, run_rung)
+        if diff:
+            out.append(f"the run's configuration differs from the registered one at rung.{diff}")
+    else:
+        compare.append("config_hash")
+    for key in compare:
         want, have = app.get(key), facts.get(key)
         if want is not None and have is not None and str(want) != str(have):
             out.append(f"{key} is {have!r} in the run, {want!r} in the pre-registration")
@@ -786,6 +801,40 @@ def applicability_breaks(app: Mapping, config: Mapping) -> list[str]:
 
 
 _MISSING = object()
+
+
+def config_difference(want, have, path: str = "") -> str | None:
+    """The first key (dotted, in sorted order) where configuration ``have`` differs from ``want``
+    in value, with both values; None when they agree. Numbers compare by value (1 == 1.0, as a
+    round trip through W&B or YAML leaves them), booleans only with booleans."""
+    if isinstance(want, Mapping) and isinstance(have, Mapping):
+        for k in sorted(set(want) | set(have), key=str):
+            where = f"{path}.{k}" if path else str(k)
+            if k not in have:
+                return f"{where} (absent in the run, {want[k]!r} registered)"
+            if k not in want:
+                return f"{where} ({have[k]!r} in the run, absent in the pre-registration)"
+            d = config_difference(want[k], have[k], where)
+            if d:
+                return d
+        return None
+    if isinstance(want, (list, tuple)) and isinstance(have, (list, tuple)):
+        if len(want) != len(have):
+            return f"{path} ({len(have)} items in the run, {len(want)} registered)"
+        for i, (a, b) in enumerate(zip(want, have)):
+            d = config_difference(a, b, f"{path}[{i}]")
+            if d:
+                return d
+        return None
+    num = (int, float)
+    if isinstance(want, bool) or isinstance(have, bool):
+        same = want is have or (isinstance(want, bool) and isinstance(have, bool)
+                                and want == have)
+    elif isinstance(want, num) and isinstance(have, num):
+        same = want == have or abs(want - have) <= 1e-12 * max(abs(want), abs(have))
+    else:
+        same = want == have
+    return None if same else f"{path} ({have!r} in the run, {want!r} registered)"
 
 
 def lookup(d: Mapping, dotted: str):
