@@ -33,6 +33,8 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
         text = action.help or ""
         if "default" in text or action.default is argparse.SUPPRESS or not action.option_strings:
             return text
+        if action.required:
+            return text + " (required)"
         if action.default is False or action.nargs == 0:
             return text + " (default: off)"
         return text + " (default: %(default)s)"
@@ -59,7 +61,7 @@ def _wandb_options(s, what: str) -> None:
 
 
 def _json_option(s, what: str) -> None:
-    s.add_argument("--json", action="store_true", help=f"print {what} as JSON on stdout")
+    s.add_argument("--json", action="store_true", help=f"print {what} on stdout, as JSON")
 
 
 def _serve_options(s) -> None:
@@ -153,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sizes", default=None, metavar="FILE",
                    help="CSV/JSON of run sizes (run, params, active_params) for W&B sources "
                         "whose configs lack them (default: from the runs' configs)")
-    _json_option(s, "the law (law.json's content) instead of the report")
+    _json_option(s, "the law (law.json's content), not the report,")
     s.add_argument("--out", default="law.json", metavar="FILE", help="where the law is written")
     s.set_defaults(func=_call("fit.commands:fit_main"))
 
@@ -224,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between polls with --follow")
     s.add_argument("--max-seconds", type=float, default=None,
                    help="stop following after this long (default: never)")
-    _json_option(s, "the verdict and the alerts (one object, at the end) instead of alert lines")
+    _json_option(s, "one object with the verdict and the alerts at the end (no alert lines)")
     _serve_options(s)
     s.set_defaults(func=_call("predict.commands:watch_main"))
 
@@ -285,7 +287,9 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = list(args.overrides) + extra
     _setup_logging(args.verbose, args.quiet)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler below
+        return code
     except InputError as e:
         print(f"ladder {args.command}: {e}", file=sys.stderr)
         return e.exit_code

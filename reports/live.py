@@ -55,8 +55,14 @@ th { background: #f1f3f5; }
     var td = document.createElement('td'); td.textContent = text;
     if (cls) { td.className = cls; } tr.appendChild(td);
   }
+  var img = document.getElementById('watch');
+  img.onload = function () {  // which figure the page shows (status for a reader, and tests)
+    document.body.setAttribute('data-figure', img.naturalWidth + 'x' + img.naturalHeight
+      + ' v' + img.getAttribute('data-v'));
+  };
   function draw(s) {
-    document.getElementById('watch').src = s.figure ? 'watch.png?v=' + s.version : '';
+    img.setAttribute('data-v', s.version);
+    img.src = s.figure ? 'watch.png?v=' + s.version : '';
     document.getElementById('fig').style.display = s.figure ? '' : 'none';
     var ul = document.getElementById('verdict-lines'); ul.textContent = '';
     s.verdict.forEach(function (x) {
