@@ -103,10 +103,23 @@ def _watch(tmp_path, prereg_path, rows, *extra):
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
     alerts = tmp_path / "alerts.jsonl"
     code = cli_main(["watch", str(prereg_path), "--source", str(src), "--alerts", str(alerts),
-                     *extra])
+                     "--state", str(tmp_path / "state.json"), *extra])
     got = [json.loads(line) for line in alerts.read_text().splitlines()] if alerts.exists() \
         else []
     return code, got
+
+
+def _has(state: dict, path: str) -> bool:
+    """Whether the saved watcher state holds a rule's declared entry ('a.b', 'a.prefix*' and
+    'prefix*' name nested keys, keys with a prefix)."""
+    head, dot, rest = path.partition(".")
+    if not dot:
+        return any(k.startswith(path[:-1]) for k in state) if path.endswith("*") \
+            else path in state
+    sub = state.get(head)
+    if not isinstance(sub, dict):
+        return False
+    return any(k.startswith(rest[:-1]) for k in sub) if rest.endswith("*") else rest in sub
 
 
 def test_healthy_run_through_ladder_watch_is_quiet(tmp_path, prereg_path, capsys):
@@ -123,6 +136,9 @@ def test_rule_fires_through_ladder_watch(name, tmp_path, prereg_path, capsys):
     assert raised, f"{name}: no {kind} alert; got {[(a['kind'], a['severity']) for a in got]}"
     assert kind in {k for r in RULES if r.name == name for k in r.kinds}
     assert code == want_code, [(a["kind"], a["severity"]) for a in got]
+    state = json.loads((tmp_path / "state.json").read_text())["state"]
+    declared = next(r for r in RULES if r.name == name).state
+    assert all(_has(state, p) for p in declared), (name, declared, sorted(state))
     if name == "expert_load":  # the key the old hand-kept filter dropped
         assert all("moe/load_max_over_mean" in a["message"] for a in raised)
         assert not any("moe/router_entropy" in a["message"] for a in got)
