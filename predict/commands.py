@@ -134,6 +134,9 @@ def preregister_main(args) -> int:
     if out.exists():  # fail before any work
         raise InputError("exists; a pre-registration is never overwritten", path=out,
                          exit_code=73)
+    if getattr(args, "wandb", False):  # before anything is written: wandb must be there
+        from predict.wandb_home import require_wandb
+        require_wandb()
     amends = pr.amendment(args.amend, args.reason) if args.amend else None
     law = load_law_file(args.law)
     target = resolve_target(args)

@@ -32,15 +32,18 @@ from predict.watch import SEVERITIES, Alert, Batch, PreregView, exit_code_for, r
 PREFIXES = ("forecast", "watch")
 
 
-def _wandb(module):
-    if module is not None:
-        return module
+def require_wandb():
+    """The wandb module, or a one-line error naming the extra that installs it."""
     try:
         import wandb
     except ImportError as e:
         raise InputError(f"--wandb needs the wandb package (pip install 'ladder[wandb]'): {e}",
                          field="--wandb", exit_code=69) from None
     return wandb
+
+
+def _wandb(module):
+    return module if module is not None else require_wandb()
 
 
 def _group_of(doc: dict, group: str | None) -> tuple[str | None, str]:
