@@ -35,6 +35,11 @@ Rules (thresholds in :class:`WatchConfig`, stored in the pre-registration's ``de
 
 Also ``stalled`` (no new point for ``stalled_seconds``) and ``not_applicable`` (an applicability
 condition of the pre-registration is broken: from here on nothing is compared, exit status 3).
+
+Each rule is a :class:`Rule` in ``RULES`` (end of this file): the metric keys it reads, its alert
+kinds, the state it keeps, its slice of the decision rule in words and its judge. ``check`` runs
+the registry in order; the watcher's key filter (:func:`watched_keys`), the pre-registration's
+``decision_rule.words`` and the report's alert kinds (:func:`alert_kinds`) are derived from it.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time as _time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -1466,10 +1471,10 @@ class Rule:
     kinds: tuple[str, ...]
     state: tuple[str, ...]
     description: str
-    words: Any                       # (WatchConfig, band level) -> str
-    keys: Any = None                 # (metric, WatchConfig) -> tuple of keys
+    words: Callable[[WatchConfig, float], str]                  # (config, band level) -> text
+    keys: Callable[[str, WatchConfig], tuple] | None = None      # (metric, config) -> keys
     prefixes: tuple[str, ...] = ()
-    judge: Any = None
+    judge: Callable[..., None] | None = None
     panel: str | None = None
 
     def __post_init__(self):
