@@ -242,7 +242,6 @@ def watch_main(args) -> int:
                              field="--wandb-alert", exit_code=EX_USAGE)
         u = source.uri
         sinks.append(sk.WandbAlertSink(u.entity, u.project, u.run_ids[-1]))
-    home = None
     if getattr(args, "wandb", False):  # the residuals and alerts go to the forecast run
         from predict.wandb_home import ForecastRunSink, TeeSource
         doc = pr.load(pr.resolve_chain(args.prereg).newest.path)
