@@ -29,12 +29,36 @@ def _pairs(items, what: str, numeric: bool) -> dict:
     return out
 
 
+def _offline_wandb_points(path: str, metric: str | None, sizes):
+    """The points of a W&B offline run directory. The record log is read by predict.sources (this
+    module is the command's handler, above predict; fit's library never imports predict); the
+    table is built by fit.points like that of a wandb:// run."""
+    from fit.points import DEFAULT_METRIC, WandbHistory, points_from_histories, read_sizes
+    from predict.sources import WandbOfflineSource
+
+    src = WandbOfflineSource(path)
+    run_id = src.record_file().stem.removeprefix("run-")
+    got = src.poll()
+    config = got.configs[0] if got.configs else {}
+    df, notes = points_from_histories(
+        [WandbHistory(where=str(path), run_id=run_id, name=run_id, config=config,
+                      rows=got.rows)], metric or DEFAULT_METRIC, read_sizes(sizes),
+        where=str(path))
+    for n in notes:
+        warnings.warn(n, stacklevel=2)
+    df.attrs["source"] = str(path)
+    return df
+
+
 def fit_main(args) -> int:
     from fit.law import fit_law
-    from fit.points import load_points
+    from fit.points import is_wandb_offline_dir, load_points
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        df = load_points(args.sources, args.metric)
+        sizes = getattr(args, "sizes", None)
+        sources = [_offline_wandb_points(s, args.metric, sizes) if is_wandb_offline_dir(s)
+                   else s for s in args.sources]
+        df = load_points(sources, args.metric, sizes=sizes)
         res = fit_law(df, form=args.form, fix=_pairs(args.fix, "--fix", True),
                       tie=_pairs(args.tie, "--tie", False), by=args.by,
                       bootstrap=args.bootstrap, level=args.level, seed=args.seed,
@@ -45,10 +69,11 @@ def fit_main(args) -> int:
         if msg not in seen and "dropped:" not in msg:
             seen.add(msg)
             print(f"ladder fit: warning: {msg}", file=sys.stderr)
-    print(res.report())
+    as_json = getattr(args, "json", False)
+    print(json.dumps(to_jsonable(res.to_json())) if as_json else res.report())
     if args.out:
         atomic_write_json(args.out, res.to_json())
-        print(f"wrote {args.out}")
+        print(f"wrote {args.out}", file=sys.stderr if as_json else sys.stdout)
     return 0
 
 

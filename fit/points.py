@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,19 +32,27 @@ COLUMNS = ("run", "params", "active_params", "tokens", "compute", "fraction", "l
            "lr", "source", "row")
 
 
-def load_points(sources, metric: str | None = None, *, include_incomplete: bool = True
-                ) -> pd.DataFrame:
-    """One points table from several sources (paths to CSV/Parquet files or runs directories, or
-    DataFrames). ``metric`` picks the metric of runs directories (default the dropless eval loss)
-    and labels the table's ``loss`` column (a table without ``loss`` may carry a column named
-    after the metric instead)."""
+def load_points(sources, metric: str | None = None, *, include_incomplete: bool = True,
+                sizes: str | Path | None = None, wandb_api=None) -> pd.DataFrame:
+    """One points table from several sources (paths to CSV/Parquet files or runs directories,
+    ``wandb://ENTITY/PROJECT/ID[,ID...]`` URIs, or DataFrames). ``metric`` picks the metric of runs
+    (default the dropless eval loss) and labels the table's ``loss`` column (a table without
+    ``loss`` may carry a column named after the metric instead). ``sizes`` (CSV or JSON: run,
+    params, active_params) gives the sizes of W&B runs whose configs lack a rung; ``wandb_api``
+    replaces ``wandb.Api()`` (tests)."""
     if isinstance(sources, (str, Path, pd.DataFrame)):
         sources = [sources]
     metric = metric or DEFAULT_METRIC
     frames, dropped = [], []
     for src in sources:
-        if isinstance(src, pd.DataFrame):
-            frames.append(_table(src.copy(), "<dataframe>", metric))
+        if isinstance(src, pd.DataFrame):  # a table built elsewhere may name its source
+            frames.append(_table(src.copy(), str(src.attrs.get("source", "<dataframe>")),
+                                 metric))
+            continue
+        if isinstance(src, str) and src.startswith("wandb://"):
+            frame, notes = _wandb_runs(src, metric, read_sizes(sizes), wandb_api)
+            dropped += notes
+            frames.append(frame)
             continue
         path = Path(src)
         if not path.exists():
@@ -165,6 +175,129 @@ def _runs_dir(root: Path, metric: str, include_incomplete: bool):
         raise InputError(f"no points with metric '{metric}' in any run", path=root,
                          field=metric)
     return pd.concat(frames, ignore_index=True), notes
+
+
+def read_sizes(path) -> dict[str, dict]:
+    """``--sizes FILE``: run -> {params, active_params}, from a CSV or a JSON list/object."""
+    if path is None:
+        return {}
+    path = Path(path)
+    if not path.is_file():
+        raise InputError("no such file", path=path, field="--sizes", exit_code=EX_NOINPUT)
+    if path.suffix.lower() == ".json":
+        obj = read_json(path)
+        rows = obj if isinstance(obj, list) else [dict(v, run=k) for k, v in obj.items()
+                                                  if isinstance(v, dict)]
+    else:
+        rows = _read_table(path).to_dict("records")
+    out = {}
+    for i, r in enumerate(rows, start=1):
+        for key in ("run", "params", "active_params"):
+            if key not in r or (key != "run" and as_float(r[key]) is None):
+                raise InputError(f"row {i}: missing or not a number", path=path, field=key)
+        out[str(r["run"])] = {"params": float(r["params"]),
+                              "active_params": float(r["active_params"])}
+    return out
+
+
+def _wandb_runs(uri: str, metric: str, sizes: dict, api):
+    """Points of W&B runs (``wandb://ENTITY/PROJECT/ID,ID...``) from their histories through the
+    public API (:func:`points_from_histories` turns them into the table)."""
+    body = uri[len("wandb://"):].strip("/").split("/")
+    if len(body) != 3 or not all(body):
+        raise InputError(f"expected wandb://ENTITY/PROJECT/ID[,ID...], got {uri!r}",
+                         field="SOURCE", exit_code=64)
+    entity, project, ids = body[0], body[1], [i for i in body[2].split(",") if i.strip()]
+    if api is None:
+        try:
+            import wandb
+            api = wandb.Api(timeout=30)
+        except Exception as e:  # noqa: BLE001 - no network, no login, no wandb: one clear line
+            raise InputError(f"cannot reach the W&B API ({type(e).__name__}: {e})", path=uri,
+                             exit_code=69) from None
+    runs = []
+    for rid in ids:
+        where = f"wandb://{entity}/{project}/{rid}"
+        try:
+            run = api.run(f"{entity}/{project}/{rid}")
+        except Exception as e:  # noqa: BLE001
+            raise InputError(f"W&B run not readable ({type(e).__name__}: {e})", path=where,
+                             exit_code=69) from None
+        runs.append(WandbHistory(where=where, run_id=rid,
+                                 name=str(getattr(run, "name", None) or rid),
+                                 config=dict(getattr(run, "config", {}) or {}),
+                                 rows=run.scan_history(page_size=1000)))
+    return points_from_histories(runs, metric, sizes, where=uri)
+
+
+@dataclass
+class WandbHistory:
+    """One W&B run as the points builder needs it: where it came from, its id and name, its
+    config and its history rows (dicts with ``_step`` and the logged keys)."""
+
+    where: str
+    run_id: str
+    name: str
+    config: dict
+    rows: Iterable
+
+
+def points_from_histories(runs: Iterable[WandbHistory], metric: str, sizes: dict | None = None,
+                          *, where: str = "W&B") -> tuple[pd.DataFrame, list[str]]:
+    """The points table of W&B runs: the rung in a run's config (a `ladder run --wandb` run) gives
+    its sizes and FLOPs (the one counter); otherwise ``sizes`` must name the run (by id or name)
+    and its rows must log ``flops``. Returns the table and notes on runs without points."""
+    from ladder.specs import Rung  # plain Python; no JAX
+
+    sizes = sizes or {}
+    frames, notes = [], []
+    for h in runs:
+        cfg, name = h.config, h.name
+        rung = None
+        if isinstance(cfg.get("rung"), dict):
+            try:
+                rung = Rung.from_dict(cfg["rung"])
+            except (ValueError, TypeError, KeyError) as e:
+                raise InputError(str(e), path=h.where, field="config.rung") from None
+            params, active = float(rung.params.total), float(rung.params.active)
+            name = f"{rung.ladder}/{rung.name}"
+        elif h.run_id in sizes or name in sizes:
+            sz = sizes.get(h.run_id) or sizes[name]
+            params, active = sz["params"], sz["active_params"]
+        else:
+            raise InputError(f"run {name!r}: no rung in its config; give its sizes with --sizes "
+                             f"FILE (run, params, active_params)", path=h.where, field="--sizes")
+        rows = []
+        for i, row in enumerate(h.rows, start=1):
+            if as_float(row.get(metric)) is None:
+                continue
+            tokens = as_float(row.get("tokens"))
+            compute = (rung.compute(tokens) if rung is not None and tokens is not None
+                       else as_float(row.get("flops")))
+            step = as_float(row.get("step", row.get("_step")))
+            rows.append({"row": i, "source": h.where, "run": name, "params": params,
+                         "active_params": active, "tokens": tokens,
+                         "compute": math.nan if compute is None else compute,
+                         "fraction": as_float(row.get("progress")),
+                         "loss": as_float(row.get(metric)), "step": step,
+                         "lr": as_float(row.get("optim/lr"))})
+        if not rows:
+            notes.append(f"{h.where}: no rows with '{metric}'")
+            continue
+        frames.append(pd.DataFrame(rows))
+    if not frames:
+        raise InputError(f"no points with metric '{metric}' in any run", path=where,
+                         field=metric)
+    return pd.concat(frames, ignore_index=True), notes
+
+
+def is_wandb_offline_dir(path) -> bool:
+    """A W&B offline run directory (or the ``wandb/`` folder above runs): a ``.wandb`` record file
+    in it, in ``latest-run/`` or one level down, and no metrics.jsonl (a run directory wins)."""
+    p = Path(path)
+    if not p.is_dir() or (p / "metrics.jsonl").exists():
+        return False
+    return bool(list(p.glob("*.wandb")) or list(p.glob("*/*.wandb")))
 
 
 def _clean(df: pd.DataFrame):

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import os
 import sys
 
 from ladder.io import EX_USAGE, InputError
@@ -23,23 +25,66 @@ def _call(target: str):
     return handler
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Every option's help says its default (argparse's ArgumentDefaultsHelpFormatter, except
+    where the help already names the default in words, and for flags that default to off)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.default is argparse.SUPPRESS or not action.option_strings:
+            return text
+        if action.required:
+            return text + " (required)"
+        if action.default is False or action.nargs == 0:
+            return text + " (default: off)"
+        return text + " (default: %(default)s)"
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *a, **kw):
+        kw.setdefault("formatter_class", _Formatter)
+        super().__init__(*a, **kw)
+
     def error(self, message):  # argparse exits 2; usage errors are 64 here (sysexits EX_USAGE)
         self.print_usage(sys.stderr)
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         raise SystemExit(EX_USAGE)
 
 
+def _wandb_options(s, what: str) -> None:
+    """--wandb, --wandb-entity, --wandb-project: the same three on run, preregister and watch."""
+    s.add_argument("--wandb", action="store_true", help=what)
+    s.add_argument("--wandb-entity", default=None, metavar="ENTITY",
+                   help="W&B entity (default: $WANDB_ENTITY, else your W&B default entity)")
+    s.add_argument("--wandb-project", default=None, metavar="PROJECT",
+                   help="W&B project (default: $WANDB_PROJECT, else 'ladder')")
+
+
+def _json_option(s, what: str) -> None:
+    s.add_argument("--json", action="store_true", help=f"print {what} on stdout, as JSON")
+
+
+def _serve_options(s) -> None:
+    s.add_argument("--serve", action="store_true",
+                   help="serve a live page on 127.0.0.1 that refreshes as points and alerts "
+                        "arrive (Ctrl-C stops it)")
+    s.add_argument("--port", type=int, default=8765, help="port of the live page (0: any free)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="ladder", description=__doc__.splitlines()[0])
     from ladder import __version__
     p.add_argument("--version", action="version", version=f"ladder {__version__}")
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="more messages on stderr (-vv: debug)")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="only warnings and errors on stderr")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     # --- ladders and rungs -------------------------------------------------------------------
     s = sub.add_parser("list", help="ladders, rungs, params total/active, tokens, FLOPs")
     s.add_argument("ladder", nargs="?", help="one ladder (default: all, or --ladder-file's)")
-    s.add_argument("--json", action="store_true")
+    _json_option(s, "one object per rung")
     s.add_argument("--ladder-file", default=None, metavar="FILE",
                    help="a ladder as data (TOML or JSON, like ladder/ladders/*.toml); it joins "
                         "the built-in ladders, replacing one of its name (default: none)")
@@ -47,11 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("plan", help="memory and time per step on a mesh, no training")
     s.add_argument("target", metavar="LADDER[:RUNG]",
-                   help="with --ladder-file, ':RUNG' names a rung of the file's ladder")
+                   help="a ladder, or one rung of it (with --ladder-file, ':RUNG' names a rung "
+                        "of the file's ladder)")
     s.add_argument("--ladder-file", default=None, metavar="FILE",
                    help="a ladder as data (TOML or JSON, like ladder/ladders/*.toml); it joins "
                         "the built-in ladders, replacing one of its name (default: none)")
-    s.add_argument("--devices", type=int, default=1)
+    s.add_argument("--devices", type=int, default=1, help="devices in the mesh")
     s.add_argument("--expert-parallel", type=int, default=None,
                    help="size of the 'expert' mesh axis (default: largest divisor of --devices "
                         "that divides the number of experts)")
@@ -60,106 +106,188 @@ def build_parser() -> argparse.ArgumentParser:
                         "see ladder/plan.py)")
     s.add_argument("--mfu", type=float, default=None,
                    help="assumed model FLOPs utilisation (default: 0.4)")
-    s.add_argument("--json", action="store_true")
+    _json_option(s, "the plan")
     s.set_defaults(func=_call("ladder.commands:plan_main"))
 
-    s = sub.add_parser("run", help="train ladder rungs")
-    s.add_argument("ladder", nargs="?", help="the ladder (default: --ladder-file's)")
+    s = sub.add_parser("run", help="train ladder rungs",
+                       epilog="Training overrides: any TrainConfig field as --key=value "
+                              "(e.g. --seed=1 --lr=3e-3 --model.capacity_factor=2 "
+                              "--schedule.decay_end=0.6); an unknown key is an error.")
+    s.add_argument("ladder", nargs="?", metavar="LADDER[:RUNG]",
+                   help="a ladder (all its rungs, the target last) or one rung of it "
+                        "(default: --ladder-file's ladder)")
     s.add_argument("--ladder-file", default=None, metavar="FILE",
                    help="a ladder as data (TOML or JSON, like ladder/ladders/*.toml); it joins "
                         "the built-in ladders, replacing one of its name (default: none)")
-    s.add_argument("--rung", action="append", default=None, metavar="NAME")
-    s.add_argument("--out", default="runs")
-    s.add_argument("--max-steps", type=int, default=None)
-    s.add_argument("--resume", action="store_true")
-    s.add_argument("--wandb", action="store_true")
+    s.add_argument("--rung", action="append", default=None, metavar="NAME",
+                   help="train only this rung (repeatable; default: all)")
+    s.add_argument("--out", default="runs", metavar="DIR",
+                   help="runs directory: rungs go to DIR/LADDER/RUNG/")
+    s.add_argument("--max-steps", type=int, default=None, metavar="N",
+                   help="stop after N steps of the planned run, resumable (default: the whole "
+                        "run)")
+    s.add_argument("--resume", action="store_true",
+                   help="continue unfinished rungs from their last checkpoint")
+    _wandb_options(s, "mirror the metrics to W&B (group = ladder, name = rung, job type train)")
     s.add_argument("--data", action="append", default=None,
-                   help="text files/globs, or a token array (.npy, .bin with --vocab-size)")
-    s.add_argument("--vocab-size", type=int, default=None)
-    s.add_argument("--devices", type=int, default=None)
-    s.add_argument("--expert-parallel", type=int, default=None)
-    s.add_argument("--config", default=None, help="JSON file of training overrides")
-    s.add_argument("overrides", nargs="*", metavar="--key=value", default=[])
-    s.set_defaults(func=_call("ladder.commands:run_main"))
+                   help="text files/globs, or a token array (.npy, .bin with --vocab-size) "
+                        "(default: the running Python's standard library sources)")
+    s.add_argument("--vocab-size", type=int, default=None,
+                   help="vocabulary of a .bin token file (default: from the data)")
+    s.add_argument("--devices", type=int, default=None,
+                   help="devices in the mesh (default: all visible)")
+    s.add_argument("--expert-parallel", type=int, default=None,
+                   help="size of the 'expert' mesh axis (default: the largest that fits)")
+    s.add_argument("--config", default=None, metavar="FILE.json",
+                   help="JSON file of training overrides (default: none)")
+    s.set_defaults(func=_call("ladder.commands:run_main"), overrides=[])
 
     # --- fitting ---------------------------------------------------------------------------------
     s = sub.add_parser("fit", help="fit and export a scaling law")
-    s.add_argument("sources", nargs="+", metavar="SOURCE")
-    s.add_argument("--form", default="auto")
-    s.add_argument("--metric", default=None)
-    s.add_argument("--bootstrap", type=int, default=200)
-    s.add_argument("--level", type=float, default=0.9)
-    s.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE")
-    s.add_argument("--tie", action="append", default=[], metavar="A=B")
-    s.add_argument("--by", default=None, metavar="COLUMN")
-    s.add_argument("--params-column", default="params", choices=["params", "active_params"])
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--out", default=None)
+    s.add_argument("sources", nargs="+", metavar="SOURCE",
+                   help="points tables (CSV, Parquet), runs directories, W&B offline run "
+                        "directories or wandb://ENTITY/PROJECT/ID[,ID...]")
+    s.add_argument("--form", default="auto",
+                   help="law form: chinchilla, compute, trajectory, moe, mpl, momentum, or auto "
+                        "(chosen by backtest)")
+    s.add_argument("--metric", default=None,
+                   help="metric key of runs (default: eval_dropless/loss)")
+    s.add_argument("--bootstrap", type=int, default=200, metavar="N",
+                   help="bootstrap refits for the uncertainty")
+    s.add_argument("--level", type=float, default=0.9, help="interval level")
+    s.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE",
+                   help="hold a parameter fixed (repeatable; default: none)")
+    s.add_argument("--tie", action="append", default=[], metavar="A=B",
+                   help="tie two parameters (repeatable; default: none)")
+    s.add_argument("--by", default=None, metavar="COLUMN",
+                   help="fit one law per value of COLUMN (default: one law)")
+    s.add_argument("--params-column", default="params", choices=["params", "active_params"],
+                   help="the size the law is a function of")
+    s.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and multi-start")
+    s.add_argument("--sizes", default=None, metavar="FILE",
+                   help="CSV/JSON of run sizes (run, params, active_params) for W&B sources "
+                        "whose configs lack them (default: from the runs' configs)")
+    _json_option(s, "the law (law.json's content), not the report,")
+    s.add_argument("--out", default="law.json", metavar="FILE", help="where the law is written")
     s.set_defaults(func=_call("fit.commands:fit_main"))
 
     s = sub.add_parser("predict", help="predict loss from a law")
-    s.add_argument("law")
-    s.add_argument("--params", type=float, default=None)
-    s.add_argument("--active-params", type=float, default=None)
-    s.add_argument("--tokens", type=float, default=None)
-    s.add_argument("--compute", type=float, default=None)
-    s.add_argument("--fraction", type=float, default=None)
-    s.add_argument("--level", type=float, default=0.9)
-    s.add_argument("--schedule", default=None, help="CSV (step, lr) or a named schedule")
+    s.add_argument("law", metavar="LAW.json", help="a law written by `ladder fit`")
+    s.add_argument("--params", type=float, default=None, help="total parameters")
+    s.add_argument("--active-params", type=float, default=None, help="active parameters")
+    s.add_argument("--tokens", type=float, default=None, help="training tokens")
+    s.add_argument("--compute", type=float, default=None, help="training FLOPs (no LM head)")
+    s.add_argument("--fraction", type=float, default=None,
+                   help="fraction of the planned run (default: the end)")
+    s.add_argument("--level", type=float, default=0.9, help="interval level")
+    s.add_argument("--schedule", default=None,
+                   help="CSV (step, lr) or a named schedule (curve laws; default: none)")
     s.set_defaults(func=_call("fit.commands:predict_main"))
 
     # --- pre-registration and watch --------------------------------------------------------------
     s = sub.add_parser("preregister", help="freeze a forecast of a target run")
-    s.add_argument("law")
+    s.add_argument("law", metavar="LAW.json", help="a law written by `ladder fit`")
     g = s.add_mutually_exclusive_group(required=True)
-    g.add_argument("--target", metavar="LADDER:RUNG")
-    g.add_argument("--target-spec", metavar="FILE.json")
-    s.add_argument("--level", type=float, default=0.9)
-    s.add_argument("--require", action="append", default=[], metavar="KEY=VALUE")
-    s.add_argument("--amend", default=None, metavar="OLD.json")
-    s.add_argument("--reason", default=None)
+    g.add_argument("--target", metavar="LADDER:RUNG", help="the target rung")
+    g.add_argument("--target-spec", metavar="FILE.json",
+                   help="the target as a JSON object of pre-registration target fields")
+    s.add_argument("--level", type=float, default=0.9, help="band level")
+    s.add_argument("--require", action="append", default=[], metavar="KEY=VALUE",
+                   help="run-config value the forecast requires (repeatable; default: none)")
+    s.add_argument("--amend", default=None, metavar="OLD.json",
+                   help="this amends an earlier pre-registration (default: a new one)")
+    s.add_argument("--reason", default=None, help="why (with --amend; default: none)")
     s.add_argument("--runs", default=None, metavar="DIR",
                    help="ladder run directories: health reference curves and eval noise")
     s.add_argument("--data-tag", default=None, help="data-mix tag the forecast applies to")
     s.add_argument("--eval-noise", type=float, default=None, metavar="SIGMA",
                    help="sd of one eval's metric (default: estimated from --runs)")
-    s.add_argument("--out", default="prereg.json")
+    _wandb_options(s, "log the frozen forecast as its own W&B run in the ladder's group "
+                      "(job type forecast), the file as an artifact")
+    s.add_argument("--out", default="prereg.json", metavar="FILE",
+                   help="where it is written (read-only; never overwritten)")
     s.set_defaults(func=_call("predict.commands:preregister_main"))
 
     s = sub.add_parser("verify", help="check a pre-registration's hash")
-    s.add_argument("prereg")
+    s.add_argument("prereg", metavar="PREREG.json", help="a pre-registration")
+    _json_option(s, "the verification")
     s.set_defaults(func=_call("predict.commands:verify_main"))
 
     s = sub.add_parser("watch", help="compare a live run with its pre-registration")
-    s.add_argument("prereg")
-    s.add_argument("--source", required=True, metavar="SRC")
-    s.add_argument("--metric", default=None)
-    s.add_argument("--follow", action="store_true")
-    s.add_argument("--alerts", default=None, metavar="FILE")
-    s.add_argument("--state", default=None, metavar="FILE")
-    s.add_argument("--webhook", default=None, metavar="URL")
-    s.add_argument("--wandb-alert", action="store_true")
-    s.add_argument("--poll", type=float, default=0.2, metavar="SECONDS")
-    s.add_argument("--max-seconds", type=float, default=None)
+    s.add_argument("prereg", metavar="PREREG.json", help="the pre-registration (its newest "
+                   "valid amendment is followed)")
+    s.add_argument("--source", required=True, metavar="SRC",
+                   help="metrics.jsonl, CSV, a W&B offline run directory or "
+                        "wandb://ENTITY/PROJECT/ID[,ID...]")
+    s.add_argument("--metric", default=None,
+                   help="source key holding the registered metric (default: the registered "
+                        "metric's own key)")
+    s.add_argument("--follow", action="store_true", help="keep polling for new points")
+    s.add_argument("--alerts", default=None, metavar="FILE",
+                   help="append alerts here as JSON lines (default: stdout only)")
+    s.add_argument("--state", default=None, metavar="FILE",
+                   help="saved watcher state: a restart neither repeats an alert nor skips a "
+                        "row (default: none)")
+    s.add_argument("--webhook", default=None, metavar="URL",
+                   help="POST each alert as JSON here (default: none)")
+    s.add_argument("--wandb-alert", action="store_true",
+                   help="wandb.alert from a separate run (wandb:// sources)")
+    _wandb_options(s, "add the residuals and alerts to the pre-registration's forecast run "
+                      "and post wandb.alert")
+    s.add_argument("--poll", type=float, default=0.2, metavar="SECONDS",
+                   help="seconds between polls with --follow")
+    s.add_argument("--max-seconds", type=float, default=None,
+                   help="stop following after this long (default: never)")
+    _json_option(s, "one object with the verdict and the alerts at the end (no alert lines)")
+    _serve_options(s)
     s.set_defaults(func=_call("predict.commands:watch_main"))
 
     # --- reports and the demo --------------------------------------------------------------------
     s = sub.add_parser("report", help="plots and an HTML/Markdown report of the artifacts")
-    s.add_argument("--runs", default=None)
-    s.add_argument("--law", default=None)
-    s.add_argument("--prereg", default=None)
-    s.add_argument("--alerts", default=None)
-    s.add_argument("--target-run", default=None, metavar="DIR")
-    s.add_argument("--out", required=True)
+    s.add_argument("--runs", default=None, metavar="DIR",
+                   help="runs directory (default: no ladder curves)")
+    s.add_argument("--law", default=None, metavar="LAW.json", help="a law (default: none)")
+    s.add_argument("--prereg", default=None, metavar="PREREG.json",
+                   help="a pre-registration (default: none)")
+    s.add_argument("--alerts", default=None, metavar="FILE",
+                   help="alerts.jsonl of `ladder watch` (default: none)")
+    s.add_argument("--target-run", default=None, metavar="DIR",
+                   help="the target's run directory (default: found in --runs by name)")
+    s.add_argument("--out", default=None, metavar="DIR",
+                   help="where index.html, the PNGs and summary.md go (required unless --serve)")
+    _serve_options(s)
     s.set_defaults(func=_call("reports.commands:report_main"))
 
     s = sub.add_parser("demo", help="everything, on the built-in CPU ladder")
-    s.add_argument("--out", default="demo_out")
-    s.add_argument("--ladder", default="cpu")
-    s.add_argument("--inject", default=None, metavar="FAULT")
-    s.add_argument("--inject-at", type=float, default=0.5, metavar="FRACTION")
+    s.add_argument("--out", default="demo_out", metavar="DIR", help="where everything goes")
+    s.add_argument("--ladder", default="cpu", help="the ladder to run")
+    s.add_argument("--inject", default=None, metavar="FAULT",
+                   help="fault in the target run: lr-spike, data-swap or loss-drift "
+                        "(default: none)")
+    s.add_argument("--inject-at", type=float, default=0.5, metavar="FRACTION",
+                   help="where the fault starts")
     s.set_defaults(func=_call("ladder.demo:demo_main"))
     return p
+
+
+class _StderrHandler(logging.Handler):
+    """Log records as plain lines on the *current* sys.stderr (the messages carry their
+    'ladder CMD:' prefix already)."""
+
+    def emit(self, record):
+        try:
+            print(self.format(record), file=sys.stderr)
+        except Exception:  # noqa: BLE001 - logging must never raise
+            self.handleError(record)
+
+
+def _setup_logging(verbose: int, quiet: bool) -> None:
+    level = logging.WARNING if quiet else logging.DEBUG if verbose >= 2 else logging.INFO
+    root = logging.getLogger("ladder")
+    root.setLevel(level)
+    if not any(isinstance(h, _StderrHandler) for h in root.handlers):
+        root.addHandler(_StderrHandler())
+    root.propagate = False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,14 +297,23 @@ def main(argv: list[str] | None = None) -> int:
         if args.command != "run":
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides = list(args.overrides) + extra
+    _setup_logging(args.verbose, args.quiet)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler below
+        return code
     except InputError as e:
         print(f"ladder {args.command}: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print(f"ladder {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader went away (`ladder list | head`): no traceback, and no second error when
+        # Python flushes stdout at exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + 13  # as if killed by SIGPIPE, like other command-line tools
 
 
 if __name__ == "__main__":

@@ -91,6 +91,11 @@ def _train_config(args):
         values["data"] = list(args.data)
     if getattr(args, "wandb", False):
         values["wandb"] = True
+    for flag in ("wandb_entity", "wandb_project"):
+        if getattr(args, flag, None):
+            values[flag] = getattr(args, flag)
+    if not sys.stderr.isatty():  # progress bars only on a terminal (not in logs or CI output)
+        values.setdefault("progress", False)
     return train_config(values, where=where)
 
 

@@ -56,8 +56,9 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, mode: int | None
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
+        # mkstemp creates 0600; an artifact is for the team (law.json, the report): 0644 unless
+        # the caller asks otherwise (the pre-registration: 0444)
+        os.chmod(tmp, 0o644 if mode is None else mode)
         if not exclusive:
             os.replace(tmp, path)
         else:

@@ -92,7 +92,8 @@ class TrainConfig:
     fault_scale: float = 10.0        # lr-spike: LR multiplier
     drift_max: float = 0.3           # loss-drift: share of random tokens reached at the end
     wandb: bool = False
-    wandb_project: str = "ladder"
+    wandb_project: str | None = None  # None: WANDB_PROJECT, else "ladder" (ladder.wandbrun)
+    wandb_entity: str | None = None   # None: WANDB_ENTITY, else W&B's default entity
     progress: bool = True            # tqdm bar on stderr
 
     def __post_init__(self):
@@ -134,8 +135,9 @@ class TrainConfig:
         check("drift_max", is_num(self.drift_max) and 0 < self.drift_max <= 1, "in (0, 1]")
         for name in ("wandb", "progress"):
             check(name, isinstance(getattr(self, name), bool), "true or false")
-        check("wandb_project", isinstance(self.wandb_project, str) and self.wandb_project,
-              "a non-empty string")
+        for name in ("wandb_project", "wandb_entity"):
+            v = getattr(self, name)
+            check(name, v is None or isinstance(v, str) and v, "null or a non-empty string")
         check("model", isinstance(self.model, dict), "an object of model config fields")
         if isinstance(self.data, (list, str)):
             object.__setattr__(self, "data", (self.data,) if isinstance(self.data, str)
@@ -149,7 +151,8 @@ class TrainConfig:
         return d
 
     # Fields that do not change a run's numbers: allowed to differ on resume.
-    RUN_ARGUMENTS = ("devices", "expert_parallel", "wandb", "wandb_project", "progress",
+    RUN_ARGUMENTS = ("devices", "expert_parallel", "wandb", "wandb_project", "wandb_entity",
+                     "progress",
                      "peak_flops", "checkpoint_every", "keep", "log_every")
 
 
@@ -572,23 +575,34 @@ class MetricsFile:
 class WandbMirror:
     """Mirrors metrics rows to Weights & Biases (WANDB_MODE=offline works without network).
 
-    The same W&B run id is reused on resume; its local directory (an offline run directory is a
-    `ladder watch` source) is recorded in summary.json.
+    The run is grouped by the ladder, named by the rung, of job type ``train`` and tagged with
+    both (``ladder.wandbrun``); ``step``, ``tokens`` and ``flops`` are logged as metrics so any of
+    them can be a panel's x axis. The same W&B run id is reused on resume; its local directory
+    (an offline run directory is a `ladder watch` source) is recorded in summary.json.
     """
+
+    PREFIXES = ("train", "eval", "eval_dropless", "optim", "grad", "params", "moe", "throughput")
 
     def __init__(self, out_dir: Path, rung: Rung, cfg: TrainConfig, run_id: str | None,
                  config: dict):
         import wandb
 
-        self.run = wandb.init(project=cfg.wandb_project, name=f"{rung.ladder}/{rung.name}",
+        from ladder import wandbrun
+
+        entity, project = wandbrun.resolve(cfg.wandb_entity, cfg.wandb_project)
+        self.run = wandb.init(entity=entity, project=project, group=rung.ladder, name=rung.name,
+                              job_type="train", tags=wandbrun.tags(rung.ladder, rung.name,
+                                                                   "train"),
                               dir=str(out_dir), id=run_id, resume="allow", config=config,
                               reinit="finish_previous")
+        wandbrun.define_axes(self.run, self.PREFIXES)
         self.info = {"id": self.run.id, "dir": str(Path(self.run.dir).parent),
-                     "mode": os.environ.get("WANDB_MODE", "online"),
-                     "project": cfg.wandb_project}
+                     "mode": os.environ.get("WANDB_MODE", "online"), "entity": entity,
+                     "project": project, "group": rung.ladder, "name": rung.name,
+                     "job_type": "train"}
 
     def log(self, row: dict) -> None:
-        self.run.log({k: v for k, v in row.items() if k != "step"}, step=int(row["step"]))
+        self.run.log(dict(row), step=int(row["step"]))
 
     def finish(self, exit_code: int = 0) -> None:
         self.run.finish(exit_code=exit_code)

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sys
 from pathlib import Path
 
-from ladder.io import EX_DATAERR, EX_USAGE, InputError, read_json
+from ladder.io import EX_DATAERR, EX_USAGE, InputError, read_json, to_jsonable
 from predict import forecast as fc
 from predict import prereg as pr
 from predict.watch import WatchConfig
+
+log = logging.getLogger("ladder")
 
 
 def load_law_file(path: str):
@@ -59,8 +62,13 @@ def resolve_target(args) -> fc.Target:
 def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None = None,
                 eval_noise: float | None = None, data_tag: str | None = None,
                 requires: dict | None = None, config: WatchConfig | None = None,
-                amends: dict | None = None, created: str | None = None) -> dict:
-    """The pre-registration document for ``target`` from ``law`` (library entry of the command)."""
+                amends: dict | None = None, created: str | None = None,
+                run_config: dict | None = None) -> dict:
+    """The pre-registration document for ``target`` from ``law`` (library entry of the command).
+
+    ``run_config`` is the target rung's configuration (``Rung.to_dict()``): registered by value,
+    so the watcher compares a run's configuration key by key (and names the first that differs)
+    instead of a hash of its serialisation."""
     metric = getattr(law, "metric", None) or "eval_dropless/loss"
     noise_info = {"sigma": 0.0, "n": 0, "method": "none (no --runs, no --eval-noise)"}
     health = None
@@ -104,6 +112,8 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
     app = {"seq_len": target.seq_len, "steps": target.steps, "tokens": target.tokens,
            "data_tag": data_tag, "config_hash": target.config_hash,
            "require": dict(requires or {})}
+    if run_config is not None:
+        app["config"] = run_config
     law_json = law.to_json()
     return pr.build(target=target.to_dict(), applicability=app, metric=metric, law=law_json,
                     forecast=f.points(), final=f.final, band_level=level,
@@ -124,9 +134,16 @@ def preregister_main(args) -> int:
     if out.exists():  # fail before any work
         raise InputError("exists; a pre-registration is never overwritten", path=out,
                          exit_code=73)
+    if getattr(args, "wandb", False):  # before anything is written: wandb must be there
+        from predict.wandb_home import require_wandb
+        require_wandb()
     amends = pr.amendment(args.amend, args.reason) if args.amend else None
     law = load_law_file(args.law)
     target = resolve_target(args)
+    run_config = None
+    if getattr(args, "target", None):
+        from ladder.specs import resolve
+        run_config = resolve(args.target)[1][0].to_dict()
     if getattr(law, "form", None) in ("mpl", "momentum"):  # a curve law needs the run's schedule
         if not getattr(args, "target", None):
             raise InputError(f"a {law.form} law forecasts a run from its LR schedule: give the "
@@ -139,7 +156,8 @@ def preregister_main(args) -> int:
     doc = make_prereg(law, target, level=args.level, runs=getattr(args, "runs", None),
                       eval_noise=getattr(args, "eval_noise", None),
                       data_tag=getattr(args, "data_tag", None),
-                      requires=parse_requires(args.require), amends=amends)
+                      requires=parse_requires(args.require), amends=amends,
+                      run_config=run_config)
     pr.write_once(out, doc)
     fin = doc["final"]
     print(f"wrote {out} (read-only), sha256 {doc['sha256']}")
@@ -151,31 +169,59 @@ def preregister_main(args) -> int:
           f"({doc['eval_noise']['method']})")
     if amends:
         print(f"  amends {amends['path']} (sha256 {amends['sha256'][:12]}...): {amends['reason']}")
+    if getattr(args, "wandb", False):
+        from predict.wandb_home import log_forecast
+        group = args.target.split(":")[0] if getattr(args, "target", None) else None
+        info = log_forecast(doc, out, entity=args.wandb_entity, project=args.wandb_project,
+                            group=group)
+        print(f"  W&B: forecast run {info['id']} in {info['entity'] or '(default entity)'}/"
+              f"{info['project']}, group {info['group']} ({info['dir']})")
     return 0
 
 
-def verify_main(args) -> int:
-    v = pr.verify(args.prereg)
-    print(v.report())
+def verify_chain(path: str) -> dict:
+    """The verification of a pre-registration and of the one it amends (library entry of
+    `ladder verify`): ``{ok, path, stored, computed, changed, problems, amends, chain, lines}``,
+    ``lines`` being the human-readable report."""
+    v = pr.verify(path)
+    out = {"ok": v.ok, "path": str(path), "stored": v.stored, "computed": v.computed,
+           "changed": list(v.changed), "problems": list(v.problems), "amends": None,
+           "chain": None, "lines": [v.report()]}
     if not v.ok:
-        return EX_DATAERR
-    doc = read_json(args.prereg)
+        return out
+    doc = read_json(path)
     am = doc.get("amends")
     if isinstance(am, dict):
-        old = Path(args.prereg).parent / str(am.get("path", ""))
+        old = Path(path).parent / str(am.get("path", ""))
+        out["amends"] = {"path": str(old), "sha256": am.get("sha256"),
+                         "reason": am.get("reason"), "verified": False, "found": old.exists()}
         if not old.exists():
-            print(f"  amends {am.get('path')} (sha256 {am.get('sha256')}): not found beside it")
+            out["lines"].append(f"  amends {am.get('path')} (sha256 {am.get('sha256')}): not "
+                                f"found beside it")
         else:
             vo = pr.verify(old)
             if not vo.ok or vo.stored != am.get("sha256"):
-                print(f"  amends {old}: its sha256 is {vo.stored}, this file names "
-                      f"{am.get('sha256')}; the chain is broken")
-                return EX_DATAERR
-            print(f"  amends {old} (verified), reason: {am.get('reason')}")
-    chain = pr.resolve_chain(args.prereg)
+                out["lines"].append(f"  amends {old}: its sha256 is {vo.stored}, this file names "
+                                    f"{am.get('sha256')}; the chain is broken")
+                out["ok"] = False
+                return out
+            out["amends"]["verified"] = True
+            out["lines"].append(f"  amends {old} (verified), reason: {am.get('reason')}")
+    chain = pr.resolve_chain(path)
     if len(chain.links) > 1 or chain.skipped:
-        print(f"  chain: {chain.describe()}")
-    return 0
+        out["chain"] = {"description": chain.describe(), "newest": chain.newest.path,
+                        "links": [lk.path for lk in chain.links], "skipped": chain.skipped}
+        out["lines"].append(f"  chain: {chain.describe()}")
+    return out
+
+
+def verify_main(args) -> int:
+    res = verify_chain(args.prereg)
+    if getattr(args, "json", False):
+        print(json.dumps({k: v for k, v in res.items() if k != "lines"}))
+    else:
+        print("\n".join(res["lines"]))
+    return 0 if res["ok"] else EX_DATAERR
 
 
 def watch_main(args) -> int:
@@ -184,7 +230,8 @@ def watch_main(args) -> int:
     from predict.sources import WandbApiSource, open_source
 
     source = open_source(args.source)
-    sinks: list = [sk.StdoutSink()]
+    as_json = getattr(args, "json", False)
+    sinks: list = [] if as_json else [sk.StdoutSink()]  # --json: alerts in the final object
     if args.alerts:
         sinks.append(sk.JsonlSink(args.alerts))
     if args.webhook:
@@ -195,18 +242,45 @@ def watch_main(args) -> int:
                              field="--wandb-alert", exit_code=EX_USAGE)
         u = source.uri
         sinks.append(sk.WandbAlertSink(u.entity, u.project, u.run_ids[-1]))
+    if getattr(args, "wandb", False):  # the residuals and alerts go to the forecast run
+        from predict.wandb_home import ForecastRunSink, TeeSource
+        doc = pr.load(pr.resolve_chain(args.prereg).newest.path)
+        home = ForecastRunSink(doc, entity=args.wandb_entity, project=args.wandb_project,
+                               dir=str(Path(args.prereg).resolve().parent))
+        sinks.append(home)
+        source = TeeSource(source, lambda: w.view, home.log_evals)
     w = Watcher(args.prereg, source, sinks, args.state, metric=args.metric)
     registered = w.doc.get("metric") if not args.metric else pr.load(w.chain.newest.path)["metric"]
     if args.metric and args.metric != registered:
-        print(f"ladder watch: the source's '{args.metric}' is compared with the forecast of "
-              f"'{registered}' (--metric names the source key holding the registered metric)",
-              file=sys.stderr)
-    print(f"ladder watch: {w.description}; metric {w.view.metric}; source {args.source}",
-          file=sys.stderr)
-    code = w.run(follow=args.follow, poll_seconds=args.poll, max_seconds=args.max_seconds)
+        log.warning(f"ladder watch: the source's '{args.metric}' is compared with the forecast "
+                    f"of '{registered}' (--metric names the source key holding the registered "
+                    f"metric)")
+    log.info(f"ladder watch: {w.description}; metric {w.view.metric}; source {args.source}")
+    server = None
+    if getattr(args, "serve", False):
+        from reports.live import LivePage
+        server = LivePage.for_watcher(w, port=args.port)
+        log.warning(f"ladder watch: live page on {server.url}")
+    try:
+        code = w.run(follow=args.follow, poll_seconds=args.poll, max_seconds=args.max_seconds)
+    finally:
+        if server is not None:
+            server.close()
     st = w.state
-    print(f"ladder watch: {st.get('n_points', 0)} points, {st.get('n_evals', 0)} evals judged, "
-          f"last step {st.get('last_step')}; worst {st.get('worst') or 'none'}"
-          + (f"; NOT APPLICABLE: {st['not_applicable']}" if st.get("not_applicable") else "")
-          + f"; exit {code}", file=sys.stderr)
+    log.info(f"ladder watch: {st.get('n_points', 0)} points, {st.get('n_evals', 0)} evals "
+             f"judged, last step {st.get('last_step')}; worst {st.get('worst') or 'none'}"
+             + (f"; NOT APPLICABLE: {st['not_applicable']}" if st.get("not_applicable") else "")
+             + f"; exit {code}")
+    if as_json:
+        print(json.dumps(to_jsonable(watch_verdict(w, code))))
     return code
+
+
+def watch_verdict(w, code: int) -> dict:
+    """The outcome of a watch as one JSON-ready object (`ladder watch --json`)."""
+    st = w.state
+    return {"schema": "watch-verdict/1", "exit": code, "worst": st.get("worst"),
+            "not_applicable": st.get("not_applicable"), "prereg": w.description,
+            "prereg_sha256": w.doc.get("sha256"), "metric": w.view.metric,
+            "points": st.get("n_points", 0), "evals": st.get("n_evals", 0),
+            "last_step": st.get("last_step"), "alerts": [a.to_dict() for a in w.all_alerts]}

@@ -17,16 +17,10 @@ from pathlib import Path
 
 from ladder.io import InputError, atomic_write_json, read_json
 from predict import prereg as _prereg
-from predict.watch import (Alert, Batch, CheckResult, KeyFilter, PreregView, check, exit_code_for,
-                           new_state)
+from predict.watch import (Alert, Batch, CheckResult, PreregView, check, exit_code_for, new_state,
+                           watched_keys)
 
 STATE_SCHEMA = "watch-state/1"
-
-
-def relevant_key(metric: str, nan_keys: Sequence[str]):
-    fixed = {"tokens", "progress", metric, "train/loss", "grad/norm", "moe/drop_frac",
-             "moe/router_entropy", *nan_keys}
-    return KeyFilter(frozenset(fixed)), sorted(fixed)
 
 
 class Watcher:
@@ -65,7 +59,7 @@ class Watcher:
             raise InputError(f"not a usable pre-registration ({type(e).__name__}: {e})",
                              path=self.prereg_path, field="decision_rule") from None
         self.description = description
-        self.keep, self.keys = relevant_key(self.view.metric, self.view.config.nan_keys)
+        self.keep, self.keys = watched_keys(self.view.metric, self.view.config)  # from RULES
         self.context = {"prereg_sha256": doc.get("sha256"),
                         "target": (doc.get("target") or {}).get("name"),
                         "metric": self.view.metric}

@@ -35,6 +35,11 @@ Rules (thresholds in :class:`WatchConfig`, stored in the pre-registration's ``de
 
 Also ``stalled`` (no new point for ``stalled_seconds``) and ``not_applicable`` (an applicability
 condition of the pre-registration is broken: from here on nothing is compared, exit status 3).
+
+Each rule is a :class:`Rule` in ``RULES`` (end of this file): the metric keys it reads, its alert
+kinds, the state it keeps, its slice of the decision rule in words and its judge. ``check`` runs
+the registry in order; the watcher's key filter (:func:`watched_keys`), the pre-registration's
+``decision_rule.words`` and the report's alert kinds (:func:`alert_kinds`) are derived from it.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time as _time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -203,52 +208,9 @@ class WatchConfig:
         return cls(**dict(d))
 
     def words(self, level: float) -> str:
-        """The decision rule in words (stored beside the parameters)."""
-        return (
-            f"Loss: the eval metric's residual against the forecast, smoothed by an EMA "
-            f"(alpha {self.ema_alpha}), outside the band widened from {level:.0%} to "
-            f"{self.alert_level:.0%} (half-widths x z({self.alert_level})/z({level}), Gaussian) "
-            f"for {self.k_consecutive} "
-            f"consecutive evals is a warning (above_band = worse than forecast, below_band = "
-            f"better); outside for {self.k_critical} evals, or beyond the band by "
-            f"{self.far_factor}x its half-width for {self.k_far} evals, is critical; inside "
-            f"again for {self.k_clear} evals clears it. Evals before {self.min_fraction:.0%} of "
-            f"the run are not compared. After {self.trend_after:.0%} of the run, the smoothed "
-            f"residual moving from its own median over the preceding {self.trend_window:.0%} of "
-            f"the run (ending {self.trend_gap:.0%} before) by more than the largest of "
-            f"{self.trend_rel:.0%} of the forecast, {self.trend_band}x the band's relative "
-            f"half-width there and {self.trend_noise_k}x the smoothed residual's own noise, for "
-            f"{self.k_consecutive} evals, is a 'trend' warning when worse than forecast (info "
-            f"when better), cleared when it is back within half that of the earlier level for "
-            f"{self.k_clear} evals. From {self.rise_after:.0%} of the run, the metric above its "
-            f"lowest value so far by more than {self.rise_rel:.0%} of it (and "
-            f"{self.rise_noise_k}x the ladder's eval noise) for {self.rise_k} consecutive evals "
-            f"is a 'rising' warning. A confirmed above_band deviation inside the first "
-            f"{self.contingency_fraction:.0%} of the token budget adds a contingency advisory. "
-            f"Token-drop fraction (trailing median of {self.drop_window} rows) above the "
-            f"ladder's max at the same fraction widened as below for the router warns, above "
-            f"{self.drop_crit_factor}x that is critical (without a ladder reference: "
-            f"{self.drop_warn_abs} / {self.drop_crit_abs}); never below {self.drop_floor}. "
-            f"A non-finite {', '.join(self.nan_keys)} or metric is critical at once. Grad norm "
-            f"(median of {self.grad_window} rows, after {self.grad_after:.0%} of the run) grown "
-            f"{self.grad_growth_warn}x since its post-warmup minimum, or {self.grad_ref_warn}x the "
-            f"ladder's, warns; {self.grad_ref_crit}x the ladder's is critical. Train loss above "
-            f"its trailing median of {self.spike_window} rows by more than {self.spike_k:g}x the "
-            f"robust sd (1.4826 x MAD; k = {self.spike_k_margin}x the largest such z-score of "
-            f"the ladder's healthy runs, at least the default) and more than "
-            f"{self.spike_rel:.0%} is a spike. Router entropy below, or load max/mean above, the "
-            f"range of the ladder's rungs at the same fraction widened by the ladder's own "
-            f"leave-one-rung-out tolerance (within {self.envelope_tol}..{self.envelope_tol_max}; "
-            f"{self.envelope_tol} without one) plus "
-            f"{self.envelope_margin} (log units) warns. A "
-            f"parameter-norm group whose growth differs from the ladder's by more than "
-            f"{self.param_growth_ratio}x warns; router_bias is judged on its own after "
-            f"{self.router_bias_after:.0%} of the run (> {self.router_bias_jump}x its trailing "
-            f"median). Health conditions must hold for {self.k_health} rows and be gone for "
-            f"{self.k_health_clear} rows to clear. No new point for {self.stalled_seconds:g} s is "
-            f"'stalled'. A broken applicability condition (config, planned steps from "
-            f"step/progress off by more than {self.steps_tolerance:.1%}) stops all comparison: "
-            f"not_applicable.")
+        """The decision rule in words (stored beside the parameters): each rule's own slice, in
+        registry order (``RULES``)."""
+        return " ".join(r.words(self, level) for r in RULES)
 
 
 # ------------------------------------------------------------------------------------ alerts
@@ -687,7 +649,6 @@ def check(prereg: Mapping | PreregView, points: Batch | Iterable[Mapping], state
     import copy
 
     view = prereg if isinstance(prereg, PreregView) else PreregView.of(prereg)
-    cfg = view.config
     st = copy.deepcopy(state) if state else new_state()
     now = _time.time() if now is None else float(now)
     stamp = _time.strftime("%Y-%m-%dT%H:%M:%SZ", _time.gmtime(now))
@@ -703,24 +664,8 @@ def check(prereg: Mapping | PreregView, points: Batch | Iterable[Mapping], state
     if st.get("not_applicable"):
         return CheckResult([], st)
 
-    # --- applicability: configs in the source, and planned steps implied by step/progress
-    for c in batch.configs:
-        broken = applicability_breaks(view.applicability, c)
-        if broken:
-            return _not_applicable(st, emit, stamp, None, broken, alerts)
-    if len(batch) and "progress" in batch.cols:
-        prog = batch.cols["progress"]
-        ok = np.isfinite(prog) & (prog > 0) & (batch.step >= 1)
-        if ok.any():
-            implied = batch.step[ok] / prog[ok]
-            rel = np.abs(implied - view.steps) / view.steps
-            bad = np.flatnonzero(rel > max(cfg.steps_tolerance, 1.0 / view.steps))
-            if bad.size:
-                i = np.flatnonzero(ok)[bad[0]]
-                msg = (f"planned steps changed: step {int(batch.step[i])} at progress "
-                       f"{prog[i]:.4f} implies {implied[bad[0]]:.0f} planned steps, the "
-                       f"pre-registration is for {view.steps}")
-                return _not_applicable(st, emit, stamp, int(batch.step[i]), [msg], alerts)
+    if _applicability_rule(view, batch, st, emit, stamp):
+        return CheckResult(alerts, st)
 
     if not len(batch):
         _stalled_rule(view, st, emit, stamp, now)
@@ -735,9 +680,12 @@ def check(prereg: Mapping | PreregView, points: Batch | Iterable[Mapping], state
     frac = _fractions(view, batch)
     tokens = batch.col("tokens")
 
-    _nan_rule(view, batch, frac, tokens, st, emit, stamp)
-    _band_rule(view, batch, frac, tokens, st, emit, stamp)
-    _health_rules(view, batch, frac, tokens, st, emit, stamp)
+    eval_rules = [r for r in RULES if r.scope == "eval"]
+    for rule in RULES:  # in registry order: the order their alerts are listed in
+        if rule.scope == "batch":
+            rule.judge(view, batch, frac, tokens, st, emit, stamp)
+        elif rule is eval_rules[0]:
+            _judge_evals(eval_rules, view, batch, frac, tokens, st, emit, stamp)
 
     st["last_step"] = int(batch.step[-1])
     st["n_points"] += len(batch)
@@ -756,12 +704,39 @@ def stalled_check(prereg, state: dict, *, now: float) -> CheckResult:
     return check(view, Batch.empty(), copy.deepcopy(state), now=now)
 
 
-def _not_applicable(st, emit, stamp, step, reasons: list[str], alerts) -> CheckResult:
+def _not_applicable(st, emit, stamp, step, reasons: list[str]) -> None:
     st["not_applicable"] = "; ".join(reasons)
     emit(Alert(stamp, step, None, None, "not_applicable", "warn",
                message="the forecast no longer applies, nothing is compared from here on: "
                        + st["not_applicable"]))
-    return CheckResult(alerts, st)
+
+
+def _applicability_rule(view: PreregView, batch: Batch, st, emit, stamp) -> bool:
+    """Whether an applicability condition is broken (then nothing is compared from here on): a
+    run configuration in the source that differs from the registered one, or planned steps
+    (implied by step / progress) that differ from the registered steps."""
+    cfg = view.config
+    for c in batch.configs:
+        broken = applicability_breaks(view.applicability, c)
+        if broken:
+            _not_applicable(st, emit, stamp, None, broken)
+            return True
+    if len(batch) and "progress" in batch.cols:
+        prog = batch.cols["progress"]
+        ok = np.isfinite(prog) & (prog > 0) & (batch.step >= 1)
+        if ok.any():
+            implied = batch.step[ok] / prog[ok]
+            rel = np.abs(implied - view.steps) / view.steps
+            bad = np.flatnonzero(rel > max(cfg.steps_tolerance, 1.0 / view.steps))
+            if bad.size:
+                i = np.flatnonzero(ok)[bad[0]]
+                msg = (f"planned steps changed: step {int(batch.step[i])} at progress "
+                       f"{prog[i]:.4f} implies {implied[bad[0]]:.0f} planned steps, the "
+                       f"pre-registration is for {view.steps}")
+                _not_applicable(st, emit, stamp, int(batch.step[i]), [msg])
+                return True
+
+    return False
 
 
 def _stalled_rule(view, st, emit, stamp, now):
@@ -773,6 +748,11 @@ def _stalled_rule(view, st, emit, stamp, now):
         emit(Alert(stamp, st.get("last_step"), None, None, "stalled", "warn",
                    message=f"no new point for {now - last:.0f} s (limit "
                            f"{view.config.stalled_seconds:g} s); last step {st.get('last_step')}"))
+
+
+def row_fractions(view: PreregView, b: Batch) -> np.ndarray:
+    """Where each row of ``b`` falls in the registered run (0..1), by the ``align`` rule."""
+    return _fractions(view, b)
 
 
 def _fractions(view: PreregView, b: Batch) -> np.ndarray:
@@ -802,7 +782,17 @@ def applicability_breaks(app: Mapping, config: Mapping) -> list[str]:
             continue
         if abs(float(have) - float(want)) > 1e-9 * max(1.0, abs(float(want))):
             out.append(f"{key} is {have:g} in the run, {want:g} in the pre-registration")
-    for key in ("data_tag", "config_hash"):
+    registered = app.get("config")
+    run_rung = config.get("rung") if isinstance(config.get("rung"), Mapping) else None
+    compare = ["data_tag"]
+    if isinstance(registered, Mapping) and run_rung is not None:
+        # values, not a hash: a config that went through W&B comes back with 1.0 as 1
+        diff = config_difference(registered, run_rung)
+        if diff:
+            out.append(f"the run's configuration differs from the registered one at rung.{diff}")
+    else:
+        compare.append("config_hash")
+    for key in compare:
         want, have = app.get(key), facts.get(key)
         if want is not None and have is not None and str(want) != str(have):
             out.append(f"{key} is {have!r} in the run, {want!r} in the pre-registration")
@@ -816,6 +806,40 @@ def applicability_breaks(app: Mapping, config: Mapping) -> list[str]:
 
 
 _MISSING = object()
+
+
+def config_difference(want, have, path: str = "") -> str | None:
+    """The first key (dotted, in sorted order) where configuration ``have`` differs from ``want``
+    in value, with both values; None when they agree. Numbers compare by value (1 == 1.0, as a
+    round trip through W&B or YAML leaves them), booleans only with booleans."""
+    if isinstance(want, Mapping) and isinstance(have, Mapping):
+        for k in sorted(set(want) | set(have), key=str):
+            where = f"{path}.{k}" if path else str(k)
+            if k not in have:
+                return f"{where} (absent in the run, {want[k]!r} registered)"
+            if k not in want:
+                return f"{where} ({have[k]!r} in the run, absent in the pre-registration)"
+            d = config_difference(want[k], have[k], where)
+            if d:
+                return d
+        return None
+    if isinstance(want, (list, tuple)) and isinstance(have, (list, tuple)):
+        if len(want) != len(have):
+            return f"{path} ({len(have)} items in the run, {len(want)} registered)"
+        for i, (a, b) in enumerate(zip(want, have)):
+            d = config_difference(a, b, f"{path}[{i}]")
+            if d:
+                return d
+        return None
+    num = (int, float)
+    if isinstance(want, bool) or isinstance(have, bool):
+        same = want is have or (isinstance(want, bool) and isinstance(have, bool)
+                                and want == have)
+    elif isinstance(want, num) and isinstance(have, num):
+        same = want == have or abs(want - have) <= 1e-12 * max(abs(want), abs(have))
+    else:
+        same = want == have
+    return None if same else f"{path} ({have!r} in the run, {want!r} registered)"
 
 
 def lookup(d: Mapping, dotted: str):
@@ -897,9 +921,42 @@ def _opt(x) -> float | None:
 # ------------------------------------------------------------------------------------ rules 1, 4
 
 
-def _band_rule(view: PreregView, b: Batch, frac, tokens, st, emit, stamp):
+# A source that reads the metric's key as a column (the watcher's key filter names it) yields an
+# empty column when the key is never logged; by 10% of the run a rung has logged two evals (it
+# evaluates every 5% by default: ladder.train.TrainConfig.eval_every), so an empty column then
+# means the key is missing.
+_MISSING_METRIC_BY = 0.1
+
+
+@dataclass
+class EvalPoint:
+    """One eval row as the loss rules see it: the metric ``y``, the forecast ``e`` and the alert
+    band ``lo``..``hi`` at fraction ``f``, the raw residual ``r = y - e`` and its EMA ``ema`` (the
+    smoothed value is ``e + ema``). ``raised`` is set by the band rule to the direction of an
+    above/below-band alert it raised at this eval (the contingency rule follows it)."""
+
+    step: int
+    tokens: float | None
+    f: float
+    y: float
+    e: float
+    lo: float
+    hi: float
+    r: float
+    ema: float
+    raised: str | None = None
+
+
+def _judge_evals(rules, view: PreregView, b: Batch, frac, tokens, st, emit, stamp):
+    """The loss rules, eval by eval in arrival order: the residual's EMA is updated once per eval
+    and every rule of ``rules`` (scope "eval") sees the same :class:`EvalPoint`."""
     cfg = view.config
     y_all = b.cols.get(view.metric)
+    if y_all is not None and not st.get("metric_seen"):
+        if np.isfinite(y_all).any() or b.nonfinite.get(view.metric, np.zeros(0, bool)).any():
+            st["metric_seen"] = True
+        elif np.nanmax(frac, initial=0.0) >= _MISSING_METRIC_BY:
+            y_all = None  # a source's column of the key, empty: as good as missing
     if y_all is None:
         if "missing_metric" not in st:
             st["missing_metric"] = True
@@ -919,60 +976,76 @@ def _band_rule(view: PreregView, b: Batch, frac, tokens, st, emit, stamp):
         if not (math.isfinite(e) and math.isfinite(lo) and math.isfinite(hi)):
             continue
         st["n_evals"] += 1
-        _rise_rule(view, st, f, y, int(b.step[i]), _opt(tokens[i]), emit, stamp)
         r = y - e
         bs["ema"] = r if bs["ema"] is None else cfg.ema_alpha * r + (1 - cfg.ema_alpha) * bs["ema"]
-        ys = e + bs["ema"]
-        _trend_rule(view, st, f, r / e, bs["ema"] / e, int(b.step[i]), _opt(tokens[i]), e,
-                    emit, stamp)
-        direction = "above" if ys > hi else "below" if ys < lo else None
-        if direction:
-            half = (hi - e) if direction == "above" else (e - lo)
-            excess = (ys - hi) if direction == "above" else (lo - ys)
-            far = excess > cfg.far_factor * half
-            if bs["run_dir"] == direction:
-                bs["run_len"] += 1
-            else:
-                bs["run_dir"], bs["run_len"], bs["far_len"] = direction, 1, 0
-            bs["far_len"] = bs["far_len"] + 1 if far else 0
-            bs["in_len"] = 0
-            want = None
-            if bs["run_len"] >= cfg.k_consecutive:
-                want = "warn"
-            if bs["run_len"] >= cfg.k_critical or (bs["far_len"] >= cfg.k_far
-                                                    and bs["run_len"] >= min(cfg.k_far,
-                                                                             cfg.k_consecutive)):
-                want = "critical"
-            cur = bs["level"] if bs["direction"] == direction else None
-            if want and (cur is None or _SEV_RANK[want] > _SEV_RANK[cur]):
-                bs["level"], bs["direction"] = want, direction
-                why = (f"{bs['run_len']} consecutive evals" if want == "warn" else
-                       "far outside the band" if bs["far_len"] >= cfg.k_far and
-                       bs["run_len"] < cfg.k_critical else f"{bs['run_len']} consecutive evals")
-                worse = "worse" if direction == "above" else "better"
-                emit(Alert(stamp, int(b.step[i]), _opt(tokens[i]), f, f"{direction}_band", want,
-                           value=ys, expected=e, lo=lo, hi=hi, direction=worse,
-                           message=f"{view.metric} {ys:.4f} (smoothed; raw {y:.4f}) is {worse} "
-                                   f"than forecast {e:.4f} [{lo:.4f}, {hi:.4f}] at "
-                                   f"{cfg.alert_level:.0%}: {why}"))
-                if direction == "above" and f <= cfg.contingency_fraction \
-                        and not bs["contingency_sent"]:
-                    bs["contingency_sent"] = True
-                    emit(_contingency(view, b, i, f, ys, e, tokens, stamp))
+        ev = EvalPoint(step=int(b.step[i]), tokens=_opt(tokens[i]), f=f, y=y, e=e, lo=lo, hi=hi,
+                       r=r, ema=bs["ema"])
+        for rule in rules:
+            rule.judge(view, st, ev, emit, stamp)
+
+
+def _band_rule(view: PreregView, st, ev: EvalPoint, emit, stamp):
+    """Rule 1: the smoothed metric outside the alert band, with hysteresis."""
+    cfg = view.config
+    bs = st["band"]
+    f, e, lo, hi, y = ev.f, ev.e, ev.lo, ev.hi, ev.y
+    ys = e + ev.ema
+    direction = "above" if ys > hi else "below" if ys < lo else None
+    if direction:
+        half = (hi - e) if direction == "above" else (e - lo)
+        excess = (ys - hi) if direction == "above" else (lo - ys)
+        far = excess > cfg.far_factor * half
+        if bs["run_dir"] == direction:
+            bs["run_len"] += 1
         else:
-            bs["run_dir"], bs["run_len"], bs["far_len"] = None, 0, 0
-            bs["in_len"] += 1
-            if bs["level"] is not None and bs["in_len"] >= cfg.k_clear:
-                emit(Alert(stamp, int(b.step[i]), _opt(tokens[i]), f, "cleared", "info",
-                           value=ys, expected=e, lo=lo, hi=hi, direction=None,
-                           message=f"{view.metric} back inside the band for {bs['in_len']} evals "
-                                   f"(was {bs['direction']}_band, {bs['level']})"))
-                bs["level"], bs["direction"] = None, None
+            bs["run_dir"], bs["run_len"], bs["far_len"] = direction, 1, 0
+        bs["far_len"] = bs["far_len"] + 1 if far else 0
+        bs["in_len"] = 0
+        want = None
+        if bs["run_len"] >= cfg.k_consecutive:
+            want = "warn"
+        if bs["run_len"] >= cfg.k_critical or (bs["far_len"] >= cfg.k_far
+                                                and bs["run_len"] >= min(cfg.k_far,
+                                                                         cfg.k_consecutive)):
+            want = "critical"
+        cur = bs["level"] if bs["direction"] == direction else None
+        if want and (cur is None or _SEV_RANK[want] > _SEV_RANK[cur]):
+            bs["level"], bs["direction"] = want, direction
+            why = (f"{bs['run_len']} consecutive evals" if want == "warn" else
+                   "far outside the band" if bs["far_len"] >= cfg.k_far and
+                   bs["run_len"] < cfg.k_critical else f"{bs['run_len']} consecutive evals")
+            worse = "worse" if direction == "above" else "better"
+            emit(Alert(stamp, ev.step, ev.tokens, f, f"{direction}_band", want,
+                       value=ys, expected=e, lo=lo, hi=hi, direction=worse,
+                       message=f"{view.metric} {ys:.4f} (smoothed; raw {y:.4f}) is {worse} "
+                               f"than forecast {e:.4f} [{lo:.4f}, {hi:.4f}] at "
+                               f"{cfg.alert_level:.0%}: {why}"))
+            ev.raised = direction
+    else:
+        bs["run_dir"], bs["run_len"], bs["far_len"] = None, 0, 0
+        bs["in_len"] += 1
+        if bs["level"] is not None and bs["in_len"] >= cfg.k_clear:
+            emit(Alert(stamp, ev.step, ev.tokens, f, "cleared", "info",
+                       value=ys, expected=e, lo=lo, hi=hi, direction=None,
+                       message=f"{view.metric} back inside the band for {bs['in_len']} evals "
+                               f"(was {bs['direction']}_band, {bs['level']})"))
+            bs["level"], bs["direction"] = None, None
 
 
-def _rise_rule(view: PreregView, st, f, y, step, tokens, emit, stamp):
+def _contingency_rule(view: PreregView, st, ev: EvalPoint, emit, stamp):
+    """Rule 4: an above_band alert raised inside the first ``contingency_fraction`` of the run
+    (once per run): the contingency advisory."""
+    bs = st["band"]
+    if ev.raised == "above" and ev.f <= view.config.contingency_fraction \
+            and not bs["contingency_sent"]:
+        bs["contingency_sent"] = True
+        emit(_contingency(view, ev.step, ev.tokens, ev.f, ev.e + ev.ema, ev.e, stamp))
+
+
+def _rise_rule(view: PreregView, st, ev: EvalPoint, emit, stamp):
     """Rule 1c: the metric above its own running minimum for ``rise_k`` consecutive evals."""
     cfg = view.config
+    f, y, step, tokens = ev.f, ev.y, ev.step, ev.tokens
     rs = st.setdefault("rise", {"min": None, "run_len": 0, "in_len": 0, "active": False})
     low = rs["min"]
     rs["min"] = y if low is None else min(low, y)
@@ -1001,9 +1074,10 @@ def _rise_rule(view: PreregView, st, f, y, step, tokens, emit, stamp):
                                    f"(was rising)"))
 
 
-def _trend_rule(view: PreregView, st, f, rel, rel_smooth, step, tokens, e, emit, stamp):
+def _trend_rule(view: PreregView, st, ev: EvalPoint, emit, stamp):
     """Rule 1b: the smoothed relative residual against its own median over an earlier window."""
     cfg = view.config
+    f, rel, rel_smooth, step, tokens, e = ev.f, ev.r / ev.e, ev.ema / ev.e, ev.step, ev.tokens, ev.e
     ts = st.setdefault("trend", {"hist": [], "run_len": 0, "in_len": 0, "base": None,
                                  "dir": None})
     hist = ts["hist"]
@@ -1065,7 +1139,7 @@ def _trend_threshold(view: PreregView, hist: list, f: float) -> float:
     return thr
 
 
-def _contingency(view: PreregView, b: Batch, i, f, ys, e, tokens, stamp) -> Alert:
+def _contingency(view: PreregView, step: int, tok: float | None, f, ys, e, stamp) -> Alert:
     """Projected final value if the run continues, and the token budget that would still reach the
     registered final value. The deviation is taken as a constant ratio of the loss to the
     forecast (the same relative offset to the end of the run); the budget comes from the
@@ -1098,7 +1172,7 @@ def _contingency(view: PreregView, b: Batch, i, f, ys, e, tokens, stamp) -> Aler
         if short:
             budget_msg += ("; shortened with the LR decay re-aimed to the new end: " + ", ".join(
                 f"{m:g}x -> {x:.4f}" for m, x in short) + f" (as planned: {projected:.4f})")
-    return Alert(stamp, int(b.step[i]), _opt(tokens[i]), f, "contingency", "info", value=projected,
+    return Alert(stamp, step, tok, f, "contingency", "info", value=projected,
                  expected=view.final, lo=view.final_lo, hi=view.final_hi, direction="worse",
                  message=f"deviation confirmed at {f:.1%} of the token budget (inside the first "
                          f"{view.config.contingency_fraction:.0%}): if the run continues, final "
@@ -1131,130 +1205,163 @@ def _rolling_median(x: np.ndarray, window: int, *, shift: bool) -> np.ndarray:
     return med.reindex(s.index).to_numpy(dtype=float)
 
 
-def _health_rules(view: PreregView, b: Batch, frac, tokens, st, emit, stamp):
+def _spike_rule(view: PreregView, b: Batch, frac, tokens, st, emit, stamp):
+    """Train-loss spikes: train loss vs trailing median + k x robust sd of the rows before it."""
     cfg = view.config
+    if "train/loss" not in b.cols:
+        return
+    from predict.forecast import spike_scores
+    x = b.cols["train/loss"]
+    both, off = _trailing(st, "train/loss", x, 2 * cfg.spike_window)
+    with np.errstate(all="ignore"):
+        sc = spike_scores(both, cfg.spike_window)
+    z, med = sc.z[off:], sc.median[off:]
+    spike = (np.isfinite(x) & np.isfinite(med) & (x > med * (1 + cfg.spike_rel))
+             & ((z > cfg.spike_k) | (np.isinf(z) & (z > 0))))
+    _spikes(spike, x, med, z, b, frac, tokens, st, emit, stamp, cfg)
+
+
+def _grad_rule(view: PreregView, b: Batch, frac, tokens, st, emit, stamp):
+    """Grad norm: level vs the ladder's, growth since its post-warmup minimum."""
+    cfg = view.config
+    if "grad/norm" not in b.cols:
+        return
     n = len(b)
+    x = b.cols["grad/norm"]
+    both, off = _trailing(st, "grad/norm", x, cfg.grad_window)
+    med = _rolling_median(both, cfg.grad_window, shift=False)[off:]
+    after = np.isfinite(med) & (frac >= cfg.grad_after)
+    gmin = st.get("grad_min")
+    run_min = np.fmin.accumulate(np.where(after, med, np.inf)) if n else np.zeros(0)
+    if gmin is not None:
+        run_min = np.minimum(run_min, gmin)
+    if n and np.isfinite(run_min[-1]):
+        st["grad_min"] = float(run_min[-1])
+    growth = np.where(after & np.isfinite(run_min), med / run_min, np.nan)
+    sev = np.where(growth > cfg.grad_growth_warn, 1, 0)
+    ref = view.reference("grad/norm", frac)
+    ratio = None
+    if ref is not None:
+        ratio = med / ref
+        sev = np.maximum(sev, np.where(after & (ratio > cfg.grad_ref_warn), 1, 0))
+        sev = np.maximum(sev, np.where(after & (ratio > cfg.grad_ref_crit), 2, 0))
+    sev = np.where(np.isfinite(med) & after, sev, -1)
 
-    def signal(kind: str, key: str, sev: np.ndarray, value: np.ndarray, ref: np.ndarray | None,
-               describe):
-        _level_signal(kind, key, sev, value, ref, b, frac, tokens, st, emit, stamp, cfg, describe)
+    def describe(i, level):
+        parts = [f"grad norm (median of {cfg.grad_window}) {med[i]:.3g}"]
+        if math.isfinite(growth[i]):
+            parts.append(f"{growth[i]:.1f}x its post-warmup minimum")
+        if ratio is not None and math.isfinite(ratio[i]):
+            parts.append(f"{ratio[i]:.1f}x the ladder's {ref[i]:.3g} at this fraction")
+        return ", ".join(parts)
+    _level_signal("grad_norm", "grad/norm", sev, med, ref, b, frac, tokens, st, emit, stamp, cfg,
+                  describe)
 
-    # spikes: train loss vs trailing median + k x robust sd of the rows before it
-    if "train/loss" in b.cols:
-        from predict.forecast import spike_scores
-        x = b.cols["train/loss"]
-        both, off = _trailing(st, "train/loss", x, 2 * cfg.spike_window)
-        with np.errstate(all="ignore"):
-            sc = spike_scores(both, cfg.spike_window)
-        z, med = sc.z[off:], sc.median[off:]
-        spike = (np.isfinite(x) & np.isfinite(med) & (x > med * (1 + cfg.spike_rel))
-                 & ((z > cfg.spike_k) | (np.isinf(z) & (z > 0))))
-        _spikes(spike, x, med, z, b, frac, tokens, st, emit, stamp, cfg)
 
-    # grad norm: level vs ladder, growth since post-warmup minimum
-    if "grad/norm" in b.cols:
-        x = b.cols["grad/norm"]
-        both, off = _trailing(st, "grad/norm", x, cfg.grad_window)
-        med = _rolling_median(both, cfg.grad_window, shift=False)[off:]
-        after = np.isfinite(med) & (frac >= cfg.grad_after)
-        gmin = st.get("grad_min")
-        run_min = np.fmin.accumulate(np.where(after, med, np.inf)) if n else np.zeros(0)
-        if gmin is not None:
-            run_min = np.minimum(run_min, gmin)
-        if n and np.isfinite(run_min[-1]):
-            st["grad_min"] = float(run_min[-1])
-        growth = np.where(after & np.isfinite(run_min), med / run_min, np.nan)
-        sev = np.where(growth > cfg.grad_growth_warn, 1, 0)
-        ref = view.reference("grad/norm", frac)
-        ratio = None
-        if ref is not None:
-            ratio = med / ref
-            sev = np.maximum(sev, np.where(after & (ratio > cfg.grad_ref_warn), 1, 0))
-            sev = np.maximum(sev, np.where(after & (ratio > cfg.grad_ref_crit), 2, 0))
-        sev = np.where(np.isfinite(med) & after, sev, -1)
+def _drop_rule(view: PreregView, b: Batch, frac, tokens, st, emit, stamp):
+    """Token-drop fraction vs the ladder's widened envelope at the same fraction."""
+    cfg = view.config
+    if "moe/drop_frac" not in b.cols:
+        return
+    n = len(b)
+    x = b.cols["moe/drop_frac"]
+    both, off = _trailing(st, "moe/drop_frac", x, cfg.drop_window)
+    med = _rolling_median(both, cfg.drop_window, shift=False)[off:]
+    env = view.envelope("moe/drop_frac", frac)
+    ref = None
+    if env is not None:
+        ref = env.hi
+        warn_t = np.fmax(env.hi * math.exp(env.tol_above + cfg.envelope_margin), cfg.drop_floor)
+        crit_t = cfg.drop_crit_factor * warn_t
+        warn_t = np.where(np.isfinite(ref), warn_t, cfg.drop_warn_abs)
+        crit_t = np.where(np.isfinite(ref), crit_t, cfg.drop_crit_abs)
+    else:
+        warn_t = np.full(n, cfg.drop_warn_abs)
+        crit_t = np.full(n, cfg.drop_crit_abs)
+    sev = np.where(med > crit_t, 2, np.where(med > warn_t, 1, 0))
+    sev = np.where(np.isfinite(med), sev, -1)
 
-        def describe(i, level):
-            parts = [f"grad norm (median of {cfg.grad_window}) {med[i]:.3g}"]
-            if math.isfinite(growth[i]):
-                parts.append(f"{growth[i]:.1f}x its post-warmup minimum")
-            if ratio is not None and math.isfinite(ratio[i]):
-                parts.append(f"{ratio[i]:.1f}x the ladder's {ref[i]:.3g} at this fraction")
-            return ", ".join(parts)
-        signal("grad_norm", "grad/norm", sev, med, ref, describe)
+    def describe(i, level):
+        against = (f"the ladder's max {ref[i]:.2%} at this fraction, widened" if ref is
+                   not None and math.isfinite(ref[i])
+                   else "the absolute limits (no ladder reference)")
+        return (f"token-drop fraction (median of {cfg.drop_window}) {med[i]:.2%}: above "
+                f"{(crit_t if level == 2 else warn_t)[i]:.2%}, against {against}")
+    _level_signal("drop_frac", "moe/drop_frac", sev, med, ref, b, frac, tokens, st, emit, stamp,
+                  cfg, describe)
 
-    # token-drop fraction vs the ladder's widened envelope at the same fraction
-    if "moe/drop_frac" in b.cols:
-        x = b.cols["moe/drop_frac"]
-        both, off = _trailing(st, "moe/drop_frac", x, cfg.drop_window)
-        med = _rolling_median(both, cfg.drop_window, shift=False)[off:]
-        env = view.envelope("moe/drop_frac", frac)
-        ref = None
-        if env is not None:
-            ref = env.hi
-            warn_t = np.fmax(env.hi * math.exp(env.tol_above + cfg.envelope_margin),
-                             cfg.drop_floor)
-            crit_t = cfg.drop_crit_factor * warn_t
-            warn_t = np.where(np.isfinite(ref), warn_t, cfg.drop_warn_abs)
-            crit_t = np.where(np.isfinite(ref), crit_t, cfg.drop_crit_abs)
-        else:
-            warn_t = np.full(n, cfg.drop_warn_abs)
-            crit_t = np.full(n, cfg.drop_crit_abs)
-        sev = np.where(med > crit_t, 2, np.where(med > warn_t, 1, 0))
-        sev = np.where(np.isfinite(med), sev, -1)
 
-        def describe(i, level):
-            against = (f"the ladder's max {ref[i]:.2%} at this fraction, widened" if ref is
-                       not None and math.isfinite(ref[i])
-                       else "the absolute limits (no ladder reference)")
-            return (f"token-drop fraction (median of {cfg.drop_window}) {med[i]:.2%}: above "
-                    f"{(crit_t if level == 2 else warn_t)[i]:.2%}, against {against}")
-        signal("drop_frac", "moe/drop_frac", sev, med, ref, describe)
+def _envelope_signal(view: PreregView, b: Batch, frac, tokens, st, emit, stamp, key: str,
+                     side: str, name: str):
+    """A router signal below (``side`` "below") or above its envelope: the ladder's range at the
+    same fraction widened by the ladder's own tolerance plus ``envelope_margin``."""
+    cfg = view.config
+    if key not in b.cols:
+        return
+    env = view.envelope(key, frac)
+    if env is None:
+        return
+    x = b.cols[key]
+    both, off = _trailing(st, key, x, cfg.drop_window)
+    med = _rolling_median(both, cfg.drop_window, shift=False)[off:]
+    if side == "below":
+        tol = env.tol_below + cfg.envelope_margin
+        limit = env.lo * math.exp(-tol)
+        bad = med < limit
+    else:
+        tol = env.tol_above + cfg.envelope_margin
+        limit = env.hi * math.exp(tol)
+        bad = med > limit
+    sev = np.where(np.isfinite(med) & np.isfinite(limit), np.where(bad, 1, 0), -1)
+    edge = env.lo if side == "below" else env.hi
 
-    # router entropy (low) and load max/mean (high) against the ladder's widened envelope
-    for key, side in (("moe/router_entropy", "below"), ("moe/load_max_over_mean", "above")):
-        if key not in b.cols:
-            continue
-        env = view.envelope(key, frac)
-        if env is None:
-            continue
-        x = b.cols[key]
-        both, off = _trailing(st, key, x, cfg.drop_window)
-        med = _rolling_median(both, cfg.drop_window, shift=False)[off:]
-        if side == "below":
-            tol = env.tol_below + cfg.envelope_margin
-            limit = env.lo * math.exp(-tol)
-            bad = med < limit
-        else:
-            tol = env.tol_above + cfg.envelope_margin
-            limit = env.hi * math.exp(tol)
-            bad = med > limit
-        sev = np.where(np.isfinite(med) & np.isfinite(limit), np.where(bad, 1, 0), -1)
-        name = "router entropy" if side == "below" else "expert load max/mean"
-        edge = env.lo if side == "below" else env.hi
-        signal("router", key, sev, med, edge,
-               lambda i, lv, med=med, limit=limit, edge=edge, env=env, name=name, side=side,
-               tol=tol:
-               f"{name} {med[i]:.3g} (median of {cfg.drop_window}) {side} {limit[i]:.3g}: the "
-               f"ladder's range {env.lo[i]:.3g}..{env.hi[i]:.3g} at this fraction widened by "
-               f"x{math.exp(tol):.2f} (tolerance "
-               f"{'measured leave-one-rung-out' if env.calibrated else 'by default'} + margin)")
+    def describe(i, lv):
+        return (f"{name} {med[i]:.3g} (median of {cfg.drop_window}) {side} {limit[i]:.3g}: the "
+                f"ladder's range {env.lo[i]:.3g}..{env.hi[i]:.3g} at this fraction widened by "
+                f"x{math.exp(tol):.2f} (tolerance "
+                f"{'measured leave-one-rung-out' if env.calibrated else 'by default'} + margin)")
+    _level_signal("router", key, sev, med, edge, b, frac, tokens, st, emit, stamp, cfg, describe)
 
-    # parameter norms per group; router_bias on its own
+
+def _entropy_rule(view: PreregView, b: Batch, frac, tokens, st, emit, stamp):
+    """Router entropy below the ladder's widened envelope (a collapse: entropy -> 0)."""
+    _envelope_signal(view, b, frac, tokens, st, emit, stamp, "moe/router_entropy", "below",
+                     "router entropy")
+
+
+def _load_rule(view: PreregView, b: Batch, frac, tokens, st, emit, stamp):
+    """Expert load max/mean above the ladder's widened envelope (a collapse: -> n_experts/top_k)."""
+    _envelope_signal(view, b, frac, tokens, st, emit, stamp, "moe/load_max_over_mean", "above",
+                     "expert load max/mean")
+
+
+def _router_bias_rule(view: PreregView, b: Batch, frac, tokens, st, emit, stamp):
+    """``router_bias`` judged on its own: set by a balancing rule, not by gradients, it spikes
+    early by design; after ``router_bias_after`` a jump over its trailing median warns."""
+    cfg = view.config
+    key = "params/norm/router_bias"
+    if key not in b.cols:
+        return
+    both, off = _trailing(st, key, b.cols[key], cfg.grad_window)
+    med = _rolling_median(both, cfg.grad_window, shift=False)[off:]
+    prev = _rolling_median(both, cfg.spike_window, shift=True)[off:]
+    jump = np.abs(med) / np.abs(prev)
+    sev = np.where(np.isfinite(jump) & (frac >= cfg.router_bias_after),
+                   np.where(jump > cfg.router_bias_jump, 1, 0), -1)
+    _level_signal("router", key, sev, med, None, b, frac, tokens, st, emit, stamp, cfg,
+                  lambda i, lv: f"router_bias norm {med[i]:.3g} is {jump[i]:.1f}x its trailing "
+                                f"median (judged on its own: not gradient-trained)")
+
+
+def _param_norm_rule(view: PreregView, b: Batch, frac, tokens, st, emit, stamp):
+    """Parameter norms per group (``router_bias`` aside) against the ladder's growth."""
+    cfg = view.config
     for key in sorted(k for k in b.cols if k.startswith("params/norm/")):
+        if key == "params/norm/router_bias":
+            continue
         x = b.cols[key]
-        group = key[len("params/norm/"):]
         both, off = _trailing(st, key, x, cfg.grad_window)
         med = _rolling_median(both, cfg.grad_window, shift=False)[off:]
-        if group == "router_bias":
-            prev = _rolling_median(both, cfg.spike_window, shift=True)[off:]
-            jump = np.abs(med) / np.abs(prev)
-            sev = np.where(np.isfinite(jump) & (frac >= cfg.router_bias_after),
-                           np.where(jump > cfg.router_bias_jump, 1, 0), -1)
-            signal("router", key, sev, med, None,
-                   lambda i, lv, med=med, jump=jump:
-                   f"router_bias norm {med[i]:.3g} is {jump[i]:.1f}x its trailing "
-                                 f"median (judged on its own: not gradient-trained)")
-            continue
         ref = view.reference(key, frac)  # the ladder's norm relative to its value at grad_after
         base_key = f"param_base/{key}"
         base = st.get(base_key)
@@ -1269,10 +1376,10 @@ def _health_rules(view: PreregView, b: Batch, frac, tokens, st, emit, stamp):
         rel = growth / ref
         bad = (rel > cfg.param_growth_ratio) | (rel < 1 / cfg.param_growth_ratio)
         sev = np.where(np.isfinite(rel) & (frac >= cfg.grad_after), np.where(bad, 1, 0), -1)
-        signal("param_norm", key, sev, med, None,
-               lambda i, lv, key=key, growth=growth, ref=ref:
-               f"{key} grew {growth[i]:.2f}x since {cfg.grad_after:.0%} of the run; "
-               f"the ladder's grew {ref[i]:.2f}x by this fraction")
+        _level_signal("param_norm", key, sev, med, None, b, frac, tokens, st, emit, stamp, cfg,
+                      lambda i, lv, key=key, growth=growth, ref=ref:
+                      f"{key} grew {growth[i]:.2f}x since {cfg.grad_after:.0%} of the run; "
+                      f"the ladder's grew {ref[i]:.2f}x by this fraction")
 
 
 def _spikes(spike, x, med, z, b, frac, tokens, st, emit, stamp, cfg):
@@ -1335,3 +1442,240 @@ def _level_signal(kind, key, sev, value, ref, b: Batch, frac, tokens, st, emit, 
                                "cleared", "info", value=_opt(value[at]),
                                message=f"{key} back to normal for {need} rows (was {kind}, "
                                        f"{'critical' if old == 2 else 'warn'})"))
+
+
+# ------------------------------------------------------------------------------------ the rules
+#
+# Each rule declares what it reads, what it raises, the state it keeps and its slice of the
+# decision rule in words; the watcher's key filter (``watched_keys``), the pre-registration's
+# ``decision_rule.words`` (``WatchConfig.words``) and the report's alert kinds (``alert_kinds``)
+# are all derived from this registry, so a rule cannot be added without being read, described
+# and drawn.
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule of the decision rule.
+
+    ``scope`` says how :func:`check` calls ``judge``: "batch" rules see the whole batch
+    ``judge(view, batch, frac, tokens, st, emit, stamp)``; "eval" rules see one eval at a time
+    ``judge(view, st, EvalPoint, emit, stamp)`` (the loss rules, which share the residual's EMA);
+    "run" rules are judged by :func:`check` itself before anything else (applicability, stalled,
+    the input's own remarks). ``keys(metric, config)`` names the metric keys it reads, plus every
+    key starting with one of ``prefixes``; ``state`` the entries of the watcher state it owns;
+    ``panel`` where the report draws its alerts ("watch": the loss plot, "health": the health
+    panels of the keys it reads, None: listed only)."""
+
+    name: str
+    scope: str
+    kinds: tuple[str, ...]
+    state: tuple[str, ...]
+    description: str
+    words: Callable[[WatchConfig, float], str]                  # (config, band level) -> text
+    keys: Callable[[str, WatchConfig], tuple] | None = None      # (metric, config) -> keys
+    prefixes: tuple[str, ...] = ()
+    judge: Callable[..., None] | None = None
+    panel: str | None = None
+
+    def __post_init__(self):
+        if self.scope not in ("run", "batch", "eval"):
+            raise ValueError(f"scope: must be run, batch or eval, got {self.scope!r}")
+        if self.scope != "run" and self.judge is None:
+            raise ValueError(f"judge: a {self.scope} rule needs a judge ({self.name})")
+        if self.panel not in (None, "watch", "health"):
+            raise ValueError(f"panel: must be watch, health or null, got {self.panel!r}")
+
+    def reads(self, metric: str, config: WatchConfig) -> tuple[str, ...]:
+        return tuple(self.keys(metric, config)) if self.keys else ()
+
+
+def _metric_key(metric, cfg):
+    return (metric,)
+
+
+def _words_band(c: WatchConfig, level: float) -> str:
+    return (f"Loss: the eval metric's residual against the forecast, smoothed by an EMA "
+            f"(alpha {c.ema_alpha}), outside the band widened from {level:.0%} to "
+            f"{c.alert_level:.0%} (half-widths x z({c.alert_level})/z({level}), Gaussian) "
+            f"for {c.k_consecutive} consecutive evals is a warning (above_band = worse than "
+            f"forecast, below_band = better); outside for {c.k_critical} evals, or beyond the "
+            f"band by {c.far_factor}x its half-width for {c.k_far} evals, is critical; inside "
+            f"again for {c.k_clear} evals clears it. Evals before {c.min_fraction:.0%} of "
+            f"the run are not compared.")
+
+
+def _words_trend(c: WatchConfig, level: float) -> str:
+    return (f"After {c.trend_after:.0%} of the run, the smoothed residual moving from its own "
+            f"median over the preceding {c.trend_window:.0%} of the run (ending "
+            f"{c.trend_gap:.0%} before) by more than the largest of {c.trend_rel:.0%} of the "
+            f"forecast, {c.trend_band}x the band's relative half-width there and "
+            f"{c.trend_noise_k}x the smoothed residual's own noise, for {c.k_consecutive} "
+            f"evals, is a 'trend' warning when worse than forecast (info when better), cleared "
+            f"when it is back within half that of the earlier level for {c.k_clear} evals.")
+
+
+def _words_rise(c: WatchConfig, level: float) -> str:
+    return (f"From {c.rise_after:.0%} of the run, the metric above its lowest value so far by "
+            f"more than {c.rise_rel:.0%} of it (and {c.rise_noise_k}x the ladder's eval noise) "
+            f"for {c.rise_k} consecutive evals is a 'rising' warning.")
+
+
+def _words_contingency(c: WatchConfig, level: float) -> str:
+    return (f"A confirmed above_band deviation inside the first {c.contingency_fraction:.0%} of "
+            f"the token budget adds a contingency advisory.")
+
+
+def _words_drop(c: WatchConfig, level: float) -> str:
+    return (f"Token-drop fraction (trailing median of {c.drop_window} rows) above the ladder's "
+            f"max at the same fraction widened as below for the router warns, above "
+            f"{c.drop_crit_factor}x that is critical (without a ladder reference: "
+            f"{c.drop_warn_abs} / {c.drop_crit_abs}); never below {c.drop_floor}.")
+
+
+def _words_nan(c: WatchConfig, level: float) -> str:
+    return f"A non-finite {', '.join(c.nan_keys)} or metric is critical at once."
+
+
+def _words_grad(c: WatchConfig, level: float) -> str:
+    return (f"Grad norm (median of {c.grad_window} rows, after {c.grad_after:.0%} of the run) "
+            f"grown {c.grad_growth_warn}x since its post-warmup minimum, or {c.grad_ref_warn}x "
+            f"the ladder's, warns; {c.grad_ref_crit}x the ladder's is critical.")
+
+
+def _words_spike(c: WatchConfig, level: float) -> str:
+    return (f"Train loss above its trailing median of {c.spike_window} rows by more than "
+            f"{c.spike_k:g}x the robust sd (1.4826 x MAD; k = {c.spike_k_margin}x the largest "
+            f"such z-score of the ladder's healthy runs, at least the default) and more than "
+            f"{c.spike_rel:.0%} is a spike.")
+
+
+def _words_envelope(what: str):
+    def words(c: WatchConfig, level: float) -> str:
+        return (f"{what} the range of the ladder's rungs at the same fraction widened by the "
+                f"ladder's own leave-one-rung-out tolerance (within "
+                f"{c.envelope_tol}..{c.envelope_tol_max}; {c.envelope_tol} without one) plus "
+                f"{c.envelope_margin} (log units) warns.")
+    return words
+
+
+def _words_router_bias(c: WatchConfig, level: float) -> str:
+    return (f"router_bias is judged on its own after {c.router_bias_after:.0%} of the run "
+            f"(> {c.router_bias_jump}x its trailing median).")
+
+
+def _words_param_norm(c: WatchConfig, level: float) -> str:
+    return (f"A parameter-norm group whose growth differs from the ladder's by more than "
+            f"{c.param_growth_ratio}x warns. Health conditions must hold for {c.k_health} rows "
+            f"and be gone for {c.k_health_clear} rows to clear.")
+
+
+def _words_stalled(c: WatchConfig, level: float) -> str:
+    return f"No new point for {c.stalled_seconds:g} s is 'stalled'."
+
+
+def _words_applicability(c: WatchConfig, level: float) -> str:
+    return (f"A broken applicability condition (the run's configuration, compared value by "
+            f"value; planned steps from step/progress off by more than "
+            f"{c.steps_tolerance:.1%}) stops all comparison: not_applicable.")
+
+
+def _words_input(c: WatchConfig, level: float) -> str:
+    return ("Steps logged again (a resumed run) replace the earlier rows (last one wins): "
+            "'rewind' (info); no registered metric in the rows: 'missing_metric' (info).")
+
+
+# Registry order is the order the rules judge a batch (and list their alerts).
+RULES: tuple[Rule, ...] = (
+    Rule("applicability", "run", ("not_applicable",), ("not_applicable",),
+         "the run is still the one the forecast was made for (configuration, planned steps)",
+         _words_applicability, keys=lambda m, c: ("progress",)),
+    Rule("input", "run", ("rewind", "missing_metric"), ("last_step", "missing_metric"),
+         "remarks on the rows themselves: steps logged again, the metric missing",
+         _words_input),
+    Rule("nan", "batch", ("nan",), ("nan_reported",),
+         "a non-finite metric, train loss, grad norm or eval loss (critical at once)",
+         _words_nan, keys=lambda m, c: (m, *c.nan_keys), judge=_nan_rule, panel="watch"),
+    Rule("rising", "eval", ("rising", "cleared"), ("rise",),
+         "the held-out metric rising above its own running minimum",
+         _words_rise, keys=_metric_key, judge=_rise_rule, panel="watch"),
+    Rule("trend", "eval", ("trend", "cleared"), ("trend",),
+         "the residual to the forecast moving away from its own earlier level (inside the band)",
+         _words_trend, keys=_metric_key, judge=_trend_rule, panel="watch"),
+    Rule("band", "eval", ("above_band", "below_band", "cleared"), ("band", "n_evals"),
+         "the smoothed metric outside the forecast band, with hysteresis",
+         _words_band, keys=_metric_key, judge=_band_rule, panel="watch"),
+    Rule("contingency", "eval", ("contingency",), ("band.contingency_sent",),
+         "a confirmed deviation early in the run: projected final value and the budget to reach "
+         "the registered one", _words_contingency, keys=_metric_key, judge=_contingency_rule,
+         panel="watch"),
+    Rule("spike", "batch", ("spike",), ("tails.train/loss", "last_spike_step"),
+         "train-loss spikes against a robust trailing median",
+         _words_spike, keys=lambda m, c: ("train/loss",), judge=_spike_rule),
+    Rule("grad_norm", "batch", ("grad_norm", "cleared"), ("signals.grad/norm", "grad_min"),
+         "grad norm against the ladder's and its growth since warmup",
+         _words_grad, keys=lambda m, c: ("grad/norm",), judge=_grad_rule, panel="health"),
+    Rule("drop_frac", "batch", ("drop_frac", "cleared"), ("signals.moe/drop_frac",),
+         "the token-drop fraction against the ladder's envelope at the same fraction",
+         _words_drop, keys=lambda m, c: ("moe/drop_frac",), judge=_drop_rule, panel="health"),
+    Rule("router_entropy", "batch", ("router", "cleared"), ("signals.moe/router_entropy",),
+         "router entropy below the ladder's envelope (a collapse)",
+         _words_envelope("Router entropy below"), keys=lambda m, c: ("moe/router_entropy",),
+         judge=_entropy_rule, panel="health"),
+    Rule("expert_load", "batch", ("router", "cleared"), ("signals.moe/load_max_over_mean",),
+         "expert load max/mean above the ladder's envelope (a collapse onto few experts)",
+         _words_envelope("Expert load max/mean above"),
+         keys=lambda m, c: ("moe/load_max_over_mean",), judge=_load_rule, panel="health"),
+    Rule("router_bias", "batch", ("router", "cleared"), ("signals.params/norm/router_bias",),
+         "the router-bias norm jumping over its trailing median (it is not gradient-trained)",
+         _words_router_bias, keys=lambda m, c: ("params/norm/router_bias",),
+         judge=_router_bias_rule, panel="health"),
+    Rule("param_norm", "batch", ("param_norm", "cleared"), ("signals.params/norm/*",
+                                                            "param_base/*"),
+         "parameter-norm growth per group against the ladder's",
+         _words_param_norm, prefixes=("params/norm/",), judge=_param_norm_rule, panel="health"),
+    Rule("stalled", "run", ("stalled",), ("stalled", "last_point_time"),
+         "no new point for a while", _words_stalled, panel="watch"),
+)
+# keys every rule needs to place a row on the forecast (DESIGN.md section 3: metrics.jsonl)
+ALIGN_KEYS = ("tokens", "progress")
+
+
+def rule(name: str) -> Rule:
+    for r in RULES:
+        if r.name == name:
+            return r
+    raise KeyError(name)
+
+
+def watched_keys(metric: str, config: WatchConfig | None = None) -> tuple[KeyFilter, list[str]]:
+    """The key filter of a source (which keys the rules read) and its fixed keys, sorted."""
+    cfg = config or WatchConfig()
+    fixed = set(ALIGN_KEYS)
+    prefixes: list[str] = []
+    for r in RULES:
+        fixed.update(r.reads(metric, cfg))
+        prefixes += [p for p in r.prefixes if p not in prefixes]
+    return KeyFilter(frozenset(fixed), tuple(prefixes)), sorted(fixed)
+
+
+def alert_kinds(panel: str | None = None) -> frozenset[str]:
+    """Alert kinds the rules raise (of rules drawn on ``panel``, when given); "cleared" is shared
+    by several rules and left out of a panel's set (its message says what cleared)."""
+    out = {k for r in RULES if panel is None or r.panel == panel for k in r.kinds}
+    return frozenset(out if panel is None else out - {"cleared"})
+
+
+def health_alert_kinds(config: WatchConfig | None = None) -> dict[str, tuple]:
+    """For each fixed key a health-panel rule reads (and the non-finite rule's keys, the
+    registered metric aside), the alert kinds raised about it."""
+    cfg = config or WatchConfig()
+    out: dict[str, list] = {}
+    for r in RULES:
+        if r.panel != "health" and r.name != "nan":
+            continue
+        for k in r.reads("", cfg):
+            if not k:  # the registered metric's place: not a health key
+                continue
+            out.setdefault(k, [])
+            out[k] += [x for x in r.kinds if x != "cleared" and x not in out[k]]
+    return {k: tuple(v) for k, v in out.items()}

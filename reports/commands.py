@@ -10,7 +10,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display: figures are rendered to PNG only
 
-from ladder.io import EX_CANTCREAT, InputError, atomic_write_bytes, atomic_write_text
+from ladder.io import EX_CANTCREAT, EX_USAGE, InputError, atomic_write_bytes, atomic_write_text
 from reports import plots
 from reports.inputs import load_inputs
 from reports.page import render_html, render_summary
@@ -53,9 +53,22 @@ def build_report(out_dir: str | os.PathLike, runs=None, law=None, prereg=None, a
 
 
 def report_main(args) -> int:
-    path = build_report(args.out, runs=args.runs, law=args.law, prereg=args.prereg,
-                        alerts=args.alerts, target_run=args.target_run)
-    print(f"report: {path}")
-    summary = path.parent / "summary.md"
-    print(summary.read_text(encoding="utf-8").split("\n## ")[0].rstrip())
+    serve = getattr(args, "serve", False)
+    if args.out is None and not serve:
+        raise InputError("required (or --serve for a live page)", field="--out",
+                         exit_code=EX_USAGE)
+    if args.out is not None:
+        path = build_report(args.out, runs=args.runs, law=args.law, prereg=args.prereg,
+                            alerts=args.alerts, target_run=args.target_run)
+        print(f"report: {path}")
+        summary = path.parent / "summary.md"
+        print(summary.read_text(encoding="utf-8").split("\n## ")[0].rstrip(), flush=True)
+    if serve:
+        from reports.live import LivePage, serve_forever
+        page = LivePage.for_files(runs=args.runs, law=args.law, prereg=args.prereg,
+                                  alerts=args.alerts, target_run=args.target_run,
+                                  port=args.port, title="ladder: live report")
+        page.snapshot()  # a bad input file fails here, before anyone opens the page
+        print(f"live page: {page.url} (Ctrl-C stops it)", flush=True)
+        serve_forever(page)
     return 0

@@ -26,6 +26,7 @@ from matplotlib.ticker import (
     NullLocator,
 )
 
+from predict.watch import alert_kinds, health_alert_kinds
 from reports.inputs import SEVERITIES, ReportInputs, RunData, not_applicable_spans
 from reports.inputs import alert_fraction as _alert_fraction
 from reports.style import (
@@ -50,10 +51,9 @@ HEALTH_LABELS = {
     "params/norm/router_bias": ("router-bias norm (rule-set, not trained)", "L2 norm"),
     "moe/load_max_over_mean": ("expert load imbalance", "max load / mean load"),
 }
-# Alert kinds about the watched metric itself (DESIGN.md §3 and the watcher's contingency advisory).
-LOSS_ALERT_KINDS = {"above_band", "below_band", "trend", "rising", "nan", "contingency", "stalled",
-                    "applicable"}
-
+# Alert kinds about the watched metric itself: those of the watcher's rules drawn on the watch plot
+# (predict.watch.RULES, panel "watch"); spikes and health alerts are ticks on its top edge.
+LOSS_ALERT_KINDS = alert_kinds("watch")
 
 def _is_loss_alert(a: dict) -> bool:
     kind = str(a.get("kind", ""))
@@ -73,10 +73,9 @@ def _health_alert_for(a: dict, key: str) -> bool:
     return a.get("kind") in HEALTH_ALERT_KINDS.get(key, ())
 
 
-# Alert kinds drawn on a health panel as well as on the watch plot.
-HEALTH_ALERT_KINDS = {"moe/drop_frac": ("drop_frac",), "grad/norm": ("grad_norm", "nan"),
-                      "moe/router_entropy": ("router",), "params/norm/router_bias": ("router",)}
-
+# Alert kinds drawn on a health panel as well as on the watch plot: per key, those of the rules
+# that read it (predict.watch.RULES, panel "health", and the non-finite rule).
+HEALTH_ALERT_KINDS = health_alert_kinds()
 
 def _styled(func):
     """Apply the report's rcParams while a figure is built (axes read them when created)."""

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import chromium_dom
 from ladder.cli import main as cli_main
 from ladder.specs import get_ladder
 from reports.commands import build_report
@@ -265,11 +266,7 @@ def test_reports_never_imports_jax():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
 
 
-CHROMIUM = Path("/usr/bin/chromium")
-
-
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="headless Chromium not installed")
-def test_page_loads_all_images_in_chromium(tmp_path, full_report):
+def test_page_loads_all_images_in_chromium(tmp_path, full_report, chromium):
     index = full_report[0]
     # A copy of the page with a script that records, after load, how many images decoded.
     probe = index.read_text().replace("</body>", """<script>
@@ -281,11 +278,7 @@ window.addEventListener('load', function () {
 });</script></body>""")
     page = tmp_path / "probe.html"
     page.write_text(probe)
-    cmd = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
-           "--virtual-time-budget=5000", "--dump-dom", page.as_uri()]
-    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False).stdout
+    dom = chromium_dom(chromium, page.as_uri(), tmp_path / "profile")
     assert "images 4/4" in dom, dom[-500:]
 
 

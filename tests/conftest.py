@@ -1,0 +1,30 @@
+"""Shared fixtures."""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def chromium() -> Path:
+    """Debian's headless Chromium (.ci/run installs it). Missing: skipped on a workstation, a
+    failure under CI (CI=true), where a skipped browser test would pass unseen."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found:
+        return Path(found)
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail("headless Chromium is not installed (apt-get install chromium); under CI "
+                    "the browser tests must run")
+    pytest.skip("headless Chromium not installed (apt-get install chromium)")
+
+
+def chromium_dom(chromium: Path, url: str, profile: Path, *, budget_ms: int = 5000) -> str:
+    """The DOM of ``url`` after ``budget_ms`` of (virtual) time in headless Chromium."""
+    import subprocess
+    cmd = [str(chromium), "--headless", "--no-sandbox", "--disable-gpu",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           "--no-first-run", f"--user-data-dir={profile}",
+           f"--virtual-time-budget={budget_ms}", "--dump-dom", url]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=90, check=False).stdout
