@@ -69,6 +69,35 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--devices", type=int, default=None)
     s.add_argument("--expert-parallel", type=int, default=None)
     s.add_argument("--config", default=None, help="JSON file of training overrides")
+    s.add_argument("--checkpoint-minutes", type=float, default=None, metavar="M",
+                   help="also keep a rolling checkpoint every M minutes of wall clock, beside "
+                        "the permanent ones (default: none; SIGTERM always checkpoints)")
+    g = s.add_argument_group("multi-host JAX (one rung over several processes)")
+    g.add_argument("--distributed", default=None, choices=["off", "auto", "explicit"],
+                   help="off: one process; auto: jax.distributed.initialize() reads the cluster "
+                        "(SLURM, Kubernetes, Cloud TPU); explicit: the three flags below "
+                        "(default: explicit when --coordinator is given, else off)")
+    g.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                   help="process 0's coordinator address (default: none)")
+    g.add_argument("--num-processes", type=int, default=None, metavar="N",
+                   help="processes in the run (default: none)")
+    g.add_argument("--process-id", type=int, default=None, metavar="I",
+                   help="this process's index, 0..N-1 (default: none)")
+    g.add_argument("--distributed-timeout", type=int, default=None, metavar="SECONDS",
+                   help="wait at most this long for every process to connect (default: 300)")
+    g = s.add_argument_group("whole ladders on a Ray cluster")
+    g.add_argument("--executor", default="local", choices=["local", "ray"],
+                   help="local: rungs one after another in this process; ray: each rung a Ray "
+                        "task, those that fit at once in parallel (default: local)")
+    g.add_argument("--address", default=None, metavar="ADDR",
+                   help="Ray cluster address, e.g. auto or ray://HOST:10001 (default: a local "
+                        "Ray started for this run, or RAY_ADDRESS)")
+    g.add_argument("--resources-per-rung", default=None, metavar="JSON",
+                   help='Ray resources of one rung task, e.g. \'{"num_gpus": 8}\', or per rung '
+                        '\'{"*": {"num_cpus": 1}, "RUNG": {"num_gpus": 4}}\' (default: '
+                        '{"num_cpus": 1})')
+    g.add_argument("--max-retries", type=int, default=2, metavar="N",
+                   help="times a failed rung is retried from its last checkpoint (default: 2)")
     s.add_argument("overrides", nargs="*", metavar="--key=value", default=[])
     s.set_defaults(func=_call("ladder.commands:run_main"))
 
