@@ -101,7 +101,7 @@ def run_main(args) -> int:
             raise InputError("--executor ray runs each rung as its own task; multi-host JAX "
                              "inside a Ray task is not supported here", field="--executor",
                              exit_code=EX_USAGE)
-        from ladder.executor import parse_resources, run_ladder_ray
+        from ladder.executor import parse_resources, print_problems, run_ladder_ray
 
         resources = parse_resources(getattr(args, "resources_per_rung", None),
                                     [r.name for r in rungs])
@@ -112,6 +112,7 @@ def run_main(args) -> int:
                                 max_steps=args.max_steps, resume=args.resume,
                                 address=args.address, resources=resources,
                                 max_retries=args.max_retries)
+        print_problems(result)
         return result.exit_code
     distributed.initialize(dist)
     for rung in rungs:

@@ -1,0 +1,109 @@
+"""The Ray executor: the tiny ladder as Ray tasks on a local Ray equals the sequential run, rung by
+rung; a rung whose task dies is retried from its checkpoint; bad options fail with one line.
+
+Ray is a dev dependency: this module imports it unconditionally, so CI fails (not skips) without it.
+"""
+
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import ray
+
+from ladder.cli import main
+from ladder.executor import parse_resources, run_ladder_ray, rung_task
+from ladder.io import InputError, read_json, read_metrics
+from ladder.specs import LADDERS
+from ladder.train import TrainConfig, train_rung
+
+LADDER = LADDERS["tiny"]
+CFG = TrainConfig(peak_flops=1e11, progress=False)
+VOLATILE = ("time", "throughput/tokens_per_s", "throughput/mfu")  # wall-clock, not numbers
+FLAKY_STEPS = 20
+
+
+def flaky_task(rung, out, cfg, max_steps, resume):
+    """The first attempt on the target rung trains 20 steps (checkpointed at its stop) and then
+    dies as a lost node would; every other call is the real task."""
+    marker = Path(out).parent / f".{rung.name}.crashed-once"
+    if rung.is_target and not marker.exists():
+        marker.touch()
+        rung_task(rung, out, cfg, FLAKY_STEPS, resume)
+        raise RuntimeError("simulated node loss")
+    return rung_task(rung, out, cfg, max_steps, resume)
+
+
+@pytest.fixture
+def local_ray(monkeypatch):
+    """A local Ray with 2 CPUs for this test, its temp dir (short: Ray's socket paths must fit
+    in 107 bytes) removed afterwards."""
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    ray.init(num_cpus=2, _temp_dir=tmp, include_dashboard=False, log_to_driver=False)
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # flaky_task, by value
+    try:
+        yield tmp
+    finally:
+        ray.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
+    assert not Path(tmp).exists()
+
+
+def _rows(path: Path) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in VOLATILE} for r in read_metrics(path)]
+
+
+@pytest.mark.slow
+def test_tiny_ladder_through_ray_equals_the_sequential_run(local_ray, tmp_path):
+    lines: list[str] = []
+    result = run_ladder_ray(list(LADDER.all), tmp_path / "ray" / "tiny", CFG, max_retries=1,
+                            resources={r.name: {"num_cpus": 1} for r in LADDER.all},
+                            poll_s=0.2, log=lines.append, task=flaky_task)
+    assert result.exit_code == 0, [o.errors for o in result.outcomes]
+    for rung in LADDER.all:
+        seq = tmp_path / "seq" / rung.name
+        ref = train_rung(rung, seq, CFG)
+        got = read_json(tmp_path / "ray" / "tiny" / rung.name / "summary.json",
+                        schema="run-summary")
+        assert got["status"] == "complete" and got["final"] == ref["final"], rung.name
+        assert _rows(tmp_path / "ray" / "tiny" / rung.name / "metrics.jsonl") == \
+            _rows(seq / "metrics.jsonl"), rung.name
+    target = [o for o in result.outcomes if o.name == LADDER.target.name][0]
+    assert target.attempts == 2 and "simulated node loss" in target.errors[0]
+    # streamed status: every rung queued, then done; the target's retry from its checkpoint
+    for rung in LADDER.all:
+        mine = [line for line in lines if line.startswith(f"tiny/{rung.name}: ")]
+        assert mine[0].startswith(f"tiny/{rung.name}: queued")
+        assert mine[-1].startswith(f"tiny/{rung.name}: complete at step {rung.steps}/")
+    assert any(f"retry 1/1 from checkpoint step {FLAKY_STEPS}" in line for line in lines)
+
+
+def test_resources_per_rung_parsing():
+    names = ["a", "b"]
+    assert parse_resources(None, names) == {"a": {"num_cpus": 1}, "b": {"num_cpus": 1}}
+    assert parse_resources('{"num_gpus": 8}', names) == {"a": {"num_gpus": 8},
+                                                         "b": {"num_gpus": 8}}
+    got = parse_resources('{"*": {"num_cpus": 2}, "b": {"num_gpus": 4, "resources": '
+                          '{"rack": 1}}}', names)
+    assert got == {"a": {"num_cpus": 2}, "b": {"num_gpus": 4, "resources": {"rack": 1}}}
+    for bad, field in [("{", "--resources-per-rung"), ("[1]", "--resources-per-rung"),
+                       ('{"c": {"num_cpus": 1}}', "--resources-per-rung.c"),
+                       ('{"num_gpu": 1}', "--resources-per-rung.*.num_gpu"),
+                       ('{"num_cpus": -1}', "--resources-per-rung.*.num_cpus")]:
+        with pytest.raises(InputError, match=field.replace("*", r"\*")):
+            parse_resources(bad, names)
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--resources-per-rung", '{"gpus": 1}'], "gpus"),
+    (["--max-retries", "-1"], "--max-retries"),
+    (["--coordinator", "127.0.0.1:1234", "--num-processes", "2", "--process-id", "0"],
+     "--executor")])
+def test_bad_ray_options_fail_with_one_line(tmp_path, capsys, args, field):
+    code = main(["run", "tiny", "--executor", "ray", "--out", str(tmp_path / "o"), *args])
+    err = capsys.readouterr().err.strip()
+    assert code == 64 and len(err.splitlines()) == 1 and field in err
+    assert not (tmp_path / "o").exists()
+    assert ray.__version__  # the executor's engine is installed (a dev dependency)
