@@ -64,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--resume", action="store_true")
     s.add_argument("--wandb", action="store_true")
     s.add_argument("--data", action="append", default=None,
-                   help="text files/globs, or a token array (.npy, .bin with --vocab-size)")
+                   help="text files/globs, a token array (.npy, .bin with --vocab-size) or a "
+                        "`ladder tokenize` directory (default: the Python stdlib as bytes)")
     s.add_argument("--vocab-size", type=int, default=None)
     s.add_argument("--devices", type=int, default=None)
     s.add_argument("--expert-parallel", type=int, default=None)
@@ -100,6 +101,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="times a failed rung is retried from its last checkpoint (default: 2)")
     s.add_argument("overrides", nargs="*", metavar="--key=value", default=[])
     s.set_defaults(func=_call("ladder.commands:run_main"))
+
+    s = sub.add_parser("tokenize", help="token shards for `run --data DIR` from text files")
+    s.add_argument("files", nargs="+", metavar="FILES", help="text files or globs, one "
+                   "document each")
+    s.add_argument("--tokenizer", required=True, metavar="tokenizer.json",
+                   help="a local Hugging Face tokenizers file (nothing is downloaded)")
+    s.add_argument("--out", required=True, metavar="DIR", help="directory for the shards and "
+                   "manifest.json (must not hold shards already)")
+    s.add_argument("--eos", default=None, metavar="TOKEN",
+                   help="end-of-document token appended to every file (default: the first of "
+                        "<|endoftext|>, <|end_of_text|>, </s>, <eos>, <|eos|>, [EOS] in the "
+                        "vocabulary)")
+    s.add_argument("--shard-tokens", type=int, default=None, metavar="N",
+                   help="tokens per shard file (default: 2**27, 256 MiB of uint16)")
+    s.set_defaults(func=_call("ladder.commands:tokenize_main"))
 
     # --- fitting ---------------------------------------------------------------------------------
     s = sub.add_parser("fit", help="fit and export a scaling law")

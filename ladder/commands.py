@@ -160,6 +160,20 @@ def rung_problem(ladder: str, rung: str, s: dict, out) -> str:
             f"continue with --resume")
 
 
+def tokenize_main(args) -> int:
+    """`ladder tokenize`: text files -> token shards and manifest.json under --out."""
+    from ladder.tokens import DEFAULT_SHARD_TOKENS, tokenize_files
+
+    m = tokenize_files(args.files, args.tokenizer, args.out, eos=args.eos,
+                       shard_tokens=args.shard_tokens or DEFAULT_SHARD_TOKENS)
+    sp = m["splits"]
+    print(f"{args.out}: {sp['train']['tokens']:,} train + {sp['val']['tokens']:,} val tokens in "
+          f"{len(sp['train']['shards']) + len(sp['val']['shards'])} shard(s), {m['dtype']}, "
+          f"vocab {m['vocab_size']}, eos {m['tokenizer']['eos']!r} = {m['eos_id']}, tokenizer "
+          f"sha256 {m['tokenizer']['sha256'][:12]}")
+    return 0
+
+
 def _bytes(x: float) -> str:
     for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if x >= scale:

@@ -202,9 +202,15 @@ def _expand(patterns: tuple[str, ...]) -> list[Path]:
 
 
 def load_corpus(data: tuple[str, ...] | list[str] = (), vocab_size: int | None = None) -> Corpus:
-    """The default stdlib corpus, or ``data``: text files/globs, or one token array file."""
+    """The default stdlib corpus, or ``data``: text files/globs, one token array file, or one
+    directory of token shards written by `ladder tokenize` (ladder.tokens, read with Grain)."""
     if not data:
         return stdlib_corpus()
+    if len(data) == 1 and os.path.isdir(os.path.expanduser(data[0])):
+        from ladder.tokens import is_shard_dir, load_shards
+
+        if is_shard_dir(os.path.expanduser(data[0])):  # `ladder tokenize` output: Grain feed
+            return load_shards(os.path.expanduser(data[0]), vocab_size)
     files = _expand(tuple(data))
     tokens = [f for f in files if f.suffix in TOKEN_SUFFIXES]
     if tokens:
