@@ -99,7 +99,9 @@ def test_two_processes_match_one_process_and_resume_across_processes(tmp_path):
         ["checkpoints", "config.json", "env.json", "metrics.jsonl", "summary.json"]
 
 
-def test_distributed_flags_are_validated(capsys):
+def test_distributed_flags_are_validated(capsys, tmp_path, monkeypatch):
+    for var in ("SLURM_JOB_ID", "JOBSET_NAME", "OMPI_COMM_WORLD_SIZE", "TPU_WORKER_HOSTNAMES"):
+        monkeypatch.delenv(var, raising=False)
     assert from_args(None, None, None, None).mode == "off"
     cfg = from_args(None, "127.0.0.1:1234", 2, 1)
     assert cfg.mode == "explicit" and cfg.process_id == 1
@@ -116,3 +118,9 @@ def test_distributed_flags_are_validated(capsys):
                  "--process-id", "0"])
     err = capsys.readouterr().err.strip()
     assert code == 64 and len(err.splitlines()) == 1 and "--coordinator" in err
+    # auto-detection outside a cluster: one line naming the flag, nothing written
+    code = main(["run", "tiny", "--distributed", "auto", "--distributed-timeout", "5",
+                 "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert code == 64 and len(err.splitlines()) == 1 and "--distributed" in err
+    assert not (tmp_path / "o").exists()
