@@ -96,6 +96,10 @@ def run_main(args) -> int:
                                  getattr(args, "process_id", None),
                                  getattr(args, "distributed_timeout", None))
     executor = getattr(args, "executor", "local")
+    for flag in ("address", "resources_per_rung"):
+        if executor != "ray" and getattr(args, flag, None) is not None:
+            raise InputError("applies only with --executor ray",
+                             field=f"--{flag.replace('_', '-')}", exit_code=EX_USAGE)
     if executor == "ray":
         if dist.mode != "off":
             raise InputError("--executor ray runs each rung as its own task; multi-host JAX "

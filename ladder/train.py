@@ -6,8 +6,9 @@ mesh with axes ("data", "expert"), and runs ONE visible loop: step, log, eval, c
 directory it writes is the contract of shared/DESIGN.md: ``config.json``, ``env.json``,
 ``metrics.jsonl``, ``checkpoints/`` (Orbax) and ``summary.json``.
 
-Exactness: batch i is a pure function of (seed, i) and the LR of step i a pure function of i, so a
-run resumed from a checkpoint at step k recomputes steps k+1... exactly as the uninterrupted run
+Exactness: batch i is a pure function of (seed, i) (on token shards: drawn by a Grain iterator
+whose state is saved in every checkpoint) and the LR of step i a pure function of i, so a run
+resumed from a checkpoint at step k recomputes steps k+1... exactly as the uninterrupted run
 did (bitwise on CPU). On resume metrics.jsonl is cut back (atomically) to the rows of steps <= k,
 so a run killed between a checkpoint and the next one leaves no duplicated or lost rows.
 """

@@ -107,3 +107,9 @@ def test_bad_ray_options_fail_with_one_line(tmp_path, capsys, args, field):
     assert code == 64 and len(err.splitlines()) == 1 and field in err
     assert not (tmp_path / "o").exists()
     assert ray.__version__  # the executor's engine is installed (a dev dependency)
+
+
+def test_ray_options_need_the_ray_executor(tmp_path, capsys):
+    code = main(["run", "tiny", "--address", "auto", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert code == 64 and "--address" in err and "--executor ray" in err
