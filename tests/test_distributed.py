@@ -124,3 +124,39 @@ def test_distributed_flags_are_validated(capsys, tmp_path, monkeypatch):
     err = capsys.readouterr().err.strip()
     assert code == 64 and len(err.splitlines()) == 1 and "--distributed" in err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_two_processes_on_token_shards_checkpoint_each_iterator_and_resume(tmp_path):
+    """Each process draws its own half of the windows through Grain and checkpoints its own
+    iterator state; a resume across processes continues as the uninterrupted 2-process run."""
+    import numpy as np
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    rng = np.random.default_rng(1)
+    words = "alpha beta gamma delta epsilon router expert token ladder scaling".split()
+    for i in range(30):
+        (tmp_path / f"d{i:02d}.txt").write_text(" ".join(rng.choice(words, size=150)))
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator([p.read_text() for p in tmp_path.glob("d*.txt")],
+                            trainers.BpeTrainer(vocab_size=280, special_tokens=["<|endoftext|>"],
+                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(tmp_path / "tok.json"))
+    assert main(["tokenize", str(tmp_path / "d*.txt"), "--tokenizer", str(tmp_path / "tok.json"),
+                 "--out", str(tmp_path / "shards")]) == 0
+    data = ["--data", str(tmp_path / "shards")]
+    _run(["--out", str(tmp_path / "full"), "--max-steps", "6", *data], devices=4, n_processes=2)
+    _run(["--out", str(tmp_path / "part"), "--max-steps", "3", *data], devices=4, n_processes=2)
+    ck = tmp_path / "part" / "tiny" / RUNG.name / "checkpoints" / "3" / "data"
+    files = sorted(ck.glob("process_*"))
+    assert [p.name for p in files] == ["process_0-of-2.json", "process_1-of-2.json"]
+    states = [p.read_text() for p in files]
+    assert states[0] != states[1]                     # each process has its own position
+    _run(["--out", str(tmp_path / "part"), "--max-steps", "6", "--resume", *data], devices=4,
+         n_processes=2)
+    a, b = (read_metrics(tmp_path / d / "tiny" / RUNG.name / "metrics.jsonl")
+            for d in ("full", "part"))
+    assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, 7))
+    for ra, rb in zip(a, b):
+        assert rb["train/loss"] == pytest.approx(ra["train/loss"], rel=1e-6)
