@@ -6,8 +6,9 @@
 that fit on the cluster and queues the rest. While they run, the driver streams one line per rung
 status change (queued, running, each new checkpointed step, done), read from the rung's own
 ``summary.json``, the same file ``ladder watch``/``fit``/``report`` read. A rung whose task fails
-(an exception, a lost worker or node) is submitted again with ``resume=True``, so it continues
-from its last checkpoint, up to ``max_retries`` times; bad input is never retried.
+(an exception, a lost worker or node) or is preempted (its worker got SIGTERM, checkpointed and
+stopped) is submitted again with ``resume=True``, so it continues from its last checkpoint, up to
+``max_retries`` times; bad input is never retried.
 
 Ray is an optional dependency (``pip install 'ladder[ray]'``); it is imported only here, and only
 when the executor runs. Each task runs in a fresh worker process (``max_calls=1``), so a rung's
@@ -201,6 +202,14 @@ def run_ladder_ray(rungs: list, ladder_dir: str | os.PathLike, cfg, *,
                     continue
                 if "input_error" in result:
                     raise InputError(result["input_error"], exit_code=result["exit_code"])
+                if result.get("signal") == "SIGTERM" and o.attempts <= max_retries:
+                    # the rung's worker was preempted (its node is going away) and checkpointed
+                    # on the way out: run it again, wherever Ray finds room
+                    o.errors.append(f"preempted (SIGTERM) at step {result['step']}")
+                    report(name, f"preempted at step {result['step']}; retry {o.attempts}/"
+                                 f"{max_retries} from checkpoint step {result['step']}")
+                    submit(name, True)
+                    continue
                 o.summary = result
                 note = " (interrupted; continue with --resume)" if result.get("interrupted") \
                     else ""

@@ -1,10 +1,13 @@
 """The Ray executor: the tiny ladder as Ray tasks on a local Ray equals the sequential run, rung by
-rung; a rung whose task dies is retried from its checkpoint; bad options fail with one line.
+rung; a rung whose task dies, or is preempted, is retried from its checkpoint; bad options fail
+with one line.
 
 Ray is a dev dependency: this module imports it unconditionally, so CI fails (not skips) without it.
 """
 
+import os
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -24,14 +27,27 @@ VOLATILE = ("time", "throughput/tokens_per_s", "throughput/mfu")  # wall-clock, 
 FLAKY_STEPS = 20
 
 
+PREEMPT_AT = 17
+
+
 def flaky_task(rung, out, cfg, max_steps, resume):
     """The first attempt on the target rung trains 20 steps (checkpointed at its stop) and then
-    dies as a lost node would; every other call is the real task."""
+    dies as a lost node would; the first attempt on the first rung gets the SIGTERM of a
+    preemption at step 17; every other call is the real task."""
     marker = Path(out).parent / f".{rung.name}.crashed-once"
+    marker.parent.mkdir(parents=True, exist_ok=True)
     if rung.is_target and not marker.exists():
         marker.touch()
         rung_task(rung, out, cfg, FLAKY_STEPS, resume)
         raise RuntimeError("simulated node loss")
+    if rung == LADDER.rungs[0] and not marker.exists():
+        marker.touch()
+
+        def preempt(row):
+            if row["step"] == PREEMPT_AT:
+                os.kill(os.getpid(), signal.SIGTERM)
+        return train_rung(rung, out, cfg, max_steps=max_steps, resume=resume,
+                          on_metrics=preempt)
     return rung_task(rung, out, cfg, max_steps, resume)
 
 
@@ -78,6 +94,10 @@ def test_tiny_ladder_through_ray_equals_the_sequential_run(local_ray, tmp_path):
         assert mine[0].startswith(f"tiny/{rung.name}: queued")
         assert mine[-1].startswith(f"tiny/{rung.name}: complete at step {rung.steps}/")
     assert any(f"retry 1/1 from checkpoint step {FLAKY_STEPS}" in line for line in lines)
+    first = [o for o in result.outcomes if o.name == LADDER.rungs[0].name][0]
+    assert first.attempts == 2 and first.errors == [f"preempted (SIGTERM) at step {PREEMPT_AT}"]
+    assert f"tiny/{first.name}: preempted at step {PREEMPT_AT}; retry 1/1 from checkpoint " \
+        f"step {PREEMPT_AT}" in lines
 
 
 def test_resources_per_rung_parsing():
