@@ -30,6 +30,9 @@ from ladder.io import EX_USAGE, InputError
 RESOURCE_KEYS = ("num_cpus", "num_gpus", "memory", "resources", "accelerator_type")
 DEFAULT_RESOURCES = {"num_cpus": 1}
 POLL_S = 1.0   # how often the driver looks at the rungs' summaries (a few small file reads)
+# After the driver is stopped, how long running rungs get to checkpoint before they are killed
+# (a checkpoint of a CPU rung takes ~1 s here; a large sharded state can take minutes).
+STOP_GRACE_S = 600
 # Environment a rung task needs from the driver's (a remote cluster's workers have their own).
 PASS_ENV = ("LADDER_JAX_CACHE", "XLA_FLAGS", "JAX_PLATFORMS", "WANDB_MODE", "WANDB_API_KEY",
             "WANDB_DIR", "WANDB_SILENT")
@@ -88,6 +91,7 @@ class RungOutcome:
     attempts: int = 0
     summary: dict | None = None
     errors: list[str] = field(default_factory=list)
+    cancelled: bool = False      # stopped with the driver before it started
 
     @property
     def status(self) -> str:
@@ -97,15 +101,24 @@ class RungOutcome:
 @dataclass
 class LadderResult:
     outcomes: list[RungOutcome]
+    signal: str | None = None    # the signal that stopped the driver, if one did
 
     @property
     def exit_code(self) -> int:
         """0 when every rung completed or stopped at --max-steps; 1 when one diverged or failed
-        after its retries; 143/130 when one was stopped by a signal (resumable)."""
+        after its retries; 143/130 when the driver or a rung was stopped by SIGTERM/SIGINT (the
+        rungs checkpointed: run again with --resume)."""
         from ladder.commands import rung_exit_code
+        from ladder.train import EX_INTERRUPTED, EX_TERMINATED
 
-        codes = [1 if o.summary is None else rung_exit_code(o.summary) for o in self.outcomes]
-        return 1 if 1 in codes else max(codes, default=0)
+        stopped = self.signal is not None
+        codes = [1 if o.summary is None and not (stopped and o.cancelled) else
+                 0 if o.summary is None else rung_exit_code(o.summary) for o in self.outcomes]
+        if 1 in codes:
+            return 1
+        if stopped:
+            return EX_INTERRUPTED if self.signal == "SIGINT" else EX_TERMINATED
+        return max(codes, default=0)
 
 
 def rung_task(rung, out: str, cfg, max_steps: int | None, resume: bool) -> dict:
@@ -178,11 +191,26 @@ def run_ladder_ray(rungs: list, ladder_dir: str | os.PathLike, cfg, *,
             shown[name] = line
             log(f"{ladder_dir.name}/{name}: {line}")
 
+    from ladder.train import _StopFlag
+
+    stop, grace_end = _StopFlag(), None
     try:
+        stop.__enter__()   # SIGINT/SIGTERM of the driver: the running rungs checkpoint and stop
         for r in rungs:
             submit(r.name, resume)
             report(r.name, f"queued ({json.dumps(resources[r.name], sort_keys=True)})")
         while pending:
+            if stop.set and grace_end is None:
+                # a non-forced cancel interrupts a running task with SIGINT, which train_rung
+                # turns into a checkpoint at the next step boundary; queued ones never start
+                grace_end = time.time() + STOP_GRACE_S
+                log(f"{ladder_dir.name}: {stop.signal_name}: {len(pending)} rung(s) asked to "
+                    f"checkpoint and stop")
+                for ref in pending:
+                    ray.cancel(ref, force=False)
+            if grace_end is not None and time.time() > grace_end:
+                log(f"{ladder_dir.name}: rungs still running after {STOP_GRACE_S} s; killed")
+                break
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=poll_s)
             for ref in ready:
                 name = pending.pop(ref)
@@ -192,7 +220,10 @@ def run_ladder_ray(rungs: list, ladder_dir: str | os.PathLike, cfg, *,
                 except (ray.exceptions.RayError, OSError) as e:
                     o.errors.append(str(e).strip().splitlines()[-1][:300] if str(e).strip()
                                     else type(e).__name__)
-                    if o.attempts <= max_retries:
+                    if stop.set and isinstance(e, ray.exceptions.TaskCancelledError):
+                        o.cancelled = True
+                        report(name, "cancelled before it started")
+                    elif o.attempts <= max_retries and not stop.set:
                         s = _read_summary(o.out / "summary.json") or {}
                         report(name, f"failed ({o.errors[-1]}); retry {o.attempts}/"
                                      f"{max_retries} from checkpoint step {s.get('step', 0)}")
@@ -202,7 +233,8 @@ def run_ladder_ray(rungs: list, ladder_dir: str | os.PathLike, cfg, *,
                     continue
                 if "input_error" in result:
                     raise InputError(result["input_error"], exit_code=result["exit_code"])
-                if result.get("signal") == "SIGTERM" and o.attempts <= max_retries:
+                if result.get("signal") == "SIGTERM" and o.attempts <= max_retries \
+                        and not stop.set:
                     # the rung's worker was preempted (its node is going away) and checkpointed
                     # on the way out: run it again, wherever Ray finds room
                     o.errors.append(f"preempted (SIGTERM) at step {result['step']}")
@@ -223,19 +255,27 @@ def run_ladder_ray(rungs: list, ladder_dir: str | os.PathLike, cfg, *,
                     report(name, f"running (checkpointed: step {s.get('step', 0)}/"
                                  f"{s.get('steps')})")
     finally:
+        stop.__exit__(None, None, None)
         for ref in pending:
             ray.cancel(ref, force=True)
         if started_here:
             ray.shutdown()
-    return LadderResult([outcomes[r.name] for r in rungs])
+    return LadderResult([outcomes[r.name] for r in rungs], stop.signal_name)
 
 
 def print_problems(result: LadderResult) -> None:
     """One stderr line per rung that did not finish cleanly."""
     for o in result.outcomes:
-        if o.summary is None:
+        if o.cancelled:
+            print(f"ladder run: {o.out.parent.name}/{o.name} not started (the run was stopped); "
+                  f"continue with --resume", file=sys.stderr)
+        elif o.summary is None:
             print(f"ladder run: {o.out.parent.name}/{o.name} failed after {o.attempts} "
                   f"attempt(s): {o.errors[-1] if o.errors else 'unknown error'}", file=sys.stderr)
+        elif o.summary.get("interrupted"):
+            print(f"ladder run: {o.out.parent.name}/{o.name} interrupted at step "
+                  f"{o.summary['step']} ({o.summary.get('signal')}); checkpoint saved, continue "
+                  f"with --resume", file=sys.stderr)
         elif o.status == "diverged":
             print(f"ladder run: {o.out.parent.name}/{o.name} diverged at step "
                   f"{o.summary['step']} (non-finite loss); see {o.out / 'summary.json'}",

@@ -100,6 +100,45 @@ def test_tiny_ladder_through_ray_equals_the_sequential_run(local_ray, tmp_path):
         f"step {PREEMPT_AT}" in lines
 
 
+def paced_task(rung, out, cfg, max_steps, resume):
+    """The real task, 0.1 s slower per step, so that the driver can be stopped mid-rung."""
+    import time
+
+    return train_rung(rung, out, cfg, max_steps=max_steps, resume=resume,
+                      on_metrics=lambda row: time.sleep(0.1))
+
+
+@pytest.mark.slow
+def test_stopping_the_driver_checkpoints_running_rungs_then_resume_completes(local_ray,
+                                                                             tmp_path):
+    lines: list[str] = []
+
+    def log(line):
+        lines.append(line)
+        if "running (checkpointed: step 15/" in line and not any("asked" in x for x in lines):
+            os.kill(os.getpid(), signal.SIGTERM)   # the ladder's job is being preempted
+
+    out = tmp_path / "ray" / "tiny"
+    before = signal.getsignal(signal.SIGTERM)   # Ray's own handler, installed by ray.init
+    result = run_ladder_ray(list(LADDER.all), out, CFG, poll_s=0.2, log=log, task=paced_task)
+    assert result.exit_code == 143 and result.signal == "SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert any("SIGTERM: 4 rung(s) asked to checkpoint and stop" in x for x in lines)
+    stopped = [o for o in result.outcomes if o.summary and o.summary.get("interrupted")]
+    cancelled = [o for o in result.outcomes if o.cancelled]
+    assert stopped and len(stopped) + len(cancelled) == len(LADDER.all)   # 2 CPUs: 2 ran
+    for o in stopped:   # each checkpointed where it stopped
+        assert 15 <= o.summary["step"] < o.summary["steps"]
+        assert (o.out / "checkpoints" / "rolling" / str(o.summary["step"])).is_dir()
+    again = run_ladder_ray(list(LADDER.all), out, CFG, resume=True, poll_s=0.2,
+                           log=lambda line: None)
+    assert again.exit_code == 0
+    name = stopped[0].name
+    ref = train_rung(LADDER.get(name), tmp_path / "seq" / name, CFG)
+    assert read_json(out / name / "summary.json", schema="run-summary")["final"] == ref["final"]
+    assert _rows(out / name / "metrics.jsonl") == _rows(tmp_path / "seq" / name / "metrics.jsonl")
+
+
 def test_resources_per_rung_parsing():
     names = ["a", "b"]
     assert parse_resources(None, names) == {"a": {"num_cpus": 1}, "b": {"num_cpus": 1}}
