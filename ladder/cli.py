@@ -130,8 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue unfinished rungs from their last checkpoint")
     _wandb_options(s, "mirror the metrics to W&B (group = ladder, name = rung, job type train)")
     s.add_argument("--data", action="append", default=None,
-                   help="text files/globs, or a token array (.npy, .bin with --vocab-size) "
-                        "(default: the running Python's standard library sources)")
+                   help="text files/globs, a token array (.npy, .bin with --vocab-size) or a "
+                        "`ladder tokenize` directory (default: the Python stdlib as bytes)")
     s.add_argument("--vocab-size", type=int, default=None,
                    help="vocabulary of a .bin token file (default: from the data)")
     s.add_argument("--devices", type=int, default=None,
@@ -140,7 +140,51 @@ def build_parser() -> argparse.ArgumentParser:
                    help="size of the 'expert' mesh axis (default: the largest that fits)")
     s.add_argument("--config", default=None, metavar="FILE.json",
                    help="JSON file of training overrides (default: none)")
+    s.add_argument("--checkpoint-minutes", type=float, default=None, metavar="M",
+                   help="also keep a rolling checkpoint every M minutes of wall clock, beside "
+                        "the permanent ones (default: none; SIGTERM always checkpoints)")
+    g = s.add_argument_group("multi-host JAX (one rung over several processes)")
+    g.add_argument("--distributed", default=None, choices=["off", "auto", "explicit"],
+                   help="off: one process; auto: jax.distributed.initialize() reads the cluster "
+                        "(SLURM, Kubernetes, Cloud TPU); explicit: the three flags below "
+                        "(default: explicit when --coordinator is given, else off)")
+    g.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                   help="process 0's coordinator address (default: none)")
+    g.add_argument("--num-processes", type=int, default=None, metavar="N",
+                   help="processes in the run (default: none)")
+    g.add_argument("--process-id", type=int, default=None, metavar="I",
+                   help="this process's index, 0..N-1 (default: none)")
+    g.add_argument("--distributed-timeout", type=int, default=None, metavar="SECONDS",
+                   help="wait at most this long for every process to connect (default: 300)")
+    g = s.add_argument_group("whole ladders on a Ray cluster")
+    g.add_argument("--executor", default="local", choices=["local", "ray"],
+                   help="local: rungs one after another in this process; ray: each rung a Ray "
+                        "task, those that fit at once in parallel (default: local)")
+    g.add_argument("--address", default=None, metavar="ADDR",
+                   help="Ray cluster address, e.g. auto or ray://HOST:10001 (default: a local "
+                        "Ray started for this run, or RAY_ADDRESS)")
+    g.add_argument("--resources-per-rung", default=None, metavar="JSON",
+                   help='Ray resources of one rung task, e.g. \'{"num_gpus": 8}\', or per rung '
+                        '\'{"*": {"num_cpus": 1}, "RUNG": {"num_gpus": 4}}\' (default: '
+                        '{"num_cpus": 1})')
+    g.add_argument("--max-retries", type=int, default=2, metavar="N",
+                   help="times a failed rung is retried from its last checkpoint (default: 2)")
     s.set_defaults(func=_call("ladder.commands:run_main"), overrides=[])
+
+    s = sub.add_parser("tokenize", help="token shards for `run --data DIR` from text files")
+    s.add_argument("files", nargs="+", metavar="FILES", help="text files or globs, one "
+                   "document each")
+    s.add_argument("--tokenizer", required=True, metavar="tokenizer.json",
+                   help="a local Hugging Face tokenizers file (nothing is downloaded)")
+    s.add_argument("--out", required=True, metavar="DIR", help="directory for the shards and "
+                   "manifest.json (must not hold shards already)")
+    s.add_argument("--eos", default=None, metavar="TOKEN",
+                   help="end-of-document token appended to every file (default: the first of "
+                        "<|endoftext|>, <|end_of_text|>, </s>, <eos>, <|eos|>, [EOS] in the "
+                        "vocabulary)")
+    s.add_argument("--shard-tokens", type=int, default=None, metavar="N",
+                   help="tokens per shard file (default: 2**27, 256 MiB of uint16)")
+    s.set_defaults(func=_call("ladder.commands:tokenize_main"))
 
     # --- fitting ---------------------------------------------------------------------------------
     s = sub.add_parser("fit", help="fit and export a scaling law")

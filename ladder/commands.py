@@ -84,7 +84,7 @@ def _train_config(args):
     if overrides:
         where = f"{where} + --key=value" if getattr(args, "config", None) else "--key=value"
     values.update(overrides)
-    for flag in ("devices", "expert_parallel", "vocab_size"):
+    for flag in ("devices", "expert_parallel", "vocab_size", "checkpoint_minutes"):
         if getattr(args, flag, None) is not None:
             values[flag] = getattr(args, flag)
     if getattr(args, "data", None):
@@ -100,10 +100,12 @@ def _train_config(args):
 
 
 def run_main(args) -> int:
-    """`ladder run`: the named rungs (default: all, the target last) into OUT/LADDER/RUNG/."""
+    """`ladder run`: the named rungs (default: all, the target last) into OUT/LADDER/RUNG/,
+    one after another here, or as Ray tasks (``--executor ray``); each rung optionally over
+    several JAX processes (``--coordinator ...`` / ``--distributed auto``)."""
     from pathlib import Path
 
-    from ladder.train import EX_DIVERGED, EX_INTERRUPTED, train_rung
+    from ladder import distributed
 
     ladder, rungs = _resolve(args.ladder, args)
     if args.rung:
@@ -114,21 +116,91 @@ def run_main(args) -> int:
                              f"{', '.join(r.name for r in ladder.all)})", field="rung",
                              exit_code=EX_USAGE) from None
     cfg = _train_config(args)
+    dist = distributed.from_args(getattr(args, "distributed", None),
+                                 getattr(args, "coordinator", None),
+                                 getattr(args, "num_processes", None),
+                                 getattr(args, "process_id", None),
+                                 getattr(args, "distributed_timeout", None))
+    executor = getattr(args, "executor", "local")
+    for flag in ("address", "resources_per_rung"):
+        if executor != "ray" and getattr(args, flag, None) is not None:
+            raise InputError("applies only with --executor ray",
+                             field=f"--{flag.replace('_', '-')}", exit_code=EX_USAGE)
+    if executor == "ray":
+        if dist.mode != "off":
+            raise InputError("--executor ray runs each rung as its own task; multi-host JAX "
+                             "inside a Ray task is not supported here", field="--executor",
+                             exit_code=EX_USAGE)
+        from ladder.executor import parse_resources, print_problems, run_ladder_ray
+
+        resources = parse_resources(getattr(args, "resources_per_rung", None),
+                                    [r.name for r in rungs])
+        if args.max_retries < 0:
+            raise InputError(f"must be >= 0, got {args.max_retries}", field="--max-retries",
+                             exit_code=EX_USAGE)
+        result = run_ladder_ray(rungs, Path(args.out) / ladder.name, cfg,
+                                max_steps=args.max_steps, resume=args.resume,
+                                address=args.address, resources=resources,
+                                max_retries=args.max_retries)
+        print_problems(result)
+        return result.exit_code
+    distributed.initialize(dist)
     for rung in rungs:
         out = Path(args.out) / ladder.name / rung.name
-        s = train_rung(rung, out, cfg, max_steps=args.max_steps, resume=args.resume)
-        final = s.get("final", {}).get("eval_dropless/loss")
-        note = f", eval_dropless/loss {final:.4f}" if isinstance(final, float) else ""
-        print(f"{ladder.name}/{rung.name}: {s['status']} at step {s['step']}/{s['steps']}"
-              f"{note} -> {out}", flush=True)
-        if s["status"] == "diverged":
-            print(f"ladder run: {ladder.name}/{rung.name} diverged at step {s['step']} "
-                  f"(non-finite loss); see {out / 'summary.json'}", file=sys.stderr)
-            return EX_DIVERGED
-        if s.get("interrupted"):
-            print(f"ladder run: interrupted at step {s['step']}; continue with --resume",
-                  file=sys.stderr)
-            return EX_INTERRUPTED
+        s = _train_one(rung, out, cfg, args.max_steps, args.resume)
+        code = rung_exit_code(s)
+        if distributed.is_writer():
+            print(f"{ladder.name}/{rung.name}: {s['status']} at step {s['step']}/{s['steps']}"
+                  f"{_final_note(s)} -> {out}", flush=True)
+        if code:
+            print(f"ladder run: {rung_problem(ladder.name, rung.name, s, out)}", file=sys.stderr)
+            return code
+    return 0
+
+
+def _train_one(rung, out, cfg, max_steps, resume) -> dict:
+    from ladder.train import train_rung
+
+    return train_rung(rung, out, cfg, max_steps=max_steps, resume=resume)
+
+
+def _final_note(s: dict) -> str:
+    final = s.get("final", {}).get("eval_dropless/loss")
+    return f", eval_dropless/loss {final:.4f}" if isinstance(final, float) else ""
+
+
+def rung_exit_code(s: dict) -> int:
+    """The exit status a rung's summary stands for: 0 done or stopped at --max-steps, 1
+    diverged, 130 stopped by Ctrl-C, 143 stopped by SIGTERM (a preemption, or a peer's)."""
+    from ladder.train import EX_DIVERGED, EX_INTERRUPTED, EX_TERMINATED
+
+    if s["status"] == "diverged":
+        return EX_DIVERGED
+    if s.get("interrupted"):
+        return EX_INTERRUPTED if s.get("signal") == "SIGINT" else EX_TERMINATED
+    return 0
+
+
+def rung_problem(ladder: str, rung: str, s: dict, out) -> str:
+    """One line saying why a rung stopped (for stderr)."""
+    if s["status"] == "diverged":
+        return (f"{ladder}/{rung} diverged at step {s['step']} (non-finite loss); see "
+                f"{out / 'summary.json'}")
+    return (f"interrupted at step {s['step']} ({s.get('signal', 'signal')}); checkpoint saved, "
+            f"continue with --resume")
+
+
+def tokenize_main(args) -> int:
+    """`ladder tokenize`: text files -> token shards and manifest.json under --out."""
+    from ladder.tokens import DEFAULT_SHARD_TOKENS, tokenize_files
+
+    m = tokenize_files(args.files, args.tokenizer, args.out, eos=args.eos,
+                       shard_tokens=args.shard_tokens or DEFAULT_SHARD_TOKENS)
+    sp = m["splits"]
+    print(f"{args.out}: {sp['train']['tokens']:,} train + {sp['val']['tokens']:,} val tokens in "
+          f"{len(sp['train']['shards']) + len(sp['val']['shards'])} shard(s), {m['dtype']}, "
+          f"vocab {m['vocab_size']}, eos {m['tokenizer']['eos']!r} = {m['eos_id']}, tokenizer "
+          f"sha256 {m['tokenizer']['sha256'][:12]}")
     return 0
 
 

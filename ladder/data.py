@@ -48,15 +48,21 @@ class Corpus:
     fingerprint: dict       # what the corpus was: kind, source, sizes, sha256 (for env.json)
     bytes_per_token: float | None  # 1.0 for byte tokens; None when unknown (bpb not defined)
 
-    def batch(self, seed: int, index: int, batch: int, seq_len: int) -> dict:
+    def batch(self, seed: int, index: int, batch: int, seq_len: int,
+              rows: slice = slice(None)) -> dict:
         """Training batch ``index`` for ``seed``: ``tokens`` and next-token ``targets`` [B, S].
 
         Windows start at uniform random offsets drawn from a generator seeded by (seed, index),
-        so the batch depends on nothing but those two numbers.
+        so the batch depends on nothing but those two numbers. ``rows`` builds only those rows
+        (a process of a multi-host run), identical to the same rows of the whole batch.
         """
         rng = np.random.default_rng([int(seed), int(index)])
         starts = rng.integers(0, len(self.train) - seq_len, size=batch)
-        return _windows(self.train, starts, seq_len)
+        return _windows(self.train, starts[rows], seq_len)
+
+    def train_feed(self, seed: int, batch: int, seq_len: int, rows: slice) -> PureFeed:
+        """The trainer's source of training batches (see PureFeed)."""
+        return PureFeed(self, seed, batch, seq_len, rows)
 
     def eval_batches(self, n_batches: int, batch: int, seq_len: int) -> list[dict]:
         """The fixed held-out set: ``n_batches x batch`` evenly spaced windows of the val stream."""
@@ -70,6 +76,28 @@ class Corpus:
             if len(part) < seq_len + 2:
                 raise InputError(f"the {name} split has {len(part)} tokens, fewer than one "
                                  f"sequence of {seq_len} + 1", path=where)
+
+
+class PureFeed:
+    """Training batches of a Corpus for the trainer: batch ``i`` is a pure function of
+    (seed, i), so there is no iterator (``iterator`` is None) and no state to checkpoint. The
+    Grain feed over token shards (ladder.tokens) has the same interface, with state."""
+
+    iterator = None
+
+    def __init__(self, corpus: Corpus, seed: int, batch: int, seq_len: int, rows: slice):
+        self.corpus, self.seed, self.size, self.seq_len, self.rows = \
+            corpus, seed, batch, seq_len, rows
+
+    def batch(self, index: int) -> dict:
+        return self.corpus.batch(self.seed, index, self.size, self.seq_len, self.rows)
+
+    def seek(self, index: int) -> None:
+        """Continue at batch ``index`` (after a restore): nothing to do for a pure function."""
+
+    def state_for(self, index: int) -> None:
+        """The state to checkpoint so that the next batch drawn is ``index``: none needed."""
+        return None
 
 
 def _windows(stream: np.ndarray, starts: np.ndarray, seq_len: int) -> dict:
@@ -174,9 +202,15 @@ def _expand(patterns: tuple[str, ...]) -> list[Path]:
 
 
 def load_corpus(data: tuple[str, ...] | list[str] = (), vocab_size: int | None = None) -> Corpus:
-    """The default stdlib corpus, or ``data``: text files/globs, or one token array file."""
+    """The default stdlib corpus, or ``data``: text files/globs, one token array file, or one
+    directory of token shards written by `ladder tokenize` (ladder.tokens, read with Grain)."""
     if not data:
         return stdlib_corpus()
+    if len(data) == 1 and os.path.isdir(os.path.expanduser(data[0])):
+        from ladder.tokens import is_shard_dir, load_shards
+
+        if is_shard_dir(os.path.expanduser(data[0])):  # `ladder tokenize` output: Grain feed
+            return load_shards(os.path.expanduser(data[0]), vocab_size)
     files = _expand(tuple(data))
     tokens = [f for f in files if f.suffix in TOKEN_SUFFIXES]
     if tokens:

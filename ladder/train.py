@@ -6,8 +6,9 @@ mesh with axes ("data", "expert"), and runs ONE visible loop: step, log, eval, c
 directory it writes is the contract of shared/DESIGN.md: ``config.json``, ``env.json``,
 ``metrics.jsonl``, ``checkpoints/`` (Orbax) and ``summary.json``.
 
-Exactness: batch i is a pure function of (seed, i) and the LR of step i a pure function of i, so a
-run resumed from a checkpoint at step k recomputes steps k+1... exactly as the uninterrupted run
+Exactness: batch i is a pure function of (seed, i) (on token shards: drawn by a Grain iterator
+whose state is saved in every checkpoint) and the LR of step i a pure function of i, so a run
+resumed from a checkpoint at step k recomputes steps k+1... exactly as the uninterrupted run
 did (bitwise on CPU). On resume metrics.jsonl is cut back (atomically) to the rows of steps <= k,
 so a run killed between a checkpoint and the next one leaves no duplicated or lost rows.
 """
@@ -30,7 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ladder import __version__
+from ladder import __version__, distributed
+from ladder.checkpointing import Checkpoints
 from ladder.counting import conventions
 from ladder.data import Corpus, corrupt_bytes, load_corpus, shuffle_bytes
 from ladder.io import (
@@ -52,6 +54,7 @@ SUMMARY_SCHEMA = "run-summary/1"
 ENV_SCHEMA = "run-env/1"
 EX_DIVERGED = 1        # a diverged run exits 1 (it is not an input error: those are 64+)
 EX_INTERRUPTED = 130   # Ctrl-C, as shells report SIGINT
+EX_TERMINATED = 143    # SIGTERM (a preemption), as shells report it: 128 + 15
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,7 @@ class TrainConfig:
 
     seed: int = 0
     checkpoint_every: int = 0        # steps between checkpoints; 0 = every 25% of the run
+    checkpoint_minutes: float | None = None  # also a rolling checkpoint this often (wall clock)
     keep: int = 2                    # checkpoints kept (the issue: the last 2)
     eval_sequences: int = 96         # held-out set: this many fixed windows (rounded up to whole
                                      # batches), the same for every rung whatever its batch (96
@@ -127,6 +131,9 @@ class TrainConfig:
         for name in ("lr", "peak_flops"):
             v = getattr(self, name)
             check(name, v is None or is_num(v) and v > 0, "null or a number > 0")
+        check("checkpoint_minutes", self.checkpoint_minutes is None
+              or is_num(self.checkpoint_minutes) and self.checkpoint_minutes > 0,
+              "null or a number > 0")
         check("eval_every", self.eval_every is None
               or is_num(self.eval_every) and 0 < self.eval_every <= 1, "null or in (0, 1]")
         check("fault", self.fault is None or self.fault in FAULTS, f"null or one of {FAULTS}")
@@ -152,8 +159,8 @@ class TrainConfig:
 
     # Fields that do not change a run's numbers: allowed to differ on resume.
     RUN_ARGUMENTS = ("devices", "expert_parallel", "wandb", "wandb_project", "wandb_entity",
-                     "progress",
-                     "peak_flops", "checkpoint_every", "keep", "log_every")
+                     "progress", "peak_flops", "checkpoint_every", "checkpoint_minutes", "keep",
+                     "log_every")
 
 
 def train_config(values: dict, *, where: str = "config") -> TrainConfig:
@@ -543,15 +550,17 @@ def make_eval_step(model_cfg: ModelConfig):
 
 
 class MetricsFile:
-    """metrics.jsonl: one row per logged step, appended and flushed; cut back on resume."""
+    """metrics.jsonl: one row per logged step, appended and flushed; cut back on resume.
+    Only the writing process (process 0 of a multi-host run) changes it; the others read it."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, writer: bool = True):
         self.path = path
+        self.writer = writer
         self._f = None
 
     def truncate_to(self, step: int) -> None:
         """Keep only complete rows with ``step <= step`` (atomic rewrite); drop the rest."""
-        if not self.path.exists():
+        if not self.writer or not self.path.exists():
             return
         rows = [r for _, r in iter_jsonl(self.path)
                 if isinstance(r.get("step"), int) and r["step"] <= step]
@@ -561,6 +570,8 @@ class MetricsFile:
         return [r for _, r in iter_jsonl(self.path)] if self.path.exists() else []
 
     def append(self, row: dict) -> None:
+        if not self.writer:
+            return
         if self._f is None:
             self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (held open)
         self._f.write(json.dumps(to_jsonable(row), allow_nan=False) + "\n")
@@ -622,7 +633,9 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
     shortened; status stays "running").
     ``on_metrics(row)`` sees every metrics row as it is written. Bad input raises InputError
     before anything is written. Divergence returns status "diverged"; Ctrl-C checkpoints and
-    returns status "running" with ``"interrupted": True``.
+    returns status "running" with ``"interrupted": True``; so does SIGTERM (a preemption), with
+    ``"signal": "SIGTERM"``. Under ``jax.distributed`` every process calls this; process 0 writes
+    the run directory and each process feeds its own rows of every batch.
     """
     cfg = cfg or TrainConfig()
     out = Path(out_dir)
@@ -656,39 +669,50 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
     peak = ({"flops_per_s": float(cfg.peak_flops), "source": "config"} if cfg.peak_flops else
             {"flops_per_s": measure_peak_flops(), "source": "measured: 2048x2048 f32 matmul"})
 
-    # --- the run directory -------------------------------------------------------------------
+    # --- the run directory (process 0 writes it; every process checkpoints its shards) ------
+    writer = distributed.is_writer()
+    distributed.barrier("ladder-run-checked")  # all read the old run before process 0 rewrites
+    write_json = atomic_write_json if writer else (lambda *a, **k: None)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / "config.json", config)
-    atomic_write_json(out / "env.json", environment(corpus, mesh_info, peak))
-    ckpt = _checkpoint_manager(out / "checkpoints", cfg.keep)
-    metrics = MetricsFile(out / "metrics.jsonl")
+    write_json(out / "config.json", config)
+    write_json(out / "env.json", {**environment(corpus, mesh_info, peak),
+                                  "processes": distributed.info()})
+    ckpt = Checkpoints(out / "checkpoints", cfg.keep, cfg.checkpoint_minutes)
+    metrics = MetricsFile(out / "metrics.jsonl", writer=writer)
 
     lrs = lr_table(rung, cfg)
     progs = programs(rung.model, cfg, mesh, rung.optimizer_settings)
+    batch_sharding = NamedSharding(mesh, P("data"))
+    rows = distributed.local_rows(batch_sharding, rung.batch)  # this process's rows of a batch
+    feed = corpus.train_feed(cfg.seed, rung.batch, rung.seq_len, rows)
     state = progs.init_state(cfg.seed)
-    start = ckpt.latest_step() or 0
+    start = ckpt.latest_step()
     if start:
-        state = _restore(ckpt, start, state)
+        state = ckpt.restore(start, state, feed.iterator)
+        feed.seek(start)
     metrics.truncate_to(start)   # rows past the checkpoint are recomputed, identically
-    if not start and metrics.path.exists():
+    if not start and writer and metrics.path.exists():
         metrics.path.unlink()
     eval_step = progs.eval_step
-    batch_sharding = NamedSharding(mesh, P("data"))
-    step_sharding = {"tokens": batch_sharding, "targets": batch_sharding,
-                     "lr": NamedSharding(mesh, P())}
-    eval_set = [jax.device_put(b, batch_sharding)
+    replicated = NamedSharding(mesh, P())
+
+    def to_global(b: dict):  # this process's rows -> global arrays over the mesh
+        return {k: distributed.global_array(batch_sharding, v, (rung.batch, *v.shape[1:]))
+                for k, v in b.items()}
+
+    eval_set = [to_global({k: v[rows] for k, v in b.items()})
                 for b in corpus.eval_batches(-(-cfg.eval_sequences // rung.batch), rung.batch,
                                              rung.seq_len)]
 
-    def get_batch(i: int):  # input of step i (0-based): a pure function of (seed, i)
-        b = corpus.batch(cfg.seed, i, rung.batch, rung.seq_len)
+    def get_batch(i: int):  # input of step i (0-based): this process's rows of batch i
+        b = feed.batch(i)
         if cfg.fault == "data-swap" and i >= fault_step(rung, cfg):
             b = shuffle_bytes(b, cfg.seed, i)
         if cfg.fault == "loss-drift" and i >= fault_step(rung, cfg):
             start = fault_step(rung, cfg)  # noise share grows linearly to drift_max at the end
             share = cfg.drift_max * (i - start + 1) / max(1, rung.steps - start)
             b = corrupt_bytes(b, share, rung.model.vocab_size, cfg.seed, i)
-        return jax.device_put({**b, "lr": lrs[i]}, step_sharding)
+        return {**to_global(b), "lr": distributed.global_array(replicated, lrs[i], ())}
 
     def evaluate(params, router_bias) -> dict:
         parts = [jax.device_get(eval_step(params, router_bias, b)) for b in eval_set]
@@ -702,24 +726,25 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
 
     wb = None
     wandb_info = (previous or {}).get("wandb")
-    if cfg.wandb:
+    if cfg.wandb and writer:
         wb = WandbMirror(out, rung, cfg, (wandb_info or {}).get("id"), config)
         wandb_info = wb.info
     summary = _summary(rung, "running", start, cfg, peak, wandb_info)
-    atomic_write_json(out / "summary.json", summary)
+    write_json(out / "summary.json", summary)
 
     stop = min(rung.steps, max_steps or rung.steps)
     evals = set(rung.eval_steps())
     saves = checkpoint_steps(rung, cfg)
     train_flops_per_token = rung.flops.training(1, lm_head=True)  # MFU counts the LM head's work
-    interrupted = _SigintFlag()
+    interrupted = _StopFlag()
     batch = get_batch(start) if start < stop else None
     if batch is not None:  # compile before the clock starts, so tokens/s is the step's own
         train_step = progs.compiled_step(state, batch)
     from tqdm.auto import tqdm
     bar = tqdm(total=rung.steps, initial=start, desc=f"{rung.ladder}/{rung.name}", unit="step",
-               disable=not cfg.progress, mininterval=0.5, dynamic_ncols=True, leave=False)
-    status, last_saved, final = "running", start, {}
+               disable=not (cfg.progress and writer), mininterval=0.5, dynamic_ncols=True,
+               leave=False)
+    status, last_saved, final, stopped = "running", start, {}, False
     tick = time.perf_counter()
     timing["setup_s"] = tick - t_start  # data, tracing and compiling: this session's overhead
     try:
@@ -757,14 +782,18 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
                     status = "diverged"
                     final = {"train/loss": m["train/loss"], "diverged_at_step": step}
                     break
-                if step in saves or step == stop or interrupted.set:
+                # a signal or the rolling clock, agreed by all processes (the save is collective)
+                stopping, due = distributed.agree(interrupted.set, ckpt.due())
+                if step in saves or step == stop or stopping or due:
                     t_save = time.perf_counter()
-                    _save(ckpt, step, state)
+                    ckpt.save(step, state, feed.state_for(step),
+                              rolling=step not in saves and step != stop)
                     timing["checkpoint_s"] += time.perf_counter() - t_save
                     last_saved = step
-                    atomic_write_json(out / "summary.json",
-                                      _summary(rung, "running", step, cfg, peak, wandb_info))
-                if interrupted.set:
+                    write_json(out / "summary.json",
+                               _summary(rung, "running", step, cfg, peak, wandb_info))
+                if stopping:
+                    stopped = True
                     break
                 tick = time.perf_counter()              # evals and saves are not step time
             else:
@@ -773,7 +802,7 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
     except BaseException:
         bar.close()
         metrics.close()
-        atomic_write_json(out / "summary.json", {
+        write_json(out / "summary.json", {
             **_summary(rung, "failed", last_saved, cfg, peak, wandb_info),
             "error": "training raised an exception; see the log"})
         if wb:
@@ -785,14 +814,16 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
     metrics.close()
     step_done = last_saved if status != "diverged" else final["diverged_at_step"]
     if status == "complete":
-        rows = [r for r in metrics.rows() if "eval_dropless/loss" in r]
-        final = {k: v for k, v in rows[-1].items() if k.startswith(("eval", "train/"))} \
-            if rows else {}
+        distributed.barrier("ladder-metrics-written")  # process 0 has written every row
+        evals_seen = [r for r in metrics.rows() if "eval_dropless/loss" in r]
+        final = {k: v for k, v in evals_seen[-1].items() if k.startswith(("eval", "train/"))} \
+            if evals_seen else {}
     summary = _summary(rung, status, step_done, cfg, peak, wandb_info, final=final)
     summary["timing"] = {k: round(v, 3) for k, v in timing.items()}  # this session's wall time
-    if interrupted.set:
+    if stopped:  # by a signal here, or in another process of this run ("peer")
         summary["interrupted"] = True
-    atomic_write_json(out / "summary.json", summary)
+        summary["signal"] = interrupted.signal_name or "peer"
+    write_json(out / "summary.json", summary)
     if wb:
         wb.finish(exit_code=0 if status in ("complete", "running") else 1)
     return summary
@@ -848,53 +879,34 @@ def _previous_run(out: Path, config: dict, resume: bool) -> dict | None:
     return summary
 
 
-def _checkpoint_manager(path: Path, keep: int):
-    import orbax.checkpoint as ocp
+class _StopFlag:
+    """Ctrl-C (SIGINT) or a preemption (SIGTERM) sets a flag that the loop checks after each step
+    (checkpoint, then exit) instead of raising inside a step, whose donated input state would
+    then be lost. A second signal of either kind gives up at once."""
 
-    # Synchronous saves: a checkpoint is complete (renamed from its temporary directory) when
-    # save() returns, so the summary written after it never points at a half-written one.
-    return ocp.CheckpointManager(path.resolve(), options=ocp.CheckpointManagerOptions(
-        max_to_keep=keep, create=True, enable_async_checkpointing=False,
-        cleanup_tmp_directories=True))
-
-
-def _save(mngr, step: int, state) -> None:
-    import orbax.checkpoint as ocp
-
-    mngr.save(step, args=ocp.args.StandardSave(state), force=True)
-    mngr.wait_until_finished()
-
-
-def _restore(mngr, step: int, like):
-    import jax
-    import orbax.checkpoint as ocp
-
-    abstract = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like)
-    return mngr.restore(step, args=ocp.args.StandardRestore(abstract))
-
-
-class _SigintFlag:
-    """Ctrl-C sets a flag that the loop checks after each step (checkpoint, then exit) instead of
-    raising inside a step, whose donated input state would then be lost."""
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self):
         self.set = False
-        self._old = None
+        self.signal_name: str | None = None
+        self._old: dict = {}
 
     def _handler(self, signum, frame):
-        if self.set:  # a second Ctrl-C: give up at once
+        if self.set:
             raise KeyboardInterrupt
         self.set = True
+        self.signal_name = signal.Signals(signum).name
 
     def __enter__(self):
-        try:
-            self._old = signal.signal(signal.SIGINT, self._handler)
-        except ValueError:  # not the main thread: leave SIGINT alone
-            self._old = None
+        for sig in self.SIGNALS:
+            try:
+                self._old[sig] = signal.signal(sig, self._handler)
+            except ValueError:  # not the main thread: leave the signals alone
+                break
         return self
 
     def __exit__(self, *exc):
-        if self._old is not None:
-            signal.signal(signal.SIGINT, self._old)
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old = {}
         return False

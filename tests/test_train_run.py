@@ -150,7 +150,7 @@ def test_ctrl_c_checkpoints_and_exits_then_resumes(full_run, tmp_path):
     s = read_json(run_dir / "summary.json", schema="run-summary")
     assert s["status"] == "running" and s["interrupted"] and 10 <= s["step"] < RUNG.steps
     assert s["step"] % 7  # saved at the step it stopped at, not only at the last multiple of 7
-    assert str(s["step"]) in {p.name for p in (run_dir / "checkpoints").iterdir()}
+    assert str(s["step"]) in {p.name for p in (run_dir / "checkpoints" / "rolling").iterdir()}
     assert _cli(*args, "--resume").returncode == 0
     ref = read_metrics(out / "metrics.jsonl")
     assert [r["train/loss"] for r in read_metrics(run_dir / "metrics.jsonl")] == \
