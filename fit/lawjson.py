@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from fit.forms import FORMS, Spec, get_form
-from ladder.io import InputError, as_float, to_jsonable
+from ladder.io import InputError, as_float, number, to_jsonable
 
 SCHEMA = "law/1"
 
@@ -109,7 +109,11 @@ def from_json(obj: dict, *, path=None):
             if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v)):
                 raise InputError("expected a finite number or null", path=where,
                                  field=prefix + "uncertainty." + name)
-        level = unc.get("level", 0.9)
+            if v is not None and v < 0:  # a negative sd gives a nonsense (inverted) band
+                raise InputError(f"must be >= 0, got {v!r}", path=where,
+                                 field=prefix + "uncertainty." + name)
+        level = number(unc.get("level", 0.9), field=prefix + "uncertainty.level", path=where,
+                       lo=0, hi=1, lo_open=True, hi_open=True)
         return {"spec": spec, "metric": metric, "u": u, "level": level,
                 "params_column": fit.get("params_column", "params"), "boot_u": boot, "cov": cov,
                 "sigma": sigma, "dof": dof,

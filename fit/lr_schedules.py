@@ -21,6 +21,7 @@ Plain numpy; no JAX.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,8 +84,11 @@ def parse_schedule(text: str, *, field: str = "--schedule") -> NamedSchedule:
         raise InputError(f"schedule value is not a number ({e})", field=field) from None
     steps = nums.pop("steps")
     peak = nums.pop("peak")
-    if steps != int(steps) or steps <= 0:
-        raise InputError(f"schedule steps must be a positive integer, got {values['steps']}",
+    # 10**8 steps: 256x the hero's 390,251; the LR table is built step by step, so a larger
+    # (typo'd) count would hang rather than fail
+    if not math.isfinite(steps) or steps != int(steps) or steps <= 0 or steps > 10**8:
+        raise InputError(f"schedule steps must be a positive integer <= 1e8, got "
+                         f"{values['steps']}",
                          field=field)
     try:
         return NamedSchedule(Schedule(kind=kind, **nums), int(steps), peak)

@@ -7,7 +7,7 @@ import math
 import sys
 from pathlib import Path
 
-from ladder.io import EX_DATAERR, EX_USAGE, InputError, read_json
+from ladder.io import EX_DATAERR, EX_USAGE, InputError, check_writable, number, read_json
 from predict import forecast as fc
 from predict import prereg as pr
 from predict.watch import WatchConfig
@@ -117,13 +117,16 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
 def preregister_main(args) -> int:
     if args.reason and not args.amend:
         raise InputError("--reason is only for --amend", field="--reason", exit_code=EX_USAGE)
-    if not 0 < args.level < 1:
-        raise InputError(f"must be in (0, 1), got {args.level}", field="--level",
-                         exit_code=EX_USAGE)
+    number(args.level, field="--level", lo=0, hi=1, lo_open=True, hi_open=True,
+           exit_code=EX_USAGE)
+    # an eval's sd above 10 nats is no measurement of a loss of a few nats (a typo'd unit)
+    number(getattr(args, "eval_noise", None), field="--eval-noise", lo=0, hi=10,
+           allow_none=True, exit_code=EX_USAGE)
     out = Path(args.out)
-    if out.exists():  # fail before any work
+    if out.exists() or out.is_symlink():  # fail before any work
         raise InputError("exists; a pre-registration is never overwritten", path=out,
                          exit_code=73)
+    check_writable(out, field="--out")
     amends = pr.amendment(args.amend, args.reason) if args.amend else None
     law = load_law_file(args.law)
     target = resolve_target(args)
@@ -140,6 +143,11 @@ def preregister_main(args) -> int:
                       eval_noise=getattr(args, "eval_noise", None),
                       data_tag=getattr(args, "data_tag", None),
                       requires=parse_requires(args.require), amends=amends)
+    bad = [p for p in doc["forecast"] if not _finite(p.get("loss"))]
+    if bad or not _finite(doc["final"].get("loss")):
+        raise InputError(f"the law forecasts a non-finite loss at {len(bad)} of "
+                         f"{len(doc['forecast'])} points (its parameters overflow: an edited "
+                         f"or broken law); nothing registered", path=args.law, field="fit.u")
     pr.write_once(out, doc)
     fin = doc["final"]
     print(f"wrote {out} (read-only), sha256 {doc['sha256']}")
@@ -152,6 +160,10 @@ def preregister_main(args) -> int:
     if amends:
         print(f"  amends {amends['path']} (sha256 {amends['sha256'][:12]}...): {amends['reason']}")
     return 0
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def verify_main(args) -> int:
@@ -183,12 +195,20 @@ def watch_main(args) -> int:
     from predict.live import Watcher
     from predict.sources import WandbApiSource, open_source
 
+    # 1 h: a poll slower than that is no longer watching (the W&B API default is 60 s)
+    if args.poll is not None:
+        number(args.poll, field="--poll", lo=0, hi=3600, lo_open=True, exit_code=EX_USAGE)
+    number(args.max_seconds, field="--max-seconds", lo=0, allow_none=True, exit_code=EX_USAGE)
+    for flag, path in (("--alerts", args.alerts), ("--state", args.state)):
+        if path:
+            check_writable(path, field=flag)
+    webhook = sk.WebhookSink(args.webhook) if args.webhook else None
     source = open_source(args.source)
     sinks: list = [sk.StdoutSink()]
     if args.alerts:
         sinks.append(sk.JsonlSink(args.alerts))
-    if args.webhook:
-        sinks.append(sk.WebhookSink(args.webhook))
+    if webhook is not None:
+        sinks.append(webhook)
     if args.wandb_alert:
         if not isinstance(source, WandbApiSource):
             raise InputError("--wandb-alert needs a wandb://ENTITY/PROJECT/RUN_ID source",
