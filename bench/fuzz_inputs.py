@@ -151,9 +151,17 @@ def judge(argv: list[str], names: tuple[str, ...] = (), *, bad: bool = True,
         return Outcome("error" if code and code >= 64 else "tolerated", code, last, dt)
     if code is None or code < 64:
         return Outcome("accepted", code, last, dt)
-    if names and not any(n in last for n in names):
+    if names and not any(alias in last for n in names for alias in _aliases(n)):
         return Outcome("unnamed", code, last, dt)
     return Outcome("error", code, last, dt)
+
+
+def _aliases(name: str) -> tuple[str, ...]:
+    """An option is named as given (``--max-seconds``) or as its field (``max_seconds``)."""
+    if name.startswith("--"):
+        bare = name[2:]
+        return (name, f"'{bare}'", f"'{bare.replace('-', '_')}'")
+    return (name,)
 
 
 # ----------------------------------------------------------------------------- the corpus
@@ -233,7 +241,7 @@ def corpus() -> list[Case]:
             "watch", str(mk(w)), "--source", str(w / "live.jsonl")], ("x.json",)))
         add(Case(f"watch state {what}", lambda w, mk=mk: [
             "watch", prereg(w), "--source", str(w / "live.jsonl"), "--state", str(mk(w))],
-            ("x.json",)))
+            ("x.json",), bad=what != "missing"))  # a missing state is a first start
         add(Case(f"report law {what}", lambda w, mk=mk: [
             "report", "--law", str(mk(w)), "--out", str(w / "rep")], ("x.json",)))
         add(Case(f"report prereg {what}", lambda w, mk=mk: [
@@ -301,7 +309,8 @@ def corpus() -> list[Case]:
             "preregister", str(w / law), "--target-spec", str(w / tgt), "--out", o(w)],
             ("out.json", "sub")))
         add(Case(f"report --out {what}", lambda w, o=out: [
-            "report", "--law", str(w / law), "--out", o(w)], ("out.json", "sub")))
+            "report", "--law", str(w / law), "--out", o(w)], ("out.json", "sub"),
+            bad=what != "dir"))  # a report's --out is a directory
         add(Case(f"watch --alerts {what}", lambda w, o=out: [
             "watch", prereg(w), "--source", str(w / "live.jsonl"), "--alerts", o(w)],
             ("out.json", "sub")))
@@ -333,18 +342,19 @@ def corpus() -> list[Case]:
     # numbers in a law
     for field_, vals in (("uncertainty.level", ["1.5", "0", "-1", '"x"', "1e400", "null"]),
                          ("uncertainty.sigma_log", ["-0.1", "1e400", '"x"']),
-                         ("params.A", ["1e308", "1e400", "-1e308", "9" * 5000, '"x"', "null"]),
-                         ("params.alpha", ["1e308", "-1e308", "1e400"]),
-                         ("params.E", ["1e400", "-1e400"])):
+                         # fit.u holds the law's parameters (logs of coefficients, exponents)
+                         ("fit.u.0", ["1e308", "1e400", "9" * 5000, '"x"', "null"]),
+                         ("fit.u.1", ["1e308", "-1e308", "1e400", "800"]),
+                         ("fit.u.2", ["1e308", "-1e308", "-800"])):
         for v in vals:
             def lw(w, field_=field_, v=v):
                 _edit_json(w / law, field_, v)
                 return str(w / law)
             add(Case(f"predict law {field_}={v[:12]}", lambda w, lw=lw: [
-                "predict", lw(w), "--compute", "1e20"], (law, field_.split(".")[-1])))
+                "predict", lw(w), "--compute", "1e20"], (law, field_)))
             add(Case(f"preregister law {field_}={v[:12]}", lambda w, lw=lw: [
                 "preregister", lw(w), "--target-spec", str(w / tgt), "--out",
-                str(w / "new.json")], (law, field_.split(".")[-1])))
+                str(w / "new.json")], (law, field_)))
     # numbers in a target spec
     for field_, vals in (("steps", ["0", "-1", "1.5", "1e30", "9" * 5000, '"x"', "null"]),
                          ("tokens", ["0", "-1", "1e400", '"x"']),
@@ -375,8 +385,6 @@ def corpus() -> list[Case]:
                                           v], ("--level",)),
         ("predict --compute", lambda w, v: ["predict", str(w / law), "--compute", v],
          ("--compute",)),
-        ("predict --params", lambda w, v: ["predict", str(w / law), "--params", v, "--tokens",
-                                           "1e9"], ("--params",)),
         ("predict --fraction", lambda w, v: ["predict", str(w / law), "--compute", "1e20",
                                              "--fraction", v], ("--fraction",)),
         ("fit --level", lambda w, v: ["fit", str(w / "points.csv"), "--level", v, "--bootstrap",
@@ -405,12 +413,13 @@ def corpus() -> list[Case]:
                                           "--max-steps", v], ("--max-steps",)),
     ]
     # values that are fine for some options (0 steps of bootstrap, a 0 fraction...) are skipped
-    allowed = {"fit --bootstrap": {"0"}, "predict --fraction": {"1e30"} - {"1e30"},
-               "watch --max-seconds": {"0", "1.5"}, "watch --poll": {"1.5"},
-               "predict --compute": {"1e30", "1.5"}, "predict --params": {"1e30", "1.5"},
-               "plan --peak-flops": {"1e30", "1.5"}, "preregister --eval-noise": {"0", "1.5"},
-               "plan --mfu": set(), "run --lr": {"1.5"}, "fit --level": set(),
-               "plan --devices": {"1e30"} - {"1e30"}}
+    big = "999999999999999999999"  # 1e21: finite, a valid count of FLOPs
+    allowed = {"fit --bootstrap": {"0"},
+               # a deadline of 1e30 s or 1e21 s is "forever": valid, and would follow forever
+               "watch --max-seconds": {"0", "1.5", "1e30", big}, "watch --poll": {"1.5"},
+               "predict --compute": {"1e30", "1.5", big},
+               "plan --peak-flops": {"1e30", "1.5", big},
+               "preregister --eval-noise": {"0", "1.5"}}
     for name, argv_of, names in opts:
         for v in BAD_NUMBERS + ["999999999999999999999"]:
             if v in allowed.get(name, set()):
@@ -418,9 +427,6 @@ def corpus() -> list[Case]:
             if name.startswith("run ") and v not in ("nan", "inf", "1e400", "-1", "abc", ""):
                 continue  # the others are valid (a large lr diverges, and says so) and train
             add(Case(f"{name} {v[:12]!r}", lambda w, a=argv_of, v=v: a(w, v), names))
-    add(Case("predict --schedule linear:steps=1e12", lambda w: [
-        "predict", str(w / law), "--compute", "1e20", "--schedule", "linear:steps=1e12"],
-        ("--schedule", "steps")))
     add(Case("watch --webhook http://", lambda w: [
         "watch", prereg(w), "--source", str(w / "live.jsonl"), "--webhook", "http://"],
         ("--webhook",)))

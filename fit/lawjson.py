@@ -98,6 +98,11 @@ def from_json(obj: dict, *, path=None):
             raise InputError(str(e), path=where, field=prefix + "fit.spec") from None
         u = _array(need(fit, "u", list, prefix + "fit."), (len(spec.form.names),),
                    where, prefix + "fit.u")
+        # u holds logs of coefficients and plain exponents; beyond |700| exp() over- or
+        # underflows float64 (max ~ e^709): no fit of a real loss curve gets there, an edit does
+        if np.any(np.abs(u) > 700):
+            raise InputError("a parameter beyond |700| (exp() overflows): an edited or broken "
+                             "law", path=where, field=prefix + "fit.u")
         boot = unc.get("bootstrap_u")
         boot = None if boot is None else _array(boot, (None, len(spec.form.names)), where,
                                                 prefix + "uncertainty.bootstrap_u")

@@ -165,7 +165,7 @@ def _clean(df: pd.DataFrame):
     for col in POSITIVE:
         v = df[col].to_numpy(dtype=float)
         present = df[col].notna().any()
-        if not present:
+        if not present and col != "loss":  # the loss is needed by every law: NaN is dropped
             continue
         with np.errstate(invalid="ignore"):
             b = ~np.isfinite(v) | (v <= 0)

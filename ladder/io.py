@@ -18,12 +18,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import contextlib
 import errno
 import os
+import shutil
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 # Exit statuses for bad input follow BSD sysexits(3): 64 usage, 65 data, 66 no input,
 # 73 can't create.
@@ -155,7 +157,7 @@ def _remove_stale_temps(path: Path) -> None:
     gone). Temp files of live writers (a concurrent write) are left alone."""
     try:
         names = [q for q in path.parent.iterdir()
-                 if q.name.startswith(f".{path.name}.") and q.name.endswith(".tmp")]
+                 if q.name.startswith(f".{path.name}.") and q.name.endswith((".tmp", ".old"))]
     except OSError:
         return
     for q in names:
@@ -163,7 +165,10 @@ def _remove_stale_temps(path: Path) -> None:
         if not pid.isdigit() or _alive(int(pid)):
             continue
         try:
-            q.unlink()
+            if q.is_dir() and not q.is_symlink():
+                shutil.rmtree(q)
+            else:
+                q.unlink()
         except OSError:
             pass
 
@@ -209,6 +214,43 @@ def atomic_write_text(path: str | os.PathLike, text: str, **kw) -> Path:
 def atomic_write_json(path: str | os.PathLike, obj: Any, **kw) -> Path:
     text = json.dumps(to_jsonable(obj), indent=2, allow_nan=False) + "\n"
     return atomic_write_text(path, text, **kw)
+
+
+@contextlib.contextmanager
+def staged_dir(out: str | os.PathLike, *, own: Iterable[str] = ("*.png", "*.md", "*.html")):
+    """Build a directory of artifacts in a hidden temp directory beside ``out``, then swap it in
+    (two renames): a crash midway leaves ``out`` as it was, never half old and half new. Files
+    of an existing ``out`` that the new one does not write and that do not match ``own`` (the
+    kinds this writer owns; a stale figure must not pass for the new report) are carried over."""
+    out = Path(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temps(out)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".tmp",
+                                    dir=out.parent))
+    except OSError as e:
+        raise InputError(f"cannot be written ({_os_reason(e)})", path=out,
+                         exit_code=EX_CANTCREAT) from None
+    try:
+        yield tmp
+        os.chmod(tmp, 0o755)
+        old = None
+        if out.exists():
+            for q in out.iterdir():
+                if not (tmp / q.name).exists() and not any(q.match(g) for g in own):
+                    os.replace(q, tmp / q.name)
+            old = out.with_name(f".{out.name}.{os.getpid()}.old")
+            os.replace(out, old)
+        os.replace(tmp, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        _fsync_dir(out.parent)
+    except OSError as e:
+        raise InputError(f"cannot be written ({_os_reason(e)})", path=out,
+                         exit_code=EX_CANTCREAT) from None
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -203,7 +203,7 @@ def watch_main(args) -> int:
         if path:
             check_writable(path, field=flag)
     webhook = sk.WebhookSink(args.webhook) if args.webhook else None
-    source = open_source(args.source)
+    source = open_source(args.source, follow=args.follow)
     sinks: list = [sk.StdoutSink()]
     if args.alerts:
         sinks.append(sk.JsonlSink(args.alerts))
