@@ -111,7 +111,8 @@ def from_json(obj: dict, *, path=None):
                                               prefix + "uncertainty.covariance_free")
         sigma, dof = unc.get("sigma_log"), unc.get("dof")
         for name, v in (("sigma_log", sigma), ("dof", dof)):
-            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v)):
+            if v is not None and (isinstance(v, bool) or not (isinstance(v, (int, float))
+                                                               and math.isfinite(v))):
                 raise InputError("expected a finite number or null", path=where,
                                  field=prefix + "uncertainty." + name)
             if v is not None and v < 0:  # a negative sd gives a nonsense (inverted) band
