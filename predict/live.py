@@ -191,7 +191,10 @@ class Watcher:
                 self._sent.add((entry["id"], name))
                 sink.send(alert, ctx)
                 if not hasattr(sink, "on_delivered"):  # synchronous: taken on return
-                    self._delivered(entry["id"], name, save=False)
+                    # a sink that skips ids it has (``idempotent``) may be sent an alert again
+                    # after a kill; any other gets its delivery recorded at once
+                    self._delivered(entry["id"], name,
+                                    save=not getattr(sink, "idempotent", False))
 
     def _delivered(self, aid: str, name: str, *, save: bool = True) -> None:
         with self._lock:

@@ -30,6 +30,9 @@ from predict.watch import Alert
 
 class StdoutSink:
     name = "stdout"
+    # a restarted watcher prints a pending alert's line again in its own (new) output: not a
+    # second delivery to any receiver, so no state write per line
+    idempotent = True
 
     def __init__(self, stream: TextIO | None = None):
         self.stream = stream
@@ -45,6 +48,7 @@ class JsonlSink:
     already raised; an id already in the file is not written again."""
 
     name = "jsonl"
+    idempotent = True  # skips ids already in its file
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
