@@ -191,7 +191,11 @@ def append_text(path: str | os.PathLike, text: str, *, fsync: bool = True) -> No
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, ARTIFACT_MODE)
+        try:  # created here: 0644 whatever the umask, as the atomic writes
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, ARTIFACT_MODE)
+            os.fchmod(fd, ARTIFACT_MODE)
+        except FileExistsError:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND)
         with os.fdopen(fd, "a", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -336,7 +340,8 @@ def loads(data: bytes | str, *, path=None, field: str | None = None) -> Any:
     """``json.loads`` with every failure an InputError: bad syntax, bad UTF-8, an integer too
     long to convert (Python's 4300-digit limit), nesting too deep for the parser."""
     try:
-        return json.loads(data)
+        # UTF-8 as RFC 8259 requires (json.loads on bytes would guess UTF-16 from a \xff\xfe)
+        return json.loads(data.decode("utf-8") if isinstance(data, bytes) else data)
     except UnicodeDecodeError:
         raise InputError("not UTF-8 text", path=path, field=field) from None
     except json.JSONDecodeError as e:
