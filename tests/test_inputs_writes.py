@@ -194,3 +194,16 @@ def test_report_and_watch_refuse_a_tampered_preregistration(tmp_path, prereg_pat
     assert err.count("edited.json") >= 2 and "final" in err
     assert not (tmp_path / "rep").exists()
 
+
+
+def test_summary_escapes_names_from_files(tmp_path):
+    from reports.commands import build_report
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps(pr.seal({
+        "schema": "prereg/1", "target": {"name": "<script>alert(1)</script>"},
+        "forecast": [{"fraction": 0.5, "loss": 3.0, "lo": 2.0, "hi": 4.0},
+                     {"fraction": 1.0, "loss": 2.0, "lo": 1.5, "hi": 2.5}]})))
+    build_report(tmp_path / "rep", prereg=p)
+    md = (tmp_path / "rep" / "summary.md").read_text()
+    assert "<script>" not in md and "&lt;script&gt;" in md
+    assert "<script>" not in (tmp_path / "rep" / "index.html").read_text()
