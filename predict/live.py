@@ -129,8 +129,16 @@ class Watcher:
         for key, typ in (("state", dict), ("source", dict), ("outbox", list), ("seq", int)):
             if key in saved and not isinstance(saved[key], typ):
                 raise InputError(f"expected {typ.__name__}", path=self.state_path, field=key)
-        self.outbox = [e for e in saved.get("outbox") or []
-                       if isinstance(e, dict) and isinstance(e.get("alert"), dict)]
+        self.outbox = []
+        for e in saved.get("outbox") or []:
+            try:
+                alert_from_dict(e["alert"])
+                if not (isinstance(e["id"], str) and isinstance(e["pending"], list)):
+                    raise TypeError("id or pending")
+            except (KeyError, TypeError, ValueError) as err:
+                raise InputError(f"not an outbox entry ({type(err).__name__}: {err})",
+                                 path=self.state_path, field="outbox") from None
+            self.outbox.append(e)
         self.seq = int(saved.get("seq") or 0)
         chain_shas = [lk.sha256 for lk in self.chain.links] if self.chain else []
         if saved.get("prereg_sha256") != self.doc.get("sha256") and \

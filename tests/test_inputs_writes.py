@@ -207,3 +207,16 @@ def test_summary_escapes_names_from_files(tmp_path):
     md = (tmp_path / "rep" / "summary.md").read_text()
     assert "<script>" not in md and "&lt;script&gt;" in md
     assert "<script>" not in (tmp_path / "rep" / "index.html").read_text()
+
+
+def test_schedule_inputs_that_would_hang_are_refused(tmp_path):
+    from fit.lr_schedules import parse_schedule, read_schedule_csv
+    with pytest.raises(InputError, match="steps"):
+        parse_schedule("linear:steps=1e12,peak=1e-3")
+    p = tmp_path / "s.csv"
+    p.write_text("step,lr\n1,0.001\n1000000000000,0.0001\n")
+    with pytest.raises(InputError, match="field 'step'"):
+        read_schedule_csv(p)
+    (tmp_path / "d.csv").mkdir()
+    with pytest.raises(InputError, match="d.csv"):
+        read_schedule_csv(tmp_path / "d.csv")

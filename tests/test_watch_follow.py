@@ -521,3 +521,14 @@ def test_corrupt_offline_log_is_a_one_line_error(tmp_path, prereg_path, capsys):
     assert main(["watch", str(prereg_path), "--source", str(p)]) == 65
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert "run-x.wandb" in last and "corrupt" in last
+
+
+def test_a_bad_outbox_in_the_state_is_a_one_line_error(tmp_path, prereg_path, capsys):
+    src, _ = faulty(tmp_path)
+    state = tmp_path / "state.json"
+    Watcher(prereg_path, JsonlSource(src), [], state).poll()
+    doc = json.loads(state.read_text())
+    doc["outbox"] = [{"id": "x", "alert": {"severity": "loud"}, "pending": ["stdout"]}]
+    state.write_text(json.dumps(doc))
+    assert main(["watch", str(prereg_path), "--source", str(src), "--state", str(state)]) == 65
+    assert "field 'outbox'" in capsys.readouterr().err
