@@ -5,8 +5,9 @@ watcher started (or restarted without state) late in a 100-day run meets it (iss
 Side by side in one process, on one file: the watcher's previous defaults (slices of 200,000
 rows, ujson's exact float conversion) and the current ones (slices of 20,000 rows, its fast
 conversion; see ``JsonlSource``); both must give the same verdict, points, evals and alerts.
-Peak memory of each is the growth of the process's max RSS while it runs (the old path first,
-so its peak is not hidden by the new one's). The machine is shared: the
+Each path runs in its own fresh process, so its peak memory (growth of max RSS during the
+watch) is its own; CPU seconds are given beside wall seconds because the machine is shared (the
+load average is printed with the figures). The machine is shared: the
 load average is printed with the figures.
 
     /work/main/.venv/bin/python bench/watch_follow_speed.py [--lines 1000000] [--keep FILE]
@@ -79,6 +80,8 @@ def _maxrss_mb() -> float:
 
 
 def judge(doc, path: Path, fast: bool):
+    """In a fresh process (so each path's peak memory is its own): wall and CPU seconds, the
+    growth of max RSS over the process's state before the watch, and the verdict."""
     from predict.live import Watcher
     from predict.sources import JsonlSource
     src = JsonlSource(path)
@@ -86,13 +89,20 @@ def judge(doc, path: Path, fast: bool):
         src.max_rows, src.exact_floats = 200_000, True
     src.parallel_min_bytes = 1 << 62  # the one-process path: what a 2-core machine runs
     rss0 = _maxrss_mb()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     w = Watcher(doc, src, [], None)
     w.poll()
-    dt = time.perf_counter() - t0
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     verdict = (w.exit_code, w.state["n_points"], w.state["n_evals"],
                sorted((a.kind, a.severity, a.step) for a in w.all_alerts if a.kind != "input"))
-    return dt, _maxrss_mb() - rss0, verdict
+    return dt, cpu, _maxrss_mb() - rss0, verdict
+
+
+def judge_apart(doc, path: Path, fast: bool):
+    import concurrent.futures as cf
+    import multiprocessing as mp
+    with cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as ex:
+        return ex.submit(judge, doc, path, fast).result()
 
 
 def main(argv=None) -> int:
@@ -122,13 +132,15 @@ def main(argv=None) -> int:
     res = {}
     for name, fast in (("old: 200k-row slices, exact", False),
                        ("new: 20k-row slices, fast floats", True)):
-        dt, mem, verdict = judge(doc, path, fast)
-        res[fast] = (dt, verdict)
-        print(f"  {name:<30} {dt:6.2f} s  peak +{mem:5.0f} MB  exit {verdict[0]}, "
-              f"{verdict[1]:,} points, {verdict[2]} evals, {len(verdict[3])} alerts")
-    same = res[False][1] == res[True][1]
-    print(f"  speed-up {res[False][0] / res[True][0]:.1f}x; same verdict, points, evals and "
-          f"alerts: {same}; load average now {os.getloadavg()[0]:.2f}")
+        dt, cpu, mem, verdict = judge_apart(doc, path, fast)
+        res[fast] = (dt, cpu, mem, verdict)
+        print(f"  {name:<34} {dt:6.2f} s wall, {cpu:6.2f} s CPU, peak +{mem:5.0f} MB; "
+              f"exit {verdict[0]}, {verdict[1]:,} points, {verdict[2]} evals, "
+              f"{len(verdict[3])} alerts; load {os.getloadavg()[0]:.2f}")
+    same = res[False][3] == res[True][3]
+    print(f"  new/old: wall {res[True][0] / res[False][0]:.2f}, CPU "
+          f"{res[True][1] / res[False][1]:.2f}, memory {res[True][2] / max(res[False][2], 1):.2f}"
+          f"; same verdict, points, evals and alerts: {same}")
     if tmp:
         path.unlink()
         os.rmdir(tmp)
