@@ -12,10 +12,11 @@ under an alarm. The verdicts:
 - ``accepted``: exit below 64 for a bad input;
 - ``hang``: still running after the alarm.
 
-``tests/test_inputs_fuzz.py`` runs the named corpus and a hypothesis-driven search in the default
-suite; this script runs the corpus (and ``--random N`` more generated cases) and prints the table:
+``tests/test_inputs_fuzz.py`` runs the issue's cases and a sample of the corpus, and a
+hypothesis-driven search, in the default suite; this script runs the whole corpus and prints the
+table (exit 1 if any case is a traceback, a hang, accepted or unnamed):
 
-    /work/main/.venv/bin/python bench/fuzz_inputs.py [--random 300] [--seed 0]
+    /work/main/.venv/bin/python bench/fuzz_inputs.py [--only SUBSTRING] [-v]
 """
 
 from __future__ import annotations

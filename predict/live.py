@@ -215,13 +215,14 @@ class Watcher:
 
     def _emit(self, alerts: list[Alert]) -> None:
         """Outbox, save, send, save: a kill at any point repeats no alert to an id-aware sink."""
-        if alerts:
-            self._queue(alerts)
-        if self.outbox:
+        with self._lock:
+            if alerts:
+                self._queue(alerts)
+            if self.outbox:
+                self._save_state()
+                self._send_outbox()
             self._save_state()
-            self._send_outbox()
-        self._save_state()
-        self.all_alerts.extend(alerts)
+            self.all_alerts.extend(alerts)
 
     def _maybe_follow_chain(self, now: float) -> list[Alert]:
         if self.prereg_path is None or now - self._last_chain_check < self.chain_every:
@@ -260,6 +261,10 @@ class Watcher:
 
     def poll(self) -> list[Alert]:
         """Read what arrived, judge it, save the state, send and return the new alerts."""
+        with self._lock:  # the webhook's worker records deliveries (and saves) between polls
+            return self._poll()
+
+    def _poll(self) -> list[Alert]:
         new: list[Alert] = []
         now = self.clock()
         new += self._maybe_follow_chain(now)
@@ -370,9 +375,10 @@ class Watcher:
 
     def _fold_worst(self, a: Alert) -> None:
         rank = {None: -1, "info": 0, "warn": 1, "critical": 2}
-        if rank[a.severity] > rank.get(self.state.get("worst"), -1):
-            self.state["worst"] = a.severity
-            self._save_state()
+        with self._lock:
+            if rank[a.severity] > rank.get(self.state.get("worst"), -1):
+                self.state["worst"] = a.severity
+                self._save_state()
 
     def start_thread(self, *, poll_seconds: float = 0.5
                      ) -> tuple[threading.Thread, threading.Event]:

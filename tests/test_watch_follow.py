@@ -532,3 +532,28 @@ def test_a_bad_outbox_in_the_state_is_a_one_line_error(tmp_path, prereg_path, ca
     state.write_text(json.dumps(doc))
     assert main(["watch", str(prereg_path), "--source", str(src), "--state", str(state)]) == 65
     assert "field 'outbox'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_offline_lineage_of_a_real_resumed_wandb_run(tmp_path):
+    """wandb itself, offline: a run logs steps 1..60, is resumed (same id) and logs 50..120; the
+    source sees both segments (the resumed one alone has no step below 50)."""
+    script = (
+        "import wandb, sys\n"
+        "lo, hi = int(sys.argv[2]), int(sys.argv[3])\n"
+        "run = wandb.init(project='p', id='lineage1', resume='allow', mode='offline',"
+        " dir=sys.argv[1])\n"
+        "for s in range(lo, hi + 1):\n"
+        "    run.log({'train/loss': 3.0 - s / 1000}, step=s)\n"
+        "run.finish()\n")
+    env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", WANDB_DIR=str(tmp_path))
+    for lo, hi in ((1, 60), (50, 120)):
+        subprocess.run([sys.executable, "-c", script, str(tmp_path), str(lo), str(hi)],
+                       check=True, env=env, capture_output=True, timeout=180)
+        time.sleep(1.1)  # run directories are named by the second they start
+    root = tmp_path / "wandb"
+    src = WandbOfflineSource(root)
+    assert len(src.segments()) == 2
+    steps = {r["step"] for r in src.poll().rows}
+    assert steps == set(range(1, 121))
+    assert src.finished() == "W&B exit record"
