@@ -220,3 +220,16 @@ def test_schedule_inputs_that_would_hang_are_refused(tmp_path):
     (tmp_path / "d.csv").mkdir()
     with pytest.raises(InputError, match="d.csv"):
         read_schedule_csv(tmp_path / "d.csv")
+
+
+def test_resume_cuts_back_a_metrics_file_with_poisoned_lines(tmp_path):
+    """`run --resume` rewrites metrics.jsonl up to the checkpoint: a line with a 5000-digit
+    integer or deep nesting (which crashed it) is dropped, and the file stays 0644."""
+    from ladder.train import MetricsFile
+    p = tmp_path / "metrics.jsonl"
+    p.write_text('{"step": 1, "train/loss": 3.0}\n{"step": ' + "9" * 5000 + "}\n"
+                 + "[" * 50_000 + "]" * 50_000 + '\n{"step": 2, "train/loss": 2.9}\n'
+                 '{"step": 3, "train/loss": 2.8}\n')
+    MetricsFile(p).truncate_to(2)
+    assert [json.loads(line)["step"] for line in p.read_text().splitlines()] == [1, 2]
+    assert mode(p) == 0o644
