@@ -272,7 +272,7 @@ def corpus() -> list[Case]:
                 f.write(line + "\n")
             return w
         add(Case(f"fit runs line {what}", lambda w, p=poison: [
-            "fit", str(p(w) / "runs"), "--bootstrap", "0"], bad=False))
+            "fit", str(p(w) / "runs"), "--form", "compute", "--bootstrap", "0"], bad=False))
         add(Case(f"report runs line {what}", lambda w, p=poison: [
             "report", "--runs", str(p(w) / "runs"), "--out", str(w / "rep")], bad=False))
         add(Case(f"preregister runs line {what}", lambda w, p=poison: [

@@ -153,6 +153,8 @@ def _intervals(obj, where, prefix) -> dict:
 
 
 def _array(v, shape, where, field):
+    if _has_bool(v):  # numpy reads true/false as 1/0: a law's numbers are never booleans
+        raise InputError("expected numbers, got a boolean", path=where, field=field)
     try:
         a = np.array(v, dtype=float)
     except (TypeError, ValueError):
@@ -180,3 +182,9 @@ def load_law(path):
                              path=path, field="form") from None
         return CurveLaw.from_json(obj, path=path)
     return from_json(obj, path=path)
+
+
+def _has_bool(v) -> bool:
+    if isinstance(v, bool):
+        return True
+    return isinstance(v, list) and any(_has_bool(x) for x in v)
