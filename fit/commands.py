@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 import warnings
 
-from ladder.io import EX_USAGE, InputError, atomic_write_json, to_jsonable
+import numpy as np
+
+from ladder.io import (EX_USAGE, InputError, atomic_write_json, check_writable, number,
+                       to_jsonable)
 
 
 def _pairs(items, what: str, numeric: bool) -> dict:
@@ -53,12 +57,25 @@ def _offline_wandb_points(path: str, metric: str | None, sizes):
 def fit_main(args) -> int:
     from fit.law import fit_law
     from fit.points import is_wandb_offline_dir, load_points
+    # checked before any work: a bad --out or --level must not cost a finished fit
+    number(args.level, field="--level", lo=0, hi=1, lo_open=True, hi_open=True,
+           exit_code=EX_USAGE)
+    # 10**5 replicates: already ~1e3x the default (200); beyond it memory, not accuracy, grows
+    number(args.bootstrap, field="--bootstrap", lo=0, hi=100_000, integral=True,
+           exit_code=EX_USAGE)
+    if args.out:
+        check_writable(args.out, field="--out")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         sizes = getattr(args, "sizes", None)
         sources = [_offline_wandb_points(s, args.metric, sizes) if is_wandb_offline_dir(s)
                    else s for s in args.sources]
         df = load_points(sources, args.metric, sizes=sizes)
+        if not len(df):
+            dropped = df.attrs.get("dropped") or []
+            first = f" (e.g. {dropped[0]})" if dropped else ""
+            raise InputError(f"no usable points: every row was dropped{first}",
+                             path=args.sources[0], field="loss")
         res = fit_law(df, form=args.form, fix=_pairs(args.fix, "--fix", True),
                       tie=_pairs(args.tie, "--tie", False), by=args.by,
                       bootstrap=args.bootstrap, level=args.level, seed=args.seed,
@@ -86,12 +103,28 @@ def predict_main(args) -> int:
                              field="--schedule", exit_code=EX_USAGE) from None
         return predict_schedule_main(args)
     from fit.lawjson import load_law
+    number(args.level, field="--level", lo=0, hi=1, lo_open=True, hi_open=True,
+           exit_code=EX_USAGE)
+    for name in ("params", "active_params", "tokens", "compute"):
+        number(getattr(args, name), field=f"--{name.replace('_', '-')}", lo=0, lo_open=True,
+               allow_none=True, exit_code=EX_USAGE)
+    number(args.fraction, field="--fraction", lo=0, hi=1, lo_open=True, allow_none=True,
+           exit_code=EX_USAGE)
     law = load_law(args.law)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        pred = law.predict(params=args.params, active_params=args.active_params,
-                           tokens=args.tokens, compute=args.compute, fraction=args.fraction,
-                           level=args.level)
+        try:
+            pred = law.predict(params=args.params, active_params=args.active_params,
+                               tokens=args.tokens, compute=args.compute, fraction=args.fraction,
+                               level=args.level)
+        except ValueError as e:  # "name: message" from the law's own checks
+            name, _, msg = str(e).partition(": ")
+            raise InputError(msg or name, field=f"--{name}" if msg else None,
+                             exit_code=EX_USAGE) from None
+    loss = getattr(pred, "loss", None)
+    if loss is None or not all(math.isfinite(float(v)) for v in np.atleast_1d(loss)):
+        raise InputError(f"the law predicts a non-finite loss ({loss!r}) here: its parameters "
+                         "overflow (an edited or broken law)", path=args.law, field="fit.u")
     for w in caught:
         print(f"ladder predict: warning: {w.message}", file=sys.stderr)
     print(json.dumps(to_jsonable(pred.to_dict())))

@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from fit.forms import FORMS, Spec, get_form
-from ladder.io import InputError, as_float, to_jsonable
+from ladder.io import InputError, as_float, number, to_jsonable
 
 SCHEMA = "law/1"
 
@@ -98,6 +98,11 @@ def from_json(obj: dict, *, path=None):
             raise InputError(str(e), path=where, field=prefix + "fit.spec") from None
         u = _array(need(fit, "u", list, prefix + "fit."), (len(spec.form.names),),
                    where, prefix + "fit.u")
+        # u holds logs of coefficients and plain exponents; beyond |700| exp() over- or
+        # underflows float64 (max ~ e^709): no fit of a real loss curve gets there, an edit does
+        if np.any(np.abs(u) > 700):
+            raise InputError("a parameter beyond |700| (exp() overflows): an edited or broken "
+                             "law", path=where, field=prefix + "fit.u")
         boot = unc.get("bootstrap_u")
         boot = None if boot is None else _array(boot, (None, len(spec.form.names)), where,
                                                 prefix + "uncertainty.bootstrap_u")
@@ -106,10 +111,15 @@ def from_json(obj: dict, *, path=None):
                                               prefix + "uncertainty.covariance_free")
         sigma, dof = unc.get("sigma_log"), unc.get("dof")
         for name, v in (("sigma_log", sigma), ("dof", dof)):
-            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v)):
+            if v is not None and (isinstance(v, bool) or not (isinstance(v, (int, float))
+                                                               and math.isfinite(v))):
                 raise InputError("expected a finite number or null", path=where,
                                  field=prefix + "uncertainty." + name)
-        level = unc.get("level", 0.9)
+            if v is not None and v < 0:  # a negative sd gives a nonsense (inverted) band
+                raise InputError(f"must be >= 0, got {v!r}", path=where,
+                                 field=prefix + "uncertainty." + name)
+        level = number(unc.get("level", 0.9), field=prefix + "uncertainty.level", path=where,
+                       lo=0, hi=1, lo_open=True, hi_open=True)
         return {"spec": spec, "metric": metric, "u": u, "level": level,
                 "params_column": fit.get("params_column", "params"), "boot_u": boot, "cov": cov,
                 "sigma": sigma, "dof": dof,
@@ -143,6 +153,8 @@ def _intervals(obj, where, prefix) -> dict:
 
 
 def _array(v, shape, where, field):
+    if _has_bool(v):  # numpy reads true/false as 1/0: a law's numbers are never booleans
+        raise InputError("expected numbers, got a boolean", path=where, field=field)
     try:
         a = np.array(v, dtype=float)
     except (TypeError, ValueError):
@@ -170,3 +182,9 @@ def load_law(path):
                              path=path, field="form") from None
         return CurveLaw.from_json(obj, path=path)
     return from_json(obj, path=path)
+
+
+def _has_bool(v) -> bool:
+    if isinstance(v, bool):
+        return True
+    return isinstance(v, list) and any(_has_bool(x) for x in v)

@@ -21,6 +21,7 @@ Plain numpy; no JAX.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,8 +84,11 @@ def parse_schedule(text: str, *, field: str = "--schedule") -> NamedSchedule:
         raise InputError(f"schedule value is not a number ({e})", field=field) from None
     steps = nums.pop("steps")
     peak = nums.pop("peak")
-    if steps != int(steps) or steps <= 0:
-        raise InputError(f"schedule steps must be a positive integer, got {values['steps']}",
+    # 10**8 steps: 256x the hero's 390,251; the LR table is built step by step, so a larger
+    # (typo'd) count would hang rather than fail
+    if not math.isfinite(steps) or steps != int(steps) or steps <= 0 or steps > 10**8:
+        raise InputError(f"schedule steps must be a positive integer <= 1e8, got "
+                         f"{values['steps']}",
                          field=field)
     try:
         return NamedSchedule(Schedule(kind=kind, **nums), int(steps), peak)
@@ -132,13 +136,10 @@ def read_schedule_csv(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     the full per-update LR sequence up to the last of them."""
     import pandas as pd
 
+    from ladder.io import read_table
+
     path = Path(path)
-    if not path.exists():
-        raise InputError("no such file", path=path, exit_code=66)
-    try:
-        df = pd.read_csv(path)
-    except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as e:
-        raise InputError(f"not a readable CSV ({type(e).__name__}: {e})", path=path) from None
+    df = read_table(path, field="--schedule")  # a directory, unreadable, not a CSV: one line
     for col in ("step", "lr"):
         if col not in df.columns:
             raise InputError("missing column", path=path, field=col)
@@ -148,6 +149,8 @@ def read_schedule_csv(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
         raise InputError("non-numeric or missing step", path=path, field="step")
     if not np.all(np.isfinite(lr)):
         raise InputError("non-numeric or missing lr", path=path, field="lr")
+    if np.any(step > 10**8):  # the LR table is per step (see parse_schedule's limit)
+        raise InputError("steps beyond 1e8", path=path, field="step")
     try:
         seq = lr_from_samples(step, lr)
     except InputError as e:

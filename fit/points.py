@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ladder.io import EX_NOINPUT, InputError, as_float, read_json, read_metrics
+from ladder.io import EX_NOINPUT, InputError, as_float, read_json, read_metrics, read_table
 
 DEFAULT_METRIC = "eval_dropless/loss"
 NUMERIC = ("params", "active_params", "tokens", "compute", "fraction", "loss", "step", "lr")
@@ -74,17 +74,7 @@ def load_points(sources, metric: str | None = None, *, include_incomplete: bool 
 
 
 def _read_table(path: Path) -> pd.DataFrame:
-    name = path.name.lower()
-    try:
-        if name.endswith((".parquet", ".pq")):
-            try:
-                return pd.read_parquet(path)
-            except ImportError as e:
-                raise InputError(f"reading Parquet needs pyarrow or fastparquet ({e})",
-                                 path=path) from None
-        return pd.read_csv(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as e:
-        raise InputError(f"not a readable table ({str(e).splitlines()[0]})", path=path) from None
+    return read_table(path)
 
 
 def _table(df: pd.DataFrame, where: str, metric: str) -> pd.DataFrame:
@@ -308,7 +298,7 @@ def _clean(df: pd.DataFrame):
     for col in POSITIVE:
         v = df[col].to_numpy(dtype=float)
         present = df[col].notna().any()
-        if not present:
+        if not present and col != "loss":  # the loss is needed by every law: NaN is dropped
             continue
         with np.errstate(invalid="ignore"):
             b = ~np.isfinite(v) | (v <= 0)

@@ -278,10 +278,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="wandb.alert from a separate run (wandb:// sources)")
     _wandb_options(s, "add the residuals and alerts to the pre-registration's forecast run "
                       "and post wandb.alert")
-    s.add_argument("--poll", type=float, default=0.2, metavar="SECONDS",
-                   help="seconds between polls with --follow")
+    s.add_argument("--poll", type=float, default=None, metavar="SECONDS",
+                   help="seconds between polls with --follow (default: the source's own: 1 for "
+                        "files, 2 for W&B offline directories, 60 for the W&B API)")
     s.add_argument("--max-seconds", type=float, default=None,
-                   help="stop following after this long (default: never)")
+                   help="stop following after this many seconds (default: until the source "
+                        "says the run finished)")
     _json_option(s, "one object with the verdict and the alerts at the end (no alert lines)")
     _serve_options(s)
     s.set_defaults(func=_call("predict.commands:watch_main"))
@@ -349,6 +351,11 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as e:
         print(f"ladder {args.command}: {e}", file=sys.stderr)
         return e.exit_code
+    except OSError as e:  # an OS error no input check foresaw: still one line, naming the file
+        where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+        print(f"ladder {args.command}: {where}{(e.strerror or str(e)).lower()}",
+              file=sys.stderr)
+        return 74  # sysexits EX_IOERR
     except KeyboardInterrupt:
         print(f"ladder {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ladder.io import EX_USAGE, InputError
+from ladder.io import EX_USAGE, InputError, number
 from ladder.specs import Ladder, resolve, with_file
 
 
@@ -222,6 +222,15 @@ def plan_main(args) -> int:
     from ladder.plan import DEFAULT_MFU, GB200_BF16_DENSE_FLOPS, plan_rung
 
     _, rungs = _resolve(args.target, args)
+    # 2**20 devices: ~1300x the hero's 792 GPUs; the planner's mesh search grows with the count
+    number(args.devices, field="--devices", lo=1, hi=2 ** 20, integral=True,
+           exit_code=EX_USAGE)
+    number(args.expert_parallel, field="--expert-parallel", lo=1, hi=2 ** 20, integral=True,
+           allow_none=True, exit_code=EX_USAGE)
+    number(args.peak_flops, field="--peak-flops", lo=0, lo_open=True, allow_none=True,
+           exit_code=EX_USAGE)
+    number(args.mfu, field="--mfu", lo=0, hi=1, lo_open=True, allow_none=True,
+           exit_code=EX_USAGE)
     peak = GB200_BF16_DENSE_FLOPS if args.peak_flops is None else args.peak_flops
     mfu = DEFAULT_MFU if args.mfu is None else args.mfu
     try:

@@ -187,6 +187,10 @@ def train_config(values: dict, *, where: str = "config") -> TrainConfig:
             flat[head] = {**flat[head], **value}
         else:
             flat[head] = value
+    for key, value in _leaves(flat):
+        if isinstance(value, float) and not math.isfinite(value):  # --lr=1e400 is inf
+            raise InputError(f"must be finite, got {value!r}", path=where, field=key,
+                             exit_code=EX_USAGE)
     for key, cls, what in (("schedule", Schedule, "schedule key"),
                            ("model", ModelConfig, "model config key")):
         sub = flat.get(key)
@@ -203,6 +207,17 @@ def train_config(values: dict, *, where: str = "config") -> TrainConfig:
                          exit_code=EX_USAGE) from None
 
 
+def _leaves(d, prefix: str = ""):
+    """(dotted key, value) of every non-container value of a config dict."""
+    for k, v in d.items():
+        if isinstance(v, dict):
+            yield from _leaves(v, f"{prefix}{k}.")
+        elif isinstance(v, list):
+            yield from ((f"{prefix}{k}", x) for x in v)
+        else:
+            yield f"{prefix}{k}", v
+
+
 def parse_overrides(items: list[str]) -> dict:
     """``["--lr=1e-3", "--model.top_k=4"]`` -> ``{"lr": 0.001, "model.top_k": 4}`` (JSON values;
     anything that is not JSON is taken as a string)."""
@@ -217,6 +232,9 @@ def parse_overrides(items: list[str]) -> dict:
             value = json.loads(raw)
         except json.JSONDecodeError:
             value = raw
+        except (ValueError, RecursionError):  # an integer of 4300+ digits, nesting too deep
+            raise InputError("not a usable value (too long or nested too deeply)",
+                             field=key, exit_code=EX_USAGE) from None
         out[key.replace("-", "_")] = value
     return out
 

@@ -8,7 +8,8 @@ import math
 import sys
 from pathlib import Path
 
-from ladder.io import EX_DATAERR, EX_USAGE, InputError, read_json, to_jsonable
+from ladder.io import (EX_DATAERR, EX_USAGE, InputError, check_writable, number, read_json,
+                       to_jsonable)
 from predict import forecast as fc
 from predict import prereg as pr
 from predict.watch import WatchConfig
@@ -127,16 +128,19 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
 def preregister_main(args) -> int:
     if args.reason and not args.amend:
         raise InputError("--reason is only for --amend", field="--reason", exit_code=EX_USAGE)
-    if not 0 < args.level < 1:
-        raise InputError(f"must be in (0, 1), got {args.level}", field="--level",
-                         exit_code=EX_USAGE)
+    number(args.level, field="--level", lo=0, hi=1, lo_open=True, hi_open=True,
+           exit_code=EX_USAGE)
+    # an eval's sd above 10 nats is no measurement of a loss of a few nats (a typo'd unit)
+    number(getattr(args, "eval_noise", None), field="--eval-noise", lo=0, hi=10,
+           allow_none=True, exit_code=EX_USAGE)
     out = Path(args.out)
-    if out.exists():  # fail before any work
+    if out.exists() or out.is_symlink():  # fail before any work
         raise InputError("exists; a pre-registration is never overwritten", path=out,
                          exit_code=73)
     if getattr(args, "wandb", False):  # before anything is written: wandb must be there
         from predict.wandb_home import require_wandb
         require_wandb()
+    check_writable(out, field="--out")
     amends = pr.amendment(args.amend, args.reason) if args.amend else None
     law = load_law_file(args.law)
     target = resolve_target(args)
@@ -158,6 +162,11 @@ def preregister_main(args) -> int:
                       data_tag=getattr(args, "data_tag", None),
                       requires=parse_requires(args.require), amends=amends,
                       run_config=run_config)
+    bad = [p for p in doc["forecast"] if not _finite(p.get("loss"))]
+    if bad or not _finite(doc["final"].get("loss")):
+        raise InputError(f"the law forecasts a non-finite loss at {len(bad)} of "
+                         f"{len(doc['forecast'])} points (its parameters overflow: an edited "
+                         f"or broken law); nothing registered", path=args.law, field="fit.u")
     pr.write_once(out, doc)
     fin = doc["final"]
     print(f"wrote {out} (read-only), sha256 {doc['sha256']}")
@@ -177,6 +186,10 @@ def preregister_main(args) -> int:
         print(f"  W&B: forecast run {info['id']} in {info['entity'] or '(default entity)'}/"
               f"{info['project']}, group {info['group']} ({info['dir']})")
     return 0
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def verify_chain(path: str) -> dict:
@@ -229,13 +242,21 @@ def watch_main(args) -> int:
     from predict.live import Watcher
     from predict.sources import WandbApiSource, open_source
 
-    source = open_source(args.source)
+    # 1 h: a poll slower than that is no longer watching (the W&B API default is 60 s)
+    if args.poll is not None:
+        number(args.poll, field="--poll", lo=0, hi=3600, lo_open=True, exit_code=EX_USAGE)
+    number(args.max_seconds, field="--max-seconds", lo=0, allow_none=True, exit_code=EX_USAGE)
+    for flag, path in (("--alerts", args.alerts), ("--state", args.state)):
+        if path:
+            check_writable(path, field=flag)
+    webhook = sk.WebhookSink(args.webhook) if args.webhook else None
+    source = open_source(args.source, follow=args.follow)
     as_json = getattr(args, "json", False)
     sinks: list = [] if as_json else [sk.StdoutSink()]  # --json: alerts in the final object
     if args.alerts:
         sinks.append(sk.JsonlSink(args.alerts))
-    if args.webhook:
-        sinks.append(sk.WebhookSink(args.webhook))
+    if webhook is not None:
+        sinks.append(webhook)
     if args.wandb_alert:
         if not isinstance(source, WandbApiSource):
             raise InputError("--wandb-alert needs a wandb://ENTITY/PROJECT/RUN_ID source",

@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from ladder.io import InputError, as_float, read_json, read_metrics, require, sha256_of
+from ladder.io import (MAX_STEP, InputError, as_float, number, read_json, read_metrics,
+                       require, sha256_of)
 
 # Token-budget multipliers of the planned run at which the law's final value is tabulated, for the
 # contingency advisory ("at what budget is the registered final value still reached?").
@@ -76,25 +77,32 @@ class Target:
             d = d["target"]
         kw: dict[str, Any] = {}
         for key in ("params", "active_params", "tokens", "compute"):
-            kw[key] = float(require(d, key, (int, float), path=path))
+            kw[key] = float(number(require(d, key, (int, float), path=path), field=key,
+                                   path=path, lo=0, lo_open=True))
         for key in ("steps", "seq_len"):
-            v = require(d, key, (int, float), path=path)
-            if float(v) != int(v):
-                raise InputError(f"expected an integer, got {v!r}", path=path, field=key)
-            kw[key] = int(v)
+            kw[key] = number(require(d, key, (int, float), path=path), field=key, path=path,
+                             lo=1, hi=MAX_STEP, integral=True)
         kw["name"] = str(d.get("name", Path(str(path or "target")).stem))
         sched = d.get("schedule", {})
         if isinstance(sched, str):
             sched = {"kind": sched}
         if not isinstance(sched, Mapping):
             raise InputError("expected an object or a name", path=path, field="schedule")
+        from ladder.specs import Schedule  # plain Python: the trainer's own schedule check
+        try:
+            Schedule(**dict(sched))
+        except (TypeError, ValueError) as e:
+            msg = str(e).split(": ", 1)[-1] if ": " in str(e) else str(e)
+            raise InputError(msg, path=path, field="schedule") from None
         kw["schedule"] = dict(sched)
         ev = d.get("eval_steps", ())
         if not isinstance(ev, (list, tuple)):
             raise InputError("expected a list of steps", path=path, field="eval_steps")
-        kw["eval_steps"] = tuple(int(s) for s in ev)
+        kw["eval_steps"] = tuple(number(s, field="eval_steps", path=path, lo=0,
+                                        hi=kw["steps"], integral=True) for s in ev)
         if d.get("batch") is not None:
-            kw["batch"] = int(d["batch"])
+            kw["batch"] = number(d["batch"], field="batch", path=path, lo=1, hi=MAX_STEP,
+                                 integral=True)
         if d.get("config_hash") is not None:
             kw["config_hash"] = str(d["config_hash"])
         try:

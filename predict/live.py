@@ -3,49 +3,101 @@
 ``Watcher(prereg_path, source, sinks, state_path).poll()`` judges whatever arrived since the last
 call and returns the new alerts; ``run(follow=...)`` loops. The demo can call ``poll()`` in-process
 or run ``run()`` in a background thread (``start_thread``). The state file (JSON) holds the rule
-state, the source's read position and the pre-registration followed, so a restarted watcher
-neither repeats an alert nor skips a row.
+state, the source's read position (with the source's identity: path, inode, size, first bytes,
+so a moved or renamed file is recognised and not judged again) and the pre-registration
+followed, so a restarted watcher neither repeats an alert nor skips a row.
+
+Exactly-once alerts: each alert gets an ``id`` (a digest of the pre-registration, the alert's
+sequence number in this watch and its content, so a watcher that is killed before it saves and
+then judges the same rows again makes the same ids). The state, with the new alerts in its
+outbox, is saved BEFORE any sink sees them; an alert leaves the outbox once every sink took it;
+a restarted watcher sends what is left, and the sinks skip ids they already have.
+
+Following (``run(follow=True)``): an error of the source (a file that vanished, the W&B API
+down) is retried with exponential backoff; the first is an ``info`` alert, one that persists
+(``persistent_after`` tries in a row) a ``warn``. The poll interval suits the source (a file
+~1 s, the W&B API ~60 s; ``source.poll_seconds``), and the loop ends by itself when the source
+says the run finished (summary.json status, W&B run state, the offline log's exit record),
+after reading what it wrote last; the exit status is then the verdict (0 for a healthy run).
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ladder.io import InputError, atomic_write_json, read_json
+from ladder.io import InputError, atomic_write_json, canonical_json, read_json
 from predict import prereg as _prereg
 from predict.watch import (Alert, Batch, CheckResult, PreregView, check, exit_code_for, new_state,
                            watched_keys)
 
 STATE_SCHEMA = "watch-state/1"
+ALERT_FIELDS = ("time", "step", "tokens", "fraction", "kind", "severity", "value", "expected",
+                "lo", "hi", "direction", "message")
+
+
+class SourceError(InputError):
+    """The source could not be read this time (an OS error, the W&B API unreachable). Without
+    ``--follow`` it is the command's one-line error; following, it is retried."""
+
+
+def alert_id(prereg_sha: str | None, seq: int, alert: Alert) -> str:
+    """Deterministic id of the ``seq``-th alert of a watch (the time stamp left out)."""
+    d = {k: v for k, v in alert.to_dict().items() if k != "time"}
+    h = hashlib.sha256(f"{prereg_sha}:{seq}:".encode() + canonical_json(d))
+    return h.hexdigest()[:24]
+
+
+def alert_from_dict(d: dict) -> Alert:
+    kw = {k: d.get(k) for k in ALERT_FIELDS}
+    kw["message"] = kw["message"] or ""
+    extra = {k: v for k, v in d.items() if k not in ALERT_FIELDS}
+    return Alert(**kw, extra=extra)
 
 
 class Watcher:
     """Watch one source against the newest valid pre-registration of a chain."""
 
+    persistent_after = 3   # source errors in a row before it is a warning, not an info
+    max_backoff = 600.0    # s; 10 min between tries at most (a follow lasts ~100 days)
+
     def __init__(self, prereg: str | os.PathLike | dict, source, sinks: Sequence = (),
                  state_path: str | os.PathLike | None = None, *, metric: str | None = None,
-                 clock: Callable[[], float] = time.time, chain_every: float = 10.0):
+                 clock: Callable[[], float] = time.time, chain_every: float = 10.0,
+                 sleep: Callable[[float], None] = time.sleep):
         self.prereg_path = None if isinstance(prereg, dict) else Path(prereg)
         self.source = source
         self.sinks = list(sinks)
         self.state_path = None if state_path is None else Path(state_path)
         self.metric_override = metric
         self.clock = clock
+        self.sleep = sleep
         self.chain_every = chain_every
         self._last_chain_check = 0.0
         self.chain = None
+        self._lock = threading.RLock()
         if isinstance(prereg, dict):
             self._use(prereg, description="in-memory pre-registration")
         else:
             self.chain = _prereg.resolve_chain(self.prereg_path)
             self._use(_prereg.load(self.chain.newest.path), description=self.chain.describe())
+        self.outbox: list[dict] = []  # alerts some sink has not taken yet (saved with the state)
+        self.seq = 0                  # alerts raised so far in this watch (for their ids)
+        self._saved: bytes | None = None
         self.state = self._load_state()
         self._notes_seen: set[str] = set()
         self.all_alerts: list[Alert] = []
+        self._sent: set[tuple[str, str]] = set()  # (id, sink) handed to a sink by this process
+        for s in self.sinks:  # the async webhook reports each delivery back
+            if hasattr(s, "on_delivered") and getattr(s, "on_delivered", None) is None:
+                s.on_delivered = functools.partial(self._delivered,
+                                                   name=getattr(s, "name", "sink"))
 
     # ------------------------------------------------------------------ setup
     def _use(self, doc: dict, *, description: str) -> None:
@@ -67,37 +119,104 @@ class Watcher:
     def _load_state(self) -> dict:
         if self.state_path is None or not self.state_path.exists():
             return new_state()
-        saved = read_json(self.state_path, schema="watch-state")
+        saved = read_json(self.state_path, schema="watch-state", field="--state")
+        for key, typ in (("state", dict), ("source", dict), ("outbox", list), ("seq", int)):
+            if key in saved and not isinstance(saved[key], typ):
+                raise InputError(f"expected {typ.__name__}", path=self.state_path, field=key)
+        self.outbox = []
+        for e in saved.get("outbox") or []:
+            try:
+                alert_from_dict(e["alert"])
+                if not (isinstance(e["id"], str) and isinstance(e["pending"], list)):
+                    raise TypeError("id or pending")
+            except (KeyError, TypeError, ValueError) as err:
+                raise InputError(f"not an outbox entry ({type(err).__name__}: {err})",
+                                 path=self.state_path, field="outbox") from None
+            self.outbox.append(e)
+        self.seq = int(saved.get("seq") or 0)
         chain_shas = [lk.sha256 for lk in self.chain.links] if self.chain else []
         if saved.get("prereg_sha256") != self.doc.get("sha256") and \
                 saved.get("prereg_sha256") in chain_shas:
             # amended while the watcher was down: keep reading where it stopped, judge anew
-            if "source" in saved:
-                self.source.restore(saved["source"])
+            self._restore_source(saved)
             return new_state()
         if saved.get("prereg_sha256") != self.doc.get("sha256"):
             raise InputError("the state file belongs to another pre-registration "
                              f"({saved.get('prereg_sha256')}); use a new --state file",
                              path=self.state_path, field="prereg_sha256")
-        if "source" in saved:
-            self.source.restore(saved["source"])
+        self._restore_source(saved)
         return saved.get("state") or new_state()
 
-    def _save_state(self) -> None:
+    def _restore_source(self, saved: dict) -> None:
+        if "source" not in saved:
+            return
+        try:
+            self.source.restore(saved["source"])
+        except (TypeError, ValueError, KeyError) as e:
+            raise InputError(f"not a read position ({type(e).__name__}: {e})",
+                             path=self.state_path, field="source") from None
+
+    def _save_state(self, *, force: bool = False) -> None:
+        """Write the state (atomically) when it changed since the last write."""
         if self.state_path is None:
             return
-        atomic_write_json(self.state_path, {"schema": STATE_SCHEMA,
-                                            "prereg_sha256": self.doc.get("sha256"),
-                                            "prereg": self.description,
-                                            "source": self.source.position(),
-                                            "state": self.state})
+        with self._lock:
+            doc = {"schema": STATE_SCHEMA, "prereg_sha256": self.doc.get("sha256"),
+                   "prereg": self.description, "source": self.source.position(),
+                   "state": self.state, "seq": self.seq, "outbox": self.outbox}
+            blob = canonical_json(doc)
+            if blob == self._saved and not force:
+                return  # an idle poll rewrites nothing
+            atomic_write_json(self.state_path, doc)
+            self._saved = blob
 
-    # ------------------------------------------------------------------ one poll
-    def _emit(self, alerts: list[Alert]) -> None:
+    # ------------------------------------------------------------------ delivery
+    def _queue(self, alerts: list[Alert]) -> None:
+        names = [getattr(s, "name", type(s).__name__) for s in self.sinks]
         for a in alerts:
-            for s in self.sinks:
-                s.send(a, self.context)
-        self.all_alerts.extend(alerts)
+            aid = alert_id(self.doc.get("sha256"), self.seq, a)
+            self.seq += 1
+            self.outbox.append({"id": aid, "alert": a.to_dict(), "pending": list(names)})
+
+    def _send_outbox(self) -> None:
+        by_name = {getattr(s, "name", type(s).__name__): s for s in self.sinks}
+        for entry in list(self.outbox):
+            alert = alert_from_dict(entry["alert"])
+            ctx = {**self.context, "id": entry["id"]}
+            for name in list(entry.get("pending") or []):
+                sink = by_name.get(name)
+                if sink is None:  # a sink of an earlier run that this one does not have
+                    self._delivered(entry["id"], name, save=False)
+                    continue
+                if (entry["id"], name) in self._sent:
+                    continue  # in an async sink's queue already
+                self._sent.add((entry["id"], name))
+                sink.send(alert, ctx)
+                if not hasattr(sink, "on_delivered"):  # synchronous: taken on return
+                    # a sink that skips ids it has (``idempotent``) may be sent an alert again
+                    # after a kill; any other gets its delivery recorded at once
+                    self._delivered(entry["id"], name,
+                                    save=not getattr(sink, "idempotent", False))
+
+    def _delivered(self, aid: str, name: str, *, save: bool = True) -> None:
+        with self._lock:
+            for entry in self.outbox:
+                if entry["id"] == aid and name in entry.get("pending", []):
+                    entry["pending"].remove(name)
+            self.outbox = [e for e in self.outbox if e.get("pending")]
+            if save:
+                self._save_state()
+
+    def _emit(self, alerts: list[Alert]) -> None:
+        """Outbox, save, send, save: a kill at any point repeats no alert to an id-aware sink."""
+        with self._lock:
+            if alerts:
+                self._queue(alerts)
+            if self.outbox:
+                self._save_state()
+                self._send_outbox()
+            self._save_state()
+            self.all_alerts.extend(alerts)
 
     def _maybe_follow_chain(self, now: float) -> list[Alert]:
         if self.prereg_path is None or now - self._last_chain_check < self.chain_every:
@@ -116,19 +235,40 @@ class Watcher:
                       message=f"amended pre-registration found: {chain.describe()}; compared "
                               f"against it from here on")]
 
+    def _read(self):
+        try:
+            if hasattr(self.source, "poll_batch"):
+                return self.source.poll_batch(self.keys, self.keep,
+                                              parallel=threading.current_thread()
+                                              is threading.main_thread())
+            return self.source.poll()
+        except SourceError:
+            raise
+        except InputError as e:
+            if e.exit_code in (66, 69, 74):  # missing, unreachable, I/O: may pass
+                raise SourceError(str(e), exit_code=e.exit_code) from None
+            raise
+        except OSError as e:
+            raise SourceError(f"source not readable ({e.strerror or type(e).__name__})",
+                              path=getattr(e, "filename", None), field="--source",
+                              exit_code=74) from None
+
     def poll(self) -> list[Alert]:
-        """Read what arrived, judge it, send and return the new alerts, save the state."""
+        """Read what arrived, judge it, save the state, send and return the new alerts."""
+        with self._lock:  # the webhook's worker records deliveries (and saves) between polls
+            return self._poll()
+
+    def _poll(self) -> list[Alert]:
         new: list[Alert] = []
         now = self.clock()
         new += self._maybe_follow_chain(now)
+        if self.state.get("not_applicable"):
+            # the forecast no longer applies: nothing more to judge until an amendment
+            self._emit(new)
+            return new
         got_rows = False
         while True:
-            if hasattr(self.source, "poll_batch"):
-                p = self.source.poll_batch(self.keys, self.keep,
-                                           parallel=threading.current_thread()
-                                           is threading.main_thread())
-            else:
-                p = self.source.poll()
+            p = self._read()
             now = self.clock()
             stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
             notes = list(p.notes)
@@ -148,36 +288,91 @@ class Watcher:
                 new += res.alerts
             if not p.more:
                 break
-        if not got_rows:
+        if not got_rows and not self.state.get("not_applicable"):
             res = check(self.view, Batch.empty(), self.state, now=now)
             self.state = res.state
             new += res.alerts
         self._emit(new)
-        self._save_state()
         return new
 
     @property
     def exit_code(self) -> int:
         return exit_code_for(self.state.get("worst"), bool(self.state.get("not_applicable")))
 
-    def run(self, *, follow: bool = False, poll_seconds: float = 0.2,
+    def _source_alert(self, e: Exception, tries: int, wait: float) -> Alert | None:
+        """info on the first error, warn once when it persists, then quiet (hourly a line)."""
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock()))
+        if tries == 1:
+            sev = "info"
+        elif tries == self.persistent_after:
+            sev = "warn"
+        else:
+            return None
+        return Alert(stamp, None, None, None, "source", sev,
+                     message=f"source error ({e}); try {tries}, retrying in {wait:.0f} s"
+                             + (" (persistent)" if sev == "warn" else " (transient?)"))
+
+    def run(self, *, follow: bool = False, poll_seconds: float | None = None,
             max_seconds: float | None = None, stop: threading.Event | None = None) -> int:
-        """Poll once (or, with ``follow``, until ``max_seconds`` or ``stop``); the exit status."""
+        """Poll once (or, with ``follow``, until the run finished, ``max_seconds`` or ``stop``);
+        the exit status. ``poll_seconds`` defaults to the source's own interval."""
+        if poll_seconds is None:
+            poll_seconds = float(getattr(self.source, "poll_seconds", 1.0))
         t0 = time.monotonic()
-        self.poll()
-        while follow:
-            if stop is not None and stop.is_set():
-                break
-            if max_seconds is not None and time.monotonic() - t0 >= max_seconds:
-                break
-            if self.state.get("not_applicable") and self.prereg_path is None:
-                break
-            time.sleep(poll_seconds)
-            self.poll()
-        for s in self.sinks:
-            if hasattr(s, "close"):
-                s.close()
-        return self.exit_code
+        try:
+            if self.outbox:  # left over from a watcher that was stopped while sending
+                self._emit([])
+            if not follow:
+                self.poll()
+                return self.exit_code
+            tries = 0
+            while True:
+                finished = _finished(self.source)
+                try:
+                    self.poll()
+                except SourceError as e:
+                    tries += 1
+                    wait = min(poll_seconds * 2 ** tries, self.max_backoff)
+                    a = self._source_alert(e, tries, wait)
+                    if a is not None:
+                        self._emit([a])
+                        self._fold_worst(a)
+                else:
+                    if tries >= self.persistent_after:
+                        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock()))
+                        self._emit([Alert(stamp, None, None, None, "source", "info",
+                                          message=f"source readable again after {tries} "
+                                                  f"failed tries")])
+                    tries, wait = 0, poll_seconds
+                    if finished:
+                        self._emit([Alert(time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                        time.gmtime(self.clock())),
+                                          None, None, None, "finished", "info",
+                                          message=f"the source says the run finished "
+                                                  f"({finished}); stopping")])
+                        break
+                if self.state.get("not_applicable") and self.prereg_path is None:
+                    break
+                if max_seconds is not None and time.monotonic() - t0 + wait > max_seconds:
+                    break
+                if stop is not None:
+                    if stop.wait(wait):
+                        break
+                else:
+                    self.sleep(wait)
+            return self.exit_code
+        finally:
+            for s in self.sinks:
+                if hasattr(s, "close"):
+                    s.close()
+            self._save_state()
+
+    def _fold_worst(self, a: Alert) -> None:
+        rank = {None: -1, "info": 0, "warn": 1, "critical": 2}
+        with self._lock:
+            if rank[a.severity] > rank.get(self.state.get("worst"), -1):
+                self.state["worst"] = a.severity
+                self._save_state()
 
     def start_thread(self, *, poll_seconds: float = 0.5
                      ) -> tuple[threading.Thread, threading.Event]:
@@ -187,3 +382,18 @@ class Watcher:
                                                       "stop": stop}, daemon=True)
         t.start()
         return t, stop
+
+
+def _finished(source) -> str | None:
+    """What the source says about the run's end ("complete", "finished", ...), None if running
+    or unknown; never raises (it is asked before every poll)."""
+    f = getattr(source, "finished", None)
+    if f is None:
+        return None
+    try:
+        return f()
+    except Exception as e:  # noqa: BLE001 - unknown is not finished; the poll reports errors
+        print(f"ladder watch: cannot tell whether the run finished ({type(e).__name__})",
+              file=sys.stderr)
+        return None
+

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ladder.io import (EX_CANTCREAT, InputError, atomic_write_bytes, canonical_json, read_json,
-                       sha256_of, to_jsonable)
+from ladder.io import (EX_CANTCREAT, EX_DATAERR, PREREG_MODE, InputError, atomic_write_bytes,
+                       canonical_json, read_json, schema_version, sha256_of, to_jsonable)
 
 SCHEMA = "prereg/1"
 HASHED_OUT = ("sha256",)
@@ -93,7 +93,7 @@ def write_once(path: str | os.PathLike, doc: Mapping) -> Path:
     import json
     data = (json.dumps(to_jsonable(doc), indent=2, allow_nan=False) + "\n").encode("utf-8")
     try:
-        return atomic_write_bytes(path, data, mode=0o444, exclusive=True)
+        return atomic_write_bytes(path, data, mode=PREREG_MODE, exclusive=True)
     except FileExistsError:
         raise InputError("exists; a pre-registration is never overwritten", path=path,
                          exit_code=EX_CANTCREAT) from None
@@ -159,12 +159,33 @@ def _name_change(doc, key) -> str:
 
 def verify(path: str | os.PathLike) -> Verification:
     doc = read_json(path, schema="prereg")
+    _known_version(doc, path)
     return verify_doc(doc, str(path))
+
+
+def _known_version(doc: Mapping, path) -> None:
+    """A newer schema version is not "MODIFIED": it is a file this tool cannot judge."""
+    v = schema_version(dict(doc))
+    if v is not None and v > int(SCHEMA.split("/")[1]):
+        raise InputError(f"written by a newer ladder ({doc.get('schema')}); this one reads "
+                         f"{SCHEMA}: upgrade ladder to verify it", path=path, field="schema",
+                         exit_code=EX_DATAERR)
+
+
+def seal(doc: Mapping) -> dict:
+    """``doc`` with its ``section_sha256`` and ``sha256`` (re)computed (for tools and tests that
+    assemble a pre-registration by hand; :func:`build` does this for the command)."""
+    out = to_jsonable(dict(doc))
+    out.pop("sha256", None)
+    out["section_sha256"] = section_digests(out)
+    out["sha256"] = content_hash(out)
+    return out
 
 
 def load(path: str | os.PathLike, *, check: bool = True) -> dict:
     """Read a pre-registration; with ``check``, a modified file is an InputError."""
     doc = read_json(path, schema="prereg")
+    _known_version(doc, path)
     for key in ("target", "forecast", "metric", "final"):
         if key not in doc:
             raise InputError("missing", path=path, field=key)

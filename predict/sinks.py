@@ -1,24 +1,39 @@
 """Where alerts go: human-readable lines, an alerts JSONL, a webhook (JSON POST), ``wandb.alert``.
 
-A sink that fails (webhook down, W&B unreachable) reports the failure once per kind on stderr and
-keeps the watcher running: an alert that could not be sent is still in the JSONL and on stdout.
+Every alert carries an ``id`` (``context["id"]``, a digest of the pre-registration and the
+alert's content, the same when a restarted watcher judges the same rows again). The watcher saves
+its state, with the alerts not yet delivered (its outbox), before any sink sees them, and sends
+the outbox again after a restart; the sinks make that exactly-once: the JSONL sink skips ids
+already in its file, the webhook sink sends the id (``Idempotency-Key`` header and ``id`` field)
+and skips ids it has delivered. A sink that fails (webhook down, W&B unreachable) reports it on
+stderr and keeps the watcher running: an alert that could not be sent is still in the JSONL and
+on stdout.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import queue
 import sys
-import urllib.error
-import urllib.request
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from ladder.io import to_jsonable
+from ladder.io import EX_USAGE, InputError, append_text, open_input, to_jsonable
 from predict.watch import Alert
 
 
 class StdoutSink:
+    name = "stdout"
+    # a restarted watcher prints a pending alert's line again in its own (new) output: not a
+    # second delivery to any receiver, so no state write per line
+    idempotent = True
+
     def __init__(self, stream: TextIO | None = None):
         self.stream = stream
 
@@ -29,55 +44,192 @@ class StdoutSink:
 
 class JsonlSink:
     """Append one JSON object per alert (shared/DESIGN.md alert fields + the pre-registration's
-    sha256 and target), flushed and fsynced so a crash loses nothing already raised."""
+    sha256, the target and the alert ``id``), flushed and fsynced so a crash loses nothing
+    already raised; an id already in the file is not written again."""
+
+    name = "jsonl"
+    idempotent = True  # skips ids already in its file
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._ids: set[str] | None = None
+
+    def _seen(self) -> set[str]:
+        if self._ids is None:
+            self._ids = set()
+            if self.path.exists():
+                with open_input(self.path, field="--alerts") as f:
+                    for raw in f:
+                        if b'"id"' not in raw:
+                            continue
+                        try:
+                            rid = json.loads(raw).get("id")
+                        except (ValueError, AttributeError, RecursionError):
+                            continue
+                        if isinstance(rid, str):
+                            self._ids.add(rid)
+        return self._ids
 
     def send(self, alert: Alert, context: dict) -> None:
+        aid = context.get("id")
+        if aid is not None and aid in self._seen():
+            return
         rec = alert.to_dict()
         rec.update({k: v for k, v in context.items() if k not in rec})
-        line = json.dumps(to_jsonable(rec), allow_nan=False) + "\n"
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
+        append_text(self.path, json.dumps(to_jsonable(rec), allow_nan=False) + "\n")
+        if aid is not None:
+            self._seen().add(aid)
+
+
+def check_webhook_url(url: str) -> urllib.parse.SplitResult:
+    """An http(s) URL with a host; InputError (64) otherwise. The message never repeats the URL
+    (it often carries a secret token): it names the scheme at most."""
+    try:
+        u = urllib.parse.urlsplit(url)
+        port = u.port  # ValueError for a bad port
+    except ValueError:
+        raise InputError("not a valid URL", field="--webhook", exit_code=EX_USAGE) from None
+    if u.scheme not in ("http", "https"):
+        raise InputError(f"expected an http:// or https:// URL, got scheme {u.scheme!r}",
+                         field="--webhook", exit_code=EX_USAGE)
+    if not u.hostname:
+        raise InputError("the URL has no host", field="--webhook", exit_code=EX_USAGE)
+    del port
+    return u
 
 
 class WebhookSink:
-    """POST each alert as JSON to ``url`` (Slack-style receivers read ``text``)."""
+    """POST each alert as JSON to ``url`` (Slack-style receivers read ``text``), from a background
+    thread, so a slow or dead receiver never blocks the watcher.
 
-    def __init__(self, url: str, *, timeout: float = 5.0):
-        if not url.startswith(("http://", "https://")):
-            from ladder.io import InputError
-            raise InputError(f"expected an http(s) URL, got {url!r}", field="--webhook",
-                             exit_code=64)
-        self.url = url
+    Only a 2xx answer to the POST counts as delivered. Redirects are not followed (a 3xx is a
+    failure: following one turns the POST into a body-less GET, or leads off http(s)). A failure
+    is retried with exponential backoff (``backoff`` s doubling, up to ``max_tries`` tries), then
+    given up with one line on stderr. The URL is never printed: only its host is named.
+    ``on_delivered(alert_id)`` is called from the worker after each delivery (the watcher uses it
+    to clear its outbox)."""
+
+    name = "webhook"
+
+    def __init__(self, url: str, *, timeout: float = 5.0, max_tries: int = 6,
+                 backoff: float = 1.0, max_backoff: float = 60.0,
+                 on_delivered: Callable[[str], None] | None = None,
+                 sleep: Callable[[float], None] = time.sleep):
+        self._u = check_webhook_url(url)
+        self.host = self._u.hostname
         self.timeout = timeout
+        self.max_tries = max_tries
+        self.backoff, self.max_backoff = backoff, max_backoff
+        self.on_delivered = on_delivered
+        self.sleep = sleep
         self.failures = 0
+        self.delivered: set[str] = set()
+        self._q: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
 
+    # ---------------------------------------------------------------- the caller's side
     def send(self, alert: Alert, context: dict) -> None:
+        aid = context.get("id")
+        if aid is not None and aid in self.delivered:
+            return
         body = alert.to_dict()
         body.update({k: v for k, v in context.items() if k not in body})
         body["text"] = f"ladder watch {context.get('target', '')}: {alert.line()}"
         data = json.dumps(to_jsonable(body), allow_nan=False).encode("utf-8")
-        req = urllib.request.Request(self.url, data=data, method="POST",
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                resp.read()
-        except (urllib.error.URLError, OSError, ValueError) as e:
+        self._q.put((aid, data))
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._work, name="webhook", daemon=True)
+                self._thread.start()
+
+    def pending(self) -> int:
+        return self._q.unfinished_tasks
+
+    def close(self, timeout: float = 30.0) -> bool:
+        """Wait up to ``timeout`` s for the queue to drain; False (and a line) if it did not."""
+        t_end = time.monotonic() + timeout
+        while self._q.unfinished_tasks and time.monotonic() < t_end:
+            time.sleep(0.02)
+        left = self._q.unfinished_tasks
+        if left:
+            print(f"ladder watch: {left} alert(s) not yet delivered to the webhook at "
+                  f"{self.host}; they stay in the watch state and are sent on the next start",
+                  file=sys.stderr)
+        return not left
+
+    # ---------------------------------------------------------------- the worker
+    def _work(self) -> None:
+        while True:
+            try:
+                aid, data = self._q.get(timeout=1.0)
+            except queue.Empty:
+                return
+            try:
+                self._deliver(aid, data)
+            finally:
+                self._q.task_done()
+
+    def _deliver(self, aid: str | None, data: bytes) -> None:
+        wait = self.backoff
+        for attempt in range(1, self.max_tries + 1):
+            err = self._post(data, aid)
+            if err is None:
+                if aid is not None:
+                    self.delivered.add(aid)
+                    if self.on_delivered is not None:
+                        self.on_delivered(aid)
+                return
             self.failures += 1
-            if self.failures == 1 or self.failures % 100 == 0:
-                print(f"ladder watch: webhook {self.url} failed ({e}); alerts are still written "
-                      f"to stdout and --alerts", file=sys.stderr)
+            if attempt == self.max_tries:
+                print(f"ladder watch: webhook at {self.host} failed {attempt} times ({err}); "
+                      f"giving up on this alert (it is on stdout and in --alerts)",
+                      file=sys.stderr)
+                return
+            if self.failures == 1:
+                print(f"ladder watch: webhook at {self.host} failed ({err}); retrying with "
+                      f"backoff", file=sys.stderr)
+            self.sleep(wait)
+            wait = min(wait * 2, self.max_backoff)
+
+    def _post(self, data: bytes, aid: str | None) -> str | None:
+        """One POST; None when the receiver answered 2xx, else a short reason (no URL)."""
+        u = self._u
+        conn_cls = http.client.HTTPSConnection if u.scheme == "https" else \
+            http.client.HTTPConnection
+        path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+        headers = {"Content-Type": "application/json", "User-Agent": "ladder-watch"}
+        if aid is not None:
+            headers["Idempotency-Key"] = aid
+        if u.username or u.password:
+            import base64
+            cred = f"{urllib.parse.unquote(u.username or '')}:" \
+                   f"{urllib.parse.unquote(u.password or '')}"
+            headers["Authorization"] = "Basic " + base64.b64encode(cred.encode()).decode()
+        try:
+            conn = conn_cls(u.hostname, u.port, timeout=self.timeout)
+            try:
+                conn.request("POST", path, body=data, headers=headers)
+                resp = conn.getresponse()
+                resp.read()
+                status = resp.status
+            finally:
+                conn.close()
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            return type(e).__name__
+        if 200 <= status < 300:
+            return None
+        if 300 <= status < 400:
+            return f"HTTP {status} redirect, not followed"
+        return f"HTTP {status}"
 
 
 class WandbAlertSink:
     """``wandb.alert`` for alerts about a W&B run. It opens a separate small run in the watched
     run's project (job_type "watch"), so the watched run itself is never touched; ``wandb_module``
     is injectable for tests."""
+
+    name = "wandb"
 
     def __init__(self, entity: str, project: str, watched: str, *, wandb_module: Any = None,
                  min_severity: str = "warn"):

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ladder.io import EX_NOINPUT, InputError, as_float, read_json
+from ladder.io import EX_NOINPUT, InputError, as_float, open_input, read_json
 
 
 @dataclass
@@ -42,11 +42,21 @@ class Poll:
     nan_tokens: bool = True  # False: the rows' source text held no "NaN" (none written as NaN)
 
 
-def open_source(src: str, **kw):
-    """The source for a ``--source`` argument."""
+def open_source(src: str, *, follow: bool = False, **kw):
+    """The source for a ``--source`` argument. With ``follow``, a path that does not exist yet
+    is waited for (a watcher started before the run): its suffix says what it will be
+    (``.csv``/``.tsv``, ``.wandb``, else a metrics JSONL; a name without suffix is a run
+    directory, whose ``metrics.jsonl`` is awaited)."""
     if src.startswith("wandb://"):
         return WandbApiSource(src, **kw)
     p = Path(src)
+    if not p.exists() and follow:
+        suffix = p.suffix.lower()
+        if suffix in (".csv", ".tsv"):
+            return CsvSource(p)
+        if suffix == ".wandb":
+            return WandbOfflineSource(p)
+        return JsonlSource(p if suffix else p / "metrics.jsonl")
     if not p.exists():
         raise InputError("no such file or directory", path=src, field="--source",
                          exit_code=EX_NOINPUT)
@@ -64,6 +74,56 @@ def open_source(src: str, **kw):
     return JsonlSource(p)
 
 
+# ----------------------------------------------------------------------------------- identity
+
+IDENTITY_BYTES = 4096  # the first bytes that fingerprint a file (a run's first metrics line)
+
+
+def file_identity(path: str | os.PathLike) -> dict | None:
+    """What identifies a source file when its path changed: device, inode, size and a digest of
+    its first bytes (up to 4 KiB); None if it cannot be read."""
+    import hashlib
+    try:
+        st = os.stat(path)
+        with open(path, "rb") as f:
+            first = f.read(IDENTITY_BYTES)
+    except OSError:
+        return None
+    return {"dev": st.st_dev, "inode": st.st_ino, "size": st.st_size, "n": len(first),
+            "first": hashlib.sha256(first).hexdigest()}
+
+
+def same_file(path: str | os.PathLike, ident: dict | None) -> bool:
+    """``path`` holds the file ``ident`` was taken of (moved, renamed, copied, or grown since):
+    its first ``n`` bytes have the recorded digest and it is not shorter than it was. An empty
+    fingerprint (the file was empty) matches nothing."""
+    import hashlib
+    if not isinstance(ident, dict) or not ident.get("n"):
+        return False
+    try:
+        n, size = int(ident["n"]), int(ident.get("size", 0))
+        st = os.stat(path)
+        if st.st_size < size:
+            return False
+        with open(path, "rb") as f:
+            first = f.read(n)
+    except (OSError, KeyError, TypeError, ValueError):
+        return False
+    return len(first) == n and hashlib.sha256(first).hexdigest() == ident.get("first")
+
+
+def _summary_status(run_dir: Path) -> str | None:
+    """``summary.json``'s status when the run ended (complete, diverged, failed), else None."""
+    f = run_dir / "summary.json"
+    if not f.is_file():
+        return None
+    try:
+        status = read_json(f, schema="run-summary").get("status")
+    except InputError:
+        return None  # being written, or not ours: not finished as far as we know
+    return status if status in ("complete", "diverged", "failed") else None
+
+
 # ----------------------------------------------------------------------------------- JSONL
 
 
@@ -71,11 +131,16 @@ class JsonlSource:
     """Tail a metrics JSONL by byte offset."""
 
     kind = "jsonl"
+    poll_seconds = 1.0  # a local file: cheap to stat
 
     def __init__(self, path: str | os.PathLike, *, chunk_bytes: int = 16 << 20,
-                 max_rows: int = 200_000):
+                 max_rows: int = 20_000):
         self.path = Path(path)
-        self.max_rows = max_rows  # a poll returns at most about this many rows (bounded memory)
+        # a poll returns at most about this many rows: a backlog is judged in slices, so memory
+        # stays ~50 MB (20,000 rows of ~40 keys as dicts) instead of ~1 GB at 200,000 rows
+        # (bench/watch_follow_speed.py); the slices cost nothing measurable in time
+        self.max_rows = max_rows
+        self.exact_floats = False  # see _parse_lines
         self.offset = 0
         self.inode: int | None = None
         self.line_no = 0
@@ -84,22 +149,37 @@ class JsonlSource:
         self.head = ""
         self.chunk_bytes = chunk_bytes
         self._config_sent = False
+        self.moved_from: str | None = None
 
     def position(self) -> dict:
         return {"kind": self.kind, "path": str(self.path), "offset": self.offset,
                 "inode": self.inode, "line_no": self.line_no, "max_step": self.max_step,
                 "config_sent": self._config_sent, "head": self.head,
-                "skip_through": self.skip_through}
+                "skip_through": self.skip_through, "identity": file_identity(self.path)}
+
+    def finished(self) -> str | None:
+        status = _summary_status(self.path.parent)
+        return f"summary.json status {status}" if status else None
 
     def restore(self, pos: dict) -> None:
-        if pos.get("kind") == self.kind and pos.get("path") == str(self.path):
-            self.offset = int(pos.get("offset", 0))
-            self.head = str(pos.get("head", ""))
-            self.skip_through = pos.get("skip_through")
-            self.inode = pos.get("inode")
-            self.line_no = int(pos.get("line_no", 0))
-            self.max_step = pos.get("max_step")
-            self._config_sent = bool(pos.get("config_sent"))
+        if pos.get("kind") != self.kind:
+            return
+        moved = pos.get("path") != str(self.path)
+        if moved and not same_file(self.path, pos.get("identity")):
+            return  # another file: read it from its start
+        self.offset = int(pos.get("offset", 0))
+        self.head = str(pos.get("head", ""))
+        self.skip_through = pos.get("skip_through")
+        self.inode = pos.get("inode")
+        self.line_no = int(pos.get("line_no", 0))
+        self.max_step = pos.get("max_step")
+        self._config_sent = bool(pos.get("config_sent"))
+        if moved:  # the same file under a new name (a copy has a new inode)
+            self.moved_from = str(pos.get("path"))
+            try:
+                self.inode = os.stat(self.path).st_ino
+            except OSError:
+                pass
 
     def _read_head(self) -> str:
         """The file's first line (up to 4 KiB): its fingerprint, since a rotated file can reuse
@@ -127,6 +207,10 @@ class JsonlSource:
 
     def poll(self) -> Poll:
         out = Poll(nan_tokens=False)
+        if self.moved_from:
+            out.notes.append(f"{self.path} is {self.moved_from} moved (same first bytes): "
+                             f"continuing at byte {self.offset}, nothing judged again")
+            self.moved_from = None
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
@@ -163,7 +247,8 @@ class JsonlSource:
                     if not data.endswith(b"\n"):
                         break
                     end = len(data) - 1
-                got, nbad, first = _parse_lines(data[:end], self.line_no)
+                got, nbad, first = _parse_lines(data[:end], self.line_no,
+                                                exact=self.exact_floats)
                 out.nan_tokens = out.nan_tokens or b"NaN" in data[:end]
                 out.rows.extend(got)
                 if nbad:
@@ -313,7 +398,8 @@ def _fast_loads():
     return _FAST_LOADS[0]
 
 
-def _parse_lines(block: bytes, line_no: int) -> tuple[list[dict], int, int | None]:
+def _parse_lines(block: bytes, line_no: int, *, exact: bool = True
+                 ) -> tuple[list[dict], int, int | None]:
     """JSON objects of the newline-separated ``block``: one decode of the whole block as an array
     when every line is a clean object (a quarter faster than line by line; pandas' ujson when
     the block has no NaN token, see :func:`_fast_loads`), else line by line with ``json``,
@@ -324,7 +410,10 @@ def _parse_lines(block: bytes, line_no: int) -> tuple[list[dict], int, int | Non
         rows = None
         if fast is not None:
             try:
-                rows = fast(arr, precise_float=True)
+                # exact=False: ujson's own float conversion, ~1.5x faster than its precise
+                # one (bench/watch_follow_speed.py); a value may differ from json's in its
+                # last bit (relative 2e-16), nothing next to a band of 1e-3 or an eval sd
+                rows = fast(arr, precise_float=exact)
             except (ValueError, OverflowError):
                 rows = None  # e.g. an int beyond 64 bits, 1e999, 5e-324: the stdlib decides
         if rows is None:
@@ -339,7 +428,7 @@ def _parse_lines(block: bytes, line_no: int) -> tuple[list[dict], int, int | Non
             continue
         try:
             row = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             row = None
         if isinstance(row, dict):
             rows.append(row)
@@ -364,6 +453,7 @@ class CsvSource:
     """A CSV of metrics (read whole each poll; rows already returned are not returned again)."""
 
     kind = "csv"
+    poll_seconds = 1.0
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -372,10 +462,15 @@ class CsvSource:
 
     def position(self) -> dict:
         return {"kind": self.kind, "path": str(self.path), "n_rows": self.n_rows,
-                "size": self.size}
+                "size": self.size, "identity": file_identity(self.path)}
+
+    def finished(self) -> str | None:
+        status = _summary_status(self.path.parent)
+        return f"summary.json status {status}" if status else None
 
     def restore(self, pos: dict) -> None:
-        if pos.get("kind") == self.kind and pos.get("path") == str(self.path):
+        if pos.get("kind") == self.kind and (pos.get("path") == str(self.path) or
+                                             same_file(self.path, pos.get("identity"))):
             self.n_rows = int(pos.get("n_rows", 0))
             self.size = int(pos.get("size", 0))
 
@@ -394,14 +489,15 @@ class CsvSource:
             self.n_rows = 0
         self.size = size
         try:
-            with open(self.path, "rb") as f:
+            with open_input(self.path, field="--source") as f:
                 data = f.read()
             complete = data[: data.rfind(b"\n") + 1] if b"\n" in data else b""
             import io
             df = pd.read_csv(io.BytesIO(complete), sep=None if self.path.suffix == ".tsv"
                              else ",", engine="c" if self.path.suffix != ".tsv" else "python",
                              dtype=str, keep_default_na=False)
-        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError,
+                ValueError, OverflowError) as e:
             if isinstance(e, pd.errors.EmptyDataError):
                 return out
             raise InputError(f"not a readable CSV ({str(e).splitlines()[0]})",
@@ -446,74 +542,117 @@ def wandb_executable() -> str | None:
 
 
 class WandbOfflineSource:
-    """A W&B offline run (directory or .wandb file)."""
+    """A W&B offline run: a directory (``wandb/``, a ``run-*`` directory) or one ``.wandb`` file.
+
+    Every ``.wandb`` segment below the directory is read, in lineage order (a resumed run writes
+    a new ``run-<time>-<id>`` directory; the names sort by time), each incrementally: the byte
+    offset after its last complete record is kept, so a poll decodes only what was appended
+    (not the whole file again) and a restarted watcher continues there. A later segment's row
+    for a step replaces an earlier one downstream (last one wins). The run finished when the
+    newest segment holds W&B's exit record."""
 
     kind = "wandb-offline"
+    poll_seconds = 2.0  # W&B flushes its offline log every few seconds
 
     def __init__(self, path: str | os.PathLike, *, use_leet: bool | None = None):
         self.path = Path(path)
-        self.seen_num = 0
-        self.use_leet = use_leet
-        self._last_sig = None
+        self.use_leet = use_leet  # True: `wandb leet inspect --json` (reads whole files)
+        self.segs: dict[str, dict] = {}  # segment name -> {"offset", "num", "exit"}
         self._config_sent = False
 
     def position(self) -> dict:
-        return {"kind": self.kind, "path": str(self.path), "seen_num": self.seen_num,
+        return {"kind": self.kind, "path": str(self.path), "segments": self.segs,
                 "config_sent": self._config_sent}
 
     def restore(self, pos: dict) -> None:
-        if pos.get("kind") == self.kind and pos.get("path") == str(self.path):
-            self.seen_num = int(pos.get("seen_num", 0))
+        if pos.get("kind") == self.kind and isinstance(pos.get("segments"), dict):
+            # names are relative to the watched directory: a moved directory still matches
+            self.segs = {str(k): {"offset": int(v.get("offset", 0)), "num": int(v.get("num", 0)),
+                                  "exit": bool(v.get("exit"))}
+                         for k, v in pos["segments"].items() if isinstance(v, dict)}
             self._config_sent = bool(pos.get("config_sent"))
 
-    def record_file(self) -> Path:
+    def segments(self) -> list[tuple[str, Path]]:
+        """(name, path) of every .wandb file of the run, oldest first."""
         p = self.path
         if p.is_file():
-            return p
-        for cand in (p, p / "latest-run"):
-            files = sorted(cand.glob("*.wandb"))
-            if files:
-                return files[-1]
-        files = sorted(p.glob("*/*.wandb"), key=lambda q: q.stat().st_mtime)
-        if files:
-            return files[-1]
-        raise InputError("no .wandb record file", path=p, field="--source", exit_code=EX_NOINPUT)
+            return [(p.name, p)]
+        found: dict[Path, str] = {}
+        for q in sorted(p.glob("*.wandb")) + sorted(p.glob("*/*.wandb")):
+            if q.parent.name == "latest-run":
+                continue  # a link to one of the run-* directories
+            found.setdefault(q.resolve(), str(q.relative_to(p)))
+        if not found and (p / "latest-run").exists():
+            for q in sorted((p / "latest-run").glob("*.wandb")):
+                found.setdefault(q.resolve(), str(q.relative_to(p)))
+        if not found:
+            raise InputError("no .wandb record file", path=p, field="--source",
+                             exit_code=EX_NOINPUT)
+        # run-YYYYMMDD_HHMMSS-ID/run-ID.wandb: the directory names sort by start time
+        return sorted(((name, q) for q, name in found.items()),
+                      key=lambda t: (Path(t[0]).parent.name, Path(t[0]).name))
 
-    def records(self) -> Iterable[dict]:
-        """The run's records as dicts shaped like ``wandb leet inspect --json`` lines."""
-        f = self.record_file()
+    def record_file(self) -> Path:
+        """The newest segment."""
+        return self.segments()[-1][1]
+
+    def finished(self) -> str | None:
+        segs = self.segments()
+        last = self.segs.get(segs[-1][0]) if segs else None
+        return "W&B exit record" if last and last.get("exit") else None
+
+    def _leet(self, f: Path) -> list[dict] | None:
         exe = wandb_executable() if self.use_leet is not False else None
-        if exe:
-            try:
-                proc = subprocess.run([exe, "leet", "inspect", "--json", str(f)],
-                                      capture_output=True, timeout=120, check=False)
-            except (OSError, subprocess.TimeoutExpired):
-                proc = None
-            if proc is not None and proc.returncode == 0 and proc.stdout.strip():
-                out = []
-                for line in proc.stdout.splitlines():
-                    try:
-                        out.append(json.loads(line))
-                    except ValueError:
-                        continue
-                return out
-            if self.use_leet:
-                raise InputError("`wandb leet inspect --json` failed: "
-                                 + (proc.stderr.decode(errors="replace").strip()[:200]
-                                    if proc else "not runnable"), path=f)
-        return list(read_wandb_records(f))
+        if not exe:
+            return None
+        try:
+            proc = subprocess.run([exe, "leet", "inspect", "--json", str(f)],
+                                  capture_output=True, timeout=120, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            proc = None
+        if proc is not None and proc.returncode == 0 and proc.stdout.strip():
+            out = []
+            for line in proc.stdout.splitlines():
+                try:
+                    out.append(json.loads(line))
+                except (ValueError, RecursionError):
+                    continue
+            return out
+        if self.use_leet:
+            raise InputError("`wandb leet inspect --json` failed: "
+                             + (proc.stderr.decode(errors="replace").strip()[:200]
+                                if proc else "not runnable"), path=f)
+        return None
 
     def poll(self) -> Poll:
         out = Poll()
-        try:
-            f = self.record_file()
-            sig = (str(f), f.stat().st_size, f.stat().st_mtime_ns)
-        except OSError:
-            sig = None
-        if sig is not None and sig == self._last_sig:
-            return out  # unchanged since the last poll: do not decode the log again
-        self._last_sig = sig
-        for rec in self.records():
+        for name, f in self.segments():
+            seg = self.segs.setdefault(name, {"offset": 0, "num": 0, "exit": False})
+            try:
+                size = f.stat().st_size
+            except OSError:
+                continue
+            if size < seg["offset"]:  # rewritten: read again, the steps repeat downstream
+                out.notes.append(f"{f} shrank: reading it again from the start")
+                seg.update(offset=0, num=0)
+            if size == seg["offset"]:
+                continue
+            if self.use_leet:
+                recs = [r for r in (self._leet(f) or []) if int(r.get("num", 0) or 0) > seg["num"]]
+                end, bad = size, 0
+            else:
+                recs, end, bad = decode_wandb_file(f, seg["offset"])
+            if bad:
+                if not recs and seg["offset"] == 0:
+                    raise InputError(f"not a readable W&B record log ({bad} corrupt "
+                                     f"record(s), none readable)", path=f, field="--source")
+                out.notes.append(f"{f}: {bad} corrupt record(s) skipped near byte {end}")
+            seg["offset"] = end
+            self._take(recs, seg, out)
+        return out
+
+    def _take(self, recs: Iterable[dict], seg: dict, out: Poll) -> None:
+        for rec in recs:
             num = int(rec.get("num", 0) or 0)
             typ = rec.get("type")
             if typ == "run" and not self._config_sent:
@@ -521,20 +660,19 @@ class WandbOfflineSource:
                 if cfg:
                     out.configs.append(cfg)
                 self._config_sent = True
-            elif typ == "config" and num > self.seen_num:
+            elif typ == "config":
                 cfg = _config_from_update(rec.get("config") or {})
                 if cfg:
                     out.configs.append(cfg)
-            if num <= self.seen_num:
-                continue
-            if typ == "history":
+            elif typ == "history":
                 h = rec.get("history") or {}
                 row = dict(h.get("item") or {})
                 step = (h.get("step") or {}).get("num", row.get("_step"))
                 row["step"] = step
                 out.rows.append(row)
-            self.seen_num = max(self.seen_num, num)
-        return out
+            elif typ == "exit":
+                seg["exit"] = True
+            seg["num"] = max(seg["num"], num)
 
 
 def _config_from_update(cfg: dict) -> dict:
@@ -559,30 +697,56 @@ _BLOCK = 32768
 
 
 def read_wandb_records(path: str | os.PathLike) -> Iterable[dict]:
-    """Decode a .wandb record log (the fallback when ``wandb leet`` is unavailable). The CRC is not
-    checked; a truncated last record (a live run) is left for the next poll."""
-    from google.protobuf.json_format import MessageToDict
+    """Decode a whole .wandb record log (see :func:`decode_wandb_file`)."""
+    recs, _, _ = decode_wandb_file(Path(path), 0)
+    return recs
+
+
+def decode_wandb_file(path: Path, start: int = 0) -> tuple[list[dict], int, int]:
+    """Records of a .wandb log from byte ``start`` (0, or an offset this function returned):
+    ``(records, end, corrupt)``, ``end`` being the offset after the last complete record (a
+    truncated last record of a live run is left for the next call). The CRC is not checked;
+    a record header that cannot be one (an unknown type, a length past its block) is corrupt:
+    counted, and the rest of the file is skipped (a log cannot be resynchronised reliably)."""
     from wandb.proto import wandb_internal_pb2 as pb
 
-    data = Path(path).read_bytes()
-    if data[:4] != b":W&B":
-        raise InputError("not a W&B record file (bad header)", path=path)
-    pos = 7
+    with open_input(path, field="--source") as fh:
+        fh.seek(start)
+        data = fh.read()
+    if start == 0:
+        if len(data) < 7:
+            return [], 0, 0
+        if data[:4] != b":W&B":
+            raise InputError("not a W&B record file (bad header)", path=path, field="--source")
+        pos = 7
+    else:
+        pos = 0
+    recs: list[dict] = []
+    bad = 0
     buf = b""
+    end = pos
     while pos + 7 <= len(data):
-        block_left = _BLOCK - (pos % _BLOCK)
-        if block_left < 7:
+        abs_pos = start + pos
+        block_left = _BLOCK - (abs_pos % _BLOCK)
+        if block_left < 7:  # zero padding at a block's end
             pos += block_left
+            if not buf:
+                end = pos
             continue
         _crc, length, typ = struct.unpack("<IHB", data[pos:pos + 7])
-        start = pos + 7
-        if start + length > len(data):
-            break
-        payload = data[start:start + length]
-        pos = start + length
-        if typ == 0 and length == 0:
-            pos += _BLOCK - (pos % _BLOCK) if pos % _BLOCK else 0
+        if typ == 0 and length == 0:  # a zero-filled block tail: skip to the next block
+            pos += block_left
+            if not buf:
+                end = pos
             continue
+        if typ not in (1, 2, 3, 4) or 7 + length > block_left:
+            bad += 1
+            break
+        body = pos + 7
+        if body + length > len(data):
+            break  # a record still being written
+        payload = data[body:body + length]
+        pos = body + length
         if typ == 1:
             buf = payload
         elif typ == 2:
@@ -591,36 +755,42 @@ def read_wandb_records(path: str | os.PathLike) -> Iterable[dict]:
         elif typ == 3:
             buf += payload
             continue
-        elif typ == 4:
-            buf += payload
         else:
-            continue
+            buf += payload
         rec = pb.Record()
         try:
             rec.ParseFromString(buf)
-        except Exception:  # noqa: BLE001 - a corrupt record: skip it, keep reading
+        except Exception:  # noqa: BLE001 - protobuf's DecodeError: a corrupt record, skipped
+            bad += 1
+            buf, end = b"", pos
             continue
-        which = rec.WhichOneof("record_type")
-        d: dict[str, Any] = {"num": rec.num, "type": which}
-        if which == "history":
-            item = {}
-            for it in rec.history.item:
-                key = it.key or "/".join(it.nested_key)
-                item[key] = _history_value(it)
-            d["history"] = {"item": item, "step": {"num": rec.history.step.num}}
-        elif which in ("run", "config"):
-            cfg_msg = rec.run.config if which == "run" else rec.config
-            upd = {}
-            for it in cfg_msg.update:
-                key = it.key or "/".join(it.nested_key)
-                try:
-                    upd[key] = json.loads(it.value_json)
-                except ValueError:
-                    upd[key] = it.value_json
-            d[which] = {"config": {"update": upd}} if which == "run" else {"update": upd}
-        else:
-            d[which] = MessageToDict(getattr(rec, which)) if which else {}
-        yield d
+        buf, end = b"", pos
+        recs.append(_record_dict(rec))
+    return recs, start + end, bad
+
+
+def _record_dict(rec) -> dict:
+    which = rec.WhichOneof("record_type")
+    d: dict[str, Any] = {"num": rec.num, "type": which}
+    if which == "history":
+        item = {}
+        for it in rec.history.item:
+            key = it.key or "/".join(it.nested_key)
+            item[key] = _history_value(it)
+        d["history"] = {"item": item, "step": {"num": rec.history.step.num}}
+    elif which in ("run", "config"):
+        cfg_msg = rec.run.config if which == "run" else rec.config
+        upd = {}
+        for it in cfg_msg.update:
+            key = it.key or "/".join(it.nested_key)
+            try:
+                upd[key] = json.loads(it.value_json)
+            except (ValueError, RecursionError):
+                upd[key] = it.value_json
+        d[which] = {"config": {"update": upd}} if which == "run" else {"update": upd}
+    elif which in ("exit",):
+        d[which] = {}
+    return d
 
 
 def _history_value(it) -> Any:
@@ -633,7 +803,7 @@ def _history_value(it) -> Any:
         return v
     try:
         return json.loads(it.value_json)
-    except ValueError:
+    except (ValueError, RecursionError):
         return it.value_json
 
 
@@ -669,6 +839,9 @@ class WandbApiSource:
     logged again by a later run replaces the earlier one downstream (last one wins)."""
 
     kind = "wandb-api"
+    # W&B's public API is rate-limited (per user and minute); a minute between polls is what a
+    # run logged every few minutes needs, and what a 100-day follow can afford
+    poll_seconds = 60.0
 
     def __init__(self, uri: str, *, api: Any = None, page_size: int = 1000):
         self.uri = WandbUri.parse(uri)
@@ -712,7 +885,28 @@ class WandbApiSource:
                                  field="--source", exit_code=69) from None
         return self.runs[run_id]
 
+    def finished(self) -> str | None:
+        """The lineage's newest run's state, when W&B says it ended."""
+        run = self.run(self.uri.run_ids[-1])
+        try:
+            if hasattr(run, "load"):  # refresh the run's state from the server
+                run.load(force=True)
+        except TypeError:
+            run.load()
+        state = getattr(run, "state", None)
+        return f"W&B run state {state}" if state in ("finished", "crashed", "failed",
+                                                      "killed") else None
+
     def poll(self) -> Poll:
+        try:
+            return self._poll()
+        except InputError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the API's errors (HTTP, timeouts) vary by version
+            raise InputError(f"W&B API error ({type(e).__name__}: {str(e)[:160]})",
+                             field="--source", exit_code=69) from None
+
+    def _poll(self) -> Poll:
         out = Poll()
         ids = self.uri.run_ids
         for k, rid in enumerate(ids):

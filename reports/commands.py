@@ -10,7 +10,8 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display: figures are rendered to PNG only
 
-from ladder.io import EX_CANTCREAT, EX_USAGE, InputError, atomic_write_bytes, atomic_write_text
+from ladder.io import (EX_CANTCREAT, EX_USAGE, InputError, atomic_write_bytes,
+                       atomic_write_text, check_writable, staged_dir)
 from reports import plots
 from reports.inputs import load_inputs
 from reports.page import render_html, render_summary
@@ -36,20 +37,21 @@ def build_report(out_dir: str | os.PathLike, runs=None, law=None, prereg=None, a
     if out.exists() and not out.is_dir():
         raise InputError("exists and is not a directory", path=out, field="--out",
                          exit_code=EX_CANTCREAT)
+    check_writable(out, field="--out", directory=True)
     inp = load_inputs(runs=runs, law=law, prereg=prereg, alerts=alerts, target_run=target_run)
     pngs: dict[str, bytes] = {}
     missing: dict[str, str] = {}
-    for key, func, why in FIGURES:
-        fig = func(inp)
-        if fig is None:
-            missing[key] = why
-            continue
-        pngs[key] = _png(fig)
-        atomic_write_bytes(out / f"{key}.png", pngs[key])
-    for key in missing:  # a stale PNG from an earlier report must not pass for this one
-        (out / f"{key}.png").unlink(missing_ok=True)
-    atomic_write_text(out / "summary.md", render_summary(inp, pngs))
-    return atomic_write_text(out / "index.html", render_html(inp, pngs, missing))
+    with staged_dir(out) as tmp:  # a killed report never leaves a folder mixing two runs
+        for key, func, why in FIGURES:
+            fig = func(inp)
+            if fig is None:
+                missing[key] = why
+                continue
+            pngs[key] = _png(fig)
+            atomic_write_bytes(tmp / f"{key}.png", pngs[key])
+        atomic_write_text(tmp / "summary.md", render_summary(inp, pngs))
+        atomic_write_text(tmp / "index.html", render_html(inp, pngs, missing))
+    return out / "index.html"
 
 
 def report_main(args) -> int:

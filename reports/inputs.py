@@ -451,8 +451,16 @@ def load_inputs(runs=None, law=None, prereg=None, alerts=None, target_run=None) 
 
     prereg_obj = None
     if prereg is not None:
-        prereg_obj = read_json(prereg, schema="prereg") if isinstance(prereg, (str, os.PathLike)) \
-            else dict(prereg)
+        if isinstance(prereg, (str, os.PathLike)):
+            from predict.prereg import verify_doc  # a tampered forecast is never drawn
+            prereg_obj = read_json(prereg, schema="prereg", field="--prereg")
+            v = verify_doc(prereg_obj, str(prereg))
+            if not v.ok:
+                raise InputError("fails verification (edited after it was written): "
+                                 + v.report().replace("\n", "; "), path=prereg,
+                                 field="sha256")
+        else:
+            prereg_obj = dict(prereg)
     else:
         notes.append("no pre-registration given (--prereg): no forecast band, no watch plot")
 

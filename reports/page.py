@@ -209,8 +209,11 @@ def _md_table(rows: list[dict]) -> str:
 
 def render_summary(inp: ReportInputs, pngs: dict[str, bytes]) -> str:
     lines, _ = verdict_lines(inp)
-    out = [f"# Scaling-ladder report{': ' + inp.target_name if inp.target_name else ''}", ""]
-    out += [f"- {x}" for x in lines] or ["- nothing to report: no artifacts given"]
+    # names come from files: inline HTML in Markdown is live in most viewers (issue 15: a
+    # target named <script> survived), so <, > and & are escaped
+    name = _md_text(inp.target_name) if inp.target_name else ""
+    out = [f"# Scaling-ladder report{': ' + name if name else ''}", ""]
+    out += [f"- {_md_text(x)}" for x in lines] or ["- nothing to report: no artifacts given"]
     fr = forecast_rows(inp)
     if fr:
         out += ["", f"## Forecast vs actual ({inp.metric})", "", _md_table(fr)]
@@ -221,5 +224,10 @@ def render_summary(inp: ReportInputs, pngs: dict[str, bytes]) -> str:
     if inp.law is not None and inp.law.error and inp.law.error not in notes:
         notes.append(inp.law.error)
     if notes:
-        out += ["", "Missing: " + "; ".join(notes) + "."]
+        out += ["", "Missing: " + _md_text("; ".join(notes)) + "."]
     return "\n".join(out) + "\n"
+
+
+def _md_text(text) -> str:
+    import html
+    return html.escape(str(text), quote=False)

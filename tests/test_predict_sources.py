@@ -282,6 +282,7 @@ def test_webhook_posts_json_to_a_local_server():
         sink = WebhookSink(f"http://127.0.0.1:{srv.server_port}/hook")
         sink.send(Alert("t", 7, 1e6, 0.5, "drop_frac", "warn", value=0.2, message="m"),
                   {"target": "hero", "prereg_sha256": "abc"})
+        assert sink.close(timeout=10)  # delivered from a background thread
     finally:
         srv.shutdown()
         srv.server_close()
@@ -292,9 +293,13 @@ def test_webhook_posts_json_to_a_local_server():
 
 
 def test_webhook_down_does_not_stop_the_watcher(capsys):
-    sink = WebhookSink("http://127.0.0.1:9/none", timeout=0.5)
+    sink = WebhookSink("http://127.0.0.1:9/secret-token", timeout=0.5, max_tries=2,
+                       backoff=0.01)
     sink.send(Alert("t", 1, None, None, "spike", "warn", message="m"), {})
-    assert "webhook" in capsys.readouterr().err
+    assert sink.close(timeout=10)
+    err = capsys.readouterr().err
+    assert "webhook" in err and "failed 2 times" in err
+    assert "secret-token" not in err  # the URL (often a secret) is never printed
 
 
 def test_alerts_jsonl_fields(tmp_path, prereg_path):

@@ -18,6 +18,7 @@ import pytest
 from conftest import chromium_dom
 from ladder.cli import main as cli_main
 from ladder.specs import get_ladder
+from predict.prereg import seal
 from reports.commands import build_report
 from reports.inputs import load_inputs
 from reports.page import render_html, render_summary
@@ -104,12 +105,12 @@ def _prereg(path: Path, hero) -> Path:
                    "lo": loss * (1 - BAND), "hi": loss * (1 + BAND)})
     s = hero.summary()
     fin = fc[-1]
-    path.write_text(json.dumps({
+    path.write_text(json.dumps(seal({
         "schema": "prereg/1", "metric": METRIC, "band_level": 0.9,
         "target": {"name": f"{hero.ladder}:{hero.name}", "params": s["params"],
                    "active_params": s["active_params"],
                    "tokens": hero.tokens, "steps": hero.steps, "compute": s["compute_no_lm_head"]},
-        "forecast": fc, "final": {"loss": fin["loss"], "lo": fin["lo"], "hi": fin["hi"]}}))
+        "forecast": fc, "final": {"loss": fin["loss"], "lo": fin["lo"], "hi": fin["hi"]}})))
     return path
 
 
@@ -205,10 +206,11 @@ def test_nothing_given(tmp_path):
 
 def test_forecast_interpolation_hand_computed(tmp_path):
     prereg = tmp_path / "p.json"
-    prereg.write_text(json.dumps({"schema": "prereg/1", "target": {"name": "x"}, "forecast": [
+    prereg.write_text(json.dumps(seal({"schema": "prereg/1", "target": {"name": "x"},
+                                       "forecast": [
         {"fraction": 0.0, "loss": 4.0, "lo": 3.0, "hi": 5.0},
         {"fraction": 0.5, "loss": 3.0, "lo": 2.0, "hi": 4.0},
-        {"fraction": 1.0, "loss": 2.0, "lo": 1.5, "hi": 2.5}]}))
+        {"fraction": 1.0, "loss": 2.0, "lo": 1.5, "hi": 2.5}]})))
     rows = forecast_rows(load_inputs(prereg=prereg))
     # linear interpolation: at 25% halfway between 4.0 and 3.0; at 75% between 3.0 and 2.0
     assert [r["forecast"] for r in rows] == ["3.500", "3.000", "2.500", "2.000"]
@@ -217,8 +219,8 @@ def test_forecast_interpolation_hand_computed(tmp_path):
 
 def test_not_applicable_spans_and_backtests(tmp_path):
     prereg = tmp_path / "p.json"
-    prereg.write_text(json.dumps({"schema": "prereg/1", "target": {"name": "x", "steps": 200},
-                                  "forecast": []}))
+    prereg.write_text(json.dumps(seal({"schema": "prereg/1",
+                                       "target": {"name": "x", "steps": 200}, "forecast": []})))
     alerts = tmp_path / "a.jsonl"
     alerts.write_text("\n".join(json.dumps(a) for a in [
         {"step": 50, "kind": "not_applicable", "severity": "warn"},      # fraction from step

@@ -1,0 +1,151 @@
+"""Judging a long run's metrics.jsonl at once: a 1,000,000-line file with the keys a real MoE run
+logs (~40 per line, ~1 KB: per-group parameter norms, per-layer expert load, throughput), as a
+watcher started (or restarted without state) late in a 100-day run meets it (issue 14 item 3).
+
+Side by side in one process, on one file: the watcher's previous defaults (slices of 200,000
+rows, ujson's exact float conversion) and the current ones (slices of 20,000 rows, its fast
+conversion; see ``JsonlSource``); both must give the same verdict, points, evals and alerts.
+Each path runs in its own fresh process, so its peak memory (growth of max RSS during the
+watch) is its own; CPU seconds are given beside wall seconds because the machine is shared (the
+load average is printed with the figures). The machine is shared: the
+load average is printed with the figures.
+
+    /work/main/.venv/bin/python bench/watch_follow_speed.py [--lines 1000000] [--keep FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from predict import forecast as fc  # noqa: E402
+from predict import synthetic as sy  # noqa: E402
+from predict.commands import make_prereg  # noqa: E402
+
+METRIC = "eval_dropless/loss"
+GROUPS = ("embed", "attn_q", "attn_kv", "attn_o", "router", "router_bias", "experts_up",
+          "experts_down", "shared_up", "shared_down", "norm", "lm_head")
+
+
+def write_metrics(path: Path, lines: int, truth, target, seed: int = 0) -> int:
+    """A realistic metrics.jsonl (DESIGN.md keys, float noise in every value); its size."""
+    rng = np.random.default_rng(seed)
+    g = np.arange(1, lines + 1) / lines
+    curve = truth.loss(target.compute, g)
+    tl = curve + rng.normal(0, 0.02, lines)
+    gn = 0.3 * np.exp(rng.normal(0, 0.1, lines))
+    noise = rng.normal(0, 1, (lines, 8))
+    tps = target.tokens / lines
+    every = max(1, lines // 100)
+    def r6(x):  # as a trainer logs them: float32 values, ~6 significant digits
+        return float(f"{x:.6g}")
+
+    with open(path, "w") as fh:
+        for i in range(lines):
+            s = i + 1
+            z = noise[i]
+            r = {"step": s, "tokens": s * tps, "progress": r6(s / lines),
+                 "time": round(1.7e9 + s * 0.5, 1), "train/loss": r6(tl[i]),
+                 "train/ce": r6(tl[i] - 1e-4), "train/z_loss": r6(1e-4 * (1 + 0.01 * z[0])),
+                 "optim/lr": r6(3e-4 * (1 - 0.95 * g[i])), "grad/norm": r6(gn[i])}
+            for k, grp in enumerate(GROUPS):
+                r[f"params/norm/{grp}"] = r6(10.0 + k + 0.01 * z[k % 8])
+            r.update({"moe/drop_frac": r6(0.03 + 0.001 * z[1]),
+                      "moe/load_max_over_mean": r6(1.4 + 0.02 * z[2]),
+                      "moe/router_entropy": r6(5.1 + 0.01 * z[3])})
+            for layer in range(8):
+                r[f"moe/layer_{layer}/load_max_over_mean"] = r6(1.4 + 0.01 * z[(layer + 4) % 8])
+            r.update({"throughput/tokens_per_s": r6(1.2e6 * (1 + 0.01 * z[5])),
+                      "throughput/mfu": r6(0.41 + 0.001 * z[6]), "flops": r6(6.1e18 * s)})
+            if s % every == 0:
+                r[METRIC] = r6(curve[i] + 0.004 * z[7])
+                r["eval/loss"] = r6(r[METRIC] + 0.01)
+                r["eval/bpb"] = r6(r[METRIC] / 0.69)
+            fh.write(json.dumps(r) + "\n")
+    return path.stat().st_size
+
+
+def _maxrss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def judge(doc, path: Path, fast: bool):
+    """In a fresh process (so each path's peak memory is its own): wall and CPU seconds, the
+    growth of max RSS over the process's state before the watch, and the verdict."""
+    from predict.live import Watcher
+    from predict.sources import JsonlSource
+    src = JsonlSource(path)
+    if not fast:  # the previous defaults
+        src.max_rows, src.exact_floats = 200_000, True
+    src.parallel_min_bytes = 1 << 62  # the one-process path: what a 2-core machine runs
+    rss0 = _maxrss_mb()
+    t0, c0 = time.perf_counter(), time.process_time()
+    w = Watcher(doc, src, [], None)
+    w.poll()
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    verdict = (w.exit_code, w.state["n_points"], w.state["n_evals"],
+               sorted((a.kind, a.severity, a.step) for a in w.all_alerts if a.kind != "input"))
+    return dt, cpu, _maxrss_mb() - rss0, verdict
+
+
+def judge_apart(doc, path: Path, fast: bool):
+    import concurrent.futures as cf
+    import multiprocessing as mp
+    with cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as ex:
+        return ex.submit(judge, doc, path, fast).result()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lines", type=int, default=1_000_000)
+    ap.add_argument("--keep", default=None, help="write (or reuse) the metrics file here")
+    args = ap.parse_args(argv)
+    truth = sy.Truth()
+    base = sy.ladder_targets(8, ratio=2.5, steps0=80)[7]
+    target = fc.Target(name="big", params=base.params, active_params=base.active_params,
+                       tokens=base.tokens / base.steps * args.lines, steps=args.lines,
+                       compute=base.compute / base.steps * args.lines, seq_len=base.seq_len)
+    doc = make_prereg(sy.TruthLaw(truth, run_sigma=0.005), target, eval_noise=0.004)
+    tmp = None
+    if args.keep:
+        path = Path(args.keep)
+    else:
+        tmp = tempfile.mkdtemp()
+        path = Path(tmp) / "metrics.jsonl"
+    t0 = time.perf_counter()
+    if not path.exists():
+        write_metrics(path, args.lines, truth, target)
+    size = path.stat().st_size
+    print(f"{args.lines:,} lines, {size / 1e6:.0f} MB ({size / args.lines:.0f} B/line), written "
+          f"in {time.perf_counter() - t0:.0f} s; {os.cpu_count()} cores, load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    res = {}
+    for name, fast in (("old: 200k-row slices, exact", False),
+                       ("new: 20k-row slices, fast floats", True)):
+        dt, cpu, mem, verdict = judge_apart(doc, path, fast)
+        res[fast] = (dt, cpu, mem, verdict)
+        print(f"  {name:<34} {dt:6.2f} s wall, {cpu:6.2f} s CPU, peak +{mem:5.0f} MB; "
+              f"exit {verdict[0]}, {verdict[1]:,} points, {verdict[2]} evals, "
+              f"{len(verdict[3])} alerts; load {os.getloadavg()[0]:.2f}")
+    same = res[False][3] == res[True][3]
+    print(f"  new/old: wall {res[True][0] / res[False][0]:.2f}, CPU "
+          f"{res[True][1] / res[False][1]:.2f}, memory {res[True][2] / max(res[False][2], 1):.2f}"
+          f"; same verdict, points, evals and alerts: {same}")
+    if tmp:
+        path.unlink()
+        os.rmdir(tmp)
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
