@@ -351,7 +351,14 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as e:
         print(f"ladder {args.command}: {e}", file=sys.stderr)
         return e.exit_code
-    except OSError as e:  # an OS error no input check foresaw: still one line, naming the file
+    except BrokenPipeError:
+        # the reader went away (`ladder list | head`): no traceback, and no second error when
+        # Python flushes stdout at exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + 13  # as if killed by SIGPIPE, like other command-line tools
+    except OSError as e:  # (BrokenPipeError, a subclass, is caught above)
+        # an OS error no input check foresaw: still one line, naming the file
         where = f"{e.filename}: " if getattr(e, "filename", None) else ""
         print(f"ladder {args.command}: {where}{(e.strerror or str(e)).lower()}",
               file=sys.stderr)
@@ -359,12 +366,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"ladder {args.command}: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        # the reader went away (`ladder list | head`): no traceback, and no second error when
-        # Python flushes stdout at exit
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 128 + 13  # as if killed by SIGPIPE, like other command-line tools
 
 
 if __name__ == "__main__":
