@@ -122,6 +122,56 @@ def attention_mask(seq_len: int, window: int | None) -> jax.Array:
     return mask
 
 
+def segment_mask(segment_ids: jax.Array) -> jax.Array:
+    """segment_ids [B, S] int32 -> [B, 1, S, T] bool: query s may read key t only within its own
+    segment (packed documents do not see each other)."""
+    return (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
+
+
+def attention_implementation(dtype, head_dim: int) -> str:
+    """"cudnn" (flash attention: no S x T scores in memory) on GPU for the shapes it takes
+    (bf16/fp16, head dim a multiple of 8 up to 128, per jax.nn.dot_product_attention's cuDNN
+    path), else "xla" (a masked softmax over the full S x T scores)."""
+    ok = jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and head_dim % 8 == 0 and head_dim <= 128
+    return "cudnn" if ok and jax.default_backend() == "gpu" else "xla"
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, window: int | None,
+           segment_ids: jax.Array | None = None) -> jax.Array:
+    """Causal attention through ``jax.nn.dot_product_attention``: q [B, S, H, Hd], k and v
+    [B, T, K, Hd] with H a multiple of K (head h reads KV head h // (H / K)) -> [B, S, H, Hd].
+
+    ``window``: each query sees the last ``window`` keys, itself included (None: all earlier
+    keys). ``segment_ids`` [B, S] int32: a query reads keys of its own segment only (None: one
+    segment). The softmax runs in float32 whatever the input dtype (jax's XLA and cuDNN paths
+    both do). Segments go in as a [B, 1, S, T] boolean mask, shared by all heads and layers.
+    """
+    mask = None if segment_ids is None else segment_mask(segment_ids)
+    # jax's window (left, right) lets query s read keys s - left ... s + right
+    local = None if window is None else (window - 1, 0)
+    return jax.nn.dot_product_attention(
+        q, k, v, mask=mask, is_causal=True, local_window_size=local,
+        implementation=attention_implementation(q.dtype, q.shape[-1]))
+
+
+def attend_reference(q: jax.Array, k: jax.Array, v: jax.Array, window: int | None,
+                     segment_ids: jax.Array | None = None) -> jax.Array:
+    """Slow, obviously correct twin of :func:`attend` (the dense path the model used before):
+    full [B, K, G, S, T] float32 scores, masked, softmaxed. For tests."""
+    B, S, H, Hd = q.shape
+    K = k.shape[2]
+    G = H // K
+    q = q.reshape(B, S, K, G, Hd)               # [B,S,H,Hd] -> [B,S,K,G,Hd]; head h = k*G + g
+    scores = jnp.einsum("bskgx,btkx->bkgst", q, k).astype(jnp.float32) / math.sqrt(Hd)
+    mask = attention_mask(S, window)[None, None, None]           # [1, 1, 1, S, T]
+    if segment_ids is not None:
+        mask = mask & segment_mask(segment_ids)[:, :, None]      # [B, 1, 1, S, T]
+    scores = jnp.where(mask, scores, -jnp.inf)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)      # every row sees itself: no NaN
+    out = jnp.einsum("bkgst,btkx->bskgx", probs, v)              # [B, S, K, G, Hd]
+    return out.reshape(B, S, H, Hd)                              # [B,S,K,G,Hd] -> [B,S,H,Hd]
+
+
 def output_init(cfg: ModelConfig):
     """Init of projections that write into the residual stream: std / sqrt(2 n_layers), so the
     residual variance does not grow with depth (GPT-2's scaling of residual projections,
@@ -133,18 +183,18 @@ class Attention(nn.Module):
     """Causal self-attention: QK-norm, partial RoPE, grouped KV heads, optional sliding window.
 
     Layer ``layer`` is global (full causal) when ``cfg.is_global(layer)``, else local: each query
-    sees the last ``cfg.local_window`` positions, itself included.
+    sees the last ``cfg.local_window`` positions, itself included. x [B, S, D] in the compute
+    dtype (the weights arrive already cast, see model.transformer), segment_ids [B, S] or None.
     """
 
     cfg: ModelConfig
     layer: int
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
         cfg = self.cfg
         B, S, D = x.shape
         H, K, Hd = cfg.n_heads, cfg.n_kv_heads(self.layer), cfg.head_dim
-        G = H // K
         init = normal(cfg.init_std)
         wq = self.param("q", init, (D, H, Hd), jnp.float32)
         wk = self.param("k", init, (D, K, Hd), jnp.float32)
@@ -160,12 +210,6 @@ class Attention(nn.Module):
         q = rope(q, positions, cfg.rope_dim, cfg.rope_theta)
         k = rope(k, positions, cfg.rope_dim, cfg.rope_theta)
 
-        q = q.reshape(B, S, K, G, Hd)               # [B,S,H,Hd] -> [B,S,K,G,Hd]; head h = k*G + g
-        scores = jnp.einsum("bskgx,btkx->bkgst", q, k) / math.sqrt(Hd)   # [B, K, G, S, T]
         window = None if cfg.is_global(self.layer) else cfg.local_window
-        mask = attention_mask(S, window)                           # [S, T]
-        scores = jnp.where(mask, scores.astype(jnp.float32), -jnp.inf)
-        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)    # every row sees itself: no NaN
-        out = jnp.einsum("bkgst,btkx->bskgx", probs, v)            # [B, S, K, G, Hd]
-        out = out.reshape(B, S, H, Hd)                             # [B,S,K,G,Hd] -> [B,S,H,Hd]
+        out = attend(q, k, v, window, segment_ids)                 # [B, S, H, Hd]
         return jnp.einsum("bshx,hxd->bsd", out, wo)                # [B, S, D]
