@@ -63,6 +63,7 @@ class ModelConfig:
     precision: str = "auto"        # auto | bf16 | f32; "auto": f32 on CPU, bf16 on accelerators
     remat: str = "none"            # none | dots | full: what each layer saves for the backward
     loss_chunk: int = 512          # LM head + cross-entropy over chunks of this many positions
+    attention_chunk: int = 512     # query block of attention without flash (XLA: CPU, TPU)
 
     def __post_init__(self):
         def positive(name):
@@ -71,7 +72,7 @@ class ModelConfig:
 
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "head_dim", "n_kv_heads_local",
                      "n_kv_heads_global", "global_every", "local_window", "n_experts", "top_k",
-                     "expert_dim", "latent_dim", "loss_chunk"):
+                     "expert_dim", "latent_dim", "loss_chunk", "attention_chunk"):
             positive(name)
         if not isinstance(self.n_shared, int) or self.n_shared < 0:
             raise ValueError(f"n_shared: must be an integer >= 0, got {self.n_shared!r}")
