@@ -138,3 +138,47 @@ def test_trainer_shardings_and_decay_mask_on_stacked_layout():
     assert float(jnp.abs(flat_u[("layer_8", "moe_norm", "scale")]).max()) == 0
     assert float(jnp.abs(flat_u[("groups", "block_0", "attn", "q")]).max()) > 0
     assert float(jnp.abs(flat_u[("layer_8", "attn", "q")]).max()) > 0
+
+
+SHARDED = """
+import jax, jax.numpy as jnp, numpy as np
+from functools import partial
+from jax.sharding import NamedSharding, PartitionSpec as P
+from flax.traverse_util import flatten_dict
+import model
+from ladder.train import TrainConfig, make_mesh, make_optimizer, state_shardings
+from model.config import ModelConfig
+assert jax.device_count() == 8
+cfg = ModelConfig(vocab_size=32, d_model=16, n_layers=5, n_heads=2, head_dim=8,
+                  n_kv_heads_local=2, n_kv_heads_global=1, local_window=4, n_experts=8, top_k=2,
+                  expert_dim=8, latent_dim=8, shared_dim=8, precision="f32")
+params, bias = model.init(cfg, 0)
+tokens = jax.random.randint(jax.random.key(1), (4, 16), 0, cfg.vocab_size)
+step = jax.jit(jax.value_and_grad(partial(model.loss_fn, cfg), has_aux=True))
+(loss1, _), grads1 = step(params, bias, tokens, tokens)
+mesh = make_mesh(8, 4, cfg.n_experts, 4)
+shard = state_shardings(cfg, make_optimizer(TrainConfig()), mesh)
+with jax.set_mesh(mesh):
+    p8 = jax.device_put(params, shard["params"])
+    toks = jax.device_put(tokens, NamedSharding(mesh, P("data")))
+    (loss8, _), grads8 = step(p8, bias, toks, toks)
+np.testing.assert_allclose(loss8, loss1, rtol=1e-5)
+for a, b in zip(jax.tree.leaves(grads8), jax.tree.leaves(grads1), strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+g = flatten_dict(grads8)[("groups", "block_0", "moe", "experts", "gate")]
+assert g.shape == (1, 8, 8, 8) and g.sharding.spec == P(None, "expert"), g.sharding
+print("ok")
+"""
+
+
+@pytest.mark.slow
+def test_stacked_layout_on_a_data_expert_mesh_matches_one_device():
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+           "JAX_PLATFORMS": "cpu"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", SHARDED], cwd=root, env=env, capture_output=True,
+                         text=True, timeout=600, check=False)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
