@@ -16,6 +16,17 @@ they existed: ``PYTHONPATH=/path/to/old/checkout``), in which case it measures t
 (float32, no remat) configuration, which makes the before/after comparison one command each.
 Figures are per compiled program on this backend (CPU here): on GPU, cuDNN's flash attention
 does not keep the S x S scores that the XLA attention on CPU does.
+
+Measured here (2-core shared CPU, jax 0.10.2, 1.6B-A61M, one 4096-token sequence, temporaries):
+before this path (commit 648f2df: f32, unrolled, dense S x S attention, whole [S, V] logits)
+19.05 GB. After: f32 remat none / dots / full 10.64 / 6.57 / 5.79 GB; bf16 16.29 / 6.42 /
+5.76 GB (XLA:CPU has no bf16 dot and computes bf16 matmuls via float32 copies, so bf16 buys
+nothing here; it is the GPU that halves activations). Of the 5.79 GB at remat=full, one MoE
+layer's fwd+bwd (its dispatch buffers included) is 0.55 GB; ~2.7 GB are one scanned group's
+routed-expert weight gradients (4 layers x 3 x [384, 384, 384] float32, parameter-sized, not
+token-sized) and ~1.2 GB the LM head's chunk (its [768, V] gradient and [512, V] logits).
+Lower + compile of the whole fwd+bwd, 8 -> 24 layers: 23 s -> 61 s before, 27 s -> 31 s after
+(f32, remat none; timings on a loaded machine, so only their ratio means something).
 """
 
 from __future__ import annotations
