@@ -181,7 +181,8 @@ def adamw(settings: OptimizerSettings):
     import optax
 
     def decay_mask(params):
-        return jax.tree.map(lambda x: x.ndim >= 2, params)
+        return jax.tree_util.tree_map_with_path(
+            lambda path, x: _is_matrix(_path_names(path), x), params)
 
     parts = [optax.clip_by_global_norm(settings.clip)] if settings.clip else []
     parts += [optax.scale_by_adam(b1=settings.beta1, b2=settings.beta2, eps=settings.eps),
@@ -248,8 +249,16 @@ def _adam_matrix_mask(params):
     import jax
 
     return jax.tree_util.tree_map_with_path(
-        lambda path, x: x.ndim >= 2 and marin_group(_path_names(path), x.shape).kind == "adam",
-        params)
+        lambda path, x: _is_matrix(_path_names(path), x)
+        and marin_group(_path_names(path), x.shape).kind == "adam", params)
+
+
+def _is_matrix(names: tuple[str, ...], x) -> bool:
+    """A matrix once the scanned layers' stack axis is set aside (a [G, D] stack of norm scales
+    is G vectors, not a matrix: it gets no weight decay)."""
+    from model.transformer import stacked_axes
+
+    return x.ndim - stacked_axes(names) >= 2
 
 
 def _matrix_axes(x, dims) -> tuple[int, ...]:

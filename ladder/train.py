@@ -255,6 +255,12 @@ def resolve_rung(rung: Rung, cfg: TrainConfig, corpus_vocab: int | None = None) 
                          exit_code=EX_USAGE) from None
     except TypeError as e:
         raise InputError(str(e), field="model", exit_code=EX_USAGE) from None
+    if model.precision == "auto":
+        # config.json records what ran: f32 on CPU, bf16 on accelerators
+        import jax
+
+        from model.config import resolve_precision
+        model = model.replace(precision=resolve_precision("auto", jax.default_backend()))
     kw = {"model": model}
     if cfg.lr is not None:
         kw["peak_lr"] = float(cfg.lr)
@@ -405,20 +411,27 @@ def make_mesh(n_devices: int | None, expert_parallel: int | None, n_experts: int
 
 
 def _param_shardings(params, groups, mesh, n_experts: int):
-    """Routed-expert weights split on their leading E axis over "expert"; the rest replicated."""
+    """Routed-expert weights split on their E axis over "expert"; the rest replicated. The E axis
+    is leading in unrolled layers ([E, L, F]) and second under the scanned groups
+    ([n_groups, E, L, F]; model.transformer.expert_axis)."""
     import jax
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
+    from model.transformer import expert_axis
+
     routed = {id(x) for x in groups["routed_experts"]}
 
-    def spec(x):
+    def spec(path, x):
         if id(x) in routed:
-            if x.shape[0] != n_experts:
-                raise ValueError(f"routed expert weight of shape {x.shape} has no leading E axis")
-            return NamedSharding(mesh, P("expert"))
+            names = tuple(k.key for k in path)
+            axis = expert_axis(names)
+            if x.shape[axis] != n_experts:
+                raise ValueError(f"routed expert weight {'/'.join(names)} of shape {x.shape} has "
+                                 f"no E axis at {axis}")
+            return NamedSharding(mesh, P(*([None] * axis), "expert"))
         return NamedSharding(mesh, P())
-    return jax.tree.map(spec, params)
+    return jax.tree_util.tree_map_with_path(spec, params)
 
 
 def make_optimizer(settings: OptimizerSettings):

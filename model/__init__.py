@@ -1,8 +1,9 @@
 """Flax MoE decoder in the shape of Marin's hero recipe, behind a small functional API.
 
     init(cfg, seed) -> (params, router_bias)
-    apply(cfg, params, router_bias, tokens, *, dropless=False) -> (logits, aux)
-    loss_fn(cfg, params, router_bias, tokens, targets, *, dropless=False) -> (loss, stats)
+    apply(cfg, params, router_bias, tokens, *, dropless=False, segment_ids=None) -> (logits, aux)
+    loss_fn(cfg, params, router_bias, tokens, targets, *, dropless=False, segment_ids=None)
+        -> (loss, stats)
     update_router_bias(cfg, router_bias, stats) -> router_bias
     param_groups(params) -> {group: [leaf, ...]}
 
@@ -11,15 +12,22 @@ Importing ``model`` alone imports only the config (no JAX); the functions load J
 Files: config.py (ModelConfig), layers.py (RMSNorm, RoPE, attention, init boxes), moe.py (router,
 dispatch, experts, bias rules, reference MoE), transformer.py (decoder, API, losses, groups).
 
-Sharding: routed-expert weights carry a leading E axis; under a ``jax.sharding.Mesh`` with "Auto"
-axes ("data", "expert"), jit/GSPMD runs the model unchanged (tests/test_model_sharding.py). Meshes
+Compute path (model/transformer.py): ``cfg.precision`` bf16 (accelerators) or f32 (CPU, and
+wherever exactness is tested) with float32 master weights; attention through
+jax.nn.dot_product_attention (cuDNN flash on GPU; query blocks of ``cfg.attention_chunk`` on XLA
+elsewhere); whole repeats of the local/global layer pattern under nn.scan with ``cfg.remat``;
+the LM head and cross-entropy over chunks of ``cfg.loss_chunk`` positions (no [B, S, V] logits
+in loss_fn). ``segment_ids`` [B, S] keep packed documents from attending to each other.
+
+Sharding: routed-expert weights carry an E axis (leading in unrolled layers, after the group axis
+under scan: model.transformer.expert_axis); under a ``jax.sharding.Mesh`` with "Auto" axes
+("data", "expert"), jit/GSPMD runs the model unchanged (tests/test_model_sharding.py). Meshes
 with "Explicit" axes (jax.make_mesh's default in jax 0.10) are not supported: the embedding
 gather would need out_sharding annotations.
 
 Left out of the real recipe (little effect on scaling behaviour, per issue #2): short
-convolutions, gated norms, attention head gates. Also: computation is float32 throughout (no bf16
-path), attention is a dense masked softmax (no flash/splash kernel, so memory is O(S^2) per head),
-and there is no hand-written expert-parallel all-to-all (GSPMD partitions the dispatch).
+convolutions, gated norms, attention head gates. Also: no TPU splash kernel (TPUs take the
+blocked XLA attention).
 """
 
 from model.config import ModelConfig

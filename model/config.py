@@ -12,6 +12,16 @@ from dataclasses import dataclass
 
 COMBINE_RULES = ("sigmoid", "softmax")
 BIAS_RULES = ("threshold", "quantile", "sign", "none")
+PRECISIONS = ("auto", "bf16", "f32")
+REMATS = ("none", "dots", "full")
+
+
+def resolve_precision(precision: str, backend: str) -> str:
+    """"auto" -> "f32" on CPU (exact, and CPUs have no fast bf16 matmul) and "bf16" on
+    accelerators (GPU/TPU); a concrete value is returned unchanged."""
+    if precision != "auto":
+        return precision
+    return "f32" if backend == "cpu" else "bf16"
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,11 @@ class ModelConfig:
     z_loss: float = 1e-4           # logit z-loss weight (real recipe: 1e-4)
     norm_eps: float = 1e-6
     init_std: float = 0.02
+    # How to compute (not what): the same parameters and, up to rounding, the same function.
+    precision: str = "auto"        # auto | bf16 | f32; "auto": f32 on CPU, bf16 on accelerators
+    remat: str = "none"            # none | dots | full: what each layer saves for the backward
+    loss_chunk: int = 512          # LM head + cross-entropy over chunks of this many positions
+    attention_chunk: int = 512     # query block of attention without flash (XLA: CPU, TPU)
 
     def __post_init__(self):
         def positive(name):
@@ -57,7 +72,7 @@ class ModelConfig:
 
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "head_dim", "n_kv_heads_local",
                      "n_kv_heads_global", "global_every", "local_window", "n_experts", "top_k",
-                     "expert_dim", "latent_dim"):
+                     "expert_dim", "latent_dim", "loss_chunk", "attention_chunk"):
             positive(name)
         if not isinstance(self.n_shared, int) or self.n_shared < 0:
             raise ValueError(f"n_shared: must be an integer >= 0, got {self.n_shared!r}")
@@ -82,6 +97,10 @@ class ModelConfig:
             raise ValueError(f"combine: must be one of {COMBINE_RULES}, got {self.combine!r}")
         if self.bias_rule not in BIAS_RULES:
             raise ValueError(f"bias_rule: must be one of {BIAS_RULES}, got {self.bias_rule!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision: must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.remat not in REMATS:
+            raise ValueError(f"remat: must be one of {REMATS}, got {self.remat!r}")
         for name in ("route_scale", "bias_rate", "z_loss", "norm_eps", "init_std", "rope_theta"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
@@ -105,6 +124,17 @@ class ModelConfig:
 
     def n_kv_heads(self, layer: int) -> int:
         return self.n_kv_heads_global if self.is_global(layer) else self.n_kv_heads_local
+
+    @property
+    def n_groups(self) -> int:
+        """Repeats of the [local] * (global_every - 1) + [global] pattern that run under one
+        scan: layers 0 .. n_groups * global_every - 1. The rest (n_layers % global_every layers,
+        the last of them global) run unrolled after it."""
+        return self.n_layers // self.global_every
+
+    @property
+    def scanned_layers(self) -> int:
+        return self.n_groups * self.global_every
 
     # ----------------------------------------------------------------- JSON
     def to_dict(self) -> dict:

@@ -122,6 +122,109 @@ def attention_mask(seq_len: int, window: int | None) -> jax.Array:
     return mask
 
 
+def segment_mask(segment_ids: jax.Array) -> jax.Array:
+    """segment_ids [B, S] int32 -> [B, 1, S, T] bool: query s may read key t only within its own
+    segment (packed documents do not see each other)."""
+    return (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
+
+
+def attention_implementation(dtype, head_dim: int) -> str:
+    """"cudnn" (flash attention: no S x T scores in memory) on GPU for the shapes it takes
+    (bf16/fp16, head dim a multiple of 8 up to 128, per jax.nn.dot_product_attention's cuDNN
+    path), else "xla" (a masked softmax over the full S x T scores)."""
+    ok = jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and head_dim % 8 == 0 and head_dim <= 128
+    return "cudnn" if ok and jax.default_backend() == "gpu" else "xla"
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, window: int | None,
+           segment_ids: jax.Array | None = None, chunk: int | None = None) -> jax.Array:
+    """Causal attention through ``jax.nn.dot_product_attention``: q [B, S, H, Hd], k and v
+    [B, T, K, Hd] with H a multiple of K (head h reads KV head h // (H / K)) -> [B, S, H, Hd].
+
+    ``window``: each query sees the last ``window`` keys, itself included (None: all earlier
+    keys). ``segment_ids`` [B, S] int32: a query reads keys of its own segment only (None: one
+    segment). The softmax runs in float32 whatever the input dtype (jax's XLA and cuDNN paths
+    both do). Segments go in as a boolean mask, shared by all heads.
+
+    On GPU (cuDNN flash attention) the call is whole: no S x T scores exist. Elsewhere XLA's
+    attention builds the [B, H, S, T] scores, so with ``chunk`` < S the queries go in blocks of
+    ``chunk`` (:func:`attend_chunked`), each block's scores recomputed in the backward pass.
+    """
+    impl = attention_implementation(q.dtype, q.shape[-1])
+    if impl == "xla" and chunk is not None and q.shape[1] > chunk:
+        return attend_chunked(q, k, v, window, segment_ids, chunk)
+    mask = None if segment_ids is None else segment_mask(segment_ids)
+    # jax's window (left, right) lets query s read keys s - left ... s + right
+    local = None if window is None else (window - 1, 0)
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True,
+                                        local_window_size=local, implementation=impl)
+
+
+def attend_chunked(q: jax.Array, k: jax.Array, v: jax.Array, window: int | None,
+                   segment_ids: jax.Array | None, chunk: int) -> jax.Array:
+    """:func:`attend` over blocks of ``chunk`` queries (XLA path), under jax.checkpoint: at most
+    one block's [B, H, chunk, span] float32 scores exist, forward or backward. A global layer's
+    block reads all S keys (span = S, masked causally); a local layer's reads only the
+    ``window - 1`` keys before the block and the block (span = window - 1 + chunk), so local
+    layers also cost O(S x (window + chunk)) instead of O(S^2).
+    Shapes as in :func:`attend`; S is padded to whole blocks, the padded queries dropped."""
+    B, S, H, Hd = q.shape
+    n = -(-S // chunk)
+    pad = n * chunk - S
+    dtype = q.dtype
+    front = 0 if window is None else window - 1        # keys before the first block
+    span = S if window is None else front + chunk
+    # keys/values in float32 (K heads: small): their gradient sums over blocks in float32
+    kp = jnp.pad(k.astype(jnp.float32), ((0, 0), (front, pad), (0, 0), (0, 0)))
+    vp = jnp.pad(v.astype(jnp.float32), ((0, 0), (front, pad), (0, 0), (0, 0)))
+    qp = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0)))
+    if segment_ids is not None:
+        seg_q = jnp.pad(segment_ids, ((0, 0), (0, pad)), constant_values=-1)
+        seg_k = jnp.pad(segment_ids, ((0, 0), (front, pad)), constant_values=-1)
+
+    @jax.checkpoint
+    def block(i):
+        start = i * chunk
+        qb = jax.lax.dynamic_slice_in_dim(qp, start, chunk, axis=1)        # [B, c, H, Hd]
+        # global: keys 0..S-1 (the slice start is 0); local: keys start - front ... start + c - 1
+        kstart = start if window is not None else 0
+        kb = jax.lax.dynamic_slice_in_dim(kp, kstart, span, axis=1).astype(dtype)  # [B, span,
+        vb = jax.lax.dynamic_slice_in_dim(vp, kstart, span, axis=1).astype(dtype)  #  K, Hd]
+        qpos = start + jnp.arange(chunk)                                  # [c] absolute
+        kpos = kstart - front + jnp.arange(span)                          # [span] absolute
+        mask = (kpos[None, :] <= qpos[:, None]) & (kpos[None, :] >= 0)   # [c, span]
+        if window is not None:
+            mask = mask & (qpos[:, None] - kpos[None, :] < window)
+        mask = mask[None, None]                                           # [1, 1, c, span]
+        if segment_ids is not None:
+            sq = jax.lax.dynamic_slice_in_dim(seg_q, start, chunk, axis=1)   # [B, c]
+            sk = jax.lax.dynamic_slice_in_dim(seg_k, kstart, span, axis=1)   # [B, span]
+            mask = mask & (sq[:, :, None] == sk[:, None, :])[:, None]       # [B, 1, c, span]
+        return jax.nn.dot_product_attention(qb, kb, vb, mask=mask, implementation="xla")
+
+    out = jax.lax.map(block, jnp.arange(n))                               # [n, B, c, H, Hd]
+    out = jnp.moveaxis(out, 0, 1).reshape(B, n * chunk, H, Hd)            # -> [B, n*c, H, Hd]
+    return out[:, :S]
+
+
+def attend_reference(q: jax.Array, k: jax.Array, v: jax.Array, window: int | None,
+                     segment_ids: jax.Array | None = None) -> jax.Array:
+    """Slow, obviously correct twin of :func:`attend` (the dense path the model used before):
+    full [B, K, G, S, T] float32 scores, masked, softmaxed. For tests."""
+    B, S, H, Hd = q.shape
+    K = k.shape[2]
+    G = H // K
+    q = q.reshape(B, S, K, G, Hd)               # [B,S,H,Hd] -> [B,S,K,G,Hd]; head h = k*G + g
+    scores = jnp.einsum("bskgx,btkx->bkgst", q, k).astype(jnp.float32) / math.sqrt(Hd)
+    mask = attention_mask(S, window)[None, None, None]           # [1, 1, 1, S, T]
+    if segment_ids is not None:
+        mask = mask & segment_mask(segment_ids)[:, :, None]      # [B, 1, 1, S, T]
+    scores = jnp.where(mask, scores, -jnp.inf)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)      # every row sees itself: no NaN
+    out = jnp.einsum("bkgst,btkx->bskgx", probs, v)              # [B, S, K, G, Hd]
+    return out.reshape(B, S, H, Hd)                              # [B,S,K,G,Hd] -> [B,S,H,Hd]
+
+
 def output_init(cfg: ModelConfig):
     """Init of projections that write into the residual stream: std / sqrt(2 n_layers), so the
     residual variance does not grow with depth (GPT-2's scaling of residual projections,
@@ -133,18 +236,18 @@ class Attention(nn.Module):
     """Causal self-attention: QK-norm, partial RoPE, grouped KV heads, optional sliding window.
 
     Layer ``layer`` is global (full causal) when ``cfg.is_global(layer)``, else local: each query
-    sees the last ``cfg.local_window`` positions, itself included.
+    sees the last ``cfg.local_window`` positions, itself included. x [B, S, D] in the compute
+    dtype (the weights arrive already cast, see model.transformer), segment_ids [B, S] or None.
     """
 
     cfg: ModelConfig
     layer: int
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
         cfg = self.cfg
         B, S, D = x.shape
         H, K, Hd = cfg.n_heads, cfg.n_kv_heads(self.layer), cfg.head_dim
-        G = H // K
         init = normal(cfg.init_std)
         wq = self.param("q", init, (D, H, Hd), jnp.float32)
         wk = self.param("k", init, (D, K, Hd), jnp.float32)
@@ -160,12 +263,6 @@ class Attention(nn.Module):
         q = rope(q, positions, cfg.rope_dim, cfg.rope_theta)
         k = rope(k, positions, cfg.rope_dim, cfg.rope_theta)
 
-        q = q.reshape(B, S, K, G, Hd)               # [B,S,H,Hd] -> [B,S,K,G,Hd]; head h = k*G + g
-        scores = jnp.einsum("bskgx,btkx->bkgst", q, k) / math.sqrt(Hd)   # [B, K, G, S, T]
         window = None if cfg.is_global(self.layer) else cfg.local_window
-        mask = attention_mask(S, window)                           # [S, T]
-        scores = jnp.where(mask, scores.astype(jnp.float32), -jnp.inf)
-        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)    # every row sees itself: no NaN
-        out = jnp.einsum("bkgst,btkx->bskgx", probs, v)            # [B, S, K, G, Hd]
-        out = out.reshape(B, S, H, Hd)                             # [B,S,K,G,Hd] -> [B,S,H,Hd]
+        out = attend(q, k, v, window, segment_ids, cfg.attention_chunk)   # [B, S, H, Hd]
         return jnp.einsum("bshx,hxd->bsd", out, wo)                # [B, S, D]

@@ -1,13 +1,22 @@
 """The decoder and the functional API the trainer uses: init, apply, loss_fn, param_groups.
 
-Axis legend (as in model/config.py): B batch, S sequence, D model width, V vocab, E experts.
-Einsum letters: b=B, s=S, d=D, v=V.
+Axis legend (as in model/config.py): B batch, S sequence, D model width, V vocab, E experts,
+N loss chunks, c positions per chunk. Einsum letters: b=B, s=S, d=D, v=V.
 
-Parameters are a nested dict of float32 arrays, one sub-dict per layer (``layer_0`` ...; local
-and global layers have different KV-head counts, so the layers are not stacked; an unrolled
-Python loop compiles in seconds for the few layers the CPU ladders use). Routed-expert weights
-keep a leading E axis. The router bias [n_layers, E] lives outside the params: it is an input of
-every call and never differentiated.
+Parameter layout (nested dict of float32 arrays). Layers repeat the pattern [local] *
+(global_every - 1) + [global]; the ``cfg.n_groups`` whole repeats run under ``nn.scan``, so
+compile time does not grow with depth, and their parameters are stacked on a leading group axis:
+``groups/block_j/...`` [n_groups, ...] holds layer ``g * global_every + j`` at index g. The
+``n_layers % global_every`` layers after them (the last one global) are unrolled as
+``layer_i/...`` with i the layer index and no group axis; a model shallower than one repeat (the
+cpu and tiny ladders) is all ``layer_i``. Routed-expert weights are [n_groups, E, L, F] under
+``groups`` and [E, L, F] in ``layer_i`` (:func:`expert_axis`). The router bias [n_layers, E]
+lives outside the params: it is an input of every call and never differentiated.
+
+Precision (``cfg.precision``): parameters are float32 masters; "bf16" runs each block's matmuls
+and activations in bfloat16 by casting its weights on read (norm scales and the router stay
+float32; the router logits, norm statistics, attention softmax and the loss are float32). "f32"
+casts nothing.
 """
 
 from __future__ import annotations
@@ -20,49 +29,125 @@ from flax import linen as nn
 from flax.core import unfreeze
 from flax.traverse_util import flatten_dict, unflatten_dict
 
-from model.config import ModelConfig
+from model.config import ModelConfig, resolve_precision
 from model.layers import Attention, RMSNorm, materialize, normal
 from model.moe import MoE
 
 AUX_KEYS = ("drop_frac", "load", "router_entropy", "router_z_loss", "balance_loss", "bias_target")
+DTYPES = {"bf16": jnp.bfloat16, "f32": jnp.float32}
+# What each block keeps for the backward pass. "dots": the outputs of the weight matmuls (dots
+# without batch dimensions), so attention scores and the expert buffers are recomputed;
+# "full": only the block's input.
+REMAT_POLICIES = {"dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+                  "full": jax.checkpoint_policies.nothing_saveable}
+
+
+def compute_dtype(cfg: ModelConfig):
+    """The activation/matmul dtype of ``cfg`` on the default backend ("auto" resolved)."""
+    return DTYPES[resolve_precision(cfg.precision, jax.default_backend())]
+
+
+def _keeps_float32(path: tuple[str, ...]) -> bool:
+    """Norm scales and the router weight are read in float32 whatever the precision."""
+    return path[-1] in ("scale", "router")
+
+
+def cast_params(tree, dtype):
+    """Every parameter in ``dtype`` except those of :func:`_keeps_float32`."""
+    if dtype == jnp.float32:
+        return tree
+    flat = flatten_dict(unfreeze(tree))
+    return unflatten_dict({p: x if _keeps_float32(p) else x.astype(dtype)
+                           for p, x in flat.items()})
 
 
 class Block(nn.Module):
+    """RMSNorm -> attention -> residual, RMSNorm -> MoE -> residual. ``layer`` sets the layer's
+    kind (local/global); inside a scanned group it is the position in the group."""
+
     cfg: ModelConfig
     layer: int
+    dropless: bool = False
 
     @nn.compact
-    def __call__(self, x, bias, dropless: bool):
+    def __call__(self, x, bias, segment_ids=None):
         cfg = self.cfg
-        x = x + Attention(cfg, self.layer, name="attn")(RMSNorm(cfg.norm_eps, name="attn_norm")(x))
-        y, aux = MoE(cfg, name="moe")(RMSNorm(cfg.norm_eps, name="moe_norm")(x), bias, dropless)
-        return x + y, aux
+        h = RMSNorm(cfg.norm_eps, name="attn_norm")(x)
+        x = x + Attention(cfg, self.layer, name="attn")(h, segment_ids)
+        y, aux = MoE(cfg, name="moe")(RMSNorm(cfg.norm_eps, name="moe_norm")(x), bias,
+                                      self.dropless)
+        return x + y.astype(x.dtype), aux
+
+
+def _block_class(cfg: ModelConfig, *, in_scan: bool):
+    """Block with the precision cast (on read, so inside remat: recomputed, not stored) and the
+    remat policy of ``cfg`` applied."""
+    cls = Block
+    dtype = compute_dtype(cfg)
+    if dtype != jnp.float32:
+        cls = nn.map_variables(cls, "params", trans_in_fn=partial(cast_params, dtype=dtype))
+    if cfg.remat != "none":
+        # prevent_cse guards remat against XLA's CSE; under scan the loop already does (flax doc)
+        cls = nn.remat(cls, policy=REMAT_POLICIES[cfg.remat], prevent_cse=not in_scan)
+    return cls
+
+
+class Group(nn.Module):
+    """One repeat of the layer pattern: ``global_every`` blocks, the last one global.
+    (x, bias [global_every, E]) -> (x, aux stacked on a leading [global_every] axis)."""
+
+    cfg: ModelConfig
+    dropless: bool = False
+
+    @nn.compact
+    def __call__(self, x, bias, segment_ids):
+        cls = _block_class(self.cfg, in_scan=True)
+        auxes = []
+        for j in range(self.cfg.global_every):
+            x, aux = cls(self.cfg, j, self.dropless, name=f"block_{j}")(x, bias[j], segment_ids)
+            auxes.append(aux)
+        return x, {k: jnp.stack([a[k] for a in auxes]) for k in AUX_KEYS}
 
 
 class Decoder(nn.Module):
-    """tokens [B, S] int32, router_bias [n_layers, E] -> (logits [B, S, V] float32, aux)."""
+    """tokens [B, S] int32, router_bias [n_layers, E], segment_ids [B, S] or None ->
+    (h [B, S, D] after the final norm, in the compute dtype, aux). The LM head is a parameter
+    of this module but is applied by :func:`apply` / :func:`loss_fn`."""
 
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, tokens, router_bias, dropless: bool = False):
+    def __call__(self, tokens, router_bias, dropless: bool = False, segment_ids=None):
         cfg = self.cfg
         init = normal(cfg.init_std)
         embedding = self.param("embedding", init, (cfg.vocab_size, cfg.d_model), jnp.float32)
-        lm_head = self.param("lm_head", init, (cfg.d_model, cfg.vocab_size), jnp.float32)
-        x = jnp.take(embedding, tokens, axis=0)                          # [B, S, D]
+        self.param("lm_head", init, (cfg.d_model, cfg.vocab_size), jnp.float32)
+        # gather from the float32 table, then cast: the embedding gradient (a scatter-add over
+        # every position) then accumulates in float32
+        x = jnp.take(embedding, tokens, axis=0).astype(compute_dtype(cfg))   # [B, S, D]
         auxes = []
-        for layer in range(cfg.n_layers):
-            x, aux = Block(cfg, layer, name=f"layer_{layer}")(x, router_bias[layer], dropless)
-            auxes.append(aux)
+        n_scan, g = cfg.scanned_layers, cfg.global_every
+        if cfg.n_groups:
+            groups = nn.scan(Group, variable_axes={"params": 0}, split_rngs={"params": True},
+                             in_axes=(0, nn.broadcast), length=cfg.n_groups)
+            bias = router_bias[:n_scan].reshape(cfg.n_groups, g, -1)     # [L, E] -> [G, g, E]
+            x, aux = groups(cfg, dropless, name="groups")(x, bias, segment_ids)
+            # [G, g, ...] -> [G * g, ...]: layer order
+            auxes.append({k: v.reshape((n_scan,) + v.shape[2:]) for k, v in aux.items()})
+        cls = _block_class(cfg, in_scan=False)
+        for layer in range(n_scan, cfg.n_layers):
+            x, aux = cls(cfg, layer, dropless, name=f"layer_{layer}")(x, router_bias[layer],
+                                                                      segment_ids)
+            auxes.append({k: v[None] for k, v in aux.items()})
         x = RMSNorm(cfg.norm_eps, name="final_norm")(x)
-        logits = jnp.einsum("bsd,dv->bsv", x, lm_head).astype(jnp.float32)   # [B, S, V]
         # per-layer stats on a leading layer axis: scalars -> [n_layers], load -> [n_layers, E]
-        return logits, {k: jnp.stack([a[k] for a in auxes]) for k in AUX_KEYS}
+        return x, {k: jnp.concatenate([a[k] for a in auxes]) for k in AUX_KEYS}
 
 
 def _boxed_params(cfg: ModelConfig, key: jax.Array) -> dict:
-    """Linen's init: params boxed in :class:`model.layers.Init` (value + init rule)."""
+    """Linen's init: params boxed in :class:`model.layers.Init` (value + init rule). Traced in
+    float32 without remat: neither changes a parameter's shape or init rule."""
+    cfg = cfg.replace(precision="f32", remat="none")
     tokens = jnp.zeros((1, 1), jnp.int32)
     bias = jnp.zeros((cfg.n_layers, cfg.n_experts), jnp.float32)
     return unfreeze(Decoder(cfg).init(key, tokens, bias)["params"])
@@ -90,26 +175,78 @@ def param_shapes(cfg: ModelConfig):
     return params, jax.ShapeDtypeStruct((cfg.n_layers, cfg.n_experts), jnp.float32)
 
 
-def apply(cfg: ModelConfig, params, router_bias, tokens, *, dropless: bool = False):
+def _hidden(cfg, params, router_bias, tokens, dropless, segment_ids):
+    if segment_ids is not None and segment_ids.shape != tokens.shape:
+        raise ValueError(f"segment_ids: shape {segment_ids.shape} != tokens {tokens.shape}")
+    return Decoder(cfg).apply({"params": params}, tokens, router_bias, dropless, segment_ids)
+
+
+def apply(cfg: ModelConfig, params, router_bias, tokens, *, dropless: bool = False,
+          segment_ids=None):
     """tokens int32 [B, S] -> (logits float32 [B, S, V], aux): aux holds the MoE statistics of
-    every layer stacked on a leading layer axis (see model.moe.moe_stats)."""
-    return Decoder(cfg).apply({"params": params}, tokens, router_bias, dropless)
+    every layer stacked on a leading layer axis (see model.moe.moe_stats). ``segment_ids``
+    [B, S] int32: tokens attend only within their segment (None: the row is one segment).
+    This builds the whole [B, S, V] logits; :func:`loss_fn` never does."""
+    h, aux = _hidden(cfg, params, router_bias, tokens, dropless, segment_ids)
+    w = params["lm_head"].astype(h.dtype)
+    return jnp.einsum("bsd,dv->bsv", h, w, preferred_element_type=jnp.float32), aux
 
 
-def loss_fn(cfg: ModelConfig, params, router_bias, tokens, targets, *, dropless: bool = False):
+def lm_head_losses(h, lm_head, targets, chunk: int):
+    """Sums over positions of (logsumexp - target logit) and logsumexp^2, computed over chunks
+    of ``chunk`` positions so that only one [B, chunk, V] float32 block of logits exists at a
+    time, in the forward and (recomputed, by jax.checkpoint) in the backward.
+
+    h [B, S, D] (compute dtype), lm_head [D, V] float32 (cast per chunk, so its gradient
+    accumulates over chunks in float32), targets [B, S] -> (ce_sum, lse_sq_sum) float32.
+    S is padded up to a whole number of chunks; padded positions are masked out.
+    """
+    B, S, D = h.shape
+    c = min(chunk, S)
+    n = -(-S // c)
+    pad = n * c - S
+    valid = jnp.ones((B, S), jnp.float32)
+    if pad:
+        h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
+        targets = jnp.pad(targets, ((0, 0), (0, pad)))
+        valid = jnp.pad(valid, ((0, 0), (0, pad)))
+
+    def chunks(a):                    # [B, n*c, ...] -> [n, B, c, ...]
+        return jnp.moveaxis(a.reshape((B, n, c) + a.shape[2:]), 1, 0)
+
+    @jax.checkpoint
+    def body(carry, xs):
+        hc, tc, vc = xs                                                    # [B, c, D], [B, c]
+        logits = jnp.einsum("bsd,dv->bsv", hc, lm_head.astype(hc.dtype),
+                            preferred_element_type=jnp.float32)            # [B, c, V]
+        lse = jax.nn.logsumexp(logits, axis=-1)                            # [B, c]
+        target = jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0]   # [B, c]
+        ce_sum, sq_sum = carry
+        return (ce_sum + jnp.sum((lse - target) * vc), sq_sum + jnp.sum(lse ** 2 * vc)), None
+
+    zero = jnp.zeros((), jnp.float32)
+    (ce_sum, sq_sum), _ = jax.lax.scan(body, (zero, zero),
+                                       (chunks(h), chunks(targets), chunks(valid)))
+    return ce_sum, sq_sum
+
+
+def loss_fn(cfg: ModelConfig, params, router_bias, tokens, targets, *, dropless: bool = False,
+            segment_ids=None):
     """-> (loss, stats). loss = mean cross-entropy + z_loss * mean(logsumexp(logits)^2), the only
     differentiated quantity. The router z-loss and the balance loss are returned for logging only.
+    The LM head and the cross-entropy run over chunks of ``cfg.loss_chunk`` positions
+    (:func:`lm_head_losses`): the [B, S, V] logits never exist.
 
     stats: "ce", "z_loss" (the weighted term, so loss = ce + z_loss), "moe/drop_frac" (over all
     layers' assignments), "moe/load_max_over_mean" (the worst layer's max/mean expert load),
     "moe/router_entropy", "moe/router_z_loss", "moe/balance_loss" (means over layers), and the
     per-layer arrays "moe/load" [L, E] (assignment counts) and "moe/bias_target" [L, E].
     """
-    logits, aux = apply(cfg, params, router_bias, tokens, dropless=dropless)
-    lse = jax.nn.logsumexp(logits, axis=-1)                                # [B, S]
-    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]   # [B, S]
-    ce = jnp.mean(lse - target_logit)
-    z_loss = cfg.z_loss * jnp.mean(lse ** 2)
+    h, aux = _hidden(cfg, params, router_bias, tokens, dropless, segment_ids)
+    ce_sum, sq_sum = lm_head_losses(h, params["lm_head"], targets, cfg.loss_chunk)
+    n_pos = tokens.shape[0] * tokens.shape[1]
+    ce = ce_sum / n_pos
+    z_loss = cfg.z_loss * (sq_sum / n_pos)
     load = aux["load"]                                                     # [L, E]
     stats = {
         "ce": ce,
@@ -130,14 +267,28 @@ PARAM_GROUPS = ("embedding", "lm_head", "attention", "norms", "router", "latent"
                 "shared_experts", "routed_experts")
 
 
+def stacked_axes(path: tuple[str, ...]) -> int:
+    """Leading layer-stack axes of the parameter at ``path``: 1 under the scanned ``groups``
+    ([n_groups, ...]), else 0."""
+    return 1 if path[0] == "groups" else 0
+
+
+def expert_axis(path: tuple[str, ...]) -> int:
+    """The E axis of a routed-expert weight: 1 under ``groups`` ([n_groups, E, ...]), else 0."""
+    return stacked_axes(path)
+
+
 def param_group(path: tuple[str, ...]) -> str:
     """The group (as in ladder/counting.py) of the parameter at ``path`` in the params dict.
     The final norm belongs to "norms" here (counting.py lists it separately as final_norm)."""
+    path = tuple(path)
     top = path[0]
     if top in ("embedding", "lm_head"):
         return top
     if top == "final_norm":
         return "norms"
+    if top == "groups":                  # groups/block_j/... reads like layer_i/...
+        path = path[1:]
     part = path[1]                       # inside layer_i
     if part in ("attn_norm", "moe_norm"):
         return "norms"
