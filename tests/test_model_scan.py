@@ -120,9 +120,10 @@ def test_program_does_not_grow_with_depth():
 def test_trainer_shardings_and_decay_mask_on_stacked_layout():
     from jax.sharding import PartitionSpec as P
 
-    from ladder.train import TrainConfig, make_mesh, make_optimizer, state_shardings
+    from ladder.optim import OptimizerSpec
+    from ladder.train import make_mesh, make_optimizer, state_shardings
 
-    optimizer = make_optimizer(TrainConfig())
+    optimizer = make_optimizer(OptimizerSpec("adamw").settings(1e-3, 1.0, 1))
     shard = state_shardings(CFG, optimizer, make_mesh(1, 1, CFG.n_experts, 2))
     flat = flatten_dict(shard["params"])
     gate = ("moe", "experts", "gate")
@@ -146,7 +147,8 @@ from functools import partial
 from jax.sharding import NamedSharding, PartitionSpec as P
 from flax.traverse_util import flatten_dict
 import model
-from ladder.train import TrainConfig, make_mesh, make_optimizer, state_shardings
+from ladder.optim import OptimizerSpec
+from ladder.train import make_mesh, make_optimizer, state_shardings
 from model.config import ModelConfig
 assert jax.device_count() == 8
 cfg = ModelConfig(vocab_size=32, d_model=16, n_layers=5, n_heads=2, head_dim=8,
@@ -157,7 +159,7 @@ tokens = jax.random.randint(jax.random.key(1), (4, 16), 0, cfg.vocab_size)
 step = jax.jit(jax.value_and_grad(partial(model.loss_fn, cfg), has_aux=True))
 (loss1, _), grads1 = step(params, bias, tokens, tokens)
 mesh = make_mesh(8, 4, cfg.n_experts, 4)
-shard = state_shardings(cfg, make_optimizer(TrainConfig()), mesh)
+shard = state_shardings(cfg, make_optimizer(OptimizerSpec("adamw").settings(1e-3, 1.0, 1)), mesh)
 with jax.set_mesh(mesh):
     p8 = jax.device_put(params, shard["params"])
     toks = jax.device_put(tokens, NamedSharding(mesh, P("data")))
