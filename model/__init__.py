@@ -11,15 +11,15 @@ Importing ``model`` alone imports only the config (no JAX); the functions load J
 Files: config.py (ModelConfig), layers.py (RMSNorm, RoPE, attention, init boxes), moe.py (router,
 dispatch, experts, bias rules, reference MoE), transformer.py (decoder, API, losses, groups).
 
-Sharding: routed-expert weights carry a leading E axis; under a ``jax.sharding.Mesh`` with "Auto"
-axes ("data", "expert"), jit/GSPMD runs the model unchanged (tests/test_model_sharding.py). Meshes
-with "Explicit" axes (jax.make_mesh's default in jax 0.10) are not supported: the embedding
-gather would need out_sharding annotations.
+Sharding: routed-expert weights carry a leading E axis; under ``jax.set_mesh`` of a mesh with
+"Auto" axes ("data", "expert") the MoE layers read the mesh from the context and run their routed
+path expert-parallel (``jax.shard_map`` + ``all_to_all``, model/moe.py); jit/GSPMD partitions the
+rest (tests/test_model_sharding.py). Meshes with "Explicit" axes (jax.make_mesh's default in jax
+0.10) are not supported: the embedding gather would need out_sharding annotations.
 
 Left out of the real recipe (little effect on scaling behaviour, per issue #2): short
 convolutions, gated norms, attention head gates. Also: computation is float32 throughout (no bf16
-path), attention is a dense masked softmax (no flash/splash kernel, so memory is O(S^2) per head),
-and there is no hand-written expert-parallel all-to-all (GSPMD partitions the dispatch).
+path), attention is a dense masked softmax (no flash/splash kernel, so memory is O(S^2) per head).
 """
 
 from model.config import ModelConfig
