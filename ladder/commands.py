@@ -84,7 +84,8 @@ def _train_config(args):
     if overrides:
         where = f"{where} + --key=value" if getattr(args, "config", None) else "--key=value"
     values.update(overrides)
-    for flag in ("devices", "expert_parallel", "vocab_size", "checkpoint_minutes"):
+    for flag in ("devices", "expert_parallel", "vocab_size", "checkpoint_minutes", "microbatch",
+                 "peak_flops"):
         if getattr(args, flag, None) is not None:
             values[flag] = getattr(args, flag)
     if getattr(args, "data", None):
@@ -218,8 +219,32 @@ def _duration(s: float) -> str:
     return f"{s:.3g}s"
 
 
+def _plan_child(args) -> int:
+    """Re-run this `plan --compile` in a fresh process, whose JAX starts with the fake devices."""
+    import os
+    import subprocess
+
+    argv = [sys.executable, "-m", "ladder.cli", "plan", args.target, "--devices",
+            str(args.devices), "--compile", "--memory-per-device", repr(args.memory_per_device)]
+    for flag in ("expert_parallel", "peak_flops", "mfu", "microbatch", "ladder_file"):
+        if getattr(args, flag, None) is not None:
+            argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    if args.json:
+        argv.append("--json")
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={args.devices}",
+           "JAX_PLATFORMS": "cpu"}
+    return subprocess.run(argv, env=env, check=False).returncode
+
+
 def plan_main(args) -> int:
-    from ladder.plan import DEFAULT_MFU, GB200_BF16_DENSE_FLOPS, plan_rung
+    from ladder.plan import (
+        DEFAULT_MFU,
+        GB200_BF16_DENSE_FLOPS,
+        ensure_host_devices,
+        largest_fitting_microbatch,
+        microbatch_candidates,
+        plan_rung,
+    )
 
     _, rungs = _resolve(args.target, args)
     # 2**20 devices: ~1300x the hero's 792 GPUs; the planner's mesh search grows with the count
@@ -231,33 +256,106 @@ def plan_main(args) -> int:
            exit_code=EX_USAGE)
     number(args.mfu, field="--mfu", lo=0, hi=1, lo_open=True, allow_none=True,
            exit_code=EX_USAGE)
+    compile_ = getattr(args, "compile", False)
+    if compile_:
+        if len(rungs) != 1 or ":" not in args.target:
+            raise InputError("--compile compiles one rung: give LADDER:RUNG",
+                             field="LADDER[:RUNG]", exit_code=EX_USAGE)
+        if args.devices < 1:
+            raise InputError(f"must be >= 1, got {args.devices}", field="--devices",
+                             exit_code=EX_USAGE)
+        if not ensure_host_devices(args.devices):
+            return _plan_child(args)
     peak = GB200_BF16_DENSE_FLOPS if args.peak_flops is None else args.peak_flops
     mfu = DEFAULT_MFU if args.mfu is None else args.mfu
+    budget = getattr(args, "memory_per_device", None) or 80e9
+    given_mb = getattr(args, "microbatch", None)
+    kw = {"expert_parallel": args.expert_parallel, "peak_flops": peak, "mfu": mfu}
     try:
-        plans = [plan_rung(r, args.devices, expert_parallel=args.expert_parallel,
-                           peak_flops=peak, mfu=mfu) for r in rungs]
+        plans = []
+        for r in rungs:   # by default the largest microbatch the estimate fits in the budget
+            cands = microbatch_candidates(r, args.devices)   # none fits: the smallest
+            mb = given_mb or largest_fitting_microbatch(r, args.devices, budget, **kw) or \
+                (cands[-1] if cands else None)
+            plans.append(plan_rung(r, args.devices, microbatch=mb, **kw))
+        rows = [p.to_dict() for p in plans]
+        if compile_:
+            extra = _compiled_plan(rungs[0], args, budget)
+            # the estimate at the microbatch XLA was asked about, next to XLA's figure
+            rows[0] = {**plan_rung(rungs[0], args.devices, microbatch=extra["microbatch"],
+                                   **kw).to_dict(), **extra}
     except ValueError as e:  # names the field: devices, expert_parallel, peak_flops, mfu
         field, _, message = str(e).partition(": ")
         raise InputError(message, field=f"--{field.replace('_', '-')}",
                          exit_code=EX_USAGE) from None
-    rows = [p.to_dict() for p in plans]
+    for r in rows:
+        r["memory_per_device"] = budget
+        r["fits"] = r["total_bytes"] <= budget
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"{'ladder':<11} {'rung':<14} {'mesh dxe':>9} {'params':>8} {'active':>8} "
+    print(f"{'ladder':<11} {'rung':<14} {'mesh dxe':>9} {'micro':>6} {'params':>8} {'active':>8} "
           f"{'FLOPs/step':>10} {'tok/dev':>8} {'params':>9} {'grads':>9} {'adam':>9} "
           f"{'act/seq':>9} {'activ.':>9} {'total':>9} {'step':>8} {'run':>8}")
     for r in rows:
         mesh = f"{r['data_parallel']}x{r['expert_parallel']}"
-        print(f"{r['ladder']:<11} {r['name']:<14} {mesh:>9} {_fmt(r['params']):>8} "
+        print(f"{r['ladder']:<11} {r['name']:<14} {mesh:>9} {r['microbatch']:>6} "
+              f"{_fmt(r['params']):>8} "
               f"{_fmt(r['active_params']):>8} {r['flops_per_step']:>10.3e} "
               f"{_fmt(r['tokens_per_device']):>8} {_bytes(r['param_bytes']):>9} "
               f"{_bytes(r['grad_bytes']):>9} {_bytes(r['optimizer_bytes']):>9} "
               f"{_bytes(r['activation_bytes_per_sequence']):>9} "
               f"{_bytes(r['activation_bytes']):>9} {_bytes(r['total_bytes']):>9} "
               f"{_duration(r['step_time_s']):>8} {_duration(r['run_time_s']):>8}")
-    print(f"memory per device: params f32 (routed experts split over the expert axis), grads f32, "
-          f"Adam 2 x f32, activations of one step's batch (bf16 estimate, no remat; "
-          f"see ladder/plan.py). time: FLOPs/step (LM head included) / ({args.devices} x "
+    print(f"memory per device: params, grads, Adam 2 x f32 (FSDP over all devices), weights "
+          f"gathered for use, the balancing statistic, activations of one microbatch (micro: "
+          f"sequences; f32, no remat; see ladder/plan.py). time: FLOPs/step (LM head included) / "
+          f"({args.devices} x "
           f"{peak:.3g} FLOP/s x MFU {mfu:g})")
+    for r in rows:
+        if not r["fits"]:
+            print(f"warning: {r['ladder']}:{r['name']} needs ~{_bytes(r['total_bytes'])} per "
+                  f"device, over the {_bytes(budget)} budget (--memory-per-device)",
+                  file=sys.stderr)
+        if "compiled" in r:
+            c = r["compiled"]
+            coll = ", ".join(f"{k} {v}" for k, v in c["collectives"].items())
+            print(f"compiled ({r['compiled_mesh']['data']}x{r['compiled_mesh']['expert']} mesh, "
+                  f"microbatch {r['microbatch']} of {r['batch']} sequences): "
+                  f"{_bytes(c['bytes_per_device'])} and {c['flops_per_device']:.3e} FLOPs per "
+                  f"device; collectives: {coll}. {r['microbatch_note']}")
     return 0
+
+
+def _compiled_plan(rung, args, budget: float) -> dict:
+    """The `compiled` block of `plan --compile`: XLA's figures of the real train step."""
+    from ladder.plan import compile_step, fit_microbatch
+
+    try:
+        if args.microbatch is not None:
+            step = compile_step(rung, args.devices, microbatch=args.microbatch,
+                                expert_parallel=args.expert_parallel)
+            log = [{"microbatch": step.microbatch, "bytes_per_device": step.bytes_per_device,
+                    "fits": step.bytes_per_device <= budget}]
+            note = f"microbatch {step.microbatch} as given (--microbatch)"
+        else:
+            step, log = fit_microbatch(rung, args.devices, budget,
+                                       expert_parallel=args.expert_parallel)
+            fits = step.bytes_per_device <= budget
+            note = (f"chose microbatch {step.microbatch}: the largest that fits "
+                    f"{_bytes(budget)} per device" if fits else
+                    f"no microbatch fits {_bytes(budget)} per device; the smallest "
+                    f"({step.microbatch}) needs {_bytes(step.bytes_per_device)}")
+    except ValueError as e:
+        field, _, message = str(e).partition(": ")
+        raise InputError(message, field=f"--{field.replace('_', '-')}",
+                         exit_code=EX_USAGE) from None
+    d = step.to_dict()
+    return {"compiled": {k: d[k] for k in ("bytes_per_device", "flops_per_device",
+                                           "xla_flops", "collectives", "argument_bytes",
+                                           "temp_bytes",
+                                           "output_bytes", "alias_bytes", "compile_s")},
+            "compiled_mesh": step.mesh, "microbatch": step.microbatch,
+            "microbatches": step.microbatches, "microbatch_search": log,
+            "microbatch_note": note, "compiled_fits": step.bytes_per_device <= budget,
+            "compiled_on": "fake CPU devices (XLA CPU backend)"}

@@ -75,9 +75,15 @@ class TrainConfig:
                                      # batch made small rungs' evals noisy: 1k tokens at batch 4.
     eval_every: float | None = None  # fraction of the run between evals; None = the rung's (5%)
     log_every: int = 1               # steps between metrics rows (the loss is checked every step)
-    peak_flops: float | None = None  # FLOP/s for throughput/mfu; None = measured once by a matmul
+    peak_flops: float | None = None  # FLOP/s of ONE device for throughput/mfu; None = the
+                                     # accelerator table (ladder/plan.py), on CPU measured once
     devices: int | None = None       # devices in the mesh; None = all visible devices
     expert_parallel: int | None = None  # size of the "expert" mesh axis; None = largest that fits
+    microbatch: int | None = None    # sequences per microbatch (gradient accumulation inside the
+                                     # step); None = the whole batch. Must divide the batch, and
+                                     # the devices must divide it.
+    eval_batch: int | None = None    # sequences per eval call (its own small batch: the recipe
+                                     # evaluates 64 per rack); None = the rung's batch
     optimizer: str | None = None     # adamw | marin (ladder/optim.py); None = the ladder's
     # Fixed optimizer numbers; None = the optimizer's rule (adamw: b1 0.9, b2 0.95, eps 1e-8,
     # weight decay 0.1 on matrices, clip 1.0; marin: the recipe's rules, see ladder/optim.py).
@@ -117,7 +123,7 @@ class TrainConfig:
         for name in ("keep", "eval_sequences", "log_every"):
             check(name, is_int(getattr(self, name)) and getattr(self, name) >= 1,
                   "an integer >= 1")
-        for name in ("devices", "expert_parallel", "vocab_size"):
+        for name in ("devices", "expert_parallel", "vocab_size", "microbatch", "eval_batch"):
             v = getattr(self, name)
             check(name, v is None or is_int(v) and v >= 1, "null or an integer >= 1")
         for name in ("b1", "b2"):
@@ -347,6 +353,49 @@ def measure_peak_flops(n: int = 2048, repeats: int = 3) -> float:
     return 2.0 * n ** 3 / best
 
 
+def peak_flops_info(per_device: float | None, devices: int) -> dict:
+    """The peak FLOP/s that MFU divides by, and where it came from.
+
+    MFU = model FLOPs per second (flops-v1, LM head included) / (devices x one device's nominal
+    dense bf16 peak, from :data:`ladder.plan.ACCELERATORS`) on GPUs/TPUs. ``per_device`` (the
+    ``peak_flops`` setting, ``--peak-flops``) overrides the table. On CPU the peak is measured
+    (a float32 matmul) and NOT multiplied by the device count: fake host devices share the same
+    cores, so the host's matmul rate is the whole mesh's peak.
+    """
+    import jax
+
+    from ladder.plan import accelerator_peak
+
+    dev = jax.devices()[0]
+    kind = dev.device_kind
+    if per_device:
+        return {"flops_per_s": float(per_device), "devices": devices,
+                "total_flops_per_s": float(per_device) * devices, "device_kind": kind,
+                "source": "config (peak_flops, per device)"}
+    if dev.platform != "cpu":
+        entry = accelerator_peak(kind)
+        if entry is not None:
+            return {"flops_per_s": entry["flops"], "devices": devices,
+                    "total_flops_per_s": entry["flops"] * devices, "device_kind": kind,
+                    "source": f"{entry['name']} bf16 dense, {entry['source']}"}
+    rate = measure_peak_flops()
+    return {"flops_per_s": rate, "devices": devices, "device_kind": kind,
+            "total_flops_per_s": rate if dev.platform == "cpu" else rate * devices,
+            "source": "measured: 2048x2048 f32 matmul on the host (all devices share it)"
+            if dev.platform == "cpu" else
+            f"measured: 2048x2048 f32 matmul x {devices} devices ({kind!r} is not in "
+            f"ladder.plan.ACCELERATORS; pass --peak-flops)"}
+
+
+def microbatch_size(rung: Rung, cfg: TrainConfig) -> int:
+    """Sequences per microbatch (the whole batch by default); InputError unless it divides it."""
+    mb = cfg.microbatch or rung.batch
+    if rung.batch % mb:
+        raise InputError(f"must divide the batch ({rung.batch} sequences), got {mb}",
+                         field="microbatch", exit_code=EX_USAGE)
+    return mb
+
+
 def git_sha() -> dict:
     root = Path(__file__).resolve().parent.parent
     def git(*a):
@@ -384,9 +433,14 @@ def environment(corpus: Corpus, mesh_info: dict, peak: dict) -> dict:
 # ------------------------------------------------------------------------------ the step
 
 
+BATCH_AXES = ("data", "expert")   # dense work: the batch is split over every device
+
+
 def make_mesh(n_devices: int | None, expert_parallel: int | None, n_experts: int, batch: int):
     """A ("data", "expert") mesh. The default expert axis is the largest divisor of the device
-    count that divides the number of experts and leaves a data axis dividing the batch."""
+    count that divides the number of experts. ``batch`` (the sequences of one microbatch) is split
+    over ALL devices (data x expert), so no device holds another's sequences whatever the
+    split between the axes: a 1 x 8 mesh no longer means the whole batch on every device."""
     import jax
     from jax.sharding import Mesh
 
@@ -396,31 +450,50 @@ def make_mesh(n_devices: int | None, expert_parallel: int | None, n_experts: int
         raise InputError(f"{n} devices requested, {len(devices)} visible", field="devices",
                          exit_code=EX_USAGE)
     if expert_parallel is None:
-        expert_parallel = max(e for e in range(1, n + 1)
-                              if n % e == 0 and n_experts % e == 0 and batch % (n // e) == 0) \
-            if any(n % e == 0 and n_experts % e == 0 and batch % (n // e) == 0
-                   for e in range(1, n + 1)) else 1
+        expert_parallel = max(e for e in range(1, n + 1) if n % e == 0 and n_experts % e == 0)
     ep = expert_parallel
     if n % ep or n_experts % ep:
         raise InputError(f"expert axis {ep} must divide both the devices ({n}) and the experts "
                          f"({n_experts})", field="expert_parallel", exit_code=EX_USAGE)
-    if batch % (n // ep):
-        raise InputError(f"the data axis ({n // ep}) must divide the batch ({batch})",
-                         field="devices", exit_code=EX_USAGE)
+    if batch % n:
+        raise InputError(f"the {n} devices must divide the sequences of a microbatch ({batch}): "
+                         f"the batch is split over all of them", field="microbatch",
+                         exit_code=EX_USAGE)
     return Mesh(np.array(devices[:n]).reshape(n // ep, ep), ("data", "expert"))
 
 
-def _param_shardings(params, groups, mesh, n_experts: int):
-    """Routed-expert weights split on their E axis over "expert"; the rest replicated. The E axis
-    is leading in unrolled layers ([E, L, F]) and second under the scanned groups
-    ([n_groups, E, L, F]; model.transformer.expert_axis)."""
-    import jax
-    from jax.sharding import NamedSharding
+def _fsdp_spec(shape: tuple, fixed: dict, mesh):
+    """PartitionSpec splitting the largest axis of ``shape`` (not in ``fixed``) that the mesh's
+    remaining axes divide over those axes (FSDP-style: GSPMD gathers the weight where it is used
+    and reduce-scatters its gradient); ``fixed`` maps axis index -> mesh axis already used."""
     from jax.sharding import PartitionSpec as P
 
-    from model.transformer import expert_axis
+    free = tuple(a for a in BATCH_AXES if a not in fixed.values() and mesh.shape[a] > 1)
+    size = int(np.prod([mesh.shape[a] for a in free])) if free else 1
+    spec = [fixed.get(i) for i in range(len(shape))]
+    if size > 1:
+        axes = [i for i in range(len(shape)) if i not in fixed and shape[i] % size == 0]
+        if axes:
+            spec[max(axes, key=lambda i: shape[i])] = free if len(free) > 1 else free[0]
+    return P(*spec)
+
+
+def _param_shardings(params, groups, mesh, n_experts: int):
+    """Routed-expert weights split on their E axis over "expert" (and FSDP-style over "data" on
+    another axis); every other weight FSDP-style over all devices (its largest axis the device
+    count divides; replicated when none does, e.g. norm scales of odd width). The E axis is
+    leading in unrolled layers ([E, L, F]) and second under the scanned groups ([n_groups, E, L,
+    F]; model.transformer.expert_axis); a scanned group's stack axis is never split (scan slices
+    it)."""
+    import jax
+    from jax.sharding import NamedSharding
+
+    from model.transformer import expert_axis, stacked_axes
 
     routed = {id(x) for x in groups["routed_experts"]}
+
+    def stacked(names):  # a scanned group's stack axis: never split
+        return {i: None for i in range(stacked_axes(names))}
 
     def spec(path, x):
         if id(x) in routed:
@@ -429,8 +502,9 @@ def _param_shardings(params, groups, mesh, n_experts: int):
             if x.shape[axis] != n_experts:
                 raise ValueError(f"routed expert weight {'/'.join(names)} of shape {x.shape} has "
                                  f"no E axis at {axis}")
-            return NamedSharding(mesh, P(*([None] * axis), "expert"))
-        return NamedSharding(mesh, P())
+            fixed = {**stacked(names), axis: "expert"}
+            return NamedSharding(mesh, _fsdp_spec(x.shape, fixed, mesh))
+        return NamedSharding(mesh, _fsdp_spec(x.shape, stacked(tuple(k.key for k in path)), mesh))
     return jax.tree_util.tree_map_with_path(spec, params)
 
 
@@ -444,8 +518,8 @@ def make_optimizer(settings: OptimizerSettings):
 
 
 def state_shardings(model_cfg: ModelConfig, optimizer, mesh) -> dict:
-    """Shardings of the train state, from abstract shapes (nothing allocated): routed-expert
-    weights and their Adam moments split over "expert", everything else replicated."""
+    """Shardings of the train state, from abstract shapes (nothing allocated): parameters and
+    their Adam moments as :func:`_param_shardings`, the step and router bias replicated."""
     import jax
     import optax
     from jax.sharding import NamedSharding
@@ -462,10 +536,18 @@ def state_shardings(model_cfg: ModelConfig, optimizer, mesh) -> dict:
     return {"step": repl, "params": pshard, "opt_state": oshard, "router_bias": repl}
 
 
+def batch_sharding(mesh):
+    """Sequences split over every device of the mesh (data x expert)."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    return NamedSharding(mesh, P(BATCH_AXES))
+
+
 @dataclass
 class Programs:
-    """The jitted programs of one (model, optimizer, mesh); cached per process, so a resumed or
-    repeated run in the same process does not trace the model again."""
+    """The jitted programs of one (model, optimizer, mesh, microbatches); cached per process, so
+    a resumed or repeated run in the same process does not trace the model again."""
 
     model_cfg: ModelConfig
     optimizer: object
@@ -489,6 +571,20 @@ class Programs:
                 "router_bias": jax.device_put(jnp.asarray(router_bias, jnp.float32),
                                               self.shardings["router_bias"])}
 
+    def abstract_state(self) -> dict:
+        """The train state as ShapeDtypeStructs with their shardings (nothing allocated)."""
+        import jax
+        import jax.numpy as jnp
+
+        import model as M
+
+        params, bias = M.param_shapes(self.model_cfg)
+        shapes = {"step": jax.ShapeDtypeStruct((), jnp.int32), "params": params,
+                  "opt_state": jax.eval_shape(self.optimizer.init, params),
+                  "router_bias": bias}
+        return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                            shapes, self.shardings)
+
     def compiled_step(self, state, batch):
         """The train step compiled ahead of time for these shapes (so a step's measured time
         never includes compilation)."""
@@ -499,26 +595,29 @@ class Programs:
 
 
 def programs(model_cfg: ModelConfig, cfg: TrainConfig, mesh,
-             optimizer: OptimizerSettings | None = None) -> Programs:
-    """``optimizer``: the rung's resolved settings (``Rung.optimizer_settings``); None = AdamW
-    with ``cfg``'s numbers (its LR enters per step, so no rung is needed)."""
+             optimizer: OptimizerSettings | None = None, microbatches: int = 1) -> Programs:
+    """The programs for ``model_cfg`` on ``mesh``, the step's batch split into ``microbatches``.
+    ``optimizer``: the rung's resolved settings (``Rung.optimizer_settings``); None = AdamW with
+    ``cfg``'s numbers (its LR enters per step, so no rung is needed)."""
     if optimizer is None:
         from ladder.optim import OptimizerSpec
         spec = optimizer_spec(cfg, OptimizerSpec())
         if spec.kind != "adamw":
             raise ValueError("optimizer: marin needs the rung's settings (Rung.optimizer_settings)")
         optimizer = spec.settings(1.0, 1, 1)
-    return _programs(model_cfg, optimizer, mesh)
+    return _programs(model_cfg, optimizer, mesh, microbatches)
 
 
 @lru_cache(maxsize=4)
-def _programs(model_cfg: ModelConfig, settings: OptimizerSettings, mesh) -> Programs:
+def _programs(model_cfg: ModelConfig, settings: OptimizerSettings, mesh,
+              microbatches: int) -> Programs:
     import jax
 
     optimizer = make_optimizer(settings)
     shard = state_shardings(model_cfg, optimizer, mesh)
     return Programs(model_cfg, optimizer, shard,
-                    make_train_step(model_cfg, optimizer, shard), make_eval_step(model_cfg),
+                    make_train_step(model_cfg, optimizer, shard, mesh, microbatches),
+                    make_eval_step(model_cfg, mesh),
                     jax.jit(optimizer.init, out_shardings=shard["opt_state"]))
 
 
@@ -527,24 +626,124 @@ def init_state(model_cfg: ModelConfig, cfg: TrainConfig, mesh) -> dict:
     return programs(model_cfg, cfg, mesh).init_state(cfg.seed)
 
 
-def make_train_step(model_cfg: ModelConfig, optimizer, state_shardings):
+# Statistics of a microbatch that are means over its tokens (equal-sized microbatches: the step's
+# value is their mean, exactly) and those that are sums.
+_MEAN_STATS = ("ce", "z_loss", "moe/drop_frac", "moe/router_entropy", "moe/router_z_loss",
+               "moe/balance_loss")
+_SUM_STATS = ("moe/load",)
+
+
+def accumulate(model_cfg: ModelConfig, objective, params, tokens, targets, microbatches: int,
+               param_shardings=None, mesh=None, segment_ids=None):
+    """Loss, stats and gradients of the mean loss over ``tokens`` [B, S], computed in
+    ``microbatches`` equal parts under ``jax.lax.scan`` (gradients summed in float32).
+    ``segment_ids`` [B, S] (documents packed in a sequence, or None) are split like the tokens.
+
+    Microbatch j holds sequences j, j + M, j + 2M, ... (a reshape that keeps every device's
+    sequences on that device). Means over tokens are averaged, counts summed, and the
+    balancing rule's statistic merged by the rule's own function (model.moe.merge_bias_stat), so
+    the bias target is that of the whole step. The Switch balance loss, logged only, is the mean
+    of the microbatches' (it is not linear in their loads).
+    ``objective(params, tokens, targets, segment_ids) -> (loss, stats)``."""
+    import jax
+    import jax.numpy as jnp
+
+    from model.moe import bias_target_from_stat, empty_bias_stat, merge_bias_stat
+
+    grad_fn = jax.value_and_grad(objective, has_aux=True)
+    if microbatches == 1:
+        return grad_fn(params, tokens, targets, segment_ids)
+    B, S = tokens.shape
+    M = microbatches
+
+    def split(x):   # [B, S] -> [M, B/M, S]; row i*M + j -> microbatch j
+        x = jnp.swapaxes(x.reshape(B // M, M, S), 0, 1)
+        if mesh is not None:
+            from jax.sharding import NamedSharding
+            from jax.sharding import PartitionSpec as P
+            x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(None, BATCH_AXES)))
+        return x
+
+    shapes = jax.eval_shape(objective, params, tokens[: B // M], targets[: B // M],
+                            None if segment_ids is None else segment_ids[: B // M])[1]
+    zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    if param_shardings is not None:
+        zero_grads = jax.lax.with_sharding_constraint(zero_grads, param_shardings)
+    def split_experts(stat):
+        # the balancing statistic [layers, E, n] stays split over "expert" on its E axis
+        if mesh is None:
+            return stat
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
+        return jax.lax.with_sharding_constraint(stat, NamedSharding(mesh, P(None, "expert")))
+
+    def merge(stat, new):
+        # each device merges its own experts' rows: GSPMD does not partition top_k and gathered
+        # the whole [layers, E, 2n] operand on every device (measured with `ladder plan
+        # --compile`: +3.6 GB per layer for 27.7B-A1.2B on 64 devices, n = 961K)
+        if mesh is None or mesh.size == 1:
+            return merge_bias_stat(model_cfg, stat, new)
+        from jax.sharding import PartitionSpec as P
+        spec = P(None, "expert")
+        return jax.shard_map(lambda a, b: merge_bias_stat(model_cfg, a, b), mesh=mesh,
+                             in_specs=(spec, spec), out_specs=spec, check_vma=False)(stat, new)
+
+    carry = (zero_grads, jnp.zeros((), jnp.float32),
+             {k: jnp.zeros(shapes[k].shape, jnp.float32) for k in _MEAN_STATS + _SUM_STATS},
+             split_experts(empty_bias_stat(model_cfg, shapes["moe/bias_stat"].shape)))
+
+    def body(carry, mb):
+        grads, loss_sum, sums, stat = carry
+        (loss, st), g = grad_fn(params, *mb)
+        grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g)
+        sums = {k: sums[k] + st[k] for k in sums}
+        stat = merge(stat, split_experts(st["moe/bias_stat"]))
+        return (grads, loss_sum + loss, sums, stat), None
+
+    xs = (split(tokens), split(targets), None if segment_ids is None else split(segment_ids))
+    (grads, loss_sum, sums, stat), _ = jax.lax.scan(body, carry, xs)
+    grads = jax.tree.map(lambda g: g / M, grads)
+    stats = {k: sums[k] / M for k in _MEAN_STATS}
+    load = sums["moe/load"]                                                    # [L, E]
+    stats.update({"moe/load": load, "moe/bias_stat": stat,
+                  "moe/bias_target": bias_target_from_stat(model_cfg, stat),
+                  "moe/load_max_over_mean": jnp.max(jnp.max(load, axis=-1)
+                                                    / jnp.mean(load, axis=-1))})
+    return (loss_sum / M, stats), grads
+
+
+def make_train_step(model_cfg: ModelConfig, optimizer, state_shardings, mesh=None,
+                    microbatches: int = 1):
     """The jitted ``train_step(state, batch) -> (state, metrics)``; the state is donated.
 
-    ``batch`` is the step's input: ``tokens`` and ``targets`` [B, S] (split over "data") and
-    ``lr``, this step's learning rate (a scalar from the schedule table)."""
+    ``batch`` is the step's input: ``tokens`` and ``targets`` [B, S] (split over every device)
+    and ``lr``, this step's learning rate (a scalar from the schedule table). The step runs
+    under ``mesh`` (the MoE layers read it from the context and go expert-parallel), in
+    ``microbatches`` parts (:func:`accumulate`); the balancing rule sees the whole step."""
+    import contextlib
+
     import jax
     import jax.numpy as jnp
     import optax
 
     import model as M
+    from model.moe import step_tokens
+
+    def in_mesh():
+        return (jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if mesh is not None
+                else contextlib.nullcontext())
 
     def train_step(state, batch):
         params, rb = state["params"], state["router_bias"]
 
-        def objective(p):
-            return M.loss_fn(model_cfg, p, rb, batch["tokens"], batch["targets"])
+        def objective(p, tokens, targets, segment_ids):
+            return M.loss_fn(model_cfg, p, rb, tokens, targets, segment_ids=segment_ids)
 
-        (loss, stats), grads = jax.value_and_grad(objective, has_aux=True)(params)
+        with in_mesh(), step_tokens(batch["tokens"].size):
+            (loss, stats), grads = accumulate(model_cfg, objective, params, batch["tokens"],
+                                              batch["targets"], microbatches,
+                                              state_shardings["params"], mesh,
+                                              batch.get("segment_ids"))
         updates, opt_state = optimizer.update(grads, state["opt_state"], params, lr=batch["lr"])
         params = optax.apply_updates(params, jax.tree.map(lambda u: -batch["lr"] * u, updates))
         new_rb = M.update_router_bias(model_cfg, rb, stats)
@@ -562,16 +761,24 @@ def make_train_step(model_cfg: ModelConfig, optimizer, state_shardings):
     return jax.jit(train_step, donate_argnums=0, out_shardings=(state_shardings, None))
 
 
-def make_eval_step(model_cfg: ModelConfig):
-    """Held-out CE of one batch as trained (capacity, drops) and dropless; the drop fraction."""
+def make_eval_step(model_cfg: ModelConfig, mesh=None):
+    """Held-out CE of one batch as trained (capacity, drops) and dropless (the ragged path);
+    the drop fraction. Runs under ``mesh`` like the train step."""
+    import contextlib
+
     import jax
 
     import model as M
 
     def eval_step(params, router_bias, batch):
-        _, s = M.loss_fn(model_cfg, params, router_bias, batch["tokens"], batch["targets"])
-        _, sd = M.loss_fn(model_cfg, params, router_bias, batch["tokens"], batch["targets"],
-                          dropless=True)
+        ctx = (jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if mesh is not None
+               else contextlib.nullcontext())
+        seg = batch.get("segment_ids")   # packed documents never attend across a boundary
+        with ctx:
+            _, s = M.loss_fn(model_cfg, params, router_bias, batch["tokens"], batch["targets"],
+                             segment_ids=seg)
+            _, sd = M.loss_fn(model_cfg, params, router_bias, batch["tokens"], batch["targets"],
+                              dropless=True, segment_ids=seg)
         return {"loss": s["ce"], "dropless": sd["ce"], "drop_frac": s["moe/drop_frac"]}
 
     return jax.jit(eval_step)
@@ -693,12 +900,17 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
     from jax.sharding import PartitionSpec as P
 
     enable_compilation_cache()
-    mesh = make_mesh(cfg.devices, cfg.expert_parallel, rung.model.n_experts, rung.batch)
+    microbatch = microbatch_size(rung, cfg)
+    eval_batch = cfg.eval_batch or rung.batch
+    mesh = make_mesh(cfg.devices, cfg.expert_parallel, rung.model.n_experts, microbatch)
+    if eval_batch % mesh.devices.size:
+        raise InputError(f"the {mesh.devices.size} devices must divide it ({eval_batch})",
+                         field="eval_batch", exit_code=EX_USAGE)
     mesh_info = {"axes": list(mesh.axis_names), "shape": dict(mesh.shape),
-                 "devices": int(mesh.devices.size)}
+                 "devices": int(mesh.devices.size), "microbatch": microbatch,
+                 "microbatches": rung.batch // microbatch, "eval_batch": eval_batch}
     config["mesh"] = mesh_info
-    peak = ({"flops_per_s": float(cfg.peak_flops), "source": "config"} if cfg.peak_flops else
-            {"flops_per_s": measure_peak_flops(), "source": "measured: 2048x2048 f32 matmul"})
+    peak = peak_flops_info(cfg.peak_flops, int(mesh.devices.size))
 
     # --- the run directory (process 0 writes it; every process checkpoints its shards) ------
     writer = distributed.is_writer()
@@ -712,9 +924,9 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
     metrics = MetricsFile(out / "metrics.jsonl", writer=writer)
 
     lrs = lr_table(rung, cfg)
-    progs = programs(rung.model, cfg, mesh, rung.optimizer_settings)
-    batch_sharding = NamedSharding(mesh, P("data"))
-    rows = distributed.local_rows(batch_sharding, rung.batch)  # this process's rows of a batch
+    progs = programs(rung.model, cfg, mesh, rung.optimizer_settings, rung.batch // microbatch)
+    split = batch_sharding(mesh)
+    rows = distributed.local_rows(split, rung.batch)  # this process's rows of a batch
     feed = corpus.train_feed(cfg.seed, rung.batch, rung.seq_len, rows)
     state = progs.init_state(cfg.seed)
     start = ckpt.latest_step()
@@ -727,12 +939,12 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
     eval_step = progs.eval_step
     replicated = NamedSharding(mesh, P())
 
-    def to_global(b: dict):  # this process's rows -> global arrays over the mesh
-        return {k: distributed.global_array(batch_sharding, v, (rung.batch, *v.shape[1:]))
-                for k, v in b.items()}
+    def to_global(b: dict, n: int):  # this process's rows of an n-row batch -> global arrays
+        return {k: distributed.global_array(split, v, (n, *v.shape[1:])) for k, v in b.items()}
 
-    eval_set = [to_global({k: v[rows] for k, v in b.items()})
-                for b in corpus.eval_batches(-(-cfg.eval_sequences // rung.batch), rung.batch,
+    eval_rows = distributed.local_rows(split, eval_batch)
+    eval_set = [to_global({k: v[eval_rows] for k, v in b.items()}, eval_batch)
+                for b in corpus.eval_batches(-(-cfg.eval_sequences // eval_batch), eval_batch,
                                              rung.seq_len)]
 
     def get_batch(i: int):  # input of step i (0-based): this process's rows of batch i
@@ -743,7 +955,8 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
             start = fault_step(rung, cfg)  # noise share grows linearly to drift_max at the end
             share = cfg.drift_max * (i - start + 1) / max(1, rung.steps - start)
             b = corrupt_bytes(b, share, rung.model.vocab_size, cfg.seed, i)
-        return {**to_global(b), "lr": distributed.global_array(replicated, lrs[i], ())}
+        return {**to_global(b, rung.batch),
+                "lr": distributed.global_array(replicated, lrs[i], ())}
 
     def evaluate(params, router_bias) -> dict:
         parts = [jax.device_get(eval_step(params, router_bias, b)) for b in eval_set]
@@ -793,7 +1006,7 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
                        "progress": step / rung.steps, "time": time.time(), **m,
                        "throughput/tokens_per_s": rung.tokens_per_step / dt,
                        "throughput/mfu": rung.tokens_per_step / dt * train_flops_per_token
-                       / peak["flops_per_s"],
+                       / peak["total_flops_per_s"],
                        "flops": rung.compute(step * rung.tokens_per_step)}
                 diverged = not math.isfinite(m["train/loss"])
                 if step in evals and not diverged:

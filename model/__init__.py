@@ -20,10 +20,11 @@ the LM head and cross-entropy over chunks of ``cfg.loss_chunk`` positions (no [B
 in loss_fn). ``segment_ids`` [B, S] keep packed documents from attending to each other.
 
 Sharding: routed-expert weights carry an E axis (leading in unrolled layers, after the group axis
-under scan: model.transformer.expert_axis); under a ``jax.sharding.Mesh`` with "Auto" axes
-("data", "expert"), jit/GSPMD runs the model unchanged (tests/test_model_sharding.py). Meshes
-with "Explicit" axes (jax.make_mesh's default in jax 0.10) are not supported: the embedding
-gather would need out_sharding annotations.
+under scan: model.transformer.expert_axis); under ``jax.set_mesh`` of a mesh with "Auto" axes
+("data", "expert") the MoE layers read the mesh from the context and run their routed path
+expert-parallel (``jax.shard_map`` + ``all_to_all``, model/moe.py); jit/GSPMD partitions the rest
+(tests/test_model_sharding.py). Meshes with "Explicit" axes (jax.make_mesh's default in jax 0.10)
+are not supported: the embedding gather would need out_sharding annotations.
 
 Left out of the real recipe (little effect on scaling behaviour, per issue #2): short
 convolutions, gated norms, attention head gates. Also: no TPU splash kernel (TPUs take the

@@ -15,11 +15,29 @@ only by :func:`update_router_bias`.
 Capacity: each expert takes at most C = ceil(capacity_factor * T * k / E) assignments per step;
 assignments beyond that are dropped (their expert output is zero; the token keeps its residual and
 the shared experts). Earlier tokens in the flattened batch order win slots. Dropless mode
-(evaluation) uses C = T, which no expert can exceed since a token picks distinct experts.
+(evaluation) computes every assignment through a ragged grouped matmul (:func:`dispatch_ragged`,
+``jax.lax.ragged_dot`` over the assignments sorted by expert), never a T-slot [E, T, L] buffer.
+
+Expert parallelism: when the jitted caller runs under a device mesh (``jax.set_mesh``) whose
+"expert" axis has more than one device, the routed path runs in ``jax.shard_map`` over the mesh
+(:func:`dispatch_expert_parallel`): tokens are split over every device (batch over "data" x
+"expert"), each device fills an [E, C, L] buffer from its own tokens (capacity counted per
+(sender shard, expert) cell, as in the real recipe), ``jax.lax.all_to_all`` over "expert" carries
+each expert's slots to the device holding it and the outputs back. The mesh comes from the
+context, not from a module argument, so the layer also works inside ``nn.scan``.
+
+Balancing statistics over a whole step: the step may be split into microbatches (and always is
+over devices), so the router-bias rule's statistic is *mergeable*: ``aux["bias_stat"]`` is what
+the rule needs from this call, :func:`merge_bias_stat` combines two of them exactly, and
+:func:`bias_target_from_stat` turns the merged one into the target. For the threshold rule the
+statistic is the per-expert top-n raw logits, n = tokens-per-step * k / E; the step's token count
+comes from :func:`step_tokens` (default: this call's tokens).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from collections.abc import Callable
 from typing import NamedTuple
@@ -67,6 +85,44 @@ class Dispatched(NamedTuple):
     kept: jax.Array   # [T, k] bool: the assignment got a slot
 
 
+class Slots(NamedTuple):
+    """Where each assignment goes in an [E, C, L] buffer (sorted order, see :func:`slots`)."""
+    order: jax.Array          # [A] assignment index of each sorted position
+    expert: jax.Array         # [A] expert of each sorted position
+    slot: jax.Array           # [A] slot within its expert; ``cap`` (out of range) when dropped
+    kept: jax.Array           # [A] bool, sorted order
+
+
+def slots(expert: jax.Array, n_experts: int, cap: int) -> Slots:
+    """expert [T, k] -> the slot of every assignment: sort the assignments by expert (stable, so
+    earlier tokens come first), a slot is the position within its expert's run of the sort;
+    slots >= cap are dropped."""
+    A = expert.size
+    flat = expert.reshape(A)                                   # [T, k] -> [A], a = t*k + j
+    order = jnp.argsort(flat, stable=True)                     # [A] assignments grouped by expert
+    sorted_expert = flat[order]                                # [A]
+    counts = jnp.bincount(flat, length=n_experts)              # [E]
+    starts = jnp.cumsum(counts) - counts                       # [E] first sorted index of expert e
+    slot = jnp.arange(A) - starts[sorted_expert]               # [A] position within its expert
+    kept = slot < cap
+    return Slots(order, sorted_expert, jnp.where(kept, slot, cap), kept)
+
+
+def scatter_slots(x: jax.Array, s: Slots, k: int, n_experts: int, cap: int) -> jax.Array:
+    """x [T, L] -> [E, C, L]: each kept assignment's token in its slot, zeros elsewhere."""
+    tokens = x[s.order // k]                                   # [A, L] token of each assignment
+    buf = jnp.zeros((n_experts, cap, x.shape[-1]), x.dtype)
+    return buf.at[s.expert, s.slot].set(tokens, mode="drop")  # out of range: mode="drop" drops
+
+
+def gather_slots(out: jax.Array, s: Slots, T: int, k: int) -> Dispatched:
+    """[E, C, L] expert outputs -> Dispatched(out [T, k, L], kept [T, k]) in assignment order."""
+    out_sorted = out.at[s.expert, s.slot].get(mode="fill", fill_value=0)     # [A, L]
+    out_flat = jnp.zeros_like(out_sorted).at[s.order].set(out_sorted)       # unsort -> [A, L]
+    kept = jnp.zeros((T * k,), bool).at[s.order].set(s.kept)
+    return Dispatched(out_flat.reshape(T, k, -1), kept.reshape(T, k))   # [A, L] -> [T, k, L]
+
+
 def dispatch_sorted(expert_fn: ExpertFn, x: jax.Array, expert: jax.Array, n_experts: int,
                     cap: int) -> Dispatched:
     """Run each token's chosen experts with at most ``cap`` assignments per expert.
@@ -79,23 +135,36 @@ def dispatch_sorted(expert_fn: ExpertFn, x: jax.Array, expert: jax.Array, n_expe
     ~7x faster than jax.lax.ragged_dot, ~70x faster than an [A, E, C] one-hot dispatch einsum.
     """
     T, k = expert.shape
-    A = T * k
-    flat = expert.reshape(A)                                   # [T, k] -> [A], a = t*k + j
-    order = jnp.argsort(flat, stable=True)                     # [A] assignments grouped by expert
-    sorted_expert = flat[order]                                # [A]
-    counts = jnp.bincount(flat, length=n_experts)              # [E]
-    starts = jnp.cumsum(counts) - counts                       # [E] first sorted index of expert e
-    slot = jnp.arange(A) - starts[sorted_expert]               # [A] position within its expert
-    kept_sorted = slot < cap
-    slot = jnp.where(kept_sorted, slot, cap)                   # out of range: mode="drop" drops
-    tokens = x[order // k]                                     # [A, L] token of each assignment
-    buf = jnp.zeros((n_experts, cap, x.shape[-1]), x.dtype)
-    buf = buf.at[sorted_expert, slot].set(tokens, mode="drop")  # [E, C, L]
-    out = expert_fn(buf)                                       # [E, C, L]
-    out_sorted = out.at[sorted_expert, slot].get(mode="fill", fill_value=0)   # [A, L]
-    out_flat = jnp.zeros_like(out_sorted).at[order].set(out_sorted)          # unsort -> [A, L]
-    kept = jnp.zeros((A,), bool).at[order].set(kept_sorted)
-    return Dispatched(out_flat.reshape(T, k, -1), kept.reshape(T, k))   # [A, L] -> [T, k, L]
+    s = slots(expert, n_experts, cap)
+    out = expert_fn(scatter_slots(x, s, k, n_experts, cap))   # [E, C, L]
+    return gather_slots(out, s, T, k)
+
+
+def ragged_experts(x_sorted: jax.Array, sizes: jax.Array, w_gate, w_up, w_down) -> jax.Array:
+    """SwiGLU experts on rows grouped by expert: x_sorted [A, L] (rows of expert 0 first, ...),
+    sizes [E] rows per expert (rows past sum(sizes) give zeros), weights [E, L, F] / [E, F, L]
+    -> [A, L]."""
+    h = jax.nn.silu(jax.lax.ragged_dot(x_sorted, w_gate, sizes)) \
+        * jax.lax.ragged_dot(x_sorted, w_up, sizes)                          # [A, F]
+    return jax.lax.ragged_dot(h, w_down, sizes)                              # [A, L]
+
+
+def dispatch_ragged(x: jax.Array, expert: jax.Array, weights: tuple, first: int | jax.Array = 0
+                    ) -> jax.Array:
+    """Dropless: every assignment whose expert is in [first, first + E_here) through its expert,
+    as one ragged grouped matmul over the assignments sorted by expert (no capacity, no
+    [E, T, L] buffer); the others give zeros. x [T, L], expert [T, k] (global ids), weights of
+    the E_here experts held here -> out [T, k, L]."""
+    T, k = expert.shape
+    n_here = weights[0].shape[0]
+    local = expert.reshape(T * k) - first                      # [A]
+    mine = (local >= 0) & (local < n_here)
+    key = jnp.where(mine, local, n_here)                       # not mine: a last, unused group
+    order = jnp.argsort(key, stable=True)                      # [A]
+    sizes = jnp.bincount(key, length=n_here + 1)[:n_here].astype(jnp.int32)   # [E_here]
+    out_sorted = ragged_experts(x[order // k], sizes, *weights)               # [A, L]
+    out = jnp.zeros_like(out_sorted).at[order].set(out_sorted)               # unsort
+    return out.reshape(T, k, -1)                                             # [A, L] -> [T, k, L]
 
 
 def dispatch_reference(expert_fn: ExpertFn, x: jax.Array, expert: jax.Array, n_experts: int,
@@ -116,6 +185,61 @@ def dispatch_reference(expert_fn: ExpertFn, x: jax.Array, expert: jax.Array, n_e
     return Dispatched(out, kept)
 
 
+def expert_mesh(n_tokens: int):
+    """The abstract mesh of the surrounding ``jax.set_mesh`` when the routed path should run
+    sharded over it (more than one device, an "expert" axis, tokens that split evenly), else
+    None: one device, or no mesh in context (then XLA/GSPMD partitions whatever it is given)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1 or "expert" not in mesh.axis_names \
+            or n_tokens % mesh.size:
+        return None
+    return mesh
+
+
+def dispatch_expert_parallel(cfg: ModelConfig, mesh, x: jax.Array, expert: jax.Array,
+                             weights: tuple, *, dropless: bool) -> Dispatched:
+    """The routed path under ``jax.shard_map`` over ``mesh``: tokens split over every device,
+    expert weights over "expert".
+
+    With capacity: each device (a sender shard) gives every expert C = ceil(cf * t * k / E)
+    slots of its own t tokens (the recipe's per-(sender shard, expert) cell), fills its
+    [E, C, L] buffer, and ``all_to_all`` over "expert" sends each block of E/ep experts to the
+    device holding them, which runs its experts on [E/ep, ep*C, L]; a second all_to_all brings
+    the outputs home. Dropless: the tokens of the expert group are all-gathered, each device runs
+    its E/ep experts on the assignments that chose them through :func:`dispatch_ragged`, and a
+    reduce-scatter (each assignment is computed on exactly one device, zeros elsewhere) returns
+    them. x [T, L], expert [T, k] -> Dispatched(out [T, k, L], kept [T, k])."""
+    from jax.sharding import PartitionSpec as P
+
+    E, ep = cfg.n_experts, mesh.shape["expert"]
+    n_here = E // ep
+    tok, wspec = P(tuple(mesh.axis_names)), P("expert")
+
+    def local(x, expert, w_gate, w_up, w_down):   # x [t, L], expert [t, k], weights [E/ep, ...]
+        t, k = expert.shape
+        L = x.shape[-1]
+        if dropless:
+            xg = jax.lax.all_gather(x, "expert", tiled=True)            # [ep*t, L]
+            eg = jax.lax.all_gather(expert, "expert", tiled=True)       # [ep*t, k]
+            first = jax.lax.axis_index("expert") * n_here
+            out = dispatch_ragged(xg, eg, (w_gate, w_up, w_down), first)   # [ep*t, k, L]
+            out = jax.lax.psum_scatter(out, "expert", scatter_dimension=0, tiled=True)
+            return out, jnp.ones((t, k), bool)                         # [t, k, L]
+        cap = capacity(cfg, t)
+        s = slots(expert, E, cap)
+        buf = scatter_slots(x, s, k, E, cap)                           # [E, C, L]
+        # block i of E/ep experts -> device i; received: block j = sender j's slots for mine
+        buf = jax.lax.all_to_all(buf, "expert", 0, 0, tiled=True)      # [ep*E/ep, C, L]
+        buf = buf.reshape(ep, n_here, cap, L).transpose(1, 0, 2, 3).reshape(n_here, ep * cap, L)
+        out = swiglu(buf, w_gate, w_up, w_down, "ecl,elf->ecf", "ecf,efl->ecl")
+        out = out.reshape(n_here, ep, cap, L).transpose(1, 0, 2, 3).reshape(E, cap, L)
+        out = jax.lax.all_to_all(out, "expert", 0, 0, tiled=True)      # home: [E, C, L]
+        return tuple(gather_slots(out, s, t, k))
+
+    return Dispatched(*jax.shard_map(local, mesh=mesh, in_specs=(tok, tok, wspec, wspec, wspec),
+                                     out_specs=(tok, tok))(x, expert, *weights))
+
+
 # ------------------------------------------------------------------------------------ experts
 def swiglu(x, w_gate, w_up, w_down, spec_in: str, spec_out: str):
     """SwiGLU feed-forward: (silu(x Wg) * (x Wu)) Wd, with einsum specs for the two halves."""
@@ -125,19 +249,24 @@ def swiglu(x, w_gate, w_up, w_down, spec_in: str, spec_out: str):
 
 class RoutedExperts(nn.Module):
     """E SwiGLU experts latent -> F -> latent, weights with a leading E axis (the mesh's
-    "expert" axis shards it)."""
+    "expert" axis shards it). ``weights()`` hands them to the ragged and expert-parallel
+    paths, which run outside the module."""
 
     cfg: ModelConfig
 
-    @nn.compact
-    def __call__(self, buf: jax.Array) -> jax.Array:          # [E, C, L] -> [E, C, L]
+    def setup(self):
         cfg = self.cfg
         E, L, F = cfg.n_experts, cfg.latent_dim, cfg.expert_dim
         init = normal(cfg.init_std)
-        w_gate = self.param("gate", init, (E, L, F), jnp.float32)
-        w_up = self.param("up", init, (E, L, F), jnp.float32)
-        w_down = self.param("down", init, (E, F, L), jnp.float32)
-        return swiglu(buf, w_gate, w_up, w_down, "ecl,elf->ecf", "ecf,efl->ecl")
+        self.gate = self.param("gate", init, (E, L, F), jnp.float32)
+        self.up = self.param("up", init, (E, L, F), jnp.float32)
+        self.down = self.param("down", init, (E, F, L), jnp.float32)
+
+    def weights(self) -> tuple:
+        return self.gate, self.up, self.down
+
+    def __call__(self, buf: jax.Array) -> jax.Array:          # [E, C, L] -> [E, C, L]
+        return swiglu(buf, self.gate, self.up, self.down, "ecl,elf->ecf", "ecf,efl->ecl")
 
 
 class SharedExperts(nn.Module):
@@ -159,7 +288,9 @@ class SharedExperts(nn.Module):
 class MoE(nn.Module):
     """Router + routed experts in latent space + shared experts. Returns ``(y, aux)``.
 
-    ``dispatch`` is :func:`dispatch_sorted` (fast) or :func:`dispatch_reference` (tests).
+    ``dispatch`` is :func:`dispatch_sorted` (fast; dropless evaluation goes through
+    :func:`dispatch_ragged`, and under a multi-device mesh everything through
+    :func:`dispatch_expert_parallel`) or :func:`dispatch_reference` (tests).
     """
 
     cfg: ModelConfig
@@ -180,18 +311,124 @@ class MoE(nn.Module):
         logits = jnp.einsum("td,de->te", xt.astype(jnp.float32), w_router.astype(jnp.float32))
         routing = route(cfg, logits, bias)
         latent = RMSNorm(cfg.norm_eps, name="latent_norm")(jnp.einsum("td,dl->tl", xt, w_down))
-        cap = capacity(cfg, T, dropless=dropless)
-        out, kept = self.dispatch(RoutedExperts(cfg, name="experts"), latent, routing.expert, E,
-                                  cap)                                 # [T, k, L], [T, k]
+        experts = RoutedExperts(cfg, name="experts")
+        mesh = expert_mesh(T) if self.dispatch is dispatch_sorted else None
+        if mesh is not None:
+            out, kept = dispatch_expert_parallel(cfg, mesh, latent, routing.expert,
+                                                 experts.weights(), dropless=dropless)
+        elif dropless and self.dispatch is dispatch_sorted:
+            out = dispatch_ragged(latent, routing.expert, experts.weights())
+            kept = jnp.ones(routing.expert.shape, bool)
+        else:
+            out, kept = self.dispatch(experts, latent, routing.expert, E,
+                                      capacity(cfg, T, dropless=dropless))   # [T, k, L], [T, k]
         mixed = jnp.einsum("tjl,tj->tl", out, routing.weight.astype(out.dtype))   # [T, L]
         y = jnp.einsum("tl,ld->td", mixed, w_up)                       # [T, D]
         if cfg.n_shared:
             y = y + SharedExperts(cfg, name="shared")(xt)
-        aux = moe_stats(cfg, logits, routing, kept, bias)
+        aux = moe_stats(cfg, logits, routing, kept, stat=bias_stat(cfg, logits, mesh, bias))
         return y.reshape(B, S, D), aux                                 # [T, D] -> [B, S, D]
 
 
 # ------------------------------------------------------------------------------ stats and bias
+_STEP_TOKENS: contextvars.ContextVar[int | None] = contextvars.ContextVar("step_tokens",
+                                                                         default=None)
+
+
+@contextlib.contextmanager
+def step_tokens(n: int):
+    """Within this context (at trace time) the balancing rule's statistic is sized for a step of
+    ``n`` tokens, however many a single call sees: a microbatched step sets it to the whole
+    step's tokens so the merged statistic equals one big batch's."""
+    token = _STEP_TOKENS.set(int(n))
+    try:
+        yield
+    finally:
+        _STEP_TOKENS.reset(token)
+
+
+def threshold_n(cfg: ModelConfig, n_tokens: int) -> int:
+    """n of the threshold rule: T*k/E over the step's tokens (floored, at least 1)."""
+    step = _STEP_TOKENS.get() or n_tokens
+    return max(1, (step * cfg.top_k) // cfg.n_experts)
+
+
+def top_logits(logits: jax.Array, n: int) -> jax.Array:
+    """logits [T, E] -> [E, n]: each expert's n largest logits, descending, padded with -inf
+    when T < n (a microbatch may hold fewer tokens than the step's n)."""
+    T = logits.shape[0]
+    top = jax.lax.top_k(jax.lax.stop_gradient(logits).T, min(n, T))[0]   # [E, min(n, T)]
+    if T < n:
+        top = jnp.pad(top, ((0, 0), (0, n - T)), constant_values=-jnp.inf)
+    return top
+
+
+def bias_stat(cfg: ModelConfig, logits: jax.Array, mesh=None,
+              bias: jax.Array | None = None) -> jax.Array:
+    """This call's share of the balancing rule's statistic (mergeable by :func:`merge_bias_stat`).
+
+    threshold: [E, n] top-n logits per expert over this call's tokens (under a mesh: merged over
+    all devices, and split over "expert" on the E axis). quantile: [E, N_BINS] counts of each
+    expert's margins under the layer's current ``bias`` (model/balance.py; a sum, so GSPMD adds
+    the devices' counts). Other rules need none: [E, 1] zeros.
+    """
+    T, E = logits.shape
+    if cfg.bias_rule == "quantile":
+        if bias is None:
+            raise ValueError("bias_rule quantile: the statistic needs the layer's current bias")
+        return margin_histogram(logits, bias, cfg.top_k)
+    if cfg.bias_rule != "threshold":
+        return jnp.zeros((E, 1), jnp.float32)
+    n = threshold_n(cfg, T)
+    if mesh is None:
+        return top_logits(logits, n)
+    from jax.sharding import PartitionSpec as P
+
+    others = tuple(a for a in mesh.axis_names if a != "expert")
+
+    def local(lg):                                     # [t, E] -> [E/ep, n]
+        top = top_logits(lg, min(n, lg.shape[0]))                     # [E, m]
+        # experts to their "expert" device, candidates of all senders side by side
+        top = jax.lax.all_to_all(top, "expert", 0, 1, tiled=True)     # [E/ep, ep*m]
+        top = jax.lax.top_k(top, min(n, top.shape[1]))[0]
+        if others:
+            top = jax.lax.all_gather(top, others, axis=1, tiled=True)   # [E/ep, dp*m']
+            top = jax.lax.top_k(top, min(n, top.shape[1]))[0]
+        if top.shape[1] < n:
+            top = jnp.pad(top, ((0, 0), (0, n - top.shape[1])), constant_values=-jnp.inf)
+        return top
+
+    # all_gather leaves its result typed "varying" over the other axes although every device of
+    # them holds the same merged top-n: the replication check cannot see it, so it is off here
+    return jax.shard_map(local, mesh=mesh, in_specs=P(tuple(mesh.axis_names)),
+                         out_specs=P("expert"), check_vma=False)(logits)
+
+
+def merge_bias_stat(cfg: ModelConfig, a: jax.Array, b: jax.Array) -> jax.Array:
+    """Two statistics of :func:`bias_stat` (any leading axes, e.g. layers) -> the statistic of
+    both token sets together, exactly: threshold keeps the top-n of the union, quantile adds the
+    counts; others: zeros."""
+    if cfg.bias_rule == "quantile":
+        return a + b
+    if cfg.bias_rule != "threshold":
+        return a
+    n = a.shape[-1]
+    return jax.lax.top_k(jnp.concatenate([a, b], axis=-1), n)[0]
+
+
+def bias_target_from_stat(cfg: ModelConfig, stat: jax.Array) -> jax.Array:
+    """[..., E, n] statistic -> the threshold rule's bias [..., E]: minus the n-th largest logit
+    of each expert, centred to zero mean over experts (a common shift changes no top-k choice).
+    quantile: [..., E, N_BINS] summed margin counts -> minus each expert's upper K/E margin
+    quantile, centred (model/balance.py). Other rules: zeros (they do not use a target)."""
+    if cfg.bias_rule == "quantile":
+        return bias_from_histogram(stat, cfg.top_k)
+    if cfg.bias_rule != "threshold":
+        return jnp.zeros(stat.shape[:-1], jnp.float32)
+    bias = -stat[..., -1]
+    return bias - jnp.mean(bias, axis=-1, keepdims=True)
+
+
 def threshold_bias(logits: jax.Array, top_k: int) -> jax.Array:
     """The real recipe's bias: per expert e, minus the n-th largest unbiased logit of e over the
     step's tokens, n = T*k/E (floored, at least 1), so that exactly n tokens clear e's threshold;
@@ -199,23 +436,23 @@ def threshold_bias(logits: jax.Array, top_k: int) -> jax.Array:
     logits [T, E] -> [E]."""
     T, E = logits.shape
     n = max(1, (T * top_k) // E)
-    nth_largest = jax.lax.top_k(jax.lax.stop_gradient(logits).T, n)[0][:, n - 1]   # [E]
-    bias = -nth_largest
+    bias = -top_logits(logits, n)[:, n - 1]                           # [E]
     return bias - jnp.mean(bias)
 
 
 def moe_stats(cfg: ModelConfig, logits: jax.Array, routing: Routing, kept: jax.Array,
-              bias: jax.Array | None = None) -> dict:
+              stat: jax.Array | None = None, bias: jax.Array | None = None) -> dict:
     """Named statistics of one MoE layer (for logging and the bias rule; none is differentiated).
 
     drop_frac: dropped assignments / all assignments (exact). load [E]: assignments per expert
     before dropping. router_entropy: mean over tokens of the entropy (nats) of softmax(logits)
     over all E experts. router_z_loss: mean logsumexp(logits)^2. balance_loss: Switch-style
     E * sum_e f_e P_e with f_e the fraction of assignments to e and P_e the mean softmax
-    probability of e (Fedus et al. 2021, eq. 4). bias_target: what the bias rule consumes:
-    [E] :func:`threshold_bias`, or for the "quantile" rule the margin histogram [E, N_BINS] of
-    model/balance.py (``bias`` is then the layer's current bias), a count that sums over devices
-    and microbatches.
+    probability of e (Fedus et al. 2021, eq. 4). bias_stat: the balancing rule's mergeable
+    statistic (:func:`bias_stat` of ``logits`` and the layer's current ``bias``, computed here
+    when not given); bias_target [E]: the rule's target from it (:func:`bias_target_from_stat`;
+    for threshold, :func:`threshold_bias` over the step; for quantile, the bias from the margin
+    histogram of model/balance.py).
     """
     logits = jax.lax.stop_gradient(logits)
     T, E = logits.shape
@@ -224,14 +461,15 @@ def moe_stats(cfg: ModelConfig, logits: jax.Array, routing: Routing, kept: jax.A
     logp = jax.nn.log_softmax(logits, axis=-1)                         # [T, E]
     p = jnp.exp(logp)
     lse = jax.nn.logsumexp(logits, axis=-1)                            # [T]
+    stat = bias_stat(cfg, logits, bias=bias) if stat is None else stat
     return {
         "drop_frac": (A - jnp.sum(kept)) / A,                           # integer count: exact
         "load": load,
         "router_entropy": jnp.mean(-jnp.sum(p * logp, axis=-1)),
         "router_z_loss": jnp.mean(lse ** 2),
         "balance_loss": E * jnp.sum(load / A * jnp.mean(p, axis=0)),
-        "bias_target": (margin_histogram(logits, bias, cfg.top_k) if cfg.bias_rule == "quantile"
-                        else threshold_bias(logits, cfg.top_k)),
+        "bias_stat": stat,
+        "bias_target": bias_target_from_stat(cfg, stat),
     }
 
 
@@ -239,8 +477,8 @@ def update_router_bias(cfg: ModelConfig, router_bias: jax.Array, stats: dict) ->
     """The next step's router bias [n_layers, E] from this step's stats (``cfg.bias_rule``).
 
     threshold: replaced by ``stats["moe/bias_target"]`` (minus each expert's n-th raw logit).
-    quantile: minus each expert's upper K/E margin quantile, from the histogram in
-    ``stats["moe/bias_target"]`` (the hero recipe, model/balance.py).
+    quantile: replaced by ``stats["moe/bias_target"]`` (minus each expert's upper K/E margin
+    quantile, from the step's summed histogram: the hero recipe, model/balance.py).
     sign: bias += bias_rate * sign(mean load - load), per layer (loss-free balancing, Wang et al.
     2024, "Auxiliary-loss-free load balancing strategy for mixture-of-experts").
     none: unchanged.
@@ -248,10 +486,17 @@ def update_router_bias(cfg: ModelConfig, router_bias: jax.Array, stats: dict) ->
     if cfg.bias_rule == "threshold":
         new = stats["moe/bias_target"]
     elif cfg.bias_rule == "quantile":  # model/balance.py: the recipe's rule, from summed counts
-        new = bias_from_histogram(stats["moe/bias_target"], cfg.top_k)
+        new = stats["moe/bias_target"]
     elif cfg.bias_rule == "sign":
         load = stats["moe/load"]                                       # [n_layers, E]
         new = router_bias + cfg.bias_rate * jnp.sign(jnp.mean(load, axis=-1, keepdims=True) - load)
     else:
         new = router_bias
     return jax.lax.stop_gradient(jnp.asarray(new, router_bias.dtype))
+
+
+def empty_bias_stat(cfg: ModelConfig, shape) -> jax.Array:
+    """The identity of :func:`merge_bias_stat` (the statistic of no tokens): -inf logits for
+    threshold, zero counts for quantile (and the rules without a statistic)."""
+    fill = -jnp.inf if cfg.bias_rule == "threshold" else 0.0
+    return jnp.full(shape, fill, jnp.float32)

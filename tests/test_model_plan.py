@@ -24,18 +24,29 @@ def test_plan_marin_first_rung_on_8_devices():
     assert p.active_params == pytest.approx(60.56e6, rel=5e-3)   # the published size
     # FLOPs per step: 3 x forward x tokens per step, from the counter
     tokens = 1024 * 4096
-    assert p.tokens_per_step == tokens and p.tokens_per_device == tokens
+    assert p.tokens_per_step == tokens
+    assert p.tokens_per_device == tokens // 8      # the batch is split over ALL devices
     assert p.flops_per_step == pytest.approx(3 * rung.flops.forward * tokens, rel=1e-12)
     assert p.flops_per_step_no_lm_head * rung.steps == pytest.approx(2.650e19, rel=1e-2)
-    # memory: routed experts split 8 ways, everything else (router bias too) replicated, f32
+    # memory: every weight FSDP-split 8 ways, the router bias replicated, f32
     bias = cfg.n_layers * cfg.n_experts
-    trained = counted.total - bias - counted.routed_experts + counted.routed_experts / 8
+    trained = (counted.total - bias) / 8
     assert p.param_bytes == pytest.approx(4 * (trained + bias))
-    assert p.grad_bytes == pytest.approx(4 * trained)
+    assert p.grad_bytes == pytest.approx(4 * trained)          # one microbatch: no accumulator
     assert p.optimizer_bytes == pytest.approx(8 * trained)
-    assert p.activation_bytes == pytest.approx(1024 * p.activation_bytes_per_sequence)
+    assert p.gathered_bytes == 2 * 4 * cfg.vocab_size * cfg.d_model
+    n_top = tokens * cfg.top_k // cfg.n_experts
+    assert p.balance_bytes == pytest.approx(2 * 4 * cfg.n_layers * cfg.n_experts * n_top / 8)
+    assert p.activation_bytes == pytest.approx(128 * p.activation_bytes_per_sequence)
     assert p.step_time_s == pytest.approx(p.flops_per_step / (8 * 2.5e15 * 0.4))
     assert p.run_time_s == pytest.approx(rung.steps * p.step_time_s)
+    # microbatching: the activations of one microbatch, plus a gradient accumulator
+    q = plan_rung(rung, 8, microbatch=16)
+    assert q.activation_bytes == pytest.approx(2 * q.activation_bytes_per_sequence)
+    assert q.grad_bytes == pytest.approx(8 * trained)
+    assert q.total_bytes < 70 * 2**30 < p.total_bytes
+    with pytest.raises(ValueError, match="^microbatch:"):
+        plan_rung(rung, 8, microbatch=3)
 
 
 def test_plan_tiny_hand_computed():
@@ -47,11 +58,11 @@ def test_plan_tiny_hand_computed():
         (16, 2, 16, 8, 1, 1, 4, 2, 8, 8, 1, 8, 256, 64, 4)
     p = plan_rung(rung, 8, peak_flops=1e12, mfu=0.5)
     assert (p.data_parallel, p.expert_parallel) == (2, 4)
-    assert p.tokens_per_device == 2 * 64
-    # per token and layer: 4*16 + 3*16 + 3*8 + 2*2 + 2*4 + 3*8 + 1.25*2*(2*8 + 3*8) + 3*8 = 296;
-    # two layers + 2*16 + 2*256 = 1136 elements, bf16
-    assert p.activation_bytes_per_sequence == 1136 * 2 * 64
-    assert p.activation_bytes == 2 * 1136 * 2 * 64
+    assert p.tokens_per_device == 1 * 64              # ceil(4 / 8) sequences
+    # per token and layer: 4*16 + 4*16 + 3*8 + 2*2*64 + 2*4 + 3*8 + 2*2*8
+    #   + 2*1.25*2*(2*8 + 3*8) + 3*8 = 696; two layers + 2*16 + 3*256 = 2192 elements, f32
+    assert p.activation_bytes_per_sequence == 2192 * 4 * 64
+    assert p.activation_bytes == 1 * 2192 * 4 * 64
     assert p.step_time_s == pytest.approx(p.flops_per_step / (8 * 1e12 * 0.5))
     assert p.params_exact == count_params(cfg).total
 
@@ -68,6 +79,7 @@ def test_mesh_choice_and_errors():
     # an uneven batch split plans for the most loaded device
     p = plan_rung(LADDERS["tiny"].rungs[0], 3, expert_parallel=1)
     assert p.tokens_per_device == math.ceil(4 / 3) * 64
+    assert p.microbatch == 4
 
 
 def test_plan_cli_json_and_errors(capsys):
@@ -76,11 +88,46 @@ def test_plan_cli_json_and_errors(capsys):
     assert [r["name"] for r in rows] == [r.name for r in LADDERS["tiny"].all]
     for r in rows:
         assert r["peak_flops"] == GB200_BF16_DENSE_FLOPS and r["mfu"] == 0.4
-        assert r["total_bytes"] == pytest.approx(r["param_bytes"] + r["grad_bytes"]
-                                                 + r["optimizer_bytes"] + r["activation_bytes"])
+        assert r["total_bytes"] == pytest.approx(
+            r["param_bytes"] + r["grad_bytes"] + r["optimizer_bytes"] + r["gathered_bytes"]
+            + r["balance_bytes"] + r["activation_bytes"])
+        assert r["fits"] is True and r["memory_per_device"] == 80e9
     assert main(["plan", "tiny:12.8K-A3.8K", "--devices", "2"]) == 0
     assert "12.8K-A3.8K" in capsys.readouterr().out
     assert main(["plan", "tiny", "--devices", "8", "--expert-parallel", "3"]) == 64
     assert "--expert-parallel" in capsys.readouterr().err
     assert main(["plan", "tiny", "--mfu", "0"]) == 64
     assert main(["plan", "nosuch"]) == 64
+    # a rung that does not fit is said so, on stderr
+    assert main(["plan", "marin-535b:1.6B-A61M", "--devices", "8", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["microbatch"] == 16 and row["fits"]     # the largest the estimate fits in 80 GB
+    assert main(["plan", "marin-535b:27.7B-A1.2B", "--devices", "64"]) == 0   # 1 seq: ~118 GB
+    assert "over the 74.5GiB budget" in capsys.readouterr().err
+    assert main(["plan", "tiny", "--devices", "8", "--compile"]) == 64   # one rung only
+    assert "LADDER:RUNG" in capsys.readouterr().err
+
+
+def test_accelerator_table_and_collective_count():
+    from ladder.plan import accelerator_peak, count_collectives
+
+    assert accelerator_peak("NVIDIA H100 80GB HBM3")["flops"] == 989e12
+    assert accelerator_peak("NVIDIA H100 PCIe")["flops"] == 756e12
+    assert accelerator_peak("NVIDIA H200")["name"] == "H200"
+    assert accelerator_peak("NVIDIA GB200")["name"] == "GB200"    # not B200: more specific first
+    assert accelerator_peak("NVIDIA B200")["flops"] == 2.25e15
+    assert accelerator_peak("TPU v5 lite")["name"] == "TPU v5e"
+    assert accelerator_peak("TPU v5p")["name"] == "TPU v5p"
+    assert accelerator_peak("TPU v6 lite")["name"] == "TPU v6e"
+    assert accelerator_peak("cpu") is None
+    hlo = """
+      %a = f32[8] all-to-all(f32[8] %x), dimensions={0}
+      %b = f32[8] all-reduce-start(f32[8] %y), to_apply=%add
+      %c = f32[8] all-reduce-done(f32[8] %b)
+      %d = f32[16] all-gather(f32[8] %z), dimensions={0}
+      %e = f32[4] reduce-scatter(f32[8] %w), dimensions={0}
+      %f = f32[8] collective-permute(f32[8] %v), source_target_pairs={{0,1}}
+      %g = f32[8] add(f32[8] %all-gather.1, f32[8] %v)
+    """
+    assert count_collectives(hlo) == {"all-to-all": 1, "all-reduce": 1, "all-gather": 1,
+                                      "reduce-scatter": 1, "collective-permute": 1}

@@ -1,4 +1,5 @@
-"""The model under a (data x expert) device mesh matches one device (8 host CPU devices)."""
+"""The model under a (data x expert) device mesh matches one device (8 host CPU devices): under
+``jax.set_mesh`` the MoE layers run expert-parallel (shard_map + all_to_all)."""
 
 import os
 import subprocess
@@ -17,21 +18,25 @@ SCRIPT = textwrap.dedent("""
     from model.transformer import param_group
 
     assert jax.device_count() == 8
-    cfg = LADDERS["tiny"].rungs[0].model.replace(n_experts=8)
+    # capacity factor E/k: every (sender shard, expert) cell has room for all its tokens, so the
+    # per-shard capacity of the expert-parallel path drops nothing and 8 devices = 1 device
+    cfg = LADDERS["tiny"].rungs[0].model.replace(n_experts=8, capacity_factor=4.0)
     params, bias = model.init(cfg, 0)
-    tokens = jax.random.randint(jax.random.key(1), (4, 32), 0, cfg.vocab_size)
+    tokens = jax.random.randint(jax.random.key(1), (8, 32), 0, cfg.vocab_size)   # 1 per device
     step = jax.jit(jax.value_and_grad(partial(model.loss_fn, cfg), has_aux=True))
     (loss1, _), grads1 = step(params, bias, tokens, tokens)
 
-    # GSPMD ("Auto" axes): routed experts split on "expert", batch on "data", the rest replicated
+    # "Auto" axes: routed experts split on "expert", batch over data x expert, the rest replicated
     mesh = jax.make_mesh((2, 4), ("data", "expert"), axis_types=(AxisType.Auto,) * 2)
     def place(path, x):
         spec = P("expert") if param_group(path) == "routed_experts" else P()
         return jax.device_put(x, NamedSharding(mesh, spec))
     sharded = unflatten_dict({k: place(k, v) for k, v in flatten_dict(params).items()})
     with jax.set_mesh(mesh):
-        toks = jax.device_put(tokens, NamedSharding(mesh, P("data")))
+        toks = jax.device_put(tokens, NamedSharding(mesh, P(("data", "expert"))))
         (loss8, _), grads8 = step(sharded, bias, toks, toks)
+        hlo = step.lower(sharded, bias, toks, toks).compile().as_text()
+    assert "all-to-all" in hlo
     np.testing.assert_allclose(loss8, loss1, rtol=1e-5)
     for a, b in zip(jax.tree.leaves(grads8), jax.tree.leaves(grads1)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)

@@ -1,0 +1,72 @@
+"""`ladder plan --compile`: XLA's own figures of the real train step on fake CPU devices."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ladder.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# XLA_FLAGS must be set before JAX initialises: a subprocess with 8 host devices.
+SCRIPT = r"""
+import json
+import jax
+from ladder.plan import compile_step
+from ladder.specs import LADDERS
+assert jax.device_count() == 8
+rung = LADDERS["tiny"].rungs[0].replace(batch=16)   # 2 sequences per device on 8 devices
+out = {}
+for n, ep in ((1, 1), (8, 4), (8, 1)):
+    s = compile_step(rung, n, expert_parallel=ep)
+    out[f"{n}x{ep}"] = {"flops": s.flops_per_device, "bytes": s.bytes_per_device,
+                        "collectives": s.collectives, "mesh": s.mesh}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_sharded_step_does_not_replicate_work():
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+           "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=900, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    one = out["1x1"]["flops"]
+    assert out["8x4"]["mesh"] == {"data": 2, "expert": 4}
+    assert out["8x1"]["mesh"] == {"data": 8, "expert": 1}
+    for mesh in ("8x4", "8x1"):
+        # the issue measured 2.8x (8x1, 2x4) and 5.0x (1x8) before: dense work repeated
+        assert 8 * out[mesh]["flops"] == pytest.approx(one, rel=0.15), (mesh, out)
+        assert out[mesh]["bytes"] < out["1x1"]["bytes"]
+    assert out["8x4"]["collectives"]["all-to-all"] > 0      # tokens travel to their experts
+    assert sum(out["1x1"]["collectives"].values()) == 0
+
+
+@pytest.mark.slow
+def test_plan_compile_cli_reexecs_with_fake_devices(capfd):
+    # this process already runs JAX on 1 device: plan re-runs itself with 4 fake devices
+    code = main(["plan", "tiny:12.8K-A3.8K", "--devices", "4", "--compile", "--json",
+                 "--memory-per-device", "1e9"])
+    assert code == 0
+    row = json.loads(capfd.readouterr().out)[0]
+    c = row["compiled"]
+    assert set(c["collectives"]) == {"all-to-all", "all-reduce", "all-gather",
+                                     "reduce-scatter", "collective-permute"}
+    assert c["collectives"]["all-to-all"] > 0
+    assert c["bytes_per_device"] == pytest.approx(c["argument_bytes"] + c["temp_bytes"]
+                                                  + c["output_bytes"] - c["alias_bytes"])
+    assert row["compiled_mesh"] == {"data": 1, "expert": 4} and row["microbatch"] == 4
+    assert "largest that fits" in row["microbatch_note"]
+    # the estimate agrees with XLA within 30% on this shape too
+    assert row["total_bytes"] == pytest.approx(c["bytes_per_device"], rel=0.3)
+
+
+def test_plan_compile_bad_input():
+    assert main(["plan", "tiny:12.8K-A3.8K", "--devices", "0", "--compile"]) == 64
+    assert main(["plan", "tiny", "--devices", "4", "--compile"]) == 64
