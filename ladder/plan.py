@@ -135,7 +135,7 @@ class RungPlan:
     grad_bytes: float                # gradients (+ the accumulator with several microbatches)
     optimizer_bytes: float
     gathered_bytes: float            # weights gathered whole for use (embedding, LM head)
-    balance_bytes: float             # the threshold rule's merged statistic
+    balance_bytes: float             # the balancing rule's statistic, merged (threshold, quantile)
     activation_bytes: float
     activation_bytes_per_sequence: float
     peak_flops: float
@@ -193,6 +193,8 @@ def plan_rung(rung: Rung, devices: int = 1, *, expert_parallel: int | None = Non
     cfg = rung.model
     mesh = make_mesh(devices, cfg.n_experts, expert_parallel)
 
+    from model.balance import N_BINS
+
     shapes, bias = param_shapes(cfg)
     n_exact = bias.size + sum(leaf.size for leaf in flatten_dict(shapes).values())
     trained = (n_exact - bias.size) / mesh.devices      # FSDP: every weight split N ways
@@ -201,8 +203,10 @@ def plan_rung(rung: Rung, devices: int = 1, *, expert_parallel: int | None = Non
     seqs_per_device = math.ceil(mb / mesh.devices)      # the largest shard when uneven
     act_per_seq = activation_elements_per_token(cfg, rung.seq_len) * rung.seq_len * BYTES_ACT
     n_top = max(1, rung.tokens_per_step * cfg.top_k // cfg.n_experts)
-    balance = (2 * cfg.n_layers * cfg.n_experts * n_top * BYTES_F32 / mesh.expert
-               if cfg.bias_rule == "threshold" else 0.0)
+    # the balancing rule's statistic and its merged copy, split over "expert": the threshold
+    # rule's top-n logits per expert, the quantile rule's margin histogram (model/balance.py)
+    per_expert = {"threshold": n_top, "quantile": N_BINS}.get(cfg.bias_rule, 0)
+    balance = 2 * cfg.n_layers * cfg.n_experts * per_expert * BYTES_F32 / mesh.expert
     accumulator = trained * BYTES_F32 if mb < rung.batch else 0.0
     return RungPlan(
         ladder=rung.ladder, name=rung.name, devices=mesh.devices, data_parallel=mesh.data,

@@ -35,8 +35,10 @@ def test_plan_marin_first_rung_on_8_devices():
     assert p.grad_bytes == pytest.approx(4 * trained)          # one microbatch: no accumulator
     assert p.optimizer_bytes == pytest.approx(8 * trained)
     assert p.gathered_bytes == 2 * 4 * cfg.vocab_size * cfg.d_model
-    n_top = tokens * cfg.top_k // cfg.n_experts
-    assert p.balance_bytes == pytest.approx(2 * 4 * cfg.n_layers * cfg.n_experts * n_top / 8)
+    # the recipe's quantile rule: a 10,000-bin margin histogram per (layer, expert), and the
+    # merged copy, split over the expert axis (8)
+    assert cfg.bias_rule == "quantile"
+    assert p.balance_bytes == pytest.approx(2 * 4 * cfg.n_layers * cfg.n_experts * 10_000 / 8)
     assert p.activation_bytes == pytest.approx(128 * p.activation_bytes_per_sequence)
     assert p.step_time_s == pytest.approx(p.flops_per_step / (8 * 2.5e15 * 0.4))
     assert p.run_time_s == pytest.approx(rung.steps * p.step_time_s)
