@@ -75,16 +75,36 @@ def build_parser() -> argparse.ArgumentParser:
     # --- fitting ---------------------------------------------------------------------------------
     s = sub.add_parser("fit", help="fit and export a scaling law")
     s.add_argument("sources", nargs="+", metavar="SOURCE")
-    s.add_argument("--form", default="auto")
+    s.add_argument("--form", default="auto",
+                   help="law form: auto (every form the columns allow, chosen by rollout "
+                        "backtest), compute, chinchilla, trajectory, moe, mpl, momentum "
+                        "(default: %(default)s)")
     s.add_argument("--metric", default=None)
-    s.add_argument("--bootstrap", type=int, default=200)
-    s.add_argument("--level", type=float, default=0.9)
-    s.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE")
-    s.add_argument("--tie", action="append", default=[], metavar="A=B")
-    s.add_argument("--by", default=None, metavar="COLUMN")
-    s.add_argument("--params-column", default="params", choices=["params", "active_params"])
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--out", default=None)
+    s.add_argument("--bootstrap", type=int, default=200,
+                   help="run-level bootstrap replicates (default: %(default)s)")
+    s.add_argument("--level", type=float, default=0.9,
+                   help="level of the intervals and bands (default: %(default)s)")
+    s.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE",
+                   help="hold a parameter fixed, e.g. E=1.5 (default: none)")
+    s.add_argument("--prior", action="append", default=[], metavar="NAME=MEAN:SD",
+                   help="Gaussian prior on a parameter (in its natural units), e.g. "
+                        "E=1.5:0.2: a penalised fit whose prior spread goes into the band "
+                        "(default: none)")
+    s.add_argument("--tie", action="append", default=[], metavar="A=B",
+                   help="make parameter A equal B, e.g. beta=alpha (default: none)")
+    s.add_argument("--by", default=None, metavar="COLUMN",
+                   help="one law per value of COLUMN, e.g. fraction (default: one law)")
+    s.add_argument("--objective", default="huber", choices=["huber", "ols"],
+                   help="huber: summed Huber(1e-3) on log loss; ols: least squares of "
+                        "log(L - E) on log C with E fixed (the real ladder's fit; Student-t "
+                        "interval with n-2 dof) (default: %(default)s)")
+    s.add_argument("--params-column", default="params", choices=["params", "active_params"],
+                   help="parameter count of the chinchilla form (default: %(default)s)")
+    s.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: %(default)s)")
+    s.add_argument("--allow-unconverged", action="store_true",
+                   help="write the law even when the best start did not converge (default: "
+                        "refuse, exit 65)")
+    s.add_argument("--out", default=None, help="law.json to write (default: none)")
     s.set_defaults(func=_call("fit.commands:fit_main"))
 
     s = sub.add_parser("predict", help="predict loss from a law")
@@ -113,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--data-tag", default=None, help="data-mix tag the forecast applies to")
     s.add_argument("--eval-noise", type=float, default=None, metavar="SIGMA",
                    help="sd of one eval's metric (default: estimated from --runs)")
+    s.add_argument("--allow-no-band", action="store_true",
+                   help="register even when the law gives no band at any point (default: "
+                        "refuse, exit 65)")
     s.add_argument("--out", default="prereg.json")
     s.set_defaults(func=_call("predict.commands:preregister_main"))
 

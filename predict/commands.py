@@ -59,7 +59,8 @@ def resolve_target(args) -> fc.Target:
 def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None = None,
                 eval_noise: float | None = None, data_tag: str | None = None,
                 requires: dict | None = None, config: WatchConfig | None = None,
-                amends: dict | None = None, created: str | None = None) -> dict:
+                amends: dict | None = None, created: str | None = None,
+                allow_no_band: bool = False) -> dict:
     """The pre-registration document for ``target`` from ``law`` (library entry of the command)."""
     metric = getattr(law, "metric", None) or "eval_dropless/loss"
     noise_info = {"sigma": 0.0, "n": 0, "method": "none (no --runs, no --eval-noise)"}
@@ -97,6 +98,12 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
         noise_info = {"sigma": float(eval_noise), "n": 0, "method": "given (--eval-noise)"}
     f = fc.forecast(law, target, level=level, eval_noise=noise_info["sigma"])
     import numpy as np
+    if not allow_no_band and not (np.isfinite(f.lo).any() and np.isfinite(f.hi).any()):
+        # a frozen, never-overwritable file whose band is all NaN can never judge anything
+        raise InputError("the law gives no band at any forecast point (all lo/hi NaN: e.g. no "
+                         "residual degrees of freedom); nothing written; refit with more runs "
+                         "or a --prior, or pass --allow-no-band", field="forecast.lo",
+                         exit_code=EX_DATAERR)
     if not (np.isfinite(f.lo).all() and np.isfinite(f.hi).all()):
         print("ladder preregister: WARNING the law could not compute a band for some points; "
               "they are registered with lo/hi missing (NaN), and never judged as inside",
@@ -139,7 +146,8 @@ def preregister_main(args) -> int:
     doc = make_prereg(law, target, level=args.level, runs=getattr(args, "runs", None),
                       eval_noise=getattr(args, "eval_noise", None),
                       data_tag=getattr(args, "data_tag", None),
-                      requires=parse_requires(args.require), amends=amends)
+                      requires=parse_requires(args.require), amends=amends,
+                      allow_no_band=getattr(args, "allow_no_band", False))
     pr.write_once(out, doc)
     fin = doc["final"]
     print(f"wrote {out} (read-only), sha256 {doc['sha256']}")
@@ -178,6 +186,29 @@ def verify_main(args) -> int:
     return 0
 
 
+def source_keys(src: str, max_rows: int = 200) -> str:
+    """The metric keys of a local JSONL/CSV source (its first rows), for error messages."""
+    p = Path(src)
+    if not p.is_file():
+        return ""
+    keys: list[str] = []
+    try:
+        with open(p, encoding="utf-8", errors="replace") as fh:
+            if p.suffix.lower() == ".csv":
+                keys = [k.strip() for k in fh.readline().rstrip("\n").split(",")]
+            else:
+                for _, line in zip(range(max_rows), fh, strict=False):
+                    try:
+                        row = json.loads(line)
+                    except ValueError:
+                        continue
+                    if isinstance(row, dict):
+                        keys += [k for k in row if k not in keys]
+    except OSError:
+        return ""
+    return ", ".join(keys)
+
+
 def watch_main(args) -> int:
     from predict import sinks as sk
     from predict.live import Watcher
@@ -209,4 +240,9 @@ def watch_main(args) -> int:
           f"last step {st.get('last_step')}; worst {st.get('worst') or 'none'}"
           + (f"; NOT APPLICABLE: {st['not_applicable']}" if st.get("not_applicable") else "")
           + f"; exit {code}", file=sys.stderr)
+    if not st.get("n_evals") and not st.get("not_applicable"):
+        # judging nothing is not "nothing above info": most likely the wrong --metric
+        raise InputError(f"0 evals of '{w.view.metric}' judged ({st.get('n_points', 0)} points "
+                         f"read); keys seen: {source_keys(args.source) or 'none'}; name the "
+                         "source key with --metric", field="--metric", exit_code=EX_DATAERR)
     return code
