@@ -59,15 +59,17 @@ def _uncertainty(r) -> dict:
                 "band": "E + exp(log(L - E) +- t(dof) sqrt(x' V x + sigma^2)), V the covariance "
                         "of (log A, alpha); sigma the residual sd of log(L - E)"}
     return {
-        "method": "run-level bootstrap (percentiles) and lack-of-fit Student-t (delta method)",
+        "method": "run-level Bayesian bootstrap (percentiles) and lack-of-fit Student-t (delta "
+                  "method)",
         "level": r.level,
         "intervals": r.intervals,
         "bootstrap_u": None if r.boot_u is None else r.boot_u.tolist(),
         "covariance_free": None if r.cov is None else r.cov.tolist(),
         "sigma_log": r.sigma,
         "dof": r.dof,
-        "band": "log space: max(bootstrap quantile, t * delta-method se) for the parameters, "
-                "t * sigma_log for run-to-run noise, combined in quadrature",
+        "band": "log space: the bootstrap quantile for the parameters (t * delta-method se "
+                "without usable replicates), t * sigma_log for run-to-run noise, combined in "
+                "quadrature",
     }
 
 
