@@ -8,6 +8,7 @@ imported by ``main``, or a line below). Every row says whether the published val
 our interval (``inside``) and whether our number meets the issue's target (``ok``).
 
     python bench/accuracy.py [--anchors ../shared/anchors] [--bootstrap 200] [--only NAME]
+    python bench/accuracy.py --calibration [--ladder NAME]   # band calibration table
 """
 
 from __future__ import annotations
@@ -231,6 +232,159 @@ def _curve_row_functions():
     return [_curve_rows(fn) for fn in accuracy_curves.ROWS]
 
 
+# ----------------------------------------------------------------------------- calibration
+# Leave-one-rung-out and rollout on every public ladder of the anchors whose columns one of our
+# forms takes (N, D, loss; or whole curves): is the 90% band calibrated (coverage 80-97%) and
+# sharp (median half-width against the held-out errors)? A rung is a model size (sizes within
+# RUNG_DECADES of each other are one rung); its runs are held out together.
+
+RUNG_DECADES = 0.05
+CALIBRATION_LEVEL = 0.9
+COVERAGE_TARGET = (0.80, 0.97)
+
+
+def public_ladders(anchors: Path) -> dict[str, tuple[pd.DataFrame, dict, float]]:
+    """name -> (points table, fit_law keywords, rung width in decades). Absent data is left
+    out."""
+    out = {}
+    p = anchors / "chinchilla_epoch" / "svg_extracted_data.csv"
+    if p.exists():
+        raw = pd.read_csv(p)
+        raw = raw[raw["loss"] < np.sort(raw["loss"].to_numpy())[-5]]
+        N, C = raw["Model Size"].to_numpy(), raw["Training FLOP"].to_numpy()
+        # digitised sizes scatter: rungs of 0.2 decades (12 rungs over 7e7..1.6e10)
+        # (form given: auto would fit 3 forms x 5 backtest folds per held-out rung)
+        out["Epoch Chinchilla"] = (pd.DataFrame({
+            "run": np.arange(len(raw)).astype(str), "params": N, "tokens": C / (6 * N),
+            "compute": C, "loss": raw["loss"].to_numpy()}), {"form": "chinchilla"}, 0.2)
+    p = anchors / "gadre2024_overtraining" / "runs_tidy.csv"
+    if p.exists():
+        runs = pd.read_csv(p)
+        for ds in ("rpj", "rw_original", "c4_original"):
+            d = runs[runs.dataset == ds]
+            out[f"Gadre {ds}"] = (pd.DataFrame({
+                "run": d["name"], "params": d["N"], "tokens": d["D_tokens"],
+                "compute": 6 * d["N"] * d["D_tokens"], "loss": d["loss_c4_val"]}), {},
+                RUNG_DECADES)
+    p = anchors / "olmo_ladder_bhagia2024" / "ladder_final_points.csv"
+    if p.exists():
+        pts = pd.read_csv(p)
+        lad = pts[pts["final_step"].notna() & pts["xC"].notna()]
+        out["OLMo finals"] = (pd.DataFrame({
+            "run": lad["run"], "params": lad["N_from_config"], "tokens": lad["D_tokens"],
+            "compute": 6 * lad["N_from_config"] * lad["D_tokens"],
+            "loss": lad["final_c4_loss"]}), {}, RUNG_DECADES)
+        try:
+            out["OLMo 1xC curves"] = (olmo_curves(anchors), {}, RUNG_DECADES)
+        except Skip:
+            pass
+    p = anchors / "porian2024" / "isoflop_points.csv"
+    if p.exists():
+        pts = pd.read_csv(p)
+        s = pts[(pts.dataset == "rw") & (pts.hparams == "tuned") & (pts.warmup == "short")
+                & (pts.decay == "const") & (pts.param_count == "standard")
+                & (pts.loss_source == "val")]
+        out["Porian tuned RW"] = (pd.DataFrame({
+            "run": np.arange(len(s)).astype(str), "params": s["N"], "tokens": s["D_tokens"],
+            "compute": s["flops"], "loss": s["loss"]}), {"form": "chinchilla"}, RUNG_DECADES)
+    p = anchors / "llama3_isoflop_czech" / "isoflops_points.csv"
+    if p.exists():
+        s = pd.read_csv(p)
+        C, D = s["compute_budget"].to_numpy(), s["training_tokens"].to_numpy()
+        # digitised: sizes N = C / (6 D) scatter; rungs of 0.2 decades
+        out["Llama 3 IsoFLOP"] = (pd.DataFrame({
+            "run": np.arange(len(s)).astype(str), "params": C / (6 * D), "tokens": D,
+            "compute": C, "loss": s["validation_loss"]}), {"form": "chinchilla"}, 0.2)
+    return out
+
+
+def _rungs(df: pd.DataFrame, decades: float) -> pd.Series:
+    size = df.groupby("run")["params"].max()
+    return np.floor(np.log10(size.astype(float)) / decades).astype(int)
+
+
+def held_out(df: pd.DataFrame, fit_kw: dict, scheme: str, decades: float = RUNG_DECADES,
+             max_folds: int = 4, rule: bool = True) -> dict:
+    """Hold out rungs and predict them with the default fit of the rest. ``scheme``: "loro"
+    (every rung in turn, fit on all the others) or "rollout" (each of the last ``max_folds``
+    rungs, fit on the smaller ones). ``rule``: the default asymptote rule for short ladders
+    (fit.select.asymptote_rule) on or off. Returns coverage of the band, its median relative
+    half-width, the held-out errors, per-fold notes and whether the rule changed any fold."""
+    rung = _rungs(df, decades)
+    levels = np.sort(rung.unique())
+    folds = levels if scheme == "loro" else levels[max(1, len(levels) - max_folds):]
+    errs, inside, half, notes, applied = [], [], [], [], False
+    for lv in folds:
+        test_runs = rung.index[rung == lv]
+        train_runs = rung.index[(rung != lv) if scheme == "loro" else (rung < lv)]
+        train = df[df["run"].isin(train_runs)]
+        test = df[df["run"].isin(test_runs)]
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                r = fit_law(load_points(train.copy()), bootstrap=OPTS["bootstrap"],
+                            level=CALIBRATION_LEVEL, asymptote_rule=rule, **fit_kw)
+        except Exception as e:  # noqa: BLE001 - a fold that cannot be fitted is reported
+            notes.append(f"rung {lv}: not fitted ({str(e).splitlines()[0][:60]})")
+            continue
+        if r.form != "trajectory":  # forms fitted on final points predict final points
+            test = test.loc[test.groupby("run")["fraction"].idxmax()] \
+                if "fraction" in test.columns else test
+        kw = {c: test[c].to_numpy(float) for c in ("params", "tokens", "compute", "fraction")
+              if c in test.columns and test[c].notna().all()}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            p = r.predict(**kw)
+        y = test["loss"].to_numpy(float)
+        errs += list(np.log(p.loss / y))
+        ok = np.isfinite(p.lo) & np.isfinite(p.hi)
+        inside += list(ok & (y >= p.lo) & (y <= p.hi))
+        half += list(np.where(ok, (np.log(p.hi) - np.log(p.lo)) / 2, np.nan))
+        tag = r.form + (f" E={r.params['E']:.3g}" if "E" in r.params else "")
+        chosen = (r.diagnostics.get("asymptote_rule") or {}).get("chosen")
+        applied |= bool((r.diagnostics.get("asymptote_rule") or {}).get("applied"))
+        notes.append(f"{tag}" + (f" [rule: {chosen}]" if chosen else ""))
+    e = np.abs(np.array(errs))
+    return {"n": int(e.size), "coverage": float(np.mean(inside)) if inside else math.nan,
+            "median_half_width": float(np.nanmedian(half)) if half else math.nan,
+            "mean_abs_err": float(np.mean(e)) if e.size else math.nan,
+            "q90_abs_err": float(np.quantile(e, 0.9)) if e.size else math.nan,
+            "folds": notes, "rule_applied": applied}
+
+
+def calibration_table(anchors: Path, schemes=("loro", "rollout"), only=None) -> list[dict]:
+    rows = []
+    for name, (df, kw, decades) in public_ladders(anchors).items():
+        if only and not any(o in name for o in only):
+            continue
+        for scheme in schemes:
+            t0 = time.perf_counter()
+            after = held_out(df, kw, scheme, decades)
+            after.update(seconds=time.perf_counter() - t0)
+            # before the rule: the same folds with E left free; identical where the rule did
+            # not change any fold (it returns the free fit unchanged), so refitted only there
+            before = dict(after)
+            if after["rule_applied"]:
+                t0 = time.perf_counter()
+                before = held_out(df, kw, scheme, decades, rule=False)
+                before.update(seconds=time.perf_counter() - t0)
+            for label, r in (("before", before), ("after", after)):
+                if label == "before" and not after["rule_applied"]:
+                    continue
+                r = dict(r, ladder=name, scheme=scheme, rule=label)
+                lo, hi = COVERAGE_TARGET
+                r["ok"] = bool(lo <= r["coverage"] <= hi) if scheme == "loro" else None
+                rows.append(r)
+                ok = "" if r["ok"] is None else ("ok" if r["ok"] else "NO")
+                tag = "(rule off)" if label == "before" else ("(rule on)" if
+                                                              after["rule_applied"] else "")
+                print(f"{name:<20} {scheme + ' ' + tag:<19} {r['n']:>4} {r['coverage']:>8.0%} "
+                      f"{r['median_half_width']:>10.2%} {r['mean_abs_err']:>9.2%} "
+                      f"{r['q90_abs_err']:>9.2%}  {ok:<3} {r['seconds']:>5.0f}s  "
+                      f"{'; '.join(dict.fromkeys(r['folds']))}", flush=True)
+    return rows
+
+
 ROWS = [epoch_chinchilla, porian_tuned, gadre_overtraining, olmo_13b, olmo_trajectory,
         *_curve_row_functions()]
 
@@ -240,12 +394,26 @@ def main(argv=None) -> int:
     ap.add_argument("--anchors", default=str(ROOT / ".." / "shared" / "anchors"))
     ap.add_argument("--bootstrap", type=int, default=OPTS["bootstrap"])
     ap.add_argument("--only", action="append", default=None, metavar="ROW_FUNCTION")
+    ap.add_argument("--calibration", action="store_true",
+                    help="the band calibration table instead (leave-one-rung-out and rollout "
+                         "on every public ladder; minutes)")
+    ap.add_argument("--ladder", action="append", default=None,
+                    help="with --calibration: only ladders whose name contains this")
     args = ap.parse_args(argv)
     anchors = Path(args.anchors)
     if not anchors.is_dir():
         print(f"skip: no anchors folder at {anchors}")
         return 0
     OPTS["bootstrap"] = args.bootstrap
+    if args.calibration:
+        print(f"{'ladder':<20} {'scheme':<19} {'n':>4} {'coverage':>8} {'half-width':>10} "
+              f"{'mean|err|':>9} {'q90|err|':>9}  ok  time   fits (form, E) per fold")
+        calibration_table(anchors, only=args.ladder)
+        print(f"coverage of the {CALIBRATION_LEVEL:.0%} band at the held-out rungs' points; "
+              f"target {COVERAGE_TARGET[0]:.0%}..{COVERAGE_TARGET[1]:.0%} (leave-one-rung-out);"
+              " half-width: median of log(hi/lo)/2; errors |log(pred/actual)|; 'rule off' rows "
+              "(E left free) only where the short-ladder asymptote rule changed a fold")
+        return 0
     print(f"{'source':<38} {'quantity':<26} {'ours':>10} {'published':>10}  "
           f"{'our 90% interval':<22} {'pub inside':<10} {'target':<18} ok")
     for fn in ROWS:

@@ -65,7 +65,8 @@ def fit_main(args) -> int:
                       tie=_pairs(args.tie, "--tie", False), by=args.by,
                       bootstrap=args.bootstrap, level=args.level, seed=args.seed,
                       params_column=args.params_column, metric=df.attrs.get("metric"),
-                      objective=args.objective, prior=_priors(args.prior))
+                      objective=args.objective, prior=_priors(args.prior),
+                      asymptote_rule=not getattr(args, "free_asymptote", False))
     seen = set()
     for w in caught:
         msg = str(w.message)

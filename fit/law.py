@@ -290,12 +290,14 @@ def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = 
             by: str | None = None, bootstrap: int = 200, level: float = 0.9, seed: int = 0,
             params_column: str = "params", metric: str | None = None,
             delta: float = HUBER_DELTA, backtest: bool = True, objective: str = "huber",
-            prior: dict | None = None) -> FitResult:
+            prior: dict | None = None, asymptote_rule: bool = True) -> FitResult:
     """Fit ``form`` to the points table ``df`` (from :func:`fit.load_points`).
 
     ``objective``: "huber" (summed Huber of log residuals, the default) or "ols" (least squares
     of log(L - E) on log C, E fixed: the real ladder's own fit). ``prior``: {name: (mean, sd)}
-    in natural units, a Gaussian penalty on those parameters (see :class:`_Problem`)."""
+    in natural units, a Gaussian penalty on those parameters (see :class:`_Problem`).
+    ``asymptote_rule``: on a short ladder that leaves E unidentified, choose among free, prior
+    and fixed-E variants by rollout backtest (``fit.select.asymptote_rule``)."""
     from fit.points import COLUMNS, load_points
     if not isinstance(df, pd.DataFrame) or not set(COLUMNS) <= set(df.columns):
         df = load_points(df, metric)  # files, or a bare DataFrame: normalise and clean it
@@ -328,8 +330,13 @@ def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = 
         return _fit_by(df, form, fix, tie, by, opts)
     if form == "auto":
         from fit.select import fit_auto
-        return fit_auto(df, fix, tie, opts)
-    return fit_one(df, _spec(form, fix, tie), **opts)
+        res = fit_auto(df, fix, tie, opts)
+    else:
+        res = fit_one(df, _spec(form, fix, tie), **opts)
+    if asymptote_rule and objective == "huber" and backtest:
+        from fit.select import asymptote_rule as rule
+        res = rule(df, res, opts, fix, tie, prior)
+    return res
 
 
 def _check_prior(prior, fix) -> dict:

@@ -99,6 +99,10 @@ def report(r) -> str:
                              f"{_pct(c.get('rollout_mean_abs_final'))}, leave-largest-out "
                              f"{_pct(c.get('leave_largest_out_abs_final'))}, objective "
                              f"{_g(c.get('objective'))}")
+    rule = d.get("asymptote_rule")
+    if rule and rule.get("applied"):
+        lines.append(f"asymptote rule (short ladder, {rule['scale_levels']} scale levels, E not "
+                     f"identified): chose {rule.get('chosen')}: {rule.get('why')}")
     for line in d.get("dropped_rows", [])[:20]:
         lines.append(f"dropped: {line}")
     if len(d.get("dropped_rows", [])) > 20:

@@ -87,3 +87,95 @@ def fit_auto(df, fix, tie, opts):
             r.diagnostics["backtest"] = bt
     r.diagnostics["auto"] = {"chosen": win, "why": why, "candidates": rows}
     return r
+
+
+# ----------------------------------------------------------------------------- asymptote rule
+# A short ladder (<= 5 scale levels: the real ladder has 4 rungs) often cannot tell the
+# asymptote E from the slope; a free fit then puts E wherever the noise says (0.87 on the real
+# 4-rung MoE ladder, the lower bound on the cpu ladder), and extrapolating it is the forecast's
+# largest error. When the fit flags E as not identified (fit.law._identifiability), the default
+# fits two more variants, E with a weakly informative prior and E fixed at that prior's mean,
+# chooses the one with the lowest rollout backtest error, and widens the band to the spread of
+# every defensible variant (rollout error within DEFENSIBLE_RATIO x the best, or DEFENSIBLE_ABS
+# of it): their bootstrap draws are pooled, so the band covers the choice between them.
+# The prior: E ~ N(0.7, 0.1) x the smallest loss of the ladder: published LM ladders put E at
+# 55-90% of the losses they fit (see fit.law: Hoffmann et al. 2022, Besiroglu et al. 2024,
+# Marin's fixed 1.5 against 2.4-3.0), so +-2 sd covers 0.5-0.9 of the smallest loss.
+SHORT_LADDER_LEVELS = 5
+E_PRIOR_FRACTION = (0.7, 0.1)
+DEFENSIBLE_RATIO = 3.0
+DEFENSIBLE_ABS = 0.002
+
+
+def _score(r) -> float | None:
+    bt = r.diagnostics.get("backtest") or {}
+    if r.form == "trajectory" and bt.get("rollout_mean_abs_curve") is not None:
+        return float(bt["rollout_mean_abs_curve"])
+    v = bt.get("rollout_mean_abs_final")
+    return None if v is None else float(v)
+
+
+def asymptote_rule(df, result, opts: dict, fix: dict, tie: dict, prior: dict):
+    """``result`` or, when a short ladder leaves E unidentified, the best of its free, prior and
+    fixed-E variants by rollout backtest, with the pooled draws of the defensible ones; the
+    decision is recorded in ``diagnostics["asymptote_rule"]``."""
+    import numpy as np
+
+    from fit.backtest import scale_levels
+    from fit.law import fit_one
+    form = result.spec.form
+    if "E" not in form.names or "E" in fix or "E" in (prior or {}) or result.by:
+        return result
+    n_levels = int(scale_levels(df).nunique())
+    unident = (result.diagnostics.get("identifiability") or {}).get("unidentified") or []
+    record = {"short_ladder": n_levels <= SHORT_LADDER_LEVELS, "scale_levels": n_levels,
+              "E_unidentified": "E" in unident}
+    if n_levels > SHORT_LADDER_LEVELS or "E" not in unident:
+        record["applied"] = False
+        result.diagnostics["asymptote_rule"] = record
+        return result
+    lmin = float(df["loss"].min())
+    mean, sd = E_PRIOR_FRACTION[0] * lmin, E_PRIOR_FRACTION[1] * lmin
+    o = dict(opts, prior=None)
+    variants = {"free": result}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for label, kw in ((f"prior E~N({mean:.3g}, {sd:.3g})",
+                           {"spec": result.spec, "prior": dict(prior or {}, E=(mean, sd))}),
+                          (f"fixed E={mean:.3g}",
+                           {"spec": Spec(form, fix=dict(result.spec.fix, E=mean),
+                                         tie=dict(result.spec.tie)), "prior": prior})):
+            try:
+                variants[label] = fit_one(df, kw["spec"], **dict(o, prior=kw["prior"]))
+            except InputError as e:
+                record.setdefault("not_fitted", {})[label] = str(e)
+    scores = {k: _score(v) for k, v in variants.items()}
+    scored = {k: v for k, v in scores.items() if v is not None}
+    record.update(applied=True, prior={"mean": mean, "sd": sd}, rollout_error=scores)
+    if not scored:
+        record["chosen"] = "free"
+        record["why"] = "no variant could be backtested; E stays free (and flagged)"
+        result.diagnostics["asymptote_rule"] = record
+        return result
+    best = min(scored, key=scored.get)
+    limit = max(DEFENSIBLE_RATIO * scored[best], scored[best] + DEFENSIBLE_ABS)
+    defensible = [k for k, v in scored.items() if v <= limit]
+    # the prior-regularised variant is the centre unless the backtest rejects it: it is the
+    # compromise between the free fit (whatever the noise says) and a hard-fixed E
+    pri = next(k for k in variants if k.startswith("prior"))
+    if pri in defensible:
+        best = pri
+    chosen = variants[best]
+    draws = [variants[k].boot_u for k in defensible if variants[k].boot_u is not None]
+    if len(draws) > 1:
+        chosen.boot_u = np.vstack(draws)
+    record.update(chosen=best, defensible=defensible,
+                  why="rollout errors " + ", ".join(f"{k} {100 * v:.2f}%" for k, v in
+                                                     scored.items())
+                      + f"; defensible (within {DEFENSIBLE_RATIO:g}x of the best): "
+                      + ", ".join(defensible) + "; the prior variant is preferred when "
+                      "defensible; the band pools the draws of the defensible variants")
+    chosen.diagnostics["asymptote_rule"] = record
+    if "auto" in result.diagnostics:
+        chosen.diagnostics.setdefault("auto", result.diagnostics["auto"])
+    return chosen

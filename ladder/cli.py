@@ -101,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--params-column", default="params", choices=["params", "active_params"],
                    help="parameter count of the chinchilla form (default: %(default)s)")
     s.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: %(default)s)")
+    s.add_argument("--free-asymptote", action="store_true",
+                   help="keep E free even on a short ladder (<= 5 sizes) that does not "
+                        "identify it (default: also fit a prior and a fixed-E variant and "
+                        "choose by rollout backtest)")
     s.add_argument("--allow-unconverged", action="store_true",
                    help="write the law even when the best start did not converge (default: "
                         "refuse, exit 65)")

@@ -335,3 +335,39 @@ def test_unidentified_asymptote_is_flagged_and_a_prior_regularises_it():
     assert float(p_loose.hi - p_loose.lo) > float(p_tight.hi - p_tight.lo)
     back = FitResult.from_json(json.loads(json.dumps(pri.to_json())))
     assert back.prior == {"E": (1.8, 0.1)}
+
+
+def _short_ladder(seed, n=4, noise=0.003):
+    rng = np.random.default_rng(seed)
+    C = np.logspace(18, 20, n)
+    L = (1.8 + 300.0 * C ** -0.12) * np.exp(noise * rng.standard_normal(n))
+    return pd.DataFrame({"run": [f"r{i}" for i in range(n)], "compute": C, "loss": L})
+
+
+def test_short_ladder_with_an_unidentified_asymptote_uses_the_asymptote_rule():
+    """4 rungs over 2 decades, 0.3% noise: the free fit cannot place E (its interval reaches
+    the lower bound). The default fits the prior and fixed-E variants too, records the choice,
+    and its band (pooling the defensible variants) covers the truth 100x beyond the data."""
+    df = _short_ladder(seed=3)
+    free = fit_law(df, form="compute", bootstrap=100, asymptote_rule=False)
+    assert "E" in free.diagnostics["identifiability"]["unidentified"]
+    assert "asymptote_rule" not in free.diagnostics
+    res = fit_law(df, form="compute", bootstrap=100)
+    rule = res.diagnostics["asymptote_rule"]
+    assert rule["applied"] and rule["scale_levels"] == 4
+    assert sorted(k.split()[0] for k in rule["rollout_error"]) == ["fixed", "free", "prior"]
+    assert rule["chosen"] in rule["defensible"]
+    assert "asymptote rule" in res.report()
+    truth = 1.8 + 300.0 * 1e22 ** -0.12
+    p = res.predict(compute=1e22)
+    assert float(p.lo) <= truth <= float(p.hi)
+    pf = free.predict(compute=1e22)
+    assert abs(float(p.loss) - truth) < abs(float(pf.loss) - truth)
+
+
+def test_the_asymptote_rule_leaves_long_or_identified_ladders_alone():
+    res = fit_law(_short_ladder(seed=3, n=8, noise=0.0005), form="compute", bootstrap=50)
+    rule = res.diagnostics["asymptote_rule"]
+    assert not rule["applied"] and rule["scale_levels"] == 8
+    res = fit_law(_short_ladder(seed=3), form="compute", fix={"E": 1.8}, bootstrap=0)
+    assert "asymptote_rule" not in res.diagnostics
