@@ -216,7 +216,12 @@ def _curve_rows(fn):
         if isinstance(r["published"], dict):  # Luo et al.: one row per model size
             return [Row(f"Luo 2025 multi-power, {size}", "held-out schedules mean err",
                         v["mean_rel_error"], v["published"], target="<= 0.2%",
-                        ok=v["mean_rel_error"] <= 0.002, note="relative error (fraction)")
+                        ok=v["mean_rel_error"] <= 0.002,
+                        note=f"relative error (fraction); fit of one size with "
+                             f"{v.get('bootstrap_draws')} bootstrap draws: "
+                             f"{v.get('fit_seconds', math.nan):.1f} s wall, "
+                             f"{v.get('fit_cpu_seconds', math.nan):.1f} s CPU (target <= 15 s "
+                             "on 2 cores)")
                     for size, v in d["per_size"].items()]
         return [Row("Schaipp 2025 cooldown fractions", "discordant pairs", float(r["value"]),
                     0.0, target="0 (order matches)", ok=bool(r["passed"]),

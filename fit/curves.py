@@ -788,6 +788,9 @@ class CurveLaw:
                      f"sigma (log) {self.sigma:.3g}; {len(self.draws)} bootstrap draws")
         if len(self.draws) < 2:
             lines.append("  band: cannot be computed (fewer than 2 bootstrap draws) -> NaN")
+        auto = d.get("auto")
+        if auto:
+            lines.append(f"form chosen by --form auto: {auto['chosen']} ({auto['why']})")
         return "\n".join(lines)
 
 

@@ -333,7 +333,7 @@ def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = 
         res = fit_auto(df, fix, tie, opts)
     else:
         res = fit_one(df, _spec(form, fix, tie), **opts)
-    if asymptote_rule and objective == "huber" and backtest:
+    if asymptote_rule and objective == "huber" and backtest and isinstance(res, FitResult):
         from fit.select import asymptote_rule as rule
         res = rule(df, res, opts, fix, tie, prior)
     return res

@@ -47,12 +47,63 @@ def candidates(df, fix: dict, tie: dict, params_column: str) -> list[tuple[str, 
     return out
 
 
+def _curve_table(df) -> bool:
+    """Whole curves with their LR schedule (step, lr) and several runs: the schedule-aware
+    curve laws apply."""
+    if not {"step", "lr", "loss"} <= set(df.columns):
+        return False
+    return bool(df["step"].notna().all() and df["lr"].notna().any()
+                and df["run"].nunique() >= 2)
+
+
+def fit_auto_curves(df, opts, fix):
+    """``--form auto`` on a table of curves without scale columns: the multi-power law (Luo et
+    al. 2025) and the momentum law (Tissue et al. 2024), chosen by leave-one-run-out (fit on
+    the other schedules, predict the held-out run's whole curve; mean relative error)."""
+    from fit.curves import curve_data_from_table, fit_curve_law
+    data = curve_data_from_table(df, size_column="active_params")
+    rows, best = [], None
+    for form in ("mpl", "momentum"):
+        errs = []
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                for i, name in enumerate(data.names):
+                    train = df[df["run"].astype(str) != name]
+                    law = fit_curve_law(train, form, bootstrap=0, fix=fix or None)
+                    pred = law.predict(lr=data.lr[i], at_steps=data.steps[i])
+                    errs.append(float(np.mean(np.abs(pred.loss / data.loss[i] - 1.0))))
+        except InputError as e:
+            rows.append({"form": form, "error": str(e)})
+            continue
+        err = float(np.mean(errs))
+        rows.append({"form": form, "leave_one_run_out_mean_abs_curve": err,
+                     "per_run": dict(zip(data.names, errs, strict=True))})
+        if best is None or err < best[1]:
+            best = (form, err)
+    if best is None:
+        raise InputError("no curve law could be fitted: " + "; ".join(r["error"] for r in rows),
+                         field="form")
+    law = fit_curve_law(df, best[0], bootstrap=opts["bootstrap"], level=opts["level"],
+                        seed=opts["seed"], metric=opts["metric"], fix=fix or None)
+    law.diagnostics["auto"] = {
+        "chosen": best[0], "candidates": rows,
+        "why": f"lowest leave-one-run-out error over held-out curves ({100 * best[1]:.3f}%; "
+               + ", ".join(f"{r['form']} {100 * r['leave_one_run_out_mean_abs_curve']:.3f}%"
+                           for r in rows if "error" not in r)
+               + "); curve laws are the candidates because the table has step and lr but no "
+                 "compute, nor params and tokens"}
+    return law
+
+
 def fit_auto(df, fix, tie, opts):
     from fit.law import fit_one
     cands = candidates(df, fix, tie, opts["params_column"])
+    if not cands and _curve_table(df):
+        return fit_auto_curves(df, opts, fix)
     if not cands:
-        raise InputError("no law form fits these columns (need compute, or params and tokens)",
-                         field="form")
+        raise InputError("no law form fits these columns (need compute, or params and tokens, "
+                         "or curves with step and lr)", field="form")
     rows, fitted = [], {}
     for label, spec in cands:
         try:
@@ -75,7 +126,12 @@ def fit_auto(df, fix, tie, opts):
     scored = [r for r in rows if r.get("rollout_mean_abs_final") is not None]
     if scored:
         win = min(scored, key=lambda r: r["rollout_mean_abs_final"])["form"]
-        why = "lowest rollout error at held-out final points"
+        why = ("lowest rollout error at held-out final points: "
+               + ", ".join(f"{r['form']} {100 * r['rollout_mean_abs_final']:.2f}%"
+                           for r in sorted(scored, key=lambda r: r["rollout_mean_abs_final"])))
+        unscored = [r["form"] for r in rows if r not in scored and "error" not in r]
+        if unscored:
+            why += f"; not backtestable (too few smaller runs): {', '.join(unscored)}"
     else:
         win = min((r for r in rows if "error" not in r), key=lambda r: r["n_free"])["form"]
         why = "no candidate could be backtested (too few runs); simplest form chosen"

@@ -280,3 +280,17 @@ def test_one_size_needs_no_size_column():
     assert law.size_variable is None
     for k, v in bare.params.items():
         assert law.params[k] == pytest.approx(v, rel=1e-9), k
+
+
+def test_auto_on_a_table_of_curves_considers_the_curve_laws():
+    """--form auto on curves with step and lr but no scale columns chooses between mpl and
+    momentum by leave-one-run-out; on multi-power-law data it picks mpl and says why."""
+    from fit import fit_law
+    df = table(mpl_reference, MPL_TRUE, ["cosine", "constant", "wsd"], noise=2e-4)
+    df = df[df["loss"].notna()].reset_index(drop=True)
+    law = fit_law(df, form="auto", bootstrap=0)
+    auto = law.diagnostics["auto"]
+    assert law.form == "mpl" and auto["chosen"] == "mpl"
+    errs = {c["form"]: c["leave_one_run_out_mean_abs_curve"] for c in auto["candidates"]}
+    assert set(errs) == {"mpl", "momentum"} and errs["mpl"] < errs["momentum"]
+    assert "form chosen by --form auto: mpl" in law.report()
