@@ -130,7 +130,8 @@ def gadre_overtraining(anchors: Path) -> list[Row]:
                   | ((d.model == "d=96_l=8_h=4") & (d.token_multiplier_M == 320))]
         df = pd.DataFrame({"run": train["name"], "params": train["N"],
                            "tokens": train["D_tokens"],
-                           "compute": 6 * train["N"] * train["D_tokens"],
+                           # float: 6 N D of int64 columns overflows past 9.2e18
+                           "compute": 6.0 * train["N"].astype(float) * train["D_tokens"],
                            "loss": train["loss_c4_val"]})
         r = _fit(df)
         chosen = (r.diagnostics.get("auto") or {}).get("chosen", r.form)
@@ -139,7 +140,7 @@ def gadre_overtraining(anchors: Path) -> list[Row]:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 p = r.predict(params=t["N"], tokens=t["D_tokens"],
-                              compute=6 * t["N"] * t["D_tokens"])
+                              compute=6.0 * float(t["N"]) * float(t["D_tokens"]))
             y = t["loss_c4_val"]
             err = float(p.loss) / y - 1
             inside = (float(p.lo) <= y <= float(p.hi)) if np.isfinite(p.lo) else None
@@ -288,7 +289,8 @@ def public_ladders(anchors: Path) -> dict[str, tuple[pd.DataFrame, dict, float]]
             d = runs[runs.dataset == ds]
             out[f"Gadre {ds}"] = (pd.DataFrame({
                 "run": d["name"], "params": d["N"], "tokens": d["D_tokens"],
-                "compute": 6 * d["N"] * d["D_tokens"], "loss": d["loss_c4_val"]}), {},
+                "compute": 6.0 * d["N"].astype(float) * d["D_tokens"],
+                "loss": d["loss_c4_val"]}), {},
                 RUNG_DECADES)
     p = anchors / "olmo_ladder_bhagia2024" / "ladder_final_points.csv"
     if p.exists():
@@ -296,7 +298,7 @@ def public_ladders(anchors: Path) -> dict[str, tuple[pd.DataFrame, dict, float]]
         lad = pts[pts["final_step"].notna() & pts["xC"].notna()]
         out["OLMo finals"] = (pd.DataFrame({
             "run": lad["run"], "params": lad["N_from_config"], "tokens": lad["D_tokens"],
-            "compute": 6 * lad["N_from_config"] * lad["D_tokens"],
+            "compute": 6.0 * lad["N_from_config"].astype(float) * lad["D_tokens"],
             "loss": lad["final_c4_loss"]}), {}, RUNG_DECADES)
         try:
             out["OLMo 1xC curves"] = (olmo_curves(anchors), {}, RUNG_DECADES)

@@ -101,7 +101,7 @@ def report(r) -> str:
                              f"{_g(c.get('objective'))}")
     rule = d.get("asymptote_rule")
     if rule and rule.get("applied"):
-        lines.append(f"asymptote rule (short ladder, {rule['scale_levels']} scale levels, E not "
+        lines.append(f"asymptote rule (short ladder, {rule['sizes']} sizes, E not "
                      f"identified): chose {rule.get('chosen')}: {rule.get('why')}")
     for line in d.get("dropped_rows", [])[:20]:
         lines.append(f"dropped: {line}")

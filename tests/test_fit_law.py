@@ -354,7 +354,7 @@ def test_short_ladder_with_an_unidentified_asymptote_uses_the_asymptote_rule():
     assert "asymptote_rule" not in free.diagnostics
     res = fit_law(df, form="compute", bootstrap=100)
     rule = res.diagnostics["asymptote_rule"]
-    assert rule["applied"] and rule["scale_levels"] == 4
+    assert rule["applied"] and rule["sizes"] == 4
     assert sorted(k.split()[0] for k in rule["rollout_error"]) == ["fixed", "free", "prior"]
     assert rule["chosen"] in rule["defensible"]
     assert "asymptote rule" in res.report()
@@ -368,6 +368,27 @@ def test_short_ladder_with_an_unidentified_asymptote_uses_the_asymptote_rule():
 def test_the_asymptote_rule_leaves_long_or_identified_ladders_alone():
     res = fit_law(_short_ladder(seed=3, n=8, noise=0.0005), form="compute", bootstrap=50)
     rule = res.diagnostics["asymptote_rule"]
-    assert not rule["applied"] and rule["scale_levels"] == 8
+    assert not rule["applied"] and rule["sizes"] == 8
     res = fit_law(_short_ladder(seed=3), form="compute", fix={"E": 1.8}, bootstrap=0)
     assert "asymptote_rule" not in res.diagnostics
+
+
+def test_auto_considers_the_tied_form_and_drops_compute_across_token_multipliers():
+    """Runs over-trained by different multiples (tokens/params 20..320): loss is not a function
+    of compute alone, so auto does not consider the compute form, says so, and fits the tied
+    Chinchilla form (Gadre et al.'s law) among its candidates."""
+    N = np.array([1e7, 3e7, 1e8, 3e8, 1e7, 3e7])
+    M = np.array([20, 20, 20, 20, 320, 160])
+    D = M * N
+    L = 1.8 + 200 / N ** 0.27 + 300 / D ** 0.27
+    df = pd.DataFrame({"run": [f"r{i}" for i in range(6)], "params": N, "tokens": D,
+                       "compute": 6 * N * D, "loss": L})
+    res = fit_law(df, bootstrap=0)
+    rows = {c["form"]: c for c in res.diagnostics["auto"]["candidates"]}
+    assert "tokens per parameter" in rows["compute"]["error"]
+    assert "chinchilla (alpha=beta)" in rows and "error" not in rows["chinchilla (alpha=beta)"]
+    assert res.form == "chinchilla"
+    # equal multiples: compute is a candidate again
+    same = df.assign(tokens=20 * df["params"], compute=120 * df["params"] ** 2)
+    rows = {c["form"]: c for c in fit_law(same, bootstrap=0).diagnostics["auto"]["candidates"]}
+    assert "error" not in rows["compute"]
