@@ -410,6 +410,12 @@ def fit_one(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
         return _fit_ols(df, spec, level=level, metric=metric, params_column=params_column,
                         final_only=final_only, backtest=backtest, seed=seed)
     prior = dict(prior or {})
+    for k in prior:
+        if k not in form.names:
+            raise InputError(f"{k}: not a parameter of the {form.name} form (parameters: "
+                             f"{', '.join(form.names)})", field="prior")
+        if k in spec.fix:
+            raise InputError(f"{k}: both fixed and given a prior", field="prior")
     data, note = select_points(df, form, final_only)
     cols = _required(data, form, params_column)
     n, runs = len(data), data["run"].astype(str).to_numpy()

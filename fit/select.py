@@ -130,7 +130,8 @@ def fit_auto(df, fix, tie, opts):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                r = fit_one(df, spec, **dict(opts, bootstrap=0))
+                r = fit_one(df, spec, **dict(opts, bootstrap=0, prior={
+                    k: v for k, v in (opts.get("prior") or {}).items() if k in spec.form.names}))
         except InputError as e:
             rows.append({"form": label, "error": str(e)})
             continue
@@ -159,7 +160,8 @@ def fit_auto(df, fix, tie, opts):
     spec, r = fitted[win]
     if opts["bootstrap"] > 0:  # refit the winner with its bootstrap; its backtest is reused
         bt = r.diagnostics.get("backtest")
-        r = fit_one(df, spec, **dict(opts, backtest=False))
+        r = fit_one(df, spec, **dict(opts, backtest=False, prior={
+            k: v for k, v in (opts.get("prior") or {}).items() if k in spec.form.names}))
         if bt is not None:
             r.diagnostics["backtest"] = bt
     r.diagnostics["auto"] = {"chosen": win, "why": why, "candidates": rows}

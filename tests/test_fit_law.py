@@ -392,3 +392,10 @@ def test_auto_considers_the_tied_form_and_drops_compute_across_token_multipliers
     same = df.assign(tokens=20 * df["params"], compute=120 * df["params"] ** 2)
     rows = {c["form"]: c for c in fit_law(same, bootstrap=0).diagnostics["auto"]["candidates"]}
     assert "error" not in rows["compute"]
+
+
+def test_prior_on_an_unknown_parameter_names_it():
+    with pytest.raises(InputError, match="gamma: not a parameter of the compute form"):
+        fit_law(real_table(), form="compute", prior={"gamma": (0.1, 0.1)}, bootstrap=0)
+    with pytest.raises(InputError, match="both fixed and given a prior"):
+        fit_law(real_table(), form="compute", fix={"E": 1.5}, prior={"E": (1.5, 0.1)})
