@@ -155,3 +155,13 @@ def test_cli_parity_with_the_real_ladders_method(tmp_path):
     pred = json.loads(r.stdout)
     assert pred["loss"] == pytest.approx(2.039, abs=1e-3)
     assert pred["lo"] < pred["loss"] < pred["hi"]
+
+
+def test_cli_prior(tmp_path):
+    pts = tmp_path / "p.csv"
+    pts.write_text("run,compute,loss\na,1e19,3\nb,1e20,2.8\nc,1e21,2.6\nd,1e22,2.5\n")
+    r = _cli("fit", pts, "--form", "compute", "--prior", "E=1.5:0.2", "--bootstrap", "0")
+    assert r.returncode == 0, r.stderr
+    assert "(prior 1.5 +- 0.2)" in r.stdout
+    r = _cli("fit", pts, "--form", "compute", "--prior", "E=1.5", "--bootstrap", "0")
+    assert r.returncode == 64 and "NAME=MEAN:SD" in r.stderr
