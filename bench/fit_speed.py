@@ -15,6 +15,14 @@ and the bootstrap time (aim < 30 s on 2 cores). Timings on a shared machine are 
 others' load; the ratio is measured side by side.
 
     python bench/fit_speed.py [--anchors ../shared/anchors] [--loop-starts N]
+    python bench/fit_speed.py --curves [--curves-baseline COMMIT] [--curves-bootstrap 200]
+
+``--curves``: the multi-power curve law on one model size of Luo et al. 2025 (3 schedules, no
+size column) with ``--curves-bootstrap`` run-level replicates, per size: wall and CPU seconds
+and the mean error on the 6 held-out schedules (aim <= 15 s on 2 cores, error <= 0.2%). With
+``--curves-baseline COMMIT`` the same fit by ``fit/curves.py`` as of COMMIT (taken with
+``git show``) runs first, side by side in the same process, so the ratio is measured under
+the same load.
 """
 
 from __future__ import annotations
@@ -82,6 +90,56 @@ def chinchilla_grid() -> np.ndarray:
     return np.array(list(itertools.product(E, AB, AB, X, X)), dtype=float)
 
 
+def curves_speed(anchors: Path, bootstrap: int, baseline: str | None,
+                 sizes=("25M", "100M", "400M")) -> int:
+    import importlib.util
+    import warnings
+
+    from bench.accuracy_curves import LUO_TEST, LUO_TRAIN, _luo_run
+    from fit import curves as new
+    from fit.lr_schedules import lr_from_samples
+    root = anchors / "multipower_luo2025"
+    if not root.is_dir():
+        print(f"skip: no multipower_luo2025 data under {anchors}")
+        return 0
+    impls = [("this checkout", new)]
+    tmp = None
+    if baseline:
+        src = subprocess.run(["git", "show", f"{baseline}:fit/curves.py"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout
+        tmp = tempfile.TemporaryDirectory()
+        path = Path(tmp.name) / "baseline_curves.py"
+        path.write_text(src)
+        spec = importlib.util.spec_from_file_location("baseline_curves", path)
+        old = importlib.util.module_from_spec(spec)
+        sys.modules["baseline_curves"] = old  # dataclasses look their module up there
+        spec.loader.exec_module(old)
+        impls.insert(0, (f"fit/curves.py at {baseline[:10]}", old))
+    print(f"multi-power law, one size (3 schedules, no size column), {bootstrap} bootstrap "
+          f"replicates; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    for size in sizes:
+        folder = root / f"csv_{size}"
+        train = pd.concat([_luo_run(folder, n) for n in LUO_TRAIN], ignore_index=True)
+        for label, mod in impls:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                w0, c0 = time.perf_counter(), time.process_time()
+                law = mod.fit_curve_law(train, "mpl", bootstrap=bootstrap)
+                wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+                errs = []
+                for n in LUO_TEST:
+                    d = _luo_run(folder, n)
+                    p = law.predict(lr=lr_from_samples(d["step"], d["lr"]),
+                                    at_steps=d["step"].to_numpy())
+                    errs.append(float(np.mean(np.abs(p.loss - d["loss"]) / d["loss"])))
+            print(f"  {size:>5} {label:<28} {wall:7.1f} s wall {cpu:7.1f} s CPU; held-out "
+                  f"mean error {100 * np.mean(errs):.4f}%; {len(law.draws)} draws; alpha "
+                  f"{law.params['alpha']:.6f}", flush=True)
+    if tmp is not None:
+        tmp.cleanup()
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--anchors", default=str(ROOT / ".." / "shared" / "anchors"))
@@ -89,7 +147,18 @@ def main(argv=None) -> int:
                     help="run the scipy loop on a random subset and extrapolate its time "
                          "(quick check; the optimum comparison then uses the subset)")
     ap.add_argument("--bootstrap", type=int, default=1000)
+    ap.add_argument("--curves", action="store_true",
+                    help="time the curve law on one size of Luo et al. instead")
+    ap.add_argument("--curves-bootstrap", type=int, default=200,
+                    help="bootstrap replicates of --curves (default: %(default)s)")
+    ap.add_argument("--curves-baseline", default=None, metavar="COMMIT",
+                    help="also run fit/curves.py of COMMIT side by side (default: none)")
+    ap.add_argument("--sizes", nargs="+", default=["25M", "100M", "400M"],
+                    help="--curves model sizes (default: %(default)s)")
     args = ap.parse_args(argv)
+    if args.curves:
+        return curves_speed(Path(args.anchors), args.curves_bootstrap, args.curves_baseline,
+                            tuple(args.sizes))
     df = epoch_points(Path(args.anchors))
     if df is None:
         print(f"skip: no chinchilla_epoch data under {args.anchors}")

@@ -87,7 +87,7 @@ def time_rung(rung, *, batch: int, steps: int, microbatch: int | None, seed: int
     mb = microbatch or batch
     mesh = make_mesh(None, None, rung.model.n_experts, mb)
     n = int(mesh.devices.size)
-    progs = programs(rung.model, TrainConfig(), mesh, batch // mb)
+    progs = programs(rung.model, TrainConfig(), mesh, rung.optimizer_settings, batch // mb)
     state = progs.init_state(seed)
     rng = np.random.default_rng(seed)
     split = batch_sharding(mesh)

@@ -13,13 +13,18 @@ Forms (``fit.forms``): ``compute`` E + A C^-alpha; ``chinchilla`` E + A/N^alpha 
 ``trajectory`` E + A C_T^-alpha h(g), one joint law of a run's whole curve, with C_T the planned
 total compute (= compute so far / fraction; inputs stay in the points-table convention, compute
 so far) and h a positive factor, non-increasing in the fraction g by construction, h(1) = 1;
-``moe`` E + A Na^-alpha (N/Na)^-gamma + B/D^beta; ``auto`` picks by rollout backtest. The real
-ladder's method is ``fit_law(df, form="compute", fix={"E": 1.5}, by="fraction")``.
+``moe`` E + A Na^-alpha (N/Na)^-gamma + B/D^beta; ``auto`` (the default) picks by rollout
+backtest among every form the columns allow (the tied-exponent Chinchilla form included; the
+curve laws for a table of curves). The real ladder's method is ``fit_law(df, form="compute",
+fix={"E": 1.5}, by="fraction", objective="ols")`` (least squares of log(L - E) on log C).
+``prior={"E": (1.5, 0.2)}`` regularises a parameter; parameters the ladder does not pin down are
+flagged (``diagnostics["identifiability"]``), and on a short ladder the default chooses among
+free, prior and fixed-E variants (``fit.select.asymptote_rule``).
 
 Solver (``fit.solver``, ``fit.law``): summed Huber(1e-3) on log residuals, every start of a grid
 (Chinchilla: the paper's 4,500) run by a batched numpy L-BFGS with per-start convergence
 status, the best distinct candidates polished to 1e-15 relative decrease.
-Uncertainty: run-level bootstrap (resampling runs) and a lack-of-fit Student-t interval
+Uncertainty: run-level Bayesian bootstrap (weighting runs) and a lack-of-fit Student-t interval
 (delta method); bands combine them with run-to-run noise (see ``fit.law``). Backtests:
 rollout and leave-the-largest-out (``fit.backtest``). Allocation and IsoFLOP Approach 2:
 ``fit.allocation``. Schedule-aware curve laws (mpl, momentum): ``fit.curves``.

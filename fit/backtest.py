@@ -121,8 +121,9 @@ def trajectory_vs_per_fraction(df: pd.DataFrame, opts: dict, *, traj_bt: dict | 
     runs' whole curves, then at their final points)."""
     from fit.forms import Spec, get_form
     o = dict(opts, bootstrap=0, backtest=False)
-    if traj_bt is None:
-        traj_bt = backtest(df, Spec(get_form("trajectory")), o, final_only=False)
+    if traj_bt is None:  # the trajectory law is always the summed-Huber fit, no prior
+        traj_bt = backtest(df, Spec(get_form("trajectory")),
+                           dict(o, objective="huber", prior=None), final_only=False)
     if per_fraction_bt is None:
         per_fraction_bt = backtest(df, Spec(get_form("compute"), fix={"E": E}), o,
                                    by="fraction")

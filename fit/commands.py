@@ -9,7 +9,7 @@ import warnings
 
 import numpy as np
 
-from ladder.io import (EX_USAGE, InputError, atomic_write_json, check_writable, number,
+from ladder.io import (EX_DATAERR, EX_USAGE, InputError, atomic_write_json, check_writable, number,
                        to_jsonable)
 
 
@@ -54,6 +54,32 @@ def _offline_wandb_points(path: str, metric: str | None, sizes):
     return df
 
 
+def _priors(items) -> dict:
+    """``NAME=MEAN:SD`` pairs (several per flag, comma-separated) -> {name: (mean, sd)}."""
+    out = {}
+    for k, v in _pairs(items, "--prior", False).items():
+        mean, sep, sd = v.partition(":")
+        try:
+            m, s = float(mean), float(sd)
+        except ValueError:
+            raise InputError(f"{k}: expected NAME=MEAN:SD, got {k}={v}", field="--prior",
+                             exit_code=EX_USAGE) from None
+        if not sep or not s > 0:
+            raise InputError(f"{k}: expected NAME=MEAN:SD with SD > 0, got {k}={v}",
+                             field="--prior", exit_code=EX_USAGE)
+        out[k] = (m, s)
+    return out
+
+
+def unconverged(res) -> list[str]:
+    """What did not converge in a fit result (empty when everything did): the best start of a
+    single law, the failing values of a ``by`` fit, or a curve law's solver."""
+    d = getattr(res, "diagnostics", {}) or {}
+    if getattr(res, "groups", None):
+        return [f"{res.by}={v:g}" for v, g in res.groups if not g.diagnostics.get("converged")]
+    return [] if d.get("converged", True) else ["the best start"]
+
+
 def fit_main(args) -> int:
     from fit.law import fit_law
     from fit.points import is_wandb_offline_dir, load_points
@@ -79,7 +105,9 @@ def fit_main(args) -> int:
         res = fit_law(df, form=args.form, fix=_pairs(args.fix, "--fix", True),
                       tie=_pairs(args.tie, "--tie", False), by=args.by,
                       bootstrap=args.bootstrap, level=args.level, seed=args.seed,
-                      params_column=args.params_column, metric=df.attrs.get("metric"))
+                      params_column=args.params_column, metric=df.attrs.get("metric"),
+                      objective=args.objective, prior=_priors(args.prior),
+                      asymptote_rule=not getattr(args, "free_asymptote", False))
     seen = set()
     for w in caught:
         msg = str(w.message)
@@ -88,6 +116,13 @@ def fit_main(args) -> int:
             print(f"ladder fit: warning: {msg}", file=sys.stderr)
     as_json = getattr(args, "json", False)
     print(json.dumps(to_jsonable(res.to_json())) if as_json else res.report())
+    bad = unconverged(res)
+    if bad and not args.allow_unconverged:
+        # a law from a solver that stopped early is not the optimum it claims to be: refuse to
+        # write it unless the user accepts that (the report above shows how far it got)
+        raise InputError(f"{', '.join(bad)} did not converge (see the solver line above); "
+                         "nothing written; rerun with --allow-unconverged to keep it anyway",
+                         field="diagnostics.converged", exit_code=EX_DATAERR)
     if args.out:
         atomic_write_json(args.out, res.to_json())
         print(f"wrote {args.out}", file=sys.stderr if as_json else sys.stdout)

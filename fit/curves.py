@@ -149,6 +149,35 @@ class _Run:
     eta: np.ndarray        # representative LR per block, shape (n, m)
     Sk: np.ndarray         # LR area from block to t, shape (n, m), 0 where the block is later
     dt: np.ndarray         # steps from block to t (+1), shape (n, m), 0 where the block is later
+    _sparse: Any = None    # the nonzero (row, block) entries, built once (see _sparse_view)
+
+
+@dataclass(frozen=True)
+class _Sparse:
+    """The (row, block) entries with a nonzero LR drop and the block before ``t``: blocks after
+    ``t`` (about half of a run's (n, m) matrix, and all of the padding of a stack) contribute
+    exactly 0, so the annealing sums run over these entries only, as weighted bincounts."""
+    row: np.ndarray        # (nnz,) row index, non-decreasing
+    starts: np.ndarray     # first entry of each row that has entries
+    rows_with: np.ndarray  # those rows
+    Sk: np.ndarray
+    D: np.ndarray
+    log_eta: np.ndarray
+    dt: np.ndarray
+    n: int
+    work: np.ndarray       # (4, nnz) scratch: reused, so that an evaluation allocates (and
+    # page-faults in) no nnz-sized temporaries (they cost as much system time as the math)
+
+
+def _sparse_view(run: _Run) -> _Sparse:
+    if run._sparse is None:
+        nz = (run.D != 0) & (run.Sk > 0)
+        row, _col = np.nonzero(nz)                      # row-major: rows non-decreasing
+        rows_with, starts = np.unique(row, return_index=True)
+        run._sparse = _Sparse(row=row, starts=starts, rows_with=rows_with, Sk=run.Sk[nz],
+                              D=run.D[nz], log_eta=np.log(run.eta[nz]), dt=run.dt[nz],
+                              n=run.t.size, work=np.empty((4, row.size)))
+    return run._sparse
 
 
 def _stack(runs: Sequence[_Run]) -> _Run:
@@ -231,24 +260,46 @@ def _components(form: str, p: dict, run: _Run, grad: bool = False):
         if grad:
             df2 = {k: z for k in (("C", "beta", "gamma") if form == "mpl" else ("lam",))}
         return (f1, z, df2) if grad else (f1, z)
+    sp = _sparse_view(run)
+
+    def rowsum(w):  # sum over each row's entries (contiguous segments)
+        out = np.zeros(sp.n)
+        if sp.starts.size:
+            out[sp.rows_with] = np.add.reduceat(w, sp.starts)
+        return out
     if form == "mpl":
-        x = run.Sk * run.eta ** (-p["gamma"])
-        lu = np.log1p(p["C"] * x)
-        ub = np.exp(-p["beta"] * lu)                              # (1 + Cx)^-beta
-        f2 = ((1.0 - ub) * run.D).sum(axis=1)                     # G(x) = 1 - (1 + Cx)^-beta
+        x, cx, lu, w = sp.work
+        np.multiply(-p["gamma"], sp.log_eta, out=x)
+        np.exp(x, out=x)
+        x *= sp.Sk                                                # x = Sk * eta^-gamma
+        np.multiply(p["C"], x, out=cx)
+        np.log1p(cx, out=lu)
+        ub = np.multiply(-p["beta"], lu, out=cx if not grad else None)
+        np.exp(ub, out=ub)                                        # (1 + Cx)^-beta
+        np.subtract(1.0, ub, out=w)
+        w *= sp.D
+        f2 = rowsum(w)                                            # G(x) = 1 - (1 + Cx)^-beta
         if grad:
-            dgdc = p["beta"] * x * ub / (1.0 + p["C"] * x)
-            df2["C"] = (dgdc * run.D).sum(axis=1)
-            df2["beta"] = (ub * lu * run.D).sum(axis=1)
-            df2["gamma"] = (dgdc * run.D * np.log(run.eta)).sum(axis=1) * (-p["C"])
+            np.multiply(p["C"], x, out=cx)
+            cx += 1.0                                             # 1 + Cx
+            np.multiply(x, ub, out=w)
+            w /= cx
+            w *= sp.D
+            w *= p["beta"]                                        # beta x ub / (1 + Cx) * D
+            df2["C"] = rowsum(w)
+            w *= sp.log_eta
+            df2["gamma"] = rowsum(w) * (-p["C"])
+            np.multiply(ub, lu, out=w)
+            w *= sp.D
+            df2["beta"] = rowsum(w)
     else:
         lam = p["lam"]
-        pw = np.exp(run.dt * math.log(lam))                       # lam^dt
+        pw = np.exp(sp.dt * math.log(lam))                        # lam^dt
         k = (1.0 - pw) / (1.0 - lam)                              # (1 - lam^dt) / (1 - lam)
-        f2 = (k * run.D).sum(axis=1)
+        f2 = rowsum(k * sp.D)
         if grad:
-            dk = (-run.dt * pw / lam * (1.0 - lam) + (1.0 - pw)) / (1.0 - lam) ** 2
-            df2["lam"] = (dk * run.D).sum(axis=1)
+            dk = (-sp.dt * pw / lam * (1.0 - lam) + (1.0 - pw)) / (1.0 - lam) ** 2
+            df2["lam"] = rowsum(dk * sp.D)
     return (f1, f2, df2) if grad else (f1, f2)
 
 
@@ -737,6 +788,9 @@ class CurveLaw:
                      f"sigma (log) {self.sigma:.3g}; {len(self.draws)} bootstrap draws")
         if len(self.draws) < 2:
             lines.append("  band: cannot be computed (fewer than 2 bootstrap draws) -> NaN")
+        auto = d.get("auto")
+        if auto:
+            lines.append(f"form chosen by --form auto: {auto['chosen']} ({auto['why']})")
         return "\n".join(lines)
 
 
@@ -782,7 +836,10 @@ def curve_data_from_table(df, *, size_column: str | None = "active_params",
         raise InputError("losses must be > 0", field="loss")
     if np.any(np.isinf(loss)):
         raise InputError("infinite loss (diverged run?)", field="loss")
-    use_size = size_column is not None and size_column in df.columns
+    # a size column that is entirely empty (a points table of one model size: load_points
+    # always carries the column) is no size column: one size needs none
+    use_size = size_column is not None and size_column in df.columns and \
+        bool(pd.to_numeric(df[size_column], errors="coerce").notna().any())
     sizes_col = (pd.to_numeric(df[size_column], errors="coerce").to_numpy(float)
                  if use_size else None)
     runs = df["run"].astype(str).to_numpy()
@@ -942,7 +999,8 @@ def _fit_curve_law(df, form, bootstrap, level, seed, *, metric, fix, size_column
 
 def _bootstrap(model: _Model, runs: list[_Run], theta: np.ndarray, n: int, seed: int,
                delta: float, multi: bool) -> list[dict]:
-    """Run-level bootstrap: resample whole runs, refit from the estimate. For a size-scaled law
+    """Run-level bootstrap: resample whole runs, refit from the estimate (once per distinct
+    multiset of runs). For a size-scaled law
     a draw must keep more distinct sizes than it has size exponents (else the exponents are an
     exact interpolation of two points and extrapolate wildly: with 4 rungs and 2-size draws the
     90% band of a 3.6x extrapolation reached +120%, measured on synthetic ladders); such draws
@@ -954,6 +1012,10 @@ def _bootstrap(model: _Model, runs: list[_Run], theta: np.ndarray, n: int, seed:
         return []
     rng = np.random.default_rng(seed)
     draws = []
+    # a replicate is a multiset of runs: the same multiset is the same refit, so each distinct
+    # one is fitted once (3 runs of one size have only 10 multisets: 200 replicates cost 10
+    # refits instead of 200, with identical draws)
+    fitted: dict[tuple[int, ...], dict] = {}
     for _ in range(n):
         for _try in range(50):
             pick = rng.integers(0, len(runs), len(runs))
@@ -961,8 +1023,11 @@ def _bootstrap(model: _Model, runs: list[_Run], theta: np.ndarray, n: int, seed:
                 break
         else:
             continue
-        th, _, _ = _minimize(model, theta, [runs[i] for i in pick], delta, maxiter=500)
-        draws.append(model.values(th))
+        key = tuple(sorted(int(i) for i in pick))
+        if key not in fitted:
+            th, _, _ = _minimize(model, theta, [runs[i] for i in key], delta, maxiter=500)
+            fitted[key] = model.values(th)
+        draws.append(dict(fitted[key]))
     return draws
 
 

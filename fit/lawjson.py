@@ -46,20 +46,30 @@ def to_json(r) -> dict:
 def _fit_block(r) -> dict:
     return {"spec": r.spec.to_json(), "params_column": r.params_column,
             "u_names": list(r.spec.form.names), "u": r.u.tolist(),
-            "free": list(r.spec.free)}
+            "free": list(r.spec.free), "objective": r.objective,
+            "prior": {k: [m, sd] for k, (m, sd) in r.prior.items()}}
 
 
 def _uncertainty(r) -> dict:
+    if r.objective == "ols":
+        return {"method": "ols: Student-t prediction interval of log(L - E), n - 2 dof "
+                          "(statsmodels OLS)", "level": r.level, "intervals": r.intervals,
+                "bootstrap_u": None, "covariance_free": None if r.cov is None else r.cov.tolist(),
+                "sigma_log": r.sigma, "dof": r.dof,
+                "band": "E + exp(log(L - E) +- t(dof) sqrt(x' V x + sigma^2)), V the covariance "
+                        "of (log A, alpha); sigma the residual sd of log(L - E)"}
     return {
-        "method": "run-level bootstrap (percentiles) and lack-of-fit Student-t (delta method)",
+        "method": "run-level Bayesian bootstrap (percentiles) and lack-of-fit Student-t (delta "
+                  "method)",
         "level": r.level,
         "intervals": r.intervals,
         "bootstrap_u": None if r.boot_u is None else r.boot_u.tolist(),
         "covariance_free": None if r.cov is None else r.cov.tolist(),
         "sigma_log": r.sigma,
         "dof": r.dof,
-        "band": "log space: max(bootstrap quantile, t * delta-method se) for the parameters, "
-                "t * sigma_log for run-to-run noise, combined in quadrature",
+        "band": "log space: the bootstrap quantile for the parameters (t * delta-method se "
+                "without usable replicates), t * sigma_log for run-to-run noise, combined in "
+                "quadrature",
     }
 
 
@@ -120,7 +130,19 @@ def from_json(obj: dict, *, path=None):
                                  field=prefix + "uncertainty." + name)
         level = number(unc.get("level", 0.9), field=prefix + "uncertainty.level", path=where,
                        lo=0, hi=1, lo_open=True, hi_open=True)
+        objective = fit.get("objective", "huber")
+        if objective not in ("huber", "ols"):
+            raise InputError(f"unknown objective {objective!r}", path=where,
+                             field=prefix + "fit.objective")
+        prior = {}
+        for k, v in (fit.get("prior") or {}).items():
+            if not (isinstance(v, list) and len(v) == 2 and all(as_float(x) is not None
+                                                                for x in v)):
+                raise InputError("expected [mean, sd]", path=where,
+                                 field=f"{prefix}fit.prior.{k}")
+            prior[k] = (as_float(v[0]), as_float(v[1]))
         return {"spec": spec, "metric": metric, "u": u, "level": level,
+                "objective": objective, "prior": prior,
                 "params_column": fit.get("params_column", "params"), "boot_u": boot, "cov": cov,
                 "sigma": sigma, "dof": dof,
                 "intervals": _intervals(unc.get("intervals"), where, prefix)}

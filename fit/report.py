@@ -38,13 +38,27 @@ def report(r) -> str:
             tag = " (fixed)" if n in r.spec.fix else (f" (= {r.spec.tie[n]})" if n in r.spec.tie
                                                       else "")
             flag = d.get("at_bound", {}).get(n)
+            pr = (getattr(r, "prior", None) or {}).get(n)
+            if pr:
+                tag += f" (prior {pr[0]:g} +- {pr[1]:g})"
             lines.append(f"  {n:>6} = {v:<12.6g} [{_g(iv[0])}, {_g(iv[1])}]{tag}"
                          + (f"  WARNING: {flag}" if flag else ""))
+        ident = (d.get("identifiability") or {}).get("flags") or {}
+        for n, why in ident.items():
+            lines.append(f"  NOT IDENTIFIED: {n}: {'; '.join(why)}")
+        if (d.get("identifiability") or {}).get("unidentified"):
+            lines.append("  (fix it with --fix NAME=VALUE or regularise it with --prior "
+                         "NAME=MEAN:SD; extrapolations lean on it)")
         ss = d.get("starts_status", {})
-        lines.append(f"solver: summed Huber(delta={d.get('huber_delta')}) on log loss = "
-                     f"{_g(d.get('objective'), '{:.10g}')}; {d.get('starts')} starts "
-                     f"({', '.join(f'{v} {k}' for k, v in ss.items() if v)}); best converged: "
-                     f"{d.get('converged')}")
+        if getattr(r, "objective", "huber") == "ols":
+            lines.append(f"solver: ols of log(L - E) on log C (statsmodels), residual sum of "
+                         f"squares {_g(d.get('objective'), '{:.10g}')}; Student-t with "
+                         f"{_g(d.get('dof'))} dof")
+        else:
+            lines.append(f"solver: summed Huber(delta={d.get('huber_delta')}) on log loss = "
+                         f"{_g(d.get('objective'), '{:.10g}')}; {d.get('starts')} starts "
+                         f"({', '.join(f'{v} {k}' for k, v in ss.items() if v)}); best "
+                         f"converged: {d.get('converged')}")
         lines.append(f"fit: rmse(log) {_g(d.get('rmse_log'))}, max |rel residual| "
                      f"{_pct(d.get('max_abs_rel_residual'))}, residual dof {_g(d.get('dof'))}; "
                      f"{d.get('points_note')}")
@@ -85,6 +99,10 @@ def report(r) -> str:
                              f"{_pct(c.get('rollout_mean_abs_final'))}, leave-largest-out "
                              f"{_pct(c.get('leave_largest_out_abs_final'))}, objective "
                              f"{_g(c.get('objective'))}")
+    rule = d.get("asymptote_rule")
+    if rule and rule.get("applied"):
+        lines.append(f"asymptote rule (short ladder, {rule['sizes']} sizes, E not "
+                     f"identified): chose {rule.get('chosen')}: {rule.get('why')}")
     for line in d.get("dropped_rows", [])[:20]:
         lines.append(f"dropped: {line}")
     if len(d.get("dropped_rows", [])) > 20:

@@ -208,22 +208,39 @@ def build_parser() -> argparse.ArgumentParser:
                    help="points tables (CSV, Parquet), runs directories, W&B offline run "
                         "directories or wandb://ENTITY/PROJECT/ID[,ID...]")
     s.add_argument("--form", default="auto",
-                   help="law form: chinchilla, compute, trajectory, moe, mpl, momentum, or auto "
-                        "(chosen by backtest)")
+                   help="law form: auto (every form the columns allow, chosen by rollout "
+                        "backtest), compute, chinchilla, trajectory, moe, mpl, momentum "
+                        "(default: %(default)s)")
     s.add_argument("--metric", default=None,
                    help="metric key of runs (default: eval_dropless/loss)")
-    s.add_argument("--bootstrap", type=int, default=200, metavar="N",
-                   help="bootstrap refits for the uncertainty")
-    s.add_argument("--level", type=float, default=0.9, help="interval level")
+    s.add_argument("--bootstrap", type=int, default=200,
+                   help="run-level bootstrap replicates (default: %(default)s)")
+    s.add_argument("--level", type=float, default=0.9,
+                   help="level of the intervals and bands (default: %(default)s)")
     s.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE",
-                   help="hold a parameter fixed (repeatable; default: none)")
+                   help="hold a parameter fixed, e.g. E=1.5 (default: none)")
+    s.add_argument("--prior", action="append", default=[], metavar="NAME=MEAN:SD",
+                   help="Gaussian prior on a parameter (in its natural units), e.g. "
+                        "E=1.5:0.2: a penalised fit whose prior spread goes into the band "
+                        "(default: none)")
     s.add_argument("--tie", action="append", default=[], metavar="A=B",
-                   help="tie two parameters (repeatable; default: none)")
+                   help="make parameter A equal B, e.g. beta=alpha (default: none)")
     s.add_argument("--by", default=None, metavar="COLUMN",
-                   help="fit one law per value of COLUMN (default: one law)")
+                   help="one law per value of COLUMN, e.g. fraction (default: one law)")
+    s.add_argument("--objective", default="huber", choices=["huber", "ols"],
+                   help="huber: summed Huber(1e-3) on log loss; ols: least squares of "
+                        "log(L - E) on log C with E fixed (the real ladder's fit; Student-t "
+                        "interval with n-2 dof) (default: %(default)s)")
     s.add_argument("--params-column", default="params", choices=["params", "active_params"],
-                   help="the size the law is a function of")
-    s.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and multi-start")
+                   help="parameter count of the chinchilla form (default: %(default)s)")
+    s.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: %(default)s)")
+    s.add_argument("--free-asymptote", action="store_true",
+                   help="keep E free even on a short ladder (<= 5 sizes) that does not "
+                        "identify it (default: also fit a prior and a fixed-E variant and "
+                        "choose by rollout backtest)")
+    s.add_argument("--allow-unconverged", action="store_true",
+                   help="write the law even when the best start did not converge (default: "
+                        "refuse, exit 65)")
     s.add_argument("--sizes", default=None, metavar="FILE",
                    help="CSV/JSON of run sizes (run, params, active_params) for W&B sources "
                         "whose configs lack them (default: from the runs' configs)")
@@ -262,6 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--data-tag", default=None, help="data-mix tag the forecast applies to")
     s.add_argument("--eval-noise", type=float, default=None, metavar="SIGMA",
                    help="sd of one eval's metric (default: estimated from --runs)")
+    s.add_argument("--allow-no-band", action="store_true",
+                   help="register even when the law gives no band at any point (default: "
+                        "refuse, exit 65)")
     _wandb_options(s, "log the frozen forecast as its own W&B run in the ladder's group "
                       "(job type forecast), the file as an artifact")
     s.add_argument("--out", default="prereg.json", metavar="FILE",

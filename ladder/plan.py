@@ -300,7 +300,7 @@ def compile_step(rung: Rung, devices: int, *, microbatch: int | None = None,
 
     mb = microbatch_size(rung, TrainConfig(microbatch=microbatch))
     mesh = make_mesh(devices, expert_parallel, rung.model.n_experts, mb)
-    progs = programs(rung.model, TrainConfig(), mesh, rung.batch // mb)
+    progs = programs(rung.model, TrainConfig(), mesh, rung.optimizer_settings, rung.batch // mb)
     split = batch_sharding(mesh)
     toks = jax.ShapeDtypeStruct((rung.batch, rung.seq_len), jnp.int32, sharding=split)
     batch = {"tokens": toks, "targets": toks, "lr": jax.ShapeDtypeStruct((), jnp.float32)}

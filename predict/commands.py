@@ -64,7 +64,7 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
                 eval_noise: float | None = None, data_tag: str | None = None,
                 requires: dict | None = None, config: WatchConfig | None = None,
                 amends: dict | None = None, created: str | None = None,
-                run_config: dict | None = None) -> dict:
+                run_config: dict | None = None, allow_no_band: bool = False) -> dict:
     """The pre-registration document for ``target`` from ``law`` (library entry of the command).
 
     ``run_config`` is the target rung's configuration (``Rung.to_dict()``): registered by value,
@@ -106,6 +106,12 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
         noise_info = {"sigma": float(eval_noise), "n": 0, "method": "given (--eval-noise)"}
     f = fc.forecast(law, target, level=level, eval_noise=noise_info["sigma"])
     import numpy as np
+    if not allow_no_band and not (np.isfinite(f.lo).any() and np.isfinite(f.hi).any()):
+        # a frozen, never-overwritable file whose band is all NaN can never judge anything
+        raise InputError("the law gives no band at any forecast point (all lo/hi NaN: e.g. no "
+                         "residual degrees of freedom); nothing written; refit with more runs "
+                         "or a --prior, or pass --allow-no-band", field="forecast.lo",
+                         exit_code=EX_DATAERR)
     if not (np.isfinite(f.lo).all() and np.isfinite(f.hi).all()):
         print("ladder preregister: WARNING the law could not compute a band for some points; "
               "they are registered with lo/hi missing (NaN), and never judged as inside",
@@ -161,7 +167,8 @@ def preregister_main(args) -> int:
                       eval_noise=getattr(args, "eval_noise", None),
                       data_tag=getattr(args, "data_tag", None),
                       requires=parse_requires(args.require), amends=amends,
-                      run_config=run_config)
+                      run_config=run_config,
+                      allow_no_band=getattr(args, "allow_no_band", False))
     bad = [p for p in doc["forecast"] if not _finite(p.get("loss"))]
     if bad or not _finite(doc["final"].get("loss")):
         raise InputError(f"the law forecasts a non-finite loss at {len(bad)} of "
@@ -237,6 +244,29 @@ def verify_main(args) -> int:
     return 0 if res["ok"] else EX_DATAERR
 
 
+def source_keys(src: str, max_rows: int = 200) -> str:
+    """The metric keys of a local JSONL/CSV source (its first rows), for error messages."""
+    p = Path(src)
+    if not p.is_file():
+        return ""
+    keys: list[str] = []
+    try:
+        with open(p, encoding="utf-8", errors="replace") as fh:
+            if p.suffix.lower() == ".csv":
+                keys = [k.strip() for k in fh.readline().rstrip("\n").split(",")]
+            else:
+                for _, line in zip(range(max_rows), fh, strict=False):
+                    try:
+                        row = json.loads(line)
+                    except ValueError:
+                        continue
+                    if isinstance(row, dict):
+                        keys += [k for k in row if k not in keys]
+    except OSError:
+        return ""
+    return ", ".join(keys)
+
+
 def watch_main(args) -> int:
     from predict import sinks as sk
     from predict.live import Watcher
@@ -294,6 +324,11 @@ def watch_main(args) -> int:
              + f"; exit {code}")
     if as_json:
         print(json.dumps(to_jsonable(watch_verdict(w, code))))
+    if not st.get("n_evals") and not st.get("not_applicable"):
+        # judging nothing is not "nothing above info": most likely the wrong --metric
+        raise InputError(f"0 evals of '{w.view.metric}' judged ({st.get('n_points', 0)} points "
+                         f"read); keys seen: {source_keys(args.source) or 'none'}; name the "
+                         "source key with --metric", field="--metric", exit_code=EX_DATAERR)
     return code
 
 

@@ -241,3 +241,56 @@ def test_fixed_parameter_is_respected():
     law = fit_curve_law(train, "mpl", bootstrap=0, fix={"gamma": 0.5}, n_starts=1)
     assert law.params["gamma"] == 0.5 and law.fixed == {"gamma": 0.5}
     assert math.isfinite(law.params["L0"])
+
+
+@pytest.mark.parametrize("form,truth", [("mpl", MPL_TRUE), ("momentum", MOM_TRUE)])
+def test_analytic_gradient_matches_finite_differences(form, truth):
+    """The solver's gradient (sparse annealing sums, reused buffers) against central
+    differences of the objective, at a point away from the optimum."""
+    from fit.curves import (_design, _Model, _objective, _objective_grad, _stack,
+                            curve_data_from_table)
+    df = table(mpl_reference if form == "mpl" else momentum_reference, truth,
+               ["cosine", "wsd"], noise=1e-3)
+    data = curve_data_from_table(df, size_column=None)
+    runs = _stack([_design(n, lr, t, y, 1.0, PEAK, None)
+                   for n, lr, t, y in zip(data.names, data.lr, data.steps, data.loss,
+                                          strict=True)])
+    model = _Model(form, (), None, {})
+    theta = model.theta_of({k: v * 1.07 if k != "lam" else v for k, v in truth.items()})
+    _, g = _objective_grad(model, theta, runs, 1e-3)
+    for i in range(len(theta)):
+        h = 1e-6 * max(1.0, abs(theta[i]))
+        up, dn = theta.copy(), theta.copy()
+        up[i] += h
+        dn[i] -= h
+        fd = (_objective(model, up, runs, 1e-3) - _objective(model, dn, runs, 1e-3)) / (2 * h)
+        assert g[i] == pytest.approx(fd, rel=1e-5, abs=1e-9), model.names[i]
+
+
+def test_one_size_needs_no_size_column():
+    """A points table of one model size (load_points always carries an empty active_params
+    column) fits without a size column, exactly as a table without that column."""
+    from fit import fit_law, load_points
+    df = table(mpl_reference, MPL_TRUE, ["cosine", "constant", "wsd"], noise=2e-4)
+    df = df[df["loss"].notna()].reset_index(drop=True)   # a points table: eval rows only
+    pts = load_points(df)
+    assert pts["active_params"].isna().all()
+    law = fit_law(pts, form="mpl", bootstrap=0)
+    bare = fit_curve_law(df, "mpl", bootstrap=0)
+    assert law.size_variable is None
+    for k, v in bare.params.items():
+        assert law.params[k] == pytest.approx(v, rel=1e-9), k
+
+
+def test_auto_on_a_table_of_curves_considers_the_curve_laws():
+    """--form auto on curves with step and lr but no scale columns chooses between mpl and
+    momentum by leave-one-run-out; on multi-power-law data it picks mpl and says why."""
+    from fit import fit_law
+    df = table(mpl_reference, MPL_TRUE, ["cosine", "constant", "wsd"], noise=2e-4)
+    df = df[df["loss"].notna()].reset_index(drop=True)
+    law = fit_law(df, form="auto", bootstrap=0)
+    auto = law.diagnostics["auto"]
+    assert law.form == "mpl" and auto["chosen"] == "mpl"
+    errs = {c["form"]: c["leave_one_run_out_mean_abs_curve"] for c in auto["candidates"]}
+    assert set(errs) == {"mpl", "momentum"} and errs["mpl"] < errs["momentum"]
+    assert "form chosen by --form auto: mpl" in law.report()

@@ -135,3 +135,33 @@ def test_nan_band_is_written_as_json(tmp_path):
     assert math.isfinite(pred["loss"]) and pred["lo"] == "NaN" and pred["hi"] == "NaN"
     with pytest.warns(UserWarning, match="band unavailable"):
         assert np.isfinite(load_law(out).predict(compute=1e23).loss)
+
+
+def test_cli_parity_with_the_real_ladders_method(tmp_path):
+    """`--form compute --fix E=1.5 --by fraction --objective ols` is the real ladder's own fit;
+    on its 4 final rung losses (fraction 1) it gives the published 2.039 at the hero's
+    2.611e24 FLOPs."""
+    pts = tmp_path / "real.csv"
+    C = [2.650e19, 1.726e20, 1.381e21, 7.742e21]   # Marin's hero-run issue (tests/test_fit_law)
+    L = [3.0154, 2.7809, 2.5638, 2.4087]
+    pts.write_text("run,compute,fraction,loss\n"
+                   + "".join(f"r{i},{c:g},1.0,{v}\n" for i, (c, v) in enumerate(zip(C, L))))
+    out = tmp_path / "law.json"
+    r = _cli("fit", pts, "--form", "compute", "--fix", "E=1.5", "--by", "fraction",
+             "--objective", "ols", "--out", out)
+    assert r.returncode == 0, r.stderr
+    r = _cli("predict", out, "--compute", "2.611e24", "--fraction", "1.0")
+    assert r.returncode == 0, r.stderr
+    pred = json.loads(r.stdout)
+    assert pred["loss"] == pytest.approx(2.039, abs=1e-3)
+    assert pred["lo"] < pred["loss"] < pred["hi"]
+
+
+def test_cli_prior(tmp_path):
+    pts = tmp_path / "p.csv"
+    pts.write_text("run,compute,loss\na,1e19,3\nb,1e20,2.8\nc,1e21,2.6\nd,1e22,2.5\n")
+    r = _cli("fit", pts, "--form", "compute", "--prior", "E=1.5:0.2", "--bootstrap", "0")
+    assert r.returncode == 0, r.stderr
+    assert "(prior 1.5 +- 0.2)" in r.stdout
+    r = _cli("fit", pts, "--form", "compute", "--prior", "E=1.5", "--bootstrap", "0")
+    assert r.returncode == 64 and "NAME=MEAN:SD" in r.stderr

@@ -47,7 +47,7 @@ def test_microbatched_step_matches_one_big_batch(bias_rule):
     mesh = make_mesh(1, 1, cfg.n_experts, batch)
     runs = {}
     for micro in (1, 4):
-        progs = programs(cfg, TrainConfig(), mesh, micro)
+        progs = programs(cfg, TrainConfig(), mesh, microbatches=micro)
         state = progs.init_state(0)
         losses, biases, drops = [], [], []
         for i in range(3):
