@@ -104,7 +104,9 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
             raise InputError(f"must be >= 0, got {eval_noise!r}", field="--eval-noise",
                              exit_code=EX_USAGE)
         noise_info = {"sigma": float(eval_noise), "n": 0, "method": "given (--eval-noise)"}
-    f = fc.forecast(law, target, level=level, eval_noise=noise_info["sigma"])
+    extrapolation = fc.extrapolation_error(law)
+    f = fc.forecast(law, target, level=level, eval_noise=noise_info["sigma"],
+                    extrapolation=extrapolation.sigma_log)
     import numpy as np
     if not allow_no_band and not (np.isfinite(f.lo).any() and np.isfinite(f.hi).any()):
         # a frozen, never-overwritable file whose band is all NaN can never judge anything
@@ -124,7 +126,7 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
     law_json = law.to_json()
     return pr.build(target=target.to_dict(), applicability=app, metric=metric, law=law_json,
                     forecast=f.points(), final=f.final, band_level=level,
-                    eval_noise=noise_info,
+                    eval_noise=noise_info, extrapolation=extrapolation.to_dict(),
                     decision_rule={"words": cfg.words(level), "parameters": cfg.to_dict(),
                                    "calibration": calibration or None},
                     health_reference=health, budget_curve=fc.budget_curve(law, target),

@@ -55,8 +55,9 @@ def git_sha(cwd: str | Path | None = None) -> str | None:
 
 def build(*, target: dict, applicability: dict, metric: str, law: dict, forecast: list[dict],
           final: dict, band_level: float, decision_rule: dict, eval_noise: dict | None = None,
-          health_reference: dict | None = None, budget_curve: dict | None = None,
-          amends: dict | None = None, created: str | None = None) -> dict:
+          extrapolation: dict | None = None, health_reference: dict | None = None,
+          budget_curve: dict | None = None, amends: dict | None = None,
+          created: str | None = None) -> dict:
     """The pre-registration document, hashed (plain JSON types only)."""
     from ladder import __version__
     doc: dict[str, Any] = {
@@ -70,6 +71,7 @@ def build(*, target: dict, applicability: dict, metric: str, law: dict, forecast
         "final": final,
         "band_level": band_level,
         "eval_noise": eval_noise,
+        "extrapolation": extrapolation,
         "decision_rule": decision_rule,
         "health_reference": health_reference,
         "budget_curve": budget_curve,
