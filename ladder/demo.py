@@ -144,7 +144,8 @@ def _preregister(prereg_path: Path, law, ladder: Ladder, runs: Path) -> dict:
             f"created {doc['created']})")
         return doc
     target = Target.from_rung(ladder.target)
-    doc = make_prereg(law, target, level=LEVEL, runs=str(runs), data_tag="python-stdlib")
+    doc = make_prereg(law, target, level=LEVEL, runs=str(runs), data_tag="python-stdlib",
+                      run_config=ladder.target.to_dict())
     pr.write_once(prereg_path, doc)
     fin = doc["final"]
     say(f"[3/5] pre-registered {ladder.target.name}: final {doc['metric']} {fin['loss']:.4f} "

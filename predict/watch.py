@@ -811,7 +811,8 @@ _MISSING = object()
 def config_difference(want, have, path: str = "") -> str | None:
     """The first key (dotted, in sorted order) where configuration ``have`` differs from ``want``
     in value, with both values; None when they agree. Numbers compare by value (1 == 1.0, as a
-    round trip through W&B or YAML leaves them), booleans only with booleans."""
+    round trip through W&B or YAML leaves them), booleans only with booleans; a registered
+    "auto" matches whatever the run resolved it to."""
     if isinstance(want, Mapping) and isinstance(have, Mapping):
         for k in sorted(set(want) | set(have), key=str):
             where = f"{path}.{k}" if path else str(k)
@@ -830,6 +831,10 @@ def config_difference(want, have, path: str = "") -> str | None:
             d = config_difference(a, b, f"{path}[{i}]")
             if d:
                 return d
+        return None
+    if want == "auto" and isinstance(have, str):
+        # registered as "the backend's choice" (model.precision: bf16 on accelerators, f32 on
+        # CPU); the trainer resolves it and the run's config.json says what ran
         return None
     num = (int, float)
     if isinstance(want, bool) or isinstance(have, bool):

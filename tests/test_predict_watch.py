@@ -261,3 +261,15 @@ def test_trend_catches_a_step_inside_the_band(doc):
     assert len(tr) == 1 and tr[0].direction == "worse" and tr[0].severity == "warn"
     assert 0.5 <= tr[0].fraction <= 0.55
     assert res.exit_code == 1
+
+
+def test_registered_auto_precision_matches_what_the_run_resolved():
+    from predict.watch import config_difference
+
+    # preregister records the recipe ("auto": bf16 on accelerators, f32 on CPU); config.json of
+    # the run records what ran: the forecast still applies
+    assert config_difference({"model": {"precision": "auto"}}, {"model": {"precision": "f32"}}) \
+        is None
+    # a concrete registered value is held to it
+    assert config_difference({"model": {"precision": "bf16"}}, {"model": {"precision": "f32"}}) \
+        == "model.precision ('f32' in the run, 'bf16' registered)"
