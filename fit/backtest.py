@@ -20,25 +20,33 @@ from ladder.io import InputError
 MAX_FOLDS = 4
 
 
-def scale_levels(df: pd.DataFrame) -> pd.Series:
-    """Scale level (an integer, larger = bigger) of every run."""
+def run_scales(df: pd.DataFrame) -> tuple[pd.Series, str]:
+    """log10 of every run's scale, and what the scale is: "compute" (planned total FLOPs),
+    "params_x_tokens", "params", or "1/loss" (no scale column: ordered by final loss)."""
     g = df.groupby("run")
     if "compute" in df.columns and df["compute"].notna().all():
-        s = g["compute"].max() / g["fraction"].max().clip(lower=1e-12)  # planned total
+        s, kind = g["compute"].max() / g["fraction"].max().clip(lower=1e-12), "compute"
     elif {"params", "tokens"} <= set(df.columns) and df[["params", "tokens"]].notna().all().all():
-        s = (g["params"].max() * g["tokens"].max())
+        s, kind = g["params"].max() * g["tokens"].max(), "params_x_tokens"
     elif "params" in df.columns and df["params"].notna().all():
-        s = g["params"].max()
+        s, kind = g["params"].max(), "params"
     else:
-        s = 1.0 / g["loss"].min()  # no scale column: order by final loss, high to low
-    logs = np.log10(s.astype(float))
-    return pd.Series(np.round(logs * 20).astype(int), index=s.index)
+        s, kind = 1.0 / g["loss"].min(), "1/loss"
+    return np.log10(s.astype(float)), kind
+
+
+def scale_levels(df: pd.DataFrame) -> pd.Series:
+    """Scale level (an integer, larger = bigger) of every run: log10 of its scale in 0.05
+    decades (:func:`run_scales`)."""
+    logs, _ = run_scales(df)
+    return pd.Series(np.round(logs * 20).astype(int), index=logs.index)
 
 
 def backtest(df: pd.DataFrame, spec, opts: dict, *, by: str | None = None,
              final_only: bool | None = None, max_folds: int = MAX_FOLDS,
              starts=None) -> dict:
     from fit.law import _fit_by, fit_one
+    logs, kind = run_scales(df)
     levels = scale_levels(df)
     uniq = np.sort(levels.unique())
     folds, skipped = [], []
@@ -59,9 +67,13 @@ def backtest(df: pd.DataFrame, spec, opts: dict, *, by: str | None = None,
         except InputError as e:
             skipped.append({"train_runs": len(train_runs), "reason": str(e)})
             continue
-        folds.append(_evaluate(res, test, spec, by, final_only, len(train_runs)))
+        fold = _evaluate(res, test, spec, by, final_only, len(train_runs))
+        # how far this fold extrapolated: decades from the largest training run to the held-out
+        fold["decades"] = float(logs[test_runs].max() - logs[train_runs].max())
+        folds.append(fold)
     out = {"method": "rollout by scale level (0.05 decades); leave-largest-out = last fold",
-           "folds": folds, "skipped": skipped}
+           "folds": folds, "skipped": skipped, "scale": kind,
+           "scale_log10_max": float(logs.max())}
     if folds:
         fin = np.concatenate([f["final_rel_err"] for f in folds])
         out["rollout_mean_abs_final"] = float(np.mean(np.abs(fin)))

@@ -62,18 +62,30 @@ def ones(key, shape, dtype=jnp.float32):
     return Init(jnp.ones(shape, dtype), None)
 
 
-def materialize(boxes, seed: int) -> dict:
+def materialize(boxes, seed: int, slices=None) -> dict:
     """Nested dict of Init(ShapeDtypeStruct, std) (``jax.eval_shape`` of a linen init) -> nested
     dict of arrays. Each parameter is drawn from its own numpy stream seeded by (seed, its path),
-    so its initial value does not depend on which other parameters exist."""
+    so its initial value does not depend on which other parameters exist.
+
+    ``slices(path)``: for a parameter stacked on a leading axis (the scanned layers), the path
+    each slice is drawn under (None: not stacked). The scanned model then starts from the very
+    values the same model has with its layers unrolled."""
+    def draw(path, shape, std):
+        rng = np.random.default_rng([seed, zlib.crc32("/".join(path).encode())])
+        return std * rng.standard_normal(shape, dtype=np.float32)
+
     values = {}
     for path, box in flatten_dict(unfreeze(boxes)).items():
         shape, dtype = box.value.shape, box.value.dtype
         if box.std is None:
             values[path] = jnp.ones(shape, dtype)
             continue
-        rng = np.random.default_rng([seed, zlib.crc32("/".join(path).encode())])
-        values[path] = jnp.asarray(box.std * rng.standard_normal(shape, dtype=np.float32), dtype)
+        parts = slices(path) if slices is not None else None
+        if parts is None:
+            values[path] = jnp.asarray(draw(path, shape, box.std), dtype)
+        else:                                           # [G, ...]: slice g drawn as parts[g]
+            values[path] = jnp.asarray(np.stack([draw(p, shape[1:], box.std) for p in parts]),
+                                       dtype)
     return unflatten_dict(values)
 
 

@@ -167,7 +167,17 @@ def init(cfg: ModelConfig, seed: int):
     values are drawn with numpy by :func:`model.layers.materialize`.
     """
     boxes = jax.eval_shape(partial(_boxed_params, cfg), jax.random.key(0))
-    return materialize(boxes, seed), jnp.zeros((cfg.n_layers, cfg.n_experts), jnp.float32)
+    return (materialize(boxes, seed, partial(_unrolled_paths, cfg)),
+            jnp.zeros((cfg.n_layers, cfg.n_experts), jnp.float32))
+
+
+def _unrolled_paths(cfg: ModelConfig, path: tuple[str, ...]):
+    """The paths the slices of a scanned parameter have when the layers are unrolled:
+    groups/block_j/... [G, ...] -> layer_{g * global_every + j}/... for g < G; None otherwise."""
+    if path[0] != "groups":
+        return None
+    j = int(path[1].removeprefix("block_"))
+    return [(f"layer_{g * cfg.global_every + j}",) + path[2:] for g in range(cfg.n_groups)]
 
 
 def param_shapes(cfg: ModelConfig):

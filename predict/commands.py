@@ -104,7 +104,7 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
             raise InputError(f"must be >= 0, got {eval_noise!r}", field="--eval-noise",
                              exit_code=EX_USAGE)
         noise_info = {"sigma": float(eval_noise), "n": 0, "method": "given (--eval-noise)"}
-    extrapolation = fc.extrapolation_error(law)
+    extrapolation = fc.extrapolation_error(law, target)
     f = fc.forecast(law, target, level=level, eval_noise=noise_info["sigma"],
                     extrapolation=extrapolation.sigma_log)
     import numpy as np

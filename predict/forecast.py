@@ -8,9 +8,10 @@ The band of a forecast point combines, in quadrature (independent errors, Gaussi
 - extrapolation error: a pre-registered target lies beyond every rung, and the law's own band
   (fitted on those rungs) does not measure how wrong the law is one step outside them. The ladder
   measured that itself: the rollout backtest refits on the smaller rungs and forecasts the next
-  one (:func:`extrapolation_error`). Its RMS log error enters as a relative sd. Without it, a
-  band narrowed by honest bootstrap replicates missed the cpu demo's proxy hero (-5.0% against a
-  [-2.7%, +8.2%] band, while the ladder's one-rung backtest error was 3.2%; docs/LOG.md).
+  one (:func:`extrapolation_error`). Its RMS log error per decade, times the target's decades
+  beyond the largest rung, enters as a relative sd. Without it, a band narrowed by honest
+  bootstrap replicates missed the cpu demo's proxy hero (-5.0% against a [-2.7%, +8.2%] band,
+  0.93 decades beyond a ladder whose one-rung backtest error was 3.2%; docs/LOG.md).
 A band the law cannot compute stays NaN (missing, loudly), never zero width.
 
 Calibration (:func:`leave_one_rung_out`) refits the law without one rung, forecasts that rung's
@@ -267,20 +268,37 @@ class Extrapolation:
         return {"sigma_log": self.sigma_log, "n": self.n, "method": self.method}
 
 
-def extrapolation_error(law) -> Extrapolation:
-    """The RMS log error of the law's rollout backtest (law.json ``diagnostics.backtest``: refit
-    on the rungs below each scale level, forecast that level's final losses). A root mean
-    square, not a mean absolute error: a band needs the spread, and one large miss should
-    widen it. No backtest (a curve law, or a fit with ``backtest=False``): 0, said so."""
+def extrapolation_error(law, target: Target | None = None) -> Extrapolation:
+    """The law's own extrapolation error at ``target``, from its rollout backtest (law.json
+    ``diagnostics.backtest``: refit on the runs below each scale level, forecast that level's
+    final losses; each fold records how many decades it extrapolated).
+
+    The error of a power law extrapolated from a ladder grows with the distance: the folds'
+    errors are put per decade (RMS of log error / decades: a root mean square, not a mean
+    absolute error, since a band needs the spread and one large miss should widen it) and
+    scaled to the target's distance beyond the largest run. A target inside the ladder's range
+    gets none. No backtest (a curve law, or a fit with ``backtest=False``) or no scale to
+    place the target: 0, and the method says so."""
     bt = (getattr(law, "diagnostics", None) or {}).get("backtest") or {}
-    errs = [float(e) for fold in bt.get("folds") or [] for e in fold.get("final_rel_err") or []
-            if isinstance(e, (int, float)) and math.isfinite(e) and e > -1]
-    if not errs:
-        return Extrapolation(0.0, 0, "none (the law carries no rollout backtest)")
-    logs = np.log1p(np.asarray(errs))
-    return Extrapolation(float(np.sqrt(np.mean(logs ** 2))), len(errs),
-                         "RMS log error of the law's rollout backtest (final losses of each "
-                         "scale level, forecast from the levels below it)")
+    per_decade = []
+    for fold in bt.get("folds") or []:
+        d = fold.get("decades")
+        if not (isinstance(d, (int, float)) and d > 0):
+            continue
+        per_decade += [math.log1p(float(e)) / d for e in fold.get("final_rel_err") or []
+                       if isinstance(e, (int, float)) and math.isfinite(e) and e > -1]
+    top, kind = bt.get("scale_log10_max"), bt.get("scale")
+    scale = None if target is None else {"compute": target.compute,
+                                         "params_x_tokens": target.params * target.tokens,
+                                         "params": target.params}.get(kind)
+    if not per_decade or not isinstance(top, (int, float)) or not scale or scale <= 0:
+        return Extrapolation(0.0, len(per_decade), "none (the law carries no rollout backtest "
+                                                  "on a scale the target has)")
+    decades = max(0.0, math.log10(scale) - float(top))
+    rate = float(np.sqrt(np.mean(np.square(per_decade))))
+    return Extrapolation(rate * decades, len(per_decade),
+                         f"rollout backtest of the law: RMS log error {rate:.4f} per decade "
+                         f"(of {kind}) x {decades:.2f} decades beyond the largest run")
 
 
 def budget_curve(law, target: Target) -> dict:
