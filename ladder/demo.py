@@ -187,6 +187,15 @@ def _band(fin: dict) -> str:
     return f"[{lo:.4f}, {hi:.4f}]"
 
 
+def _status(inside: bool, kinds: list, finished: bool, level: float) -> str:
+    if kinds or not finished:
+        return "the run deviated from its pre-registered forecast"
+    if inside:
+        return "on track: no warning"
+    return (f"on track under the pre-registered decision rule (no warning); the final lies "
+            f"outside the {level:.0%} band, as {1 - level:.0%} of healthy runs do")
+
+
 def _verdict(doc: dict, summary: dict, alerts: list[dict]) -> dict:
     fin = doc["final"]
     actual = _num((summary.get("final") or {}).get(doc["metric"]))
@@ -203,8 +212,11 @@ def _verdict(doc: dict, summary: dict, alerts: list[dict]) -> dict:
         + ("INSIDE the band" if inside else "OUTSIDE the band"),
         f"  alerts: {counts['critical']} critical, {counts['warn']} warn, {counts['info']} info"
         + (f" ({', '.join(kinds)})" if kinds else ""),
-        "  status: " + ("on track: no warning" if inside and not kinds else
-                        "the run deviated from its pre-registered forecast"),
+        "  status: " + _status(inside, kinds, math.isfinite(actual), doc["band_level"]),
     ]
-    return {"ok": inside and not kinds, "inside": inside, "actual": actual,
+    # judged by the pre-registered decision rule (warn/critical alerts, which use the wider alert
+    # band with hysteresis), not by the final point alone: a healthy run ends outside a 90% band
+    # one time in ten
+    ok = not kinds and math.isfinite(actual)
+    return {"ok": ok, "inside": inside, "actual": actual,
             "forecast": fin, "alerts": counts, "kinds": kinds, "lines": lines}
