@@ -16,18 +16,20 @@ Memory per device (bytes), the estimate (what the trainer as it is here keeps):
   (2 V D float32, whole) dominate;
 - the threshold rule's merged statistic [layers, E, n] float32 (n = tokens per step x k / E),
   split over "expert", twice (running value and the merge);
-- activations of one microbatch's tokens on the device (no rematerialisation), float32 (the
-  trainer computes in float32). Per token and layer (elements): 4 D (residual inputs and their
-  normed copies) + 4 q_dim + 3 kv_dim (q, k, v before and after QK-norm/RoPE, attention
-  output) + 2 H S (the dense masked softmax keeps scores and probabilities for every key, also
-  on local layers) + 2 E (router logits and probabilities) + 3 L (latent before/after norm,
-  combined output) + 2 k L (each assignment's token and output) + 2 cf k (2 L + 3 F) (expert
-  slots, on the sender and again on the expert's device after the all-to-all: input, gate,
-  up, hidden, output) + 3 N F_shared. Per token once: 2 D (embedding output, final norm) + 3 V
-  (float32 logits, their exponentials and gradient).
+- activations of one microbatch's tokens on the device (no rematerialisation), float32 (what
+  the step compiles to on CPU, where "auto" precision is f32). Per token and layer (elements):
+  4 D (residual inputs and their normed copies) + 4 q_dim + 3 kv_dim (q, k, v before and after
+  QK-norm/RoPE, attention output) + 2 E (router logits and probabilities) + 3 L (latent
+  before/after norm, combined output) + 2 k L (each assignment's token and output) + 2 cf k
+  (2 L + 3 F) (expert slots, on the sender and again on the expert's device after the
+  all-to-all: input, gate, up, hidden, output) + 3 N F_shared. No attention scores: attention
+  runs in query blocks whose scores are recomputed in the backward pass (model/layers.py), so
+  none is kept. Per token once: 2 D (embedding output, final norm) + 3 V loss_chunk / S (the
+  LM head and cross-entropy run over chunks of loss_chunk positions: one chunk's float32
+  logits, exponentials and gradient exist at a time).
   Measured against XLA's memory analysis of the compiled step (``--compile``) it is a planning
-  estimate, expected within ~30% on the real rungs; it does not know about bf16, flash attention,
-  remat or a chunked LM head, which shrink the activations.
+  estimate, expected within ~30% on the real rungs; it does not know about bf16 or remat, which
+  shrink the activations.
 
 Time per step = training FLOPs per step (LM head included) / (N x peak FLOP/s x MFU).
 The default peak is one GB200 GPU in bf16 without sparsity: 2.5e15 FLOP/s (NVIDIA's GB200 NVL72
@@ -166,11 +168,11 @@ def activation_elements_per_token(cfg, seq_len: int) -> float:
     total = 0.0
     for layer in range(cfg.n_layers):
         kv_dim = cfg.n_kv_heads(layer) * cfg.head_dim
-        total += (4 * cfg.d_model + 4 * cfg.q_dim + 3 * kv_dim + 2 * cfg.n_heads * seq_len
+        total += (4 * cfg.d_model + 4 * cfg.q_dim + 3 * kv_dim
                   + 2 * cfg.n_experts + 3 * cfg.latent_dim + 2 * cfg.top_k * cfg.latent_dim
                   + 2 * cap_slots * (2 * cfg.latent_dim + 3 * cfg.expert_dim)
                   + 3 * cfg.n_shared * cfg.shared_dim)
-    return total + 2 * cfg.d_model + 3 * cfg.vocab_size
+    return total + 2 * cfg.d_model + 3 * cfg.vocab_size * min(cfg.loss_chunk, seq_len) / seq_len
 
 
 def plan_rung(rung: Rung, devices: int = 1, *, expert_parallel: int | None = None,
