@@ -260,7 +260,7 @@ def source_keys(src: str, max_rows: int = 200) -> str:
                 for _, line in zip(range(max_rows), fh, strict=False):
                     try:
                         row = json.loads(line)
-                    except ValueError:
+                    except (ValueError, RecursionError):  # a bad line names no key
                         continue
                     if isinstance(row, dict):
                         keys += [k for k in row if k not in keys]
