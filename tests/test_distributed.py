@@ -1,10 +1,13 @@
 """Multi-host JAX: 2 processes x 4 CPU devices on 127.0.0.1 train the tiny rung to the same losses
 as 1 process x 8 devices, write one run directory (process 0), and resume across processes."""
 
+import atexit
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -13,10 +16,19 @@ import pytest
 from ladder.cli import main
 from ladder.distributed import DistributedConfig, from_args
 from ladder.io import InputError, read_json, read_metrics
-from ladder.specs import LADDERS
+from ladder.specs import LADDERS, load_ladder_file
 
 ROOT = Path(__file__).resolve().parent.parent
-RUNG = LADDERS["tiny"].rungs[0]
+# The tiny ladder at 8 sequences per step: since the trainer splits the batch over every device
+# (data x expert, issue 10), 8 devices need a batch of 8. A ladder file named "tiny" replaces the
+# built-in one for these runs (`--ladder-file`).
+_DIR = Path(tempfile.mkdtemp(prefix="ladder-test-distributed-"))
+atexit.register(shutil.rmtree, _DIR, True)
+LADDER_FILE = _DIR / "tiny.toml"
+LADDER_FILE.write_text((ROOT / "ladder" / "ladders" / "tiny.toml").read_text()
+                       .replace("batch_per_unit = 4", "batch_per_unit = 8"))
+RUNG = load_ladder_file(LADDER_FILE).rungs[0]
+assert RUNG.batch == 8 and RUNG.name == LADDERS["tiny"].rungs[0].name
 KEYS = ["train/loss", "train/ce", "grad/norm", "eval/loss", "eval_dropless/loss",
         "moe/drop_frac", "params/norm/router_bias"]
 TIMEOUT_S = 300   # every wait below is bounded; a hung process is killed
@@ -37,8 +49,8 @@ def _run(args, devices, n_processes=1):
     """`ladder run ARGS` as ``n_processes`` processes of one jax.distributed run (a fresh
     coordinator port each time); returns their CompletedProcess-like results. A process that
     fails or hangs gets the others killed, so nothing is left waiting on a coordinator."""
-    base = [sys.executable, "-m", "ladder.cli", "run", "tiny", "--rung", RUNG.name,
-            "--peak_flops=1e11", "--progress=false", *args]
+    base = [sys.executable, "-m", "ladder.cli", "run", "tiny", "--ladder-file", str(LADDER_FILE),
+            "--rung", RUNG.name, "--peak_flops=1e11", "--progress=false", *args]
     if n_processes > 1:
         port = _free_port()
         cmds = [base + ["--coordinator", f"127.0.0.1:{port}", "--num-processes",
@@ -66,7 +78,7 @@ def _run(args, devices, n_processes=1):
 
 @pytest.mark.slow
 def test_two_processes_match_one_process_and_resume_across_processes(tmp_path):
-    # 16 of the 60 steps (the eval at 15): cross-process collectives over TCP on 2 shared cores
+    # 16 of the 30 steps (evals at 8 and 15): cross-process collectives over TCP on 2 shared cores
     # make a step ~50x slower than in one process, and these steps cover every kind of work
     one = tmp_path / "one"
     _run(["--out", str(one), "--max-steps", "16"], devices=8)
@@ -80,11 +92,18 @@ def test_two_processes_match_one_process_and_resume_across_processes(tmp_path):
     a = read_metrics(one / "tiny" / RUNG.name / "metrics.jsonl")
     b = read_metrics(two / "tiny" / RUNG.name / "metrics.jsonl")
     assert [r["step"] for r in b] == [r["step"] for r in a] == list(range(1, 17))
-    assert sum("eval_dropless/loss" in r for r in b) == 1
+    # the evals in 16 of the 30 steps (every 25%: steps 8 and 15) are in both runs
+    assert sum("eval_dropless/loss" in r for r in b) == sum("eval_dropless/loss" in r for r in a) \
+        == 2
     for ra, rb in zip(a, b):
         for k in KEYS:
             if k in ra or k in rb:
-                assert rb[k] == pytest.approx(ra[k], rel=1e-5, abs=1e-5), (ra["step"], k)
+                # losses to 1e-5 (the issue's bound). Since the batch and FSDP shards span
+                # every device, 2 processes reduce in another order than 1: the gradient norm
+                # and the router-bias norm (top-n logits, sensitive to the last bit) drift to
+                # 2-4e-5 relative by step 16 (measured), so these two diagnostics get 1e-4
+                tol = 1e-4 if k in ("grad/norm", "params/norm/router_bias") else 1e-5
+                assert rb[k] == pytest.approx(ra[k], rel=tol, abs=tol), (ra["step"], k)
     env = read_json(two / "tiny" / RUNG.name / "env.json", schema="run-env")
     assert env["processes"]["process_count"] == 2 and env["processes"]["local_devices"] == 4
     assert env["devices"]["count"] == 8
