@@ -60,6 +60,12 @@ def _wandb_options(s, what: str) -> None:
                    help="W&B project (default: $WANDB_PROJECT, else 'ladder')")
 
 
+def _ladder_file_option(s) -> None:
+    s.add_argument("--ladder-file", default=None, metavar="FILE",
+                   help="a ladder as data (TOML or JSON, like ladder/ladders/*.toml); it joins "
+                        "the built-in ladders, replacing one of its name (default: none)")
+
+
 def _json_option(s, what: str) -> None:
     s.add_argument("--json", action="store_true", help=f"print {what} on stdout, as JSON")
 
@@ -85,18 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("list", help="ladders, rungs, params total/active, tokens, FLOPs")
     s.add_argument("ladder", nargs="?", help="one ladder (default: all, or --ladder-file's)")
     _json_option(s, "one object per rung")
-    s.add_argument("--ladder-file", default=None, metavar="FILE",
-                   help="a ladder as data (TOML or JSON, like ladder/ladders/*.toml); it joins "
-                        "the built-in ladders, replacing one of its name (default: none)")
+    _ladder_file_option(s)
     s.set_defaults(func=_call("ladder.commands:list_main"))
 
     s = sub.add_parser("plan", help="memory and time per step on a mesh, no training")
     s.add_argument("target", metavar="LADDER[:RUNG]",
                    help="a ladder, or one rung of it (with --ladder-file, ':RUNG' names a rung "
                         "of the file's ladder)")
-    s.add_argument("--ladder-file", default=None, metavar="FILE",
-                   help="a ladder as data (TOML or JSON, like ladder/ladders/*.toml); it joins "
-                        "the built-in ladders, replacing one of its name (default: none)")
+    _ladder_file_option(s)
     s.add_argument("--devices", type=int, default=1, help="devices in the mesh")
     s.add_argument("--expert-parallel", type=int, default=None,
                    help="size of the 'expert' mesh axis (default: largest divisor of --devices "
@@ -126,9 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("ladder", nargs="?", metavar="LADDER[:RUNG]",
                    help="a ladder (all its rungs, the target last) or one rung of it "
                         "(default: --ladder-file's ladder)")
-    s.add_argument("--ladder-file", default=None, metavar="FILE",
-                   help="a ladder as data (TOML or JSON, like ladder/ladders/*.toml); it joins "
-                        "the built-in ladders, replacing one of its name (default: none)")
+    _ladder_file_option(s)
     s.add_argument("--rung", action="append", default=None, metavar="NAME",
                    help="train only this rung (repeatable; default: all)")
     s.add_argument("--out", default="runs", metavar="DIR",
