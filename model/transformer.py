@@ -31,7 +31,7 @@ from flax.traverse_util import flatten_dict, unflatten_dict
 
 from model.config import ModelConfig, resolve_precision
 from model.layers import Attention, RMSNorm, materialize, normal
-from model.moe import MoE
+from model.moe import MoE, split_batch
 
 AUX_KEYS = ("drop_frac", "load", "router_entropy", "router_z_loss", "balance_loss", "bias_target",
             "bias_stat")
@@ -73,6 +73,7 @@ class Block(nn.Module):
     @nn.compact
     def __call__(self, x, bias, segment_ids=None):
         cfg = self.cfg
+        x = split_batch(x)                  # the residual stream: rows split over the devices
         h = RMSNorm(cfg.norm_eps, name="attn_norm")(x)
         x = x + Attention(cfg, self.layer, name="attn")(h, segment_ids)
         y, aux = MoE(cfg, name="moe")(RMSNorm(cfg.norm_eps, name="moe_norm")(x), bias,
@@ -125,7 +126,7 @@ class Decoder(nn.Module):
         self.param("lm_head", init, (cfg.d_model, cfg.vocab_size), jnp.float32)
         # gather from the float32 table, then cast: the embedding gradient (a scatter-add over
         # every position) then accumulates in float32
-        x = jnp.take(embedding, tokens, axis=0).astype(compute_dtype(cfg))   # [B, S, D]
+        x = split_batch(jnp.take(embedding, tokens, axis=0).astype(compute_dtype(cfg)))  # [B, S, D]
         auxes = []
         n_scan, g = cfg.scanned_layers, cfg.global_every
         if cfg.n_groups:
@@ -140,7 +141,7 @@ class Decoder(nn.Module):
             x, aux = cls(cfg, layer, dropless, name=f"layer_{layer}")(x, router_bias[layer],
                                                                       segment_ids)
             auxes.append({k: v[None] for k, v in aux.items()})
-        x = RMSNorm(cfg.norm_eps, name="final_norm")(x)
+        x = RMSNorm(cfg.norm_eps, name="final_norm")(split_batch(x))
         # per-layer stats on a leading layer axis: scalars -> [n_layers], load -> [n_layers, E]
         return x, {k: jnp.concatenate([a[k] for a in auxes]) for k in AUX_KEYS}
 
