@@ -42,14 +42,8 @@ import numpy as np  # noqa: E402
 
 from ladder.plan import plan_rung  # noqa: E402
 from ladder.specs import LADDERS  # noqa: E402
-from ladder.train import (  # noqa: E402
-    TrainConfig,
-    batch_sharding,
-    enable_compilation_cache,
-    make_mesh,
-    peak_flops_info,
-    programs,
-)
+from ladder.step import batch_sharding, enable_compilation_cache, make_mesh, programs  # noqa: E402
+from ladder.train import peak_flops_info  # noqa: E402
 
 
 def rung_config(name: str, layers: int | None, smoke: bool):
@@ -87,7 +81,7 @@ def time_rung(rung, *, batch: int, steps: int, microbatch: int | None, seed: int
     mb = microbatch or batch
     mesh = make_mesh(None, None, rung.model.n_experts, mb)
     n = int(mesh.devices.size)
-    progs = programs(rung.model, TrainConfig(), mesh, rung.optimizer_settings, batch // mb)
+    progs = programs(rung.model, mesh, rung.optimizer_settings, batch // mb)
     state = progs.init_state(seed)
     rng = np.random.default_rng(seed)
     split = batch_sharding(mesh)

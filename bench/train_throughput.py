@@ -33,14 +33,14 @@ import numpy as np
 
 from ladder.data import stdlib_corpus
 from ladder.specs import LADDERS
-from ladder.train import TrainConfig, enable_compilation_cache, make_mesh, programs
+from ladder.step import enable_compilation_cache, make_mesh, programs
 
 CPU_RECIPE = LADDERS["cpu"].recipe
 
 
 def step_timer(model_cfg, batch: int, seq_len: int):
     """A closure running one training step of ``model_cfg``; returns its wall time (s)."""
-    progs = programs(model_cfg, TrainConfig(), make_mesh(1, 1, model_cfg.n_experts, batch))
+    progs = programs(model_cfg, make_mesh(1, 1, model_cfg.n_experts, batch))
     state = progs.init_state(0)
     corpus = stdlib_corpus()
     batches = [jax.device_put({**corpus.batch(0, i, batch, seq_len), "lr": np.float32(1e-3)})

@@ -71,7 +71,7 @@ def list_main(args) -> int:
 def _train_config(args):
     """TrainConfig from --config FILE, then --key=value overrides, then the run flags."""
     from ladder.io import read_json
-    from ladder.train import parse_overrides, train_config
+    from ladder.trainconfig import parse_overrides, train_config
 
     values: dict = {}
     where = "overrides"

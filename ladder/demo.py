@@ -54,7 +54,8 @@ def demo_main(args) -> int:
 
 def run_demo(out: Path, ladder: Ladder, *, inject: str | None = None,
              inject_at: float = 0.5) -> dict:
-    from ladder.train import TrainConfig, train_rung
+    from ladder.train import train_rung
+    from ladder.trainconfig import Fault, TrainConfig
 
     t_start = time.time()
     runs = out / "runs" / ladder.name
@@ -84,8 +85,8 @@ def run_demo(out: Path, ladder: Ladder, *, inject: str | None = None,
     base = out if inject is None else out / f"inject-{inject}"
     target_dir = (runs if inject is None else base / "runs" / ladder.name) / ladder.target.name
     alerts_path = base / "alerts.jsonl"
-    cfg = TrainConfig() if inject is None else TrainConfig(fault=inject, fault_at=inject_at,
-                                                           **FAULT_SETTINGS.get(inject, {}))
+    cfg = TrainConfig() if inject is None else TrainConfig(
+        fault=Fault(inject, at=inject_at, **FAULT_SETTINGS.get(inject, {})))
     tgt = ladder.target
     say(f"[4/5] target {tgt.name}: d={tgt.model.d_model}, {tgt.model.n_layers} layers, "
         f"{tgt.steps} steps, {tgt.tokens / 1e6:.2f}M tokens"

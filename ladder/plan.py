@@ -298,11 +298,12 @@ def compile_step(rung: Rung, devices: int, *, microbatch: int | None = None,
     import jax
     import jax.numpy as jnp
 
-    from ladder.train import TrainConfig, batch_sharding, make_mesh, microbatch_size, programs
+    from ladder.step import batch_sharding, make_mesh, programs
+    from ladder.trainconfig import TrainConfig, microbatch_size
 
     mb = microbatch_size(rung, TrainConfig(microbatch=microbatch))
     mesh = make_mesh(devices, expert_parallel, rung.model.n_experts, mb)
-    progs = programs(rung.model, TrainConfig(), mesh, rung.optimizer_settings, rung.batch // mb)
+    progs = programs(rung.model, mesh, rung.optimizer_settings, rung.batch // mb)
     split = batch_sharding(mesh)
     toks = jax.ShapeDtypeStruct((rung.batch, rung.seq_len), jnp.int32, sharding=split)
     batch = {"tokens": toks, "targets": toks, "lr": jax.ShapeDtypeStruct((), jnp.float32)}

@@ -15,7 +15,8 @@ from ladder.data import load_corpus
 from ladder.io import InputError, read_json, read_metrics
 from ladder.specs import LADDERS
 from ladder.tokens import GrainFeed, WindowSource, load_shards, segment_ids
-from ladder.train import TrainConfig, train_rung
+from ladder.train import train_rung
+from ladder.trainconfig import RunArgs, TrainConfig
 
 EOS = "<|endoftext|>"
 SEQ = 16
@@ -143,7 +144,8 @@ def test_segment_ids_restart_exactly_after_each_eos(corpus_dir):
 
 
 def _shard_cfg(corpus_dir):
-    return TrainConfig(peak_flops=1e11, progress=False, data=(str(corpus_dir / "shards"),))
+    return TrainConfig(run=RunArgs(peak_flops=1e11, progress=False),
+                       data=(str(corpus_dir / "shards"),))
 
 
 def test_run_on_token_shards_records_the_tokenizer_and_checkpoints_the_iterator(corpus_dir,

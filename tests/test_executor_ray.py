@@ -19,10 +19,11 @@ from ladder.cli import main
 from ladder.executor import parse_resources, run_ladder_ray, rung_task
 from ladder.io import InputError, read_json, read_metrics
 from ladder.specs import LADDERS
-from ladder.train import TrainConfig, train_rung
+from ladder.train import train_rung
+from ladder.trainconfig import RunArgs, TrainConfig
 
 LADDER = LADDERS["tiny"]
-CFG = TrainConfig(peak_flops=1e11, progress=False)
+CFG = TrainConfig(run=RunArgs(peak_flops=1e11, progress=False))
 VOLATILE = ("time", "throughput/tokens_per_s", "throughput/mfu")  # wall-clock, not numbers
 FLAKY_STEPS = 20
 

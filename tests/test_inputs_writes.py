@@ -225,7 +225,7 @@ def test_schedule_inputs_that_would_hang_are_refused(tmp_path):
 def test_resume_cuts_back_a_metrics_file_with_poisoned_lines(tmp_path):
     """`run --resume` rewrites metrics.jsonl up to the checkpoint: a line with a 5000-digit
     integer or deep nesting (which crashed it) is dropped, and the file stays 0644."""
-    from ladder.train import MetricsFile
+    from ladder.rundir import MetricsFile
     p = tmp_path / "metrics.jsonl"
     p.write_text('{"step": 1, "train/loss": 3.0}\n{"step": ' + "9" * 5000 + "}\n"
                  + "[" * 50_000 + "]" * 50_000 + '\n{"step": 2, "train/loss": 2.9}\n'

@@ -12,7 +12,13 @@ import pytest
 from ladder.io import read_metrics
 from ladder.optim import OptimizerSpec, marin_groups, make_optimizer, hyperball_step
 from ladder.specs import LADDERS
-from ladder.train import TrainConfig, resolve_rung, train_rung
+from ladder.train import train_rung
+from ladder.trainconfig import OptimizerOverrides, RunArgs, TrainConfig, resolve_rung
+
+
+def _optim(**kw) -> TrainConfig:
+    return TrainConfig(optim=OptimizerOverrides(**kw))
+
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,10 +63,10 @@ def test_small_ladders_keep_adamw_with_the_old_numbers():
 
 def test_training_config_switches_and_fixes_the_optimizer():
     rung = LADDERS["tiny"].rungs[0]
-    marin = resolve_rung(rung, TrainConfig(optimizer="marin", lr=0.005)).optimizer_settings
+    marin = resolve_rung(rung, _optim(optimizer="marin", lr=0.005)).optimizer_settings
     assert marin.kind == "marin" and marin.muonh_lr == pytest.approx(13 / 3 * 0.005)
     assert marin.adam_lr == 0.005
-    fixed = resolve_rung(rung, TrainConfig(optimizer="marin", b2=0.98, lr=0.02))
+    fixed = resolve_rung(rung, _optim(optimizer="marin", b2=0.98, lr=0.02))
     assert fixed.optimizer_settings.beta2 == 0.98
     assert fixed.optimizer_settings.muonh_lr == 0.05  # 13/3 x 0.02 capped at 0.05
     with pytest.raises(ValueError, match="kind"):
@@ -126,7 +132,7 @@ def test_muonh_keeps_each_matrix_and_each_expert_at_its_norm():
               "layer_0": {"attn": {"o": full["layer_0"]["attn"]["o"]},
                           "moe": {"experts": {"gate": gate}}}}
     settings = resolve_rung(LADDERS["tiny"].rungs[0],
-                            TrainConfig(optimizer="marin")).optimizer_settings
+                            _optim(optimizer="marin")).optimizer_settings
     opt = make_optimizer(settings)
     state = opt.init(params)
     update = jax.jit(lambda g, s, p, lr: opt.update(g, s, p, lr=lr))
@@ -182,8 +188,9 @@ def test_marin_trains_the_tiny_model_and_resumes_bitwise(tmp_path):
     # with today's std 0.02 at d=16 the LM head cannot grow confident logits (measured: train CE
     # 4.8 after 60 steps against 2.5 for AdamW). The recipe's std 0.5/sqrt(d) = 0.125 trains.
     # One layer, not two: each MuonH leaf adds ~0.6 s of XLA compile on CPU.
-    cfg = TrainConfig(optimizer="marin", peak_flops=1e11, progress=False,
-                      model={"init_std": 0.5 / rung.model.d_model ** 0.5, "n_layers": 1})
+    cfg = TrainConfig(optim=OptimizerOverrides(optimizer="marin"), run=RunArgs(peak_flops=1e11,
+                      progress=False), model={"init_std": 0.5 / rung.model.d_model ** 0.5,
+                                              "n_layers": 1})
     full = train_rung(rung, tmp_path / "full", cfg, max_steps=40)
     rows = read_metrics(tmp_path / "full" / "metrics.jsonl")
     first, last = rows[0]["train/ce"], np.mean([r["train/ce"] for r in rows[-5:]])
@@ -203,9 +210,9 @@ def test_marin_with_decay_and_clipping_decays_only_the_adam_matrices():
     params = {"embedding": full["embedding"], "lm_head": full["lm_head"],
               "final_norm": full["final_norm"]}
     rung = LADDERS["tiny"].rungs[0]
-    plain = resolve_rung(rung, TrainConfig(optimizer="marin")).optimizer_settings
-    decayed = resolve_rung(rung, TrainConfig(optimizer="marin", weight_decay=0.1,
-                                             grad_clip=1e6)).optimizer_settings
+    plain = resolve_rung(rung, _optim(optimizer="marin")).optimizer_settings
+    decayed = resolve_rung(rung, _optim(optimizer="marin", weight_decay=0.1,
+                                        grad_clip=1e6)).optimizer_settings
     assert (decayed.weight_decay, decayed.clip) == (0.1, 1e6)
     grads = _random_like(params, 3)
     lr = jnp.float32(plain.adam_lr)

@@ -6,7 +6,8 @@ import pytest
 from ladder.cli import main
 from ladder.io import InputError
 from ladder.specs import LADDERS
-from ladder.train import TrainConfig, microbatch_size, peak_flops_info
+from ladder.train import peak_flops_info
+from ladder.trainconfig import TrainConfig, microbatch_size
 
 RUNG = LADDERS["tiny"].rungs[0]
 

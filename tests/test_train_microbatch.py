@@ -6,7 +6,7 @@ import pytest
 
 from ladder.data import stdlib_corpus
 from ladder.specs import LADDERS
-from ladder.train import TrainConfig, make_mesh, programs
+from ladder.step import make_mesh, programs
 from model.config import ModelConfig
 from model.moe import bias_target_from_stat, merge_bias_stat, step_tokens, threshold_bias, \
     top_logits
@@ -47,7 +47,7 @@ def test_microbatched_step_matches_one_big_batch(bias_rule):
     mesh = make_mesh(1, 1, cfg.n_experts, batch)
     runs = {}
     for micro in (1, 4):
-        progs = programs(cfg, TrainConfig(), mesh, microbatches=micro)
+        progs = programs(cfg, mesh, microbatches=micro)
         state = progs.init_state(0)
         losses, biases, drops = [], [], []
         for i in range(3):

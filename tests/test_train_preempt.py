@@ -12,11 +12,12 @@ import pytest
 
 from ladder.io import read_json, read_metrics
 from ladder.specs import LADDERS
-from ladder.train import TrainConfig, train_rung
+from ladder.train import train_rung
+from ladder.trainconfig import RunArgs, TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNG = LADDERS["tiny"].rungs[0]
-CFG = TrainConfig(peak_flops=1e11, progress=False)
+CFG = TrainConfig(run=RunArgs(peak_flops=1e11, progress=False))
 KEYS = ["step", "tokens", "train/loss", "train/ce", "grad/norm", "params/norm/router_bias",
         "moe/drop_frac", "eval/loss", "eval_dropless/loss"]
 
@@ -36,7 +37,7 @@ def _steps(path: Path) -> list[int]:
 def test_sigterm_checkpoints_at_the_step_boundary_then_resume_is_bitwise(reference, tmp_path,
                                                                         monkeypatch):
     out = tmp_path / "run"
-    cfg = TrainConfig(peak_flops=1e11, progress=False, checkpoint_minutes=1.0)
+    cfg = TrainConfig(run=RunArgs(peak_flops=1e11, progress=False, checkpoint_minutes=1.0))
     clock = [0.0]   # the checkpoint clock, driven by the test: a minute passes during step 19
     monkeypatch.setattr("ladder.checkpointing._clock", lambda: clock[0])
     seen: dict = {}
@@ -74,7 +75,7 @@ def test_sigterm_checkpoints_at_the_step_boundary_then_resume_is_bitwise(referen
 
 def test_checkpoint_minutes_is_validated():
     with pytest.raises(ValueError, match="checkpoint_minutes"):
-        TrainConfig(checkpoint_minutes=0)
+        RunArgs(checkpoint_minutes=0)
 
 
 @pytest.mark.slow

@@ -14,11 +14,12 @@ import pytest
 from ladder.cli import main
 from ladder.io import read_json, read_metrics
 from ladder.specs import LADDERS, Rung
-from ladder.train import TrainConfig, train_rung
+from ladder.train import train_rung
+from ladder.trainconfig import Fault, RunArgs, TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNG = LADDERS["tiny"].rungs[0]
-CFG = TrainConfig(peak_flops=1e11, progress=False)  # a given peak: no matmul measurement here
+CFG = TrainConfig(run=RunArgs(peak_flops=1e11, progress=False))  # a given peak: no matmul measured
 
 # shared/DESIGN.md section 3: the keys of metrics.jsonl
 ALWAYS = ["step", "tokens", "progress", "time", "train/loss", "train/ce", "train/z_loss",
@@ -196,23 +197,23 @@ def test_bad_input_fails_with_one_line_and_writes_nothing(tmp_path, capsys, case
 
 
 def test_config_file_and_overrides(tmp_path):
-    from ladder.train import parse_overrides, train_config
+    from ladder.trainconfig import parse_overrides, train_config
 
     cfg = train_config({"seed": 3, "schedule": {"kind": "wsd"},
                         **parse_overrides(["--schedule.decay_end=0.5", "--lr=0.01",
                                            "--model.capacity_factor=2", "--data=a.txt"])})
-    assert cfg.seed == 3 and cfg.lr == 0.01 and cfg.data == ("a.txt",)
-    assert cfg.schedule == {"kind": "wsd", "decay_end": 0.5}
+    assert cfg.seed == 3 and cfg.optim.lr == 0.01 and cfg.data == ("a.txt",)
+    assert cfg.optim.schedule == {"kind": "wsd", "decay_end": 0.5}
     assert cfg.model == {"capacity_factor": 2}
-    assert TrainConfig(**json.loads(json.dumps(cfg.to_dict()))) == cfg
+    assert train_config(json.loads(json.dumps(cfg.to_dict()))) == cfg
 
 
 def test_wandb_offline_mirror(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    s = train_rung(RUNG, tmp_path / "w", TrainConfig(peak_flops=1e11, progress=False,
-                                                     wandb=True), max_steps=3)
+    s = train_rung(RUNG, tmp_path / "w", TrainConfig(run=RunArgs(
+        peak_flops=1e11, progress=False, wandb=True)), max_steps=3)
     run_dir = Path(s["wandb"]["dir"])
     assert s["wandb"]["mode"] == "offline" and run_dir.is_dir()
     assert run_dir.is_relative_to(tmp_path / "w")
@@ -223,8 +224,8 @@ def test_wandb_offline_mirror(tmp_path, monkeypatch):
 def test_injected_faults_start_at_their_step(full_run, tmp_path, fault):
     out, _ = full_run
     ref = read_metrics(out / "metrics.jsonl")
-    cfg = TrainConfig(peak_flops=1e11, progress=False, fault=fault, fault_at=0.5,
-                      fault_scale=10.0)
+    cfg = TrainConfig(run=RunArgs(peak_flops=1e11, progress=False),
+                      fault=Fault(fault, at=0.5, scale=10.0))
     s = train_rung(RUNG, tmp_path / fault, cfg)
     rows = read_metrics(tmp_path / fault / "metrics.jsonl")
     k = RUNG.steps // 2                       # steps 1..k run clean, step k+1 is the first hit

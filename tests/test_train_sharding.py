@@ -16,7 +16,8 @@ SCRIPT = r"""
 import json, sys
 from ladder.io import read_json, read_metrics
 from ladder.specs import LADDERS
-from ladder.train import TrainConfig, train_rung
+from ladder.train import train_rung
+from ladder.trainconfig import RunArgs, TrainConfig
 import jax
 assert len(jax.devices()) == 8, jax.devices()
 # batch 16 so that a microbatch of 8 puts one sequence on each of the 8 devices; capacity factor
@@ -27,8 +28,8 @@ model = {"capacity_factor": 2.0}
 out = {}
 for n, ep, mb in ((1, 1, None), (8, 4, 8)):
     d = f"{sys.argv[1]}/{n}"
-    train_rung(rung, d, TrainConfig(devices=n, expert_parallel=ep, microbatch=mb,
-                                    peak_flops=1e11, progress=False, model=model))
+    train_rung(rung, d, TrainConfig(microbatch=mb, model=model, run=RunArgs(
+        devices=n, expert_parallel=ep, peak_flops=1e11, progress=False)))
     rows = read_metrics(f"{d}/metrics.jsonl")
     out[n] = {"loss": [r["train/loss"] for r in rows], "gnorm": [r["grad/norm"] for r in rows],
               "bias": [r["params/norm/router_bias"] for r in rows],
@@ -37,8 +38,8 @@ for n, ep, mb in ((1, 1, None), (8, 4, 8)):
               "mesh": read_json(f"{d}/config.json")["mesh"]}
 # routed experts split over "expert" (E/4 = 1 row per device), dense weights FSDP over all 8
 import model as M
-from ladder.train import init_state, make_mesh
-state = init_state(rung.model, TrainConfig(), make_mesh(8, 4, rung.model.n_experts, 8))
+from ladder.step import init_state, make_mesh
+state = init_state(rung.model, make_mesh(8, 4, rung.model.n_experts, 8))
 groups = M.param_groups(state["params"])
 out["routed_shard_rows"] = sorted({s.data.shape[0] for x in groups["routed_experts"]
                                    for s in x.addressable_shards})

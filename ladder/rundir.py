@@ -1,0 +1,184 @@
+"""The run directory a training run writes (the contract of shared/DESIGN.md): config.json,
+env.json, metrics.jsonl, summary.json (checkpoints/ is ladder/checkpointing.py's), and the W&B
+mirror of its metrics. Every file is written atomically; only the writing process (process 0 of
+a multi-host run) changes any of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from ladder import __version__
+from ladder.counting import conventions
+from ladder.data import Corpus
+from ladder.io import EX_USAGE, InputError, atomic_write_text, iter_jsonl, read_json, to_jsonable
+from ladder.specs import Rung
+from ladder.trainconfig import RUN_ARGUMENTS, RunArgs, TrainConfig
+
+RUN_CONFIG_SCHEMA = "run-config/1"
+SUMMARY_SCHEMA = "run-summary/1"
+ENV_SCHEMA = "run-env/1"
+
+
+def git_sha() -> dict:
+    root = Path(__file__).resolve().parent.parent
+    def git(*a):
+        try:
+            return subprocess.run(["git", "-C", str(root), *a], capture_output=True, text=True,
+                                  timeout=10, check=False).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    sha = git("rev-parse", "HEAD")
+    return {"sha": sha or None, "dirty": bool(git("status", "--porcelain")) if sha else None}
+
+
+def environment(corpus: Corpus, mesh_info: dict, peak: dict) -> dict:
+    import importlib.metadata as md
+
+    import jax
+    versions = {}
+    for pkg in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "wandb", "tqdm"):
+        try:
+            versions[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            versions[pkg] = None
+    devs = jax.devices()
+    return {
+        "schema": ENV_SCHEMA, "ladder_version": __version__, "git": git_sha(),
+        "python": platform.python_version(), "platform": platform.platform(),
+        "hostname": socket.gethostname(), "versions": versions,
+        "devices": {"backend": jax.default_backend(), "count": len(devs),
+                    "kind": devs[0].device_kind, "process_count": jax.process_count()},
+        "mesh": mesh_info, "peak_flops": peak, "corpus": corpus.fingerprint,
+        "started": time.time(),
+    }
+
+
+
+class MetricsFile:
+    """metrics.jsonl: one row per logged step, appended and flushed; cut back on resume.
+    Only the writing process (process 0 of a multi-host run) changes it; the others read it."""
+
+    def __init__(self, path: Path, writer: bool = True):
+        self.path = path
+        self.writer = writer
+        self._f = None
+
+    def truncate_to(self, step: int) -> None:
+        """Keep only complete rows with ``step <= step`` (atomic rewrite); drop the rest."""
+        if not self.writer or not self.path.exists():
+            return
+        rows = [r for _, r in iter_jsonl(self.path)
+                if isinstance(r.get("step"), int) and r["step"] <= step]
+        atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in rows))
+
+    def rows(self) -> list[dict]:
+        return [r for _, r in iter_jsonl(self.path)] if self.path.exists() else []
+
+    def append(self, row: dict) -> None:
+        if not self.writer:
+            return
+        if self._f is None:
+            self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (held open)
+        self._f.write(json.dumps(to_jsonable(row), allow_nan=False) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+
+class WandbMirror:
+    """Mirrors metrics rows to Weights & Biases (WANDB_MODE=offline works without network).
+
+    The run is grouped by the ladder, named by the rung, of job type ``train`` and tagged with
+    both (``ladder.wandbrun``); ``step``, ``tokens`` and ``flops`` are logged as metrics so any of
+    them can be a panel's x axis. The same W&B run id is reused on resume; its local directory
+    (an offline run directory is a `ladder watch` source) is recorded in summary.json.
+    """
+
+    PREFIXES = ("train", "eval", "eval_dropless", "optim", "grad", "params", "moe", "throughput")
+
+    def __init__(self, out_dir: Path, rung: Rung, run: RunArgs, run_id: str | None,
+                 config: dict):
+        import wandb
+
+        from ladder import wandbrun
+
+        entity, project = wandbrun.resolve(run.wandb_entity, run.wandb_project)
+        self.run = wandb.init(entity=entity, project=project, group=rung.ladder, name=rung.name,
+                              job_type="train", tags=wandbrun.tags(rung.ladder, rung.name,
+                                                                   "train"),
+                              dir=str(out_dir), id=run_id, resume="allow", config=config,
+                              reinit="finish_previous")
+        wandbrun.define_axes(self.run, self.PREFIXES)
+        self.info = {"id": self.run.id, "dir": str(Path(self.run.dir).parent),
+                     "mode": os.environ.get("WANDB_MODE", "online"), "entity": entity,
+                     "project": project, "group": rung.ladder, "name": rung.name,
+                     "job_type": "train"}
+
+    def log(self, row: dict) -> None:
+        self.run.log(dict(row), step=int(row["step"]))
+
+    def finish(self, exit_code: int = 0) -> None:
+        self.run.finish(exit_code=exit_code)
+
+
+def summary(rung: Rung, status: str, step: int, cfg: TrainConfig, peak: dict,
+            wandb_info: dict | None, final: dict | None = None) -> dict:
+    """summary.json: the run's status, sizes under their conventions, compute, and its final
+    evaluation once complete."""
+    p, pe = rung.params, rung.params_exact
+    tokens_seen = step * rung.tokens_per_step
+    s = {"schema": SUMMARY_SCHEMA, "status": status, "step": step, "steps": rung.steps,
+         "ladder": rung.ladder, "rung": rung.name, "is_target": rung.is_target,
+         "params": p.total, "active_params": p.active, "param_convention": p.convention,
+         "params_exact": pe.total, "active_params_exact": pe.active,
+         "tokens": rung.tokens, "tokens_seen": tokens_seen,
+         "compute": rung.compute(lm_head=False), "compute_with_lm_head": rung.compute(lm_head=True),
+         "compute_seen": rung.compute(tokens_seen), "peak_lr": rung.peak_lr,
+         "seq_len": rung.seq_len, "batch": rung.batch, "seed": cfg.seed,
+         "conventions": conventions(), "peak_flops": peak, "final": final or {},
+         "updated": time.time()}
+    if cfg.fault:
+        s["fault"] = {"kind": cfg.fault.kind, "from_step": cfg.fault.first_step(rung.steps) + 1,
+                      "scale": cfg.fault.scale if cfg.fault.kind == "lr-spike" else None}
+    if wandb_info:
+        s["wandb"] = wandb_info
+    return s
+
+
+def previous_run(out: Path, config: dict, resume: bool) -> dict | None:
+    """The summary of an earlier run in ``out`` (None if there is none); InputError when it is
+    a different run, or an unfinished one and ``resume`` is off."""
+    if not (out / "summary.json").exists() and not (out / "checkpoints").exists():
+        return None
+    found = read_json(out / "summary.json", schema="run-summary") \
+        if (out / "summary.json").exists() else {"status": "running"}
+    if (out / "config.json").exists():
+        old = read_json(out / "config.json", schema="run-config")
+        if old.get("rung") != json.loads(json.dumps(to_jsonable(config["rung"]))):
+            raise InputError("the run directory holds a different rung; use another --out",
+                             path=out / "config.json", field="rung", exit_code=EX_USAGE)
+        old_train = old.get("train", {})
+        for key, value in json.loads(json.dumps(to_jsonable(config["train"]))).items():
+            if key not in RUN_ARGUMENTS and old_train.get(key) != value:
+                raise InputError(f"differs from the run in this directory ({old_train.get(key)!r}"
+                                 f" there, {value!r} now); use another --out",
+                                 path=out / "config.json", field=f"train.{key}",
+                                 exit_code=EX_USAGE)
+    if found.get("status") in ("complete", "diverged"):
+        return found
+    if not resume:
+        raise InputError(f"holds an unfinished run (status {found.get('status')!r}); pass "
+                         f"--resume to continue it or remove the directory", path=out,
+                         exit_code=EX_USAGE)
+    return found
+

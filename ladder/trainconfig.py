@@ -1,0 +1,376 @@
+"""How to train a rung, by concern: the rung's numbers, its optimizer overrides, the run's
+arguments and an optional injected fault. Plain Python (no JAX import).
+
+``TrainConfig`` holds what changes a run's numbers (seed, eval set, microbatching, model and data
+overrides) and three parts:
+
+- ``optim`` (:class:`OptimizerOverrides`): the optimizer kind, its fixed numbers, the peak LR and
+  schedule overrides; None everywhere = the ladder's rules;
+- ``run`` (:class:`RunArgs`): where and how a run executes and is watched (devices, W&B, progress
+  bar, checkpoint cadence). These never change its numbers, so a resume may change them;
+- ``fault`` (:class:`Fault` or None): a fault injected for demos and watcher tests.
+
+On disk (config.json's ``"train"``, ``--config`` files, ``--key=value`` overrides) the config is
+ONE flat object of the names below (``lr``, ``devices``, ``fault``, ``fault_at``, ...), the same
+names the command line takes; :func:`train_config` builds the parts from it and
+:meth:`TrainConfig.to_dict` writes it back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ladder.io import EX_USAGE, InputError
+from ladder.optim import OPTIMIZERS
+from ladder.specs import Rung, Schedule
+from model.config import ModelConfig
+
+FAULTS = ("lr-spike", "data-swap", "loss-drift")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _check(obj, name: str, ok: bool, what: str) -> None:
+    if not ok:
+        raise ValueError(f"{name}: must be {what}, got {getattr(obj, name)!r}")
+
+
+@dataclass(frozen=True)
+class OptimizerOverrides:
+    """What a run changes of the rung's optimizer and LR rule; None = the ladder's rule (adamw:
+    b1 0.9, b2 0.95, eps 1e-8, weight decay 0.1 on matrices, clip 1.0; marin: the recipe's
+    rules, ladder/optim.py)."""
+
+    optimizer: str | None = None     # adamw | marin; None = the ladder's
+    b1: float | None = None
+    b2: float | None = None
+    eps: float | None = None
+    weight_decay: float | None = None
+    grad_clip: float | None = None   # global-norm clipping; 0 disables
+    lr: float | None = None          # peak LR; None = the ladder's LR rule
+    schedule: dict = field(default_factory=dict)  # Schedule field overrides (decay_end: re-aim)
+
+    def __post_init__(self):
+        _check(self, "optimizer", self.optimizer is None or self.optimizer in OPTIMIZERS,
+               f"null or one of {OPTIMIZERS}")
+        for name in ("b1", "b2"):
+            v = getattr(self, name)
+            _check(self, name, v is None or _is_num(v) and 0 <= v < 1,
+                   "null or a number in [0, 1)")
+        for name in ("eps", "weight_decay", "grad_clip"):
+            v = getattr(self, name)
+            _check(self, name, v is None or _is_num(v) and v >= 0, "null or a number >= 0")
+        _check(self, "lr", self.lr is None or _is_num(self.lr) and self.lr > 0,
+               "null or a number > 0")
+        _check(self, "schedule", isinstance(self.schedule, dict), "an object of schedule fields")
+
+    def apply(self, spec):
+        """The rung's optimizer rule (an ``OptimizerSpec``) with this kind and fixed numbers."""
+        if self.optimizer is not None:
+            spec = spec.replace(kind=self.optimizer)
+        fixed = {key: getattr(self, name) for name, key in (
+            ("b1", "beta1"), ("b2", "beta2"), ("eps", "eps"), ("weight_decay", "weight_decay"),
+            ("grad_clip", "clip")) if getattr(self, name) is not None}
+        return spec.replace(**fixed) if fixed else spec
+
+
+@dataclass(frozen=True)
+class RunArgs:
+    """Where and how a run executes and is watched: never its numbers, so these may differ when
+    a run is resumed (the identity check ignores them)."""
+
+    devices: int | None = None       # devices in the mesh; None = all visible devices
+    expert_parallel: int | None = None  # size of the "expert" mesh axis; None = largest that fits
+    peak_flops: float | None = None  # FLOP/s of ONE device for throughput/mfu; None = the
+                                     # accelerator table (ladder/plan.py), on CPU measured once
+    checkpoint_every: int = 0        # steps between checkpoints; 0 = every 25% of the run
+    checkpoint_minutes: float | None = None  # also a rolling checkpoint this often (wall clock)
+    keep: int = 2                    # checkpoints kept (the issue: the last 2)
+    log_every: int = 1               # steps between metrics rows (the loss is checked every step)
+    wandb: bool = False
+    wandb_project: str | None = None  # None: WANDB_PROJECT, else "ladder" (ladder.wandbrun)
+    wandb_entity: str | None = None   # None: WANDB_ENTITY, else W&B's default entity
+    progress: bool = True            # tqdm bar on stderr (only ever drawn on a terminal)
+
+    def __post_init__(self):
+        for name in ("devices", "expert_parallel"):
+            v = getattr(self, name)
+            _check(self, name, v is None or _is_int(v) and v >= 1, "null or an integer >= 1")
+        _check(self, "checkpoint_every", _is_int(self.checkpoint_every)
+               and self.checkpoint_every >= 0, "an integer >= 0")
+        for name in ("keep", "log_every"):
+            _check(self, name, _is_int(getattr(self, name)) and getattr(self, name) >= 1,
+                   "an integer >= 1")
+        _check(self, "peak_flops", self.peak_flops is None
+               or _is_num(self.peak_flops) and self.peak_flops > 0, "null or a number > 0")
+        _check(self, "checkpoint_minutes", self.checkpoint_minutes is None
+               or _is_num(self.checkpoint_minutes) and self.checkpoint_minutes > 0,
+               "null or a number > 0")
+        for name in ("wandb", "progress"):
+            _check(self, name, isinstance(getattr(self, name), bool), "true or false")
+        for name in ("wandb_project", "wandb_entity"):
+            v = getattr(self, name)
+            _check(self, name, v is None or isinstance(v, str) and v,
+                   "null or a non-empty string")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A fault injected from ``at`` (a fraction of the planned steps) on, for demos and watcher
+    tests: ``lr-spike`` multiplies the LR by ``scale``; ``data-swap`` shuffles each batch's bytes;
+    ``loss-drift`` replaces a share of tokens by random ones, growing linearly to ``drift_max``
+    at the end of the run."""
+
+    kind: str
+    at: float = 0.5
+    scale: float = 10.0
+    drift_max: float = 0.3
+
+    def __post_init__(self):
+        _check(self, "kind", self.kind in FAULTS, f"one of {FAULTS}")
+        _check(self, "at", _is_num(self.at) and 0 <= self.at < 1, "in [0, 1)")
+        _check(self, "scale", _is_num(self.scale) and self.scale > 0, "> 0")
+        _check(self, "drift_max", _is_num(self.drift_max) and 0 < self.drift_max <= 1,
+               "in (0, 1]")
+
+    def first_step(self, steps: int) -> int:
+        """First (0-based) step of a ``steps``-step run that the fault affects."""
+        return round(self.at * steps)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to train a rung (the rung itself says what to train): the settings that change a
+    run's numbers, and its optimizer overrides, run arguments and fault (see the module doc)."""
+
+    seed: int = 0
+    eval_sequences: int = 96         # held-out set: this many fixed windows (rounded up to whole
+                                     # batches), the same for every rung whatever its batch (96
+                                     # divides every cpu-ladder batch; docs/LOG.md)
+    eval_every: float | None = None  # fraction of the run between evals; None = the rung's (5%)
+    microbatch: int | None = None    # sequences per microbatch (gradient accumulation inside the
+                                     # step); None = the whole batch. Must divide the batch, and
+                                     # the devices must divide it.
+    eval_batch: int | None = None    # sequences per eval call (its own small batch: the recipe
+                                     # evaluates 64 per rack); None = the rung's batch
+    model: dict = field(default_factory=dict)  # ModelConfig field overrides (ablations)
+    data: tuple[str, ...] = ()       # text files/globs or one token array; () = Python stdlib
+    vocab_size: int | None = None    # for raw .bin token files (and a check for .npy)
+    optim: OptimizerOverrides = field(default_factory=OptimizerOverrides)
+    run: RunArgs = field(default_factory=RunArgs)
+    fault: Fault | None = None
+
+    def __post_init__(self):
+        _check(self, "seed", _is_int(self.seed) and self.seed >= 0, "an integer >= 0")
+        _check(self, "eval_sequences", _is_int(self.eval_sequences) and self.eval_sequences >= 1,
+               "an integer >= 1")
+        for name in ("vocab_size", "microbatch", "eval_batch"):
+            v = getattr(self, name)
+            _check(self, name, v is None or _is_int(v) and v >= 1, "null or an integer >= 1")
+        _check(self, "eval_every", self.eval_every is None
+               or _is_num(self.eval_every) and 0 < self.eval_every <= 1, "null or in (0, 1]")
+        _check(self, "model", isinstance(self.model, dict), "an object of model config fields")
+        if isinstance(self.data, (list, str)):
+            object.__setattr__(self, "data", (self.data,) if isinstance(self.data, str)
+                               else tuple(self.data))
+        _check(self, "data", all(isinstance(p, str) for p in self.data), "a list of paths")
+
+    def to_dict(self) -> dict:
+        """The flat object of config.json's ``"train"`` (see :data:`FLAT_KEYS`)."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+             if f.name not in ("optim", "run", "fault")}
+        d["data"] = list(self.data)
+        d.update(dataclasses.asdict(self.optim))
+        d.update(dataclasses.asdict(self.run))
+        fault = self.fault or Fault(FAULTS[0])
+        d.update({"fault": self.fault.kind if self.fault else None, "fault_at": fault.at,
+                  "fault_scale": fault.scale, "drift_max": fault.drift_max})
+        return d
+
+    def numbers(self) -> dict:
+        """to_dict() without the run arguments: what must match to resume a run."""
+        return {k: v for k, v in self.to_dict().items() if k not in RUN_ARGUMENTS}
+
+
+RUN_ARGUMENTS = tuple(f.name for f in dataclasses.fields(RunArgs))
+# flat key -> (part, field) for the keys that live in a part; the rest are TrainConfig's own
+FLAT_KEYS = {**{f.name: ("optim", f.name) for f in dataclasses.fields(OptimizerOverrides)},
+             **{name: ("run", name) for name in RUN_ARGUMENTS},
+             "fault": ("fault", "kind"), "fault_at": ("fault", "at"),
+             "fault_scale": ("fault", "scale"), "drift_max": ("fault", "drift_max")}
+_OWN = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.name not in ("optim", "run",
+                                                                                "fault"))
+KNOWN_KEYS = tuple(sorted((*_OWN, *FLAT_KEYS)))
+_PARTS = {"optim": OptimizerOverrides, "run": RunArgs, "fault": Fault}
+
+
+def train_config(values: dict | None = None, *, where: str = "config") -> TrainConfig:
+    """A TrainConfig from the flat object (a --config file and --key=value overrides merged;
+    config.json's "train").
+
+    Dotted keys ``model.X`` / ``schedule.X`` set one field of those nested objects. An unknown key
+    or a bad value is an InputError naming ``where`` and the field (the flat key).
+    """
+    flat: dict = {}
+    for key, value in (values or {}).items():
+        head, _, rest = key.partition(".")
+        if head not in KNOWN_KEYS:
+            raise InputError(f"unknown training config key (known: {', '.join(KNOWN_KEYS)})",
+                             path=where, field=key, exit_code=EX_USAGE)
+        if rest:
+            if head not in ("model", "schedule"):
+                raise InputError("only model.X and schedule.X take dotted keys", path=where,
+                                 field=key, exit_code=EX_USAGE)
+            nested = dict(flat.get(head) or {})
+            nested[rest] = value
+            flat[head] = nested
+        elif head in ("model", "schedule") and isinstance(value, dict) and flat.get(head):
+            flat[head] = {**flat[head], **value}
+        else:
+            flat[head] = value
+    for key, value in _leaves(flat):
+        if isinstance(value, float) and not math.isfinite(value):  # --lr=1e400 is inf
+            raise InputError(f"must be finite, got {value!r}", path=where, field=key,
+                             exit_code=EX_USAGE)
+    for key, cls, what in (("schedule", Schedule, "schedule key"),
+                           ("model", ModelConfig, "model config key")):
+        sub = flat.get(key)
+        if isinstance(sub, dict):
+            unknown = sorted(set(sub) - {f.name for f in dataclasses.fields(cls)})
+            if unknown:
+                raise InputError(f"unknown {what}", path=where, field=f"{key}.{unknown[0]}",
+                                 exit_code=EX_USAGE)
+    parts: dict = {name: {} for name in _PARTS}
+    own = {}
+    for key, value in flat.items():
+        if key in FLAT_KEYS:
+            part, name = FLAT_KEYS[key]
+            parts[part][name] = value
+        else:
+            own[key] = value
+    reverse = {v: k for k, v in FLAT_KEYS.items()}
+    kw = {}
+    for part, cls in _PARTS.items():
+        if part == "fault" and parts[part].get("kind") is None:
+            # no fault: its settings (to_dict writes them) are inert, but still checked
+            _build(cls, {**parts[part], "kind": FAULTS[0]}, where,
+                   lambda n, p=part: reverse.get((p, n), n))
+            continue
+        kw[part] = _build(cls, parts[part], where, lambda n, p=part: reverse.get((p, n), n))
+    return _build(TrainConfig, {**own, **kw}, where, lambda n: n)
+
+
+def _build(cls, kw: dict, where: str, flat_name):
+    try:
+        return cls(**kw)
+    except (ValueError, TypeError) as e:
+        name = str(e).split(":")[0] if ":" in str(e) else None
+        raise InputError(str(e).split(": ", 1)[-1], path=where,
+                         field=flat_name(name) if name else None, exit_code=EX_USAGE) from None
+
+
+def _leaves(d, prefix: str = ""):
+    """(dotted key, value) of every non-container value of a config dict."""
+    for k, v in d.items():
+        if isinstance(v, dict):
+            yield from _leaves(v, f"{prefix}{k}.")
+        elif isinstance(v, list):
+            yield from ((f"{prefix}{k}", x) for x in v)
+        else:
+            yield f"{prefix}{k}", v
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """``["--lr=1e-3", "--model.top_k=4"]`` -> ``{"lr": 0.001, "model.top_k": 4}`` (JSON values;
+    anything that is not JSON is taken as a string)."""
+    out = {}
+    for item in items:
+        body = item.removeprefix("--")
+        key, eq, raw = body.partition("=")
+        if not eq or not key:
+            raise InputError(f"expected --key=value, got {item!r}", field="overrides",
+                             exit_code=EX_USAGE)
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        except (ValueError, RecursionError):  # an integer of 4300+ digits, nesting too deep
+            raise InputError("not a usable value (too long or nested too deeply)",
+                             field=key, exit_code=EX_USAGE) from None
+        out[key.replace("-", "_")] = value
+    return out
+
+
+# ------------------------------------------------------------------------------ the rung as run
+
+
+def resolve_rung(rung: Rung, cfg: TrainConfig, corpus_vocab: int | None = None) -> Rung:
+    """The rung actually trained: model/LR/schedule overrides and the data's vocabulary applied."""
+    model_kw = dict(cfg.model)
+    if corpus_vocab is not None and corpus_vocab != rung.model.vocab_size:
+        model_kw.setdefault("vocab_size", corpus_vocab)
+    try:
+        model = rung.model.replace(**model_kw) if model_kw else rung.model
+    except ValueError as e:
+        field_name = str(e).split(":")[0]
+        raise InputError(str(e).split(": ", 1)[-1], field=f"model.{field_name}",
+                         exit_code=EX_USAGE) from None
+    except TypeError as e:
+        raise InputError(str(e), field="model", exit_code=EX_USAGE) from None
+    if model.precision == "auto":
+        # config.json records what ran: f32 on CPU, bf16 on accelerators
+        import jax
+
+        from model.config import resolve_precision
+        model = model.replace(precision=resolve_precision("auto", jax.default_backend()))
+    kw = {"model": model}
+    if cfg.optim.lr is not None:
+        kw["peak_lr"] = float(cfg.optim.lr)
+    if cfg.optim.schedule:
+        try:
+            kw["schedule"] = dataclasses.replace(rung.schedule, **cfg.optim.schedule)
+        except ValueError as e:
+            raise InputError(str(e).split(": ", 1)[-1], field=str(e).split(":")[0],
+                             exit_code=EX_USAGE) from None
+    if cfg.eval_every is not None:
+        kw["eval_every"] = float(cfg.eval_every)
+    kw["optimizer"] = cfg.optim.apply(rung.optimizer)
+    return rung.replace(**kw)
+
+
+def lr_table(rung: Rung, fault: Fault | None = None) -> np.ndarray:
+    """Peak LR x schedule for every step (0-based), with an lr-spike ``fault`` applied."""
+    fr = np.array([rung.schedule.lr_frac(i, rung.steps) for i in range(rung.steps)], np.float64)
+    lr = rung.peak_lr * fr
+    if fault is not None and fault.kind == "lr-spike":
+        lr[fault.first_step(rung.steps):] *= fault.scale
+    return lr.astype(np.float32)
+
+
+def checkpoint_steps(rung: Rung, run: RunArgs) -> set[int]:
+    """Steps after which a checkpoint is saved (always the last). By default every quarter of
+    the run: an Orbax save costs ~0.2-0.7 s here, a lot next to a CPU rung's 10-60 s."""
+    if run.checkpoint_every:
+        return set(range(run.checkpoint_every, rung.steps + 1, run.checkpoint_every)) \
+            | {rung.steps}
+    return {max(1, round(rung.steps * q / 4)) for q in (1, 2, 3, 4)}
+
+
+def microbatch_size(rung: Rung, cfg: TrainConfig) -> int:
+    """Sequences per microbatch (the whole batch by default); InputError unless it divides it."""
+    mb = cfg.microbatch or rung.batch
+    if rung.batch % mb:
+        raise InputError(f"must divide the batch ({rung.batch} sequences), got {mb}",
+                         field="microbatch", exit_code=EX_USAGE)
+    return mb
