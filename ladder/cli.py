@@ -122,9 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_call("ladder.commands:plan_main"))
 
     s = sub.add_parser("run", help="train ladder rungs",
-                       epilog="Training overrides: any TrainConfig field as --key=value "
-                              "(e.g. --seed=1 --lr=3e-3 --model.capacity_factor=2 "
-                              "--schedule.decay_end=0.6); an unknown key is an error.")
+                       epilog="Training overrides: any training config key "
+                              "(ladder/trainconfig.py) as --key=value (e.g. --seed=1 --lr=3e-3 "
+                              "--model.capacity_factor=2 --schedule.decay_end=0.6); an unknown "
+                              "key is an error.")
     s.add_argument("ladder", nargs="?", metavar="LADDER[:RUNG]",
                    help="a ladder (all its rungs, the target last) or one rung of it "
                         "(default: --ladder-file's ladder)")

@@ -4,7 +4,7 @@ without training and without allocating the model; with ``--compile``, XLA's own
 Parameter shapes come from ``jax.eval_shape`` of the model's init (``model.param_shapes``), so
 even the 535B hero is planned in seconds. FLOPs come from the one counter (ladder/counting.py).
 
-Mesh (as the trainer's, ladder/train.py): N devices = data x expert. The batch (of one
+Mesh (as the trainer's, ladder/step.py): N devices = data x expert. The batch (of one
 microbatch) is split over ALL N devices; routed-expert weights are split over "expert" (and
 FSDP-style over "data"); every other weight FSDP-style over all N devices. By default the expert
 axis is the largest divisor of N that also divides the number of experts.

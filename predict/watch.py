@@ -928,7 +928,7 @@ def _opt(x) -> float | None:
 
 # A source that reads the metric's key as a column (the watcher's key filter names it) yields an
 # empty column when the key is never logged; by 10% of the run a rung has logged two evals (it
-# evaluates every 5% by default: ladder.train.TrainConfig.eval_every), so an empty column then
+# evaluates every 5% by default: ladder.trainconfig.TrainConfig.eval_every), so an empty column then
 # means the key is missing.
 _MISSING_METRIC_BY = 0.1
 
