@@ -48,6 +48,41 @@ def test_sharded_step_does_not_replicate_work():
     assert sum(out["1x1"]["collectives"].values()) == 0
 
 
+# Scanned groups (8 layers = 2 repeats of the pattern), the marin optimizer, and dense work that
+# outweighs the LM head: the shape where two replications hid (27.7B-A1.2B on 64 devices compiled
+# to 373 GiB per device): the residual stream came out of the vocab-split embedding gather
+# replicated, and optax's Muon merged the scanned stack's group axis with the device-split
+# expert axis, gathering every expert on every device.
+DEEP_SCRIPT = r"""
+import json
+import jax
+from ladder.plan import compile_step
+from ladder.specs import LADDERS
+assert jax.device_count() == 8
+rung = LADDERS["tiny"].rungs[0]
+model = rung.model.replace(d_model=64, n_heads=4, head_dim=16, n_layers=8, n_experts=8,
+                           expert_dim=64, latent_dim=64, shared_dim=64)
+rung = rung.replace(batch=16, model=model, optimizer=rung.optimizer.replace(kind="marin"))
+out = {}
+for n, ep in ((1, 1), (8, 8)):
+    s = compile_step(rung, n, expert_parallel=ep)
+    out[f"{n}x{ep}"] = {"flops": s.flops_per_device, "bytes": s.temp_bytes}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_scanned_marin_step_splits_activations_and_experts():
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+           "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    r = subprocess.run([sys.executable, "-c", DEEP_SCRIPT], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=900, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert 8 * out["8x8"]["flops"] == pytest.approx(out["1x1"]["flops"], rel=0.15), out
+    assert out["8x8"]["bytes"] < out["1x1"]["bytes"] / 2, out
+
+
 @pytest.mark.slow
 def test_plan_compile_cli_reexecs_with_fake_devices(capfd):
     # this process already runs JAX on 1 device: plan re-runs itself with 4 fake devices
