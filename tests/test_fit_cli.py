@@ -17,6 +17,12 @@ from ladder.io import InputError
 from ladder.specs import get_ladder
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    # `ladder fit` without --out writes ./law.json: never into the checkout
+    monkeypatch.chdir(tmp_path)
+
+
 def _cli(*args):
     """The CLI in-process (a subprocess costs seconds of imports); returns code, stdout, stderr."""
     out, err = io.StringIO(), io.StringIO()
