@@ -323,7 +323,8 @@ def plan_main(args) -> int:
             print(f"compiled ({r['compiled_mesh']['data']}x{r['compiled_mesh']['expert']} mesh, "
                   f"microbatch {r['microbatch']} of {r['batch']} sequences): "
                   f"{_bytes(c['bytes_per_device'])} and {c['flops_per_device']:.3e} FLOPs per "
-                  f"device; collectives: {coll}. {r['microbatch_note']}")
+                  f"device (XLA's count: loops inside the step counted once); collectives: "
+                  f"{coll}. {r['microbatch_note']}")
     return 0
 
 

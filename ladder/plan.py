@@ -280,8 +280,12 @@ class CompiledStep:
     temp_bytes: float
     output_bytes: float
     alias_bytes: float
+    # XLA's cost analysis counts a while loop's body once. The microbatch loop is multiplied
+    # back; loops inside it (the layer scan, the loss chunks, blocked attention, Newton-Schulz)
+    # are not, so on scanned models this is not the step's FLOPs (flops-v1 is): it compares
+    # meshes of the same program (x devices vs 1 device: is work replicated?)
     flops_per_device: float     # XLA's cost analysis of the per-device program, x microbatches
-    xla_flops: float            # XLA's own figure: it counts the microbatch loop's body ONCE
+    xla_flops: float            # XLA's own figure (the microbatch loop's body counted once)
     collectives: dict           # {kind: instruction count} from the compiled HLO
     compile_s: float
 
