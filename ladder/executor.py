@@ -98,6 +98,18 @@ class RungOutcome:
         return self.summary["status"] if self.summary else "failed"
 
 
+def rung_exit_code(s: dict) -> int:
+    """The exit status a rung's summary stands for: 0 done or stopped at --max-steps, 1
+    diverged, 130 stopped by Ctrl-C, 143 stopped by SIGTERM (a preemption, or a peer's)."""
+    from ladder.train import EX_DIVERGED, EX_INTERRUPTED, EX_TERMINATED
+
+    if s["status"] == "diverged":
+        return EX_DIVERGED
+    if s.get("interrupted"):
+        return EX_INTERRUPTED if s.get("signal") == "SIGINT" else EX_TERMINATED
+    return 0
+
+
 @dataclass
 class LadderResult:
     outcomes: list[RungOutcome]
@@ -108,7 +120,6 @@ class LadderResult:
         """0 when every rung completed or stopped at --max-steps; 1 when one diverged or failed
         after its retries; 143/130 when the driver or a rung was stopped by SIGTERM/SIGINT (the
         rungs checkpointed: run again with --resume)."""
-        from ladder.commands import rung_exit_code
         from ladder.train import EX_INTERRUPTED, EX_TERMINATED
 
         stopped = self.signal is not None

@@ -269,7 +269,9 @@ def source_keys(src: str, max_rows: int = 200) -> str:
     return ", ".join(keys)
 
 
-def watch_main(args) -> int:
+def watch_main(args, *, live_page=None) -> int:
+    """`ladder watch`. ``live_page(watcher, port=...)`` starts the ``--serve`` page (drawn by
+    reports, above predict: ``ladder.commands.watch_main`` passes it in)."""
     from predict import sinks as sk
     from predict.live import Watcher
     from predict.sources import WandbApiSource, open_source
@@ -311,8 +313,10 @@ def watch_main(args) -> int:
     log.info(f"ladder watch: {w.description}; metric {w.view.metric}; source {args.source}")
     server = None
     if getattr(args, "serve", False):
-        from reports.live import LivePage
-        server = LivePage.for_watcher(w, port=args.port)
+        if live_page is None:
+            raise InputError("--serve needs the live page of reports (run `ladder watch`)",
+                             field="--serve", exit_code=EX_USAGE)
+        server = live_page(w, port=args.port)
         log.warning(f"ladder watch: live page on {server.url}")
     try:
         code = w.run(follow=args.follow, poll_seconds=args.poll, max_seconds=args.max_seconds)

@@ -9,6 +9,7 @@ Built on ``matplotlib.figure.Figure`` without pyplot, so no global state and no 
 from __future__ import annotations
 
 import functools
+import io
 import math
 import textwrap
 
@@ -60,6 +61,13 @@ def _is_loss_alert(a: dict) -> bool:
     if kind == "cleared":  # the watcher clears both band and health alerts with this kind
         return "band" in str(a.get("message", ""))
     return kind in LOSS_ALERT_KINDS
+
+
+def png_bytes(fig) -> bytes:
+    """``fig`` as PNG bytes on a white background (the report's files and the live page)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", facecolor="white")
+    return buf.getvalue()
 
 
 def _health_alert_for(a: dict, key: str) -> bool:
