@@ -44,6 +44,8 @@ from ladder.io import (
     read_json,
     to_jsonable,
 )
+from ladder.lrtable import LR_SPIKE, SPIKE_AT, SPIKE_SCALE, spike_step
+from ladder.lrtable import lr_table as base_lr_table
 from ladder.optim import OPTIMIZERS, OptimizerSettings
 from ladder.specs import Rung, Schedule
 from model.config import ModelConfig
@@ -98,8 +100,8 @@ class TrainConfig:
     data: tuple[str, ...] = ()       # text files/globs or one token array; () = Python stdlib
     vocab_size: int | None = None    # for raw .bin token files (and a check for .npy)
     fault: str | None = None         # fault injection for demos: lr-spike, data-swap, loss-drift
-    fault_at: float = 0.5            # ... from this fraction of the planned steps on
-    fault_scale: float = 10.0        # lr-spike: LR multiplier
+    fault_at: float = SPIKE_AT       # ... from this fraction of the planned steps on
+    fault_scale: float = SPIKE_SCALE  # lr-spike: LR multiplier
     drift_max: float = 0.3           # loss-drift: share of random tokens reached at the end
     wandb: bool = False
     wandb_project: str | None = None  # None: WANDB_PROJECT, else "ladder" (ladder.wandbrun)
@@ -293,17 +295,16 @@ def optimizer_spec(cfg: TrainConfig, spec):
 
 
 def lr_table(rung: Rung, cfg: TrainConfig) -> np.ndarray:
-    """Peak LR x schedule for every step (0-based), with the lr-spike fault applied."""
-    fr = np.array([rung.schedule.lr_frac(i, rung.steps) for i in range(rung.steps)], np.float64)
-    lr = rung.peak_lr * fr
-    if cfg.fault == "lr-spike":
-        lr[fault_step(rung, cfg):] *= cfg.fault_scale
-    return lr.astype(np.float32)
+    """Peak LR x schedule for every step (0-based), with the lr-spike fault applied: the one LR
+    table (:mod:`ladder.lrtable`, which the curve laws rebuild from config.json), in float32."""
+    spike = fault_step(rung, cfg) if cfg.fault == LR_SPIKE else None
+    return base_lr_table(rung.schedule, rung.steps, rung.peak_lr, spike_at=spike,
+                         spike_scale=cfg.fault_scale).astype(np.float32)
 
 
 def fault_step(rung: Rung, cfg: TrainConfig) -> int:
     """First (0-based) step affected by the configured fault."""
-    return round(cfg.fault_at * rung.steps)
+    return spike_step(rung.steps, cfg.fault_at)
 
 
 def checkpoint_steps(rung: Rung, cfg: TrainConfig) -> set[int]:

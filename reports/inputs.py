@@ -14,13 +14,14 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ladder.io import EX_NOINPUT, InputError, as_float, iter_jsonl, read_json, read_metrics
+from ladder.io import EX_NOINPUT, InputError, as_float, iter_jsonl, read_json
+from ladder.runs import RunDir, find_run_dirs, read_run
 
 DEFAULT_METRIC = "eval_dropless/loss"  # the metric the real ladder fitted (DESIGN.md §1)
 DEFAULT_LEVEL = 0.9
@@ -43,67 +44,9 @@ class Series:
 
 
 @dataclass
-class RunData:
-    """One run directory: its identity from summary/config and its metrics rows."""
-
-    name: str
-    path: Path
-    rows: list[dict]
-    summary: dict = field(default_factory=dict)
-    config: dict = field(default_factory=dict)
-    rung: Any = None  # ladder.specs.Rung when config.json could be rebuilt
-
-    # -- identity and plan (summary first, then the rung spec, then the metrics) ------------------
-    def _get(self, key: str) -> float | None:
-        v = as_float(self.summary.get(key))
-        if v is not None and math.isfinite(v):
-            return v
-        if self.rung is not None:
-            s = self.rung.summary()
-            return as_float(s.get("compute_no_lm_head" if key == "compute" else key))
-        return None
-
-    @property
-    def params(self) -> float | None:
-        return self._get("params")
-
-    @property
-    def active_params(self) -> float | None:
-        return self._get("active_params")
-
-    @property
-    def planned_tokens(self) -> float | None:
-        return self._get("tokens")
-
-    @property
-    def steps(self) -> float | None:
-        return self._get("steps")
-
-    @property
-    def compute(self) -> float | None:
-        """Planned training FLOPs without the LM head (flops-v1), as the law was fitted on."""
-        return self._get("compute")
-
-    @property
-    def status(self) -> str:
-        return str(self.summary.get("status") or ("running" if self.rows else "no metrics"))
-
-    @property
-    def is_target(self) -> bool:
-        rung = self.config.get("rung") if isinstance(self.config.get("rung"), dict) else {}
-        return bool(rung.get("is_target", False) or self.summary.get("is_target") is True)
-
-    def compute_at(self, tokens: np.ndarray) -> np.ndarray:
-        """Compute so far at ``tokens`` seen: the shared counter when the rung is known, else the
-        planned compute scaled by tokens (training FLOPs are linear in tokens, flops-v1)."""
-        tokens = np.asarray(tokens, dtype=float)
-        if self.rung is not None:
-            return np.array([self.rung.compute(float(t)) for t in tokens.ravel()]
-                            ).reshape(tokens.shape)
-        c, d = self.compute, self.planned_tokens
-        if c is None or not d:
-            return np.full(tokens.shape, np.nan)
-        return c * tokens / d
+class RunData(RunDir):
+    """One run directory as :mod:`ladder.runs` reads it (identity, plan, status: the rules the
+    fitter and the forecaster use too), with the report's views of its metrics."""
 
     # -- metrics ---------------------------------------------------------------------------------
     def keys(self) -> set[str]:
@@ -168,47 +111,9 @@ class RunData:
         return float(s.value[-1]) if len(s) else None
 
 
-def _looks_like_run(d: Path) -> bool:
-    return any((d / f).is_file() for f in ("metrics.jsonl", "summary.json", "config.json"))
-
-
-def find_run_dirs(root: str | os.PathLike) -> list[Path]:
-    """Run directories at or below ``root`` (RUNS, RUNS/<ladder> or one run), three levels deep."""
-    root = Path(root)
-    if _looks_like_run(root):
-        return [root]
-    found = []
-    for dirpath, dirnames, _ in os.walk(root):
-        d = Path(dirpath)
-        depth = len(d.relative_to(root).parts)
-        dirnames[:] = sorted(n for n in dirnames if n != "checkpoints" and not n.startswith("."))
-        if depth and _looks_like_run(d):
-            found.append(d)
-            dirnames[:] = []
-        elif depth >= 3:
-            dirnames[:] = []
-    return found
-
-
 def load_run(path: str | os.PathLike) -> RunData:
-    path = Path(path)
-    if not path.is_dir():
-        raise InputError("no such run directory", path=path, exit_code=EX_NOINPUT)
-    summary = read_json(path / "summary.json", schema="run-summary") \
-        if (path / "summary.json").is_file() else {}
-    config = read_json(path / "config.json", schema="run-config") \
-        if (path / "config.json").is_file() else {}
-    rung = None
-    if isinstance(config.get("rung"), dict):
-        try:
-            from ladder.specs import Rung
-            rung = Rung.from_dict(config["rung"])
-        except (ValueError, TypeError, KeyError) as e:
-            raise InputError(f"cannot rebuild the rung ({e})", path=path / "config.json",
-                             field="rung") from None
-    rows = read_metrics(path / "metrics.jsonl") if (path / "metrics.jsonl").is_file() else []
-    name = str(summary.get("rung") or (rung.name if rung is not None else "") or path.name)
-    return RunData(name=name, path=path, rows=rows, summary=summary, config=config, rung=rung)
+    run = read_run(path)
+    return RunData(**{f.name: getattr(run, f.name) for f in fields(RunDir)})
 
 
 # ----------------------------------------------------------------------------- the law
