@@ -22,6 +22,7 @@ import numpy as np
 
 from ladder.io import EX_NOINPUT, InputError, as_float, iter_jsonl, read_json
 from ladder.runs import RunDir, find_run_dirs, read_run
+from predict.prereg_view import ForecastBand, band_level, forecast_band, target_of
 
 DEFAULT_METRIC = "eval_dropless/loss"  # the metric the real ladder fitted (DESIGN.md §1)
 DEFAULT_LEVEL = 0.9
@@ -179,6 +180,8 @@ class LawView:
     def is_curve(self) -> bool:
         """A loss-curve law of the LR schedule (``--form mpl``/``momentum``): it is evaluated
         from a run's schedule, not from its tokens and compute."""
+        from fit.law import CURVE_FORMS  # the fitter's list, not a copy
+
         return self.form in CURVE_FORMS
 
     def predict_run(self, rung, fractions, level: float | None = None) -> Prediction | None:
@@ -198,9 +201,6 @@ class LawView:
         except Exception as e:  # noqa: BLE001 -- any failure of the law is shown, not raised
             self.error = f"curve law prediction failed: {type(e).__name__}: {e}"
             return None
-
-
-CURVE_FORMS = ("mpl", "momentum")
 
 
 def load_law(law: Any) -> LawView | None:
@@ -226,54 +226,6 @@ def load_law(law: Any) -> LawView | None:
 
 
 # ----------------------------------------------------------------------------- prereg, alerts
-
-
-@dataclass
-class Forecast:
-    """The pre-registered forecast as arrays sorted by fraction."""
-
-    fraction: np.ndarray
-    step: np.ndarray
-    tokens: np.ndarray
-    loss: np.ndarray
-    lo: np.ndarray
-    hi: np.ndarray
-
-    def at(self, fraction: float | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(loss, lo, hi) interpolated linearly in fraction; NaN outside the registered grid."""
-        g = np.asarray(fraction, float)
-        out = []
-        for arr in (self.loss, self.lo, self.hi):
-            ok = np.isfinite(arr)
-            if ok.sum() == 0:
-                out.append(np.full(g.shape, np.nan))
-                continue
-            v = np.interp(g, self.fraction[ok], arr[ok], left=np.nan, right=np.nan)
-            out.append(v)
-        return tuple(out)
-
-
-def prereg_forecast(prereg: dict) -> Forecast | None:
-    rows = prereg.get("forecast")
-    if not isinstance(rows, list) or not rows:
-        return None
-    keys = ("fraction", "step", "tokens", "loss", "lo", "hi")
-    cols: dict[str, list[float]] = {k: [] for k in keys}
-    for r in rows:
-        if not isinstance(r, dict):
-            continue
-        vals = {k: as_float(r.get(k)) for k in cols}
-        if vals["fraction"] is None or vals["loss"] is None:
-            continue
-        for k, v in vals.items():
-            cols[k].append(np.nan if v is None else v)
-    if not cols["fraction"]:
-        return None
-    order = np.argsort(cols["fraction"])
-    return Forecast(*(np.asarray(cols[k], float)[order] for k in cols))
-
-
-SEVERITIES = ("info", "warn", "critical")
 
 
 def load_alerts(path: str | os.PathLike) -> list[dict]:
@@ -303,20 +255,19 @@ class ReportInputs:
 
     @property
     def level(self) -> float:
-        if self.prereg:
-            v = as_float(self.prereg.get("band_level"))
-            if v and 0 < v < 1:
-                return v
+        v = band_level(self.prereg) if self.prereg else None
+        if v is not None:
+            return v
         return self.law.level if self.law is not None else DEFAULT_LEVEL
 
     @property
-    def forecast(self) -> Forecast | None:
-        return prereg_forecast(self.prereg) if self.prereg else None
+    def forecast(self) -> ForecastBand | None:
+        """The registered forecast, as the watcher reads it (:mod:`predict.prereg_view`)."""
+        return forecast_band(self.prereg) if self.prereg else None
 
     @property
     def target_info(self) -> dict:
-        t = self.prereg.get("target") if self.prereg else None
-        return t if isinstance(t, dict) else {}
+        return target_of(self.prereg) if self.prereg else {}
 
     @property
     def target_name(self) -> str | None:
@@ -425,19 +376,12 @@ def alert_fraction(a: dict, inp: ReportInputs) -> float | None:
 
 
 def not_applicable_spans(inp: ReportInputs) -> list[tuple[float, float]]:
-    """Fractions of the run where the forecast did not apply: from each ``not_applicable`` alert to
-    the next alert saying it applies again (kind ``applicable``/``applies``) or the run's end."""
-    spans, start = [], None
-    events = sorted(((g, a) for a in inp.alerts or []
-                     if (g := alert_fraction(a, inp)) is not None),
-                    key=lambda x: x[0])
-    for g, a in events:
-        kind = str(a.get("kind", ""))
-        if kind == "not_applicable" and start is None:
-            start = g
-        elif kind in ("applicable", "applies", "applicable_again") and start is not None:
-            spans.append((start, g))
-            start = None
-    if start is not None:
-        spans.append((start, 1.0))
-    return spans
+    """Fractions of the run where the forecast did not apply: from the first alert of the
+    watcher's applicability rule (``predict.watch``, kind ``not_applicable``) to the run's end;
+    the watcher stops comparing once the forecast no longer applies, so nothing ends a span."""
+    from predict.watch import rule
+
+    kinds = rule("applicability").kinds
+    starts = [g for a in inp.alerts or []
+              if str(a.get("kind", "")) in kinds and (g := alert_fraction(a, inp)) is not None]
+    return [(min(starts), 1.0)] if starts else []
