@@ -8,8 +8,8 @@ import math
 import sys
 from pathlib import Path
 
-from ladder.io import (EX_DATAERR, EX_USAGE, InputError, check_writable, number, read_json,
-                       to_jsonable)
+from ladder.io import (EX_DATAERR, EX_USAGE, InputError, check_writable, iter_jsonl, number,
+                       open_input, read_json, to_jsonable)
 from predict import forecast as fc
 from predict import prereg as pr
 from predict.watch import WatchConfig
@@ -247,24 +247,21 @@ def verify_main(args) -> int:
 
 
 def source_keys(src: str, max_rows: int = 200) -> str:
-    """The metric keys of a local JSONL/CSV source (its first rows), for error messages."""
+    """The metric keys of a local JSONL/CSV source (its header, or its first ``max_rows`` rows
+    read by :func:`ladder.io.iter_jsonl`), for error messages; "" when it cannot be read."""
     p = Path(src)
     if not p.is_file():
         return ""
     keys: list[str] = []
     try:
-        with open(p, encoding="utf-8", errors="replace") as fh:
-            if p.suffix.lower() == ".csv":
-                keys = [k.strip() for k in fh.readline().rstrip("\n").split(",")]
-            else:
-                for _, line in zip(range(max_rows), fh, strict=False):
-                    try:
-                        row = json.loads(line)
-                    except (ValueError, RecursionError):  # a bad line names no key
-                        continue
-                    if isinstance(row, dict):
-                        keys += [k for k in row if k not in keys]
-    except OSError:
+        if p.suffix.lower() == ".csv":
+            with open_input(p) as fh:
+                header = fh.readline().decode("utf-8", errors="replace")
+            keys = [k.strip() for k in header.rstrip("\n").split(",")]
+        else:
+            for _, (_, row) in zip(range(max_rows), iter_jsonl(p), strict=False):
+                keys += [k for k in row if k not in keys]
+    except InputError:
         return ""
     return ", ".join(keys)
 
