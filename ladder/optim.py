@@ -26,8 +26,8 @@ groups need the step's LR to land on the sphere, so ``update(..., lr=...)`` take
 
 The hyperball keeps every MuonH/AdamH matrix at its initial norm for the whole run, so the init
 scale is a hyperparameter for good: the recipe's init (std 0.5/sqrt(d), issue 12 item 2) is part
-of it. With today's std 0.02 the small ladders' LM heads stay too small (tiny ladder, 60 steps:
-train CE 4.8 under marin against 2.5 under AdamW; with std 0.5/sqrt(d) = 0.125, 2.8 and 2.6).
+of it (what std 0.02 does to the small ladders: docs/LOG.md, 2026-12-01, "the marin optimizer on
+small widths needs the recipe's init").
 
 The plain-Python part (:class:`OptimizerSpec`, :class:`OptimizerSettings`) lives in
 :mod:`ladder.optspec`, the ladder base, without JAX: ``ladder list`` prints the settings.

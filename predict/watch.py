@@ -90,9 +90,8 @@ class WatchConfig:
     # band: a healthy run keeps its offset to the forecast, a fault moves it)
     trend_rel: float = 0.01        # smoothed residual moved by 1% of the forecast ...
     trend_window: float = 0.5      # ... from its median over the preceding 50% of the run ...
-    #                                (0.3 missed a +3% drift over 70% of the run in 2 of 32 runs
-    #                                and took ~50 evals; 0.5: all, ~29 evals; no false alarm in
-    #                                either: bench/watch_quality.py)
+    #                                (0.3 misses slow drifts: docs/LOG.md, 2026-12-01, "the
+    #                                trend window"; bench/watch_quality.py)
     trend_gap: float = 0.03        # ... ending 3% of the run before the eval judged
     trend_after: float = 0.25      # not before 25% of the run: the early curve is least certain
     #                                (the cpu demo's healthy hero drifted 2.2% of the forecast
