@@ -112,7 +112,7 @@ def _runs_dir(root: Path, metric: str, include_incomplete: bool):
     if not runs:
         raise InputError("no runs found (no */metrics.jsonl below it)", path=root,
                          exit_code=EX_NOINPUT)
-    frames, notes = [], []
+    batches, notes = [], []
     for run in runs:
         rd = run.path
         if run.status in EXCLUDED:
@@ -126,16 +126,24 @@ def _runs_dir(root: Path, metric: str, include_incomplete: bool):
         if run.rung is None and not run.summary:
             raise InputError("needs config.json or summary.json beside metrics.jsonl",
                              path=rd)
-        rows = point_rows(run.rows, metric, run=run.key, source=str(run.metrics_path),
-                          params=run.params, active_params=run.active_params,
-                          compute_of=lambda row, tokens, run=run: (
-                              None if tokens is None else run.compute_at(tokens)))
-        if not rows:
-            notes.append(f"{run.metrics_path}: no rows with '{metric}'")
-            continue
-        frames.append(pd.DataFrame(rows))
+        batches.append((str(run.metrics_path), point_rows(
+            run.rows, metric, run=run.key, source=str(run.metrics_path), params=run.params,
+            active_params=run.active_params, compute_of=lambda row, tokens, run=run: (
+                None if tokens is None else run.compute_at(tokens)))))
+    return _concat(batches, notes, metric, where=root)
+
+
+def _concat(batches: list[tuple[str, list[dict]]], notes: list[str], metric: str, *, where):
+    """One table of the runs' point rows (a note for each run without any); InputError when no
+    run has a point."""
+    frames = []
+    for src, rows in batches:
+        if rows:
+            frames.append(pd.DataFrame(rows))
+        else:
+            notes.append(f"{src}: no rows with '{metric}'")
     if not frames:
-        raise InputError(f"no points with metric '{metric}' in any run", path=root,
+        raise InputError(f"no points with metric '{metric}' in any run", path=where,
                          field=metric)
     return pd.concat(frames, ignore_index=True), notes
 
@@ -236,7 +244,7 @@ def points_from_histories(runs: Iterable[WandbHistory], metric: str, sizes: dict
     from ladder.specs import Rung  # plain Python; no JAX
 
     sizes = sizes or {}
-    frames, notes = [], []
+    batches, notes = [], []
     for h in runs:
         cfg, name = h.config, h.name
         rung = None
@@ -253,19 +261,12 @@ def points_from_histories(runs: Iterable[WandbHistory], metric: str, sizes: dict
         else:
             raise InputError(f"run {name!r}: no rung in its config; give its sizes with --sizes "
                              f"FILE (run, params, active_params)", path=h.where, field="--sizes")
-        rows = point_rows(h.rows, metric, run=name, source=h.where, params=params,
-                          active_params=active,
-                          compute_of=lambda row, tokens, rung=rung: (
-                              rung.compute(tokens) if rung is not None and tokens is not None
-                              else as_float(row.get("flops"))))
-        if not rows:
-            notes.append(f"{h.where}: no rows with '{metric}'")
-            continue
-        frames.append(pd.DataFrame(rows))
-    if not frames:
-        raise InputError(f"no points with metric '{metric}' in any run", path=where,
-                         field=metric)
-    return pd.concat(frames, ignore_index=True), notes
+        batches.append((h.where, point_rows(
+            h.rows, metric, run=name, source=h.where, params=params, active_params=active,
+            compute_of=lambda row, tokens, rung=rung: (
+                rung.compute(tokens) if rung is not None and tokens is not None
+                else as_float(row.get("flops"))))))
+    return _concat(batches, notes, metric, where=where)
 
 
 def is_wandb_offline_dir(path) -> bool:

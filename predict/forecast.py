@@ -32,6 +32,7 @@ import numpy as np
 
 from ladder.io import (MAX_STEP, InputError, as_float, number, require, sha256_of)
 from ladder.runs import EXCLUDED, read_runs
+from predict.prereg_view import ForecastBand
 
 # Token-budget multipliers of the planned run at which the law's final value is tabulated, for the
 # contingency advisory ("at what budget is the registered final value still reached?").
@@ -182,15 +183,10 @@ def estimate_eval_noise(curves: Iterable[tuple[np.ndarray, np.ndarray]], *,
 
 
 @dataclass(frozen=True)
-class Forecast:
-    """A target's metric curve with its band. Arrays share one index (the grid)."""
+class Forecast(ForecastBand):
+    """A target's metric curve with its band (the :class:`ForecastBand` that prereg.json
+    registers) and how it was made. Arrays share one index (the grid)."""
 
-    fraction: np.ndarray
-    step: np.ndarray
-    tokens: np.ndarray
-    loss: np.ndarray
-    lo: np.ndarray
-    hi: np.ndarray
     final: dict
     level: float
     eval_noise: float
