@@ -35,9 +35,6 @@ class ForecastBand:
     lo: np.ndarray
     hi: np.ndarray
 
-    def __len__(self) -> int:
-        return len(self.fraction)
-
     def at(self, fraction) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(loss, lo, hi) interpolated linearly in fraction over the rows where each is finite;
         NaN outside the registered grid."""
