@@ -3,7 +3,8 @@
 Columns (shared/DESIGN.md): ``run, params, active_params, tokens, compute, fraction, loss`` (+
 ``step, lr`` for schedule-aware curve laws). ``compute`` and ``tokens`` are *so far* at the point;
 ``compute`` is flops-v1 training FLOPs without the LM head. A runs directory (``RUNS/<ladder>/
-<rung>/`` with config.json, summary.json, metrics.jsonl) is converted to the same table: every
+<rung>/`` with config.json, summary.json, metrics.jsonl; found and read by ``ladder.runs``, the
+reader the forecaster and the report use) is converted to the same table: every
 eval row of every rung becomes a point with its progress fraction, compute counted by the one
 counter (``Rung.compute(tokens_so_far)``).
 
