@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ladder.io import EX_USAGE, InputError
+from ladder.runs import read_summary
 
 RESOURCE_KEYS = ("num_cpus", "num_gpus", "memory", "resources", "accelerator_type")
 DEFAULT_RESOURCES = {"num_cpus": 1}
@@ -150,13 +151,6 @@ def _task_env() -> dict:
     return {"PYTHONPATH": path, **{k: os.environ[k] for k in PASS_ENV if k in os.environ}}
 
 
-def _read_summary(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None   # not written yet, or replaced between stat and read: look again later
-
-
 def run_ladder_ray(rungs: list, ladder_dir: str | os.PathLike, cfg, *,
                    max_steps: int | None = None, resume: bool = False,
                    address: str | None = None, resources: dict[str, dict] | None = None,
@@ -235,7 +229,7 @@ def run_ladder_ray(rungs: list, ladder_dir: str | os.PathLike, cfg, *,
                         o.cancelled = True
                         report(name, "cancelled before it started")
                     elif o.attempts <= max_retries and not stop.set:
-                        s = _read_summary(o.out / "summary.json") or {}
+                        s = read_summary(o.out) or {}
                         report(name, f"failed ({o.errors[-1]}); retry {o.attempts}/"
                                      f"{max_retries} from checkpoint step {s.get('step', 0)}")
                         submit(name, True)
@@ -259,7 +253,7 @@ def run_ladder_ray(rungs: list, ladder_dir: str | os.PathLike, cfg, *,
                 report(name, f"{result['status']} at step {result['step']}/{result['steps']}"
                              f"{note} -> {o.out}")
             for name in pending.values():   # progress of the rungs still running
-                s = _read_summary(outcomes[name].out / "summary.json")
+                s = read_summary(outcomes[name].out)
                 # written by this attempt (not left by an earlier run), while it trains
                 if s and s.get("status") == "running" and \
                         s.get("updated", 0) >= submitted[name]:

@@ -16,7 +16,7 @@ run, nor into ``checkpoints/`` or hidden directories.
 Status: the summary's ``status`` (:data:`STATUSES`); a run without a summary is ``running`` when
 it has metrics, else ``no metrics``. :data:`ENDED` are the statuses a run does not leave.
 
-Plain Python and numpy; part of the ladder base (no JAX).
+Plain Python (numpy when computing); part of the ladder base (no JAX).
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from ladder.io import EX_NOINPUT, InputError, as_float, read_json, read_metrics
+
+if TYPE_CHECKING:
+    import numpy as np
 
 RUN_FILES = ("metrics.jsonl", "summary.json", "config.json")
 STATUSES = ("complete", "running", "diverged", "failed")   # what the trainer writes
@@ -164,6 +165,8 @@ class RunDir:
         """Compute so far at ``tokens`` seen: the one counter when the rung is known, else the
         planned compute scaled by tokens (training FLOPs are linear in tokens, flops-v1); NaN
         when neither is known. A scalar for a scalar."""
+        import numpy as np  # not at module level: `ladder list` and `ladder run` import this
+
         t = np.asarray(tokens, dtype=float)
         if self.rung is not None:
             out = np.array([self.rung.compute(float(x)) for x in t.ravel()]).reshape(t.shape)
@@ -218,14 +221,20 @@ def read_runs(root: str | os.PathLike, *, metrics: bool = True) -> list[RunDir]:
     return [read_run(d, metrics=metrics) for d in find_run_dirs(root)]
 
 
-def ended_status(run_dir: str | os.PathLike) -> str | None:
-    """The status of a run that has ended (:data:`ENDED`), else None: for a watcher tailing a
-    run's metrics, a summary being written or not ours means "not ended as far as we know"."""
+def read_summary(run_dir: str | os.PathLike) -> dict | None:
+    """``summary.json`` of a run another process may be writing: None when it is absent, being
+    replaced, or not a run summary (for pollers; :func:`read_run` raises instead)."""
     f = Path(run_dir) / "summary.json"
     if not f.is_file():
         return None
     try:
-        status = read_json(f, schema="run-summary").get("status")
+        return read_json(f, schema="run-summary")
     except InputError:
         return None
+
+
+def ended_status(run_dir: str | os.PathLike) -> str | None:
+    """The status of a run that has ended (:data:`ENDED`), else None: for a watcher tailing a
+    run's metrics, a summary being written or not ours means "not ended as far as we know"."""
+    status = (read_summary(run_dir) or {}).get("status")
     return status if status in ENDED else None
