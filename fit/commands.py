@@ -33,27 +33,6 @@ def _pairs(items, what: str, numeric: bool) -> dict:
     return out
 
 
-def _offline_wandb_points(path: str, metric: str | None, sizes):
-    """The points of a W&B offline run directory. The record log is read by predict.sources (this
-    module is the command's handler, above predict; fit's library never imports predict); the
-    table is built by fit.points like that of a wandb:// run."""
-    from fit.points import DEFAULT_METRIC, WandbHistory, points_from_histories, read_sizes
-    from predict.sources import WandbOfflineSource
-
-    src = WandbOfflineSource(path)
-    run_id = src.record_file().stem.removeprefix("run-")
-    got = src.poll()
-    config = got.configs[0] if got.configs else {}
-    df, notes = points_from_histories(
-        [WandbHistory(where=str(path), run_id=run_id, name=run_id, config=config,
-                      rows=got.rows)], metric or DEFAULT_METRIC, read_sizes(sizes),
-        where=str(path))
-    for n in notes:
-        warnings.warn(n, stacklevel=2)
-    df.attrs["source"] = str(path)
-    return df
-
-
 def _priors(items) -> dict:
     """``NAME=MEAN:SD`` pairs (several per flag, comma-separated) -> {name: (mean, sd)}."""
     out = {}
@@ -80,7 +59,10 @@ def unconverged(res) -> list[str]:
     return [] if d.get("converged", True) else ["the best start"]
 
 
-def fit_main(args) -> int:
+def fit_main(args, *, offline_points=None) -> int:
+    """`ladder fit`. ``offline_points(path, metric, sizes)`` turns a W&B offline run directory
+    into a points table; its record log is read by predict, above fit, so the CLI hands the reader
+    down (``ladder.commands.fit_main``) instead of fit importing it."""
     from fit.law import fit_law
     from fit.points import is_wandb_offline_dir, load_points
     # checked before any work: a bad --out or --level must not cost a finished fit
@@ -94,8 +76,13 @@ def fit_main(args) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         sizes = getattr(args, "sizes", None)
-        sources = [_offline_wandb_points(s, args.metric, sizes) if is_wandb_offline_dir(s)
-                   else s for s in args.sources]
+        offline = [s for s in args.sources if is_wandb_offline_dir(s)]
+        if offline and offline_points is None:
+            raise InputError("a W&B offline run directory needs predict's record reader (run "
+                             "`ladder fit`, or pass offline_points)", path=offline[0],
+                             field="SOURCE")
+        sources = [offline_points(s, args.metric, sizes) if s in offline else s
+                   for s in args.sources]
         df = load_points(sources, args.metric, sizes=sizes)
         if not len(df):
             dropped = df.attrs.get("dropped") or []

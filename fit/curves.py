@@ -1035,33 +1035,20 @@ def schedules_from_sources(sources) -> dict[str, np.ndarray]:
     """Exact per-update LRs of the ladder runs below ``sources`` (run directories or folders of
     them; other sources, e.g. CSV tables, give nothing), keyed as :func:`fit.load_points` names
     runs (``LADDER/RUNG``). Rebuilt from each run's ``config.json`` exactly as the trainer builds
-    its LR table (``ladder.train.lr_table``: peak LR x ``Schedule.lr_frac(i, steps)`` for 0-based
+    its LR table (``ladder.lrtable``: peak LR x ``Schedule.lr_frac(i, steps)`` for 0-based
     update i, with the ``lr-spike`` fault applied), so that fits need not interpolate the
     ``optim/lr`` values logged only at evaluation steps."""
     from pathlib import Path
 
-    from ladder.io import read_json
-    from ladder.specs import Rung
+    from ladder.runs import read_runs
 
     out: dict[str, np.ndarray] = {}
     for src in sources if isinstance(sources, (list, tuple)) else [sources]:
-        root = Path(src)
-        if not root.is_dir():
+        if not Path(src).is_dir():
             continue
-        for cfg_path in sorted(root.rglob("config.json")):
-            if not (cfg_path.parent / "metrics.jsonl").exists():
-                continue
-            cfg = read_json(cfg_path, schema="run-config")
-            try:
-                rung = Rung.from_dict(cfg["rung"])
-            except (KeyError, ValueError, TypeError) as e:
-                raise InputError(str(e), path=cfg_path, field="rung") from None
-            lr = lr_from_schedule(rung.schedule, rung.steps, rung.peak_lr)
-            train = cfg.get("train") or {}
-            if train.get("fault") == "lr-spike":
-                at = round(float(train.get("fault_at", 0.5)) * rung.steps)
-                lr[at:] *= float(train.get("fault_scale", 10.0))  # TrainConfig default
-            out[f"{rung.ladder}/{rung.name}"] = lr
+        for run in read_runs(src, metrics=False):
+            if run.rung is not None and run.metrics_path.is_file():
+                out[run.key] = run.lr_table()
     return out
 
 

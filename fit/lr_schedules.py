@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from ladder.io import InputError
+from ladder.lrtable import lr_table
 from ladder.specs import SCHEDULES, Schedule
 
 # Named-schedule keys -> Schedule field (or the two extra keys, steps and peak).
@@ -54,8 +55,9 @@ class NamedSchedule:
 
 
 def lr_from_schedule(schedule: Schedule, steps: int, peak: float) -> np.ndarray:
-    """LR of updates 1..steps (``lr[s-1]`` for update ``s``), as the trainer computes it."""
-    return np.array([peak * schedule.lr_frac(i, steps) for i in range(steps)], dtype=float)
+    """LR of updates 1..steps (``lr[s-1]`` for update ``s``): the trainer's own table
+    (:func:`ladder.lrtable.lr_table`)."""
+    return lr_table(schedule, steps, peak)
 
 
 def parse_schedule(text: str, *, field: str = "--schedule") -> NamedSchedule:

@@ -3,7 +3,8 @@
 Columns (shared/DESIGN.md): ``run, params, active_params, tokens, compute, fraction, loss`` (+
 ``step, lr`` for schedule-aware curve laws). ``compute`` and ``tokens`` are *so far* at the point;
 ``compute`` is flops-v1 training FLOPs without the LM head. A runs directory (``RUNS/<ladder>/
-<rung>/`` with config.json, summary.json, metrics.jsonl) is converted to the same table: every
+<rung>/`` with config.json, summary.json, metrics.jsonl; found and read by ``ladder.runs``, the
+reader the forecaster and the report use) is converted to the same table: every
 eval row of every rung becomes a point with its progress fraction, compute counted by the one
 counter (``Rung.compute(tokens_so_far)``).
 
@@ -23,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ladder.io import EX_NOINPUT, InputError, as_float, read_json, read_metrics, read_table
+from ladder.io import EX_NOINPUT, InputError, as_float, read_json, read_table
+from ladder.runs import EXCLUDED, read_runs
 
 DEFAULT_METRIC = "eval_dropless/loss"
 NUMERIC = ("params", "active_params", "tokens", "compute", "fraction", "loss", "step", "lr")
@@ -105,66 +107,69 @@ def _table(df: pd.DataFrame, where: str, metric: str) -> pd.DataFrame:
 
 
 def _runs_dir(root: Path, metric: str, include_incomplete: bool):
-    """Every rung directory below ``root`` (one with a metrics.jsonl), to points."""
-    rungs = sorted({p.parent for p in root.rglob("metrics.jsonl")})
-    if not rungs:
+    """Every run directory at or below ``root`` that has a metrics.jsonl (``ladder.runs``: the
+    discovery and status rules the forecaster and the report use too), to points."""
+    runs = [r for r in read_runs(root) if r.metrics_path.is_file()]
+    if not runs:
         raise InputError("no runs found (no */metrics.jsonl below it)", path=root,
                          exit_code=EX_NOINPUT)
-    frames, notes = [], []
-    for rd in rungs:
-        summary = read_json(rd / "summary.json", schema="run-summary") \
-            if (rd / "summary.json").exists() else {}
-        status = summary.get("status")
-        if status in ("diverged", "failed"):
-            notes.append(f"{rd}: run {status}; its points are excluded")
+    batches, notes = [], []
+    for run in runs:
+        rd = run.path
+        if run.status in EXCLUDED:
+            notes.append(f"{rd}: run {run.status}; its points are excluded")
             continue
-        if status == "running" and not include_incomplete:
+        if run.status == "running" and not include_incomplete:
             notes.append(f"{rd}: run still running; its points are excluded")
             continue
-        rung = None
-        if (rd / "config.json").exists():
-            cfg = read_json(rd / "config.json", schema="run-config")
-            if "rung" not in cfg:
-                raise InputError("missing", path=rd / "config.json", field="rung")
-            from ladder.specs import Rung  # plain Python; no JAX
-            try:
-                rung = Rung.from_dict(cfg["rung"])
-            except (ValueError, TypeError, KeyError) as e:
-                raise InputError(str(e), path=rd / "config.json", field="rung") from None
-        if rung is None and not summary:
+        if run.config and "rung" not in run.config:
+            raise InputError("missing", path=rd / "config.json", field="rung")
+        if run.rung is None and not run.summary:
             raise InputError("needs config.json or summary.json beside metrics.jsonl",
                              path=rd)
-        if rung is not None:
-            pc = rung.params
-            params, active = float(pc.total), float(pc.active)
-            name = f"{rung.ladder}/{rung.name}"
+        batches.append((str(run.metrics_path), point_rows(
+            run.rows, metric, run=run.key, source=str(run.metrics_path), params=run.params,
+            active_params=run.active_params, compute_of=lambda row, tokens, run=run: (
+                None if tokens is None else run.compute_at(tokens)))))
+    return _concat(batches, notes, metric, where=root)
+
+
+def _concat(batches: list[tuple[str, list[dict]]], notes: list[str], metric: str, *, where):
+    """One table of the runs' point rows (a note for each run without any); InputError when no
+    run has a point."""
+    frames = []
+    for src, rows in batches:
+        if rows:
+            frames.append(pd.DataFrame(rows))
         else:
-            params, active = as_float(summary.get("params")), as_float(summary.get("active_params"))
-            name = f"{summary.get('ladder', rd.parent.name)}/{summary.get('rung', rd.name)}"
-        rows = []
-        for i, row in enumerate(read_metrics(rd / "metrics.jsonl"), start=1):
-            if metric not in row:
-                continue
-            tokens = as_float(row.get("tokens"))
-            if rung is not None and tokens is not None:
-                compute = rung.compute(tokens)
-            elif tokens is not None and summary.get("compute") and summary.get("tokens"):
-                compute = float(summary["compute"]) * tokens / float(summary["tokens"])
-            else:
-                compute = math.nan
-            rows.append({"row": i, "source": str(rd / "metrics.jsonl"), "run": name,
-                         "params": params, "active_params": active, "tokens": tokens,
-                         "compute": compute, "fraction": as_float(row.get("progress")),
-                         "loss": as_float(row.get(metric)), "step": as_float(row.get("step")),
-                         "lr": as_float(row.get("optim/lr"))})
-        if not rows:
-            notes.append(f"{rd / 'metrics.jsonl'}: no rows with '{metric}'")
-            continue
-        frames.append(pd.DataFrame(rows))
+            notes.append(f"{src}: no rows with '{metric}'")
     if not frames:
-        raise InputError(f"no points with metric '{metric}' in any run", path=root,
+        raise InputError(f"no points with metric '{metric}' in any run", path=where,
                          field=metric)
     return pd.concat(frames, ignore_index=True), notes
+
+
+def point_rows(rows: Iterable[dict], metric: str, *, run: str, source: str,
+               params: float | None, active_params: float | None, compute_of) -> list[dict]:
+    """The points-table rows of one run's metrics rows (a run directory's metrics.jsonl or a W&B
+    history): one per row that logs ``metric``, with its line number, progress, step (W&B's
+    ``_step`` when no ``step`` is logged) and LR. ``compute_of(row, tokens)`` gives the compute
+    so far (None: unknown)."""
+    out = []
+    for i, row in enumerate(rows, start=1):
+        if row.get(metric) is None:
+            continue
+        tokens = as_float(row.get("tokens"))
+        compute = compute_of(row, tokens)
+        out.append({"row": i, "source": source, "run": run,
+                    "params": math.nan if params is None else float(params),
+                    "active_params": math.nan if active_params is None else float(active_params),
+                    "tokens": tokens, "compute": math.nan if compute is None else compute,
+                    "fraction": as_float(row.get("progress")),
+                    "loss": as_float(row.get(metric)),
+                    "step": as_float(row.get("step", row.get("_step"))),
+                    "lr": as_float(row.get("optim/lr"))})
+    return out
 
 
 def read_sizes(path) -> dict[str, dict]:
@@ -240,7 +245,7 @@ def points_from_histories(runs: Iterable[WandbHistory], metric: str, sizes: dict
     from ladder.specs import Rung  # plain Python; no JAX
 
     sizes = sizes or {}
-    frames, notes = [], []
+    batches, notes = [], []
     for h in runs:
         cfg, name = h.config, h.name
         rung = None
@@ -257,28 +262,12 @@ def points_from_histories(runs: Iterable[WandbHistory], metric: str, sizes: dict
         else:
             raise InputError(f"run {name!r}: no rung in its config; give its sizes with --sizes "
                              f"FILE (run, params, active_params)", path=h.where, field="--sizes")
-        rows = []
-        for i, row in enumerate(h.rows, start=1):
-            if as_float(row.get(metric)) is None:
-                continue
-            tokens = as_float(row.get("tokens"))
-            compute = (rung.compute(tokens) if rung is not None and tokens is not None
-                       else as_float(row.get("flops")))
-            step = as_float(row.get("step", row.get("_step")))
-            rows.append({"row": i, "source": h.where, "run": name, "params": params,
-                         "active_params": active, "tokens": tokens,
-                         "compute": math.nan if compute is None else compute,
-                         "fraction": as_float(row.get("progress")),
-                         "loss": as_float(row.get(metric)), "step": step,
-                         "lr": as_float(row.get("optim/lr"))})
-        if not rows:
-            notes.append(f"{h.where}: no rows with '{metric}'")
-            continue
-        frames.append(pd.DataFrame(rows))
-    if not frames:
-        raise InputError(f"no points with metric '{metric}' in any run", path=where,
-                         field=metric)
-    return pd.concat(frames, ignore_index=True), notes
+        batches.append((h.where, point_rows(
+            h.rows, metric, run=name, source=h.where, params=params, active_params=active,
+            compute_of=lambda row, tokens, rung=rung: (
+                rung.compute(tokens) if rung is not None and tokens is not None
+                else as_float(row.get("flops"))))))
+    return _concat(batches, notes, metric, where=where)
 
 
 def is_wandb_offline_dir(path) -> bool:

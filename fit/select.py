@@ -245,10 +245,8 @@ def asymptote_rule(df, result, opts: dict, fix: dict, tie: dict, prior: dict):
     best = min(scored, key=scored.get)
     limit = max(DEFENSIBLE_RATIO * scored[best], scored[best] + DEFENSIBLE_ABS)
     defensible = [k for k, v in scored.items() if v <= limit]
-    # the centre is the variant with the lowest rollout error. (Preferring the prior variant
-    # whenever it is defensible was tried: on the cpu demo ladder, byte-level models far from
-    # their asymptote, the prior N(0.7, 0.1) x min loss put the proxy hero's forecast 10% high
-    # and outside its band, where the free fit, best by rollout, held it inside.)
+    # the centre is the variant with the lowest rollout error, not the prior variant whenever
+    # it is defensible (docs/LOG.md, 2026-12-01: "the asymptote variants' centre").
     chosen = variants[best]
     draws = [variants[k].boot_u for k in defensible if variants[k].boot_u is not None]
     if len(draws) > 1:

@@ -2,8 +2,10 @@
 
 Each subcommand's implementation lives beside its library (``fit.commands``, ``predict.commands``,
 ...) and is imported only when that subcommand runs, so `ladder list` and `ladder fit` never pay
-for JAX start-up. Bad input raises :class:`ladder.io.InputError`; it is printed as one line and
-the process exits with its status (64+).
+for JAX start-up. Handlers that join two layers (`fit` reading W&B offline runs through predict,
+`watch --serve` drawing its page with reports) are in ``ladder.commands``, the top layer. Bad
+input raises :class:`ladder.io.InputError`; it is printed as one line and the process exits with
+its status (64+).
 """
 
 from __future__ import annotations
@@ -247,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "whose configs lack them (default: from the runs' configs)")
     _json_option(s, "the law (law.json's content), not the report,")
     s.add_argument("--out", default="law.json", metavar="FILE", help="where the law is written")
-    s.set_defaults(func=_call("fit.commands:fit_main"))
+    s.set_defaults(func=_call("ladder.commands:fit_main"))
 
     s = sub.add_parser("predict", help="predict loss from a law")
     s.add_argument("law", metavar="LAW.json", help="a law written by `ladder fit`")
@@ -323,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "says the run finished)")
     _json_option(s, "one object with the verdict and the alerts at the end (no alert lines)")
     _serve_options(s)
-    s.set_defaults(func=_call("predict.commands:watch_main"))
+    s.set_defaults(func=_call("ladder.commands:watch_main"))
 
     # --- reports and the demo --------------------------------------------------------------------
     s = sub.add_parser("report", help="plots and an HTML/Markdown report of the artifacts")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+from ladder.executor import rung_exit_code  # beside the Ray driver, which uses it too
 from ladder.io import EX_USAGE, InputError, number
 from ladder.specs import Ladder, resolve, with_file
 
@@ -168,18 +169,6 @@ def _train_one(rung, out, cfg, max_steps, resume) -> dict:
 def _final_note(s: dict) -> str:
     final = s.get("final", {}).get("eval_dropless/loss")
     return f", eval_dropless/loss {final:.4f}" if isinstance(final, float) else ""
-
-
-def rung_exit_code(s: dict) -> int:
-    """The exit status a rung's summary stands for: 0 done or stopped at --max-steps, 1
-    diverged, 130 stopped by Ctrl-C, 143 stopped by SIGTERM (a preemption, or a peer's)."""
-    from ladder.train import EX_DIVERGED, EX_INTERRUPTED, EX_TERMINATED
-
-    if s["status"] == "diverged":
-        return EX_DIVERGED
-    if s.get("interrupted"):
-        return EX_INTERRUPTED if s.get("signal") == "SIGINT" else EX_TERMINATED
-    return 0
 
 
 def rung_problem(ladder: str, rung: str, s: dict, out) -> str:
@@ -360,3 +349,48 @@ def _compiled_plan(rung, args, budget: float) -> dict:
             "microbatches": step.microbatches, "microbatch_search": log,
             "microbatch_note": note, "compiled_fits": step.bytes_per_device <= budget,
             "compiled_on": "fake CPU devices (XLA CPU backend)"}
+
+
+# ------------------------------------------------------------------- handlers that join layers
+
+
+def fit_main(args) -> int:
+    """`ladder fit` (:func:`fit.commands.fit_main`) with predict's reader of W&B offline runs."""
+    from fit.commands import fit_main as run
+
+    return run(args, offline_points=offline_wandb_points)
+
+
+def offline_wandb_points(path: str, metric: str | None, sizes):
+    """The points of a W&B offline run directory: the record log read by predict.sources, the
+    table built by fit.points like that of a wandb:// run."""
+    import warnings
+
+    from fit.points import DEFAULT_METRIC, WandbHistory, points_from_histories, read_sizes
+    from predict.sources import WandbOfflineSource
+
+    src = WandbOfflineSource(path)
+    run_id = src.record_file().stem.removeprefix("run-")
+    got = src.poll()
+    config = got.configs[0] if got.configs else {}
+    df, notes = points_from_histories(
+        [WandbHistory(where=str(path), run_id=run_id, name=run_id, config=config,
+                      rows=got.rows)], metric or DEFAULT_METRIC, read_sizes(sizes),
+        where=str(path))
+    for n in notes:
+        warnings.warn(n, stacklevel=2)
+    df.attrs["source"] = str(path)
+    return df
+
+
+def watch_main(args) -> int:
+    """`ladder watch` (:func:`predict.commands.watch_main`); ``--serve`` draws the live page with
+    reports, above predict, so the page is handed down rather than imported by predict."""
+    from predict.commands import watch_main as run
+
+    if getattr(args, "serve", False):
+        from reports.live import LivePage
+
+        return run(args, live_page=LivePage.for_watcher)
+    return run(args)
+

@@ -16,7 +16,6 @@ No JAX here: batches are numpy arrays.
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import os
 import platform
@@ -27,11 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ladder.io import EX_NOINPUT, InputError
+from ladder.corpus_files import (  # noqa: F401  (the split rule, re-exported)
+    TAIL_VAL_FRACTION, VAL_BUCKETS, _expand, is_held_out)
+from ladder.io import InputError, sha256_file
 
 BYTE_VOCAB = 256
-VAL_BUCKETS = 20          # one document in 20 (by path hash) is held out: ~5% of the corpus
-TAIL_VAL_FRACTION = 0.05  # a single stream (one file, a token array) holds out its last 5%
 # Directories of the standard library that are test suites or third-party packages.
 STDLIB_SKIP = frozenset({"test", "tests", "idle_test", "site-packages", "dist-packages",
                          "__pycache__"})
@@ -135,12 +134,6 @@ def corrupt_bytes(batch: dict, fraction: float, vocab: int, seed: int, index: in
 # ------------------------------------------------------------------------------- loading
 
 
-def is_held_out(name: str) -> bool:
-    """A document is held out when sha256 of its name falls in bucket 0 of ``VAL_BUCKETS``."""
-    h = hashlib.sha256(name.encode("utf-8")).digest()
-    return int.from_bytes(h[:8], "big") % VAL_BUCKETS == 0
-
-
 def stdlib_files() -> tuple[Path, list[Path]]:
     """The standard library's ``.py`` files, test suites excluded, in a fixed (sorted) order."""
     root = Path(sysconfig.get_paths()["stdlib"])
@@ -185,20 +178,6 @@ def _split_documents(docs: list[tuple[str, bytes]], where: str) -> Corpus:
         raise InputError("no text found", path=where)
     return Corpus(np.frombuffer(train, np.uint8), np.frombuffer(val, np.uint8), BYTE_VOCAB,
                   {}, 1.0)
-
-
-def _expand(patterns: tuple[str, ...]) -> list[Path]:
-    files: list[Path] = []
-    for pat in patterns:
-        hits = sorted(glob.glob(os.path.expanduser(pat), recursive=True))
-        if not hits:
-            raise InputError("no such file (or the glob matched nothing)", path=pat,
-                             field="data", exit_code=EX_NOINPUT)
-        files += [Path(h) for h in hits if Path(h).is_file()]
-    if not files:
-        raise InputError("matched only directories", path=",".join(patterns), field="data",
-                         exit_code=EX_NOINPUT)
-    return files
 
 
 def load_corpus(data: tuple[str, ...] | list[str] = (), vocab_size: int | None = None) -> Corpus:
@@ -267,15 +246,7 @@ def _token_corpus(path: Path, vocab_size: int | None) -> Corpus:
                          f"[0, {vocab})", path=path, field="vocab_size")
     cut = int(len(arr) * (1 - TAIL_VAL_FRACTION))
     fp = {"kind": "token-array", "path": str(path), "tokens": len(arr),
-          "dtype": str(arr.dtype), "sha256": _sha256_path(path), "vocab_size": int(vocab),
+          "dtype": str(arr.dtype), "sha256": sha256_file(path), "vocab_size": int(vocab),
           "train_tokens": cut, "val_tokens": int(len(arr) - cut),
           "val_rule": f"last {TAIL_VAL_FRACTION:.0%} of the stream"}
     return Corpus(arr[:cut], arr[cut:], int(vocab), fp, None)
-
-
-def _sha256_path(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()

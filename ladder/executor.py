@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ladder.io import EX_USAGE, InputError
+from ladder.runs import read_summary
 
 RESOURCE_KEYS = ("num_cpus", "num_gpus", "memory", "resources", "accelerator_type")
 DEFAULT_RESOURCES = {"num_cpus": 1}
@@ -98,6 +99,18 @@ class RungOutcome:
         return self.summary["status"] if self.summary else "failed"
 
 
+def rung_exit_code(s: dict) -> int:
+    """The exit status a rung's summary stands for: 0 done or stopped at --max-steps, 1
+    diverged, 130 stopped by Ctrl-C, 143 stopped by SIGTERM (a preemption, or a peer's)."""
+    from ladder.train import EX_DIVERGED, EX_INTERRUPTED, EX_TERMINATED
+
+    if s["status"] == "diverged":
+        return EX_DIVERGED
+    if s.get("interrupted"):
+        return EX_INTERRUPTED if s.get("signal") == "SIGINT" else EX_TERMINATED
+    return 0
+
+
 @dataclass
 class LadderResult:
     outcomes: list[RungOutcome]
@@ -108,7 +121,6 @@ class LadderResult:
         """0 when every rung completed or stopped at --max-steps; 1 when one diverged or failed
         after its retries; 143/130 when the driver or a rung was stopped by SIGTERM/SIGINT (the
         rungs checkpointed: run again with --resume)."""
-        from ladder.commands import rung_exit_code
         from ladder.train import EX_INTERRUPTED, EX_TERMINATED
 
         stopped = self.signal is not None
@@ -137,13 +149,6 @@ def _task_env() -> dict:
     root = str(Path(__file__).resolve().parent.parent)
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     return {"PYTHONPATH": path, **{k: os.environ[k] for k in PASS_ENV if k in os.environ}}
-
-
-def _read_summary(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None   # not written yet, or replaced between stat and read: look again later
 
 
 def run_ladder_ray(rungs: list, ladder_dir: str | os.PathLike, cfg, *,
@@ -224,7 +229,7 @@ def run_ladder_ray(rungs: list, ladder_dir: str | os.PathLike, cfg, *,
                         o.cancelled = True
                         report(name, "cancelled before it started")
                     elif o.attempts <= max_retries and not stop.set:
-                        s = _read_summary(o.out / "summary.json") or {}
+                        s = read_summary(o.out) or {}
                         report(name, f"failed ({o.errors[-1]}); retry {o.attempts}/"
                                      f"{max_retries} from checkpoint step {s.get('step', 0)}")
                         submit(name, True)
@@ -248,7 +253,7 @@ def run_ladder_ray(rungs: list, ladder_dir: str | os.PathLike, cfg, *,
                 report(name, f"{result['status']} at step {result['step']}/{result['steps']}"
                              f"{note} -> {o.out}")
             for name in pending.values():   # progress of the rungs still running
-                s = _read_summary(outcomes[name].out / "summary.json")
+                s = read_summary(outcomes[name].out)
                 # written by this attempt (not left by an earlier run), while it trains
                 if s and s.get("status") == "running" and \
                         s.get("updated", 0) >= submitted[name]:

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field
 
 from ladder.counting import FLOP_CONVENTION, SIZING_CONVENTIONS, count_params, flops_per_token
-from ladder.optim import OptimizerSettings, OptimizerSpec
+from ladder.optspec import OptimizerSettings, OptimizerSpec
 from model.config import BIAS_RULES, ModelConfig
 
 SCHEDULES = ("linear", "wsd", "cosine", "constant")

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ladder.data import TAIL_VAL_FRACTION, _expand, _sha256_path, is_held_out
+from ladder.corpus_files import TAIL_VAL_FRACTION, _expand, is_held_out
 from ladder.io import EX_CANTCREAT, EX_NOINPUT, InputError, atomic_write_bytes, \
-    atomic_write_json, read_json
+    atomic_write_json, read_json, sha256_file
 
 MANIFEST = "manifest.json"
 MANIFEST_SCHEMA = "token-shards/1"
@@ -144,7 +144,7 @@ def tokenize_files(patterns: list[str], tokenizer: str | Path, out_dir: str | Pa
     manifest = {
         "schema": MANIFEST_SCHEMA, "dtype": dtype.name, "vocab_size": int(vocab),
         "eos_id": int(eos_id),
-        "tokenizer": {"path": str(Path(tokenizer).resolve()), "sha256": _sha256_path(
+        "tokenizer": {"path": str(Path(tokenizer).resolve()), "sha256": sha256_file(
             Path(tokenizer)), "vocab_size": int(vocab), "eos": eos, "eos_id": int(eos_id)},
         "sources": {"files": len(files), "sha256_files_and_contents": hashlib.sha256(
             "\n".join(listing).encode()).hexdigest()},
@@ -319,7 +319,7 @@ def load_shards(path: str | Path, vocab_size: int | None = None) -> TokenShards:
     val_split = m["splits"]["val"]
     bpt = (val_split["text_bytes"] / val_split["tokens"]) \
         if val_split.get("text_bytes") and val_split.get("tokens") else None
-    manifest_sha = _sha256_path(root / MANIFEST)
+    manifest_sha = sha256_file(root / MANIFEST)
     fp = {"kind": "token-shards", "path": str(root.resolve()), "manifest_sha256": manifest_sha,
           "tokenizer": m["tokenizer"], "tokenizer_sha256": m["tokenizer"].get("sha256"),
           "vocab_size": m["vocab_size"], "eos_id": m["eos_id"], "dtype": m["dtype"],

@@ -73,14 +73,14 @@ def peak_flops_info(per_device: float | None, devices: int) -> dict:
     """The peak FLOP/s that MFU divides by, and where it came from.
 
     MFU = model FLOPs per second (flops-v1, LM head included) / (devices x one device's nominal
-    dense bf16 peak, from :data:`ladder.plan.ACCELERATORS`) on GPUs/TPUs. ``per_device`` (the
+    dense bf16 peak, :data:`ladder.accelerators.ACCELERATORS`) on GPUs/TPUs. ``per_device`` (the
     ``peak_flops`` setting, ``--peak-flops``) overrides the table. On CPU the peak is measured
     (a float32 matmul) and NOT multiplied by the device count: fake host devices share the same
     cores, so the host's matmul rate is the whole mesh's peak.
     """
     import jax
 
-    from ladder.plan import accelerator_peak
+    from ladder.accelerators import accelerator_peak
 
     dev = jax.devices()[0]
     kind = dev.device_kind
@@ -100,7 +100,7 @@ def peak_flops_info(per_device: float | None, devices: int) -> dict:
             "source": "measured: 2048x2048 f32 matmul on the host (all devices share it)"
             if dev.platform == "cpu" else
             f"measured: 2048x2048 f32 matmul x {devices} devices ({kind!r} is not in "
-            f"ladder.plan.ACCELERATORS; pass --peak-flops)"}
+            f"ladder.accelerators.ACCELERATORS; pass --peak-flops)"}
 
 # ------------------------------------------------------------------------------ the run
 

@@ -26,11 +26,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ladder.io import EX_USAGE, InputError
-from ladder.optim import OPTIMIZERS
+from ladder.lrtable import LR_SPIKE, SPIKE_AT, SPIKE_SCALE, spike_step
+from ladder.lrtable import lr_table as base_lr_table
+from ladder.optspec import OPTIMIZERS
 from ladder.specs import Rung, Schedule
 from model.config import ModelConfig
 
-FAULTS = ("lr-spike", "data-swap", "loss-drift")
+FAULTS = (LR_SPIKE, "data-swap", "loss-drift")
 
 
 def _is_int(v) -> bool:
@@ -93,7 +95,7 @@ class RunArgs:
     devices: int | None = None       # devices in the mesh; None = all visible devices
     expert_parallel: int | None = None  # size of the "expert" mesh axis; None = largest that fits
     peak_flops: float | None = None  # FLOP/s of ONE device for throughput/mfu; None = the
-                                     # accelerator table (ladder/plan.py), on CPU measured once
+                                     # accelerator table (ladder.accelerators), on CPU measured
     checkpoint_every: int = 0        # steps between checkpoints; 0 = every 25% of the run
     checkpoint_minutes: float | None = None  # also a rolling checkpoint this often (wall clock)
     keep: int = 2                    # checkpoints kept (the issue: the last 2)
@@ -133,8 +135,8 @@ class Fault:
     at the end of the run."""
 
     kind: str
-    at: float = 0.5
-    scale: float = 10.0
+    at: float = SPIKE_AT
+    scale: float = SPIKE_SCALE
     drift_max: float = 0.3
 
     def __post_init__(self):
@@ -146,7 +148,7 @@ class Fault:
 
     def first_step(self, steps: int) -> int:
         """First (0-based) step of a ``steps``-step run that the fault affects."""
-        return round(self.at * steps)
+        return spike_step(steps, self.at)
 
 
 @dataclass(frozen=True)
@@ -350,12 +352,12 @@ def resolve_rung(rung: Rung, cfg: TrainConfig, corpus_vocab: int | None = None) 
 
 
 def lr_table(rung: Rung, fault: Fault | None = None) -> np.ndarray:
-    """Peak LR x schedule for every step (0-based), with an lr-spike ``fault`` applied."""
-    fr = np.array([rung.schedule.lr_frac(i, rung.steps) for i in range(rung.steps)], np.float64)
-    lr = rung.peak_lr * fr
-    if fault is not None and fault.kind == "lr-spike":
-        lr[fault.first_step(rung.steps):] *= fault.scale
-    return lr.astype(np.float32)
+    """Peak LR x schedule for every step (0-based), with an lr-spike ``fault`` applied: the one
+    LR table (:mod:`ladder.lrtable`, which the curve laws rebuild from config.json), in float32."""
+    spike = fault is not None and fault.kind == LR_SPIKE
+    return base_lr_table(rung.schedule, rung.steps, rung.peak_lr,
+                         spike_at=fault.first_step(rung.steps) if spike else None,
+                         spike_scale=fault.scale if spike else SPIKE_SCALE).astype(np.float32)
 
 
 def checkpoint_steps(rung: Rung, run: RunArgs) -> set[int]:

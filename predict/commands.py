@@ -8,8 +8,8 @@ import math
 import sys
 from pathlib import Path
 
-from ladder.io import (EX_DATAERR, EX_USAGE, InputError, check_writable, number, read_json,
-                       to_jsonable)
+from ladder.io import (EX_DATAERR, EX_USAGE, InputError, check_writable, iter_jsonl, number,
+                       open_input, read_json, to_jsonable)
 from predict import forecast as fc
 from predict import prereg as pr
 from predict.watch import WatchConfig
@@ -247,29 +247,28 @@ def verify_main(args) -> int:
 
 
 def source_keys(src: str, max_rows: int = 200) -> str:
-    """The metric keys of a local JSONL/CSV source (its first rows), for error messages."""
+    """The metric keys of a local JSONL/CSV source (its header, or its first ``max_rows`` rows
+    read by :func:`ladder.io.iter_jsonl`), for error messages; "" when it cannot be read."""
     p = Path(src)
     if not p.is_file():
         return ""
     keys: list[str] = []
     try:
-        with open(p, encoding="utf-8", errors="replace") as fh:
-            if p.suffix.lower() == ".csv":
-                keys = [k.strip() for k in fh.readline().rstrip("\n").split(",")]
-            else:
-                for _, line in zip(range(max_rows), fh, strict=False):
-                    try:
-                        row = json.loads(line)
-                    except (ValueError, RecursionError):  # a bad line names no key
-                        continue
-                    if isinstance(row, dict):
-                        keys += [k for k in row if k not in keys]
-    except OSError:
+        if p.suffix.lower() == ".csv":
+            with open_input(p) as fh:
+                header = fh.readline().decode("utf-8", errors="replace")
+            keys = [k.strip() for k in header.rstrip("\n").split(",")]
+        else:
+            for _, (_, row) in zip(range(max_rows), iter_jsonl(p), strict=False):
+                keys += [k for k in row if k not in keys]
+    except InputError:
         return ""
     return ", ".join(keys)
 
 
-def watch_main(args) -> int:
+def watch_main(args, *, live_page=None) -> int:
+    """`ladder watch`. ``live_page(watcher, port=...)`` starts the ``--serve`` page (drawn by
+    reports, above predict: ``ladder.commands.watch_main`` passes it in)."""
     from predict import sinks as sk
     from predict.live import Watcher
     from predict.sources import WandbApiSource, open_source
@@ -311,8 +310,10 @@ def watch_main(args) -> int:
     log.info(f"ladder watch: {w.description}; metric {w.view.metric}; source {args.source}")
     server = None
     if getattr(args, "serve", False):
-        from reports.live import LivePage
-        server = LivePage.for_watcher(w, port=args.port)
+        if live_page is None:
+            raise InputError("--serve needs the live page of reports (run `ladder watch`)",
+                             field="--serve", exit_code=EX_USAGE)
+        server = live_page(w, port=args.port)
         log.warning(f"ladder watch: live page on {server.url}")
     try:
         code = w.run(follow=args.follow, poll_seconds=args.poll, max_seconds=args.max_seconds)

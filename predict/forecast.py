@@ -30,8 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from ladder.io import (MAX_STEP, InputError, as_float, number, read_json, read_metrics,
-                       require, sha256_of)
+from ladder.io import (MAX_STEP, InputError, as_float, number, require, sha256_of)
+from ladder.runs import EXCLUDED, read_runs
+from predict.prereg_view import ForecastBand
 
 # Token-budget multipliers of the planned run at which the law's final value is tabulated, for the
 # contingency advisory ("at what budget is the registered final value still reached?").
@@ -182,15 +183,10 @@ def estimate_eval_noise(curves: Iterable[tuple[np.ndarray, np.ndarray]], *,
 
 
 @dataclass(frozen=True)
-class Forecast:
-    """A target's metric curve with its band. Arrays share one index (the grid)."""
+class Forecast(ForecastBand):
+    """A target's metric curve with its band (the :class:`ForecastBand` that prereg.json
+    registers) and how it was made. Arrays share one index (the grid)."""
 
-    fraction: np.ndarray
-    step: np.ndarray
-    tokens: np.ndarray
-    loss: np.ndarray
-    lo: np.ndarray
-    hi: np.ndarray
     final: dict
     level: float
     eval_noise: float
@@ -421,34 +417,18 @@ class LadderRun:
 
 
 def read_ladder_runs(runs_dir: str | Path, *, include_targets: bool = False) -> list[LadderRun]:
-    """Every run directory (a ``metrics.jsonl``, with ``config.json`` when present) under
-    ``runs_dir`` (up to three levels down). Target runs (``rung.is_target``) are left out unless
-    asked: the references describe the ladder, not the run being watched."""
+    """Every run directory with metrics under ``runs_dir`` (:func:`ladder.runs.find_run_dirs`).
+    Target runs (``rung.is_target``) are left out unless asked, and diverged or failed runs
+    always: the references describe the healthy ladder, not the run being watched."""
     root = Path(runs_dir)
     if not root.exists():
         raise InputError("no such directory", path=root, field="--runs")
-    found = sorted({p.parent for depth in ("", "*/", "*/*/", "*/*/*/")
-                    for p in root.glob(depth + "metrics.jsonl")})
     out = []
-    for d in found:
-        steps = None
-        name = d.name
-        cfg_path = d / "config.json"
-        if cfg_path.exists():
-            cfg = read_json(cfg_path)
-            rung = cfg.get("rung") if isinstance(cfg.get("rung"), dict) else {}
-            if rung.get("is_target") and not include_targets:
-                continue
-            steps = as_float(rung.get("steps"))
-            name = str(rung.get("name", name))
-        rows = read_metrics(d / "metrics.jsonl")
-        if not rows:
+    for run in read_runs(root):  # ladder.runs: the reader fit and reports use too
+        if (run.is_target and not include_targets) or run.status in EXCLUDED or not run.rows:
             continue
-        if steps is None:
-            prog = [(r["step"], as_float(r.get("progress"))) for r in rows]
-            prog = [(s, p) for s, p in prog if p]
-            steps = prog[-1][0] / prog[-1][1] if prog else rows[-1]["step"]
-        out.append(LadderRun(path=str(d), name=name, steps=int(round(steps)), rows=rows))
+        out.append(LadderRun(path=str(run.path), name=run.name, steps=run.planned_steps(),
+                             rows=run.rows))
     return out
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ladder.io import EX_NOINPUT, InputError, as_float, open_input, read_json
+from ladder.runs import ended_status
 
 
 @dataclass
@@ -114,14 +115,7 @@ def same_file(path: str | os.PathLike, ident: dict | None) -> bool:
 
 def _summary_status(run_dir: Path) -> str | None:
     """``summary.json``'s status when the run ended (complete, diverged, failed), else None."""
-    f = run_dir / "summary.json"
-    if not f.is_file():
-        return None
-    try:
-        status = read_json(f, schema="run-summary").get("status")
-    except InputError:
-        return None  # being written, or not ours: not finished as far as we know
-    return status if status in ("complete", "diverged", "failed") else None
+    return ended_status(run_dir)  # ladder.runs: the status rule of every run reader
 
 
 # ----------------------------------------------------------------------------------- JSONL

@@ -53,7 +53,8 @@ from typing import Any
 
 import numpy as np
 
-from ladder.io import as_float, sha256_of
+from ladder.io import InputError, as_float, sha256_of
+from predict.prereg_view import forecast_band
 
 SEVERITIES = ("info", "warn", "critical")
 # decision-rule parameters of earlier versions, ignored when reading an older pre-registration
@@ -89,9 +90,8 @@ class WatchConfig:
     # band: a healthy run keeps its offset to the forecast, a fault moves it)
     trend_rel: float = 0.01        # smoothed residual moved by 1% of the forecast ...
     trend_window: float = 0.5      # ... from its median over the preceding 50% of the run ...
-    #                                (0.3 missed a +3% drift over 70% of the run in 2 of 32 runs
-    #                                and took ~50 evals; 0.5: all, ~29 evals; no false alarm in
-    #                                either: bench/watch_quality.py)
+    #                                (0.3 misses slow drifts: docs/LOG.md, 2026-12-01, "the
+    #                                trend window"; bench/watch_quality.py)
     trend_gap: float = 0.03        # ... ending 3% of the run before the eval judged
     trend_after: float = 0.25      # not before 25% of the run: the early curve is least certain
     #                                (the cpu demo's healthy hero drifted 2.2% of the forecast
@@ -496,21 +496,16 @@ class PreregView:
 
     @classmethod
     def of(cls, prereg: Mapping) -> PreregView:
-        fc = prereg["forecast"]
-        fr = np.array([as_float(p["fraction"]) for p in fc], dtype=float)
-        order = np.argsort(fr, kind="stable")
-
-        def arr(key):
-            return np.array([np.nan if as_float(p.get(key)) is None else as_float(p.get(key))
-                             for p in fc], dtype=float)[order]
-
+        band = forecast_band(prereg)  # the registered curve as the report draws it
+        if band is None:
+            raise InputError("no forecast rows", field="forecast")
         rule = prereg.get("decision_rule", {})
         params = rule.get("parameters", {}) if isinstance(rule, dict) else {}
         target = prereg["target"]
         final = prereg.get("final", {})
         return cls(metric=prereg["metric"], steps=int(target["steps"]),
-                   tokens=float(target["tokens"]), fraction=fr[order], loss=arr("loss"),
-                   lo=arr("lo"), hi=arr("hi"), final=_f(final.get("loss")),
+                   tokens=float(target["tokens"]), fraction=band.fraction, loss=band.loss,
+                   lo=band.lo, hi=band.hi, final=_f(final.get("loss")),
                    final_lo=_f(final.get("lo")), final_hi=_f(final.get("hi")),
                    level=float(prereg.get("band_level", 0.9)),
                    config=WatchConfig.from_dict(params),
@@ -915,7 +910,8 @@ def _nan_rule(view, b: Batch, frac, tokens, st, emit, stamp):
         i = int(np.flatnonzero(nf)[0])
         st["nan_reported"].append(k)
         emit(Alert(stamp, int(b.step[i]), _opt(tokens[i]), _opt(frac[i]), "nan", "critical",
-                   value=None, message=f"{k} is not finite at step {int(b.step[i])}"))
+                   value=None, message=f"{k} is not finite at step {int(b.step[i])}",
+                   extra={"key": k}))
 
 
 def _opt(x) -> float | None:
@@ -1033,7 +1029,8 @@ def _band_rule(view: PreregView, st, ev: EvalPoint, emit, stamp):
             emit(Alert(stamp, ev.step, ev.tokens, f, "cleared", "info",
                        value=ys, expected=e, lo=lo, hi=hi, direction=None,
                        message=f"{view.metric} back inside the band for {bs['in_len']} evals "
-                               f"(was {bs['direction']}_band, {bs['level']})"))
+                               f"(was {bs['direction']}_band, {bs['level']})",
+                       extra={"key": view.metric, "clears": f"{bs['direction']}_band"}))
             bs["level"], bs["direction"] = None, None
 
 
@@ -1076,7 +1073,7 @@ def _rise_rule(view: PreregView, st, ev: EvalPoint, emit, stamp):
                 rs.update(active=False, in_len=0)
                 emit(Alert(stamp, step, tokens, f, "cleared", "info", value=y, expected=low,
                            message=f"{view.metric} back within {thr:.4f} of its lowest value "
-                                   f"(was rising)"))
+                                   f"(was rising)", extra={"key": view.metric, "clears": "rising"}))
 
 
 def _trend_rule(view: PreregView, st, ev: EvalPoint, emit, stamp):
@@ -1100,7 +1097,7 @@ def _trend_rule(view: PreregView, st, ev: EvalPoint, emit, stamp):
                            expected=e, direction=None,
                            message=f"{view.metric} back within half the threshold of its "
                                    f"earlier level relative to the forecast (was trend, "
-                                   f"{ts['dir']})"))
+                                   f"{ts['dir']})", extra={"key": view.metric, "clears": "trend"}))
                 ts.update(dir=None, base=None, in_len=0, run_len=0)
         else:
             ts["in_len"] = 0
@@ -1446,7 +1443,8 @@ def _level_signal(kind, key, sev, value, ref, b: Batch, frac, tokens, st, emit, 
                     emit(Alert(stamp, int(b.step[at]), _opt(tokens[at]), _opt(frac[at]),
                                "cleared", "info", value=_opt(value[at]),
                                message=f"{key} back to normal for {need} rows (was {kind}, "
-                                       f"{'critical' if old == 2 else 'warn'})"))
+                                       f"{'critical' if old == 2 else 'warn'})",
+                               extra={"key": key, "clears": kind}))
 
 
 # ------------------------------------------------------------------------------------ the rules

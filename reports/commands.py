@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import os
 from pathlib import Path
 
@@ -20,12 +19,6 @@ FIGURES = (("ladder", plots.plot_ladder, "no ladder runs with the metric"),
            ("law", plots.plot_law, "no law, no finished rungs and no forecast"),
            ("watch", plots.plot_watch, "no target run and no pre-registration"),
            ("health", plots.plot_health, "no health metrics in any run"))
-
-
-def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", facecolor="white")
-    return buf.getvalue()
 
 
 def build_report(out_dir: str | os.PathLike, runs=None, law=None, prereg=None, alerts=None,
@@ -47,7 +40,7 @@ def build_report(out_dir: str | os.PathLike, runs=None, law=None, prereg=None, a
             if fig is None:
                 missing[key] = why
                 continue
-            pngs[key] = _png(fig)
+            pngs[key] = plots.png_bytes(fig)
             atomic_write_bytes(tmp / f"{key}.png", pngs[key])
         atomic_write_text(tmp / "summary.md", render_summary(inp, pngs))
         atomic_write_text(tmp / "index.html", render_html(inp, pngs, missing))

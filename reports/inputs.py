@@ -14,13 +14,15 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ladder.io import EX_NOINPUT, InputError, as_float, iter_jsonl, read_json, read_metrics
+from ladder.io import EX_NOINPUT, InputError, as_float, iter_jsonl, read_json
+from ladder.runs import RunDir, find_run_dirs, read_run
+from predict.prereg_view import ForecastBand, band_level, forecast_band, target_of
 
 DEFAULT_METRIC = "eval_dropless/loss"  # the metric the real ladder fitted (DESIGN.md §1)
 DEFAULT_LEVEL = 0.9
@@ -43,67 +45,9 @@ class Series:
 
 
 @dataclass
-class RunData:
-    """One run directory: its identity from summary/config and its metrics rows."""
-
-    name: str
-    path: Path
-    rows: list[dict]
-    summary: dict = field(default_factory=dict)
-    config: dict = field(default_factory=dict)
-    rung: Any = None  # ladder.specs.Rung when config.json could be rebuilt
-
-    # -- identity and plan (summary first, then the rung spec, then the metrics) ------------------
-    def _get(self, key: str) -> float | None:
-        v = as_float(self.summary.get(key))
-        if v is not None and math.isfinite(v):
-            return v
-        if self.rung is not None:
-            s = self.rung.summary()
-            return as_float(s.get("compute_no_lm_head" if key == "compute" else key))
-        return None
-
-    @property
-    def params(self) -> float | None:
-        return self._get("params")
-
-    @property
-    def active_params(self) -> float | None:
-        return self._get("active_params")
-
-    @property
-    def planned_tokens(self) -> float | None:
-        return self._get("tokens")
-
-    @property
-    def steps(self) -> float | None:
-        return self._get("steps")
-
-    @property
-    def compute(self) -> float | None:
-        """Planned training FLOPs without the LM head (flops-v1), as the law was fitted on."""
-        return self._get("compute")
-
-    @property
-    def status(self) -> str:
-        return str(self.summary.get("status") or ("running" if self.rows else "no metrics"))
-
-    @property
-    def is_target(self) -> bool:
-        rung = self.config.get("rung") if isinstance(self.config.get("rung"), dict) else {}
-        return bool(rung.get("is_target", False) or self.summary.get("is_target") is True)
-
-    def compute_at(self, tokens: np.ndarray) -> np.ndarray:
-        """Compute so far at ``tokens`` seen: the shared counter when the rung is known, else the
-        planned compute scaled by tokens (training FLOPs are linear in tokens, flops-v1)."""
-        tokens = np.asarray(tokens, dtype=float)
-        if self.rung is not None:
-            return np.array([self.rung.compute(float(t)) for t in tokens.ravel()]
-                            ).reshape(tokens.shape)
-        c, d = self.compute, self.planned_tokens
-        if c is None or not d:
-            return np.full(tokens.shape, np.nan)
-        return c * tokens / d
+class RunData(RunDir):
+    """One run directory as :mod:`ladder.runs` reads it (identity, plan, status: the rules the
+    fitter and the forecaster use too), with the report's views of its metrics."""
 
     # -- metrics ---------------------------------------------------------------------------------
     def keys(self) -> set[str]:
@@ -168,47 +112,9 @@ class RunData:
         return float(s.value[-1]) if len(s) else None
 
 
-def _looks_like_run(d: Path) -> bool:
-    return any((d / f).is_file() for f in ("metrics.jsonl", "summary.json", "config.json"))
-
-
-def find_run_dirs(root: str | os.PathLike) -> list[Path]:
-    """Run directories at or below ``root`` (RUNS, RUNS/<ladder> or one run), three levels deep."""
-    root = Path(root)
-    if _looks_like_run(root):
-        return [root]
-    found = []
-    for dirpath, dirnames, _ in os.walk(root):
-        d = Path(dirpath)
-        depth = len(d.relative_to(root).parts)
-        dirnames[:] = sorted(n for n in dirnames if n != "checkpoints" and not n.startswith("."))
-        if depth and _looks_like_run(d):
-            found.append(d)
-            dirnames[:] = []
-        elif depth >= 3:
-            dirnames[:] = []
-    return found
-
-
 def load_run(path: str | os.PathLike) -> RunData:
-    path = Path(path)
-    if not path.is_dir():
-        raise InputError("no such run directory", path=path, exit_code=EX_NOINPUT)
-    summary = read_json(path / "summary.json", schema="run-summary") \
-        if (path / "summary.json").is_file() else {}
-    config = read_json(path / "config.json", schema="run-config") \
-        if (path / "config.json").is_file() else {}
-    rung = None
-    if isinstance(config.get("rung"), dict):
-        try:
-            from ladder.specs import Rung
-            rung = Rung.from_dict(config["rung"])
-        except (ValueError, TypeError, KeyError) as e:
-            raise InputError(f"cannot rebuild the rung ({e})", path=path / "config.json",
-                             field="rung") from None
-    rows = read_metrics(path / "metrics.jsonl") if (path / "metrics.jsonl").is_file() else []
-    name = str(summary.get("rung") or (rung.name if rung is not None else "") or path.name)
-    return RunData(name=name, path=path, rows=rows, summary=summary, config=config, rung=rung)
+    run = read_run(path)
+    return RunData(**{f.name: getattr(run, f.name) for f in fields(RunDir)})
 
 
 # ----------------------------------------------------------------------------- the law
@@ -274,6 +180,8 @@ class LawView:
     def is_curve(self) -> bool:
         """A loss-curve law of the LR schedule (``--form mpl``/``momentum``): it is evaluated
         from a run's schedule, not from its tokens and compute."""
+        from fit.law import CURVE_FORMS  # the fitter's list, not a copy
+
         return self.form in CURVE_FORMS
 
     def predict_run(self, rung, fractions, level: float | None = None) -> Prediction | None:
@@ -293,9 +201,6 @@ class LawView:
         except Exception as e:  # noqa: BLE001 -- any failure of the law is shown, not raised
             self.error = f"curve law prediction failed: {type(e).__name__}: {e}"
             return None
-
-
-CURVE_FORMS = ("mpl", "momentum")
 
 
 def load_law(law: Any) -> LawView | None:
@@ -321,54 +226,6 @@ def load_law(law: Any) -> LawView | None:
 
 
 # ----------------------------------------------------------------------------- prereg, alerts
-
-
-@dataclass
-class Forecast:
-    """The pre-registered forecast as arrays sorted by fraction."""
-
-    fraction: np.ndarray
-    step: np.ndarray
-    tokens: np.ndarray
-    loss: np.ndarray
-    lo: np.ndarray
-    hi: np.ndarray
-
-    def at(self, fraction: float | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(loss, lo, hi) interpolated linearly in fraction; NaN outside the registered grid."""
-        g = np.asarray(fraction, float)
-        out = []
-        for arr in (self.loss, self.lo, self.hi):
-            ok = np.isfinite(arr)
-            if ok.sum() == 0:
-                out.append(np.full(g.shape, np.nan))
-                continue
-            v = np.interp(g, self.fraction[ok], arr[ok], left=np.nan, right=np.nan)
-            out.append(v)
-        return tuple(out)
-
-
-def prereg_forecast(prereg: dict) -> Forecast | None:
-    rows = prereg.get("forecast")
-    if not isinstance(rows, list) or not rows:
-        return None
-    keys = ("fraction", "step", "tokens", "loss", "lo", "hi")
-    cols: dict[str, list[float]] = {k: [] for k in keys}
-    for r in rows:
-        if not isinstance(r, dict):
-            continue
-        vals = {k: as_float(r.get(k)) for k in cols}
-        if vals["fraction"] is None or vals["loss"] is None:
-            continue
-        for k, v in vals.items():
-            cols[k].append(np.nan if v is None else v)
-    if not cols["fraction"]:
-        return None
-    order = np.argsort(cols["fraction"])
-    return Forecast(*(np.asarray(cols[k], float)[order] for k in cols))
-
-
-SEVERITIES = ("info", "warn", "critical")
 
 
 def load_alerts(path: str | os.PathLike) -> list[dict]:
@@ -398,20 +255,19 @@ class ReportInputs:
 
     @property
     def level(self) -> float:
-        if self.prereg:
-            v = as_float(self.prereg.get("band_level"))
-            if v and 0 < v < 1:
-                return v
+        v = band_level(self.prereg) if self.prereg else None
+        if v is not None:
+            return v
         return self.law.level if self.law is not None else DEFAULT_LEVEL
 
     @property
-    def forecast(self) -> Forecast | None:
-        return prereg_forecast(self.prereg) if self.prereg else None
+    def forecast(self) -> ForecastBand | None:
+        """The registered forecast, as the watcher reads it (:mod:`predict.prereg_view`)."""
+        return forecast_band(self.prereg) if self.prereg else None
 
     @property
     def target_info(self) -> dict:
-        t = self.prereg.get("target") if self.prereg else None
-        return t if isinstance(t, dict) else {}
+        return target_of(self.prereg) if self.prereg else {}
 
     @property
     def target_name(self) -> str | None:
@@ -520,19 +376,12 @@ def alert_fraction(a: dict, inp: ReportInputs) -> float | None:
 
 
 def not_applicable_spans(inp: ReportInputs) -> list[tuple[float, float]]:
-    """Fractions of the run where the forecast did not apply: from each ``not_applicable`` alert to
-    the next alert saying it applies again (kind ``applicable``/``applies``) or the run's end."""
-    spans, start = [], None
-    events = sorted(((g, a) for a in inp.alerts or []
-                     if (g := alert_fraction(a, inp)) is not None),
-                    key=lambda x: x[0])
-    for g, a in events:
-        kind = str(a.get("kind", ""))
-        if kind == "not_applicable" and start is None:
-            start = g
-        elif kind in ("applicable", "applies", "applicable_again") and start is not None:
-            spans.append((start, g))
-            start = None
-    if start is not None:
-        spans.append((start, 1.0))
-    return spans
+    """Fractions of the run where the forecast did not apply: from the first alert of the
+    watcher's applicability rule (``predict.watch``, kind ``not_applicable``) to the run's end;
+    the watcher stops comparing once the forecast no longer applies, so nothing ends a span."""
+    from predict.watch import rule
+
+    kinds = rule("applicability").kinds
+    starts = [g for a in inp.alerts or []
+              if str(a.get("kind", "")) in kinds and (g := alert_fraction(a, inp)) is not None]
+    return [(min(starts), 1.0)] if starts else []

@@ -148,13 +148,12 @@ class LivePage:
 
     def _render(self) -> None:
         from reports import plots
-        from reports.commands import _png
         from reports.page import verdict_lines
         from reports.tables import alert_rows
 
         inp = self.inputs()
         fig = plots.plot_watch(inp)
-        self._png = _png(fig) if fig is not None else None
+        self._png = plots.png_bytes(fig) if fig is not None else None
         lines, tone = verdict_lines(inp)
         rows = alert_rows(inp, limit=len(inp.alerts or []))
         self._state = {"version": self._n, "figure": self._png is not None,

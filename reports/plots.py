@@ -9,6 +9,7 @@ Built on ``matplotlib.figure.Figure`` without pyplot, so no global state and no 
 from __future__ import annotations
 
 import functools
+import io
 import math
 import textwrap
 
@@ -26,8 +27,8 @@ from matplotlib.ticker import (
     NullLocator,
 )
 
-from predict.watch import alert_kinds, health_alert_kinds
-from reports.inputs import SEVERITIES, ReportInputs, RunData, not_applicable_spans
+from predict.watch import SEVERITIES, alert_kinds, health_alert_kinds
+from reports.inputs import ReportInputs, RunData, not_applicable_spans
 from reports.inputs import alert_fraction as _alert_fraction
 from reports.style import (
     FORECAST_COLOR,
@@ -56,21 +57,30 @@ HEALTH_LABELS = {
 LOSS_ALERT_KINDS = alert_kinds("watch")
 
 def _is_loss_alert(a: dict) -> bool:
+    """About the watched metric: by the alert's ``kind`` (a "cleared" alert, which several rules
+    raise, by the kind it ``clears``), as the watcher's rules define them."""
     kind = str(a.get("kind", ""))
-    if kind == "cleared":  # the watcher clears both band and health alerts with this kind
-        return "band" in str(a.get("message", ""))
+    if kind == "cleared":
+        return str(a.get("clears", "")) in LOSS_ALERT_KINDS
     return kind in LOSS_ALERT_KINDS
 
 
+def png_bytes(fig) -> bytes:
+    """``fig`` as PNG bytes on a white background (the report's files and the live page)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", facecolor="white")
+    return buf.getvalue()
+
+
 def _health_alert_for(a: dict, key: str) -> bool:
-    """Whether alert ``a`` is about health signal ``key``: named in its message, or of the kind
-    the watcher uses for that signal."""
+    """Whether alert ``a`` is about health signal ``key``: the metric ``key`` the watcher wrote
+    into it, else (alerts of older watchers) one of the kinds its rules raise about ``key``."""
     if _is_loss_alert(a):
         return False
-    msg = str(a.get("message", ""))
-    if "/" in msg:  # the message names the metric key it is about
-        return key in msg
-    return a.get("kind") in HEALTH_ALERT_KINDS.get(key, ())
+    if isinstance(a.get("key"), str):
+        return a["key"] == key
+    kind = a.get("clears") if a.get("kind") == "cleared" else a.get("kind")
+    return kind in HEALTH_ALERT_KINDS.get(key, ())
 
 
 # Alert kinds drawn on a health panel as well as on the watch plot: per key, those of the rules

@@ -181,6 +181,26 @@ def test_wandb_offline_watch_cli(offline_run, prereg_path, capsys):
     assert "nan" in capsys.readouterr().out
 
 
+def test_fit_gets_the_offline_reader_from_the_cli_layer(offline_run, tmp_path):
+    """`ladder fit` on a W&B offline directory: predict's record reader is handed down by
+    ladder.commands (fit never imports predict); fit's own handler alone refuses the directory."""
+    from fit.commands import fit_main
+    from ladder.cli import build_parser
+    from ladder.commands import offline_wandb_points
+    from ladder.io import InputError
+
+    wdir, rs = offline_run
+    rid = WandbOfflineSource(wdir).record_file().stem.removeprefix("run-")
+    sizes = tmp_path / "sizes.csv"
+    sizes.write_text(f"run,params,active_params\n{rid},1e6,5e5\n")
+    df = offline_wandb_points(str(wdir), None, str(sizes))
+    assert list(df["step"]) == [r["step"] for r in rs if "eval_dropless/loss" in r]
+    assert set(df["params"]) == {1e6} and set(df["source"]) == {str(wdir)}
+    args = build_parser().parse_args(["fit", str(wdir), "--sizes", str(sizes)])
+    with pytest.raises(InputError, match="offline run directory"):
+        fit_main(args)
+
+
 class FakeRun:
     def __init__(self, rows, state="running", config=None):
         self.rows, self.state, self.config = rows, state, config or {}

@@ -224,10 +224,11 @@ def test_not_applicable_spans_and_backtests(tmp_path):
     alerts = tmp_path / "a.jsonl"
     alerts.write_text("\n".join(json.dumps(a) for a in [
         {"step": 50, "kind": "not_applicable", "severity": "warn"},      # fraction from step
-        {"fraction": 0.4, "kind": "applicable", "severity": "info"},
+        {"fraction": 0.4, "kind": "spike", "severity": "warn"},
         {"fraction": 0.8, "kind": "not_applicable", "severity": "warn"}]) + "\n{partial")
     inp = load_inputs(prereg=prereg, alerts=alerts)
-    assert not_applicable_spans(inp) == [(0.25, 0.4), (0.8, 1.0)]
+    # the watcher stops comparing once the forecast no longer applies: one span, to the end
+    assert not_applicable_spans(inp) == [(0.25, 1.0)]
     meta = KnownLaw().to_json()
     assert backtests(meta) == [{"kind": "rollout", "label": "103K-A47.8K", "rel_error": 0.004},
                                {"kind": "rollout", "label": "170K-A82.1K", "rel_error": -0.006}]

@@ -221,12 +221,12 @@ def test_fit_points_from_wandb_histories_match_the_run_directory(tmp_path):
 def test_fit_points_from_an_offline_wandb_dir_match_the_run_directory(wandb_run):
     import numpy as np
 
-    from fit.commands import _offline_wandb_points
     from fit.points import is_wandb_offline_dir, load_points
+    from ladder.commands import offline_wandb_points
     run_dir, wdir = wandb_run
     assert is_wandb_offline_dir(wdir) and not is_wandb_offline_dir(run_dir)
     want = load_points([str(run_dir)])
-    got = load_points([_offline_wandb_points(str(wdir), None, None)])
+    got = load_points([offline_wandb_points(str(wdir), None, None)])
     assert list(got["run"]) == list(want["run"]) == [f"tiny/{RUNG.name}"] * len(want)
     for c in ("params", "active_params", "tokens", "compute", "fraction", "loss", "step"):
         assert np.allclose(got[c].to_numpy(float), want[c].to_numpy(float), rtol=1e-12), c

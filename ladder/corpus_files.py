@@ -1,0 +1,37 @@
+"""What the two corpus readers (:mod:`ladder.data`, :mod:`ladder.tokens`) share: which files a
+``--data`` argument names, and which documents are held out for evaluation. Kept below both so
+that the token-shard reader need not import the byte corpus (and the corpus may dispatch to the
+shard reader without an import cycle).
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+from pathlib import Path
+
+from ladder.io import EX_NOINPUT, InputError
+
+VAL_BUCKETS = 20          # one document in 20 (by path hash) is held out: ~5% of the corpus
+TAIL_VAL_FRACTION = 0.05  # a single stream (one file, a token array) holds out its last 5%
+
+
+def is_held_out(name: str) -> bool:
+    """A document is held out when sha256 of its name falls in bucket 0 of ``VAL_BUCKETS``."""
+    h = hashlib.sha256(name.encode("utf-8")).digest()
+    return int.from_bytes(h[:8], "big") % VAL_BUCKETS == 0
+
+
+def _expand(patterns: tuple[str, ...]) -> list[Path]:
+    files: list[Path] = []
+    for pat in patterns:
+        hits = sorted(glob.glob(os.path.expanduser(pat), recursive=True))
+        if not hits:
+            raise InputError("no such file (or the glob matched nothing)", path=pat,
+                             field="data", exit_code=EX_NOINPUT)
+        files += [Path(h) for h in hits if Path(h).is_file()]
+    if not files:
+        raise InputError("matched only directories", path=",".join(patterns), field="data",
+                         exit_code=EX_NOINPUT)
+    return files

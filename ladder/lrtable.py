@@ -1,0 +1,45 @@
+"""The LR table: the learning rate of every update of a run, the one place it is built.
+
+The trainer feeds it to its step (``ladder.train.lr_table``, cast to float32); the schedule-aware
+curve laws read it for every ladder run (``fit.lr_schedules``, ``fit.curves``), rebuilt from a run
+directory's ``config.json`` by :meth:`ladder.runs.RunDir.lr_table`. Convention: entry ``i`` is the
+LR of 0-based update ``i``, i.e. ``peak x Schedule.lr_frac(i, steps)``; the ``lr-spike`` demo
+fault multiplies every update from ``spike_at`` on.
+
+Plain numpy; part of the ladder base (no JAX).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+LR_SPIKE = "lr-spike"     # the trainer's fault that multiplies the LR (ladder.train.FAULTS)
+SPIKE_AT = 0.5            # default: from half of the planned steps on (TrainConfig.fault_at)
+SPIKE_SCALE = 10.0        # default LR multiplier (TrainConfig.fault_scale): a visible jump
+
+
+def spike_step(steps: int, at: float) -> int:
+    """First (0-based) update a fault starting at fraction ``at`` of ``steps`` affects."""
+    return round(at * steps)
+
+
+def lr_table(schedule, steps: int, peak_lr: float, *, spike_at: int | None = None,
+             spike_scale: float = SPIKE_SCALE) -> np.ndarray:
+    """Float64 LR of updates ``0..steps-1`` under ``schedule`` (a :class:`ladder.specs.Schedule`)
+    at peak ``peak_lr``; updates from ``spike_at`` on (the lr-spike fault) times ``spike_scale``."""
+    frac = np.array([schedule.lr_frac(i, steps) for i in range(steps)], np.float64)
+    lr = peak_lr * frac
+    if spike_at is not None:
+        lr[spike_at:] *= spike_scale
+    return lr
+
+
+def run_lr_table(rung, train: dict | None) -> np.ndarray:
+    """The LR table a run trained with: ``rung`` (a :class:`ladder.specs.Rung`) and the ``train``
+    section of its ``config.json`` (the lr-spike fault, with the trainer's defaults)."""
+    train = train or {}
+    spike = None
+    if train.get("fault") == LR_SPIKE:
+        spike = spike_step(rung.steps, float(train.get("fault_at", SPIKE_AT)))
+    return lr_table(rung.schedule, rung.steps, rung.peak_lr, spike_at=spike,
+                    spike_scale=float(train.get("fault_scale", SPIKE_SCALE)))

@@ -1,0 +1,214 @@
+"""The layers of shared/DESIGN.md §2, checked by static import analysis (no module is imported):
+
+    model  <-  ladder base  <-  fit  <-  predict  <-  reports  <-  cli / demo
+                   ^--- trainer (ladder.train, plan, optim, ...: on model and the base)
+
+Every ``import`` in every module of model/, ladder/, fit/, predict/ and reports/ counts, the ones
+inside functions too (a lazy import still couples the modules). Three rules:
+1. nothing imports upward (nor the trainer from fit/predict/reports, nor those from the trainer);
+2. no cycle between modules;
+3. JAX, flax, optax and orbax are reached only from model/ and the trainer: no chain of imports
+   from the base, fit, predict or reports leads to them (a user fitting a CSV must not need JAX).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("model", "ladder", "fit", "predict", "reports")
+JAX = ("jax", "jaxlib", "flax", "optax", "orbax")
+
+# The ladder base: plain Python that fit, predict, reports and the trainer all stand on.
+# ladder.wandbrun is the W&B naming convention (plain strings, wandb imported by callers) that the
+# trainer and predict's forecast run share, so it belongs here rather than to the trainer.
+BASE = {"ladder", "ladder.io", "ladder.specs", "ladder.counting", "ladder.runs",
+        "ladder.lrtable", "ladder.optspec", "ladder.accelerators", "ladder.wandbrun"}
+TRAINER = {"ladder.train", "ladder.trainconfig", "ladder.step", "ladder.rundir", "ladder.plan",
+           "ladder.optim", "ladder.data", "ladder.corpus_files", "ladder.tokens",
+           "ladder.checkpointing", "ladder.distributed", "ladder.executor"}
+TOP = {"ladder.cli", "ladder.commands", "ladder.demo", "ladder.__main__"}
+
+# What each layer may import (besides itself). The trainer sits beside fit: neither sees the other.
+ALLOWED = {
+    "model": {"model"},
+    "base": {"model", "base"},
+    "trainer": {"model", "base", "trainer"},
+    "fit": {"model", "base", "fit"},
+    "predict": {"model", "base", "fit", "predict"},
+    "reports": {"model", "base", "fit", "predict", "reports"},
+    "top": {"model", "base", "trainer", "fit", "predict", "reports", "top"},
+}
+NO_JAX = {"base", "fit", "predict", "reports"}
+
+# Cycles that another branch of issue 16 removes (item 1, branch `fitlaw`, rewrites fit/law.py,
+# lawjson.py, select.py and backtest.py into one Law protocol). Listed so that this test guards
+# everything else meanwhile; test_known_cycles_are_still_there fails once it is gone, so the
+# entry cannot outlive the cycle.
+KNOWN_CYCLES = {frozenset({"fit.law", "fit.lawjson", "fit.select", "fit.backtest"})}
+
+
+def layer(module: str) -> str:
+    top = module.split(".")[0]
+    if top == "ladder":
+        for name, members in (("base", BASE), ("trainer", TRAINER), ("top", TOP)):
+            if module in members:
+                return name
+        raise AssertionError(f"{module}: a ladder module in no layer; add it to BASE, TRAINER "
+                             f"or TOP in tests/test_layers.py")
+    return top
+
+
+@functools.lru_cache(maxsize=1)
+def modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for f in sorted((ROOT / pkg).rglob("*.py")):
+            parts = f.relative_to(ROOT).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    return out
+
+
+def _targets(module: str, path: Path, node: ast.Import | ast.ImportFrom) -> list[str]:
+    """The modules an import statement names (``from pkg import sub`` names pkg.sub)."""
+    mods = modules()
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    base = node.module or ""
+    if node.level:  # relative: from the package of this module
+        pkg = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        pkg = pkg[:len(pkg) - (node.level - 1)]
+        base = ".".join(pkg + ([base] if base else []))
+    return [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+
+
+@functools.lru_cache(maxsize=1)
+def edges() -> dict[str, dict[str, int]]:
+    """module -> {imported name (ours resolved to a module, others as written): first line}."""
+    mods = modules()
+    out: dict[str, dict[str, int]] = {}
+    for module, path in mods.items():
+        got: dict[str, int] = {}
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for t in _targets(module, path, node):
+                    got.setdefault(t, node.lineno)
+        out[module] = got
+    return out
+
+
+def _ours(name: str) -> str | None:
+    """The module of ours that importing ``name`` runs (a name inside a module: that module)."""
+    mods = modules()
+    while name and name not in mods:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def test_every_ladder_module_has_a_layer():
+    for m in modules():
+        layer(m)
+
+
+def test_nothing_imports_upward():
+    bad = []
+    for m, targets in edges().items():
+        for t, line in targets.items():
+            ours = _ours(t)
+            if ours is None or t.split(".")[0] not in PACKAGES:
+                continue
+            if layer(ours) not in ALLOWED[layer(m)]:
+                bad.append(f"{modules()[m].relative_to(ROOT)}:{line}: {m} ({layer(m)}) imports "
+                           f"{ours} ({layer(ours)})")
+    assert not bad, "imports against the layers:\n" + "\n".join(bad)
+
+
+def _cycles() -> list[set[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    graph = {m: {o for t in ts if (o := _ours(t)) and o != m} for m, ts in edges().items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = set()
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.add(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(comp)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycles():
+    cycles = [sorted(c) for c in _cycles() if frozenset(c) not in KNOWN_CYCLES]
+    assert not cycles, f"import cycles (function-local imports count): {cycles}"
+
+
+def test_known_cycles_are_still_there():
+    now = {frozenset(c) for c in _cycles()}
+    gone = [sorted(c) for c in KNOWN_CYCLES if c not in now]
+    assert not gone, f"cycles removed: take them out of KNOWN_CYCLES: {gone}"
+
+
+def test_jax_only_in_model_and_the_trainer():
+    """No chain of imports (package __init__ files included, since importing ``a.b`` runs
+    ``a/__init__.py``) leads from the base, fit, predict or reports to JAX."""
+    graph: dict[str, set[str]] = {}
+    for m, targets in edges().items():
+        nxt = set()
+        for t in targets:
+            if t.split(".")[0] in JAX:
+                nxt.add(t.split(".")[0])
+            elif (ours := _ours(t)) is not None:
+                parts = ours.split(".")
+                nxt |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+        graph[m] = nxt - {m}
+
+    def chain(start: str) -> list[str] | None:
+        seen, todo = {start: [start]}, [start]
+        while todo:
+            v = todo.pop(0)
+            for w in sorted(graph.get(v, ())):
+                if w in seen:
+                    continue
+                seen[w] = seen[v] + [w]
+                if w in JAX:
+                    return seen[w]
+                todo.append(w)
+        return None
+
+    bad = [" -> ".join(c) for m in modules() if layer(m) in NO_JAX and (c := chain(m))]
+    assert not bad, "JAX reached outside model/ and the trainer:\n" + "\n".join(bad)
+
+
+def test_the_analysis_sees_function_local_and_relative_imports(tmp_path):
+    """The checker itself: a lazy import inside a function and a relative import are both seen."""
+    src = "def f():\n    from fit.law import fit_law\n    from . import io\n"
+    tree = ast.parse(src)
+    path = ROOT / "ladder" / "specs.py"
+    names = [t for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+             for t in _targets("ladder.specs", path, n)]
+    assert names == ["fit.law", "ladder.io"]
+    assert layer("fit.law") not in ALLOWED[layer("ladder.specs")]
