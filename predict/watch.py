@@ -324,16 +324,41 @@ class Batch:
         cols: dict[str, np.ndarray] = {}
         nonfinite: dict[str, np.ndarray] = {}
         for k in ks:
-            vals = [r.get(k) for r in rows]
-            arr, bad, nf = _to_float(vals)
-            if bad:
-                notes.append(f"{bad} non-numeric value(s) of '{k}' ignored")
-            if not np.isfinite(arr).all() or nf.any():
-                arr = np.where(np.isfinite(arr), arr, np.nan)
-            cols[k] = arr
-            if nf.any():
-                nonfinite[k] = nf
+            _column(k, [r.get(k) for r in rows], cols, nonfinite, notes)
         b = cls(step=step, cols=cols, nonfinite=nonfinite, configs=configs, notes=notes)
+        return b.last_wins()
+
+    @classmethod
+    def from_columns(cls, c, *, keys: Iterable[str] | None = None, keep=None) -> Batch:
+        """:meth:`from_rows` of rows already read as columns (``predict.jsonl_columns.Columns``):
+        the same steps, columns, non-finite masks, configurations and notes, except that the keys
+        are found in every row rather than in a sample of a large batch."""
+        n = c.n
+        notes: list[str] = []
+        nothing = [None] * n
+        arr, _, _ = _to_float(c.values.get("step", nothing), nonfinite=False)
+        ok = np.isfinite(arr)
+        sel = None
+        if not ok.all():
+            absent = np.zeros(n, dtype=bool)
+            is_cfg = c.present.get("config", absent) & ~c.present.get("step", absent)
+            no_step = int((~ok & ~is_cfg).sum())
+            if no_step:
+                notes.append(f"{no_step} row(s) without a numeric 'step' skipped")
+            sel = np.flatnonzero(ok)
+        step = arr[ok].astype(np.int64)
+        ks: set[str] = set(keys or ())
+        if keys is None or keep is not None:
+            found = {k for k, p in c.present.items() if (p if sel is None else p[sel]).any()}
+            ks |= {k for k in found if keep is None or keep(k)}
+        cols: dict[str, np.ndarray] = {}
+        nonfinite: dict[str, np.ndarray] = {}
+        for k in ks - {"step", "config"}:
+            vals = c.values.get(k, nothing)
+            if sel is not None:
+                vals = [vals[i] for i in sel.tolist()]
+            _column(k, vals, cols, nonfinite, notes)
+        b = cls(step=step, cols=cols, nonfinite=nonfinite, configs=list(c.configs), notes=notes)
         return b.last_wins()
 
     @classmethod
@@ -436,6 +461,19 @@ def concat_batches(batches: list[Batch]) -> Batch:
                 configs=[c for b in batches for c in b.configs],
                 notes=[n for b in batches for n in b.notes])
     return out.last_wins()
+
+
+def _column(k: str, vals: list, cols: dict, nonfinite: dict, notes: list) -> None:
+    """Column ``k`` of a batch from its row values (None: missing), with its non-finite mask and
+    a note on the values that are not numbers."""
+    arr, bad, nf = _to_float(vals)
+    if bad:
+        notes.append(f"{bad} non-numeric value(s) of '{k}' ignored")
+    if not np.isfinite(arr).all() or nf.any():
+        arr = np.where(np.isfinite(arr), arr, np.nan)
+    cols[k] = arr
+    if nf.any():
+        nonfinite[k] = nf
 
 
 def _to_float(vals: list, *, nonfinite: bool = True) -> tuple[np.ndarray, int, np.ndarray]:
