@@ -55,15 +55,20 @@ class Columns:
     lines: int = 0      # lines in the block (blank and bad ones too)
 
 
+def json_object(raw: bytes) -> dict | None:
+    """``json.loads`` of one line when it is a JSON object, else None (bad JSON or UTF-8, an
+    integer too long to convert, nesting too deep, not an object)."""
+    try:
+        row = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    return row if isinstance(row, dict) else None
+
+
 def _template(line: bytes):
     """The template of ``line`` (bytes without its newline), or None when it is not a flat JSON
     object of numbers (and nulls) without escapes and with each key once."""
-    if b"\\" in line:
-        return None
-    try:
-        row = json.loads(line)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return None
+    row = json_object(line) if b"\\" not in line else None
     if type(row) is not dict or not row:
         return None
     for v in row.values():
@@ -325,11 +330,8 @@ def read_columns(block: bytes, line_no: int, want: Callable[[str], bool] | None)
         raw = data[ls[i]:le[i]]
         if not raw.strip():
             continue
-        try:
-            row = json.loads(raw)
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            row = None
-        if isinstance(row, dict):
+        row = json_object(raw)
+        if row is not None:
             rows.append(row)
             row_lines.append(i)
         else:

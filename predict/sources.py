@@ -456,15 +456,13 @@ def _parse_lines(block: bytes, line_no: int, *, exact: bool = True
             return rows, 0, None
     except (ValueError, UnicodeDecodeError, RecursionError):
         pass
+    from predict.jsonl_columns import json_object
     rows, bad, first = [], 0, None
     for k, raw in enumerate(block.split(b"\n")):
         if not raw.strip():
             continue
-        try:
-            row = json.loads(raw)
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            row = None
-        if isinstance(row, dict):
+        row = json_object(raw)
+        if row is not None:
             rows.append(row)
         else:
             bad += 1
