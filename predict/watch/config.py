@@ -1,0 +1,163 @@
+"""The decision rule's thresholds (:class:`WatchConfig`), stored in the pre-registration's
+``decision_rule.parameters`` and validated here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# decision-rule parameters of earlier versions, ignored when reading an older pre-registration
+# (entropy_drop: router entropy below (1 - x) of the ladder's median; replaced by the envelope;
+# drop_warn_ratio / drop_crit_ratio: x the ladder's median; replaced by the envelope and
+# drop_crit_factor)
+RETIRED_PARAMETERS = frozenset({"entropy_drop", "drop_warn_ratio", "drop_crit_ratio"})
+
+
+@dataclass(frozen=True)
+class WatchConfig:
+    """Thresholds of the decision rule. Stored in the pre-registration; validated here."""
+
+    align: str = "auto"            # how a row maps to the forecast: auto | tokens | step | fraction
+    # rule 1: loss vs forecast
+    alert_level: float = 0.99      # band level the alerts use: the registered band (say 90%)
+    #                                widened by z(alert_level)/z(band_level) (Gaussian). A healthy
+    #                                run sits outside a calibrated 90% band 10% of the time, and its
+    #                                offset persists over the run, so alerting at 90% would flag
+    #                                ~1 healthy run in 10; bench/watch_quality.py measures both.
+    ema_alpha: float = 0.5         # smoothing of the residual over evals (1.0 = none)
+    k_consecutive: int = 3         # evals outside the band before a warning
+    k_critical: int = 6            # evals outside before a warning becomes critical ("persisting")
+    far_factor: float = 1.0        # "far outside": beyond the band by this x its half-width ...
+    k_far: int = 2                 # ... for this many evals -> critical
+    k_clear: int = 2               # evals back inside before "cleared"
+    min_fraction: float = 0.01     # no comparison before 1% of the run (warmup, steep start)
+    # rule 1b: a change against the run's own earlier level (catches a step or a drift inside the
+    # band: a healthy run keeps its offset to the forecast, a fault moves it)
+    trend_rel: float = 0.01        # smoothed residual moved by 1% of the forecast ...
+    trend_window: float = 0.5      # ... from its median over the preceding 50% of the run ...
+    #                                (0.3 missed a +3% drift over 70% of the run in 2 of 32 runs
+    #                                and took ~50 evals; 0.5: all, ~29 evals; no false alarm in
+    #                                either: bench/watch_quality.py)
+    trend_gap: float = 0.03        # ... ending 3% of the run before the eval judged
+    trend_after: float = 0.25      # not before 25% of the run: the early curve is least certain
+    #                                (the cpu demo's healthy hero drifted 2.2% of the forecast
+    #                                toward "better" between 10% and 30%)
+    trend_band: float = 0.25       # the threshold is at least this x the registered band's
+    #                                relative half-width at that fraction (a wide band = a curve
+    #                                shape the law knows less well) ...
+    trend_noise_k: float = 4.0     # ... and at least this x the sd of the smoothed residual's own
+    #                                eval-to-eval noise (robust, from the run's history).
+    #                                A move toward "better" than forecast is recorded as info.
+    # rule 1c: the metric rising above its own running minimum. A healthy run's held-out loss does
+    # not go up while it trains; a data or optimizer fault makes it, well before the offset to a
+    # wide forecast band shows (cpu demo, loss-drift from 40%: +4.9% one eval after onset, +11.5%
+    # two evals after; the band and trend rules needed 5 evals)
+    rise_rel: float = 0.01         # above the running minimum by 1% of it ...
+    rise_noise_k: float = 4.0      # ... and by at least this x the ladder's eval noise ...
+    rise_k: int = 2                # ... for this many consecutive evals -> warn "rising"
+    rise_after: float = 0.1        # judged from 10% of the run on
+    # rule 4: contingency
+    contingency_fraction: float = 0.25   # real plan: trouble in the first 25% of tokens
+    # rule 2: token-drop fraction
+    drop_window: int = 20          # rows in the trailing median
+    drop_crit_factor: float = 2.5  # critical: this x the warning limit (the ladder's max at the
+    #                                same fraction x exp(tolerance + margin), see envelope_*)
+    drop_warn_abs: float = 0.08    # without a ladder reference (issue: hero ~2%, 8% plausible)
+    drop_crit_abs: float = 0.40    # (at 65k context the real drops went 7% -> 40%)
+    drop_floor: float = 0.01       # below this drop fraction never alert
+    # rule 3: stability
+    spike_window: int = 50         # rows in the trailing median (and MAD) of train loss
+    spike_k: float = 7.0           # a spike: train loss > trailing median + k x 1.4826 x MAD
+    #                                (a robust z-score above k). With ladder runs, preregister
+    #                                raises k to spike_k_margin x the largest z of the ladder's
+    #                                healthy runs (the cpu ladder: 1.5; its proxy hero: 2.7,
+    #                                with 4k tokens a step); this value is the floor: 1M rows of
+    #                                Gaussian noise on a loss curve reach z 6.8 (3 rows above 6),
+    #                                and heavier tails show on the ladder and raise k.
+    spike_k_margin: float = 1.5
+    spike_rel: float = 0.02        # ... and at least this much above the median (a flat series
+    #                                has MAD 0)
+    grad_window: int = 20
+    grad_after: float = 0.02       # ignore grad norm before this fraction (warmup transients)
+    grad_growth_warn: float = 4.0  # growth of grad norm since its post-warmup minimum (real: 4)
+    grad_ref_warn: float = 4.0     # x the ladder's grad norm at the same fraction
+    grad_ref_crit: float = 16.0
+    # router: entropy below / load max-over-mean above the envelope (min..max) of the ladder's
+    # rungs at the same fraction, widened by the ladder's own leave-one-rung-out tolerance (how
+    # far one rung strays outside the others' envelope; stored in health_reference) plus this
+    # margin, in log units. Entropy and load differ with size and depth (cpu ladder, 30% of the
+    # run: entropy 0.6 to 1.5 across rungs), so a fixed fraction of the ladder's mean is not a
+    # rule. A collapse (entropy -> 0, load -> n_experts/top_k) leaves the widened envelope.
+    # The same envelope rule judges the token-drop fraction (rule 2): it too differs between
+    # rungs (cpu ladder at the end of the run: 1.5% to 9%).
+    envelope_margin: float = 0.25  # exp(0.25) = 1.28x beyond the calibrated tolerance
+    envelope_tol: float = 0.5      # floor of the tolerance (and its value when the ladder has
+    #                                fewer than 3 rungs to measure it): a leave-one-rung-out max
+    #                                over 3-4 rungs underestimates the spread of the next size
+    #                                (cpu ladder: 0.27 over 3 rungs, while the 4th strays 0.7)
+    envelope_tol_max: float = 1.1  # ... and its cap (x3): a ladder whose small rungs scatter
+    #                                wildly (cpu ladder drop fraction: 1.8, x6) must not blind
+    #                                the rule to a jump like 7% -> 40% (issue: 65k context)
+    param_growth_ratio: float = 2.0  # per-group norm growth vs the ladder's, either way
+    router_bias_after: float = 0.1   # router_bias spikes early by design: judge it after this
+    router_bias_jump: float = 3.0    # |router_bias| norm > this x its trailing median
+    k_health: int = 5              # rows a health condition must hold before an alert
+    k_health_clear: int = 20       # rows it must be gone before "cleared"
+    # stalled and applicability
+    stalled_seconds: float = 1800.0
+    steps_tolerance: float = 0.005  # planned steps implied by step/progress may differ this much
+    nan_keys: tuple = ("train/loss", "grad/norm", "eval/loss")
+
+    def __post_init__(self):
+        if self.align not in ("auto", "tokens", "step", "fraction"):
+            raise ValueError(f"align: must be auto, tokens, step or fraction, got {self.align!r}")
+        if not 0.0 < self.alert_level < 1.0:
+            raise ValueError(f"alert_level: must be in (0, 1), got {self.alert_level!r}")
+        if not 0.0 < self.ema_alpha <= 1.0:
+            raise ValueError(f"ema_alpha: must be in (0, 1], got {self.ema_alpha!r}")
+        for name in ("k_consecutive", "k_critical", "k_far", "k_clear", "drop_window",
+                     "spike_window", "grad_window", "k_health", "k_health_clear", "rise_k"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name}: must be a positive integer, got {v!r}")
+        if self.k_critical < self.k_consecutive:
+            raise ValueError("k_critical: must be >= k_consecutive")
+        for name in ("trend_rel", "far_factor", "drop_crit_factor",
+                     "drop_warn_abs", "drop_crit_abs", "spike_rel", "spike_k", "spike_k_margin",
+                     "trend_noise_k", "envelope_tol", "envelope_tol_max", "grad_growth_warn",
+                     "grad_ref_warn", "grad_ref_crit", "param_growth_ratio", "router_bias_jump",
+                     "stalled_seconds", "steps_tolerance", "envelope_margin", "rise_rel",
+                     "rise_noise_k"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
+                raise ValueError(f"{name}: must be a positive number, got {v!r}")
+        for name in ("trend_window", "trend_gap", "trend_after", "min_fraction",
+                     "contingency_fraction", "drop_floor", "grad_after",
+                     "trend_band", "router_bias_after", "rise_after"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and 0.0 <= v <= 1.0):
+                raise ValueError(f"{name}: must be in [0, 1], got {v!r}")
+        object.__setattr__(self, "nan_keys", tuple(self.nan_keys))
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["nan_keys"] = list(self.nan_keys)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> WatchConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        d = {k: v for k, v in d.items() if k not in RETIRED_PARAMETERS}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"{unknown[0]}: unknown decision-rule parameter")
+        return cls(**dict(d))
+
+    def words(self, level: float) -> str:
+        """The decision rule in words (stored beside the parameters): each rule's own slice, in
+        registry order (``RULES``)."""
+        from predict.watch.rules import RULES  # the registry imports this module
+        return " ".join(r.words(self, level) for r in RULES)
