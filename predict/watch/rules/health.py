@@ -36,6 +36,13 @@ def _trailing(st, key: str, x: np.ndarray, window: int) -> np.ndarray:
     return both, tail.size
 
 
+def _trailing_median(st, key: str, x: np.ndarray, window: int) -> np.ndarray:
+    """The trailing median of ``window`` finite values of ``key`` at each row of ``x``, the
+    previous batches' last values (kept in the state) included."""
+    both, off = _trailing(st, key, x, window)
+    return _rolling_median(both, window, shift=False)[off:]
+
+
 def _rolling_median(x: np.ndarray, window: int, *, shift: bool) -> np.ndarray:
     """Trailing median over the finite values (NaN rows skipped); ``shift`` excludes the row."""
     import pandas as pd
@@ -70,8 +77,7 @@ def _grad_rule(view: PreregView, b: Batch, frac, tokens, st, emit, stamp):
         return
     n = len(b)
     x = b.cols["grad/norm"]
-    both, off = _trailing(st, "grad/norm", x, cfg.grad_window)
-    med = _rolling_median(both, cfg.grad_window, shift=False)[off:]
+    med = _trailing_median(st, "grad/norm", x, cfg.grad_window)
     after = np.isfinite(med) & (frac >= cfg.grad_after)
     gmin = st.get("grad_min")
     run_min = np.fmin.accumulate(np.where(after, med, np.inf)) if n else np.zeros(0)
@@ -107,8 +113,7 @@ def _drop_rule(view: PreregView, b: Batch, frac, tokens, st, emit, stamp):
         return
     n = len(b)
     x = b.cols["moe/drop_frac"]
-    both, off = _trailing(st, "moe/drop_frac", x, cfg.drop_window)
-    med = _rolling_median(both, cfg.drop_window, shift=False)[off:]
+    med = _trailing_median(st, "moe/drop_frac", x, cfg.drop_window)
     env = view.envelope("moe/drop_frac", frac)
     ref = None
     if env is not None:
@@ -144,8 +149,7 @@ def _envelope_signal(view: PreregView, b: Batch, frac, tokens, st, emit, stamp, 
     if env is None:
         return
     x = b.cols[key]
-    both, off = _trailing(st, key, x, cfg.drop_window)
-    med = _rolling_median(both, cfg.drop_window, shift=False)[off:]
+    med = _trailing_median(st, key, x, cfg.drop_window)
     if side == "below":
         tol = env.tol_below + cfg.envelope_margin
         limit = env.lo * math.exp(-tol)
@@ -202,8 +206,7 @@ def _param_norm_rule(view: PreregView, b: Batch, frac, tokens, st, emit, stamp):
         if key == "params/norm/router_bias":
             continue
         x = b.cols[key]
-        both, off = _trailing(st, key, x, cfg.grad_window)
-        med = _rolling_median(both, cfg.grad_window, shift=False)[off:]
+        med = _trailing_median(st, key, x, cfg.grad_window)
         ref = view.reference(key, frac)  # the ladder's norm relative to its value at grad_after
         base_key = f"param_base/{key}"
         base = st.get(base_key)
