@@ -1,5 +1,9 @@
-"""The decision rule's thresholds (:class:`WatchConfig`), stored in the pre-registration's
-``decision_rule.parameters`` and validated here.
+"""The decision rule's thresholds, stored in the pre-registration's ``decision_rule.parameters``
+(one flat dict) and validated here, split by concern: :class:`LossRules` (the loss rules,
+``rules.loss``), :class:`HealthRules` (``rules.health``) and :class:`RunRules` (alignment,
+stalled, applicability: ``rules.run``). :class:`WatchConfig` is all three in one frozen object
+with flat fields, which is what a pre-registration stores and the rules read
+(``view.config.k_consecutive``); ``.loss``, ``.health`` and ``.run`` give one concern alone.
 """
 
 from __future__ import annotations
@@ -16,11 +20,35 @@ from dataclasses import dataclass
 RETIRED_PARAMETERS = frozenset({"entropy_drop", "drop_warn_ratio", "drop_crit_ratio"})
 
 
-@dataclass(frozen=True)
-class WatchConfig:
-    """Thresholds of the decision rule. Stored in the pre-registration; validated here."""
 
-    align: str = "auto"            # how a row maps to the forecast: auto | tokens | step | fraction
+
+def _positive_int(v) -> str | None:
+    return None if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else \
+        "a positive integer"
+
+
+def _positive(v) -> str | None:
+    return None if isinstance(v, (int, float)) and v > 0 and math.isfinite(v) else \
+        "a positive number"
+
+
+def _unit(v) -> str | None:
+    return None if isinstance(v, (int, float)) and 0.0 <= v <= 1.0 else "in [0, 1]"
+
+
+def _check(test, obj, names: tuple) -> None:
+    """ValueError naming the first of ``names`` whose value fails ``test``."""
+    for name in names:
+        v = getattr(obj, name)
+        want = test(v)
+        if want:
+            raise ValueError(f"{name}: must be {want}, got {v!r}")
+
+
+@dataclass(frozen=True)
+class LossRules:
+    """The loss rules' thresholds (rules 1, 1b, 1c and 4: ``predict.watch.rules.loss``)."""
+
     # rule 1: loss vs forecast
     alert_level: float = 0.99      # band level the alerts use: the registered band (say 90%)
     #                                widened by z(alert_level)/z(band_level) (Gaussian). A healthy
@@ -61,6 +89,25 @@ class WatchConfig:
     rise_after: float = 0.1        # judged from 10% of the run on
     # rule 4: contingency
     contingency_fraction: float = 0.25   # real plan: trouble in the first 25% of tokens
+
+    def __post_init__(self):
+        if not 0.0 < self.alert_level < 1.0:
+            raise ValueError(f"alert_level: must be in (0, 1), got {self.alert_level!r}")
+        if not 0.0 < self.ema_alpha <= 1.0:
+            raise ValueError(f"ema_alpha: must be in (0, 1], got {self.ema_alpha!r}")
+        _check(_positive_int, self, ("k_consecutive", "k_critical", "k_far", "k_clear", "rise_k"))
+        _check(_positive, self, ("trend_rel", "far_factor", "trend_noise_k", "rise_rel",
+                                 "rise_noise_k"))
+        _check(_unit, self, ("trend_window", "trend_gap", "trend_after", "min_fraction",
+                             "contingency_fraction", "trend_band", "rise_after"))
+        if self.k_critical < self.k_consecutive:
+            raise ValueError("k_critical: must be >= k_consecutive")
+
+
+@dataclass(frozen=True)
+class HealthRules:
+    """The health rules' thresholds (rules 2 and 3: ``predict.watch.rules.health``)."""
+
     # rule 2: token-drop fraction
     drop_window: int = 20          # rows in the trailing median
     drop_crit_factor: float = 2.5  # critical: this x the warning limit (the ladder's max at the
@@ -106,41 +153,61 @@ class WatchConfig:
     router_bias_jump: float = 3.0    # |router_bias| norm > this x its trailing median
     k_health: int = 5              # rows a health condition must hold before an alert
     k_health_clear: int = 20       # rows it must be gone before "cleared"
+    nan_keys: tuple = ("train/loss", "grad/norm", "eval/loss")
+
+    def __post_init__(self):
+        _check(_positive_int, self, ("drop_window", "spike_window", "grad_window", "k_health",
+                                     "k_health_clear"))
+        _check(_positive, self, ("drop_crit_factor", "drop_warn_abs", "drop_crit_abs",
+                                 "spike_rel", "spike_k", "spike_k_margin", "envelope_tol",
+                                 "envelope_tol_max", "grad_growth_warn", "grad_ref_warn",
+                                 "grad_ref_crit", "param_growth_ratio", "router_bias_jump",
+                                 "envelope_margin"))
+        _check(_unit, self, ("drop_floor", "grad_after", "router_bias_after"))
+        object.__setattr__(self, "nan_keys", tuple(self.nan_keys))
+
+
+@dataclass(frozen=True)
+class RunRules:
+    """How rows are placed on the forecast; the run-level rules (``predict.watch.rules.run``)."""
+
+    align: str = "auto"            # how a row maps to the forecast: auto | tokens | step | fraction
     # stalled and applicability
     stalled_seconds: float = 1800.0
     steps_tolerance: float = 0.005  # planned steps implied by step/progress may differ this much
-    nan_keys: tuple = ("train/loss", "grad/norm", "eval/loss")
 
     def __post_init__(self):
         if self.align not in ("auto", "tokens", "step", "fraction"):
             raise ValueError(f"align: must be auto, tokens, step or fraction, got {self.align!r}")
-        if not 0.0 < self.alert_level < 1.0:
-            raise ValueError(f"alert_level: must be in (0, 1), got {self.alert_level!r}")
-        if not 0.0 < self.ema_alpha <= 1.0:
-            raise ValueError(f"ema_alpha: must be in (0, 1], got {self.ema_alpha!r}")
-        for name in ("k_consecutive", "k_critical", "k_far", "k_clear", "drop_window",
-                     "spike_window", "grad_window", "k_health", "k_health_clear", "rise_k"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name}: must be a positive integer, got {v!r}")
-        if self.k_critical < self.k_consecutive:
-            raise ValueError("k_critical: must be >= k_consecutive")
-        for name in ("trend_rel", "far_factor", "drop_crit_factor",
-                     "drop_warn_abs", "drop_crit_abs", "spike_rel", "spike_k", "spike_k_margin",
-                     "trend_noise_k", "envelope_tol", "envelope_tol_max", "grad_growth_warn",
-                     "grad_ref_warn", "grad_ref_crit", "param_growth_ratio", "router_bias_jump",
-                     "stalled_seconds", "steps_tolerance", "envelope_margin", "rise_rel",
-                     "rise_noise_k"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
-                raise ValueError(f"{name}: must be a positive number, got {v!r}")
-        for name in ("trend_window", "trend_gap", "trend_after", "min_fraction",
-                     "contingency_fraction", "drop_floor", "grad_after",
-                     "trend_band", "router_bias_after", "rise_after"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and 0.0 <= v <= 1.0):
-                raise ValueError(f"{name}: must be in [0, 1], got {v!r}")
-        object.__setattr__(self, "nan_keys", tuple(self.nan_keys))
+        _check(_positive, self, ("stalled_seconds", "steps_tolerance"))
+
+
+_PARTS = (("loss", LossRules), ("health", HealthRules), ("run", RunRules))
+
+
+@dataclass(frozen=True)
+class WatchConfig(RunRules, HealthRules, LossRules):
+    """Thresholds of the decision rule: every concern's fields, flat (as stored in the
+    pre-registration and read by the rules); each part validates its own."""
+
+    def __post_init__(self):
+        for _, part in _PARTS:
+            part.__post_init__(self)
+
+    def _part(self, cls):
+        return cls(**{f.name: getattr(self, f.name) for f in dataclasses.fields(cls)})
+
+    @property
+    def loss(self) -> LossRules:
+        return self._part(LossRules)
+
+    @property
+    def health(self) -> HealthRules:
+        return self._part(HealthRules)
+
+    @property
+    def run(self) -> RunRules:
+        return self._part(RunRules)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
