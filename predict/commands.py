@@ -271,13 +271,10 @@ def source_keys(src: str, max_rows: int = 200) -> str:
 
 def watch_main(args) -> int:
     from predict import sinks as sk
-    from predict.live import Watcher
+    from predict.live import FollowConfig, Watcher
     from predict.sources import WandbApiSource, open_source
 
-    # 1 h: a poll slower than that is no longer watching (the W&B API default is 60 s)
-    if args.poll is not None:
-        number(args.poll, field="--poll", lo=0, hi=3600, lo_open=True, exit_code=EX_USAGE)
-    number(args.max_seconds, field="--max-seconds", lo=0, allow_none=True, exit_code=EX_USAGE)
+    follow = FollowConfig(poll_seconds=args.poll, max_seconds=args.max_seconds)
     for flag, path in (("--alerts", args.alerts), ("--state", args.state)):
         if path:
             check_writable(path, field=flag)
@@ -302,7 +299,7 @@ def watch_main(args) -> int:
                                dir=str(Path(args.prereg).resolve().parent))
         sinks.append(home)
         source = TeeSource(source, lambda: w.view, home.log_evals)
-    w = Watcher(args.prereg, source, sinks, args.state, metric=args.metric)
+    w = Watcher(args.prereg, source, sinks, args.state, metric=args.metric, follow=follow)
     registered = w.doc.get("metric") if not args.metric else pr.load(w.chain.newest.path)["metric"]
     if args.metric and args.metric != registered:
         log.warning(f"ladder watch: the source's '{args.metric}' is compared with the forecast "
@@ -315,7 +312,7 @@ def watch_main(args) -> int:
         server = LivePage.for_watcher(w, port=args.port)
         log.warning(f"ladder watch: live page on {server.url}")
     try:
-        code = w.run(follow=args.follow, poll_seconds=args.poll, max_seconds=args.max_seconds)
+        code = w.run(follow=args.follow)
     finally:
         if server is not None:
             server.close()
