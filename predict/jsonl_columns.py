@@ -68,7 +68,12 @@ def json_object(raw: bytes) -> dict | None:
 def _template(line: bytes):
     """The template of ``line`` (bytes without its newline), or None when it is not a flat JSON
     object of numbers (and nulls) without escapes and with each key once."""
-    row = json_object(line) if b"\\" not in line else None
+    if b"\\" in line:
+        return None
+    try:  # as UTF-8 only: json.loads of bytes would guess UTF-16/32 from odd first bytes
+        row = json.loads(line.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
     if type(row) is not dict or not row:
         return None
     for v in row.values():
@@ -157,7 +162,6 @@ for _n in range(MAX_TOKEN + 1):
     for _w in range(MAX_TOKEN // 8 + 1):
         _k = min(max(_n - 8 * _w, 0), 8)
         _KEEP[_n, _w] = (1 << (8 * _k)) - 1
-# a token that runs into the last byte of its slot (the separator) takes its line elsewhere
 MAX_SHAPES = 16  # distinct token shapes taken one by one before the rest are grouped
 
 

@@ -241,10 +241,30 @@ class JsonlSource:
         self._read_blocks(out, parse)
         cols = merge_columns(parts)
         m = _max_step(cols.values.get("step", []))
+        batch = Batch.from_columns(cols, keys=keys, keep=keep)
+        if self.skip_through is not None and len(batch):  # replaced while this poll began
+            import numpy as np
+            kept = np.flatnonzero(batch.step > self.skip_through)
+            if kept.size < len(batch):
+                out.notes.append(f"{len(batch) - kept.size} row(s) of steps already judged "
+                                 f"skipped after the file was replaced")
+            batch = batch.take(kept)
+            if kept.size:
+                self.skip_through = None
         if m is not None:
             self.max_step = m if self.max_step is None else max(self.max_step, m)
-        out.batch = Batch.from_columns(cols, keys=keys, keep=keep)
+        out.batch = batch
         return out
+
+    def _will_restart(self) -> bool:
+        """The next read starts the file again (it was replaced or truncated)."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return False
+        replaced = self.inode is not None and (st.st_ino != self.inode or
+                                               not self._same_head())
+        return bool(self.offset) and (replaced or st.st_size < self.offset)
 
     def _read_blocks(self, out: Poll, parse) -> None:
         """Read the complete lines that arrived, in blocks of about ``chunk_bytes``, handing each
@@ -323,8 +343,8 @@ class JsonlSource:
         # the serial time (bench/watch_quality.py), the serial path being columnar already
         if not parallel or workers < self.parallel_min_workers or \
                 size - self.offset < self.parallel_min_bytes:
-            if self.columns and self.skip_through is None:  # (a rotation: rows, which skip)
-                return self.poll_columns(keys, keep)
+            if self.columns and self.skip_through is None and not self._will_restart():
+                return self.poll_columns(keys, keep)  # (after a rotation: rows, which skip)
             p = self.poll()
             p.batch = Batch.from_rows(p.rows, keys=keys, keep=keep, nan_tokens=p.nan_tokens)
             p.rows = []

@@ -189,3 +189,19 @@ def test_generated_files_exercise_templates():
     check json against itself): most have lines read by a template."""
     used = [read_columns(_file(seed), 0, want).templated > 0 for seed in range(60)]
     assert sum(used) >= 45
+
+
+def test_columns_after_a_rotation_skip_steps_judged(tmp_path):
+    """poll_batch (columns) on a replaced file: read again from its start, the steps already
+    judged skipped (the row path's bookkeeping), then columns again."""
+    p = tmp_path / "m.jsonl"
+    p.write_text("".join(json.dumps({"step": s, "train/loss": 2.0}) + "\n" for s in range(1, 6)))
+    src = JsonlSource(p)
+    assert list(src.poll_batch(KEYS, KEEP, parallel=False).batch.step) == [1, 2, 3, 4, 5]
+    p.unlink()
+    p.write_text("".join(json.dumps({"step": s, "train/loss": 2.0}) + "\n" for s in range(3, 9)))
+    got = src.poll_batch(KEYS, KEEP, parallel=False)
+    assert list(got.batch.step) == [6, 7, 8] and any("replaced" in n for n in got.notes)
+    with open(p, "a") as f:
+        f.write(json.dumps({"step": 9, "train/loss": 2.0}) + "\n")
+    assert list(src.poll_batch(KEYS, KEEP, parallel=False).batch.step) == [9]
