@@ -205,7 +205,7 @@ def _valid_shapes(t: np.ndarray) -> np.ndarray:
         if not todo.size:
             return good & ok
         rep = words[todo[0]]
-        same = (words[todo] == rep).all(axis=1)
+        same = _rows_equal(words[todo], rep)
         if _shape_ok(rep.tobytes()):
             good[todo[same]] = True
         todo = todo[~same]
@@ -215,8 +215,18 @@ def _valid_shapes(t: np.ndarray) -> np.ndarray:
         h = (h ^ w[:, j]) * np.uint64(0x9E3779B97F4A7C15)
     _, first, inv = np.unique(h, return_index=True, return_inverse=True)
     valid = np.array([_shape_ok(w[i].tobytes()) for i in first], dtype=bool)
-    good[todo] = valid[inv] & (w == w[first[inv]]).all(axis=1)
+    good[todo] = valid[inv] & _rows_equal(w, w[first[inv]])
     return good & ok
+
+
+def _rows_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Rows of ``a`` equal to ``b`` (a row, or rows): word by word, since numpy's reduction
+    along a short last axis costs more than the comparisons."""
+    b = np.broadcast_to(b, a.shape)
+    eq = a[:, 0] == b[:, 0]
+    for j in range(1, a.shape[1]):
+        eq &= a[:, j] == b[:, j]
+    return eq
 
 
 def _drop_invalid(u64, ok: np.ndarray, tok_start: np.ndarray, tlen: np.ndarray,
