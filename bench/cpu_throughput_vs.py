@@ -34,8 +34,8 @@ def tokens_per_s(checkout: Path, rung: str, steps: int, out: Path) -> float:
            "--max-steps", str(steps), "--out", str(out)]
     subprocess.run(cmd, cwd=checkout, env=env, check=True, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)
-    rows = [json.loads(line) for line in (out / "cpu" / rung / "metrics.jsonl").read_text().splitlines()
-            if line.strip()]
+    text = (out / "cpu" / rung / "metrics.jsonl").read_text()
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     vals = [r["throughput/tokens_per_s"] for r in rows if "throughput/tokens_per_s" in r]
     return statistics.median(vals[5:] or vals)
 

@@ -2,13 +2,14 @@
 logs (~40 per line, ~1 KB: per-group parameter norms, per-layer expert load, throughput), as a
 watcher started (or restarted without state) late in a 100-day run meets it (issue 14 item 3).
 
-Side by side in one process, on one file: the watcher's previous defaults (slices of 200,000
-rows, ujson's exact float conversion) and the current ones (slices of 20,000 rows, its fast
-conversion; see ``JsonlSource``); both must give the same verdict, points, evals and alerts.
-Each path runs in its own fresh process, so its peak memory (growth of max RSS during the
-watch) is its own; CPU seconds are given beside wall seconds because the machine is shared (the
-load average is printed with the figures). The machine is shared: the
-load average is printed with the figures.
+Side by side in one run, on one file, each path in its own fresh process (so its peak memory,
+the growth of max RSS during the watch, is its own): the row path (``JsonlSource.columns =
+False``: a dict per line from pandas' ujson with its fast floats, as the watcher read until
+now), the column path in one process (``predict.jsonl_columns``: templates checked with numpy,
+only the keys the rules read decoded, exactly as ``json.loads``) and the column path split at
+newlines over 2 processes. All must give the same verdict, points, evals and alerts. CPU
+seconds are the process's own (workers' excluded) beside wall seconds; the machine is shared,
+so the load average is printed with the figures.
 
     /work/main/.venv/bin/python bench/watch_follow_speed.py [--lines 1000000] [--keep FILE]
 """
@@ -79,15 +80,21 @@ def _maxrss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def judge(doc, path: Path, fast: bool):
+PATHS = (("rows (ujson dicts, before)", "rows"), ("columns, 1 process", "columns"),
+         ("columns, 2 processes", "columns-2"))
+
+
+def judge(doc, path: Path, how: str):
     """In a fresh process (so each path's peak memory is its own): wall and CPU seconds, the
     growth of max RSS over the process's state before the watch, and the verdict."""
     from predict.live import Watcher
     from predict.sources import JsonlSource
     src = JsonlSource(path)
-    if not fast:  # the previous defaults
-        src.max_rows, src.exact_floats = 200_000, True
-    src.parallel_min_bytes = 1 << 62  # the one-process path: what a 2-core machine runs
+    src.columns = how != "rows"
+    if how == "columns-2":  # the pool on 2 cores, in pieces of ~1/2 the backlog
+        src.parallel_min_workers, src.piece_bytes = 2, (path.stat().st_size >> 1) + 1
+    else:
+        src.parallel_min_bytes = 1 << 62  # the one-process path
     rss0 = _maxrss_mb()
     t0, c0 = time.perf_counter(), time.process_time()
     w = Watcher(doc, src, [], None)
@@ -98,11 +105,11 @@ def judge(doc, path: Path, fast: bool):
     return dt, cpu, _maxrss_mb() - rss0, verdict
 
 
-def judge_apart(doc, path: Path, fast: bool):
+def judge_apart(doc, path: Path, how: str):
     import concurrent.futures as cf
     import multiprocessing as mp
     with cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as ex:
-        return ex.submit(judge, doc, path, fast).result()
+        return ex.submit(judge, doc, path, how).result()
 
 
 def main(argv=None) -> int:
@@ -130,17 +137,19 @@ def main(argv=None) -> int:
           f"in {time.perf_counter() - t0:.0f} s; {os.cpu_count()} cores, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     res = {}
-    for name, fast in (("old: 200k-row slices, exact", False),
-                       ("new: 20k-row slices, fast floats", True)):
-        dt, cpu, mem, verdict = judge_apart(doc, path, fast)
-        res[fast] = (dt, cpu, mem, verdict)
-        print(f"  {name:<34} {dt:6.2f} s wall, {cpu:6.2f} s CPU, peak +{mem:5.0f} MB; "
+    for name, how in PATHS:
+        dt, cpu, mem, verdict = judge_apart(doc, path, how)
+        res[how] = (dt, cpu, mem, verdict)
+        print(f"  {name:<28} {dt:6.2f} s wall, {cpu:6.2f} s CPU, peak +{mem:5.0f} MB; "
               f"exit {verdict[0]}, {verdict[1]:,} points, {verdict[2]} evals, "
               f"{len(verdict[3])} alerts; load {os.getloadavg()[0]:.2f}")
-    same = res[False][3] == res[True][3]
-    print(f"  new/old: wall {res[True][0] / res[False][0]:.2f}, CPU "
-          f"{res[True][1] / res[False][1]:.2f}, memory {res[True][2] / max(res[False][2], 1):.2f}"
-          f"; same verdict, points, evals and alerts: {same}")
+    base = res["rows"]
+    for name, how in PATHS[1:]:
+        r = res[how]
+        print(f"  {name} / rows: wall {r[0] / base[0]:.2f}, CPU {r[1] / base[1]:.2f}, memory "
+              f"{r[2] / max(base[2], 1):.2f}")
+    same = all(r[3] == base[3] for r in res.values())
+    print(f"  same verdict, points, evals and alerts: {same}")
     if tmp:
         path.unlink()
         os.rmdir(tmp)

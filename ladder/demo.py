@@ -15,6 +15,7 @@ watch has something to catch; that hero trains into ``OUT/inject-FAULT/`` and th
 from __future__ import annotations
 
 import math
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -52,10 +53,19 @@ def demo_main(args) -> int:
     return 0 if verdict["ok"] else 1
 
 
+def train_config(inject: str | None = None, inject_at: float = 0.5):
+    """The demo's training configuration: the defaults, with the fault to inject, and progress
+    bars only when stderr is a terminal (as ``ladder run``: none in logs or CI output)."""
+    from ladder.trainconfig import Fault, RunArgs, TrainConfig
+
+    fault = None if inject is None else Fault(inject, at=inject_at,
+                                              **FAULT_SETTINGS.get(inject, {}))
+    return TrainConfig(run=RunArgs(progress=sys.stderr.isatty()), fault=fault)
+
+
 def run_demo(out: Path, ladder: Ladder, *, inject: str | None = None,
              inject_at: float = 0.5) -> dict:
     from ladder.train import train_rung
-    from ladder.trainconfig import Fault, TrainConfig
 
     t_start = time.time()
     runs = out / "runs" / ladder.name
@@ -66,7 +76,7 @@ def run_demo(out: Path, ladder: Ladder, *, inject: str | None = None,
     for i, rung in enumerate(ladder.rungs, 1):
         say(f"[1/5] rung {i}/{n} {rung.name}: d={rung.model.d_model}, {rung.model.n_layers} "
             f"layers, {rung.steps} steps, {rung.tokens / 1e6:.2f}M tokens")
-        summary = train_rung(rung, runs / rung.name, TrainConfig(), resume=True)
+        summary = train_rung(rung, runs / rung.name, train_config(), resume=True)
         if summary.get("status") != "complete":
             raise RuntimeError(f"rung {rung.name} ended {summary.get('status')}; see "
                                f"{runs / rung.name}")
@@ -85,8 +95,7 @@ def run_demo(out: Path, ladder: Ladder, *, inject: str | None = None,
     base = out if inject is None else out / f"inject-{inject}"
     target_dir = (runs if inject is None else base / "runs" / ladder.name) / ladder.target.name
     alerts_path = base / "alerts.jsonl"
-    cfg = TrainConfig() if inject is None else TrainConfig(
-        fault=Fault(inject, at=inject_at, **FAULT_SETTINGS.get(inject, {})))
+    cfg = train_config(inject, inject_at)
     tgt = ladder.target
     say(f"[4/5] target {tgt.name}: d={tgt.model.d_model}, {tgt.model.n_layers} layers, "
         f"{tgt.steps} steps, {tgt.tokens / 1e6:.2f}M tokens"

@@ -12,7 +12,7 @@ from ladder.io import (EX_DATAERR, EX_USAGE, InputError, check_writable, iter_js
                        open_input, read_json, to_jsonable)
 from predict import forecast as fc
 from predict import prereg as pr
-from predict.watch import WatchConfig
+from predict.watch import WatchConfig, decision_rule_words
 
 log = logging.getLogger("ladder")
 
@@ -127,7 +127,8 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
     return pr.build(target=target.to_dict(), applicability=app, metric=metric, law=law_json,
                     forecast=f.points(), final=f.final, band_level=level,
                     eval_noise=noise_info, extrapolation=extrapolation.to_dict(),
-                    decision_rule={"words": cfg.words(level), "parameters": cfg.to_dict(),
+                    decision_rule={"words": decision_rule_words(cfg, level),
+                                   "parameters": cfg.to_dict(),
                                    "calibration": calibration or None},
                     health_reference=health, budget_curve=fc.budget_curve(law, target),
                     amends=amends, created=created)
@@ -270,13 +271,10 @@ def watch_main(args, *, live_page=None) -> int:
     """`ladder watch`. ``live_page(watcher, port=...)`` starts the ``--serve`` page (drawn by
     reports, above predict: ``ladder.commands.watch_main`` passes it in)."""
     from predict import sinks as sk
-    from predict.live import Watcher
+    from predict.live import FollowConfig, Watcher
     from predict.sources import WandbApiSource, open_source
 
-    # 1 h: a poll slower than that is no longer watching (the W&B API default is 60 s)
-    if args.poll is not None:
-        number(args.poll, field="--poll", lo=0, hi=3600, lo_open=True, exit_code=EX_USAGE)
-    number(args.max_seconds, field="--max-seconds", lo=0, allow_none=True, exit_code=EX_USAGE)
+    follow = FollowConfig(poll_seconds=args.poll, max_seconds=args.max_seconds)
     for flag, path in (("--alerts", args.alerts), ("--state", args.state)):
         if path:
             check_writable(path, field=flag)
@@ -301,7 +299,7 @@ def watch_main(args, *, live_page=None) -> int:
                                dir=str(Path(args.prereg).resolve().parent))
         sinks.append(home)
         source = TeeSource(source, lambda: w.view, home.log_evals)
-    w = Watcher(args.prereg, source, sinks, args.state, metric=args.metric)
+    w = Watcher(args.prereg, source, sinks, args.state, metric=args.metric, follow=follow)
     registered = w.doc.get("metric") if not args.metric else pr.load(w.chain.newest.path)["metric"]
     if args.metric and args.metric != registered:
         log.warning(f"ladder watch: the source's '{args.metric}' is compared with the forecast "
@@ -316,7 +314,7 @@ def watch_main(args, *, live_page=None) -> int:
         server = live_page(w, port=args.port)
         log.warning(f"ladder watch: live page on {server.url}")
     try:
-        code = w.run(follow=args.follow, poll_seconds=args.poll, max_seconds=args.max_seconds)
+        code = w.run(follow=args.follow)
     finally:
         if server is not None:
             server.close()

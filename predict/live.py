@@ -30,9 +30,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from ladder.io import InputError, atomic_write_json, canonical_json, read_json
+from ladder.io import EX_USAGE, InputError, atomic_write_json, canonical_json, number, read_json
 from predict import prereg as _prereg
 from predict.watch import (Alert, Batch, CheckResult, PreregView, check, exit_code_for, new_state,
                            watched_keys)
@@ -40,6 +41,28 @@ from predict.watch import (Alert, Batch, CheckResult, PreregView, check, exit_co
 STATE_SCHEMA = "watch-state/1"
 ALERT_FIELDS = ("time", "step", "tokens", "fraction", "kind", "severity", "value", "expected",
                 "lo", "hi", "direction", "message")
+
+
+@dataclass(frozen=True)
+class FollowConfig:
+    """How a follow polls and retries (``ladder watch --follow``: the CLI builds it from
+    ``--poll`` and ``--max-seconds``). The decision rule's thresholds are not here: they are
+    registered (``predict.watch.WatchConfig``)."""
+
+    poll_seconds: float | None = None  # None: the source's own (a file ~1 s, the W&B API ~60 s)
+    max_seconds: float | None = None   # None: until the source says the run finished
+    persistent_after: int = 3          # source errors in a row before a warning, not an info
+    max_backoff: float = 600.0         # s; 10 min between tries at most (a follow lasts ~100 days)
+
+    def __post_init__(self):
+        # 1 h: a poll slower than that is no longer watching (the W&B API default is 60 s)
+        number(self.poll_seconds, field="--poll", lo=0, hi=3600, lo_open=True, allow_none=True,
+               exit_code=EX_USAGE)
+        number(self.max_seconds, field="--max-seconds", lo=0, allow_none=True,
+               exit_code=EX_USAGE)
+        number(self.persistent_after, field="persistent_after", lo=1, integral=True,
+               exit_code=EX_USAGE)
+        number(self.max_backoff, field="max_backoff", lo=0, lo_open=True, exit_code=EX_USAGE)
 
 
 class SourceError(InputError):
@@ -64,13 +87,12 @@ def alert_from_dict(d: dict) -> Alert:
 class Watcher:
     """Watch one source against the newest valid pre-registration of a chain."""
 
-    persistent_after = 3   # source errors in a row before it is a warning, not an info
-    max_backoff = 600.0    # s; 10 min between tries at most (a follow lasts ~100 days)
-
     def __init__(self, prereg: str | os.PathLike | dict, source, sinks: Sequence = (),
                  state_path: str | os.PathLike | None = None, *, metric: str | None = None,
                  clock: Callable[[], float] = time.time, chain_every: float = 10.0,
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], None] = time.sleep,
+                 follow: FollowConfig | None = None):
+        self.follow = follow or FollowConfig()
         self.prereg_path = None if isinstance(prereg, dict) else Path(prereg)
         self.source = source
         self.sinks = list(sinks)
@@ -296,6 +318,14 @@ class Watcher:
         return new
 
     @property
+    def persistent_after(self) -> int:
+        return self.follow.persistent_after
+
+    @property
+    def max_backoff(self) -> float:
+        return self.follow.max_backoff
+
+    @property
     def exit_code(self) -> int:
         return exit_code_for(self.state.get("worst"), bool(self.state.get("not_applicable")))
 
@@ -315,7 +345,12 @@ class Watcher:
     def run(self, *, follow: bool = False, poll_seconds: float | None = None,
             max_seconds: float | None = None, stop: threading.Event | None = None) -> int:
         """Poll once (or, with ``follow``, until the run finished, ``max_seconds`` or ``stop``);
-        the exit status. ``poll_seconds`` defaults to the source's own interval."""
+        the exit status. ``poll_seconds`` and ``max_seconds`` default to the watcher's
+        :class:`FollowConfig`, whose poll defaults to the source's own interval."""
+        if poll_seconds is None:
+            poll_seconds = self.follow.poll_seconds
+        if max_seconds is None:
+            max_seconds = self.follow.max_seconds
         if poll_seconds is None:
             poll_seconds = float(getattr(self.source, "poll_seconds", 1.0))
         t0 = time.monotonic()

@@ -135,6 +135,9 @@ class JsonlSource:
         # (bench/watch_follow_speed.py); the slices cost nothing measurable in time
         self.max_rows = max_rows
         self.exact_floats = False  # see _parse_lines
+        # poll_batch reads columns (predict.jsonl_columns: exact, no dict per line); False: rows
+        # through _parse_lines, as before (bench/watch_follow_speed.py compares the two)
+        self.columns = True
         self.offset = 0
         self.inode: int | None = None
         self.line_no = 0
@@ -201,6 +204,66 @@ class JsonlSource:
 
     def poll(self) -> Poll:
         out = Poll(nan_tokens=False)
+
+        def parse(block: bytes, line_no: int):
+            got, nbad, first = _parse_lines(block, line_no, exact=self.exact_floats)
+            out.nan_tokens = out.nan_tokens or b"NaN" in block
+            out.rows.extend(got)
+            return len(out.rows), nbad, first, None
+
+        self._read_blocks(out, parse)
+        self._after_rows(out)
+        return out
+
+    def poll_columns(self, keys, keep) -> Poll:
+        """Like :meth:`poll`, but the rows come as a :class:`predict.watch.Batch` of the
+        ``keys``/``keep`` keys, read by :func:`predict.jsonl_columns.read_columns` (the same
+        values as ``json.loads`` on every line, without a dict per line)."""
+        from predict.jsonl_columns import merge_columns, read_columns_pieces
+        from predict.watch import Batch
+        out = Poll()
+        parts = []
+        fixed = frozenset(keys or ())
+        want = None if keys is None and keep is None else \
+            (lambda k: k in fixed or (keep is not None and keep(k)))
+
+        def parse(block: bytes, line_no: int):
+            c = read_columns_pieces(block, line_no, want)
+            parts.append(c)
+            return sum(p.n for p in parts), c.bad, c.first_bad, c.lines
+
+        self._read_blocks(out, parse)
+        cols = merge_columns(parts)
+        m = _max_step(cols.values.get("step", []))
+        batch = Batch.from_columns(cols, keys=keys, keep=keep)
+        if self.skip_through is not None and len(batch):  # replaced while this poll began
+            import numpy as np
+            kept = np.flatnonzero(batch.step > self.skip_through)
+            if kept.size < len(batch):
+                out.notes.append(f"{len(batch) - kept.size} row(s) of steps already judged "
+                                 f"skipped after the file was replaced")
+            batch = batch.take(kept)
+            if kept.size:
+                self.skip_through = None
+        if m is not None:
+            self.max_step = m if self.max_step is None else max(self.max_step, m)
+        out.batch = batch
+        return out
+
+    def _will_restart(self) -> bool:
+        """The next read starts the file again (it was replaced or truncated)."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return False
+        replaced = self.inode is not None and (st.st_ino != self.inode or
+                                               not self._same_head())
+        return bool(self.offset) and (replaced or st.st_size < self.offset)
+
+    def _read_blocks(self, out: Poll, parse) -> None:
+        """Read the complete lines that arrived, in blocks of about ``chunk_bytes``, handing each
+        to ``parse(block, line_no)`` -> (rows so far, bad lines, first bad line) until about
+        ``max_rows`` rows were read (``out.more`` then); notes go to ``out``."""
         if self.moved_from:
             out.notes.append(f"{self.path} is {self.moved_from} moved (same first bytes): "
                              f"continuing at byte {self.offset}, nothing judged again")
@@ -209,7 +272,7 @@ class JsonlSource:
             st = os.stat(self.path)
         except FileNotFoundError:
             out.notes.append(f"{self.path}: not there (yet); waiting")
-            return out
+            return
         replaced = self.inode is not None and (st.st_ino != self.inode or
                                                not self._same_head())
         if self.offset and (replaced or st.st_size < self.offset):
@@ -224,7 +287,7 @@ class JsonlSource:
             self.head = self._read_head()
         self._config(out)
         if st.st_size <= self.offset:
-            return out
+            return
         bad = 0
         first_bad = None
         with open(self.path, "rb") as f:
@@ -241,25 +304,19 @@ class JsonlSource:
                     if not data.endswith(b"\n"):
                         break
                     end = len(data) - 1
-                got, nbad, first = _parse_lines(data[:end], self.line_no,
-                                                exact=self.exact_floats)
-                out.nan_tokens = out.nan_tokens or b"NaN" in data[:end]
-                out.rows.extend(got)
+                n_rows, nbad, first, n_lines = parse(data[:end], self.line_no)
                 if nbad:
                     bad += nbad
                     first_bad = first_bad or first
-                self.line_no += data.count(b"\n", 0, end) + 1
-                rows = out.rows
+                self.line_no += data.count(b"\n", 0, end) + 1 if n_lines is None else n_lines
                 self.offset += end + 1
                 f.seek(self.offset)
-                if len(rows) >= self.max_rows:
+                if n_rows >= self.max_rows:
                     out.more = True
                     break
         if bad:
             out.notes.append(f"{self.path}: {bad} line(s) not a JSON object, skipped (first at "
                              f"line {first_bad})")
-        self._after_rows(out)
-        return out
 
     # A backlog this large (a watcher started on a long run) is parsed by several processes: JSON
     # parsing is the whole cost, and each worker returns columns (numpy), which pickle cheaply.
@@ -280,6 +337,8 @@ class JsonlSource:
         # the serial time (bench/watch_quality.py), the serial path being columnar already
         if not parallel or workers < self.parallel_min_workers or \
                 size - self.offset < self.parallel_min_bytes:
+            if self.columns and self.skip_through is None and not self._will_restart():
+                return self.poll_columns(keys, keep)  # (after a rotation: rows, which skip)
             p = self.poll()
             p.batch = Batch.from_rows(p.rows, keys=keys, keep=keep, nan_tokens=p.nan_tokens)
             p.rows = []
@@ -339,14 +398,7 @@ class JsonlSource:
         return out
 
     def _after_rows(self, out: Poll) -> None:
-        steps = [r.get("step") for r in out.rows]
-        try:  # the common case: every row has a finite numeric step (max runs in C)
-            m = max(steps) if steps else None
-            if m is not None and not math.isfinite(m):
-                raise ValueError  # a NaN first compares as the max: the careful way
-            steps = [int(m)] if m is not None else []
-        except (TypeError, ValueError, OverflowError):
-            steps = [s for s in (_step_of(r) for r in out.rows) if s is not None]
+        m = _max_step([r.get("step") for r in out.rows])
         if self.skip_through is not None:
             keep = [r for r in out.rows if (_step_of(r) or 0) > self.skip_through]
             if len(keep) < len(out.rows):
@@ -355,22 +407,24 @@ class JsonlSource:
             out.rows = keep
             if keep:
                 self.skip_through = None
-        if steps:
-            m = max(steps)
+        if m is not None:
             self.max_step = m if self.max_step is None else max(self.max_step, m)
 
 
 def _parse_range(task) -> tuple[Any, int, int]:
     """Worker: parse bytes [a, b) of a JSONL file into a Batch (see JsonlSource.poll_batch)."""
     path, a, b, keys, keep = task
+    from predict.jsonl_columns import read_columns_pieces
     from predict.watch import Batch
     with open(path, "rb") as f:
         f.seek(a)
         data = f.read(b - a)
     block = data[:-1] if data.endswith(b"\n") else data
-    rows, bad, _ = _parse_lines(block, 0)
-    return (Batch.from_rows(rows, keys=keys, keep=keep, nan_tokens=b"NaN" in block), bad,
-            data.count(b"\n"))
+    fixed = frozenset(keys or ())
+    want = None if keys is None and keep is None else \
+        (lambda k: k in fixed or (keep is not None and keep(k)))
+    c = read_columns_pieces(block, 0, want)
+    return Batch.from_columns(c, keys=keys, keep=keep), c.bad, data.count(b"\n")
 
 
 _FAST_LOADS: list = []
@@ -416,15 +470,13 @@ def _parse_lines(block: bytes, line_no: int, *, exact: bool = True
             return rows, 0, None
     except (ValueError, UnicodeDecodeError, RecursionError):
         pass
+    from predict.jsonl_columns import json_object
     rows, bad, first = [], 0, None
     for k, raw in enumerate(block.split(b"\n")):
         if not raw.strip():
             continue
-        try:
-            row = json.loads(raw)
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            row = None
-        if isinstance(row, dict):
+        row = json_object(raw)
+        if row is not None:
             rows.append(row)
         else:
             bad += 1
@@ -432,8 +484,23 @@ def _parse_lines(block: bytes, line_no: int, *, exact: bool = True
     return rows, bad, first
 
 
+def _max_step(steps: list) -> int | None:
+    """The highest step of the rows' ``step`` values, as :func:`_step_of` reads each."""
+    try:  # the common case: every row has a finite numeric step (max runs in C)
+        m = max(steps) if steps else None
+        if m is not None and not math.isfinite(m):
+            raise ValueError  # a NaN first compares as the max: the careful way
+        return int(m) if m is not None else None
+    except (TypeError, ValueError, OverflowError):
+        got = [s for s in (_step_value(v) for v in steps) if s is not None]
+        return max(got) if got else None
+
+
 def _step_of(row: dict) -> int | None:
-    s = row.get("step")
+    return _step_value(row.get("step"))
+
+
+def _step_value(s) -> int | None:
     f = as_float(s)
     if f is None or not math.isfinite(f):
         return None

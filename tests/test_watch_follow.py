@@ -557,3 +557,18 @@ def test_offline_lineage_of_a_real_resumed_wandb_run(tmp_path):
     steps = {r["step"] for r in src.poll().rows}
     assert steps == set(range(1, 121))
     assert src.finished() == "W&B exit record"
+
+
+def test_follow_config_is_checked():
+    """The follow's settings are one frozen config (the CLI builds it from --poll and
+    --max-seconds): bad values are the one-line usage error naming the option."""
+    from ladder.io import InputError
+    from predict.live import FollowConfig
+    for kw, name in (({"poll_seconds": 0}, "--poll"), ({"poll_seconds": 7200}, "--poll"),
+                     ({"max_seconds": -1}, "--max-seconds"),
+                     ({"persistent_after": 0}, "persistent_after")):
+        with pytest.raises(InputError, match=name) as e:
+            FollowConfig(**kw)
+        assert e.value.exit_code == 64
+    cfg = FollowConfig(poll_seconds=5.0, persistent_after=2)
+    assert (cfg.poll_seconds, cfg.max_seconds, cfg.persistent_after) == (5.0, None, 2)

@@ -17,7 +17,7 @@ from predict import synthetic as sy
 from predict.commands import make_prereg
 from predict.live import Watcher
 from predict.sources import JsonlSource
-from predict.watch import RULES, WatchConfig, watched_keys
+from predict.watch import RULES, WatchConfig, decision_rule_words, watched_keys
 
 TRUTH = sy.Truth()
 RUNGS = sy.ladder_targets(4, steps0=150)       # 150, 300, 600, 1200 steps
@@ -175,6 +175,6 @@ def test_key_filter_and_words_come_from_the_rules():
         for p in r.prefixes:
             assert keep(p + "anything")
     assert keep("moe/load_max_over_mean") and not keep("optim/lr")
-    words = cfg.words(0.9)
+    words = decision_rule_words(cfg, 0.9)
     for r in RULES:
         assert r.words(cfg, 0.9) in words, r.name

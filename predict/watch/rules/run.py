@@ -1,0 +1,210 @@
+"""The run-level rules: applicability (the run is still the one the forecast was made for),
+stalled (no new point for a while) and the input's own remarks (rewind, missing metric).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ladder.io import as_float, sha256_of
+from predict.watch.alerts import Alert
+from predict.watch.batch import Batch
+from predict.watch.config import WatchConfig
+from predict.watch.view import PreregView
+
+
+def _not_applicable(st, emit, stamp, step, reasons: list[str]) -> None:
+    st["not_applicable"] = "; ".join(reasons)
+    emit(Alert(stamp, step, None, None, "not_applicable", "warn",
+               message="the forecast no longer applies, nothing is compared from here on: "
+                       + st["not_applicable"]))
+
+
+def _applicability_rule(view: PreregView, batch: Batch, st, emit, stamp) -> bool:
+    """Whether an applicability condition is broken (then nothing is compared from here on): a
+    run configuration in the source that differs from the registered one, or planned steps
+    (implied by step / progress) that differ from the registered steps."""
+    cfg = view.config
+    for c in batch.configs:
+        broken = applicability_breaks(view.applicability, c)
+        if broken:
+            _not_applicable(st, emit, stamp, None, broken)
+            return True
+    if len(batch) and "progress" in batch.cols:
+        prog = batch.cols["progress"]
+        ok = np.isfinite(prog) & (prog > 0) & (batch.step >= 1)
+        if ok.any():
+            implied = batch.step[ok] / prog[ok]
+            rel = np.abs(implied - view.steps) / view.steps
+            bad = np.flatnonzero(rel > max(cfg.steps_tolerance, 1.0 / view.steps))
+            if bad.size:
+                i = np.flatnonzero(ok)[bad[0]]
+                msg = (f"planned steps changed: step {int(batch.step[i])} at progress "
+                       f"{prog[i]:.4f} implies {implied[bad[0]]:.0f} planned steps, the "
+                       f"pre-registration is for {view.steps}")
+                _not_applicable(st, emit, stamp, int(batch.step[i]), [msg])
+                return True
+
+    return False
+
+
+def _stalled_rule(view, st, emit, stamp, now):
+    last = st.get("last_point_time")
+    if last is None or st.get("stalled"):
+        return
+    if now - last > view.config.stalled_seconds:
+        st["stalled"] = True
+        emit(Alert(stamp, st.get("last_step"), None, None, "stalled", "warn",
+                   message=f"no new point for {now - last:.0f} s (limit "
+                           f"{view.config.stalled_seconds:g} s); last step {st.get('last_step')}"))
+
+
+def applicability_breaks(app: Mapping, config: Mapping) -> list[str]:
+    """The applicability conditions that ``config`` (a run-config/1 dict, a flat dict of fields, or
+    a W&B config) definitely breaks. A key the config does not carry is not a break."""
+    out = []
+    facts = config_facts(config)
+    for key in ("seq_len", "steps", "tokens"):
+        want = app.get(key)
+        have = facts.get(key)
+        if want is None or have is None:
+            continue
+        if abs(float(have) - float(want)) > 1e-9 * max(1.0, abs(float(want))):
+            out.append(f"{key} is {have:g} in the run, {want:g} in the pre-registration")
+    registered = app.get("config")
+    run_rung = config.get("rung") if isinstance(config.get("rung"), Mapping) else None
+    compare = ["data_tag"]
+    if isinstance(registered, Mapping) and run_rung is not None:
+        # values, not a hash: a config that went through W&B comes back with 1.0 as 1
+        diff = config_difference(registered, run_rung)
+        if diff:
+            out.append(f"the run's configuration differs from the registered one at rung.{diff}")
+    else:
+        compare.append("config_hash")
+    for key in compare:
+        want, have = app.get(key), facts.get(key)
+        if want is not None and have is not None and str(want) != str(have):
+            out.append(f"{key} is {have!r} in the run, {want!r} in the pre-registration")
+    for key, want in (app.get("require") or {}).items():
+        have = lookup(config, key)
+        if have is _MISSING:
+            continue
+        if not _same(have, want):
+            out.append(f"{key} is {have!r} in the run, required {want!r}")
+    return out
+
+
+_MISSING = object()
+
+
+def config_difference(want, have, path: str = "") -> str | None:
+    """The first key (dotted, in sorted order) where configuration ``have`` differs from ``want``
+    in value, with both values; None when they agree. Numbers compare by value (1 == 1.0, as a
+    round trip through W&B or YAML leaves them), booleans only with booleans; a registered
+    "auto" matches whatever the run resolved it to."""
+    if isinstance(want, Mapping) and isinstance(have, Mapping):
+        for k in sorted(set(want) | set(have), key=str):
+            where = f"{path}.{k}" if path else str(k)
+            if k not in have:
+                return f"{where} (absent in the run, {want[k]!r} registered)"
+            if k not in want:
+                return f"{where} ({have[k]!r} in the run, absent in the pre-registration)"
+            d = config_difference(want[k], have[k], where)
+            if d:
+                return d
+        return None
+    if isinstance(want, (list, tuple)) and isinstance(have, (list, tuple)):
+        if len(want) != len(have):
+            return f"{path} ({len(have)} items in the run, {len(want)} registered)"
+        for i, (a, b) in enumerate(zip(want, have)):
+            d = config_difference(a, b, f"{path}[{i}]")
+            if d:
+                return d
+        return None
+    if want == "auto" and isinstance(have, str):
+        # registered as "the backend's choice" (model.precision: bf16 on accelerators, f32 on
+        # CPU); the trainer resolves it and the run's config.json says what ran
+        return None
+    num = (int, float)
+    if isinstance(want, bool) or isinstance(have, bool):
+        same = want is have or (isinstance(want, bool) and isinstance(have, bool)
+                                and want == have)
+    elif isinstance(want, num) and isinstance(have, num):
+        same = want == have or abs(want - have) <= 1e-12 * max(abs(want), abs(have))
+    else:
+        same = want == have
+    return None if same else f"{path} ({have!r} in the run, {want!r} registered)"
+
+
+def lookup(d: Mapping, dotted: str):
+    """``d['a']['b']`` for 'a.b'; also a flat key 'a.b', and 'rung.'/'train.' sections tried."""
+    if dotted in d:
+        return d[dotted]
+    cur: Any = d
+    for part in dotted.split("."):
+        if isinstance(cur, Mapping) and part in cur:
+            cur = cur[part]
+        else:
+            cur = _MISSING
+            break
+    if cur is not _MISSING:
+        return cur
+    for section in ("rung", "train"):
+        sub = d.get(section)
+        if isinstance(sub, Mapping):
+            v = lookup(sub, dotted)
+            if v is not _MISSING:
+                return v
+    return _MISSING
+
+
+def _same(have, want) -> bool:
+    if str(have) == str(want):
+        return True
+    a, b = as_float(have), as_float(want)
+    if a is not None and b is not None:
+        return a == b or abs(a - b) <= 1e-12 * max(abs(a), abs(b))
+    if isinstance(have, bool):
+        return str(have).lower() == str(want).lower()
+    return False
+
+
+def config_facts(config: Mapping) -> dict:
+    """seq_len, steps, tokens, data_tag and config_hash of a run configuration, where known."""
+    facts: dict[str, Any] = {}
+    rung = config.get("rung") if isinstance(config.get("rung"), Mapping) else None
+    src = rung if rung is not None else config
+    for key in ("seq_len", "steps", "batch"):
+        v = as_float(src.get(key))
+        if v is not None:
+            facts[key] = v
+    if "tokens" in config and as_float(config["tokens"]) is not None:
+        facts["tokens"] = as_float(config["tokens"])
+    elif "steps" in facts and "batch" in facts and "seq_len" in facts:
+        facts["tokens"] = facts["steps"] * facts["batch"] * facts["seq_len"]
+    for holder in (config, config.get("train") if isinstance(config.get("train"), Mapping) else {}):
+        if holder.get("data_tag") is not None:
+            facts["data_tag"] = holder["data_tag"]
+    if rung is not None:
+        facts["config_hash"] = sha256_of(rung)
+    elif config.get("config_hash") is not None:
+        facts["config_hash"] = config["config_hash"]
+    return facts
+
+
+def _words_stalled(c: WatchConfig, level: float) -> str:
+    return f"No new point for {c.stalled_seconds:g} s is 'stalled'."
+
+
+def _words_applicability(c: WatchConfig, level: float) -> str:
+    return (f"A broken applicability condition (the run's configuration, compared value by "
+            f"value; planned steps from step/progress off by more than "
+            f"{c.steps_tolerance:.1%}) stops all comparison: not_applicable.")
+
+
+def _words_input(c: WatchConfig, level: float) -> str:
+    return ("Steps logged again (a resumed run) replace the earlier rows (last one wins): "
+            "'rewind' (info); no registered metric in the rows: 'missing_metric' (info).")
