@@ -59,17 +59,21 @@ def _uncertainty(r) -> dict:
                 "band": "E + exp(log(L - E) +- t(dof) sqrt(x' V x + sigma^2)), V the covariance "
                         "of (log A, alpha); sigma the residual sd of log(L - E)"}
     return {
-        "method": "run-level Bayesian bootstrap (percentiles) and lack-of-fit Student-t (delta "
-                  "method)",
+        "method": "run-level Bayesian bootstrap (percentiles) and lack-of-fit residual quantile "
+                  "(split-conformal rank; Student-t x sigma_log with too few points)",
         "level": r.level,
         "intervals": r.intervals,
         "bootstrap_u": None if r.boot_u is None else r.boot_u.tolist(),
         "covariance_free": None if r.cov is None else r.cov.tolist(),
         "sigma_log": r.sigma,
         "dof": r.dof,
+        "abs_residuals_log": None if r.abs_resid is None else r.abs_resid.tolist(),
+        "noise_method": r.noise_method(r.level),
         "band": "log space: the bootstrap quantile for the parameters (t * delta-method se "
-                "without usable replicates), t * sigma_log for run-to-run noise, combined in "
-                "quadrature",
+                "without usable replicates); for run-to-run noise the level x (m+1)/m quantile "
+                "of abs_residuals_log x sqrt(m/dof), m = dof + free parameters (t(dof) * "
+                "sigma_log where that rank exceeds 1, or without abs_residuals_log); combined "
+                "in quadrature",
     }
 
 
@@ -128,6 +132,9 @@ def from_json(obj: dict, *, path=None):
             if v is not None and v < 0:  # a negative sd gives a nonsense (inverted) band
                 raise InputError(f"must be >= 0, got {v!r}", path=where,
                                  field=prefix + "uncertainty." + name)
+        ares = unc.get("abs_residuals_log")  # absent in law.json files from before
+        ares = None if ares is None else _array(ares, (None,), where,
+                                                prefix + "uncertainty.abs_residuals_log")
         level = number(unc.get("level", 0.9), field=prefix + "uncertainty.level", path=where,
                        lo=0, hi=1, lo_open=True, hi_open=True)
         objective = fit.get("objective", "huber")
@@ -144,7 +151,7 @@ def from_json(obj: dict, *, path=None):
         return {"spec": spec, "metric": metric, "u": u, "level": level,
                 "objective": objective, "prior": prior,
                 "params_column": fit.get("params_column", "params"), "boot_u": boot, "cov": cov,
-                "sigma": sigma, "dof": dof,
+                "sigma": sigma, "dof": dof, "abs_resid": ares,
                 "intervals": _intervals(unc.get("intervals"), where, prefix)}
 
     unc = need(obj, "uncertainty", dict)

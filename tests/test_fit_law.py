@@ -399,3 +399,51 @@ def test_prior_on_an_unknown_parameter_names_it():
         fit_law(real_table(), form="compute", prior={"gamma": (0.1, 0.1)}, bootstrap=0)
     with pytest.raises(InputError, match="both fixed and given a prior"):
         fit_law(real_table(), form="compute", fix={"E": 1.5}, prior={"E": (1.5, 0.1)})
+
+
+def _heavy_tailed_table(n=40, seed=3):
+    """A compute law with 0.3% noise on most runs and 6-12% misses on every 20th (Gadre et
+    al.'s M=5 runs miss their law like this)."""
+    rng = np.random.default_rng(seed)
+    C = np.logspace(18, 22, n)
+    e = 0.003 * rng.standard_normal(n)
+    e[::20] += rng.choice([-1, 1], size=e[::20].size) * rng.uniform(0.06, 0.12, e[::20].size)
+    L = (1.7 + 300.0 * C ** -0.12) * np.exp(e)
+    return pd.DataFrame({"run": [f"r{i}" for i in range(n)], "compute": C, "loss": L})
+
+
+def test_noise_part_of_the_band_is_the_residual_quantile_not_t_times_rms():
+    from scipy.stats import t as student_t
+    df = _heavy_tailed_table()
+    res = fit_law(df, form="compute", bootstrap=0, backtest=False)
+    resid = np.log(df["loss"].to_numpy()) - np.log(res.predict(compute=df["compute"]).loss)
+    m = res.dof + 3                            # 40 points, 3 free parameters
+    assert m == 40
+    want = np.quantile(np.abs(resid), 0.9 * (m + 1) / m) * math.sqrt(m / res.dof)
+    assert res.noise_method(0.9) == "residual quantile"
+    assert res.noise_half_width(0.9) == pytest.approx(want, rel=1e-6)
+    t_rms = student_t.ppf(0.95, res.dof) * res.sigma
+    # the two misses inflate the RMS; the quantile stays at the scale of the 38 good runs
+    assert res.noise_half_width(0.9) < 0.5 * t_rms
+    # 90% of the fitted points lie inside the 90% band, not 100% as with t x RMS
+    p = res.predict(compute=df["compute"].to_numpy())
+    inside = np.mean((df["loss"] >= p.lo) & (df["loss"] <= p.hi))
+    assert 0.85 <= inside <= 0.95
+    # too few points for the rank at 99% (m < 99): the Student-t interval
+    assert res.noise_method(0.99) == "student-t x sigma"
+    assert res.noise_half_width(0.99) == pytest.approx(
+        student_t.ppf(0.995, res.dof) * res.sigma, rel=1e-9)
+
+
+def test_law_json_written_before_the_residual_quantile_still_loads_with_t_bands():
+    from scipy.stats import t as student_t
+    res = fit_law(_heavy_tailed_table(), form="compute", bootstrap=0, backtest=False)
+    obj = json.loads(json.dumps(res.to_json()))
+    assert obj["uncertainty"]["noise_method"] == "residual quantile"
+    del obj["uncertainty"]["abs_residuals_log"], obj["uncertainty"]["noise_method"]
+    old = FitResult.from_json(obj)
+    assert old.noise_method(0.9) == "student-t x sigma"
+    assert old.noise_half_width(0.9) == pytest.approx(
+        student_t.ppf(0.95, res.dof) * res.sigma, rel=1e-9)
+    new = FitResult.from_json(json.loads(json.dumps(res.to_json())))
+    assert new.noise_half_width(0.9) == pytest.approx(res.noise_half_width(0.9), rel=1e-12)
