@@ -66,6 +66,7 @@ from typing import Any
 
 import numpy as np
 
+from fit.prediction import Prediction
 from fit.lr_schedules import NamedSchedule, lr_from_samples, lr_from_schedule, parse_schedule
 from ladder.io import InputError, sha256_of
 
@@ -546,31 +547,6 @@ def _fit_one_size(model: _Model, runs: Sequence[_Run], delta: float, n_starts: i
 
 
 @dataclass
-class CurvePrediction:
-    """A predicted loss curve: numpy arrays over ``step`` with a band at ``level``."""
-
-    step: np.ndarray
-    fraction: np.ndarray
-    loss: np.ndarray
-    lo: np.ndarray
-    hi: np.ndarray
-    level: float
-
-    def to_dict(self) -> dict:
-        return {"step": self.step.tolist(), "fraction": self.fraction.tolist(),
-                "loss": self.loss.tolist(), "lo": self.lo.tolist(), "hi": self.hi.tolist(),
-                "level": self.level}
-
-    def to_csv(self) -> str:
-        def f(x):
-            return "nan" if not np.isfinite(x) else f"{x:.8g}"
-        lines = ["step,loss,lo,hi"]
-        lines += [f"{int(s)},{f(a)},{f(b)},{f(c)}"
-                  for s, a, b, c in zip(self.step, self.loss, self.lo, self.hi)]
-        return "\n".join(lines) + "\n"
-
-
-@dataclass
 class CurveLaw:
     """A fitted schedule-aware curve law (form ``mpl`` or ``momentum``); see the module doc."""
 
@@ -610,7 +586,7 @@ class CurveLaw:
                 peak_lr: float | None = None, at_steps=None, fraction=None,
                 params: float | None = None, active_params: float | None = None,
                 level: float | None = None, tokens=None, compute=None,
-                seed: int = 0) -> CurvePrediction:
+                seed: int = 0) -> Prediction:
         """Predicted curve with a band.
 
         The schedule: ``lr`` (LR of every update, ``lr[s-1]`` for update ``s``), or ``schedule``
@@ -682,7 +658,7 @@ class CurveLaw:
         else:
             warnings.warn("curve law has no bootstrap draws (or no residual scale): the band "
                           "cannot be computed and is reported as NaN", stacklevel=2)
-        return CurvePrediction(at, at / n, center, lo, hi, level)
+        return Prediction(step=at, fraction=at / n, loss=center, lo=lo, hi=hi, level=level)
 
     # -- artifacts ----------------------------------------------------------------------
     def to_json(self) -> dict:
@@ -1069,7 +1045,7 @@ def schedules_from_sources(sources) -> dict[str, np.ndarray]:
 
 
 def predict_rung(law: CurveLaw, rung, schedule=None, *, level: float | None = None,
-                 at_steps=None, fraction=None) -> CurvePrediction:
+                 at_steps=None, fraction=None) -> Prediction:
     """The curve of ``rung`` (a :class:`ladder.specs.Rung`) under ``schedule`` (default: the
     rung's own; e.g. ``dataclasses.replace(rung.schedule, decay_end=0.6)`` for a shortened
     plan), its steps and peak LR, sized by the rung's params in its param convention."""
@@ -1111,7 +1087,7 @@ class ScheduledLaw:
         return self.law.to_json()
 
     def predict(self, *, fraction=None, tokens=None, level: float | None = None,
-                **_sizes) -> CurvePrediction:
+                **_sizes) -> Prediction:
         g = np.atleast_1d(np.asarray(1.0 if fraction is None else fraction, float))
         steps = np.full(g.shape, self.rung.steps, dtype=np.int64)
         if tokens is not None:
@@ -1125,7 +1101,7 @@ class ScheduledLaw:
             pred = predict_rung(self.law, dataclasses.replace(self.rung, steps=int(n)),
                                 self.schedule, level=level, fraction=g[idx])
             loss[idx], lo[idx], hi[idx], step_out[idx] = pred.loss, pred.lo, pred.hi, pred.step
-        return CurvePrediction(step=step_out, fraction=g, loss=loss, lo=lo, hi=hi,
+        return Prediction(step=step_out, fraction=g, loss=loss, lo=lo, hi=hi,
                                level=float(pred.level if pred is not None else level or 0.9))
 
 

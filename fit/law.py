@@ -29,13 +29,12 @@ import datetime as _dt
 import math
 import time
 import warnings
-from dataclasses import dataclass
-
 import numpy as np
 import pandas as pd
 from scipy.special import ndtri, stdtrit  # quantiles; scipy.stats takes 0.6 s to import
 
 from fit.forms import FORMS, Form, Model, Spec, get_form
+from fit.prediction import Prediction
 from fit.solver import STATUS, lbfgs
 from ladder.io import InputError, as_float, sha256_of
 
@@ -46,21 +45,6 @@ CURVE_FORMS = ("mpl", "momentum")  # fit.curves (schedule-aware curve laws)
 
 
 # ----------------------------------------------------------------------------- results
-
-
-@dataclass(frozen=True)
-class Prediction:
-    loss: np.ndarray
-    lo: np.ndarray
-    hi: np.ndarray
-    level: float
-
-    def to_dict(self) -> dict:
-        def one(a):
-            a = np.asarray(a, dtype=float)
-            return float(a) if a.ndim == 0 else a.tolist()
-        return {"loss": one(self.loss), "lo": one(self.lo), "hi": one(self.hi),
-                "level": self.level}
 
 
 class FitResult:

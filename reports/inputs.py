@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from fit.prediction import Prediction
 from ladder.io import EX_NOINPUT, InputError, as_float, iter_jsonl, read_json, read_metrics
 
 DEFAULT_METRIC = "eval_dropless/loss"  # the metric the real ladder fitted (DESIGN.md §1)
@@ -212,14 +213,6 @@ def load_run(path: str | os.PathLike) -> RunData:
 
 
 # ----------------------------------------------------------------------------- the law
-
-
-@dataclass
-class Prediction:
-    loss: np.ndarray
-    lo: np.ndarray
-    hi: np.ndarray
-    level: float
 
 
 @dataclass
