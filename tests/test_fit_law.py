@@ -447,3 +447,17 @@ def test_law_json_written_before_the_residual_quantile_still_loads_with_t_bands(
         student_t.ppf(0.95, res.dof) * res.sigma, rel=1e-9)
     new = FitResult.from_json(json.loads(json.dumps(res.to_json())))
     assert new.noise_half_width(0.9) == pytest.approx(res.noise_half_width(0.9), rel=1e-12)
+
+
+def test_a_law_json_written_by_the_code_before_issue_16_loads_and_predicts_as_it_did():
+    # tests/data/law_main_b81488e.json: written by main at b81488e (fit_law on a 12-run compute
+    # table, bootstrap 50), before abs_residuals_log and fit.prediction existed; that code's
+    # predict(compute=1e23) printed these three numbers
+    from pathlib import Path
+
+    from fit.lawjson import load_law
+    law = load_law(Path(__file__).parent / "data" / "law_main_b81488e.json")
+    p = law.predict(compute=1e23)
+    assert (float(p.loss), float(p.lo), float(p.hi)) == pytest.approx(
+        (2.2133111313327642, 2.1916037033777185, 2.226087580825499), rel=1e-12)
+    assert law.noise_method() == "student-t x sigma"
