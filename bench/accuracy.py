@@ -340,7 +340,6 @@ def held_out(df: pd.DataFrame, fit_kw: dict, scheme: str, decades: float = RUNG_
     levels = np.sort(rung.unique())
     folds = levels if scheme == "loro" else levels[max(1, len(levels) - max_folds):]
     errs, inside, half, notes, applied = [], [], [], [], False
-    inside_fc, half_fc = [], []
     for lv in folds:
         test_runs = rung.index[rung == lv]
         train_runs = rung.index[(rung != lv) if scheme == "loro" else (rung < lv)]
@@ -367,9 +366,6 @@ def held_out(df: pd.DataFrame, fit_kw: dict, scheme: str, decades: float = RUNG_
         ok = np.isfinite(p.lo) & np.isfinite(p.hi)
         inside += list(ok & (y >= p.lo) & (y <= p.hi))
         half += list(np.where(ok, (np.log(p.hi) - np.log(p.lo)) / 2, np.nan))
-        lo_f, hi_f = _forecast_band(r, test, p)
-        inside_fc += list(ok & (y >= lo_f) & (y <= hi_f))
-        half_fc += list(np.where(ok, (np.log(hi_f) - np.log(lo_f)) / 2, np.nan))
         tag = r.form + (f" E={r.params['E']:.3g}" if "E" in r.params else "")
         chosen = (r.diagnostics.get("asymptote_rule") or {}).get("chosen")
         applied |= bool((r.diagnostics.get("asymptote_rule") or {}).get("applied"))
@@ -377,32 +373,9 @@ def held_out(df: pd.DataFrame, fit_kw: dict, scheme: str, decades: float = RUNG_
     e = np.abs(np.array(errs))
     return {"n": int(e.size), "coverage": float(np.mean(inside)) if inside else math.nan,
             "median_half_width": float(np.nanmedian(half)) if half else math.nan,
-            "coverage_forecast": float(np.mean(inside_fc)) if inside_fc else math.nan,
-            "median_half_width_forecast": float(np.nanmedian(half_fc)) if half_fc else math.nan,
             "mean_abs_err": float(np.mean(e)) if e.size else math.nan,
             "q90_abs_err": float(np.quantile(e, 0.9)) if e.size else math.nan,
             "folds": notes, "rule_applied": applied}
-
-
-def _forecast_band(law, test: pd.DataFrame, p):
-    """The band ``ladder preregister`` would freeze at the held-out points: the law's band
-    widened by the law's own extrapolation error to each run's planned scale
-    (predict.forecast.extrapolation_error: its rollout backtest's RMS log error per decade x
-    the decades beyond the largest fitted run), without eval noise."""
-    from predict.forecast import Target, combine_band, extrapolation_error
-    lo, hi = np.array(p.lo, float), np.array(p.hi, float)
-    fr = test["fraction"].to_numpy(float) if "fraction" in test.columns else np.ones(len(test))
-    for run in test["run"].unique():
-        m = (test["run"] == run).to_numpy()
-        t = test[m]
-        n, d = float(t["params"].max()), float(t["tokens"].max() / fr[m].max())
-        c = float(t["compute"].max() / fr[m].max()) if "compute" in t.columns and \
-            t["compute"].notna().all() else 6.0 * n * d
-        x = extrapolation_error(law, Target(name=str(run), params=n, active_params=n, tokens=d,
-                                            steps=1, compute=c, seq_len=1)).sigma_log
-        lo[m], hi[m] = combine_band(np.asarray(p.loss, float)[m], lo[m], hi[m],
-                                    level=CALIBRATION_LEVEL, eval_noise=0.0, extrapolation=x)
-    return lo, hi
 
 
 def calibration_table(anchors: Path, schemes=("loro", "rollout"), only=None) -> list[dict]:
@@ -432,8 +405,7 @@ def calibration_table(anchors: Path, schemes=("loro", "rollout"), only=None) -> 
                 tag = "(rule off)" if label == "before" else ("(rule on)" if
                                                               after["rule_applied"] else "")
                 print(f"{name:<20} {scheme + ' ' + tag:<19} {r['n']:>4} {r['coverage']:>8.0%} "
-                      f"{r['median_half_width']:>10.2%} {r['coverage_forecast']:>8.0%} "
-                      f"{r['median_half_width_forecast']:>9.2%} {r['mean_abs_err']:>9.2%} "
+                      f"{r['median_half_width']:>10.2%} {r['mean_abs_err']:>9.2%} "
                       f"{r['q90_abs_err']:>9.2%}  {ok:<3} {r['seconds']:>5.0f}s  "
                       f"{'; '.join(dict.fromkeys(r['folds']))}", flush=True)
     return rows
@@ -461,14 +433,13 @@ def main(argv=None) -> int:
     OPTS["bootstrap"] = args.bootstrap
     if args.calibration:
         print(f"{'ladder':<20} {'scheme':<19} {'n':>4} {'coverage':>8} {'half-width':>10} "
-              f"{'fc cover':>8} {'fc h-w':>9} {'mean|err|':>9} {'q90|err|':>9}  ok  time   "
-              "fits (form, E) per fold")
+              f"{'mean|err|':>9} {'q90|err|':>9}  ok  time   fits (form, E) per fold")
         calibration_table(anchors, only=args.ladder)
         print(f"coverage of the {CALIBRATION_LEVEL:.0%} band at the held-out rungs' points; "
               f"target {COVERAGE_TARGET[0]:.0%}..{COVERAGE_TARGET[1]:.0%} (leave-one-rung-out);"
-              " half-width: median of log(hi/lo)/2; fc: the pre-registered band (law band and"
-              " its rollout extrapolation error beyond the largest fitted run); errors"
-              " |log(pred/actual)|; 'rule off' rows "
+              " band: the law's (fit on the other rungs; with its extrapolation error outside"
+              " their scale range, as pre-registered, less eval noise);"
+              " half-width: median of log(hi/lo)/2; errors |log(pred/actual)|; 'rule off' rows "
               "(E left free) only where the short-ladder asymptote rule changed a fold")
         return 0
     print(f"{'source':<38} {'quantity':<26} {'ours':>10} {'published':>10}  "

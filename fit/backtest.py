@@ -73,7 +73,7 @@ def backtest(df: pd.DataFrame, spec, opts: dict, *, by: str | None = None,
         folds.append(fold)
     out = {"method": "rollout by scale level (0.05 decades); leave-largest-out = last fold",
            "folds": folds, "skipped": skipped, "scale": kind,
-           "scale_log10_max": float(logs.max())}
+           "scale_log10_max": float(logs.max()), "scale_log10_min": float(logs.min())}
     if folds:
         fin = np.concatenate([f["final_rel_err"] for f in folds])
         out["rollout_mean_abs_final"] = float(np.mean(np.abs(fin)))

@@ -105,13 +105,21 @@ class FitResult:
 
     # --- prediction ----------------------------------------------------------------------------
     def predict(self, params=None, active_params=None, tokens=None, compute=None, fraction=None,
-                level: float = 0.9, extra_log_sigma=0.0) -> Prediction:
+                level: float = 0.9, extra_log_sigma=0.0, extrapolation: bool = True
+                ) -> Prediction:
         """Loss and its band at ``level`` (numpy arrays, inputs broadcast). ``compute`` and
         ``tokens`` are so far at the point (points-table convention); ``fraction`` is the
-        progress through the planned run (trajectory and per-fraction laws; default 1)."""
+        progress through the planned run (trajectory and per-fraction laws; default 1).
+        ``extra_log_sigma``: a further log sd (eval noise) added in quadrature; the band also
+        holds the law's extrapolation error outside its runs' scale range
+        (:meth:`extrapolation_log_sd`) unless ``extrapolation=False``."""
         level = float(level)
         if not 0 < level < 1:
             raise ValueError(f"level: must be in (0, 1), got {level!r}")
+        if extrapolation:
+            x = self.extrapolation_log_sd(params=params, tokens=tokens, compute=compute,
+                                          fraction=fraction)
+            extra_log_sigma = np.sqrt(np.square(np.asarray(extra_log_sigma, float)) + x ** 2)
         if self.groups:
             return self._predict_groups(params, active_params, tokens, compute, fraction, level,
                                         extra_log_sigma)
@@ -134,6 +142,37 @@ class FitResult:
         lo, hi = self._band(model, center, level, np.broadcast_to(extra_log_sigma, shape).ravel())
         return Prediction(loss=np.exp(center).reshape(shape), lo=lo.reshape(shape),
                           hi=hi.reshape(shape), level=level)
+
+    def extrapolation_log_sd(self, params=None, tokens=None, compute=None, fraction=None
+                             ) -> np.ndarray:
+        """The law's own extrapolation error (a log sd) at each point: the RMS over its rollout
+        backtest folds (refit below a scale level, forecast that level's finals) of log error
+        per decade extrapolated, times the point's decades outside the scale range of the runs
+        it was fitted on, above the largest or below the smallest (a run's scale: planned
+        compute, else params x tokens, else params: ``diagnostics.backtest.scale``; a point's
+        is its value at fraction 1). 0 inside the range, without a backtest, or without the
+        input the scale needs. Below the range the rate measured upward is assumed: a ladder
+        rung held out at the bottom is 0.85 decades below the rest on Gadre et al.'s ladder and
+        its law misses it by 5-24% (docs/LOG.md, 2026-12-01)."""
+        rate, kind, lo, hi = extrapolation_rate(self.diagnostics.get("backtest"))
+        given = [np.asarray(x, float) for x in (params, tokens, compute, fraction)
+                 if x is not None]
+        shape = np.broadcast(*given).shape if given else ()
+        fr = np.asarray(1.0 if fraction is None else fraction, float)
+        scale = None
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if kind == "compute" and compute is not None:
+                scale = np.asarray(compute, float) / fr
+            elif kind == "params_x_tokens" and params is not None and tokens is not None:
+                scale = np.asarray(params, float) * np.asarray(tokens, float) / fr
+            elif kind == "params" and params is not None:
+                scale = np.asarray(params, float)
+        if rate is None or scale is None:
+            return np.zeros(shape)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ls = np.log10(np.broadcast_to(scale, shape))
+        d = np.maximum(ls - hi, 0.0) + (np.maximum(lo - ls, 0.0) if lo is not None else 0.0)
+        return rate * np.where(np.isfinite(d), d, 0.0)
 
     def _columns(self, params, active_params, tokens, compute, fraction) -> dict:
         given = {"params": params, "active_params": active_params, "tokens": tokens,
@@ -276,7 +315,8 @@ class FitResult:
         def b(x):
             return None if x is None else np.broadcast_to(np.asarray(x, float), shape).ravel()
         kw = {"params": b(params), "active_params": b(active_params), "tokens": b(tokens),
-                  "compute": b(compute), "level": level, "extra_log_sigma": b(extra)}
+              "compute": b(compute), "level": level, "extra_log_sigma": b(extra),
+              "extrapolation": False}  # the whole law's term is already in ``extra``
         preds = [r.predict(**kw) for _, r in self.groups]
         logs = np.log(np.array([[p.loss, p.lo, p.hi] for p in preds]))  # (G, 3, m)
         for j in range(gb.size):
@@ -362,6 +402,27 @@ def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = 
         from fit.select import asymptote_rule as rule
         res = rule(df, res, opts, fix, tie, prior)
     return res
+
+
+def extrapolation_rate(bt) -> tuple:
+    """(RMS log error per decade, scale kind, log10 of the smallest and the largest run's
+    scale) from a backtest's record (``diagnostics.backtest``); rate None without a fold that
+    extrapolated. The smallest is None in law.json files written before it was recorded (their
+    band then widens only above the largest run, as the forecast did)."""
+    bt = bt if isinstance(bt, dict) else {}
+    per_decade = []
+    for fold in bt.get("folds") or []:
+        d = fold.get("decades") if isinstance(fold, dict) else None
+        if not (isinstance(d, (int, float)) and d > 0):
+            continue
+        per_decade += [math.log1p(float(e)) / d for e in fold.get("final_rel_err") or []
+                       if isinstance(e, (int, float)) and math.isfinite(e) and e > -1]
+    top, bottom, kind = bt.get("scale_log10_max"), bt.get("scale_log10_min"), bt.get("scale")
+    if not per_decade or not isinstance(top, (int, float)) or kind not in (
+            "compute", "params_x_tokens", "params"):
+        return None, kind, None, None
+    bottom = float(bottom) if isinstance(bottom, (int, float)) else None
+    return float(np.sqrt(np.mean(np.square(per_decade)))), kind, bottom, float(top)
 
 
 def _check_prior(prior, fix) -> dict:

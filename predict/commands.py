@@ -106,7 +106,7 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
         noise_info = {"sigma": float(eval_noise), "n": 0, "method": "given (--eval-noise)"}
     extrapolation = fc.extrapolation_error(law, target)
     f = fc.forecast(law, target, level=level, eval_noise=noise_info["sigma"],
-                    extrapolation=extrapolation.sigma_log)
+                    extrapolation=0.0 if extrapolation.in_law_band else extrapolation.sigma_log)
     import numpy as np
     if not allow_no_band and not (np.isfinite(f.lo).any() and np.isfinite(f.hi).any()):
         # a frozen, never-overwritable file whose band is all NaN can never judge anything

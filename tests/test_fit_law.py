@@ -456,8 +456,43 @@ def test_a_law_json_written_by_the_code_before_issue_16_loads_and_predicts_as_it
     from pathlib import Path
 
     from fit.lawjson import load_law
-    law = load_law(Path(__file__).parent / "data" / "law_main_b81488e.json")
-    p = law.predict(compute=1e23)
+    from scipy.stats import norm
+    path = Path(__file__).parent / "data" / "law_main_b81488e.json"
+    law = load_law(path)
+    p = law.predict(compute=1e23, extrapolation=False)
     assert (float(p.loss), float(p.lo), float(p.hi)) == pytest.approx(
         (2.2133111313327642, 2.1916037033777185, 2.226087580825499), rel=1e-12)
     assert law.noise_method() == "student-t x sigma"
+    # 1e23 is one decade beyond its largest run (1e22): the band now also holds the law's
+    # extrapolation error, its rollout folds' RMS log error per decade (recomputed here from
+    # the file) x 1 decade, in quadrature in log space
+    folds = json.loads(path.read_text())["diagnostics"]["backtest"]["folds"]
+    per = [math.log1p(e) / f["decades"] for f in folds for e in f["final_rel_err"]]
+    x = norm.ppf(0.95) * math.sqrt(np.mean(np.square(per))) * 1.0
+    w = law.predict(compute=1e23)
+    c = math.log(float(p.loss))
+    assert math.log(float(w.hi)) - c == pytest.approx(
+        math.hypot(math.log(float(p.hi)) - c, x), rel=1e-9)
+    assert c - math.log(float(w.lo)) == pytest.approx(
+        math.hypot(c - math.log(float(p.lo)), x), rel=1e-9)
+    # inside the runs' range (1e18..1e22) nothing is added
+    q, r = law.predict(compute=1e20), law.predict(compute=1e20, extrapolation=False)
+    assert (float(q.lo), float(q.hi)) == (float(r.lo), float(r.hi))
+
+
+def test_band_holds_the_extrapolation_error_below_and_above_the_ladder_not_inside():
+    res = fit_law(_compute_table(n=8, noise=0.01, seed=1), form="compute", bootstrap=0)
+    bt = res.diagnostics["backtest"]
+    assert bt["scale_log10_min"] == pytest.approx(18.0) and bt["scale_log10_max"] == \
+        pytest.approx(22.0)
+    per = [math.log1p(e) / f["decades"] for f in bt["folds"] for e in f["final_rel_err"]]
+    rate = math.sqrt(np.mean(np.square(per)))
+    assert rate > 0
+    sd = res.extrapolation_log_sd(compute=np.array([1e16, 1e17, 1e18, 1e20, 1e22, 1e23]))
+    assert sd == pytest.approx(rate * np.array([2, 1, 0, 0, 0, 1]), abs=1e-12)
+    # a trajectory-style point: its scale is the planned compute (compute / fraction)
+    assert float(res.extrapolation_log_sd(compute=1e22, fraction=0.1)) == pytest.approx(rate)
+    inside, bare = res.predict(compute=1e20), res.predict(compute=1e20, extrapolation=False)
+    assert float(inside.hi) == float(bare.hi)
+    below, bare = res.predict(compute=1e17), res.predict(compute=1e17, extrapolation=False)
+    assert float(below.hi) > float(bare.hi) and float(below.lo) < float(bare.lo)
