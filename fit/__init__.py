@@ -31,8 +31,7 @@ rollout and leave-the-largest-out (``fit.backtest``). Allocation and IsoFLOP App
 """
 
 from fit.allocation import Allocation, IsoFlopResult, allocation, isoflop_approach2
-from fit.law import FitResult, Prediction, fit_law
-from fit.lawjson import load_law
+from fit.law import FitResult, Prediction, fit_law, load_law
 from fit.points import load_points
 
 __all__ = [

@@ -686,6 +686,7 @@ class CurveLaw:
             },
             "uncertainty": {
                 "method": "run-level bootstrap (refit from the estimate) + RMS log residual",
+                "band_method": "bootstrap + residual-rms (monte carlo)",
                 "level": self.level, "intervals": intervals, "n_draws": len(self.draws),
                 "draws": [dict(d) for d in self.draws], "residual_sigma_log": self.sigma,
             },

@@ -285,7 +285,7 @@ def extrapolation_error(law, target: Target | None = None) -> Extrapolation:
     The law's band already holds this term (``FitResult.extrapolation_log_sd``, issue 13: so
     that one place computes a law's band); ``in_law_band`` says so and the forecast does not
     add it again. It is recorded in prereg.json as ``extrapolation``."""
-    from fit.law import extrapolation_rate
+    from fit.result import extrapolation_rate
     bt = (getattr(law, "diagnostics", None) or {}).get("backtest") or {}
     rate, kind, _bottom, top = extrapolation_rate(bt)
     n = sum(1 for f in bt.get("folds") or [] if isinstance(f, dict)

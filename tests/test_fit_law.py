@@ -455,7 +455,7 @@ def test_a_law_json_written_by_the_code_before_issue_16_loads_and_predicts_as_it
     # predict(compute=1e23) printed these three numbers
     from pathlib import Path
 
-    from fit.lawjson import load_law
+    from fit import load_law
     from scipy.stats import norm
     path = Path(__file__).parent / "data" / "law_main_b81488e.json"
     law = load_law(path)
