@@ -161,7 +161,7 @@ def preregister_main(args) -> int:
             raise InputError(f"a {law.form} law forecasts a run from its LR schedule: give the "
                              f"target as --target LADDER:RUNG", field="--target-spec",
                              exit_code=EX_USAGE)
-        from fit.curves import ScheduledLaw
+        from predict.planned import ScheduledLaw
         from ladder.specs import resolve
 
         law = ScheduledLaw(law, resolve(args.target)[1][0])

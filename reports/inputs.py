@@ -271,12 +271,12 @@ class LawView:
 
     def predict_run(self, rung, fractions, level: float | None = None) -> Prediction | None:
         """A curve law along ``rung`` (a ``ladder.specs.Rung`` from a run's config.json) at
-        ``fractions`` of its schedule, via ``fit.curves.predict_rung``; None when it fails."""
+        ``fractions`` of its schedule, via ``predict.planned.predict_rung``; None when it fails."""
         if self.obj is None or rung is None:
             return None
         fr = np.asarray(fractions, float)
         try:
-            from fit.curves import predict_rung
+            from predict.planned import predict_rung
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 p = predict_rung(self.obj, rung, fraction=fr, level=level or self.level)
