@@ -660,6 +660,16 @@ class CurveLaw:
         return Prediction(step=at, fraction=at / n, loss=center, lo=lo, hi=hi, level=level)
 
     # -- artifacts ----------------------------------------------------------------------
+    @property
+    def band_method(self) -> str:
+        """The band's method by name (law.json ``uncertainty.band_method``)."""
+        return "bootstrap + residual-rms (monte carlo)"
+
+    def band(self, **inputs) -> tuple[np.ndarray, np.ndarray]:
+        """(lo, hi) of :meth:`predict`'s band (same keywords)."""
+        p = self.predict(**inputs)
+        return p.lo, p.hi
+
     def to_json(self) -> dict:
         from ladder import __version__
         from ladder.counting import conventions
@@ -685,7 +695,7 @@ class CurveLaw:
             },
             "uncertainty": {
                 "method": "run-level bootstrap (refit from the estimate) + RMS log residual",
-                "band_method": "bootstrap + residual-rms (monte carlo)",
+                "band_method": self.band_method,
                 "level": self.level, "intervals": intervals, "n_draws": len(self.draws),
                 "draws": [dict(d) for d in self.draws], "residual_sigma_log": self.sigma,
             },

@@ -333,6 +333,11 @@ class FitResult:
         top, groups = lawjson.read(obj, path=path)
         return cls(**top, groups=[(v, cls(**kw)) for v, kw in groups])
 
+    def band(self, **inputs) -> tuple[np.ndarray, np.ndarray]:
+        """(lo, hi) of :meth:`predict`'s band (same keywords)."""
+        p = self.predict(**inputs)
+        return p.lo, p.hi
+
     @property
     def band_method(self) -> str:
         """The band's method, by name (law.json ``uncertainty.band_method``)."""

@@ -496,3 +496,23 @@ def test_band_holds_the_extrapolation_error_below_and_above_the_ladder_not_insid
     assert float(inside.hi) == float(bare.hi)
     below, bare = res.predict(compute=1e17), res.predict(compute=1e17, extrapolation=False)
     assert float(below.hi) > float(bare.hi) and float(below.lo) < float(bare.lo)
+
+
+def test_every_law_is_a_law_with_its_band_method_in_law_json_and_one_reader():
+    from fit import Law
+    from fit.curves import CurveLaw
+    from fit.law import law_from_json
+    res = fit_law(_compute_table(n=12, noise=0.01), form="compute", bootstrap=30,
+                  backtest=False)
+    curve = CurveLaw(form="momentum", params={"L0": 2.0, "A": 1.0, "alpha": 0.5, "C": 0.1,
+                                              "lam": 0.99}, lr_scale=1e-3)
+    for law in (res, curve):
+        assert isinstance(law, Law)
+        obj = json.loads(json.dumps(law.to_json()))
+        assert obj["uncertainty"]["band_method"] == law.band_method
+        back = law_from_json(obj)
+        assert type(back) is type(law) and back.form == law.form
+    assert res.band_method == "bootstrap + residual-quantile + extrapolation"
+    lo, hi = res.band(compute=1e20)
+    p = res.predict(compute=1e20)
+    assert (float(lo), float(hi)) == (float(p.lo), float(p.hi))
