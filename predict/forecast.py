@@ -183,7 +183,9 @@ def estimate_eval_noise(curves: Iterable[tuple[np.ndarray, np.ndarray]], *,
 
 @dataclass(frozen=True)
 class Forecast:
-    """A target's metric curve with its band. Arrays share one index (the grid)."""
+    """A target's metric curve with its band. Arrays share one index (the grid), sorted by
+    fraction. Built by :func:`forecast`, or read back from a pre-registration's ``forecast``
+    points (:meth:`from_points`: the reports' view, without the law-only band)."""
 
     fraction: np.ndarray
     step: np.ndarray
@@ -191,11 +193,45 @@ class Forecast:
     loss: np.ndarray
     lo: np.ndarray
     hi: np.ndarray
-    final: dict
-    level: float
-    eval_noise: float
-    law_lo: np.ndarray
-    law_hi: np.ndarray
+    final: dict = field(default_factory=dict)
+    level: float = math.nan
+    eval_noise: float = 0.0
+    law_lo: np.ndarray | None = None   # the law's band alone (before eval noise)
+    law_hi: np.ndarray | None = None
+
+    @classmethod
+    def from_points(cls, rows) -> Forecast | None:
+        """The ``forecast`` list of a prereg.json (dicts with fraction, step, tokens, loss, lo,
+        hi); rows without a fraction or a loss are skipped, other missing numbers are NaN.
+        None when no row is usable."""
+        if not isinstance(rows, list) or not rows:
+            return None
+        keys = ("fraction", "step", "tokens", "loss", "lo", "hi")
+        cols: dict[str, list[float]] = {k: [] for k in keys}
+        for r in rows:
+            if not isinstance(r, dict):
+                continue
+            vals = {k: as_float(r.get(k)) for k in cols}
+            if vals["fraction"] is None or vals["loss"] is None:
+                continue
+            for k, v in vals.items():
+                cols[k].append(np.nan if v is None else v)
+        if not cols["fraction"]:
+            return None
+        order = np.argsort(cols["fraction"])
+        return cls(*(np.asarray(cols[k], float)[order] for k in cols))
+
+    def at(self, fraction: float | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(loss, lo, hi) interpolated linearly in fraction; NaN outside the registered grid."""
+        g = np.asarray(fraction, float)
+        out = []
+        for arr in (self.loss, self.lo, self.hi):
+            ok = np.isfinite(arr)
+            if ok.sum() == 0:
+                out.append(np.full(g.shape, np.nan))
+                continue
+            out.append(np.interp(g, self.fraction[ok], arr[ok], left=np.nan, right=np.nan))
+        return tuple(out)
 
     def points(self) -> list[dict]:
         return [{"fraction": float(f), "step": int(s), "tokens": float(t), "loss": float(l),

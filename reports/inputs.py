@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from fit.prediction import Prediction
+from predict.forecast import Forecast
 from ladder.io import EX_NOINPUT, InputError, as_float, iter_jsonl, read_json, read_metrics
 
 DEFAULT_METRIC = "eval_dropless/loss"  # the metric the real ladder fitted (DESIGN.md §1)
@@ -316,49 +317,8 @@ def load_law(law: Any) -> LawView | None:
 # ----------------------------------------------------------------------------- prereg, alerts
 
 
-@dataclass
-class Forecast:
-    """The pre-registered forecast as arrays sorted by fraction."""
-
-    fraction: np.ndarray
-    step: np.ndarray
-    tokens: np.ndarray
-    loss: np.ndarray
-    lo: np.ndarray
-    hi: np.ndarray
-
-    def at(self, fraction: float | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(loss, lo, hi) interpolated linearly in fraction; NaN outside the registered grid."""
-        g = np.asarray(fraction, float)
-        out = []
-        for arr in (self.loss, self.lo, self.hi):
-            ok = np.isfinite(arr)
-            if ok.sum() == 0:
-                out.append(np.full(g.shape, np.nan))
-                continue
-            v = np.interp(g, self.fraction[ok], arr[ok], left=np.nan, right=np.nan)
-            out.append(v)
-        return tuple(out)
-
-
 def prereg_forecast(prereg: dict) -> Forecast | None:
-    rows = prereg.get("forecast")
-    if not isinstance(rows, list) or not rows:
-        return None
-    keys = ("fraction", "step", "tokens", "loss", "lo", "hi")
-    cols: dict[str, list[float]] = {k: [] for k in keys}
-    for r in rows:
-        if not isinstance(r, dict):
-            continue
-        vals = {k: as_float(r.get(k)) for k in cols}
-        if vals["fraction"] is None or vals["loss"] is None:
-            continue
-        for k, v in vals.items():
-            cols[k].append(np.nan if v is None else v)
-    if not cols["fraction"]:
-        return None
-    order = np.argsort(cols["fraction"])
-    return Forecast(*(np.asarray(cols[k], float)[order] for k in cols))
+    return Forecast.from_points(prereg.get("forecast"))
 
 
 SEVERITIES = ("info", "warn", "critical")
