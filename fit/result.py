@@ -132,18 +132,16 @@ class FitResult:
 
     def extrapolation_log_sd(self, params=None, tokens=None, compute=None, fraction=None
                              ) -> np.ndarray:
-        """The law's own extrapolation error (a log sd) at each point: the rate at which its
-        rollout backtest folds (refit below a scale level, forecast that level's finals) missed
-        beyond their noise, per decade extrapolated (:func:`extrapolation_rate`), times the
-        point's decades outside the scale range of the runs it was fitted on, above the
-        largest or below the smallest (a run's scale: planned compute, else params x tokens,
-        else params: ``diagnostics.backtest.scale``; a point's is its value at fraction 1).
-        0 inside the range, without a backtest, or without the input the scale needs. Below
-        the range the rate measured upward is assumed: a ladder rung held out at the bottom
-        is 0.85 decades below the rest on Gadre et al.'s ladder and its law misses it by
-        5-24% (docs/LOG.md, 2026-12-01)."""
-        rate, kind, lo, hi = extrapolation_rate(self.diagnostics.get("backtest"),
-                                                noise_sd=self.sigma or 0.0)
+        """The law's own extrapolation error (a log sd) at each point: the RMS over its rollout
+        backtest folds (refit below a scale level, forecast that level's finals) of log error
+        per decade extrapolated, times the point's decades outside the scale range of the runs
+        it was fitted on, above the largest or below the smallest (a run's scale: planned
+        compute, else params x tokens, else params: ``diagnostics.backtest.scale``; a point's
+        is its value at fraction 1). 0 inside the range, without a backtest, or without the
+        input the scale needs. Below the range the rate measured upward is assumed: a ladder
+        rung held out at the bottom is 0.85 decades below the rest on Gadre et al.'s ladder and
+        its law misses it by 5-24% (docs/LOG.md, 2026-12-01)."""
+        rate, kind, lo, hi = extrapolation_rate(self.diagnostics.get("backtest"))
         given = [np.asarray(x, float) for x in (params, tokens, compute, fraction)
                  if x is not None]
         shape = np.broadcast(*given).shape if given else ()
@@ -346,26 +344,18 @@ class FitResult:
         return lawjson.band_method(self)
 
 
-def extrapolation_rate(bt, noise_sd: float = 0.0) -> tuple:
-    """(log error per decade, scale kind, log10 of the smallest and the largest run's scale)
-    from a backtest's record (``diagnostics.backtest``); rate None without a fold that
+def extrapolation_rate(bt) -> tuple:
+    """(RMS log error per decade, scale kind, log10 of the smallest and the largest run's
+    scale) from a backtest's record (``diagnostics.backtest``); rate None without a fold that
     extrapolated. The smallest is None in law.json files written before it was recorded (their
-    band then widens only above the largest run, as the forecast did).
-
-    A fold that forecast d decades ahead missed by log error e; e^2 ~ noise_sd^2 + (rate d)^2,
-    noise (the run-to-run scatter, already the band's noise part) plus an error growing with
-    the distance. The rate is the root mean of max(e^2 - noise_sd^2, 0) / d^2 over the folds'
-    points. Without the noise subtracted a 0.1-decade fold that missed by its 1% noise counted
-    as 10% per decade (the OLMo 13B target's band went from +-2% to +-10%)."""
+    band then widens only above the largest run, as the forecast did)."""
     bt = bt if isinstance(bt, dict) else {}
     per_decade = []
-    n2 = float(noise_sd or 0.0) ** 2
     for fold in bt.get("folds") or []:
         d = fold.get("decades") if isinstance(fold, dict) else None
         if not (isinstance(d, (int, float)) and d > 0):
             continue
-        per_decade += [math.sqrt(max(math.log1p(float(e)) ** 2 - n2, 0.0)) / d
-                       for e in fold.get("final_rel_err") or []
+        per_decade += [math.log1p(float(e)) / d for e in fold.get("final_rel_err") or []
                        if isinstance(e, (int, float)) and math.isfinite(e) and e > -1]
     top, bottom, kind = bt.get("scale_log10_max"), bt.get("scale_log10_min"), bt.get("scale")
     if not per_decade or not isinstance(top, (int, float)) or kind not in (

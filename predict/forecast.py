@@ -323,13 +323,12 @@ def extrapolation_error(law, target: Target | None = None) -> Extrapolation:
     add it again. It is recorded in prereg.json as ``extrapolation``."""
     from fit.result import extrapolation_rate
     bt = (getattr(law, "diagnostics", None) or {}).get("backtest") or {}
-    in_band = hasattr(law, "extrapolation_log_sd")
-    rate, kind, _bottom, top = extrapolation_rate(
-        bt, noise_sd=(getattr(law, "sigma", 0.0) or 0.0) if in_band else 0.0)
+    rate, kind, _bottom, top = extrapolation_rate(bt)
     n = sum(1 for f in bt.get("folds") or [] if isinstance(f, dict)
             and isinstance(f.get("decades"), (int, float)) and f["decades"] > 0
             for e in f.get("final_rel_err") or [] if isinstance(e, (int, float))
             and math.isfinite(e) and e > -1)
+    in_band = hasattr(law, "extrapolation_log_sd")
     scale = None if target is None else {"compute": target.compute,
                                          "params_x_tokens": target.params * target.tokens,
                                          "params": target.params}.get(kind)
@@ -342,9 +341,9 @@ def extrapolation_error(law, target: Target | None = None) -> Extrapolation:
     else:
         sd = rate * max(0.0, math.log10(scale) - top)
     decades = sd / rate if rate > 0 else 0.0
-    return Extrapolation(sd, n, f"rollout backtest of the law: log error beyond its noise "
-                                f"{rate:.4f} per decade (of {kind}) x {decades:.2f} decades "
-                                "outside the ladder's runs" + ("; inside the law's band" if in_band
+    return Extrapolation(sd, n, f"rollout backtest of the law: RMS log error {rate:.4f} per "
+                                f"decade (of {kind}) x {decades:.2f} decades outside the "
+                                "ladder's runs" + ("; inside the law's band" if in_band
                                                    else ""), in_band)
 
 
