@@ -75,8 +75,10 @@ def _uncertainty(r) -> dict:
         "band": "log space: the bootstrap quantile for the parameters (t * delta-method se "
                 "without usable replicates); for run-to-run noise the level x (m+1)/m quantile "
                 "of abs_residuals_log x sqrt(m/dof), m = dof + free parameters (t(dof) * "
-                "sigma_log where that rank exceeds 1, or without abs_residuals_log); combined "
-                "in quadrature",
+                "sigma_log where that rank exceeds 1, or without abs_residuals_log); the "
+                "extrapolation error outside the runs' scale range (RMS of the rollout folds' "
+                "log error per decade x decades outside; fit.result.extrapolation_rate); "
+                "combined in quadrature",
     }
 
 
