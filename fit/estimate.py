@@ -6,20 +6,17 @@ parameters). Multi-start from the form's grid (for ``chinchilla`` the paper's 4,
 start run to convergence by the batched L-BFGS of ``fit.solver``, the best polished with scipy's
 L-BFGS-B at tight tolerances.
 
-Uncertainty (both kept in law.json, so bands can be recomputed):
+Uncertainty (all kept in law.json, so bands can be recomputed):
 - a run-level Bayesian bootstrap (Dirichlet weights on *runs*: points of one run are correlated),
   each replicate refitted from the point estimate and the other distinct local optima;
-- a lack-of-fit Student-t interval: residual scale sigma from the fit, t quantile with the
-  residual degrees of freedom, and the delta-method covariance sigma^2 (J'J)^-1 (plus a prior's
-  precision, ``--prior``) for the parameter part. For runs with several points the dof are the
-  effective number of independent residuals (lag-1 autocorrelation along each run) less the free
-  parameters, never below runs minus across-run parameters.
-A prediction band at a point: in log space, the parameter part is the bootstrap quantile
-deviation where the bootstrap has usable replicates, else t x the delta-method standard error;
-the run-to-run noise part is t x sigma; an extra log-sigma (eval noise, added by a forecaster)
-is added in quadrature. A band that cannot be computed (no residual degrees of freedom, no
-usable replicates) is NaN with a warning. ``objective="ols"`` (the real ladder's fit) has its
-own band: statsmodels' OLS prediction interval of log(L - E).
+- the residuals: their scale sigma and degrees of freedom, and the |log residuals| whose quantile
+  is the band's noise part. For runs with several points the dof are the effective number of
+  independent residuals (lag-1 autocorrelation along each run) less the free parameters, never
+  below runs minus across-run parameters;
+- the delta-method covariance sigma^2 (J'J)^-1 (plus a prior's precision, ``--prior``), the
+  parameter part of the band where the bootstrap has no usable replicates.
+How these make a band: fit.result. ``objective="ols"`` (the real ladder's fit) has its own
+band: statsmodels' OLS prediction interval of log(L - E).
 """
 
 from __future__ import annotations
