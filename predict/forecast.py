@@ -1,17 +1,16 @@
 """Forecast a target run's metric curve from a law, with a band, and check that band's calibration.
 
 The band of a forecast point combines, in quadrature (independent errors, Gaussian approximation):
-- the law's band at the level (bootstrap parameter uncertainty + run-to-run residual noise, as
-  returned by ``law.predict``), and
+- the law's band at the level, as returned by ``law.predict`` (fit.result: bootstrap parameter
+  uncertainty, run-to-run residual noise, and the law's extrapolation error: a pre-registered
+  target lies beyond every rung, and the ladder measured how wrong its law is one step outside
+  them with the rollout backtest, which refits on the smaller rungs and forecasts the next one;
+  its RMS log error per decade times the target's decades beyond the largest rung. Without it a
+  band narrowed by honest bootstrap replicates missed the cpu demo's proxy hero, -5.0% against a
+  [-2.7%, +8.2%] band, docs/LOG.md. :func:`extrapolation_error` reports that term for
+  prereg.json; it is added here only for a law whose band lacks it), and
 - evaluation noise: the scatter of a single eval about the run's smooth curve (finite eval set),
-  estimated from the ladder's eval points (:func:`estimate_eval_noise`) or given, and
-- extrapolation error: a pre-registered target lies beyond every rung, and the law's own band
-  (fitted on those rungs) does not measure how wrong the law is one step outside them. The ladder
-  measured that itself: the rollout backtest refits on the smaller rungs and forecasts the next
-  one (:func:`extrapolation_error`). Its RMS log error per decade, times the target's decades
-  beyond the largest rung, enters as a relative sd. Without it, a band narrowed by honest
-  bootstrap replicates missed the cpu demo's proxy hero (-5.0% against a [-2.7%, +8.2%] band,
-  0.93 decades beyond a ladder whose one-rung backtest error was 3.2%; docs/LOG.md).
+  estimated from the ladder's eval points (:func:`estimate_eval_noise`) or given.
 A band the law cannot compute stays NaN (missing, loudly), never zero width.
 
 Calibration (:func:`leave_one_rung_out`) refits the law without one rung, forecasts that rung's
