@@ -14,6 +14,7 @@ our interval (``inside``) and whether our number meets the issue's target (``ok`
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import sys
 import time
@@ -340,6 +341,7 @@ def held_out(df: pd.DataFrame, fit_kw: dict, scheme: str, decades: float = RUNG_
     levels = np.sort(rung.unique())
     folds = levels if scheme == "loro" else levels[max(1, len(levels) - max_folds):]
     errs, inside, half, notes, applied = [], [], [], [], False
+    inside0, half0 = [], []
     for lv in folds:
         test_runs = rung.index[rung == lv]
         train_runs = rung.index[(rung != lv) if scheme == "loro" else (rung < lv)]
@@ -366,6 +368,16 @@ def held_out(df: pd.DataFrame, fit_kw: dict, scheme: str, decades: float = RUNG_
         ok = np.isfinite(p.lo) & np.isfinite(p.hi)
         inside += list(ok & (y >= p.lo) & (y <= p.hi))
         half += list(np.where(ok, (np.log(p.hi) - np.log(p.lo)) / 2, np.nan))
+        # the same fit's band by main's method before issue 13's calibration (b81488e): noise
+        # part t(dof) x sigma, no extrapolation term; the centre is the same
+        old = copy.copy(r)
+        old.abs_resid = None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            p0 = old.predict(**kw, extrapolation=False)
+        ok0 = np.isfinite(p0.lo) & np.isfinite(p0.hi)
+        inside0 += list(ok0 & (y >= p0.lo) & (y <= p0.hi))
+        half0 += list(np.where(ok0, (np.log(p0.hi) - np.log(p0.lo)) / 2, np.nan))
         tag = r.form + (f" E={r.params['E']:.3g}" if "E" in r.params else "")
         chosen = (r.diagnostics.get("asymptote_rule") or {}).get("chosen")
         applied |= bool((r.diagnostics.get("asymptote_rule") or {}).get("applied"))
@@ -373,6 +385,8 @@ def held_out(df: pd.DataFrame, fit_kw: dict, scheme: str, decades: float = RUNG_
     e = np.abs(np.array(errs))
     return {"n": int(e.size), "coverage": float(np.mean(inside)) if inside else math.nan,
             "median_half_width": float(np.nanmedian(half)) if half else math.nan,
+            "coverage_t_band": float(np.mean(inside0)) if inside0 else math.nan,
+            "median_half_width_t_band": float(np.nanmedian(half0)) if half0 else math.nan,
             "mean_abs_err": float(np.mean(e)) if e.size else math.nan,
             "q90_abs_err": float(np.quantile(e, 0.9)) if e.size else math.nan,
             "folds": notes, "rule_applied": applied}
@@ -405,7 +419,8 @@ def calibration_table(anchors: Path, schemes=("loro", "rollout"), only=None) -> 
                 tag = "(rule off)" if label == "before" else ("(rule on)" if
                                                               after["rule_applied"] else "")
                 print(f"{name:<20} {scheme + ' ' + tag:<19} {r['n']:>4} {r['coverage']:>8.0%} "
-                      f"{r['median_half_width']:>10.2%} {r['mean_abs_err']:>9.2%} "
+                      f"{r['median_half_width']:>10.2%} {r['coverage_t_band']:>8.0%} "
+                      f"{r['median_half_width_t_band']:>9.2%} {r['mean_abs_err']:>9.2%} "
                       f"{r['q90_abs_err']:>9.2%}  {ok:<3} {r['seconds']:>5.0f}s  "
                       f"{'; '.join(dict.fromkeys(r['folds']))}", flush=True)
     return rows
@@ -433,10 +448,15 @@ def main(argv=None) -> int:
     OPTS["bootstrap"] = args.bootstrap
     if args.calibration:
         print(f"{'ladder':<20} {'scheme':<19} {'n':>4} {'coverage':>8} {'half-width':>10} "
-              f"{'mean|err|':>9} {'q90|err|':>9}  ok  time   fits (form, E) per fold")
+              f"{'t-band':>8} {'t h-w':>9} {'mean|err|':>9} {'q90|err|':>9}  ok  time   "
+              "fits (form, E) per fold")
         calibration_table(anchors, only=args.ladder)
         print(f"coverage of the {CALIBRATION_LEVEL:.0%} band at the held-out rungs' points; "
               f"target {COVERAGE_TARGET[0]:.0%}..{COVERAGE_TARGET[1]:.0%} (leave-one-rung-out);"
+              " band: the law's (fit on the other rungs; with its extrapolation error outside"
+              " their scale range, as pre-registered, less eval noise); t-band: the same fits'"
+              " band by main's method before the calibration (t(dof) x sigma noise, no"
+              " extrapolation term);"
               " half-width: median of log(hi/lo)/2; errors |log(pred/actual)|; 'rule off' rows "
               "(E left free) only where the short-ladder asymptote rule changed a fold")
         return 0

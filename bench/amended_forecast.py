@@ -35,7 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fit import load_law, load_points  # noqa: E402
-from fit.curves import ScheduledLaw, contingency_forecast, fit_curve_law, schedules_from_sources  # noqa: E402,E501
+from fit.curves import fit_curve_law, schedules_from_sources  # noqa: E402
+from predict.planned import ScheduledLaw, contingency_forecast  # noqa: E402
 from ladder.io import as_float, atomic_write_json  # noqa: E402
 from ladder.specs import get_ladder  # noqa: E402
 

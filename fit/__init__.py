@@ -24,21 +24,23 @@ free, prior and fixed-E variants (``fit.select.asymptote_rule``).
 Solver (``fit.solver``, ``fit.law``): summed Huber(1e-3) on log residuals, every start of a grid
 (Chinchilla: the paper's 4,500) run by a batched numpy L-BFGS with per-start convergence
 status, the best distinct candidates polished to 1e-15 relative decrease.
-Uncertainty: run-level Bayesian bootstrap (weighting runs) and a lack-of-fit Student-t interval
-(delta method); bands combine them with run-to-run noise (see ``fit.law``). Backtests:
+Uncertainty: run-level Bayesian bootstrap (weighting runs); bands combine it with run-to-run
+noise (the residual quantile) and the law's extrapolation error outside its runs (see
+``fit.result``). Every law, curve laws included, is a ``fit.Law`` (``fit.prediction``). Backtests:
 rollout and leave-the-largest-out (``fit.backtest``). Allocation and IsoFLOP Approach 2:
 ``fit.allocation``. Schedule-aware curve laws (mpl, momentum): ``fit.curves``.
 """
 
 from fit.allocation import Allocation, IsoFlopResult, allocation, isoflop_approach2
-from fit.law import FitResult, Prediction, fit_law
-from fit.lawjson import load_law
+from fit.law import FitResult, Prediction, fit_law, load_law
+from fit.prediction import Law
 from fit.points import load_points
 
 __all__ = [
            "Allocation",
            "FitResult",
            "IsoFlopResult",
+           "Law",
            "Prediction",
            "allocation",
            "fit_law",

@@ -15,6 +15,8 @@ import warnings
 import numpy as np
 import pandas as pd
 
+from fit.estimate import HUBER_DELTA, fit_by, fit_spec, select_points
+from fit.forms import Spec, get_form
 from ladder.io import InputError
 
 MAX_FOLDS = 4
@@ -45,7 +47,6 @@ def scale_levels(df: pd.DataFrame) -> pd.Series:
 def backtest(df: pd.DataFrame, spec, opts: dict, *, by: str | None = None,
              final_only: bool | None = None, max_folds: int = MAX_FOLDS,
              starts=None) -> dict:
-    from fit.law import _fit_by, fit_one
     logs, kind = run_scales(df)
     levels = scale_levels(df)
     uniq = np.sort(levels.unique())
@@ -59,11 +60,11 @@ def backtest(df: pd.DataFrame, spec, opts: dict, *, by: str | None = None,
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
+                o = {k: v for k, v in opts.items() if k != "backtest"}  # refits: none
                 if by is not None:
-                    res = _fit_by(train, spec.form.name, spec.fix, spec.tie, by,
-                                  dict(opts, backtest=False))
+                    res = fit_by(train, spec, by, o)
                 else:
-                    res = fit_one(train, spec, final_only=final_only, starts=starts, **opts)
+                    res = fit_spec(train, spec, final_only=final_only, starts=starts, **o)
         except InputError as e:
             skipped.append({"train_runs": len(train_runs), "reason": str(e)})
             continue
@@ -73,7 +74,7 @@ def backtest(df: pd.DataFrame, spec, opts: dict, *, by: str | None = None,
         folds.append(fold)
     out = {"method": "rollout by scale level (0.05 decades); leave-largest-out = last fold",
            "folds": folds, "skipped": skipped, "scale": kind,
-           "scale_log10_max": float(logs.max())}
+           "scale_log10_max": float(logs.max()), "scale_log10_min": float(logs.min())}
     if folds:
         fin = np.concatenate([f["final_rel_err"] for f in folds])
         out["rollout_mean_abs_final"] = float(np.mean(np.abs(fin)))
@@ -92,7 +93,6 @@ def backtest(df: pd.DataFrame, spec, opts: dict, *, by: str | None = None,
 
 
 def _evaluate(res, test, spec, by, final_only, n_train) -> dict:
-    from fit.law import select_points
     final_pts, _ = select_points(test, spec.form, True)
     curve_pts = test if (by is not None or spec.form.name == "trajectory") else None
     if by is not None:  # per-fraction laws predict only inside their fitted fraction range
@@ -131,7 +131,6 @@ def trajectory_vs_per_fraction(df: pd.DataFrame, opts: dict, *, traj_bt: dict | 
     law per progress fraction with E fixed; Marin's hero-run issue fixed E = 1.5) on the same
     held-out rungs, and say which predicts them better (mean |relative error| over the held-out
     runs' whole curves, then at their final points)."""
-    from fit.forms import Spec, get_form
     o = dict(opts, bootstrap=0, backtest=False)
     if traj_bt is None:  # the trajectory law is always the summed-Huber fit, no prior
         traj_bt = backtest(df, Spec(get_form("trajectory")),
@@ -164,3 +163,25 @@ def trajectory_vs_per_fraction(df: pd.DataFrame, opts: dict, *, traj_bt: dict | 
     out["folds"] = {"trajectory": traj_bt.get("folds", []),
                     label_pf: per_fraction_bt.get("folds", [])}
     return out
+
+
+run_backtest = backtest  # fit_one's keyword ``backtest`` shadows the function's name
+
+
+def fit_one(df: pd.DataFrame, spec, *, backtest: bool = True, **kw):
+    """One form on one table (fit.estimate.fit_spec) and, with ``backtest``, its rollout
+    backtest in ``diagnostics["backtest"]`` (for the trajectory form also the comparison with
+    the real ladder's per-fraction fits, ``diagnostics["trajectory_vs_per_fraction"]``)."""
+    res = fit_spec(df, spec, **kw)
+    if not backtest:
+        return res
+    res.diagnostics["backtest"] = run_backtest(df, spec, res.backtest_opts,
+                                               final_only=kw.get("final_only"),
+                                               starts=res.backtest_starts)
+    if spec.form.name == "trajectory" and kw.get("objective", "huber") == "huber":
+        res.diagnostics["trajectory_vs_per_fraction"] = trajectory_vs_per_fraction(
+            df, {"level": kw.get("level", 0.9), "seed": kw.get("seed", 0),
+                 "params_column": kw.get("params_column", "params"),
+                 "metric": kw.get("metric", "loss"), "delta": kw.get("delta", HUBER_DELTA)},
+            traj_bt=res.diagnostics["backtest"], E=float(spec.fix.get("E", 1.5)))
+    return res

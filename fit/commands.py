@@ -124,7 +124,7 @@ def predict_main(args) -> int:
             raise InputError("--schedule needs the schedule-aware curve laws (fit.curves)",
                              field="--schedule", exit_code=EX_USAGE) from None
         return predict_schedule_main(args)
-    from fit.lawjson import load_law
+    from fit.law import load_law
     number(args.level, field="--level", lo=0, hi=1, lo_open=True, hi_open=True,
            exit_code=EX_USAGE)
     for name in ("params", "active_params", "tokens", "compute"):

@@ -56,7 +56,6 @@ No JAX here.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime as _dt
 import math
 import warnings
@@ -66,7 +65,8 @@ from typing import Any
 
 import numpy as np
 
-from fit.lr_schedules import NamedSchedule, lr_from_samples, lr_from_schedule, parse_schedule
+from fit.prediction import Prediction
+from fit.lr_schedules import NamedSchedule, lr_from_samples, parse_schedule
 from ladder.io import InputError, sha256_of
 
 SCHEMA = "law/1"
@@ -546,31 +546,6 @@ def _fit_one_size(model: _Model, runs: Sequence[_Run], delta: float, n_starts: i
 
 
 @dataclass
-class CurvePrediction:
-    """A predicted loss curve: numpy arrays over ``step`` with a band at ``level``."""
-
-    step: np.ndarray
-    fraction: np.ndarray
-    loss: np.ndarray
-    lo: np.ndarray
-    hi: np.ndarray
-    level: float
-
-    def to_dict(self) -> dict:
-        return {"step": self.step.tolist(), "fraction": self.fraction.tolist(),
-                "loss": self.loss.tolist(), "lo": self.lo.tolist(), "hi": self.hi.tolist(),
-                "level": self.level}
-
-    def to_csv(self) -> str:
-        def f(x):
-            return "nan" if not np.isfinite(x) else f"{x:.8g}"
-        lines = ["step,loss,lo,hi"]
-        lines += [f"{int(s)},{f(a)},{f(b)},{f(c)}"
-                  for s, a, b, c in zip(self.step, self.loss, self.lo, self.hi)]
-        return "\n".join(lines) + "\n"
-
-
-@dataclass
 class CurveLaw:
     """A fitted schedule-aware curve law (form ``mpl`` or ``momentum``); see the module doc."""
 
@@ -610,7 +585,7 @@ class CurveLaw:
                 peak_lr: float | None = None, at_steps=None, fraction=None,
                 params: float | None = None, active_params: float | None = None,
                 level: float | None = None, tokens=None, compute=None,
-                seed: int = 0) -> CurvePrediction:
+                seed: int = 0) -> Prediction:
         """Predicted curve with a band.
 
         The schedule: ``lr`` (LR of every update, ``lr[s-1]`` for update ``s``), or ``schedule``
@@ -682,9 +657,19 @@ class CurveLaw:
         else:
             warnings.warn("curve law has no bootstrap draws (or no residual scale): the band "
                           "cannot be computed and is reported as NaN", stacklevel=2)
-        return CurvePrediction(at, at / n, center, lo, hi, level)
+        return Prediction(step=at, fraction=at / n, loss=center, lo=lo, hi=hi, level=level)
 
     # -- artifacts ----------------------------------------------------------------------
+    @property
+    def band_method(self) -> str:
+        """The band's method by name (law.json ``uncertainty.band_method``)."""
+        return "bootstrap + residual-rms (monte carlo)"
+
+    def band(self, **inputs) -> tuple[np.ndarray, np.ndarray]:
+        """(lo, hi) of :meth:`predict`'s band (same keywords)."""
+        p = self.predict(**inputs)
+        return p.lo, p.hi
+
     def to_json(self) -> dict:
         from ladder import __version__
         from ladder.counting import conventions
@@ -710,6 +695,7 @@ class CurveLaw:
             },
             "uncertainty": {
                 "method": "run-level bootstrap (refit from the estimate) + RMS log residual",
+                "band_method": self.band_method,
                 "level": self.level, "intervals": intervals, "n_draws": len(self.draws),
                 "draws": [dict(d) for d in self.draws], "residual_sigma_log": self.sigma,
             },
@@ -1053,110 +1039,6 @@ def schedules_from_sources(sources) -> dict[str, np.ndarray]:
 
 
 # --------------------------------------------------------------------- forecasts, the CLI
-
-
-def predict_rung(law: CurveLaw, rung, schedule=None, *, level: float | None = None,
-                 at_steps=None, fraction=None) -> CurvePrediction:
-    """The curve of ``rung`` (a :class:`ladder.specs.Rung`) under ``schedule`` (default: the
-    rung's own; e.g. ``dataclasses.replace(rung.schedule, decay_end=0.6)`` for a shortened
-    plan), its steps and peak LR, sized by the rung's params in its param convention."""
-    sched = rung.schedule if schedule is None else schedule
-    lr = lr_from_schedule(sched, rung.steps, rung.peak_lr)
-    p = rung.params
-    return law.predict(lr=lr, at_steps=at_steps, fraction=fraction, params=p.total,
-                       active_params=p.active, level=level)
-
-
-@dataclass(frozen=True)
-class ScheduledLaw:
-    """A curve law bound to one planned run (a rung and its LR schedule).
-
-    It answers the points-table style call the forecaster makes of every law,
-    ``predict(params=, active_params=, tokens=, compute=, fraction=, level=)``: ``fraction`` is
-    progress through the planned run; ``tokens``, when given, is read as tokens so far, so that
-    ``tokens / fraction`` is the run's total budget and a different budget means the same schedule
-    shape stretched to that many steps (the contingency "shorten the run, re-aim the decay").
-    """
-
-    law: CurveLaw
-    rung: Any
-    schedule: Any = None  # a ladder.specs.Schedule; None = the rung's own
-
-    @property
-    def form(self) -> str:
-        return self.law.form
-
-    @property
-    def metric(self) -> str | None:
-        return self.law.metric
-
-    @property
-    def params(self) -> dict[str, float]:
-        return self.law.params
-
-    def to_json(self) -> dict:
-        return self.law.to_json()
-
-    def predict(self, *, fraction=None, tokens=None, level: float | None = None,
-                **_sizes) -> CurvePrediction:
-        g = np.atleast_1d(np.asarray(1.0 if fraction is None else fraction, float))
-        steps = np.full(g.shape, self.rung.steps, dtype=np.int64)
-        if tokens is not None:
-            total = np.broadcast_to(np.asarray(tokens, float), g.shape) / np.maximum(g, 1e-12)
-            steps = np.maximum(1, np.rint(total / self.rung.tokens_per_step)).astype(np.int64)
-        loss, lo, hi = (np.full(g.shape, np.nan) for _ in range(3))
-        step_out = np.zeros(g.shape, dtype=np.int64)
-        pred = None
-        for n in np.unique(steps):
-            idx = np.flatnonzero(steps == n)
-            pred = predict_rung(self.law, dataclasses.replace(self.rung, steps=int(n)),
-                                self.schedule, level=level, fraction=g[idx])
-            loss[idx], lo[idx], hi[idx], step_out[idx] = pred.loss, pred.lo, pred.hi, pred.step
-        return CurvePrediction(step=step_out, fraction=g, loss=loss, lo=lo, hi=hi,
-                               level=float(pred.level if pred is not None else level or 0.9))
-
-
-@dataclass(frozen=True)
-class PlanForecast:
-    """Final loss (with band) of one plan for a run: its length and where the prediction ends."""
-
-    steps: int
-    tokens: int
-    decay_end: float
-    loss: float
-    lo: float
-    hi: float
-
-
-@dataclass(frozen=True)
-class ContingencyForecast:
-    """"Continue as planned" vs "shorten and re-aim the decay" (the real hero's contingency:
-    trouble within the first 25% of tokens -> shorten the run and re-aim the LR decay)."""
-
-    planned: PlanForecast
-    shortened: PlanForecast
-    level: float
-
-    def to_dict(self) -> dict:
-        return {"planned": dataclasses.asdict(self.planned),
-                "shortened": dataclasses.asdict(self.shortened), "level": self.level}
-
-
-def contingency_forecast(law: CurveLaw, rung, decay_end: float, *,
-                         level: float | None = None) -> ContingencyForecast:
-    """Projected final loss of ``rung`` as planned and when shortened to ``decay_end`` of its
-    planned steps with the decay re-aimed to end there (``Schedule.decay_end``)."""
-    if not 0 < decay_end <= 1:
-        raise InputError(f"must be in (0, 1], got {decay_end!r}", field="decay_end")
-    short_sched = dataclasses.replace(rung.schedule, decay_end=float(decay_end))
-    short_steps = max(1, round(decay_end * rung.steps))
-    out = []
-    for sched, steps in ((rung.schedule, rung.steps), (short_sched, short_steps)):
-        pred = predict_rung(law, rung, sched, level=level, at_steps=[steps])
-        out.append(PlanForecast(steps=int(steps), tokens=int(steps * rung.tokens_per_step),
-                                decay_end=float(sched.decay_end), loss=float(pred.loss[0]),
-                                lo=float(pred.lo[0]), hi=float(pred.hi[0])))
-    return ContingencyForecast(out[0], out[1], float(pred.level))
 
 
 def load_curve_law(path) -> CurveLaw:

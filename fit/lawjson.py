@@ -57,24 +57,44 @@ def _uncertainty(r) -> dict:
                 "bootstrap_u": None, "covariance_free": None if r.cov is None else r.cov.tolist(),
                 "sigma_log": r.sigma, "dof": r.dof,
                 "band": "E + exp(log(L - E) +- t(dof) sqrt(x' V x + sigma^2)), V the covariance "
-                        "of (log A, alpha); sigma the residual sd of log(L - E)"}
+                        "of (log A, alpha); sigma the residual sd of log(L - E); the "
+                        "extrapolation error (fit.result.FitResult.extrapolation_log_sd) in "
+                        "quadrature", "band_method": band_method(r)}
     return {
-        "method": "run-level Bayesian bootstrap (percentiles) and lack-of-fit Student-t (delta "
-                  "method)",
+        "method": "run-level Bayesian bootstrap (percentiles) and lack-of-fit residual quantile "
+                  "(split-conformal rank; Student-t x sigma_log with too few points)",
         "level": r.level,
         "intervals": r.intervals,
         "bootstrap_u": None if r.boot_u is None else r.boot_u.tolist(),
         "covariance_free": None if r.cov is None else r.cov.tolist(),
         "sigma_log": r.sigma,
         "dof": r.dof,
+        "abs_residuals_log": None if r.abs_resid is None else r.abs_resid.tolist(),
+        "noise_method": r.noise_method(r.level),
+        "band_method": band_method(r),
         "band": "log space: the bootstrap quantile for the parameters (t * delta-method se "
-                "without usable replicates), t * sigma_log for run-to-run noise, combined in "
-                "quadrature",
+                "without usable replicates); for run-to-run noise the level x (m+1)/m quantile "
+                "of abs_residuals_log x sqrt(m/dof), m = dof + free parameters (t(dof) * "
+                "sigma_log where that rank exceeds 1, or without abs_residuals_log); the "
+                "extrapolation error outside the runs' scale range (RMS of the rollout folds' "
+                "log error per decade x decades outside; fit.result.extrapolation_rate); "
+                "combined in quadrature",
     }
 
 
-def from_json(obj: dict, *, path=None):
-    from fit.law import FitResult
+def band_method(r) -> str:
+    """The band's method by name: what ``FitResult.predict`` combines at ``r.level``."""
+    if r.objective == "ols":
+        return "ols-student-t + extrapolation"
+    param = "bootstrap" if r.boot_u is not None and len(r.boot_u) >= 20 else "delta-method-t"
+    noise = "residual-quantile" if r.noise_method(r.level) == "residual quantile" \
+        else "student-t-sigma"
+    return f"{param} + {noise} + extrapolation"
+
+
+def read(obj: dict, *, path=None) -> tuple[dict, list]:
+    """Validate a law/1 object of a Chinchilla-family form: (keyword arguments of
+    ``fit.result.FitResult``, [(value, keyword arguments)] of its ``by`` groups)."""
     where = str(path) if path else "<law>"
 
     def need(d, key, types, prefix=""):
@@ -128,6 +148,9 @@ def from_json(obj: dict, *, path=None):
             if v is not None and v < 0:  # a negative sd gives a nonsense (inverted) band
                 raise InputError(f"must be >= 0, got {v!r}", path=where,
                                  field=prefix + "uncertainty." + name)
+        ares = unc.get("abs_residuals_log")  # absent in law.json files from before
+        ares = None if ares is None else _array(ares, (None,), where,
+                                                prefix + "uncertainty.abs_residuals_log")
         level = number(unc.get("level", 0.9), field=prefix + "uncertainty.level", path=where,
                        lo=0, hi=1, lo_open=True, hi_open=True)
         objective = fit.get("objective", "huber")
@@ -144,7 +167,7 @@ def from_json(obj: dict, *, path=None):
         return {"spec": spec, "metric": metric, "u": u, "level": level,
                 "objective": objective, "prior": prior,
                 "params_column": fit.get("params_column", "params"), "boot_u": boot, "cov": cov,
-                "sigma": sigma, "dof": dof,
+                "sigma": sigma, "dof": dof, "abs_resid": ares,
                 "intervals": _intervals(unc.get("intervals"), where, prefix)}
 
     unc = need(obj, "uncertainty", dict)
@@ -156,11 +179,11 @@ def from_json(obj: dict, *, path=None):
             pre = f"groups[{i}]."
             value = need(g, "value", (int, float), pre)
             kw = one(g, need(g, "uncertainty", dict, pre), pre)
-            groups.append((float(value), FitResult(**kw)))
-    return FitResult(**top, diagnostics=obj.get("diagnostics") or {},
-                     inputs=obj.get("inputs") or {}, conventions=obj.get("conventions"),
-                     created=obj.get("created"), tool_version=obj.get("tool_version"),
-                     by=obj.get("by"), groups=groups)
+            groups.append((float(value), kw))
+    top.update(diagnostics=obj.get("diagnostics") or {}, inputs=obj.get("inputs") or {},
+               conventions=obj.get("conventions"), created=obj.get("created"),
+               tool_version=obj.get("tool_version"), by=obj.get("by"))
+    return top, groups
 
 
 def _intervals(obj, where, prefix) -> dict:
@@ -187,23 +210,6 @@ def _array(v, shape, where, field):
     if not np.all(np.isfinite(a)):
         raise InputError("non-finite values", path=where, field=field)
     return a
-
-
-def load_law(path):
-    """Read and validate a law.json; a schema-aware dispatch on ``form`` (the schedule-aware
-    curve laws ``mpl``/``momentum`` live in ``fit.curves``)."""
-    from fit.law import CURVE_FORMS
-    from ladder.io import read_json
-    obj = read_json(path, schema="law")
-    form = obj.get("form")
-    if form in CURVE_FORMS:
-        try:
-            from fit.curves import CurveLaw
-        except ImportError:
-            raise InputError(f"the {form} form needs fit.curves, which is not installed",
-                             path=path, field="form") from None
-        return CurveLaw.from_json(obj, path=path)
-    return from_json(obj, path=path)
 
 
 def _has_bool(v) -> bool:

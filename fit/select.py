@@ -15,6 +15,8 @@ import warnings
 
 import numpy as np
 
+from fit.backtest import fit_one, scale_levels
+from fit.curves import curve_data_from_table, fit_curve_law
 from fit.forms import Spec, get_form
 from ladder.io import InputError
 
@@ -79,7 +81,6 @@ def fit_auto_curves(df, opts, fix):
     """``--form auto`` on a table of curves without scale columns: the multi-power law (Luo et
     al. 2025) and the momentum law (Tissue et al. 2024), chosen by leave-one-run-out (fit on
     the other schedules, predict the held-out run's whole curve; mean relative error)."""
-    from fit.curves import curve_data_from_table, fit_curve_law
     data = curve_data_from_table(df, size_column="active_params")
     rows, best = [], None
     for form in ("mpl", "momentum"):
@@ -116,7 +117,6 @@ def fit_auto_curves(df, opts, fix):
 
 
 def fit_auto(df, fix, tie, opts):
-    from fit.law import fit_one
     excluded: dict = {}
     cands = candidates(df, fix, tie, opts["params_column"], excluded)
     if not cands and _curve_table(df):
@@ -200,8 +200,6 @@ def asymptote_rule(df, result, opts: dict, fix: dict, tie: dict, prior: dict):
     decision is recorded in ``diagnostics["asymptote_rule"]``."""
     import numpy as np
 
-    from fit.backtest import scale_levels
-    from fit.law import fit_one
     form = result.spec.form
     if "E" not in form.names or "E" in fix or "E" in (prior or {}) or result.by:
         return result

@@ -106,7 +106,7 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
         noise_info = {"sigma": float(eval_noise), "n": 0, "method": "given (--eval-noise)"}
     extrapolation = fc.extrapolation_error(law, target)
     f = fc.forecast(law, target, level=level, eval_noise=noise_info["sigma"],
-                    extrapolation=extrapolation.sigma_log)
+                    extrapolation=0.0 if extrapolation.in_law_band else extrapolation.sigma_log)
     import numpy as np
     if not allow_no_band and not (np.isfinite(f.lo).any() and np.isfinite(f.hi).any()):
         # a frozen, never-overwritable file whose band is all NaN can never judge anything
@@ -162,7 +162,7 @@ def preregister_main(args) -> int:
             raise InputError(f"a {law.form} law forecasts a run from its LR schedule: give the "
                              f"target as --target LADDER:RUNG", field="--target-spec",
                              exit_code=EX_USAGE)
-        from fit.curves import ScheduledLaw
+        from predict.planned import ScheduledLaw
         from ladder.specs import resolve
 
         law = ScheduledLaw(law, resolve(args.target)[1][0])

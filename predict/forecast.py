@@ -1,17 +1,16 @@
 """Forecast a target run's metric curve from a law, with a band, and check that band's calibration.
 
 The band of a forecast point combines, in quadrature (independent errors, Gaussian approximation):
-- the law's band at the level (bootstrap parameter uncertainty + run-to-run residual noise, as
-  returned by ``law.predict``), and
+- the law's band at the level, as returned by ``law.predict`` (fit.result: bootstrap parameter
+  uncertainty, run-to-run residual noise, and the law's extrapolation error: a pre-registered
+  target lies beyond every rung, and the ladder measured how wrong its law is one step outside
+  them with the rollout backtest, which refits on the smaller rungs and forecasts the next one;
+  its RMS log error per decade times the target's decades beyond the largest rung. Without it a
+  band narrowed by honest bootstrap replicates missed the cpu demo's proxy hero, -5.0% against a
+  [-2.7%, +8.2%] band, docs/LOG.md. :func:`extrapolation_error` reports that term for
+  prereg.json; it is added here only for a law whose band lacks it), and
 - evaluation noise: the scatter of a single eval about the run's smooth curve (finite eval set),
-  estimated from the ladder's eval points (:func:`estimate_eval_noise`) or given, and
-- extrapolation error: a pre-registered target lies beyond every rung, and the law's own band
-  (fitted on those rungs) does not measure how wrong the law is one step outside them. The ladder
-  measured that itself: the rollout backtest refits on the smaller rungs and forecasts the next
-  one (:func:`extrapolation_error`). Its RMS log error per decade, times the target's decades
-  beyond the largest rung, enters as a relative sd. Without it, a band narrowed by honest
-  bootstrap replicates missed the cpu demo's proxy hero (-5.0% against a [-2.7%, +8.2%] band,
-  0.93 decades beyond a ladder whose one-rung backtest error was 3.2%; docs/LOG.md).
+  estimated from the ladder's eval points (:func:`estimate_eval_noise`) or given.
 A band the law cannot compute stays NaN (missing, loudly), never zero width.
 
 Calibration (:func:`leave_one_rung_out`) refits the law without one rung, forecasts that rung's
@@ -259,9 +258,11 @@ class Extrapolation:
     sigma_log: float
     n: int
     method: str
+    in_law_band: bool = False  # the law's own band holds it (fit.law.FitResult)
 
     def to_dict(self) -> dict:
-        return {"sigma_log": self.sigma_log, "n": self.n, "method": self.method}
+        return {"sigma_log": self.sigma_log, "n": self.n, "method": self.method,
+                "in_law_band": self.in_law_band}
 
 
 def extrapolation_error(law, target: Target | None = None) -> Extrapolation:
@@ -272,29 +273,37 @@ def extrapolation_error(law, target: Target | None = None) -> Extrapolation:
     The error of a power law extrapolated from a ladder grows with the distance: the folds'
     errors are put per decade (RMS of log error / decades: a root mean square, not a mean
     absolute error, since a band needs the spread and one large miss should widen it) and
-    scaled to the target's distance beyond the largest run. A target inside the ladder's range
-    gets none. No backtest (a curve law, or a fit with ``backtest=False``) or no scale to
-    place the target: 0, and the method says so."""
+    scaled to the target's distance outside the ladder's range. A target inside it gets none.
+    No backtest (a curve law, or a fit with ``backtest=False``) or no scale to place the
+    target: 0, and the method says so.
+
+    The law's band already holds this term (``FitResult.extrapolation_log_sd``, issue 13: so
+    that one place computes a law's band); ``in_law_band`` says so and the forecast does not
+    add it again. It is recorded in prereg.json as ``extrapolation``."""
+    from fit.result import extrapolation_rate
     bt = (getattr(law, "diagnostics", None) or {}).get("backtest") or {}
-    per_decade = []
-    for fold in bt.get("folds") or []:
-        d = fold.get("decades")
-        if not (isinstance(d, (int, float)) and d > 0):
-            continue
-        per_decade += [math.log1p(float(e)) / d for e in fold.get("final_rel_err") or []
-                       if isinstance(e, (int, float)) and math.isfinite(e) and e > -1]
-    top, kind = bt.get("scale_log10_max"), bt.get("scale")
+    rate, kind, _bottom, top = extrapolation_rate(bt)
+    n = sum(1 for f in bt.get("folds") or [] if isinstance(f, dict)
+            and isinstance(f.get("decades"), (int, float)) and f["decades"] > 0
+            for e in f.get("final_rel_err") or [] if isinstance(e, (int, float))
+            and math.isfinite(e) and e > -1)
+    in_band = hasattr(law, "extrapolation_log_sd")
     scale = None if target is None else {"compute": target.compute,
                                          "params_x_tokens": target.params * target.tokens,
                                          "params": target.params}.get(kind)
-    if not per_decade or not isinstance(top, (int, float)) or not scale or scale <= 0:
-        return Extrapolation(0.0, len(per_decade), "none (the law carries no rollout backtest "
-                                                  "on a scale the target has)")
-    decades = max(0.0, math.log10(scale) - float(top))
-    rate = float(np.sqrt(np.mean(np.square(per_decade))))
-    return Extrapolation(rate * decades, len(per_decade),
-                         f"rollout backtest of the law: RMS log error {rate:.4f} per decade "
-                         f"(of {kind}) x {decades:.2f} decades beyond the largest run")
+    if rate is None or not scale or scale <= 0:
+        return Extrapolation(0.0, n, "none (the law carries no rollout backtest on a scale "
+                                     "the target has)", in_band)
+    if in_band:
+        sd = float(law.extrapolation_log_sd(params=target.params, tokens=target.tokens,
+                                            compute=target.compute, fraction=1.0))
+    else:
+        sd = rate * max(0.0, math.log10(scale) - top)
+    decades = sd / rate if rate > 0 else 0.0
+    return Extrapolation(sd, n, f"rollout backtest of the law: RMS log error {rate:.4f} per "
+                                f"decade (of {kind}) x {decades:.2f} decades outside the "
+                                "ladder's runs" + ("; inside the law's band" if in_band
+                                                   else ""), in_band)
 
 
 def budget_curve(law, target: Target) -> dict:

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from fit.prediction import Prediction
 from ladder.io import EX_NOINPUT, InputError, as_float, iter_jsonl, read_json
 from ladder.runs import RunDir, find_run_dirs, read_run
 from predict.prereg_view import ForecastBand, band_level, forecast_band, target_of
@@ -121,14 +122,6 @@ def load_run(path: str | os.PathLike) -> RunData:
 
 
 @dataclass
-class Prediction:
-    loss: np.ndarray
-    lo: np.ndarray
-    hi: np.ndarray
-    level: float
-
-
-@dataclass
 class LawView:
     """The law's JSON (always) and its Python object (when ``fit.load_law`` can rebuild it)."""
 
@@ -186,12 +179,12 @@ class LawView:
 
     def predict_run(self, rung, fractions, level: float | None = None) -> Prediction | None:
         """A curve law along ``rung`` (a ``ladder.specs.Rung`` from a run's config.json) at
-        ``fractions`` of its schedule, via ``fit.curves.predict_rung``; None when it fails."""
+        ``fractions`` of its schedule, via ``predict.planned.predict_rung``; None when it fails."""
         if self.obj is None or rung is None:
             return None
         fr = np.asarray(fractions, float)
         try:
-            from fit.curves import predict_rung
+            from predict.planned import predict_rung
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 p = predict_rung(self.obj, rung, fraction=fr, level=level or self.level)

@@ -14,7 +14,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fit.curves import CurveLaw, fit_curve_law, predict_rung
+from fit.curves import CurveLaw, fit_curve_law
+from predict.planned import predict_rung
 from ladder.io import InputError
 from ladder.specs import Schedule
 

@@ -399,3 +399,120 @@ def test_prior_on_an_unknown_parameter_names_it():
         fit_law(real_table(), form="compute", prior={"gamma": (0.1, 0.1)}, bootstrap=0)
     with pytest.raises(InputError, match="both fixed and given a prior"):
         fit_law(real_table(), form="compute", fix={"E": 1.5}, prior={"E": (1.5, 0.1)})
+
+
+def _heavy_tailed_table(n=40, seed=3):
+    """A compute law with 0.3% noise on most runs and 6-12% misses on every 20th (Gadre et
+    al.'s M=5 runs miss their law like this)."""
+    rng = np.random.default_rng(seed)
+    C = np.logspace(18, 22, n)
+    e = 0.003 * rng.standard_normal(n)
+    e[::20] += rng.choice([-1, 1], size=e[::20].size) * rng.uniform(0.06, 0.12, e[::20].size)
+    L = (1.7 + 300.0 * C ** -0.12) * np.exp(e)
+    return pd.DataFrame({"run": [f"r{i}" for i in range(n)], "compute": C, "loss": L})
+
+
+def test_noise_part_of_the_band_is_the_residual_quantile_not_t_times_rms():
+    from scipy.stats import t as student_t
+    df = _heavy_tailed_table()
+    res = fit_law(df, form="compute", bootstrap=0, backtest=False)
+    resid = np.log(df["loss"].to_numpy()) - np.log(res.predict(compute=df["compute"]).loss)
+    m = res.dof + 3                            # 40 points, 3 free parameters
+    assert m == 40
+    want = np.quantile(np.abs(resid), 0.9 * (m + 1) / m) * math.sqrt(m / res.dof)
+    assert res.noise_method(0.9) == "residual quantile"
+    assert res.noise_half_width(0.9) == pytest.approx(want, rel=1e-6)
+    t_rms = student_t.ppf(0.95, res.dof) * res.sigma
+    # the two misses inflate the RMS; the quantile stays at the scale of the 38 good runs
+    assert res.noise_half_width(0.9) < 0.5 * t_rms
+    # 90% of the fitted points lie inside the 90% band, not 100% as with t x RMS
+    p = res.predict(compute=df["compute"].to_numpy())
+    inside = np.mean((df["loss"] >= p.lo) & (df["loss"] <= p.hi))
+    assert 0.85 <= inside <= 0.95
+    # too few points for the rank at 99% (m < 99): the Student-t interval
+    assert res.noise_method(0.99) == "student-t x sigma"
+    assert res.noise_half_width(0.99) == pytest.approx(
+        student_t.ppf(0.995, res.dof) * res.sigma, rel=1e-9)
+
+
+def test_law_json_written_before_the_residual_quantile_still_loads_with_t_bands():
+    from scipy.stats import t as student_t
+    res = fit_law(_heavy_tailed_table(), form="compute", bootstrap=0, backtest=False)
+    obj = json.loads(json.dumps(res.to_json()))
+    assert obj["uncertainty"]["noise_method"] == "residual quantile"
+    del obj["uncertainty"]["abs_residuals_log"], obj["uncertainty"]["noise_method"]
+    old = FitResult.from_json(obj)
+    assert old.noise_method(0.9) == "student-t x sigma"
+    assert old.noise_half_width(0.9) == pytest.approx(
+        student_t.ppf(0.95, res.dof) * res.sigma, rel=1e-9)
+    new = FitResult.from_json(json.loads(json.dumps(res.to_json())))
+    assert new.noise_half_width(0.9) == pytest.approx(res.noise_half_width(0.9), rel=1e-12)
+
+
+def test_a_law_json_written_by_the_code_before_issue_16_loads_and_predicts_as_it_did():
+    # tests/data/law_main_b81488e.json: written by main at b81488e (fit_law on a 12-run compute
+    # table, bootstrap 50), before abs_residuals_log and fit.prediction existed; that code's
+    # predict(compute=1e23) printed these three numbers
+    from pathlib import Path
+
+    from fit import load_law
+    from scipy.stats import norm
+    path = Path(__file__).parent / "data" / "law_main_b81488e.json"
+    law = load_law(path)
+    p = law.predict(compute=1e23, extrapolation=False)
+    assert (float(p.loss), float(p.lo), float(p.hi)) == pytest.approx(
+        (2.2133111313327642, 2.1916037033777185, 2.226087580825499), rel=1e-12)
+    assert law.noise_method() == "student-t x sigma"
+    # 1e23 is one decade beyond its largest run (1e22): the band now also holds the law's
+    # extrapolation error, its rollout folds' RMS log error per decade (recomputed here from
+    # the file) x 1 decade, in quadrature in log space
+    folds = json.loads(path.read_text())["diagnostics"]["backtest"]["folds"]
+    per = [math.log1p(e) / f["decades"] for f in folds for e in f["final_rel_err"]]
+    x = norm.ppf(0.95) * math.sqrt(np.mean(np.square(per))) * 1.0
+    w = law.predict(compute=1e23)
+    c = math.log(float(p.loss))
+    assert math.log(float(w.hi)) - c == pytest.approx(
+        math.hypot(math.log(float(p.hi)) - c, x), rel=1e-9)
+    assert c - math.log(float(w.lo)) == pytest.approx(
+        math.hypot(c - math.log(float(p.lo)), x), rel=1e-9)
+    # inside the runs' range (1e18..1e22) nothing is added
+    q, r = law.predict(compute=1e20), law.predict(compute=1e20, extrapolation=False)
+    assert (float(q.lo), float(q.hi)) == (float(r.lo), float(r.hi))
+
+
+def test_band_holds_the_extrapolation_error_below_and_above_the_ladder_not_inside():
+    res = fit_law(_compute_table(n=8, noise=0.01, seed=1), form="compute", bootstrap=0)
+    bt = res.diagnostics["backtest"]
+    assert bt["scale_log10_min"] == pytest.approx(18.0) and bt["scale_log10_max"] == \
+        pytest.approx(22.0)
+    per = [math.log1p(e) / f["decades"] for f in bt["folds"] for e in f["final_rel_err"]]
+    rate = math.sqrt(np.mean(np.square(per)))
+    assert rate > 0
+    sd = res.extrapolation_log_sd(compute=np.array([1e16, 1e17, 1e18, 1e20, 1e22, 1e23]))
+    assert sd == pytest.approx(rate * np.array([2, 1, 0, 0, 0, 1]), abs=1e-12)
+    # a trajectory-style point: its scale is the planned compute (compute / fraction)
+    assert float(res.extrapolation_log_sd(compute=1e22, fraction=0.1)) == pytest.approx(rate)
+    inside, bare = res.predict(compute=1e20), res.predict(compute=1e20, extrapolation=False)
+    assert float(inside.hi) == float(bare.hi)
+    below, bare = res.predict(compute=1e17), res.predict(compute=1e17, extrapolation=False)
+    assert float(below.hi) > float(bare.hi) and float(below.lo) < float(bare.lo)
+
+
+def test_every_law_is_a_law_with_its_band_method_in_law_json_and_one_reader():
+    from fit import Law
+    from fit.curves import CurveLaw
+    from fit.law import law_from_json
+    res = fit_law(_compute_table(n=12, noise=0.01), form="compute", bootstrap=30,
+                  backtest=False)
+    curve = CurveLaw(form="momentum", params={"L0": 2.0, "A": 1.0, "alpha": 0.5, "C": 0.1,
+                                              "lam": 0.99}, lr_scale=1e-3)
+    for law in (res, curve):
+        assert isinstance(law, Law)
+        obj = json.loads(json.dumps(law.to_json()))
+        assert obj["uncertainty"]["band_method"] == law.band_method
+        back = law_from_json(obj)
+        assert type(back) is type(law) and back.form == law.form
+    assert res.band_method == "bootstrap + residual-quantile + extrapolation"
+    lo, hi = res.band(compute=1e20)
+    p = res.predict(compute=1e20)
+    assert (float(lo), float(hi)) == (float(p.lo), float(p.hi))

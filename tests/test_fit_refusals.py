@@ -39,8 +39,8 @@ def _points(tmp_path, n=4):
 def test_fit_refuses_an_unconverged_best_start(tmp_path, monkeypatch):
     pts = _points(tmp_path)
     # a solver allowed 2 iterations cannot converge from the grid's starts
-    orig = fit.law.lbfgs
-    monkeypatch.setattr(fit.law, "lbfgs", lambda *a, **kw: orig(*a, **dict(kw, max_iter=2)))
+    orig = fit.estimate.lbfgs
+    monkeypatch.setattr(fit.estimate, "lbfgs", lambda *a, **kw: orig(*a, **dict(kw, max_iter=2)))
     out = tmp_path / "law.json"
     r = _cli("fit", pts, "--form", "compute", "--bootstrap", "0", "--out", out)
     assert r.returncode == 65, r.stderr

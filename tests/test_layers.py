@@ -43,11 +43,6 @@ ALLOWED = {
 }
 NO_JAX = {"base", "fit", "predict", "reports"}
 
-# Cycles that another branch of issue 16 removes (item 1, branch `fitlaw`, rewrites fit/law.py,
-# lawjson.py, select.py and backtest.py into one Law protocol). Listed so that this test guards
-# everything else meanwhile; test_known_cycles_are_still_there fails once it is gone, so the
-# entry cannot outlive the cycle.
-KNOWN_CYCLES = {frozenset({"fit.law", "fit.lawjson", "fit.select", "fit.backtest"})}
 
 
 def layer(module: str) -> str:
@@ -162,14 +157,8 @@ def _cycles() -> list[set[str]]:
 
 
 def test_no_import_cycles():
-    cycles = [sorted(c) for c in _cycles() if frozenset(c) not in KNOWN_CYCLES]
+    cycles = [sorted(c) for c in _cycles()]
     assert not cycles, f"import cycles (function-local imports count): {cycles}"
-
-
-def test_known_cycles_are_still_there():
-    now = {frozenset(c) for c in _cycles()}
-    gone = [sorted(c) for c in KNOWN_CYCLES if c not in now]
-    assert not gone, f"cycles removed: take them out of KNOWN_CYCLES: {gone}"
 
 
 def test_jax_only_in_model_and_the_trainer():

@@ -1,0 +1,565 @@
+"""One form fitted to one points table: ``fit_spec(df, spec) -> FitResult``.
+
+Objective: Huber (delta 1e-3) of log residuals, *summed* over points (Hoffmann et al. 2022, App.
+D.2, averaged it; Besiroglu et al. 2024 show the average stops L-BFGS early and gives wrong
+parameters). Multi-start from the form's grid (for ``chinchilla`` the paper's 4,500 starts), every
+start run to convergence by the batched L-BFGS of ``fit.solver``, the best polished with scipy's
+L-BFGS-B at tight tolerances.
+
+Uncertainty (all kept in law.json, so bands can be recomputed):
+- a run-level Bayesian bootstrap (Dirichlet weights on *runs*: points of one run are correlated),
+  each replicate refitted from the point estimate and the other distinct local optima;
+- the residuals: their scale sigma and degrees of freedom, and the |log residuals| whose quantile
+  is the band's noise part. For runs with several points the dof are the effective number of
+  independent residuals (lag-1 autocorrelation along each run) less the free parameters, never
+  below runs minus across-run parameters;
+- the delta-method covariance sigma^2 (J'J)^-1 (plus a prior's precision, ``--prior``), the
+  parameter part of the band where the bootstrap has no usable replicates.
+How these make a band: fit.result. ``objective="ols"`` (the real ladder's fit) has its own
+band: statsmodels' OLS prediction interval of log(L - E).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import warnings
+
+import numpy as np
+import pandas as pd
+from scipy.special import stdtrit  # quantiles; scipy.stats takes 0.6 s to import
+
+from fit.allocation import allocation_diagnostics
+from fit.forms import Form, Model, Spec
+from fit.result import FitResult, _jacobian_rows
+from fit.solver import STATUS, lbfgs
+from ladder.io import InputError, sha256_of
+
+HUBER_DELTA = 1e-3
+
+
+def fit_by(df, spec: Spec, by: str, opts: dict) -> FitResult:
+    """One law of ``spec`` per value of column ``by`` (fractions rounded to 1e-3), each fitted
+    with :func:`fit_spec`; the result predicts with the matching one (``FitResult.groups``).
+    No backtest (fit.law adds the whole law's)."""
+    if by not in df.columns or df[by].isna().all():
+        raise InputError(f"no column '{by}' to group by", field="by")
+    key = df[by].round(3) if by == "fraction" else df[by]
+    groups = []
+    for i, (value, sub) in enumerate(sorted(df.groupby(key), key=lambda kv: kv[0])):
+        o = {k: v for k, v in dict(opts, seed=opts["seed"] + i).items() if k != "backtest"}
+        r = fit_spec(sub.copy(), spec, final_only=False, **o)
+        groups.append((float(value), r))
+    if not groups:
+        raise InputError("no points", field="by")
+    last = groups[-1][1]
+    diag = {"by": by, "n_groups": len(groups), "dropped_rows": list(df.attrs.get("dropped", [])),
+            "groups": [{by: v, "params": r.params, "objective": r.diagnostics.get("objective"),
+                        "converged": r.diagnostics.get("converged")} for v, r in groups]}
+    return FitResult(spec=spec, metric=opts["metric"], u=last.u, level=opts["level"],
+                     params_column=opts["params_column"], boot_u=last.boot_u, cov=last.cov,
+                     sigma=last.sigma, dof=last.dof, intervals=last.intervals,
+                     diagnostics=diag, inputs=_inputs(df), by=by, groups=groups,
+                     objective=last.objective, prior=last.prior, abs_resid=last.abs_resid)
+
+
+def fit_spec(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
+             params_column="params", metric="loss", delta=HUBER_DELTA,
+             final_only: bool | None = None, starts: np.ndarray | None = None,
+             objective: str = "huber", prior: dict | None = None) -> FitResult:
+    """One form on one table: multi-start fit, bootstrap, diagnostics (no backtest: that is
+    fit.backtest.fit_one, which refits with this). ``result.backtest_starts`` holds the starts
+    its backtest refits use (fit.backtest)."""
+    form = spec.form
+    if objective == "ols":
+        return _fit_ols(df, spec, level=level, metric=metric, params_column=params_column,
+                        final_only=final_only)
+    prior = dict(prior or {})
+    for k in prior:
+        if k not in form.names:
+            raise InputError(f"{k}: not a parameter of the {form.name} form (parameters: "
+                             f"{', '.join(form.names)})", field="prior")
+        if k in spec.fix:
+            raise InputError(f"{k}: both fixed and given a prior", field="prior")
+    data, note = select_points(df, form, final_only)
+    cols = _required(data, form, params_column)
+    n, runs = len(data), data["run"].astype(str).to_numpy()
+    uniq_runs = np.unique(runs)
+    if n < spec.n_free or len(uniq_runs) < spec.n_across:
+        raise InputError(
+            f"{n} points from {len(uniq_runs)} runs cannot determine the {spec.n_free} free "
+            f"parameters of the {form.name} form ({', '.join(spec.free)}); add runs or fix "
+            "parameters (--fix NAME=VALUE, --tie A=B)", field="form")
+    model = Model(form, form.features(cols))
+    logy = np.log(data["loss"].to_numpy(dtype=float))
+    prob = _Problem(model, logy, spec, delta)
+    if starts is not None:
+        grid = np.atleast_2d(starts)
+    else:
+        grid = spec.grid()
+        if form.centered_grid:  # grid values are in the centred coordinates
+            grid = grid @ prob.P.T
+    res = prob.solve(grid, ftol=STAGE1_FTOL, patience=STAGE1_PATIENCE,
+                     max_iter=STAGE1_MAX_ITER)
+    prior_weight = None
+    if prior:
+        # the penalty is a Gaussian prior on the scale of the data term: summed Huber ~
+        # sum r^2 / 2 = sigma^2 x (negative log-likelihood), so the prior's negative
+        # log-likelihood is multiplied by sigma^2, estimated from the unpenalised fit's
+        # residuals (sum r^2 / (n - free)); with no residual dof the Huber delta (the scale at
+        # which the objective stops being quadratic) stands in for sigma
+        i0 = int(np.nanargmin(np.where(np.isfinite(res.f), res.f, np.inf)))
+        r0 = logy - model.log_predict(spec.to_u(res.x[i0])[None])[0]
+        s2 = float((r0 ** 2).sum() / (n - spec.n_free)) if n > spec.n_free else 0.0
+        prior_weight = max(s2, delta ** 2)
+        prob = _Problem(model, logy, spec, delta, prior=prior, prior_weight=prior_weight)
+        res = prob.solve(np.vstack([grid, prob.prior_start(res.x[i0])]), ftol=STAGE1_FTOL,
+                         patience=STAGE1_PATIENCE, max_iter=STAGE1_MAX_ITER)
+        grid = np.vstack([grid, grid[:1]])  # same length as res (best_start lookup below)
+    order = np.argsort(np.where(np.isfinite(res.f), res.f, np.inf))
+    near = order[:400][res.f[order[:400]] <= res.f[order[0]] * (1 + POLISH_WITHIN)]
+    cands = _distinct(res.x[near], res.f[near], res.x[order[0]], k=POLISH_TOP)
+    phi, fbest, pol = prob.polish(cands)
+    pol_best = int(np.argmin(np.where(np.isfinite(pol.f), pol.f, np.inf)))
+    best = order[0]
+    u = spec.to_u(phi)
+    logfit = model.log_predict(u[None])[0]
+    resid = logy - logfit
+    # distinct local optima within 10% of the best (warm starts of the bootstrap replicates)
+    near10 = order[:400][res.f[order[:400]] <= fbest * 1.1]
+    optima = _distinct(res.x[near10], res.f[near10], phi)
+
+    # lack-of-fit: residual scale and degrees of freedom
+    multi = data.groupby("run").size().max() > 1
+    # a prior is one pseudo-observation of its parameter: one residual degree of freedom more
+    n_prior = len(prior)
+    rho = None
+    if multi:
+        # sigma is the sd of point residuals; the dof of that estimate is the number of
+        # independent residuals, n_eff = n (1 - rho) / (1 + rho) for residuals that are AR(1)
+        # along each run with lag-1 autocorrelation rho (the usual effective sample size of a
+        # correlated series), less the free parameters; never below the across-run count
+        rho = _lag1_autocorrelation(data, resid)
+        n_eff = n * (1 - rho) / (1 + rho)
+        dof = max(n_eff + n_prior - spec.n_free, len(uniq_runs) + n_prior - spec.n_across)
+    else:
+        dof = n + n_prior - spec.n_free
+    sigma = float(np.sqrt((resid ** 2).sum() / (n + n_prior - spec.n_free))) \
+        if n + n_prior > spec.n_free else None
+    dof = float(dof) if dof > 0 else None
+    cov = None
+    if sigma is not None and sigma > 0:
+        J = _jacobian_rows(model, u) @ prob.M
+        # Laplace approximation of the penalised fit: the prior's precision (in the solver's
+        # u coordinates) adds to J'J / sigma^2, so the prior's spread enters the band.
+        # pinv: a shape factor driven to 0 leaves a flat direction; its variance is then not
+        # propagated (it does not move the prediction either)
+        H = J.T @ J / sigma ** 2 + prob.prior_precision(u)
+        cov = np.linalg.pinv(H, rcond=1e-12)
+        if not np.all(np.isfinite(cov)):
+            cov = None
+
+    boot_u, boot_info = None, {"replicates": 0}
+    if bootstrap > 0:
+        boot_u, boot_info = _bootstrap(prob, runs, optima, bootstrap, seed)
+
+    intervals = _intervals(spec, u, boot_u, cov, dof, level)
+    identifiability = _identifiability(spec, u, intervals, level, data, prior,
+                                       have_interval=cov is not None or boot_u is not None)
+    disp = {p.name: float(p.to_display(u[i])) for i, p in enumerate(form.params)}
+    at_bound = {k: v for k, v in ((p.name, _bound_flag(p, disp[p.name])) for p in form.params
+                                  if p.name in spec.free) if v}
+    diagnostics = {
+        "objective": float(fbest),
+        "huber_delta": delta,
+        "converged": bool(res.status[best] == 0 and pol.status[pol_best] == 0),
+        "polish_gain_rel": float((res.f[best] - fbest) / max(abs(fbest), 1e-300)),
+        "starts": len(grid),
+        "starts_status": {STATUS[i]: int((res.status == i).sum()) for i in range(len(STATUS))},
+        "best_start": grid[best].tolist(),
+        "iterations_max": int(res.iterations.max()),
+        "distinct_optima": len(optima),
+        "polished_candidates": len(cands),
+        "at_bound": at_bound,
+        "free": list(spec.free),
+        "n_points": n, "n_runs": len(uniq_runs),
+        "fraction_range": [float(data["fraction"].min()), float(data["fraction"].max())],
+        "points_note": note,
+        "rmse_log": float(np.sqrt(np.mean(resid ** 2))),
+        "max_abs_rel_residual": float(np.max(np.abs(np.expm1(-resid)))),
+        "dof": dof, "sigma_log": sigma, "residual_lag1_autocorrelation": rho,
+        "bootstrap": boot_info,
+        "prior": {k: {"mean": m, "sd": sd} for k, (m, sd) in prior.items()} or None,
+        "prior_weight": prior_weight,
+        "identifiability": identifiability,
+        "dropped_rows": list(df.attrs.get("dropped", [])),
+    }
+    if form.name == "chinchilla":
+        diagnostics["allocation"] = allocation_diagnostics(disp, boot_u, spec, level)
+    result = FitResult(spec=spec, metric=metric, u=u, level=level, params_column=params_column,
+                       boot_u=boot_u, cov=cov, sigma=sigma, dof=dof, intervals=intervals,
+                       diagnostics=diagnostics, inputs=_inputs(data), prior=prior,
+                       abs_resid=np.abs(resid))
+    result.backtest_opts = {"bootstrap": 0, "level": level, "seed": seed,
+                            "params_column": params_column, "metric": metric, "delta": delta,
+                            "backtest": False, "prior": prior}
+    result.backtest_starts = _backtest_starts(grid, res, order)
+    return result
+
+
+def _fit_ols(df, spec, *, level, metric, params_column, final_only):
+    """The real ladder's fit: ordinary least squares of log(L - E) on log C with E fixed
+    (statsmodels OLS), the Student-t lack-of-fit interval with n - 2 residual dof its team asked
+    for. Parameters: log A = intercept, alpha = -slope."""
+    import statsmodels.api as sm  # only this path needs it (0.5 s to import)
+    data, note = select_points(df, spec.form, final_only)
+    cols = _required(data, spec.form, params_column)
+    E = float(spec.fix["E"])
+    L = data["loss"].to_numpy(dtype=float)
+    if np.any(L <= E):
+        raise InputError(f"ols needs every loss above the fixed E={E:g} (log(L - E)); "
+                         f"{int((L <= E).sum())} are not", field="loss")
+    n = len(data)
+    if n < 2:
+        raise InputError(f"{n} point cannot determine the 2 ols parameters (log A, alpha)",
+                         field="form")
+    logC = np.log(cols["compute"])
+    y = np.log(L - E)
+    X = np.column_stack([np.ones(n), logC])
+    fit = sm.OLS(y, X).fit()
+    b0, b1 = (float(v) for v in fit.params)
+    D = np.diag([1.0, -1.0])                      # (log A, slope) -> (log A, alpha)
+    dof = float(fit.df_resid) if fit.df_resid > 0 else None
+    sigma = float(np.sqrt(fit.scale)) if dof else None
+    cov = D @ np.asarray(fit.cov_params()) @ D if dof else None
+    u = spec.to_u(np.array([b0, -b1]))
+    intervals = {"E": [E, E]}
+    if dof:
+        ci = np.asarray(fit.conf_int(alpha=1 - level))
+        intervals["A"] = [float(np.exp(ci[0, 0])), float(np.exp(ci[0, 1]))]
+        intervals["alpha"] = [float(-ci[1, 1]), float(-ci[1, 0])]
+    else:
+        intervals["A"] = intervals["alpha"] = [math.nan, math.nan]
+    resid = np.log(L) - Model(spec.form, spec.form.features(cols)).log_predict(u[None])[0]
+    diagnostics = {
+        "objective": float(fit.ssr), "objective_kind": "ols: sum of squared residuals of "
+        "log(L - E) on log C (statsmodels OLS)", "converged": True, "free": list(spec.free),
+        "at_bound": {}, "n_points": n, "n_runs": int(data["run"].nunique()),
+        "fraction_range": [float(data["fraction"].min()), float(data["fraction"].max())],
+        "points_note": note, "rmse_log": float(np.sqrt(np.mean(resid ** 2))),
+        "max_abs_rel_residual": float(np.max(np.abs(np.expm1(-resid)))),
+        "dof": dof, "sigma_log": sigma, "rsquared": float(fit.rsquared) if n > 2 else None,
+        "bootstrap": {"replicates": 0, "note": "ols: Student-t interval only"},
+        "dropped_rows": list(df.attrs.get("dropped", [])),
+    }
+    result = FitResult(spec=spec, metric=metric, u=u, level=level, params_column=params_column,
+                       cov=cov, sigma=sigma, dof=dof, intervals=intervals,
+                       diagnostics=diagnostics, inputs=_inputs(data), objective="ols")
+    result.backtest_opts = {"bootstrap": 0, "level": level, "params_column": params_column,
+                            "metric": metric, "backtest": False, "objective": "ols"}
+    return result
+
+
+# Identifiability checks. An asymptote below half the smallest measured loss says most of the
+# loss at the ladder's largest run is reducible: published LM ladders put E at 55-90% of the
+# losses they fit (Hoffmann et al. 2022: E 1.69 against losses ~2-3; Besiroglu et al. 2024's
+# refit 1.82; Marin's ladder fixes 1.5 against 2.4-3.0), so that is flagged as implausible, as
+# is E at or above the smallest loss (impossible for a decreasing law). An interval that spans
+# more than half of the range (0, min loss) means the ladder does not pin E down.
+E_MIN_FRACTION_OF_LOSS = 0.5
+E_INTERVAL_MAX_FRACTION = 0.5
+
+
+def _identifiability(spec, u, intervals, level, data, prior, have_interval=True) -> dict:
+    """Parameters the ladder does not pin down, with why: {"flags": {name: [reasons]},
+    "unidentified": [names]}."""
+    form = spec.form
+    flags: dict[str, list[str]] = {}
+    lmin = float(data["loss"].min())
+    for i, p in enumerate(form.params):
+        if p.name in spec.fix or p.name in spec.tie:
+            continue
+        why = []
+        v = float(p.to_display(u[i]))
+        lo, hi = intervals.get(p.name, [math.nan, math.nan])
+        b = _bound_flag(p, v)
+        if b:
+            why.append(f"estimate {b}")
+        if p.kind != "positive" and math.isfinite(lo) and math.isfinite(hi):
+            blo, bhi = p.bounds
+            if lo <= blo * 1.01 if blo > 0 else lo <= blo + 1e-6:
+                why.append(f"its {level:.0%} interval reaches the lower bound {blo:g}")
+            if hi >= bhi * 0.99:
+                why.append(f"its {level:.0%} interval reaches the upper bound {bhi:g}")
+        if p.name == "E":
+            if v >= lmin:
+                why.append(f"E = {v:.4g} is not below the smallest loss {lmin:.4g}")
+            elif v < E_MIN_FRACTION_OF_LOSS * lmin:
+                why.append(f"E = {v:.4g} is below {E_MIN_FRACTION_OF_LOSS:g} x the smallest loss "
+                           f"({lmin:.4g}): implausible for a language-model ladder")
+            if math.isfinite(lo) and math.isfinite(hi) and \
+                    hi - lo > E_INTERVAL_MAX_FRACTION * lmin:
+                why.append(f"its {level:.0%} interval [{lo:.3g}, {hi:.3g}] spans more than "
+                           f"{E_INTERVAL_MAX_FRACTION:g} x the smallest loss: flat profile")
+            if not have_interval:
+                why.append("no interval could be computed")
+        if why and p.name in (prior or {}):
+            why.append("(a prior is set on it)")
+        if why:
+            flags[p.name] = why
+    return {"flags": flags, "unidentified": sorted(k for k, w in flags.items()
+                                                   if not any("prior is set" in x for x in w))}
+
+
+def _lag1_autocorrelation(data, resid) -> float:
+    """Pooled lag-1 autocorrelation of the residuals along each run (ordered by fraction),
+    clipped to [0, 0.98]: sum r_t r_(t-1) / sum r_t^2 over consecutive points of a run."""
+    num = den = 0.0
+    frame = pd.DataFrame({"run": data["run"].to_numpy(), "g": data["fraction"].to_numpy(),
+                          "r": resid})
+    for _, grp in frame.groupby("run"):
+        r = grp.sort_values("g")["r"].to_numpy()
+        if r.size > 1:
+            num += float(r[1:] @ r[:-1])
+            den += float(r @ r)
+    return float(np.clip(num / den, 0.0, 0.98)) if den > 0 else 0.0
+
+
+def _backtest_starts(grid, res, order):
+    """Starts of the backtest refits. A grid of up to 500 starts is used whole; a larger one
+    (the Chinchilla grid) is thinned to every 20th start plus the 32 best distinct end points
+    of the full fit's starts, which are local optima of a closely related objective (the
+    backtest fits drop a few of the largest runs); this keeps a backtest fold ~15x cheaper
+    than the full fit."""
+    if len(grid) <= 500:
+        return None
+    ends = _distinct(res.x[order[:2000]], res.f[order[:2000]], res.x[order[0]], k=32)
+    return np.vstack([grid[::20], ends])
+
+
+def select_points(df: pd.DataFrame, form: Form, final_only: bool | None):
+    """Rows a form is fitted on. Non-trajectory forms fit each run's final point when runs carry
+    several points (intermediate points of a decaying schedule are not end points of shorter
+    runs); ``final_only=False`` keeps every row (the per-fraction fits)."""
+    if final_only is None:
+        final_only = form.name != "trajectory"
+    if df.empty:
+        raise InputError("no points left to fit", field="loss")
+    per_run = df.groupby("run").size()
+    if final_only and per_run.max() > 1:
+        idx = df.groupby("run")["fraction"].idxmax()
+        out = df.loc[np.sort(idx.to_numpy())].reset_index(drop=True)
+        return out, (f"the {form.name} form is fitted on each run's final point "
+                     f"({len(out)} of {len(df)} points)")
+    return df.reset_index(drop=True), f"all {len(df)} points"
+
+
+def _required(data, form, params_column) -> dict:
+    cols = {}
+    for need in form.needs:
+        key = params_column if need == "N" else need
+        if key not in data.columns or data[key].isna().any():
+            miss = int(data[key].isna().sum()) if key in data.columns else len(data)
+            raise InputError(f"the {form.name} form needs this column ({miss} rows lack it)",
+                             field=key)
+        cols[need] = data[key].to_numpy(dtype=float)
+    return cols
+
+
+# Stage 1 runs every start until one iteration decreases f by less than 2.2e-6 of f (scipy's
+# default L-BFGS-B test, factr 1e7, is 2.2e-9 relative to max(|f|, 1): ~2e-6 of a
+# Chinchilla-size objective of ~1e-3, the same test there, but meaningless for a near-exact fit
+# whose f is ~1e-7; this one is relative to f itself). Stage 2 polishes the best POLISH_TOP distinct
+# candidates within POLISH_WITHIN of the best to a relative decrease below 1e-15 (the batched
+# solver again: scipy's L-BFGS-B costs milliseconds per iteration in call overhead) and keeps
+# the lowest.
+STAGE1_FTOL = 2.2e-6
+STAGE1_PATIENCE = 1
+STAGE1_MAX_ITER = 300  # starts still moving after this are reported as max_iter
+POLISH_FTOL = 1e-15
+POLISH_TOP = 5
+POLISH_WITHIN = 0.01  # only candidates within 1% of the best stage-1 objective are polished
+BOOT_FTOL = 1e-9
+
+
+class _Problem:
+    """One fit's objective in solver coordinates. The solver works in a centred
+    parametrisation: a coefficient whose term holds ``-alpha * log x`` is replaced by the term's
+    value at the mean log x, which decorrelates (log A, alpha) (log x varies by a few units
+    around ~20-50) and lets L-BFGS converge in several times fewer iterations. It is a linear
+    change of variables, so optima are unchanged."""
+
+    def __init__(self, model, logy, spec, delta, prior=None, prior_weight=None):
+        self.model, self.logy, self.spec, self.delta = model, logy, spec, delta
+        self.u0, self.M = spec.mapping()
+        self.P = _centering(spec, model)
+        self.Pinv = np.linalg.inv(self.P)
+        names = spec.form.names
+        # (full index, exp-parametrised?, mean, sd) per prior; weight = sigma^2 (see fit_one)
+        self.prior = [(names.index(k), spec.form.param(k).kind != "exponent", m, sd)
+                      for k, (m, sd) in (prior or {}).items()]
+        self.prior_weight = float(prior_weight or 0.0)
+
+    def fg(self, W=None, prior_means=None):
+        """``prior_means`` (R, K): per-problem prior centres (the bootstrap draws them)."""
+        u0, M, P = self.u0, self.M, self.P
+
+        def fg(X, rows):
+            U = u0 + (X @ P.T) @ M.T
+            f, G = self.model.objective(U, self.logy, None if W is None else W[rows],
+                                        self.delta)
+            for k, (i, expo, mean, sd) in enumerate(self.prior):
+                th = np.exp(U[:, i]) if expo else U[:, i]
+                m = mean if prior_means is None else prior_means[rows, k]
+                z = (th - m) / sd
+                f = f + self.prior_weight * 0.5 * z * z
+                G[:, i] += self.prior_weight * z / sd * (th if expo else 1.0)
+            return f, (G @ M) @ P
+        return fg
+
+    def prior_precision(self, u) -> np.ndarray:
+        """The priors' precision in the free u coordinates (F, F)."""
+        F = self.M.shape[1]
+        out = np.zeros((F, F))
+        for i, expo, _m, sd in self.prior:
+            d = math.exp(u[i]) if expo else 1.0          # d value / d u
+            row = self.M[i]                              # which free coordinate(s) carry it
+            out += np.outer(row, row) * (d / sd) ** 2
+        return out
+
+    def prior_start(self, phi):
+        """``phi`` with the prior parameters moved to their prior means (one more start)."""
+        u = self.spec.to_u(phi)
+        for i, expo, mean, _sd in self.prior:
+            u[i] = math.log(max(mean, 1e-12)) if expo else mean
+        free_u = np.linalg.lstsq(self.M, u - self.u0, rcond=None)[0]
+        return free_u[None]
+
+    def solve(self, starts_phi, W=None, prior_means=None, **kw):
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+            r = lbfgs(self.fg(W, prior_means), np.asarray(starts_phi, dtype=float) @ self.Pinv.T,
+                      **kw)
+        return dataclasses.replace(r, x=r.x @ self.P.T)
+
+    def polish(self, cands):
+        """Stage 2: the candidates to tight tolerances, all at once; (phi, f) of the best."""
+        r = self.solve(np.atleast_2d(cands), ftol=POLISH_FTOL, gtol=1e-13, max_iter=1000)
+        f = np.where(np.isfinite(r.f), r.f, np.inf)
+        i = int(np.argmin(f))
+        return r.x[i], float(f[i]), r
+
+
+def _centering(spec, model) -> np.ndarray:
+    free = spec.free
+    P = np.eye(len(free))
+    tied_to = set(spec.tie.values())
+    for term in spec.form.terms:
+        coefs = [e for e in term if e.feature == "one"]
+        if len(coefs) != 1:
+            continue
+        c = coefs[0].param
+        if c not in free or c in tied_to or spec.form.param(c).kind != "coef":
+            continue
+        i = free.index(c)
+        for e in term:
+            if spec.form.param(e.param).kind != "exponent" or e.param in spec.fix:
+                continue
+            j = free.index(spec.tie.get(e.param, e.param))
+            P[i, j] += -e.multiplier * float(np.mean(model.feats[e.feature]))
+    return P
+
+
+def _distinct(X, f, phi, k: int = 4, rtol: float = 1e-3):
+    """Up to ``k`` distinct minima (first = the polished optimum) for warm starts."""
+    keep = [np.asarray(phi, dtype=float)]
+    for x, fx in zip(X, f, strict=True):
+        if not np.isfinite(fx) or len(keep) >= k:
+            continue
+        if all(np.max(np.abs(x - y) / (1 + np.abs(y))) > rtol for y in keep):
+            keep.append(x)
+    return np.array(keep)
+
+
+def _bootstrap(prob, runs, optima, R, seed):
+    """Run-level Bayesian bootstrap: each replicate weights whole runs (all points of a run share
+    its Dirichlet weight) and is refitted from the distinct optima of the full fit. Replicates
+    with fewer runs of non-negligible weight than across-run parameters are degenerate and left
+    out (counted)."""
+    t0 = time.perf_counter()
+    spec = prob.spec
+    rng = np.random.default_rng(seed)
+    uniq, inv = np.unique(runs, return_inverse=True)
+    # Bayesian bootstrap (Rubin 1981): Dirichlet(1, ..., 1) run weights (scaled to sum to the
+    # number of runs) instead of multinomial counts. Same first two moments, but every run keeps
+    # a positive weight, so a 5-run ladder has no replicate that drops to 4 runs and
+    # interpolates them exactly with a 4-parameter law (with counts, 114 of 200 replicates of
+    # Gadre et al.'s 5-run fit were such degenerate draws)
+    counts = rng.dirichlet(np.ones(len(uniq)), size=R) * len(uniq)                  # (R, U)
+    k = len(optima)
+    W = np.repeat(counts[:, inv].astype(float), k, axis=0)                           # (R k, n)
+    means = None
+    if prob.prior:  # each replicate draws its prior centre: the prior's spread enters the band
+        mu = np.array([m for _i, _e, m, _s in prob.prior])
+        sd = np.array([s for _i, _e, _m, s in prob.prior])
+        means = np.repeat(mu + sd * rng.standard_normal((R, len(mu))), k, axis=0)
+    res = prob.solve(np.tile(optima, (R, 1)), W=W, prior_means=means, ftol=BOOT_FTOL,
+                     max_iter=1000)
+    f = np.where(np.isfinite(res.f), res.f, np.inf).reshape(R, k)
+    rows = np.arange(R) * k + f.argmin(axis=1)
+    conv = res.status[rows] == 0
+    n_unique = (counts > 1e-3).sum(axis=1)  # runs with a non-negligible weight
+    enough = n_unique >= max(spec.n_across, 1)
+    valid = enough & conv & np.isfinite(f.min(axis=1))
+    U = prob.u0 + res.x[rows][valid] @ prob.M.T
+    info = {"replicates": int(R), "valid": int(valid.sum()), "degenerate": int((~enough).sum()),
+            "not_converged": int((enough & ~conv).sum()), "starts_per_replicate": int(k),
+            "seed": int(seed), "resampled": "runs",
+            "seconds": round(time.perf_counter() - t0, 3)}
+    if valid.sum() < 20:
+        warnings.warn(f"bootstrap: only {int(valid.sum())} of {R} replicates usable; the "
+                      "bootstrap part of the bands is left out", stacklevel=3)
+        return None, info
+    return U, info
+
+
+def _intervals(spec, u, boot_u, cov, dof, level) -> dict:
+    q = 0.5 + level / 2
+    out = {}
+    free = spec.free
+    for i, p in enumerate(spec.form.params):
+        if p.name in spec.fix:
+            v = float(p.to_display(u[i]))
+            out[p.name] = [v, v]
+            continue
+        if boot_u is not None:
+            d = p.to_display(boot_u[:, i])
+            out[p.name] = [float(np.quantile(d, 1 - q)), float(np.quantile(d, q))]
+        elif cov is not None and dof:
+            j = free.index(spec.tie.get(p.name, p.name))
+            h = float(stdtrit(dof, q)) * math.sqrt(max(cov[j, j], 0.0))
+            out[p.name] = [float(p.to_display(u[i] - h)), float(p.to_display(u[i] + h))]
+        else:
+            out[p.name] = [math.nan, math.nan]
+    return out
+
+
+def _bound_flag(p, value) -> str | None:
+    lo, hi = p.bounds
+    if p.kind == "positive":  # a shape factor at 0 is legitimate: that factor is unused
+        return f"at or above its upper bound {hi:g}" if value >= hi else None
+    if value <= lo * (1 + 1e-6) if lo > 0 else value <= lo + 1e-6:
+        return f"at or below its lower bound {lo:g}"
+    if value >= hi:
+        return f"at or above its upper bound {hi:g}"
+    return None
+
+
+def _inputs(df: pd.DataFrame) -> dict:
+    cols = [c for c in ("run", "params", "active_params", "tokens", "compute", "fraction",
+                        "loss") if c in df.columns]
+    table = df[cols].sort_values(cols).astype(object).where(df[cols].notna(), None)
+    return {"sha256": sha256_of(table.to_dict(orient="list")), "n_points": len(df),
+            "n_runs": int(df["run"].nunique()), "runs": sorted(df["run"].astype(str).unique())}
+
+

@@ -1,0 +1,379 @@
+"""The fitted law of a Chinchilla-family form: ``FitResult`` and its prediction band.
+
+A prediction band at a point, in log space: the parameter part is the bootstrap quantile
+deviation where the bootstrap has usable replicates, else t x the delta-method standard error;
+the run-to-run noise part is the residual quantile (``FitResult.noise_half_width``; t x sigma
+with too few points); the law's own extrapolation error outside its runs' scale range
+(``FitResult.extrapolation_log_sd``) and an extra log-sigma (eval noise, added by a
+forecaster) are added in quadrature. A band that cannot be computed (no residual degrees of
+freedom, no usable replicates) is NaN with a warning. ``objective="ols"`` (the real ladder's
+fit) has its own band: statsmodels' OLS prediction interval of log(L - E).
+
+Fitting lives in fit.estimate (one form on one table) and fit.law (``fit_law``); law.json in
+fit.lawjson.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import warnings
+
+import numpy as np
+from scipy.special import ndtri, stdtrit  # quantiles; scipy.stats takes 0.6 s to import
+
+import fit.lawjson as lawjson
+from fit.forms import Model, Spec
+from fit.prediction import Prediction
+from fit.report import report
+from ladder.io import InputError, as_float
+
+OBJECTIVES = ("huber", "ols")
+
+
+class FitResult:
+    """A fitted law: parameters, intervals, diagnostics, ``predict()``, ``report()``, JSON.
+
+    For ``by=`` fits (one law per value of a column, e.g. the real ladder's per-fraction fits)
+    ``groups`` holds the per-value results and ``predict(fraction=...)`` uses the matching one,
+    interpolating log loss linearly between neighbouring values.
+    """
+
+    def __init__(self, *, spec: Spec, metric: str, u: np.ndarray, level: float,
+                 params_column: str = "params", boot_u: np.ndarray | None = None,
+                 cov: np.ndarray | None = None, sigma: float | None = None,
+                 dof: float | None = None, intervals: dict | None = None,
+                 diagnostics: dict | None = None, inputs: dict | None = None,
+                 conventions: dict | None = None, created: str | None = None,
+                 tool_version: str | None = None, by: str | None = None,
+                 groups: list | None = None, objective: str = "huber",
+                 prior: dict | None = None, abs_resid: np.ndarray | None = None):
+        if objective not in OBJECTIVES:
+            raise ValueError(f"objective: one of {OBJECTIVES}, got {objective!r}")
+        self.objective = objective
+        self.prior = dict(prior or {})  # name -> (mean, sd), natural units
+        self.spec = spec
+        self.metric = metric
+        self.u = np.asarray(u, dtype=float)
+        self.level = float(level)
+        self.params_column = params_column
+        self.boot_u = None if boot_u is None else np.asarray(boot_u, dtype=float)
+        self.cov = None if cov is None else np.asarray(cov, dtype=float)
+        self.sigma = sigma
+        self.dof = dof
+        # sorted |log residuals| of the fitted points: the noise part of the band is their
+        # quantile (noise_half_width); None (a law.json from before) -> t(dof) x sigma
+        self.abs_resid = None if abs_resid is None else np.sort(np.abs(np.asarray(
+            abs_resid, dtype=float)))
+        self.intervals = intervals or {}
+        self.diagnostics = diagnostics or {}
+        self.inputs = inputs or {}
+        self.conventions = conventions or _conventions()
+        self.created = created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        self.tool_version = tool_version or _version()
+        self.by = by
+        self.groups = groups or []  # list of (value, FitResult)
+        # what fit.backtest.fit_one's refits use (set by fit.estimate; not written to law.json)
+        self.backtest_opts: dict | None = None
+        self.backtest_starts: np.ndarray | None = None
+
+    # --- named views ---------------------------------------------------------------------------
+    @property
+    def form(self) -> str:
+        return self.spec.form.name
+
+    @property
+    def expression(self) -> str:
+        return self.spec.form.expression
+
+    @property
+    def params(self) -> dict:
+        return {p.name: float(p.to_display(self.u[i])) for i, p in enumerate(self.spec.form.params)}
+
+    # --- prediction ----------------------------------------------------------------------------
+    def predict(self, params=None, active_params=None, tokens=None, compute=None, fraction=None,
+                level: float = 0.9, extra_log_sigma=0.0, extrapolation: bool = True
+                ) -> Prediction:
+        """Loss and its band at ``level`` (numpy arrays, inputs broadcast). ``compute`` and
+        ``tokens`` are so far at the point (points-table convention); ``fraction`` is the
+        progress through the planned run (trajectory and per-fraction laws; default 1).
+        ``extra_log_sigma``: a further log sd (eval noise) added in quadrature; the band also
+        holds the law's extrapolation error outside its runs' scale range
+        (:meth:`extrapolation_log_sd`) unless ``extrapolation=False``."""
+        level = float(level)
+        if not 0 < level < 1:
+            raise ValueError(f"level: must be in (0, 1), got {level!r}")
+        if extrapolation:
+            x = self.extrapolation_log_sd(params=params, tokens=tokens, compute=compute,
+                                          fraction=fraction)
+            extra_log_sigma = np.sqrt(np.square(np.asarray(extra_log_sigma, float)) + x ** 2)
+        if self.groups:
+            return self._predict_groups(params, active_params, tokens, compute, fraction, level,
+                                        extra_log_sigma)
+        cols = self._columns(params, active_params, tokens, compute, fraction)
+        shape = np.broadcast(*cols.values()).shape
+        flat = {k: np.broadcast_to(v, shape).ravel() for k, v in cols.items()}
+        fr = self.diagnostics.get("fraction_range")
+        below = None
+        if "fraction" in cols and fr and as_float(fr[0]) is not None:
+            # below the smallest fitted fraction nothing was measured: the early-transient
+            # factor is held at its value there (1/g would otherwise explode), and a warning
+            # says that these points are extrapolated
+            flat["fraction_floor"] = float(as_float(fr[0]))
+            below = flat["fraction"] < flat["fraction_floor"] - 1e-9
+        if below is not None and below.any():
+            warnings.warn(f"{self.form} law: fractions below {flat['fraction_floor']:g}, the "
+                          "smallest fitted, are extrapolated", stacklevel=2)
+        model = Model(self.spec.form, self.spec.form.features(flat))
+        center = model.log_predict(self.u[None])[0]
+        lo, hi = self._band(model, center, level, np.broadcast_to(extra_log_sigma, shape).ravel())
+        return Prediction(loss=np.exp(center).reshape(shape), lo=lo.reshape(shape),
+                          hi=hi.reshape(shape), level=level)
+
+    def extrapolation_log_sd(self, params=None, tokens=None, compute=None, fraction=None
+                             ) -> np.ndarray:
+        """The law's own extrapolation error (a log sd) at each point: the RMS over its rollout
+        backtest folds (refit below a scale level, forecast that level's finals) of log error
+        per decade extrapolated, times the point's decades outside the scale range of the runs
+        it was fitted on, above the largest or below the smallest (a run's scale: planned
+        compute, else params x tokens, else params: ``diagnostics.backtest.scale``; a point's
+        is its value at fraction 1). 0 inside the range, without a backtest, or without the
+        input the scale needs. Below the range the rate measured upward is assumed: a ladder
+        rung held out at the bottom is 0.85 decades below the rest on Gadre et al.'s ladder and
+        its law misses it by 5-24% (docs/LOG.md, 2026-12-01)."""
+        rate, kind, lo, hi = extrapolation_rate(self.diagnostics.get("backtest"))
+        given = [np.asarray(x, float) for x in (params, tokens, compute, fraction)
+                 if x is not None]
+        shape = np.broadcast(*given).shape if given else ()
+        fr = np.asarray(1.0 if fraction is None else fraction, float)
+        scale = None
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if kind == "compute" and compute is not None:
+                scale = np.asarray(compute, float) / fr
+            elif kind == "params_x_tokens" and params is not None and tokens is not None:
+                scale = np.asarray(params, float) * np.asarray(tokens, float) / fr
+            elif kind == "params" and params is not None:
+                scale = np.asarray(params, float)
+        if rate is None or scale is None:
+            return np.zeros(shape)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ls = np.log10(np.broadcast_to(scale, shape))
+        d = np.maximum(ls - hi, 0.0) + (np.maximum(lo - ls, 0.0) if lo is not None else 0.0)
+        return rate * np.where(np.isfinite(d), d, 0.0)
+
+    def _columns(self, params, active_params, tokens, compute, fraction) -> dict:
+        given = {"params": params, "active_params": active_params, "tokens": tokens,
+                 "compute": compute, "fraction": fraction}
+        form = self.spec.form
+        if form.name == "trajectory" and fraction is None:
+            given["fraction"] = 1.0
+        cols = {}
+        for need in form.needs:
+            key = self.params_column if need == "N" else need
+            v = given.get(key)
+            if v is None:
+                raise InputError(f"the {form.name} law needs --{key.replace('_', '-')}",
+                                 field=key)
+            v = np.asarray(v, dtype=float)
+            if not np.all(np.isfinite(v) & (v > 0)):
+                raise InputError("must be finite and positive", field=key)
+            if need == "fraction" and np.any(v > 1):
+                raise InputError("must be in (0, 1]", field="fraction")
+            cols[need] = v
+        return cols
+
+    def _band(self, model, center, level, extra):
+        """lo, hi (loss units) around ``center`` (log loss) at ``level``."""
+        if self.objective == "ols":
+            return self._band_ols(model, center, level, extra)
+        q = 0.5 + level / 2
+        dof = self.dof
+        tq = float(stdtrit(dof, q)) if dof and dof > 0 else None
+        z = float(ndtri(q))
+        reasons = []
+        # parameter part
+        up = np.zeros_like(center)
+        down = np.zeros_like(center)
+        have_param = False
+        if self.boot_u is not None and len(self.boot_u) >= 20:
+            draws = model.log_predict(self.boot_u)           # (R, m)
+            dev = draws - center[None]
+            up = np.maximum(up, np.quantile(dev, q, axis=0))
+            down = np.maximum(down, -np.quantile(dev, 1 - q, axis=0))
+            have_param = True
+        # the delta method only where the bootstrap is not there: t(dof) x se on top of a
+        # bootstrap that already measured the parameters' spread doubles it, and with the
+        # 1-2 residual dof of a 4-5 rung ladder t is 3-6 (Gadre's 5-run fit: +-25% at 6.9B)
+        if self.cov is not None and tq is not None and not have_param:
+            _u0, M = self.spec.mapping()
+            J = _jacobian_rows(model, self.u) @ M             # (m, F)
+            se = np.sqrt(np.maximum(np.einsum("mf,fg,mg->m", J, self.cov, J), 0.0))
+            up = np.maximum(up, tq * se)
+            down = np.maximum(down, tq * se)
+            have_param = True
+        if not have_param:
+            reasons.append("no parameter uncertainty (no bootstrap replicates and no "
+                           "covariance)")
+        half_noise = self.noise_half_width(level)
+        if half_noise is None:
+            reasons.append("no residual degrees of freedom to estimate run-to-run noise "
+                           f"(dof={dof})")
+            noise = np.full_like(center, np.nan)
+        else:
+            noise = np.full_like(center, half_noise)
+        extra = z * np.asarray(extra, dtype=float)
+        if reasons:
+            warnings.warn(f"{self.form} law: prediction band unavailable: "
+                          + "; ".join(reasons), stacklevel=3)
+            nan = np.full_like(center, np.nan)
+            return nan, nan
+        hi = center + np.sqrt(up ** 2 + noise ** 2 + extra ** 2)
+        lo = center - np.sqrt(down ** 2 + noise ** 2 + extra ** 2)
+        return np.exp(lo), np.exp(hi)
+
+    def noise_method(self, level: float = 0.9) -> str:
+        """Which estimate the band's noise part uses at ``level`` (see noise_half_width)."""
+        if self.objective == "ols":
+            return "ols"
+        return "residual quantile" if self._noise_rank_level(level) is not None else \
+            "student-t x sigma"
+
+    def _noise_rank_level(self, level):
+        a, dof = self.abs_resid, self.dof
+        if a is None or not a.size or not dof or dof <= 0:
+            return None
+        m = dof + self.spec.n_free                 # effective number of observations
+        qq = level * (m + 1) / m                   # split-conformal rank ceil((m+1) level)/m
+        return qq if qq <= 1 else None
+
+    def noise_half_width(self, level: float) -> float | None:
+        """Half-width (log loss) of the band's run-to-run noise part at ``level``.
+
+        The ``level`` quantile of the fitted points' |log residuals|, at the split-conformal
+        rank (level x (m + 1) / m of m effective observations, m = dof + free parameters) and
+        scaled by sqrt(m / dof) for the parameters the fit spent on them. Distribution-free:
+        the summed-Huber fit is robust because ladder residuals are not Gaussian (Gadre et
+        al.'s M=5 runs miss the law by 4-15% where the rest sit within 1-2%), and t(dof) x
+        their RMS let those few points set a +-6% band for every target (leave-one-rung-out
+        coverage 97% on RedPajama, bands 3-12x the typical held-out error). Too few
+        observations for the rank (m < level / (1 - level), 9 at 90%, 99 at 99%): the
+        Student-t interval t(dof) x sigma, the parametric answer where the empirical one
+        does not exist."""
+        qq = self._noise_rank_level(level)
+        if qq is not None:
+            m = self.dof + self.spec.n_free
+            return float(np.quantile(self.abs_resid, qq)) * math.sqrt(m / self.dof)
+        if self.sigma is None or not self.dof or self.dof <= 0:
+            return None
+        return float(stdtrit(self.dof, 0.5 + level / 2)) * self.sigma
+
+    def _band_ols(self, model, center, level, extra):
+        """The OLS prediction interval of log(L - E) (statsmodels' ``obs_ci``: Student-t with
+        the residual dof, mean-prediction variance x' V x plus the residual variance), mapped
+        to loss; an extra log-sigma (eval noise) is added in quadrature in log-loss space."""
+        q = 0.5 + level / 2
+        if not (self.dof and self.dof > 0 and self.cov is not None and self.sigma is not None):
+            warnings.warn(f"{self.form} law (ols): prediction band unavailable: no residual "
+                          f"degrees of freedom (dof={self.dof})", stacklevel=3)
+            nan = np.full_like(center, np.nan)
+            return nan, nan
+        E = float(self.params["E"])
+        x = np.stack([np.ones_like(center), -model.feats["logC"]], axis=1)   # d r / d (logA, alpha)
+        r = np.log(np.exp(center) - E)
+        se = np.sqrt(np.einsum("mf,fg,mg->m", x, self.cov, x) + self.sigma ** 2)
+        half = float(stdtrit(self.dof, q)) * se
+        lo_l, hi_l = np.log(E + np.exp(r - half)), np.log(E + np.exp(r + half))
+        ex = float(ndtri(q)) * np.asarray(extra, dtype=float)
+        lo = center - np.sqrt((center - lo_l) ** 2 + ex ** 2)
+        hi = center + np.sqrt((hi_l - center) ** 2 + ex ** 2)
+        return np.exp(lo), np.exp(hi)
+
+    def _predict_groups(self, params, active_params, tokens, compute, fraction, level, extra):
+        values = np.array([v for v, _ in self.groups])
+        g = np.asarray(1.0 if fraction is None else fraction, dtype=float)
+        shape = np.broadcast(*[np.asarray(x) for x in (params, active_params, tokens, compute,
+                                                        g, extra) if x is not None]).shape
+        gb = np.broadcast_to(g, shape).ravel()
+        tol = 1e-6 + 0.5e-3  # group values are fractions rounded to 1e-3
+        if np.any(gb < values.min() - tol) or np.any(gb > values.max() + tol):
+            raise InputError(f"outside the fitted range {values.min():g}..{values.max():g} of "
+                             f"the per-{self.by} laws", field=self.by)
+        out = np.full((3, gb.size), np.nan)
+        def b(x):
+            return None if x is None else np.broadcast_to(np.asarray(x, float), shape).ravel()
+        kw = {"params": b(params), "active_params": b(active_params), "tokens": b(tokens),
+              "compute": b(compute), "level": level, "extra_log_sigma": b(extra),
+              "extrapolation": False}  # the whole law's term is already in ``extra``
+        preds = [r.predict(**kw) for _, r in self.groups]
+        logs = np.log(np.array([[p.loss, p.lo, p.hi] for p in preds]))  # (G, 3, m)
+        for j in range(gb.size):
+            gj = min(max(gb[j], values.min()), values.max())
+            i = int(np.searchsorted(values, gj))
+            if i < len(values) and abs(values[i] - gj) <= tol or i == 0:
+                out[:, j] = logs[min(i, len(values) - 1), :, j]
+            elif abs(values[i - 1] - gj) <= tol or i == len(values):
+                out[:, j] = logs[i - 1, :, j]
+            else:
+                w = (gj - values[i - 1]) / (values[i] - values[i - 1])
+                out[:, j] = (1 - w) * logs[i - 1, :, j] + w * logs[i, :, j]
+        loss, lo, hi = (np.exp(out[k]).reshape(shape) for k in range(3))
+        return Prediction(loss=loss, lo=lo, hi=hi, level=level)
+
+    # --- text ----------------------------------------------------------------------------------
+    def report(self) -> str:
+        return report(self)
+
+    # --- JSON ----------------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        return lawjson.to_json(self)
+
+    @classmethod
+    def from_json(cls, obj: dict, *, path=None) -> FitResult:
+        """A law.json object (schema law/1, a Chinchilla-family form) to a FitResult."""
+        top, groups = lawjson.read(obj, path=path)
+        return cls(**top, groups=[(v, cls(**kw)) for v, kw in groups])
+
+    def band(self, **inputs) -> tuple[np.ndarray, np.ndarray]:
+        """(lo, hi) of :meth:`predict`'s band (same keywords)."""
+        p = self.predict(**inputs)
+        return p.lo, p.hi
+
+    @property
+    def band_method(self) -> str:
+        """The band's method, by name (law.json ``uncertainty.band_method``)."""
+        return lawjson.band_method(self)
+
+
+def extrapolation_rate(bt) -> tuple:
+    """(RMS log error per decade, scale kind, log10 of the smallest and the largest run's
+    scale) from a backtest's record (``diagnostics.backtest``); rate None without a fold that
+    extrapolated. The smallest is None in law.json files written before it was recorded (their
+    band then widens only above the largest run, as the forecast did)."""
+    bt = bt if isinstance(bt, dict) else {}
+    per_decade = []
+    for fold in bt.get("folds") or []:
+        d = fold.get("decades") if isinstance(fold, dict) else None
+        if not (isinstance(d, (int, float)) and d > 0):
+            continue
+        per_decade += [math.log1p(float(e)) / d for e in fold.get("final_rel_err") or []
+                       if isinstance(e, (int, float)) and math.isfinite(e) and e > -1]
+    top, bottom, kind = bt.get("scale_log10_max"), bt.get("scale_log10_min"), bt.get("scale")
+    if not per_decade or not isinstance(top, (int, float)) or kind not in (
+            "compute", "params_x_tokens", "params"):
+        return None, kind, None, None
+    bottom = float(bottom) if isinstance(bottom, (int, float)) else None
+    return float(np.sqrt(np.mean(np.square(per_decade)))), kind, bottom, float(top)
+
+
+def _jacobian_rows(model: Model, u: np.ndarray) -> np.ndarray:
+    return model.jacobian(u)
+
+
+def _conventions() -> dict:
+    from ladder.counting import conventions
+    return conventions()
+
+
+def _version() -> str:
+    from ladder import __version__
+    return __version__

@@ -1,0 +1,71 @@
+"""fit/ imports without cycles (issue 16): every import of a fit module by another, function-local
+ones included, points down the layers named in fit/law.py's docstring; fit's library never
+imports predict, reports, the CLI or JAX."""
+
+import ast
+from pathlib import Path
+
+FIT = Path(__file__).resolve().parents[1] / "fit"
+
+
+def _imports(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "fit":  # from fit import x: x is a submodule or a name of fit/
+                out |= {f"fit.{a.name}" if (FIT / f"{a.name}.py").exists() else "fit"
+                        for a in node.names}
+            else:
+                out.add(node.module)
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    return {f"fit.{p.stem}" if p.stem != "__init__" else "fit":
+            {m for m in _imports(p) if m == "fit" or m.startswith("fit.")}
+            for p in FIT.glob("*.py")}
+
+
+def test_fit_modules_import_each_other_without_cycles():
+    g = _graph()
+    # the package's __init__ imports its top modules; nothing inside fit imports the package
+    assert not [m for m, deps in g.items() if m != "fit" and "fit" in deps]
+    state: dict[str, int] = {}
+
+    def visit(m, path):
+        state[m] = 1
+        for d in sorted(g.get(m, ())):
+            assert state.get(d) != 1, "import cycle: " + " -> ".join(path + [d])
+            if d not in state:
+                visit(d, path + [d])
+        state[m] = 2
+
+    for m in sorted(g):
+        if m not in state:
+            visit(m, [m])
+
+
+def test_the_layers_the_law_module_documents():
+    g = _graph()
+    # lower layers never import the fitting or selection layers above them
+    for low in ("fit.forms", "fit.solver", "fit.prediction", "fit.report", "fit.lawjson"):
+        assert not g[low] & {"fit.result", "fit.estimate", "fit.backtest", "fit.select",
+                             "fit.law", "fit.curves"}, low
+    assert "fit.law" not in g["fit.result"] | g["fit.estimate"] | g["fit.backtest"] \
+        | g["fit.select"]
+    assert "fit.select" not in g["fit.backtest"] | g["fit.estimate"]
+    assert "fit.backtest" not in g["fit.estimate"] | g["fit.result"]
+
+
+def test_fit_imports_nothing_above_it_and_no_jax():
+    # fit/commands.py is the `ladder fit`/`ladder predict` handler: the CLI layer, above
+    # predict (it reads W&B offline runs with predict.sources); the library is everything else
+    for p in FIT.glob("*.py"):
+        if p.name == "commands.py":
+            continue
+        bad = {m for m in _imports(p) if m.split(".")[0] in ("predict", "reports", "jax", "flax",
+                                                              "optax")
+               or m in ("ladder.cli", "ladder.demo", "ladder.train")}
+        assert not bad, f"{p.name} imports {sorted(bad)}"
