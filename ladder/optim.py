@@ -8,7 +8,8 @@ recipe's three groups (Marin's public hero-run tracking issue; issue 12 of this 
   stacked [n_layers, ...] weight is one matrix per layer).
 - **AdamH** on the output projection (the LM head): the Adam direction, the same hyperball step,
   at the MuonH learning rate.
-- **Adam** (no weight decay) on the embedding, the router, the norm gains and any gates. The
+- **Adam** (no weight decay) on the embedding, the router, the norm gains, the attention head
+  gates and the short-convolution kernels (GatedNorm's matrices are MuonH's). The
   router *bias* is not a parameter here: the balancing rule sets it (model/moe.py).
 
 Learning rates: Adam LR = the ladder's rule (0.087571 x tokens^-0.3461 x d^-0.3448 x
@@ -55,9 +56,12 @@ EPS_COEF = 9.676e-18             # eps = 9.676e-18 x sqrt(tokens / tokens per ba
 MARIN_BETA1 = 0.9
 
 # Group of each parameter under ``marin``, by the group names of model.transformer.param_group.
-ADAM_GROUPS = ("embedding", "router", "norms")
+# The recipe's "gates and norm gains" get plain Adam: the convolution kernels and head gates
+# (zero-initialised: a hyperball step keeps a matrix at its norm, and 0 would stay 0); GatedNorm's
+# W_down/W_up are hidden matrices: MuonH.
+ADAM_GROUPS = ("embedding", "router", "norms", "convs", "head_gates")
 ADAMH_GROUPS = ("lm_head",)
-MUONH_GROUPS = ("attention", "latent", "shared_experts", "routed_experts")
+MUONH_GROUPS = ("attention", "latent", "shared_experts", "routed_experts", "gated_norms")
 NORM_GAIN = "scale"              # leaf name of every RMSNorm gain (model/layers.py): Adam
 
 
