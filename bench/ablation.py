@@ -11,8 +11,10 @@ trained), each trained with the default TrainConfig and fitted with the trajecto
 - ``adamw``: the cpu ladder as it is (AdamW, today's model);
 - ``recipe-no-item4``: the recipe without GatedNorm, convolutions, XSA and the head gate.
 
-It prints, side by side, the fitted alpha, E and A with their intervals and each rung's final
-loss, and writes the same as JSON (``--json``). Finished rungs are reused (their summary.json).
+It prints, side by side, the fitted alpha, E and A with their intervals (and which asymptote
+variant the short-ladder rule chose: free, prior or fixed E), a model-free slope -dlog L/dlog C
+between the smallest and the largest rung, the compute range and each rung's final loss, and
+writes the same as JSON (``--json``). Finished rungs are reused (their summary.json).
 
     nice python bench/ablation.py [--out runs_ablation] [--only recipe] [--json FILE]
 
@@ -23,6 +25,7 @@ rank d there (``ModelConfig.gated_rank``).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 import tomllib
@@ -64,7 +67,7 @@ def run_variant(name: str, out: Path, bootstrap: int) -> dict:
     from ladder.train import TrainConfig, train_rung
 
     ladder = variant_ladder(name)
-    finals, dirs = {}, []
+    finals, names, dirs = {}, {}, []
     t0 = time.time()
     for rung in ladder.rungs:
         run_dir = out / ladder.name / rung.name
@@ -72,11 +75,18 @@ def run_variant(name: str, out: Path, bootstrap: int) -> dict:
         if summary.get("status") != "complete":
             raise RuntimeError(f"{ladder.name}:{rung.name} ended {summary.get('status')}; see "
                                f"{run_dir}")
-        finals[rung.name] = float(summary["final"][METRIC])
+        # keyed by width: the names differ between variants (the pieces add parameters)
+        key = f"d={rung.model.d_model}"
+        finals[key] = float(summary["final"][METRIC])
+        names[key] = rung.name
         dirs.append(run_dir)
-        print(f"  {ladder.name}:{rung.name}: final {METRIC} {finals[rung.name]:.4f}",
-              flush=True)
+        print(f"  {ladder.name}:{rung.name}: final {METRIC} {finals[key]:.4f}", flush=True)
     train_s = time.time() - t0
+    # a model-free slope beside the fit: -dlog L / dlog C between the smallest and the largest
+    # rung (final losses, planned compute without the LM head, the fit's convention)
+    first, last = ladder.rungs[0], ladder.rungs[-1]
+    slope = -(math.log(finals[f"d={last.model.d_model}"] / finals[f"d={first.model.d_model}"])
+              / math.log(last.compute() / first.compute()))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         points = load_points([str(d) for d in dirs], metric=METRIC, include_incomplete=False)
@@ -86,7 +96,8 @@ def run_variant(name: str, out: Path, bootstrap: int) -> dict:
             "params": res.params, "intervals": {k: list(map(float, v))
                                                 for k, v in res.intervals.items()},
             "asymptote": rule.get("chosen", "free"),
-            "final": finals, "train_seconds": round(train_s, 1)}
+            "final": finals, "rungs": names, "slope": slope,
+            "compute": [first.compute(), last.compute()], "train_seconds": round(train_s, 1)}
 
 
 def _ci(row: dict, name: str) -> str:
@@ -98,12 +109,13 @@ def _ci(row: dict, name: str) -> str:
 def table(rows: list[dict]) -> str:
     """Markdown table: one row per variant, the fitted parameters and each rung's final loss."""
     rungs = list(rows[0]["final"])
-    head = (["variant", f"alpha ({LEVEL:.0%})", "E", "A", "E fit"]
+    head = (["variant", f"alpha ({LEVEL:.0%})", "E", "A", "E fit", "slope", "C range"]
             + [f"{r} loss" for r in rungs])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         cells = [row["variant"], _ci(row, "alpha"), _ci(row, "E"), _ci(row, "A"),
-                 row["asymptote"]]
+                 row["asymptote"], f"{row['slope']:.3f}",
+                 f"{row['compute'][0]:.2g}-{row['compute'][1]:.2g}"]
         cells += [f"{row['final'][r]:.4f}" for r in rungs]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

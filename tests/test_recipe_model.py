@@ -244,9 +244,8 @@ def test_nope_global_layer_ignores_the_order_of_earlier_tokens():
     for layer in (0, 3):                                  # local (half RoPE) and global (NoPE)
         attn = Attention(cfg, layer)
         p = materialize(jax.eval_shape(attn.init, jax.random.key(0), jnp.asarray(x))["params"], 2)
-        a = attn.apply({"params": p}, jnp.asarray(x))[0, -1]
-        b = attn.apply({"params": p}, jnp.asarray(x[:, perm]))[0, -1]
-        outs[layer] = float(jnp.max(jnp.abs(a - b)))
+        both = attn.apply({"params": p}, jnp.asarray(np.concatenate([x, x[:, perm]])))
+        outs[layer] = float(jnp.max(jnp.abs(both[0, -1] - both[1, -1])))
     assert outs[3] < 1e-5                                 # NoPE: a set of keys
     assert outs[0] > 1e-3                                 # RoPE: positions matter
 
@@ -259,8 +258,21 @@ def recipe_small():
     return cfg, params, bias
 
 
-def test_documents_stay_apart_with_every_switch(recipe_small):
-    cfg, params, bias = recipe_small
+@pytest.fixture(scope="module")
+def recipe_two():
+    """Two layers (local, global), unrolled: cheap to compile."""
+    cfg = SMALL.replace(**RECIPE, n_layers=2)
+    params, bias = model.init(cfg, 0)
+    return cfg, params, bias
+
+
+@partial(jax.jit, static_argnums=0)
+def logits_of(cfg, params, bias, tokens):
+    return model.apply(cfg, params, bias, tokens)[0]
+
+
+def test_documents_stay_apart_with_every_switch(recipe_two):
+    cfg, params, bias = recipe_two
     B, S, cut = 2, 20, 8
     tokens = jax.random.randint(jax.random.key(5), (B, S), 0, cfg.vocab_size)
     seg = jnp.broadcast_to(jnp.where(jnp.arange(S) < cut, 0, 1), (B, S)).astype(jnp.int32)
@@ -286,56 +298,75 @@ def _slice_layer(params, cfg, i):
     return params[f"layer_{i}"]
 
 
-def test_every_switch_under_scan_remat_and_bf16(recipe_small):
-    cfg, params, bias = recipe_small
-    assert cfg.n_groups == 1 and "groups" in params and "layer_4" in params
-    assert set(params) >= {"embed_norm", "final_norm"}
+def _grad_fn(cfg):
+    return jax.jit(jax.value_and_grad(partial(model.loss_fn, cfg), has_aux=True))
+
+
+def _batch(cfg):
     tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, cfg.vocab_size)
-    targets = jnp.roll(tokens, -1, 1)
+    return tokens, jnp.roll(tokens, -1, 1)
 
-    def run(c, p=params):
-        f = jax.jit(jax.value_and_grad(partial(model.loss_fn, c), has_aux=True))
-        return f(p, bias, tokens, targets)
 
-    (loss, _), grads = run(cfg)
+def test_every_switch_learns(recipe_two):
+    cfg, params, bias = recipe_two
+    assert set(params) >= {"embed_norm", "final_norm"}
+    (loss, _), grads = _grad_fn(cfg)(params, bias, *_batch(cfg))
+    assert np.isfinite(float(loss))
     # every group learns, the zero-initialised gates and kernels included
+    assert set(model.param_groups(grads)) == set(model.PARAM_GROUPS)
     for group, leaves in model.param_groups(grads).items():
         assert sum(float(jnp.abs(x).sum()) for x in leaves) > 0, group
-    # the scanned group is the same function as its layers one by one (remat changes nothing)
-    for remat in ("dots", "full"):
-        (l2, _), g2 = run(cfg.replace(remat=remat))
-        np.testing.assert_allclose(l2, loss, rtol=1e-6)
-        for a, b in zip(jax.tree.leaves(g2), jax.tree.leaves(grads)):
-            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_every_switch_learns_under_scan(recipe_small):
+    cfg, params, bias = recipe_small
+    assert cfg.n_groups == 1 and "groups" in params and "layer_4" in params
+    (loss, _), grads = _grad_fn(cfg)(params, bias, *_batch(cfg))
+    assert np.isfinite(float(loss))
+    for group, leaves in model.param_groups(grads).items():
+        assert sum(float(jnp.abs(x).sum()) for x in leaves) > 0, group
+    # layers 0, 1 (local in both) of the scanned model start from the values they have unrolled
     p3, _ = model.init(cfg.replace(n_layers=3), 0)       # < one repeat: all unrolled
     assert "groups" not in p3
-    # layers 0, 1 (local in both) of the scanned model start from the values they have unrolled
     for i in range(2):
         for a, b in zip(jax.tree.leaves(_slice_layer(params, cfg, i)),
                         jax.tree.leaves(p3[f"layer_{i}"])):
             np.testing.assert_array_equal(a, b)
-    (lb, _), gb = run(cfg.replace(precision="bf16"))
+
+
+@pytest.mark.slow
+def test_every_switch_under_remat_and_bf16(recipe_small):
+    cfg, params, bias = recipe_small
+    batch = _batch(cfg)
+    (loss, _), grads = _grad_fn(cfg)(params, bias, *batch)
+    for remat in ("dots", "full"):                    # remat changes memory, not the function
+        (l2, _), g2 = _grad_fn(cfg.replace(remat=remat))(params, bias, *batch)
+        np.testing.assert_allclose(l2, loss, rtol=1e-6)
+        for a, b in zip(jax.tree.leaves(g2), jax.tree.leaves(grads)):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+    (lb, _), gb = _grad_fn(cfg.replace(precision="bf16"))(params, bias, *batch)
     assert abs(float(lb) - float(loss)) < 0.02 * float(loss)
     assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(gb))
 
 
-def test_recipe_pieces_reach_the_output(recipe_small):
-    """Each item-4 piece changes the function once its weights are non-trivial (the zero inits
-    make the head gate and the convolutions the identity at the start)."""
-    cfg, params, bias = recipe_small
+def test_recipe_pieces_reach_the_output(recipe_two):
+    """XSA and GatedNorm change the function; the head gate at its zero init is exactly 1, so
+    switching it off (same other weights) changes nothing."""
+    cfg, params, bias = recipe_two
     tokens = jax.random.randint(jax.random.key(2), (1, 12), 0, cfg.vocab_size)
-    base = model.apply(cfg, params, bias, tokens)[0]
-    for field, off in (("xsa", False), ("gated_norm_rank", 0)):
-        c = cfg.replace(**{field: off})
-        p, _ = model.init(c, 0)
-        assert not np.allclose(model.apply(c, p, bias, tokens)[0], base, atol=1e-4), field
-    # the head gate at zero init is exactly 1: switching it off (same other weights) is a no-op
+    base = logits_of(cfg, params, bias, tokens)
+    assert not np.allclose(logits_of(cfg.replace(xsa=False), params, bias, tokens), base,
+                           atol=1e-4)
+    c = cfg.replace(gated_norm_rank=0)
+    assert not np.allclose(logits_of(c, _drop_leaves(params, ("gate_down", "gate_up")), bias,
+                                     tokens), base, atol=1e-4)
     c = cfg.replace(head_gate=False)
-    p = _drop_leaves(params, "attn_gate")
-    np.testing.assert_allclose(model.apply(c, p, bias, tokens)[0], base, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(logits_of(c, _drop_leaves(params, ("attn_gate",)), bias, tokens),
+                               base, rtol=1e-6, atol=1e-6)
 
 
-def _drop_leaves(tree, name):
+def _drop_leaves(tree, names):
     if isinstance(tree, dict):
-        return {k: _drop_leaves(v, name) for k, v in tree.items() if k != name}
+        return {k: _drop_leaves(v, names) for k, v in tree.items() if k not in names}
     return tree
