@@ -333,9 +333,14 @@ def param_group(path: tuple[str, ...]) -> str:
     return "latent"                      # down, up, latent_norm
 
 
+OPTIONAL_GROUPS = ("gated_norms", "convs", "head_gates")   # only a model with the switches on
+
+
 def param_groups(params) -> dict[str, list]:
-    """{group: [leaf, ...]} for the groups of PARAM_GROUPS (empty list if a group has none)."""
+    """{group: [leaf, ...]} for the groups of PARAM_GROUPS (empty list if a group has none),
+    except the recipe's optional groups, present only when the model has them (so a model
+    without them logs the same metrics as before they existed)."""
     groups: dict[str, list] = {g: [] for g in PARAM_GROUPS}
     for path, leaf in flatten_dict(params).items():
         groups[param_group(path)].append(leaf)
-    return groups
+    return {g: v for g, v in groups.items() if v or g not in OPTIONAL_GROUPS}
