@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from ladder.counting import FLOP_CONVENTION, SIZING_CONVENTIONS, count_params, flops_per_token
 from ladder.optim import OptimizerSettings, OptimizerSpec
-from model.config import BIAS_RULES, ModelConfig
+from model.config import BIAS_RULES, INITS, QK_NORMS, ModelConfig
 
 SCHEDULES = ("linear", "wsd", "cosine", "constant")
 
@@ -234,6 +234,18 @@ class Recipe:
                              f"{self.sizing_convention!r}")
         if self.bias_rule not in BIAS_RULES:
             raise ValueError(f"bias_rule: must be one of {BIAS_RULES}, got {self.bias_rule!r}")
+        # the model switches, checked here too so that a ladder file's error names recipe.FIELD
+        # (not the first rung whose model config would refuse it)
+        if self.init not in INITS:
+            raise ValueError(f"init: must be one of {INITS}, got {self.init!r}")
+        if self.qk_norm not in QK_NORMS:
+            raise ValueError(f"qk_norm: must be one of {QK_NORMS}, got {self.qk_norm!r}")
+        if not self.qk_mult > 0:
+            raise ValueError(f"qk_mult: must be > 0, got {self.qk_mult!r}")
+        for name in ("gated_norm_rank", "conv_kernel"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{name}: must be an integer >= 0 (0: off), got {v!r}")
 
     def model(self, d: int, n_layers: int) -> ModelConfig:
         heads = max(1, d // self.head_dim)

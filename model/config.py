@@ -39,6 +39,9 @@ class ModelConfig:
     "local" or full "global") -> RMSNorm -> MoE (routed SwiGLU experts in a latent space of width
     ``latent_dim`` + ``n_shared`` full-width SwiGLU shared experts, router on the full-width token).
     Untied embedding and LM head.
+
+    The hero recipe's pieces are switches below (``init`` ... ``head_gate``, issue 12), off by
+    default; model/layers.py says where each one sits.
     """
 
     vocab_size: int

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from flax.traverse_util import flatten_dict
@@ -211,3 +212,23 @@ def test_recipe_on_8_devices():
     out = subprocess.run([sys.executable, "-c", SCRIPT], cwd=root, env=env, capture_output=True,
                          text=True, timeout=600, check=False)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+@pytest.mark.parametrize("line, field", [('init = "xavier"', "recipe.init"),
+                                         ('qk_norm = "none"', "recipe.qk_norm"),
+                                         ("qk_mult = 0", "recipe.qk_mult"),
+                                         ("conv_kernel = -2", "recipe.conv_kernel"),
+                                         ("gated_norm_rank = 1.5", "recipe.gated_norm_rank"),
+                                         ('xsa = "yes"', "recipe.xsa")])
+def test_bad_switch_in_a_ladder_file_names_the_recipe_field(tmp_path, line, field):
+    from ladder.io import InputError
+    from ladder.specs import BUILTIN_DIR, load_ladder_file
+
+    text = (Path(__file__).parents[1] / "ladder" / BUILTIN_DIR / "marin-535b.toml").read_text()
+    key = line.split(" = ")[0]
+    lines = [x for x in text.splitlines() if not x.startswith(f"{key} =")]
+    f = tmp_path / "bad.toml"
+    f.write_text("\n".join(lines).replace("[recipe]", f"[recipe]\n{line}", 1))
+    with pytest.raises(InputError) as e:
+        load_ladder_file(f)
+    assert e.value.field == field and e.value.path == str(f)
