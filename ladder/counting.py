@@ -16,6 +16,12 @@ Parameter conventions
     every published step count; ``exact-v1`` is up to 0.65% lower for the real rungs. The real
     ladder's parameter counts come from Marin's public hero-run tracking issue (shared/DESIGN.md).
 
+Both conventions put the recipe's GatedNorm matrices, short-convolution kernels and attention
+head gates (model/config.py ``gated_norm_rank``, ``conv_kernel``, ``head_gate``) in *total*
+and outside *active*, as the real ladder's names require: its published active sizes are
+reproduced without them. They are counted exactly (per-layer KV heads) in both conventions and
+are zero when the switches are off (every ladder but marin-535b).
+
 FLOP convention ``flops-v1``
 ----------------------------
 Forward FLOPs per token = 2 x (active matrix parameters: attention, router, latent projections,
@@ -25,6 +31,15 @@ min(local_window, seq_len) for local ones (the full window, no causal halving, a
 counted). The LM head adds 2 x d x vocab. Training FLOPs = 3 x forward x tokens (backward = 2 x
 forward). The real ladder's fit uses compute *without* the LM head ("C = 3 x forward FLOPs without
 the LM head"); both are reported.
+
+Since issue 12 the forward also holds ``extras``, the FLOPs of the recipe's pieces when they are
+switched on: GatedNorm 2 x 2 x d x r per norm, the head gate 2 x d x n_heads, each short
+convolution 2 x kernel x channels, XSA 6 x n_heads x head_dim (two dot products and the
+subtraction) per layer and token. They are zero with the switches off, so every cpu/tiny number
+is unchanged and the id stays ``flops-v1``. The real ladder's published FLOP figures do not hold
+them (they are reproduced by the terms above alone): marin-535b's compute is now
+``extras_fraction`` above them (0.7% for the hero, 1.8-3.8% for the rungs); the published
+figures are ``compute - compute_extras`` (``ladder list --json``).
 """
 
 from __future__ import annotations
@@ -52,21 +67,32 @@ class ParamCount:
     shared_experts: int
     routed_experts: int
     routed_active: int    # top_k / n_experts of routed_experts
+    gated_norms: int = 0  # GatedNorm W_down and W_up of every residual-stream norm
+    convs: int = 0        # short-convolution kernels (K, attention output, MoE output)
+    head_gates: int = 0   # attention head-gate weights [D, H] per layer
     convention: str = PARAM_CONVENTION
+
+    @property
+    def extras(self) -> int:
+        """The recipe's pieces outside active parameters: GatedNorm, convolutions, head gates."""
+        return self.gated_norms + self.convs + self.head_gates
 
     @property
     def total(self) -> int:
         return (self.embedding + self.lm_head + self.final_norm + self.attention + self.norms
-                + self.router + self.latent + self.shared_experts + self.routed_experts)
+                + self.router + self.latent + self.shared_experts + self.routed_experts
+                + self.extras)
 
     @property
     def active(self) -> int:
-        """Non-embedding parameters a token uses: excludes embedding and LM head."""
+        """Non-embedding parameters a token uses: excludes embedding and LM head (and the
+        recipe's extras, see the module docstring)."""
         return (self.final_norm + self.attention + self.norms + self.router + self.latent
                 + self.shared_experts + self.routed_active)
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "total": self.total, "active": self.active}
+        return {**asdict(self), "total": self.total, "active": self.active,
+                "extras": self.extras}
 
 
 def _swiglu(d_in: int, hidden: int) -> int:
@@ -86,23 +112,41 @@ def count_params(cfg: ModelConfig, convention: str = PARAM_CONVENTION) -> ParamC
     sizing = convention == "marin-sizing-v1"
     vec = 0 if sizing else 1  # norm scales and biases: counted by exact-v1 only
     attention = 0
+    qk_gains = 2 * cfg.head_dim if cfg.qk_norm == "learned" else 0   # "rms": no gains
     for layer in range(L):
         kv = cfg.n_kv_heads_local if sizing else cfg.n_kv_heads(layer)
-        attention += _attention_matrices(cfg, kv) + vec * 2 * cfg.head_dim  # + QK-norm scales
+        attention += _attention_matrices(cfg, kv) + vec * qk_gains
     per_expert = _swiglu(cfg.latent_dim, cfg.expert_dim)
     return ParamCount(
         embedding=cfg.vocab_size * d,
         lm_head=d * cfg.vocab_size,
         final_norm=vec * d,
         attention=attention,
-        norms=vec * L * 2 * d,
+        norms=vec * (L * 2 * d + d * cfg.embed_norm),
         router=L * (d * cfg.n_experts + vec * cfg.n_experts),
         latent=L * (2 * d * cfg.latent_dim + vec * cfg.latent_dim),
         shared_experts=L * cfg.n_shared * _swiglu(d, cfg.shared_dim),
         routed_experts=L * cfg.n_experts * per_expert,
         routed_active=L * cfg.top_k * per_expert,
+        gated_norms=_residual_norms(cfg) * 2 * d * cfg.gated_rank,
+        convs=sum(cfg.conv_kernel * _conv_channels(cfg, layer) for layer in range(L)),
+        head_gates=L * d * cfg.n_heads * cfg.head_gate,
         convention=convention,
     )
+
+
+def _residual_norms(cfg: ModelConfig) -> int:
+    """RMSNorms on the residual stream (each followed by a GatedNorm when it is on): two per
+    layer, the final norm, and the embedding norm when there is one."""
+    return 2 * cfg.n_layers + 1 + cfg.embed_norm
+
+
+def _conv_channels(cfg: ModelConfig, layer: int) -> int:
+    """Channels the short convolutions of ``layer`` filter: K (kv heads x head_dim), the
+    attention output and the MoE output (d each); 0 when they are off."""
+    if not cfg.conv_kernel:
+        return 0
+    return cfg.n_kv_heads(layer) * cfg.head_dim + 2 * cfg.d_model
 
 
 @dataclass(frozen=True)
@@ -113,11 +157,18 @@ class FlopCount:
     attention: int    # scores and values
     lm_head: int
     seq_len: int
+    extras: int = 0   # GatedNorm, short convolutions, XSA, head gates (module docstring)
     convention: str = FLOP_CONVENTION
 
     @property
     def forward_no_lm_head(self) -> int:
-        return self.matmul + self.attention
+        return self.matmul + self.attention + self.extras
+
+    @property
+    def extras_fraction(self) -> float:
+        """extras / forward without the LM head: how far this count is above one that leaves the
+        recipe's pieces out (the real ladder's published figures)."""
+        return self.extras / self.forward_no_lm_head
 
     @property
     def forward(self) -> int:
@@ -129,7 +180,8 @@ class FlopCount:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "forward": self.forward,
-                "forward_no_lm_head": self.forward_no_lm_head}
+                "forward_no_lm_head": self.forward_no_lm_head,
+                "extras_fraction": self.extras_fraction}
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> FlopCount:
@@ -143,8 +195,12 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> FlopCount:
     matrices += cfg.n_layers * (d * cfg.n_experts + 2 * d * cfg.latent_dim
                                 + cfg.n_shared * _swiglu(d, cfg.shared_dim)
                                 + cfg.top_k * _swiglu(cfg.latent_dim, cfg.expert_dim))
+    extras = (2 * 2 * d * cfg.gated_rank * _residual_norms(cfg)
+              + cfg.n_layers * (2 * d * cfg.n_heads * cfg.head_gate + 6 * cfg.q_dim * cfg.xsa)
+              + sum(2 * cfg.conv_kernel * _conv_channels(cfg, layer)
+                    for layer in range(cfg.n_layers)))
     return FlopCount(matmul=2 * matrices, attention=attention, lm_head=2 * d * cfg.vocab_size,
-                     seq_len=seq_len)
+                     seq_len=seq_len, extras=extras)
 
 
 def conventions() -> dict:

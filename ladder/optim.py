@@ -8,7 +8,8 @@ recipe's three groups (Marin's public hero-run tracking issue; issue 12 of this 
   stacked [n_layers, ...] weight is one matrix per layer).
 - **AdamH** on the output projection (the LM head): the Adam direction, the same hyperball step,
   at the MuonH learning rate.
-- **Adam** (no weight decay) on the embedding, the router, the norm gains and any gates. The
+- **Adam** (no weight decay) on the embedding, the router, the norm gains, the attention head
+  gates and the short-convolution kernels (GatedNorm's matrices are MuonH's). The
   router *bias* is not a parameter here: the balancing rule sets it (model/moe.py).
 
 Learning rates: Adam LR = the ladder's rule (0.087571 x tokens^-0.3461 x d^-0.3448 x

@@ -26,9 +26,12 @@ EPS_COEF = 9.676e-18             # eps = 9.676e-18 x sqrt(tokens / tokens per ba
 MARIN_BETA1 = 0.9
 
 # Group of each parameter under ``marin``, by the group names of model.transformer.param_group.
-ADAM_GROUPS = ("embedding", "router", "norms")
+# The recipe's "gates and norm gains" get plain Adam: the convolution kernels and head gates
+# (zero-initialised: a hyperball step keeps a matrix at its norm, and 0 would stay 0); GatedNorm's
+# W_down/W_up are hidden matrices: MuonH.
+ADAM_GROUPS = ("embedding", "router", "norms", "convs", "head_gates")
 ADAMH_GROUPS = ("lm_head",)
-MUONH_GROUPS = ("attention", "latent", "shared_experts", "routed_experts")
+MUONH_GROUPS = ("attention", "latent", "shared_experts", "routed_experts", "gated_norms")
 NORM_GAIN = "scale"              # leaf name of every RMSNorm gain (model/layers.py): Adam
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from ladder.counting import FLOP_CONVENTION, SIZING_CONVENTIONS, count_params, flops_per_token
 from ladder.optspec import OptimizerSettings, OptimizerSpec
-from model.config import BIAS_RULES, ModelConfig
+from model.config import BIAS_RULES, INITS, QK_NORMS, ModelConfig
 
 SCHEDULES = ("linear", "wsd", "cosine", "constant")
 
@@ -143,6 +143,8 @@ class Rung:
             "forward_flops_per_token_no_lm_head": f.forward_no_lm_head,
             "compute": self.compute(lm_head=True),
             "compute_no_lm_head": self.compute(lm_head=False),
+            # the recipe's GatedNorm/conv/XSA/head-gate FLOPs inside both computes (counting.py)
+            "compute_extras": 3.0 * f.extras * self.tokens,
             "flop_convention": FLOP_CONVENTION,
         }
 
@@ -199,6 +201,17 @@ class Recipe:
     eval_every: float = 0.05
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
     bias_rule: str = "threshold"  # router balancing (model/moe.py, model/balance.py)
+    # The hero recipe's model switches (model/config.py; issue 12). The defaults are the model
+    # of every earlier ladder; marin-535b.toml sets the recipe's values.
+    init: str = "gpt2"            # gpt2 | recipe (truncated normal, sigma 0.5/sqrt(d))
+    global_rope: bool = True      # False: NoPE on global layers
+    qk_norm: str = "learned"      # learned | rms (non-parametric)
+    qk_mult: float = 1.0          # q x this after the QK-norm
+    embed_norm: bool = False      # RMSNorm after the token embedding
+    gated_norm_rank: int = 0      # GatedNorm rank (capped at d); 0: off
+    conv_kernel: int = 0          # short causal convolutions' width; 0: off
+    xsa: bool = False             # exclusive self-attention
+    head_gate: bool = False       # attention head gate 2 sigmoid(x . attn_gate)
 
     def __post_init__(self):
         for name in ("vocab_size", "seq_len", "head_dim", "n_experts", "top_k",
@@ -221,6 +234,18 @@ class Recipe:
                              f"{self.sizing_convention!r}")
         if self.bias_rule not in BIAS_RULES:
             raise ValueError(f"bias_rule: must be one of {BIAS_RULES}, got {self.bias_rule!r}")
+        # the model switches, checked here too so that a ladder file's error names recipe.FIELD
+        # (not the first rung whose model config would refuse it)
+        if self.init not in INITS:
+            raise ValueError(f"init: must be one of {INITS}, got {self.init!r}")
+        if self.qk_norm not in QK_NORMS:
+            raise ValueError(f"qk_norm: must be one of {QK_NORMS}, got {self.qk_norm!r}")
+        if not self.qk_mult > 0:
+            raise ValueError(f"qk_mult: must be > 0, got {self.qk_mult!r}")
+        for name in ("gated_norm_rank", "conv_kernel"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{name}: must be an integer >= 0 (0: off), got {v!r}")
 
     def model(self, d: int, n_layers: int) -> ModelConfig:
         heads = max(1, d // self.head_dim)
@@ -236,7 +261,10 @@ class Recipe:
             # hidden d/2 (this reproduces the published parameter counts)
             expert_dim=d // 2, latent_dim=d // 2, shared_dim=d // 2,
             capacity_factor=self.capacity_factor, route_scale=self.route_scale,
-            bias_rule=self.bias_rule,
+            bias_rule=self.bias_rule, init=self.init, global_rope=self.global_rope,
+            qk_norm=self.qk_norm, qk_mult=self.qk_mult, embed_norm=self.embed_norm,
+            gated_norm_rank=self.gated_norm_rank, conv_kernel=self.conv_kernel, xsa=self.xsa,
+            head_gate=self.head_gate,
         )
 
     def peak_lr(self, tokens: float, d: int, tokens_per_step: int) -> float:

@@ -8,12 +8,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 
 COMBINE_RULES = ("sigmoid", "softmax")
 BIAS_RULES = ("threshold", "quantile", "sign", "none")
 PRECISIONS = ("auto", "bf16", "f32")
 REMATS = ("none", "dots", "full")
+INITS = ("gpt2", "recipe")
+QK_NORMS = ("learned", "rms")
+# The hero recipe's init: truncated normal (+-3 sigma) with sigma = 0.5 / sqrt(d_model), no
+# residual scaling (Marin's public hero-run tracking issue; issue 12 of this project).
+RECIPE_INIT_COEF = 0.5
+RECIPE_INIT_TRUNCATE = 3.0
 
 
 def resolve_precision(precision: str, backend: str) -> str:
@@ -32,6 +39,9 @@ class ModelConfig:
     "local" or full "global") -> RMSNorm -> MoE (routed SwiGLU experts in a latent space of width
     ``latent_dim`` + ``n_shared`` full-width SwiGLU shared experts, router on the full-width token).
     Untied embedding and LM head.
+
+    The hero recipe's pieces are switches below (``init`` ... ``head_gate``, issue 12), off by
+    default; model/layers.py says where each one sits.
     """
 
     vocab_size: int
@@ -59,6 +69,20 @@ class ModelConfig:
     z_loss: float = 1e-4           # logit z-loss weight (real recipe: 1e-4)
     norm_eps: float = 1e-6
     init_std: float = 0.02
+    # The hero recipe's pieces (issue 12). The defaults are the model every earlier ladder
+    # trained (cpu, tiny: their numbers do not move); marin-535b.toml switches them on.
+    init: str = "gpt2"             # gpt2: normal(init_std), residual projections / sqrt(2 L);
+    #                                recipe: truncated normal +-3 sigma, sigma 0.5/sqrt(d_model)
+    global_rope: bool = True       # False: global layers use no positions (NoPE)
+    qk_norm: str = "learned"       # learned: RMSNorm with a gain; rms: no gain (the recipe)
+    qk_mult: float = 1.0           # q x this after the QK-norm (the recipe: 1.3)
+    embed_norm: bool = False       # RMSNorm after the token embedding
+    gated_norm_rank: int = 0       # > 0: GatedNorm after every residual-stream RMSNorm, rank
+    #                                min(this, d_model) (the recipe: 128); 0: off
+    conv_kernel: int = 0           # > 0: short causal depthwise convolutions of this width at K,
+    #                                the attention output and the MoE output (the recipe: 4)
+    xsa: bool = False              # exclusive self-attention: remove y's component along v
+    head_gate: bool = False        # attention output of head h x 2 sigmoid(x . attn_gate_h)
     # How to compute (not what): the same parameters and, up to rounding, the same function.
     precision: str = "auto"        # auto | bf16 | f32; "auto": f32 on CPU, bf16 on accelerators
     remat: str = "none"            # none | dots | full: what each layer saves for the backward
@@ -101,6 +125,19 @@ class ModelConfig:
             raise ValueError(f"precision: must be one of {PRECISIONS}, got {self.precision!r}")
         if self.remat not in REMATS:
             raise ValueError(f"remat: must be one of {REMATS}, got {self.remat!r}")
+        if self.init not in INITS:
+            raise ValueError(f"init: must be one of {INITS}, got {self.init!r}")
+        if self.qk_norm not in QK_NORMS:
+            raise ValueError(f"qk_norm: must be one of {QK_NORMS}, got {self.qk_norm!r}")
+        for name in ("global_rope", "embed_norm", "xsa", "head_gate"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: must be true or false, got {getattr(self, name)!r}")
+        for name in ("gated_norm_rank", "conv_kernel"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{name}: must be an integer >= 0 (0: off), got {v!r}")
+        if not self.qk_mult > 0:
+            raise ValueError(f"qk_mult: must be > 0, got {self.qk_mult!r}")
         for name in ("route_scale", "bias_rate", "z_loss", "norm_eps", "init_std", "rope_theta"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
@@ -113,6 +150,37 @@ class ModelConfig:
     @property
     def rope_dim(self) -> int:
         return int(self.head_dim * self.rope_fraction)
+
+    def layer_rope_dim(self, layer: int) -> int:
+        """Channels of each head RoPE rotates in ``layer``: 0 on global layers without
+        ``global_rope`` (NoPE)."""
+        return 0 if self.is_global(layer) and not self.global_rope else self.rope_dim
+
+    @property
+    def gated_rank(self) -> int:
+        """The GatedNorm rank: ``gated_norm_rank`` capped at d_model (the recipe's 128 is wider
+        than the cpu and tiny ladders' models; there the gate is full rank). 0: off."""
+        return min(self.gated_norm_rank, self.d_model)
+
+    @property
+    def weight_std(self) -> float:
+        """sigma of the weight init: ``init_std`` (gpt2) or 0.5 / sqrt(d_model) (recipe)."""
+        if self.init == "recipe":
+            return RECIPE_INIT_COEF / math.sqrt(self.d_model)
+        return self.init_std
+
+    @property
+    def residual_std(self) -> float:
+        """sigma of the projections that write into the residual stream: gpt2 divides by
+        sqrt(2 n_layers) (Radford et al. 2019, section 2.3); the recipe does not."""
+        if self.init == "recipe":
+            return self.weight_std
+        return self.init_std / math.sqrt(2 * self.n_layers)
+
+    @property
+    def init_truncate(self) -> float | None:
+        """Truncation of the weight init in sigmas (None: a plain normal)."""
+        return RECIPE_INIT_TRUNCATE if self.init == "recipe" else None
 
     def is_global(self, layer: int) -> bool:
         """Every ``global_every``-th layer (1-based) and the last layer attend globally."""

@@ -26,7 +26,9 @@ from model.config import ModelConfig
 # ------------------------------------------------------------------------------------ init
 @struct.dataclass
 class Init(meta.AxisMetadata):
-    """A parameter boxed with how it was initialised: normal(0, std), or ones when std is None.
+    """A parameter boxed with how it was initialised: normal(0, std) (truncated at +-truncate
+    sigmas when ``truncate`` is set), or the constant ``fill`` when std is None (norm scales:
+    ones; the recipe's zero-initialised gates and convolutions: zeros).
 
     The box survives ``jax.eval_shape`` (std is static), so ``model.init`` reads every
     parameter's shape and init rule from one abstract trace and draws the values with numpy:
@@ -36,6 +38,8 @@ class Init(meta.AxisMetadata):
 
     value: Any
     std: float | None = struct.field(pytree_node=False)
+    truncate: float | None = struct.field(pytree_node=False, default=None)
+    fill: float = struct.field(pytree_node=False, default=1.0)
 
     def unbox(self):
         return self.value
@@ -50,16 +54,34 @@ class Init(meta.AxisMetadata):
         return self
 
 
-def normal(std: float):
-    """Linen initializer: normal(0, std), boxed with its std."""
+def normal(std: float, truncate: float | None = None):
+    """Linen initializer: normal(0, std), truncated at +-``truncate`` sigmas when given (values
+    beyond are redrawn: sigma is the untruncated normal's, so the sample's std is 0.987 sigma
+    at +-3), boxed with its rule."""
     def init(key, shape, dtype=jnp.float32):
-        return Init(std * jax.random.normal(key, shape, dtype), std)
+        if truncate is None:
+            z = jax.random.normal(key, shape, dtype)
+        else:
+            z = jax.random.truncated_normal(key, -truncate, truncate, shape, dtype)
+        return Init(std * z, std, truncate)
     return init
 
 
 def ones(key, shape, dtype=jnp.float32):
     """Linen initializer for norm scales: ones, boxed."""
     return Init(jnp.ones(shape, dtype), None)
+
+
+def zeros(key, shape, dtype=jnp.float32):
+    """Linen initializer of the recipe's gates and convolution kernels: zeros, boxed (the head
+    gate 2 sigmoid(0) = 1 and a zero residual convolution both start as the identity)."""
+    return Init(jnp.zeros(shape, dtype), None, None, 0.0)
+
+
+def weight_init(cfg: ModelConfig):
+    """Init of every weight matrix (``cfg.init``): normal(init_std), or the recipe's truncated
+    normal with sigma 0.5 / sqrt(d_model)."""
+    return normal(cfg.weight_std, cfg.init_truncate)
 
 
 def materialize(boxes, seed: int, slices=None) -> dict:
@@ -70,22 +92,28 @@ def materialize(boxes, seed: int, slices=None) -> dict:
     ``slices(path)``: for a parameter stacked on a leading axis (the scanned layers), the path
     each slice is drawn under (None: not stacked). The scanned model then starts from the very
     values the same model has with its layers unrolled."""
-    def draw(path, shape, std):
+    def draw(path, shape, std, truncate):
         rng = np.random.default_rng([seed, zlib.crc32("/".join(path).encode())])
-        return std * rng.standard_normal(shape, dtype=np.float32)
+        z = rng.standard_normal(shape, dtype=np.float32)
+        if truncate is not None:     # redraw what falls outside +-truncate, from the same stream
+            bad = np.abs(z) > truncate
+            while bad.any():
+                z[bad] = rng.standard_normal(int(bad.sum()), dtype=np.float32)
+                bad = np.abs(z) > truncate
+        return std * z
 
     values = {}
     for path, box in flatten_dict(unfreeze(boxes)).items():
         shape, dtype = box.value.shape, box.value.dtype
         if box.std is None:
-            values[path] = jnp.ones(shape, dtype)
+            values[path] = jnp.full(shape, box.fill, dtype)
             continue
         parts = slices(path) if slices is not None else None
         if parts is None:
-            values[path] = jnp.asarray(draw(path, shape, box.std), dtype)
+            values[path] = jnp.asarray(draw(path, shape, box.std, box.truncate), dtype)
         else:                                           # [G, ...]: slice g drawn as parts[g]
-            values[path] = jnp.asarray(np.stack([draw(p, shape[1:], box.std) for p in parts]),
-                                       dtype)
+            values[path] = jnp.asarray(np.stack([draw(p, shape[1:], box.std, box.truncate)
+                                                 for p in parts]), dtype)
     return unflatten_dict(values)
 
 
@@ -238,10 +266,80 @@ def attend_reference(q: jax.Array, k: jax.Array, v: jax.Array, window: int | Non
 
 
 def output_init(cfg: ModelConfig):
-    """Init of projections that write into the residual stream: std / sqrt(2 n_layers), so the
-    residual variance does not grow with depth (GPT-2's scaling of residual projections,
-    Radford et al. 2019, section 2.3)."""
-    return normal(cfg.init_std / math.sqrt(2 * cfg.n_layers))
+    """Init of projections that write into the residual stream. gpt2: std / sqrt(2 n_layers), so
+    the residual variance does not grow with depth (GPT-2's scaling of residual projections,
+    Radford et al. 2019, section 2.3); recipe: the same as every other weight (no scaling)."""
+    return normal(cfg.residual_std, cfg.init_truncate)
+
+
+class GatedRMSNorm(nn.Module):
+    """RMSNorm with a learned gain over the last axis, then, when ``cfg.gated_rank`` > 0,
+    GatedNorm: y * sigmoid(silu(y W_down) W_up) with W_down [D, r], W_up [r, D] (r =
+    ``cfg.gated_rank``). A residual-stream norm; its gain keeps the leaf name "scale". The gate
+    is computed in the compute dtype and its sigmoid in float32."""
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg = self.cfg
+        D = x.shape[-1]
+        scale = self.param("scale", ones, (D,), jnp.float32)
+        y = rms_norm(x, scale, cfg.norm_eps)
+        r = cfg.gated_rank
+        if not r:
+            return y
+        w_down = self.param("gate_down", weight_init(cfg), (D, r), jnp.float32)
+        w_up = self.param("gate_up", weight_init(cfg), (r, D), jnp.float32)
+        return gated_norm(y, w_down, w_up)
+
+
+def gated_norm(y: jax.Array, w_down: jax.Array, w_up: jax.Array) -> jax.Array:
+    """GatedNorm's gate on an already normalised y [..., D]: y * sigmoid(silu(y W_down) W_up)."""
+    h = jax.nn.silu(jnp.einsum("...d,dr->...r", y, w_down.astype(y.dtype)))
+    g = jnp.einsum("...r,rd->...d", h, w_up.astype(y.dtype), preferred_element_type=jnp.float32)
+    return (y.astype(jnp.float32) * jax.nn.sigmoid(g)).astype(y.dtype)
+
+
+def causal_conv(x: jax.Array, kernel: jax.Array, segment_ids: jax.Array | None = None
+                ) -> jax.Array:
+    """Short causal depthwise convolution along axis 1, in residual form: x [B, S, ...],
+    kernel [W, ...] (one tap per channel and lag) -> x_s + sum_{j < W} kernel[j] * x_{s-j}.
+    A lag reaching before the row's start or into another segment (``segment_ids`` [B, S]:
+    packed documents) reads zero, so no document sees another's tokens. Sums in float32."""
+    W = kernel.shape[0]
+    S = x.shape[1]
+    x32 = x.astype(jnp.float32)
+    k32 = kernel.astype(jnp.float32)
+    out = x32
+    for j in range(min(W, S)):
+        shifted = jnp.pad(x32, [(0, 0), (j, 0)] + [(0, 0)] * (x.ndim - 2))[:, :S]   # x_{s-j}
+        if segment_ids is not None and j:
+            prev = jnp.pad(segment_ids, ((0, 0), (j, 0)), constant_values=-1)[:, :S]
+            same = (prev == segment_ids).reshape(segment_ids.shape + (1,) * (x.ndim - 2))
+            shifted = jnp.where(same, shifted, 0.0)
+        out = out + k32[j] * shifted
+    return out.astype(x.dtype)
+
+
+def exclusive(y: jax.Array, v: jax.Array) -> jax.Array:
+    """XSA (exclusive self-attention): y [B, S, H, Hd] minus its component along the head's own
+    value vector v [B, S, K, Hd] at that position (head h reads KV head h // (H / K)):
+    z = y - (y . v / |v|^2) v per head; a zero v leaves y unchanged. In float32."""
+    H, K = y.shape[2], v.shape[2]
+    v = jnp.repeat(v.astype(jnp.float32), H // K, axis=2)                  # [B, S, H, Hd]
+    y32 = y.astype(jnp.float32)
+    vv = jnp.sum(v * v, axis=-1, keepdims=True)
+    coef = jnp.sum(y32 * v, axis=-1, keepdims=True) / jnp.where(vv > 0, vv, 1.0)
+    return (y32 - jnp.where(vv > 0, coef, 0.0) * v).astype(y.dtype)
+
+
+def head_gate(x: jax.Array, w_gate: jax.Array) -> jax.Array:
+    """The attention head gate: x [B, S, D] -> [B, S, H] float32, 2 sigmoid(x . w_gate_h)
+    (w_gate [D, H], zero init: every gate starts at 1)."""
+    logits = jnp.einsum("bsd,dh->bsh", x, w_gate.astype(x.dtype),
+                        preferred_element_type=jnp.float32)
+    return 2.0 * jax.nn.sigmoid(logits)
 
 
 class Attention(nn.Module):
@@ -250,6 +348,12 @@ class Attention(nn.Module):
     Layer ``layer`` is global (full causal) when ``cfg.is_global(layer)``, else local: each query
     sees the last ``cfg.local_window`` positions, itself included. x [B, S, D] in the compute
     dtype (the weights arrive already cast, see model.transformer), segment_ids [B, S] or None.
+
+    The recipe's switches (model/config.py): ``qk_norm`` "rms" (no gain) and ``qk_mult``; RoPE
+    on ``cfg.layer_rope_dim(layer)`` channels (none on NoPE global layers); ``conv_kernel``: a
+    short causal convolution on K (after its projection, before the norm) and on the output
+    (after the output projection); ``xsa``; ``head_gate`` (on each head's output before the
+    output projection, after XSA).
     """
 
     cfg: ModelConfig
@@ -260,7 +364,7 @@ class Attention(nn.Module):
         cfg = self.cfg
         B, S, D = x.shape
         H, K, Hd = cfg.n_heads, cfg.n_kv_heads(self.layer), cfg.head_dim
-        init = normal(cfg.init_std)
+        init = weight_init(cfg)
         wq = self.param("q", init, (D, H, Hd), jnp.float32)
         wk = self.param("k", init, (D, K, Hd), jnp.float32)
         wv = self.param("v", init, (D, K, Hd), jnp.float32)
@@ -269,12 +373,31 @@ class Attention(nn.Module):
         q = jnp.einsum("bsd,dhx->bshx", x, wq)                     # [B, S, H, Hd]
         k = jnp.einsum("btd,dkx->btkx", x, wk)                     # [B, T, K, Hd]
         v = jnp.einsum("btd,dkx->btkx", x, wv)                     # [B, T, K, Hd]
-        q = RMSNorm(cfg.norm_eps, name="q_norm")(q)                # QK-norm over Hd
-        k = RMSNorm(cfg.norm_eps, name="k_norm")(k)
+        if cfg.conv_kernel:
+            k = causal_conv(k, self.param("k_conv", zeros, (cfg.conv_kernel, K, Hd),
+                                          jnp.float32), segment_ids)
+        if cfg.qk_norm == "learned":
+            q = RMSNorm(cfg.norm_eps, name="q_norm")(q)            # QK-norm over Hd
+            k = RMSNorm(cfg.norm_eps, name="k_norm")(k)
+        else:                                                      # non-parametric
+            q = rms_norm(q, 1.0, cfg.norm_eps)
+            k = rms_norm(k, 1.0, cfg.norm_eps)
+        if cfg.qk_mult != 1.0:
+            q = q * jnp.asarray(cfg.qk_mult, q.dtype)
         positions = jnp.arange(S)
-        q = rope(q, positions, cfg.rope_dim, cfg.rope_theta)
-        k = rope(k, positions, cfg.rope_dim, cfg.rope_theta)
+        rope_dim = cfg.layer_rope_dim(self.layer)
+        q = rope(q, positions, rope_dim, cfg.rope_theta)
+        k = rope(k, positions, rope_dim, cfg.rope_theta)
 
         window = None if cfg.is_global(self.layer) else cfg.local_window
         out = attend(q, k, v, window, segment_ids, cfg.attention_chunk)   # [B, S, H, Hd]
-        return jnp.einsum("bshx,hxd->bsd", out, wo)                # [B, S, D]
+        if cfg.xsa:
+            out = exclusive(out, v)
+        if cfg.head_gate:
+            gate = head_gate(x, self.param("attn_gate", zeros, (D, H), jnp.float32))
+            out = (out.astype(jnp.float32) * gate[..., None]).astype(out.dtype)
+        y = jnp.einsum("bshx,hxd->bsd", out, wo)                   # [B, S, D]
+        if cfg.conv_kernel:
+            y = causal_conv(y, self.param("out_conv", zeros, (cfg.conv_kernel, D), jnp.float32),
+                            segment_ids)
+        return y

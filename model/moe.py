@@ -48,7 +48,7 @@ from flax import linen as nn
 
 from model.balance import bias_from_histogram, margin_histogram
 from model.config import ModelConfig
-from model.layers import RMSNorm, normal, output_init
+from model.layers import RMSNorm, output_init, weight_init
 
 
 class Routing(NamedTuple):
@@ -274,7 +274,7 @@ class RoutedExperts(nn.Module):
     def setup(self):
         cfg = self.cfg
         E, L, F = cfg.n_experts, cfg.latent_dim, cfg.expert_dim
-        init = normal(cfg.init_std)
+        init = weight_init(cfg)
         self.gate = self.param("gate", init, (E, L, F), jnp.float32)
         self.up = self.param("up", init, (E, L, F), jnp.float32)
         self.down = self.param("down", init, (E, F, L), jnp.float32)
@@ -295,7 +295,7 @@ class SharedExperts(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:            # [T, D] -> [T, D]
         cfg = self.cfg
         N, D, F = cfg.n_shared, cfg.d_model, cfg.shared_dim
-        init = normal(cfg.init_std)
+        init = weight_init(cfg)
         w_gate = self.param("gate", init, (N, D, F), jnp.float32)
         w_up = self.param("up", init, (N, D, F), jnp.float32)
         w_down = self.param("down", output_init(cfg), (N, F, D), jnp.float32)
@@ -319,7 +319,7 @@ class MoE(nn.Module):
         B, S, D = x.shape
         T, E, L = B * S, cfg.n_experts, cfg.latent_dim
         xt = x.reshape(T, D)                                           # [B, S, D] -> [T, D]
-        init = normal(cfg.init_std)
+        init = weight_init(cfg)
         w_router = self.param("router", init, (D, E), jnp.float32)
         w_down = self.param("down", init, (D, L), jnp.float32)
         w_up = self.param("up", output_init(cfg), (L, D), jnp.float32)

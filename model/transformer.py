@@ -30,7 +30,7 @@ from flax.core import unfreeze
 from flax.traverse_util import flatten_dict, unflatten_dict
 
 from model.config import ModelConfig, resolve_precision
-from model.layers import Attention, RMSNorm, materialize, normal
+from model.layers import Attention, GatedRMSNorm, causal_conv, materialize, weight_init, zeros
 from model.moe import MoE, split_batch
 
 AUX_KEYS = ("drop_frac", "load", "router_entropy", "router_z_loss", "balance_loss", "bias_target",
@@ -74,10 +74,13 @@ class Block(nn.Module):
     def __call__(self, x, bias, segment_ids=None):
         cfg = self.cfg
         x = split_batch(x)                  # the residual stream: rows split over the devices
-        h = RMSNorm(cfg.norm_eps, name="attn_norm")(x)
+        h = GatedRMSNorm(cfg, name="attn_norm")(x)
         x = x + Attention(cfg, self.layer, name="attn")(h, segment_ids)
-        y, aux = MoE(cfg, name="moe")(RMSNorm(cfg.norm_eps, name="moe_norm")(x), bias,
+        y, aux = MoE(cfg, name="moe")(GatedRMSNorm(cfg, name="moe_norm")(x), bias,
                                       self.dropless)
+        if cfg.conv_kernel:   # the recipe's short convolution at the MoE output (model/layers.py)
+            y = causal_conv(y, self.param("moe_conv", zeros, (cfg.conv_kernel, cfg.d_model),
+                                          jnp.float32), segment_ids)
         return x + y.astype(x.dtype), aux
 
 
@@ -121,12 +124,14 @@ class Decoder(nn.Module):
     @nn.compact
     def __call__(self, tokens, router_bias, dropless: bool = False, segment_ids=None):
         cfg = self.cfg
-        init = normal(cfg.init_std)
+        init = weight_init(cfg)
         embedding = self.param("embedding", init, (cfg.vocab_size, cfg.d_model), jnp.float32)
         self.param("lm_head", init, (cfg.d_model, cfg.vocab_size), jnp.float32)
         # gather from the float32 table, then cast: the embedding gradient (a scatter-add over
         # every position) then accumulates in float32
         x = split_batch(jnp.take(embedding, tokens, axis=0).astype(compute_dtype(cfg)))  # [B, S, D]
+        if cfg.embed_norm:
+            x = GatedRMSNorm(cfg, name="embed_norm")(x)
         auxes = []
         n_scan, g = cfg.scanned_layers, cfg.global_every
         if cfg.n_groups:
@@ -141,7 +146,7 @@ class Decoder(nn.Module):
             x, aux = cls(cfg, layer, dropless, name=f"layer_{layer}")(x, router_bias[layer],
                                                                       segment_ids)
             auxes.append({k: v[None] for k, v in aux.items()})
-        x = RMSNorm(cfg.norm_eps, name="final_norm")(split_batch(x))
+        x = GatedRMSNorm(cfg, name="final_norm")(split_batch(x))
         # per-layer stats on a leading layer axis: scalars -> [n_layers], load -> [n_layers, E]
         return x, {k: jnp.concatenate([a[k] for a in auxes]) for k in AUX_KEYS}
 
@@ -278,7 +283,12 @@ def loss_fn(cfg: ModelConfig, params, router_bias, tokens, targets, *, dropless:
 
 
 PARAM_GROUPS = ("embedding", "lm_head", "attention", "norms", "router", "latent",
-                "shared_experts", "routed_experts")
+                "shared_experts", "routed_experts", "gated_norms", "convs", "head_gates")
+# Leaf names of the recipe's pieces (model/layers.py), wherever they sit: GatedNorm's two
+# matrices, the short convolutions' kernels, the attention head gate.
+GATED_NORM_LEAVES = ("gate_down", "gate_up")
+CONV_LEAVES = ("k_conv", "out_conv", "moe_conv")
+HEAD_GATE_LEAVES = ("attn_gate",)
 
 
 def stacked_axes(path: tuple[str, ...]) -> int:
@@ -296,10 +306,16 @@ def param_group(path: tuple[str, ...]) -> str:
     """The group (as in ladder/counting.py) of the parameter at ``path`` in the params dict.
     The final norm belongs to "norms" here (counting.py lists it separately as final_norm)."""
     path = tuple(path)
-    top = path[0]
+    top, leaf = path[0], path[-1]
+    if leaf in GATED_NORM_LEAVES:
+        return "gated_norms"
+    if leaf in CONV_LEAVES:
+        return "convs"
+    if leaf in HEAD_GATE_LEAVES:
+        return "head_gates"
     if top in ("embedding", "lm_head"):
         return top
-    if top == "final_norm":
+    if top in ("final_norm", "embed_norm"):
         return "norms"
     if top == "groups":                  # groups/block_j/... reads like layer_i/...
         path = path[1:]
@@ -318,9 +334,14 @@ def param_group(path: tuple[str, ...]) -> str:
     return "latent"                      # down, up, latent_norm
 
 
+OPTIONAL_GROUPS = ("gated_norms", "convs", "head_gates")   # only a model with the switches on
+
+
 def param_groups(params) -> dict[str, list]:
-    """{group: [leaf, ...]} for the groups of PARAM_GROUPS (empty list if a group has none)."""
+    """{group: [leaf, ...]} for the groups of PARAM_GROUPS (empty list if a group has none),
+    except the recipe's optional groups, present only when the model has them (so a model
+    without them logs the same metrics as before they existed)."""
     groups: dict[str, list] = {g: [] for g in PARAM_GROUPS}
     for path, leaf in flatten_dict(params).items():
         groups[param_group(path)].append(leaf)
-    return groups
+    return {g: v for g, v in groups.items() if v or g not in OPTIONAL_GROUPS}

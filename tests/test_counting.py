@@ -33,9 +33,13 @@ def test_marin_ladder_reproduces_published_numbers():
         assert r["active_params"] == pytest.approx(active, rel=5e-3), name
         assert r["params"] == pytest.approx(total, rel=5e-3), name
         assert r["steps"] == steps, name
-        assert r["compute_no_lm_head"] == pytest.approx(c, rel=1e-2), name
+        # the published figures leave out the recipe's GatedNorm/conv/XSA/head-gate FLOPs,
+        # which our count holds (ladder/counting.py): compare without them
+        assert r["compute_extras"] > 0, name
+        assert r["compute_no_lm_head"] - r["compute_extras"] == pytest.approx(c, rel=1e-2), name
         digits = 2 if c_head < 1e24 else 3  # the issue printed 2 or 3 significant figures
-        assert float(f"{r['compute']:.{digits - 1}e}") == pytest.approx(c_head), name
+        published = r["compute"] - r["compute_extras"]
+        assert float(f"{published:.{digits - 1}e}") == pytest.approx(c_head), name
         racks = {"1.6B-A61M": 1, "4.0B-A162M": 2, "11.5B-A481M": 6}.get(name, 11)
         assert r["batch"] == 1024 * racks
         assert r["seq_len"] == 4096 and r["tokens"] == steps * r["batch"] * 4096

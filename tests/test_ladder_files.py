@@ -54,14 +54,25 @@ def test_shipped_files_rebuild_every_rung_as_before(python_ladders):
         assert [r.name for r in new.all] == [r.name for r in old.all]
         for a, b in zip(old.all, new.all):
             da, db = a.to_dict(), b.to_dict()
-            # on purpose, marin-535b now trains the recipe's optimizer and balancing rule
+            # on purpose, marin-535b now trains the recipe's optimizer, balancing rule, capacity
+            # and model switches (issue 12); the sizes, steps, batch and LR do not move
+            recipe = ("bias_rule", "capacity_factor", "init", "rope_fraction", "global_rope",
+                      "qk_norm", "qk_mult", "embed_norm", "gated_norm_rank", "conv_kernel",
+                      "xsa", "head_gate")
             for d in (da, db):
                 d.pop("optimizer")
-                d["model"].pop("bias_rule")
+                for key in recipe:
+                    d["model"].pop(key)
             assert da == db, (name, a.name)
             sa, sb = a.summary(), b.summary()
-            sa.pop("optimizer"), sb.pop("optimizer")
+            moved = ("optimizer", "params", "params_exact", "active_params_exact",
+                     "forward_flops_per_token", "forward_flops_per_token_no_lm_head", "compute",
+                     "compute_no_lm_head", "compute_extras")
+            for d in (sa, sb):
+                for key in moved:
+                    d.pop(key)
             assert sa == sb, (name, a.name)
+            assert b.params.active == a.params.active and b.steps == a.steps
     assert {r.optimizer.kind for r in LADDERS["marin-535b"].all} == {"marin"}
     assert {r.model.bias_rule for r in LADDERS["marin-535b"].all} == {"quantile"}
     for name in ("cpu", "tiny"):   # the small ladders' numbers do not move at all
