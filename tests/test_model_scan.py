@@ -160,16 +160,18 @@ from model.config import ModelConfig
 assert jax.device_count() == 8
 cfg = ModelConfig(vocab_size=32, d_model=16, n_layers=5, n_heads=2, head_dim=8,
                   n_kv_heads_local=2, n_kv_heads_global=1, local_window=4, n_experts=8, top_k=2,
-                  expert_dim=8, latent_dim=8, shared_dim=8, precision="f32")
+                  expert_dim=8, latent_dim=8, shared_dim=8, precision="f32",
+                  capacity_factor=8.0)   # no drops: capacity per (sender shard, expert) cell
+                                         # and over the whole batch then keep the same tokens
 params, bias = model.init(cfg, 0)
-tokens = jax.random.randint(jax.random.key(1), (4, 16), 0, cfg.vocab_size)
+tokens = jax.random.randint(jax.random.key(1), (8, 16), 0, cfg.vocab_size)
 step = jax.jit(jax.value_and_grad(partial(model.loss_fn, cfg), has_aux=True))
 (loss1, _), grads1 = step(params, bias, tokens, tokens)
-mesh = make_mesh(8, 4, cfg.n_experts, 4)
+mesh = make_mesh(8, 4, cfg.n_experts, 8)   # the batch is split over all 8 devices
 shard = state_shardings(cfg, make_optimizer(OptimizerSpec("adamw").settings(1e-3, 1.0, 1)), mesh)
 with jax.set_mesh(mesh):
     p8 = jax.device_put(params, shard["params"])
-    toks = jax.device_put(tokens, NamedSharding(mesh, P("data")))
+    toks = jax.device_put(tokens, NamedSharding(mesh, P(("data", "expert"))))
     (loss8, _), grads8 = step(p8, bias, toks, toks)
 np.testing.assert_allclose(loss8, loss1, rtol=1e-5)
 for a, b in zip(jax.tree.leaves(grads8), jax.tree.leaves(grads1), strict=True):
