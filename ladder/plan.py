@@ -22,9 +22,13 @@ Memory per device (bytes), the estimate (what the trainer as it is here keeps):
   QK-norm/RoPE, attention output) + 2 E (router logits and probabilities) + 3 L (latent
   before/after norm, combined output) + 2 k L (each assignment's token and output) + 2 cf k
   (2 L + 3 F) (expert slots, on the sender and again on the expert's device after the
-  all-to-all: input, gate, up, hidden, output) + 3 N F_shared. No attention scores: attention
+  all-to-all: input, gate, up, hidden, output) + 3 N F_shared; with the recipe's pieces on
+  (issue 12), + 2 (2 r + 3 D) (GatedNorm of rank r after both norms) + 2 kv_dim + 4 D (the short
+  convolutions at K, the attention output and the MoE output) + 2 q_dim (XSA) + q_dim + H (the
+  head gate). No attention scores: attention
   runs in query blocks whose scores are recomputed in the backward pass (model/layers.py), so
-  none is kept. Per token once: 2 D (embedding output, final norm) + 3 V loss_chunk / S (the
+  none is kept. Per token once: 2 D (embedding output, final norm; + their GatedNorms) +
+  3 V loss_chunk / S (the
   LM head and cross-entropy run over chunks of loss_chunk positions: one chunk's float32
   logits, exponentials and gradient exist at a time).
   Measured against XLA's memory analysis of the compiled step (``--compile``) it is a planning
@@ -134,14 +138,23 @@ def activation_elements_per_token(cfg, seq_len: int) -> float:
     """Saved activations per token for the whole model (elements, float32) at ``seq_len``.
     See the module docstring for the terms."""
     cap_slots = cfg.capacity_factor * cfg.top_k          # expert slots per token
+    d = cfg.d_model
+    # the recipe's pieces (issue 12), when on: GatedNorm after a norm keeps its rank-r down
+    # projection and activation and three [D] products; a short conv its input and output
+    gated = 2 * cfg.gated_rank + 3 * d if cfg.gated_norm_rank else 0
     total = 0.0
     for layer in range(cfg.n_layers):
         kv_dim = cfg.n_kv_heads(layer) * cfg.head_dim
-        total += (4 * cfg.d_model + 4 * cfg.q_dim + 3 * kv_dim
+        total += (4 * d + 4 * cfg.q_dim + 3 * kv_dim
                   + 2 * cfg.n_experts + 3 * cfg.latent_dim + 2 * cfg.top_k * cfg.latent_dim
                   + 2 * cap_slots * (2 * cfg.latent_dim + 3 * cfg.expert_dim)
-                  + 3 * cfg.n_shared * cfg.shared_dim)
-    return total + 2 * cfg.d_model + 3 * cfg.vocab_size * min(cfg.loss_chunk, seq_len) / seq_len
+                  + 3 * cfg.n_shared * cfg.shared_dim
+                  + 2 * gated                                         # attention and MoE norms
+                  + (2 * kv_dim + 4 * d if cfg.conv_kernel else 0)    # K, attention out, MoE out
+                  + (2 * cfg.q_dim if cfg.xsa else 0)                 # y and its projection on v
+                  + (cfg.q_dim + cfg.n_heads if cfg.head_gate else 0))
+    once = 2 * d + (gated * (2 if cfg.embed_norm else 1))   # embedding out, final norm (+gates)
+    return total + once + 3 * cfg.vocab_size * min(cfg.loss_chunk, seq_len) / seq_len
 
 
 def plan_rung(rung: Rung, devices: int = 1, *, expert_parallel: int | None = None,
