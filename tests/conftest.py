@@ -28,3 +28,18 @@ def chromium_dom(chromium: Path, url: str, profile: Path, *, budget_ms: int = 50
            "--no-first-run", f"--user-data-dir={profile}",
            f"--virtual-time-budget={budget_ms}", "--dump-dom", url]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=90, check=False).stdout
+
+
+def run_on_fake_devices(script: str, *args: str, devices: int = 8, timeout: int = 900) -> str:
+    """Run ``script`` (Python source) in a fresh process with ``devices`` fake CPU devices (the
+    XLA flag must be set before JAX starts, so never in this process), from the checkout; its
+    stdout. A failure shows the end of its stderr."""
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+           "PYTHONPATH": str(root), "JAX_PLATFORMS": "cpu"}
+    r = subprocess.run([sys.executable, "-c", script, *args], cwd=root, env=env,
+                       capture_output=True, text=True, timeout=timeout, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout

@@ -184,12 +184,5 @@ print("ok")
 
 @pytest.mark.slow
 def test_stacked_layout_on_a_data_expert_mesh_matches_one_device():
-    import os
-    import subprocess
-    import sys
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-           "JAX_PLATFORMS": "cpu"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = subprocess.run([sys.executable, "-c", SHARDED], cwd=root, env=env, capture_output=True,
-                         text=True, timeout=600, check=False)
-    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+    from conftest import run_on_fake_devices
+    assert run_on_fake_devices(SHARDED).strip().endswith("ok")

@@ -1,12 +1,10 @@
 """`ladder plan --compile`: XLA's own figures of the real train step on fake CPU devices."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_on_fake_devices
 
 from ladder.cli import main
 
@@ -31,12 +29,7 @@ print(json.dumps(out))
 
 @pytest.mark.slow
 def test_sharded_step_does_not_replicate_work():
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-           "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
-    r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=900, check=False)
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = json.loads(run_on_fake_devices(SCRIPT).strip().splitlines()[-1])
     one = out["1x1"]["flops"]
     assert out["8x4"]["mesh"] == {"data": 2, "expert": 4}
     assert out["8x1"]["mesh"] == {"data": 8, "expert": 1}
@@ -73,12 +66,7 @@ print(json.dumps(out))
 
 @pytest.mark.slow
 def test_scanned_marin_step_splits_activations_and_experts():
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-           "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
-    r = subprocess.run([sys.executable, "-c", DEEP_SCRIPT], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=900, check=False)
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = json.loads(run_on_fake_devices(DEEP_SCRIPT).strip().splitlines()[-1])
     assert 8 * out["8x8"]["flops"] == pytest.approx(out["1x1"]["flops"], rel=0.15), out
     assert out["8x8"]["bytes"] < out["1x1"]["bytes"] / 2, out
 

@@ -2,12 +2,10 @@
 all_to_all) and microbatched, matches one device over 20 steps (float32)."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_on_fake_devices
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,12 +48,7 @@ print(json.dumps(out))
 
 @pytest.mark.slow
 def test_eight_device_expert_parallel_microbatched_matches_one_device(tmp_path):
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-           "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
-    r = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=900, check=False)
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = json.loads(run_on_fake_devices(SCRIPT, str(tmp_path)).strip().splitlines()[-1])
     one, eight = out["1"], out["8"]
     assert one["mesh"]["shape"] == {"data": 1, "expert": 1}
     assert eight["mesh"]["shape"] == {"data": 2, "expert": 4}
