@@ -59,9 +59,8 @@ class ParamCount:
 
     embedding: int
     lm_head: int
-    final_norm: int
     attention: int        # q, k, v, o projections and the QK-norm scales
-    norms: int            # the two pre-norms of each layer
+    norms: int            # the two pre-norms of each layer, the final norm (and embedding norm)
     router: int           # router weight (+ router bias, which is not gradient-trained)
     latent: int           # down/up projections of the routed path and the latent norm
     shared_experts: int
@@ -79,7 +78,7 @@ class ParamCount:
 
     @property
     def total(self) -> int:
-        return (self.embedding + self.lm_head + self.final_norm + self.attention + self.norms
+        return (self.embedding + self.lm_head + self.attention + self.norms
                 + self.router + self.latent + self.shared_experts + self.routed_experts
                 + self.extras)
 
@@ -87,7 +86,7 @@ class ParamCount:
     def active(self) -> int:
         """Non-embedding parameters a token uses: excludes embedding and LM head (and the
         recipe's extras, see the module docstring)."""
-        return (self.final_norm + self.attention + self.norms + self.router + self.latent
+        return (self.attention + self.norms + self.router + self.latent
                 + self.shared_experts + self.routed_active)
 
     def to_dict(self) -> dict:
@@ -120,9 +119,8 @@ def count_params(cfg: ModelConfig, convention: str = PARAM_CONVENTION) -> ParamC
     return ParamCount(
         embedding=cfg.vocab_size * d,
         lm_head=d * cfg.vocab_size,
-        final_norm=vec * d,
         attention=attention,
-        norms=vec * (L * 2 * d + d * cfg.embed_norm),
+        norms=vec * (L * 2 * d + d + d * cfg.embed_norm),   # + the final norm
         router=L * (d * cfg.n_experts + vec * cfg.n_experts),
         latent=L * (2 * d * cfg.latent_dim + vec * cfg.latent_dim),
         shared_experts=L * cfg.n_shared * _swiglu(d, cfg.shared_dim),

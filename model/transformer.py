@@ -304,7 +304,7 @@ def expert_axis(path: tuple[str, ...]) -> int:
 
 def param_group(path: tuple[str, ...]) -> str:
     """The group (as in ladder/counting.py) of the parameter at ``path`` in the params dict.
-    The final norm belongs to "norms" here (counting.py lists it separately as final_norm)."""
+    The final norm belongs to "norms", as in ladder/counting.py (one scheme of groups)."""
     path = tuple(path)
     top, leaf = path[0], path[-1]
     if leaf in GATED_NORM_LEAVES:

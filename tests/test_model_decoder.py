@@ -60,11 +60,21 @@ def test_counted_params_equal_instantiated(rung):
     L, E = cfg.n_layers, cfg.n_experts
     assert sizes == {
         "embedding": counted.embedding, "lm_head": counted.lm_head,
-        "attention": counted.attention, "norms": counted.norms + counted.final_norm,
+        "attention": counted.attention, "norms": counted.norms,
         "router": counted.router - L * E,  # counting.py includes the router bias [L, E]
         "latent": counted.latent, "shared_experts": counted.shared_experts,
         "routed_experts": counted.routed_experts,
     }
+
+
+def test_one_scheme_of_parameter_groups():
+    # the trainer's groups (metrics, optimizer) are the counter's, name for name
+    import dataclasses
+
+    from ladder.counting import ParamCount
+    from model.transformer import PARAM_GROUPS
+    fields = {f.name for f in dataclasses.fields(ParamCount)} - {"routed_active", "convention"}
+    assert fields == set(PARAM_GROUPS)
 
 
 def test_param_shapes_allocate_nothing_and_match_init(tiny):

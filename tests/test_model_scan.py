@@ -51,7 +51,7 @@ def test_layout(init10):
     sizes = {g: sum(x.size for x in v) for g, v in model.param_groups(params).items()}
     assert sizes["routed_experts"] == counted.routed_experts
     assert sizes["attention"] == counted.attention
-    assert sizes["norms"] == counted.norms + counted.final_norm
+    assert sizes["norms"] == counted.norms
 
 
 def _layer_params(params, i):

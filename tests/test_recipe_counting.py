@@ -39,7 +39,7 @@ def test_counted_equals_the_pytree_with_every_switch(cfg):
     L, E = cfg.n_layers, cfg.n_experts
     assert sizes == {
         "embedding": counted.embedding, "lm_head": counted.lm_head,
-        "attention": counted.attention, "norms": counted.norms + counted.final_norm,
+        "attention": counted.attention, "norms": counted.norms,
         "router": counted.router - L * E, "latent": counted.latent,
         "shared_experts": counted.shared_experts, "routed_experts": counted.routed_experts,
         "gated_norms": counted.gated_norms, "convs": counted.convs,
