@@ -16,7 +16,6 @@ absolute numbers do not.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -25,6 +24,9 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(HERE))
+
+from ladder.io import read_metrics  # noqa: E402
 
 
 def tokens_per_s(checkout: Path, rung: str, steps: int, out: Path) -> float:
@@ -34,8 +36,7 @@ def tokens_per_s(checkout: Path, rung: str, steps: int, out: Path) -> float:
            "--max-steps", str(steps), "--out", str(out)]
     subprocess.run(cmd, cwd=checkout, env=env, check=True, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)
-    text = (out / "cpu" / rung / "metrics.jsonl").read_text()
-    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    rows = read_metrics(out / "cpu" / rung / "metrics.jsonl")
     vals = [r["throughput/tokens_per_s"] for r in rows if "throughput/tokens_per_s" in r]
     return statistics.median(vals[5:] or vals)
 

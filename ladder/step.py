@@ -227,11 +227,6 @@ def _programs(model_cfg: ModelConfig, settings: OptimizerSettings, mesh,
                     jax.jit(optimizer.init, out_shardings=shard["opt_state"]))
 
 
-def init_state(model_cfg: ModelConfig, mesh, seed: int = 0) -> dict:
-    """Fresh AdamW train state for ``model_cfg`` on ``mesh`` (see Programs.init_state)."""
-    return programs(model_cfg, mesh).init_state(seed)
-
-
 # Statistics of a microbatch that are means over its tokens (equal-sized microbatches: the step's
 # value is their mean, exactly) and those that are sums.
 _MEAN_STATS = ("ce", "z_loss", "moe/drop_frac", "moe/router_entropy", "moe/router_z_loss",

@@ -200,10 +200,6 @@ class TrainConfig:
                   "fault_scale": fault.scale, "drift_max": fault.drift_max})
         return d
 
-    def numbers(self) -> dict:
-        """to_dict() without the run arguments: what must match to resume a run."""
-        return {k: v for k, v in self.to_dict().items() if k not in RUN_ARGUMENTS}
-
 
 RUN_ARGUMENTS = tuple(f.name for f in dataclasses.fields(RunArgs))
 # flat key -> (part, field) for the keys that live in a part; the rest are TrainConfig's own

@@ -36,8 +36,8 @@ for n, ep, mb in ((1, 1, None), (8, 4, 8)):
               "mesh": read_json(f"{d}/config.json")["mesh"]}
 # routed experts split over "expert" (E/4 = 1 row per device), dense weights FSDP over all 8
 import model as M
-from ladder.step import init_state, make_mesh
-state = init_state(rung.model, make_mesh(8, 4, rung.model.n_experts, 8))
+from ladder.step import make_mesh, programs
+state = programs(rung.model, make_mesh(8, 4, rung.model.n_experts, 8)).init_state(0)
 groups = M.param_groups(state["params"])
 out["routed_shard_rows"] = sorted({s.data.shape[0] for x in groups["routed_experts"]
                                    for s in x.addressable_shards})
