@@ -65,11 +65,12 @@ from typing import Any
 
 import numpy as np
 
-from fit.prediction import Prediction
+import fit.lawjson as lawjson
 from fit.lr_schedules import NamedSchedule, lr_from_samples, parse_schedule
-from ladder.io import InputError, sha256_of
-
-SCHEMA = "law/1"
+from fit.prediction import Prediction
+from fit.report import auto_lines, parameter_lines
+from fit.result import LawResult
+from ladder.io import InputError, number, sha256_of
 HUBER_DELTA = 1e-3      # on log residuals, as the Chinchilla refits (Besiroglu et al. 2024)
 LOG_LR_STEP = 0.05      # blocks never span more than ~5% of LR change (see _design)
 MAX_NODES = 500         # annealing-sum blocks per run (see module doc)
@@ -546,8 +547,11 @@ def _fit_one_size(model: _Model, runs: Sequence[_Run], delta: float, n_starts: i
 
 
 @dataclass
-class CurveLaw:
-    """A fitted schedule-aware curve law (form ``mpl`` or ``momentum``); see the module doc."""
+class CurveLaw(LawResult, forms=tuple(FORMS)):
+    """A fitted schedule-aware curve law (form ``mpl`` or ``momentum``); see the module doc.
+    What it shares with every law (intervals, band, report layout, law.json envelope) is
+    fit.result.LawResult's; what is its own: ``predict`` takes a schedule, and law.json holds
+    its LR unit, size scaling and bootstrap draws."""
 
     form: str
     params: dict[str, float]
@@ -564,6 +568,43 @@ class CurveLaw:
     diagnostics: dict[str, Any] = field(default_factory=dict)
     inputs: dict[str, Any] = field(default_factory=dict)
     created: str | None = None
+    conventions: dict | None = None
+    tool_version: str | None = None
+
+    def __post_init__(self):
+        from ladder import __version__
+        from ladder.counting import conventions
+
+        self.created = self.created or _dt.datetime.now(_dt.timezone.utc).isoformat(
+            timespec="seconds")
+        self.conventions = self.conventions or conventions()
+        self.tool_version = self.tool_version or __version__
+
+    @property
+    def expression(self) -> str:
+        return EXPRESSIONS[self.form]
+
+    @property
+    def intervals(self) -> dict:
+        """name -> [lo, hi]: percentiles of the bootstrap draws at ``level`` (none with fewer
+        than 2 draws)."""
+        out = {}
+        if len(self.draws) >= 2:
+            q = (1 - self.level) / 2
+            for k in self.params:
+                vals = np.array([d[k] for d in self.draws])
+                out[k] = [float(np.quantile(vals, q)), float(np.quantile(vals, 1 - q))]
+        return out
+
+    @property
+    def identifiability(self) -> dict:
+        """Parameters the curves do not pin down (see ``_identifiability``); recomputed from
+        the estimate and the draws, so law.json files that predate the flags have them too."""
+        return _identifiability(self._model(), self.diagnostics.get("at_bounds") or (),
+                                self.intervals, self.level)
+
+    def diagnostics_json(self) -> dict:
+        return dict(self.diagnostics, identifiability=self.identifiability)
 
     # -- evaluation ---------------------------------------------------------------------
     def _model(self) -> _Model:
@@ -665,26 +706,13 @@ class CurveLaw:
         """The band's method by name (law.json ``uncertainty.band_method``)."""
         return "bootstrap + residual-rms (monte carlo)"
 
-    def band(self, **inputs) -> tuple[np.ndarray, np.ndarray]:
-        """(lo, hi) of :meth:`predict`'s band (same keywords)."""
-        p = self.predict(**inputs)
-        return p.lo, p.hi
+    def _uncertainty_own(self) -> dict:
+        return {"method": "run-level bootstrap (refit from the estimate) + RMS log residual",
+                "n_draws": len(self.draws), "draws": [dict(d) for d in self.draws],
+                "residual_sigma_log": self.sigma}
 
-    def to_json(self) -> dict:
-        from ladder import __version__
-        from ladder.counting import conventions
-
-        intervals = {}
-        if len(self.draws) >= 2:
-            q = (1 - self.level) / 2
-            for k in self.params:
-                vals = np.array([d[k] for d in self.draws])
-                intervals[k] = [float(np.quantile(vals, q)), float(np.quantile(vals, 1 - q))]
+    def _json_own(self) -> dict:
         return {
-            "schema": SCHEMA,
-            "form": self.form,
-            "expression": EXPRESSIONS[self.form],
-            "params": dict(self.params),
             "fixed": dict(self.fixed),
             "curve": {
                 "lr_scale": self.lr_scale, "lr_convention": "lr[s-1] is the LR of update s; "
@@ -693,30 +721,13 @@ class CurveLaw:
                 "node_every": self.node_every, "scaled": list(self.scaled),
                 "size_variable": self.size_variable, "size_ref": self.size_ref,
             },
-            "uncertainty": {
-                "method": "run-level bootstrap (refit from the estimate) + RMS log residual",
-                "band_method": self.band_method,
-                "level": self.level, "intervals": intervals, "n_draws": len(self.draws),
-                "draws": [dict(d) for d in self.draws], "residual_sigma_log": self.sigma,
-            },
-            "metric": self.metric,
-            "conventions": conventions(),
-            "inputs": dict(self.inputs),
-            "diagnostics": dict(self.diagnostics),
-            "created": self.created or _dt.datetime.now(_dt.timezone.utc).isoformat(
-                timespec="seconds"),
-            "tool_version": __version__,
         }
 
     @classmethod
     def from_json(cls, obj: dict, *, path=None) -> CurveLaw:
         def bad(field_, msg):
-            return InputError(msg, path=path, field=field_)
-        if not str(obj.get("schema", "")).startswith("law/"):
-            raise bad("schema", f"expected 'law/<version>', got {obj.get('schema')!r}")
-        form = obj.get("form")
-        if form not in FORMS:
-            raise bad("form", f"not a curve law form ({sorted(FORMS)}): {form!r}")
+            return InputError(msg, path=str(path) if path else "<law>", field=field_)
+        form = lawjson.check_envelope(obj, path=path, forms=tuple(FORMS))
         curve = obj.get("curve")
         if not isinstance(curve, dict):
             raise bad("curve", "missing or not an object")
@@ -745,39 +756,45 @@ class CurveLaw:
         if scaled and (size_variable not in SIZE_VARIABLES
                        or not isinstance(size_ref, (int, float))):
             raise bad("curve.size_ref", "a size-scaled law needs size_variable and size_ref")
-        return cls(form=form, params={k: float(v) for k, v in params.items()},
+        level = number(unc.get("level", 0.9), field="uncertainty.level",
+                       path=str(path) if path else "<law>", lo=0, hi=1, lo_open=True,
+                       hi_open=True)
+        order = need + sorted(set(params) - set(need))   # the form's order (files may sort)
+        return cls(form=form, params={k: float(params[k]) for k in order},
                    lr_scale=lr_scale, metric=obj.get("metric"), scaled=scaled,
                    size_variable=size_variable if scaled else None,
                    size_ref=float(size_ref) if scaled else None,
                    fixed={k: float(v) for k, v in (obj.get("fixed") or {}).items()},
                    draws=[{k: float(v) for k, v in d.items()} for d in draws], sigma=sigma,
-                   level=float(unc.get("level", 0.9)), node_every=curve.get("node_every"),
+                   level=level, node_every=curve.get("node_every"),
                    diagnostics=obj.get("diagnostics") or {}, inputs=obj.get("inputs") or {},
-                   created=obj.get("created"))
+                   created=obj.get("created"), conventions=obj.get("conventions"),
+                   tool_version=obj.get("tool_version"))
 
-    def report(self) -> str:
-        j = self.to_json()
-        lines = [f"curve law: {self.form} ({j['expression']})",
-                 (f"  fitted on {self.inputs.get('n_runs')} runs, {self.inputs.get('n_points')} "
-                 f"points; metric {self.metric or '-'}; LR unit {self.lr_scale:.4g}")]
-        if self.size_ref is not None:
-            lines.append(f"  size scaling in {self.size_variable} around {self.size_ref:.4g}: "
-                         f"{', '.join(self.scaled)}")
-        iv = j["uncertainty"]["intervals"]
-        for k, v in self.params.items():
-            band = (f"  [{iv[k][0]:.5g}, {iv[k][1]:.5g}]" if k in iv
-                    else ("  (fixed)" if k in self.fixed else "  (no interval)"))
-            lines.append(f"  {k:>14} = {v:.6g}{band}")
+    def _report_lines(self) -> list[str]:
         d = self.diagnostics
-        lines.append(f"  objective {d.get('objective', float('nan')):.6g}, converged "
-                     f"{d.get('converged')}, at bounds {d.get('at_bounds') or 'none'}; residual "
-                     f"sigma (log) {self.sigma:.3g}; {len(self.draws)} bootstrap draws")
-        if len(self.draws) < 2:
-            lines.append("  band: cannot be computed (fewer than 2 bootstrap draws) -> NaN")
-        auto = d.get("auto")
-        if auto:
-            lines.append(f"form chosen by --form auto: {auto['chosen']} ({auto['why']})")
-        return "\n".join(lines)
+        lines = [f"schedule: LRs in units of {self.lr_scale:.4g} (the largest LR fitted)"]
+        if self.size_ref is not None:
+            lines.append(f"size scaling: {', '.join(self.scaled)} are power laws of "
+                         f"{self.size_variable} around {self.size_ref:.4g}")
+        lines += parameter_lines(self, {k: " (fixed)" for k in self.fixed}, {},
+                                 "fix it with --fix NAME=VALUE")
+
+        def g(key):
+            v = d.get(key)
+            return "n/a" if not isinstance(v, (int, float)) else f"{v:.4g}"
+        lines.append(f"solver: summed Huber(delta={d.get('huber_delta')}) on log loss = "
+                     f"{g('objective')}; {d.get('n_starts')} starts; best converged: "
+                     f"{d.get('converged')}")
+        lines.append(f"fit: rmse(log) {g('rms_log_residual')}, mean |rel residual| "
+                     f"{g('mean_abs_rel_error')}, residual sigma (log) {self.sigma:.3g}")
+        if len(self.draws) >= 2:
+            lines.append(f"bootstrap: {len(self.draws)} run-level replicates (whole runs "
+                         "resampled, each refitted from the estimate)")
+        else:
+            lines.append("bootstrap: none (fewer than 2 draws): the band cannot be computed "
+                         "and is NaN")
+        return lines + auto_lines(d.get("auto"))
 
 
 # ------------------------------------------------------------------------------ fitting
@@ -981,6 +998,33 @@ def _fit_curve_law(df, form, bootstrap, level, seed, *, metric, fix, size_column
                     size_ref=size_ref, fixed={k: float(v) for k, v in fix.items()}, draws=draws,
                     sigma=sigma, level=level, node_every=node_every, diagnostics=diagnostics,
                     inputs=inputs)
+
+
+def _identifiability(model: _Model, at_bounds, intervals: dict, level: float) -> dict:
+    """Parameters the curves do not pin down, with why (fit.result.LawResult.identifiability):
+    the estimate at a bound of its range, or its bootstrap interval reaching one (a flat
+    direction: the replicates run to the edge, as B and beta do on curves without a decay)."""
+    flags: dict[str, list[str]] = {}
+    for i in model.free:
+        spec, why = model.specs[i], []
+        if spec.name in at_bounds:
+            why.append("estimate at a bound of its range")
+        iv = intervals.get(spec.name)
+        if iv is not None:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                th = []
+                for v in iv:
+                    try:
+                        th.append(spec.to_theta(v))
+                    except ValueError:
+                        th.append(math.nan)
+            for b in (spec.lo, spec.hi):
+                if any(abs(t - b) < 1e-6 for t in th):
+                    why.append(f"its {level:.0%} interval reaches the bound "
+                               f"{spec.from_theta(b):.3g} of its range")
+        if why:
+            flags[spec.name] = why
+    return {"flags": flags, "unidentified": sorted(flags)}
 
 
 def _bootstrap(model: _Model, runs: list[_Run], theta: np.ndarray, n: int, seed: int,
