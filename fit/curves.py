@@ -38,10 +38,12 @@ Conventions (ours, written into law.json):
 Fitting: Huber loss (delta 1e-3) on log residuals, summed (not averaged: averaging stops L-BFGS
 early, the Chinchilla-refit lesson of Besiroglu et al. 2024); starts from a grid over the
 nonlinear parameters with the linear ones (L0, A, B or L0, A, C) solved by non-negative least
-squares, then L-BFGS-B (scipy) from the best few. Bands: run-level bootstrap (resample whole runs
-with replacement, refit from the estimate) for parameter uncertainty, plus the RMS log residual
-of the fit as run-to-run and point noise, combined by Monte Carlo in log space. Fewer than 2
-draws -> NaN band with a warning, never a zero-width one.
+squares, then the best few polished together by fit.solver's batched L-BFGS within the
+parameters' bounds (``fit.solver.polish``, the Chinchilla family's last stage too). Bands:
+run-level bootstrap (resample whole runs with replacement: ``fit.solver.run_weights``; every
+distinct resample refitted from the estimate, all at once) for parameter uncertainty, plus the
+RMS log residual of the fit as run-to-run and point noise, combined by Monte Carlo in log space.
+Fewer than 2 draws -> NaN band with a warning, never a zero-width one.
 
 Across model sizes: with runs of several sizes (``active_params`` column by default), the
 parameters named in ``scaled`` (default L0 and A) are power laws of size,
@@ -70,7 +72,9 @@ from fit.lr_schedules import NamedSchedule, lr_from_samples, parse_schedule
 from fit.prediction import Prediction
 from fit.report import auto_lines, parameter_lines
 from fit.result import LawResult
+from fit.solver import percentile_interval, polish, run_weights
 from ladder.io import InputError, number, sha256_of
+
 HUBER_DELTA = 1e-3      # on log residuals, as the Chinchilla refits (Besiroglu et al. 2024)
 LOG_LR_STEP = 0.05      # blocks never span more than ~5% of LR change (see _design)
 MAX_NODES = 500         # annealing-sum blocks per run (see module doc)
@@ -421,31 +425,58 @@ def _objective_grad(model: _Model, theta: np.ndarray, runs, delta: float,
     return tot, g
 
 
-def _minimize(model: _Model, theta0: np.ndarray, runs, delta: float, maxiter: int = 3000):
-    from scipy.optimize import minimize
+# The curve fits' stopping test (fit.solver.lbfgs, per row): a relative decrease of the summed
+# Huber objective below FIT_FTOL on two successive iterations, or max |projected gradient| below
+# FIT_GTOL. scipy's L-BFGS-B, which these fits used before, stopped at an absolute decrease of
+# 1e-15 (its ftol relative to max(|f|, 1); the objective here is ~1e-4-1e-2); this is that test
+# relative to f itself (docs/LOG.md, 2026-12-01: the same held-out errors on Luo et al.'s curves).
+FIT_FTOL = 1e-12
+FIT_GTOL = 1e-12
+FIT_MAX_ITER = 3000
+# a bootstrap refit starts at the estimate, to the same tolerance: at 1e-9 or 1e-10 one of the
+# 10 distinct refits on Luo et al.'s 25M curves stopped elsewhere along a flat direction and the
+# band moved by 1.6e-4 of the loss; at 1e-12 the band is main's (scipy's) to 3.5e-5 (docs/LOG.md)
+BOOT_FTOL = FIT_FTOL
+BOOT_MAX_ITER = 500
 
-    runs = _stack(runs)
-    if not model.free:
-        return theta0, _objective(model, theta0, runs, delta), True
 
-    def f(x):
-        val, g = _objective_grad(model, model.full_theta(x, theta0), runs, delta)
-        return val, g[model.free]
+def _minimize(model: _Model, theta0: np.ndarray, runs, delta: float, *,
+              per_row: bool = False, max_iter: int = FIT_MAX_ITER, ftol: float = FIT_FTOL):
+    """Polish every row of ``theta0`` (S, P: full parameter vectors), all at once by
+    fit.solver's batched L-BFGS within the parameters' bounds, on ``runs`` (every row the same
+    runs) or with ``per_row``, on ``runs[row]`` (a bootstrap replicate's). (theta (S, P),
+    objective (S,), converged (S,), index of the lowest objective)."""
+    theta0 = np.atleast_2d(np.asarray(theta0, dtype=float))
+    rows_runs = [_stack(r) for r in runs] if per_row else [_stack(runs)] * len(theta0)
+    free = model.free
+    if not free:
+        f = np.array([_objective(model, th, r, delta) for th, r in zip(theta0, rows_runs)])
+        return theta0, f, np.ones(len(f), dtype=bool), int(np.argmin(f))
 
-    bounds = model.bounds()
-    x0 = np.clip(theta0[model.free], [b[0] for b in bounds], [b[1] for b in bounds])
-    res = minimize(f, x0, jac=True, method="L-BFGS-B", bounds=bounds,
-                   options={"maxiter": maxiter, "maxfun": 4 * maxiter, "ftol": 1e-15,
-                            "gtol": 1e-12})
-    return model.full_theta(res.x, theta0), float(res.fun), bool(res.success)
+    def fg(X, rows):
+        F = np.empty(len(rows))
+        G = np.empty((len(rows), len(free)))
+        for j, r in enumerate(rows):
+            F[j], g = _objective_grad(model, model.full_theta(X[j], theta0[r]), rows_runs[r],
+                                      delta)
+            G[j] = g[free]
+        return F, G
+
+    lo, hi = (np.array(b) for b in zip(*model.bounds()))
+    i, res = polish(fg, theta0[:, free], bounds=(lo, hi), ftol=ftol, gtol=FIT_GTOL,
+                    max_iter=max_iter)
+    theta = theta0.copy()
+    theta[:, free] = res.x
+    return theta, res.f, res.converged, i
 
 
 @contextlib.contextmanager
 def _single_thread_blas():
-    """Run OpenBLAS single-threaded inside the block (restored after). L-BFGS-B's BLAS calls on
-    7-10 variables are tiny; multithreaded they spend most of their time starting and spinning
-    threads: a bootstrap refit took 3.5x the CPU time with the default threads on a 2-core
-    machine (measured here). Linux, OpenBLAS only; anything unexpected -> no change."""
+    """Run OpenBLAS single-threaded inside the block (restored after). The fits' BLAS calls
+    (the gradient's dot products, NNLS of the starts) are tiny; multithreaded they spend most of
+    their time starting and spinning threads: a bootstrap refit took 3.5x the CPU time with the
+    default threads on a 2-core machine (measured here, with scipy's L-BFGS-B, before
+    fit.solver's L-BFGS took over). Linux, OpenBLAS only; anything unexpected -> no change."""
     import ctypes
 
     handles = []
@@ -535,12 +566,8 @@ def _fit_one_size(model: _Model, runs: Sequence[_Run], delta: float, n_starts: i
     if not cands:
         raise InputError("no valid starting point for the fit (check the data)", field="loss")
     cands.sort(key=lambda c: c[0])
-    best = None
-    for _, th0 in cands[:n_starts]:
-        th, obj, ok = _minimize(model, th0, runs, delta)
-        if best is None or obj < best[1]:
-            best = (th, obj, ok)
-    return best + (min(n_starts, len(cands)),)
+    th, f, ok, i = _minimize(model, np.array([c[1] for c in cands[:n_starts]]), runs, delta)
+    return th[i], float(f[i]), bool(ok[i]), min(n_starts, len(cands))
 
 
 # ------------------------------------------------------------------------------- results
@@ -588,13 +615,10 @@ class CurveLaw(LawResult, forms=tuple(FORMS)):
     def intervals(self) -> dict:
         """name -> [lo, hi]: percentiles of the bootstrap draws at ``level`` (none with fewer
         than 2 draws)."""
-        out = {}
-        if len(self.draws) >= 2:
-            q = (1 - self.level) / 2
-            for k in self.params:
-                vals = np.array([d[k] for d in self.draws])
-                out[k] = [float(np.quantile(vals, q)), float(np.quantile(vals, 1 - q))]
-        return out
+        if len(self.draws) < 2:
+            return {}
+        return {k: [float(v) for v in percentile_interval(np.array([d[k] for d in self.draws]),
+                                                            self.level)] for k in self.params}
 
     @property
     def identifiability(self) -> dict:
@@ -966,12 +990,9 @@ def _fit_curve_law(df, form, bootstrap, level, seed, *, metric, fix, size_column
                                     huber_delta),
                          np.clip(model.theta_of(v), lo, hi)) for v in starts),
                        key=lambda c: c[0])
-        best = None
-        for _, th0 in cands[:max(1, n_starts // 2)]:
-            th, o, k_ok = _minimize(model, th0, stacked, huber_delta)
-            if best is None or o < best[1]:
-                best = (th, o, k_ok)
-        theta, obj, ok = best
+        th, f, conv, i = _minimize(model, np.array([c[1] for c in cands[:max(1, n_starts // 2)]]),
+                                   stacked, huber_delta)
+        theta, obj, ok = th[i], float(f[i]), bool(conv[i])
         n_local = len(cands)
 
     values = model.values(theta)
@@ -1041,24 +1062,21 @@ def _bootstrap(model: _Model, runs: list[_Run], theta: np.ndarray, n: int, seed:
     if multi and len({r.size0 for r in runs}) < need:
         return []
     rng = np.random.default_rng(seed)
-    draws = []
+    counts = run_weights(rng, len(runs), n, bayesian=False,
+                         accept=lambda pick: len({runs[i].size0 for i in pick}) >= need)
     # a replicate is a multiset of runs: the same multiset is the same refit, so each distinct
     # one is fitted once (3 runs of one size have only 10 multisets: 200 replicates cost 10
-    # refits instead of 200, with identical draws)
-    fitted: dict[tuple[int, ...], dict] = {}
-    for _ in range(n):
-        for _try in range(50):
-            pick = rng.integers(0, len(runs), len(runs))
-            if len({runs[i].size0 for i in pick}) >= need:
-                break
-        else:
-            continue
-        key = tuple(sorted(int(i) for i in pick))
-        if key not in fitted:
-            th, _, _ = _minimize(model, theta, [runs[i] for i in key], delta, maxiter=500)
-            fitted[key] = model.values(th)
-        draws.append(dict(fitted[key]))
-    return draws
+    # refits instead of 200, with identical draws); all of them at once (fit.solver's batched
+    # L-BFGS), each from the estimate
+    keys = [tuple(np.repeat(np.arange(len(runs)), c.astype(int))) for c in counts]
+    distinct = sorted(set(keys))
+    if not distinct:
+        return []
+    th, _f, _ok, _i = _minimize(model, np.tile(theta, (len(distinct), 1)),
+                                [[runs[i] for i in key] for key in distinct], delta,
+                                per_row=True, max_iter=BOOT_MAX_ITER, ftol=BOOT_FTOL)
+    fitted = {key: model.values(th[j]) for j, key in enumerate(distinct)}
+    return [dict(fitted[key]) for key in keys]
 
 
 def schedules_from_sources(sources) -> dict[str, np.ndarray]:

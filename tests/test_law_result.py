@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fit import LawResult, load_law
@@ -68,3 +69,52 @@ def test_the_reader_names_the_field_of_a_bad_file(form, mutate, field):
     with pytest.raises(InputError) as e:
         LawResult.from_json(obj, path="law.json")
     assert e.value.field == field and "law.json" in str(e.value)
+
+
+# ----------------------------------------------------------------- one optimiser, one bootstrap
+
+def test_the_batched_lbfgs_within_bounds_finds_the_constrained_optimum():
+    # f(x) = sum_i (x_i - c_i)^2 / s_i^2 + x_0 x_1 / 4 in the box [0, 1]^2 x [-1, 3]: each row is
+    # its own problem (its own centre c); the reference is scipy's L-BFGS-B on each row alone
+    from scipy.optimize import minimize
+
+    from fit.solver import lbfgs
+    rng = np.random.default_rng(0)
+    C = rng.uniform(-2, 3, (6, 3))
+    s2 = np.array([1.0, 4.0, 0.25])
+    lo, hi = np.array([0.0, 0.0, -1.0]), np.array([1.0, 1.0, 3.0])
+
+    def fg(X, rows):
+        d = X - C[rows]
+        f = (d * d / s2).sum(axis=1) + X[:, 0] * X[:, 1] / 4
+        g = 2 * d / s2
+        g[:, 0] += X[:, 1] / 4
+        g[:, 1] += X[:, 0] / 4
+        return f, g
+
+    r = lbfgs(fg, np.full((6, 3), 0.5), bounds=(lo, hi), gtol=1e-10, ftol=1e-15)
+    assert r.converged.all()
+    for i in range(6):
+        ref = minimize(lambda x, i=i: fg(x[None], np.array([i]))[0][0], np.full(3, 0.5),
+                       jac=lambda x, i=i: fg(x[None], np.array([i]))[1][0],
+                       method="L-BFGS-B", bounds=list(zip(lo, hi)),
+                       options={"ftol": 1e-15, "gtol": 1e-12})
+        np.testing.assert_allclose(r.x[i], ref.x, atol=1e-7)
+    assert np.all((r.x >= lo) & (r.x <= hi))
+    assert np.any(r.x == lo) or np.any(r.x == hi)  # some rows' optima are on the box
+
+
+def test_run_weights_and_percentile_interval():
+    from fit.solver import percentile_interval, run_weights
+    w = run_weights(np.random.default_rng(1), 5, 300)
+    assert w.shape == (300, 5) and np.all(w > 0)
+    np.testing.assert_allclose(w.sum(axis=1), 5.0)
+    # multinomial: whole runs, counts that sum to the number of runs; a rule every replicate
+    # must meet (here: run 0 drawn at least twice) is met, the few that never do are left out
+    c = run_weights(np.random.default_rng(1), 4, 200, bayesian=False,
+                    accept=lambda pick: (pick == 0).sum() >= 2, tries=3)
+    assert 0 < len(c) < 200 and np.all(c.sum(axis=1) == 4) and np.all(c[:, 0] >= 2)
+    assert np.array_equal(c, np.round(c))
+    x = np.random.default_rng(2).standard_normal(10001)
+    lo, hi = percentile_interval(x, 0.9)
+    assert (lo, hi) == pytest.approx((np.percentile(x, 5), np.percentile(x, 95)), rel=1e-12)
