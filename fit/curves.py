@@ -397,8 +397,10 @@ def _objective(model: _Model, theta: np.ndarray, runs, delta: float) -> float:
 
 
 def _objective_grad(model: _Model, theta: np.ndarray, runs, delta: float,
-                    eps: float = 1e-6) -> tuple[float, np.ndarray]:
-    """The summed Huber objective and its exact gradient in theta (all parameters)."""
+                    eps: float = 1e-6, weights: np.ndarray | None = None
+                    ) -> tuple[float, np.ndarray]:
+    """The summed Huber objective and its exact gradient in theta (all parameters).
+    ``weights``: one per point (a bootstrap replicate's run counts), else all 1."""
     run = _stack(runs)
     v = model.values(theta)
     g = np.zeros(len(model.specs))
@@ -406,8 +408,11 @@ def _objective_grad(model: _Model, theta: np.ndarray, runs, delta: float,
     p = model.run_params(v, run.size)
     pred, d = _curve_grad(model.form, p, run)
     r = _safe_log(pred, eps) - np.log(run.y)
-    tot = float(_huber(r, delta).sum())
+    h = _huber(r, delta)
     w = np.clip(r, -delta, delta) / np.where(pred >= eps, pred, eps)   # dHuber/dpred
+    if weights is not None:
+        h, w = h * weights, w * weights
+    tot = float(h.sum())
     for name, dp in d.items():
         if name in model.scaled:                 # p_row = p * (size/ref)^e
             wdp = w * dp * p[name]
@@ -433,21 +438,28 @@ def _objective_grad(model: _Model, theta: np.ndarray, runs, delta: float,
 FIT_FTOL = 1e-12
 FIT_GTOL = 1e-12
 FIT_MAX_ITER = 3000
-# a bootstrap refit starts at the estimate, to the same tolerance: at 1e-9 or 1e-10 one of the
-# 10 distinct refits on Luo et al.'s 25M curves stopped elsewhere along a flat direction and the
-# band moved by 1.6e-4 of the loss; at 1e-12 the band is main's (scipy's) to 3.5e-5 (docs/LOG.md)
+# a bootstrap refit starts at the estimate, to the same tolerance (at 1e-9 or 1e-10 one of the 10
+# distinct refits on Luo et al.'s 25M curves stopped early along a flat direction). Replicates of
+# one or two distinct schedules (one schedule drawn three times) leave B, C and beta unidentified
+# and stop at BOOT_MAX_ITER, as they did with scipy's L-BFGS-B, at other points of the same flat
+# valley (on 100M: 0.3% and 0.9% above scipy's objective, 5.5% below): bands differ from main's
+# by up to 0.8% of the loss on 100M, 0.03% on 25M, 4e-6 on 400M (docs/LOG.md, 2026-12-01); every
+# other refit reaches scipy's optimum to 1e-12
 BOOT_FTOL = FIT_FTOL
 BOOT_MAX_ITER = 500
 
 
 def _minimize(model: _Model, theta0: np.ndarray, runs, delta: float, *,
-              per_row: bool = False, max_iter: int = FIT_MAX_ITER, ftol: float = FIT_FTOL):
+              per_row: bool = False, weights=None, max_iter: int = FIT_MAX_ITER,
+              ftol: float = FIT_FTOL):
     """Polish every row of ``theta0`` (S, P: full parameter vectors), all at once by
     fit.solver's batched L-BFGS within the parameters' bounds, on ``runs`` (every row the same
-    runs) or with ``per_row``, on ``runs[row]`` (a bootstrap replicate's). (theta (S, P),
-    objective (S,), converged (S,), index of the lowest objective)."""
+    runs) or with ``per_row``, on ``runs[row]`` with per-point ``weights[row]`` (a bootstrap
+    replicate's runs and counts). (theta (S, P), objective (S,), converged (S,), index of the
+    lowest objective)."""
     theta0 = np.atleast_2d(np.asarray(theta0, dtype=float))
     rows_runs = [_stack(r) for r in runs] if per_row else [_stack(runs)] * len(theta0)
+    rows_w = weights if per_row and weights is not None else [None] * len(theta0)
     free = model.free
     if not free:
         f = np.array([_objective(model, th, r, delta) for th, r in zip(theta0, rows_runs)])
@@ -458,7 +470,7 @@ def _minimize(model: _Model, theta0: np.ndarray, runs, delta: float, *,
         G = np.empty((len(rows), len(free)))
         for j, r in enumerate(rows):
             F[j], g = _objective_grad(model, model.full_theta(X[j], theta0[r]), rows_runs[r],
-                                      delta)
+                                      delta, weights=rows_w[r])
             G[j] = g[free]
         return F, G
 
@@ -1072,9 +1084,14 @@ def _bootstrap(model: _Model, runs: list[_Run], theta: np.ndarray, n: int, seed:
     distinct = sorted(set(keys))
     if not distinct:
         return []
-    th, _f, _ok, _i = _minimize(model, np.tile(theta, (len(distinct), 1)),
-                                [[runs[i] for i in key] for key in distinct], delta,
-                                per_row=True, max_iter=BOOT_MAX_ITER, ftol=BOOT_FTOL)
+    # each distinct run of a replicate evaluated once, its points weighted by its count (the
+    # same objective as stacking the copies; a third less work on 3 runs)
+    picked = [np.unique(key, return_counts=True) for key in distinct]
+    th, _f, _ok, _i = _minimize(
+        model, np.tile(theta, (len(distinct), 1)), [[runs[i] for i in idx] for idx, _ in picked],
+        delta, per_row=True, max_iter=BOOT_MAX_ITER, ftol=BOOT_FTOL,
+        weights=[np.concatenate([np.full(runs[i].t.size, float(c)) for i, c in zip(idx, cnt)])
+                 for idx, cnt in picked])
     fitted = {key: model.values(th[j]) for j, key in enumerate(distinct)}
     return [dict(fitted[key]) for key in keys]
 
@@ -1104,9 +1121,15 @@ def schedules_from_sources(sources) -> dict[str, np.ndarray]:
 
 
 def load_curve_law(path) -> CurveLaw:
+    """A law.json file that must hold a curve law (the one reader, LawResult.from_json)."""
     from ladder.io import read_json
 
-    return CurveLaw.from_json(read_json(path, schema="law"), path=path)
+    law = LawResult.from_json(read_json(path, schema="law"), path=path)
+    if not isinstance(law, CurveLaw):
+        raise InputError(f"a {law.form} law predicts at points, not along a schedule: "
+                         "--schedule needs a curve law (--form mpl or momentum)", path=path,
+                         field="form")
+    return law
 
 
 def predict_schedule_main(args) -> int:
