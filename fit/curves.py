@@ -60,6 +60,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import math
+import time
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -70,7 +71,7 @@ import numpy as np
 import fit.lawjson as lawjson
 from fit.lr_schedules import NamedSchedule, lr_from_samples, parse_schedule
 from fit.prediction import Prediction
-from fit.report import auto_lines, parameter_lines
+from fit.report import auto_lines, bootstrap_line, parameter_lines
 from fit.result import LawResult
 from fit.solver import percentile_interval, polish, run_weights
 from ladder.io import InputError, number, sha256_of
@@ -824,12 +825,11 @@ class CurveLaw(LawResult, forms=tuple(FORMS)):
                      f"{d.get('converged')}")
         lines.append(f"fit: rmse(log) {g('rms_log_residual')}, mean |rel residual| "
                      f"{g('mean_abs_rel_error')}, residual sigma (log) {self.sigma:.3g}")
-        if len(self.draws) >= 2:
-            lines.append(f"bootstrap: {len(self.draws)} run-level replicates (whole runs "
-                         "resampled, each refitted from the estimate)")
-        else:
-            lines.append("bootstrap: none (fewer than 2 draws): the band cannot be computed "
-                         "and is NaN")
+        b = d.get("bootstrap") or {"replicates": len(self.draws), "valid": len(self.draws)}
+        lines.append(bootstrap_line(b, "whole runs resampled, each distinct resample refitted "
+                                       "from the estimate") if len(self.draws) >= 2 else
+                     "bootstrap: none (fewer than 2 draws): the band cannot be computed and is "
+                     "NaN")
         return lines + auto_lines(d.get("auto"))
 
 
@@ -1018,11 +1018,12 @@ def _fit_curve_law(df, form, bootstrap, level, seed, *, metric, fix, size_column
                        huber_delta=huber_delta, rms_log_residual=float(np.sqrt(np.mean(resid**2))),
                        mean_abs_rel_error=float(np.mean(np.abs(np.expm1(resid)))))
 
-    draws = _bootstrap(model, runs, theta, bootstrap, seed, huber_delta, multi)
+    draws, boot_info = _bootstrap(model, runs, theta, bootstrap, seed, huber_delta, multi)
     if bootstrap and len(draws) < 2:
         warnings.warn("run-level bootstrap impossible (too few runs or sizes): bands are NaN",
                       stacklevel=2)
     diagnostics["n_bootstrap_ok"] = len(draws)
+    diagnostics["bootstrap"] = boot_info
     import pandas as pd
     inputs = {"sha256": sha256_of(pd.DataFrame(df).astype(str).to_dict(orient="list")),
               "n_points": n_points, "n_runs": len(runs), "runs": data.names}
@@ -1067,12 +1068,16 @@ def _bootstrap(model: _Model, runs: list[_Run], theta: np.ndarray, n: int, seed:
     a draw must keep more distinct sizes than it has size exponents (else the exponents are an
     exact interpolation of two points and extrapolate wildly: with 4 rungs and 2-size draws the
     90% band of a 3.6x extrapolation reached +120%, measured on synthetic ladders); such draws
-    are redrawn, up to 50 times each."""
+    are redrawn, up to 50 times each. (draws, the record report() and law.json show: the
+    Chinchilla family's keys, fit.estimate._bootstrap)."""
+    t0 = time.perf_counter()
+    info = {"replicates": int(n), "valid": 0, "degenerate": int(n), "not_converged": 0,
+            "seed": int(seed), "resampled": "runs"}
     if n <= 0 or len(runs) < 2:
-        return []
+        return [], info
     need = len(model.scaled) + 1 if multi else 1
     if multi and len({r.size0 for r in runs}) < need:
-        return []
+        return [], info
     rng = np.random.default_rng(seed)
     counts = run_weights(rng, len(runs), n, bayesian=False,
                          accept=lambda pick: len({runs[i].size0 for i in pick}) >= need)
@@ -1083,7 +1088,7 @@ def _bootstrap(model: _Model, runs: list[_Run], theta: np.ndarray, n: int, seed:
     keys = [tuple(np.repeat(np.arange(len(runs)), c.astype(int))) for c in counts]
     distinct = sorted(set(keys))
     if not distinct:
-        return []
+        return [], info
     # each distinct run of a replicate evaluated once, its points weighted by its count (the
     # same objective as stacking the copies; a third less work on 3 runs)
     picked = [np.unique(key, return_counts=True) for key in distinct]
@@ -1093,7 +1098,13 @@ def _bootstrap(model: _Model, runs: list[_Run], theta: np.ndarray, n: int, seed:
         weights=[np.concatenate([np.full(runs[i].t.size, float(c)) for i, c in zip(idx, cnt)])
                  for idx, cnt in picked])
     fitted = {key: model.values(th[j]) for j, key in enumerate(distinct)}
-    return [dict(fitted[key]) for key in keys]
+    stopped = {key for j, key in enumerate(distinct) if not _ok[j]}
+    # a refit that stopped at BOOT_MAX_ITER is kept, as it always was (a replicate of one or two
+    # schedules has a flat direction; see BOOT_FTOL), and counted
+    info.update(valid=len(keys), degenerate=int(n) - len(keys),
+                not_converged=sum(key in stopped for key in keys),
+                distinct_refits=len(distinct), seconds=round(time.perf_counter() - t0, 3))
+    return [dict(fitted[key]) for key in keys], info
 
 
 def schedules_from_sources(sources) -> dict[str, np.ndarray]:

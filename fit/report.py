@@ -54,6 +54,13 @@ def parameter_lines(r, tags: dict[str, str], warnings: dict[str, str], hint: str
     return lines
 
 
+def bootstrap_line(b: dict, how: str = "") -> str:
+    """The run-level bootstrap's record (diagnostics.bootstrap), any kind."""
+    return (f"bootstrap: {b['valid']} of {b['replicates']} run-level replicates usable "
+            f"({b.get('degenerate', 0)} degenerate, {b.get('not_converged', 0)} not converged)"
+            + (f"; {how}" if how else ""))
+
+
 def auto_lines(auto) -> list[str]:
     """How ``--form auto`` chose (diagnostics.auto), any kind."""
     if not auto:
@@ -107,9 +114,7 @@ def fit_lines(r) -> list[str]:
                      f"{d.get('points_note')}")
         b = d.get("bootstrap", {})
         if b.get("replicates"):
-            lines.append(f"bootstrap: {b['valid']} of {b['replicates']} run-level replicates "
-                         f"usable ({b.get('degenerate', 0)} degenerate, "
-                         f"{b.get('not_converged', 0)} not converged)")
+            lines.append(bootstrap_line(b))
         else:
             lines.append("bootstrap: none (bands from the Student-t lack-of-fit interval only)")
     al = d.get("allocation")

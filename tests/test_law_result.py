@@ -118,3 +118,22 @@ def test_run_weights_and_percentile_interval():
     x = np.random.default_rng(2).standard_normal(10001)
     lo, hi = percentile_interval(x, 0.9)
     assert (lo, hi) == pytest.approx((np.percentile(x, 5), np.percentile(x, 95)), rel=1e-12)
+
+
+def test_a_curve_fit_records_its_bootstrap_as_the_chinchilla_family_does():
+    import warnings
+
+    from test_curves_laws import MPL_TRUE, mpl_reference, table  # tests/ is on sys.path
+
+    from fit.curves import fit_curve_law
+    train = table(mpl_reference, MPL_TRUE, ["cosine", "wsd", "wsd_long"], noise=1e-3, seed=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        law = fit_curve_law(train, "mpl", bootstrap=30, seed=2, n_starts=2)
+    b = law.diagnostics["bootstrap"]
+    assert b["replicates"] == 30 and b["valid"] == len(law.draws) == 30 - b["degenerate"]
+    # 3 runs have 10 multisets: at most 10 distinct refits, each replicate one of them
+    assert 1 <= b["distinct_refits"] <= 10 and 0 <= b["not_converged"] <= 30
+    assert f"bootstrap: {b['valid']} of 30 run-level replicates usable" in law.report()
+    assert LawResult.from_json(json.loads(json.dumps(law.to_json()))).diagnostics[
+        "bootstrap"] == b
