@@ -86,19 +86,24 @@ MAX_NODES = 500         # annealing-sum blocks per run (see module doc)
 
 @dataclass(frozen=True)
 class _Param:
+    """A curve-law parameter in the solver's convention of fit.forms.Param: the solver works on
+    ``u`` (``to_u``; ``to_display`` back). Unlike a Chinchilla-family parameter, whose
+    ``bounds`` are a plausible display-space range that is flagged, not enforced, ``lo``/``hi``
+    bound ``u`` itself and the solver keeps it inside (fit.solver.lbfgs ``bounds``, as scipy's
+    L-BFGS-B did before)."""
     name: str
-    transform: str      # "log": theta = log(p); "raw": theta = p; "log1m": theta = log(1 - p)
-    lo: float           # bounds on theta
+    transform: str      # "log": u = log(p); "raw": u = p; "log1m": u = log(1 - p)
+    lo: float           # bounds on u
     hi: float
 
-    def to_theta(self, p: float) -> float:
+    def to_u(self, p: float) -> float:
         if self.transform == "log":
             return math.log(p)
         if self.transform == "log1m":
             return math.log(1.0 - p)
         return float(p)
 
-    def from_theta(self, t: float) -> float:
+    def to_display(self, t: float) -> float:
         if self.transform == "log":
             return math.exp(t)
         if self.transform == "log1m":
@@ -361,22 +366,22 @@ class _Model:
         for k, v in self.fix.items():
             spec = self.specs[self.names.index(k)]
             try:
-                th = spec.to_theta(v)
+                th = spec.to_u(v)
             except ValueError:
                 th = float("nan")
             if not spec.lo <= th <= spec.hi:
                 raise InputError(f"fixed value {k}={v} is outside the allowed range", field="fix")
 
-    def full_theta(self, free_theta: np.ndarray, template: np.ndarray) -> np.ndarray:
+    def full_u(self, free_u: np.ndarray, template: np.ndarray) -> np.ndarray:
         th = template.copy()
-        th[self.free] = free_theta
+        th[self.free] = free_u
         return th
 
-    def theta_of(self, values: dict) -> np.ndarray:
-        return np.array([s.to_theta(values[s.name]) for s in self.specs])
+    def u_of(self, values: dict) -> np.ndarray:
+        return np.array([s.to_u(values[s.name]) for s in self.specs])
 
-    def values(self, theta: np.ndarray) -> dict:
-        v = {s.name: s.from_theta(t) for s, t in zip(self.specs, theta)}
+    def values(self, u: np.ndarray) -> dict:
+        v = {s.name: s.to_display(t) for s, t in zip(self.specs, u)}
         v.update(self.fix)
         return v
 
@@ -390,20 +395,20 @@ class _Model:
         return [(self.specs[i].lo, self.specs[i].hi) for i in self.free]
 
 
-def _objective(model: _Model, theta: np.ndarray, runs, delta: float) -> float:
+def _objective(model: _Model, u: np.ndarray, runs, delta: float) -> float:
     run = _stack(runs)
-    pred = _curve(model.form, model.run_params(model.values(theta), run.size), run)
+    pred = _curve(model.form, model.run_params(model.values(u), run.size), run)
     tot = float(_huber(_safe_log(pred) - np.log(run.y), delta).sum())
     return tot if math.isfinite(tot) else 1e300
 
 
-def _objective_grad(model: _Model, theta: np.ndarray, runs, delta: float,
+def _objective_grad(model: _Model, u: np.ndarray, runs, delta: float,
                     eps: float = 1e-6, weights: np.ndarray | None = None
                     ) -> tuple[float, np.ndarray]:
-    """The summed Huber objective and its exact gradient in theta (all parameters).
+    """The summed Huber objective and its exact gradient in u (all parameters).
     ``weights``: one per point (a bootstrap replicate's run counts), else all 1."""
     run = _stack(runs)
-    v = model.values(theta)
+    v = model.values(u)
     g = np.zeros(len(model.specs))
     index = {n: i for i, n in enumerate(model.names)}
     p = model.run_params(v, run.size)
@@ -421,7 +426,7 @@ def _objective_grad(model: _Model, theta: np.ndarray, runs, delta: float,
             g[index[name]] += float(wdp.sum()) / v[name]
         else:
             g[index[name]] += float(w @ dp)
-    # chain rule to theta
+    # chain rule to u
     for i, spec in enumerate(model.specs):
         val = v[spec.name]
         g[i] *= val if spec.transform == "log" else (-(1.0 - val) if spec.transform == "log1m"
@@ -450,37 +455,37 @@ BOOT_FTOL = FIT_FTOL
 BOOT_MAX_ITER = 500
 
 
-def _minimize(model: _Model, theta0: np.ndarray, runs, delta: float, *,
+def _minimize(model: _Model, u0: np.ndarray, runs, delta: float, *,
               per_row: bool = False, weights=None, max_iter: int = FIT_MAX_ITER,
               ftol: float = FIT_FTOL):
-    """Polish every row of ``theta0`` (S, P: full parameter vectors), all at once by
+    """Polish every row of ``u0`` (S, P: full parameter vectors), all at once by
     fit.solver's batched L-BFGS within the parameters' bounds, on ``runs`` (every row the same
     runs) or with ``per_row``, on ``runs[row]`` with per-point ``weights[row]`` (a bootstrap
-    replicate's runs and counts). (theta (S, P), objective (S,), converged (S,), index of the
+    replicate's runs and counts). (u (S, P), objective (S,), converged (S,), index of the
     lowest objective)."""
-    theta0 = np.atleast_2d(np.asarray(theta0, dtype=float))
-    rows_runs = [_stack(r) for r in runs] if per_row else [_stack(runs)] * len(theta0)
-    rows_w = weights if per_row and weights is not None else [None] * len(theta0)
+    u0 = np.atleast_2d(np.asarray(u0, dtype=float))
+    rows_runs = [_stack(r) for r in runs] if per_row else [_stack(runs)] * len(u0)
+    rows_w = weights if per_row and weights is not None else [None] * len(u0)
     free = model.free
     if not free:
-        f = np.array([_objective(model, th, r, delta) for th, r in zip(theta0, rows_runs)])
-        return theta0, f, np.ones(len(f), dtype=bool), int(np.argmin(f))
+        f = np.array([_objective(model, th, r, delta) for th, r in zip(u0, rows_runs)])
+        return u0, f, np.ones(len(f), dtype=bool), int(np.argmin(f))
 
     def fg(X, rows):
         F = np.empty(len(rows))
         G = np.empty((len(rows), len(free)))
         for j, r in enumerate(rows):
-            F[j], g = _objective_grad(model, model.full_theta(X[j], theta0[r]), rows_runs[r],
+            F[j], g = _objective_grad(model, model.full_u(X[j], u0[r]), rows_runs[r],
                                       delta, weights=rows_w[r])
             G[j] = g[free]
         return F, G
 
     lo, hi = (np.array(b) for b in zip(*model.bounds()))
-    i, res = polish(fg, theta0[:, free], bounds=(lo, hi), ftol=ftol, gtol=FIT_GTOL,
+    i, res = polish(fg, u0[:, free], bounds=(lo, hi), ftol=ftol, gtol=FIT_GTOL,
                     max_iter=max_iter)
-    theta = theta0.copy()
-    theta[:, free] = res.x
-    return theta, res.f, res.converged, i
+    u = u0.copy()
+    u[:, free] = res.x
+    return u, res.f, res.converged, i
 
 
 @contextlib.contextmanager
@@ -556,7 +561,7 @@ def _solve_linear(form: str, nl: dict, runs: Sequence[_Run]) -> dict | None:
 
 def _fit_one_size(model: _Model, runs: Sequence[_Run], delta: float, n_starts: int,
                   extra_starts: Iterable[dict] = ()):
-    """Multi-start fit; returns (theta, objective, converged, n_local_fits)."""
+    """Multi-start fit; returns (u, objective, converged, n_local_fits)."""
     runs = _stack(runs)
     T = float(runs.S.max())
     cands = []
@@ -569,7 +574,7 @@ def _fit_one_size(model: _Model, runs: Sequence[_Run], delta: float, n_starts: i
         for n in model.scaled:
             full.setdefault(f"{n}_size_exp", 0.0)
         try:
-            th = model.theta_of(full)
+            th = model.u_of(full)
         except (ValueError, KeyError):
             continue
         lo = np.array([s.lo for s in model.specs])
@@ -972,7 +977,7 @@ def _fit_curve_law(df, form, bootstrap, level, seed, *, metric, fix, size_column
     diagnostics: dict[str, Any] = {"sizes": sizes}
     stacked = _stack(runs)
     if not multi:
-        theta, obj, ok, n_local = _fit_one_size(model, stacked, huber_delta, n_starts)
+        u, obj, ok, n_local = _fit_one_size(model, stacked, huber_delta, n_starts)
     else:
         # stage 1: each size on its own (shape parameters free per size)
         per_size, starts = {}, []
@@ -998,27 +1003,27 @@ def _fit_curve_law(df, form, bootstrap, level, seed, *, metric, fix, size_column
             starts.append(v)
         lo = np.array([p.lo for p in model.specs])
         hi = np.array([p.hi for p in model.specs])
-        cands = sorted(((_objective(model, np.clip(model.theta_of(v), lo, hi), stacked,
+        cands = sorted(((_objective(model, np.clip(model.u_of(v), lo, hi), stacked,
                                     huber_delta),
-                         np.clip(model.theta_of(v), lo, hi)) for v in starts),
+                         np.clip(model.u_of(v), lo, hi)) for v in starts),
                        key=lambda c: c[0])
         th, f, conv, i = _minimize(model, np.array([c[1] for c in cands[:max(1, n_starts // 2)]]),
                                    stacked, huber_delta)
-        theta, obj, ok = th[i], float(f[i]), bool(conv[i])
+        u, obj, ok = th[i], float(f[i]), bool(conv[i])
         n_local = len(cands)
 
-    values = model.values(theta)
+    values = model.values(u)
     resid = (_safe_log(_curve(form, model.run_params(values, stacked.size), stacked))
              - np.log(stacked.y))
     dof = max(1, resid.size - len(model.free))
     sigma = float(np.sqrt(np.sum(resid ** 2) / dof))
     at_bounds = [model.names[i] for i in model.free
-                 if min(theta[i] - model.specs[i].lo, model.specs[i].hi - theta[i]) < 1e-6]
+                 if min(u[i] - model.specs[i].lo, model.specs[i].hi - u[i]) < 1e-6]
     diagnostics.update(objective=obj, converged=ok, at_bounds=at_bounds, n_starts=n_local,
                        huber_delta=huber_delta, rms_log_residual=float(np.sqrt(np.mean(resid**2))),
                        mean_abs_rel_error=float(np.mean(np.abs(np.expm1(resid)))))
 
-    draws, boot_info = _bootstrap(model, runs, theta, bootstrap, seed, huber_delta, multi)
+    draws, boot_info = _bootstrap(model, runs, u, bootstrap, seed, huber_delta, multi)
     if bootstrap and len(draws) < 2:
         warnings.warn("run-level bootstrap impossible (too few runs or sizes): bands are NaN",
                       stacklevel=2)
@@ -1049,19 +1054,19 @@ def _identifiability(model: _Model, at_bounds, intervals: dict, level: float) ->
                 th = []
                 for v in iv:
                     try:
-                        th.append(spec.to_theta(v))
+                        th.append(spec.to_u(v))
                     except ValueError:
                         th.append(math.nan)
             for b in (spec.lo, spec.hi):
                 if any(abs(t - b) < 1e-6 for t in th):
                     why.append(f"its {level:.0%} interval reaches the bound "
-                               f"{spec.from_theta(b):.3g} of its range")
+                               f"{spec.to_display(b):.3g} of its range")
         if why:
             flags[spec.name] = why
     return {"flags": flags, "unidentified": sorted(flags)}
 
 
-def _bootstrap(model: _Model, runs: list[_Run], theta: np.ndarray, n: int, seed: int,
+def _bootstrap(model: _Model, runs: list[_Run], u: np.ndarray, n: int, seed: int,
                delta: float, multi: bool) -> list[dict]:
     """Run-level bootstrap: resample whole runs, refit from the estimate (once per distinct
     multiset of runs). For a size-scaled law
@@ -1093,7 +1098,7 @@ def _bootstrap(model: _Model, runs: list[_Run], theta: np.ndarray, n: int, seed:
     # same objective as stacking the copies; a third less work on 3 runs)
     picked = [np.unique(key, return_counts=True) for key in distinct]
     th, _f, _ok, _i = _minimize(
-        model, np.tile(theta, (len(distinct), 1)), [[runs[i] for i in idx] for idx, _ in picked],
+        model, np.tile(u, (len(distinct), 1)), [[runs[i] for i in idx] for idx, _ in picked],
         delta, per_row=True, max_iter=BOOT_MAX_ITER, ftol=BOOT_FTOL,
         weights=[np.concatenate([np.full(runs[i].t.size, float(c)) for i, c in zip(idx, cnt)])
                  for idx, cnt in picked])
