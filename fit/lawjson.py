@@ -48,20 +48,20 @@ def check_envelope(obj, *, path=None, forms) -> str:
     where = str(path) if path else "<law>"
     if not isinstance(obj, dict):
         raise InputError("expected a JSON object", path=where, field="schema")
-    schema = obj.get("schema")
-    if not isinstance(schema, str):
-        raise InputError("missing" if schema is None else "expected a string", path=where,
-                         field="schema")
+    def string(key):
+        v = obj.get(key)
+        if not isinstance(v, str):
+            raise InputError("missing" if v is None else "expected a string", path=where,
+                             field=key)
+        return v
+    schema = string("schema")
     if not schema.startswith("law/"):
         raise InputError(f"expected schema 'law/<version>', got {schema!r}", path=where,
                          field="schema")
     if schema != SCHEMA:
         raise InputError(f"unsupported version {schema!r} (this tool reads {SCHEMA})",
                          path=where, field="schema")
-    form = obj.get("form")
-    if not isinstance(form, str):
-        raise InputError("missing" if form is None else "expected a string", path=where,
-                         field="form")
+    form = string("form")
     if form not in forms:
         raise InputError(f"unknown form {form!r}", path=where, field="form")
     return form
