@@ -1,8 +1,15 @@
 """law.json files written by main's code before the two result types shared a base (issue 16)
 load and predict as they did. tests/data/*_main_72fc951_*.json were written by main at 72fc951
-(generator: fit_curve_law / fit_law on the synthetic tables of tests/test_curves_laws.py and
-tests/test_fit_law.py); the numbers below are what that code's ``load_law(...).predict`` printed
-for them, so they test the reader and the predictor of this checkout against the old ones."""
+on the synthetic tables of tests/test_curves_laws.py and tests/test_fit_law.py:
+- mpl: ``fit_curve_law(table(mpl_reference, MPL_TRUE, ["cosine", "constant", "wsd",
+  "wsd_long"], noise=1e-3, seed=3), "mpl", bootstrap=12, seed=1, n_starts=2)``;
+- momentum: the same table builder for ``momentum_reference`` at sizes 1e6, 3e6, 1e7 (L0 and A
+  power laws of size, exponents -0.06 and -0.1; schedules cosine and wsd; seeds 0, 1, 2),
+  ``fit_curve_law(..., "momentum", bootstrap=12, seed=2, n_starts=2)``;
+- compute: ``fit_law(_compute_table(n=8, noise=0.01, seed=1), form="compute", bootstrap=40)``;
+each with ``created`` set to 2026-12-01T13:50:00+00:00 and written with ``json.dump(...,
+sort_keys=True)``. The numbers below are what that code's ``load_law(...).predict`` printed for
+them, so they test this checkout's reader and predictor against the old ones."""
 
 from __future__ import annotations
 
