@@ -22,7 +22,9 @@ size column) with ``--curves-bootstrap`` run-level replicates, per size: wall an
 and the mean error on the 6 held-out schedules (aim <= 15 s on 2 cores, error <= 0.2%). With
 ``--curves-baseline COMMIT`` the same fit by ``fit/curves.py`` as of COMMIT (taken with
 ``git show``) runs first, side by side in the same process, so the ratio is measured under
-the same load.
+the same load, and a line per size gives the largest relative difference of the two curves and
+bands on the held-out schedules. (The baseline module imports the rest of fit/ from this
+checkout; it must not need names the checkout no longer has.)
 """
 
 from __future__ import annotations
@@ -120,21 +122,29 @@ def curves_speed(anchors: Path, bootstrap: int, baseline: str | None,
     for size in sizes:
         folder = root / f"csv_{size}"
         train = pd.concat([_luo_run(folder, n) for n in LUO_TRAIN], ignore_index=True)
+        curves = []   # per implementation: (loss, lo, hi) on the 6 held-out schedules
         for label, mod in impls:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 w0, c0 = time.perf_counter(), time.process_time()
                 law = mod.fit_curve_law(train, "mpl", bootstrap=bootstrap)
                 wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-                errs = []
+                errs, got = [], []
                 for n in LUO_TEST:
                     d = _luo_run(folder, n)
                     p = law.predict(lr=lr_from_samples(d["step"], d["lr"]),
                                     at_steps=d["step"].to_numpy())
                     errs.append(float(np.mean(np.abs(p.loss - d["loss"]) / d["loss"])))
+                    got.append(np.stack([p.loss, p.lo, p.hi]))
+            curves.append(np.concatenate(got, axis=1))
             print(f"  {size:>5} {label:<28} {wall:7.1f} s wall {cpu:7.1f} s CPU; held-out "
                   f"mean error {100 * np.mean(errs):.4f}%; {len(law.draws)} draws; alpha "
                   f"{law.params['alpha']:.6f}", flush=True)
+        if len(curves) == 2:  # how far this checkout's curve and band are from the baseline's
+            rel = np.nanmax(np.abs(curves[1] / curves[0] - 1), axis=1)
+            print(f"  {size:>5} max |relative difference| to the baseline on the held-out "
+                  f"schedules: loss {rel[0]:.1e}, band lo {rel[1]:.1e}, hi {rel[2]:.1e}",
+                  flush=True)
     if tmp is not None:
         tmp.cleanup()
     return 0

@@ -26,13 +26,15 @@ Solver (``fit.solver``, ``fit.law``): summed Huber(1e-3) on log residuals, every
 status, the best distinct candidates polished to 1e-15 relative decrease.
 Uncertainty: run-level Bayesian bootstrap (weighting runs); bands combine it with run-to-run
 noise (the residual quantile) and the law's extrapolation error outside its runs (see
-``fit.result``). Every law, curve laws included, is a ``fit.Law`` (``fit.prediction``). Backtests:
+``fit.result``). Every law, curve laws included, is a ``fit.LawResult`` (``fit.result``: one
+``predict``/``band``/``report``/``to_json`` and law.json envelope; the ``fit.Law`` protocol of
+``fit.prediction``). Backtests:
 rollout and leave-the-largest-out (``fit.backtest``). Allocation and IsoFLOP Approach 2:
 ``fit.allocation``. Schedule-aware curve laws (mpl, momentum): ``fit.curves``.
 """
 
 from fit.allocation import Allocation, IsoFlopResult, allocation, isoflop_approach2
-from fit.law import FitResult, Prediction, fit_law, load_law
+from fit.law import FitResult, LawResult, Prediction, fit_law, load_law
 from fit.prediction import Law
 from fit.points import load_points
 
@@ -41,6 +43,7 @@ __all__ = [
            "FitResult",
            "IsoFlopResult",
            "Law",
+           "LawResult",
            "Prediction",
            "allocation",
            "fit_law",

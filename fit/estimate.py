@@ -33,7 +33,7 @@ from scipy.special import stdtrit  # quantiles; scipy.stats takes 0.6 s to impor
 from fit.allocation import allocation_diagnostics
 from fit.forms import Form, Model, Spec
 from fit.result import FitResult, _jacobian_rows
-from fit.solver import STATUS, lbfgs
+from fit.solver import STATUS, lbfgs, percentile_interval, polish, run_weights
 from ladder.io import InputError, sha256_of
 
 HUBER_DELTA = 1e-3
@@ -444,10 +444,11 @@ class _Problem:
 
     def polish(self, cands):
         """Stage 2: the candidates to tight tolerances, all at once; (phi, f) of the best."""
-        r = self.solve(np.atleast_2d(cands), ftol=POLISH_FTOL, gtol=1e-13, max_iter=1000)
-        f = np.where(np.isfinite(r.f), r.f, np.inf)
-        i = int(np.argmin(f))
-        return r.x[i], float(f[i]), r
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+            i, r = polish(self.fg(), np.atleast_2d(cands) @ self.Pinv.T, ftol=POLISH_FTOL,
+                           gtol=1e-13, max_iter=1000)
+        r = dataclasses.replace(r, x=r.x @ self.P.T)
+        return r.x[i], float(r.f[i]), r
 
 
 def _centering(spec, model) -> np.ndarray:
@@ -495,7 +496,7 @@ def _bootstrap(prob, runs, optima, R, seed):
     # a positive weight, so a 5-run ladder has no replicate that drops to 4 runs and
     # interpolates them exactly with a 4-parameter law (with counts, 114 of 200 replicates of
     # Gadre et al.'s 5-run fit were such degenerate draws)
-    counts = rng.dirichlet(np.ones(len(uniq)), size=R) * len(uniq)                  # (R, U)
+    counts = run_weights(rng, len(uniq), R)                                          # (R, U)
     k = len(optima)
     W = np.repeat(counts[:, inv].astype(float), k, axis=0)                           # (R k, n)
     means = None
@@ -533,8 +534,8 @@ def _intervals(spec, u, boot_u, cov, dof, level) -> dict:
             out[p.name] = [v, v]
             continue
         if boot_u is not None:
-            d = p.to_display(boot_u[:, i])
-            out[p.name] = [float(np.quantile(d, 1 - q)), float(np.quantile(d, q))]
+            out[p.name] = [float(v) for v in percentile_interval(p.to_display(boot_u[:, i]),
+                                                                 level)]
         elif cov is not None and dof:
             j = free.index(spec.tie.get(p.name, p.name))
             h = float(stdtrit(dof, q)) * math.sqrt(max(cov[j, j], 0.0))

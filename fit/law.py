@@ -19,19 +19,19 @@ import pandas as pd
 
 from fit.backtest import backtest, fit_one, trajectory_vs_per_fraction
 from fit.curves import FORMS as _CURVE_LAW_FORMS
-from fit.curves import CurveLaw, fit_curve_law
+from fit.curves import fit_curve_law
 from fit.estimate import HUBER_DELTA, fit_by, fit_spec, select_points
 from fit.forms import FORMS, Spec, get_form
 from fit.points import COLUMNS, load_points
 from fit.prediction import Prediction
-from fit.result import OBJECTIVES, FitResult, extrapolation_rate
+from fit.result import OBJECTIVES, FitResult, LawResult, extrapolation_rate
 from fit.select import asymptote_rule as apply_asymptote_rule
 from fit.select import fit_auto
 from ladder.io import InputError, read_json
 
 CURVE_FORMS = tuple(_CURVE_LAW_FORMS)  # schedule-aware curve laws (fit.curves): mpl, momentum
 
-__all__ = ["CURVE_FORMS", "HUBER_DELTA", "OBJECTIVES", "FitResult", "Prediction",
+__all__ = ["CURVE_FORMS", "HUBER_DELTA", "OBJECTIVES", "FitResult", "LawResult", "Prediction",
            "extrapolation_rate", "fit_by", "fit_law", "fit_one", "fit_spec", "law_from_json",
            "load_law", "select_points"]
 
@@ -133,17 +133,15 @@ def _fit_by(df, form, fix, tie, by, opts) -> FitResult:
 
 
 # ----------------------------------------------------------------------------- law.json
-# One reader keyed by form: law.json files of every form share the schema law/1; a curve law's
-# own fields are under "curve" (fit.curves.CurveLaw), a Chinchilla-family law's under "fit" and
-# "uncertainty" (fit.lawjson). Each result type writes itself (``to_json``).
+# One reader keyed by form: law.json files of every form share the schema law/1 and its envelope
+# (fit.lawjson.to_json); a curve law's own fields are under "curve" (fit.curves.CurveLaw), a
+# Chinchilla-family law's under "fit" (fit.lawjson.fit_own). fit.result.LawResult.from_json hands
+# each file to the kind that reads its form (importing fit.curves here registers the curve one).
 
 
-def law_from_json(obj: dict, *, path=None):
-    """A law.json object to its law (FitResult or CurveLaw, by ``form``), validated."""
-    form = obj.get("form") if isinstance(obj, dict) else None
-    if form in CURVE_FORMS:
-        return CurveLaw.from_json(obj, path=path)
-    return FitResult.from_json(obj, path=path)
+def law_from_json(obj: dict, *, path=None) -> LawResult:
+    """A law.json object to its law (a FitResult or a CurveLaw, by ``form``), validated."""
+    return LawResult.from_json(obj, path=path)
 
 
 def load_law(path):

@@ -22,25 +22,65 @@ SCHEMA = "law/1"
 
 
 def to_json(r) -> dict:
+    """The law.json document of any fitted law (a ``fit.result.LawResult``): the envelope
+    every kind shares, then the kind's own fields (``r._json_own()``; under ``uncertainty``,
+    ``r._uncertainty_own()``)."""
     obj = {
         "schema": SCHEMA,
         "form": r.form,
-        "expression": r.expression + (f"  (one law per {r.by})" if r.by else ""),
+        "expression": r.expression,
         "params": r.params,
-        "uncertainty": _uncertainty(r),
+        "uncertainty": {"level": r.level, "intervals": r.intervals,
+                        "band_method": r.band_method, **r._uncertainty_own()},
         "metric": r.metric,
         "conventions": r.conventions,
         "inputs": r.inputs,
-        "diagnostics": r.diagnostics,
+        "diagnostics": r.diagnostics_json(),
         "created": r.created,
         "tool_version": r.tool_version,
-        "fit": _fit_block(r),
     }
+    obj.update(r._json_own())
+    return to_jsonable(obj)
+
+
+def check_envelope(obj, *, path=None, forms) -> str:
+    """Validate what every law.json shares (a law/1 object of one of ``forms``); its form."""
+    where = str(path) if path else "<law>"
+    if not isinstance(obj, dict):
+        raise InputError("expected a JSON object", path=where, field="schema")
+    def string(key):
+        v = obj.get(key)
+        if not isinstance(v, str):
+            raise InputError("missing" if v is None else "expected a string", path=where,
+                             field=key)
+        return v
+    schema = string("schema")
+    if not schema.startswith("law/"):
+        raise InputError(f"expected schema 'law/<version>', got {schema!r}", path=where,
+                         field="schema")
+    if schema != SCHEMA:
+        raise InputError(f"unsupported version {schema!r} (this tool reads {SCHEMA})",
+                         path=where, field="schema")
+    form = string("form")
+    if form not in forms:
+        raise InputError(f"unknown form {form!r}", path=where, field="form")
+    return form
+
+
+def fit_own(r) -> dict:
+    """A Chinchilla-family law's own law.json fields."""
+    obj = {"expression": r.expression + (f"  (one law per {r.by})" if r.by else ""),
+           "fit": _fit_block(r)}
     if r.by:
         obj["by"] = r.by
         obj["groups"] = [{"value": v, "params": g.params, "fit": _fit_block(g),
                           "uncertainty": _uncertainty(g)} for v, g in r.groups]
-    return to_jsonable(obj)
+    return obj
+
+
+def fit_uncertainty(r) -> dict:
+    """A Chinchilla-family law's own ``uncertainty`` fields."""
+    return _uncertainty(r)
 
 
 def _fit_block(r) -> dict:
@@ -105,16 +145,7 @@ def read(obj: dict, *, path=None) -> tuple[dict, list]:
             raise InputError(f"expected {types}", path=where, field=prefix + key)
         return v
 
-    schema = need(obj, "schema", str)
-    if not schema.startswith("law/"):
-        raise InputError(f"expected schema 'law/<version>', got {schema!r}", path=where,
-                         field="schema")
-    if schema != SCHEMA:
-        raise InputError(f"unsupported version {schema!r} (this tool reads {SCHEMA})",
-                         path=where, field="schema")
-    form = need(obj, "form", str)
-    if form not in FORMS:
-        raise InputError(f"unknown form {form!r}", path=where, field="form")
+    form = check_envelope(obj, path=path, forms=tuple(FORMS))
     metric = need(obj, "metric", str)
 
     def one(block, unc, prefix):

@@ -50,15 +50,16 @@ class Prediction:
 
 @runtime_checkable
 class Law(Protocol):
-    """A fitted law of any form: fit.result.FitResult (Chinchilla family: compute, chinchilla,
-    moe, trajectory) and fit.curves.CurveLaw (schedule-aware curves: mpl, momentum) both are.
+    """A fitted law of any form, implemented once by fit.result.LawResult, whose two kinds are
+    fit.result.FitResult (Chinchilla family: compute, chinchilla, moe, trajectory) and
+    fit.curves.CurveLaw (schedule-aware curves: mpl, momentum).
 
     ``predict`` takes keyword inputs (a Chinchilla-family law: params, active_params, tokens,
     compute, fraction; a curve law: its LR schedule, bound to a planned run by
     predict.planned.ScheduledLaw) and returns a :class:`Prediction` with its band at ``level``;
     ``band`` is that band alone. ``to_json`` writes law.json (schema law/1, keyed by ``form``;
-    read back by fit.law.law_from_json), whose ``uncertainty.band_method`` names
-    ``band_method``."""
+    read back by fit.law.law_from_json = LawResult.from_json), whose
+    ``uncertainty.band_method`` names ``band_method``."""
 
     @property
     def form(self) -> str: ...

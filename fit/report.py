@@ -1,4 +1,10 @@
-"""``FitResult.report()``: the fit as text a person reads at a terminal."""
+"""``report()`` of every fitted law: the fit as text a person reads at a terminal.
+
+One layout for every kind (lmfit's ``fit_report``: the model and its data, then the parameters
+with their intervals and flags, then what the fit did): ``report`` writes the two lines every
+law has and hands on to the kind's own lines (``r._report_lines()``), which use
+``parameter_lines`` for the table. ``fit_lines`` are a Chinchilla-family law's.
+"""
 
 from __future__ import annotations
 
@@ -20,10 +26,61 @@ def _pct(x):
 
 
 def report(r) -> str:
-    d = r.diagnostics
-    lines = [f"law: {r.form}   {r.expression}" + (f"   (one fit per {r.by})" if r.by else ""),
-             (f"metric: {r.metric}   points: {r.inputs.get('n_points')}   runs: "
+    return "\n".join(head_lines(r) + r._report_lines())
+
+
+def head_lines(r) -> list[str]:
+    return [f"law: {r.form}   {r.expression}" + (f"   (one fit per {r.by})" if r.by else ""),
+            (f"metric: {r.metric or '-'}   points: {r.inputs.get('n_points')}   runs: "
              f"{r.inputs.get('n_runs')}")]
+
+
+def parameter_lines(r, tags: dict[str, str], warnings: dict[str, str], hint: str) -> list[str]:
+    """The parameters at their ``r.level`` intervals, each with its tag ("(fixed)", ...) and
+    warning, then the identifiability flags (``r.identifiability``) and ``hint`` (how to pin
+    an unidentified one down) when there is one."""
+    width = max([6] + [len(n) for n in r.params])
+    lines = [f"parameters ({r.level:.0%} intervals):"]
+    for n, v in r.params.items():
+        iv = r.intervals.get(n, [math.nan, math.nan])
+        flag = warnings.get(n)
+        lines.append(f"  {n:>{width}} = {v:<12.6g} [{_g(iv[0])}, {_g(iv[1])}]{tags.get(n, '')}"
+                     + (f"  WARNING: {flag}" if flag else ""))
+    ident = r.identifiability
+    for n, why in (ident.get("flags") or {}).items():
+        lines.append(f"  NOT IDENTIFIED: {n}: {'; '.join(why)}")
+    if ident.get("unidentified"):
+        lines.append(f"  ({hint}; extrapolations lean on it)")
+    return lines
+
+
+def bootstrap_line(b: dict, how: str = "") -> str:
+    """The run-level bootstrap's record (diagnostics.bootstrap), any kind."""
+    return (f"bootstrap: {b['valid']} of {b['replicates']} run-level replicates usable "
+            f"({b.get('degenerate', 0)} degenerate, {b.get('not_converged', 0)} not converged)"
+            + (f"; {how}" if how else ""))
+
+
+def auto_lines(auto) -> list[str]:
+    """How ``--form auto`` chose (diagnostics.auto), any kind."""
+    if not auto:
+        return []
+    lines = [f"form chosen by --form auto: {auto['chosen']} ({auto['why']})"]
+    for c in auto.get("candidates") or []:
+        if "error" in c:
+            lines.append(f"  {c['form']:<26} not fitted: {c['error']}")
+        else:
+            lines.append(f"  {c['form']:<26} rollout mean |err| "
+                         f"{_pct(c.get('rollout_mean_abs_final'))}, leave-largest-out "
+                         f"{_pct(c.get('leave_largest_out_abs_final'))}, objective "
+                         f"{_g(c.get('objective'))}")
+    return lines
+
+
+def fit_lines(r) -> list[str]:
+    """A Chinchilla-family law's own report lines."""
+    d = r.diagnostics
+    lines = []
     if r.by:
         lines.append(f"{len(r.groups)} fits, one per {r.by}:")
         lines.append(f"  {r.by:>8}  " + "  ".join(f"{n:>10}" for n in r.spec.form.names))
@@ -31,26 +88,19 @@ def report(r) -> str:
             lines.append(f"  {v:8.3f}  " + "  ".join(f"{g.params[n]:10.4g}"
                                                        for n in r.spec.form.names))
     else:
-        lvl = f"{r.level:.0%}"
-        lines.append(f"parameters ({lvl} intervals):")
-        for n, v in r.params.items():
-            iv = r.intervals.get(n, [math.nan, math.nan])
+        tags = {}
+        for n in r.params:
             tag = " (fixed)" if n in r.spec.fix else (f" (= {r.spec.tie[n]})" if n in r.spec.tie
                                                       else "")
-            flag = d.get("at_bound", {}).get(n)
-            pr = (getattr(r, "prior", None) or {}).get(n)
+            pr = (r.prior or {}).get(n)
             if pr:
                 tag += f" (prior {pr[0]:g} +- {pr[1]:g})"
-            lines.append(f"  {n:>6} = {v:<12.6g} [{_g(iv[0])}, {_g(iv[1])}]{tag}"
-                         + (f"  WARNING: {flag}" if flag else ""))
-        ident = (d.get("identifiability") or {}).get("flags") or {}
-        for n, why in ident.items():
-            lines.append(f"  NOT IDENTIFIED: {n}: {'; '.join(why)}")
-        if (d.get("identifiability") or {}).get("unidentified"):
-            lines.append("  (fix it with --fix NAME=VALUE or regularise it with --prior "
-                         "NAME=MEAN:SD; extrapolations lean on it)")
+            tags[n] = tag
+        lines += parameter_lines(r, tags, d.get("at_bound", {}),
+                                 "fix it with --fix NAME=VALUE or regularise it with --prior "
+                                 "NAME=MEAN:SD")
         ss = d.get("starts_status", {})
-        if getattr(r, "objective", "huber") == "ols":
+        if r.objective == "ols":
             lines.append(f"solver: ols of log(L - E) on log C (statsmodels), residual sum of "
                          f"squares {_g(d.get('objective'), '{:.10g}')}; Student-t with "
                          f"{_g(d.get('dof'))} dof")
@@ -64,9 +114,7 @@ def report(r) -> str:
                      f"{d.get('points_note')}")
         b = d.get("bootstrap", {})
         if b.get("replicates"):
-            lines.append(f"bootstrap: {b['valid']} of {b['replicates']} run-level replicates "
-                         f"usable ({b.get('degenerate', 0)} degenerate, "
-                         f"{b.get('not_converged', 0)} not converged)")
+            lines.append(bootstrap_line(b))
         else:
             lines.append("bootstrap: none (bands from the Student-t lack-of-fit interval only)")
     al = d.get("allocation")
@@ -88,17 +136,7 @@ def report(r) -> str:
                              f"whole curve {_pct(v.get('curve'))}")
         if cmp_.get("better"):
             lines.append(f"  better on held-out rungs: {cmp_['better']}")
-    auto = d.get("auto")
-    if auto:
-        lines.append(f"form chosen by --form auto: {auto['chosen']} ({auto['why']})")
-        for c in auto["candidates"]:
-            if "error" in c:
-                lines.append(f"  {c['form']:<26} not fitted: {c['error']}")
-            else:
-                lines.append(f"  {c['form']:<26} rollout mean |err| "
-                             f"{_pct(c.get('rollout_mean_abs_final'))}, leave-largest-out "
-                             f"{_pct(c.get('leave_largest_out_abs_final'))}, objective "
-                             f"{_g(c.get('objective'))}")
+    lines += auto_lines(d.get("auto"))
     rule = d.get("asymptote_rule")
     if rule and rule.get("applied"):
         lines.append(f"asymptote rule (short ladder, {rule['sizes']} sizes, E not "
@@ -107,7 +145,7 @@ def report(r) -> str:
         lines.append(f"dropped: {line}")
     if len(d.get("dropped_rows", [])) > 20:
         lines.append(f"dropped: ... and {len(d['dropped_rows']) - 20} more rows")
-    return "\n".join(lines)
+    return lines
 
 
 def _backtest_lines(title, bt) -> list[str]:

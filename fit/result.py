@@ -9,6 +9,9 @@ forecaster) are added in quadrature. A band that cannot be computed (no residual
 freedom, no usable replicates) is NaN with a warning. ``objective="ols"`` (the real ladder's
 fit) has its own band: statsmodels' OLS prediction interval of log(L - E).
 
+``LawResult`` is what every fitted law is, whatever its form: ``FitResult`` here (the
+Chinchilla family) and ``fit.curves.CurveLaw`` (schedule-aware curve laws) are its two kinds.
+
 Fitting lives in fit.estimate (one form on one table) and fit.law (``fit_law``); law.json in
 fit.lawjson.
 """
@@ -23,15 +26,76 @@ import numpy as np
 from scipy.special import ndtri, stdtrit  # quantiles; scipy.stats takes 0.6 s to import
 
 import fit.lawjson as lawjson
-from fit.forms import Model, Spec
+from fit.forms import FORMS, Model, Spec
 from fit.prediction import Prediction
-from fit.report import report
+from fit.report import fit_lines, report
 from ladder.io import InputError, as_float
 
 OBJECTIVES = ("huber", "ols")
 
 
-class FitResult:
+class LawResult:
+    """A fitted law of any form (the ``fit.prediction.Law`` protocol, implemented once).
+
+    What every kind shares lives here: the fitted ``params`` with their ``intervals`` at
+    ``level`` (and the identifiability flags in ``diagnostics``), ``metric``, the band's method
+    by name (``band_method``), ``band()``, the law.json envelope (schema, form, expression,
+    params, metric, conventions, inputs, diagnostics, created, tool_version, and under
+    ``uncertainty`` the method, level, intervals and band method: fit.lawjson.envelope) and
+    ``from_json``, which hands a law.json object to the kind that reads its ``form``. What a
+    kind adds is its model and what its ``predict`` takes (a Chinchilla-family law: N, D, C,
+    fraction; a curve law: a schedule), its own law.json fields (``_json_own``) and its own
+    report lines (``_report_lines``; the layout is fit.report.report's).
+
+    A kind names its forms when it subclasses: ``class CurveLaw(LawResult, forms=FORMS)``."""
+
+    _KINDS: dict[str, type] = {}   # form -> the LawResult subclass that fits and reads it
+    by = None   # the column of a one-law-per-value fit (fit.estimate.fit_by), else None
+
+    def __init_subclass__(cls, forms=(), **kw):
+        super().__init_subclass__(**kw)
+        for f in forms:
+            LawResult._KINDS[f] = cls
+
+    # what a kind provides: form, expression, metric, level, params, intervals, diagnostics,
+    # inputs, conventions, created, tool_version, band_method, predict(), _uncertainty_own(),
+    # _json_own(), _report_lines(), from_json()
+
+    @property
+    def identifiability(self) -> dict:
+        """{"flags": {name: [reasons]}, "unidentified": [names]}: parameters the data do not
+        pin down (fit.estimate._identifiability; a curve law: an estimate at a bound)."""
+        return self.diagnostics.get("identifiability") or {"flags": {}, "unidentified": []}
+
+    def diagnostics_json(self) -> dict:
+        """``diagnostics`` as law.json writes them (a kind that recomputes its identifiability
+        flags writes the current ones)."""
+        return self.diagnostics
+
+    def band(self, **inputs) -> tuple[np.ndarray, np.ndarray]:
+        """(lo, hi) of :meth:`predict`'s band (same keywords)."""
+        p = self.predict(**inputs)
+        return p.lo, p.hi
+
+    def report(self) -> str:
+        return report(self)
+
+    def to_json(self) -> dict:
+        return lawjson.to_json(self)
+
+    @classmethod
+    def from_json(cls, obj: dict, *, path=None) -> LawResult:
+        """A law.json object (schema law/1) to the law its ``form`` names, validated."""
+        form = obj.get("form") if isinstance(obj, dict) else None
+        kind = LawResult._KINDS.get(form) if isinstance(form, str) else None
+        if kind is None or kind is cls:
+            lawjson.check_envelope(obj, path=path, forms=tuple(LawResult._KINDS))
+            raise InputError(f"unknown form {form!r}", path=str(path) if path else "<law>",
+                             field="form")
+        return kind.from_json(obj, path=path)
+
+
+class FitResult(LawResult, forms=tuple(FORMS)):
     """A fitted law: parameters, intervals, diagnostics, ``predict()``, ``report()``, JSON.
 
     For ``by=`` fits (one law per value of a column, e.g. the real ladder's per-fraction fits)
@@ -319,24 +383,21 @@ class FitResult:
         loss, lo, hi = (np.exp(out[k]).reshape(shape) for k in range(3))
         return Prediction(loss=loss, lo=lo, hi=hi, level=level)
 
-    # --- text ----------------------------------------------------------------------------------
-    def report(self) -> str:
-        return report(self)
-
     # --- JSON ----------------------------------------------------------------------------------
-    def to_json(self) -> dict:
-        return lawjson.to_json(self)
+    def _uncertainty_own(self) -> dict:
+        return lawjson.fit_uncertainty(self)
+
+    def _json_own(self) -> dict:
+        return lawjson.fit_own(self)
+
+    def _report_lines(self) -> list[str]:
+        return fit_lines(self)
 
     @classmethod
     def from_json(cls, obj: dict, *, path=None) -> FitResult:
         """A law.json object (schema law/1, a Chinchilla-family form) to a FitResult."""
         top, groups = lawjson.read(obj, path=path)
         return cls(**top, groups=[(v, cls(**kw)) for v, kw in groups])
-
-    def band(self, **inputs) -> tuple[np.ndarray, np.ndarray]:
-        """(lo, hi) of :meth:`predict`'s band (same keywords)."""
-        p = self.predict(**inputs)
-        return p.lo, p.hi
 
     @property
     def band_method(self) -> str:

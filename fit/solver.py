@@ -11,6 +11,16 @@ Hessian scaling s'y / y'y, Armijo backtracking (c1 = 1e-4) with a safeguarded qu
 curvature pairs kept only when s'y > 0. Stopping, per row: max |grad| <= gtol, or a relative
 decrease of f below ftol on two successive iterations (scipy's factr test, but relative to |f|
 itself: the summed Huber objective of a good fit is ~1e-3, far below scipy's floor of 1).
+
+Box bounds (``bounds=(lo, hi)``, the curve laws' parameter ranges) make it a projected L-BFGS: a
+coordinate at a bound whose gradient points outward is held (its gradient and step are zero),
+trial points are clipped into the box, the Armijo test uses the step actually taken, and the
+stopping test uses the projected gradient. Without bounds it is the plain method above, bit for
+bit.
+
+Also here, for every law: ``polish`` (the last stage of a multi-start fit: the best candidates
+to tight tolerances, the lowest kept), and the run-level bootstrap's pieces, ``run_weights``
+(which runs a replicate resamples) and ``percentile_interval``.
 """
 
 from __future__ import annotations
@@ -37,13 +47,27 @@ class BatchResult:
 
 
 def lbfgs(fg, x0: np.ndarray, *, m: int = 10, max_iter: int = 1000, gtol: float = 1e-9,
-          ftol: float = 1e-12, max_ls: int = 40, patience: int = 2) -> BatchResult:
+          ftol: float = 1e-12, max_ls: int = 40, patience: int = 2,
+          bounds: tuple[np.ndarray, np.ndarray] | None = None) -> BatchResult:
     """Minimise each row of ``x0`` independently. ``fg(X, rows) -> (f, G)`` evaluates the
     objective of the problems ``rows`` (an index array) at ``X`` (len(rows), P). A row has
     converged when max |grad| <= gtol or its relative decrease of f stayed <= ftol for
-    ``patience`` successive iterations."""
+    ``patience`` successive iterations. ``bounds``: (lo, hi), each (P,), the box every row is
+    kept in (``x0`` is clipped into it)."""
     x = np.array(x0, dtype=float)
     S, P = x.shape
+    if bounds is not None:
+        lo, hi = (np.broadcast_to(np.asarray(b, dtype=float), (P,)) for b in bounds)
+        x = np.clip(x, lo, hi)
+
+        def held(xr, gr):  # at a bound with the gradient pointing out of the box
+            return ((xr <= lo) & (gr > 0)) | ((xr >= hi) & (gr < 0))
+
+        def pgrad(xr, gr):
+            return np.where(held(xr, gr), 0.0, gr)
+    else:
+        def pgrad(xr, gr):
+            return gr
     all_rows = np.arange(S)
     f, g = fg(x, all_rows)
     n_eval = 1
@@ -54,14 +78,16 @@ def lbfgs(fg, x0: np.ndarray, *, m: int = 10, max_iter: int = 1000, gtol: float 
     iters = np.zeros(S, dtype=int)
     small = np.zeros(S, dtype=int)  # successive small-decrease iterations
     status[~np.isfinite(f) | ~np.isfinite(g).all(axis=1)] = 3
-    status[(status < 0) & (np.abs(g).max(axis=1) <= gtol)] = 0
+    status[(status < 0) & (np.abs(pgrad(x, g)).max(axis=1) <= gtol)] = 0
     k = 0
     while True:
         act = np.flatnonzero(status < 0)
         if act.size == 0 or k >= max_iter:
             break
-        ga = g[act]
+        ga = pgrad(x[act], g[act])
         d = _two_loop(ga, s_hist[act], y_hist[act], rho[act], k, m)
+        if bounds is not None:
+            d[held(x[act], g[act])] = 0.0
         gd = (ga * d).sum(axis=1)
         bad = ~(gd < 0) | ~np.isfinite(gd)
         if bad.any():  # not a descent direction: restart that row from steepest descent
@@ -79,10 +105,15 @@ def lbfgs(fg, x0: np.ndarray, *, m: int = 10, max_iter: int = 1000, gtol: float 
         pending = np.arange(act.size)
         for _ in range(max_ls):
             xt = x[act[pending]] + t[pending, None] * d[pending]
+            if bounds is None:
+                decrease = t[pending] * gd[pending]
+            else:  # the step actually taken, after clipping into the box
+                xt = np.clip(xt, lo, hi)
+                decrease = (g[act[pending]] * (xt - x[act[pending]])).sum(axis=1)
             ft, gt = fg(xt, act[pending])
             n_eval += 1
             ok = np.isfinite(ft) & np.isfinite(gt).all(axis=1) & \
-                (ft <= f[act[pending]] + 1e-4 * t[pending] * gd[pending])
+                (ft <= f[act[pending]] + 1e-4 * decrease)
             done = pending[ok]
             x_new[done], f_new[done], g_new[done] = xt[ok], ft[ok], gt[ok]
             rest = pending[~ok]
@@ -121,7 +152,8 @@ def lbfgs(fg, x0: np.ndarray, *, m: int = 10, max_iter: int = 1000, gtol: float 
         x[act], f[act], g[act] = x_new, f_new, g_new
         iters[act] += 1
         still = status[act] < 0
-        conv = still & ((np.abs(g_new).max(axis=1) <= gtol) | (small[act] >= patience))
+        conv = still & ((np.abs(pgrad(x_new, g_new)).max(axis=1) <= gtol)
+                        | (small[act] >= patience))
         status[act[conv]] = 0
         nonfin = ~np.isfinite(f_new)
         status[act[nonfin]] = 3
@@ -131,8 +163,42 @@ def lbfgs(fg, x0: np.ndarray, *, m: int = 10, max_iter: int = 1000, gtol: float 
     # already stalled is converged to working precision
     ls = status == 2
     status[ls & (small >= 1)] = 0
-    return BatchResult(x=x, f=f, grad_max=np.abs(g).max(axis=1), status=status,
+    return BatchResult(x=x, f=f, grad_max=np.abs(pgrad(x, g)).max(axis=1), status=status,
                        iterations=iters, evaluations=n_eval)
+
+
+def polish(fg, cands: np.ndarray, **kw) -> tuple[int, BatchResult]:
+    """The last stage of a multi-start fit: every candidate (a row of ``cands``) to the tight
+    tolerances ``kw`` (``lbfgs``'s), all at once; the index of the lowest finite one and the
+    whole result (every candidate's x, f and status)."""
+    r = lbfgs(fg, np.atleast_2d(cands), **kw)
+    return int(np.argmin(np.where(np.isfinite(r.f), r.f, np.inf))), r
+
+
+def run_weights(rng: np.random.Generator, n_runs: int, replicates: int, *,
+                bayesian: bool = True, accept=None, tries: int = 50) -> np.ndarray:
+    """(replicates, n_runs) weights of the runs in a run-level bootstrap: every point of a
+    run carries its run's weight (points of one run are correlated; resampling points would
+    pretend they are not). ``bayesian``: Dirichlet(1, ..., 1) weights scaled to sum to
+    ``n_runs`` (Rubin 1981: every run keeps a positive weight); else multinomial counts
+    (whole runs drawn with replacement), redrawn up to ``tries`` times until ``accept(picked
+    run indices)`` holds; a replicate that never does is left out (fewer rows)."""
+    if bayesian:
+        return rng.dirichlet(np.ones(n_runs), size=replicates) * n_runs
+    out = []
+    for _ in range(replicates):
+        for _try in range(tries):
+            pick = rng.integers(0, n_runs, n_runs)
+            if accept is None or accept(pick):
+                out.append(np.bincount(pick, minlength=n_runs).astype(float))
+                break
+    return np.array(out).reshape(len(out), n_runs)
+
+
+def percentile_interval(draws: np.ndarray, level: float, axis: int = 0) -> list:
+    """The central ``level`` percentile interval of bootstrap ``draws`` (along ``axis``)."""
+    q = 0.5 + level / 2
+    return [np.quantile(draws, 1 - q, axis=axis), np.quantile(draws, q, axis=axis)]
 
 
 def _two_loop(g, s_hist, y_hist, rho, k, m):

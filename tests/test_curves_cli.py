@@ -150,3 +150,13 @@ def test_cli_without_draws_warns_and_prints_nan(tmp_path, capsys):
     captured = capsys.readouterr()
     rows = _rows(captured.out)
     assert np.all(np.isnan(rows[:, 2])) and "band" in captured.err
+
+
+def test_cli_schedule_with_a_law_that_is_not_a_curve_law_names_the_form(capsys):
+    # the one reader (fit.result.LawResult.from_json) reads the file; --schedule then asks for
+    # a curve law: a compute law written by main is refused with one line, exit 65
+    from pathlib import Path
+    law = Path(__file__).parent / "data" / "law_main_72fc951_compute.json"
+    assert main(["predict", str(law), "--schedule", "cosine:steps=50,peak=1e-3"]) == 65
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "'form'" in err and "compute law" in err

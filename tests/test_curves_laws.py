@@ -257,11 +257,11 @@ def test_analytic_gradient_matches_finite_differences(form, truth):
                    for n, lr, t, y in zip(data.names, data.lr, data.steps, data.loss,
                                           strict=True)])
     model = _Model(form, (), None, {})
-    theta = model.theta_of({k: v * 1.07 if k != "lam" else v for k, v in truth.items()})
-    _, g = _objective_grad(model, theta, runs, 1e-3)
-    for i in range(len(theta)):
-        h = 1e-6 * max(1.0, abs(theta[i]))
-        up, dn = theta.copy(), theta.copy()
+    u = model.u_of({k: v * 1.07 if k != "lam" else v for k, v in truth.items()})
+    _, g = _objective_grad(model, u, runs, 1e-3)
+    for i in range(len(u)):
+        h = 1e-6 * max(1.0, abs(u[i]))
+        up, dn = u.copy(), u.copy()
         up[i] += h
         dn[i] -= h
         fd = (_objective(model, up, runs, 1e-3) - _objective(model, dn, runs, 1e-3)) / (2 * h)
