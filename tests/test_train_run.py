@@ -13,6 +13,7 @@ import pytest
 
 from ladder.cli import main
 from ladder.io import read_json, read_metrics
+from ladder.runs import read_run
 from ladder.specs import LADDERS, Rung
 from ladder.train import train_rung
 from ladder.trainconfig import Fault, RunArgs, TrainConfig
@@ -63,6 +64,8 @@ def test_tiny_rung_trains_and_writes_the_run_directory(full_run):
     warm = 0.01 * RUNG.steps  # the last step (index steps-1) is 1 step short of the end
     assert lrs[-1] == pytest.approx(
         RUNG.peak_lr * (1 - 0.95 * (RUNG.steps - 1 - warm) / (RUNG.steps - warm)), rel=1e-6)
+    # ... and it is the table the curve laws rebuild from the run directory (one LR table)
+    np.testing.assert_array_equal(np.float32(lrs), read_run(out).lr_table().astype(np.float32))
 
     assert summary["status"] == "complete" and summary["step"] == RUNG.steps
     assert summary["final"]["eval_dropless/loss"] == evals[-1]["eval_dropless/loss"]
