@@ -59,28 +59,12 @@ class Outcome:
 
 def build_world(root: Path) -> Path:
     """Write the valid world under ``root`` and return it (about 2 s, mostly the fit)."""
-    from ladder.specs import get_ladder
     from predict.forecast import Target
+    from tests.helpers import KNOWN_LAW, write_law_runs
 
-    E, A, alpha = 1.6, 40.0, 0.1  # a known compute law (as tests/test_fit_cli.py)
-    lad = get_ladder("tiny")
+    E, A, alpha = KNOWN_LAW   # the runs' law (tests/test_fit_cli.py's too)
     runs = root / "runs"
-    for rung in lad.rungs:
-        d = runs / lad.name / rung.name
-        d.mkdir(parents=True)
-        (d / "config.json").write_text(json.dumps(
-            {"schema": "run-config/1", "rung": rung.to_dict(), "train": {}, "mesh": {}}))
-        (d / "summary.json").write_text(json.dumps(
-            {"schema": "run-summary/1", "status": "complete", "ladder": lad.name,
-             "rung": rung.name}))
-        lines = []
-        for step in rung.eval_steps():
-            tokens = step * rung.tokens_per_step
-            C = rung.compute(tokens)
-            lines.append(json.dumps({"step": step, "tokens": tokens, "progress": step / rung.steps,
-                                     "time": 0.0, "eval_dropless/loss": E + A * C ** -alpha,
-                                     "train/loss": E + A * C ** -alpha + 0.01}))
-        (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    lad = write_law_runs(runs)
     code, _, err = run_cli(["fit", str(runs), "--form", "compute", "--bootstrap", "20",
                             "--out", str(root / "law.json")])
     assert code == 0, err
