@@ -420,10 +420,12 @@ def corpus() -> list[Case]:
         ("--webhook",)))
     add(Case("watch corrupt .wandb", lambda w: [
         "watch", prereg(w), "--source", str(_corrupt_wandb(w))], ("run-x.wandb", "source")))
-    add(Case("fit all-NaN loss", lambda w: ["fit", str(_nan_loss(w)), "--bootstrap", "0"],
-             ("nan.csv", "loss")))
-    add(Case("fit drops every row", lambda w: ["fit", str(_neg_loss(w)), "--bootstrap", "0"],
-             ("neg.csv", "loss")))
+    add(Case("fit all-NaN loss", lambda w: [
+        "fit", str(_points_with_loss(w, "nan.csv", "nan")), "--bootstrap", "0"],
+        ("nan.csv", "loss")))
+    add(Case("fit drops every row", lambda w: [
+        "fit", str(_points_with_loss(w, "neg.csv", "-1")), "--bootstrap", "0"],
+        ("neg.csv", "loss")))
     add(Case("watch --state of another kind", lambda w: [
         "watch", prereg(w), "--source", str(w / "live.jsonl"), "--state", str(w / law)],
         (law, "schema")))
@@ -444,18 +446,11 @@ def _corrupt_wandb(w: Path) -> Path:
     return p
 
 
-def _nan_loss(w: Path) -> Path:
-    p = w / "nan.csv"
+def _points_with_loss(w: Path, name: str, loss: str) -> Path:
+    """points.csv as ``name`` with every row's loss (the last column) replaced by ``loss``."""
+    p = w / name
     lines = (w / "points.csv").read_text().splitlines()
-    p.write_text(lines[0] + "\n" + "".join(",".join(ln.split(",")[:-1] + ["nan"]) + "\n"
-                                           for ln in lines[1:]))
-    return p
-
-
-def _neg_loss(w: Path) -> Path:
-    p = w / "neg.csv"
-    lines = (w / "points.csv").read_text().splitlines()
-    p.write_text(lines[0] + "\n" + "".join(",".join(ln.split(",")[:-1] + ["-1"]) + "\n"
+    p.write_text(lines[0] + "\n" + "".join(",".join(ln.split(",")[:-1] + [loss]) + "\n"
                                            for ln in lines[1:]))
     return p
 
