@@ -245,7 +245,7 @@ def test_nope_global_layer_ignores_the_order_of_earlier_tokens():
     for layer in (0, 3):                                  # local (half RoPE) and global (NoPE)
         attn = Attention(cfg, layer)
         p = materialize(jax.eval_shape(attn.init, jax.random.key(0), jnp.asarray(x))["params"], 2)
-        both = attn.apply({"params": p}, jnp.asarray(np.concatenate([x, x[:, perm]])))
+        both = jax.jit(attn.apply)({"params": p}, jnp.asarray(np.concatenate([x, x[:, perm]])))
         outs[layer] = float(jnp.max(jnp.abs(both[0, -1] - both[1, -1])))
     assert outs[3] < 1e-5                                 # NoPE: a set of keys
     assert outs[0] > 1e-3                                 # RoPE: positions matter
