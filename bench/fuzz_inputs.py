@@ -59,28 +59,12 @@ class Outcome:
 
 def build_world(root: Path) -> Path:
     """Write the valid world under ``root`` and return it (about 2 s, mostly the fit)."""
-    from ladder.specs import get_ladder
     from predict.forecast import Target
+    from tests.helpers import KNOWN_LAW, write_law_runs
 
-    E, A, alpha = 1.6, 40.0, 0.1  # a known compute law (as tests/test_fit_cli.py)
-    lad = get_ladder("tiny")
+    E, A, alpha = KNOWN_LAW   # the runs' law (tests/test_fit_cli.py's too)
     runs = root / "runs"
-    for rung in lad.rungs:
-        d = runs / lad.name / rung.name
-        d.mkdir(parents=True)
-        (d / "config.json").write_text(json.dumps(
-            {"schema": "run-config/1", "rung": rung.to_dict(), "train": {}, "mesh": {}}))
-        (d / "summary.json").write_text(json.dumps(
-            {"schema": "run-summary/1", "status": "complete", "ladder": lad.name,
-             "rung": rung.name}))
-        lines = []
-        for step in rung.eval_steps():
-            tokens = step * rung.tokens_per_step
-            C = rung.compute(tokens)
-            lines.append(json.dumps({"step": step, "tokens": tokens, "progress": step / rung.steps,
-                                     "time": 0.0, "eval_dropless/loss": E + A * C ** -alpha,
-                                     "train/loss": E + A * C ** -alpha + 0.01}))
-        (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    lad = write_law_runs(runs)
     code, _, err = run_cli(["fit", str(runs), "--form", "compute", "--bootstrap", "20",
                             "--out", str(root / "law.json")])
     assert code == 0, err
@@ -436,10 +420,12 @@ def corpus() -> list[Case]:
         ("--webhook",)))
     add(Case("watch corrupt .wandb", lambda w: [
         "watch", prereg(w), "--source", str(_corrupt_wandb(w))], ("run-x.wandb", "source")))
-    add(Case("fit all-NaN loss", lambda w: ["fit", str(_nan_loss(w)), "--bootstrap", "0"],
-             ("nan.csv", "loss")))
-    add(Case("fit drops every row", lambda w: ["fit", str(_neg_loss(w)), "--bootstrap", "0"],
-             ("neg.csv", "loss")))
+    add(Case("fit all-NaN loss", lambda w: [
+        "fit", str(_points_with_loss(w, "nan.csv", "nan")), "--bootstrap", "0"],
+        ("nan.csv", "loss")))
+    add(Case("fit drops every row", lambda w: [
+        "fit", str(_points_with_loss(w, "neg.csv", "-1")), "--bootstrap", "0"],
+        ("neg.csv", "loss")))
     add(Case("watch --state of another kind", lambda w: [
         "watch", prereg(w), "--source", str(w / "live.jsonl"), "--state", str(w / law)],
         (law, "schema")))
@@ -460,18 +446,11 @@ def _corrupt_wandb(w: Path) -> Path:
     return p
 
 
-def _nan_loss(w: Path) -> Path:
-    p = w / "nan.csv"
+def _points_with_loss(w: Path, name: str, loss: str) -> Path:
+    """points.csv as ``name`` with every row's loss (the last column) replaced by ``loss``."""
+    p = w / name
     lines = (w / "points.csv").read_text().splitlines()
-    p.write_text(lines[0] + "\n" + "".join(",".join(ln.split(",")[:-1] + ["nan"]) + "\n"
-                                           for ln in lines[1:]))
-    return p
-
-
-def _neg_loss(w: Path) -> Path:
-    p = w / "neg.csv"
-    lines = (w / "points.csv").read_text().splitlines()
-    p.write_text(lines[0] + "\n" + "".join(",".join(ln.split(",")[:-1] + ["-1"]) + "\n"
+    p.write_text(lines[0] + "\n" + "".join(",".join(ln.split(",")[:-1] + [loss]) + "\n"
                                            for ln in lines[1:]))
     return p
 

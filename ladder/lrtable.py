@@ -1,8 +1,11 @@
 """The LR table: the learning rate of every update of a run, the one place it is built.
 
-The trainer feeds it to its step (``ladder.train.lr_table``, cast to float32); the schedule-aware
-curve laws read it for every ladder run (``fit.lr_schedules``, ``fit.curves``), rebuilt from a run
-directory's ``config.json`` by :meth:`ladder.runs.RunDir.lr_table`. Convention: entry ``i`` is the
+:func:`run_lr_table` builds a run's table from what its ``config.json`` records (the rung and
+the flat ``train`` section); it is the one entry point: the trainer steps with it (cast to
+float32, ``ladder.train.Session``) and the schedule-aware curve laws read it for every ladder run
+(``fit.curves``) through :meth:`ladder.runs.RunDir.lr_table`, so the LRs a run trained with and
+the LRs a law is fitted on cannot drift apart. :func:`lr_table` is the schedule-level core
+(``fit.lr_schedules`` uses it for schedules that are not runs). Convention: entry ``i`` is the
 LR of 0-based update ``i``, i.e. ``peak x Schedule.lr_frac(i, steps)``; the ``lr-spike`` demo
 fault multiplies every update from ``spike_at`` on.
 
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-LR_SPIKE = "lr-spike"     # the trainer's fault that multiplies the LR (ladder.train.FAULTS)
+LR_SPIKE = "lr-spike"     # the trainer's fault that multiplies the LR (ladder.trainconfig.FAULTS)
 SPIKE_AT = 0.5            # default: from half of the planned steps on (TrainConfig.fault_at)
 SPIKE_SCALE = 10.0        # default LR multiplier (TrainConfig.fault_scale): a visible jump
 
@@ -35,8 +38,9 @@ def lr_table(schedule, steps: int, peak_lr: float, *, spike_at: int | None = Non
 
 
 def run_lr_table(rung, train: dict | None) -> np.ndarray:
-    """The LR table a run trained with: ``rung`` (a :class:`ladder.specs.Rung`) and the ``train``
-    section of its ``config.json`` (the lr-spike fault, with the trainer's defaults)."""
+    """The float64 LR table of a run: ``rung`` (a :class:`ladder.specs.Rung`, as it ran) and the
+    ``train`` section of its ``config.json`` (``TrainConfig.to_dict()``: ``fault``, ``fault_at``,
+    ``fault_scale``; a missing ``fault_at``/``fault_scale`` takes the trainer's default)."""
     train = train or {}
     spike = None
     if train.get("fault") == LR_SPIKE:

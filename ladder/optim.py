@@ -20,7 +20,7 @@ published peak LRs come out to < 1% (tests/test_optim.py). beta1 also serves as 
 momentum (the recipe names one beta1; optax's Muon default would be 0.95).
 
 The schedule: the step's input ``lr`` is the Adam peak times the schedule's multiplier
-(``ladder.train.lr_table``), so the MuonH/AdamH step is ``lr x muonh_lr / adam_lr``: the
+(``ladder.lrtable.run_lr_table``), so the MuonH/AdamH step is ``lr x muonh_lr / adam_lr``: the
 multiplier applies to both peaks. The trainer applies ``params - lr * updates``; the hyperball
 groups need the step's LR to land on the sphere, so ``update(..., lr=...)`` takes it and returns
 ``(p - p') / lr`` for those leaves (exact up to float rounding: |p| is kept to ~1e-7).

@@ -48,6 +48,7 @@ import os
 import re
 import sys
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 
 from ladder.accelerators import (  # noqa: F401  (ACCELERATORS re-exported)
     ACCELERATORS, GB200_BF16_DENSE_FLOPS, accelerator_peak)
@@ -157,16 +158,25 @@ def activation_elements_per_token(cfg, seq_len: int) -> float:
     return total + once + 3 * cfg.vocab_size * min(cfg.loss_chunk, seq_len) / seq_len
 
 
-def plan_rung(rung: Rung, devices: int = 1, *, expert_parallel: int | None = None,
-              microbatch: int | None = None, peak_flops: float = GB200_BF16_DENSE_FLOPS,
-              mfu: float = DEFAULT_MFU) -> RungPlan:
-    """Memory and time of ``rung`` on ``devices`` devices, the batch in microbatches of
-    ``microbatch`` sequences (default: whole). Raises ValueError naming the field."""
+@lru_cache(maxsize=64)
+def exact_param_count(cfg) -> tuple[int, int]:
+    """(trained parameters, router-bias entries) of ``cfg``'s abstract parameter tree. Cached per
+    model: the microbatch search plans one model up to ~17 times, and each abstract trace of a
+    large model's init costs seconds on CPU (27.7B: 17 traces, 14.7 s before this cache)."""
     import jax  # noqa: F401  (plan is the one `ladder` command that needs JAX)
     from flax.traverse_util import flatten_dict
 
     from model.transformer import param_shapes
 
+    shapes, bias = param_shapes(cfg)
+    return int(sum(leaf.size for leaf in flatten_dict(shapes).values())), int(bias.size)
+
+
+def plan_rung(rung: Rung, devices: int = 1, *, expert_parallel: int | None = None,
+              microbatch: int | None = None, peak_flops: float = GB200_BF16_DENSE_FLOPS,
+              mfu: float = DEFAULT_MFU) -> RungPlan:
+    """Memory and time of ``rung`` on ``devices`` devices, the batch in microbatches of
+    ``microbatch`` sequences (default: whole). Raises ValueError naming the field."""
     if not peak_flops > 0:
         raise ValueError(f"peak_flops: must be > 0, got {peak_flops!r}")
     if not 0 < mfu <= 1:
@@ -179,9 +189,9 @@ def plan_rung(rung: Rung, devices: int = 1, *, expert_parallel: int | None = Non
 
     from model.balance import N_BINS
 
-    shapes, bias = param_shapes(cfg)
-    n_exact = bias.size + sum(leaf.size for leaf in flatten_dict(shapes).values())
-    trained = (n_exact - bias.size) / mesh.devices      # FSDP: every weight split N ways
+    n_trained, n_bias = exact_param_count(cfg)
+    n_exact = n_trained + n_bias
+    trained = n_trained / mesh.devices                  # FSDP: every weight split N ways
     counted = rung.params
     flops = rung.flops
     seqs_per_device = math.ceil(mb / mesh.devices)      # the largest shard when uneven
@@ -200,7 +210,7 @@ def plan_rung(rung: Rung, devices: int = 1, *, expert_parallel: int | None = Non
         tokens_per_device=seqs_per_device * rung.seq_len,
         flops_per_step=flops.training(rung.tokens_per_step, lm_head=True),
         flops_per_step_no_lm_head=flops.training(rung.tokens_per_step, lm_head=False),
-        param_bytes=(trained + bias.size) * BYTES_F32,   # + the replicated router bias
+        param_bytes=(trained + n_bias) * BYTES_F32,   # + the replicated router bias
         grad_bytes=trained * BYTES_F32 + accumulator,    # the bias has no gradient
         optimizer_bytes=2 * trained * BYTES_F32,         # nor Adam moments
         gathered_bytes=2 * cfg.vocab_size * cfg.d_model * BYTES_F32,

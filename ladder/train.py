@@ -29,6 +29,7 @@ from ladder import distributed
 from ladder.checkpointing import Checkpoints
 from ladder.data import corrupt_bytes, load_corpus, shuffle_bytes
 from ladder.io import EX_USAGE, InputError, atomic_write_json
+from ladder.lrtable import run_lr_table
 from ladder.rundir import (
     RUN_CONFIG_SCHEMA,
     MetricsFile,
@@ -42,7 +43,6 @@ from ladder.step import batch_sharding, enable_compilation_cache, make_mesh, pro
 from ladder.trainconfig import (
     TrainConfig,
     checkpoint_steps,
-    lr_table,
     microbatch_size,
     resolve_rung,
 )
@@ -231,7 +231,9 @@ class Session:
         self.metrics = MetricsFile(out / "metrics.jsonl", writer=self.writer)
 
         # --- the programs, the data and the state
-        self.lrs = lr_table(rung, cfg.fault)
+        # the LR table from what config.json records, by the function the curve laws rebuild it
+        # with (RunDir.lr_table): the LRs a run stepped with and the ones fitted are one table
+        self.lrs = run_lr_table(rung, config["train"]).astype(np.float32)
         self.programs = programs(rung.model, mesh, rung.optimizer_settings,
                                  rung.batch // microbatch)
         self.split = batch_sharding(mesh)

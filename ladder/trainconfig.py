@@ -23,11 +23,8 @@ import json
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from ladder.io import EX_USAGE, InputError
 from ladder.lrtable import LR_SPIKE, SPIKE_AT, SPIKE_SCALE, spike_step
-from ladder.lrtable import lr_table as base_lr_table
 from ladder.optspec import OPTIMIZERS
 from ladder.specs import Rung, Schedule
 from model.config import ModelConfig
@@ -345,15 +342,6 @@ def resolve_rung(rung: Rung, cfg: TrainConfig, corpus_vocab: int | None = None) 
         kw["eval_every"] = float(cfg.eval_every)
     kw["optimizer"] = cfg.optim.apply(rung.optimizer)
     return rung.replace(**kw)
-
-
-def lr_table(rung: Rung, fault: Fault | None = None) -> np.ndarray:
-    """Peak LR x schedule for every step (0-based), with an lr-spike ``fault`` applied: the one
-    LR table (:mod:`ladder.lrtable`, which the curve laws rebuild from config.json), in float32."""
-    spike = fault is not None and fault.kind == LR_SPIKE
-    return base_lr_table(rung.schedule, rung.steps, rung.peak_lr,
-                         spike_at=fault.first_step(rung.steps) if spike else None,
-                         spike_scale=fault.scale if spike else SPIKE_SCALE).astype(np.float32)
 
 
 def checkpoint_steps(rung: Rung, run: RunArgs) -> set[int]:

@@ -43,3 +43,24 @@ def run_on_fake_devices(script: str, *args: str, devices: int = 8, timeout: int 
                        capture_output=True, text=True, timeout=timeout, check=False)
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stdout
+
+
+@pytest.fixture()
+def prereg_path(tmp_path):
+    """The watcher tests' pre-registration (helpers.watch_world's target), in tmp_path."""
+    from helpers import write_watch_prereg
+    return write_watch_prereg(tmp_path / "prereg.json")
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """(run directory, summary) of the tiny ladder's first rung trained once, uninterrupted, at a
+    given peak (no matmul measured; tests/test_train_run.py's and test_train_preempt.py's CFG):
+    the reference the resume tests compare with. Read it; never write into it."""
+    from ladder.specs import LADDERS
+    from ladder.train import train_rung
+    from ladder.trainconfig import RunArgs, TrainConfig
+
+    out = tmp_path_factory.mktemp("tiny_run") / "run"
+    cfg = TrainConfig(run=RunArgs(peak_flops=1e11, progress=False))
+    return out, train_rung(LADDERS["tiny"].rungs[0], out, cfg)

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from fit import load_law, load_points
+from helpers import write_law_runs
 from ladder.cli import main
 from ladder.io import InputError
-from ladder.specs import get_ladder
 
 
 @pytest.fixture(autouse=True)
@@ -35,27 +35,13 @@ def _cli(*args):
     return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
-def _write_runs(root, truth=(1.6, 40.0, 0.1), status="complete"):
-    """A runs directory as the trainer writes it, with losses from a known compute law."""
-    E, A, alpha = truth
-    lad = get_ladder("tiny")
+def _write_runs(root, status="complete"):
+    """The tiny ladder's runs on helpers.KNOWN_LAW; a constant train/loss far from it (the fit
+    must read eval_dropless/loss) and a partial last line in every metrics.jsonl (ignored)."""
+    lad = write_law_runs(root, status=status, train_loss=9.9)
     for rung in lad.rungs:
-        d = root / lad.name / rung.name
-        d.mkdir(parents=True)
-        (d / "config.json").write_text(json.dumps(
-            {"schema": "run-config/1", "rung": rung.to_dict(), "train": {}, "mesh": {}}))
-        (d / "summary.json").write_text(json.dumps(
-            {"schema": "run-summary/1", "status": status, "ladder": lad.name,
-             "rung": rung.name}))
-        lines = []
-        for step in rung.eval_steps():
-            tokens = step * rung.tokens_per_step
-            C = rung.compute(tokens)
-            lines.append(json.dumps({"step": step, "tokens": tokens, "progress": step / rung.steps,
-                                     "time": 0.0, "eval_dropless/loss": E + A * C ** -alpha,
-                                     "train/loss": 9.9}))
-        lines.append('{"step": 99999, "tok')  # a partial last line is ignored
-        (d / "metrics.jsonl").write_text("\n".join(lines))
+        with open(root / lad.name / rung.name / "metrics.jsonl", "a") as f:
+            f.write('{"step": 99999, "tok')
     return lad
 
 

@@ -4,7 +4,8 @@
                    ^--- trainer (ladder.train, plan, optim, ...: on model and the base)
 
 Every ``import`` in every module of model/, ladder/, fit/, predict/ and reports/ counts, the ones
-inside functions too (a lazy import still couples the modules). Three rules:
+inside functions too (a lazy import still couples the modules). Three rules (and a fourth: none
+of them imports tests/ or bench/, which stand above them all):
 1. nothing imports upward (nor the trainer from fit/predict/reports, nor those from the trainer);
 2. no cycle between modules;
 3. JAX, flax, optax and orbax are reached only from model/ and the trainer: no chain of imports
@@ -118,6 +119,17 @@ def test_nothing_imports_upward():
                 bad.append(f"{modules()[m].relative_to(ROOT)}:{line}: {m} ({layer(m)}) imports "
                            f"{ours} ({layer(ours)})")
     assert not bad, "imports against the layers:\n" + "\n".join(bad)
+
+
+def test_the_library_imports_neither_tests_nor_bench():
+    """tests/ and bench/ stand on top of everything (bench/fuzz_inputs.py writes its runs with
+    tests/helpers.py; tests import bench scripts to run them): no module of the library imports
+    either, so neither ever ships in what a user imports."""
+    above = ("tests", "bench", "helpers", "conftest")
+    bad = [f"{modules()[m].relative_to(ROOT)}:{line}: {m} imports {t}"
+           for m, targets in edges().items() for t, line in targets.items()
+           if t.split(".")[0] in above]
+    assert not bad, "\n".join(bad)
 
 
 def _cycles() -> list[set[str]]:

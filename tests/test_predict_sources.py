@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import watch_rows as rows  # the watched target's run; prereg_path: conftest
+from helpers import watch_world, write_jsonl
 from ladder.cli import main
 from predict import prereg as pr
 from predict import synthetic as sy
@@ -21,25 +23,7 @@ from predict.sources import CsvSource, JsonlSource, WandbApiSource, WandbOffline
 from predict.watch import Alert
 
 ROOT = Path(__file__).resolve().parents[1]
-TRUTH = sy.Truth()
-TARGET = sy.ladder_targets(4, steps0=150)[-1]
-LAW = sy.TruthLaw(TRUTH, run_sigma=0.005)
-NOISE = sy.RunNoise(run_sigma=0.005, eval_sigma=0.003)
-
-
-def rows(fault="none", at=0.5, seed=0):
-    return sy.make_run(TRUTH, TARGET, noise=NOISE, fault=sy.Fault(fault, at, 0.03), seed=seed,
-                       offset=0.0).rows
-
-
-@pytest.fixture()
-def prereg_path(tmp_path):
-    return pr.write_once(tmp_path / "prereg.json", make_prereg(LAW, TARGET, eval_noise=0.003))
-
-
-def write_jsonl(path, rs, mode="w"):
-    with open(path, mode) as f:
-        f.writelines(json.dumps(r) + "\n" for r in rs)
+TRUTH, TARGET, LAW, NOISE = watch_world()
 
 
 # ------------------------------------------------------------------ JSONL tailing

@@ -76,14 +76,18 @@ def test_lr_table_is_the_schedule_times_the_peak_with_the_spike():
 
 
 def test_run_lr_table_applies_the_spike_with_the_trainers_defaults():
-    from ladder.trainconfig import Fault
-    from ladder.trainconfig import lr_table as trainer_table
+    from ladder.trainconfig import Fault, TrainConfig
 
     rung = LAD.rungs[0]
     fault = Fault("lr-spike")
-    got = run_lr_table(rung, {"fault": "lr-spike"})   # config.json without fault_at/scale
-    np.testing.assert_array_equal(got.astype(np.float32), trainer_table(rung, fault))
-    assert got[-1] == pytest.approx(fault.scale * trainer_table(rung)[-1], rel=1e-6)
+    # config.json without fault_at/fault_scale (an older run) vs the trainer's full flat config
+    got = run_lr_table(rung, {"fault": "lr-spike"})
+    np.testing.assert_array_equal(got, run_lr_table(rung, TrainConfig(fault=fault).to_dict()))
+    plain = run_lr_table(rung, TrainConfig().to_dict())
+    k = fault.first_step(rung.steps)
+    np.testing.assert_array_equal(got[:k], plain[:k])
+    np.testing.assert_allclose(got[k:], fault.scale * plain[k:], rtol=1e-12)
+    np.testing.assert_array_equal(plain, run_lr_table(rung, None))
 
 
 def test_fit_predict_and_reports_see_the_same_runs(tmp_path):

@@ -5,11 +5,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from helpers import start_and_signal
 from ladder.io import read_json, read_metrics
 from ladder.specs import LADDERS
 from ladder.train import train_rung
@@ -17,16 +17,15 @@ from ladder.trainconfig import RunArgs, TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNG = LADDERS["tiny"].rungs[0]
-CFG = TrainConfig(run=RunArgs(peak_flops=1e11, progress=False))
 KEYS = ["step", "tokens", "train/loss", "train/ce", "grad/norm", "params/norm/router_bias",
         "moe/drop_frac", "eval/loss", "eval_dropless/loss"]
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ref") / "run"
-    train_rung(RUNG, out, CFG)
-    return read_metrics(out / "metrics.jsonl")
+def reference(tiny_run):
+    """The metrics rows of RUNG trained uninterrupted at peak_flops 1e11 (conftest's tiny_run;
+    the run arguments below differ only in what never changes a run's numbers)."""
+    return read_metrics(tiny_run[0] / "metrics.jsonl")
 
 
 def _steps(path: Path) -> list[int]:
@@ -80,31 +79,19 @@ def test_checkpoint_minutes_is_validated():
 
 @pytest.mark.slow
 def test_ladder_run_exits_143_on_sigterm_and_resumes_identically(reference, tmp_path):
-    args = [sys.executable, "-m", "ladder.cli", "run", "tiny", "--rung", RUNG.name, "--out",
-            str(tmp_path), "--peak_flops=1e11", "--checkpoint_every=7", "--progress=false"]
+    args = ["run", "tiny", "--rung", RUNG.name, "--out", str(tmp_path), "--peak_flops=1e11",
+            "--checkpoint_every=7", "--progress=false"]
     run_dir = tmp_path / "tiny" / RUNG.name
     metrics = run_dir / "metrics.jsonl"
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
-    try:
-        deadline = time.time() + 300
-        while time.time() < deadline and proc.poll() is None:
-            n = metrics.read_bytes().count(b"\n") if metrics.exists() else 0
-            if n >= 10 and n % 7:
-                break
-            time.sleep(0.002)
-        proc.send_signal(signal.SIGTERM)
-        err = proc.communicate(timeout=300)[1]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    proc = start_and_signal(args, metrics, signal.SIGTERM)
+    err = proc.err
     assert proc.returncode == 143, err
     assert "interrupted at step" in err and "SIGTERM" in err and "--resume" in err
     s = read_json(run_dir / "summary.json", schema="run-summary")
     assert s["signal"] == "SIGTERM" and 10 <= s["step"] < RUNG.steps and s["step"] % 7
     assert _steps(run_dir / "checkpoints" / "rolling") == [s["step"]]
-    r = subprocess.run(args + ["--resume"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300, check=False)
+    r = subprocess.run([sys.executable, "-m", "ladder.cli", *args, "--resume"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 0, r.stderr
     rows = read_metrics(metrics)
     assert [[r.get(k) for k in KEYS] for r in rows] == \

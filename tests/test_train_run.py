@@ -5,14 +5,15 @@ import math
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from helpers import start_and_signal
 from ladder.cli import main
 from ladder.io import read_json, read_metrics
+from ladder.runs import read_run
 from ladder.specs import LADDERS, Rung
 from ladder.train import train_rung
 from ladder.trainconfig import Fault, RunArgs, TrainConfig
@@ -20,6 +21,7 @@ from ladder.trainconfig import Fault, RunArgs, TrainConfig
 ROOT = Path(__file__).resolve().parent.parent
 RUNG = LADDERS["tiny"].rungs[0]
 CFG = TrainConfig(run=RunArgs(peak_flops=1e11, progress=False))  # a given peak: no matmul measured
+# tiny_run (conftest): RUNG trained once with CFG, shared with test_train_preempt.py
 
 # shared/DESIGN.md section 3: the keys of metrics.jsonl
 ALWAYS = ["step", "tokens", "progress", "time", "train/loss", "train/ce", "train/z_loss",
@@ -30,15 +32,8 @@ GROUPS = ["embedding", "lm_head", "attention", "norms", "router", "latent", "sha
           "routed_experts", "router_bias"]
 
 
-@pytest.fixture(scope="module")
-def full_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("full") / "run"
-    summary = train_rung(RUNG, out, CFG)
-    return out, summary
-
-
-def test_tiny_rung_trains_and_writes_the_run_directory(full_run):
-    out, summary = full_run
+def test_tiny_rung_trains_and_writes_the_run_directory(tiny_run):
+    out, summary = tiny_run
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, RUNG.steps + 1))
     for r in rows:
@@ -63,6 +58,8 @@ def test_tiny_rung_trains_and_writes_the_run_directory(full_run):
     warm = 0.01 * RUNG.steps  # the last step (index steps-1) is 1 step short of the end
     assert lrs[-1] == pytest.approx(
         RUNG.peak_lr * (1 - 0.95 * (RUNG.steps - 1 - warm) / (RUNG.steps - warm)), rel=1e-6)
+    # ... and it is the table the curve laws rebuild from the run directory (one LR table)
+    np.testing.assert_array_equal(np.float32(lrs), read_run(out).lr_table().astype(np.float32))
 
     assert summary["status"] == "complete" and summary["step"] == RUNG.steps
     assert summary["final"]["eval_dropless/loss"] == evals[-1]["eval_dropless/loss"]
@@ -80,8 +77,8 @@ def test_tiny_rung_trains_and_writes_the_run_directory(full_run):
         == RUNG.eval_steps()[-2:]
 
 
-def test_resume_reproduces_the_uninterrupted_run_bitwise(full_run, tmp_path):
-    out, _ = full_run
+def test_resume_reproduces_the_uninterrupted_run_bitwise(tiny_run, tmp_path):
+    out, _ = tiny_run
     part = train_rung(RUNG, tmp_path / "r", CFG, max_steps=23)
     assert part["status"] == "running" and part["step"] == 23
     seen = []
@@ -103,31 +100,13 @@ def _cli(*args, env=None, **kw):
                           capture_output=True, text=True, check=False, **kw)
 
 
-def _start_and_signal(args, metrics: Path, sig) -> subprocess.Popen:
-    """Start `ladder ARGS`, send ``sig`` once it is past a checkpoint (every 7 steps) but not at
-    one, and wait for it to end."""
-    proc = subprocess.Popen([sys.executable, "-m", "ladder.cli", *args], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.time() + 300
-        while time.time() < deadline and proc.poll() is None:
-            n = metrics.read_bytes().count(b"\n") if metrics.exists() else 0
-            if n >= 10 and n % 7:
-                break
-            time.sleep(0.002)
-        proc.send_signal(sig)
-    finally:
-        proc.err = proc.communicate()[1]
-    return proc
-
-
 @pytest.mark.slow
-def test_sigkill_mid_run_then_resume_loses_and_duplicates_nothing(full_run, tmp_path):
-    out, _ = full_run
+def test_sigkill_mid_run_then_resume_loses_and_duplicates_nothing(tiny_run, tmp_path):
+    out, _ = tiny_run
     args = ["run", "tiny", "--rung", RUNG.name, "--out", str(tmp_path), "--peak_flops=1e11",
             "--checkpoint_every=7", "--progress=false"]
     metrics = tmp_path / "tiny" / RUNG.name / "metrics.jsonl"
-    proc = _start_and_signal(args, metrics, signal.SIGKILL)
+    proc = start_and_signal(args, metrics, signal.SIGKILL)
     assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
     killed_at = metrics.read_bytes().count(b"\n")
     assert 10 <= killed_at < RUNG.steps
@@ -141,12 +120,12 @@ def test_sigkill_mid_run_then_resume_loses_and_duplicates_nothing(full_run, tmp_
 
 
 @pytest.mark.slow
-def test_ctrl_c_checkpoints_and_exits_then_resumes(full_run, tmp_path):
-    out, _ = full_run
+def test_ctrl_c_checkpoints_and_exits_then_resumes(tiny_run, tmp_path):
+    out, _ = tiny_run
     args = ["run", "tiny", "--rung", RUNG.name, "--out", str(tmp_path), "--peak_flops=1e11",
             "--checkpoint_every=7", "--progress=false"]
     run_dir = tmp_path / "tiny" / RUNG.name
-    proc = _start_and_signal(args, run_dir / "metrics.jsonl", signal.SIGINT)
+    proc = start_and_signal(args, run_dir / "metrics.jsonl", signal.SIGINT)
     assert proc.returncode == 130, proc.err
     assert "interrupted at step" in proc.err and "--resume" in proc.err
     s = read_json(run_dir / "summary.json", schema="run-summary")
@@ -221,8 +200,8 @@ def test_wandb_offline_mirror(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("fault", ["lr-spike", "data-swap"])
-def test_injected_faults_start_at_their_step(full_run, tmp_path, fault):
-    out, _ = full_run
+def test_injected_faults_start_at_their_step(tiny_run, tmp_path, fault):
+    out, _ = tiny_run
     ref = read_metrics(out / "metrics.jsonl")
     cfg = TrainConfig(run=RunArgs(peak_flops=1e11, progress=False),
                       fault=Fault(fault, at=0.5, scale=10.0))

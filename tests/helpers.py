@@ -1,0 +1,135 @@
+"""Worlds that several test modules build alike, written once (issue 16: one shape for each idea).
+
+Test modules import it as ``helpers`` (pytest puts tests/ on sys.path, as for ``conftest``);
+bench/fuzz_inputs.py, which the default suite runs too, as ``tests.helpers``. It imports no test
+module and nothing outside the library, so either import is the same code.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# ---------------------------------------------------- a runs directory with a known law
+
+KNOWN_LAW = (1.6, 40.0, 0.1)   # E, A, alpha of loss = E + A * C^-alpha (C in FLOPs)
+
+
+def write_law_runs(root: Path, truth: tuple[float, float, float] = KNOWN_LAW, *,
+                   status: str = "complete", train_loss: float | None = None):
+    """The tiny ladder's runs under ``root/tiny/<rung>`` as the trainer lays them out (config.json,
+    summary.json, metrics.jsonl, each line ending in a newline), every eval's
+    ``eval_dropless/loss`` exactly on the compute law ``truth``. ``train/loss`` is ``train_loss``
+    at every eval, or the law plus 0.01 when None. Returns the ladder."""
+    from ladder.specs import get_ladder
+
+    E, A, alpha = truth
+    lad = get_ladder("tiny")
+    for rung in lad.rungs:
+        d = root / lad.name / rung.name
+        d.mkdir(parents=True)
+        (d / "config.json").write_text(json.dumps(
+            {"schema": "run-config/1", "rung": rung.to_dict(), "train": {}, "mesh": {}}))
+        (d / "summary.json").write_text(json.dumps(
+            {"schema": "run-summary/1", "status": status, "ladder": lad.name,
+             "rung": rung.name}))
+        lines = []
+        for step in rung.eval_steps():
+            tokens = step * rung.tokens_per_step
+            loss = E + A * rung.compute(tokens) ** -alpha
+            lines.append(json.dumps({"step": step, "tokens": tokens, "progress": step / rung.steps,
+                                     "time": 0.0, "eval_dropless/loss": loss,
+                                     "train/loss": loss + 0.01 if train_loss is None
+                                     else train_loss}) + "\n")
+        (d / "metrics.jsonl").write_text("".join(lines))
+    return lad
+
+
+# ---------------------------------------------------- a watched synthetic target run
+
+
+@functools.cache
+def watch_world():
+    """(truth, target, law, noise) of the watcher tests: the 4th rung of a synthetic ladder (1200
+    steps, an eval every 1%), its true law with 0.5% run-to-run scatter, eval noise 0.3%."""
+    from predict import synthetic as sy
+
+    truth = sy.Truth()
+    return (truth, sy.ladder_targets(4, steps0=150)[-1], sy.TruthLaw(truth, run_sigma=0.005),
+            sy.RunNoise(run_sigma=0.005, eval_sigma=0.003))
+
+
+def watch_rows(fault: str = "none", at: float = 0.5, seed: int = 0) -> list[dict]:
+    """The metrics rows of the watched target's run, with ``fault`` (of size 0.03) from ``at``."""
+    from predict import synthetic as sy
+
+    truth, target, _, noise = watch_world()
+    return sy.make_run(truth, target, noise=noise, fault=sy.Fault(fault, at, 0.03), seed=seed,
+                       offset=0.0).rows
+
+
+def write_watch_prereg(path: Path) -> Path:
+    """The target's pre-registration (its law, eval noise 0.003) written once at ``path``."""
+    from predict import prereg as pr
+    from predict.commands import make_prereg
+
+    _, target, law, _ = watch_world()
+    return pr.write_once(path, make_prereg(law, target, eval_noise=0.003))
+
+
+def write_jsonl(path, rows, mode: str = "w") -> None:
+    """``rows`` as JSON lines (``mode="a"`` appends, as a training run does)."""
+    with open(path, mode) as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+
+
+# ---------------------------------------------------- a `ladder run` stopped by a signal
+
+
+def start_and_signal(args: list[str], metrics: Path, sig, *, every: int = 7,
+                     timeout: float = 300) -> subprocess.Popen:
+    """Start ``python -m ladder.cli ARGS`` from the checkout, send ``sig`` once ``metrics`` holds
+    10 or more rows and the run is past a checkpoint (every ``every`` steps) but not at one, and
+    wait for it to end; its stderr is ``proc.err``."""
+    proc = subprocess.Popen([sys.executable, "-m", "ladder.cli", *args], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + timeout
+        while time.time() < deadline and proc.poll() is None:
+            n = metrics.read_bytes().count(b"\n") if metrics.exists() else 0
+            if n >= 10 and n % every:
+                break
+            time.sleep(0.002)
+        proc.send_signal(sig)
+        proc.err = proc.communicate(timeout=timeout)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc
+
+
+# ---------------------------------------------------- documents packed in one sequence
+
+
+def assert_documents_stay_apart(fwd, tokens, vocab_size: int, cut: int, atol: float) -> None:
+    """``fwd(tokens, segment_ids)`` -> per-token outputs [B, S, ...]. With two documents split
+    at ``cut`` (segment 0, then 1), changing the first document's tokens leaves the second's
+    outputs equal to ``atol`` and changes the first's; with one segment the second sees them."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    B, S = tokens.shape
+    seg = jnp.broadcast_to(jnp.where(jnp.arange(S) < cut, 0, 1), (B, S)).astype(jnp.int32)
+    changed = tokens.at[:, :cut].set((tokens[:, :cut] + 3) % vocab_size)
+    a, b = fwd(tokens, seg), fwd(changed, seg)
+    np.testing.assert_allclose(a[:, cut:], b[:, cut:], rtol=0, atol=atol)
+    assert not np.allclose(a[:, :cut], b[:, :cut])
+    whole = jnp.zeros((B, S), jnp.int32)
+    assert not np.allclose(fwd(tokens, whole)[:, cut:], fwd(changed, whole)[:, cut:])
