@@ -1,0 +1,215 @@
+"""A persisted memo of a metrics JSONL's polls, so that a watcher started again without its state
+(``ladder watch`` run once an hour, a follow restarted with a fresh ``--state``) reads only what
+is new: ``JsonlSource.poll_batch`` looks here before it parses.
+
+An entry is one poll's result (the :class:`predict.watch.Batch` of its rows, its bad-line count,
+the offsets and line numbers it moved between) stored only when a fresh read would give that
+same poll on any later state of the file: the poll began at a line start, every chunk it read was
+a full ``chunk_bytes`` read and it stopped because it had ``max_rows`` rows, not at the end of the
+file. Its output is then a function of the bytes it read alone, so replaying the entry IS
+parsing them, provided those bytes are still the same. That is checked before each replay: the
+file's inode and first line, its size, and a CRC-32 of every byte the poll read (zlib: ~0.4 s per
+GB, a third of SHA-1's cost here; an accidental rewrite that kept inode, first line and length and
+collided in the CRC would go unseen, a 1 in 4e9 chance). A mismatch drops that entry and every
+later one; a truncated, rotated or rewritten file is read again and the cache rebuilt.
+
+Entries live beside the metrics file in ``.<name>.watch-cache/<spec>/`` (``spec``: a digest of
+what shapes a poll: the keys read, ``chunk_bytes``, ``max_rows`` and the code of the readers), one
+``.npz`` per entry and an ``index.json``, each written atomically; a directory that cannot be
+written means no cache (logged), never a failed watch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from ladder.io import InputError, atomic_write_bytes, atomic_write_json
+
+SCHEMA = "watch-column-cache/1"
+log = logging.getLogger("ladder")
+
+# the modules whose code decides a poll's output: a change to any of them is a new cache
+_CODE = ("jsonl_columns.py", "watch/batch.py", "sources.py", "column_cache.py")
+
+
+def _code_digest() -> str:
+    h = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    for name in _CODE:
+        h.update((here / name).read_bytes())
+    return h.hexdigest()
+
+
+def spec_of(keys, keep, *, chunk_bytes: int, max_rows: int) -> dict | None:
+    """What shapes a poll besides the file's bytes; None when ``keep`` is not a
+    :class:`predict.watch.batch.KeyFilter` (an arbitrary callable has no stable description)."""
+    from predict.watch.batch import KeyFilter
+    if keep is not None and not isinstance(keep, KeyFilter):
+        return None
+    return {"keys": None if keys is None else sorted(keys),
+            "keep": None if keep is None else {"fixed": sorted(keep.fixed),
+                                               "prefixes": list(keep.prefixes)},
+            "chunk_bytes": int(chunk_bytes), "max_rows": int(max_rows), "code": _code_digest()}
+
+
+def crc_range(f, start: int, stop: int, block: int = 8 << 20) -> int:
+    """CRC-32 of bytes [start, stop) of the open file ``f``."""
+    f.seek(start)
+    crc, left = 0, stop - start
+    while left > 0:
+        data = f.read(min(block, left))
+        if not data:
+            break
+        crc = zlib.crc32(data, crc)
+        left -= len(data)
+    return crc
+
+
+class ColumnCache:
+    """The memo of one metrics file's polls under one spec (see the module docstring)."""
+
+    def __init__(self, path: str | os.PathLike, spec: dict, directory: str | os.PathLike | None
+                 = None):
+        self.path = Path(path)
+        self.spec = spec
+        tag = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+        base = Path(directory) if directory is not None else \
+            self.path.parent / f".{self.path.name}.watch-cache"
+        self.dir = base / tag
+        self.disabled = False
+        self._index: dict | None = None
+
+    # ------------------------------------------------------------------ index
+    def _load(self, inode: int, head: str) -> dict:
+        if self._index is not None and self._index["inode"] == inode and \
+                self._index["head"] == _digest(head):
+            return self._index
+        idx = None
+        try:
+            with open(self.dir / "index.json", "rb") as f:
+                idx = json.load(f)
+        except (OSError, ValueError):
+            idx = None
+        if not (isinstance(idx, dict) and idx.get("schema") == SCHEMA and
+                idx.get("spec") == self.spec and idx.get("inode") == inode and
+                idx.get("head") == _digest(head) and isinstance(idx.get("entries"), list)):
+            if idx is not None:
+                self._drop_from(idx, 0)  # another file (rotated, rewritten) or another spec
+            idx = {"schema": SCHEMA, "spec": self.spec, "path": str(self.path), "inode": inode,
+                   "head": _digest(head), "entries": []}
+        self._index = idx
+        return idx
+
+    def _drop_from(self, idx: dict, k: int) -> None:
+        """Forget entries ``k..`` (their files removed; the index rewritten when it has a file)."""
+        for e in idx.get("entries", [])[k:]:
+            try:
+                os.unlink(self.dir / str(e.get("file")))
+            except (OSError, TypeError):
+                pass
+        idx["entries"] = idx.get("entries", [])[:k]
+        if (self.dir / "index.json").exists():
+            self._write_index(idx)
+
+    def _write_index(self, idx: dict) -> None:
+        try:
+            atomic_write_json(self.dir / "index.json", idx)
+        except InputError as e:
+            self._disable(e)
+
+    def _disable(self, e: Exception) -> None:
+        if not self.disabled:
+            log.info("column cache of %s not written (%s): the watcher reads the file", self.path,
+                     e)
+        self.disabled = True
+
+    # ------------------------------------------------------------------ use
+    def lookup(self, offset: int, line_no: int, inode: int, head: str, size: int):
+        """The entry of the poll that starts at ``offset`` (line ``line_no``) with its batch, or
+        None; the bytes it read are checked against the file first."""
+        if self.disabled or not head:
+            return None
+        idx = self._load(inode, head)
+        for k, e in enumerate(idx["entries"]):
+            if e["start"] != offset or e["line0"] != line_no:
+                continue
+            if size < e["read_to"] or not self._same_bytes(e):
+                self._drop_from(idx, k)
+                return None
+            try:
+                with np.load(self.dir / e["file"], allow_pickle=False) as z:
+                    arrays = {name: z[name] for name in z.files}
+            except (OSError, ValueError, KeyError) as err:
+                log.info("column cache entry %s not read (%s)", e["file"], err)
+                self._drop_from(idx, k)
+                return None
+            return e, _batch_of(arrays)
+        return None
+
+    def _same_bytes(self, e: dict) -> bool:
+        try:
+            with open(self.path, "rb") as f:
+                return crc_range(f, e["start"], e["read_to"]) == e["crc32"]
+        except OSError:
+            return False
+
+    def store(self, entry: dict, batch, inode: int, head: str) -> None:
+        """Add the entry of a replayable poll (``entry``: start, end, read_to, line0, line1, bad,
+        first_bad, max_step) and its batch."""
+        if self.disabled or not head:
+            return
+        idx = self._load(inode, head)
+        if any(e["start"] == entry["start"] for e in idx["entries"]):
+            return
+        if idx["entries"] and idx["entries"][-1]["end"] != entry["start"]:
+            return  # entries are kept contiguous from the first one on
+        if not idx["entries"] and entry["start"] != 0:
+            return
+        try:
+            with open(self.path, "rb") as f:
+                entry = {**entry, "crc32": crc_range(f, entry["start"], entry["read_to"])}
+        except OSError:
+            return
+        name = f"e{entry['start']:015d}.npz"
+        buf = io.BytesIO()
+        np.savez(buf, **_arrays_of(batch))
+        try:
+            atomic_write_bytes(self.dir / name, buf.getvalue())
+        except InputError as e:
+            self._disable(e)
+            return
+        idx["entries"].append({**entry, "file": name})
+        self._write_index(idx)
+
+
+def _digest(head: str) -> str:
+    return hashlib.sha256(head.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _arrays_of(batch) -> dict[str, np.ndarray]:
+    out = {"step": batch.step}
+    for i, k in enumerate(sorted(batch.cols)):
+        out[f"c{i}"] = batch.cols[k]
+    for i, k in enumerate(sorted(batch.nonfinite)):
+        out[f"n{i}"] = batch.nonfinite[k]
+    # names, configurations and notes as JSON text (Python's json: NaN and Infinity round-trip)
+    out["meta"] = np.array(json.dumps({"cols": sorted(batch.cols), "nf": sorted(batch.nonfinite),
+                                       "configs": batch.configs, "notes": batch.notes}))
+    return out
+
+
+def _batch_of(arrays: dict[str, np.ndarray]):
+    from predict.watch import Batch
+    meta = json.loads(str(arrays["meta"]))
+    return Batch(step=arrays["step"],
+                 cols={k: arrays[f"c{i}"] for i, k in enumerate(meta["cols"])},
+                 nonfinite={k: arrays[f"n{i}"] for i, k in enumerate(meta["nf"])},
+                 configs=meta["configs"], notes=meta["notes"])
