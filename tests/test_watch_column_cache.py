@@ -150,8 +150,10 @@ def test_an_unwritable_or_damaged_cache_is_not_an_error(tmp_path, monkeypatch):
     _same(_polls(p, cache_dir=blocker / "cache")[0], parsed)  # cannot be created: no cache
     d = tmp_path / "cache"
     _polls(p, cache_dir=d)
-    for e in d.glob("*/e*.npz"):
-        e.write_bytes(b"not an npz")
+    entries = sorted(d.glob("*/e*.npy"))
+    assert len(entries) >= 3
+    entries[0].write_bytes(b"not an npy")
+    entries[1].write_bytes(entries[1].read_bytes()[:-100])  # torn
     _same(_polls(p, cache_dir=d)[0], parsed)
     for idx in d.glob("*/index.json"):
         idx.write_text("{")

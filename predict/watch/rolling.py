@@ -70,12 +70,17 @@ def rolling_median(x: np.ndarray, window: int, min_periods: int) -> np.ndarray:
         lo, hi = (window - 1) // 2, window // 2
         net = _network(window)
         m = n - window + 1
+        spare = np.empty(min(m, _CHUNK))
         for a in range(0, m, _CHUNK):
             b = min(m, a + _CHUNK)
             cols = [x[a + j:b + j].copy() for j in range(window)]
-            for i, j in net:
+            t = spare[:b - a]
+            for i, j in net:  # in place: the smaller into a spare array, the larger into v
                 u, v = cols[i], cols[j]
-                cols[i], cols[j] = np.minimum(u, v), np.maximum(u, v)
+                np.minimum(u, v, out=t)
+                np.maximum(u, v, out=v)
+                cols[i], t = t, u
+            spare = t if t.size == spare.size else spare
             out[window - 1 + a:window - 1 + b] = cols[lo] if lo == hi else \
                 (cols[lo] + cols[hi]) / 2
     return out
