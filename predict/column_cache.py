@@ -22,12 +22,14 @@ written means no cache (logged), never a failed watch.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
 import logging
 import mmap
 import os
+import shutil
 import zlib
 from pathlib import Path
 
@@ -42,11 +44,19 @@ log = logging.getLogger("ladder")
 _CODE = ("jsonl_columns.py", "watch/batch.py", "sources.py", "column_cache.py")
 
 
+@functools.lru_cache(maxsize=1)
 def _code_digest() -> str:
     h = hashlib.sha256()
     here = Path(__file__).resolve().parent
     for name in _CODE:
-        h.update((here / name).read_bytes())
+        try:
+            h.update((here / name).read_bytes())
+        except OSError:  # installed without sources: the package's version stands for them
+            from importlib.metadata import PackageNotFoundError, version
+            try:
+                h.update(f"{name}:{version('ladder')}".encode())
+            except PackageNotFoundError:
+                h.update(name.encode())
     return h.hexdigest()
 
 
@@ -119,6 +129,24 @@ class ColumnCache:
         if (self.dir / "index.json").exists():
             self._write_index(idx)
 
+    def _drop_stale_siblings(self) -> None:
+        """Remove the caches of this file made by other versions of the readers (the same spec
+        but for its ``code``): nothing reads them again, and each is ~15% of the file's size."""
+        same = {k: v for k, v in self.spec.items() if k != "code"}
+        try:
+            siblings = [d for d in self.dir.parent.iterdir() if d.is_dir() and d != self.dir]
+        except OSError:
+            return
+        for d in siblings:
+            try:
+                with open(d / "index.json", "rb") as f:
+                    spec = json.load(f).get("spec") or {}
+            except (OSError, ValueError, AttributeError):
+                continue
+            if spec.get("code") != self.spec["code"] and \
+                    {k: v for k, v in spec.items() if k != "code"} == same:
+                shutil.rmtree(d, ignore_errors=True)
+
     def _write_index(self, idx: dict) -> None:
         try:
             atomic_write_json(self.dir / "index.json", idx)
@@ -132,6 +160,13 @@ class ColumnCache:
         self.disabled = True
 
     # ------------------------------------------------------------------ use
+    def may_have(self, offset: int) -> bool:
+        """Whether an entry may start at ``offset`` (no file is read once the index is: a
+        follow's poll past the cached polls costs nothing here)."""
+        if self.disabled:
+            return False
+        return self._index is None or any(e["start"] == offset for e in self._index["entries"])
+
     def lookup(self, offset: int, line_no: int, inode: int, head: str, size: int):
         """The entry of the poll that starts at ``offset`` (line ``line_no``) with its batch, or
         None; the bytes it read are checked against the file first."""
@@ -176,6 +211,8 @@ class ColumnCache:
             entry = {**entry, "crc32": crc_range(self.path, entry["start"], entry["read_to"])}
         except (OSError, ValueError):
             return
+        if not idx["entries"]:
+            self._drop_stale_siblings()
         name = f"e{entry['start']:015d}.npy"
         buf = io.BytesIO()
         for a in _arrays_of(batch):

@@ -288,7 +288,7 @@ class JsonlSource:
         if not self.columns or self.skip_through is not None or self.moved_from:
             return None
         cache = self._cache_for(keys, keep)
-        if cache is None:
+        if cache is None or not cache.may_have(self.offset):
             return None
         try:
             st = os.stat(self.path)

@@ -193,3 +193,36 @@ def test_a_stateless_watch_from_the_cache_gives_the_same_verdict(tmp_path, monke
     hits = _replays(monkeypatch)
     assert watch(True) == ref
     assert watch(True) == ref and sum(hits) > 5
+
+
+def test_a_restart_at_a_saved_position_replays_from_there(tmp_path, monkeypatch):
+    p = tmp_path / "metrics.jsonl"
+    p.write_text(_lines(1, 600))
+    whole, _ = _polls(p)  # builds the cache
+    s = _source(p)
+    for _ in range(3):
+        s.poll_batch(KEYS, KEEP, parallel=False)
+    pos = json.loads(json.dumps(s.position()))  # as the state file keeps it
+    hits = _replays(monkeypatch)
+    r = _source(p)
+    r.restore(pos)
+    rest = []
+    while True:
+        q = r.poll_batch(KEYS, KEEP, parallel=False)
+        rest.append((q, (q.notes, q.more, r.offset, r.line_no, r.max_step)))
+        if not q.more:
+            break
+    _same(rest, whole[3:])
+    assert sum(hits) == len(rest) - 1
+
+
+def test_a_new_version_of_the_readers_replaces_the_old_cache(tmp_path, monkeypatch):
+    p = tmp_path / "metrics.jsonl"
+    p.write_text(_lines(1, 300))
+    _polls(p)
+    base = tmp_path / ".metrics.jsonl.watch-cache"
+    old = list(base.iterdir())
+    monkeypatch.setattr(column_cache, "_code_digest", lambda: "another version")
+    _polls(p)
+    new = list(base.iterdir())
+    assert len(old) == len(new) == 1 and old != new
