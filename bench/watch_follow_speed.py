@@ -11,7 +11,8 @@ the growth of max RSS during the watch, is its own), the watcher started without
 - ``cold``: the same first read with the rules' medians by ``predict.watch.rolling`` (equal to
   pandas' to the bit); it writes the column cache (``predict.column_cache``) as it goes;
 - ``warm``: a watcher started again without its state: the cached polls replayed after their
-  bytes are checked (CRC-32 of all 1.1 GB), then judged;
+  bytes are checked (CRC-32 of all 1.1 GB), then judged; and the same as ``ladder watch PREREG
+  --source FILE`` in a fresh interpreter, end to end;
 - with ``--rows``, also the row path (``JsonlSource.columns = False``: a dict per line from
   pandas' ujson, as the watcher read before the column reader).
 
@@ -123,6 +124,24 @@ def judge_apart(doc, path: Path, how: str, cache_dir: str):
         return ex.submit(judge, doc, path, how, cache_dir).result()
 
 
+def _cli_watch(doc, path: Path) -> tuple[float, int]:
+    """Wall seconds and exit status of ``python -m ladder.cli watch PREREG --source FILE`` in a
+    fresh interpreter (the column cache beside the file warm)."""
+    import subprocess
+
+    from predict import prereg as pr
+    d = tempfile.mkdtemp()
+    try:
+        prereg = pr.write_once(Path(d) / "prereg.json", doc)
+        t0 = time.perf_counter()
+        rc = subprocess.run([sys.executable, "-m", "ladder.cli", "watch", str(prereg), "--source",
+                             str(path)], cwd=Path(__file__).resolve().parents[1],
+                            stdout=subprocess.DEVNULL).returncode
+        return time.perf_counter() - t0, rc
+    finally:
+        shutil.rmtree(d)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lines", type=int, default=1_000_000)
@@ -150,15 +169,20 @@ def main(argv=None) -> int:
           f"in {time.perf_counter() - t0:.0f} s; {os.cpu_count()} cores, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     res = {}
-    cache_dir = tempfile.mkdtemp()
+    sidecar = path.parent / f".{path.name}.watch-cache"  # where `ladder watch` keeps it
+    shutil.rmtree(sidecar, ignore_errors=True)  # the cold path starts without one
     paths = PATHS + ((ROWS,) if args.rows else ())
     for name, how in paths:
-        dt, cpu, mem, verdict = judge_apart(doc, path, how, cache_dir)
+        dt, cpu, mem, verdict = judge_apart(doc, path, how, None)
         res[how] = (dt, cpu, mem, verdict)
         print(f"  {name:<34} {dt:6.2f} s wall, {cpu:6.2f} s CPU, peak +{mem:5.0f} MB; "
               f"exit {verdict[0]}, {verdict[1]:,} points, {verdict[2]} evals, "
               f"{len(verdict[3])} alerts; load {os.getloadavg()[0]:.2f}")
-    shutil.rmtree(cache_dir)
+    cli_s, cli_rc = _cli_watch(doc, path)
+    print(f"  {'warm, `ladder watch` end to end':<34} {cli_s:6.2f} s wall (interpreter start, "
+          f"imports, pre-registration check, judging); exit {cli_rc}; load "
+          f"{os.getloadavg()[0]:.2f}")
+    shutil.rmtree(sidecar, ignore_errors=True)
     base = res["before"]
     for name, how in paths[1:]:
         r = res[how]
