@@ -124,20 +124,23 @@ def judge_apart(doc, path: Path, how: str, cache_dir: str):
         return ex.submit(judge, doc, path, how, cache_dir).result()
 
 
-def _cli_watch(doc, path: Path) -> tuple[float, int]:
-    """Wall seconds and exit status of ``python -m ladder.cli watch PREREG --source FILE`` in a
-    fresh interpreter (the column cache beside the file warm)."""
+def _cli_watch(doc, path: Path) -> tuple[float, float, int]:
+    """Wall and CPU seconds and the exit status of ``python -m ladder.cli watch PREREG --source
+    FILE`` in a fresh interpreter (the column cache beside the file warm)."""
     import subprocess
 
     from predict import prereg as pr
     d = tempfile.mkdtemp()
     try:
         prereg = pr.write_once(Path(d) / "prereg.json", doc)
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         rc = subprocess.run([sys.executable, "-m", "ladder.cli", "watch", str(prereg), "--source",
                              str(path)], cwd=Path(__file__).resolve().parents[1],
-                            stdout=subprocess.DEVNULL).returncode
-        return time.perf_counter() - t0, rc
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
+        dt = time.perf_counter() - t0
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return dt, (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime), rc
     finally:
         shutil.rmtree(d)
 
@@ -178,9 +181,9 @@ def main(argv=None) -> int:
         print(f"  {name:<34} {dt:6.2f} s wall, {cpu:6.2f} s CPU, peak +{mem:5.0f} MB; "
               f"exit {verdict[0]}, {verdict[1]:,} points, {verdict[2]} evals, "
               f"{len(verdict[3])} alerts; load {os.getloadavg()[0]:.2f}")
-    cli_s, cli_rc = _cli_watch(doc, path)
-    print(f"  {'warm, `ladder watch` end to end':<34} {cli_s:6.2f} s wall (interpreter start, "
-          f"imports, pre-registration check, judging); exit {cli_rc}; load "
+    cli_s, cli_cpu, cli_rc = _cli_watch(doc, path)
+    print(f"  {'warm, `ladder watch` end to end':<34} {cli_s:6.2f} s wall, {cli_cpu:6.2f} s CPU "
+          f"(interpreter, imports, pre-registration check, judging); exit {cli_rc}; load "
           f"{os.getloadavg()[0]:.2f}")
     shutil.rmtree(sidecar, ignore_errors=True)
     base = res["before"]

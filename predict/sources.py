@@ -5,7 +5,9 @@ restarted watcher continues where it stopped (no row judged twice, none skipped)
 
 - :class:`JsonlSource`: a metrics.jsonl, tailed by byte offset. A partial last line waits for its
   newline; a corrupt complete line is skipped with a note; a truncated or replaced (rotated) file is
-  read again from its start, and the rows of steps already judged are skipped.
+  read again from its start, and the rows of steps already judged are skipped. Its polls are kept
+  in a column cache beside the file (:mod:`predict.column_cache`), so a watcher started again
+  without its state replays them (checked against the file's bytes) and parses only the tail.
 - :class:`CsvSource`: a CSV, incl. W&B exports (``_step``/``Step`` columns, ``<run> - <key>``
   chart columns, ``__MIN``/``__MAX`` dropped).
 - :class:`WandbOfflineSource`: a W&B offline run directory (or its ``.wandb`` file), read with
