@@ -7,7 +7,10 @@ the offsets and line numbers it moved between) stored only when a fresh read wou
 same poll on any later state of the file: the poll began at a line start, every chunk it read was
 a full ``chunk_bytes`` read and it stopped because it had ``max_rows`` rows, not at the end of the
 file. Its output is then a function of the bytes it read alone, so replaying the entry IS
-parsing them, provided those bytes are still the same. That is checked before each replay: the
+parsing them, provided those bytes are still the same. The last poll of a backlog (it stopped at
+the file's end) is kept as a *tail* entry when it read ``TAIL_MIN_ROWS`` rows or more: it holds
+only while the file is exactly as long as it was (a finished run judged again), and the next
+poll from its start replaces it. That is checked before each replay: the
 file's inode and first line, its size, and a CRC-32 of every byte the poll read (zlib over a
 memory map: ~0.3 s per GB, a third of SHA-1's cost here; an accidental rewrite that kept inode,
 first line and length and collided in the CRC would go unseen, a 1 in 4e9 chance). A mismatch
@@ -38,6 +41,10 @@ import numpy as np
 from ladder.io import InputError, atomic_write_bytes, atomic_write_json
 
 SCHEMA = "watch-column-cache/1"
+# a poll that stopped at the file's end is kept only with this many rows: a follow's polls of a
+# few rows each would rewrite the cache every second for nothing (the next watcher re-reads the
+# tail from the last entry anyway)
+TAIL_MIN_ROWS = 1000
 log = logging.getLogger("ladder")
 
 # the modules whose code decides a poll's output: a change to any of them is a new cache
@@ -176,7 +183,10 @@ class ColumnCache:
         for k, e in enumerate(idx["entries"]):
             if e["start"] != offset or e["line0"] != line_no:
                 continue
-            if size < e["read_to"] or not self._same_bytes(e):
+            # a tail entry (its poll ended at the file's end) holds only while the file has
+            # not grown: a longer file makes that poll read further
+            stale = size != e["read_to"] if e.get("tail") else size < e["read_to"]
+            if stale or not self._same_bytes(e):
                 self._drop_from(idx, k)
                 return None
             try:
@@ -197,10 +207,15 @@ class ColumnCache:
 
     def store(self, entry: dict, batch, inode: int, head: str) -> None:
         """Add the entry of a replayable poll (``entry``: start, end, read_to, line0, line1, bad,
-        first_bad, max_step) and its batch."""
+        first_bad, max_step, tail) and its batch; a tail entry (``tail``: the poll stopped at the
+        file's end) replaces the tail entry it follows on from."""
         if self.disabled or not head:
             return
         idx = self._load(inode, head)
+        if idx["entries"] and idx["entries"][-1].get("tail"):
+            if idx["entries"][-1]["start"] != entry["start"]:
+                return  # a follow's later poll: the next watcher re-reads from the tail entry
+            self._drop_from(idx, len(idx["entries"]) - 1)  # the same poll, on a longer file
         if any(e["start"] == entry["start"] for e in idx["entries"]):
             return
         if idx["entries"] and idx["entries"][-1]["end"] != entry["start"]:

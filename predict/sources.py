@@ -261,14 +261,17 @@ class JsonlSource:
             self.max_step = m if self.max_step is None else max(self.max_step, m)
         out.batch = batch
         last = self._last_read
-        if last is not None and last["replayable"] and skip_before is None and \
+        from predict.column_cache import TAIL_MIN_ROWS
+        tail = last is not None and not out.more and last["at_end"] and \
+            len(batch) >= TAIL_MIN_ROWS
+        if last is not None and (last["replayable"] or tail) and skip_before is None and \
                 self.skip_through is None:
             cache = self._cache_for(keys, keep)
             if cache is not None:
                 cache.store({**{k: last[k] for k in ("start", "read_to", "line0", "bad",
                                                       "first_bad")},
-                             "end": self.offset, "line1": self.line_no, "max_step": m},
-                            batch, self.inode, self.head)
+                             "end": self.offset, "line1": self.line_no, "max_step": m,
+                             "tail": not last["replayable"]}, batch, self.inode, self.head)
         return out
 
     def _cache_for(self, keys, keep):
@@ -303,7 +306,7 @@ class JsonlSource:
         if hit is None:
             return None
         e, batch = hit
-        out = Poll(more=True, batch=batch)
+        out = Poll(more=not e.get("tail"), batch=batch)
         self.inode, self.head = st.st_ino, head
         self._config(out)
         if e["bad"]:
@@ -361,21 +364,30 @@ class JsonlSource:
         first_bad = None
         # whether this poll's output depends on the bytes it read alone (every chunk a full
         # read, stopped by max_rows): then the column cache may replay it on a longer file
+        # (or, a tail entry: it stopped at the file's end, and every read that came short came
+        # short at that end, as on a file that did not grow while it was read)
         last = {"start": self.offset, "line0": self.line_no, "read_to": self.offset,
-                "replayable": True}
+                "replayable": True, "at_end": False}
+        short_ends = set()
         with open(self.path, "rb") as f:
             f.seek(self.offset)
             while True:
                 data = f.read(self.chunk_bytes)
                 if not data:
+                    last["at_end"] = True
+                    short_ends.add(self.offset)
                     break
                 last["read_to"] = max(last["read_to"], self.offset + len(data))
+                if len(data) < self.chunk_bytes:
+                    short_ends.add(self.offset + len(data))
                 end = data.rfind(b"\n")
                 if len(data) < self.chunk_bytes or end < 0:
                     last["replayable"] = False
                 if end < 0:
                     if len(data) < self.chunk_bytes:
+                        last["at_end"] = True
                         break  # the partial last line: wait for its newline
+                    short_ends.add(-1)  # a line longer than a chunk: no tail entry
                     data += f.readline()  # one line longer than a chunk
                     if not data.endswith(b"\n"):
                         break
@@ -391,6 +403,7 @@ class JsonlSource:
                     out.more = True
                     break
         last["replayable"] = last["replayable"] and out.more
+        last["at_end"] = last["at_end"] and short_ends == {last["read_to"]}
         last["bad"], last["first_bad"] = bad, first_bad
         self._last_read = last
         if bad:

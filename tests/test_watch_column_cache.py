@@ -226,3 +226,30 @@ def test_a_new_version_of_the_readers_replaces_the_old_cache(tmp_path, monkeypat
     _polls(p)
     new = list(base.iterdir())
     assert len(old) == len(new) == 1 and old != new
+
+
+def test_the_last_poll_is_kept_while_the_file_does_not_grow(tmp_path, monkeypatch):
+    """A tail entry (the poll that ended at the file's end, a torn last line included) replays
+    only on a file of the same length; a follow's later polls add none; grown, it is parsed."""
+    monkeypatch.setattr(column_cache, "TAIL_MIN_ROWS", 1)
+    p = tmp_path / "metrics.jsonl"
+    p.write_text(_lines(1, 500) + '{"step": 500, "train/lo')
+    parsed, _ = _polls(p, cache=False)
+    _, follower = _polls(p)  # builds the cache, the tail entry too
+    hits = _replays(monkeypatch)
+    again, _ = _polls(p)
+    _same(again, parsed)
+    assert sum(hits) == len(parsed)  # the last poll too
+    index = next((tmp_path / ".metrics.jsonl.watch-cache").glob("*/index.json"))
+    before = json.loads(index.read_text())["entries"]
+    with open(p, "a") as f:
+        f.write('ss": 3.0}\n' + _lines(501, 504))
+    assert len(follower.poll_batch(KEYS, KEEP, parallel=False).batch) == 4  # a follow's poll
+    assert json.loads(index.read_text())["entries"] == before
+    hits.clear()
+    grown, _ = _polls(p)
+    _same(grown, _polls(p, cache=False)[0])
+    assert sum(hits) == len(grown) - 1  # the tail entry no longer holds: that poll is parsed
+    hits.clear()
+    _same(_polls(p)[0], grown)
+    assert sum(hits) == len(grown)
