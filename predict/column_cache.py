@@ -17,6 +17,10 @@ first line and length and collided in the CRC would go unseen, a 1 in 4e9 chance
 drops that entry and every later one; a truncated, rotated or rewritten file is read again and
 the cache rebuilt.
 
+Only the one-process read writes entries: where ``JsonlSource.poll_batch`` parses a large
+backlog with its process pool (4 cores or more), the pool's one batch is not a poll a serial read
+would make, so that read is not kept (the cache is replayed there all the same).
+
 Entries live beside the metrics file in ``.<name>.watch-cache/<spec>/`` (``spec``: a digest of
 what shapes a poll: the keys read, ``chunk_bytes``, ``max_rows`` and the code of the readers), one
 ``.npy`` per entry and an ``index.json``, each written atomically; a directory that cannot be
