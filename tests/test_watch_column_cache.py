@@ -253,3 +253,37 @@ def test_the_last_poll_is_kept_while_the_file_does_not_grow(tmp_path, monkeypatc
     hits.clear()
     _same(_polls(p)[0], grown)
     assert sum(hits) == len(grown)
+
+
+def test_ladder_watch_twice_gives_the_same_output(tmp_path, capsys):
+    """`ladder watch` without a state file, twice: the second from the cache beside the file
+    (the whole run as one tail entry), the same alert lines and exit status; and again with the
+    cache removed."""
+    import shutil
+
+    from ladder.cli import main
+    rs = sy.make_run(TRUTH, TARGET, noise=NOISE, fault=sy.Fault("shift", 0.4, 0.03), seed=5,
+                     offset=0.0).rows
+    assert len(rs) >= column_cache.TAIL_MIN_ROWS
+    p = tmp_path / "metrics.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rs))
+    prereg = pr.write_once(tmp_path / "prereg.json",
+                           make_prereg(sy.TruthLaw(TRUTH, run_sigma=0.005), TARGET,
+                                       eval_noise=0.003))
+
+    def watch():
+        rc = main(["watch", str(prereg), "--source", str(p), "--json"])
+        doc = json.loads(capsys.readouterr().out)
+        for a in doc.get("alerts", []):
+            a.pop("time", None)
+        return rc, doc
+
+    first = watch()
+    sidecar = tmp_path / ".metrics.jsonl.watch-cache"
+    entries = [e for idx in sidecar.glob("*/index.json")
+               for e in json.loads(idx.read_text())["entries"]]
+    assert len(entries) == 1 and entries[0]["tail"]
+    assert first[0] != 0 and first[1]["alerts"]
+    assert watch() == first
+    shutil.rmtree(sidecar)
+    assert watch() == first
