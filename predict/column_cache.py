@@ -7,7 +7,7 @@ the offsets and line numbers it moved between) stored only when a fresh read wou
 same poll on any later state of the file: the poll began at a line start, every chunk it read was
 a full ``chunk_bytes`` read and it stopped because it had ``max_rows`` rows, not at the end of the
 file. Its output is then a function of the bytes it read alone, so replaying the entry IS
-parsing them, provided those bytes are still the same. The last poll of a backlog (it stopped at
+parsing them, provided those bytes are still the same. The last poll of a backlog (it read to
 the file's end) is kept as a *tail* entry when it read ``TAIL_MIN_ROWS`` rows or more: it holds
 only while the file is exactly as long as it was (a finished run judged again), and the next
 poll from its start replaces it. That is checked before each replay: the

@@ -262,8 +262,7 @@ class JsonlSource:
         out.batch = batch
         last = self._last_read
         from predict.column_cache import TAIL_MIN_ROWS
-        tail = last is not None and not out.more and last["at_end"] and \
-            len(batch) >= TAIL_MIN_ROWS
+        tail = last is not None and last["at_end"] and len(batch) >= TAIL_MIN_ROWS
         if last is not None and (last["replayable"] or tail) and skip_before is None and \
                 self.skip_through is None:
             cache = self._cache_for(keys, keep)
@@ -271,7 +270,8 @@ class JsonlSource:
                 cache.store({**{k: last[k] for k in ("start", "read_to", "line0", "bad",
                                                       "first_bad")},
                              "end": self.offset, "line1": self.line_no, "max_step": m,
-                             "tail": not last["replayable"]}, batch, self.inode, self.head)
+                             "tail": not last["replayable"], "more": out.more},
+                            batch, self.inode, self.head)
         return out
 
     def _cache_for(self, keys, keep):
@@ -306,7 +306,7 @@ class JsonlSource:
         if hit is None:
             return None
         e, batch = hit
-        out = Poll(more=not e.get("tail"), batch=batch)
+        out = Poll(more=bool(e.get("more", True)), batch=batch)
         self.inode, self.head = st.st_ino, head
         self._config(out)
         if e["bad"]:
@@ -367,14 +367,13 @@ class JsonlSource:
         # (or, a tail entry: it stopped at the file's end, and every read that came short came
         # short at that end, as on a file that did not grow while it was read)
         last = {"start": self.offset, "line0": self.line_no, "read_to": self.offset,
-                "replayable": True, "at_end": False}
+                "replayable": True}
         short_ends = set()
         with open(self.path, "rb") as f:
             f.seek(self.offset)
             while True:
                 data = f.read(self.chunk_bytes)
                 if not data:
-                    last["at_end"] = True
                     short_ends.add(self.offset)
                     break
                 last["read_to"] = max(last["read_to"], self.offset + len(data))
@@ -385,7 +384,6 @@ class JsonlSource:
                     last["replayable"] = False
                 if end < 0:
                     if len(data) < self.chunk_bytes:
-                        last["at_end"] = True
                         break  # the partial last line: wait for its newline
                     short_ends.add(-1)  # a line longer than a chunk: no tail entry
                     data += f.readline()  # one line longer than a chunk
@@ -403,7 +401,9 @@ class JsonlSource:
                     out.more = True
                     break
         last["replayable"] = last["replayable"] and out.more
-        last["at_end"] = last["at_end"] and short_ends == {last["read_to"]}
+        # a tail entry: its reads came short at one place, the file's end when it was read
+        # (stopped there, or by max_rows after a short read there)
+        last["at_end"] = short_ends == {last["read_to"]}
         last["bad"], last["first_bad"] = bad, first_bad
         self._last_read = last
         if bad:

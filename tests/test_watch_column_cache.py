@@ -287,3 +287,23 @@ def test_ladder_watch_twice_gives_the_same_output(tmp_path, capsys):
     assert watch() == first
     shutil.rmtree(sidecar)
     assert watch() == first
+
+
+def test_a_last_poll_stopped_by_max_rows_at_the_end_is_a_tail_entry(tmp_path, monkeypatch):
+    """The file ends inside the chunk in which the poll reached max_rows: the poll (more rows
+    might follow) is kept as a tail entry, replayed with its `more` flag while the file stays."""
+    monkeypatch.setattr(column_cache, "TAIL_MIN_ROWS", 1)
+    p = tmp_path / "metrics.jsonl"
+    for n in range(40, 120):  # the length at which the first poll reads the whole file
+        p.write_text(_lines(1, n))
+        s = _source(p, cache=False)
+        if s.poll_batch(KEYS, KEEP, parallel=False).more and s.offset == p.stat().st_size:
+            break
+    else:
+        pytest.fail("no such length")
+    parsed, _ = _polls(p, cache=False)
+    _polls(p)
+    hits = _replays(monkeypatch)
+    again, _ = _polls(p)
+    _same(again, parsed)
+    assert hits == [True] and again[0][1][1] is True  # replayed, with more=True
