@@ -3,15 +3,23 @@ logs (~40 per line, ~1 KB: per-group parameter norms, per-layer expert load, thr
 watcher started (or restarted without state) late in a 100-day run meets it (issue 14 item 3).
 
 Side by side in one run, on one file, each path in its own fresh process (so its peak memory,
-the growth of max RSS during the watch, is its own): the row path (``JsonlSource.columns =
-False``: a dict per line from pandas' ujson with its fast floats, as the watcher read until
-now), the column path in one process (``predict.jsonl_columns``: templates checked with numpy,
-only the keys the rules read decoded, exactly as ``json.loads``) and the column path split at
-newlines over 2 processes. All must give the same verdict, points, evals and alerts. CPU
-seconds are the process's own (workers' excluded) beside wall seconds; the machine is shared,
-so the load average is printed with the figures.
+the growth of max RSS during the watch, is its own), the watcher started without a state file:
 
-    /work/main/.venv/bin/python bench/watch_follow_speed.py [--lines 1000000] [--keep FILE]
+- ``before``: the column reader (``predict.jsonl_columns``: templates checked with numpy, only
+  the keys the rules read decoded, exactly as ``json.loads``), pandas' rolling medians in the
+  rules, no column cache (main before this change);
+- ``cold``: the same first read with the rules' medians by ``predict.watch.rolling`` (equal to
+  pandas' to the bit); it writes the column cache (``predict.column_cache``) as it goes;
+- ``warm``: a watcher started again without its state: the cached polls replayed after their
+  bytes are checked (CRC-32 of all 1.1 GB), then judged; and the same as ``ladder watch PREREG
+  --source FILE`` in a fresh interpreter, end to end;
+- with ``--rows``, also the row path (``JsonlSource.columns = False``: a dict per line from
+  pandas' ujson, as the watcher read before the column reader).
+
+All must give the same verdict, points, evals and alerts. CPU seconds are the process's own
+beside wall seconds; the machine is shared, so the load average is printed with the figures.
+
+    /work/main/.venv/bin/python bench/watch_follow_speed.py [--lines 1000000] [--keep FILE] [--rows]
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import sys
 import tempfile
 import time
@@ -80,21 +89,24 @@ def _maxrss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-PATHS = (("rows (ujson dicts, before)", "rows"), ("columns, 1 process", "columns"),
-         ("columns, 2 processes", "columns-2"))
+PATHS = (("before (pandas medians, no cache)", "before"), ("cold (writes the cache)", "cold"),
+         ("warm (from the cache)", "warm"))
+ROWS = ("rows (ujson dicts)", "rows")
 
 
-def judge(doc, path: Path, how: str):
+def judge(doc, path: Path, how: str, cache_dir: str):
     """In a fresh process (so each path's peak memory is its own): wall and CPU seconds, the
     growth of max RSS over the process's state before the watch, and the verdict."""
     from predict.live import Watcher
     from predict.sources import JsonlSource
+    from predict.watch import rolling
     src = JsonlSource(path)
     src.columns = how != "rows"
-    if how == "columns-2":  # the pool on 2 cores, in pieces of ~1/2 the backlog
-        src.parallel_min_workers, src.piece_bytes = 2, (path.stat().st_size >> 1) + 1
-    else:
-        src.parallel_min_bytes = 1 << 62  # the one-process path
+    src.cache = how in ("cold", "warm")
+    src.cache_dir = cache_dir
+    src.parallel_min_bytes = 1 << 62  # one process: the pool starts at 4 cores
+    if how in ("before", "rows"):
+        rolling.MAX_NETWORK_WINDOW = 0  # every median by pandas, as before
     rss0 = _maxrss_mb()
     t0, c0 = time.perf_counter(), time.process_time()
     w = Watcher(doc, src, [], None)
@@ -105,17 +117,40 @@ def judge(doc, path: Path, how: str):
     return dt, cpu, _maxrss_mb() - rss0, verdict
 
 
-def judge_apart(doc, path: Path, how: str):
+def judge_apart(doc, path: Path, how: str, cache_dir: str):
     import concurrent.futures as cf
     import multiprocessing as mp
     with cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as ex:
-        return ex.submit(judge, doc, path, how).result()
+        return ex.submit(judge, doc, path, how, cache_dir).result()
+
+
+def _cli_watch(doc, path: Path) -> tuple[float, float, int]:
+    """Wall and CPU seconds and the exit status of ``python -m ladder.cli watch PREREG --source
+    FILE`` in a fresh interpreter (the column cache beside the file warm)."""
+    import subprocess
+
+    from predict import prereg as pr
+    d = tempfile.mkdtemp()
+    try:
+        prereg = pr.write_once(Path(d) / "prereg.json", doc)
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        rc = subprocess.run([sys.executable, "-m", "ladder.cli", "watch", str(prereg), "--source",
+                             str(path)], cwd=Path(__file__).resolve().parents[1],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
+        dt = time.perf_counter() - t0
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return dt, (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime), rc
+    finally:
+        shutil.rmtree(d)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lines", type=int, default=1_000_000)
-    ap.add_argument("--keep", default=None, help="write (or reuse) the metrics file here")
+    ap.add_argument("--keep", default=None, help="write (or reuse) the metrics file here "
+                    "(default: a temporary file)")
+    ap.add_argument("--rows", action="store_true", help="also time the row path (default: no)")
     args = ap.parse_args(argv)
     truth = sy.Truth()
     base = sy.ladder_targets(8, ratio=2.5, steps0=80)[7]
@@ -137,16 +172,24 @@ def main(argv=None) -> int:
           f"in {time.perf_counter() - t0:.0f} s; {os.cpu_count()} cores, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     res = {}
-    for name, how in PATHS:
-        dt, cpu, mem, verdict = judge_apart(doc, path, how)
+    sidecar = path.parent / f".{path.name}.watch-cache"  # where `ladder watch` keeps it
+    shutil.rmtree(sidecar, ignore_errors=True)  # the cold path starts without one
+    paths = PATHS + ((ROWS,) if args.rows else ())
+    for name, how in paths:
+        dt, cpu, mem, verdict = judge_apart(doc, path, how, None)
         res[how] = (dt, cpu, mem, verdict)
-        print(f"  {name:<28} {dt:6.2f} s wall, {cpu:6.2f} s CPU, peak +{mem:5.0f} MB; "
+        print(f"  {name:<34} {dt:6.2f} s wall, {cpu:6.2f} s CPU, peak +{mem:5.0f} MB; "
               f"exit {verdict[0]}, {verdict[1]:,} points, {verdict[2]} evals, "
               f"{len(verdict[3])} alerts; load {os.getloadavg()[0]:.2f}")
-    base = res["rows"]
-    for name, how in PATHS[1:]:
+    cli_s, cli_cpu, cli_rc = _cli_watch(doc, path)
+    print(f"  {'warm, `ladder watch` end to end':<34} {cli_s:6.2f} s wall, {cli_cpu:6.2f} s CPU "
+          f"(interpreter, imports, pre-registration check, judging); exit {cli_rc}; load "
+          f"{os.getloadavg()[0]:.2f}")
+    shutil.rmtree(sidecar, ignore_errors=True)
+    base = res["before"]
+    for name, how in paths[1:]:
         r = res[how]
-        print(f"  {name} / rows: wall {r[0] / base[0]:.2f}, CPU {r[1] / base[1]:.2f}, memory "
+        print(f"  {name} / before: wall {r[0] / base[0]:.2f}, CPU {r[1] / base[1]:.2f}, memory "
               f"{r[2] / max(base[2], 1):.2f}")
     same = all(r[3] == base[3] for r in res.values())
     print(f"  same verdict, points, evals and alerts: {same}")

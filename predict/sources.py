@@ -5,7 +5,9 @@ restarted watcher continues where it stopped (no row judged twice, none skipped)
 
 - :class:`JsonlSource`: a metrics.jsonl, tailed by byte offset. A partial last line waits for its
   newline; a corrupt complete line is skipped with a note; a truncated or replaced (rotated) file is
-  read again from its start, and the rows of steps already judged are skipped.
+  read again from its start, and the rows of steps already judged are skipped. Its polls are kept
+  in a column cache beside the file (:mod:`predict.column_cache`), so a watcher started again
+  without its state replays them (checked against the file's bytes) and parses only the tail.
 - :class:`CsvSource`: a CSV, incl. W&B exports (``_step``/``Step`` columns, ``<run> - <key>``
   chart columns, ``__MIN``/``__MAX`` dropped).
 - :class:`WandbOfflineSource`: a W&B offline run directory (or its ``.wandb`` file), read with
@@ -147,6 +149,12 @@ class JsonlSource:
         self.chunk_bytes = chunk_bytes
         self._config_sent = False
         self.moved_from: str | None = None
+        # poll_batch replays polls a watcher made of this file before (predict.column_cache):
+        # a restart without state reads only what is new; False: always parse
+        self.cache = True
+        self.cache_dir: str | os.PathLike | None = None  # None: beside the file
+        self._caches: dict[str, Any] = {}
+        self._last_read: dict | None = None  # what the last _read_blocks read (for the cache)
 
     def position(self) -> dict:
         return {"kind": self.kind, "path": str(self.path), "offset": self.offset,
@@ -221,7 +229,11 @@ class JsonlSource:
         values as ``json.loads`` on every line, without a dict per line)."""
         from predict.jsonl_columns import merge_columns, read_columns_pieces
         from predict.watch import Batch
+        replayed = self._replay(keys, keep)
+        if replayed is not None:
+            return replayed
         out = Poll()
+        skip_before = self.skip_through
         parts = []
         fixed = frozenset(keys or ())
         want = None if keys is None and keep is None else \
@@ -248,7 +260,66 @@ class JsonlSource:
         if m is not None:
             self.max_step = m if self.max_step is None else max(self.max_step, m)
         out.batch = batch
+        last = self._last_read
+        from predict.column_cache import TAIL_MIN_ROWS
+        tail = last is not None and last["at_end"] and len(batch) >= TAIL_MIN_ROWS
+        if last is not None and (last["replayable"] or tail) and skip_before is None and \
+                self.skip_through is None:
+            cache = self._cache_for(keys, keep)
+            if cache is not None:
+                cache.store({**{k: last[k] for k in ("start", "read_to", "line0", "bad",
+                                                      "first_bad")},
+                             "end": self.offset, "line1": self.line_no, "max_step": m,
+                             "tail": not last["replayable"], "more": out.more},
+                            batch, self.inode, self.head)
         return out
+
+    def _cache_for(self, keys, keep):
+        """The column cache of this file for the ``keys``/``keep`` filter (None: no cache)."""
+        if not self.cache:
+            return None
+        from predict.column_cache import ColumnCache, spec_of
+        spec = spec_of(keys, keep, chunk_bytes=self.chunk_bytes, max_rows=self.max_rows)
+        if spec is None:
+            return None
+        tag = json.dumps(spec, sort_keys=True)
+        if tag not in self._caches:
+            self._caches[tag] = ColumnCache(self.path, spec, self.cache_dir)
+        return self._caches[tag]
+
+    def _replay(self, keys, keep) -> Poll | None:
+        """The next poll from the column cache, when it holds the poll that starts here and the
+        bytes it read are unchanged (predict.column_cache); None: read the file."""
+        if not self.columns or self.skip_through is not None or self.moved_from:
+            return None
+        cache = self._cache_for(keys, keep)
+        if cache is None or not cache.may_have(self.offset):
+            return None
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        if self._will_restart() or st.st_size <= self.offset:
+            return None
+        head = self.head or self._read_head()
+        hit = cache.lookup(self.offset, self.line_no, st.st_ino, head, st.st_size)
+        if hit is None:
+            return None
+        e, batch = hit
+        out = Poll(more=bool(e.get("more", True)), batch=batch)
+        self.inode, self.head = st.st_ino, head
+        self._config(out)
+        if e["bad"]:
+            out.notes.append(self._bad_note(e["bad"], e["first_bad"]))
+        self.offset, self.line_no = e["end"], e["line1"]
+        m = e["max_step"]
+        if m is not None:
+            self.max_step = m if self.max_step is None else max(self.max_step, m)
+        return out
+
+    def _bad_note(self, bad: int, first_bad: int | None) -> str:
+        return (f"{self.path}: {bad} line(s) not a JSON object, skipped (first at line "
+                f"{first_bad})")
 
     def _will_restart(self) -> bool:
         """The next read starts the file again (it was replaced or truncated)."""
@@ -264,6 +335,7 @@ class JsonlSource:
         """Read the complete lines that arrived, in blocks of about ``chunk_bytes``, handing each
         to ``parse(block, line_no)`` -> (rows so far, bad lines, first bad line) until about
         ``max_rows`` rows were read (``out.more`` then); notes go to ``out``."""
+        self._last_read = None
         if self.moved_from:
             out.notes.append(f"{self.path} is {self.moved_from} moved (same first bytes): "
                              f"continuing at byte {self.offset}, nothing judged again")
@@ -290,16 +362,30 @@ class JsonlSource:
             return
         bad = 0
         first_bad = None
+        # whether this poll's output depends on the bytes it read alone (every chunk a full
+        # read, stopped by max_rows): then the column cache may replay it on a longer file
+        # (or, a tail entry: it stopped at the file's end, and every read that came short came
+        # short at that end, as on a file that did not grow while it was read)
+        last = {"start": self.offset, "line0": self.line_no, "read_to": self.offset,
+                "replayable": True}
+        short_ends = set()
         with open(self.path, "rb") as f:
             f.seek(self.offset)
             while True:
                 data = f.read(self.chunk_bytes)
                 if not data:
+                    short_ends.add(self.offset)
                     break
+                last["read_to"] = max(last["read_to"], self.offset + len(data))
+                if len(data) < self.chunk_bytes:
+                    short_ends.add(self.offset + len(data))
                 end = data.rfind(b"\n")
+                if len(data) < self.chunk_bytes or end < 0:
+                    last["replayable"] = False
                 if end < 0:
                     if len(data) < self.chunk_bytes:
                         break  # the partial last line: wait for its newline
+                    short_ends.add(-1)  # a line longer than a chunk: no tail entry
                     data += f.readline()  # one line longer than a chunk
                     if not data.endswith(b"\n"):
                         break
@@ -314,9 +400,14 @@ class JsonlSource:
                 if n_rows >= self.max_rows:
                     out.more = True
                     break
+        last["replayable"] = last["replayable"] and out.more
+        # a tail entry: its reads came short at one place, the file's end when it was read
+        # (stopped there, or by max_rows after a short read there)
+        last["at_end"] = short_ends == {last["read_to"]}
+        last["bad"], last["first_bad"] = bad, first_bad
+        self._last_read = last
         if bad:
-            out.notes.append(f"{self.path}: {bad} line(s) not a JSON object, skipped (first at "
-                             f"line {first_bad})")
+            out.notes.append(self._bad_note(bad, first_bad))
 
     # A backlog this large (a watcher started on a long run) is parsed by several processes: JSON
     # parsing is the whole cost, and each worker returns columns (numpy), which pickle cheaply.
@@ -328,6 +419,9 @@ class JsonlSource:
         """Like :meth:`poll`, but returns the rows as a :class:`predict.watch.Batch` (columns of
         the ``keys``/``keep`` keys only); a large backlog is parsed in parallel processes."""
         from predict.watch import Batch
+        replayed = self._replay(keys, keep)
+        if replayed is not None:
+            return replayed
         try:
             size = os.path.getsize(self.path)
         except OSError:

@@ -205,3 +205,38 @@ def test_columns_after_a_rotation_skip_steps_judged(tmp_path):
     with open(p, "a") as f:
         f.write(json.dumps({"step": 9, "train/loss": 2.0}) + "\n")
     assert list(src.poll_batch(KEYS, KEEP, parallel=False).batch.step) == [9]
+
+
+@pytest.mark.parametrize("lines_per_piece", [1, 2, 3, 7])
+def test_process_split_at_every_line_equals_one_process(tmp_path, lines_per_piece):
+    """The backlog split at newlines over worker processes (JsonlSource.poll_batch's pool): with
+    a piece of one line every line starts a piece; the same batch, offsets and line count as one
+    process, a torn last line left for the next poll in both."""
+    block = _file(11)
+    p = tmp_path / "metrics.jsonl"
+    lens = [len(x) + 1 for x in block.split(b"\n")]
+    results = []
+    for par in (False, True):
+        p.write_bytes(block + b'\n{"step": 9999, "train/lo')
+        src = JsonlSource(p)
+        src.cache = False
+        if par:  # the pool on any machine, in pieces of ~lines_per_piece lines
+            src.parallel_min_workers, src.parallel_min_bytes = 1, 1
+            src.piece_bytes = max(1, min(lens) * lines_per_piece - 1)
+        else:
+            src.parallel_min_bytes = 1 << 62
+        got = []
+        for tail in (b"", b'ss": 1.5}\n'):
+            with open(p, "ab") as f:
+                f.write(tail)
+            while True:
+                q = src.poll_batch(KEYS, KEEP)
+                got.append((q.batch, src.offset, src.line_no, src.max_step))
+                if not q.more:
+                    break
+        results.append(got)
+    ref, par = results
+    assert [g[1:] for g in ref][-1] == [g[1:] for g in par][-1]
+    assert ref[-1][1] == p.stat().st_size
+    from predict.watch import concat_batches
+    _same_batch(concat_batches([g[0] for g in par]), concat_batches([g[0] for g in ref]))
