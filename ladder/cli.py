@@ -323,6 +323,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-seconds", type=float, default=None,
                    help="stop following after this many seconds (default: until the source "
                         "says the run finished)")
+    s.add_argument("--column-cache", default=None, metavar="DIR|off",
+                   help="where a metrics.jsonl's parsed polls are kept, so a watcher started "
+                        "again reads only what is new; 'off' keeps none (default: "
+                        ".NAME.watch-cache/ beside the file; none where it cannot be written)")
     _json_option(s, "one object with the verdict and the alerts at the end (no alert lines)")
     _serve_options(s)
     s.set_defaults(func=_call("ladder.commands:watch_main"))

@@ -102,8 +102,11 @@ class ColumnCache:
         self.path = Path(path)
         self.spec = spec
         tag = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
-        base = Path(directory) if directory is not None else \
-            self.path.parent / f".{self.path.name}.watch-cache"
+        if directory is None:
+            base = self.path.parent / f".{self.path.name}.watch-cache"
+        else:  # one folder may hold the caches of many files (`ladder watch --column-cache DIR`)
+            where = hashlib.sha256(str(self.path.resolve()).encode()).hexdigest()[:12]
+            base = Path(directory) / f"{self.path.name}-{where}"
         self.dir = base / tag
         self.disabled = False
         self._index: dict | None = None

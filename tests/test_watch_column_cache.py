@@ -150,12 +150,12 @@ def test_an_unwritable_or_damaged_cache_is_not_an_error(tmp_path, monkeypatch):
     _same(_polls(p, cache_dir=blocker / "cache")[0], parsed)  # cannot be created: no cache
     d = tmp_path / "cache"
     _polls(p, cache_dir=d)
-    entries = sorted(d.glob("*/e*.npy"))
+    entries = sorted(d.glob("metrics.jsonl-*/*/e*.npy"))
     assert len(entries) >= 3
     entries[0].write_bytes(b"not an npy")
     entries[1].write_bytes(entries[1].read_bytes()[:-100])  # torn
     _same(_polls(p, cache_dir=d)[0], parsed)
-    for idx in d.glob("*/index.json"):
+    for idx in d.glob("metrics.jsonl-*/*/index.json"):
         idx.write_text("{")
     _same(_polls(p, cache_dir=d)[0], parsed)
 
@@ -255,7 +255,7 @@ def test_the_last_poll_is_kept_while_the_file_does_not_grow(tmp_path, monkeypatc
     assert sum(hits) == len(grown)
 
 
-def test_ladder_watch_twice_gives_the_same_output(tmp_path, capsys):
+def test_ladder_watch_twice_gives_the_same_output(tmp_path, capsys, monkeypatch):
     """`ladder watch` without a state file, twice: the second from the cache beside the file
     (the whole run as one tail entry), the same alert lines and exit status; and again with the
     cache removed."""
@@ -271,8 +271,8 @@ def test_ladder_watch_twice_gives_the_same_output(tmp_path, capsys):
                            make_prereg(sy.TruthLaw(TRUTH, run_sigma=0.005), TARGET,
                                        eval_noise=0.003))
 
-    def watch():
-        rc = main(["watch", str(prereg), "--source", str(p), "--json"])
+    def watch(extra=()):
+        rc = main(["watch", str(prereg), "--source", str(p), "--json", *extra])
         doc = json.loads(capsys.readouterr().out)
         for a in doc.get("alerts", []):
             a.pop("time", None)
@@ -280,6 +280,7 @@ def test_ladder_watch_twice_gives_the_same_output(tmp_path, capsys):
 
     first = watch()
     sidecar = tmp_path / ".metrics.jsonl.watch-cache"
+    assert sidecar.is_dir()
     entries = [e for idx in sidecar.glob("*/index.json")
                for e in json.loads(idx.read_text())["entries"]]
     assert len(entries) == 1 and entries[0]["tail"]
@@ -287,6 +288,17 @@ def test_ladder_watch_twice_gives_the_same_output(tmp_path, capsys):
     assert watch() == first
     shutil.rmtree(sidecar)
     assert watch() == first
+
+    # --column-cache DIR keeps it there (one folder a file), 'off' keeps none
+    shutil.rmtree(sidecar)
+    there = tmp_path / "caches"
+    assert watch(["--column-cache", str(there)]) == first
+    assert not sidecar.exists() and len(list(there.glob("metrics.jsonl-*/*/index.json"))) == 1
+    hits = _replays(monkeypatch)
+    assert watch(["--column-cache", str(there)]) == first
+    assert hits and all(hits)
+    assert watch(["--column-cache", "off"]) == first
+    assert not sidecar.exists()
 
 
 def test_a_last_poll_stopped_by_max_rows_at_the_end_is_a_tail_entry(tmp_path, monkeypatch):
