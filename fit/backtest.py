@@ -17,11 +17,10 @@ rate per decade r pools the log errors e of every held-out point outside its fol
 r^2 = sum(e^2) / sum(d^2): the moment estimate for e ~ N(0, r^2 d^2), weighted by d^2, so a fold
 that held out a rung 0.09 decades out adds 0.09^2 to the denominator rather than its error over
 0.09 (OLMo's ladder: 0.65% there was 7%/decade, and a 13B band of +-10% around a -0.4% error,
-docs/LOG.md 2026-12-01). Each point's fold band (its sd on the error's side) is recorded beside
-it. Tried and dropped: counting only the error beyond the fold bands (sum(e^2 - s^2)): the
-rollout folds' errors sit inside their bands on Gadre's C4 ladder, the rate went to 0, and the
-smallest rung, 0.85 decades below the rest and missed by 5-24%, fell out of its band
-(leave-one-rung-out coverage 94% -> 74%).
+docs/LOG.md 2026-12-01). Tried and dropped: counting only the error beyond each fold's own band
+(sum(e^2 - s^2), s its sd on the error's side): the rollout folds' errors sit inside their bands
+on Gadre's C4 ladder, the rate went to 0, and the smallest rung, 0.85 decades below the rest and
+missed by 5-24%, fell out of its band (leave-one-rung-out coverage 94% -> 74%).
 """
 
 from __future__ import annotations
@@ -31,8 +30,6 @@ import warnings
 
 import numpy as np
 import pandas as pd
-
-from scipy.special import ndtri
 
 from fit.estimate import HUBER_DELTA, fit_by, fit_spec, select_points
 from fit.forms import Spec, get_form
@@ -123,7 +120,6 @@ def backtest(df: pd.DataFrame, spec, opts: dict, *, by: str | None = None,
     logs, kind = run_scales(df)
     levels = scale_levels(df)
     cols = scale_inputs(spec.form, opts.get("params_column", "params"))
-    level = float(opts.get("level", 0.9))
     uniq = np.sort(levels.unique())
     folds, skipped = [], []
     for lv in uniq[max(1, len(uniq) - max_folds):]:
@@ -144,7 +140,7 @@ def backtest(df: pd.DataFrame, spec, opts: dict, *, by: str | None = None,
             skipped.append({"train_runs": len(train_runs), "reason": str(e)})
             continue
         fold = _evaluate(res, test, spec, by, final_only, len(train_runs),
-                         input_ranges(train, cols), level)
+                         input_ranges(train, cols))
         # how far this fold extrapolated: decades from the largest training run to the held-out
         fold["decades"] = float(logs[test_runs].max() - logs[train_runs].max())
         folds.append(fold)
@@ -172,7 +168,7 @@ def backtest(df: pd.DataFrame, spec, opts: dict, *, by: str | None = None,
     return out
 
 
-def _evaluate(res, test, spec, by, final_only, n_train, ranges=None, level=0.9) -> dict:
+def _evaluate(res, test, spec, by, final_only, n_train, ranges=None) -> dict:
     final_pts, _ = select_points(test, spec.form, True)
     curve_pts = test if (by is not None or spec.form.name == "trajectory") else None
     if by is not None:  # per-fraction laws predict only inside their fitted fraction range
@@ -186,12 +182,8 @@ def _evaluate(res, test, spec, by, final_only, n_train, ranges=None, level=0.9) 
     inside = None
     if np.all(np.isfinite(fin.lo)):
         inside = float(np.mean((y >= fin.lo) & (y <= fin.hi)))
-    # the extrapolation record: log error, decades outside the fold's training range, and the
-    # fold band's sd on the error's side (its half-width there over the normal quantile)
+    # the extrapolation record: log error and decades outside the fold's training range
     loge = np.log(fin.loss / y)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        side = np.where(loge > 0, np.log(fin.loss / fin.lo), np.log(fin.hi / fin.loss))
-    sd = np.where(np.isfinite(side), side, 0.0) / float(ndtri(0.5 + level / 2))
     dist = input_distance({c: _planned(final_pts, c) for c in (ranges or {})}, ranges or {},
                           (len(final_pts),))
     curve_err = None
@@ -201,8 +193,7 @@ def _evaluate(res, test, spec, by, final_only, n_train, ranges=None, level=0.9) 
     return {"train_runs": int(n_train), "held_out": sorted(final_pts["run"].astype(str)),
             "final_rel_err": [float(x) for x in rel], "final_mean_abs": float(np.mean(np.abs(rel)))
             if len(rel) else None, "curve_mean_abs_rel_err": curve_err, "inside_band": inside,
-            "log_err": [float(x) for x in loge], "distance": [float(x) for x in dist],
-            "band_sd": [float(x) for x in sd]}
+            "log_err": [float(x) for x in loge], "distance": [float(x) for x in dist]}
 
 
 def _predict(res, pts):

@@ -1,13 +1,15 @@
 """The fitted law of a Chinchilla-family form: ``FitResult`` and its prediction band.
 
 A prediction band at a point, in log space: the parameter part is the bootstrap quantile
-deviation where the bootstrap has usable replicates, else t x the delta-method standard error;
-the run-to-run noise part is the residual quantile (``FitResult.noise_half_width``; t x sigma
-with too few points); the law's own extrapolation error outside its runs' scale range
-(``FitResult.extrapolation_log_sd``) and an extra log-sigma (eval noise, added by a
-forecaster) are added in quadrature. A band that cannot be computed (no residual degrees of
-freedom, no usable replicates) is NaN with a warning. ``objective="ols"`` (the real ladder's
-fit) has its own band: statsmodels' OLS prediction interval of log(L - E).
+deviation where the bootstrap has usable replicates, else z x the delta-method standard error;
+the run-to-run noise part is the residual quantile (``FitResult.noise_half_width``; z x sigma
+with too few points; t(dof) in law.json files written before ``small_sample``); the law's own
+extrapolation error outside its runs' range in the form's inputs, from every held-out point of
+its rollout backtest (``FitResult.extrapolation_log_sd``, fit.backtest) and an extra
+log-sigma (eval noise, added by a forecaster) are added in quadrature. A band that cannot be
+computed (no residual degrees of freedom, no usable replicates) is NaN with a warning.
+``objective="ols"`` (the real ladder's fit) has its own band: statsmodels' OLS prediction
+interval of log(L - E).
 
 Fitting lives in fit.estimate (one form on one table) and fit.law (``fit_law``); law.json in
 fit.lawjson.

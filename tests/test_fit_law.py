@@ -507,7 +507,7 @@ def test_band_holds_the_extrapolation_error_below_and_above_the_ladder_not_insid
     assert ex["inputs"] == ["compute"]
     assert ex["ranges_log10"]["compute"] == pytest.approx([18.0, 22.0])
     # every held-out final of a rollout fold is above its training runs: its distance is the
-    # decades from the largest training run, its error and its fold band's sd are recorded
+    # decades from the largest training run; its log error is recorded beside it
     for f in bt["folds"]:
         assert f["distance"] == pytest.approx([f["decades"]] * len(f["held_out"]))
         assert f["log_err"] == pytest.approx([math.log1p(e) for e in f["final_rel_err"]])
@@ -528,9 +528,9 @@ def test_pooled_rate_weighs_folds_by_distance():
     from fit.backtest import pooled_rate
     # a fold 0.09 decades out that missed by its noise (0.65%) and one 0.4 decades out: per
     # fold the first alone would say 7%/decade; pooled, each adds its d^2
-    folds = [{"log_err": [0.0065], "distance": [0.09], "band_sd": [0.0]},
-             {"log_err": [-0.007, 0.004], "distance": [0.4, 0.4], "band_sd": [0.0, 0.0]},
-             {"log_err": [0.05], "distance": [0.0], "band_sd": [0.0]}]   # inside: not counted
+    folds = [{"log_err": [0.0065], "distance": [0.09]},
+             {"log_err": [-0.007, 0.004], "distance": [0.4, 0.4]},
+             {"log_err": [0.05], "distance": [0.0]}]   # inside its fold's range: not counted
     r, n = pooled_rate(folds)
     assert n == 3
     assert r == pytest.approx(math.sqrt((0.0065 ** 2 + 0.007 ** 2 + 0.004 ** 2)
