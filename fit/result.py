@@ -160,8 +160,6 @@ class FitResult:
         shape = np.broadcast(*given).shape if given else ()
         pooled = _pooled_record(bt)
         if pooled is not None:
-            if not pooled["rate"]:
-                return np.zeros(shape)
             fr = np.asarray(1.0 if fraction is None else fraction, float)
             vals = {"params": params, "active_params": active_params, "tokens": tokens,
                     "compute": compute}
@@ -170,7 +168,17 @@ class FitResult:
                                                    if k in ("tokens", "compute")
                                                    else np.asarray(v, float))
                         for k, v in vals.items()}
-            return pooled["rate"] * input_distance(vals, pooled["ranges"], shape)
+            d = input_distance(vals, pooled["ranges"], shape)
+            if pooled["rate"] is None:
+                # no rollout fold could be fitted (too few smaller runs): nothing measured the
+                # error outside the runs, and the band does not hold it; said, not hidden
+                if np.any(d > 0):
+                    warnings.warn(f"{self.form} law: points up to {float(np.max(d)):.2f} "
+                                  "decades outside the fitted runs' range, and no rollout "
+                                  "fold measured the extrapolation error: the band holds "
+                                  "none", stacklevel=3)
+                return np.zeros(shape)
+            return pooled["rate"] * d
         rate, kind, lo, hi = extrapolation_rate(bt)
         fr = np.asarray(1.0 if fraction is None else fraction, float)
         scale = None

@@ -575,6 +575,21 @@ def test_distance_is_the_largest_over_the_form_inputs_not_compute_alone():
     assert float(res.extrapolation_log_sd(params=10 ** nlo, tokens=10 ** dhi)) == 0.0
 
 
+def test_extrapolating_a_law_no_rollout_fold_could_test_says_so():
+    # two scale levels of two runs each (runs within 0.05 decades are one level) and a
+    # 3-parameter law with E left free: the one fold would refit it on 2 runs
+    C = np.array([1e18, 1.05e18, 1e22, 1.05e22])
+    L = (1.7 + 300.0 * C ** -0.12) * np.exp([0.004, -0.003, 0.002, -0.004])
+    df = pd.DataFrame({"run": [f"r{i}" for i in range(4)], "compute": C, "loss": L})
+    res = fit_law(df, form="compute", bootstrap=0, asymptote_rule=False)
+    assert res.diagnostics["backtest"]["extrapolation"]["rate_per_decade"] is None
+    with pytest.warns(UserWarning, match="no rollout fold measured the extrapolation error"):
+        res.predict(compute=1e23)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res.predict(compute=1e20)   # inside the runs: nothing to say
+
+
 def test_law_json_from_main_before_the_pooled_rate_keeps_main_band():
     # a law.json written by main at 72fc951 has no backtest.extrapolation record and no
     # uncertainty.small_sample: its band is main's (per-fold RMS rate of compute, t(dof))
