@@ -92,28 +92,6 @@ def pooled_rate(folds) -> tuple[float | None, int]:
     return math.sqrt(e2 / d2), n
 
 
-# Distances spanning less than this factor cannot tell an error floor from a growth per decade
-FLOOR_SPAN = 2.0
-
-
-def floor_and_rate(folds) -> tuple[float, float | None, int]:
-    """(floor, r, n): e^2 = floor^2 + r^2 d^2 fitted by non-negative least squares to the
-    held-out points outside their fold's range; with fewer than 2 points or distances
-    spanning less than FLOOR_SPAN, floor 0 and r the pooled rate (:func:`pooled_rate`)."""
-    from scipy.optimize import nnls
-    pts = [(e, d) for f in folds or [] if isinstance(f, dict)
-           for e, d in zip(f.get("log_err") or [], f.get("distance") or [], strict=False)
-           if all(isinstance(x, (int, float)) and math.isfinite(x) for x in (e, d)) and d > 0]
-    rate, n = pooled_rate(folds)
-    if n < 2:
-        return 0.0, rate, n
-    e, d = np.array(pts).T
-    if d.max() < FLOOR_SPAN * d.min():
-        return 0.0, rate, n
-    coef, _ = nnls(np.column_stack([np.ones_like(d), d ** 2]), e ** 2)
-    return float(math.sqrt(coef[0])), float(math.sqrt(coef[1])), n
-
-
 def run_scales(df: pd.DataFrame) -> tuple[pd.Series, str]:
     """log10 of every run's scale, and what the scale is: "compute" (planned total FLOPs),
     "params_x_tokens", "params", or "1/loss" (no scale column: ordered by final loss)."""
@@ -170,10 +148,8 @@ def backtest(df: pd.DataFrame, spec, opts: dict, *, by: str | None = None,
            "folds": folds, "skipped": skipped, "scale": kind,
            "scale_log10_max": float(logs.max()), "scale_log10_min": float(logs.min())}
     rate, n_out = pooled_rate(folds)
-    floor, growth, _ = floor_and_rate(folds)
     out["extrapolation"] = {"method": EXTRAPOLATION_METHOD, "inputs": cols,
                             "ranges_log10": input_ranges(df, cols), "rate_per_decade": rate,
-                            "floor_log_sd": floor, "growth_per_decade": growth,
                             "n_points": n_out}
     if folds:
         fin = np.concatenate([f["final_rel_err"] for f in folds])

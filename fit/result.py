@@ -178,19 +178,21 @@ class FitResult:
                                   "fold measured the extrapolation error: the band holds "
                                   "none", stacklevel=3)
                 return np.zeros(shape)
-            sd = np.where(d > 0, np.hypot(pooled["floor"], (pooled["growth"] or 0.0) * d), 0.0)
-            # below the smallest run's scale no fold measured anything: the conservative
-            # reading of the same errors, all of them growth from the origin (the pooled rate)
-            rate, kind, lo, _hi = extrapolation_rate(bt)
-            ls = _log_scale(kind, params, tokens, compute, fr, shape)
-            if ls is not None and lo is not None:
-                sd = np.where(ls < lo, np.maximum(sd, rate * d), sd)
-            return sd
+            return pooled["rate"] * d
         rate, kind, lo, hi = extrapolation_rate(bt)
         fr = np.asarray(1.0 if fraction is None else fraction, float)
-        ls = _log_scale(kind, params, tokens, compute, fr, shape)
-        if rate is None or ls is None:
+        scale = None
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if kind == "compute" and compute is not None:
+                scale = np.asarray(compute, float) / fr
+            elif kind == "params_x_tokens" and params is not None and tokens is not None:
+                scale = np.asarray(params, float) * np.asarray(tokens, float) / fr
+            elif kind == "params" and params is not None:
+                scale = np.asarray(params, float)
+        if rate is None or scale is None:
             return np.zeros(shape)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ls = np.log10(np.broadcast_to(scale, shape))
         d = np.maximum(ls - hi, 0.0) + (np.maximum(lo - ls, 0.0) if lo is not None else 0.0)
         return rate * np.where(np.isfinite(d), d, 0.0)
 
@@ -387,20 +389,6 @@ class FitResult:
         return lawjson.band_method(self)
 
 
-def _log_scale(kind, params, tokens, compute, fr, shape):
-    """log10 of points' scale of ``kind`` (fit.backtest.run_scales; at fraction 1), or None
-    without the inputs it needs."""
-    scale = None
-    with np.errstate(divide="ignore", invalid="ignore"):
-        if kind == "compute" and compute is not None:
-            scale = np.asarray(compute, float) / fr
-        elif kind == "params_x_tokens" and params is not None and tokens is not None:
-            scale = np.asarray(params, float) * np.asarray(tokens, float) / fr
-        elif kind == "params" and params is not None:
-            scale = np.asarray(params, float)
-        return None if scale is None else np.log10(np.broadcast_to(scale, shape))
-
-
 def input_distance(values: dict, ranges: dict, shape=()) -> np.ndarray:
     """Decades outside ``ranges`` ({column: [log10 lo, hi]}) of points with ``values``
     ({column: planned value}): the largest over the columns given, 0 inside every range."""
@@ -432,12 +420,7 @@ def _pooled_record(bt) -> dict | None:
                 isinstance(x, (int, float)) and math.isfinite(x) for x in r)):
             return None
         ranges[str(c)] = (float(r[0]), float(r[1]))
-    floor, growth = ex.get("floor_log_sd", 0.0), ex.get("growth_per_decade", rate)
-    for v in (floor, growth):
-        if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-            return None
-    return {"rate": None if rate is None else float(rate), "ranges": ranges,
-            "floor": float(floor or 0.0), "growth": None if growth is None else float(growth)}
+    return {"rate": None if rate is None else float(rate), "ranges": ranges}
 
 
 def extrapolation_rate(bt) -> tuple:

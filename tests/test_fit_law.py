@@ -513,15 +513,10 @@ def test_band_holds_the_extrapolation_error_below_and_above_the_ladder_not_insid
         assert f["log_err"] == pytest.approx([math.log1p(e) for e in f["final_rel_err"]])
     rate = _pooled(bt["folds"])
     assert rate > 0 and ex["rate_per_decade"] == pytest.approx(rate, rel=1e-12)
-    floor, growth = ex["floor_log_sd"], ex["growth_per_decade"]
     sd = res.extrapolation_log_sd(compute=np.array([1e16, 1e17, 1e18, 1e20, 1e22, 1e23]))
-    # above the runs: the floor and growth the folds measured; below them (nothing measured
-    # there) at least the pooled rate from the origin
-    up = math.hypot(floor, growth)
-    assert sd == pytest.approx([max(math.hypot(floor, 2 * growth), 2 * rate),
-                                max(up, rate), 0, 0, 0, up], abs=1e-12)
+    assert sd == pytest.approx(rate * np.array([2, 1, 0, 0, 0, 1]), abs=1e-12)
     # a trajectory-style point: its scale is the planned compute (compute / fraction)
-    assert float(res.extrapolation_log_sd(compute=1e22, fraction=0.1)) == pytest.approx(up)
+    assert float(res.extrapolation_log_sd(compute=1e22, fraction=0.1)) == pytest.approx(rate)
     inside, bare = res.predict(compute=1e20), res.predict(compute=1e20, extrapolation=False)
     assert float(inside.hi) == float(bare.hi)
     below, bare = res.predict(compute=1e17), res.predict(compute=1e17, extrapolation=False)
@@ -542,20 +537,6 @@ def test_pooled_rate_weighs_folds_by_distance():
                                         / (0.09 ** 2 + 2 * 0.4 ** 2)))
     assert r < 0.0065 / 0.09 / 3
     assert pooled_rate([]) == (None, 0)
-
-
-def test_floor_and_growth_tell_a_flat_miss_from_one_that_grows_with_distance():
-    from fit.backtest import floor_and_rate, pooled_rate
-    d = [0.1, 0.2, 0.3, 0.4]
-    flat = [{"log_err": [0.01, -0.01, 0.01, -0.01], "distance": d}]
-    floor, growth, n = floor_and_rate(flat)
-    assert n == 4 and floor == pytest.approx(0.01) and growth == pytest.approx(0.0, abs=1e-6)
-    grows = [{"log_err": [0.05 * x for x in d], "distance": d}]
-    floor, growth, _ = floor_and_rate(grows)
-    assert floor == pytest.approx(0.0, abs=1e-6) and growth == pytest.approx(0.05)
-    # distances within a factor 2 cannot tell the two apart: all of it is growth
-    near = [{"log_err": [0.01, -0.01], "distance": [0.3, 0.4]}]
-    assert floor_and_rate(near) == (0.0, pooled_rate(near)[0], 2)
 
 
 def _isoflop_table(seed=0, noise=0.003):
