@@ -68,6 +68,35 @@ def _fit(df, **kw):
         return fit_law(load_points(df), bootstrap=OPTS["bootstrap"], level=OPTS["level"], **kw)
 
 
+def warrant(r, kw: dict) -> str:
+    """A target's band beside the held-out errors that warrant it: the law's 90% half-width
+    (and main's before the pooled rate, 72fc951), the target's decades outside the fitted
+    range (largest over the form's inputs), and the law's own rollout folds' held-out final
+    errors: how many, how far out, the largest, and their RMS per decade (pooled by d^2, no
+    band subtracted) x the target's distance, as a 1-sd error and x z(0.95) as a 90%
+    half-width."""
+    from scipy.special import ndtri
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p, p0 = r.predict(**kw), main_band(r).predict(**kw)
+    half = (math.log(float(p.hi)) - math.log(float(p.lo))) / 2
+    half0 = (math.log(float(p0.hi)) - math.log(float(p0.lo))) / 2
+    d_t = float(distance(r, kw)[0])
+    folds = ((r.diagnostics or {}).get("backtest") or {}).get("folds") or []
+    e = np.array([x for f in folds for x in f.get("log_err", [])])
+    d = np.array([x for f in folds for x in f.get("distance", [])])
+    out = d > 0
+    if not out.any():
+        return f"half-width {half:.1%} (main {half0:.1%}); no held-out point outside its fold"
+    per = math.sqrt(float(np.sum(e[out] ** 2) / np.sum(d[out] ** 2)))
+    z = float(ndtri(0.95))
+    return (f"half-width {half:.1%} (main {half0:.1%}) at {d_t:.2f} dec out; held-out: "
+            f"{out.sum()} finals {d[out].min():.2f}-{d[out].max():.2f} dec out, max |err| "
+            f"{np.max(np.abs(e[out])):.2%}, {per:.2%}/dec x {d_t:.2f} = {per * d_t:.2%} "
+            f"(x{z:.3f} = {z * per * d_t:.1%})")
+
+
 # ----------------------------------------------------------------------------- rows
 
 
@@ -145,7 +174,6 @@ def gadre_overtraining(anchors: Path) -> list[Row]:
             y = t["loss_c4_val"]
             err = float(p.loss) / y - 1
             inside = (float(p.lo) <= y <= float(p.hi)) if np.isfinite(p.lo) else None
-            half = (math.log(float(p.hi)) - math.log(float(p.lo))) / 2
             out.append(Row(f"Gadre {ds} {t['model']} M={t['token_multiplier_M']:g}",
                            "rel. error of C4 loss", err,
                            {("rpj", "open_lm_1b", 640): 0.0071,
@@ -154,8 +182,11 @@ def gadre_overtraining(anchors: Path) -> list[Row]:
                            None, f"|err| <= {tol:.0%}",
                            abs(err) <= tol,
                            f"defaults chose {chosen}; pred {float(p.loss):.4f} [{float(p.lo):.4f}"
-                           f", {float(p.hi):.4f}] (half-width {half:.1%}) vs actual {y:.4f}; "
-                           f"inside: {inside}"))
+                           f", {float(p.hi):.4f}] vs actual {y:.4f}; inside: {inside}; "
+                           + warrant(r, {"params": float(t["N"]),
+                                         "tokens": float(t["D_tokens"]),
+                                         "compute": 6.0 * float(t["N"]) * float(t["D_tokens"])
+                                         })))
     return out
 
 
@@ -171,9 +202,10 @@ def olmo_13b(anchors: Path) -> list[Row]:
     for label, kw in (("chinchilla", {"form": "chinchilla"}),
                       ("auto", {"form": "auto"})):
         r = _fit(df, **kw)
+        kw13 = {"params": float(target["N_from_config"]), "tokens": float(target["D_tokens"])}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            p = r.predict(params=target["N_from_config"], tokens=target["D_tokens"])
+            p = r.predict(**kw13)
         err = float(p.loss) / target["final_c4_loss"] - 1
         inside = (float(p.lo) <= target["final_c4_loss"] <= float(p.hi)) \
             if np.isfinite(p.lo) else None
@@ -181,7 +213,7 @@ def olmo_13b(anchors: Path) -> list[Row]:
                        -0.038, None, "|err| < 2%", abs(err) < 0.02,
                        f"pred {float(p.loss):.4f} [{float(p.lo):.4f}, {float(p.hi):.4f}] vs "
                        f"actual {target['final_c4_loss']:.4f}; actual inside our band: "
-                       f"{inside}"))
+                       f"{inside}; " + warrant(r, kw13)))
     return out
 
 
@@ -330,6 +362,39 @@ def _rungs(df: pd.DataFrame, decades: float) -> pd.Series:
     return np.floor(np.log10(size.astype(float)) / decades).astype(int)
 
 
+def main_band(r):
+    """``r`` with the band of main before the pooled extrapolation rate (72fc951): t(dof) x
+    sigma below the residual-quantile rank, t(dof) x the delta-method se, and the RMS over
+    the rollout folds of log error per decade of one scale (compute) as the extrapolation
+    rate. The backtest's folds are the same; only the pooled record is dropped."""
+    old = copy.copy(r)
+    old.small_sample = "student-t"
+    bt = dict((r.diagnostics or {}).get("backtest") or {})
+    bt.pop("extrapolation", None)
+    old.diagnostics = dict(r.diagnostics, backtest=bt)
+    if r.groups:
+        old.groups = [(v, main_band(g)) for v, g in r.groups]
+    return old
+
+
+def rate(r) -> float:
+    """The law's extrapolation rate per decade (0 without one)."""
+    from fit import extrapolation_rate
+    v = extrapolation_rate((r.diagnostics or {}).get("backtest"))[0]
+    return float(v) if v else 0.0
+
+
+def distance(r, kw: dict, n: int = 1) -> np.ndarray:
+    """Decades of the points ``kw`` outside the range of the runs ``r`` was fitted on, the
+    largest over the form's inputs (fit.backtest; tokens and compute planned)."""
+    from fit.result import input_distance
+    ex = ((r.diagnostics or {}).get("backtest") or {}).get("extrapolation") or {}
+    fr = np.asarray(kw.get("fraction", 1.0), float)
+    vals = {k: np.asarray(v, float) / (fr if k in ("tokens", "compute") else 1.0)
+            for k, v in kw.items() if k != "fraction"}
+    return input_distance(vals, ex.get("ranges_log10") or {}, (n,))
+
+
 def held_out(df: pd.DataFrame, fit_kw: dict, scheme: str, decades: float = RUNG_DECADES,
              max_folds: int = 4, rule: bool = True) -> dict:
     """Hold out rungs and predict them with the default fit of the rest. ``scheme``: "loro"
@@ -341,7 +406,7 @@ def held_out(df: pd.DataFrame, fit_kw: dict, scheme: str, decades: float = RUNG_
     levels = np.sort(rung.unique())
     folds = levels if scheme == "loro" else levels[max(1, len(levels) - max_folds):]
     errs, inside, half, notes, applied = [], [], [], [], False
-    inside0, half0 = [], []
+    inside0, half0, dist = [], [], []
     for lv in folds:
         test_runs = rung.index[rung == lv]
         train_runs = rung.index[(rung != lv) if scheme == "loro" else (rung < lv)]
@@ -368,16 +433,16 @@ def held_out(df: pd.DataFrame, fit_kw: dict, scheme: str, decades: float = RUNG_
         ok = np.isfinite(p.lo) & np.isfinite(p.hi)
         inside += list(ok & (y >= p.lo) & (y <= p.hi))
         half += list(np.where(ok, (np.log(p.hi) - np.log(p.lo)) / 2, np.nan))
-        # the same fit's band by main's method before issue 13's calibration (b81488e): noise
-        # part t(dof) x sigma, no extrapolation term; the centre is the same
-        old = copy.copy(r)
-        old.abs_resid = None
+        # the same fit's band by main's method before the pooled extrapolation rate (72fc951):
+        # t(dof) below the residual-quantile rank, the RMS over folds of error per decade of
+        # compute; the centre is the same
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            p0 = old.predict(**kw, extrapolation=False)
+            p0 = main_band(r).predict(**kw)
         ok0 = np.isfinite(p0.lo) & np.isfinite(p0.hi)
         inside0 += list(ok0 & (y >= p0.lo) & (y <= p0.hi))
         half0 += list(np.where(ok0, (np.log(p0.hi) - np.log(p0.lo)) / 2, np.nan))
+        dist += list(distance(r, kw, len(y)))
         tag = r.form + (f" E={r.params['E']:.3g}" if "E" in r.params else "")
         chosen = (r.diagnostics.get("asymptote_rule") or {}).get("chosen")
         applied |= bool((r.diagnostics.get("asymptote_rule") or {}).get("applied"))
@@ -385,8 +450,10 @@ def held_out(df: pd.DataFrame, fit_kw: dict, scheme: str, decades: float = RUNG_
     e = np.abs(np.array(errs))
     return {"n": int(e.size), "coverage": float(np.mean(inside)) if inside else math.nan,
             "median_half_width": float(np.nanmedian(half)) if half else math.nan,
-            "coverage_t_band": float(np.mean(inside0)) if inside0 else math.nan,
-            "median_half_width_t_band": float(np.nanmedian(half0)) if half0 else math.nan,
+            "coverage_main": float(np.mean(inside0)) if inside0 else math.nan,
+            "median_half_width_main": float(np.nanmedian(half0)) if half0 else math.nan,
+            "log_err": list(map(float, errs)), "distance": list(map(float, dist)),
+            "half_width": list(map(float, half)),
             "mean_abs_err": float(np.mean(e)) if e.size else math.nan,
             "q90_abs_err": float(np.quantile(e, 0.9)) if e.size else math.nan,
             "folds": notes, "rule_applied": applied}
@@ -419,8 +486,8 @@ def calibration_table(anchors: Path, schemes=("loro", "rollout"), only=None) -> 
                 tag = "(rule off)" if label == "before" else ("(rule on)" if
                                                               after["rule_applied"] else "")
                 print(f"{name:<20} {scheme + ' ' + tag:<19} {r['n']:>4} {r['coverage']:>8.0%} "
-                      f"{r['median_half_width']:>10.2%} {r['coverage_t_band']:>8.0%} "
-                      f"{r['median_half_width_t_band']:>9.2%} {r['mean_abs_err']:>9.2%} "
+                      f"{r['median_half_width']:>10.2%} {r['coverage_main']:>8.0%} "
+                      f"{r['median_half_width_main']:>9.2%} {r['mean_abs_err']:>9.2%} "
                       f"{r['q90_abs_err']:>9.2%}  {ok:<3} {r['seconds']:>5.0f}s  "
                       f"{'; '.join(dict.fromkeys(r['folds']))}", flush=True)
     return rows
@@ -448,15 +515,15 @@ def main(argv=None) -> int:
     OPTS["bootstrap"] = args.bootstrap
     if args.calibration:
         print(f"{'ladder':<20} {'scheme':<19} {'n':>4} {'coverage':>8} {'half-width':>10} "
-              f"{'t-band':>8} {'t h-w':>9} {'mean|err|':>9} {'q90|err|':>9}  ok  time   "
+              f"{'main':>8} {'main h-w':>9} {'mean|err|':>9} {'q90|err|':>9}  ok  time   "
               "fits (form, E) per fold")
         calibration_table(anchors, only=args.ladder)
         print(f"coverage of the {CALIBRATION_LEVEL:.0%} band at the held-out rungs' points; "
               f"target {COVERAGE_TARGET[0]:.0%}..{COVERAGE_TARGET[1]:.0%} (leave-one-rung-out);"
               " band: the law's (fit on the other rungs; with its extrapolation error outside"
-              " their scale range, as pre-registered, less eval noise); t-band: the same fits'"
-              " band by main's method before the calibration (t(dof) x sigma noise, no"
-              " extrapolation term);"
+              " their inputs' ranges, as pre-registered, less eval noise); main: the same fits'"
+              " band by main's method before the pooled extrapolation rate (72fc951: t(dof)"
+              " below the residual-quantile rank, RMS per-fold error per decade of compute);"
               " half-width: median of log(hi/lo)/2; errors |log(pred/actual)|; 'rule off' rows "
               "(E left free) only where the short-ladder asymptote rule changed a fold")
         return 0

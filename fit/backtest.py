@@ -6,10 +6,26 @@ one rung with a rerun are held out together). Rollout: for each of the last ``ma
 fit on every smaller level and predict that level. Leave-the-largest-out is the last rollout fold:
 fit on everything but the largest level. Errors are relative, ``predicted / observed - 1``, at the
 held-out runs' final points and (for runs with several points) averaged over their whole curves.
+
+The folds also measure the law's extrapolation error (``extrapolation`` in the record, the band's
+extrapolation term: fit.result.FitResult.extrapolation_log_sd). Every held-out final point has a
+distance outside its fold's training runs, in decades: the largest over the inputs the form uses
+(params and tokens for the Chinchilla forms, compute for the compute and trajectory forms) of its
+log10 distance outside the training runs' range of that input. A bigger model at a budget inside
+the fitted compute range is outside in params, and an over-trained run outside in tokens. The
+rate per decade r pools the log errors e of every held-out point outside its fold's range,
+r^2 = sum(e^2) / sum(d^2): the moment estimate for e ~ N(0, r^2 d^2), weighted by d^2, so a fold
+that held out a rung 0.09 decades out adds 0.09^2 to the denominator rather than its error over
+0.09 (OLMo's ladder: 0.65% there was 7%/decade, and a 13B band of +-10% around a -0.4% error,
+docs/LOG.md 2026-12-01). Tried and dropped: counting only the error beyond each fold's own band
+(sum(e^2 - s^2), s its sd on the error's side): the rollout folds' errors sit inside their bands
+on Gadre's C4 ladder, the rate went to 0, and the smallest rung, 0.85 decades below the rest and
+missed by 5-24%, fell out of its band (leave-one-rung-out coverage 94% -> 74%).
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -17,9 +33,63 @@ import pandas as pd
 
 from fit.estimate import HUBER_DELTA, fit_by, fit_spec, select_points
 from fit.forms import Spec, get_form
+from fit.result import input_distance
 from ladder.io import InputError
 
 MAX_FOLDS = 4
+EXTRAPOLATION_METHOD = ("held-out log errors pooled per decade (sum e^2 / sum d^2) of the largest "
+                        "distance outside the fitted range in the form's inputs")
+PLANNED = ("tokens", "compute")  # so far at a point: divided by its fraction (planned, at 1)
+
+
+def scale_inputs(form, params_column: str = "params") -> list[str]:
+    """The points-table columns whose range the law is extrapolated out of: the form's inputs
+    (its ``N`` is ``params_column``), less ``fraction`` (progress, not scale)."""
+    out = []
+    for need in form.needs:
+        col = params_column if need == "N" else need
+        if col != "fraction" and col not in out:
+            out.append(col)
+    return out
+
+
+def _planned(df: pd.DataFrame, col: str) -> np.ndarray:
+    v = df[col].to_numpy(dtype=float)
+    if col in PLANNED and "fraction" in df.columns and df["fraction"].notna().all():
+        v = v / np.clip(df["fraction"].to_numpy(dtype=float), 1e-12, None)
+    return v
+
+
+def input_ranges(df: pd.DataFrame, cols) -> dict:
+    """{column: [log10 min, log10 max]} over the runs' planned values (tokens and compute at
+    fraction 1) of every column in ``cols`` the table has."""
+    out = {}
+    for c in cols:
+        if c in df.columns and df[c].notna().all() and len(df):
+            with np.errstate(divide="ignore", invalid="ignore"):
+                lv = np.log10(_planned(df, c))
+            lv = lv[np.isfinite(lv)]
+            if lv.size:
+                out[c] = [float(lv.min()), float(lv.max())]
+    return out
+
+
+def pooled_rate(folds) -> tuple[float | None, int]:
+    """(r, points outside their fold's range) from folds' ``log_err`` and ``distance``:
+    r^2 = sum(e^2) / sum(d^2) over the points with d > 0 (module docstring); r None without
+    such a point."""
+    e2, d2, n = 0.0, 0.0, 0
+    for f in folds or []:
+        if not isinstance(f, dict):
+            continue
+        for e, d in zip(f.get("log_err") or [], f.get("distance") or [], strict=False):
+            if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (e, d)) \
+                    or d <= 0:
+                continue
+            e2, d2, n = e2 + e * e, d2 + d * d, n + 1
+    if not n:
+        return None, 0
+    return math.sqrt(e2 / d2), n
 
 
 def run_scales(df: pd.DataFrame) -> tuple[pd.Series, str]:
@@ -49,6 +119,7 @@ def backtest(df: pd.DataFrame, spec, opts: dict, *, by: str | None = None,
              starts=None) -> dict:
     logs, kind = run_scales(df)
     levels = scale_levels(df)
+    cols = scale_inputs(spec.form, opts.get("params_column", "params"))
     uniq = np.sort(levels.unique())
     folds, skipped = [], []
     for lv in uniq[max(1, len(uniq) - max_folds):]:
@@ -68,13 +139,18 @@ def backtest(df: pd.DataFrame, spec, opts: dict, *, by: str | None = None,
         except InputError as e:
             skipped.append({"train_runs": len(train_runs), "reason": str(e)})
             continue
-        fold = _evaluate(res, test, spec, by, final_only, len(train_runs))
+        fold = _evaluate(res, test, spec, by, final_only, len(train_runs),
+                         input_ranges(train, cols))
         # how far this fold extrapolated: decades from the largest training run to the held-out
         fold["decades"] = float(logs[test_runs].max() - logs[train_runs].max())
         folds.append(fold)
     out = {"method": "rollout by scale level (0.05 decades); leave-largest-out = last fold",
            "folds": folds, "skipped": skipped, "scale": kind,
            "scale_log10_max": float(logs.max()), "scale_log10_min": float(logs.min())}
+    rate, n_out = pooled_rate(folds)
+    out["extrapolation"] = {"method": EXTRAPOLATION_METHOD, "inputs": cols,
+                            "ranges_log10": input_ranges(df, cols), "rate_per_decade": rate,
+                            "n_points": n_out}
     if folds:
         fin = np.concatenate([f["final_rel_err"] for f in folds])
         out["rollout_mean_abs_final"] = float(np.mean(np.abs(fin)))
@@ -92,7 +168,7 @@ def backtest(df: pd.DataFrame, spec, opts: dict, *, by: str | None = None,
     return out
 
 
-def _evaluate(res, test, spec, by, final_only, n_train) -> dict:
+def _evaluate(res, test, spec, by, final_only, n_train, ranges=None) -> dict:
     final_pts, _ = select_points(test, spec.form, True)
     curve_pts = test if (by is not None or spec.form.name == "trajectory") else None
     if by is not None:  # per-fraction laws predict only inside their fitted fraction range
@@ -101,18 +177,23 @@ def _evaluate(res, test, spec, by, final_only, n_train) -> dict:
         curve_pts = test[(test["fraction"] >= lo) & (test["fraction"] <= hi)]
         final_pts = final_pts[(final_pts["fraction"] >= lo) & (final_pts["fraction"] <= hi)]
     fin = _predict(res, final_pts)
-    rel = fin.loss / final_pts["loss"].to_numpy() - 1.0
+    y = final_pts["loss"].to_numpy(dtype=float)
+    rel = fin.loss / y - 1.0
     inside = None
     if np.all(np.isfinite(fin.lo)):
-        y = final_pts["loss"].to_numpy()
         inside = float(np.mean((y >= fin.lo) & (y <= fin.hi)))
+    # the extrapolation record: log error and decades outside the fold's training range
+    loge = np.log(fin.loss / y)
+    dist = input_distance({c: _planned(final_pts, c) for c in (ranges or {})}, ranges or {},
+                          (len(final_pts),))
     curve_err = None
     if curve_pts is not None and len(curve_pts):
         cp = _predict(res, curve_pts)
         curve_err = float(np.mean(np.abs(cp.loss / curve_pts["loss"].to_numpy() - 1.0)))
     return {"train_runs": int(n_train), "held_out": sorted(final_pts["run"].astype(str)),
             "final_rel_err": [float(x) for x in rel], "final_mean_abs": float(np.mean(np.abs(rel)))
-            if len(rel) else None, "curve_mean_abs_rel_err": curve_err, "inside_band": inside}
+            if len(rel) else None, "curve_mean_abs_rel_err": curve_err, "inside_band": inside,
+            "log_err": [float(x) for x in loge], "distance": [float(x) for x in dist]}
 
 
 def _predict(res, pts):

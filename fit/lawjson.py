@@ -111,15 +111,26 @@ def _uncertainty(r) -> dict:
         "dof": r.dof,
         "abs_residuals_log": None if r.abs_resid is None else r.abs_resid.tolist(),
         "noise_method": r.noise_method(r.level),
+        "small_sample": r.small_sample,
         "band_method": band_method(r),
-        "band": "log space: the bootstrap quantile for the parameters (t * delta-method se "
-                "without usable replicates); for run-to-run noise the level x (m+1)/m quantile "
-                "of abs_residuals_log x sqrt(m/dof), m = dof + free parameters (t(dof) * "
-                "sigma_log where that rank exceeds 1, or without abs_residuals_log); the "
-                "extrapolation error outside the runs' scale range (RMS of the rollout folds' "
-                "log error per decade x decades outside; fit.result.extrapolation_rate); "
-                "combined in quadrature",
+        "band": _band_text(r),
     }
+
+
+def _band_text(r) -> str:
+    q = "normal quantile" if r.small_sample == "normal" else "t(dof)"
+    ex = ((r.diagnostics or {}).get("backtest") or {}).get("extrapolation")
+    extra = ("the extrapolation error outside the runs' range (the rollout folds' held-out log "
+             "errors beyond their fold bands, pooled per decade: diagnostics.backtest."
+             "extrapolation.rate_per_decade, x the largest distance in decades outside "
+             "ranges_log10 over its inputs)") if isinstance(ex, dict) else (
+             "the extrapolation error outside the runs' scale range (RMS of the rollout folds' "
+             "log error per decade x decades outside; fit.result.extrapolation_rate)")
+    return (f"log space: the bootstrap quantile for the parameters ({q} * delta-method se "
+            "without usable replicates); for run-to-run noise the level x (m+1)/m quantile of "
+            f"abs_residuals_log x sqrt(m/dof), m = dof + free parameters ({q} * sigma_log "
+            f"where that rank exceeds 1, or without abs_residuals_log); {extra}; combined in "
+            "quadrature")
 
 
 def band_method(r) -> str:
@@ -127,9 +138,14 @@ def band_method(r) -> str:
     if r.objective == "ols":
         return "ols-student-t + extrapolation"
     param = "bootstrap" if r.boot_u is not None and len(r.boot_u) >= 20 else "delta-method-t"
-    noise = "residual-quantile" if r.noise_method(r.level) == "residual quantile" \
-        else "student-t-sigma"
-    return f"{param} + {noise} + extrapolation"
+    noise = {"residual quantile": "residual-quantile", "normal x sigma": "normal-sigma"}.get(
+        r.noise_method(r.level), "student-t-sigma")
+    if getattr(r, "small_sample", "student-t") == "normal" and param == "delta-method-t":
+        param = "delta-method-normal"
+    # the pooled extrapolation rate (fit.backtest) or, in files from before, the per-fold one
+    ex = ((r.diagnostics or {}).get("backtest") or {}).get("extrapolation")
+    extra = "pooled-extrapolation" if isinstance(ex, dict) else "extrapolation"
+    return f"{param} + {noise} + {extra}"
 
 
 def read(obj: dict, *, path=None) -> tuple[dict, list]:
@@ -179,6 +195,10 @@ def read(obj: dict, *, path=None) -> tuple[dict, list]:
             if v is not None and v < 0:  # a negative sd gives a nonsense (inverted) band
                 raise InputError(f"must be >= 0, got {v!r}", path=where,
                                  field=prefix + "uncertainty." + name)
+        small = unc.get("small_sample", "student-t")  # absent: written before, t(dof)
+        if small not in ("normal", "student-t"):
+            raise InputError(f"expected 'normal' or 'student-t', got {small!r}", path=where,
+                             field=prefix + "uncertainty.small_sample")
         ares = unc.get("abs_residuals_log")  # absent in law.json files from before
         ares = None if ares is None else _array(ares, (None,), where,
                                                 prefix + "uncertainty.abs_residuals_log")
@@ -198,7 +218,7 @@ def read(obj: dict, *, path=None) -> tuple[dict, list]:
         return {"spec": spec, "metric": metric, "u": u, "level": level,
                 "objective": objective, "prior": prior,
                 "params_column": fit.get("params_column", "params"), "boot_u": boot, "cov": cov,
-                "sigma": sigma, "dof": dof, "abs_resid": ares,
+                "sigma": sigma, "dof": dof, "abs_resid": ares, "small_sample": small,
                 "intervals": _intervals(unc.get("intervals"), where, prefix)}
 
     unc = need(obj, "uncertainty", dict)

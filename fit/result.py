@@ -1,13 +1,15 @@
 """The fitted law of a Chinchilla-family form: ``FitResult`` and its prediction band.
 
 A prediction band at a point, in log space: the parameter part is the bootstrap quantile
-deviation where the bootstrap has usable replicates, else t x the delta-method standard error;
-the run-to-run noise part is the residual quantile (``FitResult.noise_half_width``; t x sigma
-with too few points); the law's own extrapolation error outside its runs' scale range
-(``FitResult.extrapolation_log_sd``) and an extra log-sigma (eval noise, added by a
-forecaster) are added in quadrature. A band that cannot be computed (no residual degrees of
-freedom, no usable replicates) is NaN with a warning. ``objective="ols"`` (the real ladder's
-fit) has its own band: statsmodels' OLS prediction interval of log(L - E).
+deviation where the bootstrap has usable replicates, else z x the delta-method standard error;
+the run-to-run noise part is the residual quantile (``FitResult.noise_half_width``; z x sigma
+with too few points; t(dof) in law.json files written before ``small_sample``); the law's own
+extrapolation error outside its runs' range in the form's inputs, from every held-out point of
+its rollout backtest (``FitResult.extrapolation_log_sd``, fit.backtest) and an extra
+log-sigma (eval noise, added by a forecaster) are added in quadrature. A band that cannot be
+computed (no residual degrees of freedom, no usable replicates) is NaN with a warning.
+``objective="ols"`` (the real ladder's fit) has its own band: statsmodels' OLS prediction
+interval of log(L - E).
 
 ``LawResult`` is what every fitted law is, whatever its form: ``FitResult`` here (the
 Chinchilla family) and ``fit.curves.CurveLaw`` (schedule-aware curve laws) are its two kinds.
@@ -32,6 +34,7 @@ from fit.report import fit_lines, report
 from ladder.io import InputError, as_float
 
 OBJECTIVES = ("huber", "ols")
+SMALL_SAMPLE = ("normal", "student-t")
 
 
 class LawResult:
@@ -111,9 +114,16 @@ class FitResult(LawResult, forms=tuple(FORMS)):
                  conventions: dict | None = None, created: str | None = None,
                  tool_version: str | None = None, by: str | None = None,
                  groups: list | None = None, objective: str = "huber",
-                 prior: dict | None = None, abs_resid: np.ndarray | None = None):
+                 prior: dict | None = None, abs_resid: np.ndarray | None = None,
+                 small_sample: str = "normal"):
         if objective not in OBJECTIVES:
             raise ValueError(f"objective: one of {OBJECTIVES}, got {objective!r}")
+        if small_sample not in SMALL_SAMPLE:
+            raise ValueError(f"small_sample: one of {SMALL_SAMPLE}, got {small_sample!r}")
+        # the quantile of the band's parts estimated from few residuals (noise below the
+        # residual-quantile rank, the delta-method se): "normal", or "student-t" (t(dof), law.json
+        # files written before the pooled extrapolation rate; see noise_half_width)
+        self.small_sample = small_sample
         self.objective = objective
         self.prior = dict(prior or {})  # name -> (mean, sd), natural units
         self.spec = spec
@@ -169,7 +179,7 @@ class FitResult(LawResult, forms=tuple(FORMS)):
             raise ValueError(f"level: must be in (0, 1), got {level!r}")
         if extrapolation:
             x = self.extrapolation_log_sd(params=params, tokens=tokens, compute=compute,
-                                          fraction=fraction)
+                                          fraction=fraction, active_params=active_params)
             extra_log_sigma = np.sqrt(np.square(np.asarray(extra_log_sigma, float)) + x ** 2)
         if self.groups:
             return self._predict_groups(params, active_params, tokens, compute, fraction, level,
@@ -194,21 +204,46 @@ class FitResult(LawResult, forms=tuple(FORMS)):
         return Prediction(loss=np.exp(center).reshape(shape), lo=lo.reshape(shape),
                           hi=hi.reshape(shape), level=level)
 
-    def extrapolation_log_sd(self, params=None, tokens=None, compute=None, fraction=None
-                             ) -> np.ndarray:
-        """The law's own extrapolation error (a log sd) at each point: the RMS over its rollout
-        backtest folds (refit below a scale level, forecast that level's finals) of log error
-        per decade extrapolated, times the point's decades outside the scale range of the runs
-        it was fitted on, above the largest or below the smallest (a run's scale: planned
-        compute, else params x tokens, else params: ``diagnostics.backtest.scale``; a point's
-        is its value at fraction 1). 0 inside the range, without a backtest, or without the
-        input the scale needs. Below the range the rate measured upward is assumed: a ladder
-        rung held out at the bottom is 0.85 decades below the rest on Gadre et al.'s ladder and
-        its law misses it by 5-24% (docs/LOG.md, 2026-12-01)."""
-        rate, kind, lo, hi = extrapolation_rate(self.diagnostics.get("backtest"))
-        given = [np.asarray(x, float) for x in (params, tokens, compute, fraction)
+    def extrapolation_log_sd(self, params=None, tokens=None, compute=None, fraction=None,
+                             active_params=None) -> np.ndarray:
+        """The law's own extrapolation error (a log sd) at each point: the rate per decade its
+        rollout backtest measured (fit.backtest: the held-out finals' log errors pooled over
+        every fold and point, per decade outside the fold's fitted range) times the point's
+        decades outside the range of the runs it was fitted on, the largest over the inputs
+        the form uses (params and tokens, or compute; tokens and compute are taken at
+        fraction 1, planned), above or below. 0 inside every range,
+        without a backtest, or for inputs not given. A law.json written before the pooled
+        record keeps its method: the RMS over folds of log error per decade of one scale
+        (planned compute, else params x tokens, else params; ``diagnostics.backtest.scale``).
+        Below the range the rate measured upward is assumed: a ladder rung held out at the
+        bottom is 0.85 decades below the rest on Gadre et al.'s ladder and its law misses it
+        by 5-24% (docs/LOG.md, 2026-12-01)."""
+        bt = self.diagnostics.get("backtest")
+        given = [np.asarray(x, float) for x in (params, tokens, compute, fraction, active_params)
                  if x is not None]
         shape = np.broadcast(*given).shape if given else ()
+        pooled = _pooled_record(bt)
+        if pooled is not None:
+            fr = np.asarray(1.0 if fraction is None else fraction, float)
+            vals = {"params": params, "active_params": active_params, "tokens": tokens,
+                    "compute": compute}
+            with np.errstate(divide="ignore", invalid="ignore"):
+                vals = {k: None if v is None else (np.asarray(v, float) / fr
+                                                   if k in ("tokens", "compute")
+                                                   else np.asarray(v, float))
+                        for k, v in vals.items()}
+            d = input_distance(vals, pooled["ranges"], shape)
+            if pooled["rate"] is None:
+                # no rollout fold could be fitted (too few smaller runs): nothing measured the
+                # error outside the runs, and the band does not hold it; said, not hidden
+                if np.any(d > 0):
+                    warnings.warn(f"{self.form} law: points up to {float(np.max(d)):.2f} "
+                                  "decades outside the fitted runs' range, and no rollout "
+                                  "fold measured the extrapolation error: the band holds "
+                                  "none", stacklevel=3)
+                return np.zeros(shape)
+            return pooled["rate"] * d
+        rate, kind, lo, hi = extrapolation_rate(bt)
         fr = np.asarray(1.0 if fraction is None else fraction, float)
         scale = None
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -252,8 +287,9 @@ class FitResult(LawResult, forms=tuple(FORMS)):
             return self._band_ols(model, center, level, extra)
         q = 0.5 + level / 2
         dof = self.dof
-        tq = float(stdtrit(dof, q)) if dof and dof > 0 else None
         z = float(ndtri(q))
+        tq = None if not (dof and dof > 0) else (z if self.small_sample == "normal"
+                                                 else float(stdtrit(dof, q)))
         reasons = []
         # parameter part
         up = np.zeros_like(center)
@@ -267,7 +303,8 @@ class FitResult(LawResult, forms=tuple(FORMS)):
             have_param = True
         # the delta method only where the bootstrap is not there: t(dof) x se on top of a
         # bootstrap that already measured the parameters' spread doubles it, and with the
-        # 1-2 residual dof of a 4-5 rung ladder t is 3-6 (Gadre's 5-run fit: +-25% at 6.9B)
+        # 1-2 residual dof of a 4-5 rung ladder t is 3-6 (Gadre's 5-run fit: +-25% at 6.9B);
+        # the normal quantile (small_sample), as for the noise part
         if self.cov is not None and tq is not None and not have_param:
             _u0, M = self.spec.mapping()
             J = _jacobian_rows(model, self.u) @ M             # (m, F)
@@ -299,8 +336,9 @@ class FitResult(LawResult, forms=tuple(FORMS)):
         """Which estimate the band's noise part uses at ``level`` (see noise_half_width)."""
         if self.objective == "ols":
             return "ols"
-        return "residual quantile" if self._noise_rank_level(level) is not None else \
-            "student-t x sigma"
+        if self._noise_rank_level(level) is not None:
+            return "residual quantile"
+        return "normal x sigma" if self.small_sample == "normal" else "student-t x sigma"
 
     def _noise_rank_level(self, level):
         a, dof = self.abs_resid, self.dof
@@ -321,15 +359,22 @@ class FitResult(LawResult, forms=tuple(FORMS)):
         their RMS let those few points set a +-6% band for every target (leave-one-rung-out
         coverage 97% on RedPajama, bands 3-12x the typical held-out error). Too few
         observations for the rank (m < level / (1 - level), 9 at 90%, 99 at 99%): the
-        Student-t interval t(dof) x sigma, the parametric answer where the empirical one
-        does not exist."""
+        normal quantile x sigma. Not t(dof) x sigma (main before the pooled extrapolation
+        rate, and law.json files from then: ``small_sample="student-t"``): with the 1 residual
+        dof of Gadre et al.'s 5-run, 4-parameter fit t is 6.3 and this part alone was +-4.3%
+        for targets its rollout missed by 2.4% and the law by 0.4%. Outside the runs' range
+        the out-of-sample error is measured, not modelled: the rollout backtest's held-out
+        errors, which hold the run-to-run noise, are the extrapolation term (fit.backtest,
+        :meth:`extrapolation_log_sd`)."""
         qq = self._noise_rank_level(level)
         if qq is not None:
             m = self.dof + self.spec.n_free
             return float(np.quantile(self.abs_resid, qq)) * math.sqrt(m / self.dof)
         if self.sigma is None or not self.dof or self.dof <= 0:
             return None
-        return float(stdtrit(self.dof, 0.5 + level / 2)) * self.sigma
+        q = 0.5 + level / 2
+        quant = float(ndtri(q)) if self.small_sample == "normal" else float(stdtrit(self.dof, q))
+        return quant * self.sigma
 
     def _band_ols(self, model, center, level, extra):
         """The OLS prediction interval of log(L - E) (statsmodels' ``obs_ci``: Student-t with
@@ -405,12 +450,52 @@ class FitResult(LawResult, forms=tuple(FORMS)):
         return lawjson.band_method(self)
 
 
+def input_distance(values: dict, ranges: dict, shape=()) -> np.ndarray:
+    """Decades outside ``ranges`` ({column: [log10 lo, hi]}) of points with ``values``
+    ({column: planned value}): the largest over the columns given, 0 inside every range."""
+    d = np.zeros(shape)
+    for c, (lo, hi) in ranges.items():
+        v = values.get(c)
+        if v is None:
+            continue
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lv = np.log10(np.broadcast_to(np.asarray(v, dtype=float), shape))
+        out = np.maximum(lv - hi, 0.0) + np.maximum(lo - lv, 0.0)
+        d = np.maximum(d, np.where(np.isfinite(out), out, 0.0))
+    return d
+
+
+def _pooled_record(bt) -> dict | None:
+    """The backtest's pooled extrapolation record (fit.backtest, ``extrapolation``), or None in
+    law.json files written before it (their band keeps the per-fold rate on one scale)."""
+    ex = bt.get("extrapolation") if isinstance(bt, dict) else None
+    if not isinstance(ex, dict) or not isinstance(ex.get("ranges_log10"), dict):
+        return None
+    rate = ex.get("rate_per_decade")
+    if rate is not None and not (isinstance(rate, (int, float)) and math.isfinite(rate)
+                                 and rate >= 0):
+        return None
+    ranges = {}
+    for c, r in ex["ranges_log10"].items():
+        if not (isinstance(r, list) and len(r) == 2 and all(
+                isinstance(x, (int, float)) and math.isfinite(x) for x in r)):
+            return None
+        ranges[str(c)] = (float(r[0]), float(r[1]))
+    return {"rate": None if rate is None else float(rate), "ranges": ranges}
+
+
 def extrapolation_rate(bt) -> tuple:
     """(RMS log error per decade, scale kind, log10 of the smallest and the largest run's
     scale) from a backtest's record (``diagnostics.backtest``); rate None without a fold that
     extrapolated. The smallest is None in law.json files written before it was recorded (their
     band then widens only above the largest run, as the forecast did)."""
     bt = bt if isinstance(bt, dict) else {}
+    pooled = _pooled_record(bt)
+    if pooled is not None:  # the pooled rate (fit.backtest); the scale fields for old readers
+        top, bottom = bt.get("scale_log10_max"), bt.get("scale_log10_min")
+        ok = isinstance(top, (int, float)) and isinstance(bottom, (int, float))
+        return (pooled["rate"], bt.get("scale"), float(bottom) if ok else None,
+                float(top) if ok else None)
     per_decade = []
     for fold in bt.get("folds") or []:
         d = fold.get("decades") if isinstance(fold, dict) else None
