@@ -851,13 +851,16 @@ def _config_from_update(cfg: dict) -> dict:
 _BLOCK = 32768
 
 
-def read_wandb_records(path: str | os.PathLike) -> Iterable[dict]:
-    """Decode a whole .wandb record log (see :func:`decode_wandb_file`)."""
-    recs, _, _ = decode_wandb_file(Path(path), 0)
+def read_wandb_records(path: str | os.PathLike, *, full: bool = False) -> Iterable[dict]:
+    """Decode a whole .wandb record log (see :func:`decode_wandb_file`). ``full``: every
+    record type whole (protobuf's own dict of it: a run's group, name, job type and tags, a
+    metric's definition), not only the history and config the watcher reads."""
+    recs, _, _ = decode_wandb_file(Path(path), 0, full=full)
     return recs
 
 
-def decode_wandb_file(path: Path, start: int = 0) -> tuple[list[dict], int, int]:
+def decode_wandb_file(path: Path, start: int = 0, *, full: bool = False
+                      ) -> tuple[list[dict], int, int]:
     """Records of a .wandb log from byte ``start`` (0, or an offset this function returned):
     ``(records, end, corrupt)``, ``end`` being the offset after the last complete record (a
     truncated last record of a live run is left for the next call). The CRC is not checked;
@@ -920,13 +923,17 @@ def decode_wandb_file(path: Path, start: int = 0) -> tuple[list[dict], int, int]
             buf, end = b"", pos
             continue
         buf, end = b"", pos
-        recs.append(_record_dict(rec))
+        recs.append(_record_dict(rec, full))
     return recs, start + end, bad
 
 
-def _record_dict(rec) -> dict:
+def _record_dict(rec, full: bool = False) -> dict:
     which = rec.WhichOneof("record_type")
     d: dict[str, Any] = {"num": rec.num, "type": which}
+    if full and which not in ("history", None):
+        from google.protobuf.json_format import MessageToDict  # protobuf comes with wandb
+        d[which] = MessageToDict(getattr(rec, which), preserving_proto_field_name=True)
+        return d
     if which == "history":
         item = {}
         for it in rec.history.item:
