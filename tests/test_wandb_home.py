@@ -52,7 +52,8 @@ def wandb_run(tmp_path_factory, offline_env):
 
 def _records(d):
     """Every record of an offline W&B run directory's .wandb files, oldest segment first."""
-    return [r for _, f in WandbOfflineSource(d).segments() for r in read_wandb_records(f, full=True)]
+    return [r for _, f in WandbOfflineSource(d).segments()
+            for r in read_wandb_records(f, full=True)]
 
 
 def _prereg(tmp_path, **kw):
