@@ -5,7 +5,7 @@ The band of a forecast point combines, in quadrature (independent errors, Gaussi
   uncertainty, run-to-run residual noise, and the law's extrapolation error: a pre-registered
   target lies beyond every rung, and the ladder measured how wrong its law is one step outside
   them with the rollout backtest, which refits on the smaller rungs and forecasts the next one;
-  its RMS log error per decade times the target's decades beyond the largest rung. Without it a
+  its log error per decade times the target's decades outside the fitted range. Without it a
   band narrowed by honest bootstrap replicates missed the cpu demo's proxy hero, -5.0% against a
   [-2.7%, +8.2%] band, docs/LOG.md. :func:`extrapolation_error` reports that term for
   prereg.json; it is added here only for a law whose band lacks it), and
@@ -270,10 +270,12 @@ def extrapolation_error(law, target: Target | None = None) -> Extrapolation:
     ``diagnostics.backtest``: refit on the runs below each scale level, forecast that level's
     final losses; each fold records how many decades it extrapolated).
 
-    The error of a power law extrapolated from a ladder grows with the distance: the folds'
-    errors are put per decade (RMS of log error / decades: a root mean square, not a mean
-    absolute error, since a band needs the spread and one large miss should widen it) and
-    scaled to the target's distance outside the ladder's range. A target inside it gets none.
+    The error of a power law extrapolated from a ladder grows with the distance: the held-out
+    log errors are put per decade, pooled over every held-out point outside its fold's range
+    (r^2 = sum e^2 / sum d^2, d the largest distance in decades outside the fitted range over
+    the form's inputs: fit.backtest), and scaled to the target's distance. A law.json written
+    before that keeps the per-fold RMS of log error / decades on one scale. A target inside the
+    range gets none.
     No backtest (a curve law, or a fit with ``backtest=False``) or no scale to place the
     target: 0, and the method says so.
 
@@ -296,14 +298,24 @@ def extrapolation_error(law, target: Target | None = None) -> Extrapolation:
                                      "the target has)", in_band)
     if in_band:
         sd = float(law.extrapolation_log_sd(params=target.params, tokens=target.tokens,
-                                            compute=target.compute, fraction=1.0))
+                                            compute=target.compute, fraction=1.0,
+                                            active_params=target.active_params))
     else:
         sd = rate * max(0.0, math.log10(scale) - top)
     decades = sd / rate if rate > 0 else 0.0
-    return Extrapolation(sd, n, f"rollout backtest of the law: RMS log error {rate:.4f} per "
-                                f"decade (of {kind}) x {decades:.2f} decades outside the "
-                                "ladder's runs" + ("; inside the law's band" if in_band
-                                                   else ""), in_band)
+    pooled = bt.get("extrapolation") if isinstance(bt.get("extrapolation"), dict) else None
+    if pooled is not None and pooled.get("rate_per_decade") is not None:
+        # the pooled rate (fit.backtest): every held-out point outside its fold's range, the
+        # distance over the form's inputs
+        n = int(pooled.get("n_points") or 0)
+        inputs = ", ".join(map(str, pooled.get("inputs") or [])) or kind
+        what = (f"rollout backtest of the law: log error {rate:.4f} per decade (pooled over {n} "
+                f"held-out points) x {decades:.2f} decades outside the fitted range of "
+                f"{inputs}")
+    else:
+        what = (f"rollout backtest of the law: RMS log error {rate:.4f} per decade (of {kind}) "
+                f"x {decades:.2f} decades outside the ladder's runs")
+    return Extrapolation(sd, n, what + ("; inside the law's band" if in_band else ""), in_band)
 
 
 def budget_curve(law, target: Target) -> dict:

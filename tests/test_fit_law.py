@@ -524,6 +524,23 @@ def test_band_holds_the_extrapolation_error_below_and_above_the_ladder_not_insid
     assert res.band_method == "delta-method-normal + normal-sigma + pooled-extrapolation"
 
 
+def test_prereg_extrapolation_record_is_the_law_band_term_and_names_the_pooled_rate():
+    """What prereg.json records as ``extrapolation`` (predict.forecast.extrapolation_error) is
+    the term the law's band holds at the target, described by the method that computed it."""
+    from predict.forecast import Target, extrapolation_error
+    res = fit_law(_curved_compute_table(), form="compute", bootstrap=0)
+    rate = _pooled(res.diagnostics["backtest"]["folds"])
+    target = Target(name="t", params=1e9, active_params=1e9, tokens=2e13, steps=1000,
+                    compute=1e23, seq_len=4096)
+    ex = extrapolation_error(res, target)
+    assert ex.in_law_band and ex.sigma_log == pytest.approx(rate * 1.0, rel=1e-12)
+    assert ex.n == res.diagnostics["backtest"]["extrapolation"]["n_points"] > 0
+    assert "pooled over" in ex.method and "fitted range of compute" in ex.method
+    inside = Target(name="t", params=1e9, active_params=1e9, tokens=2e10, steps=1000,
+                    compute=1e20, seq_len=4096)
+    assert extrapolation_error(res, inside).sigma_log == 0.0
+
+
 def test_pooled_rate_weighs_folds_by_distance():
     from fit.backtest import pooled_rate
     # a fold 0.09 decades out that missed by its noise (0.65%) and one 0.4 decades out: per
