@@ -309,9 +309,9 @@ def extrapolation_error(law, target: Target | None = None) -> Extrapolation:
         # distance over the form's inputs
         n = int(pooled.get("n_points") or 0)
         inputs = ", ".join(map(str, pooled.get("inputs") or [])) or kind
-        what = (f"rollout backtest of the law: log error {rate:.4f} per decade (pooled over {n} "
-                f"held-out points) x {decades:.2f} decades outside the fitted range of "
-                f"{inputs}")
+        points = f"{n} held-out point{'s' if n != 1 else ''}"
+        what = (f"rollout backtest of the law: log error {rate:.4f} per decade (pooled over "
+                f"{points}) x {decades:.2f} decades outside the fitted range of {inputs}")
     else:
         what = (f"rollout backtest of the law: RMS log error {rate:.4f} per decade (of {kind}) "
                 f"x {decades:.2f} decades outside the ladder's runs")
