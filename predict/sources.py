@@ -257,8 +257,7 @@ class JsonlSource:
             batch = batch.take(kept)
             if kept.size:
                 self.skip_through = None
-        if m is not None:
-            self.max_step = m if self.max_step is None else max(self.max_step, m)
+        self._saw_step(m)
         out.batch = batch
         last = self._last_read
         from predict.column_cache import TAIL_MIN_ROWS
@@ -312,10 +311,13 @@ class JsonlSource:
         if e["bad"]:
             out.notes.append(self._bad_note(e["bad"], e["first_bad"]))
         self.offset, self.line_no = e["end"], e["line1"]
-        m = e["max_step"]
+        self._saw_step(e["max_step"])
+        return out
+
+    def _saw_step(self, m: int | None) -> None:
+        """Note ``m``, the largest step of rows just read (None: none read)."""
         if m is not None:
             self.max_step = m if self.max_step is None else max(self.max_step, m)
-        return out
 
     def _bad_note(self, bad: int, first_bad: int | None) -> str:
         return (f"{self.path}: {bad} line(s) not a JSON object, skipped (first at line "
@@ -485,8 +487,7 @@ class JsonlSource:
         if bad:
             out.notes.append(f"{self.path}: {bad} line(s) not a JSON object, skipped")
         if len(batch):
-            m = int(batch.step.max())
-            self.max_step = m if self.max_step is None else max(self.max_step, m)
+            self._saw_step(int(batch.step.max()))
         self._config(out)
         out.batch = batch
         return out
@@ -501,8 +502,7 @@ class JsonlSource:
             out.rows = keep
             if keep:
                 self.skip_through = None
-        if m is not None:
-            self.max_step = m if self.max_step is None else max(self.max_step, m)
+        self._saw_step(m)
 
 
 def _parse_range(task) -> tuple[Any, int, int]:
