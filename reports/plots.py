@@ -125,10 +125,6 @@ def _si_x(ax) -> None:
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: si(v)))
 
 
-def _sci_x(ax) -> None:
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: sci(v, 2)))
-
-
 def _note(ax, text: str) -> None:
     ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=10,
             color="#666666", wrap=True)
