@@ -63,7 +63,10 @@ class ModelConfig:
     shared_dim: int = 32           # hidden width of a shared expert (full-width in and out)
     combine: str = "sigmoid"       # combine weights over the chosen k: sigmoid or softmax
     route_scale: float = 2.5       # combine weights rescaled to sum to this (real recipe: 2.5)
-    capacity_factor: float = 1.25  # slots per expert = ceil(cf * tokens * k / E)
+    capacity_factor: float = 1.25  # slots per (cell, expert) = ceil(cf * cell tokens * k / E)
+    capacity_tokens: int | None = None  # tokens per capacity cell (consecutive tokens of the
+    #                                batch); None: one cell per MoE call (per device), what every
+    #                                run before issue 22 did. The ladders set it (model/moe.py)
     bias_rule: str = "threshold"   # router-bias balancing rule: threshold | quantile | sign | none
     bias_rate: float = 1e-3        # u of the sign rule
     z_loss: float = 1e-4           # logit z-loss weight (real recipe: 1e-4)
@@ -113,6 +116,11 @@ class ModelConfig:
             raise ValueError(f"top_k: {self.top_k} > n_experts={self.n_experts}")
         if not self.capacity_factor > 0:
             raise ValueError(f"capacity_factor: must be > 0, got {self.capacity_factor!r}")
+        if self.capacity_tokens is not None and (not isinstance(self.capacity_tokens, int) or
+                                                 isinstance(self.capacity_tokens, bool) or
+                                                 self.capacity_tokens <= 0):
+            raise ValueError(f"capacity_tokens: must be null or a positive integer, got "
+                             f"{self.capacity_tokens!r}")
         if not 0.0 <= self.rope_fraction <= 1.0:
             raise ValueError(f"rope_fraction: must be in [0, 1], got {self.rope_fraction!r}")
         if int(self.head_dim * self.rope_fraction) % 2:

@@ -12,9 +12,19 @@ logits of the chosen k, rescaled to sum to ``route_scale`` (softmax over the cho
 option). The bias never gets a gradient: it is an input, wrapped in stop_gradient, and is moved
 only by :func:`update_router_bias`.
 
-Capacity: each expert takes at most C = ceil(capacity_factor * T * k / E) assignments per step;
-assignments beyond that are dropped (their expert output is zero; the token keeps its residual and
-the shared experts). Earlier tokens in the flattened batch order win slots. Dropless mode
+Capacity (issue 22 item 2): the tokens are cut into *cells* of ``cfg.capacity_tokens``
+consecutive tokens of the flattened batch (a recipe setting: whole sequences when it is a
+multiple of the sequence length), and each expert takes at most C = ceil(capacity_factor *
+cell tokens * k / E) assignments of each cell; assignments beyond that are dropped (their expert
+output is zero; the token keeps its residual and the shared experts). Within a (cell, expert) the
+assignments win in a random order drawn anew every step (:func:`drop_keys`: a hash of the step
+and of the assignment's place in its cell, exact integers). So what is dropped depends on the
+recipe's cell and the step, never on the devices or the microbatch, as long as a device's share
+of a call holds whole cells (ladder/trainconfig.py refuses a layout where it does not), and no
+place in a sequence or a batch loses more often than another. (Priority by router score, tried
+first, made the function depend on rounding: runs of repeated bytes give near-equal scores, and
+1 device vs 4 microbatches drifted 1.2e-3 apart in loss within 20 tiny steps; docs/LOG.md.)
+``capacity_tokens`` None: one cell per call. Dropless mode
 (evaluation) computes every assignment through a ragged grouped matmul (:func:`dispatch_ragged`,
 ``jax.lax.ragged_dot`` over the assignments sorted by expert), never a T-slot [E, T, L] buffer.
 
@@ -57,10 +67,58 @@ class Routing(NamedTuple):
 
 
 def capacity(cfg: ModelConfig, n_tokens: int, *, dropless: bool = False) -> int:
-    """Slots per expert: ceil(cf * T * k / E), at most T (no expert can receive more than T)."""
+    """Slots per expert in a cell of ``n_tokens`` tokens: ceil(cf * n * k / E), at most n (no
+    expert can receive more than n)."""
     if dropless:
         return n_tokens
     return min(n_tokens, math.ceil(cfg.capacity_factor * n_tokens * cfg.top_k / cfg.n_experts))
+
+
+def cell_tokens(cfg: ModelConfig, n_tokens: int) -> int:
+    """Tokens per capacity cell in a call of ``n_tokens`` tokens (one device's share under a
+    mesh): ``cfg.capacity_tokens``, which must divide them; None: the whole call."""
+    cell = cfg.capacity_tokens or n_tokens
+    if n_tokens % cell:
+        raise ValueError(f"capacity_tokens: a cell of {cell} tokens does not divide the "
+                         f"{n_tokens} tokens of one call (per device): give each device whole "
+                         f"cells (a larger microbatch)")
+    return cell
+
+
+_DROP_SEED: contextvars.ContextVar = contextvars.ContextVar("drop_seed", default=0)
+
+
+@contextlib.contextmanager
+def drop_order(seed):
+    """Within this context (at trace time) the capacity drop order is drawn from ``seed`` (an
+    int or a traced int32 scalar: the train step passes its step counter, so every step draws
+    a new order). Outside it the seed is 0 (evaluation, direct calls)."""
+    token = _DROP_SEED.set(seed)
+    try:
+        yield
+    finally:
+        _DROP_SEED.reset(token)
+
+
+def _mix32(x: jax.Array) -> jax.Array:
+    """MurmurHash3's 32-bit finaliser (Appleby, public domain): a bijection of uint32 whose
+    output bits each depend on every input bit."""
+    x = x ^ (x >> 16)
+    x = x * jnp.uint32(0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = x * jnp.uint32(0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def drop_keys(seed, T: int, k: int, cell: int) -> jax.Array:
+    """[T, k] uint32 drop priorities (lower keeps its slot): a hash of ``seed`` and of each
+    assignment's place in its cell ((t mod cell) * k + j), so the same on any layout that holds
+    whole cells, and a new random order for every seed."""
+    place = (jnp.arange(T, dtype=jnp.uint32) % jnp.uint32(cell))[:, None] * jnp.uint32(k) \
+        + jnp.arange(k, dtype=jnp.uint32)[None, :]                           # [T, k]
+    mixed = _mix32(jnp.asarray(seed).astype(jnp.uint32) * jnp.uint32(0x9E3779B9)
+                   + jnp.uint32(0x7F4A7C15))
+    return _mix32(place ^ mixed)
 
 
 def route(cfg: ModelConfig, logits: jax.Array, bias: jax.Array) -> Routing:
@@ -86,37 +144,50 @@ class Dispatched(NamedTuple):
 
 
 class Slots(NamedTuple):
-    """Where each assignment goes in an [E, C, L] buffer (sorted order, see :func:`slots`)."""
+    """Where each assignment goes in an [E, n_cells * C, L] buffer (sorted order, see
+    :func:`slots`): cell c of expert e owns slots [c * C, (c + 1) * C)."""
     order: jax.Array          # [A] assignment index of each sorted position
     expert: jax.Array         # [A] expert of each sorted position
-    slot: jax.Array           # [A] slot within its expert; ``cap`` (out of range) when dropped
+    slot: jax.Array           # [A] slot of its expert; ``n_cells * cap`` (out of range): dropped
     kept: jax.Array           # [A] bool, sorted order
 
 
-def slots(expert: jax.Array, n_experts: int, cap: int) -> Slots:
-    """expert [T, k] -> the slot of every assignment: sort the assignments by expert (stable, so
-    earlier tokens come first), a slot is the position within its expert's run of the sort;
-    slots >= cap are dropped."""
-    A = expert.size
+def slots(expert: jax.Array, n_experts: int, cap: int, key: jax.Array | None = None,
+          n_cells: int = 1) -> Slots:
+    """expert [T, k] -> the slot of every assignment. The T tokens are ``n_cells`` cells of
+    T / n_cells consecutive tokens; sort the assignments by (cell, expert), within that by
+    ``key`` [T, k] ascending (:func:`drop_keys`; None: none), ties by assignment order (so
+    earlier tokens first); an assignment's rank within its (cell, expert) run is its slot in the
+    cell, and ranks >= cap are dropped."""
+    T, k = expert.shape
+    A, E = T * k, n_experts
     flat = expert.reshape(A)                                   # [T, k] -> [A], a = t*k + j
-    order = jnp.argsort(flat, stable=True)                     # [A] assignments grouped by expert
-    sorted_expert = flat[order]                                # [A]
-    counts = jnp.bincount(flat, length=n_experts)              # [E]
-    starts = jnp.cumsum(counts) - counts                       # [E] first sorted index of expert e
-    slot = jnp.arange(A) - starts[sorted_expert]               # [A] position within its expert
-    kept = slot < cap
-    return Slots(order, sorted_expert, jnp.where(kept, slot, cap), kept)
+    cell = (jnp.arange(A) // k) // (T // n_cells)              # [A] cell of each assignment
+    run = cell * E + flat                                      # [A] (cell, expert) run
+    if key is None:
+        order = jnp.argsort(run, stable=True)                  # [A]
+    else:                                                      # priority first, then by run
+        by_key = jnp.argsort(key.reshape(A), stable=True)
+        order = by_key[jnp.argsort(run[by_key], stable=True)]
+    sorted_run = run[order]                                    # [A]
+    counts = jnp.bincount(run, length=n_cells * E)             # [n_cells * E]
+    starts = jnp.cumsum(counts) - counts                       # first sorted index of each run
+    rank = jnp.arange(A) - starts[sorted_run]                  # [A] position within its run
+    kept = rank < cap
+    slot = (sorted_run // E) * cap + rank                      # cell c's slots start at c * cap
+    return Slots(order, sorted_run % E, jnp.where(kept, slot, n_cells * cap), kept)
 
 
-def scatter_slots(x: jax.Array, s: Slots, k: int, n_experts: int, cap: int) -> jax.Array:
-    """x [T, L] -> [E, C, L]: each kept assignment's token in its slot, zeros elsewhere."""
+def scatter_slots(x: jax.Array, s: Slots, k: int, n_experts: int, n_slots: int) -> jax.Array:
+    """x [T, L] -> [E, n_slots, L]: each kept assignment's token in its slot, zeros elsewhere."""
     tokens = x[s.order // k]                                   # [A, L] token of each assignment
-    buf = jnp.zeros((n_experts, cap, x.shape[-1]), x.dtype)
+    buf = jnp.zeros((n_experts, n_slots, x.shape[-1]), x.dtype)
     return buf.at[s.expert, s.slot].set(tokens, mode="drop")  # out of range: mode="drop" drops
 
 
 def gather_slots(out: jax.Array, s: Slots, T: int, k: int) -> Dispatched:
-    """[E, C, L] expert outputs -> Dispatched(out [T, k, L], kept [T, k]) in assignment order."""
+    """[E, n_slots, L] expert outputs -> Dispatched(out [T, k, L], kept [T, k]) in assignment
+    order."""
     out_sorted = out.at[s.expert, s.slot].get(mode="fill", fill_value=0)     # [A, L]
     out_flat = jnp.zeros_like(out_sorted).at[s.order].set(out_sorted)       # unsort -> [A, L]
     kept = jnp.zeros((T * k,), bool).at[s.order].set(s.kept)
@@ -124,19 +195,20 @@ def gather_slots(out: jax.Array, s: Slots, T: int, k: int) -> Dispatched:
 
 
 def dispatch_sorted(expert_fn: ExpertFn, x: jax.Array, expert: jax.Array, n_experts: int,
-                    cap: int) -> Dispatched:
-    """Run each token's chosen experts with at most ``cap`` assignments per expert.
+                    cap: int, key: jax.Array | None = None, n_cells: int = 1) -> Dispatched:
+    """Run each token's chosen experts with at most ``cap`` assignments per (cell, expert).
 
-    x [T, L], expert [T, k] -> Dispatched(out [T, k, L] with zeros where dropped, kept [T, k]).
-    Sort the assignments by expert (stable, so earlier tokens come first), find each one's slot
-    from the running counts, scatter into an [E, C, L] buffer, run all experts as one batched
-    einsum, gather back. Measured here on CPU (bench/moe_dispatch.py, expert path fwd+bwd, T=2048,
-    E=8, top-2, L=F=32): ~5x faster than running every expert on every token with a one-hot mask,
-    ~7x faster than jax.lax.ragged_dot, ~70x faster than an [A, E, C] one-hot dispatch einsum.
+    x [T, L], expert [T, k], key [T, k] (drop priority, lower first; None: earlier tokens) ->
+    Dispatched(out [T, k, L] with zeros where dropped, kept [T, k]). Sort the assignments by
+    (cell, expert, priority) (:func:`slots`), scatter into an [E, n_cells * C, L] buffer, run
+    all experts as one batched einsum, gather back. Measured here on CPU (bench/moe_dispatch.py,
+    expert path fwd+bwd, T=2048, E=8, top-2, L=F=32): ~5x faster than running every expert on
+    every token with a one-hot mask, ~7x faster than jax.lax.ragged_dot, ~70x faster than an
+    [A, E, C] one-hot dispatch einsum.
     """
     T, k = expert.shape
-    s = slots(expert, n_experts, cap)
-    out = expert_fn(scatter_slots(x, s, k, n_experts, cap))   # [E, C, L]
+    s = slots(expert, n_experts, cap, key, n_cells)
+    out = expert_fn(scatter_slots(x, s, k, n_experts, n_cells * cap))   # [E, n_cells * C, L]
     return gather_slots(out, s, T, k)
 
 
@@ -168,17 +240,27 @@ def dispatch_ragged(x: jax.Array, expert: jax.Array, weights: tuple, first: int 
 
 
 def dispatch_reference(expert_fn: ExpertFn, x: jax.Array, expert: jax.Array, n_experts: int,
-                       cap: int) -> Dispatched:
+                       cap: int, key: jax.Array | None = None, n_cells: int = 1) -> Dispatched:
     """Slow, obviously correct twin of :func:`dispatch_sorted`: every expert computes every token;
-    a Python loop over experts keeps the first ``cap`` tokens (in flattened order) that chose it."""
+    a Python loop over experts keeps, in each cell of T / n_cells consecutive tokens, the ``cap``
+    tokens that chose it with the lowest ``key`` (ties, or no key: the earlier token), ranking
+    each token by counting the tokens of its cell that beat it ([T, T] comparisons)."""
     T, k = expert.shape
     all_out = expert_fn(jnp.broadcast_to(x[None], (n_experts,) + x.shape))   # [E, T, L]
     out = jnp.zeros((T, k, x.shape[-1]), x.dtype)
     kept = jnp.zeros((T, k), bool)
+    t = jnp.arange(T)
+    same_cell = (t[:, None] // (T // n_cells)) == (t[None, :] // (T // n_cells))   # [T, T]
     for e in range(n_experts):
         chose = expert == e                                    # [T, k]; at most one j per token
         chose_token = jnp.any(chose, axis=-1)                  # [T]
-        rank = jnp.cumsum(chose_token) - 1                     # [T] rank among e's tokens
+        # [T] each token's key for e (at most one of its k choices is e; others are masked)
+        s = (jnp.zeros(T, jnp.uint32) if key is None else
+             jnp.max(jnp.where(chose, key, jnp.uint32(0)), axis=-1))
+        # beats[t, u]: token u outranks token t for e (a lower key, or equal and earlier)
+        beats = (s[None, :] < s[:, None]) | ((s[None, :] == s[:, None])
+                                             & (t[None, :] < t[:, None]))
+        rank = jnp.sum(beats & same_cell & chose_token[None, :], axis=-1)   # [T] rank in cell
         keep = chose & (chose_token & (rank < cap))[:, None]   # [T, k]
         out = jnp.where(keep[..., None], all_out[e][:, None, :], out)
         kept = kept | keep
@@ -214,25 +296,27 @@ def split_batch(x: jax.Array) -> jax.Array:
 
 
 def dispatch_expert_parallel(cfg: ModelConfig, mesh, x: jax.Array, expert: jax.Array,
-                             weights: tuple, *, dropless: bool) -> Dispatched:
+                             key: jax.Array, weights: tuple, *, dropless: bool) -> Dispatched:
     """The routed path under ``jax.shard_map`` over ``mesh``: tokens split over every device,
     expert weights over "expert".
 
-    With capacity: each device (a sender shard) gives every expert C = ceil(cf * t * k / E)
-    slots of its own t tokens (the recipe's per-(sender shard, expert) cell), fills its
-    [E, C, L] buffer, and ``all_to_all`` over "expert" sends each block of E/ep experts to the
-    device holding them, which runs its experts on [E/ep, ep*C, L]; a second all_to_all brings
-    the outputs home. Dropless: the tokens of the expert group are all-gathered, each device runs
-    its E/ep experts on the assignments that chose them through :func:`dispatch_ragged`, and a
-    reduce-scatter (each assignment is computed on exactly one device, zeros elsewhere) returns
-    them. x [T, L], expert [T, k] -> Dispatched(out [T, k, L], kept [T, k])."""
+    With capacity: each device (a sender shard) cuts its t tokens into cells of
+    ``cfg.capacity_tokens`` (:func:`cell_tokens`), gives every expert C = ceil(cf * cell * k / E)
+    slots per cell (the recipe's (cell, expert) capacity: the same cells on any number of
+    devices), fills its [E, n_cells * C, L] buffer, and ``all_to_all`` over "expert" sends each
+    block of E/ep experts to the device holding them, which runs its experts on
+    [E/ep, ep * n_cells * C, L]; a second all_to_all brings the outputs home. Dropless: the
+    tokens of the expert group are all-gathered, each device runs its E/ep experts on the
+    assignments that chose them through :func:`dispatch_ragged`, and a reduce-scatter (each
+    assignment is computed on exactly one device, zeros elsewhere) returns them.
+    x [T, L], expert and drop key [T, k] -> Dispatched(out [T, k, L], kept [T, k])."""
     from jax.sharding import PartitionSpec as P
 
     E, ep = cfg.n_experts, mesh.shape["expert"]
     n_here = E // ep
     tok, wspec = P(tuple(mesh.axis_names)), P("expert")
 
-    def local(x, expert, w_gate, w_up, w_down):   # x [t, L], expert [t, k], weights [E/ep, ...]
+    def local(x, expert, key, w_gate, w_up, w_down):   # x [t, L], [t, k], weights [E/ep, ...]
         t, k = expert.shape
         L = x.shape[-1]
         if dropless:
@@ -242,19 +326,22 @@ def dispatch_expert_parallel(cfg: ModelConfig, mesh, x: jax.Array, expert: jax.A
             out = dispatch_ragged(xg, eg, (w_gate, w_up, w_down), first)   # [ep*t, k, L]
             out = jax.lax.psum_scatter(out, "expert", scatter_dimension=0, tiled=True)
             return out, jnp.ones((t, k), bool)                         # [t, k, L]
-        cap = capacity(cfg, t)
-        s = slots(expert, E, cap)
-        buf = scatter_slots(x, s, k, E, cap)                           # [E, C, L]
+        cell = cell_tokens(cfg, t)
+        cap = capacity(cfg, cell)
+        n = (t // cell) * cap                                          # slots per expert here
+        s = slots(expert, E, cap, key, t // cell)
+        buf = scatter_slots(x, s, k, E, n)                             # [E, n, L]
         # block i of E/ep experts -> device i; received: block j = sender j's slots for mine
-        buf = jax.lax.all_to_all(buf, "expert", 0, 0, tiled=True)      # [ep*E/ep, C, L]
-        buf = buf.reshape(ep, n_here, cap, L).transpose(1, 0, 2, 3).reshape(n_here, ep * cap, L)
+        buf = jax.lax.all_to_all(buf, "expert", 0, 0, tiled=True)      # [ep*E/ep, n, L]
+        buf = buf.reshape(ep, n_here, n, L).transpose(1, 0, 2, 3).reshape(n_here, ep * n, L)
         out = swiglu(buf, w_gate, w_up, w_down, "ecl,elf->ecf", "ecf,efl->ecl")
-        out = out.reshape(n_here, ep, cap, L).transpose(1, 0, 2, 3).reshape(E, cap, L)
-        out = jax.lax.all_to_all(out, "expert", 0, 0, tiled=True)      # home: [E, C, L]
+        out = out.reshape(n_here, ep, n, L).transpose(1, 0, 2, 3).reshape(E, n, L)
+        out = jax.lax.all_to_all(out, "expert", 0, 0, tiled=True)      # home: [E, n, L]
         return tuple(gather_slots(out, s, t, k))
 
-    return Dispatched(*jax.shard_map(local, mesh=mesh, in_specs=(tok, tok, wspec, wspec, wspec),
-                                     out_specs=(tok, tok))(x, expert, *weights))
+    return Dispatched(*jax.shard_map(
+        local, mesh=mesh, in_specs=(tok, tok, tok, wspec, wspec, wspec),
+        out_specs=(tok, tok))(x, expert, key, *weights))
 
 
 # ------------------------------------------------------------------------------------ experts
@@ -330,15 +417,19 @@ class MoE(nn.Module):
         latent = RMSNorm(cfg.norm_eps, name="latent_norm")(jnp.einsum("td,dl->tl", xt, w_down))
         experts = RoutedExperts(cfg, name="experts")
         mesh = expert_mesh(T) if self.dispatch is dispatch_sorted else None
+        per_call = T // mesh.size if mesh is not None else T           # one device's tokens
+        cell = per_call if dropless else cell_tokens(cfg, per_call)
+        key = drop_keys(_DROP_SEED.get(), T, cfg.top_k, cell)          # [T, k]
         if mesh is not None:
-            out, kept = dispatch_expert_parallel(cfg, mesh, latent, routing.expert,
+            out, kept = dispatch_expert_parallel(cfg, mesh, latent, routing.expert, key,
                                                  experts.weights(), dropless=dropless)
         elif dropless and self.dispatch is dispatch_sorted:
             out = dispatch_ragged(latent, routing.expert, experts.weights())
             kept = jnp.ones(routing.expert.shape, bool)
         else:
             out, kept = self.dispatch(experts, latent, routing.expert, E,
-                                      capacity(cfg, T, dropless=dropless))   # [T, k, L], [T, k]
+                                      capacity(cfg, cell, dropless=dropless), key,
+                                      T // cell)                       # [T, k, L], [T, k]
         mixed = jnp.einsum("tjl,tj->tl", out, routing.weight.astype(out.dtype))   # [T, L]
         y = jnp.einsum("tl,ld->td", mixed, w_up)                       # [T, D]
         if cfg.n_shared:

@@ -154,8 +154,9 @@ class Decoder(nn.Module):
 
 def _boxed_params(cfg: ModelConfig, key: jax.Array) -> dict:
     """Linen's init: params boxed in :class:`model.layers.Init` (value + init rule). Traced in
-    float32 without remat: neither changes a parameter's shape or init rule."""
-    cfg = cfg.replace(precision="f32", remat="none")
+    float32 without remat, on one token, so with no capacity cell: none of these changes a
+    parameter's shape or init rule."""
+    cfg = cfg.replace(precision="f32", remat="none", capacity_tokens=None)
     tokens = jnp.zeros((1, 1), jnp.int32)
     bias = jnp.zeros((cfg.n_layers, cfg.n_experts), jnp.float32)
     return unfreeze(Decoder(cfg).init(key, tokens, bias)["params"])

@@ -14,6 +14,7 @@ from model.moe import (
     capacity,
     dispatch_reference,
     dispatch_sorted,
+    drop_keys,
     moe_stats,
     route,
     threshold_bias,
@@ -40,9 +41,10 @@ def run_moe(cfg, x, bias, dispatch, dropless=False, params=None):
     return params, y, aux
 
 
-@pytest.mark.parametrize("capacity_factor,dropless", [(0.5, False), (0.5, True)])
-def test_sorted_dispatch_matches_reference(capacity_factor, dropless):
-    cfg = small_cfg(capacity_factor=capacity_factor)
+@pytest.mark.parametrize("capacity_factor,dropless,cell", [(0.5, False, None), (0.5, True, None),
+                                                          (0.5, False, 12)])
+def test_sorted_dispatch_matches_reference(capacity_factor, dropless, cell):
+    cfg = small_cfg(capacity_factor=capacity_factor, capacity_tokens=cell)
     x = jax.random.normal(jax.random.key(1), (2, 24, cfg.d_model))
     # a skewed bias so that some experts overflow at low capacity
     bias = jnp.array([1.0, 0.5, 0.0, -0.5])
@@ -129,9 +131,99 @@ def test_dropless_drops_nothing_where_capacity_drops_half():
     assert float(aux_drop["drop_frac"]) == 0.5
     assert float(aux_all["drop_frac"]) == 0.0
     np.testing.assert_array_equal(aux_all["load"], [8, 8, 0, 0])
-    # the first 4 tokens won their slots, so their outputs agree; the last 4 lost both experts
-    np.testing.assert_allclose(y_drop[:, :4], y_all[:, :4], rtol=1e-5, atol=1e-6)
-    assert not np.allclose(y_drop[:, 4:], y_all[:, 4:])
+    # each expert keeps the 4 of its 8 assignments that come first in the step's drop order
+    # (issue 22: a random order, not the first 4): tokens that kept both experts agree with
+    # dropless, tokens that lost both do not (routing: every token's top-2 is experts 0 and 1)
+    key = np.asarray(drop_keys(0, 8, 2, 8))              # [T, k]; seed 0 outside a train step
+    expert = np.asarray(route(cfg, jnp.asarray(np.asarray(x[0]) @ np.asarray(params["router"])),
+                              bias).expert)
+    assert sorted(set(expert.ravel())) == [0, 1]
+    won = []
+    for e in (0, 1):
+        key_e = [key[t][list(expert[t]).index(e)] for t in range(8)]   # token t's key for e
+        won.append(set(np.argsort(key_e, kind="stable")[:4]))
+    both, neither = sorted(won[0] & won[1]), sorted(set(range(8)) - won[0] - won[1])
+    assert both and neither
+    np.testing.assert_allclose(y_drop[0, both], y_all[0, both], rtol=1e-5, atol=1e-6)
+    for t in neither:
+        assert not np.allclose(y_drop[0, t], y_all[0, t])
+
+
+@pytest.mark.parametrize("dispatch", [dispatch_sorted, dispatch_reference],
+                         ids=["sorted", "reference"])
+def test_drop_priority_is_the_key(dispatch):
+    """Five tokens want expert 0, which has 2 slots: the two with the lowest drop key keep it,
+    wherever they sit (issue 22 item 2: by position the last ones always lost); equal keys go
+    to the earlier token; without keys, position decides (the old rule, kept for the bench)."""
+    x = jnp.arange(5 * 2, dtype=jnp.float32).reshape(5, 2) + 1.0
+
+    def kept(key):
+        _, k = dispatch(lambda buf: buf, x, jnp.zeros((5, 1), jnp.int32), 2, 2,
+                        None if key is None else jnp.asarray(key, jnp.uint32)[:, None])
+        return np.asarray(k)[:, 0].tolist()
+
+    assert kept([9, 1, 5, 7, 3]) == [False, True, False, False, True]
+    assert kept([8, 2, 2, 2, 9]) == [False, True, True, False, False]
+    assert kept([2**32 - 1, 2**31, 7, 2**32 - 2, 1]) == [False, False, True, False, True]
+    assert kept(None) == [True, True, False, False, False]
+
+
+def test_drop_order_is_random_per_step_and_favours_no_place():
+    """The keys of a step are a permutation of places in the cell (no ties), the same in every
+    cell of the step (so a layout that holds whole cells sees the same order), a different
+    order at another step, and over many steps every place of a cell is kept equally often."""
+    T, k, cell = 64, 2, 16
+    a, b = np.asarray(drop_keys(3, T, k, cell)), np.asarray(drop_keys(4, T, k, cell))
+    assert a.dtype == np.uint32 and a.shape == (T, k)
+    assert len(set(a[:cell].ravel())) == cell * k                      # no ties in a cell
+    np.testing.assert_array_equal(a[:cell], a[cell:2 * cell])          # every cell alike
+    assert not np.array_equal(np.argsort(a[:cell, 0]), np.argsort(b[:cell, 0]))
+    # half of each cell's 16 places keep a 1-slot-in-2 expert: over 400 steps each place wins
+    # ~200 times (binomial sd 10); a positional rule would give 0 or 400
+    wins = np.zeros(cell)
+    for step in range(400):
+        order = np.argsort(np.asarray(drop_keys(step, cell, 1, cell))[:, 0])
+        wins[order[:cell // 2]] += 1
+    assert wins.min() > 150 and wins.max() < 250, wins
+
+
+def test_each_cell_has_its_own_capacity():
+    """Dispatch over 4 cells of 8 tokens = each cell dispatched alone (sorted and reference),
+    on a random routing with drop keys and drops."""
+    rng = np.random.default_rng(4)
+    T, k, E, cap = 32, 2, 4, 3
+    x = jnp.asarray(rng.standard_normal((T, 5)), jnp.float32)
+    expert = jnp.asarray(np.stack([rng.choice(E, 2, replace=False) for _ in range(T)]),
+                         jnp.int32)
+    key = jnp.asarray(rng.integers(0, 2**32, (T, k), dtype=np.uint64).astype(np.uint32))
+
+    def expert_fn(buf):                                                # [E, C, L]
+        return buf * jnp.arange(1, E + 1, dtype=jnp.float32)[:, None, None]
+
+    for dispatch in (dispatch_sorted, dispatch_reference):
+        out, kept = dispatch(expert_fn, x, expert, E, cap, key, 4)
+        parts = [dispatch(expert_fn, x[c * 8:(c + 1) * 8], expert[c * 8:(c + 1) * 8], E, cap,
+                          key[c * 8:(c + 1) * 8]) for c in range(4)]
+        np.testing.assert_array_equal(kept, np.concatenate([p[1] for p in parts]))
+        np.testing.assert_allclose(out, np.concatenate([p[0] for p in parts]), rtol=1e-6)
+        assert 0 < np.mean(~np.asarray(kept)) < 0.5                   # some dropped, not most
+    # one cell of all 32 tokens (the old per-call cell) drops another set
+    assert not np.array_equal(dispatch_sorted(expert_fn, x, expert, E, 4 * cap, key)[1], kept)
+
+
+def test_moe_layer_is_the_same_function_split_at_cell_boundaries():
+    """The MoE layer on 4 sequences with cells of 2 sequences = the layer on each pair alone
+    (what 2 devices or 2 microbatches see), with drops; cells that do not divide a call fail."""
+    cfg = small_cfg(capacity_factor=0.75, capacity_tokens=24)
+    x = jax.random.normal(jax.random.key(5), (4, 12, cfg.d_model))
+    bias = jnp.array([0.6, 0.2, 0.0, -0.4])
+    params, y, aux = run_moe(cfg, x, bias, dispatch_sorted)
+    halves = [run_moe(cfg, x[i:i + 2], bias, dispatch_sorted, params=params) for i in (0, 2)]
+    np.testing.assert_allclose(y, np.concatenate([h[1] for h in halves]), rtol=1e-6, atol=1e-7)
+    drops = [float(h[2]["drop_frac"]) for h in halves]
+    assert float(aux["drop_frac"]) == pytest.approx(np.mean(drops)) and max(drops) > 0
+    with pytest.raises(ValueError, match="^capacity_tokens:"):
+        run_moe(cfg, x[:1], bias, dispatch_sorted, params=params)     # 12 tokens, cells of 24
 
 
 def test_combine_weights_use_unbiased_logits():

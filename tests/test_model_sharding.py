@@ -16,13 +16,15 @@ SCRIPT = textwrap.dedent("""
     from model.transformer import param_group
 
     assert jax.device_count() == 8
-    # capacity factor E/k: every (sender shard, expert) cell has room for all its tokens, so the
-    # per-shard capacity of the expert-parallel path drops nothing and 8 devices = 1 device
-    cfg = LADDERS["tiny"].rungs[0].model.replace(n_experts=8, capacity_factor=4.0)
+    # drops on (capacity factor 1.25) with cells of one sequence (32 tokens here): each device
+    # holds whole cells, so the expert-parallel path drops what one device drops (issue 22)
+    cfg = LADDERS["tiny"].rungs[0].model.replace(n_experts=8, capacity_tokens=32)
+    assert cfg.capacity_factor == 1.25
     params, bias = model.init(cfg, 0)
     tokens = jax.random.randint(jax.random.key(1), (8, 32), 0, cfg.vocab_size)   # 1 per device
     step = jax.jit(jax.value_and_grad(partial(model.loss_fn, cfg), has_aux=True))
-    (loss1, _), grads1 = step(params, bias, tokens, tokens)
+    (loss1, st1), grads1 = step(params, bias, tokens, tokens)
+    assert float(st1["moe/drop_frac"]) > 0
 
     # "Auto" axes: routed experts split on "expert", batch over data x expert, the rest replicated
     mesh = jax.make_mesh((2, 4), ("data", "expert"), axis_types=(AxisType.Auto,) * 2)
@@ -32,10 +34,11 @@ SCRIPT = textwrap.dedent("""
     sharded = unflatten_dict({k: place(k, v) for k, v in flatten_dict(params).items()})
     with jax.set_mesh(mesh):
         toks = jax.device_put(tokens, NamedSharding(mesh, P(("data", "expert"))))
-        (loss8, _), grads8 = step(sharded, bias, toks, toks)
+        (loss8, st8), grads8 = step(sharded, bias, toks, toks)
         hlo = step.lower(sharded, bias, toks, toks).compile().as_text()
     assert "all-to-all" in hlo
     np.testing.assert_allclose(loss8, loss1, rtol=1e-5)
+    assert float(st8["moe/drop_frac"]) == float(st1["moe/drop_frac"])
     for a, b in zip(jax.tree.leaves(grads8), jax.tree.leaves(grads1)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
     g = grads8["layer_0"]["moe"]["experts"]["gate"]
