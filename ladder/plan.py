@@ -313,9 +313,10 @@ def compile_step(rung: Rung, devices: int, *, microbatch: int | None = None,
     import jax.numpy as jnp
 
     from ladder.step import batch_sharding, make_mesh, programs
-    from ladder.trainconfig import TrainConfig, microbatch_size
+    from ladder.trainconfig import TrainConfig, check_cell, microbatch_size
 
     mb = microbatch_size(rung, TrainConfig(microbatch=microbatch))
+    check_cell(rung, devices, mb, "microbatch")
     mesh = make_mesh(devices, expert_parallel, rung.model.n_experts, mb)
     progs = programs(rung.model, mesh, rung.optimizer_settings, rung.batch // mb)
     split = batch_sharding(mesh)
@@ -343,9 +344,12 @@ def compile_step(rung: Rung, devices: int, *, microbatch: int | None = None,
 
 
 def microbatch_candidates(rung: Rung, devices: int) -> list[int]:
-    """Microbatch sizes the step accepts on ``devices``: divisors of the batch that the device
-    count divides, largest first."""
-    return [m for m in range(rung.batch, 0, -1) if rung.batch % m == 0 and m % devices == 0]
+    """Microbatch sizes the step accepts on ``devices``: divisors of the batch that give every
+    device whole capacity cells (ladder.trainconfig.cell_fits), largest first."""
+    from ladder.trainconfig import cell_fits
+
+    return [m for m in range(rung.batch, 0, -1)
+            if rung.batch % m == 0 and cell_fits(rung, devices, m)]
 
 
 def fit_microbatch(rung: Rung, devices: int, memory_per_device: float = DEFAULT_MEMORY_PER_DEVICE,

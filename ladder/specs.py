@@ -194,6 +194,8 @@ class Recipe:
     kv_global_div: int = 8       # and heads / 8 in global layers, floor 1
     global_every: int = 4
     capacity_factor: float = 1.25
+    capacity_tokens: int | None = None  # tokens per capacity cell (model/moe.py); None: one
+    #                                     sequence (a cell every layout holds whole)
     route_scale: float = 2.5
     rope_fraction: float = 1.0
     sizing_convention: str = "exact-v1"
@@ -235,6 +237,11 @@ class Recipe:
                              f"{self.sizing_convention!r}")
         if self.bias_rule not in BIAS_RULES:
             raise ValueError(f"bias_rule: must be one of {BIAS_RULES}, got {self.bias_rule!r}")
+        if self.capacity_tokens is not None and (not isinstance(self.capacity_tokens, int) or
+                                                 isinstance(self.capacity_tokens, bool) or
+                                                 self.capacity_tokens <= 0):
+            raise ValueError(f"capacity_tokens: must be a positive integer, got "
+                             f"{self.capacity_tokens!r}")
         # the model switches, checked here too so that a ladder file's error names recipe.FIELD
         # (not the first rung whose model config would refuse it)
         if self.init not in INITS:
@@ -262,6 +269,7 @@ class Recipe:
             # hidden d/2 (this reproduces the published parameter counts)
             expert_dim=d // 2, latent_dim=d // 2, shared_dim=d // 2,
             capacity_factor=self.capacity_factor, route_scale=self.route_scale,
+            capacity_tokens=self.capacity_tokens or self.seq_len,
             bias_rule=self.bias_rule, init=self.init, global_rope=self.global_rope,
             qk_norm=self.qk_norm, qk_mult=self.qk_mult, embed_norm=self.embed_norm,
             gated_norm_rank=self.gated_norm_rank, conv_kernel=self.conv_kernel, xsa=self.xsa,

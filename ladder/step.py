@@ -242,12 +242,16 @@ def accumulate(model_cfg: ModelConfig, objective, params, tokens, targets, micro
     ``microbatches`` equal parts under ``jax.lax.scan`` (gradients summed in float32).
     ``segment_ids`` [B, S] (documents packed in a sequence, or None) are split like the tokens.
 
-    Microbatch j holds sequences j, j + M, j + 2M, ... (a reshape that keeps every device's
-    sequences on that device). Means over tokens are averaged, counts summed, and the
-    balancing rule's statistic merged by the rule's own function (model.moe.merge_bias_stat), so
-    the bias target is that of the whole step. The router entropy and the balance loss (logged
-    only) are recomputed from the step's summed loads and mean router probabilities, so they too
-    are the whole step's (model.moe.load_entropy, model.moe.balance_loss).
+    Microbatch j holds sequences j B/M .. (j + 1) B/M - 1, consecutive, split over the devices
+    like the batch: a capacity cell of several sequences (model/moe.py) is then the same
+    sequences whatever the microbatch and the device count (issue 22 item 2). The rows move
+    between devices for it (int32 tokens and targets, B x S x 4 bytes each: 16 MiB a step at
+    1024 x 4096, small next to the MoE all-to-alls). Means over tokens are averaged, counts
+    summed, and the balancing rule's statistic merged by the rule's own function
+    (model.moe.merge_bias_stat), so the bias target is that of the whole step. The router
+    entropy and the balance loss (logged only) are recomputed from the step's summed loads and
+    mean router probabilities, so they too are the whole step's (model.moe.load_entropy,
+    model.moe.balance_loss).
     ``objective(params, tokens, targets, segment_ids) -> (loss, stats)``."""
     import jax
     import jax.numpy as jnp
@@ -261,8 +265,8 @@ def accumulate(model_cfg: ModelConfig, objective, params, tokens, targets, micro
     B, S = tokens.shape
     M = microbatches
 
-    def split(x):   # [B, S] -> [M, B/M, S]; row i*M + j -> microbatch j
-        x = jnp.swapaxes(x.reshape(B // M, M, S), 0, 1)
+    def split(x):   # [B, S] -> [M, B/M, S]; row j*B/M + i -> microbatch j
+        x = x.reshape(M, B // M, S)
         if mesh is not None:
             from jax.sharding import NamedSharding
             from jax.sharding import PartitionSpec as P
@@ -335,7 +339,7 @@ def make_train_step(model_cfg: ModelConfig, optimizer, state_shardings, mesh=Non
     import optax
 
     import model as M
-    from model.moe import step_tokens
+    from model.moe import drop_order, step_tokens
 
     def in_mesh():
         return (jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if mesh is not None
@@ -347,7 +351,8 @@ def make_train_step(model_cfg: ModelConfig, optimizer, state_shardings, mesh=Non
         def objective(p, tokens, targets, segment_ids):
             return M.loss_fn(model_cfg, p, rb, tokens, targets, segment_ids=segment_ids)
 
-        with in_mesh(), step_tokens(batch["tokens"].size):
+        # the capacity drop order: a new random one every step, the same on every layout
+        with in_mesh(), step_tokens(batch["tokens"].size), drop_order(state["step"]):
             (loss, stats), grads = accumulate(model_cfg, objective, params, batch["tokens"],
                                               batch["targets"], microbatches,
                                               state_shardings["params"], mesh,

@@ -42,6 +42,7 @@ from ladder.specs import Rung
 from ladder.step import batch_sharding, enable_compilation_cache, make_mesh, programs
 from ladder.trainconfig import (
     TrainConfig,
+    check_cell,
     checkpoint_steps,
     microbatch_size,
     resolve_rung,
@@ -214,6 +215,8 @@ class Session:
         if eval_batch % mesh.devices.size:
             raise InputError(f"the {mesh.devices.size} devices must divide it ({eval_batch})",
                              field="eval_batch", exit_code=EX_USAGE)
+        check_cell(rung, int(mesh.devices.size), microbatch, "microbatch")
+        check_cell(rung, int(mesh.devices.size), eval_batch, "eval_batch")
         mesh_info = {"axes": list(mesh.axis_names), "shape": dict(mesh.shape),
                      "devices": int(mesh.devices.size), "microbatch": microbatch,
                      "microbatches": rung.batch // microbatch, "eval_batch": eval_batch}

@@ -362,6 +362,34 @@ def checkpoint_steps(rung: Rung, run: RunArgs) -> set[int]:
     return {max(1, round(rung.steps * q / 4)) for q in (1, 2, 3, 4)}
 
 
+def cell_fits(rung: Rung, devices: int, sequences: int) -> bool:
+    """A call of ``sequences`` sequences split over ``devices`` gives every device whole
+    capacity cells (``model.capacity_tokens``; None: a cell is whatever a call sees)."""
+    cell = rung.model.capacity_tokens
+    return sequences % devices == 0 and (cell is None
+                                         or sequences // devices * rung.seq_len % cell == 0)
+
+
+def check_cell(rung: Rung, devices: int, sequences: int, field: str) -> None:
+    """InputError naming ``field`` (microbatch or eval_batch) and the smallest value whose
+    per-device share holds whole capacity cells, when ``sequences`` does not (issue 22 item 2:
+    the trained function is the recipe's only while the cell is)."""
+    if cell_fits(rung, devices, sequences):
+        return
+    cell, seq = rung.model.capacity_tokens, rung.seq_len
+    if field == "microbatch":
+        fits = [m for m in range(1, rung.batch + 1)
+                if rung.batch % m == 0 and cell_fits(rung, devices, m)]
+        hint = (f"the smallest microbatch that does is {fits[0]}" if fits else
+                f"no microbatch of the {rung.batch}-sequence batch does on {devices} devices")
+    else:
+        hint = f"the smallest {field} that does is {devices * cell // math.gcd(cell, seq)}"
+    raise InputError(f"{sequences} sequences over {devices} devices give each "
+                     f"{sequences / devices:g} x {seq} tokens, not whole capacity cells of "
+                     f"{cell} tokens (model.capacity_tokens); {hint}", field=field,
+                     exit_code=EX_USAGE)
+
+
 def microbatch_size(rung: Rung, cfg: TrainConfig) -> int:
     """Sequences per microbatch (the whole batch by default); InputError unless it divides it."""
     mb = cfg.microbatch or rung.batch
