@@ -43,6 +43,7 @@ from ladder.step import batch_sharding, enable_compilation_cache, make_mesh, pro
 from ladder.trainconfig import (
     TrainConfig,
     checkpoint_steps,
+    eval_batch_size,
     microbatch_size,
     resolve_rung,
 )
@@ -208,9 +209,9 @@ class Session:
         self.final: dict = {}
         enable_compilation_cache()
         microbatch = microbatch_size(rung, cfg)
-        eval_batch = cfg.eval_batch or rung.batch
         mesh = make_mesh(cfg.run.devices, cfg.run.expert_parallel, rung.model.n_experts,
                          microbatch)
+        eval_batch = eval_batch_size(cfg, int(mesh.devices.size))
         if eval_batch % mesh.devices.size:
             raise InputError(f"the {mesh.devices.size} devices must divide it ({eval_batch})",
                              field="eval_batch", exit_code=EX_USAGE)
