@@ -102,7 +102,8 @@ def main(argv=None) -> int:
                           f"widest dot {widest_dot(text)}")
         ref = np.asarray(compiled["ragged_dot"](x, expert, w))
         for name, c in compiled.items():
-            np.testing.assert_allclose(np.asarray(c(x, expert, w)), ref, rtol=2e-4, atol=2e-4)
+            np.testing.assert_allclose(np.asarray(c(x, expert, w)), ref, rtol=2e-4, atol=2e-4,
+                                       err_msg=name)
         times = {name: [] for name in compiled}
         for _ in range(args.reps):   # round-robin: the paths share the machine's load alike
             for name, c in compiled.items():

@@ -104,11 +104,8 @@ SHARDED = textwrap.dedent("""
     with jax.set_mesh(mesh):
         toks = jax.device_put(tokens, NamedSharding(mesh, P(("data", "expert"))))
         loss8, s8 = fwd(sharded, bias, toks, toks)
-        hlo = fwd.lower(sharded, bias, toks, toks).compile().as_text()
     assert float(s8["moe/drop_frac"]) == float(s1["moe/drop_frac"]) == 0.0
     np.testing.assert_allclose(loss8, loss1, rtol=1e-5)
-    # each device its own tokens through every expert: no token travels
-    assert "all-to-all" not in hlo
     print("ok")
 """)
 
