@@ -1,13 +1,22 @@
 """The real train step of a rung on the visible accelerators, measured phase by phase.
 
-One H200 (a 10-minute device budget), from the repository root:
+On a GPU machine with network, from the repository root:
 
     pip install -U "jax[cuda12]==0.10.2" && pip install -e '.[train,data]'
-    timeout 590 python bench/gpu_rung.py --out "$OUT/gpu_rung" --budget-s 540
+    timeout 590 python bench/gpu_rung.py --out results/ --budget-s 540
+
+On the H200 this workplace lends (no network there; its image holds jax 0.11.2 with the CUDA 13
+plugin, flax, optax, orbax-checkpoint and tqdm, not grain): one `run` call with timeout_s 600 and
+
+    PYTHONUNBUFFERED=1 timeout 590 python3 bench/gpu_rung.py --out "$OUT" --budget-s 540
+
+Without grain the data phase reads the same windows in order, without Grain's shuffle (the JSON
+says which feed ran); carry grain's wheels (the device tool's README) to use the trainer's feed.
 
 ``--smoke`` runs the same phases on tiny shapes on CPU in about a minute
 (tests/test_bench_gpu_rung.py). Results go to ``OUT/gpu_rung.json``, rewritten atomically after
-every phase, so a run stopped by its budget, ``timeout`` or a crash keeps what it measured; each
+every phase, so a run stopped by its budget, ``timeout`` or a crash keeps what it measured (the
+checkpoint and the trace go to ``--scratch``, a temporary folder by default, and are removed); each
 phase records its seconds, its error or why it was skipped. The budget: a watchdog thread writes
 the file and exits 124 when ``--budget-s`` runs out inside a phase (a compile cannot be
 interrupted from Python); before a phase starts, it is skipped when the time left is less than
@@ -20,9 +29,10 @@ Phases:
    parallel on >= 2 GPUs), the microbatch ``ladder plan`` picks for this device's memory
    (ladder.plan.largest_fitting_microbatch; halved after a compile runs out of memory), the
    train state.
-2. ``data``: synthetic token shards (documents of random tokens, geometric lengths, each ended by
-   an EOS) read by the trainer's Grain feed (ladder.tokens), so every batch has segment ids and
-   attention stays inside documents, as on real shards.
+2. ``data``: a synthetic token shard (documents of random tokens, geometric lengths, each ended
+   by an EOS) read as the trainer reads shards (ladder.tokens: windows of seq_len + 1, through
+   Grain when it is installed), so every batch has segment ids and attention stays inside
+   documents, as on real shards.
 3. ``train``: compile seconds, the first step, then ``--steps`` timed steps: median step
    seconds, tokens/s, MFU (flops-v1 with the LM head / devices x the device's dense bf16 peak,
    ladder/accelerators.py), the attention implementation the compiled step holds (cuDNN fused
@@ -46,6 +56,7 @@ import re
 import shutil
 import statistics
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -189,6 +200,21 @@ def synthetic_shards(vocab: int, tokens: int, doc_mean: int, seed: int):
     return shard, eos
 
 
+class InOrderFeed:
+    """Batches of consecutive windows (rows ``rows`` of each): the trainer's windows without
+    Grain's shuffle, for a machine that has no grain."""
+
+    def __init__(self, source, rows: slice):
+        self.source, self.rows = source, rows
+
+    def batch(self, index: int) -> dict:
+        import numpy as np
+
+        n = self.rows.stop - self.rows.start
+        items = [self.source[(index * n + i) % len(self.source)] for i in range(n)]
+        return {k: np.stack([it[k] for it in items]) for k in items[0]}
+
+
 def is_oom(e: Exception) -> bool:
     text = str(e)
     return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or "out of memory" in text
@@ -285,12 +311,16 @@ def main(argv=None) -> int:
                          "at most a quarter of the sequence)")
     ap.add_argument("--budget-s", type=float, default=540.0,
                     help="seconds for everything; phases that do not fit are skipped (540)")
+    ap.add_argument("--scratch", default=None,
+                    help="folder for the checkpoint and the trace (default: a temporary one)")
     ap.add_argument("--keep", action="store_true", help="keep the checkpoint and the trace")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (tests)")
     args = ap.parse_args(argv)
     os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", MEM_FRACTION)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    scratch = Path(args.scratch or tempfile.mkdtemp(prefix="gpu_rung_"))
+    scratch.mkdir(parents=True, exist_ok=True)
 
     import jax
     import jax.numpy as jnp
@@ -341,7 +371,7 @@ def main(argv=None) -> int:
 
     def data():
         from ladder import distributed
-        from ladder.tokens import GrainFeed, WindowSource
+        from ladder.tokens import WindowSource
 
         rung, mesh = s["rung"], s["mesh"]
         eb = eval_batch_size(TrainConfig(), s["n"])
@@ -351,7 +381,12 @@ def main(argv=None) -> int:
                                       doc_mean, 0)
         split = batch_sharding(mesh)
         source = WindowSource([shard], rung.seq_len, eos)
-        feed = GrainFeed(source, 0, rung.batch, distributed.local_rows(split, rung.batch))
+        rows = distributed.local_rows(split, rung.batch)
+        try:
+            from ladder.tokens import GrainFeed
+            feed, kind = GrainFeed(source, 0, rung.batch, rows), "grain (ladder.tokens.GrainFeed)"
+        except ImportError:
+            feed, kind = InOrderFeed(source, rows), "in order (grain is not installed)"
         val = [source[len(source) - 1 - i] for i in range(eb)]
         s.update(feed=feed, split=split, eval_batch={
             k: jax.device_put(np.stack([v[k] for v in val]), split) for k in val[0]},
@@ -359,7 +394,7 @@ def main(argv=None) -> int:
         first = feed.batch(0)
         s["batches"] = [first]
         docs = int((first["segment_ids"][:, -1] + 1).sum())
-        return {"train_windows": len(source), "eos_id": eos, "doc_mean": doc_mean,
+        return {"feed": kind, "train_windows": len(source), "eos_id": eos, "doc_mean": doc_mean,
                 "documents_in_first_batch": docs, "eval_batch": eb}
 
     def batch():
@@ -441,7 +476,7 @@ def main(argv=None) -> int:
     def checkpoint():
         from ladder.checkpointing import Checkpoints
 
-        root = out / "checkpoint"
+        root = scratch / "checkpoint"
         shutil.rmtree(root, ignore_errors=True)
         ck = Checkpoints(root, keep=1)
         t = time.perf_counter()
@@ -454,7 +489,7 @@ def main(argv=None) -> int:
         return {"save_s": save_s, "bytes": size, "bytes_per_s": size / save_s}
 
     def profile():
-        trace = out / "trace"
+        trace = scratch / "trace"
         shutil.rmtree(trace, ignore_errors=True)
         b = batch()
         jax.block_until_ready(b)
@@ -478,6 +513,8 @@ def main(argv=None) -> int:
         run_phase(results, dog, "profile", 30 + 3 * step, profile)
     finally:
         dog.stop()
+        if args.scratch is None and not args.keep:
+            shutil.rmtree(scratch, ignore_errors=True)
     results.doc["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     results.write()
     print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "traceback"}

@@ -21,7 +21,9 @@ def load_bench():
 @pytest.mark.slow   # two compiles, a checkpoint and a trace: ~3 min on 2 loaded cores
 def test_gpu_rung_smoke(tmp_path):
     bench = load_bench()
-    assert bench.main(["--smoke", "--out", str(tmp_path), "--budget-s", "3600"]) == 0
+    scratch = tmp_path / "scratch"
+    assert bench.main(["--smoke", "--out", str(tmp_path), "--scratch", str(scratch),
+                       "--budget-s", "3600"]) == 0
     doc = json.loads((tmp_path / "gpu_rung.json").read_text())
     phases = doc["phases"]
     assert {k: v["status"] for k, v in phases.items()} == dict.fromkeys(
@@ -33,7 +35,7 @@ def test_gpu_rung_smoke(tmp_path):
     assert train["attention_ran"].startswith("xla") and train["xla_bytes_per_device"] > 0
     assert train["plan_bytes_per_device"] > 0 and "measured" in train["peak"]["source"]
     assert phases["eval"]["eval_batch"] == 1 and phases["eval"]["drop_frac"] >= 0
-    assert phases["checkpoint"]["bytes"] > 0 and not (tmp_path / "checkpoint").exists()
+    assert phases["checkpoint"]["bytes"] > 0 and not list(scratch.iterdir())   # removed
     prof = phases["profile"]
     assert prof["events"] > 0 and set(prof["device_seconds"]) == set(bench.CATEGORIES)
     # the tiny model's attention, experts, LM head and optimizer all show up by name scope
@@ -61,6 +63,19 @@ def test_synthetic_shards_hold_documents():
     assert eos == 999 and shard.dtype == np.int32 and shard.max() == eos
     ends = np.flatnonzero(shard == eos)
     assert 300 < len(ends) < 700                       # ~500 documents of mean length 100
+
+
+def test_in_order_feed_reads_windows_with_segment_ids():
+    from ladder.tokens import WindowSource
+
+    bench = load_bench()
+    shard, eos = bench.synthetic_shards(100, 16 * 9 + 1, 4, 1)
+    feed = bench.InOrderFeed(WindowSource([shard], 16, eos), slice(0, 3))
+    b0, b1 = feed.batch(0), feed.batch(1)
+    assert b0["tokens"].shape == b0["segment_ids"].shape == (3, 16)
+    np.testing.assert_array_equal(b0["targets"][0], shard[1:17])        # window 0
+    np.testing.assert_array_equal(b1["tokens"][0], shard[48:64])         # window 3
+    assert b0["segment_ids"].max() > 0                                   # documents end inside
 
 
 def test_hlo_scopes_name_each_instruction_and_the_loops():
