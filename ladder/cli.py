@@ -111,15 +111,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mfu", type=float, default=None,
                    help="assumed model FLOPs utilisation (default: 0.4)")
     s.add_argument("--compile", action="store_true",
-                   help="also lower and compile the real train step for this mesh on fake CPU "
-                        "devices and report XLA's own bytes, FLOPs and collectives per device "
-                        "(default: off; needs LADDER:RUNG)")
+                   help="also lower and compile the real train and eval steps for this mesh on "
+                        "fake CPU devices and report XLA's own bytes, FLOPs (loops x trip "
+                        "counts) and collectives per device (default: off; needs LADDER:RUNG)")
     s.add_argument("--memory-per-device", type=float, default=80e9, metavar="BYTES",
                    help="memory budget of one device; --compile picks the largest microbatch "
                         "whose step fits it, and the estimate warns above it (default: 80e9)")
     s.add_argument("--microbatch", type=int, default=None, metavar="SEQUENCES",
                    help="sequences per microbatch (default: with --compile the largest that "
                         "fits --memory-per-device, else the whole batch)")
+    s.add_argument("--eval-batch", type=int, default=None, metavar="SEQUENCES",
+                   help="sequences of the eval step --compile compiles (default: one per "
+                        "device, as `ladder run`)")
     _json_option(s, "the plan")
     s.set_defaults(func=_call("ladder.commands:plan_main"))
 
@@ -156,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--microbatch", type=int, default=None, metavar="SEQUENCES",
                    help="sequences per microbatch: gradient accumulation inside the step "
                         "(default: the whole batch)")
+    s.add_argument("--eval-batch", type=int, default=None, metavar="SEQUENCES",
+                   help="sequences per eval call (default: one per device in the mesh)")
     s.add_argument("--peak-flops", type=float, default=None, metavar="FLOP/S",
                    help="peak FLOP/s of one device for throughput/mfu (default: the "
                         "accelerator table in ladder/plan.py; on CPU a measured matmul)")

@@ -43,6 +43,7 @@ from ladder.step import batch_sharding, enable_compilation_cache, make_mesh, pro
 from ladder.trainconfig import (
     TrainConfig,
     checkpoint_steps,
+    eval_batch_size,
     microbatch_size,
     resolve_rung,
 )
@@ -208,9 +209,9 @@ class Session:
         self.final: dict = {}
         enable_compilation_cache()
         microbatch = microbatch_size(rung, cfg)
-        eval_batch = cfg.eval_batch or rung.batch
         mesh = make_mesh(cfg.run.devices, cfg.run.expert_parallel, rung.model.n_experts,
                          microbatch)
+        eval_batch = eval_batch_size(cfg, int(mesh.devices.size))
         if eval_batch % mesh.devices.size:
             raise InputError(f"the {mesh.devices.size} devices must divide it ({eval_batch})",
                              field="eval_batch", exit_code=EX_USAGE)
@@ -317,8 +318,10 @@ class Session:
         import jax
 
         t = time.perf_counter()
-        parts = [jax.device_get(self.programs.eval_step(state["params"], state["router_bias"],
-                                                        b)) for b in self.eval_set]
+        # every call dispatched before the first result is read: with one sequence per device an
+        # eval is ~100 calls, which then queue on the devices instead of waiting one by one
+        parts = jax.device_get([self.programs.eval_step(state["params"], state["router_bias"], b)
+                                for b in self.eval_set])
         loss = float(np.mean([p["loss"] for p in parts]))
         dropless = float(np.mean([p["dropless"] for p in parts]))
         row = {"eval/loss": loss, "eval_dropless/loss": dropless,

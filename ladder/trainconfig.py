@@ -166,8 +166,8 @@ class TrainConfig:
     microbatch: int | None = None    # sequences per microbatch (gradient accumulation inside the
                                      # step); None = the whole batch. Must divide the batch, and
                                      # the devices must divide it.
-    eval_batch: int | None = None    # sequences per eval call (its own small batch: the recipe
-                                     # evaluates 64 per rack); None = the rung's batch
+    eval_batch: int | None = None    # sequences per eval call; None = one per device of the
+                                     # mesh (eval_batch_size: what fits wherever training fits)
     model: dict = field(default_factory=dict)  # ModelConfig field overrides (ablations)
     data: tuple[str, ...] = ()       # text files/globs or one token array; () = Python stdlib
     vocab_size: int | None = None    # for raw .bin token files (and a check for .npy)
@@ -369,3 +369,11 @@ def microbatch_size(rung: Rung, cfg: TrainConfig) -> int:
         raise InputError(f"must divide the batch ({rung.batch} sequences), got {mb}",
                          field="microbatch", exit_code=EX_USAGE)
     return mb
+
+
+def eval_batch_size(cfg: TrainConfig, devices: int) -> int:
+    """Sequences per eval call: ``cfg.eval_batch``, by default one per device. The eval step
+    keeps no gradients, but its batch used to be the rung's whole batch (1024 sequences at
+    1.6B-A61M: ~3 TiB per device compiled, issue 22); one sequence per device is the smallest
+    batch the mesh splits, and the held-out set is the same whatever the batch."""
+    return cfg.eval_batch or devices
