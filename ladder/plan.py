@@ -510,7 +510,7 @@ def compile_eval(rung: Rung, devices: int, *, eval_batch: int | None = None,
     from ladder.step import batch_sharding, make_mesh, programs
     from ladder.trainconfig import TrainConfig, eval_batch_size
 
-    eb = eval_batch_size(TrainConfig(eval_batch=eval_batch), devices)
+    eb = eval_batch_size(TrainConfig(eval_batch=eval_batch), devices, rung)
     if eb < 1 or eb % devices:
         raise ValueError(f"eval_batch: the {devices} devices must divide it, got {eb}")
     mesh = make_mesh(devices, expert_parallel, rung.model.n_experts, eb)

@@ -44,6 +44,7 @@ from ladder.trainconfig import (
     TrainConfig,
     checkpoint_steps,
     eval_batch_size,
+    eval_sequences,
     microbatch_size,
     resolve_rung,
 )
@@ -211,7 +212,7 @@ class Session:
         microbatch = microbatch_size(rung, cfg)
         mesh = make_mesh(cfg.run.devices, cfg.run.expert_parallel, rung.model.n_experts,
                          microbatch)
-        eval_batch = eval_batch_size(cfg, int(mesh.devices.size))
+        eval_batch = eval_batch_size(cfg, int(mesh.devices.size), rung)
         if eval_batch % mesh.devices.size:
             raise InputError(f"the {mesh.devices.size} devices must divide it ({eval_batch})",
                              field="eval_batch", exit_code=EX_USAGE)
@@ -252,9 +253,9 @@ class Session:
             self.metrics.path.unlink()
         self.last_saved = self.start
         eval_rows = distributed.local_rows(self.split, eval_batch)
+        n_eval = -(-eval_sequences(cfg, rung) // eval_batch)   # whole calls
         self.eval_set = [self._to_global({k: v[eval_rows] for k, v in b.items()}, eval_batch)
-                         for b in corpus.eval_batches(-(-cfg.eval_sequences // eval_batch),
-                                                      eval_batch, rung.seq_len)]
+                         for b in corpus.eval_batches(n_eval, eval_batch, rung.seq_len)]
         self.train_flops_per_token = rung.flops.training(1, lm_head=True)  # MFU counts the head
 
         self.wb, self.wandb_info = None, (previous or {}).get("wandb")

@@ -159,15 +159,15 @@ class TrainConfig:
     run's numbers, and its optimizer overrides, run arguments and fault (see the module doc)."""
 
     seed: int = 0
-    eval_sequences: int = 96         # held-out set: this many fixed windows (rounded up to whole
-                                     # batches), the same for every rung whatever its batch (96
-                                     # divides every cpu-ladder batch; docs/LOG.md)
+    eval_sequences: int | None = None  # held-out windows per eval; None = the rung's (its
+                                     # ladder's: the same windows for every rung)
     eval_every: float | None = None  # fraction of the run between evals; None = the rung's (5%)
     microbatch: int | None = None    # sequences per microbatch (gradient accumulation inside the
                                      # step); None = the whole batch. Must divide the batch, and
                                      # the devices must divide it.
-    eval_batch: int | None = None    # sequences per eval call; None = one per device of the
-                                     # mesh (eval_batch_size: what fits wherever training fits)
+    eval_batch: int | None = None    # sequences per eval call; None = the rung's, else one per
+                                     # device of the mesh (eval_batch_size: what fits wherever
+                                     # training fits)
     model: dict = field(default_factory=dict)  # ModelConfig field overrides (ablations)
     data: tuple[str, ...] = ()       # text files/globs or one token array; () = Python stdlib
     vocab_size: int | None = None    # for raw .bin token files (and a check for .npy)
@@ -177,9 +177,7 @@ class TrainConfig:
 
     def __post_init__(self):
         _check(self, "seed", _is_int(self.seed) and self.seed >= 0, "an integer >= 0")
-        _check(self, "eval_sequences", _is_int(self.eval_sequences) and self.eval_sequences >= 1,
-               "an integer >= 1")
-        for name in ("vocab_size", "microbatch", "eval_batch"):
+        for name in ("vocab_size", "microbatch", "eval_batch", "eval_sequences"):
             v = getattr(self, name)
             _check(self, name, v is None or _is_int(v) and v >= 1, "null or an integer >= 1")
         _check(self, "eval_every", self.eval_every is None
@@ -371,9 +369,15 @@ def microbatch_size(rung: Rung, cfg: TrainConfig) -> int:
     return mb
 
 
-def eval_batch_size(cfg: TrainConfig, devices: int) -> int:
-    """Sequences per eval call: ``cfg.eval_batch``, by default one per device. The eval step
+def eval_batch_size(cfg: TrainConfig, devices: int, rung: Rung | None = None) -> int:
+    """Sequences per eval call: ``cfg.eval_batch``, else the rung's (its ladder's rule: the cpu
+    ladder's 8-token windows are evaluated 512 at a time), by default one per device. The eval step
     keeps no gradients, but its batch used to be the rung's whole batch (1024 sequences at
     1.6B-A61M: ~3 TiB per device compiled, issue 22); one sequence per device is the smallest
     batch the mesh splits, and the held-out set is the same whatever the batch."""
-    return cfg.eval_batch or devices
+    return cfg.eval_batch or (rung.eval_batch if rung is not None else None) or devices
+
+
+def eval_sequences(cfg: TrainConfig, rung: Rung) -> int:
+    """Held-out windows per eval: ``cfg.eval_sequences``, else the rung's (its ladder's)."""
+    return cfg.eval_sequences or rung.eval_sequences
