@@ -190,9 +190,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="times a failed rung is retried from its last checkpoint (default: 2)")
     s.set_defaults(func=_call("ladder.commands:run_main"), overrides=[])
 
-    s = sub.add_parser("tokenize", help="token shards for `run --data DIR` from text files")
-    s.add_argument("files", nargs="+", metavar="FILES", help="text files or globs, one "
-                   "document each")
+    s = sub.add_parser("tokenize", help="token shards for `run --data DIR` from text, JSONL "
+                       "or Parquet files")
+    s.add_argument("files", nargs="+", metavar="FILES",
+                   help="files or globs: .jsonl/.ndjson (.gz) and .parquet hold one document "
+                        "per record, any other file is one plain-text document")
     s.add_argument("--tokenizer", required=True, metavar="tokenizer.json",
                    help="a local Hugging Face tokenizers file (nothing is downloaded)")
     s.add_argument("--out", required=True, metavar="DIR", help="directory for the shards and "
@@ -203,6 +205,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "vocabulary)")
     s.add_argument("--shard-tokens", type=int, default=None, metavar="N",
                    help="tokens per shard file (default: 2**27, 256 MiB of uint16)")
+    s.add_argument("--text-key", default="text", metavar="KEY",
+                   help="the field of a JSONL record / column of a Parquet file that holds its "
+                        "text (default: text)")
+    s.add_argument("--processes", type=int, default=None, metavar="N",
+                   help="worker processes that encode (0: this process, with the tokenizers "
+                        "library's own threads; default: one per CPU core)")
     s.set_defaults(func=_call("ladder.commands:tokenize_main"))
 
     # --- fitting ---------------------------------------------------------------------------------
