@@ -162,6 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--checkpoint-minutes", type=float, default=None, metavar="M",
                    help="also keep a rolling checkpoint every M minutes of wall clock, beside "
                         "the permanent ones (default: none; SIGTERM always checkpoints)")
+    s.add_argument("--checkpoint-dir", default=None, metavar="DIR|URL",
+                   help="checkpoints under DIR/LADDER/RUNG: a folder or gs://, s3:// (Orbax "
+                        "through etils; needs gcsfs/s3fs) (default: RUN_DIR/checkpoints); "
+                        "saves are asynchronous unless --checkpoint_async=false")
+    s.add_argument("--profile-steps", default=None, metavar="A:B",
+                   help="write a jax.profiler trace of steps A..B (inclusive) into "
+                        "RUN_DIR/profile (default: none)")
     g = s.add_argument_group("multi-host JAX (one rung over several processes)")
     g.add_argument("--distributed", default=None, choices=["off", "auto", "explicit"],
                    help="off: one process; auto: jax.distributed.initialize() reads the cluster "

@@ -86,7 +86,7 @@ def _train_config(args):
         where = f"{where} + --key=value" if getattr(args, "config", None) else "--key=value"
     values.update(overrides)
     for flag in ("devices", "expert_parallel", "vocab_size", "checkpoint_minutes", "microbatch",
-                 "peak_flops"):
+                 "peak_flops", "checkpoint_dir", "profile_steps"):
         if getattr(args, flag, None) is not None:
             values[flag] = getattr(args, flag)
     if getattr(args, "data", None):
