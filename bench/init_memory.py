@@ -2,15 +2,16 @@
 then placed (model.init + jax.device_put, the init before issue 22) beside each process drawing
 only its devices' shards (model.init_sharded, what Programs.init_state does now).
 
-Model: marin-535b's 1.6B-A61M rung shape (d 768, vocab 128,256, latent experts d/2) cut to
---layers layers and --experts routed experts so that it fits beside other work on a small
+Model: marin-535b's 1.6B-A61M rung (its recipe switches, experts of width d/2) scaled down to
+--d-model, --vocab, --layers and --experts so that it fits beside other work on a small
 machine. On fake CPU devices the devices' memory IS host memory, so the figure that matters is
 the peak resident set of a process above what its own shards take: one process x 8 devices
 (all shards local) and 2 processes x 4 devices (jax.distributed on 127.0.0.1; each process
 holds half). Each measurement is a fresh process; peak RSS from getrusage, minus the RSS before
 the init (JAX, the traced shapes and shardings already built).
 
-    nice -n 15 python bench/init_memory.py [--layers 1] [--experts 96]
+    nice -n 15 python bench/init_memory.py [--d-model 768] [--vocab 128256] [--layers 1]
+        [--experts 96]
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CHILD = r"""
 import json, resource, sys, time
 import jax
-process, n_proc, port, variant, layers, experts = sys.argv[1:7]
+process, n_proc, port, variant, layers, experts, d, vocab = sys.argv[1:9]
 if int(n_proc) > 1:
     jax.distributed.initialize(f"127.0.0.1:{port}", int(n_proc), int(process))
 import numpy as np
@@ -39,7 +40,12 @@ from ladder.step import make_mesh, make_optimizer, state_shardings
 from flax.traverse_util import flatten_dict
 
 rung = LADDERS["marin-535b"].rungs[0]
-cfg = rung.model.replace(n_layers=int(layers), n_experts=int(experts))
+# heads stay 128 wide (d/128 of them, KV heads as the rung's, floor 1); experts of width d/2
+h = max(1, int(d) // 128)
+cfg = rung.model.replace(n_layers=int(layers), n_experts=int(experts), d_model=int(d),
+                         vocab_size=int(vocab), n_heads=h, n_kv_heads_local=max(1, h // 4),
+                         n_kv_heads_global=max(1, h // 8), expert_dim=int(d) // 2,
+                         latent_dim=int(d) // 2, gated_norm_rank=min(128, int(d)))
 n = len(jax.devices())
 mesh = make_mesh(n, None, cfg.n_experts, n)
 shard = state_shardings(cfg, make_optimizer(OptimizerSpec().settings(1.0, 1, 1)), mesh)["params"]
@@ -71,12 +77,13 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def measure(variant: str, processes: int, layers: int, experts: int) -> list[dict]:
+def measure(variant: str, processes: int, a) -> list[dict]:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT),
            "XLA_FLAGS": f"--xla_force_host_platform_device_count={8 // processes}"}
     port = str(_port())
     procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(i), str(processes), port,
-                               variant, str(layers), str(experts)], cwd=ROOT, env=env,
+                               variant, str(a.layers), str(a.experts), str(a.d_model),
+                               str(a.vocab)], cwd=ROOT, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(processes)]
     out = []
@@ -90,6 +97,8 @@ def measure(variant: str, processes: int, layers: int, experts: int) -> list[dic
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--d-model", type=int, default=768)
+    ap.add_argument("--vocab", type=int, default=128256)
     ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--experts", type=int, default=96)
     a = ap.parse_args()
@@ -97,10 +106,10 @@ def main() -> None:
     rows = {}
     for processes in (1, 2):
         for variant in ("whole", "sharded"):
-            r = measure(variant, processes, a.layers, a.experts)
+            r = measure(variant, processes, a)
             rows[(processes, variant)] = r
             for x in r:
-                print(f"{processes} process(es) x {x['devices']} devices, {variant:7s} "
+                print(f"{processes} process(es) x {8 // processes} devices, {variant:7s} "
                       f"(process {x['process']}): model {x['model_bytes'] / gib:.2f} GiB, its "
                       f"shards {x['local_shard_bytes'] / gib:.2f} GiB, peak RSS above start "
                       f"{x['peak_above_start'] / gib:.2f} GiB, {x['seconds']:.1f} s", flush=True)
