@@ -440,11 +440,13 @@ def tokenize_files(patterns: list[str], tokenizer: str | Path, out_dir: str | Pa
     (0: encode in this process with the tokenizers library's own threads). An interrupted run
     (``progress.json`` in ``out_dir``) is continued when the inputs and options are the same."""
     if shard_tokens < 2:
-        raise InputError(f"must be >= 2, got {shard_tokens}", field="--shard-tokens")
+        raise InputError(f"must be >= 2, got {shard_tokens}", field="--shard-tokens",
+                         exit_code=EX_USAGE)
     if processes < 0:
-        raise InputError(f"must be >= 0, got {processes}", field="--processes")
+        raise InputError(f"must be >= 0, got {processes}", field="--processes",
+                         exit_code=EX_USAGE)
     if not text_key:
-        raise InputError("must not be empty", field="--text-key")
+        raise InputError("must not be empty", field="--text-key", exit_code=EX_USAGE)
     out = Path(out_dir)
     if (out / MANIFEST).exists():
         raise InputError("already holds token shards; use another --out", path=out / MANIFEST,
