@@ -167,6 +167,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--checkpoint-minutes", type=float, default=None, metavar="M",
                    help="also keep a rolling checkpoint every M minutes of wall clock, beside "
                         "the permanent ones (default: none; SIGTERM always checkpoints)")
+    s.add_argument("--checkpoint-dir", default=None, metavar="DIR|URL",
+                   help="checkpoints under DIR/LADDER/RUNG: a folder or gs://, s3:// (Orbax "
+                        "through etils; needs gcsfs/s3fs) (default: RUN_DIR/checkpoints); "
+                        "saves are asynchronous unless --checkpoint_async=false")
+    s.add_argument("--profile-steps", default=None, metavar="A:B",
+                   help="write a jax.profiler trace of steps A..B (inclusive) into "
+                        "RUN_DIR/profile (default: none)")
     g = s.add_argument_group("multi-host JAX (one rung over several processes)")
     g.add_argument("--distributed", default=None, choices=["off", "auto", "explicit"],
                    help="off: one process; auto: jax.distributed.initialize() reads the cluster "
@@ -195,9 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="times a failed rung is retried from its last checkpoint (default: 2)")
     s.set_defaults(func=_call("ladder.commands:run_main"), overrides=[])
 
-    s = sub.add_parser("tokenize", help="token shards for `run --data DIR` from text files")
-    s.add_argument("files", nargs="+", metavar="FILES", help="text files or globs, one "
-                   "document each")
+    s = sub.add_parser("tokenize", help="token shards for `run --data DIR` from text, JSONL "
+                       "or Parquet files")
+    s.add_argument("files", nargs="+", metavar="FILES",
+                   help="files or globs: .jsonl/.ndjson (.gz) and .parquet hold one document "
+                        "per record, any other file is one plain-text document")
     s.add_argument("--tokenizer", required=True, metavar="tokenizer.json",
                    help="a local Hugging Face tokenizers file (nothing is downloaded)")
     s.add_argument("--out", required=True, metavar="DIR", help="directory for the shards and "
@@ -208,6 +217,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "vocabulary)")
     s.add_argument("--shard-tokens", type=int, default=None, metavar="N",
                    help="tokens per shard file (default: 2**27, 256 MiB of uint16)")
+    s.add_argument("--text-key", default="text", metavar="KEY",
+                   help="the field of a JSONL record / column of a Parquet file that holds its "
+                        "text (default: text)")
+    s.add_argument("--processes", type=int, default=None, metavar="N",
+                   help="worker processes that encode (0: this process, with the tokenizers "
+                        "library's own threads; default: one per CPU core)")
     s.set_defaults(func=_call("ladder.commands:tokenize_main"))
 
     # --- fitting ---------------------------------------------------------------------------------

@@ -86,7 +86,7 @@ def _train_config(args):
         where = f"{where} + --key=value" if getattr(args, "config", None) else "--key=value"
     values.update(overrides)
     for flag in ("devices", "expert_parallel", "vocab_size", "checkpoint_minutes", "microbatch",
-                 "eval_batch", "peak_flops"):
+                 "eval_batch", "peak_flops", "checkpoint_dir", "profile_steps"):
         if getattr(args, flag, None) is not None:
             values[flag] = getattr(args, flag)
     if getattr(args, "data", None):
@@ -181,16 +181,28 @@ def rung_problem(ladder: str, rung: str, s: dict, out) -> str:
 
 
 def tokenize_main(args) -> int:
-    """`ladder tokenize`: text files -> token shards and manifest.json under --out."""
-    from ladder.tokens import DEFAULT_SHARD_TOKENS, tokenize_files
+    """`ladder tokenize`: text, JSONL and Parquet files -> token shards and manifest.json under
+    --out (streaming; an interrupted run continues when the same command is run again)."""
+    import os
 
-    m = tokenize_files(args.files, args.tokenizer, args.out, eos=args.eos,
-                       shard_tokens=args.shard_tokens or DEFAULT_SHARD_TOKENS)
+    from ladder.tokens import DEFAULT_SHARD_TOKENS, PROGRESS, tokenize_files
+
+    processes = args.processes if args.processes is not None else (os.cpu_count() or 1)
+    try:
+        m = tokenize_files(args.files, args.tokenizer, args.out, eos=args.eos,
+                           shard_tokens=args.shard_tokens or DEFAULT_SHARD_TOKENS,
+                           text_key=args.text_key, processes=processes)
+    except KeyboardInterrupt:
+        print(f"ladder tokenize: interrupted; the same command continues from "
+              f"{os.path.join(args.out, PROGRESS)}", file=sys.stderr)
+        return 130
     sp = m["splits"]
-    print(f"{args.out}: {sp['train']['tokens']:,} train + {sp['val']['tokens']:,} val tokens in "
-          f"{len(sp['train']['shards']) + len(sp['val']['shards'])} shard(s), {m['dtype']}, "
-          f"vocab {m['vocab_size']}, eos {m['tokenizer']['eos']!r} = {m['eos_id']}, tokenizer "
-          f"sha256 {m['tokenizer']['sha256'][:12]}")
+    docs = [sp[k]["documents"] for k in ("train", "val")]
+    print(f"{args.out}: {sp['train']['tokens']:,} train + {sp['val']['tokens']:,} val tokens "
+          + (f"({docs[0]:,} + {docs[1]:,} documents) " if None not in docs else "")
+          + f"in {len(sp['train']['shards']) + len(sp['val']['shards'])} shard(s), "
+          f"{m['dtype']}, vocab {m['vocab_size']}, eos {m['tokenizer']['eos']!r} = "
+          f"{m['eos_id']}, tokenizer sha256 {m['tokenizer']['sha256'][:12]}")
     return 0
 
 

@@ -169,14 +169,15 @@ class Programs:
     _compiled: dict = field(default_factory=dict)
 
     def init_state(self, seed: int) -> dict:
-        """Fresh train state placed on the mesh: step, params, opt_state, router_bias."""
+        """Fresh train state placed on the mesh: step, params, opt_state, router_bias. Each
+        process draws only its own devices' shards of the parameters (model.init_sharded: the
+        values of model.init), and the optimizer state is made on the devices."""
         import jax
         import jax.numpy as jnp
 
         import model as M
 
-        params, router_bias = M.init(self.model_cfg, seed)
-        params = jax.device_put(params, self.shardings["params"])
+        params, router_bias = M.init_sharded(self.model_cfg, seed, self.shardings["params"])
         return {"step": jax.device_put(jnp.zeros((), jnp.int32), self.shardings["step"]),
                 "params": params, "opt_state": self.init_opt(params),
                 "router_bias": jax.device_put(jnp.asarray(router_bias, jnp.float32),

@@ -89,6 +89,26 @@ class OptimizerOverrides:
         return spec.replace(**fixed) if fixed else spec
 
 
+CHECKPOINT_SCHEMES = ("", "file", "gs", "s3")   # "": a local path
+
+
+def checkpoint_scheme(location: str) -> str:
+    """The URL scheme of a checkpoint location ("" for a plain path)."""
+    head, sep, _ = location.partition("://")
+    return head.lower() if sep and head.isalnum() else ""
+
+
+def profile_range(text) -> tuple[int, int] | None:
+    """``"A:B"`` -> (A, B) when 1 <= A <= B, else None."""
+    if not isinstance(text, str):
+        return None
+    a, sep, b = text.partition(":")
+    if not sep or not a.strip().isdigit() or not b.strip().isdigit():
+        return None
+    a, b = int(a), int(b)
+    return (a, b) if 1 <= a <= b else None
+
+
 @dataclass(frozen=True)
 class RunArgs:
     """Where and how a run executes and is watched: never its numbers, so these may differ when
@@ -101,6 +121,12 @@ class RunArgs:
     checkpoint_every: int = 0        # steps between checkpoints; 0 = every 25% of the run
     checkpoint_minutes: float | None = None  # also a rolling checkpoint this often (wall clock)
     keep: int = 2                    # checkpoints kept (the issue: the last 2)
+    checkpoint_dir: str | None = None  # None: <run dir>/checkpoints; else a folder or a gs:// /
+                                     # s3:// URL (Orbax/etils), the rung's under <it>/LADDER/RUNG
+    checkpoint_async: bool = True    # write in the background (the loop waits only while the
+                                     # state is copied off the devices)
+    profile_steps: str | None = None  # "A:B": a jax.profiler trace of steps A..B (1-based,
+                                     # inclusive) into <run dir>/profile
     log_every: int = 1               # steps between metrics rows (the loss is checked every step)
     wandb: bool = False
     wandb_project: str | None = None  # None: WANDB_PROJECT, else "ladder" (ladder.wandbrun)
@@ -121,8 +147,15 @@ class RunArgs:
         _check(self, "checkpoint_minutes", self.checkpoint_minutes is None
                or _is_num(self.checkpoint_minutes) and self.checkpoint_minutes > 0,
                "null or a number > 0")
-        for name in ("wandb", "progress"):
+        for name in ("wandb", "progress", "checkpoint_async"):
             _check(self, name, isinstance(getattr(self, name), bool), "true or false")
+        _check(self, "checkpoint_dir", self.checkpoint_dir is None
+               or isinstance(self.checkpoint_dir, str) and self.checkpoint_dir.strip()
+               and checkpoint_scheme(self.checkpoint_dir) in CHECKPOINT_SCHEMES,
+               "null, a folder, or a file://, gs:// or s3:// URL")
+        _check(self, "profile_steps", self.profile_steps is None
+               or profile_range(self.profile_steps) is not None,
+               "null or 'A:B' with 1 <= A <= B (steps, inclusive)")
         for name in ("wandb_project", "wandb_entity"):
             v = getattr(self, name)
             _check(self, name, v is None or isinstance(v, str) and v,
