@@ -151,7 +151,8 @@ def dispatch_sorted(expert_fn: ExpertFn, x: jax.Array, expert: jax.Array, n_expe
 # experts), and XLA:GPU does the same unless its cuDNN ragged-dot fusion fires (docs/LOG.md).
 # This one sorts the assignments by expert, pads each expert's run to whole blocks of ``block``
 # rows and multiplies block by block, each block by its own expert's weights: plain gathers,
-# scatters and batched dots on every backend, with a static schedule whose FLOPs are those of rows + experts x (block - 1) rows, not E x rows.
+# scatters and batched dots on every backend, with a static schedule whose FLOPs are those of rows
+# + experts x (block - 1) rows, not E x rows.
 MIN_BLOCK, MAX_BLOCK = 8, 128
 ROWS_PER_STEP = 4096            # rows of the block loop's one step (fewer, larger dots)
 GATHER_BYTES_PER_STEP = 2**26   # at most this many bytes of expert weights gathered per step
