@@ -83,7 +83,8 @@ def fit_main(args, *, offline_points=None) -> int:
                              field="SOURCE")
         sources = [offline_points(s, args.metric, sizes) if s in offline else s
                    for s in args.sources]
-        df = load_points(sources, args.metric, sizes=sizes)
+        df = load_points(sources, args.metric, sizes=sizes,
+                         include_target=getattr(args, "include_target", False))
         if not len(df):
             dropped = df.attrs.get("dropped") or []
             first = f" (e.g. {dropped[0]})" if dropped else ""
