@@ -137,8 +137,8 @@ def isoflop_approach2(df: pd.DataFrame, *, budget: str = "compute", size: str = 
     for col in (budget, size, loss):
         if col not in df.columns:
             raise InputError("missing column", field=col)
-    d = df[[budget, size, loss]].astype(float).dropna()
-    d = d[(d > 0).all(axis=1)]
+    d = df[[budget, size, loss]].apply(pd.to_numeric, errors="coerce").astype(float)
+    d = d[(np.isfinite(d) & (d > 0)).all(axis=1)]
     key = d[budget].map(lambda c: float(f"{c:.3g}"))
     groups = [(c, g) for c, g in d.groupby(key) if len(g) >= min_points]
     if len(groups) < 2:
@@ -152,14 +152,19 @@ def isoflop_approach2(df: pd.DataFrame, *, budget: str = "compute", size: str = 
         lo, hi = x.min(), x.max()
         span = hi - lo
         off = (not ok) or vx < lo + 0.2 * span or vx > hi - 0.2 * span
+        # a nearly flat parabola puts its vertex decades away: beyond float64 it is not defined
+        n_opt = math.exp(vx) if ok and abs(vx) <= _LOG_MAX else math.nan
         if off:
-            notes.append(f"budget {c:.3g}: optimum at N={math.exp(vx) if ok else math.nan:.3g} "
-                         f"is off-centre in the sampled range {math.exp(lo):.3g}.."
-                         f"{math.exp(hi):.3g}")
-        rows.append({"compute": c, "n_opt": math.exp(vx) if ok else math.nan, "loss_opt": vy,
+            notes.append(f"budget {c:.3g}: optimum at N={n_opt:.3g} is off-centre in the "
+                         f"sampled range {math.exp(lo):.3g}..{math.exp(hi):.3g}")
+        rows.append({"compute": c, "n_opt": n_opt, "loss_opt": vy,
                      "n_points": len(g), "off_centre": bool(off)})
     table = pd.DataFrame(rows)
     ok = np.isfinite(table["n_opt"].to_numpy())
+    if ok.sum() < 2:
+        raise InputError(f"needs at least 2 budgets whose loss has a minimum in log N (a "
+                         f"parabola opening upwards); {int(ok.sum())} of {len(table)} have",
+                         field=size)
     a, c0 = np.polyfit(np.log(table["compute"][ok]), np.log(table["n_opt"][ok]), 1)
     rng = np.random.default_rng(seed)
     draws = []
@@ -179,7 +184,8 @@ def isoflop_approach2(df: pd.DataFrame, *, budget: str = "compute", size: str = 
         else (math.nan, math.nan)
     for n in notes:
         warnings.warn(n, stacklevel=2)
-    return IsoFlopResult(exponent=float(a), coef=float(math.exp(c0)), interval=interval,
+    coef = math.exp(c0) if abs(c0) <= _LOG_MAX else math.nan
+    return IsoFlopResult(exponent=float(a), coef=coef, interval=interval,
                          level=level, budgets=table, warnings=tuple(notes))
 
 
