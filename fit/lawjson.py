@@ -179,8 +179,8 @@ def read(obj: dict, *, path=None) -> tuple[dict, list]:
         # underflows float64 (max ~ e^709): the fitter never writes that (fit.estimate holds
         # its solver inside U_LIMIT), an edit does
         if np.any(np.abs(u) > U_LIMIT):
-            raise InputError(f"a parameter beyond |{U_LIMIT:g}| (exp() overflows): an edited or "
-                             "broken law", path=where, field=prefix + "fit.u")
+            raise InputError(f"a parameter beyond |{U_LIMIT:g}|: exp() overflows float64",
+                             path=where, field=prefix + "fit.u")
         boot = unc.get("bootstrap_u")
         boot = None if boot is None else _array(boot, (None, len(spec.form.names)), where,
                                                 prefix + "uncertainty.bootstrap_u")

@@ -408,3 +408,20 @@ def test_isoflop_vertex_beyond_float64_is_not_defined():
         assert np.isnan(res.budgets["n_opt"][1]) and res.budgets["off_centre"][1]
         with pytest.raises(InputError, match="at least 2 budgets whose loss has a minimum"):
             isoflop_approach2(table({0, 1, 2}), bootstrap=20)
+
+
+def test_fit_refuses_to_write_a_law_its_reader_would_refuse(tmp_path):
+    """The ols fit (the real ladder's, closed form, no solver box) of losses whose log A lands
+    at 800: `fit` wrote it and `predict` refused it; now `fit` reads the law back before it
+    writes and refuses with one line, exit 65, nothing written."""
+    C = np.geomspace(1e10, 2e10, 5)
+    loss = 1.5 + np.exp(800.0 - 30.0 * np.log(C))      # finite, > E: a table the reader accepts
+    csv = tmp_path / "points.csv"
+    pd.DataFrame({"run": [f"r{i}" for i in range(5)], "compute": C, "loss": loss}).to_csv(
+        csv, index=False)
+    law = tmp_path / "law.json"
+    code, out, err = _cli("fit", csv, "--form", "compute", "--fix", "E=1.5", "--objective", "ols",
+                          "--bootstrap", "0", "--out", law)
+    _refusal(code, err)
+    assert "law.json's reader would refuse the fitted law (a parameter beyond |700|" in err
+    assert "field 'fit.u'" in err and not law.exists()
