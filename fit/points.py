@@ -46,7 +46,7 @@ def load_points(sources, metric: str | None = None, *, include_incomplete: bool 
 
     A run directory of a ladder's target rung (config.json's rung ``is_target``: ``ladder run``
     trains it beside the rungs) is the run the law forecasts, not a point to fit: it is left out
-    unless ``include_target``, and ``df.attrs["left_out"]`` names it (one line each, with why)."""
+    unless ``include_target``, and ``df.attrs["left_out"]`` names it (``LADDER/RUNG``)."""
     if isinstance(sources, (str, Path, pd.DataFrame)):
         sources = [sources]
     metric = metric or DEFAULT_METRIC
@@ -85,7 +85,6 @@ def load_points(sources, metric: str | None = None, *, include_incomplete: bool 
     df.attrs["metric"] = metric
     df.attrs["left_out"] = left_out
     return df
-
 
 
 def _read_table(path: Path) -> pd.DataFrame:
