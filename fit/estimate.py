@@ -31,7 +31,7 @@ import pandas as pd
 from scipy.special import stdtrit  # quantiles; scipy.stats takes 0.6 s to import
 
 from fit.allocation import allocation_diagnostics
-from fit.forms import Form, Model, Spec
+from fit.forms import U_LIMIT, Form, Model, Spec
 from fit.result import FitResult, _jacobian_rows
 from fit.solver import STATUS, lbfgs, percentile_interval, polish, run_weights
 from ladder.io import InputError, sha256_of
@@ -121,6 +121,15 @@ def fit_spec(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
     near = order[:400][res.f[order[:400]] <= res.f[order[0]] * (1 + POLISH_WITHIN)]
     cands = _distinct(res.x[near], res.f[near], res.x[order[0]], k=POLISH_TOP)
     phi, fbest, pol = prob.polish(cands)
+    held, box = {}, None
+    if not np.all(np.abs(spec.to_u(phi)) <= U_LIMIT):
+        # the optimum ran off along a direction the data do not pin down (a factor or a
+        # coefficient towards 0, a term switched off by a runaway exponent), beyond what
+        # law.json holds: the values out there are solver drift, not estimates. Polish again
+        # inside the box of law.json's range and flag what stays at its edge.
+        box = prob.box()
+        phi, fbest, pol = prob.polish(cands, bounds=box)
+        held = prob.at_box(phi, box)
     pol_best = int(np.argmin(np.where(np.isfinite(pol.f), pol.f, np.inf)))
     best = order[0]
     u = spec.to_u(phi)
@@ -162,11 +171,12 @@ def fit_spec(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
 
     boot_u, boot_info = None, {"replicates": 0}
     if bootstrap > 0:
-        boot_u, boot_info = _bootstrap(prob, runs, optima, bootstrap, seed)
+        boot_u, boot_info = _bootstrap(prob, runs, optima, bootstrap, seed, bounds=box)
 
     intervals = _intervals(spec, u, boot_u, cov, dof, level)
     identifiability = _identifiability(spec, u, intervals, level, data, prior,
-                                       have_interval=cov is not None or boot_u is not None)
+                                       have_interval=cov is not None or boot_u is not None,
+                                       held=held)
     disp = {p.name: float(p.to_display(u[i])) for i, p in enumerate(form.params)}
     at_bound = {k: v for k, v in ((p.name, _bound_flag(p, disp[p.name])) for p in form.params
                                   if p.name in spec.free) if v}
@@ -182,6 +192,8 @@ def fit_spec(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
         "distinct_optima": len(optima),
         "polished_candidates": len(cands),
         "at_bound": at_bound,
+        # the unbounded optimum left law.json's range and was polished again inside it
+        "solver_box": None if box is None else {"limit": U_LIMIT, "held": held},
         "free": list(spec.free),
         "n_points": n, "n_runs": len(uniq_runs),
         "fraction_range": [float(data["fraction"].min()), float(data["fraction"].max())],
@@ -271,9 +283,11 @@ E_MIN_FRACTION_OF_LOSS = 0.5
 E_INTERVAL_MAX_FRACTION = 0.5
 
 
-def _identifiability(spec, u, intervals, level, data, prior, have_interval=True) -> dict:
+def _identifiability(spec, u, intervals, level, data, prior, have_interval=True,
+                     held=None) -> dict:
     """Parameters the ladder does not pin down, with why: {"flags": {name: [reasons]},
-    "unidentified": [names]}."""
+    "unidentified": [names]}. ``held``: {name: edge} of those the solver held at the edge of
+    law.json's range (``_Problem.at_box``)."""
     form = spec.form
     flags: dict[str, list[str]] = {}
     lmin = float(data["loss"].min())
@@ -286,6 +300,9 @@ def _identifiability(spec, u, intervals, level, data, prior, have_interval=True)
         b = _bound_flag(p, v)
         if b:
             why.append(f"estimate {b}")
+        if p.name in (held or {}):
+            why.append(f"held at the {held[p.name]} of the solver's box (law.json's range, "
+                       f"|u| <= {U_LIMIT:g}): the data do not pin it down")
         if p.kind != "positive" and math.isfinite(lo) and math.isfinite(hi):
             blo, bhi = p.bounds
             if lo <= blo * 1.01 if blo > 0 else lo <= blo + 1e-6:
@@ -442,13 +459,43 @@ class _Problem:
                       **kw)
         return dataclasses.replace(r, x=r.x @ self.P.T)
 
-    def polish(self, cands):
-        """Stage 2: the candidates to tight tolerances, all at once; (phi, f) of the best."""
+    def polish(self, cands, bounds=None):
+        """Stage 2: the candidates to tight tolerances, all at once; (phi, f) of the best.
+        ``bounds``: (lo, hi) in the solver's coordinates (:meth:`box`)."""
         with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
             i, r = polish(self.fg(), np.atleast_2d(cands) @ self.Pinv.T, ftol=POLISH_FTOL,
-                           gtol=1e-13, max_iter=1000)
+                           gtol=1e-13, max_iter=1000, bounds=bounds)
         r = dataclasses.replace(r, x=r.x @ self.P.T)
         return r.x[i], float(r.f[i]), r
+
+    def box(self) -> tuple[np.ndarray, np.ndarray]:
+        """Bounds in the solver's coordinates that keep every free parameter inside law.json's
+        range, |u| <= U_LIMIT. A centred coefficient's u is its own coordinate plus its term's
+        exponents times the mean log inputs (``_centering``): coefficients and shape factors
+        get U_LIMIT / 2 (a term or factor of e^-350 is 0 beside any loss), exponents the other
+        half over the largest such sum of mean log inputs (|exponent| <= ~6 at 1e25 FLOPs,
+        beyond every plausible exponent: fit.forms bounds them at 3)."""
+        kinds = [self.spec.form.param(n).kind for n in self.spec.free]
+        half = U_LIMIT / 2
+        reach = float(np.abs(self.P - np.eye(len(kinds))).sum(axis=1).max()) if kinds else 0.0
+        lim = [(half / reach if reach > 0 else half) if k == "exponent" else half
+               for k in kinds]
+        return -np.array(lim), np.array(lim)
+
+    def at_box(self, phi, box) -> dict:
+        """{name: "lower bound" | "upper bound"} of the free parameters at the edge of ``box``;
+        a shape factor at its lower edge is left out: that is the factor at 0, unused, which
+        is legitimate (fit.forms)."""
+        x = np.asarray(phi) @ self.Pinv.T
+        out = {}
+        for j, n in enumerate(self.spec.free):
+            kind = self.spec.form.param(n).kind
+            tol = 1e-9 * max(1.0, abs(box[0][j]))
+            if x[j] <= box[0][j] + tol and kind != "positive":
+                out[n] = "lower bound"
+            elif x[j] >= box[1][j] - tol:
+                out[n] = "upper bound"
+        return out
 
 
 def _centering(spec, model) -> np.ndarray:
@@ -482,11 +529,11 @@ def _distinct(X, f, phi, k: int = 4, rtol: float = 1e-3):
     return np.array(keep)
 
 
-def _bootstrap(prob, runs, optima, R, seed):
+def _bootstrap(prob, runs, optima, R, seed, bounds=None):
     """Run-level Bayesian bootstrap: each replicate weights whole runs (all points of a run share
     its Dirichlet weight) and is refitted from the distinct optima of the full fit. Replicates
     with fewer runs of non-negligible weight than across-run parameters are degenerate and left
-    out (counted)."""
+    out (counted). ``bounds``: the solver's box when the full fit needed it (``_Problem.box``)."""
     t0 = time.perf_counter()
     spec = prob.spec
     rng = np.random.default_rng(seed)
@@ -505,7 +552,7 @@ def _bootstrap(prob, runs, optima, R, seed):
         sd = np.array([s for _i, _e, _m, s in prob.prior])
         means = np.repeat(mu + sd * rng.standard_normal((R, len(mu))), k, axis=0)
     res = prob.solve(np.tile(optima, (R, 1)), W=W, prior_means=means, ftol=BOOT_FTOL,
-                     max_iter=1000)
+                     max_iter=1000, bounds=bounds)
     f = np.where(np.isfinite(res.f), res.f, np.inf).reshape(R, k)
     rows = np.arange(R) * k + f.argmin(axis=1)
     conv = res.status[rows] == 0

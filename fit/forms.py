@@ -26,6 +26,11 @@ import numpy as np
 
 PARAM_KINDS = ("coef", "exponent", "positive")
 
+# The range of the solver's parameter vector u that law.json holds (fit.lawjson refuses a law
+# beyond it, fit.estimate keeps every fit inside it): up to |u| ~ 709 exp(u), a coefficient or a
+# shape factor, is a finite non-zero float64; beyond it a coefficient is inf or 0.
+U_LIMIT = 700.0
+
 
 @dataclass(frozen=True)
 class Param:

@@ -69,19 +69,28 @@ def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = 
         if tie or by or prior or objective != "huber":
             raise InputError(f"the {form} form takes no --tie, --by, --prior or --objective",
                              field="form")
-        return fit_curve_law(df, form=form, bootstrap=bootstrap, level=level, seed=seed,
-                             metric=metric, fix=fix or None)
+        return _left_out(fit_curve_law(df, form=form, bootstrap=bootstrap, level=level,
+                                       seed=seed, metric=metric, fix=fix or None), df)
     opts = {"bootstrap": bootstrap, "level": level, "seed": seed, "params_column": params_column,
                 "metric": metric, "delta": delta, "backtest": backtest, "objective": objective,
                 "prior": prior}
     if by is not None:
-        return _fit_by(df, form, fix, tie, by, opts)
+        return _left_out(_fit_by(df, form, fix, tie, by, opts), df)
     if form == "auto":
         res = fit_auto(df, fix, tie, opts)
     else:
         res = fit_one(df, _spec(form, fix, tie), **opts)
     if asymptote_rule and objective == "huber" and backtest and isinstance(res, FitResult):
         res = apply_asymptote_rule(df, res, opts, fix, tie, prior)
+    return _left_out(res, df)
+
+
+def _left_out(res, df):
+    """The runs the points table's reader left out (a ladder's target: fit.points.load_points)
+    go into the law's ``inputs.left_out``, so the law and its report say what it did not see."""
+    left = list(df.attrs.get("left_out") or [])
+    if left:
+        res.inputs["left_out"] = left
     return res
 
 
