@@ -271,6 +271,19 @@ E_MIN_FRACTION_OF_LOSS = 0.5
 E_INTERVAL_MAX_FRACTION = 0.5
 
 
+def implausible_asymptote(E: float, lmin: float) -> str | None:
+    """Why an asymptote ``E`` is implausible for a ladder whose smallest fitted loss is
+    ``lmin`` (at or above it: impossible for a decreasing law; below
+    E_MIN_FRACTION_OF_LOSS x it: implausible), or None. The identifiability flags and the
+    short-ladder asymptote rule's choice of centre (fit.select) both use this one test."""
+    if E >= lmin:
+        return f"E = {E:.4g} is not below the smallest loss {lmin:.4g}"
+    if E < E_MIN_FRACTION_OF_LOSS * lmin:
+        return (f"E = {E:.4g} is below {E_MIN_FRACTION_OF_LOSS:g} x the smallest loss "
+                f"({lmin:.4g}): implausible for a language-model ladder")
+    return None
+
+
 def _identifiability(spec, u, intervals, level, data, prior, have_interval=True) -> dict:
     """Parameters the ladder does not pin down, with why: {"flags": {name: [reasons]},
     "unidentified": [names]}."""
@@ -293,11 +306,9 @@ def _identifiability(spec, u, intervals, level, data, prior, have_interval=True)
             if hi >= bhi * 0.99:
                 why.append(f"its {level:.0%} interval reaches the upper bound {bhi:g}")
         if p.name == "E":
-            if v >= lmin:
-                why.append(f"E = {v:.4g} is not below the smallest loss {lmin:.4g}")
-            elif v < E_MIN_FRACTION_OF_LOSS * lmin:
-                why.append(f"E = {v:.4g} is below {E_MIN_FRACTION_OF_LOSS:g} x the smallest loss "
-                           f"({lmin:.4g}): implausible for a language-model ladder")
+            bad = implausible_asymptote(v, lmin)
+            if bad:
+                why.append(bad)
             if math.isfinite(lo) and math.isfinite(hi) and \
                     hi - lo > E_INTERVAL_MAX_FRACTION * lmin:
                 why.append(f"its {level:.0%} interval [{lo:.3g}, {hi:.3g}] spans more than "

@@ -17,6 +17,7 @@ import numpy as np
 
 from fit.backtest import fit_one, scale_levels
 from fit.curves import curve_data_from_table, fit_curve_law
+from fit.estimate import implausible_asymptote, select_points
 from fit.forms import Spec, get_form
 from ladder.io import InputError
 
@@ -172,11 +173,13 @@ def fit_auto(df, fix, tie, opts):
 # A short ladder (<= 5 scale levels: the real ladder has 4 rungs) often cannot tell the
 # asymptote E from the slope; a free fit then puts E wherever the noise says (0.87 on the real
 # 4-rung MoE ladder, the lower bound on the cpu ladder), and extrapolating it is the forecast's
-# largest error. When the fit flags E as not identified (fit.law._identifiability), the default
-# fits two more variants, E with a weakly informative prior and E fixed at that prior's mean,
-# chooses the one with the lowest rollout backtest error, and widens the band to the spread of
-# every defensible variant (rollout error within DEFENSIBLE_RATIO x the best, or DEFENSIBLE_ABS
-# of it): their bootstrap draws are pooled, so the band covers the choice between them.
+# largest error. When the fit flags E as not identified (fit.estimate._identifiability), the
+# default fits two more variants, E with a weakly informative prior and E fixed at that prior's
+# mean, and calls defensible every variant whose rollout backtest error is within
+# DEFENSIBLE_RATIO x the best (or DEFENSIBLE_ABS of it). The centre is the defensible variant
+# with the lowest error whose E is plausible (fit.estimate.implausible_asymptote: not below half
+# the smallest loss, not above it); the band widens to the spread of every defensible variant:
+# their bootstrap draws are pooled, so the band covers the choice between them.
 # The prior: E ~ N(0.7, 0.1) x the smallest loss of the ladder: published LM ladders put E at
 # 55-90% of the losses they fit (see fit.law: Hoffmann et al. 2022, Besiroglu et al. 2024,
 # Marin's fixed 1.5 against 2.4-3.0), so +-2 sd covers 0.5-0.9 of the smallest loss.
@@ -195,9 +198,11 @@ def _score(r) -> float | None:
 
 
 def asymptote_rule(df, result, opts: dict, fix: dict, tie: dict, prior: dict):
-    """``result`` or, when a short ladder leaves E unidentified, the best of its free, prior and
-    fixed-E variants by rollout backtest, with the pooled draws of the defensible ones; the
-    decision is recorded in ``diagnostics["asymptote_rule"]``."""
+    """``result`` or, when a short ladder leaves E unidentified, the one of its free, prior and
+    fixed-E variants with the lowest rollout error among the defensible ones with a plausible
+    E, with the pooled draws of the defensible ones; the decision and why are recorded in
+    ``diagnostics["asymptote_rule"]`` (``chosen``, ``lowest_rollout``, ``defensible``, ``E``,
+    ``implausible``, ``why``)."""
     import numpy as np
 
     form = result.spec.form
@@ -243,18 +248,38 @@ def asymptote_rule(df, result, opts: dict, fix: dict, tie: dict, prior: dict):
     best = min(scored, key=scored.get)
     limit = max(DEFENSIBLE_RATIO * scored[best], scored[best] + DEFENSIBLE_ABS)
     defensible = [k for k, v in scored.items() if v <= limit]
-    # the centre is the variant with the lowest rollout error, not the prior variant whenever
-    # it is defensible (docs/LOG.md, 2026-12-01: "the asymptote variants' centre").
-    chosen = variants[best]
+    # the centre: the lowest rollout error among the defensible variants whose E is plausible
+    # (fit.estimate.implausible_asymptote, the test behind the NOT IDENTIFIED flag), so the
+    # band is never centred on an asymptote the same report calls implausible while a
+    # defensible one exists; the implausible ones stay in the pooled band (their rollout
+    # error did not rule them out). Only when no defensible variant is plausible does the
+    # centre stay on the lowest error, and the record says so. Not "the prior variant
+    # whenever it is defensible": tried, docs/LOG.md ("the asymptote variants' centre").
+    lmin_fit = {k: float(select_points(df, v.spec.form, None)[0]["loss"].min())
+                for k, v in variants.items()}
+    e_values = {k: float(v.params["E"]) for k, v in variants.items()}
+    implausible = {k: implausible_asymptote(e_values[k], lmin_fit[k]) for k in variants}
+    ok = [k for k in defensible if implausible[k] is None]
+    centre = min(ok, key=scored.get) if ok else best
+    chosen = variants[centre]
     draws = [variants[k].boot_u for k in defensible if variants[k].boot_u is not None]
     if len(draws) > 1:
         chosen.boot_u = np.vstack(draws)
-    record.update(chosen=best, defensible=defensible,
-                  why="rollout errors " + ", ".join(f"{k} {100 * v:.2f}%" for k, v in
-                                                     scored.items())
-                      + f"; defensible (within {DEFENSIBLE_RATIO:g}x of the best): "
-                      + ", ".join(defensible) + f"; centre: {best} (lowest); the band pools "
-                      "the draws of the defensible variants")
+    why = ("rollout errors " + ", ".join(f"{k} {100 * v:.2f}%" for k, v in scored.items())
+           + f"; defensible (within {DEFENSIBLE_RATIO:g}x of the best): "
+           + ", ".join(defensible))
+    if centre == best:
+        why += f"; centre: {best} (lowest"
+        why += (", E plausible)" if implausible[best] is None else
+                f"; no defensible variant has a plausible E, so the centre stays on it: "
+                f"{implausible[best]})")
+    else:
+        why += (f"; centre: {centre} (the lowest error among the defensible variants with a "
+                f"plausible E, {e_values[centre]:.4g}), not {best}: {implausible[best]}")
+    why += "; the band pools the draws of the defensible variants"
+    record.update(chosen=centre, lowest_rollout=best, defensible=defensible,
+                  E=e_values, implausible={k: v for k, v in implausible.items() if v},
+                  centre_plausible=implausible[centre] is None, why=why)
     chosen.diagnostics["asymptote_rule"] = record
     if "auto" in result.diagnostics:
         chosen.diagnostics.setdefault("auto", result.diagnostics["auto"])
