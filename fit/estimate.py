@@ -114,7 +114,9 @@ def fit_spec(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
         # which the objective stops being quadratic) stands in for sigma
         i0 = int(np.nanargmin(np.where(np.isfinite(res.f), res.f, np.inf)))
         r0 = logy - model.log_predict(spec.to_u(res.x[i0])[None])[0]
-        s2 = float((r0 ** 2).sum() / (n - spec.n_free)) if n > spec.n_free else 0.0
+        if weights is not None:  # the residuals of the runs the weighted fit is local to
+            r0 = r0[weights >= NEAR_WEIGHT]
+        s2 = float((r0 ** 2).sum() / (r0.size - spec.n_free)) if r0.size > spec.n_free else 0.0
         prior_weight = max(s2, delta ** 2)
         prob = _Problem(model, logy, spec, delta, prior=prior, prior_weight=prior_weight,
                         weights=weights)
@@ -134,7 +136,12 @@ def fit_spec(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
     near10 = order[:400][res.f[order[:400]] <= fbest * 1.1]
     optima = _distinct(res.x[near10], res.f[near10], phi)
 
-    # lack-of-fit: residual scale and degrees of freedom
+    # lack-of-fit: residual scale and degrees of freedom. A weighted fit (scale_weights) is a
+    # local fit at the ladder's top: its noise, residual scale and dof are those of the runs it
+    # is local to (weight NEAR_WEIGHT or more), not of the far runs whose misfit the weights set
+    # aside (counted, they would widen every band by that misfit)
+    near = np.ones(n, dtype=bool) if weights is None else weights >= NEAR_WEIGHT
+    n_near, r_near = int(near.sum()), resid[near]
     multi = data.groupby("run").size().max() > 1
     # a prior is one pseudo-observation of its parameter: one residual degree of freedom more
     n_prior = len(prior)
@@ -144,17 +151,20 @@ def fit_spec(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
         # independent residuals, n_eff = n (1 - rho) / (1 + rho) for residuals that are AR(1)
         # along each run with lag-1 autocorrelation rho (the usual effective sample size of a
         # correlated series), less the free parameters; never below the across-run count
-        rho = _lag1_autocorrelation(data, resid)
-        n_eff = n * (1 - rho) / (1 + rho)
-        dof = max(n_eff + n_prior - spec.n_free, len(uniq_runs) + n_prior - spec.n_across)
+        rho = _lag1_autocorrelation(data[near], r_near)
+        n_eff = n_near * (1 - rho) / (1 + rho)
+        dof = max(n_eff + n_prior - spec.n_free,
+                  len(np.unique(runs[near])) + n_prior - spec.n_across)
     else:
-        dof = n + n_prior - spec.n_free
-    sigma = float(np.sqrt((resid ** 2).sum() / (n + n_prior - spec.n_free))) \
-        if n + n_prior > spec.n_free else None
+        dof = n_near + n_prior - spec.n_free
+    sigma = float(np.sqrt((r_near ** 2).sum() / (n_near + n_prior - spec.n_free))) \
+        if n_near + n_prior > spec.n_free else None
     dof = float(dof) if dof > 0 else None
     cov = None
     if sigma is not None and sigma > 0:
         J = _jacobian_rows(model, u) @ prob.M
+        if weights is not None:  # the weighted objective's curvature: J' W J
+            J = J * np.sqrt(weights)[:, None]
         # Laplace approximation of the penalised fit: the prior's precision (in the solver's
         # u coordinates) adds to J'J / sigma^2, so the prior's spread enters the band.
         # pinv: a shape factor driven to 0 leaves a flat direction; its variance is then not
@@ -206,7 +216,7 @@ def fit_spec(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
     result = FitResult(spec=spec, metric=metric, u=u, level=level, params_column=params_column,
                        boot_u=boot_u, cov=cov, sigma=sigma, dof=dof, intervals=intervals,
                        diagnostics=diagnostics, inputs=_inputs(data), prior=prior,
-                       abs_resid=np.abs(resid))
+                       abs_resid=np.abs(r_near))
     result.backtest_opts = {"bootstrap": 0, "level": level, "seed": seed,
                             "params_column": params_column, "metric": metric, "delta": delta,
                             "backtest": False, "prior": prior, "bandwidth": bandwidth}
@@ -354,6 +364,9 @@ def run_scales(df: pd.DataFrame) -> tuple[pd.Series, str]:
 # top of the ladder (locally weighted regression); every run keeps a positive weight, so the
 # far ones still pin down what the near ones cannot, and adding runs far below moves the fit by
 # their weight, not their number.
+NEAR_WEIGHT = 0.5  # the runs a weighted fit is local to (fit.select's candidates need enough)
+
+
 def scale_weights(data: pd.DataFrame, bandwidth: float | None) -> np.ndarray | None:
     """Per-row weights exp(-d^2 / 2 h^2) of a table, d the decades of the row's run below the
     largest run's scale (:func:`run_scales`: planned compute, else params x tokens, else
@@ -377,7 +390,7 @@ def weights_record(data: pd.DataFrame, weights: np.ndarray, bandwidth: float) ->
             "scale": kind, "bandwidth_decades": float(bandwidth),
             "top_scale_log10": float(logs.max()),
             "effective_runs": float(per_run.sum() ** 2 / (per_run ** 2).sum()),
-            "runs_at_half_weight_or_more": int((per_run >= 0.5).sum()),
+            "near_runs": int((per_run >= NEAR_WEIGHT).sum()), "near_weight": NEAR_WEIGHT,
             "smallest_weight": float(per_run.min())}
 
 

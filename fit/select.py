@@ -18,7 +18,7 @@ import numpy as np
 
 from fit.backtest import fit_one, scale_inputs, scale_levels
 from fit.curves import curve_data_from_table, fit_curve_law
-from fit.estimate import implausible_asymptote, run_scales, select_points
+from fit.estimate import NEAR_WEIGHT, implausible_asymptote, run_scales, select_points
 from fit.forms import Spec, get_form
 from ladder.io import InputError
 
@@ -259,10 +259,10 @@ def _bandwidth_candidate(data, logs, spec, params_column, h) -> str | None:
     if w.min() >= 0.9:
         return f"every run within {h * np.sqrt(-2 * np.log(0.9)):.2g} decades of the largest: "\
                "the same fit as equal weights"
-    near = set(logs.index[w >= 0.5])
+    near = set(logs.index[w >= NEAR_WEIGHT])
     need = spec.n_free + NEAR_RUNS_MARGIN
     if len(near) < need:
-        return f"{len(near)} runs at half weight or more; the form needs {need}"
+        return f"{len(near)} runs at weight {NEAR_WEIGHT:g} or more; the form needs {need}"
     last = data.loc[data.groupby("run")["fraction"].idxmax()]
     last = last[last["run"].isin(near)]
     for col in scale_inputs(spec.form, params_column):
@@ -272,7 +272,7 @@ def _bandwidth_candidate(data, logs, spec, params_column, h) -> str | None:
                 v = v / last["fraction"].to_numpy(dtype=float)
             k = np.unique(np.round(np.log10(v) * 20)).size
             if k < NEAR_LEVELS:
-                return f"the runs at half weight or more span {k} value(s) of {col}"
+                return f"the runs at weight {NEAR_WEIGHT:g} or more span {k} value(s) of {col}"
     return None
 
 
