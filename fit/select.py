@@ -5,8 +5,11 @@ alpha = beta (the form Gadre et al. 2024 fit: with alpha = beta, E + A/N^a + B/D
 E + (a M^eta + b M^-eta) C^-eta) (need params and tokens), ``moe`` (needs active params that
 differ from total params), and ``trajectory`` (needs runs with several progress fractions).
 The winner has the lowest rollout error at the held-out runs' final points (fit on the smaller
-runs, predict the larger); candidates that cannot be backtested (too few runs) are listed but not
-chosen unless nothing could be backtested, in which case the simplest fitting form wins.
+runs, predict the larger), or, among the forms fitted to final points, the one with the fewest
+free parameters within one standard error of it (one_se_choice); candidates that cannot be
+backtested (too few runs) are listed but not chosen unless nothing could be backtested, in which
+case the simplest fitting form wins. Then, for the chosen form, the scale-weight rule and (on a
+short ladder) the asymptote rule below.
 """
 
 from __future__ import annotations
