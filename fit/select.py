@@ -158,9 +158,9 @@ def _simplest_within_one_se(scored: list, fitted: dict, lowest: str):
     form models whole curves: it is chosen on its error alone) or nothing can be compared.
     A rollout of a ladder holds out a few runs next to the fitted ones, and a more flexible
     form wins it by noise and then extrapolates worse: on Gadre et al.'s RedPajama ladder, every
-    run below the 1.4B targets fitted, the free-exponent form won the rollout by 0.73% against
-    the tied one's ~0.9% (4 held-out finals, se ~0.3%) and missed the 6.9B target by -3.1%,
-    the tied form (the authors' own) by +0.3% (docs/LOG.md)."""
+    run below the 1.4B targets fitted, the free-exponent form won the rollout with 0.73% (se
+    0.30%) against the tied form's 0.83% (se 0.42%; 4 held-out finals) and missed the 6.9B
+    target by -3.0%, the tied form (the authors' own) by +0.3% (docs/LOG.md, 2026-12-02)."""
     rows = [r for r in scored if fitted[r["form"]][0].form.name != "trajectory"]
     if not any(r["form"] == lowest for r in rows) or len(rows) < 2:
         return None

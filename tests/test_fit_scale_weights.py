@@ -49,7 +49,7 @@ def _fit(df, **kw):
 
 def test_small_over_trained_runs_with_another_slope_do_not_move_the_forecast():
     """X = half the near-only law's 90% half-width at the target: a move the band cannot
-    resolve. Equal weights (main, and --equal-weights) move it 8x that (+4%); the default
+    resolve. Equal weights (main, and --equal-weights) move it 7x that (+4.2%); the default
     fits the near runs locally (the rollout picks a bandwidth) and moves it 0.1%."""
     near, both = _ladder()
     ref = _fit(near).predict(**TARGET)
