@@ -95,7 +95,8 @@ def fit_main(args, *, offline_points=None) -> int:
                       bootstrap=args.bootstrap, level=args.level, seed=args.seed,
                       params_column=args.params_column, metric=df.attrs.get("metric"),
                       objective=args.objective, prior=_priors(args.prior),
-                      asymptote_rule=not getattr(args, "free_asymptote", False))
+                      asymptote_rule=not getattr(args, "free_asymptote", False),
+                      scale_weighting=not getattr(args, "equal_weights", False))
     seen = set()
     for w in caught:
         msg = str(w.message)

@@ -148,6 +148,16 @@ def fit_lines(r) -> list[str]:
         if cmp_.get("better"):
             lines.append(f"  better on held-out rungs: {cmp_['better']}")
     lines += auto_lines(d.get("auto"))
+    sw = d.get("scale_weighting")
+    if sw and sw.get("applied"):
+        lines.append(f"scale weighting (runs weighted by decades below the largest run's "
+                     f"{sw.get('scale')}): {sw.get('chosen')}: {sw.get('why')}")
+    w = d.get("scale_weights")
+    if w:
+        lines.append(f"  weights exp(-d^2 / 2 h^2), h = {_g(w.get('bandwidth_decades'))} "
+                     f"decades: {_g(w.get('effective_runs'), '{:.1f}')} effective runs, "
+                     f"{w.get('near_runs')} at weight {_g(w.get('near_weight'))} or more (the "
+                     f"band's noise part), smallest {_g(w.get('smallest_weight'), '{:.2g}')}")
     rule = d.get("asymptote_rule")
     if rule and rule.get("applied"):
         lines.append(f"asymptote rule (short ladder, {rule['sizes']} sizes, E not "
