@@ -17,7 +17,7 @@ import numpy as np
 
 from fit.backtest import fit_one, scale_levels
 from fit.curves import curve_data_from_table, fit_curve_law
-from fit.forms import Spec, get_form
+from fit.forms import CURVES_FORMS, Spec, get_form
 from ladder.io import InputError
 
 
@@ -188,7 +188,7 @@ DEFENSIBLE_ABS = 0.002
 
 def _score(r) -> float | None:
     bt = r.diagnostics.get("backtest") or {}
-    if r.form == "trajectory" and bt.get("rollout_mean_abs_curve") is not None:
+    if r.form in CURVES_FORMS and bt.get("rollout_mean_abs_curve") is not None:
         return float(bt["rollout_mean_abs_curve"])
     v = bt.get("rollout_mean_abs_final")
     return None if v is None else float(v)
