@@ -155,7 +155,7 @@ def backtest(df: pd.DataFrame, spec, opts: dict, *, by: str | None = None,
 
 def _evaluate(res, test, spec, by, final_only, n_train, ranges=None) -> dict:
     final_pts, _ = select_points(test, spec.form, True)
-    curve_pts = test if (by is not None or spec.form.name == "trajectory") else None
+    curve_pts = test if (by is not None or spec.form.curves) else None
     if by is not None:  # per-fraction laws predict only inside their fitted fraction range
         lo = min(v for v, _ in res.groups) - 5e-4
         hi = max(v for v, _ in res.groups) + 5e-4
@@ -246,7 +246,7 @@ def fit_one(df: pd.DataFrame, spec, *, backtest: bool = True, **kw):
     res.diagnostics["backtest"] = run_backtest(df, spec, res.backtest_opts,
                                                final_only=kw.get("final_only"),
                                                starts=res.backtest_starts)
-    if spec.form.name == "trajectory" and kw.get("objective", "huber") == "huber":
+    if spec.form.curves and kw.get("objective", "huber") == "huber":
         res.diagnostics["trajectory_vs_per_fraction"] = trajectory_vs_per_fraction(
             df, {"level": kw.get("level", 0.9), "seed": kw.get("seed", 0),
                  "params_column": kw.get("params_column", "params"),

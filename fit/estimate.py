@@ -442,7 +442,7 @@ def select_points(df: pd.DataFrame, form: Form, final_only: bool | None):
     several points (intermediate points of a decaying schedule are not end points of shorter
     runs); ``final_only=False`` keeps every row (the per-fraction fits)."""
     if final_only is None:
-        final_only = form.name != "trajectory"
+        final_only = not form.curves
     if df.empty:
         raise InputError("no points left to fit", field="loss")
     per_run = df.groupby("run").size()

@@ -22,7 +22,7 @@ import numpy as np
 from fit.backtest import fit_one, scale_inputs, scale_levels
 from fit.curves import curve_data_from_table, fit_curve_law
 from fit.estimate import NEAR_WEIGHT, implausible_asymptote, run_scales, select_points
-from fit.forms import Spec, get_form
+from fit.forms import CURVES_FORMS, Spec, get_form
 from ladder.io import InputError
 
 
@@ -161,7 +161,7 @@ def _simplest_within_one_se(scored: list, fitted: dict, lowest: str):
     run below the 1.4B targets fitted, the free-exponent form won the rollout with 0.73% (se
     0.30%) against the tied form's 0.83% (se 0.42%; 4 held-out finals) and missed the 6.9B
     target by -3.0%, the tied form (the authors' own) by +0.3% (docs/LOG.md, 2026-12-02)."""
-    rows = [r for r in scored if fitted[r["form"]][0].form.name != "trajectory"]
+    rows = [r for r in scored if not fitted[r["form"]][0].form.curves]
     if not any(r["form"] == lowest for r in rows) or len(rows) < 2:
         return None
     order = [r["form"] for r in sorted(rows, key=lambda r: (r["n_free"],
@@ -365,7 +365,7 @@ DEFENSIBLE_ABS = 0.002
 
 def _score(r) -> float | None:
     bt = r.diagnostics.get("backtest") or {}
-    if r.form == "trajectory" and bt.get("rollout_mean_abs_curve") is not None:
+    if r.form in CURVES_FORMS and bt.get("rollout_mean_abs_curve") is not None:
         return float(bt["rollout_mean_abs_curve"])
     v = bt.get("rollout_mean_abs_final")
     return None if v is None else float(v)
