@@ -15,13 +15,27 @@ That is a proxy, not a measurement of the 1.6B model: a trained router's cluster
 drops as much as the load does.
 
     nice python bench/capacity_cell.py [--out runs_capacity_cell] [--rung -1] [--json FILE]
+
+``--layout`` measures instead what the cell is for: one tiny rung (batch 16, drops on at capacity
+factor 1.25) trained on 1 device, on 1 device in 4 microbatches, on 8 fake CPU devices (2 data x
+4 expert) and on 8 in 2 microbatches, by this checkout and by another commit (``--baseline``,
+default main; exported with ``git archive``, so a dirty /work/main is never read), each in its
+own process with 8 host devices. It prints each layout's largest per-step loss difference from
+1 device, and the median step time on 8 devices of this checkout over the baseline's, the two
+trees' processes alternating round by round so that load from other processes hits both alike.
+
+    nice python bench/capacity_cell.py --layout [--baseline main] [--rounds 3] [--steps 20]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from pathlib import Path
@@ -83,6 +97,107 @@ def drop_fraction(cfg, params, bias, cell_seqs: int, seq_len: int, sequences: in
                           for b in batches]))
 
 
+# ------------------------------------------------------------------ --layout (issue 22 item 2)
+# (devices, expert_parallel, microbatch) of each layout; the first is the reference
+LAYOUTS = ((1, 1, None), (1, 1, 4), (8, 4, None), (8, 4, 8))
+
+# Runs in a fresh process (XLA_FLAGS must be set before JAX starts) with PYTHONPATH at one tree;
+# only API that main and this branch share (the same as tests/test_train_sharding.py).
+WORKER = r"""
+import json, statistics, sys, tempfile
+import model
+from ladder.io import read_metrics
+from ladder.specs import LADDERS
+from ladder.train import train_rung
+from ladder.trainconfig import RunArgs, TrainConfig
+import jax
+assert len(jax.devices()) == 8, jax.devices()
+steps, layouts = int(sys.argv[1]), json.loads(sys.argv[2])
+rung = LADDERS["tiny"].rungs[0].replace(batch=16, steps=steps)
+out = {"model": model.__file__, "capacity_tokens": getattr(rung.model, "capacity_tokens", None),
+       "capacity_factor": rung.model.capacity_factor}
+with tempfile.TemporaryDirectory() as tmp:
+    for n, ep, mb in layouts:
+        d = f"{tmp}/{n}-{ep}-{mb}"
+        train_rung(rung, d, TrainConfig(microbatch=mb, run=RunArgs(
+            devices=n, expert_parallel=ep, peak_flops=1e11, progress=False)))
+        rows = read_metrics(f"{d}/metrics.jsonl")
+        dt = [rung.tokens_per_step / r["throughput/tokens_per_s"] for r in rows]
+        out[f"{n}-{ep}-{mb}"] = {"loss": [r["train/loss"] for r in rows],
+                                 "drop": [r["moe/drop_frac"] for r in rows],
+                                 "step_s": statistics.median(dt[2:])}   # past the compile
+print(json.dumps(out))
+"""
+
+
+def export_tree(ref: str, dest: Path) -> str:
+    """``ref`` of this repository exported into ``dest`` (git archive: committed files only);
+    its commit hash."""
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", ref], check=True,
+                            capture_output=True, text=True).stdout.strip()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return commit
+
+
+def run_worker(tree: Path, steps: int) -> dict:
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+           "PYTHONPATH": str(tree), "JAX_PLATFORMS": "cpu"}
+    r = subprocess.run([sys.executable, "-c", WORKER, str(steps), json.dumps(LAYOUTS)],
+                       cwd=tree, env=env, capture_output=True, text=True, check=False)
+    if r.returncode:
+        raise RuntimeError(f"worker in {tree} failed:\n{r.stderr[-3000:]}")
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    if not out["model"].startswith(str(tree)):     # the tree's packages, not an installed copy
+        raise RuntimeError(f"worker in {tree} imported {out['model']}")
+    return out
+
+
+def layout_main(args) -> int:
+    names = [f"{n}-{ep}-{mb}" for n, ep, mb in LAYOUTS]
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        commit = export_tree(args.baseline, base)
+        trees = {f"baseline {args.baseline} {commit[:10]}": base, "this checkout": ROOT}
+        runs = {label: [] for label in trees}
+        for i in range(args.rounds):
+            for label, tree in trees.items():
+                t0 = time.time()
+                runs[label].append(run_worker(tree, args.steps))
+                print(f"round {i + 1}/{args.rounds} {label}: {time.time() - t0:.0f} s",
+                      flush=True)
+    print(f"tiny rung 0, batch 16, {args.steps} steps, float32; layouts devices-ep-microbatch")
+    rows = {}
+    for label, rs in runs.items():
+        first = rs[0]
+        for r in rs[1:]:                               # a tree gives the same losses every round
+            for name in names:
+                if r[name]["loss"] != first[name]["loss"]:
+                    print(f"  note: {label} {name}: losses differ between rounds")
+        ref = first[names[0]]["loss"]
+        diffs = {name: max(abs(a - b) for a, b in zip(ref, first[name]["loss"], strict=True))
+                 for name in names[1:]}
+        step_s = {name: statistics.median(r[name]["step_s"] for r in rs) for name in names}
+        rows[label] = {"capacity_tokens": first["capacity_tokens"], "max_abs_loss_diff": diffs,
+                       "median_step_s": step_s,
+                       "mean_drop_frac": statistics.mean(first[names[0]]["drop"])}
+        print(f"{label} (capacity_tokens {first['capacity_tokens']}, capacity factor "
+              f"{first['capacity_factor']}, mean drop {rows[label]['mean_drop_frac']:.2%} on "
+              f"1 device):")
+        for name in names[1:]:
+            print(f"  {name:>10}: max |loss - loss(1 device)| over the steps {diffs[name]:.2e}")
+        print("  median step s: " + ", ".join(f"{n} {step_s[n]:.3f}" for n in names))
+    (b, t) = rows.values()
+    for name in names[2:]:
+        print(f"step time {name}, this checkout / baseline: "
+              f"{t['median_step_s'][name] / b['median_step_s'][name]:.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"steps": args.steps, "rounds": args.rounds,
+                                               "baseline": commit, "rows": rows}, indent=1))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs_capacity_cell", help="runs directory")
@@ -90,7 +205,14 @@ def main(argv=None) -> int:
     ap.add_argument("--sequences", type=int, default=512,
                     help="held-out sequences per cell size (default: 512)")
     ap.add_argument("--json", default=None, metavar="FILE", help="also write the rows as JSON")
+    ap.add_argument("--layout", action="store_true",
+                    help="1 vs 8 devices vs microbatch, this checkout against --baseline")
+    ap.add_argument("--baseline", default="main", help="--layout: the commit to compare with")
+    ap.add_argument("--rounds", type=int, default=3, help="--layout: alternating rounds")
+    ap.add_argument("--steps", type=int, default=20, help="--layout: steps per run")
     args = ap.parse_args(argv)
+    if args.layout:
+        return layout_main(args)
     ladder = recipe_ladder()
     rung = ladder.rungs[args.rung]
     t0 = time.time()

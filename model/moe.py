@@ -21,9 +21,10 @@ assignments win in a random order drawn anew every step (:func:`drop_keys`: a ha
 and of the assignment's place in its cell, exact integers). So what is dropped depends on the
 recipe's cell and the step, never on the devices or the microbatch, as long as a device's share
 of a call holds whole cells (ladder/trainconfig.py refuses a layout where it does not), and no
-place in a sequence or a batch loses more often than another. (Priority by router score, tried
-first, made the function depend on rounding: runs of repeated bytes give near-equal scores, and
-1 device vs 4 microbatches drifted 1.2e-3 apart in loss within 20 tiny steps; docs/LOG.md.)
+place in a sequence or a batch loses more often than another. (Not by router score: a score is
+a float whose last bits depend on the layout's reduction order, so near-equal scores could
+change places between 1 and 8 devices; the keys are exact integers. The same key serves every
+layer of a step: the layers under ``nn.scan`` share one trace.)
 ``capacity_tokens`` None: one cell per call. Dropless mode
 (evaluation) computes every assignment through a blocked grouped matmul
 (:func:`dispatch_dropless`: the assignments sorted by expert, each expert's run padded to whole

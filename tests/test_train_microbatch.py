@@ -122,3 +122,25 @@ def test_train_refuses_before_writing_anything(tmp_path):
         train_rung(rung, tmp_path / "run", cfg, max_steps=1)
     assert e.value.field == "microbatch"
     assert not (tmp_path / "run").exists()
+
+
+def test_files_from_before_the_cell_still_load():
+    """A ladder file without capacity_tokens gets cells of one sequence; a run's config.json
+    from before it (no model.capacity_tokens) reads back with None: one cell per call, the rule
+    it ran with; a bad value names the field."""
+    import tomllib
+    from pathlib import Path
+
+    from ladder.specs import Rung, parse_ladder
+
+    obj = tomllib.loads((Path(__file__).resolve().parent.parent / "ladder" / "ladders"
+                         / "tiny.toml").read_text())
+    obj["recipe"].pop("capacity_tokens")
+    rung = parse_ladder(obj).rungs[0]
+    assert rung.model.capacity_tokens == rung.seq_len == 64
+    old = rung.to_dict()
+    old["model"].pop("capacity_tokens")
+    assert Rung.from_dict(old).model.capacity_tokens is None
+    obj["recipe"]["capacity_tokens"] = 0
+    with pytest.raises(ValueError, match="capacity_tokens"):
+        parse_ladder(obj)
