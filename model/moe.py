@@ -171,9 +171,9 @@ def slots(expert: jax.Array, n_experts: int, cap: int, key: jax.Array | None = N
     run = cell * E + flat                                      # [A] (cell, expert) run
     if key is None:
         order = jnp.argsort(run, stable=True)                  # [A]
-    else:                                                      # priority first, then by run
-        by_key = jnp.argsort(key.reshape(A), stable=True)
-        order = by_key[jnp.argsort(run[by_key], stable=True)]
+    else:                                                      # one sort by (run, key)
+        order = jax.lax.sort((run, key.reshape(A), jnp.arange(A, dtype=jnp.int32)), num_keys=2,
+                             is_stable=True)[2]
     sorted_run = run[order]                                    # [A]
     counts = jnp.bincount(run, length=n_cells * E)             # [n_cells * E]
     starts = jnp.cumsum(counts) - counts                       # first sorted index of each run
@@ -379,7 +379,7 @@ def split_batch(x: jax.Array) -> jax.Array:
 
 
 def dispatch_expert_parallel(cfg: ModelConfig, mesh, x: jax.Array, expert: jax.Array,
-                             key: jax.Array, weights: tuple) -> Dispatched:
+                             seed, weights: tuple) -> Dispatched:
     """The routed path with capacity under ``jax.shard_map`` over ``mesh``: tokens split over
     every device, expert weights over "expert" (dropless: :func:`dispatch_dropless_sharded`).
 
@@ -388,21 +388,23 @@ def dispatch_expert_parallel(cfg: ModelConfig, mesh, x: jax.Array, expert: jax.A
     recipe's (cell, expert) capacity: the same cells on any number of devices), fills its
     [E, n_cells * C, L] buffer, and ``all_to_all`` over "expert" sends each block of E/ep experts
     to the device holding them, which runs its experts on [E/ep, ep * n_cells * C, L]; a second
-    all_to_all brings the outputs home.
-    x [T, L], expert and drop key [T, k] -> Dispatched(out [T, k, L], kept [T, k])."""
+    all_to_all brings the outputs home. Each device draws its cells' drop keys itself
+    (:func:`drop_keys` of ``seed``: a function of the place in the cell, so the same keys as
+    one device's).
+    x [T, L], expert [T, k] -> Dispatched(out [T, k, L], kept [T, k])."""
     from jax.sharding import PartitionSpec as P
 
     E, ep = cfg.n_experts, mesh.shape["expert"]
     n_here = E // ep
     tok, wspec = P(tuple(mesh.axis_names)), P("expert")
 
-    def local(x, expert, key, w_gate, w_up, w_down):   # x [t, L], [t, k], weights [E/ep, ...]
+    def local(x, expert, seed, w_gate, w_up, w_down):   # x [t, L], [t, k], weights [E/ep, ...]
         t, k = expert.shape
         L = x.shape[-1]
         cell = cell_tokens(cfg, t)
         cap = capacity(cfg, cell)
         n = (t // cell) * cap                                          # slots per expert here
-        s = slots(expert, E, cap, key, t // cell)
+        s = slots(expert, E, cap, drop_keys(seed, t, k, cell), t // cell)
         buf = scatter_slots(x, s, k, E, n)                             # [E, n, L]
         # block i of E/ep experts -> device i; received: block j = sender j's slots for mine
         buf = jax.lax.all_to_all(buf, "expert", 0, 0, tiled=True)      # [ep*E/ep, n, L]
@@ -413,8 +415,8 @@ def dispatch_expert_parallel(cfg: ModelConfig, mesh, x: jax.Array, expert: jax.A
         return tuple(gather_slots(out, s, t, k))
 
     return Dispatched(*jax.shard_map(
-        local, mesh=mesh, in_specs=(tok, tok, tok, wspec, wspec, wspec),
-        out_specs=(tok, tok))(x, expert, key, *weights))
+        local, mesh=mesh, in_specs=(tok, tok, P(), wspec, wspec, wspec),
+        out_specs=(tok, tok))(x, expert, jnp.asarray(seed, jnp.int32), *weights))
 
 
 # ------------------------------------------------------------------------------------ experts
@@ -499,9 +501,8 @@ class MoE(nn.Module):
                                                   experts.weights()))
             kept = jnp.ones(routing.expert.shape, bool)
         elif mesh is not None:
-            key = drop_keys(_DROP_SEED.get(), T, cfg.top_k, cell)      # [T, k]
-            out, kept = dispatch_expert_parallel(cfg, mesh, latent, routing.expert, key,
-                                                 experts.weights())
+            out, kept = dispatch_expert_parallel(cfg, mesh, latent, routing.expert,
+                                                 _DROP_SEED.get(), experts.weights())
         else:
             key = drop_keys(_DROP_SEED.get(), T, cfg.top_k, cell)      # [T, k]
             out, kept = self.dispatch(experts, latent, routing.expert, E,
