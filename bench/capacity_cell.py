@@ -4,9 +4,9 @@ Capacity is counted per (cell, expert): each expert takes ceil(cf x cell tokens 
 assignments of a cell of ``model.capacity_tokens`` consecutive tokens. The smaller the cell, the
 larger its relative load fluctuations and the more it drops. This trains one cpu-ladder rung with
 the recipe's routing (the marin optimizer and init, the quantile balancing rule, capacity factor
-1.15; its own cells of 2 sequences) and then evaluates the trained model's held-out drop
-fraction (``moe/drop_frac``, every layer's assignments, with the drops of earlier layers in
-place) with cells of 1, 2, 4, ... sequences, one cell per call.
+1.15; its own cells, ``capacity_tokens`` in ladder/ladders/cpu.toml) and then evaluates the
+trained model's held-out drop fraction (``moe/drop_frac``, every layer's assignments, with the
+drops of earlier layers in place) with cells of 1, 2, 4, ... sequences, one cell per call.
 
 What a cell means depends on E and k: the expected assignments per (cell, expert) are
 cell x k / E. The table gives, for each toy cell, the 1.6B-A61M cell with the same expected load

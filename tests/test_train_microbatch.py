@@ -76,10 +76,11 @@ def test_microbatched_step_matches_one_big_batch(bias_rule):
 
 def test_every_ladder_names_its_capacity_cell():
     """The cell is a recipe setting: the recipe's 65,536 tokens (16 sequences) on marin-535b,
-    one sequence (the default of a recipe that names none) on tiny and cpu."""
+    one sequence on tiny, 8 on cpu (of 8 tokens: the largest cell that divides every batch)."""
     assert {r.model.capacity_tokens for r in LADDERS["marin-535b"].all} == {65_536}
-    for name in ("tiny", "cpu"):
-        assert {r.model.capacity_tokens == r.seq_len for r in LADDERS[name].all} == {True}
+    assert {r.model.capacity_tokens for r in LADDERS["tiny"].all} == {64}
+    assert {r.model.capacity_tokens for r in LADDERS["cpu"].all} == {64}
+    assert all(r.batch * r.seq_len % 64 == 0 for r in LADDERS["cpu"].all)
 
 
 def test_a_layout_without_whole_cells_is_refused_naming_what_would_do():
