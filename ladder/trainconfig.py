@@ -435,8 +435,16 @@ def eval_batch_size(cfg: TrainConfig, devices: int, rung: Rung | None = None) ->
     ladder's 8-token windows are evaluated 512 at a time), by default one per device. The eval step
     keeps no gradients, but its batch used to be the rung's whole batch (1024 sequences at
     1.6B-A61M: ~3 TiB per device compiled, issue 22); one sequence per device is the smallest
-    batch the mesh splits, and the held-out set is the same whatever the batch."""
-    return cfg.eval_batch or (rung.eval_batch if rung is not None else None) or devices
+    batch the mesh splits, and the held-out set is the same whatever the batch. A rung whose
+    capacity cell is longer than a sequence gets, by default, the fewest sequences per device
+    that hold whole cells (marin-535b: 16 of 4096 tokens), so its as-trained eval drops what
+    training would (issue 22 item 2) instead of refusing the default."""
+    per_device = 1
+    cell = rung.model.capacity_tokens if rung is not None else None
+    if cell is not None:
+        per_device = cell // math.gcd(cell, rung.seq_len)
+    return cfg.eval_batch or (rung.eval_batch if rung is not None else None) or \
+        devices * per_device
 
 
 def eval_sequences(cfg: TrainConfig, rung: Rung) -> int:

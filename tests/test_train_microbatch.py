@@ -101,6 +101,11 @@ def test_a_layout_without_whole_cells_is_refused_naming_what_would_do():
         check_cell(rung, 8, 8, "eval_batch")
     assert e.value.field == "eval_batch"
     check_cell(rung, 1, 16, "microbatch")                     # one device: 16 sequences do
+    # the default eval batch holds whole cells: 16 sequences per device (1 where a cell is one)
+    from ladder.trainconfig import TrainConfig, eval_batch_size
+    assert eval_batch_size(TrainConfig(), 8, rung) == 128
+    assert eval_batch_size(TrainConfig(), 8, LADDERS["tiny"].rungs[0]) == 8
+    check_cell(rung, 8, eval_batch_size(TrainConfig(), 8, rung), "eval_batch")
     assert microbatch_candidates(rung, 8) == [1024, 512, 256, 128]
     # cells of one sequence (tiny): every layout that splits the sequences holds them whole
     tiny = LADDERS["tiny"].rungs[0].replace(batch=16)
