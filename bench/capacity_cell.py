@@ -25,6 +25,11 @@ own process with 8 host devices. It prints each layout's largest per-step loss d
 trees' processes alternating round by round so that load from other processes hits both alike.
 
     nice python bench/capacity_cell.py --layout [--baseline main] [--rounds 3] [--steps 20]
+
+``--dispatch`` times the routed path alone in one process (fwd + bwd, one device), main's rule
+(one cell of the whole call, earlier tokens first) against cells with drop keys, interleaved:
+
+    nice python bench/capacity_cell.py --dispatch [--tokens 4096] [--cell 128] [--reps 30]
 """
 
 from __future__ import annotations
@@ -198,6 +203,53 @@ def layout_main(args) -> int:
     return 0
 
 
+def dispatch_main(args) -> int:
+    """The routed path alone (dispatch, experts, combine; forward and backward, one device):
+    main's rule (one cell of all T tokens, earlier tokens first) against cells of
+    ``--cell`` tokens with the per-step drop keys, interleaved round-robin in one process."""
+    import jax
+    import jax.numpy as jnp
+
+    from ladder.specs import LADDERS
+    from model.moe import capacity, dispatch_sorted, drop_keys, swiglu
+
+    T, L, F, E, k, cell = args.tokens, 64, 64, 8, 2, args.cell
+    cfg = LADDERS["tiny"].rungs[0].model.replace(n_experts=E, top_k=k)
+    ks = jax.random.split(jax.random.key(0), 5)
+    w = [jax.random.normal(ks[i], s) * 0.1 for i, s in enumerate(((E, L, F), (E, L, F),
+                                                                   (E, F, L)))]
+    x = jax.random.normal(ks[3], (T, L))
+    expert = jax.lax.top_k(jax.random.normal(ks[4], (T, E)), k)[1]
+
+    def run(old):
+        def f(w, x):
+            fn = lambda buf: swiglu(buf, *w, "ecl,elf->ecf", "ecf,efl->ecl")   # noqa: E731
+            if old:
+                out, _ = dispatch_sorted(fn, x, expert, E, capacity(cfg, T))
+            else:
+                out, _ = dispatch_sorted(fn, x, expert, E, capacity(cfg, cell),
+                                         drop_keys(7, T, k, cell), T // cell)
+            return jnp.sum(out ** 2)
+        g = jax.jit(jax.grad(f, argnums=(0, 1)))
+        return lambda: jax.block_until_ready(g(w, x))
+
+    fns = {"main (one cell, by position)": run(True), f"cells of {cell}, drop keys": run(False)}
+    times = {name: [] for name in fns}
+    for fn in fns.values():
+        fn()                                                   # compile
+    for _ in range(args.reps):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+    med = {name: statistics.median(v) for name, v in times.items()}
+    base = next(iter(med.values()))
+    print(f"routed path fwd+bwd, T={T}, E={E}, k={k}, L=F={L}, {args.reps} interleaved reps")
+    for name, m in med.items():
+        print(f"  {name:>30}: median {m * 1e3:.2f} ms, x{m / base:.2f}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs_capacity_cell", help="runs directory")
@@ -210,7 +262,14 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline", default="main", help="--layout: the commit to compare with")
     ap.add_argument("--rounds", type=int, default=3, help="--layout: alternating rounds")
     ap.add_argument("--steps", type=int, default=20, help="--layout: steps per run")
+    ap.add_argument("--dispatch", action="store_true",
+                    help="the routed path alone: main's rule against cells with drop keys")
+    ap.add_argument("--tokens", type=int, default=4096, help="--dispatch: tokens per call")
+    ap.add_argument("--cell", type=int, default=128, help="--dispatch: tokens per cell")
+    ap.add_argument("--reps", type=int, default=30, help="--dispatch: timed repetitions")
     args = ap.parse_args(argv)
+    if args.dispatch:
+        return dispatch_main(args)
     if args.layout:
         return layout_main(args)
     ladder = recipe_ladder()
