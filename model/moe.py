@@ -81,8 +81,10 @@ def capacity(cfg: ModelConfig, n_tokens: int, *, dropless: bool = False) -> int:
 
 def cell_tokens(cfg: ModelConfig, n_tokens: int) -> int:
     """Tokens per capacity cell in a call of ``n_tokens`` tokens (one device's share under a
-    mesh): ``cfg.capacity_tokens``, which must divide them; None: the whole call."""
-    cell = cfg.capacity_tokens or n_tokens
+    mesh): ``cfg.capacity_tokens``, which must divide them; None, or a call shorter than one
+    cell (a direct call on short sequences; ``ladder run`` refuses such a layout before it
+    trains, ladder/trainconfig.py::check_cell): the whole call."""
+    cell = min(cfg.capacity_tokens or n_tokens, n_tokens)
     if n_tokens % cell:
         raise ValueError(f"capacity_tokens: a cell of {cell} tokens does not divide the "
                          f"{n_tokens} tokens of one call (per device): give each device whole "

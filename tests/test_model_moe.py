@@ -222,8 +222,13 @@ def test_moe_layer_is_the_same_function_split_at_cell_boundaries():
     np.testing.assert_allclose(y, np.concatenate([h[1] for h in halves]), rtol=1e-6, atol=1e-7)
     drops = [float(h[2]["drop_frac"]) for h in halves]
     assert float(aux["drop_frac"]) == pytest.approx(np.mean(drops)) and max(drops) > 0
-    with pytest.raises(ValueError, match="^capacity_tokens:"):
-        run_moe(cfg, x[:1], bias, dispatch_sorted, params=params)     # 12 tokens, cells of 24
+    with pytest.raises(ValueError, match="^capacity_tokens:"):                # 36 tokens
+        run_moe(cfg, jnp.concatenate([x, x[:2]])[:3], bias, dispatch_sorted, params=params)
+    # a call shorter than a cell is one cell: the per-call rule
+    short = run_moe(cfg, x[:1], bias, dispatch_sorted, params=params)[1]   # 12 tokens
+    whole = run_moe(cfg.replace(capacity_tokens=None), x[:1], bias, dispatch_sorted,
+                    params=params)[1]
+    np.testing.assert_array_equal(short, whole)
 
 
 def test_combine_weights_use_unbiased_logits():
