@@ -228,7 +228,7 @@ def dispatch_main(args) -> int:
                 out, _ = dispatch_sorted(fn, x, expert, E, capacity(cfg, T))
             else:
                 out, _ = dispatch_sorted(fn, x, expert, E, capacity(cfg, cell),
-                                         drop_keys(7, T, k, cell), T // cell)
+                                         drop_keys(7, T, k, cell, 64), T // cell)
             return jnp.sum(out ** 2)
         g = jax.jit(jax.grad(f, argnums=(0, 1)))
         return lambda: jax.block_until_ready(g(w, x))

@@ -17,14 +17,18 @@ consecutive tokens of the flattened batch (a recipe setting: whole sequences whe
 multiple of the sequence length), and each expert takes at most C = ceil(capacity_factor *
 cell tokens * k / E) assignments of each cell; assignments beyond that are dropped (their expert
 output is zero; the token keeps its residual and the shared experts). Within a (cell, expert) the
-assignments win in a random order drawn anew every step (:func:`drop_keys`: a hash of the step
-and of the assignment's place in its cell, exact integers). So what is dropped depends on the
-recipe's cell and the step, never on the devices or the microbatch, as long as a device's share
-of a call holds whole cells (ladder/trainconfig.py refuses a layout where it does not), and no
-place in a sequence or a batch loses more often than another. (Not by router score: a score is
-a float whose last bits depend on the layout's reduction order, so near-equal scores could
-change places between 1 and 8 devices; the keys are exact integers. The same key serves every
-layer of a step: the layers under ``nn.scan`` share one trace.)
+cell's sequences win in a random order drawn anew every step, and within a sequence earlier
+tokens win (:func:`drop_keys`: a hash of the step and the sequence's place in its cell, then the
+position; exact integers). So what is dropped depends on the recipe's cell and the step, never
+on the devices or the microbatch, as long as a device's share of a call holds whole cells
+(ladder/trainconfig.py refuses a layout where it does not); no place in the batch loses more
+often than another; and a token's drop never depends on later tokens of its own sequence (a
+random order within the sequence, tried first, made the layer non-causal: tests/
+test_model_decoder.py::test_causal). Later positions of a sequence still lose first, as in
+Switch/GShard's position priority. (Not by router score: a float whose last bits depend on the
+layout's reduction order, so near-equal scores could change places between 1 and 8 devices,
+and non-causal too. The same key serves every layer of a step: the layers under ``nn.scan``
+share one trace.)
 ``capacity_tokens`` None: one cell per call. Dropless mode
 (evaluation) computes every assignment through a blocked grouped matmul
 (:func:`dispatch_dropless`: the assignments sorted by expert, each expert's run padded to whole
@@ -117,15 +121,25 @@ def _mix32(x: jax.Array) -> jax.Array:
     return x ^ (x >> 16)
 
 
-def drop_keys(seed, T: int, k: int, cell: int) -> jax.Array:
-    """[T, k] uint32 drop priorities (lower keeps its slot): a hash of ``seed`` and of each
-    assignment's place in its cell ((t mod cell) * k + j), so the same on any layout that holds
-    whole cells, and a new random order for every seed."""
-    place = (jnp.arange(T, dtype=jnp.uint32) % jnp.uint32(cell))[:, None] * jnp.uint32(k) \
-        + jnp.arange(k, dtype=jnp.uint32)[None, :]                           # [T, k]
+def drop_keys(seed, T: int, k: int, cell: int, seq: int) -> jax.Array:
+    """[T, k] uint32 drop priorities (lower keeps its slot) of T tokens in sequences of ``seq``
+    and cells of ``cell``: high bits a hash of ``seed`` and of the sequence's place in its cell
+    (a random order of the cell's sequences, new for every seed), low bits the position in the
+    sequence (earlier first). A function of places in the cell only, so the same on any layout
+    that holds whole cells; and causal: whether a token keeps its slot never depends on later
+    tokens of its own sequence (a random order within a sequence would let them take it)."""
+    run = min(seq, cell)                                                     # causal stretch
+    low = max(1, (run * k - 1).bit_length())                                 # bits of pos * k + j
+    if low > 24:
+        raise ValueError(f"capacity_tokens: sequences of {seq} tokens x top-{k} leave too few "
+                         f"bits of a 32-bit drop key for the sequence order")
+    place = jnp.arange(T, dtype=jnp.uint32) % jnp.uint32(cell)               # [T]
+    which, pos = place // jnp.uint32(run), place % jnp.uint32(run)           # [T], [T]
     mixed = _mix32(jnp.asarray(seed).astype(jnp.uint32) * jnp.uint32(0x9E3779B9)
                    + jnp.uint32(0x7F4A7C15))
-    return _mix32(place ^ mixed)
+    high = _mix32(which ^ mixed) >> jnp.uint32(low)                          # [T]
+    return ((high << jnp.uint32(low)) | (pos * jnp.uint32(k)))[:, None] \
+        + jnp.arange(k, dtype=jnp.uint32)[None, :]                           # [T, k]
 
 
 def route(cfg: ModelConfig, logits: jax.Array, bias: jax.Array) -> Routing:
@@ -381,7 +395,7 @@ def split_batch(x: jax.Array) -> jax.Array:
 
 
 def dispatch_expert_parallel(cfg: ModelConfig, mesh, x: jax.Array, expert: jax.Array,
-                             seed, weights: tuple) -> Dispatched:
+                             seed, weights: tuple, seq: int) -> Dispatched:
     """The routed path with capacity under ``jax.shard_map`` over ``mesh``: tokens split over
     every device, expert weights over "expert" (dropless: :func:`dispatch_dropless_sharded`).
 
@@ -406,7 +420,7 @@ def dispatch_expert_parallel(cfg: ModelConfig, mesh, x: jax.Array, expert: jax.A
         cell = cell_tokens(cfg, t)
         cap = capacity(cfg, cell)
         n = (t // cell) * cap                                          # slots per expert here
-        s = slots(expert, E, cap, drop_keys(seed, t, k, cell), t // cell)
+        s = slots(expert, E, cap, drop_keys(seed, t, k, cell, seq), t // cell)
         buf = scatter_slots(x, s, k, E, n)                             # [E, n, L]
         # block i of E/ep experts -> device i; received: block j = sender j's slots for mine
         buf = jax.lax.all_to_all(buf, "expert", 0, 0, tiled=True)      # [ep*E/ep, n, L]
@@ -504,9 +518,9 @@ class MoE(nn.Module):
             kept = jnp.ones(routing.expert.shape, bool)
         elif mesh is not None:
             out, kept = dispatch_expert_parallel(cfg, mesh, latent, routing.expert,
-                                                 _DROP_SEED.get(), experts.weights())
+                                                 _DROP_SEED.get(), experts.weights(), S)
         else:
-            key = drop_keys(_DROP_SEED.get(), T, cfg.top_k, cell)      # [T, k]
+            key = drop_keys(_DROP_SEED.get(), T, cfg.top_k, cell, S)   # [T, k]
             out, kept = self.dispatch(experts, latent, routing.expert, E,
                                       capacity(cfg, cell, dropless=dropless), key,
                                       T // cell)                       # [T, k, L], [T, k]

@@ -134,7 +134,7 @@ def test_dropless_drops_nothing_where_capacity_drops_half():
     # each expert keeps the 4 of its 8 assignments that come first in the step's drop order
     # (issue 22: a random order, not the first 4): tokens that kept both experts agree with
     # dropless, tokens that lost both do not (routing: every token's top-2 is experts 0 and 1)
-    key = np.asarray(drop_keys(0, 8, 2, 8))              # [T, k]; seed 0 outside a train step
+    key = np.asarray(drop_keys(0, 8, 2, 8, 8))              # [T, k]; seed 0 outside a train step
     expert = np.asarray(route(cfg, jnp.asarray(np.asarray(x[0]) @ np.asarray(params["router"])),
                               bias).expert)
     assert sorted(set(expert.ravel())) == [0, 1]
@@ -168,22 +168,30 @@ def test_drop_priority_is_the_key(dispatch):
     assert kept(None) == [True, True, False, False, False]
 
 
-def test_drop_order_is_random_per_step_and_favours_no_place():
-    """The keys of a step are a permutation of places in the cell (no ties), the same in every
-    cell of the step (so a layout that holds whole cells sees the same order), a different
-    order at another step, and over many steps every place of a cell is kept equally often."""
-    T, k, cell = 64, 2, 16
-    a, b = np.asarray(drop_keys(3, T, k, cell)), np.asarray(drop_keys(4, T, k, cell))
+def test_drop_order_is_random_per_sequence_and_causal():
+    """The keys of a step: increasing with the position within a sequence (so a later token of
+    a sequence never takes an earlier one's slot: causal), no ties in a cell, the same in every
+    cell (a layout that holds whole cells sees the same order), another order of the cell's
+    sequences at another step, and over many steps every sequence place of a cell is first
+    equally often (by position, the last sequences of a batch always lost)."""
+    T, k, cell, seq = 64, 2, 16, 4
+    a, b = np.asarray(drop_keys(3, T, k, cell, seq)), np.asarray(drop_keys(4, T, k, cell, seq))
     assert a.dtype == np.uint32 and a.shape == (T, k)
-    assert len(set(a[:cell].ravel())) == cell * k                      # no ties in a cell
+    flat = a[:cell].ravel()                                            # place t*k + j
+    assert len(set(flat)) == cell * k                                  # no ties in a cell
+    for s in range(cell // seq):                                       # causal within a sequence
+        assert np.all(np.diff(flat[s * seq * k:(s + 1) * seq * k].astype(np.int64)) > 0)
     np.testing.assert_array_equal(a[:cell], a[cell:2 * cell])          # every cell alike
-    assert not np.array_equal(np.argsort(a[:cell, 0]), np.argsort(b[:cell, 0]))
-    # half of each cell's 16 places keep a 1-slot-in-2 expert: over 400 steps each place wins
-    # ~200 times (binomial sd 10); a positional rule would give 0 or 400
-    wins = np.zeros(cell)
+    order = [np.argsort([x[s * seq, 0] for s in range(4)]) for x in (a, b)]
+    assert not np.array_equal(order[0], order[1])                      # steps 3, 4: new order
+    # 2 of a cell's 4 sequences keep a half-capacity expert: over 400 steps each sequence place
+    # is among them ~200 times (binomial sd 10); a positional rule would give 0 or 400
+    wins = np.zeros(4)
     for step in range(400):
-        order = np.argsort(np.asarray(drop_keys(step, cell, 1, cell))[:, 0])
-        wins[order[:cell // 2]] += 1
+        keys = np.asarray(drop_keys(step, cell, 1, cell, seq))[:, 0]
+        np.add.at(wins, np.argsort(keys)[:cell // 2] // seq, 1)           # tokens kept
+    assert np.all(wins % seq == 0)                                     # whole sequences win
+    wins /= seq
     assert wins.min() > 150 and wins.max() < 250, wins
 
 
