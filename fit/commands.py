@@ -170,3 +170,116 @@ def predict_main(args) -> int:
         print(f"ladder predict: warning: {w.message}", file=sys.stderr)
     print(json.dumps(to_jsonable(pred.to_dict())))
     return 0
+
+
+def compare_main(args, *, offline_points=None, figures=None) -> int:
+    """`ladder compare A B`: the compute-equivalent multiplier of recipe B over recipe A, per
+    metric (fit.compare). Prints a report (or ``--json``: ``{metric: {multiplier, lo, hi,
+    per_size, trend, ...}}``); ``--out DIR`` gets compare.json and, with ``figures``
+    (compare.json's object -> {file name: PNG bytes}; the reports layer draws them, so
+    ladder.commands.compare_main hands it down), the figures, all swapped in at once.
+    ``offline_points`` as for :func:`fit_main`."""
+    from fit.compare import compare_points
+    from fit.points import is_wandb_offline_dir, load_points
+    number(args.level, field="--level", lo=0, hi=1, lo_open=True, hi_open=True,
+           exit_code=EX_USAGE)
+    number(args.bootstrap, field="--bootstrap", lo=0, hi=100_000, integral=True,
+           exit_code=EX_USAGE)
+    number(args.at, field="--at", lo=0, lo_open=True, allow_none=True, exit_code=EX_USAGE)
+    if args.out:
+        check_writable(args.out, field="--out", directory=True)
+    at, at_source = args.at, (f"--at {args.at:g}" if args.at is not None else None)
+    if getattr(args, "target_compute", None) is not None:
+        at, at_source = args.target_compute
+    metrics = _compare_metrics(args)
+    fit_opts = {"fix": _pairs(args.fix, "--fix", True), "objective": args.objective,
+                "asymptote_rule": not args.free_asymptote,
+                "scale_weighting": not args.equal_weights}
+    sizes = getattr(args, "sizes", None)
+    results, caught_all = {}, []
+    for metric in metrics:
+        tables = []
+        for src in (args.a, args.b):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                if is_wandb_offline_dir(src):
+                    if offline_points is None:
+                        raise InputError("a W&B offline run directory needs predict's record "
+                                         "reader (run `ladder compare`)", path=src,
+                                         field="SOURCE")
+                    src_df = offline_points(src, metric, sizes)
+                else:
+                    src_df = src
+                df = load_points([src_df], metric, sizes=sizes,
+                                 include_target=getattr(args, "include_target", False))
+            caught_all += caught
+            metric = metric or df.attrs.get("metric")
+            if not len(df):
+                raise InputError(f"{metric}: no usable points: every row was dropped",
+                                 path=src, field="loss")
+            df.attrs["source"] = str(src)
+            tables.append(df)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cmp, fits = compare_points(tables[0], tables[1], metric=metric, form=args.form,
+                                       at=at, at_source=at_source, bootstrap=args.bootstrap,
+                                       level=args.level, seed=args.seed, **fit_opts)
+        caught_all += caught
+        for side, res in zip("AB", fits, strict=True):
+            bad = unconverged(res)
+            if bad and not args.allow_unconverged:
+                raise InputError(f"{metric}: recipe {side}'s fit: {', '.join(bad)} did not "
+                                 "converge; rerun with --allow-unconverged to compare anyway",
+                                 path=str(args.a if side == "A" else args.b),
+                                 field="diagnostics.converged", exit_code=EX_DATAERR)
+        results[metric] = cmp
+    seen = set()
+    for w in caught_all:
+        msg = str(w.message)
+        if msg not in seen and "dropped:" not in msg:
+            seen.add(msg)
+            print(f"ladder compare: warning: {msg}", file=sys.stderr)
+    obj = {metric: c.to_dict() for metric, c in results.items()}
+    if args.json:
+        print(json.dumps(to_jsonable(obj)))
+    else:
+        from fit.compare import report
+        print(report(results, a=args.a, b=args.b))
+    if args.out:
+        from ladder.io import atomic_write_bytes, staged_dir
+        doc = {"schema": "compare/1", "a": str(args.a), "b": str(args.b), "metrics": obj}
+        pngs = figures(to_jsonable(doc)) if figures is not None else {}
+        with staged_dir(args.out, own=("*.png", "compare.json")) as tmp:
+            atomic_write_json(tmp / "compare.json", doc)
+            for name, data in pngs.items():
+                atomic_write_bytes(tmp / name, data)
+        print(f"wrote {args.out}/compare.json" + (f" and {len(pngs)} figure(s)" if pngs else ""),
+              file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def _compare_metrics(args) -> list[str]:
+    """--metric keys in order, each glob (``bpb/*``) expanded over the columns of A's points
+    table (a CSV or Parquet file); none: the table's ``loss`` (or runs' default metric)."""
+    import fnmatch
+    from pathlib import Path
+    keys = list(args.metric or [])
+    if not keys:
+        return [None]
+    out = []
+    for k in keys:
+        if not any(ch in k for ch in "*?["):
+            out.append(k)
+            continue
+        if not Path(args.a).is_file():
+            raise InputError(f"a metric pattern ({k}) needs A to be a points table, whose "
+                             "columns it is matched against", path=args.a, field="--metric",
+                             exit_code=EX_USAGE)
+        from ladder.io import read_table
+        cols = [str(c).strip() for c in read_table(args.a).columns]
+        hit = [c for c in cols if fnmatch.fnmatchcase(c, k)]
+        if not hit:
+            raise InputError(f"no column matches {k!r}; columns: {', '.join(cols)}",
+                             path=args.a, field="--metric", exit_code=EX_USAGE)
+        out += [c for c in hit if c not in out]
+    return list(dict.fromkeys(out))

@@ -278,6 +278,49 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="law.json", metavar="FILE", help="where the law is written")
     s.set_defaults(func=_call("ladder.commands:fit_main"))
 
+    s = sub.add_parser("compare", help="compute-equivalent multiplier of recipe B over "
+                       "recipe A on the same ladder sizes")
+    s.add_argument("a", metavar="A", help="recipe A (the baseline): a points table, runs "
+                   "directory, W&B offline run directory or wandb://ENTITY/PROJECT/ID[,ID...]")
+    s.add_argument("b", metavar="B", help="recipe B (the variant), the same kinds")
+    s.add_argument("--metric", action="append", default=None, metavar="KEY",
+                   help="metric key (repeatable; a glob such as 'bpb/*' matches the columns of "
+                        "A's points table) (default: the table's loss, runs' "
+                        "eval_dropless/loss)")
+    g = s.add_mutually_exclusive_group()
+    g.add_argument("--at", type=float, default=None, metavar="C",
+                   help="the multiplier at this compute, FLOPs without the LM head (default: "
+                        "the largest B run's)")
+    g.add_argument("--target", default=None, metavar="LADDER[:RUNG]",
+                   help="the multiplier at this rung's compute (a ladder alone: its target)")
+    _ladder_file_option(s)
+    s.add_argument("--form", default="compute",
+                   choices=["compute", "trajectory", "trajectory-capacity"],
+                   help="law form of both fits (one of compute alone, so it can be inverted)")
+    s.add_argument("--bootstrap", type=int, default=200,
+                   help="run-level bootstrap replicates of each fit (default: %(default)s)")
+    s.add_argument("--level", type=float, default=0.9,
+                   help="level of the bands (default: %(default)s)")
+    s.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE",
+                   help="hold a parameter of both laws fixed, e.g. E=1.5 (default: none)")
+    s.add_argument("--objective", default="huber", choices=["huber", "ols"],
+                   help="as `ladder fit --objective` (ols needs --fix E=...)")
+    s.add_argument("--free-asymptote", action="store_true",
+                   help="as `ladder fit --free-asymptote`")
+    s.add_argument("--equal-weights", action="store_true", help="as `ladder fit --equal-weights`")
+    s.add_argument("--include-target", action="store_true",
+                   help="fit runs directories' target rungs too (default: left out)")
+    s.add_argument("--sizes", default=None, metavar="FILE",
+                   help="CSV/JSON of run sizes for W&B sources (default: from the configs)")
+    s.add_argument("--seed", type=int, default=0, help="bootstrap seed (B's is seed + 1)")
+    s.add_argument("--allow-unconverged", action="store_true",
+                   help="compare even when a fit did not converge (default: refuse, exit 65)")
+    _json_option(s, "{metric: {multiplier, lo, hi, per_size, trend, ...}}, not the report,")
+    s.add_argument("--out", default=None, metavar="DIR",
+                   help="write compare.json and compare_METRIC.png here (default: nothing "
+                        "written)")
+    s.set_defaults(func=_call("ladder.commands:compare_main"))
+
     s = sub.add_parser("predict", help="predict loss from a law")
     s.add_argument("law", metavar="LAW.json", help="a law written by `ladder fit`")
     s.add_argument("--params", type=float, default=None, help="total parameters")

@@ -388,6 +388,22 @@ def fit_main(args) -> int:
     return run(args, offline_points=offline_wandb_points)
 
 
+def compare_main(args) -> int:
+    """`ladder compare` (:func:`fit.commands.compare_main`) with predict's reader of W&B offline
+    runs, --target's compute from the ladder specs, and the figures drawn by reports."""
+    from fit.commands import compare_main as run
+    if args.target:
+        _ladder, rungs = _resolve(args.target, args)
+        rung = rungs[-1]  # 'LADDER' resolves to its rungs and the target, last
+        # the points-table convention: training FLOPs without the LM head (fit.points)
+        args.target_compute = (rung.compute(lm_head=False), f"--target {args.target}")
+
+    def figures(doc: dict) -> dict:
+        from reports.plots import compare_figures
+        return compare_figures(doc)
+    return run(args, offline_points=offline_wandb_points, figures=figures)
+
+
 def offline_wandb_points(path: str, metric: str | None, sizes):
     """The points of a W&B offline run directory: the record log read by predict.sources, the
     table built by fit.points like that of a wandb:// run."""

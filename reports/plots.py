@@ -836,3 +836,114 @@ def plot_health(inp: ReportInputs) -> Figure | None:
             "faint: every step")
     fig.suptitle(sup, x=0.01, ha="left", fontsize=12)
     return fig
+
+
+# ----------------------------------------------------------------------------- ladder compare
+COMPARE_A_COLOR, COMPARE_B_COLOR = "#6b6b6b", "#2b6cb0"
+
+
+def _as_num(v) -> float:
+    """A number of compare.json (non-finite values are the strings "NaN", "Infinity")."""
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+@_styled
+def plot_compare(metric: str, c: dict) -> Figure:
+    """One metric of compare.json (fit.compare): both laws with their runs against compute,
+    and the multiplier of B over A with its band, the paired per-size values and the target."""
+    fig = _fig(12.5, 4.8)
+    ax, axm = fig.subplots(1, 2)
+    cur = c["curve"]
+    x = np.array([_as_num(v) for v in cur["compute"]])
+    for side, color, label in (("a", COMPARE_A_COLOR, "A"), ("b", COMPARE_B_COLOR, "B")):
+        pts = c["points"][side]
+        law = c["laws"][side]
+        ax.plot(x, [_as_num(v) for v in cur[f"loss_{side}"]], color=color, lw=1.6,
+                label=f"{label}: {law['form']} law")
+        ax.scatter([_as_num(v) for v in pts["compute"]], [_as_num(v) for v in pts["loss"]],
+                   color=color, s=28, zorder=3, label=f"{label}: runs' final loss")
+    at = _as_num(c["at"])
+    for a in (ax, axm):
+        a.set_xscale("log")
+        a.axvline(at, color=TARGET_COLOR, lw=0.8, ls=":")
+        a.set_xlabel("training compute C (FLOPs)")
+    ax.set_ylabel(_metric_label(metric))
+    _plain_log_y(ax)
+    ax.set_title("both recipes' laws")
+    ax.legend(loc="upper right")
+    m = np.array([_as_num(v) for v in cur["multiplier"]])
+    lo = np.array([_as_num(v) for v in cur["lo"]])
+    hi = np.array([_as_num(v) for v in cur["hi"]])
+    ok = np.isfinite(m)
+    axm.plot(x[ok], m[ok], color=COMPARE_B_COLOR, lw=1.6, label="laws: C_A(L_B(C)) / C")
+    band = ok & np.isfinite(lo) & np.isfinite(hi)
+    if band.any():
+        axm.fill_between(x[band], lo[band], hi[band], color=COMPARE_B_COLOR, alpha=0.18, lw=0,
+                         label=f"{c['level']:.0%} band (both fits' draws)")
+    sizes = [e for e in c["per_size"] if _as_num(e.get("multiplier")) > 0]
+    if sizes:
+        xs = np.array([_as_num(e["compute"]) for e in sizes])
+        ys = np.array([_as_num(e["multiplier"]) for e in sizes])
+        elo = np.array([_as_num(e.get("lo")) for e in sizes])
+        ehi = np.array([_as_num(e.get("hi")) for e in sizes])
+        err = np.vstack([np.where(np.isfinite(elo), ys - elo, 0),
+                         np.where(np.isfinite(ehi), ehi - ys, 0)])
+        fin = np.isfinite(ys)
+        axm.errorbar(xs[fin], ys[fin], yerr=err[:, fin], fmt="o", color=TARGET_COLOR, ms=5,
+                     capsize=3, label="per size, paired (A's law through A's run)")
+    axm.axhline(1.0, color="#999999", lw=0.8)
+    mult = _as_num(c["multiplier"])
+    axm.set_yscale("log")
+    axm.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}x"))
+    axm.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:.3g}x"))
+    t = c.get("trend") or {}
+    slope = _as_num(t.get("slope"))
+    trend = (f"; trend {slope:+.3f} [{_as_num(t.get('lo')):+.3f}, "
+             f"{_as_num(t.get('hi')):+.3f}]: {t.get('verdict')}") if math.isfinite(slope) else ""
+    axm.set_title(f"B over A: {mult:.3g}x [{_as_num(c['lo']):.3g}, {_as_num(c['hi']):.3g}] "
+                  f"at {sci(at)}{trend}", fontsize=9.5)
+    axm.set_ylabel("compute-equivalent multiplier")
+    axm.legend(loc="best")
+    fig.suptitle(f"ladder compare: {metric}")
+    return fig
+
+
+@_styled
+def plot_compare_summary(doc: dict) -> Figure:
+    """Every metric's multiplier at its target with its band, one row each (a forest plot)."""
+    items = list(doc["metrics"].items())
+    fig = _fig(8.5, 1.2 + 0.28 * len(items))
+    ax = fig.subplots()
+    ys = np.arange(len(items))[::-1]
+    for y, (k, c) in zip(ys, items, strict=True):
+        m, lo, hi = (_as_num(c[f]) for f in ("multiplier", "lo", "hi"))
+        if math.isfinite(lo) and math.isfinite(hi):
+            ax.plot([lo, hi], [y, y], color=COMPARE_B_COLOR, lw=2, alpha=0.5)
+        if math.isfinite(m) and m > 0:
+            ax.plot([m], [y], "o", color=COMPARE_B_COLOR, ms=5)
+    ax.axvline(1.0, color="#999999", lw=0.8)
+    ax.set_yticks(ys, [k for k, _ in items], fontsize=8)
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}x"))
+    ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:.3g}x"))
+    ax.set_xlabel("compute-equivalent multiplier of B over A at each metric's target")
+    ax.set_title("ladder compare: every metric")
+    return fig
+
+
+def compare_figures(doc: dict) -> dict[str, bytes]:
+    """compare.json's object -> {file name: PNG}: one figure per metric (compare_KEY.png, the
+    key's characters outside [A-Za-z0-9._-] as '_') and, for several metrics, compare.png."""
+    out = {}
+    for k, c in doc["metrics"].items():
+        safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in str(k))
+        name = f"compare_{safe}.png"
+        if name in out:  # two keys that differ only in replaced characters
+            name = f"compare_{safe}_{len(out)}.png"
+        out[name] = png_bytes(plot_compare(str(k), c))
+    if len(doc["metrics"]) > 1:
+        out["compare.png"] = png_bytes(plot_compare_summary(doc))
+    return out
