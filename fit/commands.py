@@ -179,6 +179,8 @@ def compare_main(args, *, offline_points=None, figures=None) -> int:
     (compare.json's object -> {file name: PNG bytes}; the reports layer draws them, so
     ladder.commands.compare_main hands it down), the figures, all swapped in at once.
     ``offline_points`` as for :func:`fit_main`."""
+    from pathlib import Path
+
     from fit.compare import compare_points
     from fit.points import is_wandb_offline_dir, load_points
     number(args.level, field="--level", lo=0, hi=1, lo_open=True, hi_open=True,
@@ -213,7 +215,8 @@ def compare_main(args, *, offline_points=None, figures=None) -> int:
                 df = load_points([src_df], metric, sizes=sizes,
                                  include_target=getattr(args, "include_target", False))
             caught_all += caught
-            metric = metric or df.attrs.get("metric")
+            if metric is None:  # a table's own loss column, else runs' default metric
+                metric = "loss" if Path(str(src)).is_file() else df.attrs.get("metric")
             if not len(df):
                 raise InputError(f"{metric}: no usable points: every row was dropped",
                                  path=src, field="loss")

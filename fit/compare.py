@@ -414,8 +414,11 @@ def compare_points(df_a: pd.DataFrame, df_b: pd.DataFrame, *, metric: str = "los
             fits.append(fit_law(df, form=form, bootstrap=bootstrap, level=level, seed=s,
                                 metric=metric, **fit_options))
         except InputError as e:
-            src = df.attrs.get("source") or side
-            raise InputError(f"{metric}: recipe {side} ({src}): {e}",
+            msg = str(e)
+            if e.field and not e.path:
+                msg = msg.removeprefix(f"field '{e.field}': ")
+            raise InputError(f"recipe {side}, metric {metric}: {msg}",
+                             path=e.path or df.attrs.get("source"), field=e.field,
                              exit_code=e.exit_code) from None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)

@@ -918,7 +918,7 @@ def plot_compare_summary(doc: dict) -> Figure:
     fig = _fig(8.5, 1.2 + 0.28 * len(items))
     ax = fig.subplots()
     ys = np.arange(len(items))[::-1]
-    for y, (k, c) in zip(ys, items, strict=True):
+    for y, (_k, c) in zip(ys, items, strict=True):
         m, lo, hi = (_as_num(c[f]) for f in ("multiplier", "lo", "hi"))
         if math.isfinite(lo) and math.isfinite(hi):
             ax.plot([lo, hi], [y, y], color=COMPARE_B_COLOR, lw=2, alpha=0.5)
