@@ -340,17 +340,17 @@ def _trend(law_log_m, span, level, per_size) -> dict:
     mid = float(np.nanmean(p)) if np.all(np.isfinite(p)) else math.nan
     out.update(slope=slope, lo=lo, hi=hi,
                per_decade=_exp(slope * math.log(10.0)) if math.isfinite(slope) else None,
-               verdict=trend_verdict(slope, lo, hi, mid), basis="laws")
+               verdict=trend_verdict(slope, lo, hi, mid))
     paired = [(math.log(e["compute"]), math.log(e["multiplier"])) for e in per_size
               if e.get("multiplier") and 0 < e["multiplier"] < math.inf]
     obs = _observed_slope(paired, level)
     if obs is not None:
         obs["verdict"] = trend_verdict(obs["slope"], obs["lo"], obs["hi"],
                                        float(np.mean([m for _c, m in paired])))
+    # reported beside the laws' trend, never in its place: its interval holds only the scatter
+    # of the paired values about a line (with 3 sizes, 1 dof), not the runs' noise, so three
+    # nearly collinear values would claim a trend that nothing else supports
     out["observed"] = obs
-    if not (math.isfinite(lo) and math.isfinite(hi)) and obs is not None:
-        # the laws give no interval (no draws): the paired sizes' own regression decides
-        out.update(verdict=obs["verdict"], basis="paired sizes (the laws give no interval)")
     return out
 
 
@@ -478,12 +478,12 @@ def report(results: dict[str, Comparison], *, a: str = "A", b: str = "B") -> str
         t = c.trend
         if t.get("slope") is not None:
             obs = t.get("observed")
-            extra = ("" if not obs else f"; the paired sizes alone: {_s(obs['slope'])} "
+            extra = ("" if not obs else f"; the paired sizes' own regression "
+                     f"({obs['sizes']} sizes, their scatter only): {_s(obs['slope'])} "
                      f"[{_s(obs['lo'])}, {_s(obs['hi'])}] ({obs['verdict']})")
             out.append(f"  trend with scale (laws): d ln m / d ln C = {_s(t['slope'])} "
                        f"[{_s(t['lo'])}, {_s(t['hi'])}] (x{t['per_decade']:.3f} per decade, "
-                       f"{t['span'][0]:.3g}..{t['span'][1]:.3g}){extra}: {t['verdict']} "
-                       f"(by the {t['basis']})")
+                       f"{t['span'][0]:.3g}..{t['span'][1]:.3g}): {t['verdict']}{extra}")
         else:
             out.append(f"  trend with scale: {t['verdict']}")
         for n in c.notes:

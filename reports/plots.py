@@ -901,7 +901,7 @@ def plot_compare(metric: str, c: dict) -> Figure:
     axm.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:.3g}x"))
     t = c.get("trend") or {}
     slope = _as_num(t.get("slope"))
-    trend = (f"; trend {slope:+.3f} [{_as_num(t.get('lo')):+.3f}, "
+    trend = (f"\ntrend d ln m / d ln C {slope:+.3f} [{_as_num(t.get('lo')):+.3f}, "
              f"{_as_num(t.get('hi')):+.3f}]: {t.get('verdict')}") if math.isfinite(slope) else ""
     axm.set_title(f"B over A: {mult:.3g}x [{_as_num(c['lo']):.3g}, {_as_num(c['hi']):.3g}] "
                   f"at {sci(at)}{trend}", fontsize=9.5)
