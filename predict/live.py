@@ -239,6 +239,9 @@ class Watcher:
                 self._send_outbox()
             self._save_state()
             self.all_alerts.extend(alerts)
+            for s in self.sinks:  # a sink that batches (the W&B watch run) writes this poll's
+                if hasattr(s, "flush"):
+                    s.flush()
 
     def _maybe_follow_chain(self, now: float) -> list[Alert]:
         if self.prereg_path is None or now - self._last_chain_check < self.chain_every:
