@@ -275,6 +275,28 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="law.json", metavar="FILE", help="where the law is written")
     s.set_defaults(func=_call("ladder.commands:fit_main"))
 
+    s = sub.add_parser("isoflop", help="IsoFLOP approaches 1 and 2: compute-optimal N and D")
+    s.add_argument("points", nargs="+", metavar="POINTS",
+                   help="points tables (CSV, Parquet: compute, loss, and params or tokens; "
+                        "the other from C = 6 N D) or runs directories")
+    s.add_argument("--budget", type=float, default=None, metavar="C",
+                   help="compute budget (FLOPs) to give the compute-optimal N and D for "
+                        "(default: none)")
+    s.add_argument("--bootstrap", type=int, default=1000,
+                   help="run-level bootstrap replicates of the bands")
+    s.add_argument("--level", type=float, default=0.9, help="level of the intervals")
+    s.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    s.add_argument("--metric", default=None,
+                   help="metric key of runs, or the loss column of a table (default: loss, "
+                        "else eval_dropless/loss)")
+    s.add_argument("--column", action="append", default=[], metavar="NAME=COLUMN",
+                   help="read a table's COLUMN as NAME, e.g. compute=compute_budget "
+                        "(repeatable; default: the names as they are)")
+    s.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="also draw the profiles and the fits (default: no figure)")
+    _json_option(s, "the exponents, their intervals and (with --budget) N and D")
+    s.set_defaults(func=_call("ladder.commands:isoflop_main"))
+
     s = sub.add_parser("predict", help="predict loss from a law")
     s.add_argument("law", metavar="LAW.json", help="a law written by `ladder fit`")
     s.add_argument("--params", type=float, default=None, help="total parameters")

@@ -414,3 +414,70 @@ def watch_main(args) -> int:
         return run(args, live_page=LivePage.for_watcher)
     return run(args)
 
+
+
+def isoflop_main(args) -> int:
+    """`ladder isoflop`: Approaches 1 and 2 (fit.isoflop) on a points table or runs, the
+    compute-optimal N and D for ``--budget``, the figure with ``--plot`` (reports.isoflop)."""
+    from pathlib import Path
+
+    from fit.isoflop import isoflop
+    from fit.points import load_points
+    from ladder.io import atomic_write_bytes, check_writable, read_table
+
+    number(args.level, field="--level", lo=0, hi=1, lo_open=True, hi_open=True,
+           exit_code=EX_USAGE)
+    number(args.bootstrap, field="--bootstrap", lo=0, hi=100_000, integral=True,
+           exit_code=EX_USAGE)
+    number(args.budget, field="--budget", lo=0, lo_open=True, allow_none=True,
+           exit_code=EX_USAGE)
+    if args.plot:
+        check_writable(args.plot, field="--plot")
+    renames = {}
+    for item in args.column or []:
+        new, eq, old = item.partition("=")
+        if not eq or not new.strip() or not old.strip():
+            raise InputError(f"expected NAME=COLUMN, got {item!r}", field="--column",
+                             exit_code=EX_USAGE)
+        renames[old.strip()] = new.strip()
+    sources = []
+    for src in args.points:
+        if Path(src).is_file():  # a table: its columns renamed as asked
+            df = read_table(src).rename(columns=renames)
+            if "loss" not in df.columns and args.metric and args.metric in df.columns:
+                df = df.rename(columns={args.metric: "loss"})
+            df.attrs["source"] = src
+            sources.append(df)
+        else:
+            sources.append(src)
+    import warnings
+    with warnings.catch_warnings():  # dropped rows: named by load_points, printed once
+        warnings.simplefilter("default")
+        df = load_points(sources, args.metric)
+    res = isoflop(df, bootstrap=args.bootstrap, level=args.level, seed=args.seed,
+                  where=", ".join(args.points))
+    if args.json:
+        print(json.dumps(to_jsonable_strict(res.to_json(args.budget))))
+    else:
+        print(res.report(args.budget))
+    if args.plot:
+        from reports.isoflop import plot_isoflop
+        from reports.plots import png_bytes
+        atomic_write_bytes(args.plot, png_bytes(plot_isoflop(res, args.budget)))
+        print(f"wrote {args.plot}", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def to_jsonable_strict(obj):
+    """JSON-ready, NaN as null (a missing interval is missing, not a number)."""
+    import math
+
+    from ladder.io import to_jsonable
+    obj = to_jsonable(obj)
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: to_jsonable_strict(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [to_jsonable_strict(v) for v in obj]
+    return obj

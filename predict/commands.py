@@ -322,7 +322,10 @@ def watch_main(args, *, live_page=None) -> int:
         if live_page is None:
             raise InputError("--serve needs the live page of reports (run `ladder watch`)",
                              field="--serve", exit_code=EX_USAGE)
-        server = live_page(w, port=args.port)
+        def history():  # a fresh read of the run for the page of a restarted watcher
+            fresh = open_source(args.source)
+            return KeyMappedSource(fresh, keymap) if keymap is not None else fresh
+        server = live_page(w, port=args.port, history=history)
         log.warning(f"ladder watch: live page on {server.url}")
     try:
         code = w.run(follow=args.follow)

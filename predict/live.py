@@ -115,6 +115,9 @@ class Watcher:
         self.state = self._load_state()
         self._notes_seen: set[str] = set()
         self.all_alerts: list[Alert] = []
+        # called with (view, batch) for every batch judged: the live page follows the watch
+        # through them (reports.live.WatcherFeed) instead of reading the source again
+        self.listeners: list[Callable] = []
         self._sent: set[tuple[str, str]] = set()  # (id, sink) handed to a sink by this process
         for s in self.sinks:  # the async webhook reports each delivery back
             if hasattr(s, "on_delivered") and getattr(s, "on_delivered", None) is None:
@@ -311,6 +314,8 @@ class Watcher:
                 res: CheckResult = check(self.view, batch, self.state, now=now)
                 self.state = res.state
                 new += res.alerts
+                for listen in self.listeners:
+                    listen(self.view, batch)
             if not p.more:
                 break
         if not got_rows and not self.state.get("not_applicable"):
