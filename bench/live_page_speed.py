@@ -181,9 +181,10 @@ def main(argv=None) -> int:
           f"+{b['rss_growth_mb']:.0f} MB ({b['max_rss_mb']:.0f} MB); load "
           f"{os.getloadavg()[0]:.2f}")
     big = rows[args.lines]
+    grew = max(b["rss_growth_mb"], 1)
     print(f"  after at {args.lines:,} / before at {args.before_lines:,}: refresh CPU "
           f"{big['refresh_new_version_cpu_s'] / b['refresh_cpu_s']:.4f}; page memory / the "
-          f"before refresh's RSS growth {big['page_bytes'] / 1024 ** 2 / max(b['rss_growth_mb'], 1):.5f}")
+          f"before refresh's RSS growth {big['page_bytes'] / 1024 ** 2 / grew:.5f}")
     print(f"  page memory at {args.lines:,} / at {args.small:,} lines: "
           f"{rows[args.lines]['page_bytes'] / rows[args.small]['page_bytes']:.2f}")
     return 0

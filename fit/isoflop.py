@@ -169,7 +169,7 @@ def isoflop_table(df: pd.DataFrame, *, where: str = "<table>") -> tuple[pd.DataF
     d["run"] = df["run"].astype(str).to_numpy() if "run" in df.columns else \
         [f"row{i}" for i in range(1, len(df) + 1)]
     derived = None
-    for col, other in (("params", "tokens"), ("tokens", "params")):
+    for col in ("params", "tokens"):
         if col in have:
             d[col] = pd.to_numeric(df[col], errors="coerce").to_numpy()
         else:

@@ -5,8 +5,8 @@ Every W&B run of a ladder lands in one project, grouped by the ladder, named by 
 by what it is (shared/DESIGN.md section 5): ``train`` (a rung, ``ladder run --wandb``), ``forecast``
 (the frozen pre-registration, ``ladder preregister --wandb``: its forecast under the watched
 key itself, ``band_keys``) and ``watch`` (the watcher's residuals and alerts, ``ladder watch
---wandb``, at the watched run's steps). The step, token and FLOP counts are logged as metrics of their own so
-a panel can use any of them as its x axis (``x_axes``).
+--wandb``, at the watched run's steps). The step, token and FLOP counts are logged as metrics of
+their own so a panel can use any of them as its x axis (``x_axes``).
 """
 
 from __future__ import annotations

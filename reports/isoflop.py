@@ -86,7 +86,8 @@ def plot_isoflop(res, budget: float | None = None) -> Figure:
                 v, (a, b) = law.at(budget, res.level)
                 if math.isfinite(v):
                     axo.errorbar([budget], [v], yerr=[[max(v - a, 0)], [max(b - v, 0)]]
-                                 if math.isfinite(a) else None, fmt="D", color=col, ms=7, capsize=5, zorder=6)
+                                 if math.isfinite(a) else None, fmt="D", color=col, ms=7,
+                                 capsize=5, zorder=6)
                     axo.annotate(f"{name} = {v:.3g}", (budget, v), textcoords="offset points",
                                  xytext=(-8, 8), ha="right", fontsize=9, color=col)
         axo.set_xscale("log")

@@ -527,7 +527,8 @@ class WatcherFeed:
                   "severity": a.get("severity")} for a in alerts]
         lines, tone = watcher_verdict(w, band, level, last)
         return {"chart": chart_state(band, series, marks, metric=metric, level=level),
-                "verdict": lines, "tone": {"ok": ""}.get(tone, tone), "alerts": [_alert_row(a) for a in alerts[::-1]],
+                "verdict": lines, "tone": {"ok": ""}.get(tone, tone),
+                "alerts": [_alert_row(a) for a in alerts[::-1]],
                 "n_alerts": len(w.all_alerts)}
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from ladder.cli import main
 from ladder.io import InputError
-from ladder.keymap import KeyMap, load_keymap, parse_keymap
+from ladder.keymap import load_keymap, parse_keymap
 from predict import prereg as pr
 from predict import synthetic as sy
 from predict.commands import make_prereg
@@ -95,7 +95,7 @@ def test_a_key_map_round_trips_and_maps_every_row(keys):
     assert parse_keymap(km.to_dict()) == km
     row = {t: 2.0 for t in theirs}
     out = km.row(row)
-    for o, (t, s) in keys.items():
+    for o, (_, s) in keys.items():
         assert out[o] == pytest.approx(2.0 * s)
 
 

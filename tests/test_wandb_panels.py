@@ -8,7 +8,6 @@ record reader (predict.sources.read_wandb_records)."""
 
 import json
 import math
-import os
 
 import pytest
 
