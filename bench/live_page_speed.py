@@ -116,6 +116,18 @@ def after(d: Path, doc: dict) -> dict:
         page.close()
 
 
+def _hwm_mb() -> float:
+    """This process's peak resident memory (VmHWM: per address space, so a child started by a
+    big parent starts from its own, unlike getrusage's ru_maxrss, which a fork inherits)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def before_child(d: str, prereg: str) -> None:
     """The old page's refresh (reports/live.py before issue 24): re-read the run directory,
     draw the watch figure with matplotlib, encode its PNG."""
@@ -123,13 +135,13 @@ def before_child(d: str, prereg: str) -> None:
     matplotlib.use("Agg")
     from reports import plots
     from reports.inputs import load_inputs
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss0 = _hwm_mb()
     t0, c0 = time.perf_counter(), time.process_time()
     inp = load_inputs(prereg=prereg, target_run=d)
     fig = plots.plot_watch(inp)
     png = plots.png_bytes(fig)
     dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss = _hwm_mb()
     print(json.dumps({"refresh_s": dt, "refresh_cpu_s": cpu, "png_bytes": len(png),
                       "rss_growth_mb": rss - rss0, "max_rss_mb": rss}))
 

@@ -324,6 +324,8 @@ def watch_main(args, *, live_page=None) -> int:
                              field="--serve", exit_code=EX_USAGE)
         def history():  # a fresh read of the run for the page of a restarted watcher
             fresh = open_source(args.source)
+            if hasattr(fresh, "cache"):  # the watcher's own source keeps the column cache
+                fresh.cache = False
             return KeyMappedSource(fresh, keymap) if keymap is not None else fresh
         server = live_page(w, port=args.port, history=history)
         log.warning(f"ladder watch: live page on {server.url}")

@@ -123,6 +123,29 @@ def test_live_page_of_a_watcher_follows_the_watcher_not_the_file(artifacts, tmp_
     assert re.search(r'data-figure="\d{3,} points v2"', dom), dom[:600]
 
 
+def test_the_page_of_a_restarted_watcher_reads_the_run_once_for_its_history(artifacts,
+                                                                            tmp_path):
+    """A watcher restarted from its state file does not read what it judged before; its page
+    reads the run once, in the background, and draws it from the start."""
+    prereg, run, _, rest = artifacts
+    src = run / "metrics.jsonl"
+    state = tmp_path / "state.json"
+    Watcher(prereg, JsonlSource(src), [], state).poll()
+    with open(src, "a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rest)
+    w = Watcher(prereg, JsonlSource(src), [], state)
+    page = LivePage.for_watcher(w, port=0, history=lambda: JsonlSource(src))
+    try:
+        page.feed.history_thread.join(60)
+        w.poll()
+        s = page.snapshot()
+    finally:
+        page.close()
+    assert page.feed.history_error is None
+    metric = {x["name"]: x for x in s["chart"]["series"]}["eval_dropless/loss"]
+    assert len(metric["x"]) == 100 and min(metric["x"]) <= 0.01  # from the start of the run
+
+
 def test_downsampled_series_stay_bounded_and_keep_spikes():
     ds = Downsampled(buckets=100)
     x = np.linspace(0, 1, 1_000_001)
