@@ -80,6 +80,8 @@ class Rung:
     peak_lr: float
     schedule: Schedule = field(default_factory=Schedule)
     eval_every: float = 0.05  # evals every 5% of the run (and at the end)
+    eval_sequences: int = 96  # held-out windows per eval, the same for every rung of a ladder
+    eval_batch: int | None = None  # sequences per eval call; None = one per device
     param_convention: str = "exact-v1"
     is_target: bool = False
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
@@ -92,6 +94,7 @@ class Rung:
             raise ValueError(f"peak_lr: must be > 0, got {self.peak_lr!r}")
         if not 0 < self.eval_every <= 1:
             raise ValueError(f"eval_every: must be in (0, 1], got {self.eval_every!r}")
+        _check_eval_set(self)
 
     @property
     def tokens_per_step(self) -> int:
@@ -171,6 +174,15 @@ class Rung:
         return dataclasses.replace(self, **kw)
 
 
+def _check_eval_set(obj) -> None:
+    v = obj.eval_sequences
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise ValueError(f"eval_sequences: must be a positive integer, got {v!r}")
+    v = obj.eval_batch
+    if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+        raise ValueError(f"eval_batch: must be null or a positive integer, got {v!r}")
+
+
 # ---------------------------------------------------------------------------------------- rules
 
 
@@ -199,6 +211,11 @@ class Recipe:
     sizing_convention: str = "exact-v1"
     schedule: Schedule = field(default_factory=Schedule)
     eval_every: float = 0.05
+    # The held-out set (ladder.data: fixed windows of the validation split): the same windows for
+    # every rung, so their evals compare. 96 windows of 128 tokens on the cpu ladder before issue
+    # 21; a ladder of short sequences needs more windows for the same tokens.
+    eval_sequences: int = 96
+    eval_batch: int | None = None   # sequences per eval call; None = one per device
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
     bias_rule: str = "threshold"  # router balancing (model/moe.py, model/balance.py)
     # The hero recipe's model switches (model/config.py; issue 12). The defaults are the model
@@ -230,6 +247,7 @@ class Recipe:
                 raise ValueError(f"{name}: must be > 0, got {getattr(self, name)!r}")
         if not 0 < self.eval_every <= 1:
             raise ValueError(f"eval_every: must be in (0, 1], got {self.eval_every!r}")
+        _check_eval_set(self)
         if self.sizing_convention not in SIZING_CONVENTIONS:
             raise ValueError(f"sizing_convention: must be one of {SIZING_CONVENTIONS}, got "
                              f"{self.sizing_convention!r}")
@@ -284,6 +302,7 @@ class Recipe:
         return Rung(ladder=ladder, name=name, model=model, seq_len=self.seq_len, batch=batch,
                     steps=steps, peak_lr=self.peak_lr(tokens, dials.d, tokens_per_step),
                     schedule=self.schedule, eval_every=self.eval_every,
+                    eval_sequences=self.eval_sequences, eval_batch=self.eval_batch,
                     param_convention=self.sizing_convention, is_target=dials.is_target,
                     optimizer=self.optimizer)
 
