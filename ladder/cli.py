@@ -284,6 +284,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep E free even on a short ladder (<= 5 sizes) that does not "
                         "identify it (default: also fit a prior and a fixed-E variant and "
                         "choose by rollout backtest)")
+    s.add_argument("--include-target", action="store_true",
+                   help="fit a runs directory's target rung too (default: left out, and said so: "
+                        "it is the run the law forecasts)")
+    s.add_argument("--equal-weights", action="store_true",
+                   help="weight every run alike (default: where the rollout backtest says it "
+                        "forecasts the largest runs better, weight runs by their decades of "
+                        "compute below the largest one)")
     s.add_argument("--allow-unconverged", action="store_true",
                    help="write the law even when the best start did not converge (default: "
                         "refuse, exit 65)")
