@@ -36,13 +36,19 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from fit.allocation import _vertex, _window
+from fit.allocation import _LOG_MAX, _vertex, _window
 from ladder.io import EX_DATAERR, InputError
 
 SCHEMA = "isoflop/1"
 FLOPS_PER_PARAM_TOKEN = 6.0  # C = 6 N D (Hoffmann et al. 2022, Kaplan et al. 2020)
 GRID = 40                    # Approach 1 on curves: compute values of the envelope
 WINDOW_OCTAVES = 1.5         # the Approach 2 parabola's window (fit.allocation)
+
+
+def _exp(x: float) -> float:
+    """exp(x), NaN where it is not finite or leaves float64 (a nearly flat parabola's vertex or
+    a power law through two points can sit hundreds of e-folds away): not defined, no crash."""
+    return math.exp(x) if math.isfinite(x) and abs(x) <= _LOG_MAX else math.nan
 
 
 @dataclass(frozen=True)
@@ -56,10 +62,16 @@ class PowerLaw:
 
     def at(self, compute: float, level: float) -> tuple[float, tuple[float, float]]:
         """The value at ``compute`` and its bootstrap interval."""
-        v = self.coef * compute ** self.exponent
+        if not compute > 0:
+            return math.nan, (math.nan, math.nan)
+        # in log space: coef * C^a beyond float64 is not defined (NaN), never an OverflowError
+        v = _exp(math.log(self.coef) + self.exponent * math.log(compute)) \
+            if self.coef > 0 else math.nan
         if not len(self.draws):
             return v, (math.nan, math.nan)
-        vals = np.exp(self.draws[:, 1] + self.draws[:, 0] * math.log(compute))
+        with np.errstate(over="ignore", invalid="ignore"):
+            vals = np.exp(self.draws[:, 1] + self.draws[:, 0] * math.log(compute))
+        vals = np.where(np.isfinite(vals), vals, np.nan)
         q = 0.5 + level / 2
         return v, (float(np.quantile(vals, 1 - q)), float(np.quantile(vals, q)))
 
@@ -236,8 +248,8 @@ def _profiles(fits) -> pd.DataFrame:
         vd, _, okd = _vertex(*f["d"][:2])
         lo, hi = f["span"]
         off = (not okn) or vn < lo + 0.2 * (hi - lo) or vn > hi - 0.2 * (hi - lo)
-        rows.append({"compute": f["compute"], "n_opt": math.exp(vn) if okn else math.nan,
-                     "d_opt": math.exp(vd) if okd else math.nan,
+        rows.append({"compute": f["compute"], "n_opt": _exp(vn) if okn else math.nan,
+                     "d_opt": _exp(vd) if okd else math.nan,
                      "loss_opt": vy if okn else math.nan, "n_points": f["n_points"],
                      "off_centre": bool(off)})
     return pd.DataFrame(rows)
@@ -335,7 +347,7 @@ def isoflop(df: pd.DataFrame, *, bootstrap: int = 1000, level: float = 0.9, seed
         dr = np.asarray([x for x in draws if np.isfinite(x).all()]).reshape(-1, 2)
         iv = (float(np.quantile(dr[:, 0], 1 - q)), float(np.quantile(dr[:, 0], q))) \
             if len(dr) >= 2 else (math.nan, math.nan)
-        return PowerLaw(a, math.exp(logk) if math.isfinite(logk) else math.nan, iv, dr)
+        return PowerLaw(a, _exp(logk), iv, dr)
 
     # Approach 2: the final points of runs, grouped by budget
     finals = d[d["final"]]

@@ -23,7 +23,9 @@ from reports.style import RC
 def _band(law, grid, level):
     if not len(law.draws):
         return None
-    vals = np.exp(law.draws[:, 1][:, None] + law.draws[:, 0][:, None] * np.log(grid)[None])
+    with np.errstate(over="ignore", invalid="ignore"):  # a draw beyond float64 draws no band
+        vals = np.exp(law.draws[:, 1][:, None] + law.draws[:, 0][:, None] * np.log(grid)[None])
+    vals = np.where(np.isfinite(vals), vals, np.nan)
     q = 0.5 + level / 2
     return np.quantile(vals, 1 - q, axis=0), np.quantile(vals, q, axis=0)
 

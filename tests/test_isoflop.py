@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from fit.allocation import allocation
@@ -143,6 +143,9 @@ def test_tables_without_what_isoflop_needs_are_one_line_errors(tmp_path, capsys)
                           st.one_of(st.floats(-5, 10), st.sampled_from([float("nan"),
                                                                         float("inf")]))),
                 min_size=0, max_size=30))
+# a power law through two budgets whose optima are 146 decades apart: its coefficient is
+# e^6044, beyond float64 (was an OverflowError traceback)
+@example(rows=[(1e18, float("nan"), 0.0), (1e18, 1.0, 1.0), (1e19, 1.4586676403546078e-146, 1.0)])
 def test_any_table_gives_a_result_or_a_one_line_error(rows):
     df = pd.DataFrame(rows, columns=["compute", "params", "loss"])
     try:
