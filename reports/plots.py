@@ -501,7 +501,8 @@ def plot_law(inp: ReportInputs) -> Figure | None:
     _plain_log_y(ax)
     ax.set_xlabel("training compute C (FLOPs, no LM head)")
     ax.set_ylabel(f"{metric} - E  (E = {num(E)})" if use_e else _metric_label(metric))
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
+    if ax.get_legend_handles_labels()[0]:  # an old law.json without points has nothing to name
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     if law is not None and law.meta.get("expression"):
         expr = textwrap.fill(f"law: {law.meta['expression']}", 110)
         ax.set_title(expr, loc="left", fontsize=8, color="#555555", fontweight="normal")
