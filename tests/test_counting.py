@@ -82,9 +82,21 @@ def test_sizing_convention_differs_only_in_kv_and_vectors():
         assert abs(sizing.active - exact.active) / exact.active < 7e-3
 
 
-def test_cpu_proxy_hero_compute_ratio():
+def test_cpu_ladder_follows_one_shape_rule():
+    """The demo ladder's rungs and proxy hero are one family (issue 21): width 8 x depth, one
+    8-wide head per 8 of width, tokens 10 x active parameters, ~250 steps each, and a hero one
+    step further along the same rule at 2-3x the largest rung's compute (a forecast 0.4 decades
+    out, not a different model)."""
     cpu = LADDERS["cpu"]
-    ratio = cpu.target.compute() / cpu.rungs[-1].compute()
-    assert 8 <= ratio <= 30
-    computes = [r.compute() for r in cpu.rungs]
+    for r in cpu.all:
+        m = r.model
+        assert m.d_model == 8 * m.n_layers and m.head_dim == 8 and m.n_heads == m.n_layers, r.name
+        assert r.tokens == r.steps * r.batch * r.seq_len
+        assert r.tokens / (10 * r.params.active) == pytest.approx(1, abs=0.06), r.name
+        assert 230 <= r.steps <= 270, r.name
+        assert r.optimizer_settings.kind == "marin"
+    layers = [r.model.n_layers for r in cpu.all]
+    assert layers == list(range(layers[0], layers[0] + len(layers)))
+    computes = [r.compute() for r in cpu.all]
     assert computes == sorted(computes)
+    assert 2 <= computes[-1] / computes[-2] <= 3

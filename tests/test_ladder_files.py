@@ -21,15 +21,12 @@ SHIPPED = ROOT / "ladder" / "ladders"
 @pytest.fixture(scope="module")
 def python_ladders():
     """The built-in ladders exactly as ladder/specs.py defined them in Python before they became
-    files (commit 648f2df), built by the same Recipe/make_ladder code: the cross-check."""
+    files (commit 648f2df), built by the same Recipe/make_ladder code: the cross-check. The cpu
+    ladder was redesigned on purpose (issue 21: tests/test_counting.py checks its shape rule)."""
     marin = Recipe(
         vocab_size=128_256, seq_len=4096, head_dim=128, n_experts=384, top_k=8, n_shared=2,
         tokens_per_active=791, batch_per_unit=1024, lr_coef=0.087571, lr_tokens_exp=-0.3461,
         lr_d_exp=-0.3448, local_window=2048, sizing_convention="marin-sizing-v1")
-    cpu = Recipe(
-        vocab_size=256, seq_len=128, head_dim=16, n_experts=8, top_k=2, n_shared=1,
-        tokens_per_active=10, batch_per_unit=16, lr_coef=0.087571, lr_tokens_exp=-0.3461,
-        lr_d_exp=-0.3448, local_window=64)
     tiny = Recipe(
         vocab_size=256, seq_len=64, head_dim=8, n_experts=4, top_k=2, n_shared=1,
         tokens_per_active=4, batch_per_unit=4, lr_coef=0.087571, lr_tokens_exp=-0.3461,
@@ -40,8 +37,6 @@ def python_ladders():
             [Dials(768, 8, 1, "1.6B-A61M"), Dials(1024, 12, 2, "4.0B-A162M"),
              Dials(1536, 16, 6, "11.5B-A481M"), Dials(2048, 22, 11, "27.7B-A1.2B")],
             Dials(6144, 48, 11, "535B-A23B")),
-        "cpu": make_ladder("cpu", "", cpu, [Dials(32, 2), Dials(40, 2), Dials(48, 2),
-                                            Dials(64, 2)], Dials(80, 4, 2)),
         "tiny": make_ladder("tiny", "", tiny, [Dials(16, 2), Dials(24, 2), Dials(32, 2)],
                             Dials(40, 2)),
     }
@@ -49,6 +44,7 @@ def python_ladders():
 
 def test_shipped_files_rebuild_every_rung_as_before(python_ladders):
     assert list(LADDERS) == ["marin-535b", "cpu", "tiny"]
+    assert set(python_ladders) == {"marin-535b", "tiny"}
     for name, old in python_ladders.items():
         new = LADDERS[name]
         assert [r.name for r in new.all] == [r.name for r in old.all]
@@ -76,9 +72,9 @@ def test_shipped_files_rebuild_every_rung_as_before(python_ladders):
             assert b.params.active == a.params.active and b.steps == a.steps
     assert {r.optimizer.kind for r in LADDERS["marin-535b"].all} == {"marin"}
     assert {r.model.bias_rule for r in LADDERS["marin-535b"].all} == {"quantile"}
-    for name in ("cpu", "tiny"):   # the small ladders' numbers do not move at all
-        assert [r.to_dict() for r in LADDERS[name].all] == \
-            [r.to_dict() for r in python_ladders[name].all]
+    # the tiny ladder's numbers do not move at all
+    assert [r.to_dict() for r in LADDERS["tiny"].all] == \
+        [r.to_dict() for r in python_ladders["tiny"].all]
 
 
 def test_published_step_counts():

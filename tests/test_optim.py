@@ -58,14 +58,21 @@ def test_list_json_shows_the_published_recipe_settings():
     assert rows["1.6B-A61M"]["eps"] == pytest.approx(1.03e-15, rel=0.01)
 
 
-def test_small_ladders_keep_adamw_with_the_old_numbers():
-    for name in ("cpu", "tiny"):
-        for r in LADDERS[name].all:
-            o = r.optimizer_settings
-            assert (o.kind, o.beta1, o.beta2, o.eps, o.weight_decay, o.clip, o.muonh_lr) == \
-                ("adamw", 0.9, 0.95, 1e-8, 0.1, 1.0, None)
-            assert (o.muon_momentum, o.nesterov, o.ns_coeffs) == (None, None, None)
-            assert o.adam_lr == r.peak_lr
+def test_tiny_keeps_adamw_with_the_old_numbers():
+    for r in LADDERS["tiny"].all:
+        o = r.optimizer_settings
+        assert (o.kind, o.beta1, o.beta2, o.eps, o.weight_decay, o.clip, o.muonh_lr) == \
+            ("adamw", 0.9, 0.95, 1e-8, 0.1, 1.0, None)
+        assert (o.muon_momentum, o.nesterov, o.ns_coeffs) == (None, None, None)
+        assert o.adam_lr == r.peak_lr
+
+
+def test_cpu_ladder_trains_the_recipe_optimizer():
+    # issue 21: the demo ladder trains the hero's optimizer (MuonH on matrices, Adam elsewhere)
+    for r in LADDERS["cpu"].all:
+        o = r.optimizer_settings
+        assert o.kind == "marin" and o.adam_lr == r.peak_lr
+        assert o.muonh_lr == pytest.approx(min(13 / 3 * r.peak_lr, 0.05))
 
 
 def test_training_config_switches_and_fixes_the_optimizer():
@@ -194,7 +201,7 @@ def test_adamw_is_the_chain_it_always_was():
                                                                           eps=1e-8),
                       optax.add_decayed_weights(0.1, mask=jax.tree.map(lambda x: x.ndim >= 2,
                                                                        params)))
-    new = make_optimizer(LADDERS["cpu"].rungs[0].optimizer_settings)
+    new = make_optimizer(LADDERS["tiny"].rungs[0].optimizer_settings)
     grads = _random_like(params, 1)
     a, _ = old.update(grads, old.init(params), params)
     b, _ = new.update(grads, new.init(params), params, lr=0.01)

@@ -178,7 +178,7 @@ def test_report_says_outside_when_hero_drifts(tmp_path, ladder_dir):
     assert [r["inside"] for r in forecast_rows(inp)] == ["above"] * 4
     # +5% everywhere (up to the linear interpolation of the 1% forecast grid at the eval's fraction)
     errs = [float(r["error"].rstrip("%")) for r in forecast_rows(inp)]
-    assert errs == pytest.approx([5.0] * 4, abs=0.02), errs
+    assert errs == pytest.approx([5.0] * 4, abs=0.05), errs
 
 
 def test_partial_target_and_missing_law(tmp_path, ladder_dir):
