@@ -510,9 +510,47 @@ def get_ladder(name: str, ladders: dict[str, Ladder] | None = None) -> Ladder:
 
 
 def resolve(target: str, ladders: dict[str, Ladder] | None = None) -> tuple[Ladder, list[Rung]]:
-    """'LADDER' -> all rungs and the target; 'LADDER:RUNG' -> that rung. KeyError names what."""
-    name, _, rung = target.partition(":")
-    ladder = get_ladder(name, ladders)
-    if not rung:
-        return ladder, list(ladder.all)
-    return ladder, [ladder.get(rung)]
+    """One rung syntax everywhere: 'LADDER' -> all rungs and the target; 'LADDER:RUNG' (or
+    'LADDER/RUNG', as run directories and W&B runs are named) -> that rung; a bare 'RUNG' -> the
+    rung of that name when exactly one ladder has it. Unknown: KeyError(name); a bare rung name
+    that several ladders share: :class:`AmbiguousRung` (a KeyError) naming them."""
+    ladders = LADDERS if ladders is None else ladders
+    for sep in (":", "/"):
+        if sep in target:
+            name, _, rung = target.partition(sep)
+            ladder = get_ladder(name, ladders)
+            return (ladder, [ladder.get(rung)]) if rung else (ladder, list(ladder.all))
+    if target in ladders:
+        return ladders[target], list(ladders[target].all)
+    found = [(lad, r) for lad in ladders.values() for r in lad.all if r.name == target]
+    if len(found) > 1:
+        raise AmbiguousRung(target, [f"{lad.name}:{r.name}" for lad, r in found])
+    if not found:
+        raise KeyError(target)
+    return found[0][0], [found[0][1]]
+
+
+class AmbiguousRung(KeyError):
+    """A bare rung name that more than one ladder has (``args``: the name, the candidates)."""
+
+    def __str__(self) -> str:
+        return f"rung {self.args[0]!r} is in several ladders ({', '.join(self.args[1])}): " \
+               f"name one as LADDER:RUNG"
+
+
+def is_one_rung(target: str, ladders: dict[str, Ladder] | None = None) -> bool:
+    """``target`` names one rung (not a whole ladder) in the syntax of :func:`resolve`."""
+    ladders = LADDERS if ladders is None else ladders
+    if any(sep in target for sep in ":/"):
+        return not target.endswith((":", "/"))
+    return target not in ladders
+
+
+def lookup_message(e: KeyError, ladders: dict[str, Ladder] | None = None) -> str:
+    """The one-line message of :func:`resolve`'s KeyError: what is ambiguous, or what is known."""
+    if isinstance(e, AmbiguousRung):
+        return str(e)
+    ladders = LADDERS if ladders is None else ladders
+    known = ", ".join(f"{n} ({', '.join(r.name for r in lad.all)})" for n, lad in ladders.items())
+    return f"unknown ladder or rung {e.args[0]!r}; known: {known} (as LADDER, LADDER:RUNG, " \
+           f"LADDER/RUNG or a RUNG only one ladder has)"

@@ -43,19 +43,22 @@ def parse_requires(items: list[str]) -> dict:
     return out
 
 
+def target_rung(target: str):
+    """The one rung ``--target`` names (LADDER:RUNG, LADDER/RUNG or a RUNG one ladder has)."""
+    from ladder.specs import is_one_rung, lookup_message, resolve
+    try:
+        _, rungs = resolve(target)
+    except KeyError as e:
+        raise InputError(lookup_message(e), field="--target", exit_code=EX_USAGE) from None
+    if not is_one_rung(target) or len(rungs) != 1:
+        raise InputError(f"expected one rung (LADDER:RUNG), got the ladder {target!r}",
+                         field="--target", exit_code=EX_USAGE)
+    return rungs[0]
+
+
 def resolve_target(args) -> fc.Target:
     if getattr(args, "target", None):
-        from ladder.specs import LADDERS, resolve
-        try:
-            _, rungs = resolve(args.target)
-        except KeyError as e:
-            known = ", ".join(f"{n}:{r.name}" for n, lad in LADDERS.items() for r in lad.all)
-            raise InputError(f"unknown ladder or rung {e.args[0]!r}; known: {known}",
-                             field="--target", exit_code=EX_USAGE) from None
-        if ":" not in args.target or len(rungs) != 1:
-            raise InputError("expected LADDER:RUNG (one rung)", field="--target",
-                             exit_code=EX_USAGE)
-        return fc.Target.from_rung(rungs[0])
+        return fc.Target.from_rung(target_rung(args.target))
     spec = read_json(args.target_spec)
     return fc.Target.from_spec(spec, path=args.target_spec)
 
@@ -155,17 +158,15 @@ def preregister_main(args) -> int:
     target = resolve_target(args)
     run_config = None
     if getattr(args, "target", None):
-        from ladder.specs import resolve
-        run_config = resolve(args.target)[1][0].to_dict()
+        run_config = target_rung(args.target).to_dict()
     if getattr(law, "form", None) in ("mpl", "momentum"):  # a curve law needs the run's schedule
         if not getattr(args, "target", None):
             raise InputError(f"a {law.form} law forecasts a run from its LR schedule: give the "
                              f"target as --target LADDER:RUNG", field="--target-spec",
                              exit_code=EX_USAGE)
         from predict.planned import ScheduledLaw
-        from ladder.specs import resolve
 
-        law = ScheduledLaw(law, resolve(args.target)[1][0])
+        law = ScheduledLaw(law, target_rung(args.target))
     doc = make_prereg(law, target, level=args.level, runs=getattr(args, "runs", None),
                       eval_noise=getattr(args, "eval_noise", None),
                       data_tag=getattr(args, "data_tag", None),
@@ -190,7 +191,7 @@ def preregister_main(args) -> int:
         print(f"  amends {amends['path']} (sha256 {amends['sha256'][:12]}...): {amends['reason']}")
     if getattr(args, "wandb", False):
         from predict.wandb_home import log_forecast
-        group = args.target.split(":")[0] if getattr(args, "target", None) else None
+        group = target_rung(args.target).ladder if getattr(args, "target", None) else None
         info = log_forecast(doc, out, entity=args.wandb_entity, project=args.wandb_project,
                             group=group)
         print(f"  W&B: forecast run {info['id']} in {info['entity'] or '(default entity)'}/"
@@ -284,6 +285,12 @@ def watch_main(args, *, live_page=None) -> int:
     if cache is not None and hasattr(source, "cache"):  # a metrics JSONL (predict.column_cache)
         source.cache = cache != "off"
         source.cache_dir = None if cache == "off" else cache
+    raw_source = source
+    from ladder.keymap import load_keymap
+    keymap = load_keymap(getattr(args, "keys", None))
+    if keymap is not None:  # another trainer's names (predict.keyed_source)
+        from predict.keyed_source import KeyMappedSource
+        source = KeyMappedSource(source, keymap)
     as_json = getattr(args, "json", False)
     sinks: list = [] if as_json else [sk.StdoutSink()]  # --json: alerts in the final object
     if args.alerts:
@@ -291,16 +298,16 @@ def watch_main(args, *, live_page=None) -> int:
     if webhook is not None:
         sinks.append(webhook)
     if args.wandb_alert:
-        if not isinstance(source, WandbApiSource):
+        if not isinstance(raw_source, WandbApiSource):
             raise InputError("--wandb-alert needs a wandb://ENTITY/PROJECT/RUN_ID source",
                              field="--wandb-alert", exit_code=EX_USAGE)
-        u = source.uri
+        u = raw_source.uri
         sinks.append(sk.WandbAlertSink(u.entity, u.project, u.run_ids[-1]))
-    if getattr(args, "wandb", False):  # the residuals and alerts go to the forecast run
-        from predict.wandb_home import ForecastRunSink, TeeSource
+    if getattr(args, "wandb", False):  # the residuals and alerts go to the watcher's own run
+        from predict.wandb_home import TeeSource, WatchRunSink
         doc = pr.load(pr.resolve_chain(args.prereg).newest.path)
-        home = ForecastRunSink(doc, entity=args.wandb_entity, project=args.wandb_project,
-                               dir=str(Path(args.prereg).resolve().parent))
+        home = WatchRunSink(doc, entity=args.wandb_entity, project=args.wandb_project,
+                            dir=str(Path(args.prereg).resolve().parent))
         sinks.append(home)
         source = TeeSource(source, lambda: w.view, home.log_evals)
     w = Watcher(args.prereg, source, sinks, args.state, metric=args.metric, follow=follow)
@@ -315,7 +322,12 @@ def watch_main(args, *, live_page=None) -> int:
         if live_page is None:
             raise InputError("--serve needs the live page of reports (run `ladder watch`)",
                              field="--serve", exit_code=EX_USAGE)
-        server = live_page(w, port=args.port)
+        def history():  # a fresh read of the run for the page of a restarted watcher
+            fresh = open_source(args.source)
+            if hasattr(fresh, "cache"):  # the watcher's own source keeps the column cache
+                fresh.cache = False
+            return KeyMappedSource(fresh, keymap) if keymap is not None else fresh
+        server = live_page(w, port=args.port, history=history)
         log.warning(f"ladder watch: live page on {server.url}")
     try:
         code = w.run(follow=args.follow)

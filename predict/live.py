@@ -115,6 +115,9 @@ class Watcher:
         self.state = self._load_state()
         self._notes_seen: set[str] = set()
         self.all_alerts: list[Alert] = []
+        # called with (view, batch) for every batch judged: the live page follows the watch
+        # through them (reports.live.WatcherFeed) instead of reading the source again
+        self.listeners: list[Callable] = []
         self._sent: set[tuple[str, str]] = set()  # (id, sink) handed to a sink by this process
         for s in self.sinks:  # the async webhook reports each delivery back
             if hasattr(s, "on_delivered") and getattr(s, "on_delivered", None) is None:
@@ -239,6 +242,9 @@ class Watcher:
                 self._send_outbox()
             self._save_state()
             self.all_alerts.extend(alerts)
+            for s in self.sinks:  # a sink that batches (the W&B watch run) writes this poll's
+                if hasattr(s, "flush"):
+                    s.flush()
 
     def _maybe_follow_chain(self, now: float) -> list[Alert]:
         if self.prereg_path is None or now - self._last_chain_check < self.chain_every:
@@ -308,6 +314,8 @@ class Watcher:
                 res: CheckResult = check(self.view, batch, self.state, now=now)
                 self.state = res.state
                 new += res.alerts
+                for listen in self.listeners:
+                    listen(self.view, batch)
             if not p.more:
                 break
         if not got_rows and not self.state.get("not_applicable"):

@@ -734,8 +734,8 @@ class WandbOfflineSource:
             return [(p.name, p)]
         found: dict[Path, str] = {}
         for q in sorted(p.glob("*.wandb")) + sorted(p.glob("*/*.wandb")):
-            if q.parent.name == "latest-run":
-                continue  # a link to one of the run-* directories
+            if q.parent.name == "latest-run" and q.parent != p:
+                continue  # a link to one of the run-* directories (unless it is the one given)
             found.setdefault(q.resolve(), str(q.relative_to(p)))
         if not found and (p / "latest-run").exists():
             for q in sorted((p / "latest-run").glob("*.wandb")):
