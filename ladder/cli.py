@@ -324,9 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop following after this many seconds (default: until the source "
                         "says the run finished)")
     s.add_argument("--column-cache", default=None, metavar="DIR|off",
-                   help="where a metrics.jsonl's parsed polls are kept, so a watcher started "
-                        "again reads only what is new; 'off' keeps none (default: "
-                        ".NAME.watch-cache/ beside the file; none where it cannot be written)")
+                   help="deprecated, ignored with a warning (the column cache is gone; "
+                        "--state keeps a restarted watcher's place) (default: none)")
     _json_option(s, "one object with the verdict and the alerts at the end (no alert lines)")
     _serve_options(s)
     s.set_defaults(func=_call("ladder.commands:watch_main"))

@@ -280,10 +280,11 @@ def watch_main(args, *, live_page=None) -> int:
             check_writable(path, field=flag)
     webhook = sk.WebhookSink(args.webhook) if args.webhook else None
     source = open_source(args.source, follow=args.follow)
-    cache = getattr(args, "column_cache", None)
-    if cache is not None and hasattr(source, "cache"):  # a metrics JSONL (predict.column_cache)
-        source.cache = cache != "off"
-        source.cache_dir = None if cache == "off" else cache
+    if getattr(args, "column_cache", None) is not None:
+        # the column cache is gone (issue 24: orjson reads a 1M-line file in a few seconds);
+        # the option stays accepted so that scripts passing it keep working
+        log.warning("ladder watch: --column-cache is deprecated and ignored (there is no "
+                    "column cache any more; --state keeps a restarted watcher's place)")
     as_json = getattr(args, "json", False)
     sinks: list = [] if as_json else [sk.StdoutSink()]  # --json: alerts in the final object
     if args.alerts:

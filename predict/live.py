@@ -174,9 +174,13 @@ class Watcher:
             return
         try:
             self.source.restore(saved["source"])
-        except (TypeError, ValueError, KeyError) as e:
-            raise InputError(f"not a read position ({type(e).__name__}: {e})",
-                             path=self.state_path, field="source") from None
+        except (TypeError, ValueError, KeyError, OverflowError, AttributeError) as e:
+            msg = str(e)
+            field, sep, rest = msg.partition(": ")
+            if not (sep and field.startswith("source.")):
+                field, rest = "source", f"not a read position ({type(e).__name__}: {msg})"
+            raise InputError(f"{rest}; {RECOVER}", path=self.state_path,
+                             field=field) from None
 
     def _save_state(self, *, force: bool = False) -> None:
         """Write the state (atomically) when it changed since the last write."""
@@ -260,9 +264,7 @@ class Watcher:
     def _read(self):
         try:
             if hasattr(self.source, "poll_batch"):
-                return self.source.poll_batch(self.keys, self.keep,
-                                              parallel=threading.current_thread()
-                                              is threading.main_thread())
+                return self.source.poll_batch(self.keys, self.keep)
             return self.source.poll()
         except SourceError:
             raise

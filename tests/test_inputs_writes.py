@@ -91,15 +91,16 @@ def test_temp_files_of_killed_writers_are_removed(tmp_path):
 
 def test_a_killed_report_leaves_the_old_report_whole(tmp_path):
     out = tmp_path / "report"
-    with staged_dir(out) as d:
+    own = ("index.html", "law.png")
+    with staged_dir(out, own=own) as d:
         (d / "index.html").write_text("old")
         (d / "law.png").write_text("old")
-    (out / "notes.txt").write_text("mine")  # not the report's: carried over
-    with pytest.raises(RuntimeError), staged_dir(out) as d:
+    (out / "notes.txt").write_text("mine")  # not the report's: never touched
+    with pytest.raises(RuntimeError), staged_dir(out, own=own) as d:
         (d / "index.html").write_text("new")
         raise RuntimeError("killed mid-report")
     assert (out / "index.html").read_text() == "old" and (out / "law.png").read_text() == "old"
-    with staged_dir(out) as d:
+    with staged_dir(out, own=own) as d:
         (d / "index.html").write_text("new")
     assert sorted(q.name for q in out.iterdir()) == ["index.html", "notes.txt"]  # stale PNG gone
     assert not [q for q in tmp_path.iterdir() if q.name.startswith(".report.")]

@@ -54,12 +54,12 @@ def test_a_bare_nan_token_in_a_large_file_is_still_written_non_finite(tmp_path):
             if s % 100 == 0:
                 r["eval/loss"] = 2.9   # missing elsewhere: not non-finite
             f.write(json.dumps(r) + "\n")
-    b = JsonlSource(p).poll_batch(None, None, parallel=False).batch
+    b = JsonlSource(p).poll_batch(None, None).batch
     assert len(b) == 3000 and b.nonfinite == {}
     with open(p, "a") as f:
         f.write(json.dumps({"step": 3001, "train/loss": float("nan")}) + "\n")  # bare NaN
         f.writelines(json.dumps({"step": s, "train/loss": 3.0}) + "\n"
                      for s in range(3002, 6000))
-    b2 = JsonlSource(p).poll_batch(None, None, parallel=False).batch
+    b2 = JsonlSource(p).poll_batch(None, None).batch
     assert np.flatnonzero(b2.nonfinite["train/loss"]).tolist() == [3000]
     assert "eval/loss" not in b2.nonfinite
