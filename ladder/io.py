@@ -125,6 +125,9 @@ def check_replaceable(path: str | os.PathLike) -> None:
     if stat.S_ISDIR(st.st_mode):
         raise InputError("is a directory; expected a file path", path=path,
                          exit_code=EX_CANTCREAT)
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError("not a regular file (a FIFO, a device or a socket); not written",
+                         path=path, exit_code=EX_CANTCREAT)
     if not st.st_mode & 0o222:
         raise InputError("is read-only (write-once, e.g. a pre-registration); not replaced",
                          path=path, exit_code=EX_CANTCREAT)

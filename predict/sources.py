@@ -64,6 +64,8 @@ def open_source(src: str, *, follow: bool = False, **kw):
     if not p.exists():
         raise InputError("no such file or directory", path=src, field="--source",
                          exit_code=EX_NOINPUT)
+    if not p.is_dir():
+        _regular(p)
     if p.is_dir():
         if (p / "metrics.jsonl").exists():
             return JsonlSource(p / "metrics.jsonl")
@@ -115,6 +117,19 @@ def same_file(path: str | os.PathLike, ident: dict | None) -> bool:
     except (OSError, KeyError, TypeError, ValueError, OverflowError, InputError):
         return False
     return len(first) == n and hashlib.sha256(first).hexdigest() == ident.get("first")
+
+
+def _regular(p: Path) -> None:
+    """InputError (65) when ``p`` is a FIFO, a device or a socket (ladder.io's rule for inputs:
+    a source is a regular file, checked without opening it)."""
+    import stat as _stat
+    try:
+        mode = os.stat(p).st_mode
+    except OSError:
+        return
+    if not _stat.S_ISREG(mode) and not _stat.S_ISDIR(mode):
+        raise InputError("not a regular file (a FIFO, a device or a socket); refused", path=p,
+                         field="--source")
 
 
 def _summary_status(run_dir: Path) -> str | None:
@@ -273,6 +288,7 @@ class JsonlSource:
         except FileNotFoundError:
             out.notes.append(f"{self.path}: not there (yet); waiting")
             return
+        _regular(self.path)  # a FIFO put in the file's place: an error, not a hang
         replaced = self.inode is not None and (st.st_ino != self.inode or
                                                not self._same_head())
         if self.offset and (replaced or st.st_size < self.offset):
