@@ -152,7 +152,7 @@ def main(argv=None) -> int:
         table = None
         rows.append(("pyarrow.json.read_json (schema)", math.nan, math.nan,
                      "pyarrow not installed (pip install 'ladder[parquet]')"))
-    print(f"\n| reader | wall s | CPU s | / json.loads wall | notes |\n|---|---|---|---|---|")
+    print("\n| reader | wall s | CPU s | / json.loads wall | notes |\n|---|---|---|---|---|")
     for name, dt, cpu, note in rows:
         print(f"| {name} | {dt:.2f} | {cpu:.2f} | {dt / base:.2f} | {note} |")
     # what each refuses: a line with a bare NaN token (the trainer writes "NaN" strings, other

@@ -105,7 +105,6 @@ def run_main(args) -> int:
     """`ladder run`: the named rungs (default: all, the target last) into OUT/LADDER/RUNG/,
     one after another here, or as Ray tasks (``--executor ray``); each rung optionally over
     several JAX processes (``--coordinator ...`` / ``--distributed auto``)."""
-    from pathlib import Path
 
     from ladder import distributed
 

@@ -542,9 +542,12 @@ def loads(data: bytes | str, *, path=None, field: str | None = None) -> Any:
 
 def json_line(raw: bytes) -> tuple[Any, bool]:
     """One JSON line: ``(value, by_stdlib)``; ``value`` None when the line is not JSON (bad
-    syntax or UTF-8, too deep, an integer too long to convert). orjson parses (C; bit-identical
-    to ``json.loads`` on every float, issue 24); the lines it refuses, those holding NaN/Infinity
-    tokens or an integer beyond 64 bits, go to ``json.loads`` (``by_stdlib`` True)."""
+    syntax or UTF-8, too deep, an integer too long to convert). orjson parses (C; the same
+    values as ``json.loads``, floats to the bit, issue 24); the lines it refuses (NaN/Infinity
+    tokens, a number beyond float range, a lone surrogate) go to ``json.loads`` (``by_stdlib``
+    True). One difference remains, measured in tests/test_watch_jsonl.py: an integer outside
+    [-2**63, 2**64) reads as the nearest float where ``json.loads`` keeps a Python int; every
+    reader here turns it into that float anyway (``as_float``, the watcher's float columns)."""
     try:
         return orjson.loads(raw), False
     except orjson.JSONDecodeError:

@@ -98,7 +98,8 @@ def _check_outbox_entry(e) -> None:
     for k in ("kind", "message"):
         if not isinstance(a.get(k, ""), str):
             raise ValueError(f"alert '{k}' must be a string")
-    if a.get("step") is not None and (isinstance(a["step"], bool) or not isinstance(a["step"], int)):
+    step = a.get("step")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
         raise ValueError("alert 'step' must be an integer or null")
     for k in ("tokens", "fraction", "value", "expected", "lo", "hi"):
         v = a.get(k)

@@ -4,7 +4,6 @@ key is missing, and masks of values *written* non-finite.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
