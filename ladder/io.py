@@ -20,9 +20,11 @@ Two rules every part follows (issue 26), kept here so that there is one of each:
   manifest's shard file, a chain file's entry is one path component of a safe character set
   (no separator, no ``..``, no NUL or newline), and the path it makes resolves inside its folder.
 
-JSON lines (metrics.jsonl, alerts.jsonl) are parsed by orjson, a C parser, with the standard
-library as the fallback for the lines orjson refuses (``NaN``/``Infinity`` tokens, integers beyond
-64 bits): :func:`json_line`. No JAX here: ``fit`` and ``predict`` import this module.
+JSON lines (metrics.jsonl, alerts.jsonl: :func:`json_line`) are parsed by orjson, a C parser,
+with the standard library as the fallback for what orjson refuses (``NaN``/``Infinity`` tokens,
+numbers beyond float range); artifacts read whole (:func:`loads`) by the standard library, whose
+integers stay exact (a hash is taken over them), depth-checked first. No JAX here: ``fit`` and
+``predict`` import this module.
 """
 
 from __future__ import annotations
@@ -512,21 +514,17 @@ def json_depth_ok(data: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
 
 
 def loads(data: bytes | str, *, path=None, field: str | None = None) -> Any:
-    """Parse a JSON document with every failure an InputError: bad syntax, bad UTF-8, an
-    integer too long to convert (Python's 4300-digit limit), nesting deeper than
-    :data:`MAX_JSON_DEPTH`. orjson parses; what it refuses (NaN/Infinity tokens, integers beyond
-    64 bits, lone surrogate escapes) is parsed by the standard library, which accepts them."""
-    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        if "recursion" in str(e).lower():
-            raise InputError("JSON nested too deeply", path=path, field=field) from None
+    """Parse a JSON document (an artifact, read whole) with every failure an InputError: bad
+    syntax, bad UTF-8, an integer too long to convert (Python's 4300-digit limit), nesting
+    deeper than :data:`MAX_JSON_DEPTH` (checked before the parser recurses). The standard
+    library parses: an artifact's hash is taken over what it reads, and it keeps every integer
+    exact (orjson, the JSON-lines parser, reads one beyond 64 bits as a float)."""
     try:
         # UTF-8 as RFC 8259 requires (json.loads on bytes would guess UTF-16 from a \xff\xfe)
-        text = raw.decode("utf-8")
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
     except UnicodeDecodeError:
         raise InputError("not UTF-8 text", path=path, field=field) from None
+    raw = data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass")
     if not json_depth_ok(raw):
         raise InputError("JSON nested too deeply", path=path, field=field)
     try:

@@ -350,7 +350,7 @@ class JsonlSource:
 def parse_lines(block: bytes, line_no: int, rows: list) -> tuple[int, int | None, int]:
     """Append the JSON objects of the newline-separated ``block`` to ``rows``: each line by
     orjson, the lines it refuses by the standard library (``ladder.io.json_line``: NaN/Infinity
-    tokens, integers beyond 64 bits); blank lines skipped, lines that are not a JSON object
+    tokens, numbers beyond float range); blank lines skipped, lines that are not a JSON object
     counted. Returns ``(bad, first bad line number (1-based, after line_no), lines)``."""
     lines = block.split(b"\n")
     try:  # the common case, every line an object orjson reads: one pass in C

@@ -220,3 +220,13 @@ def test_nested_json_in_a_ladder_file_and_a_config_is_one_line(tmp_path, capsys)
     code, last = cli(capsys, "run", "tiny", "--config", tmp_path / "cfg.json", "--out",
                      tmp_path / "t")
     assert code == 65 and "cfg.json" in last
+
+
+def test_an_artifact_keeps_its_integers_exact(tmp_path):
+    """Artifacts are hashed over what is read: an integer beyond 64 bits must stay an int (the
+    JSON-lines parser, orjson, would read it as a float)."""
+    p = tmp_path / "a.json"
+    p.write_text('{"compute": 2700000000000000000000000, "x": [1, 2.5]}')
+    from ladder.io import read_json
+    assert read_json(p) == {"compute": 2700000000000000000000000, "x": [1, 2.5]}
+    assert type(read_json(p)["compute"]) is int

@@ -21,7 +21,8 @@ from predict.sources import JsonlSource, parse_lines
 def reference(raw: bytes):
     """What ``json.loads`` makes of one line: the dict, or None (not a JSON object); with the
     one documented difference of orjson (ladder.io.json_line): an integer outside
-    [-2**63, 2**64) reads as the nearest float, the number every reader here makes of it."""
+    [-2**63, 2**64) but within float range reads as the nearest float, the number every reader
+    here makes of it."""
     try:
         v = json.loads(raw.decode("utf-8"))
     except (ValueError, UnicodeDecodeError, RecursionError):
@@ -35,7 +36,10 @@ def _wide_ints_as_floats(v):
     if isinstance(v, list):
         return [_wide_ints_as_floats(x) for x in v]
     if isinstance(v, int) and not isinstance(v, bool) and not -2 ** 63 <= v < 2 ** 64:
-        return float(v)
+        try:
+            return float(v)
+        except OverflowError:  # beyond float range: orjson refuses it, json.loads reads it
+            return v
     return v
 
 

@@ -91,18 +91,23 @@ class Batch:
         non-finite value is one *written* non-finite (a missing key is only ever a run without
         it). None (the general path) for configuration rows, many short runs, or a value that
         is not a number (a string, a null: the general path notes and ignores it)."""
-        from itertools import chain
-        from operator import eq, itemgetter
+        from itertools import chain, compress
+        from operator import itemgetter, ne
         n = len(rows)
-        shapes = list(map(tuple, rows))  # orjson shares key strings: cheap to build and compare
-        starts = [0] + [i + 1 for i, same in enumerate(map(eq, shapes[1:], shapes[:-1]))
-                        if not same]
+        # runs of rows with one key set: where a row's keys differ from the row before (dict key
+        # views compare in C; orjson shares the key strings, so each test is pointer-fast)
+        try:
+            ks_of = list(map(dict.keys, rows))
+        except TypeError:  # a row that is not a dict (a Mapping of another kind)
+            return None
+        starts = [0] + list(compress(range(1, n), map(ne, ks_of[1:], ks_of[:-1])))
+        del ks_of
         if len(starts) > max(8, n // 64):
             return None
-        every = set().union(*(shapes[a] for a in starts))
+        every = set().union(*(rows[a].keys() for a in starts))
         if "config" in every:
             return None
-        found = set().union(*(shapes[a] for a in starts if "step" in shapes[a]))
+        found = set().union(*(rows[a].keys() for a in starts if "step" in rows[a]))
         ks = set(keys or ())
         if keys is None or keep is not None:
             ks |= {k for k in found if keep is None or keep(k)}
@@ -112,7 +117,7 @@ class Batch:
         ends = starts[1:] + [n]
         try:
             for a, e in zip(starts, ends):
-                present = [k for k in shapes[a] if k in cols]
+                present = [k for k in rows[a] if k in cols]
                 if not present:
                     continue
                 run = rows[a:e]
