@@ -373,6 +373,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: none)")
     s.add_argument("--inject-at", type=float, default=0.5, metavar="FRACTION",
                    help="where the fault starts")
+    s.add_argument("--seed", type=int, default=0, metavar="S",
+                   help="seed of every rung's init and data order (another seed needs another "
+                        "--out)")
+    s.add_argument("--strict", action="store_true",
+                   help="exit with the watch's status (0 ok, 1 warnings, 2 critical, 3 the "
+                        "forecast no longer applies) instead of 0 whenever the demo ran")
     s.set_defaults(func=_call("ladder.demo:demo_main"))
     return p
 

@@ -49,34 +49,42 @@ def demo_main(args) -> int:
     if not 0 < args.inject_at < 1:
         raise InputError(f"must be in (0, 1), got {args.inject_at}", field="--inject-at",
                          exit_code=EX_USAGE)
-    verdict = run_demo(Path(args.out), ladder, inject=args.inject, inject_at=args.inject_at)
-    return 0 if verdict["ok"] else 1
+    if args.seed < 0:
+        raise InputError(f"must be an integer >= 0, got {args.seed}", field="--seed",
+                         exit_code=EX_USAGE)
+    verdict = run_demo(Path(args.out), ladder, inject=args.inject, inject_at=args.inject_at,
+                       seed=args.seed)
+    # the demo ran end to end: that is what its exit status says, whatever the watch found (the
+    # verdict is printed and in the report); --strict gives the watch's own exit status
+    return verdict["watch_exit"] if args.strict else 0
 
 
-def train_config(inject: str | None = None, inject_at: float = 0.5):
-    """The demo's training configuration: the defaults, with the fault to inject, and progress
-    bars only when stderr is a terminal (as ``ladder run``: none in logs or CI output)."""
+def train_config(inject: str | None = None, inject_at: float = 0.5, seed: int = 0):
+    """The demo's training configuration: the defaults, with the seed (init and data order of
+    every rung), the fault to inject, and progress bars only when stderr is a terminal (as
+    ``ladder run``: none in logs or CI output)."""
     from ladder.trainconfig import Fault, RunArgs, TrainConfig
 
     fault = None if inject is None else Fault(inject, at=inject_at,
                                               **FAULT_SETTINGS.get(inject, {}))
-    return TrainConfig(run=RunArgs(progress=sys.stderr.isatty()), fault=fault)
+    return TrainConfig(seed=seed, run=RunArgs(progress=sys.stderr.isatty()), fault=fault)
 
 
 def run_demo(out: Path, ladder: Ladder, *, inject: str | None = None,
-             inject_at: float = 0.5) -> dict:
+             inject_at: float = 0.5, seed: int = 0) -> dict:
     from ladder.train import train_rung
 
     t_start = time.time()
     runs = out / "runs" / ladder.name
     n = len(ladder.rungs)
-    say(f"ladder demo: {ladder.name} ladder ({ladder.description}); output in {out}/")
+    say(f"ladder demo: {ladder.name} ladder ({ladder.description}), seed {seed}; output in "
+        f"{out}/")
 
     # 1. the rungs ----------------------------------------------------------------------------
     for i, rung in enumerate(ladder.rungs, 1):
         say(f"[1/5] rung {i}/{n} {rung.name}: d={rung.model.d_model}, {rung.model.n_layers} "
             f"layers, {rung.steps} steps, {rung.tokens / 1e6:.2f}M tokens")
-        summary = train_rung(rung, runs / rung.name, train_config(), resume=True)
+        summary = train_rung(rung, runs / rung.name, train_config(seed=seed), resume=True)
         if summary.get("status") != "complete":
             raise RuntimeError(f"rung {rung.name} ended {summary.get('status')}; see "
                                f"{runs / rung.name}")
@@ -95,13 +103,14 @@ def run_demo(out: Path, ladder: Ladder, *, inject: str | None = None,
     base = out if inject is None else out / f"inject-{inject}"
     target_dir = (runs if inject is None else base / "runs" / ladder.name) / ladder.target.name
     alerts_path = base / "alerts.jsonl"
-    cfg = train_config(inject, inject_at)
+    cfg = train_config(inject, inject_at, seed)
     tgt = ladder.target
     say(f"[4/5] target {tgt.name}: d={tgt.model.d_model}, {tgt.model.n_layers} layers, "
         f"{tgt.steps} steps, {tgt.tokens / 1e6:.2f}M tokens"
         + (f"; injecting {inject} from {inject_at:.0%} of the run" if inject else "")
         + f"; watching {target_dir / 'metrics.jsonl'} live")
-    alerts, summary = _train_watched(tgt, target_dir, cfg, prereg_path, alerts_path, base)
+    alerts, summary, watch_exit = _train_watched(tgt, target_dir, cfg, prereg_path, alerts_path,
+                                                 base)
 
     # 5. the report and the verdict ---------------------------------------------------------
     from reports import build_report
@@ -110,6 +119,7 @@ def run_demo(out: Path, ladder: Ladder, *, inject: str | None = None,
                           alerts=alerts_path, target_run=target_dir)
     say(f"[5/5] report: {report}")
     verdict = _verdict(doc, summary, alerts)
+    verdict["watch_exit"] = watch_exit
     verdict["seconds"] = time.time() - t_start
     for line in verdict["lines"]:
         say(line)
@@ -169,6 +179,7 @@ def _train_watched(rung, target_dir: Path, cfg, prereg_path: Path, alerts_path: 
     from ladder.train import train_rung
     from predict.live import Watcher
     from predict.sinks import JsonlSink, StdoutSink
+    from predict.watch.alerts import exit_code_for
     from predict.sources import JsonlSource
 
     target_dir.mkdir(parents=True, exist_ok=True)
@@ -182,7 +193,8 @@ def _train_watched(rung, target_dir: Path, cfg, prereg_path: Path, alerts_path: 
         thread.join()
     watcher.poll()  # whatever the last rows brought
     alerts = [row for _, row in iter_jsonl(alerts_path)] if alerts_path.exists() else []
-    return alerts, summary
+    state = watcher.state
+    return alerts, summary, exit_code_for(state.get("worst"), bool(state.get("not_applicable")))
 
 
 def _num(x) -> float:

@@ -2,10 +2,13 @@
 recipe's three groups (Marin's public hero-run tracking issue; issue 12 of this project):
 
 - **MuonH** on the hidden matrices (attention, latent projections, shared and routed experts):
-  u = Newton-Schulz-5 orthogonalised Nesterov momentum (``optax.contrib.scale_by_muon``), then the
-  hyperball step p' = p - lr * u * |p| / |u|, renormalised to |p|. Norms are Frobenius norms
-  *per matrix*: a routed-expert weight [E, L, F] is E matrices, each kept at its own norm (and a
-  stacked [n_layers, ...] weight is one matrix per layer).
+  the recipe's Muon direction (issue 22 item 3; Marin's grug MoE ``scale_with_grug_muonh``):
+  momentum m <- 0.95 m + g (undamped, no bias correction), the Nesterov input 0.95 m + g,
+  orthogonalised by 5 Newton-Schulz steps with the recipe's coefficient schedule
+  (:func:`newton_schulz`, constants in ladder/optspec.py), then the hyperball step
+  p' = p - lr * u * |p| / |u|, renormalised to |p|. Norms are Frobenius norms *per matrix*: a
+  routed-expert weight [E, L, F] is E matrices, each kept at its own norm (and a stacked
+  [n_layers, ...] weight is one matrix per layer). MuonH keeps one moment (no second moment).
 - **AdamH** on the output projection (the LM head): the Adam direction, the same hyperball step,
   at the MuonH learning rate.
 - **Adam** (no weight decay) on the embedding, the router, the norm gains, the attention head
@@ -15,9 +18,9 @@ recipe's three groups (Marin's public hero-run tracking issue; issue 12 of this 
 Learning rates: Adam LR = the ladder's rule (0.087571 x tokens^-0.3461 x d^-0.3448 x
 sqrt(tokens per batch), ``ladder.specs.Recipe.peak_lr``); MuonH LR = 13/3 x Adam LR, capped at
 0.05. beta2 = clip(0.999^(tokens per batch / 131072), 0.95, 0.9999); eps = 9.676e-18 x
-sqrt(tokens / tokens per batch); beta1 0.9; no clipping, no weight decay. With these the
-published peak LRs come out to < 1% (tests/test_optim.py). beta1 also serves as MuonH's
-momentum (the recipe names one beta1; optax's Muon default would be 0.95).
+sqrt(tokens / tokens per batch); beta1 0.9 (Adam and AdamH); no clipping, no weight decay.
+With these the published peak LRs come out to < 1% (tests/test_optim.py). MuonH's momentum is
+its own (0.95; until issue 22 it was beta1, damped and bias-corrected as optax's Muon does).
 
 The schedule: the step's input ``lr`` is the Adam peak times the schedule's multiplier
 (``ladder.lrtable.run_lr_table``), so the MuonH/AdamH step is ``lr x muonh_lr / adam_lr``: the
@@ -39,10 +42,13 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from ladder.optspec import (  # noqa: F401  (re-exported: the recipe's names stay here too)
     ADAMH_GROUPS, ADAMW_DEFAULTS, ADAM_GROUPS, BETA2_BASE, BETA2_BATCH_TOKENS, BETA2_MAX,
-    BETA2_MIN, EPS_COEF, MARIN_BETA1, MUONH_GROUPS, MUONH_LR_CAP, MUONH_LR_RATIO, NORM_GAIN,
-    OPTIMIZERS, OptimizerSettings, OptimizerSpec)
+    BETA2_MIN, EPS_COEF, MARIN_BETA1, MUON_MOMENTUM, MUON_NESTEROV, MUON_NS_COEFFS, MUON_NS_EPS,
+    MUONH_GROUPS, MUONH_LR_CAP, MUONH_LR_RATIO, NORM_GAIN, OPTIMIZERS, OptimizerSettings,
+    OptimizerSpec)
 
 
 # ------------------------------------------------------------------------------ optax part
@@ -169,31 +175,87 @@ def hyperball_step(p, u, step_lr, axes):
     return moved * (p_norm / jnp.maximum(norm(moved), tiny)) - p
 
 
+def newton_schulz(x, coeffs, eps: float):
+    """The orthogonalised direction of each matrix of ``x`` [..., m, n] (leading axes: a batch
+    of separate matrices, never merged, so a device-split expert axis stays split): x is
+    divided by (|x|_F + eps), which puts every singular value in [0, 1], then
+    :func:`ns_iterate` runs the steps."""
+    import jax.numpy as jnp
+
+    return ns_iterate(x / (jnp.sqrt(jnp.sum(jnp.square(x), axis=(-2, -1), keepdims=True))
+                           + eps), coeffs)
+
+
+def ns_iterate(x, coeffs):
+    """The Newton-Schulz steps on each matrix of ``x`` [..., m, n]: per (a, b, c) of ``coeffs``,
+    X <- a X + (b A + c A^2) X with A = X X^T, on the wide orientation (X^T when m > n). Each
+    step maps a singular value s to a s + b s^3 + c s^5, so x = U S V^T becomes U f(S) V^T."""
+    import jax.numpy as jnp
+
+    tall = x.shape[-2] > x.shape[-1]
+    if tall:
+        x = jnp.swapaxes(x, -1, -2)
+    for a, b, c in coeffs:
+        gram = jnp.einsum("...ik,...jk->...ij", x, x)                   # [.., m, m]
+        poly = b * gram + c * jnp.einsum("...ij,...jk->...ik", gram, gram)
+        x = a * x + jnp.einsum("...ij,...jk->...ik", poly, x)
+    return jnp.swapaxes(x, -1, -2) if tall else x
+
+
+def muon_orthogonalize(u, dims, coeffs, eps: float):
+    """``u`` shaped like its parameter -> its Newton-Schulz direction, one matrix per index of
+    the axes that ``dims`` (optax MuonDimensionNumbers) leaves out: the reduction axes form a
+    matrix's rows, the output axes its columns."""
+    import jax.numpy as jnp
+
+    red = tuple(sorted(a % u.ndim for a in dims.reduction_axis))
+    out = tuple(sorted(a % u.ndim for a in dims.output_axis))
+    batch = tuple(a for a in range(u.ndim) if a not in red + out)
+    perm = batch + red + out
+    moved = jnp.transpose(u, perm)                                   # [batch..., red..., out...]
+    lead = moved.shape[:len(batch)]
+    rows = int(np.prod([u.shape[a] for a in red]))
+    cols = int(np.prod([u.shape[a] for a in out]))
+    flat = newton_schulz(moved.reshape(lead + (rows, cols)), coeffs, eps)   # [batch..., R, C]
+    return jnp.transpose(flat.reshape(moved.shape), np.argsort(perm))
+
+
 class MarinState(NamedTuple):
     count: Any   # [] int32: steps taken
     mu: Any      # like params: Adam first moment, or MuonH momentum
-    nu: Any      # like params: Adam second moment (zeros, unused, on MuonH leaves: see below)
+    nu: Any      # like params, None on MuonH leaves: Adam second moment (MuonH keeps none)
+
+
+def drops_muonh(groups, tree):
+    """``tree`` (like the params) with None on the MuonH leaves: the second-moment tree."""
+    import jax
+
+    return jax.tree.map(lambda g, x: None if g.kind == "muonh" else x, groups, tree,
+                        is_leaf=lambda x: isinstance(x, Group))
 
 
 def scale_by_marin(settings: OptimizerSettings):
     """The recipe's three groups as one optax transformation.
 
-    The state holds two trees shaped like the params, so ``optax.tree_utils.tree_map_params``
-    and the trainer's shardings see every moment. MuonH leaves carry an unused zero second
-    moment: a tree with holes would break both, and Orbax refuses zero-size stand-ins. It costs
-    what AdamW's state costs (ladder/plan.py assumes 2 x params of optimizer state)."""
+    The state holds the first moment of every leaf (``mu``, shaped like the params) and the
+    second moment of the Adam and AdamH leaves (``nu``: the params' tree with None on the
+    MuonH leaves, ~1x params less memory and checkpoint than a full tree; ladder/plan.py counts
+    it). ``optax.tree_utils.tree_map_params`` maps ``mu`` as a params tree; ``nu``'s Nones
+    need ``is_leaf`` (ladder/step.py ``state_shardings``). A checkpoint written before issue 22
+    (a zero second moment on every MuonH leaf too) restores into this state: Orbax reads the
+    leaves the target has and leaves the rest (tests/test_optim.py)."""
     import jax
     import jax.numpy as jnp
     import optax
-    from optax.contrib import MuonState, scale_by_muon
 
     b1, b2, eps, ratio = settings.beta1, settings.beta2, settings.eps, settings.muonh_ratio
+    momentum, nesterov, coeffs = settings.muon_momentum, settings.nesterov, settings.ns_coeffs
 
     def init(params):
-        marin_groups(params)  # a parameter without a marin group fails here, not mid-step
+        groups = marin_groups(params)  # a parameter without a marin group fails here, not mid-step
         return MarinState(count=jnp.zeros([], jnp.int32),
                           mu=jax.tree.map(jnp.zeros_like, params),
-                          nu=jax.tree.map(jnp.zeros_like, params))
+                          nu=drops_muonh(groups, jax.tree.map(jnp.zeros_like, params)))
 
     def update(grads, state, params=None, *, lr=None, **extra):
         del extra
@@ -202,24 +264,15 @@ def scale_by_marin(settings: OptimizerSettings):
         count = optax.safe_increment(state.count)
         t = count.astype(jnp.float32)
         groups = marin_groups(params)
-
-        def muon_direction(g, m, dims, count):
-            """optax's Muon: Nesterov momentum, then Newton-Schulz-5 per matrix; its count is
-            ours (same steps taken). optax folds every batch axis into one, which for a scanned
-            expert stack [G, E, L, F] merges the unsplit G with the device-split E: GSPMD cannot
-            split the merged axis and gathered every expert of every group on each device
-            (27.7B-A1.2B on 64 devices: 147 GiB per device at 8 layers). So all batch axes but
-            the last are vmapped, and optax sees at most one."""
-            n_batch = g.ndim - len(dims.reduction_axis) - len(dims.output_axis)
-            if n_batch > 1:   # dims count from the end, so they hold for every slice
-                return jax.vmap(lambda gi, mi: muon_direction(gi, mi, dims, count))(g, m)
-            muon = scale_by_muon(beta=b1, weight_dimension_numbers=dims)
-            u, s = muon.update(g, MuonState(count=count, mu=m, ns_coeffs=muon.init(g).ns_coeffs))
-            return s.mu, u
+        nu_in = jax.tree.map(lambda g, v, p: jnp.zeros((), p.dtype) if v is None else v,
+                             groups, state.nu, params,
+                             is_leaf=lambda x: x is None or isinstance(x, Group))
 
         def leaf(group, g, m, v, p):
             if group.kind == "muonh":
-                m, direction = muon_direction(g, m, group.dims, state.count)
+                m = momentum * m + g
+                u = momentum * m + g if nesterov else m
+                direction = muon_orthogonalize(u, group.dims, coeffs, MUON_NS_EPS)
             else:
                 m = b1 * m + (1 - b1) * g
                 v = b2 * v + (1 - b2) * jnp.square(g)
@@ -234,12 +287,12 @@ def scale_by_marin(settings: OptimizerSettings):
             return jnp.where(lr > 0, -delta / safe, jnp.zeros_like(delta)), m, v
 
         is_group = lambda x: isinstance(x, Group)  # noqa: E731
-        out = jax.tree.map(leaf, groups, grads, state.mu, state.nu, params, is_leaf=is_group)
+        out = jax.tree.map(leaf, groups, grads, state.mu, nu_in, params, is_leaf=is_group)
         treedef = jax.tree.structure(groups, is_leaf=is_group)
         flat = treedef.flatten_up_to(out)
         updates = treedef.unflatten([o[0] for o in flat])
         mu = treedef.unflatten([o[1] for o in flat])
-        nu = treedef.unflatten([o[2] for o in flat])
+        nu = drops_muonh(groups, treedef.unflatten([o[2] for o in flat]))
         return updates, MarinState(count=count, mu=mu, nu=nu)
 
     return optax.GradientTransformationExtraArgs(init, update)

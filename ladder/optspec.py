@@ -23,7 +23,21 @@ MUONH_LR_CAP = 0.05              # ... at most 0.05
 BETA2_BASE, BETA2_BATCH_TOKENS = 0.999, 131_072   # beta2 = 0.999^(tokens per batch / 131072)
 BETA2_MIN, BETA2_MAX = 0.95, 0.9999               # ... clipped to [0.95, 0.9999]
 EPS_COEF = 9.676e-18             # eps = 9.676e-18 x sqrt(tokens / tokens per batch)
-MARIN_BETA1 = 0.9
+MARIN_BETA1 = 0.9                # Adam/AdamH beta1
+# MuonH as the recipe runs it (issue 22 item 3; Marin's grug MoE `scale_with_grug_muonh` and
+# Levanter's `scale_with_muonh`, marin-community/marin: experiments/grug/moe/optimizer.py,
+# lib/levanter/src/levanter/optim/muonh.py): momentum 0.95 with Nesterov, the buffer
+# m <- mu m + g undamped and never bias-corrected, and Newton-Schulz with the 5-step "quintic"
+# coefficient schedule of lib/levanter/src/levanter/optim/util.py (which cites
+# NVIDIA-NeMo/Emerging-Optimizers). After 5 steps it maps singular values in [0.01, 1] into
+# [0.978, 1.032]; optax's fixed (3.4445, -4.7750, 2.0315) into [0.682, 1.134]
+# (tests/test_optim.py measures both).
+MUON_MOMENTUM = 0.95
+MUON_NESTEROV = True
+MUON_NS_COEFFS = ((4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377),
+                  (3.7418, -5.5913, 2.3037), (2.8769, -3.1427, 1.2046),
+                  (2.8366, -3.0525, 1.2012))
+MUON_NS_EPS = 1e-8               # X / (|X|_F + eps) before the iteration (the recipe's muon_eps)
 
 # Group of each parameter under ``marin``, by the group names of model.transformer.param_group.
 # The recipe's "gates and norm gains" get plain Adam: the convolution kernels and head gates
@@ -38,7 +52,8 @@ NORM_GAIN = "scale"              # leaf name of every RMSNorm gain (model/layers
 @dataclass(frozen=True)
 class OptimizerSettings:
     """The resolved optimizer of one rung: what `ladder list --json` shows under "optimizer".
-    ``muonh_lr`` is None for ``adamw``."""
+    ``muonh_lr`` and the MuonH numbers (``muon_momentum``, ``nesterov``, ``ns_coeffs``: one
+    (a, b, c) per Newton-Schulz step) are None for ``adamw``."""
 
     kind: str
     adam_lr: float
@@ -48,6 +63,9 @@ class OptimizerSettings:
     eps: float
     weight_decay: float
     clip: float
+    muon_momentum: float | None = None
+    nesterov: bool | None = None
+    ns_coeffs: tuple[tuple[float, float, float], ...] | None = None
 
     def __post_init__(self):
         if self.kind not in OPTIMIZERS:
@@ -62,6 +80,24 @@ class OptimizerSettings:
         for name in ("eps", "weight_decay", "clip"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
+        muon = (self.muon_momentum, self.nesterov, self.ns_coeffs)
+        if self.kind == "marin":
+            if not (isinstance(self.muon_momentum, (int, float)) and 0 <= self.muon_momentum < 1):
+                raise ValueError(f"muon_momentum: must be in [0, 1) for marin, got "
+                                 f"{self.muon_momentum!r}")
+            if not isinstance(self.nesterov, bool):
+                raise ValueError(f"nesterov: must be true or false for marin, got "
+                                 f"{self.nesterov!r}")
+            if not (self.ns_coeffs and all(len(c) == 3 for c in self.ns_coeffs)):
+                raise ValueError(f"ns_coeffs: must be one (a, b, c) per Newton-Schulz step, got "
+                                 f"{self.ns_coeffs!r}")
+            object.__setattr__(self, "ns_coeffs", tuple(tuple(float(x) for x in c)
+                                                        for c in self.ns_coeffs))
+        else:
+            for name, v in zip(("muon_momentum", "nesterov", "ns_coeffs"), muon):
+                if v is not None:
+                    raise ValueError(f"{name}: a MuonH setting, for the marin optimizer only "
+                                     f"(this one is {self.kind!r})")
 
     @property
     def muonh_ratio(self) -> float:
@@ -83,15 +119,23 @@ class OptimizerSpec:
     eps: float | None = None
     weight_decay: float | None = None
     clip: float | None = None
+    muon_momentum: float | None = None   # marin only: MuonH's momentum (the recipe: 0.95)
+    nesterov: bool | None = None         # marin only: Nesterov momentum for MuonH (the recipe's)
 
     def __post_init__(self):
         if self.kind not in OPTIMIZERS:
             raise ValueError(f"kind: must be one of {OPTIMIZERS}, got {self.kind!r}")
-        for name in ("beta1", "beta2", "eps", "weight_decay", "clip"):
+        for name in ("beta1", "beta2", "eps", "weight_decay", "clip", "muon_momentum"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
                 raise ValueError(f"{name}: must be null or a number, got {v!r}")
-        for name in ("beta1", "beta2"):
+        if self.nesterov is not None and not isinstance(self.nesterov, bool):
+            raise ValueError(f"nesterov: must be null, true or false, got {self.nesterov!r}")
+        for name in ("muon_momentum", "nesterov"):
+            if self.kind != "marin" and getattr(self, name) is not None:
+                raise ValueError(f"{name}: a MuonH setting, for the marin optimizer only (this "
+                                 f"one is {self.kind!r})")
+        for name in ("beta1", "beta2", "muon_momentum"):
             v = getattr(self, name)
             if v is not None and not 0 <= v < 1:
                 raise ValueError(f"{name}: must be in [0, 1), got {v!r}")
@@ -110,9 +154,13 @@ class OptimizerSpec:
             rule = {"muonh_lr": min(MUONH_LR_RATIO * adam_lr, MUONH_LR_CAP),
                     "beta1": MARIN_BETA1, "beta2": min(max(beta2, BETA2_MIN), BETA2_MAX),
                     "eps": EPS_COEF * math.sqrt(tokens / tokens_per_step),
-                    "weight_decay": 0.0, "clip": 0.0}
+                    "weight_decay": 0.0, "clip": 0.0, "muon_momentum": MUON_MOMENTUM,
+                    "nesterov": MUON_NESTEROV, "ns_coeffs": MUON_NS_COEFFS}
         fixed = {k: float(getattr(self, k)) for k in ("beta1", "beta2", "eps", "weight_decay",
-                                                      "clip") if getattr(self, k) is not None}
+                                                      "clip", "muon_momentum")
+                 if getattr(self, k) is not None}
+        if self.nesterov is not None:
+            fixed["nesterov"] = self.nesterov
         return OptimizerSettings(kind=self.kind, adam_lr=float(adam_lr), **{**rule, **fixed})
 
     def replace(self, **kw) -> "OptimizerSpec":

@@ -10,8 +10,10 @@ FSDP-style over "data"); every other weight FSDP-style over all N devices. By de
 axis is the largest divisor of N that also divides the number of experts.
 
 Memory per device (bytes), the estimate (what the trainer as it is here keeps):
-- parameters, gradients, Adam's two moments: float32, each 1/N of the model (FSDP; the routed
-  experts 1/(data x expert)); plus a float32 gradient accumulator when the step has more than
+- parameters, gradients and the optimizer's moments: float32, each 1/N of the model (FSDP; the
+  routed experts 1/(data x expert)); moments: AdamW two per weight, marin two per Adam/AdamH
+  weight and one per MuonH weight (ladder/optim.py); plus a float32 gradient accumulator when the
+  step has more than
   one microbatch; plus the weights GSPMD gathers for use, of which the embedding and LM head
   (2 V D float32, whole) dominate;
 - the threshold rule's merged statistic [layers, E, n] float32 (n = tokens per step x k / E),
@@ -172,6 +174,21 @@ def exact_param_count(cfg) -> tuple[int, int]:
     return int(sum(leaf.size for leaf in flatten_dict(shapes).values())), int(bias.size)
 
 
+@lru_cache(maxsize=64)
+def optimizer_state_count(cfg, settings) -> int:
+    """Float32 entries of the optimizer state of ``cfg`` under ``settings`` (its moments; the
+    step counter aside), from abstract shapes: AdamW 2 x the weights, marin 2 x the Adam/AdamH
+    weights + 1 x the MuonH weights."""
+    import jax
+
+    from ladder.optim import make_optimizer
+    from model.transformer import param_shapes
+
+    shapes, _ = param_shapes(cfg)
+    state = jax.eval_shape(make_optimizer(settings).init, shapes)
+    return int(sum(x.size for x in jax.tree.leaves(state) if x.ndim))
+
+
 def plan_rung(rung: Rung, devices: int = 1, *, expert_parallel: int | None = None,
               microbatch: int | None = None, peak_flops: float = GB200_BF16_DENSE_FLOPS,
               mfu: float = DEFAULT_MFU) -> RungPlan:
@@ -212,7 +229,8 @@ def plan_rung(rung: Rung, devices: int = 1, *, expert_parallel: int | None = Non
         flops_per_step_no_lm_head=flops.training(rung.tokens_per_step, lm_head=False),
         param_bytes=(trained + n_bias) * BYTES_F32,   # + the replicated router bias
         grad_bytes=trained * BYTES_F32 + accumulator,    # the bias has no gradient
-        optimizer_bytes=2 * trained * BYTES_F32,         # nor Adam moments
+        optimizer_bytes=optimizer_state_count(cfg, rung.optimizer_settings) / mesh.devices
+        * BYTES_F32,                                      # nor optimizer moments
         gathered_bytes=2 * cfg.vocab_size * cfg.d_model * BYTES_F32,
         balance_bytes=balance,
         activation_bytes=seqs_per_device * act_per_seq,

@@ -246,6 +246,7 @@ class Recipe:
     conv_kernel: int = 0          # short causal convolutions' width; 0: off
     xsa: bool = False             # exclusive self-attention
     head_gate: bool = False       # attention head gate 2 sigmoid(x . attn_gate)
+    norm_eps: float = 1e-6        # RMSNorm eps of the residual stream (the recipe: 1e-5)
 
     def __post_init__(self):
         for name in ("vocab_size", "seq_len", "head_dim", "n_experts", "top_k",
@@ -271,7 +272,7 @@ class Recipe:
             raise ValueError(f"n_shared: must be an integer >= 0, got {self.n_shared!r}")
         if self.top_k > self.n_experts:
             raise ValueError(f"top_k: {self.top_k} > n_experts={self.n_experts}")
-        for name in ("tokens_per_active", "lr_coef", "capacity_factor"):
+        for name in ("tokens_per_active", "lr_coef", "capacity_factor", "norm_eps"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: must be > 0, got {getattr(self, name)!r}")
         if not MIN_EVAL_EVERY <= self.eval_every <= 1:
@@ -312,7 +313,7 @@ class Recipe:
             bias_rule=self.bias_rule, init=self.init, global_rope=self.global_rope,
             qk_norm=self.qk_norm, qk_mult=self.qk_mult, embed_norm=self.embed_norm,
             gated_norm_rank=self.gated_norm_rank, conv_kernel=self.conv_kernel, xsa=self.xsa,
-            head_gate=self.head_gate,
+            head_gate=self.head_gate, norm_eps=self.norm_eps,
         )
 
     def peak_lr(self, tokens: float, d: int, tokens_per_step: int) -> float:

@@ -139,8 +139,11 @@ def state_shardings(model_cfg: ModelConfig, optimizer, mesh) -> dict:
     pshard = _param_shardings(params, M.param_groups(params), mesh, model_cfg.n_experts)
     repl = NamedSharding(mesh, P())
     opt_state = jax.eval_shape(optimizer.init, params)
+    # a moment tree may hold None where a leaf keeps no such moment (marin: no second moment
+    # on MuonH leaves, ladder/optim.py): no sharding there either
     oshard = optax.tree_utils.tree_map_params(
-        optimizer, lambda _, s: s, opt_state, pshard, transform_non_params=lambda _: repl)
+        optimizer, lambda x, s: None if x is None else s, opt_state, pshard,
+        transform_non_params=lambda _: repl, is_leaf=lambda x: x is None)
     return {"step": repl, "params": pshard, "opt_state": oshard, "router_bias": repl}
 
 
@@ -229,8 +232,7 @@ def _programs(model_cfg: ModelConfig, settings: OptimizerSettings, mesh,
 
 # Statistics of a microbatch that are means over its tokens (equal-sized microbatches: the step's
 # value is their mean, exactly) and those that are sums.
-_MEAN_STATS = ("ce", "z_loss", "moe/drop_frac", "moe/router_entropy", "moe/router_z_loss",
-               "moe/balance_loss")
+_MEAN_STATS = ("ce", "z_loss", "moe/drop_frac", "moe/router_z_loss", "moe/router_prob")
 _SUM_STATS = ("moe/load",)
 
 
@@ -243,13 +245,15 @@ def accumulate(model_cfg: ModelConfig, objective, params, tokens, targets, micro
     Microbatch j holds sequences j, j + M, j + 2M, ... (a reshape that keeps every device's
     sequences on that device). Means over tokens are averaged, counts summed, and the
     balancing rule's statistic merged by the rule's own function (model.moe.merge_bias_stat), so
-    the bias target is that of the whole step. The Switch balance loss, logged only, is the mean
-    of the microbatches' (it is not linear in their loads).
+    the bias target is that of the whole step. The router entropy and the balance loss (logged
+    only) are recomputed from the step's summed loads and mean router probabilities, so they too
+    are the whole step's (model.moe.load_entropy, model.moe.balance_loss).
     ``objective(params, tokens, targets, segment_ids) -> (loss, stats)``."""
     import jax
     import jax.numpy as jnp
 
-    from model.moe import bias_target_from_stat, empty_bias_stat, merge_bias_stat
+    from model.moe import (balance_loss, bias_target_from_stat, empty_bias_stat, load_entropy,
+                           merge_bias_stat)
 
     grad_fn = jax.value_and_grad(objective, has_aux=True)
     if microbatches == 1:
@@ -307,6 +311,9 @@ def accumulate(model_cfg: ModelConfig, objective, params, tokens, targets, micro
     stats = {k: sums[k] / M for k in _MEAN_STATS}
     load = sums["moe/load"]                                                    # [L, E]
     stats.update({"moe/load": load, "moe/bias_stat": stat,
+                  "moe/router_entropy": jnp.mean(load_entropy(load)),
+                  "moe/balance_loss": jnp.mean(balance_loss(load, stats["moe/router_prob"],
+                                                            model_cfg.top_k)),
                   "moe/bias_target": bias_target_from_stat(model_cfg, stat),
                   "moe/load_max_over_mean": jnp.max(jnp.max(load, axis=-1)
                                                     / jnp.mean(load, axis=-1))})

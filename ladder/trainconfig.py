@@ -68,14 +68,18 @@ class OptimizerOverrides:
     grad_clip: float | None = None   # global-norm clipping; 0 disables
     lr: float | None = None          # peak LR; None = the ladder's LR rule
     schedule: dict = field(default_factory=dict)  # Schedule field overrides (decay_end: re-aim)
+    muon_momentum: float | None = None  # marin: MuonH's momentum (the recipe's 0.95)
+    nesterov: bool | None = None     # marin: Nesterov momentum for MuonH (the recipe's: true)
 
     def __post_init__(self):
         _check(self, "optimizer", self.optimizer is None or self.optimizer in OPTIMIZERS,
                f"null or one of {OPTIMIZERS}")
-        for name in ("b1", "b2"):
+        for name in ("b1", "b2", "muon_momentum"):
             v = getattr(self, name)
             _check(self, name, v is None or _is_num(v) and 0 <= v < 1,
                    "null or a number in [0, 1)")
+        _check(self, "nesterov", self.nesterov is None or isinstance(self.nesterov, bool),
+               "null, true or false")
         for name in ("eps", "weight_decay", "grad_clip"):
             v = getattr(self, name)
             _check(self, name, v is None or _is_num(v) and 0 <= v <= 1e6,
@@ -90,7 +94,8 @@ class OptimizerOverrides:
             spec = spec.replace(kind=self.optimizer)
         fixed = {key: getattr(self, name) for name, key in (
             ("b1", "beta1"), ("b2", "beta2"), ("eps", "eps"), ("weight_decay", "weight_decay"),
-            ("grad_clip", "clip")) if getattr(self, name) is not None}
+            ("grad_clip", "clip"), ("muon_momentum", "muon_momentum"),
+            ("nesterov", "nesterov")) if getattr(self, name) is not None}
         return spec.replace(**fixed) if fixed else spec
 
 
@@ -355,7 +360,11 @@ def resolve_rung(rung: Rung, cfg: TrainConfig, corpus_vocab: int | None = None) 
                              exit_code=EX_USAGE) from None
     if cfg.eval_every is not None:
         kw["eval_every"] = float(cfg.eval_every)
-    kw["optimizer"] = cfg.optim.apply(rung.optimizer)
+    try:
+        kw["optimizer"] = cfg.optim.apply(rung.optimizer)
+    except ValueError as e:   # e.g. a MuonH setting for an AdamW rung
+        raise InputError(str(e).split(": ", 1)[-1], field=str(e).split(":")[0],
+                         exit_code=EX_USAGE) from None
     return rung.replace(**kw)
 
 

@@ -67,7 +67,8 @@ class ModelConfig:
     bias_rule: str = "threshold"   # router-bias balancing rule: threshold | quantile | sign | none
     bias_rate: float = 1e-3        # u of the sign rule
     z_loss: float = 1e-4           # logit z-loss weight (real recipe: 1e-4)
-    norm_eps: float = 1e-6
+    norm_eps: float = 1e-6         # the residual-stream (and latent, learned-QK) RMSNorms; the
+    #                                recipe's: 1e-5 (marin-535b.toml; model/layers.py QK_RMS_EPS)
     init_std: float = 0.02
     # The hero recipe's pieces (issue 12). The defaults are the model every earlier ladder
     # trained (cpu, tiny: their numbers do not move); marin-535b.toml switches them on.

@@ -117,6 +117,13 @@ def materialize(boxes, seed: int, slices=None) -> dict:
     return unflatten_dict(values)
 
 
+# The recipe's non-parametric QK-norm uses eps 1e-6 while its residual-stream norms use the
+# model's layer_norm_eps, 1e-5 (Marin's grug MoE, marin-community/marin
+# experiments/grug/moe/model.py: `rms_norm(q)` with its default eps=1e-6; RMSNorm.init(...,
+# cfg.layer_norm_eps) with layer_norm_eps = 1e-5). ``ModelConfig.norm_eps`` is the latter.
+QK_RMS_EPS = 1e-6
+
+
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
     """x / rms(x) * scale over the last axis, computed in float32."""
     x32 = x.astype(jnp.float32)
@@ -379,9 +386,9 @@ class Attention(nn.Module):
         if cfg.qk_norm == "learned":
             q = RMSNorm(cfg.norm_eps, name="q_norm")(q)            # QK-norm over Hd
             k = RMSNorm(cfg.norm_eps, name="k_norm")(k)
-        else:                                                      # non-parametric
-            q = rms_norm(q, 1.0, cfg.norm_eps)
-            k = rms_norm(k, 1.0, cfg.norm_eps)
+        else:                        # non-parametric, the recipe's own eps (not norm_eps)
+            q = rms_norm(q, 1.0, QK_RMS_EPS)
+            k = rms_norm(k, 1.0, QK_RMS_EPS)
         if cfg.qk_mult != 1.0:
             q = q * jnp.asarray(cfg.qk_mult, q.dtype)
         positions = jnp.arange(S)

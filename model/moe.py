@@ -457,34 +457,57 @@ def threshold_bias(logits: jax.Array, top_k: int) -> jax.Array:
     return bias - jnp.mean(bias)
 
 
+# The recipe's router statistics (Marin's grug MoE `_routing_stats`, marin-community/marin
+# experiments/grug/moe/model.py; issue 22 item 3), per layer over the step's assignments:
+# routing entropy = -sum_e f_e log(f_e + 1e-6), f_e = e's share of the assignments (the 1e-6
+# guard is theirs); load-balancing loss = E sum_e (k f_e) P_e, P_e the mean softmax probability
+# of e (Switch's E sum_e f_e P_e with f the share of *tokens*, k f_e: Fedus et al. 2021 eq. 4).
+ENTROPY_GUARD = 1e-6
+
+
+def load_entropy(load: jax.Array) -> jax.Array:
+    """load [..., E] assignment counts -> [...]: the entropy (nats) of the assignment shares."""
+    f = load / jnp.maximum(jnp.sum(load, axis=-1, keepdims=True), 1.0)
+    return -jnp.sum(f * jnp.log(f + ENTROPY_GUARD), axis=-1)
+
+
+def balance_loss(load: jax.Array, prob: jax.Array, top_k: int) -> jax.Array:
+    """load [..., E] assignment counts, prob [..., E] mean softmax probabilities -> [...]:
+    E * sum_e (k f_e) P_e (k when both are uniform: Switch's loss times k)."""
+    E = load.shape[-1]
+    f = load / jnp.maximum(jnp.sum(load, axis=-1, keepdims=True), 1.0)
+    return E * jnp.sum(top_k * f * prob, axis=-1)
+
+
 def moe_stats(cfg: ModelConfig, logits: jax.Array, routing: Routing, kept: jax.Array,
               stat: jax.Array | None = None, bias: jax.Array | None = None) -> dict:
     """Named statistics of one MoE layer (for logging and the bias rule; none is differentiated).
 
     drop_frac: dropped assignments / all assignments (exact). load [E]: assignments per expert
-    before dropping. router_entropy: mean over tokens of the entropy (nats) of softmax(logits)
-    over all E experts. router_z_loss: mean logsumexp(logits)^2. balance_loss: Switch-style
-    E * sum_e f_e P_e with f_e the fraction of assignments to e and P_e the mean softmax
-    probability of e (Fedus et al. 2021, eq. 4). bias_stat: the balancing rule's mergeable
-    statistic (:func:`bias_stat` of ``logits`` and the layer's current ``bias``, computed here
-    when not given); bias_target [E]: the rule's target from it (:func:`bias_target_from_stat`;
-    for threshold, :func:`threshold_bias` over the step; for quantile, the bias from the margin
-    histogram of model/balance.py).
+    before dropping. prob [E]: mean softmax(logits) over tokens. router_entropy: the entropy of
+    the assignment shares, :func:`load_entropy` (the recipe's "routing entropy": it falls as the
+    load concentrates). router_z_loss: mean logsumexp(logits)^2. balance_loss: the recipe's
+    :func:`balance_loss`. Both are functions of ``load`` and ``prob``, which merge exactly over
+    microbatches (sum, mean): ladder/step.py recomputes them for the whole step. bias_stat: the
+    balancing rule's mergeable statistic (:func:`bias_stat` of ``logits`` and the layer's
+    current ``bias``, computed here when not given); bias_target [E]: the rule's target from it
+    (:func:`bias_target_from_stat`; for threshold, :func:`threshold_bias` over the step; for
+    quantile, the bias from the margin histogram of model/balance.py).
     """
     logits = jax.lax.stop_gradient(logits)
     T, E = logits.shape
     A = T * cfg.top_k
     load = jnp.bincount(routing.expert.reshape(A), length=E).astype(jnp.float32)   # [E]
-    logp = jax.nn.log_softmax(logits, axis=-1)                         # [T, E]
-    p = jnp.exp(logp)
+    prob = jnp.mean(jax.nn.softmax(logits, axis=-1), axis=0)           # [E]
     lse = jax.nn.logsumexp(logits, axis=-1)                            # [T]
     stat = bias_stat(cfg, logits, bias=bias) if stat is None else stat
     return {
         "drop_frac": (A - jnp.sum(kept)) / A,                           # integer count: exact
         "load": load,
-        "router_entropy": jnp.mean(-jnp.sum(p * logp, axis=-1)),
+        "prob": prob,
+        "router_entropy": load_entropy(load),
         "router_z_loss": jnp.mean(lse ** 2),
-        "balance_loss": E * jnp.sum(load / A * jnp.mean(p, axis=0)),
+        "balance_loss": balance_loss(load, prob, cfg.top_k),
         "bias_stat": stat,
         "bias_target": bias_target_from_stat(cfg, stat),
     }

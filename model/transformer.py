@@ -33,7 +33,8 @@ from model.config import ModelConfig, resolve_precision
 from model.layers import Attention, GatedRMSNorm, causal_conv, materialize, weight_init, zeros
 from model.moe import MoE, split_batch
 
-AUX_KEYS = ("drop_frac", "load", "router_entropy", "router_z_loss", "balance_loss", "bias_target",
+AUX_KEYS = ("drop_frac", "load", "prob", "router_entropy", "router_z_loss", "balance_loss",
+            "bias_target",
             "bias_stat")
 DTYPES = {"bf16": jnp.bfloat16, "f32": jnp.float32}
 # What each block keeps for the backward pass. "dots": the outputs of the weight matmuls (dots
@@ -256,9 +257,11 @@ def loss_fn(cfg: ModelConfig, params, router_bias, tokens, targets, *, dropless:
 
     stats: "ce", "z_loss" (the weighted term, so loss = ce + z_loss), "moe/drop_frac" (over all
     layers' assignments), "moe/load_max_over_mean" (the worst layer's max/mean expert load),
-    "moe/router_entropy", "moe/router_z_loss", "moe/balance_loss" (means over layers), and the
-    per-layer arrays "moe/load" [L, E] (assignment counts), "moe/bias_target" [L, E] and the
-    balancing rule's mergeable statistic "moe/bias_stat" (see model.moe.bias_stat).
+    "moe/router_entropy", "moe/router_z_loss", "moe/balance_loss" (means over layers; the
+    recipe's definitions, model.moe.moe_stats), and the per-layer arrays "moe/load" [L, E]
+    (assignment counts), "moe/router_prob" [L, E] (mean router probabilities),
+    "moe/bias_target" [L, E] and the balancing rule's mergeable statistic "moe/bias_stat" (see
+    model.moe.bias_stat).
     """
     h, aux = _hidden(cfg, params, router_bias, tokens, dropless, segment_ids)
     ce_sum, sq_sum = lm_head_losses(h, params["lm_head"], targets, cfg.loss_chunk)
@@ -276,6 +279,7 @@ def loss_fn(cfg: ModelConfig, params, router_bias, tokens, targets, *, dropless:
         "moe/router_z_loss": jnp.mean(aux["router_z_loss"]),
         "moe/balance_loss": jnp.mean(aux["balance_loss"]),
         "moe/load": load,
+        "moe/router_prob": aux["prob"],
         "moe/bias_target": aux["bias_target"],
         "moe/bias_stat": aux["bias_stat"],     # [L, E, n]: mergeable over microbatches (moe.py)
     }

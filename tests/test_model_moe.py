@@ -90,6 +90,32 @@ def test_drops_exact_on_hand_built_routing(dispatch):
         expert=jnp.asarray(HAND_EXPERT)), kept)
     assert float(stats["drop_frac"]) == pytest.approx(3 / 8, abs=0)
     np.testing.assert_array_equal(stats["load"], [4, 3, 1])
+    # the recipe's router statistics (Marin's grug MoE `_routing_stats`): the entropy of the
+    # assignment shares f = (4, 3, 1) / 8 and E sum_e (k f_e) P_e, here with uniform P = 1/3
+    f = np.array([4, 3, 1]) / 8
+    assert float(stats["router_entropy"]) == pytest.approx(
+        -(0.5 * math.log(0.5) + 0.375 * math.log(0.375) + 0.125 * math.log(0.125)), abs=2e-5)
+    assert float(stats["balance_loss"]) == pytest.approx(3 * np.sum(2 * f / 3), rel=1e-6)
+    assert float(stats["balance_loss"]) == pytest.approx(2.0, rel=1e-6)   # k at uniform P
+
+
+def test_balance_loss_is_k_times_switch_and_entropy_falls_with_concentration():
+    cfg = small_cfg(n_experts=4, top_k=2)
+    logits = jnp.asarray(np.random.default_rng(0).standard_normal((16, 4)), jnp.float32)
+    expert = jnp.asarray(np.array([[0, 1]] * 10 + [[2, 3]] * 6), jnp.int32)
+    r = route(cfg, logits, jnp.zeros(4))._replace(expert=expert)
+    s = moe_stats(cfg, logits, r, jnp.ones((16, 2), bool))
+    p = np.exp(np.asarray(logits, np.float64))
+    p = (p / p.sum(-1, keepdims=True)).mean(0)
+    np.testing.assert_allclose(s["prob"], p, rtol=1e-6)
+    tokens_share = np.array([10, 10, 6, 6]) / 16             # share of tokens sent to e
+    switch = 4 * np.sum(tokens_share / 2 * p)                 # Fedus et al.: f = assignments / A
+    assert float(s["balance_loss"]) == pytest.approx(4 * np.sum(tokens_share * p), rel=1e-6)
+    assert float(s["balance_loss"]) == pytest.approx(2 * switch, rel=1e-6)
+    even = moe_stats(cfg, logits, r._replace(expert=jnp.asarray([[0, 1], [2, 3]] * 8)),
+                     jnp.ones((16, 2), bool))
+    assert float(even["router_entropy"]) == pytest.approx(math.log(4), abs=1e-5)
+    assert float(s["router_entropy"]) < float(even["router_entropy"])
 
 
 def test_dropless_drops_nothing_where_capacity_drops_half():

@@ -36,7 +36,16 @@ def test_plan_marin_first_rung_on_8_devices():
     trained = (counted.total - bias) / 8
     assert p.param_bytes == pytest.approx(4 * (trained + bias))
     assert p.grad_bytes == pytest.approx(4 * trained)          # one microbatch: no accumulator
-    assert p.optimizer_bytes == pytest.approx(8 * trained)
+    # marin's moments: two per Adam/AdamH weight, one per MuonH weight (issue 22 item 3; it was
+    # two per weight, 8 * trained): the Adam groups and the LM head by their parameter groups
+    from flax.traverse_util import flatten_dict
+
+    from model.transformer import param_group, param_shapes
+    two = sum(x.size for k, x in flatten_dict(param_shapes(cfg)[0]).items()
+              if param_group(k) in ("embedding", "lm_head", "router", "norms", "convs",
+                                    "head_gates") or k[-1] == "scale")
+    assert two > 2 * cfg.vocab_size * cfg.d_model
+    assert p.optimizer_bytes == pytest.approx(4 * (trained + two / 8))
     assert p.gathered_bytes == 2 * 4 * cfg.vocab_size * cfg.d_model
     # the recipe's quantile rule: a 10,000-bin margin histogram per (layer, expert), and the
     # merged copy, split over the expert axis (8)

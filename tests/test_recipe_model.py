@@ -16,8 +16,8 @@ from helpers import assert_documents_stay_apart
 import model
 from ladder.specs import LADDERS
 from model.config import ModelConfig
-from model.layers import (Attention, GatedRMSNorm, causal_conv, exclusive, gated_norm, head_gate,
-                          materialize)
+from model.layers import (QK_RMS_EPS, Attention, GatedRMSNorm, causal_conv, exclusive, gated_norm,
+                          head_gate, materialize)
 
 # every switch of the recipe on (ladder/ladders/marin-535b.toml)
 RECIPE = dict(init="recipe", rope_fraction=0.5, global_rope=False, qk_norm="rms", qk_mult=1.3,
@@ -59,7 +59,25 @@ def test_switches_off_except_for_the_recipe():
         assert {k: getattr(m, k) for k in RECIPE} == RECIPE, rung.name
         assert m.gated_rank == 128 and m.capacity_factor == 1.15
         assert m.layer_rope_dim(0) == 64 and m.layer_rope_dim(m.global_layers[0]) == 0
-        assert m.rope_theta == 1e4 and m.norm_eps == 1e-6
+        # residual-stream RMSNorm eps 1e-5, QK-norm 1e-6: the recipe's (grug MoE's
+        # layer_norm_eps and rms_norm default; issue 22 item 3)
+        assert m.rope_theta == 1e4 and m.norm_eps == 1e-5 and QK_RMS_EPS == 1e-6
+    for name in ("cpu", "tiny"):
+        assert {r.model.norm_eps for r in LADDERS[name].all} == {1e-6}
+
+
+def test_the_rms_qk_norm_keeps_its_eps_whatever_norm_eps():
+    """The non-parametric QK-norm's eps is the recipe's 1e-6, not ``norm_eps`` (1e-5): at a
+    tiny input scale the two differ, and attention is the same whichever norm_eps is set."""
+    cfg = SMALL.replace(**RECIPE, attention_chunk=4)
+    x = rng_array(3, (1, 5, cfg.d_model), 1e-3)
+    attn = Attention(cfg, 0)
+    p = materialize(jax.eval_shape(attn.init, jax.random.key(0), jnp.asarray(x))["params"], 2)
+    outs = [np.asarray(Attention(cfg.replace(norm_eps=eps), 0).apply({"params": p},
+                                                                     jnp.asarray(x)))
+            for eps in (1e-6, 1e-5, 1e-2)]
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_array_equal(outs[0], outs[2])
 
 
 def test_gated_rank_is_capped_at_the_width():

@@ -45,7 +45,7 @@ def test_microbatched_step_matches_one_big_batch(bias_rule):
     batch, seq = 8, rung.seq_len
     corpus = stdlib_corpus()
     mesh = make_mesh(1, 1, cfg.n_experts, batch)
-    runs = {}
+    runs, stats = {}, {}
     for micro in (1, 4):
         progs = programs(cfg, mesh, microbatches=micro)
         state = progs.init_state(0)
@@ -57,7 +57,11 @@ def test_microbatched_step_matches_one_big_batch(bias_rule):
             drops.append(float(m["moe/drop_frac"]))
             biases.append(np.asarray(state["router_bias"]))
         runs[micro] = losses, biases, drops, float(m["moe/load_max_over_mean"])
+        stats[micro] = [float(m[k]) for k in ("moe/router_entropy", "moe/balance_loss")]
     (l1, b1, d1, lm1), (l4, b4, d4, lm4) = runs[1], runs[4]
+    # the recipe's router statistics are the whole step's (from the summed load and the mean
+    # router probabilities), not a mean of the microbatches' (issue 22 item 3)
+    np.testing.assert_allclose(stats[4], stats[1], rtol=1e-6)
     np.testing.assert_allclose(l4, l1, rtol=2e-6)
     for a, b in zip(b1, b4):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
