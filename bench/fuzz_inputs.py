@@ -533,7 +533,10 @@ def run_case(world: Path, case: Case, scratch: Path) -> Outcome:
     try:
         argv = case.build(w)
         os.chdir(w)  # relative defaults (law.json, prereg.json) land in the copy
-        o = judge(argv, case.names, bad=case.bad, alarm=case.alarm, mem_cap=case.mem_cap)
+        if case.mem_cap is None:
+            o = judge(argv, case.names, bad=case.bad, alarm=case.alarm)
+        else:  # in a child process: running out of memory must not break this one's modules
+            o = _judge_apart(argv, case)
         if case.check is not None and o.verdict not in ("traceback", "hang", "exhausted"):
             found = case.check(w, o)
             if found:
@@ -542,6 +545,41 @@ def run_case(world: Path, case: Case, scratch: Path) -> Outcome:
     finally:
         os.chdir(cwd)
         _release(w)
+
+
+def preload() -> None:
+    """Import what the training cases import, outside any alarm (an alarm that fires inside
+    ``import jax`` leaves a half-imported module behind for every later case)."""
+    with contextlib.suppress(ImportError):
+        import jax  # noqa: F401
+
+        import ladder.train  # noqa: F401
+
+
+def _judge_apart(argv: list[str], case: Case) -> Outcome:
+    """:func:`judge` in a forked child under the case's memory cap; its Outcome comes back
+    through a pipe (a child killed outright is a ``exhausted`` verdict)."""
+    import pickle
+    r, wfd = os.pipe()
+    with warnings.catch_warnings():  # the child runs no JAX (it reads files): fork is safe
+        warnings.simplefilter("ignore", RuntimeWarning)
+        pid = os.fork()
+    if pid == 0:  # the child
+        os.close(r)
+        try:
+            o = judge(argv, case.names, bad=case.bad, alarm=case.alarm, mem_cap=case.mem_cap)
+        except BaseException as e:  # noqa: BLE001
+            o = Outcome("traceback", None, f"{type(e).__name__}: {e}"[:300], 0.0)
+        with os.fdopen(wfd, "wb") as f:
+            pickle.dump(o, f)
+        os._exit(0)
+    os.close(wfd)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    _, status = os.waitpid(pid, 0)
+    if not data:
+        return Outcome("exhausted", None, f"child ended with status {status}", 0.0)
+    return pickle.loads(data)
 
 
 def _release(w: Path) -> None:
@@ -608,6 +646,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         world = build_world(Path(tmp) / "world")
+        if not args.fast:
+            preload()
         results = []
         t0 = time.perf_counter()
         for case in corpus():
@@ -663,6 +703,9 @@ def _named_rung(name: str) -> Callable[[str], str]:
     """A tiny ladder whose first rung is named ``name`` (a TOML basic string)."""
     return lambda t: t.replace("[[rungs]]\nd = 16\nn_layers = 2",
                                f"[[rungs]]\nd = 16\nn_layers = 2\nname = {json.dumps(name)}", 1)
+
+
+RUN_ALARM = 600  # a case that may train a rung (the version before issue 26 did): compile + 1 step
 
 
 def _run_file(w: Path, f: Path, rung: str) -> list[str]:
@@ -814,13 +857,17 @@ def _killed_report(w: Path) -> Path:
                            alarm=300)
     assert code == 0, err
     (rep / "notes.txt").write_text("mine")
+    # killed right after the swap's first rename that takes something out of the report folder
+    # (the renames that build the new report in its staging folder do not count)
     code = ("import os, sys\n"
+            "from pathlib import Path\n"
             f"sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})\n"
-            "real, n = os.replace, [0]\n"
+            f"out = Path({str(rep)!r}).resolve()\n"
+            "real = os.replace\n"
             "def replace(a, b):\n"
+            "    src = Path(a).resolve()\n"
             "    real(a, b)\n"
-            "    n[0] += 1\n"
-            "    if n[0] == 2:\n"
+            "    if src == out or out in src.parents:\n"
             "        os._exit(9)\n"
             "os.replace = replace\n"
             "from ladder.cli import main\n"
@@ -892,6 +939,7 @@ def _secret_anywhere(w: Path, o: Outcome) -> str | None:
     alerts) or the flag that keeps it off the command line does not exist."""
     if "unrecognized arguments" in o.message:
         return "leak"
+    _settled(w)
     for q in w.rglob("*"):
         try:
             if q.is_file() and not q.is_symlink() and q.stat().st_size < (8 << 20) and \
@@ -900,6 +948,19 @@ def _secret_anywhere(w: Path, o: Outcome) -> str | None:
         except OSError:
             continue
     return None
+
+
+def _settled(w: Path, quiet: float = 2.0, most: float = 60.0) -> None:
+    """Wait until the W&B record logs under ``w`` stop growing (W&B's service writes them
+    after the command returns)."""
+    t_end = time.monotonic() + most
+    last = None
+    while time.monotonic() < t_end:
+        now = sorted((str(q), q.stat().st_size) for q in w.rglob("*.wandb") if q.is_file())
+        if not now or now == last:
+            return
+        last = now
+        time.sleep(quiet)
 
 
 def _big_table(w: Path, rows: int = 300_000) -> Path:
@@ -937,26 +998,27 @@ def corpus26() -> list[Case]:
         return str(w / "live.jsonl")
 
     # ------------------------------------------------------------------ names -> paths
+    run = {"slow": True, "alarm": RUN_ALARM}
     add("run ladder named ../../escaped", lambda w: _run_file(
         w, _ladder_file(w, lambda t: t.replace('name = "tiny"', 'name = "../../escaped"')),
-        _first_rung()), ("name",), surface=S_NAMES, slow=True,
-        check=_escaped(lambda w: w.parent / "escaped"))
+        _first_rung()), ("name",), surface=S_NAMES,
+        check=_escaped(lambda w: w.parent / "escaped"), **run)
     add("run rung named ../../../pwned", lambda w: _run_file(
         w, _ladder_file(w, _named_rung("../../../pwned")), "../../../pwned"), ("name",),
-        surface=S_NAMES, slow=True, check=_escaped(lambda w: w.parent / "pwned"))
+        surface=S_NAMES, check=_escaped(lambda w: w.parent / "pwned"), **run)
     add("run rung named by an absolute path", lambda w: _run_file(
         w, _ladder_file(w, _named_rung(str(w.parent / "absrung"))), str(w.parent / "absrung")),
-        ("name",), surface=S_NAMES, slow=True, check=_escaped(lambda w: w.parent / "absrung"))
+        ("name",), surface=S_NAMES, check=_escaped(lambda w: w.parent / "absrung"), **run)
     add("list rung name with a NUL", lambda w: [
         "list", "--ladder-file", str(_ladder_file(w, _named_rung("a\x00b")))], ("name",),
         surface=S_NAMES)
     add("run rung name with a newline", lambda w: _run_file(
         w, _ladder_file(w, _named_rung("a\nb")), "a\nb"), ("name",), surface=S_NAMES,
-        slow=True, check=_escaped(lambda w: w / "train" / "tiny" / "a\nb"))
+        check=_escaped(lambda w: w / "train" / "tiny" / "a\nb"), **run)
     add("run manifest shard ../secret.bin", lambda w: _run_data(w, _manifest(
         w, lambda m: m["splits"]["train"]["shards"][0].update(file="../secret.bin",
                                                                tokens=30_000))),
-        ("manifest.json", "file"), surface=S_NAMES, slow=True)
+        ("manifest.json", "file"), surface=S_NAMES, **run)
     add("verify amends.path outside the folder", lambda w: [
         "verify", str(_amends_outside(w))], ("amends.path",), surface=S_NAMES)
 
@@ -1056,7 +1118,7 @@ def corpus26() -> list[Case]:
     }
     for label, edit in manifest_edits.items():
         add(f"run manifest {label}", lambda w, e=edit: _run_data(w, _manifest(w, e)),
-            ("manifest.json",), surface=S_FIELDS, slow=True)
+            ("manifest.json",), surface=S_FIELDS, **run)
 
     # ------------------------------------------------------------------ ranges
     ladder_edits = {
@@ -1088,8 +1150,7 @@ def corpus26() -> list[Case]:
         add(f"run --config {label}", lambda w, c=cfg: [
             "run", "tiny", "--rung", _first_rung(), "--config", str(_config(w, c)), "--out",
             str(w / "train"), "--max-steps", "1", "--peak_flops=1e11", "--progress=false"],
-            ("cfg.json",) + tuple(k.split(".")[-1] for k in cfg), surface=S_RANGES,
-            alarm=60, slow=True)
+            ("cfg.json",) + tuple(k.split(".")[-1] for k in cfg), surface=S_RANGES, **run)
 
     # ------------------------------------------------------------------ durability
     add("watch --alerts after a partial last line", lambda w: (

@@ -224,7 +224,8 @@ def test_issue26_cases_of_every_surface(world, tmp_path):
 
 @pytest.mark.slow  # ~70 cases, 7 of them train a rung or open a W&B run: minutes
 def test_issue26_battery_has_no_finding(world, tmp_path):
-    from bench.fuzz_inputs import corpus26, surface_table
+    from bench.fuzz_inputs import corpus26, preload, surface_table
+    preload()
     results = [(c, run_case(world, c, tmp_path)) for c in corpus26()]
     print(surface_table(results))
     assert _findings(results) == []
