@@ -19,7 +19,8 @@ curve laws for a table of curves). The real ladder's method is ``fit_law(df, for
 fix={"E": 1.5}, by="fraction", objective="ols")`` (least squares of log(L - E) on log C).
 ``prior={"E": (1.5, 0.2)}`` regularises a parameter; parameters the ladder does not pin down are
 flagged (``diagnostics["identifiability"]``), and on a short ladder the default chooses among
-free, prior and fixed-E variants (``fit.select.asymptote_rule``).
+free, prior and fixed-E variants (``fit.select.asymptote_rule``); where the rollout backtest
+says so, runs far below the ladder's top are down-weighted (``fit.select.scale_weight_rule``).
 
 Solver (``fit.solver``, ``fit.law``): summed Huber(1e-3) on log residuals, every start of a grid
 (Chinchilla: the paper's 4,500) run by a batched numpy L-BFGS with per-start convergence

@@ -26,36 +26,80 @@ from ladder.io import InputError
 
 @dataclass(frozen=True)
 class Allocation:
+    """N_opt and D_opt as powers of compute. ``a``, ``b`` and ``G`` are NaN when the law has no
+    compute-optimal allocation, or when it overflows float64, and ``reason`` says which."""
     a: float
     b: float
     G: float
     k: float = 6.0
+    reason: str | None = None
+
+    @property
+    def defined(self) -> bool:
+        return self.reason is None
 
     def n_opt(self, C):
-        return self.G * (np.asarray(C, dtype=float) / self.k) ** self.a
+        return self._power(C, self.a, math.log(self.G) if self.G > 0 else math.nan)
 
     def d_opt(self, C):
-        return (np.asarray(C, dtype=float) / self.k) ** self.b / self.G
+        return self._power(C, self.b, -math.log(self.G) if self.G > 0 else math.nan)
+
+    def _power(self, C, e, log_coef):
+        # in log space: (C/k)^a with a ~ 1/(alpha + beta) -> inf as alpha + beta -> 0; an
+        # optimum beyond float64 is not defined (NaN), never an overflow
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            out = np.exp(log_coef + e * np.log(np.asarray(C, dtype=float) / self.k))
+        return np.where(np.isfinite(out), out, np.nan)
+
+
+# exp() of more than this overflows float64 (max ~ e^709.78)
+_LOG_MAX = 709.0
 
 
 def allocation(params: dict, k: float = 6.0) -> Allocation:
-    al, be, A, B = params["alpha"], params["beta"], params["A"], params["B"]
+    """The compute-optimal allocation of a Chinchilla-form law (module docstring). It exists only
+    for alpha, beta > 0 and A, B > 0 (otherwise the loss does not fall in N or in D and the
+    optimum runs off to a boundary); G is computed in log space, and is NaN where it overflows."""
+    al, be, A, B = (float(params[n]) for n in ("alpha", "beta", "A", "B"))
+    nan = math.nan
+    if not all(math.isfinite(v) for v in (al, be, A, B)):
+        return Allocation(nan, nan, nan, k, reason="a parameter is not finite")
+    if not (al > 0 and be > 0):
+        return Allocation(nan, nan, nan, k, reason=f"needs alpha > 0 and beta > 0 (alpha = "
+                          f"{al:.4g}, beta = {be:.4g}): the loss does not fall in N or in D")
+    if not (A > 0 and B > 0):
+        return Allocation(nan, nan, nan, k, reason=f"needs A > 0 and B > 0 (A = {A:.4g}, B = "
+                          f"{B:.4g})")
     s = al + be
-    G = (al * A / (be * B)) ** (1.0 / s) if al > 0 and be > 0 else math.nan
-    return Allocation(a=be / s, b=al / s, G=G, k=k)
+    a, b = be / s, al / s
+    log_g = (math.log(al) + math.log(A) - math.log(be) - math.log(B)) / s
+    if not abs(log_g) <= _LOG_MAX:
+        return Allocation(a, b, nan, k, reason=f"G = exp({log_g:.4g}) overflows float64 "
+                          f"(1/(alpha + beta) = {1 / s:.4g})")
+    return Allocation(a, b, math.exp(log_g), k)
 
 
 def allocation_diagnostics(params: dict, boot_u, spec, level: float) -> dict:
+    """diagnostics.allocation of a Chinchilla fit: a, b, G (None where not defined, with
+    ``not_defined`` saying why) and the bootstrap interval of a over the draws that define it."""
     al = allocation(params)
-    out = {"a": al.a, "b": al.b, "G": al.G, "k": al.k,
+
+    def num(v):
+        return float(v) if math.isfinite(v) else None
+    out = {"a": num(al.a), "b": num(al.b), "G": num(al.G), "k": al.k,
            "formula": "N_opt = G (C/k)^a, D_opt = (C/k)^b / G, a = beta/(alpha+beta)"}
+    if al.reason:
+        out["not_defined"] = al.reason
     if boot_u is not None:
         names = spec.form.names
         alpha = boot_u[:, names.index("alpha")]
         beta = boot_u[:, names.index("beta")]
-        a = beta / (alpha + beta)
-        q = 0.5 + level / 2
-        out["a_interval"] = [float(np.quantile(a, 1 - q)), float(np.quantile(a, q))]
+        ok = (alpha > 0) & (beta > 0)
+        if ok.any():
+            a = beta[ok] / (alpha[ok] + beta[ok])
+            q = 0.5 + level / 2
+            out["a_interval"] = [float(np.quantile(a, 1 - q)), float(np.quantile(a, q))]
+            out["a_interval_draws"] = int(ok.sum())
     return out
 
 
@@ -93,8 +137,8 @@ def isoflop_approach2(df: pd.DataFrame, *, budget: str = "compute", size: str = 
     for col in (budget, size, loss):
         if col not in df.columns:
             raise InputError("missing column", field=col)
-    d = df[[budget, size, loss]].astype(float).dropna()
-    d = d[(d > 0).all(axis=1)]
+    d = df[[budget, size, loss]].apply(pd.to_numeric, errors="coerce").astype(float)
+    d = d[(np.isfinite(d) & (d > 0)).all(axis=1)]
     key = d[budget].map(lambda c: float(f"{c:.3g}"))
     groups = [(c, g) for c, g in d.groupby(key) if len(g) >= min_points]
     if len(groups) < 2:
@@ -108,14 +152,19 @@ def isoflop_approach2(df: pd.DataFrame, *, budget: str = "compute", size: str = 
         lo, hi = x.min(), x.max()
         span = hi - lo
         off = (not ok) or vx < lo + 0.2 * span or vx > hi - 0.2 * span
+        # a nearly flat parabola puts its vertex decades away: beyond float64 it is not defined
+        n_opt = math.exp(vx) if ok and abs(vx) <= _LOG_MAX else math.nan
         if off:
-            notes.append(f"budget {c:.3g}: optimum at N={math.exp(vx) if ok else math.nan:.3g} "
-                         f"is off-centre in the sampled range {math.exp(lo):.3g}.."
-                         f"{math.exp(hi):.3g}")
-        rows.append({"compute": c, "n_opt": math.exp(vx) if ok else math.nan, "loss_opt": vy,
+            notes.append(f"budget {c:.3g}: optimum at N={n_opt:.3g} is off-centre in the "
+                         f"sampled range {math.exp(lo):.3g}..{math.exp(hi):.3g}")
+        rows.append({"compute": c, "n_opt": n_opt, "loss_opt": vy,
                      "n_points": len(g), "off_centre": bool(off)})
     table = pd.DataFrame(rows)
     ok = np.isfinite(table["n_opt"].to_numpy())
+    if ok.sum() < 2:
+        raise InputError(f"needs at least 2 budgets whose loss has a minimum in log N (a "
+                         f"parabola opening upwards); {int(ok.sum())} of {len(table)} have",
+                         field=size)
     a, c0 = np.polyfit(np.log(table["compute"][ok]), np.log(table["n_opt"][ok]), 1)
     rng = np.random.default_rng(seed)
     draws = []
@@ -135,7 +184,8 @@ def isoflop_approach2(df: pd.DataFrame, *, budget: str = "compute", size: str = 
         else (math.nan, math.nan)
     for n in notes:
         warnings.warn(n, stacklevel=2)
-    return IsoFlopResult(exponent=float(a), coef=float(math.exp(c0)), interval=interval,
+    coef = math.exp(c0) if abs(c0) <= _LOG_MAX else math.nan
+    return IsoFlopResult(exponent=float(a), coef=coef, interval=interval,
                          level=level, budgets=table, warnings=tuple(notes))
 
 

@@ -31,7 +31,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from fit.estimate import HUBER_DELTA, fit_by, fit_spec, select_points
+from fit.estimate import HUBER_DELTA, fit_by, fit_spec, run_scales, select_points
 from fit.forms import Spec, get_form
 from fit.result import input_distance
 from ladder.io import InputError
@@ -90,21 +90,6 @@ def pooled_rate(folds) -> tuple[float | None, int]:
     if not n:
         return None, 0
     return math.sqrt(e2 / d2), n
-
-
-def run_scales(df: pd.DataFrame) -> tuple[pd.Series, str]:
-    """log10 of every run's scale, and what the scale is: "compute" (planned total FLOPs),
-    "params_x_tokens", "params", or "1/loss" (no scale column: ordered by final loss)."""
-    g = df.groupby("run")
-    if "compute" in df.columns and df["compute"].notna().all():
-        s, kind = g["compute"].max() / g["fraction"].max().clip(lower=1e-12), "compute"
-    elif {"params", "tokens"} <= set(df.columns) and df[["params", "tokens"]].notna().all().all():
-        s, kind = g["params"].max() * g["tokens"].max(), "params_x_tokens"
-    elif "params" in df.columns and df["params"].notna().all():
-        s, kind = g["params"].max(), "params"
-    else:
-        s, kind = 1.0 / g["loss"].min(), "1/loss"
-    return np.log10(s.astype(float)), kind
 
 
 def scale_levels(df: pd.DataFrame) -> pd.Series:
@@ -170,7 +155,7 @@ def backtest(df: pd.DataFrame, spec, opts: dict, *, by: str | None = None,
 
 def _evaluate(res, test, spec, by, final_only, n_train, ranges=None) -> dict:
     final_pts, _ = select_points(test, spec.form, True)
-    curve_pts = test if (by is not None or spec.form.name == "trajectory") else None
+    curve_pts = test if (by is not None or spec.form.curves) else None
     if by is not None:  # per-fraction laws predict only inside their fitted fraction range
         lo = min(v for v, _ in res.groups) - 5e-4
         hi = max(v for v, _ in res.groups) + 5e-4
@@ -191,6 +176,8 @@ def _evaluate(res, test, spec, by, final_only, n_train, ranges=None) -> dict:
         cp = _predict(res, curve_pts)
         curve_err = float(np.mean(np.abs(cp.loss / curve_pts["loss"].to_numpy() - 1.0)))
     return {"train_runs": int(n_train), "held_out": sorted(final_pts["run"].astype(str)),
+            # the run of each final_rel_err / log_err / distance, in their order
+            "final_runs": [str(x) for x in final_pts["run"]],
             "final_rel_err": [float(x) for x in rel], "final_mean_abs": float(np.mean(np.abs(rel)))
             if len(rel) else None, "curve_mean_abs_rel_err": curve_err, "inside_band": inside,
             "log_err": [float(x) for x in loge], "distance": [float(x) for x in dist]}
@@ -259,7 +246,7 @@ def fit_one(df: pd.DataFrame, spec, *, backtest: bool = True, **kw):
     res.diagnostics["backtest"] = run_backtest(df, spec, res.backtest_opts,
                                                final_only=kw.get("final_only"),
                                                starts=res.backtest_starts)
-    if spec.form.name == "trajectory" and kw.get("objective", "huber") == "huber":
+    if spec.form.curves and kw.get("objective", "huber") == "huber":
         res.diagnostics["trajectory_vs_per_fraction"] = trajectory_vs_per_fraction(
             df, {"level": kw.get("level", 0.9), "seed": kw.get("seed", 0),
                  "params_column": kw.get("params_column", "params"),

@@ -83,7 +83,8 @@ def fit_main(args, *, offline_points=None) -> int:
                              field="SOURCE")
         sources = [offline_points(s, args.metric, sizes) if s in offline else s
                    for s in args.sources]
-        df = load_points(sources, args.metric, sizes=sizes)
+        df = load_points(sources, args.metric, sizes=sizes,
+                         include_target=getattr(args, "include_target", False))
         if not len(df):
             dropped = df.attrs.get("dropped") or []
             first = f" (e.g. {dropped[0]})" if dropped else ""
@@ -94,7 +95,8 @@ def fit_main(args, *, offline_points=None) -> int:
                       bootstrap=args.bootstrap, level=args.level, seed=args.seed,
                       params_column=args.params_column, metric=df.attrs.get("metric"),
                       objective=args.objective, prior=_priors(args.prior),
-                      asymptote_rule=not getattr(args, "free_asymptote", False))
+                      asymptote_rule=not getattr(args, "free_asymptote", False),
+                      scale_weighting=not getattr(args, "equal_weights", False))
     seen = set()
     for w in caught:
         msg = str(w.message)
@@ -102,7 +104,9 @@ def fit_main(args, *, offline_points=None) -> int:
             seen.add(msg)
             print(f"ladder fit: warning: {msg}", file=sys.stderr)
     as_json = getattr(args, "json", False)
-    print(json.dumps(to_jsonable(res.to_json())) if as_json else res.report())
+    with np.errstate(over="ignore"):  # a law beyond float64 is refused below, in one line
+        obj = res.to_json()
+        print(json.dumps(to_jsonable(obj)) if as_json else res.report())
     bad = unconverged(res)
     if bad and not args.allow_unconverged:
         # a law from a solver that stopped early is not the optimum it claims to be: refuse to
@@ -111,9 +115,24 @@ def fit_main(args, *, offline_points=None) -> int:
                          "nothing written; rerun with --allow-unconverged to keep it anyway",
                          field="diagnostics.converged", exit_code=EX_DATAERR)
     if args.out:
-        atomic_write_json(args.out, res.to_json())
+        _readable(obj)
+        atomic_write_json(args.out, obj)
         print(f"wrote {args.out}", file=sys.stderr if as_json else sys.stdout)
     return 0
+
+
+def _readable(obj: dict) -> None:
+    """What `fit` writes, `predict` reads: the law is read back through the one reader before
+    it is written, and refused (exit 65, nothing written) when the reader would refuse it (an
+    ols fit, which has no solver box, of losses whose log A is beyond law.json's range)."""
+    from fit.law import law_from_json
+    try:
+        law_from_json(json.loads(json.dumps(to_jsonable(obj))))
+    except InputError as e:
+        where = "<law>" + (f": field '{e.field}'" if e.field else "") + ": "
+        msg = str(e)[len(where):] if str(e).startswith(where) else str(e)
+        raise InputError(f"law.json's reader would refuse the fitted law ({msg}); nothing "
+                         "written", field=e.field, exit_code=EX_DATAERR) from None
 
 
 def predict_main(args) -> int:
@@ -145,8 +164,8 @@ def predict_main(args) -> int:
                              exit_code=EX_USAGE) from None
     loss = getattr(pred, "loss", None)
     if loss is None or not all(math.isfinite(float(v)) for v in np.atleast_1d(loss)):
-        raise InputError(f"the law predicts a non-finite loss ({loss!r}) here: its parameters "
-                         "overflow (an edited or broken law)", path=args.law, field="fit.u")
+        raise InputError(f"the law predicts a non-finite loss ({loss!r}) here: its terms "
+                         "overflow float64 at these inputs", path=args.law, field="fit.u")
     for w in caught:
         print(f"ladder predict: warning: {w.message}", file=sys.stderr)
     print(json.dumps(to_jsonable(pred.to_dict())))

@@ -31,7 +31,7 @@ import pandas as pd
 from scipy.special import stdtrit  # quantiles; scipy.stats takes 0.6 s to import
 
 from fit.allocation import allocation_diagnostics
-from fit.forms import Form, Model, Spec
+from fit.forms import U_LIMIT, Form, Model, Spec
 from fit.result import FitResult, _jacobian_rows
 from fit.solver import STATUS, lbfgs, percentile_interval, polish, run_weights
 from ladder.io import InputError, sha256_of
@@ -67,10 +67,12 @@ def fit_by(df, spec: Spec, by: str, opts: dict) -> FitResult:
 def fit_spec(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
              params_column="params", metric="loss", delta=HUBER_DELTA,
              final_only: bool | None = None, starts: np.ndarray | None = None,
-             objective: str = "huber", prior: dict | None = None) -> FitResult:
+             objective: str = "huber", prior: dict | None = None,
+             bandwidth: float | None = None) -> FitResult:
     """One form on one table: multi-start fit, bootstrap, diagnostics (no backtest: that is
     fit.backtest.fit_one, which refits with this). ``result.backtest_starts`` holds the starts
-    its backtest refits use (fit.backtest)."""
+    its backtest refits use (fit.backtest). ``bandwidth`` (decades): weight every run by its
+    distance below the table's largest run (:func:`scale_weights`); None: every run alike."""
     form = spec.form
     if objective == "ols":
         return _fit_ols(df, spec, level=level, metric=metric, params_column=params_column,
@@ -93,7 +95,8 @@ def fit_spec(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
             "parameters (--fix NAME=VALUE, --tie A=B)", field="form")
     model = Model(form, form.features(cols))
     logy = np.log(data["loss"].to_numpy(dtype=float))
-    prob = _Problem(model, logy, spec, delta)
+    weights = scale_weights(data, bandwidth)
+    prob = _Problem(model, logy, spec, delta, weights=weights)
     if starts is not None:
         grid = np.atleast_2d(starts)
     else:
@@ -111,9 +114,12 @@ def fit_spec(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
         # which the objective stops being quadratic) stands in for sigma
         i0 = int(np.nanargmin(np.where(np.isfinite(res.f), res.f, np.inf)))
         r0 = logy - model.log_predict(spec.to_u(res.x[i0])[None])[0]
-        s2 = float((r0 ** 2).sum() / (n - spec.n_free)) if n > spec.n_free else 0.0
+        if weights is not None:  # the residuals of the runs the weighted fit is local to
+            r0 = r0[weights >= NEAR_WEIGHT]
+        s2 = float((r0 ** 2).sum() / (r0.size - spec.n_free)) if r0.size > spec.n_free else 0.0
         prior_weight = max(s2, delta ** 2)
-        prob = _Problem(model, logy, spec, delta, prior=prior, prior_weight=prior_weight)
+        prob = _Problem(model, logy, spec, delta, prior=prior, prior_weight=prior_weight,
+                        weights=weights)
         res = prob.solve(np.vstack([grid, prob.prior_start(res.x[i0])]), ftol=STAGE1_FTOL,
                          patience=STAGE1_PATIENCE, max_iter=STAGE1_MAX_ITER)
         grid = np.vstack([grid, grid[:1]])  # same length as res (best_start lookup below)
@@ -121,6 +127,15 @@ def fit_spec(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
     near = order[:400][res.f[order[:400]] <= res.f[order[0]] * (1 + POLISH_WITHIN)]
     cands = _distinct(res.x[near], res.f[near], res.x[order[0]], k=POLISH_TOP)
     phi, fbest, pol = prob.polish(cands)
+    held, box = {}, None
+    if not np.all(np.abs(spec.to_u(phi)) <= U_LIMIT):
+        # the optimum ran off along a direction the data do not pin down (a factor or a
+        # coefficient towards 0, a term switched off by a runaway exponent), beyond what
+        # law.json holds: the values out there are solver drift, not estimates. Polish again
+        # inside the box of law.json's range and flag what stays at its edge.
+        box = prob.box()
+        phi, fbest, pol = prob.polish(cands, bounds=box)
+        held = prob.at_box(phi, box)
     pol_best = int(np.argmin(np.where(np.isfinite(pol.f), pol.f, np.inf)))
     best = order[0]
     u = spec.to_u(phi)
@@ -130,7 +145,12 @@ def fit_spec(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
     near10 = order[:400][res.f[order[:400]] <= fbest * 1.1]
     optima = _distinct(res.x[near10], res.f[near10], phi)
 
-    # lack-of-fit: residual scale and degrees of freedom
+    # lack-of-fit: residual scale and degrees of freedom. A weighted fit (scale_weights) is a
+    # local fit at the ladder's top: its noise, residual scale and dof are those of the runs it
+    # is local to (weight NEAR_WEIGHT or more), not of the far runs whose misfit the weights set
+    # aside (counted, they would widen every band by that misfit)
+    near = np.ones(n, dtype=bool) if weights is None else weights >= NEAR_WEIGHT
+    n_near, r_near = int(near.sum()), resid[near]
     multi = data.groupby("run").size().max() > 1
     # a prior is one pseudo-observation of its parameter: one residual degree of freedom more
     n_prior = len(prior)
@@ -140,17 +160,20 @@ def fit_spec(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
         # independent residuals, n_eff = n (1 - rho) / (1 + rho) for residuals that are AR(1)
         # along each run with lag-1 autocorrelation rho (the usual effective sample size of a
         # correlated series), less the free parameters; never below the across-run count
-        rho = _lag1_autocorrelation(data, resid)
-        n_eff = n * (1 - rho) / (1 + rho)
-        dof = max(n_eff + n_prior - spec.n_free, len(uniq_runs) + n_prior - spec.n_across)
+        rho = _lag1_autocorrelation(data[near], r_near)
+        n_eff = n_near * (1 - rho) / (1 + rho)
+        dof = max(n_eff + n_prior - spec.n_free,
+                  len(np.unique(runs[near])) + n_prior - spec.n_across)
     else:
-        dof = n + n_prior - spec.n_free
-    sigma = float(np.sqrt((resid ** 2).sum() / (n + n_prior - spec.n_free))) \
-        if n + n_prior > spec.n_free else None
+        dof = n_near + n_prior - spec.n_free
+    sigma = float(np.sqrt((r_near ** 2).sum() / (n_near + n_prior - spec.n_free))) \
+        if n_near + n_prior > spec.n_free else None
     dof = float(dof) if dof > 0 else None
     cov = None
     if sigma is not None and sigma > 0:
         J = _jacobian_rows(model, u) @ prob.M
+        if weights is not None:  # the weighted objective's curvature: J' W J
+            J = J * np.sqrt(weights)[:, None]
         # Laplace approximation of the penalised fit: the prior's precision (in the solver's
         # u coordinates) adds to J'J / sigma^2, so the prior's spread enters the band.
         # pinv: a shape factor driven to 0 leaves a flat direction; its variance is then not
@@ -162,11 +185,12 @@ def fit_spec(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
 
     boot_u, boot_info = None, {"replicates": 0}
     if bootstrap > 0:
-        boot_u, boot_info = _bootstrap(prob, runs, optima, bootstrap, seed)
+        boot_u, boot_info = _bootstrap(prob, runs, optima, bootstrap, seed, bounds=box)
 
     intervals = _intervals(spec, u, boot_u, cov, dof, level)
     identifiability = _identifiability(spec, u, intervals, level, data, prior,
-                                       have_interval=cov is not None or boot_u is not None)
+                                       have_interval=cov is not None or boot_u is not None,
+                                       held=held)
     disp = {p.name: float(p.to_display(u[i])) for i, p in enumerate(form.params)}
     at_bound = {k: v for k, v in ((p.name, _bound_flag(p, disp[p.name])) for p in form.params
                                   if p.name in spec.free) if v}
@@ -182,6 +206,8 @@ def fit_spec(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
         "distinct_optima": len(optima),
         "polished_candidates": len(cands),
         "at_bound": at_bound,
+        # the unbounded optimum left law.json's range and was polished again inside it
+        "solver_box": None if box is None else {"limit": U_LIMIT, "held": held},
         "free": list(spec.free),
         "n_points": n, "n_runs": len(uniq_runs),
         "fraction_range": [float(data["fraction"].min()), float(data["fraction"].max())],
@@ -195,15 +221,17 @@ def fit_spec(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
         "identifiability": identifiability,
         "dropped_rows": list(df.attrs.get("dropped", [])),
     }
+    if weights is not None:
+        diagnostics["scale_weights"] = weights_record(data, weights, bandwidth)
     if form.name == "chinchilla":
         diagnostics["allocation"] = allocation_diagnostics(disp, boot_u, spec, level)
     result = FitResult(spec=spec, metric=metric, u=u, level=level, params_column=params_column,
                        boot_u=boot_u, cov=cov, sigma=sigma, dof=dof, intervals=intervals,
                        diagnostics=diagnostics, inputs=_inputs(data), prior=prior,
-                       abs_resid=np.abs(resid))
+                       abs_resid=np.abs(r_near))
     result.backtest_opts = {"bootstrap": 0, "level": level, "seed": seed,
                             "params_column": params_column, "metric": metric, "delta": delta,
-                            "backtest": False, "prior": prior}
+                            "backtest": False, "prior": prior, "bandwidth": bandwidth}
     result.backtest_starts = _backtest_starts(grid, res, order)
     return result
 
@@ -271,9 +299,24 @@ E_MIN_FRACTION_OF_LOSS = 0.5
 E_INTERVAL_MAX_FRACTION = 0.5
 
 
-def _identifiability(spec, u, intervals, level, data, prior, have_interval=True) -> dict:
+def implausible_asymptote(E: float, lmin: float) -> str | None:
+    """Why an asymptote ``E`` is implausible for a ladder whose smallest fitted loss is
+    ``lmin`` (at or above it: impossible for a decreasing law; below
+    E_MIN_FRACTION_OF_LOSS x it: implausible), or None. The identifiability flags and the
+    short-ladder asymptote rule's choice of centre (fit.select) both use this one test."""
+    if E >= lmin:
+        return f"E = {E:.4g} is not below the smallest loss {lmin:.4g}"
+    if E < E_MIN_FRACTION_OF_LOSS * lmin:
+        return (f"E = {E:.4g} is below {E_MIN_FRACTION_OF_LOSS:g} x the smallest loss "
+                f"({lmin:.4g}): implausible for a language-model ladder")
+    return None
+
+
+def _identifiability(spec, u, intervals, level, data, prior, have_interval=True,
+                     held=None) -> dict:
     """Parameters the ladder does not pin down, with why: {"flags": {name: [reasons]},
-    "unidentified": [names]}."""
+    "unidentified": [names]}. ``held``: {name: edge} of those the solver held at the edge of
+    law.json's range (``_Problem.at_box``)."""
     form = spec.form
     flags: dict[str, list[str]] = {}
     lmin = float(data["loss"].min())
@@ -286,6 +329,9 @@ def _identifiability(spec, u, intervals, level, data, prior, have_interval=True)
         b = _bound_flag(p, v)
         if b:
             why.append(f"estimate {b}")
+        if p.name in (held or {}):
+            why.append(f"held at the {held[p.name]} of the solver's box (law.json's range, "
+                       f"|u| <= {U_LIMIT:g}): the data do not pin it down")
         if p.kind != "positive" and math.isfinite(lo) and math.isfinite(hi):
             blo, bhi = p.bounds
             if lo <= blo * 1.01 if blo > 0 else lo <= blo + 1e-6:
@@ -293,11 +339,9 @@ def _identifiability(spec, u, intervals, level, data, prior, have_interval=True)
             if hi >= bhi * 0.99:
                 why.append(f"its {level:.0%} interval reaches the upper bound {bhi:g}")
         if p.name == "E":
-            if v >= lmin:
-                why.append(f"E = {v:.4g} is not below the smallest loss {lmin:.4g}")
-            elif v < E_MIN_FRACTION_OF_LOSS * lmin:
-                why.append(f"E = {v:.4g} is below {E_MIN_FRACTION_OF_LOSS:g} x the smallest loss "
-                           f"({lmin:.4g}): implausible for a language-model ladder")
+            bad = implausible_asymptote(v, lmin)
+            if bad:
+                why.append(bad)
             if math.isfinite(lo) and math.isfinite(hi) and \
                     hi - lo > E_INTERVAL_MAX_FRACTION * lmin:
                 why.append(f"its {level:.0%} interval [{lo:.3g}, {hi:.3g}] spans more than "
@@ -310,6 +354,61 @@ def _identifiability(spec, u, intervals, level, data, prior, have_interval=True)
             flags[p.name] = why
     return {"flags": flags, "unidentified": sorted(k for k, w in flags.items()
                                                    if not any("prior is set" in x for x in w))}
+
+
+def run_scales(df: pd.DataFrame) -> tuple[pd.Series, str]:
+    """log10 of every run's scale, and what the scale is: "compute" (planned total FLOPs),
+    "params_x_tokens", "params", or "1/loss" (no scale column: ordered by final loss)."""
+    g = df.groupby("run")
+    if "compute" in df.columns and df["compute"].notna().all():
+        s, kind = g["compute"].max() / g["fraction"].max().clip(lower=1e-12), "compute"
+    elif {"params", "tokens"} <= set(df.columns) and df[["params", "tokens"]].notna().all().all():
+        s, kind = g["params"].max() * g["tokens"].max(), "params_x_tokens"
+    elif "params" in df.columns and df["params"].notna().all():
+        s, kind = g["params"].max(), "params"
+    else:
+        s, kind = 1.0 / g["loss"].min(), "1/loss"
+    return np.log10(s.astype(float)), kind
+
+
+# Weights by distance below the ladder's largest run (fit.select.distance_rule chooses the
+# bandwidth, or none). A law is fitted to forecast runs beyond its largest ones, and a
+# Chinchilla-family form holds only locally: its exponents drift with scale, so runs decades
+# below the top, however many, can pull the fit's local slope at the top away from what the
+# largest runs show (Porian et al.'s tuned IsoFLOP grid: fitted on its 11 smaller budgets the
+# default missed the 12th by +6.5%; fitted on the 2 largest, by +0.9%; docs/LOG.md). A Gaussian
+# kernel in decades of scale below the largest run, exp(-d^2 / 2 h^2), is a local fit at the
+# top of the ladder (locally weighted regression); every run keeps a positive weight, so the
+# far ones still pin down what the near ones cannot, and adding runs far below moves the fit by
+# their weight, not their number.
+NEAR_WEIGHT = 0.5  # the runs a weighted fit is local to (fit.select's candidates need enough)
+
+
+def scale_weights(data: pd.DataFrame, bandwidth: float | None) -> np.ndarray | None:
+    """Per-row weights exp(-d^2 / 2 h^2) of a table, d the decades of the row's run below the
+    largest run's scale (:func:`run_scales`: planned compute, else params x tokens, else
+    params), h = ``bandwidth``; None without a bandwidth."""
+    if bandwidth is None:
+        return None
+    h = float(bandwidth)
+    if not (math.isfinite(h) and h > 0):
+        raise InputError(f"must be a positive number of decades, got {bandwidth!r}",
+                         field="bandwidth")
+    logs, _ = run_scales(data)
+    d = float(logs.max()) - data["run"].map(logs).to_numpy(dtype=float)
+    return np.exp(-0.5 * (d / h) ** 2)
+
+
+def weights_record(data: pd.DataFrame, weights: np.ndarray, bandwidth: float) -> dict:
+    """What law.json says about a weighted fit (``diagnostics.scale_weights``)."""
+    logs, kind = run_scales(data)
+    per_run = pd.Series(weights, index=data["run"].to_numpy()).groupby(level=0).max()
+    return {"method": "Gaussian kernel in decades below the largest run's scale",
+            "scale": kind, "bandwidth_decades": float(bandwidth),
+            "top_scale_log10": float(logs.max()),
+            "effective_runs": float(per_run.sum() ** 2 / (per_run ** 2).sum()),
+            "near_runs": int((per_run >= NEAR_WEIGHT).sum()), "near_weight": NEAR_WEIGHT,
+            "smallest_weight": float(per_run.min())}
 
 
 def _lag1_autocorrelation(data, resid) -> float:
@@ -343,7 +442,7 @@ def select_points(df: pd.DataFrame, form: Form, final_only: bool | None):
     several points (intermediate points of a decaying schedule are not end points of shorter
     runs); ``final_only=False`` keeps every row (the per-fraction fits)."""
     if final_only is None:
-        final_only = form.name != "trajectory"
+        final_only = not form.curves
     if df.empty:
         raise InputError("no points left to fit", field="loss")
     per_run = df.groupby("run").size()
@@ -397,8 +496,10 @@ class _Problem:
     around ~20-50) and lets L-BFGS converge in several times fewer iterations. It is a linear
     change of variables, so optima are unchanged."""
 
-    def __init__(self, model, logy, spec, delta, prior=None, prior_weight=None):
+    def __init__(self, model, logy, spec, delta, prior=None, prior_weight=None, weights=None):
         self.model, self.logy, self.spec, self.delta = model, logy, spec, delta
+        # per-point weights of the objective (scale_weights), on top of any bootstrap weights
+        self.weights = None if weights is None else np.asarray(weights, dtype=float)[None, :]
         self.u0, self.M = spec.mapping()
         self.P = _centering(spec, model)
         self.Pinv = np.linalg.inv(self.P)
@@ -422,8 +523,10 @@ class _Problem:
 
         def one(X, rows):
             U = u0 + (X @ P.T) @ M.T
-            f, G = self.model.objective(U, self.logy, None if W is None else W[rows],
-                                        self.delta)
+            Wr = None if W is None else W[rows]
+            if self.weights is not None:
+                Wr = self.weights if Wr is None else Wr * self.weights
+            f, G = self.model.objective(U, self.logy, Wr, self.delta)
             for k, (i, expo, mean, sd) in enumerate(self.prior):
                 th = np.exp(U[:, i]) if expo else U[:, i]
                 m = mean if prior_means is None else prior_means[rows, k]
@@ -457,13 +560,43 @@ class _Problem:
                       **kw)
         return dataclasses.replace(r, x=r.x @ self.P.T)
 
-    def polish(self, cands):
-        """Stage 2: the candidates to tight tolerances, all at once; (phi, f) of the best."""
+    def polish(self, cands, bounds=None):
+        """Stage 2: the candidates to tight tolerances, all at once; (phi, f) of the best.
+        ``bounds``: (lo, hi) in the solver's coordinates (:meth:`box`)."""
         with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
             i, r = polish(self.fg(), np.atleast_2d(cands) @ self.Pinv.T, ftol=POLISH_FTOL,
-                           gtol=1e-13, max_iter=1000)
+                           gtol=1e-13, max_iter=1000, bounds=bounds)
         r = dataclasses.replace(r, x=r.x @ self.P.T)
         return r.x[i], float(r.f[i]), r
+
+    def box(self) -> tuple[np.ndarray, np.ndarray]:
+        """Bounds in the solver's coordinates that keep every free parameter inside law.json's
+        range, |u| <= U_LIMIT. A centred coefficient's u is its own coordinate plus its term's
+        exponents times the mean log inputs (``_centering``): coefficients and shape factors
+        get U_LIMIT / 2 (a term or factor of e^-350 is 0 beside any loss), exponents the other
+        half over the largest such sum of mean log inputs (|exponent| <= ~6 at 1e25 FLOPs,
+        beyond every plausible exponent: fit.forms bounds them at 3)."""
+        kinds = [self.spec.form.param(n).kind for n in self.spec.free]
+        half = U_LIMIT / 2
+        reach = float(np.abs(self.P - np.eye(len(kinds))).sum(axis=1).max()) if kinds else 0.0
+        lim = [(half / reach if reach > 0 else half) if k == "exponent" else half
+               for k in kinds]
+        return -np.array(lim), np.array(lim)
+
+    def at_box(self, phi, box) -> dict:
+        """{name: "lower bound" | "upper bound"} of the free parameters at the edge of ``box``;
+        a shape factor at its lower edge is left out: that is the factor at 0, unused, which
+        is legitimate (fit.forms)."""
+        x = np.asarray(phi) @ self.Pinv.T
+        out = {}
+        for j, n in enumerate(self.spec.free):
+            kind = self.spec.form.param(n).kind
+            tol = 1e-9 * max(1.0, abs(box[0][j]))
+            if x[j] <= box[0][j] + tol and kind != "positive":
+                out[n] = "lower bound"
+            elif x[j] >= box[1][j] - tol:
+                out[n] = "upper bound"
+        return out
 
 
 def _centering(spec, model) -> np.ndarray:
@@ -510,11 +643,11 @@ class _RunWeights:
         return self.counts[rows // self.k][:, self.inv].astype(float)
 
 
-def _bootstrap(prob, runs, optima, R, seed):
+def _bootstrap(prob, runs, optima, R, seed, bounds=None):
     """Run-level Bayesian bootstrap: each replicate weights whole runs (all points of a run share
     its Dirichlet weight) and is refitted from the distinct optima of the full fit. Replicates
     with fewer runs of non-negligible weight than across-run parameters are degenerate and left
-    out (counted)."""
+    out (counted). ``bounds``: the solver's box when the full fit needed it (``_Problem.box``)."""
     t0 = time.perf_counter()
     spec = prob.spec
     rng = np.random.default_rng(seed)
@@ -533,7 +666,7 @@ def _bootstrap(prob, runs, optima, R, seed):
         sd = np.array([s for _i, _e, _m, s in prob.prior])
         means = np.repeat(mu + sd * rng.standard_normal((R, len(mu))), k, axis=0)
     res = prob.solve(np.tile(optima, (R, 1)), W=W, prior_means=means, ftol=BOOT_FTOL,
-                     max_iter=1000)
+                     max_iter=1000, bounds=bounds)
     f = np.where(np.isfinite(res.f), res.f, np.inf).reshape(R, k)
     rows = np.arange(R) * k + f.argmin(axis=1)
     conv = res.status[rows] == 0

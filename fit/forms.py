@@ -26,6 +26,11 @@ import numpy as np
 
 PARAM_KINDS = ("coef", "exponent", "positive")
 
+# The range of the solver's parameter vector u that law.json holds (fit.lawjson refuses a law
+# beyond it, fit.estimate keeps every fit inside it): up to |u| ~ 709 exp(u), a coefficient or a
+# shape factor, is a finite non-zero float64; beyond it a coefficient is inf or 0.
+U_LIMIT = 700.0
+
 
 @dataclass(frozen=True)
 class Param:
@@ -70,6 +75,13 @@ class Form:
     # inputs (the solver's centred coordinates, see fit.law._centering), i.e. log(L - E)-sized
     # numbers, so every start is a plausible curve. False: natural logs (the Chinchilla grid).
     centered_grid: bool = False
+    # True: a law of whole training curves (inputs compute so far and the fraction g of the
+    # planned run), fitted on every point of every run; False: a law of end points, fitted on each
+    # run's final point (intermediate points of a decaying schedule are not end points).
+    curves: bool = False
+    # Sets of the non-shape parameters that runs identify separately (each set needs as many
+    # runs as it has free parameters); None: all of them together.
+    across_sets: tuple[tuple[str, ...], ...] | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -128,7 +140,8 @@ def _feat_moe(c):
 
 
 FEATURES = {"chinchilla": _feat_chinchilla, "compute": _feat_compute,
-            "trajectory": _feat_trajectory, "moe": _feat_moe}
+            "trajectory": _feat_trajectory, "trajectory-capacity": _feat_trajectory,
+            "moe": _feat_moe}
 
 # ----------------------------------------------------------------------------- the forms
 
@@ -198,11 +211,51 @@ def trajectory() -> Form:
                (Entry("A", "one", 1.0), Entry("alpha", "logCT", -1.0),
                 Entry("gamma", "neglogg", 1.0), Entry("c0", "r1", 1.0),
                 Entry("c1", "q1", 1.0), Entry("c2", "q2", 1.0))),
-        needs=("compute", "fraction"), centered_grid=True,
+        needs=("compute", "fraction"), centered_grid=True, curves=True,
         shape_params=("gamma", "c0", "c1", "c2"),
         note="compute is so far at the point (points-table convention); the law is written in "
              "the planned total C_T = compute / fraction, and is non-increasing in the fraction at "
              "fixed C_T by construction. Shape parameters at 0 mean that factor is unused.")
+
+
+def trajectory_capacity() -> Form:
+    # The trajectory law with the reducible loss split in two, as the Chinchilla form splits it
+    # into a size term and a data term: a capacity term A C_T^-alpha that training does not
+    # remove (what a model of this size can reach), and a training term B C_T^-beta h(g) that
+    # falls along the run with the trajectory form's h. On a ladder with a fixed token-per-
+    # parameter rule both of Chinchilla's terms are powers of C_T. The trajectory form's one
+    # product A C_T^-alpha h(g) keeps the rungs' loss ratio the same at every g; on the cpu
+    # ladder the gap between sizes grows along the run instead (small models plateau first:
+    # the 2.7x larger hero is 3% below its largest rung at 5% of the run and 8% at the end), so
+    # fitted to whole curves that form misses early points by 5-6% and the largest rung's end by
+    # 1-3% (docs/LOG.md, issue 21). h is non-increasing in g, so every curve is monotone.
+    pos_grid = (math.log(0.02), math.log(0.3))
+    return Form(
+        name="trajectory-capacity",
+        expression="L = E + A * C_T^-alpha + B * C_T^-beta * g^-gamma * exp(c0 (1/g - 1) + "
+                   "c1 (1-g) + c2 (1-g)^2), C_T = compute / g (planned total compute), "
+                   "g = fraction",
+        params=(_E_CENTRED, Param("A", "coef", (-3.0, -1.0), (1e-6, 1e15)),
+                Param("alpha", "exponent", (0.05, 0.2), (0.0, 3.0)),
+                Param("B", "coef", (-3.0, -1.0), (1e-6, 1e15)),
+                Param("beta", "exponent", (0.0, 0.1), (-1.0, 3.0)),
+                Param("gamma", "positive", pos_grid, (0.0, 5.0)),
+                Param("c0", "positive", (math.log(0.003), math.log(0.03)), (0.0, 20.0)),
+                Param("c1", "positive", pos_grid, (0.0, 20.0)),
+                Param("c2", "positive", pos_grid, (0.0, 20.0))),
+        terms=((Entry("E", "one", 1.0),),
+               (Entry("A", "one", 1.0), Entry("alpha", "logCT", -1.0)),
+               (Entry("B", "one", 1.0), Entry("beta", "logCT", -1.0),
+                Entry("gamma", "neglogg", 1.0), Entry("c0", "r1", 1.0),
+                Entry("c1", "q1", 1.0), Entry("c2", "q2", 1.0))),
+        needs=("compute", "fraction"), centered_grid=True, curves=True,
+        shape_params=("gamma", "c0", "c1", "c2"),
+        # each run's curve gives its constant part (E + A C_T^-alpha) and the scale of its
+        # falling part (B C_T^-beta) apart: 3 runs pin the first set, 2 the second
+        across_sets=(("E", "A", "alpha"), ("B", "beta")),
+        note="as the trajectory form, with a capacity term A C_T^-alpha that does not fall along "
+             "a run: the gap between sizes may grow (or shrink) along the run. beta near 0: the "
+             "training term is the same for every size.")
 
 
 def moe() -> Form:
@@ -226,7 +279,9 @@ def moe() -> Form:
         note="Na = active params, N = total params, D = tokens.")
 
 
-FORMS = {"chinchilla": chinchilla, "compute": compute, "trajectory": trajectory, "moe": moe}
+FORMS = {"chinchilla": chinchilla, "compute": compute, "trajectory": trajectory,
+         "trajectory-capacity": trajectory_capacity, "moe": moe}
+CURVES_FORMS = tuple(name for name, make in FORMS.items() if make().curves)
 
 
 def get_form(name: str) -> Form:
@@ -271,8 +326,13 @@ class Spec:
 
     @property
     def n_across(self) -> int:
-        """Free parameters that only differences between runs identify (not shape params)."""
-        return sum(1 for n in self.free if n not in self.form.shape_params)
+        """Runs needed to identify the free parameters that only differences between runs
+        identify (not shape params): their number, or with ``across_sets`` the largest number
+        of them in one set."""
+        across = [n for n in self.free if n not in self.form.shape_params]
+        if self.form.across_sets is None:
+            return len(across)
+        return max(sum(1 for n in group if n in across) for group in self.form.across_sets)
 
     def mapping(self) -> tuple[np.ndarray, np.ndarray]:
         """``u = u0 + phi @ M.T``: M (P, F) of 0/1, u0 holding the fixed values."""

@@ -27,6 +27,7 @@ from fit.prediction import Prediction
 from fit.result import OBJECTIVES, FitResult, LawResult, extrapolation_rate
 from fit.select import asymptote_rule as apply_asymptote_rule
 from fit.select import fit_auto
+from fit.select import scale_weight_rule as apply_scale_weight_rule
 from ladder.io import InputError, read_json
 
 CURVE_FORMS = tuple(_CURVE_LAW_FORMS)  # schedule-aware curve laws (fit.curves): mpl, momentum
@@ -46,14 +47,19 @@ def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = 
             by: str | None = None, bootstrap: int = 200, level: float = 0.9, seed: int = 0,
             params_column: str = "params", metric: str | None = None,
             delta: float = HUBER_DELTA, backtest: bool = True, objective: str = "huber",
-            prior: dict | None = None, asymptote_rule: bool = True) -> FitResult:
+            prior: dict | None = None, asymptote_rule: bool = True,
+            scale_weighting: bool = True) -> FitResult:
     """Fit ``form`` to the points table ``df`` (from :func:`fit.load_points`).
 
     ``objective``: "huber" (summed Huber of log residuals, the default) or "ols" (least squares
     of log(L - E) on log C, E fixed: the real ladder's own fit). ``prior``: {name: (mean, sd)}
     in natural units, a Gaussian penalty on those parameters (see :class:`_Problem`).
     ``asymptote_rule``: on a short ladder that leaves E unidentified, choose among free, prior
-    and fixed-E variants by rollout backtest (``fit.select.asymptote_rule``)."""
+    and fixed-E variants by rollout backtest (``fit.select.asymptote_rule``).
+    ``scale_weighting``: also fit the chosen form with weights that fall off with a run's
+    decades below the largest run, and keep them where the rollout backtest says they predict
+    the largest runs better (``fit.select.scale_weight_rule``); the asymptote rule then fits
+    its variants with the same weights."""
     if not isinstance(df, pd.DataFrame) or not set(COLUMNS) <= set(df.columns):
         df = load_points(df, metric)  # files, or a bare DataFrame: normalise and clean it
     largest = len(df) if by is None or by not in df.columns or not len(df) else \
@@ -82,19 +88,31 @@ def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = 
         if tie or by or prior or objective != "huber":
             raise InputError(f"the {form} form takes no --tie, --by, --prior or --objective",
                              field="form")
-        return fit_curve_law(df, form=form, bootstrap=bootstrap, level=level, seed=seed,
-                             metric=metric, fix=fix or None)
+        return _left_out(fit_curve_law(df, form=form, bootstrap=bootstrap, level=level,
+                                       seed=seed, metric=metric, fix=fix or None), df)
     opts = {"bootstrap": bootstrap, "level": level, "seed": seed, "params_column": params_column,
                 "metric": metric, "delta": delta, "backtest": backtest, "objective": objective,
                 "prior": prior}
     if by is not None:
-        return _fit_by(df, form, fix, tie, by, opts)
+        return _left_out(_fit_by(df, form, fix, tie, by, opts), df)
     if form == "auto":
         res = fit_auto(df, fix, tie, opts)
     else:
         res = fit_one(df, _spec(form, fix, tie), **opts)
+    if scale_weighting and objective == "huber" and backtest and isinstance(res, FitResult):
+        res = apply_scale_weight_rule(df, res, opts, prior)
     if asymptote_rule and objective == "huber" and backtest and isinstance(res, FitResult):
-        res = apply_asymptote_rule(df, res, opts, fix, tie, prior)
+        bw = (res.diagnostics.get("scale_weighting") or {}).get("bandwidth")
+        res = apply_asymptote_rule(df, res, dict(opts, bandwidth=bw), fix, tie, prior)
+    return _left_out(res, df)
+
+
+def _left_out(res, df):
+    """The runs the points table's reader left out (a ladder's target: fit.points.load_points)
+    go into the law's ``inputs.left_out``, so the law and its report say what it did not see."""
+    left = list(df.attrs.get("left_out") or [])
+    if left:
+        res.inputs["left_out"] = left
     return res
 
 

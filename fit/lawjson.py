@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from fit.forms import FORMS, Spec, get_form
+from fit.forms import FORMS, U_LIMIT, Spec, get_form
 from ladder.io import InputError, as_float, number, to_jsonable
 
 SCHEMA = "law/1"
@@ -176,10 +176,11 @@ def read(obj: dict, *, path=None) -> tuple[dict, list]:
         u = _array(need(fit, "u", list, prefix + "fit."), (len(spec.form.names),),
                    where, prefix + "fit.u")
         # u holds logs of coefficients and plain exponents; beyond |700| exp() over- or
-        # underflows float64 (max ~ e^709): no fit of a real loss curve gets there, an edit does
-        if np.any(np.abs(u) > 700):
-            raise InputError("a parameter beyond |700| (exp() overflows): an edited or broken "
-                             "law", path=where, field=prefix + "fit.u")
+        # underflows float64 (max ~ e^709): the fitter never writes that (fit.estimate holds
+        # its solver inside U_LIMIT), an edit does
+        if np.any(np.abs(u) > U_LIMIT):
+            raise InputError(f"a parameter beyond |{U_LIMIT:g}|: exp() overflows float64",
+                             path=where, field=prefix + "fit.u")
         boot = unc.get("bootstrap_u")
         boot = None if boot is None else _array(boot, (None, len(spec.form.names)), where,
                                                 prefix + "uncertainty.bootstrap_u")

@@ -35,17 +35,22 @@ COLUMNS = ("run", "params", "active_params", "tokens", "compute", "fraction", "l
 
 
 def load_points(sources, metric: str | None = None, *, include_incomplete: bool = True,
-                sizes: str | Path | None = None, wandb_api=None) -> pd.DataFrame:
+                include_target: bool = False, sizes: str | Path | None = None,
+                wandb_api=None) -> pd.DataFrame:
     """One points table from several sources (paths to CSV/Parquet files or runs directories,
     ``wandb://ENTITY/PROJECT/ID[,ID...]`` URIs, or DataFrames). ``metric`` picks the metric of runs
     (default the dropless eval loss) and labels the table's ``loss`` column (a table without
     ``loss`` may carry a column named after the metric instead). ``sizes`` (CSV or JSON: run,
     params, active_params) gives the sizes of W&B runs whose configs lack a rung; ``wandb_api``
-    replaces ``wandb.Api()`` (tests)."""
+    replaces ``wandb.Api()`` (tests).
+
+    A run directory of a ladder's target rung (config.json's rung ``is_target``: ``ladder run``
+    trains it beside the rungs) is the run the law forecasts, not a point to fit: it is left out
+    unless ``include_target``, and ``df.attrs["left_out"]`` names it (``LADDER/RUNG``)."""
     if isinstance(sources, (str, Path, pd.DataFrame)):
         sources = [sources]
     metric = metric or DEFAULT_METRIC
-    frames, dropped = [], []
+    frames, dropped, left_out = [], [], []
     for src in sources:
         if isinstance(src, pd.DataFrame):  # a table built elsewhere may name its source
             frames.append(_table(src.copy(), str(src.attrs.get("source", "<dataframe>")),
@@ -60,11 +65,17 @@ def load_points(sources, metric: str | None = None, *, include_incomplete: bool 
         if not path.exists():
             raise InputError("no such file or directory", path=path, exit_code=EX_NOINPUT)
         if path.is_dir():
-            frame, notes = _runs_dir(path, metric, include_incomplete)
+            frame, notes, targets = _runs_dir(path, metric, include_incomplete,
+                                              include_target)
             dropped += notes
-            frames.append(frame)
+            left_out += targets
+            if frame is not None:
+                frames.append(frame)
         else:
             frames.append(_table(_read_table(path), str(path), metric))
+    if not frames and left_out:
+        raise InputError(f"its only runs are the ladder's target ({', '.join(left_out)}); pass "
+                         "--include-target to fit it", path=str(sources[0]))
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
     df, bad = _clean(df)
     dropped += bad
@@ -72,6 +83,7 @@ def load_points(sources, metric: str | None = None, *, include_incomplete: bool 
         warnings.warn(line, stacklevel=2)
     df.attrs["dropped"] = dropped
     df.attrs["metric"] = metric
+    df.attrs["left_out"] = left_out
     return df
 
 
@@ -106,13 +118,19 @@ def _table(df: pd.DataFrame, where: str, metric: str) -> pd.DataFrame:
     return out
 
 
-def _runs_dir(root: Path, metric: str, include_incomplete: bool):
+def _runs_dir(root: Path, metric: str, include_incomplete: bool,
+              include_target: bool = False):
     """Every run directory at or below ``root`` that has a metrics.jsonl (``ladder.runs``: the
-    discovery and status rules the forecaster and the report use too), to points."""
+    discovery and status rules the forecaster and the report use too), to points: (table or
+    None when every run is a target left out, notes, the targets left out)."""
     runs = [r for r in read_runs(root) if r.metrics_path.is_file()]
     if not runs:
         raise InputError("no runs found (no */metrics.jsonl below it)", path=root,
                          exit_code=EX_NOINPUT)
+    targets = [] if include_target else [r for r in runs if r.is_target]
+    runs = [r for r in runs if include_target or not r.is_target]
+    if not runs:
+        return None, [], [t.key for t in targets]
     batches, notes = [], []
     for run in runs:
         rd = run.path
@@ -131,7 +149,8 @@ def _runs_dir(root: Path, metric: str, include_incomplete: bool):
             run.rows, metric, run=run.key, source=str(run.metrics_path), params=run.params,
             active_params=run.active_params, compute_of=lambda row, tokens, run=run: (
                 None if tokens is None else run.compute_at(tokens)))))
-    return _concat(batches, notes, metric, where=root)
+    frame, notes = _concat(batches, notes, metric, where=root)
+    return frame, notes, [t.key for t in targets]
 
 
 def _concat(batches: list[tuple[str, list[dict]]], notes: list[str], metric: str, *, where):

@@ -29,10 +29,16 @@ def report(r) -> str:
     return "\n".join(head_lines(r) + r._report_lines())
 
 
+def left_out_line(run: str) -> str:
+    """What a fit of a runs directory says of the target rung it left out (fit.points)."""
+    return f"left out: {run} (the ladder's target; --include-target to fit it)"
+
+
 def head_lines(r) -> list[str]:
     return [f"law: {r.form}   {r.expression}" + (f"   (one fit per {r.by})" if r.by else ""),
             (f"metric: {r.metric or '-'}   points: {r.inputs.get('n_points')}   runs: "
-             f"{r.inputs.get('n_runs')}")]
+             f"{r.inputs.get('n_runs')}")] + [left_out_line(str(x))
+                                             for x in r.inputs.get("left_out") or []]
 
 
 def parameter_lines(r, tags: dict[str, str], warnings: dict[str, str], hint: str) -> list[str]:
@@ -118,11 +124,16 @@ def fit_lines(r) -> list[str]:
         else:
             lines.append("bootstrap: none (bands from the Student-t lack-of-fit interval only)")
     al = d.get("allocation")
-    if al:
+    a = as_float(al.get("a")) if al else None
+    if al and (a is None or not math.isfinite(a)):
+        lines.append(f"compute-optimal: not defined ({al.get('not_defined') or 'a is missing'})")
+    elif al:
         iv = al.get("a_interval")
-        lines.append(f"compute-optimal: N_opt ~ C^{al['a']:.4f}"
-                     + (f" [{iv[0]:.4f}, {iv[1]:.4f}]" if iv else "")
-                     + f", D_opt ~ C^{al['b']:.4f}  (C = {al['k']:g} N D)")
+        lines.append(f"compute-optimal: N_opt ~ C^{_g(al['a'], '{:.4f}')}"
+                     + (f" [{_g(iv[0], '{:.4f}')}, {_g(iv[1], '{:.4f}')}]" if iv else "")
+                     + f", D_opt ~ C^{_g(al.get('b'), '{:.4f}')}  (C = {_g(al.get('k'))} N D)"
+                     + (f"; G not defined: {al['not_defined']}" if al.get("not_defined")
+                        else ""))
     bt = d.get("backtest")
     if bt:
         lines += _backtest_lines("backtest", bt)
@@ -137,6 +148,16 @@ def fit_lines(r) -> list[str]:
         if cmp_.get("better"):
             lines.append(f"  better on held-out rungs: {cmp_['better']}")
     lines += auto_lines(d.get("auto"))
+    sw = d.get("scale_weighting")
+    if sw and sw.get("applied"):
+        lines.append(f"scale weighting (runs weighted by decades below the largest run's "
+                     f"{sw.get('scale')}): {sw.get('chosen')}: {sw.get('why')}")
+    w = d.get("scale_weights")
+    if w:
+        lines.append(f"  weights exp(-d^2 / 2 h^2), h = {_g(w.get('bandwidth_decades'))} "
+                     f"decades: {_g(w.get('effective_runs'), '{:.1f}')} effective runs, "
+                     f"{w.get('near_runs')} at weight {_g(w.get('near_weight'))} or more (the "
+                     f"band's noise part), smallest {_g(w.get('smallest_weight'), '{:.2g}')}")
     rule = d.get("asymptote_rule")
     if rule and rule.get("applied"):
         lines.append(f"asymptote rule (short ladder, {rule['sizes']} sizes, E not "

@@ -264,7 +264,7 @@ class FitResult(LawResult, forms=tuple(FORMS)):
         given = {"params": params, "active_params": active_params, "tokens": tokens,
                  "compute": compute, "fraction": fraction}
         form = self.spec.form
-        if form.name == "trajectory" and fraction is None:
+        if form.curves and fraction is None:
             given["fraction"] = 1.0
         cols = {}
         for need in form.needs:

@@ -5,19 +5,24 @@ alpha = beta (the form Gadre et al. 2024 fit: with alpha = beta, E + A/N^a + B/D
 E + (a M^eta + b M^-eta) C^-eta) (need params and tokens), ``moe`` (needs active params that
 differ from total params), and ``trajectory`` (needs runs with several progress fractions).
 The winner has the lowest rollout error at the held-out runs' final points (fit on the smaller
-runs, predict the larger); candidates that cannot be backtested (too few runs) are listed but not
-chosen unless nothing could be backtested, in which case the simplest fitting form wins.
+runs, predict the larger), or, among the forms fitted to final points, the one with the fewest
+free parameters within one standard error of it (one_se_choice); candidates that cannot be
+backtested (too few runs) are listed but not chosen unless nothing could be backtested, in which
+case the simplest fitting form wins. Then, for the chosen form, the scale-weight rule and (on a
+short ladder) the asymptote rule below.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
 
-from fit.backtest import fit_one, scale_levels
+from fit.backtest import fit_one, scale_inputs, scale_levels
 from fit.curves import curve_data_from_table, fit_curve_law
-from fit.forms import Spec, get_form
+from fit.estimate import NEAR_WEIGHT, implausible_asymptote, run_scales, select_points
+from fit.forms import CURVES_FORMS, Spec, get_form
 from ladder.io import InputError
 
 
@@ -116,6 +121,64 @@ def fit_auto_curves(df, opts, fix):
     return law
 
 
+def held_out_errors(r) -> dict:
+    """{held-out run: |relative error| of its final point} over the rollout folds of ``r``
+    (fit.backtest)."""
+    out = {}
+    for f in ((r.diagnostics.get("backtest") or {}).get("folds") or []):
+        for run, e in zip(f.get("final_runs") or [], f.get("final_rel_err") or [], strict=True):
+            if isinstance(e, (int, float)) and np.isfinite(e):
+                out[str(run)] = abs(float(e))
+    return out
+
+
+def one_se_choice(errs: dict, order: list):
+    """The first candidate of ``order`` (simplest first) whose mean held-out error is within
+    one standard error of the lowest: the one-standard-error rule of cross-validated model
+    choice (Breiman et al. 1984, Classification and Regression Trees, 3.4.3; Hastie et al.,
+    The Elements of Statistical Learning, 7.10). ``errs``: {candidate: {run: |error|}}, compared
+    on the runs every candidate predicted. Returns (choice, {candidate: (mean, se)}, runs
+    compared), or (None, {}, n) with fewer than 2 common runs (no standard error)."""
+    common = sorted(set.intersection(*(set(e) for e in errs.values()))) if errs else []
+    if len(common) < 2:
+        return None, {}, len(common)
+    stats = {}
+    for k, e in errs.items():
+        v = np.array([e[r] for r in common])
+        stats[k] = (float(v.mean()), float(v.std(ddof=1) / np.sqrt(v.size)))
+    best = min(stats, key=lambda k: stats[k][0])
+    limit = stats[best][0] + stats[best][1]
+    return next(k for k in order if stats[k][0] <= limit), stats, len(common)
+
+
+def _simplest_within_one_se(scored: list, fitted: dict, lowest: str):
+    """Among the forms fitted to the runs' final points, the one with the fewest free
+    parameters whose rollout error is within one standard error of the lowest
+    (:func:`one_se_choice`), with why; None when the lowest is not such a form (the trajectory
+    form models whole curves: it is chosen on its error alone) or nothing can be compared.
+    A rollout of a ladder holds out a few runs next to the fitted ones, and a more flexible
+    form wins it by noise and then extrapolates worse: on Gadre et al.'s RedPajama ladder, every
+    run below the 1.4B targets fitted, the free-exponent form won the rollout with 0.73% (se
+    0.30%) against the tied form's 0.83% (se 0.42%; 4 held-out finals) and missed the 6.9B
+    target by -3.0%, the tied form (the authors' own) by +0.3% (docs/LOG.md, 2026-12-02)."""
+    rows = [r for r in scored if not fitted[r["form"]][0].form.curves]
+    if not any(r["form"] == lowest for r in rows) or len(rows) < 2:
+        return None
+    order = [r["form"] for r in sorted(rows, key=lambda r: (r["n_free"],
+                                                            r["rollout_mean_abs_final"]))]
+    choice, stats, n = one_se_choice({f: held_out_errors(fitted[f][1]) for f in order}, order)
+    if choice is None:
+        return None
+    for r in rows:
+        r["one_se"] = {"mean_abs_final": stats[r["form"]][0], "se": stats[r["form"]][1],
+                       "held_out": n}
+    nfree = {r["form"]: r["n_free"] for r in rows}
+    return choice, (f"the form with the fewest free parameters whose rollout error at the "
+                    f"{n} held-out final points is within one standard error of the lowest: "
+                    + ", ".join(f"{f} {100 * stats[f][0]:.2f}% (se {100 * stats[f][1]:.2f}%, "
+                                f"{nfree[f]} free)" for f in order))
+
+
 def fit_auto(df, fix, tie, opts):
     excluded: dict = {}
     cands = candidates(df, fix, tie, opts["params_column"], excluded)
@@ -151,6 +214,9 @@ def fit_auto(df, fix, tie, opts):
         why = ("lowest rollout error at held-out final points: "
                + ", ".join(f"{r['form']} {100 * r['rollout_mean_abs_final']:.2f}%"
                            for r in sorted(scored, key=lambda r: r["rollout_mean_abs_final"])))
+        simpler = _simplest_within_one_se(scored, fitted, win)
+        if simpler is not None:
+            win, why = simpler
         unscored = [r["form"] for r in rows if r not in scored and "error" not in r]
         if unscored:
             why += f"; not backtestable (too few smaller runs): {', '.join(unscored)}"
@@ -168,15 +234,126 @@ def fit_auto(df, fix, tie, opts):
     return r
 
 
+# ----------------------------------------------------------------------------- scale weighting
+# Runs far below the ladder's top can pull a law's local slope there (fit.estimate.scale_weights:
+# a Chinchilla-family form holds only locally). The default therefore also fits the chosen form
+# with Gaussian weights in decades below the largest run, bandwidths BANDWIDTHS, each backtested
+# by the same rollout (every fold weighted below its own largest training run), and keeps
+# equal weights unless a bandwidth predicts the held-out largest runs better by more than the
+# noise of that comparison: the widest bandwidth whose mean |error| over the held-out finals is
+# within one standard error of the lowest (one_se_choice), equal weights the widest. A
+# bandwidth is a candidate only where it changes the fit (some run below weight 0.9) and the
+# runs it keeps at half weight or more can hold the form by themselves: at least the form's
+# free parameters + NEAR_RUNS_MARGIN runs, spanning at least NEAR_LEVELS distinct values (0.05
+# decades) of every scale input of the form. A short one-run-per-size ladder (the real ladder's
+# 4 rungs) has no candidate and stays as it was; so do Gadre et al.'s and the OLMo ladder,
+# whose rollouts see no gain (docs/LOG.md); Porian et al.'s tuned IsoFLOP grid takes 0.5
+# decades (its 12th budget: +6.5% -> +1.3% from the other 11).
+BANDWIDTHS = (2.0, 1.0, 0.5)
+NEAR_RUNS_MARGIN = 2
+NEAR_LEVELS = 3
+
+
+
+
+def _bandwidth_candidate(data, logs, spec, params_column, h) -> str | None:
+    """Why bandwidth ``h`` is not a candidate for this table and form, or None."""
+    w = np.exp(-0.5 * ((logs.max() - logs) / h) ** 2)
+    if w.min() >= 0.9:
+        return f"every run within {h * np.sqrt(-2 * np.log(0.9)):.2g} decades of the largest: "\
+               "the same fit as equal weights"
+    near = set(logs.index[w >= NEAR_WEIGHT])
+    need = spec.n_free + NEAR_RUNS_MARGIN
+    if len(near) < need:
+        return f"{len(near)} runs at weight {NEAR_WEIGHT:g} or more; the form needs {need}"
+    last = data.loc[data.groupby("run")["fraction"].idxmax()]
+    last = last[last["run"].isin(near)]
+    for col in scale_inputs(spec.form, params_column):
+        if col in last.columns and last[col].notna().all():
+            v = last[col].to_numpy(dtype=float)
+            if "fraction" in last.columns and col in ("tokens", "compute"):
+                v = v / last["fraction"].to_numpy(dtype=float)
+            k = np.unique(np.round(np.log10(v) * 20)).size
+            if k < NEAR_LEVELS:
+                return f"the runs at weight {NEAR_WEIGHT:g} or more span {k} value(s) of {col}"
+    return None
+
+
+def _label(h) -> str:
+    return "equal weights" if h == math.inf else f"{h:g} decades"
+
+
+def scale_weight_rule(df, result, opts: dict, prior: dict):
+    """``result`` or the same form fitted with the weights of the bandwidth the rollout
+    backtest prefers (see above); the decision is in ``diagnostics["scale_weighting"]``
+    (``bandwidth``: decades, None for equal weights)."""
+    spec = result.spec
+    data, _ = select_points(df, spec.form, None)
+    logs, kind = run_scales(data)
+    record = {"scale": kind, "method": "rollout backtest, one-standard-error rule, equal "
+              "weights the widest", "candidates": {}, "bandwidth": None}
+    cands = []
+    for h in BANDWIDTHS:
+        why = _bandwidth_candidate(data, logs, spec, opts["params_column"], h)
+        if why:
+            record["candidates"][_label(h)] = {"not a candidate": why}
+        else:
+            cands.append(h)
+    if not cands:
+        record.update(applied=False, chosen=_label(math.inf),
+                      why="no bandwidth is a candidate for this ladder")
+        result.diagnostics["scale_weighting"] = record
+        return result
+    pri = {k: v for k, v in (prior or {}).items() if k in spec.form.names}
+    fits = {math.inf: result}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for h in cands:
+            try:
+                fits[h] = fit_one(df, spec, **dict(opts, bootstrap=0, bandwidth=h, prior=pri))
+            except InputError as e:
+                record["candidates"][_label(h)] = {"not fitted": str(e)}
+    order = sorted(fits, reverse=True)              # equal weights (inf) first: the widest
+    chosen, stats, n_common = one_se_choice({h: held_out_errors(r) for h, r in fits.items()},
+                                            order)
+    if chosen is None:
+        record.update(applied=False, chosen=_label(math.inf),
+                      why=f"{n_common} held-out run(s) common to the candidates' rollout "
+                          "backtests: nothing to compare")
+        result.diagnostics["scale_weighting"] = record
+        return result
+    for h, (m, se) in stats.items():
+        record["candidates"][_label(h)] = {"mean_abs_err": m, "se": se, "held_out": n_common}
+    why = (f"rollout mean |err| over {n_common} held-out finals: "
+           + ", ".join(f"{_label(h)} {100 * stats[h][0]:.2f}% (se {100 * stats[h][1]:.2f}%)"
+                       for h in order)
+           + f"; the widest within one se of the lowest: {_label(chosen)}")
+    record.update(applied=True, chosen=_label(chosen),
+                  bandwidth=None if chosen == math.inf else chosen, why=why)
+    r = fits[chosen]
+    if chosen != math.inf and opts["bootstrap"] > 0:  # its bootstrap; its backtest is reused
+        bt = r.diagnostics.get("backtest")
+        r = fit_one(df, spec, **dict(opts, backtest=False, bandwidth=chosen, prior=pri))
+        if bt is not None:
+            r.diagnostics["backtest"] = bt
+    for key in ("auto", "trajectory_vs_per_fraction"):
+        if key in result.diagnostics:
+            r.diagnostics.setdefault(key, result.diagnostics[key])
+    r.diagnostics["scale_weighting"] = record
+    return r
+
+
 # ----------------------------------------------------------------------------- asymptote rule
 # A short ladder (<= 5 scale levels: the real ladder has 4 rungs) often cannot tell the
 # asymptote E from the slope; a free fit then puts E wherever the noise says (0.87 on the real
 # 4-rung MoE ladder, the lower bound on the cpu ladder), and extrapolating it is the forecast's
-# largest error. When the fit flags E as not identified (fit.law._identifiability), the default
-# fits two more variants, E with a weakly informative prior and E fixed at that prior's mean,
-# chooses the one with the lowest rollout backtest error, and widens the band to the spread of
-# every defensible variant (rollout error within DEFENSIBLE_RATIO x the best, or DEFENSIBLE_ABS
-# of it): their bootstrap draws are pooled, so the band covers the choice between them.
+# largest error. When the fit flags E as not identified (fit.estimate._identifiability), the
+# default fits two more variants, E with a weakly informative prior and E fixed at that prior's
+# mean, and calls defensible every variant whose rollout backtest error is within
+# DEFENSIBLE_RATIO x the best (or DEFENSIBLE_ABS of it). The centre is the defensible variant
+# with the lowest error whose E is plausible (fit.estimate.implausible_asymptote: not below half
+# the smallest loss, not above it); the band widens to the spread of every defensible variant:
+# their bootstrap draws are pooled, so the band covers the choice between them.
 # The prior: E ~ N(0.7, 0.1) x the smallest loss of the ladder: published LM ladders put E at
 # 55-90% of the losses they fit (see fit.law: Hoffmann et al. 2022, Besiroglu et al. 2024,
 # Marin's fixed 1.5 against 2.4-3.0), so +-2 sd covers 0.5-0.9 of the smallest loss.
@@ -188,16 +365,18 @@ DEFENSIBLE_ABS = 0.002
 
 def _score(r) -> float | None:
     bt = r.diagnostics.get("backtest") or {}
-    if r.form == "trajectory" and bt.get("rollout_mean_abs_curve") is not None:
+    if r.form in CURVES_FORMS and bt.get("rollout_mean_abs_curve") is not None:
         return float(bt["rollout_mean_abs_curve"])
     v = bt.get("rollout_mean_abs_final")
     return None if v is None else float(v)
 
 
 def asymptote_rule(df, result, opts: dict, fix: dict, tie: dict, prior: dict):
-    """``result`` or, when a short ladder leaves E unidentified, the best of its free, prior and
-    fixed-E variants by rollout backtest, with the pooled draws of the defensible ones; the
-    decision is recorded in ``diagnostics["asymptote_rule"]``."""
+    """``result`` or, when a short ladder leaves E unidentified, the one of its free, prior and
+    fixed-E variants with the lowest rollout error among the defensible ones with a plausible
+    E, with the pooled draws of the defensible ones; the decision and why are recorded in
+    ``diagnostics["asymptote_rule"]`` (``chosen``, ``lowest_rollout``, ``defensible``, ``E``,
+    ``implausible``, ``why``)."""
     import numpy as np
 
     form = result.spec.form
@@ -243,19 +422,40 @@ def asymptote_rule(df, result, opts: dict, fix: dict, tie: dict, prior: dict):
     best = min(scored, key=scored.get)
     limit = max(DEFENSIBLE_RATIO * scored[best], scored[best] + DEFENSIBLE_ABS)
     defensible = [k for k, v in scored.items() if v <= limit]
-    # the centre is the variant with the lowest rollout error, not the prior variant whenever
-    # it is defensible (docs/LOG.md, 2026-12-01: "the asymptote variants' centre").
-    chosen = variants[best]
+    # the centre: the lowest rollout error among the defensible variants whose E is plausible
+    # (fit.estimate.implausible_asymptote, the test behind the NOT IDENTIFIED flag), so the
+    # band is never centred on an asymptote the same report calls implausible while a
+    # defensible one exists; the implausible ones stay in the pooled band (their rollout
+    # error did not rule them out). Only when no defensible variant is plausible does the
+    # centre stay on the lowest error, and the record says so. Not "the prior variant
+    # whenever it is defensible": tried, docs/LOG.md ("the asymptote variants' centre").
+    lmin_fit = {k: float(select_points(df, v.spec.form, None)[0]["loss"].min())
+                for k, v in variants.items()}
+    e_values = {k: float(v.params["E"]) for k, v in variants.items()}
+    implausible = {k: implausible_asymptote(e_values[k], lmin_fit[k]) for k in variants}
+    ok = [k for k in defensible if implausible[k] is None]
+    centre = min(ok, key=scored.get) if ok else best
+    chosen = variants[centre]
     draws = [variants[k].boot_u for k in defensible if variants[k].boot_u is not None]
     if len(draws) > 1:
         chosen.boot_u = np.vstack(draws)
-    record.update(chosen=best, defensible=defensible,
-                  why="rollout errors " + ", ".join(f"{k} {100 * v:.2f}%" for k, v in
-                                                     scored.items())
-                      + f"; defensible (within {DEFENSIBLE_RATIO:g}x of the best): "
-                      + ", ".join(defensible) + f"; centre: {best} (lowest); the band pools "
-                      "the draws of the defensible variants")
+    why = ("rollout errors " + ", ".join(f"{k} {100 * v:.2f}%" for k, v in scored.items())
+           + f"; defensible (within {DEFENSIBLE_RATIO:g}x of the best): "
+           + ", ".join(defensible))
+    if centre == best:
+        why += f"; centre: {best} (lowest"
+        why += (", E plausible)" if implausible[best] is None else
+                f"; no defensible variant has a plausible E, so the centre stays on it: "
+                f"{implausible[best]})")
+    else:
+        why += (f"; centre: {centre} (the lowest error among the defensible variants with a "
+                f"plausible E, {e_values[centre]:.4g}), not {best}: {implausible[best]}")
+    why += "; the band pools the draws of the defensible variants"
+    record.update(chosen=centre, lowest_rollout=best, defensible=defensible,
+                  E=e_values, implausible={k: v for k, v in implausible.items() if v},
+                  centre_plausible=implausible[centre] is None, why=why)
     chosen.diagnostics["asymptote_rule"] = record
-    if "auto" in result.diagnostics:
-        chosen.diagnostics.setdefault("auto", result.diagnostics["auto"])
+    for key in ("auto", "scale_weighting"):
+        if key in result.diagnostics:
+            chosen.diagnostics.setdefault(key, result.diagnostics[key])
     return chosen

@@ -4,29 +4,51 @@
 ``checkpoint_every`` steps; the last ``keep`` are kept). ``checkpoints/rolling/<step>/`` holds at
 most one more: the latest time-based checkpoint (``checkpoint_minutes``; the real hero kept one an
 hour) or the one written when a signal stopped the run. A rolling checkpoint never evicts a
-permanent one, and resume starts from the newest of either kind.
+permanent one, and resume starts from the newest of either kind. The folder is the run
+directory's ``checkpoints/`` or a ``checkpoint_dir``: a local path or an object-store URL
+(``gs://``, ``s3://``: Orbax writes through etils/TensorStore, which need gcsfs or s3fs and the
+store's credentials).
 
 Each checkpoint is an Orbax composite: ``state`` (the sharded train state; every process writes
 its own shards) and, when the data pipeline has state (Grain over token shards), ``data`` (each
 process's iterator state, written by Grain's own Orbax handler as one JSON file per process).
-Saves are synchronous: when ``save`` returns the step directory has been renamed into place, so a
-summary written after it never points at a half-written checkpoint. Checkpoints written before
-this layout (one ``default`` item) are still restored.
+Saves are asynchronous by default: ``save`` returns once the state has been copied off the
+devices (the next step may then overwrite the donated buffers) and Orbax writes it in the
+background; the step directory appears, renamed into place, only when complete, so a crash
+never leaves a checkpoint that resume would read half-written. :meth:`Checkpoints.done_step`
+says which step is complete (the summary names only that), and every process waits for the
+previous save at the same point (the next save, or close), where a permanent checkpoint also
+removes the rolling one it supersedes. Checkpoints written before this layout (one ``default``
+item) are still restored.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from time import monotonic as _clock  # a module global, so a test can drive the clock
+from urllib.parse import urlparse
 
 ROLLING = "rolling"
 
 
-def _manager(path: Path, keep: int):
+def location(path: str | Path):
+    """A checkpoint folder: a local path (``file://`` URLs too), resolved, or an object-store
+    URL (``gs://``, ``s3://``) as an etils path, which Orbax writes through."""
+    text = str(path)
+    if text.startswith("file://"):
+        return Path(urlparse(text).path).resolve()
+    if "://" in text:
+        from etils import epath
+
+        return epath.Path(text)
+    return Path(text).resolve()
+
+
+def _manager(path, keep: int, async_save: bool):
     import orbax.checkpoint as ocp
 
-    return ocp.CheckpointManager(path.resolve(), options=ocp.CheckpointManagerOptions(
-        max_to_keep=keep, create=True, enable_async_checkpointing=False,
+    return ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(
+        max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
         cleanup_tmp_directories=True))
 
 
@@ -42,14 +64,18 @@ class _StateSnapshot:
 
 
 class Checkpoints:
-    """Permanent and rolling checkpoints of one run directory (see the module docstring)."""
+    """Permanent and rolling checkpoints of one run (see the module docstring)."""
 
-    def __init__(self, root: Path, keep: int, minutes: float | None = None):
-        self.root = Path(root)
-        self.permanent = _manager(self.root, keep)
-        self.rolling = _manager(self.root / ROLLING, 1)
+    def __init__(self, root, keep: int, minutes: float | None = None, *,
+                 async_save: bool = True):
+        self.root = location(root)
+        self.async_save = async_save
+        self.permanent = _manager(self.root, keep, async_save)
+        self.rolling = _manager(self.root / ROLLING, 1, async_save)
         self.interval_s = None if not minutes else 60.0 * minutes
         self._last_save = _clock()
+        self._pending: dict[str, int] = {}   # manager -> step being written in the background
+        self._done = self.latest_step()
 
     def latest_step(self) -> int:
         steps = [m.latest_step() for m in (self.permanent, self.rolling)]
@@ -62,21 +88,41 @@ class Checkpoints:
 
     def save(self, step: int, state, data_state: bytes | None = None, *,
              rolling: bool = False) -> None:
+        """Start writing ``step`` (finished before this returns when saves are synchronous)."""
         import orbax.checkpoint as ocp
 
+        self._settle()
         items = {"state": ocp.args.StandardSave(state)}
         if data_state is not None:
             from grain.checkpoint import CheckpointSave
 
             items["data"] = CheckpointSave(_StateSnapshot(data_state))
+        kind = ROLLING if rolling else "permanent"
         mngr = self.rolling if rolling else self.permanent
         mngr.save(step, args=ocp.args.Composite(**items), force=True)
-        mngr.wait_until_finished()
-        if not rolling and self.rolling.latest_step() is not None \
-                and self.rolling.latest_step() <= step:
-            # a permanent checkpoint supersedes the rolling one: keep disk to the permanent set
-            self.rolling.delete(self.rolling.latest_step())
+        self._pending[kind] = step
+        if not self.async_save:
+            self._settle()
         self._last_save = _clock()
+
+    def done_step(self) -> int:
+        """The newest step whose checkpoint is complete (as this process sees it; no
+        collective, so only for what process 0 writes in the summary)."""
+        for kind, mngr in (("permanent", self.permanent), (ROLLING, self.rolling)):
+            if kind in self._pending and not mngr.is_saving_in_progress():
+                self._done = max(self._done, self._pending.pop(kind))
+        return self._done
+
+    def _settle(self) -> None:
+        """Wait for every save in flight (all processes call this at the same points: a save,
+        close), then drop a rolling checkpoint that a permanent one supersedes."""
+        self.permanent.wait_until_finished()
+        self.rolling.wait_until_finished()
+        self._done = max([self._done, *self._pending.values()])
+        self._pending = {}
+        kept, roll = self.permanent.latest_step(), self.rolling.latest_step()
+        if kept is not None and roll is not None and roll <= kept:
+            self.rolling.delete(roll)
 
     def restore(self, step: int, like, data_iterator=None):
         """The train state of ``step`` with the shardings of ``like`` (a state of the same
@@ -87,9 +133,9 @@ class Checkpoints:
         mngr = self.permanent if step in self.permanent.all_steps() else self.rolling
         abstract = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like)
-        step_dir = Path(mngr.directory) / str(step)
+        step_dir = mngr.directory / str(step)    # a pathlib or etils path
         if (step_dir / "default").is_dir():  # the single-item layout of earlier versions
-            legacy = ocp.CheckpointManager(Path(mngr.directory), options=ocp.
+            legacy = ocp.CheckpointManager(mngr.directory, options=ocp.
                                            CheckpointManagerOptions(read_only=True))
             try:
                 return legacy.restore(step, args=ocp.args.StandardRestore(abstract))
@@ -106,5 +152,9 @@ class Checkpoints:
         return mngr.restore(step, args=ocp.args.Composite(**items))["state"]
 
     def close(self) -> None:
-        self.permanent.close()
-        self.rolling.close()
+        """Wait for the saves in flight (a failed background write raises here), then close."""
+        try:
+            self._settle()
+        finally:
+            self.permanent.close()
+            self.rolling.close()

@@ -118,15 +118,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mfu", type=float, default=None,
                    help="assumed model FLOPs utilisation (default: 0.4)")
     s.add_argument("--compile", action="store_true",
-                   help="also lower and compile the real train step for this mesh on fake CPU "
-                        "devices and report XLA's own bytes, FLOPs and collectives per device "
-                        "(default: off; needs LADDER:RUNG)")
+                   help="also lower and compile the real train and eval steps for this mesh on "
+                        "fake CPU devices and report XLA's own bytes, FLOPs (loops x trip "
+                        "counts) and collectives per device (default: off; needs LADDER:RUNG)")
     s.add_argument("--memory-per-device", type=float, default=80e9, metavar="BYTES",
                    help="memory budget of one device; --compile picks the largest microbatch "
                         "whose step fits it, and the estimate warns above it (default: 80e9)")
     s.add_argument("--microbatch", type=int, default=None, metavar="SEQUENCES",
                    help="sequences per microbatch (default: with --compile the largest that "
                         "fits --memory-per-device, else the whole batch)")
+    s.add_argument("--eval-batch", type=int, default=None, metavar="SEQUENCES",
+                   help="sequences of the eval step --compile compiles (default: one per "
+                        "device, as `ladder run`)")
     _json_option(s, "the plan")
     s.set_defaults(func=_call("ladder.commands:plan_main"))
 
@@ -163,12 +166,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--microbatch", type=int, default=None, metavar="SEQUENCES",
                    help="sequences per microbatch: gradient accumulation inside the step "
                         "(default: the whole batch)")
+    s.add_argument("--eval-batch", type=int, default=None, metavar="SEQUENCES",
+                   help="sequences per eval call (default: one per device in the mesh)")
     s.add_argument("--peak-flops", type=float, default=None, metavar="FLOP/S",
                    help="peak FLOP/s of one device for throughput/mfu (default: the "
                         "accelerator table in ladder/plan.py; on CPU a measured matmul)")
     s.add_argument("--checkpoint-minutes", type=float, default=None, metavar="M",
                    help="also keep a rolling checkpoint every M minutes of wall clock, beside "
                         "the permanent ones (default: none; SIGTERM always checkpoints)")
+    s.add_argument("--checkpoint-dir", default=None, metavar="DIR|URL",
+                   help="checkpoints under DIR/LADDER/RUNG: a folder or gs://, s3:// (Orbax "
+                        "through etils; needs gcsfs/s3fs) (default: RUN_DIR/checkpoints); "
+                        "saves are asynchronous unless --checkpoint_async=false")
+    s.add_argument("--profile-steps", default=None, metavar="A:B",
+                   help="write a jax.profiler trace of steps A..B (inclusive) into "
+                        "RUN_DIR/profile (default: none)")
     g = s.add_argument_group("multi-host JAX (one rung over several processes)")
     g.add_argument("--distributed", default=None, choices=["off", "auto", "explicit"],
                    help="off: one process; auto: jax.distributed.initialize() reads the cluster "
@@ -197,9 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="times a failed rung is retried from its last checkpoint (default: 2)")
     s.set_defaults(func=_call("ladder.commands:run_main"), overrides=[])
 
-    s = sub.add_parser("tokenize", help="token shards for `run --data DIR` from text files")
-    s.add_argument("files", nargs="+", metavar="FILES", help="text files or globs, one "
-                   "document each")
+    s = sub.add_parser("tokenize", help="token shards for `run --data DIR` from text, JSONL "
+                       "or Parquet files")
+    s.add_argument("files", nargs="+", metavar="FILES",
+                   help="files or globs: .jsonl/.ndjson (.gz) and .parquet hold one document "
+                        "per record, any other file is one plain-text document")
     s.add_argument("--tokenizer", required=True, metavar="tokenizer.json",
                    help="a local Hugging Face tokenizers file (nothing is downloaded)")
     s.add_argument("--out", required=True, metavar="DIR", help="directory for the shards and "
@@ -210,6 +224,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "vocabulary)")
     s.add_argument("--shard-tokens", type=int, default=None, metavar="N",
                    help="tokens per shard file (default: 2**27, 256 MiB of uint16)")
+    s.add_argument("--text-key", default="text", metavar="KEY",
+                   help="the field of a JSONL record / column of a Parquet file that holds its "
+                        "text (default: text)")
+    s.add_argument("--processes", type=int, default=None, metavar="N",
+                   help="worker processes that encode (0: this process, with the tokenizers "
+                        "library's own threads; default: one per CPU core)")
     s.set_defaults(func=_call("ladder.commands:tokenize_main"))
 
     # --- fitting ---------------------------------------------------------------------------------
@@ -248,6 +268,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep E free even on a short ladder (<= 5 sizes) that does not "
                         "identify it (default: also fit a prior and a fixed-E variant and "
                         "choose by rollout backtest)")
+    s.add_argument("--include-target", action="store_true",
+                   help="fit a runs directory's target rung too (default: left out, and said so: "
+                        "it is the run the law forecasts)")
+    s.add_argument("--equal-weights", action="store_true",
+                   help="weight every run alike (default: where the rollout backtest says it "
+                        "forecasts the largest runs better, weight runs by their decades of "
+                        "compute below the largest one)")
     s.add_argument("--allow-unconverged", action="store_true",
                    help="write the law even when the best start did not converge (default: "
                         "refuse, exit 65)")

@@ -86,7 +86,7 @@ def _train_config(args):
         where = f"{where} + --key=value" if getattr(args, "config", None) else "--key=value"
     values.update(overrides)
     for flag in ("devices", "expert_parallel", "vocab_size", "checkpoint_minutes", "microbatch",
-                 "peak_flops"):
+                 "eval_batch", "peak_flops", "checkpoint_dir", "profile_steps"):
         if getattr(args, flag, None) is not None:
             values[flag] = getattr(args, flag)
     if getattr(args, "data", None):
@@ -186,16 +186,28 @@ def rung_problem(ladder: str, rung: str, s: dict, out) -> str:
 
 
 def tokenize_main(args) -> int:
-    """`ladder tokenize`: text files -> token shards and manifest.json under --out."""
-    from ladder.tokens import DEFAULT_SHARD_TOKENS, tokenize_files
+    """`ladder tokenize`: text, JSONL and Parquet files -> token shards and manifest.json under
+    --out (streaming; an interrupted run continues when the same command is run again)."""
+    import os
 
-    m = tokenize_files(args.files, args.tokenizer, args.out, eos=args.eos,
-                       shard_tokens=args.shard_tokens or DEFAULT_SHARD_TOKENS)
+    from ladder.tokens import DEFAULT_SHARD_TOKENS, PROGRESS, tokenize_files
+
+    processes = args.processes if args.processes is not None else (os.cpu_count() or 1)
+    try:
+        m = tokenize_files(args.files, args.tokenizer, args.out, eos=args.eos,
+                           shard_tokens=args.shard_tokens or DEFAULT_SHARD_TOKENS,
+                           text_key=args.text_key, processes=processes)
+    except KeyboardInterrupt:
+        print(f"ladder tokenize: interrupted; the same command continues from "
+              f"{os.path.join(args.out, PROGRESS)}", file=sys.stderr)
+        return 130
     sp = m["splits"]
-    print(f"{args.out}: {sp['train']['tokens']:,} train + {sp['val']['tokens']:,} val tokens in "
-          f"{len(sp['train']['shards']) + len(sp['val']['shards'])} shard(s), {m['dtype']}, "
-          f"vocab {m['vocab_size']}, eos {m['tokenizer']['eos']!r} = {m['eos_id']}, tokenizer "
-          f"sha256 {m['tokenizer']['sha256'][:12]}")
+    docs = [sp[k]["documents"] for k in ("train", "val")]
+    print(f"{args.out}: {sp['train']['tokens']:,} train + {sp['val']['tokens']:,} val tokens "
+          + (f"({docs[0]:,} + {docs[1]:,} documents) " if None not in docs else "")
+          + f"in {len(sp['train']['shards']) + len(sp['val']['shards'])} shard(s), "
+          f"{m['dtype']}, vocab {m['vocab_size']}, eos {m['tokenizer']['eos']!r} = "
+          f"{m['eos_id']}, tokenizer sha256 {m['tokenizer']['sha256'][:12]}")
     return 0
 
 
@@ -220,7 +232,8 @@ def _plan_child(args) -> int:
 
     argv = [sys.executable, "-m", "ladder.cli", "plan", args.target, "--devices",
             str(args.devices), "--compile", "--memory-per-device", repr(args.memory_per_device)]
-    for flag in ("expert_parallel", "peak_flops", "mfu", "microbatch", "ladder_file"):
+    for flag in ("expert_parallel", "peak_flops", "mfu", "microbatch", "eval_batch",
+                 "ladder_file"):
         if getattr(args, flag, None) is not None:
             argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     if args.json:
@@ -316,15 +329,20 @@ def plan_main(args) -> int:
             coll = ", ".join(f"{k} {v}" for k, v in c["collectives"].items())
             print(f"compiled ({r['compiled_mesh']['data']}x{r['compiled_mesh']['expert']} mesh, "
                   f"microbatch {r['microbatch']} of {r['batch']} sequences): "
-                  f"{_bytes(c['bytes_per_device'])} and {c['flops_per_device']:.3e} FLOPs per "
-                  f"device (XLA's count: loops inside the step counted once); collectives: "
-                  f"{coll}. {r['microbatch_note']}")
+                  f"{_bytes(c['bytes_per_device'])} and {c['flops_per_device']:.3e} matmul "
+                  f"FLOPs per device (loops x trip counts; {c['flops_ratio']:.2f}x flops-v1); "
+                  f"collectives: {coll}. {r['microbatch_note']}")
+            ev = r["compiled_eval"]
+            print(f"compiled eval step ({ev['eval_batch']} sequences, with and without drops): "
+                  f"{_bytes(ev['bytes_per_device'])} and {ev['flops_per_device']:.3e} matmul "
+                  f"FLOPs per device ({ev['flops_ratio']:.2f}x flops-v1 of two forward passes)")
     return 0
 
 
 def _compiled_plan(rung, args, budget: float) -> dict:
-    """The `compiled` block of `plan --compile`: XLA's figures of the real train step."""
-    from ladder.plan import compile_step, fit_microbatch
+    """The `compiled` and `compiled_eval` blocks of `plan --compile`: XLA's figures of the real
+    train step and of the eval step."""
+    from ladder.plan import compile_eval, compile_step, fit_microbatch
 
     try:
         if args.microbatch is not None:
@@ -341,18 +359,27 @@ def _compiled_plan(rung, args, budget: float) -> dict:
                     f"{_bytes(budget)} per device" if fits else
                     f"no microbatch fits {_bytes(budget)} per device; the smallest "
                     f"({step.microbatch}) needs {_bytes(step.bytes_per_device)}")
+        ev = compile_eval(rung, args.devices, eval_batch=getattr(args, "eval_batch", None),
+                          expert_parallel=args.expert_parallel)
     except ValueError as e:
         field, _, message = str(e).partition(": ")
         raise InputError(message, field=f"--{field.replace('_', '-')}",
                          exit_code=EX_USAGE) from None
     d = step.to_dict()
+    e = ev.to_dict()
     return {"compiled": {k: d[k] for k in ("bytes_per_device", "flops_per_device",
-                                           "xla_flops", "collectives", "argument_bytes",
-                                           "temp_bytes",
-                                           "output_bytes", "alias_bytes", "compile_s")},
+                                           "flops_v1_per_device", "flops_ratio", "xla_flops",
+                                           "loops", "collectives", "argument_bytes",
+                                           "temp_bytes", "output_bytes", "alias_bytes",
+                                           "compile_s")},
+            "compiled_eval": {k: e[k] for k in ("bytes_per_device", "flops_per_device",
+                                                "eval_batch", "flops_v1_per_device",
+                                                "flops_ratio", "xla_flops", "temp_bytes",
+                                                "collectives", "compile_s")},
             "compiled_mesh": step.mesh, "microbatch": step.microbatch,
             "microbatches": step.microbatches, "microbatch_search": log,
             "microbatch_note": note, "compiled_fits": step.bytes_per_device <= budget,
+            "compiled_eval_fits": ev.bytes_per_device <= budget,
             "compiled_on": "fake CPU devices (XLA CPU backend)"}
 
 

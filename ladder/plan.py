@@ -263,6 +263,127 @@ def count_collectives(hlo_text: str) -> dict:
     return counts
 
 
+# --- matmul FLOPs of compiled HLO, loops counted as often as they run
+# XLA's cost analysis counts a while loop's body once, so a scanned model's figure leaves out
+# most of its work (1.6B-A61M's train step: 39% of the FLOPs, issue 22). Here each computation's
+# dots are counted (2 x output elements x contracted size, the flops-v1 way: matmuls only) and
+# multiplied by how often the computation runs: the product of the trip counts XLA's loop
+# analysis writes on the enclosing while loops (backend_config "known_trip_count").
+_COMPUTATION_RE = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
+_NAME_RE = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*")
+_OPCODE_RE = re.compile(r"(?:\{[^}]*\})?\s+([\w\-]+)\((.*)$")
+_SHAPE_RE = re.compile(r"^[a-z]\w*\[([^\]]*)\]$")
+_CALLS_RE = re.compile(r"\b(calls|to_apply|body|condition|branch_computations|true_computation|"
+                       r"false_computation)=(\{[^}]*\}|%?[\w.\-]+)")
+_TRIP_RE = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+_DIMS_RE = re.compile(r"\b(lhs_contracting_dims)=\{([\d,]*)\}")
+
+
+@dataclass(frozen=True)
+class HloFlops:
+    """Matmul FLOPs of one compiled program, loops counted as often as they run."""
+
+    flops: float               # dots x the trip counts of their enclosing loops
+    flops_once: float          # every dot once (loop bodies once, as XLA's cost analysis does)
+    loops: tuple               # known trip count of every while loop, in the text's order
+    unknown_trip_loops: int    # loops without a known trip count (their bodies counted once)
+
+
+def _dims(shape: str) -> list[int] | None:
+    m = _SHAPE_RE.match(shape.strip())
+    if m is None:
+        return None
+    return [int(d.lstrip("<=")) for d in m.group(1).split(",") if d.strip()]
+
+
+def _instruction(line: str):
+    """(name, type, opcode, the rest after the opcode's parenthesis) of an HLO instruction line,
+    else None. A tuple type is matched by its parentheses (it may hold /*index=N*/ comments)."""
+    m = _NAME_RE.match(line)
+    if m is None:
+        return None
+    i = m.end()
+    if line.startswith("(", i):
+        depth = 0
+        for j in range(i, len(line)):
+            depth += {"(": 1, ")": -1}.get(line[j], 0)
+            if depth == 0:
+                break
+        end = j + 1
+    else:
+        end = line.find("]", i) + 1
+        if end == 0:
+            return None
+    o = _OPCODE_RE.match(line, end)
+    return None if o is None else (m.group(1), line[i:end], o.group(1), o.group(2))
+
+
+def hlo_flops(hlo_text: str) -> HloFlops:
+    """Matmul FLOPs of compiled HLO text (``compiled.as_text()``): every ``dot`` counted as
+    2 x output elements x the product of its contracted dimensions, times how often its
+    computation runs (nested loops multiply; a conditional counts its costliest branch).
+    Elementwise work, reductions and collectives are not FLOPs here (flops-v1 counts matmuls)."""
+    own: dict[str, float] = {}
+    edges: dict[str, list[tuple[str, str, int | None]]] = {}
+    shapes: dict[str, str] = {}
+    loops: list[int] = []
+    unknown = 0
+    entry = comp = None
+    for line in hlo_text.splitlines():
+        m = _COMPUTATION_RE.match(line)
+        if m:
+            comp = m.group(1)
+            own.setdefault(comp, 0.0)
+            edges.setdefault(comp, [])
+            shapes = {}
+            if line.startswith("ENTRY"):
+                entry = comp
+            continue
+        parsed = _instruction(line) if comp is not None else None
+        if parsed is None:
+            continue
+        name, shape, opcode, rest = parsed
+        shapes[name] = shape
+        if opcode == "dot":
+            out = _dims(shape)
+            operands = rest.split(")", 1)[0].split(",")
+            lhs = _dims(shapes.get(operands[0].strip().split()[-1].lstrip("%"), "")) \
+                if operands else None
+            if lhs is None:   # operands written with their types: "f32[8,16]{1,0} %x"
+                lhs = _dims(operands[0].strip().split()[0].split("{")[0])
+            cm = _DIMS_RE.search(rest)
+            if out is None or lhs is None or cm is None:
+                raise ValueError(f"hlo: cannot read the dot {name} in {comp}")
+            contracted = math.prod(lhs[int(i)] for i in cm.group(2).split(",") if i)
+            own[comp] += 2.0 * math.prod(out) * contracted
+        trip = None
+        if opcode == "while":
+            t = _TRIP_RE.search(rest)
+            if t:
+                trip = int(t.group(1))
+                loops.append(trip)
+            else:
+                unknown += 1
+        for kind, target in _CALLS_RE.findall(rest):
+            names = [n.strip().lstrip("%") for n in target.strip("{}").split(",") if n.strip()]
+            factor = (trip or 1) if kind == "body" else 1
+            group = "branch" if kind in ("branch_computations", "true_computation",
+                                         "false_computation") else None
+            edges[comp].extend((n, group, factor) for n in names)
+    if entry is None:
+        raise ValueError("hlo: no ENTRY computation")
+
+    @lru_cache(maxsize=None)
+    def total(c: str, once: bool) -> float:
+        calls = edges.get(c, [])
+        branches = [total(n, once) for n, g, _ in calls if g == "branch"]
+        return (own.get(c, 0.0) + (max(branches) if branches else 0.0)
+                + sum(total(n, once) * (1 if once else f) for n, g, f in calls if g is None))
+
+    return HloFlops(flops=total(entry, False), flops_once=total(entry, True), loops=tuple(loops),
+                    unknown_trip_loops=unknown)
+
+
 def ensure_host_devices(n: int) -> bool:
     """Make JAX start with ``n`` fake CPU devices when it has not been imported yet (sets
     XLA_FLAGS and JAX_PLATFORMS=cpu). Returns whether ``n`` devices are (or will be) visible;
@@ -290,17 +411,61 @@ class CompiledStep:
     temp_bytes: float
     output_bytes: float
     alias_bytes: float
-    # XLA's cost analysis counts a while loop's body once. The microbatch loop is multiplied
-    # back; loops inside it (the layer scan, the loss chunks, blocked attention, Newton-Schulz)
-    # are not, so on scanned models this is not the step's FLOPs (flops-v1 is): it compares
-    # meshes of the same program (x devices vs 1 device: is work replicated?)
-    flops_per_device: float     # XLA's cost analysis of the per-device program, x microbatches
-    xla_flops: float            # XLA's own figure (the microbatch loop's body counted once)
+    flops_per_device: float     # matmul FLOPs of the per-device program, loops x trip counts
+    flops_v1_per_device: float  # flops-v1 (ladder/counting.py) of the same work / devices
+    xla_flops: float            # XLA's cost analysis (every op, loop bodies counted once)
+    loops: tuple                # trip counts of the program's while loops
     collectives: dict           # {kind: instruction count} from the compiled HLO
     compile_s: float
 
+    @property
+    def flops_ratio(self) -> float:
+        """Compiled matmul FLOPs / flops-v1: what the program computes beyond the convention
+        (the LM head recomputed in the backward, the optimizer's Newton-Schulz, capacity slots,
+        attention blocks that are masked out)."""
+        return self.flops_per_device / self.flops_v1_per_device
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "flops_ratio": self.flops_ratio}
+
+
+@dataclass(frozen=True)
+class CompiledEval:
+    """XLA's figures for the eval step (held-out loss with drops and dropless, two forward
+    passes) of one rung at ``eval_batch`` sequences on one mesh (per device)."""
+
+    devices: int
+    eval_batch: int
+    bytes_per_device: float
+    temp_bytes: float
+    flops_per_device: float     # matmul FLOPs, loops x trip counts
+    flops_v1_per_device: float  # 2 x flops-v1 forward x the batch's tokens / devices
+    xla_flops: float
+    collectives: dict
+    compile_s: float
+
+    @property
+    def flops_ratio(self) -> float:
+        return self.flops_per_device / self.flops_v1_per_device
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "flops_ratio": self.flops_ratio}
+
+
+def _analyses(compiled) -> dict:
+    """Memory, FLOPs and collectives of a compiled program, per device."""
+    mem = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    text = compiled.as_text()
+    counted = hlo_flops(text)
+    arg, tmp = float(mem.argument_size_in_bytes), float(mem.temp_size_in_bytes)
+    outb, alias = float(mem.output_size_in_bytes), float(mem.alias_size_in_bytes)
+    return {"bytes_per_device": arg + tmp + outb - alias, "argument_bytes": arg,
+            "temp_bytes": tmp, "output_bytes": outb, "alias_bytes": alias,
+            "flops_per_device": counted.flops, "loops": counted.loops,
+            "xla_flops": float(cost.get("flops", float("nan"))),
+            "collectives": count_collectives(text)}
 
 
 def compile_step(rung: Rung, devices: int, *, microbatch: int | None = None,
@@ -324,22 +489,45 @@ def compile_step(rung: Rung, devices: int, *, microbatch: int | None = None,
     t = time.perf_counter()
     compiled = progs.train_step.lower(progs.abstract_state(), batch).compile()
     compile_s = time.perf_counter() - t
-    mem = compiled.memory_analysis()
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    arg, tmp = float(mem.argument_size_in_bytes), float(mem.temp_size_in_bytes)
-    outb, alias = float(mem.output_size_in_bytes), float(mem.alias_size_in_bytes)
+    a = _analyses(compiled)
     return CompiledStep(
         devices=devices, mesh={k: int(v) for k, v in mesh.shape.items()}, microbatch=mb,
-        microbatches=rung.batch // mb, bytes_per_device=arg + tmp + outb - alias,
-        argument_bytes=arg, temp_bytes=tmp, output_bytes=outb, alias_bytes=alias,
-        # HLO cost analysis counts a while loop's body once, so the step's FLOPs are its figure
-        # x the microbatches. The optimizer update outside the loop is then counted M times too:
-        # ~10 FLOPs per parameter on the device, against 6 x active params x the microbatch's
-        # tokens for its forward and backward, so < 0.1% on the real rungs (estimated)
-        flops_per_device=float(cost.get("flops", float("nan"))) * (rung.batch // mb),
-        xla_flops=float(cost.get("flops", float("nan"))),
-        collectives=count_collectives(compiled.as_text()), compile_s=compile_s)
+        microbatches=rung.batch // mb, **a,
+        flops_v1_per_device=rung.flops.training(rung.tokens_per_step, lm_head=True) / devices,
+        compile_s=compile_s)
+
+
+def compile_eval(rung: Rung, devices: int, *, eval_batch: int | None = None,
+                 expert_parallel: int | None = None) -> CompiledEval:
+    """Lower and compile ``rung``'s eval step (ladder.step.make_eval_step: the held-out loss
+    with capacity and dropless) for ``eval_batch`` sequences (default: one per device) on the
+    train step's mesh, on abstract inputs, and read XLA's analyses."""
+    import time
+
+    import jax
+    import jax.numpy as jnp
+
+    from ladder.step import batch_sharding, make_mesh, programs
+    from ladder.trainconfig import TrainConfig, eval_batch_size
+
+    eb = eval_batch_size(TrainConfig(eval_batch=eval_batch), devices, rung)
+    if eb < 1 or eb % devices:
+        raise ValueError(f"eval_batch: the {devices} devices must divide it, got {eb}")
+    mesh = make_mesh(devices, expert_parallel, rung.model.n_experts, eb)
+    progs = programs(rung.model, mesh, rung.optimizer_settings, 1)
+    state = progs.abstract_state()
+    toks = jax.ShapeDtypeStruct((eb, rung.seq_len), jnp.int32, sharding=batch_sharding(mesh))
+    batch = {"tokens": toks, "targets": toks, "segment_ids": toks}
+    t = time.perf_counter()
+    compiled = progs.eval_step.lower(state["params"], state["router_bias"], batch).compile()
+    compile_s = time.perf_counter() - t
+    a = _analyses(compiled)
+    # two forward passes (as trained, and dropless) of the batch, the LM head included
+    v1 = 2.0 * rung.flops.forward * eb * rung.seq_len / devices
+    return CompiledEval(devices=devices, eval_batch=eb, bytes_per_device=a["bytes_per_device"],
+                        temp_bytes=a["temp_bytes"], flops_per_device=a["flops_per_device"],
+                        flops_v1_per_device=v1, xla_flops=a["xla_flops"],
+                        collectives=a["collectives"], compile_s=compile_s)
 
 
 def microbatch_candidates(rung: Rung, devices: int) -> list[int]:

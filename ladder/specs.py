@@ -26,7 +26,7 @@ LIMITS = {
     "gated_norm_rank": 2 ** 17, "conv_kernel": 2 ** 10,
     "d": 2 ** 17, "n_layers": 2 ** 12, "batch_units": 2 ** 24,
     "tokens_per_active": 1e5, "capacity_factor": 1e3, "route_scale": 1e3, "qk_mult": 1e3,
-    "lr_coef": 1e6,
+    "lr_coef": 1e6, "eval_sequences": 2 ** 24, "eval_batch": 2 ** 24,
 }
 LR_EXPONENT_LIMIT = 10.0   # |lr_tokens_exp|, |lr_d_exp|: the real rule's are -0.5-ish
 MIN_EVAL_EVERY = 1e-4      # at most 10,000 evals a run (the recipe: 20)
@@ -108,6 +108,8 @@ class Rung:
     peak_lr: float
     schedule: Schedule = field(default_factory=Schedule)
     eval_every: float = 0.05  # evals every 5% of the run (and at the end)
+    eval_sequences: int = 96  # held-out windows per eval, the same for every rung of a ladder
+    eval_batch: int | None = None  # sequences per eval call; None = one per device
     param_convention: str = "exact-v1"
     is_target: bool = False
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
@@ -126,6 +128,7 @@ class Rung:
         if not MIN_EVAL_EVERY <= self.eval_every <= 1:
             raise ValueError(f"eval_every: must be in [{MIN_EVAL_EVERY:g}, 1], got "
                              f"{self.eval_every!r}")
+        _check_eval_set(self)
 
     @property
     def tokens_per_step(self) -> int:
@@ -205,6 +208,17 @@ class Rung:
         return dataclasses.replace(self, **kw)
 
 
+def _check_eval_set(obj) -> None:
+    hi = LIMITS["eval_sequences"]
+    v = obj.eval_sequences
+    if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= hi:
+        raise ValueError(f"eval_sequences: must be an integer in [1, {hi}], got {v!r}")
+    hi = LIMITS["eval_batch"]
+    v = obj.eval_batch
+    if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= hi):
+        raise ValueError(f"eval_batch: must be null or an integer in [1, {hi}], got {v!r}")
+
+
 # ---------------------------------------------------------------------------------------- rules
 
 
@@ -233,6 +247,11 @@ class Recipe:
     sizing_convention: str = "exact-v1"
     schedule: Schedule = field(default_factory=Schedule)
     eval_every: float = 0.05
+    # The held-out set (ladder.data: fixed windows of the validation split): the same windows for
+    # every rung, so their evals compare. 96 windows of 128 tokens on the cpu ladder before issue
+    # 21; a ladder of short sequences needs more windows for the same tokens.
+    eval_sequences: int = 96
+    eval_batch: int | None = None   # sequences per eval call; None = one per device
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
     bias_rule: str = "threshold"  # router balancing (model/moe.py, model/balance.py)
     # The hero recipe's model switches (model/config.py; issue 12). The defaults are the model
@@ -278,6 +297,7 @@ class Recipe:
         if not MIN_EVAL_EVERY <= self.eval_every <= 1:
             raise ValueError(f"eval_every: must be in [{MIN_EVAL_EVERY:g}, 1], got "
                              f"{self.eval_every!r}")
+        _check_eval_set(self)
         if self.sizing_convention not in SIZING_CONVENTIONS:
             raise ValueError(f"sizing_convention: must be one of {SIZING_CONVENTIONS}, got "
                              f"{self.sizing_convention!r}")
@@ -332,6 +352,7 @@ class Recipe:
         return Rung(ladder=ladder, name=name, model=model, seq_len=self.seq_len, batch=batch,
                     steps=steps, peak_lr=self.peak_lr(tokens, dials.d, tokens_per_step),
                     schedule=self.schedule, eval_every=self.eval_every,
+                    eval_sequences=self.eval_sequences, eval_batch=self.eval_batch,
                     param_convention=self.sizing_convention, is_target=dials.is_target,
                     optimizer=self.optimizer)
 

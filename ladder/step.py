@@ -169,14 +169,15 @@ class Programs:
     _compiled: dict = field(default_factory=dict)
 
     def init_state(self, seed: int) -> dict:
-        """Fresh train state placed on the mesh: step, params, opt_state, router_bias."""
+        """Fresh train state placed on the mesh: step, params, opt_state, router_bias. Each
+        process draws only its own devices' shards of the parameters (model.init_sharded: the
+        values of model.init), and the optimizer state is made on the devices."""
         import jax
         import jax.numpy as jnp
 
         import model as M
 
-        params, router_bias = M.init(self.model_cfg, seed)
-        params = jax.device_put(params, self.shardings["params"])
+        params, router_bias = M.init_sharded(self.model_cfg, seed, self.shardings["params"])
         return {"step": jax.device_put(jnp.zeros((), jnp.int32), self.shardings["step"]),
                 "params": params, "opt_state": self.init_opt(params),
                 "router_bias": jax.device_put(jnp.asarray(router_bias, jnp.float32),
@@ -352,8 +353,11 @@ def make_train_step(model_cfg: ModelConfig, optimizer, state_shardings, mesh=Non
                                               batch["targets"], microbatches,
                                               state_shardings["params"], mesh,
                                               batch.get("segment_ids"))
-        updates, opt_state = optimizer.update(grads, state["opt_state"], params, lr=batch["lr"])
-        params = optax.apply_updates(params, jax.tree.map(lambda u: -batch["lr"] * u, updates))
+        with jax.named_scope("optimizer"):   # a profile's split (bench/gpu_rung.py) reads it
+            updates, opt_state = optimizer.update(grads, state["opt_state"], params,
+                                                  lr=batch["lr"])
+            params = optax.apply_updates(params, jax.tree.map(lambda u: -batch["lr"] * u,
+                                                              updates))
         new_rb = M.update_router_bias(model_cfg, rb, stats)
         metrics = {"train/loss": loss, "train/ce": stats["ce"], "train/z_loss": stats["z_loss"],
                    "grad/norm": optax.global_norm(grads), "optim/lr": batch["lr"]}

@@ -1,12 +1,15 @@
 """Token data for real runs: shards written by `ladder tokenize`, read through Grain.
 
-Writing (``tokenize_files``): each input file is one document, encoded with a Hugging Face
-``tokenizers`` file given locally (nothing is fetched), followed by the end-of-document id (EOS).
-Documents go to the held-out split by a hash of their path (the rule of ladder.data), and the
-two streams are cut into ``train-NNNNN.bin`` / ``val-NNNNN.bin`` shards of raw uint16 (vocab up
-to 65,536) or uint32 ids. ``manifest.json`` (written last, atomically: a crash leaves no loadable
-half) records the shards with their sizes and sha256, the tokenizer's sha256, vocabulary and EOS
-id, and how many text bytes became how many tokens (for bits per byte).
+Writing (``tokenize_files``, streaming): a JSONL or Parquet record is one document (its
+``--text-key`` field), a plain-text file is one document. Documents are encoded by worker
+processes with a Hugging Face ``tokenizers`` file given locally (nothing is fetched), each
+followed by the end-of-document id (EOS), and go to the held-out split by a hash (of a text
+file's path, as ladder.data does, or of a record's text). The two streams are written as they
+come into ``train-NNNNN.bin`` / ``val-NNNNN.bin`` shards of raw uint16 (vocab up to 65,536) or
+uint32 ids, so memory does not grow with the corpus; an interrupted run continues from
+``progress.json``. ``manifest.json`` (written last, atomically: a crash leaves no loadable
+half) records each shard's tokens, documents and sha256, the tokenizer's sha256, vocabulary
+and EOS id, and how many text bytes became how many tokens (for bits per byte).
 
 Reading (``load_shards``, what ``ladder run --data DIR`` uses): the shards are memory-mapped. A
 training window is ``seq_len + 1`` consecutive tokens inside one shard, windows of a shard start
@@ -21,20 +24,30 @@ kept inside a document.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import itertools
+import json
+import logging
 import os
+import re
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ladder.corpus_files import TAIL_VAL_FRACTION, _expand, is_held_out
-from ladder.io import EX_CANTCREAT, EX_NOINPUT, InputError, atomic_write_bytes, \
-    atomic_write_json, inside, read_json, sha256_file
+from ladder.corpus_files import TAIL_VAL_FRACTION, VAL_BUCKETS, _expand, is_held_out
+from ladder.io import EX_CANTCREAT, EX_NOINPUT, EX_USAGE, InputError, atomic_write_json, \
+    check_writable, inside, read_json, safe_name, schema_version, sha256_file
+
+log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
-MANIFEST_SCHEMA = "token-shards/1"
+# 2: documents per shard, the inputs' kinds and text key, records as documents (JSONL,
+# Parquet); 1 (still read): text files only, no per-shard document counts
+MANIFEST_SCHEMA = "token-shards/2"
 # 2**27 tokens: 256 MiB of uint16 per shard, a size that memory-maps and copies comfortably.
 DEFAULT_SHARD_TOKENS = 1 << 27
 # Conventional end-of-document tokens, tried in order when --eos is not given (GPT-2/Llama 3
@@ -50,7 +63,20 @@ def segment_ids(tokens: np.ndarray, eos_id: int) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------- writing
-
+#
+# ``tokenize_files`` streams: documents are read in corpus order (files in the order the globs
+# list them, records in file order) and cut into chunks of ~CHUNK_CHARS characters; worker
+# processes encode the chunks; this process appends each chunk's tokens, in order, to the open
+# shard of each split and closes a shard (fsync, rename from ``.partial``) once it holds
+# ``shard_tokens``. What is in memory is the tokenizer and a few chunks in flight, whatever the
+# corpus size (one plain-text file is one document, so it is read whole).
+#
+# Resume: at every shard close (and every PROGRESS_EVERY_S seconds) the open shards are fsynced
+# and ``progress.json`` records the position of the next document, the shards closed so far and
+# the length of each open one. A run started again with the same inputs and options truncates
+# the open shards to those lengths and continues from that position; the token stream does not
+# depend on chunk boundaries, so the shards and the manifest's entries are those an
+# uninterrupted run writes, bitwise.
 
 def _tokenizer(path: str | Path):
     try:
@@ -68,19 +94,315 @@ def _tokenizer(path: str | Path):
                          path=p, field="--tokenizer") from None
 
 
-def tokenize_files(patterns: list[str], tokenizer: str | Path, out_dir: str | Path, *,
-                   eos: str | None = None, shard_tokens: int = DEFAULT_SHARD_TOKENS,
-                   batch_docs: int = 64) -> dict:
-    """Tokenize text files (one document each) into shards under ``out_dir``; return the
-    manifest (also written to ``out_dir/manifest.json``)."""
-    if shard_tokens < 2:
-        raise InputError(f"must be >= 2, got {shard_tokens}", field="--shard-tokens")
-    out = Path(out_dir)
-    if (out / MANIFEST).exists():
-        raise InputError("already holds token shards; use another --out", path=out / MANIFEST,
-                         exit_code=EX_CANTCREAT)
-    files = _expand(tuple(patterns))
-    tok = _tokenizer(tokenizer)
+PROGRESS = "progress.json"
+PROGRESS_SCHEMA = "tokenize-progress/1"
+SPLITS = ("train", "val")
+# ~4M characters per task: big enough that a task's overhead (pickling, one encode_batch call)
+# is small against its encoding, small enough that a few in flight stay a few tens of MB.
+CHUNK_CHARS = 1 << 22
+PROGRESS_EVERY_S = 30.0
+JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz")
+PARQUET_SUFFIXES = (".parquet",)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_SHARD_NAME = re.compile(r"(train|val|stream)-(\d{5,})\.bin")
+
+
+def input_kind(path: Path) -> str:
+    """``jsonl`` and ``parquet`` files hold one document per record; any other file is one
+    plain-text document."""
+    name = path.name.lower()
+    if name.endswith(JSONL_SUFFIXES):
+        return "jsonl"
+    if name.endswith(PARQUET_SUFFIXES):
+        return "parquet"
+    return "text"
+
+
+def _jsonl_documents(f: Path, text_key: str, offset: int, line: int):
+    """(text, next offset, next line) of each record of a JSON-lines file from byte ``offset``
+    (of the decompressed stream for .gz). Blank lines are skipped; anything else must be a
+    JSON object with a string under ``text_key``."""
+    opener = gzip.open if f.name.lower().endswith(".gz") else open
+    with opener(f, "rb") as fh:
+        if offset:
+            fh.seek(offset)
+        for raw in fh:
+            offset += len(raw)
+            line += 1
+            if not raw.strip():
+                continue
+            try:
+                rec = json.loads(raw)
+            except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8
+                raise InputError(f"line {line}: not valid JSON ({str(e).splitlines()[0][:120]})",
+                                 path=f) from None
+            text = rec.get(text_key) if isinstance(rec, dict) else None
+            if not isinstance(text, str):
+                raise InputError(f"line {line}: expected a JSON object with a string under "
+                                 f"{text_key!r}", path=f, field="--text-key")
+            yield text, offset, line
+
+
+def _parquet_documents(f: Path, text_key: str, row: int):
+    """(text, next row, next row) of each row of the ``text_key`` column from row ``row``."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise InputError("reading Parquet needs pyarrow; pip install 'ladder[parquet]'",
+                         path=f) from None
+    try:
+        pf = pq.ParquetFile(f)
+    except (OSError, pa.ArrowException) as e:
+        raise InputError(f"not a readable Parquet file ({str(e).splitlines()[0][:160]})",
+                         path=f) from None
+    schema = pf.schema_arrow
+    if text_key not in schema.names:
+        raise InputError(f"no column {text_key!r} (columns: {', '.join(schema.names[:20])})",
+                         path=f, field="--text-key")
+    kind = schema.field(text_key).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise InputError(f"column {text_key!r} is {kind}, not text", path=f, field="--text-key")
+    meta = pf.metadata
+    first, before = 0, 0        # the row group holding ``row``, and the rows before it
+    while first < meta.num_row_groups and before + meta.row_group(first).num_rows <= row:
+        before += meta.row_group(first).num_rows
+        first += 1
+    skip, at = row - before, before
+    for batch in pf.iter_batches(batch_size=4096, columns=[text_key],
+                                 row_groups=range(first, meta.num_row_groups)):
+        for text in batch.column(0).to_pylist():
+            at += 1
+            if skip:
+                skip -= 1
+                continue
+            if text is None:
+                raise InputError(f"row {at - 1}: {text_key!r} is null", path=f,
+                                 field="--text-key")
+            yield text, at, at
+
+
+def _documents(files: list[Path], names: list[str], text_key: str, start: tuple):
+    """Every document from position ``start`` on, in corpus order, as (split name, text,
+    position of the next document). The split name is the file's relative path for a
+    plain-text file and None for a record (the record's own text is hashed: identical records
+    land in the same split). A position is (file index, offset, line): the byte offset (JSONL)
+    or row (Parquet) inside the file, and the line/row number for messages."""
+    for i in range(start[0], len(files)):
+        f = files[i]
+        offset, line = (start[1], start[2]) if i == start[0] else (0, 0)
+        kind = input_kind(f)
+        try:
+            if kind == "text":
+                yield names[i], f.read_bytes().decode("utf-8", errors="replace"), (i + 1, 0, 0)
+                continue
+            docs = _jsonl_documents(f, text_key, offset, line) if kind == "jsonl" \
+                else _parquet_documents(f, text_key, offset)
+            for text, offset, line in docs:
+                yield None, text, (i, offset, line)
+        except (OSError, EOFError, zlib.error) as e:  # unreadable, or a corrupt .gz
+            raise InputError(f"cannot be read ({e})", path=f, exit_code=EX_NOINPUT) from None
+
+
+@dataclass
+class _Chunk:
+    names: list          # per document: what is hashed for its split (None: the text itself)
+    texts: list
+    end: tuple           # position of the document after the chunk
+
+
+def _chunks(docs, chunk_chars: int):
+    names, texts, size, pos = [], [], 0, None
+    for name, text, pos in docs:
+        names.append(name)
+        texts.append(text)
+        size += len(text)
+        if size >= chunk_chars:
+            yield _Chunk(names, texts, pos)
+            names, texts, size = [], [], 0
+    if texts:
+        yield _Chunk(names, texts, pos)
+
+
+class _Encoder:
+    """Chunk -> per split: the token ids of its documents, each followed by EOS (one array),
+    the end offset of every document in it, and the documents' UTF-8 bytes."""
+
+    def __init__(self, tokenizer, eos_id: int, dtype):
+        self.tok, self.eos_id, self.dtype = tokenizer, eos_id, np.dtype(dtype)
+        # encode_batch_fast (tokenizers >= 0.20) skips the character offsets nobody reads here
+        self.encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+
+    def __call__(self, names: list, texts: list) -> dict:
+        parts: dict[str, list] = {s: [] for s in SPLITS}
+        nbytes = dict.fromkeys(SPLITS, 0)
+        sizes = []
+        for i, text in enumerate(texts):
+            try:
+                sizes.append(len(text.encode("utf-8")))
+            except UnicodeEncodeError:
+                # a lone surrogate (JSON may escape one, "\ud800"): no UTF-8 text holds it, and
+                # the tokenizer refuses it; it becomes U+FFFD, as undecodable bytes of a text file
+                texts[i] = _SURROGATE.sub("\ufffd", text)
+                sizes.append(len(texts[i].encode("utf-8")))
+        for name, text, size, enc in zip(names, texts, sizes,
+                                         self.encode(texts, add_special_tokens=False)):
+            split = "val" if is_held_out(text if name is None else name) else "train"
+            ids = enc.ids
+            ids.append(self.eos_id)
+            parts[split].append(ids)
+            nbytes[split] += size
+        out = {}
+        for split, docs in parts.items():
+            ends = np.cumsum([len(d) for d in docs], dtype=np.int64)
+            n = int(ends[-1]) if len(ends) else 0
+            out[split] = (np.fromiter(itertools.chain.from_iterable(docs), self.dtype, count=n),
+                          ends, nbytes[split])
+        return out
+
+
+_WORKER: _Encoder | None = None
+
+
+def _start_worker(tokenizer_json: str, eos_id: int, dtype: str) -> None:
+    """A worker process's tokenizer. One thread each: the processes are the parallelism."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    from tokenizers import Tokenizer
+
+    global _WORKER
+    _WORKER = _Encoder(Tokenizer.from_str(tokenizer_json), eos_id, dtype)
+
+
+def _encode_in_worker(names: list, texts: list) -> dict:
+    return _WORKER(names, texts)
+
+
+class _SplitWriter:
+    """The shards of one split: tokens are appended to the open ``<split>-NNNNN.bin.partial``,
+    which becomes ``<split>-NNNNN.bin`` (fsync, rename) once it holds ``shard_tokens``. Each
+    shard records its tokens, the documents that end in it (their EOS is in it) and sha256."""
+
+    def __init__(self, out: Path, split: str, dtype, shard_tokens: int, state: dict | None = None):
+        self.out, self.split, self.dtype, self.shard_tokens = out, split, np.dtype(dtype), \
+            shard_tokens
+        state = state or {"shards": [], "open_tokens": 0, "open_documents": 0, "documents": 0,
+                          "text_bytes": 0}
+        self.closed = list(state["shards"])
+        self.open_tokens, self.open_documents = state["open_tokens"], state["open_documents"]
+        self.documents, self.text_bytes = state["documents"], state["text_bytes"]
+        self.hash = hashlib.sha256()
+        self.file = None
+        if self.open_tokens:   # a resumed run: the open shard's first tokens are on disk
+            self.file = open(self._path(".partial"), "r+b")  # noqa: SIM115 - closed in close()
+            self.file.truncate(self.open_tokens * self.dtype.itemsize)
+            for block in iter(lambda: self.file.read(1 << 20), b""):
+                self.hash.update(block)
+
+    def _path(self, suffix: str = "") -> Path:
+        return self.out / f"{self.split}-{len(self.closed):05d}.bin{suffix}"
+
+    @property
+    def tokens(self) -> int:
+        return sum(s["tokens"] for s in self.closed) + self.open_tokens
+
+    def append(self, ids: np.ndarray, ends: np.ndarray, text_bytes: int) -> None:
+        self.documents += len(ends)
+        self.text_bytes += text_bytes
+        pos = 0
+        while pos < len(ids):
+            part = ids[pos:pos + self.shard_tokens - self.open_tokens]
+            if self.file is None:
+                self.file = open(self._path(".partial"), "wb")  # noqa: SIM115
+            self.file.write(part.tobytes())
+            self.hash.update(part.tobytes())
+            # documents whose end (one past their EOS) falls in this part
+            self.open_documents += int(np.searchsorted(ends, pos + len(part), side="right")
+                                       - np.searchsorted(ends, pos, side="right"))
+            self.open_tokens += len(part)
+            pos += len(part)
+            if self.open_tokens == self.shard_tokens:
+                self.close_shard()
+
+    def close_shard(self) -> None:
+        """The open shard, final: fsynced, renamed into place, listed."""
+        if self.file is None:
+            return
+        self.sync()
+        self.file.close()
+        self.file = None
+        os.replace(self._path(".partial"), self._path())
+        self.closed.append({"file": self._path().name, "tokens": self.open_tokens,
+                            "documents": self.open_documents, "sha256": self.hash.hexdigest()})
+        self.open_tokens = self.open_documents = 0
+        self.hash = hashlib.sha256()
+
+    def sync(self) -> None:
+        if self.file is not None:
+            self.file.flush()
+            os.fsync(self.file.fileno())
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+    def state(self) -> dict:
+        return {"shards": self.closed, "open_tokens": self.open_tokens,
+                "open_documents": self.open_documents, "documents": self.documents,
+                "text_bytes": self.text_bytes}
+
+
+def _shard_files(out: Path) -> list[tuple[str, int, Path]]:
+    """(split, index, path) of every shard file (final or .partial) in ``out``."""
+    found = []
+    for p in out.iterdir():
+        m = _SHARD_NAME.fullmatch(p.name.removesuffix(".partial"))
+        if m:
+            found.append((m.group(1), int(m.group(2)), p))
+    return found
+
+
+def _restore(out: Path, progress: Path, prev: dict) -> None:
+    """Put the shard files back as ``prev`` (the progress file) recorded them: shards closed
+    after it was written are opened again, open ones truncated (by the writers), later ones
+    removed. Each listed name is checked to be the one this writer gives (never a path)."""
+    for split in SPLITS:
+        st = prev["splits"][split]
+        for j, sh in enumerate(st["shards"]):
+            name = safe_name(sh.get("file"), path=progress, field=f"splits.{split}.shards[{j}]")
+            if name != f"{split}-{j:05d}.bin" or not (out / name).is_file():
+                raise InputError(f"shard {name!r} is missing or misnamed; remove the folder "
+                                 f"and start again", path=progress,
+                                 field=f"splits.{split}.shards[{j}]")
+        k = len(st["shards"])
+        for s, i, p in _shard_files(out):
+            if s == split and i > k or s == split and i == k and not st["open_tokens"]:
+                p.unlink()
+        final, partial = out / f"{split}-{k:05d}.bin", out / f"{split}-{k:05d}.bin.partial"
+        if st["open_tokens"]:
+            if not partial.exists() and final.exists():
+                os.replace(final, partial)   # closed after the progress file was written
+            if not partial.exists() or partial.stat().st_size < st["open_tokens"] * \
+                    np.dtype(prev["settings"]["dtype"]).itemsize:
+                raise InputError(f"the open shard {partial.name} is shorter than recorded; "
+                                 f"remove the folder and start again", path=progress,
+                                 field=f"splits.{split}.open_tokens")
+
+
+def _inputs(files: list[Path], names: list[str]) -> list[dict]:
+    out = []
+    for f, n in zip(files, names):
+        st = f.stat()
+        out.append({"path": n, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns})
+    return out
+
+
+def _load_encoder(tokenizer: str | Path, eos: str | None):
+    """(tokenizer JSON text, sha256, encoder settings) of a local tokenizers file."""
+    _tokenizer(tokenizer)      # the library is there and the file parses (one-line errors)
+    raw = Path(tokenizer).read_bytes()
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_str(raw.decode("utf-8"))
     vocab = tok.get_vocab_size(with_added_tokens=True)
     if eos is None:
         eos = next((t for t in EOS_CANDIDATES if tok.token_to_id(t) is not None), None)
@@ -94,67 +416,224 @@ def tokenize_files(patterns: list[str], tokenizer: str | Path, out_dir: str | Pa
                          field="--eos")
     # uint16 holds ids below 65,536 (GPT-2-sized vocabularies); larger ones need uint32
     dtype = np.dtype(np.uint16 if vocab <= 1 << 16 else np.uint32)
+    return tok, raw, {"tokenizer_sha256": hashlib.sha256(raw).hexdigest(), "eos": eos,
+                      "eos_id": int(eos_id), "vocab_size": int(vocab), "dtype": dtype.name}
 
-    streams: dict[str, list[np.ndarray]] = {"train": [], "val": []}
-    counts = {"train": {"documents": 0, "text_bytes": 0}, "val": {"documents": 0,
-                                                                   "text_bytes": 0}}
-    listing = []
-    # held out by the hash of the path relative to the files' common folder: the split does not
-    # depend on where the corpus lives
+
+def tokenize_files(patterns: list[str], tokenizer: str | Path, out_dir: str | Path, *,
+                   eos: str | None = None, shard_tokens: int = DEFAULT_SHARD_TOKENS,
+                   text_key: str = "text", processes: int = 0,
+                   chunk_chars: int = CHUNK_CHARS) -> dict:
+    """Tokenize ``patterns`` (text files, JSONL, Parquet) into shards under ``out_dir``; return
+    the manifest (also written to ``out_dir/manifest.json``). ``processes``: worker processes
+    (0: encode in this process with the tokenizers library's own threads). An interrupted run
+    (``progress.json`` in ``out_dir``) is continued when the inputs and options are the same."""
+    if shard_tokens < 2:
+        raise InputError(f"must be >= 2, got {shard_tokens}", field="--shard-tokens",
+                         exit_code=EX_USAGE)
+    if processes < 0:
+        raise InputError(f"must be >= 0, got {processes}", field="--processes",
+                         exit_code=EX_USAGE)
+    if not text_key:
+        raise InputError("must not be empty", field="--text-key", exit_code=EX_USAGE)
+    out = Path(out_dir)
+    if (out / MANIFEST).exists():
+        raise InputError("already holds token shards; use another --out", path=out / MANIFEST,
+                         exit_code=EX_CANTCREAT)
+    files = _expand(tuple(patterns))
+    # names: relative to the files' common folder, so the split does not depend on where the
+    # corpus lives
     base = Path(os.path.commonpath([str(f.resolve().parent) for f in files]))
-    for i in range(0, len(files), batch_docs):
-        chunk = files[i:i + batch_docs]
-        texts = []
-        for f in chunk:
-            data = f.read_bytes()
-            listing.append(f"{f}\t{len(data)}\t{hashlib.sha256(data).hexdigest()}")
-            texts.append(data.decode("utf-8", errors="replace"))
-        for f, text, enc in zip(chunk, texts, tok.encode_batch(texts, add_special_tokens=False)):
-            split = "val" if is_held_out(str(f.resolve().relative_to(base))) else "train"
-            streams[split].append(np.asarray(enc.ids + [eos_id], dtype=dtype))
-            counts[split]["documents"] += 1
-            counts[split]["text_bytes"] += len(text.encode("utf-8"))
-    joined = {k: np.concatenate(v) if v else np.zeros(0, dtype) for k, v in streams.items()}
-    if not len(joined["train"]) or not len(joined["val"]):
+    names = [str(f.resolve().relative_to(base)) for f in files]
+    tok, tok_json, settings = _load_encoder(tokenizer, eos)
+    settings.update(shard_tokens=int(shard_tokens), text_key=text_key)
+    inputs = _inputs(files, names)
+    progress = out / PROGRESS
+    check_writable(out, field="--out", directory=True)
+    out.mkdir(parents=True, exist_ok=True)
+    prev = None
+    if progress.exists():
+        prev = read_json(progress, schema="tokenize-progress")
+        for key, value in settings.items():
+            if prev.get("settings", {}).get(key) != value:
+                raise InputError(f"the interrupted run in this folder had {key} = "
+                                 f"{prev.get('settings', {}).get(key)!r}, this one {value!r}; "
+                                 f"run it with the same inputs and options, or use another "
+                                 f"--out", path=progress, field=f"settings.{key}",
+                                 exit_code=EX_USAGE)
+        if prev.get("inputs") != inputs:
+            raise InputError("the input files differ from the interrupted run's (names, sizes "
+                             "or modification times); run it with the same inputs, or use "
+                             "another --out", path=progress, field="inputs", exit_code=EX_USAGE)
+        if prev.get("phase") != "reading":
+            return _finish(out, files, names, settings, tokenizer, prev, processes)
+        _restore(out, progress, prev)
+        log.info("%s: resuming at input %d of %d", out, prev["position"][0] + 1, len(files))
+    else:
+        for _, _, p in _shard_files(out):   # leftovers of a run whose progress was never saved
+            p.unlink()
+    dtype = settings["dtype"]
+    writers = {s: _SplitWriter(out, s, dtype, shard_tokens, prev and prev["splits"][s])
+               for s in SPLITS}
+    position = tuple(prev["position"]) if prev else (0, 0, 0)
+    state = {"schema": PROGRESS_SCHEMA, "phase": "reading", "settings": settings,
+             "inputs": inputs, "processes": processes}
+
+    def save(pos) -> None:
+        for w in writers.values():
+            w.sync()
+        atomic_write_json(progress, {**state, "position": list(pos),
+                                     "splits": {s: w.state() for s, w in writers.items()}})
+
+    if prev is None:
+        save(position)
+    chunks = _chunks(_documents(files, names, text_key, position), chunk_chars)
+    last_save = time.monotonic()
+
+    def consume(end, result) -> None:
+        nonlocal last_save
+        closed = sum(len(w.closed) for w in writers.values())
+        for s, (ids, ends, nbytes) in result.items():
+            writers[s].append(ids, ends, nbytes)
+        if sum(len(w.closed) for w in writers.values()) != closed \
+                or time.monotonic() - last_save >= PROGRESS_EVERY_S:
+            save(end)
+            last_save = time.monotonic()
+
+    try:
+        if processes == 0:
+            encoder = _Encoder(tok, settings["eos_id"], dtype)
+            for c in chunks:
+                consume(c.end, encoder(c.names, c.texts))
+        else:
+            import multiprocessing
+            from collections import deque
+            from concurrent.futures import ProcessPoolExecutor
+
+            # spawn: a worker starts clean (no inherited tokenizer threads or locks)
+            with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"),
+                                     initializer=_start_worker,
+                                     initargs=(tok_json.decode("utf-8"), settings["eos_id"],
+                                               dtype)) as pool:
+                pending: deque = deque()
+                try:
+                    for c in chunks:    # at most 2 chunks per worker in flight: bounded memory
+                        pending.append((c.end, pool.submit(_encode_in_worker, c.names, c.texts)))
+                        if len(pending) >= 2 * processes:
+                            end, fut = pending.popleft()
+                            consume(end, fut.result())
+                    while pending:
+                        end, fut = pending.popleft()
+                        consume(end, fut.result())
+                except BaseException:
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    raise
+        for w in writers.values():
+            w.close_shard()
+        state["phase"] = "written"
+        save((len(files), 0, 0))
+    finally:
+        for w in writers.values():
+            w.close()
+    return _finish(out, files, names, settings, tokenizer, read_json(progress), processes)
+
+
+def _finish(out: Path, files, names, settings: dict, tokenizer, prev: dict,
+            processes: int) -> dict:
+    """After every document is written: the held-out fallback when one split is empty, then
+    manifest.json (atomically) and the progress file removed."""
+    progress = out / PROGRESS
+    splits = prev["splits"]
+    tokens = {s: sum(sh["tokens"] for sh in splits[s]["shards"]) for s in SPLITS}
+    if prev["phase"] == "recut" or not tokens["train"] or not tokens["val"]:
         # too few documents for the hash to fill both splits: hold out the stream's last 5%
-        stream = np.concatenate([joined["train"], joined["val"]])
-        cut = int(len(stream) * (1 - TAIL_VAL_FRACTION))
-        joined = {"train": stream[:cut], "val": stream[cut:]}
-        total = {k: sum(c[k] for c in counts.values()) for k in ("documents", "text_bytes")}
-        counts = {"train": {"documents": None, "text_bytes": total["text_bytes"] *
-                            (1 - TAIL_VAL_FRACTION)},
-                  "val": {"documents": None, "text_bytes": total["text_bytes"] *
-                          TAIL_VAL_FRACTION}}
+        splits = _recut(out, prev, settings)
         split_rule = f"last {TAIL_VAL_FRACTION:.0%} of the token stream"
     else:
-        split_rule = "sha256(path relative to the files' common folder) mod 20 == 0"
-    if len(joined["train"]) < 2 or len(joined["val"]) < 2:
+        split_rule = (f"sha256(path relative to the files' common folder) mod {VAL_BUCKETS} == 0 "
+                      f"for a plain-text file (one document); sha256(the record's text) mod "
+                      f"{VAL_BUCKETS} == 0 for a JSONL/Parquet record")
+    tokens = {s: sum(sh["tokens"] for sh in splits[s]["shards"]) for s in SPLITS}
+    if tokens["train"] < 2 or tokens["val"] < 2:
+        for _, _, p in _shard_files(out):
+            p.unlink()
+        progress.unlink()
         raise InputError("too little text to make a training and a held-out split",
-                         path=",".join(patterns), field="FILES")
-
-    shards: dict[str, list[dict]] = {}
-    for split, arr in joined.items():
-        shards[split] = []
-        for j, lo in enumerate(range(0, len(arr), shard_tokens)):
-            part = np.ascontiguousarray(arr[lo:lo + shard_tokens])
-            name = f"{split}-{j:05d}.bin"
-            atomic_write_bytes(out / name, part.tobytes())
-            shards[split].append({"file": name, "tokens": int(len(part)),
-                                  "sha256": hashlib.sha256(part.tobytes()).hexdigest()})
+                         path=",".join(names), field="FILES")
+    listing = [f"{n}\t{f.stat().st_size}\t{sha256_file(f)}" for f, n in zip(files, names)]
+    kinds = [input_kind(f) for f in files]
     manifest = {
-        "schema": MANIFEST_SCHEMA, "dtype": dtype.name, "vocab_size": int(vocab),
-        "eos_id": int(eos_id),
-        "tokenizer": {"path": str(Path(tokenizer).resolve()), "sha256": sha256_file(
-            Path(tokenizer)), "vocab_size": int(vocab), "eos": eos, "eos_id": int(eos_id)},
-        "sources": {"files": len(files), "sha256_files_and_contents": hashlib.sha256(
-            "\n".join(listing).encode()).hexdigest()},
+        "schema": MANIFEST_SCHEMA, "dtype": settings["dtype"],
+        "vocab_size": settings["vocab_size"], "eos_id": settings["eos_id"],
+        "tokenizer": {"path": str(Path(tokenizer).resolve()),
+                      "sha256": settings["tokenizer_sha256"], "vocab_size": settings["vocab_size"],
+                      "eos": settings["eos"], "eos_id": settings["eos_id"]},
+        "sources": {"files": len(files), "bytes": sum(f.stat().st_size for f in files),
+                    "kinds": {k: kinds.count(k) for k in sorted(set(kinds))},
+                    "text_key": settings["text_key"],
+                    "sha256_files_and_contents": hashlib.sha256(
+                        "\n".join(listing).encode()).hexdigest()},
         "split_rule": split_rule,
-        "splits": {k: {**counts[k], "tokens": int(len(joined[k])), "shards": shards[k]}
-                   for k in ("train", "val")},
+        "splits": {s: {"documents": splits[s]["documents"], "text_bytes": splits[s]["text_bytes"],
+                       "tokens": tokens[s], "shards": splits[s]["shards"]} for s in SPLITS},
         "created": time.time(),
     }
     atomic_write_json(out / MANIFEST, manifest)
+    progress.unlink()
     return manifest
+
+
+def _recut(out: Path, prev: dict, settings: dict) -> dict:
+    """One split is empty: its documents all hashed into the other. The whole stream (the
+    non-empty split's shards, renamed ``stream-*``) is cut again: its first 95% is the training
+    split, the rest held out (documents per shard unknown: null). Resumable: the progress file
+    says ``recut`` before the first rename."""
+    progress = out / PROGRESS
+    splits = prev["splits"]
+    src = "train" if splits["train"]["shards"] else "val"
+    if prev["phase"] != "recut":
+        prev = {**prev, "phase": "recut", "stream": [
+            {"file": f"stream-{j:05d}.bin", "from": sh["file"], "tokens": sh["tokens"]}
+            for j, sh in enumerate(splits[src]["shards"])]}
+        atomic_write_json(progress, prev)
+    stream = prev["stream"]
+    for j, sh in enumerate(stream):
+        dst = out / safe_name(sh["file"], path=progress, field=f"stream[{j}].file")
+        if not dst.exists():
+            os.replace(out / safe_name(sh["from"], path=progress, field=f"stream[{j}].from"), dst)
+    for s, _, p in _shard_files(out):
+        if s != "stream":
+            p.unlink()
+    dtype = np.dtype(settings["dtype"])
+    total = sum(sh["tokens"] for sh in stream)
+    cut = int(total * (1 - TAIL_VAL_FRACTION))
+    writers = {s: _SplitWriter(out, s, dtype, settings["shard_tokens"]) for s in SPLITS}
+    none = np.zeros(0, np.int64)
+    at = 0
+    try:
+        for sh in stream:
+            arr = np.memmap(out / sh["file"], dtype=dtype, mode="r") if sh["tokens"] else \
+                np.zeros(0, dtype)
+            for lo in range(0, len(arr), 1 << 24):     # 16M tokens at a time
+                piece = np.asarray(arr[lo:lo + (1 << 24)])
+                k = min(max(cut - at, 0), len(piece))
+                writers["train"].append(piece[:k], none, 0)
+                writers["val"].append(piece[k:], none, 0)
+                at += len(piece)
+            del arr
+        for w in writers.values():
+            w.close_shard()
+    finally:
+        for w in writers.values():
+            w.close()
+    text_bytes = sum(splits[s]["text_bytes"] for s in SPLITS)
+    result = {}
+    for s, share in (("train", 1 - TAIL_VAL_FRACTION), ("val", TAIL_VAL_FRACTION)):
+        result[s] = {"documents": None, "text_bytes": text_bytes * share,
+                     "shards": [{**sh, "documents": None} for sh in writers[s].closed]}
+    for sh in stream:
+        (out / sh["file"]).unlink()
+    return result
 
 
 # ------------------------------------------------------------------------------- reading
@@ -245,13 +724,35 @@ class GrainFeed:
         return self._states[index]
 
 
+class Stream:
+    """Memory-mapped shards read as one 1-D stream (``len``, integer-array indexing) without
+    concatenating them: the held-out split of a large corpus is gigabytes."""
+
+    def __init__(self, parts: list[np.ndarray]):
+        self.parts = parts
+        self.bounds = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
+        self.dtype = parts[0].dtype
+
+    def __len__(self) -> int:
+        return int(self.bounds[-1])
+
+    def __getitem__(self, idx) -> np.ndarray:
+        idx = np.asarray(idx, dtype=np.int64)
+        out = np.empty(idx.shape, self.dtype)
+        part = np.searchsorted(self.bounds, idx, side="right") - 1
+        for k in np.unique(part):
+            sel = part == k
+            out[sel] = self.parts[k][idx[sel] - self.bounds[k]]
+        return out
+
+
 @dataclass(frozen=True)
 class TokenShards:
     """A tokenized corpus on disk (the Corpus interface of ladder.data, with a Grain feed)."""
 
     root: Path
     train_shards: tuple
-    val: np.ndarray
+    val: np.ndarray | Stream   # the held-out stream (its shards unconcatenated)
     vocab_size: int
     eos_id: int
     fingerprint: dict
@@ -347,6 +848,9 @@ def load_shards(path: str | Path, vocab_size: int | None = None) -> TokenShards:
     naming it)."""
     root = Path(path)
     m = check_manifest(read_json(root / MANIFEST, schema="token-shards"), root / MANIFEST)
+    if (schema_version(m) or 0) > 2:
+        raise InputError(f"{m['schema']} is newer than this tool reads (token-shards/1, /2)",
+                         path=root / MANIFEST, field="schema")
     if vocab_size is not None and vocab_size != m["vocab_size"]:
         raise InputError(f"the shards' tokenizer has vocab {m['vocab_size']}, --vocab-size says "
                          f"{vocab_size}", path=root / MANIFEST, field="vocab_size")
@@ -355,18 +859,19 @@ def load_shards(path: str | Path, vocab_size: int | None = None) -> TokenShards:
     for split in ("train", "val"):
         maps[split] = []
         for i, sh in enumerate(m["splits"].get(split, {}).get("shards", [])):
-            f = inside(root, sh["file"], field=f"splits.{split}.shards[{i}].file")
+            field = f"splits.{split}.shards[{i}]"
+            f = inside(root, sh["file"], field=f"{field}.file", path=root / MANIFEST)
             if not f.is_file():
                 raise InputError("shard listed in the manifest is missing", path=f,
-                                 field=f"splits.{split}.shards[{i}]", exit_code=EX_NOINPUT)
+                                 field=field, exit_code=EX_NOINPUT)
             if f.stat().st_size != sh["tokens"] * dtype.itemsize:
                 raise InputError(f"has {f.stat().st_size} bytes, the manifest says "
                                  f"{sh['tokens']} {dtype.name} tokens; truncated or replaced",
-                                 path=f, field=f"splits.{split}.shards[{i}].tokens")
+                                 path=f, field=f"{field}.tokens")
             maps[split].append(np.memmap(f, dtype=dtype, mode="r"))
     if not maps["train"] or not maps["val"]:
         raise InputError("needs train and val shards", path=root / MANIFEST, field="splits")
-    val = np.concatenate(maps["val"]) if len(maps["val"]) > 1 else maps["val"][0]
+    val = maps["val"][0] if len(maps["val"]) == 1 else Stream(maps["val"])
     val_split = m["splits"]["val"]
     bpt = (val_split["text_bytes"] / val_split["tokens"]) \
         if val_split.get("text_bytes") and val_split.get("tokens") else None

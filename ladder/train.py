@@ -28,7 +28,7 @@ import numpy as np
 from ladder import distributed
 from ladder.checkpointing import Checkpoints
 from ladder.data import corrupt_bytes, load_corpus, shuffle_bytes
-from ladder.io import EX_USAGE, InputError, atomic_write_json
+from ladder.io import EX_USAGE, InputError, atomic_write_json, read_json
 from ladder.lrtable import run_lr_table
 from ladder.rundir import (
     RUN_CONFIG_SCHEMA,
@@ -43,7 +43,10 @@ from ladder.step import batch_sharding, enable_compilation_cache, make_mesh, pro
 from ladder.trainconfig import (
     TrainConfig,
     checkpoint_steps,
+    eval_batch_size,
+    eval_sequences,
     microbatch_size,
+    profile_range,
     resolve_rung,
 )
 
@@ -132,6 +135,7 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
     stop = min(rung.steps, max_steps or rung.steps)
     evals, saves = set(rung.eval_steps()), checkpoint_steps(rung, cfg.run)
     interrupted = _StopFlag()
+    profile = _Profile(cfg.run.profile_steps, s.out / "profile", start)
     state = s.state
     batch = s.batch(start) if start < stop else None
     if batch is not None:  # compile before the clock starts, so tokens/s is the step's own
@@ -143,10 +147,13 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
         with interrupted:
             for i in range(start, stop):                 # ONE visible loop over steps
                 step = i + 1
+                profile.before(step)
                 state, m = train_step(state, batch)
                 if step < stop:
                     batch = s.batch(step)               # next batch, built while this one runs
                 row = s.row(step, m, tick)
+                profile.after(step)
+                s.note_checkpoints()                    # a background save finished: summary
                 diverged = not math.isfinite(row["train/loss"])
                 if step in evals and not diverged:
                     row.update(s.evaluate(state))
@@ -171,7 +178,8 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
         s.fail()
         raise
     finally:
-        s.ckpt.close()
+        profile.close()
+        s.ckpt.close()                                  # waits for a save in flight
     return s.finish(status, interrupted.signal_name or "peer" if stopped else None)
 
 
@@ -187,6 +195,14 @@ def _check(rung: Rung, out: Path, cfg: TrainConfig, resume: bool):
     corpus.check_fits(rung.seq_len, ",".join(cfg.data) or "python-stdlib")
     config = {"schema": RUN_CONFIG_SCHEMA, "rung": rung.to_dict(), "train": cfg.to_dict()}
     previous = previous_run(out, config, resume)
+    if previous is not None and (out / "config.json").exists():
+        # the checkpoints are where the run put them: resuming elsewhere would start over
+        old = read_json(out / "config.json").get("train", {}).get("checkpoint_dir")
+        if old != cfg.run.checkpoint_dir:
+            raise InputError(f"differs from the run in this directory ({old!r} there, "
+                             f"{cfg.run.checkpoint_dir!r} now): its checkpoints are there; give "
+                             f"the same --checkpoint-dir", path=out / "config.json",
+                             field="train.checkpoint_dir", exit_code=EX_USAGE)
     if previous is not None and previous.get("status") in ("complete", "diverged"):
         return previous
     return rung, corpus, out, config, previous
@@ -208,9 +224,9 @@ class Session:
         self.final: dict = {}
         enable_compilation_cache()
         microbatch = microbatch_size(rung, cfg)
-        eval_batch = cfg.eval_batch or rung.batch
         mesh = make_mesh(cfg.run.devices, cfg.run.expert_parallel, rung.model.n_experts,
                          microbatch)
+        eval_batch = eval_batch_size(cfg, int(mesh.devices.size), rung)
         if eval_batch % mesh.devices.size:
             raise InputError(f"the {mesh.devices.size} devices must divide it ({eval_batch})",
                              field="eval_batch", exit_code=EX_USAGE)
@@ -227,7 +243,8 @@ class Session:
         self.write_json(out / "config.json", config)
         self.write_json(out / "env.json", {**environment(corpus, mesh_info, self.peak),
                                            "processes": distributed.info()})
-        self.ckpt = Checkpoints(out / "checkpoints", cfg.run.keep, cfg.run.checkpoint_minutes)
+        self.ckpt = Checkpoints(checkpoint_root(out, rung, cfg), cfg.run.keep,
+                                cfg.run.checkpoint_minutes, async_save=cfg.run.checkpoint_async)
         self.metrics = MetricsFile(out / "metrics.jsonl", writer=self.writer)
 
         # --- the programs, the data and the state
@@ -251,9 +268,9 @@ class Session:
             self.metrics.path.unlink()
         self.last_saved = self.start
         eval_rows = distributed.local_rows(self.split, eval_batch)
+        n_eval = -(-eval_sequences(cfg, rung) // eval_batch)   # whole calls
         self.eval_set = [self._to_global({k: v[eval_rows] for k, v in b.items()}, eval_batch)
-                         for b in corpus.eval_batches(-(-cfg.eval_sequences // eval_batch),
-                                                      eval_batch, rung.seq_len)]
+                         for b in corpus.eval_batches(n_eval, eval_batch, rung.seq_len)]
         self.train_flops_per_token = rung.flops.training(1, lm_head=True)  # MFU counts the head
 
         self.wb, self.wandb_info = None, (previous or {}).get("wandb")
@@ -317,8 +334,10 @@ class Session:
         import jax
 
         t = time.perf_counter()
-        parts = [jax.device_get(self.programs.eval_step(state["params"], state["router_bias"],
-                                                        b)) for b in self.eval_set]
+        # every call dispatched before the first result is read: with one sequence per device an
+        # eval is ~100 calls, which then queue on the devices instead of waiting one by one
+        parts = jax.device_get([self.programs.eval_step(state["params"], state["router_bias"], b)
+                                for b in self.eval_set])
         loss = float(np.mean([p["loss"] for p in parts]))
         dropless = float(np.mean([p["dropless"] for p in parts]))
         row = {"eval/loss": loss, "eval_dropless/loss": dropless,
@@ -336,11 +355,19 @@ class Session:
             self.on_metrics(row)
 
     def save(self, step: int, state, *, rolling: bool) -> None:
+        """Start the checkpoint of ``step``; ``checkpoint_s`` counts only the time the loop
+        waits (with async saves: the copy off the devices and a previous save still writing)."""
         t = time.perf_counter()
         self.ckpt.save(step, state, self.feed.state_for(step), rolling=rolling)
         self.timing["checkpoint_s"] += time.perf_counter() - t
-        self.last_saved = step
-        self.write_summary("running", step)
+        self.note_checkpoints()
+
+    def note_checkpoints(self) -> None:
+        """summary.json names the newest complete checkpoint, once it is complete."""
+        done = self.ckpt.done_step()
+        if done > self.last_saved:
+            self.last_saved = done
+            self.write_summary("running", done)
 
     def fail(self) -> None:
         """After an exception: close the files and say so in summary.json."""
@@ -356,6 +383,7 @@ class Session:
         signal that stopped the run here, "peer" when another process's did, else None."""
         self.bar.close()
         self.metrics.close()
+        self.last_saved = max(self.last_saved, self.ckpt.done_step())  # closed: all written
         step = self.last_saved if status != "diverged" else self.final["diverged_at_step"]
         if status == "complete":
             distributed.barrier("ladder-metrics-written")  # process 0 has written every row
@@ -369,6 +397,42 @@ class Session:
         if self.wb:
             self.wb.finish(exit_code=0 if status in ("complete", "running") else 1)
         return s
+
+
+def checkpoint_root(out: Path, rung: Rung, cfg: TrainConfig):
+    """Where a run's checkpoints go: ``out/checkpoints``, or ``checkpoint_dir/LADDER/RUNG``
+    (a folder or an object-store URL, ladder.checkpointing.location)."""
+    if cfg.run.checkpoint_dir is None:
+        return out / "checkpoints"
+    return f"{cfg.run.checkpoint_dir.rstrip('/')}/{rung.ladder}/{rung.name}"
+
+
+class _Profile:
+    """``profile_steps`` "A:B": a jax.profiler trace of steps A..B (those this session runs)
+    into ``folder`` (TensorBoard's profile plugin and Perfetto read it). Each process writes
+    its own."""
+
+    def __init__(self, steps: str | None, folder: Path, start: int):
+        self.range = profile_range(steps) if steps else None
+        self.folder, self.start, self.on = folder, start, False
+
+    def before(self, step: int) -> None:
+        if self.range and step == max(self.range[0], self.start + 1) <= self.range[1]:
+            import jax
+
+            jax.profiler.start_trace(str(self.folder))
+            self.on = True
+
+    def after(self, step: int) -> None:      # the step's metrics were read: it has finished
+        if self.on and step >= self.range[1]:
+            self.close()
+
+    def close(self) -> None:
+        if self.on:
+            import jax
+
+            jax.profiler.stop_trace()
+            self.on = False
 
 
 class _StopFlag:

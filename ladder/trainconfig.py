@@ -99,6 +99,26 @@ class OptimizerOverrides:
         return spec.replace(**fixed) if fixed else spec
 
 
+CHECKPOINT_SCHEMES = ("", "file", "gs", "s3")   # "": a local path
+
+
+def checkpoint_scheme(location: str) -> str:
+    """The URL scheme of a checkpoint location ("" for a plain path)."""
+    head, sep, _ = location.partition("://")
+    return head.lower() if sep and head.isalnum() else ""
+
+
+def profile_range(text) -> tuple[int, int] | None:
+    """``"A:B"`` -> (A, B) when 1 <= A <= B, else None."""
+    if not isinstance(text, str):
+        return None
+    a, sep, b = text.partition(":")
+    if not sep or not a.strip().isdigit() or not b.strip().isdigit():
+        return None
+    a, b = int(a), int(b)
+    return (a, b) if 1 <= a <= b else None
+
+
 @dataclass(frozen=True)
 class RunArgs:
     """Where and how a run executes and is watched: never its numbers, so these may differ when
@@ -111,6 +131,12 @@ class RunArgs:
     checkpoint_every: int = 0        # steps between checkpoints; 0 = every 25% of the run
     checkpoint_minutes: float | None = None  # also a rolling checkpoint this often (wall clock)
     keep: int = 2                    # checkpoints kept (the issue: the last 2)
+    checkpoint_dir: str | None = None  # None: <run dir>/checkpoints; else a folder or a gs:// /
+                                     # s3:// URL (Orbax/etils), the rung's under <it>/LADDER/RUNG
+    checkpoint_async: bool = True    # write in the background (the loop waits only while the
+                                     # state is copied off the devices)
+    profile_steps: str | None = None  # "A:B": a jax.profiler trace of steps A..B (1-based,
+                                     # inclusive) into <run dir>/profile
     log_every: int = 1               # steps between metrics rows (the loss is checked every step)
     wandb: bool = False
     wandb_project: str | None = None  # None: WANDB_PROJECT, else "ladder" (ladder.wandbrun)
@@ -134,8 +160,15 @@ class RunArgs:
         _check(self, "checkpoint_minutes", self.checkpoint_minutes is None
                or _is_num(self.checkpoint_minutes) and 0 < self.checkpoint_minutes <= 1e6,
                "null or a number in (0, 1e6]")
-        for name in ("wandb", "progress"):
+        for name in ("wandb", "progress", "checkpoint_async"):
             _check(self, name, isinstance(getattr(self, name), bool), "true or false")
+        _check(self, "checkpoint_dir", self.checkpoint_dir is None
+               or isinstance(self.checkpoint_dir, str) and self.checkpoint_dir.strip()
+               and checkpoint_scheme(self.checkpoint_dir) in CHECKPOINT_SCHEMES,
+               "null, a folder, or a file://, gs:// or s3:// URL")
+        _check(self, "profile_steps", self.profile_steps is None
+               or profile_range(self.profile_steps) is not None,
+               "null or 'A:B' with 1 <= A <= B (steps, inclusive)")
         for name in ("wandb_project", "wandb_entity"):
             v = getattr(self, name)
             _check(self, name, v is None or isinstance(v, str) and v,
@@ -172,15 +205,15 @@ class TrainConfig:
     run's numbers, and its optimizer overrides, run arguments and fault (see the module doc)."""
 
     seed: int = 0
-    eval_sequences: int = 96         # held-out set: this many fixed windows (rounded up to whole
-                                     # batches), the same for every rung whatever its batch (96
-                                     # divides every cpu-ladder batch; docs/LOG.md)
+    eval_sequences: int | None = None  # held-out windows per eval; None = the rung's (its
+                                     # ladder's: the same windows for every rung)
     eval_every: float | None = None  # fraction of the run between evals; None = the rung's (5%)
     microbatch: int | None = None    # sequences per microbatch (gradient accumulation inside the
                                      # step); None = the whole batch. Must divide the batch, and
                                      # the devices must divide it.
-    eval_batch: int | None = None    # sequences per eval call (its own small batch: the recipe
-                                     # evaluates 64 per rack); None = the rung's batch
+    eval_batch: int | None = None    # sequences per eval call; None = the rung's, else one per
+                                     # device of the mesh (eval_batch_size: what fits wherever
+                                     # training fits)
     model: dict = field(default_factory=dict)  # ModelConfig field overrides (ablations)
     data: tuple[str, ...] = ()       # text files/globs or one token array; () = Python stdlib
     vocab_size: int | None = None    # for raw .bin token files (and a check for .npy)
@@ -191,9 +224,7 @@ class TrainConfig:
     def __post_init__(self):
         _check(self, "seed", _is_int(self.seed) and 0 <= self.seed < 2 ** 63,
                "an integer in [0, 2**63)")
-        _check(self, "eval_sequences", _is_int(self.eval_sequences)
-               and 1 <= self.eval_sequences <= _MAX_SEQS, "an integer in [1, 2**24]")
-        for name in ("vocab_size", "microbatch", "eval_batch"):
+        for name in ("vocab_size", "microbatch", "eval_batch", "eval_sequences"):
             v = getattr(self, name)
             _check(self, name, v is None or _is_int(v) and 1 <= v <= _MAX_SEQS,
                    "null or an integer in [1, 2**24]")
@@ -384,3 +415,17 @@ def microbatch_size(rung: Rung, cfg: TrainConfig) -> int:
         raise InputError(f"must divide the batch ({rung.batch} sequences), got {mb}",
                          field="microbatch", exit_code=EX_USAGE)
     return mb
+
+
+def eval_batch_size(cfg: TrainConfig, devices: int, rung: Rung | None = None) -> int:
+    """Sequences per eval call: ``cfg.eval_batch``, else the rung's (its ladder's rule: the cpu
+    ladder's 8-token windows are evaluated 512 at a time), by default one per device. The eval step
+    keeps no gradients, but its batch used to be the rung's whole batch (1024 sequences at
+    1.6B-A61M: ~3 TiB per device compiled, issue 22); one sequence per device is the smallest
+    batch the mesh splits, and the held-out set is the same whatever the batch."""
+    return cfg.eval_batch or (rung.eval_batch if rung is not None else None) or devices
+
+
+def eval_sequences(cfg: TrainConfig, rung: Rung) -> int:
+    """Held-out windows per eval: ``cfg.eval_sequences``, else the rung's (its ladder's)."""
+    return cfg.eval_sequences or rung.eval_sequences

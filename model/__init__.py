@@ -1,6 +1,8 @@
 """Flax MoE decoder in the shape of Marin's hero recipe, behind a small functional API.
 
     init(cfg, seed) -> (params, router_bias)
+    init_sharded(cfg, seed, shardings) -> (params placed with shardings, router_bias): the same
+        values, each process drawing only its own devices' shards
     apply(cfg, params, router_bias, tokens, *, dropless=False, segment_ids=None) -> (logits, aux)
     loss_fn(cfg, params, router_bias, tokens, targets, *, dropless=False, segment_ids=None)
         -> (loss, stats)
@@ -38,13 +40,15 @@ __all__ = [
     "ModelConfig",
     "apply",
     "init",
+    "init_sharded",
     "loss_fn",
     "param_groups",
     "param_shapes",
     "update_router_bias",
 ]
 
-_LAZY = {"init": "model.transformer", "apply": "model.transformer", "loss_fn": "model.transformer",
+_LAZY = {"init": "model.transformer", "init_sharded": "model.transformer",
+         "apply": "model.transformer", "loss_fn": "model.transformer",
          "param_groups": "model.transformer", "param_shapes": "model.transformer",
          "PARAM_GROUPS": "model.transformer", "update_router_bias": "model.moe"}
 

@@ -84,6 +84,66 @@ def weight_init(cfg: ModelConfig):
     return normal(cfg.weight_std, cfg.init_truncate)
 
 
+def param_rng(seed: int, path: tuple[str, ...]) -> np.random.Generator:
+    """The numpy stream a parameter is drawn from: seeded by (seed, crc32 of its path)."""
+    return np.random.default_rng([seed, zlib.crc32("/".join(path).encode())])
+
+
+def draw_normal(seed: int, path: tuple[str, ...], shape: tuple, std: float,
+                truncate: float | None) -> np.ndarray:
+    """A parameter's initial values: ``std`` x standard normals of its stream in C order; with
+    ``truncate``, values beyond +-truncate are redrawn from the same stream (all of them in C
+    order, again until none is left)."""
+    rng = param_rng(seed, path)
+    z = rng.standard_normal(shape, dtype=np.float32)
+    if truncate is not None:
+        bad = np.abs(z) > truncate
+        while bad.any():
+            z[bad] = rng.standard_normal(int(bad.sum()), dtype=np.float32)
+            bad = np.abs(z) > truncate
+    return std * z
+
+
+def draw_normal_regions(seed: int, path: tuple[str, ...], shape: tuple, std: float,
+                        truncate: float | None, regions: list[tuple],
+                        chunk: int = 1 << 22) -> list[np.ndarray]:
+    """``draw_normal(...)[region]`` for each region (a tuple of (start, stop) per axis) without
+    the whole array: the stream is drawn in blocks of ~``chunk`` values along the first axis and
+    only the regions are kept (numpy's generators give the same values whether drawn at once or
+    in pieces). The redraws of a truncated normal need the positions of every out-of-range
+    value in the whole array (0.27% of them at 3 sigma), so the stream is read to its end;
+    without truncation it stops after the last region."""
+    rng = param_rng(seed, path)
+    outs = [np.empty([b - a for a, b in r], np.float32) for r in regions]
+    if not shape:                                  # a scalar: nothing to split
+        return [draw_normal(seed, path, shape, std, truncate) for _ in regions]
+    row = int(np.prod(shape[1:], dtype=np.int64))
+    rows = max(1, chunk // max(row, 1))
+    last = shape[0] if truncate is not None else max((r[0][1] for r in regions), default=0)
+    bad = []
+    for r0 in range(0, last, rows):
+        r1 = min(last, r0 + rows)
+        z = rng.standard_normal((r1 - r0, *shape[1:]), dtype=np.float32)
+        if truncate is not None:
+            bad.append(np.flatnonzero(np.abs(z) > truncate) + r0 * row)
+        for out, r in zip(outs, regions):
+            a, b = max(r[0][0], r0), min(r[0][1], r1)
+            if a < b:
+                out[a - r[0][0]:b - r[0][0]] = z[(slice(a - r0, b - r0),
+                                                  *(slice(lo, hi) for lo, hi in r[1:]))]
+    pending = np.concatenate(bad) if bad else np.zeros(0, np.int64)
+    while len(pending):      # the redraws, in C order of the positions, as draw_normal does
+        v = rng.standard_normal(len(pending), dtype=np.float32)
+        ok = ~(np.abs(v) > truncate)
+        coords = np.unravel_index(pending[ok], shape)
+        for out, r in zip(outs, regions):
+            inside = np.logical_and.reduce([(c >= lo) & (c < hi) for c, (lo, hi) in
+                                            zip(coords, r)])
+            out[tuple(c[inside] - lo for c, (lo, _) in zip(coords, r))] = v[ok][inside]
+        pending = pending[~ok]
+    return [std * out for out in outs]
+
+
 def materialize(boxes, seed: int, slices=None) -> dict:
     """Nested dict of Init(ShapeDtypeStruct, std) (``jax.eval_shape`` of a linen init) -> nested
     dict of arrays. Each parameter is drawn from its own numpy stream seeded by (seed, its path),
@@ -92,16 +152,6 @@ def materialize(boxes, seed: int, slices=None) -> dict:
     ``slices(path)``: for a parameter stacked on a leading axis (the scanned layers), the path
     each slice is drawn under (None: not stacked). The scanned model then starts from the very
     values the same model has with its layers unrolled."""
-    def draw(path, shape, std, truncate):
-        rng = np.random.default_rng([seed, zlib.crc32("/".join(path).encode())])
-        z = rng.standard_normal(shape, dtype=np.float32)
-        if truncate is not None:     # redraw what falls outside +-truncate, from the same stream
-            bad = np.abs(z) > truncate
-            while bad.any():
-                z[bad] = rng.standard_normal(int(bad.sum()), dtype=np.float32)
-                bad = np.abs(z) > truncate
-        return std * z
-
     values = {}
     for path, box in flatten_dict(unfreeze(boxes)).items():
         shape, dtype = box.value.shape, box.value.dtype
@@ -110,10 +160,47 @@ def materialize(boxes, seed: int, slices=None) -> dict:
             continue
         parts = slices(path) if slices is not None else None
         if parts is None:
-            values[path] = jnp.asarray(draw(path, shape, box.std, box.truncate), dtype)
+            values[path] = jnp.asarray(draw_normal(seed, path, shape, box.std, box.truncate),
+                                       dtype)
         else:                                           # [G, ...]: slice g drawn as parts[g]
-            values[path] = jnp.asarray(np.stack([draw(p, shape[1:], box.std, box.truncate)
-                                                 for p in parts]), dtype)
+            values[path] = jnp.asarray(np.stack([draw_normal(seed, p, shape[1:], box.std,
+                                                             box.truncate) for p in parts]),
+                                       dtype)
+    return unflatten_dict(values)
+
+
+def materialize_sharded(boxes, seed: int, shardings, slices=None) -> dict:
+    """:func:`materialize`'s values, placed with ``shardings`` (a nested dict like the params of
+    ``jax.sharding.Sharding``), each process building only the shards of its own devices: per
+    parameter, the regions its devices hold are drawn (:func:`draw_normal_regions`) and put on
+    those devices; host memory holds one parameter's local shards at a time, never the model."""
+    flat_shardings = flatten_dict(unfreeze(shardings))
+    values = {}
+    for path, box in flatten_dict(unfreeze(boxes)).items():
+        shape, dtype = tuple(box.value.shape), box.value.dtype
+        sharding = flat_shardings[path]
+        index = {d: tuple(sl.indices(n)[:2] for sl, n in zip(idx, shape))
+                 for d, idx in sharding.addressable_devices_indices_map(shape).items()}
+        regions = sorted(set(index.values()))         # replicas share one region
+        if box.std is None:
+            host = [np.full([b - a for a, b in r], box.fill, dtype) for r in regions]
+        else:
+            parts = slices(path) if slices is not None else None
+            if parts is None:
+                host = draw_normal_regions(seed, path, shape, box.std, box.truncate, regions)
+            else:                              # [G, ...]: slice g drawn as parts[g], as above
+                host = [np.empty([b - a for a, b in r], np.float32) for r in regions]
+                for g, p in enumerate(parts):
+                    want = [k for k, r in enumerate(regions) if r[0][0] <= g < r[0][1]]
+                    got = draw_normal_regions(seed, p, shape[1:], box.std, box.truncate,
+                                              [regions[k][1:] for k in want])
+                    for k, v in zip(want, got):
+                        host[k][g - regions[k][0][0]] = v
+            host = [h.astype(dtype, copy=False) for h in host]
+        where = {r: k for k, r in enumerate(regions)}
+        values[path] = jax.make_array_from_single_device_arrays(
+            shape, sharding, [jax.device_put(host[where[r]], d) for d, r in index.items()])
+        del host
     return unflatten_dict(values)
 
 

@@ -15,16 +15,20 @@ only by :func:`update_router_bias`.
 Capacity: each expert takes at most C = ceil(capacity_factor * T * k / E) assignments per step;
 assignments beyond that are dropped (their expert output is zero; the token keeps its residual and
 the shared experts). Earlier tokens in the flattened batch order win slots. Dropless mode
-(evaluation) computes every assignment through a ragged grouped matmul (:func:`dispatch_ragged`,
-``jax.lax.ragged_dot`` over the assignments sorted by expert), never a T-slot [E, T, L] buffer.
+(evaluation) computes every assignment through a blocked grouped matmul
+(:func:`dispatch_dropless`: the assignments sorted by expert, each expert's run padded to whole
+blocks, a static schedule of blocks), never a T-slot [E, T, L] buffer nor ``jax.lax.ragged_dot``
+(expanded to a dense dot over all experts on CPU).
 
 Expert parallelism: when the jitted caller runs under a device mesh (``jax.set_mesh``) whose
 "expert" axis has more than one device, the routed path runs in ``jax.shard_map`` over the mesh
 (:func:`dispatch_expert_parallel`): tokens are split over every device (batch over "data" x
 "expert"), each device fills an [E, C, L] buffer from its own tokens (capacity counted per
 (sender shard, expert) cell, as in the real recipe), ``jax.lax.all_to_all`` over "expert" carries
-each expert's slots to the device holding it and the outputs back. The mesh comes from the
-context, not from a module argument, so the layer also works inside ``nn.scan``.
+each expert's slots to the device holding it and the outputs back. Dropless, each device runs
+its own tokens through every expert, whose weights are gathered for the layer
+(:func:`dispatch_dropless_sharded`). The mesh comes from the context, not from a module argument,
+so the layer also works inside ``nn.scan``.
 
 Balancing statistics over a whole step: the step may be split into microbatches (and always is
 over devices), so the router-bias rule's statistic is *mergeable*: ``aux["bias_stat"]`` is what
@@ -140,31 +144,109 @@ def dispatch_sorted(expert_fn: ExpertFn, x: jax.Array, expert: jax.Array, n_expe
     return gather_slots(out, s, T, k)
 
 
-def ragged_experts(x_sorted: jax.Array, sizes: jax.Array, w_gate, w_up, w_down) -> jax.Array:
-    """SwiGLU experts on rows grouped by expert: x_sorted [A, L] (rows of expert 0 first, ...),
-    sizes [E] rows per expert (rows past sum(sizes) give zeros), weights [E, L, F] / [E, F, L]
-    -> [A, L]."""
-    h = jax.nn.silu(jax.lax.ragged_dot(x_sorted, w_gate, sizes)) \
-        * jax.lax.ragged_dot(x_sorted, w_up, sizes)                          # [A, F]
-    return jax.lax.ragged_dot(h, w_down, sizes)                              # [A, L]
+# ------------------------------------------------------------------------------ dropless
+# The dropless grouped matmul. jax.lax.ragged_dot is no use here: jaxlib 0.10.2 expands it on CPU
+# into one dense dot over every group (issue 22: [32768, 384] x [48, 384, 384] became a
+# [32768, 18432] x [18432, 384] dot, 48x the FLOPs; bench/dropless_dispatch.py: E x at 8-128
+# experts), and XLA:GPU does the same unless its cuDNN ragged-dot fusion fires (docs/LOG.md).
+# This one sorts the assignments by expert, pads each expert's run to whole blocks of ``block``
+# rows and multiplies block by block, each block by its own expert's weights: plain gathers,
+# scatters and batched dots on every backend, with a static schedule whose FLOPs are those of rows
+# + experts x (block - 1) rows, not E x rows.
+MIN_BLOCK, MAX_BLOCK = 8, 128
+ROWS_PER_STEP = 4096            # rows of the block loop's one step (fewer, larger dots)
+GATHER_BYTES_PER_STEP = 2**26   # at most this many bytes of expert weights gathered per step
 
 
-def dispatch_ragged(x: jax.Array, expert: jax.Array, weights: tuple, first: int | jax.Array = 0
-                    ) -> jax.Array:
-    """Dropless: every assignment whose expert is in [first, first + E_here) through its expert,
-    as one ragged grouped matmul over the assignments sorted by expert (no capacity, no
-    [E, T, L] buffer); the others give zeros. x [T, L], expert [T, k] (global ids), weights of
-    the E_here experts held here -> out [T, k, L]."""
+def group_block(rows: int, groups: int) -> int:
+    """Rows per block of :func:`grouped_swiglu` for ``rows`` rows over ``groups`` groups: the
+    largest power of two <= rows / groups, within [8, 128]. The schedule computes at most
+    rows + groups x (block - 1) rows, so under 2 x rows however many experts there are (down to
+    blocks of 8). Smaller blocks compute less padding but gather an expert's weights once per
+    block: on CPU (bench/dropless_dispatch.py) blocks of ~rows/groups, capped at 128, were the
+    fastest or within 1.6x of it at 8, 32 and 128 experts."""
+    b = MIN_BLOCK
+    while b * 2 <= min(MAX_BLOCK, rows // groups):
+        b *= 2
+    return b
+
+
+def grouped_swiglu(x_blocks: jax.Array, block_group: jax.Array, w_gate, w_up, w_down
+                   ) -> jax.Array:
+    """SwiGLU experts on blocks of rows, each block through one expert: x_blocks [n, b, L],
+    block_group [n] (the expert of each block), weights [E, L, F] / [E, F, L] -> [n, b, L].
+
+    The blocks go in steps of c under ``jax.lax.scan`` (a static trip count): step i gathers the
+    c blocks' expert weights [c, L, F] and runs three batched dots. c makes a step about
+    ROWS_PER_STEP rows and at most GATHER_BYTES_PER_STEP bytes of gathered weights."""
+    n, b, L = x_blocks.shape
+    F = w_gate.shape[-1]
+    per_block = 3 * L * F * jnp.dtype(w_gate.dtype).itemsize
+    steps = -(-n // max(1, min(n, ROWS_PER_STEP // b, GATHER_BYTES_PER_STEP // per_block)))
+    c = -(-n // steps)                               # blocks per step, spread evenly
+    pad = steps * c - n                              # < steps blocks of zeros
+    xs = jnp.pad(x_blocks, ((0, pad), (0, 0), (0, 0))).reshape(steps, c, b, L)
+    gs = jnp.pad(block_group, (0, pad)).reshape(steps, c)
+
+    def step(_, inp):
+        xb, g = inp                                                  # [c, b, L], [c]
+        out = swiglu(xb, w_gate[g], w_up[g], w_down[g], "cbl,clf->cbf", "cbf,cfl->cbl")
+        return None, out                                             # [c, b, L]
+
+    _, out = jax.lax.scan(step, None, (xs, gs))                      # [steps, c, b, L]
+    return out.reshape(steps * c, b, L)[:n]
+
+
+def dispatch_dropless(x: jax.Array, expert: jax.Array, weights: tuple,
+                      block: int | None = None) -> jax.Array:
+    """Dropless: every assignment through its expert, with no capacity and no [E, T, L] buffer.
+    x [T, L], expert [T, k], weights of all E experts ([E, L, F], [E, L, F], [E, F, L])
+    -> out [T, k, L].
+
+    The A = T*k assignments are sorted by expert (stable); expert e's n_e assignments take
+    ceil(n_e / b) blocks of b = ``block`` rows (default :func:`group_block`), its blocks after
+    those of the experts before it; the rest of its last block is zeros. The number of blocks is
+    static, floor((A + min(E, A) (b - 1)) / b), an upper bound whatever the routing; unused
+    blocks at the end compute zeros. :func:`grouped_swiglu` runs the blocks."""
     T, k = expert.shape
-    n_here = weights[0].shape[0]
-    local = expert.reshape(T * k) - first                      # [A]
-    mine = (local >= 0) & (local < n_here)
-    key = jnp.where(mine, local, n_here)                       # not mine: a last, unused group
-    order = jnp.argsort(key, stable=True)                      # [A]
-    sizes = jnp.bincount(key, length=n_here + 1)[:n_here].astype(jnp.int32)   # [E_here]
-    out_sorted = ragged_experts(x[order // k], sizes, *weights)               # [A, L]
-    out = jnp.zeros_like(out_sorted).at[order].set(out_sorted)               # unsort
-    return out.reshape(T, k, -1)                                             # [A, L] -> [T, k, L]
+    E, L = weights[0].shape[0], x.shape[-1]
+    A = T * k
+    b = block or group_block(A, E)
+    flat = expert.reshape(A)                                   # [T, k] -> [A], a = t*k + j
+    order = jnp.argsort(flat, stable=True)                     # [A] grouped by expert
+    sorted_expert = flat[order]
+    counts = jnp.bincount(flat, length=E)                      # [E]
+    rank = jnp.arange(A) - (jnp.cumsum(counts) - counts)[sorted_expert]   # [A] within expert
+    blocks = -(-counts // b)                                   # [E] blocks of each expert
+    block_end = jnp.cumsum(blocks)                             # [E]
+    dest = (block_end - blocks)[sorted_expert] * b + rank      # [A] padded row of each
+    n_blocks = (A + min(E, A) * (b - 1)) // b                  # >= sum(blocks), static
+    buf = jnp.zeros((n_blocks * b, L), x.dtype).at[dest].set(x[order // k],
+                                                             unique_indices=True)
+    block_expert = jnp.minimum(jnp.searchsorted(block_end, jnp.arange(n_blocks), side="right"),
+                               E - 1)                          # [n_blocks]; unused: any expert
+    out = grouped_swiglu(buf.reshape(n_blocks, b, L), block_expert, *weights)   # [n, b, L]
+    out_sorted = out.reshape(n_blocks * b, L)[dest]                             # [A, L]
+    out = jnp.zeros_like(out_sorted).at[order].set(out_sorted, unique_indices=True)  # unsort
+    return out.reshape(T, k, L)                                # [A, L] -> [T, k, L]
+
+
+def dispatch_dropless_sharded(mesh, x: jax.Array, expert: jax.Array, weights: tuple
+                              ) -> jax.Array:
+    """:func:`dispatch_dropless` under ``jax.shard_map`` over ``mesh``: tokens split over every
+    device, each device running its own tokens through every expert, whose weights come in
+    whole (GSPMD all-gathers a layer's expert weights, as FSDP gathers the dense ones).
+
+    Why not the training path's all-to-all: a dropless receive buffer must hold the worst case,
+    every sender's every assignment, ep x the tokens' assignments; gathering the tokens instead
+    (the earlier path) made each device compute ep x t x k rows. Gathering one layer's expert
+    weights costs their bytes (0.34 GB in bf16 at 1.6B-A61M) and keeps each device at its own
+    t x k rows. x [T, L], expert [T, k] -> out [T, k, L]."""
+    from jax.sharding import PartitionSpec as P
+
+    tok = P(tuple(mesh.axis_names))
+    return jax.shard_map(lambda x, e, *w: dispatch_dropless(x, e, w), mesh=mesh,
+                         in_specs=(tok, tok, P(), P(), P()), out_specs=tok)(x, expert, *weights)
 
 
 def dispatch_reference(expert_fn: ExpertFn, x: jax.Array, expert: jax.Array, n_experts: int,
@@ -214,18 +296,15 @@ def split_batch(x: jax.Array) -> jax.Array:
 
 
 def dispatch_expert_parallel(cfg: ModelConfig, mesh, x: jax.Array, expert: jax.Array,
-                             weights: tuple, *, dropless: bool) -> Dispatched:
-    """The routed path under ``jax.shard_map`` over ``mesh``: tokens split over every device,
-    expert weights over "expert".
+                             weights: tuple) -> Dispatched:
+    """The routed path with capacity under ``jax.shard_map`` over ``mesh``: tokens split over
+    every device, expert weights over "expert" (dropless: :func:`dispatch_dropless_sharded`).
 
-    With capacity: each device (a sender shard) gives every expert C = ceil(cf * t * k / E)
-    slots of its own t tokens (the recipe's per-(sender shard, expert) cell), fills its
-    [E, C, L] buffer, and ``all_to_all`` over "expert" sends each block of E/ep experts to the
-    device holding them, which runs its experts on [E/ep, ep*C, L]; a second all_to_all brings
-    the outputs home. Dropless: the tokens of the expert group are all-gathered, each device runs
-    its E/ep experts on the assignments that chose them through :func:`dispatch_ragged`, and a
-    reduce-scatter (each assignment is computed on exactly one device, zeros elsewhere) returns
-    them. x [T, L], expert [T, k] -> Dispatched(out [T, k, L], kept [T, k])."""
+    Each device (a sender shard) gives every expert C = ceil(cf * t * k / E) slots of its own t
+    tokens (the recipe's per-(sender shard, expert) cell), fills its [E, C, L] buffer, and
+    ``all_to_all`` over "expert" sends each block of E/ep experts to the device holding them,
+    which runs its experts on [E/ep, ep*C, L]; a second all_to_all brings the outputs home.
+    x [T, L], expert [T, k] -> Dispatched(out [T, k, L], kept [T, k])."""
     from jax.sharding import PartitionSpec as P
 
     E, ep = cfg.n_experts, mesh.shape["expert"]
@@ -235,13 +314,6 @@ def dispatch_expert_parallel(cfg: ModelConfig, mesh, x: jax.Array, expert: jax.A
     def local(x, expert, w_gate, w_up, w_down):   # x [t, L], expert [t, k], weights [E/ep, ...]
         t, k = expert.shape
         L = x.shape[-1]
-        if dropless:
-            xg = jax.lax.all_gather(x, "expert", tiled=True)            # [ep*t, L]
-            eg = jax.lax.all_gather(expert, "expert", tiled=True)       # [ep*t, k]
-            first = jax.lax.axis_index("expert") * n_here
-            out = dispatch_ragged(xg, eg, (w_gate, w_up, w_down), first)   # [ep*t, k, L]
-            out = jax.lax.psum_scatter(out, "expert", scatter_dimension=0, tiled=True)
-            return out, jnp.ones((t, k), bool)                         # [t, k, L]
         cap = capacity(cfg, t)
         s = slots(expert, E, cap)
         buf = scatter_slots(x, s, k, E, cap)                           # [E, C, L]
@@ -266,7 +338,7 @@ def swiglu(x, w_gate, w_up, w_down, spec_in: str, spec_out: str):
 
 class RoutedExperts(nn.Module):
     """E SwiGLU experts latent -> F -> latent, weights with a leading E axis (the mesh's
-    "expert" axis shards it). ``weights()`` hands them to the ragged and expert-parallel
+    "expert" axis shards it). ``weights()`` hands them to the dropless and expert-parallel
     paths, which run outside the module."""
 
     cfg: ModelConfig
@@ -305,9 +377,10 @@ class SharedExperts(nn.Module):
 class MoE(nn.Module):
     """Router + routed experts in latent space + shared experts. Returns ``(y, aux)``.
 
-    ``dispatch`` is :func:`dispatch_sorted` (fast; dropless evaluation goes through
-    :func:`dispatch_ragged`, and under a multi-device mesh everything through
-    :func:`dispatch_expert_parallel`) or :func:`dispatch_reference` (tests).
+    ``dispatch`` is :func:`dispatch_sorted` (fast; under a multi-device mesh
+    :func:`dispatch_expert_parallel`; dropless evaluation goes through
+    :func:`dispatch_dropless`, sharded by :func:`dispatch_dropless_sharded`) or
+    :func:`dispatch_reference` (tests).
     """
 
     cfg: ModelConfig
@@ -330,12 +403,14 @@ class MoE(nn.Module):
         latent = RMSNorm(cfg.norm_eps, name="latent_norm")(jnp.einsum("td,dl->tl", xt, w_down))
         experts = RoutedExperts(cfg, name="experts")
         mesh = expert_mesh(T) if self.dispatch is dispatch_sorted else None
-        if mesh is not None:
-            out, kept = dispatch_expert_parallel(cfg, mesh, latent, routing.expert,
-                                                 experts.weights(), dropless=dropless)
-        elif dropless and self.dispatch is dispatch_sorted:
-            out = dispatch_ragged(latent, routing.expert, experts.weights())
+        if dropless and self.dispatch is dispatch_sorted:
+            out = (dispatch_dropless(latent, routing.expert, experts.weights()) if mesh is None
+                   else dispatch_dropless_sharded(mesh, latent, routing.expert,
+                                                  experts.weights()))
             kept = jnp.ones(routing.expert.shape, bool)
+        elif mesh is not None:
+            out, kept = dispatch_expert_parallel(cfg, mesh, latent, routing.expert,
+                                                 experts.weights())
         else:
             out, kept = self.dispatch(experts, latent, routing.expert, E,
                                       capacity(cfg, T, dropless=dropless))   # [T, k, L], [T, k]

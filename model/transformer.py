@@ -21,7 +21,7 @@ casts nothing.
 
 from __future__ import annotations
 
-from functools import partial
+from functools import lru_cache, partial
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +30,8 @@ from flax.core import unfreeze
 from flax.traverse_util import flatten_dict, unflatten_dict
 
 from model.config import ModelConfig, resolve_precision
-from model.layers import Attention, GatedRMSNorm, causal_conv, materialize, weight_init, zeros
+from model.layers import (Attention, GatedRMSNorm, causal_conv, materialize,
+                          materialize_sharded, weight_init, zeros)
 from model.moe import MoE, split_batch
 
 AUX_KEYS = ("drop_frac", "load", "prob", "router_entropy", "router_z_loss", "balance_loss",
@@ -161,9 +162,17 @@ def _boxed_params(cfg: ModelConfig, key: jax.Array) -> dict:
     return unfreeze(Decoder(cfg).init(key, tokens, bias)["params"])
 
 
+@lru_cache(maxsize=8)
+def _boxes(cfg: ModelConfig) -> dict:
+    """Nested {name: Init(ShapeDtypeStruct, std)} from an abstract trace: nothing is allocated.
+    Cached per config: tracing the linen init takes seconds, and a run needs it for the
+    shardings and again for the values (the boxes hold only immutable shapes and rules)."""
+    return jax.eval_shape(partial(_boxed_params, cfg), jax.random.key(0))
+
+
 def _abstract_boxes(cfg: ModelConfig) -> dict:
     """{path: Init(ShapeDtypeStruct, std)} from an abstract trace: nothing is allocated."""
-    return flatten_dict(jax.eval_shape(partial(_boxed_params, cfg), jax.random.key(0)))
+    return flatten_dict(_boxes(cfg))
 
 
 def init(cfg: ModelConfig, seed: int):
@@ -173,8 +182,16 @@ def init(cfg: ModelConfig, seed: int):
     Shapes and init rules come from the modules (an abstract trace, see model.layers.Init); the
     values are drawn with numpy by :func:`model.layers.materialize`.
     """
-    boxes = jax.eval_shape(partial(_boxed_params, cfg), jax.random.key(0))
-    return (materialize(boxes, seed, partial(_unrolled_paths, cfg)),
+    return (materialize(_boxes(cfg), seed, partial(_unrolled_paths, cfg)),
+            jnp.zeros((cfg.n_layers, cfg.n_experts), jnp.float32))
+
+
+def init_sharded(cfg: ModelConfig, seed: int, shardings):
+    """:func:`init`'s values placed with ``shardings`` (a params-shaped tree of shardings), each
+    process drawing only its own devices' shards (model.layers.materialize_sharded): host
+    memory holds one parameter's local part at a time, not the model (at 27.7B-A1.2B the whole
+    model is 111 GB in float32). -> (params, router_bias zeros, not yet placed)."""
+    return (materialize_sharded(_boxes(cfg), seed, shardings, partial(_unrolled_paths, cfg)),
             jnp.zeros((cfg.n_layers, cfg.n_experts), jnp.float32))
 
 

@@ -180,8 +180,8 @@ def preregister_main(args) -> int:
     bad = [p for p in doc["forecast"] if not _finite(p.get("loss"))]
     if bad or not _finite(doc["final"].get("loss")):
         raise InputError(f"the law forecasts a non-finite loss at {len(bad)} of "
-                         f"{len(doc['forecast'])} points (its parameters overflow: an edited "
-                         f"or broken law); nothing registered", path=args.law, field="fit.u")
+                         f"{len(doc['forecast'])} points (its terms overflow float64 at the "
+                         f"target); nothing registered", path=args.law, field="fit.u")
     pr.write_once(out, doc)
     fin = doc["final"]
     print(f"wrote {out} (read-only), sha256 {doc['sha256']}")

@@ -27,6 +27,7 @@ from matplotlib.ticker import (
     NullLocator,
 )
 
+from fit.forms import CURVES_FORMS
 from predict.watch import SEVERITIES, alert_kinds, health_alert_kinds
 from reports.inputs import ReportInputs, RunData, not_applicable_spans
 from reports.inputs import alert_fraction as _alert_fraction
@@ -148,7 +149,7 @@ def law_follows_runs(inp: ReportInputs) -> bool:
     """Whether the law describes whole runs (loss at every fraction of the schedule: the
     trajectory form, or one law per fraction) rather than only each run's final point."""
     law = inp.law
-    return law is not None and (law.form == "trajectory" or law.meta.get("by") == "fraction"
+    return law is not None and (law.form in CURVES_FORMS or law.meta.get("by") == "fraction"
                                 or law.is_curve)
 
 

@@ -22,16 +22,18 @@ KNOWN_LAW = (1.6, 40.0, 0.1)   # E, A, alpha of loss = E + A * C^-alpha (C in FL
 
 
 def write_law_runs(root: Path, truth: tuple[float, float, float] = KNOWN_LAW, *,
-                   status: str = "complete", train_loss: float | None = None):
+                   status: str = "complete", train_loss: float | None = None,
+                   target: bool = False):
     """The tiny ladder's runs under ``root/tiny/<rung>`` as the trainer lays them out (config.json,
     summary.json, metrics.jsonl, each line ending in a newline), every eval's
     ``eval_dropless/loss`` exactly on the compute law ``truth``. ``train/loss`` is ``train_loss``
-    at every eval, or the law plus 0.01 when None. Returns the ladder."""
+    at every eval, or the law plus 0.01 when None. ``target``: the target rung's run too, as
+    ``ladder run tiny`` trains it beside the rungs. Returns the ladder."""
     from ladder.specs import get_ladder
 
     E, A, alpha = truth
     lad = get_ladder("tiny")
-    for rung in lad.rungs:
+    for rung in lad.all if target else lad.rungs:
         d = root / lad.name / rung.name
         d.mkdir(parents=True)
         (d / "config.json").write_text(json.dumps(

@@ -55,10 +55,11 @@ def test_shipped_files_rebuild_every_rung_as_before(python_ladders):
         for a, b in zip(old.all, new.all):
             da, db = a.to_dict(), b.to_dict()
             # on purpose, marin-535b now trains the recipe's optimizer, balancing rule, capacity
-            # and model switches (issue 12); the sizes, steps, batch and LR do not move
+            # and model switches (issue 12) and its residual-norm eps (issue 22 item 3); the
+            # sizes, steps, batch and LR do not move
             recipe = ("bias_rule", "capacity_factor", "init", "rope_fraction", "global_rope",
                       "qk_norm", "qk_mult", "embed_norm", "gated_norm_rank", "conv_kernel",
-                      "xsa", "head_gate")
+                      "xsa", "head_gate", "norm_eps")
             for d in (da, db):
                 d.pop("optimizer")
                 for key in recipe:
@@ -195,6 +196,11 @@ def test_a_teams_own_file_runs(tmp_path, capsys):
     (lambda s: s.replace("top_k = 2", "top_k = 9"), "recipe.top_k"),
     (lambda s: s.replace('kind = "wsd"', 'kind = "step"'), "recipe.schedule.kind"),
     (lambda s: s.replace('kind = "adamw"', 'kind = "lion"'), "recipe.optimizer.kind"),
+    # MuonH's settings on an AdamW recipe (issue 22 item 3)
+    (lambda s: s.replace("clip = 0.5", "clip = 0.5\nmuon_momentum = 0.9"),
+     "recipe.optimizer.muon_momentum"),
+    (lambda s: s.replace('kind = "adamw"', 'kind = "marin"\nnesterov = 1'),
+     "recipe.optimizer.nesterov"),
     (lambda s: s.replace("d = 24\n", "d = 24\nwidth = 3\n"), "rungs[1].width"),
     (lambda s: s.replace("[target]\nd = 32\nn_layers = 2", "[target]\nd = 32\nn_layers = 0"),
      "target.n_layers"),
@@ -227,4 +233,4 @@ def test_missing_file_is_exit_66(tmp_path):
 def test_optimizer_spec_fields_are_the_files_keys():
     # a ladder file's [recipe.optimizer] takes exactly OptimizerSpec's fields
     assert [f.name for f in dataclasses.fields(OptimizerSpec)] == \
-        ["kind", "beta1", "beta2", "eps", "weight_decay", "clip"]
+        ["kind", "beta1", "beta2", "eps", "weight_decay", "clip", "muon_momentum", "nesterov"]

@@ -7,6 +7,7 @@ import pytest
 from conftest import run_on_fake_devices
 
 from ladder.cli import main
+from ladder.plan import hlo_flops
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -86,6 +87,10 @@ def test_plan_compile_cli_reexecs_with_fake_devices(capfd):
                                                   + c["output_bytes"] - c["alias_bytes"])
     assert row["compiled_mesh"] == {"data": 1, "expert": 4} and row["microbatch"] == 4
     assert "largest that fits" in row["microbatch_note"]
+    # the eval step too, at one sequence per device, with its FLOPs beside flops-v1's
+    ev = row["compiled_eval"]
+    assert ev["eval_batch"] == 4 and 0 < ev["bytes_per_device"] < c["bytes_per_device"]
+    assert 0.8 < ev["flops_ratio"] < 1.5 and 0.8 < c["flops_ratio"] < 1.5, (ev, c)
     # the estimate agrees with XLA within 30% on this shape too
     assert row["total_bytes"] == pytest.approx(c["bytes_per_device"], rel=0.3)
 
@@ -93,3 +98,43 @@ def test_plan_compile_cli_reexecs_with_fake_devices(capfd):
 def test_plan_compile_bad_input():
     assert main(["plan", "tiny:12.8K-A3.8K", "--devices", "0", "--compile"]) == 64
     assert main(["plan", "tiny", "--devices", "4", "--compile"]) == 64
+
+
+def test_hlo_flops_counts_loops_as_often_as_they_run():
+    # XLA's cost analysis counts each loop body once: 1/15 of the dots here
+    import jax
+    import jax.numpy as jnp
+
+    def f(x, w):
+        def outer(c, wi):
+            c, _ = jax.lax.scan(lambda c2, _: (jnp.tanh(c2 @ wi), None), c, None, length=3)
+            return c, None
+        c, _ = jax.lax.scan(outer, x, w)               # 5 x 3 dots of [8, 16] x [16, 16]
+        return c @ w[0]                                # and one outside the loops
+    compiled = jax.jit(f).lower(jnp.ones((8, 16)), jnp.ones((5, 16, 16))).compile()
+    got = hlo_flops(compiled.as_text())
+    assert got.flops == 2 * 8 * 16 * 16 * 16 and sorted(got.loops) == [3, 5]
+    assert got.flops_once == 2 * 8 * 16 * 16 * 2 and got.unknown_trip_loops == 0
+    assert compiled.cost_analysis()["flops"] < got.flops / 5
+
+
+# Scanned groups: the train step's FLOPs with the trip counts are the step's, near flops-v1
+SCAN_SCRIPT = r"""
+import json
+from ladder.plan import compile_step
+from ladder.specs import LADDERS
+rung = LADDERS["tiny"].rungs[0]
+model = rung.model.replace(d_model=64, n_heads=4, head_dim=16, n_layers=8, n_experts=8,
+                           expert_dim=64, latent_dim=64, shared_dim=64)
+s = compile_step(rung.replace(batch=4, model=model), 1, microbatch=2)
+print(json.dumps({"ratio": s.flops_ratio, "xla": s.xla_flops, "flops": s.flops_per_device,
+                  "loops": s.loops}))
+"""
+
+
+@pytest.mark.slow
+def test_scanned_step_flops_compare_with_flops_v1():
+    out = json.loads(run_on_fake_devices(SCAN_SCRIPT, devices=1).strip().splitlines()[-1])
+    assert 2 in out["loops"]                          # the microbatch loop (and the layer scan)
+    assert 0.9 < out["ratio"] < 1.5, out              # LM head recomputed, capacity slots
+    assert out["xla"] < 0.6 * out["flops"], out       # what XLA's own count leaves out

@@ -7,7 +7,7 @@ from ladder.cli import main
 from ladder.io import InputError
 from ladder.specs import LADDERS
 from ladder.train import peak_flops_info
-from ladder.trainconfig import TrainConfig, microbatch_size
+from ladder.trainconfig import TrainConfig, eval_batch_size, microbatch_size
 
 RUNG = LADDERS["tiny"].rungs[0]
 
@@ -34,3 +34,12 @@ def test_microbatch_must_divide_the_batch(capsys):
     assert code == 64 and "microbatch" in capsys.readouterr().err
     with pytest.raises(ValueError, match="^eval_batch:"):
         TrainConfig(eval_batch=0)
+
+
+
+def test_eval_batch_is_one_sequence_per_device_by_default(capsys):
+    assert eval_batch_size(TrainConfig(), 8) == 8 and eval_batch_size(TrainConfig(), 1) == 1
+    assert eval_batch_size(TrainConfig(eval_batch=16), 8) == 16
+    code = main(["run", "tiny", "--rung", RUNG.name, "--eval-batch", "0", "--peak-flops", "1e11",
+                 "--out", "/nonexistent-never-written"])
+    assert code == 64 and "eval_batch" in capsys.readouterr().err

@@ -69,6 +69,7 @@ def test_tiny_rung_trains_and_writes_the_run_directory(tiny_run):
     # the rung as it ran: "auto" precision recorded as what it resolved to (f32 on CPU)
     assert Rung.from_dict(cfg["rung"]) == RUNG.replace(model=RUNG.model.replace(precision="f32"))
     assert cfg["mesh"]["shape"] == {"data": 1, "expert": 1}
+    assert cfg["mesh"]["eval_batch"] == 1 and cfg["train"]["eval_batch"] is None   # 1 / device
     env = read_json(out / "env.json", schema="run-env")
     assert env["corpus"]["kind"] == "python-stdlib" and env["versions"]["jax"]
     assert "sha" in env["git"] and env["devices"]["count"] >= 1
