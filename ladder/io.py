@@ -485,10 +485,22 @@ def read_bytes(path: str | os.PathLike, *, field: str | None = None,
     (checked on its size and again while reading: a file that grows meanwhile is refused too)."""
     with open_input(path, field=field) as f:
         try:
-            if os.fstat(f.fileno()).st_size > limit:
+            size = os.fstat(f.fileno()).st_size
+            if size > limit:
                 raise InputError(f"larger than {limit >> 20} MiB, the limit for a file read "
                                  f"whole; refused", path=path, field=field, exit_code=EX_DATAERR)
-            data = f.read(limit + 1)
+            # read(n) allocates n bytes up front: ask for the size the file has (plus one, to see
+            # it grew), then for what it grew by in 1 MiB pieces up to the limit (a read of
+            # limit + 1 held 512 MiB for every small file: under a memory cap, a MemoryError)
+            parts = [f.read(size + 1)]
+            got = len(parts[0])
+            while got > size and got <= limit:
+                more = f.read(min(1 << 20, limit + 1 - got))
+                if not more:
+                    break
+                parts.append(more)
+                got += len(more)
+            data = parts[0] if len(parts) == 1 else b"".join(parts)
         except OSError as e:
             raise InputError(f"cannot be read ({_os_reason(e)})", path=path, field=field,
                              exit_code=EX_NOINPUT) from None

@@ -233,7 +233,7 @@ def test_issue26_battery_has_no_finding(world, tmp_path):
 
 # ------------------------------------------------------------------ hypothesis: the file readers
 
-SLOW = settings(max_examples=150, deadline=None, derandomize=True,
+READERS = settings(max_examples=150, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
                                        HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -273,7 +273,7 @@ MUTATION = st.tuples(st.lists(st.integers(0, 50), min_size=1, max_size=4), _json
 
 
 @pytest.mark.slow
-@SLOW
+@READERS
 @given(mutations=st.lists(MUTATION, min_size=1, max_size=3))
 def test_any_state_file_is_taken_or_refused_with_one_line(world, tmp_path, mutations):
     from bench.fuzz_inputs import _state_of
@@ -293,7 +293,7 @@ def test_any_state_file_is_taken_or_refused_with_one_line(world, tmp_path, mutat
 
 
 @pytest.mark.slow
-@SLOW
+@READERS
 @given(mutations=st.lists(MUTATION, min_size=1, max_size=3))
 def test_any_token_manifest_is_loaded_or_refused_with_one_line(world, tmp_path, mutations):
     import shutil
@@ -317,7 +317,7 @@ def test_any_token_manifest_is_loaded_or_refused_with_one_line(world, tmp_path, 
 
 
 @pytest.mark.slow
-@SLOW
+@READERS
 @given(value=_json_values(), field_=st.sampled_from(
     ["vocab_size", "seq_len", "head_dim", "n_experts", "top_k", "n_shared", "tokens_per_active",
      "batch_per_unit", "lr_coef", "lr_tokens_exp", "local_window", "eval_every",
@@ -348,7 +348,7 @@ def test_any_ladder_file_number_is_taken_or_refused_with_one_line(tmp_path, valu
 
 
 @pytest.mark.slow
-@SLOW
+@READERS
 @given(data=st.binary(max_size=300) | st.lists(_json_values(), max_size=4).map(
     lambda xs: "\n".join(json.dumps(x) for x in xs).encode()))
 def test_any_bytes_in_a_file_reader_is_a_value_or_one_line(tmp_path, data):
