@@ -43,6 +43,9 @@ def alarm(seconds: float = 120):
     ("lr_d_exp = -0.3448", "lr_d_exp = 1e300", "recipe.lr_d_exp"),
     ("head_dim = 8", "head_dim = 100000", "recipe.head_dim"),
     ("n_experts = 4", "n_experts = 1000000", "recipe.n_experts"),
+    ("eval_every = 0.25", f"eval_every = 0.25\neval_sequences = {2 ** 40}",
+     "recipe.eval_sequences"),
+    ("eval_every = 0.25", f"eval_every = 0.25\neval_batch = {2 ** 40}", "recipe.eval_batch"),
 ])
 def test_a_number_out_of_range_in_a_ladder_file_is_one_line(tmp_path, capsys, old, new, field):
     assert old in TINY
