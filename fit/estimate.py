@@ -516,6 +516,13 @@ POLISH_FTOL = 1e-15
 POLISH_TOP = 5
 POLISH_WITHIN = 0.01  # only candidates within 1% of the best stage-1 objective are polished
 BOOT_FTOL = 1e-9
+# Values of one (problems x points) array an objective evaluation holds at a time: 2**22 float64
+# (32 MB). The batched solver evaluates all its problems at once (4,500 starts of the Chinchilla
+# grid, or 200 bootstrap replicates x 4 warm starts); on a large table that is starts x rows
+# values per temporary (4,500 x 300,000 = 10.8 GB: issue 26's MemoryError), so the problems are
+# evaluated in slices of at most this many values: memory bounded whatever the table's size,
+# each problem's numbers computed as before.
+CHUNK_VALUES = 1 << 22
 
 
 class _Problem:
@@ -543,6 +550,14 @@ class _Problem:
         u0, M, P = self.u0, self.M, self.P
 
         def fg(X, rows):
+            step = max(1, CHUNK_VALUES // max(len(self.logy), 1))
+            if len(rows) <= step:
+                return one(X, rows)
+            parts = [one(X[a:a + step], rows[a:a + step]) for a in range(0, len(rows), step)]
+            return (np.concatenate([p[0] for p in parts]),
+                    np.concatenate([p[1] for p in parts]))
+
+        def one(X, rows):
             U = u0 + (X @ P.T) @ M.T
             Wr = None if W is None else W[rows]
             if self.weights is not None:
@@ -651,6 +666,19 @@ def _distinct(X, f, phi, k: int = 4, rtol: float = 1e-3):
     return np.array(keep)
 
 
+class _RunWeights:
+    """The (R k, n) point weights of the bootstrap's problems (replicate r's run weights, for
+    each of its k warm starts), built only for the rows asked for: ``W[rows]``. Held whole they
+    are R k n values (800 x 300,000 = 1.9 GB on a large table)."""
+
+    def __init__(self, counts: np.ndarray, inv: np.ndarray, k: int):
+        self.counts, self.inv, self.k = counts, inv, k
+
+    def __getitem__(self, rows) -> np.ndarray:
+        rows = np.asarray(rows)
+        return self.counts[rows // self.k][:, self.inv].astype(float)
+
+
 def _bootstrap(prob, runs, optima, R, seed, bounds=None):
     """Run-level Bayesian bootstrap: each replicate weights whole runs (all points of a run share
     its Dirichlet weight) and is refitted from the distinct optima of the full fit. Replicates
@@ -667,7 +695,7 @@ def _bootstrap(prob, runs, optima, R, seed, bounds=None):
     # Gadre et al.'s 5-run fit were such degenerate draws)
     counts = run_weights(rng, len(uniq), R)                                          # (R, U)
     k = len(optima)
-    W = np.repeat(counts[:, inv].astype(float), k, axis=0)                           # (R k, n)
+    W = _RunWeights(counts, inv, k)                                   # (R k, n), rows on demand
     means = None
     if prob.prior:  # each replicate draws its prior centre: the prior's spread enters the band
         mu = np.array([m for _i, _e, m, _s in prob.prior])

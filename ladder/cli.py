@@ -75,6 +75,13 @@ def _keys_option(s) -> None:
                         "progress, LR, params; ladder/keymap.py) (default: ours)")
 
 
+def _amend_chain_option(s) -> None:
+    s.add_argument("--amend-chain", action="append", default=None, metavar="FILE",
+                   help="also follow these amendments: a chain file (.jsonl, as `preregister "
+                        "--amend` writes) or an amendment's own file (repeatable; default: "
+                        "only those recorded in amendments.jsonl beside the pre-registration)")
+
+
 def _json_option(s, what: str) -> None:
     s.add_argument("--json", action="store_true", help=f"print {what} on stdout, as JSON")
 
@@ -366,12 +373,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("verify", help="check a pre-registration's hash")
     s.add_argument("prereg", metavar="PREREG.json", help="a pre-registration")
+    s.add_argument("--expect", default=None, metavar="SHA256",
+                   help="the sha256 the file must have, kept outside it (the W&B artifact's "
+                        "digest, a ticket): a hand-resealed file verifies, this does not "
+                        "(default: none)")
+    _amend_chain_option(s)
     _json_option(s, "the verification")
     s.set_defaults(func=_call("predict.commands:verify_main"))
 
     s = sub.add_parser("watch", help="compare a live run with its pre-registration")
     s.add_argument("prereg", metavar="PREREG.json", help="the pre-registration (its newest "
-                   "valid amendment is followed)")
+                   "amendment recorded in amendments.jsonl beside it, or named with "
+                   "--amend-chain, is followed)")
+    _amend_chain_option(s)
     s.add_argument("--source", required=True, metavar="SRC",
                    help="metrics.jsonl, CSV, a W&B offline run directory (or its "
                         "latest-run link) or wandb://ENTITY/PROJECT/ID[,ID...]")
@@ -384,8 +398,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--state", default=None, metavar="FILE",
                    help="saved watcher state: a restart neither repeats an alert nor skips a "
                         "row (default: none)")
+    s.add_argument("--webhook-file", default=None, metavar="FILE",
+                   help="POST each alert as JSON to the URL in FILE (default: "
+                        "$LADDER_WEBHOOK_URL, else none); a URL with a token stays out of the "
+                        "process list and of W&B's record of the command line")
     s.add_argument("--webhook", default=None, metavar="URL",
-                   help="POST each alert as JSON here (default: none)")
+                   help="the URL itself (visible to every user in `ps` for the whole follow: "
+                        "prefer --webhook-file or $LADDER_WEBHOOK_URL) (default: none)")
     s.add_argument("--wandb-alert", action="store_true",
                    help="wandb.alert from a separate run (wandb:// sources)")
     _wandb_options(s, "log the residuals and alerts into the watcher's own W&B run (job type "
@@ -399,9 +418,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "says the run finished)")
     _keys_option(s)
     s.add_argument("--column-cache", default=None, metavar="DIR|off",
-                   help="where a metrics.jsonl's parsed polls are kept, so a watcher started "
-                        "again reads only what is new; 'off' keeps none (default: "
-                        ".NAME.watch-cache/ beside the file; none where it cannot be written)")
+                   help="deprecated, ignored with a warning (the column cache is gone; "
+                        "--state keeps a restarted watcher's place) (default: none)")
     _json_option(s, "one object with the verdict and the alerts at the end (no alert lines)")
     _serve_options(s)
     s.set_defaults(func=_call("ladder.commands:watch_main"))

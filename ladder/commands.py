@@ -6,7 +6,7 @@ import json
 import sys
 
 from ladder.executor import rung_exit_code  # beside the Ray driver, which uses it too
-from ladder.io import EX_USAGE, InputError, number
+from ladder.io import EX_USAGE, InputError, inside, number
 from ladder.specs import Ladder, is_one_rung, lookup_message, resolve, with_file
 
 
@@ -103,7 +103,6 @@ def run_main(args) -> int:
     """`ladder run`: the named rungs (default: all, the target last) into OUT/LADDER/RUNG/,
     one after another here, or as Ray tasks (``--executor ray``); each rung optionally over
     several JAX processes (``--coordinator ...`` / ``--distributed auto``)."""
-    from pathlib import Path
 
     from ladder import distributed
 
@@ -138,15 +137,21 @@ def run_main(args) -> int:
         if args.max_retries < 0:
             raise InputError(f"must be >= 0, got {args.max_retries}", field="--max-retries",
                              exit_code=EX_USAGE)
-        result = run_ladder_ray(rungs, Path(args.out) / ladder.name, cfg,
+        for rung in rungs:  # every rung's folder inside --out (ladder.io: names -> paths)
+            inside(args.out, ladder.name, rung.name, field="rung")
+        result = run_ladder_ray(rungs, inside(args.out, ladder.name, field="ladder"), cfg,
                                 max_steps=args.max_steps, resume=args.resume,
                                 address=args.address, resources=resources,
                                 max_retries=args.max_retries)
         print_problems(result)
         return result.exit_code
+    # every folder a rung will write, inside --out, before the first one starts (ladder.io: the
+    # one rule for names that become paths; a ladder file's names are checked when read, and a
+    # symbolic link below --out that leads out of it is refused here)
+    outs = {rung.name: inside(args.out, ladder.name, rung.name, field="rung") for rung in rungs}
     distributed.initialize(dist)
     for rung in rungs:
-        out = Path(args.out) / ladder.name / rung.name
+        out = outs[rung.name]
         s = _train_one(rung, out, cfg, args.max_steps, args.resume)
         code = rung_exit_code(s)
         if distributed.is_writer():

@@ -8,8 +8,8 @@ import math
 import sys
 from pathlib import Path
 
-from ladder.io import (EX_DATAERR, EX_USAGE, InputError, check_writable, iter_jsonl, number,
-                       open_input, read_json, to_jsonable)
+from ladder.io import (EX_DATAERR, EX_USAGE, InputError, check_writable, inside, iter_jsonl,
+                       number, open_input, read_json, to_jsonable)
 from predict import forecast as fc
 from predict import prereg as pr
 from predict.watch import WatchConfig, decision_rule_words
@@ -153,6 +153,11 @@ def preregister_main(args) -> int:
         from predict.wandb_home import require_wandb
         require_wandb()
     check_writable(out, field="--out")
+    if args.amend and out.parent.resolve() != Path(args.amend).parent.resolve():
+        # the chain file beside them records it: the watcher given the old file finds it there
+        raise InputError(f"an amendment is written beside the file it amends "
+                         f"({Path(args.amend).parent}/), where its chain file "
+                         f"({pr.CHAIN_FILE}) records it", field="--out", exit_code=EX_USAGE)
     amends = pr.amendment(args.amend, args.reason) if args.amend else None
     law = load_law_file(args.law)
     target = resolve_target(args)
@@ -188,7 +193,8 @@ def preregister_main(args) -> int:
           f"forecast points; eval noise {doc['eval_noise']['sigma']:.4g} "
           f"({doc['eval_noise']['method']})")
     if amends:
-        print(f"  amends {amends['path']} (sha256 {amends['sha256'][:12]}...): {amends['reason']}")
+        print(f"  amends {amends['path']} (sha256 {amends['sha256'][:12]}...): {amends['reason']}"
+              f"; recorded in {out.parent / pr.CHAIN_FILE}")
     if getattr(args, "wandb", False):
         from predict.wandb_home import log_forecast
         group = target_rung(args.target).ladder if getattr(args, "target", None) else None
@@ -203,20 +209,33 @@ def _finite(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def verify_chain(path: str) -> dict:
+def verify_chain(path: str, *, expect: str | None = None, named=None) -> dict:
     """The verification of a pre-registration and of the one it amends (library entry of
     `ladder verify`): ``{ok, path, stored, computed, changed, problems, amends, chain, lines}``,
-    ``lines`` being the human-readable report."""
+    ``lines`` being the human-readable report. ``expect``: the sha256 the file must have (kept
+    outside it: a hash proves the file is whole, not who sealed it); ``named``: amendments or
+    chain files the user trusts (``--amend-chain``)."""
     v = pr.verify(path)
     out = {"ok": v.ok, "path": str(path), "stored": v.stored, "computed": v.computed,
            "changed": list(v.changed), "problems": list(v.problems), "amends": None,
-           "chain": None, "lines": [v.report()]}
+           "chain": None, "expected": expect, "lines": [v.report()]}
+    if expect is not None:
+        want = expect.strip().lower()
+        if not pr._sha(want):
+            raise InputError("expected a sha256 (64 hex digits)", field="--expect",
+                             exit_code=EX_USAGE)
+        if v.stored != want:
+            out["ok"] = False
+            out["lines"].append(f"  sha256 {v.stored} is NOT the expected {want}: not the "
+                                f"file that was registered (resealed by hand, or another one)")
+            return out
+        out["lines"].append("  sha256 is the expected one (--expect)")
     if not v.ok:
         return out
     doc = read_json(path)
     am = doc.get("amends")
     if isinstance(am, dict):
-        old = Path(path).parent / str(am.get("path", ""))
+        old = inside(Path(path).parent, am.get("path"), field="amends.path", path=path)
         out["amends"] = {"path": str(old), "sha256": am.get("sha256"),
                          "reason": am.get("reason"), "verified": False, "found": old.exists()}
         if not old.exists():
@@ -231,16 +250,18 @@ def verify_chain(path: str) -> dict:
                 return out
             out["amends"]["verified"] = True
             out["lines"].append(f"  amends {old} (verified), reason: {am.get('reason')}")
-    chain = pr.resolve_chain(path)
-    if len(chain.links) > 1 or chain.skipped:
+    chain = pr.resolve_chain(path, named)
+    if len(chain.links) > 1 or chain.skipped or chain.unrecorded:
         out["chain"] = {"description": chain.describe(), "newest": chain.newest.path,
-                        "links": [lk.path for lk in chain.links], "skipped": chain.skipped}
+                        "links": [lk.path for lk in chain.links], "skipped": chain.skipped,
+                        "unrecorded": chain.unrecorded}
         out["lines"].append(f"  chain: {chain.describe()}")
     return out
 
 
 def verify_main(args) -> int:
-    res = verify_chain(args.prereg)
+    res = verify_chain(args.prereg, expect=getattr(args, "expect", None),
+                       named=getattr(args, "amend_chain", None))
     if getattr(args, "json", False):
         print(json.dumps({k: v for k, v in res.items() if k != "lines"}))
     else:
@@ -279,12 +300,18 @@ def watch_main(args, *, live_page=None) -> int:
     for flag, path in (("--alerts", args.alerts), ("--state", args.state)):
         if path:
             check_writable(path, field=flag)
-    webhook = sk.WebhookSink(args.webhook) if args.webhook else None
+    url = sk.webhook_url(getattr(args, "webhook", None), getattr(args, "webhook_file", None),
+                         warn=log.warning)
+    if getattr(args, "webhook", None):
+        # W&B records the command line in a run's metadata: not the secret
+        sys.argv = sk.redact_argv(sys.argv, url)
+    webhook = sk.WebhookSink(url) if url else None
     source = open_source(args.source, follow=args.follow)
-    cache = getattr(args, "column_cache", None)
-    if cache is not None and hasattr(source, "cache"):  # a metrics JSONL (predict.column_cache)
-        source.cache = cache != "off"
-        source.cache_dir = None if cache == "off" else cache
+    if getattr(args, "column_cache", None) is not None:
+        # the column cache is gone (issue 24: orjson reads a 1M-line file in a few seconds);
+        # the option stays accepted so that scripts passing it keep working
+        log.warning("ladder watch: --column-cache is deprecated and ignored (there is no "
+                    "column cache any more; --state keeps a restarted watcher's place)")
     raw_source = source
     from ladder.keymap import load_keymap
     keymap = load_keymap(getattr(args, "keys", None))
@@ -305,12 +332,14 @@ def watch_main(args, *, live_page=None) -> int:
         sinks.append(sk.WandbAlertSink(u.entity, u.project, u.run_ids[-1]))
     if getattr(args, "wandb", False):  # the residuals and alerts go to the watcher's own run
         from predict.wandb_home import TeeSource, WatchRunSink
-        doc = pr.load(pr.resolve_chain(args.prereg).newest.path)
+        doc = pr.load(pr.resolve_chain(args.prereg, getattr(args, "amend_chain", None))
+                      .newest.path)
         home = WatchRunSink(doc, entity=args.wandb_entity, project=args.wandb_project,
                             dir=str(Path(args.prereg).resolve().parent))
         sinks.append(home)
         source = TeeSource(source, lambda: w.view, home.log_evals)
-    w = Watcher(args.prereg, source, sinks, args.state, metric=args.metric, follow=follow)
+    w = Watcher(args.prereg, source, sinks, args.state, metric=args.metric, follow=follow,
+                amend_chain=getattr(args, "amend_chain", None))
     registered = w.doc.get("metric") if not args.metric else pr.load(w.chain.newest.path)["metric"]
     if args.metric and args.metric != registered:
         log.warning(f"ladder watch: the source's '{args.metric}' is compared with the forecast "

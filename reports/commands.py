@@ -35,7 +35,10 @@ def build_report(out_dir: str | os.PathLike, runs=None, law=None, prereg=None, a
                       points=points)
     pngs: dict[str, bytes] = {}
     missing: dict[str, str] = {}
-    with staged_dir(out) as tmp:  # a killed report never leaves a folder mixing two runs
+    # the names a report writes: an old one's are replaced or removed (a stale figure must not
+    # pass for the new report); nothing else in --out is ever touched (ladder.io.staged_dir)
+    own = tuple(f"{key}.png" for key, _, _ in FIGURES) + ("summary.md", "index.html")
+    with staged_dir(out, own=own) as tmp:  # a killed report never mixes two reports
         for key, func, why in FIGURES:
             fig = func(inp)
             if fig is None:

@@ -221,6 +221,25 @@ def load_law(law: Any) -> LawView | None:
 # ----------------------------------------------------------------------------- prereg, alerts
 
 
+def law_differs(law: LawView, prereg: dict, where=None) -> str | None:
+    """A note when the law drawn is not the one the pre-registration embeds (issue 26: `report
+    --law L --prereg P` drew L's curve beside P's band without a word); None when it is."""
+    from ladder.io import sha256_of
+    registered = prereg.get("law_sha256")
+    shas = {sha256_of(law.meta)}
+    if law.obj is not None and hasattr(law.obj, "to_json"):
+        try:
+            shas.add(sha256_of(law.obj.to_json()))
+        except Exception:  # noqa: BLE001 - the note is about the file; its JSON is compared
+            pass
+    if registered in shas:
+        return None
+    name = law.path.name if law.path is not None else "the law given"
+    return (f"the law drawn ({name}, sha256 {sha256_of(law.meta)[:12]}...) is not the one the "
+            f"pre-registration {Path(str(where)).name if where else ''} embeds (law_sha256 "
+            f"{str(registered)[:12]}...): its curve is not what the band was registered from")
+
+
 def load_alerts(path: str | os.PathLike) -> list[dict]:
     """alerts.jsonl rows (tolerant reader: partial last line and corrupt lines skipped)."""
     return [row for _, row in iter_jsonl(path)]
@@ -349,11 +368,16 @@ def load_inputs(runs=None, law=None, prereg=None, alerts=None, target_run=None,
     else:
         notes.append("no pre-registration given (--prereg): no forecast band, no watch plot")
 
+    if law_view is not None and prereg_obj and isinstance(prereg_obj.get("law_sha256"), str):
+        note = law_differs(law_view, prereg_obj, prereg)
+        if note:
+            notes.append(note)
+
     alert_rows = None
     if alerts is not None:
         if isinstance(alerts, (str, os.PathLike)):
-            if Path(alerts).is_file():
-                alert_rows = load_alerts(alerts)
+            if Path(alerts).exists() or Path(alerts).is_symlink():
+                alert_rows = load_alerts(alerts)  # a FIFO or a device: refused, one line
             else:  # the watcher may write the file only when something fires
                 alert_rows = []
                 notes.append(f"alerts file {alerts} does not exist: read as no alerts")
