@@ -493,7 +493,7 @@ class WatcherFeed:
                 src = make_source()
                 keys, keep = self.w.keys, self.w.keep
                 while True:
-                    p = src.poll_batch(keys, keep, parallel=False) \
+                    p = src.poll_batch(keys, keep) \
                         if hasattr(src, "poll_batch") else src.poll()
                     b = p.batch if p.batch is not None else \
                         Batch.from_rows(p.rows, keys=keys, keep=keep)
