@@ -8,6 +8,7 @@ import sys
 import warnings
 
 import numpy as np
+import pandas as pd
 
 from ladder.io import (EX_DATAERR, EX_USAGE, InputError, atomic_write_json, check_writable, number,
                        to_jsonable)
@@ -76,14 +77,17 @@ def fit_main(args, *, offline_points=None) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         sizes = getattr(args, "sizes", None)
+        from ladder.keymap import load_keymap
+        keymap = load_keymap(getattr(args, "keys", None))
         offline = [s for s in args.sources if is_wandb_offline_dir(s)]
         if offline and offline_points is None:
             raise InputError("a W&B offline run directory needs predict's record reader (run "
                              "`ladder fit`, or pass offline_points)", path=offline[0],
                              field="SOURCE")
-        sources = [offline_points(s, args.metric, sizes) if s in offline else s
+        sources = [(offline_points(s, args.metric, sizes, keymap=keymap) if keymap else
+                    offline_points(s, args.metric, sizes)) if s in offline else s
                    for s in args.sources]
-        df = load_points(sources, args.metric, sizes=sizes,
+        df = load_points(sources, args.metric, sizes=sizes, keymap=keymap,
                          include_target=getattr(args, "include_target", False))
         if not len(df):
             dropped = df.attrs.get("dropped") or []
@@ -105,8 +109,16 @@ def fit_main(args, *, offline_points=None) -> int:
             print(f"ladder fit: warning: {msg}", file=sys.stderr)
     as_json = getattr(args, "json", False)
     with np.errstate(over="ignore"):  # a law beyond float64 is refused below, in one line
-        obj = res.to_json()
-        print(json.dumps(to_jsonable(obj)) if as_json else res.report())
+        doc = res.to_json()
+        if keymap is not None:  # another trainer's names (and FLOP convention) went in
+            conv = {**(doc.get("conventions") or {}), "metric_keys": keymap.to_dict()}
+            if "flops" in keymap.theirs:  # a run without our rung spec: the trainer counted
+                key, scale = keymap.theirs["flops"]
+                conv["flops_source"] = (f"runs without a ladder rung: compute = {key} x "
+                                        f"{scale:g} as the trainer logged it (its own FLOP "
+                                        f"count, not {conv.get('flops', 'flops-v1')})")
+            doc["conventions"] = conv
+        print(json.dumps(to_jsonable(doc)) if as_json else res.report())
     bad = unconverged(res)
     if bad and not args.allow_unconverged:
         # a law from a solver that stopped early is not the optimum it claims to be: refuse to
@@ -115,8 +127,9 @@ def fit_main(args, *, offline_points=None) -> int:
                          "nothing written; rerun with --allow-unconverged to keep it anyway",
                          field="diagnostics.converged", exit_code=EX_DATAERR)
     if args.out:
-        _readable(obj)
-        atomic_write_json(args.out, obj)
+        doc["points"] = law_points(df)
+        _readable(doc)
+        atomic_write_json(args.out, doc)
         print(f"wrote {args.out}", file=sys.stderr if as_json else sys.stdout)
     return 0
 
@@ -133,6 +146,32 @@ def _readable(obj: dict) -> None:
         msg = str(e)[len(where):] if str(e).startswith(where) else str(e)
         raise InputError(f"law.json's reader would refuse the fitted law ({msg}); nothing "
                          "written", field=e.field, exit_code=EX_DATAERR) from None
+
+
+# what `ladder report --law` draws of a fitted table; law.json stays small (a 300,000-row table
+# would add ~30 MB): every run's last point, then evenly spaced rows, up to this many
+LAW_POINTS_MAX = 2000
+LAW_POINT_COLUMNS = ("run", "params", "active_params", "tokens", "compute", "fraction", "loss")
+
+
+def law_points(df) -> dict:
+    """The fitted points as law.json carries them (``points``: columns and rows, JSON numbers or
+    null; ``n`` the table's rows, ``kept`` how they were chosen), so a report of a law fitted from
+    a CSV draws them without the CSV. At most :data:`LAW_POINTS_MAX` rows."""
+    cols = [c for c in LAW_POINT_COLUMNS if c in df.columns and df[c].notna().any()]
+    d = df[cols]
+    kept = "all"
+    if len(d) > LAW_POINTS_MAX:
+        last = d.sort_values("fraction").groupby("run", sort=False).tail(1) \
+            if {"run", "fraction"} <= set(cols) else d.iloc[:0]
+        rest = d.drop(index=last.index)
+        room = max(LAW_POINTS_MAX - len(last), 0)
+        step = max(len(rest) // room, 1) if room else len(rest) + 1
+        d = pd.concat([last.iloc[:LAW_POINTS_MAX], rest.iloc[::step].iloc[:room]]).sort_index()
+        kept = f"each run's last point, then every {step}th row (of {len(df)})"
+    rows = [[None if isinstance(v, float) and not math.isfinite(v) else v
+             for v in row] for row in d.itertuples(index=False, name=None)]
+    return {"columns": cols, "rows": to_jsonable(rows), "n": int(len(df)), "kept": kept}
 
 
 def predict_main(args) -> int:

@@ -308,6 +308,9 @@ def _allocation(inp: ReportInputs):
     tv = tuple(ti.get(k) for k in ("compute", "params", "active_params", "tokens"))
     if all(isinstance(v, (int, float)) and v > 0 for v in tv):
         pts.append(tuple(float(v) for v in tv))
+    if not pts:  # a law fitted from a table: the sizing of its points
+        pts = [tuple(v) for v in _table_finals(inp, ("compute", "params", "active_params",
+                                                     "tokens"))]
     if not pts:
         return None
     arr = np.log(np.asarray(pts, float))
@@ -324,6 +327,21 @@ def _allocation(inp: ReportInputs):
         p, a, d = (np.exp(np.polyval(c, x)) for c in coefs)
         return {"params": p, "active_params": a, "tokens": d, "compute": np.exp(x)}
     return at
+
+
+def _table_finals(inp: ReportInputs, cols: tuple[str, ...]) -> np.ndarray:
+    """Rows of ``cols`` of the law's points (``inp.points``): each run's last point (largest
+    fraction), only rows where every column is a positive finite number; (0, len(cols)) when
+    there are none."""
+    df = inp.points
+    if df is None or not len(df) or not set(cols) <= set(df.columns):
+        return np.zeros((0, len(cols)))
+    if "run" in df.columns and "fraction" in df.columns:
+        df = df.sort_values("fraction", kind="stable").groupby("run", sort=False).tail(1)
+    arr = df[list(cols)].to_numpy(dtype=float)
+    with np.errstate(invalid="ignore"):
+        ok = np.isfinite(arr).all(axis=1) & (arr > 0).all(axis=1)
+    return arr[ok]
 
 
 def backtests(law_meta: dict) -> list[dict]:
@@ -399,8 +417,6 @@ def plot_law(inp: ReportInputs) -> Figure | None:
     finals = [(r, v) for r, v in finals if v is not None and r.compute]
     fc_final = inp.prereg.get("final") if inp.prereg else None
     tcomp = inp.target_info.get("compute")
-    if law is None and not finals and not fc_final:
-        return None
     colors = colors_for(inp)
     fig = _fig(12.5, 5.4)
     gs = fig.add_gridspec(1, 2, width_ratios=[2.3, 1])
@@ -409,8 +425,13 @@ def plot_law(inp: ReportInputs) -> Figure | None:
     E = float(E) if isinstance(E, (int, float)) and math.isfinite(E) else None
 
     xs = [r.compute for r, _ in finals]
+    # no runs given: the points the law was fitted to (law.json's `points` or --points)
+    table = _table_finals(inp, ("compute", "loss")) if not finals else np.zeros((0, 2))
+    xs += list(table[:, 0])
     if isinstance(tcomp, (int, float)) and tcomp > 0:
         xs.append(float(tcomp))
+    if law is None and not finals and not fc_final and not len(table):
+        return None
     grid = np.geomspace(min(xs) / 2, max(xs) * 2, 200) if xs else None
     pred = None
     alloc = _allocation(inp)
@@ -431,7 +452,7 @@ def plot_law(inp: ReportInputs) -> Figure | None:
     elif law is not None and grid is not None and alloc is not None:
         kw = alloc(grid)
         pred = law.predict(level=inp.level, fraction=np.ones_like(grid), **kw)
-    ys = [v for _, v in finals]
+    ys = [v for _, v in finals] + list(table[:, 1])
     if fc_final:
         ys += [fc_final.get("loss"), fc_final.get("lo")]
     if pred is not None:
@@ -455,6 +476,12 @@ def plot_law(inp: ReportInputs) -> Figure | None:
     for r, v in finals:
         ax.plot(r.compute, v - sub, "o", color=colors[r.name], ms=8, mec="white", mew=0.8,
                 zorder=4, label=f"{r.name}: {num(v)}")
+    if len(table):
+        n = len(table)
+        ax.plot(table[:, 0], table[:, 1] - sub, "o", color="#495057", ms=5 if n > 50 else 7,
+                alpha=0.7, mec="white", mew=0.5, zorder=4,
+                label=f"fitted points: the last of each of {n} run{'s' if n != 1 else ''} "
+                      f"(from {inp.points.attrs.get('from', 'law.json')})")
     if fc_final and isinstance(tcomp, (int, float)):
         f, lo, hi = (fc_final.get(k) for k in ("loss", "lo", "hi"))
         if isinstance(f, (int, float)):
@@ -474,7 +501,8 @@ def plot_law(inp: ReportInputs) -> Figure | None:
     _plain_log_y(ax)
     ax.set_xlabel("training compute C (FLOPs, no LM head)")
     ax.set_ylabel(f"{metric} - E  (E = {num(E)})" if use_e else _metric_label(metric))
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
+    if ax.get_legend_handles_labels()[0]:  # an old law.json without points has nothing to name
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     if law is not None and law.meta.get("expression"):
         expr = textwrap.fill(f"law: {law.meta['expression']}", 110)
         ax.set_title(expr, loc="left", fontsize=8, color="#555555", fontweight="normal")
@@ -484,6 +512,8 @@ def plot_law(inp: ReportInputs) -> Figure | None:
         title = (f"Forecast for {inp.target_name or 'the target'}: {num(fc_final['loss'])} "
                  f"[{num(fc_final.get('lo'))}, {num(fc_final.get('hi'))}], "
                  f"{ratio:.3g}x the largest rung's compute")
+    elif law is not None and not finals and len(table):
+        title = f"The {law.form} law through the {len(table)} runs it was fitted to"
     elif law is not None:
         title = f"The {law.form} law through {len(finals)} finished rungs"
     else:
