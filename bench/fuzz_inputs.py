@@ -23,7 +23,10 @@ ranges, durability, secrets, size) follow the inputs of issue 15.
 hypothesis-driven search, in the default suite; this script runs the whole corpus and prints the
 table (exit 1 if any case is a traceback, a hang, accepted or unnamed):
 
-    nice python bench/fuzz_inputs.py [--only SUBSTRING] [--surface NAME] [-v]
+    nice python bench/fuzz_inputs.py [--only SUBSTRING] [--surface NAME] [--issue26] [-v]
+
+``--tree DIR`` judges another checkout (e.g. main before a change) with this corpus: its
+``ladder``, ``predict`` and ``tests.helpers`` are imported instead of this tree's.
 """
 
 from __future__ import annotations
@@ -48,7 +51,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+TREE = ROOT  # the checkout judged (``--tree``); its packages come first on sys.path
+sys.path.insert(0, str(ROOT))
 
 ALARM_S = 20  # a command on the tiny world takes well under a second; 20 s is a hang
 
@@ -643,7 +648,17 @@ def main(argv=None) -> int:
     ap.add_argument("--fast", action="store_true",
                     help="leave out the slow cases (a rung trained, a big fit, W&B)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every case")
+    ap.add_argument("--tree", default=None, metavar="DIR",
+                    help="judge this checkout's code with this corpus (default: this tree)")
     args = ap.parse_args(argv)
+    if args.tree:
+        global TREE
+        TREE = Path(args.tree).resolve()
+        sys.path.insert(0, str(TREE))
+    import ladder
+    import predict
+    print(f"judging {Path(ladder.__file__).parents[1]} (predict from "
+          f"{Path(predict.__file__).parents[1]})", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         world = build_world(Path(tmp) / "world")
         if not args.fast:
@@ -861,7 +876,7 @@ def _killed_report(w: Path) -> Path:
     # (the renames that build the new report in its staging folder do not count)
     code = ("import os, sys\n"
             "from pathlib import Path\n"
-            f"sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})\n"
+            f"sys.path.insert(0, {str(TREE)!r})\n"
             f"out = Path({str(rep)!r}).resolve()\n"
             "real = os.replace\n"
             "def replace(a, b):\n"
