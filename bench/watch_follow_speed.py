@@ -102,11 +102,17 @@ def write_metrics(path: Path, lines: int, truth, target, seed: int = 0) -> int:
 
 # Each measurement runs in a fresh interpreter whose sys.path starts with the tree measured.
 # memory: the peak resident size during the measured part minus the resident size at its start
-# (ru_maxrss alone would be the imports' transient peak when the measured part stays below it)
+# (ru_maxrss alone would be the imports' transient peak when the measured part stays below it).
+# The peak is the process's own VmHWM: Linux carries ru_maxrss over an exec, so a child's
+# ru_maxrss starts at this process's peak (the file read into the page cache, ~1.1 GB).
 _RSS = """
 def rss_mb():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize() / 2 ** 20
+
+def peak_mb():
+    with open("/proc/self/status") as f:
+        return next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:")) / 1024
 """
 
 _JSON_LOOP = """
@@ -122,7 +128,7 @@ with open(path, "rb") as f:
         json.loads(line)
         n += 1
 print(json.dumps({"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0,
-                  "mem": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - rss0,
+                  "mem": peak_mb() - rss0,
                   "lines": n}))
 """
 
@@ -145,7 +151,7 @@ w.poll()
 dt, cpu = time.perf_counter() - t0, time.process_time() - c0
 alerts = sorted([a.kind, a.severity, a.step] for a in w.all_alerts if a.kind != "input")
 print(json.dumps({"wall": dt, "cpu": cpu,
-                  "mem": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - rss0,
+                  "mem": peak_mb() - rss0,
                   "verdict": [w.exit_code, w.state["n_points"], w.state["n_evals"], alerts]}))
 """
 
