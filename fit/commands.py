@@ -60,6 +60,16 @@ def unconverged(res) -> list[str]:
     return [] if d.get("converged", True) else ["the best start"]
 
 
+def _print_warnings(command: str, caught) -> None:
+    """Each distinct warning once, on stderr, without the points reader's per-row drops."""
+    seen = set()
+    for w in caught:
+        msg = str(w.message)
+        if msg not in seen and "dropped:" not in msg:
+            seen.add(msg)
+            print(f"ladder {command}: warning: {msg}", file=sys.stderr)
+
+
 def fit_main(args, *, offline_points=None) -> int:
     """`ladder fit`. ``offline_points(path, metric, sizes)`` turns a W&B offline run directory
     into a points table; its record log is read by predict, above fit, so the CLI hands the reader
@@ -101,12 +111,7 @@ def fit_main(args, *, offline_points=None) -> int:
                       objective=args.objective, prior=_priors(args.prior),
                       asymptote_rule=not getattr(args, "free_asymptote", False),
                       scale_weighting=not getattr(args, "equal_weights", False))
-    seen = set()
-    for w in caught:
-        msg = str(w.message)
-        if msg not in seen and "dropped:" not in msg:
-            seen.add(msg)
-            print(f"ladder fit: warning: {msg}", file=sys.stderr)
+    _print_warnings("fit", caught)
     as_json = getattr(args, "json", False)
     with np.errstate(over="ignore"):  # a law beyond float64 is refused below, in one line
         doc = res.to_json()
@@ -275,12 +280,7 @@ def compare_main(args, *, offline_points=None, figures=None) -> int:
                                  path=str(args.a if side == "A" else args.b),
                                  field="diagnostics.converged", exit_code=EX_DATAERR)
         results[metric] = cmp
-    seen = set()
-    for w in caught_all:
-        msg = str(w.message)
-        if msg not in seen and "dropped:" not in msg:
-            seen.add(msg)
-            print(f"ladder compare: warning: {msg}", file=sys.stderr)
+    _print_warnings("compare", caught_all)
     obj = {metric: c.to_dict() for metric, c in results.items()}
     if args.json:
         print(json.dumps(to_jsonable(obj)))

@@ -7,31 +7,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from helpers import alarm
 from ladder.cli import main
 from ladder.io import InputError, inside, loads, open_input, read_bytes, safe_name
 
 
-class _Hang(Exception):
-    pass
-
-
-@contextmanager
-def alarm(seconds: float = 120):
-    def on(signum, frame):
-        raise _Hang(f"still blocked after {seconds} s")
-    old = signal.signal(signal.SIGALRM, on)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def cli(capsys, *argv) -> tuple[int, str]:

@@ -5,12 +5,11 @@ traceback, a hang counting 10**7 layers, or rungs of ~1e300 steps accepted)."""
 from __future__ import annotations
 
 import json
-import signal
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from helpers import alarm
 from ladder.cli import main
 from ladder.trainconfig import train_config
 
@@ -18,17 +17,6 @@ TINY = (Path(__file__).resolve().parents[1] / "ladder" / "ladders" / "tiny.toml"
 FIRST = "[[rungs]]\nd = 16\nn_layers = 2"
 
 
-@contextmanager
-def alarm(seconds: float = 120):
-    def on(signum, frame):
-        raise TimeoutError(f"still running after {seconds} s")
-    old = signal.signal(signal.SIGALRM, on)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 @pytest.mark.parametrize("old, new, field", [
