@@ -1,14 +1,14 @@
 """What the hero recipe's pieces do to the fitted law, on the cpu ladder (issue 12, item 6).
 
 Three variants of ``ladder/ladders/cpu.toml``, each a ladder of its 4 rungs (the proxy hero is not
-trained), each trained with the default TrainConfig and fitted with the trajectory law exactly as
-``ladder demo`` fits it (held-out dropless loss, 200 run-level bootstrap replicates, level 0.9):
+trained), each trained with the default TrainConfig and fitted with the law ``ladder demo`` fits,
+exactly as it fits it (held-out dropless loss, 200 run-level bootstrap replicates, level 0.9):
 
 - ``recipe``: the full recipe: the marin optimizer (MuonH/AdamH/Adam), the quantile balancing
   rule, capacity 1.15, the recipe's init, half-RoPE on local layers / NoPE on global ones,
   non-parametric QK-norm with q x 1.3, the embedding norm (issue 12 item 2), and GatedNorm, the
   short convolutions, XSA and the head gate (item 4);
-- ``adamw``: the cpu ladder as it is (AdamW, today's model);
+- ``adamw``: AdamW and every model switch at its default (the cpu ladder before issue 21);
 - ``recipe-no-item4``: the recipe without GatedNorm, convolutions, XSA and the head gate.
 
 It prints, side by side, the fitted alpha, E and A with their intervals (and which asymptote
@@ -18,7 +18,7 @@ writes the same as JSON (``--json``). Finished rungs are reused (their summary.j
 
     nice python bench/ablation.py [--out runs_ablation] [--only recipe] [--json FILE]
 
-On the cpu ladder GatedNorm's rank 128 is wider than every model (d 32 ... 64): it runs at full
+On the cpu ladder GatedNorm's rank 128 is wider than every model (d 24 ... 48): it runs at full
 rank d there (``ModelConfig.gated_rank``).
 """
 
@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's packages, not an installed copy
 
 METRIC = "eval_dropless/loss"   # what the demo and the real ladder fit
+FORM = "trajectory-capacity"    # the demo's form (ladder/demo.py::FORM)
 LEVEL = 0.9
 BOOTSTRAP = 200
 
@@ -47,7 +48,9 @@ RECIPE = {"bias_rule": "quantile", "capacity_factor": 1.15, "optimizer": {"kind"
           **ITEM2}
 VARIANTS = {
     "recipe": {**RECIPE, **ITEM4},
-    "adamw": {},
+    "adamw": {"bias_rule": "threshold", "capacity_factor": 1.25, "optimizer": {"kind": "adamw"},
+              "init": "gpt2", "rope_fraction": 1.0, "global_rope": True, "qk_norm": "learned",
+              "qk_mult": 1.0, "embed_norm": False},
     "recipe-no-item4": RECIPE,
 }
 
@@ -91,7 +94,7 @@ def run_variant(name: str, out: Path, bootstrap: int) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         points = load_points([str(d) for d in dirs], metric=METRIC, include_incomplete=False)
-    res = fit_law(points, form="trajectory", bootstrap=bootstrap, level=LEVEL, seed=0)
+    res = fit_law(points, form=FORM, bootstrap=bootstrap, level=LEVEL, seed=0)
     rule = res.diagnostics.get("asymptote_rule", {})
     return {"variant": name, "ladder": ladder.name, "settings": VARIANTS[name],
             "params": res.params, "intervals": {k: list(map(float, v))
@@ -136,11 +139,11 @@ def main(argv=None) -> int:
     out = Path(args.out)
     rows = []
     for name in args.only or list(VARIANTS):
-        print(f"{name}: {VARIANTS[name] or 'the cpu ladder as it is'}", flush=True)
+        print(f"{name}: {VARIANTS[name]}", flush=True)
         rows.append(run_variant(name, out, args.bootstrap))
     print()
     print(table(rows))
-    print(f"\nfit: trajectory law on {METRIC}, {args.bootstrap} run-level bootstrap replicates, "
+    print(f"\nfit: {FORM} law on {METRIC}, {args.bootstrap} run-level bootstrap replicates, "
           f"{LEVEL:.0%} intervals; reproduce: nice python bench/ablation.py --out {args.out}")
     if args.json:
         from ladder.io import atomic_write_json

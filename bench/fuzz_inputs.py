@@ -9,14 +9,24 @@ under an alarm. The verdicts:
 - ``error``: exit 64+ with a one-line message that names the file or the field (good);
 - ``unnamed``: exit 64+, but the message names neither the file nor the field;
 - ``traceback``: an exception escaped ``main``;
-- ``accepted``: exit below 64 for a bad input;
-- ``hang``: still running after the alarm.
+- ``accepted``: exit below 64 for a bad input (or a check after it finds the input followed);
+- ``hang``: still running after the alarm;
+- ``lost``: data that was there before is gone (a user's file, an alert);
+- ``leak``: a secret where it must not be (the command line W&B records, an output);
+- ``exhausted``: memory ran out (each such case runs under a cap on the address space).
+
+Cases belong to a surface (the issue that found them); the table is printed per surface. The
+surfaces of issue 26 (names that become paths, special files, trust, our own files' fields,
+ranges, durability, secrets, size) follow the inputs of issue 15.
 
 ``tests/test_inputs_fuzz.py`` runs the issue's cases and a sample of the corpus, and a
 hypothesis-driven search, in the default suite; this script runs the whole corpus and prints the
 table (exit 1 if any case is a traceback, a hang, accepted or unnamed):
 
-    /work/main/.venv/bin/python bench/fuzz_inputs.py [--only SUBSTRING] [-v]
+    nice python bench/fuzz_inputs.py [--only SUBSTRING] [--surface NAME] [--issue26] [-v]
+
+``--tree DIR`` judges another checkout (e.g. main before a change) with this corpus: its
+``ladder``, ``predict`` and ``tests.helpers`` are imported instead of this tree's.
 """
 
 from __future__ import annotations
@@ -26,10 +36,14 @@ import contextlib
 import io
 import json
 import os
+import resource
 import shutil
 import signal
+import socket
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections import Counter
@@ -37,7 +51,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+TREE = ROOT  # the checkout judged (``--tree``); its packages come first on sys.path
+sys.path.insert(0, str(ROOT))
 
 ALARM_S = 20  # a command on the tiny world takes well under a second; 20 s is a hang
 
@@ -48,7 +64,8 @@ class Hang(Exception):
 
 @dataclass
 class Outcome:
-    verdict: str  # error | unnamed | traceback | accepted | hang
+    verdict: str  # error | tolerated | unnamed | traceback | accepted | hang | lost | leak |
+    #               exhausted
     code: int | None
     message: str  # the last stderr line (or the traceback's last line)
     seconds: float
@@ -65,14 +82,15 @@ def build_world(root: Path) -> Path:
     E, A, alpha = KNOWN_LAW   # the runs' law (tests/test_fit_cli.py's too)
     runs = root / "runs"
     lad = write_law_runs(runs)
+    # the world is not a case: no alarm worth the name (a loaded machine fits slowly)
     code, _, err = run_cli(["fit", str(runs), "--form", "compute", "--bootstrap", "20",
-                            "--out", str(root / "law.json")])
+                            "--out", str(root / "law.json")], alarm=900)
     assert code == 0, err
     target = Target.from_rung(lad.target)
     (root / "target.json").write_text(json.dumps(target.to_dict()))
     code, _, err = run_cli(["preregister", str(root / "law.json"), "--target-spec",
                             str(root / "target.json"), "--out", str(root / "pre" / "prereg.json"),
-                            "--eval-noise", "0.003"])
+                            "--eval-noise", "0.003"], alarm=900)
     assert code == 0, err
     # the target's own run, healthy, as the watch source
     t = lad.target
@@ -87,15 +105,38 @@ def build_world(root: Path) -> Path:
     points.write_text("run,params,active_params,tokens,compute,fraction,loss\n" + "".join(
         f"r{i},{1e6 * 2 ** i},{1e5 * 2 ** i},{2e7 * 2 ** i},{1e15 * 4 ** i},1.0,"
         f"{E + A * (1e15 * 4 ** i) ** -alpha}\n" for i in range(5)))
+    # the same run with a NaN train loss at its last eval: a critical alert to write
+    bad = [dict(r) for r in rows]
+    bad[-1]["train/loss"] = "NaN"
+    (root / "live_nan.jsonl").write_text("".join(json.dumps(r) + "\n" for r in bad))
+    # token shards as `ladder tokenize` writes them (uint16 ids of the tiny ladder's 256)
+    import numpy as np
+    shards = root / "shards"
+    shards.mkdir()
+    rng = np.random.default_rng(0)
+    for name, n in (("train-00000.bin", 40_000), ("val-00000.bin", 4_000)):
+        rng.integers(0, 255, n, dtype=np.uint16).tofile(shards / name)
+    (shards / "manifest.json").write_text(json.dumps({
+        "schema": "token-shards/1", "dtype": "uint16", "vocab_size": 256, "eos_id": 255,
+        "tokenizer": {"sha256": "0" * 64}, "split_rule": "hash",
+        "splits": {"train": {"shards": [{"file": "train-00000.bin", "tokens": 40_000}],
+                             "tokens": 40_000},
+                   "val": {"shards": [{"file": "val-00000.bin", "tokens": 4_000}],
+                           "tokens": 4_000}}}))
+    (root / "secret.bin").write_bytes(b"\x00\x01" * 30_000)  # outside every folder named
     return root
 
 
 def run_cli(argv: list[str], alarm: float = ALARM_S) -> tuple[int | None, str, str]:
-    """``ladder.cli.main(argv)`` in-process; (exit code, stdout, stderr). Exceptions escape."""
+    """``ladder.cli.main(argv)`` in-process; (exit code, stdout, stderr). Exceptions escape.
+    ``sys.argv`` is the command's for the while (what a process's own command line would be:
+    W&B records it)."""
     from ladder.cli import main
     out, err = io.StringIO(), io.StringIO()
     old = signal.signal(signal.SIGALRM, _on_alarm)
     signal.setitimer(signal.ITIMER_REAL, alarm)
+    saved_argv = sys.argv
+    sys.argv = ["ladder", *argv]
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
                 warnings.catch_warnings():
@@ -107,6 +148,7 @@ def run_cli(argv: list[str], alarm: float = ALARM_S) -> tuple[int | None, str, s
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+        sys.argv = saved_argv
     return code, out.getvalue(), err.getvalue()
 
 
@@ -114,16 +156,38 @@ def _on_alarm(signum, frame):
     raise Hang()
 
 
+@contextlib.contextmanager
+def _address_space_cap(extra: int | None):
+    """While inside: the process may map at most ``extra`` more bytes (RLIMIT_AS soft limit);
+    a read that would take the machine's memory ends in MemoryError instead."""
+    if extra is None:
+        yield
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open("/proc/self/statm") as f:
+        used = int(f.read().split()[0]) * resource.getpagesize()
+    cap = used + extra if hard == resource.RLIM_INFINITY else min(hard, used + extra)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
 def judge(argv: list[str], names: tuple[str, ...] = (), *, bad: bool = True,
-          alarm: float = ALARM_S) -> Outcome:
+          alarm: float = ALARM_S, mem_cap: int | None = None) -> Outcome:
     """Run one case and classify it. ``names``: strings of which the error line must hold one
     (the file's name, the field); ``bad=False``: a tolerated input (exit status free, but no
-    traceback or hang)."""
+    traceback or hang). ``mem_cap``: bytes of address space the command may add (a case that
+    would read /dev/zero or a huge table must not take a shared machine's memory)."""
     t0 = time.perf_counter()
     try:
-        code, _, err = run_cli(argv, alarm)
+        with _address_space_cap(mem_cap):
+            code, _, err = run_cli(argv, alarm)
     except Hang:
         return Outcome("hang", None, "", time.perf_counter() - t0)
+    except MemoryError as e:
+        return Outcome("exhausted", None, f"MemoryError: {e}"[:300], time.perf_counter() - t0)
     except BaseException as e:  # noqa: BLE001 - the point: anything escaping is a finding
         return Outcome("traceback", None, f"{type(e).__name__}: {e}"[:300],
                        time.perf_counter() - t0)
@@ -132,6 +196,8 @@ def judge(argv: list[str], names: tuple[str, ...] = (), *, bad: bool = True,
     last = lines[-1] if lines else ""
     if "Traceback (most recent call last)" in err:
         return Outcome("traceback", code, last, dt)
+    if "MemoryError" in err:
+        return Outcome("exhausted", code, last, dt)
     if not bad:
         return Outcome("error" if code and code >= 64 else "tolerated", code, last, dt)
     if code is None or code < 64:
@@ -163,6 +229,13 @@ class Case:
     build: Callable[[Path], list[str]]  # world copy -> argv (may edit files first)
     names: tuple[str, ...] = ()
     bad: bool = True
+    surface: str = "inputs (issue 15)"
+    # after the command, on the world copy: a verdict ("lost", "leak", "accepted") when what
+    # the command did is wrong whatever its exit status, else None
+    check: Callable[[Path, "Outcome"], str | None] | None = None
+    alarm: float = ALARM_S
+    mem_cap: int | None = None
+    slow: bool = False  # trains a rung or fits a big table: left out of the default suite
 
 
 def _edit_json(path: Path, dotted: str, raw: str) -> None:
@@ -429,7 +502,7 @@ def corpus() -> list[Case]:
     add(Case("watch --state of another kind", lambda w: [
         "watch", prereg(w), "--source", str(w / "live.jsonl"), "--state", str(w / law)],
         (law, "schema")))
-    return C
+    return C + corpus26()
 
 
 def _as(p: Path, suffix: str) -> Path:
@@ -465,9 +538,62 @@ def run_case(world: Path, case: Case, scratch: Path) -> Outcome:
     try:
         argv = case.build(w)
         os.chdir(w)  # relative defaults (law.json, prereg.json) land in the copy
-        return judge(argv, case.names, bad=case.bad)
+        if case.mem_cap is None:
+            o = judge(argv, case.names, bad=case.bad, alarm=case.alarm)
+        else:  # in a child process: running out of memory must not break this one's modules
+            o = _judge_apart(argv, case)
+        if case.check is not None and o.verdict not in ("traceback", "hang", "exhausted"):
+            found = case.check(w, o)
+            if found:
+                o = Outcome(found, o.code, f"{found}: {o.message}", o.seconds)
+        return o
     finally:
         os.chdir(cwd)
+        _release(w)
+
+
+def preload() -> None:
+    """Import what the training cases import, outside any alarm (an alarm that fires inside
+    ``import jax`` leaves a half-imported module behind for every later case)."""
+    with contextlib.suppress(ImportError):
+        import jax  # noqa: F401
+
+        import ladder.train  # noqa: F401
+
+
+def _judge_apart(argv: list[str], case: Case) -> Outcome:
+    """:func:`judge` in a forked child under the case's memory cap; its Outcome comes back
+    through a pipe (a child killed outright is a ``exhausted`` verdict)."""
+    import pickle
+    r, wfd = os.pipe()
+    with warnings.catch_warnings():  # the child runs no JAX (it reads files): fork is safe
+        warnings.simplefilter("ignore", RuntimeWarning)
+        pid = os.fork()
+    if pid == 0:  # the child
+        os.close(r)
+        try:
+            o = judge(argv, case.names, bad=case.bad, alarm=case.alarm, mem_cap=case.mem_cap)
+        except BaseException as e:  # noqa: BLE001
+            o = Outcome("traceback", None, f"{type(e).__name__}: {e}"[:300], 0.0)
+        with os.fdopen(wfd, "wb") as f:
+            pickle.dump(o, f)
+        os._exit(0)
+    os.close(wfd)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    _, status = os.waitpid(pid, 0)
+    if not data:
+        return Outcome("exhausted", None, f"child ended with status {status}", 0.0)
+    return pickle.loads(data)
+
+
+def _release(w: Path) -> None:
+    """Stop what a case left running (a FIFO's writer, a socket's server)."""
+    for t in _HELPERS.pop(str(w), []):
+        t()
+
+
+_HELPERS: dict[str, list] = {}
 
 
 def _rmtree(p: Path) -> None:
@@ -477,6 +603,9 @@ def _rmtree(p: Path) -> None:
         except OSError:
             pass
     shutil.rmtree(p, ignore_errors=True)
+
+
+BAD_VERDICTS = ("traceback", "accepted", "hang", "lost", "leak", "exhausted", "unnamed")
 
 
 def table(results: list[tuple[Case, Outcome]]) -> str:
@@ -489,21 +618,61 @@ def table(results: list[tuple[Case, Outcome]]) -> str:
             ("  accepted bad inputs (exit < 64)", n["accepted"]),
             ("tolerated inputs (skipped with a note)", len(results) - len(bad)),
             ("tracebacks", n["traceback"]),
-            ("hangs", n["hang"])]
+            ("hangs", n["hang"]),
+            ("data lost", n["lost"]),
+            ("secrets leaked", n["leak"]),
+            ("memory exhausted", n["exhausted"])]
     return "\n".join(f"| {k:<40} | {v:>5} |" for k, v in rows)
+
+
+def surface_table(results: list[tuple[Case, Outcome]]) -> str:
+    """Cases and bad verdicts per surface: the table the issues ask for."""
+    cols = ("clean", "traceback", "accepted", "hang", "lost", "leak", "exhausted", "unnamed")
+    head = "| surface | cases | " + " | ".join(cols) + " |"
+    lines = [head, "|" + "---|" * (len(cols) + 2)]
+    surfaces = list(dict.fromkeys(c.surface for c, _ in results))
+    for sfc in surfaces + ["all"]:
+        got = [o for c, o in results if sfc in ("all", c.surface)]
+        n = Counter(o.verdict for o in got)
+        clean = sum(o.verdict in ("error", "tolerated") for o in got)
+        lines.append(f"| {sfc} | {len(got)} | {clean} | "
+                     + " | ".join(str(n[c]) for c in cols[1:]) + " |")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=None, help="run the cases whose name contains this")
+    ap.add_argument("--surface", default=None, help="run the cases of this surface only")
+    ap.add_argument("--issue26", action="store_true", help="only the cases of issue 26")
+    ap.add_argument("--fast", action="store_true",
+                    help="leave out the slow cases (a rung trained, a big fit, W&B)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every case")
+    ap.add_argument("--tree", default=None, metavar="DIR",
+                    help="judge this checkout's code with this corpus (default: this tree)")
     args = ap.parse_args(argv)
+    if args.tree:
+        global TREE
+        TREE = Path(args.tree).resolve()
+        sys.path.insert(0, str(TREE))
+    import ladder
+    import predict
+    print(f"judging {Path(ladder.__file__).parents[1]} (predict from "
+          f"{Path(predict.__file__).parents[1]})", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         world = build_world(Path(tmp) / "world")
+        if not args.fast:
+            preload()
         results = []
         t0 = time.perf_counter()
         for case in corpus():
             if args.only and args.only not in case.name:
+                continue
+            if args.surface and args.surface not in case.surface:
+                continue
+            if args.fast and case.slow:
+                continue
+            if args.issue26 and case.surface == "inputs (issue 15)":
                 continue
             o = run_case(world, case, Path(tmp))
             results.append((case, o))
@@ -512,8 +681,573 @@ def main(argv=None) -> int:
                       f"{o.message[:150]}")
         print(f"\n{len(results)} cases in {time.perf_counter() - t0:.1f} s\n")
         print(table(results))
-    worst = sum(o.verdict in ("traceback", "hang", "accepted", "unnamed") for _, o in results)
+        print()
+        print(surface_table(results))
+    worst = sum(o.verdict in BAD_VERDICTS for _, o in results)
     return 1 if worst else 0
+
+
+# ----------------------------------------------------------------------------- issue 26
+# Surfaces found by the second adversarial pass (issue 26): each case names its surface; the
+# special-file cases run under a short alarm (a FIFO that blocks is a hang after 10 s).
+
+S_NAMES, S_SPECIAL, S_TRUST, S_FIELDS = ("names -> paths", "special files", "trust",
+                                         "our files' fields")
+S_RANGES, S_DURABLE, S_SECRETS, S_SIZE = ("ranges", "durability", "secrets", "size")
+SHORT_ALARM = 10
+SECRET = "s3cr3t-t0ken"
+
+
+def _tiny_toml(edit: Callable[[str], str] = lambda t: t) -> str:
+    from importlib.resources import files
+    return edit((files("ladder") / "ladders" / "tiny.toml").read_text())
+
+
+def _ladder_file(w: Path, edit: Callable[[str], str], name: str = "lad.toml") -> Path:
+    p = w / name
+    p.write_text(_tiny_toml(edit))
+    return p
+
+
+def _first_rung() -> str:
+    from ladder.specs import get_ladder
+    return get_ladder("tiny").rungs[0].name
+
+
+def _named_rung(name: str) -> Callable[[str], str]:
+    """A tiny ladder whose first rung is named ``name`` (a TOML basic string)."""
+    return lambda t: t.replace("[[rungs]]\nd = 16\nn_layers = 2",
+                               f"[[rungs]]\nd = 16\nn_layers = 2\nname = {json.dumps(name)}", 1)
+
+
+RUN_ALARM = 600  # a case that may train a rung (the version before issue 26 did): compile + 1 step
+
+
+def _run_file(w: Path, f: Path, rung: str) -> list[str]:
+    return ["run", "--ladder-file", str(f), "--rung", rung, "--out", str(w / "train"),
+            "--max-steps", "1", "--peak_flops=1e11", "--progress=false"]
+
+
+def _escaped(where: Callable[[Path], Path]):
+    """A check: the command wrote ``where(w)`` (outside the folder it was given)."""
+    def check(w: Path, o: Outcome) -> str | None:
+        return "accepted" if where(w).exists() else None
+    return check
+
+
+def _fifo(p: Path) -> Path:
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if p.exists():
+        p.unlink()
+    os.mkfifo(p)
+    return p
+
+
+def _zero(p: Path) -> Path:
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if p.exists():
+        p.unlink()
+    p.symlink_to("/dev/zero")
+    return p
+
+
+def _socket_file(w: Path, p: Path) -> Path:
+    if p.exists():
+        p.unlink()
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(p))
+    s.listen(1)
+    _HELPERS.setdefault(str(w), []).append(s.close)
+    return p
+
+
+def _state_of(w: Path) -> Path:
+    """A valid watch state of the world's run (a first watch), to be broken field by field."""
+    st = w / "st.json"
+    code, _, err = run_cli(["watch", str(w / "pre" / "prereg.json"), "--source",
+                            str(w / "live.jsonl"), "--state", str(st)], alarm=300)
+    assert code == 0, err
+    return st
+
+
+def _edit_state(path: Path, edit: Callable[[dict], None]) -> Path:
+    """Apply ``edit`` to the state's dict and write it back as text (so 1e400 stays 1e400)."""
+    doc = json.loads(path.read_text())
+    edit(doc)
+    text = json.dumps(doc).replace('"__1e400__"', "1e400")
+    path.write_text(text)
+    return path
+
+
+def _manifest(w: Path, edit: Callable[[dict], None]) -> Path:
+    m = w / "shards" / "manifest.json"
+    doc = json.loads(m.read_text())
+    edit(doc)
+    m.write_text(json.dumps(doc))
+    return w / "shards"
+
+
+def _run_data(w: Path, data: Path) -> list[str]:
+    return ["run", "tiny", "--rung", _first_rung(), "--data", str(data), "--out",
+            str(w / "train"), "--max-steps", "1", "--peak_flops=1e11", "--progress=false"]
+
+
+def _forged_amendment(w: Path) -> Path:
+    """A pre-registration sealed by hand beside the real one, claiming to amend it, dated 9999
+    and saying the run is doing fine: written as a file, never recorded by `preregister`."""
+    from predict import prereg as pr
+    p = w / "pre" / "prereg.json"
+    doc = pr.load(p)
+    forged = {k: v for k, v in doc.items() if k not in ("sha256", "section_sha256")}
+    forged["amends"] = {"sha256": doc["sha256"], "path": "prereg.json", "reason": "forged",
+                        "created": doc.get("created"), "chain": [doc["sha256"]]}
+    forged["created"] = "9999-01-01T00:00:00+00:00"
+    forged["final"] = dict(doc["final"], lo=0.0, hi=100.0)
+    sealed = pr.seal(forged)
+    q = w / "pre" / "zz-forged.json"
+    q.write_text(json.dumps(sealed))
+    return q
+
+
+def _followed(w: Path, o: Outcome) -> str | None:
+    """A check: the watch's state names the forged amendment as the pre-registration it
+    followed."""
+    st = w / "st.json"
+    if not st.exists():
+        return None
+    forged = json.loads((w / "pre" / "zz-forged.json").read_text())["sha256"]
+    return "accepted" if json.loads(st.read_text()).get("prereg_sha256") == forged else None
+
+
+def _resealed(w: Path) -> tuple[Path, str]:
+    from predict import prereg as pr
+    p = w / "pre" / "prereg.json"
+    doc = pr.load(p)
+    sha = doc["sha256"]
+    doc = dict(doc, final=dict(doc["final"], hi=doc["final"]["hi"] + 1.0))
+    p.chmod(0o644)
+    p.write_text(json.dumps(pr.seal(doc)))
+    return p, sha
+
+
+def _no_anchor(w: Path, o: Outcome) -> str | None:
+    return "accepted" if "unrecognized arguments" in o.message else None
+
+
+def _other_law(w: Path) -> Path:
+    doc = json.loads((w / "law.json").read_text())
+    doc["fit"]["u"][0] = doc["fit"]["u"][0] + 0.05
+    q = w / "law2.json"
+    q.write_text(json.dumps(doc))
+    return q
+
+
+def _law_note_missing(w: Path, o: Outcome) -> str | None:
+    md = w / "rep" / "summary.md"
+    return "accepted" if md.exists() and "not the one the pre-registration" not in \
+        md.read_text() else None
+
+
+def _partial_alerts(w: Path) -> Path:
+    a = w / "alerts.jsonl"
+    a.write_text('{"time": "2026-01-01T00:00:00Z", "kind": "spi')  # a write cut by a full disk
+    return a
+
+
+def _alert_lost(w: Path, o: Outcome) -> str | None:
+    kinds = []
+    for line in (w / "alerts.jsonl").read_text().splitlines():
+        try:
+            kinds.append(json.loads(line).get("kind"))
+        except ValueError:
+            continue
+    return None if "nan" in kinds else "lost"
+
+
+def _killed_report(w: Path) -> Path:
+    """A report, a user's file beside it, then a second report killed (SIGKILL-like: no
+    cleanup) at the second rename of its swap."""
+    rep = w / "rep"
+    code, _, err = run_cli(["report", "--law", str(w / "law.json"), "--out", str(rep)],
+                           alarm=300)
+    assert code == 0, err
+    (rep / "notes.txt").write_text("mine")
+    # killed right after the swap's first rename that takes something out of the report folder
+    # (the renames that build the new report in its staging folder do not count)
+    code = ("import os, sys\n"
+            "from pathlib import Path\n"
+            f"sys.path.insert(0, {str(TREE)!r})\n"
+            f"out = Path({str(rep)!r}).resolve()\n"
+            "real = os.replace\n"
+            "def replace(a, b):\n"
+            "    src = Path(a).resolve()\n"
+            "    real(a, b)\n"
+            "    if src == out or out in src.parents:\n"
+            "        os._exit(9)\n"
+            "os.replace = replace\n"
+            "from ladder.cli import main\n"
+            f"main(['report', '--law', {str(w / 'law.json')!r}, '--out', {str(rep)!r}])\n")
+    subprocess.run([sys.executable, "-c", code], cwd=w, capture_output=True, check=False)
+    return rep
+
+
+def _user_file_lost(w: Path, o: Outcome) -> str | None:
+    f = w / "rep" / "notes.txt"
+    return None if f.exists() and f.read_text() == "mine" else "lost"
+
+
+class _Receiver:
+    """A local webhook receiver: 200 to every POST; with ``endless``, an answer body that does
+    not end (stopped at ``cap`` bytes); counts what it sent."""
+
+    def __init__(self, endless: bool = False, cap: int = 192 << 20):
+        import http.server
+        rx = self
+        self.sent, self.posts = 0, 0
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - the http.server API
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                rx.posts += 1
+                self.send_response(200)
+                self.end_headers()
+                if not endless:
+                    return
+                chunk = b"x" * 65536
+                try:
+                    while rx.sent < cap:
+                        self.wfile.write(chunk)
+                        rx.sent += len(chunk)
+                except OSError:
+                    pass
+
+            def log_message(self, *a):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://user:{SECRET}@127.0.0.1:{self.server.server_address[1]}/hook"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _receiver(w: Path, endless: bool = False) -> _Receiver:
+    rx = _Receiver(endless)
+    _HELPERS.setdefault(str(w), []).append(rx.close)
+    _RECEIVERS[str(w)] = rx
+    return rx
+
+
+_RECEIVERS: dict[str, _Receiver] = {}
+
+
+def _read_whole(w: Path, o: Outcome) -> str | None:
+    rx = _RECEIVERS.get(str(w))
+    return "exhausted" if rx is not None and rx.sent > (32 << 20) else None
+
+
+def _secret_anywhere(w: Path, o: Outcome) -> str | None:
+    """A check: the secret is in a file the command wrote (W&B's run metadata, the state, the
+    alerts) or the flag that keeps it off the command line does not exist."""
+    if "unrecognized arguments" in o.message:
+        return "leak"
+    _settled(w)
+    for q in w.rglob("*"):
+        try:
+            if q.is_file() and not q.is_symlink() and q.stat().st_size < (8 << 20) and \
+                    SECRET.encode() in q.read_bytes() and q.name != "hook.txt":
+                return "leak"
+        except OSError:
+            continue
+    return None
+
+
+def _settled(w: Path, quiet: float = 2.0, most: float = 60.0) -> None:
+    """Wait until the W&B record logs under ``w`` stop growing (W&B's service writes them
+    after the command returns)."""
+    t_end = time.monotonic() + most
+    last = None
+    while time.monotonic() < t_end:
+        now = sorted((str(q), q.stat().st_size) for q in w.rglob("*.wandb") if q.is_file())
+        if not now or now == last:
+            return
+        last = now
+        time.sleep(quiet)
+
+
+def _big_table(w: Path, rows: int = 300_000) -> Path:
+    import numpy as np
+    from tests.helpers import KNOWN_LAW
+    E, A, alpha = KNOWN_LAW
+    rng = np.random.default_rng(0)
+    runs = 50
+    per = rows // runs
+    out = ["run,params,active_params,tokens,compute,fraction,loss"]
+    for i in range(runs):
+        n = 1e6 * 1.2 ** i
+        g = np.arange(1, per + 1) / per
+        tok = 20 * n * g
+        c = 6 * n * tok
+        loss = E + A * c ** -alpha * np.exp(rng.normal(0, 0.005, per))
+        out += [f"r{i},{n:.6g},{n / 10:.6g},{t:.6g},{cc:.6g},{gg:.6g},{ll:.6g}"
+                for t, cc, gg, ll in zip(tok, c, g, loss)]
+    p = w / "big.csv"
+    p.write_text("\n".join(out) + "\n")
+    return p
+
+
+def corpus26() -> list[Case]:
+    """The cases of issue 26, by surface."""
+    C: list[Case] = []
+
+    def add(*a, **kw):
+        C.append(Case(*a, **kw))
+
+    def pre(w):
+        return str(w / "pre" / "prereg.json")
+
+    def live(w):
+        return str(w / "live.jsonl")
+
+    # ------------------------------------------------------------------ names -> paths
+    run = {"slow": True, "alarm": RUN_ALARM}
+    add("run ladder named ../../escaped", lambda w: _run_file(
+        w, _ladder_file(w, lambda t: t.replace('name = "tiny"', 'name = "../../escaped"')),
+        _first_rung()), ("name",), surface=S_NAMES,
+        check=_escaped(lambda w: w.parent / "escaped"), **run)
+    add("run rung named ../../../pwned", lambda w: _run_file(
+        w, _ladder_file(w, _named_rung("../../../pwned")), "../../../pwned"), ("name",),
+        surface=S_NAMES, check=_escaped(lambda w: w.parent / "pwned"), **run)
+    add("run rung named by an absolute path", lambda w: _run_file(
+        w, _ladder_file(w, _named_rung(str(w.parent / "absrung"))), str(w.parent / "absrung")),
+        ("name",), surface=S_NAMES, check=_escaped(lambda w: w.parent / "absrung"), **run)
+    add("list rung name with a NUL", lambda w: [
+        "list", "--ladder-file", str(_ladder_file(w, _named_rung("a\x00b")))], ("name",),
+        surface=S_NAMES)
+    add("run rung name with a newline", lambda w: _run_file(
+        w, _ladder_file(w, _named_rung("a\nb")), "a\nb"), ("name",), surface=S_NAMES,
+        check=_escaped(lambda w: w / "train" / "tiny" / "a\nb"), **run)
+    add("run manifest shard ../secret.bin", lambda w: _run_data(w, _manifest(
+        w, lambda m: m["splits"]["train"]["shards"][0].update(file="../secret.bin",
+                                                               tokens=30_000))),
+        ("manifest.json", "file"), surface=S_NAMES, **run)
+    add("verify amends.path outside the folder", lambda w: [
+        "verify", str(_amends_outside(w))], ("amends.path",), surface=S_NAMES)
+
+    # ------------------------------------------------------------------ special files
+    sp = {"surface": S_SPECIAL, "alarm": SHORT_ALARM}
+    add("watch --state FIFO", lambda w: [
+        "watch", pre(w), "--source", live(w), "--state", str(_fifo(w / "x.json"))],
+        ("x.json",), **sp)
+    add("watch --source FIFO", lambda w: [
+        "watch", pre(w), "--source", str(_fifo(w / "x.jsonl"))], ("x.jsonl", "source"), **sp)
+    add("fit points table FIFO", lambda w: [
+        "fit", str(_fifo(w / "x.csv")), "--bootstrap", "0"], ("x.csv",), **sp)
+    add("list --ladder-file FIFO", lambda w: [
+        "list", "--ladder-file", str(_fifo(w / "x.toml"))], ("x.toml",), **sp)
+    add("preregister --amend FIFO", lambda w: [
+        "preregister", str(w / "law.json"), "--target-spec", str(w / "target.json"),
+        "--amend", str(_fifo(w / "pre" / "x.json")), "--reason", "r", "--out",
+        str(w / "pre" / "new.json")], ("x.json",), **sp)
+    add("verify FIFO", lambda w: ["verify", str(_fifo(w / "x.json"))], ("x.json",), **sp)
+    add("verify with a FIFO beside", lambda w: (_fifo(w / "pre" / "x.json"),
+                                                ["verify", pre(w)])[1], bad=False, **sp)
+    add("watch with a FIFO beside", lambda w: (_fifo(w / "pre" / "x.json"),
+                                               ["watch", pre(w), "--source", live(w)])[1],
+        bad=False, **sp)
+    add("watch --alerts FIFO", lambda w: [
+        "watch", pre(w), "--source", str(w / "live_nan.jsonl"), "--alerts",
+        str(_fifo(w / "x.jsonl"))], ("x.jsonl",), **sp)
+    add("report --alerts FIFO", lambda w: [
+        "report", "--alerts", str(_fifo(w / "x.jsonl")), "--out", str(w / "rep")],
+        ("x.jsonl",), **sp)
+    add("report --law FIFO", lambda w: [
+        "report", "--law", str(_fifo(w / "x.json")), "--out", str(w / "rep")], ("x.json",),
+        **sp)
+    add("run --config FIFO", lambda w: [
+        "run", "tiny", "--config", str(_fifo(w / "x.json")), "--out", str(w / "train")],
+        ("x.json",), **sp)
+    add("fit runs metrics.jsonl FIFO", lambda w: [
+        "fit", str(_fifo_metrics(w)), "--form", "compute", "--bootstrap", "0"],
+        ("metrics.jsonl",), **sp)
+    zp = {"surface": S_SPECIAL, "alarm": SHORT_ALARM, "mem_cap": 1 << 30}
+    add("predict law /dev/zero", lambda w: [
+        "predict", str(_zero(w / "x.json")), "--compute", "1e20"], ("x.json",), **zp)
+    add("watch --state /dev/zero", lambda w: [
+        "watch", pre(w), "--source", live(w), "--state", str(_zero(w / "x.json"))],
+        ("x.json",), **zp)
+    add("watch --source /dev/zero", lambda w: [
+        "watch", pre(w), "--source", str(_zero(w / "x.jsonl"))], ("x.jsonl", "source"), **zp)
+    add("list --ladder-file /dev/zero", lambda w: [
+        "list", "--ladder-file", str(_zero(w / "x.toml"))], ("x.toml",), **zp)
+    add("fit table /dev/zero", lambda w: [
+        "fit", str(_zero(w / "x.csv")), "--bootstrap", "0"], ("x.csv",), **zp)
+    add("watch --state socket", lambda w: [
+        "watch", pre(w), "--source", live(w), "--state", str(_socket_file(w, w / "x.json"))],
+        ("x.json",), **sp)
+    add("predict law 600 MB", lambda w: [
+        "predict", str(_sparse(w / "x.json", 600 << 20)), "--compute", "1e20"], ("x.json",),
+        **zp)
+
+    # ------------------------------------------------------------------ trust
+    add("watch follows a hand-sealed amendment dated 9999", lambda w: (
+        _forged_amendment(w), ["watch", pre(w), "--source", live(w), "--state",
+                               str(w / "st.json")])[1], bad=False, surface=S_TRUST,
+        check=_followed)
+    add("verify a resealed file against its registered sha256", lambda w: (
+        lambda p_sha: ["verify", str(p_sha[0]), "--expect", p_sha[1]])(_resealed(w)),
+        surface=S_TRUST, check=_no_anchor)  # verify reports on stdout: no name to check
+    add("report --law another law --prereg", lambda w: [
+        "report", "--law", str(_other_law(w)), "--prereg", pre(w), "--out", str(w / "rep")],
+        bad=False, surface=S_TRUST, check=_law_note_missing)
+
+    # ------------------------------------------------------------------ our files' fields
+    state_edits = {
+        "source.offset=1e400": lambda d: d["source"].__setitem__("offset", "__1e400__"),
+        'source.max_step="x"': lambda d: d["source"].__setitem__("max_step", "x"),
+        "source.inode=-5": lambda d: d["source"].__setitem__("inode", -5),
+        "outbox nested pending": lambda d: d.__setitem__("outbox", [{
+            "id": "a", "pending": [["stdout"]], "alert": {"kind": "x", "severity": "info"}}]),
+        'state.worst="bogus"': lambda d: d["state"].__setitem__("worst", "bogus"),
+        'state.n_evals="many"': lambda d: d["state"].__setitem__("n_evals", "many"),
+        "state.band.run_len=-1": lambda d: d["state"]["band"].__setitem__("run_len", -1),
+        "state.trend.hist=[[1]]": lambda d: d["state"]["trend"].__setitem__("hist", [[1]]),
+        "state.tails=[]": lambda d: d["state"].__setitem__("tails", []),
+        "seq=-1": lambda d: d.__setitem__("seq", -1),
+    }
+    for label, edit in state_edits.items():
+        add(f"watch state {label}", lambda w, e=edit: [
+            "watch", pre(w), "--source", live(w), "--state",
+            str(_edit_state(_state_of(w), e))], ("st.json",), surface=S_FIELDS)
+    manifest_edits = {
+        "splits a list": lambda m: m.__setitem__("splits", []),
+        "shard file 123": lambda m: m["splits"]["train"]["shards"][0].__setitem__("file", 123),
+        "shard tokens -1": lambda m: m["splits"]["train"]["shards"][0].__setitem__("tokens",
+                                                                                   -1),
+        'dtype "float64"': lambda m: m.__setitem__("dtype", "float64"),
+        "eos_id 10**9": lambda m: m.__setitem__("eos_id", 10 ** 9),
+        'vocab_size "x"': lambda m: m.__setitem__("vocab_size", "x"),
+    }
+    for label, edit in manifest_edits.items():
+        add(f"run manifest {label}", lambda w, e=edit: _run_data(w, _manifest(w, e)),
+            ("manifest.json",), surface=S_FIELDS, **run)
+
+    # ------------------------------------------------------------------ ranges
+    ladder_edits = {
+        "d=10**200": lambda t: t.replace("d = 16", "d = " + "1" + "0" * 200),
+        "vocab_size=2**62": lambda t: t.replace("vocab_size = 256", f"vocab_size = {2 ** 62}"),
+        "batch_units=0": lambda t: t.replace("d = 16\nn_layers = 2",
+                                             "d = 16\nn_layers = 2\nbatch_units = 0"),
+        "tokens_per_active=1e300": lambda t: t.replace("tokens_per_active = 4",
+                                                       "tokens_per_active = 1e300"),
+        "n_layers=10**7": lambda t: t.replace("d = 16\nn_layers = 2", "d = 16\nn_layers = "
+                                              "10000000"),
+        "eval_every=1e-300": lambda t: t.replace("eval_every = 0.25", "eval_every = 1e-300"),
+        "capacity_factor=inf": lambda t: t.replace("eval_every = 0.25",
+                                                   "eval_every = 0.25\ncapacity_factor = inf"),
+        "lr_coef=nan": lambda t: t.replace("lr_coef = 0.087571", "lr_coef = nan"),
+    }
+    for label, edit in ladder_edits.items():
+        add(f"list --ladder-file {label}", lambda w, e=edit: [
+            "list", "--ladder-file", str(_ladder_file(w, e))], ("lad.toml",), surface=S_RANGES,
+            alarm=SHORT_ALARM)
+    add("list --ladder-file JSON nested 100,000 deep", lambda w: [
+        "list", "--ladder-file", str(_deep(w / "lad.json"))], ("lad.json",), surface=S_RANGES,
+        alarm=SHORT_ALARM)
+    config_edits = {"eval_every=1e-300": {"eval_every": 1e-300},
+                    "model.d_model=10**200": {"model": {"d_model": 10 ** 200}},
+                    "lr=1e308": {"lr": 1e308}, "eps=inf": {"eps": "__inf__"},
+                    "checkpoint_every=10**30": {"checkpoint_every": 10 ** 30}}
+    for label, cfg in config_edits.items():
+        add(f"run --config {label}", lambda w, c=cfg: [
+            "run", "tiny", "--rung", _first_rung(), "--config", str(_config(w, c)), "--out",
+            str(w / "train"), "--max-steps", "1", "--peak_flops=1e11", "--progress=false"],
+            ("cfg.json",) + tuple(k.split(".")[-1] for k in cfg), surface=S_RANGES, **run)
+
+    # ------------------------------------------------------------------ durability
+    add("watch --alerts after a partial last line", lambda w: (
+        _partial_alerts(w), ["watch", pre(w), "--source", str(w / "live_nan.jsonl"),
+                             "--alerts", str(w / "alerts.jsonl")])[1], bad=False,
+        surface=S_DURABLE, check=_alert_lost)
+    add("report after a report killed mid-swap", lambda w: (
+        _killed_report(w), ["report", "--law", str(w / "law.json"), "--out",
+                            str(w / "rep")])[1], bad=False, surface=S_DURABLE,
+        check=_user_file_lost)
+
+    # ------------------------------------------------------------------ secrets
+    add("watch --webhook-file", lambda w: _webhook_file_case(w), bad=False, surface=S_SECRETS,
+        check=_secret_anywhere)
+    add("watch --webhook URL --wandb (offline)", lambda w: _wandb_webhook_case(w), bad=False,
+        surface=S_SECRETS, check=_secret_anywhere, slow=True, alarm=120)
+    add("watch --webhook answering an endless body", lambda w: [
+        "watch", pre(w), "--source", str(w / "live_nan.jsonl"), "--webhook",
+        _receiver(w, endless=True).url], bad=False, surface=S_SECRETS, check=_read_whole,
+        alarm=60)
+
+    # ------------------------------------------------------------------ size
+    add("fit 300,000 rows, default form", lambda w: [
+        "fit", str(_big_table(w)), "--out", str(w / "big-law.json")], ("big.csv", "rows"),
+        bad=False, surface=S_SIZE, slow=True, alarm=1800, mem_cap=6 << 30)
+    return C
+
+
+def _amends_outside(w: Path) -> Path:
+    """A pre-registration sealed by hand whose ``amends.path`` climbs out of its folder, to a
+    valid pre-registration there."""
+    from predict import prereg as pr
+    doc = pr.load(w / "pre" / "prereg.json")
+    outside = w.parent / "outside.json"
+    outside.write_text(json.dumps(doc))
+    d = {k: v for k, v in doc.items() if k not in ("sha256", "section_sha256")}
+    d["amends"] = {"sha256": doc["sha256"], "path": "../../outside.json", "reason": "x",
+                   "chain": [doc["sha256"]]}
+    q = w / "pre" / "climb.json"
+    q.write_text(json.dumps(pr.seal(d)))
+    return q
+
+
+def _fifo_metrics(w: Path) -> Path:
+    d = _rung_dir(w)
+    (d / "metrics.jsonl").unlink()
+    _fifo(d / "metrics.jsonl")
+    return w / "runs"
+
+
+def _sparse(p: Path, size: int) -> Path:
+    with open(p, "wb") as f:
+        f.truncate(size)  # no disk used: a hole
+    return p
+
+
+def _deep(p: Path) -> Path:
+    p.write_text("[" * 100_000 + "]" * 100_000)
+    return p
+
+
+def _config(w: Path, cfg: dict) -> Path:
+    p = w / "cfg.json"
+    p.write_text(json.dumps(cfg).replace('"__inf__"', "Infinity"))
+    return p
+
+
+def _webhook_file_case(w: Path) -> list[str]:
+    rx = _receiver(w)
+    hook = w / "hook.txt"
+    hook.write_text(rx.url + "\n")
+    hook.chmod(0o600)
+    return ["watch", str(w / "pre" / "prereg.json"), "--source", str(w / "live_nan.jsonl"),
+            "--webhook-file", str(hook), "--state", str(w / "st.json"), "--alerts",
+            str(w / "alerts.jsonl")]
+
+
+def _wandb_webhook_case(w: Path) -> list[str]:
+    rx = _receiver(w)
+    os.environ.update(WANDB_MODE="offline", WANDB_DIR=str(w), WANDB_SILENT="true")
+    return ["watch", str(w / "pre" / "prereg.json"), "--source", str(w / "live_nan.jsonl"),
+            "--webhook", rx.url, "--wandb", "--wandb-project", "fuzz"]
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ Uncertainty (all kept in law.json, so bands can be recomputed):
 - the delta-method covariance sigma^2 (J'J)^-1 (plus a prior's precision, ``--prior``), the
   parameter part of the band where the bootstrap has no usable replicates.
 How these make a band: fit.result. ``objective="ols"`` (the real ladder's fit) has its own
-band: statsmodels' OLS prediction interval of log(L - E).
+band: the OLS prediction interval of log(L - E) (:func:`ols`, numpy; statsmodels' formula).
 """
 
 from __future__ import annotations
@@ -236,11 +236,47 @@ def fit_spec(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
     return result
 
 
+def ols(y: np.ndarray, X: np.ndarray) -> OlsFit:
+    """Ordinary least squares of ``y`` on the columns of ``X`` (with its own constant column):
+    what statsmodels' ``OLS(y, X).fit()`` reports of it, in numpy (statsmodels is 75 MB of the
+    core install for these few lines; tests/test_fit_law.py checks the two agree to 1e-10).
+    The normal equations are solved through a QR factorisation (as ``pinv`` does), the
+    covariance is ``scale (X'X)^-1`` with ``scale = SSR / (n - p)``."""
+    n, p = X.shape
+    q, r = np.linalg.qr(X)
+    beta = np.linalg.solve(r, q.T @ y)
+    resid = y - X @ beta
+    ssr = float(resid @ resid)
+    dof = n - p
+    r_inv = np.linalg.inv(r)
+    scale = ssr / dof if dof > 0 else math.nan
+    cov = scale * (r_inv @ r_inv.T)
+    centred = y - y.mean()
+    tss = float(centred @ centred)
+    return OlsFit(params=beta, cov=cov, ssr=ssr, df_resid=dof, scale=scale,
+                  rsquared=1.0 - ssr / tss if tss > 0 else math.nan)
+
+
+@dataclasses.dataclass(frozen=True)
+class OlsFit:
+    """One OLS fit (:func:`ols`); ``conf_int`` is Student-t with ``df_resid`` dof."""
+
+    params: np.ndarray
+    cov: np.ndarray
+    ssr: float
+    df_resid: int
+    scale: float
+    rsquared: float
+
+    def conf_int(self, alpha: float) -> np.ndarray:
+        half = float(stdtrit(self.df_resid, 1 - alpha / 2)) * np.sqrt(np.diag(self.cov))
+        return np.column_stack([self.params - half, self.params + half])
+
+
 def _fit_ols(df, spec, *, level, metric, params_column, final_only):
     """The real ladder's fit: ordinary least squares of log(L - E) on log C with E fixed
-    (statsmodels OLS), the Student-t lack-of-fit interval with n - 2 residual dof its team asked
+    (:func:`ols`), the Student-t lack-of-fit interval with n - 2 residual dof its team asked
     for. Parameters: log A = intercept, alpha = -slope."""
-    import statsmodels.api as sm  # only this path needs it (0.5 s to import)
     data, note = select_points(df, spec.form, final_only)
     cols = _required(data, spec.form, params_column)
     E = float(spec.fix["E"])
@@ -255,12 +291,12 @@ def _fit_ols(df, spec, *, level, metric, params_column, final_only):
     logC = np.log(cols["compute"])
     y = np.log(L - E)
     X = np.column_stack([np.ones(n), logC])
-    fit = sm.OLS(y, X).fit()
+    fit = ols(y, X)
     b0, b1 = (float(v) for v in fit.params)
     D = np.diag([1.0, -1.0])                      # (log A, slope) -> (log A, alpha)
     dof = float(fit.df_resid) if fit.df_resid > 0 else None
     sigma = float(np.sqrt(fit.scale)) if dof else None
-    cov = D @ np.asarray(fit.cov_params()) @ D if dof else None
+    cov = D @ np.asarray(fit.cov) @ D if dof else None
     u = spec.to_u(np.array([b0, -b1]))
     intervals = {"E": [E, E]}
     if dof:
@@ -272,7 +308,7 @@ def _fit_ols(df, spec, *, level, metric, params_column, final_only):
     resid = np.log(L) - Model(spec.form, spec.form.features(cols)).log_predict(u[None])[0]
     diagnostics = {
         "objective": float(fit.ssr), "objective_kind": "ols: sum of squared residuals of "
-        "log(L - E) on log C (statsmodels OLS)", "converged": True, "free": list(spec.free),
+        "log(L - E) on log C", "converged": True, "free": list(spec.free),
         "at_bound": {}, "n_points": n, "n_runs": int(data["run"].nunique()),
         "fraction_range": [float(data["fraction"].min()), float(data["fraction"].max())],
         "points_note": note, "rmse_log": float(np.sqrt(np.mean(resid ** 2))),
@@ -480,6 +516,13 @@ POLISH_FTOL = 1e-15
 POLISH_TOP = 5
 POLISH_WITHIN = 0.01  # only candidates within 1% of the best stage-1 objective are polished
 BOOT_FTOL = 1e-9
+# Values of one (problems x points) array an objective evaluation holds at a time: 2**22 float64
+# (32 MB). The batched solver evaluates all its problems at once (4,500 starts of the Chinchilla
+# grid, or 200 bootstrap replicates x 4 warm starts); on a large table that is starts x rows
+# values per temporary (4,500 x 300,000 = 10.8 GB: issue 26's MemoryError), so the problems are
+# evaluated in slices of at most this many values: memory bounded whatever the table's size,
+# each problem's numbers computed as before.
+CHUNK_VALUES = 1 << 22
 
 
 class _Problem:
@@ -507,6 +550,14 @@ class _Problem:
         u0, M, P = self.u0, self.M, self.P
 
         def fg(X, rows):
+            step = max(1, CHUNK_VALUES // max(len(self.logy), 1))
+            if len(rows) <= step:
+                return one(X, rows)
+            parts = [one(X[a:a + step], rows[a:a + step]) for a in range(0, len(rows), step)]
+            return (np.concatenate([p[0] for p in parts]),
+                    np.concatenate([p[1] for p in parts]))
+
+        def one(X, rows):
             U = u0 + (X @ P.T) @ M.T
             Wr = None if W is None else W[rows]
             if self.weights is not None:
@@ -615,6 +666,19 @@ def _distinct(X, f, phi, k: int = 4, rtol: float = 1e-3):
     return np.array(keep)
 
 
+class _RunWeights:
+    """The (R k, n) point weights of the bootstrap's problems (replicate r's run weights, for
+    each of its k warm starts), built only for the rows asked for: ``W[rows]``. Held whole they
+    are R k n values (800 x 300,000 = 1.9 GB on a large table)."""
+
+    def __init__(self, counts: np.ndarray, inv: np.ndarray, k: int):
+        self.counts, self.inv, self.k = counts, inv, k
+
+    def __getitem__(self, rows) -> np.ndarray:
+        rows = np.asarray(rows)
+        return self.counts[rows // self.k][:, self.inv].astype(float)
+
+
 def _bootstrap(prob, runs, optima, R, seed, bounds=None):
     """Run-level Bayesian bootstrap: each replicate weights whole runs (all points of a run share
     its Dirichlet weight) and is refitted from the distinct optima of the full fit. Replicates
@@ -631,7 +695,7 @@ def _bootstrap(prob, runs, optima, R, seed, bounds=None):
     # Gadre et al.'s 5-run fit were such degenerate draws)
     counts = run_weights(rng, len(uniq), R)                                          # (R, U)
     k = len(optima)
-    W = np.repeat(counts[:, inv].astype(float), k, axis=0)                           # (R k, n)
+    W = _RunWeights(counts, inv, k)                                   # (R k, n), rows on demand
     means = None
     if prob.prior:  # each replicate draws its prior centre: the prior's spread enters the band
         mu = np.array([m for _i, _e, m, _s in prob.prior])

@@ -31,6 +31,12 @@ from fit.select import scale_weight_rule as apply_scale_weight_rule
 from ladder.io import InputError, read_json
 
 CURVE_FORMS = tuple(_CURVE_LAW_FORMS)  # schedule-aware curve laws (fit.curves): mpl, momentum
+# The most points one fit takes (issue 26). Memory is bounded whatever the size (the objective
+# is evaluated in slices, fit.estimate.CHUNK_VALUES), but time is not: `ladder fit` of 2,000
+# points with the default form took 35 s of CPU here and grows with the points (a 300,000-point
+# table: hours). A ladder needs far fewer (the real one: 4 rungs x 20 fractions); a table this
+# large is a run's every logged step, which says no more about the law than every 1% of it.
+MAX_FIT_ROWS = 100_000
 
 __all__ = ["CURVE_FORMS", "HUBER_DELTA", "OBJECTIVES", "FitResult", "LawResult", "Prediction",
            "extrapolation_rate", "fit_by", "fit_law", "fit_one", "fit_spec", "law_from_json",
@@ -56,6 +62,13 @@ def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = 
     its variants with the same weights."""
     if not isinstance(df, pd.DataFrame) or not set(COLUMNS) <= set(df.columns):
         df = load_points(df, metric)  # files, or a bare DataFrame: normalise and clean it
+    largest = len(df) if by is None or by not in df.columns or not len(df) else \
+        int(df.groupby(by).size().max())
+    if largest > MAX_FIT_ROWS:
+        raise InputError(f"{largest:,} points in one fit: more than the {MAX_FIT_ROWS:,} a fit "
+                         f"takes (its time grows with the points); thin the table (e.g. a run's "
+                         f"points every 1% of its progress) or fit parts of it with --by",
+                         field="rows")
     metric = metric or df.attrs.get("metric") or "loss"
     if not 0 < level < 1:
         raise InputError(f"must be in (0, 1), got {level!r}", field="level")

@@ -93,7 +93,8 @@ def _fit_block(r) -> dict:
 def _uncertainty(r) -> dict:
     if r.objective == "ols":
         return {"method": "ols: Student-t prediction interval of log(L - E), n - 2 dof "
-                          "(statsmodels OLS)", "level": r.level, "intervals": r.intervals,
+                          "(the OLS obs_ci of statsmodels)", "level": r.level,
+                "intervals": r.intervals,
                 "bootstrap_u": None, "covariance_free": None if r.cov is None else r.cov.tolist(),
                 "sigma_log": r.sigma, "dof": r.dof,
                 "band": "E + exp(log(L - E) +- t(dof) sqrt(x' V x + sigma^2)), V the covariance "

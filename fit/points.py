@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -36,13 +36,14 @@ COLUMNS = ("run", "params", "active_params", "tokens", "compute", "fraction", "l
 
 def load_points(sources, metric: str | None = None, *, include_incomplete: bool = True,
                 include_target: bool = False, sizes: str | Path | None = None,
-                wandb_api=None) -> pd.DataFrame:
+                wandb_api=None, keymap=None) -> pd.DataFrame:
     """One points table from several sources (paths to CSV/Parquet files or runs directories,
     ``wandb://ENTITY/PROJECT/ID[,ID...]`` URIs, or DataFrames). ``metric`` picks the metric of runs
     (default the dropless eval loss) and labels the table's ``loss`` column (a table without
     ``loss`` may carry a column named after the metric instead). ``sizes`` (CSV or JSON: run,
     params, active_params) gives the sizes of W&B runs whose configs lack a rung; ``wandb_api``
-    replaces ``wandb.Api()`` (tests).
+    replaces ``wandb.Api()`` (tests). ``keymap`` (a ``ladder.keymap.KeyMap``) renames another
+    trainer's keys in W&B histories and table columns to ours (``--keys``).
 
     A run directory of a ladder's target rung (config.json's rung ``is_target``: ``ladder run``
     trains it beside the rungs) is the run the law forecasts, not a point to fit: it is left out
@@ -57,7 +58,7 @@ def load_points(sources, metric: str | None = None, *, include_incomplete: bool 
                                  metric))
             continue
         if isinstance(src, str) and src.startswith("wandb://"):
-            frame, notes = _wandb_runs(src, metric, read_sizes(sizes), wandb_api)
+            frame, notes = _wandb_runs(src, metric, read_sizes(sizes), wandb_api, keymap)
             dropped += notes
             frames.append(frame)
             continue
@@ -72,7 +73,8 @@ def load_points(sources, metric: str | None = None, *, include_incomplete: bool 
             if frame is not None:
                 frames.append(frame)
         else:
-            frames.append(_table(_read_table(path), str(path), metric))
+            table = _read_table(path)
+            frames.append(_table(keymap.table(table) if keymap else table, str(path), metric))
     if not frames and left_out:
         raise InputError(f"its only runs are the ladder's target ({', '.join(left_out)}); pass "
                          "--include-target to fit it", path=str(sources[0]))
@@ -214,7 +216,7 @@ def read_sizes(path) -> dict[str, dict]:
     return out
 
 
-def _wandb_runs(uri: str, metric: str, sizes: dict, api):
+def _wandb_runs(uri: str, metric: str, sizes: dict, api, keymap=None):
     """Points of W&B runs (``wandb://ENTITY/PROJECT/ID,ID...``) from their histories through the
     public API (:func:`points_from_histories` turns them into the table)."""
     body = uri[len("wandb://"):].strip("/").split("/")
@@ -240,8 +242,17 @@ def _wandb_runs(uri: str, metric: str, sizes: dict, api):
         runs.append(WandbHistory(where=where, run_id=rid,
                                  name=str(getattr(run, "name", None) or rid),
                                  config=dict(getattr(run, "config", {}) or {}),
-                                 rows=run.scan_history(page_size=1000)))
-    return points_from_histories(runs, metric, sizes, where=uri)
+                                 rows=run.scan_history(page_size=1000),
+                                 summary=_summary(run)))
+    return points_from_histories(runs, metric, sizes, where=uri, keymap=keymap)
+
+
+def _summary(run) -> dict:
+    """A W&B run's summary as a dict ({} when the API object has none)."""
+    try:
+        return dict(getattr(run, "summary", None) or {})
+    except (TypeError, ValueError):
+        return {}
 
 
 @dataclass
@@ -254,13 +265,16 @@ class WandbHistory:
     name: str
     config: dict
     rows: Iterable
+    summary: dict = field(default_factory=dict)  # W&B summary values (e.g. parameter_count)
 
 
 def points_from_histories(runs: Iterable[WandbHistory], metric: str, sizes: dict | None = None,
-                          *, where: str = "W&B") -> tuple[pd.DataFrame, list[str]]:
+                          *, where: str = "W&B", keymap=None) -> tuple[pd.DataFrame, list[str]]:
     """The points table of W&B runs: the rung in a run's config (a `ladder run --wandb` run) gives
-    its sizes and FLOPs (the one counter); otherwise ``sizes`` must name the run (by id or name)
-    and its rows must log ``flops``. Returns the table and notes on runs without points."""
+    its sizes and FLOPs (the one counter); otherwise ``sizes`` must name the run (by id or name),
+    or a ``keymap`` find its ``params`` in the run's summary or config (levanter's
+    ``parameter_count``), and its rows must log ``flops``. ``keymap`` renames the rows' keys to
+    ours. Returns the table and notes on runs without points."""
     from ladder.specs import Rung  # plain Python; no JAX
 
     sizes = sizes or {}
@@ -278,11 +292,17 @@ def points_from_histories(runs: Iterable[WandbHistory], metric: str, sizes: dict
         elif h.run_id in sizes or name in sizes:
             sz = sizes.get(h.run_id) or sizes[name]
             params, active = sz["params"], sz["active_params"]
+        elif keymap is not None and as_float(keymap.value("params", h.summary, h.config)):
+            # another trainer's run: its own parameter count (every parameter: `params`);
+            # active parameters only when the map names them (a dense run: unknown, NaN)
+            params = as_float(keymap.value("params", h.summary, h.config))
+            active = as_float(keymap.value("active_params", h.summary, h.config)) or math.nan
         else:
             raise InputError(f"run {name!r}: no rung in its config; give its sizes with --sizes "
                              f"FILE (run, params, active_params)", path=h.where, field="--sizes")
+        rows = h.rows if keymap is None else (keymap.row(r) for r in h.rows)
         batches.append((h.where, point_rows(
-            h.rows, metric, run=name, source=h.where, params=params, active_params=active,
+            rows, metric, run=name, source=h.where, params=params, active_params=active,
             compute_of=lambda row, tokens, rung=rung: (
                 rung.compute(tokens) if rung is not None and tokens is not None
                 else as_float(row.get("flops"))))))

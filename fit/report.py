@@ -107,7 +107,7 @@ def fit_lines(r) -> list[str]:
                                  "NAME=MEAN:SD")
         ss = d.get("starts_status", {})
         if r.objective == "ols":
-            lines.append(f"solver: ols of log(L - E) on log C (statsmodels), residual sum of "
+            lines.append(f"solver: ols of log(L - E) on log C (least squares), residual sum of "
                          f"squares {_g(d.get('objective'), '{:.10g}')}; Student-t with "
                          f"{_g(d.get('dof'))} dof")
         else:

@@ -15,6 +15,7 @@ import importlib
 import logging
 import os
 import sys
+import warnings
 
 from ladder.io import EX_USAGE, InputError
 
@@ -68,6 +69,19 @@ def _ladder_file_option(s) -> None:
                         "the built-in ladders, replacing one of its name (default: none)")
 
 
+def _keys_option(s) -> None:
+    s.add_argument("--keys", default=None, metavar="levanter|marin|FILE.toml",
+                   help="another trainer's metric names mapped to ours (tokens, FLOPs, "
+                        "progress, LR, params; ladder/keymap.py) (default: ours)")
+
+
+def _amend_chain_option(s) -> None:
+    s.add_argument("--amend-chain", action="append", default=None, metavar="FILE",
+                   help="also follow these amendments: a chain file (.jsonl, as `preregister "
+                        "--amend` writes) or an amendment's own file (repeatable; default: "
+                        "only those recorded in amendments.jsonl beside the pre-registration)")
+
+
 def _json_option(s, what: str) -> None:
     s.add_argument("--json", action="store_true", help=f"print {what} on stdout, as JSON")
 
@@ -79,15 +93,31 @@ def _serve_options(s) -> None:
     s.add_argument("--port", type=int, default=8765, help="port of the live page (0: any free)")
 
 
+def _global_options(p, default) -> None:
+    """-v and -q: on the main parser (with their defaults) and on every subcommand, so they may
+    stand anywhere on the line (`ladder fit x.csv -q`); a subcommand's copy has no default
+    (argparse.SUPPRESS) and so never resets what was given before the subcommand."""
+    where = "" if default else " (default: off; the same as before the subcommand)"
+    p.add_argument("-v", "--verbose", action="count",
+                   default=0 if default else argparse.SUPPRESS,
+                   help="more messages on stderr (-vv: debug)" + where)
+    p.add_argument("-q", "--quiet", action="store_true",
+                   default=False if default else argparse.SUPPRESS,
+                   help="only warnings and errors on stderr" + where)
+
+
+class _SubParser(_Parser):
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        _global_options(self, default=False)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="ladder", description=__doc__.splitlines()[0])
     from ladder import __version__
     p.add_argument("--version", action="version", version=f"ladder {__version__}")
-    p.add_argument("-v", "--verbose", action="count", default=0,
-                   help="more messages on stderr (-vv: debug)")
-    p.add_argument("-q", "--quiet", action="store_true",
-                   help="only warnings and errors on stderr")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _global_options(p, default=True)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_SubParser)
 
     # --- ladders and rungs -------------------------------------------------------------------
     s = sub.add_parser("list", help="ladders, rungs, params total/active, tokens, FLOPs")
@@ -274,9 +304,75 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sizes", default=None, metavar="FILE",
                    help="CSV/JSON of run sizes (run, params, active_params) for W&B sources "
                         "whose configs lack them (default: from the runs' configs)")
+    _keys_option(s)
     _json_option(s, "the law (law.json's content), not the report,")
     s.add_argument("--out", default="law.json", metavar="FILE", help="where the law is written")
     s.set_defaults(func=_call("ladder.commands:fit_main"))
+
+    s = sub.add_parser("compare", help="compute-equivalent multiplier of recipe B over "
+                       "recipe A on the same ladder sizes")
+    s.add_argument("a", metavar="A", help="recipe A (the baseline): a points table, runs "
+                   "directory, W&B offline run directory or wandb://ENTITY/PROJECT/ID[,ID...]")
+    s.add_argument("b", metavar="B", help="recipe B (the variant), the same kinds")
+    s.add_argument("--metric", action="append", default=None, metavar="KEY",
+                   help="metric key (repeatable; a glob such as 'bpb/*' matches the columns of "
+                        "A's points table) (default: the table's loss, runs' "
+                        "eval_dropless/loss)")
+    g = s.add_mutually_exclusive_group()
+    g.add_argument("--at", type=float, default=None, metavar="C",
+                   help="the multiplier at this compute, FLOPs without the LM head (default: "
+                        "the largest B run's)")
+    g.add_argument("--target", default=None, metavar="LADDER[:RUNG]",
+                   help="the multiplier at this rung's compute (a ladder alone: its target)")
+    _ladder_file_option(s)
+    s.add_argument("--form", default="compute",
+                   choices=["compute", "trajectory", "trajectory-capacity"],
+                   help="law form of both fits (one of compute alone, so it can be inverted)")
+    s.add_argument("--bootstrap", type=int, default=200,
+                   help="run-level bootstrap replicates of each fit (default: %(default)s)")
+    s.add_argument("--level", type=float, default=0.9,
+                   help="level of the bands (default: %(default)s)")
+    s.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE",
+                   help="hold a parameter of both laws fixed, e.g. E=1.5 (default: none)")
+    s.add_argument("--objective", default="huber", choices=["huber", "ols"],
+                   help="as `ladder fit --objective` (ols needs --fix E=...)")
+    s.add_argument("--free-asymptote", action="store_true",
+                   help="as `ladder fit --free-asymptote`")
+    s.add_argument("--equal-weights", action="store_true", help="as `ladder fit --equal-weights`")
+    s.add_argument("--include-target", action="store_true",
+                   help="fit runs directories' target rungs too (default: left out)")
+    s.add_argument("--sizes", default=None, metavar="FILE",
+                   help="CSV/JSON of run sizes for W&B sources (default: from the configs)")
+    s.add_argument("--seed", type=int, default=0, help="bootstrap seed (B's is seed + 1)")
+    s.add_argument("--allow-unconverged", action="store_true",
+                   help="compare even when a fit did not converge (default: refuse, exit 65)")
+    _json_option(s, "{metric: {multiplier, lo, hi, per_size, trend, ...}}, not the report,")
+    s.add_argument("--out", default=None, metavar="DIR",
+                   help="write compare.json and compare_METRIC.png here (default: nothing "
+                        "written)")
+    s.set_defaults(func=_call("ladder.commands:compare_main"))
+
+    s = sub.add_parser("isoflop", help="IsoFLOP approaches 1 and 2: compute-optimal N and D")
+    s.add_argument("points", nargs="+", metavar="POINTS",
+                   help="points tables (CSV, Parquet: compute, loss, and params or tokens; "
+                        "the other from C = 6 N D) or runs directories")
+    s.add_argument("--budget", type=float, default=None, metavar="C",
+                   help="compute budget (FLOPs) to give the compute-optimal N and D for "
+                        "(default: none)")
+    s.add_argument("--bootstrap", type=int, default=1000,
+                   help="run-level bootstrap replicates of the bands")
+    s.add_argument("--level", type=float, default=0.9, help="level of the intervals")
+    s.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    s.add_argument("--metric", default=None,
+                   help="metric key of runs, or the loss column of a table (default: loss, "
+                        "else eval_dropless/loss)")
+    s.add_argument("--column", action="append", default=[], metavar="NAME=COLUMN",
+                   help="read a table's COLUMN as NAME, e.g. compute=compute_budget "
+                        "(repeatable; default: the names as they are)")
+    s.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="also draw the profiles and the fits (default: no figure)")
+    _json_option(s, "the exponents, their intervals and (with --budget) N and D")
+    s.set_defaults(func=_call("ladder.commands:isoflop_main"))
 
     s = sub.add_parser("predict", help="predict loss from a law")
     s.add_argument("law", metavar="LAW.json", help="a law written by `ladder fit`")
@@ -320,15 +416,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("verify", help="check a pre-registration's hash")
     s.add_argument("prereg", metavar="PREREG.json", help="a pre-registration")
+    s.add_argument("--expect", default=None, metavar="SHA256",
+                   help="the sha256 the file must have, kept outside it (the W&B artifact's "
+                        "digest, a ticket): a hand-resealed file verifies, this does not "
+                        "(default: none)")
+    _amend_chain_option(s)
     _json_option(s, "the verification")
     s.set_defaults(func=_call("predict.commands:verify_main"))
 
     s = sub.add_parser("watch", help="compare a live run with its pre-registration")
     s.add_argument("prereg", metavar="PREREG.json", help="the pre-registration (its newest "
-                   "valid amendment is followed)")
+                   "amendment recorded in amendments.jsonl beside it, or named with "
+                   "--amend-chain, is followed)")
+    _amend_chain_option(s)
     s.add_argument("--source", required=True, metavar="SRC",
-                   help="metrics.jsonl, CSV, a W&B offline run directory or "
-                        "wandb://ENTITY/PROJECT/ID[,ID...]")
+                   help="metrics.jsonl, CSV, a W&B offline run directory (or its "
+                        "latest-run link) or wandb://ENTITY/PROJECT/ID[,ID...]")
     s.add_argument("--metric", default=None,
                    help="source key holding the registered metric (default: the registered "
                         "metric's own key)")
@@ -338,22 +441,28 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--state", default=None, metavar="FILE",
                    help="saved watcher state: a restart neither repeats an alert nor skips a "
                         "row (default: none)")
+    s.add_argument("--webhook-file", default=None, metavar="FILE",
+                   help="POST each alert as JSON to the URL in FILE (default: "
+                        "$LADDER_WEBHOOK_URL, else none); a URL with a token stays out of the "
+                        "process list and of W&B's record of the command line")
     s.add_argument("--webhook", default=None, metavar="URL",
-                   help="POST each alert as JSON here (default: none)")
+                   help="the URL itself (visible to every user in `ps` for the whole follow: "
+                        "prefer --webhook-file or $LADDER_WEBHOOK_URL) (default: none)")
     s.add_argument("--wandb-alert", action="store_true",
                    help="wandb.alert from a separate run (wandb:// sources)")
-    _wandb_options(s, "add the residuals and alerts to the pre-registration's forecast run "
-                      "and post wandb.alert")
+    _wandb_options(s, "log the residuals and alerts into the watcher's own W&B run (job type "
+                      "watch, the ladder's group, at the watched run's steps) and post "
+                      "wandb.alert")
     s.add_argument("--poll", type=float, default=None, metavar="SECONDS",
                    help="seconds between polls with --follow (default: the source's own: 1 for "
                         "files, 2 for W&B offline directories, 60 for the W&B API)")
     s.add_argument("--max-seconds", type=float, default=None,
                    help="stop following after this many seconds (default: until the source "
                         "says the run finished)")
+    _keys_option(s)
     s.add_argument("--column-cache", default=None, metavar="DIR|off",
-                   help="where a metrics.jsonl's parsed polls are kept, so a watcher started "
-                        "again reads only what is new; 'off' keeps none (default: "
-                        ".NAME.watch-cache/ beside the file; none where it cannot be written)")
+                   help="deprecated, ignored with a warning (the column cache is gone; "
+                        "--state keeps a restarted watcher's place) (default: none)")
     _json_option(s, "one object with the verdict and the alerts at the end (no alert lines)")
     _serve_options(s)
     s.set_defaults(func=_call("ladder.commands:watch_main"))
@@ -369,6 +478,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="alerts.jsonl of `ladder watch` (default: none)")
     s.add_argument("--target-run", default=None, metavar="DIR",
                    help="the target's run directory (default: found in --runs by name)")
+    s.add_argument("--points", default=None, metavar="FILE",
+                   help="the points table the law was fitted to, drawn on the law plot "
+                        "(default: the points law.json carries)")
     s.add_argument("--out", default=None, metavar="DIR",
                    help="where index.html, the PNGs and summary.md go (required unless --serve)")
     _serve_options(s)
@@ -412,6 +524,25 @@ def _setup_logging(verbose: int, quiet: bool) -> None:
     root.propagate = False
 
 
+# The extra that installs a module the core install leaves out (pyproject.toml).
+EXTRAS = {"jax": "train", "jaxlib": "train", "flax": "train", "optax": "train",
+          "orbax": "train", "tqdm": "train", "wandb": "wandb", "ray": "ray",
+          "pyarrow": "parquet", "grain": "data", "tokenizers": "data"}
+EX_UNAVAILABLE = 69  # sysexits: a service (here: an optional package) is unavailable
+
+
+def _warning_line(command: str):
+    """warnings.showwarning that prints one line without the source path and line of the code
+    that warned (a user reads 'ladder fit: warning: ...', not 'predict/forecast.py:229:
+    UserWarning: ...')."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        try:
+            print(f"ladder {command}: warning: {message}", file=file or sys.stderr)
+        except OSError:  # stderr gone (closed pipe): a warning is not worth a crash
+            pass
+    return show
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -420,6 +551,12 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides = list(args.overrides) + extra
     _setup_logging(args.verbose, args.quiet)
+    with warnings.catch_warnings():  # restored on return: main() may be called in-process
+        warnings.showwarning = _warning_line(args.command)
+        return _run(args)
+
+
+def _run(args) -> int:
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler below
@@ -427,6 +564,15 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as e:
         print(f"ladder {args.command}: {e}", file=sys.stderr)
         return e.exit_code
+    except ModuleNotFoundError as e:
+        # an optional package of an extra the install left out (`ladder run` in the core
+        # install): one line naming the extra, not a traceback
+        root = (e.name or "").split(".")[0]
+        if root not in EXTRAS:
+            raise
+        print(f"ladder {args.command}: needs the '{EXTRAS[root]}' extra: pip install "
+              f"'ladder[{EXTRAS[root]}]' (no module named {e.name!r})", file=sys.stderr)
+        return EX_UNAVAILABLE
     except BrokenPipeError:
         # the reader went away (`ladder list | head`): no traceback, and no second error when
         # Python flushes stdout at exit

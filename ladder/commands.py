@@ -6,8 +6,8 @@ import json
 import sys
 
 from ladder.executor import rung_exit_code  # beside the Ray driver, which uses it too
-from ladder.io import EX_USAGE, InputError, number
-from ladder.specs import Ladder, resolve, with_file
+from ladder.io import EX_USAGE, InputError, inside, number
+from ladder.specs import Ladder, is_one_rung, lookup_message, resolve, with_file
 
 
 def _ladders(args) -> dict[str, Ladder]:
@@ -29,10 +29,8 @@ def _resolve(target: str | None, args=None):
     try:
         return resolve(target, ladders)
     except KeyError as e:
-        known = ", ".join(f"{n} ({', '.join(r.name for r in lad.all)})"
-                          for n, lad in ladders.items())
-        raise InputError(f"unknown ladder or rung {e.args[0]!r}; known: {known}",
-                         field="LADDER[:RUNG]", exit_code=EX_USAGE) from None
+        raise InputError(lookup_message(e, ladders), field="LADDER[:RUNG]",
+                         exit_code=EX_USAGE) from None
 
 
 def _fmt(x: float) -> str:
@@ -105,7 +103,6 @@ def run_main(args) -> int:
     """`ladder run`: the named rungs (default: all, the target last) into OUT/LADDER/RUNG/,
     one after another here, or as Ray tasks (``--executor ray``); each rung optionally over
     several JAX processes (``--coordinator ...`` / ``--distributed auto``)."""
-    from pathlib import Path
 
     from ladder import distributed
 
@@ -140,15 +137,21 @@ def run_main(args) -> int:
         if args.max_retries < 0:
             raise InputError(f"must be >= 0, got {args.max_retries}", field="--max-retries",
                              exit_code=EX_USAGE)
-        result = run_ladder_ray(rungs, Path(args.out) / ladder.name, cfg,
+        for rung in rungs:  # every rung's folder inside --out (ladder.io: names -> paths)
+            inside(args.out, ladder.name, rung.name, field="rung")
+        result = run_ladder_ray(rungs, inside(args.out, ladder.name, field="ladder"), cfg,
                                 max_steps=args.max_steps, resume=args.resume,
                                 address=args.address, resources=resources,
                                 max_retries=args.max_retries)
         print_problems(result)
         return result.exit_code
+    # every folder a rung will write, inside --out, before the first one starts (ladder.io: the
+    # one rule for names that become paths; a ladder file's names are checked when read, and a
+    # symbolic link below --out that leads out of it is refused here)
+    outs = {rung.name: inside(args.out, ladder.name, rung.name, field="rung") for rung in rungs}
     distributed.initialize(dist)
     for rung in rungs:
-        out = Path(args.out) / ladder.name / rung.name
+        out = outs[rung.name]
         s = _train_one(rung, out, cfg, args.max_steps, args.resume)
         code = rung_exit_code(s)
         if distributed.is_writer():
@@ -260,7 +263,7 @@ def plan_main(args) -> int:
            exit_code=EX_USAGE)
     compile_ = getattr(args, "compile", False)
     if compile_:
-        if len(rungs) != 1 or ":" not in args.target:
+        if len(rungs) != 1 or not is_one_rung(args.target or "", _ladders(args)):
             raise InputError("--compile compiles one rung: give LADDER:RUNG",
                              field="LADDER[:RUNG]", exit_code=EX_USAGE)
         if args.devices < 1:
@@ -388,9 +391,26 @@ def fit_main(args) -> int:
     return run(args, offline_points=offline_wandb_points)
 
 
-def offline_wandb_points(path: str, metric: str | None, sizes):
+def compare_main(args) -> int:
+    """`ladder compare` (:func:`fit.commands.compare_main`) with predict's reader of W&B offline
+    runs, --target's compute from the ladder specs, and the figures drawn by reports."""
+    from fit.commands import compare_main as run
+    if args.target:
+        _ladder, rungs = _resolve(args.target, args)
+        rung = rungs[-1]  # 'LADDER' resolves to its rungs and the target, last
+        # the points-table convention: training FLOPs without the LM head (fit.points)
+        args.target_compute = (rung.compute(lm_head=False), f"--target {args.target}")
+
+    def figures(doc: dict) -> dict:
+        from reports.plots import compare_figures
+        return compare_figures(doc)
+    return run(args, offline_points=offline_wandb_points, figures=figures)
+
+
+def offline_wandb_points(path: str, metric: str | None, sizes, *, keymap=None):
     """The points of a W&B offline run directory: the record log read by predict.sources, the
-    table built by fit.points like that of a wandb:// run."""
+    table built by fit.points like that of a wandb:// run. With a ``keymap`` (another trainer's
+    names), the run's summary records are read too: levanter logs its parameter count there."""
     import warnings
 
     from fit.points import DEFAULT_METRIC, WandbHistory, points_from_histories, read_sizes
@@ -400,14 +420,35 @@ def offline_wandb_points(path: str, metric: str | None, sizes):
     run_id = src.record_file().stem.removeprefix("run-")
     got = src.poll()
     config = got.configs[0] if got.configs else {}
+    summary = offline_summary(src) if keymap is not None else {}
     df, notes = points_from_histories(
         [WandbHistory(where=str(path), run_id=run_id, name=run_id, config=config,
-                      rows=got.rows)], metric or DEFAULT_METRIC, read_sizes(sizes),
-        where=str(path))
+                      rows=got.rows, summary=summary)], metric or DEFAULT_METRIC,
+        read_sizes(sizes), where=str(path), keymap=keymap)
     for n in notes:
         warnings.warn(n, stacklevel=2)
     df.attrs["source"] = str(path)
     return df
+
+
+def offline_summary(src) -> dict:
+    """The summary values of a W&B offline run (its ``summary`` records, later ones win)."""
+    import json
+
+    from predict.sources import read_wandb_records
+
+    out: dict = {}
+    for _, f in src.segments():
+        for rec in read_wandb_records(f, full=True):
+            if rec.get("type") != "summary":
+                continue
+            for item in (rec.get("summary") or {}).get("update") or []:
+                key = item.get("key") or "/".join(item.get("nested_key") or [])
+                try:
+                    out[key] = json.loads(item.get("value_json", "null"))
+                except ValueError:
+                    continue
+    return out
 
 
 def watch_main(args) -> int:
@@ -421,3 +462,70 @@ def watch_main(args) -> int:
         return run(args, live_page=LivePage.for_watcher)
     return run(args)
 
+
+
+def isoflop_main(args) -> int:
+    """`ladder isoflop`: Approaches 1 and 2 (fit.isoflop) on a points table or runs, the
+    compute-optimal N and D for ``--budget``, the figure with ``--plot`` (reports.isoflop)."""
+    from pathlib import Path
+
+    from fit.isoflop import isoflop
+    from fit.points import load_points
+    from ladder.io import atomic_write_bytes, check_writable, read_table
+
+    number(args.level, field="--level", lo=0, hi=1, lo_open=True, hi_open=True,
+           exit_code=EX_USAGE)
+    number(args.bootstrap, field="--bootstrap", lo=0, hi=100_000, integral=True,
+           exit_code=EX_USAGE)
+    number(args.budget, field="--budget", lo=0, lo_open=True, allow_none=True,
+           exit_code=EX_USAGE)
+    if args.plot:
+        check_writable(args.plot, field="--plot")
+    renames = {}
+    for item in args.column or []:
+        new, eq, old = item.partition("=")
+        if not eq or not new.strip() or not old.strip():
+            raise InputError(f"expected NAME=COLUMN, got {item!r}", field="--column",
+                             exit_code=EX_USAGE)
+        renames[old.strip()] = new.strip()
+    sources = []
+    for src in args.points:
+        if Path(src).is_file():  # a table: its columns renamed as asked
+            df = read_table(src).rename(columns=renames)
+            if "loss" not in df.columns and args.metric and args.metric in df.columns:
+                df = df.rename(columns={args.metric: "loss"})
+            df.attrs["source"] = src
+            sources.append(df)
+        else:
+            sources.append(src)
+    import warnings
+    with warnings.catch_warnings():  # dropped rows: named by load_points, printed once
+        warnings.simplefilter("default")
+        df = load_points(sources, args.metric)
+    res = isoflop(df, bootstrap=args.bootstrap, level=args.level, seed=args.seed,
+                  where=", ".join(args.points))
+    if args.json:
+        print(json.dumps(to_jsonable_strict(res.to_json(args.budget))))
+    else:
+        print(res.report(args.budget))
+    if args.plot:
+        from reports.isoflop import plot_isoflop
+        from reports.plots import png_bytes
+        atomic_write_bytes(args.plot, png_bytes(plot_isoflop(res, args.budget)))
+        print(f"wrote {args.plot}", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def to_jsonable_strict(obj):
+    """JSON-ready, NaN as null (a missing interval is missing, not a number)."""
+    import math
+
+    from ladder.io import to_jsonable
+    obj = to_jsonable(obj)
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: to_jsonable_strict(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [to_jsonable_strict(v) for v in obj]
+    return obj

@@ -10,22 +10,40 @@ This is also the input layer every command reads through: :func:`read_bytes`, :f
 a directory, unreadable), parse error (bad UTF-8, bad JSON, integers too long to convert, nesting
 too deep) into the one-line :class:`InputError` naming the file (and the field), and
 :func:`number` checks every number a user or a file gives (finite, in range, integral).
-No JAX here: ``fit`` and ``predict`` import this module.
+
+Two rules every part follows (issue 26), kept here so that there is one of each:
+
+- **Inputs are regular files** (:func:`open_input`): a FIFO, a device or a socket is refused
+  with one line, without blocking (opened ``O_NONBLOCK``, then ``fstat``), and a file read whole
+  is bounded in size (:data:`MAX_READ_BYTES`); JSON nesting is bounded by the parsers.
+- **Names that become paths** (:func:`safe_name`, :func:`inside`): a ladder, rung or run name, a
+  manifest's shard file, a chain file's entry is one path component of a safe character set
+  (no separator, no ``..``, no NUL or newline), and the path it makes resolves inside its folder.
+
+JSON lines (metrics.jsonl, alerts.jsonl: :func:`json_line`) are parsed by orjson, a C parser,
+with the standard library as the fallback for what orjson refuses (``NaN``/``Infinity`` tokens,
+numbers beyond float range); artifacts read whole (:func:`loads`) by the standard library, whose
+integers stay exact (a hash is taken over them), depth-checked first. No JAX here: ``fit`` and
+``predict`` import this module.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fnmatch
 import hashlib
 import json
 import math
-import contextlib
-import errno
 import os
+import re
 import shutil
 import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Iterator
+
+import orjson
 
 # Exit statuses for bad input follow BSD sysexits(3): 64 usage, 65 data, 66 no input,
 # 73 can't create.
@@ -51,6 +69,47 @@ class InputError(Exception):
         super().__init__(f"{where}: {message}" if where else message)
 
 
+# ----------------------------------------------------------------------------- names -> paths
+
+# One path component: a letter or digit first (no hidden name, no option-like "-x", no "." or
+# ".."), then letters, digits and . _ - + = @ (the real ladder's rung names, e.g. "1.6B-A61M",
+# and shard names such as "train-00000.bin" fit); 128 characters at most (file systems allow 255
+# bytes; a name is also a W&B run name and a column of tables).
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=@-]{0,127}")
+
+
+def safe_name(value: Any, *, field: str, path=None, what: str = "name") -> str:
+    """``value`` when it can be one path component (:data:`SAFE_NAME`, and not ``..``-like);
+    InputError (65) naming the field otherwise. The message shows the value escaped (a newline or
+    a NUL must not break the one-line error)."""
+    if not isinstance(value, str) or not SAFE_NAME.fullmatch(value) or ".." in value:
+        shown = ascii(value) if isinstance(value, str) else type(value).__name__
+        raise InputError(f"not a safe {what} ({shown[:80]}): use 1-128 letters, digits and "
+                         f". _ - + = @, starting with a letter or digit, no '..'", path=path,
+                         field=field, exit_code=EX_DATAERR)
+    return value
+
+
+def inside(root: str | os.PathLike, *names: str, field: str, path=None) -> Path:
+    """``root / names...`` after each name passed :func:`safe_name`, checked to resolve inside
+    ``root`` (a symbolic link below ``root`` that leads out of it is refused too); InputError
+    (65) naming the field otherwise."""
+    root = Path(root)
+    for n in names:
+        safe_name(n, field=field, path=path)
+    out = root.joinpath(*names)
+    try:
+        base = root.resolve()
+        real = out.resolve()
+    except (OSError, RuntimeError) as e:  # a symlink loop
+        raise InputError(f"cannot be resolved ({type(e).__name__})", path=out, field=field,
+                         exit_code=EX_DATAERR) from None
+    if real != base and base not in real.parents:
+        raise InputError(f"leads outside {root} (a symbolic link?); refused", path=out,
+                         field=field, exit_code=EX_DATAERR)
+    return out
+
+
 # ----------------------------------------------------------------------------- writing
 
 
@@ -68,6 +127,9 @@ def check_replaceable(path: str | os.PathLike) -> None:
     if stat.S_ISDIR(st.st_mode):
         raise InputError("is a directory; expected a file path", path=path,
                          exit_code=EX_CANTCREAT)
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError("not a regular file (a FIFO, a device or a socket); not written",
+                         path=path, exit_code=EX_CANTCREAT)
     if not st.st_mode & 0o222:
         raise InputError("is read-only (write-once, e.g. a pre-registration); not replaced",
                          path=path, exit_code=EX_CANTCREAT)
@@ -153,11 +215,14 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, mode: int | None
 
 
 def _remove_stale_temps(path: Path) -> None:
-    """Delete ``.NAME.<pid>.*.tmp`` left by writers of ``path`` that were killed (their pid is
-    gone). Temp files of live writers (a concurrent write) are left alone."""
+    """Delete what writers of ``path`` that were killed (their pid is gone) left: temp files
+    ``.NAME.<pid>.*.tmp`` and the staging and trash directories of :func:`staged_dir`
+    (``.staged``, ``.trash``: they hold only files a writer wrote). Those of live writers (a
+    concurrent write) are left alone, and so is anything else (the ``.tmp``/``.old`` directories
+    of older versions could hold a user's files: never deleted)."""
     try:
-        names = [q for q in path.parent.iterdir()
-                 if q.name.startswith(f".{path.name}.") and q.name.endswith((".tmp", ".old"))]
+        names = [q for q in path.parent.iterdir() if q.name.startswith(f".{path.name}.")
+                 and q.name.endswith((".tmp", ".staged", ".trash"))]
     except OSError:
         return
     for q in names:
@@ -165,10 +230,11 @@ def _remove_stale_temps(path: Path) -> None:
         if not pid.isdigit() or _alive(int(pid)):
             continue
         try:
-            if q.is_dir() and not q.is_symlink():
+            if q.is_symlink() or q.is_file():
+                if q.name.endswith(".tmp"):
+                    q.unlink()
+            elif q.is_dir() and q.name.endswith((".staged", ".trash")):
                 shutil.rmtree(q)
-            else:
-                q.unlink()
         except OSError:
             pass
 
@@ -185,25 +251,71 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def append_text(path: str | os.PathLike, text: str, *, fsync: bool = True) -> None:
-    """Append ``text`` to ``path`` (created 0644), flushed and fsynced; OS errors are an
-    InputError naming the path (73). For JSONL logs, where a reader tolerates a partial line."""
+def append_text(path: str | os.PathLike, text: str, *, fsync: bool = True) -> int:
+    """Append ``text`` (whole lines) to the JSONL log ``path`` (created 0644), fsynced; OS errors
+    are an InputError naming the path (73). Returns the bytes of a partial last line removed.
+
+    Durable (issue 26): a partial last line (a write cut short by a kill or a full disk) is
+    removed first, so the next line is never glued onto it (the reader would skip both); and a
+    write that fails midway is cut back to where it started, so no partial line is left behind.
+    The cut bytes were never a complete line: no reader ever took them as one."""
     path = Path(path)
+    data = text.encode("utf-8")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         try:  # created here: 0644 whatever the umask, as the atomic writes
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, ARTIFACT_MODE)
+            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NONBLOCK,
+                         ARTIFACT_MODE)
             os.fchmod(fd, ARTIFACT_MODE)
         except FileExistsError:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-        with os.fdopen(fd, "a", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            if fsync:
-                os.fsync(f.fileno())
+            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_NONBLOCK)
     except OSError as e:
         raise InputError(f"cannot be appended to ({_os_reason(e)})", path=path,
                          exit_code=EX_CANTCREAT) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError("not a regular file (a FIFO, a device or a socket); not appended "
+                             "to", path=path, exit_code=EX_CANTCREAT)
+        cut = _cut_partial_line(fd, st.st_size)
+        start = st.st_size - cut
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+            if fsync:
+                os.fsync(fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)  # no half line left behind (O_APPEND: we wrote at start)
+            raise
+        return cut
+    except OSError as e:
+        raise InputError(f"cannot be appended to ({_os_reason(e)})", path=path,
+                         exit_code=EX_CANTCREAT) from None
+    finally:
+        os.close(fd)
+
+
+def _cut_partial_line(fd: int, size: int) -> int:
+    """Truncate the open file ``fd`` of ``size`` bytes after its last newline; the bytes cut."""
+    if size == 0:
+        return 0
+    pos = size
+    while pos > 0:
+        n = min(pos, 1 << 16)
+        chunk = os.pread(fd, n, pos - n)
+        k = chunk.rfind(b"\n")
+        if k >= 0:
+            end = pos - n + k + 1
+            break
+        pos -= n
+    else:
+        end = 0
+    if end < size:
+        os.ftruncate(fd, end)
+    return size - end
 
 
 def _os_reason(e: OSError) -> str:
@@ -221,40 +333,52 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, **kw) -> Path:
 
 
 @contextlib.contextmanager
-def staged_dir(out: str | os.PathLike, *, own: Iterable[str] = ("*.png", "*.md", "*.html")):
-    """Build a directory of artifacts in a hidden temp directory beside ``out``, then swap it in
-    (two renames): a crash midway leaves ``out`` as it was, never half old and half new. Files
-    of an existing ``out`` that the new one does not write and that do not match ``own`` (the
-    kinds this writer owns; a stale figure must not pass for the new report) are carried over."""
+def staged_dir(out: str | os.PathLike, *, own: Iterable[str] = ()):
+    """Build a directory of artifacts in a hidden temp directory beside ``out``, then put it in
+    place. A crash while building leaves ``out`` as it was.
+
+    A new ``out`` is one rename. Into an existing ``out`` the files are moved one by one: first
+    the old files of this writer (the names the new one writes, and the names matching ``own``:
+    a stale figure must not pass for the new report) into a hidden trash directory, then the new
+    ones in; so a crash in between leaves part of one report, never a mix of two. Nothing else in
+    ``out`` is ever moved or deleted (issue 26: the user's files stay where they are), and the
+    hidden directories a killed writer leaves hold only files a writer wrote, so the next write
+    removes them."""
     out = Path(out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_temps(out)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".tmp",
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".staged",
                                     dir=out.parent))
     except OSError as e:
         raise InputError(f"cannot be written ({_os_reason(e)})", path=out,
                          exit_code=EX_CANTCREAT) from None
+    trash = None
     try:
         yield tmp
         os.chmod(tmp, 0o755)
-        old = None
-        if out.exists():
-            for q in out.iterdir():
-                if not (tmp / q.name).exists() and not any(q.match(g) for g in own):
-                    os.replace(q, tmp / q.name)
-            old = out.with_name(f".{out.name}.{os.getpid()}.old")
-            os.replace(out, old)
-        os.replace(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        if not out.exists():
+            os.replace(tmp, out)
+        else:
+            new = sorted(q.name for q in tmp.iterdir())
+            old = [q for q in out.iterdir() if (q.name in new or any(
+                fnmatch.fnmatchcase(q.name, g) for g in own)) and
+                (q.is_symlink() or not q.is_dir())]
+            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".trash",
+                                          dir=out.parent))
+            for q in old:
+                os.replace(q, trash / q.name)
+            for name in new:
+                os.replace(tmp / name, out / name)
+            _fsync_dir(out)
         _fsync_dir(out.parent)
     except OSError as e:
         raise InputError(f"cannot be written ({_os_reason(e)})", path=out,
                          exit_code=EX_CANTCREAT) from None
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        for d in (tmp, trash):
+            if d is not None and d.exists():
+                shutil.rmtree(d, ignore_errors=True)
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -310,40 +434,113 @@ def sha256_file(path: str | os.PathLike) -> str:
 # ----------------------------------------------------------------------------- reading
 
 
+# A file read whole (a JSON artifact, a ladder file, a state file, a table) larger than this is
+# refused rather than read: the largest artifact here, a pre-registration with health reference
+# curves, is a few MB; a points table of 300,000 rows ~40 MB. A symlink to /dev/zero or a
+# runaway file must not take the machine's memory (issue 26).
+MAX_READ_BYTES = 512 << 20
+# JSON nesting: orjson stops at 1024 levels in C; the standard-library fallback is held to the
+# same (our artifacts nest fewer than 10 deep), checked before it recurses.
+MAX_JSON_DEPTH = 1024
+
+
 def open_input(path: str | os.PathLike, *, field: str | None = None):
-    """``open(path, "rb")``, every OS error an InputError naming the path (66 when missing)."""
+    """The regular file ``path`` opened for reading (binary); InputError naming the path
+    otherwise: 66 when missing or unreadable, 65 for a directory, a FIFO, a device or a socket.
+
+    Opened with ``O_NONBLOCK`` and checked with ``fstat`` on the open descriptor, so that a FIFO
+    (which would block until a writer comes) or a device (``/dev/zero``: endless) is refused at
+    once, and a file swapped between a check and the open cannot slip through."""
     try:
-        st = os.stat(path)
-        if stat.S_ISDIR(st.st_mode):
-            raise IsADirectoryError(errno.EISDIR, "is a directory")
-        return open(path, "rb")  # noqa: SIM115 - the caller closes it
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise InputError("no such file", path=path, field=field, exit_code=EX_NOINPUT) from None
-    except IsADirectoryError:
-        raise InputError("is a directory; expected a file", path=path, field=field,
-                         exit_code=EX_NOINPUT) from None
     except OSError as e:
+        if e.errno == errno.ENXIO:  # a socket (or a FIFO without a reader, for writing)
+            raise InputError("not a regular file (a socket?); refused", path=path, field=field,
+                             exit_code=EX_DATAERR) from None
         raise InputError(f"cannot be read ({_os_reason(e)})", path=path, field=field,
                          exit_code=EX_NOINPUT) from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise InputError("is a directory; expected a file", path=path, field=field,
+                             exit_code=EX_NOINPUT)
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if
+                    stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "a socket" if
+                    stat.S_ISSOCK(st.st_mode) else "a special file")
+            raise InputError(f"not a regular file ({kind}); refused", path=path, field=field,
+                             exit_code=EX_DATAERR)
+        os.set_blocking(fd, True)  # a regular file: reads never block anyway
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
-def read_bytes(path: str | os.PathLike, *, field: str | None = None) -> bytes:
+def read_bytes(path: str | os.PathLike, *, field: str | None = None,
+               limit: int = MAX_READ_BYTES) -> bytes:
+    """The whole regular file ``path`` (see :func:`open_input`), refused above ``limit`` bytes
+    (checked on its size and again while reading: a file that grows meanwhile is refused too)."""
     with open_input(path, field=field) as f:
         try:
-            return f.read()
+            size = os.fstat(f.fileno()).st_size
+            if size > limit:
+                raise InputError(f"larger than {limit >> 20} MiB, the limit for a file read "
+                                 f"whole; refused", path=path, field=field, exit_code=EX_DATAERR)
+            # read(n) allocates n bytes up front: ask for the size the file has (plus one, to see
+            # it grew), then for what it grew by in 1 MiB pieces up to the limit (a read of
+            # limit + 1 held 512 MiB for every small file: under a memory cap, a MemoryError)
+            parts = [f.read(size + 1)]
+            got = len(parts[0])
+            while got > size and got <= limit:
+                more = f.read(min(1 << 20, limit + 1 - got))
+                if not more:
+                    break
+                parts.append(more)
+                got += len(more)
+            data = parts[0] if len(parts) == 1 else b"".join(parts)
         except OSError as e:
             raise InputError(f"cannot be read ({_os_reason(e)})", path=path, field=field,
                              exit_code=EX_NOINPUT) from None
+    if len(data) > limit:
+        raise InputError(f"larger than {limit >> 20} MiB, the limit for a file read whole; "
+                         f"refused", path=path, field=field, exit_code=EX_DATAERR)
+    return data
+
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+
+
+def json_depth_ok(data: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether the JSON text ``data`` nests at most ``limit`` arrays/objects deep (strings are
+    blanked first, so their brackets do not count). Cheap when the text has few brackets."""
+    if data.count(b"[") + data.count(b"{") <= limit:
+        return True
+    import numpy as np
+    bare = _JSON_STRING.sub(b'""', data)
+    a = np.frombuffer(bare, dtype=np.uint8)
+    step = (np.isin(a, (0x5B, 0x7B)).astype(np.int32) - np.isin(a, (0x5D, 0x7D)))
+    return int(np.cumsum(step).max(initial=0)) <= limit
 
 
 def loads(data: bytes | str, *, path=None, field: str | None = None) -> Any:
-    """``json.loads`` with every failure an InputError: bad syntax, bad UTF-8, an integer too
-    long to convert (Python's 4300-digit limit), nesting too deep for the parser."""
+    """Parse a JSON document (an artifact, read whole) with every failure an InputError: bad
+    syntax, bad UTF-8, an integer too long to convert (Python's 4300-digit limit), nesting
+    deeper than :data:`MAX_JSON_DEPTH` (checked before the parser recurses). The standard
+    library parses: an artifact's hash is taken over what it reads, and it keeps every integer
+    exact (orjson, the JSON-lines parser, reads one beyond 64 bits as a float)."""
     try:
         # UTF-8 as RFC 8259 requires (json.loads on bytes would guess UTF-16 from a \xff\xfe)
-        return json.loads(data.decode("utf-8") if isinstance(data, bytes) else data)
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
     except UnicodeDecodeError:
         raise InputError("not UTF-8 text", path=path, field=field) from None
+    raw = data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass")
+    if not json_depth_ok(raw):
+        raise InputError("JSON nested too deeply", path=path, field=field)
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise InputError(f"not valid JSON ({e})", path=path, field=field) from None
     except RecursionError:
@@ -351,6 +548,26 @@ def loads(data: bytes | str, *, path=None, field: str | None = None) -> Any:
     except ValueError as e:  # e.g. "Exceeds the limit (4300 digits) for integer string ..."
         raise InputError(f"not valid JSON ({str(e).splitlines()[0][:120]})", path=path,
                          field=field) from None
+
+
+def json_line(raw: bytes) -> tuple[Any, bool]:
+    """One JSON line: ``(value, by_stdlib)``; ``value`` None when the line is not JSON (bad
+    syntax or UTF-8, too deep, an integer too long to convert). orjson parses (C; the same
+    values as ``json.loads``, floats to the bit, issue 24); the lines it refuses (NaN/Infinity
+    tokens, a number beyond float range, a lone surrogate) go to ``json.loads`` (``by_stdlib``
+    True). One difference remains, measured in tests/test_watch_jsonl.py: an integer outside
+    [-2**63, 2**64) reads as the nearest float where ``json.loads`` keeps a Python int; every
+    reader here turns it into that float anyway (``as_float``, the watcher's float columns)."""
+    try:
+        return orjson.loads(raw), False
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        if not json_depth_ok(raw):
+            return None, True
+        return json.loads(raw.decode("utf-8")), True
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None, True
 
 
 def read_json(path: str | os.PathLike, *, schema: str | None = None,
@@ -498,8 +715,9 @@ def iter_jsonl(path: str | os.PathLike, *, start: int = 0,
     A partial last line (no newline yet) is not yielded, so a tailing reader can resume from the
     last ``end_offset``; a corrupt complete line (bad JSON or UTF-8, an integer too long to
     convert, nesting too deep, not an object) is skipped, and its 1-based line number appended
-    to ``bad`` when given. NaN/Infinity are accepted as bare tokens (Python's json) and as
-    strings (see :func:`as_float`). A missing, directory or unreadable path is an InputError.
+    to ``bad`` when given. Lines are parsed by :func:`json_line`; NaN/Infinity are accepted as
+    bare tokens and as strings (see :func:`as_float`). A missing, directory, special or
+    unreadable path is an InputError (:func:`open_input`).
     """
     with open_input(path) as f:
         f.seek(start)
@@ -514,10 +732,7 @@ def iter_jsonl(path: str | os.PathLike, *, start: int = 0,
                 line = raw.strip()
                 if not line:
                     continue
-                try:
-                    row = json.loads(line)
-                except (ValueError, UnicodeDecodeError, RecursionError):
-                    row = None
+                row, _ = json_line(line)
                 if isinstance(row, dict):
                     yield offset, row
                 elif bad is not None:

@@ -41,7 +41,7 @@ MAX_DEPTH = 3
 
 def is_run_dir(path: str | os.PathLike) -> bool:
     d = Path(path)
-    return any((d / f).is_file() for f in RUN_FILES)
+    return any(_there(d / f) and not (d / f).is_dir() for f in RUN_FILES)
 
 
 def find_run_dirs(root: str | os.PathLike, *, max_depth: int = MAX_DEPTH) -> list[Path]:
@@ -196,10 +196,12 @@ def read_run(path: str | os.PathLike, *, metrics: bool = True) -> RunDir:
     path = Path(path)
     if not path.is_dir():
         raise InputError("no such run directory", path=path, exit_code=EX_NOINPUT)
+    # a name that is there but not a regular file (a FIFO, a device) is read, and so refused
+    # with one line by ladder.io.open_input, rather than passed over as missing
     summary = read_json(path / "summary.json", schema="run-summary") \
-        if (path / "summary.json").is_file() else {}
+        if _there(path / "summary.json") else {}
     config = read_json(path / "config.json", schema="run-config") \
-        if (path / "config.json").is_file() else {}
+        if _there(path / "config.json") else {}
     rung = None
     if isinstance(config.get("rung"), dict):
         from ladder.specs import Rung
@@ -209,8 +211,12 @@ def read_run(path: str | os.PathLike, *, metrics: bool = True) -> RunDir:
             raise InputError(f"cannot rebuild the rung ({e})", path=path / "config.json",
                              field="rung") from None
     rows = read_metrics(path / "metrics.jsonl") \
-        if metrics and (path / "metrics.jsonl").is_file() else []
+        if metrics and _there(path / "metrics.jsonl") else []
     return RunDir(path=path, config=config, summary=summary, rung=rung, rows=rows)
+
+
+def _there(p: Path) -> bool:
+    return p.exists() or p.is_symlink()
 
 
 def read_runs(root: str | os.PathLike, *, metrics: bool = True) -> list[RunDir]:

@@ -14,6 +14,34 @@ from model.config import BIAS_RULES, INITS, QK_NORMS, ModelConfig
 
 SCHEDULES = ("linear", "wsd", "cosine", "constant")
 
+# What a rung can be on any machine (issue 26: a ladder file's width 10**200, vocab 2**62,
+# n_layers 10**7 or tokens_per_active 1e300 crashed, hung or planned ~1e300 steps). Generous
+# against every published model (the hero: d 6144, 48 layers, 384 experts, vocab 128,256,
+# 791 tokens per active parameter; the largest vocabularies ~256k, the longest contexts ~1M):
+# a value outside is a typo or an attack, refused with the field named.
+LIMITS = {
+    "vocab_size": 2 ** 24, "seq_len": 2 ** 24, "head_dim": 2 ** 12, "n_experts": 2 ** 16,
+    "top_k": 2 ** 16, "n_shared": 2 ** 10, "batch_per_unit": 2 ** 24, "local_window": 2 ** 24,
+    "kv_local_div": 2 ** 12, "kv_global_div": 2 ** 12, "global_every": 2 ** 12,
+    "gated_norm_rank": 2 ** 17, "conv_kernel": 2 ** 10,
+    "d": 2 ** 17, "n_layers": 2 ** 12, "batch_units": 2 ** 24,
+    "tokens_per_active": 1e5, "capacity_factor": 1e3, "route_scale": 1e3, "qk_mult": 1e3,
+    "lr_coef": 1e6, "eval_sequences": 2 ** 24, "eval_batch": 2 ** 24,
+}
+LR_EXPONENT_LIMIT = 10.0   # |lr_tokens_exp|, |lr_d_exp|: the real rule's are -0.5-ish
+MIN_EVAL_EVERY = 1e-4      # at most 10,000 evals a run (the recipe: 20)
+MAX_RUN_STEPS = 10 ** 12   # ~30,000 years at a step a second: any real run is far below
+
+
+def _in_range(obj, name: str, lo: float, *, lo_open: bool = False) -> None:
+    """ValueError naming ``name`` unless the number ``obj.name`` is finite and in
+    [lo (or > lo), LIMITS[name]]."""
+    v, hi = getattr(obj, name), LIMITS[name]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or \
+            v < lo or (lo_open and v == lo) or v > hi:
+        raise ValueError(f"{name}: must be in {'(' if lo_open else '['}{lo:g}, {hi:g}], "
+                         f"got {v!r}")
+
 
 @dataclass(frozen=True)
 class Schedule:
@@ -90,10 +118,16 @@ class Rung:
         for name in ("seq_len", "batch", "steps"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                 raise ValueError(f"{name}: must be a positive integer, got {getattr(self, name)!r}")
-        if not self.peak_lr > 0:
-            raise ValueError(f"peak_lr: must be > 0, got {self.peak_lr!r}")
-        if not 0 < self.eval_every <= 1:
-            raise ValueError(f"eval_every: must be in (0, 1], got {self.eval_every!r}")
+        if self.steps > MAX_RUN_STEPS:
+            raise ValueError(f"steps: {self.steps:.3g} planned steps, more than any run can take "
+                             f"(limit {MAX_RUN_STEPS:.0e}); check tokens_per_active and the "
+                             f"batch")
+        if not (isinstance(self.peak_lr, (int, float)) and math.isfinite(self.peak_lr)
+                and self.peak_lr > 0):
+            raise ValueError(f"peak_lr: must be a finite number > 0, got {self.peak_lr!r}")
+        if not MIN_EVAL_EVERY <= self.eval_every <= 1:
+            raise ValueError(f"eval_every: must be in [{MIN_EVAL_EVERY:g}, 1], got "
+                             f"{self.eval_every!r}")
         _check_eval_set(self)
 
     @property
@@ -175,12 +209,14 @@ class Rung:
 
 
 def _check_eval_set(obj) -> None:
+    hi = LIMITS["eval_sequences"]
     v = obj.eval_sequences
-    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-        raise ValueError(f"eval_sequences: must be a positive integer, got {v!r}")
+    if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= hi:
+        raise ValueError(f"eval_sequences: must be an integer in [1, {hi}], got {v!r}")
+    hi = LIMITS["eval_batch"]
     v = obj.eval_batch
-    if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-        raise ValueError(f"eval_batch: must be null or a positive integer, got {v!r}")
+    if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= hi):
+        raise ValueError(f"eval_batch: must be null or an integer in [1, {hi}], got {v!r}")
 
 
 # ---------------------------------------------------------------------------------------- rules
@@ -240,6 +276,19 @@ class Recipe:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"{name}: must be a positive integer, got {v!r}")
+            _in_range(self, name, 1)
+        for name in ("n_shared", "gated_norm_rank", "conv_kernel"):
+            if isinstance(getattr(self, name), int):
+                _in_range(self, name, 0)
+        for name in ("tokens_per_active", "capacity_factor", "route_scale", "qk_mult",
+                     "lr_coef"):
+            _in_range(self, name, 0, lo_open=True)
+        for name in ("lr_tokens_exp", "lr_d_exp"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                    or abs(v) > LR_EXPONENT_LIMIT:
+                raise ValueError(f"{name}: must be a number in [-{LR_EXPONENT_LIMIT:g}, "
+                                 f"{LR_EXPONENT_LIMIT:g}], got {v!r}")
         if not isinstance(self.n_shared, int) or self.n_shared < 0:
             raise ValueError(f"n_shared: must be an integer >= 0, got {self.n_shared!r}")
         if self.top_k > self.n_experts:
@@ -247,8 +296,9 @@ class Recipe:
         for name in ("tokens_per_active", "lr_coef", "capacity_factor", "norm_eps"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: must be > 0, got {getattr(self, name)!r}")
-        if not 0 < self.eval_every <= 1:
-            raise ValueError(f"eval_every: must be in (0, 1], got {self.eval_every!r}")
+        if not MIN_EVAL_EVERY <= self.eval_every <= 1:
+            raise ValueError(f"eval_every: must be in [{MIN_EVAL_EVERY:g}, 1], got "
+                             f"{self.eval_every!r}")
         _check_eval_set(self)
         if self.sizing_convention not in SIZING_CONVENTIONS:
             raise ValueError(f"sizing_convention: must be one of {SIZING_CONVENTIONS}, got "
@@ -323,6 +373,14 @@ class Dials:
     name: str | None = None
     is_target: bool = False
 
+    def __post_init__(self):
+        for name in ("d", "n_layers", "batch_units"):
+            _in_range(self, name, 1)
+            if not isinstance(getattr(self, name), int):
+                raise ValueError(f"{name}: must be an integer, got {getattr(self, name)!r}")
+        if self.name is not None:
+            _safe(self.name, "name")
+
 
 @dataclass(frozen=True)
 class Ladder:
@@ -341,6 +399,16 @@ class Ladder:
             if r.name == name:
                 return r
         raise KeyError(name)
+
+
+def _safe(name: str, field_name: str) -> str:
+    """A ladder or rung name: it becomes a folder of ``ladder run --out`` (ladder.io.safe_name,
+    the one rule for names that become paths), as a ValueError naming the field."""
+    from ladder.io import InputError, safe_name
+    try:
+        return safe_name(name, field=field_name)
+    except InputError as e:
+        raise ValueError(f"{field_name}: {str(e).partition(': ')[2]}") from None
 
 
 def format_name(p) -> str:
@@ -429,6 +497,7 @@ def parse_ladder(obj: dict) -> Ladder:
             raise ValueError(f"{key}: must be a non-empty string, got {obj[key]!r}")
     if ":" in obj["name"]:
         raise ValueError(f"name: must not contain ':' (LADDER:RUNG), got {obj['name']!r}")
+    _safe(obj["name"], "name")
     table = obj["recipe"]
     if not isinstance(table, dict):
         raise ValueError(f"recipe: must be a table, got {table!r}")
@@ -450,6 +519,8 @@ def parse_ladder(obj: dict) -> Ladder:
         except ValueError as e:  # the model config refuses these dials with this recipe
             raise ValueError(f"{where}: {e}") from None
     names = [r.name for r in built]
+    for where, n in zip([f"rungs[{i}]" for i in range(len(dials))] + ["target"], names):
+        _safe(n, f"{where}.name")
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
         raise ValueError(f"rungs: two rungs are named {dup!r}")
@@ -460,25 +531,25 @@ def parse_ladder(obj: dict) -> Ladder:
 def load_ladder_file(path) -> Ladder:
     """A ladder from a TOML (``.toml``) or JSON file. Bad content is an InputError naming the
     file and the field."""
-    import json
     import tomllib
     from pathlib import Path
 
-    from ladder.io import EX_NOINPUT, InputError
+    from ladder.io import InputError, loads, read_bytes
 
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise InputError(f"cannot read: {e.strerror}", path=path, exit_code=EX_NOINPUT) from None
-    try:
-        if path.suffix == ".json":
-            obj = json.loads(raw)
-        else:
+    # a regular file of bounded size (a FIFO or /dev/zero is refused at once), JSON nesting
+    # bounded (ladder.io: the one rule for opening inputs)
+    raw = read_bytes(path, field="--ladder-file", limit=1 << 20)  # a ladder file is ~2 KB
+    if path.suffix == ".json":
+        obj = loads(raw, path=path)
+    else:
+        try:
             obj = tomllib.loads(raw.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError and TOMLDecodeError
-        raise InputError(f"not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {e}",
-                         path=path) from None
+        except (ValueError, UnicodeDecodeError) as e:  # TOMLDecodeError
+            raise InputError(f"not valid TOML: {str(e).splitlines()[0][:160]}",
+                             path=path) from None
+        except RecursionError:
+            raise InputError("TOML nested too deeply", path=path) from None
     try:
         return parse_ladder(obj)
     except ValueError as e:
@@ -518,9 +589,47 @@ def get_ladder(name: str, ladders: dict[str, Ladder] | None = None) -> Ladder:
 
 
 def resolve(target: str, ladders: dict[str, Ladder] | None = None) -> tuple[Ladder, list[Rung]]:
-    """'LADDER' -> all rungs and the target; 'LADDER:RUNG' -> that rung. KeyError names what."""
-    name, _, rung = target.partition(":")
-    ladder = get_ladder(name, ladders)
-    if not rung:
-        return ladder, list(ladder.all)
-    return ladder, [ladder.get(rung)]
+    """One rung syntax everywhere: 'LADDER' -> all rungs and the target; 'LADDER:RUNG' (or
+    'LADDER/RUNG', as run directories and W&B runs are named) -> that rung; a bare 'RUNG' -> the
+    rung of that name when exactly one ladder has it. Unknown: KeyError(name); a bare rung name
+    that several ladders share: :class:`AmbiguousRung` (a KeyError) naming them."""
+    ladders = LADDERS if ladders is None else ladders
+    for sep in (":", "/"):
+        if sep in target:
+            name, _, rung = target.partition(sep)
+            ladder = get_ladder(name, ladders)
+            return (ladder, [ladder.get(rung)]) if rung else (ladder, list(ladder.all))
+    if target in ladders:
+        return ladders[target], list(ladders[target].all)
+    found = [(lad, r) for lad in ladders.values() for r in lad.all if r.name == target]
+    if len(found) > 1:
+        raise AmbiguousRung(target, [f"{lad.name}:{r.name}" for lad, r in found])
+    if not found:
+        raise KeyError(target)
+    return found[0][0], [found[0][1]]
+
+
+class AmbiguousRung(KeyError):
+    """A bare rung name that more than one ladder has (``args``: the name, the candidates)."""
+
+    def __str__(self) -> str:
+        return f"rung {self.args[0]!r} is in several ladders ({', '.join(self.args[1])}): " \
+               f"name one as LADDER:RUNG"
+
+
+def is_one_rung(target: str, ladders: dict[str, Ladder] | None = None) -> bool:
+    """``target`` names one rung (not a whole ladder) in the syntax of :func:`resolve`."""
+    ladders = LADDERS if ladders is None else ladders
+    if any(sep in target for sep in ":/"):
+        return not target.endswith((":", "/"))
+    return target not in ladders
+
+
+def lookup_message(e: KeyError, ladders: dict[str, Ladder] | None = None) -> str:
+    """The one-line message of :func:`resolve`'s KeyError: what is ambiguous, or what is known."""
+    if isinstance(e, AmbiguousRung):
+        return str(e)
+    ladders = LADDERS if ladders is None else ladders
+    known = ", ".join(f"{n} ({', '.join(r.name for r in lad.all)})" for n, lad in ladders.items())
+    return f"unknown ladder or rung {e.args[0]!r}; known: {known} (as LADDER, LADDER:RUNG, " \
+           f"LADDER/RUNG or a RUNG only one ladder has)"

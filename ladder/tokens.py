@@ -40,7 +40,7 @@ import numpy as np
 
 from ladder.corpus_files import TAIL_VAL_FRACTION, VAL_BUCKETS, _expand, is_held_out
 from ladder.io import EX_CANTCREAT, EX_NOINPUT, EX_USAGE, InputError, atomic_write_json, \
-    check_writable, read_json, schema_version, sha256_file
+    check_writable, inside, read_json, safe_name, schema_version, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -116,17 +116,6 @@ def input_kind(path: Path) -> str:
     if name.endswith(PARQUET_SUFFIXES):
         return "parquet"
     return "text"
-
-
-def safe_name(name, *, path, field: str) -> str:
-    """``name`` as a file name inside its folder: a plain name, no directory part, not ``.`` or
-    ``..`` (a manifest naming ``../x.bin`` must not reach outside the shard directory).
-    A local check until ladder.io has the project's shared rule."""
-    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name \
-            or "\\" in name or "\0" in name or name != name.strip():
-        raise InputError(f"must be a file name inside the folder, got {str(name)[:80]!r}",
-                         path=path, field=field)
-    return name
 
 
 def _jsonl_documents(f: Path, text_key: str, offset: int, line: int):
@@ -797,20 +786,71 @@ def is_shard_dir(path: str | Path) -> bool:
     return (Path(path) / MANIFEST).is_file()
 
 
+def check_manifest(m: dict, path: Path) -> dict:
+    """The fields of a token-shard manifest that :func:`load_shards` reads, checked one by one
+    (issue 26: a manifest is a file; a shard named ``../secret.bin`` or a ``splits`` list must
+    be a one-line error naming the field, with what to do about it). Fields it does not read are
+    left alone (a newer writer may add some)."""
+    fix = "rewrite it with `ladder tokenize` (or restore the one it wrote)"
+
+    def bad(field: str, what: str):
+        raise InputError(f"{what}; {fix}", path=path, field=field)
+
+    def count(v, field: str, lo: int = 0, hi: int = 2 ** 62):
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            bad(field, f"expected an integer in [{lo}, {hi}], got {str(v)[:40]!r}")
+        return v
+
+    for key in ("dtype", "vocab_size", "eos_id", "splits", "tokenizer"):
+        if key not in m:
+            bad(key, "missing")
+    if m["dtype"] not in ("uint16", "uint32"):
+        bad("dtype", f"must be uint16 or uint32, got {str(m['dtype'])[:40]!r}")
+    hi = 2 ** 16 if m["dtype"] == "uint16" else 2 ** 24  # ladder/specs.py::LIMITS vocab_size
+    count(m["vocab_size"], "vocab_size", 1, hi)
+    count(m["eos_id"], "eos_id", 0, m["vocab_size"] - 1)
+    if not isinstance(m["tokenizer"], dict):
+        bad("tokenizer", "expected an object")
+    sha = m["tokenizer"].get("sha256")
+    if sha is not None and not isinstance(sha, str):
+        bad("tokenizer.sha256", "expected a string")
+    if not isinstance(m["splits"], dict):
+        bad("splits", f"expected an object of splits, got {type(m['splits']).__name__}")
+    for split in ("train", "val"):
+        sp = m["splits"].get(split, {})
+        where = f"splits.{split}"
+        if not isinstance(sp, dict):
+            bad(where, "expected an object")
+        shards = sp.get("shards", [])
+        if not isinstance(shards, list):
+            bad(f"{where}.shards", "expected a list")
+        for i, sh in enumerate(shards):
+            at = f"{where}.shards[{i}]"
+            if not isinstance(sh, dict):
+                bad(at, "expected an object with file and tokens")
+            if "file" not in sh or "tokens" not in sh:
+                bad(at, "expected an object with file and tokens")
+            # the shard's name becomes a path: one safe component, inside the shard directory
+            try:
+                inside(path.parent, sh["file"], field=f"{at}.file", path=path)
+            except InputError as e:
+                bad(f"{at}.file", str(e).rpartition("': ")[2])
+            count(sh["tokens"], f"{at}.tokens")
+        for key in ("tokens", "text_bytes"):
+            if sp.get(key) is not None:
+                count(sp[key], f"{where}.{key}")
+    return m
+
+
 def load_shards(path: str | Path, vocab_size: int | None = None) -> TokenShards:
-    """Memory-map the shards of a ``ladder tokenize`` directory; sizes are checked against the
-    manifest (a truncated shard is an error naming it)."""
+    """Memory-map the shards of a ``ladder tokenize`` directory; the manifest is checked field
+    by field (:func:`check_manifest`) and the sizes against it (a truncated shard is an error
+    naming it)."""
     root = Path(path)
-    m = read_json(root / MANIFEST, schema="token-shards")
+    m = check_manifest(read_json(root / MANIFEST, schema="token-shards"), root / MANIFEST)
     if (schema_version(m) or 0) > 2:
         raise InputError(f"{m['schema']} is newer than this tool reads (token-shards/1, /2)",
                          path=root / MANIFEST, field="schema")
-    for key in ("dtype", "vocab_size", "eos_id", "splits", "tokenizer"):
-        if key not in m:
-            raise InputError("missing", path=root / MANIFEST, field=key)
-    if m["dtype"] not in ("uint16", "uint32"):
-        raise InputError(f"must be uint16 or uint32, got {m['dtype']!r}", path=root / MANIFEST,
-                         field="dtype")
     if vocab_size is not None and vocab_size != m["vocab_size"]:
         raise InputError(f"the shards' tokenizer has vocab {m['vocab_size']}, --vocab-size says "
                          f"{vocab_size}", path=root / MANIFEST, field="vocab_size")
@@ -820,10 +860,7 @@ def load_shards(path: str | Path, vocab_size: int | None = None) -> TokenShards:
         maps[split] = []
         for i, sh in enumerate(m["splits"].get(split, {}).get("shards", [])):
             field = f"splits.{split}.shards[{i}]"
-            if not isinstance(sh, dict) or not isinstance(sh.get("tokens"), int):
-                raise InputError("expected an object with an integer 'tokens'",
-                                 path=root / MANIFEST, field=field)
-            f = root / safe_name(sh.get("file"), path=root / MANIFEST, field=f"{field}.file")
+            f = inside(root, sh["file"], field=f"{field}.file", path=root / MANIFEST)
             if not f.is_file():
                 raise InputError("shard listed in the manifest is missing", path=f,
                                  field=field, exit_code=EX_NOINPUT)

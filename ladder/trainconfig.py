@@ -37,7 +37,16 @@ def _is_int(v) -> bool:
 
 
 def _is_num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    """A finite real number (not a bool): NaN and infinity pass no range check here."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# Upper ends of the settings' ranges (issue 26: what a run can be on any machine; the model's
+# and a ladder file's are in model/config.py and ladder/specs.py::LIMITS). A value above is a
+# typo or an attack (an eval_every of 1e-300 planned 1e300 evals and hung).
+_MAX_COUNT = 2 ** 40     # steps between checkpoints/logs, sequences, devices
+_MAX_SEQS = 2 ** 24      # sequences of a batch or an eval set
+MIN_EVAL_EVERY = 1e-4    # ladder/specs.py::MIN_EVAL_EVERY: at most 10,000 evals a run
 
 
 def _check(obj, name: str, ok: bool, what: str) -> None:
@@ -73,9 +82,10 @@ class OptimizerOverrides:
                "null, true or false")
         for name in ("eps", "weight_decay", "grad_clip"):
             v = getattr(self, name)
-            _check(self, name, v is None or _is_num(v) and v >= 0, "null or a number >= 0")
-        _check(self, "lr", self.lr is None or _is_num(self.lr) and self.lr > 0,
-               "null or a number > 0")
+            _check(self, name, v is None or _is_num(v) and 0 <= v <= 1e6,
+                   "null or a number in [0, 1e6]")
+        _check(self, "lr", self.lr is None or _is_num(self.lr) and 0 < self.lr <= 1e3,
+               "null or a number in (0, 1e3]")
         _check(self, "schedule", isinstance(self.schedule, dict), "an object of schedule fields")
 
     def apply(self, spec):
@@ -136,17 +146,20 @@ class RunArgs:
     def __post_init__(self):
         for name in ("devices", "expert_parallel"):
             v = getattr(self, name)
-            _check(self, name, v is None or _is_int(v) and v >= 1, "null or an integer >= 1")
+            _check(self, name, v is None or _is_int(v) and 1 <= v <= 2 ** 24,
+                   "null or an integer in [1, 2**24]")
         _check(self, "checkpoint_every", _is_int(self.checkpoint_every)
-               and self.checkpoint_every >= 0, "an integer >= 0")
+               and 0 <= self.checkpoint_every <= _MAX_COUNT, "an integer in [0, 2**40]")
         for name in ("keep", "log_every"):
-            _check(self, name, _is_int(getattr(self, name)) and getattr(self, name) >= 1,
-                   "an integer >= 1")
+            _check(self, name, _is_int(getattr(self, name)) and
+                   1 <= getattr(self, name) <= _MAX_COUNT, "an integer in [1, 2**40]")
+        # 1e20 FLOP/s: ~50,000x a GB200 GPU's dense bf16 peak (ladder/plan.py's table)
         _check(self, "peak_flops", self.peak_flops is None
-               or _is_num(self.peak_flops) and self.peak_flops > 0, "null or a number > 0")
+               or _is_num(self.peak_flops) and 0 < self.peak_flops <= 1e20,
+               "null or a number in (0, 1e20]")
         _check(self, "checkpoint_minutes", self.checkpoint_minutes is None
-               or _is_num(self.checkpoint_minutes) and self.checkpoint_minutes > 0,
-               "null or a number > 0")
+               or _is_num(self.checkpoint_minutes) and 0 < self.checkpoint_minutes <= 1e6,
+               "null or a number in (0, 1e6]")
         for name in ("wandb", "progress", "checkpoint_async"):
             _check(self, name, isinstance(getattr(self, name), bool), "true or false")
         _check(self, "checkpoint_dir", self.checkpoint_dir is None
@@ -177,7 +190,7 @@ class Fault:
     def __post_init__(self):
         _check(self, "kind", self.kind in FAULTS, f"one of {FAULTS}")
         _check(self, "at", _is_num(self.at) and 0 <= self.at < 1, "in [0, 1)")
-        _check(self, "scale", _is_num(self.scale) and self.scale > 0, "> 0")
+        _check(self, "scale", _is_num(self.scale) and 0 < self.scale <= 1e6, "in (0, 1e6]")
         _check(self, "drift_max", _is_num(self.drift_max) and 0 < self.drift_max <= 1,
                "in (0, 1]")
 
@@ -209,12 +222,14 @@ class TrainConfig:
     fault: Fault | None = None
 
     def __post_init__(self):
-        _check(self, "seed", _is_int(self.seed) and self.seed >= 0, "an integer >= 0")
+        _check(self, "seed", _is_int(self.seed) and 0 <= self.seed < 2 ** 63,
+               "an integer in [0, 2**63)")
         for name in ("vocab_size", "microbatch", "eval_batch", "eval_sequences"):
             v = getattr(self, name)
-            _check(self, name, v is None or _is_int(v) and v >= 1, "null or an integer >= 1")
-        _check(self, "eval_every", self.eval_every is None
-               or _is_num(self.eval_every) and 0 < self.eval_every <= 1, "null or in (0, 1]")
+            _check(self, name, v is None or _is_int(v) and 1 <= v <= _MAX_SEQS,
+                   "null or an integer in [1, 2**24]")
+        _check(self, "eval_every", self.eval_every is None or _is_num(self.eval_every)
+               and MIN_EVAL_EVERY <= self.eval_every <= 1, f"null or in [{MIN_EVAL_EVERY:g}, 1]")
         _check(self, "model", isinstance(self.model, dict), "an object of model config fields")
         if isinstance(self.data, (list, str)):
             object.__setattr__(self, "data", (self.data,) if isinstance(self.data, str)

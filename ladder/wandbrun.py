@@ -3,9 +3,10 @@ callers, only when they log).
 
 Every W&B run of a ladder lands in one project, grouped by the ladder, named by the rung and typed
 by what it is (shared/DESIGN.md section 5): ``train`` (a rung, ``ladder run --wandb``), ``forecast``
-(the frozen pre-registration, ``ladder preregister --wandb``) and ``watch`` (alerts about a run
-watched through the W&B API). The step, token and FLOP counts are logged as metrics of their own so
-a panel can use any of them as its x axis (``x_axes``).
+(the frozen pre-registration, ``ladder preregister --wandb``: its forecast under the watched
+key itself, ``band_keys``) and ``watch`` (the watcher's residuals and alerts, ``ladder watch
+--wandb``, at the watched run's steps). The step, token and FLOP counts are logged as metrics of
+their own so a panel can use any of them as its x axis (``x_axes``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,19 @@ def forecast_run_id(prereg_sha256: str) -> str:
     if not prereg_sha256 or not all(c in "0123456789abcdef" for c in prereg_sha256):
         raise ValueError(f"prereg_sha256: must be a hex digest, got {prereg_sha256!r}")
     return f"forecast-{prereg_sha256[:24]}"
+
+
+def watch_run_id(prereg_sha256: str) -> str:
+    """The W&B run id of the watcher of a pre-registration (`ladder watch --wandb`): a function
+    of its sha256, so a restarted watcher resumes its own run."""
+    return "watch-" + forecast_run_id(prereg_sha256).removeprefix("forecast-")
+
+
+def band_keys(metric: str) -> tuple[str, str, str]:
+    """The keys a forecast run logs its centre and band under: the watched key itself (so W&B's
+    default panel of that key overlays the forecast on the live runs of the group) and its band
+    beside it (same section of the workspace: W&B groups panels by the key's first part)."""
+    return metric, f"{metric}_lo", f"{metric}_hi"
 
 
 def define_axes(run, prefixes) -> None:

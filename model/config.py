@@ -102,6 +102,26 @@ class ModelConfig:
                      "n_kv_heads_global", "global_every", "local_window", "n_experts", "top_k",
                      "expert_dim", "latent_dim", "loss_chunk", "attention_chunk"):
             positive(name)
+        # what a model can be on any machine (issue 26; the same limits as a ladder file's,
+        # ladder/specs.py::LIMITS): an override of 10**200 is refused here, not in a kernel
+        for name, hi in (("vocab_size", 2 ** 24), ("d_model", 2 ** 17), ("n_layers", 2 ** 12),
+                         ("n_heads", 2 ** 12), ("head_dim", 2 ** 12), ("n_kv_heads_local", 2 ** 12),
+                         ("n_kv_heads_global", 2 ** 12), ("global_every", 2 ** 12),
+                         ("local_window", 2 ** 24), ("n_experts", 2 ** 16), ("top_k", 2 ** 16),
+                         ("expert_dim", 2 ** 20), ("latent_dim", 2 ** 20),
+                         ("shared_dim", 2 ** 20), ("n_shared", 2 ** 10), ("loss_chunk", 2 ** 24),
+                         ("attention_chunk", 2 ** 24), ("gated_norm_rank", 2 ** 17),
+                         ("conv_kernel", 2 ** 10)):
+            v = getattr(self, name)
+            if isinstance(v, int) and v > hi:
+                raise ValueError(f"{name}: must be <= {hi}, got {v!r}")
+        for name, hi in (("capacity_factor", 1e3), ("route_scale", 1e3), ("rope_theta", 1e12),
+                         ("qk_mult", 1e3), ("norm_eps", 1.0), ("init_std", 10.0),
+                         ("bias_rate", 1.0), ("z_loss", 1e3)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                    or v > hi:
+                raise ValueError(f"{name}: must be a finite number <= {hi:g}, got {v!r}")
         if not isinstance(self.n_shared, int) or self.n_shared < 0:
             raise ValueError(f"n_shared: must be an integer >= 0, got {self.n_shared!r}")
         if self.n_shared and (not isinstance(self.shared_dim, int) or self.shared_dim <= 0):

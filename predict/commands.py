@@ -8,8 +8,8 @@ import math
 import sys
 from pathlib import Path
 
-from ladder.io import (EX_DATAERR, EX_USAGE, InputError, check_writable, iter_jsonl, number,
-                       open_input, read_json, to_jsonable)
+from ladder.io import (EX_DATAERR, EX_USAGE, InputError, check_writable, inside, iter_jsonl,
+                       number, open_input, read_json, to_jsonable)
 from predict import forecast as fc
 from predict import prereg as pr
 from predict.watch import WatchConfig, decision_rule_words
@@ -43,19 +43,22 @@ def parse_requires(items: list[str]) -> dict:
     return out
 
 
+def target_rung(target: str):
+    """The one rung ``--target`` names (LADDER:RUNG, LADDER/RUNG or a RUNG one ladder has)."""
+    from ladder.specs import is_one_rung, lookup_message, resolve
+    try:
+        _, rungs = resolve(target)
+    except KeyError as e:
+        raise InputError(lookup_message(e), field="--target", exit_code=EX_USAGE) from None
+    if not is_one_rung(target) or len(rungs) != 1:
+        raise InputError(f"expected one rung (LADDER:RUNG), got the ladder {target!r}",
+                         field="--target", exit_code=EX_USAGE)
+    return rungs[0]
+
+
 def resolve_target(args) -> fc.Target:
     if getattr(args, "target", None):
-        from ladder.specs import LADDERS, resolve
-        try:
-            _, rungs = resolve(args.target)
-        except KeyError as e:
-            known = ", ".join(f"{n}:{r.name}" for n, lad in LADDERS.items() for r in lad.all)
-            raise InputError(f"unknown ladder or rung {e.args[0]!r}; known: {known}",
-                             field="--target", exit_code=EX_USAGE) from None
-        if ":" not in args.target or len(rungs) != 1:
-            raise InputError("expected LADDER:RUNG (one rung)", field="--target",
-                             exit_code=EX_USAGE)
-        return fc.Target.from_rung(rungs[0])
+        return fc.Target.from_rung(target_rung(args.target))
     spec = read_json(args.target_spec)
     return fc.Target.from_spec(spec, path=args.target_spec)
 
@@ -150,22 +153,25 @@ def preregister_main(args) -> int:
         from predict.wandb_home import require_wandb
         require_wandb()
     check_writable(out, field="--out")
+    if args.amend and out.parent.resolve() != Path(args.amend).parent.resolve():
+        # the chain file beside them records it: the watcher given the old file finds it there
+        raise InputError(f"an amendment is written beside the file it amends "
+                         f"({Path(args.amend).parent}/), where its chain file "
+                         f"({pr.CHAIN_FILE}) records it", field="--out", exit_code=EX_USAGE)
     amends = pr.amendment(args.amend, args.reason) if args.amend else None
     law = load_law_file(args.law)
     target = resolve_target(args)
     run_config = None
     if getattr(args, "target", None):
-        from ladder.specs import resolve
-        run_config = resolve(args.target)[1][0].to_dict()
+        run_config = target_rung(args.target).to_dict()
     if getattr(law, "form", None) in ("mpl", "momentum"):  # a curve law needs the run's schedule
         if not getattr(args, "target", None):
             raise InputError(f"a {law.form} law forecasts a run from its LR schedule: give the "
                              f"target as --target LADDER:RUNG", field="--target-spec",
                              exit_code=EX_USAGE)
         from predict.planned import ScheduledLaw
-        from ladder.specs import resolve
 
-        law = ScheduledLaw(law, resolve(args.target)[1][0])
+        law = ScheduledLaw(law, target_rung(args.target))
     doc = make_prereg(law, target, level=args.level, runs=getattr(args, "runs", None),
                       eval_noise=getattr(args, "eval_noise", None),
                       data_tag=getattr(args, "data_tag", None),
@@ -187,10 +193,11 @@ def preregister_main(args) -> int:
           f"forecast points; eval noise {doc['eval_noise']['sigma']:.4g} "
           f"({doc['eval_noise']['method']})")
     if amends:
-        print(f"  amends {amends['path']} (sha256 {amends['sha256'][:12]}...): {amends['reason']}")
+        print(f"  amends {amends['path']} (sha256 {amends['sha256'][:12]}...): {amends['reason']}"
+              f"; recorded in {out.parent / pr.CHAIN_FILE}")
     if getattr(args, "wandb", False):
         from predict.wandb_home import log_forecast
-        group = args.target.split(":")[0] if getattr(args, "target", None) else None
+        group = target_rung(args.target).ladder if getattr(args, "target", None) else None
         info = log_forecast(doc, out, entity=args.wandb_entity, project=args.wandb_project,
                             group=group)
         print(f"  W&B: forecast run {info['id']} in {info['entity'] or '(default entity)'}/"
@@ -202,20 +209,33 @@ def _finite(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def verify_chain(path: str) -> dict:
+def verify_chain(path: str, *, expect: str | None = None, named=None) -> dict:
     """The verification of a pre-registration and of the one it amends (library entry of
     `ladder verify`): ``{ok, path, stored, computed, changed, problems, amends, chain, lines}``,
-    ``lines`` being the human-readable report."""
+    ``lines`` being the human-readable report. ``expect``: the sha256 the file must have (kept
+    outside it: a hash proves the file is whole, not who sealed it); ``named``: amendments or
+    chain files the user trusts (``--amend-chain``)."""
     v = pr.verify(path)
     out = {"ok": v.ok, "path": str(path), "stored": v.stored, "computed": v.computed,
            "changed": list(v.changed), "problems": list(v.problems), "amends": None,
-           "chain": None, "lines": [v.report()]}
+           "chain": None, "expected": expect, "lines": [v.report()]}
+    if expect is not None:
+        want = expect.strip().lower()
+        if not pr._sha(want):
+            raise InputError("expected a sha256 (64 hex digits)", field="--expect",
+                             exit_code=EX_USAGE)
+        if v.stored != want:
+            out["ok"] = False
+            out["lines"].append(f"  sha256 {v.stored} is NOT the expected {want}: not the "
+                                f"file that was registered (resealed by hand, or another one)")
+            return out
+        out["lines"].append("  sha256 is the expected one (--expect)")
     if not v.ok:
         return out
     doc = read_json(path)
     am = doc.get("amends")
     if isinstance(am, dict):
-        old = Path(path).parent / str(am.get("path", ""))
+        old = inside(Path(path).parent, am.get("path"), field="amends.path", path=path)
         out["amends"] = {"path": str(old), "sha256": am.get("sha256"),
                          "reason": am.get("reason"), "verified": False, "found": old.exists()}
         if not old.exists():
@@ -230,16 +250,18 @@ def verify_chain(path: str) -> dict:
                 return out
             out["amends"]["verified"] = True
             out["lines"].append(f"  amends {old} (verified), reason: {am.get('reason')}")
-    chain = pr.resolve_chain(path)
-    if len(chain.links) > 1 or chain.skipped:
+    chain = pr.resolve_chain(path, named)
+    if len(chain.links) > 1 or chain.skipped or chain.unrecorded:
         out["chain"] = {"description": chain.describe(), "newest": chain.newest.path,
-                        "links": [lk.path for lk in chain.links], "skipped": chain.skipped}
+                        "links": [lk.path for lk in chain.links], "skipped": chain.skipped,
+                        "unrecorded": chain.unrecorded}
         out["lines"].append(f"  chain: {chain.describe()}")
     return out
 
 
 def verify_main(args) -> int:
-    res = verify_chain(args.prereg)
+    res = verify_chain(args.prereg, expect=getattr(args, "expect", None),
+                       named=getattr(args, "amend_chain", None))
     if getattr(args, "json", False):
         print(json.dumps({k: v for k, v in res.items() if k != "lines"}))
     else:
@@ -278,12 +300,24 @@ def watch_main(args, *, live_page=None) -> int:
     for flag, path in (("--alerts", args.alerts), ("--state", args.state)):
         if path:
             check_writable(path, field=flag)
-    webhook = sk.WebhookSink(args.webhook) if args.webhook else None
+    url = sk.webhook_url(getattr(args, "webhook", None), getattr(args, "webhook_file", None),
+                         warn=log.warning)
+    if getattr(args, "webhook", None):
+        # W&B records the command line in a run's metadata: not the secret
+        sys.argv = sk.redact_argv(sys.argv, url)
+    webhook = sk.WebhookSink(url) if url else None
     source = open_source(args.source, follow=args.follow)
-    cache = getattr(args, "column_cache", None)
-    if cache is not None and hasattr(source, "cache"):  # a metrics JSONL (predict.column_cache)
-        source.cache = cache != "off"
-        source.cache_dir = None if cache == "off" else cache
+    if getattr(args, "column_cache", None) is not None:
+        # the column cache is gone (issue 24: orjson reads a 1M-line file in a few seconds);
+        # the option stays accepted so that scripts passing it keep working
+        log.warning("ladder watch: --column-cache is deprecated and ignored (there is no "
+                    "column cache any more; --state keeps a restarted watcher's place)")
+    raw_source = source
+    from ladder.keymap import load_keymap
+    keymap = load_keymap(getattr(args, "keys", None))
+    if keymap is not None:  # another trainer's names (predict.keyed_source)
+        from predict.keyed_source import KeyMappedSource
+        source = KeyMappedSource(source, keymap)
     as_json = getattr(args, "json", False)
     sinks: list = [] if as_json else [sk.StdoutSink()]  # --json: alerts in the final object
     if args.alerts:
@@ -291,19 +325,21 @@ def watch_main(args, *, live_page=None) -> int:
     if webhook is not None:
         sinks.append(webhook)
     if args.wandb_alert:
-        if not isinstance(source, WandbApiSource):
+        if not isinstance(raw_source, WandbApiSource):
             raise InputError("--wandb-alert needs a wandb://ENTITY/PROJECT/RUN_ID source",
                              field="--wandb-alert", exit_code=EX_USAGE)
-        u = source.uri
+        u = raw_source.uri
         sinks.append(sk.WandbAlertSink(u.entity, u.project, u.run_ids[-1]))
-    if getattr(args, "wandb", False):  # the residuals and alerts go to the forecast run
-        from predict.wandb_home import ForecastRunSink, TeeSource
-        doc = pr.load(pr.resolve_chain(args.prereg).newest.path)
-        home = ForecastRunSink(doc, entity=args.wandb_entity, project=args.wandb_project,
-                               dir=str(Path(args.prereg).resolve().parent))
+    if getattr(args, "wandb", False):  # the residuals and alerts go to the watcher's own run
+        from predict.wandb_home import TeeSource, WatchRunSink
+        doc = pr.load(pr.resolve_chain(args.prereg, getattr(args, "amend_chain", None))
+                      .newest.path)
+        home = WatchRunSink(doc, entity=args.wandb_entity, project=args.wandb_project,
+                            dir=str(Path(args.prereg).resolve().parent))
         sinks.append(home)
         source = TeeSource(source, lambda: w.view, home.log_evals)
-    w = Watcher(args.prereg, source, sinks, args.state, metric=args.metric, follow=follow)
+    w = Watcher(args.prereg, source, sinks, args.state, metric=args.metric, follow=follow,
+                amend_chain=getattr(args, "amend_chain", None))
     registered = w.doc.get("metric") if not args.metric else pr.load(w.chain.newest.path)["metric"]
     if args.metric and args.metric != registered:
         log.warning(f"ladder watch: the source's '{args.metric}' is compared with the forecast "
@@ -315,7 +351,12 @@ def watch_main(args, *, live_page=None) -> int:
         if live_page is None:
             raise InputError("--serve needs the live page of reports (run `ladder watch`)",
                              field="--serve", exit_code=EX_USAGE)
-        server = live_page(w, port=args.port)
+        def history():  # a fresh read of the run for the page of a restarted watcher
+            fresh = open_source(args.source)
+            if hasattr(fresh, "cache"):  # the watcher's own source keeps the column cache
+                fresh.cache = False
+            return KeyMappedSource(fresh, keymap) if keymap is not None else fresh
+        server = live_page(w, port=args.port, history=history)
         log.warning(f"ladder watch: live page on {server.url}")
     try:
         code = w.run(follow=args.follow)

@@ -37,8 +37,14 @@ from ladder.io import EX_USAGE, InputError, atomic_write_json, canonical_json, n
 from predict import prereg as _prereg
 from predict.watch import (Alert, Batch, CheckResult, PreregView, check, exit_code_for, new_state,
                            watched_keys)
+from predict.watch.alerts import check_state
 
 STATE_SCHEMA = "watch-state/1"
+# what a user does about a damaged state file (said with every field error): the watch is then
+# judged from the start again, and the --alerts file and the webhook skip the alerts (by id) that
+# they already have, so nothing is sent twice
+RECOVER = ("move the state file aside (or give a new --state) to judge the run from its start; "
+           "--alerts skips the alerts it already holds")
 ALERT_FIELDS = ("time", "step", "tokens", "fraction", "kind", "severity", "value", "expected",
                 "lo", "hi", "direction", "message")
 
@@ -77,6 +83,31 @@ def alert_id(prereg_sha: str | None, seq: int, alert: Alert) -> str:
     return h.hexdigest()[:24]
 
 
+def _check_outbox_entry(e) -> None:
+    """An outbox entry as :meth:`Watcher._queue` writes it, or KeyError/TypeError/ValueError
+    naming the first bad part."""
+    if not isinstance(e, dict):
+        raise TypeError(f"expected an object, got {type(e).__name__}")
+    if not isinstance(e["id"], str) or len(e["id"]) > 64:
+        raise ValueError("'id' must be a string of at most 64 characters")
+    if not isinstance(e["pending"], list) or not all(isinstance(x, str) for x in e["pending"]):
+        raise ValueError("'pending' must be a list of sink names")
+    a = e["alert"]
+    if not isinstance(a, dict):
+        raise TypeError("'alert' must be an object")
+    for k in ("kind", "message"):
+        if not isinstance(a.get(k, ""), str):
+            raise ValueError(f"alert '{k}' must be a string")
+    step = a.get("step")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+        raise ValueError("alert 'step' must be an integer or null")
+    for k in ("tokens", "fraction", "value", "expected", "lo", "hi"):
+        v = a.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float, str))):
+            raise ValueError(f"alert '{k}' must be a number or null")
+    alert_from_dict(a)  # the severity
+
+
 def alert_from_dict(d: dict) -> Alert:
     kw = {k: d.get(k) for k in ALERT_FIELDS}
     kw["message"] = kw["message"] or ""
@@ -91,8 +122,11 @@ class Watcher:
                  state_path: str | os.PathLike | None = None, *, metric: str | None = None,
                  clock: Callable[[], float] = time.time, chain_every: float = 10.0,
                  sleep: Callable[[float], None] = time.sleep,
-                 follow: FollowConfig | None = None):
+                 follow: FollowConfig | None = None, amend_chain: Sequence | None = None):
         self.follow = follow or FollowConfig()
+        # amendments followed: those recorded in the chain file beside the pre-registration,
+        # and those the user names (``--amend-chain``: chain files or amendment files)
+        self.amend_chain = list(amend_chain or ())
         self.prereg_path = None if isinstance(prereg, dict) else Path(prereg)
         self.source = source
         self.sinks = list(sinks)
@@ -107,7 +141,7 @@ class Watcher:
         if isinstance(prereg, dict):
             self._use(prereg, description="in-memory pre-registration")
         else:
-            self.chain = _prereg.resolve_chain(self.prereg_path)
+            self.chain = _prereg.resolve_chain(self.prereg_path, self.amend_chain)
             self._use(_prereg.load(self.chain.newest.path), description=self.chain.describe())
         self.outbox: list[dict] = []  # alerts some sink has not taken yet (saved with the state)
         self.seq = 0                  # alerts raised so far in this watch (for their ids)
@@ -115,6 +149,9 @@ class Watcher:
         self.state = self._load_state()
         self._notes_seen: set[str] = set()
         self.all_alerts: list[Alert] = []
+        # called with (view, batch) for every batch judged: the live page follows the watch
+        # through them (reports.live.WatcherFeed) instead of reading the source again
+        self.listeners: list[Callable] = []
         self._sent: set[tuple[str, str]] = set()  # (id, sink) handed to a sink by this process
         for s in self.sinks:  # the async webhook reports each delivery back
             if hasattr(s, "on_delivered") and getattr(s, "on_delivered", None) is None:
@@ -143,19 +180,29 @@ class Watcher:
             return new_state()
         saved = read_json(self.state_path, schema="watch-state", field="--state")
         for key, typ in (("state", dict), ("source", dict), ("outbox", list), ("seq", int)):
-            if key in saved and not isinstance(saved[key], typ):
-                raise InputError(f"expected {typ.__name__}", path=self.state_path, field=key)
+            if key in saved and (not isinstance(saved[key], typ) or isinstance(saved[key], bool)):
+                raise InputError(f"expected {'an integer' if typ is int else typ.__name__}; "
+                                 f"{RECOVER}", path=self.state_path, field=key)
+        seq = saved.get("seq") or 0
+        if not 0 <= seq <= 2 ** 53:
+            raise InputError(f"must be in [0, 2**53], got {seq}; {RECOVER}",
+                             path=self.state_path, field="seq")
         self.outbox = []
-        for e in saved.get("outbox") or []:
+        for i, e in enumerate(saved.get("outbox") or []):
             try:
-                alert_from_dict(e["alert"])
-                if not (isinstance(e["id"], str) and isinstance(e["pending"], list)):
-                    raise TypeError("id or pending")
+                _check_outbox_entry(e)
             except (KeyError, TypeError, ValueError) as err:
-                raise InputError(f"not an outbox entry ({type(err).__name__}: {err})",
-                                 path=self.state_path, field="outbox") from None
+                raise InputError(f"not an outbox entry ({err}); {RECOVER}",
+                                 path=self.state_path, field=f"outbox[{i}]") from None
             self.outbox.append(e)
-        self.seq = int(saved.get("seq") or 0)
+        self.seq = int(seq)
+        if "state" in saved:
+            try:
+                saved["state"] = check_state(saved["state"])
+            except ValueError as err:
+                field, _, why = str(err).partition(": ")
+                raise InputError(f"{why}; {RECOVER}", path=self.state_path,
+                                 field=field) from None
         chain_shas = [lk.sha256 for lk in self.chain.links] if self.chain else []
         if saved.get("prereg_sha256") != self.doc.get("sha256") and \
                 saved.get("prereg_sha256") in chain_shas:
@@ -174,9 +221,13 @@ class Watcher:
             return
         try:
             self.source.restore(saved["source"])
-        except (TypeError, ValueError, KeyError) as e:
-            raise InputError(f"not a read position ({type(e).__name__}: {e})",
-                             path=self.state_path, field="source") from None
+        except (TypeError, ValueError, KeyError, OverflowError, AttributeError) as e:
+            msg = str(e)
+            field, sep, rest = msg.partition(": ")
+            if not (sep and field.startswith("source.")):
+                field, rest = "source", f"not a read position ({type(e).__name__}: {msg})"
+            raise InputError(f"{rest}; {RECOVER}", path=self.state_path,
+                             field=field) from None
 
     def _save_state(self, *, force: bool = False) -> None:
         """Write the state (atomically) when it changed since the last write."""
@@ -239,30 +290,37 @@ class Watcher:
                 self._send_outbox()
             self._save_state()
             self.all_alerts.extend(alerts)
+            for s in self.sinks:  # a sink that batches (the W&B watch run) writes this poll's
+                if hasattr(s, "flush"):
+                    s.flush()
 
     def _maybe_follow_chain(self, now: float) -> list[Alert]:
         if self.prereg_path is None or now - self._last_chain_check < self.chain_every:
             return []
         self._last_chain_check = now
-        chain = _prereg.resolve_chain(self.prereg_path)
+        chain = _prereg.resolve_chain(self.prereg_path, self.amend_chain)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+        found = []
+        for u in chain.unrecorded:  # said once each, never followed
+            if u not in self._notes_seen:
+                self._notes_seen.add(u)
+                found.append(Alert(stamp, None, None, None, "prereg", "info",
+                                   message=f"not followed: {u}"))
         if chain.newest.sha256 == self.doc.get("sha256"):
-            return []
+            return found
         self.chain = chain
         self._use(_prereg.load(chain.newest.path), description=chain.describe())
         pos = self.source.position()
         self.state = new_state()
         self.source.restore(pos)
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
         return [Alert(stamp, None, None, None, "prereg", "info",
-                      message=f"amended pre-registration found: {chain.describe()}; compared "
-                              f"against it from here on")]
+                      message=f"amended pre-registration recorded: {chain.describe()}; compared "
+                              f"against it from here on")] + found
 
     def _read(self):
         try:
             if hasattr(self.source, "poll_batch"):
-                return self.source.poll_batch(self.keys, self.keep,
-                                              parallel=threading.current_thread()
-                                              is threading.main_thread())
+                return self.source.poll_batch(self.keys, self.keep)
             return self.source.poll()
         except SourceError:
             raise
@@ -308,6 +366,8 @@ class Watcher:
                 res: CheckResult = check(self.view, batch, self.state, now=now)
                 self.state = res.state
                 new += res.alerts
+                for listen in self.listeners:
+                    listen(self.view, batch)
             if not p.more:
                 break
         if not got_rows and not self.state.get("not_applicable"):

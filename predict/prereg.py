@@ -8,8 +8,15 @@ and never replaces an existing file (the final step is a hard link, which fails 
 taken, so two writers cannot race either).
 
 An amendment (``--amend OLD.json --reason ...``) is a new pre-registration whose ``amends`` names
-the old one's sha256, path and the reason; the old file is not touched. :func:`resolve_chain`
-finds the newest valid amendment of a file among the pre-registrations in the same directory.
+the old one's sha256, path and the reason; the old file is not touched. Writing it (the one
+writer, :func:`write_once`) also appends a line to the append-only chain file
+``amendments.jsonl`` in its directory: the old file's sha256, the new one's, its name and the
+reason. What the watcher follows is trusted by name (issue 26), never found: :func:`resolve_chain`
+follows the amendments recorded there, or named by the user (``--amend-chain``: another chain
+file, or the amendment's file itself), each checked against the sha256 recorded for it; a
+pre-registration that merely appears in the directory claiming to amend one (hand-sealed, dated
+9999) is reported, not followed. A hash is not a signature: ``ladder verify --expect SHA256``
+checks a file against a digest kept elsewhere (the W&B artifact's, a ticket's).
 """
 
 from __future__ import annotations
@@ -22,11 +29,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ladder.io import (EX_CANTCREAT, EX_DATAERR, PREREG_MODE, InputError, atomic_write_bytes,
-                       canonical_json, read_json, schema_version, sha256_of, to_jsonable)
+from ladder.io import (EX_CANTCREAT, EX_DATAERR, EX_USAGE, PREREG_MODE, InputError, append_text,
+                       atomic_write_bytes, canonical_json, inside, loads, read_bytes, read_json,
+                       safe_name, schema_version, sha256_of, to_jsonable)
 
 SCHEMA = "prereg/1"
 HASHED_OUT = ("sha256",)
+CHAIN_FILE = "amendments.jsonl"   # beside the pre-registrations, append-only
+CHAIN_SCHEMA = "prereg-chain/1"
+# a pre-registration is a few MB at most (a forecast every 1%, the health reference); the
+# directory scan that reports unrecorded amendments reads nothing larger
+SCAN_LIMIT = 64 << 20
 
 
 def content_hash(doc: Mapping) -> str:
@@ -87,18 +100,39 @@ def build(*, target: dict, applicability: dict, metric: str, law: dict, forecast
 
 
 def write_once(path: str | os.PathLike, doc: Mapping) -> Path:
-    """Write ``doc`` to ``path`` atomically and read-only; never replace an existing file."""
+    """Write ``doc`` to ``path`` atomically and read-only; never replace an existing file. An
+    amendment (``doc["amends"]``) is then recorded in the chain file beside it
+    (:func:`record_amendment`), which is what makes the watcher follow it."""
     path = Path(path)
     if path.exists() or path.is_symlink():
         raise InputError("exists; a pre-registration is never overwritten (choose another --out, "
                          "or amend it with --amend)", path=path, exit_code=EX_CANTCREAT)
+    am = doc.get("amends")
+    if isinstance(am, Mapping):  # its name goes into the chain file: check it before writing
+        safe_name(path.name, field="--out", path=path)
     import json
     data = (json.dumps(to_jsonable(doc), indent=2, allow_nan=False) + "\n").encode("utf-8")
     try:
-        return atomic_write_bytes(path, data, mode=PREREG_MODE, exclusive=True)
+        out = atomic_write_bytes(path, data, mode=PREREG_MODE, exclusive=True)
     except FileExistsError:
         raise InputError("exists; a pre-registration is never overwritten", path=path,
                          exit_code=EX_CANTCREAT) from None
+    if isinstance(am, Mapping):
+        record_amendment(out, doc)
+    return out
+
+
+def record_amendment(path: Path, doc: Mapping) -> Path:
+    """Append the amendment ``doc`` (written at ``path``) to the chain file in its directory:
+    one JSON line with the sha256 it amends, its own, its file name and the reason. The file is
+    only ever appended to (ladder.io.append_text: a torn last line is cut first)."""
+    import json
+    rec = {"schema": CHAIN_SCHEMA, "amends": doc["amends"].get("sha256"),
+           "sha256": doc["sha256"], "file": path.name, "reason": doc["amends"].get("reason"),
+           "created": doc.get("created")}
+    chain = path.parent / CHAIN_FILE
+    append_text(chain, json.dumps(to_jsonable(rec), allow_nan=False) + "\n")
+    return chain
 
 
 @dataclass
@@ -222,10 +256,14 @@ class ChainLink:
 
 @dataclass
 class Chain:
-    """The amendment chain from a given pre-registration to the newest valid amendment."""
+    """The amendment chain from a given pre-registration to the newest trusted amendment:
+    ``skipped`` are recorded or named amendments that could not be followed (and why),
+    ``unrecorded`` the files beside it that claim to amend a link but were neither recorded
+    nor named (reported, never followed)."""
 
     links: list[ChainLink]
     skipped: list[str]
+    unrecorded: list[str] = field(default_factory=list)
 
     @property
     def newest(self) -> ChainLink:
@@ -239,50 +277,125 @@ class Chain:
                  f"{self.links[0].path} (reason: {self.newest.reason})")
         if self.skipped:
             s += "; ignored: " + "; ".join(self.skipped)
+        if self.unrecorded:
+            s += "; not followed: " + "; ".join(self.unrecorded)
         return s
 
 
-def resolve_chain(path: str | os.PathLike) -> Chain:
-    """From ``path``, follow amendments (files in the same directory whose ``amends.sha256`` is
-    the current link's hash) to the newest valid one. Invalid (tampered) candidates are skipped
-    and reported; among several valid amendments of one link the latest ``created`` wins."""
+_HEX = frozenset("0123456789abcdef")
+
+
+def _sha(v) -> bool:
+    return isinstance(v, str) and len(v) == 64 and set(v) <= _HEX
+
+
+def read_chain_file(path: str | os.PathLike) -> list[dict]:
+    """The records of a chain file (:func:`record_amendment`), each checked: a torn last line
+    (a writer killed midway) is left out; any other bad line is an InputError naming it."""
+    path = Path(path)
+    data = read_bytes(path, field="--amend-chain", limit=16 << 20)
+    recs = []
+    lines = data.split(b"\n")
+    for i, raw in enumerate(lines, 1):
+        if not raw.strip() or (i == len(lines) and not data.endswith(b"\n")):
+            continue
+        rec = loads(raw, path=path, field=f"line {i}")
+        if not isinstance(rec, dict) or rec.get("schema") != CHAIN_SCHEMA:
+            raise InputError(f"line {i} is not a {CHAIN_SCHEMA} record", path=path,
+                             field=f"line {i}")
+        for key in ("amends", "sha256"):
+            if not _sha(rec.get(key)):
+                raise InputError("expected a sha256 (64 hex digits)", path=path,
+                                 field=f"line {i}.{key}")
+        safe_name(rec.get("file"), field=f"line {i}.file", path=path, what="file name")
+        recs.append({**rec, "where": path.parent})
+    return recs
+
+
+def _trusted(path: Path, named) -> list[dict]:
+    """The amendment records trusted for ``path``: the chain file beside it, then what the user
+    named (chain files, ``.jsonl``; or amendment files, whose own hashes are taken), in order."""
+    recs = []
+    beside = path.parent / CHAIN_FILE
+    if beside.exists() or beside.is_symlink():
+        recs += read_chain_file(beside)
+    for n in named or ():
+        n = Path(n)
+        if n.suffix == ".jsonl":
+            recs += read_chain_file(n)
+            continue
+        doc = load(n)
+        am = doc.get("amends")
+        if not isinstance(am, Mapping) or not _sha(am.get("sha256")):
+            raise InputError("not an amendment (no amends.sha256)", path=n,
+                             field="--amend-chain", exit_code=EX_USAGE)
+        recs.append({"amends": am["sha256"], "sha256": doc["sha256"], "file": n.name,
+                     "reason": am.get("reason"), "where": n.parent, "named": True})
+    return recs
+
+
+def resolve_chain(path: str | os.PathLike, named=None) -> Chain:
+    """From ``path``, follow the trusted amendments (see :func:`_trusted`) to the newest one:
+    for each link, the record of its amendment written last whose file is there, verifies and
+    has the recorded sha256. Files in the directory that claim to amend a link but are not
+    trusted are listed in ``unrecorded``."""
     path = Path(path)
     start = load(path)
     links = [ChainLink(str(path), start["sha256"], None, start.get("created"))]
     skipped: list[str] = []
-    candidates: dict[str, list[tuple[Path, dict]]] = {}
-    for p in sorted(path.parent.glob("*.json")):
-        if p.resolve() == path.resolve():
-            continue
-        try:
-            doc = read_json(p)
-        except InputError:
-            continue
-        if not str(doc.get("schema", "")).startswith("prereg/"):
-            continue
-        am = doc.get("amends")
-        if isinstance(am, Mapping) and isinstance(am.get("sha256"), str):
-            candidates.setdefault(am["sha256"], []).append((p, doc))
+    recs = _trusted(path, named)
     seen = {start["sha256"]}
     cur = start["sha256"]
-    while cur in candidates:
-        valid = []
-        for p, doc in candidates[cur]:
-            v = verify_doc(doc, str(p))
-            if v.ok:
-                valid.append((str(doc.get("created", "")), p, doc))
-            else:
-                skipped.append(f"{p.name} fails verification")
-        if not valid:
+    while True:
+        nxt = None
+        for rec in reversed([r for r in recs if r["amends"] == cur]):
+            f = inside(rec["where"], rec["file"], field="file")
+            try:
+                doc = load(f, check=False)
+            except InputError as e:
+                skipped.append(f"{rec['file']} recorded but not readable ({str(e)[:120]})")
+                continue
+            if not verify_doc(doc, str(f)).ok:
+                skipped.append(f"{f.name} fails verification")
+                continue
+            if doc.get("sha256") != rec["sha256"] or \
+                    (doc.get("amends") or {}).get("sha256") != cur:
+                skipped.append(f"{f.name}: its sha256 is not the one recorded for it (edited "
+                               f"and resealed after it was recorded?)")
+                continue
+            nxt = (f, doc)
             break
-        _, p, doc = max(valid, key=lambda t: (t[0], str(t[1])))
-        if doc["sha256"] in seen:
+        if nxt is None or nxt[1]["sha256"] in seen:
             break
+        f, doc = nxt
         seen.add(doc["sha256"])
-        links.append(ChainLink(str(p), doc["sha256"], doc["amends"].get("reason"),
+        links.append(ChainLink(str(f), doc["sha256"], doc["amends"].get("reason"),
                                doc.get("created")))
         cur = doc["sha256"]
-    return Chain(links=links, skipped=skipped)
+    known = {(Path(r["where"]).resolve(), r["file"]) for r in recs}
+    return Chain(links=links, skipped=skipped, unrecorded=_unrecorded(path, seen, known))
+
+
+def _unrecorded(path: Path, followed: set[str], known: set) -> list[str]:
+    """Files beside ``path`` that claim to amend a followed link but are neither followed nor
+    recorded (``known``: (directory, name) of the trusted records): read as inputs are
+    (regular files of bounded size: a FIFO or a huge file is passed over)."""
+    out = []
+    for p in sorted(path.parent.glob("*.json")):
+        if (p.parent.resolve(), p.name) in known:
+            continue
+        try:
+            doc = loads(read_bytes(p, limit=SCAN_LIMIT), path=p)
+        except InputError:
+            continue
+        if not isinstance(doc, dict) or not str(doc.get("schema", "")).startswith("prereg/"):
+            continue
+        am = doc.get("amends")
+        if isinstance(am, Mapping) and am.get("sha256") in followed and \
+                doc.get("sha256") not in followed:
+            out.append(f"{p.name} claims to amend it but is not recorded in {CHAIN_FILE} nor "
+                       f"named with --amend-chain")
+    return out
 
 
 def canonical_bytes(doc: Mapping) -> bytes:

@@ -81,6 +81,62 @@ class JsonlSink:
             self._seen().add(aid)
 
 
+WEBHOOK_ENV = "LADDER_WEBHOOK_URL"
+# What of a receiver's answer is read: its status decides, the body is not used; an endless or
+# trickling body must not take the watcher's memory or time (issue 26: 2.2 GB read whole).
+MAX_ANSWER_BYTES = 64 << 10
+
+
+def webhook_url(url: str | None, file: str | None, *, environ=None, warn=None) -> str | None:
+    """The webhook's URL from ``--webhook-file FILE`` (the first line of a regular file), from
+    ``$LADDER_WEBHOOK_URL`` when neither option is given, or from ``--webhook URL`` (which every
+    user of the machine sees in ``ps`` for the whole follow: ``warn`` is told so). None: no
+    webhook. The URL is never repeated in an error (it often carries a token)."""
+    import os as _os
+    from ladder.io import read_bytes
+    environ = _os.environ if environ is None else environ
+    if url is not None and file is not None:
+        raise InputError("give --webhook or --webhook-file, not both", field="--webhook-file",
+                         exit_code=EX_USAGE)
+    if file is not None:
+        text = read_bytes(file, field="--webhook-file", limit=1 << 16)
+        lines = [ln.strip() for ln in text.decode("utf-8", "replace").splitlines() if ln.strip()]
+        if len(lines) != 1:
+            raise InputError(f"expected one line, the URL (got {len(lines)} non-empty lines)",
+                             path=file, field="--webhook-file", exit_code=EX_USAGE)
+        try:
+            mode = _os.stat(file).st_mode
+        except OSError:
+            mode = 0
+        if mode & 0o077 and warn is not None:
+            warn(f"ladder watch: {file} is readable by other users (mode {mode & 0o777:o}); "
+                 f"`chmod 600` it if the URL holds a token")
+        return lines[0]
+    if url is not None:
+        if warn is not None:
+            warn("ladder watch: --webhook puts the URL on the command line, where every user "
+                 "of this machine sees it (`ps`) for the whole follow; use --webhook-file FILE "
+                 f"or ${WEBHOOK_ENV}")
+        return url
+    return environ.get(WEBHOOK_ENV) or None
+
+
+def redact_argv(argv: list[str], secret: str | None) -> list[str]:
+    """``argv`` with the webhook's URL replaced (``--webhook URL`` and ``--webhook=URL``), so
+    that what records the command line (W&B's run metadata) does not record the secret."""
+    if not secret:
+        return list(argv)
+    out = []
+    for a in argv:
+        if a == secret:
+            out.append("<redacted>")
+        elif a.startswith("--webhook=") and a[len("--webhook="):] == secret:
+            out.append("--webhook=<redacted>")
+        else:
+            out.append(a)
+    return out
+
+
 def check_webhook_url(url: str) -> urllib.parse.SplitResult:
     """An http(s) URL with a host; InputError (64) otherwise. The message never repeats the URL
     (it often carries a secret token): it names the scheme at most."""
@@ -211,8 +267,8 @@ class WebhookSink:
             try:
                 conn.request("POST", path, body=data, headers=headers)
                 resp = conn.getresponse()
-                resp.read()
                 status = resp.status
+                _drain(resp, MAX_ANSWER_BYTES, time.monotonic() + 2 * self.timeout)
             finally:
                 conn.close()
         except (OSError, http.client.HTTPException, ValueError) as e:
@@ -222,6 +278,18 @@ class WebhookSink:
         if 300 <= status < 400:
             return f"HTTP {status} redirect, not followed"
         return f"HTTP {status}"
+
+
+def _drain(resp, limit: int, deadline: float) -> None:
+    """Read at most ``limit`` bytes of an answer's body, until ``deadline`` at the latest (a body
+    that never ends, or trickles, is cut: the status has decided already)."""
+    got = 0
+    while got < limit and time.monotonic() < deadline:
+        chunk = resp.read1(min(16384, limit - got)) if hasattr(resp, "read1") else \
+            resp.read(min(16384, limit - got))
+        if not chunk:
+            return
+        got += len(chunk)
 
 
 class WandbAlertSink:

@@ -3,11 +3,11 @@ that arrived since the last poll (dicts with ``step`` and metric keys), run conf
 notes about the input; ``position()``/``restore()`` give a JSON-serialisable read position so a
 restarted watcher continues where it stopped (no row judged twice, none skipped).
 
-- :class:`JsonlSource`: a metrics.jsonl, tailed by byte offset. A partial last line waits for its
+- :class:`JsonlSource`: a metrics.jsonl, tailed by byte offset, each line parsed by orjson (the
+  standard library for lines with NaN/Infinity tokens). A partial last line waits for its
   newline; a corrupt complete line is skipped with a note; a truncated or replaced (rotated) file is
-  read again from its start, and the rows of steps already judged are skipped. Its polls are kept
-  in a column cache beside the file (:mod:`predict.column_cache`), so a watcher started again
-  without its state replays them (checked against the file's bytes) and parses only the tail.
+  read again from its start, and the rows of steps already judged are skipped. A watcher started
+  again with its ``--state`` continues at the saved byte offset.
 - :class:`CsvSource`: a CSV, incl. W&B exports (``_step``/``Step`` columns, ``<run> - <key>``
   chart columns, ``__MIN``/``__MAX`` dropped).
 - :class:`WandbOfflineSource`: a W&B offline run directory (or its ``.wandb`` file), read with
@@ -31,7 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ladder.io import EX_NOINPUT, InputError, as_float, open_input, read_json
+import orjson
+
+from ladder.io import EX_NOINPUT, InputError, as_float, json_line, open_input, read_json
 from ladder.runs import ended_status
 
 
@@ -42,7 +44,6 @@ class Poll:
     notes: list[str] = field(default_factory=list)
     more: bool = False  # the source has more rows ready: poll again at once
     batch: Any = None   # rows already as columns (predict.watch.Batch), when the source made them
-    nan_tokens: bool = True  # False: the rows' source text held no "NaN" (none written as NaN)
 
 
 def open_source(src: str, *, follow: bool = False, **kw):
@@ -63,6 +64,8 @@ def open_source(src: str, *, follow: bool = False, **kw):
     if not p.exists():
         raise InputError("no such file or directory", path=src, field="--source",
                          exit_code=EX_NOINPUT)
+    if not p.is_dir():
+        _regular(p)
     if p.is_dir():
         if (p / "metrics.jsonl").exists():
             return JsonlSource(p / "metrics.jsonl")
@@ -87,10 +90,10 @@ def file_identity(path: str | os.PathLike) -> dict | None:
     its first bytes (up to 4 KiB); None if it cannot be read."""
     import hashlib
     try:
-        st = os.stat(path)
-        with open(path, "rb") as f:
+        with open_input(path) as f:
+            st = os.fstat(f.fileno())
             first = f.read(IDENTITY_BYTES)
-    except OSError:
+    except (OSError, InputError):
         return None
     return {"dev": st.st_dev, "inode": st.st_ino, "size": st.st_size, "n": len(first),
             "first": hashlib.sha256(first).hexdigest()}
@@ -105,14 +108,28 @@ def same_file(path: str | os.PathLike, ident: dict | None) -> bool:
         return False
     try:
         n, size = int(ident["n"]), int(ident.get("size", 0))
-        st = os.stat(path)
-        if st.st_size < size:
+        if not 0 < n <= IDENTITY_BYTES:
             return False
-        with open(path, "rb") as f:
+        with open_input(path) as f:
+            if os.fstat(f.fileno()).st_size < size:
+                return False
             first = f.read(n)
-    except (OSError, KeyError, TypeError, ValueError):
+    except (OSError, KeyError, TypeError, ValueError, OverflowError, InputError):
         return False
     return len(first) == n and hashlib.sha256(first).hexdigest() == ident.get("first")
+
+
+def _regular(p: Path) -> None:
+    """InputError (65) when ``p`` is a FIFO, a device or a socket (ladder.io's rule for inputs:
+    a source is a regular file, checked without opening it)."""
+    import stat as _stat
+    try:
+        mode = os.stat(p).st_mode
+    except OSError:
+        return
+    if not _stat.S_ISREG(mode) and not _stat.S_ISDIR(mode):
+        raise InputError("not a regular file (a FIFO, a device or a socket); refused", path=p,
+                         field="--source")
 
 
 def _summary_status(run_dir: Path) -> str | None:
@@ -124,22 +141,21 @@ def _summary_status(run_dir: Path) -> str | None:
 
 
 class JsonlSource:
-    """Tail a metrics JSONL by byte offset."""
+    """Tail a metrics JSONL by byte offset; each line parsed by orjson (``ladder.io.json_line``:
+    the standard library for the lines holding NaN/Infinity tokens), a poll's rows turned into
+    columns of the keys the rules read (:meth:`poll_batch`)."""
 
     kind = "jsonl"
     poll_seconds = 1.0  # a local file: cheap to stat
 
-    def __init__(self, path: str | os.PathLike, *, chunk_bytes: int = 16 << 20,
-                 max_rows: int = 20_000):
+    def __init__(self, path: str | os.PathLike, *, chunk_bytes: int = 4 << 20,
+                 max_rows: int = 100_000):
         self.path = Path(path)
         # a poll returns at most about this many rows: a backlog is judged in slices, so memory
-        # stays ~50 MB (20,000 rows of ~40 keys as dicts) instead of ~1 GB at 200,000 rows
-        # (bench/watch_follow_speed.py); the slices cost nothing measurable in time
+        # stays bounded (a block's dicts, ~4 MB of lines, and 100,000 rows as float columns,
+        # ~20 MB) whatever the file's length; judging 1M rows in slices of 100,000 took 1.7 s of
+        # CPU against 2.1 s in slices of 20,000 (bench/watch_follow_speed.py)
         self.max_rows = max_rows
-        self.exact_floats = False  # see _parse_lines
-        # poll_batch reads columns (predict.jsonl_columns: exact, no dict per line); False: rows
-        # through _parse_lines, as before (bench/watch_follow_speed.py compares the two)
-        self.columns = True
         self.offset = 0
         self.inode: int | None = None
         self.line_no = 0
@@ -149,12 +165,6 @@ class JsonlSource:
         self.chunk_bytes = chunk_bytes
         self._config_sent = False
         self.moved_from: str | None = None
-        # poll_batch replays polls a watcher made of this file before (predict.column_cache):
-        # a restart without state reads only what is new; False: always parse
-        self.cache = True
-        self.cache_dir: str | os.PathLike | None = None  # None: beside the file
-        self._caches: dict[str, Any] = {}
-        self._last_read: dict | None = None  # what the last _read_blocks read (for the cache)
 
     def position(self) -> dict:
         return {"kind": self.kind, "path": str(self.path), "offset": self.offset,
@@ -167,20 +177,23 @@ class JsonlSource:
         return f"summary.json status {status}" if status else None
 
     def restore(self, pos: dict) -> None:
+        """Continue at a saved position (a state file's ``source``), each field checked: a
+        ValueError naming ``source.FIELD`` when one is not what :meth:`position` writes."""
         if pos.get("kind") != self.kind:
             return
-        moved = pos.get("path") != str(self.path)
-        if moved and not same_file(self.path, pos.get("identity")):
+        got = check_position(pos, JSONL_POSITION)
+        moved = got["path"] != str(self.path)
+        if moved and not same_file(self.path, got["identity"]):
             return  # another file: read it from its start
-        self.offset = int(pos.get("offset", 0))
-        self.head = str(pos.get("head", ""))
-        self.skip_through = pos.get("skip_through")
-        self.inode = pos.get("inode")
-        self.line_no = int(pos.get("line_no", 0))
-        self.max_step = pos.get("max_step")
-        self._config_sent = bool(pos.get("config_sent"))
+        self.offset = got["offset"]
+        self.head = got["head"]
+        self.skip_through = got["skip_through"]
+        self.inode = got["inode"]
+        self.line_no = got["line_no"]
+        self.max_step = got["max_step"]
+        self._config_sent = got["config_sent"]
         if moved:  # the same file under a new name (a copy has a new inode)
-            self.moved_from = str(pos.get("path"))
+            self.moved_from = got["path"]
             try:
                 self.inode = os.stat(self.path).st_ino
             except OSError:
@@ -190,9 +203,9 @@ class JsonlSource:
         """The file's first line (up to 4 KiB): its fingerprint, since a rotated file can reuse
         the old inode number."""
         try:
-            with open(self.path, "rb") as f:
+            with open_input(self.path) as f:
                 line = f.readline(4096)
-        except OSError:
+        except (OSError, InputError):
             return ""
         return line.decode("utf-8", "replace") if line.endswith(b"\n") else ""
 
@@ -211,44 +224,35 @@ class JsonlSource:
                 out.notes.append(f"run config not read: {e}")
 
     def poll(self) -> Poll:
-        out = Poll(nan_tokens=False)
+        """The rows (dicts) that arrived since the last poll, at most about ``max_rows``."""
+        out = Poll()
 
-        def parse(block: bytes, line_no: int):
-            got, nbad, first = _parse_lines(block, line_no, exact=self.exact_floats)
-            out.nan_tokens = out.nan_tokens or b"NaN" in block
-            out.rows.extend(got)
-            return len(out.rows), nbad, first, None
+        def take(rows: list) -> int:
+            out.rows.extend(rows)
+            return len(out.rows)
 
-        self._read_blocks(out, parse)
+        self._read_blocks(out, take)
         self._after_rows(out)
         return out
 
-    def poll_columns(self, keys, keep) -> Poll:
-        """Like :meth:`poll`, but the rows come as a :class:`predict.watch.Batch` of the
-        ``keys``/``keep`` keys, read by :func:`predict.jsonl_columns.read_columns` (the same
-        values as ``json.loads`` on every line, without a dict per line)."""
-        from predict.jsonl_columns import merge_columns, read_columns_pieces
-        from predict.watch import Batch
-        replayed = self._replay(keys, keep)
-        if replayed is not None:
-            return replayed
+    def poll_batch(self, keys, keep) -> Poll:
+        """Like :meth:`poll`, but the rows as a :class:`predict.watch.Batch` of the ``keys`` and
+        the keys ``keep`` accepts (``rows`` left empty): each block's rows become columns as
+        soon as they are parsed, so a poll holds the dicts of one block (~4 MB) at a time."""
+        from predict.watch import Batch, concat_batches
         out = Poll()
-        skip_before = self.skip_through
-        parts = []
-        fixed = frozenset(keys or ())
-        want = None if keys is None and keep is None else \
-            (lambda k: k in fixed or (keep is not None and keep(k)))
+        parts: list = []
 
-        def parse(block: bytes, line_no: int):
-            c = read_columns_pieces(block, line_no, want)
-            parts.append(c)
-            return sum(p.n for p in parts), c.bad, c.first_bad, c.lines
+        def take(rows: list) -> int:
+            parts.append(Batch.from_rows(rows, keys=keys, keep=keep))
+            return sum(len(p) for p in parts)
 
-        self._read_blocks(out, parse)
-        cols = merge_columns(parts)
-        m = _max_step(cols.values.get("step", []))
-        batch = Batch.from_columns(cols, keys=keys, keep=keep)
-        if self.skip_through is not None and len(batch):  # replaced while this poll began
+        self._read_blocks(out, take)
+        batch = concat_batches(parts) if len(parts) != 1 else parts[0]
+        notes = [n for p in parts for n in p.notes]
+        batch.notes = list(dict.fromkeys(notes)) if len(parts) > 1 else batch.notes
+        m = int(batch.step.max()) if len(batch) else None
+        if self.skip_through is not None and len(batch):  # read again after a rotation
             import numpy as np
             kept = np.flatnonzero(batch.step > self.skip_through)
             if kept.size < len(batch):
@@ -259,59 +263,6 @@ class JsonlSource:
                 self.skip_through = None
         self._saw_step(m)
         out.batch = batch
-        last = self._last_read
-        from predict.column_cache import TAIL_MIN_ROWS
-        tail = last is not None and last["at_end"] and len(batch) >= TAIL_MIN_ROWS
-        if last is not None and (last["replayable"] or tail) and skip_before is None and \
-                self.skip_through is None:
-            cache = self._cache_for(keys, keep)
-            if cache is not None:
-                cache.store({**{k: last[k] for k in ("start", "read_to", "line0", "bad",
-                                                      "first_bad")},
-                             "end": self.offset, "line1": self.line_no, "max_step": m,
-                             "tail": not last["replayable"], "more": out.more},
-                            batch, self.inode, self.head)
-        return out
-
-    def _cache_for(self, keys, keep):
-        """The column cache of this file for the ``keys``/``keep`` filter (None: no cache)."""
-        if not self.cache:
-            return None
-        from predict.column_cache import ColumnCache, spec_of
-        spec = spec_of(keys, keep, chunk_bytes=self.chunk_bytes, max_rows=self.max_rows)
-        if spec is None:
-            return None
-        tag = json.dumps(spec, sort_keys=True)
-        if tag not in self._caches:
-            self._caches[tag] = ColumnCache(self.path, spec, self.cache_dir)
-        return self._caches[tag]
-
-    def _replay(self, keys, keep) -> Poll | None:
-        """The next poll from the column cache, when it holds the poll that starts here and the
-        bytes it read are unchanged (predict.column_cache); None: read the file."""
-        if not self.columns or self.skip_through is not None or self.moved_from:
-            return None
-        cache = self._cache_for(keys, keep)
-        if cache is None or not cache.may_have(self.offset):
-            return None
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return None
-        if self._will_restart() or st.st_size <= self.offset:
-            return None
-        head = self.head or self._read_head()
-        hit = cache.lookup(self.offset, self.line_no, st.st_ino, head, st.st_size)
-        if hit is None:
-            return None
-        e, batch = hit
-        out = Poll(more=bool(e.get("more", True)), batch=batch)
-        self.inode, self.head = st.st_ino, head
-        self._config(out)
-        if e["bad"]:
-            out.notes.append(self._bad_note(e["bad"], e["first_bad"]))
-        self.offset, self.line_no = e["end"], e["line1"]
-        self._saw_step(e["max_step"])
         return out
 
     def _saw_step(self, m: int | None) -> None:
@@ -323,21 +274,11 @@ class JsonlSource:
         return (f"{self.path}: {bad} line(s) not a JSON object, skipped (first at line "
                 f"{first_bad})")
 
-    def _will_restart(self) -> bool:
-        """The next read starts the file again (it was replaced or truncated)."""
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return False
-        replaced = self.inode is not None and (st.st_ino != self.inode or
-                                               not self._same_head())
-        return bool(self.offset) and (replaced or st.st_size < self.offset)
-
-    def _read_blocks(self, out: Poll, parse) -> None:
-        """Read the complete lines that arrived, in blocks of about ``chunk_bytes``, handing each
-        to ``parse(block, line_no)`` -> (rows so far, bad lines, first bad line) until about
-        ``max_rows`` rows were read (``out.more`` then); notes go to ``out``."""
-        self._last_read = None
+    def _read_blocks(self, out: Poll, take) -> None:
+        """Read the complete lines that arrived, in blocks of about ``chunk_bytes``, handing
+        each block's rows to ``take(rows) -> rows taken so far`` until about ``max_rows`` rows
+        were read (``out.more`` then); notes go to ``out``. The file is opened by
+        ``ladder.io.open_input`` (a regular file, without blocking on a FIFO)."""
         if self.moved_from:
             out.notes.append(f"{self.path} is {self.moved_from} moved (same first bytes): "
                              f"continuing at byte {self.offset}, nothing judged again")
@@ -347,6 +288,7 @@ class JsonlSource:
         except FileNotFoundError:
             out.notes.append(f"{self.path}: not there (yet); waiting")
             return
+        _regular(self.path)  # a FIFO put in the file's place: an error, not a hang
         replaced = self.inode is not None and (st.st_ino != self.inode or
                                                not self._same_head())
         if self.offset and (replaced or st.st_size < self.offset):
@@ -364,133 +306,33 @@ class JsonlSource:
             return
         bad = 0
         first_bad = None
-        # whether this poll's output depends on the bytes it read alone (every chunk a full
-        # read, stopped by max_rows): then the column cache may replay it on a longer file
-        # (or, a tail entry: it stopped at the file's end, and every read that came short came
-        # short at that end, as on a file that did not grow while it was read)
-        last = {"start": self.offset, "line0": self.line_no, "read_to": self.offset,
-                "replayable": True}
-        short_ends = set()
-        with open(self.path, "rb") as f:
+        with open_input(self.path, field="--source") as f:
             f.seek(self.offset)
             while True:
                 data = f.read(self.chunk_bytes)
                 if not data:
-                    short_ends.add(self.offset)
                     break
-                last["read_to"] = max(last["read_to"], self.offset + len(data))
-                if len(data) < self.chunk_bytes:
-                    short_ends.add(self.offset + len(data))
                 end = data.rfind(b"\n")
-                if len(data) < self.chunk_bytes or end < 0:
-                    last["replayable"] = False
                 if end < 0:
                     if len(data) < self.chunk_bytes:
                         break  # the partial last line: wait for its newline
-                    short_ends.add(-1)  # a line longer than a chunk: no tail entry
                     data += f.readline()  # one line longer than a chunk
                     if not data.endswith(b"\n"):
                         break
                     end = len(data) - 1
-                n_rows, nbad, first, n_lines = parse(data[:end], self.line_no)
+                rows: list = []
+                nbad, first, n_lines = parse_lines(data[:end], self.line_no, rows)
                 if nbad:
                     bad += nbad
                     first_bad = first_bad or first
-                self.line_no += data.count(b"\n", 0, end) + 1 if n_lines is None else n_lines
+                self.line_no += n_lines
                 self.offset += end + 1
                 f.seek(self.offset)
-                if n_rows >= self.max_rows:
+                if take(rows) >= self.max_rows:
                     out.more = True
                     break
-        last["replayable"] = last["replayable"] and out.more
-        # a tail entry: its reads came short at one place, the file's end when it was read
-        # (stopped there, or by max_rows after a short read there)
-        last["at_end"] = short_ends == {last["read_to"]}
-        last["bad"], last["first_bad"] = bad, first_bad
-        self._last_read = last
         if bad:
             out.notes.append(self._bad_note(bad, first_bad))
-
-    # A backlog this large (a watcher started on a long run) is parsed by several processes: JSON
-    # parsing is the whole cost, and each worker returns columns (numpy), which pickle cheaply.
-    parallel_min_bytes = 32 << 20
-    parallel_min_workers = 4
-    piece_bytes = 16 << 20
-
-    def poll_batch(self, keys, keep, *, parallel: bool = True) -> Poll:
-        """Like :meth:`poll`, but returns the rows as a :class:`predict.watch.Batch` (columns of
-        the ``keys``/``keep`` keys only); a large backlog is parsed in parallel processes."""
-        from predict.watch import Batch
-        replayed = self._replay(keys, keep)
-        if replayed is not None:
-            return replayed
-        try:
-            size = os.path.getsize(self.path)
-        except OSError:
-            size = 0
-        workers = min(os.cpu_count() or 1, 8)
-        # below 4 cores the pool does not pay: on 2 (shared) cores a 1M-line backlog took 1.1-1.6x
-        # the serial time (bench/watch_quality.py), the serial path being columnar already
-        if not parallel or workers < self.parallel_min_workers or \
-                size - self.offset < self.parallel_min_bytes:
-            if self.columns and self.skip_through is None and not self._will_restart():
-                return self.poll_columns(keys, keep)  # (after a rotation: rows, which skip)
-            p = self.poll()
-            p.batch = Batch.from_rows(p.rows, keys=keys, keep=keep, nan_tokens=p.nan_tokens)
-            p.rows = []
-            return p
-        out = Poll()
-        st = os.stat(self.path)
-        if self.inode is None:
-            self.inode, self.head = st.st_ino, self._read_head()
-        if st.st_ino != self.inode or not self._same_head() or st.st_size < self.offset:
-            p = self.poll()  # rotated or truncated: the careful path
-            p.batch = Batch.from_rows(p.rows, keys=keys, keep=keep, nan_tokens=p.nan_tokens)
-            p.rows = []
-            return p
-        with open(self.path, "rb") as f:  # split at line ends into ~16 MB pieces
-            cuts = [self.offset]
-            pos = self.offset
-            while True:
-                pos += self.piece_bytes
-                if pos >= st.st_size:
-                    break
-                f.seek(pos)
-                f.readline()
-                pos = f.tell()
-                if pos >= st.st_size:
-                    break
-                cuts.append(pos)
-            f.seek(max(self.offset, st.st_size - (1 << 20)))
-            tail = f.read(st.st_size - f.tell())
-        end = st.st_size - (len(tail) - tail.rfind(b"\n") - 1) if b"\n" in tail else self.offset
-        cuts = [c for c in cuts if c < end] + [end]
-        if len(cuts) < 3:
-            p = self.poll()
-            p.batch = Batch.from_rows(p.rows, keys=keys, keep=keep, nan_tokens=p.nan_tokens)
-            p.rows = []
-            return p
-        import concurrent.futures as cf
-        import multiprocessing as mp
-        tasks = [(str(self.path), a, b, keys, keep) for a, b in zip(cuts[:-1], cuts[1:],
-                                                                    strict=True)]
-        # fork is fastest, but forking a process that runs JAX (the demo watches in the trainer's
-        # process) can deadlock on JAX's threads: start clean interpreters there instead
-        method = "spawn" if "jax" in sys.modules else "fork"
-        with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context(method)) as ex:
-            parts = list(ex.map(_parse_range, tasks))
-        from predict.watch import concat_batches
-        bad = sum(pp[1] for pp in parts)
-        self.line_no += sum(pp[2] for pp in parts)
-        self.offset = end
-        batch = concat_batches([pp[0] for pp in parts])
-        if bad:
-            out.notes.append(f"{self.path}: {bad} line(s) not a JSON object, skipped")
-        if len(batch):
-            self._saw_step(int(batch.step.max()))
-        self._config(out)
-        out.batch = batch
-        return out
 
     def _after_rows(self, out: Poll) -> None:
         m = _max_step([r.get("step") for r in out.rows])
@@ -505,77 +347,73 @@ class JsonlSource:
         self._saw_step(m)
 
 
-def _parse_range(task) -> tuple[Any, int, int]:
-    """Worker: parse bytes [a, b) of a JSONL file into a Batch (see JsonlSource.poll_batch)."""
-    path, a, b, keys, keep = task
-    from predict.jsonl_columns import read_columns_pieces
-    from predict.watch import Batch
-    with open(path, "rb") as f:
-        f.seek(a)
-        data = f.read(b - a)
-    block = data[:-1] if data.endswith(b"\n") else data
-    fixed = frozenset(keys or ())
-    want = None if keys is None and keep is None else \
-        (lambda k: k in fixed or (keep is not None and keep(k)))
-    c = read_columns_pieces(block, 0, want)
-    return Batch.from_columns(c, keys=keys, keep=keep), c.bad, data.count(b"\n")
-
-
-_FAST_LOADS: list = []
-
-
-def _fast_loads():
-    """pandas' bundled ujson decoder (the one ``pandas.read_json`` uses; about 1.4x faster than
-    ``json.loads`` here), or None. It is only used on text without a ``NaN`` token: it decodes a
-    bare NaN as None (missing), where json gives a written NaN. With ``precise_float`` its floats
-    equal json's; what it cannot represent (ints beyond 64 bits, 1e999) raises, and json decides.
-    It accepts a few malformed forms json refuses (``01``, ``1.``, a trailing comma), which are
-    then read rather than skipped. The module is pandas-internal: absent, json does everything."""
-    if not _FAST_LOADS:
-        try:
-            from pandas._libs._ujson import ujson_loads
-        except ImportError:
-            ujson_loads = None
-        _FAST_LOADS.append(ujson_loads)
-    return _FAST_LOADS[0]
-
-
-def _parse_lines(block: bytes, line_no: int, *, exact: bool = True
-                 ) -> tuple[list[dict], int, int | None]:
-    """JSON objects of the newline-separated ``block``: one decode of the whole block as an array
-    when every line is a clean object (a quarter faster than line by line; pandas' ujson when
-    the block has no NaN token, see :func:`_fast_loads`), else line by line with ``json``,
-    skipping (and counting) the lines that are not a JSON object."""
-    try:  # newlines -> commas: one array; a blank line (",,") fails and takes the slow path
-        arr = b"[" + block.replace(b"\n", b",") + b"]"
-        fast = _fast_loads() if b"NaN" not in block else None
-        rows = None
-        if fast is not None:
-            try:
-                # exact=False: ujson's own float conversion, ~1.5x faster than its precise
-                # one (bench/watch_follow_speed.py); a value may differ from json's in its
-                # last bit (relative 2e-16), nothing next to a band of 1e-3 or an eval sd
-                rows = fast(arr, precise_float=exact)
-            except (ValueError, OverflowError):
-                rows = None  # e.g. an int beyond 64 bits, 1e999, 5e-324: the stdlib decides
-        if rows is None:
-            rows = json.loads(arr)
-        if len(rows) == block.count(b"\n") + 1 and all(type(r) is dict for r in rows):
-            return rows, 0, None
-    except (ValueError, UnicodeDecodeError, RecursionError):
+def parse_lines(block: bytes, line_no: int, rows: list) -> tuple[int, int | None, int]:
+    """Append the JSON objects of the newline-separated ``block`` to ``rows``: each line by
+    orjson, the lines it refuses by the standard library (``ladder.io.json_line``: NaN/Infinity
+    tokens, numbers beyond float range); blank lines skipped, lines that are not a JSON object
+    counted. Returns ``(bad, first bad line number (1-based, after line_no), lines)``."""
+    lines = block.split(b"\n")
+    try:  # the common case, every line an object orjson reads: one pass in C
+        got = list(map(orjson.loads, lines))
+        if set(map(type, got)) == {dict}:
+            rows.extend(got)
+            return 0, None, len(lines)
+    except orjson.JSONDecodeError:
         pass
-    from predict.jsonl_columns import json_object
-    rows, bad, first = [], 0, None
-    for k, raw in enumerate(block.split(b"\n")):
-        if not raw.strip():
-            continue
-        row = json_object(raw)
-        if row is not None:
-            rows.append(row)
+    loads, err, append = orjson.loads, orjson.JSONDecodeError, rows.append
+    bad, first = 0, None
+    for k, raw in enumerate(lines):
+        try:
+            row = loads(raw)
+        except err:
+            if not raw.strip():
+                continue
+            row, _ = json_line(raw)
+        if type(row) is dict:
+            append(row)
         else:
             bad += 1
             first = first or line_no + k + 1
-    return rows, bad, first
+    return bad, first, len(lines)
+
+
+# A saved read position of a JSONL source, field by field: (name, kinds, bounds). A state file
+# is ours, but it is a file: edited, truncated, or from another version (issue 26).
+_POS_INT = (0, 2 ** 63 - 1)
+JSONL_POSITION = {"path": ("str", None), "offset": ("int", _POS_INT),
+                  "inode": ("int?", _POS_INT), "line_no": ("int", _POS_INT),
+                  "max_step": ("int?", (0, 2 ** 53)), "skip_through": ("int?", (0, 2 ** 53)),
+                  "config_sent": ("bool", None), "head": ("str", None),
+                  "identity": ("dict?", None)}
+
+
+def check_position(pos: dict, spec: dict) -> dict:
+    """The fields of a saved read position ``pos`` as ``spec`` says (missing ones: the
+    defaults of a fresh source), or a ValueError naming the first bad one (``source.FIELD``)."""
+    defaults = {"str": "", "int": 0, "int?": None, "bool": False, "dict?": None}
+    out = {}
+    for name, (kind, bounds) in spec.items():
+        v = pos.get(name, defaults[kind])
+        ok = True
+        if kind in ("int", "int?"):
+            if v is None and kind == "int?":
+                pass
+            elif isinstance(v, bool) or not isinstance(v, int):
+                ok = False
+            elif bounds and not bounds[0] <= v <= bounds[1]:
+                ok = False
+        elif kind == "bool":
+            ok = isinstance(v, bool)
+        elif kind == "str":
+            ok = isinstance(v, str) and len(v) <= 1 << 16
+        elif kind == "dict?":
+            ok = v is None or isinstance(v, dict)
+        if not ok:
+            raise ValueError(f"source.{name}: expected {kind.replace('?', ' or null')}"
+                             + (f" in [{bounds[0]}, {bounds[1]}]" if bounds else "")
+                             + f", got {str(v)[:40]!r}")
+        out[name] = v
+    return out
 
 
 def _max_step(steps: list) -> int | None:
@@ -624,10 +462,12 @@ class CsvSource:
         return f"summary.json status {status}" if status else None
 
     def restore(self, pos: dict) -> None:
-        if pos.get("kind") == self.kind and (pos.get("path") == str(self.path) or
-                                             same_file(self.path, pos.get("identity"))):
-            self.n_rows = int(pos.get("n_rows", 0))
-            self.size = int(pos.get("size", 0))
+        if pos.get("kind") != self.kind:
+            return
+        got = check_position(pos, {"path": ("str", None), "n_rows": ("int", _POS_INT),
+                                   "size": ("int", _POS_INT), "identity": ("dict?", None)})
+        if got["path"] == str(self.path) or same_file(self.path, got["identity"]):
+            self.n_rows, self.size = got["n_rows"], got["size"]
 
     def poll(self) -> Poll:
         import pandas as pd
@@ -734,8 +574,8 @@ class WandbOfflineSource:
             return [(p.name, p)]
         found: dict[Path, str] = {}
         for q in sorted(p.glob("*.wandb")) + sorted(p.glob("*/*.wandb")):
-            if q.parent.name == "latest-run":
-                continue  # a link to one of the run-* directories
+            if q.parent.name == "latest-run" and q.parent != p:
+                continue  # a link to one of the run-* directories (unless it is the one given)
             found.setdefault(q.resolve(), str(q.relative_to(p)))
         if not found and (p / "latest-run").exists():
             for q in sorted((p / "latest-run").glob("*.wandb")):

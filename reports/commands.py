@@ -22,7 +22,7 @@ FIGURES = (("ladder", plots.plot_ladder, "no ladder runs with the metric"),
 
 
 def build_report(out_dir: str | os.PathLike, runs=None, law=None, prereg=None, alerts=None,
-                 target_run=None) -> Path:
+                 target_run=None, points=None) -> Path:
     """Write ``index.html``, one PNG per figure and ``summary.md`` into ``out_dir``; return the
     path of ``index.html``. Every input is optional (a path; ``law`` may also be a loaded law
     object); what is missing is said in the report. Bad files raise ``InputError``."""
@@ -31,10 +31,14 @@ def build_report(out_dir: str | os.PathLike, runs=None, law=None, prereg=None, a
         raise InputError("exists and is not a directory", path=out, field="--out",
                          exit_code=EX_CANTCREAT)
     check_writable(out, field="--out", directory=True)
-    inp = load_inputs(runs=runs, law=law, prereg=prereg, alerts=alerts, target_run=target_run)
+    inp = load_inputs(runs=runs, law=law, prereg=prereg, alerts=alerts, target_run=target_run,
+                      points=points)
     pngs: dict[str, bytes] = {}
     missing: dict[str, str] = {}
-    with staged_dir(out) as tmp:  # a killed report never leaves a folder mixing two runs
+    # the names a report writes: an old one's are replaced or removed (a stale figure must not
+    # pass for the new report); nothing else in --out is ever touched (ladder.io.staged_dir)
+    own = tuple(f"{key}.png" for key, _, _ in FIGURES) + ("summary.md", "index.html")
+    with staged_dir(out, own=own) as tmp:  # a killed report never mixes two reports
         for key, func, why in FIGURES:
             fig = func(inp)
             if fig is None:
@@ -54,7 +58,8 @@ def report_main(args) -> int:
                          exit_code=EX_USAGE)
     if args.out is not None:
         path = build_report(args.out, runs=args.runs, law=args.law, prereg=args.prereg,
-                            alerts=args.alerts, target_run=args.target_run)
+                            alerts=args.alerts, target_run=args.target_run,
+                            points=getattr(args, "points", None))
         print(f"report: {path}")
         summary = path.parent / "summary.md"
         print(summary.read_text(encoding="utf-8").split("\n## ")[0].rstrip(), flush=True)

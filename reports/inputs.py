@@ -221,6 +221,25 @@ def load_law(law: Any) -> LawView | None:
 # ----------------------------------------------------------------------------- prereg, alerts
 
 
+def law_differs(law: LawView, prereg: dict, where=None) -> str | None:
+    """A note when the law drawn is not the one the pre-registration embeds (issue 26: `report
+    --law L --prereg P` drew L's curve beside P's band without a word); None when it is."""
+    from ladder.io import sha256_of
+    registered = prereg.get("law_sha256")
+    shas = {sha256_of(law.meta)}
+    if law.obj is not None and hasattr(law.obj, "to_json"):
+        try:
+            shas.add(sha256_of(law.obj.to_json()))
+        except Exception:  # noqa: BLE001 - the note is about the file; its JSON is compared
+            pass
+    if registered in shas:
+        return None
+    name = law.path.name if law.path is not None else "the law given"
+    return (f"the law drawn ({name}, sha256 {sha256_of(law.meta)[:12]}...) is not the one the "
+            f"pre-registration {Path(str(where)).name if where else ''} embeds (law_sha256 "
+            f"{str(registered)[:12]}...): its curve is not what the band was registered from")
+
+
 def load_alerts(path: str | os.PathLike) -> list[dict]:
     """alerts.jsonl rows (tolerant reader: partial last line and corrupt lines skipped)."""
     return [row for _, row in iter_jsonl(path)]
@@ -237,6 +256,9 @@ class ReportInputs:
     prereg: dict | None
     alerts: list[dict] | None
     notes: list[str]              # what is missing or could not be used, one line each
+    # the law's fitted points (--points FILE, else law.json's `points`): drawn on the law plot
+    # when no runs directory is given (a law fitted from a CSV)
+    points: Any = None            # pandas DataFrame of points-table columns, or None
 
     @property
     def metric(self) -> str:
@@ -278,7 +300,40 @@ def _same_run(run: RunData, name: str) -> bool:
         {f"{ladder}/{n}" for n in names}
 
 
-def load_inputs(runs=None, law=None, prereg=None, alerts=None, target_run=None) -> ReportInputs:
+def law_points(law_view: LawView | None, points=None):
+    """The points a law was fitted to: ``points`` (a points table path, read by
+    ``fit.points.load_points``), else the law.json's ``points`` block (``{columns, rows}``); None
+    when neither is there. A malformed block is an InputError naming the field."""
+    import pandas as pd
+    if points is not None:
+        from fit.points import load_points
+        metric = law_view.metric if law_view is not None else None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # dropped rows: the fit said so when it ran
+            df = load_points([points], metric)
+        df.attrs["from"] = f"--points {Path(points).name}"
+        return df
+    block = law_view.meta.get("points") if law_view is not None else None
+    if block is None:
+        return None
+    where = str(law_view.path) if law_view.path is not None else "<law>"
+    cols = block.get("columns") if isinstance(block, dict) else None
+    rows = block.get("rows") if isinstance(block, dict) else None
+    if not (isinstance(cols, list) and all(isinstance(c, str) for c in cols)
+            and isinstance(rows, list) and all(isinstance(r, list) and len(r) == len(cols)
+                                               for r in rows)):
+        raise InputError("expected {columns: [names], rows: [[values]]}", path=where,
+                         field="points")
+    df = pd.DataFrame(rows, columns=cols)
+    for c in df.columns:
+        if c != "run":
+            df[c] = pd.to_numeric(df[c], errors="coerce")
+    df.attrs["from"] = "law.json"
+    return df
+
+
+def load_inputs(runs=None, law=None, prereg=None, alerts=None, target_run=None,
+                points=None) -> ReportInputs:
     notes: list[str] = []
     all_runs: list[RunData] = []
     if runs is not None:
@@ -313,11 +368,16 @@ def load_inputs(runs=None, law=None, prereg=None, alerts=None, target_run=None) 
     else:
         notes.append("no pre-registration given (--prereg): no forecast band, no watch plot")
 
+    if law_view is not None and prereg_obj and isinstance(prereg_obj.get("law_sha256"), str):
+        note = law_differs(law_view, prereg_obj, prereg)
+        if note:
+            notes.append(note)
+
     alert_rows = None
     if alerts is not None:
         if isinstance(alerts, (str, os.PathLike)):
-            if Path(alerts).is_file():
-                alert_rows = load_alerts(alerts)
+            if Path(alerts).exists() or Path(alerts).is_symlink():
+                alert_rows = load_alerts(alerts)  # a FIFO or a device: refused, one line
             else:  # the watcher may write the file only when something fires
                 alert_rows = []
                 notes.append(f"alerts file {alerts} does not exist: read as no alerts")
@@ -350,7 +410,7 @@ def load_inputs(runs=None, law=None, prereg=None, alerts=None, target_run=None) 
     rungs = sorted(all_runs, key=lambda r: (r.compute if r.compute is not None else math.inf,
                                             r.name))
     return ReportInputs(rungs=rungs, target=target, law=law_view, prereg=prereg_obj,
-                        alerts=alert_rows, notes=notes)
+                        alerts=alert_rows, notes=notes, points=law_points(law_view, points))
 
 
 # ----------------------------------------------------------------------------- alert timing

@@ -308,6 +308,9 @@ def _allocation(inp: ReportInputs):
     tv = tuple(ti.get(k) for k in ("compute", "params", "active_params", "tokens"))
     if all(isinstance(v, (int, float)) and v > 0 for v in tv):
         pts.append(tuple(float(v) for v in tv))
+    if not pts:  # a law fitted from a table: the sizing of its points
+        pts = [tuple(v) for v in _table_finals(inp, ("compute", "params", "active_params",
+                                                     "tokens"))]
     if not pts:
         return None
     arr = np.log(np.asarray(pts, float))
@@ -324,6 +327,21 @@ def _allocation(inp: ReportInputs):
         p, a, d = (np.exp(np.polyval(c, x)) for c in coefs)
         return {"params": p, "active_params": a, "tokens": d, "compute": np.exp(x)}
     return at
+
+
+def _table_finals(inp: ReportInputs, cols: tuple[str, ...]) -> np.ndarray:
+    """Rows of ``cols`` of the law's points (``inp.points``): each run's last point (largest
+    fraction), only rows where every column is a positive finite number; (0, len(cols)) when
+    there are none."""
+    df = inp.points
+    if df is None or not len(df) or not set(cols) <= set(df.columns):
+        return np.zeros((0, len(cols)))
+    if "run" in df.columns and "fraction" in df.columns:
+        df = df.sort_values("fraction", kind="stable").groupby("run", sort=False).tail(1)
+    arr = df[list(cols)].to_numpy(dtype=float)
+    with np.errstate(invalid="ignore"):
+        ok = np.isfinite(arr).all(axis=1) & (arr > 0).all(axis=1)
+    return arr[ok]
 
 
 def backtests(law_meta: dict) -> list[dict]:
@@ -399,8 +417,6 @@ def plot_law(inp: ReportInputs) -> Figure | None:
     finals = [(r, v) for r, v in finals if v is not None and r.compute]
     fc_final = inp.prereg.get("final") if inp.prereg else None
     tcomp = inp.target_info.get("compute")
-    if law is None and not finals and not fc_final:
-        return None
     colors = colors_for(inp)
     fig = _fig(12.5, 5.4)
     gs = fig.add_gridspec(1, 2, width_ratios=[2.3, 1])
@@ -409,8 +425,13 @@ def plot_law(inp: ReportInputs) -> Figure | None:
     E = float(E) if isinstance(E, (int, float)) and math.isfinite(E) else None
 
     xs = [r.compute for r, _ in finals]
+    # no runs given: the points the law was fitted to (law.json's `points` or --points)
+    table = _table_finals(inp, ("compute", "loss")) if not finals else np.zeros((0, 2))
+    xs += list(table[:, 0])
     if isinstance(tcomp, (int, float)) and tcomp > 0:
         xs.append(float(tcomp))
+    if law is None and not finals and not fc_final and not len(table):
+        return None
     grid = np.geomspace(min(xs) / 2, max(xs) * 2, 200) if xs else None
     pred = None
     alloc = _allocation(inp)
@@ -431,7 +452,7 @@ def plot_law(inp: ReportInputs) -> Figure | None:
     elif law is not None and grid is not None and alloc is not None:
         kw = alloc(grid)
         pred = law.predict(level=inp.level, fraction=np.ones_like(grid), **kw)
-    ys = [v for _, v in finals]
+    ys = [v for _, v in finals] + list(table[:, 1])
     if fc_final:
         ys += [fc_final.get("loss"), fc_final.get("lo")]
     if pred is not None:
@@ -455,6 +476,12 @@ def plot_law(inp: ReportInputs) -> Figure | None:
     for r, v in finals:
         ax.plot(r.compute, v - sub, "o", color=colors[r.name], ms=8, mec="white", mew=0.8,
                 zorder=4, label=f"{r.name}: {num(v)}")
+    if len(table):
+        n = len(table)
+        ax.plot(table[:, 0], table[:, 1] - sub, "o", color="#495057", ms=5 if n > 50 else 7,
+                alpha=0.7, mec="white", mew=0.5, zorder=4,
+                label=f"fitted points: the last of each of {n} run{'s' if n != 1 else ''} "
+                      f"(from {inp.points.attrs.get('from', 'law.json')})")
     if fc_final and isinstance(tcomp, (int, float)):
         f, lo, hi = (fc_final.get(k) for k in ("loss", "lo", "hi"))
         if isinstance(f, (int, float)):
@@ -474,7 +501,8 @@ def plot_law(inp: ReportInputs) -> Figure | None:
     _plain_log_y(ax)
     ax.set_xlabel("training compute C (FLOPs, no LM head)")
     ax.set_ylabel(f"{metric} - E  (E = {num(E)})" if use_e else _metric_label(metric))
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
+    if ax.get_legend_handles_labels()[0]:  # an old law.json without points has nothing to name
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     if law is not None and law.meta.get("expression"):
         expr = textwrap.fill(f"law: {law.meta['expression']}", 110)
         ax.set_title(expr, loc="left", fontsize=8, color="#555555", fontweight="normal")
@@ -484,6 +512,8 @@ def plot_law(inp: ReportInputs) -> Figure | None:
         title = (f"Forecast for {inp.target_name or 'the target'}: {num(fc_final['loss'])} "
                  f"[{num(fc_final.get('lo'))}, {num(fc_final.get('hi'))}], "
                  f"{ratio:.3g}x the largest rung's compute")
+    elif law is not None and not finals and len(table):
+        title = f"The {law.form} law through the {len(table)} runs it was fitted to"
     elif law is not None:
         title = f"The {law.form} law through {len(finals)} finished rungs"
     else:
@@ -836,3 +866,114 @@ def plot_health(inp: ReportInputs) -> Figure | None:
             "faint: every step")
     fig.suptitle(sup, x=0.01, ha="left", fontsize=12)
     return fig
+
+
+# ----------------------------------------------------------------------------- ladder compare
+COMPARE_A_COLOR, COMPARE_B_COLOR = "#6b6b6b", "#2b6cb0"
+
+
+def _as_num(v) -> float:
+    """A number of compare.json (non-finite values are the strings "NaN", "Infinity")."""
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+@_styled
+def plot_compare(metric: str, c: dict) -> Figure:
+    """One metric of compare.json (fit.compare): both laws with their runs against compute,
+    and the multiplier of B over A with its band, the paired per-size values and the target."""
+    fig = _fig(12.5, 4.8)
+    ax, axm = fig.subplots(1, 2)
+    cur = c["curve"]
+    x = np.array([_as_num(v) for v in cur["compute"]])
+    for side, color, label in (("a", COMPARE_A_COLOR, "A"), ("b", COMPARE_B_COLOR, "B")):
+        pts = c["points"][side]
+        law = c["laws"][side]
+        ax.plot(x, [_as_num(v) for v in cur[f"loss_{side}"]], color=color, lw=1.6,
+                label=f"{label}: {law['form']} law")
+        ax.scatter([_as_num(v) for v in pts["compute"]], [_as_num(v) for v in pts["loss"]],
+                   color=color, s=28, zorder=3, label=f"{label}: runs' final loss")
+    at = _as_num(c["at"])
+    for a in (ax, axm):
+        a.set_xscale("log")
+        a.axvline(at, color=TARGET_COLOR, lw=0.8, ls=":")
+        a.set_xlabel("training compute C (FLOPs)")
+    ax.set_ylabel(_metric_label(metric))
+    _plain_log_y(ax)
+    ax.set_title("both recipes' laws")
+    ax.legend(loc="upper right")
+    m = np.array([_as_num(v) for v in cur["multiplier"]])
+    lo = np.array([_as_num(v) for v in cur["lo"]])
+    hi = np.array([_as_num(v) for v in cur["hi"]])
+    ok = np.isfinite(m)
+    axm.plot(x[ok], m[ok], color=COMPARE_B_COLOR, lw=1.6, label="laws: C_A(L_B(C)) / C")
+    band = ok & np.isfinite(lo) & np.isfinite(hi)
+    if band.any():
+        axm.fill_between(x[band], lo[band], hi[band], color=COMPARE_B_COLOR, alpha=0.18, lw=0,
+                         label=f"{c['level']:.0%} band (both fits' draws)")
+    sizes = [e for e in c["per_size"] if _as_num(e.get("multiplier")) > 0]
+    if sizes:
+        xs = np.array([_as_num(e["compute"]) for e in sizes])
+        ys = np.array([_as_num(e["multiplier"]) for e in sizes])
+        elo = np.array([_as_num(e.get("lo")) for e in sizes])
+        ehi = np.array([_as_num(e.get("hi")) for e in sizes])
+        err = np.vstack([np.where(np.isfinite(elo), ys - elo, 0),
+                         np.where(np.isfinite(ehi), ehi - ys, 0)])
+        fin = np.isfinite(ys)
+        axm.errorbar(xs[fin], ys[fin], yerr=err[:, fin], fmt="o", color=TARGET_COLOR, ms=5,
+                     capsize=3, label="per size, paired (A's law through A's run)")
+    axm.axhline(1.0, color="#999999", lw=0.8)
+    mult = _as_num(c["multiplier"])
+    axm.set_yscale("log")
+    axm.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}x"))
+    axm.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:.3g}x"))
+    t = c.get("trend") or {}
+    slope = _as_num(t.get("slope"))
+    trend = (f"\ntrend d ln m / d ln C {slope:+.3f} [{_as_num(t.get('lo')):+.3f}, "
+             f"{_as_num(t.get('hi')):+.3f}]: {t.get('verdict')}") if math.isfinite(slope) else ""
+    axm.set_title(f"B over A: {mult:.3g}x [{_as_num(c['lo']):.3g}, {_as_num(c['hi']):.3g}] "
+                  f"at {sci(at)}{trend}", fontsize=9.5)
+    axm.set_ylabel("compute-equivalent multiplier")
+    axm.legend(loc="best")
+    fig.suptitle(f"ladder compare: {metric}")
+    return fig
+
+
+@_styled
+def plot_compare_summary(doc: dict) -> Figure:
+    """Every metric's multiplier at its target with its band, one row each (a forest plot)."""
+    items = list(doc["metrics"].items())
+    fig = _fig(8.5, 1.2 + 0.28 * len(items))
+    ax = fig.subplots()
+    ys = np.arange(len(items))[::-1]
+    for y, (_k, c) in zip(ys, items, strict=True):
+        m, lo, hi = (_as_num(c[f]) for f in ("multiplier", "lo", "hi"))
+        if math.isfinite(lo) and math.isfinite(hi):
+            ax.plot([lo, hi], [y, y], color=COMPARE_B_COLOR, lw=2, alpha=0.5)
+        if math.isfinite(m) and m > 0:
+            ax.plot([m], [y], "o", color=COMPARE_B_COLOR, ms=5)
+    ax.axvline(1.0, color="#999999", lw=0.8)
+    ax.set_yticks(ys, [k for k, _ in items], fontsize=8)
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}x"))
+    ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:.3g}x"))
+    ax.set_xlabel("compute-equivalent multiplier of B over A at each metric's target")
+    ax.set_title("ladder compare: every metric")
+    return fig
+
+
+def compare_figures(doc: dict) -> dict[str, bytes]:
+    """compare.json's object -> {file name: PNG}: one figure per metric (compare_KEY.png, the
+    key's characters outside [A-Za-z0-9._-] as '_') and, for several metrics, compare.png."""
+    out = {}
+    for k, c in doc["metrics"].items():
+        safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in str(k))
+        name = f"compare_{safe}.png"
+        if name in out:  # two keys that differ only in replaced characters
+            name = f"compare_{safe}_{len(out)}.png"
+        out[name] = png_bytes(plot_compare(str(k), c))
+    if len(doc["metrics"]) > 1:
+        out["compare.png"] = png_bytes(plot_compare_summary(doc))
+    return out

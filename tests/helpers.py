@@ -8,6 +8,7 @@ module and nothing outside the library, so either import is the same code.
 from __future__ import annotations
 
 import functools
+from contextlib import contextmanager
 import json
 import subprocess
 import sys
@@ -135,3 +136,46 @@ def assert_documents_stay_apart(fwd, tokens, vocab_size: int, cut: int, atol: fl
     assert not np.allclose(a[:, :cut], b[:, :cut])
     whole = jnp.zeros((B, S), jnp.int32)
     assert not np.allclose(fwd(tokens, whole)[:, cut:], fwd(changed, whole)[:, cut:])
+
+
+# ---------------------------------------------------- the CLI in-process, a deadline
+
+def run_cli(*args) -> tuple[int, str, str]:
+    """`ladder ARGS` in this process (a subprocess costs seconds of imports), warnings silenced:
+    (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+    import warnings
+
+    from ladder.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as e:
+            code = e.code
+    return code, out.getvalue(), err.getvalue()
+
+
+class Hang(Exception):
+    """What :func:`alarm` raises when its block is still running at the deadline."""
+
+
+@contextmanager
+def alarm(seconds: float = 120):
+    """Raise :class:`Hang` in this (main) thread if the block is still running after
+    ``seconds``: a test of "never blocks" fails instead of hanging the suite."""
+    import signal
+
+    def on(signum, frame):
+        raise Hang(f"still running after {seconds} s")
+    old = signal.signal(signal.SIGALRM, on)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)

@@ -10,8 +10,6 @@ examples with a small bootstrap; ``-m slow`` runs hundreds (docs/LOG.md has what
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 import warnings
@@ -27,7 +25,7 @@ from fit.allocation import allocation, allocation_diagnostics
 from fit.estimate import fit_spec
 from fit.forms import U_LIMIT, Spec, get_form
 from fit.law import law_from_json
-from ladder.cli import main
+from helpers import run_cli as _cli
 from ladder.io import EX_DATAERR, InputError, atomic_write_json, to_jsonable
 from predict import forecast as fc
 from predict.commands import make_prereg
@@ -193,13 +191,6 @@ def test_generated_ladders_fit_and_round_trip(c, tmp_path):
     run_pipeline(c, tmp_path, bootstrap=10, backtest=False)
 
 
-def _cli(*args):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
-            warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        code = main([str(a) for a in args])
-    return code, out.getvalue(), err.getvalue()
 
 
 def _refusal(code, err) -> None:

@@ -2,26 +2,16 @@
 tiny` trains the target beside the rungs, and the law that forecasts it must not be fitted on it.
 The output says so; --include-target puts it back."""
 
-import contextlib
-import io
 import json
-import warnings
 
 import pytest
 
 from fit import load_points
+from helpers import run_cli as _cli
 from helpers import write_law_runs
-from ladder.cli import main
 from ladder.io import InputError
 
 
-def _cli(*args):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
-            warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        code = main([str(a) for a in args])
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture()

@@ -199,3 +199,165 @@ def test_judge_tells_an_error_from_an_accepted_bad_input():
     """The harness itself can fail a case: exit 0 for an input called bad is 'accepted'."""
     assert judge(["list", "no-such-ladder"], ("no-such-ladder",)).verdict == "error"
     assert judge(["list", "tiny"]).verdict == "accepted"  # a good input judged as bad
+
+
+# ------------------------------------------------------------------ issue 26: the battery
+
+# One case of each surface in the default suite (each well under a few seconds); the whole
+# battery, rungs trained and W&B included, in the slow set.
+ISSUE26_CASES = (
+    "list rung name with a NUL", "verify amends.path outside the folder", "watch --state FIFO",
+    "watch --source /dev/zero", "predict law 600 MB", "verify with a FIFO beside",
+    "watch follows a hand-sealed amendment dated 9999", 'watch state state.worst="bogus"',
+    "watch state outbox nested pending", "list --ladder-file n_layers=10**7",
+    "watch --alerts after a partial last line", "watch --webhook-file")
+
+
+def test_issue26_cases_of_every_surface(world, tmp_path):
+    from bench.fuzz_inputs import corpus26
+    cases = [c for c in corpus26() if c.name in ISSUE26_CASES]
+    assert len(cases) == len(ISSUE26_CASES)
+    assert len({c.surface for c in cases}) >= 6
+    results = [(c, run_case(world, c, tmp_path)) for c in cases]
+    assert _findings(results) == []
+
+
+@pytest.mark.slow  # ~70 cases, 7 of them train a rung or open a W&B run: minutes
+def test_issue26_battery_has_no_finding(world, tmp_path):
+    from bench.fuzz_inputs import corpus26, preload, surface_table
+    preload()
+    results = [(c, run_case(world, c, tmp_path)) for c in corpus26()]
+    print(surface_table(results))
+    assert _findings(results) == []
+
+
+# ------------------------------------------------------------------ hypothesis: the file readers
+
+READERS = settings(max_examples=150, deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                       HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def _json_values():
+    return st.recursive(
+        st.one_of(st.none(), st.booleans(), st.integers(-(10 ** 30), 10 ** 30),
+                  st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8)),
+        lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c,
+                                                            max_size=3), max_leaves=8)
+
+
+def _mutate(doc, path_value):
+    """``doc`` with the value at a path of keys/indexes replaced (the path is cut where the
+    document has nothing to descend into)."""
+    path, value = path_value
+    cur = doc
+    for i, step in enumerate(path):
+        if isinstance(cur, dict) and cur:
+            key = sorted(cur)[step % len(cur)]
+            if i == len(path) - 1 or not isinstance(cur[key], (dict, list)):
+                cur[key] = value
+                return doc
+            cur = cur[key]
+        elif isinstance(cur, list) and cur:
+            j = step % len(cur)
+            if i == len(path) - 1 or not isinstance(cur[j], (dict, list)):
+                cur[j] = value
+                return doc
+            cur = cur[j]
+        else:
+            return doc
+    return doc
+
+
+MUTATION = st.tuples(st.lists(st.integers(0, 50), min_size=1, max_size=4), _json_values())
+
+
+@pytest.mark.slow
+@READERS
+@given(mutations=st.lists(MUTATION, min_size=1, max_size=3))
+def test_any_state_file_is_taken_or_refused_with_one_line(world, tmp_path, mutations):
+    from bench.fuzz_inputs import _state_of
+
+    def build(w):
+        st_path = _state_of(w)
+        doc = json.loads(st_path.read_text())
+        for m in mutations:
+            doc = _mutate(doc, m)
+        st_path.write_text(json.dumps(doc))
+        return ["watch", str(w / "pre" / "prereg.json"), "--source", str(w / "live.jsonl"),
+                "--state", str(st_path)]
+
+    o = run_case(world, Case("h", build, bad=False), tmp_path)
+    assert o.verdict in ("error", "tolerated"), (mutations, o)
+    assert o.code in (0, 1, 2, 3) or o.code >= 64, (mutations, o)
+
+
+@pytest.mark.slow
+@READERS
+@given(mutations=st.lists(MUTATION, min_size=1, max_size=3))
+def test_any_token_manifest_is_loaded_or_refused_with_one_line(world, tmp_path, mutations):
+    import shutil
+
+    from ladder.io import InputError
+    from ladder.tokens import load_shards
+    d = tmp_path / "shards"
+    if d.exists():
+        shutil.rmtree(d)
+    shutil.copytree(world / "shards", d)
+    doc = json.loads((d / "manifest.json").read_text())
+    for m in mutations:
+        doc = _mutate(doc, m)
+    (d / "manifest.json").write_text(json.dumps(doc))
+    try:
+        shards = load_shards(d)
+    except InputError as e:
+        assert "\n" not in str(e) and e.exit_code >= 64
+        return
+    assert shards.vocab_size >= 1  # taken: every field it reads was in range
+
+
+@pytest.mark.slow
+@READERS
+@given(value=_json_values(), field_=st.sampled_from(
+    ["vocab_size", "seq_len", "head_dim", "n_experts", "top_k", "n_shared", "tokens_per_active",
+     "batch_per_unit", "lr_coef", "lr_tokens_exp", "local_window", "eval_every",
+     "capacity_factor", "route_scale", "qk_mult", "conv_kernel"]),
+    where=st.sampled_from(["recipe", "rungs", "target"]))
+def test_any_ladder_file_number_is_taken_or_refused_with_one_line(tmp_path, value, field_,
+                                                                   where):
+    from ladder.io import InputError
+    from ladder.specs import load_ladder_file, parse_ladder
+    import tomllib
+    from importlib.resources import files
+    doc = tomllib.loads((files("ladder") / "ladders" / "tiny.toml").read_text())
+    if where == "recipe":
+        doc["recipe"][field_] = value
+    else:
+        table = doc["target"] if where == "target" else doc["rungs"][0]
+        table[{"vocab_size": "d", "seq_len": "n_layers"}.get(field_, "batch_units")] = value
+    p = tmp_path / "lad.json"
+    p.write_text(json.dumps(doc))
+    try:
+        lad = load_ladder_file(p)
+    except InputError as e:
+        assert "\n" not in str(e) and e.exit_code == 65 and e.field
+        return
+    for r in lad.all:  # taken: a rung any machine could hold
+        assert 1 <= r.steps <= 10 ** 12 and r.summary()["compute"] > 0
+    del parse_ladder
+
+
+@pytest.mark.slow
+@READERS
+@given(data=st.binary(max_size=300) | st.lists(_json_values(), max_size=4).map(
+    lambda xs: "\n".join(json.dumps(x) for x in xs).encode()))
+def test_any_bytes_in_a_file_reader_is_a_value_or_one_line(tmp_path, data):
+    from ladder.io import InputError, iter_jsonl, read_json
+    from predict.prereg import read_chain_file
+    p = tmp_path / "x.json"
+    p.write_bytes(data)
+    for reader in (read_json, read_chain_file, lambda q: list(iter_jsonl(q))):
+        try:
+            reader(p)
+        except InputError as e:
+            assert "\n" not in str(e)

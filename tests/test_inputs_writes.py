@@ -91,15 +91,16 @@ def test_temp_files_of_killed_writers_are_removed(tmp_path):
 
 def test_a_killed_report_leaves_the_old_report_whole(tmp_path):
     out = tmp_path / "report"
-    with staged_dir(out) as d:
+    own = ("index.html", "law.png")
+    with staged_dir(out, own=own) as d:
         (d / "index.html").write_text("old")
         (d / "law.png").write_text("old")
-    (out / "notes.txt").write_text("mine")  # not the report's: carried over
-    with pytest.raises(RuntimeError), staged_dir(out) as d:
+    (out / "notes.txt").write_text("mine")  # not the report's: never touched
+    with pytest.raises(RuntimeError), staged_dir(out, own=own) as d:
         (d / "index.html").write_text("new")
         raise RuntimeError("killed mid-report")
     assert (out / "index.html").read_text() == "old" and (out / "law.png").read_text() == "old"
-    with staged_dir(out) as d:
+    with staged_dir(out, own=own) as d:
         (d / "index.html").write_text("new")
     assert sorted(q.name for q in out.iterdir()) == ["index.html", "notes.txt"]  # stale PNG gone
     assert not [q for q in tmp_path.iterdir() if q.name.startswith(".report.")]
@@ -233,3 +234,94 @@ def test_resume_cuts_back_a_metrics_file_with_poisoned_lines(tmp_path):
     MetricsFile(p).truncate_to(2)
     assert [json.loads(line)["step"] for line in p.read_text().splitlines()] == [1, 2]
     assert mode(p) == 0o644
+
+
+# ------------------------------------------------------------------ issue 26 item 6
+
+
+def test_an_append_after_a_partial_last_line_is_a_whole_line(tmp_path):
+    """A full disk (or a kill) cut the last alert short; the next one is not glued onto it."""
+    p = tmp_path / "alerts.jsonl"
+    p.write_text('{"id": "a", "kind": "spike"}\n{"id": "b", "ki')
+    cut = append_text(p, '{"id": "c", "kind": "nan"}\n')
+    assert cut == len('{"id": "b", "ki')
+    assert [json.loads(x)["id"] for x in p.read_text().splitlines()] == ["a", "c"]
+
+
+def test_a_failed_append_leaves_no_partial_line(tmp_path, monkeypatch):
+    import errno
+    p = tmp_path / "alerts.jsonl"
+    p.write_text('{"id": "a"}\n')
+    real = os.write
+
+    def half_then_full(fd, data):
+        if len(data) > 4:
+            real(fd, bytes(data[:4]))
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", half_then_full)
+    with pytest.raises(InputError, match="no space left") as e:
+        append_text(p, '{"id": "b", "kind": "nan"}\n')
+    assert e.value.exit_code == 73
+    monkeypatch.undo()
+    assert p.read_text() == '{"id": "a"}\n'
+
+
+def test_the_jsonl_sink_resends_an_alert_after_a_torn_write(tmp_path):
+    from predict.sinks import JsonlSink
+    from predict.watch import Alert
+    p = tmp_path / "alerts.jsonl"
+    p.write_text('{"time": "t", "kind": "na')  # torn: its id never reached the file
+    a = Alert("t", 5, None, None, "nan", "critical", message="x")
+    JsonlSink(p).send(a, {"id": "abc"})
+    rows = [json.loads(x) for x in p.read_text().splitlines()]
+    assert [(r["id"], r["kind"]) for r in rows] == [("abc", "nan")]
+
+
+@pytest.mark.parametrize("kill_at", [1, 2, 3])
+def test_a_report_swap_killed_midway_never_loses_the_users_files(tmp_path, kill_at):
+    """A kill (no cleanup: ``os._exit``) at the n-th rename of the swap; then the next report.
+    The user's file in --out is never moved, and nothing a writer did not write is deleted."""
+    out = tmp_path / "report"
+    own = ("index.html", "law.png", "watch.png")
+    with staged_dir(out, own=own) as d:
+        for name in own:
+            (d / name).write_text("old")
+    (out / "notes.txt").write_text("mine")
+    (out / "sub").mkdir()
+    (out / "sub" / "kept.md").write_text("mine too")
+    code = ("import os, sys\n"
+            f"sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})\n"
+            "real, n = os.replace, [0]\n"
+            "def replace(a, b):\n"
+            "    real(a, b)\n"
+            "    n[0] += 1\n"
+            f"    if n[0] == {kill_at}:\n"
+            "        os._exit(9)\n"
+            "os.replace = replace\n"
+            "from ladder.io import staged_dir\n"
+            f"with staged_dir({str(out)!r}, own={own!r}) as d:\n"
+            "    (d / 'index.html').write_text('new')\n"
+            "    (d / 'law.png').write_text('new')\n")
+    r = subprocess.run([sys.executable, "-c", code], check=False)
+    assert r.returncode == 9
+    assert (out / "notes.txt").read_text() == "mine"
+    assert (out / "sub" / "kept.md").read_text() == "mine too"
+    with staged_dir(out, own=own) as d:
+        (d / "index.html").write_text("newer")
+    assert sorted(q.name for q in out.iterdir()) == ["index.html", "notes.txt", "sub"]
+    assert (out / "index.html").read_text() == "newer"
+    assert not [q for q in tmp_path.iterdir() if q.name.startswith(".report.")]
+
+
+def test_stale_directories_of_older_versions_are_left_alone(tmp_path):
+    """The swap of older versions moved the user's files into ``.NAME.PID.*.tmp``: a killed one
+    left them there, and they must not be deleted (issue 26)."""
+    out = tmp_path / "report"
+    old = tmp_path / ".report.999999999.abc.tmp"
+    old.mkdir()
+    (old / "notes.txt").write_text("mine")
+    with staged_dir(out, own=("index.html",)) as d:
+        (d / "index.html").write_text("new")
+    assert (old / "notes.txt").read_text() == "mine"

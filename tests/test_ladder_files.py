@@ -199,7 +199,7 @@ def test_a_teams_own_file_runs(tmp_path, capsys):
      "recipe.optimizer.nesterov"),
     (lambda s: s.replace("d = 24\n", "d = 24\nwidth = 3\n"), "rungs[1].width"),
     (lambda s: s.replace("[target]\nd = 32\nn_layers = 2", "[target]\nd = 32\nn_layers = 0"),
-     "target"),
+     "target.n_layers"),
     (lambda s: s.replace('schema = "ladder/1"', 'schema = "ladder/2"'), "schema"),
     (lambda s: s.replace("local_window = 32\n", ""), "recipe.local_window"),
     (lambda s: s.replace('name = "small"', 'name = "mine-1"\n[[rungs]]\nd = 16\nn_layers = 2\n'

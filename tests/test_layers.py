@@ -26,7 +26,8 @@ JAX = ("jax", "jaxlib", "flax", "optax", "orbax")
 # ladder.wandbrun is the W&B naming convention (plain strings, wandb imported by callers) that the
 # trainer and predict's forecast run share, so it belongs here rather than to the trainer.
 BASE = {"ladder", "ladder.io", "ladder.specs", "ladder.counting", "ladder.runs",
-        "ladder.lrtable", "ladder.optspec", "ladder.accelerators", "ladder.wandbrun"}
+        "ladder.lrtable", "ladder.optspec", "ladder.accelerators", "ladder.wandbrun",
+        "ladder.keymap"}
 TRAINER = {"ladder.train", "ladder.trainconfig", "ladder.step", "ladder.rundir", "ladder.plan",
            "ladder.optim", "ladder.data", "ladder.corpus_files", "ladder.tokens",
            "ladder.checkpointing", "ladder.distributed", "ladder.executor"}

@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_core_dependencies_and_extras_are_declared():
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     core = {d.split(">")[0].split("=")[0].strip() for d in meta["dependencies"]}
-    assert core == {"numpy", "scipy", "pandas", "statsmodels", "matplotlib"}
+    # orjson: the JSON-lines parser (issue 24 item 3), ~0.4 MB installed
+    assert core == {"numpy", "scipy", "pandas", "matplotlib", "orjson"}
     extras = meta["optional-dependencies"]
     assert {"train", "wandb", "ray", "parquet", "all", "dev"} <= set(extras)
     assert any(d.startswith("jax>=") for d in extras["train"])

@@ -1,10 +1,12 @@
-"""The columnar Batch path (taken when the source text holds no NaN token) against the general one,
-and the NaN-token guard of the JSONL source."""
+"""The columnar Batch path (rows in runs of one shape, turned into columns in C) against the
+general one (one value at a time), and the JSONL source's NaN handling on a large file."""
 
 import json
 import math
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from predict.sources import JsonlSource
 from predict.watch import Batch
@@ -14,36 +16,76 @@ def _rows():
     rows = []
     for s in range(1, 4001):
         r = {"step": s, "a": s / 10, "i": 2 * s}
-        if s % 7 == 0:
-            r["b"] = 1.5          # a sparse key: NaN elsewhere, and not "written non-finite"
-        if s % 11 == 0:
-            r["a"] = "oops"       # a non-numeric value: a note, NaN
-        if s % 13 == 0:
-            r["c"] = 1e999        # parses to inf: written non-finite
-        if s % 19 == 0:
+        if s % 500 < 3:
+            r["b"] = 1.5          # a sparse key (a run of another shape): NaN elsewhere
+        if s % 1300 == 0:
+            r["c"] = math.inf     # written non-finite (1e999 parses to inf)
+        if s % 1900 == 0:
             r["e"] = "NaN"        # NaN as a string: written non-finite
         rows.append(r)
-    rows.append({"step": 3, "a": 9.0})   # a rewound step: last one wins
-    rows.append({"x": 1})                # no step: skipped with a note
+    rows.append({"step": 3, "a": 9.0, "i": 6})   # a rewound step: last one wins
+    rows.append({"x": 1})                        # no step: skipped with a note
     return rows
+
+
+def _same(fast: Batch, slow: Batch) -> None:
+    assert fast.notes == slow.notes
+    np.testing.assert_array_equal(fast.step, slow.step)
+    assert set(fast.cols) == set(slow.cols)
+    for k in fast.cols:
+        np.testing.assert_array_equal(fast.cols[k], slow.cols[k])
+    assert set(fast.nonfinite) == set(slow.nonfinite)
+    for k in fast.nonfinite:
+        np.testing.assert_array_equal(fast.nonfinite[k], slow.nonfinite[k])
 
 
 def test_columnar_path_equals_the_general_one():
     rows = _rows()
-    fast = Batch.from_rows(rows, nan_tokens=False)
-    slow = Batch.from_rows(rows)
-    assert fast.notes == slow.notes
+    fast = Batch._columns_fast(rows, None, None)
+    assert fast is not None  # the runs of shapes are few: the columnar path is taken
+    slow = Batch._from_rows_general(rows, None, None)
+    _same(fast, slow)
     assert "1 row(s) without a numeric 'step' skipped" in fast.notes
-    assert "363 non-numeric value(s) of 'a' ignored" in fast.notes  # 4000 // 11 = 363
     np.testing.assert_array_equal(fast.step, np.arange(1, 4001))
-    assert set(fast.cols) == set(slow.cols) == {"a", "b", "c", "e", "i"}
-    for k in fast.cols:
-        np.testing.assert_array_equal(fast.cols[k], slow.cols[k])
-    assert fast.cols["a"][2] == 9.0 and math.isnan(fast.cols["a"][10])
-    assert set(fast.nonfinite) == set(slow.nonfinite) == {"c", "e"}
-    np.testing.assert_array_equal(np.flatnonzero(fast.nonfinite["c"]) + 1,
-                                  np.arange(13, 4001, 13))
-    np.testing.assert_array_equal(fast.nonfinite["e"], slow.nonfinite["e"])
+    assert set(fast.cols) == {"a", "b", "c", "e", "i"}
+    assert fast.cols["a"][2] == 9.0
+    assert set(fast.nonfinite) == {"c", "e"}
+    np.testing.assert_array_equal(np.flatnonzero(fast.nonfinite["c"]) + 1, [1300, 2600, 3900])
+    assert not fast.nonfinite["e"][:1899].any() and fast.nonfinite["e"][1899]
+    assert math.isnan(fast.cols["b"][10]) and fast.cols["b"][500] == 1.5
+
+
+def test_a_non_numeric_value_takes_the_general_path_with_its_note():
+    rows = _rows()
+    rows[7]["a"] = "oops"
+    assert Batch._columns_fast(rows, None, None) is None
+    b = Batch.from_rows(rows)
+    assert "1 non-numeric value(s) of 'a' ignored" in b.notes and math.isnan(b.cols["a"][7])
+
+
+VALUES = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10 ** 20, 10 ** 20),
+                   st.sampled_from(["NaN", "Infinity", "-Infinity", "1.5", "x", None, True]))
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(shapes=st.lists(st.lists(st.sampled_from(["a", "b", "c", "params/norm/x", "step"]),
+                                min_size=1, max_size=5, unique=True), min_size=1, max_size=3),
+       runs=st.lists(st.tuples(st.integers(0, 2), st.integers(1, 40)), min_size=1, max_size=6),
+       data=st.data())
+def test_any_rows_give_the_general_paths_columns(shapes, runs, data):
+    """Rows in runs of shapes with any values: ``from_rows`` (columnar when it applies) gives
+    the general conversion's steps, columns, masks and notes."""
+    rows, step = [], 0
+    for which, length in runs:
+        keys = shapes[which % len(shapes)]
+        for _ in range(length):
+            step += 1
+            r = {k: (step if k == "step" and data.draw(st.booleans()) else data.draw(VALUES))
+                 for k in keys}
+            rows.append(r)
+    for keys, keep in ((None, None), (["a", "step"], None), (["a"], lambda k: k.startswith("p"))):
+        _same(Batch.from_rows(rows * 3, keys=keys, keep=keep),
+              Batch._from_rows_general(rows * 3, keys, keep))
 
 
 def test_a_bare_nan_token_in_a_large_file_is_still_written_non_finite(tmp_path):
@@ -54,12 +96,12 @@ def test_a_bare_nan_token_in_a_large_file_is_still_written_non_finite(tmp_path):
             if s % 100 == 0:
                 r["eval/loss"] = 2.9   # missing elsewhere: not non-finite
             f.write(json.dumps(r) + "\n")
-    b = JsonlSource(p).poll_batch(None, None, parallel=False).batch
+    b = JsonlSource(p).poll_batch(None, None).batch
     assert len(b) == 3000 and b.nonfinite == {}
     with open(p, "a") as f:
         f.write(json.dumps({"step": 3001, "train/loss": float("nan")}) + "\n")  # bare NaN
         f.writelines(json.dumps({"step": s, "train/loss": 3.0}) + "\n"
                      for s in range(3002, 6000))
-    b2 = JsonlSource(p).poll_batch(None, None, parallel=False).batch
+    b2 = JsonlSource(p).poll_batch(None, None).batch
     assert np.flatnonzero(b2.nonfinite["train/loss"]).tolist() == [3000]
     assert "eval/loss" not in b2.nonfinite

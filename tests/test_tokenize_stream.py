@@ -340,7 +340,7 @@ def test_a_manifest_naming_a_file_outside_its_folder_is_refused(tmp_path, tok_pa
     m["splits"]["train"]["shards"][0]["file"] = name
     atomic_write_json(out / "manifest.json", m)
     with pytest.raises(InputError, match=r"manifest.json: field 'splits.train.shards\[0\].file'"
-                       r": must be a file name inside the folder") as e:
+                       r": not a safe name") as e:
         load_corpus((str(out),))
     assert "\n" not in str(e.value)
 

@@ -1,8 +1,8 @@
 """W&B as home, offline (WANDB_MODE=offline; no server is reachable): a `ladder run --wandb` rung is
 grouped, named, typed and has its x axes; watching its offline directory gives the verdict its
 metrics.jsonl gives; `ladder preregister --wandb` logs the forecast as its own run (keys read back
-from the offline directory); `ladder watch --wandb` adds residuals and alerts to it; `ladder fit
-wandb://...` builds the same points as the run directory."""
+from the offline directory); `ladder watch --wandb` logs residuals and alerts into its own run;
+`ladder fit wandb://...` builds the same points as the run directory."""
 
 import json
 import math
@@ -13,7 +13,7 @@ import pytest
 from ladder.cli import main
 from ladder.io import read_metrics
 from ladder.specs import LADDERS
-from ladder.wandbrun import forecast_run_id, resolve
+from ladder.wandbrun import forecast_run_id, resolve, watch_run_id
 from predict import forecast as fc
 from predict import prereg as pr
 from predict import synthetic as sy
@@ -152,10 +152,11 @@ def test_preregister_wandb_logs_the_forecast_run_and_watch_adds_to_it(wandb_run,
     code, _ = _watch_json(capsys, prereg, "--source", wdir)
     assert main(["watch", str(prereg), "--source", str(wdir), "--wandb",
                  "--wandb-project", "proj"]) == code
-    # offline, the resumed forecast run is a second directory of that id (wandb adds "-1" to
-    # its name when both started within the same second)
-    wdirs = sorted((tmp_path / "wandb").glob(f"offline-run-*-{forecast_run_id(doc['sha256'])}*"))
-    assert len(wdirs) == 2
+    # the watcher logs into its own run (job type watch), not into the forecast run
+    wdirs = sorted((tmp_path / "wandb").glob(f"offline-run-*-{watch_run_id(doc['sha256'])}*"))
+    assert len(wdirs) == 1
+    assert len(list((tmp_path / "wandb").glob(
+        f"offline-run-*-{forecast_run_id(doc['sha256'])}*"))) == 1
     items = [r["history"]["item"] for d in wdirs for r in _records(d) if r["type"] == "history"]
     judged = [r for r in items if "watch/residual" in r]
     evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if "eval_dropless/loss" in r]

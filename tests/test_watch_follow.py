@@ -511,7 +511,7 @@ def test_a_bad_outbox_in_the_state_is_a_one_line_error(tmp_path, prereg_path, ca
     doc["outbox"] = [{"id": "x", "alert": {"severity": "loud"}, "pending": ["stdout"]}]
     state.write_text(json.dumps(doc))
     assert main(["watch", str(prereg_path), "--source", str(src), "--state", str(state)]) == 65
-    assert "field 'outbox'" in capsys.readouterr().err
+    assert "field 'outbox[0]" in capsys.readouterr().err
 
 
 @pytest.mark.slow

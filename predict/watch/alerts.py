@@ -86,6 +86,112 @@ def new_state() -> dict:
             "grad_min": None, "notes_seen": 0}
 
 
+# The watcher state, field by field (issue 26: a state file is ours, but it is a file, edited or
+# damaged or from another version, and its fields feed the rules). Kinds: "count" an int >= 0,
+# "step?" an int in [0, 2**53] or null, "num?" a finite number or null, "bool", "str?",
+# ("enum?", values), "strs" a list of strings, "nums" a list of finite numbers, and nested
+# tables. Keys not listed are refused, except the rules' own per-key entries (``param_base/*``).
+_SIGNAL = {"level": ("int", 0, 2), "run_sev": ("int?", -1, 2), "run_len": "count"}
+_DIRS = ("above", "below")
+STATE_FIELDS: dict = {
+    "schema": "str?", "last_step": "step?", "last_point_time": "num?", "n_points": "count",
+    "n_evals": "count", "worst": ("enum?", SEVERITIES), "not_applicable": "str?",
+    "stalled": "bool", "grad_min": "num?", "notes_seen": "count", "nan_reported": "strs",
+    "metric_seen": "bool", "missing_metric": "bool", "last_spike_step": "step?",
+    "band": {"ema": "num?", "run_dir": ("enum?", _DIRS), "run_len": "count", "far_len": "count",
+             "in_len": "count", "level": ("enum?", ("warn", "critical")),
+             "direction": ("enum?", _DIRS), "contingency_sent": "bool"},
+    "trend": {"hist": "pairs", "run_len": "count", "in_len": "count", "base": "num?",
+              "dir": "str?"},
+    "rise": {"min": "num?", "run_len": "count", "in_len": "count", "active": "bool"},
+    "signals": ("map", _SIGNAL),
+    "tails": ("map", "nums"),
+}
+_STATE_PREFIXES = {"param_base/": "num?"}
+_MAX_COUNT = 2 ** 53
+
+
+def check_state(st, where: str = "state") -> dict:
+    """``st`` when it is a watcher state as :func:`new_state` and the rules write it (the fields
+    of :data:`STATE_FIELDS`); a ValueError naming the first bad field (``state.band.run_len:
+    ...``) otherwise. Missing fields take :func:`new_state`'s values."""
+    if not isinstance(st, dict):
+        raise ValueError(f"{where}: expected an object, got {type(st).__name__}")
+    for k, v in st.items():
+        spec = STATE_FIELDS.get(k)
+        if spec is None:
+            spec = next((s for p, s in _STATE_PREFIXES.items()
+                         if isinstance(k, str) and k.startswith(p)), None)
+        if spec is None:
+            raise ValueError(f"{where}.{k}: unknown field of a watcher state")
+        _check_field(v, spec, f"{where}.{k}")
+    fresh = new_state()
+    return {**fresh, **st}
+
+
+def _check_field(v, spec, where: str) -> None:
+    def bad(want):
+        raise ValueError(f"{where}: expected {want}, got {str(v)[:40]!r}")
+
+    def finite(x):
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            return False
+        try:
+            return math.isfinite(x)
+        except OverflowError:  # an integer beyond float range
+            return False
+
+    if isinstance(spec, dict):
+        if not isinstance(v, dict):
+            bad("an object")
+        for k, x in v.items():
+            if k not in spec:
+                raise ValueError(f"{where}.{k}: unknown field of a watcher state")
+            _check_field(x, spec[k], f"{where}.{k}")
+    elif isinstance(spec, tuple) and spec[0] == "map":
+        if not isinstance(v, dict):
+            bad("an object")
+        for k, x in v.items():
+            _check_field(x, spec[1], f"{where}.{k}")
+    elif isinstance(spec, tuple) and spec[0] == "enum?":
+        if v is not None and v not in spec[1]:
+            bad(f"one of {', '.join(spec[1])} or null")
+    elif isinstance(spec, tuple):  # ("int", lo, hi) / ("int?", lo, hi)
+        kind, lo, hi = spec
+        if v is None and kind == "int?":
+            return
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            bad(f"an integer in [{lo}, {hi}]")
+    elif spec == "count":
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= _MAX_COUNT:
+            bad("an integer >= 0")
+    elif spec == "step?":
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or
+                              not 0 <= v <= _MAX_COUNT):
+            bad("a step (an integer >= 0) or null")
+    elif spec == "num?":
+        if v is not None and not finite(v):
+            bad("a finite number or null")
+    elif spec == "bool":
+        if not isinstance(v, bool):
+            bad("true or false")
+    elif spec == "str?":
+        if v is not None and not isinstance(v, str):
+            bad("a string or null")
+    elif spec == "strs":
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            bad("a list of strings")
+    elif spec == "nums":
+        if not isinstance(v, list) or not all(finite(x) for x in v):
+            bad("a list of finite numbers")
+    elif spec == "pairs":
+        if not isinstance(v, list) or not all(isinstance(x, list) and len(x) == 2 and
+                                              all(finite(y) for y in x) for x in v):
+            bad("a list of [fraction, value] pairs of finite numbers")
+    else:  # a spec this function does not know: a bug here, not in the file
+        raise AssertionError(f"unknown state spec {spec!r} at {where}")
+
+
 def _opt(x) -> float | None:
     x = float(x)
     return x if math.isfinite(x) else None

@@ -1,0 +1,206 @@
+"""The live page of a watcher on a long run (issue 24, item 4): the time to answer a refresh and
+the page's memory at 1,000,000 metrics lines, beside the page as it was before (it re-read the
+run directory and drew the figure with matplotlib for every new version).
+
+Side by side in one run, on files written by bench/watch_follow_speed.py's generator (~40 keys a
+line, an eval every 1% of the run):
+
+- ``after`` (``reports.live.WatcherFeed``): a watcher judges the whole file with its page
+  attached, then a few more lines arrive and it polls again; timed: the refresh that follows
+  (the version changed: the state rebuilt from the page's bounded series and encoded as JSON),
+  a refresh at an unchanged version (the cached bytes), and ``GET /state.json`` over HTTP; the
+  page's own memory (its series and the JSON) and the points it draws. Done at ``--small``
+  lines too, to show the page's memory does not grow with the run.
+- ``before``: the old refresh, ``reports.inputs.load_inputs`` of the run directory, the
+  matplotlib watch figure and its PNG, in a fresh process (its time and max-RSS growth), at
+  ``--before-lines`` (default 200,000: it reads the whole file every time; 1M takes minutes).
+
+    python bench/live_page_speed.py [--lines 1000000] [--small 100000] [--before-lines 200000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from predict import forecast as fc  # noqa: E402
+from predict import synthetic as sy  # noqa: E402
+from predict.commands import make_prereg  # noqa: E402
+from watch_follow_speed import write_metrics  # noqa: E402
+
+
+def world(lines: int):
+    truth = sy.Truth()
+    base = sy.ladder_targets(8, ratio=2.5, steps0=80)[7]
+    target = fc.Target(name="big", params=base.params, active_params=base.active_params,
+                       tokens=base.tokens / base.steps * lines, steps=lines,
+                       compute=base.compute / base.steps * lines, seq_len=base.seq_len)
+    doc = make_prereg(sy.TruthLaw(truth, run_sigma=0.005), target, eval_noise=0.004)
+    return truth, target, doc
+
+
+def run_dir(root: Path, lines: int, extra: int) -> tuple[Path, dict]:
+    """A run directory whose metrics.jsonl holds ``lines`` lines and ``extra`` more aside
+    (``more.jsonl``: what arrives after the first read); its pre-registration."""
+    truth, target, doc = world(lines + extra)
+    d = root / f"run{lines}"
+    d.mkdir(parents=True, exist_ok=True)
+    full = d / "all.jsonl"
+    if not full.exists():
+        write_metrics(full, lines + extra, truth, target)
+    with open(full, "rb") as f:
+        data = f.read()
+    cut = 0
+    for _ in range(lines):
+        cut = data.index(b"\n", cut) + 1
+    (d / "metrics.jsonl").write_bytes(data[:cut])
+    (d / "more.jsonl").write_bytes(data[cut:])
+    return d, doc
+
+
+def after(d: Path, doc: dict) -> dict:
+    """The watcher's page: refresh times and the page's memory."""
+    from predict import prereg as pr
+    from predict.live import Watcher
+    from predict.sources import JsonlSource
+    from reports.live import LivePage
+
+    prereg = d / "prereg.json"
+    if not prereg.exists():
+        pr.write_once(prereg, doc)
+    w = Watcher(prereg, JsonlSource(d / "metrics.jsonl"), [], None)
+    page = LivePage.for_watcher(w, port=0)
+    try:
+        t0 = time.perf_counter()
+        w.poll()
+        first_read = time.perf_counter() - t0
+        page.body()
+        with open(d / "metrics.jsonl", "ab") as f:
+            f.write((d / "more.jsonl").read_bytes())
+        w.poll()
+        t0, c0 = time.perf_counter(), time.process_time()
+        body = page.body()  # a new version: rebuilt
+        new_version = time.perf_counter() - t0
+        new_version_cpu = time.process_time() - c0
+        reps = 200
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            page.body()
+        same_version = (time.perf_counter() - t0) / reps
+        t0 = time.perf_counter()
+        for _ in range(20):
+            with urllib.request.urlopen(page.url + "state.json", timeout=30) as r:
+                r.read()
+        http = (time.perf_counter() - t0) / 20
+        feed = page.feed
+        series = sum(a.nbytes for ds in (feed.metric, feed.train)
+                     for a in (ds.lo_x, ds.lo_y, ds.hi_x, ds.hi_y))
+        drawn = sum(len(s["x"]) for s in json.loads(body)["chart"]["series"])
+        return {"lines": w.state["n_points"], "first_read_s": first_read,
+                "refresh_new_version_s": new_version, "refresh_new_version_cpu_s": new_version_cpu,
+                "refresh_same_version_s": same_version,
+                "http_s": http, "page_bytes": series + len(body), "json_bytes": len(body),
+                "drawn": drawn, "exit": w.exit_code}
+    finally:
+        page.close()
+
+
+def _hwm_mb() -> float:
+    """This process's peak resident memory (VmHWM: per address space, so a child started by a
+    big parent starts from its own, unlike getrusage's ru_maxrss, which a fork inherits)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def before_child(d: str, prereg: str) -> None:
+    """The old page's refresh (reports/live.py before issue 24): re-read the run directory,
+    draw the watch figure with matplotlib, encode its PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from reports import plots
+    from reports.inputs import load_inputs
+    rss0 = _hwm_mb()
+    t0, c0 = time.perf_counter(), time.process_time()
+    inp = load_inputs(prereg=prereg, target_run=d)
+    fig = plots.plot_watch(inp)
+    png = plots.png_bytes(fig)
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    rss = _hwm_mb()
+    print(json.dumps({"refresh_s": dt, "refresh_cpu_s": cpu, "png_bytes": len(png),
+                      "rss_growth_mb": rss - rss0, "max_rss_mb": rss}))
+
+
+def before(d: Path, doc: dict) -> dict:
+    from predict import prereg as pr
+    prereg = d / "prereg.json"
+    if not prereg.exists():
+        pr.write_once(prereg, doc)
+    r = subprocess.run([sys.executable, __file__, "--child", str(d), str(prereg)],
+                       capture_output=True, text=True, check=True)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--child":
+        before_child(sys.argv[2], sys.argv[3])
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lines", type=int, default=1_000_000)
+    ap.add_argument("--small", type=int, default=100_000)
+    ap.add_argument("--before-lines", type=int, default=200_000)
+    ap.add_argument("--extra", type=int, default=1000, help="lines that arrive after the "
+                    "first read")
+    ap.add_argument("--keep", default=None, help="a folder for the files (reused; default: "
+                    "a temporary one)")
+    args = ap.parse_args(argv)
+    root = Path(args.keep or tempfile.mkdtemp())
+    print(f"{os.cpu_count()} cores, load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    rows = {}
+    for n in sorted({args.small, args.lines}):
+        d, doc = run_dir(root, n, args.extra)
+        a = after(d, doc)
+        rows[n] = a
+        print(f"  after, {a['lines']:>9,} lines: refresh {a['refresh_new_version_s'] * 1e3:7.1f} ms"
+              f" wall, {a['refresh_new_version_cpu_s'] * 1e3:6.1f} ms CPU (new version), "
+              f"{a['refresh_same_version_s'] * 1e6:6.1f} us (same), "
+              f"{a['http_s'] * 1e3:6.1f} ms over HTTP; page {a['page_bytes'] / 1024:6.0f} KiB "
+              f"({a['json_bytes'] / 1024:.0f} KiB JSON), {a['drawn']:,} points drawn; the "
+              f"watcher's own first read {a['first_read_s']:.1f} s; load "
+              f"{os.getloadavg()[0]:.2f}")
+    d, doc = run_dir(root, args.before_lines, args.extra)
+    with open(d / "metrics.jsonl", "ab") as f:
+        f.write((d / "more.jsonl").read_bytes())
+    b = before(d, doc)
+    print(f"  before, {args.before_lines + args.extra:>8,} lines: refresh {b['refresh_s']:.2f} s "
+          f"wall, {b['refresh_cpu_s']:.2f} s CPU (re-read + matplotlib), max RSS "
+          f"+{b['rss_growth_mb']:.0f} MB ({b['max_rss_mb']:.0f} MB); load "
+          f"{os.getloadavg()[0]:.2f}")
+    big = rows[args.lines]
+    grew = max(b["rss_growth_mb"], 1)
+    print(f"  after at {args.lines:,} / before at {args.before_lines:,}: refresh CPU "
+          f"{big['refresh_new_version_cpu_s'] / b['refresh_cpu_s']:.4f}; page memory / the "
+          f"before refresh's RSS growth {big['page_bytes'] / 1024 ** 2 / grew:.5f}")
+    print(f"  page memory at {args.lines:,} / at {args.small:,} lines: "
+          f"{rows[args.lines]['page_bytes'] / rows[args.small]['page_bytes']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
