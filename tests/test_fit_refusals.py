@@ -1,31 +1,21 @@
 """No quiet failures (issue 13): a law from an unconverged solver, a pre-registration without a
 band and a watch that judged nothing each exit 65 with one line, unless explicitly allowed."""
 
-import contextlib
-import io
 import json
 import subprocess
-import warnings
 
 import pytest
 
 import fit.law
-from ladder.cli import main
+from helpers import run_cli
 from ladder.specs import LADDERS
 
 TARGET = f"cpu:{LADDERS['cpu'].target.name}"
 
 
 def _cli(*args):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
-            warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            code = main([str(a) for a in args])
-        except SystemExit as e:
-            code = e.code
-    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+    code, out, err = run_cli(*args)
+    return subprocess.CompletedProcess(args, code, out, err)
 
 
 def _points(tmp_path, n=4):
