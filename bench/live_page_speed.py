@@ -34,26 +34,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from predict import forecast as fc  # noqa: E402
-from predict import synthetic as sy  # noqa: E402
-from predict.commands import make_prereg  # noqa: E402
-from watch_follow_speed import write_metrics  # noqa: E402
-
-
-def world(lines: int):
-    truth = sy.Truth()
-    base = sy.ladder_targets(8, ratio=2.5, steps0=80)[7]
-    target = fc.Target(name="big", params=base.params, active_params=base.active_params,
-                       tokens=base.tokens / base.steps * lines, steps=lines,
-                       compute=base.compute / base.steps * lines, seq_len=base.seq_len)
-    doc = make_prereg(sy.TruthLaw(truth, run_sigma=0.005), target, eval_noise=0.004)
-    return truth, target, doc
+from watch_follow_speed import target_and_prereg, write_metrics  # noqa: E402
 
 
 def run_dir(root: Path, lines: int, extra: int) -> tuple[Path, dict]:
     """A run directory whose metrics.jsonl holds ``lines`` lines and ``extra`` more aside
     (``more.jsonl``: what arrives after the first read); its pre-registration."""
-    truth, target, doc = world(lines + extra)
+    truth, target, doc = target_and_prereg(lines + extra)
     d = root / f"run{lines}"
     d.mkdir(parents=True, exist_ok=True)
     full = d / "all.jsonl"
