@@ -356,10 +356,16 @@ def _identifiability(spec, u, intervals, level, data, prior, have_interval=True,
     form = spec.form
     flags: dict[str, list[str]] = {}
     lmin = float(data["loss"].min())
+    # a fit with as many free parameters as points (priors count as points) passes through
+    # them: every bootstrap draw gives the same law, so a zero-width interval pins nothing down
+    exact = len(data) + len(prior or {}) <= spec.n_free
     for i, p in enumerate(form.params):
         if p.name in spec.fix or p.name in spec.tie:
             continue
         why = []
+        if exact:
+            why.append(f"the fit has no residual degrees of freedom ({len(data)} points, "
+                       f"{spec.n_free} free parameters): it passes through its points")
         v = float(p.to_display(u[i]))
         lo, hi = intervals.get(p.name, [math.nan, math.nan])
         b = _bound_flag(p, v)

@@ -4,6 +4,8 @@ The output says so; --include-target puts it back."""
 
 import json
 
+import numpy as np
+
 import pytest
 
 from fit import load_points
@@ -59,3 +61,22 @@ def test_a_directory_of_only_the_target_says_how_to_fit_it(runs, tmp_path):
     code, out, err = _cli("fit", only, "--form", "compute", "--out", tmp_path / "law.json")
     assert code == 65 and len(err.strip().splitlines()) == 1, err
     assert "--include-target" in err and not (tmp_path / "law.json").exists()
+
+
+def test_a_fit_through_its_points_identifies_nothing():
+    # 3 runs' finals, 3 free parameters (the tiny ladder with the compute form): the bootstrap's
+    # interval is zero-wide, which must not read as "pinned down", so the short-ladder rule fits
+    # E with a prior and fixed (and the band comes from those) instead of keeping a free E
+    import pandas as pd
+
+    from fit import fit_law
+
+    c = np.array([1e12, 3e12, 9e12])
+    df = pd.DataFrame({"run": ["a", "b", "c"], "compute": c, "fraction": 1.0,
+                       "loss": 2.2 + 40 * c ** -0.15})
+    free = fit_law(df, form="compute", bootstrap=20, asymptote_rule=False)
+    flags = free.diagnostics["identifiability"]
+    assert "E" in flags["unidentified"]
+    assert any("no residual degrees of freedom" in w for w in flags["flags"]["E"])
+    ruled = fit_law(df, form="compute", bootstrap=20)
+    assert ruled.diagnostics["asymptote_rule"]["applied"]
