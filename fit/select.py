@@ -21,8 +21,7 @@ import numpy as np
 
 from fit.backtest import fit_one, scale_inputs, scale_levels, summarise_folds
 from fit.curves import curve_data_from_table, fit_curve_law
-from fit.estimate import (E_MIN_FRACTION_OF_LOSS, NEAR_WEIGHT, implausible_asymptote, run_scales,
-                          select_points)
+from fit.estimate import NEAR_WEIGHT, implausible_asymptote, run_scales, select_points
 from fit.forms import CURVES_FORMS, Spec, get_form
 from ladder.io import InputError
 
@@ -409,8 +408,8 @@ def _common_folds(variants: dict) -> set | None:
     share none. Variants with fewer free parameters can fit folds with fewer training runs
     (fixing E frees a fold of 2 runs where 9 parameters need 3), whose errors extrapolate
     further and are larger: scored on their own folds, the variants would be compared on
-    different tests (the cpu ladder's E-fixed variants scored 4.4% against the prior's 1.4%
-    with an error of 1.1% on the one fold both have)."""
+    different tests (on the cpu demo ladder, seed 1, fixed E scored 4.5% against the prior's
+    1.35%, and 1.55% on the one fold both have; docs/LOG.md 2026-12-02)."""
     sets = [{_fold_key(f) for f in (v.diagnostics.get("backtest") or {}).get("folds") or []}
             for v in variants.values()]
     sets = [x for x in sets if x]
@@ -452,14 +451,6 @@ def asymptote_rule(df, result, opts: dict, fix: dict, tie: dict, prior: dict):
                   (f"fixed E={mean:.3g}",
                    {"spec": Spec(form, fix=dict(result.spec.fix, E=mean),
                                  tie=dict(result.spec.tie)), "prior": prior})]
-    # a free E below the plausible range: the best fit the plausible range allows has E on its
-    # floor (the likelihood falls monotonically as E rises from the free optimum), so that
-    # constrained fit is a variant too: of the plausible asymptotes, the one the data prefer
-    floor = E_MIN_FRACTION_OF_LOSS * float(select_points(df, form, None)[0]["loss"].min())
-    if float(result.params["E"]) < floor:
-        candidates.append((f"E at the plausible floor {floor:.3g}",
-                           {"spec": Spec(form, fix=dict(result.spec.fix, E=floor),
-                                         tie=dict(result.spec.tie)), "prior": prior}))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for label, kw in candidates:

@@ -41,21 +41,18 @@ def test_a_defensible_plausible_variant_is_the_centre_over_an_implausible_free_f
     """E = 0.6 against losses of 1.7-2.6 with 0.5% noise (seed 0): the free fit puts E at 0.50,
     below half the smallest loss. Main once centred the band on that free E while its report
     said "NOT IDENTIFIED: ... implausible"; the centre is now the best plausible defensible
-    variant (here E on the plausible floor, 0.5 x the smallest loss: the one nearest the
-    truth), the free one stays in the pooled band, and the report and law.json say so."""
+    variant, the free one stays in the pooled band, and the report and law.json say so."""
     df = _short_ladder(0, E=0.6, noise=0.005)
     res = fit_law(df, form="compute", bootstrap=60)
     rule = res.diagnostics["asymptote_rule"]
     assert rule["applied"]
+    assert rule["lowest_rollout"] == "free"          # the case main got wrong
     assert "free" in rule["implausible"] and "implausible" in rule["implausible"]["free"]
-    assert "free" in rule["defensible"]
     assert rule["chosen"] != "free" and rule["chosen"] in rule["defensible"]
     assert rule["centre_plausible"] and _plausible(res.params["E"], df)
     errs = rule["rollout_error"]
     ok = [k for k in rule["defensible"] if k not in rule["implausible"]]
     assert errs[rule["chosen"]] == min(errs[k] for k in ok)
-    floor = E_MIN_FRACTION_OF_LOSS * float(df["loss"].min())
-    assert rule["E"][rule["chosen"]] == pytest.approx(floor)
     # the band holds the free variant's draws too (pooled): more rows than one variant's
     assert len(res.boot_u) > 60
     text = res.report()
@@ -65,28 +62,6 @@ def test_a_defensible_plausible_variant_is_the_centre_over_an_implausible_free_f
     back = FitResult.from_json(json.loads(json.dumps(res.to_json())))
     assert back.diagnostics["asymptote_rule"]["chosen"] == rule["chosen"]
     assert float(back.predict(compute=1e22).loss) == float(res.predict(compute=1e22).loss)
-
-
-def test_a_free_E_below_the_plausible_range_adds_the_floor_variant_only_then():
-    """The floor variant (E = 0.5 x the smallest loss, the best fit the plausible range allows
-    when the free optimum lies below it) is fitted only when the free E is below the floor."""
-    low = fit_law(_short_ladder(0, E=0.6, noise=0.005), form="compute", bootstrap=0)
-    names = list(low.diagnostics["asymptote_rule"]["rollout_error"])
-    assert any(k.startswith("E at the plausible floor") for k in names), names
-    rule = low.diagnostics["asymptote_rule"]
-    floor = next(k for k in names if k.startswith("E at the plausible floor"))
-    assert floor not in rule["implausible"]
-    seen = set()
-    for seed in range(6):
-        df = _short_ladder(seed, E=1.5, noise=0.002)
-        rule = fit_law(df, form="compute", bootstrap=0).diagnostics.get("asymptote_rule") or {}
-        if not rule.get("applied"):
-            continue
-        below = rule["E"]["free"] < E_MIN_FRACTION_OF_LOSS * float(df["loss"].min())
-        has = any(k.startswith("E at the plausible floor") for k in rule["rollout_error"])
-        assert has == below, rule
-        seen.add(below)
-    assert False in seen  # a free E inside the plausible range was met (and got no floor)
 
 
 def _variant(form, folds):
@@ -100,7 +75,7 @@ def _variant(form, folds):
 def test_variants_are_scored_on_the_folds_they_share():
     """Fixing E frees a backtest fold with fewer training runs than the 9 free parameters of
     the other variants need; scored on its own folds, the fixed variant paid for a test the
-    others never took (the cpu ladder: 4.4% against 1.4%, with 1.1% on the shared fold)."""
+    others never took (the cpu ladder, seed 1: 4.5% against 1.35%, 1.55% on the shared fold)."""
     fixed = _variant("trajectory-capacity", [(("b",), 0.09, 0.078), (("c",), 0.013, 0.011)])
     prior = _variant("trajectory-capacity", [(("c",), 0.018, 0.0135)])
     assert _score(fixed) > _score(prior)                      # their own folds: unfair
