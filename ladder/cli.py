@@ -264,8 +264,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="law form: auto (every form the columns allow, chosen by rollout "
                         "backtest), compute, chinchilla, trajectory, moe, mpl, momentum "
                         "(default: %(default)s)")
-    s.add_argument("--metric", default=None,
-                   help="metric key of runs (default: eval_dropless/loss)")
+    s.add_argument("--metric", action="append", default=None, metavar="KEY",
+                   help="metric key: a key of runs, a long table's 'metric' value or a wide "
+                        "table's loss column; repeatable, and a glob such as 'paloma/*/loss' "
+                        "matches the keys the sources hold; several metrics: one law each, all "
+                        "in one law.json (default: runs' eval_dropless/loss, a table's loss)")
     s.add_argument("--bootstrap", type=int, default=200,
                    help="run-level bootstrap replicates (default: %(default)s)")
     s.add_argument("--level", type=float, default=0.9,
@@ -385,6 +388,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--level", type=float, default=0.9, help="interval level")
     s.add_argument("--schedule", default=None,
                    help="CSV (step, lr) or a named schedule (curve laws; default: none)")
+    s.add_argument("--metric", default=None, metavar="KEY",
+                   help="the metric whose law predicts: required for a law.json of several "
+                        "metrics; on one of one metric it must be that metric (default: its "
+                        "only law)")
     s.set_defaults(func=_call("fit.commands:predict_main"))
 
     # --- pre-registration and watch --------------------------------------------------------------
