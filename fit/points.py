@@ -135,8 +135,12 @@ def _table(df: pd.DataFrame, where: str, metric: str, requested: str | None = No
         if metric in df.columns:
             df = df.rename(columns={metric: "loss"})
         else:
+            keys = [] if long_metric else _table_keys(df, where)
+            hint = (f"; choose its metric column{'s' if len(keys) > 1 else ''} with --metric "
+                    f"KEY (repeatable; globs allowed): {listed_keys(keys)}"
+                    if requested is None and keys else "")
             raise InputError(f"no 'loss' column (nor '{metric}'); columns: "
-                             f"{', '.join(df.columns)}", path=where, field="loss")
+                             f"{', '.join(df.columns)}{hint}", path=where, field="loss")
     out = pd.DataFrame(index=df.index)
     out["row"] = rows
     out["source"] = where

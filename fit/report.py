@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from ladder.io import as_float
+from ladder.io import InputError, as_float
 
 
 def _g(x, fmt="{:.4g}"):
@@ -216,14 +216,16 @@ def metric_summary(metric: str, law, df) -> dict:
     if size is None:
         return row
     last = df.loc[df[size].idxmax()]
-    inputs = {k: float(last[k]) for k in ("params", "active_params", "tokens", "compute",
-                                          "fraction")
-              if k in df.columns and math.isfinite(as_float(last[k]) or math.nan)}
+    inputs = {}
+    for k in ("params", "active_params", "tokens", "compute", "fraction"):
+        v = float(last[k]) if k in df.columns else math.nan   # numpy numbers, or NaN
+        if math.isfinite(v):
+            inputs[k] = v
     try:
         p = law.predict(**inputs, level=law.level)
         loss, lo, hi = (float(x) for x in (p.loss, p.lo, p.hi))
-    except (ValueError, TypeError, ArithmeticError):
-        return row
+    except (InputError, ValueError, TypeError, ArithmeticError):
+        return row  # the law needs an input the table does not give: no band to show
     if all(math.isfinite(v) for v in (loss, lo, hi)) and loss > 0:
         row["band_half_width_rel"] = (hi - lo) / 2 / loss
     row["band_at"] = {"run": str(last["run"]), **inputs}

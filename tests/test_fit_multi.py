@@ -308,14 +308,16 @@ def multi_case(draw):
     trouble (flat, NaN, negative, too few runs), and the --metric arguments to fit it with."""
     n = draw(st.integers(1, 4))
     keys = [f"m/{i}" for i in range(n)]
-    kinds = draw(st.lists(st.sampled_from(["law", "law", "law", "flat", "nan", "negative"]),
+    # mostly healthy metrics, so that many files get written (one bad metric refuses all)
+    kinds = draw(st.lists(st.sampled_from(["law"] * 8 + ["flat", "nan", "negative"]),
                           min_size=n, max_size=n))
     return {"keys": keys, "kinds": kinds,
             "alphas": draw(st.lists(st.floats(0.02, 0.5), min_size=n, max_size=n)),
-            "runs": draw(st.integers(1, 5)),
+            # hypothesis starts from a list's first element: a ladder that fits
+            "runs": draw(st.sampled_from([6, 5, 4, 3, 2, 1])),
             "noise": draw(st.floats(0.0, 0.03)),
             "long": draw(st.booleans()),
-            "args": draw(st.sampled_from(["none", "glob", "each", "one", "missing"])),
+            "args": draw(st.sampled_from(["glob", "each", "none", "one", "missing"])),
             "seed": draw(st.integers(0, 2 ** 16))}
 
 
