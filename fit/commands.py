@@ -169,6 +169,7 @@ def _fit_many(args, metrics: list[str], keymap, offline_points) -> int:
     import time
 
     from fit.lawjson import multi_to_json
+    from fit.points import listed_keys
     from fit.report import metric_summary, summary_lines
     as_json = getattr(args, "json", False)
     fitted, refused, rows = {}, {}, []
@@ -200,7 +201,7 @@ def _fit_many(args, metrics: list[str], keymap, offline_points) -> int:
         if not as_json:
             print("\n".join(summary_lines(rows, args.level)))
         msgs = {m: str(e) for m, e in refused.items()}
-        why = (f"all {len(msgs)}: {next(iter(msgs.values()))}"
+        why = (f"all {len(msgs)}, {listed_keys(msgs)}: {next(iter(msgs.values()))}"
                if len(msgs) > 1 and len(set(msgs.values())) == 1
                else "; ".join(f"{m}: {msg}" for m, msg in msgs.items()))
         raise InputError(f"{len(refused)} of {len(metrics)} metrics refused, so no law.json is "
