@@ -233,6 +233,19 @@ def test_globs_expand_over_each_kind_of_source(tmp_path):
     assert e.value.exit_code == EX_USAGE
 
 
+def test_a_glob_of_one_key_writes_that_metrics_law(tmp_path):
+    """The issue's `--metric 'glob'` named the law by the glob; a glob matching one key writes
+    today's single-metric law.json (law/1), named by the key."""
+    csv, law = tmp_path / "points.csv", tmp_path / "law.json"
+    long_table().to_csv(csv, index=False)
+    code, out, err = run_cli("fit", csv, "--metric", "paloma/wiki*", "--form", "compute",
+                             "--bootstrap", "0", "--out", law)
+    assert code == 0, err
+    doc = json.loads(law.read_text())
+    assert doc["schema"] == "law/1" and doc["metric"] == "paloma/wikitext/loss"
+    assert "metrics fitted" not in out   # no summary table for one metric
+
+
 def test_runs_directory_several_metrics(tmp_path):
     write_law_runs(tmp_path / "runs")
     law = tmp_path / "law.json"
