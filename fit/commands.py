@@ -179,6 +179,10 @@ def _fit_many(args, metrics: list[str], keymap, offline_points) -> int:
             warnings.simplefilter("always")
             try:
                 res, df, doc = _fit_metric(args, metric, keymap, offline_points)
+                if not as_json:  # before the checks: an unconverged fit shows its solver line
+                    print(f"== {metric} ==")
+                    with np.errstate(over="ignore"):
+                        print(res.report() + "\n")
                 _check_converged(args, res)
                 doc["points"] = law_points(df)
                 _readable(doc)
@@ -192,11 +196,6 @@ def _fit_many(args, metrics: list[str], keymap, offline_points) -> int:
             warnings.simplefilter("ignore")
             rows.append(dict(metric_summary(metric, res, df),
                              seconds=round(time.perf_counter() - t0, 2)))
-        if not as_json:
-            print(f"== {metric} ==")
-            with np.errstate(over="ignore"):
-                print(res.report())
-            print()
     if refused:
         if not as_json:
             print("\n".join(summary_lines(rows, args.level)))
