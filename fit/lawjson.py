@@ -111,7 +111,7 @@ def within(e: InputError, prefix: str, path=None) -> InputError:
     where = str(path) if path else "<law>"
     head = (e.path or where) + (f": field '{e.field}'" if e.field else "") + ": "
     msg = str(e)[len(head):] if str(e).startswith(head) else str(e)
-    return InputError(msg, path=where, field=prefix + (e.field or "").rstrip("."),
+    return InputError(msg, path=where, field=(prefix + (e.field or "")).rstrip("."),
                       exit_code=e.exit_code)
 
 
