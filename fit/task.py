@@ -298,23 +298,43 @@ class TaskLaw(LawResult, forms=(FORM,)):
         if len(self.boot_theta) and np.all(np.isfinite(lo1)) and np.all(np.isfinite(hi1)):
             rng = np.random.default_rng(seed)
             zq = float(ndtri((1 + self.level) / 2))
-            q = ((1 - level) / 2, (1 + level) / 2)
             for i in range(len(L)):
                 z = rng.standard_normal(draws)
                 s = np.where(z < 0, np.log(L[i] / lo1[i]), np.log(hi1[i] / L[i])) / zq
-                Li = L[i] * np.exp(z * s)
-                th = self.boot_theta[np.arange(draws) % len(self.boot_theta)]
-                acc = sigmoid(Li, th[:, 0], th[:, 1], th[:, 2], th[:, 3])
-                acc = acc + rng.choice(self.resid, size=draws)
-                dist = np.maximum(0.0, self.loss_range[0] - Li)
-                acc = acc + rng.standard_normal(draws) * self.ext.get("rate", 0.0) * dist
-                lo[i], hi[i] = np.clip(np.quantile(acc, q), 0.0, 1.0)
+                lo[i], hi[i] = self._band(L[i] * np.exp(z * s), level, rng)
         else:
             warnings.warn("task law: no bootstrap draws of step 2, or step 1 has no band: the "
                           "band cannot be computed and is reported as NaN", stacklevel=2)
         shape = np.shape(p1.loss)
         return Prediction(loss=center.reshape(shape), lo=lo.reshape(shape),
                           hi=hi.reshape(shape), level=level)
+
+    def accuracy_band(self, loss, level: float | None = None, *, draws: int = N_DRAWS,
+                      seed: int = 0) -> Prediction:
+        """Step 2 alone: the accuracy at a known task loss, its band from step 2's bootstrap,
+        residual and extrapolation terms (what a measured loss says of accuracy)."""
+        level = self.level if level is None else float(level)
+        L = np.atleast_1d(np.asarray(loss, dtype=float))
+        rng = np.random.default_rng(seed)
+        band = np.array([self._band(np.full(draws, x), level, rng) for x in L]) \
+            if len(self.boot_theta) else np.full((len(L), 2), np.nan)
+        shape = np.shape(loss)
+        return Prediction(loss=np.clip(self.accuracy(L), 0, 1).reshape(shape),
+                          lo=band[:, 0].reshape(shape), hi=band[:, 1].reshape(shape),
+                          level=level)
+
+    def _band(self, losses: np.ndarray, level: float, rng) -> tuple[float, float]:
+        """Quantiles at ``level`` of step 2's accuracy over draws of the task loss: each
+        through one bootstrap sigmoid, plus a resampled residual, plus the extrapolation
+        error below the fitted losses (see the module's docstring)."""
+        n = len(losses)
+        th = self.boot_theta[np.arange(n) % len(self.boot_theta)]
+        acc = sigmoid(losses, th[:, 0], th[:, 1], th[:, 2], th[:, 3])
+        acc = acc + rng.choice(self.resid, size=n)
+        dist = np.maximum(0.0, self.loss_range[0] - losses)
+        acc = acc + rng.standard_normal(n) * self.ext.get("rate", 0.0) * dist
+        lo, hi = np.clip(np.quantile(acc, ((1 - level) / 2, (1 + level) / 2)), 0.0, 1.0)
+        return float(lo), float(hi)
 
     # -- artifacts ----------------------------------------------------------------------
     def _uncertainty_own(self) -> dict:
