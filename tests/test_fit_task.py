@@ -158,3 +158,21 @@ def test_task_form_needs_via(table_csv, tmp_path):
                            "--out", tmp_path / "law.json")
     _one_line_error(code, err, "--via")
     assert code == 64
+
+
+def test_via_needs_the_task_form(table_csv, tmp_path):
+    code, _, err = run_cli("fit", table_csv, "--via", "bpb", "--metric", "acc",
+                           "--out", tmp_path / "law.json")
+    _one_line_error(code, err, "--via", "--form task")
+    assert code == 64
+
+
+def test_a_task_law_of_another_version_is_refused_in_one_line(table_csv, tmp_path):
+    law = fit_task(pd.read_csv(table_csv), "bpb", "acc", form="compute", bootstrap=20,
+                   scale_weighting=False, asymptote_rule=False)
+    doc = law.to_json()
+    doc["task"]["schema"] = "task-law/9"
+    p = tmp_path / "law.json"
+    p.write_text(json.dumps(doc))
+    code, _, err = run_cli("predict", p, "--compute", 1e21)
+    _one_line_error(code, err, "task.schema", "task-law/9", str(p))
