@@ -11,8 +11,10 @@ of a sorted window are the skiplist's two middle entries, and the median of an e
 their sum halved, as pandas computes it (``(a + b) / 2``), so the results are the same numbers;
 the first ``w - 1`` rows (shorter windows) are sorted one by one. Where that proof does not hold
 (a window with both zeros, 0.0 and -0.0, whose order pandas keeps and a network does not;
-non-finite values, which pandas reads as missing) or does not pay (wider windows: 330
-comparators for 50 rows ran slower than pandas), pandas computes it.
+non-finite values, which pandas reads as missing), pandas computes it. Wider windows (the
+spike rule's 50 rows: 330 comparators ran slower than pandas) take the two middle ranks from
+scipy's rank filter (a C filter that returns elements of the window, so the same two values),
+~0.08 s per 1M rows against pandas' 0.22 s.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def rolling_median(x: np.ndarray, window: int, min_periods: int) -> np.ndarray:
     """``pd.Series(x).rolling(window, min_periods=min_periods).median().to_numpy()``."""
     x = np.asarray(x, dtype=np.float64)
     n = x.size
-    if window > MAX_NETWORK_WINDOW or n == 0 or not np.isfinite(x).all() or \
+    if n == 0 or not np.isfinite(x).all() or \
             ((x == 0) & np.signbit(x)).any() and (x == 0).sum() > 1:
         import pandas as pd
         return pd.Series(x).rolling(window, min_periods=min_periods).median().to_numpy(float)
@@ -66,7 +68,17 @@ def rolling_median(x: np.ndarray, window: int, min_periods: int) -> np.ndarray:
     for i in range(min(window - 1, n)):  # the first rows: windows of i + 1 values
         if i + 1 >= min_periods:
             out[i] = _median_sorted(np.sort(x[:i + 1]))
-    if n >= window:
+    if n >= window and window > MAX_NETWORK_WINDOW:
+        from scipy.ndimage import rank_filter
+        # the footprint's last place on the row: a trailing window (scipy centres a footprint
+        # of size w at place w // 2 + origin)
+        origin = (window - 1) - window // 2
+        lo = rank_filter(x, (window - 1) // 2, size=window, origin=origin, mode="nearest")
+        hi = lo if window % 2 else \
+            rank_filter(x, window // 2, size=window, origin=origin, mode="nearest")
+        out[window - 1:] = lo[window - 1:] if window % 2 else (lo[window - 1:] +
+                                                               hi[window - 1:]) / 2
+    elif n >= window:
         lo, hi = (window - 1) // 2, window // 2
         net = _network(window)
         m = n - window + 1
