@@ -105,3 +105,19 @@ def test_a_bare_nan_token_in_a_large_file_is_still_written_non_finite(tmp_path):
     b2 = JsonlSource(p).poll_batch(None, None).batch
     assert np.flatnonzero(b2.nonfinite["train/loss"]).tolist() == [3000]
     assert "eval/loss" not in b2.nonfinite
+
+
+def test_a_key_holding_lists_of_one_length_is_not_a_column_of_numbers():
+    """Rows whose watched key holds lists of one length made np.array a 2-D column, and
+    concatenating two polls' batches crashed (hypothesis found it, on the speed24 branch):
+    such values are non-numeric, with a note, like any other value that is not a number."""
+    from predict.watch.batch import concat_batches
+    rows = [{"step": s, "a": [1.0, 2.0], "b": s / 2} for s in range(1, 6)]
+    first = Batch.from_rows(rows[:4], keys=["a", "b"])
+    second = Batch.from_rows(rows[4:], keys=["a", "b"])
+    for b in (first, second):
+        assert b.col("a").ndim == 1 and np.isnan(b.col("a")).all()
+        assert any("non-numeric value(s) of 'a'" in n for n in b.notes), b.notes
+    both = concat_batches([first, second])
+    np.testing.assert_array_equal(both.step, [1, 2, 3, 4, 5])
+    np.testing.assert_array_equal(both.col("b"), [0.5, 1.0, 1.5, 2.0, 2.5])

@@ -225,6 +225,8 @@ def _to_float(vals: list, *, nonfinite: bool = True) -> tuple[np.ndarray, int, n
     try:
         arr = np.array(vals, dtype=np.float64)  # None -> NaN, "NaN"/"Infinity" strings parse
         bad = 0
+        if arr.ndim != 1:  # lists of one length, one a row: not numbers (a 2-D column had
+            raise ValueError("not one number a row")  # crashed concat_batches)
     except (TypeError, ValueError):
         out = np.empty(n, dtype=np.float64)
         bad = 0
