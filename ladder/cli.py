@@ -398,7 +398,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "file's target)")
     g.add_argument("--target-spec", metavar="FILE.json",
                    help="the target as a JSON object of pre-registration target fields")
-    s.add_argument("--level", type=float, default=0.9, help="band level")
+    s.add_argument("--level", type=float, default=None,
+                   help="band level (default: 0.9; with --at-step, the amended file's)")
     s.add_argument("--require", action="append", default=[], metavar="KEY=VALUE",
                    help="run-config value the forecast requires (repeatable; default: none)")
     s.add_argument("--amend", default=None, metavar="OLD.json",

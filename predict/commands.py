@@ -141,7 +141,9 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
 def preregister_main(args) -> int:
     if args.reason and not args.amend:
         raise InputError("--reason is only for --amend", field="--reason", exit_code=EX_USAGE)
-    number(args.level, field="--level", lo=0, hi=1, lo_open=True, hi_open=True,
+    if getattr(args, "level", None) is None:   # an amendment at a step keeps the old level
+        args.level = 0.9 if getattr(args, "at_step", None) is None else None
+    number(args.level, field="--level", lo=0, hi=1, lo_open=True, hi_open=True, allow_none=True,
            exit_code=EX_USAGE)
     # an eval's sd above 10 nats is no measurement of a loss of a few nats (a typo'd unit)
     number(getattr(args, "eval_noise", None), field="--eval-noise", lo=0, hi=10,
@@ -217,7 +219,8 @@ def _write_and_say(args, out: Path, doc: dict, amends: dict | None) -> int:
     def num(v):
         return f"{v:.4f}" if isinstance(v, float) else str(v)
     print(f"  target {target.name}: final {doc['metric']} {num(fin['loss'])} "
-          f"[{num(fin['lo'])}, {num(fin['hi'])}] at {args.level:.0%}; {len(doc['forecast'])} "
+          f"[{num(fin['lo'])}, {num(fin['hi'])}] at {doc['band_level']:.0%}; "
+          f"{len(doc['forecast'])} "
           f"forecast points; eval noise {doc['eval_noise']['sigma']:.4g} "
           f"({doc['eval_noise']['method']})")
     if amends:
@@ -248,6 +251,13 @@ def at_step_prereg(args, amends: dict, *, law=None) -> dict:
     from predict import amend as am
     old = pr.load(args.amend)
     metric = old["metric"]
+    # the rows before S are the old file's, at its band level: the amendment keeps that level
+    old_level = as_float(old.get("band_level")) or 0.9
+    if args.level is not None and args.level != old_level:
+        raise InputError(f"an amendment at a step keeps the band level of the forecast it "
+                         f"carries ({old_level:g}); leave --level out", field="--level",
+                         exit_code=EX_USAGE)
+    args.level = old_level
     if getattr(args, "target", None) or getattr(args, "target_spec", None):
         target = resolve_target(args)
     else:

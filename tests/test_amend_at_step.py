@@ -54,7 +54,7 @@ def args_for(old, run, S, **kw):
     d = {"amend": str(old), "reason": "data mixture B from 30%", "at_step": S,
          "source": str(run), "multiplier": "2.0:1.6:2.5", "compare": None, "seq_len": None,
          "data_tag": "B", "transition": "compute", "law": None, "target": None,
-         "target_spec": None, "level": 0.9, "eval_noise": None}
+         "target_spec": None, "level": None, "eval_noise": None}
     d.update(kw)
     return argparse.Namespace(**d)
 
@@ -209,7 +209,8 @@ def test_bad_changes_are_refused(cli_world, tmp_path):
             (["--multiplier", "2:3:4"], "--multiplier", 64),        # M outside its interval
             (["--multiplier", "-1"], "--multiplier", 64),
             (["--multiplier", "2", "--source", empty], "--source", 65),  # no eval up to S
-            (["--compare", empty], "--compare", 65)]:               # not a compare file
+            (["--compare", empty], "--compare", 65),                # not a compare file
+            (["--multiplier", "2", "--level", "0.8"], "--level", 64)]:  # not the carried level
         refused(old, base + extra, code, field)
 
 
