@@ -421,9 +421,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the multiplier from `ladder compare --json` output (default: none)")
     g.add_argument("--seq-len", type=int, default=None, metavar="N",
                    help="the sequence length from S on (default: unchanged)")
-    g.add_argument("--transition", default="compute", choices=["compute", "recipe"],
+    g.add_argument("--transition", default="compute", choices=["compute", "recipe", "relax"],
                    help="compute: after S each unit of compute counts M x; recipe: the new "
-                        "recipe's law from step 0, shifted to the anchor (default: compute)")
+                        "recipe's law from step 0, shifted to the anchor; relax: the old curve "
+                        "relaxing to the new recipe's (default: compute)")
+    g.add_argument("--transition-width", type=float, default=None, metavar="W",
+                   help="relax: the gap left at f is exp(-(f - f_S) / W) of it, W a fraction "
+                        "of the run (default: 0.05)")
     s.add_argument("--runs", default=None, metavar="DIR",
                    help="ladder run directories: health reference curves and eval noise")
     s.add_argument("--data-tag", default=None,

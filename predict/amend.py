@@ -52,6 +52,16 @@ ANCHOR_EVALS = 3        # the last evals at or before S that place the anchor (a
 #                         ratio to the law was another)
 
 
+TRANSITIONS = {
+    "compute": ("effective compute: after S each unit of compute counts M x k (M the recipe's "
+                "multiplier, k the tokens-per-step ratio of a new sequence length), so the "
+                "forecast leaves the old one at S without a jump"),
+    "recipe": "the new recipe's law from step 0, shifted to the anchor",
+    "relax": ("the old plan's curve relaxing to the new recipe's (its law from step 0): the log "
+              "gap left at f is exp(-(f - f_S) / {width:g}) of the gap, shifted to the anchor"),
+}
+
+
 @dataclass(frozen=True)
 class Multiplier:
     """A compute multiplier of the new recipe over the old, with its interval at ``level``."""
@@ -175,13 +185,15 @@ def _z(level: float) -> float:
 
 def amended_forecast(old: Mapping, law, target, plan: Plan, evals: tuple[np.ndarray, np.ndarray],
                      *, level: float, eval_noise: float, every: float = 0.01,
-                     transition: str = "compute") -> dict:
+                     transition: str = "compute", width: float = 0.05) -> dict:
     """The ``forecast`` rows, ``final`` and ``change`` section of an amendment at step S.
 
     ``old``: the amended pre-registration; ``law``/``target``: the law and the run as planned
     from now on (the old ones unless the schedule changed); ``evals``: the run's (steps, values)
     at or before S. ``transition``: "compute" (effective compute, the module docstring) or
-    "recipe" (the new recipe's law from step 0, shifted to the anchor: for the measurement)."""
+    "recipe" (the new recipe's law from step 0, shifted to the anchor) or "relax" (the old
+    plan's curve relaxing to the new recipe's, exp(-(f - f_S) / ``width``) of the log gap left
+    at f; both shifted to the anchor): the alternatives `bench/mixture_switch.py` measures."""
     from predict.forecast import _predict, grid_fractions
     S = plan.at_step
     steps_new = int(target.steps)
@@ -203,18 +215,32 @@ def amended_forecast(old: Mapping, law, target, plan: Plan, evals: tuple[np.ndar
     k = 1.0
     if plan.seq_len is not None:
         k = plan.seq_len / int(old["target"]["seq_len"])
-    if transition not in ("compute", "recipe"):
-        raise ValueError(f"transition: compute or recipe, got {transition!r}")
+    if transition not in TRANSITIONS:
+        raise InputError(f"one of {', '.join(TRANSITIONS)}, got {transition!r}",
+                         field="--transition", exit_code=EX_USAGE)
+    if not (isinstance(width, (int, float)) and math.isfinite(width) and 0 < width <= 1):
+        raise InputError(f"must be in (0, 1] (a fraction of the run), got {width!r}",
+                         field="--transition-width", exit_code=EX_USAGE)
+
+    def recipe(frac, mult):  # the new recipe from step 0 (a seq_len change after S only)
+        frac = np.asarray(frac, float)
+        inp = effective_inputs(target, frac, 0.0, mult)
+        tok = np.minimum(frac, f_s) + k * np.maximum(frac - f_s, 0.0)
+        inp["compute"] = inp["compute"] * tok / np.maximum(frac, 1e-300)
+        inp["tokens"] = inp["tokens"] * tok / np.maximum(frac, 1e-300)
+        return _predict(law, inp, level)
 
     def evidence(frac, mult):
         if transition == "compute":
-            inp = effective_inputs(target, frac, f_s, mult * k)
-        else:  # the new recipe from the start (seq_len change after S only)
-            inp = effective_inputs(target, frac, 0.0, mult)
-            tok = np.minimum(frac, f_s) + k * np.maximum(frac - f_s, 0.0)
-            inp["compute"] = inp["compute"] * tok / np.maximum(frac, 1e-300)
-            inp["tokens"] = inp["tokens"] * tok / np.maximum(frac, 1e-300)
-        return _predict(law, inp, level)
+            return _predict(law, effective_inputs(target, frac, f_s, mult * k), level)
+        if transition == "recipe":
+            return recipe(frac, mult)
+        frac = np.asarray(frac, float)
+        old_plan = _predict(law, effective_inputs(target, frac, f_s, k), level)[0]
+        new = recipe(frac, mult)[0]
+        w = np.exp(-np.maximum(frac - f_s, 0.0) / width)
+        loss = np.exp(np.log(new) + w * (np.log(old_plan) - np.log(new)))
+        return loss, loss, loss   # the law's band is taken from the old forecast (below)
 
     # the anchor: the run's last evals at or before S against the evidence there
     a_steps, a_vals = e_steps[-ANCHOR_EVALS:], e_vals[-ANCHOR_EVALS:]
@@ -279,11 +305,8 @@ def amended_forecast(old: Mapping, law, target, plan: Plan, evals: tuple[np.ndar
                       + np.hypot(law_up[-1], law_down[-1]) ** 2, 1e-300))
     change = {
         "at_step": S, "fraction": f_s, "transition": transition,
-        "transition_words": (
-            "effective compute: after S each unit of compute counts M x k (M the recipe's "
-            "multiplier, k the tokens-per-step ratio of a new sequence length), so the forecast "
-            "leaves the old one at S without a jump" if transition == "compute" else
-            "the new recipe's law from step 0, shifted to the anchor"),
+        "transition_words": TRANSITIONS[transition].format(width=width),
+        "transition_width": width if transition == "relax" else None,
         "multiplier": m.to_dict(), "seq_len_ratio": k,
         "data_tag": {"before": (old.get("applicability") or {}).get("data_tag"),
                      "after": plan.data_tag},

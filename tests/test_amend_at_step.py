@@ -218,3 +218,27 @@ def test_at_step_options_without_at_step_are_refused(tmp_path, prereg_path):
     code, _, err = run_cli("preregister", "--amend", prereg_path, "--reason", "x",
                            "--multiplier", "2", "--out", tmp_path / "new.json")
     assert code == 64 and "--multiplier" in err
+
+
+@pytest.mark.parametrize("transition", ["compute", "recipe", "relax"])
+def test_every_transition_starts_at_the_anchor_and_keeps_the_old_rows(tmp_path, transition):
+    """No jump at S whichever transition: the amended curve at S is the run's anchor (within
+    the anchor's own noise); the rows before S are the old ones."""
+    from predict.amend import Plan, amended_forecast, parse_multiplier
+    _, target, law, _ = watch_world()
+    old = make_prereg(law, target, eval_noise=0.003, data_tag="A")
+    S = int(0.3 * target.steps)
+    rows = [r for r in switching_rows(M_TRUE, S) if r["step"] <= S]
+    ev = (np.array([r["step"] for r in rows]), np.array([r[METRIC] for r in rows]))
+    body = amended_forecast(old, law, target, Plan(S, parse_multiplier("2:1.6:2.5"), "B"), ev,
+                            level=0.9, eval_noise=0.003, transition=transition, width=0.05)
+    after = [r for r in body["forecast"] if not r.get("carried")]
+    assert after[0]["step"] == S and abs(after[0]["loss"] / ev[1][-1] - 1) < 0.005
+    assert len([r for r in body["forecast"] if r.get("carried")]) == \
+        len([r for r in old["forecast"] if r["step"] < S])
+    # the new recipe is worth more compute: the amended curve ends below the old one (not
+    # "recipe": shifting the new recipe's whole curve to the anchor gives back what it gained
+    # before S, and its slope alone is left)
+    if transition != "recipe":
+        assert body["final"]["loss"] < old["final"]["loss"]
+    assert body["change"]["transition"] == transition
