@@ -31,13 +31,16 @@ noise (the residual quantile) and the law's extrapolation error outside its runs
 ``predict``/``band``/``report``/``to_json`` and law.json envelope; the ``fit.Law`` protocol of
 ``fit.prediction``). Backtests:
 rollout and leave-the-largest-out (``fit.backtest``). Allocation and IsoFLOP Approach 2:
-``fit.allocation``. Schedule-aware curve laws (mpl, momentum): ``fit.curves``.
+``fit.allocation``. Schedule-aware curve laws (mpl, momentum): ``fit.curves``. Downstream
+accuracy in two steps (task loss by any form, then a sigmoid to accuracy; ``--form task --via
+LOSS_KEY``): ``fit.task``.
 """
 
 from fit.allocation import Allocation, IsoFlopResult, allocation, isoflop_approach2
 from fit.law import FitResult, LawResult, Prediction, fit_law, load_law
 from fit.prediction import Law
 from fit.points import load_points
+from fit.task import TaskLaw, fit_task  # registers the "task" form with law.json's reader
 
 __all__ = [
            "Allocation",
@@ -46,9 +49,11 @@ __all__ = [
            "Law",
            "LawResult",
            "Prediction",
+           "TaskLaw",
            "allocation",
            "fit_law",
            "isoflop_approach2",
            "load_law",
+           "fit_task",
            "load_points",
 ]

@@ -132,10 +132,22 @@ def backtest(df: pd.DataFrame, spec, opts: dict, *, by: str | None = None,
     out = {"method": "rollout by scale level (0.05 decades); leave-largest-out = last fold",
            "folds": folds, "skipped": skipped, "scale": kind,
            "scale_log10_max": float(logs.max()), "scale_log10_min": float(logs.min())}
-    rate, n_out = pooled_rate(folds)
     out["extrapolation"] = {"method": EXTRAPOLATION_METHOD, "inputs": cols,
-                            "ranges_log10": input_ranges(df, cols), "rate_per_decade": rate,
-                            "n_points": n_out}
+                            "ranges_log10": input_ranges(df, cols)}
+    return summarise_folds(out)
+
+
+def summarise_folds(out: dict) -> dict:
+    """Fill a backtest record's summaries from its ``folds`` (in place; returned): the pooled
+    extrapolation rate, the rollout means, the leave-largest-out fold (the last) and the band
+    coverage. Also for a record whose folds were narrowed (fit.select.asymptote_rule)."""
+    folds = out["folds"]
+    rate, n_out = pooled_rate(folds)
+    out["extrapolation"] = dict(out.get("extrapolation") or {}, rate_per_decade=rate,
+                                n_points=n_out)
+    for key in ("rollout_mean_abs_final", "rollout_mean_abs_curve", "leave_largest_out",
+                "band_coverage_final"):
+        out.pop(key, None)
     if folds:
         fin = np.concatenate([f["final_rel_err"] for f in folds])
         out["rollout_mean_abs_final"] = float(np.mean(np.abs(fin)))

@@ -84,6 +84,8 @@ def fit_main(args, *, offline_points=None) -> int:
            exit_code=EX_USAGE)
     if args.out:
         check_writable(args.out, field="--out")
+    if args.form == "task" or getattr(args, "via", None):
+        return _fit_task_main(args)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         sizes = getattr(args, "sizes", None)
@@ -133,6 +135,65 @@ def fit_main(args, *, offline_points=None) -> int:
                          field="diagnostics.converged", exit_code=EX_DATAERR)
     if args.out:
         doc["points"] = law_points(df)
+        _readable(doc)
+        atomic_write_json(args.out, doc)
+        print(f"wrote {args.out}", file=sys.stderr if as_json else sys.stdout)
+    return 0
+
+
+def _fit_task_main(args) -> int:
+    """`ladder fit TABLE --form task --via LOSS_KEY --metric ACC_KEY` (fit.task): points tables
+    (CSV, Parquet) with one row per (run, eval) and a column for each key."""
+    from pathlib import Path
+
+    from fit.task import fit_task
+    from ladder.io import read_table
+    if args.form != "task":
+        raise InputError(f"--via goes with --form task, not --form {args.form}", field="--via",
+                         exit_code=EX_USAGE)
+    if not args.via:
+        raise InputError("--form task needs --via LOSS_KEY (the task-loss column)",
+                         field="--via", exit_code=EX_USAGE)
+    if not args.metric:
+        raise InputError("--form task needs --metric ACC_KEY (the accuracy column)",
+                         field="--metric", exit_code=EX_USAGE)
+    if args.by:
+        raise InputError("--form task takes no --by", field="--by", exit_code=EX_USAGE)
+    frames = []
+    for src in args.sources:
+        if not Path(src).is_file():
+            raise InputError("--form task reads points tables (CSV or Parquet, a column per "
+                             "key), not runs directories or W&B runs", path=src,
+                             field="SOURCE", exit_code=EX_USAGE)
+        t = read_table(src)
+        t.columns = [str(c).strip() for c in t.columns]
+        for col in ("run", args.via, args.metric):
+            if col not in t.columns:
+                raise InputError(f"missing column (columns: {', '.join(t.columns)})", path=src,
+                                 field=col)
+        frames.append(t)
+    df = pd.concat(frames, ignore_index=True)
+    where = args.sources[0] if len(args.sources) == 1 else ", ".join(args.sources)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        law = fit_task(df, args.via, args.metric, form=args.via_form, bootstrap=args.bootstrap,
+                       level=args.level, seed=args.seed, where=where,
+                       fix=_pairs(args.fix, "--fix", True), tie=_pairs(args.tie, "--tie", False),
+                       params_column=args.params_column, objective=args.objective,
+                       prior=_priors(args.prior),
+                       asymptote_rule=not getattr(args, "free_asymptote", False),
+                       scale_weighting=not getattr(args, "equal_weights", False))
+    _print_warnings("fit", caught)
+    as_json = getattr(args, "json", False)
+    with np.errstate(over="ignore"):
+        doc = law.to_json()
+        print(json.dumps(to_jsonable(doc)) if as_json else law.report())
+    bad = unconverged(law.step1)
+    if bad and not args.allow_unconverged:
+        raise InputError(f"step 1: {', '.join(bad)} did not converge; nothing written; rerun "
+                         "with --allow-unconverged to keep it anyway",
+                         field="diagnostics.converged", exit_code=EX_DATAERR)
+    if args.out:
         _readable(doc)
         atomic_write_json(args.out, doc)
         print(f"wrote {args.out}", file=sys.stderr if as_json else sys.stdout)
@@ -212,7 +273,15 @@ def predict_main(args) -> int:
                          "overflow float64 at these inputs", path=args.law, field="fit.u")
     for w in caught:
         print(f"ladder predict: warning: {w.message}", file=sys.stderr)
-    print(json.dumps(to_jsonable(pred.to_dict())))
+    out = pred.to_dict()
+    if getattr(law, "via", None):  # a task law (fit.task): loss/lo/hi are the accuracy
+        p1 = law.predict_loss(params=args.params, active_params=args.active_params,
+                              tokens=args.tokens, compute=args.compute,
+                              fraction=args.fraction, level=args.level)
+        out.update(metric=law.metric, accuracy=out["loss"],
+                   via={"key": law.via, **{k: v for k, v in p1.to_dict().items()
+                                           if k in ("loss", "lo", "hi")}})
+    print(json.dumps(to_jsonable(out)))
     return 0
 
 

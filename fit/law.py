@@ -8,7 +8,9 @@ rule (fit.select). How a law is fitted is documented in fit.estimate; its band i
 
 Layers inside fit/, bottom to top (each imports only those below it): forms, solver,
 prediction, points, lr_schedules, allocation, report -> lawjson -> result -> estimate ->
-backtest -> curves, select -> law (this module; also the one law.json reader keyed by form).
+backtest -> curves, select -> law (this module; also the one law.json reader keyed by form) ->
+task (downstream accuracy through a task loss: a law of this module chained into a sigmoid;
+the package's __init__ imports it, which registers its form with the reader).
 """
 
 from __future__ import annotations

@@ -262,10 +262,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "directories or wandb://ENTITY/PROJECT/ID[,ID...]")
     s.add_argument("--form", default="auto",
                    help="law form: auto (every form the columns allow, chosen by rollout "
-                        "backtest), compute, chinchilla, trajectory, moe, mpl, momentum "
+                        "backtest), compute, chinchilla, trajectory, moe, mpl, momentum, or "
+                        "task (downstream accuracy in two steps: needs --via) "
                         "(default: %(default)s)")
     s.add_argument("--metric", default=None,
-                   help="metric key of runs (default: eval_dropless/loss)")
+                   help="metric key of runs (default: eval_dropless/loss); with --form task "
+                        "the accuracy column")
+    s.add_argument("--via", default=None, metavar="LOSS_KEY",
+                   help="with --form task: the task-loss column (e.g. bits per byte of the "
+                        "correct answer) that step 1 fits in params/tokens/compute and step 2 "
+                        "maps to accuracy with a sigmoid (Bhagia et al. 2024)")
+    s.add_argument("--via-form", default="auto", metavar="FORM",
+                   help="with --form task: step 1's form (default: %(default)s)")
     s.add_argument("--bootstrap", type=int, default=200,
                    help="run-level bootstrap replicates (default: %(default)s)")
     s.add_argument("--level", type=float, default=0.9,

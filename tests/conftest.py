@@ -30,6 +30,25 @@ def chromium_dom(chromium: Path, url: str, profile: Path, *, budget_ms: int = 50
     return subprocess.run(cmd, capture_output=True, text=True, timeout=90, check=False).stdout
 
 
+# Source for run_on_fake_devices scripts: the model's weights on a (2 data x 4 expert) mesh of 8
+# devices, routed experts split on "expert" and everything else replicated, the batch split over
+# data x expert (how tests/test_model_*.py check that expert-parallel MoE layers match one device)
+EXPERT_MESH_SRC = """
+import jax
+from flax.traverse_util import flatten_dict, unflatten_dict
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from model.transformer import param_group
+
+def on_expert_mesh(params, tokens):
+    mesh = jax.make_mesh((2, 4), ("data", "expert"), axis_types=(AxisType.Auto,) * 2)
+    def place(path, x):
+        spec = P("expert") if param_group(path) == "routed_experts" else P()
+        return jax.device_put(x, NamedSharding(mesh, spec))
+    sharded = unflatten_dict({k: place(k, v) for k, v in flatten_dict(params).items()})
+    return mesh, sharded, jax.device_put(tokens, NamedSharding(mesh, P(("data", "expert"))))
+"""
+
+
 def run_on_fake_devices(script: str, *args: str, devices: int = 8, timeout: int = 900) -> str:
     """Run ``script`` (Python source) in a fresh process with ``devices`` fake CPU devices (the
     XLA flag must be set before JAX starts, so never in this process), from the checkout; its

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import run_on_fake_devices
+from conftest import EXPERT_MESH_SRC, run_on_fake_devices
 
 from ladder.plan import hlo_flops
 from model.moe import dispatch_dropless, dispatch_reference, group_block, swiglu
@@ -78,14 +78,11 @@ def test_compiled_flops_do_not_scale_with_the_experts():
         (few / ideal, many / ideal)
 
 
-SHARDED = textwrap.dedent("""
+SHARDED = EXPERT_MESH_SRC + textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     from functools import partial
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
-    from flax.traverse_util import flatten_dict, unflatten_dict
     from ladder.specs import LADDERS
     import model
-    from model.transformer import param_group
 
     assert jax.device_count() == 8
     cfg = LADDERS["tiny"].rungs[0].model.replace(n_experts=8)
@@ -96,13 +93,8 @@ SHARDED = textwrap.dedent("""
     fwd = jax.jit(partial(model.loss_fn, cfg, dropless=True))
     loss1, s1 = fwd(params, bias, tokens, tokens)
 
-    mesh = jax.make_mesh((2, 4), ("data", "expert"), axis_types=(AxisType.Auto,) * 2)
-    def place(path, x):
-        spec = P("expert") if param_group(path) == "routed_experts" else P()
-        return jax.device_put(x, NamedSharding(mesh, spec))
-    sharded = unflatten_dict({k: place(k, v) for k, v in flatten_dict(params).items()})
+    mesh, sharded, toks = on_expert_mesh(params, tokens)
     with jax.set_mesh(mesh):
-        toks = jax.device_put(tokens, NamedSharding(mesh, P(("data", "expert"))))
         loss8, s8 = fwd(sharded, bias, toks, toks)
     assert float(s8["moe/drop_frac"]) == float(s1["moe/drop_frac"]) == 0.0
     np.testing.assert_allclose(loss8, loss1, rtol=1e-5)

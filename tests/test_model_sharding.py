@@ -4,16 +4,14 @@
 import textwrap
 
 import pytest
-from conftest import run_on_fake_devices
+from conftest import EXPERT_MESH_SRC, run_on_fake_devices
 
-SCRIPT = textwrap.dedent("""
+SCRIPT = EXPERT_MESH_SRC + textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     from functools import partial
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
-    from flax.traverse_util import flatten_dict, unflatten_dict
+    from jax.sharding import PartitionSpec as P
     from ladder.specs import LADDERS
     import model
-    from model.transformer import param_group
 
     assert jax.device_count() == 8
     # drops on (capacity factor 1.25) with cells of one sequence (32 tokens here): each device
@@ -27,13 +25,8 @@ SCRIPT = textwrap.dedent("""
     assert float(st1["moe/drop_frac"]) > 0
 
     # "Auto" axes: routed experts split on "expert", batch over data x expert, the rest replicated
-    mesh = jax.make_mesh((2, 4), ("data", "expert"), axis_types=(AxisType.Auto,) * 2)
-    def place(path, x):
-        spec = P("expert") if param_group(path) == "routed_experts" else P()
-        return jax.device_put(x, NamedSharding(mesh, spec))
-    sharded = unflatten_dict({k: place(k, v) for k, v in flatten_dict(params).items()})
+    mesh, sharded, toks = on_expert_mesh(params, tokens)
     with jax.set_mesh(mesh):
-        toks = jax.device_put(tokens, NamedSharding(mesh, P(("data", "expert"))))
         (loss8, st8), grads8 = step(sharded, bias, toks, toks)
         hlo = step.lower(sharded, bias, toks, toks).compile().as_text()
     assert "all-to-all" in hlo
