@@ -242,3 +242,34 @@ def test_every_transition_starts_at_the_anchor_and_keeps_the_old_rows(tmp_path, 
     if transition != "recipe":
         assert body["final"]["loss"] < old["final"]["loss"]
     assert body["change"]["transition"] == transition
+
+
+def test_a_declared_sequence_length_change(tmp_path):
+    """--seq-len: the tokens after S count k = new/old times (no multiplier given: the longer
+    context's own effect is not measured), rows map to the forecast by step, and a run
+    configuration with either length is accepted, a third one is not."""
+    truth, target, law, _ = watch_world()
+    old = pr.write_once(tmp_path / "prereg.json",
+                        make_prereg(law, target, eval_noise=0.003, data_tag="A"))
+    S = int(0.3 * target.steps)
+    rows = switching_rows(2.0, S)                  # twice the tokens per step after S
+    run = write(tmp_path / "upto_S.jsonl", [r for r in rows if r["step"] <= S])
+    a = args_for(old, run, S, multiplier=None, data_tag=None, seq_len=2 * target.seq_len)
+    doc = at_step_prereg(a, pr.amendment(old, a.reason), law=law)
+    pr.write_once(tmp_path / "prereg-long.json", doc)
+    assert doc["target"]["seq_len"] == 2 * target.seq_len
+    assert doc["decision_rule"]["parameters"]["align"] == "step"
+    assert doc["change"]["seq_len_ratio"] == 2.0 and doc["change"]["multiplier"]["value"] == 1
+    assert doc["final"]["loss"] < read_json(old)["final"]["loss"]
+    for r in rows:   # the rows count the tokens of the run as it went
+        r.pop("config", None)
+        r["tokens"] = target.tokens / target.steps * (min(r["step"], S)
+                                                     + 2 * max(r["step"] - S, 0))
+    rows[0]["config"] = {"seq_len": target.seq_len, "data_tag": "A"}
+    nxt = next(r for r in rows if r["step"] > S)
+    nxt["config"] = {"seq_len": 2 * target.seq_len, "data_tag": "A"}
+    v = watch(old, rows, tmp_path / "run.jsonl")
+    assert v["not_applicable"] is None and v["follows_from_step"] == S and v["evals"] == 100
+    nxt["config"] = {"seq_len": 3 * target.seq_len, "data_tag": "A"}
+    v = watch(old, rows, tmp_path / "run3.jsonl")
+    assert v["exit"] == 3 and "seq_len is" in v["not_applicable"]
