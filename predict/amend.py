@@ -18,8 +18,11 @@ i.e. the new recipe is worth M x compute only for the compute spent on it, after
 transition: at S the evidence is the old forecast itself (no jump), and it departs from it as
 compute on the new plan accumulates, at the rate the law's slope gives. The alternative, the law
 of a run on the new recipe from step 0 (compute M x C throughout), credits the tokens before S
-with the new data as well; `bench/mixture_switch.py` measures both. A new schedule (``--law`` and
-``--target`` of the new plan, curve laws) is the law of the new plan at each fraction.
+with the new data as well (``recipe``); and ``relax`` has the old plan's curve relax to the new
+recipe's within a width W of the run. `bench/mixture_switch.py` measures the three: on the cpu
+ladder's data switch the eval loss followed the new data much faster than its compute, and relax
+came closest (docs/LOG.md). A new schedule (``--law`` and ``--target`` of the new plan, curve
+laws) is the law of the new plan at each fraction.
 
 The anchor: the mean log ratio of the run's last ``ANCHOR_EVALS`` evals at or before S to the
 evidence at their fractions (before S the evidence is the old plan's law), so the amended curve
@@ -250,7 +253,7 @@ def amended_forecast(old: Mapping, law, target, plan: Plan, evals: tuple[np.ndar
     # grid after S: every 1% of the run, the eval steps, the end
     g = grid_fractions(target, every=every)
     g = np.unique(np.concatenate([[f_s], g[g > f_s + 1e-12]]))
-    c_loss, law_lo, law_hi = evidence(g, m.value)
+    c_loss = evidence(g, m.value)[0]   # its band: the old forecast's (below)
     lo_m, _, _ = evidence(g, m.hi)     # more compute-equivalent: lower loss
     hi_m, _, _ = evidence(g, m.lo)
     centre = c_loss * math.exp(offset)
