@@ -176,7 +176,7 @@ def main(argv=None) -> int:
         ladder("preregister", "--amend", prereg, "--reason",
                f"training data switches from stdlib-{old} to stdlib-{new} at step {S}",
                "--at-step", S, "--source", hero_dir, "--data-tag", f"stdlib-{new}",
-               "--compare", cmp_path, "--out", amended)
+               "--compare", cmp_path, "--transition", "compute", "--out", amended)
     ladder("run", "cpu", "--rung", hero.name, "--out", here / "hero", "--config", hero_cfg,
            "--resume")
     # 5. the watch, and the errors after S
@@ -197,6 +197,8 @@ def main(argv=None) -> int:
     pre = (steps[steps <= S], y[steps <= S])
     noise = float(o_doc["eval_noise"]["sigma"])
     variants = {}
+    # the amendment written is the compute transition's (the first default: the table of
+    # docs/LOG.md); the others are computed here from the same evals up to S
     for label, kw in (("recipe transition", {"transition": "recipe", "m": mult}),
                       *((f"relax transition, width {w:g}", {"transition": "relax", "m": mult,
                                                             "width": w})

@@ -429,10 +429,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the multiplier from `ladder compare --json` output (default: none)")
     g.add_argument("--seq-len", type=int, default=None, metavar="N",
                    help="the sequence length from S on (default: unchanged)")
-    g.add_argument("--transition", default="compute", choices=["compute", "recipe", "relax"],
-                   help="compute: after S each unit of compute counts M x; recipe: the new "
-                        "recipe's law from step 0, shifted to the anchor; relax: the old curve "
-                        "relaxing to the new recipe's (default: compute)")
+    g.add_argument("--transition", default=None, choices=["compute", "recipe", "relax"],
+                   help="relax: the old curve relaxing to the new recipe's (the law from step "
+                        "0 at M x compute) within --transition-width; compute: after S each "
+                        "unit of compute counts M x; recipe: the new recipe's law from step 0, "
+                        "shifted to the anchor (default: relax, the closest on the cpu switch: "
+                        "docs/LOG.md)")
     g.add_argument("--transition-width", type=float, default=None, metavar="W",
                    help="relax: the gap left at f is exp(-(f - f_S) / W) of it, W a fraction "
                         "of the run (default: 0.05)")

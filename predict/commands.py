@@ -166,7 +166,7 @@ def preregister_main(args) -> int:
                                    ("--compare", getattr(args, "compare", None)),
                                    ("--seq-len", getattr(args, "seq_len", None)))
                     if v is not None]
-    if getattr(args, "transition", "compute") != "compute":
+    if getattr(args, "transition", None) is not None:
         at_step_only.append("--transition")
     if getattr(args, "transition_width", None) is not None:
         at_step_only.append("--transition-width")
@@ -319,7 +319,8 @@ def at_step_prereg(args, amends: dict, *, law=None) -> dict:
     plan = am.Plan(at_step=args.at_step, multiplier=mult, data_tag=args.data_tag,
                    seq_len=seq_len)
     body = am.amended_forecast(old, law, target, plan, evals, level=args.level,
-                               eval_noise=noise, transition=args.transition,
+                               eval_noise=noise,
+                               transition=getattr(args, "transition", None) or am.DEFAULT,
                                width=getattr(args, "transition_width", None) or 0.05)
     # the new plan as registered: its sequence length and (with one) the tokens and compute it
     # now spends; the applicability accepts the plan before S as well (a run's configuration
