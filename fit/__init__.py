@@ -8,6 +8,8 @@ ladder.specs and ladder.counting are plain Python.
     res = fit_law(df, form="trajectory", bootstrap=200)         # -> FitResult
     res.predict(compute=2.6e24 * 0.5, fraction=0.5)             # Prediction(loss, lo, hi, level)
     print(res.report()); law = res.to_json()                    # schema "law/1"
+    load_law("law.json", metric="paloma/c4_en/loss")            # one law of a multi-metric file
+    load_laws("law.json")                                       # {metric key: law}, every one
 
 Forms (``fit.forms``): ``compute`` E + A C^-alpha; ``chinchilla`` E + A/N^alpha + B/D^beta;
 ``trajectory`` E + A C_T^-alpha h(g), one joint law of a run's whole curve, with C_T the planned
@@ -37,7 +39,7 @@ LOSS_KEY``): ``fit.task``.
 """
 
 from fit.allocation import Allocation, IsoFlopResult, allocation, isoflop_approach2
-from fit.law import FitResult, LawResult, Prediction, fit_law, load_law
+from fit.law import FitResult, LawResult, Prediction, fit_law, load_law, load_laws
 from fit.prediction import Law
 from fit.points import load_points
 from fit.task import TaskLaw, fit_task  # registers the "task" form with law.json's reader
@@ -55,5 +57,6 @@ __all__ = [
            "isoflop_approach2",
            "load_law",
            "fit_task",
+           "load_laws",
            "load_points",
 ]

@@ -73,9 +73,13 @@ def _print_warnings(command: str, caught) -> None:
 def fit_main(args, *, offline_points=None) -> int:
     """`ladder fit`. ``offline_points(path, metric, sizes)`` turns a W&B offline run directory
     into a points table; its record log is read by predict, above fit, so the CLI hands the reader
-    down (``ladder.commands.fit_main``) instead of fit importing it."""
-    from fit.law import fit_law
-    from fit.points import is_wandb_offline_dir, load_points
+    down (``ladder.commands.fit_main``) instead of fit importing it.
+
+    ``--metric`` may be given several times, each a key or a glob over the keys the sources hold
+    (fit.points.expand_metrics). One key: law.json is that metric's law (law/1), as always.
+    Several: each is fitted exactly as it would be alone, and law.json holds them all (law/2:
+    ``laws: {key: law}``); if any is refused, nothing is written and one line names each."""
+    from fit.points import expand_metrics
     # checked before any work: a bad --out or --level must not cost a finished fit
     number(args.level, field="--level", lo=0, hi=1, lo_open=True, hi_open=True,
            exit_code=EX_USAGE)
@@ -86,46 +90,69 @@ def fit_main(args, *, offline_points=None) -> int:
         check_writable(args.out, field="--out")
     if args.form == "task" or getattr(args, "via", None):
         return _fit_task_main(args)
+    from ladder.keymap import load_keymap
+    keymap = load_keymap(getattr(args, "keys", None))
+    metrics = expand_metrics(args.metric, args.sources, keymap=keymap)
+    if len(metrics) > 1:
+        return _fit_many(args, metrics, keymap, offline_points)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        sizes = getattr(args, "sizes", None)
-        from ladder.keymap import load_keymap
-        keymap = load_keymap(getattr(args, "keys", None))
-        offline = [s for s in args.sources if is_wandb_offline_dir(s)]
-        if offline and offline_points is None:
-            raise InputError("a W&B offline run directory needs predict's record reader (run "
-                             "`ladder fit`, or pass offline_points)", path=offline[0],
-                             field="SOURCE")
-        sources = [(offline_points(s, args.metric, sizes, keymap=keymap) if keymap else
-                    offline_points(s, args.metric, sizes)) if s in offline else s
-                   for s in args.sources]
-        df = load_points(sources, args.metric, sizes=sizes, keymap=keymap,
-                         include_target=getattr(args, "include_target", False))
-        if not len(df):
-            dropped = df.attrs.get("dropped") or []
-            first = f" (e.g. {dropped[0]})" if dropped else ""
-            raise InputError(f"no usable points: every row was dropped{first}",
-                             path=args.sources[0], field="loss")
-        res = fit_law(df, form=args.form, fix=_pairs(args.fix, "--fix", True),
-                      tie=_pairs(args.tie, "--tie", False), by=args.by,
-                      bootstrap=args.bootstrap, level=args.level, seed=args.seed,
-                      params_column=args.params_column, metric=df.attrs.get("metric"),
-                      objective=args.objective, prior=_priors(args.prior),
-                      asymptote_rule=not getattr(args, "free_asymptote", False),
-                      scale_weighting=not getattr(args, "equal_weights", False))
+        res, df, doc = _fit_metric(args, metrics[0], keymap, offline_points)
     _print_warnings("fit", caught)
     as_json = getattr(args, "json", False)
     with np.errstate(over="ignore"):  # a law beyond float64 is refused below, in one line
-        doc = res.to_json()
-        if keymap is not None:  # another trainer's names (and FLOP convention) went in
-            conv = {**(doc.get("conventions") or {}), "metric_keys": keymap.to_dict()}
-            if "flops" in keymap.theirs:  # a run without our rung spec: the trainer counted
-                key, scale = keymap.theirs["flops"]
-                conv["flops_source"] = (f"runs without a ladder rung: compute = {key} x "
-                                        f"{scale:g} as the trainer logged it (its own FLOP "
-                                        f"count, not {conv.get('flops', 'flops-v1')})")
-            doc["conventions"] = conv
         print(json.dumps(to_jsonable(doc)) if as_json else res.report())
+    _check_converged(args, res)
+    if args.out:
+        doc["points"] = law_points(df)
+        _readable(doc)
+        atomic_write_json(args.out, doc)
+        print(f"wrote {args.out}", file=sys.stderr if as_json else sys.stdout)
+    return 0
+
+
+def _fit_metric(args, metric: str | None, keymap, offline_points):
+    """One metric's fit, as `ladder fit --metric KEY` does it: (the law, its points table, its
+    law.json document without the points). InputError when the input is refused."""
+    from fit.law import fit_law
+    from fit.points import is_wandb_offline_dir, load_points
+    sizes = getattr(args, "sizes", None)
+    offline = [s for s in args.sources if is_wandb_offline_dir(s)]
+    if offline and offline_points is None:
+        raise InputError("a W&B offline run directory needs predict's record reader (run "
+                         "`ladder fit`, or pass offline_points)", path=offline[0],
+                         field="SOURCE")
+    sources = [(offline_points(s, metric, sizes, keymap=keymap) if keymap else
+                offline_points(s, metric, sizes)) if s in offline else s
+               for s in args.sources]
+    df = load_points(sources, metric, sizes=sizes, keymap=keymap,
+                     include_target=getattr(args, "include_target", False))
+    if not len(df):
+        dropped = df.attrs.get("dropped") or []
+        first = f" (e.g. {dropped[0]})" if dropped else ""
+        raise InputError(f"no usable points: every row was dropped{first}",
+                         path=args.sources[0], field="loss")
+    res = fit_law(df, form=args.form, fix=_pairs(args.fix, "--fix", True),
+                  tie=_pairs(args.tie, "--tie", False), by=args.by,
+                  bootstrap=args.bootstrap, level=args.level, seed=args.seed,
+                  params_column=args.params_column, metric=df.attrs.get("metric"),
+                  objective=args.objective, prior=_priors(args.prior),
+                  asymptote_rule=not getattr(args, "free_asymptote", False),
+                  scale_weighting=not getattr(args, "equal_weights", False))
+    with np.errstate(over="ignore"):  # a law beyond float64 is refused by _readable
+        doc = res.to_json()
+    if keymap is not None:  # another trainer's names (and FLOP convention) went in
+        conv = {**(doc.get("conventions") or {}), "metric_keys": keymap.to_dict()}
+        if "flops" in keymap.theirs:  # a run without our rung spec: the trainer counted
+            key, scale = keymap.theirs["flops"]
+            conv["flops_source"] = (f"runs without a ladder rung: compute = {key} x "
+                                    f"{scale:g} as the trainer logged it (its own FLOP "
+                                    f"count, not {conv.get('flops', 'flops-v1')})")
+        doc["conventions"] = conv
+    return res, df, doc
+
+
+def _check_converged(args, res) -> None:
     bad = unconverged(res)
     if bad and not args.allow_unconverged:
         # a law from a solver that stopped early is not the optimum it claims to be: refuse to
@@ -133,11 +160,67 @@ def fit_main(args, *, offline_points=None) -> int:
         raise InputError(f"{', '.join(bad)} did not converge (see the solver line above); "
                          "nothing written; rerun with --allow-unconverged to keep it anyway",
                          field="diagnostics.converged", exit_code=EX_DATAERR)
+
+
+def _fit_many(args, metrics: list[str], keymap, offline_points) -> int:
+    """`ladder fit --metric A --metric B ...`: every metric fitted as alone (its own form
+    choice, band, backtests, asymptote rule), each report, then one summary line per metric;
+    law.json (law/2) holds them all, read back before it is written. Every metric is tried, so a
+    refusal names all that failed; then nothing is written (a file missing some of the asked-for
+    metrics would pass for the whole set)."""
+    import time
+
+    from fit.lawjson import multi_to_json
+    from fit.points import listed_keys
+    from fit.report import metric_summary, summary_lines
+    as_json = getattr(args, "json", False)
+    fitted, refused, rows = {}, {}, []
+    for metric in metrics:
+        t0 = time.perf_counter()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                res, df, doc = _fit_metric(args, metric, keymap, offline_points)
+                if not as_json:  # before the checks: an unconverged fit shows its solver line
+                    print(f"== {metric} ==")
+                    with np.errstate(over="ignore"):
+                        print(res.report() + "\n")
+                _check_converged(args, res)
+                doc["points"] = law_points(df)
+                _readable(doc)
+            except InputError as e:
+                refused[metric] = e
+                rows.append({"metric": metric, "refused": str(e)})
+                continue
+        _print_warnings(f"fit: {metric}", caught)
+        fitted[metric] = doc
+        with np.errstate(over="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rows.append(dict(metric_summary(metric, res, df),
+                             seconds=round(time.perf_counter() - t0, 2)))
+    if refused:
+        if not as_json:
+            print("\n".join(summary_lines(rows, args.level)))
+        msgs = {m: str(e) for m, e in refused.items()}
+        why = (f"all {len(msgs)}, {listed_keys(msgs)}: {next(iter(msgs.values()))}"
+               if len(msgs) > 1 and len(set(msgs.values())) == 1
+               else "; ".join(f"{m}: {msg}" for m, msg in msgs.items()))
+        raise InputError(f"{len(refused)} of {len(metrics)} metrics refused, so no law.json is "
+                         f"written ({why})", path=str(args.sources[0]), field="--metric",
+                         exit_code=next(iter(refused.values())).exit_code)
+    doc = multi_to_json(fitted)
     if args.out:
-        doc["points"] = law_points(df)
         _readable(doc)
+    if as_json:
+        out = dict(doc, laws={m: {k: v for k, v in d.items() if k != "points"}
+                              for m, d in fitted.items()}, summary=rows)
+        print(json.dumps(to_jsonable(out)))
+    else:
+        print("\n".join(summary_lines(rows, args.level)))
+    if args.out:
         atomic_write_json(args.out, doc)
-        print(f"wrote {args.out}", file=sys.stderr if as_json else sys.stdout)
+        print(f"wrote {args.out} ({len(fitted)} laws)", file=sys.stderr if as_json
+              else sys.stdout)
     return 0
 
 
@@ -154,9 +237,13 @@ def _fit_task_main(args) -> int:
     if not args.via:
         raise InputError("--form task needs --via LOSS_KEY (the task-loss column)",
                          field="--via", exit_code=EX_USAGE)
-    if not args.metric:
-        raise InputError("--form task needs --metric ACC_KEY (the accuracy column)",
-                         field="--metric", exit_code=EX_USAGE)
+    # --metric is repeatable (several metrics: one law each); a task law maps to one accuracy
+    accs = [args.metric] if isinstance(args.metric, str) else list(args.metric or [])
+    if len(accs) != 1:
+        raise InputError("--form task needs one --metric ACC_KEY (the accuracy column)"
+                         + (f", got {len(accs)}" if accs else ""), field="--metric",
+                         exit_code=EX_USAGE)
+    acc = accs[0]
     if args.by:
         raise InputError("--form task takes no --by", field="--by", exit_code=EX_USAGE)
     frames = []
@@ -167,7 +254,7 @@ def _fit_task_main(args) -> int:
                              field="SOURCE", exit_code=EX_USAGE)
         t = read_table(src)
         t.columns = [str(c).strip() for c in t.columns]
-        for col in ("run", args.via, args.metric):
+        for col in ("run", args.via, acc):
             if col not in t.columns:
                 raise InputError(f"missing column (columns: {', '.join(t.columns)})", path=src,
                                  field=col)
@@ -176,7 +263,7 @@ def _fit_task_main(args) -> int:
     where = args.sources[0] if len(args.sources) == 1 else ", ".join(args.sources)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        law = fit_task(df, args.via, args.metric, form=args.via_form, bootstrap=args.bootstrap,
+        law = fit_task(df, args.via, acc, form=args.via_form, bootstrap=args.bootstrap,
                        level=args.level, seed=args.seed, where=where,
                        fix=_pairs(args.fix, "--fix", True), tie=_pairs(args.tie, "--tie", False),
                        params_column=args.params_column, objective=args.objective,
@@ -204,9 +291,9 @@ def _readable(obj: dict) -> None:
     """What `fit` writes, `predict` reads: the law is read back through the one reader before
     it is written, and refused (exit 65, nothing written) when the reader would refuse it (an
     ols fit, which has no solver box, of losses whose log A is beyond law.json's range)."""
-    from fit.law import law_from_json
+    from fit.law import laws_from_json
     try:
-        law_from_json(json.loads(json.dumps(to_jsonable(obj))))
+        laws_from_json(json.loads(json.dumps(to_jsonable(obj))))
     except InputError as e:
         where = "<law>" + (f": field '{e.field}'" if e.field else "") + ": "
         msg = str(e)[len(where):] if str(e).startswith(where) else str(e)
@@ -256,7 +343,7 @@ def predict_main(args) -> int:
                allow_none=True, exit_code=EX_USAGE)
     number(args.fraction, field="--fraction", lo=0, hi=1, lo_open=True, allow_none=True,
            exit_code=EX_USAGE)
-    law = load_law(args.law)
+    law = load_law(args.law, metric=getattr(args, "metric", None))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -369,28 +456,8 @@ def compare_main(args, *, offline_points=None, figures=None) -> int:
     return 0
 
 
-def _compare_metrics(args) -> list[str]:
-    """--metric keys in order, each glob (``bpb/*``) expanded over the columns of A's points
-    table (a CSV or Parquet file); none: the table's ``loss`` (or runs' default metric)."""
-    import fnmatch
-    from pathlib import Path
-    keys = list(args.metric or [])
-    if not keys:
-        return [None]
-    out = []
-    for k in keys:
-        if not any(ch in k for ch in "*?["):
-            out.append(k)
-            continue
-        if not Path(args.a).is_file():
-            raise InputError(f"a metric pattern ({k}) needs A to be a points table, whose "
-                             "columns it is matched against", path=args.a, field="--metric",
-                             exit_code=EX_USAGE)
-        from ladder.io import read_table
-        cols = [str(c).strip() for c in read_table(args.a).columns]
-        hit = [c for c in cols if fnmatch.fnmatchcase(c, k)]
-        if not hit:
-            raise InputError(f"no column matches {k!r}; columns: {', '.join(cols)}",
-                             path=args.a, field="--metric", exit_code=EX_USAGE)
-        out += [c for c in hit if c not in out]
-    return list(dict.fromkeys(out))
+def _compare_metrics(args) -> list[str | None]:
+    """--metric keys in order, each glob (``bpb/*``) expanded over the keys A holds
+    (fit.points.expand_metrics); none: ``[None]``, the table's ``loss`` (or runs' default)."""
+    from fit.points import expand_metrics
+    return expand_metrics(args.metric, [args.a])

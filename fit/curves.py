@@ -1136,11 +1136,17 @@ def schedules_from_sources(sources) -> dict[str, np.ndarray]:
 # --------------------------------------------------------------------- forecasts, the CLI
 
 
-def load_curve_law(path) -> CurveLaw:
-    """A law.json file that must hold a curve law (the one reader, LawResult.from_json)."""
+def load_curve_law(path, metric: str | None = None) -> CurveLaw:
+    """A law.json file that must hold a curve law (the one reader, fit.law.load_law; of a
+    multi-metric file, the law of ``metric``)."""
+    from fit.lawjson import select, within
     from ladder.io import read_json
 
-    law = LawResult.from_json(read_json(path, schema="law"), path=path)
+    obj, prefix = select(read_json(path, schema="law"), path=path, metric=metric)
+    try:
+        law = LawResult.from_json(obj, path=path)
+    except InputError as e:
+        raise (within(e, prefix, path) if prefix else e) from None
     if not isinstance(law, CurveLaw):
         raise InputError(f"a {law.form} law predicts at points, not along a schedule: "
                          "--schedule needs a curve law (--form mpl or momentum)", path=path,
@@ -1157,7 +1163,7 @@ def predict_schedule_main(args) -> int:
     if getattr(args, "tokens", None) is not None:
         raise InputError("has no meaning with --schedule (the schedule sets the run's length)",
                          field="--tokens", exit_code=64)
-    law = load_curve_law(args.law)
+    law = load_curve_law(args.law, metric=getattr(args, "metric", None))
     at, lr = schedule_source(args.schedule)
     fraction = getattr(args, "fraction", None)
     if fraction is not None:

@@ -19,6 +19,7 @@ import math
 
 import pandas as pd
 
+import fit.lawjson as lawjson
 from fit.backtest import backtest, fit_one, trajectory_vs_per_fraction
 from fit.curves import FORMS as _CURVE_LAW_FORMS
 from fit.curves import fit_curve_law
@@ -42,7 +43,7 @@ MAX_FIT_ROWS = 100_000
 
 __all__ = ["CURVE_FORMS", "HUBER_DELTA", "OBJECTIVES", "FitResult", "LawResult", "Prediction",
            "extrapolation_rate", "fit_by", "fit_law", "fit_one", "fit_spec", "law_from_json",
-           "load_law", "select_points"]
+           "laws_from_json", "load_law", "load_laws", "select_points"]
 
 
 def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = None,
@@ -172,11 +173,33 @@ def _fit_by(df, form, fix, tie, by, opts) -> FitResult:
 # each file to the kind that reads its form (importing fit.curves here registers the curve one).
 
 
-def law_from_json(obj: dict, *, path=None) -> LawResult:
-    """A law.json object to its law (a FitResult or a CurveLaw, by ``form``), validated."""
-    return LawResult.from_json(obj, path=path)
+def law_from_json(obj: dict, *, path=None, metric: str | None = None) -> LawResult:
+    """A law.json object to its law (a FitResult or a CurveLaw, by ``form``), validated. A
+    multi-metric file (law/2) holds one law per metric: ``metric`` picks one (required there); on
+    a single-metric file it must be the law's own metric (fit.lawjson.select; refusals exit 64)."""
+    inner, prefix = lawjson.select(obj, path=path, metric=metric)
+    try:
+        return LawResult.from_json(inner, path=path)
+    except InputError as e:
+        raise (lawjson.within(e, prefix, path) if prefix else e) from None
 
 
-def load_law(path):
-    """Read and validate a law.json file (any form)."""
-    return law_from_json(read_json(path, schema="law"), path=path)
+def laws_from_json(obj: dict, *, path=None) -> dict[str, LawResult]:
+    """Every law of a law.json object, {metric key: law} in the file's order (a single-metric
+    file: its one law under its metric)."""
+    laws = lawjson.multi_laws(obj, path=path)
+    if laws is None:
+        law = LawResult.from_json(obj, path=path)
+        return {law.metric: law}
+    return {key: law_from_json(obj, path=path, metric=key) for key in laws}
+
+
+def load_law(path, metric: str | None = None):
+    """Read and validate a law.json file (any form); of a multi-metric file, the law of
+    ``metric`` (:func:`law_from_json`)."""
+    return law_from_json(read_json(path, schema="law"), path=path, metric=metric)
+
+
+def load_laws(path) -> dict[str, LawResult]:
+    """Every law of a law.json file, {metric key: law} (one for a single-metric file)."""
+    return laws_from_json(read_json(path, schema="law"), path=path)

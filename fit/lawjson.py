@@ -1,4 +1,5 @@
-"""law.json (schema ``law/1``): write and validate-on-read.
+"""law.json (schemas ``law/1``, one law, and ``law/2``, one law per metric): write and
+validate-on-read.
 
 Fields (shared/DESIGN.md): schema, form, expression, params, uncertainty, metric, conventions,
 inputs, diagnostics, created, tool_version. Beyond those, ``fit`` holds what rebuilds the law
@@ -7,6 +8,12 @@ exactly: the form's fixed/tied parameters, the params column, the solver's param
 bootstrap draws of ``u`` and the delta-method covariance with the residual scale and degrees of
 freedom, so that prediction bands can be recomputed at any level. ``by`` fits (one law per
 fraction) carry ``groups``: one such law per value.
+
+Several metrics fitted together (``ladder fit --metric KEY --metric KEY``) are one ``law/2``
+file: ``schema``, ``laws`` ({metric key: a complete law/1 document whose ``metric`` is that
+key}, in the order fitted), ``created``, ``tool_version``. Each inner law is exactly what a
+single-metric fit of that key writes, so it can be taken out and used alone; a single-metric fit
+still writes law/1, and every law/1 file still reads.
 """
 
 from __future__ import annotations
@@ -16,9 +23,11 @@ import math
 import numpy as np
 
 from fit.forms import FORMS, U_LIMIT, Spec, get_form
-from ladder.io import InputError, as_float, number, to_jsonable
+from fit.points import listed_keys
+from ladder.io import EX_USAGE, InputError, as_float, number, to_jsonable
 
 SCHEMA = "law/1"
+MULTI_SCHEMA = "law/2"  # {metric key: law/1 document} under "laws"
 
 
 def to_json(r) -> dict:
@@ -43,6 +52,69 @@ def to_json(r) -> dict:
     return to_jsonable(obj)
 
 
+def multi_to_json(docs: dict[str, dict]) -> dict:
+    """The law/2 document of several metrics' law.json documents ({key: law/1 object})."""
+    if not docs:
+        raise ValueError("laws: no law to write")
+    first = next(iter(docs.values()))
+    return {"schema": MULTI_SCHEMA, "laws": dict(docs), "created": first.get("created"),
+            "tool_version": first.get("tool_version")}
+
+
+def multi_laws(obj, *, path=None) -> dict[str, dict] | None:
+    """A law/2 document's {metric key: law/1 object}, its envelope checked (each law is read by
+    the caller); None for any other document (a law/1 one, checked by its reader)."""
+    if not isinstance(obj, dict) or obj.get("schema") != MULTI_SCHEMA:
+        return None
+    where = str(path) if path else "<law>"
+    laws = obj.get("laws")
+    if not isinstance(laws, dict) or not laws:
+        raise InputError("missing" if laws is None else "expected an object of {metric key: "
+                         "law}, not empty", path=where, field="laws")
+    for key, law in laws.items():
+        if not isinstance(law, dict):
+            raise InputError("expected a law object", path=where, field=f"laws[{key!r}]")
+        if law.get("schema") != SCHEMA:
+            raise InputError(f"expected schema {SCHEMA!r}, got {law.get('schema')!r}",
+                             path=where, field=f"laws[{key!r}].schema")
+        if law.get("metric") != key:
+            raise InputError(f"the law of {key!r} names metric {law.get('metric')!r}",
+                             path=where, field=f"laws[{key!r}].metric")
+    return laws
+
+
+def select(obj, *, path=None, metric: str | None = None) -> tuple[dict, str]:
+    """The law/1 object of ``metric`` in a law.json object and the field prefix of its errors
+    (``laws['KEY'].``; "" for a law/1 file). A law/2 file needs ``metric``; on a law/1 file it
+    must be the law's own. Refusals: InputError, exit 64, listing the metrics there are."""
+    laws = multi_laws(obj, path=path)
+    where = str(path) if path else "<law>"
+    if laws is None:
+        own = obj.get("metric") if isinstance(obj, dict) else None
+        if metric is not None and own != metric:
+            raise InputError(f"holds the law of one metric, {own!r}, not {metric!r}",
+                             path=where, field="metric", exit_code=EX_USAGE)
+        return obj, ""
+    if metric is None:
+        raise InputError(f"holds the laws of {len(laws)} metrics ({listed_keys(laws)}); choose "
+                         "one with --metric KEY", path=where, field="metric",
+                         exit_code=EX_USAGE)
+    if metric not in laws:
+        raise InputError(f"no law of metric {metric!r}; it holds {listed_keys(laws)}",
+                         path=where, field="metric", exit_code=EX_USAGE)
+    return laws[metric], f"laws[{metric!r}]."
+
+
+def within(e: InputError, prefix: str, path=None) -> InputError:
+    """``e`` (an error reading one law of a law/2 file) with its field under ``prefix``
+    (``laws['KEY'].``), naming the file once."""
+    where = str(path) if path else "<law>"
+    head = (e.path or where) + (f": field '{e.field}'" if e.field else "") + ": "
+    msg = str(e)[len(head):] if str(e).startswith(head) else str(e)
+    return InputError(msg, path=where, field=(prefix + (e.field or "")).rstrip("."),
+                      exit_code=e.exit_code)
+
+
 def check_envelope(obj, *, path=None, forms) -> str:
     """Validate what every law.json shares (a law/1 object of one of ``forms``); its form."""
     where = str(path) if path else "<law>"
@@ -59,8 +131,10 @@ def check_envelope(obj, *, path=None, forms) -> str:
         raise InputError(f"expected schema 'law/<version>', got {schema!r}", path=where,
                          field="schema")
     if schema != SCHEMA:
-        raise InputError(f"unsupported version {schema!r} (this tool reads {SCHEMA})",
-                         path=where, field="schema")
+        raise InputError(f"unsupported version {schema!r} (this tool reads {SCHEMA}"
+                         + (f", and {MULTI_SCHEMA} files of several metrics through "
+                            "fit.law.load_law / load_laws" if schema == MULTI_SCHEMA else "")
+                         + ")", path=where, field="schema")
     form = string("form")
     if form not in forms:
         raise InputError(f"unknown form {form!r}", path=where, field="form")

@@ -8,6 +8,13 @@ reader the forecaster and the report use) is converted to the same table: every
 eval row of every rung becomes a point with its progress fraction, compute counted by the one
 counter (``Rung.compute(tokens_so_far)``).
 
+Several metrics in one table (DESIGN.md): long form, a ``metric`` column naming each row's key
+beside its ``loss``; or wide form, one loss column per key. ``load_points`` reads one metric:
+the rows of a long table whose ``metric`` is that key (a long table holding several keys is
+refused without one, never read as one law), or a wide table's column of that name.
+:func:`metric_keys` lists the keys a source holds and :func:`expand_metrics` expands ``--metric``
+globs over them.
+
 Bad rows (NaN or non-positive numbers, fractions outside (0, 1], duplicates) are dropped and
 reported with their row numbers in ``df.attrs["dropped"]`` (a list of one-line strings) and by
 ``warnings.warn``.
@@ -15,6 +22,7 @@ reported with their row numbers in ``df.attrs["dropped"]`` (a list of one-line s
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import warnings
 from collections.abc import Iterable
@@ -24,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ladder.io import EX_NOINPUT, InputError, as_float, read_json, read_table
+from ladder.io import EX_NOINPUT, EX_USAGE, InputError, as_float, read_json, read_table
 from ladder.runs import EXCLUDED, read_runs
 
 DEFAULT_METRIC = "eval_dropless/loss"
@@ -32,6 +40,12 @@ NUMERIC = ("params", "active_params", "tokens", "compute", "fraction", "loss", "
 POSITIVE = ("params", "active_params", "tokens", "compute", "loss")
 COLUMNS = ("run", "params", "active_params", "tokens", "compute", "fraction", "loss", "step",
            "lr", "source", "row")
+# a wide table's columns that are not metrics (its `loss` is one); a long table's keys are in
+# its `metric` column
+NOT_METRICS = frozenset(COLUMNS) - {"loss"} | {"metric"}
+# the keys of every metrics.jsonl row (DESIGN.md) and W&B's own, which are not metrics either
+RUN_NOT_METRICS = frozenset({"step", "tokens", "progress", "time", "_step", "_runtime",
+                             "_timestamp"})
 
 
 def load_points(sources, metric: str | None = None, *, include_incomplete: bool = True,
@@ -50,12 +64,12 @@ def load_points(sources, metric: str | None = None, *, include_incomplete: bool 
     unless ``include_target``, and ``df.attrs["left_out"]`` names it (``LADDER/RUNG``)."""
     if isinstance(sources, (str, Path, pd.DataFrame)):
         sources = [sources]
-    metric = metric or DEFAULT_METRIC
+    requested, metric = metric, metric or DEFAULT_METRIC
     frames, dropped, left_out = [], [], []
     for src in sources:
         if isinstance(src, pd.DataFrame):  # a table built elsewhere may name its source
             frames.append(_table(src.copy(), str(src.attrs.get("source", "<dataframe>")),
-                                 metric))
+                                 metric, requested))
             continue
         if isinstance(src, str) and src.startswith("wandb://"):
             frame, notes = _wandb_runs(src, metric, read_sizes(sizes), wandb_api, keymap)
@@ -74,7 +88,17 @@ def load_points(sources, metric: str | None = None, *, include_incomplete: bool 
                 frames.append(frame)
         else:
             table = _read_table(path)
-            frames.append(_table(keymap.table(table) if keymap else table, str(path), metric))
+            frames.append(_table(keymap.table(table) if keymap else table, str(path), metric,
+                                 requested))
+    if requested is None:  # long tables name their one metric; two different ones never mix
+        named = list(dict.fromkeys(f.attrs["long_metric"] for f in frames
+                                   if f.attrs.get("long_metric")))
+        if len(named) > 1:
+            raise InputError(f"the tables hold different metrics ({', '.join(named)}); choose "
+                             "one with --metric KEY (or several: --metric KEY --metric KEY)",
+                             path=str(sources[0]), field="metric", exit_code=EX_USAGE)
+        if named:
+            metric = named[0]
     if not frames and left_out:
         raise InputError(f"its only runs are the ladder's target ({', '.join(left_out)}); pass "
                          "--include-target to fit it", path=str(sources[0]))
@@ -93,20 +117,35 @@ def _read_table(path: Path) -> pd.DataFrame:
     return read_table(path)
 
 
-def _table(df: pd.DataFrame, where: str, metric: str) -> pd.DataFrame:
+def _table(df: pd.DataFrame, where: str, metric: str, requested: str | None = None
+           ) -> pd.DataFrame:
+    """One table's rows of ``metric`` in the points-table columns. ``requested``: the metric the
+    caller named (None: the default, ``metric``). A long table (a ``metric`` column) gives the
+    rows of that key, with their row numbers in the file; a wide one the column named after the
+    requested metric, else its ``loss`` column (the metric a label)."""
     df.columns = [str(c).strip() for c in df.columns]
+    # row numbers as a person counts them in the file: data row 1 is line 2 of a CSV
+    rows = np.arange(1, len(df) + 1)
+    long_metric = None
+    if "metric" in df.columns:
+        df, rows, long_metric = _long_rows(df, rows, where, requested)
+    elif requested is not None and requested != "loss" and requested in df.columns:
+        df = df.drop(columns=["loss"], errors="ignore").rename(columns={requested: "loss"})
     if "loss" not in df.columns:
         if metric in df.columns:
             df = df.rename(columns={metric: "loss"})
         else:
+            keys = [] if long_metric else _table_keys(df, where)
+            hint = (f"; choose its metric column{'s' if len(keys) > 1 else ''} with --metric "
+                    f"KEY (repeatable; globs allowed): {listed_keys(keys)}"
+                    if requested is None and keys else "")
             raise InputError(f"no 'loss' column (nor '{metric}'); columns: "
-                             f"{', '.join(df.columns)}", path=where, field="loss")
+                             f"{', '.join(df.columns)}{hint}", path=where, field="loss")
     out = pd.DataFrame(index=df.index)
-    # row numbers as a person counts them in the file: data row 1 is line 2 of a CSV
-    out["row"] = np.arange(1, len(df) + 1)
+    out["row"] = rows
     out["source"] = where
     out["run"] = (df["run"].astype(str) if "run" in df.columns
-                  else [f"{where}#{i}" for i in range(1, len(df) + 1)])
+                  else [f"{where}#{i}" for i in rows])
     for col in NUMERIC:
         if col in df.columns:
             out[col] = pd.to_numeric(df[col], errors="coerce")
@@ -117,6 +156,122 @@ def _table(df: pd.DataFrame, where: str, metric: str) -> pd.DataFrame:
             out[col] = np.nan
     if "fraction" not in df.columns:
         out["fraction"] = 1.0  # DESIGN.md: fraction defaults to 1.0
+    out.attrs["long_metric"] = long_metric
+    return out
+
+
+def _long_rows(df: pd.DataFrame, rows: np.ndarray, where: str, requested: str | None):
+    """A long table's rows of one metric key: (rows, their row numbers, the key). Without a
+    requested key the table must hold one; several are refused (exit 64), never fitted as one."""
+    names = df["metric"].astype("string").str.strip()
+    keys = list(dict.fromkeys(k for k in names.dropna() if k))
+    if requested is None:
+        if len(keys) > 1:
+            raise InputError(f"its 'metric' column holds {len(keys)} metrics "
+                             f"({listed_keys(keys)}); choose with --metric KEY (repeatable; a glob "
+                             "such as 'bpb/*' selects several)", path=where, field="metric",
+                             exit_code=EX_USAGE)
+        if not keys:
+            raise InputError("its 'metric' column names no metric", path=where, field="metric")
+        requested = keys[0]
+    elif requested not in keys:
+        raise InputError(f"no rows with metric {requested!r}; its 'metric' column holds "
+                         f"{listed_keys(keys) or 'none'}", path=where, field="metric",
+                         exit_code=EX_USAGE)
+    pick = (names == requested).fillna(False).to_numpy(dtype=bool)
+    return df.loc[pick].drop(columns=["metric"]), rows[pick], requested
+
+
+def listed_keys(keys, most: int = 20) -> str:
+    """Keys for a one-line message: the first ``most``, then how many in all."""
+    keys = list(keys)
+    return ", ".join(keys[:most]) + (f", ... ({len(keys)} in all)" if len(keys) > most else "")
+
+
+def _is_pattern(key: str) -> bool:
+    return any(ch in key for ch in "*?[")
+
+
+def metric_keys(source, *, keymap=None) -> list[str]:
+    """The metric keys a source holds, in order of first appearance: a long table's ``metric``
+    values, a wide table's columns but the points table's own (its ``loss`` included), the keys
+    logged in a runs directory's metrics.jsonl files but step, tokens, progress and time.
+    ``keymap`` renames a table's columns as :func:`load_points` does. W&B runs are not listed
+    (their keys live behind the API, or in a record log read above fit): InputError (64)."""
+    if isinstance(source, pd.DataFrame):
+        return _table_keys(source, str(source.attrs.get("source", "<dataframe>")))
+    if str(source).startswith("wandb://") or is_wandb_offline_dir(source):
+        raise InputError("a metric pattern is matched against the keys a points table or runs "
+                         "directory holds; name W&B metrics exactly", path=str(source),
+                         field="--metric", exit_code=EX_USAGE)
+    path = Path(source)
+    if not path.exists():
+        raise InputError("no such file or directory", path=path, exit_code=EX_NOINPUT)
+    if path.is_dir():
+        keys: dict[str, None] = {}
+        for run in read_runs(path):
+            for row in run.rows:
+                keys.update((k, None) for k in row if k not in RUN_NOT_METRICS)
+        return list(keys)
+    table = _read_table(path)
+    return _table_keys(keymap.table(table) if keymap else table, str(path))
+
+
+def _table_keys(df: pd.DataFrame, where: str) -> list[str]:
+    cols = [str(c).strip() for c in df.columns]
+    if "metric" in cols:
+        names = df[df.columns[cols.index("metric")]].astype("string").str.strip()
+        return list(dict.fromkeys(k for k in names.dropna() if k))
+    return [c for c in cols if c not in NOT_METRICS]
+
+
+def expand_metrics(patterns, sources, *, keymap=None) -> list[str | None]:
+    """``--metric`` keys in order, each glob (``bpb/*``) expanded over the keys the sources hold
+    (:func:`metric_keys`, in order of first appearance), duplicates dropped; no patterns:
+    ``[None]`` (the source's one metric). With several keys, a points table must hold each one
+    (a wide table's ``loss`` column is never read as some other key's)."""
+    if isinstance(patterns, str):
+        patterns = [patterns]
+    if isinstance(sources, (str, Path, pd.DataFrame)):
+        sources = [sources]
+    patterns = [str(p) for p in patterns or []]
+    if not patterns:
+        return [None]
+    held = None
+
+    def keys_held():
+        nonlocal held
+        if held is None:
+            held = list(dict.fromkeys(k for s in sources
+                                      for k in metric_keys(s, keymap=keymap)))
+        return held
+
+    out: list[str] = []
+    for k in patterns:
+        if not _is_pattern(k):
+            out.append(k)
+            continue
+        hit = [c for c in keys_held() if fnmatch.fnmatchcase(c, k)]
+        if not hit:
+            raise InputError(f"no metric key matches {k!r}; the source holds "
+                             f"{listed_keys(keys_held()) or 'none'}", path=str(sources[0]),
+                             field="--metric", exit_code=EX_USAGE)
+        out += hit
+    out = list(dict.fromkeys(out))
+    if len(out) > 1:
+        for s in sources:
+            is_table = isinstance(s, pd.DataFrame) or (
+                not str(s).startswith("wandb://") and Path(s).is_file())
+            if not is_table:
+                continue  # runs: a key no run logs is refused by load_points
+            have = metric_keys(s, keymap=keymap)
+            missing = [k for k in out if k not in have]
+            if missing:
+                where = (str(s.attrs.get("source", "<dataframe>"))
+                         if isinstance(s, pd.DataFrame) else str(s))
+                raise InputError(f"holds no metric named {listed_keys(missing)}; it holds "
+                                 f"{listed_keys(have) or 'none'}", path=where, field="--metric",
+                                 exit_code=EX_USAGE)
     return out
 
 

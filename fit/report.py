@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from ladder.io import as_float
+from ladder.io import InputError, as_float
 
 
 def _g(x, fmt="{:.4g}"):
@@ -189,4 +189,69 @@ def _backtest_lines(title, bt) -> list[str]:
                + (f"; band coverage (t-interval bands of the refits) "
                   f"{bt['band_coverage_final']:.0%}"
                   if bt.get("band_coverage_final") is not None else ""))
+    return out
+
+
+# ----------------------------------------------------------------------------- several metrics
+
+EXPONENTS = ("alpha", "beta", "gamma")  # the forms' exponents (fit.forms), in this order
+
+
+def metric_summary(metric: str, law, df) -> dict:
+    """One metric's line of a multi-metric fit: its form, exponents, backtest errors (rollout and
+    leave-largest-out mean |relative error| of the final points) and the band's relative
+    half-width, (hi - lo) / 2 / loss at the law's level, at the largest run's last point of
+    ``df`` (its points table; None where the law cannot say: a curve law needs a schedule)."""
+    d = law.diagnostics or {}
+    bt = d.get("backtest") or {}
+    row = {"metric": metric, "form": law.form,
+           "exponents": {n: law.params[n] for n in EXPONENTS if n in (law.params or {})},
+           "rollout_mean_abs_final": as_float(bt.get("rollout_mean_abs_final")),
+           "leave_largest_out_abs_final": as_float(
+               (bt.get("leave_largest_out") or {}).get("mean_abs_final")),
+           "band_half_width_rel": None, "band_at": None}
+    if getattr(law, "spec", None) is None or not len(df):
+        return row  # a curve law predicts along a schedule (fit.curves)
+    size = next((c for c in ("compute", "tokens", "params") if df[c].notna().any()), None)
+    if size is None:
+        return row
+    last = df.loc[df[size].idxmax()]
+    inputs = {}
+    for k in ("params", "active_params", "tokens", "compute", "fraction"):
+        v = float(last[k]) if k in df.columns else math.nan   # numpy numbers, or NaN
+        if math.isfinite(v):
+            inputs[k] = v
+    try:
+        p = law.predict(**inputs, level=law.level)
+        loss, lo, hi = (float(x) for x in (p.loss, p.lo, p.hi))
+    except (InputError, ValueError, TypeError, ArithmeticError):
+        return row  # the law needs an input the table does not give: no band to show
+    if all(math.isfinite(v) for v in (loss, lo, hi)) and loss > 0:
+        row["band_half_width_rel"] = (hi - lo) / 2 / loss
+    row["band_at"] = {"run": str(last["run"]), **inputs}
+    return row
+
+
+def summary_lines(rows: list[dict], level: float) -> list[str]:
+    """The one-line-per-metric table of a multi-metric fit (rows of :func:`metric_summary`, or
+    ``{"metric", "refused"}`` for a metric that was not fitted)."""
+    def pct(x):
+        x = as_float(x)
+        return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:.2f}%"
+
+    w = max([6] + [len(r["metric"]) for r in rows])
+    fitted = sum("refused" not in r for r in rows)
+    out = [f"{fitted} of {len(rows)} metrics fitted, one law each "
+           f"(band: +- half-width at the largest run's last point, {level:.0%}):",
+           f"  {'metric':<{w}}  {'form':<20} {'exponents':<26} {'rollout |err|':>13} "
+           f"{'leave-largest-out':>17} {'band +-':>8}"]
+    for r in rows:
+        if "refused" in r:
+            out.append(f"  {r['metric']:<{w}}  refused: {r['refused']}")
+            continue
+        ex = " ".join(f"{n} {_g(v, '{:.3g}')}" for n, v in r["exponents"].items()) or "-"
+        out.append(f"  {r['metric']:<{w}}  {r['form']:<20} {ex:<26} "
+                   f"{pct(r['rollout_mean_abs_final']):>13} "
+                   f"{pct(r['leave_largest_out_abs_final']):>17} "
+                   f"{pct(r['band_half_width_rel']):>8}")
     return out

@@ -265,9 +265,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "backtest), compute, chinchilla, trajectory, moe, mpl, momentum, or "
                         "task (downstream accuracy in two steps: needs --via) "
                         "(default: %(default)s)")
-    s.add_argument("--metric", default=None,
-                   help="metric key of runs (default: eval_dropless/loss); with --form task "
-                        "the accuracy column")
+    s.add_argument("--metric", action="append", default=None, metavar="KEY",
+                   help="metric key: a key of runs, a long table's 'metric' value or a wide "
+                        "table's loss column; repeatable, and a glob such as 'paloma/*/loss' "
+                        "matches the keys the sources hold; several metrics: one law each, all "
+                        "in one law.json (default: runs' eval_dropless/loss, a table's loss); "
+                        "with --form task, one: the accuracy column")
     s.add_argument("--via", default=None, metavar="LOSS_KEY",
                    help="with --form task: the task-loss column (e.g. bits per byte of the "
                         "correct answer) that step 1 fits in params/tokens/compute and step 2 "
@@ -393,6 +396,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--level", type=float, default=0.9, help="interval level")
     s.add_argument("--schedule", default=None,
                    help="CSV (step, lr) or a named schedule (curve laws; default: none)")
+    s.add_argument("--metric", default=None, metavar="KEY",
+                   help="the metric whose law predicts: required for a law.json of several "
+                        "metrics; on one of one metric it must be that metric (default: its "
+                        "only law)")
     s.set_defaults(func=_call("fit.commands:predict_main"))
 
     # --- pre-registration and watch --------------------------------------------------------------

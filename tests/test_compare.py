@@ -185,7 +185,7 @@ def test_cli_json_shape_and_out(csvs, tmp_path):
 
 @pytest.mark.parametrize("argv,code,needle", [
     (["--metric", "bpb/z"], EX_DATAERR, "'loss'"),
-    (["--metric", "zz*"], EX_USAGE, "no column matches"),
+    (["--metric", "zz*"], EX_USAGE, "no metric key matches"),
     (["--at", "-1"], EX_USAGE, "--at"),
     (["--form", "chinchilla"], EX_USAGE, "--form"),
     (["--level", "1.5"], EX_USAGE, "--level"),

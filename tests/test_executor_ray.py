@@ -128,9 +128,14 @@ def test_stopping_the_driver_checkpoints_running_rungs_then_resume_completes(loc
     stopped = [o for o in result.outcomes if o.summary and o.summary.get("interrupted")]
     cancelled = [o for o in result.outcomes if o.cancelled]
     assert stopped and len(stopped) + len(cancelled) == len(LADDER.all)   # 2 CPUs: 2 ran
-    for o in stopped:   # each checkpointed where it stopped
-        assert 15 <= o.summary["step"] < o.summary["steps"]
-        assert (o.out / "checkpoints" / "rolling" / str(o.summary["step"])).is_dir()
+    for o in stopped:   # each checkpointed where it stopped: a rolling checkpoint, or the
+        # permanent one when the stop fell on a scheduled save step (ladder/checkpointing.py;
+        # seen under load: a rung stopped at step 32, a quarter of its run)
+        step = o.summary["step"]
+        assert 15 <= step < o.summary["steps"]
+        ck = o.out / "checkpoints"
+        assert (ck / "rolling" / str(step)).is_dir() or (ck / str(step)).is_dir(), \
+            sorted(p.relative_to(ck) for p in ck.rglob("*") if p.is_dir() and p.name.isdigit())
     again = run_ladder_ray(list(LADDER.all), out, CFG, resume=True, poll_s=0.2,
                            log=lambda line: None)
     assert again.exit_code == 0

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -200,7 +202,10 @@ def _refusal(code, err) -> None:
 
 
 def run_cli(c: dict, tmp_path) -> str:
-    """The same pipeline through the command line: fit -> predict -> preregister -> watch."""
+    """The same pipeline through the command line: fit -> predict -> preregister -> watch. Each
+    call in a directory of its own: hypothesis runs every example in the one tmp_path, where
+    the last example's law.json and prereg.json (never overwritten) would still lie."""
+    tmp_path = Path(tempfile.mkdtemp(dir=tmp_path))
     table = ladder_table(c)
     csv, law = tmp_path / "points.csv", tmp_path / "law.json"
     table.to_csv(csv, index=False)

@@ -185,6 +185,24 @@ def test_fit_gets_the_offline_reader_from_the_cli_layer(offline_run, tmp_path):
         fit_main(args)
 
 
+def test_fit_several_metrics_of_an_offline_run(offline_run, tmp_path, capsys):
+    """Several exact keys read a W&B offline run once per metric (issue 23); a glob is refused
+    (its keys are not listed); one run is no ladder, so each metric is refused by name and
+    nothing is written."""
+    wdir, _ = offline_run
+    rid = WandbOfflineSource(wdir).record_file().stem.removeprefix("run-")
+    sizes = tmp_path / "sizes.csv"
+    sizes.write_text(f"run,params,active_params\n{rid},1e6,5e5\n")
+    law = tmp_path / "law.json"
+    base = ["fit", str(wdir), "--sizes", str(sizes), "--form", "compute", "--out", str(law)]
+    assert main(base + ["--metric", "eval_dropless/*"]) == 64
+    assert "name W&B metrics exactly" in capsys.readouterr().err
+    assert main(base + ["--metric", "eval_dropless/loss", "--metric", "train/loss"]) == 65
+    err = capsys.readouterr().err
+    assert "2 of 2 metrics refused" in err and "all 2, eval_dropless/loss, train/loss: " in err
+    assert len(err.strip().splitlines()) == 1 and not law.exists()
+
+
 class FakeRun:
     def __init__(self, rows, state="running", config=None):
         self.rows, self.state, self.config = rows, state, config or {}
