@@ -404,20 +404,51 @@ def build_parser() -> argparse.ArgumentParser:
 
     # --- pre-registration and watch --------------------------------------------------------------
     s = sub.add_parser("preregister", help="freeze a forecast of a target run")
-    s.add_argument("law", metavar="LAW.json", help="a law written by `ladder fit`")
-    g = s.add_mutually_exclusive_group(required=True)
-    g.add_argument("--target", metavar="LADDER:RUNG", help="the target rung")
+    s.add_argument("law", metavar="LAW.json", nargs="?", default=None,
+                   help="a law written by `ladder fit` (with --at-step, default: the law the "
+                        "amended file embeds)")
+    g = s.add_mutually_exclusive_group()
+    g.add_argument("--target", metavar="LADDER:RUNG",
+                   help="the target rung (required, but with --at-step: default the amended "
+                        "file's target)")
     g.add_argument("--target-spec", metavar="FILE.json",
                    help="the target as a JSON object of pre-registration target fields")
-    s.add_argument("--level", type=float, default=0.9, help="band level")
+    s.add_argument("--level", type=float, default=None,
+                   help="band level (default: 0.9; with --at-step, the amended file's)")
     s.add_argument("--require", action="append", default=[], metavar="KEY=VALUE",
                    help="run-config value the forecast requires (repeatable; default: none)")
     s.add_argument("--amend", default=None, metavar="OLD.json",
                    help="this amends an earlier pre-registration (default: a new one)")
     s.add_argument("--reason", default=None, help="why (with --amend; default: none)")
+    g = s.add_argument_group("a change of plan at a step (with --amend; predict/amend.py)")
+    g.add_argument("--at-step", type=int, default=None, metavar="S",
+                   help="the plan changed at step S: the old forecast is kept up to S, the "
+                        "amended one, anchored on the run's evals up to S (--source), from S on "
+                        "(default: the amendment replaces the whole forecast)")
+    g.add_argument("--source", default=None, metavar="RUN",
+                   help="the run itself (run directory, metrics.jsonl, CSV, W&B), for the "
+                        "anchor of --at-step (default: none)")
+    m = g.add_mutually_exclusive_group()
+    m.add_argument("--multiplier", default=None, metavar="M[:LO:HI]",
+                   help="compute multiplier of the new recipe over the old, with its interval "
+                        "(default: none)")
+    m.add_argument("--compare", default=None, metavar="COMPARE.json",
+                   help="the multiplier from `ladder compare --json` output (default: none)")
+    g.add_argument("--seq-len", type=int, default=None, metavar="N",
+                   help="the sequence length from S on (default: unchanged)")
+    g.add_argument("--transition", default=None, choices=["compute", "recipe", "relax"],
+                   help="relax: the old curve relaxing to the new recipe's (the law from step "
+                        "0 at M x compute) within --transition-width; compute: after S each "
+                        "unit of compute counts M x; recipe: the new recipe's law from step 0, "
+                        "shifted to the anchor (default: relax, the closest on the cpu switch: "
+                        "docs/LOG.md)")
+    g.add_argument("--transition-width", type=float, default=None, metavar="W",
+                   help="relax: the gap left at f is exp(-(f - f_S) / W) of it, W a fraction "
+                        "of the run (default: 0.05)")
     s.add_argument("--runs", default=None, metavar="DIR",
                    help="ladder run directories: health reference curves and eval noise")
-    s.add_argument("--data-tag", default=None, help="data-mix tag the forecast applies to")
+    s.add_argument("--data-tag", default=None,
+                   help="data-mix tag the forecast applies to (with --at-step: the tag from S on)")
     s.add_argument("--eval-noise", type=float, default=None, metavar="SIGMA",
                    help="sd of one eval's metric (default: estimated from --runs)")
     s.add_argument("--allow-no-band", action="store_true",

@@ -194,6 +194,16 @@ def _check(rung: Rung, out: Path, cfg: TrainConfig, resume: bool):
                          f"vocabulary is {rung.model.vocab_size}", field="model.vocab_size",
                          exit_code=EX_USAGE)
     corpus.check_fits(rung.seq_len, ",".join(cfg.data) or "python-stdlib")
+    for name in ("train_data", "switch_data"):   # other training data (the evals stay on data's)
+        files = getattr(cfg, name)
+        if files is None:
+            continue
+        other = load_corpus(files, cfg.vocab_size)
+        if other.vocab_size > rung.model.vocab_size:
+            raise InputError(f"has token ids up to {other.vocab_size - 1}, the model's "
+                             f"vocabulary is {rung.model.vocab_size}", field=name,
+                             exit_code=EX_USAGE)
+        other.check_fits(rung.seq_len, ",".join(files))
     config = {"schema": RUN_CONFIG_SCHEMA, "rung": rung.to_dict(), "train": cfg.to_dict()}
     previous = previous_run(out, config, resume)
     if previous is not None and (out / "config.json").exists():
@@ -259,8 +269,22 @@ class Session:
         self.split = batch_sharding(mesh)
         self.replicated = NamedSharding(mesh, P())
         self.corpus = corpus
-        self.feed = corpus.train_feed(cfg.seed, rung.batch, rung.seq_len,
-                                      distributed.local_rows(self.split, rung.batch))
+        rows = distributed.local_rows(self.split, rung.batch)
+        train_corpus = corpus if cfg.train_data is None else load_corpus(cfg.train_data,
+                                                                         cfg.vocab_size)
+        self.feed = train_corpus.train_feed(cfg.seed, rung.batch, rung.seq_len, rows)
+        # a change of data at switch_at (issue 27): batches from then on are drawn from the
+        # other corpus, still a pure function of (seed, step), so a resume is exact
+        self.switch_feed, self.switch_step = None, None
+        if cfg.switch_data is not None:
+            self.switch_feed = load_corpus(cfg.switch_data, cfg.vocab_size).train_feed(
+                cfg.seed, rung.batch, rung.seq_len, rows)
+            self.switch_step = int(round(cfg.switch_at * rung.steps))
+        if (cfg.train_data is not None or cfg.switch_data is not None) and \
+                self.feed.iterator is not None:
+            raise InputError("train_data/switch_data need a data set whose batches are pure "
+                             "functions of the step (text files or a token array), not token "
+                             "shards", field="train_data", exit_code=EX_USAGE)
         self.state = self.programs.init_state(cfg.seed)
         self.start = self.ckpt.latest_step()
         if self.start:
@@ -302,7 +326,10 @@ class Session:
 
     def batch(self, i: int) -> dict:
         """The input of step i (0-based): this process's rows of batch i, and its LR."""
-        b = self.feed.batch(i)
+        if self.switch_feed is not None and i >= self.switch_step:
+            b = self.switch_feed.batch(i)
+        else:
+            b = self.feed.batch(i)
         fault, steps, seed = self.cfg.fault, self.rung.steps, self.cfg.seed
         if fault is not None and i >= fault.first_step(steps):
             if fault.kind == "data-swap":

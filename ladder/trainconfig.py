@@ -217,6 +217,12 @@ class TrainConfig:
     model: dict = field(default_factory=dict)  # ModelConfig field overrides (ablations)
     data: tuple[str, ...] = ()       # text files/globs or one token array; () = Python stdlib
     vocab_size: int | None = None    # for raw .bin token files (and a check for .npy)
+    # training batches from other data than ``data``'s training split; the evals stay on
+    # ``data``'s held-out split, one yardstick for two mixtures (issue 27). None = ``data``.
+    # (None, not (): a run written before these keys existed resumes, its config lacks them.)
+    train_data: tuple[str, ...] | None = None
+    switch_data: tuple[str, ...] | None = None  # from switch_at on, training batches from these
+    switch_at: float | None = None   # fraction of the planned steps where the data switches
     optim: OptimizerOverrides = field(default_factory=OptimizerOverrides)
     run: RunArgs = field(default_factory=RunArgs)
     fault: Fault | None = None
@@ -235,12 +241,25 @@ class TrainConfig:
             object.__setattr__(self, "data", (self.data,) if isinstance(self.data, str)
                                else tuple(self.data))
         _check(self, "data", all(isinstance(p, str) for p in self.data), "a list of paths")
+        for name in ("train_data", "switch_data"):
+            v = getattr(self, name)
+            if isinstance(v, (list, str)):
+                v = (v,) if isinstance(v, str) else tuple(v)
+                object.__setattr__(self, name, v)
+            _check(self, name, v is None or (len(v) > 0 and all(isinstance(p, str) for p in v)),
+                   "null or a non-empty list of paths")
+        _check(self, "switch_at", self.switch_at is None or _is_num(self.switch_at)
+               and 0 < self.switch_at < 1, "null or in (0, 1)")
+        _check(self, "switch_at", (self.switch_at is None) == (self.switch_data is None),
+               "given with switch_data (and only with it)")
 
     def to_dict(self) -> dict:
         """The flat object of config.json's ``"train"`` (see :data:`FLAT_KEYS`)."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
              if f.name not in ("optim", "run", "fault")}
         d["data"] = list(self.data)
+        for name in ("train_data", "switch_data"):
+            d[name] = None if getattr(self, name) is None else list(getattr(self, name))
         d.update(dataclasses.asdict(self.optim))
         d.update(dataclasses.asdict(self.run))
         fault = self.fault or Fault(FAULTS[0])

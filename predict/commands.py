@@ -8,7 +8,8 @@ import math
 import sys
 from pathlib import Path
 
-from ladder.io import (EX_DATAERR, EX_USAGE, InputError, check_writable, inside, iter_jsonl,
+from ladder.io import (EX_DATAERR, EX_USAGE, InputError, as_float, check_writable, inside,
+                       iter_jsonl,
                        number, open_input, read_json, to_jsonable)
 from predict import forecast as fc
 from predict import prereg as pr
@@ -140,7 +141,9 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
 def preregister_main(args) -> int:
     if args.reason and not args.amend:
         raise InputError("--reason is only for --amend", field="--reason", exit_code=EX_USAGE)
-    number(args.level, field="--level", lo=0, hi=1, lo_open=True, hi_open=True,
+    if getattr(args, "level", None) is None:   # an amendment at a step keeps the old level
+        args.level = 0.9 if getattr(args, "at_step", None) is None else None
+    number(args.level, field="--level", lo=0, hi=1, lo_open=True, hi_open=True, allow_none=True,
            exit_code=EX_USAGE)
     # an eval's sd above 10 nats is no measurement of a loss of a few nats (a typo'd unit)
     number(getattr(args, "eval_noise", None), field="--eval-noise", lo=0, hi=10,
@@ -158,6 +161,30 @@ def preregister_main(args) -> int:
         raise InputError(f"an amendment is written beside the file it amends "
                          f"({Path(args.amend).parent}/), where its chain file "
                          f"({pr.CHAIN_FILE}) records it", field="--out", exit_code=EX_USAGE)
+    at_step_only = [f for f, v in (("--source", getattr(args, "source", None)),
+                                   ("--multiplier", getattr(args, "multiplier", None)),
+                                   ("--compare", getattr(args, "compare", None)),
+                                   ("--seq-len", getattr(args, "seq_len", None)))
+                    if v is not None]
+    if getattr(args, "transition", None) is not None:
+        at_step_only.append("--transition")
+    if getattr(args, "transition_width", None) is not None:
+        at_step_only.append("--transition-width")
+    if getattr(args, "at_step", None) is not None:
+        if not args.amend:
+            raise InputError("--at-step amends a pre-registration: give it with --amend OLD.json",
+                             field="--at-step", exit_code=EX_USAGE)
+        amends = pr.amendment(args.amend, args.reason)
+        doc = at_step_prereg(args, amends)
+        return _write_and_say(args, out, doc, amends)
+    if at_step_only:
+        raise InputError(f"{at_step_only[0]} is only for an amendment at a step (--at-step S)",
+                         field=at_step_only[0], exit_code=EX_USAGE)
+    if args.law is None or not (getattr(args, "target", None) or
+                                getattr(args, "target_spec", None)):
+        raise InputError("give LAW.json and --target (or --target-spec); only --at-step takes "
+                         "them from the amended file", field="--target" if args.law else "law",
+                         exit_code=EX_USAGE)
     amends = pr.amendment(args.amend, args.reason) if args.amend else None
     law = load_law_file(args.law)
     target = resolve_target(args)
@@ -183,18 +210,32 @@ def preregister_main(args) -> int:
         raise InputError(f"the law forecasts a non-finite loss at {len(bad)} of "
                          f"{len(doc['forecast'])} points (its terms overflow float64 at the "
                          f"target); nothing registered", path=args.law, field="fit.u")
+    return _write_and_say(args, out, doc, amends)
+
+
+def _write_and_say(args, out: Path, doc: dict, amends: dict | None) -> int:
     pr.write_once(out, doc)
     fin = doc["final"]
+    target = fc.Target.from_spec(doc["target"], path=out)
     print(f"wrote {out} (read-only), sha256 {doc['sha256']}")
     def num(v):
         return f"{v:.4f}" if isinstance(v, float) else str(v)
     print(f"  target {target.name}: final {doc['metric']} {num(fin['loss'])} "
-          f"[{num(fin['lo'])}, {num(fin['hi'])}] at {args.level:.0%}; {len(doc['forecast'])} "
+          f"[{num(fin['lo'])}, {num(fin['hi'])}] at {doc['band_level']:.0%}; "
+          f"{len(doc['forecast'])} "
           f"forecast points; eval noise {doc['eval_noise']['sigma']:.4g} "
           f"({doc['eval_noise']['method']})")
     if amends:
         print(f"  amends {amends['path']} (sha256 {amends['sha256'][:12]}...): {amends['reason']}"
               f"; recorded in {out.parent / pr.CHAIN_FILE}")
+    ch = doc.get("change")
+    if ch:
+        m = ch["multiplier"]
+        print(f"  from step {ch['at_step']} ({ch['fraction']:.1%}): the old forecast before it "
+              f"({ch['carried_rows']} rows carried), anchored on {len(ch['anchor']['steps'])} "
+              f"evals (log ratio {ch['anchor']['log_ratio']:+.4f}); multiplier {m['value']:.4g} "
+              f"[{m['lo']:.4g}, {m['hi']:.4g}]; transition {ch['transition']}; the change's "
+              f"share of the final band's variance {ch['final_band_share_of_change']:.0%}")
     if getattr(args, "wandb", False):
         from predict.wandb_home import log_forecast
         group = target_rung(args.target).ladder if getattr(args, "target", None) else None
@@ -203,6 +244,120 @@ def preregister_main(args) -> int:
         print(f"  W&B: forecast run {info['id']} in {info['entity'] or '(default entity)'}/"
               f"{info['project']}, group {info['group']} ({info['dir']})")
     return 0
+
+
+def at_step_prereg(args, amends: dict, *, law=None) -> dict:
+    """The amendment at step ``args.at_step`` (predict.amend): the old file's law and target
+    unless ``LAW.json``/``--target`` give the new plan's, the change from the options, the
+    anchor from ``--source``. ``law``: a law object to use instead (library callers)."""
+    from predict import amend as am
+    old = pr.load(args.amend)
+    metric = old["metric"]
+    # the rows before S are the old file's, at its band level: the amendment keeps that level
+    old_level = as_float(old.get("band_level")) or 0.9
+    if args.level is not None and args.level != old_level:
+        raise InputError(f"an amendment at a step keeps the band level of the forecast it "
+                         f"carries ({old_level:g}); leave --level out", field="--level",
+                         exit_code=EX_USAGE)
+    args.level = old_level
+    if getattr(args, "target", None) or getattr(args, "target_spec", None):
+        target = resolve_target(args)
+    else:
+        target = fc.Target.from_spec(old["target"], path=args.amend)
+    # the step first: a bad one is refused before any law is read
+    number(args.at_step, field="--at-step", lo=1, hi=target.steps - 1, integral=True,
+           exit_code=EX_USAGE)
+    if args.source is None:
+        raise InputError("--at-step anchors on the run's own evals: give the run as --source",
+                         field="--source", exit_code=EX_USAGE)
+    mult = None
+    if args.multiplier is not None:
+        mult = am.parse_multiplier(args.multiplier)
+    elif args.compare is not None:
+        mult = am.multiplier_from_compare(args.compare, metric)
+    seq_len = args.seq_len
+    if seq_len is not None:
+        number(seq_len, field="--seq-len", lo=1, integral=True, exit_code=EX_USAGE)
+        if seq_len == int(old["target"]["seq_len"]):
+            raise InputError(f"is the registered one ({seq_len}): not a change",
+                             field="--seq-len", exit_code=EX_USAGE)
+    old_tag = (old.get("applicability") or {}).get("data_tag")
+    if args.data_tag is not None and mult is None:
+        raise InputError("a new data tag needs the evidence of what it is worth: "
+                         "--multiplier M[:LO:HI] or --compare COMPARE.json",
+                         field="--data-tag", exit_code=EX_USAGE)
+    if args.data_tag is not None and args.data_tag == old_tag:
+        raise InputError(f"is the registered tag ({old_tag!r}): not a change",
+                         field="--data-tag", exit_code=EX_USAGE)
+    new_plan = args.law is not None or getattr(args, "target", None) or \
+        getattr(args, "target_spec", None)
+    if mult is None and seq_len is None and not new_plan:
+        raise InputError("nothing changes at this step: give the change (--data-tag with "
+                         "--multiplier/--compare, --seq-len, or the new plan's LAW.json and "
+                         "--target)", field="--at-step", exit_code=EX_USAGE)
+    # the anchor before the law: a run with no eval up to S is refused before any law is read
+    evals = am.read_evals(args.source, metric, upto=args.at_step)
+    if not evals[0].size or not (evals[0] >= 1).any():
+        raise InputError(f"the run has no eval of {metric!r} at or before step {args.at_step}: "
+                         f"nothing to anchor the amended forecast on", path=args.source,
+                         field="--source", exit_code=EX_DATAERR)
+    if law is None and args.law is not None:
+        law = load_law_file(args.law)
+    elif law is None:
+        from fit.law import law_from_json
+        law = law_from_json(old["law"], path=args.amend)
+    if getattr(law, "form", None) in ("mpl", "momentum"):
+        if not getattr(args, "target", None):
+            raise InputError(f"a {law.form} law forecasts a run from its LR schedule: give the "
+                             f"plan from step S on as --target LADDER:RUNG", field="--target",
+                             exit_code=EX_USAGE)
+        from predict.planned import ScheduledLaw
+        law = ScheduledLaw(law, target_rung(args.target))
+    noise = getattr(args, "eval_noise", None)
+    if noise is None:
+        noise = as_float((old.get("eval_noise") or {}).get("sigma")) or 0.0
+    plan = am.Plan(at_step=args.at_step, multiplier=mult, data_tag=args.data_tag,
+                   seq_len=seq_len)
+    body = am.amended_forecast(old, law, target, plan, evals, level=args.level,
+                               eval_noise=noise,
+                               transition=getattr(args, "transition", None) or am.DEFAULT,
+                               width=getattr(args, "transition_width", None) or 0.05)
+    # the new plan as registered: its sequence length and (with one) the tokens and compute it
+    # now spends; the applicability accepts the plan before S as well (a run's configuration
+    # written before the change), and the watcher judges steps before S against the old steps
+    tdict = target.to_dict()
+    old_app = {k: v for k, v in (old.get("applicability") or {}).items() if k != "before"}
+    app = dict(old_app)
+    app["steps"] = target.steps
+    app["tokens"] = target.tokens
+    app["config_hash"] = target.config_hash
+    if getattr(args, "target", None):
+        app["config"] = target_rung(args.target).to_dict()
+    if args.data_tag is not None:
+        app["data_tag"] = args.data_tag
+    params = dict((old.get("decision_rule") or {}).get("parameters") or {})
+    if seq_len is not None:
+        k = body["change"]["seq_len_ratio"]
+        f_s = body["change"]["fraction"]
+        tdict["seq_len"] = seq_len
+        tdict["tokens"] = target.tokens * (f_s + k * (1 - f_s))
+        tdict["compute"] = target.compute * (f_s + k * (1 - f_s))
+        app["seq_len"] = seq_len
+        app["tokens"] = None  # two sequence lengths: no one tokens-per-step to check
+        if isinstance(app.get("config"), dict) and "seq_len" in app["config"]:
+            app["config"] = {**app["config"], "seq_len": seq_len}
+        # tokens no longer grow linearly in steps: rows map to the forecast by step
+        params["align"] = "step"
+    tdict["config_hash"] = None if seq_len is not None else tdict.get("config_hash")
+    app["before"] = {**old_app, "at_step": args.at_step}
+    rule = dict(old.get("decision_rule") or {})
+    rule["parameters"] = params
+    return pr.build(target=tdict, applicability=app, metric=metric, law=law.to_json(),
+                    forecast=body["forecast"], final=body["final"], band_level=args.level,
+                    eval_noise={**(old.get("eval_noise") or {}), "sigma": noise},
+                    extrapolation=old.get("extrapolation"), decision_rule=rule,
+                    health_reference=old.get("health_reference"), budget_curve=None,
+                    amends=amends, change=body["change"])
 
 
 def _finite(v) -> bool:
@@ -383,6 +538,7 @@ def watch_verdict(w, code: int) -> dict:
     st = w.state
     return {"schema": "watch-verdict/1", "exit": code, "worst": st.get("worst"),
             "not_applicable": st.get("not_applicable"), "prereg": w.description,
-            "prereg_sha256": w.doc.get("sha256"), "metric": w.view.metric,
+            "prereg_sha256": w.doc.get("sha256"), "follows_from_step": w.from_step,
+            "metric": w.view.metric,
             "points": st.get("n_points", 0), "evals": st.get("n_evals", 0),
             "last_step": st.get("last_step"), "alerts": [a.to_dict() for a in w.all_alerts]}

@@ -115,6 +115,26 @@ def alert_from_dict(d: dict) -> Alert:
     return Alert(**kw, extra=extra)
 
 
+def newest_of(chain) -> tuple[dict, str]:
+    """The newest pre-registration of ``chain`` and the words for it. An amendment at a step S
+    (predict.amend) is checked to carry the forecast it amends unchanged before S, and said to
+    be followed from S on."""
+    doc = _prereg.load(chain.newest.path)
+    words = chain.describe()
+    ch = doc.get("change")
+    if isinstance(ch, dict) and len(chain.links) > 1:
+        from predict.amend import check_carried
+        prev = chain.links[-2]
+        try:
+            check_carried(_prereg.load(prev.path), doc)
+        except InputError as e:
+            raise InputError(str(e).partition(": ")[2] or str(e), path=chain.newest.path,
+                             field="forecast") from None
+        words += (f"; it follows the amendment from step {ch.get('at_step')} on (the forecast "
+                  f"of {prev.path} before it, carried unchanged)")
+    return doc, words
+
+
 class Watcher:
     """Watch one source against the newest valid pre-registration of a chain."""
 
@@ -142,7 +162,8 @@ class Watcher:
             self._use(prereg, description="in-memory pre-registration")
         else:
             self.chain = _prereg.resolve_chain(self.prereg_path, self.amend_chain)
-            self._use(_prereg.load(self.chain.newest.path), description=self.chain.describe())
+            doc, words = newest_of(self.chain)
+            self._use(doc, description=words)
         self.outbox: list[dict] = []  # alerts some sink has not taken yet (saved with the state)
         self.seq = 0                  # alerts raised so far in this watch (for their ids)
         self._saved: bytes | None = None
@@ -159,6 +180,13 @@ class Watcher:
                                                    name=getattr(s, "name", "sink"))
 
     # ------------------------------------------------------------------ setup
+    @property
+    def from_step(self) -> int | None:
+        """The step from which the pre-registration followed holds (an amendment at a step:
+        predict.amend); None when it holds for the whole run."""
+        ch = self.doc.get("change")
+        return ch.get("at_step") if isinstance(ch, dict) else None
+
     def _use(self, doc: dict, *, description: str) -> None:
         if self.metric_override:
             doc = dict(doc)
@@ -309,7 +337,8 @@ class Watcher:
         if chain.newest.sha256 == self.doc.get("sha256"):
             return found
         self.chain = chain
-        self._use(_prereg.load(chain.newest.path), description=chain.describe())
+        doc, words = newest_of(chain)
+        self._use(doc, description=words)
         pos = self.source.position()
         self.state = new_state()
         self.source.restore(pos)

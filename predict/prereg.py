@@ -34,6 +34,11 @@ from ladder.io import (EX_CANTCREAT, EX_DATAERR, EX_USAGE, PREREG_MODE, InputErr
                        safe_name, schema_version, sha256_of, to_jsonable)
 
 SCHEMA = "prereg/1"
+# prereg/2: an amendment at a step (``change``: predict.amend); written only for those, so that a
+# ladder that reads prereg/1 refuses them (as a newer file) instead of judging the whole run
+# against a forecast that holds from step S on only
+SCHEMA_V2 = "prereg/2"
+SCHEMAS = (SCHEMA, SCHEMA_V2)
 HASHED_OUT = ("sha256",)
 CHAIN_FILE = "amendments.jsonl"   # beside the pre-registrations, append-only
 CHAIN_SCHEMA = "prereg-chain/1"
@@ -70,11 +75,12 @@ def build(*, target: dict, applicability: dict, metric: str, law: dict, forecast
           final: dict, band_level: float, decision_rule: dict, eval_noise: dict | None = None,
           extrapolation: dict | None = None, health_reference: dict | None = None,
           budget_curve: dict | None = None, amends: dict | None = None,
-          created: str | None = None) -> dict:
-    """The pre-registration document, hashed (plain JSON types only)."""
+          created: str | None = None, change: dict | None = None) -> dict:
+    """The pre-registration document, hashed (plain JSON types only). ``change``: the plan's
+    change at a step that this amendment forecasts from (predict.amend; schema prereg/2)."""
     from ladder import __version__
     doc: dict[str, Any] = {
-        "schema": SCHEMA,
+        "schema": SCHEMA_V2 if change is not None else SCHEMA,
         "target": target,
         "applicability": applicability,
         "metric": metric,
@@ -93,6 +99,8 @@ def build(*, target: dict, applicability: dict, metric: str, law: dict, forecast
         "git_sha": git_sha(),
         "tool_version": f"ladder {__version__}",
     }
+    if change is not None:
+        doc["change"] = change
     doc = to_jsonable(doc)
     doc["section_sha256"] = section_digests(doc)
     doc["sha256"] = content_hash(doc)
@@ -164,8 +172,11 @@ def verify_doc(doc: Mapping, path: str = "<prereg>") -> Verification:
     computed = content_hash(doc)
     v = Verification(path=path, ok=False, stored=stored if isinstance(stored, str) else None,
                      computed=computed)
-    if doc.get("schema") != SCHEMA:
-        v.problems.append(f"schema is {doc.get('schema')!r}, expected {SCHEMA!r}")
+    if doc.get("schema") not in SCHEMAS:
+        v.problems.append(f"schema is {doc.get('schema')!r}, expected one of {SCHEMAS}")
+    elif (doc.get("schema") == SCHEMA_V2) != isinstance(doc.get("change"), Mapping):
+        v.problems.append(f"schema {doc.get('schema')!r} with{'out' if 'change' not in doc else ''}"
+                          f" a change section (prereg/2 is an amendment at a step, and only it)")
     digests = doc.get("section_sha256")
     if isinstance(digests, Mapping):
         now = section_digests(doc)
@@ -202,10 +213,10 @@ def verify(path: str | os.PathLike) -> Verification:
 def _known_version(doc: Mapping, path) -> None:
     """A newer schema version is not "MODIFIED": it is a file this tool cannot judge."""
     v = schema_version(dict(doc))
-    if v is not None and v > int(SCHEMA.split("/")[1]):
+    if v is not None and v > int(SCHEMA_V2.split("/")[1]):
         raise InputError(f"written by a newer ladder ({doc.get('schema')}); this one reads "
-                         f"{SCHEMA}: upgrade ladder to verify it", path=path, field="schema",
-                         exit_code=EX_DATAERR)
+                         f"{' and '.join(SCHEMAS)}: upgrade ladder to verify it", path=path,
+                         field="schema", exit_code=EX_DATAERR)
 
 
 def seal(doc: Mapping) -> dict:

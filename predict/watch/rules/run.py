@@ -38,13 +38,21 @@ def _applicability_rule(view: PreregView, batch: Batch, st, emit, stamp) -> bool
         ok = np.isfinite(prog) & (prog > 0) & (batch.step >= 1)
         if ok.any():
             implied = batch.step[ok] / prog[ok]
-            rel = np.abs(implied - view.steps) / view.steps
+            # an amendment at step S (predict.amend): the rows before S were logged under the
+            # plan before it, with its planned steps
+            planned = np.full(implied.shape, float(view.steps))
+            before = view.applicability.get("before")
+            if isinstance(before, Mapping) and as_float(before.get("steps")) and \
+                    as_float(before.get("at_step")) is not None:
+                early = batch.step[ok] < as_float(before["at_step"])
+                planned[early] = as_float(before["steps"])
+            rel = np.abs(implied - planned) / planned
             bad = np.flatnonzero(rel > max(cfg.steps_tolerance, 1.0 / view.steps))
             if bad.size:
                 i = np.flatnonzero(ok)[bad[0]]
                 msg = (f"planned steps changed: step {int(batch.step[i])} at progress "
                        f"{prog[i]:.4f} implies {implied[bad[0]]:.0f} planned steps, the "
-                       f"pre-registration is for {view.steps}")
+                       f"pre-registration is for {planned[bad[0]]:.0f}")
                 _not_applicable(st, emit, stamp, int(batch.step[i]), [msg])
                 return True
 
@@ -64,7 +72,20 @@ def _stalled_rule(view, st, emit, stamp, now):
 
 def applicability_breaks(app: Mapping, config: Mapping) -> list[str]:
     """The applicability conditions that ``config`` (a run-config/1 dict, a flat dict of fields, or
-    a W&B config) definitely breaks. A key the config does not carry is not a break."""
+    a W&B config) definitely breaks. A key the config does not carry is not a break.
+
+    An amendment at a step (``app["before"]``: the applicability of the plan before it) accepts
+    a configuration of either plan: a run's configuration may have been written before the
+    declared change or after it. One that fits neither (a change nobody declared) breaks, and
+    is reported against the plan now followed."""
+    out = _breaks(app, config)
+    before = app.get("before")
+    if out and isinstance(before, Mapping) and not _breaks(before, config):
+        return []
+    return out
+
+
+def _breaks(app: Mapping, config: Mapping) -> list[str]:
     out = []
     facts = config_facts(config)
     for key in ("seq_len", "steps", "tokens"):
