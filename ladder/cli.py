@@ -112,20 +112,19 @@ class _SubParser(_Parser):
         _global_options(self, default=False)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="ladder", description=__doc__.splitlines()[0])
-    from ladder import __version__
-    p.add_argument("--version", action="version", version=f"ladder {__version__}")
-    _global_options(p, default=True)
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_SubParser)
+# --- ladders and rungs -------------------------------------------------------------------
 
-    # --- ladders and rungs -------------------------------------------------------------------
+def _list_command(sub) -> None:
+    """`ladder list`: its subparser and options."""
     s = sub.add_parser("list", help="ladders, rungs, params total/active, tokens, FLOPs")
     s.add_argument("ladder", nargs="?", help="one ladder (default: all, or --ladder-file's)")
     _json_option(s, "one object per rung")
     _ladder_file_option(s)
     s.set_defaults(func=_call("ladder.commands:list_main"))
 
+
+def _plan_command(sub) -> None:
+    """`ladder plan`: its subparser and options."""
     s = sub.add_parser("plan", help="memory and time per step on a mesh, no training")
     s.add_argument("target", metavar="LADDER[:RUNG]",
                    help="a ladder, or one rung of it (with --ladder-file, ':RUNG' names a rung "
@@ -156,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     _json_option(s, "the plan")
     s.set_defaults(func=_call("ladder.commands:plan_main"))
 
+
+def _run_command(sub) -> None:
+    """`ladder run`: its subparser and options."""
     s = sub.add_parser("run", help="train ladder rungs",
                        epilog="Training overrides: any training config key "
                               "(ladder/trainconfig.py) as --key=value (e.g. --seed=1 --lr=3e-3 "
@@ -232,6 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="times a failed rung is retried from its last checkpoint (default: 2)")
     s.set_defaults(func=_call("ladder.commands:run_main"), overrides=[])
 
+
+def _tokenize_command(sub) -> None:
+    """`ladder tokenize`: its subparser and options."""
     s = sub.add_parser("tokenize", help="token shards for `run --data DIR` from text, JSONL "
                        "or Parquet files")
     s.add_argument("files", nargs="+", metavar="FILES",
@@ -255,7 +260,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "library's own threads; default: one per CPU core)")
     s.set_defaults(func=_call("ladder.commands:tokenize_main"))
 
-    # --- fitting ---------------------------------------------------------------------------------
+
+# --- fitting ---------------------------------------------------------------------------------
+
+def _fit_command(sub) -> None:
+    """`ladder fit`: its subparser and options."""
     s = sub.add_parser("fit", help="fit and export a scaling law")
     s.add_argument("sources", nargs="+", metavar="SOURCE",
                    help="points tables (CSV, Parquet), runs directories, W&B offline run "
@@ -320,6 +329,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="law.json", metavar="FILE", help="where the law is written")
     s.set_defaults(func=_call("ladder.commands:fit_main"))
 
+
+def _compare_command(sub) -> None:
+    """`ladder compare`: its subparser and options."""
     s = sub.add_parser("compare", help="compute-equivalent multiplier of recipe B over "
                        "recipe A on the same ladder sizes")
     s.add_argument("a", metavar="A", help="recipe A (the baseline): a points table, runs "
@@ -363,6 +375,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "written)")
     s.set_defaults(func=_call("ladder.commands:compare_main"))
 
+
+def _isoflop_command(sub) -> None:
+    """`ladder isoflop`: its subparser and options."""
     s = sub.add_parser("isoflop", help="IsoFLOP approaches 1 and 2: compute-optimal N and D")
     s.add_argument("points", nargs="+", metavar="POINTS",
                    help="points tables (CSV, Parquet: compute, loss, and params or tokens; "
@@ -385,6 +400,9 @@ def build_parser() -> argparse.ArgumentParser:
     _json_option(s, "the exponents, their intervals and (with --budget) N and D")
     s.set_defaults(func=_call("ladder.commands:isoflop_main"))
 
+
+def _predict_command(sub) -> None:
+    """`ladder predict`: its subparser and options."""
     s = sub.add_parser("predict", help="predict loss from a law")
     s.add_argument("law", metavar="LAW.json", help="a law written by `ladder fit`")
     s.add_argument("--params", type=float, default=None, help="total parameters")
@@ -402,7 +420,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "only law)")
     s.set_defaults(func=_call("fit.commands:predict_main"))
 
-    # --- pre-registration and watch --------------------------------------------------------------
+
+# --- pre-registration and watch --------------------------------------------------------------
+
+def _preregister_command(sub) -> None:
+    """`ladder preregister`: its subparser and options."""
     s = sub.add_parser("preregister", help="freeze a forecast of a target run")
     s.add_argument("law", metavar="LAW.json", nargs="?", default=None,
                    help="a law written by `ladder fit` (with --at-step, default: the law the "
@@ -460,6 +482,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where it is written (read-only; never overwritten)")
     s.set_defaults(func=_call("predict.commands:preregister_main"))
 
+
+def _verify_command(sub) -> None:
+    """`ladder verify`: its subparser and options."""
     s = sub.add_parser("verify", help="check a pre-registration's hash")
     s.add_argument("prereg", metavar="PREREG.json", help="a pre-registration")
     s.add_argument("--expect", default=None, metavar="SHA256",
@@ -470,6 +495,9 @@ def build_parser() -> argparse.ArgumentParser:
     _json_option(s, "the verification")
     s.set_defaults(func=_call("predict.commands:verify_main"))
 
+
+def _watch_command(sub) -> None:
+    """`ladder watch`: its subparser and options."""
     s = sub.add_parser("watch", help="compare a live run with its pre-registration")
     s.add_argument("prereg", metavar="PREREG.json", help="the pre-registration (its newest "
                    "amendment recorded in amendments.jsonl beside it, or named with "
@@ -513,7 +541,11 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_options(s)
     s.set_defaults(func=_call("ladder.commands:watch_main"))
 
-    # --- reports and the demo --------------------------------------------------------------------
+
+# --- reports and the demo --------------------------------------------------------------------
+
+def _report_command(sub) -> None:
+    """`ladder report`: its subparser and options."""
     s = sub.add_parser("report", help="plots and an HTML/Markdown report of the artifacts")
     s.add_argument("--runs", default=None, metavar="DIR",
                    help="runs directory (default: no ladder curves)")
@@ -532,6 +564,9 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_options(s)
     s.set_defaults(func=_call("reports.commands:report_main"))
 
+
+def _demo_command(sub) -> None:
+    """`ladder demo`: its subparser and options."""
     s = sub.add_parser("demo", help="everything, on the built-in CPU ladder")
     s.add_argument("--out", default="demo_out", metavar="DIR", help="where everything goes")
     s.add_argument("--ladder", default="cpu", help="the ladder to run")
@@ -547,6 +582,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exit with the watch's status (0 ok, 1 warnings, 2 critical, 3 the "
                         "forecast no longer applies) instead of 0 whenever the demo ran")
     s.set_defaults(func=_call("ladder.demo:demo_main"))
+
+
+# the subcommands in the order `ladder --help` lists them
+COMMANDS = (
+    _list_command, _plan_command, _run_command, _tokenize_command, _fit_command, _compare_command,
+    _isoflop_command, _predict_command, _preregister_command, _verify_command, _watch_command,
+    _report_command, _demo_command,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="ladder", description=__doc__.splitlines()[0])
+    from ladder import __version__
+    p.add_argument("--version", action="version", version=f"ladder {__version__}")
+    _global_options(p, default=True)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_SubParser)
+    for add in COMMANDS:
+        add(sub)
     return p
 
 
