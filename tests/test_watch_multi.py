@@ -226,3 +226,53 @@ def test_metric_flag_refused_on_multi(registered, tmp_path):
     code, out, err = run_cli("watch", d / "prereg.json", "--source",
                              d / "runs" / "rung0" / "metrics.jsonl", "--metric", "x")
     assert code == 64 and len(err.strip().splitlines()) == 1 and "--metric" in err
+
+
+def test_report_small_multiples_in_residual_order(registered, tmp_path):
+    """Item 3: `ladder report` of a multi-metric pre-registration draws one panel per metric,
+    the largest residual first; the per-metric table follows the same order."""
+    from reports.inputs import load_inputs
+    from reports.metrics import panels
+    d, target = registered
+    second = "paloma/c4_en/loss"
+    run = sy.make_multi_run(TRUTHS, target, noise=NOISE, seed=21,
+                            faults={DRIFTING: sy.Fault("shift", 0.4, 0.08),
+                                    second: sy.Fault("shift", 0.4, 0.03)})
+    rd = tmp_path / "hero"
+    _write_jsonl(rd / "metrics.jsonl", run.rows)
+    alerts = tmp_path / "alerts.jsonl"
+    code, _, err = run_cli("watch", d / "prereg.json", "--source", rd / "metrics.jsonl",
+                           "--alerts", alerts)
+    assert code in (1, 2), err
+    code, out, err = run_cli("report", "--prereg", d / "prereg.json", "--target-run", rd,
+                             "--alerts", alerts, "--out", tmp_path / "rep")
+    assert code == 0, err
+    assert (tmp_path / "rep" / "metrics.png").stat().st_size > 10_000
+    inp = load_inputs(prereg=d / "prereg.json", target_run=rd, alerts=alerts)
+    ps = panels(inp)
+    assert [p.metric for p in ps][:2] == [DRIFTING, second]
+    res = [abs(p.residual) for p in ps]
+    assert res == sorted(res, reverse=True)
+    assert ps[0].residual == pytest.approx(0.08, abs=0.02) and ps[0].worst is not None
+    assert all(a.get("metric") == ps[0].metric for a in ps[0].alerts)
+    html = (tmp_path / "rep" / "index.html").read_text()
+    pos = [html.index(f"<td>{k}</td>") for k in [p.metric for p in ps]]
+    assert pos == sorted(pos)
+    md = (tmp_path / "rep" / "summary.md").read_text()
+    assert md.index(DRIFTING) < md.index(second)
+
+
+def test_single_metric_report_draws_no_small_multiples(tmp_path):
+    from reports.commands import build_report
+    from reports.inputs import load_inputs
+    from reports.metrics import panels
+    one = {"schema": "prereg/1", "metric": "eval_dropless/loss",
+           "target": {"name": "t", "steps": 100, "tokens": 1e9},
+           "forecast": [{"fraction": g, "loss": 3.0, "lo": 2.9, "hi": 3.1}
+                        for g in (0.1, 0.5, 1.0)], "final": {"loss": 3.0}, "band_level": 0.9}
+    p = tmp_path / "one.json"
+    p.write_text(json.dumps(pr.seal(one)))
+    build_report(tmp_path / "rep", prereg=p)
+    assert not (tmp_path / "rep" / "metrics.png").exists()
+    assert (tmp_path / "rep" / "watch.png").exists()
+    assert panels(load_inputs(prereg=p)) == []
