@@ -348,8 +348,8 @@ def family(args) -> int:
           f"aim: family-wise false-alarm rate <= the single-metric rate at alert level "
           f"{base.alert_level}; Sidak per-metric alert level {fam_cfg.alert_level:.5f}, noise "
           f"multiples x{rec['z_scale']:.3f}; laws: "
-          f"{'the truth' if args.truth_law else 'fitted (trajectory)'}; {n_ladders} ladders x {n_healthy} healthy "
-          f"target runs ({target.steps} steps, an eval every 1%)")
+          f"{'the truth' if args.truth_law else 'fitted (trajectory)'}; {n_ladders} ladders x "
+          f"{n_healthy} healthy target runs ({target.steps} steps, an eval every 1%)")
     t0 = time.perf_counter()
     false = {"1 metric": 0, f"{m} metrics, Sidak": 0, f"{m} metrics, uncorrected": 0}
     per_metric_false = 0
@@ -369,7 +369,7 @@ def family(args) -> int:
             with open(d / "metrics.jsonl", "w") as fh:
                 fh.writelines(json.dumps(row) + "\n" for row in r.rows)
         singles, sidak = {}, {}
-        for j, key in enumerate(keys):
+        for key in keys:
             pts = sy.points_table(runs, metric=key)
             keep = (np.rint(pts["fraction"] * 100).astype(int) % 5 == 0)
             from fit import fit_law
