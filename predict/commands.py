@@ -557,7 +557,12 @@ def watch_main(args, *, live_page=None) -> int:
     w = Watcher(args.prereg, source, sinks, args.state, metric=args.metric, follow=follow,
                 amend_chain=getattr(args, "amend_chain", None))
     if w.multi:
-        return _watch_multi_finish(args, w, source, server=None, as_json=as_json)
+        server = _serve(args, w, keymap, live_page)
+        try:
+            return _watch_multi_finish(args, w, source, as_json=as_json)
+        finally:
+            if server is not None:
+                server.close()
     registered = w.doc.get("metric") if not args.metric else pr.load(w.chain.newest.path)["metric"]
     if args.metric and args.metric != registered:
         log.warning(f"ladder watch: the source's '{args.metric}' is compared with the forecast "
@@ -596,7 +601,27 @@ def watch_main(args, *, live_page=None) -> int:
     return code
 
 
-def _watch_multi_finish(args, w, source, *, server, as_json: bool) -> int:
+def _serve(args, w, keymap, live_page):
+    """The ``--serve`` page of a watch (None without --serve)."""
+    from predict.sources import open_source
+    if not getattr(args, "serve", False):
+        return None
+    if live_page is None:
+        raise InputError("--serve needs the live page of reports (run `ladder watch`)",
+                         field="--serve", exit_code=EX_USAGE)
+
+    def history():  # a fresh read of the run for the page of a restarted watcher
+        fresh = open_source(args.source)
+        if keymap is not None:
+            from predict.keyed_source import KeyMappedSource
+            return KeyMappedSource(fresh, keymap)
+        return fresh
+    server = live_page(w, port=args.port, history=history)
+    log.warning(f"ladder watch: live page on {server.url}")
+    return server
+
+
+def _watch_multi_finish(args, w, source, *, as_json: bool) -> int:
     """`ladder watch` of a multi-metric pre-registration: judge, then the verdict per metric
     (text on stderr, ``--json`` one object); a registered metric the source lacks is said."""
     from predict.watch.multi import metric_summary

@@ -276,3 +276,36 @@ def test_single_metric_report_draws_no_small_multiples(tmp_path):
     assert not (tmp_path / "rep" / "metrics.png").exists()
     assert (tmp_path / "rep" / "watch.png").exists()
     assert panels(load_inputs(prereg=p)) == []
+
+
+def test_live_page_panels_one_per_metric_worst_first(registered, tmp_path, chromium):
+    """Item 3, the live page: a multi-metric watch's page (and `report --serve`'s) draws one
+    small chart per metric, in the residual order, in a real browser."""
+    import re
+
+    from conftest import chromium_dom
+    from predict.live import Watcher
+    from predict.sources import JsonlSource
+    from reports.inputs import load_inputs
+    from reports.live import LivePage, files_state
+    d, target = registered
+    run = sy.make_multi_run(TRUTHS, target, noise=NOISE, seed=31,
+                            faults={DRIFTING: sy.Fault("shift", 0.4, 0.08)})
+    src = tmp_path / "hero" / "metrics.jsonl"
+    _write_jsonl(src, run.rows)
+    w = Watcher(d / "prereg.json", JsonlSource(src))
+    page = LivePage.for_watcher(w, port=0, poll_ms=300)
+    try:
+        w.poll()
+        s = page.snapshot()
+        dom = chromium_dom(chromium, page.url, tmp_path / "profile", budget_ms=4000)
+    finally:
+        page.close()
+    ps = s["panels"]
+    assert [p["metric"] for p in ps][0] == DRIFTING and len(ps) == len(TRUTHS)
+    assert ps[0]["worst"] in ("warn", "critical") and all(p["worst"] is None for p in ps[1:])
+    assert all(len(p["chart"]["series"][0]["x"]) == 100 for p in ps)  # every eval, per metric
+    assert [m for m in re.findall(r'data-metric="([^"]+)"', dom)] == [p["metric"] for p in ps]
+    # the files' page (report --serve) orders them the same way
+    fs = files_state(load_inputs(prereg=d / "prereg.json", target_run=src.parent))
+    assert [p["metric"] for p in fs["panels"]][0] == DRIFTING and fs["chart"] is None
