@@ -187,6 +187,10 @@ def preregister_main(args) -> int:
                          exit_code=EX_USAGE)
     amends = pr.amendment(args.amend, args.reason) if args.amend else None
     laws = load_laws_file(args.law)
+    if len(laws) > 1 and getattr(args, "wandb", False):
+        raise InputError("--wandb logs one metric's forecast; a multi-metric law.json is "
+                         "registered without it (or register each metric alone)",
+                         field="--wandb", exit_code=EX_USAGE)
     if len(laws) > 1:
         doc = multi_prereg(args, laws, amends)
         return _write_and_say(args, out, doc, amends)
@@ -313,6 +317,11 @@ def at_step_prereg(args, amends: dict, *, law=None) -> dict:
     anchor from ``--source``. ``law``: a law object to use instead (library callers)."""
     from predict import amend as am
     old = pr.load(args.amend)
+    if old.get("schema") == pr.SCHEMA_V3:
+        raise InputError("an amendment at a step (--at-step) of a multi-metric pre-registration "
+                         "is not supported; amend it without --at-step (a new law/2 file and "
+                         "--target), or register the metric alone", path=args.amend,
+                         field="--at-step", exit_code=EX_USAGE)
     metric = old["metric"]
     # the rows before S are the old file's, at its band level: the amendment keeps that level
     old_level = as_float(old.get("band_level")) or 0.9
@@ -546,6 +555,11 @@ def watch_main(args, *, live_page=None) -> int:
                              field="--wandb-alert", exit_code=EX_USAGE)
         u = raw_source.uri
         sinks.append(sk.WandbAlertSink(u.entity, u.project, u.run_ids[-1]))
+    if getattr(args, "wandb", False) and pr.load(pr.resolve_chain(
+            args.prereg, getattr(args, "amend_chain", None)).newest.path).get("schema") == \
+            pr.SCHEMA_V3:
+        raise InputError("--wandb logs one metric's residuals; a multi-metric pre-registration "
+                         "is watched without it", field="--wandb", exit_code=EX_USAGE)
     if getattr(args, "wandb", False):  # the residuals and alerts go to the watcher's own run
         from predict.wandb_home import TeeSource, WatchRunSink
         doc = pr.load(pr.resolve_chain(args.prereg, getattr(args, "amend_chain", None))

@@ -309,3 +309,14 @@ def test_live_page_panels_one_per_metric_worst_first(registered, tmp_path, chrom
     # the files' page (report --serve) orders them the same way
     fs = files_state(load_inputs(prereg=d / "prereg.json", target_run=src.parent))
     assert [p["metric"] for p in fs["panels"]][0] == DRIFTING and fs["chart"] is None
+
+
+def test_at_step_amendment_of_a_multi_prereg_is_a_one_line_refusal(registered, tmp_path):
+    d, _ = registered
+    src = d / "runs" / "rung0" / "metrics.jsonl"
+    code, out, err = run_cli("preregister", "--amend", d / "prereg.json", "--reason", "mix",
+                             "--at-step", "10", "--source", src, "--data-tag", "b",
+                             "--multiplier", "1.1", "--out", d / "amended.json")
+    lines = [x for x in err.strip().splitlines() if x.strip()]
+    assert code == 64 and len(lines) == 1 and "--at-step" in lines[0], (code, err)
+    assert not (d / "amended.json").exists()
