@@ -32,7 +32,8 @@ def check(prereg: Mapping | PreregView, points: Batch | Iterable[Mapping], state
     if isinstance(prereg, multi.MultiView) or multi.is_multi(prereg):
         mv = prereg if isinstance(prereg, multi.MultiView) else multi.MultiView.of(prereg)
         batch = points if isinstance(points, Batch) else Batch.from_rows(points)
-        return multi.check_multi(mv, batch, state, now=_time.time() if now is None else now)
+        return multi.check_multi(mv, batch, state, now=_time.time() if now is None else now,
+                                 single=check)
     view = prereg if isinstance(prereg, PreregView) else PreregView.of(prereg)
     st = copy.deepcopy(state) if state else new_state()
     now = _time.time() if now is None else float(now)

@@ -156,12 +156,15 @@ def _named(a: Alert, key: str) -> Alert:
                                extra={**a.extra, "metric": key})
 
 
-def check_multi(mv: MultiView, batch: Batch, state: dict | None, *, now: float) -> CheckResult:
+def check_multi(mv: MultiView, batch: Batch, state: dict | None, *, now: float,
+                single) -> CheckResult:
     """Judge ``batch`` for every metric of ``mv``; the same contract as
     :func:`predict.watch.check` (pure, alerts on state changes only). The first metric's check
     also runs the run-level rules (health, applicability, stalled); the others see their own
-    column only. Each alert about a metric carries ``metric`` and its message starts with it."""
-    from predict.watch.judge import check
+    column only. Each alert about a metric carries ``metric`` and its message starts with it.
+    ``single``: the single-metric check (``predict.watch.judge.check``, which calls this one:
+    passed in, so that the two modules do not import each other)."""
+    check = single
     keys = mv.metrics
     st = copy.deepcopy(state) if state and state.get("schema") == STATE_SCHEMA else \
         new_multi_state(keys)
