@@ -49,12 +49,7 @@ def marin_table(anchors: Path, out: Path) -> tuple[Path, str, None]:
             rows.append({"run": r["size"], "compute": r["baseline_compute"], "fraction": 1.0,
                          "metric": f"paloma/{r['subset']}/{r['metric']}",
                          "loss": r["baseline_loss"]})
-    path = out / "marin_old_paloma_long.csv"
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    return path, "paloma/*/loss", None
+    return _write_csv(out / "marin_old_paloma_long.csv", rows), "paloma/*/loss", None
 
 
 GADRE_TARGETS = ("open_lm_1b", "open_lm_7b")   # the paper's held-out models
@@ -71,12 +66,15 @@ def gadre_table(anchors: Path, out: Path) -> tuple[Path, str, list[dict]]:
                "tokens": r["D_tokens"], "compute": r["flops_6ND"], "fraction": 1.0,
                **{c: r[c] for c in losses}}
         (held if r["model"] in GADRE_TARGETS else table).append(row)
-    path = out / "gadre_c4_wide.csv"
+    return _write_csv(out / "gadre_c4_wide.csv", table), "loss_*", held
+
+
+def _write_csv(path: Path, rows: list[dict]) -> Path:
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(table[0]))
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
-        w.writerows(table)
-    return path, "loss_*", held
+        w.writerows(rows)
+    return path
 
 
 def _ladder(*argv) -> tuple[int, str, str, float]:
