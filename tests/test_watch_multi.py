@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from helpers import run_cli
 from predict import prereg as pr
@@ -320,3 +322,38 @@ def test_at_step_amendment_of_a_multi_prereg_is_a_one_line_refusal(registered, t
     lines = [x for x in err.strip().splitlines() if x.strip()]
     assert code == 64 and len(lines) == 1 and "--at-step" in lines[0], (code, err)
     assert not (d / "amended.json").exists()
+
+
+_JUNK = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.floats(allow_nan=True),
+                  st.text(max_size=4), st.lists(st.integers(), max_size=2),
+                  st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(where=st.sampled_from(["metrics", "forecasts", "forecasts.KEY", "forecasts.KEY.forecast",
+                              "forecasts.KEY.final", "forecasts.KEY.forecast.0",
+                              "decision_rule.family", "target"]),
+       value=_JUNK)
+def test_any_edit_of_a_multi_prereg_resealed_is_judged_or_refused_in_one_line(registered,
+                                                                              where, value):
+    """Property: a prereg/3 file with any section replaced by junk (and resealed, so it passes
+    the hash) is watched or refused with one line and exit 64+, never a traceback."""
+    import tempfile
+    d, _ = registered
+    doc = json.loads((d / "prereg.json").read_text())
+    node, parts = doc, where.replace("KEY", DRIFTING).split(".")
+    for p in parts[:-1]:
+        node = node[int(p)] if isinstance(node, list) else node[p]
+    last = parts[-1]
+    if isinstance(node, list):
+        node[int(last)] = value
+    else:
+        node[last] = value
+    with tempfile.TemporaryDirectory() as tmp:
+        p = Path(tmp) / "edited.json"
+        p.write_text(json.dumps(pr.seal(doc)))
+        code, out, err = run_cli("watch", p, "--source", d / "runs" / "rung0" / "metrics.jsonl")
+    lines = [x for x in err.strip().splitlines() if x.strip()]
+    assert "Traceback" not in err
+    assert code in (0, 1, 2, 3) or (code >= 64 and len(lines) == 1), (code, err)
