@@ -186,19 +186,20 @@ def preregister_main(args) -> int:
                          "them from the amended file", field="--target" if args.law else "law",
                          exit_code=EX_USAGE)
     amends = pr.amendment(args.amend, args.reason) if args.amend else None
-    law = load_law_file(args.law)
+    laws = load_laws_file(args.law)
+    if len(laws) > 1 and getattr(args, "wandb", False):
+        raise InputError("--wandb logs one metric's forecast; a multi-metric law.json is "
+                         "registered without it (or register each metric alone)",
+                         field="--wandb", exit_code=EX_USAGE)
+    if len(laws) > 1:
+        doc = multi_prereg(args, laws, amends)
+        return _write_and_say(args, out, doc, amends)
+    law = next(iter(laws.values()))
     target = resolve_target(args)
     run_config = None
     if getattr(args, "target", None):
         run_config = target_rung(args.target).to_dict()
-    if getattr(law, "form", None) in ("mpl", "momentum"):  # a curve law needs the run's schedule
-        if not getattr(args, "target", None):
-            raise InputError(f"a {law.form} law forecasts a run from its LR schedule: give the "
-                             f"target as --target LADDER:RUNG", field="--target-spec",
-                             exit_code=EX_USAGE)
-        from predict.planned import ScheduledLaw
-
-        law = ScheduledLaw(law, target_rung(args.target))
+    law = _scheduled(law, args)  # a curve law needs the run's schedule
     doc = make_prereg(law, target, level=args.level, runs=getattr(args, "runs", None),
                       eval_noise=getattr(args, "eval_noise", None),
                       data_tag=getattr(args, "data_tag", None),
@@ -213,8 +214,72 @@ def preregister_main(args) -> int:
     return _write_and_say(args, out, doc, amends)
 
 
+def load_laws_file(path: str) -> dict:
+    """{metric key: law} of a law.json (one for a single-metric file; ``fit.load_laws``)."""
+    try:
+        from fit import load_laws
+    except ImportError as e:
+        raise InputError(f"the fit package cannot load laws here ({e})", path=path,
+                         exit_code=69) from None
+    if not Path(path).exists():
+        raise InputError("no such file", path=path, exit_code=66)
+    return load_laws(path)
+
+
+def _scheduled(law, args):
+    """A curve law (mpl, momentum) forecasts a run from its LR schedule: the rung's."""
+    if getattr(law, "form", None) not in ("mpl", "momentum"):
+        return law
+    if not getattr(args, "target", None):
+        raise InputError(f"a {law.form} law forecasts a run from its LR schedule: give the "
+                         f"target as --target LADDER:RUNG", field="--target-spec",
+                         exit_code=EX_USAGE)
+    from predict.planned import ScheduledLaw
+    return ScheduledLaw(law, target_rung(args.target))
+
+
+def multi_prereg(args, laws: dict, amends: dict | None, *,
+                 config: WatchConfig | None = None) -> dict:
+    """The multi-metric pre-registration (prereg/3) of a law/2 file: a forecast per metric on
+    the target's grid, one decision rule at the family's Sidak level
+    (predict.watch.multi.family_config), one sha256 over the whole."""
+    from predict.watch.multi import family_config
+    target = resolve_target(args)
+    run_config = target_rung(args.target).to_dict() if getattr(args, "target", None) else None
+    cfg, family = family_config(config or WatchConfig(), len(laws))
+    docs = {}
+    for key, law in laws.items():
+        d = make_prereg(_scheduled(law, args), target, level=args.level,
+                        runs=getattr(args, "runs", None),
+                        eval_noise=getattr(args, "eval_noise", None),
+                        data_tag=getattr(args, "data_tag", None),
+                        requires=parse_requires(args.require), amends=amends,
+                        run_config=run_config, config=cfg,
+                        allow_no_band=getattr(args, "allow_no_band", False))
+        bad = [p for p in d["forecast"] if not _finite(p.get("loss"))]
+        if bad or not _finite(d["final"].get("loss")):
+            raise InputError(f"the law of {key!r} forecasts a non-finite loss at {len(bad)} of "
+                             f"{len(d['forecast'])} points; nothing registered", path=args.law,
+                             field=f"laws.{key}")
+        docs[key] = d
+    # the spike threshold is calibrated once per run: every document carries the same rule
+    return pr.build_multi(docs, family=family)
+
+
 def _write_and_say(args, out: Path, doc: dict, amends: dict | None) -> int:
     pr.write_once(out, doc)
+    if doc.get("schema") == pr.SCHEMA_V3:
+        fam = doc["decision_rule"]["family"]
+        print(f"wrote {out} (read-only), sha256 {doc['sha256']}")
+        print(f"  {len(doc['metrics'])} metrics, one band each at {doc['band_level']:.0%}; "
+              f"alerts at the Sidak level {fam['alert_level']:.5f} per metric (family-wise "
+              f"{fam['family_alert_level']})")
+        for k in doc["metrics"]:
+            fin = doc["forecasts"][k]["final"]
+            print(f"  {k}: final {fin['loss']:.4f} [{fin['lo']:.4f}, {fin['hi']:.4f}]")
+        if amends:
+            print(f"  amends {amends['path']}: {amends['reason']}")
+        return 0
     fin = doc["final"]
     target = fc.Target.from_spec(doc["target"], path=out)
     print(f"wrote {out} (read-only), sha256 {doc['sha256']}")
@@ -252,6 +317,11 @@ def at_step_prereg(args, amends: dict, *, law=None) -> dict:
     anchor from ``--source``. ``law``: a law object to use instead (library callers)."""
     from predict import amend as am
     old = pr.load(args.amend)
+    if old.get("schema") == pr.SCHEMA_V3:
+        raise InputError("an amendment at a step (--at-step) of a multi-metric pre-registration "
+                         "is not supported; amend it without --at-step (a new law/2 file and "
+                         "--target), or register the metric alone", path=args.amend,
+                         field="--at-step", exit_code=EX_USAGE)
     metric = old["metric"]
     # the rows before S are the old file's, at its band level: the amendment keeps that level
     old_level = as_float(old.get("band_level")) or 0.9
@@ -485,6 +555,11 @@ def watch_main(args, *, live_page=None) -> int:
                              field="--wandb-alert", exit_code=EX_USAGE)
         u = raw_source.uri
         sinks.append(sk.WandbAlertSink(u.entity, u.project, u.run_ids[-1]))
+    if getattr(args, "wandb", False) and pr.load(pr.resolve_chain(
+            args.prereg, getattr(args, "amend_chain", None)).newest.path).get("schema") == \
+            pr.SCHEMA_V3:
+        raise InputError("--wandb logs one metric's residuals; a multi-metric pre-registration "
+                         "is watched without it", field="--wandb", exit_code=EX_USAGE)
     if getattr(args, "wandb", False):  # the residuals and alerts go to the watcher's own run
         from predict.wandb_home import TeeSource, WatchRunSink
         doc = pr.load(pr.resolve_chain(args.prereg, getattr(args, "amend_chain", None))
@@ -495,6 +570,13 @@ def watch_main(args, *, live_page=None) -> int:
         source = TeeSource(source, lambda: w.view, home.log_evals)
     w = Watcher(args.prereg, source, sinks, args.state, metric=args.metric, follow=follow,
                 amend_chain=getattr(args, "amend_chain", None))
+    if w.multi:
+        server = _serve(args, w, keymap, live_page)
+        try:
+            return _watch_multi_finish(args, w, source, as_json=as_json)
+        finally:
+            if server is not None:
+                server.close()
     registered = w.doc.get("metric") if not args.metric else pr.load(w.chain.newest.path)["metric"]
     if args.metric and args.metric != registered:
         log.warning(f"ladder watch: the source's '{args.metric}' is compared with the forecast "
@@ -530,6 +612,61 @@ def watch_main(args, *, live_page=None) -> int:
         raise InputError(f"0 evals of '{w.view.metric}' judged ({st.get('n_points', 0)} points "
                          f"read); keys seen: {source_keys(args.source) or 'none'}; name the "
                          "source key with --metric", field="--metric", exit_code=EX_DATAERR)
+    return code
+
+
+def _serve(args, w, keymap, live_page):
+    """The ``--serve`` page of a watch (None without --serve)."""
+    from predict.sources import open_source
+    if not getattr(args, "serve", False):
+        return None
+    if live_page is None:
+        raise InputError("--serve needs the live page of reports (run `ladder watch`)",
+                         field="--serve", exit_code=EX_USAGE)
+
+    def history():  # a fresh read of the run for the page of a restarted watcher
+        fresh = open_source(args.source)
+        if keymap is not None:
+            from predict.keyed_source import KeyMappedSource
+            return KeyMappedSource(fresh, keymap)
+        return fresh
+    server = live_page(w, port=args.port, history=history)
+    log.warning(f"ladder watch: live page on {server.url}")
+    return server
+
+
+def _watch_multi_finish(args, w, source, *, as_json: bool) -> int:
+    """`ladder watch` of a multi-metric pre-registration: judge, then the verdict per metric
+    (text on stderr, ``--json`` one object); a registered metric the source lacks is said."""
+    from predict.watch.multi import metric_summary
+    log.info(f"ladder watch: {w.description}; {len(w.view.metrics)} metrics; source "
+             f"{args.source}")
+    code = w.run(follow=args.follow)
+    st = w.state
+    rows = metric_summary(w.view, st, w.all_alerts)
+    for r in rows:
+        if r["absent"]:
+            line = "ABSENT from the source (not judged)"
+        else:
+            rel = r["residual_rel"]
+            line = (f"{(r['worst'] or 'ok'):8} {r['evals']:5d} evals, residual "
+                    f"{'-' if rel is None else f'{rel:+.2%}'}, {r['alerts']} alerts")
+        log.warning(f"  {r['metric']}: {line}")
+    absent = [r["metric"] for r in rows if r["absent"]]
+    log.info(f"ladder watch: {st.get('n_points', 0)} points, {st.get('n_evals', 0)} evals "
+             f"judged over {len(rows)} metrics; worst {st.get('worst') or 'none'}; exit {code}")
+    if as_json:
+        v = watch_verdict(w, code)
+        v["schema"] = "watch-verdict/2"
+        v["metric"] = None
+        v["metrics"] = rows
+        v["absent"] = absent
+        print(json.dumps(to_jsonable(v)))
+    if not st.get("n_evals") and not st.get("not_applicable"):
+        raise InputError(f"0 evals of the {len(rows)} registered metrics judged "
+                         f"({st.get('n_points', 0)} points read); keys seen: "
+                         f"{source_keys(args.source) or 'none'}", field="--source",
+                         exit_code=EX_DATAERR)
     return code
 
 

@@ -38,7 +38,12 @@ SCHEMA = "prereg/1"
 # ladder that reads prereg/1 refuses them (as a newer file) instead of judging the whole run
 # against a forecast that holds from step S on only
 SCHEMA_V2 = "prereg/2"
-SCHEMAS = (SCHEMA, SCHEMA_V2)
+# prereg/3: several metrics under one sha256 (issue 23): ``metrics`` (the keys, in order) and
+# ``forecasts: {key: {law, law_sha256, forecast, final, eval_noise, extrapolation,
+# budget_curve}}`` beside the shared target, applicability, decision rule and health reference
+# (predict.watch.multi). A single-metric file stays prereg/1.
+SCHEMA_V3 = "prereg/3"
+SCHEMAS = (SCHEMA, SCHEMA_V2, SCHEMA_V3)
 HASHED_OUT = ("sha256",)
 CHAIN_FILE = "amendments.jsonl"   # beside the pre-registrations, append-only
 CHAIN_SCHEMA = "prereg-chain/1"
@@ -101,6 +106,31 @@ def build(*, target: dict, applicability: dict, metric: str, law: dict, forecast
     }
     if change is not None:
         doc["change"] = change
+    doc = to_jsonable(doc)
+    doc["section_sha256"] = section_digests(doc)
+    doc["sha256"] = content_hash(doc)
+    return doc
+
+
+def build_multi(docs: Mapping[str, Mapping], *, family: dict) -> dict:
+    """One pre-registration of several metrics from the single-metric documents ``docs``
+    ({metric key: :func:`build`'s document}, all for one target, with one decision rule): the
+    shared sections are taken from the first, each metric's forecast sections kept under
+    ``forecasts``; ``family`` (predict.watch.multi.family_config) goes into the decision rule."""
+    from predict.watch.multi import PER_METRIC
+    keys = list(docs)
+    if not keys:
+        raise ValueError("docs: no metric")
+    first = docs[keys[0]]
+    doc: dict[str, Any] = {"schema": SCHEMA_V3}
+    for k in ("target", "applicability"):
+        doc[k] = first[k]
+    doc["metrics"] = keys
+    doc["forecasts"] = {k: {f: d.get(f) for f in PER_METRIC} for k, d in docs.items()}
+    for k in ("band_level", "decision_rule", "health_reference", "amends", "created",
+              "git_sha", "tool_version"):
+        doc[k] = first.get(k)
+    doc["decision_rule"] = {**dict(first["decision_rule"]), "family": family}
     doc = to_jsonable(doc)
     doc["section_sha256"] = section_digests(doc)
     doc["sha256"] = content_hash(doc)
@@ -192,6 +222,15 @@ def verify_doc(doc: Mapping, path: str = "<prereg>") -> Verification:
     law = doc.get("law")
     if law is not None and doc.get("law_sha256") != sha256_of(law):
         v.problems.append("the embedded law does not match law_sha256 (the law was edited)")
+    fcs = doc.get("forecasts")
+    if doc.get("schema") == SCHEMA_V3:
+        if not isinstance(fcs, Mapping) or not isinstance(doc.get("metrics"), list):
+            v.problems.append("prereg/3 without metrics and forecasts")
+        else:
+            for k, f in fcs.items():
+                if not isinstance(f, Mapping) or f.get("law_sha256") != sha256_of(f.get("law")):
+                    v.problems.append(f"forecasts.{k}: the embedded law does not match its "
+                                      f"law_sha256 (the law was edited)")
     if stored is None:
         v.problems.append("no sha256 field")
     v.ok = (stored == computed) and not v.problems and not v.changed
@@ -201,6 +240,8 @@ def verify_doc(doc: Mapping, path: str = "<prereg>") -> Verification:
 def _name_change(doc, key) -> str:
     if key == "forecast" and isinstance(doc.get("forecast"), list):
         return "forecast (a forecast point was edited)"
+    if key == "forecasts" and isinstance(doc.get("forecasts"), Mapping):
+        return "forecasts (a metric's law or forecast was edited)"
     return key
 
 
@@ -213,7 +254,7 @@ def verify(path: str | os.PathLike) -> Verification:
 def _known_version(doc: Mapping, path) -> None:
     """A newer schema version is not "MODIFIED": it is a file this tool cannot judge."""
     v = schema_version(dict(doc))
-    if v is not None and v > int(SCHEMA_V2.split("/")[1]):
+    if v is not None and v > int(SCHEMA_V3.split("/")[1]):
         raise InputError(f"written by a newer ladder ({doc.get('schema')}); this one reads "
                          f"{' and '.join(SCHEMAS)}: upgrade ladder to verify it", path=path,
                          field="schema", exit_code=EX_DATAERR)
@@ -233,17 +274,41 @@ def load(path: str | os.PathLike, *, check: bool = True) -> dict:
     """Read a pre-registration; with ``check``, a modified file is an InputError."""
     doc = read_json(path, schema="prereg")
     _known_version(doc, path)
-    for key in ("target", "forecast", "metric", "final"):
-        if key not in doc:
-            raise InputError("missing", path=path, field=key)
-    if not isinstance(doc["forecast"], list) or not doc["forecast"]:
-        raise InputError("expected a non-empty list", path=path, field="forecast")
+    if doc.get("schema") == SCHEMA_V3:
+        _check_multi(doc, path)
+    else:
+        for key in ("target", "forecast", "metric", "final"):
+            if key not in doc:
+                raise InputError("missing", path=path, field=key)
+        if not isinstance(doc["forecast"], list) or not doc["forecast"]:
+            raise InputError("expected a non-empty list", path=path, field="forecast")
     if check:
         v = verify_doc(doc, str(path))
         if not v.ok:
             raise InputError("fails verification (edited after it was written): "
                              + v.report().replace("\n", "; "), path=path, field="sha256")
     return doc
+
+
+def _check_multi(doc: Mapping, path) -> None:
+    for key in ("target", "metrics", "forecasts"):
+        if key not in doc:
+            raise InputError("missing", path=path, field=key)
+    keys, fcs = doc["metrics"], doc["forecasts"]
+    if not isinstance(keys, list) or not keys or not all(isinstance(k, str) for k in keys):
+        raise InputError("expected a non-empty list of metric keys", path=path, field="metrics")
+    if not isinstance(fcs, Mapping):
+        raise InputError("expected an object {metric key: forecast}", path=path,
+                         field="forecasts")
+    for k in keys:
+        f = fcs.get(k)
+        if not isinstance(f, Mapping):
+            raise InputError("missing", path=path, field=f"forecasts.{k}")
+        if not isinstance(f.get("forecast"), list) or not f["forecast"]:
+            raise InputError("expected a non-empty list", path=path,
+                             field=f"forecasts.{k}.forecast")
+        if not isinstance(f.get("final"), Mapping):
+            raise InputError("missing", path=path, field=f"forecasts.{k}.final")
 
 
 def amendment(old_path: str | os.PathLike, reason: str | None) -> dict:

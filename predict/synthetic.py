@@ -198,3 +198,29 @@ def points_table(runs: list[SyntheticRun], metric: str = "eval_dropless/loss"):
                         "tokens": g * t.tokens, "compute": g * t.compute, "fraction": g,
                         "step": r["step"], "loss": v})
     return pd.DataFrame(rec)
+
+
+def make_multi_run(truths: dict[str, Truth], target: Target, *, noise: RunNoise = RunNoise(),
+                   faults: dict[str, Fault] | None = None, seed: int = 0,
+                   eval_every: float = 0.01) -> SyntheticRun:
+    """One run logging several metrics (per-domain losses): the first key's run gives the train
+    rows (and its eval under its key); every other key is an independent draw of its own truth
+    (its own run offset and eval noise: independent metrics are the worst case for a family's
+    false alarms), logged under its key at the same eval steps. ``faults`` by key."""
+    faults = faults or {}
+    keys = list(truths)
+    base = make_run(truths[keys[0]], target, noise=noise, fault=faults.get(keys[0], Fault()),
+                    seed=seed, eval_every=eval_every)
+    rows = [dict(r) for r in base.rows]
+    for r in rows:
+        if "eval_dropless/loss" in r:
+            r[keys[0]] = r.pop("eval_dropless/loss")
+            r.pop("eval/loss", None)
+    by_step = {r["step"]: r for r in rows}
+    for j, k in enumerate(keys[1:], 1):
+        other = make_run(truths[k], target, noise=noise, fault=faults.get(k, Fault()),
+                         seed=seed * 1009 + j * 7919 + 1, eval_every=eval_every)
+        for r in other.rows:
+            if "eval_dropless/loss" in r:
+                by_step[r["step"]][k] = r["eval_dropless/loss"]
+    return SyntheticRun(target=target, rows=rows, offset=base.offset, eval_steps=base.eval_steps)

@@ -13,6 +13,7 @@ from ladder.io import (EX_CANTCREAT, EX_USAGE, InputError, atomic_write_bytes,
                        atomic_write_text, check_writable, staged_dir)
 from reports import plots
 from reports.inputs import load_inputs
+from reports.metrics import plot_metrics
 from reports.page import render_html, render_summary
 
 FIGURES = (("ladder", plots.plot_ladder, "no ladder runs with the metric"),
@@ -37,7 +38,8 @@ def build_report(out_dir: str | os.PathLike, runs=None, law=None, prereg=None, a
     missing: dict[str, str] = {}
     # the names a report writes: an old one's are replaced or removed (a stale figure must not
     # pass for the new report); nothing else in --out is ever touched (ladder.io.staged_dir)
-    own = tuple(f"{key}.png" for key, _, _ in FIGURES) + ("summary.md", "index.html")
+    own = tuple(f"{key}.png" for key, _, _ in FIGURES) + ("metrics.png", "summary.md",
+                                                          "index.html")
     with staged_dir(out, own=own) as tmp:  # a killed report never mixes two reports
         for key, func, why in FIGURES:
             fig = func(inp)
@@ -46,6 +48,10 @@ def build_report(out_dir: str | os.PathLike, runs=None, law=None, prereg=None, a
                 continue
             pngs[key] = plots.png_bytes(fig)
             atomic_write_bytes(tmp / f"{key}.png", pngs[key])
+        fig = plot_metrics(inp)  # a multi-metric pre-registration only: nothing otherwise
+        if fig is not None:
+            pngs["metrics"] = plots.png_bytes(fig)
+            atomic_write_bytes(tmp / "metrics.png", pngs["metrics"])
         atomic_write_text(tmp / "summary.md", render_summary(inp, pngs))
         atomic_write_text(tmp / "index.html", render_html(inp, pngs, missing))
     return out / "index.html"

@@ -62,6 +62,8 @@ main { max-width: 1280px; margin: 0 auto; padding: 20px 32px 48px; }
 #verdict.warn { border-left-color: #f08c00; } #verdict.bad { border-left-color: #d62728; }
 figure { margin: 12px 0; background: #fff; padding: 8px; border: 1px solid #e4e4e4; }
 svg { width: 100%%; height: auto; display: block; font-size: 12px; }
+#panels { display: grid; grid-template-columns: repeat(auto-fill, minmax(300px, 1fr));
+          gap: 8px; } #panels figure { margin: 0; } #panels svg { font-size: 28px; }
 table { border-collapse: collapse; background: #fff; font-size: 13px; }
 th, td { border: 1px solid #e0e0e0; padding: 3px 8px; text-align: left; vertical-align: top; }
 th { background: #f1f3f5; }
@@ -74,6 +76,7 @@ th { background: #f1f3f5; }
 <figure id="fig"><svg id="chart" viewBox="0 0 1000 430" role="img"
  aria-label="the run against its forecast band"></svg><figcaption id="legend"></figcaption>
 </figure>
+<div id="panels"></div>
 <h2>Alerts (<span id="n-alerts">0</span>)</h2>
 <table><thead><tr><th>step</th><th>fraction</th><th>severity</th><th>kind</th><th>value</th>
 <th>message</th></tr></thead><tbody id="alerts"></tbody></table>
@@ -90,8 +93,9 @@ th { background: #f1f3f5; }
     for (var k in attrs) { e.setAttribute(k, attrs[k]); }
     parent.appendChild(e); return e;
   }
-  function chart(c) {  // the state's chart: x = fraction of the run, y = the metric
-    var svg = document.getElementById('chart'); svg.textContent = '';
+  function chart(c, svg, legend, clipId) {  // x = fraction of the run, y = the metric
+    svg = svg || document.getElementById('chart'); svg.textContent = '';
+    legend = legend || document.getElementById('legend'); clipId = clipId || 'plot';
     if (!c) { return 0; }
     var x0 = c.xlim[0], x1 = c.xlim[1], y0 = c.ylim[0], y1 = c.ylim[1];
     function X(v) { return L + (v - x0) / (x1 - x0) * (W - L - R); }
@@ -118,9 +122,9 @@ th { background: #f1f3f5; }
     el('text', {x: 14, y: (T + H - B) / 2, 'text-anchor': 'middle',
                 transform: 'rotate(-90 14 ' + (T + H - B) / 2 + ')'}, svg).textContent =
       c.metric;
-    var clip = el('clipPath', {id: 'plot'}, el('defs', {}, svg));
+    var clip = el('clipPath', {id: clipId}, el('defs', {}, svg));
     el('rect', {x: L, y: T, width: W - L - R, height: H - T - B}, clip);
-    var g = el('g', {'clip-path': 'url(#plot)'}, svg);
+    var g = el('g', {'clip-path': 'url(#' + clipId + ')'}, svg);
     var b = c.band;
     if (b && b.x.length) {
       var upper = pts(b.x, b.hi), lower = pts(b.x.slice().reverse(), b.lo.slice().reverse());
@@ -141,11 +145,28 @@ th { background: #f1f3f5; }
                       'stroke-width': s.width, 'stroke-opacity': s.opacity}, g)
         .setAttribute('data-name', s.name);
     });
-    document.getElementById('legend').textContent = c.legend;
+    legend.textContent = c.legend;
     return c.series.reduce(function (n, s) { return n + s.x.length; }, 0);
   }
+  function panels(ps) {  // a multi-metric watch: one small chart per metric, worst first
+    var box = document.getElementById('panels'); box.textContent = '';
+    var n = 0;
+    (ps || []).forEach(function (p, i) {
+      var fig = document.createElement('figure'); fig.setAttribute('data-metric', p.metric);
+      var svg = document.createElementNS(NS, 'svg');
+      svg.setAttribute('viewBox', '0 0 1000 430'); fig.appendChild(svg);
+      var cap = document.createElement('figcaption');
+      cap.className = p.worst ? 'sev-' + p.worst : ''; fig.appendChild(cap);
+      box.appendChild(fig);
+      n += chart(p.chart, svg, cap, 'plot' + i);
+      cap.textContent = p.metric + ': residual ' + p.residual + '; worst ' +
+        (p.worst || 'none');
+    });
+    return n;
+  }
   function draw(s) {
-    var n = chart(s.chart);
+    var n = chart(s.chart) + panels(s.panels);
+    document.getElementById('fig').style.display = s.chart ? '' : 'none';
     document.body.setAttribute('data-figure', n + ' points v' + s.version);
     var ul = document.getElementById('verdict-lines'); ul.textContent = '';
     s.verdict.forEach(function (x) {
@@ -464,6 +485,7 @@ class WatcherFeed:
         self._lock = threading.Lock()
         self.metric = Downsampled()
         self.train = Downsampled()
+        self.per_metric: dict[str, Downsampled] = {}  # a multi-metric watch: one per key
         self.batches = 0
         self._band_of = forecast_band
         self._level_of = band_level
@@ -477,6 +499,10 @@ class WatcherFeed:
         g = row_fractions(view, batch)
         with self._lock:
             self.batches += 1
+            for key in getattr(view, "metrics", ()):  # a multi-metric watch
+                y = batch.cols.get(key)
+                if y is not None:
+                    self.per_metric.setdefault(key, Downsampled()).add(g, y)
             y = batch.cols.get(view.metric)
             if y is not None:
                 self.metric.add(g, y)
@@ -513,6 +539,8 @@ class WatcherFeed:
                 self.w.doc.get("sha256"), self.batches, st.get("worst"))
 
     def state(self) -> dict:
+        if getattr(self.w, "multi", False):
+            return self._multi_state()
         w = self.w
         doc = w.doc
         band = self._band_of(doc)
@@ -530,6 +558,35 @@ class WatcherFeed:
         lines, tone = watcher_verdict(w, band, level, last)
         return {"chart": chart_state(band, series, marks, metric=metric, level=level),
                 "verdict": lines, "tone": {"ok": ""}.get(tone, tone),
+                "alerts": [_alert_row(a) for a in alerts[::-1]],
+                "n_alerts": len(w.all_alerts)}
+
+
+    def _multi_state(self) -> dict:
+        """A multi-metric watch: the panels, in the watcher's residual order (its smoothed
+        residual relative to the forecast, largest first)."""
+        from predict.watch.multi import metric_doc, metric_summary, residual_order
+        w = self.w
+        level = self._level_of(w.doc)
+        alerts = [to_jsonable(a.to_dict()) for a in w.all_alerts[-ALERTS_SHOWN:]]
+        rows = {r["metric"]: r for r in metric_summary(w.view, w.state, w.all_alerts)}
+        ps = []
+        with self._lock:
+            for key in residual_order(w.view, w.state):
+                band = self._band_of(metric_doc(w.doc, key))
+                r = rows[key]
+                ps.append(_panel(key, band, self.per_metric.get(key, Downsampled()),
+                                 [a for a in alerts if a.get("metric") == key], level,
+                                 r["residual_rel"], r["worst"]))
+        st = w.state
+        lines = [f"{p['metric']}: residual {p['residual']}, worst alert {p['worst'] or 'none'}"
+                 + (" (absent from the source)" if rows[p["metric"]]["absent"] else "")
+                 for p in ps]
+        lines.append(f"{st.get('n_points', 0):,} points and {st.get('n_evals', 0):,} evals "
+                     f"judged, last step {st.get('last_step')}; worst: "
+                     f"{st.get('worst') or 'none'}.")
+        tone = {"critical": "bad", "warn": "warn"}.get(st.get("worst") or "", "")
+        return {"chart": None, "panels": ps, "verdict": lines, "tone": tone,
                 "alerts": [_alert_row(a) for a in alerts[::-1]],
                 "n_alerts": len(w.all_alerts)}
 
@@ -577,6 +634,30 @@ def watcher_verdict(w, band, level, last) -> tuple[list[str], str]:
                           f"judged, last step {st.get('last_step')}.")
 
 
+def _panel(metric: str, band, ds: Downsampled, alerts: list[dict], level, residual,
+           worst) -> dict:
+    marks = [{"x": as_float(a.get("fraction")), "kind": a.get("kind"),
+              "severity": a.get("severity")} for a in alerts]
+    series = [_series(metric, ds, "#e8590c", 2.0, 1.0, True)] if ds.n else []
+    res = "-" if residual is None or not math.isfinite(residual) else f"{residual:+.2%}"
+    return {"metric": metric, "residual": res, "worst": worst,
+            "chart": chart_state(band, series, marks, metric=metric, level=level)}
+
+
+def files_panels(inp) -> list[dict]:
+    """The small multiples of a multi-metric pre-registration (``reports.metrics``): one chart
+    per metric, largest residual first ([] for a single-metric one)."""
+    from reports.metrics import panels
+    out = []
+    level = inp.level if inp.prereg else None
+    for p in panels(inp):
+        ds = Downsampled()
+        if p.series is not None:
+            ds.add(p.series.fraction, p.series.value)
+        out.append(_panel(p.metric, p.band, ds, p.alerts, level, p.residual, p.worst))
+    return out
+
+
 def files_state(inp) -> dict:
     """The page's state from report inputs (``reports.inputs.ReportInputs``): the target's
     metric and train loss downsampled as a watcher's page draws them."""
@@ -607,8 +688,13 @@ def files_state(inp) -> dict:
                           worst=worst, not_applicable=na, counts=counts)
     if t is None:
         lines += list(inp.notes[:2])
-    return {"chart": chart_state(inp.forecast, series, marks, metric=metric, level=level),
-            "verdict": lines, "tone": {"ok": ""}.get(tone, tone),
+    ps = files_panels(inp)
+    if ps:  # multi-metric: no single metric; the panels carry the curves
+        lines = [f"{p['metric']}: residual {p['residual']}, worst alert {p['worst'] or 'none'}"
+                 for p in ps] + lines[-1:]
+    return {"chart": None if ps else chart_state(inp.forecast, series, marks, metric=metric,
+                                                level=level),
+            "panels": ps, "verdict": lines, "tone": {"ok": ""}.get(tone, tone),
             "alerts": [_alert_row(a) for a in alerts[-ALERTS_SHOWN:][::-1]],
             "n_alerts": len(alerts)}
 

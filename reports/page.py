@@ -159,6 +159,16 @@ def render_html(inp: ReportInputs, pngs: dict[str, bytes], missing_plots: dict[s
         cls = {"ok": "", "warn": " warn", "bad": " bad"}[tone]
         parts.append(f'<div class="verdict{cls}"><ul>'
                      + "".join(f"<li>{_esc(x)}</li>" for x in lines) + "</ul></div>")
+    if "metrics" in pngs:  # a multi-metric pre-registration (reports.metrics)
+        from reports.metrics import panel_rows
+        b64 = base64.b64encode(pngs["metrics"]).decode("ascii")
+        parts.append("<h2>Every registered metric</h2>")
+        parts.append(f'<figure><img src="data:image/png;base64,{b64}" alt="every metric">'
+                     "<figcaption>One panel per registered metric: the target's live curve, "
+                     "the frozen band, the alerts about that metric; sorted by the largest "
+                     "residual (median of the last evals, relative to the forecast) first "
+                     "(file: metrics.png)</figcaption></figure>")
+        parts.append(_table(panel_rows(inp), "no metrics"))
     for key, title, caption in SECTIONS:
         parts.append(f"<h2>{_esc(title)}</h2>")
         if key in pngs:
@@ -214,6 +224,11 @@ def render_summary(inp: ReportInputs, pngs: dict[str, bytes]) -> str:
     name = _md_text(inp.target_name) if inp.target_name else ""
     out = [f"# Scaling-ladder report{': ' + name if name else ''}", ""]
     out += [f"- {_md_text(x)}" for x in lines] or ["- nothing to report: no artifacts given"]
+    from reports.metrics import panel_rows
+    pr_rows = panel_rows(inp)
+    if pr_rows:
+        out += ["", "## Every registered metric (largest residual first)", "",
+                _md_table(pr_rows)]
     fr = forecast_rows(inp)
     if fr:
         out += ["", f"## Forecast vs actual ({inp.metric})", "", _md_table(fr)]

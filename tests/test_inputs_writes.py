@@ -174,8 +174,9 @@ def test_number(value, kw, ok):
 
 def test_verify_calls_a_newer_schema_newer_not_modified(tmp_path, prereg_path, capsys):
     doc = json.loads(prereg_path.read_text())
-    doc["schema"] = "prereg/3"   # prereg/2 exists (an amendment at a step, issue 27)
-    p = tmp_path / "v3.json"
+    doc["schema"] = "prereg/4"   # prereg/2 (an amendment at a step, issue 27) and prereg/3 (several
+    #                              metrics, issue 23) exist
+    p = tmp_path / "v4.json"
     p.write_text(json.dumps(doc))
     assert main(["verify", str(p)]) == 65
     err = capsys.readouterr().err

@@ -28,6 +28,12 @@ def check(prereg: Mapping | PreregView, points: Batch | Iterable[Mapping], state
     """
     import copy
 
+    from predict.watch import multi
+    if isinstance(prereg, multi.MultiView) or multi.is_multi(prereg):
+        mv = prereg if isinstance(prereg, multi.MultiView) else multi.MultiView.of(prereg)
+        batch = points if isinstance(points, Batch) else Batch.from_rows(points)
+        return multi.check_multi(mv, batch, state, now=_time.time() if now is None else now,
+                                 single=check)
     view = prereg if isinstance(prereg, PreregView) else PreregView.of(prereg)
     st = copy.deepcopy(state) if state else new_state()
     now = _time.time() if now is None else float(now)
@@ -80,7 +86,10 @@ def check(prereg: Mapping | PreregView, points: Batch | Iterable[Mapping], state
 def stalled_check(prereg, state: dict, *, now: float) -> CheckResult:
     """The stalled rule alone (called by the follower between polls that brought nothing)."""
     import copy
-    view = prereg if isinstance(prereg, PreregView) else PreregView.of(prereg)
+
+    from predict.watch import multi
+    view = prereg if isinstance(prereg, (PreregView, multi.MultiView)) else \
+        (multi.MultiView.of(prereg) if multi.is_multi(prereg) else PreregView.of(prereg))
     return check(view, Batch.empty(), copy.deepcopy(state), now=now)
 
 
