@@ -18,16 +18,18 @@ from predict.watch import WatchConfig, decision_rule_words
 log = logging.getLogger("ladder")
 
 
-def load_law_file(path: str):
-    """The law object of ``fit.load_law`` (imported here: fit is only needed when forecasting)."""
+def load_law_file(path: str, *, every_metric: bool = False):
+    """The law object of ``fit.load_law`` or, with ``every_metric``, ``{metric key: law}`` of
+    ``fit.load_laws`` (one for a single-metric file). fit is imported here: it is only needed
+    when forecasting."""
     try:
-        from fit import load_law
+        from fit import load_law, load_laws
     except ImportError as e:
         raise InputError(f"the fit package cannot load laws here ({e})", path=path,
                          exit_code=69) from None
     if not Path(path).exists():
         raise InputError("no such file", path=path, exit_code=66)
-    return load_law(path)
+    return load_laws(path) if every_metric else load_law(path)
 
 
 def parse_requires(items: list[str]) -> dict:
@@ -186,7 +188,7 @@ def preregister_main(args) -> int:
                          "them from the amended file", field="--target" if args.law else "law",
                          exit_code=EX_USAGE)
     amends = pr.amendment(args.amend, args.reason) if args.amend else None
-    laws = load_laws_file(args.law)
+    laws = load_law_file(args.law, every_metric=True)
     if len(laws) > 1 and getattr(args, "wandb", False):
         raise InputError("--wandb logs one metric's forecast; a multi-metric law.json is "
                          "registered without it (or register each metric alone)",
@@ -212,18 +214,6 @@ def preregister_main(args) -> int:
                          f"{len(doc['forecast'])} points (its terms overflow float64 at the "
                          f"target); nothing registered", path=args.law, field="fit.u")
     return _write_and_say(args, out, doc, amends)
-
-
-def load_laws_file(path: str) -> dict:
-    """{metric key: law} of a law.json (one for a single-metric file; ``fit.load_laws``)."""
-    try:
-        from fit import load_laws
-    except ImportError as e:
-        raise InputError(f"the fit package cannot load laws here ({e})", path=path,
-                         exit_code=69) from None
-    if not Path(path).exists():
-        raise InputError("no such file", path=path, exit_code=66)
-    return load_laws(path)
 
 
 def _scheduled(law, args):
