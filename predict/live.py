@@ -38,7 +38,6 @@ from predict import prereg as _prereg
 from predict.watch import (Alert, Batch, CheckResult, PreregView, check, exit_code_for, new_state,
                            watched_keys)
 from predict.watch.alerts import check_state
-from predict.watch.batch import KeyFilter
 
 STATE_SCHEMA = "watch-state/1"
 # what a user does about a damaged state file (said with every field error): the watch is then
@@ -191,42 +190,26 @@ class Watcher:
     def _use(self, doc: dict, *, description: str) -> None:
         from predict.watch.multi import MultiView, is_multi
         self.multi = is_multi(doc)
-        if self.multi:
-            if self.metric_override:
-                raise InputError("--metric renames the source key of a single-metric "
-                                 "pre-registration; this one registers "
-                                 f"{len(doc.get('metrics') or [])} metrics, judged by their "
-                                 "own keys", field="--metric", exit_code=64)
-            self.doc = doc
-            try:
-                self.view = MultiView.of(doc)
-            except (KeyError, ValueError, TypeError, IndexError) as e:
-                raise InputError(f"not a usable pre-registration ({type(e).__name__}: {e})",
-                                 path=self.prereg_path, field="forecasts") from None
-            self.description = description
-            fixed: set = set()
-            prefixes: tuple = ()
-            for v in self.view.views.values():
-                keep, _ = watched_keys(v.metric, v.config)
-                fixed |= keep.fixed
-                prefixes = keep.prefixes
-            self.keep = KeyFilter(frozenset(fixed), prefixes)
-            self.keys = sorted(fixed)
-            self.context = {"prereg_sha256": doc.get("sha256"),
-                            "target": (doc.get("target") or {}).get("name"),
-                            "metric": self.view.metric}
-            return
+        if self.multi and self.metric_override:
+            raise InputError("--metric renames the source key of a single-metric "
+                             "pre-registration; this one registers "
+                             f"{len(doc.get('metrics') or [])} metrics, judged by their "
+                             "own keys", field="--metric", exit_code=64)
         if self.metric_override:
             doc = dict(doc)
             doc["metric"] = self.metric_override
         self.doc = doc
+        view_of, field = ((MultiView.of, "forecasts") if self.multi else
+                          (PreregView.of, "decision_rule"))
         try:
-            self.view = PreregView.of(doc)
+            self.view = view_of(doc)
         except (KeyError, ValueError, TypeError, IndexError) as e:
             raise InputError(f"not a usable pre-registration ({type(e).__name__}: {e})",
-                             path=self.prereg_path, field="decision_rule") from None
+                             path=self.prereg_path, field=field) from None
         self.description = description
-        self.keep, self.keys = watched_keys(self.view.metric, self.view.config)  # from RULES
+        # the keys the rules read (from RULES), of every registered metric
+        self.keep, self.keys = watched_keys(self.view.metrics if self.multi else
+                                            self.view.metric, self.view.config)
         self.context = {"prereg_sha256": doc.get("sha256"),
                         "target": (doc.get("target") or {}).get("name"),
                         "metric": self.view.metric}

@@ -20,7 +20,6 @@ own column (and the alignment keys).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 from collections.abc import Mapping
@@ -164,10 +163,10 @@ def check_multi(mv: MultiView, batch: Batch, state: dict | None, *, now: float,
     column only. Each alert about a metric carries ``metric`` and its message starts with it.
     ``single``: the single-metric check (``predict.watch.judge.check``, which calls this one:
     passed in, so that the two modules do not import each other)."""
-    check = single
     keys = mv.metrics
-    st = copy.deepcopy(state) if state and state.get("schema") == STATE_SCHEMA else \
-        new_multi_state(keys)
+    # a copy of the top level only: each metric's state is copied by its single check
+    st = dict(state) if state and state.get("schema") == STATE_SCHEMA else new_multi_state(keys)
+    st["metrics"] = dict(st["metrics"])
     for k in keys:
         st["metrics"].setdefault(k, new_state())
     alerts: list[Alert] = []
@@ -175,7 +174,7 @@ def check_multi(mv: MultiView, batch: Batch, state: dict | None, *, now: float,
         sub = batch if i == 0 else _own_columns(batch, k)
         if i > 0 and not len(sub):
             continue  # the stalled rule is the first metric's (the run's, said once)
-        res = check(mv.views[k], sub, st["metrics"][k], now=now)
+        res = single(mv.views[k], sub, st["metrics"][k], now=now)
         st["metrics"][k] = res.state
         alerts += [a if (i == 0 and a.kind not in _METRIC_KINDS) else _named(a, k)
                    for a in res.alerts]

@@ -6,7 +6,7 @@ The watcher's key filter (:func:`watched_keys`), the pre-registration's
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from predict.watch.batch import KeyFilter
@@ -146,13 +146,16 @@ def rule(name: str) -> Rule:
     raise KeyError(name)
 
 
-def watched_keys(metric: str, config: WatchConfig | None = None) -> tuple[KeyFilter, list[str]]:
-    """The key filter of a source (which keys the rules read) and its fixed keys, sorted."""
+def watched_keys(metric: str | Sequence[str],
+                 config: WatchConfig | None = None) -> tuple[KeyFilter, list[str]]:
+    """The key filter of a source (which keys the rules read) and its fixed keys, sorted;
+    ``metric`` one key, or the keys of a multi-metric watch (the union of what each reads)."""
     cfg = config or WatchConfig()
     fixed = set(ALIGN_KEYS)
     prefixes: list[str] = []
     for r in RULES:
-        fixed.update(r.reads(metric, cfg))
+        for m in ([metric] if isinstance(metric, str) else metric):
+            fixed.update(r.reads(m, cfg))
         prefixes += [p for p in r.prefixes if p not in prefixes]
     return KeyFilter(frozenset(fixed), tuple(prefixes)), sorted(fixed)
 
