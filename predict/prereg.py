@@ -106,10 +106,7 @@ def build(*, target: dict, applicability: dict, metric: str, law: dict, forecast
     }
     if change is not None:
         doc["change"] = change
-    doc = to_jsonable(doc)
-    doc["section_sha256"] = section_digests(doc)
-    doc["sha256"] = content_hash(doc)
-    return doc
+    return seal(doc)
 
 
 def build_multi(docs: Mapping[str, Mapping], *, family: dict) -> dict:
@@ -131,10 +128,7 @@ def build_multi(docs: Mapping[str, Mapping], *, family: dict) -> dict:
               "git_sha", "tool_version"):
         doc[k] = first.get(k)
     doc["decision_rule"] = {**dict(first["decision_rule"]), "family": family}
-    doc = to_jsonable(doc)
-    doc["section_sha256"] = section_digests(doc)
-    doc["sha256"] = content_hash(doc)
-    return doc
+    return seal(doc)
 
 
 def write_once(path: str | os.PathLike, doc: Mapping) -> Path:
@@ -261,8 +255,9 @@ def _known_version(doc: Mapping, path) -> None:
 
 
 def seal(doc: Mapping) -> dict:
-    """``doc`` with its ``section_sha256`` and ``sha256`` (re)computed (for tools and tests that
-    assemble a pre-registration by hand; :func:`build` does this for the command)."""
+    """``doc`` with its ``section_sha256`` and ``sha256`` (re)computed: how :func:`build` and
+    :func:`build_multi` finish a document, and what tools and tests that assemble one by hand
+    call."""
     out = to_jsonable(dict(doc))
     out.pop("sha256", None)
     out["section_sha256"] = section_digests(out)
