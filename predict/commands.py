@@ -208,21 +208,28 @@ def preregister_main(args) -> int:
                       requires=parse_requires(args.require), amends=amends,
                       run_config=run_config,
                       allow_no_band=getattr(args, "allow_no_band", False))
-    bad = [p for p in doc["forecast"] if not _finite(p.get("loss"))]
-    if bad or not _finite(doc["final"].get("loss")):
-        raise InputError(f"the law forecasts a non-finite loss at {len(bad)} of "
-                         f"{len(doc['forecast'])} points (its terms overflow float64 at the "
-                         f"target); nothing registered", path=args.law, field="fit.u")
+    _finite_forecast(doc, "the law", path=args.law, field="fit.u")
     return _write_and_say(args, out, doc, amends)
 
 
-def _scheduled(law, args):
-    """A curve law (mpl, momentum) forecasts a run from its LR schedule: the rung's."""
+def _finite_forecast(doc: dict, whose: str, *, path, field: str) -> None:
+    """Refuse a forecast with a non-finite loss (a law whose terms overflow float64 at the
+    target): nothing is registered."""
+    bad = [p for p in doc["forecast"] if not _finite(p.get("loss"))]
+    if bad or not _finite(doc["final"].get("loss")):
+        raise InputError(f"{whose} forecasts a non-finite loss at {len(bad)} of "
+                         f"{len(doc['forecast'])} points (its terms overflow float64 at the "
+                         f"target); nothing registered", path=path, field=field)
+
+
+def _scheduled(law, args, *, plan: str = "target", field: str = "--target-spec"):
+    """A curve law (mpl, momentum) forecasts a run from its LR schedule: the rung's (``plan``
+    and ``field``: what the refusal asks for when no rung is given)."""
     if getattr(law, "form", None) not in ("mpl", "momentum"):
         return law
     if not getattr(args, "target", None):
         raise InputError(f"a {law.form} law forecasts a run from its LR schedule: give the "
-                         f"target as --target LADDER:RUNG", field="--target-spec",
+                         f"{plan} as --target LADDER:RUNG", field=field,
                          exit_code=EX_USAGE)
     from predict.planned import ScheduledLaw
     return ScheduledLaw(law, target_rung(args.target))
@@ -246,11 +253,7 @@ def multi_prereg(args, laws: dict, amends: dict | None, *,
                         requires=parse_requires(args.require), amends=amends,
                         run_config=run_config, config=cfg,
                         allow_no_band=getattr(args, "allow_no_band", False))
-        bad = [p for p in d["forecast"] if not _finite(p.get("loss"))]
-        if bad or not _finite(d["final"].get("loss")):
-            raise InputError(f"the law of {key!r} forecasts a non-finite loss at {len(bad)} of "
-                             f"{len(d['forecast'])} points; nothing registered", path=args.law,
-                             field=f"laws.{key}")
+        _finite_forecast(d, f"the law of {key!r}", path=args.law, field=f"laws.{key}")
         docs[key] = d
     # the spike threshold is calibrated once per run: every document carries the same rule
     return pr.build_multi(docs, family=family)
@@ -366,13 +369,7 @@ def at_step_prereg(args, amends: dict, *, law=None) -> dict:
     elif law is None:
         from fit.law import law_from_json
         law = law_from_json(old["law"], path=args.amend)
-    if getattr(law, "form", None) in ("mpl", "momentum"):
-        if not getattr(args, "target", None):
-            raise InputError(f"a {law.form} law forecasts a run from its LR schedule: give the "
-                             f"plan from step S on as --target LADDER:RUNG", field="--target",
-                             exit_code=EX_USAGE)
-        from predict.planned import ScheduledLaw
-        law = ScheduledLaw(law, target_rung(args.target))
+    law = _scheduled(law, args, plan="plan from step S on", field="--target")
     noise = getattr(args, "eval_noise", None)
     if noise is None:
         noise = as_float((old.get("eval_noise") or {}).get("sigma")) or 0.0
@@ -545,15 +542,14 @@ def watch_main(args, *, live_page=None) -> int:
                              field="--wandb-alert", exit_code=EX_USAGE)
         u = raw_source.uri
         sinks.append(sk.WandbAlertSink(u.entity, u.project, u.run_ids[-1]))
-    if getattr(args, "wandb", False) and pr.load(pr.resolve_chain(
-            args.prereg, getattr(args, "amend_chain", None)).newest.path).get("schema") == \
-            pr.SCHEMA_V3:
-        raise InputError("--wandb logs one metric's residuals; a multi-metric pre-registration "
-                         "is watched without it", field="--wandb", exit_code=EX_USAGE)
     if getattr(args, "wandb", False):  # the residuals and alerts go to the watcher's own run
         from predict.wandb_home import TeeSource, WatchRunSink
         doc = pr.load(pr.resolve_chain(args.prereg, getattr(args, "amend_chain", None))
                       .newest.path)
+        if doc.get("schema") == pr.SCHEMA_V3:
+            raise InputError("--wandb logs one metric's residuals; a multi-metric "
+                             "pre-registration is watched without it", field="--wandb",
+                             exit_code=EX_USAGE)
         home = WatchRunSink(doc, entity=args.wandb_entity, project=args.wandb_project,
                             dir=str(Path(args.prereg).resolve().parent))
         sinks.append(home)
