@@ -132,13 +132,8 @@ def _fit_metric(args, metric: str | None, keymap, offline_points):
         first = f" (e.g. {dropped[0]})" if dropped else ""
         raise InputError(f"no usable points: every row was dropped{first}",
                          path=args.sources[0], field="loss")
-    res = fit_law(df, form=args.form, fix=_pairs(args.fix, "--fix", True),
-                  tie=_pairs(args.tie, "--tie", False), by=args.by,
-                  bootstrap=args.bootstrap, level=args.level, seed=args.seed,
-                  params_column=args.params_column, metric=df.attrs.get("metric"),
-                  objective=args.objective, prior=_priors(args.prior),
-                  asymptote_rule=not getattr(args, "free_asymptote", False),
-                  scale_weighting=not getattr(args, "equal_weights", False))
+    res = fit_law(df, form=args.form, by=args.by, metric=df.attrs.get("metric"),
+                  **_fit_options(args))
     with np.errstate(over="ignore"):  # a law beyond float64 is refused by _readable
         doc = res.to_json()
     if keymap is not None:  # another trainer's names (and FLOP convention) went in
@@ -150,6 +145,17 @@ def _fit_metric(args, metric: str | None, keymap, offline_points):
                                     f"count, not {conv.get('flops', 'flops-v1')})")
         doc["conventions"] = conv
     return res, df, doc
+
+
+def _fit_options(args) -> dict:
+    """The fitter's options from `ladder fit`'s arguments (fit.law.fit_law's keywords, which
+    fit.task.fit_task passes on to its step 1)."""
+    return {"fix": _pairs(args.fix, "--fix", True), "tie": _pairs(args.tie, "--tie", False),
+            "bootstrap": args.bootstrap, "level": args.level, "seed": args.seed,
+            "params_column": args.params_column, "objective": args.objective,
+            "prior": _priors(args.prior),
+            "asymptote_rule": not getattr(args, "free_asymptote", False),
+            "scale_weighting": not getattr(args, "equal_weights", False)}
 
 
 def _check_converged(args, res) -> None:
@@ -263,13 +269,8 @@ def _fit_task_main(args) -> int:
     where = args.sources[0] if len(args.sources) == 1 else ", ".join(args.sources)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        law = fit_task(df, args.via, acc, form=args.via_form, bootstrap=args.bootstrap,
-                       level=args.level, seed=args.seed, where=where,
-                       fix=_pairs(args.fix, "--fix", True), tie=_pairs(args.tie, "--tie", False),
-                       params_column=args.params_column, objective=args.objective,
-                       prior=_priors(args.prior),
-                       asymptote_rule=not getattr(args, "free_asymptote", False),
-                       scale_weighting=not getattr(args, "equal_weights", False))
+        law = fit_task(df, args.via, acc, form=args.via_form, where=where,
+                       **_fit_options(args))
     _print_warnings("fit", caught)
     as_json = getattr(args, "json", False)
     with np.errstate(over="ignore"):
