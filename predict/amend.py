@@ -60,6 +60,7 @@ ANCHOR_EVALS = 3        # the last evals at or before S that place the anchor (a
 # closest at 30% (where it was added, after the compute transition missed) and at 50% (a run it
 # was not chosen on): mean error after the switch 1.5% and 1.3% against 2.5% and 2.9%
 DEFAULT = "relax"
+DEFAULT_WIDTH = 0.05    # relax's width, a fraction of the run (fixed before either switch run)
 TRANSITIONS = {
     "compute": ("effective compute: after S each unit of compute counts M x k (M the recipe's "
                 "multiplier, k the tokens-per-step ratio of a new sequence length), so the "
@@ -193,7 +194,7 @@ def _z(level: float) -> float:
 
 def amended_forecast(old: Mapping, law, target, plan: Plan, evals: tuple[np.ndarray, np.ndarray],
                      *, level: float, eval_noise: float, every: float = 0.01,
-                     transition: str = DEFAULT, width: float = 0.05) -> dict:
+                     transition: str = DEFAULT, width: float = DEFAULT_WIDTH) -> dict:
     """The ``forecast`` rows, ``final`` and ``change`` section of an amendment at step S.
 
     ``old``: the amended pre-registration; ``law``/``target``: the law and the run as planned

@@ -378,7 +378,7 @@ def at_step_prereg(args, amends: dict, *, law=None) -> dict:
     body = am.amended_forecast(old, law, target, plan, evals, level=args.level,
                                eval_noise=noise,
                                transition=getattr(args, "transition", None) or am.DEFAULT,
-                               width=getattr(args, "transition_width", None) or 0.05)
+                               width=getattr(args, "transition_width", None) or am.DEFAULT_WIDTH)
     # the new plan as registered: its sequence length and (with one) the tokens and compute it
     # now spends; the applicability accepts the plan before S as well (a run's configuration
     # written before the change), and the watcher judges steps before S against the old steps
