@@ -163,8 +163,7 @@ def _table(df: pd.DataFrame, where: str, metric: str, requested: str | None = No
 def _long_rows(df: pd.DataFrame, rows: np.ndarray, where: str, requested: str | None):
     """A long table's rows of one metric key: (rows, their row numbers, the key). Without a
     requested key the table must hold one; several are refused (exit 64), never fitted as one."""
-    names = df["metric"].astype("string").str.strip()
-    keys = list(dict.fromkeys(k for k in names.dropna() if k))
+    names, keys = _metric_names(df["metric"])
     if requested is None:
         if len(keys) > 1:
             raise InputError(f"its 'metric' column holds {len(keys)} metrics "
@@ -220,9 +219,15 @@ def metric_keys(source, *, keymap=None) -> list[str]:
 def _table_keys(df: pd.DataFrame, where: str) -> list[str]:
     cols = [str(c).strip() for c in df.columns]
     if "metric" in cols:
-        names = df[df.columns[cols.index("metric")]].astype("string").str.strip()
-        return list(dict.fromkeys(k for k in names.dropna() if k))
+        return _metric_names(df[df.columns[cols.index("metric")]])[1]
     return [c for c in cols if c not in NOT_METRICS]
+
+
+def _metric_names(column: pd.Series) -> tuple[pd.Series, list[str]]:
+    """A long table's ``metric`` column stripped, and its distinct keys in order of first
+    appearance (blanks left out)."""
+    names = column.astype("string").str.strip()
+    return names, list(dict.fromkeys(k for k in names.dropna() if k))
 
 
 def expand_metrics(patterns, sources, *, keymap=None) -> list[str | None]:
