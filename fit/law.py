@@ -178,6 +178,11 @@ def law_from_json(obj: dict, *, path=None, metric: str | None = None) -> LawResu
     multi-metric file (law/2) holds one law per metric: ``metric`` picks one (required there); on
     a single-metric file it must be the law's own metric (fit.lawjson.select; refusals exit 64)."""
     inner, prefix = lawjson.select(obj, path=path, metric=metric)
+    return _read_one(inner, prefix, path)
+
+
+def _read_one(inner: dict, prefix: str, path) -> LawResult:
+    """One law/1 object read; its errors under ``prefix`` (``laws['KEY'].``, a law/2 file's)."""
     try:
         return LawResult.from_json(inner, path=path)
     except InputError as e:
@@ -191,7 +196,7 @@ def laws_from_json(obj: dict, *, path=None) -> dict[str, LawResult]:
     if laws is None:
         law = LawResult.from_json(obj, path=path)
         return {law.metric: law}
-    return {key: law_from_json(obj, path=path, metric=key) for key in laws}
+    return {key: _read_one(law, f"laws[{key!r}].", path) for key, law in laws.items()}
 
 
 def load_law(path, metric: str | None = None):
