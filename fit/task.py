@@ -43,6 +43,7 @@ from scipy.special import ndtri
 
 import fit.lawjson as lawjson
 from fit.law import fit_law
+from fit.solver import run_weights
 from fit.points import load_points
 from fit.prediction import Prediction
 from fit.report import parameter_lines
@@ -156,11 +157,10 @@ def task_tables(df: pd.DataFrame, via: str, metric: str, *, smooth: int = SMOOTH
 
 
 def _run_weights(runs: np.ndarray, rng, replicates: int) -> np.ndarray:
-    """Run-level Bayesian bootstrap: Dirichlet(1) weights over runs, scaled to mean 1, given to
-    each point of the run (replicates x points)."""
+    """Run-level Bayesian bootstrap (fit.solver.run_weights: Dirichlet(1) weights over runs,
+    scaled to mean 1), each given to every point of its run (replicates x points)."""
     uniq, idx = np.unique(runs, return_inverse=True)
-    w = rng.dirichlet(np.ones(len(uniq)), size=replicates) * len(uniq)
-    return w[:, idx]
+    return run_weights(rng, len(uniq), replicates)[:, idx]
 
 
 def extrapolation_rate(pairs: pd.DataFrame, anchor=ANCHOR) -> dict:
