@@ -506,7 +506,7 @@ def watch_main(args, *, live_page=None) -> int:
     reports, above predict: ``ladder.commands.watch_main`` passes it in)."""
     from predict import sinks as sk
     from predict.live import FollowConfig, Watcher
-    from predict.sources import WandbApiSource, open_source
+    from predict.sources import KeyMappedSource, WandbApiSource, open_source
 
     follow = FollowConfig(poll_seconds=args.poll, max_seconds=args.max_seconds)
     for flag, path in (("--alerts", args.alerts), ("--state", args.state)):
@@ -527,8 +527,7 @@ def watch_main(args, *, live_page=None) -> int:
     raw_source = source
     from ladder.keymap import load_keymap
     keymap = load_keymap(getattr(args, "keys", None))
-    if keymap is not None:  # another trainer's names (predict.keyed_source)
-        from predict.keyed_source import KeyMappedSource
+    if keymap is not None:  # another trainer's names
         source = KeyMappedSource(source, keymap)
     as_json = getattr(args, "json", False)
     sinks: list = [] if as_json else [sk.StdoutSink()]  # --json: alerts in the final object
@@ -569,18 +568,7 @@ def watch_main(args, *, live_page=None) -> int:
                     f"of '{registered}' (--metric names the source key holding the registered "
                     f"metric)")
     log.info(f"ladder watch: {w.description}; metric {w.view.metric}; source {args.source}")
-    server = None
-    if getattr(args, "serve", False):
-        if live_page is None:
-            raise InputError("--serve needs the live page of reports (run `ladder watch`)",
-                             field="--serve", exit_code=EX_USAGE)
-        def history():  # a fresh read of the run for the page of a restarted watcher
-            fresh = open_source(args.source)
-            if hasattr(fresh, "cache"):  # the watcher's own source keeps the column cache
-                fresh.cache = False
-            return KeyMappedSource(fresh, keymap) if keymap is not None else fresh
-        server = live_page(w, port=args.port, history=history)
-        log.warning(f"ladder watch: live page on {server.url}")
+    server = _serve(args, w, keymap, live_page)
     try:
         code = w.run(follow=args.follow)
     finally:
@@ -603,7 +591,7 @@ def watch_main(args, *, live_page=None) -> int:
 
 def _serve(args, w, keymap, live_page):
     """The ``--serve`` page of a watch (None without --serve)."""
-    from predict.sources import open_source
+    from predict.sources import KeyMappedSource, open_source
     if not getattr(args, "serve", False):
         return None
     if live_page is None:
@@ -612,10 +600,7 @@ def _serve(args, w, keymap, live_page):
 
     def history():  # a fresh read of the run for the page of a restarted watcher
         fresh = open_source(args.source)
-        if keymap is not None:
-            from predict.keyed_source import KeyMappedSource
-            return KeyMappedSource(fresh, keymap)
-        return fresh
+        return KeyMappedSource(fresh, keymap) if keymap is not None else fresh
     server = live_page(w, port=args.port, history=history)
     log.warning(f"ladder watch: live page on {server.url}")
     return server

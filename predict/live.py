@@ -35,6 +35,8 @@ from pathlib import Path
 
 from ladder.io import EX_USAGE, InputError, atomic_write_json, canonical_json, number, read_json
 from predict import prereg as _prereg
+from predict.sinks import Sink
+from predict.sources.base import Source
 from predict.watch import (Alert, Batch, CheckResult, PreregView, check, exit_code_for, new_state,
                            watched_keys)
 from predict.watch.alerts import check_state
@@ -136,10 +138,13 @@ def newest_of(chain) -> tuple[dict, str]:
 
 
 class Watcher:
-    """Watch one source against the newest valid pre-registration of a chain."""
+    """Watch one source against the newest valid pre-registration of a chain: ``source`` has the
+    shape of :class:`predict.sources.Source`, each sink that of :class:`predict.sinks.Sink`
+    (their defaults: no columnar read, no end of the run known, nothing to flush or close)."""
 
-    def __init__(self, prereg: str | os.PathLike | dict, source, sinks: Sequence = (),
-                 state_path: str | os.PathLike | None = None, *, metric: str | None = None,
+    def __init__(self, prereg: str | os.PathLike | dict, source: Source,
+                 sinks: Sequence[Sink] = (), state_path: str | os.PathLike | None = None, *,
+                 metric: str | None = None,
                  clock: Callable[[], float] = time.time, chain_every: float = 10.0,
                  sleep: Callable[[float], None] = time.sleep,
                  follow: FollowConfig | None = None, amend_chain: Sequence | None = None):
@@ -175,9 +180,8 @@ class Watcher:
         self.listeners: list[Callable] = []
         self._sent: set[tuple[str, str]] = set()  # (id, sink) handed to a sink by this process
         for s in self.sinks:  # the async webhook reports each delivery back
-            if hasattr(s, "on_delivered") and getattr(s, "on_delivered", None) is None:
-                s.on_delivered = functools.partial(self._delivered,
-                                                   name=getattr(s, "name", "sink"))
+            if s.asynchronous and s.on_delivered is None:
+                s.on_delivered = functools.partial(self._delivered, name=s.name)
 
     # ------------------------------------------------------------------ setup
     @property
@@ -288,14 +292,14 @@ class Watcher:
 
     # ------------------------------------------------------------------ delivery
     def _queue(self, alerts: list[Alert]) -> None:
-        names = [getattr(s, "name", type(s).__name__) for s in self.sinks]
+        names = [s.name for s in self.sinks]
         for a in alerts:
             aid = alert_id(self.doc.get("sha256"), self.seq, a)
             self.seq += 1
             self.outbox.append({"id": aid, "alert": a.to_dict(), "pending": list(names)})
 
     def _send_outbox(self) -> None:
-        by_name = {getattr(s, "name", type(s).__name__): s for s in self.sinks}
+        by_name = {s.name: s for s in self.sinks}
         for entry in list(self.outbox):
             alert = alert_from_dict(entry["alert"])
             ctx = {**self.context, "id": entry["id"]}
@@ -308,11 +312,10 @@ class Watcher:
                     continue  # in an async sink's queue already
                 self._sent.add((entry["id"], name))
                 sink.send(alert, ctx)
-                if not hasattr(sink, "on_delivered"):  # synchronous: taken on return
+                if not sink.asynchronous:  # taken on return
                     # a sink that skips ids it has (``idempotent``) may be sent an alert again
                     # after a kill; any other gets its delivery recorded at once
-                    self._delivered(entry["id"], name,
-                                    save=not getattr(sink, "idempotent", False))
+                    self._delivered(entry["id"], name, save=not sink.idempotent)
 
     def _delivered(self, aid: str, name: str, *, save: bool = True) -> None:
         with self._lock:
@@ -334,8 +337,7 @@ class Watcher:
             self._save_state()
             self.all_alerts.extend(alerts)
             for s in self.sinks:  # a sink that batches (the W&B watch run) writes this poll's
-                if hasattr(s, "flush"):
-                    s.flush()
+                s.flush()
 
     def _maybe_follow_chain(self, now: float) -> list[Alert]:
         if self.prereg_path is None or now - self._last_chain_check < self.chain_every:
@@ -363,9 +365,7 @@ class Watcher:
 
     def _read(self):
         try:
-            if hasattr(self.source, "poll_batch"):
-                return self.source.poll_batch(self.keys, self.keep)
-            return self.source.poll()
+            return self.source.poll_batch(self.keys, self.keep)
         except SourceError:
             raise
         except InputError as e:
@@ -456,7 +456,7 @@ class Watcher:
         if max_seconds is None:
             max_seconds = self.follow.max_seconds
         if poll_seconds is None:
-            poll_seconds = float(getattr(self.source, "poll_seconds", 1.0))
+            poll_seconds = float(self.source.poll_seconds)
         t0 = time.monotonic()
         try:
             if self.outbox:  # left over from a watcher that was stopped while sending
@@ -502,8 +502,7 @@ class Watcher:
             return self.exit_code
         finally:
             for s in self.sinks:
-                if hasattr(s, "close"):
-                    s.close()
+                s.close()
             self._save_state()
 
     def _fold_worst(self, a: Alert) -> None:
@@ -523,14 +522,11 @@ class Watcher:
         return t, stop
 
 
-def _finished(source) -> str | None:
+def _finished(source: Source) -> str | None:
     """What the source says about the run's end ("complete", "finished", ...), None if running
     or unknown; never raises (it is asked before every poll)."""
-    f = getattr(source, "finished", None)
-    if f is None:
-        return None
     try:
-        return f()
+        return source.finished()
     except Exception as e:  # noqa: BLE001 - unknown is not finished; the poll reports errors
         print(f"ladder watch: cannot tell whether the run finished ({type(e).__name__})",
               file=sys.stderr)

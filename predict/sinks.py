@@ -28,7 +28,37 @@ from ladder.io import EX_USAGE, InputError, append_text, open_input, to_jsonable
 from predict.watch import Alert
 
 
-class StdoutSink:
+class Sink:
+    """The shape of a place alerts go (``predict.live.Watcher`` asks for nothing else).
+
+    ``send(alert, context)`` hands over one alert (its id is ``context["id"]``). A synchronous
+    sink has taken it when ``send`` returns; an ``asynchronous`` one (the webhook) delivers later
+    and reports each delivery through ``on_delivered(alert_id)``, which the watcher sets when it
+    is None. An ``idempotent`` sink skips the ids it already has, so the watcher need not save its
+    state after every alert it takes (after a kill it may be sent one again). ``flush()`` comes
+    after every poll's alerts (a sink that batches writes them then), ``close()`` at the end of a
+    watch; both do nothing by default."""
+
+    idempotent = False
+    asynchronous = False
+    on_delivered: Callable[[str], None] | None = None
+
+    @property
+    def name(self) -> str:
+        """The sink's name in the watcher's outbox (a subclass names itself)."""
+        return type(self).__name__
+
+    def send(self, alert: Alert, context: dict) -> None:
+        raise NotImplementedError
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class StdoutSink(Sink):
     name = "stdout"
     # a restarted watcher prints a pending alert's line again in its own (new) output: not a
     # second delivery to any receiver, so no state write per line
@@ -42,7 +72,7 @@ class StdoutSink:
         print(alert.line(), file=stream, flush=True)
 
 
-class JsonlSink:
+class JsonlSink(Sink):
     """Append one JSON object per alert (shared/DESIGN.md alert fields + the pre-registration's
     sha256, the target and the alert ``id``), flushed and fsynced so a crash loses nothing
     already raised; an id already in the file is not written again."""
@@ -154,7 +184,7 @@ def check_webhook_url(url: str) -> urllib.parse.SplitResult:
     return u
 
 
-class WebhookSink:
+class WebhookSink(Sink):
     """POST each alert as JSON to ``url`` (Slack-style receivers read ``text``), from a background
     thread, so a slow or dead receiver never blocks the watcher.
 
@@ -166,6 +196,7 @@ class WebhookSink:
     to clear its outbox)."""
 
     name = "webhook"
+    asynchronous = True
 
     def __init__(self, url: str, *, timeout: float = 5.0, max_tries: int = 6,
                  backoff: float = 1.0, max_backoff: float = 60.0,
@@ -292,7 +323,7 @@ def _drain(resp, limit: int, deadline: float) -> None:
         got += len(chunk)
 
 
-class WandbAlertSink:
+class WandbAlertSink(Sink):
     """``wandb.alert`` for alerts about a W&B run. It opens a separate small run in the watched
     run's project (job_type "watch"), so the watched run itself is never touched; ``wandb_module``
     is injectable for tests."""
@@ -335,7 +366,7 @@ class WandbAlertSink:
             print(f"ladder watch: wandb.alert failed ({type(e).__name__}: {e}); further W&B "
                   f"alerts are skipped", file=sys.stderr)
 
-    def close(self):
+    def close(self) -> None:
         if self._run is not None:
             try:
                 self._run.finish()

@@ -35,6 +35,8 @@ import numpy as np
 
 from ladder import wandbrun
 from ladder.io import InputError, as_float, sha256_file
+from predict.sinks import Sink
+from predict.sources.base import Poll, Source, SourceWrapper
 from predict.watch import SEVERITIES, Alert, Batch, PreregView, exit_code_for, row_fractions
 
 PREFIXES = ("forecast", "watch")
@@ -118,42 +120,40 @@ def log_forecast(doc: dict, path: str | Path, *, entity: str | None = None,
     return info
 
 
-class TeeSource:
+class TeeSource(SourceWrapper):
     """A watcher source passed through unchanged; every poll's eval rows of ``view.metric`` also go
     to ``on_evals(view, step, tokens, fraction, value)`` (numpy arrays), ``view`` being
     ``view_of()`` at that poll (the watcher's current pre-registration)."""
 
-    def __init__(self, source, view_of, on_evals):
-        self._source, self._view_of, self._on_evals = source, view_of, on_evals
+    def __init__(self, source: Source, view_of, on_evals):
+        super().__init__(source)
+        self._view_of, self._on_evals = view_of, on_evals
 
-    def __getattr__(self, name):
-        attr = getattr(self._source, name)
-        if name in ("poll", "poll_batch"):
-            def wrapped(*a, **kw):
-                p = attr(*a, **kw)
-                self._tee(p)
-                return p
-            return wrapped
-        return attr
+    def poll(self) -> Poll:
+        return self._tee(self._source.poll())
 
-    def _tee(self, p) -> None:
+    def poll_batch(self, keys, keep) -> Poll:
+        return self._tee(self._source.poll_batch(keys, keep))
+
+    def _tee(self, p: Poll) -> Poll:
         view: PreregView = self._view_of()
         b = p.batch if p.batch is not None else Batch.from_rows(p.rows, keys=[view.metric,
                                                                               "tokens",
                                                                               "progress"])
         y = b.cols.get(view.metric)
         if y is None or not len(b):
-            return
+            return p
         ok = np.isfinite(y)
         if ok.any():
             frac = row_fractions(view, b)
             self._on_evals(view, b.step[ok], b.col("tokens")[ok], frac[ok], y[ok])
+        return p
 
 
 ALERT_COLUMNS = ["time", "step", "fraction", "kind", "severity", "value", "expected", "message"]
 
 
-class WatchRunSink:
+class WatchRunSink(Sink):
     """The watcher's own W&B run: residuals at the watched run's steps, alerts as they come."""
 
     name = "wandb-watch"

@@ -519,8 +519,7 @@ class WatcherFeed:
                 src = make_source()
                 keys, keep = self.w.keys, self.w.keep
                 while True:
-                    p = src.poll_batch(keys, keep) \
-                        if hasattr(src, "poll_batch") else src.poll()
+                    p = src.poll_batch(keys, keep)
                     b = p.batch if p.batch is not None else \
                         Batch.from_rows(p.rows, keys=keys, keep=keep)
                     self.on_batch(self.w.view, b)

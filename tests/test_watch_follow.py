@@ -20,8 +20,8 @@ from helpers import write_jsonl
 from ladder.cli import main
 from predict import live
 from predict.live import Watcher
-from predict.sinks import JsonlSink, WebhookSink
-from predict.sources import JsonlSource, WandbApiSource, WandbOfflineSource
+from predict.sinks import JsonlSink, Sink, WebhookSink
+from predict.sources import JsonlSource, SourceWrapper, WandbApiSource, WandbOfflineSource
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,7 +44,7 @@ class Killed(BaseException):
     """A kill -9 at a chosen moment (BaseException: nothing in the watcher catches it)."""
 
 
-class Recorder:
+class Recorder(Sink):
     """A receiver that, like a real one given an id, keeps what it got (and counts repeats)."""
 
     name = "recorder"
@@ -139,7 +139,7 @@ def test_state_is_saved_before_the_alerts_go_out(tmp_path, prereg_path):
     state = tmp_path / "state.json"
     seen = []
 
-    class Peek:
+    class Peek(Sink):
         name = "peek"
 
         def send(self, alert, context):
@@ -272,28 +272,18 @@ def test_kill_with_a_slow_webhook_then_restart_delivers_each_alert_once(tmp_path
 # ------------------------------------------------------------------ follow
 
 
-class Flaky:
+class Flaky(SourceWrapper):
     """A source that fails ``n`` times (OSError, as a vanished NFS file) and then reads."""
 
-    poll_seconds = 1.0
-
     def __init__(self, inner, n):
-        self.inner, self.n = inner, n
+        super().__init__(inner)
+        self.n = n
 
     def poll_batch(self, *a, **kw):
         if self.n:
             self.n -= 1
             raise OSError(5, "Input/output error")
-        return self.inner.poll_batch(*a, **kw)
-
-    def position(self):
-        return self.inner.position()
-
-    def restore(self, pos):
-        self.inner.restore(pos)
-
-    def finished(self):
-        return self.inner.finished()
+        return self._source.poll_batch(*a, **kw)
 
 
 def _finished_run(tmp_path):
@@ -466,10 +456,10 @@ def test_offline_lineage_reads_every_segment_incrementally(tmp_path, monkeypatch
     got = src.poll()
     assert sorted({r["step"] for r in got.rows}) == list(range(1, 251))
     assert src.finished() is None
-    from predict import sources
+    from predict.sources import wandb as wandb_sources
     calls = []
-    real = sources.decode_wandb_file
-    monkeypatch.setattr(sources, "decode_wandb_file",
+    real = wandb_sources.decode_wandb_file
+    monkeypatch.setattr(wandb_sources, "decode_wandb_file",
                         lambda p, start=0: calls.append((p.parent.name, start)) or real(p, start))
     size = segs[2].stat().st_size
     _wandb_log(segs[2], _records(rs[250:], num0=51, exit_=True))

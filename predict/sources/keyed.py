@@ -10,26 +10,19 @@ the path) is the wrapped source's.
 
 from __future__ import annotations
 
-import functools
-
+from predict.sources.base import Poll, Source, SourceWrapper
 from predict.watch.batch import KeyFilter
 
 
-class KeyMappedSource:
-    def __init__(self, source, keymap):
-        self._source = source
+class KeyMappedSource(SourceWrapper):
+    def __init__(self, source: Source, keymap):
+        super().__init__(source)
         self.keymap = keymap
 
-    def __getattr__(self, name):
-        attr = getattr(self._source, name)  # AttributeError when the source has none
-        if name == "poll_batch":  # only a source with a columnar read has one (the watcher asks)
-            return functools.partial(self._poll_batch, attr)
-        return attr
-
-    def poll(self):
+    def poll(self) -> Poll:
         return self._mapped(self._source.poll())
 
-    def _poll_batch(self, inner, keys, keep, **kw):
+    def poll_batch(self, keys, keep) -> Poll:
         km = self.keymap
         their_keys = None if keys is None else sorted(set(km.source_keys(keys)) | set(keys))
         if isinstance(keep, KeyFilter):
@@ -40,9 +33,9 @@ class KeyMappedSource:
         else:  # any other filter: asked about our name of a key
             back = {t: o for o, t, _ in km.entries}
             their_keep = _Back(keep, back)
-        return self._mapped(inner(their_keys, their_keep, **kw))
+        return self._mapped(self._source.poll_batch(their_keys, their_keep))
 
-    def _mapped(self, p):
+    def _mapped(self, p: Poll) -> Poll:
         p.rows = [self.keymap.row(r) for r in p.rows]
         if p.batch is not None:
             self.keymap.batch(p.batch)
