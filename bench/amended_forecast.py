@@ -59,7 +59,7 @@ def main(argv=None) -> int:
                     help="the law the amendment is forecast with")
     args = ap.parse_args(argv)
     from predict import prereg as pr
-    from predict.commands import make_prereg
+    from predict.prereg import make_prereg
     from predict.forecast import Target
 
     demo = Path(args.demo)

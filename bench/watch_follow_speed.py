@@ -51,7 +51,7 @@ def target_and_prereg(lines: int):
     """The synthetic truth, a target of ``lines`` steps and its pre-registration."""
     from predict import forecast as fc
     from predict import synthetic as sy
-    from predict.commands import make_prereg
+    from predict.prereg import make_prereg
     truth = sy.Truth()
     base = sy.ladder_targets(8, ratio=2.5, steps0=80)[7]
     target = fc.Target(name="big", params=base.params, active_params=base.active_params,

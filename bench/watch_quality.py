@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from predict import forecast as fc
 from predict import synthetic as sy
-from predict.commands import make_prereg
+from predict.prereg import make_prereg
 from predict.watch import PreregView, WatchConfig, check
 
 METRIC = "eval_dropless/loss"

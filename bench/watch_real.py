@@ -24,7 +24,8 @@ import numpy as np  # noqa: E402
 
 from ladder.io import as_float, read_json, read_metrics  # noqa: E402
 from predict import forecast as fc  # noqa: E402
-from predict.commands import load_law_file, make_prereg  # noqa: E402
+from predict.commands import load_law_file  # noqa: E402
+from predict.prereg import make_prereg  # noqa: E402
 from predict.watch import PreregView, WatchConfig, check  # noqa: E402
 from predict.watch.rules.health import _rolling_median  # noqa: E402
 

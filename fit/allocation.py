@@ -148,7 +148,7 @@ def isoflop_approach2(df: pd.DataFrame, *, budget: str = "compute", size: str = 
     for c, g in groups:
         x = np.log(g[size].to_numpy())
         y = g[loss].to_numpy()
-        vx, vy, ok = _vertex(*_window(x, y, window_octaves))
+        vx, vy, ok = _vertex(*window(x, y, window_octaves))
         lo, hi = x.min(), x.max()
         span = hi - lo
         off = (not ok) or vx < lo + 0.2 * span or vx > hi - 0.2 * span
@@ -172,7 +172,7 @@ def isoflop_approach2(df: pd.DataFrame, *, budget: str = "compute", size: str = 
         xs, ys = [], []
         for c, g in groups:
             idx = rng.integers(0, len(g), len(g))
-            vx, _, good = _vertex(*_window(np.log(g[size].to_numpy()[idx]),
+            vx, _, good = _vertex(*window(np.log(g[size].to_numpy()[idx]),
                                            g[loss].to_numpy()[idx], window_octaves))
             if good:
                 xs.append(math.log(c))
@@ -189,7 +189,7 @@ def isoflop_approach2(df: pd.DataFrame, *, budget: str = "compute", size: str = 
                          level=level, budgets=table, warnings=tuple(notes))
 
 
-def _window(x, y, octaves):
+def window(x, y, octaves):
     if octaves is None:
         return x, y
     i = int(np.argmin(y))

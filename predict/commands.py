@@ -13,7 +13,8 @@ from ladder.io import (EX_DATAERR, EX_USAGE, InputError, as_float, check_writabl
                        number, open_input, read_json, to_jsonable)
 from predict import forecast as fc
 from predict import prereg as pr
-from predict.watch import WatchConfig, decision_rule_words
+from predict.prereg import make_prereg
+from predict.watch import WatchConfig
 
 log = logging.getLogger("ladder")
 
@@ -64,80 +65,6 @@ def resolve_target(args) -> fc.Target:
         return fc.Target.from_rung(target_rung(args.target))
     spec = read_json(args.target_spec)
     return fc.Target.from_spec(spec, path=args.target_spec)
-
-
-def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None = None,
-                eval_noise: float | None = None, data_tag: str | None = None,
-                requires: dict | None = None, config: WatchConfig | None = None,
-                amends: dict | None = None, created: str | None = None,
-                run_config: dict | None = None, allow_no_band: bool = False) -> dict:
-    """The pre-registration document for ``target`` from ``law`` (library entry of the command).
-
-    ``run_config`` is the target rung's configuration (``Rung.to_dict()``): registered by value,
-    so the watcher compares a run's configuration key by key (and names the first that differs)
-    instead of a hash of its serialisation."""
-    metric = getattr(law, "metric", None) or "eval_dropless/loss"
-    noise_info = {"sigma": 0.0, "n": 0, "method": "none (no --runs, no --eval-noise)"}
-    health = None
-    cfg = config or WatchConfig()
-    calibration: dict = {}
-    if runs:
-        ladder_runs = fc.read_ladder_runs(runs)
-        if not ladder_runs:
-            raise InputError("no run directories (metrics.jsonl) found", path=runs,
-                             field="--runs")
-        health = fc.health_reference(ladder_runs)
-        # the spike threshold above the largest robust z-score of the ladder's healthy runs
-        spk = fc.calibrate_spike_k(ladder_runs, cfg.spike_window)
-        if spk["max_z"] is not None and math.isfinite(spk["max_z"]):
-            k = max(cfg.spike_k, cfg.spike_k_margin * spk["max_z"])
-            spk["spike_k"] = k
-            import dataclasses
-            cfg = dataclasses.replace(cfg, spike_k=round(k, 3))
-        calibration["spike_k"] = spk
-        calibration["envelope_tolerance"] = {
-            k: v.get("tolerance") for k, v in health["signals"].items()
-            if k in ("moe/router_entropy", "moe/load_max_over_mean", "moe/drop_frac")}
-        est = fc.eval_noise_from_runs(ladder_runs, metric)
-        if eval_noise is None:
-            if math.isfinite(est.sigma):
-                noise_info = est.to_dict()
-            else:
-                print(f"ladder preregister: no {metric} evals in {runs} to estimate eval noise; "
-                      f"the band leaves it out", file=sys.stderr)
-    if eval_noise is not None:
-        if not (math.isfinite(eval_noise) and eval_noise >= 0):
-            raise InputError(f"must be >= 0, got {eval_noise!r}", field="--eval-noise",
-                             exit_code=EX_USAGE)
-        noise_info = {"sigma": float(eval_noise), "n": 0, "method": "given (--eval-noise)"}
-    extrapolation = fc.extrapolation_error(law, target)
-    f = fc.forecast(law, target, level=level, eval_noise=noise_info["sigma"],
-                    extrapolation=0.0 if extrapolation.in_law_band else extrapolation.sigma_log)
-    import numpy as np
-    if not allow_no_band and not (np.isfinite(f.lo).any() and np.isfinite(f.hi).any()):
-        # a frozen, never-overwritable file whose band is all NaN can never judge anything
-        raise InputError("the law gives no band at any forecast point (all lo/hi NaN: e.g. no "
-                         "residual degrees of freedom); nothing written; refit with more runs "
-                         "or a --prior, or pass --allow-no-band", field="forecast.lo",
-                         exit_code=EX_DATAERR)
-    if not (np.isfinite(f.lo).all() and np.isfinite(f.hi).all()):
-        print("ladder preregister: WARNING the law could not compute a band for some points; "
-              "they are registered with lo/hi missing (NaN), and never judged as inside",
-              file=sys.stderr)
-    app = {"seq_len": target.seq_len, "steps": target.steps, "tokens": target.tokens,
-           "data_tag": data_tag, "config_hash": target.config_hash,
-           "require": dict(requires or {})}
-    if run_config is not None:
-        app["config"] = run_config
-    law_json = law.to_json()
-    return pr.build(target=target.to_dict(), applicability=app, metric=metric, law=law_json,
-                    forecast=f.points(), final=f.final, band_level=level,
-                    eval_noise=noise_info, extrapolation=extrapolation.to_dict(),
-                    decision_rule={"words": decision_rule_words(cfg, level),
-                                   "parameters": cfg.to_dict(),
-                                   "calibration": calibration or None},
-                    health_reference=health, budget_curve=fc.budget_curve(law, target),
-                    amends=amends, created=created)
 
 
 def preregister_main(args) -> int:
@@ -433,7 +360,7 @@ def verify_chain(path: str, *, expect: str | None = None, named=None) -> dict:
            "chain": None, "expected": expect, "lines": [v.report()]}
     if expect is not None:
         want = expect.strip().lower()
-        if not pr._sha(want):
+        if not pr.is_sha256(want):
             raise InputError("expected a sha256 (64 hex digits)", field="--expect",
                              exit_code=EX_USAGE)
         if v.stored != want:

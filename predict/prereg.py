@@ -1,4 +1,7 @@
-"""Pre-registration files (shared/DESIGN.md section 3): write once, verify, amend as a chain.
+"""Pre-registration files (shared/DESIGN.md section 3): made, written once, verified, amended as
+a chain. :func:`make_prereg` makes the document of a law's forecast for a target (the forecast on
+the target's grid, the eval noise, the decision rule and its calibration), :func:`build` seals it
+and :func:`write_once` writes it.
 
 The ``sha256`` field is the SHA-256 of :func:`ladder.io.canonical_json` of the document without
 that field. ``section_sha256`` holds one digest per top-level section (inside the hashed content),
@@ -22,8 +25,10 @@ checks a file against a digest kept elsewhere (the W&B artifact's, a ticket's).
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import os
 import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +37,8 @@ from typing import Any
 from ladder.io import (EX_CANTCREAT, EX_DATAERR, EX_USAGE, PREREG_MODE, InputError, append_text,
                        atomic_write_bytes, canonical_json, inside, loads, read_bytes, read_json,
                        safe_name, schema_version, sha256_of, to_jsonable)
+from predict import forecast as fc
+from predict.watch import WatchConfig, decision_rule_words
 
 SCHEMA = "prereg/1"
 # prereg/2: an amendment at a step (``change``: predict.amend); written only for those, so that a
@@ -107,6 +114,81 @@ def build(*, target: dict, applicability: dict, metric: str, law: dict, forecast
     if change is not None:
         doc["change"] = change
     return seal(doc)
+
+
+def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None = None,
+                eval_noise: float | None = None, data_tag: str | None = None,
+                requires: dict | None = None, config: WatchConfig | None = None,
+                amends: dict | None = None, created: str | None = None,
+                run_config: dict | None = None, allow_no_band: bool = False) -> dict:
+    """The pre-registration document for ``target`` from ``law`` (library entry of `ladder
+    preregister`; seal it with :func:`build`, as this does, and write it with :func:`write_once`).
+
+    ``run_config`` is the target rung's configuration (``Rung.to_dict()``): registered by value,
+    so the watcher compares a run's configuration key by key (and names the first that differs)
+    instead of a hash of its serialisation."""
+    metric = getattr(law, "metric", None) or "eval_dropless/loss"
+    noise_info = {"sigma": 0.0, "n": 0, "method": "none (no --runs, no --eval-noise)"}
+    health = None
+    cfg = config or WatchConfig()
+    calibration: dict = {}
+    if runs:
+        ladder_runs = fc.read_ladder_runs(runs)
+        if not ladder_runs:
+            raise InputError("no run directories (metrics.jsonl) found", path=runs,
+                             field="--runs")
+        health = fc.health_reference(ladder_runs)
+        # the spike threshold above the largest robust z-score of the ladder's healthy runs
+        spk = fc.calibrate_spike_k(ladder_runs, cfg.spike_window)
+        if spk["max_z"] is not None and math.isfinite(spk["max_z"]):
+            k = max(cfg.spike_k, cfg.spike_k_margin * spk["max_z"])
+            spk["spike_k"] = k
+            import dataclasses
+            cfg = dataclasses.replace(cfg, spike_k=round(k, 3))
+        calibration["spike_k"] = spk
+        calibration["envelope_tolerance"] = {
+            k: v.get("tolerance") for k, v in health["signals"].items()
+            if k in ("moe/router_entropy", "moe/load_max_over_mean", "moe/drop_frac")}
+        est = fc.eval_noise_from_runs(ladder_runs, metric)
+        if eval_noise is None:
+            if math.isfinite(est.sigma):
+                noise_info = est.to_dict()
+            else:
+                print(f"ladder preregister: no {metric} evals in {runs} to estimate eval noise; "
+                      f"the band leaves it out", file=sys.stderr)
+    if eval_noise is not None:
+        if not (math.isfinite(eval_noise) and eval_noise >= 0):
+            raise InputError(f"must be >= 0, got {eval_noise!r}", field="--eval-noise",
+                             exit_code=EX_USAGE)
+        noise_info = {"sigma": float(eval_noise), "n": 0, "method": "given (--eval-noise)"}
+    extrapolation = fc.extrapolation_error(law, target)
+    f = fc.forecast(law, target, level=level, eval_noise=noise_info["sigma"],
+                    extrapolation=0.0 if extrapolation.in_law_band else extrapolation.sigma_log)
+    import numpy as np
+    if not allow_no_band and not (np.isfinite(f.lo).any() and np.isfinite(f.hi).any()):
+        # a frozen, never-overwritable file whose band is all NaN can never judge anything
+        raise InputError("the law gives no band at any forecast point (all lo/hi NaN: e.g. no "
+                         "residual degrees of freedom); nothing written; refit with more runs "
+                         "or a --prior, or pass --allow-no-band", field="forecast.lo",
+                         exit_code=EX_DATAERR)
+    if not (np.isfinite(f.lo).all() and np.isfinite(f.hi).all()):
+        print("ladder preregister: WARNING the law could not compute a band for some points; "
+              "they are registered with lo/hi missing (NaN), and never judged as inside",
+              file=sys.stderr)
+    app = {"seq_len": target.seq_len, "steps": target.steps, "tokens": target.tokens,
+           "data_tag": data_tag, "config_hash": target.config_hash,
+           "require": dict(requires or {})}
+    if run_config is not None:
+        app["config"] = run_config
+    law_json = law.to_json()
+    return build(target=target.to_dict(), applicability=app, metric=metric, law=law_json,
+                    forecast=f.points(), final=f.final, band_level=level,
+                    eval_noise=noise_info, extrapolation=extrapolation.to_dict(),
+                    decision_rule={"words": decision_rule_words(cfg, level),
+                                   "parameters": cfg.to_dict(),
+                                   "calibration": calibration or None},
+                    health_reference=health, budget_curve=fc.budget_curve(law, target),
+                    amends=amends, created=created)
 
 
 def build_multi(docs: Mapping[str, Mapping], *, family: dict) -> dict:
@@ -356,7 +438,8 @@ class Chain:
 _HEX = frozenset("0123456789abcdef")
 
 
-def _sha(v) -> bool:
+def is_sha256(v) -> bool:
+    """``v`` is a sha256 as this module writes it (64 lowercase hex digits)."""
     return isinstance(v, str) and len(v) == 64 and set(v) <= _HEX
 
 
@@ -375,7 +458,7 @@ def read_chain_file(path: str | os.PathLike) -> list[dict]:
             raise InputError(f"line {i} is not a {CHAIN_SCHEMA} record", path=path,
                              field=f"line {i}")
         for key in ("amends", "sha256"):
-            if not _sha(rec.get(key)):
+            if not is_sha256(rec.get(key)):
                 raise InputError("expected a sha256 (64 hex digits)", path=path,
                                  field=f"line {i}.{key}")
         safe_name(rec.get("file"), field=f"line {i}.file", path=path, what="file name")
@@ -397,7 +480,7 @@ def _trusted(path: Path, named) -> list[dict]:
             continue
         doc = load(n)
         am = doc.get("amends")
-        if not isinstance(am, Mapping) or not _sha(am.get("sha256")):
+        if not isinstance(am, Mapping) or not is_sha256(am.get("sha256")):
             raise InputError("not an amendment (no amends.sha256)", path=n,
                              field="--amend-chain", exit_code=EX_USAGE)
         recs.append({"amends": am["sha256"], "sha256": doc["sha256"], "file": n.name,

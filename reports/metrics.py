@@ -19,7 +19,7 @@ import numpy as np
 from predict.prereg_view import ForecastBand, forecast_band
 from predict.watch.multi import is_multi, metric_doc
 from reports.inputs import ReportInputs, Series, alert_fraction
-from reports.style import FORECAST_COLOR, SEVERITY_COLORS, TARGET_COLOR
+from reports.style import FORECAST_COLOR, SEVERITY_COLORS, TARGET_COLOR, figure, percent_x
 
 LAST_EVALS = 5
 COLUMNS = 4
@@ -70,13 +70,12 @@ def panels(inp: ReportInputs) -> list[Panel]:
 
 def plot_metrics(inp: ReportInputs):
     """The small multiples, or None for a single-metric (or no) pre-registration."""
-    from reports.plots import _fig, _pct_x
     ps = panels(inp)
     if not ps:
         return None
     ncol = min(COLUMNS, len(ps))
     nrow = math.ceil(len(ps) / ncol)
-    fig = _fig(3.2 * ncol, 2.5 * nrow + 0.4)
+    fig = figure(3.2 * ncol, 2.5 * nrow + 0.4)
     axes = fig.subplots(nrow, ncol, squeeze=False, sharex=True)
     for ax, p in zip(axes.flat, ps, strict=False):
         b = p.band
@@ -111,7 +110,7 @@ def plot_metrics(inp: ReportInputs):
     for ax in list(axes.flat)[len(ps):]:
         ax.set_visible(False)
     for ax in axes[-1]:
-        _pct_x(ax)
+        percent_x(ax)
     fig.suptitle("Every registered metric: live curve (solid), frozen band, alerts "
                  "(lines); largest residual first", fontsize=10)
     return fig

@@ -31,6 +31,8 @@ from fit.forms import CURVES_FORMS
 from predict.watch import SEVERITIES, alert_kinds, health_alert_kinds
 from reports.inputs import ReportInputs, RunData, not_applicable_spans
 from reports.inputs import alert_fraction as _alert_fraction
+from reports.style import figure as _fig
+from reports.style import percent_x as _pct_x
 from reports.style import (
     FORECAST_COLOR,
     LAW_COLOR,
@@ -97,10 +99,6 @@ def _styled(func):
     return wrapper
 
 
-def _fig(w: float, h: float) -> Figure:
-    return Figure(figsize=(w, h), layout="constrained")
-
-
 def _plain_log_y(ax) -> None:
     """Log y axis labelled with plain numbers (losses 2.1, 2.5, 3 rather than 10^0.3). Within
     less than a decade, log locators give two or three ticks; there the ticks are chosen as
@@ -116,10 +114,6 @@ def _plain_log_y(ax) -> None:
         ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())
-
-
-def _pct_x(ax) -> None:
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0%}"))
 
 
 def _si_x(ax) -> None:

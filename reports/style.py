@@ -7,6 +7,8 @@ import math
 
 from matplotlib import colormaps
 from matplotlib.colors import to_hex
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 TARGET_COLOR = "#111111"      # the target (proxy hero) is black and thick in every plot
 FORECAST_COLOR = "#2b6cb0"    # the pre-registered forecast and its band
@@ -77,3 +79,13 @@ def pct(x: float | None, digits: int = 2) -> str:
         return "n/a"
     v = round(100 * x, digits)
     return f"{v + 0.0:+.{digits}f}%"  # + 0.0 turns -0.0 into 0.0 (no "-0.00%")
+
+
+def figure(w: float, h: float) -> Figure:
+    """A ``w`` x ``h`` inch figure laid out by matplotlib's constrained layout (every page's)."""
+    return Figure(figsize=(w, h), layout="constrained")
+
+
+def percent_x(ax) -> None:
+    """The x axis in percent (a fraction of the run)."""
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0%}"))

@@ -80,7 +80,7 @@ def watch_rows(fault: str = "none", at: float = 0.5, seed: int = 0) -> list[dict
 def write_watch_prereg(path: Path) -> Path:
     """The target's pre-registration (its law, eval noise 0.003) written once at ``path``."""
     from predict import prereg as pr
-    from predict.commands import make_prereg
+    from predict.prereg import make_prereg
 
     _, target, law, _ = watch_world()
     return pr.write_once(path, make_prereg(law, target, eval_noise=0.003))

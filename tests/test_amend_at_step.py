@@ -18,7 +18,8 @@ from helpers import run_cli, watch_world
 
 from ladder.io import InputError, read_json
 from predict import prereg as pr
-from predict.commands import at_step_prereg, make_prereg, watch_verdict
+from predict.commands import at_step_prereg, watch_verdict
+from predict.prereg import make_prereg
 from predict.live import Watcher
 from predict.sources import open_source
 

@@ -30,7 +30,7 @@ from fit.law import law_from_json
 from helpers import run_cli as _cli
 from ladder.io import EX_DATAERR, InputError, atomic_write_json, to_jsonable
 from predict import forecast as fc
-from predict.commands import make_prereg
+from predict.prereg import make_prereg
 from predict.watch import check
 
 FORMS = ("auto", "compute", "chinchilla", "trajectory", "moe")

@@ -16,7 +16,7 @@ from ladder.io import (InputError, append_text, atomic_write_json, atomic_write_
                        staged_dir)
 from predict import prereg as pr
 from predict import synthetic as sy
-from predict.commands import make_prereg
+from predict.prereg import make_prereg
 
 TARGET = sy.ladder_targets(4, steps0=150)[-1]
 LAW = sy.TruthLaw(sy.Truth(), run_sigma=0.005)

@@ -16,7 +16,7 @@ from ladder.io import InputError
 from ladder.keymap import load_keymap, parse_keymap
 from predict import prereg as pr
 from predict import synthetic as sy
-from predict.commands import make_prereg
+from predict.prereg import make_prereg
 
 TRUTH = sy.Truth()
 LAW = sy.TruthLaw(TRUTH, run_sigma=0.005)

@@ -13,7 +13,7 @@ import pytest
 
 from predict import forecast as fc
 from predict import synthetic as sy
-from predict.commands import make_prereg
+from predict.prereg import make_prereg
 from predict.watch import WatchConfig, check
 
 TRUTH = sy.Truth()

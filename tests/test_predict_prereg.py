@@ -12,7 +12,7 @@ from ladder.io import InputError, canonical_json, read_json
 from ladder.specs import LADDERS, resolve
 from predict import prereg as pr
 from predict import synthetic as sy
-from predict.commands import make_prereg
+from predict.prereg import make_prereg
 from predict.forecast import Target, combine_band, estimate_eval_noise, forecast, grid_fractions
 
 TRUTH = sy.Truth()

@@ -16,7 +16,7 @@ from helpers import watch_world, write_jsonl
 from ladder.cli import main
 from predict import prereg as pr
 from predict import synthetic as sy
-from predict.commands import make_prereg
+from predict.prereg import make_prereg
 from predict.live import Watcher
 from predict.sinks import WandbAlertSink, WebhookSink
 from predict.sources import CsvSource, JsonlSource, WandbApiSource, WandbOfflineSource, WandbUri

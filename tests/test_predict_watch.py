@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from predict import synthetic as sy
-from predict.commands import make_prereg
+from predict.prereg import make_prereg
 from predict.watch import Batch, WatchConfig, check, exit_code_for
 
 TRUTH = sy.Truth()

@@ -20,7 +20,7 @@ from conftest import chromium_dom
 from ladder.cli import main
 from predict import prereg as pr
 from predict import synthetic as sy
-from predict.commands import make_prereg
+from predict.prereg import make_prereg
 from predict.live import Watcher
 from predict.sources import JsonlSource
 from reports.live import Downsampled, LivePage

@@ -17,7 +17,7 @@ from ladder.wandbrun import forecast_run_id, resolve, watch_run_id
 from predict import forecast as fc
 from predict import prereg as pr
 from predict import synthetic as sy
-from predict.commands import make_prereg
+from predict.prereg import make_prereg
 from predict.sources import WandbOfflineSource, read_wandb_records
 from predict.watch import config_difference
 

@@ -15,7 +15,7 @@ from ladder.cli import main
 from ladder.wandbrun import band_keys, forecast_run_id, watch_run_id
 from predict import prereg as pr
 from predict import synthetic as sy
-from predict.commands import make_prereg
+from predict.prereg import make_prereg
 from predict.live import Watcher
 from predict.sources import JsonlSource
 from predict.wandb_home import TeeSource, WatchRunSink, log_forecast

@@ -14,7 +14,7 @@ import pytest
 from ladder.cli import main as cli_main
 from predict import prereg as pr
 from predict import synthetic as sy
-from predict.commands import make_prereg
+from predict.prereg import make_prereg
 from predict.live import Watcher
 from predict.sources import JsonlSource
 from predict.watch import RULES, WatchConfig, decision_rule_words, watched_keys
