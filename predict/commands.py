@@ -433,7 +433,7 @@ def watch_main(args, *, live_page=None) -> int:
     reports, above predict: ``ladder.commands.watch_main`` passes it in)."""
     from predict import sinks as sk
     from predict.live import FollowConfig, Watcher
-    from predict.sources import KeyMappedSource, WandbApiSource, open_source
+    from predict.sources import KeyMappedSource, open_source
 
     follow = FollowConfig(poll_seconds=args.poll, max_seconds=args.max_seconds)
     for flag, path in (("--alerts", args.alerts), ("--state", args.state)):
@@ -457,17 +457,7 @@ def watch_main(args, *, live_page=None) -> int:
     if keymap is not None:  # another trainer's names
         source = KeyMappedSource(source, keymap)
     as_json = getattr(args, "json", False)
-    sinks: list = [] if as_json else [sk.StdoutSink()]  # --json: alerts in the final object
-    if args.alerts:
-        sinks.append(sk.JsonlSink(args.alerts))
-    if webhook is not None:
-        sinks.append(webhook)
-    if args.wandb_alert:
-        if not isinstance(raw_source, WandbApiSource):
-            raise InputError("--wandb-alert needs a wandb://ENTITY/PROJECT/RUN_ID source",
-                             field="--wandb-alert", exit_code=EX_USAGE)
-        u = raw_source.uri
-        sinks.append(sk.WandbAlertSink(u.entity, u.project, u.run_ids[-1]))
+    sinks = _alert_sinks(args, raw_source, webhook, as_json=as_json)
     if getattr(args, "wandb", False):  # the residuals and alerts go to the watcher's own run
         from predict.wandb_home import TeeSource, WatchRunSink
         doc = pr.load(pr.resolve_chain(args.prereg, getattr(args, "amend_chain", None))
@@ -514,6 +504,25 @@ def watch_main(args, *, live_page=None) -> int:
                          f"read); keys seen: {source_keys(args.source) or 'none'}; name the "
                          "source key with --metric", field="--metric", exit_code=EX_DATAERR)
     return code
+
+
+def _alert_sinks(args, source, webhook, *, as_json: bool) -> list:
+    """Where `ladder watch`'s alerts go: stdout (not with ``--json``: the alerts are in its final
+    object), ``--alerts``, the ``webhook`` sink, ``--wandb-alert`` (of a W&B API ``source``)."""
+    from predict import sinks as sk
+    from predict.sources import WandbApiSource
+    sinks: list = [] if as_json else [sk.StdoutSink()]
+    if args.alerts:
+        sinks.append(sk.JsonlSink(args.alerts))
+    if webhook is not None:
+        sinks.append(webhook)
+    if args.wandb_alert:
+        if not isinstance(source, WandbApiSource):
+            raise InputError("--wandb-alert needs a wandb://ENTITY/PROJECT/RUN_ID source",
+                             field="--wandb-alert", exit_code=EX_USAGE)
+        u = source.uri
+        sinks.append(sk.WandbAlertSink(u.entity, u.project, u.run_ids[-1]))
+    return sinks
 
 
 def _serve(args, w, keymap, live_page):
