@@ -323,6 +323,23 @@ def _drain(resp, limit: int, deadline: float) -> None:
         got += len(chunk)
 
 
+def wandb_alert(connect: Callable[[], tuple[Any, Any]], title: str, alert: Alert) -> bool:
+    """``run.alert`` of ``alert`` under ``title`` at its severity's W&B level, ``connect()``
+    giving (the wandb module, the run); False, and one line on stderr, when W&B failed (the
+    sink then skips its W&B alerts: a sink never stops the watcher)."""
+    try:
+        wandb, run = connect()
+        levels = getattr(wandb, "AlertLevel", None)
+        level = None if levels is None else {"info": levels.INFO, "warn": levels.WARN,
+                                             "critical": levels.ERROR}[alert.severity]
+        run.alert(title=title, text=alert.message, level=level)
+        return True
+    except Exception as e:  # noqa: BLE001 - never let a sink stop the watcher
+        print(f"ladder watch: wandb.alert failed ({type(e).__name__}: {e}); further W&B "
+              f"alerts are skipped", file=sys.stderr)
+        return False
+
+
 class WandbAlertSink(Sink):
     """``wandb.alert`` for alerts about a W&B run. It opens a separate small run in the watched
     run's project (job_type "watch"), so the watched run itself is never touched; ``wandb_module``
@@ -338,7 +355,8 @@ class WandbAlertSink(Sink):
         self.min_rank = {"info": 0, "warn": 1, "critical": 2}[min_severity]
         self.failed = False
 
-    def _ensure(self):
+    def _connect(self):
+        """(the wandb module, the small run of the alerts), started at the first alert."""
         if self._run is None:
             wandb = self._wandb
             if wandb is None:
@@ -346,25 +364,14 @@ class WandbAlertSink(Sink):
                 wandb = self._wandb = _w
             self._run = wandb.init(entity=self.entity, project=self.project, job_type="watch",
                                    name=f"watch-{self.watched}", reinit=True)
-        return self._run
+        return self._wandb, self._run
 
     def send(self, alert: Alert, context: dict) -> None:
         rank = {"info": 0, "warn": 1, "critical": 2}[alert.severity]
         if rank < self.min_rank and alert.kind != "contingency" or self.failed:
             return
-        try:
-            run = self._ensure()
-            levels = getattr(self._wandb, "AlertLevel", None)
-            level = None
-            if levels is not None:
-                level = {"info": levels.INFO, "warn": levels.WARN,
-                         "critical": levels.ERROR}[alert.severity]
-            run.alert(title=f"{self.watched}: {alert.kind} ({alert.severity})",
-                      text=alert.message, level=level)
-        except Exception as e:  # noqa: BLE001 - never let a sink stop the watcher
-            self.failed = True
-            print(f"ladder watch: wandb.alert failed ({type(e).__name__}: {e}); further W&B "
-                  f"alerts are skipped", file=sys.stderr)
+        self.failed = not wandb_alert(self._connect,
+                                      f"{self.watched}: {alert.kind} ({alert.severity})", alert)
 
     def close(self) -> None:
         if self._run is not None:

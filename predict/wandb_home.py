@@ -27,7 +27,6 @@ its forecast with no hand-built chart.
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ import numpy as np
 
 from ladder import wandbrun
 from ladder.io import InputError, as_float, sha256_file
-from predict.sinks import Sink
+from predict.sinks import Sink, wandb_alert
 from predict.sources.base import Poll, Source, SourceWrapper
 from predict.watch import SEVERITIES, Alert, Batch, PreregView, exit_code_for, row_fractions
 
@@ -223,16 +222,8 @@ class WatchRunSink(Sink):
         at["watch/alert_severity"] = max(sev, at.get("watch/alert_severity", sev))
         if alert.severity == "info" and alert.kind != "contingency" or self.failed:
             return
-        try:
-            levels = getattr(self._wandb, "AlertLevel", None)
-            level = None if levels is None else {"info": levels.INFO, "warn": levels.WARN,
-                                                 "critical": levels.ERROR}[alert.severity]
-            self.run.alert(title=f"{self.metric}: {alert.kind} ({alert.severity})",
-                           text=alert.message, level=level)
-        except Exception as e:  # noqa: BLE001 - never let a sink stop the watcher
-            self.failed = True
-            print(f"ladder watch: wandb.alert failed ({type(e).__name__}: {e}); further W&B "
-                  f"alerts are skipped", file=sys.stderr)
+        self.failed = not wandb_alert(lambda: (self._wandb, self.run),
+                                      f"{self.metric}: {alert.kind} ({alert.severity})", alert)
 
     def flush(self) -> None:
         """Log what this poll brought, in step order: each eval and alert at its own step as

@@ -134,3 +134,42 @@ def test_positions_written_before_the_package_restore(tmp_path):
     assert (api.last_step, api.done_ids) == ({"b": 41}, ["a"])
     assert open_source(str(tmp_path / "later"), follow=True).path == \
         tmp_path / "later" / "metrics.jsonl"
+
+
+class FakeWandb:
+    """wandb as far as the alert sink uses it: ``init`` gives a run whose ``alert`` records (or,
+    with ``fail``, raises as an unreachable server does)."""
+
+    class AlertLevel:
+        INFO, WARN, ERROR = "INFO", "WARN", "ERROR"
+
+    def __init__(self, fail: bool = False):
+        self.fail, self.got, self.inits = fail, [], 0
+
+    def init(self, **kw):
+        self.inits += 1
+        return self
+
+    def alert(self, title, text, level):
+        if self.fail:
+            raise RuntimeError("server down")
+        self.got.append((title, text, level))
+
+
+def test_the_wandb_alert_sink_sends_at_the_level_and_stops_after_a_failure(capsys):
+    from predict.sinks import WandbAlertSink
+    from predict.watch import Alert
+    warn = Alert("t", 10, None, 0.5, "above_band", "warn", message="high")
+    info = Alert("t", 11, None, 0.5, "cleared", "info", message="back")
+    wb = FakeWandb()
+    sink = WandbAlertSink("e", "p", "run1", wandb_module=wb)
+    sink.send(info, {})
+    sink.send(warn, {})
+    assert wb.got == [("run1: above_band (warn)", "high", "WARN")] and not sink.failed
+    down = FakeWandb(fail=True)
+    sink = WandbAlertSink("e", "p", "run1", wandb_module=down)
+    sink.send(warn, {})
+    sink.send(warn, {})  # skipped: W&B failed once
+    assert sink.failed and down.inits == 1
+    err = capsys.readouterr().err
+    assert err.count("wandb.alert failed (RuntimeError: server down)") == 1

@@ -64,19 +64,12 @@ class SourceWrapper(Source):
 
     def __init__(self, source: Source):
         self._source = source
+        self.kind, self.poll_seconds = source.kind, source.poll_seconds  # a source's constants
 
-    def __getattr__(self, name):  # the wrapped source's own attributes (kind, path, uri...)
+    def __getattr__(self, name):  # the wrapped source's own attributes (path, uri...)
         if name == "_source":  # not yet set (unpickling): no recursion
             raise AttributeError(name)
         return getattr(self._source, name)
-
-    @property
-    def kind(self) -> str:
-        return self._source.kind
-
-    @property
-    def poll_seconds(self) -> float:
-        return self._source.poll_seconds
 
     def poll(self) -> Poll:
         return self._source.poll()
