@@ -35,8 +35,6 @@ from pathlib import Path
 
 from ladder.io import EX_USAGE, InputError, atomic_write_json, canonical_json, number, read_json
 from predict import prereg as _prereg
-from predict.sinks import Sink
-from predict.sources.base import Source
 from predict.watch import (Alert, Batch, CheckResult, PreregView, check, exit_code_for, new_state,
                            watched_keys)
 from predict.watch.alerts import check_state
@@ -142,9 +140,8 @@ class Watcher:
     shape of :class:`predict.sources.Source`, each sink that of :class:`predict.sinks.Sink`
     (their defaults: no columnar read, no end of the run known, nothing to flush or close)."""
 
-    def __init__(self, prereg: str | os.PathLike | dict, source: Source,
-                 sinks: Sequence[Sink] = (), state_path: str | os.PathLike | None = None, *,
-                 metric: str | None = None,
+    def __init__(self, prereg: str | os.PathLike | dict, source, sinks: Sequence = (),
+                 state_path: str | os.PathLike | None = None, *, metric: str | None = None,
                  clock: Callable[[], float] = time.time, chain_every: float = 10.0,
                  sleep: Callable[[float], None] = time.sleep,
                  follow: FollowConfig | None = None, amend_chain: Sequence | None = None):
@@ -522,7 +519,7 @@ class Watcher:
         return t, stop
 
 
-def _finished(source: Source) -> str | None:
+def _finished(source) -> str | None:
     """What the source says about the run's end ("complete", "finished", ...), None if running
     or unknown; never raises (it is asked before every poll)."""
     try:
