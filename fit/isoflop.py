@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from fit.allocation import _LOG_MAX, _vertex, window
+from fit.allocation import LOG_MAX, vertex, window
 from ladder.io import EX_DATAERR, InputError
 
 SCHEMA = "isoflop/1"
@@ -48,7 +48,7 @@ WINDOW_OCTAVES = 1.5         # the Approach 2 parabola's window (fit.allocation)
 def _exp(x: float) -> float:
     """exp(x), NaN where it is not finite or leaves float64 (a nearly flat parabola's vertex or
     a power law through two points can sit hundreds of e-folds away): not defined, no crash."""
-    return math.exp(x) if math.isfinite(x) and abs(x) <= _LOG_MAX else math.nan
+    return math.exp(x) if math.isfinite(x) and abs(x) <= LOG_MAX else math.nan
 
 
 @dataclass(frozen=True)
@@ -244,8 +244,8 @@ def _profiles(fits) -> pd.DataFrame:
     """Approach 2: per budget the vertex of its parabola in log N and in log D."""
     rows = []
     for f in fits:
-        vn, vy, okn = _vertex(*f["n"][:2])
-        vd, _, okd = _vertex(*f["d"][:2])
+        vn, vy, okn = vertex(*f["n"][:2])
+        vd, _, okd = vertex(*f["d"][:2])
         lo, hi = f["span"]
         off = (not okn) or vn < lo + 0.2 * (hi - lo) or vn > hi - 0.2 * (hi - lo)
         rows.append({"compute": f["compute"], "n_opt": _exp(vn) if okn else math.nan,
