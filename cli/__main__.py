@@ -1,7 +1,8 @@
-"""`python -m ladder`: the same command line as the `ladder` script."""
+"""`python -m cli` (and `python -m ladder`, through ladder/__main__.py): the same command line as
+the `ladder` script."""
 
 import sys
 
-from ladder.cli import main
+from cli.main import main
 
 sys.exit(main())
