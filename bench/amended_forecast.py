@@ -42,7 +42,7 @@ from ladder.specs import get_ladder  # noqa: E402
 
 
 def watch(prereg: Path, source: Path, alerts: Path) -> tuple[int, str]:
-    cmd = [sys.executable, "-m", "cli.main", "watch", str(prereg), "--source", str(source),
+    cmd = [sys.executable, "-m", "ladder", "watch", str(prereg), "--source", str(source),
            "--alerts", str(alerts)]
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     return p.returncode, (p.stdout + p.stderr).strip()

@@ -58,7 +58,7 @@ SWITCH_AT = 0.3
 
 
 def ladder(*args, ok=(0,)) -> str:
-    cmd = [sys.executable, "-m", "cli.main", *map(str, args)]
+    cmd = [sys.executable, "-m", "ladder", *map(str, args)]
     print("$ ladder " + " ".join(map(str, args)), file=sys.stderr, flush=True)
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
                        env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"})

@@ -106,7 +106,7 @@ def tree_rss(pid: int) -> int:
 def run_tokenize(corpus: Path, tok: Path, out: Path, processes: int,
                  kill_when=None) -> dict:
     """One `ladder tokenize` under /usr/bin/time -v; ``kill_when(out)`` -> True kills it."""
-    cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "cli.main", "-q", "tokenize",
+    cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "ladder", "-q", "tokenize",
            str(corpus), "--tokenizer", str(tok), "--out", str(out), "--processes",
            str(processes)]
     t = time.perf_counter()

@@ -228,7 +228,7 @@ def _plan_child(args) -> int:
     import os
     import subprocess
 
-    argv = [sys.executable, "-m", "cli.main", "plan", args.target, "--devices",
+    argv = [sys.executable, "-m", "ladder", "plan", args.target, "--devices",
             str(args.devices), "--compile", "--memory-per-device", repr(args.memory_per_device)]
     for flag in ("expert_parallel", "peak_flops", "mfu", "microbatch", "eval_batch",
                  "ladder_file"):

@@ -40,7 +40,7 @@ import argparse  # noqa: E402
 
 import pytest  # noqa: E402
 
-from ladder import demo  # noqa: E402
+from cli import demo  # noqa: E402
 from ladder.io import InputError  # noqa: E402
 
 

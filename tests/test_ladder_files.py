@@ -138,7 +138,7 @@ batch_units = 2
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "ladder", *args], cwd=ROOT,
                           capture_output=True, text=True, check=False)
 
 

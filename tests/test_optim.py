@@ -31,7 +31,7 @@ PUBLISHED = {"1.6B-A61M": (0.01582, 0.003651), "4.0B-A162M": (0.01441, 0.003326)
 
 
 def _list_json(ladder):
-    r = subprocess.run([sys.executable, "-m", "cli.main", "list", ladder, "--json"], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "ladder", "list", ladder, "--json"], cwd=ROOT,
                        capture_output=True, text=True, check=True)
     return json.loads(r.stdout)
 

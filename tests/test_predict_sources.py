@@ -392,7 +392,7 @@ def test_follow_judges_an_appended_line_within_a_second(tmp_path, prereg_path):
     alerts = tmp_path / "alerts.jsonl"
     state = tmp_path / "state.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "watch", str(prereg_path),
+    proc = subprocess.Popen([sys.executable, "-m", "ladder", "watch", str(prereg_path),
                              "--source", str(p), "--follow", "--poll", "0.1", "--alerts",
                              str(alerts), "--state", str(state), "--max-seconds", "60"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -115,7 +115,7 @@ def test_recipe_rungs_carry_capacity_115():
 def test_list_json_shows_the_switches():
     import json
 
-    out = subprocess.run([sys.executable, "-m", "cli.main", "list", "marin-535b", "--json"],
+    out = subprocess.run([sys.executable, "-m", "ladder", "list", "marin-535b", "--json"],
                          check=True, capture_output=True, text=True).stdout
     rows = json.loads(out)
     assert all(r["compute_extras"] > 0 for r in rows)

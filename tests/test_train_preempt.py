@@ -96,7 +96,7 @@ def test_ladder_run_exits_143_on_sigterm_and_resumes_identically(reference, tmp_
     s = read_json(run_dir / "summary.json", schema="run-summary")
     assert s["signal"] == "SIGTERM" and 10 <= s["step"] < RUNG.steps and s["step"] % 7
     assert _steps(run_dir / "checkpoints" / "rolling") == [s["step"]]
-    r = subprocess.run([sys.executable, "-m", "cli.main", *args, "--resume"], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "ladder", *args, "--resume"], cwd=ROOT,
                        capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 0, r.stderr
     rows = read_metrics(metrics)

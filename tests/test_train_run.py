@@ -97,7 +97,7 @@ def test_resume_reproduces_the_uninterrupted_run_bitwise(tiny_run, tmp_path):
 
 
 def _cli(*args, env=None, **kw):
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "ladder", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, check=False, **kw)
 
 
