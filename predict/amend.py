@@ -30,7 +30,8 @@ evidence at their fractions (before S the evidence is the old plan's law), so th
 passes through the run where it is, and keeps that ratio.
 
 The band holds two parts, registered apart per point (``lo_law``/``hi_law``, ``lo_change``/
-``hi_change``) and combined in quadrature in log space (``lo``/``hi``):
+``hi_change``) and combined in quadrature in log space (``lo``/``hi``; predict.band.amended_band,
+beside the other terms of a band):
 
 - **the law's**: the old band's relative half-width at f with its part at f_S removed (the anchor
   fixes the level at S: what is left is how wrong the law's *change* from S to f may be),
@@ -187,11 +188,6 @@ def effective_inputs(target, fraction: np.ndarray, f_s: float, scale: float) -> 
     return out
 
 
-def _z(level: float) -> float:
-    from scipy.special import ndtri
-    return float(ndtri(0.5 + level / 2))
-
-
 def amended_forecast(old: Mapping, law, target, plan: Plan, evals: tuple[np.ndarray, np.ndarray],
                      *, level: float, eval_noise: float, every: float = 0.01,
                      transition: str = DEFAULT, width: float = DEFAULT_WIDTH) -> dict:
@@ -203,7 +199,8 @@ def amended_forecast(old: Mapping, law, target, plan: Plan, evals: tuple[np.ndar
     "recipe" (the new recipe's law from step 0, shifted to the anchor) or "relax" (the old
     plan's curve relaxing to the new recipe's, exp(-(f - f_S) / ``width``) of the log gap left
     at f; both shifted to the anchor): the alternatives `bench/mixture_switch.py` measures."""
-    from predict.forecast import _predict, grid_fractions
+    from predict.band import amended_band, law_band, registered_half_widths
+    from predict.forecast import grid_fractions
     S = plan.at_step
     steps_new = int(target.steps)
     if not 1 <= S < steps_new:
@@ -237,15 +234,15 @@ def amended_forecast(old: Mapping, law, target, plan: Plan, evals: tuple[np.ndar
         tok = np.minimum(frac, f_s) + k * np.maximum(frac - f_s, 0.0)
         inp["compute"] = inp["compute"] * tok / np.maximum(frac, 1e-300)
         inp["tokens"] = inp["tokens"] * tok / np.maximum(frac, 1e-300)
-        return _predict(law, inp, level)
+        return law_band(law, inp, level)
 
     def evidence(frac, mult):
         if transition == "compute":
-            return _predict(law, effective_inputs(target, frac, f_s, mult * k), level)
+            return law_band(law, effective_inputs(target, frac, f_s, mult * k), level)
         if transition == "recipe":
             return recipe(frac, mult)
         frac = np.asarray(frac, float)
-        old_plan = _predict(law, effective_inputs(target, frac, f_s, k), level)[0]
+        old_plan = law_band(law, effective_inputs(target, frac, f_s, k), level)[0]
         new = recipe(frac, mult)[0]
         w = np.exp(-np.maximum(frac - f_s, 0.0) / width)
         loss = np.exp(np.log(new) + w * (np.log(old_plan) - np.log(new)))
@@ -263,33 +260,19 @@ def amended_forecast(old: Mapping, law, target, plan: Plan, evals: tuple[np.ndar
     lo_m, _, _ = evidence(g, m.hi)     # more compute-equivalent: lower loss
     hi_m, _, _ = evidence(g, m.lo)
     centre = c_loss * math.exp(offset)
-    # the old band's relative half-width at f (law + eval noise + extrapolation), its part at
-    # f_S taken out: the anchor fixed the level there
+    # the band (predict.band.amended_band): the old band's half-width at the same step (law +
+    # eval noise + extrapolation) with its part at f_S taken out, and the change's part
     from predict.prereg_view import forecast_band
-    band = forecast_band(old)
+    registered = forecast_band(old)
     old_steps = int(old["target"]["steps"])
-    def old_w(frac_new):   # old band half-width in log units at the same step
-        fo = np.clip(np.asarray(frac_new) * steps_new / old_steps, band.fraction[0],
-                     band.fraction[-1])
-        e = np.interp(fo, band.fraction, band.loss)
-        lo = np.interp(fo, band.fraction, band.lo)
-        hi = np.interp(fo, band.fraction, band.hi)
-        with np.errstate(all="ignore"):
-            return np.log(hi / e), np.log(e / lo)
-    up_f, down_f = old_w(g)
-    up_s, down_s = old_w(np.array([f_s]))
-    z = _z(level)
-    noise_log = eval_noise / float(np.exp(np.mean(np.log(a_vals)))) if eval_noise else 0.0
-    anchor_sd = noise_log / math.sqrt(a_steps.size)
-    extra = (z * anchor_sd) ** 2 + (z * noise_log) ** 2
-    law_up = np.sqrt(np.maximum(up_f ** 2 - up_s[0] ** 2, 0.0) + extra)
-    law_down = np.sqrt(np.maximum(down_f ** 2 - down_s[0] ** 2, 0.0) + extra)
-    # the change's part, at the band's level
-    scale = 1.0 if m.level in (None, level) else z / _z(m.level)
-    ch_down = np.maximum(np.log(c_loss / lo_m), 0.0) * scale
-    ch_up = np.maximum(np.log(hi_m / c_loss), 0.0) * scale
-    lo = centre * np.exp(-np.hypot(law_down, ch_down))
-    hi = centre * np.exp(np.hypot(law_up, ch_up))
+    up_f, down_f = registered_half_widths(registered, g * steps_new / old_steps)
+    up_s, down_s = registered_half_widths(registered, np.array([f_s]) * steps_new / old_steps)
+    band = amended_band(up_f, down_f, up_s[0], down_s[0], level=level, eval_noise=eval_noise,
+                        anchor_values=a_vals, evidence=c_loss, evidence_lo=lo_m,
+                        evidence_hi=hi_m, multiplier_level=m.level)
+    law_up, law_down = band.law_up, band.law_down
+    ch_up, ch_down = band.change_up, band.change_down
+    lo, hi = band.bounds(centre)
     # the rows: the old forecast before S (carried unchanged but for the fraction, which is
     # the new plan's), then the amended rows from S
     rows = []
@@ -309,9 +292,6 @@ def amended_forecast(old: Mapping, law, target, plan: Plan, evals: tuple[np.ndar
                      "lo_change": float(centre[i] * math.exp(-ch_down[i])),
                      "hi_change": float(centre[i] * math.exp(ch_up[i]))})
     final = {"loss": rows[-1]["loss"], "lo": rows[-1]["lo"], "hi": rows[-1]["hi"]}
-    share = float(np.hypot(ch_up[-1], ch_down[-1]) ** 2 /
-                  max(np.hypot(ch_up[-1], ch_down[-1]) ** 2
-                      + np.hypot(law_up[-1], law_down[-1]) ** 2, 1e-300))
     change = {
         "at_step": S, "fraction": f_s, "transition": transition,
         "transition_words": TRANSITIONS[transition].format(width=width),
@@ -322,8 +302,9 @@ def amended_forecast(old: Mapping, law, target, plan: Plan, evals: tuple[np.ndar
         "seq_len": {"before": int(old["target"]["seq_len"]),
                     "after": plan.seq_len or int(old["target"]["seq_len"])},
         "anchor": {"steps": a_steps.tolist(), "values": a_vals.tolist(),
-                   "log_ratio": offset, "log_ratios": ratios.tolist(), "sd_log": anchor_sd},
-        "final_band_share_of_change": share,
+                   "log_ratio": offset, "log_ratios": ratios.tolist(),
+                   "sd_log": band.anchor_sd},
+        "final_band_share_of_change": band.final_share_of_change,
         "carried_rows": sum(1 for r in rows if r.get("carried")),
         "amends_sha256": old.get("sha256"),
     }
