@@ -20,10 +20,10 @@ from ladder.cli import main as cli_main
 from ladder.specs import get_ladder
 from predict.prereg import seal
 from reports.commands import build_report
-from reports.inputs import load_inputs
+from reports.figdata import backtests, ladder_residuals
+from reports.inputs import load_inputs, not_applicable_spans
 from reports.page import render_html, render_summary
-from reports.plots import (backtests, ladder_residuals, not_applicable_spans, plot_law,
-                           plot_watch)
+from reports.plots import plot_law, plot_watch
 from reports.tables import forecast_rows, law_rows, param_intervals
 
 E, A, ALPHA = 1.5, 19.0, 0.1   # the synthetic truth
