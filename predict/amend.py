@@ -199,13 +199,11 @@ def amended_forecast(old: Mapping, law, target, plan: Plan, evals: tuple[np.ndar
     "recipe" (the new recipe's law from step 0, shifted to the anchor) or "relax" (the old
     plan's curve relaxing to the new recipe's, exp(-(f - f_S) / ``width``) of the log gap left
     at f; both shifted to the anchor): the alternatives `bench/mixture_switch.py` measures."""
-    from predict.band import amended_band, law_band, registered_half_widths
+    from predict.band import amended_band, registered_half_widths
     from predict.forecast import grid_fractions
     S = plan.at_step
     steps_new = int(target.steps)
-    if not 1 <= S < steps_new:
-        raise InputError(f"must be a step inside the run, 1..{steps_new - 1}, got {S}",
-                         field="--at-step", exit_code=EX_USAGE)
+    _check_plan(S, steps_new, transition, width)
     e_steps, e_vals = evals
     keep = (e_steps >= 1) & (e_steps <= S)
     e_steps, e_vals = e_steps[keep], e_vals[keep]
@@ -221,33 +219,8 @@ def amended_forecast(old: Mapping, law, target, plan: Plan, evals: tuple[np.ndar
     k = 1.0
     if plan.seq_len is not None:
         k = plan.seq_len / int(old["target"]["seq_len"])
-    if transition not in TRANSITIONS:
-        raise InputError(f"one of {', '.join(TRANSITIONS)}, got {transition!r}",
-                         field="--transition", exit_code=EX_USAGE)
-    if not (isinstance(width, (int, float)) and math.isfinite(width) and 0 < width <= 1):
-        raise InputError(f"must be in (0, 1] (a fraction of the run), got {width!r}",
-                         field="--transition-width", exit_code=EX_USAGE)
-
-    def recipe(frac, mult):  # the new recipe from step 0 (a seq_len change after S only)
-        frac = np.asarray(frac, float)
-        inp = effective_inputs(target, frac, 0.0, mult)
-        tok = np.minimum(frac, f_s) + k * np.maximum(frac - f_s, 0.0)
-        inp["compute"] = inp["compute"] * tok / np.maximum(frac, 1e-300)
-        inp["tokens"] = inp["tokens"] * tok / np.maximum(frac, 1e-300)
-        return law_band(law, inp, level)
-
-    def evidence(frac, mult):
-        if transition == "compute":
-            return law_band(law, effective_inputs(target, frac, f_s, mult * k), level)
-        if transition == "recipe":
-            return recipe(frac, mult)
-        frac = np.asarray(frac, float)
-        old_plan = law_band(law, effective_inputs(target, frac, f_s, k), level)[0]
-        new = recipe(frac, mult)[0]
-        w = np.exp(-np.maximum(frac - f_s, 0.0) / width)
-        loss = np.exp(np.log(new) + w * (np.log(old_plan) - np.log(new)))
-        return loss, loss, loss   # the law's band is taken from the old forecast (below)
-
+    evidence = _evidence(law, target, f_s=f_s, k=k, level=level, transition=transition,
+                         width=width)
     # the anchor: the run's last evals at or before S against the evidence there
     a_steps, a_vals = e_steps[-ANCHOR_EVALS:], e_vals[-ANCHOR_EVALS:]
     a_loss, _, _ = evidence(a_steps / steps_new, m.value)
@@ -270,27 +243,8 @@ def amended_forecast(old: Mapping, law, target, plan: Plan, evals: tuple[np.ndar
     band = amended_band(up_f, down_f, up_s[0], down_s[0], level=level, eval_noise=eval_noise,
                         anchor_values=a_vals, evidence=c_loss, evidence_lo=lo_m,
                         evidence_hi=hi_m, multiplier_level=m.level)
-    law_up, law_down = band.law_up, band.law_down
-    ch_up, ch_down = band.change_up, band.change_down
-    lo, hi = band.bounds(centre)
-    # the rows: the old forecast before S (carried unchanged but for the fraction, which is
-    # the new plan's), then the amended rows from S
-    rows = []
-    for r in old["forecast"]:
-        st = as_float(r.get("step"))
-        if st is None:
-            st = as_float(r.get("fraction")) * old_steps
-        if st < S:
-            rows.append({**r, "fraction": float(st) / steps_new, "carried": True})
     tok_eff = np.minimum(g, f_s) + k * np.maximum(g - f_s, 0.0)
-    for i, f in enumerate(g):
-        rows.append({"fraction": float(f), "step": int(round(f * steps_new)),
-                     "tokens": float(tok_eff[i] * target.tokens),
-                     "loss": float(centre[i]), "lo": float(lo[i]), "hi": float(hi[i]),
-                     "lo_law": float(centre[i] * math.exp(-law_down[i])),
-                     "hi_law": float(centre[i] * math.exp(law_up[i])),
-                     "lo_change": float(centre[i] * math.exp(-ch_down[i])),
-                     "hi_change": float(centre[i] * math.exp(ch_up[i]))})
+    rows = _rows(old, S, steps_new, g, tok_eff * target.tokens, centre, band)
     final = {"loss": rows[-1]["loss"], "lo": rows[-1]["lo"], "hi": rows[-1]["hi"]}
     change = {
         "at_step": S, "fraction": f_s, "transition": transition,
@@ -309,6 +263,70 @@ def amended_forecast(old: Mapping, law, target, plan: Plan, evals: tuple[np.ndar
         "amends_sha256": old.get("sha256"),
     }
     return {"forecast": rows, "final": final, "change": change}
+
+
+def _evidence(law, target, *, f_s: float, k: float, level: float, transition: str,
+              width: float):
+    """The evidence for the new plan: ``evidence(fractions, multiplier) -> (loss, lo, hi)``, the
+    law along the run as it now will be under ``transition`` (the module docstring)."""
+    from predict.band import law_band
+
+    def recipe(frac, mult):  # the new recipe from step 0 (a seq_len change after S only)
+        frac = np.asarray(frac, float)
+        inp = effective_inputs(target, frac, 0.0, mult)
+        tok = np.minimum(frac, f_s) + k * np.maximum(frac - f_s, 0.0)
+        inp["compute"] = inp["compute"] * tok / np.maximum(frac, 1e-300)
+        inp["tokens"] = inp["tokens"] * tok / np.maximum(frac, 1e-300)
+        return law_band(law, inp, level)
+
+    def evidence(frac, mult):
+        if transition == "compute":
+            return law_band(law, effective_inputs(target, frac, f_s, mult * k), level)
+        if transition == "recipe":
+            return recipe(frac, mult)
+        frac = np.asarray(frac, float)
+        old_plan = law_band(law, effective_inputs(target, frac, f_s, k), level)[0]
+        new = recipe(frac, mult)[0]
+        w = np.exp(-np.maximum(frac - f_s, 0.0) / width)
+        loss = np.exp(np.log(new) + w * (np.log(old_plan) - np.log(new)))
+        return loss, loss, loss   # the law's band is taken from the old forecast (below)
+    return evidence
+
+
+def _check_plan(S: int, steps: int, transition: str, width) -> None:
+    if not 1 <= S < steps:
+        raise InputError(f"must be a step inside the run, 1..{steps - 1}, got {S}",
+                         field="--at-step", exit_code=EX_USAGE)
+    if transition not in TRANSITIONS:
+        raise InputError(f"one of {', '.join(TRANSITIONS)}, got {transition!r}",
+                         field="--transition", exit_code=EX_USAGE)
+    if not (isinstance(width, (int, float)) and math.isfinite(width) and 0 < width <= 1):
+        raise InputError(f"must be in (0, 1] (a fraction of the run), got {width!r}",
+                         field="--transition-width", exit_code=EX_USAGE)
+
+
+def _rows(old: Mapping, S: int, steps_new: int, g: np.ndarray, tokens: np.ndarray,
+          centre: np.ndarray, band) -> list[dict]:
+    """The old forecast's rows before S (carried unchanged but for the fraction, which is the
+    new plan's), then the amended rows from S at fractions ``g`` with their band's parts."""
+    old_steps = int(old["target"]["steps"])
+    rows = []
+    for r in old["forecast"]:
+        st = as_float(r.get("step"))
+        if st is None:
+            st = as_float(r.get("fraction")) * old_steps
+        if st < S:
+            rows.append({**r, "fraction": float(st) / steps_new, "carried": True})
+    lo, hi = band.bounds(centre)
+    for i, f in enumerate(g):
+        rows.append({"fraction": float(f), "step": int(round(f * steps_new)),
+                     "tokens": float(tokens[i]),
+                     "loss": float(centre[i]), "lo": float(lo[i]), "hi": float(hi[i]),
+                     "lo_law": float(centre[i] * math.exp(-band.law_down[i])),
+                     "hi_law": float(centre[i] * math.exp(band.law_up[i])),
+                     "lo_change": float(centre[i] * math.exp(-band.change_down[i])),
+                     "hi_change": float(centre[i] * math.exp(band.change_up[i]))})
+    return rows
 
 
 def check_carried(old: Mapping, new: Mapping) -> None:

@@ -1,7 +1,9 @@
 """Loading the artifacts a report is drawn from: run directories, the law, the pre-registration
-and the alerts. Everything here reads files; nothing is recomputed (the one exception is the
-FLOP counter of ``ladder.counting``, reached through ``Rung.compute``, which turns "tokens so far"
-into "compute so far" exactly as the points table of the fitter does).
+and the alerts. Everything here reads files; nothing is refitted (the FLOP counter of
+``ladder.counting``, reached through ``Rung.compute``, turns "tokens so far" into "compute so far"
+exactly as the points table of the fitter does). What several parts of a report share is computed
+once from what was read (``ReportInputs.verdict``, ``ReportInputs.panels``); what each figure
+draws, in :mod:`reports.figdata`.
 
 Any artifact may be absent: the loaders return what exists and collect one line per missing or
 unusable piece in ``ReportInputs.notes``, which the report prints. A path the user named that does
