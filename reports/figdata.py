@@ -84,6 +84,10 @@ def law_follows_runs(inp: ReportInputs) -> bool:
                                 or law.is_curve)
 
 
+# The law is asked in two ways, each in one function: along a run (law_along_run) and at the
+# end of runs sized by the ladder's rule (law_at_sizes).
+
+
 def law_along_run(inp: ReportInputs, run: RunData, fractions: np.ndarray):
     """The law evaluated along ``run`` at ``fractions`` of its plan (tokens and compute so far)."""
     if inp.law is None or run.planned_tokens is None:
@@ -93,6 +97,17 @@ def law_along_run(inp: ReportInputs, run: RunData, fractions: np.ndarray):
     tokens = fractions * run.planned_tokens
     return inp.law.predict(level=inp.level, params=run.params, active_params=run.active_params,
                            tokens=tokens, compute=run.compute_at(tokens), fraction=fractions)
+
+
+def law_at_sizes(inp: ReportInputs, compute: np.ndarray):
+    """The law at the end of runs of ``compute``, sized by the ladder's own rule
+    (:func:`allocation`): (tokens, prediction), or None without a law or a rule."""
+    alloc = allocation(inp)
+    if inp.law is None or alloc is None:
+        return None
+    kw = alloc(compute)
+    return kw["tokens"], inp.law.predict(level=inp.level, fraction=np.ones_like(kw["compute"]),
+                                         **kw)
 
 
 def allocation(inp: ReportInputs):
@@ -233,18 +248,12 @@ def _rung_curve(inp: ReportInputs, run: RunData, whole: bool) -> RungCurve:
 def _final_points_law(inp: ReportInputs, runs: list[RunData]) -> Curve | None:
     """A law of final points: one line through the rungs' end points, along the ladder's own
     sizing rule (params and tokens as power laws of compute), out to the target."""
-    alloc = allocation(inp)
-    if inp.law is None or alloc is None:
-        return None
     cs = [r.compute for r in runs if r.compute] + [inp.target_info.get("compute")]
     cs = [float(c) for c in cs if isinstance(c, (int, float)) and c > 0]
-    if not cs:
+    at = law_at_sizes(inp, np.geomspace(min(cs) / 1.5, max(cs) * 1.2, 120)) if cs else None
+    if at is None or at[1] is None or not np.isfinite(at[1].loss).any():
         return None
-    kw = alloc(np.geomspace(min(cs) / 1.5, max(cs) * 1.2, 120))
-    p = inp.law.predict(level=inp.level, fraction=np.ones_like(kw["compute"]), **kw)
-    if p is None or not np.isfinite(p.loss).any():
-        return None
-    return Curve(kw["tokens"], p.loss, p.lo, p.hi)
+    return Curve(at[0], at[1].loss, at[1].lo, at[1].hi)
 
 
 def ladder_data(inp: ReportInputs) -> LadderData | None:
@@ -377,7 +386,7 @@ class LawData:
     table_from: str
     target_name: str | None
     target_compute: float | None
-    forecast: dict | None          # the registered final {loss, lo, hi}
+    forecast_final: dict | None    # the registered final {loss, lo, hi}
     actual: tuple[str, float] | None   # the target's final value
     backtests: list[dict]
     backtests_skipped: int         # folds the fitter skipped (too few runs)
@@ -391,20 +400,18 @@ def _law_curve(inp: ReportInputs, grid) -> tuple[Curve | None, float | None]:
     if law is not None and law.is_curve:
         pts = []
         for r in list(inp.rungs) + ([inp.target] if inp.target is not None else []):
-            p = law.predict_run(r.rung, np.array([1.0]), level=inp.level) if r.compute else None
+            p = law_along_run(inp, r, np.array([1.0])) if r.compute else None
             if p is not None:
                 pts.append((r.compute, p.loss[0], p.lo[0], p.hi[0]))
         if not pts:
             return None, None
         pts.sort()
         return Curve(*(np.array([p[i] for p in pts]) for i in range(4))), inp.level
-    alloc = allocation(inp)
-    if law is None or grid is None or alloc is None:
+    at = law_at_sizes(inp, grid) if grid is not None else None
+    if at is None or at[1] is None:
         return None, None
-    kw = alloc(grid)
-    pred = law.predict(level=inp.level, fraction=np.ones_like(grid), **kw)
-    return (None, None) if pred is None else (Curve(grid, pred.loss, pred.lo, pred.hi),
-                                              pred.level)
+    pred = at[1]
+    return Curve(grid, pred.loss, pred.lo, pred.hi), pred.level
 
 
 def law_data(inp: ReportInputs) -> LawData | None:
@@ -454,7 +461,7 @@ def law_data(inp: ReportInputs) -> LawData | None:
         finals=tuple((r.name, r.compute, v) for r, v in finals), table=table,
         table_from=inp.points.attrs.get("from", "law.json") if len(table) else "",
         target_name=inp.target_name, target_compute=tcomp,
-        forecast=fc_final if isinstance(fc_final, dict) else None,
+        forecast_final=fc_final if isinstance(fc_final, dict) else None,
         actual=(inp.target.name, v) if v is not None and tcomp is not None else None,
         backtests=backtests(meta) if law is not None else [],
         backtests_skipped=len(skipped) if skipped else 0, notes=notes)

@@ -231,7 +231,7 @@ def _draw_law_points(ax, d, colors: dict[str, str]) -> None:
                 ms=5 if n > 50 else 7, alpha=0.7, mec="white", mew=0.5, zorder=4,
                 label=f"fitted points: the last of each of {n} run{'s' if n != 1 else ''} "
                       f"(from {d.table_from})")
-    fc, tcomp = d.forecast, d.target_compute
+    fc, tcomp = d.forecast_final, d.target_compute
     if fc and tcomp is not None:
         f, lo, hi = (fc.get(k) for k in ("loss", "lo", "hi"))
         if isinstance(f, (int, float)):
@@ -248,7 +248,7 @@ def _draw_law_points(ax, d, colors: dict[str, str]) -> None:
 
 
 def _law_title(d) -> str:
-    fc, tcomp = d.forecast, d.target_compute
+    fc, tcomp = d.forecast_final, d.target_compute
     if fc and isinstance(fc.get("loss"), (int, float)) and d.finals and tcomp is not None:
         ratio = tcomp / max(c for _, c, _ in d.finals)
         return (f"Forecast for {d.target_name or 'the target'}: {num(fc['loss'])} "
