@@ -38,6 +38,7 @@ from ladder.io import (EX_CANTCREAT, EX_DATAERR, EX_USAGE, PREREG_MODE, InputErr
                        atomic_write_bytes, canonical_json, inside, loads, read_bytes, read_json,
                        safe_name, schema_version, sha256_of, to_jsonable)
 from predict import forecast as fc
+from predict.band import extrapolation_error
 from predict.watch import WatchConfig, decision_rule_words
 
 SCHEMA = "prereg/1"
@@ -161,9 +162,8 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
             raise InputError(f"must be >= 0, got {eval_noise!r}", field="--eval-noise",
                              exit_code=EX_USAGE)
         noise_info = {"sigma": float(eval_noise), "n": 0, "method": "given (--eval-noise)"}
-    extrapolation = fc.extrapolation_error(law, target)
-    f = fc.forecast(law, target, level=level, eval_noise=noise_info["sigma"],
-                    extrapolation=0.0 if extrapolation.in_law_band else extrapolation.sigma_log)
+    extrapolation = extrapolation_error(law, target)  # recorded: the law's band holds it
+    f = fc.forecast(law, target, level=level, eval_noise=noise_info["sigma"])
     import numpy as np
     if not allow_no_band and not (np.isfinite(f.lo).any() and np.isfinite(f.hi).any()):
         # a frozen, never-overwritable file whose band is all NaN can never judge anything
@@ -182,13 +182,13 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
         app["config"] = run_config
     law_json = law.to_json()
     return build(target=target.to_dict(), applicability=app, metric=metric, law=law_json,
-                    forecast=f.points(), final=f.final, band_level=level,
-                    eval_noise=noise_info, extrapolation=extrapolation.to_dict(),
-                    decision_rule={"words": decision_rule_words(cfg, level),
-                                   "parameters": cfg.to_dict(),
-                                   "calibration": calibration or None},
-                    health_reference=health, budget_curve=fc.budget_curve(law, target),
-                    amends=amends, created=created)
+                 forecast=f.points(), final=f.final, band_level=level,
+                 eval_noise=noise_info, extrapolation=extrapolation.to_dict(),
+                 decision_rule={"words": decision_rule_words(cfg, level),
+                                "parameters": cfg.to_dict(),
+                                "calibration": calibration or None},
+                 health_reference=health, budget_curve=fc.budget_curve(law, target),
+                 amends=amends, created=created)
 
 
 def build_multi(docs: Mapping[str, Mapping], *, family: dict) -> dict:
