@@ -1,4 +1,4 @@
-"""Accuracy rows for the schedule-aware curve laws (fit.curves) against published loss curves.
+"""Accuracy rows for the schedule-aware curve laws (fit.curve_fit) against published loss curves.
 
 Each row function takes the anchors folder and returns a dict: ``name``, ``value`` (the measured
 number), ``target`` (what it must be, in words), ``passed`` (bool), ``published`` (the authors'
@@ -56,7 +56,7 @@ def luo_multipower(anchors: Path, form: str = "mpl", sizes=("25M", "100M", "400M
     the table has no size column: one size needs none)."""
     import pandas as pd
 
-    from fit.curves import fit_curve_law
+    from fit.curve_fit import fit_curve_law
     from fit.lr_schedules import lr_from_samples
 
     name = f"luo2025_{form}_holdout_schedules"
@@ -129,7 +129,7 @@ def schaipp_cooldown_order(anchors: Path, form: str = "mpl", peak: float = 0.001
     18 of 39.)"""
     import pandas as pd
 
-    from fit.curves import fit_curve_law
+    from fit.curve_fit import fit_curve_law
 
     name = f"schaipp2025_{form}_cooldown_order"
     root = Path(anchors) / "schaipp2025_lr_schedules"

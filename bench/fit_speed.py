@@ -20,7 +20,8 @@ others' load; the ratio is measured side by side.
 ``--curves``: the multi-power curve law on one model size of Luo et al. 2025 (3 schedules, no
 size column) with ``--curves-bootstrap`` run-level replicates, per size: wall and CPU seconds
 and the mean error on the 6 held-out schedules (aim <= 15 s on 2 cores, error <= 0.2%). With
-``--curves-baseline COMMIT`` the same fit by ``fit/curves.py`` as of COMMIT (taken with
+``--curves-baseline COMMIT`` the same fit by ``fit/curves.py`` as of COMMIT (one file until the
+curve laws were split into fit/curve_forms.py, curve_fit.py and curve_law.py; taken with
 ``git show``) runs first, side by side in the same process, so the ratio is measured under
 the same load, and a line per size gives the largest relative difference of the two curves and
 bands on the held-out schedules. (The baseline module imports the rest of fit/ from this
@@ -98,7 +99,7 @@ def curves_speed(anchors: Path, bootstrap: int, baseline: str | None,
     import warnings
 
     from bench.accuracy_curves import LUO_TEST, LUO_TRAIN, _luo_run
-    from fit import curves as new
+    from fit import curve_fit as new
     from fit.lr_schedules import lr_from_samples
     root = anchors / "multipower_luo2025"
     if not root.is_dir():

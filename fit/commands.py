@@ -331,9 +331,9 @@ def law_points(df) -> dict:
 def predict_main(args) -> int:
     if getattr(args, "schedule", None):
         try:
-            from fit.curves import predict_schedule_main
+            from fit.curve_law import predict_schedule_main
         except ImportError:
-            raise InputError("--schedule needs the schedule-aware curve laws (fit.curves)",
+            raise InputError("--schedule needs the schedule-aware curve laws (fit.curve_law)",
                              field="--schedule", exit_code=EX_USAGE) from None
         return predict_schedule_main(args)
     from fit.law import load_law

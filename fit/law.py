@@ -1,14 +1,14 @@
 """Fitting a law to a points table: ``fit_law(df, form=...)``, the package's entry point.
 
 It checks the options, then hands the table to the form's fitter: a schedule-aware curve law
-(fit.curves), ``--form auto`` (fit.select: every candidate form, chosen by rollout backtest),
+(fit.curve_fit), ``--form auto`` (fit.select: every candidate form, chosen by rollout backtest),
 one form (fit.backtest.fit_one: fit.estimate's fit plus its backtests), or one law per value of
 a column (``--by``); on a short ladder that leaves the asymptote unidentified, the asymptote
 rule (fit.select). How a law is fitted is documented in fit.estimate; its band in fit.result.
 
-Layers inside fit/, bottom to top (each imports only those below it): forms, solver,
-prediction, points, lr_schedules, allocation, report -> lawjson -> result -> estimate ->
-backtest -> curves, select -> law (this module; also the one law.json reader keyed by form) ->
+Layers inside fit/, bottom to top (each imports only those below it): forms, identify,
+solver, prediction, points, lr_schedules, curve_forms, allocation, report -> lawjson -> result
+-> curve_law, estimate -> backtest -> curve_fit, select -> law (this module; also the one law.json reader keyed by form) ->
 task (downstream accuracy through a task loss: a law of this module chained into a sigmoid;
 the package's __init__ imports it, which registers its form with the reader).
 """
@@ -21,8 +21,8 @@ import pandas as pd
 
 import fit.lawjson as lawjson
 from fit.backtest import backtest, fit_one, trajectory_vs_per_fraction
-from fit.curves import FORMS as _CURVE_LAW_FORMS
-from fit.curves import fit_curve_law
+from fit.curve_fit import fit_curve_law
+from fit.curve_forms import FORMS as _CURVE_LAW_FORMS
 from fit.estimate import HUBER_DELTA, fit_by, fit_spec, select_points
 from fit.forms import FORMS, Spec, get_form
 from fit.points import COLUMNS, load_points
@@ -33,7 +33,7 @@ from fit.select import fit_auto
 from fit.select import scale_weight_rule as apply_scale_weight_rule
 from ladder.io import InputError, read_json
 
-CURVE_FORMS = tuple(_CURVE_LAW_FORMS)  # schedule-aware curve laws (fit.curves): mpl, momentum
+CURVE_FORMS = tuple(_CURVE_LAW_FORMS)  # schedule-aware curve laws (fit.curve_forms): mpl, momentum
 # The most points one fit takes (issue 26). Memory is bounded whatever the size (the objective
 # is evaluated in slices, fit.estimate.CHUNK_VALUES), but time is not: `ladder fit` of 2,000
 # points with the default form took 35 s of CPU here and grows with the points (a 300,000-point
@@ -87,7 +87,7 @@ def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = 
         raise InputError("ols is least squares of log(L - E) on log C: it needs --form compute "
                          "with E fixed (--fix E=VALUE) and no --tie or --prior",
                          field="objective")
-    if form in CURVE_FORMS:  # schedule-aware curve laws live in fit.curves
+    if form in CURVE_FORMS:  # schedule-aware curve laws live in fit.curve_fit
         if tie or by or prior or objective != "huber":
             raise InputError(f"the {form} form takes no --tie, --by, --prior or --objective",
                              field="form")
@@ -136,7 +136,7 @@ def _check_prior(prior, fix) -> dict:
 
 def _spec(form: str, fix: dict, tie: dict) -> Spec:
     if form in CURVE_FORMS:
-        raise InputError(f"the {form} form is a schedule-aware curve law (fit.curves)",
+        raise InputError(f"the {form} form is a schedule-aware curve law (fit.curve_fit)",
                          field="form")
     if form not in FORMS:
         raise InputError(f"unknown form {form!r}; one of auto, {', '.join(FORMS)}", field="form")
@@ -168,9 +168,9 @@ def _fit_by(df, form, fix, tie, by, opts) -> FitResult:
 
 # ----------------------------------------------------------------------------- law.json
 # One reader keyed by form: law.json files of every form share the schema law/1 and its envelope
-# (fit.lawjson.to_json); a curve law's own fields are under "curve" (fit.curves.CurveLaw), a
+# (fit.lawjson.to_json); a curve law's own fields are under "curve" (fit.curve_law.CurveLaw), a
 # Chinchilla-family law's under "fit" (fit.lawjson.fit_own). fit.result.LawResult.from_json hands
-# each file to the kind that reads its form (importing fit.curves here registers the curve one).
+# each file to the kind that reads its form (importing fit.curve_fit here registers the curve one).
 
 
 def law_from_json(obj: dict, *, path=None, metric: str | None = None) -> LawResult:

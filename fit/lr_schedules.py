@@ -1,4 +1,4 @@
-"""Learning-rate sequences for the schedule-aware curve laws (``fit.curves``).
+"""Learning-rate sequences for the schedule-aware curve laws (``fit.curve_forms``).
 
 A curve law needs the LR of *every* update, not only at the logged steps. Convention used
 throughout: ``lr[s - 1]`` is the LR of update ``s`` (1-based), i.e. the update that completes step

@@ -1,9 +1,9 @@
 """What every fitted law answers: the ``Law`` protocol and its one result type ``Prediction``.
 
 A Chinchilla-family law (fit.law) predicts at points (``step``/``fraction`` unset); a curve law
-(fit.curves) predicts along a run's schedule and fills ``step`` and ``fraction``. ``loss``,
+(fit.curve_law) predicts along a run's schedule and fills ``step`` and ``fraction``. ``loss``,
 ``lo`` and ``hi`` are in metric units; the band is at ``level``. No dependencies beyond numpy,
-so fit.law, fit.curves and reports can all import it.
+so fit.law, fit.curve_law and reports can all import it.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class Prediction:
 class Law(Protocol):
     """A fitted law of any form, implemented once by fit.result.LawResult, whose two kinds are
     fit.result.FitResult (Chinchilla family: compute, chinchilla, moe, trajectory) and
-    fit.curves.CurveLaw (schedule-aware curves: mpl, momentum).
+    fit.curve_law.CurveLaw (schedule-aware curves: mpl, momentum).
 
     ``predict`` takes keyword inputs (a Chinchilla-family law: params, active_params, tokens,
     compute, fraction; a curve law: its LR schedule, bound to a planned run by

@@ -12,7 +12,7 @@ computed (no residual degrees of freedom, no usable replicates) is NaN with a wa
 interval of log(L - E).
 
 ``LawResult`` is what every fitted law is, whatever its form: ``FitResult`` here (the
-Chinchilla family) and ``fit.curves.CurveLaw`` (schedule-aware curve laws) are its two kinds.
+Chinchilla family) and ``fit.curve_law.CurveLaw`` (schedule-aware curve laws) are its two kinds.
 
 Fitting lives in fit.estimate (one form on one table) and fit.law (``fit_law``); law.json in
 fit.lawjson.

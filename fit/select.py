@@ -20,7 +20,7 @@ import warnings
 import numpy as np
 
 from fit.backtest import fit_one, scale_inputs, scale_levels, summarise_folds
-from fit.curves import curve_data_from_table, fit_curve_law
+from fit.curve_fit import curve_data_from_table, fit_curve_law
 from fit.estimate import NEAR_WEIGHT, implausible_asymptote, run_scales, select_points
 from fit.forms import CURVES_FORMS, Spec, get_form
 from ladder.io import InputError

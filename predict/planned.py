@@ -1,7 +1,7 @@
 """A law bound to one planned run, and the contingency projection (issue 16: binding a law to a
 planned run is the forecaster's job, not the fitter's).
 
-- :func:`predict_rung`: a schedule-aware curve law (fit.curves) along a rung's LR schedule.
+- :func:`predict_rung`: a schedule-aware curve law (fit.curve_law) along a rung's LR schedule.
 - :class:`ScheduledLaw`: a curve law bound to a rung, answering the points-table call
   ``predict(params=, active_params=, tokens=, compute=, fraction=, level=)`` the forecaster makes
   of every law (:mod:`predict.forecast`).
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from fit.curves import CurveLaw
+from fit.curve_law import CurveLaw
 from fit.lr_schedules import lr_from_schedule
 from fit.prediction import Prediction
 from ladder.io import InputError

@@ -1,8 +1,9 @@
-"""Curve laws (fit.curves): exact against a naive reference, recovery of known parameters from
+"""Curve laws (fit.curve_forms, fit.curve_fit, fit.curve_law): exact against a naive reference,
+recovery of known parameters from
 synthetic curves, prediction of unseen schedules, transfer across model sizes, JSON round trip.
 
 The synthetic truth is computed here by a deliberately naive per-step implementation of the two
-papers' formulas (Luo et al. 2025 MPL; Tissue et al. 2024 momentum law), not by fit.curves.
+papers' formulas (Luo et al. 2025 MPL; Tissue et al. 2024 momentum law), not by fit/.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fit.curves import CurveLaw, fit_curve_law
+from fit.curve_fit import fit_curve_law
+from fit.curve_law import CurveLaw
 from predict.planned import predict_rung
 from ladder.io import InputError
 from ladder.specs import Schedule
@@ -248,8 +250,10 @@ def test_fixed_parameter_is_respected():
 def test_analytic_gradient_matches_finite_differences(form, truth):
     """The solver's gradient (sparse annealing sums, reused buffers) against central
     differences of the objective, at a point away from the optimum."""
-    from fit.curves import (_design, _Model, _objective, _objective_grad, _stack,
-                            curve_data_from_table)
+    from fit.curve_fit import _objective, _objective_grad, curve_data_from_table
+    from fit.curve_forms import CurveModel as _Model
+    from fit.curve_forms import design as _design
+    from fit.curve_forms import stack as _stack
     df = table(mpl_reference if form == "mpl" else momentum_reference, truth,
                ["cosine", "wsd"], noise=1e-3)
     data = curve_data_from_table(df, size_column=None)

@@ -666,7 +666,7 @@ def test_band_covers_a_known_law_with_known_noise_about_90_percent_over_many_see
 
 def test_every_law_is_a_law_with_its_band_method_in_law_json_and_one_reader():
     from fit import Law
-    from fit.curves import CurveLaw
+    from fit.curve_law import CurveLaw
     from fit.law import law_from_json
     res = fit_law(_compute_table(n=12, noise=0.01), form="compute", bootstrap=30,
                   backtest=False)

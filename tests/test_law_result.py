@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fit import LawResult, load_law
-from fit.curves import CurveLaw
+from fit.curve_law import CurveLaw
 from fit.result import FitResult
 from ladder.io import InputError
 
@@ -125,7 +125,7 @@ def test_a_curve_fit_records_its_bootstrap_as_the_chinchilla_family_does():
 
     from test_curves_laws import MPL_TRUE, mpl_reference, table  # tests/ is on sys.path
 
-    from fit.curves import fit_curve_law
+    from fit.curve_fit import fit_curve_law
     train = table(mpl_reference, MPL_TRUE, ["cosine", "wsd", "wsd_long"], noise=1e-3, seed=4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
