@@ -36,13 +36,11 @@ import numpy as np
 
 from fit.curve_forms import (FORMS, LINEAR, SIZE_EXP, CurveModel, RunDesign, curve, curve_grad,
                              components, design, safe_log, stack)
+from fit.config import HUBER_DELTA
 from fit.curve_law import CurveLaw
 from fit.lr_schedules import lr_from_samples
 from fit.solver import Refits, polish, run_bootstrap
 from ladder.io import InputError, sha256_of
-
-HUBER_DELTA = 1e-3      # on log residuals, as the Chinchilla refits (Besiroglu et al. 2024)
-
 
 def _huber(r: np.ndarray, delta: float) -> np.ndarray:
     a = np.abs(r)

@@ -23,22 +23,21 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 from scipy.special import stdtrit  # quantiles; scipy.stats takes 0.6 s to import
 
 from fit.allocation import allocation_diagnostics
+from fit.config import FitConfig
 from fit.forms import U_LIMIT, Form, Model, Spec
 from fit.identify import identifiability
-from fit.result import FitResult, _jacobian_rows
+from fit.result import FitResult, Spread, _jacobian_rows
 from fit.solver import STATUS, Refits, lbfgs, percentile_interval, polish, run_bootstrap
 from ladder.io import InputError, sha256_of
 
-HUBER_DELTA = 1e-3
-
-
-def fit_by(df, spec: Spec, by: str, opts: dict) -> FitResult:
+def fit_by(df, spec: Spec, by: str, config: FitConfig) -> FitResult:
     """One law of ``spec`` per value of column ``by`` (fractions rounded to 1e-3), each fitted
     with :func:`fit_spec`; the result predicts with the matching one (``FitResult.groups``).
     No backtest (fit.law adds the whole law's)."""
@@ -47,8 +46,7 @@ def fit_by(df, spec: Spec, by: str, opts: dict) -> FitResult:
     key = df[by].round(3) if by == "fraction" else df[by]
     groups = []
     for i, (value, sub) in enumerate(sorted(df.groupby(key), key=lambda kv: kv[0])):
-        o = {k: v for k, v in dict(opts, seed=opts["seed"] + i).items() if k != "backtest"}
-        r = fit_spec(sub.copy(), spec, final_only=False, **o)
+        r = fit_spec(sub.copy(), spec, replace(config, seed=config.seed + i), final_only=False)
         groups.append((float(value), r))
     if not groups:
         raise InputError("no points", field="by")
@@ -56,27 +54,26 @@ def fit_by(df, spec: Spec, by: str, opts: dict) -> FitResult:
     diag = {"by": by, "n_groups": len(groups), "dropped_rows": list(df.attrs.get("dropped", [])),
             "groups": [{by: v, "params": r.params, "objective": r.diagnostics.get("objective"),
                         "converged": r.diagnostics.get("converged")} for v, r in groups]}
-    return FitResult(spec=spec, metric=opts["metric"], u=last.u, level=opts["level"],
-                     params_column=opts["params_column"], boot_u=last.boot_u, cov=last.cov,
-                     sigma=last.sigma, dof=last.dof, intervals=last.intervals,
-                     diagnostics=diag, inputs=_inputs(df), by=by, groups=groups,
-                     objective=last.objective, prior=last.prior, abs_resid=last.abs_resid)
+    return FitResult(spec=spec, u=last.u, config=config, spread=last.spread,
+                     intervals=last.intervals, diagnostics=diag, inputs=_inputs(df), by=by,
+                     groups=tuple(groups))
 
 
-def fit_spec(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
-             params_column="params", metric="loss", delta=HUBER_DELTA,
-             final_only: bool | None = None, starts: np.ndarray | None = None,
-             objective: str = "huber", prior: dict | None = None,
-             bandwidth: float | None = None) -> FitResult:
-    """One form on one table: multi-start fit, bootstrap, diagnostics (no backtest: that is
-    fit.backtest.fit_one, which refits with this). ``result.backtest_starts`` holds the starts
-    its backtest refits use (fit.backtest). ``bandwidth`` (decades): weight every run by its
-    distance below the table's largest run (:func:`scale_weights`); None: every run alike."""
+def fit_spec(df: pd.DataFrame, spec: Spec, config: FitConfig | None = None, *,
+             final_only: bool | None = None, starts: np.ndarray | None = None) -> FitResult:
+    """One form on one table with ``config`` (its bootstrap, level, seed, params column,
+    metric, Huber delta, objective, prior and bandwidth; not its ``backtest``): multi-start
+    fit, bootstrap, diagnostics (no backtest: that is fit.backtest.fit_one, which refits with
+    ``result.config``). ``result.starts`` holds the starts its backtest refits use
+    (fit.backtest). ``config.bandwidth`` (decades): weight every run by its distance below the
+    table's largest run (:func:`scale_weights`); None: every run alike."""
     form = spec.form
-    if objective == "ols":
-        return _fit_ols(df, spec, level=level, metric=metric, params_column=params_column,
-                        final_only=final_only)
-    prior = dict(prior or {})
+    config = config or FitConfig()
+    if config.objective == "ols":
+        return _fit_ols(df, spec, config, final_only=final_only)
+    bootstrap, level, seed = config.bootstrap, config.level, config.seed
+    params_column, delta, bandwidth = config.params_column, config.delta, config.bandwidth
+    prior = config.prior
     for k in prior:
         if k not in form.names:
             raise InputError(f"{k}: not a parameter of the {form.name} form (parameters: "
@@ -223,15 +220,11 @@ def fit_spec(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
         diagnostics["scale_weights"] = weights_record(data, weights, bandwidth)
     if form.name == "chinchilla":
         diagnostics["allocation"] = allocation_diagnostics(disp, boot_u, spec, level)
-    result = FitResult(spec=spec, metric=metric, u=u, level=level, params_column=params_column,
-                       boot_u=boot_u, cov=cov, sigma=sigma, dof=dof, intervals=intervals,
-                       diagnostics=diagnostics, inputs=_inputs(data), prior=prior,
-                       abs_resid=np.abs(r_near))
-    result.backtest_opts = {"bootstrap": 0, "level": level, "seed": seed,
-                            "params_column": params_column, "metric": metric, "delta": delta,
-                            "backtest": False, "prior": prior, "bandwidth": bandwidth}
-    result.backtest_starts = _backtest_starts(grid, res, order)
-    return result
+    return FitResult(spec=spec, u=u, config=config,
+                     spread=Spread(boot_u=boot_u, cov=cov, sigma=sigma, dof=dof,
+                                   abs_resid=np.abs(r_near)),
+                     intervals=intervals, diagnostics=diagnostics, inputs=_inputs(data),
+                     starts=_backtest_starts(grid, res, order))
 
 
 def ols(y: np.ndarray, X: np.ndarray) -> OlsFit:
@@ -271,12 +264,13 @@ class OlsFit:
         return np.column_stack([self.params - half, self.params + half])
 
 
-def _fit_ols(df, spec, *, level, metric, params_column, final_only):
+def _fit_ols(df, spec, config, *, final_only):
     """The real ladder's fit: ordinary least squares of log(L - E) on log C with E fixed
     (:func:`ols`), the Student-t lack-of-fit interval with n - 2 residual dof its team asked
     for. Parameters: log A = intercept, alpha = -slope."""
+    level = config.level
     data, note = select_points(df, spec.form, final_only)
-    cols = _required(data, spec.form, params_column)
+    cols = _required(data, spec.form, config.params_column)
     E = float(spec.fix["E"])
     L = data["loss"].to_numpy(dtype=float)
     if np.any(L <= E):
@@ -315,12 +309,9 @@ def _fit_ols(df, spec, *, level, metric, params_column, final_only):
         "bootstrap": {"replicates": 0, "note": "ols: Student-t interval only"},
         "dropped_rows": list(df.attrs.get("dropped", [])),
     }
-    result = FitResult(spec=spec, metric=metric, u=u, level=level, params_column=params_column,
-                       cov=cov, sigma=sigma, dof=dof, intervals=intervals,
-                       diagnostics=diagnostics, inputs=_inputs(data), objective="ols")
-    result.backtest_opts = {"bootstrap": 0, "level": level, "params_column": params_column,
-                            "metric": metric, "backtest": False, "objective": "ols"}
-    return result
+    return FitResult(spec=spec, u=u, config=config,
+                     spread=Spread(cov=cov, sigma=sigma, dof=dof), intervals=intervals,
+                     diagnostics=diagnostics, inputs=_inputs(data))
 
 
 # Identifiability checks. An asymptote below half the smallest measured loss says most of the

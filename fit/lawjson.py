@@ -22,6 +22,7 @@ import math
 
 import numpy as np
 
+from fit.config import FitConfig
 from fit.forms import FORMS, U_LIMIT, Spec, get_form
 from fit.points import listed_keys
 from ladder.io import EX_USAGE, InputError, as_float, number, to_jsonable
@@ -225,7 +226,8 @@ def band_method(r) -> str:
 
 def read(obj: dict, *, path=None) -> tuple[dict, list]:
     """Validate a law/1 object of a Chinchilla-family form: (keyword arguments of
-    ``fit.result.FitResult``, [(value, keyword arguments)] of its ``by`` groups)."""
+    ``fit.result.FitResult``, its ``spread`` as those of ``fit.result.Spread``; [(value,
+    keyword arguments)] of its ``by`` groups)."""
     where = str(path) if path else "<law>"
 
     def need(d, key, types, prefix=""):
@@ -291,10 +293,16 @@ def read(obj: dict, *, path=None) -> tuple[dict, list]:
                 raise InputError("expected [mean, sd]", path=where,
                                  field=f"{prefix}fit.prior.{k}")
             prior[k] = (as_float(v[0]), as_float(v[1]))
-        return {"spec": spec, "metric": metric, "u": u, "level": level,
-                "objective": objective, "prior": prior,
-                "params_column": fit.get("params_column", "params"), "boot_u": boot, "cov": cov,
-                "sigma": sigma, "dof": dof, "abs_resid": ares, "small_sample": small,
+        column = fit.get("params_column", "params")
+        if column not in ("params", "active_params"):
+            raise InputError(f"expected 'params' or 'active_params', got {column!r}",
+                             path=where, field=prefix + "fit.params_column")
+        return {"spec": spec, "u": u,
+                "config": FitConfig(metric=metric, level=level, objective=objective,
+                                    prior=prior, params_column=column, bootstrap=0,
+                                    backtest=False),
+                "spread": {"boot_u": boot, "cov": cov, "sigma": sigma, "dof": dof,
+                           "abs_resid": ares, "small_sample": small},
                 "intervals": _intervals(unc.get("intervals"), where, prefix)}
 
     unc = need(obj, "uncertainty", dict)

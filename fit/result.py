@@ -23,17 +23,18 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import warnings
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from scipy.special import ndtri, stdtrit  # quantiles; scipy.stats takes 0.6 s to import
 
 import fit.lawjson as lawjson
+from fit.config import FitConfig
 from fit.forms import FORMS, Model, Spec
 from fit.prediction import Prediction
 from fit.report import fit_lines, report
 from ladder.io import InputError, as_float
 
-OBJECTIVES = ("huber", "ols")
 SMALL_SAMPLE = ("normal", "student-t")
 
 
@@ -98,58 +99,90 @@ class LawResult:
         return kind.from_json(obj, path=path)
 
 
+@dataclass(frozen=True)
+class Spread:
+    """What a Chinchilla-family law's band is made of besides its estimate (law.json
+    ``uncertainty``): the run-level bootstrap draws of ``u`` (``boot_u``, (R, P)), the
+    delta-method covariance of the free coordinates (``cov``), the residual scale and degrees of
+    freedom (``sigma``, ``dof``), the fitted points' |log residuals| (``abs_resid``, kept sorted:
+    the noise part is their quantile, noise_half_width; None in law.json files from before:
+    t(dof) x sigma), and ``small_sample``: the quantile of the band's parts estimated from few
+    residuals, "normal", or "student-t" (t(dof), law.json files written before the pooled
+    extrapolation rate; see noise_half_width)."""
+
+    boot_u: np.ndarray | None = None
+    cov: np.ndarray | None = None
+    sigma: float | None = None
+    dof: float | None = None
+    abs_resid: np.ndarray | None = None
+    small_sample: str = "normal"
+
+    def __post_init__(self):
+        if self.small_sample not in SMALL_SAMPLE:
+            raise ValueError(f"small_sample: one of {SMALL_SAMPLE}, got {self.small_sample!r}")
+        for name in ("boot_u", "cov"):
+            v = getattr(self, name)
+            object.__setattr__(self, name, None if v is None else np.asarray(v, dtype=float))
+        if self.abs_resid is not None:
+            object.__setattr__(self, "abs_resid", np.sort(np.abs(np.asarray(self.abs_resid,
+                                                                            dtype=float))))
+
+
+@dataclass(frozen=True, eq=False)
 class FitResult(LawResult, forms=tuple(FORMS)):
     """A fitted law: parameters, intervals, diagnostics, ``predict()``, ``report()``, JSON.
 
+    Built by its one constructor (fit.estimate's fits, fit.lawjson's reader) and never changed
+    after (a variant is ``dataclasses.replace``): ``spec`` (the form with its fixed and tied
+    parameters), ``u`` (the solver's parameter vector), ``config`` (what it was fitted with:
+    metric, level, params column, objective, prior; its backtest refits with it), ``spread``
+    (what the band is made of), ``intervals``, ``diagnostics``, ``inputs`` and the stamp
+    (``conventions``, ``created``, ``tool_version``; now and this tool's by default).
+
     For ``by=`` fits (one law per value of a column, e.g. the real ladder's per-fraction fits)
     ``groups`` holds the per-value results and ``predict(fraction=...)`` uses the matching one,
-    interpolating log loss linearly between neighbouring values.
+    interpolating log loss linearly between neighbouring values. ``starts``: the starts its
+    backtest refits use (fit.estimate; not written to law.json).
     """
 
-    def __init__(self, *, spec: Spec, metric: str, u: np.ndarray, level: float,
-                 params_column: str = "params", boot_u: np.ndarray | None = None,
-                 cov: np.ndarray | None = None, sigma: float | None = None,
-                 dof: float | None = None, intervals: dict | None = None,
-                 diagnostics: dict | None = None, inputs: dict | None = None,
-                 conventions: dict | None = None, created: str | None = None,
-                 tool_version: str | None = None, by: str | None = None,
-                 groups: list | None = None, objective: str = "huber",
-                 prior: dict | None = None, abs_resid: np.ndarray | None = None,
-                 small_sample: str = "normal"):
-        if objective not in OBJECTIVES:
-            raise ValueError(f"objective: one of {OBJECTIVES}, got {objective!r}")
-        if small_sample not in SMALL_SAMPLE:
-            raise ValueError(f"small_sample: one of {SMALL_SAMPLE}, got {small_sample!r}")
-        # the quantile of the band's parts estimated from few residuals (noise below the
-        # residual-quantile rank, the delta-method se): "normal", or "student-t" (t(dof), law.json
-        # files written before the pooled extrapolation rate; see noise_half_width)
-        self.small_sample = small_sample
-        self.objective = objective
-        self.prior = dict(prior or {})  # name -> (mean, sd), natural units
-        self.spec = spec
-        self.metric = metric
-        self.u = np.asarray(u, dtype=float)
-        self.level = float(level)
-        self.params_column = params_column
-        self.boot_u = None if boot_u is None else np.asarray(boot_u, dtype=float)
-        self.cov = None if cov is None else np.asarray(cov, dtype=float)
-        self.sigma = sigma
-        self.dof = dof
-        # sorted |log residuals| of the fitted points: the noise part of the band is their
-        # quantile (noise_half_width); None (a law.json from before) -> t(dof) x sigma
-        self.abs_resid = None if abs_resid is None else np.sort(np.abs(np.asarray(
-            abs_resid, dtype=float)))
-        self.intervals = intervals or {}
-        self.diagnostics = diagnostics or {}
-        self.inputs = inputs or {}
-        self.conventions = conventions or _conventions()
-        self.created = created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-        self.tool_version = tool_version or _version()
-        self.by = by
-        self.groups = groups or []  # list of (value, FitResult)
-        # what fit.backtest.fit_one's refits use (set by fit.estimate; not written to law.json)
-        self.backtest_opts: dict | None = None
-        self.backtest_starts: np.ndarray | None = None
+    spec: Spec
+    u: np.ndarray
+    config: FitConfig = field(default_factory=FitConfig)
+    spread: Spread = field(default_factory=Spread)
+    intervals: dict = field(default_factory=dict)
+    diagnostics: dict = field(default_factory=dict)
+    inputs: dict = field(default_factory=dict)
+    by: str | None = None
+    groups: tuple = ()            # ((value, FitResult), ...)
+    starts: np.ndarray | None = None
+    conventions: dict | None = None
+    created: str | None = None
+    tool_version: str | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "u", np.asarray(self.u, dtype=float))
+        object.__setattr__(self, "groups", tuple(self.groups or ()))
+        object.__setattr__(self, "conventions", self.conventions or _conventions())
+        object.__setattr__(self, "created", self.created or _dt.datetime.now(
+            _dt.timezone.utc).isoformat(timespec="seconds"))
+        object.__setattr__(self, "tool_version", self.tool_version or _version())
+
+    # --- what it was fitted with, and its spread ----------------------------------------------
+    metric = property(lambda self: self.config.metric)
+    level = property(lambda self: float(self.config.level))
+    params_column = property(lambda self: self.config.params_column)
+    objective = property(lambda self: self.config.objective)
+    prior = property(lambda self: self.config.prior)   # name -> (mean, sd), natural units
+    boot_u = property(lambda self: self.spread.boot_u)
+    cov = property(lambda self: self.spread.cov)
+    sigma = property(lambda self: self.spread.sigma)
+    dof = property(lambda self: self.spread.dof)
+    abs_resid = property(lambda self: self.spread.abs_resid)
+    small_sample = property(lambda self: self.spread.small_sample)
+
+    def with_draws(self, boot_u) -> FitResult:
+        """This law with other bootstrap draws (fit.select's pooled draws of its variants)."""
+        return replace(self, spread=replace(self.spread, boot_u=boot_u))
 
     # --- named views ---------------------------------------------------------------------------
     @property
@@ -442,7 +475,10 @@ class FitResult(LawResult, forms=tuple(FORMS)):
     def from_json(cls, obj: dict, *, path=None) -> FitResult:
         """A law.json object (schema law/1, a Chinchilla-family form) to a FitResult."""
         top, groups = lawjson.read(obj, path=path)
-        return cls(**top, groups=[(v, cls(**kw)) for v, kw in groups])
+
+        def build(kw):
+            return cls(**dict(kw, spread=Spread(**kw["spread"])))
+        return build(dict(top, groups=tuple((v, build(kw)) for v, kw in groups)))
 
     @property
     def band_method(self) -> str:
