@@ -96,6 +96,7 @@ def chinchilla_grid() -> np.ndarray:
 def curves_speed(anchors: Path, bootstrap: int, baseline: str | None,
                  sizes=("25M", "100M", "400M")) -> int:
     import importlib.util
+    import inspect
     import warnings
 
     from bench.accuracy_curves import LUO_TEST, LUO_TRAIN, _luo_run
@@ -133,8 +134,12 @@ def curves_speed(anchors: Path, bootstrap: int, baseline: str | None,
                 errs, got = [], []
                 for n in LUO_TEST:
                     d = _luo_run(folder, n)
-                    p = law.predict(lr=lr_from_samples(d["step"], d["lr"]),
-                                    at_steps=d["step"].to_numpy())
+                    lr, at = lr_from_samples(d["step"], d["lr"]), d["step"].to_numpy()
+                    # a baseline from before the one law signature (fit.prediction.Query)
+                    # took the schedule as lr= and the steps as at_steps=
+                    old_api = "lr" in inspect.signature(law.predict).parameters
+                    p = law.predict(lr=lr, at_steps=at) if old_api else \
+                        law.predict(schedule=lr, step=at)
                     errs.append(float(np.mean(np.abs(p.loss - d["loss"]) / d["loss"])))
                     got.append(np.stack([p.loss, p.lo, p.hi]))
             curves.append(np.concatenate(got, axis=1))

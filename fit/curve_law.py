@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -22,11 +22,13 @@ import fit.lawjson as lawjson
 from fit.curve_forms import EXPRESSIONS, FORMS, SIZE_VARIABLES, CurveModel, curve, design, safe_log
 from fit.identify import identifiability
 from fit.lr_schedules import NamedSchedule, parse_schedule
-from fit.prediction import Prediction
+from fit.prediction import Prediction, Query
 from fit.report import auto_lines, bootstrap_line, parameter_lines
 from fit.result import LawResult
 from fit.solver import percentile_interval
 from ladder.io import InputError, number
+
+MC_SEED = 0   # the band's Monte Carlo draws: the same band for the same law and query
 
 
 # ------------------------------------------------------------------------------- results
@@ -56,6 +58,8 @@ class CurveLaw(LawResult, forms=tuple(FORMS)):
     created: str | None = None
     conventions: dict | None = None
     tool_version: str | None = None
+    # a planned run's schedule for queries without one (:meth:`on`); not in law.json
+    plan: NamedSchedule | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         from ladder import __version__
@@ -104,44 +108,71 @@ class CurveLaw(LawResult, forms=tuple(FORMS)):
             raise InputError(f"this law scales with {self.size_variable}; give --"
                              f"{self.size_variable.replace('_', '-')}",
                              field=self.size_variable)
-        if not (np.isfinite(value) and value > 0):
-            raise InputError(f"must be > 0, got {value!r}", field=self.size_variable)
-        return float(value)
+        v = np.unique(np.asarray(value, dtype=float))   # one run's size, maybe repeated
+        if v.size != 1 or not (np.isfinite(v[0]) and v[0] > 0):
+            raise InputError(f"one size > 0, got {value!r}", field=self.size_variable)
+        return float(v[0])
 
-    def predict(self, *, lr=None, schedule=None, steps: int | None = None,
-                peak_lr: float | None = None, at_steps=None, fraction=None,
-                params: float | None = None, active_params: float | None = None,
-                level: float | None = None, tokens=None, compute=None,
-                seed: int = 0) -> Prediction:
-        """Predicted curve with a band.
+    def on(self, plan: NamedSchedule) -> CurveLaw:
+        """This law with ``plan`` (a planned run's schedule, fit.lr_schedules.NamedSchedule,
+        with its tokens per step) answering queries that give no schedule: the forecaster asks
+        every law at the target's points (predict.forecast), and ``ladder predict --target``
+        says whose schedule those points are on. Not written to law.json."""
+        return replace(self, plan=plan)
 
-        The schedule: ``lr`` (LR of every update, ``lr[s-1]`` for update ``s``), or ``schedule``
-        (a :class:`ladder.specs.Schedule` with ``steps`` and ``peak_lr``, a
-        :class:`fit.lr_schedules.NamedSchedule`, or a string ``kind:steps=..,peak=..``).
-        Where: ``at_steps`` (completed steps), or ``fraction`` of the schedule's length, default
-        every 1% of it. Size: ``active_params`` or ``params`` (whichever the law scales with).
-        ``tokens``/``compute`` are not inputs of a curve law (they follow from the schedule).
-        """
-        from ladder.specs import Schedule
+    def _predict(self, q: Query, *, level, extra_log_sigma, extrapolation) -> Prediction:
+        """Predicted curve with a band (a curve law has no extrapolation term of its own:
+        ``extrapolation`` changes nothing).
 
-        if compute is not None and params is None and active_params is None \
+        The schedule: ``q.schedule`` (the LR of every update, ``lr[s-1]`` for update ``s``, a
+        :class:`fit.lr_schedules.NamedSchedule`, or a string ``kind:steps=..,peak=..``), else
+        the law's plan (:meth:`on`). Where: ``q.step`` (completed steps), or ``q.fraction`` of
+        the schedule's length, default every 1% of it. Size: ``active_params`` or ``params``
+        (whichever the law scales with). ``tokens`` and ``compute`` follow from the schedule;
+        with a planned run's schedule (tokens per step known), ``tokens`` so far at ``fraction``
+        set the run's length: the same schedule shape stretched to ``tokens / fraction``.
+        ``extra_log_sigma``: a further log sd (eval noise) added in quadrature."""
+        if q.compute is not None and q.params is None and q.active_params is None \
                 and self.size_ref is not None:
             raise InputError(f"a curve law takes the target size as {self.size_variable}, "
                              "not compute", field="compute")
-        if lr is None:
-            if schedule is None:
-                raise InputError("a curve law needs the LR schedule (lr= or schedule=)",
-                                 field="schedule")
-            if isinstance(schedule, str):
-                schedule = parse_schedule(schedule)
-            if isinstance(schedule, Schedule):
-                if steps is None or peak_lr is None:
-                    raise InputError("a Schedule needs steps= and peak_lr=", field="schedule")
-                schedule = NamedSchedule(schedule, int(steps), float(peak_lr))
-            if not isinstance(schedule, NamedSchedule):
-                raise InputError(f"unsupported schedule {type(schedule).__name__}",
-                                 field="schedule")
+        level = self.level if level is None else float(level)
+        if not 0 < level < 1:
+            raise InputError(f"must be in (0, 1), got {level}", field="level")
+        schedule = self.plan if q.schedule is None else q.schedule
+        if schedule is None:
+            raise InputError("a curve law needs the LR schedule (schedule=)", field="schedule")
+        if isinstance(schedule, str):
+            schedule = parse_schedule(schedule)
+        size = self._size(q.params, q.active_params)
+        if isinstance(schedule, NamedSchedule) and schedule.tokens_per_step is not None \
+                and q.tokens is not None and q.step is None:
+            return self._along_plan(schedule, q, size, level, extra_log_sigma)
+        if isinstance(schedule, NamedSchedule):
             lr = schedule.lr()
+        elif isinstance(schedule, (np.ndarray, list, tuple)):
+            lr = np.asarray(schedule, float)
+        else:
+            raise InputError(f"unsupported schedule {type(schedule).__name__}", field="schedule")
+        return self._along(lr, q.step, q.fraction, size, level, extra_log_sigma)
+
+    def _along_plan(self, plan, q, size, level, extra_log_sigma) -> Prediction:
+        """The planned run at ``q.fraction`` (default its end), its length in steps set by the
+        tokens so far: ``tokens / fraction / tokens_per_step`` (the contingency "shorten the
+        run, re-aim the decay" is a run of fewer steps with the same schedule shape)."""
+        g = np.atleast_1d(np.asarray(1.0 if q.fraction is None else q.fraction, float))
+        total = np.broadcast_to(np.asarray(q.tokens, float), g.shape) / np.maximum(g, 1e-12)
+        steps = np.maximum(1, np.rint(total / plan.tokens_per_step)).astype(np.int64)
+        loss, lo, hi = (np.full(g.shape, np.nan) for _ in range(3))
+        step_out = np.zeros(g.shape, dtype=np.int64)
+        for n in np.unique(steps):
+            idx = np.flatnonzero(steps == n)
+            lr = NamedSchedule(plan.schedule, int(n), plan.peak).lr()
+            p = self._along(lr, None, g[idx], size, level, extra_log_sigma)
+            loss[idx], lo[idx], hi[idx], step_out[idx] = p.loss, p.lo, p.hi, p.step
+        return Prediction(step=step_out, fraction=g, loss=loss, lo=lo, hi=hi, level=level)
+
+    def _along(self, lr, at_steps, fraction, size, level, extra_log_sigma) -> Prediction:
         lr = np.asarray(lr, float)
         if lr.ndim != 1 or lr.size == 0 or not np.all(np.isfinite(lr)) or np.any(lr < 0):
             raise InputError("LR sequence must be finite, non-negative and non-empty", field="lr")
@@ -157,10 +188,6 @@ class CurveLaw(LawResult, forms=tuple(FORMS)):
         if at.size == 0 or np.any(at < 1) or np.any(at > n) or np.any(at != np.round(at)):
             raise InputError(f"steps must be integers in [1, {n}]", field="step")
         at = at.astype(np.int64)
-        level = self.level if level is None else float(level)
-        if not 0 < level < 1:
-            raise InputError(f"must be in (0, 1), got {level}", field="level")
-        size = self._size(params, active_params)
 
         m = self._model()
         run = design("predict", lr, at, None, size or 1.0, self.lr_scale, self.node_every)
@@ -175,15 +202,21 @@ class CurveLaw(LawResult, forms=tuple(FORMS)):
         hi = np.full(center.shape, np.nan)
         if len(self.draws) >= 2 and np.isfinite(self.sigma):
             logs = np.array([safe_log(curve_for(d)) for d in self.draws])   # (B, n)
-            rng = np.random.default_rng(seed)
-            z = rng.standard_normal((logs.shape[0], 64)) * self.sigma
-            sims = (logs[:, None, :] + z[:, :, None]).reshape(-1, logs.shape[1])
+            rng = np.random.default_rng(MC_SEED)
+            extra = np.broadcast_to(np.asarray(extra_log_sigma, float), center.shape)
+            # the noise sd per point: the residual sigma, with eval noise in quadrature (exactly
+            # sigma without it)
+            sd = self.sigma if not np.any(extra) else np.sqrt(self.sigma ** 2 + extra ** 2)
+            z = rng.standard_normal((logs.shape[0], 64))
+            noise = z * sd if np.ndim(sd) == 0 else z[:, :, None] * sd
+            sims = (logs[:, None, :] + (noise[:, :, None] if np.ndim(sd) == 0 else noise)
+                    ).reshape(-1, logs.shape[1])
             q = (1 - level) / 2
             lo = np.exp(np.quantile(sims, q, axis=0))
             hi = np.exp(np.quantile(sims, 1 - q, axis=0))
         else:
             warnings.warn("curve law has no bootstrap draws (or no residual scale): the band "
-                          "cannot be computed and is reported as NaN", stacklevel=2)
+                          "cannot be computed and is reported as NaN", stacklevel=4)
         return Prediction(step=at, fraction=at / n, loss=center, lo=lo, hi=hi, level=level)
 
     # -- artifacts ----------------------------------------------------------------------
@@ -319,7 +352,7 @@ def predict_schedule_main(args) -> int:
         at = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        pred = law.predict(lr=lr, at_steps=at, fraction=fraction,
+        pred = law.predict(schedule=lr, step=at, fraction=fraction,
                            params=getattr(args, "params", None),
                            active_params=getattr(args, "active_params", None),
                            compute=getattr(args, "compute", None),

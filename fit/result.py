@@ -31,7 +31,7 @@ from scipy.special import ndtri, stdtrit  # quantiles; scipy.stats takes 0.6 s t
 import fit.lawjson as lawjson
 from fit.config import FitConfig
 from fit.forms import FORMS, Model, Spec
-from fit.prediction import Prediction
+from fit.prediction import Prediction, Query
 from fit.report import fit_lines, report
 from ladder.io import InputError, as_float
 
@@ -76,9 +76,19 @@ class LawResult:
         flags writes the current ones)."""
         return self.diagnostics
 
-    def band(self, **inputs) -> tuple[np.ndarray, np.ndarray]:
-        """(lo, hi) of :meth:`predict`'s band (same keywords)."""
-        p = self.predict(**inputs)
+    def predict(self, query: Query | None = None, /, *, level: float | None = None,
+                extra_log_sigma=0.0, extrapolation: bool = True, **fields) -> Prediction:
+        """The law at ``query`` (a :class:`fit.prediction.Query`, or its fields as keywords:
+        the same question for every kind) with its band at ``level`` (None: the kind's default).
+        ``extra_log_sigma``: a further log sd (eval noise) added to the band in quadrature;
+        ``extrapolation``: the band holds the law's own extrapolation error outside its runs
+        (a kind without one has none to add)."""
+        return self._predict(Query.of(query, **fields), level=level,
+                             extra_log_sigma=extra_log_sigma, extrapolation=extrapolation)
+
+    def band(self, query: Query | None = None, /, **fields) -> tuple[np.ndarray, np.ndarray]:
+        """(lo, hi) of :meth:`predict`'s band (same arguments)."""
+        p = self.predict(query, **fields)
         return p.lo, p.hi
 
     def report(self) -> str:
@@ -198,16 +208,16 @@ class FitResult(LawResult, forms=tuple(FORMS)):
         return {p.name: float(p.to_display(self.u[i])) for i, p in enumerate(self.spec.form.params)}
 
     # --- prediction ----------------------------------------------------------------------------
-    def predict(self, params=None, active_params=None, tokens=None, compute=None, fraction=None,
-                level: float = 0.9, extra_log_sigma=0.0, extrapolation: bool = True
-                ) -> Prediction:
-        """Loss and its band at ``level`` (numpy arrays, inputs broadcast). ``compute`` and
-        ``tokens`` are so far at the point (points-table convention); ``fraction`` is the
-        progress through the planned run (trajectory and per-fraction laws; default 1).
-        ``extra_log_sigma``: a further log sd (eval noise) added in quadrature; the band also
+    def _predict(self, q: Query, *, level, extra_log_sigma, extrapolation) -> Prediction:
+        """Loss and its band at ``level`` (default 0.9; numpy arrays, the query's fields
+        broadcast). ``compute`` and ``tokens`` are so far at the point (points-table convention);
+        ``fraction`` is the progress through the planned run (trajectory and per-fraction laws;
+        default 1); a law of points has no use for a ``schedule`` or ``step``. The band also
         holds the law's extrapolation error outside its runs' scale range
         (:meth:`extrapolation_log_sd`) unless ``extrapolation=False``."""
-        level = float(level)
+        params, active_params, tokens, compute, fraction = (
+            q.params, q.active_params, q.tokens, q.compute, q.fraction)
+        level = 0.9 if level is None else float(level)
         if not 0 < level < 1:
             raise ValueError(f"level: must be in (0, 1), got {level!r}")
         if extrapolation:
@@ -230,7 +240,7 @@ class FitResult(LawResult, forms=tuple(FORMS)):
             below = flat["fraction"] < flat["fraction_floor"] - 1e-9
         if below is not None and below.any():
             warnings.warn(f"{self.form} law: fractions below {flat['fraction_floor']:g}, the "
-                          "smallest fitted, are extrapolated", stacklevel=2)
+                          "smallest fitted, are extrapolated", stacklevel=3)
         model = Model(self.spec.form, self.spec.form.features(flat))
         center = model.log_predict(self.u[None])[0]
         lo, hi = self._band(model, center, level, np.broadcast_to(extra_log_sigma, shape).ravel())
@@ -273,7 +283,7 @@ class FitResult(LawResult, forms=tuple(FORMS)):
                     warnings.warn(f"{self.form} law: points up to {float(np.max(d)):.2f} "
                                   "decades outside the fitted runs' range, and no rollout "
                                   "fold measured the extrapolation error: the band holds "
-                                  "none", stacklevel=3)
+                                  "none", stacklevel=4)
                 return np.zeros(shape)
             return pooled["rate"] * d
         rate, kind, lo, hi = extrapolation_rate(bt)
@@ -358,7 +368,7 @@ class FitResult(LawResult, forms=tuple(FORMS)):
         extra = z * np.asarray(extra, dtype=float)
         if reasons:
             warnings.warn(f"{self.form} law: prediction band unavailable: "
-                          + "; ".join(reasons), stacklevel=3)
+                          + "; ".join(reasons), stacklevel=4)
             nan = np.full_like(center, np.nan)
             return nan, nan
         hi = center + np.sqrt(up ** 2 + noise ** 2 + extra ** 2)
@@ -416,7 +426,7 @@ class FitResult(LawResult, forms=tuple(FORMS)):
         q = 0.5 + level / 2
         if not (self.dof and self.dof > 0 and self.cov is not None and self.sigma is not None):
             warnings.warn(f"{self.form} law (ols): prediction band unavailable: no residual "
-                          f"degrees of freedom (dof={self.dof})", stacklevel=3)
+                          f"degrees of freedom (dof={self.dof})", stacklevel=4)
             nan = np.full_like(center, np.nan)
             return nan, nan
         E = float(self.params["E"])

@@ -97,7 +97,7 @@ def fit_auto_curves(df, config, fix):
                 for i, name in enumerate(data.names):
                     train = df[df["run"].astype(str) != name]
                     law = fit_curve_law(train, form, bootstrap=0, fix=fix or None)
-                    pred = law.predict(lr=data.lr[i], at_steps=data.steps[i])
+                    pred = law.predict(schedule=data.lr[i], step=data.steps[i])
                     errs.append(float(np.mean(np.abs(pred.loss / data.loss[i] - 1.0))))
         except InputError as e:
             rows.append({"form": form, "error": str(e)})

@@ -28,6 +28,7 @@ from matplotlib.ticker import (
 )
 
 from fit.forms import CURVES_FORMS
+from predict.planned import rung_query
 from predict.watch import SEVERITIES, alert_kinds, health_alert_kinds
 from reports.inputs import ReportInputs, RunData, not_applicable_spans
 from reports.inputs import alert_fraction as _alert_fraction
@@ -157,8 +158,9 @@ def _law_along_run(inp: ReportInputs, run: RunData, fractions: np.ndarray):
     """The law evaluated along ``run`` at ``fractions`` of its plan (tokens and compute so far)."""
     if inp.law is None or run.planned_tokens is None:
         return None
-    if inp.law.is_curve:  # a law of the LR schedule: evaluated from the run's own rung spec
-        return inp.law.predict_run(run.rung, fractions, level=inp.level)
+    if inp.law.is_curve:  # a law of the LR schedule: asked along the run's own rung spec
+        return None if run.rung is None else inp.law.predict(
+            level=inp.level, **vars(rung_query(run.rung, fraction=fractions)))
     tokens = fractions * run.planned_tokens
     return inp.law.predict(level=inp.level, params=run.params, active_params=run.active_params,
                            tokens=tokens, compute=run.compute_at(tokens), fraction=fractions)
@@ -440,7 +442,8 @@ def plot_law(inp: ReportInputs) -> Figure | None:
         # spec (the ladder and the target), joined by a line, instead of a continuous curve.
         pts = []
         for r in list(inp.rungs) + ([inp.target] if inp.target is not None else []):
-            p = law.predict_run(r.rung, np.array([1.0]), level=inp.level) if r.compute else None
+            p = law.predict(level=inp.level, **vars(rung_query(r.rung, fraction=np.array([1.0])))
+                            ) if r.compute and r.rung is not None else None
             if p is not None:
                 pts.append((r.compute, p.loss[0], p.lo[0], p.hi[0]))
         if pts:

@@ -50,7 +50,7 @@ def test_a_curve_law_written_by_main_loads_and_predicts_as_it_did(form):
     law = load_law(DATA / f"curvelaw_main_72fc951_{form}.json")
     assert law.form == form and isinstance(law, Law)
     kw, (loss, lo, hi) = MAIN_CURVES[form]
-    p = law.predict(lr=_linear_short(), at_steps=AT, **kw)
+    p = law.predict(schedule=_linear_short(), step=AT, **kw)
     np.testing.assert_allclose(p.loss, loss, rtol=1e-12)
     np.testing.assert_allclose(p.lo, lo, rtol=1e-12)
     np.testing.assert_allclose(p.hi, hi, rtol=1e-12)
