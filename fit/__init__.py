@@ -7,7 +7,7 @@ ladder.specs and ladder.counting are plain Python.
     df = load_points(["runs/"], metric="eval_dropless/loss")   # or CSV / Parquet tables
     res = fit_law(df, form="trajectory", bootstrap=200)         # -> FitResult
     res.predict(compute=2.6e24 * 0.5, fraction=0.5)             # Prediction(loss, lo, hi, level)
-    print(res.report()); law = res.to_json()                    # schema "law/1"
+    print(res.report()); law = res.to_json()                    # schema "law/3"
     load_law("law.json", metric="paloma/c4_en/loss")            # one law of a multi-metric file
     load_laws("law.json")                                       # {metric key: law}, every one
 

@@ -246,6 +246,7 @@ class CurveLaw(LawResult, forms=tuple(FORMS)):
     def from_json(cls, obj: dict, *, path=None) -> CurveLaw:
         def bad(field_, msg):
             return InputError(msg, path=str(path) if path else "<law>", field=field_)
+        obj = lawjson.upgrade(obj)
         form = lawjson.check_envelope(obj, path=path, forms=tuple(FORMS))
         curve = obj.get("curve")
         if not isinstance(curve, dict):

@@ -162,7 +162,8 @@ def _fit_by(df, form, fix, tie, by, config) -> FitResult:
 
 
 # ----------------------------------------------------------------------------- law.json
-# One reader keyed by form: law.json files of every form share the schema law/1 and its envelope
+# One reader keyed by form: law.json files of every form share the schema (law/3; law/1 files read
+# through fit.lawjson.upgrade, one reader per version) and its envelope
 # (fit.lawjson.to_json); a curve law's own fields are under "curve" (fit.curve_law.CurveLaw), a
 # Chinchilla-family law's under "fit" (fit.lawjson.fit_own). fit.result.LawResult.from_json hands
 # each file to the kind that reads its form (importing fit.curve_fit here registers the curve one).
@@ -177,7 +178,7 @@ def law_from_json(obj: dict, *, path=None, metric: str | None = None) -> LawResu
 
 
 def _read_one(inner: dict, prefix: str, path) -> LawResult:
-    """One law/1 object read; its errors under ``prefix`` (``laws['KEY'].``, a law/2 file's)."""
+    """One law object read; its errors under ``prefix`` (``laws['KEY'].``, a law/2 file's)."""
     try:
         return LawResult.from_json(inner, path=path)
     except InputError as e:

@@ -97,7 +97,7 @@ class Law(Protocol):
 
     ``predict`` takes a :class:`Query` (or its fields as keywords) and returns a
     :class:`Prediction` with its band at ``level``, whatever the form; ``band`` is that band
-    alone. ``to_json`` writes law.json (schema law/1, keyed by ``form``;
+    alone. ``to_json`` writes law.json (schema law/3, keyed by ``form``;
     read back by fit.law.law_from_json = LawResult.from_json), whose
     ``uncertainty.band_method`` names ``band_method``."""
 

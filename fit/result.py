@@ -99,11 +99,13 @@ class LawResult:
 
     @classmethod
     def from_json(cls, obj: dict, *, path=None) -> LawResult:
-        """A law.json object (schema law/1) to the law its ``form`` names, validated."""
+        """A one-law law.json object (schema law/3, or law/1: fit.lawjson.upgrade) to the law
+        its ``form`` names, validated."""
         form = obj.get("form") if isinstance(obj, dict) else None
         kind = LawResult._KINDS.get(form) if isinstance(form, str) else None
         if kind is None or kind is cls:
-            lawjson.check_envelope(obj, path=path, forms=tuple(LawResult._KINDS))
+            lawjson.check_envelope(lawjson.upgrade(obj), path=path,
+                                   forms=tuple(LawResult._KINDS))
             raise InputError(f"unknown form {form!r}", path=str(path) if path else "<law>",
                              field="form")
         return kind.from_json(obj, path=path)
@@ -255,9 +257,10 @@ class FitResult(LawResult, forms=tuple(FORMS)):
         decades outside the range of the runs it was fitted on, the largest over the inputs
         the form uses (params and tokens, or compute; tokens and compute are taken at
         fraction 1, planned), above or below. 0 inside every range,
-        without a backtest, or for inputs not given. A law.json written before the pooled
-        record keeps its method: the RMS over folds of log error per decade of one scale
-        (planned compute, else params x tokens, else params; ``diagnostics.backtest.scale``).
+        without a backtest, or for inputs not given. A law/1 file written before the pooled
+        record keeps its method, read into the same record's shape
+        (fit.lawjson.per_fold_extrapolation): the RMS over folds of log error per decade of one
+        scale (planned compute, else params x tokens, else params).
         Below the range the rate measured upward is assumed: a ladder rung held out at the
         bottom is 0.85 decades below the rest on Gadre et al.'s ladder and its law misses it
         by 5-24% (docs/LOG.md, 2026-12-01)."""
@@ -265,43 +268,31 @@ class FitResult(LawResult, forms=tuple(FORMS)):
         given = [np.asarray(x, float) for x in (params, tokens, compute, fraction, active_params)
                  if x is not None]
         shape = np.broadcast(*given).shape if given else ()
-        pooled = _pooled_record(bt)
-        if pooled is not None:
-            fr = np.asarray(1.0 if fraction is None else fraction, float)
-            vals = {"params": params, "active_params": active_params, "tokens": tokens,
-                    "compute": compute}
-            with np.errstate(divide="ignore", invalid="ignore"):
-                vals = {k: None if v is None else (np.asarray(v, float) / fr
-                                                   if k in ("tokens", "compute")
-                                                   else np.asarray(v, float))
-                        for k, v in vals.items()}
-            d = input_distance(vals, pooled["ranges"], shape)
-            if pooled["rate"] is None:
-                # no rollout fold could be fitted (too few smaller runs): nothing measured the
-                # error outside the runs, and the band does not hold it; said, not hidden
-                if np.any(d > 0):
-                    warnings.warn(f"{self.form} law: points up to {float(np.max(d)):.2f} "
-                                  "decades outside the fitted runs' range, and no rollout "
-                                  "fold measured the extrapolation error: the band holds "
-                                  "none", stacklevel=4)
-                return np.zeros(shape)
-            return pooled["rate"] * d
-        rate, kind, lo, hi = extrapolation_rate(bt)
-        fr = np.asarray(1.0 if fraction is None else fraction, float)
-        scale = None
-        with np.errstate(divide="ignore", invalid="ignore"):
-            if kind == "compute" and compute is not None:
-                scale = np.asarray(compute, float) / fr
-            elif kind == "params_x_tokens" and params is not None and tokens is not None:
-                scale = np.asarray(params, float) * np.asarray(tokens, float) / fr
-            elif kind == "params" and params is not None:
-                scale = np.asarray(params, float)
-        if rate is None or scale is None:
+        pooled = lawjson.pooled_record(bt)
+        if pooled is None:  # no backtest, or none that measured a rate (law/1)
             return np.zeros(shape)
+        fr = np.asarray(1.0 if fraction is None else fraction, float)
+        vals = {"params": params, "active_params": active_params, "tokens": tokens,
+                "compute": compute}
         with np.errstate(divide="ignore", invalid="ignore"):
-            ls = np.log10(np.broadcast_to(scale, shape))
-        d = np.maximum(ls - hi, 0.0) + (np.maximum(lo - ls, 0.0) if lo is not None else 0.0)
-        return rate * np.where(np.isfinite(d), d, 0.0)
+            vals = {k: None if v is None else (np.asarray(v, float) / fr
+                                               if k in ("tokens", "compute")
+                                               else np.asarray(v, float))
+                    for k, v in vals.items()}
+            if params is not None and tokens is not None:  # a law/1 per-fold record's scale
+                vals["params_x_tokens"] = (np.asarray(params, float) * np.asarray(tokens, float)
+                                           / fr)
+        d = input_distance(vals, pooled["ranges"], shape)
+        if pooled["rate"] is None:
+            # no rollout fold could be fitted (too few smaller runs): nothing measured the
+            # error outside the runs, and the band does not hold it; said, not hidden
+            if np.any(d > 0):
+                warnings.warn(f"{self.form} law: points up to {float(np.max(d)):.2f} "
+                              "decades outside the fitted runs' range, and no rollout "
+                              "fold measured the extrapolation error: the band holds "
+                              "none", stacklevel=4)
+            return np.zeros(shape)
+        return pooled["rate"] * d
 
     def _columns(self, params, active_params, tokens, compute, fraction) -> dict:
         given = {"params": params, "active_params": active_params, "tokens": tokens,
@@ -483,7 +474,7 @@ class FitResult(LawResult, forms=tuple(FORMS)):
 
     @classmethod
     def from_json(cls, obj: dict, *, path=None) -> FitResult:
-        """A law.json object (schema law/1, a Chinchilla-family form) to a FitResult."""
+        """A law.json object (law/3 or law/1, a Chinchilla-family form) to a FitResult."""
         top, groups = lawjson.read(obj, path=path)
 
         def build(kw):
@@ -511,50 +502,16 @@ def input_distance(values: dict, ranges: dict, shape=()) -> np.ndarray:
     return d
 
 
-def _pooled_record(bt) -> dict | None:
-    """The backtest's pooled extrapolation record (fit.backtest, ``extrapolation``), or None in
-    law.json files written before it (their band keeps the per-fold rate on one scale)."""
-    ex = bt.get("extrapolation") if isinstance(bt, dict) else None
-    if not isinstance(ex, dict) or not isinstance(ex.get("ranges_log10"), dict):
-        return None
-    rate = ex.get("rate_per_decade")
-    if rate is not None and not (isinstance(rate, (int, float)) and math.isfinite(rate)
-                                 and rate >= 0):
-        return None
-    ranges = {}
-    for c, r in ex["ranges_log10"].items():
-        if not (isinstance(r, list) and len(r) == 2 and all(
-                isinstance(x, (int, float)) and math.isfinite(x) for x in r)):
-            return None
-        ranges[str(c)] = (float(r[0]), float(r[1]))
-    return {"rate": None if rate is None else float(rate), "ranges": ranges}
-
-
 def extrapolation_rate(bt) -> tuple:
-    """(RMS log error per decade, scale kind, log10 of the smallest and the largest run's
-    scale) from a backtest's record (``diagnostics.backtest``); rate None without a fold that
-    extrapolated. The smallest is None in law.json files written before it was recorded (their
-    band then widens only above the largest run, as the forecast did)."""
+    """(rate per decade, scale kind, log10 of the smallest and the largest run's scale) from a
+    backtest's record (``diagnostics.backtest``); rate None without a rate measured; an end
+    None where the record has none (law/1 files written before it was recorded)."""
     bt = bt if isinstance(bt, dict) else {}
-    pooled = _pooled_record(bt)
-    if pooled is not None:  # the pooled rate (fit.backtest); the scale fields for old readers
-        top, bottom = bt.get("scale_log10_max"), bt.get("scale_log10_min")
-        ok = isinstance(top, (int, float)) and isinstance(bottom, (int, float))
-        return (pooled["rate"], bt.get("scale"), float(bottom) if ok else None,
-                float(top) if ok else None)
-    per_decade = []
-    for fold in bt.get("folds") or []:
-        d = fold.get("decades") if isinstance(fold, dict) else None
-        if not (isinstance(d, (int, float)) and d > 0):
-            continue
-        per_decade += [math.log1p(float(e)) / d for e in fold.get("final_rel_err") or []
-                       if isinstance(e, (int, float)) and math.isfinite(e) and e > -1]
-    top, bottom, kind = bt.get("scale_log10_max"), bt.get("scale_log10_min"), bt.get("scale")
-    if not per_decade or not isinstance(top, (int, float)) or kind not in (
-            "compute", "params_x_tokens", "params"):
-        return None, kind, None, None
-    bottom = float(bottom) if isinstance(bottom, (int, float)) else None
-    return float(np.sqrt(np.mean(np.square(per_decade)))), kind, bottom, float(top)
+    rec = lawjson.pooled_record(bt)
+    top, bottom = bt.get("scale_log10_max"), bt.get("scale_log10_min")
+    return (None if rec is None else rec["rate"], bt.get("scale"),
+            float(bottom) if isinstance(bottom, (int, float)) else None,
+            float(top) if isinstance(top, (int, float)) else None)
 
 
 def _jacobian_rows(model: Model, u: np.ndarray) -> np.ndarray:

@@ -51,7 +51,7 @@ from fit.result import LawResult
 from ladder.io import InputError, to_jsonable
 
 FORM = "task"
-TASK_SCHEMA = "task-law/1"   # the "task" block of a law/1 file of form "task"
+TASK_SCHEMA = "task-law/1"   # the "task" block of a law.json file of form "task"
 NAMES = ("a", "L0", "k", "b")
 LOWER = np.array([-1.0, 0.0, 0.0, 0.0])
 UPPER = np.array([0.0, np.inf, 1e3, 1.0])
@@ -360,6 +360,7 @@ class TaskLaw(LawResult, forms=(FORM,)):
 
         def bad(field_, msg):
             return InputError(msg, path=where, field=field_)
+        obj = lawjson.upgrade(obj)
         lawjson.check_envelope(obj, path=path, forms=(FORM,))
         task = obj.get("task")
         if not isinstance(task, dict):

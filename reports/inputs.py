@@ -183,7 +183,7 @@ class LawView:
 
 
 def load_law(law: Any) -> LawView | None:
-    """A law path (law/1 JSON) or an already-loaded law object (anything with ``predict``)."""
+    """A law path (law.json) or an already-loaded law object (anything with ``predict``)."""
     if law is None:
         return None
     if not isinstance(law, (str, os.PathLike)):

@@ -185,7 +185,7 @@ def test_bootstrap_band_contains_truth_and_json_round_trip():
     p2 = again.predict(schedule=lr, step=EVAL)
     np.testing.assert_allclose(p2.loss, pred.loss, rtol=1e-12)
     np.testing.assert_allclose(p2.hi, pred.hi, rtol=1e-12)
-    assert law.to_json()["schema"] == "law/1" and "mpl" in law.report()
+    assert law.to_json()["schema"] == "law/3" and "mpl" in law.report()
 
 
 def test_no_bootstrap_means_nan_band_with_warning():
