@@ -33,7 +33,7 @@ from fit.allocation import allocation_diagnostics
 from fit.config import FitConfig
 from fit.forms import U_LIMIT, Form, Model, Spec
 from fit.identify import identifiability
-from fit.result import FitResult, Spread, _jacobian_rows
+from fit.result import FitResult, Spread
 from fit.solver import STATUS, Refits, lbfgs, percentile_interval, polish, run_bootstrap
 from ladder.io import InputError, sha256_of
 
@@ -167,7 +167,7 @@ def fit_spec(df: pd.DataFrame, spec: Spec, config: FitConfig | None = None, *,
     dof = float(dof) if dof > 0 else None
     cov = None
     if sigma is not None and sigma > 0:
-        J = _jacobian_rows(model, u) @ prob.M
+        J = model.jacobian(u) @ prob.M
         if weights is not None:  # the weighted objective's curvature: J' W J
             J = J * np.sqrt(weights)[:, None]
         # Laplace approximation of the penalised fit: the prior's precision (in the solver's

@@ -341,7 +341,7 @@ class FitResult(LawResult, forms=tuple(FORMS)):
         # the normal quantile (small_sample), as for the noise part
         if self.cov is not None and tq is not None and not have_param:
             _u0, M = self.spec.mapping()
-            J = _jacobian_rows(model, self.u) @ M             # (m, F)
+            J = model.jacobian(self.u) @ M             # (m, F)
             se = np.sqrt(np.maximum(np.einsum("mf,fg,mg->m", J, self.cov, J), 0.0))
             up = np.maximum(up, tq * se)
             down = np.maximum(down, tq * se)
@@ -513,9 +513,6 @@ def extrapolation_rate(bt) -> tuple:
             float(bottom) if isinstance(bottom, (int, float)) else None,
             float(top) if isinstance(top, (int, float)) else None)
 
-
-def _jacobian_rows(model: Model, u: np.ndarray) -> np.ndarray:
-    return model.jacobian(u)
 
 
 def _conventions() -> dict:
