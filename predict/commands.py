@@ -1,4 +1,4 @@
-"""`ladder preregister`, `ladder verify` and `ladder watch` (arguments are parsed in ladder/cli)."""
+"""`ladder preregister`, `ladder verify` and `ladder watch` (arguments are parsed in cli/main)."""
 
 from __future__ import annotations
 
@@ -503,7 +503,7 @@ def source_keys(src: str, max_rows: int = 200) -> str:
 
 def watch_main(args, *, live_page=None) -> int:
     """`ladder watch`. ``live_page(watcher, port=...)`` starts the ``--serve`` page (drawn by
-    reports, above predict: ``ladder.commands.watch_main`` passes it in)."""
+    reports, above predict: ``cli.commands.watch_main`` passes it in)."""
     from predict import sinks as sk
     from predict.live import FollowConfig, Watcher
     from predict.sources import WandbApiSource, open_source

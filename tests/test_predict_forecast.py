@@ -6,7 +6,7 @@ import warnings
 import numpy as np
 import pytest
 
-from ladder.cli import main
+from cli.main import main
 from ladder.io import atomic_write_json, read_json
 from predict import forecast as fc
 from predict import prereg as pr

@@ -7,7 +7,7 @@ import stat
 import numpy as np
 import pytest
 
-from ladder.cli import main
+from cli.main import main
 from ladder.io import InputError, canonical_json, read_json
 from ladder.specs import LADDERS, resolve
 from predict import prereg as pr
@@ -187,7 +187,7 @@ def test_predict_never_imports_jax():
     import sys
     code = ("import sys; import predict.commands, predict.live, predict.sinks, predict.sources, "
             "predict.forecast, predict.prereg, predict.watch, predict.synthetic; "
-            "from ladder.cli import main; "
+            "from cli.main import main; "
             "print('jax' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]),

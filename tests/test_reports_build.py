@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import chromium_dom
-from ladder.cli import main as cli_main
+from cli.main import main as cli_main
 from ladder.specs import get_ladder
 from predict.prereg import seal
 from reports.commands import build_report
