@@ -12,8 +12,9 @@ from ladder.io import InputError, canonical_json, read_json
 from ladder.specs import LADDERS, resolve
 from predict import prereg as pr
 from predict import synthetic as sy
+from predict.band import combine_band, estimate_eval_noise
 from predict.commands import make_prereg
-from predict.forecast import Target, combine_band, estimate_eval_noise, forecast, grid_fractions
+from predict.forecast import Target, forecast, grid_fractions
 
 TRUTH = sy.Truth()
 
