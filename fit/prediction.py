@@ -12,7 +12,7 @@ so fit.law, fit.curve_law and reports can all import it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -48,11 +48,6 @@ class Query:
         if given:
             raise TypeError(f"query: give a Query or its fields, not both ({sorted(given)})")
         return query
-
-    def points(self) -> dict:
-        """The fields of a law of points (sizes, tokens, compute, fraction) as keywords."""
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name not in ("schedule", "step")}
 
 
 @dataclass(frozen=True)

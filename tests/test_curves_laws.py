@@ -213,6 +213,23 @@ def test_predict_rung_uses_the_shortened_schedule():
     assert not np.allclose(planned.loss, shortened.loss)
 
 
+def test_eval_noise_widens_a_curve_laws_band_in_quadrature():
+    """extra_log_sigma (every law's option: the forecaster's eval noise) is added to the curve
+    law's residual sigma in quadrature: with draws that do not spread, the band's half-width in
+    log space is z x sqrt(sigma^2 + extra^2) (Monte Carlo: within 10%); none added, the band
+    is exactly the one without the option."""
+    import dataclasses
+    law = dataclasses.replace(law_with("mpl", MPL_TRUE), draws=[dict(MPL_TRUE)] * 20, sigma=0.01)
+    lr = lr_of("cosine")
+    base = law.predict(schedule=lr, step=EVAL)
+    same = law.predict(schedule=lr, step=EVAL, extra_log_sigma=0.0)
+    np.testing.assert_array_equal(base.hi, same.hi)
+    wide = law.predict(schedule=lr, step=EVAL, extra_log_sigma=0.02)
+    half = np.log(wide.hi / wide.loss)
+    np.testing.assert_allclose(half, 1.6449 * math.hypot(0.01, 0.02), rtol=0.1)
+    assert np.all(np.log(base.hi / base.loss) < half)
+
+
 def test_a_planned_runs_tokens_set_its_length():
     """The forecaster's question of a curve law (fit.prediction.Query with a planned run's
     schedule and its tokens so far): the same schedule shape stretched to tokens / fraction, here
