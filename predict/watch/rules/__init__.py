@@ -65,9 +65,15 @@ RULES: tuple[Rule, ...] = (
     StalledRule(),
 )
 
-_keys = [r.key for r in RULES if r.State is not None]
-if len(set(_keys)) != len(_keys):  # two rules in one section of the state file: a bug here
-    raise AssertionError(f"rules share a state section: {sorted(_keys)}")
+
+def _one_section_each() -> None:
+    """Two rules in one section of the state file would overwrite each other: a bug here."""
+    keys = [r.key for r in RULES if r.State is not None]
+    if len(set(keys)) != len(keys):
+        raise AssertionError(f"rules share a state section: {sorted(keys)}")
+
+
+_one_section_each()
 
 
 # keys every rule needs to place a row on the forecast (DESIGN.md section 3: metrics.jsonl)

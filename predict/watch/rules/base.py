@@ -27,9 +27,6 @@ if TYPE_CHECKING:  # annotations only: the view imports the config, which import
     from predict.watch.view import PreregView
 
 
-# ------------------------------------------------------------------ thresholds (config slices)
-
-
 def positive_int(v) -> str | None:
     return None if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else \
         "a positive integer"
@@ -91,9 +88,6 @@ def check_thresholds(obj) -> None:
         want = test(v) if test else None
         if want:
             raise ValueError(f"{f.name}: must be {want}, got {v!r}")
-
-
-# ------------------------------------------------------------------ typed state
 
 
 # The kinds of a state field (issue 26: a state file is ours, but it is a file, edited or damaged
@@ -216,9 +210,6 @@ def read_field(v, spec, where: str):
     return v
 
 
-# ------------------------------------------------------------------ the rule
-
-
 @dataclass
 class Context:
     """What a judge sees of one call of ``check``: the pre-registration's view, the batch, each
@@ -244,9 +235,10 @@ class Rule:
     at their own points (applicability first, the input's remarks, stalled); ``family``, the part
     of ``WatchConfig`` its thresholds join ("loss", "health", "run"); ``kinds``, the alert kinds
     it raises; ``description``; ``panel``, where the report draws its alerts ("watch": the loss
-    plot, "health": the health panels of the keys it reads, None: listed only); ``prefixes``,
-    key prefixes it reads besides :meth:`keys`; ``Config``, its thresholds; ``State``, its typed
-    state (None: it keeps none), kept in the state file under ``key`` (default its name).
+    plot, "health": the health panels of the keys it reads, None: listed only); the keys it reads
+    (:meth:`keys`): the registered metric when ``reads_metric``, the ``fixed_keys``, and every key
+    starting with one of ``prefixes``; ``Config``, its thresholds; ``State``, its typed state
+    (None: it keeps none), kept in the state file under ``key`` (default its name).
     """
 
     name: ClassVar[str]
@@ -255,6 +247,8 @@ class Rule:
     kinds: ClassVar[tuple[str, ...]]
     description: ClassVar[str]
     panel: ClassVar[str | None] = None
+    reads_metric: ClassVar[bool] = False
+    fixed_keys: ClassVar[tuple[str, ...]] = ()
     prefixes: ClassVar[tuple[str, ...]] = ()
     Config: ClassVar[type] = Thresholds
     State: ClassVar[type | None] = None
@@ -286,7 +280,7 @@ class Rule:
 
     def keys(self, metric: str, cfg) -> tuple[str, ...]:
         """The metric keys it reads (``cfg`` its config slice)."""
-        return ()
+        return ((metric,) if self.reads_metric else ()) + self.fixed_keys
 
     def reads(self, metric: str, cfg) -> tuple[str, ...]:
         return tuple(self.keys(metric, self.config(cfg)))

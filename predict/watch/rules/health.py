@@ -28,7 +28,12 @@ from predict.watch.rules.hysteresis import Hysteresis, level_changes
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-# ------------------------------------------------------------------ thresholds several share
+class HealthRule(Rule):
+    """A health rule: judged on the whole batch, drawn on the health panels of its keys."""
+
+    scope = "batch"
+    family = "health"
+    panel = "health"
 
 
 @dataclass(frozen=True)
@@ -85,9 +90,6 @@ class GradWindow(Thresholds):
 class GradAfter(Thresholds):
     grad_after: float = threshold(0.02, unit)  # ignore norms before this fraction (warmup
     #                                            transients)
-
-
-# ------------------------------------------------------------------ state and helpers
 
 
 @dataclass
@@ -151,9 +153,6 @@ def signal(ctx: Context, cfg: HealthPersistence, h: Hysteresis, kind: str, key: 
                            extra={"key": key, "clears": kind}))
 
 
-# ------------------------------------------------------------------ non-finite values
-
-
 @dataclass(frozen=True)
 class NanConfig(Thresholds):
     nan_keys: tuple = threshold(("train/loss", "grad/norm", "eval/loss"), convert=tuple)
@@ -164,12 +163,10 @@ class NanState(RuleState):
     reported: list = kept("strs", factory=list)  # keys already reported (once each)
 
 
-class NanRule(Rule):
+class NanRule(HealthRule):
     """A non-finite value of the metric or of ``nan_keys``: critical at once, once per key."""
 
     name = "nan"
-    scope = "batch"
-    family = "health"
     kinds = ("nan",)
     description = "a non-finite metric, train loss, grad norm or eval loss (critical at once)"
     panel = "watch"
@@ -196,9 +193,6 @@ class NanRule(Rule):
         return f"A non-finite {', '.join(c.nan_keys)} or metric is critical at once."
 
 
-# ------------------------------------------------------------------ spikes
-
-
 @dataclass(frozen=True)
 class SpikeConfig(SpikeWindow):
     spike_k: float = threshold(7.0, positive)
@@ -219,20 +213,17 @@ class SpikeState(RuleState):
     last_step: int | None = kept("step?")     # the step of the last spike alerted
 
 
-class SpikeRule(Rule):
+class SpikeRule(HealthRule):
     """Train-loss spikes: train loss vs trailing median + k x robust sd of the rows before it;
     one alert per burst."""
 
     name = "spike"
-    scope = "batch"
-    family = "health"
     kinds = ("spike",)
     description = "train-loss spikes against a robust trailing median"
+    panel = None  # listed only (a tick on the loss plot's edge)
+    fixed_keys = ("train/loss",)
     Config = SpikeConfig
     State = SpikeState
-
-    def keys(self, metric, cfg):
-        return ("train/loss",)
 
     def judge(self, ctx: Context, cfg: SpikeConfig, st: SpikeState) -> None:
         b = ctx.batch
@@ -270,9 +261,6 @@ class SpikeRule(Rule):
                 f"more than {c.spike_rel:.0%} is a spike.")
 
 
-# ------------------------------------------------------------------ grad norm
-
-
 @dataclass(frozen=True)
 class GradConfig(GradWindow, GradAfter, HealthPersistence):
     grad_growth_warn: float = threshold(4.0, positive)  # growth of grad norm since its
@@ -287,20 +275,15 @@ class GradState(SignalState):
     min: float | None = kept("num?")  # the trailing median's minimum since grad_after
 
 
-class GradNormRule(Rule):
+class GradNormRule(HealthRule):
     """Grad norm: level vs the ladder's, growth since its post-warmup minimum."""
 
     name = "grad_norm"
-    scope = "batch"
-    family = "health"
     kinds = ("grad_norm", "cleared")
     description = "grad norm against the ladder's and its growth since warmup"
-    panel = "health"
+    fixed_keys = ("grad/norm",)
     Config = GradConfig
     State = GradState
-
-    def keys(self, metric, cfg):
-        return ("grad/norm",)
 
     def judge(self, ctx: Context, cfg: GradConfig, st: GradState) -> None:
         b, frac, view = ctx.batch, ctx.frac, ctx.view
@@ -340,9 +323,6 @@ class GradNormRule(Rule):
                 f"critical.")
 
 
-# ------------------------------------------------------------------ token-drop fraction
-
-
 @dataclass(frozen=True)
 class DropConfig(DropWindow, EnvelopeWidth, HealthPersistence):
     drop_crit_factor: float = threshold(2.5, positive)  # critical: this x the warning limit (the
@@ -354,20 +334,15 @@ class DropConfig(DropWindow, EnvelopeWidth, HealthPersistence):
     drop_floor: float = threshold(0.01, unit)         # below this drop fraction never alert
 
 
-class DropFracRule(Rule):
+class DropFracRule(HealthRule):
     """Token-drop fraction vs the ladder's widened envelope at the same fraction."""
 
     name = "drop_frac"
-    scope = "batch"
-    family = "health"
     kinds = ("drop_frac", "cleared")
     description = "the token-drop fraction against the ladder's envelope at the same fraction"
-    panel = "health"
+    fixed_keys = ("moe/drop_frac",)
     Config = DropConfig
     State = SignalState
-
-    def keys(self, metric, cfg):
-        return ("moe/drop_frac",)
 
     def judge(self, ctx: Context, cfg: DropConfig, st: SignalState) -> None:
         b, frac = ctx.batch, ctx.frac
@@ -405,31 +380,22 @@ class DropFracRule(Rule):
                 f"{c.drop_warn_abs} / {c.drop_crit_abs}); never below {c.drop_floor}.")
 
 
-# ------------------------------------------------------------------ router: the envelope
-
-
 @dataclass(frozen=True)
 class EnvelopeConfig(DropWindow, EnvelopeWidth, HealthPersistence):
     pass
 
 
-class _EnvelopeRule(Rule):
+class _EnvelopeRule(HealthRule):
     """A router signal below (``side`` "below") or above its envelope: the ladder's range at the
     same fraction widened by the ladder's own tolerance plus ``envelope_margin``."""
 
-    scope = "batch"
-    family = "health"
     kinds = ("router", "cleared")
-    panel = "health"
     Config = EnvelopeConfig
     State = SignalState
     signal_key: str
     side: str
     what: str      # the signal, in messages
     phrase: str    # how the words start
-
-    def keys(self, metric, cfg):
-        return (self.signal_key,)
 
     def judge(self, ctx: Context, cfg: EnvelopeConfig, st: SignalState) -> None:
         b, frac, key = ctx.batch, ctx.frac, self.signal_key
@@ -471,6 +437,7 @@ class RouterEntropyRule(_EnvelopeRule):
     name = "router_entropy"
     description = "router entropy below the ladder's envelope (a collapse)"
     signal_key = "moe/router_entropy"
+    fixed_keys = (signal_key,)
     side = "below"
     what = "router entropy"
     phrase = "Router entropy below"
@@ -483,12 +450,10 @@ class ExpertLoadRule(_EnvelopeRule):
     name = "expert_load"
     description = "expert load max/mean above the ladder's envelope (a collapse onto few experts)"
     signal_key = "moe/load_max_over_mean"
+    fixed_keys = (signal_key,)
     side = "above"
     what = "expert load max/mean"
     phrase = "Expert load max/mean above"
-
-
-# ------------------------------------------------------------------ router bias
 
 
 @dataclass(frozen=True)
@@ -499,23 +464,18 @@ class RouterBiasConfig(GradWindow, SpikeWindow, HealthPersistence):
     #                                                     trailing median
 
 
-class RouterBiasRule(Rule):
+class RouterBiasRule(HealthRule):
     """``router_bias`` judged on its own: set by a balancing rule, not by gradients, it spikes
     early by design; after ``router_bias_after`` a jump over its trailing median warns."""
 
     name = "router_bias"
-    scope = "batch"
-    family = "health"
     kinds = ("router", "cleared")
     description = ("the router-bias norm jumping over its trailing median (it is not "
                    "gradient-trained)")
-    panel = "health"
     Config = RouterBiasConfig
     State = SignalState
     signal_key = "params/norm/router_bias"
-
-    def keys(self, metric, cfg):
-        return (self.signal_key,)
+    fixed_keys = (signal_key,)
 
     def judge(self, ctx: Context, cfg: RouterBiasConfig, st: SignalState) -> None:
         b, key = ctx.batch, self.signal_key
@@ -536,9 +496,6 @@ class RouterBiasRule(Rule):
                 f"(> {c.router_bias_jump}x its trailing median).")
 
 
-# ------------------------------------------------------------------ parameter norms
-
-
 @dataclass(frozen=True)
 class ParamNormConfig(GradWindow, GradAfter, HealthPersistence):
     param_growth_ratio: float = threshold(2.0, positive)  # per-group norm growth vs the
@@ -555,15 +512,12 @@ class ParamNormState(RuleState):
     base: dict = kept(("map", "num?"), factory=dict)
 
 
-class ParamNormRule(Rule):
+class ParamNormRule(HealthRule):
     """Parameter norms per group (``router_bias`` aside) against the ladder's growth."""
 
     name = "param_norm"
-    scope = "batch"
-    family = "health"
     kinds = ("param_norm", "cleared")
     description = "parameter-norm growth per group against the ladder's"
-    panel = "health"
     prefixes = ("params/norm/",)
     Config = ParamNormConfig
     State = ParamNormState

@@ -52,7 +52,13 @@ class EvalPoint:
     raised: str | None = None
 
 
-# ------------------------------------------------------------------ thresholds several share
+class LossRule(Rule):
+    """A loss rule: judged eval by eval on the registered metric, drawn on the loss plot."""
+
+    scope = "eval"
+    family = "loss"
+    panel = "watch"
+    reads_metric = True
 
 
 @dataclass(frozen=True)
@@ -77,9 +83,6 @@ class Persistence(Thresholds):
 
     k_consecutive: int = threshold(3, positive_int)  # evals outside before a warning
     k_clear: int = threshold(2, positive_int)        # evals back inside before "cleared"
-
-
-# ------------------------------------------------------------------ rule 1: band
 
 
 @dataclass(frozen=True)
@@ -107,20 +110,14 @@ class BandState(Hysteresis):
     far_len: int = kept("count", 0)
 
 
-class BandRule(Rule):
+class BandRule(LossRule):
     """Rule 1: the smoothed metric outside the alert band, with hysteresis."""
 
     name = "band"
-    scope = "eval"
-    family = "loss"
     kinds = ("above_band", "below_band", "cleared")
     description = "the smoothed metric outside the forecast band, with hysteresis"
-    panel = "watch"
     Config = BandConfig
     State = BandState
-
-    def keys(self, metric, cfg):
-        return (metric,)
 
     def judge(self, ctx: Context, cfg: BandConfig, bs: BandState, ev: EvalPoint) -> None:
         view = ctx.view
@@ -177,9 +174,6 @@ class BandRule(Rule):
                 f"{c.min_fraction:.0%} of the run are not compared.")
 
 
-# ------------------------------------------------------------------ rule 1b: trend
-
-
 @dataclass(frozen=True)
 class TrendConfig(Smoothing, Persistence):
     # a change against the run's own earlier level (catches a step or a drift inside the band: a
@@ -216,21 +210,15 @@ class TrendState(Hysteresis):
     dir: str | None = kept("str?")
 
 
-class TrendRule(Rule):
+class TrendRule(LossRule):
     """Rule 1b: the smoothed relative residual against its own median over an earlier window."""
 
     name = "trend"
-    scope = "eval"
-    family = "loss"
     kinds = ("trend", "cleared")
     description = ("the residual to the forecast moving away from its own earlier level (inside "
                    "the band)")
-    panel = "watch"
     Config = TrendConfig
     State = TrendState
-
-    def keys(self, metric, cfg):
-        return (metric,)
 
     def judge(self, ctx: Context, cfg: TrendConfig, ts: TrendState, ev: EvalPoint) -> None:
         view = ctx.view
@@ -302,9 +290,6 @@ class TrendRule(Rule):
                 f"{c.k_clear} evals.")
 
 
-# ------------------------------------------------------------------ rule 1c: rising
-
-
 @dataclass(frozen=True)
 class RiseConfig(Persistence):
     # the metric rising above its own running minimum. A healthy run's held-out loss does not go
@@ -325,21 +310,15 @@ class RiseState(Hysteresis):
     min: float | None = kept("num?")
 
 
-class RiseRule(Rule):
+class RiseRule(LossRule):
     """Rule 1c: the metric above its own running minimum for ``rise_k`` consecutive evals."""
 
     name = "rising"
-    scope = "eval"
-    family = "loss"
     kinds = ("rising", "cleared")
     description = "the held-out metric rising above its own running minimum"
-    panel = "watch"
     Config = RiseConfig
     State = RiseState
     key = "rise"
-
-    def keys(self, metric, cfg):
-        return (metric,)
 
     def judge(self, ctx: Context, cfg: RiseConfig, rs: RiseState, ev: EvalPoint) -> None:
         view = ctx.view
@@ -371,9 +350,6 @@ class RiseRule(Rule):
                 f"noise) for {c.rise_k} consecutive evals is a 'rising' warning.")
 
 
-# ------------------------------------------------------------------ rule 4: contingency
-
-
 @dataclass(frozen=True)
 class ContingencyConfig(Thresholds):
     contingency_fraction: float = threshold(0.25, unit)  # real plan: trouble in the first 25% of
@@ -387,23 +363,17 @@ class ContingencySent(RuleState):
     sent: bool = kept("bool", False)
 
 
-class ContingencyRule(Rule):
+class ContingencyRule(LossRule):
     """Rule 4: an above_band alert raised inside the first ``contingency_fraction`` of the run
     (once per run): the contingency advisory, with the projected final value if the run
     continues and the token budget that would still reach the registered final value."""
 
     name = "contingency"
-    scope = "eval"
-    family = "loss"
     kinds = ("contingency",)
     description = ("a confirmed deviation early in the run: projected final value and the budget "
                    "to reach the registered one")
-    panel = "watch"
     Config = ContingencyConfig
     State = ContingencySent
-
-    def keys(self, metric, cfg):
-        return (metric,)
 
     def judge(self, ctx: Context, cfg: ContingencyConfig, st: ContingencySent,
               ev: EvalPoint) -> None:

@@ -32,9 +32,6 @@ from predict.watch.rules.base import (
 MISSING_METRIC_BY = 0.1
 
 
-# ------------------------------------------------------------------ applicability
-
-
 @dataclass(frozen=True)
 class ApplicabilityConfig(Thresholds):
     steps_tolerance: float = threshold(0.005, positive)  # planned steps implied by step/progress
@@ -104,9 +101,6 @@ class ApplicabilityRule(Rule):
                 f"{c.steps_tolerance:.1%}) stops all comparison: not_applicable.")
 
 
-# ------------------------------------------------------------------ the input's remarks
-
-
 @dataclass(frozen=True)
 class InputConfig(Thresholds):
     align: str = threshold("auto", one_of("auto", "tokens", "step", "fraction"))
@@ -160,9 +154,6 @@ class InputRule(Rule):
                 "'rewind' (info); no registered metric in the rows: 'missing_metric' (info).")
 
 
-# ------------------------------------------------------------------ stalled
-
-
 @dataclass(frozen=True)
 class StalledConfig(Thresholds):
     stalled_seconds: float = threshold(1800.0, positive)
@@ -206,9 +197,6 @@ class StalledRule(Rule):
 
     def text(self, c: StalledConfig, level: float) -> str:
         return f"No new point for {c.stalled_seconds:g} s is 'stalled'."
-
-
-# ------------------------------------------------------------------ the applicability conditions
 
 
 def applicability_breaks(app: Mapping, config: Mapping) -> list[str]:
