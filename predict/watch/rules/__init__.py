@@ -90,8 +90,8 @@ def rule(name: str) -> Rule:
 def watched_keys(metric: str | Sequence[str], config=None) -> tuple[KeyFilter, list[str]]:
     """The key filter of a source (which keys the rules read) and its fixed keys, sorted;
     ``metric`` one key, or the keys of a multi-metric watch (the union of what each reads);
-    ``config`` a ``WatchConfig`` (default: the defaults)."""
-    cfg = config or _default_config()
+    ``config`` a ``WatchConfig`` (None: the defaults)."""
+    cfg = config  # None: each rule's defaults
     fixed = set(ALIGN_KEYS)
     prefixes: list[str] = []
     for r in RULES:
@@ -111,7 +111,7 @@ def alert_kinds(panel: str | None = None) -> frozenset[str]:
 def health_alert_kinds(config=None) -> dict[str, tuple]:
     """For each fixed key a health-panel rule reads (and the non-finite rule's keys, the
     registered metric aside), the alert kinds raised about it."""
-    cfg = config or _default_config()
+    cfg = config  # None: each rule's defaults
     out: dict[str, list] = {}
     for r in RULES:
         if r.panel != "health" and r.name != "nan":
@@ -128,8 +128,3 @@ def decision_rule_words(cfg, level: float) -> str:
     """The decision rule in words (stored beside the parameters in the pre-registration): each
     rule's own slice, in registry order (``RULES``); ``cfg`` a ``WatchConfig``."""
     return " ".join(r.words(cfg, level) for r in RULES)
-
-
-def _default_config():
-    from predict.watch.config import WatchConfig  # derived from RULES: imported when called
-    return WatchConfig()

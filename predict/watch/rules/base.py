@@ -18,13 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-if TYPE_CHECKING:  # annotations only: the view imports the config, which imports the rules
+if TYPE_CHECKING:  # annotations only
     import numpy as np
 
     from predict.watch.alerts import Alert
     from predict.watch.batch import Batch
-    from predict.watch.state import WatchState
-    from predict.watch.view import PreregView
 
 
 def positive_int(v) -> str | None:
@@ -215,15 +213,16 @@ class Context:
     """What a judge sees of one call of ``check``: the pre-registration's view, the batch, each
     row's fraction of the run and tokens, the alerts' time stamp, ``emit`` (records an alert and
     the worst severity) and the watcher state (its shared fields; a rule's own state is
-    ``state.of(rule)``)."""
+    ``state.of(rule)``). The view and the state are not imported here: both modules derive from
+    the rules (the view holds the ``WatchConfig``, the state their sections)."""
 
-    view: PreregView
+    view: Any            # predict.watch.view.PreregView
     batch: Batch
     frac: np.ndarray
     tokens: np.ndarray
     stamp: str
     emit: Callable[[Alert], None]
-    state: WatchState
+    state: Any           # predict.watch.state.WatchState
 
 
 class Rule:
@@ -273,7 +272,10 @@ class Rule:
         return (self.key,) if self.State is not None else ()
 
     def config(self, cfg) -> Thresholds:
-        """This rule's slice of ``cfg`` (a ``WatchConfig``, or the slice itself)."""
+        """This rule's slice of ``cfg`` (a ``WatchConfig``, the slice itself, or None: the
+        defaults)."""
+        if cfg is None:
+            return self.Config()
         if isinstance(cfg, self.Config):
             return cfg
         return cfg.slice_of(self.Config)

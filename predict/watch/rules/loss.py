@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from ladder.io import as_float
@@ -26,9 +24,6 @@ from predict.watch.rules.base import (
     unit,
 )
 from predict.watch.rules.hysteresis import Hysteresis
-
-if TYPE_CHECKING:
-    from predict.watch.view import PreregView
 
 SEVERITY_NAME = {1: "warn", 2: "critical"}
 
@@ -265,7 +260,7 @@ class TrendRule(LossRule):
                            extra={"threshold": thr}))
 
     @staticmethod
-    def threshold(view: PreregView, cfg: TrendConfig, hist: list, f: float) -> float:
+    def threshold(view, cfg: TrendConfig, hist: list, f: float) -> float:
         """The threshold (relative to the forecast) at fraction ``f``: the largest of the
         configured floor, a share of the registered band's relative half-width, and a multiple
         of the smoothed residual's own noise. The noise is robust: 1.4826 x the median absolute
@@ -383,7 +378,7 @@ class ContingencyRule(LossRule):
                                    ctx.stamp))
 
     @staticmethod
-    def advisory(view: PreregView, cfg: ContingencyConfig, step: int, tok: float | None, f, ys,
+    def advisory(view, cfg: ContingencyConfig, step: int, tok: float | None, f, ys,
                  e, stamp) -> Alert:
         """Projected final value if the run continues, and the token budget that would still
         reach the registered final value. The deviation is taken as a constant ratio of the
