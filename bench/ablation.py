@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's packages, not an installed copy
 
 METRIC = "eval_dropless/loss"   # what the demo and the real ladder fit
-FORM = "trajectory-capacity"    # the demo's form (ladder/demo.py::FORM)
+FORM = "trajectory-capacity"    # the demo's form (cli/demo.py::FORM)
 LEVEL = 0.9
 BOOTSTRAP = 200
 
@@ -67,8 +67,8 @@ def variant_ladder(name: str):
 
 def run_variant(name: str, out: Path, bootstrap: int) -> dict:
     from fit import fit_law, load_points
-    from ladder.train import train_rung
-    from ladder.trainconfig import TrainConfig
+    from ladder.trainer.train import train_rung
+    from ladder.trainer.trainconfig import TrainConfig
 
     ladder = variant_ladder(name)
     finals, names, dirs = {}, {}, []

@@ -42,7 +42,7 @@ from ladder.specs import get_ladder  # noqa: E402
 
 
 def watch(prereg: Path, source: Path, alerts: Path) -> tuple[int, str]:
-    cmd = [sys.executable, "-m", "ladder.cli", "watch", str(prereg), "--source", str(source),
+    cmd = [sys.executable, "-m", "ladder", "watch", str(prereg), "--source", str(source),
            "--alerts", str(alerts)]
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     return p.returncode, (p.stdout + p.stderr).strip()
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
           f"at {cf.shortened.tokens:,} tokens")
 
     # 3. the shortened run ------------------------------------------------------------------
-    from ladder.train import TrainConfig, train_rung
+    from ladder.trainer.train import TrainConfig, train_rung
 
     run_dir = out / "runs" / ladder.name / f"{hero.name}-short"
     print(f"[3/4] training {hero.name} for {short.steps} of its {hero.steps} steps, decay "

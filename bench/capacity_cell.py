@@ -65,10 +65,10 @@ def recipe_ladder():
 
 def trained_state(rung, run_dir: Path):
     """(params, router_bias) of ``rung`` trained to its end in ``run_dir`` (reused if done)."""
-    from ladder.checkpointing import Checkpoints
-    from ladder.step import make_mesh, programs
-    from ladder.train import train_rung
-    from ladder.trainconfig import RunArgs, TrainConfig, resolve_rung
+    from ladder.trainer.checkpointing import Checkpoints
+    from ladder.trainer.step import make_mesh, programs
+    from ladder.trainer.train import train_rung
+    from ladder.trainer.trainconfig import RunArgs, TrainConfig, resolve_rung
 
     cfg = TrainConfig(run=RunArgs(progress=False))
     summary = train_rung(rung, run_dir, cfg, resume=True)
@@ -92,7 +92,7 @@ def drop_fraction(cfg, params, bias, cell_seqs: int, seq_len: int, sequences: in
     import numpy as np
 
     import model as M
-    from ladder.data import stdlib_corpus
+    from ladder.trainer.data import stdlib_corpus
 
     cfg = cfg.replace(capacity_tokens=cell_seqs * seq_len)
     step = jax.jit(lambda p, b, t, y: M.loss_fn(cfg, p, b, t, y)[1]["moe/drop_frac"])
@@ -113,8 +113,8 @@ import json, statistics, sys, tempfile
 import model
 from ladder.io import read_metrics
 from ladder.specs import LADDERS
-from ladder.train import train_rung
-from ladder.trainconfig import RunArgs, TrainConfig
+from ladder.trainer.train import train_rung
+from ladder.trainer.trainconfig import RunArgs, TrainConfig
 import jax
 assert len(jax.devices()) == 8, jax.devices()
 steps, layouts = int(sys.argv[1]), json.loads(sys.argv[2])

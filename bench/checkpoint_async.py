@@ -20,8 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ladder.specs import LADDERS  # noqa: E402
-from ladder.train import train_rung  # noqa: E402
-from ladder.trainconfig import RunArgs, TrainConfig  # noqa: E402
+from ladder.trainer.train import train_rung  # noqa: E402
+from ladder.trainer.trainconfig import RunArgs, TrainConfig  # noqa: E402
 
 
 def main() -> None:

@@ -32,7 +32,7 @@ from ladder.io import read_metrics  # noqa: E402
 def tokens_per_s(checkout: Path, rung: str, steps: int, out: Path) -> float:
     env = {**os.environ, "PYTHONPATH": str(checkout), "JAX_PLATFORMS": "cpu"}
     env.pop("XLA_FLAGS", None)
-    cmd = [sys.executable, "-m", "ladder.cli", "run", "cpu", "--rung", rung,
+    cmd = [sys.executable, "-m", "ladder", "run", "cpu", "--rung", rung,
            "--max-steps", str(steps), "--out", str(out)]
     subprocess.run(cmd, cwd=checkout, env=env, check=True, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ladder.data import stdlib_corpus, stdlib_files  # noqa: E402
-from ladder.tokens import load_shards, tokenize_files  # noqa: E402
+from ladder.trainer.data import stdlib_corpus, stdlib_files  # noqa: E402
+from ladder.trainer.tokens import load_shards, tokenize_files  # noqa: E402
 
 
 def _tokenizer(path: Path, texts: list[str]) -> None:

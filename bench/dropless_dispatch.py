@@ -2,8 +2,9 @@
 jax.lax.ragged_dot path it replaced, on this machine's XLA backend.
 
 For each number of experts E (tokens, top-k and widths fixed), both paths are compiled and
-reported side by side: the matmul FLOPs of the compiled program (ladder.plan.hlo_flops, loops x
-trip counts) over the ideal 6 x rows x L x F (three matmuls of 2 x L x F per assignment), XLA's
+reported side by side: the matmul FLOPs of the compiled program (ladder.trainer.plan.hlo_flops,
+loops x trip counts) over the
+ideal 6 x rows x L x F (three matmuls of 2 x L x F per assignment), XLA's
 temporary bytes, what the ragged_dot became (its widest dot), and the median forward time, the
 paths interleaved round-robin in one process so that load from other processes hits them alike.
 Both are checked to agree before timing. ``--blocks`` also times the blocked path at other block
@@ -28,7 +29,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from ladder.plan import _instruction, hlo_flops  # noqa: E402
+from ladder.trainer.plan import _instruction, hlo_flops  # noqa: E402
 from model.moe import dispatch_dropless, group_block  # noqa: E402
 
 

@@ -36,8 +36,8 @@ def position_buckets(seq_len: int) -> list[tuple[int, int]]:
 
 def window_documents(corpus_val_len: int, starts: np.ndarray):
     """The held-out document each eval window starts in, for the default corpus (documents joined
-    by one separator byte in the order ``ladder.data.stdlib_corpus`` joins them)."""
-    from ladder.data import is_held_out, stdlib_files
+    by one separator byte in the order ``ladder.trainer.data.stdlib_corpus`` joins them)."""
+    from ladder.trainer.data import is_held_out, stdlib_files
 
     root, files = stdlib_files()
     held = [(str(f.relative_to(root)), f.stat().st_size) for f in files
@@ -54,10 +54,10 @@ def breakdown(run_dir: Path, docs: str | None) -> dict:
     import jax.numpy as jnp
 
     import model
-    from ladder.checkpointing import Checkpoints
-    from ladder.data import load_corpus
+    from ladder.trainer.checkpointing import Checkpoints
+    from ladder.trainer.data import load_corpus
     from ladder.specs import Rung
-    from ladder.step import make_mesh, programs
+    from ladder.trainer.step import make_mesh, programs
 
     cfg = json.loads((run_dir / "config.json").read_text())
     rung = Rung.from_dict(cfg["rung"])

@@ -180,7 +180,7 @@ def main(argv=None) -> int:
         out = Path(tmp) / "law.json"
         env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH",
                                                                               ""))
-        cmd = [sys.executable, "-m", "ladder.cli", "fit", str(pts), "--form", "chinchilla",
+        cmd = [sys.executable, "-m", "ladder", "fit", str(pts), "--form", "chinchilla",
                "--bootstrap", "0", "--out", str(out)]
 
         def timed_command():

@@ -3,7 +3,7 @@ traceback, a hang, or exit 0 (issue 15).
 
 A small but complete world (a tiny-ladder runs directory, a points CSV, a fitted law.json, a
 target spec, a pre-registration, a watch source) is built once; every case copies it, breaks one
-thing (a file, a field, an argument) and runs the command in-process through ``ladder.cli.main``
+thing (a file, a field, an argument) and runs the command in-process through ``cli.main.main``
 under an alarm. The verdicts:
 
 - ``error``: exit 64+ with a one-line message that names the file or the field (good);
@@ -128,10 +128,10 @@ def build_world(root: Path) -> Path:
 
 
 def run_cli(argv: list[str], alarm: float = ALARM_S) -> tuple[int | None, str, str]:
-    """``ladder.cli.main(argv)`` in-process; (exit code, stdout, stderr). Exceptions escape.
+    """``cli.main.main(argv)`` in-process; (exit code, stdout, stderr). Exceptions escape.
     ``sys.argv`` is the command's for the while (what a process's own command line would be:
     W&B records it)."""
-    from ladder.cli import main
+    from cli.main import main
     out, err = io.StringIO(), io.StringIO()
     old = signal.signal(signal.SIGALRM, _on_alarm)
     signal.setitimer(signal.ITIMER_REAL, alarm)
@@ -558,7 +558,7 @@ def preload() -> None:
     with contextlib.suppress(ImportError):
         import jax  # noqa: F401
 
-        import ladder.train  # noqa: F401
+        import ladder.trainer.train  # noqa: F401
 
 
 def _judge_apart(argv: list[str], case: Case) -> Outcome:
@@ -885,7 +885,7 @@ def _killed_report(w: Path) -> Path:
             "    if src == out or out in src.parents:\n"
             "        os._exit(9)\n"
             "os.replace = replace\n"
-            "from ladder.cli import main\n"
+            "from cli.main import main\n"
             f"main(['report', '--law', {str(w / 'law.json')!r}, '--out', {str(rep)!r}])\n")
     subprocess.run([sys.executable, "-c", code], cwd=w, capture_output=True, check=False)
     return rep

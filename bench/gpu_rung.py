@@ -27,11 +27,11 @@ Phases:
    sequences of 4096 tokens, ``--batch`` overrides), the mesh over every visible device (the
    expert axis over all of them when the experts divide, as ``ladder run`` makes it: expert
    parallel on >= 2 GPUs), the microbatch ``ladder plan`` picks for this device's memory
-   (ladder.plan.largest_fitting_microbatch; halved after a compile runs out of memory), the
+   (ladder.trainer.plan.largest_fitting_microbatch; halved after a compile runs out of memory), the
    train state.
 2. ``data``: a synthetic token shard (documents of random tokens, geometric lengths, each ended
-   by an EOS) read as the trainer reads shards (ladder.tokens: windows of seq_len + 1, through
-   Grain when it is installed), so every batch has segment ids and attention stays inside
+   by an EOS) read as the trainer reads shards (ladder.trainer.tokens: windows of seq_len + 1,
+   through Grain when it is installed), so every batch has segment ids and attention stays inside
    documents, as on real shards.
 3. ``train``: compile seconds, the first step, then ``--steps`` timed steps: median step
    seconds, tokens/s, MFU (flops-v1 with the LM head / devices x the device's dense bf16 peak,
@@ -40,7 +40,7 @@ Phases:
    estimate and XLA's memory analysis of the step.
 4. ``eval``: the eval step (loss with capacity and dropless) at its default batch, one sequence
    per device: compile seconds, median call seconds, tokens/s, peak bytes.
-5. ``checkpoint``: one Orbax save of the train state (ladder.checkpointing): seconds and bytes.
+5. ``checkpoint``: one Orbax save of the train state (ladder.trainer.checkpointing): seconds, bytes.
 6. ``profile``: one step under ``jax.profiler``; the device time of every HLO op, split by the
    op's name scope (the compiled HLO's metadata) into attention, dispatch (router, sorting,
    scatter/gather, all-to-all, combine), expert matmuls (routed and shared experts), LM head
@@ -241,7 +241,7 @@ def category(op_name: str) -> str:
 def hlo_scopes(hlo_text: str) -> tuple[dict, set]:
     """{instruction name: op_name metadata} and the names of control-flow instructions (whose
     profile events contain their bodies' events) of compiled HLO text."""
-    from ladder.plan import _instruction
+    from ladder.trainer.plan import _instruction
 
     scopes, containers = {}, set()
     for line in hlo_text.splitlines():
@@ -326,10 +326,10 @@ def main(argv=None) -> int:
     import jax.numpy as jnp
     import numpy as np
 
-    from ladder.plan import largest_fitting_microbatch, microbatch_candidates, plan_rung
-    from ladder.step import batch_sharding, enable_compilation_cache, make_mesh, programs
-    from ladder.train import peak_flops_info
-    from ladder.trainconfig import TrainConfig, eval_batch_size
+    from ladder.trainer.plan import largest_fitting_microbatch, microbatch_candidates, plan_rung
+    from ladder.trainer.step import batch_sharding, enable_compilation_cache, make_mesh, programs
+    from ladder.trainer.train import peak_flops_info
+    from ladder.trainer.trainconfig import TrainConfig, eval_batch_size
     from model.layers import attention_implementation
     from model.transformer import compute_dtype
 
@@ -370,8 +370,8 @@ def main(argv=None) -> int:
                 "init_s": time.perf_counter() - t}
 
     def data():
-        from ladder import distributed
-        from ladder.tokens import WindowSource
+        from ladder.trainer import distributed
+        from ladder.trainer.tokens import WindowSource
 
         rung, mesh = s["rung"], s["mesh"]
         eb = eval_batch_size(TrainConfig(), s["n"])
@@ -383,8 +383,9 @@ def main(argv=None) -> int:
         source = WindowSource([shard], rung.seq_len, eos)
         rows = distributed.local_rows(split, rung.batch)
         try:
-            from ladder.tokens import GrainFeed
-            feed, kind = GrainFeed(source, 0, rung.batch, rows), "grain (ladder.tokens.GrainFeed)"
+            from ladder.trainer.tokens import GrainFeed
+            feed = GrainFeed(source, 0, rung.batch, rows)
+            kind = "grain (ladder.trainer.tokens.GrainFeed)"
         except ImportError:
             feed, kind = InOrderFeed(source, rows), "in order (grain is not installed)"
         val = [source[len(source) - 1 - i] for i in range(eb)]
@@ -474,7 +475,7 @@ def main(argv=None) -> int:
                 "peak_bytes_per_device": peak_b, "peak_bytes_source": peak_src}
 
     def checkpoint():
-        from ladder.checkpointing import Checkpoints
+        from ladder.trainer.checkpointing import Checkpoints
 
         root = scratch / "checkpoint"
         shutil.rmtree(root, ignore_errors=True)

@@ -34,9 +34,9 @@ if int(n_proc) > 1:
     jax.distributed.initialize(f"127.0.0.1:{port}", int(n_proc), int(process))
 import numpy as np
 import model as M
-from ladder.optim import OptimizerSpec
+from ladder.trainer.optim import OptimizerSpec
 from ladder.specs import LADDERS
-from ladder.step import make_mesh, make_optimizer, state_shardings
+from ladder.trainer.step import make_mesh, make_optimizer, state_shardings
 from flax.traverse_util import flatten_dict
 
 rung = LADDERS["marin-535b"].rungs[0]

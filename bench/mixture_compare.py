@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true")
     p.add_argument("--bootstrap", type=int, default=200)
     args = p.parse_args(argv)
-    from ladder.cli import main as ladder
+    from cli.main import main as ladder
     with tempfile.TemporaryDirectory() as tmp:
         old, new, metrics = tables(Path(args.anchor), Path(tmp))
         cmd = ["compare", str(old), str(new), "--bootstrap", str(args.bootstrap)]

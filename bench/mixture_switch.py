@@ -10,7 +10,7 @@ file, both without the documents the default corpus holds out for evaluation:
   the ``encodings`` codec tables, ``pydoc_data``'s documentation text, ...; 7 MB).
 
 Every run is evaluated on the default corpus's held-out documents (``data`` stays the default;
-the training batches come from ``train_data``/``switch_data``, ladder/trainconfig.py): one
+the training batches come from ``train_data``/``switch_data``, ladder/trainer/trainconfig.py): one
 yardstick for both mixtures, as the real hero's Paloma. Steps, one command each, all cached in
 OUT (a rerun skips what is there):
 
@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 METRIC = "eval_dropless/loss"
-FORM = "trajectory-capacity"   # the law of the hero's forecast: the demo's (ladder/demo.py: why)
+FORM = "trajectory-capacity"   # the law of the hero's forecast: the demo's (cli/demo.py: why)
 # the comparison's form: `ladder compare --form trajectory-capacity` gives no multiplier here (NaN:
 # "B's loss at the target is above A's law everywhere on the grid"), and the compute form on the
 # 4 rungs' final losses alone extrapolates to 226x [10.5x, inf] (B's fit did not converge); the
@@ -58,7 +58,7 @@ SWITCH_AT = 0.3
 
 
 def ladder(*args, ok=(0,)) -> str:
-    cmd = [sys.executable, "-m", "ladder.cli", *map(str, args)]
+    cmd = [sys.executable, "-m", "ladder", *map(str, args)]
     print("$ ladder " + " ".join(map(str, args)), file=sys.stderr, flush=True)
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
                        env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"})
@@ -69,7 +69,7 @@ def ladder(*args, ok=(0,)) -> str:
 
 def corpora() -> dict[str, list[str]]:
     """The two file lists (absolute paths), the default corpus's held-out documents left out."""
-    from ladder.data import is_held_out, stdlib_files
+    from ladder.trainer.data import is_held_out, stdlib_files
     root, files = stdlib_files()
     out: dict[str, list[str]] = {"top": [], "pkg": []}
     for f in files:

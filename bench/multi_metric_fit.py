@@ -78,7 +78,7 @@ def _write_csv(path: Path, rows: list[dict]) -> Path:
 
 
 def _ladder(*argv) -> tuple[int, str, str, float]:
-    from ladder.cli import main
+    from cli.main import main
     out, err = io.StringIO(), io.StringIO()
     t0 = time.process_time()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \

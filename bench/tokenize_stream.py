@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def stdlib_texts() -> list[str]:
-    from ladder.data import stdlib_files
+    from ladder.trainer.data import stdlib_files
 
     _, files = stdlib_files()
     return [f.read_text(encoding="utf-8", errors="replace") for f in files]
@@ -106,7 +106,7 @@ def tree_rss(pid: int) -> int:
 def run_tokenize(corpus: Path, tok: Path, out: Path, processes: int,
                  kill_when=None) -> dict:
     """One `ladder tokenize` under /usr/bin/time -v; ``kill_when(out)`` -> True kills it."""
-    cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "ladder.cli", "-q", "tokenize",
+    cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "ladder", "-q", "tokenize",
            str(corpus), "--tokenizer", str(tok), "--out", str(out), "--processes",
            str(processes)]
     t = time.perf_counter()

@@ -3,10 +3,10 @@
     python bench/train_throughput.py [--d 64 128 256] [--layers 2] [--batch 16] [--reps 5]
 
 For each width d this times the trainer's own jitted step (forward, backward, AdamW update,
-router-bias rule: ``ladder.train.make_train_step``) on the CPU recipe's model, and in the same run
-a 2048 x 2048 float32 matmul. Everything is measured interleaved (MoE, dense, matmul, MoE, ...)
-and the medians compared, so the ratios stay meaningful on a machine shared with other jobs;
-the absolute numbers do not.
+router-bias rule: ``ladder.trainer.train.make_train_step``) on the CPU recipe's model, and in the
+same run a 2048 x 2048 float32 matmul. Everything is measured interleaved (MoE, dense, matmul,
+MoE, ...) and the medians compared, so the ratios stay meaningful on a machine shared with other
+jobs; the absolute numbers do not.
 
 The dense baseline is the same model with ``n_experts = top_k`` (every token goes to every
 expert; nothing is routed away or dropped). It has the same attention, latent projections and
@@ -31,9 +31,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ladder.data import stdlib_corpus
+from ladder.trainer.data import stdlib_corpus
 from ladder.specs import LADDERS
-from ladder.step import enable_compilation_cache, make_mesh, programs
+from ladder.trainer.step import enable_compilation_cache, make_mesh, programs
 
 CPU_RECIPE = LADDERS["cpu"].recipe
 

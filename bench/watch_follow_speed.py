@@ -9,7 +9,7 @@ growth of max RSS during the watch, is its own):
 - ``first read``: ``Watcher(prereg, JsonlSource(file)).poll()`` without a state file: every
   line parsed (orjson; ``json.loads`` for the lines with NaN/Infinity tokens), the rows turned
   into columns in slices of 20,000, judged;
-- ``ladder watch`` end to end: ``python -m ladder.cli watch PREREG --source FILE`` in a fresh
+- ``ladder watch`` end to end: ``python -m ladder watch PREREG --source FILE`` in a fresh
   interpreter (imports, the pre-registration's check, the read, the judging);
 - ``restart with --state``: ``ladder watch ... --state S --alerts A`` run twice; the second
   starts at the saved byte offset, so it reads nothing and repeats no alert;
@@ -165,11 +165,11 @@ def _child(code: str, *args: str, cwd: Path = ROOT) -> dict:
 
 
 def _cli(tree: Path, argv: list[str]) -> tuple[float, float, int, str]:
-    """Wall and CPU seconds, exit status and stdout of ``python -m ladder.cli ARGV`` in
+    """Wall and CPU seconds, exit status and stdout of ``python -m ladder ARGV`` in
     ``tree`` (a fresh interpreter)."""
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "ladder.cli", *argv], cwd=tree,
+    r = subprocess.run([sys.executable, "-m", "ladder", *argv], cwd=tree,
                        capture_output=True, text=True, check=False)
     dt = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)

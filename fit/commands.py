@@ -1,4 +1,4 @@
-"""`ladder fit` and `ladder predict`: parse-free entry points called by ladder/cli.py."""
+"""`ladder fit` and `ladder predict`: parse-free entry points called by cli/main.py."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def _print_warnings(command: str, caught) -> None:
 def fit_main(args, *, offline_points=None) -> int:
     """`ladder fit`. ``offline_points(path, metric, sizes)`` turns a W&B offline run directory
     into a points table; its record log is read by predict, above fit, so the CLI hands the reader
-    down (``ladder.commands.fit_main``) instead of fit importing it.
+    down (``cli.commands.fit_main``) instead of fit importing it.
 
     ``--metric`` may be given several times, each a key or a glob over the keys the sources hold
     (fit.points.expand_metrics). One key: law.json is that metric's law (law/1), as always.
@@ -378,7 +378,7 @@ def compare_main(args, *, offline_points=None, figures=None) -> int:
     metric (fit.compare). Prints a report (or ``--json``: ``{metric: {multiplier, lo, hi,
     per_size, trend, ...}}``); ``--out DIR`` gets compare.json and, with ``figures``
     (compare.json's object -> {file name: PNG bytes}; the reports layer draws them, so
-    ladder.commands.compare_main hands it down), the figures, all swapped in at once.
+    cli.commands.compare_main hands it down), the figures, all swapped in at once.
     ``offline_points`` as for :func:`fit_main`."""
     from pathlib import Path
 

@@ -1,6 +1,6 @@
 """Nominal peak FLOP/s of the accelerators the planner and the trainer's MFU know (plain data,
-part of the ladder base: ``ladder.plan`` estimates step times with it, ``ladder.train`` divides
-by it for MFU)."""
+part of the ladder base: ``ladder.trainer.plan`` estimates step times with it,
+``ladder.trainer.train`` divides by it for MFU)."""
 
 from __future__ import annotations
 

@@ -2,9 +2,9 @@
 
 :func:`run_lr_table` builds a run's table from what its ``config.json`` records (the rung and
 the flat ``train`` section); it is the one entry point: the trainer steps with it (cast to
-float32, ``ladder.train.Session``) and the schedule-aware curve laws read it for every ladder run
-(``fit.curves``) through :meth:`ladder.runs.RunDir.lr_table`, so the LRs a run trained with and
-the LRs a law is fitted on cannot drift apart. :func:`lr_table` is the schedule-level core
+float32, ``ladder.trainer.train.Session``) and the schedule-aware curve laws read it for every
+ladder run (``fit.curves``) through :meth:`ladder.runs.RunDir.lr_table`, so the LRs a run trained
+with and the LRs a law is fitted on cannot drift apart. :func:`lr_table` is the schedule-level core
 (``fit.lr_schedules`` uses it for schedules that are not runs). Convention: entry ``i`` is the
 LR of 0-based update ``i``, i.e. ``peak x Schedule.lr_frac(i, steps)``; the ``lr-spike`` demo
 fault multiplies every update from ``spike_at`` on.
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-LR_SPIKE = "lr-spike"     # the trainer's fault that multiplies the LR (ladder.trainconfig.FAULTS)
+LR_SPIKE = "lr-spike"     # the trainer's fault that multiplies the LR (trainconfig.FAULTS)
 SPIKE_AT = 0.5            # default: from half of the planned steps on (TrainConfig.fault_at)
 SPIKE_SCALE = 10.0        # default LR multiplier (TrainConfig.fault_scale): a visible jump
 

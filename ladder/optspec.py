@@ -2,7 +2,7 @@
 (a rung's rule, in ladder files and rung specs) and :class:`OptimizerSettings` (the resolved
 numbers `ladder list` prints). Part of the ladder base (no JAX): ``ladder.specs`` builds rungs
 with it. The recipe itself, and the optax transformations that use these numbers, are described
-and built in :mod:`ladder.optim`.
+and built in :mod:`ladder.trainer.optim`.
 """
 
 from __future__ import annotations

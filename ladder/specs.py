@@ -249,9 +249,9 @@ class Recipe:
     sizing_convention: str = "exact-v1"
     schedule: Schedule = field(default_factory=Schedule)
     eval_every: float = 0.05
-    # The held-out set (ladder.data: fixed windows of the validation split): the same windows for
-    # every rung, so their evals compare. 96 windows of 128 tokens on the cpu ladder before issue
-    # 21; a ladder of short sequences needs more windows for the same tokens.
+    # The held-out set (trainer/data.py: fixed windows of the validation split): the same windows
+    # for every rung, so their evals compare. 96 windows of 128 tokens on the cpu ladder before
+    # issue 21; a ladder of short sequences needs more windows for the same tokens.
     eval_sequences: int = 96
     eval_batch: int | None = None   # sequences per eval call; None = one per device
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)

@@ -21,7 +21,7 @@ cell's sequences win in a random order drawn anew every step, and within a seque
 tokens win (:func:`drop_keys`: a hash of the step and the sequence's place in its cell, then the
 position; exact integers). So what is dropped depends on the recipe's cell and the step, never
 on the devices or the microbatch, as long as a device's share of a call holds whole cells
-(ladder/trainconfig.py refuses a layout where it does not); no place in the batch loses more
+(ladder/trainer/trainconfig.py refuses a layout where it does not); no place in the batch loses more
 often than another; and a token's drop never depends on later tokens of its own sequence (a
 random order within the sequence, tried first, made the layer non-causal: tests/
 test_model_decoder.py::test_causal). Later positions of a sequence still lose first, as in
@@ -87,7 +87,7 @@ def cell_tokens(cfg: ModelConfig, n_tokens: int) -> int:
     """Tokens per capacity cell in a call of ``n_tokens`` tokens (one device's share under a
     mesh): ``cfg.capacity_tokens``, which must divide them; None, or a call shorter than one
     cell (a direct call on short sequences; ``ladder run`` refuses such a layout before it
-    trains, ladder/trainconfig.py::check_cell): the whole call."""
+    trains, ladder/trainer/trainconfig.py::check_cell): the whole call."""
     cell = min(cfg.capacity_tokens or n_tokens, n_tokens)
     if n_tokens % cell:
         raise ValueError(f"capacity_tokens: a cell of {cell} tokens does not divide the "
@@ -673,7 +673,7 @@ def moe_stats(cfg: ModelConfig, logits: jax.Array, routing: Routing, kept: jax.A
     the assignment shares, :func:`load_entropy` (the recipe's "routing entropy": it falls as the
     load concentrates). router_z_loss: mean logsumexp(logits)^2. balance_loss: the recipe's
     :func:`balance_loss`. Both are functions of ``load`` and ``prob``, which merge exactly over
-    microbatches (sum, mean): ladder/step.py recomputes them for the whole step. bias_stat: the
+    microbatches (sum, mean): trainer/step.py recomputes them for the whole step. bias_stat: the
     balancing rule's mergeable statistic (:func:`bias_stat` of ``logits`` and the layer's
     current ``bias``, computed here when not given); bias_target [E]: the rule's target from it
     (:func:`bias_target_from_stat`; for threshold, :func:`threshold_bias` over the step; for

@@ -30,7 +30,8 @@ evidence at their fractions (before S the evidence is the old plan's law), so th
 passes through the run where it is, and keeps that ratio.
 
 The band holds two parts, registered apart per point (``lo_law``/``hi_law``, ``lo_change``/
-``hi_change``) and combined in quadrature in log space (``lo``/``hi``):
+``hi_change``) and combined in quadrature in log space (``lo``/``hi``; predict.band.amended_band,
+beside the other terms of a band):
 
 - **the law's**: the old band's relative half-width at f with its part at f_S removed (the anchor
   fixes the level at S: what is left is how wrong the law's *change* from S to f may be),
@@ -187,11 +188,6 @@ def effective_inputs(target, fraction: np.ndarray, f_s: float, scale: float) -> 
     return out
 
 
-def _z(level: float) -> float:
-    from scipy.special import ndtri
-    return float(ndtri(0.5 + level / 2))
-
-
 def amended_forecast(old: Mapping, law, target, plan: Plan, evals: tuple[np.ndarray, np.ndarray],
                      *, level: float, eval_noise: float, every: float = 0.01,
                      transition: str = DEFAULT, width: float = DEFAULT_WIDTH) -> dict:
@@ -203,12 +199,11 @@ def amended_forecast(old: Mapping, law, target, plan: Plan, evals: tuple[np.ndar
     "recipe" (the new recipe's law from step 0, shifted to the anchor) or "relax" (the old
     plan's curve relaxing to the new recipe's, exp(-(f - f_S) / ``width``) of the log gap left
     at f; both shifted to the anchor): the alternatives `bench/mixture_switch.py` measures."""
-    from predict.forecast import _predict, grid_fractions
+    from predict.band import amended_band, registered_half_widths
+    from predict.forecast import grid_fractions
     S = plan.at_step
     steps_new = int(target.steps)
-    if not 1 <= S < steps_new:
-        raise InputError(f"must be a step inside the run, 1..{steps_new - 1}, got {S}",
-                         field="--at-step", exit_code=EX_USAGE)
+    _check_plan(S, steps_new, transition, width)
     e_steps, e_vals = evals
     keep = (e_steps >= 1) & (e_steps <= S)
     e_steps, e_vals = e_steps[keep], e_vals[keep]
@@ -224,33 +219,8 @@ def amended_forecast(old: Mapping, law, target, plan: Plan, evals: tuple[np.ndar
     k = 1.0
     if plan.seq_len is not None:
         k = plan.seq_len / int(old["target"]["seq_len"])
-    if transition not in TRANSITIONS:
-        raise InputError(f"one of {', '.join(TRANSITIONS)}, got {transition!r}",
-                         field="--transition", exit_code=EX_USAGE)
-    if not (isinstance(width, (int, float)) and math.isfinite(width) and 0 < width <= 1):
-        raise InputError(f"must be in (0, 1] (a fraction of the run), got {width!r}",
-                         field="--transition-width", exit_code=EX_USAGE)
-
-    def recipe(frac, mult):  # the new recipe from step 0 (a seq_len change after S only)
-        frac = np.asarray(frac, float)
-        inp = effective_inputs(target, frac, 0.0, mult)
-        tok = np.minimum(frac, f_s) + k * np.maximum(frac - f_s, 0.0)
-        inp["compute"] = inp["compute"] * tok / np.maximum(frac, 1e-300)
-        inp["tokens"] = inp["tokens"] * tok / np.maximum(frac, 1e-300)
-        return _predict(law, inp, level)
-
-    def evidence(frac, mult):
-        if transition == "compute":
-            return _predict(law, effective_inputs(target, frac, f_s, mult * k), level)
-        if transition == "recipe":
-            return recipe(frac, mult)
-        frac = np.asarray(frac, float)
-        old_plan = _predict(law, effective_inputs(target, frac, f_s, k), level)[0]
-        new = recipe(frac, mult)[0]
-        w = np.exp(-np.maximum(frac - f_s, 0.0) / width)
-        loss = np.exp(np.log(new) + w * (np.log(old_plan) - np.log(new)))
-        return loss, loss, loss   # the law's band is taken from the old forecast (below)
-
+    evidence = _evidence(law, target, f_s=f_s, k=k, level=level, transition=transition,
+                         width=width)
     # the anchor: the run's last evals at or before S against the evidence there
     a_steps, a_vals = e_steps[-ANCHOR_EVALS:], e_vals[-ANCHOR_EVALS:]
     a_loss, _, _ = evidence(a_steps / steps_new, m.value)
@@ -263,55 +233,19 @@ def amended_forecast(old: Mapping, law, target, plan: Plan, evals: tuple[np.ndar
     lo_m, _, _ = evidence(g, m.hi)     # more compute-equivalent: lower loss
     hi_m, _, _ = evidence(g, m.lo)
     centre = c_loss * math.exp(offset)
-    # the old band's relative half-width at f (law + eval noise + extrapolation), its part at
-    # f_S taken out: the anchor fixed the level there
+    # the band (predict.band.amended_band): the old band's half-width at the same step (law +
+    # eval noise + extrapolation) with its part at f_S taken out, and the change's part
     from predict.prereg_view import forecast_band
-    band = forecast_band(old)
+    registered = forecast_band(old)
     old_steps = int(old["target"]["steps"])
-    def old_w(frac_new):   # old band half-width in log units at the same step
-        fo = np.clip(np.asarray(frac_new) * steps_new / old_steps, band.fraction[0],
-                     band.fraction[-1])
-        e = np.interp(fo, band.fraction, band.loss)
-        lo = np.interp(fo, band.fraction, band.lo)
-        hi = np.interp(fo, band.fraction, band.hi)
-        with np.errstate(all="ignore"):
-            return np.log(hi / e), np.log(e / lo)
-    up_f, down_f = old_w(g)
-    up_s, down_s = old_w(np.array([f_s]))
-    z = _z(level)
-    noise_log = eval_noise / float(np.exp(np.mean(np.log(a_vals)))) if eval_noise else 0.0
-    anchor_sd = noise_log / math.sqrt(a_steps.size)
-    extra = (z * anchor_sd) ** 2 + (z * noise_log) ** 2
-    law_up = np.sqrt(np.maximum(up_f ** 2 - up_s[0] ** 2, 0.0) + extra)
-    law_down = np.sqrt(np.maximum(down_f ** 2 - down_s[0] ** 2, 0.0) + extra)
-    # the change's part, at the band's level
-    scale = 1.0 if m.level in (None, level) else z / _z(m.level)
-    ch_down = np.maximum(np.log(c_loss / lo_m), 0.0) * scale
-    ch_up = np.maximum(np.log(hi_m / c_loss), 0.0) * scale
-    lo = centre * np.exp(-np.hypot(law_down, ch_down))
-    hi = centre * np.exp(np.hypot(law_up, ch_up))
-    # the rows: the old forecast before S (carried unchanged but for the fraction, which is
-    # the new plan's), then the amended rows from S
-    rows = []
-    for r in old["forecast"]:
-        st = as_float(r.get("step"))
-        if st is None:
-            st = as_float(r.get("fraction")) * old_steps
-        if st < S:
-            rows.append({**r, "fraction": float(st) / steps_new, "carried": True})
+    up_f, down_f = registered_half_widths(registered, g * steps_new / old_steps)
+    up_s, down_s = registered_half_widths(registered, np.array([f_s]) * steps_new / old_steps)
+    band = amended_band(up_f, down_f, up_s[0], down_s[0], level=level, eval_noise=eval_noise,
+                        anchor_values=a_vals, evidence=c_loss, evidence_lo=lo_m,
+                        evidence_hi=hi_m, multiplier_level=m.level)
     tok_eff = np.minimum(g, f_s) + k * np.maximum(g - f_s, 0.0)
-    for i, f in enumerate(g):
-        rows.append({"fraction": float(f), "step": int(round(f * steps_new)),
-                     "tokens": float(tok_eff[i] * target.tokens),
-                     "loss": float(centre[i]), "lo": float(lo[i]), "hi": float(hi[i]),
-                     "lo_law": float(centre[i] * math.exp(-law_down[i])),
-                     "hi_law": float(centre[i] * math.exp(law_up[i])),
-                     "lo_change": float(centre[i] * math.exp(-ch_down[i])),
-                     "hi_change": float(centre[i] * math.exp(ch_up[i]))})
+    rows = _rows(old, S, steps_new, g, tok_eff * target.tokens, centre, band)
     final = {"loss": rows[-1]["loss"], "lo": rows[-1]["lo"], "hi": rows[-1]["hi"]}
-    share = float(np.hypot(ch_up[-1], ch_down[-1]) ** 2 /
-                  max(np.hypot(ch_up[-1], ch_down[-1]) ** 2
-                      + np.hypot(law_up[-1], law_down[-1]) ** 2, 1e-300))
     change = {
         "at_step": S, "fraction": f_s, "transition": transition,
         "transition_words": TRANSITIONS[transition].format(width=width),
@@ -322,12 +256,77 @@ def amended_forecast(old: Mapping, law, target, plan: Plan, evals: tuple[np.ndar
         "seq_len": {"before": int(old["target"]["seq_len"]),
                     "after": plan.seq_len or int(old["target"]["seq_len"])},
         "anchor": {"steps": a_steps.tolist(), "values": a_vals.tolist(),
-                   "log_ratio": offset, "log_ratios": ratios.tolist(), "sd_log": anchor_sd},
-        "final_band_share_of_change": share,
+                   "log_ratio": offset, "log_ratios": ratios.tolist(),
+                   "sd_log": band.anchor_sd},
+        "final_band_share_of_change": band.final_share_of_change,
         "carried_rows": sum(1 for r in rows if r.get("carried")),
         "amends_sha256": old.get("sha256"),
     }
     return {"forecast": rows, "final": final, "change": change}
+
+
+def _evidence(law, target, *, f_s: float, k: float, level: float, transition: str,
+              width: float):
+    """The evidence for the new plan: ``evidence(fractions, multiplier) -> (loss, lo, hi)``, the
+    law along the run as it now will be under ``transition`` (the module docstring)."""
+    from predict.band import law_band
+
+    def recipe(frac, mult):  # the new recipe from step 0 (a seq_len change after S only)
+        frac = np.asarray(frac, float)
+        inp = effective_inputs(target, frac, 0.0, mult)
+        tok = np.minimum(frac, f_s) + k * np.maximum(frac - f_s, 0.0)
+        inp["compute"] = inp["compute"] * tok / np.maximum(frac, 1e-300)
+        inp["tokens"] = inp["tokens"] * tok / np.maximum(frac, 1e-300)
+        return law_band(law, inp, level)
+
+    def evidence(frac, mult):
+        if transition == "compute":
+            return law_band(law, effective_inputs(target, frac, f_s, mult * k), level)
+        if transition == "recipe":
+            return recipe(frac, mult)
+        frac = np.asarray(frac, float)
+        old_plan = law_band(law, effective_inputs(target, frac, f_s, k), level)[0]
+        new = recipe(frac, mult)[0]
+        w = np.exp(-np.maximum(frac - f_s, 0.0) / width)
+        loss = np.exp(np.log(new) + w * (np.log(old_plan) - np.log(new)))
+        return loss, loss, loss   # the law's band is taken from the old forecast (below)
+    return evidence
+
+
+def _check_plan(S: int, steps: int, transition: str, width) -> None:
+    if not 1 <= S < steps:
+        raise InputError(f"must be a step inside the run, 1..{steps - 1}, got {S}",
+                         field="--at-step", exit_code=EX_USAGE)
+    if transition not in TRANSITIONS:
+        raise InputError(f"one of {', '.join(TRANSITIONS)}, got {transition!r}",
+                         field="--transition", exit_code=EX_USAGE)
+    if not (isinstance(width, (int, float)) and math.isfinite(width) and 0 < width <= 1):
+        raise InputError(f"must be in (0, 1] (a fraction of the run), got {width!r}",
+                         field="--transition-width", exit_code=EX_USAGE)
+
+
+def _rows(old: Mapping, S: int, steps_new: int, g: np.ndarray, tokens: np.ndarray,
+          centre: np.ndarray, band) -> list[dict]:
+    """The old forecast's rows before S (carried unchanged but for the fraction, which is the
+    new plan's), then the amended rows from S at fractions ``g`` with their band's parts."""
+    old_steps = int(old["target"]["steps"])
+    rows = []
+    for r in old["forecast"]:
+        st = as_float(r.get("step"))
+        if st is None:
+            st = as_float(r.get("fraction")) * old_steps
+        if st < S:
+            rows.append({**r, "fraction": float(st) / steps_new, "carried": True})
+    lo, hi = band.bounds(centre)
+    for i, f in enumerate(g):
+        rows.append({"fraction": float(f), "step": int(round(f * steps_new)),
+                     "tokens": float(tokens[i]),
+                     "loss": float(centre[i]), "lo": float(lo[i]), "hi": float(hi[i]),
+                     "lo_law": float(centre[i] * math.exp(-band.law_down[i])),
+                     "hi_law": float(centre[i] * math.exp(band.law_up[i])),
+                     "lo_change": float(centre[i] * math.exp(-band.change_down[i])),
+                     "hi_change": float(centre[i] * math.exp(band.change_up[i]))})
+    return rows
 
 
 def check_carried(old: Mapping, new: Mapping) -> None:

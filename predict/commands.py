@@ -1,4 +1,4 @@
-"""`ladder preregister`, `ladder verify` and `ladder watch` (arguments are parsed in ladder/cli)."""
+"""`ladder preregister`, `ladder verify` and `ladder watch` (arguments are parsed in cli/main)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from ladder.io import (EX_DATAERR, EX_USAGE, InputError, as_float, check_writabl
                        number, open_input, read_json, to_jsonable)
 from predict import forecast as fc
 from predict import prereg as pr
+from predict.band import extrapolation_error
 from predict.watch import WatchConfig, decision_rule_words
 
 log = logging.getLogger("ladder")
@@ -110,9 +111,8 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
             raise InputError(f"must be >= 0, got {eval_noise!r}", field="--eval-noise",
                              exit_code=EX_USAGE)
         noise_info = {"sigma": float(eval_noise), "n": 0, "method": "given (--eval-noise)"}
-    extrapolation = fc.extrapolation_error(law, target)
-    f = fc.forecast(law, target, level=level, eval_noise=noise_info["sigma"],
-                    extrapolation=0.0 if extrapolation.in_law_band else extrapolation.sigma_log)
+    extrapolation = extrapolation_error(law, target)  # recorded: the law's band holds it
+    f = fc.forecast(law, target, level=level, eval_noise=noise_info["sigma"])
     import numpy as np
     if not allow_no_band and not (np.isfinite(f.lo).any() and np.isfinite(f.hi).any()):
         # a frozen, never-overwritable file whose band is all NaN can never judge anything
@@ -503,7 +503,7 @@ def source_keys(src: str, max_rows: int = 200) -> str:
 
 def watch_main(args, *, live_page=None) -> int:
     """`ladder watch`. ``live_page(watcher, port=...)`` starts the ``--serve`` page (drawn by
-    reports, above predict: ``ladder.commands.watch_main`` passes it in)."""
+    reports, above predict: ``cli.commands.watch_main`` passes it in)."""
     from predict import sinks as sk
     from predict.live import FollowConfig, Watcher
     from predict.sources import WandbApiSource, open_source

@@ -1,20 +1,10 @@
-"""Forecast a target run's metric curve from a law, with a band, and check that band's calibration.
+"""Forecast a target run's metric curve from a law on a grid of its run, and the ladder's
+references the watcher compares the run with (health signals, spike threshold, eval noise).
 
-The band of a forecast point combines, in quadrature (independent errors, Gaussian approximation):
-- the law's band at the level, as returned by ``law.predict`` (fit.result: bootstrap parameter
-  uncertainty, run-to-run residual noise, and the law's extrapolation error: a pre-registered
-  target lies beyond every rung, and the ladder measured how wrong its law is one step outside
-  them with the rollout backtest, which refits on the smaller rungs and forecasts the next one;
-  its log error per decade times the target's decades outside the fitted range. Without it a
-  band narrowed by honest bootstrap replicates missed the cpu demo's proxy hero, -5.0% against a
-  [-2.7%, +8.2%] band, docs/LOG.md. :func:`extrapolation_error` reports that term for
-  prereg.json; it is added here only for a law whose band lacks it), and
-- evaluation noise: the scatter of a single eval about the run's smooth curve (finite eval set),
-  estimated from the ladder's eval points (:func:`estimate_eval_noise`) or given.
-A band the law cannot compute stays NaN (missing, loudly), never zero width.
-
-Calibration (:func:`leave_one_rung_out`) refits the law without one rung, forecasts that rung's
-points and counts how many fall inside the band: a 90% band should hold about 90%.
+The band of each forecast point (the law's band, its extrapolation term, eval noise: what each
+is, cited, and the band's calibration) lives in :mod:`predict.band`; :func:`forecast` asks it for
+the band at the target's grid. A band the law cannot compute stays NaN (missing, loudly), never
+zero width.
 
 No JAX here, and ``fit`` is imported lazily (only to load a law from a file).
 """
@@ -22,7 +12,7 @@ No JAX here, and ``fit`` is imported lazily (only to load a law from a file).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +21,7 @@ import numpy as np
 
 from ladder.io import (MAX_STEP, InputError, as_float, number, require, sha256_of)
 from ladder.runs import EXCLUDED, read_runs
+from predict.band import EvalNoise, estimate_eval_noise, law_band, target_band
 from predict.prereg_view import ForecastBand
 
 # Token-budget multipliers of the planned run at which the law's final value is tabulated, for the
@@ -134,50 +125,6 @@ class Target:
                 "tokens": g * self.tokens, "compute": g * self.compute, "fraction": g}
 
 
-# ------------------------------------------------------------------------------------ noise
-
-
-@dataclass(frozen=True)
-class EvalNoise:
-    """Standard deviation of one eval's metric about the run's smooth curve."""
-
-    sigma: float
-    n: int
-    method: str
-
-    def to_dict(self) -> dict:
-        return {"sigma": self.sigma, "n": self.n, "method": self.method}
-
-
-def estimate_eval_noise(curves: Iterable[tuple[np.ndarray, np.ndarray]], *,
-                        min_fraction: float = 0.2) -> EvalNoise:
-    """Eval noise from the scatter of each eval about the line through its two neighbours.
-
-    For three consecutive evals at fractions x0 < x1 < x2 of a smooth curve, the residual
-    r = y1 - (w y0 + (1 - w) y2), w = (x2 - x1)/(x2 - x0), has variance sigma^2 (1 + w^2 + (1-w)^2)
-    when the eval errors are independent with sd sigma, and the curve's own curvature is small
-    (hence only evals after ``min_fraction`` of the run). Robust scale: 1.4826 x MAD.
-    """
-    z = []
-    for x, y in curves:
-        x, y = np.asarray(x, float), np.asarray(y, float)
-        ok = np.isfinite(x) & np.isfinite(y) & (x >= min_fraction)
-        x, y = x[ok], y[ok]
-        order = np.argsort(x)
-        x, y = x[order], y[order]
-        if x.size < 3:
-            continue
-        x0, x1, x2 = x[:-2], x[1:-1], x[2:]
-        w = (x2 - x1) / np.maximum(x2 - x0, 1e-300)
-        r = y[1:-1] - (w * y[:-2] + (1 - w) * y[2:])
-        z.append(r / np.sqrt(1 + w ** 2 + (1 - w) ** 2))
-    if not z:
-        return EvalNoise(sigma=math.nan, n=0, method="second-difference MAD (no data)")
-    zz = np.concatenate(z)
-    sigma = float(1.4826 * np.median(np.abs(zz - np.median(zz))))
-    return EvalNoise(sigma=sigma, n=int(zz.size), method="second-difference MAD")
-
-
 # ------------------------------------------------------------------------------------ forecast
 
 
@@ -199,23 +146,6 @@ class Forecast(ForecastBand):
                                             self.lo, self.hi, strict=True)]
 
 
-def _z(level: float) -> float:
-    from scipy.stats import norm
-    return float(norm.ppf(0.5 + level / 2))
-
-
-def combine_band(loss, lo, hi, *, level: float, eval_noise: float, extrapolation: float = 0.0):
-    """Widen the law's band [lo, hi] by eval noise (sd in loss units) and the extrapolation error
-    (a relative sd, see :func:`extrapolation_error`) in quadrature on each side."""
-    loss, lo, hi = (np.asarray(a, float) for a in (loss, lo, hi))
-    e = 0.0 if eval_noise is None or not math.isfinite(eval_noise) else float(eval_noise)
-    x = 0.0 if extrapolation is None or not math.isfinite(extrapolation) else float(extrapolation)
-    extra = (_z(level) * e) ** 2 + (_z(level) * x * loss) ** 2
-    lo2 = loss - np.sqrt((loss - lo) ** 2 + extra)
-    hi2 = loss + np.sqrt((hi - loss) ** 2 + extra)
-    return lo2, hi2  # NaN stays NaN: missing uncertainty is never made up
-
-
 def grid_fractions(target: Target, *, every: float = 0.01) -> np.ndarray:
     """Every 1% of the run, the target's eval steps, and the end."""
     n = int(round(1 / every))
@@ -225,97 +155,20 @@ def grid_fractions(target: Target, *, every: float = 0.01) -> np.ndarray:
     return np.array(sorted(g))
 
 
-def _predict(law, inputs: Mapping, level: float):
-    res = law.predict(params=inputs["params"], active_params=inputs["active_params"],
-                      tokens=inputs["tokens"], compute=inputs["compute"],
-                      fraction=inputs["fraction"], level=level)
-    shape = np.shape(inputs["fraction"])
-    return tuple(np.broadcast_to(np.asarray(getattr(res, k), float), shape).copy()
-                 for k in ("loss", "lo", "hi"))
-
-
 def forecast(law, target: Target, *, level: float = 0.9, eval_noise: float = 0.0,
-             extrapolation: float = 0.0, every: float = 0.01) -> Forecast:
-    """The target's forecast on the grid (every ``every`` of the run + eval steps + final);
-    ``extrapolation``: the relative sd of :func:`extrapolation_error` (0: none)."""
+             every: float = 0.01) -> Forecast:
+    """The target's forecast on the grid (every ``every`` of the run + eval steps + final), its
+    band from :func:`predict.band.target_band` (the law's band, which holds the law's
+    extrapolation error, and ``eval_noise``, an eval's sd in metric units)."""
     if not 0 < level < 1:
         raise ValueError(f"level: must be in (0, 1), got {level!r}")
     g = grid_fractions(target, every=every)
-    loss, lo, hi = _predict(law, target.at(g), level)
-    lo2, hi2 = combine_band(loss, lo, hi, level=level, eval_noise=eval_noise,
-                            extrapolation=extrapolation)
+    loss, lo, hi, lo2, hi2 = target_band(law, target.at(g), level=level, eval_noise=eval_noise)
     steps = np.rint(g * target.steps).astype(np.int64)
     final = {"loss": float(loss[-1]), "lo": float(lo2[-1]), "hi": float(hi2[-1])}
     return Forecast(fraction=g, step=steps, tokens=g * target.tokens, loss=loss, lo=lo2, hi=hi2,
                     final=final, level=level, eval_noise=float(eval_noise or 0.0),
                     law_lo=lo, law_hi=hi)
-
-
-@dataclass(frozen=True)
-class Extrapolation:
-    """How wrong the law was when the ladder extrapolated it one rung (a relative sd)."""
-
-    sigma_log: float
-    n: int
-    method: str
-    in_law_band: bool = False  # the law's own band holds it (fit.law.FitResult)
-
-    def to_dict(self) -> dict:
-        return {"sigma_log": self.sigma_log, "n": self.n, "method": self.method,
-                "in_law_band": self.in_law_band}
-
-
-def extrapolation_error(law, target: Target | None = None) -> Extrapolation:
-    """The law's own extrapolation error at ``target``, from its rollout backtest (law.json
-    ``diagnostics.backtest``: refit on the runs below each scale level, forecast that level's
-    final losses; each fold records how many decades it extrapolated).
-
-    The error of a power law extrapolated from a ladder grows with the distance: the held-out
-    log errors are put per decade, pooled over every held-out point outside its fold's range
-    (r^2 = sum e^2 / sum d^2, d the largest distance in decades outside the fitted range over
-    the form's inputs: fit.backtest), and scaled to the target's distance. A law.json written
-    before that keeps the per-fold RMS of log error / decades on one scale. A target inside the
-    range gets none.
-    No backtest (a curve law, or a fit with ``backtest=False``) or no scale to place the
-    target: 0, and the method says so.
-
-    The law's band already holds this term (``FitResult.extrapolation_log_sd``, issue 13: so
-    that one place computes a law's band); ``in_law_band`` says so and the forecast does not
-    add it again. It is recorded in prereg.json as ``extrapolation``."""
-    from fit.result import extrapolation_rate
-    bt = (getattr(law, "diagnostics", None) or {}).get("backtest") or {}
-    rate, kind, _bottom, top = extrapolation_rate(bt)
-    n = sum(1 for f in bt.get("folds") or [] if isinstance(f, dict)
-            and isinstance(f.get("decades"), (int, float)) and f["decades"] > 0
-            for e in f.get("final_rel_err") or [] if isinstance(e, (int, float))
-            and math.isfinite(e) and e > -1)
-    in_band = hasattr(law, "extrapolation_log_sd")
-    scale = None if target is None else {"compute": target.compute,
-                                         "params_x_tokens": target.params * target.tokens,
-                                         "params": target.params}.get(kind)
-    if rate is None or not scale or scale <= 0:
-        return Extrapolation(0.0, n, "none (the law carries no rollout backtest on a scale "
-                                     "the target has)", in_band)
-    if in_band:
-        sd = float(law.extrapolation_log_sd(params=target.params, tokens=target.tokens,
-                                            compute=target.compute, fraction=1.0,
-                                            active_params=target.active_params))
-    else:
-        sd = rate * max(0.0, math.log10(scale) - top)
-    decades = sd / rate if rate > 0 else 0.0
-    pooled = bt.get("extrapolation") if isinstance(bt.get("extrapolation"), dict) else None
-    if pooled is not None and pooled.get("rate_per_decade") is not None:
-        # the pooled rate (fit.backtest): every held-out point outside its fold's range, the
-        # distance over the form's inputs
-        n = int(pooled.get("n_points") or 0)
-        inputs = ", ".join(map(str, pooled.get("inputs") or [])) or kind
-        points = f"{n} held-out point{'s' if n != 1 else ''}"
-        what = (f"rollout backtest of the law: log error {rate:.4f} per decade (pooled over "
-                f"{points}) x {decades:.2f} decades outside the fitted range of {inputs}")
-    else:
-        what = (f"rollout backtest of the law: RMS log error {rate:.4f} per decade (of {kind}) "
-                f"x {decades:.2f} decades outside the ladder's runs")
-    return Extrapolation(sd, n, what + ("; inside the law's band" if in_band else ""), in_band)
 
 
 def budget_curve(law, target: Target) -> dict:
@@ -326,102 +179,9 @@ def budget_curve(law, target: Target) -> dict:
               "active_params": np.full(m.shape, target.active_params),
               "tokens": m * target.tokens, "compute": m * target.compute,
               "fraction": np.ones(m.shape)}
-    loss, _, _ = _predict(law, inputs, 0.9)
+    loss, _, _ = law_band(law, inputs, 0.9)
     return {"multiplier": m.tolist(), "tokens": (m * target.tokens).tolist(),
             "loss": loss.tolist()}
-
-
-# ------------------------------------------------------------------------------------ calibration
-
-
-@dataclass(frozen=True)
-class RungCoverage:
-    run: str
-    n: int
-    inside: int
-    above: int
-    below: int
-    missing: int           # points whose band could not be computed (NaN): not counted inside
-    mean_rel_error: float
-    inside_law_only: int = 0  # inside the law's own band, without the eval-noise term
-
-    @property
-    def coverage(self) -> float:
-        return self.inside / self.n if self.n else math.nan
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """Leave-one-rung-out coverage of the band."""
-
-    level: float
-    rungs: tuple[RungCoverage, ...]
-
-    @property
-    def n(self) -> int:
-        return sum(r.n for r in self.rungs)
-
-    @property
-    def coverage(self) -> float:
-        n = self.n
-        return sum(r.inside for r in self.rungs) / n if n else math.nan
-
-    @property
-    def coverage_law_only(self) -> float:
-        n = self.n
-        return sum(r.inside_law_only for r in self.rungs) / n if n else math.nan
-
-    def report(self) -> str:
-        lines = [f"leave-one-rung-out coverage of the {self.level:.0%} band: {self.coverage:.1%} "
-                 f"of {self.n} points (the law's band alone: {self.coverage_law_only:.1%})"]
-        for r in self.rungs:
-            lines.append(f"  {r.run:<24} {r.coverage:6.1%} of {r.n:4d} (above {r.above}, below "
-                         f"{r.below}, no band {r.missing}), mean |rel err| "
-                         f"{r.mean_rel_error:.3%}")
-        return "\n".join(lines)
-
-    def to_dict(self) -> dict:
-        return {"level": self.level, "coverage": self.coverage, "n": self.n,
-                "rungs": [{"run": r.run, "n": r.n, "inside": r.inside, "above": r.above,
-                           "below": r.below, "missing": r.missing, "coverage": r.coverage,
-                           "mean_rel_error": r.mean_rel_error} for r in self.rungs]}
-
-
-def leave_one_rung_out(points, fit_fn: Callable[[Any], Any], *, level: float = 0.9,
-                       eval_noise: float = 0.0, min_fraction: float = 0.01,
-                       runs: Iterable[str] | None = None) -> Calibration:
-    """Refit without each rung (``fit_fn(points_without_it) -> law``), forecast its points.
-
-    ``points`` is a points table (pandas DataFrame with ``run, params, active_params, tokens,
-    compute, fraction, loss``). Points before ``min_fraction`` are not scored (the watcher does
-    not compare them either).
-    """
-    import pandas as pd
-
-    df = pd.DataFrame(points)
-    for col in ("run", "loss", "fraction"):
-        if col not in df:
-            raise InputError("missing column", field=col)
-    out = []
-    for run in (runs or list(dict.fromkeys(df["run"]))):
-        train = df[df["run"] != run]
-        test = df[(df["run"] == run) & (df["fraction"] >= min_fraction)]
-        if test.empty:
-            continue
-        law = fit_fn(train)
-        inputs = {k: test[k].to_numpy(float) if k in test else np.full(len(test), np.nan)
-                  for k in ("params", "active_params", "tokens", "compute", "fraction")}
-        loss, lo0, hi0 = _predict(law, inputs, level)
-        lo, hi = combine_band(loss, lo0, hi0, level=level, eval_noise=eval_noise)
-        y = test["loss"].to_numpy(float)
-        has = np.isfinite(lo) & np.isfinite(hi)
-        inside = has & (y >= lo) & (y <= hi)
-        out.append(RungCoverage(run=str(run), n=len(y), inside=int(inside.sum()),
-                                above=int((has & (y > hi)).sum()),
-                                below=int((has & (y < lo)).sum()), missing=int((~has).sum()),
-                                mean_rel_error=float(np.mean(np.abs(loss / y - 1))),
-                                inside_law_only=int((has & (y >= lo0) & (y <= hi0)).sum())))
-    return Calibration(level=level, rungs=tuple(out))
 
 
 # ------------------------------------------------------------------------------------ ladder runs

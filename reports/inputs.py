@@ -1,7 +1,9 @@
 """Loading the artifacts a report is drawn from: run directories, the law, the pre-registration
-and the alerts. Everything here reads files; nothing is recomputed (the one exception is the
-FLOP counter of ``ladder.counting``, reached through ``Rung.compute``, which turns "tokens so far"
-into "compute so far" exactly as the points table of the fitter does).
+and the alerts. Everything here reads files; nothing is refitted (the FLOP counter of
+``ladder.counting``, reached through ``Rung.compute``, turns "tokens so far" into "compute so far"
+exactly as the points table of the fitter does). What several parts of a report share is computed
+once from what was read (``ReportInputs.verdict``, ``ReportInputs.panels``); what each figure
+draws, in :mod:`reports.figdata`.
 
 Any artifact may be absent: the loaders return what exists and collect one line per missing or
 unusable piece in ``ReportInputs.notes``, which the report prints. A path the user named that does
@@ -15,6 +17,7 @@ import math
 import os
 import warnings
 from dataclasses import dataclass, fields
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -291,6 +294,20 @@ class ReportInputs:
             return name
         return self.target.name if self.target is not None else None
 
+    # what several parts of a report share, computed once: the page's verdict, the watch
+    # figure's title and the tables read the one verdict; the small multiples, their table and
+    # the live page the one list of panels
+
+    @cached_property
+    def verdict(self) -> dict:
+        """The target's last eval against the registered band (:func:`watch_verdict`)."""
+        return watch_verdict(self)
+
+    @cached_property
+    def panels(self) -> list[Panel]:
+        """One panel per registered metric, largest |residual| first (:func:`metric_panels`)."""
+        return metric_panels(self)
+
 
 def _same_run(run: RunData, name: str) -> bool:
     """A run matches a target name given as RUNG, LADDER:RUNG or LADDER/RUNG."""
@@ -438,3 +455,84 @@ def not_applicable_spans(inp: ReportInputs) -> list[tuple[float, float]]:
     starts = [g for a in inp.alerts or []
               if str(a.get("kind", "")) in kinds and (g := alert_fraction(a, inp)) is not None]
     return [(min(starts), 1.0)] if starts else []
+
+
+# ----------------------------------------------------------------------------- the verdict
+
+
+def watch_verdict(inp: ReportInputs) -> dict:
+    """Numbers the watch plot and the summary share: last actual vs forecast, inside or not."""
+    out: dict = {}
+    t, fc = inp.target, inp.forecast
+    if t is None or fc is None:
+        return out
+    s = t.series(inp.metric)
+    if not len(s):
+        return out
+    g, v = float(s.fraction[-1]), float(s.value[-1])
+    f, lo, hi = (float(x) for x in fc.at(g))
+    out.update(fraction=g, actual=v, forecast=f, lo=lo, hi=hi, complete=t.status == "complete")
+    spans = [sp for sp in not_applicable_spans(inp) if sp[0] <= g <= sp[1] + 1e-9]
+    if spans:  # the watcher declared the forecast void here: it is not judged (DESIGN.md §3)
+        out["not_applicable_since"] = spans[-1][0]
+        out["not_applicable_reason"] = next(
+            (str(a.get("message", "")) for a in inp.alerts or []
+             if a.get("kind") == "not_applicable"), "")
+    elif math.isfinite(lo) and math.isfinite(hi):
+        out["inside"] = lo <= v <= hi
+    elif math.isfinite(f):
+        out["band_missing"] = True
+    return out
+
+
+# ----------------------------------------------------------------------------- metric panels
+# Small multiples of a multi-metric pre-registration (issue 23, item 3; drawn by
+# reports.metrics): one panel per registered metric, sorted by the target's relative residual to
+# the forecast, y / forecast - 1, as the median over its last LAST_EVALS evals (robust to one
+# noisy eval; what the watcher's smoothed residual follows); a metric without evals sorts last.
+
+LAST_EVALS = 5
+
+
+@dataclass
+class Panel:
+    metric: str
+    band: ForecastBand | None
+    series: Series | None
+    alerts: list[dict]
+    residual: float            # relative, median of the last evals; NaN when none
+
+    @property
+    def worst(self) -> str | None:
+        sev = [a.get("severity") for a in self.alerts if a.get("severity") in ("warn", "critical")]
+        return "critical" if "critical" in sev else "warn" if sev else None
+
+
+def _residual(series: Series | None, band: ForecastBand | None) -> float:
+    if series is None or band is None or not len(series):
+        return math.nan
+    ok = np.isfinite(series.fraction) & (series.fraction >= band.fraction[0]) & \
+        (series.fraction <= band.fraction[-1])
+    if not ok.any():
+        return math.nan
+    e = np.interp(series.fraction[ok], band.fraction, band.loss)
+    r = series.value[ok] / e - 1
+    return float(np.median(r[-LAST_EVALS:]))
+
+
+def metric_panels(inp: ReportInputs) -> list[Panel]:
+    """One :class:`Panel` per registered metric, largest |residual| first ([] unless the
+    pre-registration is a multi-metric one). Read it as ``inp.panels`` (computed once)."""
+    from predict.watch.multi import is_multi, metric_doc
+    doc = inp.prereg
+    if not is_multi(doc):
+        return []
+    out = []
+    for key in doc.get("metrics") or []:
+        band = forecast_band(metric_doc(doc, key))
+        s = inp.target.series(key) if inp.target is not None else None
+        mine = [a for a in inp.alerts or [] if a.get("metric") == key]
+        out.append(Panel(key, band, s if s is not None and len(s) else None, mine,
+                         _residual(s, band)))
+    # stable: equal residuals keep the registered order
+    return sorted(out, key=lambda p: -abs(p.residual) if math.isfinite(p.residual) else math.inf)

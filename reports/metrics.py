@@ -4,74 +4,33 @@ sorted by the largest residual first, so that the domain that regressed is the f
 while the macro average may look fine. A single-metric report draws none of this (its pictures
 stay as they were).
 
-The residual a panel is sorted by is the target's relative residual to the forecast,
-``y / forecast - 1``, as the median over its last :data:`LAST_EVALS` evals (robust to one noisy
-eval; what the watcher's smoothed residual follows); a metric without evals sorts last.
+The panels (their order: the target's relative residual to the forecast, median over its last
+evals; reports.inputs.metric_panels) are computed once per report inputs (``inp.panels``) and
+shared by the figure, its table and the live page.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
-from predict.prereg_view import ForecastBand, forecast_band
-from predict.watch.multi import is_multi, metric_doc
-from reports.inputs import ReportInputs, Series, alert_fraction
+from reports.inputs import Panel, ReportInputs, alert_fraction
 from reports.style import FORECAST_COLOR, SEVERITY_COLORS, TARGET_COLOR
 
-LAST_EVALS = 5
 COLUMNS = 4
 
 
-@dataclass
-class Panel:
-    metric: str
-    band: ForecastBand | None
-    series: Series | None
-    alerts: list[dict]
-    residual: float            # relative, median of the last evals; NaN when none
-
-    @property
-    def worst(self) -> str | None:
-        sev = [a.get("severity") for a in self.alerts if a.get("severity") in ("warn", "critical")]
-        return "critical" if "critical" in sev else "warn" if sev else None
-
-
-def _residual(series: Series | None, band: ForecastBand | None) -> float:
-    if series is None or band is None or not len(series):
-        return math.nan
-    ok = np.isfinite(series.fraction) & (series.fraction >= band.fraction[0]) & \
-        (series.fraction <= band.fraction[-1])
-    if not ok.any():
-        return math.nan
-    e = np.interp(series.fraction[ok], band.fraction, band.loss)
-    r = series.value[ok] / e - 1
-    return float(np.median(r[-LAST_EVALS:]))
-
-
 def panels(inp: ReportInputs) -> list[Panel]:
-    """One :class:`Panel` per registered metric, largest |residual| first ([] unless the
-    pre-registration is a multi-metric one)."""
-    doc = inp.prereg
-    if not is_multi(doc):
-        return []
-    out = []
-    for key in doc.get("metrics") or []:
-        band = forecast_band(metric_doc(doc, key))
-        s = inp.target.series(key) if inp.target is not None else None
-        mine = [a for a in inp.alerts or [] if a.get("metric") == key]
-        out.append(Panel(key, band, s if s is not None and len(s) else None, mine,
-                         _residual(s, band)))
-    # stable: equal residuals keep the registered order
-    return sorted(out, key=lambda p: -abs(p.residual) if math.isfinite(p.residual) else math.inf)
+    """One :class:`reports.inputs.Panel` per registered metric, largest |residual| first ([]
+    unless the pre-registration is a multi-metric one); computed once per ``inp``."""
+    return inp.panels
 
 
 def plot_metrics(inp: ReportInputs):
     """The small multiples, or None for a single-metric (or no) pre-registration."""
     from reports.plots import _fig, _pct_x
-    ps = panels(inp)
+    ps = inp.panels
     if not ps:
         return None
     ncol = min(COLUMNS, len(ps))
@@ -124,7 +83,7 @@ def _short(key: str, width: int = 34) -> str:
 def panel_rows(inp: ReportInputs) -> list[dict]:
     """The panels as table rows (the page's per-metric table, in the panels' order)."""
     rows = []
-    for p in panels(inp):
+    for p in inp.panels:
         fin = p.band.loss[-1] if p.band is not None else math.nan
         rows.append({"metric": p.metric,
                      "residual": "-" if not math.isfinite(p.residual) else f"{p.residual:+.2%}",

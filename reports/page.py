@@ -8,7 +8,6 @@ import html
 from datetime import datetime, timezone
 
 from reports.inputs import ReportInputs
-from reports.plots import watch_verdict
 from reports.style import FORECAST_COLOR, SEVERITY_COLORS, loss_fmt, num
 from reports.tables import alert_counts, alert_rows, forecast_rows, law_rows, run_rows
 
@@ -67,7 +66,7 @@ def _table(rows: list[dict], empty: str) -> str:
 def verdict_lines(inp: ReportInputs) -> tuple[list[str], str]:
     """Up to five lines that say what happened, and a tone: ok | warn | bad."""
     lines, tone = [], "ok"
-    v = watch_verdict(inp)
+    v = inp.verdict
     name = inp.target_name or "target"
     if inp.target is not None and inp.target.status in ("diverged", "failed"):
         tone = "bad"

@@ -77,8 +77,8 @@ def tiny_run(tmp_path_factory):
     given peak (no matmul measured; tests/test_train_run.py's and test_train_preempt.py's CFG):
     the reference the resume tests compare with. Read it; never write into it."""
     from ladder.specs import LADDERS
-    from ladder.train import train_rung
-    from ladder.trainconfig import RunArgs, TrainConfig
+    from ladder.trainer.train import train_rung
+    from ladder.trainer.trainconfig import RunArgs, TrainConfig
 
     out = tmp_path_factory.mktemp("tiny_run") / "run"
     cfg = TrainConfig(run=RunArgs(peak_flops=1e11, progress=False))

@@ -97,10 +97,10 @@ def write_jsonl(path, rows, mode: str = "w") -> None:
 
 def start_and_signal(args: list[str], metrics: Path, sig, *, every: int = 7,
                      timeout: float = 300) -> subprocess.Popen:
-    """Start ``python -m ladder.cli ARGS`` from the checkout, send ``sig`` once ``metrics`` holds
+    """Start ``python -m ladder ARGS`` from the checkout, send ``sig`` once ``metrics`` holds
     10 or more rows and the run is past a checkpoint (every ``every`` steps) but not at one, and
     wait for it to end; its stderr is ``proc.err``."""
-    proc = subprocess.Popen([sys.executable, "-m", "ladder.cli", *args], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "ladder", *args], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + timeout
@@ -147,7 +147,7 @@ def run_cli(*args) -> tuple[int, str, str]:
     import io
     import warnings
 
-    from ladder.cli import main
+    from cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \

@@ -66,7 +66,7 @@ def test_synthetic_shards_hold_documents():
 
 
 def test_in_order_feed_reads_windows_with_segment_ids():
-    from ladder.tokens import WindowSource
+    from ladder.trainer.tokens import WindowSource
 
     bench = load_bench()
     shard, eos = bench.synthetic_shards(100, 16 * 9 + 1, 4, 1)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ladder.cli import _Formatter, build_parser, main
+from cli.main import _Formatter, build_parser, main
 from predict import synthetic as sy
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ladder.cli import build_parser, main
+from cli.main import build_parser, main
 from ladder.specs import LADDERS, AmbiguousRung, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,7 +25,7 @@ TINY = LADDERS["tiny"]
 def test_trainer_commands_without_the_train_extra_name_it(argv, tmp_path):
     """The core install has no JAX: one line naming the extra, exit 69, no traceback."""
     code = ("import sys; sys.modules['jax'] = None; sys.modules['jaxlib'] = None\n"
-            "from ladder.cli import main; sys.exit(main(sys.argv[1:]))")
+            "from cli.main import main; sys.exit(main(sys.argv[1:]))")
     r = subprocess.run([sys.executable, "-c", code, *argv, "--out" if argv[0] == "run" else
                         "--devices", str(tmp_path) if argv[0] == "run" else "1"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -47,7 +47,7 @@ def test_global_options_anywhere_on_the_line():
 
 
 def test_one_rung_syntax_everywhere():
-    from ladder.commands import _resolve
+    from cli.commands import _resolve
     from ladder.io import InputError
     from predict.commands import target_rung
     r = TINY.rungs[1]

@@ -20,7 +20,7 @@ REAL = [
 
 
 def _list_json():
-    out = subprocess.run([sys.executable, "-m", "ladder.cli", "list", "marin-535b", "--json"],
+    out = subprocess.run([sys.executable, "-m", "ladder", "list", "marin-535b", "--json"],
                          check=True, capture_output=True, text=True).stdout
     return {r["name"]: r for r in json.loads(out)}
 

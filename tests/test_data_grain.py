@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from ladder.cli import main
-from ladder.data import load_corpus
+from cli.main import main
+from ladder.trainer.data import load_corpus
 from ladder.io import InputError, read_json, read_metrics
 from ladder.specs import LADDERS
-from ladder.tokens import GrainFeed, WindowSource, load_shards, segment_ids
-from ladder.train import train_rung
-from ladder.trainconfig import RunArgs, TrainConfig
+from ladder.trainer.tokens import GrainFeed, WindowSource, load_shards, segment_ids
+from ladder.trainer.train import train_rung
+from ladder.trainer.trainconfig import RunArgs, TrainConfig
 
 EOS = "<|endoftext|>"
 SEQ = 16

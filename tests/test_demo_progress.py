@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import sys
 
-from ladder import demo
+from cli import demo
 
 
 class _Tty(io.StringIO):

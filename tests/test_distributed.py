@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ladder.cli import main
-from ladder.distributed import DistributedConfig, from_args
+from cli.main import main
+from ladder.trainer.distributed import DistributedConfig, from_args
 from ladder.io import InputError, read_json, read_metrics
 from ladder.specs import LADDERS, load_ladder_file
 
@@ -49,7 +49,7 @@ def _run(args, devices, n_processes=1):
     """`ladder run ARGS` as ``n_processes`` processes of one jax.distributed run (a fresh
     coordinator port each time); returns their CompletedProcess-like results. A process that
     fails or hangs gets the others killed, so nothing is left waiting on a coordinator."""
-    base = [sys.executable, "-m", "ladder.cli", "run", "tiny", "--ladder-file", str(LADDER_FILE),
+    base = [sys.executable, "-m", "ladder", "run", "tiny", "--ladder-file", str(LADDER_FILE),
             "--rung", RUNG.name, "--peak_flops=1e11", "--progress=false", *args]
     if n_processes > 1:
         port = _free_port()

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import ray
 
-from ladder.cli import main
-from ladder.executor import parse_resources, run_ladder_ray, rung_task
+from cli.main import main
+from ladder.trainer.executor import parse_resources, run_ladder_ray, rung_task
 from ladder.io import InputError, read_json, read_metrics
 from ladder.specs import LADDERS
-from ladder.train import train_rung
-from ladder.trainconfig import RunArgs, TrainConfig
+from ladder.trainer.train import train_rung
+from ladder.trainer.trainconfig import RunArgs, TrainConfig
 
 LADDER = LADDERS["tiny"]
 CFG = TrainConfig(run=RunArgs(peak_flops=1e11, progress=False))
@@ -129,7 +129,7 @@ def test_stopping_the_driver_checkpoints_running_rungs_then_resume_completes(loc
     cancelled = [o for o in result.outcomes if o.cancelled]
     assert stopped and len(stopped) + len(cancelled) == len(LADDER.all)   # 2 CPUs: 2 ran
     for o in stopped:   # each checkpointed where it stopped: a rolling checkpoint, or the
-        # permanent one when the stop fell on a scheduled save step (ladder/checkpointing.py;
+        # permanent one when the stop fell on a scheduled save step (trainer/checkpointing.py;
         # seen under load: a rung stopped at step 32, a quarter of its run)
         step = o.summary["step"]
         assert 15 <= step < o.summary["steps"]

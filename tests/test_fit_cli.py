@@ -13,7 +13,7 @@ import pytest
 
 from fit import load_law, load_points
 from helpers import write_law_runs
-from ladder.cli import main
+from cli.main import main
 from ladder.io import InputError
 
 

@@ -525,9 +525,10 @@ def test_band_holds_the_extrapolation_error_below_and_above_the_ladder_not_insid
 
 
 def test_prereg_extrapolation_record_is_the_law_band_term_and_names_the_pooled_rate():
-    """What prereg.json records as ``extrapolation`` (predict.forecast.extrapolation_error) is
+    """What prereg.json records as ``extrapolation`` (predict.band.extrapolation_error) is
     the term the law's band holds at the target, described by the method that computed it."""
-    from predict.forecast import Target, extrapolation_error
+    from predict.band import extrapolation_error
+    from predict.forecast import Target
     res = fit_law(_curved_compute_table(), form="compute", bootstrap=0)
     rate = _pooled(res.diagnostics["backtest"]["folds"])
     target = Target(name="t", params=1e9, active_params=1e9, tokens=2e13, steps=1000,

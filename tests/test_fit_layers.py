@@ -67,5 +67,5 @@ def test_fit_imports_nothing_above_it_and_no_jax():
             continue
         bad = {m for m in _imports(p) if m.split(".")[0] in ("predict", "reports", "jax", "flax",
                                                               "optax")
-               or m in ("ladder.cli", "ladder.demo", "ladder.train")}
+               or m in ("cli.main", "cli.demo", "ladder.trainer.train")}
         assert not bad, f"{p.name} imports {sorted(bad)}"

@@ -114,7 +114,7 @@ def test_cli_equal_weights_turns_the_rule_off(tmp_path):
     import contextlib
     import io
 
-    from ladder.cli import main
+    from cli.main import main
     _near, both = _ladder()
     table = tmp_path / "points.csv"
     both.to_csv(table, index=False)

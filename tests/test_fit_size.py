@@ -14,7 +14,7 @@ import pytest
 from fit import estimate
 from fit.forms import Spec, get_form
 from fit.law import MAX_FIT_ROWS, fit_law
-from ladder.cli import main
+from cli.main import main
 
 
 def table(n: int, runs: int = 20, seed: int = 0) -> pd.DataFrame:

@@ -30,7 +30,7 @@ def test_points_of_a_runs_directory_leave_the_target_out(runs):
     df = load_points(root, include_target=True)
     assert sorted(df["run"].unique()) == sorted(rungs + [target])
     assert df.attrs["left_out"] == []
-    # the rung directories given one by one (as ladder/demo.py does): nothing left out
+    # the rung directories given one by one (as cli/demo.py does): nothing left out
     df = load_points([root / r for r in rungs])
     assert sorted(df["run"].unique()) == sorted(rungs) and df.attrs["left_out"] == []
 

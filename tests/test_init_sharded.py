@@ -46,9 +46,9 @@ def compare_with_model_init() -> dict:
     from flax.traverse_util import flatten_dict
 
     import model as M
-    from ladder.optim import OptimizerSpec
+    from ladder.trainer.optim import OptimizerSpec
     from ladder.specs import LADDERS
-    from ladder.step import make_mesh, make_optimizer, state_shardings
+    from ladder.trainer.step import make_mesh, make_optimizer, state_shardings
 
     n = len(jax.devices())
     base = LADDERS["tiny"].rungs[0].model
@@ -96,7 +96,7 @@ def test_the_trainer_starts_from_model_init():
 
     import model as M
     from ladder.specs import LADDERS
-    from ladder.step import make_mesh, programs
+    from ladder.trainer.step import make_mesh, programs
 
     cfg = LADDERS["tiny"].rungs[0].model
     state = programs(cfg, make_mesh(1, 1, cfg.n_experts, 1)).init_state(5)

@@ -1,7 +1,7 @@
 """Every command's inputs, broken: a one-line error (exit 64+) naming the file or the field, never
 a traceback, a hang or exit 0 (issue 15). The named corpus of bench/fuzz_inputs.py (the slow
 cases sampled) and a hypothesis search over numbers and JSON values where a user or a file gives
-them; every command runs in-process (ladder.cli.main) under an alarm."""
+them; every command runs in-process (cli.main.main) under an alarm."""
 
 import json
 
@@ -299,7 +299,7 @@ def test_any_token_manifest_is_loaded_or_refused_with_one_line(world, tmp_path, 
     import shutil
 
     from ladder.io import InputError
-    from ladder.tokens import load_shards
+    from ladder.trainer.tokens import load_shards
     d = tmp_path / "shards"
     if d.exists():
         shutil.rmtree(d)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from helpers import alarm
-from ladder.cli import main
+from cli.main import main
 from ladder.io import InputError, inside, loads, open_input, read_bytes, safe_name
 
 
@@ -76,7 +76,7 @@ def test_safe_names_pass_and_inside_refuses_a_link_out(tmp_path):
 
 
 def test_a_manifest_shard_outside_the_shard_folder_is_refused(tmp_path):
-    from ladder.tokens import load_shards
+    from ladder.trainer.tokens import load_shards
     d = tmp_path / "shards"
     d.mkdir()
     (tmp_path / "secret.bin").write_bytes(b"\0\1" * 3000)

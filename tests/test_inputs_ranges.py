@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from helpers import alarm
-from ladder.cli import main
-from ladder.trainconfig import train_config
+from cli.main import main
+from ladder.trainer.trainconfig import train_config
 
 TINY = (Path(__file__).resolve().parents[1] / "ladder" / "ladders" / "tiny.toml").read_text()
 FIRST = "[[rungs]]\nd = 16\nn_layers = 2"
@@ -71,7 +71,7 @@ def test_a_config_number_out_of_range_is_refused_before_training(values, field):
     with pytest.raises((InputError, ValueError)) as e:
         cfg = train_config(values, where="cfg.json")
         if "model" in values:  # model overrides meet the rung's config when it is built
-            from ladder.trainconfig import resolve_rung
+            from ladder.trainer.trainconfig import resolve_rung
             resolve_rung(get_ladder("tiny").rungs[0], cfg)
     assert field in str(e.value)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ladder.cli import main
+from cli.main import main
 from ladder.io import (InputError, append_text, atomic_write_json, atomic_write_text,
                        check_writable, iter_jsonl, number, read_json, read_metrics, read_table,
                        staged_dir)
@@ -227,7 +227,7 @@ def test_schedule_inputs_that_would_hang_are_refused(tmp_path):
 def test_resume_cuts_back_a_metrics_file_with_poisoned_lines(tmp_path):
     """`run --resume` rewrites metrics.jsonl up to the checkpoint: a line with a 5000-digit
     integer or deep nesting (which crashed it) is dropped, and the file stays 0644."""
-    from ladder.rundir import MetricsFile
+    from ladder.trainer.rundir import MetricsFile
     p = tmp_path / "metrics.jsonl"
     p.write_text('{"step": 1, "train/loss": 3.0}\n{"step": ' + "9" * 5000 + "}\n"
                  + "[" * 50_000 + "]" * 50_000 + '\n{"step": 2, "train/loss": 2.9}\n'

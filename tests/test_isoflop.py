@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from fit.allocation import allocation
 from fit.isoflop import isoflop
-from ladder.cli import main
+from cli.main import main
 from ladder.io import InputError
 
 TRUTH = {"E": 1.7, "A": 400.0, "B": 1800.0, "alpha": 0.34, "beta": 0.28}

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ladder.cli import main
+from cli.main import main
 from ladder.io import InputError
 from ladder.keymap import load_keymap, parse_keymap
 from predict import prereg as pr

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ladder.io import InputError, read_metrics
-from ladder.optim import OptimizerSpec
+from ladder.trainer.optim import OptimizerSpec
 from ladder.specs import LADDERS, Dials, Recipe, load_ladder_file, make_ladder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,13 +138,13 @@ batch_units = 2
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "ladder.cli", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "ladder", *args], cwd=ROOT,
                           capture_output=True, text=True, check=False)
 
 
 def _main(capsys, *args):
     """`ladder ARGS` in this process (no interpreter and JAX start-up per call)."""
-    from ladder.cli import main
+    from cli.main import main
     capsys.readouterr()
     code = main(list(args))
     out = capsys.readouterr()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import EXPERT_MESH_SRC, run_on_fake_devices
 
-from ladder.plan import hlo_flops
+from ladder.trainer.plan import hlo_flops
 from model.moe import dispatch_dropless, dispatch_reference, group_block, swiglu
 
 

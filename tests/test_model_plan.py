@@ -5,9 +5,9 @@ import math
 
 import pytest
 
-from ladder.cli import main
+from cli.main import main
 from ladder.counting import count_params
-from ladder.plan import GB200_BF16_DENSE_FLOPS, make_mesh, plan_rung
+from ladder.trainer.plan import GB200_BF16_DENSE_FLOPS, make_mesh, plan_rung
 from ladder.specs import LADDERS
 
 
@@ -128,7 +128,7 @@ def test_plan_cli_json_and_errors(capsys):
 
 
 def test_accelerator_table_and_collective_count():
-    from ladder.plan import accelerator_peak, count_collectives
+    from ladder.trainer.plan import accelerator_peak, count_collectives
 
     assert accelerator_peak("NVIDIA H100 80GB HBM3")["flops"] == 989e12
     assert accelerator_peak("NVIDIA H100 PCIe")["flops"] == 756e12

@@ -13,7 +13,7 @@ import pytest
 import model
 from ladder.io import InputError
 from ladder.specs import LADDERS
-from ladder.trainconfig import TrainConfig, resolve_rung
+from ladder.trainer.trainconfig import TrainConfig, resolve_rung
 from model.config import ModelConfig, resolve_precision
 
 # 5 layers: one scanned group of 4 and an unrolled last layer, so both code paths are covered

@@ -121,8 +121,8 @@ def test_program_does_not_grow_with_depth():
 def test_trainer_shardings_and_decay_mask_on_stacked_layout():
     from jax.sharding import PartitionSpec as P
 
-    from ladder.optim import OptimizerSpec
-    from ladder.step import make_mesh, make_optimizer, state_shardings
+    from ladder.trainer.optim import OptimizerSpec
+    from ladder.trainer.step import make_mesh, make_optimizer, state_shardings
 
     optimizer = make_optimizer(OptimizerSpec("adamw").settings(1e-3, 1.0, 1))
     shard = state_shardings(CFG, optimizer, make_mesh(1, 1, CFG.n_experts, 2))
@@ -155,8 +155,8 @@ from functools import partial
 from jax.sharding import NamedSharding, PartitionSpec as P
 from flax.traverse_util import flatten_dict
 import model
-from ladder.optim import OptimizerSpec
-from ladder.step import make_mesh, make_optimizer, state_shardings
+from ladder.trainer.optim import OptimizerSpec
+from ladder.trainer.step import make_mesh, make_optimizer, state_shardings
 from model.config import ModelConfig
 assert jax.device_count() == 8
 cfg = ModelConfig(vocab_size=32, d_model=16, n_layers=5, n_heads=2, head_dim=8,

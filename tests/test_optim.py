@@ -1,5 +1,5 @@
-"""The optimizers (ladder/optim.py): the recipe's settings per rung, the marin groups, MuonH's
-norm-keeping step, a few marin steps of the tiny model, and AdamW left exactly as it was."""
+"""The optimizers (ladder/trainer/optim.py): the recipe's settings per rung, the marin groups,
+MuonH's norm-keeping step, a few marin steps of the tiny model, and AdamW left exactly as it was."""
 
 import json
 import subprocess
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from ladder.io import read_metrics
-from ladder.optim import OptimizerSpec, marin_groups, make_optimizer, hyperball_step
+from ladder.trainer.optim import OptimizerSpec, marin_groups, make_optimizer, hyperball_step
 from ladder.specs import LADDERS
-from ladder.train import train_rung
-from ladder.trainconfig import OptimizerOverrides, RunArgs, TrainConfig, resolve_rung, \
+from ladder.trainer.train import train_rung
+from ladder.trainer.trainconfig import OptimizerOverrides, RunArgs, TrainConfig, resolve_rung, \
     train_config
 
 
@@ -31,7 +31,7 @@ PUBLISHED = {"1.6B-A61M": (0.01582, 0.003651), "4.0B-A162M": (0.01441, 0.003326)
 
 
 def _list_json(ladder):
-    r = subprocess.run([sys.executable, "-m", "ladder.cli", "list", ladder, "--json"], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "ladder", "list", ladder, "--json"], cwd=ROOT,
                        capture_output=True, text=True, check=True)
     return json.loads(r.stdout)
 
@@ -273,7 +273,7 @@ def test_newton_schulz_maps_singular_values_into_the_recipes_band():
     import jax.numpy as jnp
     from optax.contrib import scale_by_muon
 
-    from ladder.optim import MUON_NS_COEFFS, ns_iterate
+    from ladder.trainer.optim import MUON_NS_COEFFS, ns_iterate
 
     optax_coeffs = inspect.signature(scale_by_muon).parameters["ns_coeffs"].default
     assert tuple(optax_coeffs) == (3.4445, -4.775, 2.0315)
@@ -300,7 +300,7 @@ def test_newton_schulz_maps_singular_values_into_the_recipes_band():
 def test_newton_schulz_on_a_batch_of_tall_matrices_is_each_matrix_alone():
     import jax.numpy as jnp
 
-    from ladder.optim import MUON_NS_COEFFS, MUON_NS_EPS, newton_schulz
+    from ladder.trainer.optim import MUON_NS_COEFFS, MUON_NS_EPS, newton_schulz
 
     rng = np.random.default_rng(1)
     x = rng.standard_normal((2, 2, 40, 24))              # [G, E, L, F], tall: 40 > 24
@@ -318,7 +318,7 @@ def test_newton_schulz_on_a_batch_of_tall_matrices_is_each_matrix_alone():
 def test_muon_orthogonalize_takes_each_weights_matrix_axes():
     import jax.numpy as jnp
 
-    from ladder.optim import MUON_NS_COEFFS, MUON_NS_EPS, marin_group, muon_orthogonalize, \
+    from ladder.trainer.optim import MUON_NS_COEFFS, MUON_NS_EPS, marin_group, muon_orthogonalize, \
         newton_schulz
 
     rng = np.random.default_rng(2)
@@ -347,7 +347,7 @@ def test_muonh_momentum_is_nesterov_095_without_bias_correction():
     step's direction is NS(u) and the hyperball step moves p to the sphere of |p|."""
     import jax.numpy as jnp
 
-    from ladder.optim import MUON_NS_COEFFS, MUON_NS_EPS, make_optimizer, newton_schulz
+    from ladder.trainer.optim import MUON_NS_COEFFS, MUON_NS_EPS, make_optimizer, newton_schulz
 
     rung = LADDERS["tiny"].rungs[0]
     settings = resolve_rung(rung, _optim(optimizer="marin")).optimizer_settings
@@ -390,7 +390,7 @@ def test_marin_state_holds_no_second_moment_for_muonh_at_1_6b():
     from flax.traverse_util import flatten_dict
 
     import model as M
-    from ladder.optim import make_optimizer, marin_groups
+    from ladder.trainer.optim import make_optimizer, marin_groups
 
     rung = LADDERS["marin-535b"].get("1.6B-A61M")
     params, _ = M.param_shapes(rung.model)
@@ -414,8 +414,8 @@ def _restore_old_checkpoint(tmp_path):
     import jax
     import orbax.checkpoint as ocp
 
-    from ladder.checkpointing import Checkpoints
-    from ladder.step import make_mesh, programs
+    from ladder.trainer.checkpointing import Checkpoints
+    from ladder.trainer.step import make_mesh, programs
 
     shutil.copytree(ROOT / "tests" / "data" / "marin_checkpoint_v1", tmp_path / "checkpoints")
     rung = _old_checkpoint_rung()
@@ -480,7 +480,7 @@ def test_a_checkpoint_written_before_issue_22_restores(tmp_path):
 def test_a_checkpoint_written_before_issue_22_trains_on(tmp_path):
     import jax.numpy as jnp
 
-    from ladder.data import load_corpus
+    from ladder.trainer.data import load_corpus
 
     progs, state, _ = _restore_old_checkpoint(tmp_path)
     rung = _old_checkpoint_rung()

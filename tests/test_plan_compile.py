@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 from conftest import run_on_fake_devices
 
-from ladder.cli import main
-from ladder.plan import hlo_flops
+from cli.main import main
+from ladder.trainer.plan import hlo_flops
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = r"""
 import json
 import jax
-from ladder.plan import compile_step
+from ladder.trainer.plan import compile_step
 from ladder.specs import LADDERS
 assert jax.device_count() == 8
 rung = LADDERS["tiny"].rungs[0].replace(batch=16)   # 2 sequences per device on 8 devices
@@ -50,7 +50,7 @@ def test_sharded_step_does_not_replicate_work():
 DEEP_SCRIPT = r"""
 import json
 import jax
-from ladder.plan import compile_step
+from ladder.trainer.plan import compile_step
 from ladder.specs import LADDERS
 assert jax.device_count() == 8
 rung = LADDERS["tiny"].rungs[0]
@@ -121,7 +121,7 @@ def test_hlo_flops_counts_loops_as_often_as_they_run():
 # Scanned groups: the train step's FLOPs with the trip counts are the step's, near flops-v1
 SCAN_SCRIPT = r"""
 import json
-from ladder.plan import compile_step
+from ladder.trainer.plan import compile_step
 from ladder.specs import LADDERS
 rung = LADDERS["tiny"].rungs[0]
 model = rung.model.replace(d_model=64, n_heads=4, head_dim=16, n_layers=8, n_experts=8,

@@ -6,8 +6,9 @@ import warnings
 import numpy as np
 import pytest
 
-from ladder.cli import main
+from cli.main import main
 from ladder.io import atomic_write_json, read_json
+from predict import band
 from predict import forecast as fc
 from predict import prereg as pr
 from predict import synthetic as sy
@@ -30,12 +31,12 @@ def test_band_of_the_true_law_covers_fresh_runs_at_its_level():
     def fit_fn(_df):
         return law
     pts_train = pts.assign(run="other")
-    cal = fc.leave_one_rung_out(pd_concat(pts, pts_train), fit_fn, level=0.9,
+    cal = band.leave_one_rung_out(pd_concat(pts, pts_train), fit_fn, level=0.9,
                                 eval_noise=noise.eval_sigma, runs=["held-out"])
     assert cal.n == len(pts)
     assert 0.86 <= cal.coverage <= 0.94
     # without the eval noise the band is too narrow: coverage drops measurably
-    narrow = fc.leave_one_rung_out(pd_concat(pts, pts_train), fit_fn, level=0.9, eval_noise=0.0,
+    narrow = band.leave_one_rung_out(pd_concat(pts, pts_train), fit_fn, level=0.9, eval_noise=0.0,
                                    runs=["held-out"])
     assert narrow.coverage < cal.coverage - 0.05
 

@@ -7,13 +7,14 @@ import stat
 import numpy as np
 import pytest
 
-from ladder.cli import main
+from cli.main import main
 from ladder.io import InputError, canonical_json, read_json
 from ladder.specs import LADDERS, resolve
 from predict import prereg as pr
 from predict import synthetic as sy
+from predict.band import combine_band, estimate_eval_noise
 from predict.commands import make_prereg
-from predict.forecast import Target, combine_band, estimate_eval_noise, forecast, grid_fractions
+from predict.forecast import Target, forecast, grid_fractions
 
 TRUTH = sy.Truth()
 
@@ -187,7 +188,7 @@ def test_predict_never_imports_jax():
     import sys
     code = ("import sys; import predict.commands, predict.live, predict.sinks, predict.sources, "
             "predict.forecast, predict.prereg, predict.watch, predict.synthetic; "
-            "from ladder.cli import main; "
+            "from cli.main import main; "
             "print('jax' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]),

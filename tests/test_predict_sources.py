@@ -13,7 +13,7 @@ import pytest
 
 from helpers import watch_rows as rows  # the watched target's run; prereg_path: conftest
 from helpers import watch_world, write_jsonl
-from ladder.cli import main
+from cli.main import main
 from predict import prereg as pr
 from predict import synthetic as sy
 from predict.commands import make_prereg
@@ -167,10 +167,10 @@ def test_wandb_offline_watch_cli(offline_run, prereg_path, capsys):
 
 def test_fit_gets_the_offline_reader_from_the_cli_layer(offline_run, tmp_path):
     """`ladder fit` on a W&B offline directory: predict's record reader is handed down by
-    ladder.commands (fit never imports predict); fit's own handler alone refuses the directory."""
+    cli.commands (fit never imports predict); fit's own handler alone refuses the directory."""
     from fit.commands import fit_main
-    from ladder.cli import build_parser
-    from ladder.commands import offline_wandb_points
+    from cli.main import build_parser
+    from cli.commands import offline_wandb_points
     from ladder.io import InputError
 
     wdir, rs = offline_run
@@ -392,7 +392,7 @@ def test_follow_judges_an_appended_line_within_a_second(tmp_path, prereg_path):
     alerts = tmp_path / "alerts.jsonl"
     state = tmp_path / "state.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "ladder.cli", "watch", str(prereg_path),
+    proc = subprocess.Popen([sys.executable, "-m", "ladder", "watch", str(prereg_path),
                              "--source", str(p), "--follow", "--poll", "0.1", "--alerts",
                              str(alerts), "--state", str(state), "--max-seconds", "60"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -84,7 +84,7 @@ def test_real_ladder_names_do_not_move():
 
 
 def test_optimizer_groups_of_the_pieces():
-    from ladder.optim import marin_groups
+    from ladder.trainer.optim import marin_groups
 
     cfg = SCANNED.replace(**RECIPE)
     params, _ = model.param_shapes(cfg)
@@ -115,7 +115,7 @@ def test_recipe_rungs_carry_capacity_115():
 def test_list_json_shows_the_switches():
     import json
 
-    out = subprocess.run([sys.executable, "-m", "ladder.cli", "list", "marin-535b", "--json"],
+    out = subprocess.run([sys.executable, "-m", "ladder", "list", "marin-535b", "--json"],
                          check=True, capture_output=True, text=True).stdout
     rows = json.loads(out)
     assert all(r["compute_extras"] > 0 for r in rows)
@@ -132,7 +132,7 @@ SCRIPT = textwrap.dedent("""
     from model.config import ModelConfig
     from model.layers import materialize
     from model.moe import MoE, route
-    from ladder.step import make_optimizer, state_shardings
+    from ladder.trainer.step import make_optimizer, state_shardings
     from ladder.specs import LADDERS
 
     assert jax.device_count() == 8

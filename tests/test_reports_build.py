@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 
 from conftest import chromium_dom
-from ladder.cli import main as cli_main
+from cli.main import main as cli_main
 from ladder.specs import get_ladder
 from predict.prereg import seal
 from reports.commands import build_report
-from reports.inputs import load_inputs
+from reports.figdata import backtests, ladder_residuals
+from reports.inputs import load_inputs, not_applicable_spans
 from reports.page import render_html, render_summary
-from reports.plots import (backtests, ladder_residuals, not_applicable_spans, plot_law,
-                           plot_watch)
+from reports.plots import plot_law, plot_watch
 from reports.tables import forecast_rows, law_rows, param_intervals
 
 E, A, ALPHA = 1.5, 19.0, 0.1   # the synthetic truth
@@ -355,3 +355,43 @@ def test_law_evaluated_at_the_right_compute(ladder_dir):
     assert np.abs(res).max() < 1e-12
     res_final = ladder_residuals(load_inputs(runs=ladder_dir[0], law=KnownLaw()))
     assert len(res_final) == 4 and np.abs(res_final).max() < 1e-12
+
+
+def test_the_ladder_figure_evaluates_the_law_once_per_rung_and_drawing_evaluates_nothing(
+        ladder_dir):
+    """The figure's data is built once (reports.figdata): a law of whole runs is evaluated once
+    per rung, for its curve and its residuals together; drawing that data asks the law nothing."""
+    from reports.figdata import ladder_data
+    from reports.plots import colors_for, draw_ladder
+
+    calls = []
+
+    class CountingTrajectory(KnownLaw):
+        form = "trajectory"
+
+        def predict(self, compute=None, level=0.9, **kw):
+            calls.append(np.size(compute))
+            return super().predict(compute=compute, level=level, **kw)
+
+    inp = load_inputs(runs=ladder_dir[0], law=CountingTrajectory())
+    d = ladder_data(inp)
+    assert len(calls) == len(inp.rungs) == 4
+    assert len(d.residuals) == 4 * 20 and np.abs(d.residuals).max() < 1e-12
+    draw_ladder(d, colors_for(inp))
+    assert len(calls) == 4
+
+
+def test_the_metric_panels_are_computed_once_per_report(tmp_path, monkeypatch):
+    """The small multiples, their table on the page and in the summary share one list."""
+    import reports.inputs as ri
+    computed = []
+    real = ri.metric_panels
+    monkeypatch.setattr(ri, "metric_panels", lambda inp: computed.append(1) or real(inp))
+    rows = [{"fraction": g, "loss": 3.0, "lo": 2.9, "hi": 3.1} for g in (0.1, 0.5, 1.0)]
+    doc = {"schema": "prereg/3", "metrics": ["a/loss", "b/loss"], "band_level": 0.9,
+           "target": {"name": "t", "steps": 100, "tokens": 1e9},
+           "forecasts": {k: {"forecast": rows, "final": rows[-1]} for k in ("a/loss", "b/loss")}}
+    build_report(tmp_path / "rep", prereg=doc)
+    assert (tmp_path / "rep" / "metrics.png").exists()
+    assert "a/loss" in (tmp_path / "rep" / "summary.md").read_text()
+    assert len(computed) == 1

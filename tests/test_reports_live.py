@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import chromium_dom
-from ladder.cli import main
+from cli.main import main
 from predict import prereg as pr
 from predict import synthetic as sy
 from predict.commands import make_prereg

@@ -76,7 +76,7 @@ def test_lr_table_is_the_schedule_times_the_peak_with_the_spike():
 
 
 def test_run_lr_table_applies_the_spike_with_the_trainers_defaults():
-    from ladder.trainconfig import Fault, TrainConfig
+    from ladder.trainer.trainconfig import Fault, TrainConfig
 
     rung = LAD.rungs[0]
     fault = Fault("lr-spike")

@@ -20,10 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from ladder import tokens as T
-from ladder.cli import main
-from ladder.corpus_files import is_held_out
-from ladder.data import load_corpus
+from ladder.trainer import tokens as T
+from cli.main import main
+from ladder.trainer.corpus_files import is_held_out
+from ladder.trainer.data import load_corpus
 from ladder.io import InputError, atomic_write_json, read_json
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -205,7 +205,7 @@ def test_killed_with_sigkill_and_run_again_equals_the_uninterrupted_run(tmp_path
     """A real kill (no exception handlers run): the child is SIGKILLed once its progress file
     lists a closed shard; the same command, run again, finishes with the same files."""
     _write_jsonl(tmp_path / "a.jsonl", _records(3000, seed=5))
-    cmd = [sys.executable, "-m", "ladder.cli", "-q", "tokenize", str(tmp_path / "a.jsonl"),
+    cmd = [sys.executable, "-m", "ladder", "-q", "tokenize", str(tmp_path / "a.jsonl"),
            "--tokenizer", str(tok_path), "--shard-tokens", "2000", "--processes", "0"]
     ref, out = tmp_path / "ref", tmp_path / "out"
     subprocess.run([*cmd, "--out", str(ref)], check=True, cwd=ROOT, timeout=300)

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from ladder.checkpointing import location
-from ladder.cli import main
+from ladder.trainer.checkpointing import location
+from cli.main import main
 from ladder.io import InputError, read_json, read_metrics
 from ladder.specs import LADDERS
-from ladder.train import checkpoint_root, train_rung
-from ladder.trainconfig import RunArgs, TrainConfig, profile_range
+from ladder.trainer.train import checkpoint_root, train_rung
+from ladder.trainer.trainconfig import RunArgs, TrainConfig, profile_range
 
 RUNG = LADDERS["tiny"].rungs[0]
 KEYS = ["step", "train/loss", "grad/norm", "params/norm/router_bias", "eval/loss",

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ladder.data import (
+from ladder.trainer.data import (
     VAL_BUCKETS,
     is_held_out,
     load_corpus,

@@ -3,11 +3,11 @@ step: --microbatch, --peak-flops, eval_batch."""
 
 import pytest
 
-from ladder.cli import main
+from cli.main import main
 from ladder.io import InputError
 from ladder.specs import LADDERS
-from ladder.train import peak_flops_info
-from ladder.trainconfig import TrainConfig, eval_batch_size, microbatch_size
+from ladder.trainer.train import peak_flops_info
+from ladder.trainer.trainconfig import TrainConfig, eval_batch_size, microbatch_size
 
 RUNG = LADDERS["tiny"].rungs[0]
 

@@ -4,9 +4,9 @@ import jax
 import numpy as np
 import pytest
 
-from ladder.data import stdlib_corpus
+from ladder.trainer.data import stdlib_corpus
 from ladder.specs import LADDERS
-from ladder.step import make_mesh, programs
+from ladder.trainer.step import make_mesh, programs
 from model.config import ModelConfig
 from model.moe import bias_target_from_stat, merge_bias_stat, step_tokens, threshold_bias, \
     top_logits
@@ -85,8 +85,8 @@ def test_every_ladder_names_its_capacity_cell():
 
 def test_a_layout_without_whole_cells_is_refused_naming_what_would_do():
     from ladder.io import InputError
-    from ladder.plan import microbatch_candidates
-    from ladder.trainconfig import cell_fits, check_cell
+    from ladder.trainer.plan import microbatch_candidates
+    from ladder.trainer.trainconfig import cell_fits, check_cell
 
     rung = LADDERS["marin-535b"].get("1.6B-A61M")
     # 8 devices: a device holds microbatch / 8 sequences of 4096 tokens; cells of 65,536 tokens
@@ -102,7 +102,7 @@ def test_a_layout_without_whole_cells_is_refused_naming_what_would_do():
     assert e.value.field == "eval_batch"
     check_cell(rung, 1, 16, "microbatch")                     # one device: 16 sequences do
     # the default eval batch holds whole cells: 16 sequences per device (1 where a cell is one)
-    from ladder.trainconfig import TrainConfig, eval_batch_size
+    from ladder.trainer.trainconfig import TrainConfig, eval_batch_size
     assert eval_batch_size(TrainConfig(), 8, rung) == 128
     assert eval_batch_size(TrainConfig(), 8, LADDERS["tiny"].rungs[0]) == 8
     check_cell(rung, 8, eval_batch_size(TrainConfig(), 8, rung), "eval_batch")
@@ -118,8 +118,8 @@ def test_a_layout_without_whole_cells_is_refused_naming_what_would_do():
 
 def test_train_refuses_before_writing_anything(tmp_path):
     from ladder.io import InputError
-    from ladder.train import train_rung
-    from ladder.trainconfig import RunArgs, TrainConfig
+    from ladder.trainer.train import train_rung
+    from ladder.trainer.trainconfig import RunArgs, TrainConfig
 
     rung = LADDERS["tiny"].rungs[0]
     cfg = TrainConfig(microbatch=1, model={"capacity_tokens": 128},

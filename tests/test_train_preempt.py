@@ -12,8 +12,8 @@ import pytest
 from helpers import start_and_signal
 from ladder.io import read_json, read_metrics
 from ladder.specs import LADDERS
-from ladder.train import train_rung
-from ladder.trainconfig import RunArgs, TrainConfig
+from ladder.trainer.train import train_rung
+from ladder.trainer.trainconfig import RunArgs, TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNG = LADDERS["tiny"].rungs[0]
@@ -43,7 +43,7 @@ def test_sigterm_checkpoints_at_the_step_boundary_then_resume_is_bitwise(referen
     cfg = TrainConfig(run=RunArgs(peak_flops=1e11, progress=False, checkpoint_minutes=1.0,
                                   checkpoint_async=background))
     clock = [0.0]   # the checkpoint clock, driven by the test: a minute passes during step 19
-    monkeypatch.setattr("ladder.checkpointing._clock", lambda: clock[0])
+    monkeypatch.setattr("ladder.trainer.checkpointing._clock", lambda: clock[0])
     seen: dict = {}
 
     def preempt(row):
@@ -96,7 +96,7 @@ def test_ladder_run_exits_143_on_sigterm_and_resumes_identically(reference, tmp_
     s = read_json(run_dir / "summary.json", schema="run-summary")
     assert s["signal"] == "SIGTERM" and 10 <= s["step"] < RUNG.steps and s["step"] % 7
     assert _steps(run_dir / "checkpoints" / "rolling") == [s["step"]]
-    r = subprocess.run([sys.executable, "-m", "ladder.cli", *args, "--resume"], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "ladder", *args, "--resume"], cwd=ROOT,
                        capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 0, r.stderr
     rows = read_metrics(metrics)
@@ -109,7 +109,7 @@ def test_checkpoints_of_the_earlier_single_item_layout_still_restore(tmp_path):
     import numpy as np
     import orbax.checkpoint as ocp
 
-    from ladder.checkpointing import Checkpoints
+    from ladder.trainer.checkpointing import Checkpoints
 
     state = {"step": jnp.asarray(5, jnp.int32), "w": jnp.arange(6.0).reshape(2, 3)}
     old = ocp.CheckpointManager(tmp_path.resolve(), options=ocp.CheckpointManagerOptions(

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from helpers import start_and_signal
-from ladder.cli import main
+from cli.main import main
 from ladder.io import read_json, read_metrics
 from ladder.runs import read_run
 from ladder.specs import LADDERS, Rung
-from ladder.train import train_rung
-from ladder.trainconfig import Fault, RunArgs, TrainConfig
+from ladder.trainer.train import train_rung
+from ladder.trainer.trainconfig import Fault, RunArgs, TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNG = LADDERS["tiny"].rungs[0]
@@ -97,7 +97,7 @@ def test_resume_reproduces_the_uninterrupted_run_bitwise(tiny_run, tmp_path):
 
 
 def _cli(*args, env=None, **kw):
-    return subprocess.run([sys.executable, "-m", "ladder.cli", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "ladder", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, check=False, **kw)
 
 
@@ -177,7 +177,7 @@ def test_bad_input_fails_with_one_line_and_writes_nothing(tmp_path, capsys, case
 
 
 def test_config_file_and_overrides(tmp_path):
-    from ladder.trainconfig import parse_overrides, train_config
+    from ladder.trainer.trainconfig import parse_overrides, train_config
 
     cfg = train_config({"seed": 3, "schedule": {"kind": "wsd"},
                         **parse_overrides(["--schedule.decay_end=0.5", "--lr=0.01",

@@ -7,7 +7,7 @@ import pytest
 
 from ladder.lrtable import run_lr_table
 from ladder.specs import LADDERS, Schedule
-from ladder.trainconfig import (
+from ladder.trainer.trainconfig import (
     Fault,
     OptimizerOverrides,
     RunArgs,

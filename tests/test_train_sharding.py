@@ -14,8 +14,8 @@ SCRIPT = r"""
 import json, sys
 from ladder.io import read_json, read_metrics
 from ladder.specs import LADDERS
-from ladder.train import train_rung
-from ladder.trainconfig import RunArgs, TrainConfig
+from ladder.trainer.train import train_rung
+from ladder.trainer.trainconfig import RunArgs, TrainConfig
 import jax
 assert len(jax.devices()) == 8, jax.devices()
 # batch 16 so that a microbatch of 8 puts one sequence on each of the 8 devices. Drops on (capacity
@@ -39,7 +39,7 @@ for n, ep, mb in ((1, 1, None), (1, 1, 4), (8, 4, 8), (8, 2, None)):
                  "mesh": read_json(f"{d}/config.json")["mesh"]}
 # routed experts split over "expert" (E/4 = 1 row per device), dense weights FSDP over all 8
 import model as M
-from ladder.step import make_mesh, programs
+from ladder.trainer.step import make_mesh, programs
 state = programs(rung.model, make_mesh(8, 4, rung.model.n_experts, 8)).init_state(0)
 groups = M.param_groups(state["params"])
 out["routed_shard_rows"] = sorted({s.data.shape[0] for x in groups["routed_experts"]

@@ -7,10 +7,10 @@ before these keys existed still resumes."""
 import pytest
 
 from ladder.io import InputError, read_json, read_metrics
-from ladder.rundir import previous_run
+from ladder.trainer.rundir import previous_run
 from ladder.specs import LADDERS
-from ladder.train import train_rung
-from ladder.trainconfig import RunArgs, TrainConfig
+from ladder.trainer.train import train_rung
+from ladder.trainer.trainconfig import RunArgs, TrainConfig
 
 RUNG = LADDERS["tiny"].rungs[0]
 KEYS = ["step", "train/loss", "grad/norm", "eval/loss", "eval_dropless/loss"]

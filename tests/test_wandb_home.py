@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from ladder.cli import main
+from cli.main import main
 from ladder.io import read_metrics
 from ladder.specs import LADDERS
 from ladder.wandbrun import forecast_run_id, resolve, watch_run_id
@@ -229,7 +229,7 @@ def test_fit_points_from_an_offline_wandb_dir_match_the_run_directory(wandb_run)
     import numpy as np
 
     from fit.points import is_wandb_offline_dir, load_points
-    from ladder.commands import offline_wandb_points
+    from cli.commands import offline_wandb_points
     run_dir, wdir = wandb_run
     assert is_wandb_offline_dir(wdir) and not is_wandb_offline_dir(run_dir)
     want = load_points([str(run_dir)])

@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from ladder.cli import main
+from cli.main import main
 from ladder.wandbrun import band_keys, forecast_run_id, watch_run_id
 from predict import prereg as pr
 from predict import synthetic as sy

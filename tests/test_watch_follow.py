@@ -17,7 +17,7 @@ import pytest
 
 from helpers import watch_rows as rows  # the watched target's run; prereg_path: conftest
 from helpers import write_jsonl
-from ladder.cli import main
+from cli.main import main
 from predict import live
 from predict.live import Watcher
 from predict.sinks import JsonlSink, WebhookSink
@@ -244,7 +244,7 @@ def test_kill_with_a_slow_webhook_then_restart_delivers_each_alert_once(tmp_path
     src, _ = faulty(tmp_path)
     url = f"http://127.0.0.1:{srv.server_port}/hook"
     state, alerts = tmp_path / "state.json", tmp_path / "alerts.jsonl"
-    argv = [sys.executable, "-m", "ladder.cli", "watch", str(prereg_path), "--source", str(src),
+    argv = [sys.executable, "-m", "ladder", "watch", str(prereg_path), "--source", str(src),
             "--state", str(state), "--alerts", str(alerts), "--webhook", url]
     proc = subprocess.Popen(argv + ["--follow", "--poll", "0.2"], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

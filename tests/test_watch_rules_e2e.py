@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from ladder.cli import main as cli_main
+from cli.main import main as cli_main
 from predict import prereg as pr
 from predict import synthetic as sy
 from predict.commands import make_prereg

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from ladder.cli import main
+from cli.main import main
 from ladder.io import InputError
 from predict import sinks as sk
 

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from ladder.cli import main as cli_main
+from cli.main import main as cli_main
 from predict import prereg as pr
 from predict import synthetic as sy
 from predict.commands import make_prereg

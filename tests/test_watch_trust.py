@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from ladder.cli import main
+from cli.main import main
 from ladder.io import InputError
 from predict import prereg as pr
 
@@ -197,7 +197,7 @@ def test_a_valid_state_is_taken_as_it_is(w, capsys):
     (lambda m: m.__setitem__("tokenizer", []), "tokenizer"),
 ])
 def test_a_damaged_token_manifest_is_one_line_naming_the_field(w, edit, field):
-    from ladder.tokens import load_shards
+    from ladder.trainer.tokens import load_shards
     m = w / "shards" / "manifest.json"
     doc = json.loads(m.read_text())
     edit(doc)

@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 
 from ladder.specs import LADDERS
-from ladder.train import train_rung
-from ladder.trainconfig import OptimizerOverrides, RunArgs, TrainConfig
+from ladder.trainer.train import train_rung
+from ladder.trainer.trainconfig import OptimizerOverrides, RunArgs, TrainConfig
 
 OUT = Path(__file__).resolve().parent / "marin_checkpoint_v1"
 STEPS = 3
@@ -31,9 +31,9 @@ def config(rung) -> TrainConfig:
 
 
 def main() -> int:
-    import ladder.optim
+    import ladder.trainer.optim
 
-    if "scale_by_muon" not in Path(ladder.optim.__file__).read_text():
+    if "scale_by_muon" not in Path(ladder.trainer.optim.__file__).read_text():
         print("run this with the code before issue 22 (see the docstring)", file=sys.stderr)
         return 64
     rung = LADDERS["tiny"].rungs[0]

@@ -27,7 +27,7 @@ from predict.watch.rules.base import (
 
 # A source that reads the metric's key as a column (the watcher's key filter names it) yields an
 # empty column when the key is never logged; by 10% of the run a rung has logged two evals (it
-# evaluates every 5% by default: ladder.trainconfig.TrainConfig.eval_every), so an empty column then
+# evaluates every 5% by default: the trainer's TrainConfig.eval_every), so an empty column then
 # means the key is missing.
 MISSING_METRIC_BY = 0.1
 

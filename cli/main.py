@@ -3,7 +3,7 @@
 Each subcommand's implementation lives beside its library (``fit.commands``, ``predict.commands``,
 ...) and is imported only when that subcommand runs, so `ladder list` and `ladder fit` never pay
 for JAX start-up. Handlers that join two layers (`fit` reading W&B offline runs through predict,
-`watch --serve` drawing its page with reports) are in ``ladder.commands``, the top layer. Bad
+`watch --serve` drawing its page with reports) are in ``cli.commands``, the top layer. Bad
 input raises :class:`ladder.io.InputError`; it is printed as one line and the process exits with
 its status (64+).
 """
@@ -120,7 +120,7 @@ def _list_command(sub) -> None:
     s.add_argument("ladder", nargs="?", help="one ladder (default: all, or --ladder-file's)")
     _json_option(s, "one object per rung")
     _ladder_file_option(s)
-    s.set_defaults(func=_call("ladder.commands:list_main"))
+    s.set_defaults(func=_call("cli.commands:list_main"))
 
 
 def _plan_command(sub) -> None:
@@ -136,7 +136,7 @@ def _plan_command(sub) -> None:
                         "that divides the number of experts)")
     s.add_argument("--peak-flops", type=float, default=None, metavar="FLOP/S",
                    help="peak FLOP/s of one device (default: 2.5e15, one GB200 GPU, bf16 dense; "
-                        "see ladder/plan.py)")
+                        "see ladder/trainer/plan.py)")
     s.add_argument("--mfu", type=float, default=None,
                    help="assumed model FLOPs utilisation (default: 0.4)")
     s.add_argument("--compile", action="store_true",
@@ -153,14 +153,15 @@ def _plan_command(sub) -> None:
                    help="sequences of the eval step --compile compiles (default: one per "
                         "device, as `ladder run`)")
     _json_option(s, "the plan")
-    s.set_defaults(func=_call("ladder.commands:plan_main"))
+    s.set_defaults(func=_call("cli.commands:plan_main"))
 
 
 def _run_command(sub) -> None:
     """`ladder run`: its subparser and options."""
     s = sub.add_parser("run", help="train ladder rungs",
                        epilog="Training overrides: any training config key "
-                              "(ladder/trainconfig.py) as --key=value (e.g. --seed=1 --lr=3e-3 "
+                              "(ladder/trainer/trainconfig.py) as --key=value (e.g. --seed=1 "
+                              "--lr=3e-3 "
                               "--model.capacity_factor=2 --schedule.decay_end=0.6); an unknown "
                               "key is an error.")
     s.add_argument("ladder", nargs="?", metavar="LADDER[:RUNG]",
@@ -195,7 +196,7 @@ def _run_command(sub) -> None:
                    help="sequences per eval call (default: one per device in the mesh)")
     s.add_argument("--peak-flops", type=float, default=None, metavar="FLOP/S",
                    help="peak FLOP/s of one device for throughput/mfu (default: the "
-                        "accelerator table in ladder/plan.py; on CPU a measured matmul)")
+                        "accelerator table in ladder/trainer/plan.py; on CPU a measured matmul)")
     s.add_argument("--checkpoint-minutes", type=float, default=None, metavar="M",
                    help="also keep a rolling checkpoint every M minutes of wall clock, beside "
                         "the permanent ones (default: none; SIGTERM always checkpoints)")
@@ -232,7 +233,7 @@ def _run_command(sub) -> None:
                         '{"num_cpus": 1})')
     g.add_argument("--max-retries", type=int, default=2, metavar="N",
                    help="times a failed rung is retried from its last checkpoint (default: 2)")
-    s.set_defaults(func=_call("ladder.commands:run_main"), overrides=[])
+    s.set_defaults(func=_call("cli.commands:run_main"), overrides=[])
 
 
 def _tokenize_command(sub) -> None:
@@ -258,7 +259,7 @@ def _tokenize_command(sub) -> None:
     s.add_argument("--processes", type=int, default=None, metavar="N",
                    help="worker processes that encode (0: this process, with the tokenizers "
                         "library's own threads; default: one per CPU core)")
-    s.set_defaults(func=_call("ladder.commands:tokenize_main"))
+    s.set_defaults(func=_call("cli.commands:tokenize_main"))
 
 
 # --- fitting ---------------------------------------------------------------------------------
@@ -327,7 +328,7 @@ def _fit_command(sub) -> None:
     _keys_option(s)
     _json_option(s, "the law (law.json's content), not the report,")
     s.add_argument("--out", default="law.json", metavar="FILE", help="where the law is written")
-    s.set_defaults(func=_call("ladder.commands:fit_main"))
+    s.set_defaults(func=_call("cli.commands:fit_main"))
 
 
 def _compare_command(sub) -> None:
@@ -373,7 +374,7 @@ def _compare_command(sub) -> None:
     s.add_argument("--out", default=None, metavar="DIR",
                    help="write compare.json and compare_METRIC.png here (default: nothing "
                         "written)")
-    s.set_defaults(func=_call("ladder.commands:compare_main"))
+    s.set_defaults(func=_call("cli.commands:compare_main"))
 
 
 def _isoflop_command(sub) -> None:
@@ -398,7 +399,7 @@ def _isoflop_command(sub) -> None:
     s.add_argument("--plot", default=None, metavar="FILE.png",
                    help="also draw the profiles and the fits (default: no figure)")
     _json_option(s, "the exponents, their intervals and (with --budget) N and D")
-    s.set_defaults(func=_call("ladder.commands:isoflop_main"))
+    s.set_defaults(func=_call("cli.commands:isoflop_main"))
 
 
 def _predict_command(sub) -> None:
@@ -539,7 +540,7 @@ def _watch_command(sub) -> None:
                         "--state keeps a restarted watcher's place) (default: none)")
     _json_option(s, "one object with the verdict and the alerts at the end (no alert lines)")
     _serve_options(s)
-    s.set_defaults(func=_call("ladder.commands:watch_main"))
+    s.set_defaults(func=_call("cli.commands:watch_main"))
 
 
 # --- reports and the demo --------------------------------------------------------------------
@@ -581,7 +582,7 @@ def _demo_command(sub) -> None:
     s.add_argument("--strict", action="store_true",
                    help="exit with the watch's status (0 ok, 1 warnings, 2 critical, 3 the "
                         "forecast no longer applies) instead of 0 whenever the demo ran")
-    s.set_defaults(func=_call("ladder.demo:demo_main"))
+    s.set_defaults(func=_call("cli.demo:demo_main"))
 
 
 # the subcommands in the order `ladder --help` lists them

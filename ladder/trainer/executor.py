@@ -1,6 +1,6 @@
 """Whole ladders on a Ray cluster: each rung one Ray task, the same run directories as a local run.
 
-``run_ladder_ray`` submits every rung as a Ray task that calls ``ladder.train.train_rung`` into
+``run_ladder_ray`` submits every rung as a Ray task that calls ``train.train_rung`` into
 ``LADDER_DIR/RUNG/`` on a filesystem the workers share, with the rung's resource request
 (``num_cpus``, ``num_gpus``, custom resources, an accelerator type), so Ray runs at once the rungs
 that fit on the cluster and queues the rest. While they run, the driver streams one line per rung
@@ -102,7 +102,7 @@ class RungOutcome:
 def rung_exit_code(s: dict) -> int:
     """The exit status a rung's summary stands for: 0 done or stopped at --max-steps, 1
     diverged, 130 stopped by Ctrl-C, 143 stopped by SIGTERM (a preemption, or a peer's)."""
-    from ladder.train import EX_DIVERGED, EX_INTERRUPTED, EX_TERMINATED
+    from ladder.trainer.train import EX_DIVERGED, EX_INTERRUPTED, EX_TERMINATED
 
     if s["status"] == "diverged":
         return EX_DIVERGED
@@ -121,7 +121,7 @@ class LadderResult:
         """0 when every rung completed or stopped at --max-steps; 1 when one diverged or failed
         after its retries; 143/130 when the driver or a rung was stopped by SIGTERM/SIGINT (the
         rungs checkpointed: run again with --resume)."""
-        from ladder.train import EX_INTERRUPTED, EX_TERMINATED
+        from ladder.trainer.train import EX_INTERRUPTED, EX_TERMINATED
 
         stopped = self.signal is not None
         codes = [1 if o.summary is None and not (stopped and o.cancelled) else
@@ -136,7 +136,7 @@ class LadderResult:
 def rung_task(rung, out: str, cfg, max_steps: int | None, resume: bool) -> dict:
     """The body of one Ray task: train the rung into ``out``. Bad input comes back as a value
     (``{"input_error": ...}``), not as an exception, so that it is reported and never retried."""
-    from ladder.train import train_rung
+    from ladder.trainer.train import train_rung
 
     try:
         return train_rung(rung, out, cfg, max_steps=max_steps, resume=resume)
@@ -196,9 +196,9 @@ def run_ladder_ray(rungs: list, ladder_dir: str | os.PathLike, cfg, *,
             shown[name] = line
             log(f"{ladder_dir.name}/{name}: {line}")
 
-    from ladder.train import _StopFlag
+    from ladder.trainer.train import StopFlag
 
-    stop, grace_end = _StopFlag(), None
+    stop, grace_end = StopFlag(), None
     try:
         stop.__enter__()   # SIGINT/SIGTERM of the driver: the running rungs checkpoint and stop
         for r in rungs:

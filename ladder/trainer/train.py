@@ -2,9 +2,9 @@
 
 ``train_rung(rung, out_dir, cfg)`` checks its input, opens a :class:`Session` (data, mesh,
 compiled step, restored state, run directory) and runs ONE visible loop: step, log, eval,
-checkpoint. Its parts live in rooms of their own: the config (ladder/trainconfig.py), the step
-and its mesh (ladder/step.py), the run directory and the W&B mirror (ladder/rundir.py),
-checkpoints (ladder/checkpointing.py), data (ladder/data.py).
+checkpoint. Its parts live in rooms of their own in this folder: the config (trainconfig.py),
+the step and its mesh (step.py), the run directory and the W&B mirror (rundir.py), checkpoints
+(checkpointing.py), data (data.py).
 
 Exactness: batch i is a pure function of (seed, i) (on token shards: drawn by a Grain iterator
 whose state is saved in every checkpoint) and the LR of step i a pure function of i, so a run
@@ -25,12 +25,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ladder import distributed
-from ladder.checkpointing import Checkpoints
-from ladder.data import corrupt_bytes, load_corpus, shuffle_bytes
+from ladder.trainer import distributed
+from ladder.trainer.checkpointing import Checkpoints
+from ladder.trainer.data import corrupt_bytes, load_corpus, shuffle_bytes
 from ladder.io import EX_USAGE, InputError, atomic_write_json, read_json
 from ladder.lrtable import run_lr_table
-from ladder.rundir import (
+from ladder.trainer.rundir import (
     RUN_CONFIG_SCHEMA,
     MetricsFile,
     WandbMirror,
@@ -39,8 +39,8 @@ from ladder.rundir import (
     summary,
 )
 from ladder.specs import Rung
-from ladder.step import batch_sharding, enable_compilation_cache, make_mesh, programs
-from ladder.trainconfig import (
+from ladder.trainer.step import batch_sharding, enable_compilation_cache, make_mesh, programs
+from ladder.trainer.trainconfig import (
     TrainConfig,
     check_cell,
     checkpoint_steps,
@@ -135,7 +135,7 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
     rung, start = s.rung, s.start
     stop = min(rung.steps, max_steps or rung.steps)
     evals, saves = set(rung.eval_steps()), checkpoint_steps(rung, cfg.run)
-    interrupted = _StopFlag()
+    interrupted = StopFlag()
     profile = _Profile(cfg.run.profile_steps, s.out / "profile", start)
     state = s.state
     batch = s.batch(start) if start < stop else None
@@ -431,7 +431,7 @@ class Session:
 
 def checkpoint_root(out: Path, rung: Rung, cfg: TrainConfig):
     """Where a run's checkpoints go: ``out/checkpoints``, or ``checkpoint_dir/LADDER/RUNG``
-    (a folder or an object-store URL, ladder.checkpointing.location)."""
+    (a folder or an object-store URL, ladder.trainer.checkpointing.location)."""
     if cfg.run.checkpoint_dir is None:
         return out / "checkpoints"
     return f"{cfg.run.checkpoint_dir.rstrip('/')}/{rung.ladder}/{rung.name}"
@@ -465,7 +465,7 @@ class _Profile:
             self.on = False
 
 
-class _StopFlag:
+class StopFlag:
     """Ctrl-C (SIGINT) or a preemption (SIGTERM) sets a flag that the loop checks after each step
     (checkpoint, then exit) instead of raising inside a step, whose donated input state would
     then be lost. A second signal of either kind gives up at once."""

@@ -58,7 +58,7 @@ def _check(obj, name: str, ok: bool, what: str) -> None:
 class OptimizerOverrides:
     """What a run changes of the rung's optimizer and LR rule; None = the ladder's rule (adamw:
     b1 0.9, b2 0.95, eps 1e-8, weight decay 0.1 on matrices, clip 1.0; marin: the recipe's
-    rules, ladder/optim.py)."""
+    rules, ladder/trainer/optim.py)."""
 
     optimizer: str | None = None     # adamw | marin; None = the ladder's
     b1: float | None = None
@@ -153,7 +153,7 @@ class RunArgs:
         for name in ("keep", "log_every"):
             _check(self, name, _is_int(getattr(self, name)) and
                    1 <= getattr(self, name) <= _MAX_COUNT, "an integer in [1, 2**40]")
-        # 1e20 FLOP/s: ~50,000x a GB200 GPU's dense bf16 peak (ladder/plan.py's table)
+        # 1e20 FLOP/s: ~50,000x a GB200 GPU's dense bf16 peak (ladder/trainer/plan.py's table)
         _check(self, "peak_flops", self.peak_flops is None
                or _is_num(self.peak_flops) and 0 < self.peak_flops <= 1e20,
                "null or a number in (0, 1e20]")

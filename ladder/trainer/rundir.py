@@ -1,5 +1,5 @@
 """The run directory a training run writes (the contract of shared/DESIGN.md): config.json,
-env.json, metrics.jsonl, summary.json (checkpoints/ is ladder/checkpointing.py's), and the W&B
+env.json, metrics.jsonl, summary.json (checkpoints/ is checkpointing.py's), and the W&B
 mirror of its metrics. Every file is written atomically; only the writing process (process 0 of
 a multi-host run) changes any of them.
 """
@@ -16,10 +16,10 @@ from pathlib import Path
 
 from ladder import __version__
 from ladder.counting import conventions
-from ladder.data import Corpus
+from ladder.trainer.data import Corpus
 from ladder.io import EX_USAGE, InputError, atomic_write_text, iter_jsonl, read_json, to_jsonable
 from ladder.specs import Rung
-from ladder.trainconfig import RUN_ARGUMENTS, RunArgs, TrainConfig
+from ladder.trainer.trainconfig import RUN_ARGUMENTS, RunArgs, TrainConfig
 
 RUN_CONFIG_SCHEMA = "run-config/1"
 SUMMARY_SCHEMA = "run-summary/1"

@@ -1,7 +1,7 @@
-"""What the two corpus readers (:mod:`ladder.data`, :mod:`ladder.tokens`) share: which files a
-``--data`` argument names, and which documents are held out for evaluation. Kept below both so
-that the token-shard reader need not import the byte corpus (and the corpus may dispatch to the
-shard reader without an import cycle).
+"""What the two corpus readers (:mod:`ladder.trainer.data`, :mod:`ladder.trainer.tokens`) share:
+which files a ``--data`` argument names, and which documents are held out for evaluation. Kept
+below both so that the token-shard reader need not import the byte corpus (and the corpus may
+dispatch to the shard reader without an import cycle).
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ def is_held_out(name: str) -> bool:
     return int.from_bytes(h[:8], "big") % VAL_BUCKETS == 0
 
 
-def _expand(patterns: tuple[str, ...]) -> list[Path]:
+def data_files(patterns: tuple[str, ...]) -> list[Path]:
+    """The files that ``--data``'s paths and globs name, in order (directories skipped); a pattern
+    that matches nothing, or patterns that match only directories, are an InputError."""
     files: list[Path] = []
     for pat in patterns:
         hits = sorted(glob.glob(os.path.expanduser(pat), recursive=True))

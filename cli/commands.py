@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ladder.executor import rung_exit_code  # beside the Ray driver, which uses it too
+from ladder.trainer.executor import rung_exit_code  # beside the Ray driver, which uses it too
 from ladder.io import EX_USAGE, InputError, inside, number
 from ladder.specs import Ladder, is_one_rung, lookup_message, resolve, with_file
 
@@ -70,7 +70,7 @@ def list_main(args) -> int:
 def _train_config(args):
     """TrainConfig from --config FILE, then --key=value overrides, then the run flags."""
     from ladder.io import read_json
-    from ladder.trainconfig import parse_overrides, train_config
+    from ladder.trainer.trainconfig import parse_overrides, train_config
 
     values: dict = {}
     where = "overrides"
@@ -104,7 +104,7 @@ def run_main(args) -> int:
     one after another here, or as Ray tasks (``--executor ray``); each rung optionally over
     several JAX processes (``--coordinator ...`` / ``--distributed auto``)."""
 
-    from ladder import distributed
+    from ladder.trainer import distributed
 
     ladder, rungs = _resolve(args.ladder, args)
     if args.rung:
@@ -130,7 +130,7 @@ def run_main(args) -> int:
             raise InputError("--executor ray runs each rung as its own task; multi-host JAX "
                              "inside a Ray task is not supported here", field="--executor",
                              exit_code=EX_USAGE)
-        from ladder.executor import parse_resources, print_problems, run_ladder_ray
+        from ladder.trainer.executor import parse_resources, print_problems, run_ladder_ray
 
         resources = parse_resources(getattr(args, "resources_per_rung", None),
                                     [r.name for r in rungs])
@@ -164,7 +164,7 @@ def run_main(args) -> int:
 
 
 def _train_one(rung, out, cfg, max_steps, resume) -> dict:
-    from ladder.train import train_rung
+    from ladder.trainer.train import train_rung
 
     return train_rung(rung, out, cfg, max_steps=max_steps, resume=resume)
 
@@ -188,7 +188,7 @@ def tokenize_main(args) -> int:
     --out (streaming; an interrupted run continues when the same command is run again)."""
     import os
 
-    from ladder.tokens import DEFAULT_SHARD_TOKENS, PROGRESS, tokenize_files
+    from ladder.trainer.tokens import DEFAULT_SHARD_TOKENS, PROGRESS, tokenize_files
 
     processes = args.processes if args.processes is not None else (os.cpu_count() or 1)
     try:
@@ -228,7 +228,7 @@ def _plan_child(args) -> int:
     import os
     import subprocess
 
-    argv = [sys.executable, "-m", "ladder.cli", "plan", args.target, "--devices",
+    argv = [sys.executable, "-m", "ladder", "plan", args.target, "--devices",
             str(args.devices), "--compile", "--memory-per-device", repr(args.memory_per_device)]
     for flag in ("expert_parallel", "peak_flops", "mfu", "microbatch", "eval_batch",
                  "ladder_file"):
@@ -242,7 +242,7 @@ def _plan_child(args) -> int:
 
 
 def plan_main(args) -> int:
-    from ladder.plan import (
+    from ladder.trainer.plan import (
         DEFAULT_MFU,
         GB200_BF16_DENSE_FLOPS,
         ensure_host_devices,
@@ -314,7 +314,8 @@ def plan_main(args) -> int:
               f"{_duration(r['step_time_s']):>8} {_duration(r['run_time_s']):>8}")
     print(f"memory per device: params, grads, Adam 2 x f32 (FSDP over all devices), weights "
           f"gathered for use, the balancing statistic, activations of one microbatch (micro: "
-          f"sequences; f32, no remat; see ladder/plan.py). time: FLOPs/step (LM head included) / "
+          f"sequences; f32, no remat; see ladder/trainer/plan.py). time: FLOPs/step "
+          f"(LM head included) / "
           f"({args.devices} x "
           f"{peak:.3g} FLOP/s x MFU {mfu:g})")
     for r in rows:
@@ -340,7 +341,7 @@ def plan_main(args) -> int:
 def _compiled_plan(rung, args, budget: float) -> dict:
     """The `compiled` and `compiled_eval` blocks of `plan --compile`: XLA's figures of the real
     train step and of the eval step."""
-    from ladder.plan import compile_eval, compile_step, fit_microbatch
+    from ladder.trainer.plan import compile_eval, compile_step, fit_microbatch
 
     try:
         if args.microbatch is not None:

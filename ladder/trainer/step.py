@@ -19,7 +19,7 @@ from functools import lru_cache
 import numpy as np
 
 from ladder.io import EX_USAGE, InputError
-from ladder.optim import OptimizerSettings
+from ladder.trainer.optim import OptimizerSettings
 from model.config import ModelConfig
 
 
@@ -117,10 +117,10 @@ def _param_shardings(params, groups, mesh, n_experts: int):
 
 
 def make_optimizer(settings: OptimizerSettings):
-    """The rung's optimizer (``adamw`` or ``marin``, ladder/optim.py). The learning rate is
+    """The rung's optimizer (``adamw`` or ``marin``, ladder/trainer/optim.py). The learning rate is
     applied in the step from the step's own input, so the compiled program does not depend on
     the schedule (a resumed, re-aimed or fault-injected run re-uses it)."""
-    from ladder import optim
+    from ladder.trainer import optim
 
     return optim.make_optimizer(settings)
 
@@ -140,7 +140,7 @@ def state_shardings(model_cfg: ModelConfig, optimizer, mesh) -> dict:
     repl = NamedSharding(mesh, P())
     opt_state = jax.eval_shape(optimizer.init, params)
     # a moment tree may hold None where a leaf keeps no such moment (marin: no second moment
-    # on MuonH leaves, ladder/optim.py): no sharding there either
+    # on MuonH leaves, ladder/trainer/optim.py): no sharding there either
     oshard = optax.tree_utils.tree_map_params(
         optimizer, lambda x, s: None if x is None else s, opt_state, pshard,
         transform_non_params=lambda _: repl, is_leaf=lambda x: x is None)
@@ -213,7 +213,7 @@ def programs(model_cfg: ModelConfig, mesh, optimizer: OptimizerSettings | None =
     ``optimizer``: the rung's resolved settings (``Rung.optimizer_settings``); None = AdamW with
     its default numbers (the LR enters per step, so no rung is needed)."""
     if optimizer is None:
-        from ladder.optim import OptimizerSpec
+        from ladder.trainer.optim import OptimizerSpec
         optimizer = OptimizerSpec().settings(1.0, 1, 1)
     return _programs(model_cfg, optimizer, mesh, microbatches)
 

@@ -4,7 +4,7 @@ Writing (``tokenize_files``, streaming): a JSONL or Parquet record is one docume
 ``--text-key`` field), a plain-text file is one document. Documents are encoded by worker
 processes with a Hugging Face ``tokenizers`` file given locally (nothing is fetched), each
 followed by the end-of-document id (EOS), and go to the held-out split by a hash (of a text
-file's path, as ladder.data does, or of a record's text). The two streams are written as they
+file's path, as data.py does, or of a record's text). The two streams are written as they
 come into ``train-NNNNN.bin`` / ``val-NNNNN.bin`` shards of raw uint16 (vocab up to 65,536) or
 uint32 ids, so memory does not grow with the corpus; an interrupted run continues from
 ``progress.json``. ``manifest.json`` (written last, atomically: a crash leaves no loadable
@@ -16,7 +16,7 @@ training window is ``seq_len + 1`` consecutive tokens inside one shard, windows 
 every ``seq_len`` tokens, so every token is a target exactly once per epoch. Batches come from
 Grain: an ``IndexSampler`` over the windows (a fresh shuffle every epoch, without replacement;
 each data-parallel group of processes takes its own shard of the windows) and a ``DataLoader``
-that batches them; its iterator state is saved with every checkpoint (ladder.checkpointing), so
+that batches them; its iterator state is saved with every checkpoint (checkpointing.py), so
 a resumed run continues the same order mid-epoch. Every batch carries ``segment_ids`` (int32
 [B, S]): a new segment starts after each EOS, so attention (and later short convolutions) can be
 kept inside a document.
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ladder.corpus_files import TAIL_VAL_FRACTION, VAL_BUCKETS, _expand, is_held_out
+from ladder.trainer.corpus_files import TAIL_VAL_FRACTION, VAL_BUCKETS, data_files, is_held_out
 from ladder.io import EX_CANTCREAT, EX_NOINPUT, EX_USAGE, InputError, atomic_write_json, \
     check_writable, inside, read_json, safe_name, schema_version, sha256_file
 
@@ -440,7 +440,7 @@ def tokenize_files(patterns: list[str], tokenizer: str | Path, out_dir: str | Pa
     if (out / MANIFEST).exists():
         raise InputError("already holds token shards; use another --out", path=out / MANIFEST,
                          exit_code=EX_CANTCREAT)
-    files = _expand(tuple(patterns))
+    files = data_files(tuple(patterns))
     # names: relative to the files' common folder, so the split does not depend on where the
     # corpus lives
     base = Path(os.path.commonpath([str(f.resolve().parent) for f in files]))
@@ -667,7 +667,7 @@ class WindowSource:
 
 
 class GrainFeed:
-    """Training batches for the trainer from Grain (same interface as ladder.data.PureFeed).
+    """Training batches for the trainer from Grain (same interface as ladder.trainer.data.PureFeed).
 
     This process builds rows ``rows`` of every global batch; the processes holding the same rows
     (a data axis that does not span them) read the same shard of the windows. Batches are drawn
@@ -748,7 +748,7 @@ class Stream:
 
 @dataclass(frozen=True)
 class TokenShards:
-    """A tokenized corpus on disk (the Corpus interface of ladder.data, with a Grain feed)."""
+    """A tokenized corpus on disk (the Corpus interface of data.py, with a Grain feed)."""
 
     root: Path
     train_shards: tuple

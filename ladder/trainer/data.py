@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ladder.corpus_files import (  # noqa: F401  (the split rule, re-exported)
-    TAIL_VAL_FRACTION, VAL_BUCKETS, _expand, is_held_out)
+from ladder.trainer.corpus_files import (  # noqa: F401  (the split rule, re-exported)
+    TAIL_VAL_FRACTION, VAL_BUCKETS, data_files, is_held_out)
 from ladder.io import InputError, sha256_file
 
 BYTE_VOCAB = 256
@@ -80,7 +80,7 @@ class Corpus:
 class PureFeed:
     """Training batches of a Corpus for the trainer: batch ``i`` is a pure function of
     (seed, i), so there is no iterator (``iterator`` is None) and no state to checkpoint. The
-    Grain feed over token shards (ladder.tokens) has the same interface, with state."""
+    Grain feed over token shards (ladder.trainer.tokens) has the same interface, with state."""
 
     iterator = None
 
@@ -182,15 +182,15 @@ def _split_documents(docs: list[tuple[str, bytes]], where: str) -> Corpus:
 
 def load_corpus(data: tuple[str, ...] | list[str] = (), vocab_size: int | None = None) -> Corpus:
     """The default stdlib corpus, or ``data``: text files/globs, one token array file, or one
-    directory of token shards written by `ladder tokenize` (ladder.tokens, read with Grain)."""
+    directory of token shards written by `ladder tokenize` (tokens.py, read with Grain)."""
     if not data:
         return stdlib_corpus()
     if len(data) == 1 and os.path.isdir(os.path.expanduser(data[0])):
-        from ladder.tokens import is_shard_dir, load_shards
+        from ladder.trainer.tokens import is_shard_dir, load_shards
 
         if is_shard_dir(os.path.expanduser(data[0])):  # `ladder tokenize` output: Grain feed
             return load_shards(os.path.expanduser(data[0]), vocab_size)
-    files = _expand(tuple(data))
+    files = data_files(tuple(data))
     tokens = [f for f in files if f.suffix in TOKEN_SUFFIXES]
     if tokens:
         if len(files) != 1:

@@ -4,7 +4,7 @@ without training and without allocating the model; with ``--compile``, XLA's own
 Parameter shapes come from ``jax.eval_shape`` of the model's init (``model.param_shapes``), so
 even the 535B hero is planned in seconds. FLOPs come from the one counter (ladder/counting.py).
 
-Mesh (as the trainer's, ladder/step.py): N devices = data x expert. The batch (of one
+Mesh (as the trainer's, ladder/trainer/step.py): N devices = data x expert. The batch (of one
 microbatch) is split over ALL N devices; routed-expert weights are split over "expert" (and
 FSDP-style over "data"); every other weight FSDP-style over all N devices. By default the expert
 axis is the largest divisor of N that also divides the number of experts.
@@ -12,7 +12,7 @@ axis is the largest divisor of N that also divides the number of experts.
 Memory per device (bytes), the estimate (what the trainer as it is here keeps):
 - parameters, gradients and the optimizer's moments: float32, each 1/N of the model (FSDP; the
   routed experts 1/(data x expert)); moments: AdamW two per weight, marin two per Adam/AdamH
-  weight and one per MuonH weight (ladder/optim.py); plus a float32 gradient accumulator when the
+  weight and one per MuonH weight (optim.py); plus a float32 gradient accumulator when the
   step has more than
   one microbatch; plus the weights GSPMD gathers for use, of which the embedding and LM head
   (2 V D float32, whole) dominate;
@@ -181,7 +181,7 @@ def optimizer_state_count(cfg, settings) -> int:
     weights + 1 x the MuonH weights."""
     import jax
 
-    from ladder.optim import make_optimizer
+    from ladder.trainer.optim import make_optimizer
     from model.transformer import param_shapes
 
     shapes, _ = param_shapes(cfg)
@@ -470,15 +470,15 @@ def _analyses(compiled) -> dict:
 
 def compile_step(rung: Rung, devices: int, *, microbatch: int | None = None,
                  expert_parallel: int | None = None) -> CompiledStep:
-    """Lower and compile ``rung``'s real train step (ladder.train) for a ``devices`` mesh on
+    """Lower and compile ``rung``'s real train step (ladder.trainer.train) for a ``devices`` mesh on
     abstract inputs (nothing is allocated) and read XLA's memory and cost analyses."""
     import time
 
     import jax
     import jax.numpy as jnp
 
-    from ladder.step import batch_sharding, make_mesh, programs
-    from ladder.trainconfig import TrainConfig, check_cell, microbatch_size
+    from ladder.trainer.step import batch_sharding, make_mesh, programs
+    from ladder.trainer.trainconfig import TrainConfig, check_cell, microbatch_size
 
     mb = microbatch_size(rung, TrainConfig(microbatch=microbatch))
     check_cell(rung, devices, mb, "microbatch")
@@ -500,7 +500,7 @@ def compile_step(rung: Rung, devices: int, *, microbatch: int | None = None,
 
 def compile_eval(rung: Rung, devices: int, *, eval_batch: int | None = None,
                  expert_parallel: int | None = None) -> CompiledEval:
-    """Lower and compile ``rung``'s eval step (ladder.step.make_eval_step: the held-out loss
+    """Lower and compile ``rung``'s eval step (ladder.trainer.step.make_eval_step: the held-out loss
     with capacity and dropless) for ``eval_batch`` sequences (default: one per device) on the
     train step's mesh, on abstract inputs, and read XLA's analyses."""
     import time
@@ -508,8 +508,8 @@ def compile_eval(rung: Rung, devices: int, *, eval_batch: int | None = None,
     import jax
     import jax.numpy as jnp
 
-    from ladder.step import batch_sharding, make_mesh, programs
-    from ladder.trainconfig import TrainConfig, eval_batch_size
+    from ladder.trainer.step import batch_sharding, make_mesh, programs
+    from ladder.trainer.trainconfig import TrainConfig, eval_batch_size
 
     eb = eval_batch_size(TrainConfig(eval_batch=eval_batch), devices, rung)
     if eb < 1 or eb % devices:
@@ -533,8 +533,8 @@ def compile_eval(rung: Rung, devices: int, *, eval_batch: int | None = None,
 
 def microbatch_candidates(rung: Rung, devices: int) -> list[int]:
     """Microbatch sizes the step accepts on ``devices``: divisors of the batch that give every
-    device whole capacity cells (ladder.trainconfig.cell_fits), largest first."""
-    from ladder.trainconfig import cell_fits
+    device whole capacity cells (ladder.trainer.trainconfig.cell_fits), largest first."""
+    from ladder.trainer.trainconfig import cell_fits
 
     return [m for m in range(rung.batch, 0, -1)
             if rung.batch % m == 0 and cell_fits(rung, devices, m)]

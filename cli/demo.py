@@ -67,7 +67,7 @@ def train_config(inject: str | None = None, inject_at: float = 0.5, seed: int = 
     """The demo's training configuration: the defaults, with the seed (init and data order of
     every rung), the fault to inject, and progress bars only when stderr is a terminal (as
     ``ladder run``: none in logs or CI output)."""
-    from ladder.trainconfig import Fault, RunArgs, TrainConfig
+    from ladder.trainer.trainconfig import Fault, RunArgs, TrainConfig
 
     fault = None if inject is None else Fault(inject, at=inject_at,
                                               **FAULT_SETTINGS.get(inject, {}))
@@ -76,7 +76,7 @@ def train_config(inject: str | None = None, inject_at: float = 0.5, seed: int = 
 
 def run_demo(out: Path, ladder: Ladder, *, inject: str | None = None,
              inject_at: float = 0.5, seed: int = 0) -> dict:
-    from ladder.train import train_rung
+    from ladder.trainer.train import train_rung
 
     t_start = time.time()
     runs = out / "runs" / ladder.name
@@ -180,7 +180,7 @@ def _preregister(prereg_path: Path, law, ladder: Ladder, runs: Path) -> dict:
 
 def _train_watched(rung, target_dir: Path, cfg, prereg_path: Path, alerts_path: Path,
                    base: Path):
-    from ladder.train import train_rung
+    from ladder.trainer.train import train_rung
     from predict.live import Watcher
     from predict.sinks import JsonlSink, StdoutSink
     from predict.watch.alerts import exit_code_for

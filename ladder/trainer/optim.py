@@ -239,9 +239,9 @@ def scale_by_marin(settings: OptimizerSettings):
 
     The state holds the first moment of every leaf (``mu``, shaped like the params) and the
     second moment of the Adam and AdamH leaves (``nu``: the params' tree with None on the
-    MuonH leaves, ~1x params less memory and checkpoint than a full tree; ladder/plan.py counts
+    MuonH leaves, ~1x params less memory and checkpoint than a full tree; plan.py counts
     it). ``optax.tree_utils.tree_map_params`` maps ``mu`` as a params tree; ``nu``'s Nones
-    need ``is_leaf`` (ladder/step.py ``state_shardings``). A checkpoint written before issue 22
+    need ``is_leaf`` (step.py ``state_shardings``). A checkpoint written before issue 22
     (a zero second moment on every MuonH leaf too) restores into this state: Orbax reads the
     leaves the target has and leaves the rest (tests/test_optim.py)."""
     import jax
