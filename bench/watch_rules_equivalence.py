@@ -34,7 +34,10 @@ def record(out_path: str) -> None:
     """This process's tree: every scenario's alerts and the derived tables, as JSON."""
     from predict import synthetic as sy
     from predict import watch as W
-    from predict.commands import make_prereg
+    try:  # beside predict.prereg's build since issue 25, among the commands before
+        from predict.prereg import make_prereg
+    except ImportError:
+        from predict.commands import make_prereg
     from predict.watch import WatchConfig, check
 
     truth = sy.Truth()
