@@ -78,18 +78,12 @@ def record(out_path: str) -> None:
         r["moe/drop_frac"] = 0.5
         r["moe/router_entropy"] *= 0.1
 
-    def renamed():
-        rs = rows(seed=2)
-        for r in rs:
-            if "eval_dropless/loss" in r:
-                r["eval_nodrop/loss"] = r.pop("eval_dropless/loss")
-        return rs
+    def rename(r):  # the metric logged under another key (a wrong --metric)
+        if "eval_dropless/loss" in r:
+            r["eval_nodrop/loss"] = r.pop("eval_dropless/loss")
 
-    def shortened():
-        rs = rows(seed=14)
-        for r in rs:
-            r["progress"] = r["step"] / (0.6 * target.steps)
-        return rs
+    def shorten(r):  # progress of a run planned 0.6x as long
+        r["progress"] = r["step"] / (0.6 * target.steps)
 
     def spike():
         return edit(9, 0.7, 0.701, lambda r: r.__setitem__("train/loss", r["train/loss"] * 1.5))
@@ -112,8 +106,8 @@ def record(out_path: str) -> None:
         "bump": lambda: edit(4, 0.4, 0.5, metric(1.03)),
         "health_clears": lambda: edit(21, 0.4, 0.55, sick),
         "rise_clears": lambda: edit(22, 0.5, 0.56, metric(1.05)),
-        "no_metric": renamed,
-        "shortened": shortened,
+        "no_metric": lambda: edit(2, 0.0, 2.0, rename),
+        "shortened": lambda: edit(14, 0.0, 2.0, shorten),
     }
     for f in ("shift", "drift", "drop", "nan", "lrspike", "collapse"):
         cases["fault_" + f] = (lambda f=f: rows(f, 0.4, 0.05, seed=30))
