@@ -16,7 +16,6 @@ our interval (``inside``) and whether our number meets the issue's target (``ok`
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import math
 import os
@@ -507,15 +506,19 @@ def main_band(r):
     """``r`` with the band of main before the pooled extrapolation rate (72fc951): t(dof) x
     sigma below the residual-quantile rank, t(dof) x the delta-method se, and the RMS over
     the rollout folds of log error per decade of one scale (compute) as the extrapolation
-    rate. The backtest's folds are the same; only the pooled record is dropped."""
-    old = copy.copy(r)
-    old.small_sample = "student-t"
-    bt = dict((r.diagnostics or {}).get("backtest") or {})
-    bt.pop("extrapolation", None)
-    old.diagnostics = dict(r.diagnostics, backtest=bt)
-    if r.groups:
-        old.groups = [(v, main_band(g)) for v, g in r.groups]
-    return old
+    rate. The backtest's folds are the same; the pooled record is replaced by the per-fold one
+    (what a law/1 file from then reads as: fit.lawjson.per_fold_extrapolation)."""
+    from dataclasses import replace
+
+    from fit.lawjson import per_fold_extrapolation
+    bt = {k: v for k, v in ((r.diagnostics or {}).get("backtest") or {}).items()
+          if k != "extrapolation"}
+    rec = per_fold_extrapolation(bt)
+    if rec is not None:
+        bt["extrapolation"] = rec
+    return replace(r, spread=replace(r.spread, small_sample="student-t"),
+                   diagnostics=dict(r.diagnostics, backtest=bt),
+                   groups=tuple((v, main_band(g)) for v, g in r.groups))
 
 
 def rate(r) -> float:

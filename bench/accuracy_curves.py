@@ -1,4 +1,4 @@
-"""Accuracy rows for the schedule-aware curve laws (fit.curves) against published loss curves.
+"""Accuracy rows for the schedule-aware curve laws (fit.curve_fit) against published loss curves.
 
 Each row function takes the anchors folder and returns a dict: ``name``, ``value`` (the measured
 number), ``target`` (what it must be, in words), ``passed`` (bool), ``published`` (the authors'
@@ -56,7 +56,7 @@ def luo_multipower(anchors: Path, form: str = "mpl", sizes=("25M", "100M", "400M
     the table has no size column: one size needs none)."""
     import pandas as pd
 
-    from fit.curves import fit_curve_law
+    from fit.curve_fit import fit_curve_law
     from fit.lr_schedules import lr_from_samples
 
     name = f"luo2025_{form}_holdout_schedules"
@@ -75,7 +75,7 @@ def luo_multipower(anchors: Path, form: str = "mpl", sizes=("25M", "100M", "400M
         for n in LUO_TEST:
             d = _luo_run(folder, n)
             lr = lr_from_samples(d["step"], d["lr"])
-            pred = law.predict(lr=lr, at_steps=d["step"].to_numpy(), level=0.9)
+            pred = law.predict(schedule=lr, step=d["step"].to_numpy(), level=0.9)
             errs[n] = float(np.mean(np.abs(pred.loss - d["loss"]) / d["loss"]))
         mean = float(np.mean(list(errs.values())))
         per_size[size] = {"mean_rel_error": mean, "per_schedule": errs,
@@ -129,7 +129,7 @@ def schaipp_cooldown_order(anchors: Path, form: str = "mpl", peak: float = 0.001
     18 of 39.)"""
     import pandas as pd
 
-    from fit.curves import fit_curve_law
+    from fit.curve_fit import fit_curve_law
 
     name = f"schaipp2025_{form}_cooldown_order"
     root = Path(anchors) / "schaipp2025_lr_schedules"
@@ -162,8 +162,8 @@ def schaipp_cooldown_order(anchors: Path, form: str = "mpl", peak: float = 0.001
         g = g.sort_values("wsd_fract_decay")
         fr = g["wsd_fract_decay"].to_numpy(float)
         meas = g["final_val_loss"].to_numpy(float)
-        pred = np.array([law.predict(lr=_wsd_lr(int(iters), 300, peak, f),
-                                     at_steps=[int(iters)]).loss[0] for f in fr])
+        pred = np.array([law.predict(schedule=_wsd_lr(int(iters), 300, peak, f),
+                                     step=[int(iters)]).loss[0] for f in fr])
         bad = []
         for i in range(len(fr)):
             for j in range(i + 1, len(fr)):

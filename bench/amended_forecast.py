@@ -2,7 +2,7 @@
 
 After `ladder demo` (its rungs and its frozen prereg.json are reused), this script
 1. takes the law for the amendment: ``--law mpl`` fits the schedule-aware multi-power law (Luo et
-   al. 2025; `fit.curves`) on the rungs' whole curves, with the exact LR of every step rebuilt from
+   al. 2025; fit.curve_fit) on the rungs' whole curves, with the exact LR of every step rebuilt from
    each run's config.json; ``--law trajectory`` reuses the demo's law.json (a shortened run whose
    decay is re-aimed to its new end keeps the schedule's shape, so it is a run of 0.6x the planned
    compute in that law's own domain); the multi-power law's projections are printed either way;
@@ -35,8 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fit import load_law, load_points  # noqa: E402
-from fit.curves import fit_curve_law, schedules_from_sources  # noqa: E402
-from predict.planned import ScheduledLaw, contingency_forecast  # noqa: E402
+from fit.curve_fit import fit_curve_law, schedules_from_sources  # noqa: E402
+from fit.lr_schedules import NamedSchedule  # noqa: E402
+from predict.planned import contingency_forecast  # noqa: E402
 from ladder.io import as_float, atomic_write_json  # noqa: E402
 from ladder.specs import get_ladder  # noqa: E402
 
@@ -102,7 +103,7 @@ def main(argv=None) -> int:
     if not new_path.exists():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            amend_law = (ScheduledLaw(law, short) if args.law == "mpl"
+            amend_law = (law.on(NamedSchedule.of_rung(short)) if args.law == "mpl"
                          else load_law(demo / "law.json"))
             doc = make_prereg(amend_law, Target.from_rung(short), level=0.9,
                               runs=str(runs), data_tag="python-stdlib",

@@ -20,7 +20,8 @@ others' load; the ratio is measured side by side.
 ``--curves``: the multi-power curve law on one model size of Luo et al. 2025 (3 schedules, no
 size column) with ``--curves-bootstrap`` run-level replicates, per size: wall and CPU seconds
 and the mean error on the 6 held-out schedules (aim <= 15 s on 2 cores, error <= 0.2%). With
-``--curves-baseline COMMIT`` the same fit by ``fit/curves.py`` as of COMMIT (taken with
+``--curves-baseline COMMIT`` the same fit by ``fit/curves.py`` as of COMMIT (one file until the
+curve laws were split into fit/curve_forms.py, curve_fit.py and curve_law.py; taken with
 ``git show``) runs first, side by side in the same process, so the ratio is measured under
 the same load, and a line per size gives the largest relative difference of the two curves and
 bands on the held-out schedules. (The baseline module imports the rest of fit/ from this
@@ -95,10 +96,11 @@ def chinchilla_grid() -> np.ndarray:
 def curves_speed(anchors: Path, bootstrap: int, baseline: str | None,
                  sizes=("25M", "100M", "400M")) -> int:
     import importlib.util
+    import inspect
     import warnings
 
     from bench.accuracy_curves import LUO_TEST, LUO_TRAIN, _luo_run
-    from fit import curves as new
+    from fit import curve_fit as new
     from fit.lr_schedules import lr_from_samples
     root = anchors / "multipower_luo2025"
     if not root.is_dir():
@@ -132,8 +134,12 @@ def curves_speed(anchors: Path, bootstrap: int, baseline: str | None,
                 errs, got = [], []
                 for n in LUO_TEST:
                     d = _luo_run(folder, n)
-                    p = law.predict(lr=lr_from_samples(d["step"], d["lr"]),
-                                    at_steps=d["step"].to_numpy())
+                    lr, at = lr_from_samples(d["step"], d["lr"]), d["step"].to_numpy()
+                    # a baseline from before the one law signature (fit.prediction.Query)
+                    # took the schedule as lr= and the steps as at_steps=
+                    old_api = "lr" in inspect.signature(law.predict).parameters
+                    p = law.predict(lr=lr, at_steps=at) if old_api else \
+                        law.predict(schedule=lr, step=at)
                     errs.append(float(np.mean(np.abs(p.loss - d["loss"]) / d["loss"])))
                     got.append(np.stack([p.loss, p.lo, p.hi]))
             curves.append(np.concatenate(got, axis=1))

@@ -7,7 +7,7 @@ ladder.specs and ladder.counting are plain Python.
     df = load_points(["runs/"], metric="eval_dropless/loss")   # or CSV / Parquet tables
     res = fit_law(df, form="trajectory", bootstrap=200)         # -> FitResult
     res.predict(compute=2.6e24 * 0.5, fraction=0.5)             # Prediction(loss, lo, hi, level)
-    print(res.report()); law = res.to_json()                    # schema "law/1"
+    print(res.report()); law = res.to_json()                    # schema "law/3"
     load_law("law.json", metric="paloma/c4_en/loss")            # one law of a multi-metric file
     load_laws("law.json")                                       # {metric key: law}, every one
 
@@ -33,9 +33,9 @@ noise (the residual quantile) and the law's extrapolation error outside its runs
 ``predict``/``band``/``report``/``to_json`` and law.json envelope; the ``fit.Law`` protocol of
 ``fit.prediction``). Backtests:
 rollout and leave-the-largest-out (``fit.backtest``). Allocation and IsoFLOP Approach 2:
-``fit.allocation``. Schedule-aware curve laws (mpl, momentum): ``fit.curves``. Downstream
-accuracy in two steps (task loss by any form, then a sigmoid to accuracy; ``--form task --via
-LOSS_KEY``): ``fit.task``.
+``fit.allocation``. Schedule-aware curve laws (mpl, momentum): ``fit.curve_forms`` (fitted
+by ``fit.curve_fit``, the law ``fit.curve_law``). Downstream accuracy in two steps (task loss
+by any form, then a sigmoid to accuracy; ``--form task --via LOSS_KEY``): ``fit.task``.
 """
 
 from fit.allocation import Allocation, IsoFlopResult, allocation, isoflop_approach2

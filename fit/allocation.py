@@ -53,7 +53,7 @@ class Allocation:
 
 
 # exp() of more than this overflows float64 (max ~ e^709.78)
-_LOG_MAX = 709.0
+LOG_MAX = 709.0
 
 
 def allocation(params: dict, k: float = 6.0) -> Allocation:
@@ -73,7 +73,7 @@ def allocation(params: dict, k: float = 6.0) -> Allocation:
     s = al + be
     a, b = be / s, al / s
     log_g = (math.log(al) + math.log(A) - math.log(be) - math.log(B)) / s
-    if not abs(log_g) <= _LOG_MAX:
+    if not abs(log_g) <= LOG_MAX:
         return Allocation(a, b, nan, k, reason=f"G = exp({log_g:.4g}) overflows float64 "
                           f"(1/(alpha + beta) = {1 / s:.4g})")
     return Allocation(a, b, math.exp(log_g), k)
@@ -148,12 +148,12 @@ def isoflop_approach2(df: pd.DataFrame, *, budget: str = "compute", size: str = 
     for c, g in groups:
         x = np.log(g[size].to_numpy())
         y = g[loss].to_numpy()
-        vx, vy, ok = _vertex(*_window(x, y, window_octaves))
+        vx, vy, ok = vertex(*window(x, y, window_octaves))
         lo, hi = x.min(), x.max()
         span = hi - lo
         off = (not ok) or vx < lo + 0.2 * span or vx > hi - 0.2 * span
         # a nearly flat parabola puts its vertex decades away: beyond float64 it is not defined
-        n_opt = math.exp(vx) if ok and abs(vx) <= _LOG_MAX else math.nan
+        n_opt = math.exp(vx) if ok and abs(vx) <= LOG_MAX else math.nan
         if off:
             notes.append(f"budget {c:.3g}: optimum at N={n_opt:.3g} is off-centre in the "
                          f"sampled range {math.exp(lo):.3g}..{math.exp(hi):.3g}")
@@ -172,7 +172,7 @@ def isoflop_approach2(df: pd.DataFrame, *, budget: str = "compute", size: str = 
         xs, ys = [], []
         for c, g in groups:
             idx = rng.integers(0, len(g), len(g))
-            vx, _, good = _vertex(*_window(np.log(g[size].to_numpy()[idx]),
+            vx, _, good = vertex(*window(np.log(g[size].to_numpy()[idx]),
                                            g[loss].to_numpy()[idx], window_octaves))
             if good:
                 xs.append(math.log(c))
@@ -184,12 +184,12 @@ def isoflop_approach2(df: pd.DataFrame, *, budget: str = "compute", size: str = 
         else (math.nan, math.nan)
     for n in notes:
         warnings.warn(n, stacklevel=2)
-    coef = math.exp(c0) if abs(c0) <= _LOG_MAX else math.nan
+    coef = math.exp(c0) if abs(c0) <= LOG_MAX else math.nan
     return IsoFlopResult(exponent=float(a), coef=coef, interval=interval,
                          level=level, budgets=table, warnings=tuple(notes))
 
 
-def _window(x, y, octaves):
+def window(x, y, octaves):
     if octaves is None:
         return x, y
     i = int(np.argmin(y))
@@ -199,7 +199,7 @@ def _window(x, y, octaves):
     return x[near], y[near]
 
 
-def _vertex(x, y):
+def vertex(x, y):
     """Vertex of the least-squares parabola y ~ p2 x^2 + p1 x + p0 (needs p2 > 0)."""
     if len(np.unique(x)) < 3:
         return math.nan, math.nan, False

@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 
-from fit.estimate import HUBER_DELTA, fit_by, fit_spec, run_scales, select_points
+from fit.config import FitConfig
+from fit.estimate import fit_by, fit_spec, run_scales, select_points
 from fit.forms import Spec, get_form
 from fit.result import input_distance
 from ladder.io import InputError
@@ -99,12 +101,13 @@ def scale_levels(df: pd.DataFrame) -> pd.Series:
     return pd.Series(np.round(logs * 20).astype(int), index=logs.index)
 
 
-def backtest(df: pd.DataFrame, spec, opts: dict, *, by: str | None = None,
+def backtest(df: pd.DataFrame, spec, config: FitConfig, *, by: str | None = None,
              final_only: bool | None = None, max_folds: int = MAX_FOLDS,
              starts=None) -> dict:
     logs, kind = run_scales(df)
     levels = scale_levels(df)
-    cols = scale_inputs(spec.form, opts.get("params_column", "params"))
+    cols = scale_inputs(spec.form, config.params_column)
+    config = config.refit()  # the folds' refits: no bootstrap, no backtest
     uniq = np.sort(levels.unique())
     folds, skipped = [], []
     for lv in uniq[max(1, len(uniq) - max_folds):]:
@@ -116,11 +119,10 @@ def backtest(df: pd.DataFrame, spec, opts: dict, *, by: str | None = None,
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                o = {k: v for k, v in opts.items() if k != "backtest"}  # refits: none
                 if by is not None:
-                    res = fit_by(train, spec, by, o)
+                    res = fit_by(train, spec, by, config)
                 else:
-                    res = fit_spec(train, spec, final_only=final_only, starts=starts, **o)
+                    res = fit_spec(train, spec, config, final_only=final_only, starts=starts)
         except InputError as e:
             skipped.append({"train_runs": len(train_runs), "reason": str(e)})
             continue
@@ -205,16 +207,17 @@ def _predict(res, pts):
         return res.predict(**kw)
 
 
-def trajectory_vs_per_fraction(df: pd.DataFrame, opts: dict, *, traj_bt: dict | None = None,
+def trajectory_vs_per_fraction(df: pd.DataFrame, config: FitConfig, *,
+                               traj_bt: dict | None = None,
                                per_fraction_bt: dict | None = None, E: float = 1.5) -> dict:
     """Backtest the joint trajectory law against the real ladder's method (a separate compute
     law per progress fraction with E fixed; Marin's hero-run issue fixed E = 1.5) on the same
     held-out rungs, and say which predicts them better (mean |relative error| over the held-out
     runs' whole curves, then at their final points)."""
-    o = dict(opts, bootstrap=0, backtest=False)
+    o = config.refit()
     if traj_bt is None:  # the trajectory law is always the summed-Huber fit, no prior
         traj_bt = backtest(df, Spec(get_form("trajectory")),
-                           dict(o, objective="huber", prior=None), final_only=False)
+                           replace(o, objective="huber", prior={}), final_only=False)
     if per_fraction_bt is None:
         per_fraction_bt = backtest(df, Spec(get_form("compute"), fix={"E": E}), o,
                                    by="fraction")
@@ -245,23 +248,17 @@ def trajectory_vs_per_fraction(df: pd.DataFrame, opts: dict, *, traj_bt: dict | 
     return out
 
 
-run_backtest = backtest  # fit_one's keyword ``backtest`` shadows the function's name
-
-
-def fit_one(df: pd.DataFrame, spec, *, backtest: bool = True, **kw):
-    """One form on one table (fit.estimate.fit_spec) and, with ``backtest``, its rollout
+def fit_one(df: pd.DataFrame, spec, config: FitConfig | None = None):
+    """One form on one table (fit.estimate.fit_spec) and, with ``config.backtest``, its rollout
     backtest in ``diagnostics["backtest"]`` (for the trajectory form also the comparison with
     the real ladder's per-fraction fits, ``diagnostics["trajectory_vs_per_fraction"]``)."""
-    res = fit_spec(df, spec, **kw)
-    if not backtest:
+    config = config or FitConfig()
+    res = fit_spec(df, spec, config)
+    if not config.backtest:
         return res
-    res.diagnostics["backtest"] = run_backtest(df, spec, res.backtest_opts,
-                                               final_only=kw.get("final_only"),
-                                               starts=res.backtest_starts)
-    if spec.form.curves and kw.get("objective", "huber") == "huber":
+    res.diagnostics["backtest"] = backtest(df, spec, res.config, starts=res.starts)
+    if spec.form.curves and config.objective == "huber":
         res.diagnostics["trajectory_vs_per_fraction"] = trajectory_vs_per_fraction(
-            df, {"level": kw.get("level", 0.9), "seed": kw.get("seed", 0),
-                 "params_column": kw.get("params_column", "params"),
-                 "metric": kw.get("metric", "loss"), "delta": kw.get("delta", HUBER_DELTA)},
-            traj_bt=res.diagnostics["backtest"], E=float(spec.fix.get("E", 1.5)))
+            df, replace(config, prior={}, bandwidth=None), traj_bt=res.diagnostics["backtest"],
+            E=float(spec.fix.get("E", 1.5)))
     return res

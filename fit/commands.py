@@ -76,7 +76,7 @@ def fit_main(args, *, offline_points=None) -> int:
     down (``cli.commands.fit_main``) instead of fit importing it.
 
     ``--metric`` may be given several times, each a key or a glob over the keys the sources hold
-    (fit.points.expand_metrics). One key: law.json is that metric's law (law/1), as always.
+    (fit.points.expand_metrics). One key: law.json is that metric's law (law/3).
     Several: each is fitted exactly as it would be alone, and law.json holds them all (law/2:
     ``laws: {key: law}``); if any is refused, nothing is written and one line names each."""
     from fit.points import expand_metrics
@@ -331,9 +331,9 @@ def law_points(df) -> dict:
 def predict_main(args) -> int:
     if getattr(args, "schedule", None):
         try:
-            from fit.curves import predict_schedule_main
+            from fit.curve_law import predict_schedule_main
         except ImportError:
-            raise InputError("--schedule needs the schedule-aware curve laws (fit.curves)",
+            raise InputError("--schedule needs the schedule-aware curve laws (fit.curve_law)",
                              field="--schedule", exit_code=EX_USAGE) from None
         return predict_schedule_main(args)
     from fit.law import load_law

@@ -23,23 +23,21 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
-import warnings
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 from scipy.special import stdtrit  # quantiles; scipy.stats takes 0.6 s to import
 
 from fit.allocation import allocation_diagnostics
+from fit.config import FitConfig
 from fit.forms import U_LIMIT, Form, Model, Spec
-from fit.result import FitResult, _jacobian_rows
-from fit.solver import STATUS, lbfgs, percentile_interval, polish, run_weights
+from fit.identify import identifiability
+from fit.result import FitResult, Spread
+from fit.solver import STATUS, Refits, lbfgs, percentile_interval, polish, run_bootstrap
 from ladder.io import InputError, sha256_of
 
-HUBER_DELTA = 1e-3
-
-
-def fit_by(df, spec: Spec, by: str, opts: dict) -> FitResult:
+def fit_by(df, spec: Spec, by: str, config: FitConfig) -> FitResult:
     """One law of ``spec`` per value of column ``by`` (fractions rounded to 1e-3), each fitted
     with :func:`fit_spec`; the result predicts with the matching one (``FitResult.groups``).
     No backtest (fit.law adds the whole law's)."""
@@ -48,8 +46,7 @@ def fit_by(df, spec: Spec, by: str, opts: dict) -> FitResult:
     key = df[by].round(3) if by == "fraction" else df[by]
     groups = []
     for i, (value, sub) in enumerate(sorted(df.groupby(key), key=lambda kv: kv[0])):
-        o = {k: v for k, v in dict(opts, seed=opts["seed"] + i).items() if k != "backtest"}
-        r = fit_spec(sub.copy(), spec, final_only=False, **o)
+        r = fit_spec(sub.copy(), spec, replace(config, seed=config.seed + i), final_only=False)
         groups.append((float(value), r))
     if not groups:
         raise InputError("no points", field="by")
@@ -57,27 +54,26 @@ def fit_by(df, spec: Spec, by: str, opts: dict) -> FitResult:
     diag = {"by": by, "n_groups": len(groups), "dropped_rows": list(df.attrs.get("dropped", [])),
             "groups": [{by: v, "params": r.params, "objective": r.diagnostics.get("objective"),
                         "converged": r.diagnostics.get("converged")} for v, r in groups]}
-    return FitResult(spec=spec, metric=opts["metric"], u=last.u, level=opts["level"],
-                     params_column=opts["params_column"], boot_u=last.boot_u, cov=last.cov,
-                     sigma=last.sigma, dof=last.dof, intervals=last.intervals,
-                     diagnostics=diag, inputs=_inputs(df), by=by, groups=groups,
-                     objective=last.objective, prior=last.prior, abs_resid=last.abs_resid)
+    return FitResult(spec=spec, u=last.u, config=config, spread=last.spread,
+                     intervals=last.intervals, diagnostics=diag, inputs=_inputs(df), by=by,
+                     groups=tuple(groups))
 
 
-def fit_spec(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
-             params_column="params", metric="loss", delta=HUBER_DELTA,
-             final_only: bool | None = None, starts: np.ndarray | None = None,
-             objective: str = "huber", prior: dict | None = None,
-             bandwidth: float | None = None) -> FitResult:
-    """One form on one table: multi-start fit, bootstrap, diagnostics (no backtest: that is
-    fit.backtest.fit_one, which refits with this). ``result.backtest_starts`` holds the starts
-    its backtest refits use (fit.backtest). ``bandwidth`` (decades): weight every run by its
-    distance below the table's largest run (:func:`scale_weights`); None: every run alike."""
+def fit_spec(df: pd.DataFrame, spec: Spec, config: FitConfig | None = None, *,
+             final_only: bool | None = None, starts: np.ndarray | None = None) -> FitResult:
+    """One form on one table with ``config`` (its bootstrap, level, seed, params column,
+    metric, Huber delta, objective, prior and bandwidth; not its ``backtest``): multi-start
+    fit, bootstrap, diagnostics (no backtest: that is fit.backtest.fit_one, which refits with
+    ``result.config``). ``result.starts`` holds the starts its backtest refits use
+    (fit.backtest). ``config.bandwidth`` (decades): weight every run by its distance below the
+    table's largest run (:func:`scale_weights`); None: every run alike."""
     form = spec.form
-    if objective == "ols":
-        return _fit_ols(df, spec, level=level, metric=metric, params_column=params_column,
-                        final_only=final_only)
-    prior = dict(prior or {})
+    config = config or FitConfig()
+    if config.objective == "ols":
+        return _fit_ols(df, spec, config, final_only=final_only)
+    bootstrap, level, seed = config.bootstrap, config.level, config.seed
+    params_column, delta, bandwidth = config.params_column, config.delta, config.bandwidth
+    prior = config.prior
     for k in prior:
         if k not in form.names:
             raise InputError(f"{k}: not a parameter of the {form.name} form (parameters: "
@@ -171,7 +167,7 @@ def fit_spec(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
     dof = float(dof) if dof > 0 else None
     cov = None
     if sigma is not None and sigma > 0:
-        J = _jacobian_rows(model, u) @ prob.M
+        J = model.jacobian(u) @ prob.M
         if weights is not None:  # the weighted objective's curvature: J' W J
             J = J * np.sqrt(weights)[:, None]
         # Laplace approximation of the penalised fit: the prior's precision (in the solver's
@@ -188,11 +184,10 @@ def fit_spec(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
         boot_u, boot_info = _bootstrap(prob, runs, optima, bootstrap, seed, bounds=box)
 
     intervals = _intervals(spec, u, boot_u, cov, dof, level)
-    identifiability = _identifiability(spec, u, intervals, level, data, prior,
-                                       have_interval=cov is not None or boot_u is not None,
-                                       held=held)
+    ident = _identifiability(spec, u, intervals, level, data, prior,
+                             have_interval=cov is not None or boot_u is not None, held=held)
     disp = {p.name: float(p.to_display(u[i])) for i, p in enumerate(form.params)}
-    at_bound = {k: v for k, v in ((p.name, _bound_flag(p, disp[p.name])) for p in form.params
+    at_bound = {k: v for k, v in ((p.name, p.estimate_flag(disp[p.name])) for p in form.params
                                   if p.name in spec.free) if v}
     diagnostics = {
         "objective": float(fbest),
@@ -218,22 +213,18 @@ def fit_spec(df: pd.DataFrame, spec: Spec, *, bootstrap=200, level=0.9, seed=0,
         "bootstrap": boot_info,
         "prior": {k: {"mean": m, "sd": sd} for k, (m, sd) in prior.items()} or None,
         "prior_weight": prior_weight,
-        "identifiability": identifiability,
+        "identifiability": ident,
         "dropped_rows": list(df.attrs.get("dropped", [])),
     }
     if weights is not None:
         diagnostics["scale_weights"] = weights_record(data, weights, bandwidth)
     if form.name == "chinchilla":
         diagnostics["allocation"] = allocation_diagnostics(disp, boot_u, spec, level)
-    result = FitResult(spec=spec, metric=metric, u=u, level=level, params_column=params_column,
-                       boot_u=boot_u, cov=cov, sigma=sigma, dof=dof, intervals=intervals,
-                       diagnostics=diagnostics, inputs=_inputs(data), prior=prior,
-                       abs_resid=np.abs(r_near))
-    result.backtest_opts = {"bootstrap": 0, "level": level, "seed": seed,
-                            "params_column": params_column, "metric": metric, "delta": delta,
-                            "backtest": False, "prior": prior, "bandwidth": bandwidth}
-    result.backtest_starts = _backtest_starts(grid, res, order)
-    return result
+    return FitResult(spec=spec, u=u, config=config,
+                     spread=Spread(boot_u=boot_u, cov=cov, sigma=sigma, dof=dof,
+                                   abs_resid=np.abs(r_near)),
+                     intervals=intervals, diagnostics=diagnostics, inputs=_inputs(data),
+                     starts=_backtest_starts(grid, res, order))
 
 
 def ols(y: np.ndarray, X: np.ndarray) -> OlsFit:
@@ -273,12 +264,13 @@ class OlsFit:
         return np.column_stack([self.params - half, self.params + half])
 
 
-def _fit_ols(df, spec, *, level, metric, params_column, final_only):
+def _fit_ols(df, spec, config, *, final_only):
     """The real ladder's fit: ordinary least squares of log(L - E) on log C with E fixed
     (:func:`ols`), the Student-t lack-of-fit interval with n - 2 residual dof its team asked
     for. Parameters: log A = intercept, alpha = -slope."""
+    level = config.level
     data, note = select_points(df, spec.form, final_only)
-    cols = _required(data, spec.form, params_column)
+    cols = _required(data, spec.form, config.params_column)
     E = float(spec.fix["E"])
     L = data["loss"].to_numpy(dtype=float)
     if np.any(L <= E):
@@ -317,12 +309,9 @@ def _fit_ols(df, spec, *, level, metric, params_column, final_only):
         "bootstrap": {"replicates": 0, "note": "ols: Student-t interval only"},
         "dropped_rows": list(df.attrs.get("dropped", [])),
     }
-    result = FitResult(spec=spec, metric=metric, u=u, level=level, params_column=params_column,
-                       cov=cov, sigma=sigma, dof=dof, intervals=intervals,
-                       diagnostics=diagnostics, inputs=_inputs(data), objective="ols")
-    result.backtest_opts = {"bootstrap": 0, "level": level, "params_column": params_column,
-                            "metric": metric, "backtest": False, "objective": "ols"}
-    return result
+    return FitResult(spec=spec, u=u, config=config,
+                     spread=Spread(cov=cov, sigma=sigma, dof=dof), intervals=intervals,
+                     diagnostics=diagnostics, inputs=_inputs(data))
 
 
 # Identifiability checks. An asymptote below half the smallest measured loss says most of the
@@ -350,52 +339,42 @@ def implausible_asymptote(E: float, lmin: float) -> str | None:
 
 def _identifiability(spec, u, intervals, level, data, prior, have_interval=True,
                      held=None) -> dict:
-    """Parameters the ladder does not pin down, with why: {"flags": {name: [reasons]},
-    "unidentified": [names]}. ``held``: {name: edge} of those the solver held at the edge of
-    law.json's range (``_Problem.at_box``)."""
+    """Parameters the ladder does not pin down, with why (fit.identify.identifiability, the
+    one check of every law): {"flags": {name: [reasons]}, "unidentified": [names]}. Beyond
+    where the estimate and the interval sit: a fit through its points, ``held`` ({name: edge}
+    of those the solver held at the edge of law.json's range, ``_Problem.at_box``), and an
+    implausible or flat asymptote."""
     form = spec.form
-    flags: dict[str, list[str]] = {}
     lmin = float(data["loss"].min())
     # a fit with as many free parameters as points (priors count as points) passes through
     # them: every bootstrap draw gives the same law, so a zero-width interval pins nothing down
     exact = len(data) + len(prior or {}) <= spec.n_free
-    for i, p in enumerate(form.params):
-        if p.name in spec.fix or p.name in spec.tie:
-            continue
+    before = [f"the fit has no residual degrees of freedom ({len(data)} points, "
+              f"{spec.n_free} free parameters): it passes through its points"] if exact else []
+    free = [p for p in form.params if p.name not in spec.fix and p.name not in spec.tie]
+    estimate = {}
+    for p in free:
         why = []
-        if exact:
-            why.append(f"the fit has no residual degrees of freedom ({len(data)} points, "
-                       f"{spec.n_free} free parameters): it passes through its points")
-        v = float(p.to_display(u[i]))
-        lo, hi = intervals.get(p.name, [math.nan, math.nan])
-        b = _bound_flag(p, v)
+        b = p.estimate_flag(float(p.to_display(u[form.names.index(p.name)])))
         if b:
             why.append(f"estimate {b}")
         if p.name in (held or {}):
             why.append(f"held at the {held[p.name]} of the solver's box (law.json's range, "
                        f"|u| <= {U_LIMIT:g}): the data do not pin it down")
-        if p.kind != "positive" and math.isfinite(lo) and math.isfinite(hi):
-            blo, bhi = p.bounds
-            if lo <= blo * 1.01 if blo > 0 else lo <= blo + 1e-6:
-                why.append(f"its {level:.0%} interval reaches the lower bound {blo:g}")
-            if hi >= bhi * 0.99:
-                why.append(f"its {level:.0%} interval reaches the upper bound {bhi:g}")
-        if p.name == "E":
-            bad = implausible_asymptote(v, lmin)
-            if bad:
-                why.append(bad)
-            if math.isfinite(lo) and math.isfinite(hi) and \
-                    hi - lo > E_INTERVAL_MAX_FRACTION * lmin:
-                why.append(f"its {level:.0%} interval [{lo:.3g}, {hi:.3g}] spans more than "
-                           f"{E_INTERVAL_MAX_FRACTION:g} x the smallest loss: flat profile")
-            if not have_interval:
-                why.append("no interval could be computed")
-        if why and p.name in (prior or {}):
-            why.append("(a prior is set on it)")
-        if why:
-            flags[p.name] = why
-    return {"flags": flags, "unidentified": sorted(k for k, w in flags.items()
-                                                   if not any("prior is set" in x for x in w))}
+        estimate[p.name] = why
+    after = {}
+    if "E" in form.names and "E" not in spec.fix and "E" not in spec.tie:
+        E = float(form.param("E").to_display(u[form.names.index("E")]))
+        lo, hi = intervals.get("E", [math.nan, math.nan])
+        why = [bad] if (bad := implausible_asymptote(E, lmin)) else []
+        if math.isfinite(lo) and math.isfinite(hi) and hi - lo > E_INTERVAL_MAX_FRACTION * lmin:
+            why.append(f"its {level:.0%} interval [{lo:.3g}, {hi:.3g}] spans more than "
+                       f"{E_INTERVAL_MAX_FRACTION:g} x the smallest loss: flat profile")
+        if not have_interval:
+            why.append("no interval could be computed")
+        after["E"] = why
+    return identifiability(free, intervals, level, estimate=estimate, before=before,
+                           after=after, prior=prior or {})
 
 
 def run_scales(df: pd.DataFrame) -> tuple[pd.Series, str]:
@@ -686,45 +665,42 @@ class _RunWeights:
 
 
 def _bootstrap(prob, runs, optima, R, seed, bounds=None):
-    """Run-level Bayesian bootstrap: each replicate weights whole runs (all points of a run share
-    its Dirichlet weight) and is refitted from the distinct optima of the full fit. Replicates
-    with fewer runs of non-negligible weight than across-run parameters are degenerate and left
-    out (counted). ``bounds``: the solver's box when the full fit needed it (``_Problem.box``)."""
-    t0 = time.perf_counter()
+    """Run-level Bayesian bootstrap (fit.solver.run_bootstrap, every law's): each replicate weights
+    whole runs (all points of a run share its Dirichlet weight) and is refitted from the
+    distinct optima of the full fit. Replicates with fewer runs of non-negligible weight than
+    across-run parameters are degenerate and left out (counted). ``bounds``: the solver's box
+    when the full fit needed it (``_Problem.box``). Fewer than 20 usable replicates: none (the
+    band's parameter part is then the delta method's, fit.result)."""
     spec = prob.spec
-    rng = np.random.default_rng(seed)
     uniq, inv = np.unique(runs, return_inverse=True)
-    # Bayesian bootstrap (Rubin 1981): Dirichlet(1, ..., 1) run weights (scaled to sum to the
-    # number of runs) instead of multinomial counts. Same first two moments, but every run keeps
-    # a positive weight, so a 5-run ladder has no replicate that drops to 4 runs and
-    # interpolates them exactly with a 4-parameter law (with counts, 114 of 200 replicates of
-    # Gadre et al.'s 5-run fit were such degenerate draws)
-    counts = run_weights(rng, len(uniq), R)                                          # (R, U)
     k = len(optima)
-    W = _RunWeights(counts, inv, k)                                   # (R k, n), rows on demand
-    means = None
-    if prob.prior:  # each replicate draws its prior centre: the prior's spread enters the band
-        mu = np.array([m for _i, _e, m, _s in prob.prior])
-        sd = np.array([s for _i, _e, _m, s in prob.prior])
-        means = np.repeat(mu + sd * rng.standard_normal((R, len(mu))), k, axis=0)
-    res = prob.solve(np.tile(optima, (R, 1)), W=W, prior_means=means, ftol=BOOT_FTOL,
-                     max_iter=1000, bounds=bounds)
-    f = np.where(np.isfinite(res.f), res.f, np.inf).reshape(R, k)
-    rows = np.arange(R) * k + f.argmin(axis=1)
-    conv = res.status[rows] == 0
-    n_unique = (counts > 1e-3).sum(axis=1)  # runs with a non-negligible weight
-    enough = n_unique >= max(spec.n_across, 1)
-    valid = enough & conv & np.isfinite(f.min(axis=1))
-    U = prob.u0 + res.x[rows][valid] @ prob.M.T
-    info = {"replicates": int(R), "valid": int(valid.sum()), "degenerate": int((~enough).sum()),
-            "not_converged": int((enough & ~conv).sum()), "starts_per_replicate": int(k),
-            "seed": int(seed), "resampled": "runs",
-            "seconds": round(time.perf_counter() - t0, 3)}
-    if valid.sum() < 20:
-        warnings.warn(f"bootstrap: only {int(valid.sum())} of {R} replicates usable; the "
-                      "bootstrap part of the bands is left out", stacklevel=3)
-        return None, info
-    return U, info
+
+    def refit(counts, rng):
+        # Bayesian bootstrap (Rubin 1981): Dirichlet(1, ..., 1) run weights (scaled to sum to the
+        # number of runs) instead of multinomial counts. Same first two moments, but every run
+        # keeps a positive weight, so a 5-run ladder has no replicate that drops to 4 runs and
+        # interpolates them exactly with a 4-parameter law (with counts, 114 of 200 replicates
+        # of Gadre et al.'s 5-run fit were such degenerate draws)
+        W = _RunWeights(counts, inv, k)                               # (R k, n), rows on demand
+        means = None
+        if prob.prior:  # each replicate draws its prior centre: the prior's spread enters the band
+            mu = np.array([m for _i, _e, m, _s in prob.prior])
+            sd = np.array([s for _i, _e, _m, s in prob.prior])
+            means = np.repeat(mu + sd * rng.standard_normal((R, len(mu))), k, axis=0)
+        res = prob.solve(np.tile(optima, (R, 1)), W=W, prior_means=means, ftol=BOOT_FTOL,
+                         max_iter=1000, bounds=bounds)
+        f = np.where(np.isfinite(res.f), res.f, np.inf).reshape(R, k)
+        rows = np.arange(R) * k + f.argmin(axis=1)
+        conv = res.status[rows] == 0
+        n_unique = (counts > 1e-3).sum(axis=1)  # runs with a non-negligible weight
+        enough = n_unique >= max(spec.n_across, 1)
+        valid = enough & conv & np.isfinite(f.min(axis=1))
+        return Refits(draws=prob.u0 + res.x[rows][valid] @ prob.M.T, valid=int(valid.sum()),
+                      degenerate=int((~enough).sum()), not_converged=int((enough & ~conv).sum()),
+                      record={"starts_per_replicate": int(k)})
+
+    return run_bootstrap(len(uniq), R, seed, refit, usable=20,
+                     without="the bootstrap part of the bands is left out")
 
 
 def _intervals(spec, u, boot_u, cov, dof, level) -> dict:
@@ -746,17 +722,6 @@ def _intervals(spec, u, boot_u, cov, dof, level) -> dict:
         else:
             out[p.name] = [math.nan, math.nan]
     return out
-
-
-def _bound_flag(p, value) -> str | None:
-    lo, hi = p.bounds
-    if p.kind == "positive":  # a shape factor at 0 is legitimate: that factor is unused
-        return f"at or above its upper bound {hi:g}" if value >= hi else None
-    if value <= lo * (1 + 1e-6) if lo > 0 else value <= lo + 1e-6:
-        return f"at or below its lower bound {lo:g}"
-    if value >= hi:
-        return f"at or above its upper bound {hi:g}"
-    return None
 
 
 def _inputs(df: pd.DataFrame) -> dict:

@@ -53,6 +53,32 @@ class Param:
     def to_display(self, u):
         return u if self.kind == "exponent" else np.exp(u)
 
+    def estimate_flag(self, value: float) -> str | None:
+        """Where an estimate ``value`` sits at an end of the plausible range (a shape factor at 0
+        is legitimate: that factor is unused), or None."""
+        lo, hi = self.bounds
+        if self.kind == "positive":
+            return f"at or above its upper bound {hi:g}" if value >= hi else None
+        if value <= lo * (1 + 1e-6) if lo > 0 else value <= lo + 1e-6:
+            return f"at or below its lower bound {lo:g}"
+        if value >= hi:
+            return f"at or above its upper bound {hi:g}"
+        return None
+
+    def interval_flags(self, interval, level: float) -> list[str]:
+        """Why an interval ``[lo, hi]`` of this parameter does not pin it down
+        (fit.identify.identifiability): an end within 1% of the plausible range's ends."""
+        lo, hi = interval if interval is not None else (math.nan, math.nan)
+        if self.kind == "positive" or not (math.isfinite(lo) and math.isfinite(hi)):
+            return []
+        blo, bhi = self.bounds
+        out = []
+        if lo <= blo * 1.01 if blo > 0 else lo <= blo + 1e-6:
+            out.append(f"its {level:.0%} interval reaches the lower bound {blo:g}")
+        if hi >= bhi * 0.99:
+            out.append(f"its {level:.0%} interval reaches the upper bound {bhi:g}")
+        return out
+
 
 @dataclass(frozen=True)
 class Entry:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from fit.allocation import _LOG_MAX, _vertex, _window
+from fit.allocation import LOG_MAX, vertex, window
 from ladder.io import EX_DATAERR, InputError
 
 SCHEMA = "isoflop/1"
@@ -48,7 +48,7 @@ WINDOW_OCTAVES = 1.5         # the Approach 2 parabola's window (fit.allocation)
 def _exp(x: float) -> float:
     """exp(x), NaN where it is not finite or leaves float64 (a nearly flat parabola's vertex or
     a power law through two points can sit hundreds of e-folds away): not defined, no crash."""
-    return math.exp(x) if math.isfinite(x) and abs(x) <= _LOG_MAX else math.nan
+    return math.exp(x) if math.isfinite(x) and abs(x) <= LOG_MAX else math.nan
 
 
 @dataclass(frozen=True)
@@ -204,7 +204,7 @@ def isoflop_table(df: pd.DataFrame, *, where: str = "<table>") -> tuple[pd.DataF
     return d, derived
 
 
-def _budget_key(c: np.ndarray) -> np.ndarray:
+def budget_key(c: np.ndarray) -> np.ndarray:
     """Budgets equal to 3 significant digits are one budget."""
     return np.array([float(f"{x:.3g}") for x in c])
 
@@ -229,7 +229,7 @@ def _profile_fits(groups) -> list[dict]:
     for c, ln, ld, y in groups:
         fit = {"compute": c, "n_points": len(y), "span": (ln.min(), ln.max())}
         for name, x in (("n", ln), ("d", ld)):
-            wx, wy = _window(x, y, WINDOW_OCTAVES)
+            wx, wy = window(x, y, WINDOW_OCTAVES)
             ok = len(np.unique(wx)) >= 3
             yhat = np.polyval(np.polyfit(wx, wy, 2), wx) if ok else wy
             # residuals scaled to the spread of the errors (3 parameters fitted)
@@ -244,8 +244,8 @@ def _profiles(fits) -> pd.DataFrame:
     """Approach 2: per budget the vertex of its parabola in log N and in log D."""
     rows = []
     for f in fits:
-        vn, vy, okn = _vertex(*f["n"][:2])
-        vd, _, okd = _vertex(*f["d"][:2])
+        vn, vy, okn = vertex(*f["n"][:2])
+        vd, _, okd = vertex(*f["d"][:2])
         lo, hi = f["span"]
         off = (not okn) or vn < lo + 0.2 * (hi - lo) or vn > hi - 0.2 * (hi - lo)
         rows.append({"compute": f["compute"], "n_opt": _exp(vn) if okn else math.nan,
@@ -351,7 +351,7 @@ def isoflop(df: pd.DataFrame, *, bootstrap: int = 1000, level: float = 0.9, seed
 
     # Approach 2: the final points of runs, grouped by budget
     finals = d[d["final"]]
-    key = _budget_key(finals["compute"].to_numpy())
+    key = budget_key(finals["compute"].to_numpy())
     groups = [(float(np.exp(np.log(g["compute"]).mean())), np.log(g["params"].to_numpy()),
                np.log(g["tokens"].to_numpy()), g["loss"].to_numpy())
               for _, g in finals.groupby(key) if g["params"].nunique() >= min_points]
@@ -385,7 +385,7 @@ def isoflop(df: pd.DataFrame, *, bootstrap: int = 1000, level: float = 0.9, seed
     else:
         budgets = [(float(np.exp(np.log(g["compute"]).mean())), g["params"].to_numpy(),
                     g["tokens"].to_numpy(), g["loss"].to_numpy())
-                   for _, g in d.groupby(_budget_key(d["compute"].to_numpy()))]
+                   for _, g in d.groupby(budget_key(d["compute"].to_numpy()))]
         opt1 = _envelope_points(budgets)
         nd, dd = [], []
         c1, n1, d1 = (opt1[k].to_numpy(float) for k in ("compute", "n_opt", "d_opt"))

@@ -1,39 +1,42 @@
 """Fitting a law to a points table: ``fit_law(df, form=...)``, the package's entry point.
 
 It checks the options, then hands the table to the form's fitter: a schedule-aware curve law
-(fit.curves), ``--form auto`` (fit.select: every candidate form, chosen by rollout backtest),
+(fit.curve_fit), ``--form auto`` (fit.select: every candidate form, chosen by rollout backtest),
 one form (fit.backtest.fit_one: fit.estimate's fit plus its backtests), or one law per value of
 a column (``--by``); on a short ladder that leaves the asymptote unidentified, the asymptote
 rule (fit.select). How a law is fitted is documented in fit.estimate; its band in fit.result.
 
-Layers inside fit/, bottom to top (each imports only those below it): forms, solver,
-prediction, points, lr_schedules, allocation, report -> lawjson -> result -> estimate ->
-backtest -> curves, select -> law (this module; also the one law.json reader keyed by form) ->
-task (downstream accuracy through a task loss: a law of this module chained into a sigmoid;
-the package's __init__ imports it, which registers its form with the reader).
+Layers inside fit/, bottom to top (each imports only those below it): forms, identify,
+config, solver, prediction, points, lr_schedules, curve_forms, allocation, report -> lawjson
+-> result -> curve_law, estimate -> backtest -> curve_fit, select -> law (this module; also the
+one law.json reader keyed by form) -> task (downstream accuracy through a task loss: a law of
+this module chained into a sigmoid; the package's __init__ imports it, which registers its form
+with the reader).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pandas as pd
 
 import fit.lawjson as lawjson
 from fit.backtest import backtest, fit_one, trajectory_vs_per_fraction
-from fit.curves import FORMS as _CURVE_LAW_FORMS
-from fit.curves import fit_curve_law
-from fit.estimate import HUBER_DELTA, fit_by, fit_spec, select_points
+from fit.curve_fit import fit_curve_law
+from fit.curve_forms import FORMS as _CURVE_LAW_FORMS
+from fit.config import HUBER_DELTA, OBJECTIVES, FitConfig
+from fit.estimate import fit_by, fit_spec, select_points
 from fit.forms import FORMS, Spec, get_form
 from fit.points import COLUMNS, load_points
 from fit.prediction import Prediction
-from fit.result import OBJECTIVES, FitResult, LawResult, extrapolation_rate
+from fit.result import FitResult, LawResult, extrapolation_rate
 from fit.select import asymptote_rule as apply_asymptote_rule
 from fit.select import fit_auto
 from fit.select import scale_weight_rule as apply_scale_weight_rule
 from ladder.io import InputError, read_json
 
-CURVE_FORMS = tuple(_CURVE_LAW_FORMS)  # schedule-aware curve laws (fit.curves): mpl, momentum
+CURVE_FORMS = tuple(_CURVE_LAW_FORMS)  # schedule-aware curve laws (fit.curve_forms): mpl, momentum
 # The most points one fit takes (issue 26). Memory is bounded whatever the size (the objective
 # is evaluated in slices, fit.estimate.CHUNK_VALUES), but time is not: `ladder fit` of 2,000
 # points with the default form took 35 s of CPU here and grows with the points (a 300,000-point
@@ -41,9 +44,9 @@ CURVE_FORMS = tuple(_CURVE_LAW_FORMS)  # schedule-aware curve laws (fit.curves):
 # large is a run's every logged step, which says no more about the law than every 1% of it.
 MAX_FIT_ROWS = 100_000
 
-__all__ = ["CURVE_FORMS", "HUBER_DELTA", "OBJECTIVES", "FitResult", "LawResult", "Prediction",
-           "extrapolation_rate", "fit_by", "fit_law", "fit_one", "fit_spec", "law_from_json",
-           "laws_from_json", "load_law", "load_laws", "select_points"]
+__all__ = ["CURVE_FORMS", "HUBER_DELTA", "OBJECTIVES", "FitConfig", "FitResult", "LawResult",
+           "Prediction", "extrapolation_rate", "fit_by", "fit_law", "fit_one", "fit_spec",
+           "law_from_json", "laws_from_json", "load_law", "load_laws", "select_points"]
 
 
 def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = None,
@@ -73,40 +76,32 @@ def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = 
                          f"points every 1% of its progress) or fit parts of it with --by",
                          field="rows")
     metric = metric or df.attrs.get("metric") or "loss"
-    if not 0 < level < 1:
-        raise InputError(f"must be in (0, 1), got {level!r}", field="level")
-    if bootstrap < 0:
-        raise InputError(f"must be >= 0, got {bootstrap!r}", field="bootstrap")
-    if params_column not in ("params", "active_params"):
-        raise InputError("must be 'params' or 'active_params'", field="params_column")
+    config = FitConfig(bootstrap=bootstrap, level=level, seed=seed, params_column=params_column,
+                       metric=metric, delta=delta, backtest=backtest, objective=objective)
     fix, tie = dict(fix or {}), dict(tie or {})
     prior = _check_prior(prior, fix)
-    if objective not in OBJECTIVES:
-        raise InputError(f"one of {', '.join(OBJECTIVES)}, got {objective!r}", field="objective")
+    config = replace(config, prior=prior)
     if objective == "ols" and (form != "compute" or set(fix) != {"E"} or tie or prior):
         raise InputError("ols is least squares of log(L - E) on log C: it needs --form compute "
                          "with E fixed (--fix E=VALUE) and no --tie or --prior",
                          field="objective")
-    if form in CURVE_FORMS:  # schedule-aware curve laws live in fit.curves
+    if form in CURVE_FORMS:  # schedule-aware curve laws live in fit.curve_fit
         if tie or by or prior or objective != "huber":
             raise InputError(f"the {form} form takes no --tie, --by, --prior or --objective",
                              field="form")
         return _left_out(fit_curve_law(df, form=form, bootstrap=bootstrap, level=level,
                                        seed=seed, metric=metric, fix=fix or None), df)
-    opts = {"bootstrap": bootstrap, "level": level, "seed": seed, "params_column": params_column,
-                "metric": metric, "delta": delta, "backtest": backtest, "objective": objective,
-                "prior": prior}
     if by is not None:
-        return _left_out(_fit_by(df, form, fix, tie, by, opts), df)
+        return _left_out(_fit_by(df, form, fix, tie, by, config), df)
     if form == "auto":
-        res = fit_auto(df, fix, tie, opts)
+        res = fit_auto(df, fix, tie, config)
     else:
-        res = fit_one(df, _spec(form, fix, tie), **opts)
+        res = fit_one(df, _spec(form, fix, tie), config)
     if scale_weighting and objective == "huber" and backtest and isinstance(res, FitResult):
-        res = apply_scale_weight_rule(df, res, opts, prior)
+        res = apply_scale_weight_rule(df, res, config, prior)
     if asymptote_rule and objective == "huber" and backtest and isinstance(res, FitResult):
         bw = (res.diagnostics.get("scale_weighting") or {}).get("bandwidth")
-        res = apply_asymptote_rule(df, res, dict(opts, bandwidth=bw), fix, tie, prior)
+        res = apply_asymptote_rule(df, res, replace(config, bandwidth=bw), fix, tie, prior)
     return _left_out(res, df)
 
 
@@ -136,7 +131,7 @@ def _check_prior(prior, fix) -> dict:
 
 def _spec(form: str, fix: dict, tie: dict) -> Spec:
     if form in CURVE_FORMS:
-        raise InputError(f"the {form} form is a schedule-aware curve law (fit.curves)",
+        raise InputError(f"the {form} form is a schedule-aware curve law (fit.curve_fit)",
                          field="form")
     if form not in FORMS:
         raise InputError(f"unknown form {form!r}; one of auto, {', '.join(FORMS)}", field="form")
@@ -146,19 +141,19 @@ def _spec(form: str, fix: dict, tie: dict) -> Spec:
         raise InputError(str(e), field="fix" if fix else "tie") from None
 
 
-def _fit_by(df, form, fix, tie, by, opts) -> FitResult:
+def _fit_by(df, form, fix, tie, by, config) -> FitResult:
     """``--by``: one law per value (fit.estimate.fit_by) and the whole law's backtest."""
     if form == "auto":
         raise InputError("--by needs an explicit --form", field="by")
     spec = _spec(form, fix, tie)
-    res = fit_by(df, spec, by, opts)
+    res = fit_by(df, spec, by, config)
     diag = res.diagnostics
-    if opts["backtest"]:
-        diag["backtest"] = backtest(df, spec, dict(opts, bootstrap=0, backtest=False), by=by)
+    if config.backtest:
+        diag["backtest"] = backtest(df, spec, config.refit(), by=by)
         if by == "fraction" and spec.form.name == "compute" and set(spec.fix) == {"E"}:
             try:
                 diag["trajectory_vs_per_fraction"] = trajectory_vs_per_fraction(
-                    df, opts, per_fraction_bt=diag["backtest"], E=float(spec.fix["E"]))
+                    df, config, per_fraction_bt=diag["backtest"], E=float(spec.fix["E"]))
             except InputError as e:
                 diag["trajectory_vs_per_fraction"] = {"error": str(e)}
     return res
@@ -167,10 +162,11 @@ def _fit_by(df, form, fix, tie, by, opts) -> FitResult:
 
 
 # ----------------------------------------------------------------------------- law.json
-# One reader keyed by form: law.json files of every form share the schema law/1 and its envelope
-# (fit.lawjson.to_json); a curve law's own fields are under "curve" (fit.curves.CurveLaw), a
+# One reader keyed by form: law.json files of every form share the schema (law/3; law/1 files read
+# through fit.lawjson.upgrade, one reader per version) and its envelope
+# (fit.lawjson.to_json); a curve law's own fields are under "curve" (fit.curve_law.CurveLaw), a
 # Chinchilla-family law's under "fit" (fit.lawjson.fit_own). fit.result.LawResult.from_json hands
-# each file to the kind that reads its form (importing fit.curves here registers the curve one).
+# each file to the kind that reads its form (importing fit.curve_fit here registers the curve one).
 
 
 def law_from_json(obj: dict, *, path=None, metric: str | None = None) -> LawResult:
@@ -182,7 +178,7 @@ def law_from_json(obj: dict, *, path=None, metric: str | None = None) -> LawResu
 
 
 def _read_one(inner: dict, prefix: str, path) -> LawResult:
-    """One law/1 object read; its errors under ``prefix`` (``laws['KEY'].``, a law/2 file's)."""
+    """One law object read; its errors under ``prefix`` (``laws['KEY'].``, a law/2 file's)."""
     try:
         return LawResult.from_json(inner, path=path)
     except InputError as e:

@@ -1,5 +1,5 @@
-"""law.json (schemas ``law/1``, one law, and ``law/2``, one law per metric): write and
-validate-on-read.
+"""law.json (schemas ``law/3``, one law, and ``law/2``, one law per metric; ``law/1`` files,
+one law as written before law/3, still read): write and validate-on-read.
 
 Fields (shared/DESIGN.md): schema, form, expression, params, uncertainty, metric, conventions,
 inputs, diagnostics, created, tool_version. Beyond those, ``fit`` holds what rebuilds the law
@@ -10,10 +10,17 @@ freedom, so that prediction bands can be recomputed at any level. ``by`` fits (o
 fraction) carry ``groups``: one such law per value.
 
 Several metrics fitted together (``ladder fit --metric KEY --metric KEY``) are one ``law/2``
-file: ``schema``, ``laws`` ({metric key: a complete law/1 document whose ``metric`` is that
+file: ``schema``, ``laws`` ({metric key: a complete one-law document whose ``metric`` is that
 key}, in the order fitted), ``created``, ``tool_version``. Each inner law is exactly what a
-single-metric fit of that key writes, so it can be taken out and used alone; a single-metric fit
-still writes law/1, and every law/1 file still reads.
+single-metric fit of that key writes, so it can be taken out and used alone.
+
+One reader per version of a one-law document (:func:`upgrade`, called by every kind's reader):
+law/3 is read as written; a law/1 document is first put in law/3's shape by :func:`_v1`, which
+holds every "written before" default in one place (law/3 writes each of them explicitly):
+``uncertainty.small_sample`` (absent before the pooled extrapolation rate: "student-t", t(dof)
+quantiles), ``uncertainty.abs_residuals_log`` (absent before the residual quantile: null, the
+noise part t(dof) x sigma), and ``diagnostics.backtest.extrapolation`` (absent before the pooled
+rate: the per-fold record, :func:`per_fold_extrapolation`); the same in a by-law's groups.
 """
 
 from __future__ import annotations
@@ -22,12 +29,15 @@ import math
 
 import numpy as np
 
+from fit.config import FitConfig
 from fit.forms import FORMS, U_LIMIT, Spec, get_form
 from fit.points import listed_keys
 from ladder.io import EX_USAGE, InputError, as_float, number, to_jsonable
 
-SCHEMA = "law/1"
-MULTI_SCHEMA = "law/2"  # {metric key: law/1 document} under "laws"
+SCHEMA = "law/3"        # one law (written)
+MULTI_SCHEMA = "law/2"  # {metric key: one-law document} under "laws"
+V1 = "law/1"            # one law, written before law/3 (read through _v1)
+PER_FOLD = "per-fold RMS of log error per decade on one scale (law/1)"
 
 
 def to_json(r) -> dict:
@@ -74,9 +84,9 @@ def multi_laws(obj, *, path=None) -> dict[str, dict] | None:
     for key, law in laws.items():
         if not isinstance(law, dict):
             raise InputError("expected a law object", path=where, field=f"laws[{key!r}]")
-        if law.get("schema") != SCHEMA:
-            raise InputError(f"expected schema {SCHEMA!r}, got {law.get('schema')!r}",
-                             path=where, field=f"laws[{key!r}].schema")
+        if law.get("schema") not in (SCHEMA, V1):
+            raise InputError(f"expected schema {SCHEMA!r} (or {V1!r}), got "
+                             f"{law.get('schema')!r}", path=where, field=f"laws[{key!r}].schema")
         if law.get("metric") != key:
             raise InputError(f"the law of {key!r} names metric {law.get('metric')!r}",
                              path=where, field=f"laws[{key!r}].metric")
@@ -131,7 +141,7 @@ def check_envelope(obj, *, path=None, forms) -> str:
         raise InputError(f"expected schema 'law/<version>', got {schema!r}", path=where,
                          field="schema")
     if schema != SCHEMA:
-        raise InputError(f"unsupported version {schema!r} (this tool reads {SCHEMA}"
+        raise InputError(f"unsupported version {schema!r} (this tool reads {SCHEMA} and {V1}"
                          + (f", and {MULTI_SCHEMA} files of several metrics through "
                             "fit.law.load_law / load_laws" if schema == MULTI_SCHEMA else "")
                          + ")", path=where, field="schema")
@@ -170,7 +180,8 @@ def _uncertainty(r) -> dict:
                           "(the OLS obs_ci of statsmodels)", "level": r.level,
                 "intervals": r.intervals,
                 "bootstrap_u": None, "covariance_free": None if r.cov is None else r.cov.tolist(),
-                "sigma_log": r.sigma, "dof": r.dof,
+                "sigma_log": r.sigma, "dof": r.dof, "abs_residuals_log": None,
+                "small_sample": r.small_sample,
                 "band": "E + exp(log(L - E) +- t(dof) sqrt(x' V x + sigma^2)), V the covariance "
                         "of (log A, alpha); sigma the residual sd of log(L - E); the "
                         "extrapolation error (fit.result.FitResult.extrapolation_log_sd) in "
@@ -194,11 +205,10 @@ def _uncertainty(r) -> dict:
 
 def _band_text(r) -> str:
     q = "normal quantile" if r.small_sample == "normal" else "t(dof)"
-    ex = ((r.diagnostics or {}).get("backtest") or {}).get("extrapolation")
     extra = ("the extrapolation error outside the runs' range (the rollout folds' held-out log "
              "errors beyond their fold bands, pooled per decade: diagnostics.backtest."
              "extrapolation.rate_per_decade, x the largest distance in decades outside "
-             "ranges_log10 over its inputs)") if isinstance(ex, dict) else (
+             "ranges_log10 over its inputs)") if _pooled(r) else (
              "the extrapolation error outside the runs' scale range (RMS of the rollout folds' "
              "log error per decade x decades outside; fit.result.extrapolation_rate)")
     return (f"log space: the bootstrap quantile for the parameters ({q} * delta-method se "
@@ -217,15 +227,21 @@ def band_method(r) -> str:
         r.noise_method(r.level), "student-t-sigma")
     if getattr(r, "small_sample", "student-t") == "normal" and param == "delta-method-t":
         param = "delta-method-normal"
-    # the pooled extrapolation rate (fit.backtest) or, in files from before, the per-fold one
-    ex = ((r.diagnostics or {}).get("backtest") or {}).get("extrapolation")
-    extra = "pooled-extrapolation" if isinstance(ex, dict) else "extrapolation"
+    # the pooled extrapolation rate (fit.backtest) or, in law/1 files from before it, the
+    # per-fold one (or none)
+    extra = "pooled-extrapolation" if _pooled(r) else "extrapolation"
     return f"{param} + {noise} + {extra}"
+
+
+def _pooled(r) -> bool:
+    ex = ((r.diagnostics or {}).get("backtest") or {}).get("extrapolation")
+    return isinstance(ex, dict) and ex.get("method") != PER_FOLD
 
 
 def read(obj: dict, *, path=None) -> tuple[dict, list]:
     """Validate a law/1 object of a Chinchilla-family form: (keyword arguments of
-    ``fit.result.FitResult``, [(value, keyword arguments)] of its ``by`` groups)."""
+    ``fit.result.FitResult``, its ``spread`` as those of ``fit.result.Spread``; [(value,
+    keyword arguments)] of its ``by`` groups)."""
     where = str(path) if path else "<law>"
 
     def need(d, key, types, prefix=""):
@@ -236,6 +252,7 @@ def read(obj: dict, *, path=None) -> tuple[dict, list]:
             raise InputError(f"expected {types}", path=where, field=prefix + key)
         return v
 
+    obj = upgrade(obj)
     form = check_envelope(obj, path=path, forms=tuple(FORMS))
     metric = need(obj, "metric", str)
 
@@ -271,11 +288,14 @@ def read(obj: dict, *, path=None) -> tuple[dict, list]:
             if v is not None and v < 0:  # a negative sd gives a nonsense (inverted) band
                 raise InputError(f"must be >= 0, got {v!r}", path=where,
                                  field=prefix + "uncertainty." + name)
-        small = unc.get("small_sample", "student-t")  # absent: written before, t(dof)
+        small = unc.get("small_sample")
         if small not in ("normal", "student-t"):
             raise InputError(f"expected 'normal' or 'student-t', got {small!r}", path=where,
                              field=prefix + "uncertainty.small_sample")
-        ares = unc.get("abs_residuals_log")  # absent in law.json files from before
+        if "abs_residuals_log" not in unc:
+            raise InputError("missing (null where there are none)", path=where,
+                             field=prefix + "uncertainty.abs_residuals_log")
+        ares = unc["abs_residuals_log"]
         ares = None if ares is None else _array(ares, (None,), where,
                                                 prefix + "uncertainty.abs_residuals_log")
         level = number(unc.get("level", 0.9), field=prefix + "uncertainty.level", path=where,
@@ -291,10 +311,16 @@ def read(obj: dict, *, path=None) -> tuple[dict, list]:
                 raise InputError("expected [mean, sd]", path=where,
                                  field=f"{prefix}fit.prior.{k}")
             prior[k] = (as_float(v[0]), as_float(v[1]))
-        return {"spec": spec, "metric": metric, "u": u, "level": level,
-                "objective": objective, "prior": prior,
-                "params_column": fit.get("params_column", "params"), "boot_u": boot, "cov": cov,
-                "sigma": sigma, "dof": dof, "abs_resid": ares, "small_sample": small,
+        column = fit.get("params_column", "params")
+        if column not in ("params", "active_params"):
+            raise InputError(f"expected 'params' or 'active_params', got {column!r}",
+                             path=where, field=prefix + "fit.params_column")
+        return {"spec": spec, "u": u,
+                "config": FitConfig(metric=metric, level=level, objective=objective,
+                                    prior=prior, params_column=column, bootstrap=0,
+                                    backtest=False),
+                "spread": {"boot_u": boot, "cov": cov, "sigma": sigma, "dof": dof,
+                           "abs_resid": ares, "small_sample": small},
                 "intervals": _intervals(unc.get("intervals"), where, prefix)}
 
     unc = need(obj, "uncertainty", dict)
@@ -311,6 +337,91 @@ def read(obj: dict, *, path=None) -> tuple[dict, list]:
                conventions=obj.get("conventions"), created=obj.get("created"),
                tool_version=obj.get("tool_version"), by=obj.get("by"))
     return top, groups
+
+
+def upgrade(obj):
+    """A one-law document of any version in the current shape (law/3): one reader per version
+    (``_READERS``); anything else as it is, for the envelope check to refuse."""
+    reader = _READERS.get(obj.get("schema")) if isinstance(obj, dict) else None
+    return obj if reader is None else reader(obj)
+
+
+def _v1(obj: dict) -> dict:
+    """A law/1 document in law/3's shape (see the module doc): what a law/1 file written before
+    a field existed means by its absence, written out. Only what is absent is filled in (what
+    is there is left for the law/3 reader to check); the document is not changed in place."""
+    out = dict(obj, schema=SCHEMA)
+    if obj.get("form") not in FORMS:   # a curve or task law: law/1 is law/3's shape
+        return out
+
+    def unc(block):
+        u = block.get("uncertainty") if isinstance(block, dict) else None
+        if not isinstance(u, dict):
+            return block
+        u = dict(u)
+        u.setdefault("small_sample", "student-t")
+        u.setdefault("abs_residuals_log", None)
+        return dict(block, uncertainty=u)
+    out = unc(out)
+    if isinstance(out.get("groups"), list):
+        out["groups"] = [unc(g) for g in out["groups"]]
+    diag = out.get("diagnostics")
+    bt = diag.get("backtest") if isinstance(diag, dict) else None
+    if isinstance(bt, dict) and pooled_record(bt) is None:
+        bt = {k: v for k, v in bt.items() if k != "extrapolation"}
+        rec = per_fold_extrapolation(bt)
+        if rec is not None:
+            bt["extrapolation"] = rec
+        out["diagnostics"] = dict(diag, backtest=bt)
+    return out
+
+
+_READERS = {V1: _v1, SCHEMA: lambda obj: obj}
+
+
+def per_fold_extrapolation(bt: dict) -> dict | None:
+    """A law/1 backtest's extrapolation record as written before the pooled rate: the RMS over
+    its rollout folds of log error per decade of one scale (``scale``: planned compute, else
+    params x tokens, else params), outside [smallest, largest] run's scale (the smallest absent
+    in the oldest files: the band then widens only above the largest run); None without a fold
+    that extrapolated (no term). In the pooled record's shape (``ranges_log10`` over that one
+    scale, a null end unbounded), so that one computation reads both
+    (fit.result.FitResult.extrapolation_log_sd)."""
+    per_decade = []
+    for fold in bt.get("folds") or []:
+        d = fold.get("decades") if isinstance(fold, dict) else None
+        if not (isinstance(d, (int, float)) and d > 0):
+            continue
+        per_decade += [math.log1p(float(e)) / d for e in fold.get("final_rel_err") or []
+                       if isinstance(e, (int, float)) and math.isfinite(e) and e > -1]
+    top, bottom, kind = bt.get("scale_log10_max"), bt.get("scale_log10_min"), bt.get("scale")
+    if not per_decade or not isinstance(top, (int, float)) or kind not in (
+            "compute", "params_x_tokens", "params"):
+        return None
+    bottom = float(bottom) if isinstance(bottom, (int, float)) else None
+    return {"method": PER_FOLD, "inputs": [kind], "ranges_log10": {kind: [bottom, float(top)]},
+            "rate_per_decade": float(np.sqrt(np.mean(np.square(per_decade))))}
+
+
+def pooled_record(bt) -> dict | None:
+    """A backtest's extrapolation record (fit.backtest's ``extrapolation``; a law/1 file's
+    per-fold one through :func:`per_fold_extrapolation`): {"rate": per decade or None,
+    "ranges": {input: (log10 lo, hi)}} (a null end: unbounded), or None without a valid one."""
+    ex = bt.get("extrapolation") if isinstance(bt, dict) else None
+    if not isinstance(ex, dict) or not isinstance(ex.get("ranges_log10"), dict):
+        return None
+    rate = ex.get("rate_per_decade")
+    if rate is not None and not (isinstance(rate, (int, float)) and math.isfinite(rate)
+                                 and rate >= 0):
+        return None
+    ranges = {}
+    for c, r in ex["ranges_log10"].items():
+        if not (isinstance(r, list) and len(r) == 2 and all(
+                x is None or isinstance(x, (int, float)) and math.isfinite(x) for x in r)
+                and r[1] is not None):
+            return None
+        ranges[str(c)] = (-math.inf if r[0] is None else float(r[0]), float(r[1]))
+    return {"rate": None if rate is None else float(rate), "ranges": ranges}
 
 
 def _intervals(obj, where, prefix) -> dict:

@@ -1,4 +1,4 @@
-"""Learning-rate sequences for the schedule-aware curve laws (``fit.curves``).
+"""Learning-rate sequences for the schedule-aware curve laws (``fit.curve_forms``).
 
 A curve law needs the LR of *every* update, not only at the logged steps. Convention used
 throughout: ``lr[s - 1]`` is the LR of update ``s`` (1-based), i.e. the update that completes step
@@ -38,11 +38,22 @@ _KEYS = {"steps": "steps", "peak": "peak", "warmup": "warmup", "min": "min_lr_fr
 
 @dataclass(frozen=True)
 class NamedSchedule:
-    """A :class:`Schedule` with its length and peak LR: enough to give the LR of every update."""
+    """A :class:`Schedule` with its length and peak LR: enough to give the LR of every update.
+    ``tokens_per_step`` (a planned run's, :meth:`of_rung`): a curve law then reads tokens so far
+    as the run's length (fit.prediction.Query)."""
 
     schedule: Schedule
     steps: int
     peak: float
+    tokens_per_step: float | None = None
+
+    @classmethod
+    def of_rung(cls, rung, schedule: Schedule | None = None) -> NamedSchedule:
+        """The planned run of ``rung`` (a :class:`ladder.specs.Rung`): its schedule (or
+        ``schedule``, e.g. ``dataclasses.replace(rung.schedule, decay_end=0.6)`` for a
+        shortened plan), steps, peak LR and tokens per step."""
+        return cls(rung.schedule if schedule is None else schedule, int(rung.steps),
+                   float(rung.peak_lr), float(rung.tokens_per_step))
 
     def __post_init__(self):
         if not isinstance(self.steps, int) or self.steps <= 0:

@@ -1,17 +1,53 @@
-"""What every fitted law answers: the ``Law`` protocol and its one result type ``Prediction``.
+"""What every fitted law answers: the ``Law`` protocol, the one question ``Query`` and the one
+answer ``Prediction``.
 
-A Chinchilla-family law (fit.law) predicts at points (``step``/``fraction`` unset); a curve law
-(fit.curves) predicts along a run's schedule and fills ``step`` and ``fraction``. ``loss``,
+Every law is asked the same way, ``law.predict(Query(...), level=...)`` (or the query's fields
+as keywords, ``law.predict(compute=..., fraction=...)``: the same query). A Chinchilla-family
+law (fit.result.FitResult) reads the points' sizes, tokens, compute and fraction; a curve law
+(fit.curve_law.CurveLaw) reads the planned run's LR ``schedule``, where along it (``step`` or
+``fraction``) and its size, and fills the prediction's ``step`` and ``fraction``. ``loss``,
 ``lo`` and ``hi`` are in metric units; the band is at ``level``. No dependencies beyond numpy,
-so fit.law, fit.curves and reports can all import it.
+so fit.law, fit.curve_law and reports can all import it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class Query:
+    """Where a law is asked; every field optional, arrays broadcast. ``params``,
+    ``active_params``: the model's size; ``tokens``, ``compute``: so far at the point (the
+    points-table convention); ``fraction``: progress through the planned run; ``schedule``: the
+    planned run's LR schedule (curve laws: the LR of every update as an array, ``lr[s-1]`` for
+    update ``s``, a fit.lr_schedules.NamedSchedule, or its text ``kind:steps=..,peak=..``; a
+    NamedSchedule with ``tokens_per_step`` also reads ``tokens`` as tokens so far, so that a
+    different budget is the same schedule shape stretched to it); ``step``: completed steps
+    along the schedule (curve laws; else ``fraction`` of it, default every 1%). A law reads the
+    fields its form needs and says which one is missing (fit.result, fit.curve_law)."""
+
+    params: Any = None
+    active_params: Any = None
+    tokens: Any = None
+    compute: Any = None
+    fraction: Any = None
+    schedule: Any = None
+    step: Any = None
+
+    @classmethod
+    def of(cls, query: Query | None = None, **given) -> Query:
+        """``query``, or the query of the keywords ``given`` (its fields; not both)."""
+        if query is None:
+            return cls(**given)
+        if not isinstance(query, Query):
+            raise TypeError(f"query: expected a Query, got {type(query).__name__}")
+        if given:
+            raise TypeError(f"query: give a Query or its fields, not both ({sorted(given)})")
+        return query
 
 
 @dataclass(frozen=True)
@@ -52,12 +88,11 @@ class Prediction:
 class Law(Protocol):
     """A fitted law of any form, implemented once by fit.result.LawResult, whose two kinds are
     fit.result.FitResult (Chinchilla family: compute, chinchilla, moe, trajectory) and
-    fit.curves.CurveLaw (schedule-aware curves: mpl, momentum).
+    fit.curve_law.CurveLaw (schedule-aware curves: mpl, momentum).
 
-    ``predict`` takes keyword inputs (a Chinchilla-family law: params, active_params, tokens,
-    compute, fraction; a curve law: its LR schedule, bound to a planned run by
-    predict.planned.ScheduledLaw) and returns a :class:`Prediction` with its band at ``level``;
-    ``band`` is that band alone. ``to_json`` writes law.json (schema law/1, keyed by ``form``;
+    ``predict`` takes a :class:`Query` (or its fields as keywords) and returns a
+    :class:`Prediction` with its band at ``level``, whatever the form; ``band`` is that band
+    alone. ``to_json`` writes law.json (schema law/3, keyed by ``form``;
     read back by fit.law.law_from_json = LawResult.from_json), whose
     ``uncertainty.band_method`` names ``band_method``."""
 
@@ -73,9 +108,10 @@ class Law(Protocol):
     @property
     def band_method(self) -> str: ...
 
-    def predict(self, **inputs) -> Prediction: ...
+    def predict(self, query: Query | None = None, /, *, level: float | None = None,
+                **fields) -> Prediction: ...
 
-    def band(self, **inputs) -> tuple[np.ndarray, np.ndarray]: ...
+    def band(self, query: Query | None = None, /, **fields) -> tuple[np.ndarray, np.ndarray]: ...
 
     def report(self) -> str: ...
 

@@ -211,7 +211,7 @@ def metric_summary(metric: str, law, df) -> dict:
                (bt.get("leave_largest_out") or {}).get("mean_abs_final")),
            "band_half_width_rel": None, "band_at": None}
     if getattr(law, "spec", None) is None or not len(df):
-        return row  # a curve law predicts along a schedule (fit.curves)
+        return row  # a curve law predicts along a schedule (fit.curve_law)
     size = next((c for c in ("compute", "tokens", "params") if df[c].notna().any()), None)
     if size is None:
         return row

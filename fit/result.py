@@ -12,7 +12,7 @@ computed (no residual degrees of freedom, no usable replicates) is NaN with a wa
 interval of log(L - E).
 
 ``LawResult`` is what every fitted law is, whatever its form: ``FitResult`` here (the
-Chinchilla family) and ``fit.curves.CurveLaw`` (schedule-aware curve laws) are its two kinds.
+Chinchilla family) and ``fit.curve_law.CurveLaw`` (schedule-aware curve laws) are its two kinds.
 
 Fitting lives in fit.estimate (one form on one table) and fit.law (``fit_law``); law.json in
 fit.lawjson.
@@ -23,17 +23,18 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import warnings
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from scipy.special import ndtri, stdtrit  # quantiles; scipy.stats takes 0.6 s to import
 
 import fit.lawjson as lawjson
+from fit.config import FitConfig
 from fit.forms import FORMS, Model, Spec
-from fit.prediction import Prediction
+from fit.prediction import Prediction, Query
 from fit.report import fit_lines, report
 from ladder.io import InputError, as_float
 
-OBJECTIVES = ("huber", "ols")
 SMALL_SAMPLE = ("normal", "student-t")
 
 
@@ -75,9 +76,19 @@ class LawResult:
         flags writes the current ones)."""
         return self.diagnostics
 
-    def band(self, **inputs) -> tuple[np.ndarray, np.ndarray]:
-        """(lo, hi) of :meth:`predict`'s band (same keywords)."""
-        p = self.predict(**inputs)
+    def predict(self, query: Query | None = None, /, *, level: float | None = None,
+                extra_log_sigma=0.0, extrapolation: bool = True, **fields) -> Prediction:
+        """The law at ``query`` (a :class:`fit.prediction.Query`, or its fields as keywords:
+        the same question for every kind) with its band at ``level`` (None: the kind's default).
+        ``extra_log_sigma``: a further log sd (eval noise) added to the band in quadrature;
+        ``extrapolation``: the band holds the law's own extrapolation error outside its runs
+        (a kind without one has none to add)."""
+        return self._predict(Query.of(query, **fields), level=level,
+                             extra_log_sigma=extra_log_sigma, extrapolation=extrapolation)
+
+    def band(self, query: Query | None = None, /, **fields) -> tuple[np.ndarray, np.ndarray]:
+        """(lo, hi) of :meth:`predict`'s band (same arguments)."""
+        p = self.predict(query, **fields)
         return p.lo, p.hi
 
     def report(self) -> str:
@@ -88,68 +99,102 @@ class LawResult:
 
     @classmethod
     def from_json(cls, obj: dict, *, path=None) -> LawResult:
-        """A law.json object (schema law/1) to the law its ``form`` names, validated."""
+        """A one-law law.json object (schema law/3, or law/1: fit.lawjson.upgrade) to the law
+        its ``form`` names, validated."""
         form = obj.get("form") if isinstance(obj, dict) else None
         kind = LawResult._KINDS.get(form) if isinstance(form, str) else None
         if kind is None or kind is cls:
-            lawjson.check_envelope(obj, path=path, forms=tuple(LawResult._KINDS))
+            lawjson.check_envelope(lawjson.upgrade(obj), path=path,
+                                   forms=tuple(LawResult._KINDS))
             raise InputError(f"unknown form {form!r}", path=str(path) if path else "<law>",
                              field="form")
         return kind.from_json(obj, path=path)
 
 
+@dataclass(frozen=True)
+class Spread:
+    """What a Chinchilla-family law's band is made of besides its estimate (law.json
+    ``uncertainty``): the run-level bootstrap draws of ``u`` (``boot_u``, (R, P)), the
+    delta-method covariance of the free coordinates (``cov``), the residual scale and degrees of
+    freedom (``sigma``, ``dof``), the fitted points' |log residuals| (``abs_resid``, kept sorted:
+    the noise part is their quantile, noise_half_width; None in law.json files from before:
+    t(dof) x sigma), and ``small_sample``: the quantile of the band's parts estimated from few
+    residuals, "normal", or "student-t" (t(dof), law.json files written before the pooled
+    extrapolation rate; see noise_half_width)."""
+
+    boot_u: np.ndarray | None = None
+    cov: np.ndarray | None = None
+    sigma: float | None = None
+    dof: float | None = None
+    abs_resid: np.ndarray | None = None
+    small_sample: str = "normal"
+
+    def __post_init__(self):
+        if self.small_sample not in SMALL_SAMPLE:
+            raise ValueError(f"small_sample: one of {SMALL_SAMPLE}, got {self.small_sample!r}")
+        for name in ("boot_u", "cov"):
+            v = getattr(self, name)
+            object.__setattr__(self, name, None if v is None else np.asarray(v, dtype=float))
+        if self.abs_resid is not None:
+            object.__setattr__(self, "abs_resid", np.sort(np.abs(np.asarray(self.abs_resid,
+                                                                            dtype=float))))
+
+
+@dataclass(frozen=True, eq=False)
 class FitResult(LawResult, forms=tuple(FORMS)):
     """A fitted law: parameters, intervals, diagnostics, ``predict()``, ``report()``, JSON.
 
+    Built by its one constructor (fit.estimate's fits, fit.lawjson's reader) and never changed
+    after (a variant is ``dataclasses.replace``): ``spec`` (the form with its fixed and tied
+    parameters), ``u`` (the solver's parameter vector), ``config`` (what it was fitted with:
+    metric, level, params column, objective, prior; its backtest refits with it), ``spread``
+    (what the band is made of), ``intervals``, ``diagnostics``, ``inputs`` and the stamp
+    (``conventions``, ``created``, ``tool_version``; now and this tool's by default).
+
     For ``by=`` fits (one law per value of a column, e.g. the real ladder's per-fraction fits)
     ``groups`` holds the per-value results and ``predict(fraction=...)`` uses the matching one,
-    interpolating log loss linearly between neighbouring values.
+    interpolating log loss linearly between neighbouring values. ``starts``: the starts its
+    backtest refits use (fit.estimate; not written to law.json).
     """
 
-    def __init__(self, *, spec: Spec, metric: str, u: np.ndarray, level: float,
-                 params_column: str = "params", boot_u: np.ndarray | None = None,
-                 cov: np.ndarray | None = None, sigma: float | None = None,
-                 dof: float | None = None, intervals: dict | None = None,
-                 diagnostics: dict | None = None, inputs: dict | None = None,
-                 conventions: dict | None = None, created: str | None = None,
-                 tool_version: str | None = None, by: str | None = None,
-                 groups: list | None = None, objective: str = "huber",
-                 prior: dict | None = None, abs_resid: np.ndarray | None = None,
-                 small_sample: str = "normal"):
-        if objective not in OBJECTIVES:
-            raise ValueError(f"objective: one of {OBJECTIVES}, got {objective!r}")
-        if small_sample not in SMALL_SAMPLE:
-            raise ValueError(f"small_sample: one of {SMALL_SAMPLE}, got {small_sample!r}")
-        # the quantile of the band's parts estimated from few residuals (noise below the
-        # residual-quantile rank, the delta-method se): "normal", or "student-t" (t(dof), law.json
-        # files written before the pooled extrapolation rate; see noise_half_width)
-        self.small_sample = small_sample
-        self.objective = objective
-        self.prior = dict(prior or {})  # name -> (mean, sd), natural units
-        self.spec = spec
-        self.metric = metric
-        self.u = np.asarray(u, dtype=float)
-        self.level = float(level)
-        self.params_column = params_column
-        self.boot_u = None if boot_u is None else np.asarray(boot_u, dtype=float)
-        self.cov = None if cov is None else np.asarray(cov, dtype=float)
-        self.sigma = sigma
-        self.dof = dof
-        # sorted |log residuals| of the fitted points: the noise part of the band is their
-        # quantile (noise_half_width); None (a law.json from before) -> t(dof) x sigma
-        self.abs_resid = None if abs_resid is None else np.sort(np.abs(np.asarray(
-            abs_resid, dtype=float)))
-        self.intervals = intervals or {}
-        self.diagnostics = diagnostics or {}
-        self.inputs = inputs or {}
-        self.conventions = conventions or _conventions()
-        self.created = created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-        self.tool_version = tool_version or _version()
-        self.by = by
-        self.groups = groups or []  # list of (value, FitResult)
-        # what fit.backtest.fit_one's refits use (set by fit.estimate; not written to law.json)
-        self.backtest_opts: dict | None = None
-        self.backtest_starts: np.ndarray | None = None
+    spec: Spec
+    u: np.ndarray
+    config: FitConfig = field(default_factory=FitConfig)
+    spread: Spread = field(default_factory=Spread)
+    intervals: dict = field(default_factory=dict)
+    diagnostics: dict = field(default_factory=dict)
+    inputs: dict = field(default_factory=dict)
+    by: str | None = None
+    groups: tuple = ()            # ((value, FitResult), ...)
+    starts: np.ndarray | None = None
+    conventions: dict | None = None
+    created: str | None = None
+    tool_version: str | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "u", np.asarray(self.u, dtype=float))
+        object.__setattr__(self, "groups", tuple(self.groups or ()))
+        object.__setattr__(self, "conventions", self.conventions or _conventions())
+        object.__setattr__(self, "created", self.created or _dt.datetime.now(
+            _dt.timezone.utc).isoformat(timespec="seconds"))
+        object.__setattr__(self, "tool_version", self.tool_version or _version())
+
+    # --- what it was fitted with, and its spread ----------------------------------------------
+    metric = property(lambda self: self.config.metric)
+    level = property(lambda self: float(self.config.level))
+    params_column = property(lambda self: self.config.params_column)
+    objective = property(lambda self: self.config.objective)
+    prior = property(lambda self: self.config.prior)   # name -> (mean, sd), natural units
+    boot_u = property(lambda self: self.spread.boot_u)
+    cov = property(lambda self: self.spread.cov)
+    sigma = property(lambda self: self.spread.sigma)
+    dof = property(lambda self: self.spread.dof)
+    abs_resid = property(lambda self: self.spread.abs_resid)
+    small_sample = property(lambda self: self.spread.small_sample)
+
+    def with_draws(self, boot_u) -> FitResult:
+        """This law with other bootstrap draws (fit.select's pooled draws of its variants)."""
+        return replace(self, spread=replace(self.spread, boot_u=boot_u))
 
     # --- named views ---------------------------------------------------------------------------
     @property
@@ -165,16 +210,16 @@ class FitResult(LawResult, forms=tuple(FORMS)):
         return {p.name: float(p.to_display(self.u[i])) for i, p in enumerate(self.spec.form.params)}
 
     # --- prediction ----------------------------------------------------------------------------
-    def predict(self, params=None, active_params=None, tokens=None, compute=None, fraction=None,
-                level: float = 0.9, extra_log_sigma=0.0, extrapolation: bool = True
-                ) -> Prediction:
-        """Loss and its band at ``level`` (numpy arrays, inputs broadcast). ``compute`` and
-        ``tokens`` are so far at the point (points-table convention); ``fraction`` is the
-        progress through the planned run (trajectory and per-fraction laws; default 1).
-        ``extra_log_sigma``: a further log sd (eval noise) added in quadrature; the band also
+    def _predict(self, q: Query, *, level, extra_log_sigma, extrapolation) -> Prediction:
+        """Loss and its band at ``level`` (default 0.9; numpy arrays, the query's fields
+        broadcast). ``compute`` and ``tokens`` are so far at the point (points-table convention);
+        ``fraction`` is the progress through the planned run (trajectory and per-fraction laws;
+        default 1); a law of points has no use for a ``schedule`` or ``step``. The band also
         holds the law's extrapolation error outside its runs' scale range
         (:meth:`extrapolation_log_sd`) unless ``extrapolation=False``."""
-        level = float(level)
+        params, active_params, tokens, compute, fraction = (
+            q.params, q.active_params, q.tokens, q.compute, q.fraction)
+        level = 0.9 if level is None else float(level)
         if not 0 < level < 1:
             raise ValueError(f"level: must be in (0, 1), got {level!r}")
         if extrapolation:
@@ -197,7 +242,7 @@ class FitResult(LawResult, forms=tuple(FORMS)):
             below = flat["fraction"] < flat["fraction_floor"] - 1e-9
         if below is not None and below.any():
             warnings.warn(f"{self.form} law: fractions below {flat['fraction_floor']:g}, the "
-                          "smallest fitted, are extrapolated", stacklevel=2)
+                          "smallest fitted, are extrapolated", stacklevel=3)
         model = Model(self.spec.form, self.spec.form.features(flat))
         center = model.log_predict(self.u[None])[0]
         lo, hi = self._band(model, center, level, np.broadcast_to(extra_log_sigma, shape).ravel())
@@ -212,9 +257,10 @@ class FitResult(LawResult, forms=tuple(FORMS)):
         decades outside the range of the runs it was fitted on, the largest over the inputs
         the form uses (params and tokens, or compute; tokens and compute are taken at
         fraction 1, planned), above or below. 0 inside every range,
-        without a backtest, or for inputs not given. A law.json written before the pooled
-        record keeps its method: the RMS over folds of log error per decade of one scale
-        (planned compute, else params x tokens, else params; ``diagnostics.backtest.scale``).
+        without a backtest, or for inputs not given. A law/1 file written before the pooled
+        record keeps its method, read into the same record's shape
+        (fit.lawjson.per_fold_extrapolation): the RMS over folds of log error per decade of one
+        scale (planned compute, else params x tokens, else params).
         Below the range the rate measured upward is assumed: a ladder rung held out at the
         bottom is 0.85 decades below the rest on Gadre et al.'s ladder and its law misses it
         by 5-24% (docs/LOG.md, 2026-12-01)."""
@@ -222,43 +268,31 @@ class FitResult(LawResult, forms=tuple(FORMS)):
         given = [np.asarray(x, float) for x in (params, tokens, compute, fraction, active_params)
                  if x is not None]
         shape = np.broadcast(*given).shape if given else ()
-        pooled = _pooled_record(bt)
-        if pooled is not None:
-            fr = np.asarray(1.0 if fraction is None else fraction, float)
-            vals = {"params": params, "active_params": active_params, "tokens": tokens,
-                    "compute": compute}
-            with np.errstate(divide="ignore", invalid="ignore"):
-                vals = {k: None if v is None else (np.asarray(v, float) / fr
-                                                   if k in ("tokens", "compute")
-                                                   else np.asarray(v, float))
-                        for k, v in vals.items()}
-            d = input_distance(vals, pooled["ranges"], shape)
-            if pooled["rate"] is None:
-                # no rollout fold could be fitted (too few smaller runs): nothing measured the
-                # error outside the runs, and the band does not hold it; said, not hidden
-                if np.any(d > 0):
-                    warnings.warn(f"{self.form} law: points up to {float(np.max(d)):.2f} "
-                                  "decades outside the fitted runs' range, and no rollout "
-                                  "fold measured the extrapolation error: the band holds "
-                                  "none", stacklevel=3)
-                return np.zeros(shape)
-            return pooled["rate"] * d
-        rate, kind, lo, hi = extrapolation_rate(bt)
-        fr = np.asarray(1.0 if fraction is None else fraction, float)
-        scale = None
-        with np.errstate(divide="ignore", invalid="ignore"):
-            if kind == "compute" and compute is not None:
-                scale = np.asarray(compute, float) / fr
-            elif kind == "params_x_tokens" and params is not None and tokens is not None:
-                scale = np.asarray(params, float) * np.asarray(tokens, float) / fr
-            elif kind == "params" and params is not None:
-                scale = np.asarray(params, float)
-        if rate is None or scale is None:
+        pooled = lawjson.pooled_record(bt)
+        if pooled is None:  # no backtest, or none that measured a rate (law/1)
             return np.zeros(shape)
+        fr = np.asarray(1.0 if fraction is None else fraction, float)
+        vals = {"params": params, "active_params": active_params, "tokens": tokens,
+                "compute": compute}
         with np.errstate(divide="ignore", invalid="ignore"):
-            ls = np.log10(np.broadcast_to(scale, shape))
-        d = np.maximum(ls - hi, 0.0) + (np.maximum(lo - ls, 0.0) if lo is not None else 0.0)
-        return rate * np.where(np.isfinite(d), d, 0.0)
+            vals = {k: None if v is None else (np.asarray(v, float) / fr
+                                               if k in ("tokens", "compute")
+                                               else np.asarray(v, float))
+                    for k, v in vals.items()}
+            if params is not None and tokens is not None:  # a law/1 per-fold record's scale
+                vals["params_x_tokens"] = (np.asarray(params, float) * np.asarray(tokens, float)
+                                           / fr)
+        d = input_distance(vals, pooled["ranges"], shape)
+        if pooled["rate"] is None:
+            # no rollout fold could be fitted (too few smaller runs): nothing measured the
+            # error outside the runs, and the band does not hold it; said, not hidden
+            if np.any(d > 0):
+                warnings.warn(f"{self.form} law: points up to {float(np.max(d)):.2f} "
+                              "decades outside the fitted runs' range, and no rollout "
+                              "fold measured the extrapolation error: the band holds "
+                              "none", stacklevel=4)
+            return np.zeros(shape)
+        return pooled["rate"] * d
 
     def _columns(self, params, active_params, tokens, compute, fraction) -> dict:
         given = {"params": params, "active_params": active_params, "tokens": tokens,
@@ -307,7 +341,7 @@ class FitResult(LawResult, forms=tuple(FORMS)):
         # the normal quantile (small_sample), as for the noise part
         if self.cov is not None and tq is not None and not have_param:
             _u0, M = self.spec.mapping()
-            J = _jacobian_rows(model, self.u) @ M             # (m, F)
+            J = model.jacobian(self.u) @ M             # (m, F)
             se = np.sqrt(np.maximum(np.einsum("mf,fg,mg->m", J, self.cov, J), 0.0))
             up = np.maximum(up, tq * se)
             down = np.maximum(down, tq * se)
@@ -325,7 +359,7 @@ class FitResult(LawResult, forms=tuple(FORMS)):
         extra = z * np.asarray(extra, dtype=float)
         if reasons:
             warnings.warn(f"{self.form} law: prediction band unavailable: "
-                          + "; ".join(reasons), stacklevel=3)
+                          + "; ".join(reasons), stacklevel=4)
             nan = np.full_like(center, np.nan)
             return nan, nan
         hi = center + np.sqrt(up ** 2 + noise ** 2 + extra ** 2)
@@ -383,7 +417,7 @@ class FitResult(LawResult, forms=tuple(FORMS)):
         q = 0.5 + level / 2
         if not (self.dof and self.dof > 0 and self.cov is not None and self.sigma is not None):
             warnings.warn(f"{self.form} law (ols): prediction band unavailable: no residual "
-                          f"degrees of freedom (dof={self.dof})", stacklevel=3)
+                          f"degrees of freedom (dof={self.dof})", stacklevel=4)
             nan = np.full_like(center, np.nan)
             return nan, nan
         E = float(self.params["E"])
@@ -440,9 +474,12 @@ class FitResult(LawResult, forms=tuple(FORMS)):
 
     @classmethod
     def from_json(cls, obj: dict, *, path=None) -> FitResult:
-        """A law.json object (schema law/1, a Chinchilla-family form) to a FitResult."""
+        """A law.json object (law/3 or law/1, a Chinchilla-family form) to a FitResult."""
         top, groups = lawjson.read(obj, path=path)
-        return cls(**top, groups=[(v, cls(**kw)) for v, kw in groups])
+
+        def build(kw):
+            return cls(**dict(kw, spread=Spread(**kw["spread"])))
+        return build(dict(top, groups=tuple((v, build(kw)) for v, kw in groups)))
 
     @property
     def band_method(self) -> str:
@@ -465,54 +502,17 @@ def input_distance(values: dict, ranges: dict, shape=()) -> np.ndarray:
     return d
 
 
-def _pooled_record(bt) -> dict | None:
-    """The backtest's pooled extrapolation record (fit.backtest, ``extrapolation``), or None in
-    law.json files written before it (their band keeps the per-fold rate on one scale)."""
-    ex = bt.get("extrapolation") if isinstance(bt, dict) else None
-    if not isinstance(ex, dict) or not isinstance(ex.get("ranges_log10"), dict):
-        return None
-    rate = ex.get("rate_per_decade")
-    if rate is not None and not (isinstance(rate, (int, float)) and math.isfinite(rate)
-                                 and rate >= 0):
-        return None
-    ranges = {}
-    for c, r in ex["ranges_log10"].items():
-        if not (isinstance(r, list) and len(r) == 2 and all(
-                isinstance(x, (int, float)) and math.isfinite(x) for x in r)):
-            return None
-        ranges[str(c)] = (float(r[0]), float(r[1]))
-    return {"rate": None if rate is None else float(rate), "ranges": ranges}
-
-
 def extrapolation_rate(bt) -> tuple:
-    """(RMS log error per decade, scale kind, log10 of the smallest and the largest run's
-    scale) from a backtest's record (``diagnostics.backtest``); rate None without a fold that
-    extrapolated. The smallest is None in law.json files written before it was recorded (their
-    band then widens only above the largest run, as the forecast did)."""
+    """(rate per decade, scale kind, log10 of the smallest and the largest run's scale) from a
+    backtest's record (``diagnostics.backtest``); rate None without a rate measured; an end
+    None where the record has none (law/1 files written before it was recorded)."""
     bt = bt if isinstance(bt, dict) else {}
-    pooled = _pooled_record(bt)
-    if pooled is not None:  # the pooled rate (fit.backtest); the scale fields for old readers
-        top, bottom = bt.get("scale_log10_max"), bt.get("scale_log10_min")
-        ok = isinstance(top, (int, float)) and isinstance(bottom, (int, float))
-        return (pooled["rate"], bt.get("scale"), float(bottom) if ok else None,
-                float(top) if ok else None)
-    per_decade = []
-    for fold in bt.get("folds") or []:
-        d = fold.get("decades") if isinstance(fold, dict) else None
-        if not (isinstance(d, (int, float)) and d > 0):
-            continue
-        per_decade += [math.log1p(float(e)) / d for e in fold.get("final_rel_err") or []
-                       if isinstance(e, (int, float)) and math.isfinite(e) and e > -1]
-    top, bottom, kind = bt.get("scale_log10_max"), bt.get("scale_log10_min"), bt.get("scale")
-    if not per_decade or not isinstance(top, (int, float)) or kind not in (
-            "compute", "params_x_tokens", "params"):
-        return None, kind, None, None
-    bottom = float(bottom) if isinstance(bottom, (int, float)) else None
-    return float(np.sqrt(np.mean(np.square(per_decade)))), kind, bottom, float(top)
+    rec = lawjson.pooled_record(bt)
+    top, bottom = bt.get("scale_log10_max"), bt.get("scale_log10_min")
+    return (None if rec is None else rec["rate"], bt.get("scale"),
+            float(bottom) if isinstance(bottom, (int, float)) else None,
+            float(top) if isinstance(top, (int, float)) else None)
 
-
-def _jacobian_rows(model: Model, u: np.ndarray) -> np.ndarray:
-    return model.jacobian(u)
 
 
 def _conventions() -> dict:

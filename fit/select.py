@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import replace
 
 import numpy as np
 
 from fit.backtest import fit_one, scale_inputs, scale_levels, summarise_folds
-from fit.curves import curve_data_from_table, fit_curve_law
+from fit.curve_fit import curve_data_from_table, fit_curve_law
 from fit.estimate import NEAR_WEIGHT, implausible_asymptote, run_scales, select_points
 from fit.forms import CURVES_FORMS, Spec, get_form
 from ladder.io import InputError
@@ -82,7 +83,7 @@ def _curve_table(df) -> bool:
                 and df["run"].nunique() >= 2)
 
 
-def fit_auto_curves(df, opts, fix):
+def fit_auto_curves(df, config, fix):
     """``--form auto`` on a table of curves without scale columns: the multi-power law (Luo et
     al. 2025) and the momentum law (Tissue et al. 2024), chosen by leave-one-run-out (fit on
     the other schedules, predict the held-out run's whole curve; mean relative error)."""
@@ -96,7 +97,7 @@ def fit_auto_curves(df, opts, fix):
                 for i, name in enumerate(data.names):
                     train = df[df["run"].astype(str) != name]
                     law = fit_curve_law(train, form, bootstrap=0, fix=fix or None)
-                    pred = law.predict(lr=data.lr[i], at_steps=data.steps[i])
+                    pred = law.predict(schedule=data.lr[i], step=data.steps[i])
                     errs.append(float(np.mean(np.abs(pred.loss / data.loss[i] - 1.0))))
         except InputError as e:
             rows.append({"form": form, "error": str(e)})
@@ -109,8 +110,8 @@ def fit_auto_curves(df, opts, fix):
     if best is None:
         raise InputError("no curve law could be fitted: " + "; ".join(r["error"] for r in rows),
                          field="form")
-    law = fit_curve_law(df, best[0], bootstrap=opts["bootstrap"], level=opts["level"],
-                        seed=opts["seed"], metric=opts["metric"], fix=fix or None)
+    law = fit_curve_law(df, best[0], bootstrap=config.bootstrap, level=config.level,
+                        seed=config.seed, metric=config.metric, fix=fix or None)
     law.diagnostics["auto"] = {
         "chosen": best[0], "candidates": rows,
         "why": f"lowest leave-one-run-out error over held-out curves ({100 * best[1]:.3f}%; "
@@ -179,11 +180,16 @@ def _simplest_within_one_se(scored: list, fitted: dict, lowest: str):
                                 f"{nfree[f]} free)" for f in order))
 
 
-def fit_auto(df, fix, tie, opts):
+def _own_prior(prior, spec) -> dict:
+    """The priors on ``spec``'s parameters (a candidate form may lack some)."""
+    return {k: v for k, v in (prior or {}).items() if k in spec.form.names}
+
+
+def fit_auto(df, fix, tie, config):
     excluded: dict = {}
-    cands = candidates(df, fix, tie, opts["params_column"], excluded)
+    cands = candidates(df, fix, tie, config.params_column, excluded)
     if not cands and _curve_table(df):
-        return fit_auto_curves(df, opts, fix)
+        return fit_auto_curves(df, config, fix)
     if not cands:
         raise InputError("no law form fits these columns (need compute, or params and tokens, "
                          "or curves with step and lr)", field="form")
@@ -193,8 +199,8 @@ def fit_auto(df, fix, tie, opts):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                r = fit_one(df, spec, **dict(opts, bootstrap=0, prior={
-                    k: v for k, v in (opts.get("prior") or {}).items() if k in spec.form.names}))
+                r = fit_one(df, spec, replace(config, bootstrap=0,
+                                              prior=_own_prior(config.prior, spec)))
         except InputError as e:
             rows.append({"form": label, "error": str(e)})
             continue
@@ -224,10 +230,10 @@ def fit_auto(df, fix, tie, opts):
         win = min((r for r in rows if "error" not in r), key=lambda r: r["n_free"])["form"]
         why = "no candidate could be backtested (too few runs); simplest form chosen"
     spec, r = fitted[win]
-    if opts["bootstrap"] > 0:  # refit the winner with its bootstrap; its backtest is reused
+    if config.bootstrap > 0:  # refit the winner with its bootstrap; its backtest is reused
         bt = r.diagnostics.get("backtest")
-        r = fit_one(df, spec, **dict(opts, backtest=False, prior={
-            k: v for k, v in (opts.get("prior") or {}).items() if k in spec.form.names}))
+        r = fit_one(df, spec, replace(config, backtest=False,
+                                      prior=_own_prior(config.prior, spec)))
         if bt is not None:
             r.diagnostics["backtest"] = bt
     r.diagnostics["auto"] = {"chosen": win, "why": why, "candidates": rows}
@@ -283,7 +289,7 @@ def _label(h) -> str:
     return "equal weights" if h == math.inf else f"{h:g} decades"
 
 
-def scale_weight_rule(df, result, opts: dict, prior: dict):
+def scale_weight_rule(df, result, config, prior: dict):
     """``result`` or the same form fitted with the weights of the bandwidth the rollout
     backtest prefers (see above); the decision is in ``diagnostics["scale_weighting"]``
     (``bandwidth``: decades, None for equal weights)."""
@@ -294,7 +300,7 @@ def scale_weight_rule(df, result, opts: dict, prior: dict):
               "weights the widest", "candidates": {}, "bandwidth": None}
     cands = []
     for h in BANDWIDTHS:
-        why = _bandwidth_candidate(data, logs, spec, opts["params_column"], h)
+        why = _bandwidth_candidate(data, logs, spec, config.params_column, h)
         if why:
             record["candidates"][_label(h)] = {"not a candidate": why}
         else:
@@ -304,13 +310,13 @@ def scale_weight_rule(df, result, opts: dict, prior: dict):
                       why="no bandwidth is a candidate for this ladder")
         result.diagnostics["scale_weighting"] = record
         return result
-    pri = {k: v for k, v in (prior or {}).items() if k in spec.form.names}
+    pri = _own_prior(prior, spec)
     fits = {math.inf: result}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for h in cands:
             try:
-                fits[h] = fit_one(df, spec, **dict(opts, bootstrap=0, bandwidth=h, prior=pri))
+                fits[h] = fit_one(df, spec, replace(config, bootstrap=0, bandwidth=h, prior=pri))
             except InputError as e:
                 record["candidates"][_label(h)] = {"not fitted": str(e)}
     order = sorted(fits, reverse=True)              # equal weights (inf) first: the widest
@@ -331,9 +337,9 @@ def scale_weight_rule(df, result, opts: dict, prior: dict):
     record.update(applied=True, chosen=_label(chosen),
                   bandwidth=None if chosen == math.inf else chosen, why=why)
     r = fits[chosen]
-    if chosen != math.inf and opts["bootstrap"] > 0:  # its bootstrap; its backtest is reused
+    if chosen != math.inf and config.bootstrap > 0:  # its bootstrap; its backtest is reused
         bt = r.diagnostics.get("backtest")
-        r = fit_one(df, spec, **dict(opts, backtest=False, bandwidth=chosen, prior=pri))
+        r = fit_one(df, spec, replace(config, backtest=False, bandwidth=chosen, prior=pri))
         if bt is not None:
             r.diagnostics["backtest"] = bt
     for key in ("auto", "trajectory_vs_per_fraction"):
@@ -417,7 +423,7 @@ def _common_folds(variants: dict) -> set | None:
     return common or None
 
 
-def asymptote_rule(df, result, opts: dict, fix: dict, tie: dict, prior: dict):
+def asymptote_rule(df, result, config, fix: dict, tie: dict, prior: dict):
     """``result`` or, when a short ladder leaves E unidentified, the one of its free, prior and
     fixed-E variants with the lowest rollout error among the defensible ones with a plausible
     E, with the pooled draws of the defensible ones; the decision and why are recorded in
@@ -444,7 +450,7 @@ def asymptote_rule(df, result, opts: dict, fix: dict, tie: dict, prior: dict):
         return result
     lmin = float(df["loss"].min())
     mean, sd = E_PRIOR_FRACTION[0] * lmin, E_PRIOR_FRACTION[1] * lmin
-    o = dict(opts, prior=None)
+
     variants = {"free": result}
     candidates = [(f"prior E~N({mean:.3g}, {sd:.3g})",
                    {"spec": result.spec, "prior": dict(prior or {}, E=(mean, sd))}),
@@ -455,7 +461,7 @@ def asymptote_rule(df, result, opts: dict, fix: dict, tie: dict, prior: dict):
         warnings.simplefilter("ignore")
         for label, kw in candidates:
             try:
-                variants[label] = fit_one(df, kw["spec"], **dict(o, prior=kw["prior"]))
+                variants[label] = fit_one(df, kw["spec"], replace(config, prior=kw["prior"]))
             except InputError as e:
                 record.setdefault("not_fitted", {})[label] = str(e)
     common = _common_folds(variants)
@@ -490,7 +496,7 @@ def asymptote_rule(df, result, opts: dict, fix: dict, tie: dict, prior: dict):
         _narrow_backtest(chosen, common)
     draws = [variants[k].boot_u for k in defensible if variants[k].boot_u is not None]
     if len(draws) > 1:
-        chosen.boot_u = np.vstack(draws)
+        chosen = chosen.with_draws(np.vstack(draws))
     why = ("rollout errors " + ", ".join(f"{k} {100 * v:.2f}%" for k, v in scored.items())
            + f"; defensible (within {DEFENSIBLE_RATIO:g}x of the best): "
            + ", ".join(defensible))

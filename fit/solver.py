@@ -19,13 +19,17 @@ stopping test uses the projected gradient. Without bounds it is the plain method
 bit.
 
 Also here, for every law: ``polish`` (the last stage of a multi-start fit: the best candidates
-to tight tolerances, the lowest kept), and the run-level bootstrap's pieces, ``run_weights``
-(which runs a replicate resamples) and ``percentile_interval``.
+to tight tolerances, the lowest kept), and the run-level bootstrap, ``run_bootstrap`` (which runs a
+replicate resamples: ``run_weights``; its record; the intervals: ``percentile_interval``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -173,6 +177,46 @@ def polish(fg, cands: np.ndarray, **kw) -> tuple[int, BatchResult]:
     whole result (every candidate's x, f and status)."""
     r = lbfgs(fg, np.atleast_2d(cands), **kw)
     return int(np.argmin(np.where(np.isfinite(r.f), r.f, np.inf))), r
+
+
+@dataclass(frozen=True)
+class Refits:
+    """What a law's refits of the bootstrap's replicates give back (:func:`run_bootstrap`): the
+    usable replicates' parameters in the law's own shape, how many there are, how many were
+    left out as degenerate (too few distinct runs to determine the law) or counted as not
+    converged, and the law's own fields of the record."""
+    draws: Any
+    valid: int
+    degenerate: int
+    not_converged: int
+    record: dict = field(default_factory=dict)
+
+
+def run_bootstrap(n_runs: int, replicates: int, seed: int,
+              refit: Callable[[np.ndarray, np.random.Generator], Refits], *,
+              bayesian: bool = True, accept=None, usable: int = 1, possible: bool = True,
+              without: str = "") -> tuple[Any, dict]:
+    """The run-level bootstrap of every law: ``replicates`` draws of run weights
+    (:func:`run_weights`, seeded by ``seed``; the generator is handed on to ``refit`` for any
+    further draws of its own), each replicate refitted by the law (``refit(weights, rng)``:
+    from its estimate, all at once), and the record law.json and ``report()`` show. Fewer than
+    ``usable`` usable replicates (or none ``possible``): a warning that says what the band does
+    ``without`` them, and no draws (None). (draws, record)."""
+    info = {"replicates": int(replicates), "valid": 0, "degenerate": int(replicates),
+            "not_converged": 0, "seed": int(seed), "resampled": "runs"}
+    r = None
+    if replicates > 0 and possible:
+        t0 = time.perf_counter()
+        rng = np.random.default_rng(seed)
+        r = refit(run_weights(rng, n_runs, replicates, bayesian=bayesian, accept=accept), rng)
+        info.update(valid=int(r.valid), degenerate=int(r.degenerate),
+                    not_converged=int(r.not_converged), **r.record,
+                    seconds=round(time.perf_counter() - t0, 3))
+    if replicates > 0 and info["valid"] < usable:
+        warnings.warn(f"bootstrap: only {info['valid']} of {replicates} run-level replicates "
+                      f"usable; {without}", stacklevel=3)
+        return None, info
+    return (r.draws if r is not None else None), info
 
 
 def run_weights(rng: np.random.Generator, n_runs: int, replicates: int, *,

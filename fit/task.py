@@ -45,13 +45,13 @@ import fit.lawjson as lawjson
 from fit.law import fit_law
 from fit.solver import run_weights
 from fit.points import load_points
-from fit.prediction import Prediction
+from fit.prediction import Prediction, Query
 from fit.report import parameter_lines
 from fit.result import LawResult
 from ladder.io import InputError, to_jsonable
 
 FORM = "task"
-TASK_SCHEMA = "task-law/1"   # the "task" block of a law/1 file of form "task"
+TASK_SCHEMA = "task-law/1"   # the "task" block of a law.json file of form "task"
 NAMES = ("a", "L0", "k", "b")
 LOWER = np.array([-1.0, 0.0, 0.0, 0.0])
 UPPER = np.array([0.0, np.inf, 1e3, 1.0])
@@ -282,13 +282,15 @@ class TaskLaw(LawResult, forms=(FORM,)):
         """Step 1 alone: the task loss at ``inputs`` (step 1's keywords)."""
         return self.step1.predict(level=level or self.level, **inputs)
 
-    def predict(self, *, level: float | None = None, draws: int = N_DRAWS, seed: int = 0,
-                **inputs) -> Prediction:
+    def predict(self, query: Query | None = None, /, *, level: float | None = None,
+                draws: int = N_DRAWS, seed: int = 0, **fields) -> Prediction:
+        """Accuracy and its band at ``query`` (step 1's query, fit.prediction.Query, or its
+        fields; step 1's options, e.g. ``extrapolation``, pass through)."""
         level = self.level if level is None else float(level)
         if not 0 < level < 1:
             raise ValueError(f"level: must be in (0, 1), got {level!r}")
-        inputs = {k: v for k, v in inputs.items() if v is not None}
-        p1 = self.step1.predict(level=self.level, **inputs)
+        options = {k: fields.pop(k) for k in ("extra_log_sigma", "extrapolation") if k in fields}
+        p1 = self.step1.predict(Query.of(query, **fields), level=self.level, **options)
         L = np.atleast_1d(np.asarray(p1.loss, dtype=float))
         lo1 = np.atleast_1d(np.asarray(p1.lo, dtype=float))
         hi1 = np.atleast_1d(np.asarray(p1.hi, dtype=float))
@@ -358,6 +360,7 @@ class TaskLaw(LawResult, forms=(FORM,)):
 
         def bad(field_, msg):
             return InputError(msg, path=where, field=field_)
+        obj = lawjson.upgrade(obj)
         lawjson.check_envelope(obj, path=path, forms=(FORM,))
         task = obj.get("task")
         if not isinstance(task, dict):

@@ -6,7 +6,7 @@ status, sizes, final metrics) and ``metrics.jsonl``; any of the three makes a di
 (a run that failed before its first metric has no metrics yet). The fitter's points table
 (``fit.points``), the forecaster's ladder references (``predict.forecast``), the watcher's "has
 the run ended" (``predict.sources``), the report (``reports.inputs``) and the curve laws' LR
-tables (``fit.curves``) all read runs through it, so they agree on which runs there are, what
+tables (``fit.curve_fit``) all read runs through it, so they agree on which runs there are, what
 each is called, what it was planned to be and what state it is in.
 
 Discovery: ``root`` itself when it is a run, else the runs up to :data:`MAX_DEPTH` levels below

@@ -231,8 +231,8 @@ def _scheduled(law, args, *, plan: str = "target", field: str = "--target-spec")
         raise InputError(f"a {law.form} law forecasts a run from its LR schedule: give the "
                          f"{plan} as --target LADDER:RUNG", field=field,
                          exit_code=EX_USAGE)
-    from predict.planned import ScheduledLaw
-    return ScheduledLaw(law, target_rung(args.target))
+    from fit.lr_schedules import NamedSchedule
+    return law.on(NamedSchedule.of_rung(target_rung(args.target)))
 
 
 def multi_prereg(args, laws: dict, amends: dict | None, *,

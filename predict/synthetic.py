@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fit.law import Prediction
+from fit.prediction import Query
 from predict.forecast import Target
 
 FAULTS = ("none", "shift", "drift", "nan", "drop", "lrspike", "collapse")
@@ -58,11 +59,14 @@ class TruthLaw:
     def params(self) -> dict:
         return dict(vars(self.truth))
 
-    def predict(self, params=None, active_params=None, tokens=None, compute=None, fraction=None,
-                level=0.9, extra_log_sigma=0.0):
+    def predict(self, query: Query | None = None, /, *, level=0.9, extra_log_sigma=0.0,
+                extrapolation: bool = True, **fields):
+        """The truth at ``query`` (fit.prediction.Query, or its fields: compute so far and the
+        fraction); it has no extrapolation error."""
         from scipy.stats import norm
-        g = np.asarray(1.0 if fraction is None else fraction, float)
-        c = np.asarray(compute, float)
+        q = Query.of(query, **fields)
+        g = np.asarray(1.0 if q.fraction is None else q.fraction, float)
+        c = np.asarray(q.compute, float)
         loss = self.truth.loss(c / g, g)
         s = math.sqrt(self.run_sigma ** 2 + float(extra_log_sigma) ** 2)
         z = float(norm.ppf(0.5 + level / 2))

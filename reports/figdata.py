@@ -3,9 +3,9 @@ the law evaluated along the ladder's runs and at the end of a run, the registere
 the target's deviation from it, the watcher's alerts placed on the run. Plain data, no drawing:
 :mod:`reports.plots` only draws these objects.
 
-The law is evaluated here and nowhere else in ``reports`` (through ``LawView.predict`` and
-``LawView.predict_run``, reports.inputs): evaluating the exported law is part of the artifact;
-nothing is refitted.
+The law is evaluated here and nowhere else in ``reports`` (through ``LawView.predict``,
+reports.inputs, asked the one query every law answers, fit.prediction.Query): evaluating the
+exported law is part of the artifact; nothing is refitted.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fit.forms import CURVES_FORMS
+from predict.planned import rung_query
 from predict.watch import SEVERITIES, alert_kinds, health_alert_kinds
 from reports.inputs import ReportInputs, RunData, alert_fraction, not_applicable_spans
 
@@ -92,8 +93,9 @@ def law_along_run(inp: ReportInputs, run: RunData, fractions: np.ndarray):
     """The law evaluated along ``run`` at ``fractions`` of its plan (tokens and compute so far)."""
     if inp.law is None or run.planned_tokens is None:
         return None
-    if inp.law.is_curve:  # a law of the LR schedule: evaluated from the run's own rung spec
-        return inp.law.predict_run(run.rung, fractions, level=inp.level)
+    if inp.law.is_curve:  # a law of the LR schedule: asked along the run's own rung spec
+        return None if run.rung is None else inp.law.predict(
+            level=inp.level, **vars(rung_query(run.rung, fraction=fractions)))
     tokens = fractions * run.planned_tokens
     return inp.law.predict(level=inp.level, params=run.params, active_params=run.active_params,
                            tokens=tokens, compute=run.compute_at(tokens), fraction=fractions)

@@ -155,14 +155,18 @@ class LawView:
         return v if v and 0 < v < 1 else DEFAULT_LEVEL
 
     def predict(self, level: float | None = None, **kw) -> Prediction | None:
-        """``law.predict`` on arrays; None (and ``error`` set) when it cannot be evaluated."""
+        """``law.predict`` of the query's fields ``kw`` (fit.prediction.Query) on arrays (a
+        curve law's ``schedule`` as given); None (and ``error`` set) when it cannot be
+        evaluated."""
         if self.obj is None:
             return None
+        schedule = kw.pop("schedule", None)
         kw = {k: np.asarray(v, dtype=float) for k, v in kw.items() if v is not None}
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # a NaN band is reported by the plots, not stderr
-                p = self.obj.predict(level=level or self.level, **kw)
+                p = self.obj.predict(level=level or self.level, **kw,
+                                     **({} if schedule is None else {"schedule": schedule}))
             shape = np.broadcast(*kw.values()).shape if kw else ()
             out = Prediction(*(np.broadcast_to(np.asarray(getattr(p, a), float), shape).copy()
                                for a in ("loss", "lo", "hi")),
@@ -180,27 +184,9 @@ class LawView:
 
         return self.form in CURVE_FORMS
 
-    def predict_run(self, rung, fractions, level: float | None = None) -> Prediction | None:
-        """A curve law along ``rung`` (a ``ladder.specs.Rung`` from a run's config.json) at
-        ``fractions`` of its schedule, via ``predict.planned.predict_rung``; None when it fails."""
-        if self.obj is None or rung is None:
-            return None
-        fr = np.asarray(fractions, float)
-        try:
-            from predict.planned import predict_rung
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                p = predict_rung(self.obj, rung, fraction=fr, level=level or self.level)
-            return Prediction(*(np.asarray(getattr(p, a), float).reshape(fr.shape)
-                                for a in ("loss", "lo", "hi")),
-                              level=float(getattr(p, "level", level or self.level)))
-        except Exception as e:  # noqa: BLE001 -- any failure of the law is shown, not raised
-            self.error = f"curve law prediction failed: {type(e).__name__}: {e}"
-            return None
-
 
 def load_law(law: Any) -> LawView | None:
-    """A law path (law/1 JSON) or an already-loaded law object (anything with ``predict``)."""
+    """A law path (law.json) or an already-loaded law object (anything with ``predict``)."""
     if law is None:
         return None
     if not isinstance(law, (str, os.PathLike)):

@@ -15,8 +15,8 @@ import numpy as np
 from matplotlib import colormaps, rc_context
 from matplotlib.figure import Figure
 
-from fit.allocation import _window
-from fit.isoflop import WINDOW_OCTAVES, _budget_key
+from fit.allocation import window
+from fit.isoflop import WINDOW_OCTAVES, budget_key
 from reports.style import RC
 
 
@@ -35,7 +35,7 @@ def plot_isoflop(res, budget: float | None = None) -> Figure:
         fig = Figure(figsize=(13, 5.4), layout="constrained")
         ax, axo = fig.subplots(1, 2)
         d = res.points[res.points["final"]]
-        key = _budget_key(d["compute"].to_numpy())
+        key = budget_key(d["compute"].to_numpy())
         budgets = sorted(set(key))
         cmap = colormaps["viridis"]
         colors = {b: cmap(0.9 * i / max(len(budgets) - 1, 1)) for i, b in enumerate(budgets)}
@@ -45,7 +45,7 @@ def plot_isoflop(res, budget: float | None = None) -> Figure:
             x, y = np.log(g["params"].to_numpy()), g["loss"].to_numpy()
             ax.plot(np.exp(x), y, "o", ms=4, color=colors[b], alpha=0.8)
             if opt2 is not None and len(np.unique(x)) >= 3:
-                wx, wy = _window(x, y, WINDOW_OCTAVES)
+                wx, wy = window(x, y, WINDOW_OCTAVES)
                 if len(np.unique(wx)) >= 3:
                     p = np.polyfit(wx, wy, 2)
                     xx = np.linspace(wx.min(), wx.max(), 60)

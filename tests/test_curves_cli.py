@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from fit.curves import CurveLaw
+from fit.curve_law import CurveLaw
 from fit.lr_schedules import lr_from_samples, parse_schedule, read_schedule_csv
 from cli.main import main
 from ladder.io import InputError

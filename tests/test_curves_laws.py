@@ -1,8 +1,9 @@
-"""Curve laws (fit.curves): exact against a naive reference, recovery of known parameters from
+"""Curve laws (fit.curve_forms, fit.curve_fit, fit.curve_law): exact against a naive reference,
+recovery of known parameters from
 synthetic curves, prediction of unseen schedules, transfer across model sizes, JSON round trip.
 
 The synthetic truth is computed here by a deliberately naive per-step implementation of the two
-papers' formulas (Luo et al. 2025 MPL; Tissue et al. 2024 momentum law), not by fit.curves.
+papers' formulas (Luo et al. 2025 MPL; Tissue et al. 2024 momentum law), not by fit/.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fit.curves import CurveLaw, fit_curve_law
+from fit.curve_fit import fit_curve_law
+from fit.curve_law import CurveLaw
 from predict.planned import predict_rung
 from ladder.io import InputError
 from ladder.specs import Schedule
@@ -105,8 +107,8 @@ def test_mpl_matches_naive_reference(name):
     ref = mpl_reference(lr, EVAL, dict(MPL_TRUE, unit=PEAK))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        exact = law_with("mpl", MPL_TRUE, node_every=1).predict(lr=lr, at_steps=EVAL).loss
-        blocked = law_with("mpl", MPL_TRUE, node_every=16).predict(lr=lr, at_steps=EVAL).loss
+        exact = law_with("mpl", MPL_TRUE, node_every=1).predict(schedule=lr, step=EVAL).loss
+        blocked = law_with("mpl", MPL_TRUE, node_every=16).predict(schedule=lr, step=EVAL).loss
     np.testing.assert_allclose(exact, ref, rtol=1e-10)
     np.testing.assert_allclose(blocked, ref, rtol=1e-4)   # block quadrature: small error
 
@@ -117,7 +119,7 @@ def test_momentum_matches_naive_reference(name):
     ref = momentum_reference(lr, EVAL, dict(MOM_TRUE, unit=PEAK))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        exact = law_with("momentum", MOM_TRUE, node_every=1).predict(lr=lr, at_steps=EVAL).loss
+        exact = law_with("momentum", MOM_TRUE, node_every=1).predict(schedule=lr, step=EVAL).loss
     np.testing.assert_allclose(exact, ref, rtol=1e-10)
 
 
@@ -131,7 +133,7 @@ def test_mpl_recovers_parameters_and_predicts_unseen_schedules():
         truth = mpl_reference(lr, EVAL, dict(MPL_TRUE, unit=PEAK))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            pred = law.predict(lr=lr, at_steps=EVAL).loss
+            pred = law.predict(schedule=lr, step=EVAL).loss
         assert np.max(np.abs(pred / truth - 1)) < 2e-3, name
 
 
@@ -144,7 +146,7 @@ def test_momentum_recovers_parameters():
     truth = momentum_reference(lr, EVAL, dict(MOM_TRUE, unit=PEAK))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        pred = law.predict(lr=lr, at_steps=EVAL).loss
+        pred = law.predict(schedule=lr, step=EVAL).loss
     assert np.max(np.abs(pred / truth - 1)) < 2e-3
 
 
@@ -162,11 +164,11 @@ def test_size_transfer_predicts_a_larger_model_under_a_new_schedule():
     truth = mpl_reference(lr, EVAL, dict(truth_at(target), unit=PEAK))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        pred = law.predict(lr=lr, at_steps=EVAL, active_params=target).loss
+        pred = law.predict(schedule=lr, step=EVAL, active_params=target).loss
     assert np.max(np.abs(pred / truth - 1)) < 3e-3
     assert {d["size"] for d in law.diagnostics["per_size"]} == {1e6, 3e6, 1e7}
     with pytest.raises(InputError, match="active-params"):
-        law.predict(lr=lr)                      # a scaled law needs the target size
+        law.predict(schedule=lr)                      # a scaled law needs the target size
 
 
 def test_bootstrap_band_contains_truth_and_json_round_trip():
@@ -175,15 +177,15 @@ def test_bootstrap_band_contains_truth_and_json_round_trip():
     law = fit_curve_law(train, "mpl", bootstrap=8, seed=1, level=0.9, n_starts=2)
     assert len(law.draws) == 8 and law.sigma > 0
     lr = lr_of(**SCHEDS["linear_short"])
-    pred = law.predict(lr=lr, at_steps=EVAL)
+    pred = law.predict(schedule=lr, step=EVAL)
     truth = mpl_reference(lr, EVAL, dict(MPL_TRUE, unit=PEAK))
     assert np.all(pred.lo < pred.loss) and np.all(pred.loss < pred.hi)
     assert np.mean((pred.lo <= truth) & (truth <= pred.hi)) > 0.9
     again = CurveLaw.from_json(law.to_json())
-    p2 = again.predict(lr=lr, at_steps=EVAL)
+    p2 = again.predict(schedule=lr, step=EVAL)
     np.testing.assert_allclose(p2.loss, pred.loss, rtol=1e-12)
     np.testing.assert_allclose(p2.hi, pred.hi, rtol=1e-12)
-    assert law.to_json()["schema"] == "law/1" and "mpl" in law.report()
+    assert law.to_json()["schema"] == "law/3" and "mpl" in law.report()
 
 
 def test_no_bootstrap_means_nan_band_with_warning():
@@ -211,6 +213,46 @@ def test_predict_rung_uses_the_shortened_schedule():
     assert not np.allclose(planned.loss, shortened.loss)
 
 
+def test_eval_noise_widens_a_curve_laws_band_in_quadrature():
+    """extra_log_sigma (every law's option: the forecaster's eval noise) is added to the curve
+    law's residual sigma in quadrature: with draws that do not spread, the band's half-width in
+    log space is z x sqrt(sigma^2 + extra^2) (Monte Carlo: within 10%); none added, the band
+    is exactly the one without the option."""
+    import dataclasses
+    law = dataclasses.replace(law_with("mpl", MPL_TRUE), draws=[dict(MPL_TRUE)] * 20, sigma=0.01)
+    lr = lr_of("cosine")
+    base = law.predict(schedule=lr, step=EVAL)
+    same = law.predict(schedule=lr, step=EVAL, extra_log_sigma=0.0)
+    np.testing.assert_array_equal(base.hi, same.hi)
+    wide = law.predict(schedule=lr, step=EVAL, extra_log_sigma=0.02)
+    half = np.log(wide.hi / wide.loss)
+    np.testing.assert_allclose(half, 1.6449 * math.hypot(0.01, 0.02), rtol=0.1)
+    assert np.all(np.log(base.hi / base.loss) < half)
+
+
+def test_a_planned_runs_tokens_set_its_length():
+    """The forecaster's question of a curve law (fit.prediction.Query with a planned run's
+    schedule and its tokens so far): the same schedule shape stretched to tokens / fraction, here
+    0.6 of the planned tokens at the end of the run, as the naive reference computes it on the
+    shorter schedule (the contingency "shorten the run, re-aim the decay")."""
+    from fit.lr_schedules import NamedSchedule
+    from fit.prediction import Query
+    from ladder.specs import get_ladder
+    rung = get_ladder("tiny").target
+    law = law_with("mpl", MPL_TRUE)
+    n = round(0.6 * rung.steps)
+    q = Query(schedule=NamedSchedule.of_rung(rung), tokens=[0.6 * rung.tokens], fraction=[1.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = law.predict(q)
+        planned = law.on(NamedSchedule.of_rung(rung)).predict(fraction=[1.0])
+    lr = np.array([rung.peak_lr * rung.schedule.lr_frac(i, n) for i in range(n)])
+    np.testing.assert_allclose(got.loss, mpl_reference(lr, [n], dict(MPL_TRUE, unit=PEAK)),
+                               rtol=1e-4)
+    assert list(got.step) == [n] and list(planned.step) == [rung.steps]
+    assert not np.allclose(got.loss, planned.loss)
+
+
 @pytest.mark.parametrize("mutate, field", [
     (lambda d: d.drop(columns="lr"), "lr"),
     (lambda d: d.drop(columns="run"), "run"),
@@ -234,7 +276,7 @@ def test_bad_arguments_raise_input_error():
     with pytest.raises(InputError):
         CurveLaw.from_json({"schema": "law/1", "form": "mpl", "params": {}, "curve": {}})
     with pytest.raises(InputError, match="steps"):
-        law_with("mpl", MPL_TRUE).predict(lr=np.full(10, 1e-3), at_steps=[11])
+        law_with("mpl", MPL_TRUE).predict(schedule=np.full(10, 1e-3), step=[11])
 
 
 def test_fixed_parameter_is_respected():
@@ -248,8 +290,10 @@ def test_fixed_parameter_is_respected():
 def test_analytic_gradient_matches_finite_differences(form, truth):
     """The solver's gradient (sparse annealing sums, reused buffers) against central
     differences of the objective, at a point away from the optimum."""
-    from fit.curves import (_design, _Model, _objective, _objective_grad, _stack,
-                            curve_data_from_table)
+    from fit.curve_fit import _objective, _objective_grad, curve_data_from_table
+    from fit.curve_forms import CurveModel as _Model
+    from fit.curve_forms import design as _design
+    from fit.curve_forms import stack as _stack
     df = table(mpl_reference if form == "mpl" else momentum_reference, truth,
                ["cosine", "wsd"], noise=1e-3)
     data = curve_data_from_table(df, size_column=None)

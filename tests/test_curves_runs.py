@@ -12,7 +12,7 @@ import pytest
 from test_curves_laws import mpl_reference  # tests/ is on sys.path under pytest
 
 from fit import load_points
-from fit.curves import fit_curve_law, schedules_from_sources
+from fit.curve_fit import fit_curve_law, schedules_from_sources
 from predict.planned import predict_rung
 from fit.lr_schedules import lr_from_schedule
 from ladder.specs import get_ladder
@@ -80,7 +80,7 @@ def test_ladder_runs_forecast_the_target_under_a_shortened_decay(tmp_path):
 def test_contingency_forecast_planned_vs_shortened():
     from test_curves_laws import MPL_TRUE
 
-    from fit.curves import CurveLaw
+    from fit.curve_law import CurveLaw
     from predict.planned import contingency_forecast
 
     rung = get_ladder("tiny").target

@@ -186,7 +186,7 @@ def test_isoflop_approach2_recovers_exponent():
 def test_roundtrip_json():
     res = fit_law(_compute_table(noise=0.003), form="compute", bootstrap=50, backtest=False)
     obj = res.to_json()
-    assert obj["schema"] == "law/1"
+    assert obj["schema"] == "law/3"
     for key in ("form", "expression", "params", "uncertainty", "metric", "conventions",
                 "inputs", "diagnostics", "created", "tool_version"):
         assert key in obj
@@ -443,6 +443,7 @@ def test_law_json_written_before_the_residual_quantile_still_loads_with_t_bands(
     assert obj["uncertainty"]["noise_method"] == "residual quantile"
     del obj["uncertainty"]["abs_residuals_log"], obj["uncertainty"]["noise_method"]
     del obj["uncertainty"]["small_sample"]
+    obj["schema"] = "law/1"   # what a file from then says
     old = FitResult.from_json(obj)
     assert old.noise_method(0.9) == "student-t x sigma"
     assert old.noise_half_width(0.9) == pytest.approx(
@@ -616,6 +617,7 @@ def test_law_json_from_main_before_the_pooled_rate_keeps_main_band():
     assert obj["uncertainty"]["small_sample"] == "normal"
     assert obj["uncertainty"]["band_method"] == res.band_method
     del obj["uncertainty"]["small_sample"], obj["diagnostics"]["backtest"]["extrapolation"]
+    obj["schema"] = "law/1"   # what a file from then says
     old = FitResult.from_json(obj)
     assert old.small_sample == "student-t"
     assert old.band_method == "delta-method-t + student-t-sigma + extrapolation"
@@ -667,7 +669,7 @@ def test_band_covers_a_known_law_with_known_noise_about_90_percent_over_many_see
 
 def test_every_law_is_a_law_with_its_band_method_in_law_json_and_one_reader():
     from fit import Law
-    from fit.curves import CurveLaw
+    from fit.curve_law import CurveLaw
     from fit.law import law_from_json
     res = fit_law(_compute_table(n=12, noise=0.01), form="compute", bootstrap=30,
                   backtest=False)

@@ -52,7 +52,7 @@ def test_the_layers_the_law_module_documents():
     # lower layers never import the fitting or selection layers above them
     for low in ("fit.forms", "fit.solver", "fit.prediction", "fit.report", "fit.lawjson"):
         assert not g[low] & {"fit.result", "fit.estimate", "fit.backtest", "fit.select",
-                             "fit.law", "fit.curves"}, low
+                             "fit.law", "fit.curve_fit", "fit.curve_law"}, low
     assert "fit.law" not in g["fit.result"] | g["fit.estimate"] | g["fit.backtest"] \
         | g["fit.select"]
     assert "fit.select" not in g["fit.backtest"] | g["fit.estimate"]

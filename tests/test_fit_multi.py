@@ -83,7 +83,7 @@ def test_long_table_three_metrics_each_law_recovered_within_its_band(fitted_long
     laws = load_laws(law)
     for key, (E, A, alpha) in LAWS.items():
         inner = doc["laws"][key]
-        assert inner["schema"] == "law/1" and inner["metric"] == key
+        assert inner["schema"] == "law/3" and inner["metric"] == key
         # each law saw its own metric's rows only: 6 runs x 2 fractions, nothing dropped (the
         # compute form fits each run's final point)
         assert inner["points"]["n"] == len(COMPUTE) * len(FRACTIONS)
@@ -110,7 +110,7 @@ def test_each_law_is_the_single_metric_fit(fitted_long, tmp_path):
                            "30", "--out", one)
     assert code == 0, err
     single = json.loads(one.read_text())
-    assert single["schema"] == "law/1" and single["metric"] == key
+    assert single["schema"] == "law/3" and single["metric"] == key
     multi = json.loads(law.read_text())["laws"][key]
     assert _timeless(multi) == _timeless(single)
 
@@ -235,14 +235,14 @@ def test_globs_expand_over_each_kind_of_source(tmp_path):
 
 def test_a_glob_of_one_key_writes_that_metrics_law(tmp_path):
     """The issue's `--metric 'glob'` named the law by the glob; a glob matching one key writes
-    today's single-metric law.json (law/1), named by the key."""
+    today's single-metric law.json (law/3), named by the key."""
     csv, law = tmp_path / "points.csv", tmp_path / "law.json"
     long_table().to_csv(csv, index=False)
     code, out, err = run_cli("fit", csv, "--metric", "paloma/wiki*", "--form", "compute",
                              "--bootstrap", "0", "--out", law)
     assert code == 0, err
     doc = json.loads(law.read_text())
-    assert doc["schema"] == "law/1" and doc["metric"] == "paloma/wikitext/loss"
+    assert doc["schema"] == "law/3" and doc["metric"] == "paloma/wikitext/loss"
     assert "metrics fitted" not in out   # no summary table for one metric
 
 

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from fit import fit_law, load_law, load_points
 from fit.allocation import allocation, allocation_diagnostics
+from fit.config import FitConfig
 from fit.estimate import fit_spec
 from fit.forms import U_LIMIT, Spec, get_form
 from fit.law import law_from_json
@@ -307,7 +308,7 @@ def test_flat_ladder_reports_the_allocation_as_not_defined():
     D = 20 * np.array([18687.58, 24962.48, 33344.36, 44540.69, 59496.51, 79474.19, 79474.19])
     df = pd.DataFrame({"run": [f"r{i}" for i in range(7)], "params": N, "tokens": D,
                        "fraction": 1.0, "loss": 2.5})
-    r = fit_spec(df, Spec(get_form("chinchilla"), tie={"alpha": "beta"}), bootstrap=0)
+    r = fit_spec(df, Spec(get_form("chinchilla"), tie={"alpha": "beta"}), FitConfig(bootstrap=0))
     al = r.to_json()["diagnostics"]["allocation"]
     assert al["a"] == pytest.approx(0.5) and al["G"] is None
     assert "overflows" in al["not_defined"]
@@ -343,7 +344,7 @@ def test_a_shape_factor_at_zero_is_written_inside_the_readers_range():
     equal predictions."""
     start = [math.log(1.5), math.log(30.0), 0.08, math.log(0.1), math.log(0.01),
              math.log(0.3), -780.0]
-    r = fit_spec(_trajectory_table(), Spec(get_form("trajectory")), bootstrap=0,
+    r = fit_spec(_trajectory_table(), Spec(get_form("trajectory")), FitConfig(bootstrap=0),
                  starts=np.array([start]))
     assert np.all(np.abs(r.u) <= U_LIMIT), r.u
     assert r.diagnostics["solver_box"] == {"limit": U_LIMIT, "held": {}}
@@ -367,7 +368,7 @@ def test_runaway_coefficients_are_held_at_the_box_and_flagged():
         "fraction": 1.0,
         "loss": [2.5697973, 2.5002463, 2.4933812, 2.5199898, 2.5337355, 2.4698672, 2.4913155,
                  2.4913155]})
-    r = fit_spec(df, Spec(get_form("chinchilla")), bootstrap=0,
+    r = fit_spec(df, Spec(get_form("chinchilla")), FitConfig(bootstrap=0),
                  starts=np.array([[-1.0, 0.0, 25.0, 1.5, 0.0]]))
     assert np.all(np.abs(r.u) <= U_LIMIT), r.u
     held = r.diagnostics["solver_box"]["held"]

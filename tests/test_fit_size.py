@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from fit import estimate
+from fit.config import HUBER_DELTA
 from fit.forms import Spec, get_form
 from fit.law import MAX_FIT_ROWS, fit_law
 from cli.main import main
@@ -49,7 +50,7 @@ def _problem(n: int, starts: int):
     spec = Spec(get_form("compute"))
     cols = {k: df[k].to_numpy(float) for k in ("params", "active_params", "tokens", "compute")}
     model = Model(spec.form, spec.form.features(cols))
-    prob = estimate._Problem(model, np.log(df["loss"].to_numpy()), spec, estimate.HUBER_DELTA)
+    prob = estimate._Problem(model, np.log(df["loss"].to_numpy()), spec, HUBER_DELTA)
     rng = np.random.default_rng(1)
     X = spec.grid()[rng.integers(0, len(spec.grid()), starts)] @ prob.Pinv.T
     return prob, X

@@ -105,7 +105,7 @@ def test_law_json_round_trips_through_predict(table_csv, tmp_path):
                                 "--out", out)
     assert code == 0, err
     doc = json.loads(out.read_text())
-    assert doc["schema"] == "law/1" and doc["form"] == "task"
+    assert doc["schema"] == "law/3" and doc["form"] == "task"
     assert doc["task"]["schema"] == "task-law/1" and doc["task"]["via"] == "bpb"
     assert doc["task"]["step1"]["form"] == "chinchilla"
     law = load_law(out)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fit import LawResult, load_law
-from fit.curves import CurveLaw
+from fit.curve_law import CurveLaw
 from fit.result import FitResult
 from ladder.io import InputError
 
@@ -125,7 +125,7 @@ def test_a_curve_fit_records_its_bootstrap_as_the_chinchilla_family_does():
 
     from test_curves_laws import MPL_TRUE, mpl_reference, table  # tests/ is on sys.path
 
-    from fit.curves import fit_curve_law
+    from fit.curve_fit import fit_curve_law
     train = table(mpl_reference, MPL_TRUE, ["cosine", "wsd", "wsd_long"], noise=1e-3, seed=4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -137,3 +137,23 @@ def test_a_curve_fit_records_its_bootstrap_as_the_chinchilla_family_does():
     assert f"bootstrap: {b['valid']} of 30 run-level replicates usable" in law.report()
     assert LawResult.from_json(json.loads(json.dumps(law.to_json()))).diagnostics[
         "bootstrap"] == b
+
+
+@pytest.mark.parametrize("form", sorted(FILES))
+def test_every_kind_answers_the_one_query(form):
+    """One law signature (issue 25): every kind is asked a fit.prediction.Query (or its
+    fields as keywords, the same query) and answers a Prediction."""
+    from fit.lr_schedules import parse_schedule
+    from fit.prediction import Prediction, Query
+    law = load_law(DATA / FILES[form])
+    if form == "compute":
+        q = Query(compute=np.array([1e19, 1e21]))
+    else:
+        q = Query(schedule=parse_schedule("linear:steps=400,peak=1e-3"), step=[100, 400],
+                  active_params=5e7)
+    a, b = law.predict(q, level=0.8), law.predict(level=0.8, **vars(q))
+    assert isinstance(a, Prediction) and a.level == 0.8
+    for k in ("loss", "lo", "hi"):
+        np.testing.assert_array_equal(getattr(a, k), getattr(b, k))
+    with pytest.raises(TypeError, match="not both"):
+        law.predict(q, compute=1e20)
