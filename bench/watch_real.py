@@ -27,7 +27,7 @@ from predict import forecast as fc  # noqa: E402
 from predict.commands import load_law_file  # noqa: E402
 from predict.prereg import make_prereg  # noqa: E402
 from predict.watch import PreregView, WatchConfig, check  # noqa: E402
-from predict.watch.rules.health import _rolling_median  # noqa: E402
+from predict.watch.rules.health import rolling_median  # noqa: E402
 
 
 def headroom(doc: dict, rows: list[dict]) -> str:
@@ -50,7 +50,7 @@ def headroom(doc: dict, rows: list[dict]) -> str:
         env = view.envelope(key, frac)
         if env is None:
             continue
-        med = _rolling_median(col(key), cfg.drop_window, shift=False)
+        med = rolling_median(col(key), cfg.drop_window, shift=False)
         with np.errstate(all="ignore"):
             if side == "below":
                 lim = env.lo * np.exp(-(env.tol_below + cfg.envelope_margin))

@@ -35,11 +35,9 @@ from pathlib import Path
 
 from ladder.io import EX_USAGE, InputError, atomic_write_json, canonical_json, number, read_json
 from predict import prereg as _prereg
-from predict.watch import (Alert, Batch, CheckResult, PreregView, check, exit_code_for, new_state,
-                           watched_keys)
-from predict.watch.alerts import check_state
+from predict.watch import (STATE_SCHEMA, Alert, Batch, CheckResult, PreregView, check,
+                           check_state, exit_code_for, new_state, watched_keys)
 
-STATE_SCHEMA = "watch-state/1"
 # what a user does about a damaged state file (said with every field error): the watch is then
 # judged from the start again, and the --alerts file and the webhook skip the alerts (by id) that
 # they already have, so nothing is sent twice

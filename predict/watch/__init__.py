@@ -7,15 +7,19 @@ alerts, ``predict.live.Watcher`` glues them with a persisted state).
 Where things live (each module a concern):
 
 - ``judge``: the loop, :func:`check` (and :func:`stalled_check`, :func:`row_fractions`);
-- ``rules``: the registry ``RULES`` (:class:`Rule`, :func:`watched_keys`, :func:`alert_kinds`),
-  one module per rule family: ``rules.loss`` (band, trend, rising, contingency), ``rules.health``
-  (non-finite, spikes, grad norm, drops, router, parameter norms), ``rules.run``
-  (applicability, stalled, the input's remarks);
-- ``alerts``: :class:`Alert`, severities and exit statuses, the state (:func:`new_state`) and
-  the health rules' hysteresis;
-- ``config``: the thresholds, :class:`WatchConfig`;
+- ``rules``: the registry ``RULES``, each rule one class of the :class:`Rule` protocol
+  (``rules.base``) that owns its thresholds (a frozen ``Config``), its typed ``State``, its words,
+  the keys it reads, its alert kinds and its judge; the steps to add one are in the docstring of
+  ``rules/__init__.py``. One module per rule family: ``rules.loss`` (band, trend, rising,
+  contingency), ``rules.health`` (non-finite, spikes, grad norm, drops, router, parameter norms),
+  ``rules.run`` (applicability, the input's remarks, stalled); ``rules.hysteresis`` the
+  raise-and-clear every rule with a level shares (:class:`Hysteresis`);
+- ``config``: the thresholds, :class:`WatchConfig`, derived from the rules' ``Config`` classes;
+- ``state``: the watcher state, derived from the rules' ``State`` classes (:class:`WatchState`;
+  ``watch-state/2``, and ``watch-state/1`` still read);
+- ``alerts``: :class:`Alert`, severities and exit statuses;
 - ``batch``: rows as columns, :class:`Batch`; ``view``: the pre-registration as arrays,
-  :class:`PreregView`.
+  :class:`PreregView`; ``multi``: several metrics watched together.
 
 Points arrive as a :class:`Batch`: columns of one logged row each (``step`` plus float columns,
 NaN where a key is missing, and a mask of values that were *written* non-finite). Train-level rules
@@ -50,12 +54,13 @@ Also ``stalled`` (no new point for ``stalled_seconds``) and ``not_applicable`` (
 condition of the pre-registration is broken: from here on nothing is compared, exit status 3).
 
 Each rule is a :class:`Rule` in ``RULES`` (``predict.watch.rules``): the metric keys it reads, its
-alert kinds, the state it keeps, its slice of the decision rule in words and its judge. ``check``
-runs the registry in order; the watcher's key filter (:func:`watched_keys`), the pre-registration's
-``decision_rule.words`` and the report's alert kinds (:func:`alert_kinds`) are derived from it.
+alert kinds, its thresholds, the state it keeps, its slice of the decision rule in words and its
+judge. ``check`` runs the registry in order; :class:`WatchConfig`, the state file, the watcher's key
+filter (:func:`watched_keys`), the pre-registration's ``decision_rule.words`` and the report's
+alert kinds (:func:`alert_kinds`) are derived from it.
 """
 
-from predict.watch.alerts import SEVERITIES, Alert, CheckResult, exit_code_for, new_state
+from predict.watch.alerts import SEVERITIES, Alert, CheckResult, exit_code_for
 from predict.watch.batch import Batch, KeyFilter, concat_batches
 from predict.watch.config import RETIRED_PARAMETERS, WatchConfig
 from predict.watch.judge import check, row_fractions, stalled_check
@@ -71,11 +76,13 @@ from predict.watch.rules import (
 )
 from predict.watch.rules.loss import EvalPoint
 from predict.watch.rules.run import applicability_breaks, config_difference, config_facts, lookup
+from predict.watch.state import SCHEMA as STATE_SCHEMA
+from predict.watch.state import WatchState, check_state, new_state
 from predict.watch.view import Envelope, PreregView
 
-__all__ = ["ALIGN_KEYS", "RETIRED_PARAMETERS", "RULES", "SEVERITIES", "Alert", "Batch",
-           "CheckResult", "Envelope", "EvalPoint", "KeyFilter", "PreregView", "Rule",
-           "WatchConfig", "alert_kinds", "applicability_breaks", "check", "concat_batches",
-           "decision_rule_words",
-           "config_difference", "config_facts", "exit_code_for", "health_alert_kinds", "lookup",
-           "new_state", "row_fractions", "rule", "stalled_check", "watched_keys"]
+__all__ = ["ALIGN_KEYS", "RETIRED_PARAMETERS", "RULES", "SEVERITIES", "STATE_SCHEMA", "Alert",
+           "Batch", "CheckResult", "Envelope", "EvalPoint", "KeyFilter", "PreregView", "Rule",
+           "WatchConfig", "WatchState", "alert_kinds", "applicability_breaks", "check",
+           "check_state", "concat_batches", "config_difference", "config_facts",
+           "decision_rule_words", "exit_code_for", "health_alert_kinds", "lookup", "new_state",
+           "row_fractions", "rule", "stalled_check", "watched_keys"]

@@ -27,9 +27,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from predict.watch.alerts import _SEV_RANK, Alert, CheckResult, check_state, new_state
+from predict.watch.alerts import SEVERITY_RANK, Alert, CheckResult
 from predict.watch.batch import Batch
 from predict.watch.config import WatchConfig
+from predict.watch.state import check_state, new_state
 from predict.watch.view import PreregView
 
 SCHEMA = "prereg/3"
@@ -180,7 +181,7 @@ def check_multi(mv: MultiView, batch: Batch, state: dict | None, *, now: float,
                    for a in res.alerts]
     subs = list(st["metrics"].values())
     worst = [s.get("worst") for s in subs if s.get("worst")]
-    st["worst"] = max(worst, key=_SEV_RANK.get) if worst else None
+    st["worst"] = max(worst, key=SEVERITY_RANK.get) if worst else None
     st["not_applicable"] = next((s["not_applicable"] for s in subs if s.get("not_applicable")),
                                 None)
     first = subs[0]
@@ -204,7 +205,7 @@ def metric_summary(mv: MultiView, state: dict, alerts=()) -> list[dict]:
         rows.append({"metric": k, "worst": s.get("worst"),
                      "exit": exit_code_for(s.get("worst"), bool(s.get("not_applicable"))),
                      "evals": int(s.get("n_evals") or 0),
-                     "absent": not s.get("metric_seen"),
+                     "absent": not (s.get("input") or {}).get("metric_seen"),
                      "residual_ema": ema, "residual_rel": rel,
                      "alerts": sum(1 for a in own if a.severity != "info")})
     return rows

@@ -1,73 +1,202 @@
 """The run-level rules: applicability (the run is still the one the forecast was made for),
-stalled (no new point for a while) and the input's own remarks (rewind, missing metric).
+the input's own remarks (rewind, missing metric) and stalled (no new point for a while). ``check``
+calls them at their own points: applicability before anything else, the input's remarks as the
+rows arrive, stalled when a poll brought nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ladder.io import as_float, sha256_of
 from predict.watch.alerts import Alert
-from predict.watch.batch import Batch
-from predict.watch.config import WatchConfig
-from predict.watch.view import PreregView
+from predict.watch.rules.base import (
+    Context,
+    Rule,
+    RuleState,
+    Thresholds,
+    kept,
+    one_of,
+    positive,
+    threshold,
+)
+
+# A source that reads the metric's key as a column (the watcher's key filter names it) yields an
+# empty column when the key is never logged; by 10% of the run a rung has logged two evals (it
+# evaluates every 5% by default: the trainer's TrainConfig.eval_every), so an empty column then
+# means the key is missing.
+MISSING_METRIC_BY = 0.1
 
 
-def _not_applicable(st, emit, stamp, step, reasons: list[str]) -> None:
-    st["not_applicable"] = "; ".join(reasons)
-    emit(Alert(stamp, step, None, None, "not_applicable", "warn",
-               message="the forecast no longer applies, nothing is compared from here on: "
-                       + st["not_applicable"]))
+@dataclass(frozen=True)
+class ApplicabilityConfig(Thresholds):
+    steps_tolerance: float = threshold(0.005, positive)  # planned steps implied by step/progress
+    #                                                      may differ this much
 
 
-def _applicability_rule(view: PreregView, batch: Batch, st, emit, stamp) -> bool:
+class ApplicabilityRule(Rule):
     """Whether an applicability condition is broken (then nothing is compared from here on): a
     run configuration in the source that differs from the registered one, or planned steps
-    (implied by step / progress) that differ from the registered steps."""
-    cfg = view.config
-    for c in batch.configs:
-        broken = applicability_breaks(view.applicability, c)
-        if broken:
-            _not_applicable(st, emit, stamp, None, broken)
-            return True
-    if len(batch) and "progress" in batch.cols:
-        prog = batch.cols["progress"]
-        ok = np.isfinite(prog) & (prog > 0) & (batch.step >= 1)
-        if ok.any():
-            implied = batch.step[ok] / prog[ok]
-            # an amendment at step S (predict.amend): the rows before S were logged under the
-            # plan before it, with its planned steps
-            planned = np.full(implied.shape, float(view.steps))
-            before = view.applicability.get("before")
-            if isinstance(before, Mapping) and as_float(before.get("steps")) and \
-                    as_float(before.get("at_step")) is not None:
-                early = batch.step[ok] < as_float(before["at_step"])
-                planned[early] = as_float(before["steps"])
-            rel = np.abs(implied - planned) / planned
-            bad = np.flatnonzero(rel > max(cfg.steps_tolerance, 1.0 / view.steps))
-            if bad.size:
-                i = np.flatnonzero(ok)[bad[0]]
-                msg = (f"planned steps changed: step {int(batch.step[i])} at progress "
-                       f"{prog[i]:.4f} implies {implied[bad[0]]:.0f} planned steps, the "
-                       f"pre-registration is for {planned[bad[0]]:.0f}")
-                _not_applicable(st, emit, stamp, int(batch.step[i]), [msg])
+    (implied by step / progress) that differ from the registered steps. What it finds is the
+    watch's verdict, the state's ``not_applicable`` (exit status 3)."""
+
+    name = "applicability"
+    scope = "run"
+    family = "run"
+    kinds = ("not_applicable",)
+    description = ("the run is still the one the forecast was made for (configuration, planned "
+                   "steps)")
+    Config = ApplicabilityConfig
+    state = ("not_applicable",)
+
+    def keys(self, metric, cfg):
+        return ("progress",)
+
+    def judge(self, ctx: Context, cfg: ApplicabilityConfig) -> bool:
+        """True when the forecast no longer applies (said in an alert, kept in the state)."""
+        view, batch = ctx.view, ctx.batch
+        for c in batch.configs:
+            broken = applicability_breaks(view.applicability, c)
+            if broken:
+                self._stop(ctx, None, broken)
                 return True
+        if len(batch) and "progress" in batch.cols:
+            prog = batch.cols["progress"]
+            ok = np.isfinite(prog) & (prog > 0) & (batch.step >= 1)
+            if ok.any():
+                implied = batch.step[ok] / prog[ok]
+                # an amendment at step S (predict.amend): the rows before S were logged under the
+                # plan before it, with its planned steps
+                planned = np.full(implied.shape, float(view.steps))
+                before = view.applicability.get("before")
+                if isinstance(before, Mapping) and as_float(before.get("steps")) and \
+                        as_float(before.get("at_step")) is not None:
+                    early = batch.step[ok] < as_float(before["at_step"])
+                    planned[early] = as_float(before["steps"])
+                rel = np.abs(implied - planned) / planned
+                bad = np.flatnonzero(rel > max(cfg.steps_tolerance, 1.0 / view.steps))
+                if bad.size:
+                    i = np.flatnonzero(ok)[bad[0]]
+                    msg = (f"planned steps changed: step {int(batch.step[i])} at progress "
+                           f"{prog[i]:.4f} implies {implied[bad[0]]:.0f} planned steps, the "
+                           f"pre-registration is for {planned[bad[0]]:.0f}")
+                    self._stop(ctx, int(batch.step[i]), [msg])
+                    return True
+        return False
 
-    return False
+    @staticmethod
+    def _stop(ctx: Context, step, reasons: list[str]) -> None:
+        ctx.state.not_applicable = "; ".join(reasons)
+        ctx.emit(Alert(ctx.stamp, step, None, None, "not_applicable", "warn",
+                       message="the forecast no longer applies, nothing is compared from here on: "
+                               + ctx.state.not_applicable))
+
+    def text(self, c: ApplicabilityConfig, level: float) -> str:
+        return (f"A broken applicability condition (the run's configuration, compared value by "
+                f"value; planned steps from step/progress off by more than "
+                f"{c.steps_tolerance:.1%}) stops all comparison: not_applicable.")
 
 
-def _stalled_rule(view, st, emit, stamp, now):
-    last = st.get("last_point_time")
-    if last is None or st.get("stalled"):
-        return
-    if now - last > view.config.stalled_seconds:
-        st["stalled"] = True
-        emit(Alert(stamp, st.get("last_step"), None, None, "stalled", "warn",
-                   message=f"no new point for {now - last:.0f} s (limit "
-                           f"{view.config.stalled_seconds:g} s); last step {st.get('last_step')}"))
+@dataclass(frozen=True)
+class InputConfig(Thresholds):
+    align: str = threshold("auto", one_of("auto", "tokens", "step", "fraction"))
+    #            how a row maps to the forecast: auto | tokens | step | fraction
+
+
+@dataclass
+class InputState(RuleState):
+    metric_seen: bool = kept("bool", False)     # the metric's key held a value
+    missing_metric: bool = kept("bool", False)  # its absence was said
+
+
+class InputRule(Rule):
+    """Remarks on the rows themselves: steps logged again (a resumed run; the new rows replace
+    the earlier ones), the registered metric missing from the rows."""
+
+    name = "input"
+    scope = "run"
+    family = "run"
+    kinds = ("rewind", "missing_metric")
+    description = "remarks on the rows themselves: steps logged again, the metric missing"
+    Config = InputConfig
+    State = InputState
+
+    def rewind(self, ctx: Context) -> None:
+        """Rows are judged in arrival order, last one wins: say when steps are logged again."""
+        first, last = int(ctx.batch.step[0]), ctx.state.last_step
+        if last is not None and first <= last:
+            ctx.emit(Alert(ctx.stamp, first, None, None, "rewind", "info",
+                           message=f"steps from {first} logged again (resumed run?); the new "
+                                   f"rows replace the earlier ones (last one wins)"))
+
+    def metric(self, ctx: Context, st: InputState) -> np.ndarray | None:
+        """The metric's column of the batch; None (said once) while the rows do not hold it."""
+        b, key = ctx.batch, ctx.view.metric
+        y_all = b.cols.get(key)
+        if y_all is not None and not st.metric_seen:
+            if np.isfinite(y_all).any() or b.nonfinite.get(key, np.zeros(0, bool)).any():
+                st.metric_seen = True
+            elif np.nanmax(ctx.frac, initial=0.0) >= MISSING_METRIC_BY:
+                y_all = None  # a source's column of the key, empty: as good as missing
+        if y_all is None and not st.missing_metric:
+            st.missing_metric = True
+            ctx.emit(Alert(ctx.stamp, int(b.step[-1]), None, None, "missing_metric", "info",
+                           message=f"no '{key}' in the rows read so far; loss is not compared "
+                                   f"until it appears (wrong --metric?)"))
+        return y_all
+
+    def text(self, c: InputConfig, level: float) -> str:
+        return ("Steps logged again (a resumed run) replace the earlier rows (last one wins): "
+                "'rewind' (info); no registered metric in the rows: 'missing_metric' (info).")
+
+
+@dataclass(frozen=True)
+class StalledConfig(Thresholds):
+    stalled_seconds: float = threshold(1800.0, positive)
+
+
+@dataclass
+class StalledState(RuleState):
+    active: bool = kept("bool", False)  # said, and no point since
+
+
+class StalledRule(Rule):
+    """No new point for ``stalled_seconds`` (said once); points arriving again clear it."""
+
+    name = "stalled"
+    scope = "run"
+    family = "run"
+    kinds = ("stalled",)
+    description = "no new point for a while"
+    panel = "watch"
+    Config = StalledConfig
+    State = StalledState
+
+    def idle(self, ctx: Context, cfg: StalledConfig, st: StalledState, now: float) -> None:
+        """A poll that brought nothing, at ``now``."""
+        last = ctx.state.last_point_time
+        if last is None or st.active:
+            return
+        if now - last > cfg.stalled_seconds:
+            st.active = True
+            ctx.emit(Alert(ctx.stamp, ctx.state.last_step, None, None, "stalled", "warn",
+                           message=f"no new point for {now - last:.0f} s (limit "
+                                   f"{cfg.stalled_seconds:g} s); last step "
+                                   f"{ctx.state.last_step}"))
+
+    def arrived(self, ctx: Context, st: StalledState) -> None:
+        """Points arrived (after the batch was judged)."""
+        if st.active:
+            st.active = False
+            ctx.emit(Alert(ctx.stamp, int(ctx.batch.step[-1]), None, None, "stalled", "info",
+                           message="new points arrive again (stall cleared)"))
+
+    def text(self, c: StalledConfig, level: float) -> str:
+        return f"No new point for {c.stalled_seconds:g} s is 'stalled'."
 
 
 def applicability_breaks(app: Mapping, config: Mapping) -> list[str]:
@@ -214,18 +343,3 @@ def config_facts(config: Mapping) -> dict:
     elif config.get("config_hash") is not None:
         facts["config_hash"] = config["config_hash"]
     return facts
-
-
-def _words_stalled(c: WatchConfig, level: float) -> str:
-    return f"No new point for {c.stalled_seconds:g} s is 'stalled'."
-
-
-def _words_applicability(c: WatchConfig, level: float) -> str:
-    return (f"A broken applicability condition (the run's configuration, compared value by "
-            f"value; planned steps from step/progress off by more than "
-            f"{c.steps_tolerance:.1%}) stops all comparison: not_applicable.")
-
-
-def _words_input(c: WatchConfig, level: float) -> str:
-    return ("Steps logged again (a resumed run) replace the earlier rows (last one wins): "
-            "'rewind' (info); no registered metric in the rows: 'missing_metric' (info).")
