@@ -260,6 +260,44 @@ def at_step_prereg(args, amends: dict, *, law=None) -> dict:
     if args.source is None:
         raise InputError("--at-step anchors on the run's own evals: give the run as --source",
                          field="--source", exit_code=EX_USAGE)
+    mult, seq_len = _at_step_change(args, old)
+    # the anchor before the law: a run with no eval up to S is refused before any law is read
+    evals = am.read_evals(args.source, metric, upto=args.at_step)
+    if not evals[0].size or not (evals[0] >= 1).any():
+        raise InputError(f"the run has no eval of {metric!r} at or before step {args.at_step}: "
+                         f"nothing to anchor the amended forecast on", path=args.source,
+                         field="--source", exit_code=EX_DATAERR)
+    if law is None and args.law is not None:
+        law = load_law_file(args.law)
+    elif law is None:
+        from fit.law import law_from_json
+        law = law_from_json(old["law"], path=args.amend)
+    law = _scheduled(law, args, plan="plan from step S on", field="--target")
+    noise = getattr(args, "eval_noise", None)
+    if noise is None:
+        noise = as_float((old.get("eval_noise") or {}).get("sigma")) or 0.0
+    plan = am.Plan(at_step=args.at_step, multiplier=mult, data_tag=args.data_tag,
+                   seq_len=seq_len)
+    body = am.amended_forecast(old, law, target, plan, evals, level=args.level,
+                               eval_noise=noise,
+                               transition=getattr(args, "transition", None) or am.DEFAULT,
+                               width=getattr(args, "transition_width", None) or am.DEFAULT_WIDTH)
+    tdict, app, params = _amended_plan(args, old, target, body, seq_len)
+    rule = dict(old.get("decision_rule") or {})
+    rule["parameters"] = params
+    return pr.build(target=tdict, applicability=app, metric=metric, law=law.to_json(),
+                    forecast=body["forecast"], final=body["final"], band_level=args.level,
+                    eval_noise={**(old.get("eval_noise") or {}), "sigma": noise},
+                    extrapolation=old.get("extrapolation"), decision_rule=rule,
+                    health_reference=old.get("health_reference"), budget_curve=None,
+                    amends=amends, change=body["change"])
+
+
+def _at_step_change(args, old: dict) -> tuple:
+    """The change an amendment at a step declares: (multiplier or None, sequence length or
+    None), each checked against the registered plan; refused when nothing changes."""
+    from predict import amend as am
+    metric = old["metric"]
     mult = None
     if args.multiplier is not None:
         mult = am.parse_multiplier(args.multiplier)
@@ -285,27 +323,13 @@ def at_step_prereg(args, amends: dict, *, law=None) -> dict:
         raise InputError("nothing changes at this step: give the change (--data-tag with "
                          "--multiplier/--compare, --seq-len, or the new plan's LAW.json and "
                          "--target)", field="--at-step", exit_code=EX_USAGE)
-    # the anchor before the law: a run with no eval up to S is refused before any law is read
-    evals = am.read_evals(args.source, metric, upto=args.at_step)
-    if not evals[0].size or not (evals[0] >= 1).any():
-        raise InputError(f"the run has no eval of {metric!r} at or before step {args.at_step}: "
-                         f"nothing to anchor the amended forecast on", path=args.source,
-                         field="--source", exit_code=EX_DATAERR)
-    if law is None and args.law is not None:
-        law = load_law_file(args.law)
-    elif law is None:
-        from fit.law import law_from_json
-        law = law_from_json(old["law"], path=args.amend)
-    law = _scheduled(law, args, plan="plan from step S on", field="--target")
-    noise = getattr(args, "eval_noise", None)
-    if noise is None:
-        noise = as_float((old.get("eval_noise") or {}).get("sigma")) or 0.0
-    plan = am.Plan(at_step=args.at_step, multiplier=mult, data_tag=args.data_tag,
-                   seq_len=seq_len)
-    body = am.amended_forecast(old, law, target, plan, evals, level=args.level,
-                               eval_noise=noise,
-                               transition=getattr(args, "transition", None) or am.DEFAULT,
-                               width=getattr(args, "transition_width", None) or am.DEFAULT_WIDTH)
+    return mult, seq_len
+
+
+
+def _amended_plan(args, old: dict, target, body: dict, seq_len) -> tuple[dict, dict, dict]:
+    """The amendment's target, applicability and decision-rule parameters: the new plan as
+    registered."""
     # the new plan as registered: its sequence length and (with one) the tokens and compute it
     # now spends; the applicability accepts the plan before S as well (a run's configuration
     # written before the change), and the watcher judges steps before S against the old steps
@@ -334,14 +358,8 @@ def at_step_prereg(args, amends: dict, *, law=None) -> dict:
         params["align"] = "step"
     tdict["config_hash"] = None if seq_len is not None else tdict.get("config_hash")
     app["before"] = {**old_app, "at_step": args.at_step}
-    rule = dict(old.get("decision_rule") or {})
-    rule["parameters"] = params
-    return pr.build(target=tdict, applicability=app, metric=metric, law=law.to_json(),
-                    forecast=body["forecast"], final=body["final"], band_level=args.level,
-                    eval_noise={**(old.get("eval_noise") or {}), "sigma": noise},
-                    extrapolation=old.get("extrapolation"), decision_rule=rule,
-                    health_reference=old.get("health_reference"), budget_curve=None,
-                    amends=amends, change=body["change"])
+    return tdict, app, params
+
 
 
 def _finite(v) -> bool:
