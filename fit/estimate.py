@@ -74,64 +74,24 @@ def fit_spec(df: pd.DataFrame, spec: Spec, config: FitConfig | None = None, *,
     bootstrap, level, seed = config.bootstrap, config.level, config.seed
     params_column, delta, bandwidth = config.params_column, config.delta, config.bandwidth
     prior = config.prior
-    for k in prior:
-        if k not in form.names:
-            raise InputError(f"{k}: not a parameter of the {form.name} form (parameters: "
-                             f"{', '.join(form.names)})", field="prior")
-        if k in spec.fix:
-            raise InputError(f"{k}: both fixed and given a prior", field="prior")
+    _check_prior(prior, spec)
     data, note = select_points(df, form, final_only)
     cols = _required(data, form, params_column)
     n, runs = len(data), data["run"].astype(str).to_numpy()
     uniq_runs = np.unique(runs)
-    if n < spec.n_free or len(uniq_runs) < spec.n_across:
-        raise InputError(
-            f"{n} points from {len(uniq_runs)} runs cannot determine the {spec.n_free} free "
-            f"parameters of the {form.name} form ({', '.join(spec.free)}); add runs or fix "
-            "parameters (--fix NAME=VALUE, --tie A=B)", field="form")
+    _check_enough(n, len(uniq_runs), spec)
     model = Model(form, form.features(cols))
     logy = np.log(data["loss"].to_numpy(dtype=float))
     weights = scale_weights(data, bandwidth)
     prob = _Problem(model, logy, spec, delta, weights=weights)
-    if starts is not None:
-        grid = np.atleast_2d(starts)
-    else:
-        grid = spec.grid()
-        if form.centered_grid:  # grid values are in the centred coordinates
-            grid = grid @ prob.P.T
+    grid = _start_grid(prob, starts)
     res = prob.solve(grid, ftol=STAGE1_FTOL, patience=STAGE1_PATIENCE,
                      max_iter=STAGE1_MAX_ITER)
     prior_weight = None
     if prior:
-        # the penalty is a Gaussian prior on the scale of the data term: summed Huber ~
-        # sum r^2 / 2 = sigma^2 x (negative log-likelihood), so the prior's negative
-        # log-likelihood is multiplied by sigma^2, estimated from the unpenalised fit's
-        # residuals (sum r^2 / (n - free)); with no residual dof the Huber delta (the scale at
-        # which the objective stops being quadratic) stands in for sigma
-        i0 = int(np.nanargmin(np.where(np.isfinite(res.f), res.f, np.inf)))
-        r0 = logy - model.log_predict(spec.to_u(res.x[i0])[None])[0]
-        if weights is not None:  # the residuals of the runs the weighted fit is local to
-            r0 = r0[weights >= NEAR_WEIGHT]
-        s2 = float((r0 ** 2).sum() / (r0.size - spec.n_free)) if r0.size > spec.n_free else 0.0
-        prior_weight = max(s2, delta ** 2)
-        prob = _Problem(model, logy, spec, delta, prior=prior, prior_weight=prior_weight,
-                        weights=weights)
-        res = prob.solve(np.vstack([grid, prob.prior_start(res.x[i0])]), ftol=STAGE1_FTOL,
-                         patience=STAGE1_PATIENCE, max_iter=STAGE1_MAX_ITER)
-        grid = np.vstack([grid, grid[:1]])  # same length as res (best_start lookup below)
+        prob, res, grid, prior_weight = _with_prior(prob, res, grid, logy, weights, prior)
     order = np.argsort(np.where(np.isfinite(res.f), res.f, np.inf))
-    near = order[:400][res.f[order[:400]] <= res.f[order[0]] * (1 + POLISH_WITHIN)]
-    cands = _distinct(res.x[near], res.f[near], res.x[order[0]], k=POLISH_TOP)
-    phi, fbest, pol = prob.polish(cands)
-    held, box = {}, None
-    if not np.all(np.abs(spec.to_u(phi)) <= U_LIMIT):
-        # the optimum ran off along a direction the data do not pin down (a factor or a
-        # coefficient towards 0, a term switched off by a runaway exponent), beyond what
-        # law.json holds: the values out there are solver drift, not estimates. Polish again
-        # inside the box of law.json's range and flag what stays at its edge.
-        box = prob.box()
-        phi, fbest, pol = prob.polish(cands, bounds=box)
-        held = prob.at_box(phi, box)
+    cands, phi, fbest, pol, box, held = _polish(prob, res, order)
     pol_best = int(np.argmin(np.where(np.isfinite(pol.f), pol.f, np.inf)))
     best = order[0]
     u = spec.to_u(phi)
@@ -145,39 +105,9 @@ def fit_spec(df: pd.DataFrame, spec: Spec, config: FitConfig | None = None, *,
     # local fit at the ladder's top: its noise, residual scale and dof are those of the runs it
     # is local to (weight NEAR_WEIGHT or more), not of the far runs whose misfit the weights set
     # aside (counted, they would widen every band by that misfit)
-    near = np.ones(n, dtype=bool) if weights is None else weights >= NEAR_WEIGHT
-    n_near, r_near = int(near.sum()), resid[near]
-    multi = data.groupby("run").size().max() > 1
-    # a prior is one pseudo-observation of its parameter: one residual degree of freedom more
-    n_prior = len(prior)
-    rho = None
-    if multi:
-        # sigma is the sd of point residuals; the dof of that estimate is the number of
-        # independent residuals, n_eff = n (1 - rho) / (1 + rho) for residuals that are AR(1)
-        # along each run with lag-1 autocorrelation rho (the usual effective sample size of a
-        # correlated series), less the free parameters; never below the across-run count
-        rho = _lag1_autocorrelation(data[near], r_near)
-        n_eff = n_near * (1 - rho) / (1 + rho)
-        dof = max(n_eff + n_prior - spec.n_free,
-                  len(np.unique(runs[near])) + n_prior - spec.n_across)
-    else:
-        dof = n_near + n_prior - spec.n_free
-    sigma = float(np.sqrt((r_near ** 2).sum() / (n_near + n_prior - spec.n_free))) \
-        if n_near + n_prior > spec.n_free else None
-    dof = float(dof) if dof > 0 else None
-    cov = None
-    if sigma is not None and sigma > 0:
-        J = model.jacobian(u) @ prob.M
-        if weights is not None:  # the weighted objective's curvature: J' W J
-            J = J * np.sqrt(weights)[:, None]
-        # Laplace approximation of the penalised fit: the prior's precision (in the solver's
-        # u coordinates) adds to J'J / sigma^2, so the prior's spread enters the band.
-        # pinv: a shape factor driven to 0 leaves a flat direction; its variance is then not
-        # propagated (it does not move the prediction either)
-        H = J.T @ J / sigma ** 2 + prob.prior_precision(u)
-        cov = np.linalg.pinv(H, rcond=1e-12)
-        if not np.all(np.isfinite(cov)):
-            cov = None
+    near, sigma, dof, rho = _residual_scale(data, runs, resid, weights, spec, len(prior))
+    r_near = resid[near]
+    cov = _laplace_cov(model, u, prob, weights, sigma)
 
     boot_u, boot_info = None, {"replicates": 0}
     if bootstrap > 0:
@@ -225,6 +155,118 @@ def fit_spec(df: pd.DataFrame, spec: Spec, config: FitConfig | None = None, *,
                                    abs_resid=np.abs(r_near)),
                      intervals=intervals, diagnostics=diagnostics, inputs=_inputs(data),
                      starts=_backtest_starts(grid, res, order))
+
+def _start_grid(prob: _Problem, starts: np.ndarray | None) -> np.ndarray:
+    """The multi-start grid: ``starts`` where given (a backtest's refits), else the spec's grid
+    (in the centred coordinates for a form fitted centred)."""
+    if starts is not None:
+        return np.atleast_2d(starts)
+    grid = prob.spec.grid()
+    return grid @ prob.P.T if prob.spec.form.centered_grid else grid
+
+
+def _polish(prob: _Problem, res, order: np.ndarray) -> tuple:
+    """The best distinct stage-1 solutions polished: (candidates, the optimum, its objective,
+    the polish's solutions, the solver box or None, the parameters held at its edge)."""
+    near = order[:400][res.f[order[:400]] <= res.f[order[0]] * (1 + POLISH_WITHIN)]
+    cands = _distinct(res.x[near], res.f[near], res.x[order[0]], k=POLISH_TOP)
+    phi, fbest, pol = prob.polish(cands)
+    held, box = {}, None
+    if not np.all(np.abs(prob.spec.to_u(phi)) <= U_LIMIT):
+        # the optimum ran off along a direction the data do not pin down (a factor or a
+        # coefficient towards 0, a term switched off by a runaway exponent), beyond what
+        # law.json holds: the values out there are solver drift, not estimates. Polish again
+        # inside the box of law.json's range and flag what stays at its edge.
+        box = prob.box()
+        phi, fbest, pol = prob.polish(cands, bounds=box)
+        held = prob.at_box(phi, box)
+    return cands, phi, fbest, pol, box, held
+
+
+
+def _check_enough(n: int, n_runs: int, spec: Spec) -> None:
+    if n < spec.n_free or n_runs < spec.n_across:
+        raise InputError(
+            f"{n} points from {n_runs} runs cannot determine the {spec.n_free} free "
+            f"parameters of the {spec.form.name} form ({', '.join(spec.free)}); add runs or fix "
+            "parameters (--fix NAME=VALUE, --tie A=B)", field="form")
+
+
+def _check_prior(prior: dict, spec: Spec) -> None:
+    form = spec.form
+    for k in prior:
+        if k not in form.names:
+            raise InputError(f"{k}: not a parameter of the {form.name} form (parameters: "
+                             f"{', '.join(form.names)})", field="prior")
+        if k in spec.fix:
+            raise InputError(f"{k}: both fixed and given a prior", field="prior")
+
+
+def _with_prior(prob: _Problem, res, grid: np.ndarray, logy: np.ndarray, weights, prior: dict):
+    """The fit again with the Gaussian prior as a penalty, from the unpenalised fit ``res``:
+    (problem, its solutions, their starts, the prior's weight)."""
+    model, spec, delta = prob.model, prob.spec, prob.delta
+    # the penalty is a Gaussian prior on the scale of the data term: summed Huber ~
+    # sum r^2 / 2 = sigma^2 x (negative log-likelihood), so the prior's negative
+    # log-likelihood is multiplied by sigma^2, estimated from the unpenalised fit's
+    # residuals (sum r^2 / (n - free)); with no residual dof the Huber delta (the scale at
+    # which the objective stops being quadratic) stands in for sigma
+    i0 = int(np.nanargmin(np.where(np.isfinite(res.f), res.f, np.inf)))
+    r0 = logy - model.log_predict(spec.to_u(res.x[i0])[None])[0]
+    if weights is not None:  # the residuals of the runs the weighted fit is local to
+        r0 = r0[weights >= NEAR_WEIGHT]
+    s2 = float((r0 ** 2).sum() / (r0.size - spec.n_free)) if r0.size > spec.n_free else 0.0
+    prior_weight = max(s2, delta ** 2)
+    prob = _Problem(model, logy, spec, delta, prior=prior, prior_weight=prior_weight,
+                    weights=weights)
+    res = prob.solve(np.vstack([grid, prob.prior_start(res.x[i0])]), ftol=STAGE1_FTOL,
+                     patience=STAGE1_PATIENCE, max_iter=STAGE1_MAX_ITER)
+    grid = np.vstack([grid, grid[:1]])  # same length as res (best_start lookup below)
+    return prob, res, grid, prior_weight
+
+
+def _residual_scale(data: pd.DataFrame, runs: np.ndarray, resid: np.ndarray, weights,
+                    spec: Spec, n_prior: int) -> tuple:
+    """Lack-of-fit: (the rows the scale is taken on, the residual sd of log loss or None, its
+    degrees of freedom or None, the residuals' lag-1 autocorrelation along a run or None).
+    A prior is one pseudo-observation of its parameter: ``n_prior`` residual degrees of freedom
+    more."""
+    n = len(data)
+    near = np.ones(n, dtype=bool) if weights is None else weights >= NEAR_WEIGHT
+    n_near, r_near = int(near.sum()), resid[near]
+    multi = data.groupby("run").size().max() > 1
+    rho = None
+    if multi:
+        # sigma is the sd of point residuals; the dof of that estimate is the number of
+        # independent residuals, n_eff = n (1 - rho) / (1 + rho) for residuals that are AR(1)
+        # along each run with lag-1 autocorrelation rho (the usual effective sample size of a
+        # correlated series), less the free parameters; never below the across-run count
+        rho = _lag1_autocorrelation(data[near], r_near)
+        n_eff = n_near * (1 - rho) / (1 + rho)
+        dof = max(n_eff + n_prior - spec.n_free,
+                  len(np.unique(runs[near])) + n_prior - spec.n_across)
+    else:
+        dof = n_near + n_prior - spec.n_free
+    sigma = float(np.sqrt((r_near ** 2).sum() / (n_near + n_prior - spec.n_free))) \
+        if n_near + n_prior > spec.n_free else None
+    dof = float(dof) if dof > 0 else None
+    return near, sigma, dof, rho
+
+
+def _laplace_cov(model: Model, u: np.ndarray, prob: _Problem, weights, sigma) -> np.ndarray | None:
+    """The covariance of the solver's parameters by the Laplace approximation, or None."""
+    if sigma is None or sigma <= 0:
+        return None
+    J = model.jacobian(u) @ prob.M
+    if weights is not None:  # the weighted objective's curvature: J' W J
+        J = J * np.sqrt(weights)[:, None]
+    # Laplace approximation of the penalised fit: the prior's precision (in the solver's
+    # u coordinates) adds to J'J / sigma^2, so the prior's spread enters the band.
+    # pinv: a shape factor driven to 0 leaves a flat direction; its variance is then not
+    # propagated (it does not move the prediction either)
+    H = J.T @ J / sigma ** 2 + prob.prior_precision(u)
+    cov = np.linalg.pinv(H, rcond=1e-12)
+    return cov if np.all(np.isfinite(cov)) else None
 
 
 def ols(y: np.ndarray, X: np.ndarray) -> OlsFit:
