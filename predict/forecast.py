@@ -339,9 +339,9 @@ def spike_scores(x: np.ndarray, window: int) -> SpikeScores:
     absolute deviations from the rolling median (robust to the falling trend of a loss curve);
     NaN until two quarter windows are seen. The same function judges the target
     (predict.watch) and calibrates ``spike_k`` on the ladder."""
-    # pandas' rolling medians, computed by predict.watch.rolling (the same numbers, ~3x faster:
+    # pandas' rolling medians, computed by predict.rolling (the same numbers, ~3x faster:
     # this was 0.7 s of the 1M-line first read of bench/watch_follow_speed.py)
-    from predict.watch.rolling import rolling_median
+    from predict.rolling import rolling_median
     x = np.asarray(x, float)
     ok = ~np.isnan(x)
     fin = x[ok]  # NaN rows dropped (an infinity stays, as in pandas' dropna)

@@ -112,7 +112,7 @@ def trailing(tail: list, x: np.ndarray, window: int) -> tuple[np.ndarray, int, l
 
 def rolling_median(x: np.ndarray, window: int, *, shift: bool) -> np.ndarray:
     """Trailing median over the finite values (NaN rows skipped); ``shift`` excludes the row."""
-    from predict.watch.rolling import rolling_median as fast  # pandas' rolling median, faster
+    from predict.rolling import rolling_median as fast  # pandas' rolling median, faster
     x = np.asarray(x, dtype=float)
     ok = ~np.isnan(x)
     med = fast(x[ok], window, max(1, window // 4))
