@@ -206,7 +206,7 @@ def test_killed_with_sigkill_and_run_again_equals_the_uninterrupted_run(tmp_path
     lists a closed shard; the same command, run again, finishes with the same files."""
     _write_jsonl(tmp_path / "a.jsonl", _records(3000, seed=5))
     cmd = [sys.executable, "-m", "ladder", "-q", "tokenize", str(tmp_path / "a.jsonl"),
-           "--tokenizer", str(tok_path), "--shard-tokens", "2000", "--processes", "0"]
+           "--tokenizer", str(tok_path), "--shard-tokens", "200", "--processes", "0"]
     ref, out = tmp_path / "ref", tmp_path / "out"
     subprocess.run([*cmd, "--out", str(ref)], check=True, cwd=ROOT, timeout=300)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
