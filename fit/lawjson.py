@@ -243,100 +243,114 @@ def read(obj: dict, *, path=None) -> tuple[dict, list]:
     ``fit.result.FitResult``, its ``spread`` as those of ``fit.result.Spread``; [(value,
     keyword arguments)] of its ``by`` groups)."""
     where = str(path) if path else "<law>"
-
-    def need(d, key, types, prefix=""):
-        if not isinstance(d, dict) or key not in d:
-            raise InputError("missing", path=where, field=prefix + key)
-        v = d[key]
-        if not isinstance(v, types) or isinstance(v, bool):
-            raise InputError(f"expected {types}", path=where, field=prefix + key)
-        return v
-
     obj = upgrade(obj)
     form = check_envelope(obj, path=path, forms=tuple(FORMS))
-    metric = need(obj, "metric", str)
-
-    def one(block, unc, prefix):
-        fit = need(block, "fit", dict, prefix)
-        spec_d = need(fit, "spec", dict, prefix + "fit.")
-        try:
-            spec = Spec(get_form(form), fix={k: float(v) for k, v in
-                                             (spec_d.get("fix") or {}).items()},
-                        tie=dict(spec_d.get("tie") or {}))
-        except (ValueError, TypeError) as e:
-            raise InputError(str(e), path=where, field=prefix + "fit.spec") from None
-        u = _array(need(fit, "u", list, prefix + "fit."), (len(spec.form.names),),
-                   where, prefix + "fit.u")
-        # u holds logs of coefficients and plain exponents; beyond |700| exp() over- or
-        # underflows float64 (max ~ e^709): the fitter never writes that (fit.estimate holds
-        # its solver inside U_LIMIT), an edit does
-        if np.any(np.abs(u) > U_LIMIT):
-            raise InputError(f"a parameter beyond |{U_LIMIT:g}|: exp() overflows float64",
-                             path=where, field=prefix + "fit.u")
-        boot = unc.get("bootstrap_u")
-        boot = None if boot is None else _array(boot, (None, len(spec.form.names)), where,
-                                                prefix + "uncertainty.bootstrap_u")
-        cov = unc.get("covariance_free")
-        cov = None if cov is None else _array(cov, (spec.n_free, spec.n_free), where,
-                                              prefix + "uncertainty.covariance_free")
-        sigma, dof = unc.get("sigma_log"), unc.get("dof")
-        for name, v in (("sigma_log", sigma), ("dof", dof)):
-            if v is not None and (isinstance(v, bool) or not (isinstance(v, (int, float))
-                                                               and math.isfinite(v))):
-                raise InputError("expected a finite number or null", path=where,
-                                 field=prefix + "uncertainty." + name)
-            if v is not None and v < 0:  # a negative sd gives a nonsense (inverted) band
-                raise InputError(f"must be >= 0, got {v!r}", path=where,
-                                 field=prefix + "uncertainty." + name)
-        small = unc.get("small_sample")
-        if small not in ("normal", "student-t"):
-            raise InputError(f"expected 'normal' or 'student-t', got {small!r}", path=where,
-                             field=prefix + "uncertainty.small_sample")
-        if "abs_residuals_log" not in unc:
-            raise InputError("missing (null where there are none)", path=where,
-                             field=prefix + "uncertainty.abs_residuals_log")
-        ares = unc["abs_residuals_log"]
-        ares = None if ares is None else _array(ares, (None,), where,
-                                                prefix + "uncertainty.abs_residuals_log")
-        level = number(unc.get("level", 0.9), field=prefix + "uncertainty.level", path=where,
-                       lo=0, hi=1, lo_open=True, hi_open=True)
-        objective = fit.get("objective", "huber")
-        if objective not in ("huber", "ols"):
-            raise InputError(f"unknown objective {objective!r}", path=where,
-                             field=prefix + "fit.objective")
-        prior = {}
-        for k, v in (fit.get("prior") or {}).items():
-            if not (isinstance(v, list) and len(v) == 2 and all(as_float(x) is not None
-                                                                for x in v)):
-                raise InputError("expected [mean, sd]", path=where,
-                                 field=f"{prefix}fit.prior.{k}")
-            prior[k] = (as_float(v[0]), as_float(v[1]))
-        column = fit.get("params_column", "params")
-        if column not in ("params", "active_params"):
-            raise InputError(f"expected 'params' or 'active_params', got {column!r}",
-                             path=where, field=prefix + "fit.params_column")
-        return {"spec": spec, "u": u,
-                "config": FitConfig(metric=metric, level=level, objective=objective,
-                                    prior=prior, params_column=column, bootstrap=0,
-                                    backtest=False),
-                "spread": {"boot_u": boot, "cov": cov, "sigma": sigma, "dof": dof,
-                           "abs_resid": ares, "small_sample": small},
-                "intervals": _intervals(unc.get("intervals"), where, prefix)}
-
-    unc = need(obj, "uncertainty", dict)
-    top = one(obj, unc, "")
+    metric = _need(obj, "metric", str, where)
+    top = _read_block(obj, _need(obj, "uncertainty", dict, where), "", form, metric, where)
     groups = []
     if obj.get("by"):
-        gl = need(obj, "groups", list)
-        for i, g in enumerate(gl):
+        for i, g in enumerate(_need(obj, "groups", list, where)):
             pre = f"groups[{i}]."
-            value = need(g, "value", (int, float), pre)
-            kw = one(g, need(g, "uncertainty", dict, pre), pre)
+            value = _need(g, "value", (int, float), where, pre)
+            kw = _read_block(g, _need(g, "uncertainty", dict, where, pre), pre, form, metric,
+                             where)
             groups.append((float(value), kw))
     top.update(diagnostics=obj.get("diagnostics") or {}, inputs=obj.get("inputs") or {},
                conventions=obj.get("conventions"), created=obj.get("created"),
                tool_version=obj.get("tool_version"), by=obj.get("by"))
     return top, groups
+
+
+def _need(d, key: str, types, where: str, prefix: str = ""):
+    """``d[key]``, of ``types`` (a bool is never a number); else the field is named."""
+    if not isinstance(d, dict) or key not in d:
+        raise InputError("missing", path=where, field=prefix + key)
+    v = d[key]
+    if not isinstance(v, types) or isinstance(v, bool):
+        raise InputError(f"expected {types}", path=where, field=prefix + key)
+    return v
+
+
+def _read_block(block: dict, unc: dict, prefix: str, form: str, metric: str,
+                where: str) -> dict:
+    """One law (the top level or one ``by`` group): its FitResult keyword arguments."""
+    fit = _need(block, "fit", dict, where, prefix)
+    spec_d = _need(fit, "spec", dict, where, prefix + "fit.")
+    try:
+        spec = Spec(get_form(form), fix={k: float(v) for k, v in
+                                         (spec_d.get("fix") or {}).items()},
+                    tie=dict(spec_d.get("tie") or {}))
+    except (ValueError, TypeError) as e:
+        raise InputError(str(e), path=where, field=prefix + "fit.spec") from None
+    u = _array(_need(fit, "u", list, where, prefix + "fit."), (len(spec.form.names),),
+               where, prefix + "fit.u")
+    # u holds logs of coefficients and plain exponents; beyond |700| exp() over- or
+    # underflows float64 (max ~ e^709): the fitter never writes that (fit.estimate holds
+    # its solver inside U_LIMIT), an edit does
+    if np.any(np.abs(u) > U_LIMIT):
+        raise InputError(f"a parameter beyond |{U_LIMIT:g}|: exp() overflows float64",
+                         path=where, field=prefix + "fit.u")
+    spread = _read_spread(unc, spec, where, prefix)  # the fields checked in the order written
+    level = number(unc.get("level", 0.9), field=prefix + "uncertainty.level", path=where,
+                   lo=0, hi=1, lo_open=True, hi_open=True)
+    objective, prior, column = _read_fit_options(fit, where, prefix)
+    return {"spec": spec, "u": u,
+            "config": FitConfig(metric=metric, level=level, objective=objective,
+                                prior=prior, params_column=column, bootstrap=0,
+                                backtest=False),
+            "spread": spread,
+            "intervals": _intervals(unc.get("intervals"), where, prefix)}
+
+
+def _read_spread(unc: dict, spec: Spec, where: str, prefix: str) -> dict:
+    """A law's ``uncertainty`` block: the keyword arguments of ``fit.result.Spread``."""
+    boot = unc.get("bootstrap_u")
+    boot = None if boot is None else _array(boot, (None, len(spec.form.names)), where,
+                                            prefix + "uncertainty.bootstrap_u")
+    cov = unc.get("covariance_free")
+    cov = None if cov is None else _array(cov, (spec.n_free, spec.n_free), where,
+                                          prefix + "uncertainty.covariance_free")
+    sigma, dof = unc.get("sigma_log"), unc.get("dof")
+    for name, v in (("sigma_log", sigma), ("dof", dof)):
+        if v is not None and (isinstance(v, bool) or not (isinstance(v, (int, float))
+                                                           and math.isfinite(v))):
+            raise InputError("expected a finite number or null", path=where,
+                             field=prefix + "uncertainty." + name)
+        if v is not None and v < 0:  # a negative sd gives a nonsense (inverted) band
+            raise InputError(f"must be >= 0, got {v!r}", path=where,
+                             field=prefix + "uncertainty." + name)
+    small = unc.get("small_sample")
+    if small not in ("normal", "student-t"):
+        raise InputError(f"expected 'normal' or 'student-t', got {small!r}", path=where,
+                         field=prefix + "uncertainty.small_sample")
+    if "abs_residuals_log" not in unc:
+        raise InputError("missing (null where there are none)", path=where,
+                         field=prefix + "uncertainty.abs_residuals_log")
+    ares = unc["abs_residuals_log"]
+    ares = None if ares is None else _array(ares, (None,), where,
+                                            prefix + "uncertainty.abs_residuals_log")
+    return {"boot_u": boot, "cov": cov, "sigma": sigma, "dof": dof, "abs_resid": ares,
+            "small_sample": small}
+
+
+def _read_fit_options(fit: dict, where: str, prefix: str) -> tuple[str, dict, str]:
+    """The fit's objective, its priors ({name: (mean, sd)}) and its params column."""
+    objective = fit.get("objective", "huber")
+    if objective not in ("huber", "ols"):
+        raise InputError(f"unknown objective {objective!r}", path=where,
+                         field=prefix + "fit.objective")
+    prior = {}
+    for k, v in (fit.get("prior") or {}).items():
+        if not (isinstance(v, list) and len(v) == 2 and all(as_float(x) is not None
+                                                            for x in v)):
+            raise InputError("expected [mean, sd]", path=where,
+                             field=f"{prefix}fit.prior.{k}")
+        prior[k] = (as_float(v[0]), as_float(v[1]))
+    column = fit.get("params_column", "params")
+    if column not in ("params", "active_params"):
+        raise InputError(f"expected 'params' or 'active_params', got {column!r}",
+                         path=where, field=prefix + "fit.params_column")
+    return objective, prior, column
 
 
 def upgrade(obj):
