@@ -67,10 +67,10 @@ class PreregView:
         lo = np.interp(frac, self.fraction, self.lo, left=np.nan, right=np.nan)
         hi = np.interp(frac, self.fraction, self.hi, left=np.nan, right=np.nan)
         if alert and self.config.alert_level != self.level:
-            # norm.ppf is scipy.special.ndtri (scipy.stats._continuous_distns._norm_ppf);
-            # importing scipy.stats costs 0.6-1.1 s, a fifth of `ladder watch` on a 1M-line file
-            from scipy.special import ndtri
-            k = ndtri(0.5 + self.config.alert_level / 2) / ndtri(0.5 + self.level / 2)
+            # the normal quantile of predict.band (scipy.special.ndtri, not scipy.stats: that
+            # import costs 0.6-1.1 s, a fifth of `ladder watch` on a 1M-line file)
+            from predict.band import z_of
+            k = z_of(self.config.alert_level) / z_of(self.level)
             lo, hi = e - (e - lo) * k, e + (hi - e) * k
         return e, lo, hi
 
