@@ -122,7 +122,14 @@ def fit_spec(df: pd.DataFrame, spec: Spec, config: FitConfig | None = None, *,
     diagnostics = {
         "objective": float(fbest),
         "huber_delta": delta,
-        "converged": bool(res.status[best] == 0 and pol.status[pol_best] == 0),
+        # the polish decides: it runs the best stage-1 candidates to the tight tolerances from
+        # where the screen left them, so a screen cut at STAGE1_MAX_ITER while still crawling
+        # along a flat valley (a free E that the runs leave unidentified) is not a failure when
+        # the polish then converges; requiring both made the verdict depend on the machine's
+        # floating point (issue 21: a 5-run compute fit whose 5 polished candidates agreed to
+        # 10 digits was refused on one host and written on another)
+        "converged": bool(pol.status[pol_best] == 0),
+        "best_start_status": STATUS[int(res.status[best])],
         "polish_gain_rel": float((res.f[best] - fbest) / max(abs(fbest), 1e-300)),
         "starts": len(grid),
         "starts_status": {STATUS[i]: int((res.status == i).sum()) for i in range(len(STATUS))},

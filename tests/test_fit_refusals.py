@@ -7,6 +7,7 @@ import subprocess
 import pytest
 
 import fit.law
+import fit.solver
 from helpers import run_cli
 from ladder.specs import LADDERS
 
@@ -28,9 +29,12 @@ def _points(tmp_path, n=4):
 
 def test_fit_refuses_an_unconverged_best_start(tmp_path, monkeypatch):
     pts = _points(tmp_path)
-    # a solver allowed 2 iterations cannot converge from the grid's starts
-    orig = fit.estimate.lbfgs
-    monkeypatch.setattr(fit.estimate, "lbfgs", lambda *a, **kw: orig(*a, **dict(kw, max_iter=2)))
+    # a solver allowed 2 iterations, in the screen of the grid's starts and in the polish
+    # (which decides), cannot converge
+    orig = fit.solver.lbfgs
+    short = lambda *a, **kw: orig(*a, **dict(kw, max_iter=2))  # noqa: E731
+    monkeypatch.setattr(fit.estimate, "lbfgs", short)
+    monkeypatch.setattr(fit.solver, "lbfgs", short)
     out = tmp_path / "law.json"
     r = _cli("fit", pts, "--form", "compute", "--bootstrap", "0", "--out", out)
     assert r.returncode == 65, r.stderr
