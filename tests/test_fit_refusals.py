@@ -32,7 +32,9 @@ def test_fit_refuses_an_unconverged_best_start(tmp_path, monkeypatch):
     # a solver allowed 2 iterations, in the screen of the grid's starts and in the polish
     # (which decides), cannot converge
     orig = fit.solver.lbfgs
-    short = lambda *a, **kw: orig(*a, **dict(kw, max_iter=2))  # noqa: E731
+
+    def short(*a, **kw):
+        return orig(*a, **dict(kw, max_iter=2))
     monkeypatch.setattr(fit.estimate, "lbfgs", short)
     monkeypatch.setattr(fit.solver, "lbfgs", short)
     out = tmp_path / "law.json"
