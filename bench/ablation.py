@@ -28,15 +28,16 @@ import argparse
 import math
 import sys
 import time
-import tomllib
 import warnings
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's packages, not an installed copy
 
 METRIC = "eval_dropless/loss"   # what the demo and the real ladder fit
-FORM = "trajectory-capacity"    # the demo's form (cli/demo.py::FORM)
+FORM = "trajectory-capacity"    # the demo's form (ladder/cli/demo.py::FORM)
 LEVEL = 0.9
 BOOTSTRAP = 200
 
@@ -66,7 +67,7 @@ def variant_ladder(name: str):
 
 
 def run_variant(name: str, out: Path, bootstrap: int) -> dict:
-    from fit import fit_law, load_points
+    from ladder.fit import fit_law, load_points
     from ladder.trainer.train import train_rung
     from ladder.trainer.trainconfig import TrainConfig
 

@@ -31,13 +31,13 @@ import numpy as np
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
-# this checkout's fit/, not an installed copy (--baseline runs this file again with another
-# commit's fit/ and ladder/ in BENCH_FIT_ROOT)
+# this checkout's ladder/fit/, not an installed copy (--baseline runs this file again with another
+# commit's ladder/fit/ and ladder/ in BENCH_FIT_ROOT)
 sys.path.insert(0, str(ROOT))
 if os.environ.get("BENCH_FIT_ROOT"):
     sys.path.insert(0, os.environ["BENCH_FIT_ROOT"])
 
-from fit import fit_law, isoflop_approach2, load_points  # noqa: E402
+from ladder.fit import fit_law, isoflop_approach2, load_points  # noqa: E402
 
 
 class Skip(Exception):
@@ -249,7 +249,7 @@ def olmo_curves(anchors: Path, xc: str = "1xC") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-# Downstream accuracy in two steps (issue 23 item 4; fit.task): the OLMo ladder's 8 tasks of
+# Downstream accuracy in two steps (issue 23 item 4; ladder.fit.task): the OLMo ladder's 8 tasks of
 # the paper's main table. Task loss = the correct answer's bits per byte ("rc" format), accuracy
 # = length-normalised rc accuracy; MMLU = the 4 test subjects weighted by their sizes (the
 # authors' WEIGHT_BY_KEY, src/scaling/task_utils.py at OLMo-ladder 67a3f44).
@@ -289,7 +289,7 @@ def _task_columns(d: pd.DataFrame, key: str) -> tuple[pd.Series, pd.Series]:
 
 def olmo_task_table(anchors: Path, task: str) -> pd.DataFrame:
     """Every eval of the ladder runs (190M..3B x TASK_XC) for one task: run, params, tokens,
-    compute (6 N D), task_bpb, task_acc (fit.task's table)."""
+    compute (6 N D), task_bpb, task_acc (ladder.fit.task's table)."""
     rows = []
     key = OLMO_TASKS[task]
     for size, N in OLMO_N.items():
@@ -323,7 +323,7 @@ def olmo_tasks(anchors: Path, form: str = "auto", target: str = "13b") -> list[d
     predicted / actual - 1 (the authors' table lists |error|; theirs here is signed from their
     Pred column). ``target="7b"``: the 7B-4T instead, beside the authors' 7B chained errors of
     variance.csv, which are unsigned (``authors_error_unsigned``)."""
-    from fit.task import fit_task
+    from ladder.fit.task import fit_task
     tables = anchors / "olmo_ladder_bhagia2024" / "paper_figure_tables"
     if target == "13b":
         authors = pd.read_csv(_need(tables / "chained_main.csv")).set_index("Task")
@@ -507,10 +507,10 @@ def main_band(r):
     sigma below the residual-quantile rank, t(dof) x the delta-method se, and the RMS over
     the rollout folds of log error per decade of one scale (compute) as the extrapolation
     rate. The backtest's folds are the same; the pooled record is replaced by the per-fold one
-    (what a law/1 file from then reads as: fit.lawjson.per_fold_extrapolation)."""
+    (what a law/1 file from then reads as: ladder.fit.lawjson.per_fold_extrapolation)."""
     from dataclasses import replace
 
-    from fit.lawjson import per_fold_extrapolation
+    from ladder.fit.lawjson import per_fold_extrapolation
     bt = {k: v for k, v in ((r.diagnostics or {}).get("backtest") or {}).items()
           if k != "extrapolation"}
     rec = per_fold_extrapolation(bt)
@@ -523,15 +523,15 @@ def main_band(r):
 
 def rate(r) -> float:
     """The law's extrapolation rate per decade (0 without one)."""
-    from fit import extrapolation_rate
+    from ladder.fit import extrapolation_rate
     v = extrapolation_rate((r.diagnostics or {}).get("backtest"))[0]
     return float(v) if v else 0.0
 
 
 def distance(r, kw: dict, n: int = 1) -> np.ndarray:
     """Decades of the points ``kw`` outside the range of the runs ``r`` was fitted on, the
-    largest over the form's inputs (fit.backtest; tokens and compute planned)."""
-    from fit.result import input_distance
+    largest over the form's inputs (ladder.fit.backtest; tokens and compute planned)."""
+    from ladder.fit.result import input_distance
     ex = ((r.diagnostics or {}).get("backtest") or {}).get("extrapolation") or {}
     fr = np.asarray(kw.get("fraction", 1.0), float)
     vals = {k: np.asarray(v, float) / (fr if k in ("tokens", "compute") else 1.0)
@@ -544,7 +544,7 @@ def held_out(df: pd.DataFrame, fit_kw: dict, scheme: str, decades: float = RUNG_
     """Hold out rungs and predict them with the default fit of the rest. ``scheme``: "loro"
     (every rung in turn, fit on all the others) or "rollout" (each of the last ``max_folds``
     rungs, fit on the smaller ones). ``rule``: the default asymptote rule for short ladders
-    (fit.select.asymptote_rule) on or off. Returns coverage of the band, its median relative
+    (ladder.fit.select.asymptote_rule) on or off. Returns coverage of the band, its median relative
     half-width, the held-out errors, per-fold notes and whether the rule changed any fold."""
     rung = _rungs(df, decades)
     levels = np.sort(rung.unique())
@@ -743,9 +743,9 @@ def _nearest(train: pd.DataFrame, k: int = 5) -> pd.DataFrame:
 
 def _guard_allocation():
     """The compute-optimal allocation (a diagnostic) overflows on some of these tables in
-    fit/ up to issue 21 item 3 (fixed on its own branch); it plays no part in a forecast, so
+    ladder/fit/ up to issue 21 item 3 (fixed on its own branch); it plays no part in a forecast, so
     this table records it as missing rather than losing the row."""
-    import fit.estimate as est
+    import ladder.fit.estimate as est
     inner = est.allocation_diagnostics
     if getattr(inner, "guarded", False):
         return
@@ -825,7 +825,7 @@ def print_robustness(rows: list[dict], base: list[dict] | None, base_label: str)
 
 
 def baseline_robustness(commit: str, anchors: Path, only) -> list[dict]:
-    """The same table with fit/ and ladder/ as of ``commit`` (git archive into a temporary
+    """The same table with ladder/fit/ and ladder/ as of ``commit`` (git archive into a temporary
     folder; this file runs again there as a subprocess)."""
     with tempfile.TemporaryDirectory() as tmp:
         arc = subprocess.run(["git", "archive", commit, "fit", "ladder"], cwd=ROOT,
@@ -860,7 +860,7 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline", default=None, metavar="COMMIT",
                     help="with --robustness: the same table by fit/ as of COMMIT, side by side")
     ap.add_argument("--tasks", action="store_true",
-                    help="downstream accuracy by the two-step law (fit.task) on the OLMo "
+                    help="downstream accuracy by the two-step law (ladder.fit.task) on the OLMo "
                          "ladder's 8 tasks, 13B target, beside the authors' chained errors")
     ap.add_argument("--target", default="13b", choices=["13b", "7b"],
                     help="with --tasks: the target (default: %(default)s)")

@@ -56,8 +56,8 @@ def luo_multipower(anchors: Path, form: str = "mpl", sizes=("25M", "100M", "400M
     the table has no size column: one size needs none)."""
     import pandas as pd
 
-    from fit.curve_fit import fit_curve_law
-    from fit.lr_schedules import lr_from_samples
+    from ladder.fit.curve_fit import fit_curve_law
+    from ladder.fit.lr_schedules import lr_from_samples
 
     name = f"luo2025_{form}_holdout_schedules"
     root = Path(anchors) / "multipower_luo2025"
@@ -106,7 +106,7 @@ SCHAIPP_TIE = 0.002     # measured final losses closer than this (absolute) coun
 
 
 def _wsd_lr(iterations: int, warmup: int, peak: float, fract: float) -> np.ndarray:
-    from fit.lr_schedules import lr_from_schedule
+    from ladder.fit.lr_schedules import lr_from_schedule
     from ladder.specs import Schedule
 
     sched = Schedule(kind="wsd" if fract > 0 else "constant", warmup=warmup / iterations,
@@ -129,7 +129,7 @@ def schaipp_cooldown_order(anchors: Path, form: str = "mpl", peak: float = 0.001
     18 of 39.)"""
     import pandas as pd
 
-    from fit.curve_fit import fit_curve_law
+    from ladder.fit.curve_fit import fit_curve_law
 
     name = f"schaipp2025_{form}_cooldown_order"
     root = Path(anchors) / "schaipp2025_lr_schedules"

@@ -34,11 +34,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fit import load_law, load_points  # noqa: E402
-from fit.curve_fit import fit_curve_law, schedules_from_sources  # noqa: E402
-from fit.lr_schedules import NamedSchedule  # noqa: E402
-from predict.planned import contingency_forecast  # noqa: E402
+from ladder.fit import load_law, load_points  # noqa: E402
+from ladder.fit.curve_fit import fit_curve_law, schedules_from_sources  # noqa: E402
+from ladder.fit.lr_schedules import NamedSchedule  # noqa: E402
 from ladder.io import as_float, atomic_write_json  # noqa: E402
+from ladder.predict.planned import contingency_forecast  # noqa: E402
 from ladder.specs import get_ladder  # noqa: E402
 
 
@@ -59,9 +59,9 @@ def main(argv=None) -> int:
     ap.add_argument("--law", default="mpl", choices=["mpl", "trajectory"],
                     help="the law the amendment is forecast with")
     args = ap.parse_args(argv)
-    from predict import prereg as pr
-    from predict.prereg import make_prereg
-    from predict.forecast import Target
+    from ladder.predict import prereg as pr
+    from ladder.predict.forecast import Target
+    from ladder.predict.prereg import make_prereg
 
     demo = Path(args.demo)
     out = Path(args.out) if args.out else demo / "amended"

@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from model.balance import quantile_bias
-from model.moe import threshold_bias
+from ladder.model.balance import quantile_bias
+from ladder.model.moe import threshold_bias
 
 RULES = ("threshold", "quantile")
 

@@ -42,8 +42,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's packages, not an installed copy
@@ -91,7 +92,7 @@ def drop_fraction(cfg, params, bias, cell_seqs: int, seq_len: int, sequences: in
     import jax
     import numpy as np
 
-    import model as M
+    import ladder.model as M
     from ladder.trainer.data import stdlib_corpus
 
     cfg = cfg.replace(capacity_tokens=cell_seqs * seq_len)
@@ -110,7 +111,7 @@ LAYOUTS = ((1, 1, None), (1, 1, 4), (8, 4, None), (8, 4, 8))
 # only API that main and this branch share (the same as tests/test_train_sharding.py).
 WORKER = r"""
 import json, statistics, sys, tempfile
-import model
+from ladder import model
 from ladder.io import read_metrics
 from ladder.specs import LADDERS
 from ladder.trainer.train import train_rung
@@ -210,8 +211,8 @@ def dispatch_main(args) -> int:
     import jax
     import jax.numpy as jnp
 
+    from ladder.model.moe import capacity, dispatch_sorted, drop_keys, swiglu
     from ladder.specs import LADDERS
-    from model.moe import capacity, dispatch_sorted, drop_keys, swiglu
 
     T, L, F, E, k, cell = args.tokens, 64, 64, 8, 2, args.cell
     cfg = LADDERS["tiny"].rungs[0].model.replace(n_experts=E, top_k=k)

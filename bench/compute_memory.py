@@ -40,9 +40,9 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-import model as M
+import ladder.model as M
+from ladder.model.config import ModelConfig
 from ladder.specs import resolve
-from model.config import ModelConfig
 
 GB = 1e9
 FIELDS = {f.name for f in dataclasses.fields(ModelConfig)}
@@ -70,11 +70,11 @@ def loss_grad_memory(cfg: ModelConfig, seq_len: int) -> dict:
 
 def moe_layer_memory(cfg: ModelConfig, seq_len: int) -> dict:
     """Memory of one MoE layer's fwd + bwd on one sequence, in the model's compute dtype."""
-    from model.moe import MoE
+    from ladder.model.moe import MoE
 
     dtype, cast = jnp.float32, None
     if "precision" in FIELDS:
-        from model.transformer import cast_params, compute_dtype
+        from ladder.model.transformer import cast_params, compute_dtype
         dtype = compute_dtype(cfg)
         cast = partial(cast_params, dtype=dtype)
     layer = MoE(cfg)

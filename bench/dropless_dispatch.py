@@ -8,7 +8,7 @@ ideal 6 x rows x L x F (three matmuls of 2 x L x F per assignment), XLA's
 temporary bytes, what the ragged_dot became (its widest dot), and the median forward time, the
 paths interleaved round-robin in one process so that load from other processes hits them alike.
 Both are checked to agree before timing. ``--blocks`` also times the blocked path at other block
-sizes (rows per block; the default rule is model.moe.group_block).
+sizes (rows per block; the default rule is ladder.model.moe.group_block).
 
     python bench/dropless_dispatch.py [--tokens 512] [--top-k 8] [--width 128]
                                       [--experts 8,32,128] [--blocks 16,64] [--reps 5]
@@ -29,8 +29,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from ladder.model.moe import dispatch_dropless, group_block  # noqa: E402
 from ladder.trainer.plan import _instruction, hlo_flops  # noqa: E402
-from model.moe import dispatch_dropless, group_block  # noqa: E402
 
 
 def ragged_path(x, expert, weights):

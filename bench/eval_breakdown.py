@@ -53,10 +53,10 @@ def breakdown(run_dir: Path, docs: str | None) -> dict:
     import jax
     import jax.numpy as jnp
 
-    import model
+    from ladder import model
+    from ladder.specs import Rung
     from ladder.trainer.checkpointing import Checkpoints
     from ladder.trainer.data import load_corpus
-    from ladder.specs import Rung
     from ladder.trainer.step import make_mesh, programs
 
     cfg = json.loads((run_dir / "config.json").read_text())

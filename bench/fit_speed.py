@@ -7,7 +7,7 @@ Besiroglu et al. 2024), in one run:
   2. a plain loop: scipy.optimize.minimize(method="L-BFGS-B", jac=True) from each of the 4,500
      starts of the Chinchilla grid, one after another, default tolerances (as in Epoch's
      replication), with an analytic gradient of the same summed Huber(1e-3) objective written
-     here independently of fit/;
+     here independently of ladder/fit/;
   3. the time of a 1,000-replicate run-level bootstrap on top of the fit (in-process, timed
      around the replicates' refits; backtests off).
 Prints both optima, their relative difference (must be <= 1e-9), the speed ratio (aim >= 20x)
@@ -21,10 +21,10 @@ others' load; the ratio is measured side by side.
 size column) with ``--curves-bootstrap`` run-level replicates, per size: wall and CPU seconds
 and the mean error on the 6 held-out schedules (aim <= 15 s on 2 cores, error <= 0.2%). With
 ``--curves-baseline COMMIT`` the same fit by ``fit/curves.py`` as of COMMIT (one file until the
-curve laws were split into fit/curve_forms.py, curve_fit.py and curve_law.py; taken with
+curve laws were split into ladder/fit/curve_forms.py, curve_fit.py and curve_law.py; taken with
 ``git show``) runs first, side by side in the same process, so the ratio is measured under
 the same load, and a line per size gives the largest relative difference of the two curves and
-bands on the held-out schedules. (The baseline module imports the rest of fit/ from this
+bands on the held-out schedules. (The baseline module imports the rest of ladder/fit/ from this
 checkout; it must not need names the checkout no longer has.)
 """
 
@@ -46,7 +46,7 @@ import pandas as pd
 from scipy.optimize import minimize
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # this checkout's fit/, not an installed copy
+sys.path.insert(0, str(ROOT))  # this checkout's ladder/fit/, not an installed copy
 DELTA = 1e-3
 
 
@@ -100,8 +100,8 @@ def curves_speed(anchors: Path, bootstrap: int, baseline: str | None,
     import warnings
 
     from bench.accuracy_curves import LUO_TEST, LUO_TRAIN, _luo_run
-    from fit import curve_fit as new
-    from fit.lr_schedules import lr_from_samples
+    from ladder.fit import curve_fit as new
+    from ladder.fit.lr_schedules import lr_from_samples
     root = anchors / "multipower_luo2025"
     if not root.is_dir():
         print(f"skip: no multipower_luo2025 data under {anchors}")
@@ -135,7 +135,7 @@ def curves_speed(anchors: Path, bootstrap: int, baseline: str | None,
                 for n in LUO_TEST:
                     d = _luo_run(folder, n)
                     lr, at = lr_from_samples(d["step"], d["lr"]), d["step"].to_numpy()
-                    # a baseline from before the one law signature (fit.prediction.Query)
+                    # a baseline from before the one law signature (ladder.fit.prediction.Query)
                     # took the schedule as lr= and the steps as at_steps=
                     old_api = "lr" in inspect.signature(law.predict).parameters
                     p = law.predict(lr=lr, at_steps=at) if old_api else \
@@ -235,7 +235,10 @@ def main(argv=None) -> int:
 
     import warnings
 
-    from fit import fit_law, load_points  # after the timed command: same process from here on
+    from ladder.fit import (  # after the timed command: same process from here on
+        fit_law,
+        load_points,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         table = load_points(df)

@@ -76,7 +76,7 @@ class Outcome:
 
 def build_world(root: Path) -> Path:
     """Write the valid world under ``root`` and return it (about 2 s, mostly the fit)."""
-    from predict.forecast import Target
+    from ladder.predict.forecast import Target
     from tests.helpers import KNOWN_LAW, write_law_runs
 
     E, A, alpha = KNOWN_LAW   # the runs' law (tests/test_fit_cli.py's too)
@@ -128,10 +128,10 @@ def build_world(root: Path) -> Path:
 
 
 def run_cli(argv: list[str], alarm: float = ALARM_S) -> tuple[int | None, str, str]:
-    """``cli.main.main(argv)`` in-process; (exit code, stdout, stderr). Exceptions escape.
+    """``ladder.cli.main.main(argv)`` in-process; (exit code, stdout, stderr). Exceptions escape.
     ``sys.argv`` is the command's for the while (what a process's own command line would be:
     W&B records it)."""
-    from cli.main import main
+    from ladder.cli.main import main
     out, err = io.StringIO(), io.StringIO()
     old = signal.signal(signal.SIGALRM, _on_alarm)
     signal.setitimer(signal.ITIMER_REAL, alarm)
@@ -656,7 +656,7 @@ def main(argv=None) -> int:
         TREE = Path(args.tree).resolve()
         sys.path.insert(0, str(TREE))
     import ladder
-    import predict
+    from ladder import predict
     print(f"judging {Path(ladder.__file__).parents[1]} (predict from "
           f"{Path(predict.__file__).parents[1]})", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -795,7 +795,7 @@ def _run_data(w: Path, data: Path) -> list[str]:
 def _forged_amendment(w: Path) -> Path:
     """A pre-registration sealed by hand beside the real one, claiming to amend it, dated 9999
     and saying the run is doing fine: written as a file, never recorded by `preregister`."""
-    from predict import prereg as pr
+    from ladder.predict import prereg as pr
     p = w / "pre" / "prereg.json"
     doc = pr.load(p)
     forged = {k: v for k, v in doc.items() if k not in ("sha256", "section_sha256")}
@@ -820,7 +820,7 @@ def _followed(w: Path, o: Outcome) -> str | None:
 
 
 def _resealed(w: Path) -> tuple[Path, str]:
-    from predict import prereg as pr
+    from ladder.predict import prereg as pr
     p = w / "pre" / "prereg.json"
     doc = pr.load(p)
     sha = doc["sha256"]
@@ -885,7 +885,7 @@ def _killed_report(w: Path) -> Path:
             "    if src == out or out in src.parents:\n"
             "        os._exit(9)\n"
             "os.replace = replace\n"
-            "from cli.main import main\n"
+            "from ladder.cli.main import main\n"
             f"main(['report', '--law', {str(w / 'law.json')!r}, '--out', {str(rep)!r}])\n")
     subprocess.run([sys.executable, "-c", code], cwd=w, capture_output=True, check=False)
     return rep
@@ -980,6 +980,7 @@ def _settled(w: Path, quiet: float = 2.0, most: float = 60.0) -> None:
 
 def _big_table(w: Path, rows: int = 300_000) -> Path:
     import numpy as np
+
     from tests.helpers import KNOWN_LAW
     E, A, alpha = KNOWN_LAW
     rng = np.random.default_rng(0)
@@ -1197,7 +1198,7 @@ def corpus26() -> list[Case]:
 def _amends_outside(w: Path) -> Path:
     """A pre-registration sealed by hand whose ``amends.path`` climbs out of its folder, to a
     valid pre-registration there."""
-    from predict import prereg as pr
+    from ladder.predict import prereg as pr
     doc = pr.load(w / "pre" / "prereg.json")
     outside = w.parent / "outside.json"
     outside.write_text(json.dumps(doc))

@@ -326,12 +326,12 @@ def main(argv=None) -> int:
     import jax.numpy as jnp
     import numpy as np
 
+    from ladder.model.layers import attention_implementation
+    from ladder.model.transformer import compute_dtype
     from ladder.trainer.plan import largest_fitting_microbatch, microbatch_candidates, plan_rung
     from ladder.trainer.step import batch_sharding, enable_compilation_cache, make_mesh, programs
     from ladder.trainer.train import peak_flops_info
     from ladder.trainer.trainconfig import TrainConfig, eval_batch_size
-    from model.layers import attention_implementation
-    from model.transformer import compute_dtype
 
     if not args.smoke:
         enable_compilation_cache()

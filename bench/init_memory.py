@@ -33,7 +33,7 @@ process, n_proc, port, variant, layers, experts, d, vocab = sys.argv[1:9]
 if int(n_proc) > 1:
     jax.distributed.initialize(f"127.0.0.1:{port}", int(n_proc), int(process))
 import numpy as np
-import model as M
+import ladder.model as M
 from ladder.trainer.optim import OptimizerSpec
 from ladder.specs import LADDERS
 from ladder.trainer.step import make_mesh, make_optimizer, state_shardings

@@ -24,7 +24,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cli.main import main as ladder  # noqa: E402
+from ladder.cli.main import main as ladder  # noqa: E402
 
 
 def run(argv: list[str]) -> dict:

@@ -5,13 +5,13 @@ run directory and drew the figure with matplotlib for every new version).
 Side by side in one run, on files written by bench/watch_follow_speed.py's generator (~40 keys a
 line, an eval every 1% of the run):
 
-- ``after`` (``reports.live.WatcherFeed``): a watcher judges the whole file with its page
+- ``after`` (``ladder.reports.live.WatcherFeed``): a watcher judges the whole file with its page
   attached, then a few more lines arrive and it polls again; timed: the refresh that follows
   (the version changed: the state rebuilt from the page's bounded series and encoded as JSON),
   a refresh at an unchanged version (the cached bytes), and ``GET /state.json`` over HTTP; the
   page's own memory (its series and the JSON) and the points it draws. Done at ``--small``
   lines too, to show the page's memory does not grow with the run.
-- ``before``: the old refresh, ``reports.inputs.load_inputs`` of the run directory, the
+- ``before``: the old refresh, ``ladder.reports.inputs.load_inputs`` of the run directory, the
   matplotlib watch figure and its PNG, in a fresh process (its time and max-RSS growth), at
   ``--before-lines`` (default 200,000: it reads the whole file every time; 1M takes minutes).
 
@@ -58,10 +58,10 @@ def run_dir(root: Path, lines: int, extra: int) -> tuple[Path, dict]:
 
 def after(d: Path, doc: dict) -> dict:
     """The watcher's page: refresh times and the page's memory."""
-    from predict import prereg as pr
-    from predict.live import Watcher
-    from predict.sources import JsonlSource
-    from reports.live import LivePage
+    from ladder.predict import prereg as pr
+    from ladder.predict.live import Watcher
+    from ladder.predict.sources import JsonlSource
+    from ladder.reports.live import LivePage
 
     prereg = d / "prereg.json"
     if not prereg.exists():
@@ -116,12 +116,12 @@ def _hwm_mb() -> float:
 
 
 def before_child(d: str, prereg: str) -> None:
-    """The old page's refresh (reports/live.py before issue 24): re-read the run directory,
+    """The old page's refresh (ladder/reports/live.py before issue 24): re-read the run directory,
     draw the watch figure with matplotlib, encode its PNG."""
     import matplotlib
     matplotlib.use("Agg")
-    from reports import plots
-    from reports.inputs import load_inputs
+    from ladder.reports import plots
+    from ladder.reports.inputs import load_inputs
     rss0 = _hwm_mb()
     t0, c0 = time.perf_counter(), time.process_time()
     inp = load_inputs(prereg=prereg, target_run=d)
@@ -134,7 +134,7 @@ def before_child(d: str, prereg: str) -> None:
 
 
 def before(d: Path, doc: dict) -> dict:
-    from predict import prereg as pr
+    from ladder.predict import prereg as pr
     prereg = d / "prereg.json"
     if not prereg.exists():
         pr.write_once(prereg, doc)

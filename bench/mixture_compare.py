@@ -26,7 +26,6 @@ from collections import defaultdict
 from pathlib import Path
 
 
-
 def _anchor() -> Path:
     """../shared/anchors/marin_mixture_study beside the repository (or beside any folder above
     it: a git worktree may sit deeper than the main checkout)."""
@@ -90,7 +89,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true")
     p.add_argument("--bootstrap", type=int, default=200)
     args = p.parse_args(argv)
-    from cli.main import main as ladder
+    from ladder.cli.main import main as ladder
     with tempfile.TemporaryDirectory() as tmp:
         old, new, metrics = tables(Path(args.anchor), Path(tmp))
         cmd = ["compare", str(old), str(new), "--bootstrap", str(args.bootstrap)]

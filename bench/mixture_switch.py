@@ -86,7 +86,7 @@ def write_json(path: Path, obj) -> Path:
 
 
 def evals(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
-    from predict.amend import read_evals
+    from ladder.predict.amend import read_evals
     return read_evals(str(run_dir), METRIC)
 
 
@@ -118,11 +118,11 @@ def main(argv=None) -> int:
                     help="fraction of the hero's steps where its data switches (default: 0.3)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     args = ap.parse_args(argv)
+    from ladder.predict import prereg as pr
+    from ladder.predict.amend import Plan, amended_forecast, multiplier_from_compare
+    from ladder.predict.forecast import Target
+    from ladder.predict.watch import PreregView
     from ladder.specs import get_ladder
-    from predict import prereg as pr
-    from predict.amend import Plan, amended_forecast, multiplier_from_compare
-    from predict.forecast import Target
-    from predict.watch import PreregView
 
     t0 = time.time()
     out = Path(args.out) / f"seed{args.seed}"
@@ -190,7 +190,7 @@ def main(argv=None) -> int:
     ac, alo, ahi = av.expected(grid / hero.steps, alert=False)
     last = steps[steps <= S][-1]
     shift = float(y[steps == last][0] / np.interp(last, grid, oc))
-    from fit import load_law
+    from ladder.fit import load_law
     law_obj = load_law(law)
     target = Target.from_rung(hero)
     mult = multiplier_from_compare(str(cmp_path), METRIC)

@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from model.config import ModelConfig
-from model.moe import capacity, dispatch_sorted, route, swiglu
+from ladder.model.config import ModelConfig
+from ladder.model.moe import capacity, dispatch_sorted, route, swiglu
 
 
 def experts_fn(w):

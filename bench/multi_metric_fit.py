@@ -78,7 +78,7 @@ def _write_csv(path: Path, rows: list[dict]) -> Path:
 
 
 def _ladder(*argv) -> tuple[int, str, str, float]:
-    from cli.main import main
+    from ladder.cli.main import main
     out, err = io.StringIO(), io.StringIO()
     t0 = time.process_time()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
@@ -104,7 +104,7 @@ def run(name: str, anchors: Path, tmp: Path, vs_single: bool) -> dict:
                                               "band_half_width_rel", "seconds")}
                         for r in doc["summary"]])
     if held:
-        from fit import load_laws
+        from ladder.fit import load_laws
         scored = []
         for key, lw in load_laws(law).items():
             for r in held:

@@ -31,8 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ladder.trainer.data import stdlib_corpus
 from ladder.specs import LADDERS
+from ladder.trainer.data import stdlib_corpus
 from ladder.trainer.step import enable_compilation_cache, make_mesh, programs
 
 CPU_RECIPE = LADDERS["cpu"].recipe

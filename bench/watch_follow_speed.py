@@ -49,9 +49,9 @@ GROUPS = ("embed", "attn_q", "attn_kv", "attn_o", "router", "router_bias", "expe
 
 def target_and_prereg(lines: int):
     """The synthetic truth, a target of ``lines`` steps and its pre-registration."""
-    from predict import forecast as fc
-    from predict import synthetic as sy
-    from predict.prereg import make_prereg
+    from ladder.predict import forecast as fc
+    from ladder.predict import synthetic as sy
+    from ladder.predict.prereg import make_prereg
     truth = sy.Truth()
     base = sy.ladder_targets(8, ratio=2.5, steps0=80)[7]
     target = fc.Target(name="big", params=base.params, active_params=base.active_params,
@@ -137,8 +137,8 @@ import json, resource, sys, time
 """ + _RSS + """
 tree, prereg, path = sys.argv[1:4]
 sys.path.insert(0, tree)
-from predict.live import Watcher
-from predict.sources import JsonlSource
+from ladder.predict.live import Watcher
+from ladder.predict.sources import JsonlSource
 doc = json.load(open(prereg))
 src = JsonlSource(path)
 for attr, value in (("cache", False), ("parallel_min_bytes", 1 << 62)):  # older trees
@@ -194,7 +194,7 @@ def main(argv=None) -> int:
     print(f"{args.lines:,} lines, {size / 1e6:.0f} MB ({size / args.lines:.0f} B/line), ready "
           f"in {time.perf_counter() - t0:.0f} s; {os.cpu_count()} cores, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    from predict import prereg as pr
+    from ladder.predict import prereg as pr
     prereg = pr.write_once(work / "prereg.json", doc)
     path.read_bytes()  # into the page cache: every reader starts from memory
     rows: list[tuple[str, float, float, float | None, str]] = []

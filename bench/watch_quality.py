@@ -1,6 +1,6 @@
 """Calibration and detection quality of the pre-registration + watcher, and its speed.
 
-On a synthetic ladder whose truth is known (predict.synthetic: the trajectory form, run-level
+On a synthetic ladder whose truth is known (ladder.predict.synthetic: the trajectory form, run-level
 offsets, eval noise), and optionally on real ladder runs (``--runs DIR``):
 
 1. coverage of the 90% band in leave-one-rung-out backtests (fit.fit_law "trajectory" refitted
@@ -12,7 +12,7 @@ offsets, eval noise), and optionally on real ladder runs (``--runs DIR``):
 4. speed: judging a 1M-line metrics file, next to the time to merely json-parse its lines.
 
 ``--family`` measures instead the multiple-comparison rule of a multi-metric pre-registration
-(issue 23; predict.watch.multi): the family-wise false-alarm rate (a healthy run with any
+(issue 23; ladder.predict.watch.multi): the family-wise false-alarm rate (a healthy run with any
 warn/critical alert) for 1 and for 16 independent metrics, each metric's law fitted on the
 ladder, with the Sidak-adjusted rule and without it (every metric at the single-metric rule),
 and the detection of one drifting metric among 16 (caught, named, the other 15 quiet).
@@ -40,17 +40,17 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from predict import band
-from predict import forecast as fc
-from predict import synthetic as sy
-from predict.prereg import make_prereg
-from predict.watch import PreregView, WatchConfig, check
+from ladder.predict import band
+from ladder.predict import forecast as fc
+from ladder.predict import synthetic as sy
+from ladder.predict.prereg import make_prereg
+from ladder.predict.watch import PreregView, WatchConfig, check
 
 METRIC = "eval_dropless/loss"
 
 
 def fit_fn(bootstrap: int, seed: int = 0):
-    from fit import fit_law
+    from ladder.fit import fit_law
 
     def f(df):
         with warnings.catch_warnings():
@@ -280,8 +280,8 @@ def main(argv=None):
         for line in fh:
             json.loads(line)
     t_parse = time.perf_counter() - t0
-    from predict.live import Watcher
-    from predict.sources import JsonlSource
+    from ladder.predict.live import Watcher
+    from ladder.predict.sources import JsonlSource
     print(f"   file {size / 1e6:.0f} MB; json.loads of every line alone: {t_parse:.2f} s "
           f"(this machine, now: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f})")
     out["speed"] = {"lines": args.lines, "bare_parse_s": t_parse}
@@ -300,7 +300,7 @@ def main(argv=None):
     if args.runs:
         print(f"\n5. real ladder runs under {args.runs}")
         try:
-            from fit import load_points
+            from ladder.fit import load_points
             pts = load_points([args.runs], metric=METRIC)
             lr = fc.read_ladder_runs(args.runs)
             en = fc.eval_noise_from_runs(lr, METRIC)
@@ -333,8 +333,8 @@ def family_truths(m: int) -> dict:
 
 
 def family(args) -> int:
-    from predict import prereg as pr
-    from predict.watch.multi import family_config
+    from ladder.predict import prereg as pr
+    from ladder.predict.watch.multi import family_config
     m = args.metrics
     n_ladders = args.ladders or (2 if args.quick else 3)
     n_healthy = args.healthy or (15 if args.quick else 40)
@@ -373,7 +373,7 @@ def family(args) -> int:
         for key in keys:
             pts = sy.points_table(runs, metric=key)
             keep = (np.rint(pts["fraction"] * 100).astype(int) % 5 == 0)
-            from fit import fit_law
+            from ladder.fit import fit_law
             if args.truth_law:
                 law = dataclasses.replace(sy.TruthLaw(truths[key], run_sigma=noise.run_sigma),
                                           metric=key)

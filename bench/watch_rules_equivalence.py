@@ -32,13 +32,13 @@ from pathlib import Path
 
 def record(out_path: str) -> None:
     """This process's tree: every scenario's alerts and the derived tables, as JSON."""
-    from predict import synthetic as sy
-    from predict import watch as W
-    try:  # beside predict.prereg's build since issue 25, among the commands before
-        from predict.prereg import make_prereg
+    from ladder.predict import synthetic as sy
+    from ladder.predict import watch as W
+    try:  # beside ladder.predict.prereg's build since issue 25, among the commands before
+        from ladder.predict.prereg import make_prereg
     except ImportError:
-        from predict.commands import make_prereg
-    from predict.watch import WatchConfig, check
+        from ladder.predict.commands import make_prereg
+    from ladder.predict.watch import WatchConfig, check
 
     truth = sy.Truth()
     rungs = sy.ladder_targets(4, steps0=150)

@@ -17,7 +17,7 @@ Parameter conventions
     ladder's parameter counts come from Marin's public hero-run tracking issue (shared/DESIGN.md).
 
 Both conventions put the recipe's GatedNorm matrices, short-convolution kernels and attention
-head gates (model/config.py ``gated_norm_rank``, ``conv_kernel``, ``head_gate``) in *total*
+head gates (ladder/model/config.py ``gated_norm_rank``, ``conv_kernel``, ``head_gate``) in *total*
 and outside *active*, as the real ladder's names require: its published active sizes are
 reproduced without them. They are counted exactly (per-layer KV heads) in both conventions and
 are zero when the switches are off (every ladder but marin-535b).
@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from model.config import ModelConfig
+from ladder.model.config import ModelConfig
 
 PARAM_CONVENTION = "exact-v1"
 SIZING_CONVENTIONS = ("exact-v1", "marin-sizing-v1")

@@ -20,10 +20,11 @@ other key passes unchanged. Plain Python (the ladder base): fit and predict both
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from ladder.io import EX_USAGE, InputError, as_float
 
@@ -90,7 +91,7 @@ class KeyMap:
         return [th[k][0] if k in th else k for k in keys]
 
     def batch(self, b):
-        """A ``predict.watch.Batch`` read under the trainer's names, with ours (scaled)."""
+        """A ``ladder.predict.watch.Batch`` read under the trainer's names, with ours (scaled)."""
         back = {t: (o, s) for o, t, s in self.entries}
         cols, nonfinite = dict(b.cols), dict(b.nonfinite)
         for t, (o, s) in back.items():

@@ -46,7 +46,7 @@ MUON_NS_EPS = 1e-8               # X / (|X|_F + eps) before the iteration (the r
 ADAM_GROUPS = ("embedding", "router", "norms", "convs", "head_gates")
 ADAMH_GROUPS = ("lm_head",)
 MUONH_GROUPS = ("attention", "latent", "shared_experts", "routed_experts", "gated_norms")
-NORM_GAIN = "scale"              # leaf name of every RMSNorm gain (model/layers.py): Adam
+NORM_GAIN = "scale"              # leaf name of every RMSNorm gain (ladder/model/layers.py): Adam
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ import math
 from dataclasses import dataclass, field
 
 from ladder.counting import FLOP_CONVENTION, SIZING_CONVENTIONS, count_params, flops_per_token
+from ladder.model.config import BIAS_RULES, INITS, QK_NORMS, ModelConfig
 from ladder.optspec import OptimizerSettings, OptimizerSpec
-from model.config import BIAS_RULES, INITS, QK_NORMS, ModelConfig
 
 SCHEDULES = ("linear", "wsd", "cosine", "constant")
 
@@ -242,7 +242,7 @@ class Recipe:
     kv_global_div: int = 8       # and heads / 8 in global layers, floor 1
     global_every: int = 4
     capacity_factor: float = 1.25
-    capacity_tokens: int | None = None  # tokens per capacity cell (model/moe.py); None: one
+    capacity_tokens: int | None = None  # tokens per capacity cell (ladder/model/moe.py); None: one
     #                                     sequence (a cell every layout holds whole)
     route_scale: float = 2.5
     rope_fraction: float = 1.0
@@ -255,7 +255,7 @@ class Recipe:
     eval_sequences: int = 96
     eval_batch: int | None = None   # sequences per eval call; None = one per device
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
-    bias_rule: str = "threshold"  # router balancing (model/moe.py, model/balance.py)
+    bias_rule: str = "threshold"  # router balancing (ladder/model/moe.py, ladder/model/balance.py)
     # The hero recipe's model switches (model/config.py; issue 12). The defaults are the model
     # of every earlier ladder; marin-535b.toml sets the recipe's values.
     init: str = "gpt2"            # gpt2 | recipe (truncated normal, sigma 0.5/sqrt(d))
@@ -531,8 +531,9 @@ def parse_ladder(obj: dict) -> Ladder:
 def load_ladder_file(path) -> Ladder:
     """A ladder from a TOML (``.toml``) or JSON file. Bad content is an InputError naming the
     file and the field."""
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     from ladder.io import InputError, loads, read_bytes
 

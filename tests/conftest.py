@@ -37,7 +37,7 @@ EXPERT_MESH_SRC = """
 import jax
 from flax.traverse_util import flatten_dict, unflatten_dict
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
-from model.transformer import param_group
+from ladder.model.transformer import param_group
 
 def on_expert_mesh(params, tokens):
     mesh = jax.make_mesh((2, 4), ("data", "expert"), axis_types=(AxisType.Auto,) * 2)

@@ -8,11 +8,11 @@ module and nothing outside the library, so either import is the same code.
 from __future__ import annotations
 
 import functools
-from contextlib import contextmanager
 import json
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,7 +61,7 @@ def write_law_runs(root: Path, truth: tuple[float, float, float] = KNOWN_LAW, *,
 def watch_world():
     """(truth, target, law, noise) of the watcher tests: the 4th rung of a synthetic ladder (1200
     steps, an eval every 1%), its true law with 0.5% run-to-run scatter, eval noise 0.3%."""
-    from predict import synthetic as sy
+    from ladder.predict import synthetic as sy
 
     truth = sy.Truth()
     return (truth, sy.ladder_targets(4, steps0=150)[-1], sy.TruthLaw(truth, run_sigma=0.005),
@@ -70,7 +70,7 @@ def watch_world():
 
 def watch_rows(fault: str = "none", at: float = 0.5, seed: int = 0) -> list[dict]:
     """The metrics rows of the watched target's run, with ``fault`` (of size 0.03) from ``at``."""
-    from predict import synthetic as sy
+    from ladder.predict import synthetic as sy
 
     truth, target, _, noise = watch_world()
     return sy.make_run(truth, target, noise=noise, fault=sy.Fault(fault, at, 0.03), seed=seed,
@@ -79,8 +79,8 @@ def watch_rows(fault: str = "none", at: float = 0.5, seed: int = 0) -> list[dict
 
 def write_watch_prereg(path: Path) -> Path:
     """The target's pre-registration (its law, eval noise 0.003) written once at ``path``."""
-    from predict import prereg as pr
-    from predict.prereg import make_prereg
+    from ladder.predict import prereg as pr
+    from ladder.predict.prereg import make_prereg
 
     _, target, law, _ = watch_world()
     return pr.write_once(path, make_prereg(law, target, eval_noise=0.003))
@@ -147,7 +147,7 @@ def run_cli(*args) -> tuple[int, str, str]:
     import io
     import warnings
 
-    from cli.main import main
+    from ladder.cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \

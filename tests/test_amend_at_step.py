@@ -3,7 +3,7 @@ unchanged; from S on it is anchored on the run and moved by the change's evidenc
 follows it from S on and says so; a declared change of data tag no longer stops the watch, an
 undeclared one still does; old pre-registrations keep reading; bad --at-step values are refused.
 
-The run is synthetic with a known truth (predict.synthetic): the target of the watcher tests,
+The run is synthetic with a known truth (ladder.predict.synthetic): the target of the watcher tests,
 which switches at S = 30% of its steps to a recipe worth ``M`` times the compute, i.e. from S on
 each unit of compute counts M times (its loss is the truth at the effective compute)."""
 
@@ -17,11 +17,11 @@ import pytest
 from helpers import run_cli, watch_world
 
 from ladder.io import InputError, read_json
-from predict import prereg as pr
-from predict.commands import at_step_prereg, watch_verdict
-from predict.prereg import make_prereg
-from predict.live import Watcher
-from predict.sources import open_source
+from ladder.predict import prereg as pr
+from ladder.predict.commands import at_step_prereg, watch_verdict
+from ladder.predict.live import Watcher
+from ladder.predict.prereg import make_prereg
+from ladder.predict.sources import open_source
 
 M_TRUE = 2.0
 METRIC = "eval_dropless/loss"
@@ -225,7 +225,7 @@ def test_at_step_options_without_at_step_are_refused(tmp_path, prereg_path):
 def test_every_transition_starts_at_the_anchor_and_keeps_the_old_rows(tmp_path, transition):
     """No jump at S whichever transition: the amended curve at S is the run's anchor (within
     the anchor's own noise); the rows before S are the old ones."""
-    from predict.amend import Plan, amended_forecast, parse_multiplier
+    from ladder.predict.amend import Plan, amended_forecast, parse_multiplier
     _, target, law, _ = watch_world()
     old = make_prereg(law, target, eval_noise=0.003, data_tag="A")
     S = int(0.3 * target.steps)

@@ -9,7 +9,7 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 from bench.balance import load_cvs, synthetic_router  # noqa: E402
-from model.balance import (  # noqa: E402
+from ladder.model.balance import (  # noqa: E402
     N_BINS,
     bias_from_histogram,
     margin_histogram,
@@ -59,7 +59,7 @@ def test_counts_sum_over_devices_and_microbatches():
 
 
 def test_quantile_rule_in_the_model():
-    import model as M
+    import ladder.model as M
     from ladder.specs import LADDERS
 
     cfg = LADDERS["tiny"].rungs[0].model.replace(bias_rule="quantile")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import _Formatter, build_parser, main
-from predict import synthetic as sy
+from ladder.cli.main import _Formatter, build_parser, main
+from ladder.predict import synthetic as sy
 
 ROOT = Path(__file__).resolve().parents[1]
 

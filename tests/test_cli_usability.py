@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cli.main import build_parser, main
+from ladder.cli.main import build_parser, main
 from ladder.specs import LADDERS, AmbiguousRung, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,7 +25,7 @@ TINY = LADDERS["tiny"]
 def test_trainer_commands_without_the_train_extra_name_it(argv, tmp_path):
     """The core install has no JAX: one line naming the extra, exit 69, no traceback."""
     code = ("import sys; sys.modules['jax'] = None; sys.modules['jaxlib'] = None\n"
-            "from cli.main import main; sys.exit(main(sys.argv[1:]))")
+            "from ladder.cli.main import main; sys.exit(main(sys.argv[1:]))")
     r = subprocess.run([sys.executable, "-c", code, *argv, "--out" if argv[0] == "run" else
                         "--devices", str(tmp_path) if argv[0] == "run" else "1"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -47,9 +47,9 @@ def test_global_options_anywhere_on_the_line():
 
 
 def test_one_rung_syntax_everywhere():
-    from cli.commands import _resolve
+    from ladder.cli.commands import _resolve
     from ladder.io import InputError
-    from predict.commands import target_rung
+    from ladder.predict.commands import target_rung
     r = TINY.rungs[1]
     for spec in (f"tiny:{r.name}", f"tiny/{r.name}", r.name):
         lad, rungs = resolve(spec)
@@ -75,7 +75,7 @@ def test_one_rung_syntax_everywhere():
 def test_ols_interval_equals_statsmodels(n, seed, noise):
     """fit.estimate.ols (numpy + scipy) against statsmodels, the test oracle ([dev] extra)."""
     sm = pytest.importorskip("statsmodels.api")
-    from fit.estimate import ols
+    from ladder.fit.estimate import ols
     rng = np.random.default_rng(seed)
     x = np.sort(rng.uniform(40, 60, n))
     y = 4.0 - 0.05 * x + rng.normal(0, noise, n)
@@ -94,14 +94,14 @@ def test_the_core_install_leaves_statsmodels_out():
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert not any(d.startswith("statsmodels") for d in meta["dependencies"])
     assert any(d.startswith("statsmodels") for d in meta["optional-dependencies"]["dev"])
-    src = (ROOT / "fit" / "estimate.py").read_text()
+    src = (ROOT / "ladder" / "fit" / "estimate.py").read_text()
     assert "import statsmodels" not in src
 
 
 def test_report_of_a_csv_fitted_law_draws_its_points(tmp_path, capsys):
-    from predict import synthetic as sy
-    from reports import plots
-    from reports.inputs import load_inputs
+    from ladder.predict import synthetic as sy
+    from ladder.reports import plots
+    from ladder.reports.inputs import load_inputs
     pts = sy.points_table([sy.make_run(sy.Truth(), t, seed=i)
                            for i, t in enumerate(sy.ladder_targets(4, steps0=60))])
     pts.to_csv(tmp_path / "pts.csv", index=False)

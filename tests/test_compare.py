@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fit.compare import FLAT_PER_DECADE, compare_points, trend_verdict
-from cli.main import main
+from ladder.cli.main import main
+from ladder.fit.compare import FLAT_PER_DECADE, compare_points, trend_verdict
 from ladder.io import EX_DATAERR, EX_NOINPUT, EX_USAGE
 
 C = np.geomspace(1e18, 1e21, 6)
@@ -138,7 +138,7 @@ def run(argv) -> tuple[int, str, str]:
         warnings.simplefilter("ignore")
         try:
             code = main(argv)
-        except SystemExit as e:   # argparse's own refusals (exit 64: cli.main._Parser)
+        except SystemExit as e:   # argparse's own refusals (exit 64: ladder.cli.main._Parser)
             code = e.code
     return code, out.getvalue(), err.getvalue()
 

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from fit.curve_law import CurveLaw
-from fit.lr_schedules import lr_from_samples, parse_schedule, read_schedule_csv
-from cli.main import main
+from ladder.cli.main import main
+from ladder.fit.curve_law import CurveLaw
+from ladder.fit.lr_schedules import lr_from_samples, parse_schedule, read_schedule_csv
 from ladder.io import InputError
 
 MPL = {"L0": 2.5, "A": 1.6, "alpha": 0.45, "B": 0.9, "C": 0.02, "beta": 0.6, "gamma": 0.5}

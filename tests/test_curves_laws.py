@@ -3,7 +3,7 @@ recovery of known parameters from
 synthetic curves, prediction of unseen schedules, transfer across model sizes, JSON round trip.
 
 The synthetic truth is computed here by a deliberately naive per-step implementation of the two
-papers' formulas (Luo et al. 2025 MPL; Tissue et al. 2024 momentum law), not by fit/.
+papers' formulas (Luo et al. 2025 MPL; Tissue et al. 2024 momentum law), not by ladder/fit/.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fit.curve_fit import fit_curve_law
-from fit.curve_law import CurveLaw
-from predict.planned import predict_rung
+from ladder.fit.curve_fit import fit_curve_law
+from ladder.fit.curve_law import CurveLaw
 from ladder.io import InputError
+from ladder.predict.planned import predict_rung
 from ladder.specs import Schedule
 
 PEAK = 3e-3
@@ -231,12 +231,12 @@ def test_eval_noise_widens_a_curve_laws_band_in_quadrature():
 
 
 def test_a_planned_runs_tokens_set_its_length():
-    """The forecaster's question of a curve law (fit.prediction.Query with a planned run's
+    """The forecaster's question of a curve law (ladder.fit.prediction.Query with a planned run's
     schedule and its tokens so far): the same schedule shape stretched to tokens / fraction, here
     0.6 of the planned tokens at the end of the run, as the naive reference computes it on the
     shorter schedule (the contingency "shorten the run, re-aim the decay")."""
-    from fit.lr_schedules import NamedSchedule
-    from fit.prediction import Query
+    from ladder.fit.lr_schedules import NamedSchedule
+    from ladder.fit.prediction import Query
     from ladder.specs import get_ladder
     rung = get_ladder("tiny").target
     law = law_with("mpl", MPL_TRUE)
@@ -290,10 +290,10 @@ def test_fixed_parameter_is_respected():
 def test_analytic_gradient_matches_finite_differences(form, truth):
     """The solver's gradient (sparse annealing sums, reused buffers) against central
     differences of the objective, at a point away from the optimum."""
-    from fit.curve_fit import _objective, _objective_grad, curve_data_from_table
-    from fit.curve_forms import CurveModel as _Model
-    from fit.curve_forms import design as _design
-    from fit.curve_forms import stack as _stack
+    from ladder.fit.curve_fit import _objective, _objective_grad, curve_data_from_table
+    from ladder.fit.curve_forms import CurveModel as _Model
+    from ladder.fit.curve_forms import design as _design
+    from ladder.fit.curve_forms import stack as _stack
     df = table(mpl_reference if form == "mpl" else momentum_reference, truth,
                ["cosine", "wsd"], noise=1e-3)
     data = curve_data_from_table(df, size_column=None)
@@ -315,7 +315,7 @@ def test_analytic_gradient_matches_finite_differences(form, truth):
 def test_one_size_needs_no_size_column():
     """A points table of one model size (load_points always carries an empty active_params
     column) fits without a size column, exactly as a table without that column."""
-    from fit import fit_law, load_points
+    from ladder.fit import fit_law, load_points
     df = table(mpl_reference, MPL_TRUE, ["cosine", "constant", "wsd"], noise=2e-4)
     df = df[df["loss"].notna()].reset_index(drop=True)   # a points table: eval rows only
     pts = load_points(df)
@@ -330,7 +330,7 @@ def test_one_size_needs_no_size_column():
 def test_auto_on_a_table_of_curves_considers_the_curve_laws():
     """--form auto on curves with step and lr but no scale columns chooses between mpl and
     momentum by leave-one-run-out; on multi-power-law data it picks mpl and says why."""
-    from fit import fit_law
+    from ladder.fit import fit_law
     df = table(mpl_reference, MPL_TRUE, ["cosine", "constant", "wsd"], noise=2e-4)
     df = df[df["loss"].notna()].reset_index(drop=True)
     law = fit_law(df, form="auto", bootstrap=0)

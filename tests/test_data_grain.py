@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from cli.main import main
-from ladder.trainer.data import load_corpus
+from ladder.cli.main import main
 from ladder.io import InputError, read_json, read_metrics
 from ladder.specs import LADDERS
+from ladder.trainer.data import load_corpus
 from ladder.trainer.tokens import GrainFeed, WindowSource, load_shards, segment_ids
 from ladder.trainer.train import train_rung
 from ladder.trainer.trainconfig import RunArgs, TrainConfig

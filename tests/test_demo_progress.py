@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import sys
 
-from cli import demo
+from ladder.cli import demo
 
 
 class _Tty(io.StringIO):

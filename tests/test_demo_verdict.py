@@ -1,6 +1,6 @@
 """The demo's verdict follows the pre-registered decision rule, not the final point alone."""
 
-from cli.demo import _verdict
+from ladder.cli.demo import _verdict
 
 DOC = {"final": {"loss": 2.0, "lo": 1.9, "hi": 2.2}, "metric": "eval_dropless/loss",
        "target": {"name": "hero"}, "created": "2026-12-01", "band_level": 0.9}
@@ -40,7 +40,7 @@ import argparse  # noqa: E402
 
 import pytest  # noqa: E402
 
-from cli import demo  # noqa: E402
+from ladder.cli import demo  # noqa: E402
 from ladder.io import InputError  # noqa: E402
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import main
-from ladder.trainer.distributed import DistributedConfig, from_args
+from ladder.cli.main import main
 from ladder.io import InputError, read_json, read_metrics
 from ladder.specs import LADDERS, load_ladder_file
+from ladder.trainer.distributed import DistributedConfig, from_args
 
 ROOT = Path(__file__).resolve().parent.parent
 # The tiny ladder at 8 sequences per step: since the trainer splits the batch over every device

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import ray
 
-from cli.main import main
-from ladder.trainer.executor import parse_resources, run_ladder_ray, rung_task
+from ladder.cli.main import main
 from ladder.io import InputError, read_json, read_metrics
 from ladder.specs import LADDERS
+from ladder.trainer.executor import parse_resources, run_ladder_ray, rung_task
 from ladder.trainer.train import train_rung
 from ladder.trainer.trainconfig import RunArgs, TrainConfig
 

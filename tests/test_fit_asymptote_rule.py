@@ -1,10 +1,9 @@
-"""The short-ladder asymptote rule (fit.select.asymptote_rule) never centres the band on an
+"""The short-ladder asymptote rule (ladder.fit.select.asymptote_rule) never centres the band on an
 asymptote its own report calls implausible while a defensible variant has a plausible one, and
 says which variant it chose and why (issue 21, item 5)."""
 
 import json
 import warnings
-
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fit import FitResult, fit_law
-from fit.estimate import E_MIN_FRACTION_OF_LOSS, implausible_asymptote
-from fit.select import _common_folds, _narrow_backtest, _score
+from ladder.fit import FitResult, fit_law
+from ladder.fit.estimate import E_MIN_FRACTION_OF_LOSS, implausible_asymptote
+from ladder.fit.select import _common_folds, _narrow_backtest, _score
 
 
 def _short_ladder(seed, E, noise, n=4):

@@ -10,10 +10,10 @@ import warnings
 
 import numpy as np
 import pytest
-
-from fit import load_law, load_points
 from helpers import write_law_runs
-from cli.main import main
+
+from ladder.cli.main import main
+from ladder.fit import load_law, load_points
 from ladder.io import InputError
 
 
@@ -110,8 +110,9 @@ def test_predict_requires_the_law_inputs(tmp_path):
 
 
 def test_fit_does_not_import_jax():
-    code = ("import sys, fit, fit.commands, fit.law, fit.points, fit.backtest, fit.select, "
-            "fit.allocation, fit.lawjson; assert 'jax' not in sys.modules, 'jax imported'")
+    code = ("import sys, ladder.fit, ladder.fit.commands, ladder.fit.law, ladder.fit.points, "
+            "ladder.fit.backtest, ladder.fit.select, ladder.fit.allocation, ladder.fit.lawjson; "
+            "assert 'jax' not in sys.modules, 'jax imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fit import FitResult, fit_law, load_points
-from fit.allocation import allocation, isoflop_approach2
+from ladder.fit import FitResult, fit_law, load_points
+from ladder.fit.allocation import allocation, isoflop_approach2
 from ladder.io import InputError
 
 # Marin's hero-run tracking issue: final dropless Paloma losses of the 4 rungs at training
@@ -454,12 +454,13 @@ def test_law_json_written_before_the_residual_quantile_still_loads_with_t_bands(
 
 def test_a_law_json_written_by_the_code_before_issue_16_loads_and_predicts_as_it_did():
     # tests/data/law_main_b81488e.json: written by main at b81488e (fit_law on a 12-run compute
-    # table, bootstrap 50), before abs_residuals_log and fit.prediction existed; that code's
+    # table, bootstrap 50), before abs_residuals_log and ladder.fit.prediction existed; that code's
     # predict(compute=1e23) printed these three numbers
     from pathlib import Path
 
-    from fit import load_law
     from scipy.stats import norm
+
+    from ladder.fit import load_law
     path = Path(__file__).parent / "data" / "law_main_b81488e.json"
     law = load_law(path)
     p = law.predict(compute=1e23, extrapolation=False)
@@ -526,10 +527,10 @@ def test_band_holds_the_extrapolation_error_below_and_above_the_ladder_not_insid
 
 
 def test_prereg_extrapolation_record_is_the_law_band_term_and_names_the_pooled_rate():
-    """What prereg.json records as ``extrapolation`` (predict.band.extrapolation_error) is
+    """What prereg.json records as ``extrapolation`` (ladder.predict.band.extrapolation_error) is
     the term the law's band holds at the target, described by the method that computed it."""
-    from predict.band import extrapolation_error
-    from predict.forecast import Target
+    from ladder.predict.band import extrapolation_error
+    from ladder.predict.forecast import Target
     res = fit_law(_curved_compute_table(), form="compute", bootstrap=0)
     rate = _pooled(res.diagnostics["backtest"]["folds"])
     target = Target(name="t", params=1e9, active_params=1e9, tokens=2e13, steps=1000,
@@ -544,7 +545,7 @@ def test_prereg_extrapolation_record_is_the_law_band_term_and_names_the_pooled_r
 
 
 def test_pooled_rate_weighs_folds_by_distance():
-    from fit.backtest import pooled_rate
+    from ladder.fit.backtest import pooled_rate
     # a fold 0.09 decades out that missed by its noise (0.65%) and one 0.4 decades out: per
     # fold the first alone would say 7%/decade; pooled, each adds its d^2
     folds = [{"log_err": [0.0065], "distance": [0.09]},
@@ -668,9 +669,9 @@ def test_band_covers_a_known_law_with_known_noise_about_90_percent_over_many_see
 
 
 def test_every_law_is_a_law_with_its_band_method_in_law_json_and_one_reader():
-    from fit import Law
-    from fit.curve_law import CurveLaw
-    from fit.law import law_from_json
+    from ladder.fit import Law
+    from ladder.fit.curve_law import CurveLaw
+    from ladder.fit.law import law_from_json
     res = fit_law(_compute_table(n=12, noise=0.01), form="compute", bootstrap=30,
                   backtest=False)
     curve = CurveLaw(form="momentum", params={"L0": 2.0, "A": 1.0, "alpha": 0.5, "C": 0.1,

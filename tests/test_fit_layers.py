@@ -1,11 +1,11 @@
 """fit/ imports without cycles (issue 16): every import of a fit module by another, function-local
-ones included, points down the layers named in fit/law.py's docstring; fit's library never
+ones included, points down the layers named in ladder/fit/law.py's docstring; fit's library never
 imports predict, reports, the CLI or JAX."""
 
 import ast
 from pathlib import Path
 
-FIT = Path(__file__).resolve().parents[1] / "fit"
+FIT = Path(__file__).resolve().parents[1] / "ladder" / "fit"
 
 
 def _imports(path: Path) -> set[str]:
@@ -14,8 +14,8 @@ def _imports(path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module == "fit":  # from fit import x: x is a submodule or a name of fit/
-                out |= {f"fit.{a.name}" if (FIT / f"{a.name}.py").exists() else "fit"
+            if node.module == "ladder.fit":  # from ladder.fit import x: a submodule or a name
+                out |= {f"ladder.fit.{a.name}" if (FIT / f"{a.name}.py").exists() else "ladder.fit"
                         for a in node.names}
             else:
                 out.add(node.module)
@@ -23,15 +23,15 @@ def _imports(path: Path) -> set[str]:
 
 
 def _graph() -> dict[str, set[str]]:
-    return {f"fit.{p.stem}" if p.stem != "__init__" else "fit":
-            {m for m in _imports(p) if m == "fit" or m.startswith("fit.")}
+    return {f"ladder.fit.{p.stem}" if p.stem != "__init__" else "ladder.fit":
+            {m for m in _imports(p) if m == "ladder.fit" or m.startswith("ladder.fit.")}
             for p in FIT.glob("*.py")}
 
 
 def test_fit_modules_import_each_other_without_cycles():
     g = _graph()
     # the package's __init__ imports its top modules; nothing inside fit imports the package
-    assert not [m for m, deps in g.items() if m != "fit" and "fit" in deps]
+    assert not [m for m, deps in g.items() if m != "ladder.fit" and "ladder.fit" in deps]
     state: dict[str, int] = {}
 
     def visit(m, path):
@@ -50,22 +50,23 @@ def test_fit_modules_import_each_other_without_cycles():
 def test_the_layers_the_law_module_documents():
     g = _graph()
     # lower layers never import the fitting or selection layers above them
-    for low in ("fit.forms", "fit.solver", "fit.prediction", "fit.report", "fit.lawjson"):
-        assert not g[low] & {"fit.result", "fit.estimate", "fit.backtest", "fit.select",
-                             "fit.law", "fit.curve_fit", "fit.curve_law"}, low
-    assert "fit.law" not in g["fit.result"] | g["fit.estimate"] | g["fit.backtest"] \
-        | g["fit.select"]
-    assert "fit.select" not in g["fit.backtest"] | g["fit.estimate"]
-    assert "fit.backtest" not in g["fit.estimate"] | g["fit.result"]
+    f = "ladder.fit."
+    for low in ("forms", "solver", "prediction", "report", "lawjson"):
+        assert not g[f + low] & {f + m for m in ("result", "estimate", "backtest", "select", "law",
+                                                 "curve_fit", "curve_law")}, low
+    assert f + "law" not in g[f + "result"] | g[f + "estimate"] | g[f + "backtest"] \
+        | g[f + "select"]
+    assert "ladder.fit.select" not in g["ladder.fit.backtest"] | g["ladder.fit.estimate"]
+    assert "ladder.fit.backtest" not in g["ladder.fit.estimate"] | g["ladder.fit.result"]
 
 
 def test_fit_imports_nothing_above_it_and_no_jax():
-    # fit/commands.py is the `ladder fit`/`ladder predict` handler: the CLI layer, above
+    # ladder/fit/commands.py is the `ladder fit`/`ladder predict` handler: the CLI layer, above
     # predict (it reads W&B offline runs with predict.sources); the library is everything else
     for p in FIT.glob("*.py"):
         if p.name == "commands.py":
             continue
-        bad = {m for m in _imports(p) if m.split(".")[0] in ("predict", "reports", "jax", "flax",
-                                                              "optax")
-               or m in ("cli.main", "cli.demo", "ladder.trainer.train")}
+        bad = {m for m in _imports(p) if m.split(".")[0] in ("jax", "flax", "optax")
+               or m.startswith(("ladder.predict", "ladder.reports"))
+               or m in ("ladder.cli.main", "ladder.cli.demo", "ladder.trainer.train")}
         assert not bad, f"{p.name} imports {sorted(bad)}"

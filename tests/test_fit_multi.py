@@ -14,13 +14,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import run_cli, write_law_runs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fit import load_law, load_laws, load_points
-from fit.law import law_from_json, laws_from_json
-from fit.points import expand_metrics, metric_keys
-from helpers import run_cli, write_law_runs
+from ladder.fit import load_law, load_laws, load_points
+from ladder.fit.law import law_from_json, laws_from_json
+from ladder.fit.points import expand_metrics, metric_keys
 from ladder.io import EX_DATAERR, EX_USAGE, InputError
 
 DATA = Path(__file__).parent / "data"

@@ -19,20 +19,20 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import run_cli as _cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fit import fit_law, load_law, load_points
-from fit.allocation import allocation, allocation_diagnostics
-from fit.config import FitConfig
-from fit.estimate import fit_spec
-from fit.forms import U_LIMIT, Spec, get_form
-from fit.law import law_from_json
-from helpers import run_cli as _cli
+from ladder.fit import fit_law, load_law, load_points
+from ladder.fit.allocation import allocation, allocation_diagnostics
+from ladder.fit.config import FitConfig
+from ladder.fit.estimate import fit_spec
+from ladder.fit.forms import U_LIMIT, Spec, get_form
+from ladder.fit.law import law_from_json
 from ladder.io import EX_DATAERR, InputError, atomic_write_json, to_jsonable
-from predict import forecast as fc
-from predict.prereg import make_prereg
-from predict.watch import check
+from ladder.predict import forecast as fc
+from ladder.predict.prereg import make_prereg
+from ladder.predict.watch import check
 
 FORMS = ("auto", "compute", "chinchilla", "trajectory", "moe")
 EXPONENTS = {"zero": (1e-3, 0.03), "mid": (0.05, 0.6), "one": (0.9, 1.1)}
@@ -393,7 +393,7 @@ def test_isoflop_vertex_beyond_float64_is_not_defined():
     ladders): a budget whose loss is a nearly flat parabola in log N has its vertex at log N ~
     2000, and math.exp raised OverflowError; now that budget's optimum is NaN (not defined,
     off-centre), and with fewer than 2 budgets left the call is refused, not crashed."""
-    from fit.allocation import isoflop_approach2
+    from ladder.fit.allocation import isoflop_approach2
 
     def table(flat_budgets):
         rows = []

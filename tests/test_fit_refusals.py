@@ -5,10 +5,11 @@ import json
 import subprocess
 
 import pytest
-
-import fit.law
-import fit.solver
 from helpers import run_cli
+
+import ladder.fit.estimate
+import ladder.fit.law
+import ladder.fit.solver
 from ladder.specs import LADDERS
 
 TARGET = f"cpu:{LADDERS['cpu'].target.name}"
@@ -31,12 +32,12 @@ def test_fit_refuses_an_unconverged_best_start(tmp_path, monkeypatch):
     pts = _points(tmp_path)
     # a solver allowed 2 iterations, in the screen of the grid's starts and in the polish
     # (which decides), cannot converge
-    orig = fit.solver.lbfgs
+    orig = ladder.fit.solver.lbfgs
 
     def short(*a, **kw):
         return orig(*a, **dict(kw, max_iter=2))
-    monkeypatch.setattr(fit.estimate, "lbfgs", short)
-    monkeypatch.setattr(fit.solver, "lbfgs", short)
+    monkeypatch.setattr(ladder.fit.estimate, "lbfgs", short)
+    monkeypatch.setattr(ladder.fit.solver, "lbfgs", short)
     out = tmp_path / "law.json"
     r = _cli("fit", pts, "--form", "compute", "--bootstrap", "0", "--out", out)
     assert r.returncode == 65, r.stderr

@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fit import FitResult, fit_law
-from fit.estimate import scale_weights
-from fit.select import one_se_choice
+from ladder.fit import FitResult, fit_law
+from ladder.fit.estimate import scale_weights
+from ladder.fit.select import one_se_choice
 
 TRUTH = {"E": 1.8, "A": 400.0, "B": 1200.0, "a": 0.32}   # alpha = beta: Gadre et al.'s form
 TARGET = {"params": 1e10, "tokens": 2e11}                  # 10x the largest run, M = 20
@@ -114,7 +114,7 @@ def test_cli_equal_weights_turns_the_rule_off(tmp_path):
     import contextlib
     import io
 
-    from cli.main import main
+    from ladder.cli.main import main
     _near, both = _ladder()
     table = tmp_path / "points.csv"
     both.to_csv(table, index=False)

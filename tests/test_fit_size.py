@@ -1,7 +1,7 @@
 """Issue 26 item 9: a big table never ends in a MemoryError. The objective is evaluated in slices
-of at most ``fit.estimate.CHUNK_VALUES`` (problems x points) values, so memory is bounded
+of at most ``ladder.fit.estimate.CHUNK_VALUES`` (problems x points) values, so memory is bounded
 whatever the table's size, with each problem's numbers as before; a table beyond
-``fit.law.MAX_FIT_ROWS`` points is refused with one line naming the limit."""
+``ladder.fit.law.MAX_FIT_ROWS`` points is refused with one line naming the limit."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fit import estimate
-from fit.config import HUBER_DELTA
-from fit.forms import Spec, get_form
-from fit.law import MAX_FIT_ROWS, fit_law
-from cli.main import main
+from ladder.cli.main import main
+from ladder.fit import estimate
+from ladder.fit.config import HUBER_DELTA
+from ladder.fit.forms import Spec, get_form
+from ladder.fit.law import MAX_FIT_ROWS, fit_law
 
 
 def table(n: int, runs: int = 20, seed: int = 0) -> pd.DataFrame:
@@ -45,7 +45,7 @@ def test_a_table_beyond_the_limit_is_one_line_naming_it(tmp_path, capsys):
 
 
 def _problem(n: int, starts: int):
-    from fit.forms import Model
+    from ladder.fit.forms import Model
     df = table(n)
     spec = Spec(get_form("compute"))
     cols = {k: df[k].to_numpy(float) for k in ("params", "active_params", "tokens", "compute")}

@@ -5,15 +5,12 @@ The output says so; --include-target puts it back."""
 import json
 
 import numpy as np
-
 import pytest
-
-from fit import load_points
 from helpers import run_cli as _cli
 from helpers import write_law_runs
+
+from ladder.fit import load_points
 from ladder.io import InputError
-
-
 
 
 @pytest.fixture()
@@ -30,7 +27,7 @@ def test_points_of_a_runs_directory_leave_the_target_out(runs):
     df = load_points(root, include_target=True)
     assert sorted(df["run"].unique()) == sorted(rungs + [target])
     assert df.attrs["left_out"] == []
-    # the rung directories given one by one (as cli/demo.py does): nothing left out
+    # the rung directories given one by one (as ladder/cli/demo.py does): nothing left out
     df = load_points([root / r for r in rungs])
     assert sorted(df["run"].unique()) == sorted(rungs) and df.attrs["left_out"] == []
 
@@ -69,7 +66,7 @@ def test_a_fit_through_its_points_identifies_nothing():
     # E with a prior and fixed (and the band comes from those) instead of keeping a free E
     import pandas as pd
 
-    from fit import fit_law
+    from ladder.fit import fit_law
 
     c = np.array([1e12, 3e12, 9e12])
     df = pd.DataFrame({"run": ["a", "b", "c"], "compute": c, "fraction": 1.0,

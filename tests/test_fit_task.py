@@ -1,4 +1,4 @@
-"""Downstream accuracy in two steps (fit.task, issue 23 item 4): the sigmoid recovers known
+"""Downstream accuracy in two steps (ladder.fit.task, issue 23 item 4): the sigmoid recovers known
 parameters, the chained band covers the truth on synthetic ladders near its level, law.json
 round-trips through `ladder predict`, bad tables get a one-line error."""
 
@@ -11,8 +11,8 @@ from helpers import run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fit.law import law_from_json, load_law
-from fit.task import fit_sigmoid, fit_task, sigmoid
+from ladder.fit.law import law_from_json, load_law
+from ladder.fit.task import fit_sigmoid, fit_task, sigmoid
 
 # a synthetic ladder whose task loss is E + A/N^alpha + B/D^beta and whose accuracy is the
 # paper's sigmoid of it (floor 0.25, as a 4-way multiple choice task)

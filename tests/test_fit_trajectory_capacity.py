@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fit import fit_law, load_law
-from fit.forms import CURVES_FORMS, Spec, get_form
+from ladder.fit import fit_law, load_law
+from ladder.fit.forms import CURVES_FORMS, Spec, get_form
 from ladder.io import InputError
 
 TRUTH = {"E": 1.2, "A": 60.0, "alpha": 0.09, "B": 3.0, "beta": 0.02, "gamma": 0.3,

@@ -9,7 +9,7 @@ from conftest import run_on_fake_devices
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model.layers import draw_normal, draw_normal_regions
+from ladder.model.layers import draw_normal, draw_normal_regions
 
 
 @st.composite
@@ -45,9 +45,9 @@ def compare_with_model_init() -> dict:
     import jax
     from flax.traverse_util import flatten_dict
 
-    import model as M
-    from ladder.trainer.optim import OptimizerSpec
+    import ladder.model as M
     from ladder.specs import LADDERS
+    from ladder.trainer.optim import OptimizerSpec
     from ladder.trainer.step import make_mesh, make_optimizer, state_shardings
 
     n = len(jax.devices())
@@ -94,7 +94,7 @@ def test_the_trainer_starts_from_model_init():
     import jax
     from flax.traverse_util import flatten_dict
 
-    import model as M
+    import ladder.model as M
     from ladder.specs import LADDERS
     from ladder.trainer.step import make_mesh, programs
 

@@ -1,7 +1,7 @@
 """Every command's inputs, broken: a one-line error (exit 64+) naming the file or the field, never
 a traceback, a hang or exit 0 (issue 15). The named corpus of bench/fuzz_inputs.py (the slow
 cases sampled) and a hypothesis search over numbers and JSON values where a user or a file gives
-them; every command runs in-process (cli.main.main) under an alarm."""
+them; every command runs in-process (ladder.cli.main.main) under an alarm."""
 
 import json
 
@@ -325,10 +325,12 @@ def test_any_token_manifest_is_loaded_or_refused_with_one_line(world, tmp_path, 
     where=st.sampled_from(["recipe", "rungs", "target"]))
 def test_any_ladder_file_number_is_taken_or_refused_with_one_line(tmp_path, value, field_,
                                                                    where):
+    from importlib.resources import files
+
+    import tomllib
+
     from ladder.io import InputError
     from ladder.specs import load_ladder_file, parse_ladder
-    import tomllib
-    from importlib.resources import files
     doc = tomllib.loads((files("ladder") / "ladders" / "tiny.toml").read_text())
     if where == "recipe":
         doc["recipe"][field_] = value
@@ -353,7 +355,7 @@ def test_any_ladder_file_number_is_taken_or_refused_with_one_line(tmp_path, valu
     lambda xs: "\n".join(json.dumps(x) for x in xs).encode()))
 def test_any_bytes_in_a_file_reader_is_a_value_or_one_line(tmp_path, data):
     from ladder.io import InputError, iter_jsonl, read_json
-    from predict.prereg import read_chain_file
+    from ladder.predict.prereg import read_chain_file
     p = tmp_path / "x.json"
     p.write_bytes(data)
     for reader in (read_json, read_chain_file, lambda q: list(iter_jsonl(q))):

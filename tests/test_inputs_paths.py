@@ -10,12 +10,10 @@ import os
 from pathlib import Path
 
 import pytest
-
 from helpers import alarm
-from cli.main import main
+
+from ladder.cli.main import main
 from ladder.io import InputError, inside, loads, open_input, read_bytes, safe_name
-
-
 
 
 def cli(capsys, *argv) -> tuple[int, str]:
@@ -92,7 +90,7 @@ def test_a_manifest_shard_outside_the_shard_folder_is_refused(tmp_path):
 
 
 def test_verify_does_not_follow_an_amends_path_out_of_the_folder(tmp_path, capsys):
-    from predict import prereg as pr
+    from ladder.predict import prereg as pr
     from tests.test_predict_prereg import build
     p = pr.write_once(tmp_path / "pre" / "p.json", build())
     doc = pr.load(p)

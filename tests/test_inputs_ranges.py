@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
-
 from helpers import alarm
-from cli.main import main
+
+from ladder.cli.main import main
 from ladder.trainer.trainconfig import train_config
 
 TINY = (Path(__file__).resolve().parents[1] / "ladder" / "ladders" / "tiny.toml").read_text()

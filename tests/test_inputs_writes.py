@@ -10,13 +10,23 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import main
-from ladder.io import (InputError, append_text, atomic_write_json, atomic_write_text,
-                       check_writable, iter_jsonl, number, read_json, read_metrics, read_table,
-                       staged_dir)
-from predict import prereg as pr
-from predict import synthetic as sy
-from predict.prereg import make_prereg
+from ladder.cli.main import main
+from ladder.io import (
+    InputError,
+    append_text,
+    atomic_write_json,
+    atomic_write_text,
+    check_writable,
+    iter_jsonl,
+    number,
+    read_json,
+    read_metrics,
+    read_table,
+    staged_dir,
+)
+from ladder.predict import prereg as pr
+from ladder.predict import synthetic as sy
+from ladder.predict.prereg import make_prereg
 
 TARGET = sy.ladder_targets(4, steps0=150)[-1]
 LAW = sy.TruthLaw(sy.Truth(), run_sigma=0.005)
@@ -199,7 +209,7 @@ def test_report_and_watch_refuse_a_tampered_preregistration(tmp_path, prereg_pat
 
 
 def test_summary_escapes_names_from_files(tmp_path):
-    from reports.commands import build_report
+    from ladder.reports.commands import build_report
     p = tmp_path / "p.json"
     p.write_text(json.dumps(pr.seal({
         "schema": "prereg/1", "target": {"name": "<script>alert(1)</script>"},
@@ -212,7 +222,7 @@ def test_summary_escapes_names_from_files(tmp_path):
 
 
 def test_schedule_inputs_that_would_hang_are_refused(tmp_path):
-    from fit.lr_schedules import parse_schedule, read_schedule_csv
+    from ladder.fit.lr_schedules import parse_schedule, read_schedule_csv
     with pytest.raises(InputError, match="steps"):
         parse_schedule("linear:steps=1e12,peak=1e-3")
     p = tmp_path / "s.csv"
@@ -270,8 +280,8 @@ def test_a_failed_append_leaves_no_partial_line(tmp_path, monkeypatch):
 
 
 def test_the_jsonl_sink_resends_an_alert_after_a_torn_write(tmp_path):
-    from predict.sinks import JsonlSink
-    from predict.watch import Alert
+    from ladder.predict.sinks import JsonlSink
+    from ladder.predict.watch import Alert
     p = tmp_path / "alerts.jsonl"
     p.write_text('{"time": "t", "kind": "na')  # torn: its id never reached the file
     a = Alert("t", 5, None, None, "nan", "critical", message="x")

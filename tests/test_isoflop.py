@@ -1,6 +1,6 @@
 """`ladder isoflop` (issue 24, item 5): IsoFLOP Approaches 1 and 2 of Hoffmann et al. 2022 on a
 points table, checked against a Chinchilla law whose compute-optimal allocation is known in
-closed form (N* = G (C/6)^a, a = beta / (alpha + beta); fit.allocation); the public anchors
+closed form (N* = G (C/6)^a, a = beta / (alpha + beta); ladder.fit.allocation); the public anchors
 (Porian et al. 2024, Llama 3) are in bench/isoflop_anchors.py."""
 
 import json
@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from fit.allocation import allocation
-from fit.isoflop import isoflop
-from cli.main import main
+from ladder.cli.main import main
+from ladder.fit.allocation import allocation
+from ladder.fit.isoflop import isoflop
 from ladder.io import InputError
 
 TRUTH = {"E": 1.7, "A": 400.0, "B": 1800.0, "alpha": 0.34, "beta": 0.28}

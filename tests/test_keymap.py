@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cli.main import main
+from ladder.cli.main import main
 from ladder.io import InputError
 from ladder.keymap import load_keymap, parse_keymap
-from predict import prereg as pr
-from predict import synthetic as sy
-from predict.prereg import make_prereg
+from ladder.predict import prereg as pr
+from ladder.predict import synthetic as sy
+from ladder.predict.prereg import make_prereg
 
 TRUTH = sy.Truth()
 LAW = sy.TruthLaw(TRUTH, run_sigma=0.005)
@@ -140,7 +140,7 @@ def test_fit_a_levanter_keyed_table_as_our_own(tmp_path, capsys):
     lev["throughput/total_gflops"] = lev.pop("compute") / 1e9
     lev.to_csv(tmp_path / "lev.csv", index=False)
 
-    from fit.points import load_points
+    from ladder.fit.points import load_points
     cols = ["params", "tokens", "compute", "fraction", "loss"]
     a = load_points([str(tmp_path / "ours.csv")])
     b = load_points([str(tmp_path / "lev.csv")], keymap=load_keymap("levanter"))

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from ladder.io import InputError, read_metrics
-from ladder.trainer.optim import OptimizerSpec
 from ladder.specs import LADDERS, Dials, Recipe, load_ladder_file, make_ladder
+from ladder.trainer.optim import OptimizerSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "ladder" / "ladders"
@@ -144,7 +144,7 @@ def _cli(*args):
 
 def _main(capsys, *args):
     """`ladder ARGS` in this process (no interpreter and JAX start-up per call)."""
-    from cli.main import main
+    from ladder.cli.main import main
     capsys.readouterr()
     code = main(list(args))
     out = capsys.readouterr()

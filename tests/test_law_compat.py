@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fit import load_law
-from fit.prediction import Law
+from ladder.fit import load_law
+from ladder.fit.prediction import Law
 from ladder.specs import Schedule
 
 DATA = Path(__file__).parent / "data"
@@ -97,7 +97,7 @@ MAIN_7DE5265 = {
 def test_a_law_1_file_from_the_last_code_before_law_3_predicts_as_it_did(name):
     import json
 
-    from fit import LawResult
+    from ladder.fit import LawResult
     path, metric, kw, (loss, lo, hi) = MAIN_7DE5265[name]
     assert json.loads((DATA / path).read_text())["schema"] in ("law/1", "law/2")
     law = load_law(DATA / path, metric=metric)
@@ -119,7 +119,7 @@ def test_a_law_3_file_must_say_what_law_1_left_out():
     abs_residuals_log is refused, naming the field (the same document as law/1 reads)."""
     import json
 
-    from fit import LawResult
+    from ladder.fit import LawResult
     from ladder.io import InputError
     doc = json.loads((DATA / "law_main_7de5265_compute.json").read_text())
     for key in ("small_sample", "abs_residuals_log"):

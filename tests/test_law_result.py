@@ -1,5 +1,5 @@
 """One result type for every law (issue 16 item 1): a Chinchilla-family law and a curve law are
-both fit.result.LawResult, with the same law.json envelope, the same report layout and one
+both ladder.fit.result.LawResult, with the same law.json envelope, the same report layout and one
 reader that hands a file to the kind its form names."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fit import LawResult, load_law
-from fit.curve_law import CurveLaw
-from fit.result import FitResult
+from ladder.fit import LawResult, load_law
+from ladder.fit.curve_law import CurveLaw
+from ladder.fit.result import FitResult
 from ladder.io import InputError
 
 DATA = Path(__file__).parent / "data"
@@ -78,7 +78,7 @@ def test_the_batched_lbfgs_within_bounds_finds_the_constrained_optimum():
     # its own problem (its own centre c); the reference is scipy's L-BFGS-B on each row alone
     from scipy.optimize import minimize
 
-    from fit.solver import lbfgs
+    from ladder.fit.solver import lbfgs
     rng = np.random.default_rng(0)
     C = rng.uniform(-2, 3, (6, 3))
     s2 = np.array([1.0, 4.0, 0.25])
@@ -105,7 +105,7 @@ def test_the_batched_lbfgs_within_bounds_finds_the_constrained_optimum():
 
 
 def test_run_weights_and_percentile_interval():
-    from fit.solver import percentile_interval, run_weights
+    from ladder.fit.solver import percentile_interval, run_weights
     w = run_weights(np.random.default_rng(1), 5, 300)
     assert w.shape == (300, 5) and np.all(w > 0)
     np.testing.assert_allclose(w.sum(axis=1), 5.0)
@@ -125,7 +125,7 @@ def test_a_curve_fit_records_its_bootstrap_as_the_chinchilla_family_does():
 
     from test_curves_laws import MPL_TRUE, mpl_reference, table  # tests/ is on sys.path
 
-    from fit.curve_fit import fit_curve_law
+    from ladder.fit.curve_fit import fit_curve_law
     train = table(mpl_reference, MPL_TRUE, ["cosine", "wsd", "wsd_long"], noise=1e-3, seed=4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -141,10 +141,10 @@ def test_a_curve_fit_records_its_bootstrap_as_the_chinchilla_family_does():
 
 @pytest.mark.parametrize("form", sorted(FILES))
 def test_every_kind_answers_the_one_query(form):
-    """One law signature (issue 25): every kind is asked a fit.prediction.Query (or its
+    """One law signature (issue 25): every kind is asked a ladder.fit.prediction.Query (or its
     fields as keywords, the same query) and answers a Prediction."""
-    from fit.lr_schedules import parse_schedule
-    from fit.prediction import Prediction, Query
+    from ladder.fit.lr_schedules import parse_schedule
+    from ladder.fit.prediction import Prediction, Query
     law = load_law(DATA / FILES[form])
     if form == "compute":
         q = Query(compute=np.array([1e19, 1e21]))

@@ -5,11 +5,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from helpers import assert_documents_stay_apart
-import model
+
+from ladder import model
+from ladder.model.layers import attend, attend_reference
 from ladder.specs import LADDERS
-from model.layers import attend, attend_reference
 
 TINY = LADDERS["tiny"].rungs[0].model
 

@@ -9,11 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import model
+from ladder import model
 from ladder.counting import count_params
+from ladder.model.config import ModelConfig
+from ladder.model.layers import Attention, materialize, rope
 from ladder.specs import LADDERS
-from model.config import ModelConfig
-from model.layers import Attention, materialize, rope
 
 TINY = LADDERS["tiny"].rungs[0].model
 
@@ -72,7 +72,7 @@ def test_one_scheme_of_parameter_groups():
     import dataclasses
 
     from ladder.counting import ParamCount
-    from model.transformer import PARAM_GROUPS
+    from ladder.model.transformer import PARAM_GROUPS
     fields = {f.name for f in dataclasses.fields(ParamCount)} - {"routed_active", "convention"}
     assert fields == set(PARAM_GROUPS)
 

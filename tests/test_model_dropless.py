@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from conftest import EXPERT_MESH_SRC, run_on_fake_devices
 
+from ladder.model.moe import dispatch_dropless, dispatch_reference, group_block, swiglu
 from ladder.trainer.plan import hlo_flops
-from model.moe import dispatch_dropless, dispatch_reference, group_block, swiglu
 
 
 def weights(E: int, L: int, F: int, seed: int = 0) -> tuple:
@@ -82,8 +82,7 @@ SHARDED = EXPERT_MESH_SRC + textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     from functools import partial
     from ladder.specs import LADDERS
-    import model
-
+    from ladder import model
     assert jax.device_count() == 8
     cfg = LADDERS["tiny"].rungs[0].model.replace(n_experts=8)
     params, bias = model.init(cfg, 0)

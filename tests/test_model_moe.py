@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from model.config import ModelConfig
-from model.layers import materialize
-from model.moe import (
+from ladder.model.config import ModelConfig
+from ladder.model.layers import materialize
+from ladder.model.moe import (
     MoE,
     capacity,
     dispatch_reference,

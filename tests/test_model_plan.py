@@ -5,10 +5,10 @@ import math
 
 import pytest
 
-from cli.main import main
+from ladder.cli.main import main
 from ladder.counting import count_params
-from ladder.trainer.plan import GB200_BF16_DENSE_FLOPS, make_mesh, plan_rung
 from ladder.specs import LADDERS
+from ladder.trainer.plan import GB200_BF16_DENSE_FLOPS, make_mesh, plan_rung
 
 
 def test_plan_marin_first_rung_on_8_devices():
@@ -40,7 +40,7 @@ def test_plan_marin_first_rung_on_8_devices():
     # two per weight, 8 * trained): the Adam groups and the LM head by their parameter groups
     from flax.traverse_util import flatten_dict
 
-    from model.transformer import param_group, param_shapes
+    from ladder.model.transformer import param_group, param_shapes
     two = sum(x.size for k, x in flatten_dict(param_shapes(cfg)[0]).items()
               if param_group(k) in ("embedding", "lm_head", "router", "norms", "convs",
                                     "head_gates") or k[-1] == "scale")

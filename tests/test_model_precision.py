@@ -10,11 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import model
+from ladder import model
 from ladder.io import InputError
+from ladder.model.config import ModelConfig, resolve_precision
 from ladder.specs import LADDERS
 from ladder.trainer.trainconfig import TrainConfig, resolve_rung
-from model.config import ModelConfig, resolve_precision
 
 # 5 layers: one scanned group of 4 and an unrolled last layer, so both code paths are covered
 CFG = ModelConfig(vocab_size=64, d_model=32, n_layers=5, n_heads=4, head_dim=8,

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from flax.traverse_util import flatten_dict
 
-import model
+from ladder import model
 from ladder.counting import count_params
-from model.config import ModelConfig
-from model.layers import rms_norm
-from model.transformer import Block, expert_axis, param_group
+from ladder.model.config import ModelConfig
+from ladder.model.layers import rms_norm
+from ladder.model.transformer import Block, expert_axis, param_group
 
 # 10 layers, a global one every 4th: 2 scanned groups of [L, L, L, G] + layers 8 (L), 9 (G)
 CFG = ModelConfig(vocab_size=32, d_model=16, n_layers=10, n_heads=2, head_dim=8,
@@ -154,10 +154,10 @@ import jax, jax.numpy as jnp, numpy as np
 from functools import partial
 from jax.sharding import NamedSharding, PartitionSpec as P
 from flax.traverse_util import flatten_dict
-import model
+from ladder import model
 from ladder.trainer.optim import OptimizerSpec
 from ladder.trainer.step import make_mesh, make_optimizer, state_shardings
-from model.config import ModelConfig
+from ladder.model.config import ModelConfig
 assert jax.device_count() == 8
 cfg = ModelConfig(vocab_size=32, d_model=16, n_layers=5, n_heads=2, head_dim=8,
                   n_kv_heads_local=2, n_kv_heads_global=1, local_window=4, n_experts=8, top_k=2,

@@ -11,8 +11,7 @@ SCRIPT = EXPERT_MESH_SRC + textwrap.dedent("""
     from functools import partial
     from jax.sharding import PartitionSpec as P
     from ladder.specs import LADDERS
-    import model
-
+    from ladder import model
     assert jax.device_count() == 8
     # drops on (capacity factor 1.25) with cells of one sequence (32 tokens here): each device
     # holds whole cells, so the expert-parallel path drops what one device drops (issue 22)

@@ -10,11 +10,16 @@ import numpy as np
 import pytest
 
 from ladder.io import read_metrics
-from ladder.trainer.optim import OptimizerSpec, marin_groups, make_optimizer, hyperball_step
 from ladder.specs import LADDERS
+from ladder.trainer.optim import OptimizerSpec, hyperball_step, make_optimizer, marin_groups
 from ladder.trainer.train import train_rung
-from ladder.trainer.trainconfig import OptimizerOverrides, RunArgs, TrainConfig, resolve_rung, \
-    train_config
+from ladder.trainer.trainconfig import (
+    OptimizerOverrides,
+    RunArgs,
+    TrainConfig,
+    resolve_rung,
+    train_config,
+)
 
 
 def _optim(**kw) -> TrainConfig:
@@ -100,7 +105,7 @@ def test_training_config_switches_and_fixes_the_optimizer():
 
 
 def _tiny_params():
-    import model as M
+    import ladder.model as M
     cfg = LADDERS["tiny"].rungs[0].model
     return cfg, M.init(cfg, 0)[0]
 
@@ -108,8 +113,8 @@ def _tiny_params():
 def test_each_group_gets_its_transformation():
     from flax.traverse_util import flatten_dict
 
-    import model as M
-    from model.transformer import param_group
+    import ladder.model as M
+    from ladder.model.transformer import param_group
 
     _, params = _tiny_params()
     groups = flatten_dict(marin_groups(params), is_leaf=lambda p, x: hasattr(x, "kind"))
@@ -318,8 +323,13 @@ def test_newton_schulz_on_a_batch_of_tall_matrices_is_each_matrix_alone():
 def test_muon_orthogonalize_takes_each_weights_matrix_axes():
     import jax.numpy as jnp
 
-    from ladder.trainer.optim import MUON_NS_COEFFS, MUON_NS_EPS, marin_group, muon_orthogonalize, \
-        newton_schulz
+    from ladder.trainer.optim import (
+        MUON_NS_COEFFS,
+        MUON_NS_EPS,
+        marin_group,
+        muon_orthogonalize,
+        newton_schulz,
+    )
 
     rng = np.random.default_rng(2)
 
@@ -389,7 +399,7 @@ def test_marin_state_holds_no_second_moment_for_muonh_at_1_6b():
     import jax
     from flax.traverse_util import flatten_dict
 
-    import model as M
+    import ladder.model as M
     from ladder.trainer.optim import make_optimizer, marin_groups
 
     rung = LADDERS["marin-535b"].get("1.6B-A61M")

@@ -4,7 +4,6 @@ forecasts from it while `import jax` fails (fit, predict and reports need no JAX
 import shutil
 import subprocess
 import sys
-
 from pathlib import Path
 
 import pytest
@@ -42,7 +41,7 @@ def test_fresh_core_install_fits_a_csv_without_jax(tmp_path):
     assert r.returncode != 0
 
     sys.path.insert(0, str(ROOT))
-    from predict import synthetic as sy
+    from ladder.predict import synthetic as sy
     pts = sy.points_table([sy.make_run(sy.Truth(), t, seed=i)
                            for i, t in enumerate(sy.ladder_targets(5, steps0=60))])
     work = tmp_path / "work"

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from conftest import run_on_fake_devices
 
-from cli.main import main
+from ladder.cli.main import main
 from ladder.trainer.plan import hlo_flops
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,10 +8,10 @@ import warnings
 import numpy as np
 import pytest
 
-from fit import fit_law
-from predict import synthetic as sy
-from predict.band import amended_band, extrapolation_error, law_band, z_of
-from predict.forecast import Target, forecast
+from ladder.fit import fit_law
+from ladder.predict import synthetic as sy
+from ladder.predict.band import amended_band, extrapolation_error, law_band, z_of
+from ladder.predict.forecast import Target, forecast
 
 # a target two decades of compute beyond a 5-run synthetic ladder (its law extrapolates)
 TARGET = Target(name="t", params=1e9, active_params=1e9, tokens=2e13, steps=1000,

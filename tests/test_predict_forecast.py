@@ -6,12 +6,12 @@ import warnings
 import numpy as np
 import pytest
 
-from cli.main import main
+from ladder.cli.main import main
 from ladder.io import atomic_write_json, read_json
-from predict import band
-from predict import forecast as fc
-from predict import prereg as pr
-from predict import synthetic as sy
+from ladder.predict import band
+from ladder.predict import forecast as fc
+from ladder.predict import prereg as pr
+from ladder.predict import synthetic as sy
 
 TRUTH = sy.Truth()
 NOISE = sy.RunNoise(run_sigma=0.005, eval_sigma=0.004)
@@ -48,7 +48,7 @@ def pd_concat(*dfs):
 
 @pytest.fixture(scope="module")
 def fitted_law(tmp_path_factory):
-    from fit import fit_law
+    from ladder.fit import fit_law
     rungs = sy.ladder_targets(6, ratio=2.5, steps0=60)
     runs = [sy.make_run(TRUTH, t, noise=NOISE, seed=i) for i, t in enumerate(rungs)]
     pts = sy.points_table(runs)
@@ -116,8 +116,8 @@ def test_cli_preregister_verify_watch_with_a_fitted_law(fitted_law, tmp_path, ca
     assert "prereg-v2.json" in err and "amendment 1" in err
     assert code == 0
     # the unamended forecast, on its own, no longer applies (data tag): exit 3, not a false alarm
-    from predict.live import Watcher
-    from predict.sources import JsonlSource
+    from ladder.predict.live import Watcher
+    from ladder.predict.sources import JsonlSource
     w = Watcher(pr.load(out), JsonlSource(m / "metrics.jsonl"), [], None)
     w.poll()
     assert w.exit_code == 3

@@ -11,10 +11,10 @@ import math
 import numpy as np
 import pytest
 
-from predict import forecast as fc
-from predict import synthetic as sy
-from predict.prereg import make_prereg
-from predict.watch import WatchConfig, check
+from ladder.predict import forecast as fc
+from ladder.predict import synthetic as sy
+from ladder.predict.prereg import make_prereg
+from ladder.predict.watch import WatchConfig, check
 
 TRUTH = sy.Truth()
 RUNGS = sy.ladder_targets(4, steps0=150)       # 150, 300, 600, 1200 steps

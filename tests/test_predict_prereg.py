@@ -7,14 +7,14 @@ import stat
 import numpy as np
 import pytest
 
-from cli.main import main
+from ladder.cli.main import main
 from ladder.io import InputError, canonical_json, read_json
+from ladder.predict import prereg as pr
+from ladder.predict import synthetic as sy
+from ladder.predict.band import combine_band, estimate_eval_noise
+from ladder.predict.forecast import Target, forecast, grid_fractions
+from ladder.predict.prereg import make_prereg
 from ladder.specs import LADDERS, resolve
-from predict import prereg as pr
-from predict import synthetic as sy
-from predict.band import combine_band, estimate_eval_noise
-from predict.forecast import Target, forecast, grid_fractions
-from predict.prereg import make_prereg
 
 TRUTH = sy.Truth()
 
@@ -186,9 +186,11 @@ def test_cli_reason_without_amend_is_a_usage_error(tmp_path):
 def test_predict_never_imports_jax():
     import subprocess
     import sys
-    code = ("import sys; import predict.commands, predict.live, predict.sinks, predict.sources, "
-            "predict.forecast, predict.prereg, predict.watch, predict.synthetic; "
-            "from cli.main import main; "
+    code = ("import sys; import ladder.predict.commands, ladder.predict.live, "
+            "ladder.predict.sinks, "
+            "ladder.predict.sources, ladder.predict.forecast, ladder.predict.prereg, "
+            "ladder.predict.watch, ladder.predict.synthetic; "
+            "from ladder.cli.main import main; "
             "print('jax' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]),

@@ -10,17 +10,23 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers import watch_rows as rows  # the watched target's run; prereg_path: conftest
 from helpers import watch_world, write_jsonl
-from cli.main import main
-from predict import prereg as pr
-from predict import synthetic as sy
-from predict.prereg import make_prereg
-from predict.live import Watcher
-from predict.sinks import WandbAlertSink, WebhookSink
-from predict.sources import CsvSource, JsonlSource, WandbApiSource, WandbOfflineSource, WandbUri
-from predict.watch import Alert
+
+from ladder.cli.main import main
+from ladder.predict import prereg as pr
+from ladder.predict import synthetic as sy
+from ladder.predict.live import Watcher
+from ladder.predict.prereg import make_prereg
+from ladder.predict.sinks import WandbAlertSink, WebhookSink
+from ladder.predict.sources import (
+    CsvSource,
+    JsonlSource,
+    WandbApiSource,
+    WandbOfflineSource,
+    WandbUri,
+)
+from ladder.predict.watch import Alert
 
 ROOT = Path(__file__).resolve().parents[1]
 TRUTH, TARGET, LAW, NOISE = watch_world()
@@ -168,9 +174,9 @@ def test_wandb_offline_watch_cli(offline_run, prereg_path, capsys):
 def test_fit_gets_the_offline_reader_from_the_cli_layer(offline_run, tmp_path):
     """`ladder fit` on a W&B offline directory: predict's record reader is handed down by
     cli.commands (fit never imports predict); fit's own handler alone refuses the directory."""
-    from fit.commands import fit_main
-    from cli.main import build_parser
-    from cli.commands import offline_wandb_points
+    from ladder.cli.commands import offline_wandb_points
+    from ladder.cli.main import build_parser
+    from ladder.fit.commands import fit_main
     from ladder.io import InputError
 
     wdir, rs = offline_run
@@ -241,7 +247,7 @@ def test_wandb_api_lineage_merges_and_later_ids_win(prereg_path):
     got = src.poll()
     assert [r["step"] for r in got.rows] == list(range(1, 11)) + list(range(8, 13))
     assert got.configs == [{"seq_len": TARGET.seq_len}]
-    from predict.watch import Batch
+    from ladder.predict.watch import Batch
     b_ = Batch.from_rows(got.rows)
     merged = dict(zip(b_.step.tolist(), b_.cols["train/loss"].tolist(), strict=True))
     assert merged[9] == 2.0  # last wins

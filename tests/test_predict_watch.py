@@ -1,4 +1,4 @@
-"""The pure watcher core against runs drawn from a known truth (predict.synthetic)."""
+"""The pure watcher core against runs drawn from a known truth (ladder.predict.synthetic)."""
 
 import json
 import math
@@ -6,9 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from predict import synthetic as sy
-from predict.prereg import make_prereg
-from predict.watch import Batch, WatchConfig, check, exit_code_for
+from ladder.predict import synthetic as sy
+from ladder.predict.prereg import make_prereg
+from ladder.predict.watch import Batch, WatchConfig, check, exit_code_for
 
 TRUTH = sy.Truth()
 TARGET = sy.ladder_targets(4, steps0=150)[-1]   # 1200 steps, an eval every 1%
@@ -264,7 +264,7 @@ def test_trend_catches_a_step_inside_the_band(doc):
 
 
 def test_registered_auto_precision_matches_what_the_run_resolved():
-    from predict.watch import config_difference
+    from ladder.predict.watch import config_difference
 
     # preregister records the recipe ("auto": bf16 on accelerators, f32 on CPU); config.json of
     # the run records what ran: the forecast still applies
@@ -280,7 +280,7 @@ def test_config_split_by_concern():
     stores); each part validates its own fields and is one concern alone."""
     import dataclasses
 
-    from predict.watch.config import HealthRules, LossRules, RunRules
+    from ladder.predict.watch.config import HealthRules, LossRules, RunRules
     names = [{f.name for f in dataclasses.fields(c)} for c in (LossRules, HealthRules, RunRules)]
     assert not (names[0] & names[1] or names[0] & names[2] or names[1] & names[2])
     assert set.union(*names) == set(WatchConfig().to_dict())

@@ -13,10 +13,10 @@ import pytest
 from conftest import run_on_fake_devices
 from flax.traverse_util import flatten_dict
 
-import model
+from ladder import model
 from ladder.counting import count_params, flops_per_token
+from ladder.model.config import ModelConfig
 from ladder.specs import LADDERS
-from model.config import ModelConfig
 
 RECIPE = dict(init="recipe", rope_fraction=0.5, global_rope=False, qk_norm="rms", qk_mult=1.3,
               embed_norm=True, gated_norm_rank=128, conv_kernel=4, xsa=True, head_gate=True)
@@ -128,10 +128,10 @@ SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
     from flax.traverse_util import flatten_dict
-    import model
-    from model.config import ModelConfig
-    from model.layers import materialize
-    from model.moe import MoE, route
+    from ladder import model
+    from ladder.model.config import ModelConfig
+    from ladder.model.layers import materialize
+    from ladder.model.moe import MoE, route
     from ladder.trainer.step import make_optimizer, state_shardings
     from ladder.specs import LADDERS
 

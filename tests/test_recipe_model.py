@@ -11,13 +11,21 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax.traverse_util import flatten_dict
-
 from helpers import assert_documents_stay_apart
-import model
+
+from ladder import model
+from ladder.model.config import ModelConfig
+from ladder.model.layers import (
+    QK_RMS_EPS,
+    Attention,
+    GatedRMSNorm,
+    causal_conv,
+    exclusive,
+    gated_norm,
+    head_gate,
+    materialize,
+)
 from ladder.specs import LADDERS
-from model.config import ModelConfig
-from model.layers import (QK_RMS_EPS, Attention, GatedRMSNorm, causal_conv, exclusive, gated_norm,
-                          head_gate, materialize)
 
 # every switch of the recipe on (ladder/ladders/marin-535b.toml)
 RECIPE = dict(init="recipe", rope_fraction=0.5, global_rope=False, qk_norm="rms", qk_mult=1.3,

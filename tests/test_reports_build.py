@@ -14,17 +14,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import chromium_dom
-from cli.main import main as cli_main
+
+from ladder.cli.main import main as cli_main
+from ladder.predict.prereg import seal
+from ladder.reports.commands import build_report
+from ladder.reports.figdata import backtests, ladder_residuals
+from ladder.reports.inputs import load_inputs, not_applicable_spans
+from ladder.reports.page import render_html, render_summary
+from ladder.reports.plots import plot_law, plot_watch
+from ladder.reports.tables import forecast_rows, law_rows, param_intervals
 from ladder.specs import get_ladder
-from predict.prereg import seal
-from reports.commands import build_report
-from reports.figdata import backtests, ladder_residuals
-from reports.inputs import load_inputs, not_applicable_spans
-from reports.page import render_html, render_summary
-from reports.plots import plot_law, plot_watch
-from reports.tables import forecast_rows, law_rows, param_intervals
 
 E, A, ALPHA = 1.5, 19.0, 0.1   # the synthetic truth
 BAND = 0.02                   # +-2% band of the known law
@@ -264,7 +264,7 @@ def test_cli_report_and_bad_input(tmp_path, ladder_dir, capsys):
 
 
 def test_reports_never_imports_jax():
-    code = ("import sys, reports.commands, reports.plots; "
+    code = ("import sys, ladder.reports.commands, ladder.reports.plots; "
             "assert 'jax' not in sys.modules, 'jax imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
 
@@ -361,8 +361,8 @@ def test_the_ladder_figure_evaluates_the_law_once_per_rung_and_drawing_evaluates
         ladder_dir):
     """The figure's data is built once (reports.figdata): a law of whole runs is evaluated once
     per rung, for its curve and its residuals together; drawing that data asks the law nothing."""
-    from reports.figdata import ladder_data
-    from reports.plots import colors_for, draw_ladder
+    from ladder.reports.figdata import ladder_data
+    from ladder.reports.plots import colors_for, draw_ladder
 
     calls = []
 
@@ -383,7 +383,7 @@ def test_the_ladder_figure_evaluates_the_law_once_per_rung_and_drawing_evaluates
 
 def test_the_metric_panels_are_computed_once_per_report(tmp_path, monkeypatch):
     """The small multiples, their table on the page and in the summary share one list."""
-    import reports.inputs as ri
+    import ladder.reports.inputs as ri
     computed = []
     real = ri.metric_panels
     monkeypatch.setattr(ri, "metric_panels", lambda inp: computed.append(1) or real(inp))

@@ -15,15 +15,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import chromium_dom
-from cli.main import main
-from predict import prereg as pr
-from predict import synthetic as sy
-from predict.prereg import make_prereg
-from predict.live import Watcher
-from predict.sources import JsonlSource
-from reports.live import Downsampled, LivePage
+
+from ladder.cli.main import main
+from ladder.predict import prereg as pr
+from ladder.predict import synthetic as sy
+from ladder.predict.live import Watcher
+from ladder.predict.prereg import make_prereg
+from ladder.predict.sources import JsonlSource
+from ladder.reports.live import Downsampled, LivePage
 
 TRUTH = sy.Truth()
 TARGET = sy.ladder_targets(4, steps0=150)[-1]

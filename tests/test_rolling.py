@@ -1,4 +1,4 @@
-"""predict.rolling against pandas' rolling median: the same numbers, to the bit, for the
+"""ladder.predict.rolling against pandas' rolling median: the same numbers, to the bit, for the
 windows the health rules use and the cases the rank filter leaves to pandas."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from predict.rolling import rolling_median
+from ladder.predict.rolling import rolling_median
 
 
 def _pandas(x, w, minp):

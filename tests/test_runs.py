@@ -91,9 +91,9 @@ def test_run_lr_table_applies_the_spike_with_the_trainers_defaults():
 
 
 def test_fit_predict_and_reports_see_the_same_runs(tmp_path):
-    from fit import load_points
-    from predict.forecast import read_ladder_runs
-    from reports.inputs import load_inputs
+    from ladder.fit import load_points
+    from ladder.predict.forecast import read_ladder_runs
+    from ladder.reports.inputs import load_inputs
 
     good = [write_run(tmp_path, r, status="complete") for r in LAD.rungs[:2]]
     write_run(tmp_path, LAD.rungs[2], status="diverged")
@@ -109,7 +109,7 @@ def test_fit_predict_and_reports_see_the_same_runs(tmp_path):
 
 
 def test_source_keys_reads_through_ladder_io(tmp_path):
-    from predict.commands import source_keys
+    from ladder.predict.commands import source_keys
 
     src = tmp_path / "m.jsonl"
     src.write_text('{"step": 1, "a": 1}\n' + "[" * 100_000 + "\n" + '{"b": 2}\n{"c": ')

@@ -1,5 +1,5 @@
-"""The one shape of a watcher source and of a sink (predict.sources.base.Source,
-predict.sinks.Sink): what the watcher may rely on without probing; and read positions written
+"""The one shape of a watcher source and of a sink (ladder.predict.sources.base.Source,
+ladder.predict.sinks.Sink): what the watcher may rely on without probing; and read positions written
 before the sources were split into a package still restoring."""
 
 from __future__ import annotations
@@ -10,12 +10,21 @@ import os
 
 from helpers import watch_rows as rows  # the watched target's run; prereg_path: conftest
 from helpers import write_jsonl
+
 from ladder.keymap import load_keymap
-from predict.live import Watcher
-from predict.sinks import Sink
-from predict.sources import (CsvSource, JsonlSource, KeyMappedSource, Poll, Source,
-                             WandbApiSource, WandbOfflineSource, open_source)
-from predict.wandb_home import TeeSource
+from ladder.predict.live import Watcher
+from ladder.predict.sinks import Sink
+from ladder.predict.sources import (
+    CsvSource,
+    JsonlSource,
+    KeyMappedSource,
+    Poll,
+    Source,
+    WandbApiSource,
+    WandbOfflineSource,
+    open_source,
+)
+from ladder.predict.wandb_home import TeeSource
 
 
 class Rows(Source):
@@ -157,8 +166,8 @@ class FakeWandb:
 
 
 def test_the_wandb_alert_sink_sends_at_the_level_and_stops_after_a_failure(capsys):
-    from predict.sinks import WandbAlertSink
-    from predict.watch import Alert
+    from ladder.predict.sinks import WandbAlertSink
+    from ladder.predict.watch import Alert
     warn = Alert("t", 10, None, 0.5, "above_band", "warn", message="high")
     info = Alert("t", 11, None, 0.5, "cleared", "info", message="back")
     wb = FakeWandb()

@@ -20,11 +20,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from ladder.cli.main import main
+from ladder.io import InputError, atomic_write_json, read_json
 from ladder.trainer import tokens as T
-from cli.main import main
 from ladder.trainer.corpus_files import is_held_out
 from ladder.trainer.data import load_corpus
-from ladder.io import InputError, atomic_write_json, read_json
 
 ROOT = Path(__file__).resolve().parent.parent
 EOS = "<|endoftext|>"

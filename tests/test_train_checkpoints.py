@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from ladder.trainer.checkpointing import location
-from cli.main import main
+from ladder.cli.main import main
 from ladder.io import InputError, read_json, read_metrics
 from ladder.specs import LADDERS
+from ladder.trainer.checkpointing import location
 from ladder.trainer.train import checkpoint_root, train_rung
 from ladder.trainer.trainconfig import RunArgs, TrainConfig, profile_range
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ladder.io import InputError
 from ladder.trainer.data import (
     VAL_BUCKETS,
     is_held_out,
@@ -15,7 +16,6 @@ from ladder.trainer.data import (
     stdlib_corpus,
     stdlib_files,
 )
-from ladder.io import InputError
 
 
 def test_stdlib_corpus_excludes_tests_and_splits_by_path_hash():

@@ -3,7 +3,7 @@ step: --microbatch, --peak-flops, eval_batch."""
 
 import pytest
 
-from cli.main import main
+from ladder.cli.main import main
 from ladder.io import InputError
 from ladder.specs import LADDERS
 from ladder.trainer.train import peak_flops_info

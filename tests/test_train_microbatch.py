@@ -4,12 +4,17 @@ import jax
 import numpy as np
 import pytest
 
-from ladder.trainer.data import stdlib_corpus
+from ladder.model.config import ModelConfig
+from ladder.model.moe import (
+    bias_target_from_stat,
+    merge_bias_stat,
+    step_tokens,
+    threshold_bias,
+    top_logits,
+)
 from ladder.specs import LADDERS
+from ladder.trainer.data import stdlib_corpus
 from ladder.trainer.step import make_mesh, programs
-from model.config import ModelConfig
-from model.moe import bias_target_from_stat, merge_bias_stat, step_tokens, threshold_bias, \
-    top_logits
 
 
 def test_threshold_statistic_merges_exactly():
@@ -29,7 +34,7 @@ def test_threshold_statistic_merges_exactly():
     # one microbatch alone would give another target: the merge is what makes it the step's
     assert not np.allclose(threshold_bias(logits[::4], k), threshold_bias(logits, k), atol=1e-3)
     with step_tokens(64):                      # the statistic sized for the step, not the call
-        from model.moe import threshold_n
+        from ladder.model.moe import threshold_n
         assert threshold_n(cfg, 16) == 32
     assert threshold_n(cfg, 16) == 8
 
@@ -134,8 +139,9 @@ def test_files_from_before_the_cell_still_load():
     """A ladder file without capacity_tokens gets cells of one sequence; a run's config.json
     from before it (no model.capacity_tokens) reads back with None: one cell per call, the rule
     it ran with; a bad value names the field."""
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     from ladder.specs import Rung, parse_ladder
 

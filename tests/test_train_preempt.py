@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import start_and_signal
+
 from ladder.io import read_json, read_metrics
 from ladder.specs import LADDERS
 from ladder.trainer.train import train_rung

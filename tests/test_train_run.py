@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from helpers import start_and_signal
-from cli.main import main
+
+from ladder.cli.main import main
 from ladder.io import read_json, read_metrics
 from ladder.runs import read_run
 from ladder.specs import LADDERS, Rung

@@ -38,7 +38,7 @@ for n, ep, mb in ((1, 1, None), (1, 1, 4), (8, 4, 8), (8, 2, None)):
                               if "eval_dropless/loss" in r],
                  "mesh": read_json(f"{d}/config.json")["mesh"]}
 # routed experts split over "expert" (E/4 = 1 row per device), dense weights FSDP over all 8
-import model as M
+import ladder.model as M
 from ladder.trainer.step import make_mesh, programs
 state = programs(rung.model, make_mesh(8, 4, rung.model.n_experts, 8)).init_state(0)
 groups = M.param_groups(state["params"])

@@ -7,8 +7,8 @@ before these keys existed still resumes."""
 import pytest
 
 from ladder.io import InputError, read_json, read_metrics
-from ladder.trainer.rundir import previous_run
 from ladder.specs import LADDERS
+from ladder.trainer.rundir import previous_run
 from ladder.trainer.train import train_rung
 from ladder.trainer.trainconfig import RunArgs, TrainConfig
 

@@ -10,16 +10,16 @@ import os
 
 import pytest
 
-from cli.main import main
+from ladder.cli.main import main
 from ladder.io import read_metrics
+from ladder.predict import forecast as fc
+from ladder.predict import prereg as pr
+from ladder.predict import synthetic as sy
+from ladder.predict.prereg import make_prereg
+from ladder.predict.sources import WandbOfflineSource, read_wandb_records
+from ladder.predict.watch import config_difference
 from ladder.specs import LADDERS
 from ladder.wandbrun import forecast_run_id, resolve, watch_run_id
-from predict import forecast as fc
-from predict import prereg as pr
-from predict import synthetic as sy
-from predict.prereg import make_prereg
-from predict.sources import WandbOfflineSource, read_wandb_records
-from predict.watch import config_difference
 
 pytest.importorskip("wandb")
 RUNG = LADDERS["tiny"].rungs[0]
@@ -196,7 +196,7 @@ class _Api:
 
 
 def test_fit_points_from_wandb_histories_match_the_run_directory(tmp_path):
-    from fit.points import load_points
+    from ladder.fit.points import load_points
     run_dir = tmp_path / "runs" / "tiny" / RUNG.name
     run_dir.mkdir(parents=True)
     cfg = {"schema": "run-config/1", "rung": RUNG.to_dict()}
@@ -228,8 +228,8 @@ def test_fit_points_from_wandb_histories_match_the_run_directory(tmp_path):
 def test_fit_points_from_an_offline_wandb_dir_match_the_run_directory(wandb_run):
     import numpy as np
 
-    from fit.points import is_wandb_offline_dir, load_points
-    from cli.commands import offline_wandb_points
+    from ladder.cli.commands import offline_wandb_points
+    from ladder.fit.points import is_wandb_offline_dir, load_points
     run_dir, wdir = wandb_run
     assert is_wandb_offline_dir(wdir) and not is_wandb_offline_dir(run_dir)
     want = load_points([str(run_dir)])

@@ -14,14 +14,14 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers import watch_rows as rows  # the watched target's run; prereg_path: conftest
 from helpers import write_jsonl
-from cli.main import main
-from predict import live
-from predict.live import Watcher
-from predict.sinks import JsonlSink, Sink, WebhookSink
-from predict.sources import JsonlSource, SourceWrapper, WandbApiSource, WandbOfflineSource
+
+from ladder.cli.main import main
+from ladder.predict import live
+from ladder.predict.live import Watcher
+from ladder.predict.sinks import JsonlSink, Sink, WebhookSink
+from ladder.predict.sources import JsonlSource, SourceWrapper, WandbApiSource, WandbOfflineSource
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -205,7 +205,7 @@ def test_webhook_redirect_is_a_failure_not_a_delivery(hook, capsys):
     srv, H = hook
     H.status = 302
     sink = WebhookSink(f"http://127.0.0.1:{srv.server_port}/t0ken", max_tries=2, backoff=0.01)
-    from predict.watch import Alert
+    from ladder.predict.watch import Alert
     sink.send(Alert("t", 1, None, None, "spike", "warn", message="m"), {"id": "a1"})
     sink.close(timeout=10)
     assert [g[0] for g in H.got] == ["POST", "POST"]  # retried, never followed to a GET
@@ -219,7 +219,7 @@ def test_webhook_retries_until_the_receiver_is_back(hook):
     H.status = 503
     sink = WebhookSink(f"http://127.0.0.1:{srv.server_port}/", max_tries=5, backoff=0.01,
                        sleep=lambda s: setattr(H, "status", 200))  # back after the first wait
-    from predict.watch import Alert
+    from ladder.predict.watch import Alert
     sink.send(Alert("t", 1, None, None, "spike", "warn", message="m"), {"id": "a1"})
     assert sink.close(timeout=10)
     assert [(g[1], g[2]) for g in H.got] == [("a1", "a1"), ("a1", "a1")]
@@ -327,7 +327,7 @@ def test_follow_waits_for_a_source_that_does_not_exist_yet(tmp_path, prereg_path
             write_jsonl(d / "metrics.jsonl", rows(seed=6))
             (d / "summary.json").write_text(json.dumps({"schema": "run-summary/1",
                                                         "status": "complete"}))
-    from predict.sources import open_source
+    from ladder.predict.sources import open_source
     w = Watcher(prereg_path, open_source(str(d), follow=True), [], None, sleep=sleep)
     assert w.run(follow=True) == 0
     assert w.state["n_evals"] > 50 and waits[:2] == [1.0, 1.0]
@@ -456,7 +456,7 @@ def test_offline_lineage_reads_every_segment_incrementally(tmp_path, monkeypatch
     got = src.poll()
     assert sorted({r["step"] for r in got.rows}) == list(range(1, 251))
     assert src.finished() is None
-    from predict.sources import wandb as wandb_sources
+    from ladder.predict.sources import wandb as wandb_sources
     calls = []
     real = wandb_sources.decode_wandb_file
     monkeypatch.setattr(wandb_sources, "decode_wandb_file",
@@ -533,7 +533,7 @@ def test_follow_config_is_checked():
     """The follow's settings are one frozen config (the CLI builds it from --poll and
     --max-seconds): bad values are the one-line usage error naming the option."""
     from ladder.io import InputError
-    from predict.live import FollowConfig
+    from ladder.predict.live import FollowConfig
     for kw, name in (({"poll_seconds": 0}, "--poll"), ({"poll_seconds": 7200}, "--poll"),
                      ({"max_seconds": -1}, "--max-seconds"),
                      ({"persistent_after": 0}, "persistent_after")):

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ladder.io import iter_jsonl, json_line, read_metrics
-from predict.sources import JsonlSource, parse_lines
+from ladder.predict.sources import JsonlSource, parse_lines
 
 
 def reference(raw: bytes):
@@ -136,7 +136,7 @@ def test_the_metrics_contract(tmp_path):
 
 def test_a_file_read_in_many_polls_equals_one_read(tmp_path):
     """Blocks, polls of max_rows and per-block columns give the batch of one pass."""
-    from predict.watch import concat_batches
+    from ladder.predict.watch import concat_batches
     p = tmp_path / "m.jsonl"
     rng = np.random.default_rng(0)
     with open(p, "w") as f:

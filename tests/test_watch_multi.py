@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers import run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import run_cli
-from predict import prereg as pr
-from predict import synthetic as sy
-from predict.watch import WatchConfig, check
-from predict.watch.multi import MultiView, family_config, residual_order
+from ladder.predict import prereg as pr
+from ladder.predict import synthetic as sy
+from ladder.predict.watch import WatchConfig, check
+from ladder.predict.watch.multi import MultiView, family_config, residual_order
 
 # per-domain truths with g^-gamma = g^-alpha and no schedule terms: the loss at fraction g of a run
 # of compute C_T is E + A (g C_T)^-alpha, which the "compute" form fits exactly
@@ -184,7 +184,7 @@ def test_check_multi_matches_check_of_each_metric_alone(registered):
     run = sy.make_multi_run(TRUTHS, target, noise=NOISE, seed=3,
                             faults={DRIFTING: sy.Fault("shift", 0.5, 0.05)})
     res = check(mv, run.rows, None, now=0)
-    from predict.watch.multi import metric_doc
+    from ladder.predict.watch.multi import metric_doc
     for k in TRUTHS:
         alone = check(metric_doc(doc, k), [{kk: v for kk, v in r.items()
                                             if kk in ("step", "tokens", "progress", "time", k)}
@@ -233,8 +233,8 @@ def test_metric_flag_refused_on_multi(registered, tmp_path):
 def test_report_small_multiples_in_residual_order(registered, tmp_path):
     """Item 3: `ladder report` of a multi-metric pre-registration draws one panel per metric,
     the largest residual first; the per-metric table follows the same order."""
-    from reports.inputs import load_inputs
-    from reports.metrics import panels
+    from ladder.reports.inputs import load_inputs
+    from ladder.reports.metrics import panels
     d, target = registered
     second = "paloma/c4_en/loss"
     run = sy.make_multi_run(TRUTHS, target, noise=NOISE, seed=21,
@@ -265,9 +265,9 @@ def test_report_small_multiples_in_residual_order(registered, tmp_path):
 
 
 def test_single_metric_report_draws_no_small_multiples(tmp_path):
-    from reports.commands import build_report
-    from reports.inputs import load_inputs
-    from reports.metrics import panels
+    from ladder.reports.commands import build_report
+    from ladder.reports.inputs import load_inputs
+    from ladder.reports.metrics import panels
     one = {"schema": "prereg/1", "metric": "eval_dropless/loss",
            "target": {"name": "t", "steps": 100, "tokens": 1e9},
            "forecast": [{"fraction": g, "loss": 3.0, "lo": 2.9, "hi": 3.1}
@@ -286,10 +286,11 @@ def test_live_page_panels_one_per_metric_worst_first(registered, tmp_path, chrom
     import re
 
     from conftest import chromium_dom
-    from predict.live import Watcher
-    from predict.sources import JsonlSource
-    from reports.inputs import load_inputs
-    from reports.live import LivePage, files_state
+
+    from ladder.predict.live import Watcher
+    from ladder.predict.sources import JsonlSource
+    from ladder.reports.inputs import load_inputs
+    from ladder.reports.live import LivePage, files_state
     d, target = registered
     run = sy.make_multi_run(TRUTHS, target, noise=NOISE, seed=31,
                             faults={DRIFTING: sy.Fault("shift", 0.4, 0.08)})

@@ -11,13 +11,13 @@ import math
 
 import pytest
 
-from cli.main import main as cli_main
-from predict import prereg as pr
-from predict import synthetic as sy
-from predict.prereg import make_prereg
-from predict.live import Watcher
-from predict.sources import JsonlSource
-from predict.watch import RULES, WatchConfig, decision_rule_words, watched_keys
+from ladder.cli.main import main as cli_main
+from ladder.predict import prereg as pr
+from ladder.predict import synthetic as sy
+from ladder.predict.live import Watcher
+from ladder.predict.prereg import make_prereg
+from ladder.predict.sources import JsonlSource
+from ladder.predict.watch import RULES, WatchConfig, decision_rule_words, watched_keys
 
 TRUTH = sy.Truth()
 RUNGS = sy.ladder_targets(4, steps0=150)       # 150, 300, 600, 1200 steps

@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from cli.main import main
+from ladder.cli.main import main
 from ladder.io import InputError
-from predict import sinks as sk
+from ladder.predict import sinks as sk
 
 SECRET = "t0ken-s3cret"
 

@@ -7,7 +7,7 @@ last watch-state/1 writer) after the first 539 rows of the run ``_rows()`` build
 at 30%, grad norm x5 and a parameter group's norm x3 from 40%): the band critical, the trend
 raised, the grad-norm signal raised. tests/data/decision_rule_main_7de5265.json: the
 ``decision_rule`` of two pre-registrations as main 7de5265 wrote them (default and tuned
-thresholds), in the bytes ``predict.prereg.write_once`` writes.
+thresholds), in the bytes ``ladder.predict.prereg.write_once`` writes.
 """
 
 import dataclasses
@@ -19,14 +19,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from cli.main import main as cli_main
-from predict import prereg as pr
-from predict import synthetic as sy
-from predict.commands import make_prereg
-from predict.watch import (RULES, STATE_SCHEMA, WatchConfig, WatchState, check, check_state,
-                           new_state)
-from predict.watch.config import HealthRules, LossRules, RunRules
-from predict.watch.rules.hysteresis import Hysteresis, level_changes
+from ladder.cli.main import main as cli_main
+from ladder.predict import prereg as pr
+from ladder.predict import synthetic as sy
+from ladder.predict.commands import make_prereg
+from ladder.predict.watch import (
+    RULES,
+    STATE_SCHEMA,
+    WatchConfig,
+    WatchState,
+    check,
+    check_state,
+    new_state,
+)
+from ladder.predict.watch.config import HealthRules, LossRules, RunRules
+from ladder.predict.watch.rules.hysteresis import Hysteresis, level_changes
 
 DATA = Path(__file__).parent / "data"
 TRUTH = sy.Truth()

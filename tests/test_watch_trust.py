@@ -10,9 +10,9 @@ import shutil
 
 import pytest
 
-from cli.main import main
+from ladder.cli.main import main
 from ladder.io import InputError
-from predict import prereg as pr
+from ladder.predict import prereg as pr
 
 
 @pytest.fixture(scope="module")

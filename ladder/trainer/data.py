@@ -26,9 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ladder.trainer.corpus_files import (  # noqa: F401  (the split rule, re-exported)
-    TAIL_VAL_FRACTION, VAL_BUCKETS, data_files, is_held_out)
 from ladder.io import InputError, sha256_file
+from ladder.trainer.corpus_files import TAIL_VAL_FRACTION, VAL_BUCKETS, data_files, is_held_out  # noqa: F401  (the split rule, re-exported)
 
 BYTE_VOCAB = 256
 # Directories of the standard library that are test suites or third-party packages.

@@ -13,7 +13,7 @@ recipe's three groups (Marin's public hero-run tracking issue; issue 12 of this 
   at the MuonH learning rate.
 - **Adam** (no weight decay) on the embedding, the router, the norm gains, the attention head
   gates and the short-convolution kernels (GatedNorm's matrices are MuonH's). The
-  router *bias* is not a parameter here: the balancing rule sets it (model/moe.py).
+  router *bias* is not a parameter here: the balancing rule sets it (ladder/model/moe.py).
 
 Learning rates: Adam LR = the ladder's rule (0.087571 x tokens^-0.3461 x d^-0.3448 x
 sqrt(tokens per batch), ``ladder.specs.Recipe.peak_lr``); MuonH LR = 13/3 x Adam LR, capped at
@@ -45,11 +45,27 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ladder.optspec import (  # noqa: F401  (re-exported: the recipe's names stay here too)
-    ADAMH_GROUPS, ADAMW_DEFAULTS, ADAM_GROUPS, BETA2_BASE, BETA2_BATCH_TOKENS, BETA2_MAX,
-    BETA2_MIN, EPS_COEF, MARIN_BETA1, MUON_MOMENTUM, MUON_NESTEROV, MUON_NS_COEFFS, MUON_NS_EPS,
-    MUONH_GROUPS, MUONH_LR_CAP, MUONH_LR_RATIO, NORM_GAIN, OPTIMIZERS, OptimizerSettings,
-    OptimizerSpec)
-
+    ADAM_GROUPS,
+    ADAMH_GROUPS,
+    ADAMW_DEFAULTS,
+    BETA2_BASE,
+    BETA2_BATCH_TOKENS,
+    BETA2_MAX,
+    BETA2_MIN,
+    EPS_COEF,
+    MARIN_BETA1,
+    MUON_MOMENTUM,
+    MUON_NESTEROV,
+    MUON_NS_COEFFS,
+    MUON_NS_EPS,
+    MUONH_GROUPS,
+    MUONH_LR_CAP,
+    MUONH_LR_RATIO,
+    NORM_GAIN,
+    OPTIMIZERS,
+    OptimizerSettings,
+    OptimizerSpec,
+)
 
 # ------------------------------------------------------------------------------ optax part
 
@@ -110,7 +126,7 @@ def marin_group(path: tuple[str, ...], shape: tuple[int, ...]) -> Group:
     kind of parameter cannot silently get the wrong optimizer."""
     from optax.contrib import MuonDimensionNumbers as Dims
 
-    from model.transformer import param_group
+    from ladder.model.transformer import param_group
 
     group = param_group(path)
     leaf = path[-1]
@@ -152,7 +168,7 @@ def _adam_matrix_mask(params):
 def _is_matrix(names: tuple[str, ...], x) -> bool:
     """A matrix once the scanned layers' stack axis is set aside (a [G, D] stack of norm scales
     is G vectors, not a matrix: it gets no weight decay)."""
-    from model.transformer import stacked_axes
+    from ladder.model.transformer import stacked_axes
 
     return x.ndim - stacked_axes(names) >= 2
 

@@ -28,7 +28,7 @@ Memory per device (bytes), the estimate (what the trainer as it is here keeps):
   (issue 12), + 2 (2 r + 3 D) (GatedNorm of rank r after both norms) + 2 kv_dim + 4 D (the short
   convolutions at K, the attention output and the MoE output) + 2 q_dim (XSA) + q_dim + H (the
   head gate). No attention scores: attention
-  runs in query blocks whose scores are recomputed in the backward pass (model/layers.py), so
+  runs in query blocks whose scores are recomputed in the backward pass (ladder/model/layers.py), so
   none is kept. Per token once: 2 D (embedding output, final norm; + their GatedNorms) +
   3 V loss_chunk / S (the
   LM head and cross-entropy run over chunks of loss_chunk positions: one chunk's float32
@@ -52,8 +52,7 @@ import sys
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
-from ladder.accelerators import (  # noqa: F401  (ACCELERATORS re-exported)
-    ACCELERATORS, GB200_BF16_DENSE_FLOPS, accelerator_peak)
+from ladder.accelerators import ACCELERATORS, GB200_BF16_DENSE_FLOPS, accelerator_peak  # noqa: F401  (ACCELERATORS re-exported)
 from ladder.specs import Rung
 
 DEFAULT_MFU = 0.4
@@ -168,7 +167,7 @@ def exact_param_count(cfg) -> tuple[int, int]:
     import jax  # noqa: F401  (plan is the one `ladder` command that needs JAX)
     from flax.traverse_util import flatten_dict
 
-    from model.transformer import param_shapes
+    from ladder.model.transformer import param_shapes
 
     shapes, bias = param_shapes(cfg)
     return int(sum(leaf.size for leaf in flatten_dict(shapes).values())), int(bias.size)
@@ -181,8 +180,8 @@ def optimizer_state_count(cfg, settings) -> int:
     weights + 1 x the MuonH weights."""
     import jax
 
+    from ladder.model.transformer import param_shapes
     from ladder.trainer.optim import make_optimizer
-    from model.transformer import param_shapes
 
     shapes, _ = param_shapes(cfg)
     state = jax.eval_shape(make_optimizer(settings).init, shapes)
@@ -204,7 +203,7 @@ def plan_rung(rung: Rung, devices: int = 1, *, expert_parallel: int | None = Non
     cfg = rung.model
     mesh = make_mesh(devices, cfg.n_experts, expert_parallel)
 
-    from model.balance import N_BINS
+    from ladder.model.balance import N_BINS
 
     n_trained, n_bias = exact_param_count(cfg)
     n_exact = n_trained + n_bias
@@ -215,7 +214,7 @@ def plan_rung(rung: Rung, devices: int = 1, *, expert_parallel: int | None = Non
     act_per_seq = activation_elements_per_token(cfg, rung.seq_len) * rung.seq_len * BYTES_ACT
     n_top = max(1, rung.tokens_per_step * cfg.top_k // cfg.n_experts)
     # the balancing rule's statistic and its merged copy, split over "expert": the threshold
-    # rule's top-n logits per expert, the quantile rule's margin histogram (model/balance.py)
+    # rule's top-n logits per expert, the quantile rule's margin histogram (ladder/model/balance.py)
     per_expert = {"threshold": n_top, "quantile": N_BINS}.get(cfg.bias_rule, 0)
     balance = 2 * cfg.n_layers * cfg.n_experts * per_expert * BYTES_F32 / mesh.expert
     accumulator = trained * BYTES_F32 if mb < rung.batch else 0.0

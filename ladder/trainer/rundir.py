@@ -16,9 +16,9 @@ from pathlib import Path
 
 from ladder import __version__
 from ladder.counting import conventions
-from ladder.trainer.data import Corpus
 from ladder.io import EX_USAGE, InputError, atomic_write_text, iter_jsonl, read_json, to_jsonable
 from ladder.specs import Rung
+from ladder.trainer.data import Corpus
 from ladder.trainer.trainconfig import RUN_ARGUMENTS, RunArgs, TrainConfig
 
 RUN_CONFIG_SCHEMA = "run-config/1"

@@ -19,8 +19,8 @@ from functools import lru_cache
 import numpy as np
 
 from ladder.io import EX_USAGE, InputError
+from ladder.model.config import ModelConfig
 from ladder.trainer.optim import OptimizerSettings
-from model.config import ModelConfig
 
 
 def enable_compilation_cache() -> str | None:
@@ -96,7 +96,7 @@ def _param_shardings(params, groups, mesh, n_experts: int):
     import jax
     from jax.sharding import NamedSharding
 
-    from model.transformer import expert_axis, stacked_axes
+    from ladder.model.transformer import expert_axis, stacked_axes
 
     routed = {id(x) for x in groups["routed_experts"]}
 
@@ -133,7 +133,7 @@ def state_shardings(model_cfg: ModelConfig, optimizer, mesh) -> dict:
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    import model as M
+    import ladder.model as M
 
     params, _ = M.param_shapes(model_cfg)
     pshard = _param_shardings(params, M.param_groups(params), mesh, model_cfg.n_experts)
@@ -175,7 +175,7 @@ class Programs:
         import jax
         import jax.numpy as jnp
 
-        import model as M
+        import ladder.model as M
 
         params, router_bias = M.init_sharded(self.model_cfg, seed, self.shardings["params"])
         return {"step": jax.device_put(jnp.zeros((), jnp.int32), self.shardings["step"]),
@@ -188,7 +188,7 @@ class Programs:
         import jax
         import jax.numpy as jnp
 
-        import model as M
+        import ladder.model as M
 
         params, bias = M.param_shapes(self.model_cfg)
         shapes = {"step": jax.ShapeDtypeStruct((), jnp.int32), "params": params,
@@ -244,21 +244,26 @@ def accumulate(model_cfg: ModelConfig, objective, params, tokens, targets, micro
     ``segment_ids`` [B, S] (documents packed in a sequence, or None) are split like the tokens.
 
     Microbatch j holds sequences j B/M .. (j + 1) B/M - 1, consecutive, split over the devices
-    like the batch: a capacity cell of several sequences (model/moe.py) is then the same
+    like the batch: a capacity cell of several sequences (ladder/model/moe.py) is then the same
     sequences whatever the microbatch and the device count (issue 22 item 2). The rows move
     between devices for it (int32 tokens and targets, B x S x 4 bytes each: 16 MiB a step at
     1024 x 4096, small next to the MoE all-to-alls). Means over tokens are averaged, counts
     summed, and the balancing rule's statistic merged by the rule's own function
-    (model.moe.merge_bias_stat), so the bias target is that of the whole step. The router
+    (ladder.model.moe.merge_bias_stat), so the bias target is that of the whole step. The router
     entropy and the balance loss (logged only) are recomputed from the step's summed loads and
-    mean router probabilities, so they too are the whole step's (model.moe.load_entropy,
-    model.moe.balance_loss).
+    mean router probabilities, so they too are the whole step's (ladder.model.moe.load_entropy,
+    ladder.model.moe.balance_loss).
     ``objective(params, tokens, targets, segment_ids) -> (loss, stats)``."""
     import jax
     import jax.numpy as jnp
 
-    from model.moe import (balance_loss, bias_target_from_stat, empty_bias_stat, load_entropy,
-                           merge_bias_stat)
+    from ladder.model.moe import (
+        balance_loss,
+        bias_target_from_stat,
+        empty_bias_stat,
+        load_entropy,
+        merge_bias_stat,
+    )
 
     grad_fn = jax.value_and_grad(objective, has_aux=True)
     if microbatches == 1:
@@ -339,8 +344,8 @@ def make_train_step(model_cfg: ModelConfig, optimizer, state_shardings, mesh=Non
     import jax.numpy as jnp
     import optax
 
-    import model as M
-    from model.moe import drop_order, step_tokens
+    import ladder.model as M
+    from ladder.model.moe import drop_order, step_tokens
 
     def in_mesh():
         return (jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if mesh is not None
@@ -385,7 +390,7 @@ def make_eval_step(model_cfg: ModelConfig, mesh=None):
 
     import jax
 
-    import model as M
+    import ladder.model as M
 
     def eval_step(params, router_bias, batch):
         ctx = (jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if mesh is not None

@@ -38,9 +38,20 @@ from pathlib import Path
 
 import numpy as np
 
+from ladder.io import (
+    EX_CANTCREAT,
+    EX_NOINPUT,
+    EX_USAGE,
+    InputError,
+    atomic_write_json,
+    check_writable,
+    inside,
+    read_json,
+    safe_name,
+    schema_version,
+    sha256_file,
+)
 from ladder.trainer.corpus_files import TAIL_VAL_FRACTION, VAL_BUCKETS, data_files, is_held_out
-from ladder.io import EX_CANTCREAT, EX_NOINPUT, EX_USAGE, InputError, atomic_write_json, \
-    check_writable, inside, read_json, safe_name, schema_version, sha256_file
 
 log = logging.getLogger(__name__)
 

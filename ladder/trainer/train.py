@@ -25,11 +25,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ladder.io import EX_USAGE, InputError, atomic_write_json, read_json
+from ladder.lrtable import run_lr_table
+from ladder.specs import Rung
 from ladder.trainer import distributed
 from ladder.trainer.checkpointing import Checkpoints
 from ladder.trainer.data import corrupt_bytes, load_corpus, shuffle_bytes
-from ladder.io import EX_USAGE, InputError, atomic_write_json, read_json
-from ladder.lrtable import run_lr_table
 from ladder.trainer.rundir import (
     RUN_CONFIG_SCHEMA,
     MetricsFile,
@@ -38,7 +39,6 @@ from ladder.trainer.rundir import (
     previous_run,
     summary,
 )
-from ladder.specs import Rung
 from ladder.trainer.step import batch_sharding, enable_compilation_cache, make_mesh, programs
 from ladder.trainer.trainconfig import (
     TrainConfig,

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 from ladder.io import EX_USAGE, InputError
 from ladder.lrtable import LR_SPIKE, SPIKE_AT, SPIKE_SCALE, spike_step
+from ladder.model.config import ModelConfig
 from ladder.optspec import OPTIMIZERS
 from ladder.specs import Rung, Schedule
-from model.config import ModelConfig
 
 FAULTS = (LR_SPIKE, "data-swap", "loss-drift")
 
@@ -42,7 +42,7 @@ def _is_num(v) -> bool:
 
 
 # Upper ends of the settings' ranges (issue 26: what a run can be on any machine; the model's
-# and a ladder file's are in model/config.py and ladder/specs.py::LIMITS). A value above is a
+# and a ladder file's are in ladder/model/config.py and ladder/specs.py::LIMITS). A value above is a
 # typo or an attack (an eval_every of 1e-300 planned 1e300 evals and hung).
 _MAX_COUNT = 2 ** 40     # steps between checkpoints/logs, sequences, devices
 _MAX_SEQS = 2 ** 24      # sequences of a batch or an eval set
@@ -397,7 +397,7 @@ def resolve_rung(rung: Rung, cfg: TrainConfig, corpus_vocab: int | None = None) 
         # config.json records what ran: f32 on CPU, bf16 on accelerators
         import jax
 
-        from model.config import resolve_precision
+        from ladder.model.config import resolve_precision
         model = model.replace(precision=resolve_precision("auto", jax.default_backend()))
     kw = {"model": model}
     if cfg.optim.lr is not None:

@@ -1,8 +1,0 @@
-"""`python -m cli` (and `python -m ladder`, through ladder/__main__.py): the same command line as
-the `ladder` script."""
-
-import sys
-
-from cli.main import main
-
-sys.exit(main())

@@ -1,0 +1,471 @@
+"""`ladder fit` and `ladder predict`: parse-free entry points called by ladder/cli/main.py."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import warnings
+
+import numpy as np
+import pandas as pd
+
+from ladder.io import (
+    EX_DATAERR,
+    EX_USAGE,
+    InputError,
+    atomic_write_json,
+    check_writable,
+    number,
+    to_jsonable,
+)
+
+
+def _pairs(items, what: str, numeric: bool) -> dict:
+    out = {}
+    for item in items or []:
+        for part in str(item).split(","):
+            if not part.strip():
+                continue
+            if "=" not in part:
+                raise InputError(f"expected NAME=VALUE, got {part!r}", field=what,
+                                 exit_code=EX_USAGE)
+            k, v = (s.strip() for s in part.split("=", 1))
+            if numeric:
+                try:
+                    v = float(v)
+                except ValueError:
+                    raise InputError(f"{k}: not a number: {v!r}", field=what,
+                                     exit_code=EX_USAGE) from None
+            out[k] = v
+    return out
+
+
+def _priors(items) -> dict:
+    """``NAME=MEAN:SD`` pairs (several per flag, comma-separated) -> {name: (mean, sd)}."""
+    out = {}
+    for k, v in _pairs(items, "--prior", False).items():
+        mean, sep, sd = v.partition(":")
+        try:
+            m, s = float(mean), float(sd)
+        except ValueError:
+            raise InputError(f"{k}: expected NAME=MEAN:SD, got {k}={v}", field="--prior",
+                             exit_code=EX_USAGE) from None
+        if not sep or not s > 0:
+            raise InputError(f"{k}: expected NAME=MEAN:SD with SD > 0, got {k}={v}",
+                             field="--prior", exit_code=EX_USAGE)
+        out[k] = (m, s)
+    return out
+
+
+def unconverged(res) -> list[str]:
+    """What did not converge in a fit result (empty when everything did): the best start of a
+    single law, the failing values of a ``by`` fit, or a curve law's solver."""
+    d = getattr(res, "diagnostics", {}) or {}
+    if getattr(res, "groups", None):
+        return [f"{res.by}={v:g}" for v, g in res.groups if not g.diagnostics.get("converged")]
+    return [] if d.get("converged", True) else ["the best start"]
+
+
+def _print_warnings(command: str, caught) -> None:
+    """Each distinct warning once, on stderr, without the points reader's per-row drops."""
+    seen = set()
+    for w in caught:
+        msg = str(w.message)
+        if msg not in seen and "dropped:" not in msg:
+            seen.add(msg)
+            print(f"ladder {command}: warning: {msg}", file=sys.stderr)
+
+
+def fit_main(args, *, offline_points=None) -> int:
+    """`ladder fit`. ``offline_points(path, metric, sizes)`` turns a W&B offline run directory
+    into a points table; its record log is read by predict, above fit, so the CLI hands the reader
+    down (``ladder.cli.commands.fit_main``) instead of fit importing it.
+
+    ``--metric`` may be given several times, each a key or a glob over the keys the sources hold
+    (ladder.fit.points.expand_metrics). One key: law.json is that metric's law (law/3).
+    Several: each is fitted exactly as it would be alone, and law.json holds them all (law/2:
+    ``laws: {key: law}``); if any is refused, nothing is written and one line names each."""
+    from ladder.fit.points import expand_metrics
+    # checked before any work: a bad --out or --level must not cost a finished fit
+    number(args.level, field="--level", lo=0, hi=1, lo_open=True, hi_open=True,
+           exit_code=EX_USAGE)
+    # 10**5 replicates: already ~1e3x the default (200); beyond it memory, not accuracy, grows
+    number(args.bootstrap, field="--bootstrap", lo=0, hi=100_000, integral=True,
+           exit_code=EX_USAGE)
+    if args.out:
+        check_writable(args.out, field="--out")
+    if args.form == "task" or getattr(args, "via", None):
+        return _fit_task_main(args)
+    from ladder.keymap import load_keymap
+    keymap = load_keymap(getattr(args, "keys", None))
+    metrics = expand_metrics(args.metric, args.sources, keymap=keymap)
+    if len(metrics) > 1:
+        return _fit_many(args, metrics, keymap, offline_points)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res, df, doc = _fit_metric(args, metrics[0], keymap, offline_points)
+    _print_warnings("fit", caught)
+    as_json = getattr(args, "json", False)
+    with np.errstate(over="ignore"):  # a law beyond float64 is refused below, in one line
+        print(json.dumps(to_jsonable(doc)) if as_json else res.report())
+    _check_converged(args, res)
+    if args.out:
+        doc["points"] = law_points(df)
+        _readable(doc)
+        atomic_write_json(args.out, doc)
+        print(f"wrote {args.out}", file=sys.stderr if as_json else sys.stdout)
+    return 0
+
+
+def _fit_metric(args, metric: str | None, keymap, offline_points):
+    """One metric's fit, as `ladder fit --metric KEY` does it: (the law, its points table, its
+    law.json document without the points). InputError when the input is refused."""
+    from ladder.fit.law import fit_law
+    from ladder.fit.points import is_wandb_offline_dir, load_points
+    sizes = getattr(args, "sizes", None)
+    offline = [s for s in args.sources if is_wandb_offline_dir(s)]
+    if offline and offline_points is None:
+        raise InputError("a W&B offline run directory needs predict's record reader (run "
+                         "`ladder fit`, or pass offline_points)", path=offline[0],
+                         field="SOURCE")
+    sources = [(offline_points(s, metric, sizes, keymap=keymap) if keymap else
+                offline_points(s, metric, sizes)) if s in offline else s
+               for s in args.sources]
+    df = load_points(sources, metric, sizes=sizes, keymap=keymap,
+                     include_target=getattr(args, "include_target", False))
+    if not len(df):
+        dropped = df.attrs.get("dropped") or []
+        first = f" (e.g. {dropped[0]})" if dropped else ""
+        raise InputError(f"no usable points: every row was dropped{first}",
+                         path=args.sources[0], field="loss")
+    res = fit_law(df, form=args.form, by=args.by, metric=df.attrs.get("metric"),
+                  **_fit_options(args))
+    with np.errstate(over="ignore"):  # a law beyond float64 is refused by _readable
+        doc = res.to_json()
+    if keymap is not None:  # another trainer's names (and FLOP convention) went in
+        conv = {**(doc.get("conventions") or {}), "metric_keys": keymap.to_dict()}
+        if "flops" in keymap.theirs:  # a run without our rung spec: the trainer counted
+            key, scale = keymap.theirs["flops"]
+            conv["flops_source"] = (f"runs without a ladder rung: compute = {key} x "
+                                    f"{scale:g} as the trainer logged it (its own FLOP "
+                                    f"count, not {conv.get('flops', 'flops-v1')})")
+        doc["conventions"] = conv
+    return res, df, doc
+
+
+def _fit_options(args) -> dict:
+    """The fitter's options from `ladder fit`'s arguments (ladder.fit.law.fit_law's keywords, which
+    ladder.fit.task.fit_task passes on to its step 1)."""
+    return {"fix": _pairs(args.fix, "--fix", True), "tie": _pairs(args.tie, "--tie", False),
+            "bootstrap": args.bootstrap, "level": args.level, "seed": args.seed,
+            "params_column": args.params_column, "objective": args.objective,
+            "prior": _priors(args.prior),
+            "asymptote_rule": not getattr(args, "free_asymptote", False),
+            "scale_weighting": not getattr(args, "equal_weights", False)}
+
+
+def _check_converged(args, res) -> None:
+    bad = unconverged(res)
+    if bad and not args.allow_unconverged:
+        # a law from a solver that stopped early is not the optimum it claims to be: refuse to
+        # write it unless the user accepts that (the report above shows how far it got)
+        raise InputError(f"{', '.join(bad)} did not converge (see the solver line above); "
+                         "nothing written; rerun with --allow-unconverged to keep it anyway",
+                         field="diagnostics.converged", exit_code=EX_DATAERR)
+
+
+def _fit_many(args, metrics: list[str], keymap, offline_points) -> int:
+    """`ladder fit --metric A --metric B ...`: every metric fitted as alone (its own form
+    choice, band, backtests, asymptote rule), each report, then one summary line per metric;
+    law.json (law/2) holds them all, read back before it is written. Every metric is tried, so a
+    refusal names all that failed; then nothing is written (a file missing some of the asked-for
+    metrics would pass for the whole set)."""
+    import time
+
+    from ladder.fit.lawjson import multi_to_json
+    from ladder.fit.points import listed_keys
+    from ladder.fit.report import metric_summary, summary_lines
+    as_json = getattr(args, "json", False)
+    fitted, refused, rows = {}, {}, []
+    for metric in metrics:
+        t0 = time.perf_counter()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                res, df, doc = _fit_metric(args, metric, keymap, offline_points)
+                if not as_json:  # before the checks: an unconverged fit shows its solver line
+                    print(f"== {metric} ==")
+                    with np.errstate(over="ignore"):
+                        print(res.report() + "\n")
+                _check_converged(args, res)
+                doc["points"] = law_points(df)
+                _readable(doc)
+            except InputError as e:
+                refused[metric] = e
+                rows.append({"metric": metric, "refused": str(e)})
+                continue
+        _print_warnings(f"fit: {metric}", caught)
+        fitted[metric] = doc
+        with np.errstate(over="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rows.append(dict(metric_summary(metric, res, df),
+                             seconds=round(time.perf_counter() - t0, 2)))
+    if refused:
+        if not as_json:
+            print("\n".join(summary_lines(rows, args.level)))
+        msgs = {m: str(e) for m, e in refused.items()}
+        why = (f"all {len(msgs)}, {listed_keys(msgs)}: {next(iter(msgs.values()))}"
+               if len(msgs) > 1 and len(set(msgs.values())) == 1
+               else "; ".join(f"{m}: {msg}" for m, msg in msgs.items()))
+        raise InputError(f"{len(refused)} of {len(metrics)} metrics refused, so no law.json is "
+                         f"written ({why})", path=str(args.sources[0]), field="--metric",
+                         exit_code=next(iter(refused.values())).exit_code)
+    doc = multi_to_json(fitted)
+    if args.out:
+        _readable(doc)
+    if as_json:
+        out = dict(doc, laws={m: {k: v for k, v in d.items() if k != "points"}
+                              for m, d in fitted.items()}, summary=rows)
+        print(json.dumps(to_jsonable(out)))
+    else:
+        print("\n".join(summary_lines(rows, args.level)))
+    if args.out:
+        atomic_write_json(args.out, doc)
+        print(f"wrote {args.out} ({len(fitted)} laws)", file=sys.stderr if as_json
+              else sys.stdout)
+    return 0
+
+
+def _fit_task_main(args) -> int:
+    """`ladder fit TABLE --form task --via LOSS_KEY --metric ACC_KEY` (fit.task): points tables
+    (CSV, Parquet) with one row per (run, eval) and a column for each key."""
+    from pathlib import Path
+
+    from ladder.fit.task import fit_task
+    from ladder.io import read_table
+    if args.form != "task":
+        raise InputError(f"--via goes with --form task, not --form {args.form}", field="--via",
+                         exit_code=EX_USAGE)
+    if not args.via:
+        raise InputError("--form task needs --via LOSS_KEY (the task-loss column)",
+                         field="--via", exit_code=EX_USAGE)
+    # --metric is repeatable (several metrics: one law each); a task law maps to one accuracy
+    accs = [args.metric] if isinstance(args.metric, str) else list(args.metric or [])
+    if len(accs) != 1:
+        raise InputError("--form task needs one --metric ACC_KEY (the accuracy column)"
+                         + (f", got {len(accs)}" if accs else ""), field="--metric",
+                         exit_code=EX_USAGE)
+    acc = accs[0]
+    if args.by:
+        raise InputError("--form task takes no --by", field="--by", exit_code=EX_USAGE)
+    frames = []
+    for src in args.sources:
+        if not Path(src).is_file():
+            raise InputError("--form task reads points tables (CSV or Parquet, a column per "
+                             "key), not runs directories or W&B runs", path=src,
+                             field="SOURCE", exit_code=EX_USAGE)
+        t = read_table(src)
+        t.columns = [str(c).strip() for c in t.columns]
+        for col in ("run", args.via, acc):
+            if col not in t.columns:
+                raise InputError(f"missing column (columns: {', '.join(t.columns)})", path=src,
+                                 field=col)
+        frames.append(t)
+    df = pd.concat(frames, ignore_index=True)
+    where = args.sources[0] if len(args.sources) == 1 else ", ".join(args.sources)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        law = fit_task(df, args.via, acc, form=args.via_form, where=where,
+                       **_fit_options(args))
+    _print_warnings("fit", caught)
+    as_json = getattr(args, "json", False)
+    with np.errstate(over="ignore"):
+        doc = law.to_json()
+        print(json.dumps(to_jsonable(doc)) if as_json else law.report())
+    bad = unconverged(law.step1)
+    if bad and not args.allow_unconverged:
+        raise InputError(f"step 1: {', '.join(bad)} did not converge; nothing written; rerun "
+                         "with --allow-unconverged to keep it anyway",
+                         field="diagnostics.converged", exit_code=EX_DATAERR)
+    if args.out:
+        _readable(doc)
+        atomic_write_json(args.out, doc)
+        print(f"wrote {args.out}", file=sys.stderr if as_json else sys.stdout)
+    return 0
+
+
+def _readable(obj: dict) -> None:
+    """What `fit` writes, `predict` reads: the law is read back through the one reader before
+    it is written, and refused (exit 65, nothing written) when the reader would refuse it (an
+    ols fit, which has no solver box, of losses whose log A is beyond law.json's range)."""
+    from ladder.fit.law import laws_from_json
+    try:
+        laws_from_json(json.loads(json.dumps(to_jsonable(obj))))
+    except InputError as e:
+        where = "<law>" + (f": field '{e.field}'" if e.field else "") + ": "
+        msg = str(e)[len(where):] if str(e).startswith(where) else str(e)
+        raise InputError(f"law.json's reader would refuse the fitted law ({msg}); nothing "
+                         "written", field=e.field, exit_code=EX_DATAERR) from None
+
+
+# what `ladder report --law` draws of a fitted table; law.json stays small (a 300,000-row table
+# would add ~30 MB): every run's last point, then evenly spaced rows, up to this many
+LAW_POINTS_MAX = 2000
+LAW_POINT_COLUMNS = ("run", "params", "active_params", "tokens", "compute", "fraction", "loss")
+
+
+def law_points(df) -> dict:
+    """The fitted points as law.json carries them (``points``: columns and rows, JSON numbers or
+    null; ``n`` the table's rows, ``kept`` how they were chosen), so a report of a law fitted from
+    a CSV draws them without the CSV. At most :data:`LAW_POINTS_MAX` rows."""
+    cols = [c for c in LAW_POINT_COLUMNS if c in df.columns and df[c].notna().any()]
+    d = df[cols]
+    kept = "all"
+    if len(d) > LAW_POINTS_MAX:
+        last = d.sort_values("fraction").groupby("run", sort=False).tail(1) \
+            if {"run", "fraction"} <= set(cols) else d.iloc[:0]
+        rest = d.drop(index=last.index)
+        room = max(LAW_POINTS_MAX - len(last), 0)
+        step = max(len(rest) // room, 1) if room else len(rest) + 1
+        d = pd.concat([last.iloc[:LAW_POINTS_MAX], rest.iloc[::step].iloc[:room]]).sort_index()
+        kept = f"each run's last point, then every {step}th row (of {len(df)})"
+    rows = [[None if isinstance(v, float) and not math.isfinite(v) else v
+             for v in row] for row in d.itertuples(index=False, name=None)]
+    return {"columns": cols, "rows": to_jsonable(rows), "n": int(len(df)), "kept": kept}
+
+
+def predict_main(args) -> int:
+    if getattr(args, "schedule", None):
+        try:
+            from ladder.fit.curve_law import predict_schedule_main
+        except ImportError:
+            raise InputError("--schedule needs the schedule-aware curve laws (fit.curve_law)",
+                             field="--schedule", exit_code=EX_USAGE) from None
+        return predict_schedule_main(args)
+    from ladder.fit.law import load_law
+    number(args.level, field="--level", lo=0, hi=1, lo_open=True, hi_open=True,
+           exit_code=EX_USAGE)
+    for name in ("params", "active_params", "tokens", "compute"):
+        number(getattr(args, name), field=f"--{name.replace('_', '-')}", lo=0, lo_open=True,
+               allow_none=True, exit_code=EX_USAGE)
+    number(args.fraction, field="--fraction", lo=0, hi=1, lo_open=True, allow_none=True,
+           exit_code=EX_USAGE)
+    law = load_law(args.law, metric=getattr(args, "metric", None))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            pred = law.predict(params=args.params, active_params=args.active_params,
+                               tokens=args.tokens, compute=args.compute, fraction=args.fraction,
+                               level=args.level)
+        except ValueError as e:  # "name: message" from the law's own checks
+            name, _, msg = str(e).partition(": ")
+            raise InputError(msg or name, field=f"--{name}" if msg else None,
+                             exit_code=EX_USAGE) from None
+    loss = getattr(pred, "loss", None)
+    if loss is None or not all(math.isfinite(float(v)) for v in np.atleast_1d(loss)):
+        raise InputError(f"the law predicts a non-finite loss ({loss!r}) here: its terms "
+                         "overflow float64 at these inputs", path=args.law, field="fit.u")
+    for w in caught:
+        print(f"ladder predict: warning: {w.message}", file=sys.stderr)
+    out = pred.to_dict()
+    if getattr(law, "via", None):  # a task law (ladder.fit.task): loss/lo/hi are the accuracy
+        p1 = law.predict_loss(params=args.params, active_params=args.active_params,
+                              tokens=args.tokens, compute=args.compute,
+                              fraction=args.fraction, level=args.level)
+        out.update(metric=law.metric, accuracy=out["loss"],
+                   via={"key": law.via, **{k: v for k, v in p1.to_dict().items()
+                                           if k in ("loss", "lo", "hi")}})
+    print(json.dumps(to_jsonable(out)))
+    return 0
+
+
+def compare_main(args, *, offline_points=None, figures=None) -> int:
+    """`ladder compare A B`: the compute-equivalent multiplier of recipe B over recipe A, per
+    metric (ladder.fit.compare). Prints a report (or ``--json``: ``{metric: {multiplier, lo, hi,
+    per_size, trend, ...}}``); ``--out DIR`` gets compare.json and, with ``figures``
+    (compare.json's object -> {file name: PNG bytes}; the reports layer draws them, so
+    ladder.cli.commands.compare_main hands it down), the figures, all swapped in at once.
+    ``offline_points`` as for :func:`fit_main`."""
+    from pathlib import Path
+
+    from ladder.fit.compare import compare_points
+    from ladder.fit.points import is_wandb_offline_dir, load_points
+    number(args.level, field="--level", lo=0, hi=1, lo_open=True, hi_open=True,
+           exit_code=EX_USAGE)
+    number(args.bootstrap, field="--bootstrap", lo=0, hi=100_000, integral=True,
+           exit_code=EX_USAGE)
+    number(args.at, field="--at", lo=0, lo_open=True, allow_none=True, exit_code=EX_USAGE)
+    if args.out:
+        check_writable(args.out, field="--out", directory=True)
+    at, at_source = args.at, (f"--at {args.at:g}" if args.at is not None else None)
+    if getattr(args, "target_compute", None) is not None:
+        at, at_source = args.target_compute
+    metrics = _compare_metrics(args)
+    fit_opts = {"fix": _pairs(args.fix, "--fix", True), "objective": args.objective,
+                "asymptote_rule": not args.free_asymptote,
+                "scale_weighting": not args.equal_weights}
+    sizes = getattr(args, "sizes", None)
+    results, caught_all = {}, []
+    for metric in metrics:
+        tables = []
+        for src in (args.a, args.b):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                if is_wandb_offline_dir(src):
+                    if offline_points is None:
+                        raise InputError("a W&B offline run directory needs predict's record "
+                                         "reader (run `ladder compare`)", path=src,
+                                         field="SOURCE")
+                    src_df = offline_points(src, metric, sizes)
+                else:
+                    src_df = src
+                df = load_points([src_df], metric, sizes=sizes,
+                                 include_target=getattr(args, "include_target", False))
+            caught_all += caught
+            if metric is None:  # a table's own loss column, else runs' default metric
+                metric = "loss" if Path(str(src)).is_file() else df.attrs.get("metric")
+            if not len(df):
+                raise InputError(f"{metric}: no usable points: every row was dropped",
+                                 path=src, field="loss")
+            df.attrs["source"] = str(src)
+            tables.append(df)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cmp, fits = compare_points(tables[0], tables[1], metric=metric, form=args.form,
+                                       at=at, at_source=at_source, bootstrap=args.bootstrap,
+                                       level=args.level, seed=args.seed, **fit_opts)
+        caught_all += caught
+        for side, res in zip("AB", fits, strict=True):
+            bad = unconverged(res)
+            if bad and not args.allow_unconverged:
+                raise InputError(f"{metric}: recipe {side}'s fit: {', '.join(bad)} did not "
+                                 "converge; rerun with --allow-unconverged to compare anyway",
+                                 path=str(args.a if side == "A" else args.b),
+                                 field="diagnostics.converged", exit_code=EX_DATAERR)
+        results[metric] = cmp
+    _print_warnings("compare", caught_all)
+    obj = {metric: c.to_dict() for metric, c in results.items()}
+    if args.json:
+        print(json.dumps(to_jsonable(obj)))
+    else:
+        from ladder.fit.compare import report
+        print(report(results, a=args.a, b=args.b))
+    if args.out:
+        from ladder.io import atomic_write_bytes, staged_dir
+        doc = {"schema": "compare/1", "a": str(args.a), "b": str(args.b), "metrics": obj}
+        pngs = figures(to_jsonable(doc)) if figures is not None else {}
+        with staged_dir(args.out, own=("*.png", "compare.json")) as tmp:
+            atomic_write_json(tmp / "compare.json", doc)
+            for name, data in pngs.items():
+                atomic_write_bytes(tmp / name, data)
+        print(f"wrote {args.out}/compare.json" + (f" and {len(pngs)} figure(s)" if pngs else ""),
+              file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def _compare_metrics(args) -> list[str | None]:
+    """--metric keys in order, each glob (``bpb/*``) expanded over the keys A holds
+    (fit.points.expand_metrics); none: ``[None]``, the table's ``loss`` (or runs' default)."""
+    from ladder.fit.points import expand_metrics
+    return expand_metrics(args.metric, [args.a])

@@ -1,0 +1,412 @@
+"""IsoFLOP planning: the compute-optimal model size N* and data D* as power laws of compute
+(`ladder isoflop`), by Approaches 1 and 2 of Hoffmann et al. 2022 (Sec. 3.1, 3.2).
+
+Input: a points table (``compute``, ``loss`` and ``params`` or ``tokens``; the other from the
+FLOPs convention C = 6 N D, Hoffmann et al.'s, which IsoFLOP tables such as Porian et al. 2024's
+follow exactly) or the points of runs directories (``ladder.fit.points.load_points``).
+
+- **Approach 2** (IsoFLOP profiles): the runs of one budget (compute equal to 3 significant
+  digits, at least 3 sizes) give a parabola of loss in log N (in log D); its vertex is N*(C)
+  (D*(C)). As in ``fit.allocation.isoflop_approach2``, the parabola is fitted within 1.5 octaves
+  of the budget's best point (an IsoFLOP curve is skewed in log N; far points pull the vertex);
+  a vertex in the outer fifth of the sampled range is flagged off-centre (extrapolated). Then
+  log N* = a log C + log k_N and log D* = b log C + log k_D by least squares over the budgets.
+- **Approach 1** (the envelope): for each compute C the run with the lowest loss at C: with
+  curves (runs with several points) along each run's curve, linear in log C - log L, on a grid of
+  40 log-spaced C where at least two runs overlap; with one point per run (an IsoFLOP table), at
+  each budget the best run. Its N and D (D at C on its curve) give the same two fits.
+
+Bands, by bootstrap, everything refitted; the intervals are the quantiles at ``level``, and so
+are those of N* and D* at a budget:
+- Approach 2: a residual bootstrap within each budget (the parabola's fitted values plus its
+  residuals resampled, the sizes of the budget kept), so the band holds the noise of each
+  profile's losses. (Resampling a budget's runs instead, as ``isoflop_approach2`` does, drops
+  sizes: a budget of 8 sizes keeps ~5 distinct ones and its vertex swings; on Porian et al.'s
+  tuned RefinedWeb profiles that gave a 90% interval of a 6x the authors' width.)
+- Approach 1: the budgets' best runs resampled with replacement (a pairs bootstrap of the
+  power-law fit); on curves, runs resampled with replacement.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from ladder.fit.allocation import LOG_MAX, vertex, window
+from ladder.io import EX_DATAERR, InputError
+
+SCHEMA = "isoflop/1"
+FLOPS_PER_PARAM_TOKEN = 6.0  # C = 6 N D (Hoffmann et al. 2022, Kaplan et al. 2020)
+GRID = 40                    # Approach 1 on curves: compute values of the envelope
+WINDOW_OCTAVES = 1.5         # the Approach 2 parabola's window (ladder.fit.allocation)
+
+
+def _exp(x: float) -> float:
+    """exp(x), NaN where it is not finite or leaves float64 (a nearly flat parabola's vertex or
+    a power law through two points can sit hundreds of e-folds away): not defined, no crash."""
+    return math.exp(x) if math.isfinite(x) and abs(x) <= LOG_MAX else math.nan
+
+
+@dataclass(frozen=True)
+class PowerLaw:
+    """``y = coef * C ** exponent`` with bootstrap intervals (NaN when not computable)."""
+
+    exponent: float
+    coef: float
+    exponent_interval: tuple[float, float]
+    draws: np.ndarray = field(repr=False, default_factory=lambda: np.zeros((0, 2)))
+
+    def at(self, compute: float, level: float) -> tuple[float, tuple[float, float]]:
+        """The value at ``compute`` and its bootstrap interval."""
+        if not compute > 0:
+            return math.nan, (math.nan, math.nan)
+        # in log space: coef * C^a beyond float64 is not defined (NaN), never an OverflowError
+        v = _exp(math.log(self.coef) + self.exponent * math.log(compute)) \
+            if self.coef > 0 else math.nan
+        if not len(self.draws):
+            return v, (math.nan, math.nan)
+        with np.errstate(over="ignore", invalid="ignore"):
+            vals = np.exp(self.draws[:, 1] + self.draws[:, 0] * math.log(compute))
+        vals = np.where(np.isfinite(vals), vals, np.nan)
+        q = 0.5 + level / 2
+        return v, (float(np.quantile(vals, 1 - q)), float(np.quantile(vals, q)))
+
+
+@dataclass(frozen=True)
+class Approach:
+    """One approach's optima per budget and its two power laws."""
+
+    name: str
+    optima: pd.DataFrame        # compute, n_opt, d_opt, loss_opt, n_points, off_centre
+    n: PowerLaw
+    d: PowerLaw
+
+    def to_json(self, level: float, budget: float | None = None) -> dict:
+        out = {"n_exponent": self.n.exponent, "d_exponent": self.d.exponent,
+               "n_coef": self.n.coef, "d_coef": self.d.coef,
+               "n_exponent_interval": list(self.n.exponent_interval),
+               "d_exponent_interval": list(self.d.exponent_interval),
+               "optima": [{k: (bool(v) if k == "off_centre" else
+                               int(v) if k == "n_points" else float(v))
+                           for k, v in r.items()} for r in self.optima.to_dict("records")]}
+        if budget is not None:
+            n, n_iv = self.n.at(budget, level)
+            d, d_iv = self.d.at(budget, level)
+            out.update(n_opt=n, d_opt=d, n_opt_interval=list(n_iv), d_opt_interval=list(d_iv))
+        return out
+
+
+@dataclass(frozen=True)
+class IsoflopResult:
+    approach1: Approach
+    approach2: Approach | None
+    level: float
+    bootstrap: int
+    points: pd.DataFrame        # the table used: run, params, tokens, compute, loss, final
+    derived: str | None         # "params" or "tokens" when one came from C = 6 N D
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def main(self) -> Approach:
+        """Approach 2 when the table has IsoFLOP profiles, else Approach 1."""
+        return self.approach2 if self.approach2 is not None else self.approach1
+
+    def to_json(self, budget: float | None = None) -> dict:
+        m = self.main
+        out = {"schema": SCHEMA, "approach": m.name, "level": self.level,
+               "n_exponent": m.n.exponent, "d_exponent": m.d.exponent,
+               "n_exponent_interval": list(m.n.exponent_interval),
+               "d_exponent_interval": list(m.d.exponent_interval),
+               "n_coef": m.n.coef, "d_coef": m.d.coef,
+               "convention": f"C = {FLOPS_PER_PARAM_TOKEN:g} N D" +
+                             (f" ({self.derived} derived from it)" if self.derived else ""),
+               "bootstrap": self.bootstrap, "runs": int(self.points["run"].nunique()),
+               "approach1": self.approach1.to_json(self.level, budget),
+               "approach2": None if self.approach2 is None else
+               self.approach2.to_json(self.level, budget),
+               "warnings": list(self.warnings)}
+        if budget is not None:
+            out["budget"] = float(budget)
+            for k in ("n_opt", "d_opt", "n_opt_interval", "d_opt_interval"):
+                out[k] = out[f"approach{m.name[-1]}"][k]
+        return out
+
+    def report(self, budget: float | None = None) -> str:
+        lv = f"{self.level:.0%}"
+        lines = [f"IsoFLOP: {len(self.points)} points, {self.points['run'].nunique()} runs; "
+                 f"C = {FLOPS_PER_PARAM_TOKEN:g} N D"
+                 + (f" ({self.derived} derived from it)" if self.derived else "")
+                 + f"; {lv} intervals from {self.bootstrap} bootstrap replicates (approach 2: "
+                 f"residuals within budgets; approach 1: budgets)"]
+        for a in (self.approach1, self.approach2):
+            if a is None:
+                continue
+            lines.append(f"  {a.name} ({len(a.optima)} budgets): N* ~ C^{a.n.exponent:.4f} "
+                         f"[{a.n.exponent_interval[0]:.4f}, {a.n.exponent_interval[1]:.4f}], "
+                         f"D* ~ C^{a.d.exponent:.4f} [{a.d.exponent_interval[0]:.4f}, "
+                         f"{a.d.exponent_interval[1]:.4f}]")
+            if budget is not None:
+                n, n_iv = a.n.at(budget, self.level)
+                d, d_iv = a.d.at(budget, self.level)
+                lines.append(f"    at C = {budget:.3g}: N* = {n:.3g} [{n_iv[0]:.3g}, "
+                             f"{n_iv[1]:.3g}], D* = {d:.3g} [{d_iv[0]:.3g}, {d_iv[1]:.3g}] "
+                             f"tokens ({d / n:.3g} tokens per parameter)")
+        if self.approach2 is None:
+            lines.append("  approach 2: no budget with >= 3 sizes (not an IsoFLOP table)")
+        lines += [f"  warning: {w}" for w in self.warnings]
+        return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+def isoflop_table(df: pd.DataFrame, *, where: str = "<table>") -> tuple[pd.DataFrame, str | None]:
+    """The columns isoflop needs from a points table: ``run, params, tokens, compute, loss,
+    final`` (``final``: the point is its run's last, largest fraction). One of params/tokens may
+    be missing: it comes from C = 6 N D. A one-line InputError naming the column otherwise."""
+    for col in ("compute", "loss"):
+        if col not in df.columns or not df[col].notna().any():
+            raise InputError("missing (a table needs compute, loss and params or tokens)",
+                             path=where, field=col)
+    have = {c for c in ("params", "tokens") if c in df.columns and df[c].notna().any()}
+    if not have:
+        raise InputError("needs params or tokens (the other comes from C = 6 N D)", path=where,
+                         field="params")
+    d = pd.DataFrame({"compute": pd.to_numeric(df["compute"], errors="coerce"),
+                      "loss": pd.to_numeric(df["loss"], errors="coerce")})
+    d["run"] = df["run"].astype(str).to_numpy() if "run" in df.columns else \
+        [f"row{i}" for i in range(1, len(df) + 1)]
+    derived = None
+    for col in ("params", "tokens"):
+        if col in have:
+            d[col] = pd.to_numeric(df[col], errors="coerce").to_numpy()
+        else:
+            derived = col
+    if derived is not None:
+        other = "tokens" if derived == "params" else "params"
+        d[derived] = d["compute"] / (FLOPS_PER_PARAM_TOKEN * d[other])
+    frac = pd.to_numeric(df["fraction"], errors="coerce") if "fraction" in df.columns \
+        else pd.Series(1.0, index=df.index)
+    d["fraction"] = frac.to_numpy()
+    num = d[["compute", "loss", "params", "tokens"]].to_numpy(float)
+    with np.errstate(invalid="ignore"):
+        ok = np.isfinite(num).all(axis=1) & (num > 0).all(axis=1)
+    d = d[ok].reset_index(drop=True)
+    if not len(d):
+        raise InputError("no row with positive, finite compute, loss, params and tokens",
+                         path=where, field="loss", exit_code=EX_DATAERR)
+    last = d.groupby("run")["fraction"].transform("max")
+    d["final"] = (d["fraction"] == last).to_numpy() | d["fraction"].isna().to_numpy()
+    return d, derived
+
+
+def budget_key(c: np.ndarray) -> np.ndarray:
+    """Budgets equal to 3 significant digits are one budget."""
+    return np.array([float(f"{x:.3g}") for x in c])
+
+
+# ----------------------------------------------------------------------------- fits
+
+
+def _power_law(c, y) -> tuple[float, float]:
+    """exponent and log coefficient of y = k C^a by least squares in log-log."""
+    c, y = np.asarray(c, float), np.asarray(y, float)
+    ok = np.isfinite(c) & np.isfinite(y) & (c > 0) & (y > 0)
+    if ok.sum() < 2 or len(np.unique(c[ok])) < 2:
+        return math.nan, math.nan
+    a, logk = np.polyfit(np.log(c[ok]), np.log(y[ok]), 1)
+    return float(a), float(logk)
+
+
+def _profile_fits(groups) -> list[dict]:
+    """Approach 2's parabolas: per budget (compute, log N, log D, loss arrays) the window it is
+    fitted on (in log N and in log D) and its fitted values and residuals."""
+    out = []
+    for c, ln, ld, y in groups:
+        fit = {"compute": c, "n_points": len(y), "span": (ln.min(), ln.max())}
+        for name, x in (("n", ln), ("d", ld)):
+            wx, wy = window(x, y, WINDOW_OCTAVES)
+            ok = len(np.unique(wx)) >= 3
+            yhat = np.polyval(np.polyfit(wx, wy, 2), wx) if ok else wy
+            # residuals scaled to the spread of the errors (3 parameters fitted)
+            r = (wy - yhat) * math.sqrt(len(wy) / (len(wy) - 3)) if len(wy) > 3 \
+                else np.zeros_like(wy)
+            fit[name] = (wx, wy, yhat, r)
+        out.append(fit)
+    return out
+
+
+def _profiles(fits) -> pd.DataFrame:
+    """Approach 2: per budget the vertex of its parabola in log N and in log D."""
+    rows = []
+    for f in fits:
+        vn, vy, okn = vertex(*f["n"][:2])
+        vd, _, okd = vertex(*f["d"][:2])
+        lo, hi = f["span"]
+        off = (not okn) or vn < lo + 0.2 * (hi - lo) or vn > hi - 0.2 * (hi - lo)
+        rows.append({"compute": f["compute"], "n_opt": _exp(vn) if okn else math.nan,
+                     "d_opt": _exp(vd) if okd else math.nan,
+                     "loss_opt": vy if okn else math.nan, "n_points": f["n_points"],
+                     "off_centre": bool(off)})
+    return pd.DataFrame(rows)
+
+
+def _profile_draws(fits, rng, bootstrap: int) -> tuple[list, list]:
+    """Approach 2's residual bootstrap: each budget's parabola refitted to its fitted values
+    plus its residuals resampled (the sizes of the budget kept), the vertices' power laws;
+    ``bootstrap`` (exponent, log coefficient) draws for N* and for D*."""
+    logc = np.log([f["compute"] for f in fits])
+    out = {"n": [], "d": []}
+    for name in ("n", "d"):
+        vx = np.full((bootstrap, len(fits)), np.nan)
+        for j, f in enumerate(fits):
+            wx, _, yhat, r = f[name]
+            if len(np.unique(wx)) < 3:
+                continue
+            ys = yhat[None, :] + r[rng.integers(0, len(r), (bootstrap, len(r)))]
+            # least-squares parabolas of every replicate at once: one solve, many right sides
+            X = np.vander(wx, 3)
+            p2, p1, _ = np.linalg.lstsq(X, ys.T, rcond=None)[0]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                vx[:, j] = np.where(p2 > 0, -p1 / (2 * p2), np.nan)
+        for b in range(bootstrap):
+            ok = np.isfinite(vx[b])
+            out[name].append(tuple(np.polyfit(logc[ok], vx[b, ok], 1))
+                             if ok.sum() >= 2 else (math.nan, math.nan))
+    return out["n"], out["d"]
+
+
+def _envelope_points(budgets, idx=None) -> pd.DataFrame:
+    """Approach 1 on single-point runs: the best run of each budget (compute, N, D, loss
+    arrays per budget; ``idx[i]`` resamples budget i's runs)."""
+    rows = []
+    for i, (c, n, dd, y) in enumerate(budgets):
+        if idx is not None:
+            k = idx[i]
+            n, dd, y = n[k], dd[k], y[k]
+        j = int(np.argmin(y))
+        rows.append({"compute": c, "n_opt": float(n[j]), "d_opt": float(dd[j]),
+                     "loss_opt": float(y[j]), "n_points": len(y), "off_centre": False})
+    return pd.DataFrame(rows)
+
+
+def _envelope_curves(curves: list[tuple[float, np.ndarray, np.ndarray, np.ndarray]]
+                     ) -> pd.DataFrame:
+    """Approach 1 on curves (params, log C, log L, log D per run, sorted by C): on a log grid
+    of C where at least two runs reach, the run of lowest interpolated loss."""
+    lo = [lc[0] for _, lc, _, _ in curves]
+    hi = [lc[-1] for _, lc, _, _ in curves]
+    cover_lo, cover_hi = sorted(lo)[1] if len(lo) > 1 else lo[0], \
+        sorted(hi)[-2] if len(hi) > 1 else hi[0]
+    if not cover_hi > cover_lo:
+        cover_lo, cover_hi = min(lo), max(hi)
+    grid = np.linspace(cover_lo, cover_hi, GRID)
+    best_l = np.full(GRID, np.inf)
+    best = np.full((GRID, 2), np.nan)
+    for n, lc, ll, ld in curves:
+        inside = (grid >= lc[0]) & (grid <= lc[-1])
+        if not inside.any():
+            continue
+        li = np.interp(grid[inside], lc, ll)
+        di = np.interp(grid[inside], lc, ld)
+        pos = np.flatnonzero(inside)
+        better = li < best_l[pos]
+        best_l[pos[better]] = li[better]
+        best[pos[better], 0] = n
+        best[pos[better], 1] = np.exp(di[better])
+    ok = np.isfinite(best_l)
+    return pd.DataFrame({"compute": np.exp(grid[ok]), "n_opt": best[ok, 0],
+                         "d_opt": best[ok, 1], "loss_opt": np.exp(best_l[ok]),
+                         "n_points": 1, "off_centre": False})
+
+
+def _curves(d: pd.DataFrame, runs) -> list:
+    out = []
+    for r in runs:
+        g = d[d["run"] == r].sort_values("compute")
+        g = g.drop_duplicates("compute", keep="last")
+        out.append((float(g["params"].iloc[-1]), np.log(g["compute"].to_numpy()),
+                    np.log(g["loss"].to_numpy()), np.log(g["tokens"].to_numpy())))
+    return out
+
+
+def isoflop(df: pd.DataFrame, *, bootstrap: int = 1000, level: float = 0.9, seed: int = 0,
+            min_points: int = 3, where: str = "<table>") -> IsoflopResult:
+    """Approaches 1 and 2 on a points table (see the module doc); bands by bootstrap."""
+    d, derived = isoflop_table(df, where=where)
+    rng = np.random.default_rng(seed)
+    notes: list[str] = []
+    q = 0.5 + level / 2
+
+    def law(c, y, draws) -> PowerLaw:
+        a, logk = _power_law(c, y)
+        dr = np.asarray([x for x in draws if np.isfinite(x).all()]).reshape(-1, 2)
+        iv = (float(np.quantile(dr[:, 0], 1 - q)), float(np.quantile(dr[:, 0], q))) \
+            if len(dr) >= 2 else (math.nan, math.nan)
+        return PowerLaw(a, _exp(logk), iv, dr)
+
+    # Approach 2: the final points of runs, grouped by budget
+    finals = d[d["final"]]
+    key = budget_key(finals["compute"].to_numpy())
+    groups = [(float(np.exp(np.log(g["compute"]).mean())), np.log(g["params"].to_numpy()),
+               np.log(g["tokens"].to_numpy()), g["loss"].to_numpy())
+              for _, g in finals.groupby(key) if g["params"].nunique() >= min_points]
+    a2 = None
+    if len(groups) >= 2:
+        fits = _profile_fits(groups)
+        opt = _profiles(fits)
+        for r in opt.itertuples():
+            if r.off_centre:
+                notes.append(f"budget {r.compute:.3g}: the optimum N = {r.n_opt:.3g} is "
+                             f"off-centre in the sampled sizes (extrapolated, not measured)")
+        nd, dd = _profile_draws(fits, rng, bootstrap)
+        if bootstrap and all(np.ptp(f["n"][3]) < 1e-12 for f in fits):
+            notes.append("every profile lies on its parabola (no residuals): approach 2's band "
+                         "has no width; it holds the noise of the losses, and these have none")
+        a2 = Approach("approach 2", opt, law(opt["compute"], opt["n_opt"], nd),
+                      law(opt["compute"], opt["d_opt"], dd))
+
+    # Approach 1: the envelope (curves when runs have several points, else budgets)
+    runs = sorted(d["run"].unique())
+    with_curves = d.groupby("run").size().min() >= 2
+    if with_curves:
+        curves = _curves(d, runs)
+        opt1 = _envelope_curves(curves)
+        nd, dd = [], []
+        for _ in range(bootstrap):
+            pick = rng.integers(0, len(curves), len(curves))
+            o = _envelope_curves([curves[i] for i in pick])
+            nd.append(_power_law(o["compute"], o["n_opt"]))
+            dd.append(_power_law(o["compute"], o["d_opt"]))
+    else:
+        budgets = [(float(np.exp(np.log(g["compute"]).mean())), g["params"].to_numpy(),
+                    g["tokens"].to_numpy(), g["loss"].to_numpy())
+                   for _, g in d.groupby(budget_key(d["compute"].to_numpy()))]
+        opt1 = _envelope_points(budgets)
+        nd, dd = [], []
+        c1, n1, d1 = (opt1[k].to_numpy(float) for k in ("compute", "n_opt", "d_opt"))
+        for _ in range(bootstrap):  # the budgets' best runs resampled (pairs bootstrap)
+            k = rng.integers(0, len(c1), len(c1))
+            nd.append(_power_law(c1[k], n1[k]))
+            dd.append(_power_law(c1[k], d1[k]))
+    if len(opt1) < 2 or opt1["compute"].nunique() < 2:
+        if a2 is None:
+            raise InputError("needs at least 2 compute budgets (or runs whose curves span "
+                             "more than one compute value)", path=where, field="compute",
+                             exit_code=EX_DATAERR)
+    a1 = Approach("approach 1", opt1, law(opt1["compute"], opt1["n_opt"], nd),
+                  law(opt1["compute"], opt1["d_opt"], dd))
+    if with_curves:
+        notes.append("approach 1 on curves: a point before the end of its run's schedule sits "
+                     "above what a run planned for that compute reaches (Hoffmann et al. used "
+                     "4 schedule lengths per size); read it as a bound")
+    for n in notes:
+        warnings.warn(n, stacklevel=2)
+    return IsoflopResult(a1, a2, level, bootstrap, d, derived, tuple(notes))
+
+
+__all__ = ["isoflop", "isoflop_table", "IsoflopResult", "Approach", "PowerLaw", "SCHEMA"]

@@ -1,0 +1,206 @@
+"""Fitting a law to a points table: ``fit_law(df, form=...)``, the package's entry point.
+
+It checks the options, then hands the table to the form's fitter: a schedule-aware curve law
+(fit.curve_fit), ``--form auto`` (fit.select: every candidate form, chosen by rollout backtest),
+one form (fit.backtest.fit_one: fit.estimate's fit plus its backtests), or one law per value of
+a column (``--by``); on a short ladder that leaves the asymptote unidentified, the asymptote
+rule (fit.select). How a law is fitted is documented in fit.estimate; its band in fit.result.
+
+Layers inside ladder/fit/, bottom to top (each imports only those below it): forms, identify,
+config, solver, prediction, points, lr_schedules, curve_forms, allocation, report -> lawjson
+-> result -> curve_law, estimate -> backtest -> curve_fit, select -> law (this module; also the
+one law.json reader keyed by form) -> task (downstream accuracy through a task loss: a law of
+this module chained into a sigmoid; the package's __init__ imports it, which registers its form
+with the reader).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pandas as pd
+
+import ladder.fit.lawjson as lawjson
+from ladder.fit.backtest import backtest, fit_one, trajectory_vs_per_fraction
+from ladder.fit.config import HUBER_DELTA, OBJECTIVES, FitConfig
+from ladder.fit.curve_fit import fit_curve_law
+from ladder.fit.curve_forms import FORMS as _CURVE_LAW_FORMS
+from ladder.fit.estimate import fit_by, fit_spec, select_points
+from ladder.fit.forms import FORMS, Spec, get_form
+from ladder.fit.points import COLUMNS, load_points
+from ladder.fit.prediction import Prediction
+from ladder.fit.result import FitResult, LawResult, extrapolation_rate
+from ladder.fit.select import asymptote_rule as apply_asymptote_rule
+from ladder.fit.select import fit_auto
+from ladder.fit.select import scale_weight_rule as apply_scale_weight_rule
+from ladder.io import InputError, read_json
+
+CURVE_FORMS = tuple(_CURVE_LAW_FORMS)  # schedule-aware curve laws (fit.curve_forms): mpl, momentum
+# The most points one fit takes (issue 26). Memory is bounded whatever the size (the objective
+# is evaluated in slices, ladder.fit.estimate.CHUNK_VALUES), but time is not: `ladder fit` of 2,000
+# points with the default form took 35 s of CPU here and grows with the points (a 300,000-point
+# table: hours). A ladder needs far fewer (the real one: 4 rungs x 20 fractions); a table this
+# large is a run's every logged step, which says no more about the law than every 1% of it.
+MAX_FIT_ROWS = 100_000
+
+__all__ = ["CURVE_FORMS", "HUBER_DELTA", "OBJECTIVES", "FitConfig", "FitResult", "LawResult",
+           "Prediction", "extrapolation_rate", "fit_by", "fit_law", "fit_one", "fit_spec",
+           "law_from_json", "laws_from_json", "load_law", "load_laws", "select_points"]
+
+
+def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = None,
+            by: str | None = None, bootstrap: int = 200, level: float = 0.9, seed: int = 0,
+            params_column: str = "params", metric: str | None = None,
+            delta: float = HUBER_DELTA, backtest: bool = True, objective: str = "huber",
+            prior: dict | None = None, asymptote_rule: bool = True,
+            scale_weighting: bool = True) -> FitResult:
+    """Fit ``form`` to the points table ``df`` (from :func:`fit.load_points`).
+
+    ``objective``: "huber" (summed Huber of log residuals, the default) or "ols" (least squares
+    of log(L - E) on log C, E fixed: the real ladder's own fit). ``prior``: {name: (mean, sd)}
+    in natural units, a Gaussian penalty on those parameters (see :class:`_Problem`).
+    ``asymptote_rule``: on a short ladder that leaves E unidentified, choose among free, prior
+    and fixed-E variants by rollout backtest (``ladder.fit.select.asymptote_rule``).
+    ``scale_weighting``: also fit the chosen form with weights that fall off with a run's
+    decades below the largest run, and keep them where the rollout backtest says they predict
+    the largest runs better (``ladder.fit.select.scale_weight_rule``); the asymptote rule then fits
+    its variants with the same weights."""
+    if not isinstance(df, pd.DataFrame) or not set(COLUMNS) <= set(df.columns):
+        df = load_points(df, metric)  # files, or a bare DataFrame: normalise and clean it
+    largest = len(df) if by is None or by not in df.columns or not len(df) else \
+        int(df.groupby(by).size().max())
+    if largest > MAX_FIT_ROWS:
+        raise InputError(f"{largest:,} points in one fit: more than the {MAX_FIT_ROWS:,} a fit "
+                         f"takes (its time grows with the points); thin the table (e.g. a run's "
+                         f"points every 1% of its progress) or fit parts of it with --by",
+                         field="rows")
+    metric = metric or df.attrs.get("metric") or "loss"
+    config = FitConfig(bootstrap=bootstrap, level=level, seed=seed, params_column=params_column,
+                       metric=metric, delta=delta, backtest=backtest, objective=objective)
+    fix, tie = dict(fix or {}), dict(tie or {})
+    prior = _check_prior(prior, fix)
+    config = replace(config, prior=prior)
+    if objective == "ols" and (form != "compute" or set(fix) != {"E"} or tie or prior):
+        raise InputError("ols is least squares of log(L - E) on log C: it needs --form compute "
+                         "with E fixed (--fix E=VALUE) and no --tie or --prior",
+                         field="objective")
+    if form in CURVE_FORMS:  # schedule-aware curve laws live in ladder.fit.curve_fit
+        if tie or by or prior or objective != "huber":
+            raise InputError(f"the {form} form takes no --tie, --by, --prior or --objective",
+                             field="form")
+        return _left_out(fit_curve_law(df, form=form, bootstrap=bootstrap, level=level,
+                                       seed=seed, metric=metric, fix=fix or None), df)
+    if by is not None:
+        return _left_out(_fit_by(df, form, fix, tie, by, config), df)
+    if form == "auto":
+        res = fit_auto(df, fix, tie, config)
+    else:
+        res = fit_one(df, _spec(form, fix, tie), config)
+    if scale_weighting and objective == "huber" and backtest and isinstance(res, FitResult):
+        res = apply_scale_weight_rule(df, res, config, prior)
+    if asymptote_rule and objective == "huber" and backtest and isinstance(res, FitResult):
+        bw = (res.diagnostics.get("scale_weighting") or {}).get("bandwidth")
+        res = apply_asymptote_rule(df, res, replace(config, bandwidth=bw), fix, tie, prior)
+    return _left_out(res, df)
+
+
+def _left_out(res, df):
+    """The runs the points table's reader left out (a ladder's target: fit.points.load_points)
+    go into the law's ``inputs.left_out``, so the law and its report say what it did not see."""
+    left = list(df.attrs.get("left_out") or [])
+    if left:
+        res.inputs["left_out"] = left
+    return res
+
+
+def _check_prior(prior, fix) -> dict:
+    out = {}
+    for k, v in (prior or {}).items():
+        try:
+            mean, sd = (float(x) for x in v)
+        except (TypeError, ValueError):
+            raise InputError(f"{k}: expected (mean, sd), got {v!r}", field="prior") from None
+        if not (math.isfinite(mean) and math.isfinite(sd) and sd > 0):
+            raise InputError(f"{k}: needs a finite mean and sd > 0, got {v!r}", field="prior")
+        if k in fix:
+            raise InputError(f"{k}: both fixed and given a prior", field="prior")
+        out[k] = (mean, sd)
+    return out
+
+
+def _spec(form: str, fix: dict, tie: dict) -> Spec:
+    if form in CURVE_FORMS:
+        raise InputError(f"the {form} form is a schedule-aware curve law (ladder.fit.curve_fit)",
+                         field="form")
+    if form not in FORMS:
+        raise InputError(f"unknown form {form!r}; one of auto, {', '.join(FORMS)}", field="form")
+    try:
+        return Spec(get_form(form), fix=fix, tie=tie)
+    except ValueError as e:
+        raise InputError(str(e), field="fix" if fix else "tie") from None
+
+
+def _fit_by(df, form, fix, tie, by, config) -> FitResult:
+    """``--by``: one law per value (ladder.fit.estimate.fit_by) and the whole law's backtest."""
+    if form == "auto":
+        raise InputError("--by needs an explicit --form", field="by")
+    spec = _spec(form, fix, tie)
+    res = fit_by(df, spec, by, config)
+    diag = res.diagnostics
+    if config.backtest:
+        diag["backtest"] = backtest(df, spec, config.refit(), by=by)
+        if by == "fraction" and spec.form.name == "compute" and set(spec.fix) == {"E"}:
+            try:
+                diag["trajectory_vs_per_fraction"] = trajectory_vs_per_fraction(
+                    df, config, per_fraction_bt=diag["backtest"], E=float(spec.fix["E"]))
+            except InputError as e:
+                diag["trajectory_vs_per_fraction"] = {"error": str(e)}
+    return res
+
+
+
+
+# ----------------------------------------------------------------------------- law.json
+# One reader keyed by form: law.json files of every form share the schema (law/3; law/1 files read
+# through ladder.fit.lawjson.upgrade, one reader per version) and its envelope
+# (fit.lawjson.to_json); a curve law's own fields are under "curve" (fit.curve_law.CurveLaw), a
+# Chinchilla-family law's under "fit" (fit.lawjson.fit_own). fit.result.LawResult.from_json hands
+# each file to the kind that reads its form (importing fit.curve_fit here registers the curve one).
+
+
+def law_from_json(obj: dict, *, path=None, metric: str | None = None) -> LawResult:
+    """A law.json object to its law (a FitResult or a CurveLaw, by ``form``), validated. A
+    multi-metric file (law/2) holds one law per metric: ``metric`` picks one (required there); on
+    a single-metric file it must be the law's own metric (fit.lawjson.select; refusals exit 64)."""
+    inner, prefix = lawjson.select(obj, path=path, metric=metric)
+    return _read_one(inner, prefix, path)
+
+
+def _read_one(inner: dict, prefix: str, path) -> LawResult:
+    """One law object read; its errors under ``prefix`` (``laws['KEY'].``, a law/2 file's)."""
+    try:
+        return LawResult.from_json(inner, path=path)
+    except InputError as e:
+        raise (lawjson.within(e, prefix, path) if prefix else e) from None
+
+
+def laws_from_json(obj: dict, *, path=None) -> dict[str, LawResult]:
+    """Every law of a law.json object, {metric key: law} in the file's order (a single-metric
+    file: its one law under its metric)."""
+    laws = lawjson.multi_laws(obj, path=path)
+    if laws is None:
+        law = LawResult.from_json(obj, path=path)
+        return {law.metric: law}
+    return {key: _read_one(law, f"laws[{key!r}].", path) for key, law in laws.items()}
+
+
+def load_law(path, metric: str | None = None):
+    """Read and validate a law.json file (any form); of a multi-metric file, the law of
+    ``metric`` (:func:`law_from_json`)."""
+    return law_from_json(read_json(path, schema="law"), path=path, metric=metric)
+
+
+def load_laws(path) -> dict[str, LawResult]:
+    """Every law of a law.json file, {metric key: law} (one for a single-metric file)."""
+    return laws_from_json(read_json(path, schema="law"), path=path)

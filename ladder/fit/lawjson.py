@@ -1,0 +1,470 @@
+"""law.json (schemas ``law/3``, one law, and ``law/2``, one law per metric; ``law/1`` files,
+one law as written before law/3, still read): write and validate-on-read.
+
+Fields (shared/DESIGN.md): schema, form, expression, params, uncertainty, metric, conventions,
+inputs, diagnostics, created, tool_version. Beyond those, ``fit`` holds what rebuilds the law
+exactly: the form's fixed/tied parameters, the params column, the solver's parameter vector
+``u`` (logs of coefficients, exponents as they are), and under ``uncertainty`` the run-level
+bootstrap draws of ``u`` and the delta-method covariance with the residual scale and degrees of
+freedom, so that prediction bands can be recomputed at any level. ``by`` fits (one law per
+fraction) carry ``groups``: one such law per value.
+
+Several metrics fitted together (``ladder fit --metric KEY --metric KEY``) are one ``law/2``
+file: ``schema``, ``laws`` ({metric key: a complete one-law document whose ``metric`` is that
+key}, in the order fitted), ``created``, ``tool_version``. Each inner law is exactly what a
+single-metric fit of that key writes, so it can be taken out and used alone.
+
+One reader per version of a one-law document (:func:`upgrade`, called by every kind's reader):
+law/3 is read as written; a law/1 document is first put in law/3's shape by :func:`_v1`, which
+holds every "written before" default in one place (law/3 writes each of them explicitly):
+``uncertainty.small_sample`` (absent before the pooled extrapolation rate: "student-t", t(dof)
+quantiles), ``uncertainty.abs_residuals_log`` (absent before the residual quantile: null, the
+noise part t(dof) x sigma), and ``diagnostics.backtest.extrapolation`` (absent before the pooled
+rate: the per-fold record, :func:`per_fold_extrapolation`); the same in a by-law's groups.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ladder.fit.config import FitConfig
+from ladder.fit.forms import FORMS, U_LIMIT, Spec, get_form
+from ladder.fit.points import listed_keys
+from ladder.io import EX_USAGE, InputError, as_float, number, to_jsonable
+
+SCHEMA = "law/3"        # one law (written)
+MULTI_SCHEMA = "law/2"  # {metric key: one-law document} under "laws"
+V1 = "law/1"            # one law, written before law/3 (read through _v1)
+PER_FOLD = "per-fold RMS of log error per decade on one scale (law/1)"
+
+
+def to_json(r) -> dict:
+    """The law.json document of any fitted law (a ``ladder.fit.result.LawResult``): the envelope
+    every kind shares, then the kind's own fields (``r._json_own()``; under ``uncertainty``,
+    ``r._uncertainty_own()``)."""
+    obj = {
+        "schema": SCHEMA,
+        "form": r.form,
+        "expression": r.expression,
+        "params": r.params,
+        "uncertainty": {"level": r.level, "intervals": r.intervals,
+                        "band_method": r.band_method, **r._uncertainty_own()},
+        "metric": r.metric,
+        "conventions": r.conventions,
+        "inputs": r.inputs,
+        "diagnostics": r.diagnostics_json(),
+        "created": r.created,
+        "tool_version": r.tool_version,
+    }
+    obj.update(r._json_own())
+    return to_jsonable(obj)
+
+
+def multi_to_json(docs: dict[str, dict]) -> dict:
+    """The law/2 document of several metrics' law.json documents ({key: law/1 object})."""
+    if not docs:
+        raise ValueError("laws: no law to write")
+    first = next(iter(docs.values()))
+    return {"schema": MULTI_SCHEMA, "laws": dict(docs), "created": first.get("created"),
+            "tool_version": first.get("tool_version")}
+
+
+def multi_laws(obj, *, path=None) -> dict[str, dict] | None:
+    """A law/2 document's {metric key: law/1 object}, its envelope checked (each law is read by
+    the caller); None for any other document (a law/1 one, checked by its reader)."""
+    if not isinstance(obj, dict) or obj.get("schema") != MULTI_SCHEMA:
+        return None
+    where = str(path) if path else "<law>"
+    laws = obj.get("laws")
+    if not isinstance(laws, dict) or not laws:
+        raise InputError("missing" if laws is None else "expected an object of {metric key: "
+                         "law}, not empty", path=where, field="laws")
+    for key, law in laws.items():
+        if not isinstance(law, dict):
+            raise InputError("expected a law object", path=where, field=f"laws[{key!r}]")
+        if law.get("schema") not in (SCHEMA, V1):
+            raise InputError(f"expected schema {SCHEMA!r} (or {V1!r}), got "
+                             f"{law.get('schema')!r}", path=where, field=f"laws[{key!r}].schema")
+        if law.get("metric") != key:
+            raise InputError(f"the law of {key!r} names metric {law.get('metric')!r}",
+                             path=where, field=f"laws[{key!r}].metric")
+    return laws
+
+
+def select(obj, *, path=None, metric: str | None = None) -> tuple[dict, str]:
+    """The law/1 object of ``metric`` in a law.json object and the field prefix of its errors
+    (``laws['KEY'].``; "" for a law/1 file). A law/2 file needs ``metric``; on a law/1 file it
+    must be the law's own. Refusals: InputError, exit 64, listing the metrics there are."""
+    laws = multi_laws(obj, path=path)
+    where = str(path) if path else "<law>"
+    if laws is None:
+        own = obj.get("metric") if isinstance(obj, dict) else None
+        if metric is not None and own != metric:
+            raise InputError(f"holds the law of one metric, {own!r}, not {metric!r}",
+                             path=where, field="metric", exit_code=EX_USAGE)
+        return obj, ""
+    if metric is None:
+        raise InputError(f"holds the laws of {len(laws)} metrics ({listed_keys(laws)}); choose "
+                         "one with --metric KEY", path=where, field="metric",
+                         exit_code=EX_USAGE)
+    if metric not in laws:
+        raise InputError(f"no law of metric {metric!r}; it holds {listed_keys(laws)}",
+                         path=where, field="metric", exit_code=EX_USAGE)
+    return laws[metric], f"laws[{metric!r}]."
+
+
+def within(e: InputError, prefix: str, path=None) -> InputError:
+    """``e`` (an error reading one law of a law/2 file) with its field under ``prefix``
+    (``laws['KEY'].``), naming the file once."""
+    where = str(path) if path else "<law>"
+    head = (e.path or where) + (f": field '{e.field}'" if e.field else "") + ": "
+    msg = str(e)[len(head):] if str(e).startswith(head) else str(e)
+    return InputError(msg, path=where, field=(prefix + (e.field or "")).rstrip("."),
+                      exit_code=e.exit_code)
+
+
+def check_envelope(obj, *, path=None, forms) -> str:
+    """Validate what every law.json shares (a law/1 object of one of ``forms``); its form."""
+    where = str(path) if path else "<law>"
+    if not isinstance(obj, dict):
+        raise InputError("expected a JSON object", path=where, field="schema")
+    def string(key):
+        v = obj.get(key)
+        if not isinstance(v, str):
+            raise InputError("missing" if v is None else "expected a string", path=where,
+                             field=key)
+        return v
+    schema = string("schema")
+    if not schema.startswith("law/"):
+        raise InputError(f"expected schema 'law/<version>', got {schema!r}", path=where,
+                         field="schema")
+    if schema != SCHEMA:
+        raise InputError(f"unsupported version {schema!r} (this tool reads {SCHEMA} and {V1}"
+                         + (f", and {MULTI_SCHEMA} files of several metrics through "
+                            "ladder.fit.law.load_law / load_laws" if schema == MULTI_SCHEMA else "")
+                         + ")", path=where, field="schema")
+    form = string("form")
+    if form not in forms:
+        raise InputError(f"unknown form {form!r}", path=where, field="form")
+    return form
+
+
+def fit_own(r) -> dict:
+    """A Chinchilla-family law's own law.json fields."""
+    obj = {"expression": r.expression + (f"  (one law per {r.by})" if r.by else ""),
+           "fit": _fit_block(r)}
+    if r.by:
+        obj["by"] = r.by
+        obj["groups"] = [{"value": v, "params": g.params, "fit": _fit_block(g),
+                          "uncertainty": _uncertainty(g)} for v, g in r.groups]
+    return obj
+
+
+def fit_uncertainty(r) -> dict:
+    """A Chinchilla-family law's own ``uncertainty`` fields."""
+    return _uncertainty(r)
+
+
+def _fit_block(r) -> dict:
+    return {"spec": r.spec.to_json(), "params_column": r.params_column,
+            "u_names": list(r.spec.form.names), "u": r.u.tolist(),
+            "free": list(r.spec.free), "objective": r.objective,
+            "prior": {k: [m, sd] for k, (m, sd) in r.prior.items()}}
+
+
+def _uncertainty(r) -> dict:
+    if r.objective == "ols":
+        return {"method": "ols: Student-t prediction interval of log(L - E), n - 2 dof "
+                          "(the OLS obs_ci of statsmodels)", "level": r.level,
+                "intervals": r.intervals,
+                "bootstrap_u": None, "covariance_free": None if r.cov is None else r.cov.tolist(),
+                "sigma_log": r.sigma, "dof": r.dof, "abs_residuals_log": None,
+                "small_sample": r.small_sample,
+                "band": "E + exp(log(L - E) +- t(dof) sqrt(x' V x + sigma^2)), V the covariance "
+                        "of (log A, alpha); sigma the residual sd of log(L - E); the "
+                        "extrapolation error (ladder.fit.result.FitResult.extrapolation_log_sd) in "
+                        "quadrature", "band_method": band_method(r)}
+    return {
+        "method": "run-level Bayesian bootstrap (percentiles) and lack-of-fit residual quantile "
+                  "(split-conformal rank; Student-t x sigma_log with too few points)",
+        "level": r.level,
+        "intervals": r.intervals,
+        "bootstrap_u": None if r.boot_u is None else r.boot_u.tolist(),
+        "covariance_free": None if r.cov is None else r.cov.tolist(),
+        "sigma_log": r.sigma,
+        "dof": r.dof,
+        "abs_residuals_log": None if r.abs_resid is None else r.abs_resid.tolist(),
+        "noise_method": r.noise_method(r.level),
+        "small_sample": r.small_sample,
+        "band_method": band_method(r),
+        "band": _band_text(r),
+    }
+
+
+def _band_text(r) -> str:
+    q = "normal quantile" if r.small_sample == "normal" else "t(dof)"
+    extra = ("the extrapolation error outside the runs' range (the rollout folds' held-out log "
+             "errors beyond their fold bands, pooled per decade: diagnostics.backtest."
+             "extrapolation.rate_per_decade, x the largest distance in decades outside "
+             "ranges_log10 over its inputs)") if _pooled(r) else (
+             "the extrapolation error outside the runs' scale range (RMS of the rollout folds' "
+             "log error per decade x decades outside; ladder.fit.result.extrapolation_rate)")
+    return (f"log space: the bootstrap quantile for the parameters ({q} * delta-method se "
+            "without usable replicates); for run-to-run noise the level x (m+1)/m quantile of "
+            f"abs_residuals_log x sqrt(m/dof), m = dof + free parameters ({q} * sigma_log "
+            f"where that rank exceeds 1, or without abs_residuals_log); {extra}; combined in "
+            "quadrature")
+
+
+def band_method(r) -> str:
+    """The band's method by name: what ``FitResult.predict`` combines at ``r.level``."""
+    if r.objective == "ols":
+        return "ols-student-t + extrapolation"
+    param = "bootstrap" if r.boot_u is not None and len(r.boot_u) >= 20 else "delta-method-t"
+    noise = {"residual quantile": "residual-quantile", "normal x sigma": "normal-sigma"}.get(
+        r.noise_method(r.level), "student-t-sigma")
+    if getattr(r, "small_sample", "student-t") == "normal" and param == "delta-method-t":
+        param = "delta-method-normal"
+    # the pooled extrapolation rate (ladder.fit.backtest) or, in law/1 files from before it, the
+    # per-fold one (or none)
+    extra = "pooled-extrapolation" if _pooled(r) else "extrapolation"
+    return f"{param} + {noise} + {extra}"
+
+
+def _pooled(r) -> bool:
+    ex = ((r.diagnostics or {}).get("backtest") or {}).get("extrapolation")
+    return isinstance(ex, dict) and ex.get("method") != PER_FOLD
+
+
+def read(obj: dict, *, path=None) -> tuple[dict, list]:
+    """Validate a law/1 object of a Chinchilla-family form: (keyword arguments of
+    ``fit.result.FitResult``, its ``spread`` as those of ``fit.result.Spread``; [(value,
+    keyword arguments)] of its ``by`` groups)."""
+    where = str(path) if path else "<law>"
+    obj = upgrade(obj)
+    form = check_envelope(obj, path=path, forms=tuple(FORMS))
+    metric = _need(obj, "metric", str, where)
+    top = _read_block(obj, _need(obj, "uncertainty", dict, where), "", form, metric, where)
+    groups = []
+    if obj.get("by"):
+        for i, g in enumerate(_need(obj, "groups", list, where)):
+            pre = f"groups[{i}]."
+            value = _need(g, "value", (int, float), where, pre)
+            kw = _read_block(g, _need(g, "uncertainty", dict, where, pre), pre, form, metric,
+                             where)
+            groups.append((float(value), kw))
+    top.update(diagnostics=obj.get("diagnostics") or {}, inputs=obj.get("inputs") or {},
+               conventions=obj.get("conventions"), created=obj.get("created"),
+               tool_version=obj.get("tool_version"), by=obj.get("by"))
+    return top, groups
+
+
+def _need(d, key: str, types, where: str, prefix: str = ""):
+    """``d[key]``, of ``types`` (a bool is never a number); else the field is named."""
+    if not isinstance(d, dict) or key not in d:
+        raise InputError("missing", path=where, field=prefix + key)
+    v = d[key]
+    if not isinstance(v, types) or isinstance(v, bool):
+        raise InputError(f"expected {types}", path=where, field=prefix + key)
+    return v
+
+
+def _read_block(block: dict, unc: dict, prefix: str, form: str, metric: str,
+                where: str) -> dict:
+    """One law (the top level or one ``by`` group): its FitResult keyword arguments."""
+    fit = _need(block, "fit", dict, where, prefix)
+    spec_d = _need(fit, "spec", dict, where, prefix + "fit.")
+    try:
+        spec = Spec(get_form(form), fix={k: float(v) for k, v in
+                                         (spec_d.get("fix") or {}).items()},
+                    tie=dict(spec_d.get("tie") or {}))
+    except (ValueError, TypeError) as e:
+        raise InputError(str(e), path=where, field=prefix + "fit.spec") from None
+    u = _array(_need(fit, "u", list, where, prefix + "fit."), (len(spec.form.names),),
+               where, prefix + "fit.u")
+    # u holds logs of coefficients and plain exponents; beyond |700| exp() over- or
+    # underflows float64 (max ~ e^709): the fitter never writes that (ladder.fit.estimate holds
+    # its solver inside U_LIMIT), an edit does
+    if np.any(np.abs(u) > U_LIMIT):
+        raise InputError(f"a parameter beyond |{U_LIMIT:g}|: exp() overflows float64",
+                         path=where, field=prefix + "fit.u")
+    spread = _read_spread(unc, spec, where, prefix)  # the fields checked in the order written
+    level = number(unc.get("level", 0.9), field=prefix + "uncertainty.level", path=where,
+                   lo=0, hi=1, lo_open=True, hi_open=True)
+    objective, prior, column = _read_fit_options(fit, where, prefix)
+    return {"spec": spec, "u": u,
+            "config": FitConfig(metric=metric, level=level, objective=objective,
+                                prior=prior, params_column=column, bootstrap=0,
+                                backtest=False),
+            "spread": spread,
+            "intervals": _intervals(unc.get("intervals"), where, prefix)}
+
+
+def _read_spread(unc: dict, spec: Spec, where: str, prefix: str) -> dict:
+    """A law's ``uncertainty`` block: the keyword arguments of ``ladder.fit.result.Spread``."""
+    boot = unc.get("bootstrap_u")
+    boot = None if boot is None else _array(boot, (None, len(spec.form.names)), where,
+                                            prefix + "uncertainty.bootstrap_u")
+    cov = unc.get("covariance_free")
+    cov = None if cov is None else _array(cov, (spec.n_free, spec.n_free), where,
+                                          prefix + "uncertainty.covariance_free")
+    sigma, dof = unc.get("sigma_log"), unc.get("dof")
+    for name, v in (("sigma_log", sigma), ("dof", dof)):
+        if v is not None and (isinstance(v, bool) or not (isinstance(v, (int, float))
+                                                           and math.isfinite(v))):
+            raise InputError("expected a finite number or null", path=where,
+                             field=prefix + "uncertainty." + name)
+        if v is not None and v < 0:  # a negative sd gives a nonsense (inverted) band
+            raise InputError(f"must be >= 0, got {v!r}", path=where,
+                             field=prefix + "uncertainty." + name)
+    small = unc.get("small_sample")
+    if small not in ("normal", "student-t"):
+        raise InputError(f"expected 'normal' or 'student-t', got {small!r}", path=where,
+                         field=prefix + "uncertainty.small_sample")
+    if "abs_residuals_log" not in unc:
+        raise InputError("missing (null where there are none)", path=where,
+                         field=prefix + "uncertainty.abs_residuals_log")
+    ares = unc["abs_residuals_log"]
+    ares = None if ares is None else _array(ares, (None,), where,
+                                            prefix + "uncertainty.abs_residuals_log")
+    return {"boot_u": boot, "cov": cov, "sigma": sigma, "dof": dof, "abs_resid": ares,
+            "small_sample": small}
+
+
+def _read_fit_options(fit: dict, where: str, prefix: str) -> tuple[str, dict, str]:
+    """The fit's objective, its priors ({name: (mean, sd)}) and its params column."""
+    objective = fit.get("objective", "huber")
+    if objective not in ("huber", "ols"):
+        raise InputError(f"unknown objective {objective!r}", path=where,
+                         field=prefix + "fit.objective")
+    prior = {}
+    for k, v in (fit.get("prior") or {}).items():
+        if not (isinstance(v, list) and len(v) == 2 and all(as_float(x) is not None
+                                                            for x in v)):
+            raise InputError("expected [mean, sd]", path=where,
+                             field=f"{prefix}fit.prior.{k}")
+        prior[k] = (as_float(v[0]), as_float(v[1]))
+    column = fit.get("params_column", "params")
+    if column not in ("params", "active_params"):
+        raise InputError(f"expected 'params' or 'active_params', got {column!r}",
+                         path=where, field=prefix + "fit.params_column")
+    return objective, prior, column
+
+
+def upgrade(obj):
+    """A one-law document of any version in the current shape (law/3): one reader per version
+    (``_READERS``); anything else as it is, for the envelope check to refuse."""
+    reader = _READERS.get(obj.get("schema")) if isinstance(obj, dict) else None
+    return obj if reader is None else reader(obj)
+
+
+def _v1(obj: dict) -> dict:
+    """A law/1 document in law/3's shape (see the module doc): what a law/1 file written before
+    a field existed means by its absence, written out. Only what is absent is filled in (what
+    is there is left for the law/3 reader to check); the document is not changed in place."""
+    out = dict(obj, schema=SCHEMA)
+    if obj.get("form") not in FORMS:   # a curve or task law: law/1 is law/3's shape
+        return out
+
+    def unc(block):
+        u = block.get("uncertainty") if isinstance(block, dict) else None
+        if not isinstance(u, dict):
+            return block
+        u = dict(u)
+        u.setdefault("small_sample", "student-t")
+        u.setdefault("abs_residuals_log", None)
+        return dict(block, uncertainty=u)
+    out = unc(out)
+    if isinstance(out.get("groups"), list):
+        out["groups"] = [unc(g) for g in out["groups"]]
+    diag = out.get("diagnostics")
+    bt = diag.get("backtest") if isinstance(diag, dict) else None
+    if isinstance(bt, dict) and pooled_record(bt) is None:
+        bt = {k: v for k, v in bt.items() if k != "extrapolation"}
+        rec = per_fold_extrapolation(bt)
+        if rec is not None:
+            bt["extrapolation"] = rec
+        out["diagnostics"] = dict(diag, backtest=bt)
+    return out
+
+
+_READERS = {V1: _v1, SCHEMA: lambda obj: obj}
+
+
+def per_fold_extrapolation(bt: dict) -> dict | None:
+    """A law/1 backtest's extrapolation record as written before the pooled rate: the RMS over
+    its rollout folds of log error per decade of one scale (``scale``: planned compute, else
+    params x tokens, else params), outside [smallest, largest] run's scale (the smallest absent
+    in the oldest files: the band then widens only above the largest run); None without a fold
+    that extrapolated (no term). In the pooled record's shape (``ranges_log10`` over that one
+    scale, a null end unbounded), so that one computation reads both
+    (ladder.fit.result.FitResult.extrapolation_log_sd)."""
+    per_decade = []
+    for fold in bt.get("folds") or []:
+        d = fold.get("decades") if isinstance(fold, dict) else None
+        if not (isinstance(d, (int, float)) and d > 0):
+            continue
+        per_decade += [math.log1p(float(e)) / d for e in fold.get("final_rel_err") or []
+                       if isinstance(e, (int, float)) and math.isfinite(e) and e > -1]
+    top, bottom, kind = bt.get("scale_log10_max"), bt.get("scale_log10_min"), bt.get("scale")
+    if not per_decade or not isinstance(top, (int, float)) or kind not in (
+            "compute", "params_x_tokens", "params"):
+        return None
+    bottom = float(bottom) if isinstance(bottom, (int, float)) else None
+    return {"method": PER_FOLD, "inputs": [kind], "ranges_log10": {kind: [bottom, float(top)]},
+            "rate_per_decade": float(np.sqrt(np.mean(np.square(per_decade))))}
+
+
+def pooled_record(bt) -> dict | None:
+    """A backtest's extrapolation record (ladder.fit.backtest's ``extrapolation``; a law/1 file's
+    per-fold one through :func:`per_fold_extrapolation`): {"rate": per decade or None,
+    "ranges": {input: (log10 lo, hi)}} (a null end: unbounded), or None without a valid one."""
+    ex = bt.get("extrapolation") if isinstance(bt, dict) else None
+    if not isinstance(ex, dict) or not isinstance(ex.get("ranges_log10"), dict):
+        return None
+    rate = ex.get("rate_per_decade")
+    if rate is not None and not (isinstance(rate, (int, float)) and math.isfinite(rate)
+                                 and rate >= 0):
+        return None
+    ranges = {}
+    for c, r in ex["ranges_log10"].items():
+        if not (isinstance(r, list) and len(r) == 2 and all(
+                x is None or isinstance(x, (int, float)) and math.isfinite(x) for x in r)
+                and r[1] is not None):
+            return None
+        ranges[str(c)] = (-math.inf if r[0] is None else float(r[0]), float(r[1]))
+    return {"rate": None if rate is None else float(rate), "ranges": ranges}
+
+
+def _intervals(obj, where, prefix) -> dict:
+    """name -> [lo, hi] as floats ("NaN" strings, as written for missing intervals, to NaN)."""
+    out = {}
+    for name, iv in (obj or {}).items():
+        if not isinstance(iv, list) or len(iv) != 2 or any(as_float(x) is None for x in iv):
+            raise InputError("expected [lo, hi]", path=where,
+                             field=f"{prefix}uncertainty.intervals.{name}")
+        out[name] = [as_float(iv[0]), as_float(iv[1])]
+    return out
+
+
+def _array(v, shape, where, field):
+    if _has_bool(v):  # numpy reads true/false as 1/0: a law's numbers are never booleans
+        raise InputError("expected numbers, got a boolean", path=where, field=field)
+    try:
+        a = np.array(v, dtype=float)
+    except (TypeError, ValueError):
+        raise InputError("expected numbers", path=where, field=field) from None
+    if a.ndim != len(shape) or any(s is not None and s != d
+                                   for s, d in zip(shape, a.shape, strict=True)):
+        raise InputError(f"expected shape {shape}, got {a.shape}", path=where, field=field)
+    if not np.all(np.isfinite(a)):
+        raise InputError("non-finite values", path=where, field=field)
+    return a
+
+
+def _has_bool(v) -> bool:
+    if isinstance(v, bool):
+        return True
+    return isinstance(v, list) and any(_has_bool(x) for x in v)

@@ -1,0 +1,257 @@
+"""``report()`` of every fitted law: the fit as text a person reads at a terminal.
+
+One layout for every kind (lmfit's ``fit_report``: the model and its data, then the parameters
+with their intervals and flags, then what the fit did): ``report`` writes the two lines every
+law has and hands on to the kind's own lines (``r._report_lines()``), which use
+``parameter_lines`` for the table. ``fit_lines`` are a Chinchilla-family law's.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ladder.io import InputError, as_float
+
+
+def _g(x, fmt="{:.4g}"):
+    x = as_float(x)  # law.json writes non-finite numbers as "NaN" strings
+    if x is None or not math.isfinite(x):
+        return "n/a"
+    return fmt.format(x)
+
+
+def _pct(x):
+    x = as_float(x)
+    return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:+.2f}%"
+
+
+def report(r) -> str:
+    return "\n".join(head_lines(r) + r._report_lines())
+
+
+def left_out_line(run: str) -> str:
+    """What a fit of a runs directory says of the target rung it left out (ladder.fit.points)."""
+    return f"left out: {run} (the ladder's target; --include-target to fit it)"
+
+
+def head_lines(r) -> list[str]:
+    return [f"law: {r.form}   {r.expression}" + (f"   (one fit per {r.by})" if r.by else ""),
+            (f"metric: {r.metric or '-'}   points: {r.inputs.get('n_points')}   runs: "
+             f"{r.inputs.get('n_runs')}")] + [left_out_line(str(x))
+                                             for x in r.inputs.get("left_out") or []]
+
+
+def parameter_lines(r, tags: dict[str, str], warnings: dict[str, str], hint: str) -> list[str]:
+    """The parameters at their ``r.level`` intervals, each with its tag ("(fixed)", ...) and
+    warning, then the identifiability flags (``r.identifiability``) and ``hint`` (how to pin
+    an unidentified one down) when there is one."""
+    width = max([6] + [len(n) for n in r.params])
+    lines = [f"parameters ({r.level:.0%} intervals):"]
+    for n, v in r.params.items():
+        iv = r.intervals.get(n, [math.nan, math.nan])
+        flag = warnings.get(n)
+        lines.append(f"  {n:>{width}} = {v:<12.6g} [{_g(iv[0])}, {_g(iv[1])}]{tags.get(n, '')}"
+                     + (f"  WARNING: {flag}" if flag else ""))
+    ident = r.identifiability
+    for n, why in (ident.get("flags") or {}).items():
+        lines.append(f"  NOT IDENTIFIED: {n}: {'; '.join(why)}")
+    if ident.get("unidentified"):
+        lines.append(f"  ({hint}; extrapolations lean on it)")
+    return lines
+
+
+def bootstrap_line(b: dict, how: str = "") -> str:
+    """The run-level bootstrap's record (diagnostics.bootstrap), any kind."""
+    return (f"bootstrap: {b['valid']} of {b['replicates']} run-level replicates usable "
+            f"({b.get('degenerate', 0)} degenerate, {b.get('not_converged', 0)} not converged)"
+            + (f"; {how}" if how else ""))
+
+
+def auto_lines(auto) -> list[str]:
+    """How ``--form auto`` chose (diagnostics.auto), any kind."""
+    if not auto:
+        return []
+    lines = [f"form chosen by --form auto: {auto['chosen']} ({auto['why']})"]
+    for c in auto.get("candidates") or []:
+        if "error" in c:
+            lines.append(f"  {c['form']:<26} not fitted: {c['error']}")
+        else:
+            lines.append(f"  {c['form']:<26} rollout mean |err| "
+                         f"{_pct(c.get('rollout_mean_abs_final'))}, leave-largest-out "
+                         f"{_pct(c.get('leave_largest_out_abs_final'))}, objective "
+                         f"{_g(c.get('objective'))}")
+    return lines
+
+
+def fit_lines(r) -> list[str]:
+    """A Chinchilla-family law's own report lines."""
+    d = r.diagnostics
+    lines = []
+    if r.by:
+        lines.append(f"{len(r.groups)} fits, one per {r.by}:")
+        lines.append(f"  {r.by:>8}  " + "  ".join(f"{n:>10}" for n in r.spec.form.names))
+        for v, g in r.groups:
+            lines.append(f"  {v:8.3f}  " + "  ".join(f"{g.params[n]:10.4g}"
+                                                       for n in r.spec.form.names))
+    else:
+        tags = {}
+        for n in r.params:
+            tag = " (fixed)" if n in r.spec.fix else (f" (= {r.spec.tie[n]})" if n in r.spec.tie
+                                                      else "")
+            pr = (r.prior or {}).get(n)
+            if pr:
+                tag += f" (prior {pr[0]:g} +- {pr[1]:g})"
+            tags[n] = tag
+        lines += parameter_lines(r, tags, d.get("at_bound", {}),
+                                 "fix it with --fix NAME=VALUE or regularise it with --prior "
+                                 "NAME=MEAN:SD")
+        ss = d.get("starts_status", {})
+        if r.objective == "ols":
+            lines.append(f"solver: ols of log(L - E) on log C (least squares), residual sum of "
+                         f"squares {_g(d.get('objective'), '{:.10g}')}; Student-t with "
+                         f"{_g(d.get('dof'))} dof")
+        else:
+            lines.append(f"solver: summed Huber(delta={d.get('huber_delta')}) on log loss = "
+                         f"{_g(d.get('objective'), '{:.10g}')}; {d.get('starts')} starts "
+                         f"({', '.join(f'{v} {k}' for k, v in ss.items() if v)}); best "
+                         f"converged: {d.get('converged')}")
+        lines.append(f"fit: rmse(log) {_g(d.get('rmse_log'))}, max |rel residual| "
+                     f"{_pct(d.get('max_abs_rel_residual'))}, residual dof {_g(d.get('dof'))}; "
+                     f"{d.get('points_note')}")
+        b = d.get("bootstrap", {})
+        if b.get("replicates"):
+            lines.append(bootstrap_line(b))
+        else:
+            lines.append("bootstrap: none (bands from the Student-t lack-of-fit interval only)")
+    al = d.get("allocation")
+    a = as_float(al.get("a")) if al else None
+    if al and (a is None or not math.isfinite(a)):
+        lines.append(f"compute-optimal: not defined ({al.get('not_defined') or 'a is missing'})")
+    elif al:
+        iv = al.get("a_interval")
+        lines.append(f"compute-optimal: N_opt ~ C^{_g(al['a'], '{:.4f}')}"
+                     + (f" [{_g(iv[0], '{:.4f}')}, {_g(iv[1], '{:.4f}')}]" if iv else "")
+                     + f", D_opt ~ C^{_g(al.get('b'), '{:.4f}')}  (C = {_g(al.get('k'))} N D)"
+                     + (f"; G not defined: {al['not_defined']}" if al.get("not_defined")
+                        else ""))
+    bt = d.get("backtest")
+    if bt:
+        lines += _backtest_lines("backtest", bt)
+    cmp_ = d.get("trajectory_vs_per_fraction")
+    if cmp_:
+        lines.append("trajectory vs per-fraction fits (same held-out rungs: "
+                     f"{', '.join(cmp_.get('held_out', [])) or 'none'}):")
+        for k, v in cmp_.items():
+            if isinstance(v, dict) and k != "folds":
+                lines.append(f"  {k:<28} rollout mean |err|: final {_pct(v.get('final'))}, "
+                             f"whole curve {_pct(v.get('curve'))}")
+        if cmp_.get("better"):
+            lines.append(f"  better on held-out rungs: {cmp_['better']}")
+    lines += auto_lines(d.get("auto"))
+    sw = d.get("scale_weighting")
+    if sw and sw.get("applied"):
+        lines.append(f"scale weighting (runs weighted by decades below the largest run's "
+                     f"{sw.get('scale')}): {sw.get('chosen')}: {sw.get('why')}")
+    w = d.get("scale_weights")
+    if w:
+        lines.append(f"  weights exp(-d^2 / 2 h^2), h = {_g(w.get('bandwidth_decades'))} "
+                     f"decades: {_g(w.get('effective_runs'), '{:.1f}')} effective runs, "
+                     f"{w.get('near_runs')} at weight {_g(w.get('near_weight'))} or more (the "
+                     f"band's noise part), smallest {_g(w.get('smallest_weight'), '{:.2g}')}")
+    rule = d.get("asymptote_rule")
+    if rule and rule.get("applied"):
+        lines.append(f"asymptote rule (short ladder, {rule['sizes']} sizes, E not "
+                     f"identified): chose {rule.get('chosen')}: {rule.get('why')}")
+    for line in d.get("dropped_rows", [])[:20]:
+        lines.append(f"dropped: {line}")
+    if len(d.get("dropped_rows", [])) > 20:
+        lines.append(f"dropped: ... and {len(d['dropped_rows']) - 20} more rows")
+    return lines
+
+
+def _backtest_lines(title, bt) -> list[str]:
+    out = []
+    folds = bt.get("folds", [])
+    if not folds:
+        why = "; ".join(s["reason"] for s in bt.get("skipped", [])) or "one scale level only"
+        return [f"{title}: not possible ({why})"]
+    out.append(f"{title} (fit on smaller runs, predict the next scale level):")
+    for f in folds:
+        errs = ", ".join(_pct(e) for e in f["final_rel_err"][:6])
+        more = " ..." if len(f["final_rel_err"]) > 6 else ""
+        curve = f.get("curve_mean_abs_rel_err")
+        out.append(f"  fit on {f['train_runs']:>3} runs -> {len(f['held_out'])} held out: "
+                   f"final err {errs}{more}" + (f"; curve mean |err| {_pct(curve)}"
+                                                if curve is not None else ""))
+    llo = bt.get("leave_largest_out", {})
+    out.append(f"  rollout mean |err| (final): {_pct(bt.get('rollout_mean_abs_final'))}; "
+               f"leave-largest-out: {_pct(llo.get('mean_abs_final'))}"
+               + (f"; band coverage (t-interval bands of the refits) "
+                  f"{bt['band_coverage_final']:.0%}"
+                  if bt.get("band_coverage_final") is not None else ""))
+    return out
+
+
+# ----------------------------------------------------------------------------- several metrics
+
+EXPONENTS = ("alpha", "beta", "gamma")  # the forms' exponents (ladder.fit.forms), in this order
+
+
+def metric_summary(metric: str, law, df) -> dict:
+    """One metric's line of a multi-metric fit: its form, exponents, backtest errors (rollout and
+    leave-largest-out mean |relative error| of the final points) and the band's relative
+    half-width, (hi - lo) / 2 / loss at the law's level, at the largest run's last point of
+    ``df`` (its points table; None where the law cannot say: a curve law needs a schedule)."""
+    d = law.diagnostics or {}
+    bt = d.get("backtest") or {}
+    row = {"metric": metric, "form": law.form,
+           "exponents": {n: law.params[n] for n in EXPONENTS if n in (law.params or {})},
+           "rollout_mean_abs_final": as_float(bt.get("rollout_mean_abs_final")),
+           "leave_largest_out_abs_final": as_float(
+               (bt.get("leave_largest_out") or {}).get("mean_abs_final")),
+           "band_half_width_rel": None, "band_at": None}
+    if getattr(law, "spec", None) is None or not len(df):
+        return row  # a curve law predicts along a schedule (ladder.fit.curve_law)
+    size = next((c for c in ("compute", "tokens", "params") if df[c].notna().any()), None)
+    if size is None:
+        return row
+    last = df.loc[df[size].idxmax()]
+    inputs = {}
+    for k in ("params", "active_params", "tokens", "compute", "fraction"):
+        v = float(last[k]) if k in df.columns else math.nan   # numpy numbers, or NaN
+        if math.isfinite(v):
+            inputs[k] = v
+    try:
+        p = law.predict(**inputs, level=law.level)
+        loss, lo, hi = (float(x) for x in (p.loss, p.lo, p.hi))
+    except (InputError, ValueError, TypeError, ArithmeticError):
+        return row  # the law needs an input the table does not give: no band to show
+    if all(math.isfinite(v) for v in (loss, lo, hi)) and loss > 0:
+        row["band_half_width_rel"] = (hi - lo) / 2 / loss
+    row["band_at"] = {"run": str(last["run"]), **inputs}
+    return row
+
+
+def summary_lines(rows: list[dict], level: float) -> list[str]:
+    """The one-line-per-metric table of a multi-metric fit (rows of :func:`metric_summary`, or
+    ``{"metric", "refused"}`` for a metric that was not fitted)."""
+    def pct(x):
+        x = as_float(x)
+        return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:.2f}%"
+
+    w = max([6] + [len(r["metric"]) for r in rows])
+    fitted = sum("refused" not in r for r in rows)
+    out = [f"{fitted} of {len(rows)} metrics fitted, one law each "
+           f"(band: +- half-width at the largest run's last point, {level:.0%}):",
+           f"  {'metric':<{w}}  {'form':<20} {'exponents':<26} {'rollout |err|':>13} "
+           f"{'leave-largest-out':>17} {'band +-':>8}"]
+    for r in rows:
+        if "refused" in r:
+            out.append(f"  {r['metric']:<{w}}  refused: {r['refused']}")
+            continue
+        ex = " ".join(f"{n} {_g(v, '{:.3g}')}" for n, v in r["exponents"].items()) or "-"
+        out.append(f"  {r['metric']:<{w}}  {r['form']:<20} {ex:<26} "
+                   f"{pct(r['rollout_mean_abs_final']):>13} "
+                   f"{pct(r['leave_largest_out_abs_final']):>17} "
+                   f"{pct(r['band_half_width_rel']):>8}")
+    return out

@@ -1,0 +1,525 @@
+"""The fitted law of a Chinchilla-family form: ``FitResult`` and its prediction band.
+
+A prediction band at a point, in log space: the parameter part is the bootstrap quantile
+deviation where the bootstrap has usable replicates, else z x the delta-method standard error;
+the run-to-run noise part is the residual quantile (``FitResult.noise_half_width``; z x sigma
+with too few points; t(dof) in law.json files written before ``small_sample``); the law's own
+extrapolation error outside its runs' range in the form's inputs, from every held-out point of
+its rollout backtest (``FitResult.extrapolation_log_sd``, ladder.fit.backtest) and an extra
+log-sigma (eval noise, added by a forecaster) are added in quadrature. A band that cannot be
+computed (no residual degrees of freedom, no usable replicates) is NaN with a warning.
+``objective="ols"`` (the real ladder's fit) has its own band: statsmodels' OLS prediction
+interval of log(L - E).
+
+``LawResult`` is what every fitted law is, whatever its form: ``FitResult`` here (the
+Chinchilla family) and ``fit.curve_law.CurveLaw`` (schedule-aware curve laws) are its two kinds.
+
+Fitting lives in fit.estimate (one form on one table) and fit.law (``fit_law``); law.json in
+ladder.fit.lawjson.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import warnings
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+from scipy.special import ndtri, stdtrit  # quantiles; scipy.stats takes 0.6 s to import
+
+import ladder.fit.lawjson as lawjson
+from ladder.fit.config import FitConfig
+from ladder.fit.forms import FORMS, Model, Spec
+from ladder.fit.prediction import Prediction, Query
+from ladder.fit.report import fit_lines, report
+from ladder.io import InputError, as_float
+
+SMALL_SAMPLE = ("normal", "student-t")
+
+
+class LawResult:
+    """A fitted law of any form (the ``ladder.fit.prediction.Law`` protocol, implemented once).
+
+    What every kind shares lives here: the fitted ``params`` with their ``intervals`` at
+    ``level`` (and the identifiability flags in ``diagnostics``), ``metric``, the band's method
+    by name (``band_method``), ``band()``, the law.json envelope (schema, form, expression,
+    params, metric, conventions, inputs, diagnostics, created, tool_version, and under
+    ``uncertainty`` the method, level, intervals and band method: ladder.fit.lawjson.envelope) and
+    ``from_json``, which hands a law.json object to the kind that reads its ``form``. What a
+    kind adds is its model and what its ``predict`` takes (a Chinchilla-family law: N, D, C,
+    fraction; a curve law: a schedule), its own law.json fields (``_json_own``) and its own
+    report lines (``_report_lines``; the layout is ladder.fit.report.report's).
+
+    A kind names its forms when it subclasses: ``class CurveLaw(LawResult, forms=FORMS)``."""
+
+    _KINDS: dict[str, type] = {}   # form -> the LawResult subclass that fits and reads it
+    by = None   # the column of a one-law-per-value fit (ladder.fit.estimate.fit_by), else None
+
+    def __init_subclass__(cls, forms=(), **kw):
+        super().__init_subclass__(**kw)
+        for f in forms:
+            LawResult._KINDS[f] = cls
+
+    # what a kind provides: form, expression, metric, level, params, intervals, diagnostics,
+    # inputs, conventions, created, tool_version, band_method, predict(), _uncertainty_own(),
+    # _json_own(), _report_lines(), from_json()
+
+    @property
+    def identifiability(self) -> dict:
+        """{"flags": {name: [reasons]}, "unidentified": [names]}: parameters the data do not
+        pin down (ladder.fit.estimate._identifiability; a curve law: an estimate at a bound)."""
+        return self.diagnostics.get("identifiability") or {"flags": {}, "unidentified": []}
+
+    def diagnostics_json(self) -> dict:
+        """``diagnostics`` as law.json writes them (a kind that recomputes its identifiability
+        flags writes the current ones)."""
+        return self.diagnostics
+
+    def predict(self, query: Query | None = None, /, *, level: float | None = None,
+                extra_log_sigma=0.0, extrapolation: bool = True, **fields) -> Prediction:
+        """The law at ``query`` (a :class:`ladder.fit.prediction.Query`, or its fields as keywords:
+        the same question for every kind) with its band at ``level`` (None: the kind's default).
+        ``extra_log_sigma``: a further log sd (eval noise) added to the band in quadrature;
+        ``extrapolation``: the band holds the law's own extrapolation error outside its runs
+        (a kind without one has none to add)."""
+        return self._predict(Query.of(query, **fields), level=level,
+                             extra_log_sigma=extra_log_sigma, extrapolation=extrapolation)
+
+    def band(self, query: Query | None = None, /, **fields) -> tuple[np.ndarray, np.ndarray]:
+        """(lo, hi) of :meth:`predict`'s band (same arguments)."""
+        p = self.predict(query, **fields)
+        return p.lo, p.hi
+
+    def report(self) -> str:
+        return report(self)
+
+    def to_json(self) -> dict:
+        return lawjson.to_json(self)
+
+    @classmethod
+    def from_json(cls, obj: dict, *, path=None) -> LawResult:
+        """A one-law law.json object (schema law/3, or law/1: ladder.fit.lawjson.upgrade) to the law
+        its ``form`` names, validated."""
+        form = obj.get("form") if isinstance(obj, dict) else None
+        kind = LawResult._KINDS.get(form) if isinstance(form, str) else None
+        if kind is None or kind is cls:
+            lawjson.check_envelope(lawjson.upgrade(obj), path=path,
+                                   forms=tuple(LawResult._KINDS))
+            raise InputError(f"unknown form {form!r}", path=str(path) if path else "<law>",
+                             field="form")
+        return kind.from_json(obj, path=path)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """What a Chinchilla-family law's band is made of besides its estimate (law.json
+    ``uncertainty``): the run-level bootstrap draws of ``u`` (``boot_u``, (R, P)), the
+    delta-method covariance of the free coordinates (``cov``), the residual scale and degrees of
+    freedom (``sigma``, ``dof``), the fitted points' |log residuals| (``abs_resid``, kept sorted:
+    the noise part is their quantile, noise_half_width; None in law.json files from before:
+    t(dof) x sigma), and ``small_sample``: the quantile of the band's parts estimated from few
+    residuals, "normal", or "student-t" (t(dof), law.json files written before the pooled
+    extrapolation rate; see noise_half_width)."""
+
+    boot_u: np.ndarray | None = None
+    cov: np.ndarray | None = None
+    sigma: float | None = None
+    dof: float | None = None
+    abs_resid: np.ndarray | None = None
+    small_sample: str = "normal"
+
+    def __post_init__(self):
+        if self.small_sample not in SMALL_SAMPLE:
+            raise ValueError(f"small_sample: one of {SMALL_SAMPLE}, got {self.small_sample!r}")
+        for name in ("boot_u", "cov"):
+            v = getattr(self, name)
+            object.__setattr__(self, name, None if v is None else np.asarray(v, dtype=float))
+        if self.abs_resid is not None:
+            object.__setattr__(self, "abs_resid", np.sort(np.abs(np.asarray(self.abs_resid,
+                                                                            dtype=float))))
+
+
+@dataclass(frozen=True, eq=False)
+class FitResult(LawResult, forms=tuple(FORMS)):
+    """A fitted law: parameters, intervals, diagnostics, ``predict()``, ``report()``, JSON.
+
+    Built by its one constructor (fit.estimate's fits, fit.lawjson's reader) and never changed
+    after (a variant is ``dataclasses.replace``): ``spec`` (the form with its fixed and tied
+    parameters), ``u`` (the solver's parameter vector), ``config`` (what it was fitted with:
+    metric, level, params column, objective, prior; its backtest refits with it), ``spread``
+    (what the band is made of), ``intervals``, ``diagnostics``, ``inputs`` and the stamp
+    (``conventions``, ``created``, ``tool_version``; now and this tool's by default).
+
+    For ``by=`` fits (one law per value of a column, e.g. the real ladder's per-fraction fits)
+    ``groups`` holds the per-value results and ``predict(fraction=...)`` uses the matching one,
+    interpolating log loss linearly between neighbouring values. ``starts``: the starts its
+    backtest refits use (ladder.fit.estimate; not written to law.json).
+    """
+
+    spec: Spec
+    u: np.ndarray
+    config: FitConfig = field(default_factory=FitConfig)
+    spread: Spread = field(default_factory=Spread)
+    intervals: dict = field(default_factory=dict)
+    diagnostics: dict = field(default_factory=dict)
+    inputs: dict = field(default_factory=dict)
+    by: str | None = None
+    groups: tuple = ()            # ((value, FitResult), ...)
+    starts: np.ndarray | None = None
+    conventions: dict | None = None
+    created: str | None = None
+    tool_version: str | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "u", np.asarray(self.u, dtype=float))
+        object.__setattr__(self, "groups", tuple(self.groups or ()))
+        object.__setattr__(self, "conventions", self.conventions or _conventions())
+        object.__setattr__(self, "created", self.created or _dt.datetime.now(
+            _dt.timezone.utc).isoformat(timespec="seconds"))
+        object.__setattr__(self, "tool_version", self.tool_version or _version())
+
+    # --- what it was fitted with, and its spread ----------------------------------------------
+    metric = property(lambda self: self.config.metric)
+    level = property(lambda self: float(self.config.level))
+    params_column = property(lambda self: self.config.params_column)
+    objective = property(lambda self: self.config.objective)
+    prior = property(lambda self: self.config.prior)   # name -> (mean, sd), natural units
+    boot_u = property(lambda self: self.spread.boot_u)
+    cov = property(lambda self: self.spread.cov)
+    sigma = property(lambda self: self.spread.sigma)
+    dof = property(lambda self: self.spread.dof)
+    abs_resid = property(lambda self: self.spread.abs_resid)
+    small_sample = property(lambda self: self.spread.small_sample)
+
+    def with_draws(self, boot_u) -> FitResult:
+        """This law with other bootstrap draws (fit.select's pooled draws of its variants)."""
+        return replace(self, spread=replace(self.spread, boot_u=boot_u))
+
+    # --- named views ---------------------------------------------------------------------------
+    @property
+    def form(self) -> str:
+        return self.spec.form.name
+
+    @property
+    def expression(self) -> str:
+        return self.spec.form.expression
+
+    @property
+    def params(self) -> dict:
+        return {p.name: float(p.to_display(self.u[i])) for i, p in enumerate(self.spec.form.params)}
+
+    # --- prediction ----------------------------------------------------------------------------
+    def _predict(self, q: Query, *, level, extra_log_sigma, extrapolation) -> Prediction:
+        """Loss and its band at ``level`` (default 0.9; numpy arrays, the query's fields
+        broadcast). ``compute`` and ``tokens`` are so far at the point (points-table convention);
+        ``fraction`` is the progress through the planned run (trajectory and per-fraction laws;
+        default 1); a law of points has no use for a ``schedule`` or ``step``. The band also
+        holds the law's extrapolation error outside its runs' scale range
+        (:meth:`extrapolation_log_sd`) unless ``extrapolation=False``."""
+        params, active_params, tokens, compute, fraction = (
+            q.params, q.active_params, q.tokens, q.compute, q.fraction)
+        level = 0.9 if level is None else float(level)
+        if not 0 < level < 1:
+            raise ValueError(f"level: must be in (0, 1), got {level!r}")
+        if extrapolation:
+            x = self.extrapolation_log_sd(params=params, tokens=tokens, compute=compute,
+                                          fraction=fraction, active_params=active_params)
+            extra_log_sigma = np.sqrt(np.square(np.asarray(extra_log_sigma, float)) + x ** 2)
+        if self.groups:
+            return self._predict_groups(params, active_params, tokens, compute, fraction, level,
+                                        extra_log_sigma)
+        cols = self._columns(params, active_params, tokens, compute, fraction)
+        shape = np.broadcast(*cols.values()).shape
+        flat = {k: np.broadcast_to(v, shape).ravel() for k, v in cols.items()}
+        fr = self.diagnostics.get("fraction_range")
+        below = None
+        if "fraction" in cols and fr and as_float(fr[0]) is not None:
+            # below the smallest fitted fraction nothing was measured: the early-transient
+            # factor is held at its value there (1/g would otherwise explode), and a warning
+            # says that these points are extrapolated
+            flat["fraction_floor"] = float(as_float(fr[0]))
+            below = flat["fraction"] < flat["fraction_floor"] - 1e-9
+        if below is not None and below.any():
+            warnings.warn(f"{self.form} law: fractions below {flat['fraction_floor']:g}, the "
+                          "smallest fitted, are extrapolated", stacklevel=3)
+        model = Model(self.spec.form, self.spec.form.features(flat))
+        center = model.log_predict(self.u[None])[0]
+        lo, hi = self._band(model, center, level, np.broadcast_to(extra_log_sigma, shape).ravel())
+        return Prediction(loss=np.exp(center).reshape(shape), lo=lo.reshape(shape),
+                          hi=hi.reshape(shape), level=level)
+
+    def extrapolation_log_sd(self, params=None, tokens=None, compute=None, fraction=None,
+                             active_params=None) -> np.ndarray:
+        """The law's own extrapolation error (a log sd) at each point: the rate per decade its
+        rollout backtest measured (ladder.fit.backtest: the held-out finals' log errors pooled over
+        every fold and point, per decade outside the fold's fitted range) times the point's
+        decades outside the range of the runs it was fitted on, the largest over the inputs
+        the form uses (params and tokens, or compute; tokens and compute are taken at
+        fraction 1, planned), above or below. 0 inside every range,
+        without a backtest, or for inputs not given. A law/1 file written before the pooled
+        record keeps its method, read into the same record's shape
+        (fit.lawjson.per_fold_extrapolation): the RMS over folds of log error per decade of one
+        scale (planned compute, else params x tokens, else params).
+        Below the range the rate measured upward is assumed: a ladder rung held out at the
+        bottom is 0.85 decades below the rest on Gadre et al.'s ladder and its law misses it
+        by 5-24% (docs/LOG.md, 2026-12-01)."""
+        bt = self.diagnostics.get("backtest")
+        given = [np.asarray(x, float) for x in (params, tokens, compute, fraction, active_params)
+                 if x is not None]
+        shape = np.broadcast(*given).shape if given else ()
+        pooled = lawjson.pooled_record(bt)
+        if pooled is None:  # no backtest, or none that measured a rate (law/1)
+            return np.zeros(shape)
+        fr = np.asarray(1.0 if fraction is None else fraction, float)
+        vals = {"params": params, "active_params": active_params, "tokens": tokens,
+                "compute": compute}
+        with np.errstate(divide="ignore", invalid="ignore"):
+            vals = {k: None if v is None else (np.asarray(v, float) / fr
+                                               if k in ("tokens", "compute")
+                                               else np.asarray(v, float))
+                    for k, v in vals.items()}
+            if params is not None and tokens is not None:  # a law/1 per-fold record's scale
+                vals["params_x_tokens"] = (np.asarray(params, float) * np.asarray(tokens, float)
+                                           / fr)
+        d = input_distance(vals, pooled["ranges"], shape)
+        if pooled["rate"] is None:
+            # no rollout fold could be fitted (too few smaller runs): nothing measured the
+            # error outside the runs, and the band does not hold it; said, not hidden
+            if np.any(d > 0):
+                warnings.warn(f"{self.form} law: points up to {float(np.max(d)):.2f} "
+                              "decades outside the fitted runs' range, and no rollout "
+                              "fold measured the extrapolation error: the band holds "
+                              "none", stacklevel=4)
+            return np.zeros(shape)
+        return pooled["rate"] * d
+
+    def _columns(self, params, active_params, tokens, compute, fraction) -> dict:
+        given = {"params": params, "active_params": active_params, "tokens": tokens,
+                 "compute": compute, "fraction": fraction}
+        form = self.spec.form
+        if form.curves and fraction is None:
+            given["fraction"] = 1.0
+        cols = {}
+        for need in form.needs:
+            key = self.params_column if need == "N" else need
+            v = given.get(key)
+            if v is None:
+                raise InputError(f"the {form.name} law needs --{key.replace('_', '-')}",
+                                 field=key)
+            v = np.asarray(v, dtype=float)
+            if not np.all(np.isfinite(v) & (v > 0)):
+                raise InputError("must be finite and positive", field=key)
+            if need == "fraction" and np.any(v > 1):
+                raise InputError("must be in (0, 1]", field="fraction")
+            cols[need] = v
+        return cols
+
+    def _band(self, model, center, level, extra):
+        """lo, hi (loss units) around ``center`` (log loss) at ``level``."""
+        if self.objective == "ols":
+            return self._band_ols(model, center, level, extra)
+        q = 0.5 + level / 2
+        dof = self.dof
+        z = float(ndtri(q))
+        tq = None if not (dof and dof > 0) else (z if self.small_sample == "normal"
+                                                 else float(stdtrit(dof, q)))
+        reasons = []
+        # parameter part
+        up = np.zeros_like(center)
+        down = np.zeros_like(center)
+        have_param = False
+        if self.boot_u is not None and len(self.boot_u) >= 20:
+            draws = model.log_predict(self.boot_u)           # (R, m)
+            dev = draws - center[None]
+            up = np.maximum(up, np.quantile(dev, q, axis=0))
+            down = np.maximum(down, -np.quantile(dev, 1 - q, axis=0))
+            have_param = True
+        # the delta method only where the bootstrap is not there: t(dof) x se on top of a
+        # bootstrap that already measured the parameters' spread doubles it, and with the
+        # 1-2 residual dof of a 4-5 rung ladder t is 3-6 (Gadre's 5-run fit: +-25% at 6.9B);
+        # the normal quantile (small_sample), as for the noise part
+        if self.cov is not None and tq is not None and not have_param:
+            _u0, M = self.spec.mapping()
+            J = model.jacobian(self.u) @ M             # (m, F)
+            se = np.sqrt(np.maximum(np.einsum("mf,fg,mg->m", J, self.cov, J), 0.0))
+            up = np.maximum(up, tq * se)
+            down = np.maximum(down, tq * se)
+            have_param = True
+        if not have_param:
+            reasons.append("no parameter uncertainty (no bootstrap replicates and no "
+                           "covariance)")
+        half_noise = self.noise_half_width(level)
+        if half_noise is None:
+            reasons.append("no residual degrees of freedom to estimate run-to-run noise "
+                           f"(dof={dof})")
+            noise = np.full_like(center, np.nan)
+        else:
+            noise = np.full_like(center, half_noise)
+        extra = z * np.asarray(extra, dtype=float)
+        if reasons:
+            warnings.warn(f"{self.form} law: prediction band unavailable: "
+                          + "; ".join(reasons), stacklevel=4)
+            nan = np.full_like(center, np.nan)
+            return nan, nan
+        hi = center + np.sqrt(up ** 2 + noise ** 2 + extra ** 2)
+        lo = center - np.sqrt(down ** 2 + noise ** 2 + extra ** 2)
+        return np.exp(lo), np.exp(hi)
+
+    def noise_method(self, level: float = 0.9) -> str:
+        """Which estimate the band's noise part uses at ``level`` (see noise_half_width)."""
+        if self.objective == "ols":
+            return "ols"
+        if self._noise_rank_level(level) is not None:
+            return "residual quantile"
+        return "normal x sigma" if self.small_sample == "normal" else "student-t x sigma"
+
+    def _noise_rank_level(self, level):
+        a, dof = self.abs_resid, self.dof
+        if a is None or not a.size or not dof or dof <= 0:
+            return None
+        m = dof + self.spec.n_free                 # effective number of observations
+        qq = level * (m + 1) / m                   # split-conformal rank ceil((m+1) level)/m
+        return qq if qq <= 1 else None
+
+    def noise_half_width(self, level: float) -> float | None:
+        """Half-width (log loss) of the band's run-to-run noise part at ``level``.
+
+        The ``level`` quantile of the fitted points' |log residuals|, at the split-conformal
+        rank (level x (m + 1) / m of m effective observations, m = dof + free parameters) and
+        scaled by sqrt(m / dof) for the parameters the fit spent on them. Distribution-free:
+        the summed-Huber fit is robust because ladder residuals are not Gaussian (Gadre et
+        al.'s M=5 runs miss the law by 4-15% where the rest sit within 1-2%), and t(dof) x
+        their RMS let those few points set a +-6% band for every target (leave-one-rung-out
+        coverage 97% on RedPajama, bands 3-12x the typical held-out error). Too few
+        observations for the rank (m < level / (1 - level), 9 at 90%, 99 at 99%): the
+        normal quantile x sigma. Not t(dof) x sigma (main before the pooled extrapolation
+        rate, and law.json files from then: ``small_sample="student-t"``): with the 1 residual
+        dof of Gadre et al.'s 5-run, 4-parameter fit t is 6.3 and this part alone was +-4.3%
+        for targets its rollout missed by 2.4% and the law by 0.4%. Outside the runs' range
+        the out-of-sample error is measured, not modelled: the rollout backtest's held-out
+        errors, which hold the run-to-run noise, are the extrapolation term (ladder.fit.backtest,
+        :meth:`extrapolation_log_sd`)."""
+        qq = self._noise_rank_level(level)
+        if qq is not None:
+            m = self.dof + self.spec.n_free
+            return float(np.quantile(self.abs_resid, qq)) * math.sqrt(m / self.dof)
+        if self.sigma is None or not self.dof or self.dof <= 0:
+            return None
+        q = 0.5 + level / 2
+        quant = float(ndtri(q)) if self.small_sample == "normal" else float(stdtrit(self.dof, q))
+        return quant * self.sigma
+
+    def _band_ols(self, model, center, level, extra):
+        """The OLS prediction interval of log(L - E) (statsmodels' ``obs_ci``: Student-t with
+        the residual dof, mean-prediction variance x' V x plus the residual variance), mapped
+        to loss; an extra log-sigma (eval noise) is added in quadrature in log-loss space."""
+        q = 0.5 + level / 2
+        if not (self.dof and self.dof > 0 and self.cov is not None and self.sigma is not None):
+            warnings.warn(f"{self.form} law (ols): prediction band unavailable: no residual "
+                          f"degrees of freedom (dof={self.dof})", stacklevel=4)
+            nan = np.full_like(center, np.nan)
+            return nan, nan
+        E = float(self.params["E"])
+        x = np.stack([np.ones_like(center), -model.feats["logC"]], axis=1)   # d r / d (logA, alpha)
+        r = np.log(np.exp(center) - E)
+        se = np.sqrt(np.einsum("mf,fg,mg->m", x, self.cov, x) + self.sigma ** 2)
+        half = float(stdtrit(self.dof, q)) * se
+        lo_l, hi_l = np.log(E + np.exp(r - half)), np.log(E + np.exp(r + half))
+        ex = float(ndtri(q)) * np.asarray(extra, dtype=float)
+        lo = center - np.sqrt((center - lo_l) ** 2 + ex ** 2)
+        hi = center + np.sqrt((hi_l - center) ** 2 + ex ** 2)
+        return np.exp(lo), np.exp(hi)
+
+    def _predict_groups(self, params, active_params, tokens, compute, fraction, level, extra):
+        values = np.array([v for v, _ in self.groups])
+        g = np.asarray(1.0 if fraction is None else fraction, dtype=float)
+        shape = np.broadcast(*[np.asarray(x) for x in (params, active_params, tokens, compute,
+                                                        g, extra) if x is not None]).shape
+        gb = np.broadcast_to(g, shape).ravel()
+        tol = 1e-6 + 0.5e-3  # group values are fractions rounded to 1e-3
+        if np.any(gb < values.min() - tol) or np.any(gb > values.max() + tol):
+            raise InputError(f"outside the fitted range {values.min():g}..{values.max():g} of "
+                             f"the per-{self.by} laws", field=self.by)
+        out = np.full((3, gb.size), np.nan)
+        def b(x):
+            return None if x is None else np.broadcast_to(np.asarray(x, float), shape).ravel()
+        kw = {"params": b(params), "active_params": b(active_params), "tokens": b(tokens),
+              "compute": b(compute), "level": level, "extra_log_sigma": b(extra),
+              "extrapolation": False}  # the whole law's term is already in ``extra``
+        preds = [r.predict(**kw) for _, r in self.groups]
+        logs = np.log(np.array([[p.loss, p.lo, p.hi] for p in preds]))  # (G, 3, m)
+        for j in range(gb.size):
+            gj = min(max(gb[j], values.min()), values.max())
+            i = int(np.searchsorted(values, gj))
+            if i < len(values) and abs(values[i] - gj) <= tol or i == 0:
+                out[:, j] = logs[min(i, len(values) - 1), :, j]
+            elif abs(values[i - 1] - gj) <= tol or i == len(values):
+                out[:, j] = logs[i - 1, :, j]
+            else:
+                w = (gj - values[i - 1]) / (values[i] - values[i - 1])
+                out[:, j] = (1 - w) * logs[i - 1, :, j] + w * logs[i, :, j]
+        loss, lo, hi = (np.exp(out[k]).reshape(shape) for k in range(3))
+        return Prediction(loss=loss, lo=lo, hi=hi, level=level)
+
+    # --- JSON ----------------------------------------------------------------------------------
+    def _uncertainty_own(self) -> dict:
+        return lawjson.fit_uncertainty(self)
+
+    def _json_own(self) -> dict:
+        return lawjson.fit_own(self)
+
+    def _report_lines(self) -> list[str]:
+        return fit_lines(self)
+
+    @classmethod
+    def from_json(cls, obj: dict, *, path=None) -> FitResult:
+        """A law.json object (law/3 or law/1, a Chinchilla-family form) to a FitResult."""
+        top, groups = lawjson.read(obj, path=path)
+
+        def build(kw):
+            return cls(**dict(kw, spread=Spread(**kw["spread"])))
+        return build(dict(top, groups=tuple((v, build(kw)) for v, kw in groups)))
+
+    @property
+    def band_method(self) -> str:
+        """The band's method, by name (law.json ``uncertainty.band_method``)."""
+        return lawjson.band_method(self)
+
+
+def input_distance(values: dict, ranges: dict, shape=()) -> np.ndarray:
+    """Decades outside ``ranges`` ({column: [log10 lo, hi]}) of points with ``values``
+    ({column: planned value}): the largest over the columns given, 0 inside every range."""
+    d = np.zeros(shape)
+    for c, (lo, hi) in ranges.items():
+        v = values.get(c)
+        if v is None:
+            continue
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lv = np.log10(np.broadcast_to(np.asarray(v, dtype=float), shape))
+        out = np.maximum(lv - hi, 0.0) + np.maximum(lo - lv, 0.0)
+        d = np.maximum(d, np.where(np.isfinite(out), out, 0.0))
+    return d
+
+
+def extrapolation_rate(bt) -> tuple:
+    """(rate per decade, scale kind, log10 of the smallest and the largest run's scale) from a
+    backtest's record (``diagnostics.backtest``); rate None without a rate measured; an end
+    None where the record has none (law/1 files written before it was recorded)."""
+    bt = bt if isinstance(bt, dict) else {}
+    rec = lawjson.pooled_record(bt)
+    top, bottom = bt.get("scale_log10_max"), bt.get("scale_log10_min")
+    return (None if rec is None else rec["rate"], bt.get("scale"),
+            float(bottom) if isinstance(bottom, (int, float)) else None,
+            float(top) if isinstance(top, (int, float)) else None)
+
+
+
+def _conventions() -> dict:
+    from ladder.counting import conventions
+    return conventions()
+
+
+def _version() -> str:
+    from ladder import __version__
+    return __version__

@@ -1,0 +1,97 @@
+"""The hero recipe's quantile-balancing rule for the router bias, as pure functions of arrays.
+
+Axis legend (as in ladder/model/config.py): T tokens, E routed experts, K = top_k, N histogram bins.
+
+The rule (Marin's public hero-run tracking issue, quoted in issue 12 of this project): with
+biased logits z = s + b, token t's threshold alpha_t is its (K+1)-th largest biased logit, and
+expert e's margin on token t is s[t, e] - alpha_t: e would win t's slot iff s + b_e > alpha_t,
+i.e. iff margin > -b_e. For every expert to take the share K/E of the tokens, -b_e must be the
+upper K/E quantile of e's margins: beta_e = quantile_{1 - K/E}(margins[:, e]), and the new bias
+is -beta, centred (a common shift changes no top-k choice). Unlike today's threshold rule (minus
+the n-th largest *raw* logit of each expert, which ignores the competition between experts for a
+token's K slots), it accounts for who else a token would pick.
+
+The quantile comes from a histogram, so that it is a *sum*: counts from every device (and every
+microbatch of a gradient-accumulation step) add up, and :func:`bias_from_histogram` turns the
+summed counts into the bias. Bins: 10,000 (the recipe's), uniform in asinh(margin / 1e-3) over
+|margin| <= 100: at any margin above 1e-3 a bin is ~0.25% of the margin wide, below it ~2.4e-6,
+so one fixed grid serves router logits at the scale of their init (~0.02 x sqrt(d)) and late in
+training alike. Margins beyond +-100 land in the end bins.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+N_BINS = 10_000          # the recipe's histogram size
+SCALE = 1e-3             # asinh knee: bins are uniform in margin below it, in log(margin) above
+MAX_MARGIN = 100.0       # the grid covers |margin| <= MAX_MARGIN
+_U_MAX = math.asinh(MAX_MARGIN / SCALE)
+
+
+def _to_u(m: jax.Array) -> jax.Array:
+    return jnp.arcsinh(m / SCALE)
+
+
+def _from_u(u: jax.Array) -> jax.Array:
+    return jnp.sinh(u) * SCALE
+
+
+def margins(logits: jax.Array, bias: jax.Array, top_k: int) -> jax.Array:
+    """logits [T, E] (unbiased), bias [E] -> margins [T, E]: s[t, e] - alpha_t, alpha_t the
+    (top_k + 1)-th largest biased logit of token t."""
+    if not 0 < top_k < logits.shape[-1]:
+        raise ValueError(f"top_k: the quantile rule needs 0 < top_k < n_experts, got {top_k} "
+                         f"of {logits.shape[-1]}")
+    s = jax.lax.stop_gradient(logits).astype(jnp.float32)
+    biased = s + jax.lax.stop_gradient(bias).astype(jnp.float32)[None, :]
+    alpha = jax.lax.top_k(biased, top_k + 1)[0][:, top_k]             # [T]
+    return s - alpha[:, None]
+
+
+def margin_histogram(logits: jax.Array, bias: jax.Array, top_k: int) -> jax.Array:
+    """Counts [E, N_BINS] (float32, exact up to 2^24 per bin) of each expert's margins: the
+    summable statistic of the rule. logits [T, E], bias [E]."""
+    m = margins(logits, bias, top_k)                                   # [T, E]
+    T, E = m.shape
+    u = (_to_u(m) + _U_MAX) / (2 * _U_MAX) * N_BINS                   # [T, E] in [0, N)
+    b = jnp.clip(jnp.floor(u), 0, N_BINS - 1).astype(jnp.int32)       # [T, E] bin of each
+    flat = (jnp.arange(E, dtype=jnp.int32)[None, :] * N_BINS + b).reshape(T * E)
+    counts = jnp.zeros((E * N_BINS,), jnp.float32).at[flat].add(1.0)
+    return counts.reshape(E, N_BINS)                                   # [E*N] -> [E, N]
+
+
+def upper_quantile(counts: jax.Array, share: float) -> jax.Array:
+    """counts [..., N_BINS] -> [...]: the margin above which ``share`` of the counted margins
+    lie, linear within the bin that holds it."""
+    counts = counts.astype(jnp.float32)
+    total = jnp.sum(counts, axis=-1, keepdims=True)                    # [..., 1]
+    want = share * total                                               # margins to lie above
+    above = jnp.cumsum(counts[..., ::-1], axis=-1)[..., ::-1]          # [..., N]: >= bin lower edge
+    # the bin holding the quantile: the highest bin whose lower edge has >= want above it
+    idx = jnp.sum(above >= want, axis=-1, keepdims=True) - 1           # [..., 1]
+    idx = jnp.clip(idx, 0, N_BINS - 1)
+    above_i = jnp.take_along_axis(above, idx, axis=-1)
+    count_i = jnp.take_along_axis(counts, idx, axis=-1)
+    # within bin i: (above_i - want) of its count_i margins lie below the quantile
+    frac = jnp.where(count_i > 0, (above_i - want) / jnp.maximum(count_i, 1.0), 0.0)
+    u = (idx + jnp.clip(frac, 0.0, 1.0)) / N_BINS * (2 * _U_MAX) - _U_MAX
+    return _from_u(u)[..., 0]
+
+
+def bias_from_histogram(counts: jax.Array, top_k: int) -> jax.Array:
+    """Summed margin counts [..., E, N_BINS] -> the new router bias [..., E]: minus each
+    expert's upper top_k/E quantile, centred over experts. Counts may be summed or averaged
+    over devices and microbatches: the quantile depends only on their proportions."""
+    E = counts.shape[-2]
+    beta = upper_quantile(counts, top_k / E)                           # [..., E]
+    bias = -beta
+    return bias - jnp.mean(bias, axis=-1, keepdims=True)
+
+
+def quantile_bias(logits: jax.Array, bias: jax.Array, top_k: int) -> jax.Array:
+    """One device's rule in one call: logits [T, E], bias [E] -> the next bias [E]."""
+    return bias_from_histogram(margin_histogram(logits, bias, top_k), top_k)

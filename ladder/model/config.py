@@ -1,0 +1,252 @@
+"""Model configuration: one frozen dataclass, plain Python (no JAX import).
+
+Axis legend used across model/: B batch, S sequence, D model width, H query heads, K KV heads,
+Hd head dim, E routed experts, L latent width, F expert hidden width, C expert capacity, V vocab.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+
+COMBINE_RULES = ("sigmoid", "softmax")
+BIAS_RULES = ("threshold", "quantile", "sign", "none")
+PRECISIONS = ("auto", "bf16", "f32")
+REMATS = ("none", "dots", "full")
+INITS = ("gpt2", "recipe")
+QK_NORMS = ("learned", "rms")
+# The hero recipe's init: truncated normal (+-3 sigma) with sigma = 0.5 / sqrt(d_model), no
+# residual scaling (Marin's public hero-run tracking issue; issue 12 of this project).
+RECIPE_INIT_COEF = 0.5
+RECIPE_INIT_TRUNCATE = 3.0
+
+
+def resolve_precision(precision: str, backend: str) -> str:
+    """"auto" -> "f32" on CPU (exact, and CPUs have no fast bf16 matmul) and "bf16" on
+    accelerators (GPU/TPU); a concrete value is returned unchanged."""
+    if precision != "auto":
+        return precision
+    return "f32" if backend == "cpu" else "bf16"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A decoder of MoE layers in the shape of Marin's hero recipe.
+
+    Every layer: RMSNorm -> attention (QK-norm, partial RoPE, grouped KV heads, sliding-window
+    "local" or full "global") -> RMSNorm -> MoE (routed SwiGLU experts in a latent space of width
+    ``latent_dim`` + ``n_shared`` full-width SwiGLU shared experts, router on the full-width token).
+    Untied embedding and LM head.
+
+    The hero recipe's pieces are switches below (``init`` ... ``head_gate``, issue 12), off by
+    default; ladder/model/layers.py says where each one sits.
+    """
+
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    head_dim: int
+    n_kv_heads_local: int
+    n_kv_heads_global: int
+    global_every: int = 4          # layer i is global if (i + 1) % global_every == 0, and the last
+    local_window: int = 2048       # sliding window of local layers (tokens, incl. the current one)
+    rope_fraction: float = 1.0     # fraction of the head dim rotated by RoPE
+    rope_theta: float = 10_000.0
+    n_experts: int = 8
+    top_k: int = 2
+    n_shared: int = 1
+    expert_dim: int = 32           # hidden width F of a routed expert (in latent space)
+    latent_dim: int = 32           # latent width L the routed experts read and write
+    shared_dim: int = 32           # hidden width of a shared expert (full-width in and out)
+    combine: str = "sigmoid"       # combine weights over the chosen k: sigmoid or softmax
+    route_scale: float = 2.5       # combine weights rescaled to sum to this (real recipe: 2.5)
+    capacity_factor: float = 1.25  # slots per (cell, expert) = ceil(cf * cell tokens * k / E)
+    capacity_tokens: int | None = None  # tokens per capacity cell (consecutive tokens of the
+    #                                batch); None: one cell per MoE call (per device), what every
+    #                                run before issue 22 did. The ladders set it (model/moe.py)
+    bias_rule: str = "threshold"   # router-bias balancing rule: threshold | quantile | sign | none
+    bias_rate: float = 1e-3        # u of the sign rule
+    z_loss: float = 1e-4           # logit z-loss weight (real recipe: 1e-4)
+    norm_eps: float = 1e-6         # the residual-stream (and latent, learned-QK) RMSNorms; the
+    #                                recipe's: 1e-5 (marin-535b.toml; model/layers.py QK_RMS_EPS)
+    init_std: float = 0.02
+    # The hero recipe's pieces (issue 12). The defaults are the model every earlier ladder
+    # trained (cpu, tiny: their numbers do not move); marin-535b.toml switches them on.
+    init: str = "gpt2"             # gpt2: normal(init_std), residual projections / sqrt(2 L);
+    #                                recipe: truncated normal +-3 sigma, sigma 0.5/sqrt(d_model)
+    global_rope: bool = True       # False: global layers use no positions (NoPE)
+    qk_norm: str = "learned"       # learned: RMSNorm with a gain; rms: no gain (the recipe)
+    qk_mult: float = 1.0           # q x this after the QK-norm (the recipe: 1.3)
+    embed_norm: bool = False       # RMSNorm after the token embedding
+    gated_norm_rank: int = 0       # > 0: GatedNorm after every residual-stream RMSNorm, rank
+    #                                min(this, d_model) (the recipe: 128); 0: off
+    conv_kernel: int = 0           # > 0: short causal depthwise convolutions of this width at K,
+    #                                the attention output and the MoE output (the recipe: 4)
+    xsa: bool = False              # exclusive self-attention: remove y's component along v
+    head_gate: bool = False        # attention output of head h x 2 sigmoid(x . attn_gate_h)
+    # How to compute (not what): the same parameters and, up to rounding, the same function.
+    precision: str = "auto"        # auto | bf16 | f32; "auto": f32 on CPU, bf16 on accelerators
+    remat: str = "none"            # none | dots | full: what each layer saves for the backward
+    loss_chunk: int = 512          # LM head + cross-entropy over chunks of this many positions
+    attention_chunk: int = 512     # query block of attention without flash (XLA: CPU, TPU)
+
+    def __post_init__(self):
+        def positive(name):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
+                raise ValueError(f"{name}: must be a positive integer, got {getattr(self, name)!r}")
+
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "head_dim", "n_kv_heads_local",
+                     "n_kv_heads_global", "global_every", "local_window", "n_experts", "top_k",
+                     "expert_dim", "latent_dim", "loss_chunk", "attention_chunk"):
+            positive(name)
+        # what a model can be on any machine (issue 26; the same limits as a ladder file's,
+        # ladder/specs.py::LIMITS): an override of 10**200 is refused here, not in a kernel
+        for name, hi in (("vocab_size", 2 ** 24), ("d_model", 2 ** 17), ("n_layers", 2 ** 12),
+                         ("n_heads", 2 ** 12), ("head_dim", 2 ** 12), ("n_kv_heads_local", 2 ** 12),
+                         ("n_kv_heads_global", 2 ** 12), ("global_every", 2 ** 12),
+                         ("local_window", 2 ** 24), ("n_experts", 2 ** 16), ("top_k", 2 ** 16),
+                         ("expert_dim", 2 ** 20), ("latent_dim", 2 ** 20),
+                         ("shared_dim", 2 ** 20), ("n_shared", 2 ** 10), ("loss_chunk", 2 ** 24),
+                         ("attention_chunk", 2 ** 24), ("gated_norm_rank", 2 ** 17),
+                         ("conv_kernel", 2 ** 10)):
+            v = getattr(self, name)
+            if isinstance(v, int) and v > hi:
+                raise ValueError(f"{name}: must be <= {hi}, got {v!r}")
+        for name, hi in (("capacity_factor", 1e3), ("route_scale", 1e3), ("rope_theta", 1e12),
+                         ("qk_mult", 1e3), ("norm_eps", 1.0), ("init_std", 10.0),
+                         ("bias_rate", 1.0), ("z_loss", 1e3)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                    or v > hi:
+                raise ValueError(f"{name}: must be a finite number <= {hi:g}, got {v!r}")
+        if not isinstance(self.n_shared, int) or self.n_shared < 0:
+            raise ValueError(f"n_shared: must be an integer >= 0, got {self.n_shared!r}")
+        if self.n_shared and (not isinstance(self.shared_dim, int) or self.shared_dim <= 0):
+            raise ValueError(f"shared_dim: must be a positive integer, got {self.shared_dim!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model: {self.d_model} is not divisible by n_heads={self.n_heads}")
+        for name in ("n_kv_heads_local", "n_kv_heads_global"):
+            if self.n_heads % getattr(self, name):
+                raise ValueError(f"{name}: n_heads={self.n_heads} is not a multiple of "
+                                 f"{getattr(self, name)}")
+        if self.top_k > self.n_experts:
+            raise ValueError(f"top_k: {self.top_k} > n_experts={self.n_experts}")
+        if not self.capacity_factor > 0:
+            raise ValueError(f"capacity_factor: must be > 0, got {self.capacity_factor!r}")
+        if self.capacity_tokens is not None and (not isinstance(self.capacity_tokens, int) or
+                                                 isinstance(self.capacity_tokens, bool) or
+                                                 self.capacity_tokens <= 0):
+            raise ValueError(f"capacity_tokens: must be null or a positive integer, got "
+                             f"{self.capacity_tokens!r}")
+        if not 0.0 <= self.rope_fraction <= 1.0:
+            raise ValueError(f"rope_fraction: must be in [0, 1], got {self.rope_fraction!r}")
+        if int(self.head_dim * self.rope_fraction) % 2:
+            raise ValueError(f"rope_fraction: head_dim * rope_fraction must be even, got "
+                             f"{self.head_dim} * {self.rope_fraction}")
+        if self.combine not in COMBINE_RULES:
+            raise ValueError(f"combine: must be one of {COMBINE_RULES}, got {self.combine!r}")
+        if self.bias_rule not in BIAS_RULES:
+            raise ValueError(f"bias_rule: must be one of {BIAS_RULES}, got {self.bias_rule!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision: must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.remat not in REMATS:
+            raise ValueError(f"remat: must be one of {REMATS}, got {self.remat!r}")
+        if self.init not in INITS:
+            raise ValueError(f"init: must be one of {INITS}, got {self.init!r}")
+        if self.qk_norm not in QK_NORMS:
+            raise ValueError(f"qk_norm: must be one of {QK_NORMS}, got {self.qk_norm!r}")
+        for name in ("global_rope", "embed_norm", "xsa", "head_gate"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: must be true or false, got {getattr(self, name)!r}")
+        for name in ("gated_norm_rank", "conv_kernel"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{name}: must be an integer >= 0 (0: off), got {v!r}")
+        if not self.qk_mult > 0:
+            raise ValueError(f"qk_mult: must be > 0, got {self.qk_mult!r}")
+        for name in ("route_scale", "bias_rate", "z_loss", "norm_eps", "init_std", "rope_theta"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
+
+    # ----------------------------------------------------------------- derived sizes
+    @property
+    def q_dim(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def rope_dim(self) -> int:
+        return int(self.head_dim * self.rope_fraction)
+
+    def layer_rope_dim(self, layer: int) -> int:
+        """Channels of each head RoPE rotates in ``layer``: 0 on global layers without
+        ``global_rope`` (NoPE)."""
+        return 0 if self.is_global(layer) and not self.global_rope else self.rope_dim
+
+    @property
+    def gated_rank(self) -> int:
+        """The GatedNorm rank: ``gated_norm_rank`` capped at d_model (the recipe's 128 is wider
+        than the cpu and tiny ladders' models; there the gate is full rank). 0: off."""
+        return min(self.gated_norm_rank, self.d_model)
+
+    @property
+    def weight_std(self) -> float:
+        """sigma of the weight init: ``init_std`` (gpt2) or 0.5 / sqrt(d_model) (recipe)."""
+        if self.init == "recipe":
+            return RECIPE_INIT_COEF / math.sqrt(self.d_model)
+        return self.init_std
+
+    @property
+    def residual_std(self) -> float:
+        """sigma of the projections that write into the residual stream: gpt2 divides by
+        sqrt(2 n_layers) (Radford et al. 2019, section 2.3); the recipe does not."""
+        if self.init == "recipe":
+            return self.weight_std
+        return self.init_std / math.sqrt(2 * self.n_layers)
+
+    @property
+    def init_truncate(self) -> float | None:
+        """Truncation of the weight init in sigmas (None: a plain normal)."""
+        return RECIPE_INIT_TRUNCATE if self.init == "recipe" else None
+
+    def is_global(self, layer: int) -> bool:
+        """Every ``global_every``-th layer (1-based) and the last layer attend globally."""
+        return (layer + 1) % self.global_every == 0 or layer == self.n_layers - 1
+
+    @property
+    def global_layers(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.n_layers) if self.is_global(i))
+
+    def n_kv_heads(self, layer: int) -> int:
+        return self.n_kv_heads_global if self.is_global(layer) else self.n_kv_heads_local
+
+    @property
+    def n_groups(self) -> int:
+        """Repeats of the [local] * (global_every - 1) + [global] pattern that run under one
+        scan: layers 0 .. n_groups * global_every - 1. The rest (n_layers % global_every layers,
+        the last of them global) run unrolled after it."""
+        return self.n_layers // self.global_every
+
+    @property
+    def scanned_layers(self) -> int:
+        return self.n_groups * self.global_every
+
+    # ----------------------------------------------------------------- JSON
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"{unknown[0]}: unknown model config key")
+        return cls(**d)
+
+    def replace(self, **kw) -> "ModelConfig":
+        return dataclasses.replace(self, **kw)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)

@@ -1,0 +1,727 @@
+"""The MoE layer: router, capacity-limited sort-based dispatch, routed experts in a latent space,
+shared experts, and the router-bias balancing rules. Plus a slow reference dispatch for tests.
+
+Axis legend (as in model/config.py): T tokens (B*S flattened), D model width, E routed experts,
+k chosen experts per token (top_k), L latent width, F expert hidden width, C expert capacity,
+N shared experts, A assignments (T*k, token-major: assignment a = t*k + j).
+Einsum letters: t=T, d=D, e=E, j=k, l=L, f=F, c=C, n=N.
+
+Routing (the real recipe): the router reads the full-width token in float32, logits = x W (E).
+Top-k is taken on logits + router_bias; the combine weights are the sigmoid of the *unbiased*
+logits of the chosen k, rescaled to sum to ``route_scale`` (softmax over the chosen k as an
+option). The bias never gets a gradient: it is an input, wrapped in stop_gradient, and is moved
+only by :func:`update_router_bias`.
+
+Capacity (issue 22 item 2): the tokens are cut into *cells* of ``cfg.capacity_tokens``
+consecutive tokens of the flattened batch (a recipe setting: whole sequences when it is a
+multiple of the sequence length), and each expert takes at most C = ceil(capacity_factor *
+cell tokens * k / E) assignments of each cell; assignments beyond that are dropped (their expert
+output is zero; the token keeps its residual and the shared experts). Within a (cell, expert) the
+cell's sequences win in a random order drawn anew every step, and within a sequence earlier
+tokens win (:func:`drop_keys`: a hash of the step and the sequence's place in its cell, then the
+position; exact integers). So what is dropped depends on the recipe's cell and the step, never
+on the devices or the microbatch, as long as a device's share of a call holds whole cells
+(ladder/trainer/trainconfig.py refuses a layout where it does not); no place in the batch loses more
+often than another; and a token's drop never depends on later tokens of its own sequence (a
+random order within the sequence, tried first, made the layer non-causal: tests/
+test_model_decoder.py::test_causal). Later positions of a sequence still lose first, as in
+Switch/GShard's position priority. (Not by router score: a float whose last bits depend on the
+layout's reduction order, so near-equal scores could change places between 1 and 8 devices,
+and non-causal too. The same key serves every layer of a step: the layers under ``nn.scan``
+share one trace.)
+``capacity_tokens`` None: one cell per call. Dropless mode
+(evaluation) computes every assignment through a blocked grouped matmul
+(:func:`dispatch_dropless`: the assignments sorted by expert, each expert's run padded to whole
+blocks, a static schedule of blocks), never a T-slot [E, T, L] buffer nor ``jax.lax.ragged_dot``
+(expanded to a dense dot over all experts on CPU).
+
+Expert parallelism: when the jitted caller runs under a device mesh (``jax.set_mesh``) whose
+"expert" axis has more than one device, the routed path runs in ``jax.shard_map`` over the mesh
+(:func:`dispatch_expert_parallel`): tokens are split over every device (batch over "data" x
+"expert"), each device fills an [E, C, L] buffer from its own tokens (capacity counted per
+(sender shard, expert) cell, as in the real recipe), ``jax.lax.all_to_all`` over "expert" carries
+each expert's slots to the device holding it and the outputs back. Dropless, each device runs
+its own tokens through every expert, whose weights are gathered for the layer
+(:func:`dispatch_dropless_sharded`). The mesh comes from the context, not from a module argument,
+so the layer also works inside ``nn.scan``.
+
+Balancing statistics over a whole step: the step may be split into microbatches (and always is
+over devices), so the router-bias rule's statistic is *mergeable*: ``aux["bias_stat"]`` is what
+the rule needs from this call, :func:`merge_bias_stat` combines two of them exactly, and
+:func:`bias_target_from_stat` turns the merged one into the target. For the threshold rule the
+statistic is the per-expert top-n raw logits, n = tokens-per-step * k / E; the step's token count
+comes from :func:`step_tokens` (default: this call's tokens).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from ladder.model.balance import bias_from_histogram, margin_histogram
+from ladder.model.config import ModelConfig
+from ladder.model.layers import RMSNorm, output_init, weight_init
+
+
+class Routing(NamedTuple):
+    expert: jax.Array   # [T, k] int32: chosen experts, best first
+    weight: jax.Array   # [T, k] float32: combine weights, summing to route_scale per token
+
+
+def capacity(cfg: ModelConfig, n_tokens: int, *, dropless: bool = False) -> int:
+    """Slots per expert in a cell of ``n_tokens`` tokens: ceil(cf * n * k / E), at most n (no
+    expert can receive more than n)."""
+    if dropless:
+        return n_tokens
+    return min(n_tokens, math.ceil(cfg.capacity_factor * n_tokens * cfg.top_k / cfg.n_experts))
+
+
+def cell_tokens(cfg: ModelConfig, n_tokens: int) -> int:
+    """Tokens per capacity cell in a call of ``n_tokens`` tokens (one device's share under a
+    mesh): ``cfg.capacity_tokens``, which must divide them; None, or a call shorter than one
+    cell (a direct call on short sequences; ``ladder run`` refuses such a layout before it
+    trains, ladder/trainer/trainconfig.py::check_cell): the whole call."""
+    cell = min(cfg.capacity_tokens or n_tokens, n_tokens)
+    if n_tokens % cell:
+        raise ValueError(f"capacity_tokens: a cell of {cell} tokens does not divide the "
+                         f"{n_tokens} tokens of one call (per device): give each device whole "
+                         f"cells (a larger microbatch)")
+    return cell
+
+
+_DROP_SEED: contextvars.ContextVar = contextvars.ContextVar("drop_seed", default=0)
+
+
+@contextlib.contextmanager
+def drop_order(seed):
+    """Within this context (at trace time) the capacity drop order is drawn from ``seed`` (an
+    int or a traced int32 scalar: the train step passes its step counter, so every step draws
+    a new order). Outside it the seed is 0 (evaluation, direct calls)."""
+    token = _DROP_SEED.set(seed)
+    try:
+        yield
+    finally:
+        _DROP_SEED.reset(token)
+
+
+def _mix32(x: jax.Array) -> jax.Array:
+    """MurmurHash3's 32-bit finaliser (Appleby, public domain): a bijection of uint32 whose
+    output bits each depend on every input bit."""
+    x = x ^ (x >> 16)
+    x = x * jnp.uint32(0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = x * jnp.uint32(0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def drop_keys(seed, T: int, k: int, cell: int, seq: int) -> jax.Array:
+    """[T, k] uint32 drop priorities (lower keeps its slot) of T tokens in sequences of ``seq``
+    and cells of ``cell``: high bits a hash of ``seed`` and of the sequence's place in its cell
+    (a random order of the cell's sequences, new for every seed), low bits the position in the
+    sequence (earlier first). A function of places in the cell only, so the same on any layout
+    that holds whole cells; and causal: whether a token keeps its slot never depends on later
+    tokens of its own sequence (a random order within a sequence would let them take it)."""
+    run = min(seq, cell)                                                     # causal stretch
+    low = max(1, (run * k - 1).bit_length())                                 # bits of pos * k + j
+    if low > 24:
+        raise ValueError(f"capacity_tokens: sequences of {seq} tokens x top-{k} leave too few "
+                         f"bits of a 32-bit drop key for the sequence order")
+    place = jnp.arange(T, dtype=jnp.uint32) % jnp.uint32(cell)               # [T]
+    which, pos = place // jnp.uint32(run), place % jnp.uint32(run)           # [T], [T]
+    mixed = _mix32(jnp.asarray(seed).astype(jnp.uint32) * jnp.uint32(0x9E3779B9)
+                   + jnp.uint32(0x7F4A7C15))
+    high = _mix32(which ^ mixed) >> jnp.uint32(low)                          # [T]
+    return ((high << jnp.uint32(low)) | (pos * jnp.uint32(k)))[:, None] \
+        + jnp.arange(k, dtype=jnp.uint32)[None, :]                           # [T, k]
+
+
+def route(cfg: ModelConfig, logits: jax.Array, bias: jax.Array) -> Routing:
+    """logits [T, E] float32 (unbiased), bias [E] -> the chosen experts and their weights."""
+    biased = logits + jax.lax.stop_gradient(bias)[None, :]
+    _, expert = jax.lax.top_k(biased, cfg.top_k)                       # [T, k]
+    chosen = jnp.take_along_axis(logits, expert, axis=-1)             # [T, k] unbiased logits
+    if cfg.combine == "sigmoid":
+        gate = jax.nn.sigmoid(chosen)
+        weight = gate / jnp.sum(gate, axis=-1, keepdims=True)
+    else:  # "softmax" over the chosen k
+        weight = jax.nn.softmax(chosen, axis=-1)
+    return Routing(expert=expert.astype(jnp.int32), weight=weight * cfg.route_scale)
+
+
+# ------------------------------------------------------------------------------------ dispatch
+ExpertFn = Callable[[jax.Array], jax.Array]   # [E, C, L] -> [E, C, L], each expert on its row
+
+
+class Dispatched(NamedTuple):
+    out: jax.Array    # [T, k, L]: each assignment's expert output, zeros where dropped
+    kept: jax.Array   # [T, k] bool: the assignment got a slot
+
+
+class Slots(NamedTuple):
+    """Where each assignment goes in an [E, n_cells * C, L] buffer (sorted order, see
+    :func:`slots`): cell c of expert e owns slots [c * C, (c + 1) * C)."""
+    order: jax.Array          # [A] assignment index of each sorted position
+    expert: jax.Array         # [A] expert of each sorted position
+    slot: jax.Array           # [A] slot of its expert; ``n_cells * cap`` (out of range): dropped
+    kept: jax.Array           # [A] bool, sorted order
+
+
+def slots(expert: jax.Array, n_experts: int, cap: int, key: jax.Array | None = None,
+          n_cells: int = 1) -> Slots:
+    """expert [T, k] -> the slot of every assignment. The T tokens are ``n_cells`` cells of
+    T / n_cells consecutive tokens; sort the assignments by (cell, expert), within that by
+    ``key`` [T, k] ascending (:func:`drop_keys`; None: none), ties by assignment order (so
+    earlier tokens first); an assignment's rank within its (cell, expert) run is its slot in the
+    cell, and ranks >= cap are dropped."""
+    T, k = expert.shape
+    A, E = T * k, n_experts
+    flat = expert.reshape(A)                                   # [T, k] -> [A], a = t*k + j
+    cell = (jnp.arange(A) // k) // (T // n_cells)              # [A] cell of each assignment
+    run = cell * E + flat                                      # [A] (cell, expert) run
+    if key is None:
+        order = jnp.argsort(run, stable=True)                  # [A]
+    else:                                                      # one sort by (run, key)
+        order = jax.lax.sort((run, key.reshape(A), jnp.arange(A, dtype=jnp.int32)), num_keys=2,
+                             is_stable=True)[2]
+    sorted_run = run[order]                                    # [A]
+    counts = jnp.bincount(run, length=n_cells * E)             # [n_cells * E]
+    starts = jnp.cumsum(counts) - counts                       # first sorted index of each run
+    rank = jnp.arange(A) - starts[sorted_run]                  # [A] position within its run
+    kept = rank < cap
+    slot = (sorted_run // E) * cap + rank                      # cell c's slots start at c * cap
+    return Slots(order, sorted_run % E, jnp.where(kept, slot, n_cells * cap), kept)
+
+
+def scatter_slots(x: jax.Array, s: Slots, k: int, n_experts: int, n_slots: int) -> jax.Array:
+    """x [T, L] -> [E, n_slots, L]: each kept assignment's token in its slot, zeros elsewhere."""
+    tokens = x[s.order // k]                                   # [A, L] token of each assignment
+    buf = jnp.zeros((n_experts, n_slots, x.shape[-1]), x.dtype)
+    return buf.at[s.expert, s.slot].set(tokens, mode="drop")  # out of range: mode="drop" drops
+
+
+def gather_slots(out: jax.Array, s: Slots, T: int, k: int) -> Dispatched:
+    """[E, n_slots, L] expert outputs -> Dispatched(out [T, k, L], kept [T, k]) in assignment
+    order."""
+    out_sorted = out.at[s.expert, s.slot].get(mode="fill", fill_value=0)     # [A, L]
+    out_flat = jnp.zeros_like(out_sorted).at[s.order].set(out_sorted)       # unsort -> [A, L]
+    kept = jnp.zeros((T * k,), bool).at[s.order].set(s.kept)
+    return Dispatched(out_flat.reshape(T, k, -1), kept.reshape(T, k))   # [A, L] -> [T, k, L]
+
+
+def dispatch_sorted(expert_fn: ExpertFn, x: jax.Array, expert: jax.Array, n_experts: int,
+                    cap: int, key: jax.Array | None = None, n_cells: int = 1) -> Dispatched:
+    """Run each token's chosen experts with at most ``cap`` assignments per (cell, expert).
+
+    x [T, L], expert [T, k], key [T, k] (drop priority, lower first; None: earlier tokens) ->
+    Dispatched(out [T, k, L] with zeros where dropped, kept [T, k]). Sort the assignments by
+    (cell, expert, priority) (:func:`slots`), scatter into an [E, n_cells * C, L] buffer, run
+    all experts as one batched einsum, gather back. Measured here on CPU (bench/moe_dispatch.py,
+    expert path fwd+bwd, T=2048, E=8, top-2, L=F=32): ~5x faster than running every expert on
+    every token with a one-hot mask, ~7x faster than jax.lax.ragged_dot, ~70x faster than an
+    [A, E, C] one-hot dispatch einsum.
+    """
+    T, k = expert.shape
+    s = slots(expert, n_experts, cap, key, n_cells)
+    out = expert_fn(scatter_slots(x, s, k, n_experts, n_cells * cap))   # [E, n_cells * C, L]
+    return gather_slots(out, s, T, k)
+
+
+# ------------------------------------------------------------------------------ dropless
+# The dropless grouped matmul. jax.lax.ragged_dot is no use here: jaxlib 0.10.2 expands it on CPU
+# into one dense dot over every group (issue 22: [32768, 384] x [48, 384, 384] became a
+# [32768, 18432] x [18432, 384] dot, 48x the FLOPs; bench/dropless_dispatch.py: E x at 8-128
+# experts), and XLA:GPU does the same unless its cuDNN ragged-dot fusion fires (docs/LOG.md).
+# This one sorts the assignments by expert, pads each expert's run to whole blocks of ``block``
+# rows and multiplies block by block, each block by its own expert's weights: plain gathers,
+# scatters and batched dots on every backend, with a static schedule whose FLOPs are those of rows
+# + experts x (block - 1) rows, not E x rows.
+MIN_BLOCK, MAX_BLOCK = 8, 128
+ROWS_PER_STEP = 4096            # rows of the block loop's one step (fewer, larger dots)
+GATHER_BYTES_PER_STEP = 2**26   # at most this many bytes of expert weights gathered per step
+
+
+def group_block(rows: int, groups: int) -> int:
+    """Rows per block of :func:`grouped_swiglu` for ``rows`` rows over ``groups`` groups: the
+    largest power of two <= rows / groups, within [8, 128]. The schedule computes at most
+    rows + groups x (block - 1) rows, so under 2 x rows however many experts there are (down to
+    blocks of 8). Smaller blocks compute less padding but gather an expert's weights once per
+    block: on CPU (bench/dropless_dispatch.py) blocks of ~rows/groups, capped at 128, were the
+    fastest or within 1.6x of it at 8, 32 and 128 experts."""
+    b = MIN_BLOCK
+    while b * 2 <= min(MAX_BLOCK, rows // groups):
+        b *= 2
+    return b
+
+
+def grouped_swiglu(x_blocks: jax.Array, block_group: jax.Array, w_gate, w_up, w_down
+                   ) -> jax.Array:
+    """SwiGLU experts on blocks of rows, each block through one expert: x_blocks [n, b, L],
+    block_group [n] (the expert of each block), weights [E, L, F] / [E, F, L] -> [n, b, L].
+
+    The blocks go in steps of c under ``jax.lax.scan`` (a static trip count): step i gathers the
+    c blocks' expert weights [c, L, F] and runs three batched dots. c makes a step about
+    ROWS_PER_STEP rows and at most GATHER_BYTES_PER_STEP bytes of gathered weights."""
+    n, b, L = x_blocks.shape
+    F = w_gate.shape[-1]
+    per_block = 3 * L * F * jnp.dtype(w_gate.dtype).itemsize
+    steps = -(-n // max(1, min(n, ROWS_PER_STEP // b, GATHER_BYTES_PER_STEP // per_block)))
+    c = -(-n // steps)                               # blocks per step, spread evenly
+    pad = steps * c - n                              # < steps blocks of zeros
+    xs = jnp.pad(x_blocks, ((0, pad), (0, 0), (0, 0))).reshape(steps, c, b, L)
+    gs = jnp.pad(block_group, (0, pad)).reshape(steps, c)
+
+    def step(_, inp):
+        xb, g = inp                                                  # [c, b, L], [c]
+        out = swiglu(xb, w_gate[g], w_up[g], w_down[g], "cbl,clf->cbf", "cbf,cfl->cbl")
+        return None, out                                             # [c, b, L]
+
+    _, out = jax.lax.scan(step, None, (xs, gs))                      # [steps, c, b, L]
+    return out.reshape(steps * c, b, L)[:n]
+
+
+def dispatch_dropless(x: jax.Array, expert: jax.Array, weights: tuple,
+                      block: int | None = None) -> jax.Array:
+    """Dropless: every assignment through its expert, with no capacity and no [E, T, L] buffer.
+    x [T, L], expert [T, k], weights of all E experts ([E, L, F], [E, L, F], [E, F, L])
+    -> out [T, k, L].
+
+    The A = T*k assignments are sorted by expert (stable); expert e's n_e assignments take
+    ceil(n_e / b) blocks of b = ``block`` rows (default :func:`group_block`), its blocks after
+    those of the experts before it; the rest of its last block is zeros. The number of blocks is
+    static, floor((A + min(E, A) (b - 1)) / b), an upper bound whatever the routing; unused
+    blocks at the end compute zeros. :func:`grouped_swiglu` runs the blocks."""
+    T, k = expert.shape
+    E, L = weights[0].shape[0], x.shape[-1]
+    A = T * k
+    b = block or group_block(A, E)
+    flat = expert.reshape(A)                                   # [T, k] -> [A], a = t*k + j
+    order = jnp.argsort(flat, stable=True)                     # [A] grouped by expert
+    sorted_expert = flat[order]
+    counts = jnp.bincount(flat, length=E)                      # [E]
+    rank = jnp.arange(A) - (jnp.cumsum(counts) - counts)[sorted_expert]   # [A] within expert
+    blocks = -(-counts // b)                                   # [E] blocks of each expert
+    block_end = jnp.cumsum(blocks)                             # [E]
+    dest = (block_end - blocks)[sorted_expert] * b + rank      # [A] padded row of each
+    n_blocks = (A + min(E, A) * (b - 1)) // b                  # >= sum(blocks), static
+    buf = jnp.zeros((n_blocks * b, L), x.dtype).at[dest].set(x[order // k],
+                                                             unique_indices=True)
+    block_expert = jnp.minimum(jnp.searchsorted(block_end, jnp.arange(n_blocks), side="right"),
+                               E - 1)                          # [n_blocks]; unused: any expert
+    out = grouped_swiglu(buf.reshape(n_blocks, b, L), block_expert, *weights)   # [n, b, L]
+    out_sorted = out.reshape(n_blocks * b, L)[dest]                             # [A, L]
+    out = jnp.zeros_like(out_sorted).at[order].set(out_sorted, unique_indices=True)  # unsort
+    return out.reshape(T, k, L)                                # [A, L] -> [T, k, L]
+
+
+def dispatch_dropless_sharded(mesh, x: jax.Array, expert: jax.Array, weights: tuple
+                              ) -> jax.Array:
+    """:func:`dispatch_dropless` under ``jax.shard_map`` over ``mesh``: tokens split over every
+    device, each device running its own tokens through every expert, whose weights come in
+    whole (GSPMD all-gathers a layer's expert weights, as FSDP gathers the dense ones).
+
+    Why not the training path's all-to-all: a dropless receive buffer must hold the worst case,
+    every sender's every assignment, ep x the tokens' assignments; gathering the tokens instead
+    (the earlier path) made each device compute ep x t x k rows. Gathering one layer's expert
+    weights costs their bytes (0.34 GB in bf16 at 1.6B-A61M) and keeps each device at its own
+    t x k rows. x [T, L], expert [T, k] -> out [T, k, L]."""
+    from jax.sharding import PartitionSpec as P
+
+    tok = P(tuple(mesh.axis_names))
+    return jax.shard_map(lambda x, e, *w: dispatch_dropless(x, e, w), mesh=mesh,
+                         in_specs=(tok, tok, P(), P(), P()), out_specs=tok)(x, expert, *weights)
+
+
+def dispatch_reference(expert_fn: ExpertFn, x: jax.Array, expert: jax.Array, n_experts: int,
+                       cap: int, key: jax.Array | None = None, n_cells: int = 1) -> Dispatched:
+    """Slow, obviously correct twin of :func:`dispatch_sorted`: every expert computes every token;
+    a Python loop over experts keeps, in each cell of T / n_cells consecutive tokens, the ``cap``
+    tokens that chose it with the lowest ``key`` (ties, or no key: the earlier token), ranking
+    each token by counting the tokens of its cell that beat it ([T, T] comparisons)."""
+    T, k = expert.shape
+    all_out = expert_fn(jnp.broadcast_to(x[None], (n_experts,) + x.shape))   # [E, T, L]
+    out = jnp.zeros((T, k, x.shape[-1]), x.dtype)
+    kept = jnp.zeros((T, k), bool)
+    t = jnp.arange(T)
+    same_cell = (t[:, None] // (T // n_cells)) == (t[None, :] // (T // n_cells))   # [T, T]
+    for e in range(n_experts):
+        chose = expert == e                                    # [T, k]; at most one j per token
+        chose_token = jnp.any(chose, axis=-1)                  # [T]
+        # [T] each token's key for e (at most one of its k choices is e; others are masked)
+        s = (jnp.zeros(T, jnp.uint32) if key is None else
+             jnp.max(jnp.where(chose, key, jnp.uint32(0)), axis=-1))
+        # beats[t, u]: token u outranks token t for e (a lower key, or equal and earlier)
+        beats = (s[None, :] < s[:, None]) | ((s[None, :] == s[:, None])
+                                             & (t[None, :] < t[:, None]))
+        rank = jnp.sum(beats & same_cell & chose_token[None, :], axis=-1)   # [T] rank in cell
+        keep = chose & (chose_token & (rank < cap))[:, None]   # [T, k]
+        out = jnp.where(keep[..., None], all_out[e][:, None, :], out)
+        kept = kept | keep
+    return Dispatched(out, kept)
+
+
+def expert_mesh(n_tokens: int):
+    """The abstract mesh of the surrounding ``jax.set_mesh`` when the routed path should run
+    sharded over it (more than one device, an "expert" axis, tokens that split evenly), else
+    None: one device, or no mesh in context (then XLA/GSPMD partitions whatever it is given)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1 or "expert" not in mesh.axis_names \
+            or n_tokens % mesh.size:
+        return None
+    return mesh
+
+
+def split_batch(x: jax.Array) -> jax.Array:
+    """``x`` [B, ...] constrained to its rows split over every device of the mesh in context
+    (batch over "data" x "expert"); unchanged without a mesh or when the devices do not divide B.
+
+    The dense layers need it: GSPMD propagates shardings from the weights as well as the inputs,
+    and the embedding gather from a vocab-split table came out replicated, so every device ran
+    the whole microbatch's attention and norms (measured with ``ladder plan --compile``:
+    27.7B-A1.2B on 64 devices held [262144, 2048] activations, 64 sequences, on each device:
+    373 GiB per device)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1 or x.shape[0] % mesh.size:
+        return x
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(tuple(mesh.axis_names))))
+
+
+def dispatch_expert_parallel(cfg: ModelConfig, mesh, x: jax.Array, expert: jax.Array,
+                             seed, weights: tuple, seq: int) -> Dispatched:
+    """The routed path with capacity under ``jax.shard_map`` over ``mesh``: tokens split over
+    every device, expert weights over "expert" (dropless: :func:`dispatch_dropless_sharded`).
+
+    Each device (a sender shard) cuts its t tokens into cells of ``cfg.capacity_tokens``
+    (:func:`cell_tokens`), gives every expert C = ceil(cf * cell * k / E) slots per cell (the
+    recipe's (cell, expert) capacity: the same cells on any number of devices), fills its
+    [E, n_cells * C, L] buffer, and ``all_to_all`` over "expert" sends each block of E/ep experts
+    to the device holding them, which runs its experts on [E/ep, ep * n_cells * C, L]; a second
+    all_to_all brings the outputs home. Each device draws its cells' drop keys itself
+    (:func:`drop_keys` of ``seed``: a function of the place in the cell, so the same keys as
+    one device's).
+    x [T, L], expert [T, k] -> Dispatched(out [T, k, L], kept [T, k])."""
+    from jax.sharding import PartitionSpec as P
+
+    E, ep = cfg.n_experts, mesh.shape["expert"]
+    n_here = E // ep
+    tok, wspec = P(tuple(mesh.axis_names)), P("expert")
+
+    def local(x, expert, seed, w_gate, w_up, w_down):   # x [t, L], [t, k], weights [E/ep, ...]
+        t, k = expert.shape
+        L = x.shape[-1]
+        cell = cell_tokens(cfg, t)
+        cap = capacity(cfg, cell)
+        n = (t // cell) * cap                                          # slots per expert here
+        s = slots(expert, E, cap, drop_keys(seed, t, k, cell, seq), t // cell)
+        buf = scatter_slots(x, s, k, E, n)                             # [E, n, L]
+        # block i of E/ep experts -> device i; received: block j = sender j's slots for mine
+        buf = jax.lax.all_to_all(buf, "expert", 0, 0, tiled=True)      # [ep*E/ep, n, L]
+        buf = buf.reshape(ep, n_here, n, L).transpose(1, 0, 2, 3).reshape(n_here, ep * n, L)
+        out = swiglu(buf, w_gate, w_up, w_down, "ecl,elf->ecf", "ecf,efl->ecl")
+        out = out.reshape(n_here, ep, n, L).transpose(1, 0, 2, 3).reshape(E, n, L)
+        out = jax.lax.all_to_all(out, "expert", 0, 0, tiled=True)      # home: [E, n, L]
+        return tuple(gather_slots(out, s, t, k))
+
+    return Dispatched(*jax.shard_map(
+        local, mesh=mesh, in_specs=(tok, tok, P(), wspec, wspec, wspec),
+        out_specs=(tok, tok))(x, expert, jnp.asarray(seed, jnp.int32), *weights))
+
+
+# ------------------------------------------------------------------------------------ experts
+def swiglu(x, w_gate, w_up, w_down, spec_in: str, spec_out: str):
+    """SwiGLU feed-forward: (silu(x Wg) * (x Wu)) Wd, with einsum specs for the two halves."""
+    h = jax.nn.silu(jnp.einsum(spec_in, x, w_gate)) * jnp.einsum(spec_in, x, w_up)
+    return jnp.einsum(spec_out, h, w_down)
+
+
+class RoutedExperts(nn.Module):
+    """E SwiGLU experts latent -> F -> latent, weights with a leading E axis (the mesh's
+    "expert" axis shards it). ``weights()`` hands them to the dropless and expert-parallel
+    paths, which run outside the module."""
+
+    cfg: ModelConfig
+
+    def setup(self):
+        cfg = self.cfg
+        E, L, F = cfg.n_experts, cfg.latent_dim, cfg.expert_dim
+        init = weight_init(cfg)
+        self.gate = self.param("gate", init, (E, L, F), jnp.float32)
+        self.up = self.param("up", init, (E, L, F), jnp.float32)
+        self.down = self.param("down", init, (E, F, L), jnp.float32)
+
+    def weights(self) -> tuple:
+        return self.gate, self.up, self.down
+
+    def __call__(self, buf: jax.Array) -> jax.Array:          # [E, C, L] -> [E, C, L]
+        return swiglu(buf, self.gate, self.up, self.down, "ecl,elf->ecf", "ecf,efl->ecl")
+
+
+class SharedExperts(nn.Module):
+    """N full-width SwiGLU experts D -> shared_dim -> D that every token uses."""
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:            # [T, D] -> [T, D]
+        cfg = self.cfg
+        N, D, F = cfg.n_shared, cfg.d_model, cfg.shared_dim
+        init = weight_init(cfg)
+        w_gate = self.param("gate", init, (N, D, F), jnp.float32)
+        w_up = self.param("up", init, (N, D, F), jnp.float32)
+        w_down = self.param("down", output_init(cfg), (N, F, D), jnp.float32)
+        return swiglu(x, w_gate, w_up, w_down, "td,ndf->tnf", "tnf,nfd->td")
+
+
+class MoE(nn.Module):
+    """Router + routed experts in latent space + shared experts. Returns ``(y, aux)``.
+
+    ``dispatch`` is :func:`dispatch_sorted` (fast; under a multi-device mesh
+    :func:`dispatch_expert_parallel`; dropless evaluation goes through
+    :func:`dispatch_dropless`, sharded by :func:`dispatch_dropless_sharded`) or
+    :func:`dispatch_reference` (tests).
+    """
+
+    cfg: ModelConfig
+    dispatch: Callable = dispatch_sorted
+
+    @nn.compact
+    def __call__(self, x: jax.Array, bias: jax.Array, dropless: bool = False):
+        cfg = self.cfg
+        B, S, D = x.shape
+        T, E, L = B * S, cfg.n_experts, cfg.latent_dim
+        xt = x.reshape(T, D)                                           # [B, S, D] -> [T, D]
+        init = weight_init(cfg)
+        w_router = self.param("router", init, (D, E), jnp.float32)
+        w_down = self.param("down", init, (D, L), jnp.float32)
+        w_up = self.param("up", output_init(cfg), (L, D), jnp.float32)
+
+        # router in float32 on the full-width token
+        logits = jnp.einsum("td,de->te", xt.astype(jnp.float32), w_router.astype(jnp.float32))
+        routing = route(cfg, logits, bias)
+        latent = RMSNorm(cfg.norm_eps, name="latent_norm")(jnp.einsum("td,dl->tl", xt, w_down))
+        experts = RoutedExperts(cfg, name="experts")
+        mesh = expert_mesh(T) if self.dispatch is dispatch_sorted else None
+        per_call = T // mesh.size if mesh is not None else T           # one device's tokens
+        cell = per_call if dropless else cell_tokens(cfg, per_call)
+        if dropless and self.dispatch is dispatch_sorted:
+            out = (dispatch_dropless(latent, routing.expert, experts.weights()) if mesh is None
+                   else dispatch_dropless_sharded(mesh, latent, routing.expert,
+                                                  experts.weights()))
+            kept = jnp.ones(routing.expert.shape, bool)
+        elif mesh is not None:
+            out, kept = dispatch_expert_parallel(cfg, mesh, latent, routing.expert,
+                                                 _DROP_SEED.get(), experts.weights(), S)
+        else:
+            key = drop_keys(_DROP_SEED.get(), T, cfg.top_k, cell, S)   # [T, k]
+            out, kept = self.dispatch(experts, latent, routing.expert, E,
+                                      capacity(cfg, cell, dropless=dropless), key,
+                                      T // cell)                       # [T, k, L], [T, k]
+        mixed = jnp.einsum("tjl,tj->tl", out, routing.weight.astype(out.dtype))   # [T, L]
+        y = jnp.einsum("tl,ld->td", mixed, w_up)                       # [T, D]
+        if cfg.n_shared:
+            y = y + SharedExperts(cfg, name="shared")(xt)
+        aux = moe_stats(cfg, logits, routing, kept, stat=bias_stat(cfg, logits, mesh, bias))
+        return y.reshape(B, S, D), aux                                 # [T, D] -> [B, S, D]
+
+
+# ------------------------------------------------------------------------------ stats and bias
+_STEP_TOKENS: contextvars.ContextVar[int | None] = contextvars.ContextVar("step_tokens",
+                                                                         default=None)
+
+
+@contextlib.contextmanager
+def step_tokens(n: int):
+    """Within this context (at trace time) the balancing rule's statistic is sized for a step of
+    ``n`` tokens, however many a single call sees: a microbatched step sets it to the whole
+    step's tokens so the merged statistic equals one big batch's."""
+    token = _STEP_TOKENS.set(int(n))
+    try:
+        yield
+    finally:
+        _STEP_TOKENS.reset(token)
+
+
+def threshold_n(cfg: ModelConfig, n_tokens: int) -> int:
+    """n of the threshold rule: T*k/E over the step's tokens (floored, at least 1)."""
+    step = _STEP_TOKENS.get() or n_tokens
+    return max(1, (step * cfg.top_k) // cfg.n_experts)
+
+
+def top_logits(logits: jax.Array, n: int) -> jax.Array:
+    """logits [T, E] -> [E, n]: each expert's n largest logits, descending, padded with -inf
+    when T < n (a microbatch may hold fewer tokens than the step's n)."""
+    T = logits.shape[0]
+    top = jax.lax.top_k(jax.lax.stop_gradient(logits).T, min(n, T))[0]   # [E, min(n, T)]
+    if T < n:
+        top = jnp.pad(top, ((0, 0), (0, n - T)), constant_values=-jnp.inf)
+    return top
+
+
+def bias_stat(cfg: ModelConfig, logits: jax.Array, mesh=None,
+              bias: jax.Array | None = None) -> jax.Array:
+    """This call's share of the balancing rule's statistic (mergeable by :func:`merge_bias_stat`).
+
+    threshold: [E, n] top-n logits per expert over this call's tokens (under a mesh: merged over
+    all devices, and split over "expert" on the E axis). quantile: [E, N_BINS] counts of each
+    expert's margins under the layer's current ``bias`` (model/balance.py; a sum, so GSPMD adds
+    the devices' counts). Other rules need none: [E, 1] zeros.
+    """
+    T, E = logits.shape
+    if cfg.bias_rule == "quantile":
+        if bias is None:
+            raise ValueError("bias_rule quantile: the statistic needs the layer's current bias")
+        return margin_histogram(logits, bias, cfg.top_k)
+    if cfg.bias_rule != "threshold":
+        return jnp.zeros((E, 1), jnp.float32)
+    n = threshold_n(cfg, T)
+    if mesh is None:
+        return top_logits(logits, n)
+    from jax.sharding import PartitionSpec as P
+
+    others = tuple(a for a in mesh.axis_names if a != "expert")
+
+    def local(lg):                                     # [t, E] -> [E/ep, n]
+        top = top_logits(lg, min(n, lg.shape[0]))                     # [E, m]
+        # experts to their "expert" device, candidates of all senders side by side
+        top = jax.lax.all_to_all(top, "expert", 0, 1, tiled=True)     # [E/ep, ep*m]
+        top = jax.lax.top_k(top, min(n, top.shape[1]))[0]
+        if others:
+            top = jax.lax.all_gather(top, others, axis=1, tiled=True)   # [E/ep, dp*m']
+            top = jax.lax.top_k(top, min(n, top.shape[1]))[0]
+        if top.shape[1] < n:
+            top = jnp.pad(top, ((0, 0), (0, n - top.shape[1])), constant_values=-jnp.inf)
+        return top
+
+    # all_gather leaves its result typed "varying" over the other axes although every device of
+    # them holds the same merged top-n: the replication check cannot see it, so it is off here
+    return jax.shard_map(local, mesh=mesh, in_specs=P(tuple(mesh.axis_names)),
+                         out_specs=P("expert"), check_vma=False)(logits)
+
+
+def merge_bias_stat(cfg: ModelConfig, a: jax.Array, b: jax.Array) -> jax.Array:
+    """Two statistics of :func:`bias_stat` (any leading axes, e.g. layers) -> the statistic of
+    both token sets together, exactly: threshold keeps the top-n of the union, quantile adds the
+    counts; others: zeros."""
+    if cfg.bias_rule == "quantile":
+        return a + b
+    if cfg.bias_rule != "threshold":
+        return a
+    n = a.shape[-1]
+    return jax.lax.top_k(jnp.concatenate([a, b], axis=-1), n)[0]
+
+
+def bias_target_from_stat(cfg: ModelConfig, stat: jax.Array) -> jax.Array:
+    """[..., E, n] statistic -> the threshold rule's bias [..., E]: minus the n-th largest logit
+    of each expert, centred to zero mean over experts (a common shift changes no top-k choice).
+    quantile: [..., E, N_BINS] summed margin counts -> minus each expert's upper K/E margin
+    quantile, centred (ladder/model/balance.py). Other rules: zeros (they do not use a target)."""
+    if cfg.bias_rule == "quantile":
+        return bias_from_histogram(stat, cfg.top_k)
+    if cfg.bias_rule != "threshold":
+        return jnp.zeros(stat.shape[:-1], jnp.float32)
+    bias = -stat[..., -1]
+    return bias - jnp.mean(bias, axis=-1, keepdims=True)
+
+
+def threshold_bias(logits: jax.Array, top_k: int) -> jax.Array:
+    """The real recipe's bias: per expert e, minus the n-th largest unbiased logit of e over the
+    step's tokens, n = T*k/E (floored, at least 1), so that exactly n tokens clear e's threshold;
+    then centred to zero mean (a common shift does not change any top-k choice).
+    logits [T, E] -> [E]."""
+    T, E = logits.shape
+    n = max(1, (T * top_k) // E)
+    bias = -top_logits(logits, n)[:, n - 1]                           # [E]
+    return bias - jnp.mean(bias)
+
+
+# The recipe's router statistics (Marin's grug MoE `_routing_stats`, marin-community/marin
+# experiments/grug/moe/model.py; issue 22 item 3), per layer over the step's assignments:
+# routing entropy = -sum_e f_e log(f_e + 1e-6), f_e = e's share of the assignments (the 1e-6
+# guard is theirs); load-balancing loss = E sum_e (k f_e) P_e, P_e the mean softmax probability
+# of e (Switch's E sum_e f_e P_e with f the share of *tokens*, k f_e: Fedus et al. 2021 eq. 4).
+ENTROPY_GUARD = 1e-6
+
+
+def load_entropy(load: jax.Array) -> jax.Array:
+    """load [..., E] assignment counts -> [...]: the entropy (nats) of the assignment shares."""
+    f = load / jnp.maximum(jnp.sum(load, axis=-1, keepdims=True), 1.0)
+    return -jnp.sum(f * jnp.log(f + ENTROPY_GUARD), axis=-1)
+
+
+def balance_loss(load: jax.Array, prob: jax.Array, top_k: int) -> jax.Array:
+    """load [..., E] assignment counts, prob [..., E] mean softmax probabilities -> [...]:
+    E * sum_e (k f_e) P_e (k when both are uniform: Switch's loss times k)."""
+    E = load.shape[-1]
+    f = load / jnp.maximum(jnp.sum(load, axis=-1, keepdims=True), 1.0)
+    return E * jnp.sum(top_k * f * prob, axis=-1)
+
+
+def moe_stats(cfg: ModelConfig, logits: jax.Array, routing: Routing, kept: jax.Array,
+              stat: jax.Array | None = None, bias: jax.Array | None = None) -> dict:
+    """Named statistics of one MoE layer (for logging and the bias rule; none is differentiated).
+
+    drop_frac: dropped assignments / all assignments (exact). load [E]: assignments per expert
+    before dropping. prob [E]: mean softmax(logits) over tokens. router_entropy: the entropy of
+    the assignment shares, :func:`load_entropy` (the recipe's "routing entropy": it falls as the
+    load concentrates). router_z_loss: mean logsumexp(logits)^2. balance_loss: the recipe's
+    :func:`balance_loss`. Both are functions of ``load`` and ``prob``, which merge exactly over
+    microbatches (sum, mean): trainer/step.py recomputes them for the whole step. bias_stat: the
+    balancing rule's mergeable statistic (:func:`bias_stat` of ``logits`` and the layer's
+    current ``bias``, computed here when not given); bias_target [E]: the rule's target from it
+    (:func:`bias_target_from_stat`; for threshold, :func:`threshold_bias` over the step; for
+    quantile, the bias from the margin histogram of ladder/model/balance.py).
+    """
+    logits = jax.lax.stop_gradient(logits)
+    T, E = logits.shape
+    A = T * cfg.top_k
+    load = jnp.bincount(routing.expert.reshape(A), length=E).astype(jnp.float32)   # [E]
+    prob = jnp.mean(jax.nn.softmax(logits, axis=-1), axis=0)           # [E]
+    lse = jax.nn.logsumexp(logits, axis=-1)                            # [T]
+    stat = bias_stat(cfg, logits, bias=bias) if stat is None else stat
+    return {
+        "drop_frac": (A - jnp.sum(kept)) / A,                           # integer count: exact
+        "load": load,
+        "prob": prob,
+        "router_entropy": load_entropy(load),
+        "router_z_loss": jnp.mean(lse ** 2),
+        "balance_loss": balance_loss(load, prob, cfg.top_k),
+        "bias_stat": stat,
+        "bias_target": bias_target_from_stat(cfg, stat),
+    }
+
+
+def update_router_bias(cfg: ModelConfig, router_bias: jax.Array, stats: dict) -> jax.Array:
+    """The next step's router bias [n_layers, E] from this step's stats (``cfg.bias_rule``).
+
+    threshold: replaced by ``stats["moe/bias_target"]`` (minus each expert's n-th raw logit).
+    quantile: replaced by ``stats["moe/bias_target"]`` (minus each expert's upper K/E margin
+    quantile, from the step's summed histogram: the hero recipe, ladder/model/balance.py).
+    sign: bias += bias_rate * sign(mean load - load), per layer (loss-free balancing, Wang et al.
+    2024, "Auxiliary-loss-free load balancing strategy for mixture-of-experts").
+    none: unchanged.
+    """
+    if cfg.bias_rule == "threshold":
+        new = stats["moe/bias_target"]
+    elif cfg.bias_rule == "quantile":  # model/balance.py: the recipe's rule, from summed counts
+        new = stats["moe/bias_target"]
+    elif cfg.bias_rule == "sign":
+        load = stats["moe/load"]                                       # [n_layers, E]
+        new = router_bias + cfg.bias_rate * jnp.sign(jnp.mean(load, axis=-1, keepdims=True) - load)
+    else:
+        new = router_bias
+    return jax.lax.stop_gradient(jnp.asarray(new, router_bias.dtype))
+
+
+def empty_bias_stat(cfg: ModelConfig, shape) -> jax.Array:
+    """The identity of :func:`merge_bias_stat` (the statistic of no tokens): -inf logits for
+    threshold, zero counts for quantile (and the rules without a statistic)."""
+    fill = -jnp.inf if cfg.bias_rule == "threshold" else 0.0
+    return jnp.full(shape, fill, jnp.float32)

@@ -1,0 +1,376 @@
+"""The decoder and the functional API the trainer uses: init, apply, loss_fn, param_groups.
+
+Axis legend (as in ladder/model/config.py): B batch, S sequence, D model width, V vocab, E experts,
+N loss chunks, c positions per chunk. Einsum letters: b=B, s=S, d=D, v=V.
+
+Parameter layout (nested dict of float32 arrays). Layers repeat the pattern [local] *
+(global_every - 1) + [global]; the ``cfg.n_groups`` whole repeats run under ``nn.scan``, so
+compile time does not grow with depth, and their parameters are stacked on a leading group axis:
+``groups/block_j/...`` [n_groups, ...] holds layer ``g * global_every + j`` at index g. The
+``n_layers % global_every`` layers after them (the last one global) are unrolled as
+``layer_i/...`` with i the layer index and no group axis; a model shallower than one repeat (the
+cpu and tiny ladders) is all ``layer_i``. Routed-expert weights are [n_groups, E, L, F] under
+``groups`` and [E, L, F] in ``layer_i`` (:func:`expert_axis`). The router bias [n_layers, E]
+lives outside the params: it is an input of every call and never differentiated.
+
+Precision (``cfg.precision``): parameters are float32 masters; "bf16" runs each block's matmuls
+and activations in bfloat16 by casting its weights on read (norm scales and the router stay
+float32; the router logits, norm statistics, attention softmax and the loss are float32). "f32"
+casts nothing.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache, partial
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+from flax.core import unfreeze
+from flax.traverse_util import flatten_dict, unflatten_dict
+
+from ladder.model.config import ModelConfig, resolve_precision
+from ladder.model.layers import (
+    Attention,
+    GatedRMSNorm,
+    causal_conv,
+    materialize,
+    materialize_sharded,
+    weight_init,
+    zeros,
+)
+from ladder.model.moe import MoE, split_batch
+
+AUX_KEYS = ("drop_frac", "load", "prob", "router_entropy", "router_z_loss", "balance_loss",
+            "bias_target",
+            "bias_stat")
+DTYPES = {"bf16": jnp.bfloat16, "f32": jnp.float32}
+# What each block keeps for the backward pass. "dots": the outputs of the weight matmuls (dots
+# without batch dimensions), so attention scores and the expert buffers are recomputed;
+# "full": only the block's input.
+REMAT_POLICIES = {"dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+                  "full": jax.checkpoint_policies.nothing_saveable}
+
+
+def compute_dtype(cfg: ModelConfig):
+    """The activation/matmul dtype of ``cfg`` on the default backend ("auto" resolved)."""
+    return DTYPES[resolve_precision(cfg.precision, jax.default_backend())]
+
+
+def _keeps_float32(path: tuple[str, ...]) -> bool:
+    """Norm scales and the router weight are read in float32 whatever the precision."""
+    return path[-1] in ("scale", "router")
+
+
+def cast_params(tree, dtype):
+    """Every parameter in ``dtype`` except those of :func:`_keeps_float32`."""
+    if dtype == jnp.float32:
+        return tree
+    flat = flatten_dict(unfreeze(tree))
+    return unflatten_dict({p: x if _keeps_float32(p) else x.astype(dtype)
+                           for p, x in flat.items()})
+
+
+class Block(nn.Module):
+    """RMSNorm -> attention -> residual, RMSNorm -> MoE -> residual. ``layer`` sets the layer's
+    kind (local/global); inside a scanned group it is the position in the group."""
+
+    cfg: ModelConfig
+    layer: int
+    dropless: bool = False
+
+    @nn.compact
+    def __call__(self, x, bias, segment_ids=None):
+        cfg = self.cfg
+        x = split_batch(x)                  # the residual stream: rows split over the devices
+        h = GatedRMSNorm(cfg, name="attn_norm")(x)
+        x = x + Attention(cfg, self.layer, name="attn")(h, segment_ids)
+        y, aux = MoE(cfg, name="moe")(GatedRMSNorm(cfg, name="moe_norm")(x), bias,
+                                      self.dropless)
+        if cfg.conv_kernel:   # the recipe's short convolution at the MoE output (model/layers.py)
+            y = causal_conv(y, self.param("moe_conv", zeros, (cfg.conv_kernel, cfg.d_model),
+                                          jnp.float32), segment_ids)
+        return x + y.astype(x.dtype), aux
+
+
+def _block_class(cfg: ModelConfig, *, in_scan: bool):
+    """Block with the precision cast (on read, so inside remat: recomputed, not stored) and the
+    remat policy of ``cfg`` applied."""
+    cls = Block
+    dtype = compute_dtype(cfg)
+    if dtype != jnp.float32:
+        cls = nn.map_variables(cls, "params", trans_in_fn=partial(cast_params, dtype=dtype))
+    if cfg.remat != "none":
+        # prevent_cse guards remat against XLA's CSE; under scan the loop already does (flax doc)
+        cls = nn.remat(cls, policy=REMAT_POLICIES[cfg.remat], prevent_cse=not in_scan)
+    return cls
+
+
+class Group(nn.Module):
+    """One repeat of the layer pattern: ``global_every`` blocks, the last one global.
+    (x, bias [global_every, E]) -> (x, aux stacked on a leading [global_every] axis)."""
+
+    cfg: ModelConfig
+    dropless: bool = False
+
+    @nn.compact
+    def __call__(self, x, bias, segment_ids):
+        cls = _block_class(self.cfg, in_scan=True)
+        auxes = []
+        for j in range(self.cfg.global_every):
+            x, aux = cls(self.cfg, j, self.dropless, name=f"block_{j}")(x, bias[j], segment_ids)
+            auxes.append(aux)
+        return x, {k: jnp.stack([a[k] for a in auxes]) for k in AUX_KEYS}
+
+
+class Decoder(nn.Module):
+    """tokens [B, S] int32, router_bias [n_layers, E], segment_ids [B, S] or None ->
+    (h [B, S, D] after the final norm, in the compute dtype, aux). The LM head is a parameter
+    of this module but is applied by :func:`apply` / :func:`loss_fn`."""
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, tokens, router_bias, dropless: bool = False, segment_ids=None):
+        cfg = self.cfg
+        init = weight_init(cfg)
+        embedding = self.param("embedding", init, (cfg.vocab_size, cfg.d_model), jnp.float32)
+        self.param("lm_head", init, (cfg.d_model, cfg.vocab_size), jnp.float32)
+        # gather from the float32 table, then cast: the embedding gradient (a scatter-add over
+        # every position) then accumulates in float32
+        x = split_batch(jnp.take(embedding, tokens, axis=0).astype(compute_dtype(cfg)))  # [B, S, D]
+        if cfg.embed_norm:
+            x = GatedRMSNorm(cfg, name="embed_norm")(x)
+        auxes = []
+        n_scan, g = cfg.scanned_layers, cfg.global_every
+        if cfg.n_groups:
+            groups = nn.scan(Group, variable_axes={"params": 0}, split_rngs={"params": True},
+                             in_axes=(0, nn.broadcast), length=cfg.n_groups)
+            bias = router_bias[:n_scan].reshape(cfg.n_groups, g, -1)     # [L, E] -> [G, g, E]
+            x, aux = groups(cfg, dropless, name="groups")(x, bias, segment_ids)
+            # [G, g, ...] -> [G * g, ...]: layer order
+            auxes.append({k: v.reshape((n_scan,) + v.shape[2:]) for k, v in aux.items()})
+        cls = _block_class(cfg, in_scan=False)
+        for layer in range(n_scan, cfg.n_layers):
+            x, aux = cls(cfg, layer, dropless, name=f"layer_{layer}")(x, router_bias[layer],
+                                                                      segment_ids)
+            auxes.append({k: v[None] for k, v in aux.items()})
+        x = GatedRMSNorm(cfg, name="final_norm")(split_batch(x))
+        # per-layer stats on a leading layer axis: scalars -> [n_layers], load -> [n_layers, E]
+        return x, {k: jnp.concatenate([a[k] for a in auxes]) for k in AUX_KEYS}
+
+
+def _boxed_params(cfg: ModelConfig, key: jax.Array) -> dict:
+    """Linen's init: params boxed in :class:`model.layers.Init` (value + init rule). Traced in
+    float32 without remat, on one token, so with no capacity cell: none of these changes a
+    parameter's shape or init rule."""
+    cfg = cfg.replace(precision="f32", remat="none", capacity_tokens=None)
+    tokens = jnp.zeros((1, 1), jnp.int32)
+    bias = jnp.zeros((cfg.n_layers, cfg.n_experts), jnp.float32)
+    return unfreeze(Decoder(cfg).init(key, tokens, bias)["params"])
+
+
+@lru_cache(maxsize=8)
+def _boxes(cfg: ModelConfig) -> dict:
+    """Nested {name: Init(ShapeDtypeStruct, std)} from an abstract trace: nothing is allocated.
+    Cached per config: tracing the linen init takes seconds, and a run needs it for the
+    shardings and again for the values (the boxes hold only immutable shapes and rules)."""
+    return jax.eval_shape(partial(_boxed_params, cfg), jax.random.key(0))
+
+
+def _abstract_boxes(cfg: ModelConfig) -> dict:
+    """{path: Init(ShapeDtypeStruct, std)} from an abstract trace: nothing is allocated."""
+    return flatten_dict(_boxes(cfg))
+
+
+def init(cfg: ModelConfig, seed: int):
+    """-> (params, router_bias): params a nested dict of float32 arrays, router_bias zeros
+    [n_layers, n_experts].
+
+    Shapes and init rules come from the modules (an abstract trace, see model.layers.Init); the
+    values are drawn with numpy by :func:`ladder.model.layers.materialize`.
+    """
+    return (materialize(_boxes(cfg), seed, partial(_unrolled_paths, cfg)),
+            jnp.zeros((cfg.n_layers, cfg.n_experts), jnp.float32))
+
+
+def init_sharded(cfg: ModelConfig, seed: int, shardings):
+    """:func:`init`'s values placed with ``shardings`` (a params-shaped tree of shardings), each
+    process drawing only its own devices' shards (ladder.model.layers.materialize_sharded): host
+    memory holds one parameter's local part at a time, not the model (at 27.7B-A1.2B the whole
+    model is 111 GB in float32). -> (params, router_bias zeros, not yet placed)."""
+    return (materialize_sharded(_boxes(cfg), seed, shardings, partial(_unrolled_paths, cfg)),
+            jnp.zeros((cfg.n_layers, cfg.n_experts), jnp.float32))
+
+
+def _unrolled_paths(cfg: ModelConfig, path: tuple[str, ...]):
+    """The paths the slices of a scanned parameter have when the layers are unrolled:
+    groups/block_j/... [G, ...] -> layer_{g * global_every + j}/... for g < G; None otherwise."""
+    if path[0] != "groups":
+        return None
+    j = int(path[1].removeprefix("block_"))
+    return [(f"layer_{g * cfg.global_every + j}",) + path[2:] for g in range(cfg.n_groups)]
+
+
+def param_shapes(cfg: ModelConfig):
+    """(params, router_bias) as jax.ShapeDtypeStruct trees, without allocating anything."""
+    params = unflatten_dict({path: box.value for path, box in _abstract_boxes(cfg).items()})
+    return params, jax.ShapeDtypeStruct((cfg.n_layers, cfg.n_experts), jnp.float32)
+
+
+def _hidden(cfg, params, router_bias, tokens, dropless, segment_ids):
+    if segment_ids is not None and segment_ids.shape != tokens.shape:
+        raise ValueError(f"segment_ids: shape {segment_ids.shape} != tokens {tokens.shape}")
+    return Decoder(cfg).apply({"params": params}, tokens, router_bias, dropless, segment_ids)
+
+
+def apply(cfg: ModelConfig, params, router_bias, tokens, *, dropless: bool = False,
+          segment_ids=None):
+    """tokens int32 [B, S] -> (logits float32 [B, S, V], aux): aux holds the MoE statistics of
+    every layer stacked on a leading layer axis (see ladder.model.moe.moe_stats). ``segment_ids``
+    [B, S] int32: tokens attend only within their segment (None: the row is one segment).
+    This builds the whole [B, S, V] logits; :func:`loss_fn` never does."""
+    h, aux = _hidden(cfg, params, router_bias, tokens, dropless, segment_ids)
+    w = params["lm_head"].astype(h.dtype)
+    return jnp.einsum("bsd,dv->bsv", h, w, preferred_element_type=jnp.float32), aux
+
+
+def lm_head_losses(h, lm_head, targets, chunk: int):
+    """Sums over positions of (logsumexp - target logit) and logsumexp^2, computed over chunks
+    of ``chunk`` positions so that only one [B, chunk, V] float32 block of logits exists at a
+    time, in the forward and (recomputed, by jax.checkpoint) in the backward.
+
+    h [B, S, D] (compute dtype), lm_head [D, V] float32 (cast per chunk, so its gradient
+    accumulates over chunks in float32), targets [B, S] -> (ce_sum, lse_sq_sum) float32.
+    S is padded up to a whole number of chunks; padded positions are masked out.
+    """
+    B, S, D = h.shape
+    c = min(chunk, S)
+    n = -(-S // c)
+    pad = n * c - S
+    valid = jnp.ones((B, S), jnp.float32)
+    if pad:
+        h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
+        targets = jnp.pad(targets, ((0, 0), (0, pad)))
+        valid = jnp.pad(valid, ((0, 0), (0, pad)))
+
+    def chunks(a):                    # [B, n*c, ...] -> [n, B, c, ...]
+        return jnp.moveaxis(a.reshape((B, n, c) + a.shape[2:]), 1, 0)
+
+    @jax.checkpoint
+    def body(carry, xs):
+        hc, tc, vc = xs                                                    # [B, c, D], [B, c]
+        logits = jnp.einsum("bsd,dv->bsv", hc, lm_head.astype(hc.dtype),
+                            preferred_element_type=jnp.float32)            # [B, c, V]
+        lse = jax.nn.logsumexp(logits, axis=-1)                            # [B, c]
+        target = jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0]   # [B, c]
+        ce_sum, sq_sum = carry
+        return (ce_sum + jnp.sum((lse - target) * vc), sq_sum + jnp.sum(lse ** 2 * vc)), None
+
+    zero = jnp.zeros((), jnp.float32)
+    (ce_sum, sq_sum), _ = jax.lax.scan(body, (zero, zero),
+                                       (chunks(h), chunks(targets), chunks(valid)))
+    return ce_sum, sq_sum
+
+
+def loss_fn(cfg: ModelConfig, params, router_bias, tokens, targets, *, dropless: bool = False,
+            segment_ids=None):
+    """-> (loss, stats). loss = mean cross-entropy + z_loss * mean(logsumexp(logits)^2), the only
+    differentiated quantity. The router z-loss and the balance loss are returned for logging only.
+    The LM head and the cross-entropy run over chunks of ``cfg.loss_chunk`` positions
+    (:func:`lm_head_losses`): the [B, S, V] logits never exist.
+
+    stats: "ce", "z_loss" (the weighted term, so loss = ce + z_loss), "moe/drop_frac" (over all
+    layers' assignments), "moe/load_max_over_mean" (the worst layer's max/mean expert load),
+    "moe/router_entropy", "moe/router_z_loss", "moe/balance_loss" (means over layers; the
+    recipe's definitions, ladder.model.moe.moe_stats), and the per-layer arrays "moe/load" [L, E]
+    (assignment counts), "moe/router_prob" [L, E] (mean router probabilities),
+    "moe/bias_target" [L, E] and the balancing rule's mergeable statistic "moe/bias_stat" (see
+    ladder.model.moe.bias_stat).
+    """
+    h, aux = _hidden(cfg, params, router_bias, tokens, dropless, segment_ids)
+    ce_sum, sq_sum = lm_head_losses(h, params["lm_head"], targets, cfg.loss_chunk)
+    n_pos = tokens.shape[0] * tokens.shape[1]
+    ce = ce_sum / n_pos
+    z_loss = cfg.z_loss * (sq_sum / n_pos)
+    load = aux["load"]                                                     # [L, E]
+    stats = {
+        "ce": ce,
+        "z_loss": z_loss,
+        # every layer routes the same number of assignments, so the mean is the overall fraction
+        "moe/drop_frac": jnp.mean(aux["drop_frac"]),
+        "moe/load_max_over_mean": jnp.max(jnp.max(load, axis=-1) / jnp.mean(load, axis=-1)),
+        "moe/router_entropy": jnp.mean(aux["router_entropy"]),
+        "moe/router_z_loss": jnp.mean(aux["router_z_loss"]),
+        "moe/balance_loss": jnp.mean(aux["balance_loss"]),
+        "moe/load": load,
+        "moe/router_prob": aux["prob"],
+        "moe/bias_target": aux["bias_target"],
+        "moe/bias_stat": aux["bias_stat"],     # [L, E, n]: mergeable over microbatches (moe.py)
+    }
+    return ce + z_loss, stats
+
+
+PARAM_GROUPS = ("embedding", "lm_head", "attention", "norms", "router", "latent",
+                "shared_experts", "routed_experts", "gated_norms", "convs", "head_gates")
+# Leaf names of the recipe's pieces (ladder/model/layers.py), wherever they sit: GatedNorm's two
+# matrices, the short convolutions' kernels, the attention head gate.
+GATED_NORM_LEAVES = ("gate_down", "gate_up")
+CONV_LEAVES = ("k_conv", "out_conv", "moe_conv")
+HEAD_GATE_LEAVES = ("attn_gate",)
+
+
+def stacked_axes(path: tuple[str, ...]) -> int:
+    """Leading layer-stack axes of the parameter at ``path``: 1 under the scanned ``groups``
+    ([n_groups, ...]), else 0."""
+    return 1 if path[0] == "groups" else 0
+
+
+def expert_axis(path: tuple[str, ...]) -> int:
+    """The E axis of a routed-expert weight: 1 under ``groups`` ([n_groups, E, ...]), else 0."""
+    return stacked_axes(path)
+
+
+def param_group(path: tuple[str, ...]) -> str:
+    """The group (as in ladder/counting.py) of the parameter at ``path`` in the params dict.
+    The final norm belongs to "norms", as in ladder/counting.py (one scheme of groups)."""
+    path = tuple(path)
+    top, leaf = path[0], path[-1]
+    if leaf in GATED_NORM_LEAVES:
+        return "gated_norms"
+    if leaf in CONV_LEAVES:
+        return "convs"
+    if leaf in HEAD_GATE_LEAVES:
+        return "head_gates"
+    if top in ("embedding", "lm_head"):
+        return top
+    if top in ("final_norm", "embed_norm"):
+        return "norms"
+    if top == "groups":                  # groups/block_j/... reads like layer_i/...
+        path = path[1:]
+    part = path[1]                       # inside layer_i
+    if part in ("attn_norm", "moe_norm"):
+        return "norms"
+    if part == "attn":
+        return "attention"
+    sub = path[2]                        # inside moe
+    if sub == "router":
+        return "router"
+    if sub == "experts":
+        return "routed_experts"
+    if sub == "shared":
+        return "shared_experts"
+    return "latent"                      # down, up, latent_norm
+
+
+OPTIONAL_GROUPS = ("gated_norms", "convs", "head_gates")   # only a model with the switches on
+
+
+def param_groups(params) -> dict[str, list]:
+    """{group: [leaf, ...]} for the groups of PARAM_GROUPS (empty list if a group has none),
+    except the recipe's optional groups, present only when the model has them (so a model
+    without them logs the same metrics as before they existed)."""
+    groups: dict[str, list] = {g: [] for g in PARAM_GROUPS}
+    for path, leaf in flatten_dict(params).items():
+        groups[param_group(path)].append(leaf)
+    return {g: v for g, v in groups.items() if v or g not in OPTIONAL_GROUPS}

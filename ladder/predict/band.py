@@ -1,0 +1,353 @@
+"""The band of a forecast in one module: what it holds, where each term comes from, and how well
+it covers (its calibration).
+
+A forecast point's band at ``level`` is a central interval; z = Phi^-1(1/2 + level/2) (1.645 at
+90%). It holds three terms:
+
+1. **The law's band** (:func:`law_band`): what ``law.predict`` returns at ``level`` at the
+   target's points. The law computes it, each kind its own way: a Chinchilla-family law
+   (ladder.fit.result.FitResult._band) from its bootstrap parameter draws (the percentile bootstrap,
+   Efron & Tibshirani 1993, *An Introduction to the Bootstrap*, ch. 13), the split-conformal
+   quantile of its fitted points' residuals for the run-to-run noise (Lei, G'Sell, Rinaldo,
+   Tibshirani & Wasserman 2018, JASA 113:1094) and term 2; an OLS law from statsmodels'
+   prediction interval of log(L - E); a curve law (fit.curves) from bootstrap draws of the whole
+   curve.
+2. **The law's extrapolation error** (:func:`extrapolation_error`): a pre-registered target lies
+   beyond every rung, and the ladder measured how wrong its law is outside the runs it was fitted
+   on with the rollout backtest (fit.backtest: refit on the smaller runs, forecast the held-out
+   larger ones; their log error per decade outside the fitted range, times the target's decades
+   outside it). Without it a band narrowed by honest bootstrap replicates missed the cpu demo's
+   proxy hero, -5.0% against a [-2.7%, +8.2%] band (docs/LOG.md). Only the law knows this term:
+   a law whose law.json carries a rollout backtest answers ``extrapolation_log_sd`` and its band
+   already holds it (issue 13: one place computes a law's band); a law without one measured
+   none. It is read from the law for the record (prereg.json ``extrapolation``), never added
+   again here.
+3. **Eval noise** (:func:`estimate_eval_noise`, :func:`combine_band`): the watched values are
+   single evals on a finite eval set, scattered about the run's smooth curve that the law
+   describes. Its sd is estimated from the ladder's evals with the pseudo-residuals of Gasser,
+   Sroka & Jennen-Steinmetz (1986, Biometrika 73:625) and a robust scale, 1.4826 x MAD (the
+   normal-consistent MAD, Rousseeuw & Croux 1993, JASA 88:1273), or given.
+
+The terms are independent errors, approximately Gaussian: their half-widths add in quadrature
+(the law of propagation of uncertainty for uncorrelated inputs, JCGM 100:2008 "GUM" 5.1.2), on
+each side of an asymmetric band. An amended forecast (predict.amend) combines its parts the same
+way, in log units (:func:`amended_band`). A band that cannot be computed stays NaN (missing,
+loudly), never zero width.
+
+Calibration (:func:`leave_one_rung_out`): refit the law without one rung, forecast that rung's
+points and count how many fall inside the band: a 90% band should hold about 90%.
+
+No JAX here; ``fit`` only for the backtest record's reader.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy.special import ndtri  # the normal quantile; scipy.stats takes 0.6 s to import
+
+from ladder.io import InputError
+from ladder.predict.prereg_view import ForecastBand
+
+
+def z_of(level: float) -> float:
+    """The normal quantile of a central interval at ``level`` (1.6449 at 0.9)."""
+    return float(ndtri(0.5 + level / 2))
+
+
+# ------------------------------------------------------------------------------ 1. the law's band
+
+
+def law_band(law, inputs: Mapping, level: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(loss, lo, hi) of ``law.predict`` at ``inputs`` (params, active_params, tokens and compute
+    so far, fraction: arrays of one shape), broadcast to that shape. The forecaster's one call of
+    a law: the target's grid, a budget's final values, an amendment's evidence and the
+    calibration's held-out points all come through here."""
+    res = law.predict(params=inputs["params"], active_params=inputs["active_params"],
+                      tokens=inputs["tokens"], compute=inputs["compute"],
+                      fraction=inputs["fraction"], level=level)
+    shape = np.shape(inputs["fraction"])
+    return tuple(np.broadcast_to(np.asarray(getattr(res, k), float), shape).copy()
+                 for k in ("loss", "lo", "hi"))
+
+
+# ------------------------------------------------------------------------------ 2. extrapolation
+
+
+@dataclass(frozen=True)
+class Extrapolation:
+    """How wrong the law was when the ladder extrapolated it (a log sd at the target), as
+    prereg.json records it."""
+
+    sigma_log: float
+    n: int
+    method: str
+    in_law_band: bool = False  # the law's own band holds it (a measured term, always there)
+
+    def to_dict(self) -> dict:
+        return {"sigma_log": self.sigma_log, "n": self.n, "method": self.method,
+                "in_law_band": self.in_law_band}
+
+
+def extrapolation_error(law, target) -> Extrapolation:
+    """The law's own extrapolation error at ``target`` (a predict.forecast.Target), read from the
+    law: its rollout backtest as its law.json records it (``diagnostics.backtest``: refit on the
+    runs below each scale level, forecast that level's final losses) and, where that measured a
+    rate, the sd its band holds at the target (``law.extrapolation_log_sd``: fit.result, the rate
+    per decade times the target's decades outside the fitted range over the form's inputs; a
+    law.json written before the pooled record keeps its per-fold rate on one scale). A target
+    inside the range gets 0. No rate (a curve law, a fit with ``backtest=False``, a ladder too
+    short for a rollout fold) or no scale to place the target: 0, the method says so, and no band
+    holds a term."""
+    from ladder.fit.result import extrapolation_rate
+    bt = ((law.to_json() or {}).get("diagnostics") or {}).get("backtest") or {}
+    rate, kind, _bottom, _top = extrapolation_rate(bt)
+    n = sum(1 for f in bt.get("folds") or [] if isinstance(f, dict)
+            and isinstance(f.get("decades"), (int, float)) and f["decades"] > 0
+            for e in f.get("final_rel_err") or [] if isinstance(e, (int, float))
+            and math.isfinite(e) and e > -1)
+    scale = None if target is None else {"compute": target.compute,
+                                         "params_x_tokens": target.params * target.tokens,
+                                         "params": target.params}.get(kind)
+    if rate is None or not scale or scale <= 0:
+        return Extrapolation(0.0, n, "none (the law carries no rollout backtest on a scale "
+                                     "the target has)", False)
+    sd = float(law.extrapolation_log_sd(params=target.params, tokens=target.tokens,
+                                        compute=target.compute, fraction=1.0,
+                                        active_params=target.active_params))
+    decades = sd / rate if rate > 0 else 0.0
+    pooled = bt.get("extrapolation") if isinstance(bt.get("extrapolation"), dict) else None
+    if pooled is not None and pooled.get("rate_per_decade") is not None:
+        # the pooled rate (ladder.fit.backtest): every held-out point outside its fold's range, the
+        # distance over the form's inputs
+        n = int(pooled.get("n_points") or 0)
+        inputs = ", ".join(map(str, pooled.get("inputs") or [])) or kind
+        points = f"{n} held-out point{'s' if n != 1 else ''}"
+        what = (f"rollout backtest of the law: log error {rate:.4f} per decade (pooled over "
+                f"{points}) x {decades:.2f} decades outside the fitted range of {inputs}")
+    else:
+        what = (f"rollout backtest of the law: RMS log error {rate:.4f} per decade (of {kind}) "
+                f"x {decades:.2f} decades outside the ladder's runs")
+    return Extrapolation(sd, n, what + "; inside the law's band", True)
+
+
+# ------------------------------------------------------------------------------ 3. eval noise
+
+
+@dataclass(frozen=True)
+class EvalNoise:
+    """Standard deviation of one eval's metric about the run's smooth curve."""
+
+    sigma: float
+    n: int
+    method: str
+
+    def to_dict(self) -> dict:
+        return {"sigma": self.sigma, "n": self.n, "method": self.method}
+
+
+def estimate_eval_noise(curves: Iterable[tuple[np.ndarray, np.ndarray]], *,
+                        min_fraction: float = 0.2) -> EvalNoise:
+    """Eval noise from the scatter of each eval about the line through its two neighbours.
+
+    For three consecutive evals at fractions x0 < x1 < x2 of a smooth curve, the residual
+    r = y1 - (w y0 + (1 - w) y2), w = (x2 - x1)/(x2 - x0), has variance sigma^2 (1 + w^2 + (1-w)^2)
+    when the eval errors are independent with sd sigma (Gasser et al. 1986's pseudo-residuals),
+    and the curve's own curvature is small (hence only evals after ``min_fraction`` of the run).
+    Robust scale: 1.4826 x MAD.
+    """
+    z = []
+    for x, y in curves:
+        x, y = np.asarray(x, float), np.asarray(y, float)
+        ok = np.isfinite(x) & np.isfinite(y) & (x >= min_fraction)
+        x, y = x[ok], y[ok]
+        order = np.argsort(x)
+        x, y = x[order], y[order]
+        if x.size < 3:
+            continue
+        x0, x1, x2 = x[:-2], x[1:-1], x[2:]
+        w = (x2 - x1) / np.maximum(x2 - x0, 1e-300)
+        r = y[1:-1] - (w * y[:-2] + (1 - w) * y[2:])
+        z.append(r / np.sqrt(1 + w ** 2 + (1 - w) ** 2))
+    if not z:
+        return EvalNoise(sigma=math.nan, n=0, method="second-difference MAD (no data)")
+    zz = np.concatenate(z)
+    sigma = float(1.4826 * np.median(np.abs(zz - np.median(zz))))
+    return EvalNoise(sigma=sigma, n=int(zz.size), method="second-difference MAD")
+
+
+def combine_band(loss, lo, hi, *, level: float, eval_noise: float):
+    """The law's band [lo, hi] around ``loss`` widened by eval noise (an sd in loss units) in
+    quadrature on each side."""
+    loss, lo, hi = (np.asarray(a, float) for a in (loss, lo, hi))
+    e = 0.0 if eval_noise is None or not math.isfinite(eval_noise) else float(eval_noise)
+    extra = (z_of(level) * e) ** 2
+    lo2 = loss - np.sqrt((loss - lo) ** 2 + extra)
+    hi2 = loss + np.sqrt((hi - loss) ** 2 + extra)
+    return lo2, hi2  # NaN stays NaN: missing uncertainty is never made up
+
+
+def target_band(law, inputs: Mapping, *, level: float, eval_noise: float):
+    """The band at the target's points: (loss, the law's lo and hi, the forecast's lo and hi)."""
+    loss, lo, hi = law_band(law, inputs, level)
+    lo2, hi2 = combine_band(loss, lo, hi, level=level, eval_noise=eval_noise)
+    return loss, lo, hi, lo2, hi2
+
+
+# ------------------------------------------------------------------------------ an amendment
+
+
+def registered_half_widths(band: ForecastBand, fraction) -> tuple[np.ndarray, np.ndarray]:
+    """(up, down): a registered band's half-widths in log units, log(hi / loss) and
+    log(loss / lo), interpolated at ``fraction`` of its run (clipped to its grid)."""
+    fo = np.clip(np.asarray(fraction), band.fraction[0], band.fraction[-1])
+    e = np.interp(fo, band.fraction, band.loss)
+    lo = np.interp(fo, band.fraction, band.lo)
+    hi = np.interp(fo, band.fraction, band.hi)
+    with np.errstate(all="ignore"):
+        return np.log(hi / e), np.log(e / lo)
+
+
+@dataclass(frozen=True)
+class AmendedBand:
+    """The band of an amended forecast's rows from step S on: half-widths in log units around
+    the centre, the law's part and the change's part apart (prereg ``lo_law``/``hi_law``,
+    ``lo_change``/``hi_change``), combined in quadrature (``lo``/``hi``)."""
+
+    law_up: np.ndarray
+    law_down: np.ndarray
+    change_up: np.ndarray
+    change_down: np.ndarray
+    anchor_sd: float          # the anchor's own noise (log units)
+
+    def bounds(self, centre: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return (centre * np.exp(-np.hypot(self.law_down, self.change_down)),
+                centre * np.exp(np.hypot(self.law_up, self.change_up)))
+
+    @property
+    def final_share_of_change(self) -> float:
+        """The change's share of the final band's variance."""
+        ch = np.hypot(self.change_up[-1], self.change_down[-1]) ** 2
+        return float(ch / max(ch + np.hypot(self.law_up[-1], self.law_down[-1]) ** 2, 1e-300))
+
+
+def amended_band(old_up, old_down, old_up_s: float, old_down_s: float, *, level: float,
+                 eval_noise: float, anchor_values: np.ndarray, evidence: np.ndarray,
+                 evidence_lo: np.ndarray, evidence_hi: np.ndarray,
+                 multiplier_level: float | None) -> AmendedBand:
+    """The band of an amendment at step S (ladder.predict.amend), in two parts:
+
+    - the law's: the old band's half-width at f (``old_up``/``old_down``, log units, law + eval
+      noise + extrapolation) with its part at S (``old_up_s``/``old_down_s``) removed, since
+      the anchor fixed the level there: sqrt(max(w(f)^2 - w(f_S)^2, 0)); plus, in quadrature,
+      the anchor's own noise (eval sd / sqrt(n anchor evals), ``anchor_values`` the evals it is
+      the mean of) and one eval's noise, both relative to the anchor's level;
+    - the change's: the ``evidence`` at the multiplier's interval ends (``evidence_lo``: the
+      larger multiplier; ``evidence_hi``) against its centre, in log units (asymmetric), mapped
+      from the multiplier's interval level to ``level`` by the ratio of normal quantiles."""
+    z = z_of(level)
+    noise_log = eval_noise / float(np.exp(np.mean(np.log(anchor_values)))) if eval_noise else 0.0
+    anchor_sd = noise_log / math.sqrt(anchor_values.size)
+    extra = (z * anchor_sd) ** 2 + (z * noise_log) ** 2
+    law_up = np.sqrt(np.maximum(old_up ** 2 - old_up_s ** 2, 0.0) + extra)
+    law_down = np.sqrt(np.maximum(old_down ** 2 - old_down_s ** 2, 0.0) + extra)
+    scale = 1.0 if multiplier_level in (None, level) else z / z_of(multiplier_level)
+    ch_down = np.maximum(np.log(evidence / evidence_lo), 0.0) * scale
+    ch_up = np.maximum(np.log(evidence_hi / evidence), 0.0) * scale
+    return AmendedBand(law_up, law_down, ch_up, ch_down, anchor_sd)
+
+
+# ------------------------------------------------------------------------------ calibration
+
+
+@dataclass(frozen=True)
+class RungCoverage:
+    run: str
+    n: int
+    inside: int
+    above: int
+    below: int
+    missing: int           # points whose band could not be computed (NaN): not counted inside
+    mean_rel_error: float
+    inside_law_only: int = 0  # inside the law's own band, without the eval-noise term
+
+    @property
+    def coverage(self) -> float:
+        return self.inside / self.n if self.n else math.nan
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Leave-one-rung-out coverage of the band."""
+
+    level: float
+    rungs: tuple[RungCoverage, ...]
+
+    @property
+    def n(self) -> int:
+        return sum(r.n for r in self.rungs)
+
+    @property
+    def coverage(self) -> float:
+        n = self.n
+        return sum(r.inside for r in self.rungs) / n if n else math.nan
+
+    @property
+    def coverage_law_only(self) -> float:
+        n = self.n
+        return sum(r.inside_law_only for r in self.rungs) / n if n else math.nan
+
+    def report(self) -> str:
+        lines = [f"leave-one-rung-out coverage of the {self.level:.0%} band: {self.coverage:.1%} "
+                 f"of {self.n} points (the law's band alone: {self.coverage_law_only:.1%})"]
+        for r in self.rungs:
+            lines.append(f"  {r.run:<24} {r.coverage:6.1%} of {r.n:4d} (above {r.above}, below "
+                         f"{r.below}, no band {r.missing}), mean |rel err| "
+                         f"{r.mean_rel_error:.3%}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"level": self.level, "coverage": self.coverage, "n": self.n,
+                "rungs": [{"run": r.run, "n": r.n, "inside": r.inside, "above": r.above,
+                           "below": r.below, "missing": r.missing, "coverage": r.coverage,
+                           "mean_rel_error": r.mean_rel_error} for r in self.rungs]}
+
+
+def leave_one_rung_out(points, fit_fn: Callable[[Any], Any], *, level: float = 0.9,
+                       eval_noise: float = 0.0, min_fraction: float = 0.01,
+                       runs: Iterable[str] | None = None) -> Calibration:
+    """Refit without each rung (``fit_fn(points_without_it) -> law``), forecast its points.
+
+    ``points`` is a points table (pandas DataFrame with ``run, params, active_params, tokens,
+    compute, fraction, loss``). Points before ``min_fraction`` are not scored (the watcher does
+    not compare them either).
+    """
+    import pandas as pd
+
+    df = pd.DataFrame(points)
+    for col in ("run", "loss", "fraction"):
+        if col not in df:
+            raise InputError("missing column", field=col)
+    out = []
+    for run in (runs or list(dict.fromkeys(df["run"]))):
+        train = df[df["run"] != run]
+        test = df[(df["run"] == run) & (df["fraction"] >= min_fraction)]
+        if test.empty:
+            continue
+        law = fit_fn(train)
+        inputs = {k: test[k].to_numpy(float) if k in test else np.full(len(test), np.nan)
+                  for k in ("params", "active_params", "tokens", "compute", "fraction")}
+        loss, lo0, hi0, lo, hi = target_band(law, inputs, level=level, eval_noise=eval_noise)
+        y = test["loss"].to_numpy(float)
+        has = np.isfinite(lo) & np.isfinite(hi)
+        inside = has & (y >= lo) & (y <= hi)
+        out.append(RungCoverage(run=str(run), n=len(y), inside=int(inside.sum()),
+                                above=int((has & (y > hi)).sum()),
+                                below=int((has & (y < lo)).sum()), missing=int((~has).sum()),
+                                mean_rel_error=float(np.mean(np.abs(loss / y - 1))),
+                                inside_law_only=int((has & (y >= lo0) & (y <= hi0)).sum())))
+    return Calibration(level=level, rungs=tuple(out))

@@ -1,0 +1,571 @@
+"""Pre-registration files (shared/DESIGN.md section 3): made, written once, verified, amended as
+a chain. :func:`make_prereg` makes the document of a law's forecast for a target (the forecast on
+the target's grid, the eval noise, the decision rule and its calibration), :func:`build` seals it
+and :func:`write_once` writes it.
+
+The ``sha256`` field is the SHA-256 of :func:`ladder.io.canonical_json` of the document without
+that field. ``section_sha256`` holds one digest per top-level section (inside the hashed content),
+so that :func:`verify` can name the section that was edited; ``law_sha256`` is the digest of the
+embedded law, so an edited law is named as such. A file is written atomically, made read-only,
+and never replaces an existing file (the final step is a hard link, which fails if the name is
+taken, so two writers cannot race either).
+
+An amendment (``--amend OLD.json --reason ...``) is a new pre-registration whose ``amends`` names
+the old one's sha256, path and the reason; the old file is not touched. Writing it (the one
+writer, :func:`write_once`) also appends a line to the append-only chain file
+``amendments.jsonl`` in its directory: the old file's sha256, the new one's, its name and the
+reason. What the watcher follows is trusted by name (issue 26), never found: :func:`resolve_chain`
+follows the amendments recorded there, or named by the user (``--amend-chain``: another chain
+file, or the amendment's file itself), each checked against the sha256 recorded for it; a
+pre-registration that merely appears in the directory claiming to amend one (hand-sealed, dated
+9999) is reported, not followed. A hash is not a signature: ``ladder verify --expect SHA256``
+checks a file against a digest kept elsewhere (the W&B artifact's, a ticket's).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ladder.io import (
+    EX_CANTCREAT,
+    EX_DATAERR,
+    EX_USAGE,
+    PREREG_MODE,
+    InputError,
+    append_text,
+    atomic_write_bytes,
+    canonical_json,
+    inside,
+    loads,
+    read_bytes,
+    read_json,
+    safe_name,
+    schema_version,
+    sha256_of,
+    to_jsonable,
+)
+from ladder.predict import forecast as fc
+from ladder.predict.band import extrapolation_error
+from ladder.predict.watch import WatchConfig, decision_rule_words
+
+SCHEMA = "prereg/1"
+# prereg/2: an amendment at a step (``change``: predict.amend); written only for those, so that a
+# ladder that reads prereg/1 refuses them (as a newer file) instead of judging the whole run
+# against a forecast that holds from step S on only
+SCHEMA_V2 = "prereg/2"
+# prereg/3: several metrics under one sha256 (issue 23): ``metrics`` (the keys, in order) and
+# ``forecasts: {key: {law, law_sha256, forecast, final, eval_noise, extrapolation,
+# budget_curve}}`` beside the shared target, applicability, decision rule and health reference
+# (ladder.predict.watch.multi). A single-metric file stays prereg/1.
+SCHEMA_V3 = "prereg/3"
+SCHEMAS = (SCHEMA, SCHEMA_V2, SCHEMA_V3)
+HASHED_OUT = ("sha256",)
+CHAIN_FILE = "amendments.jsonl"   # beside the pre-registrations, append-only
+CHAIN_SCHEMA = "prereg-chain/1"
+# a pre-registration is a few MB at most (a forecast every 1%, the health reference); the
+# directory scan that reports unrecorded amendments reads nothing larger
+SCAN_LIMIT = 64 << 20
+
+
+def content_hash(doc: Mapping) -> str:
+    return sha256_of({k: v for k, v in doc.items() if k not in HASHED_OUT})
+
+
+def section_digests(doc: Mapping) -> dict:
+    return {k: sha256_of(v) for k, v in sorted(doc.items())
+            if k not in HASHED_OUT and k != "section_sha256"}
+
+
+def git_sha(cwd: str | Path | None = None) -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd or Path(__file__).parent,
+                             capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    sha = out.stdout.strip()
+    if out.returncode != 0 or not sha:
+        return None
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                           cwd=cwd or Path(__file__).parent, capture_output=True, text=True,
+                           check=False)
+    return sha + ("-dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
+
+
+def build(*, target: dict, applicability: dict, metric: str, law: dict, forecast: list[dict],
+          final: dict, band_level: float, decision_rule: dict, eval_noise: dict | None = None,
+          extrapolation: dict | None = None, health_reference: dict | None = None,
+          budget_curve: dict | None = None, amends: dict | None = None,
+          created: str | None = None, change: dict | None = None) -> dict:
+    """The pre-registration document, hashed (plain JSON types only). ``change``: the plan's
+    change at a step that this amendment forecasts from (ladder.predict.amend; schema prereg/2)."""
+    from ladder import __version__
+    doc: dict[str, Any] = {
+        "schema": SCHEMA_V2 if change is not None else SCHEMA,
+        "target": target,
+        "applicability": applicability,
+        "metric": metric,
+        "law": law,
+        "law_sha256": sha256_of(law),
+        "forecast": forecast,
+        "final": final,
+        "band_level": band_level,
+        "eval_noise": eval_noise,
+        "extrapolation": extrapolation,
+        "decision_rule": decision_rule,
+        "health_reference": health_reference,
+        "budget_curve": budget_curve,
+        "amends": amends,
+        "created": created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "git_sha": git_sha(),
+        "tool_version": f"ladder {__version__}",
+    }
+    if change is not None:
+        doc["change"] = change
+    return seal(doc)
+
+
+def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None = None,
+                eval_noise: float | None = None, data_tag: str | None = None,
+                requires: dict | None = None, config: WatchConfig | None = None,
+                amends: dict | None = None, created: str | None = None,
+                run_config: dict | None = None, allow_no_band: bool = False) -> dict:
+    """The pre-registration document for ``target`` from ``law`` (library entry of `ladder
+    preregister`; seal it with :func:`build`, as this does, and write it with :func:`write_once`).
+
+    ``run_config`` is the target rung's configuration (``Rung.to_dict()``): registered by value,
+    so the watcher compares a run's configuration key by key (and names the first that differs)
+    instead of a hash of its serialisation."""
+    metric = getattr(law, "metric", None) or "eval_dropless/loss"
+    noise_info = {"sigma": 0.0, "n": 0, "method": "none (no --runs, no --eval-noise)"}
+    health = None
+    cfg = config or WatchConfig()
+    calibration: dict = {}
+    if runs:
+        ladder_runs = fc.read_ladder_runs(runs)
+        if not ladder_runs:
+            raise InputError("no run directories (metrics.jsonl) found", path=runs,
+                             field="--runs")
+        health = fc.health_reference(ladder_runs)
+        # the spike threshold above the largest robust z-score of the ladder's healthy runs
+        spk = fc.calibrate_spike_k(ladder_runs, cfg.spike_window)
+        if spk["max_z"] is not None and math.isfinite(spk["max_z"]):
+            k = max(cfg.spike_k, cfg.spike_k_margin * spk["max_z"])
+            spk["spike_k"] = k
+            import dataclasses
+            cfg = dataclasses.replace(cfg, spike_k=round(k, 3))
+        calibration["spike_k"] = spk
+        calibration["envelope_tolerance"] = {
+            k: v.get("tolerance") for k, v in health["signals"].items()
+            if k in ("moe/router_entropy", "moe/load_max_over_mean", "moe/drop_frac")}
+        est = fc.eval_noise_from_runs(ladder_runs, metric)
+        if eval_noise is None:
+            if math.isfinite(est.sigma):
+                noise_info = est.to_dict()
+            else:
+                print(f"ladder preregister: no {metric} evals in {runs} to estimate eval noise; "
+                      f"the band leaves it out", file=sys.stderr)
+    if eval_noise is not None:
+        if not (math.isfinite(eval_noise) and eval_noise >= 0):
+            raise InputError(f"must be >= 0, got {eval_noise!r}", field="--eval-noise",
+                             exit_code=EX_USAGE)
+        noise_info = {"sigma": float(eval_noise), "n": 0, "method": "given (--eval-noise)"}
+    extrapolation = extrapolation_error(law, target)  # recorded: the law's band holds it
+    f = fc.forecast(law, target, level=level, eval_noise=noise_info["sigma"])
+    import numpy as np
+    if not allow_no_band and not (np.isfinite(f.lo).any() and np.isfinite(f.hi).any()):
+        # a frozen, never-overwritable file whose band is all NaN can never judge anything
+        raise InputError("the law gives no band at any forecast point (all lo/hi NaN: e.g. no "
+                         "residual degrees of freedom); nothing written; refit with more runs "
+                         "or a --prior, or pass --allow-no-band", field="forecast.lo",
+                         exit_code=EX_DATAERR)
+    if not (np.isfinite(f.lo).all() and np.isfinite(f.hi).all()):
+        print("ladder preregister: WARNING the law could not compute a band for some points; "
+              "they are registered with lo/hi missing (NaN), and never judged as inside",
+              file=sys.stderr)
+    app = {"seq_len": target.seq_len, "steps": target.steps, "tokens": target.tokens,
+           "data_tag": data_tag, "config_hash": target.config_hash,
+           "require": dict(requires or {})}
+    if run_config is not None:
+        app["config"] = run_config
+    law_json = law.to_json()
+    return build(target=target.to_dict(), applicability=app, metric=metric, law=law_json,
+                 forecast=f.points(), final=f.final, band_level=level,
+                 eval_noise=noise_info, extrapolation=extrapolation.to_dict(),
+                 decision_rule={"words": decision_rule_words(cfg, level),
+                                "parameters": cfg.to_dict(),
+                                "calibration": calibration or None},
+                 health_reference=health, budget_curve=fc.budget_curve(law, target),
+                 amends=amends, created=created)
+
+
+def build_multi(docs: Mapping[str, Mapping], *, family: dict) -> dict:
+    """One pre-registration of several metrics from the single-metric documents ``docs``
+    ({metric key: :func:`build`'s document}, all for one target, with one decision rule): the
+    shared sections are taken from the first, each metric's forecast sections kept under
+    ``forecasts``; ``family`` (predict.watch.multi.family_config) goes into the decision rule."""
+    from ladder.predict.watch.multi import PER_METRIC
+    keys = list(docs)
+    if not keys:
+        raise ValueError("docs: no metric")
+    first = docs[keys[0]]
+    doc: dict[str, Any] = {"schema": SCHEMA_V3}
+    for k in ("target", "applicability"):
+        doc[k] = first[k]
+    doc["metrics"] = keys
+    doc["forecasts"] = {k: {f: d.get(f) for f in PER_METRIC} for k, d in docs.items()}
+    for k in ("band_level", "decision_rule", "health_reference", "amends", "created",
+              "git_sha", "tool_version"):
+        doc[k] = first.get(k)
+    doc["decision_rule"] = {**dict(first["decision_rule"]), "family": family}
+    return seal(doc)
+
+
+def write_once(path: str | os.PathLike, doc: Mapping) -> Path:
+    """Write ``doc`` to ``path`` atomically and read-only; never replace an existing file. An
+    amendment (``doc["amends"]``) is then recorded in the chain file beside it
+    (:func:`record_amendment`), which is what makes the watcher follow it."""
+    path = Path(path)
+    if path.exists() or path.is_symlink():
+        raise InputError("exists; a pre-registration is never overwritten (choose another --out, "
+                         "or amend it with --amend)", path=path, exit_code=EX_CANTCREAT)
+    am = doc.get("amends")
+    if isinstance(am, Mapping):  # its name goes into the chain file: check it before writing
+        safe_name(path.name, field="--out", path=path)
+    import json
+    data = (json.dumps(to_jsonable(doc), indent=2, allow_nan=False) + "\n").encode("utf-8")
+    try:
+        out = atomic_write_bytes(path, data, mode=PREREG_MODE, exclusive=True)
+    except FileExistsError:
+        raise InputError("exists; a pre-registration is never overwritten", path=path,
+                         exit_code=EX_CANTCREAT) from None
+    if isinstance(am, Mapping):
+        record_amendment(out, doc)
+    return out
+
+
+def record_amendment(path: Path, doc: Mapping) -> Path:
+    """Append the amendment ``doc`` (written at ``path``) to the chain file in its directory:
+    one JSON line with the sha256 it amends, its own, its file name and the reason. The file is
+    only ever appended to (ladder.io.append_text: a torn last line is cut first)."""
+    import json
+    rec = {"schema": CHAIN_SCHEMA, "amends": doc["amends"].get("sha256"),
+           "sha256": doc["sha256"], "file": path.name, "reason": doc["amends"].get("reason"),
+           "created": doc.get("created")}
+    chain = path.parent / CHAIN_FILE
+    append_text(chain, json.dumps(to_jsonable(rec), allow_nan=False) + "\n")
+    return chain
+
+
+@dataclass
+class Verification:
+    """Result of :func:`verify`."""
+
+    path: str
+    ok: bool
+    stored: str | None
+    computed: str
+    changed: list[str] = field(default_factory=list)   # sections whose content changed
+    problems: list[str] = field(default_factory=list)  # other findings (law hash, schema, ...)
+
+    def report(self) -> str:
+        if self.ok:
+            return f"{self.path}: OK (sha256 {self.computed})"
+        lines = [f"{self.path}: MODIFIED (stored sha256 {self.stored}, computed {self.computed})"]
+        if self.changed:
+            lines.append("  changed: " + ", ".join(self.changed))
+        lines += [f"  {p}" for p in self.problems]
+        if not self.changed and not self.problems:
+            lines.append("  the edited section cannot be named (the per-section digests were "
+                         "edited consistently, or are missing)")
+        return "\n".join(lines)
+
+
+def verify_doc(doc: Mapping, path: str = "<prereg>") -> Verification:
+    stored = doc.get("sha256")
+    computed = content_hash(doc)
+    v = Verification(path=path, ok=False, stored=stored if isinstance(stored, str) else None,
+                     computed=computed)
+    if doc.get("schema") not in SCHEMAS:
+        v.problems.append(f"schema is {doc.get('schema')!r}, expected one of {SCHEMAS}")
+    elif (doc.get("schema") == SCHEMA_V2) != isinstance(doc.get("change"), Mapping):
+        v.problems.append(f"schema {doc.get('schema')!r} with{'out' if 'change' not in doc else ''}"
+                          f" a change section (prereg/2 is an amendment at a step, and only it)")
+    digests = doc.get("section_sha256")
+    if isinstance(digests, Mapping):
+        now = section_digests(doc)
+        for k in sorted(set(now) | set(digests)):
+            if k not in digests:
+                v.changed.append(f"{k} (added)")
+            elif k not in now:
+                v.changed.append(f"{k} (removed)")
+            elif digests[k] != now[k]:
+                v.changed.append(_name_change(doc, k))
+    else:
+        v.problems.append("section_sha256 is missing or not an object")
+    law = doc.get("law")
+    if law is not None and doc.get("law_sha256") != sha256_of(law):
+        v.problems.append("the embedded law does not match law_sha256 (the law was edited)")
+    fcs = doc.get("forecasts")
+    if doc.get("schema") == SCHEMA_V3:
+        if not isinstance(fcs, Mapping) or not isinstance(doc.get("metrics"), list):
+            v.problems.append("prereg/3 without metrics and forecasts")
+        else:
+            for k, f in fcs.items():
+                if not isinstance(f, Mapping) or f.get("law_sha256") != sha256_of(f.get("law")):
+                    v.problems.append(f"forecasts.{k}: the embedded law does not match its "
+                                      f"law_sha256 (the law was edited)")
+    if stored is None:
+        v.problems.append("no sha256 field")
+    v.ok = (stored == computed) and not v.problems and not v.changed
+    return v
+
+
+def _name_change(doc, key) -> str:
+    if key == "forecast" and isinstance(doc.get("forecast"), list):
+        return "forecast (a forecast point was edited)"
+    if key == "forecasts" and isinstance(doc.get("forecasts"), Mapping):
+        return "forecasts (a metric's law or forecast was edited)"
+    return key
+
+
+def verify(path: str | os.PathLike) -> Verification:
+    doc = read_json(path, schema="prereg")
+    _known_version(doc, path)
+    return verify_doc(doc, str(path))
+
+
+def _known_version(doc: Mapping, path) -> None:
+    """A newer schema version is not "MODIFIED": it is a file this tool cannot judge."""
+    v = schema_version(dict(doc))
+    if v is not None and v > int(SCHEMA_V3.split("/")[1]):
+        raise InputError(f"written by a newer ladder ({doc.get('schema')}); this one reads "
+                         f"{' and '.join(SCHEMAS)}: upgrade ladder to verify it", path=path,
+                         field="schema", exit_code=EX_DATAERR)
+
+
+def seal(doc: Mapping) -> dict:
+    """``doc`` with its ``section_sha256`` and ``sha256`` (re)computed: how :func:`build` and
+    :func:`build_multi` finish a document, and what tools and tests that assemble one by hand
+    call."""
+    out = to_jsonable(dict(doc))
+    out.pop("sha256", None)
+    out["section_sha256"] = section_digests(out)
+    out["sha256"] = content_hash(out)
+    return out
+
+
+def load(path: str | os.PathLike, *, check: bool = True) -> dict:
+    """Read a pre-registration; with ``check``, a modified file is an InputError."""
+    doc = read_json(path, schema="prereg")
+    _known_version(doc, path)
+    if doc.get("schema") == SCHEMA_V3:
+        _check_multi(doc, path)
+    else:
+        for key in ("target", "forecast", "metric", "final"):
+            if key not in doc:
+                raise InputError("missing", path=path, field=key)
+        if not isinstance(doc["forecast"], list) or not doc["forecast"]:
+            raise InputError("expected a non-empty list", path=path, field="forecast")
+    if check:
+        v = verify_doc(doc, str(path))
+        if not v.ok:
+            raise InputError("fails verification (edited after it was written): "
+                             + v.report().replace("\n", "; "), path=path, field="sha256")
+    return doc
+
+
+def _check_multi(doc: Mapping, path) -> None:
+    for key in ("target", "metrics", "forecasts"):
+        if key not in doc:
+            raise InputError("missing", path=path, field=key)
+    keys, fcs = doc["metrics"], doc["forecasts"]
+    if not isinstance(keys, list) or not keys or not all(isinstance(k, str) for k in keys):
+        raise InputError("expected a non-empty list of metric keys", path=path, field="metrics")
+    if not isinstance(fcs, Mapping):
+        raise InputError("expected an object {metric key: forecast}", path=path,
+                         field="forecasts")
+    for k in keys:
+        f = fcs.get(k)
+        if not isinstance(f, Mapping):
+            raise InputError("missing", path=path, field=f"forecasts.{k}")
+        if not isinstance(f.get("forecast"), list) or not f["forecast"]:
+            raise InputError("expected a non-empty list", path=path,
+                             field=f"forecasts.{k}.forecast")
+        if not isinstance(f.get("final"), Mapping):
+            raise InputError("missing", path=path, field=f"forecasts.{k}.final")
+
+
+def amendment(old_path: str | os.PathLike, reason: str | None) -> dict:
+    """The ``amends`` section of a new pre-registration that replaces ``old_path``."""
+    if not reason or not reason.strip():
+        raise InputError("--amend needs --reason (why the plan changed)", field="--reason",
+                         exit_code=64)
+    old = load(old_path)  # refuse to amend a tampered file
+    chain = list((old.get("amends") or {}).get("chain", []))
+    return {"sha256": old["sha256"], "path": os.path.basename(str(old_path)), "reason": reason,
+            "created": old.get("created"), "chain": chain + [old["sha256"]]}
+
+
+@dataclass
+class ChainLink:
+    path: str
+    sha256: str
+    reason: str | None
+    created: str | None
+
+
+@dataclass
+class Chain:
+    """The amendment chain from a given pre-registration to the newest trusted amendment:
+    ``skipped`` are recorded or named amendments that could not be followed (and why),
+    ``unrecorded`` the files beside it that claim to amend a link but were neither recorded
+    nor named (reported, never followed)."""
+
+    links: list[ChainLink]
+    skipped: list[str]
+    unrecorded: list[str] = field(default_factory=list)
+
+    @property
+    def newest(self) -> ChainLink:
+        return self.links[-1]
+
+    def describe(self) -> str:
+        if len(self.links) == 1:
+            s = f"following {self.newest.path} (no amendment)"
+        else:
+            s = (f"following {self.newest.path}, amendment {len(self.links) - 1} of "
+                 f"{self.links[0].path} (reason: {self.newest.reason})")
+        if self.skipped:
+            s += "; ignored: " + "; ".join(self.skipped)
+        if self.unrecorded:
+            s += "; not followed: " + "; ".join(self.unrecorded)
+        return s
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def is_sha256(v) -> bool:
+    """``v`` is a sha256 as this module writes it (64 lowercase hex digits)."""
+    return isinstance(v, str) and len(v) == 64 and set(v) <= _HEX
+
+
+def read_chain_file(path: str | os.PathLike) -> list[dict]:
+    """The records of a chain file (:func:`record_amendment`), each checked: a torn last line
+    (a writer killed midway) is left out; any other bad line is an InputError naming it."""
+    path = Path(path)
+    data = read_bytes(path, field="--amend-chain", limit=16 << 20)
+    recs = []
+    lines = data.split(b"\n")
+    for i, raw in enumerate(lines, 1):
+        if not raw.strip() or (i == len(lines) and not data.endswith(b"\n")):
+            continue
+        rec = loads(raw, path=path, field=f"line {i}")
+        if not isinstance(rec, dict) or rec.get("schema") != CHAIN_SCHEMA:
+            raise InputError(f"line {i} is not a {CHAIN_SCHEMA} record", path=path,
+                             field=f"line {i}")
+        for key in ("amends", "sha256"):
+            if not is_sha256(rec.get(key)):
+                raise InputError("expected a sha256 (64 hex digits)", path=path,
+                                 field=f"line {i}.{key}")
+        safe_name(rec.get("file"), field=f"line {i}.file", path=path, what="file name")
+        recs.append({**rec, "where": path.parent})
+    return recs
+
+
+def _trusted(path: Path, named) -> list[dict]:
+    """The amendment records trusted for ``path``: the chain file beside it, then what the user
+    named (chain files, ``.jsonl``; or amendment files, whose own hashes are taken), in order."""
+    recs = []
+    beside = path.parent / CHAIN_FILE
+    if beside.exists() or beside.is_symlink():
+        recs += read_chain_file(beside)
+    for n in named or ():
+        n = Path(n)
+        if n.suffix == ".jsonl":
+            recs += read_chain_file(n)
+            continue
+        doc = load(n)
+        am = doc.get("amends")
+        if not isinstance(am, Mapping) or not is_sha256(am.get("sha256")):
+            raise InputError("not an amendment (no amends.sha256)", path=n,
+                             field="--amend-chain", exit_code=EX_USAGE)
+        recs.append({"amends": am["sha256"], "sha256": doc["sha256"], "file": n.name,
+                     "reason": am.get("reason"), "where": n.parent, "named": True})
+    return recs
+
+
+def resolve_chain(path: str | os.PathLike, named=None) -> Chain:
+    """From ``path``, follow the trusted amendments (see :func:`_trusted`) to the newest one:
+    for each link, the record of its amendment written last whose file is there, verifies and
+    has the recorded sha256. Files in the directory that claim to amend a link but are not
+    trusted are listed in ``unrecorded``."""
+    path = Path(path)
+    start = load(path)
+    links = [ChainLink(str(path), start["sha256"], None, start.get("created"))]
+    skipped: list[str] = []
+    recs = _trusted(path, named)
+    seen = {start["sha256"]}
+    cur = start["sha256"]
+    while True:
+        nxt = None
+        for rec in reversed([r for r in recs if r["amends"] == cur]):
+            f = inside(rec["where"], rec["file"], field="file")
+            try:
+                doc = load(f, check=False)
+            except InputError as e:
+                skipped.append(f"{rec['file']} recorded but not readable ({str(e)[:120]})")
+                continue
+            if not verify_doc(doc, str(f)).ok:
+                skipped.append(f"{f.name} fails verification")
+                continue
+            if doc.get("sha256") != rec["sha256"] or \
+                    (doc.get("amends") or {}).get("sha256") != cur:
+                skipped.append(f"{f.name}: its sha256 is not the one recorded for it (edited "
+                               f"and resealed after it was recorded?)")
+                continue
+            nxt = (f, doc)
+            break
+        if nxt is None or nxt[1]["sha256"] in seen:
+            break
+        f, doc = nxt
+        seen.add(doc["sha256"])
+        links.append(ChainLink(str(f), doc["sha256"], doc["amends"].get("reason"),
+                               doc.get("created")))
+        cur = doc["sha256"]
+    known = {(Path(r["where"]).resolve(), r["file"]) for r in recs}
+    return Chain(links=links, skipped=skipped, unrecorded=_unrecorded(path, seen, known))
+
+
+def _unrecorded(path: Path, followed: set[str], known: set) -> list[str]:
+    """Files beside ``path`` that claim to amend a followed link but are neither followed nor
+    recorded (``known``: (directory, name) of the trusted records): read as inputs are
+    (regular files of bounded size: a FIFO or a huge file is passed over)."""
+    out = []
+    for p in sorted(path.parent.glob("*.json")):
+        if (p.parent.resolve(), p.name) in known:
+            continue
+        try:
+            doc = loads(read_bytes(p, limit=SCAN_LIMIT), path=p)
+        except InputError:
+            continue
+        if not isinstance(doc, dict) or not str(doc.get("schema", "")).startswith("prereg/"):
+            continue
+        am = doc.get("amends")
+        if isinstance(am, Mapping) and am.get("sha256") in followed and \
+                doc.get("sha256") not in followed:
+            out.append(f"{p.name} claims to amend it but is not recorded in {CHAIN_FILE} nor "
+                       f"named with --amend-chain")
+    return out
+
+
+def canonical_bytes(doc: Mapping) -> bytes:
+    return canonical_json({k: v for k, v in doc.items() if k not in HASHED_OUT})

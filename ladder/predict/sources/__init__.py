@@ -1,0 +1,83 @@
+"""Live metric sources for the watcher. Each source (the shape: :class:`Source`) answers
+``poll()`` with a :class:`Poll` of the rows that arrived since the last poll (dicts with ``step``
+and metric keys), run configurations seen, and notes about the input; ``position()``/``restore()``
+give a JSON-serialisable read position so a restarted watcher continues where it stopped (no row
+judged twice, none skipped).
+
+- :class:`JsonlSource` (``jsonl.py``): a metrics.jsonl, tailed by byte offset, each line parsed by
+  orjson; a rotated or truncated file is read again, the steps already judged skipped.
+- :class:`CsvSource` (``csv.py``): a CSV, incl. W&B exports.
+- :class:`WandbOfflineSource` and :class:`WandbApiSource` (``wandb.py``): a W&B offline run
+  directory or ``.wandb`` file, and ``wandb://ENTITY/PROJECT/ID[,ID...]`` through the public API.
+- :class:`KeyMappedSource` (``keyed.py``): any of them read under another trainer's metric names.
+- ``base.py``: the :class:`Source` shape, :class:`Poll`, a file's identity, a position's check.
+
+:func:`open_source` picks the source a ``--source`` argument names.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ladder.io import EX_NOINPUT, InputError
+from ladder.predict.sources.base import (
+    IDENTITY_BYTES,
+    Poll,
+    Source,
+    SourceWrapper,
+    check_position,
+    check_regular,
+    file_identity,
+    same_file,
+)
+from ladder.predict.sources.csv import CsvSource, normalise_columns
+from ladder.predict.sources.jsonl import JSONL_POSITION, JsonlSource, parse_lines
+from ladder.predict.sources.keyed import KeyMappedSource
+from ladder.predict.sources.wandb import (
+    WandbApiSource,
+    WandbOfflineSource,
+    WandbUri,
+    decode_wandb_file,
+    read_wandb_records,
+    wandb_executable,
+)
+
+
+def open_source(src: str, *, follow: bool = False, **kw) -> Source:
+    """The source for a ``--source`` argument. With ``follow``, a path that does not exist yet
+    is waited for (a watcher started before the run): its suffix says what it will be
+    (``.csv``/``.tsv``, ``.wandb``, else a metrics JSONL; a name without suffix is a run
+    directory, whose ``metrics.jsonl`` is awaited)."""
+    if src.startswith("wandb://"):
+        return WandbApiSource(src, **kw)
+    p = Path(src)
+    if not p.exists() and follow:
+        suffix = p.suffix.lower()
+        if suffix in (".csv", ".tsv"):
+            return CsvSource(p)
+        if suffix == ".wandb":
+            return WandbOfflineSource(p)
+        return JsonlSource(p if suffix else p / "metrics.jsonl")
+    if not p.exists():
+        raise InputError("no such file or directory", path=src, field="--source",
+                         exit_code=EX_NOINPUT)
+    if not p.is_dir():
+        check_regular(p)
+    if p.is_dir():
+        if (p / "metrics.jsonl").exists():
+            return JsonlSource(p / "metrics.jsonl")
+        if list(p.glob("*.wandb")) or list(p.glob("*/*.wandb")) or (p / "latest-run").exists():
+            return WandbOfflineSource(p)
+        raise InputError("a directory without metrics.jsonl or a .wandb file", path=src,
+                         field="--source")
+    if p.suffix == ".wandb":
+        return WandbOfflineSource(p)
+    if p.suffix.lower() in (".csv", ".tsv"):
+        return CsvSource(p)
+    return JsonlSource(p)
+
+
+__all__ = ["IDENTITY_BYTES", "JSONL_POSITION", "CsvSource", "JsonlSource", "KeyMappedSource",
+           "Poll", "Source", "SourceWrapper", "WandbApiSource", "WandbOfflineSource", "WandbUri",
+           "check_position", "decode_wandb_file", "file_identity", "normalise_columns",
+           "open_source", "parse_lines", "read_wandb_records", "same_file", "wandb_executable"]

@@ -1,0 +1,55 @@
+"""A watcher source read under another trainer's metric names (`ladder watch --keys ...`).
+
+:class:`KeyMappedSource` wraps any source of :mod:`ladder.predict.sources` (a metrics JSONL, a CSV,
+a W&B offline directory, the W&B API) and a ``ladder.keymap.KeyMap``: the watcher asks for its
+keys (``tokens``, ``progress``, the metric...), the source is asked for the trainer's names
+(``throughput/total_tokens``, ``run_progress``...), and what comes back, rows or columns, carries
+ours (values scaled: levanter's GFLOPs to FLOPs). Everything else (position, restore, finished,
+the path) is the wrapped source's.
+"""
+
+from __future__ import annotations
+
+from ladder.predict.sources.base import Poll, Source, SourceWrapper
+from ladder.predict.watch.batch import KeyFilter
+
+
+class KeyMappedSource(SourceWrapper):
+    def __init__(self, source: Source, keymap):
+        super().__init__(source)
+        self.keymap = keymap
+
+    def poll(self) -> Poll:
+        return self._mapped(self._source.poll())
+
+    def poll_batch(self, keys, keep) -> Poll:
+        km = self.keymap
+        their_keys = None if keys is None else sorted(set(km.source_keys(keys)) | set(keys))
+        if isinstance(keep, KeyFilter):
+            their_keep = KeyFilter(frozenset(km.source_keys(keep.fixed)) | keep.fixed,
+                                   keep.prefixes)
+        elif keep is None:
+            their_keep = None
+        else:  # any other filter: asked about our name of a key
+            back = {t: o for o, t, _ in km.entries}
+            their_keep = _Back(keep, back)
+        return self._mapped(self._source.poll_batch(their_keys, their_keep))
+
+    def _mapped(self, p: Poll) -> Poll:
+        p.rows = [self.keymap.row(r) for r in p.rows]
+        if p.batch is not None:
+            self.keymap.batch(p.batch)
+        return p
+
+
+class _Back:
+    """A key filter of our names asked about the trainer's (picklable)."""
+
+    def __init__(self, keep, back: dict):
+        self.keep, self.back = keep, back
+
+    def __call__(self, k: str) -> bool:
+        return self.keep(self.back.get(k, k)) or self.keep(k)
+
+
+__all__ = ["KeyMappedSource"]

@@ -1,0 +1,438 @@
+"""The W&B sources.
+
+- :class:`WandbOfflineSource`: a W&B offline run directory (or its ``.wandb`` file), read with
+  ``wandb leet inspect --json`` (wandb >= 0.2x) or, when that is unavailable, by decoding the
+  record log directly with wandb's protobuf classes (:func:`decode_wandb_file`).
+- :class:`WandbApiSource`: ``wandb://ENTITY/PROJECT/ID[,ID...]`` through the public API; several
+  ids form one lineage (a restarted run gets a new id) and later ids win for repeated steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ladder.io import EX_NOINPUT, InputError, open_input
+from ladder.predict.sources.base import Poll, Source, step_of
+
+# ----------------------------------------------------------------------------------- offline
+
+
+def wandb_executable() -> str | None:
+    exe = Path(sys.executable).parent / "wandb"
+    if exe.exists():
+        return str(exe)
+    return shutil.which("wandb")
+
+
+class WandbOfflineSource(Source):
+    """A W&B offline run: a directory (``wandb/``, a ``run-*`` directory) or one ``.wandb`` file.
+
+    Every ``.wandb`` segment below the directory is read, in lineage order (a resumed run writes
+    a new ``run-<time>-<id>`` directory; the names sort by time), each incrementally: the byte
+    offset after its last complete record is kept, so a poll decodes only what was appended
+    (not the whole file again) and a restarted watcher continues there. A later segment's row
+    for a step replaces an earlier one downstream (last one wins). The run finished when the
+    newest segment holds W&B's exit record."""
+
+    kind = "wandb-offline"
+    poll_seconds = 2.0  # W&B flushes its offline log every few seconds
+
+    def __init__(self, path: str | os.PathLike, *, use_leet: bool | None = None):
+        self.path = Path(path)
+        self.use_leet = use_leet  # True: `wandb leet inspect --json` (reads whole files)
+        self.segs: dict[str, dict] = {}  # segment name -> {"offset", "num", "exit"}
+        self._config_sent = False
+
+    def position(self) -> dict:
+        return {"kind": self.kind, "path": str(self.path), "segments": self.segs,
+                "config_sent": self._config_sent}
+
+    def restore(self, pos: dict) -> None:
+        if pos.get("kind") == self.kind and isinstance(pos.get("segments"), dict):
+            # names are relative to the watched directory: a moved directory still matches
+            self.segs = {str(k): {"offset": int(v.get("offset", 0)), "num": int(v.get("num", 0)),
+                                  "exit": bool(v.get("exit"))}
+                         for k, v in pos["segments"].items() if isinstance(v, dict)}
+            self._config_sent = bool(pos.get("config_sent"))
+
+    def segments(self) -> list[tuple[str, Path]]:
+        """(name, path) of every .wandb file of the run, oldest first."""
+        p = self.path
+        if p.is_file():
+            return [(p.name, p)]
+        found: dict[Path, str] = {}
+        for q in sorted(p.glob("*.wandb")) + sorted(p.glob("*/*.wandb")):
+            if q.parent.name == "latest-run" and q.parent != p:
+                continue  # a link to one of the run-* directories (unless it is the one given)
+            found.setdefault(q.resolve(), str(q.relative_to(p)))
+        if not found and (p / "latest-run").exists():
+            for q in sorted((p / "latest-run").glob("*.wandb")):
+                found.setdefault(q.resolve(), str(q.relative_to(p)))
+        if not found:
+            raise InputError("no .wandb record file", path=p, field="--source",
+                             exit_code=EX_NOINPUT)
+        # run-YYYYMMDD_HHMMSS-ID/run-ID.wandb: the directory names sort by start time
+        return sorted(((name, q) for q, name in found.items()),
+                      key=lambda t: (Path(t[0]).parent.name, Path(t[0]).name))
+
+    def record_file(self) -> Path:
+        """The newest segment."""
+        return self.segments()[-1][1]
+
+    def finished(self) -> str | None:
+        segs = self.segments()
+        last = self.segs.get(segs[-1][0]) if segs else None
+        return "W&B exit record" if last and last.get("exit") else None
+
+    def _leet(self, f: Path) -> list[dict] | None:
+        exe = wandb_executable() if self.use_leet is not False else None
+        if not exe:
+            return None
+        try:
+            proc = subprocess.run([exe, "leet", "inspect", "--json", str(f)],
+                                  capture_output=True, timeout=120, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            proc = None
+        if proc is not None and proc.returncode == 0 and proc.stdout.strip():
+            out = []
+            for line in proc.stdout.splitlines():
+                try:
+                    out.append(json.loads(line))
+                except (ValueError, RecursionError):
+                    continue
+            return out
+        if self.use_leet:
+            raise InputError("`wandb leet inspect --json` failed: "
+                             + (proc.stderr.decode(errors="replace").strip()[:200]
+                                if proc else "not runnable"), path=f)
+        return None
+
+    def poll(self) -> Poll:
+        out = Poll()
+        for name, f in self.segments():
+            seg = self.segs.setdefault(name, {"offset": 0, "num": 0, "exit": False})
+            try:
+                size = f.stat().st_size
+            except OSError:
+                continue
+            if size < seg["offset"]:  # rewritten: read again, the steps repeat downstream
+                out.notes.append(f"{f} shrank: reading it again from the start")
+                seg.update(offset=0, num=0)
+            if size == seg["offset"]:
+                continue
+            if self.use_leet:
+                recs = [r for r in (self._leet(f) or []) if int(r.get("num", 0) or 0) > seg["num"]]
+                end, bad = size, 0
+            else:
+                recs, end, bad = decode_wandb_file(f, seg["offset"])
+            if bad:
+                if not recs and seg["offset"] == 0:
+                    raise InputError(f"not a readable W&B record log ({bad} corrupt "
+                                     f"record(s), none readable)", path=f, field="--source")
+                out.notes.append(f"{f}: {bad} corrupt record(s) skipped near byte {end}")
+            seg["offset"] = end
+            self._take(recs, seg, out)
+        return out
+
+    def _take(self, recs: Iterable[dict], seg: dict, out: Poll) -> None:
+        for rec in recs:
+            num = int(rec.get("num", 0) or 0)
+            typ = rec.get("type")
+            if typ == "run" and not self._config_sent:
+                cfg = _config_from_update((rec.get("run") or {}).get("config") or {})
+                if cfg:
+                    out.configs.append(cfg)
+                self._config_sent = True
+            elif typ == "config":
+                cfg = _config_from_update(rec.get("config") or {})
+                if cfg:
+                    out.configs.append(cfg)
+            elif typ == "history":
+                h = rec.get("history") or {}
+                row = dict(h.get("item") or {})
+                step = (h.get("step") or {}).get("num", row.get("_step"))
+                row["step"] = step
+                out.rows.append(row)
+            elif typ == "exit":
+                seg["exit"] = True
+            seg["num"] = max(seg["num"], num)
+
+
+def _config_from_update(cfg: dict) -> dict:
+    upd = cfg.get("update", cfg) if isinstance(cfg, dict) else {}
+    if isinstance(upd, list):  # protobuf-shaped: [{"key", "value_json"}]
+        d = {}
+        for item in upd:
+            try:
+                d[item.get("key")] = json.loads(item.get("value_json", "null"))
+            except ValueError:
+                continue
+        upd = d
+    return {k: v for k, v in upd.items() if k != "_wandb"} if isinstance(upd, dict) else {}
+
+
+# The .wandb file: a 7-byte header (":W&B", a 2-byte magic, a version byte), then the LevelDB log
+# format: 32 KiB blocks of records, each a 7-byte header (CRC32C, uint16 length, type: 1 full,
+# 2 first, 3 middle, 4 last) and a payload; a block tail under 7 bytes is zero padding. The
+# payloads are ``wandb_internal_pb2.Record`` protobufs. (LevelDB log format: leveldb's
+# doc/log_format.md.)
+_BLOCK = 32768
+
+
+def read_wandb_records(path: str | os.PathLike, *, full: bool = False) -> Iterable[dict]:
+    """Decode a whole .wandb record log (see :func:`decode_wandb_file`). ``full``: every
+    record type whole (protobuf's own dict of it: a run's group, name, job type and tags, a
+    metric's definition), not only the history and config the watcher reads."""
+    recs, _, _ = decode_wandb_file(Path(path), 0, full=full)
+    return recs
+
+
+def decode_wandb_file(path: Path, start: int = 0, *, full: bool = False
+                      ) -> tuple[list[dict], int, int]:
+    """Records of a .wandb log from byte ``start`` (0, or an offset this function returned):
+    ``(records, end, corrupt)``, ``end`` being the offset after the last complete record (a
+    truncated last record of a live run is left for the next call). The CRC is not checked;
+    a record header that cannot be one (an unknown type, a length past its block) is corrupt:
+    counted, and the rest of the file is skipped (a log cannot be resynchronised reliably)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    with open_input(path, field="--source") as fh:
+        fh.seek(start)
+        data = fh.read()
+    if start == 0:
+        if len(data) < 7:
+            return [], 0, 0
+        if data[:4] != b":W&B":
+            raise InputError("not a W&B record file (bad header)", path=path, field="--source")
+        pos = 7
+    else:
+        pos = 0
+    recs: list[dict] = []
+    bad = 0
+    buf = b""
+    end = pos
+    while pos + 7 <= len(data):
+        abs_pos = start + pos
+        block_left = _BLOCK - (abs_pos % _BLOCK)
+        if block_left < 7:  # zero padding at a block's end
+            pos += block_left
+            if not buf:
+                end = pos
+            continue
+        _crc, length, typ = struct.unpack("<IHB", data[pos:pos + 7])
+        if typ == 0 and length == 0:  # a zero-filled block tail: skip to the next block
+            pos += block_left
+            if not buf:
+                end = pos
+            continue
+        if typ not in (1, 2, 3, 4) or 7 + length > block_left:
+            bad += 1
+            break
+        body = pos + 7
+        if body + length > len(data):
+            break  # a record still being written
+        payload = data[body:body + length]
+        pos = body + length
+        if typ == 1:
+            buf = payload
+        elif typ == 2:
+            buf = payload
+            continue
+        elif typ == 3:
+            buf += payload
+            continue
+        else:
+            buf += payload
+        rec = pb.Record()
+        try:
+            rec.ParseFromString(buf)
+        except Exception:  # noqa: BLE001 - protobuf's DecodeError: a corrupt record, skipped
+            bad += 1
+            buf, end = b"", pos
+            continue
+        buf, end = b"", pos
+        recs.append(_record_dict(rec, full))
+    return recs, start + end, bad
+
+
+def _record_dict(rec, full: bool = False) -> dict:
+    which = rec.WhichOneof("record_type")
+    d: dict[str, Any] = {"num": rec.num, "type": which}
+    if full and which not in ("history", None):
+        from google.protobuf.json_format import MessageToDict  # protobuf comes with wandb
+        d[which] = MessageToDict(getattr(rec, which), preserving_proto_field_name=True)
+        return d
+    if which == "history":
+        item = {}
+        for it in rec.history.item:
+            key = it.key or "/".join(it.nested_key)
+            item[key] = _history_value(it)
+        d["history"] = {"item": item, "step": {"num": rec.history.step.num}}
+    elif which in ("run", "config"):
+        cfg_msg = rec.run.config if which == "run" else rec.config
+        upd = {}
+        for it in cfg_msg.update:
+            key = it.key or "/".join(it.nested_key)
+            try:
+                upd[key] = json.loads(it.value_json)
+            except (ValueError, RecursionError):
+                upd[key] = it.value_json
+        d[which] = {"config": {"update": upd}} if which == "run" else {"update": upd}
+    elif which in ("exit",):
+        d[which] = {}
+    return d
+
+
+def _history_value(it) -> Any:
+    which = it.WhichOneof("value") if any(f.containing_oneof for f in it.DESCRIPTOR.fields) \
+        else None
+    if which and which != "value_json":
+        v = getattr(it, which)
+        if which == "none":
+            return None
+        return v
+    try:
+        return json.loads(it.value_json)
+    except (ValueError, RecursionError):
+        return it.value_json
+
+
+# ----------------------------------------------------------------------------------- the API
+
+
+@dataclass(frozen=True)
+class WandbUri:
+    entity: str
+    project: str
+    run_ids: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, uri: str) -> WandbUri:
+        if not uri.startswith("wandb://"):
+            raise InputError("expected wandb://ENTITY/PROJECT/RUN_ID[,RUN_ID...]",
+                             field="--source", exit_code=64)
+        parts = uri[len("wandb://"):].strip("/").split("/")
+        if len(parts) != 3 or not all(parts):
+            raise InputError(f"expected wandb://ENTITY/PROJECT/RUN_ID[,RUN_ID...], got {uri!r}",
+                             field="--source", exit_code=64)
+        ids = tuple(i.strip() for i in parts[2].split(",") if i.strip())
+        if not ids:
+            raise InputError("no run id", field="--source", exit_code=64)
+        return cls(parts[0], parts[1], ids)
+
+
+class WandbApiSource(Source):
+    """Runs of one lineage through the W&B public API (``api`` injectable for tests).
+
+    The first poll reads every id's history in lineage order; later polls read the last id's new
+    rows (``min_step`` past the last step seen). Rows are passed on in lineage order, so a step
+    logged again by a later run replaces the earlier one downstream (last one wins)."""
+
+    kind = "wandb-api"
+    # W&B's public API is rate-limited (per user and minute); a minute between polls is what a
+    # run logged every few minutes needs, and what a 100-day follow can afford
+    poll_seconds = 60.0
+
+    def __init__(self, uri: str, *, api: Any = None, page_size: int = 1000):
+        self.uri = WandbUri.parse(uri)
+        self._api = api
+        self.page_size = page_size
+        self.last_step: dict[str, int] = {}
+        self.done_ids: list[str] = []
+        self._config_sent = False
+        self.runs: dict[str, Any] = {}
+
+    @property
+    def api(self):
+        if self._api is None:
+            try:
+                import wandb
+                self._api = wandb.Api(timeout=30)
+            except Exception as e:  # noqa: BLE001 - no network / no login: one clear line
+                raise InputError(f"cannot reach the W&B API ({type(e).__name__}: {e})",
+                                 field="--source", exit_code=69) from None
+        return self._api
+
+    def position(self) -> dict:
+        return {"kind": self.kind, "uri": list(self.uri.run_ids), "last_step": self.last_step,
+                "done_ids": self.done_ids, "config_sent": self._config_sent}
+
+    def restore(self, pos: dict) -> None:
+        if pos.get("kind") == self.kind and pos.get("uri") == list(self.uri.run_ids):
+            self.last_step = {k: int(v) for k, v in (pos.get("last_step") or {}).items()}
+            self.done_ids = list(pos.get("done_ids") or [])
+            self._config_sent = bool(pos.get("config_sent"))
+
+    def run(self, run_id: str):
+        if run_id not in self.runs:
+            path = f"{self.uri.entity}/{self.uri.project}/{run_id}"
+            try:
+                self.runs[run_id] = self.api.run(path)
+            except InputError:
+                raise
+            except Exception as e:  # noqa: BLE001
+                raise InputError(f"W&B run {path} not readable ({type(e).__name__}: {e})",
+                                 field="--source", exit_code=69) from None
+        return self.runs[run_id]
+
+    def finished(self) -> str | None:
+        """The lineage's newest run's state, when W&B says it ended."""
+        run = self.run(self.uri.run_ids[-1])
+        try:
+            if hasattr(run, "load"):  # refresh the run's state from the server
+                run.load(force=True)
+        except TypeError:
+            run.load()
+        state = getattr(run, "state", None)
+        return f"W&B run state {state}" if state in ("finished", "crashed", "failed",
+                                                      "killed") else None
+
+    def poll(self) -> Poll:
+        try:
+            return self._poll()
+        except InputError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the API's errors (HTTP, timeouts) vary by version
+            raise InputError(f"W&B API error ({type(e).__name__}: {str(e)[:160]})",
+                             field="--source", exit_code=69) from None
+
+    def _poll(self) -> Poll:
+        out = Poll()
+        ids = self.uri.run_ids
+        for k, rid in enumerate(ids):
+            if rid in self.done_ids:
+                continue
+            run = self.run(rid)
+            if k == len(ids) - 1 and not self._config_sent:
+                cfg = dict(getattr(run, "config", {}) or {})
+                if cfg:
+                    out.configs.append({key: v for key, v in cfg.items() if key != "_wandb"})
+                self._config_sent = True
+            start = self.last_step.get(rid)
+            kw = {"page_size": self.page_size}
+            if start is not None:
+                kw["min_step"] = start + 1
+            for row in run.scan_history(**kw):
+                row = dict(row)
+                step = row.get("_step")
+                if "step" not in row:
+                    row["step"] = step
+                s = step_of(row)
+                if s is None:
+                    continue
+                if start is not None and s <= start:
+                    continue
+                out.rows.append(row)
+                self.last_step[rid] = max(self.last_step.get(rid, s), s)
+            if k < len(ids) - 1:  # an earlier run of the lineage (superseded): read once
+                self.done_ids.append(rid)
+        return out

@@ -1,0 +1,260 @@
+"""W&B as home for a forecast: the frozen pre-registration as its own run, the watcher as another,
+in the ladder's group, so that W&B's default panel of the watched key shows the live curve beside
+its forecast with no hand-built chart.
+
+- :func:`log_forecast` (`ladder preregister --wandb`): a run of job type ``forecast`` in the
+  ladder's group whose rows are the forecast grid at the target's steps (W&B's step = the target's
+  step): the watched key itself (e.g. ``eval_dropless/loss``) = the forecast centre, so the
+  auto-panel of that key overlays the forecast on the train runs of the group, its band beside it
+  (``eval_dropless/loss_lo``, ``_hi``: the same workspace section), and ``forecast/loss``,
+  ``forecast/lo``, ``forecast/hi`` with ``step``, ``tokens`` and ``forecast/fraction``; the prereg
+  file as an artifact whose metadata carries its sha256. Its id is a function of that sha256
+  (``ladder.wandbrun.forecast_run_id``).
+- :class:`WatchRunSink` (`ladder watch --wandb`): the watcher's own run (job type ``watch``, the
+  same group, id ``ladder.wandbrun.watch_run_id``): every judged eval (``watch/loss``,
+  ``watch/expected``, ``watch/lo``, ``watch/hi``, ``watch/residual``, ``watch/residual_rel``)
+  at the watched run's step as W&B's step, and each alert as it comes (the ``watch/alerts``
+  table, logged incrementally, and ``wandb.alert`` for warnings and worse); the verdict in its
+  summary. Every row carries its ``step`` as a key too and W&B's step is given explicitly, so a
+  watcher resumed offline (where W&B restarts its row counter at 0) still puts rows at the
+  watched run's steps. The eval rows come from :class:`TeeSource`, which passes the watcher's
+  source through unchanged and hands each poll's evals to the sink with the pre-registration
+  view in use (an amendment the watcher moves to is followed).
+
+``wandb_module`` is injectable for tests; WANDB_MODE=offline works without network.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ladder import wandbrun
+from ladder.io import InputError, as_float, sha256_file
+from ladder.predict.sinks import Sink, wandb_alert
+from ladder.predict.sources.base import Poll, Source, SourceWrapper
+from ladder.predict.watch import SEVERITIES, Alert, Batch, PreregView, exit_code_for, row_fractions
+
+PREFIXES = ("forecast", "watch")
+
+
+def require_wandb():
+    """The wandb module, or a one-line error naming the extra that installs it."""
+    try:
+        import wandb
+    except ImportError as e:
+        raise InputError(f"--wandb needs the wandb package (pip install 'ladder[wandb]'): {e}",
+                         field="--wandb", exit_code=69) from None
+    return wandb
+
+
+def _wandb(module):
+    return module if module is not None else require_wandb()
+
+
+def _group_of(doc: dict, group: str | None) -> tuple[str | None, str]:
+    """The ladder (group) and rung of the target: ``LADDER/RUNG`` names, else the target name."""
+    name = str((doc.get("target") or {}).get("name") or "target")
+    sep = ":" if ":" in name else "/"  # Target.from_rung names LADDER:RUNG
+    ladder, _, rung = name.rpartition(sep)
+    return (group or ladder or None), (rung or name)
+
+
+def _finite(v) -> float | None:
+    x = as_float(v)
+    return x if x is not None and math.isfinite(x) else None
+
+
+def log_forecast(doc: dict, path: str | Path, *, entity: str | None = None,
+                 project: str | None = None, group: str | None = None,
+                 wandb_module: Any = None) -> dict:
+    """Log the pre-registration ``doc`` (written at ``path``) as its own W&B run; returns where
+    it went (id, entity, project, group, name, dir). The run is finished before returning."""
+    wandb = _wandb(wandb_module)
+    entity, project = wandbrun.resolve(entity, project)
+    sha = str(doc["sha256"])
+    ladder, rung = _group_of(doc, group)
+    metric = str(doc.get("metric") or "eval_dropless/loss")
+    path = Path(path)
+    run = wandb.init(entity=entity, project=project, group=ladder, name=f"{rung} forecast",
+                     job_type="forecast", id=wandbrun.forecast_run_id(sha), resume="allow",
+                     tags=wandbrun.tags(ladder, rung, "forecast", f"prereg:{sha[:12]}"),
+                     dir=str(path.parent), reinit="finish_previous",
+                     config={"prereg_sha256": sha, "metric": metric,
+                             "band_level": doc.get("band_level"), "target": doc.get("target"),
+                             "law_form": (doc.get("law") or {}).get("form"),
+                             "watch_run": wandbrun.watch_run_id(sha)})
+    wandbrun.define_axes(run, PREFIXES)
+    keys = wandbrun.band_keys(metric)
+    for k in keys:  # the watched key against `step`, as the train runs define it
+        run.define_metric(k, step_metric="step")
+    last = None
+    for p in sorted(doc.get("forecast") or [], key=lambda p: as_float(p.get("fraction")) or 0):
+        step = as_float(p.get("step"))
+        if step is None or (last is not None and int(step) <= last):
+            continue  # W&B steps only increase: the first grid point of each step
+        last = int(step)
+        row = {"step": last, "tokens": _finite(p.get("tokens")),
+               "forecast/fraction": _finite(p.get("fraction"))}
+        for k, key in zip(("loss", "lo", "hi"), keys):
+            # a missing band is left out, never drawn as zero width
+            row[f"forecast/{k}"] = row[key] = _finite(p.get(k))
+        run.log({k: v for k, v in row.items() if v is not None}, step=last)
+    fin = doc.get("final") or {}
+    for k in ("loss", "lo", "hi"):
+        if _finite(fin.get(k)) is not None:
+            run.summary[f"forecast/final_{k}"] = _finite(fin.get(k))
+    art = wandb.Artifact(name=f"prereg-{sha[:12]}", type="prereg",
+                         description=f"pre-registration of {doc.get('target', {}).get('name')}",
+                         metadata={"sha256": sha, "file_sha256": sha256_file(path),
+                                   "metric": doc.get("metric"), "created": doc.get("created")})
+    art.add_file(str(path), name=path.name)
+    run.log_artifact(art)
+    info = {"id": run.id, "entity": entity, "project": project, "group": ladder,
+            "name": f"{rung} forecast", "dir": str(Path(run.dir).parent)}
+    run.finish()
+    return info
+
+
+class TeeSource(SourceWrapper):
+    """A watcher source passed through unchanged; every poll's eval rows of ``view.metric`` also go
+    to ``on_evals(view, step, tokens, fraction, value)`` (numpy arrays), ``view`` being
+    ``view_of()`` at that poll (the watcher's current pre-registration)."""
+
+    def __init__(self, source: Source, view_of, on_evals):
+        super().__init__(source)
+        self._view_of, self._on_evals = view_of, on_evals
+
+    def poll(self) -> Poll:
+        return self._tee(self._source.poll())
+
+    def poll_batch(self, keys, keep) -> Poll:
+        return self._tee(self._source.poll_batch(keys, keep))
+
+    def _tee(self, p: Poll) -> Poll:
+        view: PreregView = self._view_of()
+        b = p.batch if p.batch is not None else Batch.from_rows(p.rows, keys=[view.metric,
+                                                                              "tokens",
+                                                                              "progress"])
+        y = b.cols.get(view.metric)
+        if y is None or not len(b):
+            return p
+        ok = np.isfinite(y)
+        if ok.any():
+            frac = row_fractions(view, b)
+            self._on_evals(view, b.step[ok], b.col("tokens")[ok], frac[ok], y[ok])
+        return p
+
+
+ALERT_COLUMNS = ["time", "step", "fraction", "kind", "severity", "value", "expected", "message"]
+
+
+class WatchRunSink(Sink):
+    """The watcher's own W&B run: residuals at the watched run's steps, alerts as they come."""
+
+    name = "wandb-watch"
+
+    def __init__(self, doc: dict, *, entity: str | None = None, project: str | None = None,
+                 group: str | None = None, wandb_module: Any = None, dir: str | None = None):
+        self._wandb = _wandb(wandb_module)
+        self.entity, self.project = wandbrun.resolve(entity, project)
+        self.metric = str(doc.get("metric"))
+        sha = str(doc["sha256"])
+        ladder, rung = _group_of(doc, group)
+        self.run = self._wandb.init(
+            entity=self.entity, project=self.project, group=ladder, name=f"{rung} watch",
+            job_type="watch", id=wandbrun.watch_run_id(sha), resume="allow", dir=dir,
+            reinit="finish_previous", tags=wandbrun.tags(ladder, rung, "watch",
+                                                         f"prereg:{sha[:12]}"),
+            config={"prereg_sha256": sha, "metric": self.metric,
+                    "forecast_run": wandbrun.forecast_run_id(sha)})
+        wandbrun.define_axes(self.run, ("watch",))
+        # a run resumed online continues at the server's step: rows at or before it were
+        # logged by the watcher that ran before (offline the counter restarts at 0)
+        resumed = getattr(self.run, "step", 0)
+        self.last_step: int | None = int(resumed) if isinstance(resumed, int) and resumed > 0 \
+            else None
+        self.resumed_at = self.last_step
+        self.rows: list[list] = []        # every alert row sent (the non-incremental table)
+        self._new_alerts: list[list] = []  # alert rows since the last flush
+        self._pending: dict[int, dict] = {}  # step -> the row to log there at the next flush
+        self.table = self._new_table()
+        self.worst: str | None = None
+        self.not_applicable = False
+        self.failed = False
+
+    def _new_table(self):
+        """An INCREMENTAL table (each log adds the rows since the last: the alerts as they
+        come; wandb >= 0.19.x, W&B Server >= 0.70), else None: each log sends the whole table."""
+        import inspect
+        try:
+            if "log_mode" in inspect.signature(self._wandb.Table).parameters:
+                return self._wandb.Table(columns=ALERT_COLUMNS, log_mode="INCREMENTAL")
+        except (TypeError, ValueError):
+            pass
+        return None
+
+    def log_evals(self, view: PreregView, step, tokens, frac, y) -> None:
+        """Hold this poll's judged evals until :meth:`flush` (after the alerts about them)."""
+        e, lo, hi = view.expected(np.asarray(frac, dtype=float), alert=False)
+        for s, t, f, v, ex, a, b in zip(step, tokens, frac, y, e, lo, hi):
+            row = {"tokens": _finite(t), "watch/fraction": _finite(f),
+                   "watch/loss": float(v), "watch/expected": _finite(ex),
+                   "watch/lo": _finite(a), "watch/hi": _finite(b)}
+            if row["watch/expected"] is not None:
+                row["watch/residual"] = float(v - ex)
+                row["watch/residual_rel"] = float(v / ex - 1)
+            self._pending.setdefault(int(s), {}).update(
+                {k: x for k, x in row.items() if x is not None})
+
+    def send(self, alert: Alert, context: dict) -> None:
+        if alert.severity != "info" and (self.worst is None or SEVERITIES.index(alert.severity)
+                                         > SEVERITIES.index(self.worst)):
+            self.worst = alert.severity
+        self.not_applicable = self.not_applicable or alert.kind == "not_applicable"
+        self._new_alerts.append([alert.time, alert.step, alert.fraction, alert.kind,
+                                 alert.severity, alert.value, alert.expected, alert.message])
+        at = self._pending.setdefault(alert.step if alert.step is not None else -1, {})
+        sev = SEVERITIES.index(alert.severity)
+        at["watch/alert_severity"] = max(sev, at.get("watch/alert_severity", sev))
+        if alert.severity == "info" and alert.kind != "contingency" or self.failed:
+            return
+        self.failed = not wandb_alert(lambda: (self._wandb, self.run),
+                                      f"{self.metric}: {alert.kind} ({alert.severity})", alert)
+
+    def flush(self) -> None:
+        """Log what this poll brought, in step order: each eval and alert at its own step as
+        W&B's step (an alert without a step, at the last one), the new rows of the alerts
+        table once, at the last of those steps (the watcher calls this after every poll)."""
+        pending, self._pending = self._pending, {}
+        new, self._new_alerts = self._new_alerts, []
+        if new:
+            self.rows += new
+            if self.table is not None:
+                for r in new:
+                    self.table.add_data(*r)
+            last = max([s for s in pending if s >= 0] or [self.last_step or 0])
+            pending.setdefault(last, {})["watch/alerts"] = (
+                self.table if self.table is not None else
+                self._wandb.Table(columns=ALERT_COLUMNS, data=list(self.rows)))
+        for s in sorted(pending):
+            row = pending[s]
+            if s < 0:  # no step (an input note, the source): at the last step logged
+                s = self.last_step or 0
+            elif self.resumed_at is not None and s <= self.resumed_at and \
+                    "watch/alerts" not in row and "watch/alert_severity" not in row:
+                continue  # an eval the watcher this one resumes logged already
+            # never below the last step: W&B drops a row logged to an earlier step
+            s = s if self.last_step is None else max(s, self.last_step)
+            self.run.log({"step": s, **row}, step=s)
+            self.last_step = s
+
+    def close(self) -> None:
+        self.flush()
+        self.run.summary["watch/worst"] = self.worst or "none"
+        self.run.summary["watch/alerts_n"] = len(self.rows)
+        self.run.summary["watch/exit"] = exit_code_for(self.worst, self.not_applicable)
+        self.run.finish()

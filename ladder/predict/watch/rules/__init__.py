@@ -1,0 +1,130 @@
+"""The registry: the rules in the order they judge (and list their alerts). Each is one class
+(the :class:`Rule` protocol, ``rules.base``) that owns its thresholds, its typed state, its words,
+the keys it reads, its alert kinds and its judge. Everything else is derived from ``RULES``:
+``WatchConfig`` (``predict.watch.config``: the union of the rules' thresholds), the state file
+(``predict.watch.state``: one section per rule), the watcher's key filter (:func:`watched_keys`),
+the pre-registration's ``decision_rule.words`` (:func:`decision_rule_words`) and the report's
+alert kinds (:func:`alert_kinds`, :func:`health_alert_kinds`).
+
+A new rule, step by step:
+
+1. write its class in the module of its family (``rules.loss``, ``rules.health``, ``rules.run``)
+   or a module of its own under ``rules/``: ``name``, ``scope`` ("batch": it sees the whole
+   batch; "eval": one eval at a time, with the residual the loss rules share), ``family`` (the
+   part of ``WatchConfig`` its thresholds join), ``kinds``, ``description``, ``panel``;
+   ``Config``, a frozen dataclass of ``Thresholds`` (each field a ``threshold(default,
+   check)``; share a group of fields with other rules by inheriting its dataclass, e.g.
+   ``HealthPersistence``); ``State``, a dataclass of ``RuleState`` (each field ``kept(kind,
+   default)``; raise and clear with a ``Hysteresis`` field or by inheriting it); ``keys``,
+   ``judge`` and ``text`` (its words);
+2. add an instance to ``RULES`` below, where it should judge;
+3. tests: its own judge against ``check()`` and a case in tests/test_watch_rules_e2e.py (the
+   registry test there fails until it has one).
+
+Its thresholds then appear in ``WatchConfig`` (and a pre-registration's ``decision_rule``), its
+state in the state file, its keys in the watcher's filter and its words in the decision rule.
+A state written before it existed reads (its section takes its defaults); a pre-registration
+written before it existed reads too (its thresholds take their defaults).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ladder.predict.watch.batch import KeyFilter
+from ladder.predict.watch.rules.base import Rule
+from ladder.predict.watch.rules.health import (
+    DropFracRule,
+    ExpertLoadRule,
+    GradNormRule,
+    NanRule,
+    ParamNormRule,
+    RouterBiasRule,
+    RouterEntropyRule,
+    SpikeRule,
+)
+from ladder.predict.watch.rules.loss import BandRule, ContingencyRule, RiseRule, TrendRule
+from ladder.predict.watch.rules.run import ApplicabilityRule, InputRule, StalledRule
+
+# Registry order is the order the rules judge a batch (and list their alerts).
+RULES: tuple[Rule, ...] = (
+    ApplicabilityRule(),
+    InputRule(),
+    NanRule(),
+    RiseRule(),
+    TrendRule(),
+    BandRule(),
+    ContingencyRule(),
+    SpikeRule(),
+    GradNormRule(),
+    DropFracRule(),
+    RouterEntropyRule(),
+    ExpertLoadRule(),
+    RouterBiasRule(),
+    ParamNormRule(),
+    StalledRule(),
+)
+
+
+def _one_section_each() -> None:
+    """Two rules in one section of the state file would overwrite each other: a bug here."""
+    keys = [r.key for r in RULES if r.State is not None]
+    if len(set(keys)) != len(keys):
+        raise AssertionError(f"rules share a state section: {sorted(keys)}")
+
+
+_one_section_each()
+
+
+# keys every rule needs to place a row on the forecast (DESIGN.md section 3: metrics.jsonl)
+ALIGN_KEYS = ("tokens", "progress")
+
+
+def rule(name: str) -> Rule:
+    for r in RULES:
+        if r.name == name:
+            return r
+    raise KeyError(name)
+
+
+def watched_keys(metric: str | Sequence[str], config=None) -> tuple[KeyFilter, list[str]]:
+    """The key filter of a source (which keys the rules read) and its fixed keys, sorted;
+    ``metric`` one key, or the keys of a multi-metric watch (the union of what each reads);
+    ``config`` a ``WatchConfig`` (None: the defaults)."""
+    cfg = config  # None: each rule's defaults
+    fixed = set(ALIGN_KEYS)
+    prefixes: list[str] = []
+    for r in RULES:
+        for m in ([metric] if isinstance(metric, str) else metric):
+            fixed.update(r.reads(m, cfg))
+        prefixes += [p for p in r.prefixes if p not in prefixes]
+    return KeyFilter(frozenset(fixed), tuple(prefixes)), sorted(fixed)
+
+
+def alert_kinds(panel: str | None = None) -> frozenset[str]:
+    """Alert kinds the rules raise (of rules drawn on ``panel``, when given); "cleared" is shared
+    by several rules and left out of a panel's set (its message says what cleared)."""
+    out = {k for r in RULES if panel is None or r.panel == panel for k in r.kinds}
+    return frozenset(out if panel is None else out - {"cleared"})
+
+
+def health_alert_kinds(config=None) -> dict[str, tuple]:
+    """For each fixed key a health-panel rule reads (and the non-finite rule's keys, the
+    registered metric aside), the alert kinds raised about it."""
+    cfg = config  # None: each rule's defaults
+    out: dict[str, list] = {}
+    for r in RULES:
+        if r.panel != "health" and r.name != "nan":
+            continue
+        for k in r.reads("", cfg):
+            if not k:  # the registered metric's place: not a health key
+                continue
+            out.setdefault(k, [])
+            out[k] += [x for x in r.kinds if x != "cleared" and x not in out[k]]
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def decision_rule_words(cfg, level: float) -> str:
+    """The decision rule in words (stored beside the parameters in the pre-registration): each
+    rule's own slice, in registry order (``RULES``); ``cfg`` a ``WatchConfig``."""
+    return " ".join(r.words(cfg, level) for r in RULES)

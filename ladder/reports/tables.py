@@ -1,0 +1,136 @@
+"""The report's tables as plain rows (lists of dicts): law parameters with intervals, forecast vs
+actual at fixed fractions of the target run, alerts, runs. Rendered to HTML and Markdown by
+``ladder.reports.page``; pure functions of the loaded artifacts."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ladder.io import as_float
+from ladder.reports.inputs import ReportInputs, not_applicable_spans
+from ladder.reports.style import loss_fmt, num, pct, sci, si
+
+CHECKPOINTS = (0.25, 0.5, 0.75, 1.0)
+# An eval counts as "at" a checkpoint when it lies within this fraction of the run of it; evals
+# come every 5% of the run (DESIGN.md, trainer), so the nearest is at most 2.5% away.
+NEAR = 0.03
+
+
+def _pair(v) -> tuple[float, float] | None:
+    if isinstance(v, (list, tuple)) and len(v) == 2:
+        lo, hi = as_float(v[0]), as_float(v[1])
+    elif isinstance(v, dict):
+        lo = as_float(next((v[k] for k in ("lo", "low", "lower") if k in v), None))
+        hi = as_float(next((v[k] for k in ("hi", "high", "upper") if k in v), None))
+    else:
+        return None
+    return None if lo is None or hi is None else (lo, hi)
+
+
+def param_intervals(law_meta: dict) -> dict[str, tuple[float, float]]:
+    """Per-parameter intervals from ``law.json``'s ``uncertainty`` (name -> (lo, hi))."""
+    u = law_meta.get("uncertainty") if isinstance(law_meta, dict) else None
+    if not isinstance(u, dict):
+        return {}
+    for key in ("intervals", "params", "parameters", "param_intervals", "per_parameter"):
+        block = u.get(key)
+        if isinstance(block, dict):
+            out = {k: p for k, v in block.items() if (p := _pair(v)) is not None}
+            if out:
+                return out
+    return {}
+
+
+def law_rows(inp: ReportInputs) -> list[dict]:
+    if inp.law is None:
+        return []
+    iv = param_intervals(inp.law.meta)
+    fixed = inp.law.meta.get("fixed") if isinstance(inp.law.meta.get("fixed"), dict) else {}
+    rows = []
+    for name, value in inp.law.params.items():
+        v = as_float(value)
+        lo, hi = iv.get(name, (None, None))
+        note = "fixed" if name in fixed else ("" if name in iv else "no interval in law.json")
+        rows.append({"parameter": name, "value": num(v, 5), "lo": num(lo, 5), "hi": num(hi, 5),
+                     "note": note})
+    return rows
+
+
+def forecast_rows(inp: ReportInputs) -> list[dict]:
+    fc = inp.forecast
+    if fc is None:
+        return []
+    s = inp.target.series(inp.metric) if inp.target is not None else None
+    void = not_applicable_spans(inp)
+    rows = []
+    for g in CHECKPOINTS:
+        f, lo, hi = (float(x) for x in fc.at(g))
+        row = {"fraction": f"{g:.0%}", "forecast": loss_fmt(f),
+               "band": f"[{loss_fmt(lo)}, {loss_fmt(hi)}]",
+               "actual": "not reached", "at": "", "error": "", "inside": ""}
+        if s is not None and len(s):
+            ok = np.isfinite(s.fraction)
+            if ok.any():
+                i = int(np.argmin(np.abs(s.fraction[ok] - g)))
+                ga, va = float(s.fraction[ok][i]), float(s.value[ok][i])
+                if abs(ga - g) <= NEAR:
+                    fa, loa, hia = (float(x) for x in fc.at(ga))  # compare at the eval's fraction
+                    row.update(actual=loss_fmt(va), at=f"{ga:.1%}", error=pct(va / fa - 1))
+                    if any(g0 <= ga <= g1 for g0, g1 in void):
+                        row["inside"] = "not judged (forecast void)"
+                    elif math.isfinite(loa) and math.isfinite(hia):
+                        row["inside"] = "yes" if loa <= va <= hia else (
+                            "above" if va > hia else "below")
+                    else:
+                        row["inside"] = "band missing"
+        rows.append(row)
+    return rows
+
+
+def alert_rows(inp: ReportInputs, limit: int = 200) -> list[dict]:
+    rows = []
+    def when(a):  # in the order they fired along the run (the file groups them by signal)
+        s = as_float(a.get("step"))
+        return (s is None, s or 0.0)
+    for a in sorted(inp.alerts or [], key=when)[:limit]:
+        g = as_float(a.get("fraction"))
+        rows.append({
+            "severity": str(a.get("severity", "")), "kind": str(a.get("kind", "")),
+            "step": str(a.get("step", "")), "fraction": "" if g is None else f"{g:.1%}",
+            "value": _opt(a.get("value")), "expected": _opt(a.get("expected")),
+            "band": (f"[{loss_fmt(as_float(a.get('lo')))}, {loss_fmt(as_float(a.get('hi')))}]"
+                     if a.get("lo") is not None else ""),
+            "message": str(a.get("message", "")),
+        })
+    return rows
+
+
+def _opt(v) -> str:
+    x = as_float(v)
+    return "" if x is None else num(x)
+
+
+def alert_counts(inp: ReportInputs) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for a in inp.alerts or []:
+        sev = str(a.get("severity", "info"))
+        out[sev] = out.get(sev, 0) + 1
+    return out
+
+
+def run_rows(inp: ReportInputs) -> list[dict]:
+    rows = []
+    runs = [(r, "rung") for r in inp.rungs]
+    if inp.target is not None:
+        runs.append((inp.target, "target"))
+    for r, role in runs:
+        s = r.series(inp.metric)
+        last = f"{loss_fmt(float(s.value[-1]))} at {s.fraction[-1]:.0%}" if len(s) and \
+            np.isfinite(s.fraction[-1]) else "n/a"
+        rows.append({"run": r.name, "role": role, "status": r.status,
+                     "params": si(r.params), "active": si(r.active_params),
+                     "tokens": si(r.planned_tokens), "compute": sci(r.compute),
+                     f"last {inp.metric}": last})
+    return rows
