@@ -160,7 +160,7 @@ def test_preregister_wandb_logs_the_forecast_run_and_watch_adds_to_it(wandb_run,
             else:
                 assert f"forecast/{k}" not in r
     assert sum("forecast/lo" in r for r in rows) > len(rows) // 2
-    art = [r for r in recs if r["type"] == "artifact"]
+    art = [r for r in recs if r["type"] == "artifact" and r["artifact"]["type"] == "prereg"]
     assert art and doc["sha256"] in json.dumps(art[0])
 
     code, _ = _watch_json(capsys, prereg, "--source", wdir)
