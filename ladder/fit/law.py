@@ -66,6 +66,8 @@ def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = 
     decades below the largest run, and keep them where the rollout backtest says they predict
     the largest runs better (``ladder.fit.select.scale_weight_rule``); the asymptote rule then fits
     its variants with the same weights."""
+    if metric is None and _plain_loss(df):
+        metric = "loss"  # a notebook's own table: its column keeps the name it was given
     if not isinstance(df, pd.DataFrame) or not set(COLUMNS) <= set(df.columns):
         df = load_points(df, metric)  # files, or a bare DataFrame: normalise and clean it
     largest = len(df) if by is None or by not in df.columns or not len(df) else \
@@ -103,6 +105,13 @@ def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = 
         bw = (res.diagnostics.get("scale_weighting") or {}).get("bandwidth")
         res = apply_asymptote_rule(df, res, replace(config, bandwidth=bw), fix, tie, prior)
     return _left_out(res, df)
+
+
+def _plain_loss(df) -> bool:
+    """A DataFrame built by hand with a plain ``loss`` column (no ``metric`` column, no metric
+    named in its attrs as load_points names one)."""
+    return isinstance(df, pd.DataFrame) and "loss" in df.columns and \
+        "metric" not in df.columns and not df.attrs.get("metric")
 
 
 def _left_out(res, df):
