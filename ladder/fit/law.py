@@ -27,7 +27,7 @@ from ladder.fit.config import HUBER_DELTA, OBJECTIVES, FitConfig
 from ladder.fit.curve_fit import fit_curve_law
 from ladder.fit.curve_forms import FORMS as _CURVE_LAW_FORMS
 from ladder.fit.estimate import fit_by, fit_spec, select_points
-from ladder.fit.forms import FORMS, Spec, get_form
+from ladder.fit.forms import FORMS, Spec, form_choices, get_form
 from ladder.fit.points import COLUMNS, load_points
 from ladder.fit.prediction import Prediction
 from ladder.fit.result import FitResult, LawResult, extrapolation_rate
@@ -142,8 +142,12 @@ def _spec(form: str, fix: dict, tie: dict) -> Spec:
     if form in CURVE_FORMS:
         raise InputError(f"the {form} form is a schedule-aware curve law (ladder.fit.curve_fit)",
                          field="form")
+    if form == "task":
+        raise InputError("the task form fits in two steps: ladder.fit.fit_task (the CLI: "
+                         "--form task --via LOSS_KEY)", field="form")
     if form not in FORMS:
-        raise InputError(f"unknown form {form!r}; one of auto, {', '.join(FORMS)}", field="form")
+        raise InputError(f"unknown form {form!r}; one of {form_choices()} (*: tried by --form "
+                         "auto)", field="form")
     try:
         return Spec(get_form(form), fix=fix, tie=tie)
     except ValueError as e:
