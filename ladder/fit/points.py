@@ -480,8 +480,7 @@ def points_from_histories(runs: Iterable[WandbHistory], metric: str, sizes: dict
             params = as_float(keymap.value("params", h.summary, h.config))
             active = as_float(keymap.value("active_params", h.summary, h.config)) or math.nan
         else:
-            raise InputError(f"run {name!r}: no rung in its config; give its sizes with --sizes "
-                             f"FILE (run, params, active_params)", path=h.where, field="--sizes")
+            raise _no_sizes(h, name, keymap)
         rows = h.rows if keymap is None else (keymap.row(r) for r in h.rows)
         batches.append((h.where, point_rows(
             rows, metric, run=name, source=h.where, params=params, active_params=active,
@@ -491,6 +490,25 @@ def points_from_histories(runs: Iterable[WandbHistory], metric: str, sizes: dict
     frame, notes = _concat(batches, notes, metric, where=where)
     frame.attrs["targets"] = targets
     return frame, notes
+
+
+def _no_sizes(h: WandbHistory, name: str, keymap) -> InputError:
+    """The error of a W&B run without sizes: another trainer's run (its keys are a built-in key
+    map's) is told to pass ``--keys NAME``; any other run to give ``--sizes``."""
+    from ladder.keymap import recognise
+    if keymap is None:
+        rows = iter(h.rows)
+        first = [r for _, r in zip(range(5), rows)]  # the run is refused: reading it is fine
+        keys = set(h.config) | set(h.summary) | {k for r in first for k in r}
+        found = recognise(keys)
+        if found:
+            maps, hit = found
+            also = f" (or {', '.join(maps[1:])})" if len(maps) > 1 else ""
+            return InputError(f"run {name!r}: no rung in its config, and it logs {maps[0]}'s "
+                              f"keys ({', '.join(hit)}); read it with --keys {maps[0]}{also}",
+                              path=h.where, field="--keys")
+    return InputError(f"run {name!r}: no rung in its config; give its sizes with --sizes "
+                      f"FILE (run, params, active_params)", path=h.where, field="--sizes")
 
 
 def is_wandb_offline_dir(path) -> bool:
