@@ -80,7 +80,11 @@ def parameter_rows(r) -> list[dict]:
             notes.append(f"prior {pr[0]:g} +- {pr[1]:g}")
         if at_bound.get(n):
             notes.append(str(at_bound[n]))
-        notes += list(flags.get(n) or [])
+        # a flag that repeats the bound note adds nothing: the interval's reason is kept
+        notes += [f for f in flags.get(n) or [] if not f.startswith("estimate ")]
+        param = _param(r, n)
+        if param is not None and param.kind == "positive" and abs(v) < UNUSED:
+            notes.append("~0: this factor is unused")
         lo, hi = (as_float(x) for x in iv)
         rows.append({"name": n, "estimate": float(v),
                      "lo": math.nan if lo is None else lo, "hi": math.nan if hi is None else hi,
@@ -89,18 +93,35 @@ def parameter_rows(r) -> list[dict]:
     return rows
 
 
+# a shape factor (a "positive" parameter: fit.forms) below this is at its bound 0, the factor
+# switched off (the solver's exp(u) reaches 1e-17 where the data want none of it)
+UNUSED = 1e-8
+
+
+def _param(r, name: str):
+    """The ladder.fit.forms.Param of ``name`` in a Chinchilla-family law, else None."""
+    spec = getattr(r, "spec", None)
+    try:
+        return spec.form.param(name) if spec is not None else None
+    except KeyError:
+        return None
+
+
 def short_lines(r) -> list[str]:
     """A law in a dozen lines (a notebook's repr, the demo's summary): the form and data, the
     parameter table with identified or not, the fit's error and backtest in one line each;
     ``report()`` has the rest."""
     rows = parameter_rows(r)
     width = max([6] + [len(x["name"]) for x in rows])
-    lines = head_lines(r)[:2] + [f"parameters ({r.level:.0%} intervals):"]
+    head = head_lines(r)[:2]
+    if len(head[0]) > 100:  # a curve form's whole expression: report() has it
+        head[0] = head[0][:96] + " ..."
+    lines = head + [f"parameters ({r.level:.0%} intervals):"]
     for x in rows:
         flag = "" if x["identified"] else "  NOT IDENTIFIED"
-        note = f"  ({x['note']})" if x["note"] else ""
+        note = x["note"] if len(x["note"]) <= 60 else x["note"].split("; ")[0]
         lines.append(f"  {x['name']:>{width}} = {x['estimate']:<11.5g} "
-                     f"[{_g(x['lo'])}, {_g(x['hi'])}]{flag}{note}"[:110])
+                     f"[{_g(x['lo'])}, {_g(x['hi'])}]{flag}" + (f"  ({note})" if note else ""))
     d = r.diagnostics or {}
     fit = []
     if d.get("rmse_log") is not None:
@@ -161,6 +182,8 @@ def fit_lines(r) -> list[str]:
             pr = (r.prior or {}).get(n)
             if pr:
                 tag += f" (prior {pr[0]:g} +- {pr[1]:g})"
+            if r.spec.form.param(n).kind == "positive" and abs(r.params[n]) < UNUSED:
+                tag += " (~0: this factor is unused)"
             tags[n] = tag
         lines += parameter_lines(r, tags, d.get("at_bound", {}),
                                  "fix it with --fix NAME=VALUE or regularise it with --prior "
@@ -198,7 +221,9 @@ def fit_lines(r) -> list[str]:
     if bt:
         lines += _backtest_lines("backtest", bt)
     cmp_ = d.get("trajectory_vs_per_fraction")
-    if cmp_:
+    if cmp_ and not cmp_.get("held_out") and not cmp_.get("better"):
+        lines.append("trajectory vs per-fraction fits: not compared (no rung held out)")
+    elif cmp_:
         lines.append("trajectory vs per-fraction fits (same held-out rungs: "
                      f"{', '.join(cmp_.get('held_out', [])) or 'none'}):")
         for k, v in cmp_.items():
