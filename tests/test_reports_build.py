@@ -455,3 +455,10 @@ def test_the_ladder_figure_draws_the_forecast_from_the_smallest_fitted_fraction(
     first = min(p["tokens"] for p in doc["forecast"] if p["fraction"] >= 0.05)
     assert d.forecast.x.min() == pytest.approx(first)
     assert min(p["fraction"] for p in doc["forecast"]) < 0.05  # the grid itself starts earlier
+    # a law of final points (compute: fitted at fraction 1) reads every point as a run's end
+    doc["law"] = {"form": "compute", "diagnostics": {"fraction_range": [1.0, 1.0]}}
+    doc["law_sha256"] = sha256_of(doc["law"])
+    prereg.write_text(json.dumps(seal({k: v for k, v in doc.items() if k != "sha256"})))
+    inp = load_inputs(runs=runs, prereg=prereg, alerts=alerts)
+    assert forecast_floor(inp) < 1e-6 and len(ladder_data(inp).forecast.x) == \
+        sum(p["tokens"] > 0 for p in doc["forecast"])

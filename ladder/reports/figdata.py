@@ -260,12 +260,15 @@ def _final_points_law(inp: ReportInputs, runs: list[RunData]) -> Curve | None:
 
 
 def forecast_floor(inp: ReportInputs) -> float:
-    """The smallest fraction of a run the law was fitted on (law.json's
-    ``diagnostics.fraction_range``: the pre-registration's law, else the law given), below which
-    its forecast is extrapolated; a tiny positive number when neither says."""
+    """The smallest fraction of a run a law of whole curves (a form with the fraction as an
+    input: fit.forms.CURVES_FORMS) was fitted on (law.json's ``diagnostics.fraction_range``: the
+    pre-registration's law, else the law given), below which its forecast is extrapolated; a
+    tiny positive number when neither says (a law of final points reads every point as a run's
+    end: nothing is below its range)."""
     for law in ((inp.prereg or {}).get("law"), inp.law.meta if inp.law is not None else None):
-        fr = ((law or {}).get("diagnostics") or {}).get("fraction_range") \
-            if isinstance(law, dict) else None
+        if not isinstance(law, dict) or law.get("form") not in CURVES_FORMS:
+            continue
+        fr = (law.get("diagnostics") or {}).get("fraction_range")
         lo = as_float(fr[0]) if isinstance(fr, (list, tuple)) and fr else None
         if lo is not None and 0 < lo <= 1:
             return lo - 1e-9
