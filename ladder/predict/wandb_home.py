@@ -213,6 +213,30 @@ class TeeSource(SourceWrapper):
         return p
 
 
+def previous_live(wandb_dir: Path, run_id: str, current: Path, metric: str) -> dict[int, float]:
+    """The live curve (step -> value) of the last band chart an earlier offline segment of run
+    ``run_id`` under ``wandb_dir`` logged (the segment ``current`` left out); {} when there is
+    none (a first watcher, an online run: its tables are on the server)."""
+    import json
+    live: dict[int, float] = {}
+    segs = sorted(p for p in wandb_dir.glob(f"offline-run-*-{run_id}") if p != current)
+    for seg in reversed(segs):
+        tables = sorted((seg / "files" / "media" / "table").glob(f"{CHART_KEY}_table_*.table.json"),
+                        key=lambda f: int(f.name.split("_")[2]) if f.name.split("_")[2].isdigit()
+                        else -1)
+        if not tables:
+            continue
+        try:
+            data = json.loads(tables[-1].read_text()).get("data") or []
+        except (OSError, ValueError):
+            continue
+        for row in data:
+            if len(row) == 3 and row[1] == f"{metric} (live)" and _finite(row[2]) is not None:
+                live[int(row[0])] = float(row[2])
+        break
+    return live
+
+
 ALERT_COLUMNS = ["time", "step", "fraction", "kind", "severity", "value", "expected", "message"]
 
 
@@ -241,6 +265,10 @@ class WatchRunSink(Sink):
             config={"prereg_sha256": sha, "metric": self.metric,
                     "forecast_run": wandbrun.forecast_run_id(sha)})
         wandbrun.define_axes(self.run, ("watch",))
+        # a watcher restarted with --state reads only what is new: its chart's live curve starts
+        # from the one the run's earlier offline segments logged last
+        self.live.update(previous_live(Path(dir or ".") / "wandb", self.run.id,
+                                       Path(self.run.dir).parent, self.metric))
         # a run resumed online continues at the server's step: rows at or before it were
         # logged by the watcher that ran before (offline the counter restarts at 0)
         resumed = getattr(self.run, "step", 0)
