@@ -138,7 +138,7 @@ import json, resource, sys, time
 tree, prereg, path = sys.argv[1:4]
 sys.path.insert(0, tree)
 from ladder.predict.live import Watcher
-from ladder.predict.sources import JsonlSource
+from ladder.sources import JsonlSource
 doc = json.load(open(prereg))
 src = JsonlSource(path)
 for attr, value in (("cache", False), ("parallel_min_bytes", 1 << 62)):  # older trees

@@ -281,7 +281,7 @@ def main(argv=None):
             json.loads(line)
     t_parse = time.perf_counter() - t0
     from ladder.predict.live import Watcher
-    from ladder.predict.sources import JsonlSource
+    from ladder.sources import JsonlSource
     print(f"   file {size / 1e6:.0f} MB; json.loads of every line alone: {t_parse:.2f} s "
           f"(this machine, now: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f})")
     out["speed"] = {"lines": args.lines, "bare_parse_s": t_parse}

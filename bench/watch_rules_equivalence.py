@@ -37,7 +37,7 @@ def record(out_path: str) -> None:
     try:  # beside ladder.predict.prereg's build since issue 25, among the commands before
         from ladder.predict.prereg import make_prereg
     except ImportError:
-        from ladder.predict.commands import make_prereg
+        from ladder.cli.predict import make_prereg
     from ladder.predict.watch import WatchConfig, check
 
     truth = sy.Truth()

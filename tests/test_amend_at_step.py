@@ -18,10 +18,10 @@ from helpers import run_cli, watch_world
 
 from ladder.io import InputError, read_json
 from ladder.predict import prereg as pr
-from ladder.predict.commands import at_step_prereg, watch_verdict
+from ladder.cli.predict import at_step_prereg, watch_verdict
 from ladder.predict.live import Watcher
 from ladder.predict.prereg import make_prereg
-from ladder.predict.sources import open_source
+from ladder.sources import open_source
 
 M_TRUE = 2.0
 METRIC = "eval_dropless/loss"

@@ -117,7 +117,7 @@ def test_cli_preregister_verify_watch_with_a_fitted_law(fitted_law, tmp_path, ca
     assert code == 0
     # the unamended forecast, on its own, no longer applies (data tag): exit 3, not a false alarm
     from ladder.predict.live import Watcher
-    from ladder.predict.sources import JsonlSource
+    from ladder.sources import JsonlSource
     w = Watcher(pr.load(out), JsonlSource(m / "metrics.jsonl"), [], None)
     w.poll()
     assert w.exit_code == 3

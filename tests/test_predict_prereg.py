@@ -186,9 +186,9 @@ def test_cli_reason_without_amend_is_a_usage_error(tmp_path):
 def test_predict_never_imports_jax():
     import subprocess
     import sys
-    code = ("import sys; import ladder.predict.commands, ladder.predict.live, "
+    code = ("import sys; import ladder.cli.predict, ladder.predict.live, "
             "ladder.predict.sinks, "
-            "ladder.predict.sources, ladder.predict.forecast, ladder.predict.prereg, "
+            "ladder.sources, ladder.predict.forecast, ladder.predict.prereg, "
             "ladder.predict.watch, ladder.predict.synthetic; "
             "from ladder.cli.main import main; "
             "print('jax' in sys.modules)")

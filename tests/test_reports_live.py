@@ -22,7 +22,7 @@ from ladder.predict import prereg as pr
 from ladder.predict import synthetic as sy
 from ladder.predict.live import Watcher
 from ladder.predict.prereg import make_prereg
-from ladder.predict.sources import JsonlSource
+from ladder.sources import JsonlSource
 from ladder.reports.live import Downsampled, LivePage
 
 TRUTH = sy.Truth()

@@ -22,7 +22,7 @@ from hypothesis import strategies as hs
 from ladder.cli.main import main as cli_main
 from ladder.predict import prereg as pr
 from ladder.predict import synthetic as sy
-from ladder.predict.commands import make_prereg
+from ladder.cli.predict import make_prereg
 from ladder.predict.watch import (
     RULES,
     STATE_SCHEMA,
