@@ -50,7 +50,7 @@ GROUPS = ("embed", "attn_q", "attn_kv", "attn_o", "router", "router_bias", "expe
 def target_and_prereg(lines: int):
     """The synthetic truth, a target of ``lines`` steps and its pre-registration."""
     from ladder.predict import forecast as fc
-    from ladder.predict import synthetic as sy
+    from tests import synthetic as sy
     from ladder.predict.prereg import make_prereg
     truth = sy.Truth()
     base = sy.ladder_targets(8, ratio=2.5, steps0=80)[7]

@@ -3,7 +3,7 @@ unchanged; from S on it is anchored on the run and moved by the change's evidenc
 follows it from S on and says so; a declared change of data tag no longer stops the watch, an
 undeclared one still does; old pre-registrations keep reading; bad --at-step values are refused.
 
-The run is synthetic with a known truth (ladder.predict.synthetic): the target of the watcher tests,
+The run is synthetic with a known truth (tests/synthetic.py): the target of the watcher tests,
 which switches at S = 30% of its steps to a recipe worth ``M`` times the compute, i.e. from S on
 each unit of compute counts M times (its loss is the truth at the effective compute)."""
 

@@ -99,7 +99,7 @@ def test_the_core_install_leaves_statsmodels_out():
 
 
 def test_report_of_a_csv_fitted_law_draws_its_points(tmp_path, capsys):
-    from ladder.predict import synthetic as sy
+    from tests import synthetic as sy
     from ladder.reports import plots
     from ladder.reports.inputs import load_inputs
     pts = sy.points_table([sy.make_run(sy.Truth(), t, seed=i)

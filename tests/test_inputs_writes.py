@@ -25,7 +25,7 @@ from ladder.io import (
     staged_dir,
 )
 from ladder.predict import prereg as pr
-from ladder.predict import synthetic as sy
+from tests import synthetic as sy
 from ladder.predict.prereg import make_prereg
 
 TARGET = sy.ladder_targets(4, steps0=150)[-1]

@@ -15,7 +15,7 @@ from ladder.cli.main import main
 from ladder.io import InputError
 from ladder.sources.keymap import load_keymap, parse_keymap
 from ladder.predict import prereg as pr
-from ladder.predict import synthetic as sy
+from tests import synthetic as sy
 from ladder.predict.prereg import make_prereg
 
 TRUTH = sy.Truth()

@@ -41,7 +41,7 @@ def test_fresh_core_install_fits_a_csv_without_jax(tmp_path):
     assert r.returncode != 0
 
     sys.path.insert(0, str(ROOT))
-    from ladder.predict import synthetic as sy
+    from tests import synthetic as sy
     pts = sy.points_table([sy.make_run(sy.Truth(), t, seed=i)
                            for i, t in enumerate(sy.ladder_targets(5, steps0=60))])
     work = tmp_path / "work"

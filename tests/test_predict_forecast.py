@@ -11,7 +11,7 @@ from ladder.io import atomic_write_json, read_json
 from ladder.predict import band
 from ladder.predict import forecast as fc
 from ladder.predict import prereg as pr
-from ladder.predict import synthetic as sy
+from tests import synthetic as sy
 
 TRUTH = sy.Truth()
 NOISE = sy.RunNoise(run_sigma=0.005, eval_sigma=0.004)

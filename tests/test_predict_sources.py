@@ -15,7 +15,7 @@ from helpers import watch_world, write_jsonl
 
 from ladder.cli.main import main
 from ladder.predict import prereg as pr
-from ladder.predict import synthetic as sy
+from tests import synthetic as sy
 from ladder.predict.live import Watcher
 from ladder.predict.prereg import make_prereg
 from ladder.predict.sinks import WandbAlertSink, WebhookSink

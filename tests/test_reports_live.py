@@ -19,7 +19,7 @@ from conftest import chromium_dom
 
 from ladder.cli.main import main
 from ladder.predict import prereg as pr
-from ladder.predict import synthetic as sy
+from tests import synthetic as sy
 from ladder.predict.live import Watcher
 from ladder.predict.prereg import make_prereg
 from ladder.sources import JsonlSource

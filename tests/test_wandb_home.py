@@ -14,7 +14,7 @@ from ladder.cli.main import main
 from ladder.io import read_metrics
 from ladder.predict import forecast as fc
 from ladder.predict import prereg as pr
-from ladder.predict import synthetic as sy
+from tests import synthetic as sy
 from ladder.predict.prereg import make_prereg
 from ladder.sources import WandbOfflineSource, read_wandb_records
 from ladder.predict.watch import config_difference

@@ -21,7 +21,7 @@ from hypothesis import strategies as hs
 
 from ladder.cli.main import main as cli_main
 from ladder.predict import prereg as pr
-from ladder.predict import synthetic as sy
+from tests import synthetic as sy
 from ladder.cli.predict import make_prereg
 from ladder.predict.watch import (
     RULES,
