@@ -134,7 +134,7 @@ def test_the_page_of_a_restarted_watcher_reads_the_run_once_for_its_history(arti
     with open(src, "a") as f:
         f.writelines(json.dumps(r) + "\n" for r in rest)
     w = Watcher(prereg, JsonlSource(src), [], state)
-    page = LivePage.for_watcher(w, port=0, history=lambda: JsonlSource(src))
+    page = LivePage.for_watcher(w, port=0, source=str(src))
     try:
         page.feed.history_thread.join(60)
         w.poll()

@@ -556,14 +556,10 @@ def _alert_sinks(args, source, webhook, *, as_json: bool) -> list:
 def _serve(args, w, keymap):
     """The ``--serve`` page of a watch (None without --serve)."""
     from ladder.reports.live import LivePage
-    from ladder.sources import KeyMappedSource, open_source
     if not getattr(args, "serve", False):
         return None
-
-    def history():  # a fresh read of the run for the page of a restarted watcher
-        fresh = open_source(args.source)
-        return KeyMappedSource(fresh, keymap) if keymap is not None else fresh
-    server = LivePage.for_watcher(w, port=args.port, history=history)
+    # a restarted watcher's page reads the run once more from its start (the --source again)
+    server = LivePage.for_watcher(w, port=args.port, source=args.source, keymap=keymap)
     log.warning(f"ladder watch: live page on {server.url}")
     return server
 
