@@ -495,7 +495,7 @@ def points_from_histories(runs: Iterable[WandbHistory], metric: str, sizes: dict
 def _no_sizes(h: WandbHistory, name: str, keymap) -> InputError:
     """The error of a W&B run without sizes: another trainer's run (its keys are a built-in key
     map's) is told to pass ``--keys NAME``; any other run to give ``--sizes``."""
-    from ladder.keymap import recognise
+    from ladder.sources.keymap import recognise
     if keymap is None:
         rows = iter(h.rows)
         first = [r for _, r in zip(range(5), rows)]  # the run is refused: reading it is fine

@@ -89,7 +89,7 @@ def forecast_rows(inp: ReportInputs) -> list[dict]:
     return rows
 
 
-# the note a watcher started before its run writes (ladder.predict.sources: "PATH: not there
+# the note a watcher started before its run writes (ladder.sources: "PATH: not there
 # (yet); waiting"): once the run has logged, it was start-up, not something to act on
 WAITING = "not there (yet)"
 
