@@ -462,3 +462,20 @@ def test_the_ladder_figure_draws_the_forecast_from_the_smallest_fitted_fraction(
     inp = load_inputs(runs=runs, prereg=prereg, alerts=alerts)
     assert forecast_floor(inp) < 1e-6 and len(ladder_data(inp).forecast.x) == \
         sum(p["tokens"] > 0 for p in doc["forecast"])
+
+
+def test_the_law_table_says_fixed_and_not_identified(tmp_path):
+    """The report's parameter table is the law's own (ladder.fit.report.parameter_rows): a
+    fixed E says so (the asymptote rule's centre is often a fixed E)."""
+    import pandas as pd
+
+    from ladder.fit import fit_law
+    from ladder.reports.tables import law_rows
+    C = np.geomspace(1e17, 1e20, 6)
+    df = pd.DataFrame({"run": [f"r{i}" for i in range(6)], "compute": C,
+                       "loss": 1.9 + 300 * C ** -0.14})
+    law = fit_law(df, form="compute", fix={"E": 1.9}, bootstrap=0, backtest=False)
+    path = tmp_path / "law.json"
+    path.write_text(json.dumps(law.to_json()))
+    rows = {r["parameter"]: r for r in law_rows(load_inputs(law=path))}
+    assert rows["E"]["note"] == "fixed" and rows["alpha"]["note"] == ""

@@ -48,11 +48,24 @@ def law_rows(inp: ReportInputs) -> list[dict]:
         return []
     iv = param_intervals(inp.law.meta)
     fixed = inp.law.meta.get("fixed") if isinstance(inp.law.meta.get("fixed"), dict) else {}
+    # the law's own table where it was rebuilt (fixed, tied, at a bound, identified or not:
+    # ladder.fit.report.parameter_rows, what a notebook shows)
+    own = {}
+    if inp.law.obj is not None and hasattr(inp.law.obj, "identifiability"):
+        from ladder.fit.report import parameter_rows
+        try:
+            own = {r["name"]: r for r in parameter_rows(inp.law.obj)}
+        except (AttributeError, KeyError, TypeError, ValueError):
+            own = {}
     rows = []
     for name, value in inp.law.params.items():
         v = as_float(value)
         lo, hi = iv.get(name, (None, None))
         note = "fixed" if name in fixed else ("" if name in iv else "no interval in law.json")
+        mine = own.get(name)
+        if mine is not None:
+            note = "; ".join(x for x in (mine["note"] or note, "" if mine["identified"]
+                                         else "NOT IDENTIFIED") if x)
         rows.append({"parameter": name, "value": num(v, 5), "lo": num(lo, 5), "hi": num(hi, 5),
                      "note": note})
     return rows
