@@ -30,6 +30,7 @@ checkout's).
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import importlib
 import json
@@ -159,24 +160,79 @@ def e_fraction_prior(ctx: dict) -> dict:
     ladder out)."""
     fr = [r["E_fraction"] for name, r in ctx["others"].items()
           if r.get("E_fraction") is not None and math.isfinite(r["E_fraction"])]
+    base = _no_band_prior(asymptote_rule=False, scale_weighting=False)(ctx)
     if len(fr) < 2:
-        return {"asymptote_rule": False, "scale_weighting": False}
+        return base
     m, s = float(np.mean(fr)), float(np.std(fr, ddof=1))
     lmin = float(ctx["fit"]["loss"].min())
+    return dict(base, prior={"E": (m * lmin, s * lmin)}, _learned={"E_fraction": (m, s)})
+
+
+def _median_of_others(ctx: dict, key: str) -> float | None:
+    v = [r["band_terms"][key] for r in ctx["others"].values()
+         if (r.get("band_terms") or {}).get(key) is not None
+         and math.isfinite(r["band_terms"][key])]
+    return float(np.median(v)) if v else None
+
+
+def learned_band_prior(ctx: dict) -> dict | None:
+    """The band prior of ladder.fit.law.BAND_PRIOR, its centres the medians over the OTHER
+    ladders' own terms (their plain fits), leave one ladder out; its weight the library's."""
+    import ladder.fit.law as law
+    if not hasattr(law, "BAND_PRIOR"):      # code before the band prior (35366f1)
+        return None
+    noise, rate = _median_of_others(ctx, "noise_log_sd"), _median_of_others(ctx, "rate")
+    if noise is None or rate is None:
+        return None
+    return {"noise_log_sd": noise, "rate": rate, "weight": law.BAND_PRIOR_WEIGHT,
+            "source": "leave-one-ladder-out"}
+
+
+def defaults_lolo(ctx: dict) -> dict:
+    """fit_law's defaults, with what the library learned from these ladders (its band prior)
+    replaced by the same thing learned without the ladder being scored."""
+    bp = learned_band_prior(ctx)
+    return {} if bp is None else {"band_prior": bp, "_learned": {"band_prior": bp}}
+
+
+def band_prior_only(ctx: dict) -> dict:
+    bp = learned_band_prior(ctx)
     return {"asymptote_rule": False, "scale_weighting": False,
-            "prior": {"E": (m * lmin, s * lmin)}, "_learned": {"E_fraction": (m, s)}}
+            **({} if bp is None else {"band_prior": bp, "_learned": {"band_prior": bp}})}
+
+
+def e_and_band_prior(ctx: dict) -> dict:
+    kw, bp = e_fraction_prior(ctx), learned_band_prior(ctx)
+    if bp is not None:
+        kw["band_prior"] = bp
+        kw["_learned"] = dict(kw.get("_learned") or {}, band_prior=bp)
+    return kw
+
+
+def _no_band_prior(**kw) -> Callable[[dict], dict]:
+    """Fixed keywords, and no band prior where the library has one (the ladder's own band)."""
+    def kwargs(ctx):
+        import ladder.fit.law as law
+        return dict(kw, **({"band_prior": False} if hasattr(law, "BAND_PRIOR") else {}))
+    return kwargs
 
 
 VARIANTS = {v.name: v for v in (
-    Variant("defaults", "fit_law's defaults in the code under test", _fixed()),
+    Variant("defaults", "fit_law's defaults in the code under test (anything they learned "
+            "from these ladders learned leave-one-ladder-out)", defaults_lolo,
+            learns_from="plain"),
     Variant("rules", "35366f1's stack: form auto + scale weights + asymptote rule",
-            _fixed(asymptote_rule=True, scale_weighting=True)),
-    Variant("plain", "form auto, no scale weights, no asymptote rule",
-            _fixed(asymptote_rule=False, scale_weighting=False)),
+            _no_band_prior(asymptote_rule=True, scale_weighting=True)),
+    Variant("plain", "form auto, no scale weights, no asymptote rule, the ladder's own band",
+            _no_band_prior(asymptote_rule=False, scale_weighting=False)),
     Variant("no-weights", "form auto + asymptote rule, no scale weights",
-            _fixed(asymptote_rule=True, scale_weighting=False)),
+            _no_band_prior(asymptote_rule=True, scale_weighting=False)),
     Variant("e-prior", "form auto + a prior on E / smallest loss learned on the other ladders "
             "(plain fits), no rules", e_fraction_prior, learns_from="plain"),
+    Variant("band-prior", "plain + the band prior learned on the other ladders",
+            band_prior_only, learns_from="plain"),
+    Variant("e+band-prior", "plain + the E prior + the band prior, both learned on the other "
+            "ladders", e_and_band_prior, learns_from="plain"),
 )}
 
 
@@ -194,6 +250,7 @@ class LadderScore:
     seconds: float = 0.0
     error: str | None = None
     learned: dict | None = None
+    band_terms: dict | None = None
 
     @property
     def ok(self) -> bool:
@@ -224,7 +281,7 @@ class LadderScore:
     def to_json(self) -> dict:
         return {k: getattr(self, k) for k in ("ladder", "variant", "y", "pred", "lo", "hi",
                                                 "form", "E_fraction", "seconds", "error",
-                                                "learned")}
+                                                "learned", "band_terms")}
 
 
 def _query(df, fit_df) -> dict:
@@ -258,18 +315,27 @@ def score_ladder(name: str, fit_df, targets, variant: Variant, ctx: dict) -> Lad
     out.hi = [float(v) for v in np.broadcast_to(p.hi, len(targets))]
     d = r.diagnostics or {}
     out.form = str((d.get("auto") or {}).get("chosen", r.form))
+    if hasattr(r, "band_terms"):
+        out.band_terms = r.band_terms(1 - ALPHA)
     if "E" in r.params:
         out.E_fraction = float(r.params["E"]) / float(fit_df["loss"].min())
     return out
 
 
 # ----------------------------------------------------------------------------- cache
+@functools.cache
 def _code_key() -> str:
-    """The source of ladder/fit/ as imported (this checkout's or --old-tree's), hashed."""
+    """The source of ladder/fit/ as imported (this checkout's or --old-tree's), hashed once, at
+    the first fit (a file edited during a run does not re-key what the run computed)."""
     import ladder.fit as pkg
     h = hashlib.sha256()
     for f in sorted(Path(pkg.__file__).parent.glob("*.py")):
-        h.update(f.name.encode() + f.read_bytes())
+        # not the library's band prior centres (ladder.fit.law.BAND_PRIOR, one line): learned
+        # from these ladders' plain fits, they are read by no variant (each uses its own
+        # leave-one-ladder-out value, or none), so writing them re-keys nothing
+        src = b"\n".join(x for x in f.read_bytes().splitlines()
+                          if not x.startswith(b"BAND_PRIOR = "))
+        h.update(f.name.encode() + src)
     return h.hexdigest()[:16]
 
 
@@ -293,7 +359,8 @@ def run_variant(variant: Variant, ladders: dict, cache: Path | None, log=print,
             continue
         fit_df, targets = ladders[proto.ladder]
         ctx = {"others": {k: v for k, v in others.items() if k != proto.ladder}}
-        extra = json.dumps(sorted((k, v.get("E_fraction")) for k, v in ctx["others"].items()))
+        extra = json.dumps(sorted((k, v.get("E_fraction"), v.get("band_terms"))
+                                  for k, v in ctx["others"].items()))
         path = _cache_path(cache, variant, proto.ladder, extra) if cache else None
         if path is not None and path.exists():
             out[proto.ladder] = LadderScore(**json.loads(path.read_text()))

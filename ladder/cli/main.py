@@ -309,16 +309,16 @@ def _fit_command(sub) -> None:
                    help="parameter count of the chinchilla form (default: %(default)s)")
     s.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: %(default)s)")
     s.add_argument("--free-asymptote", action="store_true",
-                   help="keep E free even on a short ladder (<= 5 sizes) that does not "
-                        "identify it (default: also fit a prior and a fixed-E variant and "
-                        "choose by rollout backtest)")
+                   help="keep E free (the default since issue 35: the short-ladder "
+                        "asymptote rule is opt-in, ladder.fit.law.fit_law(asymptote_rule=True); "
+                        "kept so old command lines run)")
     s.add_argument("--include-target", action="store_true",
                    help="fit a runs directory's target rung too (default: left out, and said so: "
                         "it is the run the law forecasts)")
     s.add_argument("--equal-weights", action="store_true",
-                   help="weight every run alike (default: where the rollout backtest says it "
-                        "forecasts the largest runs better, weight runs by their decades of "
-                        "compute below the largest one)")
+                   help="weight every run alike (the default since issue 35: scale weights "
+                        "are opt-in, ladder.fit.law.fit_law(scale_weighting=True); kept so old "
+                        "command lines run)")
     s.add_argument("--allow-unconverged", action="store_true",
                    help="write the law even when the best start did not converge (default: "
                         "refuse, exit 65)")

@@ -161,8 +161,10 @@ def _fit_options(args) -> dict:
             "bootstrap": args.bootstrap, "level": args.level, "seed": args.seed,
             "params_column": args.params_column, "objective": args.objective,
             "prior": _priors(args.prior),
-            "asymptote_rule": not getattr(args, "free_asymptote", False),
-            "scale_weighting": not getattr(args, "equal_weights", False)}
+            # the devices are opt-in in fit_law (None: its default, off); the flags keep old
+            # command lines running and still turn them off
+            "asymptote_rule": False if getattr(args, "free_asymptote", False) else None,
+            "scale_weighting": False if getattr(args, "equal_weights", False) else None}
 
 
 def _check_converged(args, res) -> None:
@@ -403,8 +405,8 @@ def compare_main(args, *, offline_points=None, figures=None) -> int:
         at, at_source = args.target_compute
     metrics = _compare_metrics(args)
     fit_opts = {"fix": _pairs(args.fix, "--fix", True), "objective": args.objective,
-                "asymptote_rule": not args.free_asymptote,
-                "scale_weighting": not args.equal_weights}
+                "asymptote_rule": False if args.free_asymptote else None,
+                "scale_weighting": False if args.equal_weights else None}
     sizes = getattr(args, "sizes", None)
     results, caught_all = {}, []
     for metric in metrics:

@@ -53,19 +53,28 @@ def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = 
             by: str | None = None, bootstrap: int = 200, level: float = 0.9, seed: int = 0,
             params_column: str = "params", metric: str | None = None,
             delta: float = HUBER_DELTA, backtest: bool = True, objective: str = "huber",
-            prior: dict | None = None, asymptote_rule: bool = True,
-            scale_weighting: bool = True) -> FitResult:
+            prior: dict | None = None, asymptote_rule: bool | None = None,
+            scale_weighting: bool | None = None,
+            band_prior: dict | bool | None = None) -> FitResult:
     """Fit ``form`` to the points table ``df`` (from :func:`fit.load_points`).
 
     ``objective``: "huber" (summed Huber of log residuals, the default) or "ols" (least squares
     of log(L - E) on log C, E fixed: the real ladder's own fit). ``prior``: {name: (mean, sd)}
     in natural units, a Gaussian penalty on those parameters (see :class:`_Problem`).
+    The estimates are the form's own estimator (``--form chinchilla``: Epoch's refit); the
+    forecast-only devices below change them only when asked for (opt-in, None = off: on
+    bench/scoreboard.py neither earned its place, docs/scoreboard.md), and a law they changed
+    says so in ``diagnostics.forecast_layer``.
     ``asymptote_rule``: on a short ladder that leaves E unidentified, choose among free, prior
     and fixed-E variants by rollout backtest (``ladder.fit.select.asymptote_rule``).
     ``scale_weighting``: also fit the chosen form with weights that fall off with a run's
     decades below the largest run, and keep them where the rollout backtest says they predict
     the largest runs better (``ladder.fit.select.scale_weight_rule``); the asymptote rule then fits
-    its variants with the same weights."""
+    its variants with the same weights.
+    ``band_prior``: the band's forecast layer (it moves no estimate): the noise and
+    extrapolation terms the ladder measures, pooled with their values across the public
+    ladders (``BAND_PRIOR``; ladder.fit.result.band_prior_of). None: ``BAND_PRIOR``; False:
+    the ladder's own terms alone; a dict: that prior."""
     if not isinstance(df, pd.DataFrame) or not set(COLUMNS) <= set(df.columns):
         df = load_points(df, metric)  # files, or a bare DataFrame: normalise and clean it
     largest = len(df) if by is None or by not in df.columns or not len(df) else \
@@ -97,12 +106,55 @@ def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = 
         res = fit_auto(df, fix, tie, config)
     else:
         res = fit_one(df, _spec(form, fix, tie), config)
+    plain = res
     if scale_weighting and objective == "huber" and backtest and isinstance(res, FitResult):
         res = apply_scale_weight_rule(df, res, config, prior)
     if asymptote_rule and objective == "huber" and backtest and isinstance(res, FitResult):
         bw = (res.diagnostics.get("scale_weighting") or {}).get("bandwidth")
         res = apply_asymptote_rule(df, res, replace(config, bandwidth=bw), fix, tie, prior)
+    if isinstance(res, FitResult):
+        res = _forecast_layer(res, plain, band_prior)
     return _left_out(res, df)
+
+
+# The band's prior (ladder.fit.result.band_prior_of): medians over the 12 public ladders of
+# bench/scoreboard.py of each ladder's own measured terms (its plain fit: form auto, no rule, no
+# weights): the run-to-run noise as a log sd, the extrapolation error per decade. weight: the
+# observations the prior is worth, 9: the fewest a 90% residual quantile can rank
+# (m >= level / (1 - level), ladder.fit.result.FitResult.noise_half_width), fixed before scoring.
+# The scoreboard learns these leave-one-ladder-out (no ladder is scored by a prior it informed).
+BAND_PRIOR_WEIGHT = 9.0
+BAND_PRIOR = {"noise_log_sd": 0.0, "rate": 0.0, "weight": BAND_PRIOR_WEIGHT, "source": "bench/scoreboard.py: medians over its 12 public ladders' plain fits"}  # noqa: E501
+
+
+def _forecast_layer(res, plain, band_prior) -> FitResult:
+    """``res`` with its forecast layer on record (``diagnostics.forecast_layer``): the band's
+    prior, and where a device (scale weights, the asymptote rule) moved the estimates, the
+    form's own estimates beside them, so law.json and the report say which numbers are which."""
+    layer = {}
+    if band_prior is None or band_prior is True:
+        band_prior = BAND_PRIOR
+    if band_prior:
+        res.diagnostics["band_prior"] = dict(band_prior)
+        layer["band"] = ("noise and extrapolation terms pooled with their cross-ladder values "
+                         "(diagnostics.band_prior); the estimates are not moved")
+    devices = [k for k in ("scale_weighting", "asymptote_rule")
+               if (res.diagnostics.get(k) or {}).get("applied")
+               and (res.diagnostics.get(k) or {}).get("chosen") not in (None, "free",
+                                                                         "equal weights")]
+    if devices and res is not plain:
+        layer["devices"] = devices
+        layer["estimator_params"] = {k: float(v) for k, v in plain.params.items()}
+        layer["estimates"] = ("params are the forecast's (moved by " + ", ".join(devices)
+                              + "); the form's own estimator gave estimator_params")
+        if "allocation" in plain.diagnostics:
+            # an allocation sizes a run: it is the form's exponents', never a device's
+            res.diagnostics["allocation"] = dict(plain.diagnostics["allocation"],
+                                                 source="the form's own estimator")
+    else:
+        layer["estimates"] = "params are the form's own estimator"
+    res.diagnostics["forecast_layer"] = layer
+    return res
 
 
 def _left_out(res, df):
