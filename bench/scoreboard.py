@@ -18,13 +18,17 @@ prior's centre, a width) is learned leave-one-ladder-out: the ladder being score
 its own variant. Per-ladder results are cached (keyed by the variant, the ladder, and the source
 of ladder/fit/), so a second run only fits what changed.
 
-    python bench/scoreboard.py [--variant NAME ...] [--ladders SUBSTRING ...] [--out docs/scoreboard.md]
-    python bench/scoreboard.py --old-tree DIR --variant defaults --json OUT.json   # 35366f1's code
+    python bench/scoreboard.py [--variant NAME ...] [--ladders SUBSTRING ...] \
+        [--baseline-json LABEL=PATH] [--out docs/scoreboard.md] [--json OUT.json]
 
-``--old-tree DIR``: run the variants with ladder/fit/ and ladder/predict/ of an old checkout
-whose packages were the top-level fit/ and predict/ (35366f1: ``git worktree add DIR 35366f1``);
-an import shim maps ``ladder.fit`` onto its ``fit`` (this file and bench/accuracy.py stay this
-checkout's).
+35366f1's code (its packages were the top-level fit/ and predict/):
+
+    git archive 35366f1 fit predict model ladder | tar -x -C /tmp/old35
+    SCOREBOARD_OLD_TREE=/tmp/old35 python bench/scoreboard.py --variant defaults --json old.json
+
+SCOREBOARD_OLD_TREE: an import shim maps ``ladder.fit`` and ``ladder.predict`` onto that tree's
+``fit`` and ``predict`` (this file and bench/accuracy.py stay this checkout's); its --json
+output goes beside the current code's with ``--baseline-json 35366f1=old.json``.
 """
 
 from __future__ import annotations
