@@ -124,7 +124,7 @@ def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = 
 # (m >= level / (1 - level), ladder.fit.result.FitResult.noise_half_width), fixed before scoring.
 # The scoreboard learns these leave-one-ladder-out (no ladder is scored by a prior it informed).
 BAND_PRIOR_WEIGHT = 9.0
-BAND_PRIOR = {"noise_log_sd": 0.0, "rate": 0.0, "weight": BAND_PRIOR_WEIGHT, "source": "bench/scoreboard.py: medians over its 12 public ladders' plain fits"}  # noqa: E501
+BAND_PRIOR = {"noise_log_sd": 0.00628, "rate": 0.0401, "weight": BAND_PRIOR_WEIGHT, "source": "bench/scoreboard.py: medians over its 12 public ladders' plain fits"}  # noqa: E501
 
 
 def _forecast_layer(res, plain, band_prior) -> FitResult:
