@@ -164,7 +164,7 @@ def e_fraction_prior(ctx: dict) -> dict:
     ladder out)."""
     fr = [r["E_fraction"] for name, r in ctx["others"].items()
           if r.get("E_fraction") is not None and math.isfinite(r["E_fraction"])]
-    base = _no_band_prior(asymptote_rule=False, scale_weighting=False)(ctx)
+    base = {"asymptote_rule": False, "scale_weighting": False}
     if len(fr) < 2:
         return base
     m, s = float(np.mean(fr)), float(np.std(fr, ddof=1))
@@ -192,13 +192,6 @@ def learned_band_prior(ctx: dict) -> dict | None:
             "source": "leave-one-ladder-out"}
 
 
-def defaults_lolo(ctx: dict) -> dict:
-    """fit_law's defaults, with what the library learned from these ladders (its band prior)
-    replaced by the same thing learned without the ladder being scored."""
-    bp = learned_band_prior(ctx)
-    return {} if bp is None else {"band_prior": bp, "_learned": {"band_prior": bp}}
-
-
 def band_prior_only(ctx: dict) -> dict:
     bp = learned_band_prior(ctx)
     return {"asymptote_rule": False, "scale_weighting": False,
@@ -213,24 +206,16 @@ def e_and_band_prior(ctx: dict) -> dict:
     return kw
 
 
-def _no_band_prior(**kw) -> Callable[[dict], dict]:
-    """Fixed keywords, and no band prior where the library has one (the ladder's own band)."""
-    def kwargs(ctx):
-        import ladder.fit.law as law
-        return dict(kw, **({"band_prior": False} if hasattr(law, "BAND_PRIOR") else {}))
-    return kwargs
-
-
 VARIANTS = {v.name: v for v in (
-    Variant("defaults", "fit_law's defaults in the code under test (anything they learned "
-            "from these ladders learned leave-one-ladder-out)", defaults_lolo,
-            learns_from="plain"),
+    Variant("defaults", "fit_law's defaults in the code under test (they learn nothing from "
+            "these ladders; a default that did would be scored leave-one-ladder-out, as the "
+            "prior variants below are)", _fixed()),
     Variant("rules", "35366f1's stack: form auto + scale weights + asymptote rule",
-            _no_band_prior(asymptote_rule=True, scale_weighting=True)),
-    Variant("plain", "form auto, no scale weights, no asymptote rule, the ladder's own band",
-            _no_band_prior(asymptote_rule=False, scale_weighting=False)),
+            _fixed(asymptote_rule=True, scale_weighting=True)),
+    Variant("plain", "form auto, no scale weights, no asymptote rule",
+            _fixed(asymptote_rule=False, scale_weighting=False)),
     Variant("no-weights", "form auto + asymptote rule, no scale weights",
-            _no_band_prior(asymptote_rule=True, scale_weighting=False)),
+            _fixed(asymptote_rule=True, scale_weighting=False)),
     Variant("e-prior", "form auto + a prior on E / smallest loss learned on the other ladders "
             "(plain fits), no rules", e_fraction_prior, learns_from="plain"),
     Variant("band-prior", "plain + the band prior learned on the other ladders",

@@ -348,7 +348,8 @@ def test_short_ladder_with_an_unidentified_asymptote_uses_the_asymptote_rule():
     """4 rungs over 2 decades, 0.3% noise: the free fit cannot place E (its interval reaches
     the lower bound). The default fits the prior and fixed-E variants too, records the choice,
     and its band (pooling the defensible variants) covers the truth 100x beyond the data.
-    (Opt-in since issue 35: fit_law(asymptote_rule=True); bench/scoreboard.py.)"""
+    (A named form is its own estimator unless asked: fit_law(asymptote_rule=True), issue 35;
+    with --form auto it is on by default.)"""
     df = _short_ladder(seed=3)
     free = fit_law(df, form="compute", bootstrap=100)
     assert "E" in free.diagnostics["identifiability"]["unidentified"]

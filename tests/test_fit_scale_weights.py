@@ -44,7 +44,7 @@ def _ladder():
 def _fit(df, **kw):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        # the rule is opt-in since issue 35 (bench/scoreboard.py); these tests are of the rule,
+        # a named form is its own estimator unless asked (issue 35); these tests are of the rule,
         # and X below is measured by the ladder's own band (no cross-ladder band prior)
         return fit_law(df, form="chinchilla", tie={"alpha": "beta"}, bootstrap=0,
                        **{"scale_weighting": True, "band_prior": False, **kw})
@@ -113,9 +113,8 @@ def test_one_se_choice_takes_the_simplest_within_one_standard_error():
 
 
 def test_cli_fits_the_plain_estimator_and_equal_weights_is_the_same(tmp_path):
-    """`ladder fit` gives the form's own estimator (issue 35: the scale weights are opt-in,
-    fit_law(scale_weighting=True)); --equal-weights, kept so old command lines run, gives
-    the same law."""
+    """`ladder fit --form NAME` gives the form's own estimator (issue 35: the scale weights
+    are the forecast's, on for --form auto only); --equal-weights gives the same law."""
     import contextlib
     import io
 

@@ -161,8 +161,8 @@ def _fit_options(args) -> dict:
             "bootstrap": args.bootstrap, "level": args.level, "seed": args.seed,
             "params_column": args.params_column, "objective": args.objective,
             "prior": _priors(args.prior),
-            # the devices are opt-in in fit_law (None: its default, off); the flags keep old
-            # command lines running and still turn them off
+            # None: fit_law's default (the forecast devices on for --form auto only, a named
+            # form its own estimator); the flags turn them off
             "asymptote_rule": False if getattr(args, "free_asymptote", False) else None,
             "scale_weighting": False if getattr(args, "equal_weights", False) else None}
 

@@ -61,20 +61,22 @@ def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = 
     ``objective``: "huber" (summed Huber of log residuals, the default) or "ols" (least squares
     of log(L - E) on log C, E fixed: the real ladder's own fit). ``prior``: {name: (mean, sd)}
     in natural units, a Gaussian penalty on those parameters (see :class:`_Problem`).
-    The estimates are the form's own estimator (``--form chinchilla``: Epoch's refit); the
-    forecast-only devices below change them only when asked for (opt-in, None = off: on
-    bench/scoreboard.py neither earned its place, docs/scoreboard.md), and a law they changed
-    says so in ``diagnostics.forecast_layer``.
+    A named form (``--form chinchilla``) gives that form's own estimator: Epoch's refit. The
+    forecast-only devices below (None: on for ``form="auto"``, the forecast default, off for a
+    named form; True/False: as asked) move the estimates only in that forecast layer, and a law
+    they moved keeps the form's own estimates and allocation beside them in
+    ``diagnostics.forecast_layer`` (docs/scoreboard.md: on the public ladders the devices earn
+    their place in the forecast, 0.174 -> 0.124 aggregate interval score).
     ``asymptote_rule``: on a short ladder that leaves E unidentified, choose among free, prior
     and fixed-E variants by rollout backtest (``ladder.fit.select.asymptote_rule``).
     ``scale_weighting``: also fit the chosen form with weights that fall off with a run's
     decades below the largest run, and keep them where the rollout backtest says they predict
     the largest runs better (``ladder.fit.select.scale_weight_rule``); the asymptote rule then fits
     its variants with the same weights.
-    ``band_prior``: the band's forecast layer (it moves no estimate): the noise and
-    extrapolation terms the ladder measures, pooled with their values across the public
-    ladders (``BAND_PRIOR``; ladder.fit.result.band_prior_of). None: ``BAND_PRIOR``; False:
-    the ladder's own terms alone; a dict: that prior."""
+    ``band_prior``: opt-in (None/False: the ladder's own band): the noise and extrapolation
+    terms the ladder measures pooled with their values across the public ladders (True:
+    ``BAND_PRIOR``; a dict: that prior; ladder.fit.result.band_prior_of). It moves no
+    estimate; measured on bench/scoreboard.py it did not earn a place as a default."""
     if not isinstance(df, pd.DataFrame) or not set(COLUMNS) <= set(df.columns):
         df = load_points(df, metric)  # files, or a bare DataFrame: normalise and clean it
     largest = len(df) if by is None or by not in df.columns or not len(df) else \
@@ -106,6 +108,10 @@ def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = 
         res = fit_auto(df, fix, tie, config)
     else:
         res = fit_one(df, _spec(form, fix, tie), config)
+    if scale_weighting is None:
+        scale_weighting = form == "auto"
+    if asymptote_rule is None:
+        asymptote_rule = form == "auto"
     plain = res
     if scale_weighting and objective == "huber" and backtest and isinstance(res, FitResult):
         res = apply_scale_weight_rule(df, res, config, prior)
@@ -132,7 +138,7 @@ def _forecast_layer(res, plain, band_prior) -> FitResult:
     prior, and where a device (scale weights, the asymptote rule) moved the estimates, the
     form's own estimates beside them, so law.json and the report say which numbers are which."""
     layer = {}
-    if band_prior is None or band_prior is True:
+    if band_prior is True:
         band_prior = BAND_PRIOR
     if band_prior:
         res.diagnostics["band_prior"] = dict(band_prior)
