@@ -214,6 +214,8 @@ VARIANTS = {v.name: v for v in (
             _fixed(asymptote_rule=True, scale_weighting=True)),
     Variant("plain", "form auto, no scale weights, no asymptote rule",
             _fixed(asymptote_rule=False, scale_weighting=False)),
+    Variant("weights-only", "form auto + scale weights, no asymptote rule",
+            _fixed(asymptote_rule=False, scale_weighting=True)),
     Variant("no-weights", "form auto + asymptote rule, no scale weights",
             _fixed(asymptote_rule=True, scale_weighting=False)),
     Variant("e-prior", "form auto + a prior on E / smallest loss learned on the other ladders "
