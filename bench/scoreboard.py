@@ -521,7 +521,17 @@ def main(argv=None) -> int:
               f"{'; '.join(c['worse_ladders']) or 'none'}; passes: {c['passes']}")
     print(f"({time.perf_counter() - t0:.0f} s)")
     if args.out:
-        Path(args.out).write_text(text)
+        doc = (f"# Scoreboard (bench/scoreboard.py)\n\nWritten by `python bench/scoreboard.py "
+               f"{' '.join(argv if argv is not None else sys.argv[1:])}`. Per ladder: errors "
+               "predicted / actual - 1 at the targets; coverage of the 90% band; mean half-width "
+               "and the interval score (Gneiting & Raftery 2007, alpha 0.1) relative to the "
+               f"actual; {BOOTSTRAP} bootstrap replicates, seed {SEED}. Aggregate: the mean over "
+               "ladders (each ladder weighs the same), coverage pooled over every target.\n\n"
+               "## Protocol (fixed before any result was seen)\n\n" + protocol_markdown()
+               + "\n## Results\n\n" + text)
+        tmp = Path(args.out).with_suffix(".tmp")
+        tmp.write_text(doc)
+        tmp.replace(args.out)
     if args.json:
         obj = {"protocol": [p.__dict__ for p in PROTOCOL], "alpha": ALPHA,
                "bootstrap": BOOTSTRAP, "results": {v: {k: s.to_json() for k, s in r.items()}
