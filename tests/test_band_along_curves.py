@@ -2,7 +2,7 @@
 it never saw. Three runs with 20 evals each, loss = 1.7 + 410/N^0.34 + 400/D^0.28 along each run
 (D the tokens so far), and a fourth, healthy run of the same law one rung up as the target.
 Before the along-curve term the default fit (the compute form from the three finals) gave a
-+-1.3% band that the target's first 20% fell below by 1.2-4.6% (docs/LOG.md 2026-12-07)."""
++-1.3% band that the target's first 20% sat above by 0.4-4.6% (docs/LOG.md 2026-12-07)."""
 
 import math
 
