@@ -1,11 +1,14 @@
 """Every subcommand's --help opens with a one-line description and ends with an example that
-parses; `watch --help` lists the exit statuses the watcher can return (issue 36, item 5)."""
+parses; `watch --help` lists the exit statuses the watcher can return; the first day's commands in
+`ladder --help` and in the README's walk-through parse, and train the target only after its
+forecast is registered (issue 36, item 5)."""
 
 from __future__ import annotations
 
 import argparse
 import itertools
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -61,3 +64,34 @@ def test_a_broken_example_would_be_caught():
     with pytest.raises(SystemExit):
         build_parser().parse_known_args(["watch", "prereg.json"])  # --source is required
     assert examples("x\nexample:\n  ladder a b \\\n      c\n") == ["ladder a b        c"]
+
+
+def command_lines(text: str, prompt: bool) -> list[str]:
+    """The `ladder` command lines of a text (with ``prompt``, only those after a shell prompt
+    '$ '), continuations joined, comments dropped."""
+    text = text.replace("\\\n", " ")
+    found = []
+    for line in text.splitlines():
+        if prompt:
+            line = line.split("$ ", 1)[1] if "$ ladder " in line else ""
+        line = line.strip()
+        if line.startswith("ladder "):
+            found.append(line.split("#", 1)[0].strip())
+    return found
+
+
+def test_the_first_day_in_the_main_help_and_the_readme_parses():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    walk = readme[readme.index("## The first day"):readme.index("\n## ", readme.index(
+        "## The first day") + 1)]
+    for where, prompt in ((build_parser().epilog, False), (walk, True)):
+        lines = command_lines(where, prompt)
+        assert len(lines) >= 6, lines
+        for line in lines:
+            args, extra = build_parser().parse_known_args(shlex.split(line)[1:])
+            assert not extra, (line, extra)
+    # the rungs are trained without the target, and the target only after it is registered
+    steps = command_lines(walk, prompt=True)
+    order = [ln.split()[1] for ln in steps]
+    assert order.index("preregister") < max(i for i, c in enumerate(order) if c == "run")
+    assert all("--rung" in ln for ln in steps if ln.startswith("ladder run "))

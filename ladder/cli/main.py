@@ -672,7 +672,19 @@ COMMANDS = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="ladder", description=__doc__.splitlines()[0])
+    p = _Parser(prog="ladder", description=__doc__.splitlines()[0],
+                epilog="the first day (README.md walks through it; docs/commands.md has every "
+                       "option):\n"
+                       "  ladder list tiny\n"
+                       "  ladder run tiny --rung 12.8K-A3.8K --rung 22.1K-A8.1K --rung "
+                       "33.3K-A13.8K\n"
+                       "  ladder fit runs/tiny\n"
+                       "  ladder preregister law.json --target tiny:46.4K-A21.1K --runs runs\n"
+                       "  ladder watch prereg.json --source runs/tiny/46.4K-A21.1K/metrics.jsonl "
+                       "--follow \\\n      --alerts alerts.jsonl   # and, beside it: ladder run "
+                       "tiny --rung 46.4K-A21.1K\n"
+                       "  ladder report --runs runs --law law.json --prereg prereg.json "
+                       "--alerts alerts.jsonl --out report")
     from ladder import __version__
     p.add_argument("--version", action="version", version=f"ladder {__version__}")
     _global_options(p, default=True)
