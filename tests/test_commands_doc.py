@@ -61,3 +61,15 @@ def test_the_checker_sees_a_missing_option():
 
 def test_the_readme_points_to_the_reference():
     assert "docs/commands.md" in (ROOT / "README.md").read_text()
+
+
+PATH_REF = re.compile(r"\b((?:ladder|bench|tests|docs)/[\w./-]*\w\.(?:py|toml|md|png))\b")
+
+
+def test_the_files_the_reference_and_the_readme_name_exist():
+    """A module moved or renamed leaves no stale path in either document."""
+    for doc in (DOC, ROOT / "README.md"):
+        named = set(PATH_REF.findall(doc.read_text()))
+        assert len(named) >= 10, (doc, sorted(named))
+        missing = sorted(p for p in named if not (ROOT / p).exists())
+        assert not missing, f"{doc.name} names files that do not exist: {missing}"
