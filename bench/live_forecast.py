@@ -1,0 +1,422 @@
+"""The updated forecast (ladder.predict.updated) against the frozen one on public full curves.
+
+Protocol (fixed before any result was looked at; docs/live_forecast.md repeats it above the table):
+
+| item | choice |
+|---|---|
+| curve groups ("ladders") | OLMo ladder C4 eval loss (190M-3B x 0.5-10xC, reruns left out); Gemstones' 22 models, 350B tokens at constant LR (training loss every 2B tokens); the MPL curves (25M/100M/400M x 9 schedules, training loss); Schaipp's slimpajama 124M-210M logs at LR 1e-3 (validation loss; horizon extensions and grad-norm duplicates left out) |
+| frozen forecast of a run | Marin's practice (DESIGN.md 1: one fit per point of progress): at each fraction x of the run, log L = a_class(x) + b(x) log N + c(x) log D over the OTHER runs of its group (class = schedule; leave-one-run-out); band: the OLS 90% prediction interval (t quantile, leverage) at the run's N and D (a column that does not vary among the references is dropped). A run with fewer than 2 other runs of its class, or fewer than 2 residual degrees of freedom, is left out |
+| the run's final | the loss at its last logged point (fraction 1) |
+| cuts | the run's evals up to 10%, 25% and 50% of its tokens |
+| scores | relative error of the final-loss forecast, |pred / final - 1|; the 90% band's coverage of the final; the interval score (Gneiting & Raftery 2007, relative to the final) |
+| candidates | frozen; "shift": the frozen curve moved by the log-ratio at the last eval (no shrinkage, the plain "anchor on the evals"); "mean": the mean log-ratio of all evals (no drift); "updated": ladder.predict.updated (local-level Kalman filter, prior = the frozen band) |
+| learnable | updated's clock (1/x - 1, log 1/x, 1 - x), q (the departure's rate), the weight of the frozen band's excess width (0, 0.5, 1, 2) and band inflation: grid, chosen leave-one-ladder-out (each group scored with the values that minimise the mean interval score on the 3 others, with coverage 80-97% on those); shift/mean bands: the frozen band's width in log, recentred |
+| pass | updated's mean error over the table <= frozen's; its coverage over the table in 80-97% |
+
+    python bench/live_forecast.py [--anchors ../shared/anchors] [--out docs/live_forecast.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from ladder.predict.band import z_of  # noqa: E402
+from ladder.predict.updated import UpdateConfig, filter_offset, prior_sd  # noqa: E402
+
+DEFAULT_ANCHORS = REPO.parent / "shared" / "anchors"
+LEVEL = 0.9
+CUTS = (0.1, 0.25, 0.5)
+Q_GRID = tuple(float(v) for v in np.geomspace(1e-7, 1e-2, 11))
+CLOCKS = ("inverse", "log", "linear")
+BAND_WEIGHTS = (0.0, 0.5, 1.0, 2.0)
+INFL_GRID = (0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 1.75, 2.0)
+
+
+@dataclass
+class Curve:
+    group: str
+    run: str
+    cls: str
+    logn: float   # log parameters
+    logd: float   # log planned tokens (or steps x a constant batch)
+    frac: np.ndarray
+    loss: np.ndarray
+
+
+# ---------------------------------------------------------------- loaders (one per public group)
+
+def load_olmo(anchors: Path) -> list[Curve]:
+    import pandas as pd
+
+    root = anchors / "olmo_ladder_bhagia2024"
+    fin = pd.read_csv(root / "ladder_final_points.csv")
+    out = []
+    for _, r in fin.iterrows():
+        if r["rerun"] or not (root / "ladder-runs" / f"{r['run']}.csv").exists() or \
+                str(r["run"]).startswith("peteish"):
+            continue
+        d = pd.read_csv(root / "ladder-runs" / f"{r['run']}.csv")
+        y = d["eval/c4_en-validation/CrossEntropyLoss"].to_numpy(float)
+        t = d["throughput/total_tokens"].to_numpy(float)
+        ok = np.isfinite(y) & np.isfinite(t) & (t > 0)
+        t, y = t[ok], y[ok]
+        if t.size < 10:
+            continue
+        out.append(Curve("olmo", str(r["run"]), "cosine", math.log(r["N_from_config"]),
+                         math.log(t[-1]), t / t[-1], y))
+    return out
+
+
+def load_gemstones(anchors: Path) -> list[Curve]:
+    import pandas as pd
+
+    p = anchors / "gemstones_mcleish2025" / "wandb_dfs" / "wandb_df_for_fitting_hot_100b+_477.jsonl"
+    d = pd.read_json(p, lines=True)
+    out = []
+    for run, g in d.groupby("run_name"):
+        g = g.sort_values("tokens")
+        t, y = g["tokens"].to_numpy(float), g["final_loss"].to_numpy(float)
+        n = float(g["params_active_precise"].iloc[0])
+        out.append(Curve("gemstones", str(run), "constant", math.log(n), math.log(t[-1]),
+                         t / t[-1], y))
+    return out
+
+
+MPL_N = {"25M": 25e6, "100M": 100e6, "400M": 400e6}
+
+
+def load_mpl(anchors: Path) -> list[Curve]:
+    import pandas as pd
+
+    out = []
+    for size, n in MPL_N.items():
+        for p in sorted((anchors / "multipower_luo2025" / f"csv_{size}").glob("*.csv")):
+            d = pd.read_csv(p)
+            s, y = d["step"].to_numpy(float), d["loss"].to_numpy(float)
+            out.append(Curve("mpl", f"{size}/{p.stem}", p.stem, math.log(n), math.log(s[-1]),
+                             s / s[-1], y))
+    return out
+
+
+def load_schaipp(anchors: Path) -> list[Curve]:
+    import pandas as pd
+
+    root = anchors / "schaipp2025_lr_schedules"
+    runs = pd.read_csv(root / "runs.csv")
+    runs = runs[(runs["dataset"] == "slimpajama") & (runs["lr"] == 0.001)
+                & ~runs["file"].str.startswith(("grad_norm_", "extend", "horizon"))]
+    cur = pd.read_csv(root / "curves.csv.gz")
+    cur = cur[(cur["split"] == "val") & cur["run_id"].isin(runs["run_id"])]
+    out = []
+    for _, r in runs.iterrows():
+        g = cur[cur["run_id"] == r["run_id"]].sort_values("iter")
+        if len(g) < 10:
+            continue
+        it, y = g["iter"].to_numpy(float), g["loss"].to_numpy(float)
+        if it[-1] < 0.98 * r["iterations"]:  # a log that stops before its planned end
+            continue
+        dec = r["decay_type"] if isinstance(r["decay_type"], str) else "linear"
+        cls = f"{r['scheduler']}-{r['wsd_fract_decay']:g}-{dec}"
+        out.append(Curve("schaipp", str(r["file"])[:60] + f"#{r['run_id']}", cls,
+                         math.log(r["parameters"]),
+                         math.log(r["iterations"] * r["tokens_per_step"]), it / it[-1], y))
+    return out
+
+
+LOADERS = {"olmo": load_olmo, "gemstones": load_gemstones, "mpl": load_mpl,
+           "schaipp": load_schaipp}
+
+
+# ---------------------------------------------------------------- the frozen forecast
+
+@dataclass
+class Frozen:
+    """The frozen forecast of one run at fractions ``x``: loss and the 90% band."""
+
+    x: np.ndarray
+    loss: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+
+
+def frozen_forecast(target: Curve, others: list[Curve], x: np.ndarray) -> Frozen | None:
+    """Per fraction, log L = a_class + b log N + c log D over the other runs of the group (the
+    target's class must be among them twice); the OLS prediction interval at the target's N, D."""
+    from scipy import stats
+
+    refs = [c for c in others if c.group == target.group]
+    if sum(c.cls == target.cls for c in refs) < 2:
+        return None
+    classes = sorted({c.cls for c in refs})
+    ci = {k: i for i, k in enumerate(classes)}
+    loss, lo, hi = (np.full(x.size, np.nan) for _ in range(3))
+    for j, xj in enumerate(x):
+        rows, ys = [], []
+        for c in refs:
+            if xj < c.frac[0] or xj > c.frac[-1]:
+                continue
+            v = float(np.interp(xj, c.frac, np.log(c.loss)))
+            row = np.zeros(len(classes) + 2)
+            row[ci[c.cls]] = 1.0
+            row[-2:] = c.logn, c.logd
+            rows.append(row)
+            ys.append(v)
+        if not rows:
+            continue
+        X, Y = np.array(rows), np.array(ys)
+        used = X[:, :-2].sum(0) > 0
+        # a size or length that does not vary among the references (Gemstones' one length) is
+        # the intercept's: its column is dropped
+        varies = [np.ptp(X[:, -2]) > 1e-9, np.ptp(X[:, -1]) > 1e-9]
+        X = X[:, np.concatenate([used, varies])]
+        names = [k for k, u in zip(classes, used) if u]
+        if target.cls not in names:
+            continue
+        dof = X.shape[0] - X.shape[1]
+        if dof < 2:
+            continue
+        beta, *_ = np.linalg.lstsq(X, Y, rcond=None)
+        res = Y - X @ beta
+        s2 = float(res @ res) / dof
+        x0 = np.zeros(X.shape[1])
+        x0[names.index(target.cls)] = 1.0
+        x0[len(names):] = [v for v, k in zip((target.logn, target.logd), varies) if k]
+        xtx_inv = np.linalg.pinv(X.T @ X)
+        se = math.sqrt(s2 * (1.0 + float(x0 @ xtx_inv @ x0)))
+        t = float(stats.t.ppf(0.5 + LEVEL / 2, dof))
+        m = float(x0 @ beta)
+        loss[j], lo[j], hi[j] = math.exp(m), math.exp(m - t * se), math.exp(m + t * se)
+    if not np.isfinite(loss[-1]):
+        return None
+    return Frozen(x, loss, lo, hi)
+
+
+# ---------------------------------------------------------------- cases and candidates
+
+@dataclass
+class Case:
+    """One (run, cut): the log-ratios of its evals up to the cut to the frozen curve, the frozen
+    final and band, and the true final."""
+
+    group: str
+    run: str
+    cut: float
+    ex: np.ndarray
+    d: np.ndarray
+    final: float
+    lo: float
+    hi: float
+    truth: float
+    w: np.ndarray = field(default_factory=lambda: np.zeros(0))  # the frozen band's log sd at ex
+
+
+def build_cases(curves: list[Curve]) -> list[Case]:
+    out = []
+    for c in curves:
+        others = [o for o in curves if o is not c]
+        fr = frozen_forecast(c, others, np.concatenate([c.frac, [1.0]]))
+        if fr is None:
+            continue
+        f_ev, fin, flo, fhi = fr.loss[:-1], fr.loss[-1], fr.lo[-1], fr.hi[-1]
+        w_ev = np.log(fr.hi[:-1] / fr.lo[:-1]) / (2 * z_of(LEVEL))
+        for cut in CUTS:
+            m = (c.frac <= cut + 1e-9) & np.isfinite(f_ev)
+            if m.sum() < 3:
+                continue
+            d = np.log(c.loss[m] / f_ev[m])
+            out.append(Case(c.group, c.run, cut, c.frac[m], d, float(fin), float(flo),
+                            float(fhi), float(c.loss[-1]), w_ev[m]))
+    return out
+
+
+@dataclass(frozen=True)
+class Pred:
+    loss: float
+    lo: float
+    hi: float
+
+
+def predict(case: Case, method: str, cfg: UpdateConfig | None = None) -> Pred:
+    from ladder.predict.band import z_of
+
+    if method == "frozen":
+        return Pred(case.final, case.lo, case.hi)
+    if method in ("shift", "mean"):
+        use = case.ex >= 0.02
+        if not use.any():
+            return Pred(case.final, case.lo, case.hi)
+        k = case.d[use][-1] if method == "shift" else float(np.mean(case.d[use]))
+        e = math.exp(k)
+        return Pred(case.final * e, case.lo * e, case.hi * e)
+    cfg = cfg or UpdateConfig()
+    tau = prior_sd(case.final, case.lo, case.hi, LEVEL)
+    lv = filter_offset(case.ex, case.d, tau, cfg, case.w)
+    m, v = lv.predict(np.array([tau * tau]))
+    m, sd = float(m[0]), math.sqrt(float(v[0]))
+    z = z_of(LEVEL) * cfg.inflation
+    return Pred(case.final * math.exp(m), case.final * math.exp(m - z * sd),
+                case.final * math.exp(m + z * sd))
+
+
+def score(cases: list[Case], preds: list[Pred]) -> dict:
+    """Mean relative error, coverage and mean interval score (relative to the truth)."""
+    a = 1 - LEVEL
+    err, cov, isc = [], [], []
+    for c, p in zip(cases, preds):
+        y = c.truth
+        err.append(abs(p.loss / y - 1))
+        cov.append(p.lo <= y <= p.hi)
+        s = (p.hi - p.lo) + 2 / a * max(p.lo - y, 0) + 2 / a * max(y - p.hi, 0)
+        isc.append(s / y)
+    return {"n": len(cases), "err": float(np.mean(err)) if err else math.nan,
+            "max_err": float(np.max(err)) if err else math.nan,
+            "cov": float(np.mean(cov)) if cov else math.nan,
+            "is": float(np.mean(isc)) if isc else math.nan}
+
+
+def _offsets(cases: list[Case], cfg: UpdateConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Each case's posterior mean and sd of the final log offset (the band's inflation aside)."""
+    ms, sds = [], []
+    for c in cases:
+        tau = prior_sd(c.final, c.lo, c.hi, LEVEL)
+        lv = filter_offset(c.ex, c.d, tau, cfg, c.w)
+        m, v = lv.predict(np.array([tau * tau]))
+        ms.append(float(m[0]))
+        sds.append(math.sqrt(float(v[0])))
+    return np.array(ms), np.array(sds)
+
+
+def learn(cases: list[Case]) -> UpdateConfig:
+    """The (clock, q, inflation) of the grid with the lowest mean interval score among those whose
+    coverage is in 80-97% (all of the grid when none is)."""
+    from ladder.predict.band import z_of
+
+    y = np.array([c.truth for c in cases])
+    f = np.array([c.final for c in cases])
+    a = 1 - LEVEL
+    best, best_ok = None, None
+    for clock, bw, q in itertools.product(CLOCKS, BAND_WEIGHTS, Q_GRID):
+        if True:
+            m, sd = _offsets(cases, UpdateConfig(q=q, clock=clock, band_weight=bw))
+            for k in INFL_GRID:
+                z = z_of(LEVEL) * k
+                lo, hi = f * np.exp(m - z * sd), f * np.exp(m + z * sd)
+                cov = float(np.mean((lo <= y) & (y <= hi)))
+                isc = float(np.mean(((hi - lo) + 2 / a * np.maximum(lo - y, 0)
+                                     + 2 / a * np.maximum(y - hi, 0)) / y))
+                key = (isc, q, k, clock, bw)
+                cfg = UpdateConfig(q=q, inflation=k, clock=clock, band_weight=bw)
+                if 0.80 <= cov <= 0.97 and (best_ok is None or key < best_ok[0]):
+                    best_ok = (key, cfg)
+                if best is None or key < best[0]:
+                    best = (key, cfg)
+    return (best_ok or best)[1]
+
+
+GROUP_ORDER = ("olmo", "gemstones", "mpl", "schaipp")
+METHODS = ("frozen", "shift", "mean", "updated")
+
+
+def live_forecast_table(anchors: Path | str = DEFAULT_ANCHORS) -> dict:
+    """The table the scoreboard shows: per group and cut, each method's mean error, coverage and
+    interval score; updated with (q, inflation) learned on the other groups. ``rows`` a list of
+    dicts; ``learned`` each held-out group's values; ``all`` the values learned on every group
+    (the shipped defaults); ``passed`` the protocol's pass rule. ``{"skipped": reason}`` when
+    the anchors are absent."""
+    anchors = Path(anchors)
+    curves = []
+    for g in GROUP_ORDER:
+        try:
+            curves += LOADERS[g](anchors)
+        except FileNotFoundError as e:
+            return {"skipped": f"anchor data absent: {e.filename}"}
+    cases = build_cases(curves)
+    learned = {}
+    rows = []
+    pooled: dict[str, tuple[list, list]] = {m: ([], []) for m in METHODS}
+    for g in GROUP_ORDER:
+        held = [c for c in cases if c.group == g]
+        cfg = learn([c for c in cases if c.group != g])
+        learned[g] = {"q": cfg.q, "inflation": cfg.inflation, "clock": cfg.clock,
+                      "band_weight": cfg.band_weight}
+        for cut in CUTS:
+            cc = [c for c in held if c.cut == cut]
+            row = {"group": g, "cut": cut, "n": len(cc)}
+            for m in METHODS:
+                ps = [predict(c, m, cfg) for c in cc]
+                pooled[m][0].extend(cc)
+                pooled[m][1].extend(ps)
+                s = score(cc, ps)
+                row[m] = {k: s[k] for k in ("err", "max_err", "cov", "is")}
+            rows.append(row)
+    total = {m: score(*pooled[m]) for m in METHODS}
+    mean_rows = {m: float(np.mean([r[m]["err"] for r in rows])) for m in METHODS}
+    full = learn(cases)
+    passed = (mean_rows["updated"] <= mean_rows["frozen"]
+              and 0.80 <= total["updated"]["cov"] <= 0.97)
+    return {"rows": rows, "total": total, "mean_of_rows": mean_rows, "learned": learned,
+            "all": {"q": full.q, "inflation": full.inflation, "clock": full.clock,
+                    "band_weight": full.band_weight}, "passed": bool(passed),
+            "n_curves": {g: sum(c.group == g for c in curves) for g in GROUP_ORDER},
+            "n_cases": len(cases)}
+
+
+def markdown(t: dict) -> str:
+    if "skipped" in t:
+        return f"skipped: {t['skipped']}\n"
+    lines = ["| group | cut | runs | " + " | ".join(
+        f"{m} err / cov / IS" for m in METHODS) + " |", "|---|---|---|" + "---|" * len(METHODS)]
+    for r in t["rows"]:
+        cells = [f"{r[m]['err']:.2%} / {r[m]['cov']:.0%} / {r[m]['is']:.3f}" for m in METHODS]
+        lines.append(f"| {r['group']} | {r['cut']:.0%} | {r['n']} | " + " | ".join(cells) + " |")
+    tot = t["total"]
+    lines.append("| **all** | | " + str(tot["updated"]["n"]) + " | " + " | ".join(
+        f"**{tot[m]['err']:.2%} / {tot[m]['cov']:.0%} / {tot[m]['is']:.3f}**" for m in METHODS)
+        + " |")
+    lines.append("")
+    lines.append("Mean of the rows' errors: " + ", ".join(
+        f"{m} {t['mean_of_rows'][m]:.2%}" for m in METHODS) + ".")
+    lines.append("Learned leave-one-ladder-out (q, inflation, clock, band weight) per held-out group: " + ", ".join(
+        f"{g} ({v['q']:.2g}, {v['inflation']:g}, {v['clock']}, {v['band_weight']:g})" for g, v in t["learned"].items())
+        + f"; on all four: ({t['all']['q']:.2g}, {t['all']['inflation']:g}, {t['all']['clock']}, "
+        f"{t['all']['band_weight']:g}).")
+    lines.append(f"Curves per group: {t['n_curves']}; cases (run x cut with a frozen forecast): "
+                 f"{t['n_cases']}. Pass (updated mean error <= frozen, coverage 80-97%): "
+                 f"{t['passed']}.")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--anchors", type=Path, default=DEFAULT_ANCHORS)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--out", type=Path, help="also write the protocol and the table here (.md)")
+    args = ap.parse_args(argv)
+    t = live_forecast_table(args.anchors)
+    print(json.dumps(t, indent=1) if args.json else markdown(t))
+    if args.out and "skipped" not in t:
+        protocol = __doc__.split("\n\n")[1]
+        text = ("# The updated forecast on public full curves (issue 40 item 1)\n\n"
+                "Written by `python bench/live_forecast.py --out docs/live_forecast.md`.\n\n"
+                + protocol + "\n\nResults (err: mean |pred/final - 1|; cov: the 90% band's "
+                "coverage of the final; IS: mean interval score / final; updated scored with "
+                "the dials learned on the other groups):\n\n" + markdown(t))
+        from ladder.io import atomic_write_text
+        atomic_write_text(args.out, text)
+    return 0 if t.get("passed", True) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
