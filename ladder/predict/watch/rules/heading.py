@@ -125,3 +125,34 @@ class HeadingRule(LossRule):
                 f"final band for {c.k_consecutive} consecutive evals is a 'heading' warning "
                 f"(info when better than registered); overlapping again for {c.k_clear} evals "
                 f"clears it.")
+
+
+def updated_forecast(view, section) -> dict | None:
+    """The updated forecast as JSON (labelled "updated", beside the frozen numbers that never
+    change) from the heading rule's section of a watcher state (a dict as saved, or the typed
+    state); None before its first eval or without a registered final band."""
+    if section is None or not hasattr(view, "final"):
+        return None
+    hs = section if isinstance(section, HeadingState) else \
+        HeadingState.from_json(section, "state.heading")
+    fs = hs.filter()
+    if not fs.n or not (view.final_lo < view.final < view.final_hi):
+        return None
+    ucfg = UpdateConfig()
+    u, lo, hi = updated_final(view, fs, ucfg)
+    tau = prior_sd(view.final, view.final_lo, view.final_hi, view.level)
+    lv = fs.level(tau)
+    ahead = view.fraction > lv.at
+    fx = view.fraction[ahead]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w = np.log(view.hi[ahead] / view.lo[ahead]) / (2 * z_of(view.level))
+    m, v = lv.predict(np.minimum(offset_var(fx, tau, ucfg, w), lv.v_at))
+    z = z_of(view.level) * ucfg.inflation
+    cy = view.loss[ahead] * np.exp(m)
+    sd = np.sqrt(v)
+    return {"label": "updated", "method": "ladder.predict.updated (end-anchored offset, Kalman)",
+            "at_fraction": lv.at, "n_evals": lv.n, "level": view.level,
+            "final": {"loss": u, "lo": lo, "hi": hi},
+            "frozen_final": {"loss": view.final, "lo": view.final_lo, "hi": view.final_hi},
+            "curve": [{"fraction": float(f), "loss": float(y), "lo": float(y * math.exp(-z * s)),
+                       "hi": float(y * math.exp(z * s))} for f, y, s in zip(fx, cy, sd)]}
