@@ -1,17 +1,7 @@
 """The updated forecast (ladder.predict.updated) against the frozen one on public full curves.
 
-Protocol (fixed before any result was looked at; docs/live_forecast.md repeats it above the table):
-
-| item | choice |
-|---|---|
-| curve groups ("ladders") | OLMo ladder C4 eval loss (190M-3B x 0.5-10xC, reruns left out); Gemstones' 22 models, 350B tokens at constant LR (training loss every 2B tokens); the MPL curves (25M/100M/400M x 9 schedules, training loss); Schaipp's slimpajama 124M-210M logs at LR 1e-3 (validation loss; horizon extensions and grad-norm duplicates left out) |
-| frozen forecast of a run | Marin's practice (DESIGN.md 1: one fit per point of progress): at each fraction x of the run, log L = a_class(x) + b(x) log N + c(x) log D over the OTHER runs of its group (class = schedule; leave-one-run-out); band: the OLS 90% prediction interval (t quantile, leverage) at the run's N and D (a column that does not vary among the references is dropped). A run with fewer than 2 other runs of its class, or fewer than 2 residual degrees of freedom, is left out |
-| the run's final | the loss at its last logged point (fraction 1) |
-| cuts | the run's evals up to 10%, 25% and 50% of its tokens |
-| scores | relative error of the final-loss forecast, |pred / final - 1|; the 90% band's coverage of the final; the interval score (Gneiting & Raftery 2007, relative to the final) |
-| candidates | frozen; "shift": the frozen curve moved by the log-ratio at the last eval (no shrinkage, the plain "anchor on the evals"); "mean": the mean log-ratio of all evals (no drift); "updated": ladder.predict.updated (local-level Kalman filter, prior = the frozen band) |
-| learnable | updated's clock (1/x - 1, log 1/x, 1 - x), q (the departure's rate), the weight of the frozen band's excess width (0, 0.5, 1, 2) and band inflation: grid, chosen leave-one-ladder-out (each group scored with the values that minimise the mean interval score on the 3 others, with coverage 80-97% on those); shift/mean bands: the frozen band's width in log, recentred |
-| pass | updated's mean error over the table <= frozen's; its coverage over the table in 80-97% |
+The protocol was fixed before any result was looked at: ``PROTOCOL`` below, one table that
+docs/live_forecast.md repeats above the results.
 
     python bench/live_forecast.py [--anchors ../shared/anchors] [--out docs/live_forecast.md]
 """
@@ -36,6 +26,40 @@ from ladder.predict.band import z_of  # noqa: E402
 from ladder.predict.updated import UpdateConfig, filter_offset, prior_sd  # noqa: E402
 
 DEFAULT_ANCHORS = REPO.parent / "shared" / "anchors"
+
+PROTOCOL = (
+    ("curve groups (the 'ladders')",
+     "the OLMo ladder's C4 eval loss (190M-3B x 0.5-10xC, reruns left out); Gemstones' 22 "
+     "models, 350B tokens at constant LR (training loss every 2B tokens); the MPL curves "
+     "(25M/100M/400M x 9 schedules, training loss); Schaipp's slimpajama logs at LR 1e-3 "
+     "(validation loss; horizon extensions and grad-norm duplicates left out)"),
+    ("frozen forecast of a run",
+     "Marin's practice (DESIGN.md 1: one fit per point of progress): at each fraction x, log L "
+     "= a_class(x) + b(x) log N + c(x) log D over the OTHER runs of its group (class = "
+     "schedule; leave-one-run-out); band: the OLS 90% prediction interval (t quantile, "
+     "leverage) at the run's N and D (a column that does not vary among the references is "
+     "dropped); a run with fewer than 2 other runs of its class, or fewer than 2 residual "
+     "degrees of freedom, is left out"),
+    ("the run's final", "the loss at its last logged point (fraction 1)"),
+    ("cuts", "the run's evals up to 10%, 25% and 50% of its tokens"),
+    ("scores", "relative error of the final-loss forecast, abs(pred / final - 1); the 90% "
+     "band's coverage of the final; the interval score (Gneiting & Raftery 2007) / final"),
+    ("candidates", "frozen; 'shift': the frozen curve moved by the log-ratio at the last eval "
+     "(no shrinkage: the plain 'anchor on the evals'); 'mean': the mean log-ratio of all "
+     "evals; 'updated': ladder.predict.updated (Kalman filter of an offset pinned at the end, "
+     "prior = the frozen band)"),
+    ("learnable", "updated's clock (1/x - 1, log 1/x, 1 - x), q (the departure's rate), the "
+     "weight of the frozen band's excess width (0, 0.5, 1, 2) and the band's inflation: a grid, "
+     "chosen leave-one-ladder-out (each group scored with the values of least mean interval "
+     "score on the 3 others among those covering 80-97% there); the shift and mean bands: the "
+     "frozen band's log width, recentred"),
+    ("pass", "updated's mean error over the table's rows <= frozen's; its coverage over the "
+     "table in 80-97%"),
+)
+
+
+def protocol_markdown() -> str:
+    return "| item | choice |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in PROTOCOL)
 LEVEL = 0.9
 CUTS = (0.1, 0.25, 0.5)
 Q_GRID = tuple(float(v) for v in np.geomspace(1e-7, 1e-2, 11))
@@ -222,13 +246,22 @@ class Case:
     w: np.ndarray = field(default_factory=lambda: np.zeros(0))  # the frozen band's log sd at ex
 
 
-def build_cases(curves: list[Curve]) -> list[Case]:
+def frozen_all(curves: list[Curve]) -> list[tuple[Curve, Frozen]]:
+    """Each curve with its frozen forecast at its own points and at 1 (leave-one-run-out);
+    curves without one are left out."""
     out = []
     for c in curves:
         others = [o for o in curves if o is not c]
         fr = frozen_forecast(c, others, np.concatenate([c.frac, [1.0]]))
-        if fr is None:
-            continue
+        if fr is not None:
+            out.append((c, fr))
+    return out
+
+
+def build_cases(curves: list[Curve], frozen: list[tuple[Curve, Frozen]] | None = None
+                ) -> list[Case]:
+    out = []
+    for c, fr in (frozen if frozen is not None else frozen_all(curves)):
         f_ev, fin, flo, fhi = fr.loss[:-1], fr.loss[-1], fr.lo[-1], fr.hi[-1]
         w_ev = np.log(fr.hi[:-1] / fr.lo[:-1]) / (2 * z_of(LEVEL))
         for cut in CUTS:
@@ -239,6 +272,24 @@ def build_cases(curves: list[Curve]) -> list[Case]:
             out.append(Case(c.group, c.run, cut, c.frac[m], d, float(fin), float(flo),
                             float(fhi), float(c.loss[-1]), w_ev[m]))
     return out
+
+
+_CACHE: dict = {}
+
+
+def public(anchors: Path) -> list[tuple[Curve, Frozen]] | str:
+    """Every public curve with its frozen forecast (cached per anchors folder), or the reason
+    they are absent."""
+    key = str(Path(anchors).resolve())
+    if key not in _CACHE:
+        curves = []
+        for g in GROUP_ORDER:
+            try:
+                curves += LOADERS[g](Path(anchors))
+            except FileNotFoundError as e:
+                return f"anchor data absent: {e.filename}"
+        _CACHE[key] = frozen_all(curves)
+    return _CACHE[key]
 
 
 @dataclass(frozen=True)
@@ -335,14 +386,11 @@ def live_forecast_table(anchors: Path | str = DEFAULT_ANCHORS) -> dict:
     dicts; ``learned`` each held-out group's values; ``all`` the values learned on every group
     (the shipped defaults); ``passed`` the protocol's pass rule. ``{"skipped": reason}`` when
     the anchors are absent."""
-    anchors = Path(anchors)
-    curves = []
-    for g in GROUP_ORDER:
-        try:
-            curves += LOADERS[g](anchors)
-        except FileNotFoundError as e:
-            return {"skipped": f"anchor data absent: {e.filename}"}
-    cases = build_cases(curves)
+    pf = public(Path(anchors))
+    if isinstance(pf, str):
+        return {"skipped": pf}
+    curves = [c for c, _ in pf]
+    cases = build_cases(curves, pf)
     learned = {}
     rows = []
     pooled: dict[str, tuple[list, list]] = {m: ([], []) for m in METHODS}
@@ -369,8 +417,122 @@ def live_forecast_table(anchors: Path | str = DEFAULT_ANCHORS) -> dict:
     return {"rows": rows, "total": total, "mean_of_rows": mean_rows, "learned": learned,
             "all": {"q": full.q, "inflation": full.inflation, "clock": full.clock,
                     "band_weight": full.band_weight}, "passed": bool(passed),
-            "n_curves": {g: sum(c.group == g for c in curves) for g in GROUP_ORDER},
+            "n_curves": {g: sum(c.group == g for c in curves) for g in GROUP_ORDER},  # with a
+            #                                                                     frozen forecast
             "n_cases": len(cases)}
+
+
+# ---------------------------------------------------------------- the early warning (item 2)
+
+def prereg_of(c: Curve, fr: Frozen, metric: str = "loss") -> dict:
+    """A pre-registration for one public curve: its frozen forecast as the registered curve (at
+    its own points), the final band, steps = the curve's points (fraction = step / steps)."""
+    steps = 10_000
+    rows = [{"fraction": float(x), "step": int(round(x * steps)), "tokens": float(x),
+             "loss": float(y), "lo": float(a), "hi": float(b)}
+            for x, y, a, b in zip(fr.x, fr.loss, fr.lo, fr.hi) if np.isfinite(y)]
+    return {"schema": "prereg/1", "metric": metric, "band_level": LEVEL,
+            "target": {"name": c.run, "steps": steps, "tokens": 1.0},
+            "forecast": rows, "final": {"loss": float(fr.loss[-1]), "lo": float(fr.lo[-1]),
+                                        "hi": float(fr.hi[-1])},
+            "decision_rule": {"parameters": {"align": "fraction"}}}
+
+
+def rows_of(c: Curve, metric: str = "loss", until: int | None = None) -> list[dict]:
+    steps = 10_000
+    return [{"step": int(round(x * steps)), "tokens": float(x), "progress": float(x),
+             "time": 0.0, metric: float(y)} for x, y in zip(c.frac[:until], c.loss[:until])]
+
+
+def first_alert(alerts, kinds) -> float | None:
+    return next((a.fraction for a in alerts if a.kind in kinds and a.severity != "info"), None)
+
+
+HEADING_VARIANTS = (("alert", 2), ("alert", 3), ("registered", 2), ("registered", 3))
+
+
+def early_warning_table(anchors: Path | str = DEFAULT_ANCHORS,
+                        variants=HEADING_VARIANTS) -> dict:
+    """The heading rule (and the band rule beside it) through ``check()`` on every public curve
+    (healthy: none should warn), and on the synthetic faults (shift, drift, LR spike at several
+    onsets, 5 seeds each): the first warning of each against the band rule's. One row per
+    variant (the frozen band compared with, ``heading_k``). A public curve's warning is false
+    when its final lies inside the frozen final band at the alert level (the band rule's)."""
+    from ladder.predict import synthetic as sy
+    from ladder.predict.prereg import make_prereg
+    from ladder.predict.watch import WatchConfig, check
+
+    pf = public(Path(anchors))
+    if isinstance(pf, str):
+        return {"skipped": pf}
+    truth = sy.Truth()
+    target = sy.ladder_targets(4, steps0=150)[-1]
+    noise = sy.RunNoise(run_sigma=0.005, eval_sigma=0.003)
+    faults = [(f, at, size) for f, size in (("shift", 0.02), ("drift", 0.05), ("lrspike", 0.05))
+              for at in (0.1, 0.3, 0.5)]
+    out = []
+    for against, k in variants:
+        cfg = WatchConfig(heading_k=k, heading_against=against)
+        fired: dict[str, list] = {g: [] for g in GROUP_ORDER}
+        band_fired: dict[str, list] = {g: [] for g in GROUP_ORDER}
+        for c, fr in pf:
+            doc = prereg_of(c, fr)
+            doc["decision_rule"]["parameters"] = {**cfg.to_dict(), "align": "fraction"}
+            res = check(doc, rows_of(c), None, now=0.0)
+            if first_alert(res.alerts, ("heading",)) is not None:
+                kz = z_of(cfg.alert_level) / z_of(LEVEL)
+                f, lo, hi = fr.loss[-1], fr.lo[-1], fr.hi[-1]
+                inside = f - (f - lo) * kz <= c.loss[-1] <= f + (hi - f) * kz
+                fired[c.group].append((c.run, "false" if inside else "true"))
+            if first_alert(res.alerts, ("above_band", "below_band")) is not None:
+                band_fired[c.group].append(c.run)
+        law = sy.TruthLaw(truth, run_sigma=0.005)
+        doc = make_prereg(law, target, eval_noise=noise.eval_sigma, config=cfg,
+                          created="2026-01-01T00:00:00Z")
+        lead = []
+        for f, at, size in faults:
+            for seed in range(1, 6):
+                rows = sy.make_run(truth, target, noise=noise, fault=sy.Fault(f, at, size),
+                                   seed=seed).rows
+                res = check(doc, rows, None, now=0.0)
+                h = first_alert(res.alerts, ("heading",))
+                b = first_alert(res.alerts, ("above_band",))
+                lead.append({"fault": f, "at": at, "seed": seed, "heading": h, "band": b})
+        healthy = []
+        for seed in range(1, 21):
+            rows = sy.make_run(truth, target, noise=noise, seed=seed).rows
+            res = check(doc, rows, None, now=0.0)
+            healthy.append(first_alert(res.alerts, ("heading",)))
+        out.append({"heading_k": k, "against": against,
+                    "public": {g: {"curves": sum(c.group == g for c, _ in pf),
+                                   "heading": fired[g], "band": band_fired[g]}
+                               for g in GROUP_ORDER},
+                    "synthetic_healthy_fired": sum(h is not None for h in healthy),
+                    "faults": lead})
+    return {"rows": out}
+
+
+def early_markdown(t: dict) -> str:
+    if "skipped" in t:
+        return f"skipped: {t['skipped']}\n"
+    lines = ["| frozen final band | heading_k | public curves warned by heading: false / true "
+             "(band rule warned) | synthetic healthy warned (of 20) | faults: heading no later "
+             "than band | heading later by (evals of 1%) | heading missed |",
+             "|---|---|---|---|---|---|---|"]
+    for r in t["rows"]:
+        pub = ", ".join(f"{g} {sum(x[1] == 'false' for x in v['heading'])} / "
+                        f"{sum(x[1] == 'true' for x in v['heading'])} of {v['curves']} "
+                        f"({len(v['band'])})" for g, v in r["public"].items())
+        fl = r["faults"]
+        caught = [x for x in fl if x["band"] is not None]
+        ok = sum(x["heading"] is not None and x["heading"] <= x["band"] + 1e-9 for x in caught)
+        late = [round((x["heading"] - x["band"]) * 100) for x in caught
+                if x["heading"] is not None and x["heading"] > x["band"] + 1e-9]
+        miss = sum(x["heading"] is None for x in caught)
+        lines.append(f"| {r['against']} | {r['heading_k']} | {pub} | "
+                     f"{r['synthetic_healthy_fired']} | {ok}/{len(caught)} | {sorted(late)} | "
+                     f"{miss} |")
+    return "\n".join(lines) + "\n"
 
 
 def markdown(t: dict) -> str:
@@ -388,8 +550,10 @@ def markdown(t: dict) -> str:
     lines.append("")
     lines.append("Mean of the rows' errors: " + ", ".join(
         f"{m} {t['mean_of_rows'][m]:.2%}" for m in METHODS) + ".")
-    lines.append("Learned leave-one-ladder-out (q, inflation, clock, band weight) per held-out group: " + ", ".join(
-        f"{g} ({v['q']:.2g}, {v['inflation']:g}, {v['clock']}, {v['band_weight']:g})" for g, v in t["learned"].items())
+    lines.append("Learned leave-one-ladder-out (q, inflation, clock, band weight) per held-out "
+                 "group: " + ", ".join(
+                     f"{g} ({v['q']:.2g}, {v['inflation']:g}, {v['clock']}, "
+                     f"{v['band_weight']:g})" for g, v in t["learned"].items())
         + f"; on all four: ({t['all']['q']:.2g}, {t['all']['inflation']:g}, {t['all']['clock']}, "
         f"{t['all']['band_weight']:g}).")
     lines.append(f"Curves per group: {t['n_curves']}; cases (run x cut with a frozen forecast): "
@@ -407,12 +571,20 @@ def main(argv=None) -> int:
     t = live_forecast_table(args.anchors)
     print(json.dumps(t, indent=1) if args.json else markdown(t))
     if args.out and "skipped" not in t:
-        protocol = __doc__.split("\n\n")[1]
+        protocol = protocol_markdown()
         text = ("# The updated forecast on public full curves (issue 40 item 1)\n\n"
                 "Written by `python bench/live_forecast.py --out docs/live_forecast.md`.\n\n"
                 + protocol + "\n\nResults (err: mean |pred/final - 1|; cov: the 90% band's "
                 "coverage of the final; IS: mean interval score / final; updated scored with "
                 "the dials learned on the other groups):\n\n" + markdown(t))
+        ew = early_warning_table(args.anchors)
+        print(early_markdown(ew))
+        text += ("\n## The early warning (issue 40 item 2)\n\nThe heading rule through "
+                 "`check()` on every public curve above (its frozen forecast registered; a "
+                 "warning is false when the final stayed inside the frozen final band at the "
+                 "alert level) and on synthetic faults (shift 2%, drift to +5%, LR spike; onsets "
+                 "10/30/50%; 5 seeds each; ladder.predict.synthetic), beside the band rule:\n\n"
+                 + early_markdown(ew))
         from ladder.io import atomic_write_text
         atomic_write_text(args.out, text)
     return 0 if t.get("passed", True) else 1

@@ -85,17 +85,21 @@ def test_decision_rule_is_written_as_at_7de5265():
     got = {name: make_prereg(LAW, TARGET, eval_noise=0.003, created="2026-01-01T00:00:00Z",
                              config=cfg, level=0.8)["decision_rule"]
            for name, cfg in (("default", None), ("tuned", tuned))}
-    # rules added since 7de5265 add their own slice of words (rules/__init__.py); the rest
-    # keeps its bytes
+    # rules added since 7de5265 add their own slice of words and thresholds (rules/__init__.py);
+    # the rest keeps its bytes
     from ladder.predict.watch import rule
     for name, cfg in (("default", None), ("tuned", tuned)):
         added = rule("heading").words(cfg or WatchConfig(), 0.8)
         assert added in got[name]["words"]
         got[name]["words"] = got[name]["words"].replace(" " + added, "")
+        for k in ("heading_k", "heading_against"):  # its thresholds, at their defaults
+            assert got[name]["parameters"].pop(k) == getattr(WatchConfig(), k)
     want = (DATA / "decision_rule_main_7de5265.json").read_text()
     assert json.dumps(got, indent=2) + "\n" == want
     old = json.loads(want)["tuned"]["parameters"]
-    assert WatchConfig.from_dict(old) == tuned and WatchConfig.from_dict(old).to_dict() == old
+    back = WatchConfig.from_dict(old).to_dict()
+    assert WatchConfig.from_dict(old) == tuned and \
+        {k: v for k, v in back.items() if k not in ("heading_k", "heading_against")} == old
 
 
 def test_watch_config_is_the_union_of_the_rules_thresholds():

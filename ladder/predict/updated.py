@@ -3,29 +3,33 @@
 The frozen pre-registration never changes. Beside it the watcher keeps this forecast, always
 labelled "updated": the frozen curve, moved by a run-level offset learned from the run's evals.
 
-Model (Gaussian, end-anchored): the log-ratio of the run's eval to the frozen forecast at
-fraction ``x``, ``d(x) = log(y(x) / f(x))``, is the run's final offset ``s1`` plus a departure that
-vanishes at the end of the run, plus eval noise,
+Model (Gaussian, pinned at the end of the run): the log-ratio of the run's eval to the frozen
+forecast at fraction ``x``, ``d(x) = log(y(x) / f(x))``, is the run's final offset ``s1`` plus a
+departure ``u(x)`` that vanishes at the end, plus eval noise,
 
     d_i = s1 + u(x_i) + e_i,    e_i ~ N(0, sigma^2),   s1 ~ N(0, tau^2)
     Var u(x) = q t(x) + b^2 max(w(x)^2 - tau^2, 0),   t(x) = log(1/x)
 
-an early eval says less about where the run ends than a late one (the clock t; the public curves
+An early eval says less about where the run ends than a late one (the clock t; the public curves
 chose log 1/x over 1/x - 1 and 1 - x), and less where the frozen band is wider than at the end
 (``w(x)``: the frozen band's log half-width over z at ``x``; the law knows the early curve less
-well than its end: on the OLMo ladder the per-fraction band at 10% is 4x the final's), and ``tau``, the frozen final band's own half-width in log over z(level), is
-the prior: a run with no evals gets the frozen final back, and the frozen band keeps its
-marginal width. The posterior of ``s1`` is computed by a forward Kalman filter over the evals
-(the process is Gauss-Markov in either direction: ``s(x) = s1 + u(x)`` has variance
-``V(x) = tau^2 + Var u(x)``, non-increasing in ``x``, and ``s(x') | s(x) ~ N(V(x')/V(x) s(x), V(x') - V(x')^2/V(x))`` for
-``x' > x``). The final loss is ``f(1) exp(s1)``, its band that normal's ``level`` interval
-widened by ``inflation``; the curve ahead at ``x`` is ``f(x) exp(s(x))`` predicted the same way.
-``sigma`` is the run's own eval-to-eval noise (robust: 1.4826 x the median absolute first
-difference / sqrt 2), floored at ``sigma_floor``.
+well than its end: on the OLMo ladder the per-fraction band at 10% is 4x the final's). ``tau``,
+the frozen final band's log half-width over z(level), is the prior: a run with no evals gets the
+frozen final back, and the frozen band keeps its marginal width.
 
-The clock, ``q``, ``b`` (``band_weight``) and ``inflation`` are chosen leave-one-ladder-out on the public full curves
-(bench/live_forecast.py: OLMo ladder, Gemstones, the MPL schedules, Schaipp's schedules);
-the defaults below are the values learned there on all four (docs/live_forecast.md).
+The posterior of ``s1`` comes from a forward Kalman filter over the evals: ``s(x) = s1 + u(x)``
+is Gauss-Markov with variance ``V(x) = tau^2 + Var u(x)``, non-increasing in ``x``, and for
+``x' > x``: ``s(x') | s(x) ~ N(a s(x), V(x') - a V(x'))`` with ``a = V(x') / V(x)``. The final
+loss is ``f(1) exp(s1)``, its band that normal's ``level`` interval widened by ``inflation``; the
+curve ahead at ``x`` is ``f(x) exp(s(x))``, predicted the same way. ``sigma`` is the run's own
+eval-to-eval noise (robust: 1.4826 x the median absolute first difference / sqrt 2, over the
+latest evals), floored at ``sigma_floor``. Two evals in a row far from the prediction on one
+side let the level go (an intervention: :meth:`FilterState.step`), so a fault is followed.
+
+The clock, ``q``, ``b`` (``band_weight``) and ``inflation`` are chosen leave-one-ladder-out on
+the public full curves (bench/live_forecast.py: the OLMo ladder, Gemstones, the MPL schedules,
+Schaipp's schedules); the defaults are the values learned there on all four
+(docs/live_forecast.md).
 """
 
 from __future__ import annotations
@@ -51,11 +55,15 @@ class UpdateConfig:
     #                            pinning the level)
     min_fraction: float = 0.02  # evals before 2% of the run are not used (warmup: the frozen
     #                             curve there is a guess at a steep start)
+    intervene: float = 3.0     # two innovations beyond this many sd on one side let the level
+    #                            go (:meth:`FilterState.step`); 0: never
     clock: str = "log"         # the departure's clock t(x) (:func:`t_of`)
     band_weight: float = 0.5   # weight of the frozen band's excess width in the offset's prior
     #                            variance (:func:`offset_var`)
 
     def __post_init__(self):
+        if not (isinstance(self.intervene, (int, float)) and self.intervene >= 0):
+            raise ValueError(f"intervene: must be >= 0, got {self.intervene!r}")
         for name in ("q", "inflation", "sigma_floor", "band_weight"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0) or \
@@ -158,11 +166,12 @@ class Level:
     v_at: float
     at: float
     n: int
+    jump: float = 0.0  # variance let in by interventions (:meth:`FilterState.step`)
 
     def predict(self, v_x) -> tuple[np.ndarray, np.ndarray]:
         """Mean and variance of the offset at fractions after ``at`` whose prior variances are
         ``v_x`` (:func:`offset_var`; at the end, ``tau^2``: the final's offset ``s1``)."""
-        v_x = np.asarray(v_x, float)
+        v_x = np.minimum(np.asarray(v_x, float) + self.jump, self.v_at)
         if self.n == 0:
             return np.zeros_like(v_x), v_x
         a = v_x / self.v_at
@@ -185,10 +194,13 @@ class FilterState:
     at: float = 0.0
     n: int = 0
     recent: list = field(default_factory=list)
+    last_z: float = 0.0
+    jump: float = 0.0
 
     def step(self, x: float, d: float, v_x: float, cfg: UpdateConfig) -> None:
         """Take one eval: fraction ``x``, log offset ``d``, prior variance ``v_x`` there (kept
         non-increasing along the run: a later eval never gets a wider prior)."""
+        v_x += self.jump
         if self.var is not None:
             v_x = min(v_x, self.v_at)
             a = v_x / self.v_at
@@ -197,6 +209,20 @@ class FilterState:
             self.var = v_x
         self.recent = (self.recent + [float(d)])[-NOISE_WINDOW:]
         r = robust_noise(np.array(self.recent), cfg.sigma_floor) ** 2
+        z = (float(d) - self.mean) / math.sqrt(self.var + r)
+        h = cfg.intervene
+        if h and abs(z) > h and abs(self.last_z) > h and z * self.last_z > 0:
+            # two evals in a row beyond h sd of the prediction, on one side: the run moved (a
+            # fault, a change the healthy model does not describe), so the level is let go
+            # (West & Harrison 1997, "Bayesian forecasting and dynamic models", ch. 11:
+            # intervention by a larger prior variance); one outlying eval does not do it. The
+            # jump's variance joins the offset's all the way to the end (``jump``): a change of
+            # the run is not an early-curve departure that fades by the end
+            j = (float(d) - self.mean) ** 2
+            self.var += j
+            self.jump += j
+            v_x += j
+        self.last_z = z
         k = self.var / (self.var + r)
         self.mean += k * (float(d) - self.mean)
         self.var *= 1.0 - k
@@ -205,7 +231,7 @@ class FilterState:
     def level(self, tau: float) -> Level:
         if self.var is None:
             return Level(0.0, tau * tau, tau * tau, 0.0, 0)
-        return Level(self.mean, self.var, self.v_at, self.at, self.n)
+        return Level(self.mean, self.var, self.v_at, self.at, self.n, self.jump)
 
 
 def usable(x: float, d: float, cfg: UpdateConfig) -> bool:

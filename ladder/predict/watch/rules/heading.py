@@ -13,16 +13,27 @@ import numpy as np
 from ladder.predict.band import z_of
 from ladder.predict.updated import FilterState, UpdateConfig, final_band, offset_var, prior_sd
 from ladder.predict.watch.alerts import Alert
-from ladder.predict.watch.rules.base import Context, kept
+from ladder.predict.watch.rules.base import Context, kept, one_of, positive_int, threshold
 from ladder.predict.watch.rules.hysteresis import Hysteresis
-from ladder.predict.watch.rules.loss import EvalPoint, LossRule, Persistence
+from ladder.predict.watch.rules.loss import EvalPoint, LossRule, Persistence, Smoothing
 
 
 @dataclass(frozen=True)
-class HeadingConfig(Persistence):
-    """The band rule's persistence (``k_consecutive`` evals to raise, ``k_clear`` to clear); the
-    updated forecast's own dials are ladder.predict.updated's (chosen on the public curves, not
-    registered per run)."""
+class HeadingConfig(Smoothing, Persistence):
+    """The persistence (``heading_k`` evals apart to raise, the band rule's ``k_clear`` to
+    clear); the updated forecast's own dials are ladder.predict.updated's (chosen on the public
+    curves, not registered per run)."""
+
+    heading_k: int = threshold(2, positive_int)  # evals apart before a warning: one fewer
+    #   than the band rule's 3, the updated forecast being already a filter of the evals
+    #   (bench/live_forecast.py early_warning_table, docs/live_forecast.md: against the alert
+    #   band, k = 2 and 3 warn on the same 2 of 127 healthy public curves whose final stayed
+    #   inside it, and k = 2 is no later than the band rule on 22 of 45 synthetic faults, k = 3
+    #   on 7)
+    heading_against: str = threshold("alert", one_of("alert", "registered"))  # the frozen
+    #   final band compared with: widened to the alert level as the band rule's (a healthy run
+    #   ends outside the registered 90% band 1 time in 10), or as registered (the same table:
+    #   7 false warnings of 127 public curves at k = 2, no later than the band on 34 of 45)
 
 
 @dataclass
@@ -37,14 +48,16 @@ class HeadingState(Hysteresis):
     at: float = kept("num?", 0.0)
     n: int = kept("count", 0)
     recent: list = kept("nums", factory=list)
+    last_z: float = kept("num?", 0.0)
+    jump: float = kept("num?", 0.0)
 
     def filter(self) -> FilterState:
         return FilterState(self.mean or 0.0, self.var, self.v_at, self.at or 0.0, self.n,
-                           list(self.recent))
+                           list(self.recent), self.last_z or 0.0, self.jump or 0.0)
 
     def keep(self, fs: FilterState) -> None:
-        self.mean, self.var, self.v_at, self.at, self.n, self.recent = (
-            fs.mean, fs.var, fs.v_at, fs.at, fs.n, list(fs.recent))
+        self.mean, self.var, self.v_at, self.at, self.n, self.recent, self.last_z, self.jump = (
+            fs.mean, fs.var, fs.v_at, fs.at, fs.n, list(fs.recent), fs.last_z, fs.jump)
 
 
 def updated_final(view, fs: FilterState, cfg: UpdateConfig) -> tuple[float, float, float]:
@@ -53,6 +66,15 @@ def updated_final(view, fs: FilterState, cfg: UpdateConfig) -> tuple[float, floa
     m, half = final_band(fs.level(tau), tau, view.level, cfg)
     return (view.final * math.exp(m), view.final * math.exp(m - half),
             view.final * math.exp(m + half))
+
+
+def alert_final(view) -> tuple[float, float]:
+    """The frozen final band widened to the alert level, as the band rule widens the curve's
+    (``alert_level``, say 99%): a healthy run ends outside the registered 90% band 1 time in 10,
+    and the updated forecast knows where it ends by then."""
+    k = z_of(view.config.alert_level) / z_of(view.level)
+    return (view.final - (view.final - view.final_lo) * k,
+            view.final + (view.final_hi - view.final) * k)
 
 
 def step_filter(view, fs: FilterState, ev: EvalPoint, cfg: UpdateConfig) -> bool:
@@ -92,9 +114,11 @@ class HeadingRule(LossRule):
             return
         hs.keep(fs)
         u, lo, hi = updated_final(view, fs, ucfg)
-        direction = "above" if lo > view.final_hi else "below" if hi < view.final_lo else None
+        f_lo, f_hi = alert_final(view) if cfg.heading_against == "alert" else \
+            (view.final_lo, view.final_hi)
+        direction = "above" if lo > f_hi else "below" if hi < f_lo else None
         hs.extend(direction)
-        ch = hs.settle(1 if direction else 0, about=direction, k_raise=cfg.k_consecutive,
+        ch = hs.settle(1 if direction else 0, about=direction, k_raise=cfg.heading_k,
                        k_clear=cfg.k_clear)
         if ch is None:
             return
@@ -122,7 +146,8 @@ class HeadingRule(LossRule):
     def text(self, c: HeadingConfig, level: float) -> str:
         return (f"Heading: the updated final forecast (the frozen curve moved by the run's own "
                 f"evals, ladder.predict.updated) with its {level:.0%} band apart from the frozen "
-                f"final band for {c.k_consecutive} consecutive evals is a 'heading' warning "
+                f"final band widened to the {c.alert_level:.0%} alert level (as the band rule "
+                f"widens the curve's) for {c.heading_k} consecutive evals is a 'heading' warning "
                 f"(info when better than registered); overlapping again for {c.k_clear} evals "
                 f"clears it.")
 
