@@ -160,3 +160,53 @@ def test_frozen_forecast_recovers_a_known_per_fraction_law():
     fr = frozen_forecast(curves[-1], curves[:-1], x)
     assert np.allclose(fr.loss, curves[-1].loss, rtol=1e-9)
     assert np.all(fr.hi / fr.lo - 1 < 1e-6)
+
+
+@pytest.fixture
+def watched(tmp_path, doc):
+    from ladder.predict import prereg as pr
+
+    prereg = tmp_path / "prereg.json"
+    pr.write_once(prereg, doc)
+    run = tmp_path / "target"
+    run.mkdir()
+    rows = sy.make_run(TRUTH, TARGET, noise=NOISE, seed=1,
+                       fault=sy.Fault("shift", 0.3, 0.03)).rows
+    half = [r for r in rows if r["progress"] <= 0.6]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in half))
+    return prereg, run
+
+
+def test_live_page_and_report_show_the_updated_forecast_beside_the_frozen(watched, doc):
+    """The watcher's page draws the updated curve ahead and says its final beside the frozen
+    one; the report computes the same from the artifacts (the same method, the same evals)."""
+    from ladder.predict.live import Watcher
+    from ladder.predict.sources import JsonlSource
+    from ladder.reports import updated
+    from ladder.reports.inputs import load_inputs
+    from ladder.reports.live import LivePage
+    from ladder.reports.page import render_html, render_summary
+
+    prereg, run = watched
+    w = Watcher(prereg, JsonlSource(run / "metrics.jsonl"))
+    page = LivePage.for_watcher(w, port=0, poll_ms=300)
+    try:
+        w.poll()
+        snap = page.snapshot()
+    finally:
+        page.close()
+    names = [s["name"] for s in snap["chart"]["series"]]
+    assert "updated forecast" in names and "eval_dropless/loss" in names
+    up_line = [x for x in snap["verdict"] if x.startswith("Updated forecast")]
+    assert len(up_line) == 1 and f"frozen {doc['final']['loss']:.4f}" in up_line[0]
+    curve = next(s for s in snap["chart"]["series"] if s["name"] == "updated forecast")
+    assert min(curve["x"]) > 0.59  # the curve ahead only
+
+    inp = load_inputs(prereg=str(prereg), target_run=str(run))
+    rep = updated.of_inputs(inp)
+    live = updated.of_watcher(w)
+    assert rep["label"] == live["label"] == "updated"
+    assert rep["final"]["loss"] == pytest.approx(live["final"]["loss"], rel=1e-9)
+    assert rep["final"]["loss"] > doc["final"]["hi"]  # a 3% shift from 30%: heading above
+    html = render_html(inp, {}, {})
+    assert "Updated forecast" in html and render_summary(inp, {}).count("Updated forecast") == 1

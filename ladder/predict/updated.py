@@ -235,7 +235,7 @@ class FilterState:
 
 
 def usable(x: float, d: float, cfg: UpdateConfig) -> bool:
-    return math.isfinite(x) and math.isfinite(d) and cfg.min_fraction <= x <= 1.0
+    return math.isfinite(x) and math.isfinite(d) and cfg.min_fraction - 1e-9 <= x <= 1.0
 
 
 def filter_offset(x: np.ndarray, d: np.ndarray, tau: float, cfg: UpdateConfig,
@@ -272,18 +272,20 @@ def update(forecast_fraction, forecast_loss, forecast_lo, forecast_hi, final: fl
     gy = np.asarray(forecast_loss, float)
     order = np.argsort(gx)
     gx, gy = gx[order], gy[order]
+    glo = np.asarray(forecast_lo, float)[order]
+    ghi = np.asarray(forecast_hi, float)[order]
     with np.errstate(divide="ignore", invalid="ignore"):
-        gw = np.log(np.asarray(forecast_hi, float)[order] /
-                    np.asarray(forecast_lo, float)[order]) / (2 * z_of(level))
+        gw = np.log(ghi / glo) / (2 * z_of(level))
     ex = np.asarray(eval_fraction, float)
     ey = np.asarray(eval_loss, float)
     o = np.argsort(ex, kind="stable")
     ex, ey = ex[o], ey[o]
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore"):  # as the watcher reads the band
         fe = np.interp(ex, gx, gy)
         d = np.log(ey / fe)
+        we = np.log(np.interp(ex, gx, ghi) / np.interp(ex, gx, glo)) / (2 * z_of(level))
     tau = prior_sd(final, final_lo, final_hi, level)
-    lv = filter_offset(ex, d, tau, cfg, np.interp(ex, gx, gw))
+    lv = filter_offset(ex, d, tau, cfg, we)
     z = z_of(level) * cfg.inflation
     m1, v1 = lv.predict(np.array([tau * tau]))
     m1, sd1 = float(m1[0]), math.sqrt(float(v1[0]))

@@ -83,7 +83,7 @@ def step_filter(view, fs: FilterState, ev: EvalPoint, cfg: UpdateConfig) -> bool
     if not (ev.e > 0 and ev.y > 0):
         return False
     d = math.log(ev.y / ev.e)
-    if not (math.isfinite(d) and cfg.min_fraction <= ev.f <= 1.0):
+    if not (math.isfinite(d) and cfg.min_fraction - 1e-9 <= ev.f <= 1.0):
         return False
     tau = prior_sd(view.final, view.final_lo, view.final_hi, view.level)
     _, lo, hi = view.expected(np.array([ev.f]), alert=False)
