@@ -592,3 +592,236 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# ---------------------------------------------------------------- transitions (item 3)
+
+@dataclass
+class Change:
+    """A public run with a change declared at step ``S``: the run's curve (``t``, ``y``), its
+    old plan's twin (``ot``, ``oy``: the same model and LR without the change, the frozen
+    forecast of the old plan), the run's ``end``; ``siblings``: other runs with the same change
+    (their own ``t, y, ot, oy, S, end``), from which the new plan's law is read."""
+
+    group: str
+    name: str
+    key: str
+    t: np.ndarray
+    y: np.ndarray
+    ot: np.ndarray
+    oy: np.ndarray
+    S: float
+    end: float
+
+
+def _u(t, S, end):
+    return (np.asarray(t, float) - S) / (end - S)
+
+
+def _log_ratio(c: Change, u: np.ndarray) -> np.ndarray:
+    """log(y / old twin) of ``c`` at positions ``u`` of its change (0 at S, 1 at its end)."""
+    tt = c.S + u * (c.end - c.S)
+    return np.interp(tt, c.t, np.log(c.y)) - np.interp(tt, c.ot, np.log(c.oy))
+
+
+def mpl_changes(anchors: Path) -> list[Change]:
+    import pandas as pd
+
+    root = anchors / "multipower_luo2025"
+    out = []
+    for size in MPL_N:
+        d = {p.stem: pd.read_csv(p) for p in (root / f"csv_{size}").glob("*.csv")}
+        old = d["constant_24000"]
+        for name, S in (("wsdcon_3", 8000), ("wsdcon_9", 8000), ("wsdcon_18", 8000),
+                        ("wsd_20000_24000", 20000), ("wsdld_20000_24000", 20000)):
+            r = d[name]
+            t, y = r["step"].to_numpy(float), r["loss"].to_numpy(float)
+            out.append(Change("mpl", f"{size}/{name}", name, t, y,
+                              old["step"].to_numpy(float), old["loss"].to_numpy(float),
+                              float(S), float(t[-1])))
+    return out
+
+
+def schaipp_changes(anchors: Path) -> list[Change]:
+    """WSD cooldowns of the 124M model (slimpajama; LR 5e-4 and 1e-3): the cooldown declared
+    at its start, the constant-LR run of the same LR as the old plan."""
+    import pandas as pd
+
+    root = anchors / "schaipp2025_lr_schedules"
+    runs = pd.read_csv(root / "runs.csv")
+    runs = runs[(runs["dataset"] == "slimpajama") & (runs["n_embd"] == 768)
+                & ~runs["file"].str.startswith(("grad_norm_", "horizon", "extend"))]
+    cur = pd.read_csv(root / "curves.csv.gz")
+    cur = cur[cur["split"] == "val"]
+    out = []
+    for lr, g in runs.groupby("lr"):
+        consts = [cur[cur["run_id"] == r["run_id"]].sort_values("iter")
+                  for _, r in g[(g["scheduler"] == "wsd") & (g["wsd_fract_decay"] == 0)].iterrows()]
+        for _, r in g[(g["scheduler"] == "wsd") & (g["wsd_fract_decay"] > 0)].iterrows():
+            if isinstance(r["decay_type"], str) and r["decay_type"] != "linear":
+                continue
+            v = cur[cur["run_id"] == r["run_id"]].sort_values("iter")
+            S = (1 - r["wsd_fract_decay"]) * r["iterations"]
+            pre = v[v["iter"] <= S]
+            if len(v) < 10 or len(pre) < 3:
+                continue
+            # the old plan: the constant-LR run that IS this run before its cooldown (the same
+            # setting and seed give the same curve up to S: |log ratio| < 0.2% there)
+            best = None
+            for o in consts:
+                if o["iter"].iloc[-1] < r["iterations"]:
+                    continue
+                gap = float(np.mean(np.abs(np.log(pre["loss"].to_numpy(float)) - np.interp(
+                    pre["iter"], o["iter"], np.log(o["loss"].to_numpy(float))))))
+                if gap < 0.002 and (best is None or gap < best[0]):
+                    best = (gap, o)
+            if best is None:
+                continue
+            o = best[1]
+            out.append(Change("schaipp", f"lr{lr:g}/T{r['iterations']}/c{r['wsd_fract_decay']:g}"
+                              f"#{r['run_id']}", f"lr{lr:g}-c{r['wsd_fract_decay']:g}",
+                              v["iter"].to_numpy(float), v["loss"].to_numpy(float),
+                              o["iter"].to_numpy(float), o["loss"].to_numpy(float), float(S),
+                              float(r["iterations"])))
+    return out
+
+
+TRANSITION_NAMES = ("anchor", "compute", "recipe", "relax")
+RELAX_WIDTH = 0.05  # ladder.predict.amend.DEFAULT_WIDTH
+
+
+def transition_forecast(c: Change, siblings: list[Change], how: str) -> tuple[np.ndarray,
+                                                                             np.ndarray]:
+    """The amended centre at the run's evals after S and its log half-width's change part
+    (the siblings' spread), for one transition. The new plan's law: the old plan's curve times
+    the change's effect read from the siblings (the mean log ratio of a sibling to its own old
+    twin at the same position of its change); anchored on the run's last 3 evals at or before
+    S. ``compute``: with no compute multiplier (a schedule change), the effective compute is the
+    run's own, so the law is the new plan's along the run, as ``recipe`` (amend.py)."""
+    after = c.t > c.S
+    t = c.t[after]
+    before = np.flatnonzero(c.t <= c.S)[-3:]
+    a = float(np.mean(np.log(c.y[before]) - np.interp(c.t[before], c.ot, np.log(c.oy))))
+    old = np.interp(t, c.ot, np.log(c.oy)) + a
+    u = _u(t, c.S, c.end)
+    effects = np.array([_log_ratio(s, u) for s in siblings]) if siblings else np.zeros((1, t.size))
+    eff = effects.mean(axis=0)
+    spread = effects.std(axis=0, ddof=1) if len(siblings) > 1 else np.abs(eff)
+    if how == "anchor":
+        return np.exp(old), np.hypot(np.abs(eff), spread)  # the change is all unknown to it
+    if how in ("recipe", "compute"):
+        return np.exp(old + eff), spread
+    if how == "relax":
+        f = (t - c.S) / c.end
+        return np.exp(old + eff * (1 - np.exp(-f / RELAX_WIDTH))), spread
+    raise ValueError(how)
+
+
+def _changes(anchors: Path) -> list[Change] | str:
+    try:
+        return mpl_changes(anchors) + schaipp_changes(anchors)
+    except FileNotFoundError as e:
+        return f"anchor data absent: {e.filename}"
+
+
+def transition_table(anchors: Path | str = DEFAULT_ANCHORS) -> dict:
+    """Each transition's mean relative error over the evals after the change (and at the run's
+    end), per public change, with the band's coverage of those evals (the change part: the
+    siblings' spread, with the eval noise, at 90%); the new plan's law read from the other runs
+    with the same change (leave-one-run-out)."""
+    ch = _changes(Path(anchors))
+    if isinstance(ch, str):
+        return {"skipped": ch}
+    from scipy import stats
+
+    z = z_of(LEVEL)
+    rows = []
+    for c in ch:
+        sib = [s for s in ch if s.key == c.key and s is not c]
+        if not sib:
+            continue
+        y = c.y[c.t > c.S]
+        noise = robust_noise_of(c)
+        row = {"group": c.group, "change": c.name, "key": c.key, "n_after": int(y.size),
+               "siblings": len(sib)}
+        # the change part's prediction interval from n siblings: t quantile with n - 1 degrees
+        # of freedom and sqrt(1 + 1/n) (one new run, not the siblings' mean)
+        n = len(sib)
+        tq = float(stats.t.ppf(0.5 + LEVEL / 2, n - 1)) if n > 1 else z
+        for how in TRANSITION_NAMES:
+            p, part = transition_forecast(c, sib, how)
+            half = np.sqrt((tq * part) ** 2 * (1 + 1 / n) + (z * noise) ** 2)
+            row[how] = {"err": float(np.mean(np.abs(p / y - 1))),
+                        "final_err": float(abs(p[-1] / y[-1] - 1)),
+                        "cov": float(np.mean(np.abs(np.log(y / p)) <= half))}
+            row[how]["band_alerts"] = band_alerts_after(c, p, half, noise)
+        rows.append(row)
+    summary = {}
+    for g in ("mpl", "schaipp", "all"):
+        rs = [r for r in rows if g == "all" or r["group"] == g]
+        summary[g] = {how: {k: float(np.mean([r[how][k] for r in rs]))
+                            for k in ("err", "final_err", "cov")} for how in TRANSITION_NAMES}
+        for how in TRANSITION_NAMES:
+            summary[g][how]["runs_alerted"] = sum(r[how]["band_alerts"] > 0 for r in rs)
+        summary[g]["n"] = len(rs)
+    best = min(TRANSITION_NAMES, key=lambda h: summary["all"][h]["err"])
+    return {"rows": rows, "summary": summary, "best": best}
+
+
+def band_alerts_after(c: Change, centre: np.ndarray, half: np.ndarray, noise: float) -> int:
+    """The watcher (``check()``) on the run against a registration that is the old plan up to
+    S (the twin, its band the eval noise) and the amended forecast after it: the band alerts
+    (warn or critical) it raises after S."""
+    from ladder.predict.watch import check
+
+    end = c.end
+    pre = c.t <= c.S
+    zn = z_of(LEVEL) * max(noise, 1e-4)
+    fx = np.concatenate([c.t[pre] / end, c.t[~pre] / end])
+    fy = np.concatenate([np.interp(c.t[pre], c.ot, c.oy), centre])
+    fh = np.concatenate([np.full(pre.sum(), zn), half])
+    doc = {"schema": "prereg/1", "metric": "loss", "band_level": LEVEL,
+           "target": {"name": c.name, "steps": int(end), "tokens": 1.0},
+           "forecast": [{"fraction": float(x), "step": int(round(x * end)), "tokens": float(x),
+                         "loss": float(y), "lo": float(y * math.exp(-h)),
+                         "hi": float(y * math.exp(h))} for x, y, h in zip(fx, fy, fh)],
+           "final": {"loss": float(fy[-1]), "lo": float(fy[-1] * math.exp(-fh[-1])),
+                     "hi": float(fy[-1] * math.exp(fh[-1]))},
+           "decision_rule": {"parameters": {"align": "fraction"}}}
+    rows = [{"step": int(round(t)), "tokens": float(t / end), "progress": float(t / end),
+             "time": 0.0, "loss": float(y)} for t, y in zip(c.t, c.y)]
+    res = check(doc, rows, None, now=0.0)
+    return sum(1 for a in res.alerts if a.kind in ("above_band", "below_band")
+               and a.severity != "info" and a.step > c.S)
+
+
+def robust_noise_of(c: Change) -> float:
+    """The run's eval-to-eval noise in log units before its change (as the watcher reads it)."""
+    from ladder.predict.updated import robust_noise
+
+    d = np.log(c.y[c.t <= c.S]) - np.interp(c.t[c.t <= c.S], c.ot, np.log(c.oy))
+    return robust_noise(d[-32:], 1e-4)
+
+
+def transitions_markdown(t: dict) -> str:
+    if "skipped" in t:
+        return f"skipped: {t['skipped']}\n"
+    head = ("| group | changes | " + " | ".join(
+        f"{h} err / final err / cov / runs with a band alert after S" for h in TRANSITION_NAMES)
+        + " |")
+    lines = [head, "|---|---|" + "---|" * len(TRANSITION_NAMES)]
+    for g, s in t["summary"].items():
+        lines.append(f"| {g} | {s['n']} | " + " | ".join(
+            f"{s[h]['err']:.2%} / {s[h]['final_err']:.2%} / {s[h]['cov']:.0%} / "
+            f"{s[h]['runs_alerted']}"
+            for h in TRANSITION_NAMES) + " |")
+    by = {}
+    for r in t["rows"]:
+        by.setdefault(r["key"], []).append(r)
+    lines += ["", "| change | runs | " + " | ".join(f"{h} err" for h in TRANSITION_NAMES) + " |",
+              "|---|---|" + "---|" * len(TRANSITION_NAMES)]
+    for k, rs in by.items():
+        lines.append(f"| {k} | {len(rs)} | " + " | ".join(
+            f"{np.mean([r[h]['err'] for r in rs]):.2%}" for h in TRANSITION_NAMES) + " |")
+    lines.append(f"\nBest by mean error over every change: {t['best']}.")
+    return "\n".join(lines) + "\n"
