@@ -585,6 +585,22 @@ def main(argv=None) -> int:
                  "alert level) and on synthetic faults (shift 2%, drift to +5%, LR spike; onsets "
                  "10/30/50%; 5 seeds each; ladder.predict.synthetic), beside the band rule:\n\n"
                  + early_markdown(ew))
+        tt = transition_table(args.anchors)
+        print(transitions_markdown(tt))
+        text += ("\n## Transitions at a declared change (issue 40 item 3)\n\nEach public "
+                 "mid-run change: the run's old plan is its twin without the change (the same "
+                 "model, LR and seed: the same curve before S); the new plan's law is the old "
+                 "plan's curve times the change's effect read from the other runs with the "
+                 "same change (leave-one-run-out, at the same position of the change); every "
+                 "transition anchored on the last 3 evals at or before S. err: mean |pred / "
+                 "actual - 1| over the evals after S; cov: of those evals by the 90% band (the "
+                 "siblings' prediction interval with the eval noise; for 'anchor' the change's "
+                 "whole effect is unknown to it and joins its band); band alert: the watcher's "
+                 "band rule through `check()` after S. With no compute multiplier (a schedule "
+                 "change) `compute` is the new plan's law along the run, as `recipe`, and the "
+                 "product's three transitions coincide "
+                 "(tests/test_amend_property.py); the `relax` here relaxes from the old plan's "
+                 "curve, as it does for a data change.\n\n" + transitions_markdown(tt))
         from ladder.io import atomic_write_text
         atomic_write_text(args.out, text)
     return 0 if t.get("passed", True) else 1
@@ -612,6 +628,12 @@ class Change:
     oy: np.ndarray
     S: float
     end: float
+
+
+def _anchor(c: Change) -> float:
+    """The mean log ratio of the run's last 3 evals at or before S to its old plan's twin."""
+    before = np.flatnonzero(c.t <= c.S)[-3:]
+    return float(np.mean(np.log(c.y[before]) - np.interp(c.t[before], c.ot, np.log(c.oy))))
 
 
 def _u(t, S, end):
@@ -700,11 +722,13 @@ def transition_forecast(c: Change, siblings: list[Change], how: str) -> tuple[np
     run's own, so the law is the new plan's along the run, as ``recipe`` (amend.py)."""
     after = c.t > c.S
     t = c.t[after]
-    before = np.flatnonzero(c.t <= c.S)[-3:]
-    a = float(np.mean(np.log(c.y[before]) - np.interp(c.t[before], c.ot, np.log(c.oy))))
+    a = _anchor(c)
     old = np.interp(t, c.ot, np.log(c.oy)) + a
     u = _u(t, c.S, c.end)
-    effects = np.array([_log_ratio(s, u) for s in siblings]) if siblings else np.zeros((1, t.size))
+    # each sibling's effect past its own anchor (its offset to its twin before S is not the
+    # change's)
+    effects = np.array([_log_ratio(s, u) - _anchor(s) for s in siblings]) if siblings else \
+        np.zeros((1, t.size))
     eff = effects.mean(axis=0)
     spread = effects.std(axis=0, ddof=1) if len(siblings) > 1 else np.abs(eff)
     if how == "anchor":

@@ -49,3 +49,28 @@ def test_the_real_runs_lopsided_multiplier_no_longer_puts_the_centre_at_an_edge(
     lo, hi = b.bounds(np.array([c]))
     assert abs(math.log(hi[0] / c) - math.log(c / lo[0])) < 1e-12  # the middle
     assert hi[0] > 2.2
+
+
+def test_without_a_multiplier_the_transitions_are_the_new_plans_law():
+    """A change with no compute multiplier and no new sequence length (a new schedule, given as
+    the new plan's law and target): relax, compute and recipe all give the new plan's law along
+    the run, anchored at S, the transition that was best on the public schedule changes
+    (bench/live_forecast.py transition_table: 0.27% mean error after S vs 2.19% for keeping the
+    old curve's shape). The default (relax, chosen on the cpu data switch) costs nothing there."""
+    from helpers import watch_world
+
+    from ladder.predict.amend import Plan, amended_forecast
+    from ladder.predict.prereg import make_prereg
+
+    truth, target, law, noise = watch_world()
+    old = make_prereg(law, target, eval_noise=0.003)
+    S = int(0.4 * target.steps)
+    steps = np.arange(1, S + 1, max(S // 20, 1))
+    vals = truth.loss(target.compute, steps / target.steps) * 1.01
+    bodies = {t: amended_forecast(old, law, target, Plan(S), (steps, vals), level=0.9,
+                                  eval_noise=0.003, transition=t)
+              for t in ("relax", "compute", "recipe")}
+    rows = {t: [(r["step"], r["loss"], r["lo"], r["hi"]) for r in b["forecast"]]
+            for t, b in bodies.items()}
+    for t in ("compute", "recipe"):
+        assert np.allclose(np.array(rows[t]), np.array(rows["relax"]), rtol=1e-12)

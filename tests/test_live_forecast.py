@@ -210,3 +210,26 @@ def test_live_page_and_report_show_the_updated_forecast_beside_the_frozen(watche
     assert rep["final"]["loss"] > doc["final"]["hi"]  # a 3% shift from 30%: heading above
     html = render_html(inp, {}, {})
     assert "Updated forecast" in html and render_summary(inp, {}).count("Updated forecast") == 1
+
+
+def test_transitions_on_a_change_of_known_effect():
+    """bench/live_forecast.py's transitions on a made-up change whose effect (-3% x u, u the
+    position in the change) is the same for every run: 'recipe' follows it exactly, 'anchor'
+    keeps the old shape and misses by the effect, 'relax' starts at the old curve."""
+    from bench.live_forecast import Change, transition_forecast
+
+    def change(i, offset):
+        t = np.arange(100.0, 2001.0, 100.0)
+        o = 3.0 + 5.0 * t ** -0.3
+        u = np.clip((t - 1000.0) / 1000.0, 0, 1)
+        return Change("g", f"r{i}", "k", t, o * math.exp(offset) * np.exp(-0.03 * u), t, o,
+                      1000.0, 2000.0)
+
+    runs = [change(i, 0.01 * i) for i in range(3)]
+    p, part = transition_forecast(runs[0], runs[1:], "recipe")
+    after = runs[0].t > 1000
+    assert np.allclose(p, runs[0].y[after], rtol=1e-12) and np.allclose(part, 0)
+    a, _ = transition_forecast(runs[0], runs[1:], "anchor")
+    assert a[-1] / runs[0].y[-1] == pytest.approx(math.exp(0.03))
+    r, _ = transition_forecast(runs[0], runs[1:], "relax")
+    assert runs[0].y[after][0] < r[0] < a[0] + 1e-12
