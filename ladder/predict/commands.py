@@ -498,6 +498,8 @@ def watch_main(args, *, live_page=None) -> int:
                             dir=str(Path(args.prereg).resolve().parent))
         sinks.append(home)
         source = TeeSource(source, lambda: w.view, home.log_evals)
+        from ladder.predict.watch.rules.heading import updated_forecast
+        home.updated = lambda: updated_forecast(w.view, w.state.get("heading"))
     w = Watcher(args.prereg, source, sinks, args.state, metric=args.metric, follow=follow,
                 amend_chain=getattr(args, "amend_chain", None))
     if w.multi:
