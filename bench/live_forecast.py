@@ -349,30 +349,37 @@ def _offsets(cases: list[Case], cfg: UpdateConfig) -> tuple[np.ndarray, np.ndarr
     return np.array(ms), np.array(sds)
 
 
-def learn(cases: list[Case]) -> UpdateConfig:
-    """The (clock, q, inflation) of the grid with the lowest mean interval score among those whose
-    coverage is in 80-97% (all of the grid when none is)."""
-    from ladder.predict.band import z_of
+def grid_offsets(cases: list[Case]) -> dict:
+    """Every case's posterior mean and sd of the final offset for each (clock, band weight, q)
+    of the grid, computed once (each fold of :func:`learn` takes its subset)."""
+    return {(clock, bw, q): _offsets(cases, UpdateConfig(q=q, clock=clock, band_weight=bw))
+            for clock, bw, q in itertools.product(CLOCKS, BAND_WEIGHTS, Q_GRID)}
 
-    y = np.array([c.truth for c in cases])
-    f = np.array([c.final for c in cases])
+
+def learn(cases: list[Case], grid: dict | None = None, idx=None) -> UpdateConfig:
+    """The (clock, q, band weight, inflation) of the grid with the lowest mean interval score
+    among those whose coverage is in 80-97% (all of the grid when none is); ``grid`` from
+    :func:`grid_offsets` over ``cases`` and ``idx`` the cases to learn on (None: all)."""
+    grid = grid if grid is not None else grid_offsets(cases)
+    idx = np.arange(len(cases)) if idx is None else np.asarray(idx)
+    y = np.array([cases[i].truth for i in idx])
+    f = np.array([cases[i].final for i in idx])
     a = 1 - LEVEL
     best, best_ok = None, None
-    for clock, bw, q in itertools.product(CLOCKS, BAND_WEIGHTS, Q_GRID):
-        if True:
-            m, sd = _offsets(cases, UpdateConfig(q=q, clock=clock, band_weight=bw))
-            for k in INFL_GRID:
-                z = z_of(LEVEL) * k
-                lo, hi = f * np.exp(m - z * sd), f * np.exp(m + z * sd)
-                cov = float(np.mean((lo <= y) & (y <= hi)))
-                isc = float(np.mean(((hi - lo) + 2 / a * np.maximum(lo - y, 0)
-                                     + 2 / a * np.maximum(y - hi, 0)) / y))
-                key = (isc, q, k, clock, bw)
-                cfg = UpdateConfig(q=q, inflation=k, clock=clock, band_weight=bw)
-                if 0.80 <= cov <= 0.97 and (best_ok is None or key < best_ok[0]):
-                    best_ok = (key, cfg)
-                if best is None or key < best[0]:
-                    best = (key, cfg)
+    for (clock, bw, q), (m_all, sd_all) in grid.items():
+        m, sd = m_all[idx], sd_all[idx]
+        for k in INFL_GRID:
+            z = z_of(LEVEL) * k
+            lo, hi = f * np.exp(m - z * sd), f * np.exp(m + z * sd)
+            cov = float(np.mean((lo <= y) & (y <= hi)))
+            isc = float(np.mean(((hi - lo) + 2 / a * np.maximum(lo - y, 0)
+                                 + 2 / a * np.maximum(y - hi, 0)) / y))
+            key = (isc, q, k, clock, bw)
+            cfg = UpdateConfig(q=q, inflation=k, clock=clock, band_weight=bw)
+            if 0.80 <= cov <= 0.97 and (best_ok is None or key < best_ok[0]):
+                best_ok = (key, cfg)
+            if best is None or key < best[0]:
+                best = (key, cfg)
     return (best_ok or best)[1]
 
 
@@ -391,12 +398,13 @@ def live_forecast_table(anchors: Path | str = DEFAULT_ANCHORS) -> dict:
         return {"skipped": pf}
     curves = [c for c, _ in pf]
     cases = build_cases(curves, pf)
+    grid = grid_offsets(cases)
     learned = {}
     rows = []
     pooled: dict[str, tuple[list, list]] = {m: ([], []) for m in METHODS}
     for g in GROUP_ORDER:
         held = [c for c in cases if c.group == g]
-        cfg = learn([c for c in cases if c.group != g])
+        cfg = learn(cases, grid, [i for i, c in enumerate(cases) if c.group != g])
         learned[g] = {"q": cfg.q, "inflation": cfg.inflation, "clock": cfg.clock,
                       "band_weight": cfg.band_weight}
         for cut in CUTS:
@@ -411,7 +419,7 @@ def live_forecast_table(anchors: Path | str = DEFAULT_ANCHORS) -> dict:
             rows.append(row)
     total = {m: score(*pooled[m]) for m in METHODS}
     mean_rows = {m: float(np.mean([r[m]["err"] for r in rows])) for m in METHODS}
-    full = learn(cases)
+    full = learn(cases, grid)
     passed = (mean_rows["updated"] <= mean_rows["frozen"]
               and 0.80 <= total["updated"]["cov"] <= 0.97)
     return {"rows": rows, "total": total, "mean_of_rows": mean_rows, "learned": learned,
