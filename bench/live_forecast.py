@@ -614,9 +614,6 @@ def main(argv=None) -> int:
     return 0 if t.get("passed", True) else 1
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
 
 # ---------------------------------------------------------------- transitions (item 3)
 
@@ -857,3 +854,7 @@ def transitions_markdown(t: dict) -> str:
             f"{np.mean([r[h]['err'] for r in rs]):.2%}" for h in TRANSITION_NAMES) + " |")
     lines.append(f"\nBest by mean error over every change: {t['best']}.")
     return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -37,7 +37,7 @@ def test_no_evals_give_the_frozen_final_back():
     assert u.n_evals == 0 and u.final == pytest.approx(FROZEN[-1])
     # the prior is the frozen band itself: the same band back (x inflation, log-symmetric)
     tau = prior_sd(FROZEN[-1], LO[-1], HI[-1], 0.9)
-    assert u.hi == pytest.approx(FROZEN[-1] * math.exp(z_of(0.9) * 0.9 * tau))
+    assert u.hi == pytest.approx(FROZEN[-1] * math.exp(z_of(0.9) * UpdateConfig().inflation * tau))
 
 
 def test_a_run_that_keeps_its_offset_is_followed():

@@ -8,13 +8,14 @@ forecast at fraction ``x``, ``d(x) = log(y(x) / f(x))``, is the run's final offs
 departure ``u(x)`` that vanishes at the end, plus eval noise,
 
     d_i = s1 + u(x_i) + e_i,    e_i ~ N(0, sigma^2),   s1 ~ N(0, tau^2)
-    Var u(x) = q t(x) + b^2 max(w(x)^2 - tau^2, 0),   t(x) = log(1/x)
+    Var u(x) = q t(x) + b^2 max(w(x)^2 - tau^2, 0),   t(x) = 1/x - 1
 
 An early eval says less about where the run ends than a late one (the clock t; the public curves
-chose log 1/x over 1/x - 1 and 1 - x), and less where the frozen band is wider than at the end
-(``w(x)``: the frozen band's log half-width over z at ``x``; the law knows the early curve less
-well than its end: on the OLMo ladder the per-fraction band at 10% is 4x the final's). ``tau``,
-the frozen final band's log half-width over z(level), is the prior: a run with no evals gets the
+chose 1/x - 1 over log 1/x and 1 - x), and may say less where the frozen band is wider than at
+the end (``w(x)``: the frozen band's log half-width over z at ``x``: on the OLMo ladder the
+per-fraction band at 10% is 4x the final's; the weight ``b`` is learned, 0 on all four groups
+together, 1 with the OLMo ladder or the MPL curves held out). ``tau``, the frozen final band's
+log half-width over z(level), is the prior: a run with no evals gets the
 frozen final back, and the frozen band keeps its marginal width.
 
 The posterior of ``s1`` comes from a forward Kalman filter over the evals: ``s(x) = s1 + u(x)``
@@ -48,8 +49,8 @@ class UpdateConfig:
     (bench/live_forecast.py, docs/live_forecast.md); the leave-one-ladder-out table there shows
     each group's error with the values learned on the 3 others."""
 
-    q: float = 1e-5            # rate of the departure's variance per unit of its clock
-    inflation: float = 0.9     # the band's half-width x this (1: the model's own)
+    q: float = 3.2e-5          # rate of the departure's variance per unit of its clock
+    inflation: float = 0.8     # the band's half-width x this (1: the model's own)
     sigma_floor: float = 1e-3  # eval noise (log) at least this: 0.1% (a smooth eval set's
     #                            eval-to-eval noise is below it; the floor keeps one eval from
     #                            pinning the level)
@@ -57,8 +58,8 @@ class UpdateConfig:
     #                             curve there is a guess at a steep start)
     intervene: float = 3.0     # two innovations beyond this many sd on one side let the level
     #                            go (:meth:`FilterState.step`); 0: never
-    clock: str = "log"         # the departure's clock t(x) (:func:`t_of`)
-    band_weight: float = 0.5   # weight of the frozen band's excess width in the offset's prior
+    clock: str = "inverse"     # the departure's clock t(x) (:func:`t_of`)
+    band_weight: float = 0.0   # weight of the frozen band's excess width in the offset's prior
     #                            variance (:func:`offset_var`)
 
     def __post_init__(self):
