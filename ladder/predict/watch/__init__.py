@@ -13,7 +13,8 @@ Where things live (each module a concern):
   ``rules/__init__.py``. One module per rule family: ``rules.loss`` (band, trend, rising,
   contingency), ``rules.heading`` (the updated forecast's early warning), ``rules.health``
   (non-finite, spikes, grad norm, drops, router, parameter norms), ``rules.run`` (applicability,
-  the input's remarks, stalled); ``rules.hysteresis`` the raise-and-clear every rule with a level shares (:class:`Hysteresis`);
+  the input's remarks, stalled); ``rules.hysteresis`` the raise-and-clear every rule with a
+  level shares (:class:`Hysteresis`);
 - ``config``: the thresholds, :class:`WatchConfig`, derived from the rules' ``Config`` classes;
 - ``state``: the watcher state, derived from the rules' ``State`` classes (:class:`WatchState`;
   ``watch-state/2``, and ``watch-state/1`` still read);
