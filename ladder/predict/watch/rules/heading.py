@@ -27,14 +27,12 @@ class HeadingConfig(Smoothing, Persistence):
     heading_k: int = threshold(2, positive_int)  # evals apart before a warning: one fewer
     #   than the band rule's 3, the updated forecast being already a filter of the evals
     #   (bench/live_forecast.py early_warning_table, docs/live_forecast.md: against the alert
-    #   band, k = 2 and 3 warn on the same 2 of 127 healthy public curves whose final stayed
-    #   inside it, and k = 2 is no later than the band rule on 22 of 45 synthetic faults, k = 3
-    #   on 7)
+    #   band, k = 2 and 3 warn on no healthy public curve whose final stayed inside it, of 127;
+    #   k = 2 is no later than the band rule on 12 of 45 synthetic faults, k = 3 on 3, missing 2)
     heading_against: str = threshold("alert", one_of("alert", "registered"))  # the frozen
     #   final band compared with: widened to the alert level as the band rule's (a healthy run
     #   ends outside the registered 90% band 1 time in 10), or as registered (the same table:
-    #   7 false warnings of 127 public curves at k = 2, no later than the band on 34 of 45)
-
+    #   2 false warnings of 127 public curves at k = 2, no later than the band on 14 of 45)
 
 @dataclass
 class HeadingState(Hysteresis):
