@@ -466,7 +466,7 @@ def early_warning_table(anchors: Path | str = DEFAULT_ANCHORS,
     onsets, 5 seeds each): the first warning of each against the band rule's. One row per
     variant (the frozen band compared with, ``heading_k``). A public curve's warning is false
     when its final lies inside the frozen final band at the alert level (the band rule's)."""
-    from ladder.predict import synthetic as sy
+    from tests import synthetic as sy
     from ladder.predict.prereg import make_prereg
     from ladder.predict.watch import WatchConfig, check
 
@@ -591,7 +591,7 @@ def main(argv=None) -> int:
                  "`check()` on every public curve above (its frozen forecast registered; a "
                  "warning is false when the final stayed inside the frozen final band at the "
                  "alert level) and on synthetic faults (shift 2%, drift to +5%, LR spike; onsets "
-                 "10/30/50%; 5 seeds each; ladder.predict.synthetic), beside the band rule:\n\n"
+                 "10/30/50%; 5 seeds each; tests/synthetic.py), beside the band rule:\n\n"
                  + early_markdown(ew))
         tt = transition_table(args.anchors)
         print(transitions_markdown(tt))

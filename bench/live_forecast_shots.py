@@ -1,5 +1,5 @@
 """Screenshots of the updated forecast (issue 40) on the live page and the report, in headless
-Chromium: a synthetic target drifting from 30% of its run (ladder.predict.synthetic), watched to
+Chromium: a synthetic target drifting from 30% of its run (tests/synthetic.py), watched to
 62%, its pre-registration frozen before.
 
     python bench/live_forecast_shots.py --out DIR      (writes DIR/live_updated.png and
@@ -31,10 +31,10 @@ def shot(chromium: str, url: str, path: Path, height: int) -> None:
 def main(argv=None) -> int:
     from ladder.cli.main import main as cli
     from ladder.predict import prereg as pr
-    from ladder.predict import synthetic as sy
+    from tests import synthetic as sy
     from ladder.predict.live import Watcher
     from ladder.predict.prereg import make_prereg
-    from ladder.predict.sources import JsonlSource
+    from ladder.sources import JsonlSource
     from ladder.reports.live import LivePage
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

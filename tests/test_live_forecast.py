@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ladder.predict import synthetic as sy
+from tests import synthetic as sy
 from ladder.predict.band import z_of
 from ladder.predict.prereg import make_prereg
 from ladder.predict.updated import (
@@ -181,7 +181,7 @@ def test_live_page_and_report_show_the_updated_forecast_beside_the_frozen(watche
     """The watcher's page draws the updated curve ahead and says its final beside the frozen
     one; the report computes the same from the artifacts (the same method, the same evals)."""
     from ladder.predict.live import Watcher
-    from ladder.predict.sources import JsonlSource
+    from ladder.sources import JsonlSource
     from ladder.reports import updated
     from ladder.reports.inputs import load_inputs
     from ladder.reports.live import LivePage

@@ -458,14 +458,14 @@ class LivePage:
         return cls(state, version, **kw)
 
     @classmethod
-    def for_watcher(cls, watcher, *, history: Callable | None = None, **kw) -> LivePage:
+    def for_watcher(cls, watcher, *, source: str | None = None, keymap=None, **kw) -> LivePage:
         """The page of a running :class:`ladder.predict.live.Watcher`, from the batches it judges
-        (:class:`WatcherFeed`). ``history()``, when given, returns a fresh source of the same
-        run: a watcher restarted from its state file does not read what it judged before, so the
-        page reads it once, in the background, to draw the run from its start."""
+        (:class:`WatcherFeed`). ``source`` (the watcher's ``--source``, read through ``keymap``
+        when given): a watcher restarted from its state file does not read what it judged
+        before, so the page reads the run once more, in the background, from its start."""
         feed = WatcherFeed(watcher)
-        if history is not None and (watcher.state.get("n_points") or 0) > 0:
-            feed.backfill(history)
+        if source is not None and (watcher.state.get("n_points") or 0) > 0:
+            feed.backfill(source, keymap)
         kw.setdefault("title", f"ladder watch: {watcher.doc.get('target', {}).get('name')}")
         page = cls(feed.state, feed.version, **kw)
         page.feed = feed
@@ -510,13 +510,17 @@ class WatcherFeed:
             if t is not None:
                 self.train.add(g, t)
 
-    def backfill(self, make_source) -> None:
-        """Read a fresh source of the run once, in a daemon thread, into the same series (a
-        bucket keeps its extremes, so rows the watcher also brings count once in effect)."""
+    def backfill(self, source: str, keymap=None) -> None:
+        """Read the run once from a fresh source (``open_source(source)``), in a daemon thread,
+        into the same series (a bucket keeps its extremes, so rows the watcher also brings count
+        once in effect)."""
         def run():
             from ladder.predict.watch import Batch
+            from ladder.sources import KeyMappedSource, open_source
             try:
-                src = make_source()
+                src = open_source(source)
+                if keymap is not None:
+                    src = KeyMappedSource(src, keymap)
                 keys, keep = self.w.keys, self.w.keep
                 while True:
                     p = src.poll_batch(keys, keep)
@@ -609,8 +613,12 @@ def verdict(name: str, metric: str, band, level, last, *, worst: str | None,
     elif last is not None and band is not None:
         e, lo, hi = (float(v) for v in band.at(last[0]))
         if math.isfinite(lo) and math.isfinite(hi):
-            side = "inside" if lo <= last[1] <= hi else "ABOVE" if last[1] > hi else "BELOW"
-            tone = "bad" if side != "inside" else tone
+            # one eval outside the band is not an alert (the loss rule waits for evals in a
+            # row outside a wider band): the words say so and the tone stays the alerts' own
+            side = "inside" if lo <= last[1] <= hi else \
+                f"{'above' if last[1] > hi else 'below'} the band at this eval" + \
+                ("" if worst in ("warn", "critical") else
+                 " (not an alert: the watcher warns when it stays out)")
         else:
             side = "band missing, not judged"
         lines.append(f"{name} latest {metric} (at {last[0]:.0%} of the run): {last[1]:.4f}; "

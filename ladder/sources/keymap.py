@@ -4,7 +4,7 @@ The fitter and the watcher read the keys of shared/DESIGN.md section 3 (``tokens
 ``flops``, ``optim/lr``, ``step``, the metric) and the run's sizes (``params``). A run trained by
 another trainer logs the same quantities under its own names; a key map says which, and by what
 factor a value is scaled (levanter logs GFLOPs). Built-in maps are data, like the ladders:
-``ladder/keymaps/levanter.toml`` and ``marin.toml`` (each cites where the trainer logs the names);
+``sources/keymaps/levanter.toml`` and ``marin.toml`` (each cites where the trainer logs the names);
 ``--keys FILE.toml`` takes a team's own in the same shape::
 
     schema = "keymap/1"
@@ -117,6 +117,22 @@ class KeyMap:
         return df
 
 
+def recognise(keys) -> tuple[list[str], list[str]] | None:
+    """The built-in key maps whose trainer keys ``keys`` (a run's config, summary and history
+    keys) hold the most of (maps that tie, e.g. marin's, which is levanter's keys, all named),
+    with those keys; None when they hold none of any map's."""
+    keys = set(keys)
+    found: dict[str, list[str]] = {}
+    for name in BUILTIN:
+        km = load_keymap(name)
+        found[name] = sorted(t for _, t, _ in km.entries if t in keys and t not in km.theirs)
+    most = max(len(v) for v in found.values())
+    if not most:
+        return None
+    names = [n for n, v in found.items() if len(v) == most]
+    return names, found[names[0]]
+
+
 def scaled(v: Any, s: float) -> Any:
     """``v`` times ``s`` when it is a number (a NaN string stays what it is)."""
     if s == 1 or isinstance(v, bool):
@@ -131,7 +147,7 @@ def load_keymap(spec: str | None) -> KeyMap | None:
         return None
     if spec in BUILTIN:
         from importlib.resources import files
-        return _read(Path(str(files("ladder") / BUILTIN_DIR / f"{spec}.toml")))
+        return _read(Path(str(files("ladder.sources") / BUILTIN_DIR / f"{spec}.toml")))
     path = Path(spec)
     if not path.suffix and not path.exists():
         raise InputError(f"unknown key map {spec!r}; built-in: {', '.join(BUILTIN)}, or a "
@@ -193,4 +209,4 @@ def parse_keymap(obj: Any, *, default_name: str = "keymap") -> KeyMap:
     return KeyMap(name=name, entries=tuple(entries))
 
 
-__all__ = ["KeyMap", "load_keymap", "parse_keymap", "BUILTIN", "SCHEMA"]
+__all__ = ["KeyMap", "load_keymap", "parse_keymap", "recognise", "BUILTIN", "SCHEMA"]
