@@ -43,6 +43,7 @@ from ladder.predict.watch.rules.health import (
     RouterEntropyRule,
     SpikeRule,
 )
+from ladder.predict.watch.rules.heading import HeadingRule
 from ladder.predict.watch.rules.loss import BandRule, ContingencyRule, RiseRule, TrendRule
 from ladder.predict.watch.rules.run import ApplicabilityRule, InputRule, StalledRule
 
@@ -55,6 +56,7 @@ RULES: tuple[Rule, ...] = (
     TrendRule(),
     BandRule(),
     ContingencyRule(),
+    HeadingRule(),
     SpikeRule(),
     GradNormRule(),
     DropFracRule(),
