@@ -67,7 +67,7 @@ from flax import linen as nn
 
 from ladder.model.balance import bias_from_histogram, margin_histogram
 from ladder.model.config import ModelConfig
-from ladder.model.layers import RMSNorm, output_init, weight_init
+from ladder.model.layers import RMSNorm, normal, output_init, weight_init
 
 
 class Routing(NamedTuple):
@@ -480,6 +480,22 @@ class SharedExperts(nn.Module):
         return swiglu(x, w_gate, w_up, w_down, "td,ndf->tnf", "tnf,nfd->td")
 
 
+def router_init(cfg: ModelConfig):
+    """Init of the router [D, E]: the recipe's sigma 0.5 / sqrt(d_model) (truncated at 3 sigma
+    under the recipe's init) whatever ``cfg.init``, so the logits of a normalised token start
+    with a spread of ~0.5 at any width.
+
+    Why not gpt2's 0.02: the balancing bias is set from the previous step's logits, so routing
+    follows the tokens only while the logits' spread over tokens exceeds how far one optimizer
+    step moves them. Adam moves every router weight by ~lr per step, an expert's logit by up to
+    lr x |x|_1 (0.24 at the tiny ladder's d=16 and peak lr 0.019), three times the spread of
+    0.02 x sqrt(16) = 0.08; then all tokens pick the same experts for 10-30 steps (the tiny
+    ladder before this init: docs/LOG.md, issue 37 item 6)."""
+    from ladder.model.config import RECIPE_INIT_COEF, RECIPE_INIT_TRUNCATE
+    return normal(RECIPE_INIT_COEF / math.sqrt(cfg.d_model),
+                  RECIPE_INIT_TRUNCATE if cfg.init == "recipe" else None)
+
+
 class MoE(nn.Module):
     """Router + routed experts in latent space + shared experts. Returns ``(y, aux)``.
 
@@ -499,7 +515,7 @@ class MoE(nn.Module):
         T, E, L = B * S, cfg.n_experts, cfg.latent_dim
         xt = x.reshape(T, D)                                           # [B, S, D] -> [T, D]
         init = weight_init(cfg)
-        w_router = self.param("router", init, (D, E), jnp.float32)
+        w_router = self.param("router", router_init(cfg), (D, E), jnp.float32)
         w_down = self.param("down", init, (D, L), jnp.float32)
         w_up = self.param("up", output_init(cfg), (L, D), jnp.float32)
 

@@ -223,6 +223,8 @@ def _programs(model_cfg: ModelConfig, settings: OptimizerSettings, mesh,
               microbatches: int) -> Programs:
     import jax
 
+    from ladder.trainer import optim
+    optim.warn_init(settings.kind, model_cfg)       # once per program (lru_cache)
     optimizer = make_optimizer(settings)
     shard = state_shardings(model_cfg, optimizer, mesh)
     return Programs(model_cfg, optimizer, shard,

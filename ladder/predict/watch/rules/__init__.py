@@ -41,6 +41,7 @@ from ladder.predict.watch.rules.health import (
     ParamNormRule,
     RouterBiasRule,
     RouterEntropyRule,
+    RouterLogitRule,
     SpikeRule,
 )
 from ladder.predict.watch.rules.loss import BandRule, ContingencyRule, RiseRule, TrendRule
@@ -60,6 +61,7 @@ RULES: tuple[Rule, ...] = (
     DropFracRule(),
     RouterEntropyRule(),
     ExpertLoadRule(),
+    RouterLogitRule(),
     RouterBiasRule(),
     ParamNormRule(),
     StalledRule(),
