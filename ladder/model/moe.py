@@ -39,9 +39,11 @@ Expert parallelism: when the jitted caller runs under a device mesh (``jax.set_m
 "expert" axis has more than one device, the routed path runs in ``jax.shard_map`` over the mesh
 (:func:`dispatch_expert_parallel`): tokens are split over every device (batch over "data" x
 "expert"), each device fills an [E, C, L] buffer from its own tokens (capacity counted per
-(sender shard, expert) cell, as in the real recipe), ``jax.lax.all_to_all`` over "expert" carries
-each expert's slots to the device holding it and the outputs back. Dropless, each device runs
-its own tokens through every expert, whose weights are gathered for the layer
+(sender shard, expert) cell, as in the real recipe), and an exchange over "expert" carries each
+expert's slots to the device holding it and the outputs back: ``jax.lax.ragged_all_to_all`` of
+the filled slots only on GPU/TPU, ``jax.lax.all_to_all`` of the whole padded buffer on CPU (XLA:CPU
+has no ragged all-to-all; :func:`default_exchange`, bench/moe_all_to_all.py). Dropless, each
+device runs its own tokens through every expert, whose weights are gathered for the layer
 (:func:`dispatch_dropless_sharded`). The mesh comes from the context, not from a module argument,
 so the layer also works inside ``nn.scan``.
 
@@ -67,7 +69,7 @@ from flax import linen as nn
 
 from ladder.model.balance import bias_from_histogram, margin_histogram
 from ladder.model.config import ModelConfig
-from ladder.model.layers import RMSNorm, normal, output_init, weight_init
+from ladder.model.layers import RMSNorm, output_init, weight_init
 
 
 class Routing(NamedTuple):
@@ -598,22 +600,6 @@ class SharedExperts(nn.Module):
         return swiglu(x, w_gate, w_up, w_down, "td,ndf->tnf", "tnf,nfd->td")
 
 
-def router_init(cfg: ModelConfig):
-    """Init of the router [D, E]: the recipe's sigma 0.5 / sqrt(d_model) (truncated at 3 sigma
-    under the recipe's init) whatever ``cfg.init``, so the logits of a normalised token start
-    with a spread of ~0.5 at any width.
-
-    Why not gpt2's 0.02: the balancing bias is set from the previous step's logits, so routing
-    follows the tokens only while the logits' spread over tokens exceeds how far one optimizer
-    step moves them. Adam moves every router weight by ~lr per step, an expert's logit by up to
-    lr x |x|_1 (0.24 at the tiny ladder's d=16 and peak lr 0.019), three times the spread of
-    0.02 x sqrt(16) = 0.08; then all tokens pick the same experts for 10-30 steps (the tiny
-    ladder before this init: docs/LOG.md, issue 37 item 6)."""
-    from ladder.model.config import RECIPE_INIT_COEF, RECIPE_INIT_TRUNCATE
-    return normal(RECIPE_INIT_COEF / math.sqrt(cfg.d_model),
-                  RECIPE_INIT_TRUNCATE if cfg.init == "recipe" else None)
-
-
 class MoE(nn.Module):
     """Router + routed experts in latent space + shared experts. Returns ``(y, aux)``.
 
@@ -633,7 +619,7 @@ class MoE(nn.Module):
         T, E, L = B * S, cfg.n_experts, cfg.latent_dim
         xt = x.reshape(T, D)                                           # [B, S, D] -> [T, D]
         init = weight_init(cfg)
-        w_router = self.param("router", router_init(cfg), (D, E), jnp.float32)
+        w_router = self.param("router", init, (D, E), jnp.float32)
         w_down = self.param("down", init, (D, L), jnp.float32)
         w_up = self.param("up", output_init(cfg), (L, D), jnp.float32)
 

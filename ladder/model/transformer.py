@@ -285,7 +285,8 @@ def loss_fn(cfg: ModelConfig, params, router_bias, tokens, targets, *, dropless:
     "moe/router_entropy", "moe/router_z_loss", "moe/balance_loss" (means over layers; the
     recipe's definitions, ladder.model.moe.moe_stats), and the per-layer arrays "moe/load" [L, E]
     (assignment counts), "moe/router_prob" [L, E] (mean router probabilities),
-    "moe/bias_target" [L, E] and the balancing rule's mergeable statistic "moe/bias_stat" (see
+    "moe/bias_target" [L, E], "moe/router_in" [L, D] (each router's mean input: the balancing
+    rule's drift correction) and the balancing rule's mergeable statistic "moe/bias_stat" (see
     ladder.model.moe.bias_stat).
     """
     h, aux = _hidden(cfg, params, router_bias, tokens, dropless, segment_ids)
@@ -306,8 +307,8 @@ def loss_fn(cfg: ModelConfig, params, router_bias, tokens, targets, *, dropless:
         "moe/load": load,
         "moe/router_prob": aux["prob"],
         "moe/bias_target": aux["bias_target"],
-        "moe/bias_stat": aux["bias_stat"],
-        "moe/router_in": aux["router_in"],     # [L, D]: each router's mean input     # [L, E, n]: mergeable over microbatches (moe.py)
+        "moe/bias_stat": aux["bias_stat"],     # [L, E, n]: mergeable over microbatches (moe.py)
+        "moe/router_in": aux["router_in"],     # [L, D]: each router's mean input (moe.py)
     }
     return ce + z_loss, stats
 
