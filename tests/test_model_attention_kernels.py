@@ -153,3 +153,26 @@ def test_blocked_fallback_equals_reference_in_bf16_shapes():
     q, k, v, seg = _qkv(2, 64, 4, 2, 8)
     out = jax.jit(attend, static_argnums=(3, 5))(q, k, v, 8, seg, 16)
     np.testing.assert_allclose(out, attend_reference(q, k, v, 8, seg), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_decoder_program_has_no_dense_segment_mask():
+    # the whole train step's gradient of a model with a local and a global layer, packed documents
+    from functools import partial
+
+    from ladder import model
+    from ladder.specs import LADDERS
+    S = 512
+    cfg = LADDERS["tiny"].rungs[0].model.replace(attention_chunk=64)
+    assert [cfg.is_global(i) for i in range(cfg.n_layers)] == [False, True]
+    params, bias = model.init(cfg, 0)
+    tokens = jax.random.randint(jax.random.key(0), (1, S), 0, cfg.vocab_size)
+    seg = _qkv(1, S, 1, 1, 8)[3]
+
+    def program(c):
+        f = jax.grad(partial(model.loss_fn, c), has_aux=True)
+        return jax.jit(lambda p: f(p, bias, tokens, tokens, segment_ids=seg)).lower(
+            params).compile().as_text()
+
+    assert _dense_square(program(cfg.replace(attention_chunk=S)), S)    # one block: the mask
+    assert _dense_square(program(cfg), S) == []
