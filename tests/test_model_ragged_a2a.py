@@ -50,6 +50,17 @@ SCRIPT = EXPERT_MESH_SRC + textwrap.dedent("""
         np.testing.assert_array_equal(np.concatenate([o.kept for o in one]), dense.kept)
         np.testing.assert_allclose(np.concatenate([o.out for o in one]), dense.out,
                                    rtol=1e-5, atol=1e-6)
+        # and the gradients (the train step differentiates the exchange)
+        def grads(exchange):
+            def f(x, w):
+                d = moe.dispatch_expert_parallel(cfg, mesh, x, expert, 7, w, 32, exchange)
+                return jnp.sum(d.out ** 2)
+            with jax.set_mesh(mesh):
+                return jax.jit(jax.grad(f, argnums=(0, 1)))(x, w)
+        g_ragged = grads(moe.exchange_ragged(4, moe.ragged_all_to_all_reference))
+        g_dense = grads(moe.exchange_dense(4))
+        for a, b in zip(jax.tree.leaves(g_ragged), jax.tree.leaves(g_dense)):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
         print("drop", cf, cell, 1 - float(np.mean(dense.kept)))
     # the GPU program: jax.lax.ragged_all_to_all both ways, no dense all_to_all of the buffer
     with jax.set_mesh(mesh):
