@@ -92,6 +92,7 @@ CASES = {
     "drop_frac": (lambda: _rows("drop", 0.4, 0.15, seed=7), "drop_frac", 2),
     "router_entropy": (lambda: _scale("moe/router_entropy", 0.2), "router", 1),
     "expert_load": (lambda: _scale("moe/load_max_over_mean", 2.6), "router", 1),
+    "router_logits": (lambda: _scale("moe/router_z_loss", 6.0), "router", 1),
     "router_bias": (lambda: _scale("params/norm/router_bias", 6.0, at=0.6), "router", 1),
     "param_norm": (lambda: _scale("params/norm/blocks", 3.0), "param_norm", 1),
     "applicability": (_shortened, "not_applicable", 3),

@@ -41,6 +41,7 @@ from ladder.predict.watch.rules.health import (
     ParamNormRule,
     RouterBiasRule,
     RouterEntropyRule,
+    RouterLogitRule,
     SpikeRule,
 )
 from ladder.predict.watch.rules.heading import HeadingRule
@@ -62,6 +63,7 @@ RULES: tuple[Rule, ...] = (
     DropFracRule(),
     RouterEntropyRule(),
     ExpertLoadRule(),
+    RouterLogitRule(),
     RouterBiasRule(),
     ParamNormRule(),
     StalledRule(),
