@@ -40,7 +40,6 @@ from ladder.io import (
     EX_USAGE,
     PREREG_MODE,
     InputError,
-    append_text,
     atomic_write_bytes,
     canonical_json,
     inside,
