@@ -164,7 +164,7 @@ def test_two_processes_on_token_shards_checkpoint_each_iterator_and_resume(tmp_p
     tok.save(str(tmp_path / "tok.json"))
     assert main(["tokenize", str(tmp_path / "d*.txt"), "--tokenizer", str(tmp_path / "tok.json"),
                  "--out", str(tmp_path / "shards")]) == 0
-    data = ["--data", str(tmp_path / "shards")]
+    data = ["--data", str(tmp_path / "shards"), "--model.vocab_size=280"]  # the tokenizer's
     _run(["--out", str(tmp_path / "full"), "--max-steps", "6", *data], devices=4, n_processes=2)
     _run(["--out", str(tmp_path / "part"), "--max-steps", "3", *data], devices=4, n_processes=2)
     ck = tmp_path / "part" / "tiny" / RUNG.name / "checkpoints" / "3" / "data"
