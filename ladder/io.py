@@ -249,6 +249,7 @@ def write_with_record(path: str | os.PathLike, data: bytes, log: str | os.PathLi
     path, log = Path(path), Path(log)
     if path.exists() or path.is_symlink():
         raise FileExistsError(str(path))
+    existed = log.exists()
     fd = _open_log(log)
     try:
         _flock(fd, log)
@@ -265,6 +266,11 @@ def write_with_record(path: str | os.PathLike, data: bytes, log: str | os.PathLi
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
+    except BaseException:
+        if not existed and os.fstat(fd).st_size == 0:
+            with contextlib.suppress(OSError):
+                os.unlink(log)   # created by this call, still empty: as before the call
+        raise
     finally:
         os.close(fd)  # releases the lock
     _fsync_dir(path.parent)

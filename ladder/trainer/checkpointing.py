@@ -84,6 +84,7 @@ class Checkpoints:
         self.interval_s = None if not minutes else 60.0 * minutes
         self._last_save = _clock()
         self._pending: dict[str, int] = {}   # manager -> step being written in the background
+        self._closed = False
         self._done = self.latest_step()
 
     def latest_step(self) -> int:
@@ -130,6 +131,7 @@ class Checkpoints:
                 reason = _disk_reason(e)
                 if reason is None:
                     raise
+                self._close_quietly()       # background writers stop before the clean-up
                 self._remove_unfinished()
                 from ladder.io import EX_IOERR, InputError
                 raise InputError(f"checkpoint of step {step} could not be written ({reason}); "
@@ -230,11 +232,24 @@ class Checkpoints:
 
     def close(self) -> None:
         """Wait for the saves in flight (a failed background write raises here), then close."""
+        if self._closed:
+            return
         try:
             self._settle()
-        finally:
-            self.permanent.close()
-            self.rolling.close()
+        except BaseException:
+            self._close_quietly()   # the first error is the one told
+            raise
+        self._closed = True
+        self.permanent.close()
+        self.rolling.close()
+
+    def _close_quietly(self) -> None:
+        import contextlib
+
+        self._closed = True
+        for mngr in (self.permanent, self.rolling):
+            with contextlib.suppress(Exception):
+                mngr.close()
 
 
 def _disk_reason(e: BaseException) -> str | None:
