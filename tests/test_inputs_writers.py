@@ -335,20 +335,95 @@ def test_a_full_disk_during_a_save_is_74_and_nothing_half_made(tmp_path, async_s
     c.close()
 
 
-def test_a_second_run_into_a_run_folder_is_refused_and_a_dead_runs_lock_taken_over(tmp_path,
-                                                                                   capsys):
+RUN = ["run", "tiny", "--rung", "12.8K-A3.8K", "--progress=false", "--peak_flops=1e11",
+       "--max-steps", "1"]
+
+
+def test_a_second_run_into_a_run_folder_is_refused_in_one_line(tmp_path, capsys):
+    """Two `ladder run`s into one run folder (a resubmitted job) both wrote: steps logged
+    twice, a checkpoint left as a tmp folder, a traceback."""
     out = tmp_path / "runs" / "tiny" / "12.8K-A3.8K"
-    args = ["run", "tiny", "--rung", "12.8K-A3.8K", "--out", str(tmp_path / "runs"), "--progress=false",
-            "--peak_flops=1e11", "--max-steps", "1"]
-    with folder_lock(out, what="ladder run"):         # a run at work (a resubmitted job)
-        code = main(args + ["--resume"])
-    err = capsys.readouterr().err
-    assert code == 75 and "in use by ladder run (pid" in err and len(err.splitlines()) == 1
-    assert sorted(p.name for p in out.iterdir()) == []
-    # a run killed with its lock held: the lock file stays, naming a pid that is gone
+    with folder_lock(out, what="ladder run"):         # a run at work
+        code = main(RUN + ["--out", str(tmp_path / "runs"), "--resume"])
+        err = capsys.readouterr().err
+        assert code == 75 and "in use by ladder run (pid" in err and len(err.splitlines()) == 1
+        assert [p.name for p in out.iterdir()] == [lio.LOCK]   # nothing of the second run
+
+
+def test_the_lock_of_a_killed_holder_is_taken_over(tmp_path):
+    """A holder killed with SIGKILL leaves its lock file, naming its (dead) pid: the next one
+    takes it over; a live holder in another process is refused."""
+    folder = tmp_path / "f"
+    code = ("import os, sys, time\n"
+            f"sys.path.insert(0, {str(ROOT)!r})\n"
+            "from ladder.io import folder_lock\n"
+            f"with folder_lock({str(folder)!r}, what='ladder run'):\n"
+            "    print('held', flush=True)\n"
+            "    time.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "held"
+        with pytest.raises(InputError) as e, folder_lock(folder, what="x"):
+            pass
+        assert e.value.exit_code == 75 and f"pid {p.pid}" in str(e.value)
+    finally:
+        p.kill()
+        p.wait()
+    assert (folder / lio.LOCK).exists()                # left behind by the killed holder
+    with folder_lock(folder, what="ladder run"):
+        assert json.loads((folder / lio.LOCK).read_text())["pid"] == os.getpid()
+    assert not (folder / lio.LOCK).exists()
+
+
+@pytest.mark.slow
+def test_a_run_after_a_killed_run_takes_its_lock_over_and_trains(tmp_path):
+    out = tmp_path / "runs" / "tiny" / "12.8K-A3.8K"
+    out.mkdir(parents=True)
     p = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                        capture_output=True, text=True, check=True)
     (out / lio.LOCK).write_text(json.dumps({"pid": int(p.stdout), "host": "h",
                                             "what": "ladder run", "since": "x"}))
-    assert main(args) == 0
+    assert main(RUN + ["--out", str(tmp_path / "runs")]) == 0
     assert not (out / lio.LOCK).exists() and (out / "summary.json").exists()
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(fail_at=st.sampled_from(["mkstemp", "fsync", "write", "link", "none"]),
+       chain_before=st.booleans(), torn=st.booleans())
+def test_a_record_and_its_file_are_both_written_or_neither(tmp_path_factory, fail_at,
+                                                           chain_before, torn):
+    """ladder.io.write_with_record under a failure at any OS call: either the file and its line
+    are both there, or the folder is byte-for-byte as before (a torn last line of the log, a
+    killed writer's, may be cut: it was never a line); then the same call succeeds."""
+    d = tmp_path_factory.mktemp("pair")
+    log = d / "log.jsonl"
+    if chain_before:
+        log.write_bytes(b'{"a": 1}\n' + (b'{"torn' if torn else b""))
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    real = {"mkstemp": lio.tempfile.mkstemp, "fsync": lio.os.fsync, "write": lio.os.write,
+            "link": lio.os.link}
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    import unittest.mock as um
+    target = {"mkstemp": (lio.tempfile, "mkstemp"), "fsync": (lio.os, "fsync"),
+              "write": (lio.os, "write"), "link": (lio.os, "link")}.get(fail_at)
+    ctx = um.patch.object(*target, full) if target else um.MagicMock()
+    with ctx:
+        try:
+            lio.write_with_record(d / "doc.json", b"{}\n", log, '{"b": 2}\n')
+            ok = True
+        except InputError as e:
+            ok = False
+            assert e.exit_code == 73 and "no space left" in str(e)
+    assert lio.tempfile.mkstemp is real["mkstemp"] and lio.os.link is real["link"]
+    after = {p.name: p.read_bytes() for p in d.iterdir()}
+    if ok:
+        assert after["doc.json"] == b"{}\n" and after["log.jsonl"].endswith(b'{"b": 2}\n')
+    else:
+        if chain_before and torn and after.get("log.jsonl") == b'{"a": 1}\n':
+            after["log.jsonl"] = before["log.jsonl"]     # the torn line cut: as good as before
+        assert after == before
+        lio.write_with_record(d / "doc.json", b"{}\n", log, '{"b": 2}\n')
+    assert (d / "log.jsonl").read_bytes().count(b'{"b": 2}') == 1
