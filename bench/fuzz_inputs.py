@@ -504,7 +504,7 @@ def corpus() -> list[Case]:
     add(Case("watch --state of another kind", lambda w: [
         "watch", prereg(w), "--source", str(w / "live.jsonl"), "--state", str(w / law)],
         (law, "schema")))
-    return C + corpus26() + corpus39_writers()
+    return C + corpus26()
 
 
 def _as(p: Path, suffix: str) -> Path:
@@ -670,7 +670,7 @@ def main(argv=None) -> int:
             preload()
         results = []
         t0 = time.perf_counter()
-        for case in corpus():
+        for case in corpus() + corpus39_writers():
             if args.only and args.only not in case.name:
                 continue
             if args.surface and args.surface not in case.surface:
@@ -1310,6 +1310,11 @@ def corpus39_writers() -> list[Case]:
     add("tokenize --out a link to a folder holding the user's train-00000.bin",
         lambda w: tokenize(w, _link(w / "lnk", _plant(w, w / "mine", "train-00000.bin"))),
         ("lnk", "mine", "train-00000.bin"), surface=S39_OWN, check=_planted_intact)
+    for name in ("metrics.jsonl", "summary.md", "env.json"):
+        add(f"run into a folder holding the user's {name}", lambda w, n=name: (
+            _plant(w, _rung_folder(w), n), _run_into(w))[1], (_first_rung(), name),
+            surface=S39_OWN, check=_planted_intact, bad=name != "summary.md",
+            slow=name == "summary.md", **train)
     add("tokenize a FIFO among its inputs", lambda w: tokenize(
         w, w / "tok-out", str(_corpus_jsonl(w)), str(_fifo(w / "pipe.txt"))), ("pipe.txt",),
         surface=S39_OWN)

@@ -306,6 +306,9 @@ def test_a_damaged_newest_checkpoint_is_named_and_the_older_one_used(tmp_path, c
     assert (tmp_path / "ck" / "2.damaged").is_dir() and not (tmp_path / "ck" / "2").exists()
 
 
+# Orbax's background writer of the failed async save reports to an event loop that is closed by
+# then ("Exception ignored in ... Event loop is closed"): its noise, after the one line
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize("async_save", [False, True])
 def test_a_full_disk_during_a_save_is_74_and_nothing_half_made(tmp_path, async_save):
     from etils import epath
@@ -348,6 +351,28 @@ def test_a_second_run_into_a_run_folder_is_refused_in_one_line(tmp_path, capsys)
         err = capsys.readouterr().err
         assert code == 75 and "in use by ladder run (pid" in err and len(err.splitlines()) == 1
         assert [p.name for p in out.iterdir()] == [lio.LOCK]   # nothing of the second run
+
+
+def test_a_run_folder_holding_a_users_metrics_jsonl_is_refused(tmp_path, capsys):
+    """A fresh run removes a stale metrics.jsonl (a killed run's): only one that ladder wrote."""
+    out = tmp_path / "runs" / "tiny" / "12.8K-A3.8K"
+    out.mkdir(parents=True)
+    (out / "metrics.jsonl").write_text('{"step": 1, "mine": true}\n')
+    code = main(RUN + ["--out", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert code == 73 and "metrics.jsonl" in err and len(err.strip().splitlines()) == 1
+    assert (out / "metrics.jsonl").read_text() == '{"step": 1, "mine": true}\n'
+
+
+@pytest.mark.slow
+def test_a_run_folder_of_a_version_before_the_marker_is_adopted_and_resumed(tmp_path):
+    runs = tmp_path / "runs"
+    assert main(RUN + ["--out", str(runs)]) == 0
+    out = runs / "tiny" / "12.8K-A3.8K"
+    (out / lio.MARKER).unlink()                        # as an older version left it
+    assert main(RUN + ["--out", str(runs), "--max-steps", "2", "--resume"]) == 0
+    assert json.loads((out / "summary.json").read_text())["step"] == 2
+    assert "metrics.jsonl" in lio.marker_names(out)
 
 
 def test_the_lock_of_a_killed_holder_is_taken_over(tmp_path):

@@ -142,18 +142,27 @@ class Checkpoints:
 
     def _remove_unfinished(self) -> None:
         """Orbax's temporary folders of checkpoints that were never finished (its own clean-up
-        runs when a manager starts; a failed save is cleaned at once)."""
+        runs when a manager starts; a failed save is cleaned at once). TensorStore's writes of
+        the failed save may still land after the managers closed (they create their folders
+        again): removed until two passes 0.2 s apart find none, for at most ~5 s."""
         import shutil
 
         from orbax.checkpoint._src.path.step import TMP_DIR_SUFFIX
 
-        for folder in (self.root, self.root / ROLLING):
-            try:
-                found = [q for q in Path(folder).iterdir() if TMP_DIR_SUFFIX in q.name]
-            except (OSError, TypeError):
-                continue
+        quiet = 0
+        for _ in range(25):
+            found = []
+            for folder in (self.root, self.root / ROLLING):
+                try:
+                    found += [q for q in Path(folder).iterdir() if TMP_DIR_SUFFIX in q.name]
+                except (OSError, TypeError):
+                    continue
             for q in found:
                 shutil.rmtree(q, ignore_errors=True)
+            quiet = 0 if found else quiet + 1
+            if quiet == 2:
+                return
+            time.sleep(0.2)
 
     def done_step(self) -> int:
         """The newest step whose checkpoint is complete (as this process sees it; no

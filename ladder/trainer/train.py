@@ -36,6 +36,7 @@ from ladder.trainer.rundir import (
     RUN_CONFIG_SCHEMA,
     MetricsFile,
     WandbMirror,
+    claim_run_folder,
     environment,
     previous_run,
     summary,
@@ -140,6 +141,8 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
             return checked  # finished: a diverged run would only diverge again from its checkpoint
         if not locked:
             held.enter_context(run_lock(out))
+        if distributed.is_writer():
+            claim_run_folder(out)   # only files a run wrote are replaced (ladder.io.claim)
         return _train(checked, cfg, max_steps, on_metrics, t_start)
 
 
