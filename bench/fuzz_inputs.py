@@ -17,7 +17,9 @@ under an alarm. The verdicts:
 
 Cases belong to a surface (the issue that found them); the table is printed per surface. The
 surfaces of issue 26 (names that become paths, special files, trust, our own files' fields,
-ranges, durability, secrets, size) follow the inputs of issue 15.
+ranges, durability, secrets, size) follow the inputs of issue 15, then the writers of issue 39
+(:func:`corpus39_writers`: only what it wrote, pairs of writes, token ids, checkpoints and locks;
+a case may run under a fault, a write that fails as on a full disk).
 
 ``tests/test_inputs_fuzz.py`` runs the issue's cases and a sample of the corpus, and a
 hypothesis-driven search, in the default suite; this script runs the whole corpus and prints the
