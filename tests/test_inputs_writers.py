@@ -178,6 +178,30 @@ def test_two_tokenizers_into_one_out_the_second_is_refused(tmp_path, tok_path, c
     assert load_shards(out).vocab_size == 270
 
 
+@pytest.mark.slow  # two processes start Python and the tokenizer: ~10 s
+def test_two_tokenizer_processes_at_once_leave_shards_that_match_their_manifest(tmp_path,
+                                                                              tok_path):
+    """Two `ladder tokenize` processes started together into one --out: one writes, the other
+    is refused in one line (75 while the first holds the folder, 73 once it has finished), and
+    every shard has the sha256 its manifest records."""
+    from ladder.io import sha256_file
+    from ladder.trainer.tokens import MANIFEST
+
+    corpus, out = _corpus(tmp_path), tmp_path / "shards"
+    cmd = [sys.executable, "-m", "ladder", "-q", "tokenize", corpus, "--tokenizer",
+           str(tok_path), "--out", str(out), "--processes", "0", "--shard-tokens", "300"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    ps = [subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [(p.wait(timeout=120), p.stderr.read()) for p in ps]
+    codes = sorted(c for c, _ in results)
+    assert codes[0] == 0 and codes[1] in (73, 75), results
+    assert len([e for c, e in results if c][0].strip().splitlines()) == 1
+    m = json.loads((out / MANIFEST).read_text())
+    for split in ("train", "val"):
+        for sh in m["splits"][split]["shards"]:
+            assert sha256_file(out / sh["file"]) == sh["sha256"]
+
+
 def test_a_fifo_among_tokenize_inputs_is_refused_not_skipped(tmp_path, tok_path, capsys):
     fifo = tmp_path / "pipe.txt"
     os.mkfifo(fifo)
