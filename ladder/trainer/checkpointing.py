@@ -230,12 +230,17 @@ class Checkpoints:
         return 0, like
 
     def _set_aside(self, step: int) -> str:
+        """Rename the damaged ``step`` out of Orbax's sight (a name that is not a step); done
+        by process 0 only (the folder is shared by every process of a multi-host run)."""
+        import jax
+
         mngr = self.permanent if step in self.permanent.all_steps() else self.rolling
         src = mngr.directory / str(step)
         dst = mngr.directory / f"{step}.damaged"
         if dst.exists():
             dst = mngr.directory / f"{step}.damaged-{int(time.time())}"
-        src.rename(dst)
+        if jax.process_index() == 0:
+            src.rename(dst)
         mngr.reload()
         return str(dst)
 

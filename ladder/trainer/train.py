@@ -31,7 +31,7 @@ from ladder.lrtable import run_lr_table
 from ladder.specs import Rung
 from ladder.trainer import distributed
 from ladder.trainer.checkpointing import Checkpoints
-from ladder.trainer.data import corrupt_bytes, load_corpus, shuffle_bytes
+from ladder.trainer.data import check_vocab, corrupt_bytes, load_corpus, shuffle_bytes
 from ladder.trainer.rundir import (
     RUN_CONFIG_SCHEMA,
     MetricsFile,
@@ -243,23 +243,6 @@ def _check(rung: Rung, out: Path, cfg: TrainConfig, resume: bool):
     if previous is not None and previous.get("status") in ("complete", "diverged"):
         return previous
     return rung, corpus, out, config, previous
-
-
-def check_vocab(rung: Rung, data_vocab: int, field: str, where, *, explicit: bool) -> None:
-    """InputError (64) when the data holds token ids the model's vocabulary lacks, saying how
-    much larger the model would be (and the flag that trains that other model on purpose)."""
-    vocab = rung.model.vocab_size
-    if data_vocab <= vocab:
-        return
-    hint = ""
-    if not explicit:
-        grown = rung.replace(model=rung.model.replace(vocab_size=data_vocab)).params.total
-        hint = (f": the model would grow from {rung.params.total:.3g} to {grown:.3g} params "
-                f"({grown / rung.params.total:.3g}x) under the rung's name; pass "
-                f"--model.vocab_size={data_vocab} to train that model on purpose, or give data "
-                f"within the vocabulary")
-    raise InputError(f"has token ids up to {data_vocab - 1}, beyond the model's vocabulary of "
-                     f"{vocab}{hint}", path=where, field=field, exit_code=EX_USAGE)
 
 
 class Session:
