@@ -85,6 +85,7 @@ class Checkpoints:
         self._last_save = _clock()
         self._pending: dict[str, int] = {}   # manager -> step being written in the background
         self._closed = False
+        self._unraisable = None   # the hook before _quiet_late_callbacks, restored by close
         self._done = self.latest_step()
 
     def latest_step(self) -> int:
@@ -217,9 +218,14 @@ class Checkpoints:
         metadata file) is named in one line, set aside as ``<step>.damaged`` (kept for a look,
         never listed as a step again), and the next older one is tried (issue 39)."""
         steps = sorted({*self.permanent.all_steps(), *self.rolling.all_steps()}, reverse=True)
+        if steps:
+            self._quiet_late_callbacks()
         for step in steps:
             try:
-                return step, self.restore(step, like, data_iterator)
+                state = self.restore(step, like, data_iterator)
+                if step == steps[0]:   # nothing failed: no late callbacks to quiet
+                    self._loud_again()
+                return step, state
             except Exception as e:  # noqa: BLE001 - any failure to read it back is damage
                 older = [s for s in steps if s < step]
                 where = self._set_aside(step)
@@ -228,6 +234,25 @@ class Checkpoints:
                             else "", where, f"resuming from step {older[0]}" if older else
                             "no older checkpoint: starting from step 0")
         return 0, like
+
+    def _quiet_late_callbacks(self) -> None:
+        """After a failed restore, TensorStore's reads of the damaged checkpoint still finish
+        in its own threads and call back into the event loop Orbax has closed by then: each
+        is a "RuntimeError: Event loop is closed" traceback on stderr, after the one line that
+        named the damage (some already while the restore fails). Those, and only those, are
+        dropped while restoring and, after a damaged checkpoint, until :meth:`close`."""
+        import sys
+
+        if self._unraisable is not None:
+            return
+        previous = self._unraisable = sys.unraisablehook
+
+        def hook(u):
+            if isinstance(u.exc_value, RuntimeError) and \
+                    str(u.exc_value) == "Event loop is closed":
+                return
+            previous(u)
+        sys.unraisablehook = hook
 
     def _set_aside(self, step: int) -> str:
         """Rename the damaged ``step`` out of Orbax's sight (a name that is not a step); done
@@ -256,6 +281,13 @@ class Checkpoints:
         self._closed = True
         self.permanent.close()
         self.rolling.close()
+        self._loud_again()
+
+    def _loud_again(self) -> None:
+        if self._unraisable is not None:
+            import sys
+
+            sys.unraisablehook, self._unraisable = self._unraisable, None
 
     def _close_quietly(self) -> None:
         import contextlib
@@ -264,6 +296,7 @@ class Checkpoints:
         for mngr in (self.permanent, self.rolling):
             with contextlib.suppress(Exception):
                 mngr.close()
+        self._loud_again()
 
 
 def _disk_reason(e: BaseException) -> str | None:
