@@ -23,7 +23,7 @@ import ladder.io as lio
 from ladder.cli.main import main
 from ladder.io import InputError, folder_lock, staged_dir
 from ladder.predict import prereg as pr
-from ladder.predict import synthetic as sy
+from tests import synthetic as sy
 from ladder.predict.prereg import make_prereg
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,7 +43,7 @@ def _snapshot(folder: Path) -> dict:
 def test_compare_out_never_replaces_a_read_only_compare_json(tmp_path):
     """`ladder compare --out` swaps a staged folder; it replaced a read-only compare.json."""
     out = tmp_path / "cmp"
-    own = ("*.png", "compare.json")           # what `ladder compare` passes (fit/commands.py)
+    own = ("*.png", "compare.json")           # what `ladder compare` passes (ladder/cli/fit.py)
     with staged_dir(out, own=own) as d:
         (d / "compare.json").write_text("first")
     os.chmod(out / "compare.json", 0o444)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ladder.io import EX_NOINPUT, InputError, open_input
-from ladder.predict.sources.base import Poll, Source, step_of
+from ladder.sources.base import Poll, Source, step_of
 
 # ----------------------------------------------------------------------------------- offline
 

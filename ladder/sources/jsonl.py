@@ -3,7 +3,7 @@ orjson (the standard library for lines with NaN/Infinity tokens). A partial last
 its newline; a corrupt complete line is skipped with a note; a truncated or replaced (rotated)
 file is read again from its start, and the rows of steps already judged are skipped. A watcher
 started again with its ``--state`` continues at the saved byte offset (a moved or renamed file
-is recognised by its first bytes: :func:`ladder.predict.sources.base.same_file`)."""
+is recognised by its first bytes: :func:`ladder.sources.base.same_file`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import orjson
 
 from ladder.io import InputError, json_line, open_input, read_json
-from ladder.predict.sources.base import (
+from ladder.sources.base import (
     POS_INT,
     Poll,
     Source,
@@ -126,7 +126,7 @@ class JsonlSource(Source):
         """Like :meth:`poll`, but the rows as a :class:`predict.watch.Batch` of the ``keys`` and
         the keys ``keep`` accepts (``rows`` left empty): each block's rows become columns as
         soon as they are parsed, so a poll holds the dicts of one block (~4 MB) at a time."""
-        from ladder.predict.watch import Batch, concat_batches
+        from ladder.sources.batch import Batch, concat_batches
         out = Poll()
         parts: list = []
 
