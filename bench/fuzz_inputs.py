@@ -1325,6 +1325,9 @@ def corpus39_writers() -> list[Case]:
         ("gone.txt",), surface=S39_OWN)
     add("tokenize /dev/null among its inputs", lambda w: tokenize(
         w, w / "tok-out", str(_corpus_jsonl(w)), "/dev/null"), ("/dev/null",), surface=S39_OWN)
+    add("tokenize a folder named among its inputs", lambda w: tokenize(
+        w, w / "tok-out", str(_corpus_jsonl(w)), str(_folder_with_a_file(w / "more"))),
+        ("more",), surface=S39_OWN)
     add("tokenize into a folder another tokenizer holds", lambda w: tokenize(w, w / "busy"),
         ("busy", "in use"), surface=S39_OWN, during=lambda w: _held(w / "busy"))
     # ------------------------------------------------------------------ pairs of writes
@@ -1370,6 +1373,12 @@ def _plant(w: Path, folder: Path, name: str) -> Path:
     f = folder / name
     f.write_bytes(b"the user's own " + name.encode())
     _PLANTED.setdefault(str(w), []).append((f, f.read_bytes()))
+    return folder
+
+
+def _folder_with_a_file(folder: Path) -> Path:
+    folder.mkdir()
+    (folder / "a.txt").write_text("alpha beta")
     return folder
 
 

@@ -231,7 +231,7 @@ def test_issue26_battery_has_no_finding(world, tmp_path):
     assert _findings(results) == []
 
 
-@pytest.mark.slow  # 27 cases, 6 of them train a rung: minutes (tests/test_inputs_writers.py
+@pytest.mark.slow  # 31 cases, 5 of them train a rung: minutes (tests/test_inputs_writers.py
 # holds each example of issue 39 in the default suite)
 def test_issue39_writer_battery_has_no_finding(world, tmp_path):
     from bench.fuzz_inputs import corpus39_writers, preload, surface_table

@@ -210,6 +210,11 @@ def test_a_fifo_among_tokenize_inputs_is_refused_not_skipped(tmp_path, tok_path,
     err = capsys.readouterr().err
     assert code == 65 and "pipe.txt" in err and "FIFO" in err
     assert not (tmp_path / "o" / "manifest.json").exists()
+    (tmp_path / "more").mkdir()                      # a folder named as such, beside a file
+    code = main(["tokenize", _corpus(tmp_path), str(tmp_path / "more"), "--tokenizer",
+                 str(tok_path), "--out", str(tmp_path / "o"), "--processes", "0"])
+    err = capsys.readouterr().err
+    assert code == 66 and "more" in err and "is a directory" in err
 
 
 # ------------------------------------------------------------------ 2. pairs of writes

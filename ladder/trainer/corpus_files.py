@@ -24,15 +24,21 @@ def is_held_out(name: str) -> bool:
 
 
 def data_files(patterns: tuple[str, ...]) -> list[Path]:
-    """The files that ``--data``'s paths and globs name, in order (directories skipped); a pattern
-    that matches nothing, patterns that match only directories, and a match that is not a
-    regular file (a FIFO, a device: reading it would block or never end) are an InputError."""
+    """The files that ``--data``'s paths and globs name, in order (directories a glob meets are
+    skipped); a pattern that matches nothing, a directory named as such, patterns that match
+    only directories, and a match that is not a regular file (a FIFO, a device: reading it
+    would block or never end) are an InputError."""
     files: list[Path] = []
     for pat in patterns:
         hits = sorted(glob.glob(os.path.expanduser(pat), recursive=True))
         if not hits:
             raise InputError("no such file (or the glob matched nothing)", path=pat,
                              field="data", exit_code=EX_NOINPUT)
+        if not glob.has_magic(pat) and Path(hits[0]).is_dir():
+            # a folder named as such (not met by a glob) is never dropped without a word
+            raise InputError("is a directory; name its files (a glob such as DIR/**/*.txt) or "
+                             "a `ladder tokenize` folder", path=pat, field="data",
+                             exit_code=EX_NOINPUT)
         for h in hits:
             p = Path(h)
             if p.is_file():
