@@ -484,7 +484,8 @@ def tokenize_files(patterns: list[str], tokenizer: str | Path, out_dir: str | Pa
             write_marker(out, OWN_FILES)   # an interrupted run of a version before the marker
         claim(out, OWN_FILES, what="ladder tokenize")
         return _tokenize(out, files, names, tok, tok_json, settings, inputs, tokenizer,
-                         text_key=text_key, processes=processes, chunk_chars=chunk_chars)
+                         text_key=text_key, processes=processes, chunk_chars=chunk_chars,
+                         progress_bar=progress_bar)
 
 
 # What a tokenizer writes in its --out (ladder.io.claim: a file of these names that ladder did
@@ -501,7 +502,7 @@ def _progress_of_ours(path: Path) -> bool:
 
 
 def _tokenize(out: Path, files, names, tok, tok_json, settings: dict, inputs, tokenizer, *,
-              text_key: str, processes: int, chunk_chars: int) -> dict:
+              text_key: str, processes: int, chunk_chars: int, progress_bar: bool) -> dict:
     """The body of :func:`tokenize_files`, in the claimed and locked folder ``out``."""
     progress = out / PROGRESS
     shard_tokens = settings["shard_tokens"]
