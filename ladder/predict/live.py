@@ -33,7 +33,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ladder.io import EX_USAGE, InputError, atomic_write_json, canonical_json, number, read_json
+from ladder.io import (
+    EX_USAGE,
+    InputError,
+    atomic_write_json,
+    canonical_json,
+    known_schema,
+    number,
+    read_json,
+)
 from ladder.predict import prereg as _prereg
 from ladder.predict.watch import (
     STATE_SCHEMA,
@@ -53,6 +61,9 @@ from ladder.predict.watch import (
 # they already have, so nothing is sent twice
 RECOVER = ("move the state file aside (or give a new --state) to judge the run from its start; "
            "--alerts skips the alerts it already holds")
+# the state files this tool reads: the current one and the one before (its state is upgraded,
+# ladder.predict.watch.state); a newer one is refused by name, never read as the current one
+STATE_FILE_SCHEMAS = ("watch-state/1", STATE_SCHEMA)
 ALERT_FIELDS = ("time", "step", "tokens", "fraction", "kind", "severity", "value", "expected",
                 "lo", "hi", "direction", "message")
 
@@ -227,6 +238,7 @@ class Watcher:
         if self.state_path is None or not self.state_path.exists():
             return new_state()
         saved = read_json(self.state_path, schema="watch-state", field="--state")
+        known_schema(saved, STATE_FILE_SCHEMAS, path=self.state_path)
         for key, typ in (("state", dict), ("source", dict), ("outbox", list), ("seq", int)):
             if key in saved and (not isinstance(saved[key], typ) or isinstance(saved[key], bool)):
                 raise InputError(f"expected {'an integer' if typ is int else typ.__name__}; "

@@ -45,6 +45,7 @@ from ladder.io import (
     canonical_json,
     inside,
     loads,
+    number,
     read_bytes,
     read_json,
     safe_name,
@@ -401,6 +402,44 @@ def _check_multi(doc: Mapping, path) -> None:
                              field=f"forecasts.{k}.forecast")
         if not isinstance(f.get("final"), Mapping):
             raise InputError("missing", path=path, field=f"forecasts.{k}.final")
+    _check_family(doc, len(keys), path)
+
+
+def _check_family(doc: Mapping, m: int, path) -> None:
+    """The multiple-comparison record (``decision_rule.family``, written by
+    ladder.predict.watch.multi.family_config): both levels in (0, 1), the metric count the file's,
+    and the per-metric level the Sidak level of the family's (a file resealed after an edit
+    passes its sha256, not this)."""
+    rule = doc.get("decision_rule")
+    if not isinstance(rule, Mapping):
+        raise InputError("expected an object", path=path, field="decision_rule")
+    fam = rule.get("family")
+    f = "decision_rule.family"
+    if not isinstance(fam, Mapping):
+        raise InputError("expected the multiple-comparison record (an object)", path=path,
+                         field=f)
+    if fam.get("method") != "sidak":
+        raise InputError(f"expected 'sidak', got {str(fam.get('method'))[:40]!r}", path=path,
+                         field=f + ".method")
+    if fam.get("metrics") != m or isinstance(fam.get("metrics"), bool):
+        raise InputError(f"expected {m} (the metrics registered), got "
+                         f"{str(fam.get('metrics'))[:40]!r}", path=path, field=f + ".metrics")
+    levels = {}
+    for name in ("family_alert_level", "alert_level"):
+        levels[name] = number(fam.get(name), field=f"{f}.{name}", path=path, lo=0, hi=1,
+                              lo_open=True, hi_open=True)
+    p = 1.0 - levels["family_alert_level"]
+    sidak = 1.0 + math.expm1(math.log1p(-p) / m)   # 1 - p_m, p_m = 1 - (1 - p)^(1/m)
+    if not math.isclose(levels["alert_level"], sidak, rel_tol=1e-9, abs_tol=1e-12):
+        raise InputError(f"{levels['alert_level']!r} is not the Sidak level {sidak:.12g} of "
+                         f"family_alert_level {levels['family_alert_level']!r} over {m} "
+                         f"metrics", path=path, field=f + ".alert_level")
+    params = rule.get("parameters")
+    got = params.get("alert_level") if isinstance(params, Mapping) else None
+    if got is not None and not (isinstance(got, (int, float)) and not isinstance(got, bool)
+                                and math.isclose(got, sidak, rel_tol=1e-9, abs_tol=1e-12)):
+        raise InputError(f"{str(got)[:40]!r} differs from the family's per-metric level "
+                         f"{sidak:.12g}", path=path, field="decision_rule.parameters.alert_level")
 
 
 def amendment(old_path: str | os.PathLike, reason: str | None) -> dict:

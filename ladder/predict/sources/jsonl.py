@@ -13,7 +13,7 @@ from pathlib import Path
 
 import orjson
 
-from ladder.io import InputError, json_line, open_input, read_json
+from ladder.io import MAX_LINE_BYTES, InputError, json_line, open_input, read_json, skip_line
 from ladder.predict.sources.base import (
     POS_INT,
     Poll,
@@ -203,7 +203,19 @@ class JsonlSource(Source):
                 if end < 0:
                     if len(data) < self.chunk_bytes:
                         break  # the partial last line: wait for its newline
-                    data += f.readline()  # one line longer than a chunk
+                    # one line longer than a chunk, read up to MAX_LINE_BYTES; a longer one is
+                    # read past in pieces and counted as corrupt (memory stays bounded)
+                    data += f.readline(max(MAX_LINE_BYTES + 1 - len(data), 1))
+                    if len(data) > MAX_LINE_BYTES and not data.endswith(b"\n"):
+                        rest = skip_line(f)
+                        if rest is None:
+                            break  # still being written: judged once it ends
+                        self.offset += len(data) + rest
+                        self.line_no += 1
+                        bad += 1
+                        first_bad = first_bad or self.line_no
+                        f.seek(self.offset)
+                        continue
                     if not data.endswith(b"\n"):
                         break
                     end = len(data) - 1
