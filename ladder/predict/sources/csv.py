@@ -36,13 +36,15 @@ class CsvSource(Source):
     def finished(self) -> str | None:
         return summary_finished(self.path.parent)
 
-    def restore(self, pos: dict) -> None:
+    def restore(self, pos: dict) -> bool:
         if pos.get("kind") != self.kind:
-            return
+            return False
         got = check_position(pos, {"path": ("str", None), "n_rows": ("int", POS_INT),
                                    "size": ("int", POS_INT), "identity": ("dict?", None)})
         if got["path"] == str(self.path) or same_file(self.path, got["identity"]):
             self.n_rows, self.size = got["n_rows"], got["size"]
+            return True
+        return False
 
     def poll(self) -> Poll:
         import pandas as pd
@@ -56,6 +58,7 @@ class CsvSource(Source):
             return out
         if size < self.size:
             out.notes.append(f"{self.path} shrank: reading it again from the start")
+            out.restarted = True
             self.n_rows = 0
         self.size = size
         try:

@@ -21,7 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from ladder.io import EX_NOINPUT, InputError, open_input
-from ladder.predict.sources.base import Poll, Source, step_of
+from ladder.predict.sources.base import POS_INT, Poll, Source, check_position, step_of
+
+# a saved segment's read position (ladder.predict.sources.base.check_position): a state file is
+# a file, edited or of another version (an offset of the wrong type was a TypeError)
+SEGMENT_POSITION = {"offset": ("int", POS_INT), "num": ("int", POS_INT), "exit": ("bool", None)}
 
 # ----------------------------------------------------------------------------------- offline
 
@@ -56,13 +60,24 @@ class WandbOfflineSource(Source):
         return {"kind": self.kind, "path": str(self.path), "segments": self.segs,
                 "config_sent": self._config_sent}
 
-    def restore(self, pos: dict) -> None:
-        if pos.get("kind") == self.kind and isinstance(pos.get("segments"), dict):
-            # names are relative to the watched directory: a moved directory still matches
-            self.segs = {str(k): {"offset": int(v.get("offset", 0)), "num": int(v.get("num", 0)),
-                                  "exit": bool(v.get("exit"))}
-                         for k, v in pos["segments"].items() if isinstance(v, dict)}
-            self._config_sent = bool(pos.get("config_sent"))
+    def restore(self, pos: dict) -> bool:
+        """Continue at a saved position; True when every segment it names is still there
+        (names are relative to the watched directory: a moved directory still matches). A
+        renamed or removed segment, or another kind's position: False, the segments not named
+        are read from their start (the watcher skips the steps it already judged)."""
+        if pos.get("kind") != self.kind or not isinstance(pos.get("segments"), dict):
+            return False
+        segs = {}
+        for k, v in pos["segments"].items():
+            got = check_position(v if isinstance(v, dict) else {"offset": v}, SEGMENT_POSITION)
+            segs[str(k)] = {"offset": got["offset"], "num": got["num"], "exit": got["exit"]}
+        self.segs = segs
+        self._config_sent = pos.get("config_sent") is True
+        try:
+            there = {name for name, _ in self.segments()}
+        except InputError:  # no segment yet (a follow started before the run)
+            there = set()
+        return set(segs) <= there
 
     def segments(self) -> list[tuple[str, Path]]:
         """(name, path) of every .wandb file of the run, oldest first."""
@@ -124,8 +139,9 @@ class WandbOfflineSource(Source):
                 size = f.stat().st_size
             except OSError:
                 continue
-            if size < seg["offset"]:  # rewritten: read again, the steps repeat downstream
+            if size < seg["offset"]:  # rewritten: read again, the judged steps skipped
                 out.notes.append(f"{f} shrank: reading it again from the start")
+                out.restarted = True
                 seg.update(offset=0, num=0)
             if size == seg["offset"]:
                 continue
@@ -418,11 +434,13 @@ class WandbApiSource(Source):
         return {"kind": self.kind, "uri": list(self.uri.run_ids), "last_step": self.last_step,
                 "done_ids": self.done_ids, "config_sent": self._config_sent}
 
-    def restore(self, pos: dict) -> None:
+    def restore(self, pos: dict) -> bool:
         if pos.get("kind") == self.kind and pos.get("uri") == list(self.uri.run_ids):
             self.last_step = {k: int(v) for k, v in (pos.get("last_step") or {}).items()}
             self.done_ids = list(pos.get("done_ids") or [])
             self._config_sent = bool(pos.get("config_sent"))
+            return True
+        return False
 
     def run(self, run_id: str):
         if run_id not in self.runs:
