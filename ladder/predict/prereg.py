@@ -150,7 +150,7 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
     cfg = config or WatchConfig()
     calibration: dict = {}
     if runs:
-        ladder_runs = fc.read_ladder_runs(runs)
+        ladder_runs = _under_law_keys(fc.read_ladder_runs(runs), law)
         if not ladder_runs:
             raise InputError("no run directories (metrics.jsonl) found", path=runs,
                              field="--runs")
@@ -170,9 +170,18 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
         if eval_noise is None:
             if math.isfinite(est.sigma):
                 noise_info = est.to_dict()
+            elif not any(_finite_value(r.get(metric)) for run in ladder_runs for r in run.rows):
+                # a band frozen without the eval noise alerts on a healthy run (issue 39: every
+                # metric of a multi-metric file critical): refused, not said and written
+                raise InputError(f"no run here logs {metric!r}, the law's metric, so its eval "
+                                 "noise cannot be estimated; give the runs the law was fitted "
+                                 "on (or `ladder fit --keys` for another trainer's names), or "
+                                 "--eval-noise SD", path=runs, field="--runs")
             else:
-                print(f"ladder preregister: no {metric} evals in {runs} to estimate eval noise; "
-                      f"the band leaves it out", file=sys.stderr)
+                print(f"ladder preregister: too few {metric} evals in {runs} to estimate eval "
+                      f"noise; the band leaves it out", file=sys.stderr)
+                noise_info = {"sigma": 0.0, "n": 0,
+                              "method": f"none (too few {metric} evals in --runs)"}
     if eval_noise is not None:
         if not (math.isfinite(eval_noise) and eval_noise >= 0):
             raise InputError(f"must be >= 0, got {eval_noise!r}", field="--eval-noise",
@@ -403,6 +412,30 @@ def _check_multi(doc: Mapping, path) -> None:
         if not isinstance(f.get("final"), Mapping):
             raise InputError("missing", path=path, field=f"forecasts.{k}.final")
     _check_family(doc, len(keys), path)
+
+
+def _finite_value(v) -> bool:
+    from ladder.io import as_float
+    f = as_float(v)
+    return f is not None and math.isfinite(f)
+
+
+def _under_law_keys(ladder_runs: list, law) -> list:
+    """The ladder runs' rows under the law's own metric names: a law fitted through a key map
+    (``conventions.metric_keys``, `ladder fit --keys`) reads runs that log another trainer's
+    names, and ``--runs`` are those runs."""
+    keys = (getattr(law, "conventions", None) or {}).get("metric_keys")
+    if not keys:
+        return ladder_runs
+    import dataclasses
+
+    from ladder.keymap import parse_keymap
+    try:
+        km = parse_keymap(keys)
+    except ValueError as e:
+        field, _, why = str(e).partition(": ")
+        raise InputError(why, field=f"law.conventions.metric_keys.{field}") from None
+    return [dataclasses.replace(r, rows=[km.row(x) for x in r.rows]) for r in ladder_runs]
 
 
 def _check_family(doc: Mapping, m: int, path) -> None:
