@@ -269,10 +269,11 @@ def iter_wandb_records(path: Path, start: int = 0, *, full: bool = False,
             if i > len(buf):                # skipped padding past the bytes read
                 fh.seek(base + i)
                 buf, base, i = b"", base + i, 0
-            if len(buf) - i < _BLOCK + 7:   # a block's record always fits after a refill
+            while len(buf) - i < _BLOCK + 7:   # a block's record fits after a refill
                 more = fh.read(READ_BYTES)
-                if more:
-                    buf, base, i = buf[i:] + more, base + i, 0
+                if not more:
+                    break
+                buf, base, i = buf[i:] + more, base + i, 0
 
         while True:
             refill()
