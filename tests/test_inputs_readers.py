@@ -521,13 +521,13 @@ def _memory_cap(extra: int):
 
 
 def test_a_large_wandb_log_is_streamed_not_read_whole(tmp_path):
-    """Was: the record log read whole (a 7 GiB log: MemoryError). A 2 GiB log (sparse: its
+    """Was: the record log read whole (a 7 GiB log: MemoryError). A 768 MiB log (sparse: its
     blocks after the records are zero, as a preallocated file's) read under a 256 MiB cap."""
     from ladder.predict.sources import WandbOfflineSource
     seg = tmp_path / "run-20261201_080000-abc" / "run-abc.wandb"
     _wandb_log(seg, _history([{"step": s, "train/loss": 2.0} for s in range(1, 50)]))
     with open(seg, "r+b") as f:
-        f.truncate(2 << 30)
+        f.truncate(768 << 20)
     src = WandbOfflineSource(tmp_path)
     with _memory_cap(256 << 20):
         got = src.poll()
