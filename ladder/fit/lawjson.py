@@ -43,6 +43,10 @@ PER_FOLD = "per-fold RMS of log error per decade on one scale (law/1)"
 # writes hundredths); beyond it an edit, and exp(q x spread) soon overflows float64 (e^709):
 # an Infinity band with exit 0 (issue 39)
 LOG_SPREAD_LIMIT = 10.0
+# Residual degrees of freedom below 0.1: t(0.1) at 95% is already 1.6e9 (every band overflows),
+# and scipy's stdtrit is not monotone below ~0.01 (t(1e-300) at 95%: 6,704); the fitter writes
+# null, not 0, where none are left
+DOF_MIN = 0.1
 
 
 def to_json(r) -> dict:
@@ -332,10 +336,10 @@ def _read_spread(unc: dict, spec: Spec, where: str, prefix: str) -> dict:
         if v is not None and v < 0:  # a negative sd gives a nonsense (inverted) band
             raise InputError(f"must be >= 0, got {v!r}", path=where,
                              field=prefix + "uncertainty." + name)
-    if dof is not None and dof <= 0:
+    if dof is not None and dof < DOF_MIN:
         # the fitter writes null where no residual dof is left (fit.estimate); t(0) is undefined
-        raise InputError(f"must be > 0 (null where there are none), got {dof!r}", path=where,
-                         field=prefix + "uncertainty.dof")
+        raise InputError(f"must be >= {DOF_MIN:g} (null where there are none), got {dof!r}",
+                         path=where, field=prefix + "uncertainty.dof")
     if sigma is not None and sigma > LOG_SPREAD_LIMIT:
         raise InputError(f"must be <= {LOG_SPREAD_LIMIT:g} (a log-loss sd), got {sigma!r}",
                          path=where, field=prefix + "uncertainty.sigma_log")
