@@ -190,6 +190,58 @@ def test_a_state_file_of_a_future_schema_is_refused_by_name(world, tmp_path):
 
 
 @pytest.fixture(scope="module")
+def saved_state(world, tmp_path_factory) -> dict:
+    """The state file of a watch of the healthy run (``--state``), as written."""
+    state = tmp_path_factory.mktemp("state") / "state.json"
+    code, _, err = run_cli("watch", world / "pre" / "prereg.json", "--source",
+                           world / "live.jsonl", "--state", state)
+    assert code == 0, err
+    return json.loads(state.read_text())
+
+
+@FAST
+@given(data=st.data())
+def test_any_field_of_a_state_file_edited_is_read_or_refused_in_one_line(world, saved_state,
+                                                                         tmp_path_factory,
+                                                                         data):
+    """Property: a state file with any field replaced by any JSON value is continued from, or
+    refused with one line naming the file (exit 64+); never a traceback."""
+    where = data.draw(st.sampled_from(_paths(saved_state)))
+    doc = _set(saved_state, where, data.draw(_JSON))
+    state = tmp_path_factory.mktemp("st") / "state.json"
+    state.write_text(json.dumps(doc))
+    code, _, err = run_cli("watch", world / "pre" / "prereg.json", "--source",
+                           world / "live.jsonl", "--state", state)
+    assert "Traceback" not in err, (where, err)
+    if code >= 64:
+        _one_line(code, err, "state.json")
+
+
+@FAST
+@given(pos=st.dictionaries(st.sampled_from(["kind", "segments", "config_sent", "path"]), _JSON,
+                           max_size=4),
+       segs=st.dictionaries(st.text(max_size=6), _JSON, max_size=3))
+def test_any_saved_wandb_position_is_taken_or_refused_naming_its_field(tmp_path_factory, pos,
+                                                                       segs):
+    """Property: a W&B offline source restored from any saved position continues (True),
+    starts over (False) or raises a ValueError naming ``source.FIELD`` (the watcher's one
+    line); its polls then work."""
+    from ladder.predict.sources import WandbOfflineSource
+    d = tmp_path_factory.mktemp("wbpos")
+    _wandb_log(d / "run-20261201_080000-abc" / "run-abc.wandb",
+               _history([{"step": 1, "train/loss": 2.0}]))
+    src = WandbOfflineSource(d)
+    pos = {**pos, "kind": "wandb-offline", "segments": segs} if segs else pos
+    try:
+        got = src.restore(pos)
+    except ValueError as e:
+        assert str(e).startswith("source.")
+        return
+    assert got in (True, False)
+    src.poll()
+
+
+@pytest.fixture(scope="module")
 def tok_path(tmp_path_factory) -> Path:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     root = tmp_path_factory.mktemp("tokenizer")
