@@ -50,6 +50,25 @@ class Case:
     run: Callable[[Path, Path], str]   # (world, scratch) -> verdict
 
 
+def _sources():
+    """The metrics readers' package (``ladder.sources``; ``ladder.predict.sources`` in a tree
+    from before they moved, for ``--tree``)."""
+    try:
+        import ladder.sources as m
+    except ImportError:
+        import ladder.predict.sources as m
+    return m
+
+
+def _synthetic():
+    """The synthetic ladder of the tests (tests/synthetic.py; ladder.predict.synthetic before)."""
+    try:
+        import synthetic as m
+    except ImportError:
+        from ladder.predict import synthetic as m
+    return m
+
+
 def _cli(*argv) -> tuple[int, str]:
     import io
 
@@ -207,7 +226,7 @@ def _compare(entry: dict) -> Callable[[Path, Path], str]:
 def _family(edit: Callable[[dict], None]) -> Callable[[Path, Path], str]:
     def run(w: Path, tmp: Path) -> str:
         from ladder.predict import prereg as pr
-        from ladder.predict import synthetic as sy
+        sy = _synthetic()
         from ladder.predict.watch import WatchConfig
         from ladder.predict.watch.multi import family_config
         target = sy.ladder_targets(3, steps0=60)[-1]
@@ -272,7 +291,9 @@ def _judged(w: Path, source, state) -> list[int]:
 
 def _restart(kind: str) -> Callable[[Path, Path], str]:
     def run(w: Path, tmp: Path) -> str:
-        from ladder.predict.sources import CsvSource, JsonlSource, WandbOfflineSource
+        m = _sources()
+        CsvSource, JsonlSource, WandbOfflineSource = (m.CsvSource, m.JsonlSource,
+                                                      m.WandbOfflineSource)
         rows = [json.loads(x) for x in (w / "live.jsonl").read_text().splitlines()]
         half = len(rows) // 2
         st = tmp / "state.json"
@@ -319,7 +340,7 @@ def _restart(kind: str) -> Callable[[Path, Path], str]:
 # ---- bounded readers
 
 def _wandb_sparse(w: Path, tmp: Path) -> str:
-    from ladder.predict.sources import WandbOfflineSource
+    WandbOfflineSource = _sources().WandbOfflineSource
     seg = tmp / "wb" / "run-20261201_080000-abc" / "run-abc.wandb"
     _wandb_log(seg, [{"step": s, "train/loss": 2.0} for s in range(1, 50)])
     with open(seg, "r+b") as f:
@@ -357,7 +378,7 @@ def _gz_line(w: Path, tmp: Path) -> str:
 
 
 def _metrics_line(w: Path, tmp: Path) -> str:
-    from ladder.predict.sources import JsonlSource
+    JsonlSource = _sources().JsonlSource
     p = tmp / "metrics.jsonl"
     with open(p, "wb") as f:
         f.write(b'{"step": 1}\n{"step": 2, "x": "')
@@ -494,7 +515,7 @@ def split_record_seconds(mb: int = 50) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         p = Path(tmp) / "x.wandb"
         _wandb_log(p, [{"step": 1, "blob": "y" * (mb << 20)}])
-        from ladder.predict.sources import read_wandb_records
+        read_wandb_records = _sources().read_wandb_records
         t0 = time.perf_counter()
         n = sum(1 for _ in read_wandb_records(p))
         assert n == 1

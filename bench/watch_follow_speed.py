@@ -50,7 +50,7 @@ GROUPS = ("embed", "attn_q", "attn_kv", "attn_o", "router", "router_bias", "expe
 def target_and_prereg(lines: int):
     """The synthetic truth, a target of ``lines`` steps and its pre-registration."""
     from ladder.predict import forecast as fc
-    from ladder.predict import synthetic as sy
+    from tests import synthetic as sy
     from ladder.predict.prereg import make_prereg
     truth = sy.Truth()
     base = sy.ladder_targets(8, ratio=2.5, steps0=80)[7]
@@ -138,7 +138,7 @@ import json, resource, sys, time
 tree, prereg, path = sys.argv[1:4]
 sys.path.insert(0, tree)
 from ladder.predict.live import Watcher
-from ladder.predict.sources import JsonlSource
+from ladder.sources import JsonlSource
 doc = json.load(open(prereg))
 src = JsonlSource(path)
 for attr, value in (("cache", False), ("parallel_min_bytes", 1 << 62)):  # older trees

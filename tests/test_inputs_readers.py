@@ -226,7 +226,7 @@ def test_any_saved_wandb_position_is_taken_or_refused_naming_its_field(tmp_path_
     """Property: a W&B offline source restored from any saved position continues (True),
     starts over (False) or raises a ValueError naming ``source.FIELD`` (the watcher's one
     line); its polls then work."""
-    from ladder.predict.sources import WandbOfflineSource
+    from ladder.sources import WandbOfflineSource
     d = tmp_path_factory.mktemp("wbpos")
     _wandb_log(d / "run-20261201_080000-abc" / "run-abc.wandb",
                _history([{"step": 1, "train/loss": 2.0}]))
@@ -323,7 +323,7 @@ def test_a_resealed_family_alert_level_of_7_5_is_refused(tmp_path):
     """Was: a prereg/3 whose decision_rule.family.family_alert_level is 7.5 (resealed, so its
     sha256 holds) watched as if valid."""
     from ladder.predict import prereg as pr
-    from ladder.predict import synthetic as sy
+    import synthetic as sy
     from ladder.predict.watch import WatchConfig
     from ladder.predict.watch.multi import family_config
     target = sy.ladder_targets(3, steps0=60)[-1]
@@ -388,7 +388,7 @@ def test_a_deeply_nested_keymap_is_one_line(world, tmp_path):
 @FAST
 @given(keys=st.dictionaries(st.text(min_size=1, max_size=4), _JSON, min_size=1, max_size=3))
 def test_any_keymap_table_is_a_finite_map_or_a_named_refusal(keys):
-    from ladder.keymap import parse_keymap
+    from ladder.sources.keymap import parse_keymap
     try:
         km = parse_keymap({"schema": "keymap/1", "keys": keys})
     except ValueError as e:
@@ -450,7 +450,7 @@ def _watch_steps(prereg: Path, source, state: Path) -> tuple[list[int], int]:
 def test_a_renamed_wandb_segment_is_not_judged_again(world, tmp_path):
     """Was: a restarted watcher whose saved segment was renamed judged every row again under
     the saved hysteresis (a healthy run got a critical alert)."""
-    from ladder.predict.sources import WandbOfflineSource
+    from ladder.sources import WandbOfflineSource
     rows = [json.loads(x) for x in (world / "live.jsonl").read_text().splitlines()]
     half = len(rows) // 2
     seg = tmp_path / "wandb" / "run-20261201_080000-abc" / "run-abc.wandb"
@@ -472,7 +472,7 @@ def test_a_renamed_wandb_segment_is_not_judged_again(world, tmp_path):
 def test_a_state_of_another_source_kind_judges_no_step_twice(world, tmp_path):
     """The same run watched first from its metrics.jsonl, then (restarted, same --state) from
     its W&B offline log: the second watch judges only the steps after the first's."""
-    from ladder.predict.sources import JsonlSource, WandbOfflineSource
+    from ladder.sources import JsonlSource, WandbOfflineSource
     rows = [json.loads(x) for x in (world / "live.jsonl").read_text().splitlines()]
     half = len(rows) // 2
     part = tmp_path / "metrics.jsonl"
@@ -494,7 +494,7 @@ def test_a_source_read_again_from_its_start_judges_no_step_twice(world, tmp_path
     """Property: whatever makes a source read its rows again from the start (a rotated or
     truncated JSONL, a CSV that shrank), the watcher judges each step once and skips none."""
     from ladder.predict.live import Watcher
-    from ladder.predict.sources import CsvSource, JsonlSource
+    from ladder.sources import CsvSource, JsonlSource
     d = tmp_path_factory.mktemp("again")
     rows = [json.loads(x) for x in (world / "live.jsonl").read_text().splitlines()]
     cut = min(cut, len(rows) - 1)
@@ -575,7 +575,7 @@ def _memory_cap(extra: int):
 def test_a_large_wandb_log_is_streamed_not_read_whole(tmp_path):
     """Was: the record log read whole (a 7 GiB log: MemoryError). A 768 MiB log (sparse: its
     blocks after the records are zero, as a preallocated file's) read under a 256 MiB cap."""
-    from ladder.predict.sources import WandbOfflineSource
+    from ladder.sources import WandbOfflineSource
     seg = tmp_path / "run-20261201_080000-abc" / "run-abc.wandb"
     _wandb_log(seg, _history([{"step": s, "train/loss": 2.0} for s in range(1, 50)]))
     with open(seg, "r+b") as f:
@@ -589,7 +589,7 @@ def test_a_large_wandb_log_is_streamed_not_read_whole(tmp_path):
 def test_a_record_split_over_many_blocks_is_joined_once_and_whole(tmp_path):
     """A 5 MB history value over ~160 blocks decodes to the value written (joined once from its
     fragments: bench/fuzz_readers.py times 50 MB, a minute before)."""
-    from ladder.predict.sources import read_wandb_records
+    from ladder.sources import read_wandb_records
     seg = tmp_path / "x.wandb"
     big = "y" * (5 << 20)
     _wandb_log(seg, _history([{"step": 1, "blob": big}, {"step": 2, "train/loss": 2.0}]))
@@ -607,7 +607,7 @@ def test_streamed_decoding_equals_the_whole_file_whatever_the_reads(tmp_path_fac
     """Property: the streamed decoder gives the records of the log (any record sizes, any read
     size, a log cut anywhere by a writer mid-record), continued from its ``end`` it gives the
     rest, and a poll budget only splits them."""
-    from ladder.predict.sources import wandb as W
+    from ladder.sources import wandb as W
     d = tmp_path_factory.mktemp("wb")
     rows = [{"step": i + 1, "pad": "z" * n} for i, n in enumerate(sizes)]
     p = d / "x.wandb"
@@ -658,7 +658,7 @@ def test_a_metrics_line_beyond_the_bound_is_skipped_and_later_rows_survive(tmp_p
     """The metrics readers (ladder.io.iter_jsonl, the watcher's JSONL source) read past a line
     of 64 MiB in pieces, count it corrupt and keep the rows after it."""
     from ladder.io import iter_jsonl
-    from ladder.predict.sources import JsonlSource
+    from ladder.sources import JsonlSource
     p = tmp_path / "metrics.jsonl"
     with open(p, "wb") as f:
         f.write(b'{"step": 1}\n{"step": 2, "x": "')

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from ladder.cli.main import main
 from ladder.io import InputError
-from ladder.keymap import load_keymap, parse_keymap
+from ladder.sources.keymap import load_keymap, parse_keymap
 from ladder.predict import prereg as pr
-from ladder.predict import synthetic as sy
+from tests import synthetic as sy
 from ladder.predict.prereg import make_prereg
 
 TRUTH = sy.Truth()

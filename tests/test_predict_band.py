@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ladder.fit import fit_law
-from ladder.predict import synthetic as sy
+from tests import synthetic as sy
 from ladder.predict.band import amended_band, extrapolation_error, law_band, z_of
 from ladder.predict.forecast import Target, forecast
 

@@ -15,11 +15,11 @@ from helpers import watch_world, write_jsonl
 
 from ladder.cli.main import main
 from ladder.predict import prereg as pr
-from ladder.predict import synthetic as sy
+from tests import synthetic as sy
 from ladder.predict.live import Watcher
 from ladder.predict.prereg import make_prereg
 from ladder.predict.sinks import WandbAlertSink, WebhookSink
-from ladder.predict.sources import (
+from ladder.sources import (
     CsvSource,
     JsonlSource,
     WandbApiSource,
@@ -177,24 +177,18 @@ def test_wandb_offline_watch_cli(offline_run, prereg_path, capsys):
     assert "nan" in capsys.readouterr().out
 
 
-def test_fit_gets_the_offline_reader_from_the_cli_layer(offline_run, tmp_path):
-    """`ladder fit` on a W&B offline directory: predict's record reader is handed down by
-    cli.commands (fit never imports predict); fit's own handler alone refuses the directory."""
-    from ladder.cli.commands import offline_wandb_points
-    from ladder.cli.main import build_parser
-    from ladder.fit.commands import fit_main
-    from ladder.io import InputError
+def test_fit_reads_an_offline_run_through_the_base_readers(offline_run, tmp_path):
+    """`ladder fit` on a W&B offline directory: fit reads the record log itself, through the base
+    package of readers (ladder.sources), the same rows the watcher reads; nothing is handed down."""
+    from ladder.fit.points import offline_run_points
 
     wdir, rs = offline_run
     rid = WandbOfflineSource(wdir).record_file().stem.removeprefix("run-")
     sizes = tmp_path / "sizes.csv"
     sizes.write_text(f"run,params,active_params\n{rid},1e6,5e5\n")
-    df = offline_wandb_points(str(wdir), None, str(sizes))
+    df = offline_run_points(str(wdir), None, str(sizes))
     assert list(df["step"]) == [r["step"] for r in rs if "eval_dropless/loss" in r]
     assert set(df["params"]) == {1e6} and set(df["source"]) == {str(wdir)}
-    args = build_parser().parse_args(["fit", str(wdir), "--sizes", str(sizes)])
-    with pytest.raises(InputError, match="offline run directory"):
-        fit_main(args)
 
 
 def test_fit_several_metrics_of_an_offline_run(offline_run, tmp_path, capsys):

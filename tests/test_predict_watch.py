@@ -1,4 +1,4 @@
-"""The pure watcher core against runs drawn from a known truth (ladder.predict.synthetic)."""
+"""The pure watcher core against runs drawn from a known truth (tests/synthetic.py)."""
 
 import json
 import math
@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from ladder.predict import synthetic as sy
+from tests import synthetic as sy
 from ladder.predict.prereg import make_prereg
 from ladder.predict.watch import Batch, WatchConfig, check, exit_code_for
 

@@ -18,7 +18,7 @@ from conftest import chromium_dom
 
 from ladder.cli.main import main as cli_main
 from ladder.predict.prereg import seal
-from ladder.reports.commands import build_report
+from ladder.reports.build import build_report
 from ladder.reports.figdata import backtests, ladder_residuals
 from ladder.reports.inputs import load_inputs, not_applicable_spans
 from ladder.reports.page import render_html, render_summary
@@ -264,7 +264,7 @@ def test_cli_report_and_bad_input(tmp_path, ladder_dir, capsys):
 
 
 def test_reports_never_imports_jax():
-    code = ("import sys, ladder.reports.commands, ladder.reports.plots; "
+    code = ("import sys, ladder.reports.build, ladder.reports.plots; "
             "assert 'jax' not in sys.modules, 'jax imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
 

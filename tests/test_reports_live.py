@@ -19,10 +19,10 @@ from conftest import chromium_dom
 
 from ladder.cli.main import main
 from ladder.predict import prereg as pr
-from ladder.predict import synthetic as sy
+from tests import synthetic as sy
 from ladder.predict.live import Watcher
 from ladder.predict.prereg import make_prereg
-from ladder.predict.sources import JsonlSource
+from ladder.sources import JsonlSource
 from ladder.reports.live import Downsampled, LivePage
 
 TRUTH = sy.Truth()
@@ -134,7 +134,7 @@ def test_the_page_of_a_restarted_watcher_reads_the_run_once_for_its_history(arti
     with open(src, "a") as f:
         f.writelines(json.dumps(r) + "\n" for r in rest)
     w = Watcher(prereg, JsonlSource(src), [], state)
-    page = LivePage.for_watcher(w, port=0, history=lambda: JsonlSource(src))
+    page = LivePage.for_watcher(w, port=0, source=str(src))
     try:
         page.feed.history_thread.join(60)
         w.poll()

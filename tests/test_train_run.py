@@ -13,7 +13,7 @@ from helpers import start_and_signal
 
 from ladder.cli.main import main
 from ladder.io import read_json, read_metrics
-from ladder.runs import read_run
+from ladder.sources.runs import read_run
 from ladder.specs import LADDERS, Rung
 from ladder.trainer.train import train_rung
 from ladder.trainer.trainconfig import Fault, RunArgs, TrainConfig

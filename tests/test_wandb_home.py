@@ -14,9 +14,9 @@ from ladder.cli.main import main
 from ladder.io import read_metrics
 from ladder.predict import forecast as fc
 from ladder.predict import prereg as pr
-from ladder.predict import synthetic as sy
+from tests import synthetic as sy
 from ladder.predict.prereg import make_prereg
-from ladder.predict.sources import WandbOfflineSource, read_wandb_records
+from ladder.sources import WandbOfflineSource, read_wandb_records
 from ladder.predict.watch import config_difference
 from ladder.specs import LADDERS
 from ladder.wandbrun import forecast_run_id, resolve, watch_run_id
@@ -228,12 +228,12 @@ def test_fit_points_from_wandb_histories_match_the_run_directory(tmp_path):
 def test_fit_points_from_an_offline_wandb_dir_match_the_run_directory(wandb_run):
     import numpy as np
 
-    from ladder.cli.commands import offline_wandb_points
+    from ladder.fit.points import offline_run_points
     from ladder.fit.points import is_wandb_offline_dir, load_points
     run_dir, wdir = wandb_run
     assert is_wandb_offline_dir(wdir) and not is_wandb_offline_dir(run_dir)
     want = load_points([str(run_dir)])
-    got = load_points([offline_wandb_points(str(wdir), None, None)])
+    got = load_points([offline_run_points(str(wdir), None, None)])
     assert list(got["run"]) == list(want["run"]) == [f"tiny/{RUNG.name}"] * len(want)
     for c in ("params", "active_params", "tokens", "compute", "fraction", "loss", "step"):
         assert np.allclose(got[c].to_numpy(float), want[c].to_numpy(float), rtol=1e-12), c

@@ -4,7 +4,7 @@ the ladder's group) at the watched run's steps, and the alerts table grows as al
 
 The fast tests record what is handed to wandb (a stand-in module); the slow one writes real
 offline W&B runs (WANDB_MODE=offline, no server) and reads them back with the project's own
-record reader (ladder.predict.sources.read_wandb_records)."""
+record reader (ladder.sources.read_wandb_records)."""
 
 import json
 import math
@@ -13,10 +13,10 @@ import pytest
 
 from ladder.cli.main import main
 from ladder.predict import prereg as pr
-from ladder.predict import synthetic as sy
+from tests import synthetic as sy
 from ladder.predict.live import Watcher
 from ladder.predict.prereg import make_prereg
-from ladder.predict.sources import JsonlSource
+from ladder.sources import JsonlSource
 from ladder.predict.wandb_home import TeeSource, WatchRunSink, log_forecast
 from ladder.wandbrun import band_keys, forecast_run_id, watch_run_id
 
@@ -175,7 +175,7 @@ def test_an_offline_wandb_group_read_back(prereg, tmp_path, monkeypatch, capsys)
     back, the forecast run's rows sit under the live key at the target's steps, the watch run's
     rows at the watched run's steps in both of its offline segments (no restart at 0), and the
     alerts table was logged by each watcher that raised alerts."""
-    from ladder.predict.sources import WandbOfflineSource, read_wandb_records
+    from ladder.sources import WandbOfflineSource, read_wandb_records
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")

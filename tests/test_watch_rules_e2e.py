@@ -13,10 +13,10 @@ import pytest
 
 from ladder.cli.main import main as cli_main
 from ladder.predict import prereg as pr
-from ladder.predict import synthetic as sy
+from tests import synthetic as sy
 from ladder.predict.live import Watcher
 from ladder.predict.prereg import make_prereg
-from ladder.predict.sources import JsonlSource
+from ladder.sources import JsonlSource
 from ladder.predict.watch import RULES, WatchConfig, decision_rule_words, watched_keys
 
 TRUTH = sy.Truth()

@@ -21,8 +21,8 @@ from hypothesis import strategies as hs
 
 from ladder.cli.main import main as cli_main
 from ladder.predict import prereg as pr
-from ladder.predict import synthetic as sy
-from ladder.predict.commands import make_prereg
+from tests import synthetic as sy
+from ladder.cli.predict import make_prereg
 from ladder.predict.watch import (
     RULES,
     STATE_SCHEMA,

@@ -182,7 +182,7 @@ def _train_watched(rung, target_dir: Path, cfg, prereg_path: Path, alerts_path: 
                    base: Path):
     from ladder.predict.live import Watcher
     from ladder.predict.sinks import JsonlSink, StdoutSink
-    from ladder.predict.sources import JsonlSource
+    from ladder.sources import JsonlSource
     from ladder.predict.watch.alerts import exit_code_for
     from ladder.trainer.train import train_rung
 

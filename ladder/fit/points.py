@@ -3,7 +3,7 @@
 Columns (shared/DESIGN.md): ``run, params, active_params, tokens, compute, fraction, loss`` (+
 ``step, lr`` for schedule-aware curve laws). ``compute`` and ``tokens`` are *so far* at the point;
 ``compute`` is flops-v1 training FLOPs without the LM head. A runs directory (``RUNS/<ladder>/
-<rung>/`` with config.json, summary.json, metrics.jsonl; found and read by ``ladder.runs``, the
+<rung>/`` with config.json, summary.json, metrics.jsonl; found and read by ``sources.runs``, the
 reader the forecaster and the report use) is converted to the same table: every
 eval row of every rung becomes a point with its progress fraction, compute counted by the one
 counter (``Rung.compute(tokens_so_far)``).
@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from ladder.io import EX_NOINPUT, EX_USAGE, InputError, as_float, read_json, read_table
-from ladder.runs import EXCLUDED, read_runs
+from ladder.sources.runs import EXCLUDED, read_runs
 
 DEFAULT_METRIC = "eval_dropless/loss"
 NUMERIC = ("params", "active_params", "tokens", "compute", "fraction", "loss", "step", "lr")
@@ -56,7 +56,7 @@ def load_points(sources, metric: str | None = None, *, include_incomplete: bool 
     (default the dropless eval loss) and labels the table's ``loss`` column (a table without
     ``loss`` may carry a column named after the metric instead). ``sizes`` (CSV or JSON: run,
     params, active_params) gives the sizes of W&B runs whose configs lack a rung; ``wandb_api``
-    replaces ``wandb.Api()`` (tests). ``keymap`` (a ``ladder.keymap.KeyMap``) renames another
+    replaces ``wandb.Api()`` (tests). ``keymap`` (a ``sources.keymap.KeyMap``) renames another
     trainer's keys in W&B histories and table columns to ours (``--keys``).
 
     A run directory of a ladder's target rung (config.json's rung ``is_target``: ``ladder run``
@@ -282,7 +282,7 @@ def expand_metrics(patterns, sources, *, keymap=None) -> list[str | None]:
 
 def _runs_dir(root: Path, metric: str, include_incomplete: bool,
               include_target: bool = False):
-    """Every run directory at or below ``root`` that has a metrics.jsonl (``ladder.runs``: the
+    """Every run directory at or below ``root`` that has a metrics.jsonl (``sources.runs``: the
     discovery and status rules the forecaster and the report use too), to points: (table or
     None when every run is a target left out, notes, the targets left out)."""
     runs = [r for r in read_runs(root) if r.metrics_path.is_file()]
@@ -509,3 +509,46 @@ def _clean(df: pd.DataFrame):
         notes.append(f"{df['source'].iat[i]}: row {int(df['row'].iat[i])}: dropped: "
                      + "; ".join(reasons[i]))
     return df.loc[~bad].reset_index(drop=True), notes
+
+
+def offline_run_points(path: str, metric: str | None, sizes, *, keymap=None):
+    """The points of a W&B offline run directory: the record log read by ladder.sources, the
+    table built like that of a wandb:// run. With a ``keymap`` (another trainer's
+    names), the run's summary records are read too: levanter logs its parameter count there."""
+    import warnings
+
+    from ladder.sources import WandbOfflineSource
+
+    src = WandbOfflineSource(path)
+    run_id = src.record_file().stem.removeprefix("run-")
+    got = src.poll()
+    config = got.configs[0] if got.configs else {}
+    summary = _offline_summary(src) if keymap is not None else {}
+    df, notes = points_from_histories(
+        [WandbHistory(where=str(path), run_id=run_id, name=run_id, config=config,
+                      rows=got.rows, summary=summary)], metric or DEFAULT_METRIC,
+        read_sizes(sizes), where=str(path), keymap=keymap)
+    for n in notes:
+        warnings.warn(n, stacklevel=2)
+    df.attrs["source"] = str(path)
+    return df
+
+
+def _offline_summary(src) -> dict:
+    """The summary values of a W&B offline run (its ``summary`` records, later ones win)."""
+    import json
+
+    from ladder.sources import read_wandb_records
+
+    out: dict = {}
+    for _, f in src.segments():
+        for rec in read_wandb_records(f, full=True):
+            if rec.get("type") != "summary":
+                continue
+            for item in (rec.get("summary") or {}).get("update") or []:
+                key = item.get("key") or "/".join(item.get("nested_key") or [])
+                try:
+                    out[key] = json.loads(item.get("value_json", "null"))
+                except ValueError:
+                    continue
+    return out

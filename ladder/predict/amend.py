@@ -169,7 +169,7 @@ def read_evals(source: str, metric: str, *, upto: int | None = None) -> tuple[np
                                                                             np.ndarray]:
     """(steps, values) of ``metric`` in a run (any `ladder watch` source), rows with a finite
     value only, the last value of a step kept (a resumed run re-logs steps), sorted by step."""
-    from ladder.predict.sources import open_source
+    from ladder.sources import open_source
     src = open_source(source)
     found: dict[int, float] = {}
     while True:

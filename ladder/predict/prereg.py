@@ -429,7 +429,7 @@ def _under_law_keys(ladder_runs: list, law) -> list:
         return ladder_runs
     import dataclasses
 
-    from ladder.keymap import parse_keymap
+    from ladder.sources.keymap import parse_keymap
     try:
         km = parse_keymap(keys)
     except ValueError as e:

@@ -35,7 +35,7 @@ import numpy as np
 from ladder import wandbrun
 from ladder.io import InputError, as_float, sha256_file
 from ladder.predict.sinks import Sink, wandb_alert
-from ladder.predict.sources.base import Poll, Source, SourceWrapper
+from ladder.sources.base import Poll, Source, SourceWrapper
 from ladder.predict.watch import SEVERITIES, Alert, Batch, PreregView, exit_code_for, row_fractions
 
 PREFIXES = ("forecast", "watch")

@@ -471,14 +471,14 @@ class LivePage:
         return cls(state, version, **kw)
 
     @classmethod
-    def for_watcher(cls, watcher, *, history: Callable | None = None, **kw) -> LivePage:
+    def for_watcher(cls, watcher, *, source: str | None = None, keymap=None, **kw) -> LivePage:
         """The page of a running :class:`ladder.predict.live.Watcher`, from the batches it judges
-        (:class:`WatcherFeed`). ``history()``, when given, returns a fresh source of the same
-        run: a watcher restarted from its state file does not read what it judged before, so the
-        page reads it once, in the background, to draw the run from its start."""
+        (:class:`WatcherFeed`). ``source`` (the watcher's ``--source``, read through ``keymap``
+        when given): a watcher restarted from its state file does not read what it judged
+        before, so the page reads the run once more, in the background, from its start."""
         feed = WatcherFeed(watcher)
-        if history is not None and (watcher.state.get("n_points") or 0) > 0:
-            feed.backfill(history)
+        if source is not None and (watcher.state.get("n_points") or 0) > 0:
+            feed.backfill(source, keymap)
         kw.setdefault("title", f"ladder watch: {watcher.doc.get('target', {}).get('name')}")
         page = cls(feed.state, feed.version, **kw)
         page.feed = feed
@@ -523,13 +523,17 @@ class WatcherFeed:
             if t is not None:
                 self.train.add(g, t)
 
-    def backfill(self, make_source) -> None:
-        """Read a fresh source of the run once, in a daemon thread, into the same series (a
-        bucket keeps its extremes, so rows the watcher also brings count once in effect)."""
+    def backfill(self, source: str, keymap=None) -> None:
+        """Read the run once from a fresh source (``open_source(source)``), in a daemon thread,
+        into the same series (a bucket keeps its extremes, so rows the watcher also brings count
+        once in effect)."""
         def run():
             from ladder.predict.watch import Batch
+            from ladder.sources import KeyMappedSource, open_source
             try:
-                src = make_source()
+                src = open_source(source)
+                if keymap is not None:
+                    src = KeyMappedSource(src, keymap)
                 keys, keep = self.w.keys, self.w.keep
                 while True:
                     p = src.poll_batch(keys, keep)

@@ -61,7 +61,7 @@ alert kinds (:func:`alert_kinds`) are derived from it.
 """
 
 from ladder.predict.watch.alerts import SEVERITIES, Alert, CheckResult, exit_code_for
-from ladder.predict.watch.batch import Batch, KeyFilter, concat_batches
+from ladder.sources.batch import Batch, KeyFilter, concat_batches
 from ladder.predict.watch.config import RETIRED_PARAMETERS, WatchConfig
 from ladder.predict.watch.judge import check, row_fractions, stalled_check
 from ladder.predict.watch.rules import (

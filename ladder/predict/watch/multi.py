@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ladder.predict.watch.alerts import SEVERITY_RANK, Alert, CheckResult
-from ladder.predict.watch.batch import Batch
+from ladder.sources.batch import Batch
 from ladder.predict.watch.config import WatchConfig
 from ladder.predict.watch.state import check_state, new_state
 from ladder.predict.watch.view import PreregView

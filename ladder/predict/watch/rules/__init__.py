@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ladder.predict.watch.batch import KeyFilter
+from ladder.sources.batch import KeyFilter
 from ladder.predict.watch.rules.base import Rule
 from ladder.predict.watch.rules.health import (
     DropFracRule,

@@ -4,7 +4,7 @@ The fitter and the watcher read the keys of shared/DESIGN.md section 3 (``tokens
 ``flops``, ``optim/lr``, ``step``, the metric) and the run's sizes (``params``). A run trained by
 another trainer logs the same quantities under its own names; a key map says which, and by what
 factor a value is scaled (levanter logs GFLOPs). Built-in maps are data, like the ladders:
-``ladder/keymaps/levanter.toml`` and ``marin.toml`` (each cites where the trainer logs the names);
+``sources/keymaps/levanter.toml`` and ``marin.toml`` (each cites where the trainer logs the names);
 ``--keys FILE.toml`` takes a team's own in the same shape::
 
     schema = "keymap/1"
@@ -135,7 +135,7 @@ def load_keymap(spec: str | None) -> KeyMap | None:
         return None
     if spec in BUILTIN:
         from importlib.resources import files
-        return _read(Path(str(files("ladder") / BUILTIN_DIR / f"{spec}.toml")))
+        return _read(Path(str(files("ladder.sources") / BUILTIN_DIR / f"{spec}.toml")))
     path = Path(spec)
     if not path.suffix and not path.exists():
         raise InputError(f"unknown key map {spec!r}; built-in: {', '.join(BUILTIN)}, or a "

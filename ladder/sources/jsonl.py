@@ -4,7 +4,7 @@ its newline; a corrupt complete line is skipped with a note; a truncated or repl
 file is read again from its start (``Poll.restarted``: the watcher skips the steps it already
 judged, as for every source). A watcher
 started again with its ``--state`` continues at the saved byte offset (a moved or renamed file
-is recognised by its first bytes: :func:`ladder.predict.sources.base.same_file`)."""
+is recognised by its first bytes: :func:`ladder.sources.base.same_file`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import orjson
 
 from ladder.io import MAX_LINE_BYTES, InputError, json_line, open_input, read_json, skip_line
-from ladder.predict.sources.base import (
+from ladder.sources.base import (
     POS_INT,
     Poll,
     Source,
@@ -130,7 +130,7 @@ class JsonlSource(Source):
         """Like :meth:`poll`, but the rows as a :class:`predict.watch.Batch` of the ``keys`` and
         the keys ``keep`` accepts (``rows`` left empty): each block's rows become columns as
         soon as they are parsed, so a poll holds the dicts of one block (~4 MB) at a time."""
-        from ladder.predict.watch import Batch, concat_batches
+        from ladder.sources.batch import Batch, concat_batches
         out = Poll()
         parts: list = []
 
@@ -263,7 +263,7 @@ def parse_lines(block: bytes, line_no: int, rows: list) -> tuple[int, int | None
     return bad, first, len(lines)
 
 
-# A saved read position of a JSONL source, field by field (predict.sources.base.check_position)
+# A saved read position of a JSONL source, field by field (ladder.sources.base.check_position)
 JSONL_POSITION = {"path": ("str", None), "offset": ("int", POS_INT),
                   "inode": ("int?", POS_INT), "line_no": ("int", POS_INT),
                   "max_step": ("int?", (0, 2 ** 53)), "skip_through": ("int?", (0, 2 ** 53)),

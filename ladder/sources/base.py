@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ladder.io import InputError, as_float, open_input
-from ladder.runs import ended_status
+from ladder.sources.runs import ended_status
 
 
 @dataclass
@@ -96,7 +96,7 @@ class SourceWrapper(Source):
 
 def summary_finished(run_dir: Path) -> str | None:
     """``summary.json status S`` when the run of ``run_dir`` ended (complete, diverged, failed:
-    ``ladder.runs.ended_status``, the status rule of every run reader), else None."""
+    ``ladder.sources.runs.ended_status``, the status rule of every run reader), else None."""
     status = ended_status(run_dir)
     return f"summary.json status {status}" if status else None
 

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from ladder.io import InputError, open_input
-from ladder.predict.sources.base import (
+from ladder.sources.base import (
     POS_INT,
     Poll,
     Source,

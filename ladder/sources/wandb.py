@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from ladder.io import EX_NOINPUT, InputError, open_input
-from ladder.predict.sources.base import POS_INT, Poll, Source, check_position, step_of
+from ladder.sources.base import POS_INT, Poll, Source, check_position, step_of
 
-# a saved segment's read position (ladder.predict.sources.base.check_position): a state file is
-# a file, edited or of another version (an offset of the wrong type was a TypeError)
+# a saved segment's read position (ladder.sources.base.check_position): a state file is a file,
+# edited or of another version (an offset of the wrong type was a TypeError)
 SEGMENT_POSITION = {"offset": ("int", POS_INT), "num": ("int", POS_INT), "exit": ("bool", None)}
 
 # ----------------------------------------------------------------------------------- offline

@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ladder.io import EX_NOINPUT, InputError
-from ladder.predict.sources.base import (
+from ladder.sources.base import (
     IDENTITY_BYTES,
     Poll,
     Source,
@@ -30,10 +30,10 @@ from ladder.predict.sources.base import (
     file_identity,
     same_file,
 )
-from ladder.predict.sources.csv import CsvSource, normalise_columns
-from ladder.predict.sources.jsonl import JSONL_POSITION, JsonlSource, parse_lines
-from ladder.predict.sources.keyed import KeyMappedSource
-from ladder.predict.sources.wandb import (
+from ladder.sources.csv import CsvSource, normalise_columns
+from ladder.sources.jsonl import JSONL_POSITION, JsonlSource, parse_lines
+from ladder.sources.keyed import KeyMappedSource
+from ladder.sources.wandb import (
     WandbApiSource,
     WandbOfflineSource,
     WandbUri,
