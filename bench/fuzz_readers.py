@@ -242,6 +242,16 @@ def _family(edit: Callable[[dict], None]) -> Callable[[Path, Path], str]:
     return run
 
 
+def _resealed(field: str, value) -> Callable[[Path, Path], str]:
+    def run(w: Path, tmp: Path) -> str:
+        from ladder.predict import prereg as pr
+        doc = _set(json.loads((w / "pre" / "prereg.json").read_text()), field, value)
+        p = tmp / "resealed.json"
+        p.write_text(json.dumps(pr.seal(doc)))
+        return _verdict_cli(*_cli("watch", p, "--source", w / "live.jsonl"), "resealed.json")
+    return run
+
+
 def _multi_runs(w: Path, tmp: Path) -> str:
     law = json.loads((w / "law.json").read_text())
     (tmp / "law2.json").write_text(json.dumps(
@@ -496,6 +506,10 @@ def corpus() -> list[Case]:
                   lambda r: r["family"].update(alert_level=0.5))),
               Case("family metrics 3 of 2", F, _family(lambda r: r["family"].update(metrics=3))),
               Case("prereg/3 --runs without its keys", F, _multi_runs)]
+    cases += [Case(f"prereg resealed {f} = {v!r}", F, _resealed(f, v)) for f, v in (
+        ("forecast.5.lo", 99.0), ("forecast.5.hi", "Infinity"), ("forecast.5.loss", "NaN"),
+        ("forecast.5.fraction", 7), ("final.loss", "NaN"), ("eval_noise.sigma", -1),
+        ("target.steps", -5), ("band_level", 7.5))]
     cases += [Case(f"restart: {k}", R, _restart(k)) for k in (
         "wandb renamed", "jsonl then wandb", "csv shrank")]
     cases += [Case("W&B log 768 MiB, cap 256 MiB", B, _apart(_wandb_sparse)),

@@ -342,6 +342,44 @@ def test_a_resealed_family_alert_level_of_7_5_is_refused(tmp_path):
     _one_line(code, err, "resealed.json", "decision_rule.family.family_alert_level")
 
 
+@pytest.mark.parametrize("field,value", [("forecast.5.lo", 99.0), ("forecast.5.hi", "Infinity"),
+                                         ("final.loss", "NaN"), ("eval_noise.sigma", -1),
+                                         ("target.steps", -5), ("band_level", 7.5)])
+def test_a_resealed_prereg_with_a_number_out_of_range_is_one_line(world, tmp_path, field, value):
+    """Was: watched with exit 0 (an inverted or infinite band, a NaN final, a negative eval
+    noise, a negative run length), or a misleading line (band_level 7.5)."""
+    from ladder.predict import prereg as pr
+    doc = _set(json.loads((world / "pre" / "prereg.json").read_text()), field, value)
+    p = tmp_path / "resealed.json"
+    p.write_text(json.dumps(pr.seal(doc)))
+    code, _, err = run_cli("watch", p, "--source", world / "live.jsonl")
+    name = field.replace(".5.", "[5].")
+    _one_line(code, err, "resealed.json", name)
+
+
+@FAST
+@given(data=st.data())
+def test_any_registered_number_resealed_is_judged_sanely_or_refused(world, tmp_path_factory,
+                                                                   data):
+    """Property: a pre-registration with a forecast point, its final, its eval noise or its
+    target's size replaced by any value (and resealed) is refused with one line, or watched
+    with a verdict (exit 0-3); never a traceback."""
+    from ladder.predict import prereg as pr
+    doc = json.loads((world / "pre" / "prereg.json").read_text())
+    where = data.draw(st.sampled_from(
+        [w for w in _paths(doc) if w.startswith(("forecast.", "final", "eval_noise", "band_level",
+                                                 "target.steps", "target.tokens"))]))
+    doc = _set(doc, where, data.draw(_JSON))
+    p = tmp_path_factory.mktemp("pre") / "resealed.json"
+    p.write_text(json.dumps(pr.seal(doc)))
+    code, _, err = run_cli("watch", p, "--source", world / "live.jsonl")
+    assert "Traceback" not in err, (where, err)
+    if code >= 64:
+        _one_line(code, err, "resealed.json")
+    else:
+        assert code in (0, 1, 2, 3), (where, code, err)
+
+
 def test_a_compare_interval_that_excludes_its_own_estimate_is_refused(tmp_path):
     """Was: [2.0, 3.0] around a multiplier of 1.5 silently widened to [1.5, 3.0] and used."""
     from ladder.predict.amend import multiplier_from_compare

@@ -389,7 +389,77 @@ def load(path: str | os.PathLike, *, check: bool = True) -> dict:
         if not v.ok:
             raise InputError("fails verification (edited after it was written): "
                              + v.report().replace("\n", "; "), path=path, field="sha256")
+        _check_registered(doc, path)  # unchecked: the caller verifies, then checks
     return doc
+
+
+def _check_registered(doc: Mapping, path) -> None:
+    """The registered numbers the watcher reads, checked for type and range (a file resealed
+    after an edit passes its sha256, not this; issue 39): the target's steps and tokens, the band
+    level, and of each metric its forecast points, final and eval noise."""
+    tgt = doc.get("target")
+    if not isinstance(tgt, Mapping):
+        raise InputError("expected an object", path=path, field="target")
+    number(tgt.get("steps"), field="target.steps", path=path, lo=1, hi=2 ** 53, integral=True)
+    number(tgt.get("tokens"), field="target.tokens", path=path, lo=0, lo_open=True)
+    if doc.get("band_level") is not None:
+        number(doc["band_level"], field="band_level", path=path, lo=0, hi=1, lo_open=True,
+               hi_open=True)
+    if doc.get("schema") == SCHEMA_V3:
+        for k in doc["metrics"]:
+            _check_metric(doc["forecasts"][k], path, f"forecasts.{k}.")
+    else:
+        _check_metric(doc, path, "")
+
+
+def _check_metric(d: Mapping, path, prefix: str) -> None:
+    from ladder.io import as_float
+    noise = d.get("eval_noise")
+    if isinstance(noise, Mapping):  # an eval's sd: the --eval-noise range (0..10)
+        number(noise.get("sigma"), field=f"{prefix}eval_noise.sigma", path=path, lo=0, hi=10)
+    elif noise is not None:
+        raise InputError("expected an object {sigma, n, method}", path=path,
+                         field=f"{prefix}eval_noise")
+    last = -math.inf
+    for i, pt in enumerate(d["forecast"]):
+        field = f"{prefix}forecast[{i}]"
+        if not isinstance(pt, Mapping):
+            raise InputError("expected a point {fraction, step, tokens, loss, lo, hi}",
+                             path=path, field=field)
+        fr = as_float(pt.get("fraction"))
+        # a fraction of the planned run, in order (the band is interpolated along it)
+        if fr is None or not (0 <= fr <= 10) or fr < last:
+            raise InputError(f"expected fractions in [0, 10], in order; got "
+                             f"{str(pt.get('fraction'))[:40]!r}", path=path,
+                             field=field + ".fraction")
+        last = fr
+        _check_band(pt, path, field)
+    if not isinstance(d.get("final"), Mapping):
+        raise InputError("expected an object {loss, lo, hi}", path=path, field=f"{prefix}final")
+    _check_band(d["final"], path, f"{prefix}final")
+
+
+def _check_band(pt: Mapping, path, field: str) -> None:
+    """A registered ``loss`` (finite) and its ``lo``/``hi``: finite around it, or missing
+    (null/NaN: registered without a band there, never judged inside); never Infinity, never
+    inverted."""
+    from ladder.io import as_float
+    loss = as_float(pt.get("loss"))
+    if loss is None or not math.isfinite(loss):
+        raise InputError(f"expected a finite number, got {str(pt.get('loss'))[:40]!r}",
+                         path=path, field=field + ".loss")
+    for name in ("lo", "hi"):
+        v = pt.get(name)
+        x = as_float(v)
+        if v is not None and (x is None or math.isinf(x)):
+            raise InputError(f"expected a finite number or null (no band), got "
+                             f"{str(v)[:40]!r}", path=path, field=f"{field}.{name}")
+    lo, hi = as_float(pt.get("lo")), as_float(pt.get("hi"))
+    tol = 1e-9 * max(1.0, abs(loss))
+    if lo is not None and math.isfinite(lo) and lo > loss + tol:
+        raise InputError(f"lo {lo!r} above the loss {loss!r}", path=path, field=field + ".lo")
+    if hi is not None and math.isfinite(hi) and hi < loss - tol:
+        raise InputError(f"hi {hi!r} below the loss {loss!r}", path=path, field=field + ".hi")
 
 
 def _check_multi(doc: Mapping, path) -> None:
@@ -598,6 +668,11 @@ def resolve_chain(path: str | os.PathLike, named=None) -> Chain:
                 continue
             if not verify_doc(doc, str(f)).ok:
                 skipped.append(f"{f.name} fails verification")
+                continue
+            try:
+                _check_registered(doc, f)
+            except InputError as e:
+                skipped.append(f"{rec['file']} recorded but not readable ({str(e)[:120]})")
                 continue
             if doc.get("sha256") != rec["sha256"] or \
                     (doc.get("amends") or {}).get("sha256") != cur:
