@@ -194,7 +194,8 @@ def tokenize_main(args) -> int:
     try:
         m = tokenize_files(args.files, args.tokenizer, args.out, eos=args.eos,
                            shard_tokens=args.shard_tokens or DEFAULT_SHARD_TOKENS,
-                           text_key=args.text_key, processes=processes)
+                           text_key=args.text_key, processes=processes,
+                           progress_bar=sys.stderr.isatty())  # a bar on a terminal, not in logs
     except KeyboardInterrupt:
         print(f"ladder tokenize: interrupted; the same command continues from "
               f"{os.path.join(args.out, PROGRESS)}", file=sys.stderr)

@@ -331,11 +331,11 @@ def _fit_command(sub) -> None:
     s.add_argument("sources", nargs="+", metavar="SOURCE",
                    help="points tables (CSV, Parquet), runs directories, W&B offline run "
                         "directories or wandb://ENTITY/PROJECT/ID[,ID...]")
+    from ladder.fit.forms import form_choices  # the one list of forms (numpy only)
     s.add_argument("--form", default="auto",
-                   help="law form: auto (every form the columns allow, chosen by rollout "
-                        "backtest), compute, chinchilla, trajectory, moe, mpl, momentum, or "
-                        "task (downstream accuracy in two steps: needs --via) "
-                        "(default: %(default)s)")
+                   help=f"law form: {form_choices()}; auto: every form marked * that the "
+                        "columns allow, chosen by rollout backtest; task: downstream accuracy "
+                        "in two steps, needs --via (default: %(default)s)")
     s.add_argument("--metric", action="append", default=None, metavar="KEY",
                    help="metric key: a key of runs, a long table's 'metric' value or a wide "
                         "table's loss column; repeatable, and a glob such as 'paloma/*/loss' "

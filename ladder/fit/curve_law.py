@@ -42,7 +42,7 @@ MC_SEED = 0   # the band's Monte Carlo draws: the same band for the same law and
 # ------------------------------------------------------------------------------- results
 
 
-@dataclass
+@dataclass(repr=False)  # LawResult's short repr, not every field
 class CurveLaw(LawResult, forms=tuple(FORMS)):
     """A fitted schedule-aware curve law (form ``mpl`` or ``momentum``); see the module doc.
     What it shares with every law (intervals, band, report layout, law.json envelope) is

@@ -27,7 +27,7 @@ from ladder.fit.config import HUBER_DELTA, OBJECTIVES, FitConfig
 from ladder.fit.curve_fit import fit_curve_law
 from ladder.fit.curve_forms import FORMS as _CURVE_LAW_FORMS
 from ladder.fit.estimate import fit_by, fit_spec, select_points
-from ladder.fit.forms import FORMS, Spec, get_form
+from ladder.fit.forms import FORMS, Spec, form_choices, get_form
 from ladder.fit.points import COLUMNS, load_points
 from ladder.fit.prediction import Prediction
 from ladder.fit.result import FitResult, LawResult, extrapolation_rate
@@ -66,6 +66,8 @@ def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = 
     decades below the largest run, and keep them where the rollout backtest says they predict
     the largest runs better (``ladder.fit.select.scale_weight_rule``); the asymptote rule then fits
     its variants with the same weights."""
+    if metric is None and _plain_loss(df):
+        metric = "loss"  # a notebook's own table: its column keeps the name it was given
     if not isinstance(df, pd.DataFrame) or not set(COLUMNS) <= set(df.columns):
         df = load_points(df, metric)  # files, or a bare DataFrame: normalise and clean it
     largest = len(df) if by is None or by not in df.columns or not len(df) else \
@@ -105,6 +107,13 @@ def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = 
     return _left_out(res, df)
 
 
+def _plain_loss(df) -> bool:
+    """A DataFrame built by hand with a plain ``loss`` column (no ``metric`` column, no metric
+    named in its attrs as load_points names one)."""
+    return isinstance(df, pd.DataFrame) and "loss" in df.columns and \
+        "metric" not in df.columns and not df.attrs.get("metric")
+
+
 def _left_out(res, df):
     """The runs the points table's reader left out (a ladder's target: fit.points.load_points)
     go into the law's ``inputs.left_out``, so the law and its report say what it did not see."""
@@ -133,8 +142,12 @@ def _spec(form: str, fix: dict, tie: dict) -> Spec:
     if form in CURVE_FORMS:
         raise InputError(f"the {form} form is a schedule-aware curve law (ladder.fit.curve_fit)",
                          field="form")
+    if form == "task":
+        raise InputError("the task form fits in two steps: ladder.fit.fit_task (the CLI: "
+                         "--form task --via LOSS_KEY)", field="form")
     if form not in FORMS:
-        raise InputError(f"unknown form {form!r}; one of auto, {', '.join(FORMS)}", field="form")
+        raise InputError(f"unknown form {form!r}; one of {form_choices()} (*: tried by --form "
+                         "auto)", field="form")
     try:
         return Spec(get_form(form), fix=fix, tie=tie)
     except ValueError as e:

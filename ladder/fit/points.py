@@ -59,8 +59,9 @@ def load_points(sources, metric: str | None = None, *, include_incomplete: bool 
     replaces ``wandb.Api()`` (tests). ``keymap`` (a ``sources.keymap.KeyMap``) renames another
     trainer's keys in W&B histories and table columns to ours (``--keys``).
 
-    A run directory of a ladder's target rung (config.json's rung ``is_target``: ``ladder run``
-    trains it beside the rungs) is the run the law forecasts, not a point to fit: it is left out
+    A run of a ladder's target rung (its rung's ``is_target``: ``ladder run`` trains it beside
+    the rungs; a run directory's config.json, or a W&B run's config, whose points table names it
+    in ``attrs["targets"]``) is the run the law forecasts, not a point to fit: it is left out
     unless ``include_target``, and ``df.attrs["left_out"]`` names it (``LADDER/RUNG``)."""
     if isinstance(sources, (str, Path, pd.DataFrame)):
         sources = [sources]
@@ -68,13 +69,19 @@ def load_points(sources, metric: str | None = None, *, include_incomplete: bool 
     frames, dropped, left_out = [], [], []
     for src in sources:
         if isinstance(src, pd.DataFrame):  # a table built elsewhere may name its source
-            frames.append(_table(src.copy(), str(src.attrs.get("source", "<dataframe>")),
-                                 metric, requested))
+            src, targets = _without_targets(src, include_target)
+            left_out += targets
+            if len(src) or not targets:
+                frames.append(_table(src.copy(), str(src.attrs.get("source", "<dataframe>")),
+                                     metric, requested))
             continue
         if isinstance(src, str) and src.startswith("wandb://"):
             frame, notes = _wandb_runs(src, metric, read_sizes(sizes), wandb_api, keymap)
+            frame, targets = _without_targets(frame, include_target)
             dropped += notes
-            frames.append(frame)
+            left_out += targets
+            if len(frame) or not targets:
+                frames.append(frame)
             continue
         path = Path(src)
         if not path.exists():
@@ -111,6 +118,18 @@ def load_points(sources, metric: str | None = None, *, include_incomplete: bool 
     df.attrs["metric"] = metric
     df.attrs["left_out"] = left_out
     return df
+
+
+def _without_targets(df: pd.DataFrame, include_target: bool) -> tuple[pd.DataFrame, list[str]]:
+    """W&B runs' points (:func:`points_from_histories`) without the target rung's run, as a
+    runs directory leaves it out: (the table, the runs left out)."""
+    targets = [str(t) for t in df.attrs.get("targets") or []]
+    if include_target or not targets or "run" not in df.columns:
+        return df, []
+    keep = ~df["run"].astype(str).isin(targets)
+    out = df[keep].reset_index(drop=True)
+    out.attrs = {k: v for k, v in df.attrs.items() if k != "targets"}
+    return out, targets
 
 
 def _read_table(path: Path) -> pd.DataFrame:
@@ -434,11 +453,12 @@ def points_from_histories(runs: Iterable[WandbHistory], metric: str, sizes: dict
     its sizes and FLOPs (the one counter); otherwise ``sizes`` must name the run (by id or name),
     or a ``keymap`` find its ``params`` in the run's summary or config (levanter's
     ``parameter_count``), and its rows must log ``flops``. ``keymap`` renames the rows' keys to
-    ours. Returns the table and notes on runs without points."""
+    ours. Returns the table and notes on runs without points; ``attrs["targets"]`` names the runs
+    of a target rung (:func:`load_points` leaves them out unless asked)."""
     from ladder.specs import Rung  # plain Python; no JAX
 
     sizes = sizes or {}
-    batches, notes = [], []
+    batches, notes, targets = [], [], []
     for h in runs:
         cfg, name = h.config, h.name
         rung = None
@@ -449,6 +469,8 @@ def points_from_histories(runs: Iterable[WandbHistory], metric: str, sizes: dict
                 raise InputError(str(e), path=h.where, field="config.rung") from None
             params, active = float(rung.params.total), float(rung.params.active)
             name = f"{rung.ladder}/{rung.name}"
+            if rung.is_target:
+                targets.append(name)
         elif h.run_id in sizes or name in sizes:
             sz = sizes.get(h.run_id) or sizes[name]
             params, active = sz["params"], sz["active_params"]
@@ -458,15 +480,35 @@ def points_from_histories(runs: Iterable[WandbHistory], metric: str, sizes: dict
             params = as_float(keymap.value("params", h.summary, h.config))
             active = as_float(keymap.value("active_params", h.summary, h.config)) or math.nan
         else:
-            raise InputError(f"run {name!r}: no rung in its config; give its sizes with --sizes "
-                             f"FILE (run, params, active_params)", path=h.where, field="--sizes")
+            raise _no_sizes(h, name, keymap)
         rows = h.rows if keymap is None else (keymap.row(r) for r in h.rows)
         batches.append((h.where, point_rows(
             rows, metric, run=name, source=h.where, params=params, active_params=active,
             compute_of=lambda row, tokens, rung=rung: (
                 rung.compute(tokens) if rung is not None and tokens is not None
                 else as_float(row.get("flops"))))))
-    return _concat(batches, notes, metric, where=where)
+    frame, notes = _concat(batches, notes, metric, where=where)
+    frame.attrs["targets"] = targets
+    return frame, notes
+
+
+def _no_sizes(h: WandbHistory, name: str, keymap) -> InputError:
+    """The error of a W&B run without sizes: another trainer's run (its keys are a built-in key
+    map's) is told to pass ``--keys NAME``; any other run to give ``--sizes``."""
+    from ladder.sources.keymap import recognise
+    if keymap is None:
+        rows = iter(h.rows)
+        first = [r for _, r in zip(range(5), rows)]  # the run is refused: reading it is fine
+        keys = set(h.config) | set(h.summary) | {k for r in first for k in r}
+        found = recognise(keys)
+        if found:
+            maps, hit = found
+            also = f" (or {', '.join(maps[1:])})" if len(maps) > 1 else ""
+            return InputError(f"run {name!r}: no rung in its config, and it logs {maps[0]}'s "
+                              f"keys ({', '.join(hit)}); read it with --keys {maps[0]}{also}",
+                              path=h.where, field="--keys")
+    return InputError(f"run {name!r}: no rung in its config; give its sizes with --sizes "
+                      f"FILE (run, params, active_params)", path=h.where, field="--sizes")
 
 
 def is_wandb_offline_dir(path) -> bool:

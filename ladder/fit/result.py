@@ -20,6 +20,7 @@ ladder.fit.lawjson.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import math
 import warnings
@@ -32,7 +33,7 @@ import ladder.fit.lawjson as lawjson
 from ladder.fit.config import FitConfig
 from ladder.fit.forms import FORMS, Model, Spec
 from ladder.fit.prediction import Prediction, Query
-from ladder.fit.report import fit_lines, report
+from ladder.fit.report import fit_lines, parameter_rows, report, short_lines
 from ladder.io import InputError, as_float
 
 SMALL_SAMPLE = ("normal", "student-t")
@@ -76,15 +77,71 @@ class LawResult:
         flags writes the current ones)."""
         return self.diagnostics
 
-    def predict(self, query: Query | None = None, /, *, level: float | None = None,
-                extra_log_sigma=0.0, extrapolation: bool = True, **fields) -> Prediction:
+    def predict(self, query=None, /, *, level: float | None = None,
+                extra_log_sigma=0.0, extrapolation: bool = True, **fields):
         """The law at ``query`` (a :class:`ladder.fit.prediction.Query`, or its fields as keywords:
-        the same question for every kind) with its band at ``level`` (None: the kind's default).
-        ``extra_log_sigma``: a further log sd (eval noise) added to the band in quadrature;
-        ``extrapolation``: the band holds the law's own extrapolation error outside its runs
-        (a kind without one has none to add)."""
-        return self._predict(Query.of(query, **fields), level=level,
-                             extra_log_sigma=extra_log_sigma, extrapolation=extrapolation)
+        the same question for every kind; numbers, lists or arrays, which broadcast) with its
+        band at ``level`` (None: the kind's default). A scalar question gets floats, never 0-d
+        arrays. ``query`` may be a pandas DataFrame whose columns are the query's fields (others
+        are ignored): the answer is then a DataFrame on its index with ``loss``, ``lo`` and
+        ``hi`` columns. ``extra_log_sigma``: a further log sd (eval noise) added to the band in
+        quadrature; ``extrapolation``: the band holds the law's own extrapolation error outside
+        its runs (a kind without one has none to add)."""
+        frame = _as_frame(query)
+        if frame is not None:
+            return self._predict_frame(frame, level=level, extra_log_sigma=extra_log_sigma,
+                                       extrapolation=extrapolation, **fields)
+        p = self._predict(Query.of(query, **fields), level=level,
+                          extra_log_sigma=extra_log_sigma, extrapolation=extrapolation)
+        return _no_0d(p)
+
+    def _predict_frame(self, frame, *, level, extra_log_sigma, extrapolation, **fields):
+        import pandas as pd
+        names = [f.name for f in dataclasses.fields(Query)]
+        given = {c: frame[c].to_numpy() for c in frame.columns if c in names}
+        if not given:
+            raise InputError(f"the DataFrame has none of the query's columns ({', '.join(names)})"
+                             f"; it has {', '.join(map(str, frame.columns)) or 'none'}",
+                             field="query")
+        p = self._predict(Query.of(None, **{**given, **fields}), level=level,
+                          extra_log_sigma=extra_log_sigma, extrapolation=extrapolation)
+        n = len(frame)
+        cols = {k: np.broadcast_to(np.asarray(getattr(p, k), dtype=float), (n,))
+                for k in ("loss", "lo", "hi")}
+        out = pd.DataFrame(cols, index=frame.index)
+        out.attrs["level"] = p.level
+        return out
+
+    def parameter_table(self):
+        """The parameters as a pandas DataFrame (index: name): estimate, lo, hi (the ``level``
+        interval), identified (False where the data do not pin it down) and note."""
+        import pandas as pd
+        return pd.DataFrame(parameter_rows(self)).set_index("name")
+
+    def summary(self) -> str:
+        """The law in a dozen lines (``report()`` has the whole fit)."""
+        return "\n".join(short_lines(self))
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}>\n" + self.summary() + \
+            "\n(.report(): the whole fit; .parameter_table(): the table as a DataFrame)"
+
+    def _repr_html_(self) -> str:
+        """A notebook's view: the form and data, then the parameter table."""
+        import html
+        head = short_lines(self)
+        rows = "".join(
+            f"<tr><td>{html.escape(x['name'])}</td><td>{x['estimate']:.6g}</td>"
+            f"<td>{x['lo']:.4g}</td><td>{x['hi']:.4g}</td>"
+            f"<td>{'yes' if x['identified'] else '<b>no</b>'}</td>"
+            f"<td>{html.escape(x['note'])}</td></tr>" for x in parameter_rows(self))
+        rest = [ln for ln in head[2:] if not ln.startswith(" ") and
+                not ln.startswith("parameters")]
+        return (f"<div><b>{html.escape(head[0])}</b><br>{html.escape(head[1])}"
+                f"<table><thead><tr><th>parameter</th><th>estimate</th>"
+                f"<th colspan=2>{self.level:.0%} interval</th><th>identified</th><th>note</th>"
+                f"</tr></thead><tbody>{rows}</tbody></table>"
+                + "".join(f"{html.escape(ln)}<br>" for ln in rest) + "</div>")
 
     def band(self, query: Query | None = None, /, **fields) -> tuple[np.ndarray, np.ndarray]:
         """(lo, hi) of :meth:`predict`'s band (same arguments)."""
@@ -140,7 +197,21 @@ class Spread:
                                                                             dtype=float))))
 
 
-@dataclass(frozen=True, eq=False)
+def _as_frame(query):
+    """``query`` when it is a pandas DataFrame, else None (pandas is not imported for it)."""
+    import sys
+    pd = sys.modules.get("pandas")
+    return query if pd is not None and isinstance(query, pd.DataFrame) else None
+
+
+def _no_0d(p: Prediction) -> Prediction:
+    """A prediction whose 0-d arrays (a scalar question) are floats."""
+    def f(a):
+        return float(a) if isinstance(a, np.ndarray) and a.ndim == 0 else a
+    return replace(p, loss=f(p.loss), lo=f(p.lo), hi=f(p.hi))
+
+
+@dataclass(frozen=True, eq=False, repr=False)
 class FitResult(LawResult, forms=tuple(FORMS)):
     """A fitted law: parameters, intervals, diagnostics, ``predict()``, ``report()``, JSON.
 

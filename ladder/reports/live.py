@@ -621,8 +621,12 @@ def verdict(name: str, metric: str, band, level, last, *, worst: str | None,
     elif last is not None and band is not None:
         e, lo, hi = (float(v) for v in band.at(last[0]))
         if math.isfinite(lo) and math.isfinite(hi):
-            side = "inside" if lo <= last[1] <= hi else "ABOVE" if last[1] > hi else "BELOW"
-            tone = "bad" if side != "inside" else tone
+            # one eval outside the band is not an alert (the loss rule waits for evals in a
+            # row outside a wider band): the words say so and the tone stays the alerts' own
+            side = "inside" if lo <= last[1] <= hi else \
+                f"{'above' if last[1] > hi else 'below'} the band at this eval" + \
+                ("" if worst in ("warn", "critical") else
+                 " (not an alert: the watcher warns when it stays out)")
         else:
             side = "band missing, not judged"
         lines.append(f"{name} latest {metric} (at {last[0]:.0%} of the run): {last[1]:.4f}; "

@@ -9,7 +9,8 @@ from datetime import datetime, timezone
 
 from ladder.reports.inputs import ReportInputs
 from ladder.reports.style import FORECAST_COLOR, SEVERITY_COLORS, loss_fmt, num
-from ladder.reports.tables import alert_counts, alert_rows, forecast_rows, law_rows, run_rows
+from ladder.reports.tables import (alert_counts, alert_rows, decision_rule, forecast_rows, law_rows,
+                                   run_rows, shown_alerts)
 
 CSS = f"""
 body {{ font: 15px/1.45 -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif;
@@ -185,9 +186,12 @@ def render_html(inp: ReportInputs, pngs: dict[str, bytes], missing_plots: dict[s
     rule = inp.prereg.get("decision_rule") if inp.prereg else None
     words = rule.get("words") if isinstance(rule, dict) else rule if isinstance(rule, str) else None
     if words:
+        short, items = decision_rule(str(words))
         parts.append("<h3>Decision rule (pre-registered)</h3>")
-        parts.append(f'<p class="rule">{_esc(words)}</p>')
-    n = len(inp.alerts or [])
+        parts.append(f'<p class="rule">{_esc(short)}</p>')
+        parts.append(f'<details class="rule"><summary>every rule ({len(items)})</summary><ul>'
+                     + "".join(f"<li>{_esc(x)}</li>" for x in items) + "</ul></details>")
+    n = len(shown_alerts(inp))
     parts.append(f"<h3>Alerts ({n})</h3>")
     parts.append(_table(alert_rows(inp), "no alerts file given" if inp.alerts is None
                         else "no alerts fired"))

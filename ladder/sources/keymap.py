@@ -121,6 +121,22 @@ class KeyMap:
         return df
 
 
+def recognise(keys) -> tuple[list[str], list[str]] | None:
+    """The built-in key maps whose trainer keys ``keys`` (a run's config, summary and history
+    keys) hold the most of (maps that tie, e.g. marin's, which is levanter's keys, all named),
+    with those keys; None when they hold none of any map's."""
+    keys = set(keys)
+    found: dict[str, list[str]] = {}
+    for name in BUILTIN:
+        km = load_keymap(name)
+        found[name] = sorted(t for _, t, _ in km.entries if t in keys and t not in km.theirs)
+    most = max(len(v) for v in found.values())
+    if not most:
+        return None
+    names = [n for n, v in found.items() if len(v) == most]
+    return names, found[names[0]]
+
+
 def scaled(v: Any, s: float) -> Any:
     """``v`` times ``s`` when it is a number (a NaN string stays what it is)."""
     if s == 1 or isinstance(v, bool):
@@ -201,4 +217,4 @@ def parse_keymap(obj: Any, *, default_name: str = "keymap") -> KeyMap:
     return KeyMap(name=name, entries=tuple(entries))
 
 
-__all__ = ["KeyMap", "load_keymap", "parse_keymap", "BUILTIN", "SCHEMA"]
+__all__ = ["KeyMap", "load_keymap", "parse_keymap", "recognise", "BUILTIN", "SCHEMA"]

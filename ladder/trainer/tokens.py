@@ -492,11 +492,12 @@ def _load_encoder(tokenizer: str | Path, eos: str | None):
 def tokenize_files(patterns: list[str], tokenizer: str | Path, out_dir: str | Path, *,
                    eos: str | None = None, shard_tokens: int = DEFAULT_SHARD_TOKENS,
                    text_key: str = "text", processes: int = 0,
-                   chunk_chars: int = CHUNK_CHARS) -> dict:
+                   chunk_chars: int = CHUNK_CHARS, progress_bar: bool = False) -> dict:
     """Tokenize ``patterns`` (text files, JSONL, Parquet) into shards under ``out_dir``; return
     the manifest (also written to ``out_dir/manifest.json``). ``processes``: worker processes
     (0: encode in this process with the tokenizers library's own threads). An interrupted run
-    (``progress.json`` in ``out_dir``) is continued when the inputs and options are the same."""
+    (``progress.json`` in ``out_dir``) is continued when the inputs and options are the same.
+    ``progress_bar``: a tqdm bar on stderr in input bytes read (a Parquet file counts when done)."""
     if shard_tokens < 2:
         raise InputError(f"must be >= 2, got {shard_tokens}", field="--shard-tokens",
                          exit_code=EX_USAGE)
@@ -559,9 +560,15 @@ def tokenize_files(patterns: list[str], tokenizer: str | Path, out_dir: str | Pa
         save(position)
     chunks = _chunks(_documents(files, names, text_key, position), chunk_chars)
     last_save = time.monotonic()
+    from tqdm.auto import tqdm
+    sizes = [x["bytes"] for x in inputs]
+    bar = tqdm(total=sum(sizes), initial=_bytes_done(files, sizes, position), unit="B",
+               unit_scale=True, unit_divisor=1024, desc=f"tokenize -> {out.name}",
+               disable=not progress_bar, mininterval=0.5, dynamic_ncols=True)
 
     def consume(end, result) -> None:
         nonlocal last_save
+        bar.update(_bytes_done(files, sizes, end) - bar.n)
         closed = sum(len(w.closed) for w in writers.values())
         for s, (ids, ends, nbytes) in result.items():
             writers[s].append(ids, ends, nbytes)
@@ -603,9 +610,21 @@ def tokenize_files(patterns: list[str], tokenizer: str | Path, out_dir: str | Pa
         state["phase"] = "written"
         save((len(files), 0, 0))
     finally:
+        bar.close()
         for w in writers.values():
             w.close()
     return _finish(out, files, names, settings, tokenizer, read_json(progress), processes)
+
+
+def _bytes_done(files: list[Path], sizes: list[int], position: tuple) -> int:
+    """Input bytes read at ``position`` (:func:`_documents`): the files before it, and the byte
+    offset inside a plain JSONL file (a compressed one's offset is not in its own bytes, a
+    Parquet file's is a row: they count when done)."""
+    i, offset = int(position[0]), int(position[1])
+    done = sum(sizes[:i])
+    if i < len(files) and input_kind(files[i]) == "jsonl" and files[i].suffix != ".gz":
+        done += min(offset, sizes[i])
+    return done
 
 
 def _finish(out: Path, files, names, settings: dict, tokenizer, prev: dict,
