@@ -711,6 +711,40 @@ def test_a_metrics_line_beyond_the_bound_is_skipped_and_later_rows_survive(tmp_p
     assert any("line 2" in n for n in got.notes)
 
 
+@settings(max_examples=20, deadline=None)
+@given(n=st.lists(st.integers(0, 40), min_size=1, max_size=3), cap=st.integers(1, 25))
+def test_a_wandb_api_history_is_read_in_slices_each_row_once(n, cap):
+    """Property: the W&B API source hands a lineage's history over in polls of at most
+    ``max_rows`` rows (``Poll.more``), every row once, in lineage order (a 100-day history
+    was one poll's list)."""
+    from ladder.sources import WandbApiSource
+
+    class Run:
+        def __init__(self, rows):
+            self.rows, self.state, self.config = rows, "running", {}
+
+        def scan_history(self, page_size=1000, min_step=None):
+            return (dict(r) for r in self.rows if min_step is None or r["_step"] >= min_step)
+
+    class Api:
+        def __init__(self, runs):
+            self.runs = runs
+
+        def run(self, path):
+            return self.runs[path.split("/")[-1]]
+    runs = {f"r{i}": Run([{"_step": s, "x": float(i)} for s in range(k)])
+            for i, k in enumerate(n)}
+    src = WandbApiSource("wandb://e/p/" + ",".join(runs), api=Api(runs), max_rows=cap)
+    got = []
+    for _ in range(sum(n) + 2):
+        p = src.poll()
+        assert len(p.rows) <= cap
+        got += [(r["x"], r["_step"]) for r in p.rows]
+        if not p.more:
+            break
+    assert got == [(float(i), s) for i, k in enumerate(n) for s in range(k)]
+
+
 # ----------------------------------------------------------------- class 5: the live page
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ladder.io import InputError, open_input
+from ladder.io import InputError, read_bytes
 from ladder.sources.base import (
     POS_INT,
     Poll,
@@ -62,8 +62,8 @@ class CsvSource(Source):
             self.n_rows = 0
         self.size = size
         try:
-            with open_input(self.path, field="--source") as f:
-                data = f.read()
+            # read whole each poll: bounded as every file read whole (ladder.io.read_bytes)
+            data = read_bytes(self.path, field="--source")
             complete = data[: data.rfind(b"\n") + 1] if b"\n" in data else b""
             import io
             df = pd.read_csv(io.BytesIO(complete), sep=None if self.path.suffix == ".tsv"

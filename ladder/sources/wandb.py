@@ -411,10 +411,14 @@ class WandbApiSource(Source):
     # run logged every few minutes needs, and what a 100-day follow can afford
     poll_seconds = 60.0
 
-    def __init__(self, uri: str, *, api: Any = None, page_size: int = 1000):
+    def __init__(self, uri: str, *, api: Any = None, page_size: int = 1000,
+                 max_rows: int = 100_000):
         self.uri = WandbUri.parse(uri)
         self._api = api
         self.page_size = page_size
+        # a poll returns at most this many rows (``Poll.more``): a 100-day history is read in
+        # slices, memory bounded as for a JSONL source (ladder.sources.jsonl)
+        self.max_rows = max_rows
         self.last_step: dict[str, int] = {}
         self.done_ids: list[str] = []
         self._config_sent = False
@@ -504,6 +508,9 @@ class WandbApiSource(Source):
                     continue
                 out.rows.append(row)
                 self.last_step[rid] = max(self.last_step.get(rid, s), s)
+                if len(out.rows) >= self.max_rows:  # the rest from the next step on
+                    out.more = True
+                    return out
             if k < len(ids) - 1:  # an earlier run of the lineage (superseded): read once
                 self.done_ids.append(rid)
         return out
