@@ -387,6 +387,11 @@ def test_a_compare_interval_that_excludes_its_own_estimate_is_refused(tmp_path):
     p.write_text(json.dumps({"loss": {"multiplier": 1.5, "lo": 2.0, "hi": 3.0, "level": 0.9}}))
     with pytest.raises(InputError, match=r"compare.json: field 'loss.lo'.*excludes"):
         multiplier_from_compare(str(p), "loss")
+    # the same entry in the compare.json that `ladder compare --out` writes: read alike
+    p.write_text(json.dumps({"schema": "compare/1", "a": "A", "b": "B", "metrics": {
+        "loss": {"multiplier": 1.5, "lo": 1.2, "hi": 3.0, "level": 0.9}}}))
+    got = multiplier_from_compare(str(p), "loss")
+    assert (got.value, got.lo, got.hi, got.level) == (1.5, 1.2, 3.0, 0.9)
 
 
 @FAST

@@ -117,6 +117,9 @@ def multiplier_from_compare(path: str, metric: str | None) -> Multiplier:
     """The multiplier of a `ladder compare --json` file (``{metric: {multiplier, lo, hi, level,
     ...}}``) for ``metric`` (the pre-registration's; the file's only metric when it has one)."""
     doc = read_json(path, field="--compare")
+    if isinstance(doc, Mapping) and doc.get("schema") == "compare/1":
+        # the compare.json of `ladder compare --out`: the same objects under "metrics"
+        doc = doc.get("metrics")
     if not isinstance(doc, Mapping) or not doc:
         raise InputError("expected the object `ladder compare --json` prints", path=path,
                          field="--compare")
