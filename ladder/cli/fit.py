@@ -152,8 +152,10 @@ def _fit_options(args) -> dict:
             "bootstrap": args.bootstrap, "level": args.level, "seed": args.seed,
             "params_column": args.params_column, "objective": args.objective,
             "prior": _priors(args.prior),
-            "asymptote_rule": not getattr(args, "free_asymptote", False),
-            "scale_weighting": not getattr(args, "equal_weights", False)}
+            # None: fit_law's default (the forecast devices on for --form auto only, a named
+            # form its own estimator); the flags turn them off
+            "asymptote_rule": False if getattr(args, "free_asymptote", False) else None,
+            "scale_weighting": False if getattr(args, "equal_weights", False) else None}
 
 
 def _check_converged(args, res) -> None:
@@ -396,8 +398,8 @@ def compare_main(args) -> int:
         at, at_source = rung.compute(lm_head=False), f"--target {args.target}"
     metrics = _compare_metrics(args)
     fit_opts = {"fix": _pairs(args.fix, "--fix", True), "objective": args.objective,
-                "asymptote_rule": not args.free_asymptote,
-                "scale_weighting": not args.equal_weights}
+                "asymptote_rule": False if args.free_asymptote else None,
+                "scale_weighting": False if args.equal_weights else None}
     sizes = getattr(args, "sizes", None)
     results, caught_all = {}, []
     for metric in metrics:

@@ -371,15 +371,15 @@ def _fit_command(sub) -> None:
     s.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: %(default)s)")
     s.add_argument("--free-asymptote", action="store_true",
                    help="keep E free even on a short ladder (<= 5 sizes) that does not "
-                        "identify it (default: also fit a prior and a fixed-E variant and "
-                        "choose by rollout backtest)")
+                        "identify it (default: with --form auto, the forecast's asymptote rule; "
+                        "a named form is always its own estimator)")
     s.add_argument("--include-target", action="store_true",
                    help="fit a runs directory's target rung too (default: left out, and said so: "
                         "it is the run the law forecasts)")
     s.add_argument("--equal-weights", action="store_true",
-                   help="weight every run alike (default: where the rollout backtest says it "
-                        "forecasts the largest runs better, weight runs by their decades of "
-                        "compute below the largest one)")
+                   help="weight every run alike (default: with --form auto, the forecast "
+                        "weights runs by their decades below the largest one where the rollout "
+                        "backtest says it forecasts better; a named form is its own estimator)")
     s.add_argument("--allow-unconverged", action="store_true",
                    help="write the law even when the best start did not converge (default: "
                         "refuse, exit 65)")

@@ -247,6 +247,18 @@ def fit_lines(r) -> list[str]:
     if rule and rule.get("applied"):
         lines.append(f"asymptote rule (short ladder, {rule['sizes']} sizes, E not "
                      f"identified): chose {rule.get('chosen')}: {rule.get('why')}")
+    layer = d.get("forecast_layer")
+    if layer:
+        lines.append(f"estimates: {layer.get('estimates')}")
+        if layer.get("estimator_params"):
+            lines.append("  the form's own estimator: " + ", ".join(
+                f"{k} {_g(v)}" for k, v in layer["estimator_params"].items()))
+        bp = d.get("band_prior") or {}
+        if layer.get("band") and bp:
+            lines.append(f"band (forecast layer): noise log sd and extrapolation rate pooled "
+                         f"with their cross-ladder values {_g(bp.get('noise_log_sd'))} and "
+                         f"{_g(bp.get('rate'))}/decade, worth {_g(bp.get('weight'))} "
+                         f"observations ({bp.get('source', '')})")
     for line in d.get("dropped_rows", [])[:20]:
         lines.append(f"dropped: {line}")
     if len(d.get("dropped_rows", [])) > 20:

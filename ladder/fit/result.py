@@ -354,6 +354,10 @@ class FitResult(LawResult, forms=tuple(FORMS)):
                 vals["params_x_tokens"] = (np.asarray(params, float) * np.asarray(tokens, float)
                                            / fr)
         d = input_distance(vals, pooled["ranges"], shape)
+        prior = band_prior_of(self.diagnostics)
+        if prior is not None:  # the forecast layer's prior on the rate (band_prior_of)
+            n = ((bt or {}).get("extrapolation") or {}).get("n_points") or 0
+            return shrink(pooled["rate"], float(n), prior["rate"], prior["weight"]) * d
         if pooled["rate"] is None:
             # no rollout fold could be fitted (too few smaller runs): nothing measured the
             # error outside the runs, and the band does not hold it; said, not hidden
@@ -471,6 +475,17 @@ class FitResult(LawResult, forms=tuple(FORMS)):
         the out-of-sample error is measured, not modelled: the rollout backtest's held-out
         errors, which hold the run-to-run noise, are the extrapolation term (ladder.fit.backtest,
         :meth:`extrapolation_log_sd`)."""
+        own = self._own_noise_half_width(level)
+        prior = band_prior_of(self.diagnostics)
+        if prior is None:
+            return own
+        # the forecast layer's prior (band_prior_of): the ladder's own estimate, worth its
+        # residual dof, pooled with the cross-ladder one, worth prior["weight"]
+        z = float(ndtri(0.5 + level / 2))
+        return shrink(own, max(float(self.dof or 0), 0.0), z * prior["noise_log_sd"],
+                      prior["weight"])
+
+    def _own_noise_half_width(self, level: float) -> float | None:
         qq = self._noise_rank_level(level)
         if qq is not None:
             m = self.dof + self.spec.n_free
@@ -480,6 +495,17 @@ class FitResult(LawResult, forms=tuple(FORMS)):
         q = 0.5 + level / 2
         quant = float(ndtri(q)) if self.small_sample == "normal" else float(stdtrit(self.dof, q))
         return quant * self.sigma
+
+    def band_terms(self, level: float = 0.9) -> dict:
+        """The band's two ladder-measured terms before any prior: the noise part as a log sd
+        (its half-width at ``level`` / z) with the residual dof behind it, and the
+        extrapolation rate per decade with the held-out points behind it (bench/scoreboard.py
+        pools them across ladders into the prior of band_prior_of)."""
+        own = self._own_noise_half_width(level)
+        ex = ((self.diagnostics.get("backtest") or {}).get("extrapolation") or {})
+        return {"noise_log_sd": None if own is None else own / float(ndtri(0.5 + level / 2)),
+                "dof": float(self.dof or 0),
+                "rate": ex.get("rate_per_decade"), "rate_points": int(ex.get("n_points") or 0)}
 
     def _band_ols(self, model, center, level, extra):
         """The OLS prediction interval of log(L - E) (statsmodels' ``obs_ci``: Student-t with
@@ -571,6 +597,37 @@ def input_distance(values: dict, ranges: dict, shape=()) -> np.ndarray:
         out = np.maximum(lv - hi, 0.0) + np.maximum(lo - lv, 0.0)
         d = np.maximum(d, np.where(np.isfinite(out), out, 0.0))
     return d
+
+
+def band_prior_of(diagnostics) -> dict | None:
+    """The forecast layer's prior on the band's two measured terms (``diagnostics.band_prior``,
+    set by ladder.fit.law.fit_law; absent in law.json files written before it, which keep
+    their band): ``noise_log_sd``, the run-to-run noise as a log sd, and ``rate``, the
+    extrapolation error per decade, each the median over the public ladders of
+    bench/scoreboard.py, and ``weight``, the observations the prior is worth. A ladder's own
+    estimate of a term rests on few numbers (a 5-run ladder fitted by a 4-parameter law has 1
+    residual dof; its rollout 2-4 held-out finals), and alone it set bands of +-6 to +-20%
+    where the law missed by 0.3% (Gadre et al.'s RedPajama ladder, docs/scoreboard.md)."""
+    bp = (diagnostics or {}).get("band_prior")
+    if not isinstance(bp, dict):
+        return None
+    try:
+        out = {k: float(bp[k]) for k in ("noise_log_sd", "rate", "weight")}
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not all(math.isfinite(v) and v >= 0 for v in out.values()):
+        return None
+    return out
+
+
+def shrink(own: float | None, n: float, prior: float, n0: float) -> float:
+    """The pooled scale of ``own`` (a scale measured from ``n`` numbers) and ``prior`` (worth
+    ``n0``): sqrt((n own^2 + n0 prior^2) / (n + n0)), the posterior mean of a variance under
+    a scaled-inverse-chi-square prior (Gelman et al., Bayesian Data Analysis, 3rd ed., 3.3);
+    ``prior`` where nothing was measured."""
+    if own is None or not math.isfinite(own) or n <= 0:
+        return float(prior)
+    return math.sqrt((n * own * own + n0 * prior * prior) / (n + n0))
 
 
 def extrapolation_rate(bt) -> tuple:
