@@ -47,7 +47,9 @@ def world(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("readers")
     E, A, alpha = KNOWN_LAW
     lad = write_law_runs(root / "runs")
-    code, _, err = run_cli("fit", root / "runs", "--form", "compute", "--bootstrap", "20",
+    # form auto: the tiny ladder's 3 runs give a compute law with a band (a named --form is
+    # the textbook estimator since issue 35: 3 points, 3 parameters, no residual dof)
+    code, _, err = run_cli("fit", root / "runs", "--form", "auto", "--bootstrap", "20",
                            "--out", root / "law.json")
     assert code == 0, err
     target = Target.from_rung(lad.target)
@@ -374,10 +376,9 @@ def test_any_registered_number_resealed_is_judged_sanely_or_refused(world, tmp_p
     p.write_text(json.dumps(pr.seal(doc)))
     code, _, err = run_cli("watch", p, "--source", world / "live.jsonl")
     assert "Traceback" not in err, (where, err)
-    if code >= 64:
-        _one_line(code, err, "resealed.json")
-    else:
-        assert code in (0, 1, 2, 3), (where, code, err)
+    # a refusal is the last line (the watch says what it follows and read before it)
+    assert code in (0, 1, 2, 3) or code >= 64 and "field '" in err.strip().splitlines()[-1], \
+        (where, code, err)
 
 
 def test_a_compare_interval_that_excludes_its_own_estimate_is_refused(tmp_path):
