@@ -165,7 +165,8 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
         calibration["spike_k"] = spk
         calibration["envelope_tolerance"] = {
             k: v.get("tolerance") for k, v in health["signals"].items()
-            if k in ("moe/router_entropy", "moe/load_max_over_mean", "moe/drop_frac")}
+            if k in ("moe/router_entropy", "moe/load_max_over_mean", "moe/drop_frac",
+                     "moe/router_z_loss")}
         est = fc.eval_noise_from_runs(ladder_runs, metric)
         if eval_noise is None:
             if math.isfinite(est.sigma):

@@ -572,6 +572,11 @@ class WatcherFeed:
         marks = [{"x": as_float(a.get("fraction")), "kind": a.get("kind"),
                   "severity": a.get("severity")} for a in alerts]
         lines, tone = watcher_verdict(w, band, level, last)
+        from ladder.reports import updated
+        up = updated.of_watcher(w)  # issue 40: labelled, beside the frozen band
+        series += updated.series(up)
+        if updated.line(up, metric):
+            lines.insert(1, updated.line(up, metric))
         return {"chart": chart_state(band, series, marks, metric=metric, level=level),
                 "verdict": lines, "tone": {"ok": ""}.get(tone, tone),
                 "alerts": [_alert_row(a) for a in alerts[::-1]],
