@@ -77,6 +77,10 @@ def _seen(alerts):
 # ------------------------------------------------------------------ config
 
 
+# rules added since 7de5265: each adds its own sentence to the words (and heading its thresholds)
+NEW_RULES = ("heading", "router_logits")
+
+
 def test_decision_rule_is_written_as_at_7de5265():
     """The thresholds moved into the rules' classes; a pre-registration's decision rule (its
     parameters in their order, its words) keeps its bytes, and an old one reads back."""
@@ -89,9 +93,10 @@ def test_decision_rule_is_written_as_at_7de5265():
     # the rest keeps its bytes
     from ladder.predict.watch import rule
     for name, cfg in (("default", None), ("tuned", tuned)):
-        added = rule("heading").words(cfg or WatchConfig(), 0.8)
-        assert added in got[name]["words"]
-        got[name]["words"] = got[name]["words"].replace(" " + added, "")
+        for new_rule in NEW_RULES:
+            added = rule(new_rule).words(cfg or WatchConfig(), 0.8)
+            assert added in got[name]["words"]
+            got[name]["words"] = got[name]["words"].replace(" " + added, "")
         for k in ("heading_k", "heading_against"):  # its thresholds, at their defaults
             assert got[name]["parameters"].pop(k) == getattr(WatchConfig(), k)
     want = (DATA / "decision_rule_main_7de5265.json").read_text()
