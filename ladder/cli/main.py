@@ -237,6 +237,7 @@ def _run_command(sub) -> None:
                "--schedule.decay_end=0.6); an unknown key is an error.\n\n"
                "exit status: 0 every rung complete (or stopped at --max-steps), 1 a rung\n"
                "diverged, 130 Ctrl-C, 143 SIGTERM (both checkpointed: --resume continues),\n"
+               "74 a checkpoint save failed on the disk, 75 another run holds the folder,\n"
                "64+ usage or input errors.\n\n"
                "example (the rungs, not the target; `ladder list tiny` names them):\n"
                "  ladder run tiny --rung 12.8K-A3.8K --rung 22.1K-A8.1K --rung 33.3K-A13.8K")
