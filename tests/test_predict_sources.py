@@ -54,21 +54,27 @@ def test_jsonl_corrupt_line_is_a_note_and_later_rows_survive(tmp_path):
     assert any("2 line(s)" in n and "line 2" in n for n in got.notes)
 
 
-def test_jsonl_truncated_or_rotated_file_is_reread_without_rejudging(tmp_path):
+def test_jsonl_truncated_or_rotated_file_is_reread_and_said_restarted(tmp_path):
+    """The source reads a replaced or truncated file again from its start and says so
+    (``Poll.restarted``); the watcher skips the steps it judged, one rule for every source
+    (tests/test_inputs_readers.py)."""
     p = tmp_path / "m.jsonl"
     write_jsonl(p, [{"step": s} for s in range(1, 6)])
     src = JsonlSource(p)
-    assert len(src.poll().rows) == 5
+    first = src.poll()
+    assert len(first.rows) == 5 and not first.restarted
     # rotation: a new file under the same name with old and new steps
     p.unlink()
     write_jsonl(p, [{"step": s} for s in range(3, 9)])
     got = src.poll()
-    assert [r["step"] for r in got.rows] == [6, 7, 8]
+    assert [r["step"] for r in got.rows] == [3, 4, 5, 6, 7, 8] and got.restarted
     assert any("replaced" in n for n in got.notes)
+    assert not src.poll().restarted
     # truncation
     write_jsonl(p, [{"step": 9}])
     got = src.poll()
-    assert [r["step"] for r in got.rows] == [9] and any("truncated" in n for n in got.notes)
+    assert [r["step"] for r in got.rows] == [9] and got.restarted
+    assert any("truncated" in n for n in got.notes)
 
 
 def test_jsonl_position_round_trip(tmp_path):

@@ -318,3 +318,26 @@ def _last_table(run_dir, stem):
                    key=lambda f: int(f.name[len(stem) + 1:].split("_")[0]))
     assert files, f"no {stem} table in {run_dir}"
     return json.loads(files[-1].read_text())
+
+
+def test_watch_run_logs_the_updated_forecast_beside_the_frozen(prereg, tmp_path):
+    """Issue 40: the watcher's run carries the updated final (labelled ``watch/updated_*``) at
+    each poll's last step; the frozen numbers stay ``watch/expected``/``_lo``/``_hi``."""
+    from ladder.predict.watch.rules.heading import updated_forecast
+
+    path, doc = prereg
+    m = tmp_path / "metrics.jsonl"
+    m.write_text("".join(json.dumps(r) + "\n" for r in _rows()))
+    wb = _Wandb()
+    sink = WatchRunSink(doc, wandb_module=wb)
+    w = Watcher(path, TeeSource(JsonlSource(m), lambda: w.view, sink.log_evals), [sink])
+    sink.updated = lambda: updated_forecast(w.view, w.state.get("heading"))
+    w.poll()
+    sink.close()
+    run = wb.runs[0]
+    ups = [(r, s) for r, s in run.logs if "watch/updated_final" in r]
+    want = updated_forecast(w.view, w.state["heading"])
+    assert len(ups) == 1 and ups[0][1] == max(s for _, s in run.logs)
+    assert ups[0][0]["watch/updated_final"] == want["final"]["loss"]
+    assert ups[0][0]["watch/updated_lo"] < want["final"]["loss"] < ups[0][0]["watch/updated_hi"]
+    assert run.summary["watch/updated_final"] == want["final"]["loss"]

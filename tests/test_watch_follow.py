@@ -458,9 +458,10 @@ def test_offline_lineage_reads_every_segment_incrementally(tmp_path, monkeypatch
     assert src.finished() is None
     from ladder.sources import wandb as wandb_sources
     calls = []
-    real = wandb_sources.decode_wandb_file
-    monkeypatch.setattr(wandb_sources, "decode_wandb_file",
-                        lambda p, start=0: calls.append((p.parent.name, start)) or real(p, start))
+    real = wandb_sources.iter_wandb_records
+    monkeypatch.setattr(wandb_sources, "iter_wandb_records",
+                        lambda p, start=0, **kw: calls.append((p.parent.name, start))
+                        or real(p, start, **kw))
     size = segs[2].stat().st_size
     _wandb_log(segs[2], _records(rs[250:], num0=51, exit_=True))
     got2 = src.poll()

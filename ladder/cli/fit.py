@@ -354,6 +354,10 @@ def predict_main(args) -> int:
     if loss is None or not all(math.isfinite(float(v)) for v in np.atleast_1d(loss)):
         raise InputError(f"the law predicts a non-finite loss ({loss!r}) here: its terms "
                          "overflow float64 at these inputs", path=args.law, field="fit.u")
+    if any(np.any(np.isinf(np.asarray(getattr(pred, k, np.nan), float))) for k in ("lo", "hi")):
+        raise InputError("the law's band overflows float64 here (an Infinity bound): its "
+                         "uncertainty is beyond what a fit writes", path=args.law,
+                         field="uncertainty")
     for w in caught:
         print(f"ladder predict: warning: {w.message}", file=sys.stderr)
     out = pred.to_dict()

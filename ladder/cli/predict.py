@@ -498,6 +498,8 @@ def watch_main(args) -> int:
                             dir=str(Path(args.prereg).resolve().parent))
         sinks.append(home)
         source = TeeSource(source, lambda: w.view, home.log_evals)
+        from ladder.predict.watch.rules.heading import updated_forecast
+        home.updated = lambda: updated_forecast(w.view, w.state.get("heading"))
     w = Watcher(args.prereg, source, sinks, args.state, metric=args.metric, follow=follow,
                 amend_chain=getattr(args, "amend_chain", None))
     if w.multi:
@@ -600,11 +602,15 @@ def _watch_multi_finish(args, w, source, *, as_json: bool) -> int:
 
 
 def watch_verdict(w, code: int) -> dict:
-    """The outcome of a watch as one JSON-ready object (`ladder watch --json`)."""
+    """The outcome of a watch as one JSON-ready object (`ladder watch --json`); ``updated`` is
+    the forecast conditioned on the run's evals (issue 40), beside the frozen one, never in its
+    place (None before the first eval)."""
+    from ladder.predict.watch.rules.heading import updated_forecast
     st = w.state
     return {"schema": "watch-verdict/1", "exit": code, "worst": st.get("worst"),
             "not_applicable": st.get("not_applicable"), "prereg": w.description,
             "prereg_sha256": w.doc.get("sha256"), "follows_from_step": w.from_step,
             "metric": w.view.metric,
             "points": st.get("n_points", 0), "evals": st.get("n_evals", 0),
-            "last_step": st.get("last_step"), "alerts": [a.to_dict() for a in w.all_alerts]}
+            "last_step": st.get("last_step"), "alerts": [a.to_dict() for a in w.all_alerts],
+            "updated": updated_forecast(w.view, st.get("heading"))}

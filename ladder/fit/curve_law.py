@@ -254,7 +254,7 @@ class CurveLaw(LawResult, forms=tuple(FORMS)):
     def from_json(cls, obj: dict, *, path=None) -> CurveLaw:
         def bad(field_, msg):
             return InputError(msg, path=str(path) if path else "<law>", field=field_)
-        obj = lawjson.upgrade(obj)
+        obj = lawjson.upgrade(obj, path=path)
         form = lawjson.check_envelope(obj, path=path, forms=tuple(FORMS))
         curve = obj.get("curve")
         if not isinstance(curve, dict):

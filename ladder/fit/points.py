@@ -563,12 +563,18 @@ def offline_run_points(path: str, metric: str | None, sizes, *, keymap=None):
 
     src = WandbOfflineSource(path)
     run_id = src.record_file().stem.removeprefix("run-")
-    got = src.poll()
-    config = got.configs[0] if got.configs else {}
+    rows, configs = [], []
+    while True:  # the log is decoded in slices (ladder.sources.wandb.POLL_BYTES a poll)
+        got = src.poll()
+        rows += got.rows
+        configs += got.configs
+        if not got.more:
+            break
+    config = configs[0] if configs else {}
     summary = _offline_summary(src) if keymap is not None else {}
     df, notes = points_from_histories(
         [WandbHistory(where=str(path), run_id=run_id, name=run_id, config=config,
-                      rows=got.rows, summary=summary)], metric or DEFAULT_METRIC,
+                      rows=rows, summary=summary)], metric or DEFAULT_METRIC,
         read_sizes(sizes), where=str(path), keymap=keymap)
     for n in notes:
         warnings.warn(n, stacklevel=2)

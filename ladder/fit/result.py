@@ -161,7 +161,7 @@ class LawResult:
         form = obj.get("form") if isinstance(obj, dict) else None
         kind = LawResult._KINDS.get(form) if isinstance(form, str) else None
         if kind is None or kind is cls:
-            lawjson.check_envelope(lawjson.upgrade(obj), path=path,
+            lawjson.check_envelope(lawjson.upgrade(obj, path=path), path=path,
                                    forms=tuple(LawResult._KINDS))
             raise InputError(f"unknown form {form!r}", path=str(path) if path else "<law>",
                              field="form")

@@ -233,7 +233,8 @@ def eval_noise_from_runs(runs: list[LadderRun], metric: str) -> EvalNoise:
     return estimate_eval_noise(curves)
 
 
-HEALTH_KEYS = ("moe/drop_frac", "grad/norm", "moe/router_entropy", "moe/load_max_over_mean")
+HEALTH_KEYS = ("moe/drop_frac", "grad/norm", "moe/router_entropy", "moe/load_max_over_mean",
+               "moe/router_z_loss")
 
 
 def _smoothed_bins(fr: np.ndarray, v: np.ndarray, centers: np.ndarray, width: float) -> np.ndarray:

@@ -15,7 +15,9 @@ its forecast with no hand-built chart.
   ``watch/expected``, ``watch/lo``, ``watch/hi``, ``watch/residual``, ``watch/residual_rel``)
   at the watched run's step as W&B's step, and each alert as it comes (the ``watch/alerts``
   table, logged incrementally, and ``wandb.alert`` for warnings and worse); the verdict in its
-  summary. Every row carries its ``step`` as a key too and W&B's step is given explicitly, so a
+  summary; the updated forecast's final (``watch/updated_final``, ``_lo``, ``_hi``, issue 40) at
+  each poll's last step, labelled, beside the frozen numbers. Every row carries its ``step`` as
+  a key too and W&B's step is given explicitly, so a
   watcher resumed offline (where W&B restarts its row counter at 0) still puts rows at the
   watched run's steps. The eval rows come from :class:`TeeSource`, which passes the watcher's
   source through unchanged and hands each poll's evals to the sink with the pre-registration
@@ -282,6 +284,10 @@ class WatchRunSink(Sink):
         self.worst: str | None = None
         self.not_applicable = False
         self.failed = False
+        # the updated forecast (issue 40), read after each poll from the watcher it serves
+        # (``ladder watch --wandb`` sets it): ``watch/updated_final`` (``_lo``, ``_hi``) at the
+        # poll's last step, beside ``watch/expected``, never in place of the frozen numbers
+        self.updated: Any = None
 
     def _new_table(self):
         """An INCREMENTAL table (each log adds the rows since the last: the alerts as they
@@ -338,6 +344,13 @@ class WatchRunSink(Sink):
         table once, at the last of those steps (the watcher calls this after every poll)."""
         pending, self._pending = self._pending, {}
         new, self._new_alerts = self._new_alerts, []
+        up = self.updated() if self.updated is not None and pending else None
+        if up:
+            at = max([s for s in pending if s >= 0] or [self.last_step or 0])
+            pending.setdefault(at, {}).update({
+                "watch/updated_final": up["final"]["loss"], "watch/updated_lo": up["final"]["lo"],
+                "watch/updated_hi": up["final"]["hi"]})
+            self.last_updated = up
         if new:
             self.rows += new
             if self.table is not None:
@@ -373,4 +386,8 @@ class WatchRunSink(Sink):
         self.run.summary["watch/worst"] = self.worst or "none"
         self.run.summary["watch/alerts_n"] = len(self.rows)
         self.run.summary["watch/exit"] = exit_code_for(self.worst, self.not_applicable)
+        up = getattr(self, "last_updated", None)
+        if up:  # labelled: the frozen final stays the forecast run's
+            self.run.summary["watch/updated_final"] = up["final"]["loss"]
+            self.run.summary["watch/updated_at_fraction"] = up["at_fraction"]
         self.run.finish()

@@ -159,6 +159,10 @@ def render_html(inp: ReportInputs, pngs: dict[str, bytes], missing_plots: dict[s
         cls = {"ok": "", "warn": " warn", "bad": " bad"}[tone]
         parts.append(f'<div class="verdict{cls}"><ul>'
                      + "".join(f"<li>{_esc(x)}</li>" for x in lines) + "</ul></div>")
+    from ladder.reports import updated
+    up_line = updated.line(updated.of_inputs(inp), inp.metric)
+    if up_line:  # issue 40: the updated forecast, labelled, beside the frozen numbers
+        parts.append(f'<p class="updated">{_esc(up_line)}</p>')
     if "metrics" in pngs:  # a multi-metric pre-registration (ladder.reports.metrics)
         from ladder.reports.metrics import panel_rows
         b64 = base64.b64encode(pngs["metrics"]).decode("ascii")
@@ -227,6 +231,10 @@ def render_summary(inp: ReportInputs, pngs: dict[str, bytes]) -> str:
     name = _md_text(inp.target_name) if inp.target_name else ""
     out = [f"# Scaling-ladder report{': ' + name if name else ''}", ""]
     out += [f"- {_md_text(x)}" for x in lines] or ["- nothing to report: no artifacts given"]
+    from ladder.reports import updated
+    up_line = updated.line(updated.of_inputs(inp), inp.metric)
+    if up_line:  # issue 40: the updated forecast, labelled, beside the frozen numbers
+        out += [f"- {_md_text(up_line)}"]
     from ladder.reports.metrics import panel_rows
     pr_rows = panel_rows(inp)
     if pr_rows:

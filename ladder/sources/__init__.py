@@ -5,7 +5,7 @@ give a JSON-serialisable read position so a restarted watcher continues where it
 judged twice, none skipped).
 
 - :class:`JsonlSource` (``jsonl.py``): a metrics.jsonl, tailed by byte offset, each line parsed by
-  orjson; a rotated or truncated file is read again, the steps already judged skipped.
+  orjson; a rotated or truncated file is read again (the watcher skips the steps it judged).
 - :class:`CsvSource` (``csv.py``): a CSV, incl. W&B exports.
 - :class:`WandbOfflineSource` and :class:`WandbApiSource` (``wandb.py``): a W&B offline run
   directory or ``.wandb`` file, and ``wandb://ENTITY/PROJECT/ID[,ID...]`` through the public API.

@@ -33,6 +33,10 @@ BUILTIN_DIR = "keymaps"
 BUILTIN = ("levanter", "marin")
 # what a points table (fit's input) calls the quantities a metrics row calls otherwise
 TABLE_NAMES = {"flops": "compute", "progress": "fraction"}
+# a scale is a unit's factor: the SI prefixes from atto (1e-18) to exa (1e18) hold every unit a
+# trainer logs a count in (levanter's GFLOPs: 1e9); beyond them every count is 0 or Infinity
+SCALE_RANGE = (1e-18, 1e18)
+MAX_BYTES = 1 << 20  # a key map is a few lines; a larger file is not one
 
 
 @dataclass(frozen=True)
@@ -157,11 +161,13 @@ def load_keymap(spec: str | None) -> KeyMap | None:
 
 def _read(path: Path) -> KeyMap:
     from ladder.io import read_bytes
-    raw = read_bytes(path, field="--keys")
+    raw = read_bytes(path, field="--keys", limit=MAX_BYTES)
     try:
         obj = tomllib.loads(raw.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise InputError(f"not valid TOML: {e}", path=path) from None
+    except RecursionError:  # tomllib parses nested arrays/tables recursively
+        raise InputError("not a key map: nested too deeply", path=path) from None
     try:
         return parse_keymap(obj, default_name=path.stem)
     except ValueError as e:
@@ -200,9 +206,11 @@ def parse_keymap(obj: Any, *, default_name: str = "keymap") -> KeyMap:
             raise ValueError(f"{where}: expected a key name or {{from, scale}}")
         if not isinstance(theirs, str) or not theirs:
             raise ValueError(f"{where}: expected a non-empty key name")
+        lo, hi = SCALE_RANGE
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or \
-                not (math.isfinite(scale) and scale > 0):
-            raise ValueError(f"{where}.scale: expected a finite number > 0, got {scale!r}")
+                not (math.isfinite(scale) and lo <= scale <= hi):
+            raise ValueError(f"{where}.scale: expected a number in [{lo:g}, {hi:g}] (a unit's "
+                             f"factor), got {str(scale)[:40]!r}")
         if not ours or ours == "step":
             raise ValueError(f"{where}: cannot be mapped (the step is the source's own)")
         entries.append((str(ours), theirs, float(scale)))

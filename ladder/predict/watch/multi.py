@@ -131,7 +131,9 @@ def check_multi_state(st, keys, where: str = "state") -> dict:
     """A multi-metric watcher state, each metric's part checked as a single one
     (:func:`check_state`); a ValueError naming the first bad field."""
     if not isinstance(st, dict) or st.get("schema") != STATE_SCHEMA:
-        raise ValueError(f"{where}.schema: expected {STATE_SCHEMA!r} (a multi-metric watch)")
+        got = st.get("schema") if isinstance(st, dict) else None
+        raise ValueError(f"{where}.schema: unknown schema {str(got)[:40]!r} (this tool reads "
+                         f"{STATE_SCHEMA!r}, a multi-metric watch)")
     ms = st.get("metrics")
     if not isinstance(ms, dict):
         raise ValueError(f"{where}.metrics: expected an object")
