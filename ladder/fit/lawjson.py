@@ -215,7 +215,15 @@ def _uncertainty(r) -> dict:
 
 def _band_text(r) -> str:
     q = "normal quantile" if r.small_sample == "normal" else "t(dof)"
-    extra = ("the extrapolation error outside the runs' range (the rollout folds' held-out log "
+    ex = ((r.diagnostics or {}).get("backtest") or {}).get("extrapolation")
+    power = ex.get("power") if isinstance(ex, dict) else None
+    extra = ("the extrapolation error outside the runs (s d^p, p = "
+             f"{power:g}: s the rollout folds' held-out log error, diagnostics.backtest."
+             "extrapolation.log_sd_scale, d the decades outside ranges_log10 or "
+             "scale_ranges_log10; along a run's curve at least along_curve's held-out error at "
+             "its fraction)"
+             ) if isinstance(power, (int, float)) else (
+             "the extrapolation error outside the runs' range (the rollout folds' held-out log "
              "errors beyond their fold bands, pooled per decade: diagnostics.backtest."
              "extrapolation.rate_per_decade, x the largest distance in decades outside "
              "ranges_log10 over its inputs)") if _pooled(r) else (
