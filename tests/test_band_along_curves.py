@@ -59,6 +59,24 @@ def test_healthy_target_run_stays_inside_the_default_band(fitted):
     assert half_at_10 > 0.02
 
 
+def test_the_watcher_raises_no_alarm_on_the_healthy_target(fitted):
+    """End to end as the issue ran it: pre-register the target from the default fit and watch
+    its 20 evals. The code before this band went critical (above_band) at 10% and cleared
+    later (docs/LOG.md 2026-12-07)."""
+    from ladder.predict.forecast import Target
+    from ladder.predict.prereg import make_prereg
+    from ladder.predict.watch import check
+    n, steps = 400e6, 2000
+    d = TOKENS_PER_PARAM * n
+    evals = tuple(range(steps // EVALS, steps + 1, steps // EVALS))
+    target = Target("target", n, n, d, steps, 6 * n * d, 2048, eval_steps=evals)
+    doc = make_prereg(fitted, target, created="2026-01-01T00:00:00Z")
+    rows = [{"step": s, "tokens": d * s / steps, "progress": s / steps, "time": 10.0 * s,
+             fitted.metric: float(law(n, d * s / steps))} for s in evals]
+    alerts = check(doc, rows, None, now=0).alerts
+    assert [a for a in alerts if a.severity != "info"] == []
+
+
 def test_the_along_curve_term_comes_from_the_held_out_run_and_survives_law_json(fitted):
     ex = fitted.diagnostics["backtest"]["extrapolation"]
     along = ex["along_curve"]
