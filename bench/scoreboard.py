@@ -242,6 +242,7 @@ class LadderScore:
     error: str | None = None
     learned: dict | None = None
     band_terms: dict | None = None
+    power_grid: dict | None = None   # {str(power): [lo, hi]} of the same fit (POWERS)
 
     @property
     def ok(self) -> bool:
@@ -272,7 +273,7 @@ class LadderScore:
     def to_json(self) -> dict:
         return {k: getattr(self, k) for k in ("ladder", "variant", "y", "pred", "lo", "hi",
                                                 "form", "E_fraction", "seconds", "error",
-                                                "learned", "band_terms")}
+                                                "learned", "band_terms", "power_grid")}
 
 
 def _query(df, fit_df) -> dict:
@@ -310,6 +311,60 @@ def score_ladder(name: str, fit_df, targets, variant: Variant, ctx: dict) -> Lad
         out.band_terms = r.band_terms(1 - ALPHA)
     if "E" in r.params:
         out.E_fraction = float(r.params["E"]) / float(fit_df["loss"].min())
+    out.power_grid = _power_grid(r, _query(targets, fit_df), len(targets))
+    return out
+
+
+# The extrapolation term's power (ladder.fit.backtest.EXTRAPOLATION_POWER: log sd = s d^p
+# outside the fitted runs), scored leave-one-ladder-out from these candidates: every fit's band
+# is recomputed at each (it moves no estimate), and each ladder is scored at the power that
+# gives the OTHER ladders the lowest mean interval score (lolo_power).
+POWERS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def _power_grid(r, query: dict, n: int) -> dict | None:
+    """{power: [lo, hi]} of fit ``r``'s band at each of POWERS; None for code without the
+    power model (35366f1) or a law without a rollout record."""
+    try:
+        from ladder.fit.backtest import pooled_scale
+    except ImportError:
+        return None
+    ex = ((r.diagnostics or {}).get("backtest") or {}).get("extrapolation")
+    if not isinstance(ex, dict) or "power" not in ex:
+        return None
+    folds = r.diagnostics["backtest"].get("folds")
+    saved = (ex["power"], ex.get("log_sd_scale"))
+    out = {}
+    try:
+        for pw in POWERS:
+            ex["power"], ex["log_sd_scale"] = pw, pooled_scale(folds, pw)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                p = r.predict(**query)
+            out[str(pw)] = [[float(v) for v in np.broadcast_to(p.lo, n)],
+                            [float(v) for v in np.broadcast_to(p.hi, n)]]
+    finally:
+        ex["power"], ex["log_sd_scale"] = saved
+    return out
+
+
+def lolo_power(scores: dict[str, LadderScore], name: str) -> dict[str, LadderScore]:
+    """``scores`` (a variant with power grids) with each ladder's band at the power that gives
+    the other ladders the lowest mean interval score (leave one ladder out); a ladder without
+    a grid keeps its band."""
+    def at(s: LadderScore, pw: str) -> LadderScore:
+        if not s.ok or not s.power_grid or pw not in s.power_grid:
+            return s
+        lo, hi = s.power_grid[pw]
+        return LadderScore(**dict(s.to_json(), variant=name, lo=lo, hi=hi,
+                                  learned={"power": float(pw)}))
+    keys = [str(p) for p in POWERS]
+    out = {}
+    for k, s in scores.items():
+        others = [o for n, o in scores.items() if n != k and o.ok]
+        best = min(keys, key=lambda pw: np.mean([at(o, pw).metrics()["interval_score"]
+                                                 for o in others]))
+        out[k] = at(s, best)
     return out
 
 
@@ -511,6 +566,9 @@ def main(argv=None) -> int:
     for vname in args.variant or ["defaults"]:
         results[vname] = run_variant(VARIANTS[vname], ladders, cache, all_ladders=all_ladders,
                                      log=lambda s: print(s, file=sys.stderr, flush=True))
+        if any(s.power_grid for s in results[vname].values()) and len(ladders) > 1:
+            label = f"{vname} (power learned leave-one-ladder-out)"
+            results[label] = lolo_power(results[vname], label)
     text = markdown(results)
     print(text)
     names = list(results)

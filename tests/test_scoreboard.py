@@ -17,12 +17,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.scoreboard import (  # the repo root is on sys.path (pyproject: pythonpath)
+    POWERS,
     PROTOCOL,
     VARIANTS,
     LadderScore,
     compare,
     default_anchors,
     load_ladders,
+    lolo_power,
     score_ladder,
 )
 from ladder.fit import fit_law, load_law, load_points
@@ -166,6 +168,33 @@ def test_smallest_protocol_scores():
     assert m["n"] == 3 and m["max_abs"] < 0.01
     assert 0 < m["half_width"] and m["interval_score"] >= 2 * m["half_width"] * 0.999
     assert s.band_terms["dof"] >= 0
+    # the band at every candidate power of the extrapolation term, from the same fit: its one
+    # rollout fold held out a run 0.43 decades out; the targets are 1.2-2 decades out, where
+    # the rate per decade (p = 1) widens the band beyond the held-out error itself (p = 0)
+    assert set(s.power_grid) == {str(p) for p in POWERS}
+    y = np.asarray(s.y)
+    def width(pw):
+        lo, hi = (np.asarray(v) for v in s.power_grid[pw])
+        return (hi - lo) / y
+    assert np.all(width("0.0") < width("1.0"))
+
+
+def test_power_is_chosen_by_the_other_ladders():
+    """lolo_power: each ladder's band at the power that scores best on the OTHER ladders. Two
+    ladders are best narrow (p = 0), one is missed narrow and best wide: the two narrow ones
+    each see one of each and take the wide band; the wide one sees two narrow ones and takes 0."""
+    narrow = {str(p): ([0.9], [1.1]) for p in POWERS}
+    narrow["0.0"] = ([0.99], [1.01])
+    missed = dict(narrow, **{"0.0": ([1.05], [1.06])})
+    def score(name, grid):
+        return LadderScore(name, "v", y=[1.0], pred=[1.0], lo=[0.5], hi=[1.5],
+                           power_grid={k: [list(a), list(b)] for k, (a, b) in grid.items()})
+    out = lolo_power({"a": score("a", narrow), "b": score("b", narrow),
+                      "c": score("c", missed)}, "lolo")
+    assert out["c"].learned == {"power": 0.0} and out["c"].lo == [1.05]
+    assert out["a"].learned["power"] > 0 and out["a"].lo == [0.9] and out["b"].hi == [1.1]
+    # wide for a: its others' mean interval score at p = 0 is (0.02 + 1.01) / 2 > 0.2
+    assert out["a"].metrics()["interval_score"] == pytest.approx(0.2)
 
 
 @needs_anchors

@@ -22,7 +22,13 @@ from dataclasses import replace
 import pandas as pd
 
 import ladder.fit.lawjson as lawjson
-from ladder.fit.backtest import backtest, fit_one, trajectory_vs_per_fraction
+from ladder.fit.backtest import (
+    EXTRAPOLATION_POWER,
+    backtest,
+    fit_one,
+    set_power,
+    trajectory_vs_per_fraction,
+)
 from ladder.fit.config import HUBER_DELTA, OBJECTIVES, FitConfig
 from ladder.fit.curve_fit import fit_curve_law
 from ladder.fit.curve_forms import FORMS as _CURVE_LAW_FORMS
@@ -56,7 +62,8 @@ def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = 
             delta: float = HUBER_DELTA, backtest: bool = True, objective: str = "huber",
             prior: dict | None = None, asymptote_rule: bool | None = None,
             scale_weighting: bool | None = None,
-            band_prior: dict | bool | None = None) -> FitResult:
+            band_prior: dict | bool | None = None,
+            extrapolation_power: float | None = None) -> FitResult:
     """Fit ``form`` to the points table ``df`` (from :func:`fit.load_points`).
 
     ``objective``: "huber" (summed Huber of log residuals, the default) or "ols" (least squares
@@ -77,7 +84,10 @@ def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = 
     ``band_prior``: opt-in (None/False: the ladder's own band): the noise and extrapolation
     terms the ladder measures pooled with their values across the public ladders (True:
     ``BAND_PRIOR``; a dict: that prior; ladder.fit.result.band_prior_of). It moves no
-    estimate; measured on bench/scoreboard.py it did not earn a place as a default."""
+    estimate; measured on bench/scoreboard.py it did not earn a place as a default.
+    ``extrapolation_power``: the band's extrapolation term as s d^p outside the fitted runs
+    (ladder.fit.backtest.EXTRAPOLATION_POWER; None: that p, 0, for ``form="auto"``, and the rate
+    per decade, as before, for a named form; a number: that p). It moves no estimate."""
     if metric is None and _plain_loss(df):
         metric = "loss"  # a notebook's own table: its column keeps the name it was given
     if not isinstance(df, pd.DataFrame) or not set(COLUMNS) <= set(df.columns):
@@ -123,6 +133,14 @@ def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = 
         res = apply_asymptote_rule(df, res, replace(config, bandwidth=bw), fix, tie, prior)
     if isinstance(res, FitResult):
         res = _forecast_layer(res, plain, band_prior)
+        if extrapolation_power is None and form == "auto":
+            extrapolation_power = EXTRAPOLATION_POWER
+        if extrapolation_power is not None:
+            p = float(extrapolation_power)
+            if not (math.isfinite(p) and p >= 0):
+                raise InputError(f"must be a number >= 0, got {extrapolation_power!r}",
+                                 field="extrapolation_power")
+            set_power(res.diagnostics.get("backtest"), p)
     return _left_out(res, df)
 
 

@@ -215,7 +215,15 @@ def _uncertainty(r) -> dict:
 
 def _band_text(r) -> str:
     q = "normal quantile" if r.small_sample == "normal" else "t(dof)"
-    extra = ("the extrapolation error outside the runs' range (the rollout folds' held-out log "
+    ex = ((r.diagnostics or {}).get("backtest") or {}).get("extrapolation")
+    power = ex.get("power") if isinstance(ex, dict) else None
+    extra = ("the extrapolation error outside the runs (s d^p, p = "
+             f"{power:g}: s the rollout folds' held-out log error, diagnostics.backtest."
+             "extrapolation.log_sd_scale, d the decades outside ranges_log10 or "
+             "scale_ranges_log10; along a run's curve at least along_curve's held-out error at "
+             "its fraction)"
+             ) if isinstance(power, (int, float)) else (
+             "the extrapolation error outside the runs' range (the rollout folds' held-out log "
              "errors beyond their fold bands, pooled per decade: diagnostics.backtest."
              "extrapolation.rate_per_decade, x the largest distance in decades outside "
              "ranges_log10 over its inputs)") if _pooled(r) else (
@@ -528,7 +536,25 @@ def pooled_record(bt) -> dict | None:
                 and r[1] is not None):
             return None
         ranges[str(c)] = (-math.inf if r[0] is None else float(r[0]), float(r[1]))
-    return {"rate": None if rate is None else float(rate), "ranges": ranges}
+    out = {"rate": None if rate is None else float(rate), "ranges": ranges}
+    # the power model (ladder.fit.backtest.EXTRAPOLATION_POWER; records written before it have
+    # no "power" and keep the rate per decade)
+    power, sd = ex.get("power"), ex.get("log_sd_scale")
+    if isinstance(power, (int, float)) and math.isfinite(power) and power >= 0 and (
+            sd is None or isinstance(sd, (int, float)) and math.isfinite(sd) and sd >= 0):
+        scale = ex.get("scale_ranges_log10") if isinstance(ex.get("scale_ranges_log10"),
+                                                           dict) else {}
+        out["power"] = float(power)
+        out["scale"] = None if sd is None else float(sd)
+        al = ex.get("along_curve") if isinstance(ex.get("along_curve"), dict) else {}
+        fr, sd = al.get("fraction"), al.get("log_sd")
+        if isinstance(fr, list) and isinstance(sd, list) and len(fr) == len(sd) and fr and all(
+                isinstance(x, (int, float)) and math.isfinite(x) for x in fr + sd):
+            out["along"] = (np.asarray(fr, float), np.asarray(sd, float))
+        out["scale_ranges"] = {str(c): (float(r[0]), float(r[1])) for c, r in scale.items()
+                               if isinstance(r, list) and len(r) == 2 and all(
+                                   isinstance(x, (int, float)) and math.isfinite(x) for x in r)}
+    return out
 
 
 def _intervals(obj, where, prefix) -> dict:

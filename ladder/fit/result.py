@@ -355,19 +355,39 @@ class FitResult(LawResult, forms=tuple(FORMS)):
                                            / fr)
         d = input_distance(vals, pooled["ranges"], shape)
         prior = band_prior_of(self.diagnostics)
+        if prior is None and "power" in pooled:
+            # the power model (ladder.fit.backtest.EXTRAPOLATION_POWER): s d^p outside the
+            # runs, in the form's inputs or in planned compute (a larger run)
+            d = np.maximum(d, input_distance(vals, pooled["scale_ranges"], shape))
+            if pooled["scale"] is None:
+                return self._unmeasured(d, shape)
+            x = np.where(d > 0, pooled["scale"] * np.power(np.maximum(d, 1e-300),
+                                                           pooled["power"]), 0.0)
+            if "along" in pooled and fraction is not None:
+                # a point along a larger run's curve, where the law of final points was held
+                # out on the rollout's curves (ladder.fit.backtest.along_curve): that error
+                # at its fraction, held at the nearest fraction measured; 0 at the end
+                gs, sds = pooled["along"]
+                g = np.broadcast_to(fr, shape)
+                a = np.where(g < 1 - 1e-9, np.interp(g, gs, sds), 0.0)
+                x = np.where(d > 0, np.maximum(x, a), x)
+            return x
         if prior is not None:  # the forecast layer's prior on the rate (band_prior_of)
             n = ((bt or {}).get("extrapolation") or {}).get("n_points") or 0
             return shrink(pooled["rate"], float(n), prior["rate"], prior["weight"]) * d
         if pooled["rate"] is None:
-            # no rollout fold could be fitted (too few smaller runs): nothing measured the
-            # error outside the runs, and the band does not hold it; said, not hidden
-            if np.any(d > 0):
-                warnings.warn(f"{self.form} law: points up to {float(np.max(d)):.2f} "
-                              "decades outside the fitted runs' range, and no rollout "
-                              "fold measured the extrapolation error: the band holds "
-                              "none", stacklevel=4)
-            return np.zeros(shape)
+            return self._unmeasured(d, shape)
         return pooled["rate"] * d
+
+    def _unmeasured(self, d, shape) -> np.ndarray:
+        # no rollout fold could be fitted (too few smaller runs): nothing measured the
+        # error outside the runs, and the band does not hold it; said, not hidden
+        if np.any(d > 0):
+            warnings.warn(f"{self.form} law: points up to {float(np.max(d)):.2f} "
+                          "decades outside the fitted runs' range, and no rollout "
+                          "fold measured the extrapolation error: the band holds "
+                          "none", stacklevel=5)
+        return np.zeros(shape)
 
     def _columns(self, params, active_params, tokens, compute, fraction) -> dict:
         given = {"params": params, "active_params": active_params, "tokens": tokens,

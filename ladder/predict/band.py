@@ -121,7 +121,15 @@ def extrapolation_error(law, target) -> Extrapolation:
                                         active_params=target.active_params))
     decades = sd / rate if rate > 0 else 0.0
     pooled = bt.get("extrapolation") if isinstance(bt.get("extrapolation"), dict) else None
-    if pooled is not None and pooled.get("rate_per_decade") is not None:
+    if pooled is not None and isinstance(pooled.get("power"), (int, float)) and \
+            isinstance(pooled.get("log_sd_scale"), (int, float)):
+        # the power model (ladder.fit.backtest.EXTRAPOLATION_POWER): s d^p outside the runs
+        n = int(pooled.get("n_points") or 0)
+        points = f"{n} held-out point{'s' if n != 1 else ''}"
+        what = (f"rollout backtest of the law: held-out log error {pooled['log_sd_scale']:.4f} "
+                f"x d^{pooled['power']:g} (pooled over {points}), d the decades outside the "
+                "fitted runs (their inputs or planned compute)")
+    elif pooled is not None and pooled.get("rate_per_decade") is not None:
         # the pooled rate (ladder.fit.backtest): every held-out point outside its fold's range, the
         # distance over the form's inputs
         n = int(pooled.get("n_points") or 0)
