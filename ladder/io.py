@@ -66,7 +66,14 @@ class InputError(Exception):
             where = self.path + (f": field '{field}'" if field else "")
         elif field:
             where = f"field '{field}'"
-        super().__init__(f"{where}: {message}" if where else message)
+        text = f"{where}: {message}" if where else message
+        super().__init__(text.translate(_ONE_LINE))
+
+
+# Every character str.splitlines breaks a line at, written escaped: a field name or a value
+# taken from a file (a key with a newline in it) cannot make the one-line message two.
+_ONE_LINE = {ord(c): c.encode("unicode_escape").decode("ascii")
+             for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}
 
 
 # ----------------------------------------------------------------------------- names -> paths

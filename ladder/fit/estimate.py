@@ -273,7 +273,10 @@ def _laplace_cov(model: Model, u: np.ndarray, prob: _Problem, weights, sigma) ->
     # pinv: a shape factor driven to 0 leaves a flat direction; its variance is then not
     # propagated (it does not move the prediction either)
     H = J.T @ J / sigma ** 2 + prob.prior_precision(u)
-    cov = np.linalg.pinv(H, rcond=1e-12)
+    # hermitian: H is symmetric positive semi-definite, so its pseudo-inverse is too; through
+    # eigh, rounding cannot leave a negative variance (the SVD path did, on a nearly flat
+    # direction: a law.json whose reader refuses it, and a NaN band)
+    cov = np.linalg.pinv((H + H.T) / 2, rcond=1e-12, hermitian=True)
     return cov if np.all(np.isfinite(cov)) else None
 
 

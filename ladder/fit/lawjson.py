@@ -331,9 +331,11 @@ def _read_spread(unc: dict, spec: Spec, where: str, prefix: str) -> dict:
     cov = unc.get("covariance_free")
     cov = None if cov is None else _array(cov, (spec.n_free, spec.n_free), where,
                                           prefix + "uncertainty.covariance_free")
-    if cov is not None and (np.any(np.diag(cov) < 0) or np.any(np.abs(cov) > U_LIMIT ** 2)):
-        # a variance is >= 0, and an sd beyond the parameters' own range is no covariance
-        raise InputError(f"expected variances in [0, {U_LIMIT:g}^2] on the diagonal",
+    if cov is not None and np.any(np.diag(cov) < 0):
+        # a variance is >= 0. A huge one is the fitter's own word for a direction the runs leave
+        # flat (a parameter held at the solver's box, flagged not identified), so it is read as
+        # written; a band it makes infinite is refused where the band is asked for (predict).
+        raise InputError("expected variances >= 0 on the diagonal",
                          path=where, field=prefix + "uncertainty.covariance_free")
     sigma, dof = unc.get("sigma_log"), unc.get("dof")
     for name, v in (("sigma_log", sigma), ("dof", dof)):
