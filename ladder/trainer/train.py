@@ -28,7 +28,7 @@ import numpy as np
 from ladder.io import EX_USAGE, InputError, atomic_write_json, read_json
 from ladder.lrtable import run_lr_table
 from ladder.specs import Rung
-from ladder.trainer import distributed
+from ladder.trainer import distributed, gpuenv
 from ladder.trainer.checkpointing import Checkpoints
 from ladder.trainer.data import corrupt_bytes, load_corpus, shuffle_bytes
 from ladder.trainer.rundir import (
@@ -39,6 +39,7 @@ from ladder.trainer.rundir import (
     previous_run,
     summary,
 )
+from ladder.trainer.layout import run_layout
 from ladder.trainer.step import batch_sharding, enable_compilation_cache, make_mesh, programs
 from ladder.trainer.trainconfig import (
     TrainConfig,
@@ -128,9 +129,16 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
     t_start = time.perf_counter()
     if max_steps is not None and max_steps < 1:
         raise InputError(f"must be >= 1, got {max_steps}", field="max_steps", exit_code=EX_USAGE)
+    gpuenv.apply()   # before anything below starts JAX's backend (a no-op off GPUs)
+    # on an accelerator, precision, remat and microbatch the user left open are chosen to fit
+    # its memory (ladder/trainer/layout.py) and written into the config like given ones
+    layout = run_layout(rung, cfg)
+    if layout is not None:
+        cfg = layout.train_config(cfg)
     checked = _check(rung, Path(out_dir), cfg, resume)   # bad input fails here, nothing written
     if isinstance(checked, dict):
         return checked   # finished: a diverged run would only diverge again from its checkpoint
+    checked[3]["layout"] = layout.to_dict() if layout is not None else None
     s = Session(*checked, cfg=cfg, on_metrics=on_metrics)
     rung, start = s.rung, s.start
     stop = min(rung.steps, max_steps or rung.steps)
