@@ -24,8 +24,8 @@ JSON lines (metrics.jsonl, alerts.jsonl: :func:`json_line`) are parsed by orjson
 with the standard library as the fallback for what orjson refuses (``NaN``/``Infinity`` tokens,
 numbers beyond float range); orjson is optional: without it the standard library parses every
 line, to the same values (:func:`_stdlib_line`); artifacts read whole (:func:`loads`) by the
-standard library, whose integers stay exact (a hash is taken over them), depth-checked first. No JAX here: ``fit`` and
-``predict`` import this module.
+standard library, whose integers stay exact (a hash is taken over them), depth-checked first.
+No JAX here: ``fit`` and ``predict`` import this module.
 """
 
 from __future__ import annotations
