@@ -1,7 +1,6 @@
 """The default layout (issue 37 item 1): precision, remat and microbatch chosen to fit the
 device's memory by the estimate, the user's values kept; collective bytes from compiled HLO."""
 
-import pytest
 
 from ladder.accelerators import accelerator_peak, usable_memory
 from ladder.specs import LADDERS
