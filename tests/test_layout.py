@@ -91,7 +91,7 @@ HLO = """HloModule m
   %i = s32[] get-tuple-element(%p), index=0
   %x = f32[2,4]{1,0} get-tuple-element(%p), index=1
   %g = f32[16,4]{1,0} all-gather(%x), channel_id=1, replica_groups=[1,8]<=[8], dimensions={0}
-  %r = f32[2,4]{1,0} reduce-scatter(%g), channel_id=2, replica_groups=[1,8]<=[8], dimensions={0}, to_apply=%add
+  %r = f32[2,4]{1,0} reduce-scatter(%g), channel_id=2, dimensions={0}, to_apply=%add
   %a = bf16[2,4]{1,0} all-to-all(%y), channel_id=3, replica_groups=[1,8]<=[8], dimensions={0}
   ROOT %t = (s32[], f32[2,4]{1,0}) tuple(%i, %r)
 }
@@ -105,7 +105,8 @@ ENTRY %main (x: f32[2,4]) -> f32[2,4] {
   %x = f32[2,4]{1,0} parameter(0)
   %s = f32[2,4]{1,0} all-reduce(%x), channel_id=4, replica_groups=[1,8]<=[8], to_apply=%add
   %ags = (f32[2,4]{1,0}, f32[16,4]{1,0}) all-gather-start(%x), channel_id=5, dimensions={0}
-  %w = (s32[], f32[2,4]{1,0}) while(%t0), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"3"}}
+  %w = (s32[], f32[2,4]{1,0}) while(%t0), condition=%cond, body=%body, """ \
+    """backend_config={"known_trip_count":{"n":"3"}}
   ROOT %o = f32[2,4]{1,0} get-tuple-element(%w), index=1
 }
 """
