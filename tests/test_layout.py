@@ -1,6 +1,8 @@
 """The default layout (issue 37 item 1): precision, remat and microbatch chosen to fit the
 device's memory by the estimate, the user's values kept; collective bytes from compiled HLO."""
 
+import pytest
+
 
 from ladder.accelerators import accelerator_peak, usable_memory
 from ladder.specs import LADDERS
@@ -122,3 +124,42 @@ def test_collective_bytes_count_loops_and_the_larger_buffer():
     assert got["all-to-all"] == 3 * 16
     assert got["all-reduce"] == 32
     assert got["collective-permute"] == 0
+
+
+def test_run_layout_on_an_accelerator(monkeypatch):
+    """`ladder run` on a device of known memory (faked here: the CPU's devices with a budget):
+    what the user left open is chosen."""
+    import ladder.trainer.layout as layout_mod
+    from ladder.trainer.layout import device_memory_budget, run_layout
+    from ladder.trainer.trainconfig import TrainConfig
+
+    import jax
+    assert device_memory_budget(jax.devices()) is None           # CPU: nothing is planned
+    monkeypatch.setattr(layout_mod, "device_memory_budget", lambda devs: (1.0, "test budget"))
+    rung = LADDERS["tiny"].rungs[0]
+    lay = run_layout(rung, TrainConfig())
+    assert (lay.precision, lay.remat, lay.microbatch, lay.fits) == ("bf16", "full", 1, False)
+    assert lay.budget_source == "test budget"
+    lay = run_layout(rung, TrainConfig(model={"remat": "dots", "precision": "f32"}))
+    assert (lay.precision, lay.remat, lay.chosen) == ("f32", "dots", ("microbatch",))
+    assert run_layout(rung, TrainConfig(microbatch=2, model={"remat": "none",
+                                                             "precision": "f32"})) is None
+
+
+@pytest.mark.slow   # one tiny training step: ~15 s of CPU
+def test_run_records_the_layout(monkeypatch, tmp_path):
+    """The run records the chosen layout: config.json's train and rung, and the layout block."""
+    import ladder.trainer.layout as layout_mod
+    from ladder.io import read_json
+    from ladder.trainer.train import train_rung
+    from ladder.trainer.trainconfig import RunArgs, TrainConfig
+
+    monkeypatch.setattr(layout_mod, "device_memory_budget", lambda devs: (1.0, "test budget"))
+    rung = LADDERS["tiny"].rungs[0]
+    cfg = TrainConfig(model={"precision": "f32", "remat": "full"},
+                      run=RunArgs(peak_flops=1e11, progress=False))
+    train_rung(rung, tmp_path / "r", cfg, max_steps=1)
+    written = read_json(tmp_path / "r" / "config.json")
+    assert written["layout"]["microbatch"] == 1 and written["layout"]["chosen"] == ["microbatch"]
+    assert written["train"]["microbatch"] == 1 and written["mesh"]["microbatches"] == rung.batch
+    assert written["rung"]["model"]["remat"] == "full"
