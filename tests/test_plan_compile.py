@@ -86,7 +86,16 @@ def test_plan_compile_cli_reexecs_with_fake_devices(capfd):
     assert c["bytes_per_device"] == pytest.approx(c["argument_bytes"] + c["temp_bytes"]
                                                   + c["output_bytes"] - c["alias_bytes"])
     assert row["compiled_mesh"] == {"data": 1, "expert": 4} and row["microbatch"] == 4
-    assert "largest that fits" in row["microbatch_note"]
+    assert "whose compiled step fits" in row["microbatch_note"]
+    # the default layout, compiled as chosen: bf16 over f32 masters, no remat needed here
+    assert (c["precision"], c["remat"]) == ("bf16", "none") == (row["precision"], row["remat"])
+    assert row["layout"]["microbatch"] == 4 and row["largest_fitting"]["microbatch"] == 4
+    assert row["compiled_fits"] and row["layout_search"][0]["fits"]
+    # bytes per step of every collective, from the HLO; the tokens' all-to-all among them
+    assert set(c["collective_bytes"]) == set(c["collectives"])
+    assert c["collective_bytes"]["all-to-all"] > 0
+    assert all((c["collective_bytes"][k] > 0) == (c["collectives"][k] > 0)
+               for k in c["collectives"])
     # the eval step too, at one sequence per device, with its FLOPs beside flops-v1's
     ev = row["compiled_eval"]
     assert ev["eval_batch"] == 4 and 0 < ev["bytes_per_device"] < c["bytes_per_device"]

@@ -18,8 +18,10 @@ Memory per device (bytes), the estimate (what the trainer as it is here keeps):
   (2 V D float32, whole) dominate;
 - the threshold rule's merged statistic [layers, E, n] float32 (n = tokens per step x k / E),
   split over "expert", twice (running value and the merge);
-- activations of one microbatch's tokens on the device (no rematerialisation), float32 (what
-  the step compiles to on CPU, where "auto" precision is f32). Per token and layer (elements):
+- activations of one microbatch's tokens on the device at the rung's precision and remat
+  (``activation_bytes_per_token``; "auto" precision is planned as bf16, what an accelerator
+  runs; the layout ladder/trainer/layout.py chooses sets both). Without remat, per token and
+  layer (elements):
   4 D (residual inputs and their normed copies) + 4 q_dim + 3 kv_dim (q, k, v before and after
   QK-norm/RoPE, attention output) + 2 E (router logits and probabilities) + 3 L (latent
   before/after norm, combined output) + 2 k L (each assignment's token and output) + 2 cf k
@@ -33,9 +35,12 @@ Memory per device (bytes), the estimate (what the trainer as it is here keeps):
   3 V loss_chunk / S (the
   LM head and cross-entropy run over chunks of loss_chunk positions: one chunk's float32
   logits, exponentials and gradient exist at a time).
-  Measured against XLA's memory analysis of the compiled step (``--compile``) it is a planning
-  estimate, expected within ~30% on the real rungs; it does not know about bf16 or remat, which
-  shrink the activations.
+  In bf16 these are 2 bytes but the router's logits and probabilities and the loss chunk (f32).
+  Remat "full" keeps each layer's input and recomputes one layer at a time; "dots" keeps the
+  weight matmuls' outputs. Measured against XLA's memory analysis of the compiled step
+  (``--compile``) it is a planning estimate, expected within ~30% on the real rungs in f32;
+  XLA:CPU computes bf16 matmuls through float32 copies (bench/compute_memory.py), so a bf16
+  step compiled on CPU needs more than the estimate and than the same step on a GPU.
 
 Time per step = training FLOPs per step (LM head included) / (N x peak FLOP/s x MFU).
 The default peak is one GB200 GPU in bf16 without sparsity: 2.5e15 FLOP/s (NVIDIA's GB200 NVL72
