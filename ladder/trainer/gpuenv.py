@@ -146,7 +146,7 @@ def apply(environ=os.environ, *, probe: bool = True, force_gpu: bool | None = No
             else:
                 environ[name] = value
                 result["set"][name] = value
-        log.info("GPU settings: XLA_FLAGS += %s; %s", " ".join(good) or "nothing",
+        log.info("ladder: GPU settings: XLA_FLAGS += %s; %s", " ".join(good) or "nothing",
                  result["set"] or "no variable set")
     result["XLA_FLAGS"] = environ.get("XLA_FLAGS", "")
     if environ is os.environ:

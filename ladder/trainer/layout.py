@@ -164,7 +164,8 @@ def run_layout(rung: Rung, cfg) -> Layout | None:
                                expert_parallel=cfg.run.expert_parallel, **given)
     except ValueError:
         return None   # the mesh check in the Session names the field
-    (log.info if layout.fits else log.warning)("%s", layout.describe())
+    (log.info if layout.fits else log.warning)("ladder run: %s:%s %s", rung.ladder, rung.name,
+                                               layout.describe())
     return layout
 
 
