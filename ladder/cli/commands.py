@@ -423,6 +423,7 @@ def _compiled_plan(rung, args, budget: float, budget_source: str, given: dict) -
                                                 "collectives", "collective_bytes",
                                                 "compile_s")},
             "layout": lay.to_dict(), "largest_fitting": found.largest_fitting,
+            "next_layout_predicted": found.next_predicted,
             "compiled_mesh": step.mesh, "microbatch": step.microbatch,
             "microbatches": step.microbatches, "layout_search": log,
             "microbatch_search": [{"microbatch": t["microbatch"], "remat": t["remat"],

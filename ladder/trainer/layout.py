@@ -179,6 +179,8 @@ class CompiledLayout:
     step: object                     # ladder.trainer.plan.CompiledStep at that layout
     tried: tuple
     largest_fitting: dict | None     # the most preferred layout whose compiled step fits
+    next_predicted: dict | None = None  # the next more preferred one, when not compiled: its
+    #                                     estimate x the chosen one's compiled/estimate ratio
 
     @property
     def fits(self) -> bool:
@@ -190,49 +192,62 @@ def fit_layout(rung: Rung, devices: int, memory_per_device: float, *,
                microbatch: int | None = None, expert_parallel: int | None = None,
                budget_source: str = "given") -> CompiledLayout:
     """The most preferred layout (the rule's order, module docstring) whose COMPILED train step
-    fits ``memory_per_device``: compiles the estimate's choice, then walks the order down (more
-    remat, smaller microbatches) until one fits, or up while the next more preferred one still
-    fits. When none fits, the last one tried (the most frugal)."""
-    from ladder.trainer.plan import compile_step
+    fits ``memory_per_device``. Compiling a real rung takes minutes, so the walk is guided by
+    the estimate scaled to XLA's figure (``ratio`` = compiled / estimated bytes of the last
+    compile): from the estimate's choice, while it does not fit, to the next layout in the order
+    whose scaled estimate fits (else the most frugal); once one fits, to the previous layout
+    while its scaled estimate fits and its compiled step does. When none fits, the most frugal
+    tried."""
+    from ladder.trainer.plan import compile_step, plan_rung
 
     est = choose_layout(rung, devices, memory_per_device, precision=precision, remat=remat,
                         microbatch=microbatch, expert_parallel=expert_parallel,
                         budget_source=budget_source)
     order = ordered_layouts(rung, devices, precision=precision, remat=remat,
                             microbatch=microbatch)
-    i = order.index((est.remat, est.microbatch))
+
+    def laid(j: int) -> Rung:
+        return rung.replace(model=rung.model.replace(precision=est.precision, remat=order[j][0]))
+
+    estimates = [plan_rung(laid(j), devices, microbatch=order[j][1],
+                           expert_parallel=expert_parallel).total_bytes
+                 for j in range(len(order))]
     steps: dict[int, object] = {}
 
     def fits(j: int) -> bool:
         if j not in steps:
-            r, m = order[j]
-            laid = rung.replace(model=rung.model.replace(precision=est.precision, remat=r))
-            steps[j] = compile_step(laid, devices, microbatch=m,
+            steps[j] = compile_step(laid(j), devices, microbatch=order[j][1],
                                     expert_parallel=expert_parallel)
+            log.info("ladder plan: compiled remat %s, microbatch %d: %.1f GiB per device "
+                     "(estimate %.1f GiB)", *order[j], steps[j].bytes_per_device / 2 ** 30,
+                     estimates[j] / 2 ** 30)
         return steps[j].bytes_per_device <= memory_per_device
 
-    if fits(i):
-        while i > 0 and fits(i - 1):
-            i -= 1
-    else:
-        while i + 1 < len(order) and not fits(i + 1):
-            i += 1
-        i = min(i + 1, len(order) - 1)
-        fits(i)
-    from ladder.trainer.plan import plan_rung
+    def ratio(j: int) -> float:
+        return steps[j].bytes_per_device / estimates[j]
 
-    r, m = order[i]
-    laid = rung.replace(model=rung.model.replace(precision=est.precision, remat=r))
-    estimate = plan_rung(laid, devices, microbatch=m, expert_parallel=expert_parallel)
+    i = order.index((est.remat, est.microbatch))
+    while not fits(i) and i + 1 < len(order):
+        r = ratio(i)
+        i = next((j for j in range(i + 1, len(order)) if estimates[j] * r <= memory_per_device),
+                 len(order) - 1)
+    if fits(i):
+        while i > 0 and estimates[i - 1] * ratio(i) <= memory_per_device and fits(i - 1):
+            i -= 1
     step = steps[i]
-    chosen = Layout(precision=est.precision, remat=r, microbatch=m, devices=devices,
-                    memory_per_device=memory_per_device, estimate_bytes=estimate.total_bytes,
-                    fits=step.bytes_per_device <= memory_per_device, chosen=est.chosen,
-                    budget_source=budget_source)
+    chosen = Layout(precision=est.precision, remat=order[i][0], microbatch=order[i][1],
+                    devices=devices, memory_per_device=memory_per_device,
+                    estimate_bytes=estimates[i], fits=step.bytes_per_device <= memory_per_device,
+                    chosen=est.chosen, budget_source=budget_source)
     tried = tuple({"remat": order[j][0], "microbatch": order[j][1],
-                   "bytes_per_device": s.bytes_per_device,
+                   "bytes_per_device": s.bytes_per_device, "estimate_bytes": estimates[j],
                    "fits": s.bytes_per_device <= memory_per_device}
                   for j, s in sorted(steps.items()))
     fitting = [t for t in tried if t["fits"]]
+    nxt = None
+    if chosen.fits and i > 0 and i - 1 not in steps:
+        # the next more preferred layout, not compiled: its estimate scaled to XLA's figure
+        nxt = {"remat": order[i - 1][0], "microbatch": order[i - 1][1],
+               "predicted_bytes": estimates[i - 1] * ratio(i)}
     return CompiledLayout(layout=chosen, step=step, tried=tried,
-                          largest_fitting=fitting[0] if fitting else None)
+                          largest_fitting=fitting[0] if fitting else None, next_predicted=nxt)
