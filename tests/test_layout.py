@@ -163,3 +163,34 @@ def test_run_records_the_layout(monkeypatch, tmp_path):
     assert written["layout"]["microbatch"] == 1 and written["layout"]["chosen"] == ["microbatch"]
     assert written["train"]["microbatch"] == 1 and written["mesh"]["microbatches"] == rung.batch
     assert written["rung"]["model"]["remat"] == "full"
+
+
+@pytest.mark.parametrize("inflation", [0.7, 1.0, 1.6, 3.0])
+def test_compiled_walk_finds_the_first_fitting_layout_in_few_compiles(monkeypatch, inflation):
+    """fit_layout against a compiler whose figure is the estimate x ``inflation`` (XLA:CPU's
+    bf16 copies inflate it; a GPU's fused kernels deflate it): it lands on the first layout of
+    the order whose compiled step fits, compiling at most a few."""
+    from types import SimpleNamespace
+
+    import ladder.trainer.plan as plan_mod
+    from ladder.trainer.layout import fit_layout
+
+    rung = tiny()
+    compiled = []
+
+    def fake_compile(laid, devices, *, microbatch=None, expert_parallel=None):
+        compiled.append((laid.model.remat, microbatch))
+        est = plan_rung(laid, devices, microbatch=microbatch).total_bytes
+        return SimpleNamespace(bytes_per_device=inflation * est, microbatch=microbatch)
+
+    monkeypatch.setattr(plan_mod, "compile_step", fake_compile)
+    order = ordered_layouts(rung, 1)
+    sizes = [estimate(rung, r, m) for r, m in order]
+    for budget in sorted(set(sizes)) + [sizes[-1] * inflation * 0.5]:
+        compiled.clear()
+        found = fit_layout(rung, 1, budget)
+        fitting = [k for k, b in zip(order, sizes) if b * inflation <= budget]
+        want = fitting[0] if fitting else order[-1]
+        assert (found.layout.remat, found.layout.microbatch) == want, (budget, compiled)
+        assert found.fits == bool(fitting)
+        assert len(compiled) <= 3 and len(set(compiled)) == len(compiled)

@@ -195,9 +195,9 @@ def fit_layout(rung: Rung, devices: int, memory_per_device: float, *,
     fits ``memory_per_device``. Compiling a real rung takes minutes, so the walk is guided by
     the estimate scaled to XLA's figure (``ratio`` = compiled / estimated bytes of the last
     compile): from the estimate's choice, while it does not fit, to the next layout in the order
-    whose scaled estimate fits (else the most frugal); once one fits, to the previous layout
-    while its scaled estimate fits and its compiled step does. When none fits, the most frugal
-    tried."""
+    whose scaled estimate fits (else the most frugal); once one fits, to the first earlier
+    layout whose scaled estimate fits and whose compiled step does, until none is left. When
+    none fits, the most frugal tried."""
     from ladder.trainer.plan import compile_step, plan_rung
 
     est = choose_layout(rung, devices, memory_per_device, precision=precision, remat=remat,
@@ -231,9 +231,15 @@ def fit_layout(rung: Rung, devices: int, memory_per_device: float, *,
         r = ratio(i)
         i = next((j for j in range(i + 1, len(order)) if estimates[j] * r <= memory_per_device),
                  len(order) - 1)
-    if fits(i):
-        while i > 0 and estimates[i - 1] * ratio(i) <= memory_per_device and fits(i - 1):
-            i -= 1
+    while fits(i):   # earlier in the order (the layout is not monotone in bytes): any that fits
+        r = ratio(i)
+        earlier = [j for j in range(i) if j not in steps and estimates[j] * r <= memory_per_device]
+        for j in earlier:
+            if fits(j):
+                i = j
+                break
+        else:
+            break
     step = steps[i]
     chosen = Layout(precision=est.precision, remat=order[i][0], microbatch=order[i][1],
                     devices=devices, memory_per_device=memory_per_device,
