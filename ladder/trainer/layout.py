@@ -22,6 +22,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
+from ladder.io import InputError
 from ladder.specs import Rung
 
 log = logging.getLogger(__name__)
@@ -140,7 +141,9 @@ def device_memory_budget(devices) -> tuple[float, str] | None:
 
 def run_layout(rung: Rung, cfg) -> Layout | None:
     """The layout ``ladder run`` trains ``rung`` with under ``cfg`` (a TrainConfig) on this
-    process's devices, or None when there is nothing to choose: on CPU (f32, the whole batch:
+    process's devices: the estimate's choice, compiled for these devices and walked down while
+    XLA's figure is over the device's budget (``fit_layout`` without the walk up). None when
+    there is nothing to choose: on CPU (f32, the whole batch:
     the small ladders' numbers stay as they were), on an accelerator of unknown memory, or
     when the user gave precision, remat and microbatch all three."""
     import jax
@@ -159,10 +162,16 @@ def run_layout(rung: Rung, cfg) -> Layout | None:
     resolved = resolve_rung(rung, dataclasses.replace(cfg, model={
         k: v for k, v in cfg.model.items() if k not in ("precision", "remat")}))
     devices = cfg.run.devices or jax.device_count()
+    from ladder.trainer.step import enable_compilation_cache
+
+    enable_compilation_cache()   # the step compiled here is the Session's: a cache hit there
     try:
-        layout = choose_layout(resolved, devices, budget[0], budget_source=budget[1],
-                               expert_parallel=cfg.run.expert_parallel, **given)
-    except ValueError:
+        # the estimate's choice, checked by the device's own compiler (XLA's memory analysis
+        # of the real step): a layout the estimate misjudges walks down until it fits
+        layout = fit_layout(resolved, devices, budget[0], budget_source=budget[1],
+                            expert_parallel=cfg.run.expert_parallel, search_up=False,
+                            **given).layout
+    except (ValueError, InputError):
         return None   # the mesh check in the Session names the field
     (log.info if layout.fits else log.warning)("ladder run: %s:%s %s", rung.ladder, rung.name,
                                                layout.describe())
@@ -190,7 +199,7 @@ class CompiledLayout:
 def fit_layout(rung: Rung, devices: int, memory_per_device: float, *,
                precision: str | None = None, remat: str | None = None,
                microbatch: int | None = None, expert_parallel: int | None = None,
-               budget_source: str = "given") -> CompiledLayout:
+               budget_source: str = "given", search_up: bool = True) -> CompiledLayout:
     """The most preferred layout (the rule's order, module docstring) whose COMPILED train step
     fits ``memory_per_device``. Compiling a real rung takes minutes, so the walk is guided by
     the estimate scaled to XLA's figure (``ratio`` = compiled / estimated bytes of the last
@@ -218,7 +227,7 @@ def fit_layout(rung: Rung, devices: int, memory_per_device: float, *,
         if j not in steps:
             steps[j] = compile_step(laid(j), devices, microbatch=order[j][1],
                                     expert_parallel=expert_parallel)
-            log.info("ladder plan: compiled remat %s, microbatch %d: %.1f GiB per device "
+            log.info("ladder: layout compiled: remat %s, microbatch %d: %.1f GiB per device "
                      "(estimate %.1f GiB)", *order[j], steps[j].bytes_per_device / 2 ** 30,
                      estimates[j] / 2 ** 30)
         return steps[j].bytes_per_device <= memory_per_device
@@ -231,7 +240,8 @@ def fit_layout(rung: Rung, devices: int, memory_per_device: float, *,
         r = ratio(i)
         i = next((j for j in range(i + 1, len(order)) if estimates[j] * r <= memory_per_device),
                  len(order) - 1)
-    while fits(i):   # earlier in the order (the layout is not monotone in bytes): any that fits
+    # earlier in the order, any that fits (the order is not monotone in bytes)
+    while search_up and fits(i):
         r = ratio(i)
         earlier = [j for j in range(i) if j not in steps and estimates[j] * r <= memory_per_device]
         for j in earlier:
