@@ -126,6 +126,7 @@ def test_collective_bytes_count_loops_and_the_larger_buffer():
     assert got["collective-permute"] == 0
 
 
+@pytest.mark.slow   # two compiles of the tiny step
 def test_run_layout_on_an_accelerator(monkeypatch):
     """`ladder run` on a device of known memory (faked here: the CPU's devices with a budget):
     what the user left open is chosen."""
