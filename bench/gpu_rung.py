@@ -374,7 +374,7 @@ def main(argv=None) -> int:
 
     from ladder.model.layers import attention_implementation
     from ladder.model.transformer import compute_dtype
-    from ladder.trainer.layout import choose_layout, device_memory_budget
+    from ladder.trainer.layout import choose_layout, device_memory_budget, ordered_layouts
     from ladder.trainer.plan import plan_rung
     from ladder.trainer.step import batch_sharding, enable_compilation_cache, make_mesh, programs
     from ladder.trainer.train import peak_flops_info
@@ -407,7 +407,8 @@ def main(argv=None) -> int:
             model = {k: v for k, v in given.items() if k != "microbatch" and v is not None}
             rung = rung.replace(model=rung.model.replace(**model)) if model else rung
             mb, how = args.microbatch or rung.batch, "CPU: no layout is chosen"
-        s.update(rung=rung, n=n, mb=mb, memory=memory)
+        s.update(rung=rung, n=n, mb=mb, memory=memory,
+                 order=ordered_layouts(rung, n, remat=args.remat, microbatch=args.microbatch))
         t = time.perf_counter()
         mesh = make_mesh(n, args.expert_parallel, rung.model.n_experts, mb)
         progs = programs(rung.model, mesh, rung.optimizer_settings, rung.batch // mb)
@@ -468,11 +469,17 @@ def main(argv=None) -> int:
                 compiled = s["progs"].train_step.lower(s["state"], b).compile()
                 break
             except Exception as e:
-                if not is_oom(e) or s["mb"] // 2 < n or (s["mb"] // 2) % n:
+                # the estimate was too generous: the next layout of `ladder run`'s order (more
+                # remat, then smaller microbatches; the same parameters, so the same state)
+                here = (rung.model.remat, s["mb"])
+                later = s["order"][s["order"].index(here) + 1:] if here in s["order"] else []
+                if not is_oom(e) or not later:
                     raise
-                s["mb"] //= 2   # the estimate was too generous: compile a smaller microbatch
-                results.phase("setup", microbatch=s["mb"],
-                              microbatch_source="halved after an out-of-memory compile")
+                remat, s["mb"] = later[0]
+                rung = s["rung"] = rung.replace(model=rung.model.replace(remat=remat))
+                results.phase("setup", microbatch=s["mb"], remat=remat,
+                              layout="the next in ladder run's order after an out-of-memory "
+                                     "compile")
                 s["progs"] = programs(rung.model, s["mesh"], rung.optimizer_settings,
                                       rung.batch // s["mb"])
         compile_s = time.perf_counter() - t
