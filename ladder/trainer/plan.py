@@ -196,7 +196,9 @@ def activation_bytes_per_token(cfg, seq_len: int) -> float:
     head's chunk stay float32 (model/transformer.py reads the router in float32). With remat
     "full" each layer keeps only its input, and one layer's activations exist again while its
     backward runs (the largest layer); with "dots" each layer keeps its weight matmuls'
-    outputs (``_layer_dot_outputs``) and again one layer is recomputed at a time."""
+    outputs (``_layer_dot_outputs``) and again one layer is recomputed at a time. Whatever the
+    remat, the layer whose backward runs holds its activations' cotangents too: one layer
+    more."""
     act = 2 if plan_precision(cfg) == "bf16" else BYTES_F32
     layers = [_layer_elements(cfg, i) for i in range(cfg.n_layers)]
     f32_router = 2 * cfg.n_experts * (BYTES_F32 - act)          # per layer, beyond act bytes
@@ -204,15 +206,18 @@ def activation_bytes_per_token(cfg, seq_len: int) -> float:
     gated = 2 * cfg.gated_rank + 3 * d if cfg.gated_norm_rank else 0
     once = (2 * d + gated * (2 if cfg.embed_norm else 1)) * act \
         + 3 * cfg.vocab_size * min(cfg.loss_chunk, seq_len) / seq_len * BYTES_F32
+    # the backward of a layer holds its activations' cotangents beside them: one layer's worth
+    # more at the peak (XLA's buffer assignment of 1.6B-A61M's step at remat full holds the
+    # expert buffers [E, C, L] and their gradients at once, measured here)
+    one_layer = max(layers) * act + f32_router
     if cfg.remat == "none":
-        return sum(layers) * act + cfg.n_layers * f32_router + once
-    recompute = max(layers) * act + f32_router
+        return sum(layers) * act + cfg.n_layers * f32_router + once + one_layer
     if cfg.remat == "full":
         kept = cfg.n_layers * d * act
     else:
         kept = sum(_layer_dot_outputs(cfg, i) for i in range(cfg.n_layers)) * act \
             + cfg.n_layers * cfg.n_experts * (BYTES_F32 - act)
-    return kept + recompute + once
+    return kept + 2 * one_layer + once   # one layer recomputed, and its cotangents
 
 
 @lru_cache(maxsize=64)
