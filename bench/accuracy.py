@@ -668,6 +668,13 @@ def _table(run, N, D, L, C=None) -> pd.DataFrame:
 
 def robust_ladders(anchors: Path) -> dict:
     """name -> (runs below the targets, targets, the authors' fit set or None, nearest)."""
+    return {k: (a, b, c, _nearest(a)) for k, (a, b, c) in ladder_tables(anchors).items()}
+
+
+def ladder_tables(anchors: Path) -> dict:
+    """Every public ladder of the anchors as name -> (runs below the targets, targets, the
+    authors' fit set or None); absent data is left out. The one loader of these tables
+    (bench/scoreboard.py's protocol and the robustness table read them here)."""
     out = {}
     p = anchors / "gadre2024_overtraining" / "runs_tidy.csv"
     if p.exists():
@@ -729,7 +736,77 @@ def robust_ladders(anchors: Path) -> dict:
         t = _table([f"{n}#{i}" for i, n in enumerate(s_.name)], s_.N, s_.D_tokens, s_.val_loss)
         top = t.params == t.params.max()
         out["Muennighoff single-epoch"] = (t[~top], t[top], None)
-    return {k: (a, b, c, _nearest(a)) for k, (a, b, c) in out.items()}
+    p = anchors / "marin_isoflop_202603" / "isoflops_standardized.csv"
+    if p.exists():
+        out.update(_marin_isoflop(anchors))
+    p = anchors / "gemstones_mcleish2025" / "wandb_dfs" / "wandb_df_for_fitting_hot_100b+_477.jsonl"
+    if p.exists():
+        out["Gemstones hot"] = _gemstones(p)
+    p = anchors / "olmo_ladder_bhagia2024" / "ladder_final_points.csv"
+    if p.exists() and (anchors / "olmo_ladder_bhagia2024" / "ladder-runs").is_dir():
+        out["OLMo curves"] = _olmo_curve_ladder(anchors, pd.read_csv(p))
+    return out
+
+
+def _marin_isoflop(anchors: Path) -> dict:
+    """Marin's Nemotron isoFLOP sweep (anchors/marin_isoflop_202603, the standardized file:
+    compute = budget, 6ND within 40% of it) and its validation-optimal 1e21 run (the raw W&B
+    export; 6ND as its compute, as the anchors README's check does: 9.39e20), the README's
+    suggested held-out test."""
+    d = pd.read_csv(anchors / "marin_isoflop_202603" / "isoflops_standardized.csv")
+    s_ = d[d.dataset == "nemotron"]
+    sweep = _table([f"n{i}" for i in range(len(s_))], s_.params, s_.tokens, s_.loss, s_.budget)
+    raw = pd.read_csv(anchors / "marin_isoflop_202603" / "raw" / "isoflop-nemotron.csv")
+    v = raw[raw["Name"].str.contains("validation-optimal-1e\\+21")]
+    target = _table(v["Name"], v["parameter_count"], v["throughput/total_tokens"],
+                    v["eval/paloma/macro_loss"])
+    return {"Marin Nemotron isoFLOP": (sweep, target, None)}
+
+
+GEMSTONES_FIT_MAX_PARAMS = 1.05e9   # anchors README: models <= 1.05B fit, the three ~2B predicted
+GEMSTONES_FIT_MAX_TOKENS = 100e9    # ... from their first 100B tokens, at 350B (the end)
+GEMSTONES_EVERY = 10e9              # one point every 10B tokens (the authors' every-10B subsample)
+
+
+def _gemstones(path: Path) -> tuple:
+    """Gemstones (McLeish et al. 2025) constant-LR ('hot') runs: each (model, tokens) checkpoint
+    a point, as the authors' Approach 3 fits take them; fit on the models <= 1.05B to 100B
+    tokens, targets the three ~2B models at 350B."""
+    d = pd.read_json(path, lines=True)
+    d = d[np.isclose(d.tokens / GEMSTONES_EVERY, np.round(d.tokens / GEMSTONES_EVERY),
+                     atol=0.01) | (d.tokens == d.tokens.max())]
+    t = _table([f"{r}@{x / 1e9:.0f}B" for r, x in zip(d.run_name, d.tokens, strict=True)],
+               d.params_active_precise, d.tokens, d.final_loss)
+    small = (t.params <= GEMSTONES_FIT_MAX_PARAMS).to_numpy()
+    early = (t.tokens <= GEMSTONES_FIT_MAX_TOKENS * 1.01).to_numpy()
+    last = (t.tokens == t.tokens.max()).to_numpy()
+    return t[small & early], t[~small & last], None
+
+
+OLMO_CURVE_FRACTIONS = np.round(np.arange(1, 11) / 10, 3)  # every 10% of each run
+
+
+def _olmo_curve_ladder(anchors: Path, pts: pd.DataFrame) -> tuple:
+    """The OLMo ladder's C4 eval curves (every 10% of each run, log-linear between evals) of
+    the authors' runs (190M-1B x 1, 2, 5, 10xC), the 7B and 13B finals the targets; the same
+    runs as "OLMo finals"' authors' set, with the evals along them."""
+    rows = []
+    for size in ("190M", "370M", "760M", "1B"):
+        for xc in TASK_XC:
+            d = pd.read_csv(_need(anchors / "olmo_ladder_bhagia2024" / "ladder-runs"
+                                  / f"{size}-{xc}.csv")).dropna(subset=[C4]).sort_values("_step")
+            frac = d["_step"].to_numpy() / d["_step"].max()
+            tokens = float(d["throughput/total_tokens"].to_numpy()[-1])
+            loss = np.exp(np.interp(OLMO_CURVE_FRACTIONS, frac, np.log(d[C4].to_numpy())))
+            N = float(OLMO_N[size])
+            rows += [{"run": f"{size}-{xc}", "params": N, "tokens": g * tokens,
+                      "compute": 6 * N * g * tokens, "fraction": g, "loss": v}
+                     for g, v in zip(OLMO_CURVE_FRACTIONS, loss, strict=True)]
+    curves = pd.DataFrame(rows)
+    tg = pts[pts["size"].isin(["7B", "13B"])]
+    target = _table(tg["run"], tg["N_from_config"], tg["D_tokens"], tg["final_c4_loss"])
+    target["fraction"] = 1.0
+    return curves, target, None
 
 
 def _nearest(train: pd.DataFrame, k: int = 5) -> pd.DataFrame:

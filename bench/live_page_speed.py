@@ -60,7 +60,7 @@ def after(d: Path, doc: dict) -> dict:
     """The watcher's page: refresh times and the page's memory."""
     from ladder.predict import prereg as pr
     from ladder.predict.live import Watcher
-    from ladder.predict.sources import JsonlSource
+    from ladder.sources import JsonlSource
     from ladder.reports.live import LivePage
 
     prereg = d / "prereg.json"

@@ -17,9 +17,10 @@ growth of max RSS during the watch, is its own):
   and its ``ladder watch`` end to end on the same file, beside ours.
 
 The gate (issue 24): the first read of 1M lines <= 5 s on 2 cores, and ``ladder watch`` end to
-end at most 0.6x the ``json.loads`` loop. All paths must give the same verdict, points, evals
-and alerts. CPU seconds are the process's own beside wall seconds; the machine is shared, so the
-load average is printed with the figures.
+end at most 0.6x the ``json.loads`` loop. Issue 38 withdrew the 0.6x and states the first read's
+own gate: at most 1.2x the ``json.loads`` loop, whatever parser the reader uses. All paths must
+give the same verdict, points, evals and alerts. CPU seconds are the process's own beside wall
+seconds; the machine is shared, so the load average is printed with the figures.
 
     nice python bench/watch_follow_speed.py [--lines 1000000] [--keep FILE] [--tree DIR]
 """
@@ -50,7 +51,7 @@ GROUPS = ("embed", "attn_q", "attn_kv", "attn_o", "router", "router_bias", "expe
 def target_and_prereg(lines: int):
     """The synthetic truth, a target of ``lines`` steps and its pre-registration."""
     from ladder.predict import forecast as fc
-    from ladder.predict import synthetic as sy
+    from tests import synthetic as sy
     from ladder.predict.prereg import make_prereg
     truth = sy.Truth()
     base = sy.ladder_targets(8, ratio=2.5, steps0=80)[7]
@@ -138,7 +139,7 @@ import json, resource, sys, time
 tree, prereg, path = sys.argv[1:4]
 sys.path.insert(0, tree)
 from ladder.predict.live import Watcher
-from ladder.predict.sources import JsonlSource
+from ladder.sources import JsonlSource
 doc = json.load(open(prereg))
 src = JsonlSource(path)
 for attr, value in (("cache", False), ("parallel_min_bytes", 1 << 62)):  # older trees
@@ -253,8 +254,11 @@ def main(argv=None) -> int:
     restart_ok = rc2 == rc1 and n2 == n1 and offset == size
     # on a machine shared with other work, wall time is mostly waiting: the process's CPU
     # seconds are the measure that does not depend on the neighbours (both are printed)
+    ratio = first[2] / base["cpu"]
     print(f"\ngate (CPU seconds; wall in the table): first read {first[2]:.2f} s (<= 5 s: "
-          f"{first[2] <= 5}); end to end {e2e[2] / base['cpu']:.2f}x the json.loads loop "
+          f"{first[2] <= 5}), {ratio:.2f}x the json.loads loop (<= 1.2x, issue 38: "
+          f"{ratio <= 1.2}; wall {first[1] / base['wall']:.2f}x); end to end "
+          f"{e2e[2] / base['cpu']:.2f}x the json.loads loop "
           f"(<= 0.6: {e2e[2] / base['cpu'] <= 0.6}); same verdict in every tree: {same}; "
           f"restart repeats nothing and reads nothing: {restart_ok}")
     shutil.rmtree(work, ignore_errors=True)

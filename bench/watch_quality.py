@@ -1,6 +1,6 @@
 """Calibration and detection quality of the pre-registration + watcher, and its speed.
 
-On a synthetic ladder whose truth is known (ladder.predict.synthetic: the trajectory form, run-level
+On a synthetic ladder whose truth is known (tests/synthetic.py: the trajectory form, run-level
 offsets, eval noise), and optionally on real ladder runs (``--runs DIR``):
 
 1. coverage of the 90% band in leave-one-rung-out backtests (fit.fit_law "trajectory" refitted
@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ladder.predict import band
 from ladder.predict import forecast as fc
-from ladder.predict import synthetic as sy
+from tests import synthetic as sy
 from ladder.predict.prereg import make_prereg
 from ladder.predict.watch import PreregView, WatchConfig, check
 
@@ -281,7 +281,7 @@ def main(argv=None):
             json.loads(line)
     t_parse = time.perf_counter() - t0
     from ladder.predict.live import Watcher
-    from ladder.predict.sources import JsonlSource
+    from ladder.sources import JsonlSource
     print(f"   file {size / 1e6:.0f} MB; json.loads of every line alone: {t_parse:.2f} s "
           f"(this machine, now: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f})")
     out["speed"] = {"lines": args.lines, "bare_parse_s": t_parse}

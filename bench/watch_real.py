@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 
 from ladder.io import as_float, read_json, read_metrics  # noqa: E402
 from ladder.predict import forecast as fc  # noqa: E402
-from ladder.predict.commands import load_law_file  # noqa: E402
+from ladder.cli.predict import load_law_file  # noqa: E402
 from ladder.predict.prereg import make_prereg  # noqa: E402
 from ladder.predict.watch import PreregView, WatchConfig, check  # noqa: E402
 from ladder.predict.watch.rules.health import rolling_median  # noqa: E402

@@ -32,12 +32,12 @@ from pathlib import Path
 
 def record(out_path: str) -> None:
     """This process's tree: every scenario's alerts and the derived tables, as JSON."""
-    from ladder.predict import synthetic as sy
+    from tests import synthetic as sy
     from ladder.predict import watch as W
     try:  # beside ladder.predict.prereg's build since issue 25, among the commands before
         from ladder.predict.prereg import make_prereg
     except ImportError:
-        from ladder.predict.commands import make_prereg
+        from ladder.cli.predict import make_prereg
     from ladder.predict.watch import WatchConfig, check
 
     truth = sy.Truth()

@@ -653,6 +653,19 @@ def schema_version(obj: dict) -> int | None:
     return int(v) if v.isdigit() and len(v) < 6 else None
 
 
+def known_schema(obj: dict, known: tuple[str, ...], *, path=None, field: str = "schema") -> str:
+    """``obj["schema"]`` when this tool reads it (one of ``known``); an unknown version, a
+    newer one above all, is refused by name (never read as the current one, issue 39)."""
+    kind = obj.get("schema") if isinstance(obj, dict) else None
+    if kind not in known:
+        newer = schema_version(obj) if isinstance(obj, dict) else None
+        newest = max((schema_version({"schema": k}) or 0) for k in known)
+        why = "written by a newer ladder? " if newer is not None and newer > newest else ""
+        raise InputError(f"unknown schema {_short(kind)} ({why}this tool reads "
+                         f"{', '.join(known)})", path=path, field=field)
+    return kind
+
+
 def _short(value: Any, n: int = 60) -> str:
     r = repr(value)
     return r if len(r) <= n else r[:n] + "..."
@@ -765,6 +778,27 @@ def as_float(value: Any) -> float | None:
     return None
 
 
+# One metrics line is one step's scalars (a few KB; a row of every expert's load of the hero,
+# 48 layers x 384 experts, ~0.4 MB): 16 MiB bounds what one line holds in memory. A longer line
+# is skipped as corrupt, read past in 1 MiB pieces (a small .jsonl.gz expanding to one 3 GiB
+# line was read whole: issue 39).
+MAX_LINE_BYTES = 16 << 20
+
+
+def skip_line(f) -> int | None:
+    """Read past the rest of the current line of the binary file ``f`` in 1 MiB pieces: the
+    bytes consumed through its newline, or None when the file ends first (a line still being
+    written)."""
+    n = 0
+    while True:
+        piece = f.readline(1 << 20)
+        n += len(piece)
+        if not piece:
+            return None
+        if piece.endswith(b"\n"):
+            return n
+
+
 def iter_jsonl(path: str | os.PathLike, *, start: int = 0,
                bad: list | None = None) -> Iterator[tuple[int, dict]]:
     """Yield ``(end_offset, row)`` for each complete JSON object line from byte ``start`` on.
@@ -781,8 +815,16 @@ def iter_jsonl(path: str | os.PathLike, *, start: int = 0,
         offset = start
         line_no = 0
         try:
-            for raw in f:
+            while raw := f.readline(MAX_LINE_BYTES + 1):
                 line_no += 1
+                if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                    rest = skip_line(f)
+                    if rest is None:
+                        break
+                    offset += len(raw) + rest
+                    if bad is not None:
+                        bad.append(line_no)
+                    continue
                 if not raw.endswith(b"\n"):
                     break
                 offset += len(raw)

@@ -61,7 +61,7 @@ def write_law_runs(root: Path, truth: tuple[float, float, float] = KNOWN_LAW, *,
 def watch_world():
     """(truth, target, law, noise) of the watcher tests: the 4th rung of a synthetic ladder (1200
     steps, an eval every 1%), its true law with 0.5% run-to-run scatter, eval noise 0.3%."""
-    from ladder.predict import synthetic as sy
+    from tests import synthetic as sy
 
     truth = sy.Truth()
     return (truth, sy.ladder_targets(4, steps0=150)[-1], sy.TruthLaw(truth, run_sigma=0.005),
@@ -70,7 +70,7 @@ def watch_world():
 
 def watch_rows(fault: str = "none", at: float = 0.5, seed: int = 0) -> list[dict]:
     """The metrics rows of the watched target's run, with ``fault`` (of size 0.03) from ``at``."""
-    from ladder.predict import synthetic as sy
+    from tests import synthetic as sy
 
     truth, target, _, noise = watch_world()
     return sy.make_run(truth, target, noise=noise, fault=sy.Fault(fault, at, 0.03), seed=seed,

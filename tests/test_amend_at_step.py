@@ -3,7 +3,7 @@ unchanged; from S on it is anchored on the run and moved by the change's evidenc
 follows it from S on and says so; a declared change of data tag no longer stops the watch, an
 undeclared one still does; old pre-registrations keep reading; bad --at-step values are refused.
 
-The run is synthetic with a known truth (ladder.predict.synthetic): the target of the watcher tests,
+The run is synthetic with a known truth (tests/synthetic.py): the target of the watcher tests,
 which switches at S = 30% of its steps to a recipe worth ``M`` times the compute, i.e. from S on
 each unit of compute counts M times (its loss is the truth at the effective compute)."""
 
@@ -18,10 +18,10 @@ from helpers import run_cli, watch_world
 
 from ladder.io import InputError, read_json
 from ladder.predict import prereg as pr
-from ladder.predict.commands import at_step_prereg, watch_verdict
+from ladder.cli.predict import at_step_prereg, watch_verdict
 from ladder.predict.live import Watcher
 from ladder.predict.prereg import make_prereg
-from ladder.predict.sources import open_source
+from ladder.sources import open_source
 
 M_TRUE = 2.0
 METRIC = "eval_dropless/loss"

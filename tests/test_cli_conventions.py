@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ladder.cli.main import _Formatter, build_parser, main
-from ladder.predict import synthetic as sy
+from tests import synthetic as sy
 
 ROOT = Path(__file__).resolve().parents[1]
 

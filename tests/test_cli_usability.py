@@ -47,14 +47,14 @@ def test_global_options_anywhere_on_the_line():
 
 
 def test_one_rung_syntax_everywhere():
-    from ladder.cli.commands import _resolve
+    from ladder.cli.commands import resolve_target
     from ladder.io import InputError
-    from ladder.predict.commands import target_rung
+    from ladder.cli.predict import target_rung
     r = TINY.rungs[1]
     for spec in (f"tiny:{r.name}", f"tiny/{r.name}", r.name):
         lad, rungs = resolve(spec)
         assert lad.name == "tiny" and rungs == [r], spec
-        assert _resolve(spec)[1] == [r]           # list, plan, run
+        assert resolve_target(spec)[1] == [r]           # list, plan, run
         assert target_rung(spec) == r             # preregister --target
     assert resolve("tiny")[1] == list(TINY.all)
     with pytest.raises(InputError, match="expected one rung"):
@@ -66,7 +66,7 @@ def test_one_rung_syntax_everywhere():
         resolve(r.name, two)
     assert resolve(f"copy:{r.name}", two)[0].name == "copy"
     with pytest.raises(InputError, match="LADDER/RUNG") as e:
-        _resolve("no-such-rung")
+        resolve_target("no-such-rung")
     assert e.value.exit_code == 64
 
 
@@ -99,7 +99,7 @@ def test_the_core_install_leaves_statsmodels_out():
 
 
 def test_report_of_a_csv_fitted_law_draws_its_points(tmp_path, capsys):
-    from ladder.predict import synthetic as sy
+    from tests import synthetic as sy
     from ladder.reports import plots
     from ladder.reports.inputs import load_inputs
     pts = sy.points_table([sy.make_run(sy.Truth(), t, seed=i)

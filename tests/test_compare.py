@@ -260,3 +260,19 @@ def test_property_generated_pairs_answer_or_refuse_in_one_line(tmp_path_factory,
 @given(ladder_pair())
 def test_property_many_generated_pairs(tmp_path_factory, ab):
     _answer_or_refuse(tmp_path_factory, ab)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(min_value=1e-12, max_value=1e12))
+def test_a_multiplier_of_any_size_prints_readably(v):
+    """Issue 38: 3.3e-4 printed as 0.000x; the printed multiplier reads back within 0.5%."""
+    from ladder.fit.compare import _x
+    text = _x(v)
+    assert text.endswith("x") and float(text[:-1]) == pytest.approx(v, rel=5e-3, abs=5e-4)
+    assert float(text[:-1]) != 0
+
+
+def test_small_and_large_multipliers_print_in_scientific_notation():
+    from ladder.fit.compare import _x
+    assert (_x(3.3e-4), _x(1.0123), _x(2.5e4), _x(float("nan"))) == \
+        ("3.30e-04x", "1.012x", "2.50e+04x", "n/a")

@@ -42,7 +42,7 @@ def test_a_defensible_plausible_variant_is_the_centre_over_an_implausible_free_f
     said "NOT IDENTIFIED: ... implausible"; the centre is now the best plausible defensible
     variant, the free one stays in the pooled band, and the report and law.json say so."""
     df = _short_ladder(0, E=0.6, noise=0.005)
-    res = fit_law(df, form="compute", bootstrap=60)
+    res = fit_law(df, form="compute", bootstrap=60, asymptote_rule=True)
     rule = res.diagnostics["asymptote_rule"]
     assert rule["applied"]
     assert rule["lowest_rollout"] == "free"          # the case main got wrong
@@ -109,7 +109,7 @@ def test_with_no_plausible_defensible_variant_the_centre_stays_and_says_why():
     (the prior and fixed ones miss their held-out rungs by 1.7-2.4% against 0.05%): it stays
     the centre, and the record says it is implausible and that nothing defensible was not."""
     df = _short_ladder(1, E=0.6, noise=0.005)
-    res = fit_law(df, form="compute", bootstrap=0)
+    res = fit_law(df, form="compute", bootstrap=0, asymptote_rule=True)
     rule = res.diagnostics["asymptote_rule"]
     assert rule["defensible"] == ["free"] and rule["chosen"] == "free"
     assert not rule["centre_plausible"]
@@ -124,7 +124,7 @@ def test_the_centre_is_implausible_only_when_no_defensible_variant_is_plausible(
     df = _short_ladder(seed, E=E, noise=noise)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        res = fit_law(df, form="compute", bootstrap=0)
+        res = fit_law(df, form="compute", bootstrap=0, asymptote_rule=True)
     rule = res.diagnostics.get("asymptote_rule") or {}
     if not rule.get("applied") or "defensible" not in rule:
         return

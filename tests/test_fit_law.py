@@ -347,12 +347,14 @@ def _short_ladder(seed, n=4, noise=0.003):
 def test_short_ladder_with_an_unidentified_asymptote_uses_the_asymptote_rule():
     """4 rungs over 2 decades, 0.3% noise: the free fit cannot place E (its interval reaches
     the lower bound). The default fits the prior and fixed-E variants too, records the choice,
-    and its band (pooling the defensible variants) covers the truth 100x beyond the data."""
+    and its band (pooling the defensible variants) covers the truth 100x beyond the data.
+    (A named form is its own estimator unless asked: fit_law(asymptote_rule=True), issue 35;
+    with --form auto it is on by default.)"""
     df = _short_ladder(seed=3)
-    free = fit_law(df, form="compute", bootstrap=100, asymptote_rule=False)
+    free = fit_law(df, form="compute", bootstrap=100)
     assert "E" in free.diagnostics["identifiability"]["unidentified"]
     assert "asymptote_rule" not in free.diagnostics
-    res = fit_law(df, form="compute", bootstrap=100)
+    res = fit_law(df, form="compute", bootstrap=100, asymptote_rule=True)
     rule = res.diagnostics["asymptote_rule"]
     assert rule["applied"] and rule["sizes"] == 4
     assert sorted(k.split()[0] for k in rule["rollout_error"]) == ["fixed", "free", "prior"]
@@ -366,10 +368,12 @@ def test_short_ladder_with_an_unidentified_asymptote_uses_the_asymptote_rule():
 
 
 def test_the_asymptote_rule_leaves_long_or_identified_ladders_alone():
-    res = fit_law(_short_ladder(seed=3, n=8, noise=0.0005), form="compute", bootstrap=50)
+    res = fit_law(_short_ladder(seed=3, n=8, noise=0.0005), form="compute", bootstrap=50,
+                  asymptote_rule=True)
     rule = res.diagnostics["asymptote_rule"]
     assert not rule["applied"] and rule["sizes"] == 8
-    res = fit_law(_short_ladder(seed=3), form="compute", fix={"E": 1.8}, bootstrap=0)
+    res = fit_law(_short_ladder(seed=3), form="compute", fix={"E": 1.8}, bootstrap=0,
+                  asymptote_rule=True)
     assert "asymptote_rule" not in res.diagnostics
 
 

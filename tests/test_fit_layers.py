@@ -61,7 +61,7 @@ def test_the_layers_the_law_module_documents():
 
 
 def test_fit_imports_nothing_above_it_and_no_jax():
-    # ladder/fit/commands.py is the `ladder fit`/`ladder predict` handler: the CLI layer, above
+    # ladder/cli/fit.py is the `ladder fit`/`ladder predict` handler: the CLI layer, above
     # predict (it reads W&B offline runs with predict.sources); the library is everything else
     for p in FIT.glob("*.py"):
         if p.name == "commands.py":

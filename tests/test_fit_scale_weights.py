@@ -44,7 +44,10 @@ def _ladder():
 def _fit(df, **kw):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return fit_law(df, form="chinchilla", tie={"alpha": "beta"}, bootstrap=0, **kw)
+        # a named form is its own estimator unless asked (issue 35); these tests are of the rule,
+        # and X below is measured by the ladder's own band (no cross-ladder band prior)
+        return fit_law(df, form="chinchilla", tie={"alpha": "beta"}, bootstrap=0,
+                       **{"scale_weighting": True, "band_prior": False, **kw})
 
 
 def test_small_over_trained_runs_with_another_slope_do_not_move_the_forecast():
@@ -79,7 +82,7 @@ def test_a_short_one_run_per_size_ladder_has_no_bandwidth_and_is_unchanged():
     C = np.array([2.650e19, 1.726e20, 1.381e21, 7.742e21])
     df = pd.DataFrame({"run": ["r1", "r2", "r3", "r4"], "compute": C,
                        "loss": [3.0154, 2.7809, 2.5638, 2.4087]})
-    res = fit_law(df, form="compute", bootstrap=0, asymptote_rule=False)
+    res = fit_law(df, form="compute", bootstrap=0, asymptote_rule=False, scale_weighting=True)
     rule = res.diagnostics["scale_weighting"]
     assert not rule["applied"] and rule["bandwidth"] is None
     assert all("not a candidate" in v for v in rule["candidates"].values())
@@ -109,8 +112,9 @@ def test_one_se_choice_takes_the_simplest_within_one_standard_error():
     assert one_se_choice({"x": {"a": 0.1}}, ["x"])[0] is None  # one run: no se
 
 
-def test_cli_equal_weights_turns_the_rule_off(tmp_path):
-    """`ladder fit --equal-weights` is main's fit; without it law.json records the rule."""
+def test_cli_fits_the_plain_estimator_and_equal_weights_is_the_same(tmp_path):
+    """`ladder fit --form NAME` gives the form's own estimator (issue 35: the scale weights
+    are the forecast's, on for --form auto only); --equal-weights gives the same law."""
     import contextlib
     import io
 
@@ -127,6 +131,7 @@ def test_cli_equal_weights_turns_the_rule_off(tmp_path):
             warnings.simplefilter("ignore")
             assert main(args) == 0
         laws[bool(flag)] = json.loads(out.read_text())
-    assert laws[False]["diagnostics"]["scale_weighting"]["bandwidth"] is not None
-    assert "scale_weighting" not in laws[True]["diagnostics"]
-    assert "scale_weights" not in laws[True]["diagnostics"]
+    for law in laws.values():
+        assert "scale_weighting" not in law["diagnostics"]
+        assert "scale_weights" not in law["diagnostics"]
+    assert laws[False]["fit"] == laws[True]["fit"]

@@ -75,5 +75,5 @@ def test_a_fit_through_its_points_identifies_nothing():
     flags = free.diagnostics["identifiability"]
     assert "E" in flags["unidentified"]
     assert any("no residual degrees of freedom" in w for w in flags["flags"]["E"])
-    ruled = fit_law(df, form="compute", bootstrap=20)
+    ruled = fit_law(df, form="compute", bootstrap=20, asymptote_rule=True)
     assert ruled.diagnostics["asymptote_rule"]["applied"]

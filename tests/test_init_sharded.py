@@ -51,7 +51,7 @@ def compare_with_model_init() -> dict:
     from ladder.trainer.step import make_mesh, make_optimizer, state_shardings
 
     n = len(jax.devices())
-    base = LADDERS["tiny"].rungs[0].model
+    base = LADDERS["tiny"].rungs[0].model.replace(init="gpt2")
     adamw = make_optimizer(OptimizerSpec().settings(1.0, 1, 1))
     out = {}
     for name, cfg in (("gpt2", base), ("recipe", base.replace(init="recipe", n_layers=5,

@@ -25,7 +25,7 @@ from ladder.io import (
     staged_dir,
 )
 from ladder.predict import prereg as pr
-from ladder.predict import synthetic as sy
+from tests import synthetic as sy
 from ladder.predict.prereg import make_prereg
 
 TARGET = sy.ladder_targets(4, steps0=150)[-1]
@@ -209,7 +209,7 @@ def test_report_and_watch_refuse_a_tampered_preregistration(tmp_path, prereg_pat
 
 
 def test_summary_escapes_names_from_files(tmp_path):
-    from ladder.reports.commands import build_report
+    from ladder.reports.build import build_report
     p = tmp_path / "p.json"
     p.write_text(json.dumps(pr.seal({
         "schema": "prereg/1", "target": {"name": "<script>alert(1)</script>"},

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from ladder.cli.main import main
 from ladder.io import InputError
-from ladder.keymap import load_keymap, parse_keymap
+from ladder.sources.keymap import load_keymap, parse_keymap
 from ladder.predict import prereg as pr
-from ladder.predict import synthetic as sy
+from tests import synthetic as sy
 from ladder.predict.prereg import make_prereg
 
 TRUTH = sy.Truth()
@@ -194,8 +194,10 @@ def test_a_levanter_keyed_offline_wandb_run_fitted_and_watched(tmp_path, monkeyp
     _, want = law(str(tmp_path / "ours.csv"), "--out", "")
     for k in ("E", "A", "alpha"):
         assert got["params"][k] == pytest.approx(want["params"][k], rel=1e-6)
+    capsys.readouterr()
     assert main(["fit", *links, "--metric", "eval/loss", "--form", "compute",
                  "--out", ""]) == 65  # without the map: no sizes, no FLOPs
+    assert "--keys levanter" in capsys.readouterr().err  # the hint names the map, not --sizes
 
     hero = targets[-1]
     spec = tmp_path / "target.json"
@@ -218,3 +220,22 @@ def test_a_levanter_keyed_offline_wandb_run_fitted_and_watched(tmp_path, monkeyp
     want = verdict("--source", str(ours))
     got = verdict("--source", links[-1], "--keys", "levanter")
     assert got == want and got[1] == 100
+
+
+def test_a_foreign_run_without_keys_is_told_which_map_reads_it():
+    """Issue 38: a levanter-keyed W&B run fitted without --keys was told to give --sizes; its
+    keys say which built-in map reads it. A run with no map's keys still gets --sizes."""
+    from ladder.fit.points import WandbHistory, points_from_histories
+    from ladder.io import InputError
+    t = sy.ladder_targets(3, steps0=60)[0]
+    rows = [levanter_row(r, t) for r in sy.make_run(TRUTH, t, seed=0).rows]
+    lev = WandbHistory(where="wandb://e/p/a", run_id="a", name="a", config={}, rows=rows,
+                       summary={"parameter_count": t.params})
+    with pytest.raises(InputError) as e:
+        points_from_histories([lev], "eval/loss")
+    assert e.value.field == "--keys" and "--keys levanter (or marin)" in str(e.value)
+    assert "parameter_count" in str(e.value) and "--sizes" not in str(e.value)
+    plain = WandbHistory(where="wandb://e/p/b", run_id="b", name="b", config={},
+                         rows=[{"_step": 1, "loss": 3.0}])
+    with pytest.raises(InputError, match="--sizes"):
+        points_from_histories([plain], "loss")

@@ -72,9 +72,15 @@ def test_shipped_files_rebuild_every_rung_as_before(python_ladders):
             assert b.params.active == a.params.active and b.steps == a.steps
     assert {r.optimizer.kind for r in LADDERS["marin-535b"].all} == {"marin"}
     assert {r.model.bias_rule for r in LADDERS["marin-535b"].all} == {"quantile"}
-    # the tiny ladder's numbers do not move at all
-    assert [r.to_dict() for r in LADDERS["tiny"].all] == \
-        [r.to_dict() for r in python_ladders["tiny"].all]
+    # the tiny ladder's numbers do not move, but for its init: the recipe's since issue 37 item 6
+    # (with std 0.02 its routing collapsed for 10-30 steps)
+    def without_init(r):
+        d = r.to_dict()
+        assert d["model"].pop("init") in ("gpt2", "recipe")
+        return d
+    assert {r.model.init for r in LADDERS["tiny"].all} == {"recipe"}
+    assert [without_init(r) for r in LADDERS["tiny"].all] == \
+        [without_init(r) for r in python_ladders["tiny"].all]
 
 
 def test_published_step_counts():

@@ -31,8 +31,9 @@ def test_tiny_forward_and_backward(tiny):
     grad_fn = jax.jit(jax.value_and_grad(partial(model.loss_fn, TINY), argnums=(0, 1),
                                          has_aux=True))
     (loss, stats), (g_params, g_bias) = grad_fn(params, bias + 0.1, tokens, jnp.roll(tokens, -1, 1))
-    # at init the logits are near zero: the loss is near log(vocab) (uniform prediction)
-    assert float(stats["ce"]) == pytest.approx(math.log(TINY.vocab_size), abs=0.05)
+    # at init the logits are small (the recipe's init: std ~0.5, which adds ~var/2 = 0.13 nats):
+    # the loss is near log(vocab), uniform prediction
+    assert 0 <= float(stats["ce"]) - math.log(TINY.vocab_size) < 0.25
     assert float(loss) == pytest.approx(float(stats["ce"] + stats["z_loss"]), rel=1e-6)
     assert float(stats["z_loss"]) > 0
     L, E = TINY.n_layers, TINY.n_experts
@@ -92,7 +93,7 @@ def test_init_is_deterministic_and_seeded(tiny):
     flat, flat_again = jax.tree.leaves(params), jax.tree.leaves(again)
     assert all(np.array_equal(a, b) for a, b in zip(flat, flat_again, strict=True))
     assert not np.array_equal(params["embedding"], other["embedding"])
-    assert float(jnp.std(params["embedding"])) == pytest.approx(TINY.init_std, rel=0.1)
+    assert float(jnp.std(params["embedding"])) == pytest.approx(TINY.weight_std, rel=0.1)
     np.testing.assert_array_equal(params["final_norm"]["scale"], np.ones(TINY.d_model))
 
 

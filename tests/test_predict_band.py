@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ladder.fit import fit_law
-from ladder.predict import synthetic as sy
+from tests import synthetic as sy
 from ladder.predict.band import amended_band, extrapolation_error, law_band, z_of
 from ladder.predict.forecast import Target, forecast
 
@@ -87,15 +87,16 @@ def test_an_amendments_band_combines_its_parts_in_quadrature_in_log_units():
                      evidence_lo=np.array([1.9]), evidence_hi=np.array([2.1]),
                      multiplier_level=None)
     assert b.law_up[0] == pytest.approx(0.04) and b.law_down[0] == pytest.approx(0.04)
-    assert b.change_up[0] == pytest.approx(math.log(2.1 / 2.0))
+    # the change's wider side, log(2/1.9) > log(2.1/2), on both sides (issue 40)
+    assert b.change_up[0] == pytest.approx(math.log(2.0 / 1.9))
     assert b.change_down[0] == pytest.approx(math.log(2.0 / 1.9))
     lo, hi = b.bounds(np.array([2.0]))
-    assert hi[0] == pytest.approx(2.0 * math.exp(math.sqrt(0.04 ** 2 + math.log(1.05) ** 2)))
+    assert hi[0] == pytest.approx(2.0 * math.exp(math.sqrt(0.04 ** 2 + math.log(2 / 1.9) ** 2)))
     assert lo[0] == pytest.approx(2.0 * math.exp(-math.sqrt(0.04 ** 2 + math.log(2 / 1.9) ** 2)))
     # a multiplier interval at 80% is widened to the band's 90% by the quantile ratio
     b80 = amended_band(np.array([0.05]), np.array([0.05]), 0.03, 0.03, level=0.9,
                        eval_noise=0.0, anchor_values=np.array([2.0]), evidence=np.array([2.0]),
                        evidence_lo=np.array([1.9]), evidence_hi=np.array([2.1]),
                        multiplier_level=0.8)
-    assert b80.change_up[0] == pytest.approx(math.log(1.05) * 1.6448536269514722
+    assert b80.change_up[0] == pytest.approx(math.log(2 / 1.9) * 1.6448536269514722
                                              / 1.2815515655446004)

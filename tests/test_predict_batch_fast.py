@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ladder.predict.sources import JsonlSource
+from ladder.sources import JsonlSource
 from ladder.predict.watch import Batch
 
 
@@ -111,7 +111,7 @@ def test_a_key_holding_lists_of_one_length_is_not_a_column_of_numbers():
     """Rows whose watched key holds lists of one length made np.array a 2-D column, and
     concatenating two polls' batches crashed (hypothesis found it, on the speed24 branch):
     such values are non-numeric, with a note, like any other value that is not a number."""
-    from ladder.predict.watch.batch import concat_batches
+    from ladder.sources.batch import concat_batches
     rows = [{"step": s, "a": [1.0, 2.0], "b": s / 2} for s in range(1, 6)]
     first = Batch.from_rows(rows[:4], keys=["a", "b"])
     second = Batch.from_rows(rows[4:], keys=["a", "b"])

@@ -11,7 +11,7 @@ from ladder.io import atomic_write_json, read_json
 from ladder.predict import band
 from ladder.predict import forecast as fc
 from ladder.predict import prereg as pr
-from ladder.predict import synthetic as sy
+from tests import synthetic as sy
 
 TRUTH = sy.Truth()
 NOISE = sy.RunNoise(run_sigma=0.005, eval_sigma=0.004)
@@ -117,7 +117,7 @@ def test_cli_preregister_verify_watch_with_a_fitted_law(fitted_law, tmp_path, ca
     assert code == 0
     # the unamended forecast, on its own, no longer applies (data tag): exit 3, not a false alarm
     from ladder.predict.live import Watcher
-    from ladder.predict.sources import JsonlSource
+    from ladder.sources import JsonlSource
     w = Watcher(pr.load(out), JsonlSource(m / "metrics.jsonl"), [], None)
     w.poll()
     assert w.exit_code == 3

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ladder.predict import forecast as fc
-from ladder.predict import synthetic as sy
+from tests import synthetic as sy
 from ladder.predict.prereg import make_prereg
 from ladder.predict.watch import WatchConfig, check
 

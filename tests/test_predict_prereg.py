@@ -10,7 +10,7 @@ import pytest
 from ladder.cli.main import main
 from ladder.io import InputError, canonical_json, read_json
 from ladder.predict import prereg as pr
-from ladder.predict import synthetic as sy
+from tests import synthetic as sy
 from ladder.predict.band import combine_band, estimate_eval_noise
 from ladder.predict.forecast import Target, forecast, grid_fractions
 from ladder.predict.prereg import make_prereg
@@ -186,10 +186,10 @@ def test_cli_reason_without_amend_is_a_usage_error(tmp_path):
 def test_predict_never_imports_jax():
     import subprocess
     import sys
-    code = ("import sys; import ladder.predict.commands, ladder.predict.live, "
+    code = ("import sys; import ladder.cli.predict, ladder.predict.live, "
             "ladder.predict.sinks, "
-            "ladder.predict.sources, ladder.predict.forecast, ladder.predict.prereg, "
-            "ladder.predict.watch, ladder.predict.synthetic; "
+            "ladder.sources, ladder.predict.forecast, ladder.predict.prereg, "
+            "ladder.predict.watch; "
             "from ladder.cli.main import main; "
             "print('jax' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

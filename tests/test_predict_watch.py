@@ -1,4 +1,4 @@
-"""The pure watcher core against runs drawn from a known truth (ladder.predict.synthetic)."""
+"""The pure watcher core against runs drawn from a known truth (tests/synthetic.py)."""
 
 import json
 import math
@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from ladder.predict import synthetic as sy
+from tests import synthetic as sy
 from ladder.predict.prereg import make_prereg
 from ladder.predict.watch import Batch, WatchConfig, check, exit_code_for
 
@@ -226,7 +226,22 @@ def test_bad_values_are_notes_not_tracebacks(doc):
     assert "train/loss" not in b.nonfinite  # a non-numeric value is not a NaN
     res = check(doc, rows, None, now=0)
     assert ("nan", "critical") in kinds(res.alerts)
-    assert ("missing_metric", "info") in kinds(res.alerts)
+    # steps 1-2 come before the target's first eval (step 12): no metric is due yet
+    assert ("missing_metric", "info") not in kinds(res.alerts)
+
+
+def test_the_missing_metric_note_waits_for_the_first_eval_due(doc):
+    """Issue 38: 'wrong --metric?' appeared before the first eval was due. Rows before the
+    target's first registered eval step say nothing; a row at or after it without the metric
+    does, once."""
+    first = min(TARGET.eval_steps)
+    early = [{"step": s, "train/loss": 3.0} for s in range(1, first)]
+    res = check(doc, early, None, now=0)
+    assert ("missing_metric", "info") not in kinds(res.alerts)
+    res = check(doc, [{"step": first, "train/loss": 3.0}], res.state, now=1)
+    assert kinds(res.alerts).count(("missing_metric", "info")) == 1
+    res = check(doc, [{"step": first + 1, "train/loss": 3.0}], res.state, now=2)
+    assert ("missing_metric", "info") not in kinds(res.alerts)
 
 
 def test_exit_codes():

@@ -59,7 +59,9 @@ def test_switches_off_except_for_the_recipe():
                           n_kv_heads_local=1, n_kv_heads_global=1)
     for rung in LADDERS["tiny"].all:
         m = rung.model
-        for field in ("init", "global_rope", "qk_norm", "qk_mult", "embed_norm",
+        # but the recipe's init (issue 37 item 6: std 0.02 collapsed its routing)
+        assert m.init == "recipe", rung.name
+        for field in ("global_rope", "qk_norm", "qk_mult", "embed_norm",
                       "gated_norm_rank", "conv_kernel", "xsa", "head_gate", "rope_fraction",
                       "capacity_factor"):
             assert getattr(m, field) == getattr(default, field), (rung.name, field)

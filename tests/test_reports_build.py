@@ -18,7 +18,7 @@ from conftest import chromium_dom
 
 from ladder.cli.main import main as cli_main
 from ladder.predict.prereg import seal
-from ladder.reports.commands import build_report
+from ladder.reports.build import build_report
 from ladder.reports.figdata import backtests, ladder_residuals
 from ladder.reports.inputs import load_inputs, not_applicable_spans
 from ladder.reports.page import render_html, render_summary
@@ -264,7 +264,7 @@ def test_cli_report_and_bad_input(tmp_path, ladder_dir, capsys):
 
 
 def test_reports_never_imports_jax():
-    code = ("import sys, ladder.reports.commands, ladder.reports.plots; "
+    code = ("import sys, ladder.reports.build, ladder.reports.plots; "
             "assert 'jax' not in sys.modules, 'jax imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
 
@@ -395,3 +395,87 @@ def test_the_metric_panels_are_computed_once_per_report(tmp_path, monkeypatch):
     assert (tmp_path / "rep" / "metrics.png").exists()
     assert "a/loss" in (tmp_path / "rep" / "summary.md").read_text()
     assert len(computed) == 1
+
+
+# ------------------------------------------------ issue 38: the report's figures and tables
+
+
+def test_the_law_title_says_what_the_axis_plots():
+    """law.png plots loss - E when the law has an asymptote: its title's forecast (a loss)
+    also says where the diamond sits on that axis."""
+    from types import SimpleNamespace
+
+    from ladder.reports.plots import _law_title
+    d = SimpleNamespace(forecast_final={"loss": 1.894, "lo": 1.86, "hi": 1.93},
+                        target_compute=1e17, finals=[("a", 1e16, 2.0)], target_name="hero",
+                        subtract=1.134, form="compute", table=np.zeros((0, 2)))
+    title = _law_title(d)
+    assert "loss 1.894" in title and "loss - E: 0.76" in title
+    assert "loss - E" not in _law_title(SimpleNamespace(**{**vars(d), "subtract": 0.0}))
+
+
+def test_the_alert_table_has_no_step_none_and_no_answered_waiting_note(tmp_path, ladder_dir):
+    from ladder.reports.tables import alert_counts, alert_rows
+    runs, prereg, _ = _hero_setup(tmp_path, ladder_dir)
+    wait = {"time": 0, "step": None, "fraction": None, "kind": "input", "severity": "info",
+            "message": f"{runs}/x/metrics.jsonl: not there (yet); waiting"}
+    note = {**wait, "message": "3 unreadable lines skipped"}
+    alerts = tmp_path / "a.jsonl"
+    alerts.write_text("".join(json.dumps(a) + "\n" for a in (wait, note)))
+    inp = load_inputs(runs=runs, prereg=prereg, alerts=alerts)
+    rows = alert_rows(inp)
+    assert [r["message"] for r in rows] == [note["message"]]  # the run logged: start-up only
+    assert rows[0]["step"] == "-" and "None" not in json.dumps(rows)
+    assert alert_counts(inp) == {"info": 1}
+    html = render_html(inp, {}, {})
+    assert "not there (yet)" not in html and "Alerts (1)" in html
+
+
+def test_the_decision_rule_is_one_sentence_with_every_rule_folded():
+    from ladder.predict.watch import WatchConfig
+    from ladder.predict.watch.rules import RULES, decision_rule_words
+    from ladder.reports.tables import decision_rule
+    short, items = decision_rule(decision_rule_words(WatchConfig(), 0.9))
+    assert short.startswith("The verdict: ") and short.count(". ") == 0 and len(short) < 400
+    assert "band" in short and len(items) >= len(RULES)
+
+
+def test_the_ladder_figure_draws_the_forecast_from_the_smallest_fitted_fraction(tmp_path,
+                                                                                ladder_dir):
+    from ladder.reports.figdata import forecast_floor, ladder_data
+    runs, prereg, alerts = _hero_setup(tmp_path, ladder_dir)
+    doc = json.loads(prereg.read_text())
+    doc["law"] = {"form": "trajectory", "diagnostics": {"fraction_range": [0.05, 1.0]}}
+    from ladder.predict.prereg import sha256_of
+    doc["law_sha256"] = sha256_of(doc["law"])
+    prereg.write_text(json.dumps(seal({k: v for k, v in doc.items() if k != "sha256"})))
+    inp = load_inputs(runs=runs, prereg=prereg, alerts=alerts)
+    assert forecast_floor(inp) == pytest.approx(0.05)
+    d = ladder_data(inp)
+    first = min(p["tokens"] for p in doc["forecast"] if p["fraction"] >= 0.05)
+    assert d.forecast.x.min() == pytest.approx(first)
+    assert min(p["fraction"] for p in doc["forecast"]) < 0.05  # the grid itself starts earlier
+    # a law of final points (compute: fitted at fraction 1) reads every point as a run's end
+    doc["law"] = {"form": "compute", "diagnostics": {"fraction_range": [1.0, 1.0]}}
+    doc["law_sha256"] = sha256_of(doc["law"])
+    prereg.write_text(json.dumps(seal({k: v for k, v in doc.items() if k != "sha256"})))
+    inp = load_inputs(runs=runs, prereg=prereg, alerts=alerts)
+    assert forecast_floor(inp) < 1e-6 and len(ladder_data(inp).forecast.x) == \
+        sum(p["tokens"] > 0 for p in doc["forecast"])
+
+
+def test_the_law_table_says_fixed_and_not_identified(tmp_path):
+    """The report's parameter table is the law's own (ladder.fit.report.parameter_rows): a
+    fixed E says so (the asymptote rule's centre is often a fixed E)."""
+    import pandas as pd
+
+    from ladder.fit import fit_law
+    from ladder.reports.tables import law_rows
+    C = np.geomspace(1e17, 1e20, 6)
+    df = pd.DataFrame({"run": [f"r{i}" for i in range(6)], "compute": C,
+                       "loss": 1.9 + 300 * C ** -0.14})
+    law = fit_law(df, form="compute", fix={"E": 1.9}, bootstrap=0, backtest=False)
+    path = tmp_path / "law.json"
+    path.write_text(json.dumps(law.to_json()))
+    rows = {r["parameter"]: r for r in law_rows(load_inputs(law=path))}
+    assert rows["E"]["note"] == "fixed" and rows["alpha"]["note"] == ""

@@ -19,10 +19,10 @@ from conftest import chromium_dom
 
 from ladder.cli.main import main
 from ladder.predict import prereg as pr
-from ladder.predict import synthetic as sy
+from tests import synthetic as sy
 from ladder.predict.live import Watcher
 from ladder.predict.prereg import make_prereg
-from ladder.predict.sources import JsonlSource
+from ladder.sources import JsonlSource
 from ladder.reports.live import Downsampled, LivePage
 
 TRUTH = sy.Truth()
@@ -117,7 +117,10 @@ def test_live_page_of_a_watcher_follows_the_watcher_not_the_file(artifacts, tmp_
     assert len(metric["x"]) == 100 and len(evals) < 100  # every eval of both polls, once each
     assert s2["n_alerts"] == len(w.all_alerts) > s1["n_alerts"]
     assert any(a["kind"] == "above_band" for a in s2["alerts"])
-    assert any("ABOVE" in line for line in s2["verdict"]) and s2["tone"] == "bad"
+    # the words and the tone follow the alerts: a warning raised, the border is the warning's
+    worst = "critical" if any(a["severity"] == "critical" for a in s2["alerts"]) else "warn"
+    assert any("above the band" in line for line in s2["verdict"])
+    assert s2["tone"] == {"warn": "warn", "critical": "bad"}[worst]
     assert "state.json" in html and "<script" in html and "http" not in \
         html.split("<script")[1].replace("http://www.w3.org/2000/svg", "")
     assert re.search(r'data-figure="\d{3,} points v2"', dom), dom[:600]
@@ -134,7 +137,7 @@ def test_the_page_of_a_restarted_watcher_reads_the_run_once_for_its_history(arti
     with open(src, "a") as f:
         f.writelines(json.dumps(r) + "\n" for r in rest)
     w = Watcher(prereg, JsonlSource(src), [], state)
-    page = LivePage.for_watcher(w, port=0, history=lambda: JsonlSource(src))
+    page = LivePage.for_watcher(w, port=0, source=str(src))
     try:
         page.feed.history_thread.join(60)
         w.poll()
@@ -246,3 +249,24 @@ def test_watch_serve_and_report_serve_from_the_command_line(artifacts, tmp_path,
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+class _Band:
+    def at(self, frac):
+        return 2.0, 1.9, 2.1
+
+
+@pytest.mark.parametrize("worst,tone", [(None, "ok"), ("warn", "warn"), ("critical", "bad")])
+def test_the_verdict_words_and_tone_follow_the_alerts(worst, tone):
+    """Issue 38: one eval above the band showed 'ABOVE' with a red border beside '0 warning'.
+    The latest eval's side is said in words; the tone is the alerts' own."""
+    from ladder.reports.live import verdict
+    counts = {"warn": 1} if worst == "warn" else {"critical": 1} if worst else {}
+    lines, got = verdict("hero", "loss", _Band(), 0.9, (0.4, 2.3), worst=worst,
+                         not_applicable=None, counts=counts)
+    assert got == tone
+    assert "above the band at this eval" in lines[0] and "ABOVE" not in " ".join(lines)
+    assert ("not an alert" in lines[0]) == (worst is None)
+    lines, got = verdict("hero", "loss", _Band(), 0.9, (0.4, 2.0), worst=None,
+                         not_applicable=None, counts={})
+    assert got == "ok" and "inside" in lines[0]

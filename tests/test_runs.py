@@ -1,4 +1,4 @@
-"""The run-directory reader (ladder/runs.py) and the LR table (ladder/lrtable.py): one discovery
+"""The run-directory reader (sources/runs.py) and the LR table (lrtable.py): one discovery
 and status rule, and fit, predict and reports seeing the same runs through it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from ladder.io import InputError
 from ladder.lrtable import lr_table, run_lr_table
-from ladder.runs import ended_status, find_run_dirs, read_run, read_runs
+from ladder.sources.runs import ended_status, find_run_dirs, read_run, read_runs
 from ladder.specs import Schedule, get_ladder
 
 LAD = get_ladder("tiny")
@@ -109,7 +109,7 @@ def test_fit_predict_and_reports_see_the_same_runs(tmp_path):
 
 
 def test_source_keys_reads_through_ladder_io(tmp_path):
-    from ladder.predict.commands import source_keys
+    from ladder.cli.predict import source_keys
 
     src = tmp_path / "m.jsonl"
     src.write_text('{"step": 1, "a": 1}\n' + "[" * 100_000 + "\n" + '{"b": 2}\n{"c": ')

@@ -1,4 +1,4 @@
-"""The one shape of a watcher source and of a sink (ladder.predict.sources.base.Source,
+"""The one shape of a watcher source and of a sink (ladder.sources.base.Source,
 ladder.predict.sinks.Sink): what the watcher may rely on without probing; and read positions written
 before the sources were split into a package still restoring."""
 
@@ -11,10 +11,10 @@ import os
 from helpers import watch_rows as rows  # the watched target's run; prereg_path: conftest
 from helpers import write_jsonl
 
-from ladder.keymap import load_keymap
+from ladder.sources.keymap import load_keymap
 from ladder.predict.live import Watcher
 from ladder.predict.sinks import Sink
-from ladder.predict.sources import (
+from ladder.sources import (
     CsvSource,
     JsonlSource,
     KeyMappedSource,

@@ -5,6 +5,7 @@ same shards bitwise as an uninterrupted one; worker processes change nothing; ma
 only files inside their folder; version-1 manifests still load."""
 
 import hashlib
+import io
 import json
 import os
 import signal
@@ -385,3 +386,28 @@ def test_the_held_out_stream_is_read_across_shards_without_joining_them(tmp_path
     assert np.array_equal(corpus.eval_batches(1, 2, 8)[0]["tokens"],
                           T.TokenShards(out, (), whole, 300, m["eos_id"], {}, None)
                           .eval_batches(1, 2, 8)[0]["tokens"])
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_a_progress_bar_on_a_terminal_only(tmp_path, tok_path, monkeypatch, terminal):
+    """Issue 38: `ladder tokenize` was silent for its whole run; on a terminal it draws a bar in
+    input bytes that ends at the corpus's size, and in a log (not a terminal) nothing."""
+    _write_jsonl(tmp_path / "a.jsonl", _records(60))
+    _write_jsonl(tmp_path / "b.jsonl", _records(40, seed=1))
+    err = _Terminal() if terminal else io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    out = tmp_path / "out"
+    assert main(["tokenize", str(tmp_path / "*.jsonl"), "--tokenizer", str(tok_path), "--out",
+                 str(out), "--shard-tokens", "500", "--processes", "0"]) == 0
+    text = err.getvalue()
+    if not terminal:
+        assert "tokenize ->" not in text
+        return
+    assert "tokenize -> out" in text
+    last = text.replace("\r", "\n").strip().splitlines()[-1]
+    assert "100%" in last, last  # every input byte counted

@@ -13,7 +13,7 @@ from helpers import start_and_signal
 
 from ladder.cli.main import main
 from ladder.io import read_json, read_metrics
-from ladder.runs import read_run
+from ladder.sources.runs import read_run
 from ladder.specs import LADDERS, Rung
 from ladder.trainer.train import train_rung
 from ladder.trainer.trainconfig import Fault, RunArgs, TrainConfig
@@ -47,9 +47,11 @@ def test_tiny_rung_trains_and_writes_the_run_directory(tiny_run):
     for r in evals:
         assert all(k in r for k in EVAL)
         assert r["eval/bpb"] == pytest.approx(r["eval_dropless/loss"] / math.log(2))
-    # the loss falls: from ln(256) = 5.55 at init to well below the unigram entropy of code
+    # the loss falls: from ~ln(256) = 5.55 at init to well below the unigram entropy of code. The
+    # recipe's init gives logits of std ~0.5 (+0.13 nats on average), and a byte batch's few
+    # frequent targets keep the step's mean off that by tenths (5.94 measured on this rung)
     first, last = rows[0]["train/ce"], np.mean([r["train/ce"] for r in rows[-5:]])
-    assert first == pytest.approx(math.log(256), abs=0.1)
+    assert first == pytest.approx(math.log(256), abs=0.5)
     assert last < first - 1.5
     assert evals[-1]["eval_dropless/loss"] < evals[0]["eval_dropless/loss"]
     # the real recipe's schedule: warmup to the peak, linear decay to 5% of it

@@ -14,9 +14,9 @@ from ladder.cli.main import main
 from ladder.io import read_metrics
 from ladder.predict import forecast as fc
 from ladder.predict import prereg as pr
-from ladder.predict import synthetic as sy
+from tests import synthetic as sy
 from ladder.predict.prereg import make_prereg
-from ladder.predict.sources import WandbOfflineSource, read_wandb_records
+from ladder.sources import WandbOfflineSource, read_wandb_records
 from ladder.predict.watch import config_difference
 from ladder.specs import LADDERS
 from ladder.wandbrun import forecast_run_id, resolve, watch_run_id
@@ -81,6 +81,20 @@ def test_train_run_is_grouped_named_typed_with_x_axes(wandb_run):
     assert {"step", "tokens", "flops"} <= defined
     rows = [r["history"]["item"] for r in recs if r["type"] == "history"]
     assert all("tokens" in r and "flops" in r and "step" in r for r in rows)
+    # what the run is, in its config and its summary: names, parameter counts, tokens, compute
+    want = {"ladder": "tiny", "rung_name": RUNG.name, "params": RUNG.params.total,
+            "active_params": RUNG.params.active, "tokens_planned": RUNG.tokens,
+            "compute": RUNG.compute(lm_head=False)}
+    for kind in ("config", "summary"):
+        got = {}
+        for r in recs:  # the init config rides in the run record, later updates on their own
+            part = r["run"].get("config") if r["type"] == "run" and kind == "config" else \
+                r.get(kind) if r["type"] == kind else None
+            if part:
+                for item in part.get("update") or []:
+                    key = item.get("key") or "/".join(item.get("nested_key") or [])
+                    got[key] = json.loads(item["value_json"])
+        assert {k: got.get(k) for k in want} == pytest.approx(want), kind
 
 
 @pytest.mark.slow
@@ -146,7 +160,7 @@ def test_preregister_wandb_logs_the_forecast_run_and_watch_adds_to_it(wandb_run,
             else:
                 assert f"forecast/{k}" not in r
     assert sum("forecast/lo" in r for r in rows) > len(rows) // 2
-    art = [r for r in recs if r["type"] == "artifact"]
+    art = [r for r in recs if r["type"] == "artifact" and r["artifact"]["type"] == "prereg"]
     assert art and doc["sha256"] in json.dumps(art[0])
 
     code, _ = _watch_json(capsys, prereg, "--source", wdir)
@@ -228,12 +242,12 @@ def test_fit_points_from_wandb_histories_match_the_run_directory(tmp_path):
 def test_fit_points_from_an_offline_wandb_dir_match_the_run_directory(wandb_run):
     import numpy as np
 
-    from ladder.cli.commands import offline_wandb_points
+    from ladder.fit.points import offline_run_points
     from ladder.fit.points import is_wandb_offline_dir, load_points
     run_dir, wdir = wandb_run
     assert is_wandb_offline_dir(wdir) and not is_wandb_offline_dir(run_dir)
     want = load_points([str(run_dir)])
-    got = load_points([offline_wandb_points(str(wdir), None, None)])
+    got = load_points([offline_run_points(str(wdir), None, None)])
     assert list(got["run"]) == list(want["run"]) == [f"tiny/{RUNG.name}"] * len(want)
     for c in ("params", "active_params", "tokens", "compute", "fraction", "loss", "step"):
         assert np.allclose(got[c].to_numpy(float), want[c].to_numpy(float), rtol=1e-12), c

@@ -4,7 +4,7 @@ the ladder's group) at the watched run's steps, and the alerts table grows as al
 
 The fast tests record what is handed to wandb (a stand-in module); the slow one writes real
 offline W&B runs (WANDB_MODE=offline, no server) and reads them back with the project's own
-record reader (ladder.predict.sources.read_wandb_records)."""
+record reader (ladder.sources.read_wandb_records)."""
 
 import json
 import math
@@ -13,10 +13,10 @@ import pytest
 
 from ladder.cli.main import main
 from ladder.predict import prereg as pr
-from ladder.predict import synthetic as sy
+from tests import synthetic as sy
 from ladder.predict.live import Watcher
 from ladder.predict.prereg import make_prereg
-from ladder.predict.sources import JsonlSource
+from ladder.sources import JsonlSource
 from ladder.predict.wandb_home import TeeSource, WatchRunSink, log_forecast
 from ladder.wandbrun import band_keys, forecast_run_id, watch_run_id
 
@@ -45,7 +45,8 @@ class _Run:
 
     def log(self, row, step=None):
         # what W&B keeps: a snapshot of the row (a Table: the rows it holds at this log)
-        self.logs.append(({k: (len(v.data) if isinstance(v, _Table) else v)
+        self.logs.append(({k: (len(v.data) if isinstance(v, _Table) else
+                               v.kw if isinstance(v, _Chart) else v)
                            for k, v in row.items()}, step))
 
     def alert(self, **kw):
@@ -58,10 +59,22 @@ class _Run:
         self.finished = True
 
 
+class _Chart:
+    def __init__(self, **kw):
+        self.kw = kw
+
+
+class _Plot:
+    @staticmethod
+    def line_series(**kw):
+        return _Chart(**kw)
+
+
 class _Wandb:
     """The parts of the wandb module ladder uses, recording every call."""
 
     Table = _Table
+    plot = _Plot
 
     class Artifact:
         def __init__(self, **kw):
@@ -109,13 +122,38 @@ def test_forecast_run_logs_the_watched_key_at_the_targets_steps(prereg):
     first = {}
     for p in sorted(doc["forecast"], key=lambda p: p["fraction"]):
         first.setdefault(int(p["step"]), p)
-    assert [s for _, s in run.logs] == sorted(first)  # W&B's step = the target's step
-    for row, s in run.logs:
+    rows = [(r, s) for r, s in run.logs if "band" not in r]  # the chart: its own test
+    assert [s for _, s in rows] == sorted(first)  # W&B's step = the target's step
+    for row, s in rows:
         p = first[s]
         assert row["step"] == s
         assert row[centre] == row["forecast/loss"] == pytest.approx(p["loss"])
         if isinstance(p["lo"], float) and math.isfinite(p["lo"]):
             assert (row[lo], row[hi]) == (pytest.approx(p["lo"]), pytest.approx(p["hi"]))
+
+
+def _series(chart) -> dict:
+    return {k: dict(zip(x, y, strict=True))
+            for k, x, y in zip(chart["keys"], chart["xs"], chart["ys"], strict=True)}
+
+
+def test_forecast_run_logs_one_chart_with_the_centre_and_both_band_edges(prereg):
+    path, doc = prereg
+    wb = _Wandb()
+    log_forecast(doc, path, group="lad", wandb_module=wb)
+    charts = [r["band"] for r, _ in wb.runs[0].logs if "band" in r]
+    assert len(charts) == 1 and charts[0]["xname"] == "step"
+    got = _series(charts[0])
+    assert set(got) == {"forecast", "band lo", "band hi"}  # no live curve before the watcher
+    for p in doc["forecast"]:
+        s = int(p["step"])
+        if s in got["forecast"] and p["loss"] == pytest.approx(got["forecast"][s]):
+            assert got["band lo"][s] < got["forecast"][s] < got["band hi"][s]
+    first = {}
+    for p in sorted(doc["forecast"], key=lambda p: p["fraction"]):
+        first.setdefault(int(p["step"]), p)
+    assert sorted(got["forecast"]) == sorted(first)
+    assert all(got["forecast"][s] == pytest.approx(p["loss"]) for s, p in first.items())
 
 
 def test_watch_run_logs_at_the_heros_steps_and_the_alerts_table_grows(prereg, tmp_path):
@@ -152,6 +190,14 @@ def test_watch_run_logs_at_the_heros_steps_and_the_alerts_table_grows(prereg, tm
         if a.step is not None:
             assert a.step in sev
     assert run.summary["watch/alerts_n"] == len(first) + len(second) and run.finished
+    # one chart: the live curve at every eval, beside the forecast centre and its band's edges
+    charts = [r["band"] for r, _ in run.logs if "band" in r]
+    assert charts, "the watch run logs its band chart"
+    got = _series(charts[-1])
+    assert set(got) == {f"{METRIC} (live)", "forecast", "band lo", "band hi"}
+    live = {r["step"]: r[METRIC] for r in rows if METRIC in r}
+    assert got[f"{METRIC} (live)"] == pytest.approx(live)
+    assert max(got["forecast"]) >= max(live)  # the forecast spans the whole run
 
 
 def test_a_resumed_watch_run_skips_what_it_logged_before(prereg, tmp_path):
@@ -175,7 +221,7 @@ def test_an_offline_wandb_group_read_back(prereg, tmp_path, monkeypatch, capsys)
     back, the forecast run's rows sit under the live key at the target's steps, the watch run's
     rows at the watched run's steps in both of its offline segments (no restart at 0), and the
     alerts table was logged by each watcher that raised alerts."""
-    from ladder.predict.sources import WandbOfflineSource, read_wandb_records
+    from ladder.sources import WandbOfflineSource, read_wandb_records
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -240,3 +286,58 @@ def test_an_offline_wandb_group_read_back(prereg, tmp_path, monkeypatch, capsys)
     assert seen[0] == [s for s in evals if s <= half[-1]["step"]]
     assert seen[1] == [s for s in evals if s > half[-1]["step"]]  # not from _step 0 again
     assert tables >= 2  # each watcher that raised alerts logged the table, not only at exit
+    # the band chart, read back: the built-in line-series preset over each run's own table
+    for d, want in ((fdir, {"forecast", "band lo", "band hi"}),
+                    (segs[-1], {f"{doc['metric']} (live)", "forecast", "band lo", "band hi"})):
+        spec = _visualized(records(d), "band")
+        assert spec["panel_config"]["panelDefId"] == "wandb/lineseries/v0"
+        table = _last_table(d, "band_table")
+        keys = {r[1] for r in table["data"]}
+        assert keys == want
+    live = {r[0]: r[2] for r in table["data"] if r[1].endswith("(live)")}
+    # the restarted watcher (--state: it reads only the new rows) draws every eval: its
+    # chart's live curve starts from the one its first segment logged
+    assert sorted(live) == seen[0] + seen[1]
+    assert live == pytest.approx({r["step"]: r[doc["metric"]] for r in rows
+                                  if r["step"] in live})
+
+
+def _visualized(recs, key):
+    """The chart W&B recorded for ``key`` (config ``_wandb.visualize.KEY``), as a dict."""
+    for r in recs:
+        for item in ((r.get("config") or {}).get("update") or []) if r["type"] == "config" \
+                else []:
+            if item.get("nested_key") == ["_wandb", "visualize", key]:
+                return json.loads(item["value_json"])
+    raise AssertionError(f"no chart logged under {key!r}")
+
+
+def _last_table(run_dir, stem):
+    """The last table a run logged under ``stem`` (its media file), as W&B wrote it."""
+    files = sorted((run_dir / "files" / "media" / "table").glob(f"{stem}_*.table.json"),
+                   key=lambda f: int(f.name[len(stem) + 1:].split("_")[0]))
+    assert files, f"no {stem} table in {run_dir}"
+    return json.loads(files[-1].read_text())
+
+
+def test_watch_run_logs_the_updated_forecast_beside_the_frozen(prereg, tmp_path):
+    """Issue 40: the watcher's run carries the updated final (labelled ``watch/updated_*``) at
+    each poll's last step; the frozen numbers stay ``watch/expected``/``_lo``/``_hi``."""
+    from ladder.predict.watch.rules.heading import updated_forecast
+
+    path, doc = prereg
+    m = tmp_path / "metrics.jsonl"
+    m.write_text("".join(json.dumps(r) + "\n" for r in _rows()))
+    wb = _Wandb()
+    sink = WatchRunSink(doc, wandb_module=wb)
+    w = Watcher(path, TeeSource(JsonlSource(m), lambda: w.view, sink.log_evals), [sink])
+    sink.updated = lambda: updated_forecast(w.view, w.state.get("heading"))
+    w.poll()
+    sink.close()
+    run = wb.runs[0]
+    ups = [(r, s) for r, s in run.logs if "watch/updated_final" in r]
+    want = updated_forecast(w.view, w.state["heading"])
+    assert len(ups) == 1 and ups[0][1] == max(s for _, s in run.logs)
+    assert ups[0][0]["watch/updated_final"] == want["final"]["loss"]
+    assert ups[0][0]["watch/updated_lo"] < want["final"]["loss"] < ups[0][0]["watch/updated_hi"]
+    assert run.summary["watch/updated_final"] == want["final"]["loss"]

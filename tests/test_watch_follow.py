@@ -21,7 +21,7 @@ from ladder.cli.main import main
 from ladder.predict import live
 from ladder.predict.live import Watcher
 from ladder.predict.sinks import JsonlSink, Sink, WebhookSink
-from ladder.predict.sources import JsonlSource, SourceWrapper, WandbApiSource, WandbOfflineSource
+from ladder.sources import JsonlSource, SourceWrapper, WandbApiSource, WandbOfflineSource
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -327,7 +327,7 @@ def test_follow_waits_for_a_source_that_does_not_exist_yet(tmp_path, prereg_path
             write_jsonl(d / "metrics.jsonl", rows(seed=6))
             (d / "summary.json").write_text(json.dumps({"schema": "run-summary/1",
                                                         "status": "complete"}))
-    from ladder.predict.sources import open_source
+    from ladder.sources import open_source
     w = Watcher(prereg_path, open_source(str(d), follow=True), [], None, sleep=sleep)
     assert w.run(follow=True) == 0
     assert w.state["n_evals"] > 50 and waits[:2] == [1.0, 1.0]
@@ -456,11 +456,12 @@ def test_offline_lineage_reads_every_segment_incrementally(tmp_path, monkeypatch
     got = src.poll()
     assert sorted({r["step"] for r in got.rows}) == list(range(1, 251))
     assert src.finished() is None
-    from ladder.predict.sources import wandb as wandb_sources
+    from ladder.sources import wandb as wandb_sources
     calls = []
-    real = wandb_sources.decode_wandb_file
-    monkeypatch.setattr(wandb_sources, "decode_wandb_file",
-                        lambda p, start=0: calls.append((p.parent.name, start)) or real(p, start))
+    real = wandb_sources.iter_wandb_records
+    monkeypatch.setattr(wandb_sources, "iter_wandb_records",
+                        lambda p, start=0, **kw: calls.append((p.parent.name, start))
+                        or real(p, start, **kw))
     size = segs[2].stat().st_size
     _wandb_log(segs[2], _records(rs[250:], num0=51, exit_=True))
     got2 = src.poll()

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ladder.io import iter_jsonl, json_line, read_metrics
-from ladder.predict.sources import JsonlSource, parse_lines
+from ladder.sources import JsonlSource, parse_lines
 
 
 def reference(raw: bytes):

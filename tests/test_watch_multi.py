@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ladder.predict import prereg as pr
-from ladder.predict import synthetic as sy
+from tests import synthetic as sy
 from ladder.predict.watch import WatchConfig, check
 from ladder.predict.watch.multi import MultiView, family_config, residual_order
 
@@ -265,7 +265,7 @@ def test_report_small_multiples_in_residual_order(registered, tmp_path):
 
 
 def test_single_metric_report_draws_no_small_multiples(tmp_path):
-    from ladder.reports.commands import build_report
+    from ladder.reports.build import build_report
     from ladder.reports.inputs import load_inputs
     from ladder.reports.metrics import panels
     one = {"schema": "prereg/1", "metric": "eval_dropless/loss",
@@ -288,7 +288,7 @@ def test_live_page_panels_one_per_metric_worst_first(registered, tmp_path, chrom
     from conftest import chromium_dom
 
     from ladder.predict.live import Watcher
-    from ladder.predict.sources import JsonlSource
+    from ladder.sources import JsonlSource
     from ladder.reports.inputs import load_inputs
     from ladder.reports.live import LivePage, files_state
     d, target = registered

@@ -13,10 +13,10 @@ import pytest
 
 from ladder.cli.main import main as cli_main
 from ladder.predict import prereg as pr
-from ladder.predict import synthetic as sy
+from tests import synthetic as sy
 from ladder.predict.live import Watcher
 from ladder.predict.prereg import make_prereg
-from ladder.predict.sources import JsonlSource
+from ladder.sources import JsonlSource
 from ladder.predict.watch import RULES, WatchConfig, decision_rule_words, watched_keys
 
 TRUTH = sy.Truth()
@@ -85,12 +85,14 @@ CASES = {
     "trend": (lambda: _rows("shift", 0.5, 0.02, seed=15, offset=math.log(1 - 0.012)), "trend", 1),
     "rising": (lambda: _rows("shift", 0.5, 0.03, seed=3), "rising", 2),
     "contingency": (lambda: _rows("shift", 0.1, 0.02, seed=11), "contingency", 2),
+    "heading": (lambda: _rows("shift", 0.3, 0.02, seed=2), "heading", 2),
     "nan": (lambda: _rows("nan", 0.6, seed=6), "nan", 2),
     "spike": (_spike, "spike", 1),
     "grad_norm": (lambda: _scale("grad/norm", 5.0), "grad_norm", 1),
     "drop_frac": (lambda: _rows("drop", 0.4, 0.15, seed=7), "drop_frac", 2),
     "router_entropy": (lambda: _scale("moe/router_entropy", 0.2), "router", 1),
     "expert_load": (lambda: _scale("moe/load_max_over_mean", 2.6), "router", 1),
+    "router_logits": (lambda: _scale("moe/router_z_loss", 6.0), "router", 1),
     "router_bias": (lambda: _scale("params/norm/router_bias", 6.0, at=0.6), "router", 1),
     "param_norm": (lambda: _scale("params/norm/blocks", 3.0), "param_norm", 1),
     "applicability": (_shortened, "not_applicable", 3),
@@ -178,3 +180,18 @@ def test_key_filter_and_words_come_from_the_rules():
     words = decision_rule_words(cfg, 0.9)
     for r in RULES:
         assert r.words(cfg, 0.9) in words, r.name
+
+
+def test_watch_json_shows_the_updated_forecast_beside_the_frozen(tmp_path, prereg_path, capsys):
+    """`ladder watch --json`: the updated forecast, labelled, beside the registered final that it
+    never replaces (issue 40)."""
+    doc = json.loads(prereg_path.read_text())
+    capsys.readouterr()
+    code, _ = _watch(tmp_path, prereg_path, _rows("shift", 0.3, 0.02, seed=2), "--json")
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    up = out["updated"]
+    assert up["label"] == "updated"
+    assert up["frozen_final"] == doc["final"]
+    assert up["final"]["loss"] > doc["final"]["hi"]  # a 2% shift from 30% on: heading above
+    assert up["final"]["lo"] < up["final"]["loss"] < up["final"]["hi"]
+    assert code == 2

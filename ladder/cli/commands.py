@@ -15,7 +15,7 @@ def _ladders(args) -> dict[str, Ladder]:
     return with_file(getattr(args, "ladder_file", None))
 
 
-def _resolve(target: str | None, args=None):
+def resolve_target(target: str | None, args=None):
     """'LADDER[:RUNG]' among the built-ins and --ladder-file; no LADDER with --ladder-file (or
     ':RUNG') means the file's ladder."""
     ladders = _ladders(args)
@@ -42,7 +42,7 @@ def _fmt(x: float) -> str:
 
 def list_main(args) -> int:
     if args.ladder or getattr(args, "ladder_file", None):
-        ladders: list[Ladder] = [_resolve(args.ladder, args)[0]]
+        ladders: list[Ladder] = [resolve_target(args.ladder, args)[0]]
     else:
         ladders = list(_ladders(args).values())
     rows = [r.summary() for lad in ladders for r in lad.all]
@@ -107,7 +107,7 @@ def run_main(args) -> int:
     from ladder.trainer import distributed, gpuenv
 
     gpuenv.apply()   # XLA/allocator settings on GPUs: before anything starts JAX's backend
-    ladder, rungs = _resolve(args.ladder, args)
+    ladder, rungs = resolve_target(args.ladder, args)
     if args.rung:
         try:
             rungs = [ladder.get(name) for name in args.rung]
@@ -195,7 +195,8 @@ def tokenize_main(args) -> int:
     try:
         m = tokenize_files(args.files, args.tokenizer, args.out, eos=args.eos,
                            shard_tokens=args.shard_tokens or DEFAULT_SHARD_TOKENS,
-                           text_key=args.text_key, processes=processes)
+                           text_key=args.text_key, processes=processes,
+                           progress_bar=sys.stderr.isatty())  # a bar on a terminal, not in logs
     except KeyboardInterrupt:
         print(f"ladder tokenize: interrupted; the same command continues from "
               f"{os.path.join(args.out, PROGRESS)}", file=sys.stderr)
@@ -246,7 +247,7 @@ def plan_main(args) -> int:
     from ladder.trainer.layout import choose_layout
     from ladder.trainer.plan import DEFAULT_MFU, ensure_host_devices, plan_rung
 
-    _, rungs = _resolve(args.target, args)
+    _, rungs = resolve_target(args.target, args)
     # 2**20 devices: ~1300x the hero's 792 GPUs; the planner's mesh search grows with the count
     number(args.devices, field="--devices", lo=1, hi=2 ** 20, integral=True,
            exit_code=EX_USAGE)
@@ -432,89 +433,6 @@ def _compiled_plan(rung, args, budget: float, budget_source: str, given: dict) -
             "microbatch_note": note, "compiled_fits": found.fits,
             "compiled_eval_fits": ev.bytes_per_device <= budget,
             "compiled_on": "fake CPU devices (XLA CPU backend)"}
-
-
-# ------------------------------------------------------------------- handlers that join layers
-
-
-def fit_main(args) -> int:
-    """`ladder fit` (:func:`fit.commands.fit_main`) with predict's reader of W&B offline runs."""
-    from ladder.fit.commands import fit_main as run
-
-    return run(args, offline_points=offline_wandb_points)
-
-
-def compare_main(args) -> int:
-    """`ladder compare` (:func:`fit.commands.compare_main`) with predict's reader of W&B offline
-    runs, --target's compute from the ladder specs, and the figures drawn by reports."""
-    from ladder.fit.commands import compare_main as run
-    if args.target:
-        _ladder, rungs = _resolve(args.target, args)
-        rung = rungs[-1]  # 'LADDER' resolves to its rungs and the target, last
-        # the points-table convention: training FLOPs without the LM head (ladder.fit.points)
-        args.target_compute = (rung.compute(lm_head=False), f"--target {args.target}")
-
-    def figures(doc: dict) -> dict:
-        from ladder.reports.plots import compare_figures
-        return compare_figures(doc)
-    return run(args, offline_points=offline_wandb_points, figures=figures)
-
-
-def offline_wandb_points(path: str, metric: str | None, sizes, *, keymap=None):
-    """The points of a W&B offline run directory: the record log read by ladder.predict.sources, the
-    table built by fit.points like that of a wandb:// run. With a ``keymap`` (another trainer's
-    names), the run's summary records are read too: levanter logs its parameter count there."""
-    import warnings
-
-    from ladder.fit.points import DEFAULT_METRIC, WandbHistory, points_from_histories, read_sizes
-    from ladder.predict.sources import WandbOfflineSource
-
-    src = WandbOfflineSource(path)
-    run_id = src.record_file().stem.removeprefix("run-")
-    got = src.poll()
-    config = got.configs[0] if got.configs else {}
-    summary = offline_summary(src) if keymap is not None else {}
-    df, notes = points_from_histories(
-        [WandbHistory(where=str(path), run_id=run_id, name=run_id, config=config,
-                      rows=got.rows, summary=summary)], metric or DEFAULT_METRIC,
-        read_sizes(sizes), where=str(path), keymap=keymap)
-    for n in notes:
-        warnings.warn(n, stacklevel=2)
-    df.attrs["source"] = str(path)
-    return df
-
-
-def offline_summary(src) -> dict:
-    """The summary values of a W&B offline run (its ``summary`` records, later ones win)."""
-    import json
-
-    from ladder.predict.sources import read_wandb_records
-
-    out: dict = {}
-    for _, f in src.segments():
-        for rec in read_wandb_records(f, full=True):
-            if rec.get("type") != "summary":
-                continue
-            for item in (rec.get("summary") or {}).get("update") or []:
-                key = item.get("key") or "/".join(item.get("nested_key") or [])
-                try:
-                    out[key] = json.loads(item.get("value_json", "null"))
-                except ValueError:
-                    continue
-    return out
-
-
-def watch_main(args) -> int:
-    """`ladder watch` (:func:`predict.commands.watch_main`); ``--serve`` draws the live page with
-    reports, above predict, so the page is handed down rather than imported by predict."""
-    from ladder.predict.commands import watch_main as run
-
-    if getattr(args, "serve", False):
-        from ladder.reports.live import LivePage
-
-        return run(args, live_page=LivePage.for_watcher)
-    return run(args)
-
 
 
 def isoflop_main(args) -> int:

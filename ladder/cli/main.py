@@ -1,17 +1,17 @@
 """The `ladder` command line: parses arguments and calls library functions; nothing else.
 
-Each subcommand's implementation lives beside its library (``fit.commands``, ``predict.commands``,
-...) and is imported only when that subcommand runs, so `ladder list` and `ladder fit` never pay
-for JAX start-up. Handlers that join two layers (`fit` reading W&B offline runs through predict,
-`watch --serve` drawing its page with reports) are in ``ladder.cli.commands``, the top layer. Bad
-input raises :class:`ladder.io.InputError`; it is printed as one line and the process exits with
-its status (64+).
+Every function that takes parsed arguments lives in this package: the handlers of `list`, `plan`,
+`run`, `tokenize` and `isoflop` (``ladder.cli.commands``), `fit`, `compare` and `predict`
+(``ladder.cli.fit``), `preregister`, `verify` and `watch` (``ladder.cli.predict``), `report`
+(``ladder.cli.report``) and `demo` (``ladder.cli.demo``). Each is imported when its command runs,
+so `ladder list` and `ladder fit` never pay for JAX start-up. Bad input raises
+:class:`ladder.io.InputError`; it is printed as one line and the process exits with its status
+(64+).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import sys
@@ -20,12 +20,73 @@ import warnings
 from ladder.io import EX_USAGE, InputError
 
 
-def _call(target: str):
-    """Handler 'package.module:function', imported lazily."""
-    def handler(args: argparse.Namespace) -> int:
-        module, func = target.split(":")
-        return getattr(importlib.import_module(module), func)(args) or 0
-    return handler
+# The handlers: each imports its module when its command runs, so `ladder list` never loads
+# pandas or JAX. The command line is the one layer whose functions take parsed arguments.
+
+
+def _list_main(args) -> int:
+    from ladder.cli.commands import list_main
+    return list_main(args)
+
+
+def _plan_main(args) -> int:
+    from ladder.cli.commands import plan_main
+    return plan_main(args)
+
+
+def _run_main(args) -> int:
+    from ladder.cli.commands import run_main
+    return run_main(args)
+
+
+def _tokenize_main(args) -> int:
+    from ladder.cli.commands import tokenize_main
+    return tokenize_main(args)
+
+
+def _fit_main(args) -> int:
+    from ladder.cli.fit import fit_main
+    return fit_main(args)
+
+
+def _compare_main(args) -> int:
+    from ladder.cli.fit import compare_main
+    return compare_main(args)
+
+
+def _isoflop_main(args) -> int:
+    from ladder.cli.commands import isoflop_main
+    return isoflop_main(args)
+
+
+def _predict_main(args) -> int:
+    from ladder.cli.fit import predict_main
+    return predict_main(args)
+
+
+def _preregister_main(args) -> int:
+    from ladder.cli.predict import preregister_main
+    return preregister_main(args)
+
+
+def _verify_main(args) -> int:
+    from ladder.cli.predict import verify_main
+    return verify_main(args)
+
+
+def _watch_main(args) -> int:
+    from ladder.cli.predict import watch_main
+    return watch_main(args)
+
+
+def _report_main(args) -> int:
+    from ladder.cli.report import report_main
+    return report_main(args)
+
+
+def _demo_main(args) -> int:
+    from ladder.cli.demo import demo_main
+    return demo_main(args)
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
@@ -72,7 +133,7 @@ def _ladder_file_option(s) -> None:
 def _keys_option(s) -> None:
     s.add_argument("--keys", default=None, metavar="levanter|marin|FILE.toml",
                    help="another trainer's metric names mapped to ours (tokens, FLOPs, "
-                        "progress, LR, params; ladder/keymap.py) (default: ours)")
+                        "progress, LR, params; ladder/sources/keymap.py) (default: ours)")
 
 
 def _amend_chain_option(s) -> None:
@@ -120,7 +181,7 @@ def _list_command(sub) -> None:
     s.add_argument("ladder", nargs="?", help="one ladder (default: all, or --ladder-file's)")
     _json_option(s, "one object per rung")
     _ladder_file_option(s)
-    s.set_defaults(func=_call("ladder.cli.commands:list_main"))
+    s.set_defaults(func=_list_main)
 
 
 def _plan_command(sub) -> None:
@@ -163,7 +224,7 @@ def _plan_command(sub) -> None:
                    help="sequences of the eval step --compile compiles (default: one per "
                         "device, as `ladder run`)")
     _json_option(s, "the plan")
-    s.set_defaults(func=_call("ladder.cli.commands:plan_main"))
+    s.set_defaults(func=_plan_main)
 
 
 def _run_command(sub) -> None:
@@ -245,7 +306,7 @@ def _run_command(sub) -> None:
                         '{"num_cpus": 1})')
     g.add_argument("--max-retries", type=int, default=2, metavar="N",
                    help="times a failed rung is retried from its last checkpoint (default: 2)")
-    s.set_defaults(func=_call("ladder.cli.commands:run_main"), overrides=[])
+    s.set_defaults(func=_run_main, overrides=[])
 
 
 def _tokenize_command(sub) -> None:
@@ -271,7 +332,7 @@ def _tokenize_command(sub) -> None:
     s.add_argument("--processes", type=int, default=None, metavar="N",
                    help="worker processes that encode (0: this process, with the tokenizers "
                         "library's own threads; default: one per CPU core)")
-    s.set_defaults(func=_call("ladder.cli.commands:tokenize_main"))
+    s.set_defaults(func=_tokenize_main)
 
 
 # --- fitting ---------------------------------------------------------------------------------
@@ -282,11 +343,11 @@ def _fit_command(sub) -> None:
     s.add_argument("sources", nargs="+", metavar="SOURCE",
                    help="points tables (CSV, Parquet), runs directories, W&B offline run "
                         "directories or wandb://ENTITY/PROJECT/ID[,ID...]")
+    from ladder.fit.forms import form_choices  # the one list of forms (numpy only)
     s.add_argument("--form", default="auto",
-                   help="law form: auto (every form the columns allow, chosen by rollout "
-                        "backtest), compute, chinchilla, trajectory, moe, mpl, momentum, or "
-                        "task (downstream accuracy in two steps: needs --via) "
-                        "(default: %(default)s)")
+                   help=f"law form: {form_choices()}; auto: every form marked * that the "
+                        "columns allow, chosen by rollout backtest; task: downstream accuracy "
+                        "in two steps, needs --via (default: %(default)s)")
     s.add_argument("--metric", action="append", default=None, metavar="KEY",
                    help="metric key: a key of runs, a long table's 'metric' value or a wide "
                         "table's loss column; repeatable, and a glob such as 'paloma/*/loss' "
@@ -322,15 +383,15 @@ def _fit_command(sub) -> None:
     s.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: %(default)s)")
     s.add_argument("--free-asymptote", action="store_true",
                    help="keep E free even on a short ladder (<= 5 sizes) that does not "
-                        "identify it (default: also fit a prior and a fixed-E variant and "
-                        "choose by rollout backtest)")
+                        "identify it (default: with --form auto, the forecast's asymptote rule; "
+                        "a named form is always its own estimator)")
     s.add_argument("--include-target", action="store_true",
                    help="fit a runs directory's target rung too (default: left out, and said so: "
                         "it is the run the law forecasts)")
     s.add_argument("--equal-weights", action="store_true",
-                   help="weight every run alike (default: where the rollout backtest says it "
-                        "forecasts the largest runs better, weight runs by their decades of "
-                        "compute below the largest one)")
+                   help="weight every run alike (default: with --form auto, the forecast "
+                        "weights runs by their decades below the largest one where the rollout "
+                        "backtest says it forecasts better; a named form is its own estimator)")
     s.add_argument("--allow-unconverged", action="store_true",
                    help="write the law even when the best start did not converge (default: "
                         "refuse, exit 65)")
@@ -340,7 +401,7 @@ def _fit_command(sub) -> None:
     _keys_option(s)
     _json_option(s, "the law (law.json's content), not the report,")
     s.add_argument("--out", default="law.json", metavar="FILE", help="where the law is written")
-    s.set_defaults(func=_call("ladder.cli.commands:fit_main"))
+    s.set_defaults(func=_fit_main)
 
 
 def _compare_command(sub) -> None:
@@ -386,7 +447,7 @@ def _compare_command(sub) -> None:
     s.add_argument("--out", default=None, metavar="DIR",
                    help="write compare.json and compare_METRIC.png here (default: nothing "
                         "written)")
-    s.set_defaults(func=_call("ladder.cli.commands:compare_main"))
+    s.set_defaults(func=_compare_main)
 
 
 def _isoflop_command(sub) -> None:
@@ -411,7 +472,7 @@ def _isoflop_command(sub) -> None:
     s.add_argument("--plot", default=None, metavar="FILE.png",
                    help="also draw the profiles and the fits (default: no figure)")
     _json_option(s, "the exponents, their intervals and (with --budget) N and D")
-    s.set_defaults(func=_call("ladder.cli.commands:isoflop_main"))
+    s.set_defaults(func=_isoflop_main)
 
 
 def _predict_command(sub) -> None:
@@ -431,7 +492,7 @@ def _predict_command(sub) -> None:
                    help="the metric whose law predicts: required for a law.json of several "
                         "metrics; on one of one metric it must be that metric (default: its "
                         "only law)")
-    s.set_defaults(func=_call("ladder.fit.commands:predict_main"))
+    s.set_defaults(func=_predict_main)
 
 
 # --- pre-registration and watch --------------------------------------------------------------
@@ -493,7 +554,7 @@ def _preregister_command(sub) -> None:
                       "(job type forecast), the file as an artifact")
     s.add_argument("--out", default="prereg.json", metavar="FILE",
                    help="where it is written (read-only; never overwritten)")
-    s.set_defaults(func=_call("ladder.predict.commands:preregister_main"))
+    s.set_defaults(func=_preregister_main)
 
 
 def _verify_command(sub) -> None:
@@ -506,7 +567,7 @@ def _verify_command(sub) -> None:
                         "(default: none)")
     _amend_chain_option(s)
     _json_option(s, "the verification")
-    s.set_defaults(func=_call("ladder.predict.commands:verify_main"))
+    s.set_defaults(func=_verify_main)
 
 
 def _watch_command(sub) -> None:
@@ -552,7 +613,7 @@ def _watch_command(sub) -> None:
                         "--state keeps a restarted watcher's place) (default: none)")
     _json_option(s, "one object with the verdict and the alerts at the end (no alert lines)")
     _serve_options(s)
-    s.set_defaults(func=_call("ladder.cli.commands:watch_main"))
+    s.set_defaults(func=_watch_main)
 
 
 # --- reports and the demo --------------------------------------------------------------------
@@ -575,7 +636,7 @@ def _report_command(sub) -> None:
     s.add_argument("--out", default=None, metavar="DIR",
                    help="where index.html, the PNGs and summary.md go (required unless --serve)")
     _serve_options(s)
-    s.set_defaults(func=_call("ladder.reports.commands:report_main"))
+    s.set_defaults(func=_report_main)
 
 
 def _demo_command(sub) -> None:
@@ -594,7 +655,7 @@ def _demo_command(sub) -> None:
     s.add_argument("--strict", action="store_true",
                    help="exit with the watch's status (0 ok, 1 warnings, 2 critical, 3 the "
                         "forecast no longer applies) instead of 0 whenever the demo ran")
-    s.set_defaults(func=_call("ladder.cli.demo:demo_main"))
+    s.set_defaults(func=_demo_main)
 
 
 # the subcommands in the order `ladder --help` lists them

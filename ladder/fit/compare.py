@@ -432,9 +432,15 @@ def compare_points(df_a: pd.DataFrame, df_b: pd.DataFrame, *, metric: str = "los
 
 
 def _x(v) -> str:
+    """A multiplier readable at any size: three decimals between 0.01 and 1000 (1.012x), else
+    three significant digits in scientific notation (3.3e-04x, not 0.000x)."""
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "n/a"
-    return "inf" if v == math.inf else f"{v:.3f}x"
+    if v == math.inf:
+        return "inf"
+    if v == 0 or 0.01 <= abs(v) < 1000:
+        return f"{v:.3f}x"
+    return f"{v:.2e}x"
 
 
 def _s(v) -> str:

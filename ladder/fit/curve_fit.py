@@ -509,7 +509,7 @@ def schedules_from_sources(sources) -> dict[str, np.ndarray]:
     ``optim/lr`` values logged only at evaluation steps."""
     from pathlib import Path
 
-    from ladder.runs import read_runs
+    from ladder.sources.runs import read_runs
 
     out: dict[str, np.ndarray] = {}
     for src in sources if isinstance(sources, (list, tuple)) else [sources]:

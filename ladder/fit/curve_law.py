@@ -1,6 +1,6 @@
 """A fitted schedule-aware curve law (fit.curve_forms; fitted by fit.curve_fit): ``CurveLaw``,
-its prediction along a schedule with a band, its law.json fields and report lines; and the
-command ``ladder predict law.json --schedule`` (:func:`predict_schedule_main`).
+its prediction along a schedule with a band, its law.json fields and report lines (the command
+``ladder predict law.json --schedule`` is ``ladder.cli.fit.predict_schedule_main``).
 
 The band: the run-level bootstrap draws (ladder.fit.curve_fit) for the parameters plus the RMS log
 residual as run-to-run and point noise, combined by Monte Carlo in log space. Fewer than 2
@@ -42,7 +42,7 @@ MC_SEED = 0   # the band's Monte Carlo draws: the same band for the same law and
 # ------------------------------------------------------------------------------- results
 
 
-@dataclass
+@dataclass(repr=False)  # LawResult's short repr, not every field
 class CurveLaw(LawResult, forms=tuple(FORMS)):
     """A fitted schedule-aware curve law (form ``mpl`` or ``momentum``); see the module doc.
     What it shares with every law (intervals, band, report layout, law.json envelope) is
@@ -254,7 +254,7 @@ class CurveLaw(LawResult, forms=tuple(FORMS)):
     def from_json(cls, obj: dict, *, path=None) -> CurveLaw:
         def bad(field_, msg):
             return InputError(msg, path=str(path) if path else "<law>", field=field_)
-        obj = lawjson.upgrade(obj)
+        obj = lawjson.upgrade(obj, path=path)
         form = lawjson.check_envelope(obj, path=path, forms=tuple(FORMS))
         curve = obj.get("curve")
         if not isinstance(curve, dict):
@@ -343,30 +343,3 @@ def load_curve_law(path, metric: str | None = None) -> CurveLaw:
                          "--schedule needs a curve law (--form mpl or momentum)", path=path,
                          field="form")
     return law
-
-
-def predict_schedule_main(args) -> int:
-    """``ladder predict law.json --schedule FILE|KIND:k=v,...``: CSV ``step,loss,lo,hi``."""
-    import sys
-
-    from ladder.fit.lr_schedules import schedule_source
-
-    if getattr(args, "tokens", None) is not None:
-        raise InputError("has no meaning with --schedule (the schedule sets the run's length)",
-                         field="--tokens", exit_code=64)
-    law = load_curve_law(args.law, metric=getattr(args, "metric", None))
-    at, lr = schedule_source(args.schedule)
-    fraction = getattr(args, "fraction", None)
-    if fraction is not None:
-        at = None
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        pred = law.predict(schedule=lr, step=at, fraction=fraction,
-                           params=getattr(args, "params", None),
-                           active_params=getattr(args, "active_params", None),
-                           compute=getattr(args, "compute", None),
-                           level=getattr(args, "level", None))
-    for w in caught:
-        print(f"ladder predict: warning: {w.message}", file=sys.stderr)
-    sys.stdout.write(pred.to_csv())
-    return 0

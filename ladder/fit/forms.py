@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -108,6 +109,10 @@ class Form:
     # Sets of the non-shape parameters that runs identify separately (each set needs as many
     # runs as it has free parameters); None: all of them together.
     across_sets: tuple[tuple[str, ...], ...] | None = None
+    # the features the terms read, from the ``needs`` columns (log N, log C, ...)
+    featurize: Callable[[dict], dict] | None = None
+    # --form auto tries it when the table has its columns (ladder.fit.select.candidates)
+    auto: bool = False
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -120,7 +125,7 @@ class Form:
         raise KeyError(name)
 
     def features(self, cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return FEATURES[self.name](cols)
+        return self.featurize(cols)
 
 
 # ----------------------------------------------------------------------------- features
@@ -165,9 +170,6 @@ def _feat_moe(c):
             "logD": _log(c["tokens"])}
 
 
-FEATURES = {"chinchilla": _feat_chinchilla, "compute": _feat_compute,
-            "trajectory": _feat_trajectory, "trajectory-capacity": _feat_trajectory,
-            "moe": _feat_moe}
 
 # ----------------------------------------------------------------------------- the forms
 
@@ -193,7 +195,7 @@ def chinchilla() -> Form:
         terms=((Entry("E", "one", 1.0),),
                (Entry("A", "one", 1.0), Entry("alpha", "logN", -1.0)),
                (Entry("B", "one", 1.0), Entry("beta", "logD", -1.0))),
-        needs=("N", "tokens"),
+        needs=("N", "tokens"), featurize=_feat_chinchilla, auto=True,
         note="N is the params column chosen with --params-column; D the tokens column.")
 
 
@@ -210,7 +212,7 @@ def compute() -> Form:
                 Param("alpha", "exponent", _COMPUTE_ALPHA_GRID, (0.0, 3.0))),
         terms=((Entry("E", "one", 1.0),),
                (Entry("A", "one", 1.0), Entry("alpha", "logC", -1.0))),
-        needs=("compute",), centered_grid=True,
+        needs=("compute",), centered_grid=True, featurize=_feat_compute, auto=True,
         note="C is training compute so far (flops-v1, no LM head) at each point.")
 
 
@@ -238,7 +240,7 @@ def trajectory() -> Form:
                 Entry("gamma", "neglogg", 1.0), Entry("c0", "r1", 1.0),
                 Entry("c1", "q1", 1.0), Entry("c2", "q2", 1.0))),
         needs=("compute", "fraction"), centered_grid=True, curves=True,
-        shape_params=("gamma", "c0", "c1", "c2"),
+        shape_params=("gamma", "c0", "c1", "c2"), featurize=_feat_trajectory, auto=True,
         note="compute is so far at the point (points-table convention); the law is written in "
              "the planned total C_T = compute / fraction, and is non-increasing in the fraction at "
              "fixed C_T by construction. Shape parameters at 0 mean that factor is unused.")
@@ -275,7 +277,7 @@ def trajectory_capacity() -> Form:
                 Entry("gamma", "neglogg", 1.0), Entry("c0", "r1", 1.0),
                 Entry("c1", "q1", 1.0), Entry("c2", "q2", 1.0))),
         needs=("compute", "fraction"), centered_grid=True, curves=True,
-        shape_params=("gamma", "c0", "c1", "c2"),
+        shape_params=("gamma", "c0", "c1", "c2"), featurize=_feat_trajectory,
         # each run's curve gives its constant part (E + A C_T^-alpha) and the scale of its
         # falling part (B C_T^-beta) apart: 3 runs pin the first set, 2 the second
         across_sets=(("E", "A", "alpha"), ("B", "beta")),
@@ -301,8 +303,8 @@ def moe() -> Form:
                (Entry("A", "one", 1.0), Entry("alpha", "logNa", -1.0),
                 Entry("gamma", "logSparsity", -1.0)),
                (Entry("B", "one", 1.0), Entry("beta", "logD", -1.0))),
-        needs=("params", "active_params", "tokens"), centered_grid=True,
-        note="Na = active params, N = total params, D = tokens.")
+        needs=("params", "active_params", "tokens"), centered_grid=True, featurize=_feat_moe,
+        auto=True, note="Na = active params, N = total params, D = tokens.")
 
 
 FORMS = {"chinchilla": chinchilla, "compute": compute, "trajectory": trajectory,
@@ -314,6 +316,50 @@ def get_form(name: str) -> Form:
     if name not in FORMS:
         raise KeyError(name)
     return FORMS[name]()
+
+
+# ----------------------------------------------------------------------------- the registry
+
+@dataclass(frozen=True)
+class FormEntry:
+    """One ``--form`` value: what it is and what it needs. ``kind``: "points" (a Chinchilla-family
+    law, this module, fitted by fit.estimate), "curve" (a schedule-aware curve law,
+    fit.curve_forms, fitted by fit.curve_fit) or "task" (downstream accuracy in two steps,
+    fit.task). ``columns``: the points-table columns it reads (``N``: the --params-column).
+    ``auto``: --form auto tries it when the table has them."""
+
+    name: str
+    kind: str
+    columns: tuple[str, ...]
+    auto: bool
+    expression: str
+
+
+def _points_entry(make) -> FormEntry:
+    f = make()
+    return FormEntry(f.name, "points", f.needs, f.auto, f.expression)
+
+
+# The curve laws' and the task law's entries: their parameters live in fit.curve_forms and
+# fit.task (which import this module); tests/test_form_registry.py checks the names agree.
+CURVE_LAW_COLUMNS = ("run", "step", "lr", "loss")
+OTHER_FORMS = (
+    FormEntry("mpl", "curve", CURVE_LAW_COLUMNS, True,
+              "the multi-power law of the LR schedule (Luo et al. 2025)"),
+    FormEntry("momentum", "curve", CURVE_LAW_COLUMNS, True,
+              "the momentum law of the LR schedule (Tissue et al. 2024)"),
+    FormEntry("task", "task", ("VIA", "ACC"), False,
+              "accuracy from a task loss in two steps (Bhagia et al. 2024; needs --via)"),
+)
+REGISTRY: dict[str, FormEntry] = {**{n: _points_entry(m) for n, m in FORMS.items()},
+                                  **{e.name: e for e in OTHER_FORMS}}
+FORM_NAMES = tuple(REGISTRY)
+
+
+def form_choices() -> str:
+    """Every --form value in one line (help text, the bad-form error): auto first, then each
+    form with ``*`` where --form auto tries it."""
+    return "auto, " + ", ".join(n + ("*" if e.auto else "") for n, e in REGISTRY.items())
 
 
 # ----------------------------------------------------------------------------- constraints

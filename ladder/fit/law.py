@@ -27,7 +27,7 @@ from ladder.fit.config import HUBER_DELTA, OBJECTIVES, FitConfig
 from ladder.fit.curve_fit import fit_curve_law
 from ladder.fit.curve_forms import FORMS as _CURVE_LAW_FORMS
 from ladder.fit.estimate import fit_by, fit_spec, select_points
-from ladder.fit.forms import FORMS, Spec, get_form
+from ladder.fit.forms import FORMS, Spec, form_choices, get_form
 from ladder.fit.points import COLUMNS, load_points
 from ladder.fit.prediction import Prediction
 from ladder.fit.result import FitResult, LawResult, extrapolation_rate
@@ -53,19 +53,32 @@ def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = 
             by: str | None = None, bootstrap: int = 200, level: float = 0.9, seed: int = 0,
             params_column: str = "params", metric: str | None = None,
             delta: float = HUBER_DELTA, backtest: bool = True, objective: str = "huber",
-            prior: dict | None = None, asymptote_rule: bool = True,
-            scale_weighting: bool = True) -> FitResult:
+            prior: dict | None = None, asymptote_rule: bool | None = None,
+            scale_weighting: bool | None = None,
+            band_prior: dict | bool | None = None) -> FitResult:
     """Fit ``form`` to the points table ``df`` (from :func:`fit.load_points`).
 
     ``objective``: "huber" (summed Huber of log residuals, the default) or "ols" (least squares
     of log(L - E) on log C, E fixed: the real ladder's own fit). ``prior``: {name: (mean, sd)}
     in natural units, a Gaussian penalty on those parameters (see :class:`_Problem`).
+    A named form (``--form chinchilla``) gives that form's own estimator: Epoch's refit. The
+    forecast-only devices below (None: on for ``form="auto"``, the forecast default, off for a
+    named form; True/False: as asked) move the estimates only in that forecast layer, and a law
+    they moved keeps the form's own estimates and allocation beside them in
+    ``diagnostics.forecast_layer`` (docs/scoreboard.md: on the public ladders the devices earn
+    their place in the forecast, 0.174 -> 0.124 aggregate interval score).
     ``asymptote_rule``: on a short ladder that leaves E unidentified, choose among free, prior
     and fixed-E variants by rollout backtest (``ladder.fit.select.asymptote_rule``).
     ``scale_weighting``: also fit the chosen form with weights that fall off with a run's
     decades below the largest run, and keep them where the rollout backtest says they predict
     the largest runs better (``ladder.fit.select.scale_weight_rule``); the asymptote rule then fits
-    its variants with the same weights."""
+    its variants with the same weights.
+    ``band_prior``: opt-in (None/False: the ladder's own band): the noise and extrapolation
+    terms the ladder measures pooled with their values across the public ladders (True:
+    ``BAND_PRIOR``; a dict: that prior; ladder.fit.result.band_prior_of). It moves no
+    estimate; measured on bench/scoreboard.py it did not earn a place as a default."""
+    if metric is None and _plain_loss(df):
+        metric = "loss"  # a notebook's own table: its column keeps the name it was given
     if not isinstance(df, pd.DataFrame) or not set(COLUMNS) <= set(df.columns):
         df = load_points(df, metric)  # files, or a bare DataFrame: normalise and clean it
     largest = len(df) if by is None or by not in df.columns or not len(df) else \
@@ -97,12 +110,66 @@ def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = 
         res = fit_auto(df, fix, tie, config)
     else:
         res = fit_one(df, _spec(form, fix, tie), config)
+    if scale_weighting is None:
+        scale_weighting = form == "auto"
+    if asymptote_rule is None:
+        asymptote_rule = form == "auto"
+    plain = res
     if scale_weighting and objective == "huber" and backtest and isinstance(res, FitResult):
         res = apply_scale_weight_rule(df, res, config, prior)
     if asymptote_rule and objective == "huber" and backtest and isinstance(res, FitResult):
         bw = (res.diagnostics.get("scale_weighting") or {}).get("bandwidth")
         res = apply_asymptote_rule(df, res, replace(config, bandwidth=bw), fix, tie, prior)
+    if isinstance(res, FitResult):
+        res = _forecast_layer(res, plain, band_prior)
     return _left_out(res, df)
+
+
+def _plain_loss(df) -> bool:
+    """A DataFrame built by hand with a plain ``loss`` column (no ``metric`` column, no metric
+    named in its attrs as load_points names one)."""
+    return isinstance(df, pd.DataFrame) and "loss" in df.columns and \
+        "metric" not in df.columns and not df.attrs.get("metric")
+
+
+# The band's prior (ladder.fit.result.band_prior_of): medians over the 12 public ladders of
+# bench/scoreboard.py of each ladder's own measured terms (its plain fit: form auto, no rule, no
+# weights): the run-to-run noise as a log sd, the extrapolation error per decade. weight: the
+# observations the prior is worth, 9: the fewest a 90% residual quantile can rank
+# (m >= level / (1 - level), ladder.fit.result.FitResult.noise_half_width), fixed before scoring.
+# The scoreboard learns these leave-one-ladder-out (no ladder is scored by a prior it informed).
+BAND_PRIOR_WEIGHT = 9.0
+BAND_PRIOR = {"noise_log_sd": 0.00628, "rate": 0.0401, "weight": BAND_PRIOR_WEIGHT, "source": "bench/scoreboard.py: medians over its 12 public ladders' plain fits"}  # noqa: E501
+
+
+def _forecast_layer(res, plain, band_prior) -> FitResult:
+    """``res`` with its forecast layer on record (``diagnostics.forecast_layer``): the band's
+    prior, and where a device (scale weights, the asymptote rule) moved the estimates, the
+    form's own estimates beside them, so law.json and the report say which numbers are which."""
+    layer = {}
+    if band_prior is True:
+        band_prior = BAND_PRIOR
+    if band_prior:
+        res.diagnostics["band_prior"] = dict(band_prior)
+        layer["band"] = ("noise and extrapolation terms pooled with their cross-ladder values "
+                         "(diagnostics.band_prior); the estimates are not moved")
+    devices = [k for k in ("scale_weighting", "asymptote_rule")
+               if (res.diagnostics.get(k) or {}).get("applied")
+               and (res.diagnostics.get(k) or {}).get("chosen") not in (None, "free",
+                                                                         "equal weights")]
+    if devices and res is not plain:
+        layer["devices"] = devices
+        layer["estimator_params"] = {k: float(v) for k, v in plain.params.items()}
+        layer["estimates"] = ("params are the forecast's (moved by " + ", ".join(devices)
+                              + "); the form's own estimator gave estimator_params")
+        if "allocation" in plain.diagnostics:
+            # an allocation sizes a run: it is the form's exponents', never a device's
+            res.diagnostics["allocation"] = dict(plain.diagnostics["allocation"],
+                                                 source="the form's own estimator")
+    else:
+        layer["estimates"] = "params are the form's own estimator"
+    res.diagnostics["forecast_layer"] = layer
+    return res
 
 
 def _left_out(res, df):
@@ -133,8 +200,12 @@ def _spec(form: str, fix: dict, tie: dict) -> Spec:
     if form in CURVE_FORMS:
         raise InputError(f"the {form} form is a schedule-aware curve law (ladder.fit.curve_fit)",
                          field="form")
+    if form == "task":
+        raise InputError("the task form fits in two steps: ladder.fit.fit_task (the CLI: "
+                         "--form task --via LOSS_KEY)", field="form")
     if form not in FORMS:
-        raise InputError(f"unknown form {form!r}; one of auto, {', '.join(FORMS)}", field="form")
+        raise InputError(f"unknown form {form!r}; one of {form_choices()} (*: tried by --form "
+                         "auto)", field="form")
     try:
         return Spec(get_form(form), fix=fix, tie=tie)
     except ValueError as e:

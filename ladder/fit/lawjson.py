@@ -38,6 +38,15 @@ SCHEMA = "law/3"        # one law (written)
 MULTI_SCHEMA = "law/2"  # {metric key: one-law document} under "laws"
 V1 = "law/1"            # one law, written before law/3 (read through _v1)
 PER_FOLD = "per-fold RMS of log error per decade on one scale (law/1)"
+# The band's spreads in log loss (sigma_log, abs_residuals_log, the extrapolation rate per
+# decade): 10 is a factor e^10 ~ 22,000 on L - E at one sd, no measurement of a loss (a fit
+# writes hundredths); beyond it an edit, and exp(q x spread) soon overflows float64 (e^709):
+# an Infinity band with exit 0 (issue 39)
+LOG_SPREAD_LIMIT = 10.0
+# Residual degrees of freedom below 0.1: t(0.1) at 95% is already 1.6e9 (every band overflows),
+# and scipy's stdtrit is not monotone below ~0.01 (t(1e-300) at 95%: 6,704); the fitter writes
+# null, not 0, where none are left
+DOF_MIN = 0.1
 
 
 def to_json(r) -> dict:
@@ -148,6 +157,7 @@ def check_envelope(obj, *, path=None, forms) -> str:
     form = string("form")
     if form not in forms:
         raise InputError(f"unknown form {form!r}", path=where, field="form")
+    check_extrapolation(obj, path=path)
     return form
 
 
@@ -243,7 +253,7 @@ def read(obj: dict, *, path=None) -> tuple[dict, list]:
     ``fit.result.FitResult``, its ``spread`` as those of ``fit.result.Spread``; [(value,
     keyword arguments)] of its ``by`` groups)."""
     where = str(path) if path else "<law>"
-    obj = upgrade(obj)
+    obj = upgrade(obj, path=path)
     form = check_envelope(obj, path=path, forms=tuple(FORMS))
     metric = _need(obj, "metric", str, where)
     top = _read_block(obj, _need(obj, "uncertainty", dict, where), "", form, metric, where)
@@ -307,9 +317,16 @@ def _read_spread(unc: dict, spec: Spec, where: str, prefix: str) -> dict:
     boot = unc.get("bootstrap_u")
     boot = None if boot is None else _array(boot, (None, len(spec.form.names)), where,
                                             prefix + "uncertainty.bootstrap_u")
+    if boot is not None and np.any(np.abs(boot) > U_LIMIT):  # as fit.u: exp() overflows
+        raise InputError(f"a draw beyond |{U_LIMIT:g}|: exp() overflows float64", path=where,
+                         field=prefix + "uncertainty.bootstrap_u")
     cov = unc.get("covariance_free")
     cov = None if cov is None else _array(cov, (spec.n_free, spec.n_free), where,
                                           prefix + "uncertainty.covariance_free")
+    if cov is not None and (np.any(np.diag(cov) < 0) or np.any(np.abs(cov) > U_LIMIT ** 2)):
+        # a variance is >= 0, and an sd beyond the parameters' own range is no covariance
+        raise InputError(f"expected variances in [0, {U_LIMIT:g}^2] on the diagonal",
+                         path=where, field=prefix + "uncertainty.covariance_free")
     sigma, dof = unc.get("sigma_log"), unc.get("dof")
     for name, v in (("sigma_log", sigma), ("dof", dof)):
         if v is not None and (isinstance(v, bool) or not (isinstance(v, (int, float))
@@ -319,6 +336,13 @@ def _read_spread(unc: dict, spec: Spec, where: str, prefix: str) -> dict:
         if v is not None and v < 0:  # a negative sd gives a nonsense (inverted) band
             raise InputError(f"must be >= 0, got {v!r}", path=where,
                              field=prefix + "uncertainty." + name)
+    if dof is not None and dof < DOF_MIN:
+        # the fitter writes null where no residual dof is left (fit.estimate); t(0) is undefined
+        raise InputError(f"must be >= {DOF_MIN:g} (null where there are none), got {dof!r}",
+                         path=where, field=prefix + "uncertainty.dof")
+    if sigma is not None and sigma > LOG_SPREAD_LIMIT:
+        raise InputError(f"must be <= {LOG_SPREAD_LIMIT:g} (a log-loss sd), got {sigma!r}",
+                         path=where, field=prefix + "uncertainty.sigma_log")
     small = unc.get("small_sample")
     if small not in ("normal", "student-t"):
         raise InputError(f"expected 'normal' or 'student-t', got {small!r}", path=where,
@@ -329,6 +353,9 @@ def _read_spread(unc: dict, spec: Spec, where: str, prefix: str) -> dict:
     ares = unc["abs_residuals_log"]
     ares = None if ares is None else _array(ares, (None,), where,
                                             prefix + "uncertainty.abs_residuals_log")
+    if ares is not None and (np.any(ares < 0) or np.any(ares > LOG_SPREAD_LIMIT)):
+        raise InputError(f"expected |log residuals| in [0, {LOG_SPREAD_LIMIT:g}]", path=where,
+                         field=prefix + "uncertainty.abs_residuals_log")
     return {"boot_u": boot, "cov": cov, "sigma": sigma, "dof": dof, "abs_resid": ares,
             "small_sample": small}
 
@@ -353,20 +380,23 @@ def _read_fit_options(fit: dict, where: str, prefix: str) -> tuple[str, dict, st
     return objective, prior, column
 
 
-def upgrade(obj):
+def upgrade(obj, *, path=None):
     """A one-law document of any version in the current shape (law/3): one reader per version
-    (``_READERS``); anything else as it is, for the envelope check to refuse."""
-    reader = _READERS.get(obj.get("schema")) if isinstance(obj, dict) else None
-    return obj if reader is None else reader(obj)
+    (``_READERS``); anything else as it is, for the envelope check to refuse. A field an upgrade
+    reads is type-checked first (InputError naming ``path`` and the field)."""
+    schema = obj.get("schema") if isinstance(obj, dict) else None
+    reader = _READERS.get(schema) if isinstance(schema, str) else None
+    return obj if reader is None else reader(obj, str(path) if path else "<law>")
 
 
-def _v1(obj: dict) -> dict:
+def _v1(obj: dict, where: str = "<law>") -> dict:
     """A law/1 document in law/3's shape (see the module doc): what a law/1 file written before
     a field existed means by its absence, written out. Only what is absent is filled in (what
     is there is left for the law/3 reader to check); the document is not changed in place."""
     out = dict(obj, schema=SCHEMA)
-    if obj.get("form") not in FORMS:   # a curve or task law: law/1 is law/3's shape
-        return out
+    form = obj.get("form")
+    if not isinstance(form, str) or form not in FORMS:  # a curve or task law: law/3's shape
+        return out                                     # (a bad form: the envelope refuses it)
 
     def unc(block):
         u = block.get("uncertainty") if isinstance(block, dict) else None
@@ -383,17 +413,17 @@ def _v1(obj: dict) -> dict:
     bt = diag.get("backtest") if isinstance(diag, dict) else None
     if isinstance(bt, dict) and pooled_record(bt) is None:
         bt = {k: v for k, v in bt.items() if k != "extrapolation"}
-        rec = per_fold_extrapolation(bt)
+        rec = per_fold_extrapolation(bt, where)
         if rec is not None:
             bt["extrapolation"] = rec
         out["diagnostics"] = dict(diag, backtest=bt)
     return out
 
 
-_READERS = {V1: _v1, SCHEMA: lambda obj: obj}
+_READERS = {V1: _v1, SCHEMA: lambda obj, where: obj}
 
 
-def per_fold_extrapolation(bt: dict) -> dict | None:
+def per_fold_extrapolation(bt: dict, where: str = "<law>") -> dict | None:
     """A law/1 backtest's extrapolation record as written before the pooled rate: the RMS over
     its rollout folds of log error per decade of one scale (``scale``: planned compute, else
     params x tokens, else params), outside [smallest, largest] run's scale (the smallest absent
@@ -402,19 +432,82 @@ def per_fold_extrapolation(bt: dict) -> dict | None:
     scale, a null end unbounded), so that one computation reads both
     (ladder.fit.result.FitResult.extrapolation_log_sd)."""
     per_decade = []
-    for fold in bt.get("folds") or []:
-        d = fold.get("decades") if isinstance(fold, dict) else None
-        if not (isinstance(d, (int, float)) and d > 0):
+    field = "diagnostics.backtest.folds"
+    folds = bt.get("folds")
+    if folds is not None and not isinstance(folds, list):
+        raise InputError("expected a list of folds", path=where, field=field)
+    for i, fold in enumerate(folds or []):
+        if not isinstance(fold, dict):
+            raise InputError("expected a fold object", path=where, field=f"{field}[{i}]")
+        d = fold.get("decades")
+        if not (isinstance(d, (int, float)) and not isinstance(d, bool) and math.isfinite(d)
+                and d > 0):
             continue
-        per_decade += [math.log1p(float(e)) / d for e in fold.get("final_rel_err") or []
-                       if isinstance(e, (int, float)) and math.isfinite(e) and e > -1]
+        errs = fold.get("final_rel_err")
+        if errs is not None and not isinstance(errs, list):
+            raise InputError("expected a list of numbers", path=where,
+                             field=f"{field}[{i}].final_rel_err")
+        per_decade += [math.log1p(float(e)) / d for e in errs or []
+                       if isinstance(e, (int, float)) and not isinstance(e, bool)
+                       and math.isfinite(e) and e > -1]
     top, bottom, kind = bt.get("scale_log10_max"), bt.get("scale_log10_min"), bt.get("scale")
-    if not per_decade or not isinstance(top, (int, float)) or kind not in (
-            "compute", "params_x_tokens", "params"):
+    if not per_decade or not _finite(top) or kind not in ("compute", "params_x_tokens",
+                                                            "params"):
         return None
-    bottom = float(bottom) if isinstance(bottom, (int, float)) else None
+    bottom = float(bottom) if _finite(bottom) else None
+    if bottom is not None and bottom > top:
+        bottom = None
     return {"method": PER_FOLD, "inputs": [kind], "ranges_log10": {kind: [bottom, float(top)]},
             "rate_per_decade": float(np.sqrt(np.mean(np.square(per_decade))))}
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def check_extrapolation(obj: dict, *, path=None) -> None:
+    """A law's ``diagnostics.backtest.extrapolation`` record (the band's extrapolation term,
+    :func:`pooled_record`), when there is one, checked field by field: a malformed record is
+    refused naming the field, never read as "no term" (a band four decades out 8x too narrow,
+    issue 39)."""
+    where = str(path) if path else "<law>"
+    diag = obj.get("diagnostics")
+    if diag is None:
+        return
+    if not isinstance(diag, dict):
+        raise InputError("expected an object", path=where, field="diagnostics")
+    bt = diag.get("backtest")
+    if bt is None:
+        return
+    if not isinstance(bt, dict):
+        raise InputError("expected an object or null", path=where,
+                         field="diagnostics.backtest")
+    ex = bt.get("extrapolation")
+    if ex is None:
+        return
+    f = "diagnostics.backtest.extrapolation"
+    if not isinstance(ex, dict):
+        raise InputError("expected an object or null", path=where, field=f)
+    rate = ex.get("rate_per_decade")
+    if rate is not None and not (_finite(rate) and 0 <= rate <= LOG_SPREAD_LIMIT):
+        raise InputError(f"expected null or a number in [0, {LOG_SPREAD_LIMIT:g}] (log loss "
+                         f"per decade), got {str(rate)[:40]!r}", path=where,
+                         field=f + ".rate_per_decade")
+    ranges = ex.get("ranges_log10")
+    if not isinstance(ranges, dict):
+        raise InputError("expected an object {input: [log10 lo or null, log10 hi]}",
+                         path=where, field=f + ".ranges_log10")
+    for c, r in ranges.items():
+        fc = f"{f}.ranges_log10.{c}"
+        if not (isinstance(r, list) and len(r) == 2 and _finite(r[1])
+                and (r[0] is None or _finite(r[0]))):
+            raise InputError("expected [log10 lo or null, log10 hi], finite numbers",
+                             path=where, field=fc)
+        if r[0] is not None and r[0] > r[1]:
+            raise InputError(f"lo {r[0]} above hi {r[1]}", path=where, field=fc)
+        if abs(r[1]) > 400 or (r[0] is not None and abs(r[0]) > 400):
+            # float64 holds 10^+-308: no input of a run is beyond it
+            raise InputError("beyond float64's range (|log10| > 400)", path=where, field=fc)
 
 
 def pooled_record(bt) -> dict | None:

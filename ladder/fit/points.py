@@ -3,7 +3,7 @@
 Columns (shared/DESIGN.md): ``run, params, active_params, tokens, compute, fraction, loss`` (+
 ``step, lr`` for schedule-aware curve laws). ``compute`` and ``tokens`` are *so far* at the point;
 ``compute`` is flops-v1 training FLOPs without the LM head. A runs directory (``RUNS/<ladder>/
-<rung>/`` with config.json, summary.json, metrics.jsonl; found and read by ``ladder.runs``, the
+<rung>/`` with config.json, summary.json, metrics.jsonl; found and read by ``sources.runs``, the
 reader the forecaster and the report use) is converted to the same table: every
 eval row of every rung becomes a point with its progress fraction, compute counted by the one
 counter (``Rung.compute(tokens_so_far)``).
@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from ladder.io import EX_NOINPUT, EX_USAGE, InputError, as_float, read_json, read_table
-from ladder.runs import EXCLUDED, read_runs
+from ladder.sources.runs import EXCLUDED, read_runs
 
 DEFAULT_METRIC = "eval_dropless/loss"
 NUMERIC = ("params", "active_params", "tokens", "compute", "fraction", "loss", "step", "lr")
@@ -56,11 +56,12 @@ def load_points(sources, metric: str | None = None, *, include_incomplete: bool 
     (default the dropless eval loss) and labels the table's ``loss`` column (a table without
     ``loss`` may carry a column named after the metric instead). ``sizes`` (CSV or JSON: run,
     params, active_params) gives the sizes of W&B runs whose configs lack a rung; ``wandb_api``
-    replaces ``wandb.Api()`` (tests). ``keymap`` (a ``ladder.keymap.KeyMap``) renames another
+    replaces ``wandb.Api()`` (tests). ``keymap`` (a ``sources.keymap.KeyMap``) renames another
     trainer's keys in W&B histories and table columns to ours (``--keys``).
 
-    A run directory of a ladder's target rung (config.json's rung ``is_target``: ``ladder run``
-    trains it beside the rungs) is the run the law forecasts, not a point to fit: it is left out
+    A run of a ladder's target rung (its rung's ``is_target``: ``ladder run`` trains it beside
+    the rungs; a run directory's config.json, or a W&B run's config, whose points table names it
+    in ``attrs["targets"]``) is the run the law forecasts, not a point to fit: it is left out
     unless ``include_target``, and ``df.attrs["left_out"]`` names it (``LADDER/RUNG``)."""
     if isinstance(sources, (str, Path, pd.DataFrame)):
         sources = [sources]
@@ -68,13 +69,19 @@ def load_points(sources, metric: str | None = None, *, include_incomplete: bool 
     frames, dropped, left_out = [], [], []
     for src in sources:
         if isinstance(src, pd.DataFrame):  # a table built elsewhere may name its source
-            frames.append(_table(src.copy(), str(src.attrs.get("source", "<dataframe>")),
-                                 metric, requested))
+            src, targets = _without_targets(src, include_target)
+            left_out += targets
+            if len(src) or not targets:
+                frames.append(_table(src.copy(), str(src.attrs.get("source", "<dataframe>")),
+                                     metric, requested))
             continue
         if isinstance(src, str) and src.startswith("wandb://"):
             frame, notes = _wandb_runs(src, metric, read_sizes(sizes), wandb_api, keymap)
+            frame, targets = _without_targets(frame, include_target)
             dropped += notes
-            frames.append(frame)
+            left_out += targets
+            if len(frame) or not targets:
+                frames.append(frame)
             continue
         path = Path(src)
         if not path.exists():
@@ -111,6 +118,18 @@ def load_points(sources, metric: str | None = None, *, include_incomplete: bool 
     df.attrs["metric"] = metric
     df.attrs["left_out"] = left_out
     return df
+
+
+def _without_targets(df: pd.DataFrame, include_target: bool) -> tuple[pd.DataFrame, list[str]]:
+    """W&B runs' points (:func:`points_from_histories`) without the target rung's run, as a
+    runs directory leaves it out: (the table, the runs left out)."""
+    targets = [str(t) for t in df.attrs.get("targets") or []]
+    if include_target or not targets or "run" not in df.columns:
+        return df, []
+    keep = ~df["run"].astype(str).isin(targets)
+    out = df[keep].reset_index(drop=True)
+    out.attrs = {k: v for k, v in df.attrs.items() if k != "targets"}
+    return out, targets
 
 
 def _read_table(path: Path) -> pd.DataFrame:
@@ -282,7 +301,7 @@ def expand_metrics(patterns, sources, *, keymap=None) -> list[str | None]:
 
 def _runs_dir(root: Path, metric: str, include_incomplete: bool,
               include_target: bool = False):
-    """Every run directory at or below ``root`` that has a metrics.jsonl (``ladder.runs``: the
+    """Every run directory at or below ``root`` that has a metrics.jsonl (``sources.runs``: the
     discovery and status rules the forecaster and the report use too), to points: (table or
     None when every run is a target left out, notes, the targets left out)."""
     runs = [r for r in read_runs(root) if r.metrics_path.is_file()]
@@ -434,11 +453,12 @@ def points_from_histories(runs: Iterable[WandbHistory], metric: str, sizes: dict
     its sizes and FLOPs (the one counter); otherwise ``sizes`` must name the run (by id or name),
     or a ``keymap`` find its ``params`` in the run's summary or config (levanter's
     ``parameter_count``), and its rows must log ``flops``. ``keymap`` renames the rows' keys to
-    ours. Returns the table and notes on runs without points."""
+    ours. Returns the table and notes on runs without points; ``attrs["targets"]`` names the runs
+    of a target rung (:func:`load_points` leaves them out unless asked)."""
     from ladder.specs import Rung  # plain Python; no JAX
 
     sizes = sizes or {}
-    batches, notes = [], []
+    batches, notes, targets = [], [], []
     for h in runs:
         cfg, name = h.config, h.name
         rung = None
@@ -449,6 +469,8 @@ def points_from_histories(runs: Iterable[WandbHistory], metric: str, sizes: dict
                 raise InputError(str(e), path=h.where, field="config.rung") from None
             params, active = float(rung.params.total), float(rung.params.active)
             name = f"{rung.ladder}/{rung.name}"
+            if rung.is_target:
+                targets.append(name)
         elif h.run_id in sizes or name in sizes:
             sz = sizes.get(h.run_id) or sizes[name]
             params, active = sz["params"], sz["active_params"]
@@ -458,15 +480,35 @@ def points_from_histories(runs: Iterable[WandbHistory], metric: str, sizes: dict
             params = as_float(keymap.value("params", h.summary, h.config))
             active = as_float(keymap.value("active_params", h.summary, h.config)) or math.nan
         else:
-            raise InputError(f"run {name!r}: no rung in its config; give its sizes with --sizes "
-                             f"FILE (run, params, active_params)", path=h.where, field="--sizes")
+            raise _no_sizes(h, name, keymap)
         rows = h.rows if keymap is None else (keymap.row(r) for r in h.rows)
         batches.append((h.where, point_rows(
             rows, metric, run=name, source=h.where, params=params, active_params=active,
             compute_of=lambda row, tokens, rung=rung: (
                 rung.compute(tokens) if rung is not None and tokens is not None
                 else as_float(row.get("flops"))))))
-    return _concat(batches, notes, metric, where=where)
+    frame, notes = _concat(batches, notes, metric, where=where)
+    frame.attrs["targets"] = targets
+    return frame, notes
+
+
+def _no_sizes(h: WandbHistory, name: str, keymap) -> InputError:
+    """The error of a W&B run without sizes: another trainer's run (its keys are a built-in key
+    map's) is told to pass ``--keys NAME``; any other run to give ``--sizes``."""
+    from ladder.sources.keymap import recognise
+    if keymap is None:
+        rows = iter(h.rows)
+        first = [r for _, r in zip(range(5), rows)]  # the run is refused: reading it is fine
+        keys = set(h.config) | set(h.summary) | {k for r in first for k in r}
+        found = recognise(keys)
+        if found:
+            maps, hit = found
+            also = f" (or {', '.join(maps[1:])})" if len(maps) > 1 else ""
+            return InputError(f"run {name!r}: no rung in its config, and it logs {maps[0]}'s "
+                              f"keys ({', '.join(hit)}); read it with --keys {maps[0]}{also}",
+                              path=h.where, field="--keys")
+    return InputError(f"run {name!r}: no rung in its config; give its sizes with --sizes "
+                      f"FILE (run, params, active_params)", path=h.where, field="--sizes")
 
 
 def is_wandb_offline_dir(path) -> bool:
@@ -509,3 +551,52 @@ def _clean(df: pd.DataFrame):
         notes.append(f"{df['source'].iat[i]}: row {int(df['row'].iat[i])}: dropped: "
                      + "; ".join(reasons[i]))
     return df.loc[~bad].reset_index(drop=True), notes
+
+
+def offline_run_points(path: str, metric: str | None, sizes, *, keymap=None):
+    """The points of a W&B offline run directory: the record log read by ladder.sources, the
+    table built like that of a wandb:// run. With a ``keymap`` (another trainer's
+    names), the run's summary records are read too: levanter logs its parameter count there."""
+    import warnings
+
+    from ladder.sources import WandbOfflineSource
+
+    src = WandbOfflineSource(path)
+    run_id = src.record_file().stem.removeprefix("run-")
+    rows, configs = [], []
+    while True:  # the log is decoded in slices (ladder.sources.wandb.POLL_BYTES a poll)
+        got = src.poll()
+        rows += got.rows
+        configs += got.configs
+        if not got.more:
+            break
+    config = configs[0] if configs else {}
+    summary = _offline_summary(src) if keymap is not None else {}
+    df, notes = points_from_histories(
+        [WandbHistory(where=str(path), run_id=run_id, name=run_id, config=config,
+                      rows=rows, summary=summary)], metric or DEFAULT_METRIC,
+        read_sizes(sizes), where=str(path), keymap=keymap)
+    for n in notes:
+        warnings.warn(n, stacklevel=2)
+    df.attrs["source"] = str(path)
+    return df
+
+
+def _offline_summary(src) -> dict:
+    """The summary values of a W&B offline run (its ``summary`` records, later ones win)."""
+    import json
+
+    from ladder.sources import read_wandb_records
+
+    out: dict = {}
+    for _, f in src.segments():
+        for rec in read_wandb_records(f, full=True):
+            if rec.get("type") != "summary":
+                continue
+            for item in (rec.get("summary") or {}).get("update") or []:
+                key = item.get("key") or "/".join(item.get("nested_key") or [])
+                try:
+                    out[key] = json.loads(item.get("value_json", "null"))
+                except ValueError:
+                    continue
+    return out

@@ -60,6 +60,87 @@ def parameter_lines(r, tags: dict[str, str], warnings: dict[str, str], hint: str
     return lines
 
 
+def parameter_rows(r) -> list[dict]:
+    """The parameter table of any law, one dict per parameter: ``name``, ``estimate``, ``lo``,
+    ``hi`` (its ``r.level`` interval), ``identified`` (False where ``r.identifiability`` flags
+    it) and ``note`` (fixed, tied, a prior, an estimate at a bound, why it is not identified)."""
+    spec = getattr(r, "spec", None)
+    fixed = set(spec.fix) if spec is not None else set(getattr(r, "fixed", None) or ())
+    tie = dict(spec.tie) if spec is not None else {}
+    ident = r.identifiability
+    flags = ident.get("flags") or {}
+    unidentified = set(ident.get("unidentified") or []) | set(flags)
+    at_bound = (r.diagnostics or {}).get("at_bound") or {}
+    rows = []
+    for n, v in r.params.items():
+        iv = r.intervals.get(n) or [math.nan, math.nan]
+        notes = ["fixed"] if n in fixed else ([f"= {tie[n]}"] if n in tie else [])
+        pr = (getattr(r, "prior", None) or {}).get(n)
+        if pr:
+            notes.append(f"prior {pr[0]:g} +- {pr[1]:g}")
+        if at_bound.get(n):
+            notes.append(str(at_bound[n]))
+        # a flag that repeats the bound note adds nothing: the interval's reason is kept
+        notes += [f for f in flags.get(n) or [] if not f.startswith("estimate ")]
+        param = _param(r, n)
+        if param is not None and param.kind == "positive" and abs(v) < UNUSED:
+            notes.append("~0: this factor is unused")
+        lo, hi = (as_float(x) for x in iv)
+        rows.append({"name": n, "estimate": float(v),
+                     "lo": math.nan if lo is None else lo, "hi": math.nan if hi is None else hi,
+                     "identified": n in fixed or n not in unidentified,
+                     "note": "; ".join(notes)})
+    return rows
+
+
+# a shape factor (a "positive" parameter: fit.forms) below this is at its bound 0, the factor
+# switched off (the solver's exp(u) reaches 1e-17 where the data want none of it)
+UNUSED = 1e-8
+
+
+def _param(r, name: str):
+    """The ladder.fit.forms.Param of ``name`` in a Chinchilla-family law, else None."""
+    spec = getattr(r, "spec", None)
+    try:
+        return spec.form.param(name) if spec is not None else None
+    except KeyError:
+        return None
+
+
+def short_lines(r) -> list[str]:
+    """A law in a dozen lines (a notebook's repr, the demo's summary): the form and data, the
+    parameter table with identified or not, the fit's error and backtest in one line each;
+    ``report()`` has the rest."""
+    rows = parameter_rows(r)
+    width = max([6] + [len(x["name"]) for x in rows])
+    head = head_lines(r)[:2]
+    if len(head[0]) > 100:  # a curve form's whole expression: report() has it
+        head[0] = head[0][:96] + " ..."
+    lines = head + [f"parameters ({r.level:.0%} intervals):"]
+    for x in rows:
+        flag = "" if x["identified"] else "  NOT IDENTIFIED"
+        note = x["note"] if len(x["note"]) <= 60 else x["note"].split("; ")[0]
+        lines.append(f"  {x['name']:>{width}} = {x['estimate']:<11.5g} "
+                     f"[{_g(x['lo'])}, {_g(x['hi'])}]{flag}" + (f"  ({note})" if note else ""))
+    d = r.diagnostics or {}
+    fit = []
+    if d.get("rmse_log") is not None:
+        fit.append(f"rmse(log) {_g(d.get('rmse_log'))}")
+    if d.get("max_abs_rel_residual") is not None:
+        fit.append(f"max |rel residual| {_pct(d.get('max_abs_rel_residual'))}")
+    if "converged" in d:
+        fit.append("converged" if d.get("converged") else "NOT CONVERGED")
+    if fit:
+        lines.append("fit: " + ", ".join(fit))
+    bt = d.get("backtest") or {}
+    if bt.get("rollout_mean_abs_final") is not None:
+        llo = (bt.get("leave_largest_out") or {}).get("mean_abs_final")
+        lines.append(f"backtest: rollout mean |err| {_pct(bt.get('rollout_mean_abs_final'))}"
+                     f", leave-largest-out {_pct(llo)}")
+    lines.append(f"band: {r.band_method}")
+    return lines
+
+
 def bootstrap_line(b: dict, how: str = "") -> str:
     """The run-level bootstrap's record (diagnostics.bootstrap), any kind."""
     return (f"bootstrap: {b['valid']} of {b['replicates']} run-level replicates usable "
@@ -101,6 +182,8 @@ def fit_lines(r) -> list[str]:
             pr = (r.prior or {}).get(n)
             if pr:
                 tag += f" (prior {pr[0]:g} +- {pr[1]:g})"
+            if r.spec.form.param(n).kind == "positive" and abs(r.params[n]) < UNUSED:
+                tag += " (~0: this factor is unused)"
             tags[n] = tag
         lines += parameter_lines(r, tags, d.get("at_bound", {}),
                                  "fix it with --fix NAME=VALUE or regularise it with --prior "
@@ -138,7 +221,9 @@ def fit_lines(r) -> list[str]:
     if bt:
         lines += _backtest_lines("backtest", bt)
     cmp_ = d.get("trajectory_vs_per_fraction")
-    if cmp_:
+    if cmp_ and not cmp_.get("held_out") and not cmp_.get("better"):
+        lines.append("trajectory vs per-fraction fits: not compared (no rung held out)")
+    elif cmp_:
         lines.append("trajectory vs per-fraction fits (same held-out rungs: "
                      f"{', '.join(cmp_.get('held_out', [])) or 'none'}):")
         for k, v in cmp_.items():
@@ -162,6 +247,18 @@ def fit_lines(r) -> list[str]:
     if rule and rule.get("applied"):
         lines.append(f"asymptote rule (short ladder, {rule['sizes']} sizes, E not "
                      f"identified): chose {rule.get('chosen')}: {rule.get('why')}")
+    layer = d.get("forecast_layer")
+    if layer:
+        lines.append(f"estimates: {layer.get('estimates')}")
+        if layer.get("estimator_params"):
+            lines.append("  the form's own estimator: " + ", ".join(
+                f"{k} {_g(v)}" for k, v in layer["estimator_params"].items()))
+        bp = d.get("band_prior") or {}
+        if layer.get("band") and bp:
+            lines.append(f"band (forecast layer): noise log sd and extrapolation rate pooled "
+                         f"with their cross-ladder values {_g(bp.get('noise_log_sd'))} and "
+                         f"{_g(bp.get('rate'))}/decade, worth {_g(bp.get('weight'))} "
+                         f"observations ({bp.get('source', '')})")
     for line in d.get("dropped_rows", [])[:20]:
         lines.append(f"dropped: {line}")
     if len(d.get("dropped_rows", [])) > 20:

@@ -20,6 +20,7 @@ ladder.fit.lawjson.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import math
 import warnings
@@ -32,7 +33,7 @@ import ladder.fit.lawjson as lawjson
 from ladder.fit.config import FitConfig
 from ladder.fit.forms import FORMS, Model, Spec
 from ladder.fit.prediction import Prediction, Query
-from ladder.fit.report import fit_lines, report
+from ladder.fit.report import fit_lines, parameter_rows, report, short_lines
 from ladder.io import InputError, as_float
 
 SMALL_SAMPLE = ("normal", "student-t")
@@ -76,15 +77,71 @@ class LawResult:
         flags writes the current ones)."""
         return self.diagnostics
 
-    def predict(self, query: Query | None = None, /, *, level: float | None = None,
-                extra_log_sigma=0.0, extrapolation: bool = True, **fields) -> Prediction:
+    def predict(self, query=None, /, *, level: float | None = None,
+                extra_log_sigma=0.0, extrapolation: bool = True, **fields):
         """The law at ``query`` (a :class:`ladder.fit.prediction.Query`, or its fields as keywords:
-        the same question for every kind) with its band at ``level`` (None: the kind's default).
-        ``extra_log_sigma``: a further log sd (eval noise) added to the band in quadrature;
-        ``extrapolation``: the band holds the law's own extrapolation error outside its runs
-        (a kind without one has none to add)."""
-        return self._predict(Query.of(query, **fields), level=level,
-                             extra_log_sigma=extra_log_sigma, extrapolation=extrapolation)
+        the same question for every kind; numbers, lists or arrays, which broadcast) with its
+        band at ``level`` (None: the kind's default). A scalar question gets floats, never 0-d
+        arrays. ``query`` may be a pandas DataFrame whose columns are the query's fields (others
+        are ignored): the answer is then a DataFrame on its index with ``loss``, ``lo`` and
+        ``hi`` columns. ``extra_log_sigma``: a further log sd (eval noise) added to the band in
+        quadrature; ``extrapolation``: the band holds the law's own extrapolation error outside
+        its runs (a kind without one has none to add)."""
+        frame = _as_frame(query)
+        if frame is not None:
+            return self._predict_frame(frame, level=level, extra_log_sigma=extra_log_sigma,
+                                       extrapolation=extrapolation, **fields)
+        p = self._predict(Query.of(query, **fields), level=level,
+                          extra_log_sigma=extra_log_sigma, extrapolation=extrapolation)
+        return _no_0d(p)
+
+    def _predict_frame(self, frame, *, level, extra_log_sigma, extrapolation, **fields):
+        import pandas as pd
+        names = [f.name for f in dataclasses.fields(Query)]
+        given = {c: frame[c].to_numpy() for c in frame.columns if c in names}
+        if not given:
+            raise InputError(f"the DataFrame has none of the query's columns ({', '.join(names)})"
+                             f"; it has {', '.join(map(str, frame.columns)) or 'none'}",
+                             field="query")
+        p = self._predict(Query.of(None, **{**given, **fields}), level=level,
+                          extra_log_sigma=extra_log_sigma, extrapolation=extrapolation)
+        n = len(frame)
+        cols = {k: np.broadcast_to(np.asarray(getattr(p, k), dtype=float), (n,))
+                for k in ("loss", "lo", "hi")}
+        out = pd.DataFrame(cols, index=frame.index)
+        out.attrs["level"] = p.level
+        return out
+
+    def parameter_table(self):
+        """The parameters as a pandas DataFrame (index: name): estimate, lo, hi (the ``level``
+        interval), identified (False where the data do not pin it down) and note."""
+        import pandas as pd
+        return pd.DataFrame(parameter_rows(self)).set_index("name")
+
+    def summary(self) -> str:
+        """The law in a dozen lines (``report()`` has the whole fit)."""
+        return "\n".join(short_lines(self))
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}>\n" + self.summary() + \
+            "\n(.report(): the whole fit; .parameter_table(): the table as a DataFrame)"
+
+    def _repr_html_(self) -> str:
+        """A notebook's view: the form and data, then the parameter table."""
+        import html
+        head = short_lines(self)
+        rows = "".join(
+            f"<tr><td>{html.escape(x['name'])}</td><td>{x['estimate']:.6g}</td>"
+            f"<td>{x['lo']:.4g}</td><td>{x['hi']:.4g}</td>"
+            f"<td>{'yes' if x['identified'] else '<b>no</b>'}</td>"
+            f"<td>{html.escape(x['note'])}</td></tr>" for x in parameter_rows(self))
+        rest = [ln for ln in head[2:] if not ln.startswith(" ") and
+                not ln.startswith("parameters")]
+        return (f"<div><b>{html.escape(head[0])}</b><br>{html.escape(head[1])}"
+                f"<table><thead><tr><th>parameter</th><th>estimate</th>"
+                f"<th colspan=2>{self.level:.0%} interval</th><th>identified</th><th>note</th>"
+                f"</tr></thead><tbody>{rows}</tbody></table>"
+                + "".join(f"{html.escape(ln)}<br>" for ln in rest) + "</div>")
 
     def band(self, query: Query | None = None, /, **fields) -> tuple[np.ndarray, np.ndarray]:
         """(lo, hi) of :meth:`predict`'s band (same arguments)."""
@@ -104,7 +161,7 @@ class LawResult:
         form = obj.get("form") if isinstance(obj, dict) else None
         kind = LawResult._KINDS.get(form) if isinstance(form, str) else None
         if kind is None or kind is cls:
-            lawjson.check_envelope(lawjson.upgrade(obj), path=path,
+            lawjson.check_envelope(lawjson.upgrade(obj, path=path), path=path,
                                    forms=tuple(LawResult._KINDS))
             raise InputError(f"unknown form {form!r}", path=str(path) if path else "<law>",
                              field="form")
@@ -140,7 +197,21 @@ class Spread:
                                                                             dtype=float))))
 
 
-@dataclass(frozen=True, eq=False)
+def _as_frame(query):
+    """``query`` when it is a pandas DataFrame, else None (pandas is not imported for it)."""
+    import sys
+    pd = sys.modules.get("pandas")
+    return query if pd is not None and isinstance(query, pd.DataFrame) else None
+
+
+def _no_0d(p: Prediction) -> Prediction:
+    """A prediction whose 0-d arrays (a scalar question) are floats."""
+    def f(a):
+        return float(a) if isinstance(a, np.ndarray) and a.ndim == 0 else a
+    return replace(p, loss=f(p.loss), lo=f(p.lo), hi=f(p.hi))
+
+
+@dataclass(frozen=True, eq=False, repr=False)
 class FitResult(LawResult, forms=tuple(FORMS)):
     """A fitted law: parameters, intervals, diagnostics, ``predict()``, ``report()``, JSON.
 
@@ -283,6 +354,10 @@ class FitResult(LawResult, forms=tuple(FORMS)):
                 vals["params_x_tokens"] = (np.asarray(params, float) * np.asarray(tokens, float)
                                            / fr)
         d = input_distance(vals, pooled["ranges"], shape)
+        prior = band_prior_of(self.diagnostics)
+        if prior is not None:  # the forecast layer's prior on the rate (band_prior_of)
+            n = ((bt or {}).get("extrapolation") or {}).get("n_points") or 0
+            return shrink(pooled["rate"], float(n), prior["rate"], prior["weight"]) * d
         if pooled["rate"] is None:
             # no rollout fold could be fitted (too few smaller runs): nothing measured the
             # error outside the runs, and the band does not hold it; said, not hidden
@@ -400,6 +475,17 @@ class FitResult(LawResult, forms=tuple(FORMS)):
         the out-of-sample error is measured, not modelled: the rollout backtest's held-out
         errors, which hold the run-to-run noise, are the extrapolation term (ladder.fit.backtest,
         :meth:`extrapolation_log_sd`)."""
+        own = self._own_noise_half_width(level)
+        prior = band_prior_of(self.diagnostics)
+        if prior is None:
+            return own
+        # the forecast layer's prior (band_prior_of): the ladder's own estimate, worth its
+        # residual dof, pooled with the cross-ladder one, worth prior["weight"]
+        z = float(ndtri(0.5 + level / 2))
+        return shrink(own, max(float(self.dof or 0), 0.0), z * prior["noise_log_sd"],
+                      prior["weight"])
+
+    def _own_noise_half_width(self, level: float) -> float | None:
         qq = self._noise_rank_level(level)
         if qq is not None:
             m = self.dof + self.spec.n_free
@@ -409,6 +495,17 @@ class FitResult(LawResult, forms=tuple(FORMS)):
         q = 0.5 + level / 2
         quant = float(ndtri(q)) if self.small_sample == "normal" else float(stdtrit(self.dof, q))
         return quant * self.sigma
+
+    def band_terms(self, level: float = 0.9) -> dict:
+        """The band's two ladder-measured terms before any prior: the noise part as a log sd
+        (its half-width at ``level`` / z) with the residual dof behind it, and the
+        extrapolation rate per decade with the held-out points behind it (bench/scoreboard.py
+        pools them across ladders into the prior of band_prior_of)."""
+        own = self._own_noise_half_width(level)
+        ex = ((self.diagnostics.get("backtest") or {}).get("extrapolation") or {})
+        return {"noise_log_sd": None if own is None else own / float(ndtri(0.5 + level / 2)),
+                "dof": float(self.dof or 0),
+                "rate": ex.get("rate_per_decade"), "rate_points": int(ex.get("n_points") or 0)}
 
     def _band_ols(self, model, center, level, extra):
         """The OLS prediction interval of log(L - E) (statsmodels' ``obs_ci``: Student-t with
@@ -500,6 +597,37 @@ def input_distance(values: dict, ranges: dict, shape=()) -> np.ndarray:
         out = np.maximum(lv - hi, 0.0) + np.maximum(lo - lv, 0.0)
         d = np.maximum(d, np.where(np.isfinite(out), out, 0.0))
     return d
+
+
+def band_prior_of(diagnostics) -> dict | None:
+    """The forecast layer's prior on the band's two measured terms (``diagnostics.band_prior``,
+    set by ladder.fit.law.fit_law; absent in law.json files written before it, which keep
+    their band): ``noise_log_sd``, the run-to-run noise as a log sd, and ``rate``, the
+    extrapolation error per decade, each the median over the public ladders of
+    bench/scoreboard.py, and ``weight``, the observations the prior is worth. A ladder's own
+    estimate of a term rests on few numbers (a 5-run ladder fitted by a 4-parameter law has 1
+    residual dof; its rollout 2-4 held-out finals), and alone it set bands of +-6 to +-20%
+    where the law missed by 0.3% (Gadre et al.'s RedPajama ladder, docs/scoreboard.md)."""
+    bp = (diagnostics or {}).get("band_prior")
+    if not isinstance(bp, dict):
+        return None
+    try:
+        out = {k: float(bp[k]) for k in ("noise_log_sd", "rate", "weight")}
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not all(math.isfinite(v) and v >= 0 for v in out.values()):
+        return None
+    return out
+
+
+def shrink(own: float | None, n: float, prior: float, n0: float) -> float:
+    """The pooled scale of ``own`` (a scale measured from ``n`` numbers) and ``prior`` (worth
+    ``n0``): sqrt((n own^2 + n0 prior^2) / (n + n0)), the posterior mean of a variance under
+    a scaled-inverse-chi-square prior (Gelman et al., Bayesian Data Analysis, 3rd ed., 3.3);
+    ``prior`` where nothing was measured."""
+    if own is None or not math.isfinite(own) or n <= 0:
+        return float(prior)
+    return math.sqrt((n * own * own + n0 * prior * prior) / (n + n0))
 
 
 def extrapolation_rate(bt) -> tuple:

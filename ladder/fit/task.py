@@ -360,7 +360,7 @@ class TaskLaw(LawResult, forms=(FORM,)):
 
         def bad(field_, msg):
             return InputError(msg, path=where, field=field_)
-        obj = lawjson.upgrade(obj)
+        obj = lawjson.upgrade(obj, path=path)
         lawjson.check_envelope(obj, path=path, forms=(FORM,))
         task = obj.get("task")
         if not isinstance(task, dict):

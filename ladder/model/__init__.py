@@ -6,7 +6,9 @@
     apply(cfg, params, router_bias, tokens, *, dropless=False, segment_ids=None) -> (logits, aux)
     loss_fn(cfg, params, router_bias, tokens, targets, *, dropless=False, segment_ids=None)
         -> (loss, stats)
-    update_router_bias(cfg, router_bias, stats) -> router_bias
+    update_router_bias(cfg, router_bias, stats, router_step=None) -> router_bias (router_step:
+        the step's change of the router weights, transformer.router_weights; taken off the
+        balancing target so the bias does not lag the router by one step)
     param_groups(params) -> {group: [leaf, ...]}
 
 Importing ``model`` alone imports only the config (no JAX); the functions load JAX on first use.
@@ -15,16 +17,19 @@ Files: config.py (ModelConfig), layers.py (RMSNorm, RoPE, attention, init boxes)
 dispatch, experts, bias rules, reference MoE), transformer.py (decoder, API, losses, groups).
 
 Compute path (ladder/model/transformer.py): ``cfg.precision`` bf16 (accelerators) or f32 (CPU, and
-wherever exactness is tested) with float32 master weights; attention through
-jax.nn.dot_product_attention (cuDNN flash on GPU; query blocks of ``cfg.attention_chunk`` on XLA
-elsewhere); whole repeats of the local/global layer pattern under nn.scan with ``cfg.remat``;
+wherever exactness is tested) with float32 master weights; attention through cuDNN flash
+attention on GPU (documents as cuDNN's packed segments, never a dense mask), query blocks of
+``cfg.attention_chunk`` through XLA elsewhere (ladder.model.layers.attention_choice says which,
+once per process); whole repeats of the local/global layer pattern under nn.scan with
+``cfg.remat``;
 the LM head and cross-entropy over chunks of ``cfg.loss_chunk`` positions (no [B, S, V] logits
 in loss_fn). ``segment_ids`` [B, S] keep packed documents from attending to each other.
 
 Sharding: routed-expert weights carry an E axis (leading in unrolled layers, after the group axis
 under scan: ladder.model.transformer.expert_axis); under ``jax.set_mesh`` of a mesh with "Auto" axes
 ("data", "expert") the MoE layers read the mesh from the context and run their routed path
-expert-parallel (``jax.shard_map`` + ``all_to_all``, model/moe.py); jit/GSPMD partitions the rest
+expert-parallel (``jax.shard_map`` + a ragged all-to-all on GPU/TPU, ``all_to_all`` on CPU,
+model/moe.py); jit/GSPMD partitions the rest
 (tests/test_model_sharding.py). Meshes with "Explicit" axes (jax.make_mesh's default in jax 0.10)
 are not supported: the embedding gather would need out_sharding annotations.
 

@@ -8,9 +8,11 @@ Einsum letters: b=B, s=S, t=T, d=D, h=H, k=K, g=G, x=Hd.
 
 from __future__ import annotations
 
+import logging
 import math
 import zlib
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -262,36 +264,178 @@ def segment_mask(segment_ids: jax.Array) -> jax.Array:
     return (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
 
 
-def attention_implementation(dtype, head_dim: int) -> str:
-    """"cudnn" (flash attention: no S x T scores in memory) on GPU for the shapes it takes
-    (bf16/fp16, head dim a multiple of 8 up to 128, per jax.nn.dot_product_attention's cuDNN
-    path), else "xla" (a masked softmax over the full S x T scores)."""
-    ok = jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and head_dim % 8 == 0 and head_dim <= 128
-    return "cudnn" if ok and jax.default_backend() == "gpu" else "xla"
+# cuDNN's packed layout (sequence packing: per-row segment offsets and lengths, one flash-attention
+# call, each document causal and windowed within itself) reaches jax only through its internal
+# module in jax 0.10 (jax.nn.dot_product_attention takes no offsets; openxla/xla#20861 and
+# jax-ml/jax#25812 added the path, jax-ml/jax#29731 proposes the public arguments). It needs a
+# Hopper or later GPU; its softmax statistics are [B * M, H, S] float32 for M documents per row
+# at most, so M is a compile-time bound and a batch with a row of more documents takes the
+# blocked XLA path at run time (``jax.lax.cond``: both are compiled). M = 32: the statistics are
+# then 50 MB per layer at 1.6B-A61M (16 sequences x 6 heads x 4096 positions per device), a tenth
+# of the [B, 1, S, S] bias they replace (537 MB in bf16), and 32 documents per 4096-token row
+# means documents of ~128 tokens on average (a constant, not a ModelConfig field: it changes how,
+# never what, is computed, and a new field would change every rung's config hash).
+MAX_SEGMENTS = 32
+_LOG = logging.getLogger(__name__)
+_SAID: set = set()
+
+
+@dataclass(frozen=True)
+class AttentionChoice:
+    """Which attention runs and why: ``implementation`` is "cudnn-packed" (cuDNN flash attention
+    with documents as packed segments: no S x T mask or scores anywhere), "cudnn" (flash, no
+    segments given), "xla-blocked" (XLA softmax over blocks of ``chunk`` queries, each block's
+    mask built from positions and segment ids: at most [B, 1, chunk, span]) or "xla" (one block:
+    S <= chunk)."""
+
+    implementation: str
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"implementation": self.implementation, "reason": self.reason}
+
+
+def cudnn_packed_unavailable() -> str | None:
+    """Why cuDNN's packed layout cannot run here (None: it can): no GPU, no cuDNN, or a GPU older
+    than Hopper (jax's own checks, read without tracing anything)."""
+    if jax.default_backend() != "gpu":
+        return f"backend is {jax.default_backend()}, not gpu"
+    try:
+        from jax._src.cudnn import fused_attention_stablehlo as fa
+        fa.check_cudnn_version()
+        if not fa.check_compute_capability("9.0"):
+            return "cuDNN's packed layout needs a Hopper or later GPU"
+    except Exception as e:  # noqa: BLE001  (an internal module: any failure means "not here")
+        return f"cuDNN fused attention unavailable: {type(e).__name__}: {e}"
+    return None
+
+
+def attention_choice(dtype, head_dim: int, seq_len: int, segmented: bool,
+                     chunk: int | None) -> AttentionChoice:
+    """The attention implementation for these shapes on this backend (pure: no logging).
+    cuDNN on GPU for bf16/fp16 and head dim a multiple of 8 up to 128 (jax's cuDNN limits);
+    with segments only where the packed layout runs (:func:`cudnn_packed_unavailable`), else the
+    blocked XLA path, which builds no [S, T] mask either."""
+    flash_ok = (jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and head_dim % 8 == 0
+                and head_dim <= 128)
+    blocked = chunk is not None and seq_len > chunk
+    xla = "xla-blocked" if blocked else "xla"
+    if jax.default_backend() != "gpu":
+        return AttentionChoice(xla, f"backend {jax.default_backend()}: XLA attention"
+                               + (f" over blocks of {chunk} queries" if blocked else ""))
+    if not flash_ok:
+        return AttentionChoice(xla, f"cuDNN flash attention takes bf16/fp16 and head dim a "
+                               f"multiple of 8 up to 128, not {jnp.dtype(dtype).name} x {head_dim}")
+    if not segmented:
+        return AttentionChoice("cudnn", "cuDNN flash attention (no segments)")
+    why = cudnn_packed_unavailable()
+    if why is not None:
+        return AttentionChoice(xla, why)
+    return AttentionChoice("cudnn-packed", "cuDNN flash attention, documents as packed segments")
+
+
+def say_attention_choice(choice: AttentionChoice) -> None:
+    """Log each distinct choice once per process (at trace time; a GPU falling back: a
+    warning)."""
+    if choice in _SAID:
+        return
+    _SAID.add(choice)
+    fallback = jax.default_backend() == "gpu" and not choice.implementation.startswith("cudnn")
+    _LOG.log(logging.WARNING if fallback else logging.INFO, "attention: %s (%s)",
+             choice.implementation, choice.reason)
+
+
+def attention_implementation(dtype, head_dim: int, seq_len: int = 0, segmented: bool = True,
+                             chunk: int | None = None) -> str:
+    """The name of :func:`attention_choice`'s implementation (bench/gpu_rung.py reports it)."""
+    return attention_choice(dtype, head_dim, seq_len, segmented, chunk).implementation
+
+
+def attention_choices() -> list[dict]:
+    """Every attention implementation traced in this process so far (for env.json)."""
+    return [c.to_dict() for c in sorted(_SAID, key=lambda c: (c.implementation, c.reason))]
+
+
+class Packed(NamedTuple):
+    """Documents of each row in cuDNN's packed layout (jax's convention for
+    ``fused_attention_stablehlo.dot_product_attention``): ``offsets`` [B, M + 1] the start of each
+    segment, -1 past the row's last; ``lengths`` [B, M] each segment's length, -1 past the last;
+    ``count`` [B] segments per row (a row with count > M does not fit)."""
+    offsets: jax.Array
+    lengths: jax.Array
+    count: jax.Array
+
+
+def packed_segments(segment_ids: jax.Array, max_segments: int) -> Packed:
+    """segment_ids [B, S] -> :class:`Packed` with room for ``max_segments`` (M) segments per row.
+    A segment is a maximal run of equal ids (packed documents: ids never return), so
+    [0, 0, 1, 1, 0] has three. O(B x (S + M)) integers, no [S, S] array."""
+    B, S = segment_ids.shape
+    M = max_segments
+    pos = jnp.arange(S, dtype=jnp.int32)
+    start = jnp.concatenate([jnp.ones((B, 1), bool),
+                             segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)    # [B, S]
+    run = jnp.cumsum(start, axis=1, dtype=jnp.int32) - 1                          # [B, S]
+    count = run[:, -1] + 1                                                        # [B]
+    rows = jnp.arange(B, dtype=jnp.int32)[:, None]
+    # each run's first position (non-starts, and runs past slot M, go out of range: dropped)
+    first = jnp.full((B, M + 1), S, jnp.int32).at[rows, jnp.where(start, run, M + 1)].min(
+        jnp.broadcast_to(pos, (B, S)), mode="drop")                               # [B, M + 1]
+    j = jnp.arange(M + 1, dtype=jnp.int32)[None, :]
+    offsets = jnp.where(j < jnp.minimum(count, M)[:, None], first, -1)            # [B, M + 1]
+    nxt = jnp.where(j[:, 1:] < count[:, None], first[:, 1:], S)                   # [B, M]
+    lengths = jnp.where(j[:, :-1] < count[:, None], nxt - first[:, :-1], -1)      # [B, M]
+    return Packed(offsets, lengths, count)
+
+
+def attend_cudnn_packed(q: jax.Array, k: jax.Array, v: jax.Array, window: int | None,
+                        packed: Packed) -> jax.Array:
+    """cuDNN flash attention over packed documents: each segment causal (and windowed) within
+    itself, GQA by the kernel. Shapes as in :func:`attend`."""
+    from jax._src.cudnn import fused_attention_stablehlo as fa
+
+    return fa.dot_product_attention(
+        q, k, v, None, None, packed.lengths, packed.lengths, packed.offsets, packed.offsets,
+        scale=1.0 / math.sqrt(q.shape[-1]), mask_type=fa.MaskType.PADDING_CAUSAL,
+        sliding_window_length=window)
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, window: int | None,
-           segment_ids: jax.Array | None = None, chunk: int | None = None) -> jax.Array:
-    """Causal attention through ``jax.nn.dot_product_attention``: q [B, S, H, Hd], k and v
-    [B, T, K, Hd] with H a multiple of K (head h reads KV head h // (H / K)) -> [B, S, H, Hd].
+           segment_ids: jax.Array | None = None, chunk: int | None = None,
+           max_segments: int = MAX_SEGMENTS) -> jax.Array:
+    """Causal attention: q [B, S, H, Hd], k and v [B, T, K, Hd] with H a multiple of K (head h
+    reads KV head h // (H / K)) -> [B, S, H, Hd].
 
     ``window``: each query sees the last ``window`` keys, itself included (None: all earlier
     keys). ``segment_ids`` [B, S] int32: a query reads keys of its own segment only (None: one
-    segment). The softmax runs in float32 whatever the input dtype (jax's XLA and cuDNN paths
-    both do). Segments go in as a boolean mask, shared by all heads.
+    segment). The softmax runs in float32 whatever the input dtype.
 
-    On GPU (cuDNN flash attention) the call is whole: no S x T scores exist. Elsewhere XLA's
-    attention builds the [B, H, S, T] scores, so with ``chunk`` < S the queries go in blocks of
-    ``chunk`` (:func:`attend_chunked`), each block's scores recomputed in the backward pass.
+    Which implementation runs is :func:`attention_choice`'s, logged once per process
+    (:func:`say_attention_choice`). On a GPU cuDNN's flash attention is whole: no S x T scores
+    exist; documents go in as cuDNN's packed segments (:func:`packed_segments`, at most
+    ``max_segments`` per row; a batch with more takes the blocked path at run time), never as a
+    mask. Elsewhere XLA's attention builds the scores, so with ``chunk`` < S the queries go in
+    blocks of ``chunk`` (:func:`attend_chunked`), each block's scores and mask recomputed in
+    the backward pass.
     """
-    impl = attention_implementation(q.dtype, q.shape[-1])
-    if impl == "xla" and chunk is not None and q.shape[1] > chunk:
-        return attend_chunked(q, k, v, window, segment_ids, chunk)
-    mask = None if segment_ids is None else segment_mask(segment_ids)
+    choice = attention_choice(q.dtype, q.shape[-1], q.shape[1], segment_ids is not None, chunk)
+    say_attention_choice(choice)
     # jax's window (left, right) lets query s read keys s - left ... s + right
     local = None if window is None else (window - 1, 0)
+    if choice.implementation == "cudnn":
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True, local_window_size=local,
+                                            implementation="cudnn")
+    if choice.implementation == "cudnn-packed":
+        packed = packed_segments(segment_ids, max_segments)
+        return jax.lax.cond(
+            jnp.any(packed.count > max_segments),
+            lambda: attend_chunked(q, k, v, window, segment_ids, chunk or q.shape[1]),
+            lambda: attend_cudnn_packed(q, k, v, window, packed))
+    if choice.implementation == "xla-blocked":
+        return attend_chunked(q, k, v, window, segment_ids, chunk)
+    mask = None if segment_ids is None else segment_mask(segment_ids)
     return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True,
-                                        local_window_size=local, implementation=impl)
+                                        local_window_size=local, implementation="xla")
 
 
 def attend_chunked(q: jax.Array, k: jax.Array, v: jax.Array, window: int | None,

@@ -39,9 +39,11 @@ Expert parallelism: when the jitted caller runs under a device mesh (``jax.set_m
 "expert" axis has more than one device, the routed path runs in ``jax.shard_map`` over the mesh
 (:func:`dispatch_expert_parallel`): tokens are split over every device (batch over "data" x
 "expert"), each device fills an [E, C, L] buffer from its own tokens (capacity counted per
-(sender shard, expert) cell, as in the real recipe), ``jax.lax.all_to_all`` over "expert" carries
-each expert's slots to the device holding it and the outputs back. Dropless, each device runs
-its own tokens through every expert, whose weights are gathered for the layer
+(sender shard, expert) cell, as in the real recipe), and an exchange over "expert" carries each
+expert's slots to the device holding it and the outputs back: ``jax.lax.ragged_all_to_all`` of
+the filled slots only on GPU/TPU, ``jax.lax.all_to_all`` of the whole padded buffer on CPU (XLA:CPU
+has no ragged all-to-all; :func:`default_exchange`, bench/moe_all_to_all.py). Dropless, each
+device runs its own tokens through every expert, whose weights are gathered for the layer
 (:func:`dispatch_dropless_sharded`). The mesh comes from the context, not from a module argument,
 so the layer also works inside ``nn.scan``.
 
@@ -394,40 +396,158 @@ def split_batch(x: jax.Array) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(tuple(mesh.axis_names))))
 
 
+def compact_slots(s: Slots, n_experts: int, cap: int, n_cells: int) -> tuple[Slots, jax.Array]:
+    """The same assignments and drops as ``s``, with each expert's kept assignments moved to the
+    front of its row of the [E, n_cells * cap, L] buffer (cell after cell, in rank order) ->
+    (slots, filled [E]: kept rows of each expert). An exchange can then send each expert's
+    filled rows as one slice (:func:`exchange_ragged`)."""
+    e = s.expert                                                           # [A] sorted order
+    cell = jnp.where(s.kept, s.slot // cap, n_cells)                       # [A]; dropped: row n
+    kept = jnp.zeros((n_cells + 1, n_experts), jnp.int32).at[cell, e].add(1)[:n_cells]
+    before = jnp.cumsum(kept, axis=0) - kept                               # [n_cells, E]
+    slot = jnp.where(s.kept, before[jnp.minimum(cell, n_cells - 1), e] + s.slot % cap,
+                     n_cells * cap)                                        # [A]
+    return s._replace(slot=slot), jnp.sum(kept, axis=0)
+
+
+class Exchange(NamedTuple):
+    """How the routed path moves an [E, n, L] buffer of slots to the devices holding the experts
+    and back, under ``jax.shard_map`` over "expert" (ep devices, E/ep experts each):
+    ``there(buf, filled) -> [E/ep, ep * n, L]`` (local expert, then sender, then slot) and
+    ``back(out, filled) -> [E, n, L]``; ``filled`` [E] counts the rows in use at the front of
+    each expert's n (:func:`compact_slots`)."""
+    name: str
+    there: Callable
+    back: Callable
+
+
+def _dense_there(buf, filled, ep):
+    E, n, L = buf.shape
+    # block i of E/ep experts -> device i; received: block j = sender j's slots for mine
+    buf = jax.lax.all_to_all(buf, "expert", 0, 0, tiled=True)                 # [ep*E/ep, n, L]
+    return buf.reshape(ep, E // ep, n, L).transpose(1, 0, 2, 3).reshape(E // ep, ep * n, L)
+
+
+def _dense_back(out, filled, ep):
+    n_here, m, L = out.shape
+    n = m // ep
+    out = out.reshape(n_here, ep, n, L).transpose(1, 0, 2, 3).reshape(ep * n_here, n, L)
+    return jax.lax.all_to_all(out, "expert", 0, 0, tiled=True)               # home: [E, n, L]
+
+
+def _ragged_layout(filled, E, n, ep):
+    """Offsets and sizes of both trips (jax.lax.ragged_all_to_all's arguments): slice e of
+    the way there is expert e's filled rows, sent to device e // (E/ep) into its block
+    (local expert, this sender); the way back returns each block to its sender's row e."""
+    n_here = E // ep
+    me = jax.lax.axis_index("expert")
+    e = jnp.arange(E, dtype=jnp.int32)
+    le = e % n_here                                      # local expert on its device
+    src = e // n_here                                    # way back: slice i = src * n_here + le
+    recv = jax.lax.all_to_all(filled, "expert", 0, 0, tiled=True)   # [E]: my expert le from src
+    there = (e * n, filled, (le * ep + me) * n, recv)
+    back = ((le * ep + src) * n, recv, (me * n_here + le) * n, filled)
+    return there, back
+
+
+def _ragged_there(buf, filled, ep, a2a):
+    E, n, L = buf.shape
+    (off, send, out_off, recv), _ = _ragged_layout(filled, E, n, ep)
+    out = a2a(buf.reshape(E * n, L), jnp.zeros((E * n, L), buf.dtype), off, send, out_off, recv)
+    return out.reshape(E // ep, ep * n, L)
+
+
+def _ragged_back(out, filled, ep, a2a):
+    n_here, m, L = out.shape
+    E, n = n_here * ep, m // ep
+    _, (off, send, out_off, recv) = _ragged_layout(filled, E, n, ep)
+    home = a2a(out.reshape(E * n, L), jnp.zeros((E * n, L), out.dtype), off, send, out_off, recv)
+    return home.reshape(E, n, L)
+
+
+def ragged_all_to_all_reference(operand, output, input_offsets, send_sizes, output_offsets,
+                                recv_sizes):
+    """``jax.lax.ragged_all_to_all`` over "expert" as its documentation defines it, from
+    all_gather (every device gathers every sender's operand: for tests on CPU, where XLA has no
+    ragged all-to-all)."""
+    ep = jax.lax.axis_size("expert")
+    me = jax.lax.axis_index("expert")
+    N, L = operand.shape
+    per = input_offsets.shape[0] // ep                              # slices per destination
+    ops = jax.lax.all_gather(operand, "expert")                     # [ep, N, L]
+    off, size, dest = (jax.lax.dynamic_slice_in_dim(jax.lax.all_gather(a, "expert"), me * per,
+                                                    per, axis=1)[..., None]
+                       for a in (input_offsets, send_sizes, output_offsets))   # [ep, per, 1]
+    r = jnp.arange(N)[None, None, :]                                # [1, 1, N]
+    inside = (r >= off) & (r < off + size)                          # [ep, per, N]
+    at = jnp.where(inside, dest + r - off, output.shape[0])         # out of range: dropped
+    rows = jnp.broadcast_to(ops[:, None], (ep, per, N, L))
+    return output.at[at.reshape(-1)].set(rows.reshape(-1, L), mode="drop")
+
+
+def _lax_ragged(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes):
+    return jax.lax.ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets,
+                                     recv_sizes, axis_name="expert")
+
+
+def exchange_dense(ep: int) -> Exchange:
+    """Two ``jax.lax.all_to_all`` of the whole padded buffer (every slot, used or not)."""
+    return Exchange("all_to_all", lambda b, f: _dense_there(b, f, ep),
+                    lambda o, f: _dense_back(o, f, ep))
+
+
+def exchange_ragged(ep: int, a2a: Callable = _lax_ragged) -> Exchange:
+    """Two ragged all-to-alls of the filled rows only (``a2a``: jax.lax.ragged_all_to_all, or
+    :func:`ragged_all_to_all_reference` in tests); the receiving buffers keep their padded shape
+    (a static worst case), only the bytes on the wire shrink."""
+    return Exchange("ragged_all_to_all", lambda b, f: _ragged_there(b, f, ep, a2a),
+                    lambda o, f: _ragged_back(o, f, ep, a2a))
+
+
+# XLA:CPU has no ragged all-to-all ("HLO opcode ragged-all-to-all is not supported by XLA:CPU
+# ThunkEmitter", jaxlib 0.10.2), so CPU keeps the dense exchange; XLA:GPU and TPU implement it.
+RAGGED_BACKENDS = ("gpu", "tpu")
+
+
+def default_exchange(ep: int) -> Exchange:
+    """The exchange for this backend: ragged where XLA implements it (:data:`RAGGED_BACKENDS`),
+    else the dense all_to_all."""
+    return exchange_ragged(ep) if jax.default_backend() in RAGGED_BACKENDS else \
+        exchange_dense(ep)
+
+
 def dispatch_expert_parallel(cfg: ModelConfig, mesh, x: jax.Array, expert: jax.Array,
-                             seed, weights: tuple, seq: int) -> Dispatched:
+                             seed, weights: tuple, seq: int,
+                             exchange: Exchange | None = None) -> Dispatched:
     """The routed path with capacity under ``jax.shard_map`` over ``mesh``: tokens split over
     every device, expert weights over "expert" (dropless: :func:`dispatch_dropless_sharded`).
 
     Each device (a sender shard) cuts its t tokens into cells of ``cfg.capacity_tokens``
     (:func:`cell_tokens`), gives every expert C = ceil(cf * cell * k / E) slots per cell (the
     recipe's (cell, expert) capacity: the same cells on any number of devices), fills its
-    [E, n_cells * C, L] buffer, and ``all_to_all`` over "expert" sends each block of E/ep experts
-    to the device holding them, which runs its experts on [E/ep, ep * n_cells * C, L]; a second
-    all_to_all brings the outputs home. Each device draws its cells' drop keys itself
-    (:func:`drop_keys` of ``seed``: a function of the place in the cell, so the same keys as
-    one device's).
+    [E, n_cells * C, L] buffer (each expert's kept rows first, :func:`compact_slots`), and
+    ``exchange`` (default :func:`default_exchange`: ragged on GPU/TPU, dense on CPU) sends each
+    block of E/ep experts to the device holding them, which runs its experts on
+    [E/ep, ep * n_cells * C, L]; the exchange's way back brings the outputs home. Each device
+    draws its cells' drop keys itself (:func:`drop_keys` of ``seed``: a function of the place in
+    the cell, so the same keys as one device's).
     x [T, L], expert [T, k] -> Dispatched(out [T, k, L], kept [T, k])."""
     from jax.sharding import PartitionSpec as P
 
     E, ep = cfg.n_experts, mesh.shape["expert"]
-    n_here = E // ep
     tok, wspec = P(tuple(mesh.axis_names)), P("expert")
+    exchange = exchange or default_exchange(ep)
 
     def local(x, expert, seed, w_gate, w_up, w_down):   # x [t, L], [t, k], weights [E/ep, ...]
         t, k = expert.shape
-        L = x.shape[-1]
         cell = cell_tokens(cfg, t)
         cap = capacity(cfg, cell)
         n = (t // cell) * cap                                          # slots per expert here
-        s = slots(expert, E, cap, drop_keys(seed, t, k, cell, seq), t // cell)
-        buf = scatter_slots(x, s, k, E, n)                             # [E, n, L]
-        # block i of E/ep experts -> device i; received: block j = sender j's slots for mine
-        buf = jax.lax.all_to_all(buf, "expert", 0, 0, tiled=True)      # [ep*E/ep, n, L]
-        buf = buf.reshape(ep, n_here, n, L).transpose(1, 0, 2, 3).reshape(n_here, ep * n, L)
+        s, filled = compact_slots(slots(expert, E, cap, drop_keys(seed, t, k, cell, seq),
+                                        t // cell), E, cap, t // cell)
+        buf = exchange.there(scatter_slots(x, s, k, E, n), filled)     # [E/ep, ep*n, L]
         out = swiglu(buf, w_gate, w_up, w_down, "ecl,elf->ecf", "ecf,efl->ecl")
-        out = out.reshape(n_here, ep, n, L).transpose(1, 0, 2, 3).reshape(E, n, L)
-        out = jax.lax.all_to_all(out, "expert", 0, 0, tiled=True)      # home: [E, n, L]
+        out = exchange.back(out, filled)                               # home: [E, n, L]
         return tuple(gather_slots(out, s, t, k))
 
     return Dispatched(*jax.shard_map(
@@ -534,6 +654,9 @@ class MoE(nn.Module):
         if cfg.n_shared:
             y = y + SharedExperts(cfg, name="shared")(xt)
         aux = moe_stats(cfg, logits, routing, kept, stat=bias_stat(cfg, logits, mesh, bias))
+        # the router's mean input [D]: what one step's router update does to the logits on
+        # average (update_router_bias's drift correction)
+        aux["router_in"] = jnp.mean(jax.lax.stop_gradient(xt).astype(jnp.float32), axis=0)
         return y.reshape(B, S, D), aux                                 # [T, D] -> [B, S, D]
 
 
@@ -703,7 +826,8 @@ def moe_stats(cfg: ModelConfig, logits: jax.Array, routing: Routing, kept: jax.A
     }
 
 
-def update_router_bias(cfg: ModelConfig, router_bias: jax.Array, stats: dict) -> jax.Array:
+def update_router_bias(cfg: ModelConfig, router_bias: jax.Array, stats: dict,
+                       router_step: jax.Array | None = None) -> jax.Array:
     """The next step's router bias [n_layers, E] from this step's stats (``cfg.bias_rule``).
 
     threshold: replaced by ``stats["moe/bias_target"]`` (minus each expert's n-th raw logit).
@@ -712,11 +836,21 @@ def update_router_bias(cfg: ModelConfig, router_bias: jax.Array, stats: dict) ->
     sign: bias += bias_rate * sign(mean load - load), per layer (loss-free balancing, Wang et al.
     2024, "Auxiliary-loss-free load balancing strategy for mixture-of-experts").
     none: unchanged.
+
+    ``router_step`` [n_layers, D, E]: this step's change of the router weights (new - old).
+    threshold and quantile set the bias from this step's logits, but the next step routes with
+    the updated router; its logits move by x . router_step, and the part common to all tokens,
+    the mean input ``stats["moe/router_in"]`` [n_layers, D] times the step, is taken off the
+    target (centred over experts). Without it the bias lags one optimizer step behind: where one
+    Adam step moves an expert's logits further than their spread over tokens (small widths at
+    the peak LR), every token picks the same experts for 10-30 steps (issue 37 item 6).
     """
-    if cfg.bias_rule == "threshold":
+    if cfg.bias_rule in ("threshold", "quantile"):   # quantile: model/balance.py, the recipe's
         new = stats["moe/bias_target"]
-    elif cfg.bias_rule == "quantile":  # model/balance.py: the recipe's rule, from summed counts
-        new = stats["moe/bias_target"]
+        if router_step is not None:
+            shift = jnp.einsum("ld,lde->le", stats["moe/router_in"].astype(jnp.float32),
+                               router_step.astype(jnp.float32))                 # [L, E]
+            new = new - (shift - jnp.mean(shift, axis=-1, keepdims=True))
     elif cfg.bias_rule == "sign":
         load = stats["moe/load"]                                       # [n_layers, E]
         new = router_bias + cfg.bias_rate * jnp.sign(jnp.mean(load, axis=-1, keepdims=True) - load)

@@ -43,7 +43,7 @@ from ladder.model.moe import MoE, split_batch
 
 AUX_KEYS = ("drop_frac", "load", "prob", "router_entropy", "router_z_loss", "balance_loss",
             "bias_target",
-            "bias_stat")
+            "bias_stat", "router_in")
 DTYPES = {"bf16": jnp.bfloat16, "f32": jnp.float32}
 # What each block keeps for the backward pass. "dots": the outputs of the weight matmuls (dots
 # without batch dimensions), so attention scores and the expert buffers are recomputed;
@@ -285,7 +285,8 @@ def loss_fn(cfg: ModelConfig, params, router_bias, tokens, targets, *, dropless:
     "moe/router_entropy", "moe/router_z_loss", "moe/balance_loss" (means over layers; the
     recipe's definitions, ladder.model.moe.moe_stats), and the per-layer arrays "moe/load" [L, E]
     (assignment counts), "moe/router_prob" [L, E] (mean router probabilities),
-    "moe/bias_target" [L, E] and the balancing rule's mergeable statistic "moe/bias_stat" (see
+    "moe/bias_target" [L, E], "moe/router_in" [L, D] (each router's mean input: the balancing
+    rule's drift correction) and the balancing rule's mergeable statistic "moe/bias_stat" (see
     ladder.model.moe.bias_stat).
     """
     h, aux = _hidden(cfg, params, router_bias, tokens, dropless, segment_ids)
@@ -307,6 +308,7 @@ def loss_fn(cfg: ModelConfig, params, router_bias, tokens, targets, *, dropless:
         "moe/router_prob": aux["prob"],
         "moe/bias_target": aux["bias_target"],
         "moe/bias_stat": aux["bias_stat"],     # [L, E, n]: mergeable over microbatches (moe.py)
+        "moe/router_in": aux["router_in"],     # [L, D]: each router's mean input (moe.py)
     }
     return ce + z_loss, stats
 
@@ -374,3 +376,17 @@ def param_groups(params) -> dict[str, list]:
     for path, leaf in flatten_dict(params).items():
         groups[param_group(path)].append(leaf)
     return {g: v for g, v in groups.items() if v or g not in OPTIONAL_GROUPS}
+
+
+def router_weights(cfg: ModelConfig, params) -> jax.Array:
+    """Every layer's router weight in layer order: [n_layers, D, E] (the scanned groups' blocks
+    [G, D, E] interleaved back into layers g * global_every + j, then the unrolled layers)."""
+    parts = []
+    if cfg.n_groups:
+        blocks = [params["groups"][f"block_{j}"]["moe"]["router"]
+                  for j in range(cfg.global_every)]                    # each [G, D, E]
+        stacked = jnp.stack(blocks, axis=1)                              # [G, g, D, E]
+        parts.append(stacked.reshape((cfg.scanned_layers,) + stacked.shape[2:]))
+    for layer in range(cfg.scanned_layers, cfg.n_layers):
+        parts.append(params[f"layer_{layer}"]["moe"]["router"][None])    # [1, D, E]
+    return jnp.concatenate(parts)

@@ -117,6 +117,9 @@ def multiplier_from_compare(path: str, metric: str | None) -> Multiplier:
     """The multiplier of a `ladder compare --json` file (``{metric: {multiplier, lo, hi, level,
     ...}}``) for ``metric`` (the pre-registration's; the file's only metric when it has one)."""
     doc = read_json(path, field="--compare")
+    if isinstance(doc, Mapping) and doc.get("schema") == "compare/1":
+        # the compare.json of `ladder compare --out`: the same objects under "metrics"
+        doc = doc.get("metrics")
     if not isinstance(doc, Mapping) or not doc:
         raise InputError("expected the object `ladder compare --json` prints", path=path,
                          field="--compare")
@@ -141,7 +144,17 @@ def multiplier_from_compare(path: str, metric: str | None) -> Multiplier:
         raise InputError("the comparison has no band (lo/hi missing or not finite); give "
                          "--multiplier M:LO:HI with an interval you can defend",
                          path=path, field=f"{key}.lo", exit_code=EX_DATAERR)
-    return Multiplier(m, min(lo, m), max(hi, m), vals["level"],
+    # `ladder compare` widens its interval to hold the estimate (ladder.fit.compare._interval):
+    # one that excludes it was not written by it
+    for name, bad in (("lo", lo > m), ("hi", hi < m)):
+        if bad:
+            raise InputError(f"the interval [{lo:g}, {hi:g}] excludes its own multiplier "
+                             f"{m:g}", path=path, field=f"{key}.{name}", exit_code=EX_DATAERR)
+    level = vals["level"]
+    if c.get("level") is not None and (level is None or not 0 < level < 1):
+        raise InputError(f"expected a level in (0, 1), got {str(c.get('level'))[:40]!r}",
+                         path=path, field=f"{key}.level", exit_code=EX_DATAERR)
+    return Multiplier(m, lo, hi, level,
                       f"ladder compare {path} [{key}] at compute {c.get('at')}")
 
 
@@ -159,7 +172,7 @@ def read_evals(source: str, metric: str, *, upto: int | None = None) -> tuple[np
                                                                             np.ndarray]:
     """(steps, values) of ``metric`` in a run (any `ladder watch` source), rows with a finite
     value only, the last value of a step kept (a resumed run re-logs steps), sorted by step."""
-    from ladder.predict.sources import open_source
+    from ladder.sources import open_source
     src = open_source(source)
     found: dict[int, float] = {}
     while True:

@@ -247,8 +247,13 @@ def amended_band(old_up, old_down, old_up_s: float, old_down_s: float, *, level:
       the anchor's own noise (eval sd / sqrt(n anchor evals), ``anchor_values`` the evals it is
       the mean of) and one eval's noise, both relative to the anchor's level;
     - the change's: the ``evidence`` at the multiplier's interval ends (``evidence_lo``: the
-      larger multiplier; ``evidence_hi``) against its centre, in log units (asymmetric), mapped
-      from the multiplier's interval level to ``level`` by the ratio of normal quantiles."""
+      larger multiplier; ``evidence_hi``) against its centre, in log units, mapped from the
+      multiplier's interval level to ``level`` by the ratio of normal quantiles; its wider side
+      on both sides (issue 40: a lopsided multiplier interval, 1.20x [1.19, 1.50], put a real
+      run's amended centre at its own upper edge, 2.0842 [1.9204, 2.0921], and the healthy run
+      above it; how far the measured multiplier may be off says how far the centre may be, not
+      on which side). The combined band thus holds its centre in the law's own proportions,
+      or nearer the middle (tests/test_amend_property.py)."""
     z = z_of(level)
     noise_log = eval_noise / float(np.exp(np.mean(np.log(anchor_values)))) if eval_noise else 0.0
     anchor_sd = noise_log / math.sqrt(anchor_values.size)
@@ -256,9 +261,10 @@ def amended_band(old_up, old_down, old_up_s: float, old_down_s: float, *, level:
     law_up = np.sqrt(np.maximum(old_up ** 2 - old_up_s ** 2, 0.0) + extra)
     law_down = np.sqrt(np.maximum(old_down ** 2 - old_down_s ** 2, 0.0) + extra)
     scale = 1.0 if multiplier_level in (None, level) else z / z_of(multiplier_level)
-    ch_down = np.maximum(np.log(evidence / evidence_lo), 0.0) * scale
-    ch_up = np.maximum(np.log(evidence_hi / evidence), 0.0) * scale
-    return AmendedBand(law_up, law_down, ch_up, ch_down, anchor_sd)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ch = np.fmax(np.log(evidence / evidence_lo), np.log(evidence_hi / evidence))
+    ch = np.maximum(ch, 0.0) * scale
+    return AmendedBand(law_up, law_down, ch, ch.copy(), anchor_sd)
 
 
 # ------------------------------------------------------------------------------ calibration

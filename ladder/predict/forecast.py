@@ -22,7 +22,7 @@ import numpy as np
 from ladder.io import MAX_STEP, InputError, as_float, number, require, sha256_of
 from ladder.predict.band import EvalNoise, estimate_eval_noise, law_band, target_band
 from ladder.predict.prereg_view import ForecastBand
-from ladder.runs import EXCLUDED, read_runs
+from ladder.sources.runs import EXCLUDED, read_runs
 
 # Token-budget multipliers of the planned run at which the law's final value is tabulated, for the
 # contingency advisory ("at what budget is the registered final value still reached?").
@@ -198,14 +198,14 @@ class LadderRun:
 
 
 def read_ladder_runs(runs_dir: str | Path, *, include_targets: bool = False) -> list[LadderRun]:
-    """Every run directory with metrics under ``runs_dir`` (:func:`ladder.runs.find_run_dirs`).
+    """Every run directory with metrics under ``runs_dir`` (:func:`sources.runs.find_run_dirs`).
     Target runs (``rung.is_target``) are left out unless asked, and diverged or failed runs
     always: the references describe the healthy ladder, not the run being watched."""
     root = Path(runs_dir)
     if not root.exists():
         raise InputError("no such directory", path=root, field="--runs")
     out = []
-    for run in read_runs(root):  # ladder.runs: the reader fit and reports use too
+    for run in read_runs(root):  # ladder.sources.runs: the reader fit and reports use too
         if (run.is_target and not include_targets) or run.status in EXCLUDED or not run.rows:
             continue
         out.append(LadderRun(path=str(run.path), name=run.name, steps=run.planned_steps(),
@@ -233,7 +233,8 @@ def eval_noise_from_runs(runs: list[LadderRun], metric: str) -> EvalNoise:
     return estimate_eval_noise(curves)
 
 
-HEALTH_KEYS = ("moe/drop_frac", "grad/norm", "moe/router_entropy", "moe/load_max_over_mean")
+HEALTH_KEYS = ("moe/drop_frac", "grad/norm", "moe/router_entropy", "moe/load_max_over_mean",
+               "moe/router_z_loss")
 
 
 def _smoothed_bins(fr: np.ndarray, v: np.ndarray, centers: np.ndarray, width: float) -> np.ndarray:

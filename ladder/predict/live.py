@@ -33,7 +33,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ladder.io import EX_USAGE, InputError, atomic_write_json, canonical_json, number, read_json
+from ladder.io import (
+    EX_USAGE,
+    InputError,
+    atomic_write_json,
+    canonical_json,
+    known_schema,
+    number,
+    read_json,
+)
 from ladder.predict import prereg as _prereg
 from ladder.predict.watch import (
     STATE_SCHEMA,
@@ -53,6 +61,9 @@ from ladder.predict.watch import (
 # they already have, so nothing is sent twice
 RECOVER = ("move the state file aside (or give a new --state) to judge the run from its start; "
            "--alerts skips the alerts it already holds")
+# the state files this tool reads: the current one and the one before (its state is upgraded,
+# ladder.predict.watch.state); a newer one is refused by name, never read as the current one
+STATE_FILE_SCHEMAS = ("watch-state/1", STATE_SCHEMA)
 ALERT_FIELDS = ("time", "step", "tokens", "fraction", "kind", "severity", "value", "expected",
                 "lo", "hi", "direction", "message")
 
@@ -89,6 +100,18 @@ def alert_id(prereg_sha: str | None, seq: int, alert: Alert) -> str:
     d = {k: v for k, v in alert.to_dict().items() if k != "time"}
     h = hashlib.sha256(f"{prereg_sha}:{seq}:".encode() + canonical_json(d))
     return h.hexdigest()[:24]
+
+
+def judged_through(state) -> int | None:
+    """The last step a watch state judged (of a multi-metric state: the largest of its
+    metrics'), None before any."""
+    if not isinstance(state, dict):
+        return None
+    inner = state.get("metrics")
+    states = list(inner.values()) if isinstance(inner, dict) else [state]
+    steps = [s.get("last_step") for s in states if isinstance(s, dict)]
+    steps = [s for s in steps if isinstance(s, int) and not isinstance(s, bool)]
+    return max(steps) if steps else None
 
 
 def _check_outbox_entry(e) -> None:
@@ -177,6 +200,10 @@ class Watcher:
         self.outbox: list[dict] = []  # alerts some sink has not taken yet (saved with the state)
         self.seq = 0                  # alerts raised so far in this watch (for their ids)
         self._saved: bytes | None = None
+        # rows of steps up to this one were judged already and come again (the source could not
+        # continue at its saved position, or read its file again from the start): skipped until
+        # a later step arrives; one rule for every kind of source
+        self._skip_through: int | None = None
         self.state = self._load_state()
         self._notes_seen: set[str] = set()
         self.all_alerts: list[Alert] = []
@@ -227,6 +254,7 @@ class Watcher:
         if self.state_path is None or not self.state_path.exists():
             return new_state()
         saved = read_json(self.state_path, schema="watch-state", field="--state")
+        known_schema(saved, STATE_FILE_SCHEMAS, path=self.state_path)
         for key, typ in (("state", dict), ("source", dict), ("outbox", list), ("seq", int)):
             if key in saved and (not isinstance(saved[key], typ) or isinstance(saved[key], bool)):
                 raise InputError(f"expected {'an integer' if typ is int else typ.__name__}; "
@@ -269,10 +297,13 @@ class Watcher:
         return saved.get("state") or new_state()
 
     def _restore_source(self, saved: dict) -> None:
+        judged = judged_through(saved.get("state"))
         if "source" not in saved:
+            self._skip(judged)
             return
         try:
-            self.source.restore(saved["source"])
+            if not self.source.restore(saved["source"]):
+                self._skip(judged)
         except (TypeError, ValueError, KeyError, OverflowError, AttributeError) as e:
             msg = str(e)
             field, sep, rest = msg.partition(": ")
@@ -280,6 +311,30 @@ class Watcher:
                 field, rest = "source", f"not a read position ({type(e).__name__}: {msg})"
             raise InputError(f"{rest}; {RECOVER}", path=self.state_path,
                              field=field) from None
+
+    def _skip(self, through: int | None) -> None:
+        """From now on skip rows of steps up to ``through`` (judged already) until a later one."""
+        if through is not None:
+            self._skip_through = through if self._skip_through is None else \
+                max(self._skip_through, through)
+
+    def _unjudged(self, batch: Batch) -> tuple[Batch, str | None]:
+        """``batch`` without the rows of steps already judged (:meth:`_skip`), and a note when
+        some were dropped."""
+        if self._skip_through is None or not len(batch):
+            return batch, None
+        import numpy as np
+        kept = np.flatnonzero(batch.step > self._skip_through)
+        note = None
+        if kept.size < len(batch):
+            note = (f"{len(batch) - kept.size} row(s) of steps up to {self._skip_through}, "
+                    "judged already, read again and skipped")
+            taken = batch.take(kept)
+            taken.configs, taken.notes = batch.configs, batch.notes
+            batch = taken
+        if kept.size:
+            self._skip_through = None
+        return batch, note
 
     def _save_state(self, *, force: bool = False) -> None:
         """Write the state (atomically) when it changed since the last write."""
@@ -401,10 +456,15 @@ class Watcher:
             now = self.clock()
             stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
             notes = list(p.notes)
+            if p.restarted:  # the source reads its rows again from the start
+                self._skip(judged_through(self.state))
             batch = p.batch if p.batch is not None else \
                 Batch.from_rows(p.rows, keys=self.keys, keep=self.keep)
             batch.configs = list(p.configs) + batch.configs
             notes += batch.notes
+            batch, skipped = self._unjudged(batch)
+            if skipped:
+                notes.append(skipped)
             for n in notes:
                 if n in self._notes_seen:
                     continue

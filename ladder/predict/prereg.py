@@ -45,6 +45,7 @@ from ladder.io import (
     canonical_json,
     inside,
     loads,
+    number,
     read_bytes,
     read_json,
     safe_name,
@@ -149,7 +150,7 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
     cfg = config or WatchConfig()
     calibration: dict = {}
     if runs:
-        ladder_runs = fc.read_ladder_runs(runs)
+        ladder_runs = _under_law_keys(fc.read_ladder_runs(runs), law)
         if not ladder_runs:
             raise InputError("no run directories (metrics.jsonl) found", path=runs,
                              field="--runs")
@@ -164,14 +165,24 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
         calibration["spike_k"] = spk
         calibration["envelope_tolerance"] = {
             k: v.get("tolerance") for k, v in health["signals"].items()
-            if k in ("moe/router_entropy", "moe/load_max_over_mean", "moe/drop_frac")}
+            if k in ("moe/router_entropy", "moe/load_max_over_mean", "moe/drop_frac",
+                     "moe/router_z_loss")}
         est = fc.eval_noise_from_runs(ladder_runs, metric)
         if eval_noise is None:
             if math.isfinite(est.sigma):
                 noise_info = est.to_dict()
+            elif not any(_finite_value(r.get(metric)) for run in ladder_runs for r in run.rows):
+                # a band frozen without the eval noise alerts on a healthy run (issue 39: every
+                # metric of a multi-metric file critical): refused, not said and written
+                raise InputError(f"no run here logs {metric!r}, the law's metric, so its eval "
+                                 "noise cannot be estimated; give the runs the law was fitted "
+                                 "on (or `ladder fit --keys` for another trainer's names), or "
+                                 "--eval-noise SD", path=runs, field="--runs")
             else:
-                print(f"ladder preregister: no {metric} evals in {runs} to estimate eval noise; "
-                      f"the band leaves it out", file=sys.stderr)
+                print(f"ladder preregister: too few {metric} evals in {runs} to estimate eval "
+                      f"noise; the band leaves it out", file=sys.stderr)
+                noise_info = {"sigma": 0.0, "n": 0,
+                              "method": f"none (too few {metric} evals in --runs)"}
     if eval_noise is not None:
         if not (math.isfinite(eval_noise) and eval_noise >= 0):
             raise InputError(f"must be >= 0, got {eval_noise!r}", field="--eval-noise",
@@ -379,7 +390,77 @@ def load(path: str | os.PathLike, *, check: bool = True) -> dict:
         if not v.ok:
             raise InputError("fails verification (edited after it was written): "
                              + v.report().replace("\n", "; "), path=path, field="sha256")
+        _check_registered(doc, path)  # unchecked: the caller verifies, then checks
     return doc
+
+
+def _check_registered(doc: Mapping, path) -> None:
+    """The registered numbers the watcher reads, checked for type and range (a file resealed
+    after an edit passes its sha256, not this; issue 39): the target's steps and tokens, the band
+    level, and of each metric its forecast points, final and eval noise."""
+    tgt = doc.get("target")
+    if not isinstance(tgt, Mapping):
+        raise InputError("expected an object", path=path, field="target")
+    number(tgt.get("steps"), field="target.steps", path=path, lo=1, hi=2 ** 53, integral=True)
+    number(tgt.get("tokens"), field="target.tokens", path=path, lo=0, lo_open=True)
+    if doc.get("band_level") is not None:
+        number(doc["band_level"], field="band_level", path=path, lo=0, hi=1, lo_open=True,
+               hi_open=True)
+    if doc.get("schema") == SCHEMA_V3:
+        for k in doc["metrics"]:
+            _check_metric(doc["forecasts"][k], path, f"forecasts.{k}.")
+    else:
+        _check_metric(doc, path, "")
+
+
+def _check_metric(d: Mapping, path, prefix: str) -> None:
+    from ladder.io import as_float
+    noise = d.get("eval_noise")
+    if isinstance(noise, Mapping):  # an eval's sd: the --eval-noise range (0..10)
+        number(noise.get("sigma"), field=f"{prefix}eval_noise.sigma", path=path, lo=0, hi=10)
+    elif noise is not None:
+        raise InputError("expected an object {sigma, n, method}", path=path,
+                         field=f"{prefix}eval_noise")
+    last = -math.inf
+    for i, pt in enumerate(d["forecast"]):
+        field = f"{prefix}forecast[{i}]"
+        if not isinstance(pt, Mapping):
+            raise InputError("expected a point {fraction, step, tokens, loss, lo, hi}",
+                             path=path, field=field)
+        fr = as_float(pt.get("fraction"))
+        # a fraction of the planned run, in order (the band is interpolated along it)
+        if fr is None or not (0 <= fr <= 10) or fr < last:
+            raise InputError(f"expected fractions in [0, 10], in order; got "
+                             f"{str(pt.get('fraction'))[:40]!r}", path=path,
+                             field=field + ".fraction")
+        last = fr
+        _check_band(pt, path, field)
+    if not isinstance(d.get("final"), Mapping):
+        raise InputError("expected an object {loss, lo, hi}", path=path, field=f"{prefix}final")
+    _check_band(d["final"], path, f"{prefix}final")
+
+
+def _check_band(pt: Mapping, path, field: str) -> None:
+    """A registered ``loss`` (finite) and its ``lo``/``hi``: finite around it, or missing
+    (null/NaN: registered without a band there, never judged inside); never Infinity, never
+    inverted."""
+    from ladder.io import as_float
+    loss = as_float(pt.get("loss"))
+    if loss is None or not math.isfinite(loss):
+        raise InputError(f"expected a finite number, got {str(pt.get('loss'))[:40]!r}",
+                         path=path, field=field + ".loss")
+    for name in ("lo", "hi"):
+        v = pt.get(name)
+        x = as_float(v)
+        if v is not None and (x is None or math.isinf(x)):
+            raise InputError(f"expected a finite number or null (no band), got "
+                             f"{str(v)[:40]!r}", path=path, field=f"{field}.{name}")
+    lo, hi = as_float(pt.get("lo")), as_float(pt.get("hi"))
+    tol = 1e-9 * max(1.0, abs(loss))
+    if lo is not None and math.isfinite(lo) and lo > loss + tol:
+        raise InputError(f"lo {lo!r} above the loss {loss!r}", path=path, field=field + ".lo")
+    if hi is not None and math.isfinite(hi) and hi < loss - tol:
+        raise InputError(f"hi {hi!r} below the loss {loss!r}", path=path, field=field + ".hi")
 
 
 def _check_multi(doc: Mapping, path) -> None:
@@ -401,6 +482,68 @@ def _check_multi(doc: Mapping, path) -> None:
                              field=f"forecasts.{k}.forecast")
         if not isinstance(f.get("final"), Mapping):
             raise InputError("missing", path=path, field=f"forecasts.{k}.final")
+    _check_family(doc, len(keys), path)
+
+
+def _finite_value(v) -> bool:
+    from ladder.io import as_float
+    f = as_float(v)
+    return f is not None and math.isfinite(f)
+
+
+def _under_law_keys(ladder_runs: list, law) -> list:
+    """The ladder runs' rows under the law's own metric names: a law fitted through a key map
+    (``conventions.metric_keys``, `ladder fit --keys`) reads runs that log another trainer's
+    names, and ``--runs`` are those runs."""
+    keys = (getattr(law, "conventions", None) or {}).get("metric_keys")
+    if not keys:
+        return ladder_runs
+    import dataclasses
+
+    from ladder.sources.keymap import parse_keymap
+    try:
+        km = parse_keymap(keys)
+    except ValueError as e:
+        field, _, why = str(e).partition(": ")
+        raise InputError(why, field=f"law.conventions.metric_keys.{field}") from None
+    return [dataclasses.replace(r, rows=[km.row(x) for x in r.rows]) for r in ladder_runs]
+
+
+def _check_family(doc: Mapping, m: int, path) -> None:
+    """The multiple-comparison record (``decision_rule.family``, written by
+    ladder.predict.watch.multi.family_config): both levels in (0, 1), the metric count the file's,
+    and the per-metric level the Sidak level of the family's (a file resealed after an edit
+    passes its sha256, not this)."""
+    rule = doc.get("decision_rule")
+    if not isinstance(rule, Mapping):
+        raise InputError("expected an object", path=path, field="decision_rule")
+    fam = rule.get("family")
+    f = "decision_rule.family"
+    if not isinstance(fam, Mapping):
+        raise InputError("expected the multiple-comparison record (an object)", path=path,
+                         field=f)
+    if fam.get("method") != "sidak":
+        raise InputError(f"expected 'sidak', got {str(fam.get('method'))[:40]!r}", path=path,
+                         field=f + ".method")
+    if fam.get("metrics") != m or isinstance(fam.get("metrics"), bool):
+        raise InputError(f"expected {m} (the metrics registered), got "
+                         f"{str(fam.get('metrics'))[:40]!r}", path=path, field=f + ".metrics")
+    levels = {}
+    for name in ("family_alert_level", "alert_level"):
+        levels[name] = number(fam.get(name), field=f"{f}.{name}", path=path, lo=0, hi=1,
+                              lo_open=True, hi_open=True)
+    p = 1.0 - levels["family_alert_level"]
+    sidak = 1.0 + math.expm1(math.log1p(-p) / m)   # 1 - p_m, p_m = 1 - (1 - p)^(1/m)
+    if not math.isclose(levels["alert_level"], sidak, rel_tol=1e-9, abs_tol=1e-12):
+        raise InputError(f"{levels['alert_level']!r} is not the Sidak level {sidak:.12g} of "
+                         f"family_alert_level {levels['family_alert_level']!r} over {m} "
+                         f"metrics", path=path, field=f + ".alert_level")
+    params = rule.get("parameters")
+    got = params.get("alert_level") if isinstance(params, Mapping) else None
+    if got is not None and not (isinstance(got, (int, float)) and not isinstance(got, bool)
+                                and math.isclose(got, sidak, rel_tol=1e-9, abs_tol=1e-12)):
+        raise InputError(f"{str(got)[:40]!r} differs from the family's per-metric level "
+                         f"{sidak:.12g}", path=path, field="decision_rule.parameters.alert_level")
 
 
 def amendment(old_path: str | os.PathLike, reason: str | None) -> dict:
@@ -526,6 +669,11 @@ def resolve_chain(path: str | os.PathLike, named=None) -> Chain:
                 continue
             if not verify_doc(doc, str(f)).ok:
                 skipped.append(f"{f.name} fails verification")
+                continue
+            try:
+                _check_registered(doc, f)
+            except InputError as e:
+                skipped.append(f"{rec['file']} recorded but not readable ({str(e)[:120]})")
                 continue
             if doc.get("sha256") != rec["sha256"] or \
                     (doc.get("amends") or {}).get("sha256") != cur:

@@ -15,11 +15,27 @@ its forecast with no hand-built chart.
   ``watch/expected``, ``watch/lo``, ``watch/hi``, ``watch/residual``, ``watch/residual_rel``)
   at the watched run's step as W&B's step, and each alert as it comes (the ``watch/alerts``
   table, logged incrementally, and ``wandb.alert`` for warnings and worse); the verdict in its
-  summary. Every row carries its ``step`` as a key too and W&B's step is given explicitly, so a
+  summary; the updated forecast's final (``watch/updated_final``, ``_lo``, ``_hi``, issue 40) at
+  each poll's last step, labelled, beside the frozen numbers. Every row carries its ``step`` as
+  a key too and W&B's step is given explicitly, so a
   watcher resumed offline (where W&B restarts its row counter at 0) still puts rows at the
   watched run's steps. The eval rows come from :class:`TeeSource`, which passes the watcher's
   source through unchanged and hands each poll's evals to the sink with the pre-registration
   view in use (an amendment the watcher moves to is followed).
+
+Both runs also log **one chart with the band** (:func:`band_chart`, key ``band``): W&B's built-in
+line-series custom chart (``wandb.plot.line_series``, preset ``wandb/lineseries/v0``) over a table
+the run logs, with the forecast centre, the band's two edges and, in the watch run, the live
+curve, against the watched run's step. Why a logged chart rather than a saved workspace view
+(``wandb-workspaces``): a view is saved through the W&B server with an API key (nothing of it can
+be made or checked offline), and a line plot of the live key in a workspace that groups runs by
+their group draws the group's aggregate, not the live run beside its forecast. A custom chart's
+data is the run's own table (its query reads each run's ``summaryTable``), so it shows the same
+four lines whatever the workspace's grouping, needs no hand work, is written into an offline run
+and travels with `wandb sync`. A band drawn as a shaded area needs a Vega spec stored on the
+server first (``wandb.plot_table`` names a saved preset), which is hand work; the built-in line
+series draws the band as its two edges. The default panels of the watched key and its ``_lo``,
+``_hi`` keys stay as before.
 
 ``wandb_module`` is injectable for tests; WANDB_MODE=offline works without network.
 """
@@ -35,10 +51,14 @@ import numpy as np
 from ladder import wandbrun
 from ladder.io import InputError, as_float, sha256_file
 from ladder.predict.sinks import Sink, wandb_alert
-from ladder.predict.sources.base import Poll, Source, SourceWrapper
+from ladder.sources.base import Poll, Source, SourceWrapper
 from ladder.predict.watch import SEVERITIES, Alert, Batch, PreregView, exit_code_for, row_fractions
 
 PREFIXES = ("forecast", "watch")
+CHART_KEY = "band"
+# the watcher re-logs its chart (a new table, and a run_table artifact, each time) at most this
+# often, and at exit: a 30 s poll would otherwise add one artifact per poll
+CHART_EVERY_S = 300.0
 
 
 def require_wandb():
@@ -66,6 +86,40 @@ def _group_of(doc: dict, group: str | None) -> tuple[str | None, str]:
 def _finite(v) -> float | None:
     x = as_float(v)
     return x if x is not None and math.isfinite(x) else None
+
+
+def forecast_grid(doc: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The pre-registration's forecast grid as (fraction, step) arrays, the first grid point of
+    each step, in step order (W&B's steps only increase)."""
+    frac, step, last = [], [], None
+    for p in sorted(doc.get("forecast") or [], key=lambda p: as_float(p.get("fraction")) or 0):
+        s, f = as_float(p.get("step")), _finite(p.get("fraction"))
+        if s is None or f is None or (last is not None and int(s) <= last):
+            continue
+        last = int(s)
+        frac.append(f)
+        step.append(last)
+    return np.asarray(frac, dtype=float), np.asarray(step, dtype=np.int64)
+
+
+def band_chart(wandb, metric: str, grid_step, centre, lo, hi, live_step=(), live=(), *,
+               title: str = ""):
+    """One W&B chart (``wandb.plot.line_series``) of the forecast centre, the band's edges and
+    the live curve (when given) against the watched run's step; non-finite values are left out
+    of their line (a missing band is never drawn at zero)."""
+    xs, ys, keys = [], [], []
+    series = [(f"{metric} (live)", live_step, live), ("forecast", grid_step, centre),
+              ("band lo", grid_step, lo), ("band hi", grid_step, hi)]
+    for name, x, y in series:
+        x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+        ok = np.isfinite(x) & np.isfinite(y)
+        if ok.any():
+            xs.append([int(v) for v in x[ok]])
+            ys.append([float(v) for v in y[ok]])
+            keys.append(name)
+    if not keys:
+        return None
+    return wandb.plot.line_series(xs=xs, ys=ys, keys=keys, title=title or metric, xname="step")
 
 
 def log_forecast(doc: dict, path: str | Path, *, entity: str | None = None,
@@ -103,6 +157,10 @@ def log_forecast(doc: dict, path: str | Path, *, entity: str | None = None,
             # a missing band is left out, never drawn as zero width
             row[f"forecast/{k}"] = row[key] = _finite(p.get(k))
         run.log({k: v for k, v in row.items() if v is not None}, step=last)
+    chart = band_chart(wandb, metric, *_grid_band(doc),
+                       title=f"{metric}: forecast of {rung} and its band")
+    if chart is not None:
+        run.log({CHART_KEY: chart}, step=last if last is not None else 0)
     fin = doc.get("final") or {}
     for k in ("loss", "lo", "hi"):
         if _finite(fin.get(k)) is not None:
@@ -117,6 +175,14 @@ def log_forecast(doc: dict, path: str | Path, *, entity: str | None = None,
             "name": f"{rung} forecast", "dir": str(Path(run.dir).parent)}
     run.finish()
     return info
+
+
+def _grid_band(doc: dict, view: PreregView | None = None):
+    """The forecast grid's steps with its centre and band (the view's, else the document's)."""
+    frac, step = forecast_grid(doc)
+    view = view or PreregView.of(doc)
+    e, lo, hi = view.expected(frac, alert=False)
+    return step, e, lo, hi
 
 
 class TeeSource(SourceWrapper):
@@ -149,6 +215,30 @@ class TeeSource(SourceWrapper):
         return p
 
 
+def previous_live(wandb_dir: Path, run_id: str, current: Path, metric: str) -> dict[int, float]:
+    """The live curve (step -> value) of the last band chart an earlier offline segment of run
+    ``run_id`` under ``wandb_dir`` logged (the segment ``current`` left out); {} when there is
+    none (a first watcher, an online run: its tables are on the server)."""
+    import json
+    live: dict[int, float] = {}
+    segs = sorted(p for p in wandb_dir.glob(f"offline-run-*-{run_id}") if p != current)
+    for seg in reversed(segs):
+        tables = sorted((seg / "files" / "media" / "table").glob(f"{CHART_KEY}_table_*.table.json"),
+                        key=lambda f: int(f.name.split("_")[2]) if f.name.split("_")[2].isdigit()
+                        else -1)
+        if not tables:
+            continue
+        try:
+            data = json.loads(tables[-1].read_text()).get("data") or []
+        except (OSError, ValueError):
+            continue
+        for row in data:
+            if len(row) == 3 and row[1] == f"{metric} (live)" and _finite(row[2]) is not None:
+                live[int(row[0])] = float(row[2])
+        break
+    return live
+
+
 ALERT_COLUMNS = ["time", "step", "fraction", "kind", "severity", "value", "expected", "message"]
 
 
@@ -164,6 +254,11 @@ class WatchRunSink(Sink):
         self.metric = str(doc.get("metric"))
         sha = str(doc["sha256"])
         ladder, rung = _group_of(doc, group)
+        self.doc, self.rung_name = doc, rung
+        self.live: dict[int, float] = {}  # step -> the watched value (the chart's live line)
+        self.view: PreregView | None = None  # the pre-registration view last judged by
+        self._chart_at: float | None = None  # when the chart was last logged (monotonic)
+        self._chart_stale = False
         self.run = self._wandb.init(
             entity=self.entity, project=self.project, group=ladder, name=f"{rung} watch",
             job_type="watch", id=wandbrun.watch_run_id(sha), resume="allow", dir=dir,
@@ -172,6 +267,10 @@ class WatchRunSink(Sink):
             config={"prereg_sha256": sha, "metric": self.metric,
                     "forecast_run": wandbrun.forecast_run_id(sha)})
         wandbrun.define_axes(self.run, ("watch",))
+        # a watcher restarted with --state reads only what is new: its chart's live curve starts
+        # from the one the run's earlier offline segments logged last
+        self.live.update(previous_live(Path(dir or ".") / "wandb", self.run.id,
+                                       Path(self.run.dir).parent, self.metric))
         # a run resumed online continues at the server's step: rows at or before it were
         # logged by the watcher that ran before (offline the counter restarts at 0)
         resumed = getattr(self.run, "step", 0)
@@ -185,6 +284,10 @@ class WatchRunSink(Sink):
         self.worst: str | None = None
         self.not_applicable = False
         self.failed = False
+        # the updated forecast (issue 40), read after each poll from the watcher it serves
+        # (``ladder watch --wandb`` sets it): ``watch/updated_final`` (``_lo``, ``_hi``) at the
+        # poll's last step, beside ``watch/expected``, never in place of the frozen numbers
+        self.updated: Any = None
 
     def _new_table(self):
         """An INCREMENTAL table (each log adds the rows since the last: the alerts as they
@@ -200,7 +303,10 @@ class WatchRunSink(Sink):
     def log_evals(self, view: PreregView, step, tokens, frac, y) -> None:
         """Hold this poll's judged evals until :meth:`flush` (after the alerts about them)."""
         e, lo, hi = view.expected(np.asarray(frac, dtype=float), alert=False)
+        self.view = view
+        self._chart_stale = self._chart_stale or len(step) > 0
         for s, t, f, v, ex, a, b in zip(step, tokens, frac, y, e, lo, hi):
+            self.live[int(s)] = float(v)
             row = {"tokens": _finite(t), "watch/fraction": _finite(f),
                    "watch/loss": float(v), "watch/expected": _finite(ex),
                    "watch/lo": _finite(a), "watch/hi": _finite(b)}
@@ -225,12 +331,26 @@ class WatchRunSink(Sink):
         self.failed = not wandb_alert(lambda: (self._wandb, self.run),
                                       f"{self.metric}: {alert.kind} ({alert.severity})", alert)
 
-    def flush(self) -> None:
+    def _chart(self):
+        """The band chart with the live curve so far (the view the watcher judged by last)."""
+        steps = sorted(self.live)
+        return band_chart(self._wandb, self.metric, *_grid_band(self.doc, self.view),
+                          live_step=steps, live=[self.live[s] for s in steps],
+                          title=f"{self.metric}: {self.rung_name} against its forecast")
+
+    def flush(self, *, final: bool = False) -> None:
         """Log what this poll brought, in step order: each eval and alert at its own step as
         W&B's step (an alert without a step, at the last one), the new rows of the alerts
         table once, at the last of those steps (the watcher calls this after every poll)."""
         pending, self._pending = self._pending, {}
         new, self._new_alerts = self._new_alerts, []
+        up = self.updated() if self.updated is not None and pending else None
+        if up:
+            at = max([s for s in pending if s >= 0] or [self.last_step or 0])
+            pending.setdefault(at, {}).update({
+                "watch/updated_final": up["final"]["loss"], "watch/updated_lo": up["final"]["lo"],
+                "watch/updated_hi": up["final"]["hi"]})
+            self.last_updated = up
         if new:
             self.rows += new
             if self.table is not None:
@@ -251,10 +371,23 @@ class WatchRunSink(Sink):
             s = s if self.last_step is None else max(s, self.last_step)
             self.run.log({"step": s, **row}, step=s)
             self.last_step = s
+        import time
+        now = time.monotonic()
+        if self._chart_stale and self.live and (final or self._chart_at is None
+                                                or now - self._chart_at >= CHART_EVERY_S):
+            chart = self._chart()
+            if chart is not None:
+                s = self.last_step or 0
+                self.run.log({"step": s, CHART_KEY: chart}, step=s)
+                self._chart_at, self._chart_stale = now, False
 
     def close(self) -> None:
-        self.flush()
+        self.flush(final=True)
         self.run.summary["watch/worst"] = self.worst or "none"
         self.run.summary["watch/alerts_n"] = len(self.rows)
         self.run.summary["watch/exit"] = exit_code_for(self.worst, self.not_applicable)
+        up = getattr(self, "last_updated", None)
+        if up:  # labelled: the frozen final stays the forecast run's
+            self.run.summary["watch/updated_final"] = up["final"]["loss"]
+            self.run.summary["watch/updated_at_fraction"] = up["at_fraction"]
         self.run.finish()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ladder.fit.forms import CURVES_FORMS
+from ladder.io import as_float
 from ladder.predict.planned import rung_query
 from ladder.predict.watch import SEVERITIES, alert_kinds, health_alert_kinds
 from ladder.reports.inputs import ReportInputs, RunData, alert_fraction, not_applicable_spans
@@ -258,6 +259,22 @@ def _final_points_law(inp: ReportInputs, runs: list[RunData]) -> Curve | None:
     return Curve(at[0], at[1].loss, at[1].lo, at[1].hi)
 
 
+def forecast_floor(inp: ReportInputs) -> float:
+    """The smallest fraction of a run a law of whole curves (a form with the fraction as an
+    input: fit.forms.CURVES_FORMS) was fitted on (law.json's ``diagnostics.fraction_range``: the
+    pre-registration's law, else the law given), below which its forecast is extrapolated; a
+    tiny positive number when neither says (a law of final points reads every point as a run's
+    end: nothing is below its range)."""
+    for law in ((inp.prereg or {}).get("law"), inp.law.meta if inp.law is not None else None):
+        if not isinstance(law, dict) or law.get("form") not in CURVES_FORMS:
+            continue
+        fr = (law.get("diagnostics") or {}).get("fraction_range")
+        lo = as_float(fr[0]) if isinstance(fr, (list, tuple)) and fr else None
+        if lo is not None and 0 < lo <= 1:
+            return lo - 1e-9
+    return 1e-12
+
+
 def ladder_data(inp: ReportInputs) -> LadderData | None:
     """The ladder figure's data; None without a rung that logged the metric."""
     metric = inp.metric
@@ -275,7 +292,10 @@ def ladder_data(inp: ReportInputs) -> LadderData | None:
                            s.value[ok], None, None, np.array([]))
     fc, forecast = inp.forecast, None
     if fc is not None:
-        ok = np.isfinite(fc.tokens) & (fc.tokens > 0) & (fc.fraction > 0)
+        # drawn where it is forecast: from the smallest fraction the law was fitted on (below
+        # it the law holds its early-transient factor constant, and on a log token axis that
+        # extrapolated first stretch reads as a plateau, then a cliff)
+        ok = np.isfinite(fc.tokens) & (fc.tokens > 0) & (fc.fraction >= forecast_floor(inp))
         if ok.any():
             forecast = Curve(fc.tokens[ok], fc.loss[ok], fc.lo[ok], fc.hi[ok])
     # y range from what was measured (and the target's forecast after its first 5%): early

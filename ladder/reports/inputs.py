@@ -26,7 +26,7 @@ import numpy as np
 from ladder.fit.prediction import Prediction
 from ladder.io import EX_NOINPUT, InputError, as_float, iter_jsonl, read_json
 from ladder.predict.prereg_view import ForecastBand, band_level, forecast_band, target_of
-from ladder.runs import RunDir, find_run_dirs, read_run
+from ladder.sources.runs import RunDir, find_run_dirs, read_run
 
 DEFAULT_METRIC = "eval_dropless/loss"  # the metric the real ladder fitted (DESIGN.md §1)
 DEFAULT_LEVEL = 0.9
@@ -50,7 +50,7 @@ class Series:
 
 @dataclass
 class RunData(RunDir):
-    """One run directory as :mod:`ladder.runs` reads it (identity, plan, status: the rules the
+    """One run directory as :mod:`sources.runs` reads it (identity, plan, status: the rules the
     fitter and the forecaster use too), with the report's views of its metrics."""
 
     # -- metrics ---------------------------------------------------------------------------------

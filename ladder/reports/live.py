@@ -17,16 +17,20 @@ Two feeds, one page:
 - :meth:`LivePage.for_files` (`report --serve`) re-reads the report's input files when one of
   them changes and downsamples what it draws the same way.
 
-The server answers only requests whose ``Host`` is this machine by name (127.0.0.1, localhost,
-[::1] or the host it is bound to, with its port): a page elsewhere that points a DNS name at
-127.0.0.1 gets 403 (DNS rebinding). It serves from a bounded pool of threads with a listen queue
-of 256 and a timeout on every connection, so 200 clients at once are all answered and a slow one
-holds one worker for at most ``TIMEOUT_S``.
+The server binds a loopback address only and answers only requests whose one ``Host`` header
+is a loopback name (127.0.0.1, localhost, [::1], with this page's port): a page elsewhere that
+points a DNS name at 127.0.0.1 gets 403 (DNS rebinding). It serves from a bounded pool of threads
+with a listen queue of 256, and a request head must arrive whole within ``HEAD_DEADLINE_S`` (a
+deadline for the head, not a timeout per read: a client trickling a byte every 2 s held a worker
+for ever, and two dozen of them every worker, issue 39), so 200 clients at once are all answered
+and a slow one holds one worker for at most ``HEAD_DEADLINE_S``.
 """
 
 from __future__ import annotations
 
 import html
+import io
+import ipaddress
 import json
 import math
 import threading
@@ -46,6 +50,10 @@ FRACTION_MAX = 1.25  # a run that overshoots its plan (its last bucket takes the
 WORKERS = 16        # threads answering requests (each answer is a cached object: ~ms)
 QUEUE = 256         # the listen backlog (http.server's default of 5 drops a crowd)
 TIMEOUT_S = 5.0     # per connection: a client that sends nothing is dropped after this
+# the whole request head (request line and headers): a browser on this machine sends it in one
+# write, well under a millisecond; a client still sending after this is dropped
+HEAD_DEADLINE_S = 2.0
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 LOSS_KINDS = ("above_band", "below_band", "trend", "rising", "contingency", "nan")
 SEVERITY_COLORS = {"info": "#868e96", "warn": "#f08c00", "critical": "#d62728"}
 
@@ -353,6 +361,10 @@ class LivePage:
         if not (isinstance(port, int) and 0 <= port <= 65535):
             raise InputError(f"must be in 0..65535, got {port!r}", field="--port",
                              exit_code=EX_USAGE)
+        if not _loopback(host):
+            raise InputError(f"the live page serves this machine only: expected a loopback "
+                             f"address (127.0.0.1, localhost, ::1), got {str(host)[:60]!r}",
+                             field="--host", exit_code=EX_USAGE)
         self.state_of, self.version, self.poll_ms = state, version, int(poll_ms)
         self.title = title
         self.before_state = before_state
@@ -368,7 +380,7 @@ class LivePage:
             raise InputError(f"cannot serve on {host}:{port} ({e.strerror or e})",
                              field="--port", exit_code=EX_USAGE) from None
         bound = self.httpd.server_address[1]
-        self.allowed_hosts = {h.lower() for h in ("127.0.0.1", "localhost", "[::1]", host)}
+        self.allowed_hosts = set(LOOPBACK_NAMES)
         self.port = bound
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
@@ -412,8 +424,8 @@ class LivePage:
                 self._body = json.dumps(st, allow_nan=False, separators=(",", ":")).encode()
 
     def host_allowed(self, header: str | None) -> bool:
-        """``Host`` names this machine (127.0.0.1, localhost, [::1], the bound host), with this
-        page's port when a port is given; no Host header is refused (HTTP/1.1 requires one)."""
+        """``Host`` is a loopback name (127.0.0.1, localhost, [::1]), with this page's port when a
+        port is given; no Host header is refused (HTTP/1.1 requires one)."""
         if not header:
             return False
         h = header.strip().lower()
@@ -425,7 +437,8 @@ class LivePage:
             name, _, port = h.partition(":")
         if port and port != str(self.port):
             return False
-        return name in self.allowed_hosts
+        return name in self.allowed_hosts or (name[:1].isdigit() or name[:1] == "[") and \
+            _loopback(name)
 
     # ---------------------------------------------------------------- the two ways to feed it
     @classmethod
@@ -458,14 +471,14 @@ class LivePage:
         return cls(state, version, **kw)
 
     @classmethod
-    def for_watcher(cls, watcher, *, history: Callable | None = None, **kw) -> LivePage:
+    def for_watcher(cls, watcher, *, source: str | None = None, keymap=None, **kw) -> LivePage:
         """The page of a running :class:`ladder.predict.live.Watcher`, from the batches it judges
-        (:class:`WatcherFeed`). ``history()``, when given, returns a fresh source of the same
-        run: a watcher restarted from its state file does not read what it judged before, so the
-        page reads it once, in the background, to draw the run from its start."""
+        (:class:`WatcherFeed`). ``source`` (the watcher's ``--source``, read through ``keymap``
+        when given): a watcher restarted from its state file does not read what it judged
+        before, so the page reads the run once more, in the background, from its start."""
         feed = WatcherFeed(watcher)
-        if history is not None and (watcher.state.get("n_points") or 0) > 0:
-            feed.backfill(history)
+        if source is not None and (watcher.state.get("n_points") or 0) > 0:
+            feed.backfill(source, keymap)
         kw.setdefault("title", f"ladder watch: {watcher.doc.get('target', {}).get('name')}")
         page = cls(feed.state, feed.version, **kw)
         page.feed = feed
@@ -510,13 +523,17 @@ class WatcherFeed:
             if t is not None:
                 self.train.add(g, t)
 
-    def backfill(self, make_source) -> None:
-        """Read a fresh source of the run once, in a daemon thread, into the same series (a
-        bucket keeps its extremes, so rows the watcher also brings count once in effect)."""
+    def backfill(self, source: str, keymap=None) -> None:
+        """Read the run once from a fresh source (``open_source(source)``), in a daemon thread,
+        into the same series (a bucket keeps its extremes, so rows the watcher also brings count
+        once in effect)."""
         def run():
             from ladder.predict.watch import Batch
+            from ladder.sources import KeyMappedSource, open_source
             try:
-                src = make_source()
+                src = open_source(source)
+                if keymap is not None:
+                    src = KeyMappedSource(src, keymap)
                 keys, keep = self.w.keys, self.w.keep
                 while True:
                     p = src.poll_batch(keys, keep)
@@ -555,6 +572,11 @@ class WatcherFeed:
         marks = [{"x": as_float(a.get("fraction")), "kind": a.get("kind"),
                   "severity": a.get("severity")} for a in alerts]
         lines, tone = watcher_verdict(w, band, level, last)
+        from ladder.reports import updated
+        up = updated.of_watcher(w)  # issue 40: labelled, beside the frozen band
+        series += updated.series(up)
+        if updated.line(up, metric):
+            lines.insert(1, updated.line(up, metric))
         return {"chart": chart_state(band, series, marks, metric=metric, level=level),
                 "verdict": lines, "tone": {"ok": ""}.get(tone, tone),
                 "alerts": [_alert_row(a) for a in alerts[::-1]],
@@ -604,8 +626,12 @@ def verdict(name: str, metric: str, band, level, last, *, worst: str | None,
     elif last is not None and band is not None:
         e, lo, hi = (float(v) for v in band.at(last[0]))
         if math.isfinite(lo) and math.isfinite(hi):
-            side = "inside" if lo <= last[1] <= hi else "ABOVE" if last[1] > hi else "BELOW"
-            tone = "bad" if side != "inside" else tone
+            # one eval outside the band is not an alert (the loss rule waits for evals in a
+            # row outside a wider band): the words say so and the tone stays the alerts' own
+            side = "inside" if lo <= last[1] <= hi else \
+                f"{'above' if last[1] > hi else 'below'} the band at this eval" + \
+                ("" if worst in ("warn", "critical") else
+                 " (not an alert: the watcher warns when it stays out)")
         else:
             side = "band missing, not judged"
         lines.append(f"{name} latest {metric} (at {last[0]:.0%} of the run): {last[1]:.4f}; "
@@ -733,9 +759,45 @@ class _PoolServer(HTTPServer):
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
+def _loopback(host) -> bool:
+    """``host`` (a bind address) is this machine's loopback: localhost, 127/8 or ::1."""
+    if not isinstance(host, str):
+        return False
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class _HeadReader(io.RawIOBase):
+    """A connection's bytes, each read given what is left of one deadline (the socket's own
+    timeout restarts at every byte that arrives)."""
+
+    def __init__(self, sock, deadline: float):
+        self.sock, self.deadline = sock, deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"request head not complete within {HEAD_DEADLINE_S:g} s")
+        self.sock.settimeout(min(left, TIMEOUT_S))
+        return self.sock.recv_into(b)
+
+
 def _handler(page: LivePage):
     class Handler(BaseHTTPRequestHandler):
         timeout = TIMEOUT_S  # socket timeout of the connection (StreamRequestHandler)
+
+        def setup(self):
+            super().setup()
+            # HTTP/1.0: one request a connection, so this is the deadline of its head
+            self.rfile = io.BufferedReader(_HeadReader(self.connection,
+                                                       time.monotonic() + HEAD_DEADLINE_S))
 
         def log_message(self, fmt, *args):  # no access log on stderr
             return
@@ -751,7 +813,9 @@ def _handler(page: LivePage):
 
         def do_GET(self):  # noqa: N802 - the http.server API
             page.requests += 1
-            if not page.host_allowed(self.headers.get("Host")):
+            self.connection.settimeout(TIMEOUT_S)  # the answer's writes: the connection's own
+            hosts = self.headers.get_all("Host") or []
+            if len(hosts) != 1 or not page.host_allowed(hosts[0]):
                 # another name for this machine (DNS rebinding): not this page's audience
                 return self._send(403, b"forbidden: unexpected Host header", "text/plain")
             path = self.path.split("?", 1)[0]

@@ -9,7 +9,8 @@ from datetime import datetime, timezone
 
 from ladder.reports.inputs import ReportInputs
 from ladder.reports.style import FORECAST_COLOR, SEVERITY_COLORS, loss_fmt, num
-from ladder.reports.tables import alert_counts, alert_rows, forecast_rows, law_rows, run_rows
+from ladder.reports.tables import (alert_counts, alert_rows, decision_rule, forecast_rows, law_rows,
+                                   run_rows, shown_alerts)
 
 CSS = f"""
 body {{ font: 15px/1.45 -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif;
@@ -158,6 +159,10 @@ def render_html(inp: ReportInputs, pngs: dict[str, bytes], missing_plots: dict[s
         cls = {"ok": "", "warn": " warn", "bad": " bad"}[tone]
         parts.append(f'<div class="verdict{cls}"><ul>'
                      + "".join(f"<li>{_esc(x)}</li>" for x in lines) + "</ul></div>")
+    from ladder.reports import updated
+    up_line = updated.line(updated.of_inputs(inp), inp.metric)
+    if up_line:  # issue 40: the updated forecast, labelled, beside the frozen numbers
+        parts.append(f'<p class="updated">{_esc(up_line)}</p>')
     if "metrics" in pngs:  # a multi-metric pre-registration (ladder.reports.metrics)
         from ladder.reports.metrics import panel_rows
         b64 = base64.b64encode(pngs["metrics"]).decode("ascii")
@@ -185,9 +190,12 @@ def render_html(inp: ReportInputs, pngs: dict[str, bytes], missing_plots: dict[s
     rule = inp.prereg.get("decision_rule") if inp.prereg else None
     words = rule.get("words") if isinstance(rule, dict) else rule if isinstance(rule, str) else None
     if words:
+        short, items = decision_rule(str(words))
         parts.append("<h3>Decision rule (pre-registered)</h3>")
-        parts.append(f'<p class="rule">{_esc(words)}</p>')
-    n = len(inp.alerts or [])
+        parts.append(f'<p class="rule">{_esc(short)}</p>')
+        parts.append(f'<details class="rule"><summary>every rule ({len(items)})</summary><ul>'
+                     + "".join(f"<li>{_esc(x)}</li>" for x in items) + "</ul></details>")
+    n = len(shown_alerts(inp))
     parts.append(f"<h3>Alerts ({n})</h3>")
     parts.append(_table(alert_rows(inp), "no alerts file given" if inp.alerts is None
                         else "no alerts fired"))
@@ -223,6 +231,10 @@ def render_summary(inp: ReportInputs, pngs: dict[str, bytes]) -> str:
     name = _md_text(inp.target_name) if inp.target_name else ""
     out = [f"# Scaling-ladder report{': ' + name if name else ''}", ""]
     out += [f"- {_md_text(x)}" for x in lines] or ["- nothing to report: no artifacts given"]
+    from ladder.reports import updated
+    up_line = updated.line(updated.of_inputs(inp), inp.metric)
+    if up_line:  # issue 40: the updated forecast, labelled, beside the frozen numbers
+        out += [f"- {_md_text(up_line)}"]
     from ladder.reports.metrics import panel_rows
     pr_rows = panel_rows(inp)
     if pr_rows:

@@ -245,8 +245,12 @@ def _law_title(d) -> str:
     fc, tcomp = d.forecast_final, d.target_compute
     if fc and isinstance(fc.get("loss"), (int, float)) and d.finals and tcomp is not None:
         ratio = tcomp / max(c for _, c, _ in d.finals)
-        return (f"Forecast for {d.target_name or 'the target'}: {num(fc['loss'])} "
-                f"[{num(fc.get('lo'))}, {num(fc.get('hi'))}], "
+        # the axis plots loss - E when the law has an asymptote: say what the diamond reads
+        # there, so the title's loss and the point on the axis agree
+        on_axis = (f" (on this axis, loss - E: {num(fc['loss'] - d.subtract)})"
+                   if d.subtract else "")
+        return (f"Forecast for {d.target_name or 'the target'}: loss {num(fc['loss'])} "
+                f"[{num(fc.get('lo'))}, {num(fc.get('hi'))}]{on_axis}, "
                 f"{ratio:.3g}x the largest rung's compute")
     if d.form is not None and not d.finals and len(d.table):
         return f"The {d.form} law through the {len(d.table)} runs it was fitted to"

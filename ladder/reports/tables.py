@@ -48,11 +48,24 @@ def law_rows(inp: ReportInputs) -> list[dict]:
         return []
     iv = param_intervals(inp.law.meta)
     fixed = inp.law.meta.get("fixed") if isinstance(inp.law.meta.get("fixed"), dict) else {}
+    # the law's own table where it was rebuilt (fixed, tied, at a bound, identified or not:
+    # ladder.fit.report.parameter_rows, what a notebook shows)
+    own = {}
+    if inp.law.obj is not None and hasattr(inp.law.obj, "identifiability"):
+        from ladder.fit.report import parameter_rows
+        try:
+            own = {r["name"]: r for r in parameter_rows(inp.law.obj)}
+        except (AttributeError, KeyError, TypeError, ValueError):
+            own = {}
     rows = []
     for name, value in inp.law.params.items():
         v = as_float(value)
         lo, hi = iv.get(name, (None, None))
         note = "fixed" if name in fixed else ("" if name in iv else "no interval in law.json")
+        mine = own.get(name)
+        if mine is not None:
+            note = "; ".join(x for x in (mine["note"] or note, "" if mine["identified"]
+                                         else "NOT IDENTIFIED") if x)
         rows.append({"parameter": name, "value": num(v, 5), "lo": num(lo, 5), "hi": num(hi, 5),
                      "note": note})
     return rows
@@ -89,16 +102,34 @@ def forecast_rows(inp: ReportInputs) -> list[dict]:
     return rows
 
 
+# the note a watcher started before its run writes (ladder.sources: "PATH: not there
+# (yet); waiting"): once the run has logged, it was start-up, not something to act on
+WAITING = "not there (yet)"
+
+
+def shown_alerts(inp: ReportInputs) -> list[dict]:
+    """The alerts a reader is shown: all of them but the start-up "not there (yet)" notes of a
+    target run that then logged rows."""
+    alerts = list(inp.alerts or [])
+    if inp.target is not None and inp.target.rows:
+        alerts = [a for a in alerts if not (a.get("kind") == "input"
+                                            and WAITING in str(a.get("message", "")))]
+    return alerts
+
+
 def alert_rows(inp: ReportInputs, limit: int = 200) -> list[dict]:
     rows = []
     def when(a):  # in the order they fired along the run (the file groups them by signal)
         s = as_float(a.get("step"))
         return (s is None, s or 0.0)
-    for a in sorted(inp.alerts or [], key=when)[:limit]:
+    for a in sorted(shown_alerts(inp), key=when)[:limit]:
         g = as_float(a.get("fraction"))
+        step = as_float(a.get("step"))
         rows.append({
             "severity": str(a.get("severity", "")), "kind": str(a.get("kind", "")),
-            "step": str(a.get("step", "")), "fraction": "" if g is None else f"{g:.1%}",
+            # an alert about the input has no step: a dash, never "None"
+            "step": "-" if step is None else f"{step:g}",
+            "fraction": "" if g is None else f"{g:.1%}",
             "value": _opt(a.get("value")), "expected": _opt(a.get("expected")),
             "band": (f"[{loss_fmt(as_float(a.get('lo')))}, {loss_fmt(as_float(a.get('hi')))}]"
                      if a.get("lo") is not None else ""),
@@ -112,9 +143,22 @@ def _opt(v) -> str:
     return "" if x is None else num(x)
 
 
+def decision_rule(words: str) -> tuple[str, list[str]]:
+    """The pre-registered rule's words (ladder.predict.watch.rules.decision_rule_words: one
+    slice per rule, joined) as (the verdict's own rule, the loss rule's first clause, in one
+    sentence; every rule's slice, one per item)."""
+    import re
+    items = [x.strip() for x in re.split(r"(?<=[.)])\s+(?=[A-Z])", words) if x.strip()]
+    loss = next((x for x in items if x.startswith("Loss:")), None)
+    if loss is None:
+        return (items[0] if items else ""), items
+    short = loss.removeprefix("Loss:").strip().split("; ")[0].rstrip(".")
+    return f"The verdict: {short[:1].lower() + short[1:]}.", items
+
+
 def alert_counts(inp: ReportInputs) -> dict[str, int]:
     out: dict[str, int] = {}
-    for a in inp.alerts or []:
+    for a in shown_alerts(inp):
         sev = str(a.get("severity", "info"))
         out[sev] = out.get(sev, 0) + 1
     return out

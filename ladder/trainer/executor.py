@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ladder.io import EX_USAGE, InputError
-from ladder.runs import read_summary
+from ladder.sources.runs import read_summary
 
 RESOURCE_KEYS = ("num_cpus", "num_gpus", "memory", "resources", "accelerator_type")
 DEFAULT_RESOURCES = {"num_cpus": 1}

@@ -70,6 +70,41 @@ from ladder.optspec import (  # noqa: F401  (re-exported: the recipe's names sta
 # ------------------------------------------------------------------------------ optax part
 
 
+# How far the hidden matrices' init std may sit from the recipe's 0.5/sqrt(d) before the marin
+# optimizer warns. MuonH/AdamH keep each matrix at its initial norm for good, so the init is a
+# hyperparameter of the run: with std 0.02 the cpu ladder's proxy trained to 3.889 where the
+# recipe's init gave 2.527 (issue 37), and the tiny ladder's d=16 rung to a train CE of 4.8
+# against 2.8 (docs/LOG.md, 2026-12-01). 0.02 at d=16 is 0.16x the recipe's 0.125; a factor of 2
+# either way flags that and leaves the recipe's own scale (and --model.init_std=0.5/sqrt(d)) alone.
+INIT_STD_TOLERANCE = 2.0
+
+
+def init_warning(kind: str, model_cfg) -> str | None:
+    """A one-line warning when ``kind``'s optimizer is known not to train well from
+    ``model_cfg``'s init (None: no objection). Only ``marin`` objects: its hyperball steps keep
+    the hidden matrices at their init norms, so an init std far from the recipe's
+    0.5/sqrt(d_model) fixes their scale for the whole run."""
+    if kind != "marin":
+        return None
+    from ladder.model.config import RECIPE_INIT_COEF
+    want = RECIPE_INIT_COEF / np.sqrt(model_cfg.d_model)
+    have = model_cfg.weight_std
+    if want / INIT_STD_TOLERANCE <= have <= want * INIT_STD_TOLERANCE:
+        return None
+    return (f"optimizer marin: the model's init std {have:.4g} is {have / want:.2g}x the recipe's "
+            f"0.5/sqrt(d_model) = {want:.4g}; MuonH keeps every matrix at its initial norm, so "
+            f"this run trains with that scale for good (the cpu ladder: 3.889 against 2.527). "
+            f"Use --model.init=recipe")
+
+
+def warn_init(kind: str, model_cfg) -> None:
+    """:func:`init_warning` as a Python warning (the CLI prints it on stderr)."""
+    msg = init_warning(kind, model_cfg)
+    if msg is not None:
+        import warnings
+        warnings.warn(msg, UserWarning, stacklevel=2)
+
+
 def make_optimizer(settings: OptimizerSettings):
     """The optax transformation for ``settings``. Its ``update(grads, state, params, lr=...)``
     returns updates that the trainer applies as ``params - lr * updates`` (``adamw`` ignores

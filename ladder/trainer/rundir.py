@@ -119,8 +119,10 @@ class WandbMirror:
         self.run = wandb.init(entity=entity, project=project, group=rung.ladder, name=rung.name,
                               job_type="train", tags=wandbrun.tags(rung.ladder, rung.name,
                                                                    "train"),
-                              dir=str(out_dir), id=run_id, resume="allow", config=config,
-                              reinit="finish_previous")
+                              dir=str(out_dir), id=run_id, resume="allow",
+                              config={**config, **sizes(rung)}, reinit="finish_previous")
+        # the sizes in the summary too: the runs table shows summary columns beside config
+        self.run.summary.update(sizes(rung))
         wandbrun.define_axes(self.run, self.PREFIXES)
         self.info = {"id": self.run.id, "dir": str(Path(self.run.dir).parent),
                      "mode": os.environ.get("WANDB_MODE", "online"), "entity": entity,
@@ -132,6 +134,19 @@ class WandbMirror:
 
     def finish(self, exit_code: int = 0) -> None:
         self.run.finish(exit_code=exit_code)
+
+
+def sizes(rung: Rung) -> dict:
+    """What a run is, flat: its ladder and rung names, parameter counts, tokens and compute (the
+    one counter, ladder.counting, through the rung), as W&B's config and summary carry them
+    (``tokens_planned``: the run logs ``tokens``, the tokens seen, as a metric of its own)."""
+    p, pe = rung.params, rung.params_exact
+    return {"ladder": rung.ladder, "rung_name": rung.name, "is_target": rung.is_target,
+            "params": p.total, "active_params": p.active, "param_convention": p.convention,
+            "params_exact": pe.total, "active_params_exact": pe.active,
+            "tokens_planned": rung.tokens,
+            "compute": rung.compute(lm_head=False),
+            "compute_with_lm_head": rung.compute(lm_head=True)}
 
 
 def summary(rung: Rung, status: str, step: int, cfg: TrainConfig, peak: dict,

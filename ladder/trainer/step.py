@@ -223,6 +223,8 @@ def _programs(model_cfg: ModelConfig, settings: OptimizerSettings, mesh,
               microbatches: int) -> Programs:
     import jax
 
+    from ladder.trainer import optim
+    optim.warn_init(settings.kind, model_cfg)       # once per program (lru_cache)
     optimizer = make_optimizer(settings)
     shard = state_shardings(model_cfg, optimizer, mesh)
     return Programs(model_cfg, optimizer, shard,
@@ -233,7 +235,8 @@ def _programs(model_cfg: ModelConfig, settings: OptimizerSettings, mesh,
 
 # Statistics of a microbatch that are means over its tokens (equal-sized microbatches: the step's
 # value is their mean, exactly) and those that are sums.
-_MEAN_STATS = ("ce", "z_loss", "moe/drop_frac", "moe/router_z_loss", "moe/router_prob")
+_MEAN_STATS = ("ce", "z_loss", "moe/drop_frac", "moe/router_z_loss", "moe/router_prob",
+               "moe/router_in")
 _SUM_STATS = ("moe/load",)
 
 
@@ -346,6 +349,7 @@ def make_train_step(model_cfg: ModelConfig, optimizer, state_shardings, mesh=Non
 
     import ladder.model as M
     from ladder.model.moe import drop_order, step_tokens
+    from ladder.model.transformer import router_weights
 
     def in_mesh():
         return (jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if mesh is not None
@@ -363,12 +367,14 @@ def make_train_step(model_cfg: ModelConfig, optimizer, state_shardings, mesh=Non
                                               batch["targets"], microbatches,
                                               state_shardings["params"], mesh,
                                               batch.get("segment_ids"))
+        old_router = router_weights(model_cfg, params)
         with jax.named_scope("optimizer"):   # a profile's split (bench/gpu_rung.py) reads it
             updates, opt_state = optimizer.update(grads, state["opt_state"], params,
                                                   lr=batch["lr"])
             params = optax.apply_updates(params, jax.tree.map(lambda u: -batch["lr"] * u,
                                                               updates))
-        new_rb = M.update_router_bias(model_cfg, rb, stats)
+        new_rb = M.update_router_bias(model_cfg, rb, stats,
+                                      router_weights(model_cfg, params) - old_router)
         metrics = {"train/loss": loss, "train/ce": stats["ce"], "train/z_loss": stats["z_loss"],
                    "grad/norm": optax.global_norm(grads), "optim/lr": batch["lr"]}
         metrics.update({k: v for k, v in stats.items() if k.startswith("moe/") and v.ndim == 0})

@@ -129,6 +129,61 @@ def input_kind(path: Path) -> str:
     return "text"
 
 
+# One record of a JSON-lines corpus is one document: 64 MiB of text is ~16M tokens, beyond any
+# training document, and bounds what one line holds in memory (a small .jsonl.gz can expand to
+# one line of gigabytes, read whole before: issue 39)
+MAX_DOCUMENT_LINE = 64 << 20
+
+
+def check_progress(prev: dict, path: Path, n_files: int) -> dict:
+    """A ``progress.json`` (:data:`PROGRESS_SCHEMA`) with every field the resume reads checked
+    for type and range; InputError naming the file and the field otherwise (a position of the
+    wrong type was a TypeError, issue 39)."""
+    from ladder.io import known_schema
+    known_schema(prev, (PROGRESS_SCHEMA,), path=path)
+
+    def bad(field, what):
+        return InputError(f"expected {what}; remove the folder and start again", path=path,
+                          field=field)
+
+    def count(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 2 ** 62
+
+    if prev.get("phase") not in ("reading", "recut", "written"):
+        raise bad("phase", "'reading', 'recut' or 'written'")
+    if not isinstance(prev.get("settings"), dict):
+        raise bad("settings", "an object")
+    pos = prev.get("position")
+    if not (isinstance(pos, list) and len(pos) == 3 and all(count(x) for x in pos)
+            and pos[0] <= n_files):
+        raise bad("position", f"[input index <= {n_files}, offset, line], integers >= 0")
+    splits = prev.get("splits")
+    if not isinstance(splits, dict):
+        raise bad("splits", "an object of the splits")
+    for s in SPLITS:
+        st = splits.get(s)
+        if not isinstance(st, dict):
+            raise bad(f"splits.{s}", "an object")
+        for k in ("open_tokens", "open_documents", "documents", "text_bytes"):
+            if not count(st.get(k)):
+                raise bad(f"splits.{s}.{k}", "an integer >= 0")
+        if not isinstance(st.get("shards"), list):
+            raise bad(f"splits.{s}.shards", "a list")
+        for j, sh in enumerate(st["shards"]):
+            if not (isinstance(sh, dict) and isinstance(sh.get("file"), str)
+                    and count(sh.get("tokens"))):
+                raise bad(f"splits.{s}.shards[{j}]", "{file: name, tokens: integer >= 0}")
+    if prev["phase"] == "recut":
+        stream = prev.get("stream")
+        if not isinstance(stream, list):
+            raise bad("stream", "a list")
+        for j, sh in enumerate(stream):
+            if not (isinstance(sh, dict) and isinstance(sh.get("file"), str)
+                    and isinstance(sh.get("from"), str) and count(sh.get("tokens"))):
+                raise bad(f"stream[{j}]", "{file, from: names, tokens: integer >= 0}")
+    return prev
+
+
 def _jsonl_documents(f: Path, text_key: str, offset: int, line: int):
     """(text, next offset, next line) of each record of a JSON-lines file from byte ``offset``
     (of the decompressed stream for .gz). Blank lines are skipped; anything else must be a
@@ -137,9 +192,12 @@ def _jsonl_documents(f: Path, text_key: str, offset: int, line: int):
     with opener(f, "rb") as fh:
         if offset:
             fh.seek(offset)
-        for raw in fh:
+        while raw := fh.readline(MAX_DOCUMENT_LINE + 1):
             offset += len(raw)
             line += 1
+            if len(raw) > MAX_DOCUMENT_LINE:
+                raise InputError(f"line {line}: longer than {MAX_DOCUMENT_LINE >> 20} MiB (one "
+                                 f"document a line); refused", path=f)
             if not raw.strip():
                 continue
             try:
@@ -434,11 +492,12 @@ def _load_encoder(tokenizer: str | Path, eos: str | None):
 def tokenize_files(patterns: list[str], tokenizer: str | Path, out_dir: str | Path, *,
                    eos: str | None = None, shard_tokens: int = DEFAULT_SHARD_TOKENS,
                    text_key: str = "text", processes: int = 0,
-                   chunk_chars: int = CHUNK_CHARS) -> dict:
+                   chunk_chars: int = CHUNK_CHARS, progress_bar: bool = False) -> dict:
     """Tokenize ``patterns`` (text files, JSONL, Parquet) into shards under ``out_dir``; return
     the manifest (also written to ``out_dir/manifest.json``). ``processes``: worker processes
     (0: encode in this process with the tokenizers library's own threads). An interrupted run
-    (``progress.json`` in ``out_dir``) is continued when the inputs and options are the same."""
+    (``progress.json`` in ``out_dir``) is continued when the inputs and options are the same.
+    ``progress_bar``: a tqdm bar on stderr in input bytes read (a Parquet file counts when done)."""
     if shard_tokens < 2:
         raise InputError(f"must be >= 2, got {shard_tokens}", field="--shard-tokens",
                          exit_code=EX_USAGE)
@@ -464,7 +523,8 @@ def tokenize_files(patterns: list[str], tokenizer: str | Path, out_dir: str | Pa
     out.mkdir(parents=True, exist_ok=True)
     prev = None
     if progress.exists():
-        prev = read_json(progress, schema="tokenize-progress")
+        prev = check_progress(read_json(progress, schema="tokenize-progress"), progress,
+                              len(files))
         for key, value in settings.items():
             if prev.get("settings", {}).get(key) != value:
                 raise InputError(f"the interrupted run in this folder had {key} = "
@@ -500,9 +560,15 @@ def tokenize_files(patterns: list[str], tokenizer: str | Path, out_dir: str | Pa
         save(position)
     chunks = _chunks(_documents(files, names, text_key, position), chunk_chars)
     last_save = time.monotonic()
+    from tqdm.auto import tqdm
+    sizes = [x["bytes"] for x in inputs]
+    bar = tqdm(total=sum(sizes), initial=_bytes_done(files, sizes, position), unit="B",
+               unit_scale=True, unit_divisor=1024, desc=f"tokenize -> {out.name}",
+               disable=not progress_bar, mininterval=0.5, dynamic_ncols=True)
 
     def consume(end, result) -> None:
         nonlocal last_save
+        bar.update(_bytes_done(files, sizes, end) - bar.n)
         closed = sum(len(w.closed) for w in writers.values())
         for s, (ids, ends, nbytes) in result.items():
             writers[s].append(ids, ends, nbytes)
@@ -544,9 +610,21 @@ def tokenize_files(patterns: list[str], tokenizer: str | Path, out_dir: str | Pa
         state["phase"] = "written"
         save((len(files), 0, 0))
     finally:
+        bar.close()
         for w in writers.values():
             w.close()
     return _finish(out, files, names, settings, tokenizer, read_json(progress), processes)
+
+
+def _bytes_done(files: list[Path], sizes: list[int], position: tuple) -> int:
+    """Input bytes read at ``position`` (:func:`_documents`): the files before it, and the byte
+    offset inside a plain JSONL file (a compressed one's offset is not in its own bytes, a
+    Parquet file's is a row: they count when done)."""
+    i, offset = int(position[0]), int(position[1])
+    done = sum(sizes[:i])
+    if i < len(files) and input_kind(files[i]) == "jsonl" and files[i].suffix != ".gz":
+        done += min(offset, sizes[i])
+    return done
 
 
 def _finish(out: Path, files, names, settings: dict, tokenizer, prev: dict,

@@ -11,9 +11,10 @@ Where things live (each module a concern):
   (``rules.base``) that owns its thresholds (a frozen ``Config``), its typed ``State``, its words,
   the keys it reads, its alert kinds and its judge; the steps to add one are in the docstring of
   ``rules/__init__.py``. One module per rule family: ``rules.loss`` (band, trend, rising,
-  contingency), ``rules.health`` (non-finite, spikes, grad norm, drops, router, parameter norms),
-  ``rules.run`` (applicability, the input's remarks, stalled); ``rules.hysteresis`` the
-  raise-and-clear every rule with a level shares (:class:`Hysteresis`);
+  contingency), ``rules.heading`` (the updated forecast's early warning), ``rules.health``
+  (non-finite, spikes, grad norm, drops, router, parameter norms), ``rules.run`` (applicability,
+  the input's remarks, stalled); ``rules.hysteresis`` the raise-and-clear every rule with a
+  level shares (:class:`Hysteresis`);
 - ``config``: the thresholds, :class:`WatchConfig`, derived from the rules' ``Config`` classes;
 - ``state``: the watcher state, derived from the rules' ``State`` classes (:class:`WatchState`;
   ``watch-state/2``, and ``watch-state/1`` still read);
@@ -39,6 +40,9 @@ Rules (thresholds in :class:`WatchConfig`, stored in the pre-registration's ``de
    band (a healthy run keeps its offset to the forecast; a fault moves it).
 1c. **rising**: the metric above its own running minimum by more than ``rise_rel`` (and
    ``rise_noise_k`` x the ladder's eval noise) for ``rise_k`` consecutive evals -> warn.
+1d. **heading**: the updated final-loss forecast (ladder.predict.updated: the frozen curve moved by
+   the run's own evals) and its band apart from the frozen final band widened to the alert level
+   for ``heading_k`` evals -> warn (info when better): the run is heading outside its contract.
 2. **token-drop fraction** (``moe/drop_frac``) against the ladder's value at the same fraction of
    the schedule (reference curves stored in the pre-registration), else absolute thresholds.
 3. **numerical stability**: non-finite loss/grad-norm -> critical at once; grad-norm level against
@@ -61,7 +65,7 @@ alert kinds (:func:`alert_kinds`) are derived from it.
 """
 
 from ladder.predict.watch.alerts import SEVERITIES, Alert, CheckResult, exit_code_for
-from ladder.predict.watch.batch import Batch, KeyFilter, concat_batches
+from ladder.sources.batch import Batch, KeyFilter, concat_batches
 from ladder.predict.watch.config import RETIRED_PARAMETERS, WatchConfig
 from ladder.predict.watch.judge import check, row_fractions, stalled_check
 from ladder.predict.watch.rules import (

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 from ladder.predict.watch.alerts import SEVERITY_RANK, Alert, CheckResult, finite_or_none
-from ladder.predict.watch.batch import Batch
+from ladder.sources.batch import Batch
 from ladder.predict.watch.rules import RULES
 from ladder.predict.watch.rules.base import Context
 from ladder.predict.watch.rules.loss import BandRule, EvalPoint

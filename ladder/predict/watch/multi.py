@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ladder.predict.watch.alerts import SEVERITY_RANK, Alert, CheckResult
-from ladder.predict.watch.batch import Batch
+from ladder.sources.batch import Batch
 from ladder.predict.watch.config import WatchConfig
 from ladder.predict.watch.state import check_state, new_state
 from ladder.predict.watch.view import PreregView
@@ -131,7 +131,9 @@ def check_multi_state(st, keys, where: str = "state") -> dict:
     """A multi-metric watcher state, each metric's part checked as a single one
     (:func:`check_state`); a ValueError naming the first bad field."""
     if not isinstance(st, dict) or st.get("schema") != STATE_SCHEMA:
-        raise ValueError(f"{where}.schema: expected {STATE_SCHEMA!r} (a multi-metric watch)")
+        got = st.get("schema") if isinstance(st, dict) else None
+        raise ValueError(f"{where}.schema: unknown schema {str(got)[:40]!r} (this tool reads "
+                         f"{STATE_SCHEMA!r}, a multi-metric watch)")
     ms = st.get("metrics")
     if not isinstance(ms, dict):
         raise ValueError(f"{where}.metrics: expected an object")

@@ -36,6 +36,9 @@ class PreregView:
     budget: dict
     sha256: str
     eval_noise: float = 0.0
+    # the target's first planned eval step (its eval_steps; 0 when not registered): before it,
+    # rows without the metric are what a healthy run logs
+    first_eval_step: int = 0
 
     @classmethod
     def of(cls, prereg: Mapping) -> PreregView:
@@ -56,7 +59,8 @@ class PreregView:
                    health=dict(prereg.get("health_reference") or {}),
                    budget=dict(prereg.get("budget_curve") or {}),
                    sha256=str(prereg.get("sha256", sha256_of(prereg))),
-                   eval_noise=_noise_sigma(prereg.get("eval_noise")))
+                   eval_noise=_noise_sigma(prereg.get("eval_noise")),
+                   first_eval_step=_first_eval(target))
 
     def expected(self, frac: np.ndarray, *, alert: bool = True):
         """Forecast and band at ``frac``; with ``alert``, the band widened to the alert level."""
@@ -148,3 +152,11 @@ def _noise_sigma(noise) -> float:
 def _f(v) -> float:
     x = as_float(v)
     return math.nan if x is None else x
+
+
+def _first_eval(target: Mapping) -> int:
+    """The smallest positive registered eval step of ``target`` (0: none registered)."""
+    steps = [_f(s) for s in target.get("eval_steps") or []] \
+        if isinstance(target.get("eval_steps"), list) else []
+    steps = [int(s) for s in steps if math.isfinite(s) and s > 0]
+    return min(steps) if steps else 0

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ladder.predict.watch.batch import KeyFilter
+from ladder.sources.batch import KeyFilter
 from ladder.predict.watch.rules.base import Rule
 from ladder.predict.watch.rules.health import (
     DropFracRule,
@@ -41,8 +41,10 @@ from ladder.predict.watch.rules.health import (
     ParamNormRule,
     RouterBiasRule,
     RouterEntropyRule,
+    RouterLogitRule,
     SpikeRule,
 )
+from ladder.predict.watch.rules.heading import HeadingRule
 from ladder.predict.watch.rules.loss import BandRule, ContingencyRule, RiseRule, TrendRule
 from ladder.predict.watch.rules.run import ApplicabilityRule, InputRule, StalledRule
 
@@ -55,11 +57,13 @@ RULES: tuple[Rule, ...] = (
     TrendRule(),
     BandRule(),
     ContingencyRule(),
+    HeadingRule(),
     SpikeRule(),
     GradNormRule(),
     DropFracRule(),
     RouterEntropyRule(),
     ExpertLoadRule(),
+    RouterLogitRule(),
     RouterBiasRule(),
     ParamNormRule(),
     StalledRule(),

@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # annotations only
     import numpy as np
 
     from ladder.predict.watch.alerts import Alert
-    from ladder.predict.watch.batch import Batch
+    from ladder.sources.batch import Batch
 
 
 def positive_int(v) -> str | None:

@@ -456,6 +456,22 @@ class ExpertLoadRule(_EnvelopeRule):
     phrase = "Expert load max/mean above"
 
 
+class RouterLogitRule(_EnvelopeRule):
+    """Router logits growing beyond the ladder's: the router z-loss (mean logsumexp(logits)^2,
+    ``moe/router_z_loss``) above the ladder's widened envelope at the same fraction. Growing
+    logits saturate the combine weights and make routing brittle; the real ladder's grad-norm
+    growth led to adding the logit z-loss (1e-4), and on the cpu ladder the z-loss still grows
+    4.8 -> 113 over a run (issue 37), so a fixed limit is not a rule: the rungs' own curve is."""
+
+    name = "router_logits"
+    description = "router logit growth (z-loss) above the ladder's envelope"
+    signal_key = "moe/router_z_loss"
+    fixed_keys = (signal_key,)
+    side = "above"
+    what = "router z-loss"
+    phrase = "Router z-loss (logit growth) above"
+
+
 @dataclass(frozen=True)
 class RouterBiasConfig(GradWindow, SpikeWindow, HealthPersistence):
     router_bias_after: float = threshold(0.1, unit)   # router_bias spikes early by design: judge

@@ -142,7 +142,8 @@ class InputRule(Rule):
                 st.metric_seen = True
             elif np.nanmax(ctx.frac, initial=0.0) >= MISSING_METRIC_BY:
                 y_all = None  # a source's column of the key, empty: as good as missing
-        if y_all is None and not st.missing_metric:
+        if y_all is None and not st.missing_metric and \
+                int(b.step[-1]) >= ctx.view.first_eval_step:  # no eval is due before it
             st.missing_metric = True
             ctx.emit(Alert(ctx.stamp, int(b.step[-1]), None, None, "missing_metric", "info",
                            message=f"no '{key}' in the rows read so far; loss is not compared "

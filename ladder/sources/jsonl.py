@@ -1,9 +1,10 @@
 """The metrics JSONL source: a run's ``metrics.jsonl`` tailed by byte offset, each line parsed by
 orjson (the standard library for lines with NaN/Infinity tokens). A partial last line waits for
 its newline; a corrupt complete line is skipped with a note; a truncated or replaced (rotated)
-file is read again from its start, and the rows of steps already judged are skipped. A watcher
+file is read again from its start (``Poll.restarted``: the watcher skips the steps it already
+judged, as for every source). A watcher
 started again with its ``--state`` continues at the saved byte offset (a moved or renamed file
-is recognised by its first bytes: :func:`ladder.predict.sources.base.same_file`)."""
+is recognised by its first bytes: :func:`ladder.sources.base.same_file`)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from pathlib import Path
 
 import orjson
 
-from ladder.io import InputError, json_line, open_input, read_json
-from ladder.predict.sources.base import (
+from ladder.io import MAX_LINE_BYTES, InputError, json_line, open_input, read_json, skip_line
+from ladder.sources.base import (
     POS_INT,
     Poll,
     Source,
@@ -22,7 +23,6 @@ from ladder.predict.sources.base import (
     check_regular,
     file_identity,
     same_file,
-    step_of,
     step_value,
     summary_finished,
 )
@@ -47,8 +47,8 @@ class JsonlSource(Source):
         self.offset = 0
         self.inode: int | None = None
         self.line_no = 0
-        self.max_step: int | None = None  # highest step read (to skip after a rotation)
-        self.skip_through: int | None = None
+        self.max_step: int | None = None  # highest step read
+        self.restarted = False  # read again from the start: said in the next poll
         self.head = ""
         self.chunk_bytes = chunk_bytes
         self._config_sent = False
@@ -58,23 +58,26 @@ class JsonlSource(Source):
         return {"kind": self.kind, "path": str(self.path), "offset": self.offset,
                 "inode": self.inode, "line_no": self.line_no, "max_step": self.max_step,
                 "config_sent": self._config_sent, "head": self.head,
-                "skip_through": self.skip_through, "identity": file_identity(self.path)}
+                "skip_through": None, "identity": file_identity(self.path)}
 
     def finished(self) -> str | None:
         return summary_finished(self.path.parent)
 
-    def restore(self, pos: dict) -> None:
+    def restore(self, pos: dict) -> bool:
         """Continue at a saved position (a state file's ``source``), each field checked: a
-        ValueError naming ``source.FIELD`` when one is not what :meth:`position` writes."""
+        ValueError naming ``source.FIELD`` when one is not what :meth:`position` writes. False
+        (read from the start) for another kind's position or another file."""
         if pos.get("kind") != self.kind:
-            return
+            return False
         got = check_position(pos, JSONL_POSITION)
         moved = got["path"] != str(self.path)
         if moved and not same_file(self.path, got["identity"]):
-            return  # another file: read it from its start
+            return False  # another file: read it from its start
         self.offset = got["offset"]
         self.head = got["head"]
-        self.skip_through = got["skip_through"]
+        # a position saved while steps were being skipped (before the watcher did it): the
+        # rows read again still include judged ones
+        self.restarted = got["skip_through"] is not None
         self.inode = got["inode"]
         self.line_no = got["line_no"]
         self.max_step = got["max_step"]
@@ -85,6 +88,7 @@ class JsonlSource(Source):
                 self.inode = os.stat(self.path).st_ino
             except OSError:
                 pass
+        return True
 
     def _read_head(self) -> str:
         """The file's first line (up to 4 KiB): its fingerprint, since a rotated file can reuse
@@ -126,7 +130,7 @@ class JsonlSource(Source):
         """Like :meth:`poll`, but the rows as a :class:`predict.watch.Batch` of the ``keys`` and
         the keys ``keep`` accepts (``rows`` left empty): each block's rows become columns as
         soon as they are parsed, so a poll holds the dicts of one block (~4 MB) at a time."""
-        from ladder.predict.watch import Batch, concat_batches
+        from ladder.sources.batch import Batch, concat_batches
         out = Poll()
         parts: list = []
 
@@ -139,15 +143,6 @@ class JsonlSource(Source):
         notes = [n for p in parts for n in p.notes]
         batch.notes = list(dict.fromkeys(notes)) if len(parts) > 1 else batch.notes
         m = int(batch.step.max()) if len(batch) else None
-        if self.skip_through is not None and len(batch):  # read again after a rotation
-            import numpy as np
-            kept = np.flatnonzero(batch.step > self.skip_through)
-            if kept.size < len(batch):
-                out.notes.append(f"{len(batch) - kept.size} row(s) of steps already judged "
-                                 f"skipped after the file was replaced")
-            batch = batch.take(kept)
-            if kept.size:
-                self.skip_through = None
         self._saw_step(m)
         out.batch = batch
         return out
@@ -180,10 +175,9 @@ class JsonlSource(Source):
                                                not self._same_head())
         if self.offset and (replaced or st.st_size < self.offset):
             what = "replaced (rotated)" if replaced else "truncated"
-            out.notes.append(f"{self.path} was {what}: reading it again from the start; steps "
-                             f"up to {self.max_step} already judged are skipped")
+            out.notes.append(f"{self.path} was {what}: reading it again from the start")
             self.offset, self.line_no = 0, 0
-            self.skip_through = self.max_step
+            self.restarted = True
             self.head = ""
         self.inode = st.st_ino
         if not self.head:
@@ -203,7 +197,19 @@ class JsonlSource(Source):
                 if end < 0:
                     if len(data) < self.chunk_bytes:
                         break  # the partial last line: wait for its newline
-                    data += f.readline()  # one line longer than a chunk
+                    # one line longer than a chunk, read up to MAX_LINE_BYTES; a longer one is
+                    # read past in pieces and counted as corrupt (memory stays bounded)
+                    data += f.readline(max(MAX_LINE_BYTES + 1 - len(data), 1))
+                    if len(data) > MAX_LINE_BYTES and not data.endswith(b"\n"):
+                        rest = skip_line(f)
+                        if rest is None:
+                            break  # still being written: judged once it ends
+                        self.offset += len(data) + rest
+                        self.line_no += 1
+                        bad += 1
+                        first_bad = first_bad or self.line_no
+                        f.seek(self.offset)
+                        continue
                     if not data.endswith(b"\n"):
                         break
                     end = len(data) - 1
@@ -220,18 +226,11 @@ class JsonlSource(Source):
                     break
         if bad:
             out.notes.append(self._bad_note(bad, first_bad))
+        if self.restarted:
+            out.restarted, self.restarted = True, False
 
     def _after_rows(self, out: Poll) -> None:
-        m = _max_step([r.get("step") for r in out.rows])
-        if self.skip_through is not None:
-            keep = [r for r in out.rows if (step_of(r) or 0) > self.skip_through]
-            if len(keep) < len(out.rows):
-                out.notes.append(f"{len(out.rows) - len(keep)} row(s) of steps already judged "
-                                 f"skipped after the file was replaced")
-            out.rows = keep
-            if keep:
-                self.skip_through = None
-        self._saw_step(m)
+        self._saw_step(_max_step([r.get("step") for r in out.rows]))
 
 
 def parse_lines(block: bytes, line_no: int, rows: list) -> tuple[int, int | None, int]:
@@ -264,7 +263,7 @@ def parse_lines(block: bytes, line_no: int, rows: list) -> tuple[int, int | None
     return bad, first, len(lines)
 
 
-# A saved read position of a JSONL source, field by field (predict.sources.base.check_position)
+# A saved read position of a JSONL source, field by field (ladder.sources.base.check_position)
 JSONL_POSITION = {"path": ("str", None), "offset": ("int", POS_INT),
                   "inode": ("int?", POS_INT), "line_no": ("int", POS_INT),
                   "max_step": ("int?", (0, 2 ** 53)), "skip_through": ("int?", (0, 2 ** 53)),

@@ -4,7 +4,7 @@ The fitter and the watcher read the keys of shared/DESIGN.md section 3 (``tokens
 ``flops``, ``optim/lr``, ``step``, the metric) and the run's sizes (``params``). A run trained by
 another trainer logs the same quantities under its own names; a key map says which, and by what
 factor a value is scaled (levanter logs GFLOPs). Built-in maps are data, like the ladders:
-``ladder/keymaps/levanter.toml`` and ``marin.toml`` (each cites where the trainer logs the names);
+``sources/keymaps/levanter.toml`` and ``marin.toml`` (each cites where the trainer logs the names);
 ``--keys FILE.toml`` takes a team's own in the same shape::
 
     schema = "keymap/1"
@@ -33,6 +33,10 @@ BUILTIN_DIR = "keymaps"
 BUILTIN = ("levanter", "marin")
 # what a points table (fit's input) calls the quantities a metrics row calls otherwise
 TABLE_NAMES = {"flops": "compute", "progress": "fraction"}
+# a scale is a unit's factor: the SI prefixes from atto (1e-18) to exa (1e18) hold every unit a
+# trainer logs a count in (levanter's GFLOPs: 1e9); beyond them every count is 0 or Infinity
+SCALE_RANGE = (1e-18, 1e18)
+MAX_BYTES = 1 << 20  # a key map is a few lines; a larger file is not one
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,22 @@ class KeyMap:
         return df
 
 
+def recognise(keys) -> tuple[list[str], list[str]] | None:
+    """The built-in key maps whose trainer keys ``keys`` (a run's config, summary and history
+    keys) hold the most of (maps that tie, e.g. marin's, which is levanter's keys, all named),
+    with those keys; None when they hold none of any map's."""
+    keys = set(keys)
+    found: dict[str, list[str]] = {}
+    for name in BUILTIN:
+        km = load_keymap(name)
+        found[name] = sorted(t for _, t, _ in km.entries if t in keys and t not in km.theirs)
+    most = max(len(v) for v in found.values())
+    if not most:
+        return None
+    names = [n for n, v in found.items() if len(v) == most]
+    return names, found[names[0]]
+
+
 def scaled(v: Any, s: float) -> Any:
     """``v`` times ``s`` when it is a number (a NaN string stays what it is)."""
     if s == 1 or isinstance(v, bool):
@@ -131,7 +151,7 @@ def load_keymap(spec: str | None) -> KeyMap | None:
         return None
     if spec in BUILTIN:
         from importlib.resources import files
-        return _read(Path(str(files("ladder") / BUILTIN_DIR / f"{spec}.toml")))
+        return _read(Path(str(files("ladder.sources") / BUILTIN_DIR / f"{spec}.toml")))
     path = Path(spec)
     if not path.suffix and not path.exists():
         raise InputError(f"unknown key map {spec!r}; built-in: {', '.join(BUILTIN)}, or a "
@@ -141,11 +161,13 @@ def load_keymap(spec: str | None) -> KeyMap | None:
 
 def _read(path: Path) -> KeyMap:
     from ladder.io import read_bytes
-    raw = read_bytes(path, field="--keys")
+    raw = read_bytes(path, field="--keys", limit=MAX_BYTES)
     try:
         obj = tomllib.loads(raw.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise InputError(f"not valid TOML: {e}", path=path) from None
+    except RecursionError:  # tomllib parses nested arrays/tables recursively
+        raise InputError("not a key map: nested too deeply", path=path) from None
     try:
         return parse_keymap(obj, default_name=path.stem)
     except ValueError as e:
@@ -184,13 +206,15 @@ def parse_keymap(obj: Any, *, default_name: str = "keymap") -> KeyMap:
             raise ValueError(f"{where}: expected a key name or {{from, scale}}")
         if not isinstance(theirs, str) or not theirs:
             raise ValueError(f"{where}: expected a non-empty key name")
+        lo, hi = SCALE_RANGE
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or \
-                not (math.isfinite(scale) and scale > 0):
-            raise ValueError(f"{where}.scale: expected a finite number > 0, got {scale!r}")
+                not (math.isfinite(scale) and lo <= scale <= hi):
+            raise ValueError(f"{where}.scale: expected a number in [{lo:g}, {hi:g}] (a unit's "
+                             f"factor), got {str(scale)[:40]!r}")
         if not ours or ours == "step":
             raise ValueError(f"{where}: cannot be mapped (the step is the source's own)")
         entries.append((str(ours), theirs, float(scale)))
     return KeyMap(name=name, entries=tuple(entries))
 
 
-__all__ = ["KeyMap", "load_keymap", "parse_keymap", "BUILTIN", "SCHEMA"]
+__all__ = ["KeyMap", "load_keymap", "parse_keymap", "recognise", "BUILTIN", "SCHEMA"]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ladder.io import InputError, as_float, open_input
-from ladder.runs import ended_status
+from ladder.sources.runs import ended_status
 
 
 @dataclass
@@ -22,6 +22,10 @@ class Poll:
     configs: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     more: bool = False  # the source has more rows ready: poll again at once
+    # the rows start over from the source's beginning (a file replaced, truncated or rewritten):
+    # the watcher skips the steps it already judged (ladder.predict.live.Watcher, one rule for
+    # every kind of source)
+    restarted: bool = False
     batch: Any = None   # rows already as columns (predict.watch.Batch), when the source made them
 
 
@@ -29,12 +33,13 @@ class Source:
     """The shape of a watcher source (``ladder.predict.live.Watcher`` asks for nothing else).
 
     ``poll()`` returns a :class:`Poll` of what arrived since the last poll; ``position()`` is a
-    JSON-serialisable read position that ``restore()`` continues at (a restarted watcher judges
-    no row twice and skips none); ``finished()`` says, in words, that the run ended (None while
-    it runs or when the source cannot tell); ``poll_seconds`` is the interval that suits the
-    source when following. A source that can hand its rows over as columns overrides
-    :meth:`poll_batch`; by default it is :meth:`poll`, whose rows the watcher turns into
-    columns itself."""
+    JSON-serialisable read position that ``restore()`` continues at, returning True when it
+    does (a restarted watcher judges no row twice and skips none; when the source cannot
+    continue there, the watcher skips the steps it already judged); ``finished()`` says, in
+    words, that the run ended (None while it runs or when the source cannot tell);
+    ``poll_seconds`` is the interval that suits the source when following. A source that can
+    hand its rows over as columns overrides :meth:`poll_batch`; by default it is :meth:`poll`,
+    whose rows the watcher turns into columns itself."""
 
     kind = "source"
     poll_seconds = 1.0
@@ -50,9 +55,11 @@ class Source:
     def position(self) -> dict:
         return {"kind": self.kind}
 
-    def restore(self, pos: dict) -> None:
-        """Continue at ``pos`` (a :meth:`position` of the same kind of source; another kind's is
-        ignored: the source starts from the beginning)."""
+    def restore(self, pos: dict) -> bool:
+        """Continue at ``pos`` (a :meth:`position` of the same kind of source) and say so (True);
+        False when the source starts from its beginning instead (another kind's position, another
+        file): the rows already judged then come again, for the watcher to skip."""
+        return False
 
     def finished(self) -> str | None:
         return None
@@ -80,8 +87,8 @@ class SourceWrapper(Source):
     def position(self) -> dict:
         return self._source.position()
 
-    def restore(self, pos: dict) -> None:
-        self._source.restore(pos)
+    def restore(self, pos: dict) -> bool:
+        return bool(self._source.restore(pos))
 
     def finished(self) -> str | None:
         return self._source.finished()
@@ -89,7 +96,7 @@ class SourceWrapper(Source):
 
 def summary_finished(run_dir: Path) -> str | None:
     """``summary.json status S`` when the run of ``run_dir`` ended (complete, diverged, failed:
-    ``ladder.runs.ended_status``, the status rule of every run reader), else None."""
+    ``ladder.sources.runs.ended_status``, the status rule of every run reader), else None."""
     status = ended_status(run_dir)
     return f"summary.json status {status}" if status else None
 

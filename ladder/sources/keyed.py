@@ -1,7 +1,7 @@
 """A watcher source read under another trainer's metric names (`ladder watch --keys ...`).
 
-:class:`KeyMappedSource` wraps any source of :mod:`ladder.predict.sources` (a metrics JSONL, a CSV,
-a W&B offline directory, the W&B API) and a ``ladder.keymap.KeyMap``: the watcher asks for its
+:class:`KeyMappedSource` wraps any source of :mod:`ladder.sources` (a metrics JSONL, a CSV,
+a W&B offline directory, the W&B API) and a ``sources.keymap.KeyMap``: the watcher asks for its
 keys (``tokens``, ``progress``, the metric...), the source is asked for the trainer's names
 (``throughput/total_tokens``, ``run_progress``...), and what comes back, rows or columns, carries
 ours (values scaled: levanter's GFLOPs to FLOPs). Everything else (position, restore, finished,
@@ -10,8 +10,8 @@ the path) is the wrapped source's.
 
 from __future__ import annotations
 
-from ladder.predict.sources.base import Poll, Source, SourceWrapper
-from ladder.predict.watch.batch import KeyFilter
+from ladder.sources.base import Poll, Source, SourceWrapper
+from ladder.sources.batch import KeyFilter
 
 
 class KeyMappedSource(SourceWrapper):

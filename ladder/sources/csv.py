@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ladder.io import InputError, open_input
-from ladder.predict.sources.base import (
+from ladder.io import InputError, read_bytes
+from ladder.sources.base import (
     POS_INT,
     Poll,
     Source,
@@ -36,13 +36,15 @@ class CsvSource(Source):
     def finished(self) -> str | None:
         return summary_finished(self.path.parent)
 
-    def restore(self, pos: dict) -> None:
+    def restore(self, pos: dict) -> bool:
         if pos.get("kind") != self.kind:
-            return
+            return False
         got = check_position(pos, {"path": ("str", None), "n_rows": ("int", POS_INT),
                                    "size": ("int", POS_INT), "identity": ("dict?", None)})
         if got["path"] == str(self.path) or same_file(self.path, got["identity"]):
             self.n_rows, self.size = got["n_rows"], got["size"]
+            return True
+        return False
 
     def poll(self) -> Poll:
         import pandas as pd
@@ -56,11 +58,12 @@ class CsvSource(Source):
             return out
         if size < self.size:
             out.notes.append(f"{self.path} shrank: reading it again from the start")
+            out.restarted = True
             self.n_rows = 0
         self.size = size
         try:
-            with open_input(self.path, field="--source") as f:
-                data = f.read()
+            # read whole each poll: bounded as every file read whole (ladder.io.read_bytes)
+            data = read_bytes(self.path, field="--source")
             complete = data[: data.rfind(b"\n") + 1] if b"\n" in data else b""
             import io
             df = pd.read_csv(io.BytesIO(complete), sep=None if self.path.suffix == ".tsv"

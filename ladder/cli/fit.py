@@ -77,12 +77,9 @@ def _print_warnings(command: str, caught) -> None:
             print(f"ladder {command}: warning: {msg}", file=sys.stderr)
 
 
-def fit_main(args, *, offline_points=None) -> int:
-    """`ladder fit`. ``offline_points(path, metric, sizes)`` turns a W&B offline run directory
-    into a points table; its record log is read by predict, above fit, so the CLI hands the reader
-    down (``ladder.cli.commands.fit_main``) instead of fit importing it.
-
-    ``--metric`` may be given several times, each a key or a glob over the keys the sources hold
+def fit_main(args) -> int:
+    """`ladder fit`. ``--metric`` may be given several times, each a key or a glob over the keys
+    the sources hold
     (ladder.fit.points.expand_metrics). One key: law.json is that metric's law (law/3).
     Several: each is fitted exactly as it would be alone, and law.json holds them all (law/2:
     ``laws: {key: law}``); if any is refused, nothing is written and one line names each."""
@@ -97,14 +94,14 @@ def fit_main(args, *, offline_points=None) -> int:
         check_writable(args.out, field="--out")
     if args.form == "task" or getattr(args, "via", None):
         return _fit_task_main(args)
-    from ladder.keymap import load_keymap
+    from ladder.sources.keymap import load_keymap
     keymap = load_keymap(getattr(args, "keys", None))
     metrics = expand_metrics(args.metric, args.sources, keymap=keymap)
     if len(metrics) > 1:
-        return _fit_many(args, metrics, keymap, offline_points)
+        return _fit_many(args, metrics, keymap)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        res, df, doc = _fit_metric(args, metrics[0], keymap, offline_points)
+        res, df, doc = _fit_metric(args, metrics[0], keymap)
     _print_warnings("fit", caught)
     as_json = getattr(args, "json", False)
     with np.errstate(over="ignore"):  # a law beyond float64 is refused below, in one line
@@ -118,20 +115,14 @@ def fit_main(args, *, offline_points=None) -> int:
     return 0
 
 
-def _fit_metric(args, metric: str | None, keymap, offline_points):
+def _fit_metric(args, metric: str | None, keymap):
     """One metric's fit, as `ladder fit --metric KEY` does it: (the law, its points table, its
     law.json document without the points). InputError when the input is refused."""
     from ladder.fit.law import fit_law
-    from ladder.fit.points import is_wandb_offline_dir, load_points
+    from ladder.fit.points import is_wandb_offline_dir, load_points, offline_run_points
     sizes = getattr(args, "sizes", None)
-    offline = [s for s in args.sources if is_wandb_offline_dir(s)]
-    if offline and offline_points is None:
-        raise InputError("a W&B offline run directory needs predict's record reader (run "
-                         "`ladder fit`, or pass offline_points)", path=offline[0],
-                         field="SOURCE")
-    sources = [(offline_points(s, metric, sizes, keymap=keymap) if keymap else
-                offline_points(s, metric, sizes)) if s in offline else s
-               for s in args.sources]
+    sources = [offline_run_points(s, metric, sizes, keymap=keymap)
+               if is_wandb_offline_dir(s) else s for s in args.sources]
     df = load_points(sources, metric, sizes=sizes, keymap=keymap,
                      include_target=getattr(args, "include_target", False))
     if not len(df):
@@ -161,8 +152,10 @@ def _fit_options(args) -> dict:
             "bootstrap": args.bootstrap, "level": args.level, "seed": args.seed,
             "params_column": args.params_column, "objective": args.objective,
             "prior": _priors(args.prior),
-            "asymptote_rule": not getattr(args, "free_asymptote", False),
-            "scale_weighting": not getattr(args, "equal_weights", False)}
+            # None: fit_law's default (the forecast devices on for --form auto only, a named
+            # form its own estimator); the flags turn them off
+            "asymptote_rule": False if getattr(args, "free_asymptote", False) else None,
+            "scale_weighting": False if getattr(args, "equal_weights", False) else None}
 
 
 def _check_converged(args, res) -> None:
@@ -175,7 +168,7 @@ def _check_converged(args, res) -> None:
                          field="diagnostics.converged", exit_code=EX_DATAERR)
 
 
-def _fit_many(args, metrics: list[str], keymap, offline_points) -> int:
+def _fit_many(args, metrics: list[str], keymap) -> int:
     """`ladder fit --metric A --metric B ...`: every metric fitted as alone (its own form
     choice, band, backtests, asymptote rule), each report, then one summary line per metric;
     law.json (law/2) holds them all, read back before it is written. Every metric is tried, so a
@@ -193,7 +186,7 @@ def _fit_many(args, metrics: list[str], keymap, offline_points) -> int:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                res, df, doc = _fit_metric(args, metric, keymap, offline_points)
+                res, df, doc = _fit_metric(args, metric, keymap)
                 if not as_json:  # before the checks: an unconverged fit shows its solver line
                     print(f"== {metric} ==")
                     with np.errstate(over="ignore"):
@@ -337,11 +330,6 @@ def law_points(df) -> dict:
 
 def predict_main(args) -> int:
     if getattr(args, "schedule", None):
-        try:
-            from ladder.fit.curve_law import predict_schedule_main
-        except ImportError:
-            raise InputError("--schedule needs the schedule-aware curve laws (fit.curve_law)",
-                             field="--schedule", exit_code=EX_USAGE) from None
         return predict_schedule_main(args)
     from ladder.fit.law import load_law
     number(args.level, field="--level", lo=0, hi=1, lo_open=True, hi_open=True,
@@ -366,6 +354,10 @@ def predict_main(args) -> int:
     if loss is None or not all(math.isfinite(float(v)) for v in np.atleast_1d(loss)):
         raise InputError(f"the law predicts a non-finite loss ({loss!r}) here: its terms "
                          "overflow float64 at these inputs", path=args.law, field="fit.u")
+    if any(np.any(np.isinf(np.asarray(getattr(pred, k, np.nan), float))) for k in ("lo", "hi")):
+        raise InputError("the law's band overflows float64 here (an Infinity bound): its "
+                         "uncertainty is beyond what a fit writes", path=args.law,
+                         field="uncertainty")
     for w in caught:
         print(f"ladder predict: warning: {w.message}", file=sys.stderr)
     out = pred.to_dict()
@@ -380,17 +372,16 @@ def predict_main(args) -> int:
     return 0
 
 
-def compare_main(args, *, offline_points=None, figures=None) -> int:
+def compare_main(args) -> int:
     """`ladder compare A B`: the compute-equivalent multiplier of recipe B over recipe A, per
     metric (ladder.fit.compare). Prints a report (or ``--json``: ``{metric: {multiplier, lo, hi,
-    per_size, trend, ...}}``); ``--out DIR`` gets compare.json and, with ``figures``
-    (compare.json's object -> {file name: PNG bytes}; the reports layer draws them, so
-    ladder.cli.commands.compare_main hands it down), the figures, all swapped in at once.
-    ``offline_points`` as for :func:`fit_main`."""
+    per_size, trend, ...}}``); ``--out DIR`` gets compare.json and its figures
+    (ladder.reports.plots.compare_figures), all swapped in at once. ``--target`` puts the
+    multiplier at the target rung's compute (from the ladder specs)."""
     from pathlib import Path
 
     from ladder.fit.compare import compare_points
-    from ladder.fit.points import is_wandb_offline_dir, load_points
+    from ladder.fit.points import is_wandb_offline_dir, load_points, offline_run_points
     number(args.level, field="--level", lo=0, hi=1, lo_open=True, hi_open=True,
            exit_code=EX_USAGE)
     number(args.bootstrap, field="--bootstrap", lo=0, hi=100_000, integral=True,
@@ -399,12 +390,16 @@ def compare_main(args, *, offline_points=None, figures=None) -> int:
     if args.out:
         check_writable(args.out, field="--out", directory=True)
     at, at_source = args.at, (f"--at {args.at:g}" if args.at is not None else None)
-    if getattr(args, "target_compute", None) is not None:
-        at, at_source = args.target_compute
+    if args.target:
+        from ladder.cli.commands import resolve_target
+        # 'LADDER' resolves to its rungs and the target, last
+        rung = resolve_target(args.target, args)[1][-1]
+        # the points-table convention: training FLOPs without the LM head (ladder.fit.points)
+        at, at_source = rung.compute(lm_head=False), f"--target {args.target}"
     metrics = _compare_metrics(args)
     fit_opts = {"fix": _pairs(args.fix, "--fix", True), "objective": args.objective,
-                "asymptote_rule": not args.free_asymptote,
-                "scale_weighting": not args.equal_weights}
+                "asymptote_rule": False if args.free_asymptote else None,
+                "scale_weighting": False if args.equal_weights else None}
     sizes = getattr(args, "sizes", None)
     results, caught_all = {}, []
     for metric in metrics:
@@ -412,14 +407,8 @@ def compare_main(args, *, offline_points=None, figures=None) -> int:
         for src in (args.a, args.b):
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                if is_wandb_offline_dir(src):
-                    if offline_points is None:
-                        raise InputError("a W&B offline run directory needs predict's record "
-                                         "reader (run `ladder compare`)", path=src,
-                                         field="SOURCE")
-                    src_df = offline_points(src, metric, sizes)
-                else:
-                    src_df = src
+                src_df = (offline_run_points(src, metric, sizes) if is_wandb_offline_dir(src)
+                          else src)
                 df = load_points([src_df], metric, sizes=sizes,
                                  include_target=getattr(args, "include_target", False))
             caught_all += caught
@@ -454,7 +443,8 @@ def compare_main(args, *, offline_points=None, figures=None) -> int:
     if args.out:
         from ladder.io import atomic_write_bytes, staged_dir
         doc = {"schema": "compare/1", "a": str(args.a), "b": str(args.b), "metrics": obj}
-        pngs = figures(to_jsonable(doc)) if figures is not None else {}
+        from ladder.reports.plots import compare_figures
+        pngs = compare_figures(to_jsonable(doc))
         with staged_dir(args.out, own=("*.png", "compare.json")) as tmp:
             atomic_write_json(tmp / "compare.json", doc)
             for name, data in pngs.items():
@@ -469,3 +459,29 @@ def _compare_metrics(args) -> list[str | None]:
     (fit.points.expand_metrics); none: ``[None]``, the table's ``loss`` (or runs' default)."""
     from ladder.fit.points import expand_metrics
     return expand_metrics(args.metric, [args.a])
+
+
+def predict_schedule_main(args) -> int:
+    """``ladder predict law.json --schedule FILE|KIND:k=v,...``: CSV ``step,loss,lo,hi``."""
+    from ladder.fit.curve_law import load_curve_law
+    from ladder.fit.lr_schedules import schedule_source
+
+    if getattr(args, "tokens", None) is not None:
+        raise InputError("has no meaning with --schedule (the schedule sets the run's length)",
+                         field="--tokens", exit_code=64)
+    law = load_curve_law(args.law, metric=getattr(args, "metric", None))
+    at, lr = schedule_source(args.schedule)
+    fraction = getattr(args, "fraction", None)
+    if fraction is not None:
+        at = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pred = law.predict(schedule=lr, step=at, fraction=fraction,
+                           params=getattr(args, "params", None),
+                           active_params=getattr(args, "active_params", None),
+                           compute=getattr(args, "compute", None),
+                           level=getattr(args, "level", None))
+    for w in caught:
+        print(f"ladder predict: warning: {w.message}", file=sys.stderr)
+    sys.stdout.write(pred.to_csv())
+    return 0

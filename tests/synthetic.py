@@ -148,6 +148,9 @@ def make_run(truth: Truth, target: Target, *, noise: RunNoise = RunNoise(), faul
         w = np.clip((g - fault.at) / 0.02, 0, 1)
         entropy = entropy * (1 - w * (1 - fault.size))
         load = load * (1 - w) + 3.9 * w
+    # router z-loss growing over the run as the cpu ladder's does (4.8 -> 113, issue 37), on its
+    # own stream like the load's
+    zloss = 5.0 * np.exp(3.0 * g) * np.exp(np.random.default_rng([seed, 2]).normal(0, 0.05, g.size))
     pnorm = 50 * (1 + 0.5 * g) * np.exp(rng.normal(0, 0.002, g.size))
     bias = 0.5 * (1 + 2 * np.exp(-g / 0.03)) * np.exp(rng.normal(0, 0.05, g.size))
     tps = target.tokens / steps
@@ -157,7 +160,7 @@ def make_run(truth: Truth, target: Target, *, noise: RunNoise = RunNoise(), faul
         r = {"step": step, "tokens": step * tps, "progress": step / steps, "time": 10.0 * step,
              "train/loss": float(train[i]), "grad/norm": float(grad[i]),
              "moe/drop_frac": float(drop[i]), "moe/router_entropy": float(entropy[i]),
-             "moe/load_max_over_mean": float(load[i]),
+             "moe/load_max_over_mean": float(load[i]), "moe/router_z_loss": float(zloss[i]),
              "params/norm/blocks": float(pnorm[i]), "params/norm/router_bias": float(bias[i]),
              "optim/lr": 1e-3}
         if step == nan_step:

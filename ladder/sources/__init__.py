@@ -5,7 +5,7 @@ give a JSON-serialisable read position so a restarted watcher continues where it
 judged twice, none skipped).
 
 - :class:`JsonlSource` (``jsonl.py``): a metrics.jsonl, tailed by byte offset, each line parsed by
-  orjson; a rotated or truncated file is read again, the steps already judged skipped.
+  orjson; a rotated or truncated file is read again (the watcher skips the steps it judged).
 - :class:`CsvSource` (``csv.py``): a CSV, incl. W&B exports.
 - :class:`WandbOfflineSource` and :class:`WandbApiSource` (``wandb.py``): a W&B offline run
   directory or ``.wandb`` file, and ``wandb://ENTITY/PROJECT/ID[,ID...]`` through the public API.
@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ladder.io import EX_NOINPUT, InputError
-from ladder.predict.sources.base import (
+from ladder.sources.base import (
     IDENTITY_BYTES,
     Poll,
     Source,
@@ -30,10 +30,10 @@ from ladder.predict.sources.base import (
     file_identity,
     same_file,
 )
-from ladder.predict.sources.csv import CsvSource, normalise_columns
-from ladder.predict.sources.jsonl import JSONL_POSITION, JsonlSource, parse_lines
-from ladder.predict.sources.keyed import KeyMappedSource
-from ladder.predict.sources.wandb import (
+from ladder.sources.csv import CsvSource, normalise_columns
+from ladder.sources.jsonl import JSONL_POSITION, JsonlSource, parse_lines
+from ladder.sources.keyed import KeyMappedSource
+from ladder.sources.wandb import (
     WandbApiSource,
     WandbOfflineSource,
     WandbUri,

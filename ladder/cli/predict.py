@@ -456,12 +456,12 @@ def source_keys(src: str, max_rows: int = 200) -> str:
     return ", ".join(keys)
 
 
-def watch_main(args, *, live_page=None) -> int:
-    """`ladder watch`. ``live_page(watcher, port=...)`` starts the ``--serve`` page (drawn by
-    reports, above predict: ``ladder.cli.commands.watch_main`` passes it in)."""
+def watch_main(args) -> int:
+    """`ladder watch`: judge a run against its pre-registration (``--follow``: as it grows;
+    ``--serve``: with the live page of ladder.reports.live)."""
     from ladder.predict import sinks as sk
     from ladder.predict.live import FollowConfig, Watcher
-    from ladder.predict.sources import KeyMappedSource, open_source
+    from ladder.sources import KeyMappedSource, open_source
 
     follow = FollowConfig(poll_seconds=args.poll, max_seconds=args.max_seconds)
     for flag, path in (("--alerts", args.alerts), ("--state", args.state)):
@@ -480,7 +480,7 @@ def watch_main(args, *, live_page=None) -> int:
         log.warning("ladder watch: --column-cache is deprecated and ignored (there is no "
                     "column cache any more; --state keeps a restarted watcher's place)")
     raw_source = source
-    from ladder.keymap import load_keymap
+    from ladder.sources.keymap import load_keymap
     keymap = load_keymap(getattr(args, "keys", None))
     if keymap is not None:  # another trainer's names
         source = KeyMappedSource(source, keymap)
@@ -498,10 +498,12 @@ def watch_main(args, *, live_page=None) -> int:
                             dir=str(Path(args.prereg).resolve().parent))
         sinks.append(home)
         source = TeeSource(source, lambda: w.view, home.log_evals)
+        from ladder.predict.watch.rules.heading import updated_forecast
+        home.updated = lambda: updated_forecast(w.view, w.state.get("heading"))
     w = Watcher(args.prereg, source, sinks, args.state, metric=args.metric, follow=follow,
                 amend_chain=getattr(args, "amend_chain", None))
     if w.multi:
-        server = _serve(args, w, keymap, live_page)
+        server = _serve(args, w, keymap)
         try:
             return _watch_multi_finish(args, w, source, as_json=as_json)
         finally:
@@ -513,7 +515,7 @@ def watch_main(args, *, live_page=None) -> int:
                     f"of '{registered}' (--metric names the source key holding the registered "
                     f"metric)")
     log.info(f"ladder watch: {w.description}; metric {w.view.metric}; source {args.source}")
-    server = _serve(args, w, keymap, live_page)
+    server = _serve(args, w, keymap)
     try:
         code = w.run(follow=args.follow)
     finally:
@@ -538,7 +540,7 @@ def _alert_sinks(args, source, webhook, *, as_json: bool) -> list:
     """Where `ladder watch`'s alerts go: stdout (not with ``--json``: the alerts are in its final
     object), ``--alerts``, the ``webhook`` sink, ``--wandb-alert`` (of a W&B API ``source``)."""
     from ladder.predict import sinks as sk
-    from ladder.predict.sources import WandbApiSource
+    from ladder.sources import WandbApiSource
     sinks: list = [] if as_json else [sk.StdoutSink()]
     if args.alerts:
         sinks.append(sk.JsonlSink(args.alerts))
@@ -553,19 +555,13 @@ def _alert_sinks(args, source, webhook, *, as_json: bool) -> list:
     return sinks
 
 
-def _serve(args, w, keymap, live_page):
+def _serve(args, w, keymap):
     """The ``--serve`` page of a watch (None without --serve)."""
-    from ladder.predict.sources import KeyMappedSource, open_source
+    from ladder.reports.live import LivePage
     if not getattr(args, "serve", False):
         return None
-    if live_page is None:
-        raise InputError("--serve needs the live page of reports (run `ladder watch`)",
-                         field="--serve", exit_code=EX_USAGE)
-
-    def history():  # a fresh read of the run for the page of a restarted watcher
-        fresh = open_source(args.source)
-        return KeyMappedSource(fresh, keymap) if keymap is not None else fresh
-    server = live_page(w, port=args.port, history=history)
+    # a restarted watcher's page reads the run once more from its start (the --source again)
+    server = LivePage.for_watcher(w, port=args.port, source=args.source, keymap=keymap)
     log.warning(f"ladder watch: live page on {server.url}")
     return server
 
@@ -606,11 +602,15 @@ def _watch_multi_finish(args, w, source, *, as_json: bool) -> int:
 
 
 def watch_verdict(w, code: int) -> dict:
-    """The outcome of a watch as one JSON-ready object (`ladder watch --json`)."""
+    """The outcome of a watch as one JSON-ready object (`ladder watch --json`); ``updated`` is
+    the forecast conditioned on the run's evals (issue 40), beside the frozen one, never in its
+    place (None before the first eval)."""
+    from ladder.predict.watch.rules.heading import updated_forecast
     st = w.state
     return {"schema": "watch-verdict/1", "exit": code, "worst": st.get("worst"),
             "not_applicable": st.get("not_applicable"), "prereg": w.description,
             "prereg_sha256": w.doc.get("sha256"), "follows_from_step": w.from_step,
             "metric": w.view.metric,
             "points": st.get("n_points", 0), "evals": st.get("n_evals", 0),
-            "last_step": st.get("last_step"), "alerts": [a.to_dict() for a in w.all_alerts]}
+            "last_step": st.get("last_step"), "alerts": [a.to_dict() for a in w.all_alerts],
+            "updated": updated_forecast(w.view, st.get("heading"))}

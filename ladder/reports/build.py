@@ -1,4 +1,4 @@
-"""`ladder report` and the library entry point :func:`build_report` used by `ladder demo`."""
+"""The report of a ladder's artifacts: :func:`build_report` (`ladder report`, `ladder demo`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ matplotlib.use("Agg")  # no display: figures are rendered to PNG only
 
 from ladder.io import (
     EX_CANTCREAT,
-    EX_USAGE,
     InputError,
     atomic_write_bytes,
     atomic_write_text,
@@ -62,26 +61,3 @@ def build_report(out_dir: str | os.PathLike, runs=None, law=None, prereg=None, a
         atomic_write_text(tmp / "summary.md", render_summary(inp, pngs))
         atomic_write_text(tmp / "index.html", render_html(inp, pngs, missing))
     return out / "index.html"
-
-
-def report_main(args) -> int:
-    serve = getattr(args, "serve", False)
-    if args.out is None and not serve:
-        raise InputError("required (or --serve for a live page)", field="--out",
-                         exit_code=EX_USAGE)
-    if args.out is not None:
-        path = build_report(args.out, runs=args.runs, law=args.law, prereg=args.prereg,
-                            alerts=args.alerts, target_run=args.target_run,
-                            points=getattr(args, "points", None))
-        print(f"report: {path}")
-        summary = path.parent / "summary.md"
-        print(summary.read_text(encoding="utf-8").split("\n## ")[0].rstrip(), flush=True)
-    if serve:
-        from ladder.reports.live import LivePage, serve_forever
-        page = LivePage.for_files(runs=args.runs, law=args.law, prereg=args.prereg,
-                                  alerts=args.alerts, target_run=args.target_run,
-                                  port=args.port, title="ladder: live report")
-        page.snapshot()  # a bad input file fails here, before anyone opens the page
-        print(f"live page: {page.url} (Ctrl-C stops it)", flush=True)
-        serve_forever(page)
-    return 0

@@ -21,7 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from ladder.io import EX_NOINPUT, InputError, open_input
-from ladder.predict.sources.base import Poll, Source, step_of
+from ladder.sources.base import POS_INT, Poll, Source, check_position, step_of
+
+# a saved segment's read position (ladder.sources.base.check_position): a state file is a file,
+# edited or of another version (an offset of the wrong type was a TypeError)
+SEGMENT_POSITION = {"offset": ("int", POS_INT), "num": ("int", POS_INT), "exit": ("bool", None)}
 
 # ----------------------------------------------------------------------------------- offline
 
@@ -56,13 +60,24 @@ class WandbOfflineSource(Source):
         return {"kind": self.kind, "path": str(self.path), "segments": self.segs,
                 "config_sent": self._config_sent}
 
-    def restore(self, pos: dict) -> None:
-        if pos.get("kind") == self.kind and isinstance(pos.get("segments"), dict):
-            # names are relative to the watched directory: a moved directory still matches
-            self.segs = {str(k): {"offset": int(v.get("offset", 0)), "num": int(v.get("num", 0)),
-                                  "exit": bool(v.get("exit"))}
-                         for k, v in pos["segments"].items() if isinstance(v, dict)}
-            self._config_sent = bool(pos.get("config_sent"))
+    def restore(self, pos: dict) -> bool:
+        """Continue at a saved position; True when every segment it names is still there
+        (names are relative to the watched directory: a moved directory still matches). A
+        renamed or removed segment, or another kind's position: False, the segments not named
+        are read from their start (the watcher skips the steps it already judged)."""
+        if pos.get("kind") != self.kind or not isinstance(pos.get("segments"), dict):
+            return False
+        segs = {}
+        for k, v in pos["segments"].items():
+            got = check_position(v if isinstance(v, dict) else {"offset": v}, SEGMENT_POSITION)
+            segs[str(k)] = {"offset": got["offset"], "num": got["num"], "exit": got["exit"]}
+        self.segs = segs
+        self._config_sent = pos.get("config_sent") is True
+        try:
+            there = {name for name, _ in self.segments()}
+        except InputError:  # no segment yet (a follow started before the run)
+            there = set()
+        return set(segs) <= there
 
     def segments(self) -> list[tuple[str, Path]]:
         """(name, path) of every .wandb file of the run, oldest first."""
@@ -124,8 +139,9 @@ class WandbOfflineSource(Source):
                 size = f.stat().st_size
             except OSError:
                 continue
-            if size < seg["offset"]:  # rewritten: read again, the steps repeat downstream
+            if size < seg["offset"]:  # rewritten: read again, the judged steps skipped
                 out.notes.append(f"{f} shrank: reading it again from the start")
+                out.restarted = True
                 seg.update(offset=0, num=0)
             if size == seg["offset"]:
                 continue
@@ -133,7 +149,11 @@ class WandbOfflineSource(Source):
                 recs = [r for r in (self._leet(f) or []) if int(r.get("num", 0) or 0) > seg["num"]]
                 end, bad = size, 0
             else:
-                recs, end, bad = decode_wandb_file(f, seg["offset"])
+                stats: dict = {}
+                recs = list(iter_wandb_records(f, seg["offset"], max_bytes=POLL_BYTES,
+                                               stats=stats))
+                end, bad = stats["end"], stats["bad"]
+                out.more = out.more or stats["more"]
             if bad:
                 if not recs and seg["offset"] == 0:
                     raise InputError(f"not a readable W&B record log ({bad} corrupt "
@@ -188,80 +208,129 @@ def _config_from_update(cfg: dict) -> dict:
 _BLOCK = 32768
 
 
+# The log is read READ_BYTES at a time (a multiple of the block), never whole (a 7 GiB log was a
+# MemoryError, issue 39); a record split over blocks is joined once from its fragments (joined by
+# repeated concatenation, a 50 MB record took a minute). A record beyond MAX_RECORD is skipped
+# unread and counted with the corrupt ones: the watcher reads a history row's numbers, a few KB
+# (W&B's own history rows are bounded far below this).
+READ_BYTES = 128 * _BLOCK      # 4 MiB
+MAX_RECORD = 64 << 20
+POLL_BYTES = 64 << 20          # of log decoded per segment and poll; the rest: ``Poll.more``
+
+
 def read_wandb_records(path: str | os.PathLike, *, full: bool = False) -> Iterable[dict]:
-    """Decode a whole .wandb record log (see :func:`decode_wandb_file`). ``full``: every
-    record type whole (protobuf's own dict of it: a run's group, name, job type and tags, a
-    metric's definition), not only the history and config the watcher reads."""
-    recs, _, _ = decode_wandb_file(Path(path), 0, full=full)
-    return recs
+    """Every record of a .wandb record log, streamed (see :func:`iter_wandb_records`).
+    ``full``: every record type whole (protobuf's own dict of it: a run's group, name, job type
+    and tags, a metric's definition), not only the history and config the watcher reads."""
+    yield from iter_wandb_records(Path(path), 0, full=full)
 
 
-def decode_wandb_file(path: Path, start: int = 0, *, full: bool = False
-                      ) -> tuple[list[dict], int, int]:
+def decode_wandb_file(path: Path, start: int = 0, *, full: bool = False,
+                      max_bytes: int | None = None) -> tuple[list[dict], int, int]:
     """Records of a .wandb log from byte ``start`` (0, or an offset this function returned):
     ``(records, end, corrupt)``, ``end`` being the offset after the last complete record (a
-    truncated last record of a live run is left for the next call). The CRC is not checked;
-    a record header that cannot be one (an unknown type, a length past its block) is corrupt:
-    counted, and the rest of the file is skipped (a log cannot be resynchronised reliably)."""
+    truncated last record of a live run is left for the next call). ``max_bytes``: stop at the
+    first record boundary past that many bytes from ``start`` (the rest at the next call). The
+    CRC is not checked; a record header that cannot be one (an unknown type, a length past its
+    block) is corrupt: counted, and the rest of the file is skipped (a log cannot be
+    resynchronised reliably)."""
+    stats: dict = {}
+    recs = list(iter_wandb_records(path, start, full=full, max_bytes=max_bytes, stats=stats))
+    return recs, stats["end"], stats["bad"]
+
+
+def iter_wandb_records(path: Path, start: int = 0, *, full: bool = False,
+                       max_bytes: int | None = None, stats: dict | None = None
+                       ) -> Iterable[dict]:
+    """The records of :func:`decode_wandb_file`, one at a time; ``stats`` gets ``end``,
+    ``bad`` and ``more`` (stopped at ``max_bytes`` with bytes left) when the iteration ends.
+    Memory: one read buffer and one record, whatever the log's size."""
     from wandb.proto import wandb_internal_pb2 as pb
 
+    st = {"end": start, "bad": 0, "more": False} if stats is None else stats
+    st.update(end=start, bad=0, more=False)
     with open_input(path, field="--source") as fh:
         fh.seek(start)
-        data = fh.read()
-    if start == 0:
-        if len(data) < 7:
-            return [], 0, 0
-        if data[:4] != b":W&B":
-            raise InputError("not a W&B record file (bad header)", path=path, field="--source")
-        pos = 7
-    else:
-        pos = 0
-    recs: list[dict] = []
-    bad = 0
-    buf = b""
-    end = pos
-    while pos + 7 <= len(data):
-        abs_pos = start + pos
-        block_left = _BLOCK - (abs_pos % _BLOCK)
-        if block_left < 7:  # zero padding at a block's end
-            pos += block_left
-            if not buf:
-                end = pos
-            continue
-        _crc, length, typ = struct.unpack("<IHB", data[pos:pos + 7])
-        if typ == 0 and length == 0:  # a zero-filled block tail: skip to the next block
-            pos += block_left
-            if not buf:
-                end = pos
-            continue
-        if typ not in (1, 2, 3, 4) or 7 + length > block_left:
-            bad += 1
-            break
-        body = pos + 7
-        if body + length > len(data):
-            break  # a record still being written
-        payload = data[body:body + length]
-        pos = body + length
-        if typ == 1:
-            buf = payload
-        elif typ == 2:
-            buf = payload
-            continue
-        elif typ == 3:
-            buf += payload
-            continue
-        else:
-            buf += payload
-        rec = pb.Record()
-        try:
-            rec.ParseFromString(buf)
-        except Exception:  # noqa: BLE001 - protobuf's DecodeError: a corrupt record, skipped
-            bad += 1
-            buf, end = b"", pos
-            continue
-        buf, end = b"", pos
-        recs.append(_record_dict(rec, full))
-    return recs, start + end, bad
+        if start == 0:
+            head = fh.read(7)
+            if len(head) < 7:
+                return
+            if head[:4] != b":W&B":
+                raise InputError("not a W&B record file (bad header)", path=path,
+                                 field="--source")
+        base = fh.tell()              # the file offset of buf[0]
+        buf, i = fh.read(READ_BYTES), 0
+        st["end"] = base
+        parts: list[bytes] = []       # the fragments of a record split over blocks
+        size, skipping = 0, False     # their bytes; an oversized record being passed over
+
+        def refill():
+            nonlocal buf, base, i
+            if i > len(buf):                # skipped padding past the bytes read
+                fh.seek(base + i)
+                buf, base, i = b"", base + i, 0
+            while len(buf) - i < _BLOCK + 7:   # a block's record fits after a refill
+                more = fh.read(READ_BYTES)
+                if not more:
+                    break
+                buf, base, i = buf[i:] + more, base + i, 0
+
+        while True:
+            refill()
+            if len(buf) - i < 7:
+                break
+            abs_pos = base + i
+            block_left = _BLOCK - (abs_pos % _BLOCK)
+            if block_left < 7:  # zero padding at a block's end
+                i += block_left
+                if not parts and not skipping:
+                    st["end"] = base + min(i, len(buf))
+                continue
+            _crc, length, typ = struct.unpack_from("<IHB", buf, i)
+            if typ == 0 and length == 0:  # a zero-filled block tail: skip to the next block
+                i += block_left
+                if not parts and not skipping:
+                    st["end"] = base + min(i, len(buf))
+                continue
+            if typ not in (1, 2, 3, 4) or 7 + length > block_left:
+                st["bad"] += 1
+                break
+            if i + 7 + length > len(buf):
+                break  # a record still being written
+            payload = buf[i + 7:i + 7 + length]
+            i += 7 + length
+            if typ in (1, 2):
+                parts, size, skipping = [payload], length, False
+            elif skipping:
+                if typ == 4:
+                    skipping = False
+                    st["end"] = base + i
+                continue
+            else:
+                parts.append(payload)
+                size += length
+            if size > MAX_RECORD:   # passed over, fragment by fragment, never assembled
+                st["bad"] += 1
+                parts, size, skipping = [], 0, typ != 4
+                if not skipping:
+                    st["end"] = base + i
+                continue
+            if typ in (2, 3):
+                continue
+            data = parts[0] if len(parts) == 1 else b"".join(parts)
+            parts, size = [], 0
+            st["end"] = base + i
+            rec = pb.Record()
+            try:
+                rec.ParseFromString(data)
+            except Exception:  # noqa: BLE001 - protobuf's DecodeError: a corrupt record, skipped
+                st["bad"] += 1
+                continue
+            yield _record_dict(rec, full)
+            if max_bytes is not None and st["end"] - start >= max_bytes:
+                refill()
+                st["more"] = len(buf) - i >= 7
+                break
 
 
 def _record_dict(rec, full: bool = False) -> dict:
@@ -342,10 +411,14 @@ class WandbApiSource(Source):
     # run logged every few minutes needs, and what a 100-day follow can afford
     poll_seconds = 60.0
 
-    def __init__(self, uri: str, *, api: Any = None, page_size: int = 1000):
+    def __init__(self, uri: str, *, api: Any = None, page_size: int = 1000,
+                 max_rows: int = 100_000):
         self.uri = WandbUri.parse(uri)
         self._api = api
         self.page_size = page_size
+        # a poll returns at most this many rows (``Poll.more``): a 100-day history is read in
+        # slices, memory bounded as for a JSONL source (ladder.sources.jsonl)
+        self.max_rows = max_rows
         self.last_step: dict[str, int] = {}
         self.done_ids: list[str] = []
         self._config_sent = False
@@ -366,11 +439,13 @@ class WandbApiSource(Source):
         return {"kind": self.kind, "uri": list(self.uri.run_ids), "last_step": self.last_step,
                 "done_ids": self.done_ids, "config_sent": self._config_sent}
 
-    def restore(self, pos: dict) -> None:
+    def restore(self, pos: dict) -> bool:
         if pos.get("kind") == self.kind and pos.get("uri") == list(self.uri.run_ids):
             self.last_step = {k: int(v) for k, v in (pos.get("last_step") or {}).items()}
             self.done_ids = list(pos.get("done_ids") or [])
             self._config_sent = bool(pos.get("config_sent"))
+            return True
+        return False
 
     def run(self, run_id: str):
         if run_id not in self.runs:
@@ -433,6 +508,9 @@ class WandbApiSource(Source):
                     continue
                 out.rows.append(row)
                 self.last_step[rid] = max(self.last_step.get(rid, s), s)
+                if len(out.rows) >= self.max_rows:  # the rest from the next step on
+                    out.more = True
+                    return out
             if k < len(ids) - 1:  # an earlier run of the lineage (superseded): read once
                 self.done_ids.append(rid)
         return out

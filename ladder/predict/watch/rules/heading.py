@@ -1,0 +1,181 @@
+"""The early warning (issue 40 item 2): the updated final-loss forecast (ladder.predict.updated),
+conditioned on the run's evals so far, and its band no longer overlap the frozen final band: the
+run is heading outside its contract while its evals may still sit inside the curve's band.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ladder.predict.band import z_of
+from ladder.predict.updated import FilterState, UpdateConfig, final_band, offset_var, prior_sd
+from ladder.predict.watch.alerts import Alert
+from ladder.predict.watch.rules.base import Context, kept, one_of, positive_int, threshold
+from ladder.predict.watch.rules.hysteresis import Hysteresis
+from ladder.predict.watch.rules.loss import EvalPoint, LossRule, Persistence, Smoothing
+
+
+@dataclass(frozen=True)
+class HeadingConfig(Smoothing, Persistence):
+    """The persistence (``heading_k`` evals apart to raise, the band rule's ``k_clear`` to
+    clear); the updated forecast's own dials are ladder.predict.updated's (chosen on the public
+    curves, not registered per run)."""
+
+    heading_k: int = threshold(2, positive_int)  # evals apart before a warning: one fewer
+    #   than the band rule's 3, the updated forecast being already a filter of the evals
+    #   (bench/live_forecast.py early_warning_table, docs/live_forecast.md: against the alert
+    #   band, k = 2 and 3 warn on no healthy public curve whose final stayed inside it, of 127;
+    #   k = 2 is no later than the band rule on 12 of 45 synthetic faults, k = 3 on 3, missing 2)
+    heading_against: str = threshold("alert", one_of("alert", "registered"))  # the frozen
+    #   final band compared with: widened to the alert level as the band rule's (a healthy run
+    #   ends outside the registered 90% band 1 time in 10), or as registered (the same table:
+    #   2 false warnings of 127 public curves at k = 2, no later than the band on 14 of 45)
+
+@dataclass
+class HeadingState(Hysteresis):
+    """The hysteresis (about: above or below) and the updated forecast's filter."""
+
+    about: str | None = kept(("enum?", ("above", "below")))
+    run: str | None = kept(("enum?", ("above", "below")))
+    mean: float = kept("num?", 0.0)
+    var: float | None = kept("num?")
+    v_at: float | None = kept("num?")
+    at: float = kept("num?", 0.0)
+    n: int = kept("count", 0)
+    recent: list = kept("nums", factory=list)
+    last_z: float = kept("num?", 0.0)
+    jump: float = kept("num?", 0.0)
+
+    def filter(self) -> FilterState:
+        return FilterState(self.mean or 0.0, self.var, self.v_at, self.at or 0.0, self.n,
+                           list(self.recent), self.last_z or 0.0, self.jump or 0.0)
+
+    def keep(self, fs: FilterState) -> None:
+        self.mean, self.var, self.v_at, self.at, self.n, self.recent, self.last_z, self.jump = (
+            fs.mean, fs.var, fs.v_at, fs.at, fs.n, list(fs.recent), fs.last_z, fs.jump)
+
+
+def updated_final(view, fs: FilterState, cfg: UpdateConfig) -> tuple[float, float, float]:
+    """The updated final loss and its band at the registered level, from the filter's state."""
+    tau = prior_sd(view.final, view.final_lo, view.final_hi, view.level)
+    m, half = final_band(fs.level(tau), tau, view.level, cfg)
+    return (view.final * math.exp(m), view.final * math.exp(m - half),
+            view.final * math.exp(m + half))
+
+
+def alert_final(view) -> tuple[float, float]:
+    """The frozen final band widened to the alert level, as the band rule widens the curve's
+    (``alert_level``, say 99%): a healthy run ends outside the registered 90% band 1 time in 10,
+    and the updated forecast knows where it ends by then."""
+    k = z_of(view.config.alert_level) / z_of(view.level)
+    return (view.final - (view.final - view.final_lo) * k,
+            view.final + (view.final_hi - view.final) * k)
+
+
+def step_filter(view, fs: FilterState, ev: EvalPoint, cfg: UpdateConfig) -> bool:
+    """Feed one eval to the filter (False when it is not used: before the filter's first
+    fraction, or a forecast or value that gives no finite log-ratio)."""
+    if not (ev.e > 0 and ev.y > 0):
+        return False
+    d = math.log(ev.y / ev.e)
+    if not (math.isfinite(d) and cfg.min_fraction - 1e-9 <= ev.f <= 1.0):
+        return False
+    tau = prior_sd(view.final, view.final_lo, view.final_hi, view.level)
+    _, lo, hi = view.expected(np.array([ev.f]), alert=False)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w = np.log(hi / lo) / (2 * z_of(view.level))
+    fs.step(ev.f, d, float(offset_var(np.array([ev.f]), tau, cfg, w)[0]), cfg)
+    return True
+
+
+class HeadingRule(LossRule):
+    """The updated final forecast's band apart from the frozen final band, with hysteresis."""
+
+    name = "heading"
+    kinds = ("heading", "cleared")
+    description = ("the updated final-loss forecast's band (conditioned on the run's evals) no "
+                   "longer overlapping the frozen final band")
+    Config = HeadingConfig
+    State = HeadingState
+
+    def judge(self, ctx: Context, cfg: HeadingConfig, hs: HeadingState, ev: EvalPoint) -> None:
+        view = ctx.view
+        if not (math.isfinite(view.final) and math.isfinite(view.final_lo)
+                and math.isfinite(view.final_hi) and view.final_lo < view.final < view.final_hi):
+            return  # no final band registered: nothing to overlap
+        ucfg = UpdateConfig()
+        fs = hs.filter()
+        if not step_filter(view, fs, ev, ucfg):
+            return
+        hs.keep(fs)
+        u, lo, hi = updated_final(view, fs, ucfg)
+        f_lo, f_hi = alert_final(view) if cfg.heading_against == "alert" else \
+            (view.final_lo, view.final_hi)
+        direction = "above" if lo > f_hi else "below" if hi < f_lo else None
+        hs.extend(direction)
+        ch = hs.settle(1 if direction else 0, about=direction, k_raise=cfg.heading_k,
+                       k_clear=cfg.k_clear)
+        if ch is None:
+            return
+        extra = {"updated_final": u, "updated_lo": lo, "updated_hi": hi}
+        if ch.kind == "raised":
+            worse = "worse" if direction == "above" else "better"
+            ctx.emit(Alert(ctx.stamp, ev.step, ev.tokens, ev.f, "heading",
+                           "warn" if direction == "above" else "info", value=u,
+                           expected=view.final, lo=view.final_lo, hi=view.final_hi,
+                           direction=worse,
+                           message=f"{view.metric}: the updated final forecast {u:.4f} "
+                                   f"[{lo:.4f}, {hi:.4f}] (from {fs.n} evals to {ev.f:.1%} of "
+                                   f"the run) no longer overlaps the frozen final band "
+                                   f"{view.final:.4f} [{view.final_lo:.4f}, "
+                                   f"{view.final_hi:.4f}] at {view.level:.0%}: heading {worse} "
+                                   f"than registered, for {hs.run_len} evals", extra=extra))
+        elif ch.kind == "cleared":
+            ctx.emit(Alert(ctx.stamp, ev.step, ev.tokens, ev.f, "cleared", "info", value=u,
+                           expected=view.final, lo=view.final_lo, hi=view.final_hi,
+                           message=f"{view.metric}: the updated final forecast {u:.4f} "
+                                   f"[{lo:.4f}, {hi:.4f}] overlaps the frozen final band again "
+                                   f"(was heading {ch.about_before})",
+                           extra={"key": view.metric, "clears": "heading", **extra}))
+
+    def text(self, c: HeadingConfig, level: float) -> str:
+        return (f"Heading: the updated final forecast (the frozen curve moved by the run's own "
+                f"evals, ladder.predict.updated) with its {level:.0%} band apart from the frozen "
+                f"final band widened to the {c.alert_level:.0%} alert level (as the band rule "
+                f"widens the curve's) for {c.heading_k} consecutive evals is a 'heading' warning "
+                f"(info when better than registered); overlapping again for {c.k_clear} evals "
+                f"clears it.")
+
+
+def updated_forecast(view, section) -> dict | None:
+    """The updated forecast as JSON (labelled "updated", beside the frozen numbers that never
+    change) from the heading rule's section of a watcher state (a dict as saved, or the typed
+    state); None before its first eval or without a registered final band."""
+    if section is None or not hasattr(view, "final"):
+        return None
+    hs = section if isinstance(section, HeadingState) else \
+        HeadingState.from_json(section, "state.heading")
+    fs = hs.filter()
+    if not fs.n or not (view.final_lo < view.final < view.final_hi):
+        return None
+    ucfg = UpdateConfig()
+    u, lo, hi = updated_final(view, fs, ucfg)
+    tau = prior_sd(view.final, view.final_lo, view.final_hi, view.level)
+    lv = fs.level(tau)
+    ahead = view.fraction > lv.at
+    fx = view.fraction[ahead]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w = np.log(view.hi[ahead] / view.lo[ahead]) / (2 * z_of(view.level))
+    m, v = lv.predict(np.minimum(offset_var(fx, tau, ucfg, w), lv.v_at))
+    z = z_of(view.level) * ucfg.inflation
+    cy = view.loss[ahead] * np.exp(m)
+    sd = np.sqrt(v)
+    return {"label": "updated", "method": "ladder.predict.updated (end-anchored offset, Kalman)",
+            "at_fraction": lv.at, "n_evals": lv.n, "level": view.level,
+            "final": {"loss": u, "lo": lo, "hi": hi},
+            "frozen_final": {"loss": view.final, "lo": view.final_lo, "hi": view.final_hi},
+            "curve": [{"fraction": float(f), "loss": float(y), "lo": float(y * math.exp(-z * s)),
+                       "hi": float(y * math.exp(z * s))} for f, y, s in zip(fx, cy, sd)]}
