@@ -154,3 +154,32 @@ def test_scanned_step_flops_compare_with_flops_v1():
     assert 2 in out["loops"]                          # the microbatch loop (and the layer scan)
     assert 0.9 < out["ratio"] < 1.5, out              # LM head recomputed, capacity slots
     assert out["xla"] < 0.6 * out["flops"], out       # what XLA's own count leaves out
+
+
+# issue 37: XLA's SPMD partitioner gathered the whole [T, E] biased logits for the routing's
+# top_k on every device (27.7B-A1.2B on 64 devices: 4.9 TB of all-gather per step per device)
+TOPK_SCRIPT = r"""
+import json, re
+import jax, jax.numpy as jnp
+from ladder.trainer.step import batch_sharding, make_mesh, programs
+from ladder.trainer.plan import collective_bytes
+from ladder.specs import LADDERS
+rung = LADDERS["tiny"].rungs[0].replace(batch=16)
+out = {}
+for rule in ("threshold", "quantile"):
+    r = rung.replace(model=rung.model.replace(bias_rule=rule))
+    mesh = make_mesh(8, 4, r.model.n_experts, 16)
+    progs = programs(r.model, mesh, r.optimizer_settings, 1)
+    toks = jax.ShapeDtypeStruct((16, r.seq_len), jnp.int32, sharding=batch_sharding(mesh))
+    batch = {"tokens": toks, "targets": toks, "lr": jax.ShapeDtypeStruct((), jnp.float32)}
+    text = progs.train_step.lower(progs.abstract_state(), batch).compile().as_text()
+    out[rule] = sum(1 for line in text.splitlines()
+                    if re.search(r" all-gather(-start)?\(", line) and "top_k" in line)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_routing_top_k_gathers_no_logits():
+    out = json.loads(run_on_fake_devices(TOPK_SCRIPT).strip().splitlines()[-1])
+    assert out == {"threshold": 0, "quantile": 0}, out
