@@ -17,7 +17,9 @@ under an alarm. The verdicts:
 
 Cases belong to a surface (the issue that found them); the table is printed per surface. The
 surfaces of issue 26 (names that become paths, special files, trust, our own files' fields,
-ranges, durability, secrets, size) follow the inputs of issue 15.
+ranges, durability, secrets, size) follow the inputs of issue 15, then the writers of issue 39
+(:func:`corpus39_writers`: only what it wrote, pairs of writes, token ids, checkpoints and locks;
+a case may run under a fault, a write that fails as on a full disk).
 
 ``tests/test_inputs_fuzz.py`` runs the issue's cases and a sample of the corpus, and a
 hypothesis-driven search, in the default suite; this script runs the whole corpus and prints the
@@ -238,6 +240,8 @@ class Case:
     alarm: float = ALARM_S
     mem_cap: int | None = None
     slow: bool = False  # trains a rung or fits a big table: left out of the default suite
+    # around the command: a fault it meets (a full disk: a write monkeypatched to fail)
+    during: Callable[[Path], contextlib.AbstractContextManager] | None = None
 
 
 def _edit_json(path: Path, dotted: str, raw: str) -> None:
@@ -540,7 +544,10 @@ def run_case(world: Path, case: Case, scratch: Path) -> Outcome:
     try:
         argv = case.build(w)
         os.chdir(w)  # relative defaults (law.json, prereg.json) land in the copy
-        if case.mem_cap is None:
+        if case.during is not None:
+            with case.during(w):
+                o = judge(argv, case.names, bad=case.bad, alarm=case.alarm)
+        elif case.mem_cap is None:
             o = judge(argv, case.names, bad=case.bad, alarm=case.alarm)
         else:  # in a child process: running out of memory must not break this one's modules
             o = _judge_apart(argv, case)
@@ -667,7 +674,7 @@ def main(argv=None) -> int:
             preload()
         results = []
         t0 = time.perf_counter()
-        for case in corpus():
+        for case in corpus() + corpus39_writers():
             if args.only and args.only not in case.name:
                 continue
             if args.surface and args.surface not in case.surface:
@@ -1251,6 +1258,353 @@ def _wandb_webhook_case(w: Path) -> list[str]:
     os.environ.update(WANDB_MODE="offline", WANDB_DIR=str(w), WANDB_SILENT="true")
     return ["watch", str(w / "pre" / "prereg.json"), "--source", str(w / "live_nan.jsonl"),
             "--webhook", rx.url, "--wandb", "--wandb-project", "fuzz"]
+
+
+
+# ----------------------------------------------------------------------------- issue 39, writers
+# A command touches only what it wrote; pairs of writes go together on a full disk; token ids are
+# checked against the rung's vocabulary; damaged checkpoints, full disks and shared run folders
+# end in one line. A user's file planted in a case is checked byte for byte afterwards ("lost"
+# when it changed or went); a pair of writes left half made is "lost" too (the watcher never
+# follows an amendment without its chain line).
+
+S39_OWN, S39_PAIRS = "39 writers: only what it wrote", "39 writers: pairs of writes"
+S39_VOCAB, S39_CKPT = "39 writers: token ids", "39 writers: checkpoints and locks"
+_PLANTED: dict[str, list[tuple[Path, bytes]]] = {}
+ENOSPC_TEXT = "No space left on device"
+
+
+def corpus39_writers() -> list[Case]:
+    """The writer cases of issue 39, by class."""
+    C: list[Case] = []
+
+    def add(*a, **kw):
+        C.append(Case(*a, **kw))
+
+    def report(w, out):
+        return ["report", "--law", str(w / "law.json"), "--out", str(out)]
+
+    def tokenize(w, out, *inputs):
+        return ["tokenize", *(inputs or (str(_corpus_jsonl(w)),)), "--tokenizer",
+                str(_tok(w)), "--out", str(out), "--processes", "0"]
+
+    train = {"alarm": 180}
+    # ------------------------------------------------------------------ only what it wrote
+    for name in ("index.html", "summary.md", "law.png"):
+        add(f"report --out holding the user's {name}", lambda w, n=name: report(
+            w, _plant(w, w / "mine", n)), ("mine", name), surface=S39_OWN,
+            check=_planted_intact)
+    add("report --out a link to a folder holding the user's index.html", lambda w: report(
+        w, _link(w / "lnk", _plant(w, w / "mine", "index.html"))), ("lnk", "mine", "index.html"),
+        surface=S39_OWN, check=_planted_intact)
+    add("report --out whose index.html was frozen (0444)", lambda w: report(
+        w, _frozen_output(w, report(w, w / "rep"), w / "rep", "index.html")),
+        ("index.html",), surface=S39_OWN, check=_planted_intact)
+    add("report --out whose index.html links to the pre-registration", lambda w: report(
+        w, _linked_output(w, report(w, w / "rep"), w / "rep", "index.html",
+                          w / "pre" / "prereg.json")), ("index.html",), surface=S39_OWN,
+        check=_planted_intact)
+    add("compare --out whose compare.json was frozen (0444)", lambda w: _compare(
+        w, _frozen_output(w, _compare(w, w / "cmp"), w / "cmp", "compare.json")),
+        ("compare.json",), surface=S39_OWN, check=_planted_intact)
+    for name in ("train-00000.bin", "val-00000.bin", "progress.json", "stream-00000.bin"):
+        add(f"tokenize --out holding the user's {name}", lambda w, n=name: tokenize(
+            w, _plant(w, w / "mine", n)), ("mine", name), surface=S39_OWN,
+            check=_planted_intact)
+    add("tokenize --out a link to a folder holding the user's train-00000.bin",
+        lambda w: tokenize(w, _link(w / "lnk", _plant(w, w / "mine", "train-00000.bin"))),
+        ("lnk", "mine", "train-00000.bin"), surface=S39_OWN, check=_planted_intact)
+    for name in ("metrics.jsonl", "summary.md", "env.json"):
+        add(f"run into a folder holding the user's {name}", lambda w, n=name: (
+            _plant(w, _rung_folder(w), n), _run_into(w))[1], (_first_rung(), name),
+            surface=S39_OWN, check=_planted_intact, bad=name != "summary.md",
+            slow=name == "summary.md", **train)
+    add("tokenize a FIFO among its inputs", lambda w: tokenize(
+        w, w / "tok-out", str(_corpus_jsonl(w)), str(_fifo(w / "pipe.txt"))), ("pipe.txt",),
+        surface=S39_OWN)
+    add("tokenize a broken link among its inputs", lambda w: tokenize(
+        w, w / "tok-out", str(_corpus_jsonl(w)), str(_link(w / "gone.txt", w / "nothing"))),
+        ("gone.txt",), surface=S39_OWN)
+    add("tokenize /dev/null among its inputs", lambda w: tokenize(
+        w, w / "tok-out", str(_corpus_jsonl(w)), "/dev/null"), ("/dev/null",), surface=S39_OWN)
+    add("tokenize a folder named among its inputs", lambda w: tokenize(
+        w, w / "tok-out", str(_corpus_jsonl(w)), str(_folder_with_a_file(w / "more"))),
+        ("more",), surface=S39_OWN)
+    add("tokenize into a folder another tokenizer holds", lambda w: tokenize(w, w / "busy"),
+        ("busy", "in use"), surface=S39_OWN, during=lambda w: _held(w / "busy"))
+    # ------------------------------------------------------------------ pairs of writes
+    for at in ("write", "fsync"):
+        add(f"preregister --amend on a full disk ({at})", lambda w: _amend_argv(w),
+            ("prereg-v2.json", "amendments.jsonl"), surface=S39_PAIRS,
+            during=lambda w, at=at: _full_disk(at), check=_amendment_whole)
+    add("tokenize with the manifest on a full disk", lambda w: tokenize(w, w / "full"),
+        ("manifest.json",), surface=S39_PAIRS, during=lambda w: _full_manifest(),
+        check=_shards_verify)
+    add("run with a checkpoint save on a full disk", lambda w: [
+        "run", "tiny", "--rung", _first_rung(), "--out", str(w / "train"), "--max-steps", "2",
+        "--peak_flops=1e11", "--progress=false", "--checkpoint_async=false"],
+        ("checkpoint",), surface=S39_PAIRS, during=lambda w: _full_checkpoints(),
+        check=_nothing_half_made, slow=True, **train)
+    # ------------------------------------------------------------------ token ids
+    add("run --data .npy with one id beyond the vocabulary", lambda w: _run_data(
+        w, _npy(w, stray=38_000)), ("tokens.npy", "vocab"), surface=S39_VOCAB, **train)
+    add("run --data .bin declaring a larger vocabulary", lambda w: _run_data(
+        w, _npy(w, stray=None, raw=True)) + ["--vocab-size", "40000"], ("tokens.bin", "vocab"),
+        surface=S39_VOCAB, **train)
+    add("run --data shards of a 300-token tokenizer", lambda w: _run_data(w, _manifest(
+        w, lambda m: m.update(vocab_size=300))), ("shards", "vocab"), surface=S39_VOCAB,
+        **train)
+    add("run --data .npy within the vocabulary keeps the rung's model", lambda w: _run_data(
+        w, _npy(w, stray=None)), bad=False, surface=S39_VOCAB, check=_rung_vocab_kept,
+        slow=True, **train)
+    # ------------------------------------------------------------------ checkpoints, locks
+    add("run into a run folder another run holds", lambda w: _run_into(w), ("in use",),
+        surface=S39_CKPT, during=lambda w: _held(_rung_folder(w)), **train)
+    add("run into a run folder whose holder was killed", lambda w: (
+        _dead_lock(_rung_folder(w)), _run_into(w))[1], bad=False, surface=S39_CKPT, check=_ran,
+        slow=True, **train)
+    add("run --resume over a damaged newest checkpoint", lambda w: (
+        _damaged_newest(w), _run_into(w, "--max-steps", "3", "--resume"))[1], bad=False,
+        surface=S39_CKPT, check=_resumed_from_older, slow=True, **train)
+    return C
+
+
+def _plant(w: Path, folder: Path, name: str) -> Path:
+    """A user's own file ``name`` in ``folder`` (made), remembered to be checked after."""
+    folder.mkdir(parents=True, exist_ok=True)
+    f = folder / name
+    f.write_bytes(b"the user's own " + name.encode())
+    _PLANTED.setdefault(str(w), []).append((f, f.read_bytes()))
+    return folder
+
+
+def _folder_with_a_file(folder: Path) -> Path:
+    folder.mkdir()
+    (folder / "a.txt").write_text("alpha beta")
+    return folder
+
+
+def _planted_intact(w: Path, o: Outcome) -> str | None:
+    for f, data in _PLANTED.pop(str(w), []):
+        try:
+            if f.read_bytes() != data:
+                return "lost"
+        except OSError:
+            return "lost"
+    return None
+
+
+def _link(link: Path, target: Path) -> Path:
+    link.symlink_to(target)
+    return link
+
+
+def _frozen_output(w: Path, argv: list[str], folder: Path, name: str) -> Path:
+    """The command run once (its output in ``folder``), then its ``name`` made read-only."""
+    code, _, err = run_cli(argv, alarm=300)
+    assert code == 0, err
+    (folder / name).chmod(0o444)
+    _PLANTED.setdefault(str(w), []).append((folder / name, (folder / name).read_bytes()))
+    return folder
+
+
+def _linked_output(w: Path, argv: list[str], folder: Path, name: str, target: Path) -> Path:
+    """The command run once, then its ``name`` replaced by a link to ``target`` (read-only)."""
+    code, _, err = run_cli(argv, alarm=300)
+    assert code == 0, err
+    (folder / name).unlink()
+    (folder / name).symlink_to(target)
+    _PLANTED.setdefault(str(w), []).append((target, target.read_bytes()))
+    return folder
+
+
+def _compare(w: Path, out: Path) -> list[str]:
+    return ["compare", str(w / "points.csv"), str(w / "points.csv"), "--bootstrap", "0",
+            "--form", "compute", "--out", str(out)]
+
+
+def _tok(w: Path) -> Path:
+    p = w / "tokenizer.json"
+    if p.exists():
+        return p
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(["alpha beta gamma delta"] * 20, trainers.BpeTrainer(
+        vocab_size=270, special_tokens=["<|endoftext|>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(p))
+    return p
+
+
+def _corpus_jsonl(w: Path) -> Path:
+    p = w / "docs.jsonl"
+    if not p.exists():
+        words = ("alpha", "beta", "gamma", "delta")
+        p.write_text("".join(json.dumps({"text": " ".join(words[(i + k) % 4] for k in range(30))
+                                         + f" {i}"}) + "\n" for i in range(200)))
+    return p
+
+
+@contextlib.contextmanager
+def _held(folder: Path):
+    """Another process's lock on ``folder`` (an flock on a second open file: it conflicts
+    within one process too); trees before the lock ignore it (their case is then accepted)."""
+    import fcntl
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / ".ladder.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                              "what": "ladder (another)", "since": "now"}).encode(), 0)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        os.close(fd)
+
+
+def _enospc(*a, **k):
+    raise OSError(28, ENOSPC_TEXT)
+
+
+@contextlib.contextmanager
+def _patched(obj, name: str, value):
+    real = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, real)
+
+
+def _full_disk(at: str):
+    """The disk fills at the io layer's ``os.write`` (an append) or ``os.fsync`` (a staged
+    file): what a full disk does to the amendment and its chain line."""
+    import ladder.io as lio
+    return _patched(lio.os, at, _enospc)
+
+
+def _full_manifest():
+    from ladder.trainer import tokens as T
+    real = T.atomic_write_json
+
+    def write(path, obj, **kw):
+        if Path(path).name == "manifest.json":
+            raise OSError(28, ENOSPC_TEXT, str(path))
+        return real(path, obj, **kw)
+    return _patched(T, "atomic_write_json", write)
+
+
+def _full_checkpoints():
+    """Orbax writes its metadata through etils paths: those writes fail, as on a full disk."""
+    from etils import epath
+    cls = type(epath.Path("/"))
+
+    def write_text(self, *a, **k):
+        raise OSError(28, ENOSPC_TEXT, str(self))
+    return _patched(cls, "write_text", write_text)
+
+
+def _amend_argv(w: Path) -> list[str]:
+    return ["preregister", str(w / "law.json"), "--target-spec", str(w / "target.json"),
+            "--amend", str(w / "pre" / "prereg.json"), "--reason", "the mix changed",
+            "--eval-noise", "0.004", "--out", str(w / "pre" / "prereg-v2.json")]
+
+
+def _amendment_whole(w: Path, o: Outcome) -> str | None:
+    """The amendment and its chain line: both or neither; then the same command works and the
+    chain leads to it."""
+    new, chain = w / "pre" / "prereg-v2.json", w / "pre" / "amendments.jsonl"
+    lines = chain.read_text().count("prereg-v2.json") if chain.exists() else 0
+    if new.exists() != bool(lines):
+        return "lost"
+    if not new.exists():
+        code, _, err = run_cli(_amend_argv(w), alarm=300)
+        if code != 0:
+            return "lost"
+    from ladder.predict import prereg as pr
+    return None if pr.resolve_chain(w / "pre" / "prereg.json").newest.path == str(new) \
+        else "lost"
+
+
+def _shards_verify(w: Path, o: Outcome) -> str | None:
+    """After the failure, the same command finishes and every shard has its manifest's hash."""
+    from ladder.io import sha256_file
+    code, _, err = run_cli(["tokenize", str(_corpus_jsonl(w)), "--tokenizer", str(_tok(w)),
+                            "--out", str(w / "full"), "--processes", "0"], alarm=300)
+    if code != 0:
+        return "lost"
+    m = json.loads((w / "full" / "manifest.json").read_text())
+    ok = all(sha256_file(w / "full" / sh["file"]) == sh["sha256"]
+             for s in ("train", "val") for sh in m["splits"][s]["shards"])
+    return None if ok else "lost"
+
+
+def _rung_folder(w: Path) -> Path:
+    return w / "train" / "tiny" / _first_rung()
+
+
+def _nothing_half_made(w: Path, o: Outcome) -> str | None:
+    ck = _rung_folder(w) / "checkpoints"
+    half = [p for p in ck.rglob("*") if "orbax-checkpoint-tmp" in p.name] if ck.exists() else []
+    summary = _rung_folder(w) / "summary.json"
+    status = json.loads(summary.read_text()).get("status") if summary.exists() else None
+    return "lost" if half or status not in ("failed", None) else None
+
+
+def _npy(w: Path, stray: int | None, raw: bool = False) -> Path:
+    import numpy as np
+    ids = np.random.default_rng(0).integers(0, 200, 20_000)
+    if stray is not None:
+        ids[777] = stray
+    if raw:
+        p = w / "tokens.bin"
+        ids.astype(np.uint16).tofile(p)
+    else:
+        p = w / "tokens.npy"
+        np.save(p, ids.astype(np.int32))
+    return p
+
+
+def _rung_vocab_kept(w: Path, o: Outcome) -> str | None:
+    cfg = json.loads((_rung_folder(w) / "config.json").read_text())
+    return None if cfg["rung"]["model"]["vocab_size"] == 256 else "accepted"
+
+
+def _run_into(w: Path, *extra: str) -> list[str]:
+    """`ladder run` of the first tiny rung, 1 step (a later --max-steps in ``extra`` wins)."""
+    return ["run", "tiny", "--rung", _first_rung(), "--out", str(w / "train"), "--max-steps",
+            "1", "--peak_flops=1e11", "--progress=false", *extra]
+
+
+def _dead_lock(folder: Path) -> None:
+    """The lock file a killed run left: its pid is gone."""
+    folder.mkdir(parents=True, exist_ok=True)
+    p = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                       capture_output=True, text=True, check=True)
+    (folder / ".ladder.lock").write_text(json.dumps({"pid": int(p.stdout), "host": "h",
+                                                     "what": "ladder run", "since": "then"}))
+
+
+def _ran(w: Path, o: Outcome) -> str | None:
+    return None if o.code == 0 and (_rung_folder(w) / "summary.json").exists() else "accepted"
+
+
+def _damaged_newest(w: Path) -> None:
+    """A run checkpointed at steps 1 and 2, then the newest checkpoint's array data torn."""
+    for steps in ("1", "2"):
+        code, _, err = run_cli(_run_into(w, "--max-steps", steps, "--resume"), alarm=300)
+        assert code == 0, err
+    for f in (_rung_folder(w) / "checkpoints" / "2").rglob("*"):
+        if f.is_file() and f.parent.name == "d":
+            f.write_bytes(b"\0" * 7)
+
+
+def _resumed_from_older(w: Path, o: Outcome) -> str | None:
+    s = json.loads((_rung_folder(w) / "summary.json").read_text())
+    return None if o.code == 0 and s.get("step") == 3 else "lost"
 
 
 if __name__ == "__main__":

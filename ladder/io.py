@@ -172,11 +172,25 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, mode: int | None
     at ``path`` is never replaced (InputError, exit 73). ``exclusive``: never replace an existing
     file at all; publish with a hard link, which fails if the name exists even under a race
     (raises FileExistsError). File systems without hard links get a best-effort
-    check-then-rename. Any other OS error (a directory that cannot be created or written) is an
-    InputError naming the path (exit 73). The temp name carries the writer's pid, so temp files
-    of killed writers are removed by the next write into the same directory.
+    check-then-rename. Any other OS error (a directory that cannot be created or written, a full
+    disk) is an InputError naming the path (exit 73) and leaves ``path`` as it was. The temp
+    name carries the writer's pid, so temp files of killed writers are removed by the next write
+    into the same directory.
     """
     path = Path(path)
+    tmp = _stage(path, data, mode)
+    try:
+        _publish(tmp, path, exclusive)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)  # the temp name (after a link, or after a failure)
+    _fsync_dir(path.parent)
+    return path
+
+
+def _stage(path: Path, data: bytes, mode: int | None) -> str:
+    """``data`` in a fsynced temp file beside ``path`` (the first half of an atomic write);
+    its name. Nothing is left behind when it fails (InputError, 73)."""
     check_replaceable(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -192,6 +206,19 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, mode: int | None
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, ARTIFACT_MODE if mode is None else mode)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise InputError(f"cannot be written ({_os_reason(e)})", path=path,
+                             exit_code=EX_CANTCREAT) from None
+        raise
+    return tmp
+
+
+def _publish(tmp: str, path: Path, exclusive: bool) -> None:
+    """Put the staged ``tmp`` at ``path`` (the second half of an atomic write)."""
+    try:
         if not exclusive:
             check_replaceable(path)  # again, just before the rename (narrows the race)
             os.replace(tmp, path)
@@ -209,13 +236,61 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, mode: int | None
     except OSError as e:
         raise InputError(f"cannot be written ({_os_reason(e)})", path=path,
                          exit_code=EX_CANTCREAT) from None
-    finally:
+
+
+def write_with_record(path: str | os.PathLike, data: bytes, log: str | os.PathLike, line: str,
+                      *, mode: int | None = None) -> Path:
+    """Publish ``data`` at ``path`` (exclusively: never over an existing file) AND append the
+    whole line ``line`` to the JSONL log ``log``: both or neither (issue 39: an amendment and its
+    line in amendments.jsonl).
+
+    Order: the data is staged (written and fsynced under a temp name: the step a full disk
+    fails), then the line appended, then the data published with a hard link. A failure before
+    the link cuts the log back to where it was and removes the temp file: the state before the
+    call. A kill between the append and the link leaves a line whose file is missing (readers
+    of the log pass over it), so the same call, retried, still works. Appenders of ``log`` that
+    use this function are serialized by a lock on it, so a cut never removes another's line."""
+    path, log = Path(path), Path(log)
+    if path.exists() or path.is_symlink():
+        raise FileExistsError(str(path))
+    existed = log.exists()
+    fd = _open_log(log)
+    try:
+        _flock(fd, log)
+        tmp = _stage(path, data, mode)
         try:
-            os.unlink(tmp)  # the temp name (after a link, or after a failure)
-        except FileNotFoundError:
-            pass
+            start = _append_fd(fd, line.encode("utf-8"), log, fsync=True)
+            try:
+                _publish(tmp, path, exclusive=True)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, start)
+                    os.fsync(fd)
+                raise
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+    except BaseException:
+        if not existed and os.fstat(fd).st_size == 0:
+            with contextlib.suppress(OSError):
+                os.unlink(log)   # created by this call, still empty: as before the call
+        raise
+    finally:
+        os.close(fd)  # releases the lock
     _fsync_dir(path.parent)
     return path
+
+
+def _flock(fd: int, path: Path) -> None:
+    """An exclusive advisory lock on the open file ``fd`` (waits: the holders are short);
+    nothing on file systems without locks (the caller's ordering still holds there)."""
+    import fcntl
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError as e:
+        if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+            raise InputError(f"cannot be locked ({_os_reason(e)})", path=path,
+                             exit_code=EX_CANTCREAT) from None
 
 
 def _remove_stale_temps(path: Path) -> None:
@@ -264,7 +339,17 @@ def append_text(path: str | os.PathLike, text: str, *, fsync: bool = True) -> in
     write that fails midway is cut back to where it started, so no partial line is left behind.
     The cut bytes were never a complete line: no reader ever took them as one."""
     path = Path(path)
-    data = text.encode("utf-8")
+    fd = _open_log(path)
+    try:
+        size = os.fstat(fd).st_size
+        start = _append_fd(fd, text.encode("utf-8"), path, fsync=fsync)
+        return size - start
+    finally:
+        os.close(fd)
+
+
+def _open_log(path: Path) -> int:
+    """``path`` opened for appending (created 0644 whatever the umask); a regular file."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         try:  # created here: 0644 whatever the umask, as the atomic writes
@@ -277,12 +362,21 @@ def append_text(path: str | os.PathLike, text: str, *, fsync: bool = True) -> in
         raise InputError(f"cannot be appended to ({_os_reason(e)})", path=path,
                          exit_code=EX_CANTCREAT) from None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise InputError("not a regular file (a FIFO, a device or a socket); not appended "
                              "to", path=path, exit_code=EX_CANTCREAT)
-        cut = _cut_partial_line(fd, st.st_size)
-        start = st.st_size - cut
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _append_fd(fd: int, data: bytes, path: Path, *, fsync: bool) -> int:
+    """Append ``data`` to the open log ``fd`` after cutting a partial last line; the offset it
+    was written at. A write that fails midway is cut back (no half line left behind)."""
+    try:
+        size = os.fstat(fd).st_size
+        start = size - _cut_partial_line(fd, size)
         try:
             view = memoryview(data)
             while view:
@@ -294,12 +388,10 @@ def append_text(path: str | os.PathLike, text: str, *, fsync: bool = True) -> in
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, start)  # no half line left behind (O_APPEND: we wrote at start)
             raise
-        return cut
+        return start
     except OSError as e:
         raise InputError(f"cannot be appended to ({_os_reason(e)})", path=path,
                          exit_code=EX_CANTCREAT) from None
-    finally:
-        os.close(fd)
 
 
 def _cut_partial_line(fd: int, size: int) -> int:
@@ -336,19 +428,186 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, **kw) -> Path:
     return atomic_write_text(path, text, **kw)
 
 
+# ----------------------------------------------------------------------------- output folders
+#
+# A command touches only what it wrote (issue 39). A folder it writes (``--out DIR``) holds
+# MARKER, a small JSON file listing the names (or glob patterns) that ladder wrote there; a file
+# of a name the command is about to write that the marker does not list is not ours: the command
+# refuses with one line rather than replace, move or delete it. A folder given as a symbolic
+# link is resolved first and the checks apply to the real folder. Writers that can collide
+# (two tokenizers, two runs into one run folder) also hold :func:`folder_lock` for their life.
+
+MARKER = ".ladder-out.json"
+MARKER_SCHEMA = "ladder-out/1"
+LOCK = ".ladder.lock"
+EX_TEMPFAIL = 75  # sysexits: a temporary failure (the folder is in use); try again later
+
+
+def real_folder(out: str | os.PathLike, *, field: str | None = "--out") -> Path:
+    """``out`` with a symbolic link at its end resolved (the checks apply to the real folder);
+    InputError (73) when it leads nowhere or to something that is not a folder."""
+    out = Path(out)
+    if not out.is_symlink():
+        return out
+    try:
+        real = out.resolve(strict=True)
+    except (OSError, RuntimeError):
+        raise InputError("is a symbolic link that leads nowhere; give the real folder",
+                         path=out, field=field, exit_code=EX_CANTCREAT) from None
+    if not real.is_dir():
+        raise InputError(f"is a symbolic link to {real}, not a folder", path=out, field=field,
+                         exit_code=EX_CANTCREAT)
+    return real
+
+
+def marker_names(folder: Path) -> list[str]:
+    """The names (glob patterns) the marker of ``folder`` lists; [] when it has none or it
+    cannot be read (then nothing in the folder counts as ladder's: the safe direction)."""
+    try:
+        doc = loads(read_bytes(folder / MARKER, limit=1 << 20))
+    except InputError:
+        return []
+    files = doc.get("files") if isinstance(doc, dict) else None
+    if doc.get("schema") != MARKER_SCHEMA or not isinstance(files, list):
+        return []
+    return [f for f in files if isinstance(f, str)]
+
+
+def _listed(name: str, patterns: Iterable[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, g) for g in patterns)
+
+
+def write_marker(folder: Path, names: Iterable[str]) -> None:
+    atomic_write_json(folder / MARKER, {"schema": MARKER_SCHEMA, "files": sorted(set(names))})
+
+
+def claim(folder: str | os.PathLike, patterns: Iterable[str], *, what: str,
+          field: str = "--out") -> Path:
+    """Claim the folder ``folder`` for a writer of the files ``patterns`` (names or globs): a
+    file there that matches them but that the marker does not list was not written by ladder:
+    InputError (73) naming it. Otherwise the marker lists ``patterns`` (the folder is created
+    if needed). Returns the real folder (a symbolic link resolved)."""
+    folder = real_folder(folder, field=field)
+    patterns = list(patterns)
+    ours = marker_names(folder) if folder.is_dir() else []
+    if folder.is_dir():
+        try:
+            names = sorted(q.name for q in folder.iterdir())
+        except OSError as e:
+            raise InputError(f"cannot be read ({_os_reason(e)})", path=folder, field=field,
+                             exit_code=EX_CANTCREAT) from None
+        foreign = [n for n in names if n != MARKER and _listed(n, patterns) and
+                   not _listed(n, ours)]
+        if foreign:
+            more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
+            raise InputError(f"holds {foreign[0]}{more}, which ladder did not write here (not "
+                             f"listed in {MARKER}); {what} would replace or remove it: use "
+                             f"another folder, or move it away", path=folder, field=field,
+                             exit_code=EX_CANTCREAT)
+    if not set(patterns) <= set(ours):
+        write_marker(folder, ours + patterns)
+    return folder
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str | os.PathLike, *, what: str, field: str | None = "--out"):
+    """Hold ``folder`` (created if needed) for the life of the block: an exclusive lock on
+    ``folder/.ladder.lock`` (``flock``: the kernel releases it when the holder dies, so the lock
+    of a dead process, killed or crashed, is simply taken over). A second holder is refused with
+    one line naming the first (InputError, 75). On file systems without ``flock`` the pid
+    written in the lock file is checked instead (a dead pid's lock is taken over)."""
+    import fcntl
+    import socket
+    import time
+
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"cannot be created ({_os_reason(e)})", path=folder, field=field,
+                         exit_code=EX_CANTCREAT) from None
+    path = folder / LOCK
+    host = socket.gethostname()
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         ARTIFACT_MODE)
+        except OSError as e:
+            raise InputError(f"cannot be locked ({_os_reason(e)})", path=path, field=field,
+                             exit_code=EX_CANTCREAT) from None
+        holder = _lock_holder(fd)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise InputError(f"in use by {_describe_holder(holder)}; wait for it to end or use "
+                             f"another folder (lock {LOCK})", path=folder, field=field,
+                             exit_code=EX_TEMPFAIL) from None
+        except OSError as e:
+            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                os.close(fd)
+                raise InputError(f"cannot be locked ({_os_reason(e)})", path=path, field=field,
+                                 exit_code=EX_CANTCREAT) from None
+            # no flock here: the pid in the file decides (a live one on this host holds it)
+            pid = holder.get("pid")
+            if holder.get("host") == host and isinstance(pid, int) and pid != os.getpid() \
+                    and _alive(pid):
+                os.close(fd)
+                raise InputError(f"in use by {_describe_holder(holder)}; wait for it to end or "
+                                 f"use another folder (lock {LOCK})", path=folder, field=field,
+                                 exit_code=EX_TEMPFAIL) from None
+        # the file locked must still be the one at the path (a holder removes it on release)
+        try:
+            same = os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        me = json.dumps({"pid": os.getpid(), "host": host, "what": what,
+                         "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, me.encode() + b"\n", 0)
+        yield folder
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)  # while still held: a waiter that opened it retries (inode check)
+        os.close(fd)
+
+
+def _lock_holder(fd: int) -> dict:
+    try:
+        doc = json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _describe_holder(h: dict) -> str:
+    if not h:
+        return "another ladder process"
+    return (f"{str(h.get('what', 'ladder'))[:40]} (pid {h.get('pid')} on "
+            f"{str(h.get('host'))[:60]}, since {str(h.get('since'))[:20]})")
+
+
 @contextlib.contextmanager
 def staged_dir(out: str | os.PathLike, *, own: Iterable[str] = ()):
     """Build a directory of artifacts in a hidden temp directory beside ``out``, then put it in
     place. A crash while building leaves ``out`` as it was.
 
     A new ``out`` is one rename. Into an existing ``out`` the files are moved one by one: first
-    the old files of this writer (the names the new one writes, and the names matching ``own``:
-    a stale figure must not pass for the new report) into a hidden trash directory, then the new
-    ones in; so a crash in between leaves part of one report, never a mix of two. Nothing else in
-    ``out`` is ever moved or deleted (issue 26: the user's files stay where they are), and the
-    hidden directories a killed writer leaves hold only files a writer wrote, so the next write
-    removes them."""
-    out = Path(out)
+    the old files of this writer (the names the new one writes, and the names matching ``own``
+    that the folder's marker lists: a stale figure must not pass for the new report) into a
+    hidden trash directory, then the new ones in; so a crash in between leaves part of one
+    report, never a mix of two. A file of a name the new one writes that the marker does not
+    list was not written by ladder: refused before anything moves (issue 39), as is an old file
+    that is read-only (the promise single-file writes keep: :func:`check_replaceable`). Nothing
+    else in ``out`` is ever moved or deleted (issue 26: the user's files stay where they are),
+    and the hidden directories a killed writer leaves hold only files a writer wrote, so the
+    next write removes them. ``out`` given as a symbolic link is written through (resolved)."""
+    out = real_folder(out)
+    own = tuple(own)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_temps(out)
@@ -361,19 +620,30 @@ def staged_dir(out: str | os.PathLike, *, own: Iterable[str] = ()):
     try:
         yield tmp
         os.chmod(tmp, 0o755)
-        if not out.exists():
+        new = sorted(q.name for q in tmp.iterdir() if q.name != MARKER)
+        if not out.exists() and not out.is_symlink():
+            write_marker(tmp, new)
             os.replace(tmp, out)
         else:
-            new = sorted(q.name for q in tmp.iterdir())
-            old = [q for q in out.iterdir() if (q.name in new or any(
-                fnmatch.fnmatchcase(q.name, g) for g in own)) and
-                (q.is_symlink() or not q.is_dir())]
+            if not out.is_dir():
+                raise InputError("exists and is not a directory", path=out, field="--out",
+                                 exit_code=EX_CANTCREAT)
+            ours = marker_names(out)
+            present = {q.name: q for q in out.iterdir()}
+            claim(out, new, what="this command")   # same-named files ladder did not write
+            old = [q for name, q in present.items() if name != MARKER and
+                   (name in new or _listed(name, own) and _listed(name, ours)) and
+                   (q.is_symlink() or not q.is_dir())]
+            for q in old:
+                check_replaceable(q)   # read-only (or a link to a read-only file): refused
             trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".trash",
                                           dir=out.parent))
             for q in old:
                 os.replace(q, trash / q.name)
             for name in new:
                 os.replace(tmp / name, out / name)
+            stale = {q.name for q in old} - set(new)
+            write_marker(out, [n for n in marker_names(out) if n not in stale] + new)
             _fsync_dir(out)
         _fsync_dir(out.parent)
     except OSError as e:

@@ -175,12 +175,37 @@ def test_cli_json_shape_and_out(csvs, tmp_path):
     doc = json.loads((out / "compare.json").read_text())
     assert doc["schema"] == "compare/1" and doc["metrics"] == obj
     assert {p.name for p in out.iterdir()} == {"compare.json", "compare_bpb_x.png",
-                                               "compare_bpb_y.png", "compare.png"}
+                                               "compare_bpb_y.png", "compare.png",
+                                               ".ladder-out.json"}   # what ladder wrote there
     # the report names each metric's multiplier and its trend
     code, text, _ = run(["compare", str(pa), str(pb), "--metric", "bpb/x", "--bootstrap", "0",
                          "--target", "cpu", "--fix", "E=2", "--free-asymptote",
                          "--equal-weights"])
     assert code == 0 and "bpb/x: form compute" in text and "--target cpu" in text
+
+
+def test_compare_out_never_replaces_a_read_only_compare_json(csvs, tmp_path):
+    """Issue 39: `ladder compare --out` swapped its staged folder over a read-only
+    compare.json (single-file writes refuse that, exit 73); a user's own compare.json in a
+    folder ladder never wrote to is refused too."""
+    import os
+
+    pa, pb = csvs
+    argv = ["compare", str(pa), str(pb), "--metric", "bpb/x", "--bootstrap", "0", "--fix",
+            "E=2", "--free-asymptote", "--equal-weights", "--out"]
+    out = tmp_path / "cmp"
+    assert run(argv + [str(out)])[0] == 0
+    os.chmod(out / "compare.json", 0o444)
+    frozen = (out / "compare.json").read_bytes()
+    code, _, err = run(argv + [str(out)])
+    assert code == 73 and "read-only" in err and len(err.strip().splitlines()) == 1
+    assert (out / "compare.json").read_bytes() == frozen
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "compare.json").write_text("the user's")
+    code, _, err = run(argv + [str(mine)])
+    assert code == 73 and "did not write" in err
+    assert (mine / "compare.json").read_text() == "the user's"
 
 
 @pytest.mark.parametrize("argv,code,needle", [

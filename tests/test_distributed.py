@@ -113,9 +113,11 @@ def test_two_processes_match_one_process_and_resume_across_processes(tmp_path):
     assert s["step"] == 16 and s["status"] == "running"
     # steps 1-5 come from the first launch, 6-16 from the restore of its step-5 checkpoint
     assert max(r["time"] for r in b[:5]) < t_mid < min(r["time"] for r in b[5:])
-    # nothing else in the run directory (no stray files from the non-writing process)
+    # nothing else in the run directory (no stray files from the non-writing process; the
+    # marker of what ladder wrote there is process 0's, the lock is gone with the run)
     assert sorted(p.name for p in (two / "tiny" / RUNG.name).iterdir()) == \
-        ["checkpoints", "config.json", "env.json", "metrics.jsonl", "summary.json"]
+        [".ladder-out.json", "checkpoints", "config.json", "env.json", "metrics.jsonl",
+         "summary.json"]
 
 
 def test_distributed_flags_are_validated(capsys, tmp_path, monkeypatch):
@@ -164,7 +166,7 @@ def test_two_processes_on_token_shards_checkpoint_each_iterator_and_resume(tmp_p
     tok.save(str(tmp_path / "tok.json"))
     assert main(["tokenize", str(tmp_path / "d*.txt"), "--tokenizer", str(tmp_path / "tok.json"),
                  "--out", str(tmp_path / "shards")]) == 0
-    data = ["--data", str(tmp_path / "shards")]
+    data = ["--data", str(tmp_path / "shards"), "--model.vocab_size=280"]  # the tokenizer's
     _run(["--out", str(tmp_path / "full"), "--max-steps", "6", *data], devices=4, n_processes=2)
     _run(["--out", str(tmp_path / "part"), "--max-steps", "3", *data], devices=4, n_processes=2)
     ck = tmp_path / "part" / "tiny" / RUNG.name / "checkpoints" / "3" / "data"

@@ -231,6 +231,17 @@ def test_issue26_battery_has_no_finding(world, tmp_path):
     assert _findings(results) == []
 
 
+@pytest.mark.slow  # 31 cases, 5 of them train a rung: minutes (tests/test_inputs_writers.py
+# holds each example of issue 39 in the default suite)
+def test_issue39_writer_battery_has_no_finding(world, tmp_path):
+    from bench.fuzz_inputs import corpus39_writers, preload, surface_table
+    preload()
+    results = [(c, run_case(world, c, tmp_path)) for c in corpus39_writers()]
+    print(surface_table(results))
+    assert len({c.surface for c, _ in results}) == 4
+    assert _findings(results) == []
+
+
 # ------------------------------------------------------------------ hypothesis: the file readers
 
 READERS = settings(max_examples=150, deadline=None, derandomize=True,

@@ -112,7 +112,8 @@ def test_a_killed_report_leaves_the_old_report_whole(tmp_path):
     assert (out / "index.html").read_text() == "old" and (out / "law.png").read_text() == "old"
     with staged_dir(out, own=own) as d:
         (d / "index.html").write_text("new")
-    assert sorted(q.name for q in out.iterdir()) == ["index.html", "notes.txt"]  # stale PNG gone
+    assert sorted(q.name for q in out.iterdir()) == [".ladder-out.json", "index.html",
+                                                     "notes.txt"]  # stale PNG gone
     assert not [q for q in tmp_path.iterdir() if q.name.startswith(".report.")]
 
 
@@ -321,7 +322,8 @@ def test_a_report_swap_killed_midway_never_loses_the_users_files(tmp_path, kill_
     assert (out / "sub" / "kept.md").read_text() == "mine too"
     with staged_dir(out, own=own) as d:
         (d / "index.html").write_text("newer")
-    assert sorted(q.name for q in out.iterdir()) == ["index.html", "notes.txt", "sub"]
+    assert sorted(q.name for q in out.iterdir()) == [".ladder-out.json", "index.html",
+                                                     "notes.txt", "sub"]
     assert (out / "index.html").read_text() == "newer"
     assert not [q for q in tmp_path.iterdir() if q.name.startswith(".report.")]
 

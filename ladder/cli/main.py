@@ -177,7 +177,11 @@ class _SubParser(_Parser):
 
 def _list_command(sub) -> None:
     """`ladder list`: its subparser and options."""
-    s = sub.add_parser("list", help="ladders, rungs, params total/active, tokens, FLOPs")
+    s = sub.add_parser(
+        "list", help="ladders, rungs, params total/active, tokens, FLOPs",
+        description="List the ladders (or one), each rung's parameters, tokens, steps, batch "
+                    "and FLOPs; * marks the target run.",
+        epilog="example:\n  ladder list tiny\n  ladder list marin-535b --json")
     s.add_argument("ladder", nargs="?", help="one ladder (default: all, or --ladder-file's)")
     _json_option(s, "one object per rung")
     _ladder_file_option(s)
@@ -186,7 +190,12 @@ def _list_command(sub) -> None:
 
 def _plan_command(sub) -> None:
     """`ladder plan`: its subparser and options."""
-    s = sub.add_parser("plan", help="memory and time per step on a mesh, no training")
+    s = sub.add_parser(
+        "plan", help="memory and time per step on a mesh, no training",
+        description="Estimate per-device memory and time per step of a rung on a data x expert "
+                    "mesh, without training (--compile: XLA's own figures).",
+        epilog="example:\n  ladder plan marin-535b:27.7B-A1.2B --devices 64\n"
+               "  ladder plan tiny:12.8K-A3.8K --devices 8 --compile --json")
     s.add_argument("target", metavar="LADDER[:RUNG]",
                    help="a ladder, or one rung of it (with --ladder-file, ':RUNG' names a rung "
                         "of the file's ladder)")
@@ -229,12 +238,19 @@ def _plan_command(sub) -> None:
 
 def _run_command(sub) -> None:
     """`ladder run`: its subparser and options."""
-    s = sub.add_parser("run", help="train ladder rungs",
-                       epilog="Training overrides: any training config key "
-                              "(ladder/trainer/trainconfig.py) as --key=value (e.g. --seed=1 "
-                              "--lr=3e-3 "
-                              "--model.capacity_factor=2 --schedule.decay_end=0.6); an unknown "
-                              "key is an error.")
+    s = sub.add_parser(
+        "run", help="train ladder rungs",
+        description="Train a ladder's rungs, one after another, into DIR/LADDER/RUNG/ (default: "
+                    "every rung and then the target).",
+        epilog="Training overrides: any training config key (ladder/trainer/trainconfig.py) as\n"
+               "--key=value (e.g. --seed=1 --lr=3e-3 --model.capacity_factor=2\n"
+               "--schedule.decay_end=0.6); an unknown key is an error.\n\n"
+               "exit status: 0 every rung complete (or stopped at --max-steps), 1 a rung\n"
+               "diverged, 130 Ctrl-C, 143 SIGTERM (both checkpointed: --resume continues),\n"
+               "74 a checkpoint save failed on the disk, 75 another run holds the folder,\n"
+               "64+ usage or input errors.\n\n"
+               "example (the rungs, not the target; `ladder list tiny` names them):\n"
+               "  ladder run tiny --rung 12.8K-A3.8K --rung 22.1K-A8.1K --rung 33.3K-A13.8K")
     s.add_argument("ladder", nargs="?", metavar="LADDER[:RUNG]",
                    help="a ladder (all its rungs, the target last) or one rung of it "
                         "(default: --ladder-file's ladder)")
@@ -311,8 +327,13 @@ def _run_command(sub) -> None:
 
 def _tokenize_command(sub) -> None:
     """`ladder tokenize`: its subparser and options."""
-    s = sub.add_parser("tokenize", help="token shards for `run --data DIR` from text, JSONL "
-                       "or Parquet files")
+    s = sub.add_parser(
+        "tokenize", help="token shards for `run --data DIR` from text, JSONL or Parquet files",
+        description="Encode text, JSONL or Parquet files with a local tokenizer into token "
+                    "shards that `ladder run --data DIR` reads.",
+        epilog="An interrupted run continues when the same command is run again.\n\n"
+               "example:\n  ladder tokenize 'corpus/*.jsonl' --tokenizer tokenizer.json "
+               "--out shards")
     s.add_argument("files", nargs="+", metavar="FILES",
                    help="files or globs: .jsonl/.ndjson (.gz) and .parquet hold one document "
                         "per record, any other file is one plain-text document")
@@ -339,7 +360,15 @@ def _tokenize_command(sub) -> None:
 
 def _fit_command(sub) -> None:
     """`ladder fit`: its subparser and options."""
-    s = sub.add_parser("fit", help="fit and export a scaling law")
+    s = sub.add_parser(
+        "fit", help="fit and export a scaling law",
+        description="Fit a scaling law with its uncertainty to points tables or runs and write "
+                    "it as law.json.",
+        epilog="A runs directory's target rung is left out (--include-target fits it).\n"
+               "exit status: 0 written, 65 a fit refused (not converged, too few points),\n"
+               "64+ usage or input errors.\n\n"
+               "example:\n  ladder fit runs/tiny\n"
+               "  ladder fit points.csv --form chinchilla --out law.json")
     s.add_argument("sources", nargs="+", metavar="SOURCE",
                    help="points tables (CSV, Parquet), runs directories, W&B offline run "
                         "directories or wandb://ENTITY/PROJECT/ID[,ID...]")
@@ -406,8 +435,12 @@ def _fit_command(sub) -> None:
 
 def _compare_command(sub) -> None:
     """`ladder compare`: its subparser and options."""
-    s = sub.add_parser("compare", help="compute-equivalent multiplier of recipe B over "
-                       "recipe A on the same ladder sizes")
+    s = sub.add_parser(
+        "compare", help="compute-equivalent multiplier of recipe B over recipe A on the same "
+        "ladder sizes",
+        description="What recipe B is worth against recipe A in compute: one law fitted to "
+                    "each, the multiplier with its band.",
+        epilog="example:\n  ladder compare runs_a/cpu runs_b/cpu --target cpu --out compare")
     s.add_argument("a", metavar="A", help="recipe A (the baseline): a points table, runs "
                    "directory, W&B offline run directory or wandb://ENTITY/PROJECT/ID[,ID...]")
     s.add_argument("b", metavar="B", help="recipe B (the variant), the same kinds")
@@ -452,7 +485,11 @@ def _compare_command(sub) -> None:
 
 def _isoflop_command(sub) -> None:
     """`ladder isoflop`: its subparser and options."""
-    s = sub.add_parser("isoflop", help="IsoFLOP approaches 1 and 2: compute-optimal N and D")
+    s = sub.add_parser(
+        "isoflop", help="IsoFLOP approaches 1 and 2: compute-optimal N and D",
+        description="IsoFLOP planning (Hoffmann et al. 2022, approaches 1 and 2): the "
+                    "compute-optimal parameters and tokens with their bands.",
+        epilog="example:\n  ladder isoflop isoflop.csv --budget 1e23 --plot isoflop.png")
     s.add_argument("points", nargs="+", metavar="POINTS",
                    help="points tables (CSV, Parquet: compute, loss, and params or tokens; "
                         "the other from C = 6 N D) or runs directories")
@@ -477,7 +514,13 @@ def _isoflop_command(sub) -> None:
 
 def _predict_command(sub) -> None:
     """`ladder predict`: its subparser and options."""
-    s = sub.add_parser("predict", help="predict loss from a law")
+    s = sub.add_parser(
+        "predict", help="predict loss from a law",
+        description="Predict the loss and its band from a law.json at a size and token count, "
+                    "or at a compute.",
+        epilog="Prints one JSON object: loss, lo, hi, level.\n\n"
+               "example:\n  ladder predict law.json --compute 1.44e10\n"
+               "  ladder predict law.json --params 535e9 --active-params 22.8e9 --tokens 18e12")
     s.add_argument("law", metavar="LAW.json", help="a law written by `ladder fit`")
     s.add_argument("--params", type=float, default=None, help="total parameters")
     s.add_argument("--active-params", type=float, default=None, help="active parameters")
@@ -499,7 +542,13 @@ def _predict_command(sub) -> None:
 
 def _preregister_command(sub) -> None:
     """`ladder preregister`: its subparser and options."""
-    s = sub.add_parser("preregister", help="freeze a forecast of a target run")
+    s = sub.add_parser(
+        "preregister", help="freeze a forecast of a target run",
+        description="Freeze a law's forecast of a target run, at every 1% of it, as a hashed, "
+                    "read-only pre-registration.",
+        epilog="exit status: 0 written, 65 no band (see --allow-no-band), 73 the file exists\n"
+               "(never overwritten), 64+ other usage or input errors.\n\n"
+               "example:\n  ladder preregister law.json --target tiny:46.4K-A21.1K --runs runs")
     s.add_argument("law", metavar="LAW.json", nargs="?", default=None,
                    help="a law written by `ladder fit` (with --at-step, default: the law the "
                         "amended file embeds)")
@@ -559,7 +608,14 @@ def _preregister_command(sub) -> None:
 
 def _verify_command(sub) -> None:
     """`ladder verify`: its subparser and options."""
-    s = sub.add_parser("verify", help="check a pre-registration's hash")
+    s = sub.add_parser(
+        "verify", help="check a pre-registration's hash",
+        description="Recompute a pre-registration's sha256 and name what changed when it does "
+                    "not match.",
+        epilog="exit status: 0 the hash (and --expect) match, 65 they do not, 64+ usage or\n"
+               "input errors.\n\n"
+               "example (SHA256: the digest kept elsewhere, e.g. the W&B artifact's):\n"
+               "  ladder verify prereg.json --expect SHA256")
     s.add_argument("prereg", metavar="PREREG.json", help="a pre-registration")
     s.add_argument("--expect", default=None, metavar="SHA256",
                    help="the sha256 the file must have, kept outside it (the W&B artifact's "
@@ -572,7 +628,19 @@ def _verify_command(sub) -> None:
 
 def _watch_command(sub) -> None:
     """`ladder watch`: its subparser and options."""
-    s = sub.add_parser("watch", help="compare a live run with its pre-registration")
+    s = sub.add_parser(
+        "watch", help="compare a live run with its pre-registration",
+        description="Judge a run's metrics, live with --follow, against its pre-registration "
+                    "and raise alerts.",
+        epilog="exit status (with --follow: once the run has finished):\n"
+               "  0   nothing above info\n"
+               "  1   warnings\n"
+               "  2   a critical alert\n"
+               "  3   the forecast no longer applies (the run left the pre-registered plan)\n"
+               "  64+ usage or input errors (one line naming the file and the field)\n\n"
+               "example (start it before the target run; it waits for the file):\n"
+               "  ladder watch prereg.json --source runs/tiny/46.4K-A21.1K/metrics.jsonl "
+               "--follow \\\n      --alerts alerts.jsonl")
     s.add_argument("prereg", metavar="PREREG.json", help="the pre-registration (its newest "
                    "amendment recorded in amendments.jsonl beside it, or named with "
                    "--amend-chain, is followed)")
@@ -620,7 +688,12 @@ def _watch_command(sub) -> None:
 
 def _report_command(sub) -> None:
     """`ladder report`: its subparser and options."""
-    s = sub.add_parser("report", help="plots and an HTML/Markdown report of the artifacts")
+    s = sub.add_parser(
+        "report", help="plots and an HTML/Markdown report of the artifacts",
+        description="Draw the ladder, the law, the watch and MoE health into a self-contained "
+                    "index.html, PNGs and summary.md.",
+        epilog="example:\n  ladder report --runs runs --law law.json --prereg prereg.json "
+               "--alerts alerts.jsonl \\\n      --out report")
     s.add_argument("--runs", default=None, metavar="DIR",
                    help="runs directory (default: no ladder curves)")
     s.add_argument("--law", default=None, metavar="LAW.json", help="a law (default: none)")
@@ -641,7 +714,13 @@ def _report_command(sub) -> None:
 
 def _demo_command(sub) -> None:
     """`ladder demo`: its subparser and options."""
-    s = sub.add_parser("demo", help="everything, on the built-in CPU ladder")
+    s = sub.add_parser(
+        "demo", help="everything, on the built-in CPU ladder",
+        description="Everything on the built-in cpu ladder: the rungs, the law, the proxy "
+                    "hero's pre-registration, its training under a live watcher, the report.",
+        epilog="exit status: 0 whenever it ran end to end (the verdict is printed);\n"
+               "--strict: the watch's (0 ok, 1 warnings, 2 critical, 3 no longer applies).\n\n"
+               "example (about 10 minutes on 2 CPU cores):\n  ladder demo --out demo_out")
     s.add_argument("--out", default="demo_out", metavar="DIR", help="where everything goes")
     s.add_argument("--ladder", default="cpu", help="the ladder to run")
     s.add_argument("--inject", default=None, metavar="FAULT",
@@ -667,7 +746,19 @@ COMMANDS = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="ladder", description=__doc__.splitlines()[0])
+    p = _Parser(prog="ladder", description=__doc__.splitlines()[0],
+                epilog="the first day (README.md walks through it; docs/commands.md has every "
+                       "option):\n"
+                       "  ladder list tiny\n"
+                       "  ladder run tiny --rung 12.8K-A3.8K --rung 22.1K-A8.1K --rung "
+                       "33.3K-A13.8K\n"
+                       "  ladder fit runs/tiny\n"
+                       "  ladder preregister law.json --target tiny:46.4K-A21.1K --runs runs\n"
+                       "  ladder watch prereg.json --source runs/tiny/46.4K-A21.1K/metrics.jsonl "
+                       "--follow \\\n      --alerts alerts.jsonl   # and, beside it: ladder run "
+                       "tiny --rung 46.4K-A21.1K\n"
+                       "  ladder report --runs runs --law law.json --prereg prereg.json "
+                       "--alerts alerts.jsonl --out report")
     from ladder import __version__
     p.add_argument("--version", action="version", version=f"ladder {__version__}")
     _global_options(p, default=True)

@@ -38,25 +38,18 @@ by ``fit.curve_fit``, the law ``fit.curve_law``). Downstream accuracy in two ste
 by any form, then a sigmoid to accuracy; ``--form task --via LOSS_KEY``): ``ladder.fit.task``.
 """
 
-from ladder.fit.allocation import Allocation, IsoFlopResult, allocation, isoflop_approach2
-from ladder.fit.law import FitResult, LawResult, Prediction, fit_law, load_law, load_laws
-from ladder.fit.points import load_points
-from ladder.fit.prediction import Law
-from ladder.fit.task import TaskLaw, fit_task  # registers the "task" form with law.json's reader
+# The package's names, each imported from its module when first asked for (PEP 562): importing
+# ladder.fit.forms (the command line's list of forms) then costs numpy, not pandas and scipy.
+_WHERE = {"Allocation": "allocation", "IsoFlopResult": "allocation", "allocation": "allocation",
+          "isoflop_approach2": "allocation", "FitResult": "law", "LawResult": "law",
+          "Prediction": "law", "fit_law": "law", "load_law": "law", "load_laws": "law",
+          "load_points": "points", "Law": "prediction", "TaskLaw": "task_law",
+          "fit_task": "task"}
+__all__ = sorted(_WHERE)
 
-__all__ = [
-           "Allocation",
-           "FitResult",
-           "IsoFlopResult",
-           "Law",
-           "LawResult",
-           "Prediction",
-           "TaskLaw",
-           "allocation",
-           "fit_law",
-           "isoflop_approach2",
-           "load_law",
-           "fit_task",
-           "load_laws",
-           "load_points",
-]
+
+def __getattr__(name):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'ladder.fit' has no attribute {name!r}")
+    import importlib
+    return getattr(importlib.import_module(f"ladder.fit.{_WHERE[name]}"), name)

@@ -8,10 +8,10 @@ rule (fit.select). How a law is fitted is documented in fit.estimate; its band i
 
 Layers inside ladder/fit/, bottom to top (each imports only those below it): forms, identify,
 config, solver, prediction, points, lr_schedules, curve_forms, allocation, report -> lawjson
--> result -> curve_law, estimate -> backtest -> curve_fit, select -> law (this module; also the
-one law.json reader keyed by form) -> task (downstream accuracy through a task loss: a law of
-this module chained into a sigmoid; the package's __init__ imports it, which registers its form
-with the reader).
+-> result -> curve_law, task_law, estimate -> backtest -> curve_fit, select -> law (this module;
+also the one law.json reader keyed by form: it imports task_law, whose class registers the task
+form) -> task (downstream accuracy through a task loss: a law of this module chained into a
+sigmoid).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from ladder.fit.result import FitResult, LawResult, extrapolation_rate
 from ladder.fit.select import asymptote_rule as apply_asymptote_rule
 from ladder.fit.select import fit_auto
 from ladder.fit.select import scale_weight_rule as apply_scale_weight_rule
+from ladder.fit.task_law import TaskLaw  # noqa: F401 - its class registers the form law.json reads
 from ladder.io import InputError, read_json
 
 CURVE_FORMS = tuple(_CURVE_LAW_FORMS)  # schedule-aware curve laws (fit.curve_forms): mpl, momentum

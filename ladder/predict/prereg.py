@@ -40,7 +40,6 @@ from ladder.io import (
     EX_USAGE,
     PREREG_MODE,
     InputError,
-    append_text,
     atomic_write_bytes,
     canonical_json,
     inside,
@@ -52,6 +51,7 @@ from ladder.io import (
     schema_version,
     sha256_of,
     to_jsonable,
+    write_with_record,
 )
 from ladder.predict import forecast as fc
 from ladder.predict.band import extrapolation_error
@@ -242,7 +242,8 @@ def build_multi(docs: Mapping[str, Mapping], *, family: dict) -> dict:
 def write_once(path: str | os.PathLike, doc: Mapping) -> Path:
     """Write ``doc`` to ``path`` atomically and read-only; never replace an existing file. An
     amendment (``doc["amends"]``) is then recorded in the chain file beside it
-    (:func:`record_amendment`), which is what makes the watcher follow it."""
+    (:func:`chain_line`), which is what makes the watcher follow it; the two are written
+    together or not at all (ladder.io.write_with_record)."""
     path = Path(path)
     if path.exists() or path.is_symlink():
         raise InputError("exists; a pre-registration is never overwritten (choose another --out, "
@@ -253,26 +254,25 @@ def write_once(path: str | os.PathLike, doc: Mapping) -> Path:
     import json
     data = (json.dumps(to_jsonable(doc), indent=2, allow_nan=False) + "\n").encode("utf-8")
     try:
-        out = atomic_write_bytes(path, data, mode=PREREG_MODE, exclusive=True)
+        if isinstance(am, Mapping):
+            # the file and its line in the chain file go together (issue 39): a full disk
+            # midway leaves neither, and the same command run again works
+            return write_with_record(path, data, path.parent / CHAIN_FILE,
+                                     chain_line(path, doc), mode=PREREG_MODE)
+        return atomic_write_bytes(path, data, mode=PREREG_MODE, exclusive=True)
     except FileExistsError:
         raise InputError("exists; a pre-registration is never overwritten", path=path,
                          exit_code=EX_CANTCREAT) from None
-    if isinstance(am, Mapping):
-        record_amendment(out, doc)
-    return out
 
 
-def record_amendment(path: Path, doc: Mapping) -> Path:
-    """Append the amendment ``doc`` (written at ``path``) to the chain file in its directory:
-    one JSON line with the sha256 it amends, its own, its file name and the reason. The file is
-    only ever appended to (ladder.io.append_text: a torn last line is cut first)."""
+def chain_line(path: Path, doc: Mapping) -> str:
+    """The chain file's line (amendments.jsonl) for the amendment ``doc`` written at ``path``:
+    the sha256 it amends, its own, its file name and the reason."""
     import json
     rec = {"schema": CHAIN_SCHEMA, "amends": doc["amends"].get("sha256"),
            "sha256": doc["sha256"], "file": path.name, "reason": doc["amends"].get("reason"),
            "created": doc.get("created")}
-    chain = path.parent / CHAIN_FILE
-    append_text(chain, json.dumps(to_jsonable(rec), allow_nan=False) + "\n")
-    return chain
+    return json.dumps(to_jsonable(rec), allow_nan=False) + "\n"
 
 
 @dataclass
@@ -602,7 +602,7 @@ def is_sha256(v) -> bool:
 
 
 def read_chain_file(path: str | os.PathLike) -> list[dict]:
-    """The records of a chain file (:func:`record_amendment`), each checked: a torn last line
+    """The records of a chain file (:func:`chain_line`), each checked: a torn last line
     (a writer killed midway) is left out; any other bad line is an InputError naming it."""
     path = Path(path)
     data = read_bytes(path, field="--amend-chain", limit=16 << 20)

@@ -24,11 +24,20 @@ item) are still restored.
 
 from __future__ import annotations
 
+import errno
+import logging
+import time
 from pathlib import Path
 from time import monotonic as _clock  # a module global, so a test can drive the clock
 from urllib.parse import urlparse
 
 ROLLING = "rolling"
+log = logging.getLogger(__name__)
+# OS errors of a save that are the disk's, not the program's: a full disk or quota, a read-only
+# or failing device (sysexits 74, EX_IOERR, with nothing half-made left behind)
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG)
+DISK_WORDS = ("no space left", "disk quota", "read-only file system", "file too large",
+              "input/output error")
 
 
 def location(path: str | Path):
@@ -75,6 +84,8 @@ class Checkpoints:
         self.interval_s = None if not minutes else 60.0 * minutes
         self._last_save = _clock()
         self._pending: dict[str, int] = {}   # manager -> step being written in the background
+        self._closed = False
+        self._unraisable = None   # the hook before _quiet_late_callbacks, restored by close
         self._done = self.latest_step()
 
     def latest_step(self) -> int:
@@ -99,11 +110,60 @@ class Checkpoints:
             items["data"] = CheckpointSave(_StateSnapshot(data_state))
         kind = ROLLING if rolling else "permanent"
         mngr = self.rolling if rolling else self.permanent
-        mngr.save(step, args=ocp.args.Composite(**items), force=True)
+        with self._disk_errors(step):
+            mngr.save(step, args=ocp.args.Composite(**items), force=True)
         self._pending[kind] = step
         if not self.async_save:
             self._settle()
         self._last_save = _clock()
+
+    def _disk_errors(self, step: int):
+        """A save that fails on the disk (full, quota, read-only: an OSError, or Orbax's or
+        TensorStore's error that carries one) becomes one line, exit 74, after the temporary
+        folders of the unfinished checkpoint are removed (issue 39: nothing half-made); the
+        newest complete checkpoint is untouched."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def guard():
+            try:
+                yield
+            except Exception as e:  # noqa: BLE001 - examined, re-raised unless the disk's
+                reason = _disk_reason(e)
+                if reason is None:
+                    raise
+                self._close_quietly()       # background writers stop before the clean-up
+                self._remove_unfinished()
+                from ladder.io import EX_IOERR, InputError
+                raise InputError(f"checkpoint of step {step} could not be written ({reason}); "
+                                 f"the newest complete one is step {self._done}; make room and "
+                                 f"continue with --resume", path=self.root,
+                                 exit_code=EX_IOERR) from None
+        return guard()
+
+    def _remove_unfinished(self) -> None:
+        """Orbax's temporary folders of checkpoints that were never finished (its own clean-up
+        runs when a manager starts; a failed save is cleaned at once). TensorStore's writes of
+        the failed save may still land after the managers closed (they create their folders
+        again): removed until two passes 0.2 s apart find none, for at most ~5 s."""
+        import shutil
+
+        from orbax.checkpoint._src.path.step import TMP_DIR_SUFFIX
+
+        quiet = 0
+        for _ in range(25):
+            found = []
+            for folder in (self.root, self.root / ROLLING):
+                try:
+                    found += [q for q in Path(folder).iterdir() if TMP_DIR_SUFFIX in q.name]
+                except (OSError, TypeError):
+                    continue
+            for q in found:
+                shutil.rmtree(q, ignore_errors=True)
+            quiet = 0 if found else quiet + 1
+            if quiet == 2:
+                return
+            time.sleep(0.2)
 
     def done_step(self) -> int:
         """The newest step whose checkpoint is complete (as this process sees it; no
@@ -116,8 +176,9 @@ class Checkpoints:
     def _settle(self) -> None:
         """Wait for every save in flight (all processes call this at the same points: a save,
         close), then drop a rolling checkpoint that a permanent one supersedes."""
-        self.permanent.wait_until_finished()
-        self.rolling.wait_until_finished()
+        with self._disk_errors(max(self._pending.values(), default=self._done)):
+            self.permanent.wait_until_finished()
+            self.rolling.wait_until_finished()
         self._done = max([self._done, *self._pending.values()])
         self._pending = {}
         kept, roll = self.permanent.latest_step(), self.rolling.latest_step()
@@ -151,10 +212,104 @@ class Checkpoints:
             items["data"] = CheckpointRestore(data_iterator)
         return mngr.restore(step, args=ocp.args.Composite(**items))["state"]
 
+    def restore_latest(self, like, data_iterator=None):
+        """``(step, state)`` of the newest checkpoint that restores, ``(0, like)`` when there
+        is none. A damaged one (Orbax cannot read it back: a truncated array file, a torn
+        metadata file) is named in one line, set aside as ``<step>.damaged`` (kept for a look,
+        never listed as a step again), and the next older one is tried (issue 39)."""
+        steps = sorted({*self.permanent.all_steps(), *self.rolling.all_steps()}, reverse=True)
+        if steps:
+            self._quiet_late_callbacks()
+        for step in steps:
+            try:
+                state = self.restore(step, like, data_iterator)
+                if step == steps[0]:   # nothing failed: no late callbacks to quiet
+                    self._loud_again()
+                return step, state
+            except Exception as e:  # noqa: BLE001 - any failure to read it back is damage
+                older = [s for s in steps if s < step]
+                where = self._set_aside(step)
+                log.warning("checkpoint of step %d is damaged (%s: %s); set aside as %s; %s",
+                            step, type(e).__name__, str(e).splitlines()[0][:160] if str(e)
+                            else "", where, f"resuming from step {older[0]}" if older else
+                            "no older checkpoint: starting from step 0")
+        return 0, like
+
+    def _quiet_late_callbacks(self) -> None:
+        """After a failed restore, TensorStore's reads of the damaged checkpoint still finish
+        in its own threads and call back into the event loop Orbax has closed by then: each
+        is a "RuntimeError: Event loop is closed" traceback on stderr, after the one line that
+        named the damage (some already while the restore fails). Those, and only those, are
+        dropped while restoring and, after a damaged checkpoint, until :meth:`close`."""
+        import sys
+
+        if self._unraisable is not None:
+            return
+        previous = self._unraisable = sys.unraisablehook
+
+        def hook(u):
+            if isinstance(u.exc_value, RuntimeError) and \
+                    str(u.exc_value) == "Event loop is closed":
+                return
+            previous(u)
+        sys.unraisablehook = hook
+
+    def _set_aside(self, step: int) -> str:
+        """Rename the damaged ``step`` out of Orbax's sight (a name that is not a step); done
+        by process 0 only (the folder is shared by every process of a multi-host run)."""
+        import jax
+
+        mngr = self.permanent if step in self.permanent.all_steps() else self.rolling
+        src = mngr.directory / str(step)
+        dst = mngr.directory / f"{step}.damaged"
+        if dst.exists():
+            dst = mngr.directory / f"{step}.damaged-{int(time.time())}"
+        if jax.process_index() == 0:
+            src.rename(dst)
+        mngr.reload()
+        return str(dst)
+
     def close(self) -> None:
         """Wait for the saves in flight (a failed background write raises here), then close."""
+        if self._closed:
+            return
         try:
             self._settle()
-        finally:
-            self.permanent.close()
-            self.rolling.close()
+        except BaseException:
+            self._close_quietly()   # the first error is the one told
+            raise
+        self._closed = True
+        self.permanent.close()
+        self.rolling.close()
+        self._loud_again()
+
+    def _loud_again(self) -> None:
+        if self._unraisable is not None:
+            import sys
+
+            sys.unraisablehook, self._unraisable = self._unraisable, None
+
+    def _close_quietly(self) -> None:
+        import contextlib
+
+        self._closed = True
+        for mngr in (self.permanent, self.rolling):
+            with contextlib.suppress(Exception):
+                mngr.close()
+        self._loud_again()
+
+
+def _disk_reason(e: BaseException) -> str | None:
+    """The disk's reason (a few words) when ``e`` or an exception it came from is a disk error
+    (:data:`DISK_ERRNOS`, or TensorStore's message of one); None otherwise."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in DISK_ERRNOS:
+            return (e.strerror or str(e)).lower()
+        text = str(e).lower()
+        for words in DISK_WORDS:
+            if words in text:
+                return words
+        e = e.__cause__ or e.__context__
+    return None

@@ -11,7 +11,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from ladder.io import EX_NOINPUT, InputError
+from ladder.io import EX_DATAERR, EX_NOINPUT, InputError
 
 VAL_BUCKETS = 20          # one document in 20 (by path hash) is held out: ~5% of the corpus
 TAIL_VAL_FRACTION = 0.05  # a single stream (one file, a token array) holds out its last 5%
@@ -24,15 +24,30 @@ def is_held_out(name: str) -> bool:
 
 
 def data_files(patterns: tuple[str, ...]) -> list[Path]:
-    """The files that ``--data``'s paths and globs name, in order (directories skipped); a pattern
-    that matches nothing, or patterns that match only directories, are an InputError."""
+    """The files that ``--data``'s paths and globs name, in order (directories a glob meets are
+    skipped); a pattern that matches nothing, a directory named as such, patterns that match
+    only directories, and a match that is not a regular file (a FIFO, a device: reading it
+    would block or never end) are an InputError."""
     files: list[Path] = []
     for pat in patterns:
         hits = sorted(glob.glob(os.path.expanduser(pat), recursive=True))
         if not hits:
             raise InputError("no such file (or the glob matched nothing)", path=pat,
                              field="data", exit_code=EX_NOINPUT)
-        files += [Path(h) for h in hits if Path(h).is_file()]
+        if not glob.has_magic(pat) and Path(hits[0]).is_dir():
+            # a folder named as such (not met by a glob) is never dropped without a word
+            raise InputError("is a directory; name its files (a glob such as DIR/**/*.txt) or "
+                             "a `ladder tokenize` folder", path=pat, field="data",
+                             exit_code=EX_NOINPUT)
+        for h in hits:
+            p = Path(h)
+            if p.is_file():
+                files.append(p)
+            elif not p.is_dir():
+                # a FIFO, a device, a socket or a dangling link: never dropped without a word
+                # (issue 39); a directory a glob meets is passed over, as documented
+                raise InputError("not a regular file (a FIFO, a device, a socket or a broken "
+                                 "link); refused", path=h, field="data", exit_code=EX_DATAERR)
     if not files:
         raise InputError("matched only directories", path=",".join(patterns), field="data",
                          exit_code=EX_NOINPUT)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ladder.io import InputError, sha256_file
+from ladder.io import EX_USAGE, InputError, sha256_file
 from ladder.trainer.corpus_files import TAIL_VAL_FRACTION, VAL_BUCKETS, data_files, is_held_out  # noqa: F401  (the split rule, re-exported)
 
 BYTE_VOCAB = 256
@@ -249,3 +249,22 @@ def _token_corpus(path: Path, vocab_size: int | None) -> Corpus:
           "train_tokens": cut, "val_tokens": int(len(arr) - cut),
           "val_rule": f"last {TAIL_VAL_FRACTION:.0%} of the stream"}
     return Corpus(arr[:cut], arr[cut:], int(vocab), fp, None)
+
+
+def check_vocab(rung, data_vocab: int, field: str, where, *, explicit: bool) -> None:
+    """InputError (64) when the data holds token ids the model's vocabulary lacks, saying how
+    much larger the model would be (and the flag that trains that other model on purpose).
+    ``rung``: a :class:`ladder.specs.Rung`, its model as it will be trained. Issue 39: a .npy
+    with one stray id used to train a model 150x the rung's size under the rung's name."""
+    vocab = rung.model.vocab_size
+    if data_vocab <= vocab:
+        return
+    hint = ""
+    if not explicit:
+        grown = rung.replace(model=rung.model.replace(vocab_size=data_vocab)).params.total
+        hint = (f": the model would grow from {rung.params.total:.3g} to {grown:.3g} params "
+                f"({grown / rung.params.total:.3g}x) under the rung's name; pass "
+                f"--model.vocab_size={data_vocab} to train that model on purpose, or give data "
+                f"within the vocabulary")
+    raise InputError(f"has token ids up to {data_vocab - 1}, beyond the model's vocabulary of "
+                     f"{vocab}{hint}", path=where, field=field, exit_code=EX_USAGE)

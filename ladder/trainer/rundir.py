@@ -16,7 +16,17 @@ from pathlib import Path
 
 from ladder import __version__
 from ladder.counting import conventions
-from ladder.io import EX_USAGE, InputError, atomic_write_text, iter_jsonl, read_json, to_jsonable
+from ladder.io import (
+    EX_USAGE,
+    InputError,
+    atomic_write_text,
+    claim,
+    iter_jsonl,
+    marker_names,
+    read_json,
+    to_jsonable,
+    write_marker,
+)
 from ladder.specs import Rung
 from ladder.trainer import gpuenv
 from ladder.trainer.data import Corpus
@@ -25,6 +35,29 @@ from ladder.trainer.trainconfig import RUN_ARGUMENTS, RunArgs, TrainConfig
 RUN_CONFIG_SCHEMA = "run-config/1"
 SUMMARY_SCHEMA = "run-summary/1"
 ENV_SCHEMA = "run-env/1"
+
+
+# What a run writes in its folder (ladder.io.claim: a file or folder of these names that ladder
+# did not write there is refused, never replaced or deleted: a fresh run removes a stale
+# metrics.jsonl, a resume cuts it back)
+RUN_FILES = ("config.json", "env.json", "metrics.jsonl", "summary.json", "checkpoints",
+             "profile", "wandb")
+
+
+def claim_run_folder(out: Path) -> None:
+    """Claim ``out`` for a run (see :data:`RUN_FILES`); a run folder written before the marker
+    existed (its config.json or summary.json is a run's) is adopted as ladder's."""
+    if not marker_names(out) and any(_is_ours(out / name, kind) for name, kind in (
+            ("config.json", "run-config"), ("summary.json", "run-summary"))):
+        write_marker(out, RUN_FILES)
+    claim(out, RUN_FILES, what="ladder run")
+
+
+def _is_ours(path: Path, kind: str) -> bool:
+    try:
+        return path.is_file() and read_json(path, schema=kind) is not None
+    except InputError:
+        return False
 
 
 def git_sha() -> dict:

@@ -45,11 +45,16 @@ from ladder.io import (
     InputError,
     atomic_write_json,
     check_writable,
+    claim,
+    folder_lock,
     inside,
+    marker_names,
     read_json,
+    real_folder,
     safe_name,
     schema_version,
     sha256_file,
+    write_marker,
 )
 from ladder.trainer.corpus_files import TAIL_VAL_FRACTION, VAL_BUCKETS, data_files, is_held_out
 
@@ -362,7 +367,7 @@ class _SplitWriter:
         self.hash = hashlib.sha256()
         self.file = None
         if self.open_tokens:   # a resumed run: the open shard's first tokens are on disk
-            self.file = open(self._path(".partial"), "r+b")  # noqa: SIM115 - closed in close()
+            self.file = _open_shard(self._path(".partial"), os.O_RDWR)
             self.file.truncate(self.open_tokens * self.dtype.itemsize)
             for block in iter(lambda: self.file.read(1 << 20), b""):
                 self.hash.update(block)
@@ -381,7 +386,8 @@ class _SplitWriter:
         while pos < len(ids):
             part = ids[pos:pos + self.shard_tokens - self.open_tokens]
             if self.file is None:
-                self.file = open(self._path(".partial"), "wb")  # noqa: SIM115
+                self.file = _open_shard(self._path(".partial"), os.O_WRONLY | os.O_CREAT |
+                                        os.O_TRUNC)
             self.file.write(part.tobytes())
             self.hash.update(part.tobytes())
             # documents whose end (one past their EOS) falls in this part
@@ -419,6 +425,13 @@ class _SplitWriter:
         return {"shards": self.closed, "open_tokens": self.open_tokens,
                 "open_documents": self.open_documents, "documents": self.documents,
                 "text_bytes": self.text_bytes}
+
+
+def _open_shard(path: Path, flags: int):
+    """A shard file opened without following a symbolic link (a link planted at a shard's name
+    would make the writer write through it, into a file it did not make)."""
+    return os.fdopen(os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644),
+                     "r+b" if flags & os.O_RDWR else "wb")
 
 
 def _shard_files(out: Path) -> list[tuple[str, int, Path]]:
@@ -506,7 +519,7 @@ def tokenize_files(patterns: list[str], tokenizer: str | Path, out_dir: str | Pa
                          exit_code=EX_USAGE)
     if not text_key:
         raise InputError("must not be empty", field="--text-key", exit_code=EX_USAGE)
-    out = Path(out_dir)
+    out = real_folder(out_dir)   # a symbolic link: the checks apply to the real folder
     if (out / MANIFEST).exists():
         raise InputError("already holds token shards; use another --out", path=out / MANIFEST,
                          exit_code=EX_CANTCREAT)
@@ -518,9 +531,39 @@ def tokenize_files(patterns: list[str], tokenizer: str | Path, out_dir: str | Pa
     tok, tok_json, settings = _load_encoder(tokenizer, eos)
     settings.update(shard_tokens=int(shard_tokens), text_key=text_key)
     inputs = _inputs(files, names)
-    progress = out / PROGRESS
     check_writable(out, field="--out", directory=True)
-    out.mkdir(parents=True, exist_ok=True)
+    # one tokenizer at a time in a folder (two would interleave shards under one manifest), and
+    # only into files it wrote: a user's own train-00000.bin is never replaced or deleted
+    with folder_lock(out, what="ladder tokenize"):
+        if (out / MANIFEST).exists():
+            raise InputError("already holds token shards; use another --out",
+                             path=out / MANIFEST, exit_code=EX_CANTCREAT)
+        if not marker_names(out) and _progress_of_ours(out / PROGRESS):
+            write_marker(out, OWN_FILES)   # an interrupted run of a version before the marker
+        claim(out, OWN_FILES, what="ladder tokenize")
+        return _tokenize(out, files, names, tok, tok_json, settings, inputs, tokenizer,
+                         text_key=text_key, processes=processes, chunk_chars=chunk_chars,
+                         progress_bar=progress_bar)
+
+
+# What a tokenizer writes in its --out (ladder.io.claim: a file of these names that ladder did
+# not write there is refused, never replaced or deleted)
+OWN_FILES = tuple(f"{s}-*.bin{x}" for s in ("train", "val", "stream") for x in ("", ".partial")) \
+    + (PROGRESS, MANIFEST)
+
+
+def _progress_of_ours(path: Path) -> bool:
+    try:
+        return read_json(path, schema="tokenize-progress") is not None
+    except InputError:
+        return False
+
+
+def _tokenize(out: Path, files, names, tok, tok_json, settings: dict, inputs, tokenizer, *,
+              text_key: str, processes: int, chunk_chars: int, progress_bar: bool) -> dict:
+    """The body of :func:`tokenize_files`, in the claimed and locked folder ``out``."""
+    progress = out / PROGRESS
+    shard_tokens = settings["shard_tokens"]
     prev = None
     if progress.exists():
         prev = check_progress(read_json(progress, schema="tokenize-progress"), progress,

@@ -15,6 +15,7 @@ so a run killed between a checkpoint and the next one leaves no duplicated or lo
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -30,11 +31,12 @@ from ladder.lrtable import run_lr_table
 from ladder.specs import Rung
 from ladder.trainer import distributed, gpuenv
 from ladder.trainer.checkpointing import Checkpoints
-from ladder.trainer.data import corrupt_bytes, load_corpus, shuffle_bytes
+from ladder.trainer.data import check_vocab, corrupt_bytes, load_corpus, shuffle_bytes
 from ladder.trainer.rundir import (
     RUN_CONFIG_SCHEMA,
     MetricsFile,
     WandbMirror,
+    claim_run_folder,
     environment,
     previous_run,
     summary,
@@ -129,16 +131,42 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
     t_start = time.perf_counter()
     if max_steps is not None and max_steps < 1:
         raise InputError(f"must be >= 1, got {max_steps}", field="max_steps", exit_code=EX_USAGE)
+    # the run folder is this run's for its life: a second run into it (a resubmitted job) is
+    # refused in one line; the lock of a dead run is taken over (ladder.io.folder_lock). Taken
+    # before the folder is read when it exists; a new one is created only after the checks.
     gpuenv.apply()   # before anything below starts JAX's backend (a no-op off GPUs)
     # on an accelerator, precision, remat and microbatch the user left open are chosen to fit
     # its memory (ladder/trainer/layout.py) and written into the config like given ones
     layout = run_layout(rung, cfg)
     if layout is not None:
         cfg = layout.train_config(cfg)
-    checked = _check(rung, Path(out_dir), cfg, resume)   # bad input fails here, nothing written
-    if isinstance(checked, dict):
-        return checked   # finished: a diverged run would only diverge again from its checkpoint
-    checked[3]["layout"] = layout.to_dict() if layout is not None else None
+    out = Path(out_dir)
+    with contextlib.ExitStack() as held:
+        locked = out.is_dir() and held.enter_context(run_lock(out))
+        checked = _check(rung, out, cfg, resume)   # bad input fails here, nothing written
+        if isinstance(checked, dict):
+            return checked  # finished: a diverged run would only diverge again from its checkpoint
+        checked[3]["layout"] = layout.to_dict() if layout is not None else None
+        if not locked:
+            held.enter_context(run_lock(out))
+        if distributed.is_writer():
+            claim_run_folder(out)   # only files a run wrote are replaced (ladder.io.claim)
+        return _train(checked, cfg, max_steps, on_metrics, t_start)
+
+
+def run_lock(out: Path):
+    """The run folder's lock (held by the process that writes it: process 0 of a multi-host
+    run; the others write only their checkpoint shards)."""
+    from ladder.io import folder_lock
+
+    if not distributed.is_writer():
+        return contextlib.nullcontext(True)
+    return folder_lock(out, what="ladder run", field="--out")
+
+
+def _train(checked: tuple, cfg: TrainConfig, max_steps: int | None,
+           on_metrics: Callable[[dict], None] | None, t_start: float) -> dict:
+    """The loop of :func:`train_rung` in its checked and locked run folder."""
     s = Session(*checked, cfg=cfg, on_metrics=on_metrics)
     rung, start = s.rung, s.start
     stop = min(rung.steps, max_steps or rung.steps)
@@ -196,21 +224,19 @@ def _check(rung: Rung, out: Path, cfg: TrainConfig, resume: bool):
     """Everything that can be bad input, checked before the first file is written. -> the
     finished run's summary (nothing to do), or (rung as run, corpus, out, config, previous)."""
     corpus = load_corpus(cfg.data, cfg.vocab_size)
-    rung = resolve_rung(rung, cfg, corpus.vocab_size)
-    if corpus.vocab_size > rung.model.vocab_size:
-        raise InputError(f"the data has token ids up to {corpus.vocab_size - 1}, the model's "
-                         f"vocabulary is {rung.model.vocab_size}", field="model.vocab_size",
-                         exit_code=EX_USAGE)
+    # the model is the rung's: its vocabulary changes only when --model.vocab_size says so (a
+    # stray id must not grow the embedding under the rung's name, issue 39)
+    rung = resolve_rung(rung, cfg)
+    check_vocab(rung, corpus.vocab_size, "data", ",".join(cfg.data) or None,
+                explicit="vocab_size" in cfg.model)
     corpus.check_fits(rung.seq_len, ",".join(cfg.data) or "python-stdlib")
     for name in ("train_data", "switch_data"):   # other training data (the evals stay on data's)
         files = getattr(cfg, name)
         if files is None:
             continue
         other = load_corpus(files, cfg.vocab_size)
-        if other.vocab_size > rung.model.vocab_size:
-            raise InputError(f"has token ids up to {other.vocab_size - 1}, the model's "
-                             f"vocabulary is {rung.model.vocab_size}", field=name,
-                             exit_code=EX_USAGE)
+        check_vocab(rung, other.vocab_size, name, ",".join(files),
+                    explicit="vocab_size" in cfg.model)
         other.check_fits(rung.seq_len, ",".join(files))
     config = {"schema": RUN_CONFIG_SCHEMA, "rung": rung.to_dict(), "train": cfg.to_dict()}
     previous = previous_run(out, config, resume)
@@ -294,9 +320,9 @@ class Session:
                              "functions of the step (text files or a token array), not token "
                              "shards", field="train_data", exit_code=EX_USAGE)
         self.state = self.programs.init_state(cfg.seed)
-        self.start = self.ckpt.latest_step()
+        # the newest intact checkpoint (a damaged one is named in one line and set aside)
+        self.start, self.state = self.ckpt.restore_latest(self.state, self.feed.iterator)
         if self.start:
-            self.state = self.ckpt.restore(self.start, self.state, self.feed.iterator)
             self.feed.seek(self.start)
         self.metrics.truncate_to(self.start)  # rows past the checkpoint are recomputed
         if not self.start and self.writer and self.metrics.path.exists():
@@ -411,8 +437,9 @@ class Session:
         """After an exception: close the files and say so in summary.json."""
         self.bar.close()
         self.metrics.close()
-        self.write_summary("failed", self.last_saved,
-                           error="training raised an exception; see the log")
+        with contextlib.suppress(InputError):  # a full disk: the first error is the one told
+            self.write_summary("failed", self.last_saved,
+                               error="training raised an exception; see the log")
         if self.wb:
             self.wb.finish(exit_code=1)
 
