@@ -1,5 +1,10 @@
 """The real train step of a rung on the visible accelerators, measured phase by phase.
 
+It imports nothing outside JAX, flax, optax, orbax-checkpoint and numpy (and the standard
+library): orjson, grain, wandb, ray, tqdm, pandas and scipy may be missing (a bare GPU image;
+tests/test_bench_gpu_rung.py smoke-runs it with them blocked). XLA's GPU settings
+(ladder.trainer.gpuenv) are applied before JAX starts and recorded in the JSON.
+
 On a GPU machine with network, from the repository root:
 
     pip install -U "jax[cuda12]==0.10.2" && pip install -e '.[train,data]'
@@ -8,7 +13,7 @@ On a GPU machine with network, from the repository root:
 On the H200 this workplace lends (no network there; its image holds jax 0.11.2 with the CUDA 13
 plugin, flax, optax, orbax-checkpoint and tqdm, not grain): one `run` call with timeout_s 600 and
 
-    PYTHONUNBUFFERED=1 timeout 590 python3 bench/gpu_rung.py --out "$OUT" --budget-s 540
+    PYTHONUNBUFFERED=1 timeout 590 python3 bench/gpu_rung.py --out "$OUT"
 
 Without grain the data phase reads the same windows in order, without Grain's shuffle (the JSON
 says which feed ran); carry grain's wheels (the device tool's README) to use the trainer's feed.
@@ -23,12 +28,14 @@ interrupted from Python); before a phase starts, it is skipped when the time lef
 the phase needs, estimated from the step time measured first.
 
 Phases:
-1. ``setup``: the rung (default marin-535b:1.6B-A61M: full depth, its whole batch of 1024
-   sequences of 4096 tokens, ``--batch`` overrides), the mesh over every visible device (the
-   expert axis over all of them when the experts divide, as ``ladder run`` makes it: expert
-   parallel on >= 2 GPUs), the microbatch ``ladder plan`` picks for this device's memory
-   (ladder.trainer.plan.largest_fitting_microbatch; halved after a compile runs out of memory), the
-   train state.
+1. ``setup``: the rung (default marin-535b:1.6B-A61M at full depth, ``--model KEY=VALUE``
+   overrides) with ``--batch`` sequences of 4096 tokens PER DEVICE (default: one device's share
+   of the rung's batch on an 8-GPU node, 1024 / 8 = 128, so one GPU runs what each GPU of the
+   node would), the mesh over every visible device (the expert axis over all of them when the
+   experts divide, as ``ladder run`` makes it), the layout ``ladder run`` chooses for this
+   device's memory (ladder.trainer.layout: bf16, the least remat and the largest microbatch the
+   estimate fits; ``--precision``, ``--remat``, ``--microbatch`` override; the microbatch halved
+   after a compile runs out of memory), the train state.
 2. ``data``: a synthetic token shard (documents of random tokens, geometric lengths, each ended
    by an EOS) read as the trainer reads shards (ladder.trainer.tokens: windows of seq_len + 1,
    through Grain when it is installed), so every batch has segment ids and attention stays inside
@@ -38,8 +45,9 @@ Phases:
    ladder/accelerators.py), the attention implementation the compiled step holds (cuDNN fused
    attention custom calls, or XLA's), the allocator's peak bytes next to ``ladder plan``'s
    estimate and XLA's memory analysis of the step.
-4. ``eval``: the eval step (loss with capacity and dropless) at its default batch, one sequence
-   per device: compile seconds, median call seconds, tokens/s, peak bytes.
+4. ``eval``: the eval step (loss with capacity and dropless) at ``ladder run``'s eval batch
+   (ladder.trainer.trainconfig.eval_batch_size: whole capacity cells, 16 sequences per device on
+   marin-535b): compile seconds, median call seconds, tokens/s, peak bytes.
 5. ``checkpoint``: one Orbax save of the train state (ladder.trainer.checkpointing): seconds, bytes.
 6. ``profile``: one step under ``jax.profiler``; the device time of every HLO op, split by the
    op's name scope (the compiled HLO's metadata) into attention, dispatch (router, sorting,
@@ -66,9 +74,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 DEFAULT_RUNG = "marin-535b:1.6B-A61M"
 RESULTS = "gpu_rung.json"
-# the fraction of device memory JAX's allocator may take (its default, 0.75, would leave a
-# quarter of an H200 unused); set only when the caller has not set it
-MEM_FRACTION = "0.92"
+# the default --batch is one device's share of the rung's batch on a node of this many GPUs
+# (issue 37: the first rung runs on an 8 x H100 node)
+NODE_DEVICES = 8
+# every phase within 8 minutes of one device call (issue 37), start-up and the JSON included
+DEFAULT_BUDGET_S = 450.0
 # HLO op names of the expert matmuls: the capacity path, the dropless blocks, the shared experts
 EXPERT_SPECS = ("ecl,elf->ecf", "ecf,efl->ecl", "cbl,clf->cbf", "cbf,cfl->cbl",
                 "td,ndf->tnf", "tnf,nfd->td")
@@ -146,7 +156,11 @@ def run_phase(results: Results, dog: Watchdog, name: str, need_s: float, fn):
 
 # ------------------------------------------------------------------------------ pieces
 
-def rung_config(name: str, batch: int | None, smoke: bool):
+def rung_config(name: str, per_device: int | None, devices: int, smoke: bool,
+                model: dict | None = None):
+    """The rung with ``per_device`` sequences a step on each of ``devices`` devices (default:
+    one device's share of its batch on a NODE_DEVICES node; 2 in the smoke run) and ``model``
+    field overrides."""
     from ladder.specs import LADDERS
 
     if smoke:
@@ -154,7 +168,24 @@ def rung_config(name: str, batch: int | None, smoke: bool):
     else:
         ladder, _, rname = name.partition(":")
         rung = LADDERS[ladder].get(rname)
-    return rung.replace(batch=batch) if batch else rung
+    if model:
+        rung = rung.replace(model=rung.model.replace(**model))
+    share = per_device or (2 if smoke else max(1, rung.batch // NODE_DEVICES))
+    return rung.replace(batch=share * devices)
+
+
+def model_overrides(items: list[str]) -> dict:
+    """``["remat=full", "capacity_factor=2"]`` -> {field: JSON value (else the string)}."""
+    out = {}
+    for item in items:
+        key, eq, raw = item.partition("=")
+        if not eq or not key:
+            raise SystemExit(f"--model: expected KEY=VALUE, got {item!r}")
+        try:
+            out[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key.strip()] = raw
+    return out
 
 
 def device_memory() -> float | None:
@@ -300,23 +331,38 @@ def main(argv=None) -> int:
                     "profile and checkpoint, removed after unless --keep)")
     ap.add_argument("--rung", default=DEFAULT_RUNG, help=f"LADDER:RUNG (default {DEFAULT_RUNG})")
     ap.add_argument("--batch", type=int, default=None,
-                    help="sequences per step (default: the rung's batch)")
+                    help="sequences per step on EACH device (default: one device's share of "
+                         f"the rung's batch on a {NODE_DEVICES}-GPU node)")
     ap.add_argument("--microbatch", type=int, default=None,
-                    help="sequences per microbatch (default: ladder plan's for this memory)")
+                    help="sequences per microbatch, all devices (default: the layout "
+                         "`ladder run` chooses for this memory)")
+    ap.add_argument("--precision", default=None, choices=["bf16", "f32"],
+                    help="compute precision (default: bf16 on accelerators, f32 on CPU)")
+    ap.add_argument("--remat", default=None, choices=["none", "dots", "full"],
+                    help="rematerialisation (default: the least that fits)")
+    ap.add_argument("--model", action="append", default=[], metavar="KEY=VALUE",
+                    help="a model config override (repeatable), e.g. --model capacity_factor=2")
     ap.add_argument("--expert-parallel", type=int, default=None,
                     help="size of the expert mesh axis (default: as ladder run)")
     ap.add_argument("--steps", type=int, default=2, help="timed steps after the first (2)")
     ap.add_argument("--doc-mean", type=int, default=None,
                     help="mean document length of the synthetic shards, tokens (default: 1024, "
                          "at most a quarter of the sequence)")
-    ap.add_argument("--budget-s", type=float, default=540.0,
-                    help="seconds for everything; phases that do not fit are skipped (540)")
+    ap.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
+                    help="seconds for everything; phases that do not fit are skipped "
+                         f"({DEFAULT_BUDGET_S:g})")
     ap.add_argument("--scratch", default=None,
                     help="folder for the checkpoint and the trace (default: a temporary one)")
     ap.add_argument("--keep", action="store_true", help="keep the checkpoint and the trace")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU (tests)")
+    ap.add_argument("--skip", default="", type=lambda v: {p for p in v.split(",") if p},
+                    help="later phases to skip, comma-separated: eval, checkpoint, profile "
+                         "(default: none)")
     args = ap.parse_args(argv)
-    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", MEM_FRACTION)
+    overrides = model_overrides(args.model)
+    from ladder.trainer import gpuenv
+
+    gpu_env = gpuenv.apply()   # before JAX starts its backend
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     scratch = Path(args.scratch or tempfile.mkdtemp(prefix="gpu_rung_"))
@@ -328,7 +374,8 @@ def main(argv=None) -> int:
 
     from ladder.model.layers import attention_implementation
     from ladder.model.transformer import compute_dtype
-    from ladder.trainer.plan import largest_fitting_microbatch, microbatch_candidates, plan_rung
+    from ladder.trainer.layout import choose_layout, device_memory_budget, ordered_layouts
+    from ladder.trainer.plan import plan_rung
     from ladder.trainer.step import batch_sharding, enable_compilation_cache, make_mesh, programs
     from ladder.trainer.train import peak_flops_info
     from ladder.trainer.trainconfig import TrainConfig, eval_batch_size
@@ -339,20 +386,29 @@ def main(argv=None) -> int:
     results = Results(out, {
         "argv": sys.argv[1:] if argv is None else list(argv), "jax": jax.__version__,
         "backend": jax.default_backend(), "devices": jax.device_count(),
-        "device_kind": dev.device_kind, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        "device_kind": dev.device_kind, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "gpu_env": gpu_env})
     dog = Watchdog(results, args.budget_s)
     s: dict = {}
 
     def setup():
-        rung = rung_config(args.rung, args.batch, args.smoke)
         n = jax.device_count()
-        if args.smoke:
-            rung = rung.replace(batch=args.batch or 2 * n)
+        rung = rung_config(args.rung, args.batch, n, args.smoke, overrides)
         memory = device_memory()
-        budget = 0.95 * memory if memory else 80e9
-        mb = args.microbatch or largest_fitting_microbatch(rung, n, budget) or \
-            microbatch_candidates(rung, n)[-1]
-        s.update(rung=rung, n=n, mb=mb, memory=memory)
+        budget = device_memory_budget(jax.devices())
+        given = {"precision": args.precision, "remat": args.remat,
+                 "microbatch": args.microbatch}
+        if budget is not None:   # an accelerator: `ladder run`'s layout for its memory
+            layout = choose_layout(rung, n, budget[0], budget_source=budget[1],
+                                   expert_parallel=args.expert_parallel, **given)
+            rung, mb = layout.apply(rung), layout.microbatch
+            how = layout.describe()
+        else:                    # CPU: as `ladder run` there, what was given, else the rung's
+            model = {k: v for k, v in given.items() if k != "microbatch" and v is not None}
+            rung = rung.replace(model=rung.model.replace(**model)) if model else rung
+            mb, how = args.microbatch or rung.batch, "CPU: no layout is chosen"
+        s.update(rung=rung, n=n, mb=mb, memory=memory,
+                 order=ordered_layouts(rung, n, remat=args.remat, microbatch=args.microbatch))
         t = time.perf_counter()
         mesh = make_mesh(n, args.expert_parallel, rung.model.n_experts, mb)
         progs = programs(rung.model, mesh, rung.optimizer_settings, rung.batch // mb)
@@ -360,9 +416,9 @@ def main(argv=None) -> int:
         jax.block_until_ready(s["state"])
         return {"rung": f"{rung.ladder}:{rung.name}", "d_model": rung.model.d_model,
                 "layers": rung.model.n_layers, "experts": rung.model.n_experts,
-                "seq_len": rung.seq_len, "batch": rung.batch, "microbatch": mb,
-                "microbatch_source": "--microbatch" if args.microbatch else
-                "ladder plan's estimate for this device memory",
+                "seq_len": rung.seq_len, "batch": rung.batch, "batch_per_device": rung.batch // n,
+                "microbatch": mb, "remat": rung.model.remat, "layout": how,
+                "model_overrides": overrides,
                 "device_memory_bytes": memory, "mesh": {k: int(v) for k, v in mesh.shape.items()},
                 "precision": str(jnp.dtype(compute_dtype(rung.model))),
                 "attention_asked": attention_implementation(compute_dtype(rung.model),
@@ -374,7 +430,7 @@ def main(argv=None) -> int:
         from ladder.trainer.tokens import WindowSource
 
         rung, mesh = s["rung"], s["mesh"]
-        eb = eval_batch_size(TrainConfig(), s["n"])
+        eb = eval_batch_size(TrainConfig(), s["n"], rung)
         windows = rung.batch * (args.steps + 4) + eb
         doc_mean = args.doc_mean or min(1024, max(2, rung.seq_len // 4))
         shard, eos = synthetic_shards(rung.model.vocab_size, windows * rung.seq_len + 1,
@@ -413,11 +469,17 @@ def main(argv=None) -> int:
                 compiled = s["progs"].train_step.lower(s["state"], b).compile()
                 break
             except Exception as e:
-                if not is_oom(e) or s["mb"] // 2 < n or (s["mb"] // 2) % n:
+                # the estimate was too generous: the next layout of `ladder run`'s order (more
+                # remat, then smaller microbatches; the same parameters, so the same state)
+                here = (rung.model.remat, s["mb"])
+                later = s["order"][s["order"].index(here) + 1:] if here in s["order"] else []
+                if not is_oom(e) or not later:
                     raise
-                s["mb"] //= 2   # the estimate was too generous: compile a smaller microbatch
-                results.phase("setup", microbatch=s["mb"],
-                              microbatch_source="halved after an out-of-memory compile")
+                remat, s["mb"] = later[0]
+                rung = s["rung"] = rung.replace(model=rung.model.replace(remat=remat))
+                results.phase("setup", microbatch=s["mb"], remat=remat,
+                              layout="the next in ladder run's order after an out-of-memory "
+                                     "compile")
                 s["progs"] = programs(rung.model, s["mesh"], rung.optimizer_settings,
                                       rung.batch // s["mb"])
         compile_s = time.perf_counter() - t
@@ -452,7 +514,7 @@ def main(argv=None) -> int:
                 "peak_bytes_per_device": peak_b, "peak_bytes_source": peak_src,
                 "xla_bytes_per_device": compiled_bytes(compiled),
                 "plan_bytes_per_device": planned,
-                "plan_note": "ladder plan's estimate is of the float32 step without remat",
+                "plan_note": "ladder plan's estimate at this precision and remat",
                 "losses": losses, "drop_frac": float(m["moe/drop_frac"])}
 
     def evaluate():
@@ -509,9 +571,12 @@ def main(argv=None) -> int:
             if made not in s:   # the later phases need what this one makes
                 return 1
         step = s["step_s"]
-        run_phase(results, dog, "eval", 20 + step, evaluate)
-        run_phase(results, dog, "checkpoint", 30, checkpoint)
-        run_phase(results, dog, "profile", 30 + 3 * step, profile)
+        for name, need, fn in (("eval", 20 + step, evaluate), ("checkpoint", 30, checkpoint),
+                               ("profile", 30 + 3 * step, profile)):
+            if name in args.skip:
+                results.phase(name, status="skipped", reason="--skip")
+            else:
+                run_phase(results, dog, name, need, fn)
     finally:
         dog.stop()
         if args.scratch is None and not args.keep:

@@ -22,9 +22,10 @@ Two rules every part follows (issue 26), kept here so that there is one of each:
 
 JSON lines (metrics.jsonl, alerts.jsonl: :func:`json_line`) are parsed by orjson, a C parser,
 with the standard library as the fallback for what orjson refuses (``NaN``/``Infinity`` tokens,
-numbers beyond float range); artifacts read whole (:func:`loads`) by the standard library, whose
-integers stay exact (a hash is taken over them), depth-checked first. No JAX here: ``fit`` and
-``predict`` import this module.
+numbers beyond float range); orjson is optional: without it the standard library parses every
+line, to the same values (:func:`_stdlib_line`); artifacts read whole (:func:`loads`) by the
+standard library, whose integers stay exact (a hash is taken over them), depth-checked first.
+No JAX here: ``fit`` and ``predict`` import this module.
 """
 
 from __future__ import annotations
@@ -43,7 +44,10 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-import orjson
+try:
+    import orjson
+except ImportError:   # a bare GPU image (issue 37): the standard library reads every line
+    orjson = None
 
 # Exit statuses for bad input follow BSD sysexits(3): 64 usage, 65 data, 66 no input,
 # 73 can't create.
@@ -835,16 +839,69 @@ def json_line(raw: bytes) -> tuple[Any, bool]:
     True). One difference remains, measured in tests/test_watch_jsonl.py: an integer outside
     [-2**63, 2**64) reads as the nearest float where ``json.loads`` keeps a Python int; every
     reader here turns it into that float anyway (``as_float``, the watcher's float columns)."""
-    try:
-        return orjson.loads(raw), False
-    except orjson.JSONDecodeError:
-        pass
+    if orjson is not None:
+        try:
+            return orjson.loads(raw), False
+        except orjson.JSONDecodeError:
+            pass
+    else:
+        value = _stdlib_line(raw)
+        if value is not _REFUSED:
+            return value, True
     try:
         if not json_depth_ok(raw):
             return None, True
         return json.loads(raw.decode("utf-8")), True
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None, True
+
+
+_REFUSED = object()
+
+
+def _orjson_int(text: str):
+    """An integer as orjson reads it: exact within [-2**63, 2**64), else the nearest float."""
+    value = int(text)
+    return value if -2 ** 63 <= value < 2 ** 64 else float(text)
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _stdlib_line(raw: bytes):
+    """The standard library reading one line to orjson's values, for machines without orjson:
+    integers beyond 64 bits as the nearest float (``_orjson_int``); ``_REFUSED`` for what
+    orjson refuses (NaN/Infinity tokens, a number beyond float range, a lone surrogate, bad
+    syntax or UTF-8, too deep), which :func:`json_line` then reads as it always has."""
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        if not json_depth_ok(text.encode("utf-8")):
+            return _REFUSED
+        value = json.loads(text, parse_int=_orjson_int, parse_constant=_refuse_constant)
+    except (ValueError, UnicodeError, RecursionError):
+        return _REFUSED
+    return _REFUSED if _has_surrogate_or_inf(value) else value
+
+
+def _has_surrogate_or_inf(value) -> bool:
+    """Whether a parsed value holds what orjson would have refused: a float beyond range
+    (1e999 -> inf) or a lone surrogate (``"\\ud800"``)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, float):
+            if not math.isfinite(v):
+                return True
+        elif isinstance(v, str):
+            if any("\ud800" <= c <= "\udfff" for c in v):
+                return True
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
 
 
 def read_json(path: str | os.PathLike, *, schema: str | None = None,

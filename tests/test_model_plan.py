@@ -65,7 +65,8 @@ def test_plan_marin_first_rung_on_8_devices():
 
 def test_plan_tiny_hand_computed():
     rung = LADDERS["tiny"].rungs[0]
-    cfg = rung.model
+    cfg = rung.model.replace(precision="f32")      # "auto" plans as bf16 (an accelerator's)
+    rung = rung.replace(model=cfg)
     assert (cfg.d_model, cfg.n_layers, cfg.q_dim, cfg.head_dim, cfg.n_kv_heads_local,
             cfg.n_kv_heads_global, cfg.n_experts, cfg.top_k, cfg.latent_dim, cfg.expert_dim,
             cfg.n_shared, cfg.shared_dim, cfg.vocab_size, rung.seq_len, rung.batch) == \
@@ -75,11 +76,29 @@ def test_plan_tiny_hand_computed():
     assert p.tokens_per_device == 1 * 64              # ceil(4 / 8) sequences
     # per token and layer: 4*16 + 4*16 + 3*8 + 2*4 + 3*8 + 2*2*8 + 2*1.25*2*(2*8 + 3*8) + 3*8
     #   = 440 (no attention scores: blocked attention recomputes them); two layers + 2*16 +
-    #   3*256 (the sequence, 64, is one loss chunk) = 1680 elements, f32
-    assert p.activation_bytes_per_sequence == 1680 * 4 * 64
-    assert p.activation_bytes == 1 * 1680 * 4 * 64
+    #   3*256 (the sequence, 64, is one loss chunk) = 1680 elements, f32; and while a layer's
+    #   backward runs, its cotangents: one layer more (440)
+    assert p.activation_bytes_per_sequence == (1680 + 440) * 4 * 64
+    assert p.activation_bytes == 1 * (1680 + 440) * 4 * 64
     assert p.step_time_s == pytest.approx(p.flops_per_step / (8 * 1e12 * 0.5))
     assert p.params_exact == count_params(cfg).total
+    assert (p.precision, p.remat) == ("f32", "none")
+    # bf16: the 440 elements of each layer at 2 bytes but its router's 2 E = 8 at 4, the
+    # embedding output and final norm (2 x 16) at 2, the loss chunk (3 x 256) at 4 bytes
+    def per_token(**kw):
+        return plan_rung(rung.replace(model=cfg.replace(**kw)), 8).activation_bytes / 64
+    layer = 440 * 2 + 8 * 2                 # one layer's activations (or cotangents), bytes
+    assert per_token(precision="bf16") == 3 * layer + 32 * 2 + 768 * 4              # 5824
+    assert per_token(precision="auto") == per_token(precision="bf16")
+    # remat full: each layer keeps its input (16 at 2 bytes), one layer recomputed at a time
+    # beside its cotangents
+    assert per_token(precision="bf16", remat="full") == 2 * 16 * 2 + 2 * layer \
+        + 32 * 2 + 768 * 4                                                          # 4992
+    # remat dots: each layer keeps its input, q, k, v, the output projection, the router, the
+    # latent projections and the shared expert: 16 + 16 + 2 x 8 + 16 + 4 + 2 x 8 + 3 x 8 = 108
+    # (the router's 4 at 4 bytes), and one layer is recomputed at a time
+    assert per_token(precision="bf16", remat="dots") == 2 * (108 * 2 + 4 * 2) \
+        + 2 * layer + 32 * 2 + 768 * 4                                              # 5376
 
 
 def test_mesh_choice_and_errors():
@@ -106,7 +125,10 @@ def test_plan_cli_json_and_errors(capsys):
         assert r["total_bytes"] == pytest.approx(
             r["param_bytes"] + r["grad_bytes"] + r["optimizer_bytes"] + r["gathered_bytes"]
             + r["balance_bytes"] + r["activation_bytes"])
-        assert r["fits"] is True and r["memory_per_device"] == 80e9
+        # the budget: an H100's 80 GB x the allocator's 0.9 (ladder/accelerators.py)
+        assert r["fits"] is True and r["memory_per_device"] == 72e9
+        assert r["layout"] == {**r["layout"], "precision": "bf16", "remat": "none",
+                               "chosen": ["precision", "remat", "microbatch"]}
     assert main(["plan", "tiny:12.8K-A3.8K", "--devices", "2"]) == 0
     assert "12.8K-A3.8K" in capsys.readouterr().out
     assert main(["plan", "tiny", "--devices", "8", "--expert-parallel", "3"]) == 64
@@ -116,13 +138,19 @@ def test_plan_cli_json_and_errors(capsys):
     # a rung that does not fit is said so, on stderr
     assert main(["plan", "marin-535b:1.6B-A61M", "--devices", "8", "--json"]) == 0
     (row,) = json.loads(capsys.readouterr().out)
-    # the recipe's capacity cell (65,536 tokens) needs 16 of the 4096-token sequences on each of
-    # the 8 devices: microbatch 128, which the estimate puts over 80 GB (issue 22 item 2). With
-    # cells of 32,768 tokens microbatch 64 would fit (the compiled step: 67.4 GiB per device)
+    # issue 37: in float32 without remat the recipe's capacity cell (65,536 tokens, 16
+    # sequences a device: microbatch 128) is over the budget; the default layout fits: bf16 and
+    # the least remat that does, at its largest microbatch
+    assert row["fits"] and row["precision"] == "bf16" and row["remat"] != "none"
+    assert row["layout"]["fits"] and row["layout"]["microbatch"] == row["microbatch"]
+    assert main(["plan", "marin-535b:1.6B-A61M", "--devices", "8", "--json", "--precision",
+                 "f32", "--remat", "none"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
     assert row["microbatch"] == 128 and not row["fits"]
-    # 27.7B on 8 devices: a whole 1-sequence-per-device microbatch is far over 80 GB
+    assert row["layout"]["chosen"] == ["microbatch"]
+    # 27.7B on 8 devices: even one sequence per device with full remat is over an H100's share
     assert main(["plan", "marin-535b:27.7B-A1.2B", "--devices", "8"]) == 0
-    assert "over the 74.5GiB budget" in capsys.readouterr().err
+    assert "over the 67.1GiB budget" in capsys.readouterr().err
     assert main(["plan", "tiny", "--devices", "8", "--compile"]) == 64   # one rung only
     assert "LADDER:RUNG" in capsys.readouterr().err
 

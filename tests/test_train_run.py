@@ -75,6 +75,9 @@ def test_tiny_rung_trains_and_writes_the_run_directory(tiny_run):
     env = read_json(out / "env.json", schema="run-env")
     assert env["corpus"]["kind"] == "python-stdlib" and env["versions"]["jax"]
     assert "sha" in env["git"] and env["devices"]["count"] >= 1
+    # on CPU no layout is chosen (f32, the whole batch) and no GPU setting is made (issue 37)
+    assert cfg["layout"] is None and cfg["mesh"]["microbatch"] == RUNG.batch
+    assert env["gpu_env"]["gpu"] is False and env["gpu_env"]["xla_flags_set"] == []
     # Orbax keeps the last 2 checkpoints
     assert sorted(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit()) \
         == RUNG.eval_steps()[-2:]

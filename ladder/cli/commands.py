@@ -104,8 +104,9 @@ def run_main(args) -> int:
     one after another here, or as Ray tasks (``--executor ray``); each rung optionally over
     several JAX processes (``--coordinator ...`` / ``--distributed auto``)."""
 
-    from ladder.trainer import distributed
+    from ladder.trainer import distributed, gpuenv
 
+    gpuenv.apply()   # XLA/allocator settings on GPUs: before anything starts JAX's backend
     ladder, rungs = resolve_target(args.ladder, args)
     if args.rung:
         try:
@@ -230,9 +231,9 @@ def _plan_child(args) -> int:
     import subprocess
 
     argv = [sys.executable, "-m", "ladder", "plan", args.target, "--devices",
-            str(args.devices), "--compile", "--memory-per-device", repr(args.memory_per_device)]
+            str(args.devices), "--compile"]
     for flag in ("expert_parallel", "peak_flops", "mfu", "microbatch", "eval_batch",
-                 "ladder_file"):
+                 "ladder_file", "memory_per_device", "accelerator", "precision", "remat"):
         if getattr(args, flag, None) is not None:
             argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     if args.json:
@@ -243,14 +244,8 @@ def _plan_child(args) -> int:
 
 
 def plan_main(args) -> int:
-    from ladder.trainer.plan import (
-        DEFAULT_MFU,
-        GB200_BF16_DENSE_FLOPS,
-        ensure_host_devices,
-        largest_fitting_microbatch,
-        microbatch_candidates,
-        plan_rung,
-    )
+    from ladder.trainer.layout import choose_layout
+    from ladder.trainer.plan import DEFAULT_MFU, ensure_host_devices, plan_rung
 
     _, rungs = resolve_target(args.target, args)
     # 2**20 devices: ~1300x the hero's 792 GPUs; the planner's mesh search grows with the count
@@ -272,23 +267,27 @@ def plan_main(args) -> int:
                              exit_code=EX_USAGE)
         if not ensure_host_devices(args.devices):
             return _plan_child(args)
-    peak = GB200_BF16_DENSE_FLOPS if args.peak_flops is None else args.peak_flops
+    budget, budget_source, peak = _plan_budget(args)
     mfu = DEFAULT_MFU if args.mfu is None else args.mfu
-    budget = getattr(args, "memory_per_device", None) or 80e9
     given_mb = getattr(args, "microbatch", None)
     kw = {"expert_parallel": args.expert_parallel, "peak_flops": peak, "mfu": mfu}
+    given = {"precision": getattr(args, "precision", None),
+             "remat": getattr(args, "remat", None), "microbatch": given_mb}
     try:
-        plans = []
-        for r in rungs:   # by default the largest microbatch the estimate fits in the budget
-            cands = microbatch_candidates(r, args.devices)   # none fits: the smallest
-            mb = given_mb or largest_fitting_microbatch(r, args.devices, budget, **kw) or \
-                (cands[-1] if cands else None)
-            plans.append(plan_rung(r, args.devices, microbatch=mb, **kw))
-        rows = [p.to_dict() for p in plans]
+        plans, layouts = [], []
+        for r in rungs:   # the layout (precision, remat, microbatch) the estimate fits
+            lay = choose_layout(r, args.devices, budget, expert_parallel=args.expert_parallel,
+                                budget_source=budget_source, **given)
+            layouts.append(lay)
+            plans.append(plan_rung(lay.apply(r), args.devices, microbatch=lay.microbatch, **kw))
+        rows = [{**p.to_dict(), "layout": lay.to_dict()} for p, lay in zip(plans, layouts)]
         if compile_:
-            extra = _compiled_plan(rungs[0], args, budget)
-            # the estimate at the microbatch XLA was asked about, next to XLA's figure
-            rows[0] = {**plan_rung(rungs[0], args.devices, microbatch=extra["microbatch"],
+            extra = _compiled_plan(rungs[0], args, budget, budget_source, given)
+            # the estimate at the layout XLA chose, next to XLA's figure
+            lay = extra["layout"]
+            laid = rungs[0].replace(model=rungs[0].model.replace(precision=lay["precision"],
+                                                                 remat=lay["remat"]))
+            rows[0] = {**plan_rung(laid, args.devices, microbatch=extra["microbatch"],
                                    **kw).to_dict(), **extra}
     except ValueError as e:  # names the field: devices, expert_parallel, peak_flops, mfu
         field, _, message = str(e).partition(": ")
@@ -313,9 +312,12 @@ def plan_main(args) -> int:
               f"{_bytes(r['activation_bytes_per_sequence']):>9} "
               f"{_bytes(r['activation_bytes']):>9} {_bytes(r['total_bytes']):>9} "
               f"{_duration(r['step_time_s']):>8} {_duration(r['run_time_s']):>8}")
+    for r in rows:
+        print(f"{r['ladder']}:{r['name']} {_layout_line(r['layout'])}")
     print(f"memory per device: params, grads, Adam 2 x f32 (FSDP over all devices), weights "
           f"gathered for use, the balancing statistic, activations of one microbatch (micro: "
-          f"sequences; f32, no remat; see ladder/trainer/plan.py). time: FLOPs/step "
+          f"sequences; at the layout's precision and remat; see ladder/trainer/plan.py). "
+          f"time: FLOPs/step "
           f"(LM head included) / "
           f"({args.devices} x "
           f"{peak:.3g} FLOP/s x MFU {mfu:g})")
@@ -327,11 +329,14 @@ def plan_main(args) -> int:
         if "compiled" in r:
             c = r["compiled"]
             coll = ", ".join(f"{k} {v}" for k, v in c["collectives"].items())
+            cbytes = ", ".join(f"{k} {_bytes(v)}" for k, v in c["collective_bytes"].items())
             print(f"compiled ({r['compiled_mesh']['data']}x{r['compiled_mesh']['expert']} mesh, "
+                  f"{c['precision']}, remat {c['remat']}, "
                   f"microbatch {r['microbatch']} of {r['batch']} sequences): "
                   f"{_bytes(c['bytes_per_device'])} and {c['flops_per_device']:.3e} matmul "
                   f"FLOPs per device (loops x trip counts; {c['flops_ratio']:.2f}x flops-v1); "
-                  f"collectives: {coll}. {r['microbatch_note']}")
+                  f"collectives: {coll}; bytes per device per step: {cbytes}. "
+                  f"{r['microbatch_note']}")
             ev = r["compiled_eval"]
             print(f"compiled eval step ({ev['eval_batch']} sequences, with and without drops): "
                   f"{_bytes(ev['bytes_per_device'])} and {ev['flops_per_device']:.3e} matmul "
@@ -339,27 +344,67 @@ def plan_main(args) -> int:
     return 0
 
 
-def _compiled_plan(rung, args, budget: float) -> dict:
+def _plan_budget(args) -> tuple[float, str, float]:
+    """(memory budget per device, where it came from, peak FLOP/s) of `ladder plan`:
+    --memory-per-device, else the accelerator's usable memory (--accelerator, default an H100);
+    the peak: --peak-flops, else --accelerator's, else one GB200's (the hero's)."""
+    from ladder.accelerators import (
+        ACCELERATORS,
+        DEFAULT_PLAN_ACCELERATOR,
+        GB200_BF16_DENSE_FLOPS,
+        accelerator_peak,
+        usable_memory,
+    )
+
+    name = getattr(args, "accelerator", None)
+    entry = None
+    if name is not None:
+        entry = next((accelerator_peak(key) for key, label, *_ in ACCELERATORS
+                      if name.lower() in (key, label.lower())), None)
+        if entry is None:
+            known = sorted({label for _, label, *_ in ACCELERATORS})
+            raise InputError(f"unknown accelerator {name!r} (known: {', '.join(known)})",
+                             field="--accelerator", exit_code=EX_USAGE)
+    table = entry or accelerator_peak(DEFAULT_PLAN_ACCELERATOR)
+    budget = getattr(args, "memory_per_device", None)
+    number(budget, field="--memory-per-device", lo=0, lo_open=True, allow_none=True,
+           exit_code=EX_USAGE)
+    source = "--memory-per-device" if budget is not None else \
+        f"{table['name']}: {table['memory'] / 1e9:g} GB x its usable share"
+    budget = budget if budget is not None else usable_memory(table)
+    peak = args.peak_flops if args.peak_flops is not None else \
+        (entry["flops"] if entry else GB200_BF16_DENSE_FLOPS)
+    return float(budget), source, float(peak)
+
+
+def _layout_line(lay: dict) -> str:
+    given = [f for f in ("precision", "remat", "microbatch") if f not in lay["chosen"]]
+    return (f"layout: {lay['precision']}, remat {lay['remat']}, microbatch {lay['microbatch']} "
+            f"(~{_bytes(lay['estimate_bytes'])} estimated, budget "
+            f"{_bytes(lay['memory_per_device'])}: {lay['budget_source']}; "
+            f"given: {', '.join(given) or 'none'})")
+
+
+def _compiled_plan(rung, args, budget: float, budget_source: str, given: dict) -> dict:
     """The `compiled` and `compiled_eval` blocks of `plan --compile`: XLA's figures of the real
-    train step and of the eval step."""
-    from ladder.trainer.plan import compile_eval, compile_step, fit_microbatch
+    train step at the layout chosen by XLA's memory figure (ladder.trainer.layout.fit_layout),
+    and of the eval step at its precision."""
+    from ladder.trainer.layout import fit_layout
+    from ladder.trainer.plan import compile_eval
 
     try:
-        if args.microbatch is not None:
-            step = compile_step(rung, args.devices, microbatch=args.microbatch,
-                                expert_parallel=args.expert_parallel)
-            log = [{"microbatch": step.microbatch, "bytes_per_device": step.bytes_per_device,
-                    "fits": step.bytes_per_device <= budget}]
-            note = f"microbatch {step.microbatch} as given (--microbatch)"
-        else:
-            step, log = fit_microbatch(rung, args.devices, budget,
-                                       expert_parallel=args.expert_parallel)
-            fits = step.bytes_per_device <= budget
-            note = (f"chose microbatch {step.microbatch}: the largest that fits "
-                    f"{_bytes(budget)} per device" if fits else
-                    f"no microbatch fits {_bytes(budget)} per device; the smallest "
-                    f"({step.microbatch}) needs {_bytes(step.bytes_per_device)}")
-        ev = compile_eval(rung, args.devices, eval_batch=getattr(args, "eval_batch", None),
+        found = fit_layout(rung, args.devices, budget, expert_parallel=args.expert_parallel,
+                           budget_source=budget_source, **given)
+        step, lay = found.step, found.layout
+        log = [dict(t) for t in found.tried]
+        note = (f"chose {lay.precision}, remat {lay.remat}, microbatch {lay.microbatch}: the "
+                f"first of the rule's order (less remat, then larger microbatches first) whose "
+                f"compiled step fits {_bytes(budget)} per device" if found.fits else
+                f"no layout fits {_bytes(budget)} per device; the most frugal tried "
+                f"(remat {lay.remat}, microbatch {lay.microbatch}) needs "
+                f"{_bytes(step.bytes_per_device)}")
+        ev = compile_eval(lay.apply(rung), args.devices,
+                          eval_batch=getattr(args, "eval_batch", None),
                           expert_parallel=args.expert_parallel)
     except ValueError as e:
         field, _, message = str(e).partition(": ")
@@ -369,16 +414,23 @@ def _compiled_plan(rung, args, budget: float) -> dict:
     e = ev.to_dict()
     return {"compiled": {k: d[k] for k in ("bytes_per_device", "flops_per_device",
                                            "flops_v1_per_device", "flops_ratio", "xla_flops",
-                                           "loops", "collectives", "argument_bytes",
+                                           "loops", "collectives", "collective_bytes",
+                                           "precision", "remat", "argument_bytes",
                                            "temp_bytes", "output_bytes", "alias_bytes",
                                            "compile_s")},
             "compiled_eval": {k: e[k] for k in ("bytes_per_device", "flops_per_device",
                                                 "eval_batch", "flops_v1_per_device",
                                                 "flops_ratio", "xla_flops", "temp_bytes",
-                                                "collectives", "compile_s")},
+                                                "collectives", "collective_bytes",
+                                                "compile_s")},
+            "layout": lay.to_dict(), "largest_fitting": found.largest_fitting,
+            "next_layout_predicted": found.next_predicted,
             "compiled_mesh": step.mesh, "microbatch": step.microbatch,
-            "microbatches": step.microbatches, "microbatch_search": log,
-            "microbatch_note": note, "compiled_fits": step.bytes_per_device <= budget,
+            "microbatches": step.microbatches, "layout_search": log,
+            "microbatch_search": [{"microbatch": t["microbatch"], "remat": t["remat"],
+                                   "bytes_per_device": t["bytes_per_device"],
+                                   "fits": t["fits"]} for t in log],
+            "microbatch_note": note, "compiled_fits": found.fits,
             "compiled_eval_fits": ev.bytes_per_device <= budget,
             "compiled_on": "fake CPU devices (XLA CPU backend)"}
 

@@ -213,12 +213,22 @@ def _plan_command(sub) -> None:
                    help="also lower and compile the real train and eval steps for this mesh on "
                         "fake CPU devices and report XLA's own bytes, FLOPs (loops x trip "
                         "counts) and collectives per device (default: off; needs LADDER:RUNG)")
-    s.add_argument("--memory-per-device", type=float, default=80e9, metavar="BYTES",
-                   help="memory budget of one device; --compile picks the largest microbatch "
-                        "whose step fits it, and the estimate warns above it (default: 80e9)")
+    s.add_argument("--accelerator", default=None, metavar="NAME",
+                   help="the device to lay the rung out for (a name or key of "
+                        "ladder/accelerators.py, e.g. h100, h200, gb200): its memory x the usable "
+                        "share is the budget and its peak the time's (default: the budget of "
+                        "an H100, the time of a GB200)")
+    s.add_argument("--memory-per-device", type=float, default=None, metavar="BYTES",
+                   help="memory budget of one device, instead of the accelerator's; the layout "
+                        "(precision, remat, microbatch) is chosen to fit it, by the estimate "
+                        "and with --compile by XLA's figure (default: 80 GB x 0.9)")
+    s.add_argument("--precision", default=None, choices=["bf16", "f32"],
+                   help="compute precision (default: bf16 over f32 master weights)")
+    s.add_argument("--remat", default=None, choices=["none", "dots", "full"],
+                   help="rematerialisation (default: the least that fits)")
     s.add_argument("--microbatch", type=int, default=None, metavar="SEQUENCES",
-                   help="sequences per microbatch (default: with --compile the largest that "
-                        "fits --memory-per-device, else the whole batch)")
+                   help="sequences per microbatch (default: the largest that fits at the "
+                        "chosen remat)")
     s.add_argument("--eval-batch", type=int, default=None, metavar="SEQUENCES",
                    help="sequences of the eval step --compile compiles (default: one per "
                         "device, as `ladder run`)")
@@ -268,7 +278,9 @@ def _run_command(sub) -> None:
                    help="JSON file of training overrides (default: none)")
     s.add_argument("--microbatch", type=int, default=None, metavar="SEQUENCES",
                    help="sequences per microbatch: gradient accumulation inside the step "
-                        "(default: the whole batch)")
+                        "(default: on a GPU/TPU, with precision (--model.precision) and remat "
+                        "(--model.remat), chosen to fit the device's memory and written to "
+                        "config.json's layout; on CPU the whole batch)")
     s.add_argument("--eval-batch", type=int, default=None, metavar="SEQUENCES",
                    help="sequences per eval call (default: one per device in the mesh)")
     s.add_argument("--peak-flops", type=float, default=None, metavar="FLOP/S",

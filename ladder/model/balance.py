@@ -40,6 +40,21 @@ def _from_u(u: jax.Array) -> jax.Array:
     return jnp.sinh(u) * SCALE
 
 
+def top_k_rows(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """``jax.lax.top_k`` over the last axis of ``x`` [T, E], each device on its own rows: under a
+    mesh whose devices split T, inside ``shard_map`` (XLA's SPMD partitioner gathers the whole
+    [T, E] operand of a top_k on every device: 4.9 TB of all-gather per step per device on
+    27.7B-A1.2B over 64 devices, measured with ``ladder plan --compile``, issue 37)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1 or x.shape[0] % mesh.size:
+        return jax.lax.top_k(x, k)
+    from jax.sharding import PartitionSpec as P
+
+    rows = P(tuple(mesh.axis_names))
+    return jax.shard_map(lambda v: tuple(jax.lax.top_k(v, k)), mesh=mesh, in_specs=rows,
+                         out_specs=(rows, rows))(x)
+
+
 def margins(logits: jax.Array, bias: jax.Array, top_k: int) -> jax.Array:
     """logits [T, E] (unbiased), bias [E] -> margins [T, E]: s[t, e] - alpha_t, alpha_t the
     (top_k + 1)-th largest biased logit of token t."""
@@ -48,7 +63,7 @@ def margins(logits: jax.Array, bias: jax.Array, top_k: int) -> jax.Array:
                          f"of {logits.shape[-1]}")
     s = jax.lax.stop_gradient(logits).astype(jnp.float32)
     biased = s + jax.lax.stop_gradient(bias).astype(jnp.float32)[None, :]
-    alpha = jax.lax.top_k(biased, top_k + 1)[0][:, top_k]             # [T]
+    alpha = top_k_rows(biased, top_k + 1)[0][:, top_k]                 # [T]
     return s - alpha[:, None]
 
 

@@ -67,7 +67,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from ladder.model.balance import bias_from_histogram, margin_histogram
+from ladder.model.balance import bias_from_histogram, margin_histogram, top_k_rows
 from ladder.model.config import ModelConfig
 from ladder.model.layers import RMSNorm, output_init, weight_init
 
@@ -147,7 +147,7 @@ def drop_keys(seed, T: int, k: int, cell: int, seq: int) -> jax.Array:
 def route(cfg: ModelConfig, logits: jax.Array, bias: jax.Array) -> Routing:
     """logits [T, E] float32 (unbiased), bias [E] -> the chosen experts and their weights."""
     biased = logits + jax.lax.stop_gradient(bias)[None, :]
-    _, expert = jax.lax.top_k(biased, cfg.top_k)                       # [T, k]
+    _, expert = top_k_rows(biased, cfg.top_k)                          # [T, k]
     chosen = jnp.take_along_axis(logits, expert, axis=-1)             # [T, k] unbiased logits
     if cfg.combine == "sigmoid":
         gate = jax.nn.sigmoid(chosen)

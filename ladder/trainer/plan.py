@@ -18,8 +18,10 @@ Memory per device (bytes), the estimate (what the trainer as it is here keeps):
   (2 V D float32, whole) dominate;
 - the threshold rule's merged statistic [layers, E, n] float32 (n = tokens per step x k / E),
   split over "expert", twice (running value and the merge);
-- activations of one microbatch's tokens on the device (no rematerialisation), float32 (what
-  the step compiles to on CPU, where "auto" precision is f32). Per token and layer (elements):
+- activations of one microbatch's tokens on the device at the rung's precision and remat
+  (``activation_bytes_per_token``; "auto" precision is planned as bf16, what an accelerator
+  runs; the layout ladder/trainer/layout.py chooses sets both). Without remat, per token and
+  layer (elements):
   4 D (residual inputs and their normed copies) + 4 q_dim + 3 kv_dim (q, k, v before and after
   QK-norm/RoPE, attention output) + 2 E (router logits and probabilities) + 3 L (latent
   before/after norm, combined output) + 2 k L (each assignment's token and output) + 2 cf k
@@ -33,9 +35,12 @@ Memory per device (bytes), the estimate (what the trainer as it is here keeps):
   3 V loss_chunk / S (the
   LM head and cross-entropy run over chunks of loss_chunk positions: one chunk's float32
   logits, exponentials and gradient exist at a time).
-  Measured against XLA's memory analysis of the compiled step (``--compile``) it is a planning
-  estimate, expected within ~30% on the real rungs; it does not know about bf16 or remat, which
-  shrink the activations.
+  In bf16 these are 2 bytes but the router's logits and probabilities and the loss chunk (f32).
+  Remat "full" keeps each layer's input and recomputes one layer at a time; "dots" keeps the
+  weight matmuls' outputs. Measured against XLA's memory analysis of the compiled step
+  (``--compile``) it is a planning estimate, expected within ~30% on the real rungs in f32;
+  XLA:CPU computes bf16 matmuls through float32 copies (bench/compute_memory.py), so a bf16
+  step compiled on CPU needs more than the estimate and than the same step on a GPU.
 
 Time per step = training FLOPs per step (LM head included) / (N x peak FLOP/s x MFU).
 The default peak is one GB200 GPU in bf16 without sparsity: 2.5e15 FLOP/s (NVIDIA's GB200 NVL72
@@ -57,7 +62,6 @@ from ladder.specs import Rung
 
 DEFAULT_MFU = 0.4
 BYTES_F32 = 4
-BYTES_ACT = 4  # the trainer computes in float32
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,8 @@ class RungPlan:
     steps: int
     batch: int
     microbatch: int                  # sequences per microbatch
+    precision: str                   # compute precision the plan describes (bf16 | f32)
+    remat: str                       # rematerialisation the plan describes (none | dots | full)
     seq_len: int
     tokens_per_step: int
     tokens_per_device: int           # per microbatch, on the most loaded device
@@ -136,27 +142,82 @@ class RungPlan:
                 "run_time_s": self.run_time_s, "run_time_days": self.run_time_s / 86400}
 
 
-def activation_elements_per_token(cfg, seq_len: int) -> float:
-    """Saved activations per token for the whole model (elements, float32) at ``seq_len``.
-    See the module docstring for the terms."""
+def _layer_elements(cfg, layer: int) -> float:
+    """Activations one layer keeps per token without rematerialisation (elements; see the
+    module docstring for the terms)."""
     cap_slots = cfg.capacity_factor * cfg.top_k          # expert slots per token
     d = cfg.d_model
     # the recipe's pieces (issue 12), when on: GatedNorm after a norm keeps its rank-r down
     # projection and activation and three [D] products; a short conv its input and output
     gated = 2 * cfg.gated_rank + 3 * d if cfg.gated_norm_rank else 0
-    total = 0.0
-    for layer in range(cfg.n_layers):
-        kv_dim = cfg.n_kv_heads(layer) * cfg.head_dim
-        total += (4 * d + 4 * cfg.q_dim + 3 * kv_dim
-                  + 2 * cfg.n_experts + 3 * cfg.latent_dim + 2 * cfg.top_k * cfg.latent_dim
-                  + 2 * cap_slots * (2 * cfg.latent_dim + 3 * cfg.expert_dim)
-                  + 3 * cfg.n_shared * cfg.shared_dim
-                  + 2 * gated                                         # attention and MoE norms
-                  + (2 * kv_dim + 4 * d if cfg.conv_kernel else 0)    # K, attention out, MoE out
-                  + (2 * cfg.q_dim if cfg.xsa else 0)                 # y and its projection on v
-                  + (cfg.q_dim + cfg.n_heads if cfg.head_gate else 0))
+    kv_dim = cfg.n_kv_heads(layer) * cfg.head_dim
+    return (4 * d + 4 * cfg.q_dim + 3 * kv_dim
+            + 2 * cfg.n_experts + 3 * cfg.latent_dim + 2 * cfg.top_k * cfg.latent_dim
+            + 2 * cap_slots * (2 * cfg.latent_dim + 3 * cfg.expert_dim)
+            + 3 * cfg.n_shared * cfg.shared_dim
+            + 2 * gated                                         # attention and MoE norms
+            + (2 * kv_dim + 4 * d if cfg.conv_kernel else 0)    # K, attention out, MoE out
+            + (2 * cfg.q_dim if cfg.xsa else 0)                 # y and its projection on v
+            + (cfg.q_dim + cfg.n_heads if cfg.head_gate else 0))
+
+
+def _layer_dot_outputs(cfg, layer: int) -> float:
+    """What remat "dots" (jax's dots_with_no_batch_dims_saveable) keeps of one layer per token:
+    the layer's input and the outputs of its weight matmuls without a batch dimension (q, k, v,
+    the attention output projection, the router, the latent projections, the shared experts);
+    the routed experts' matmuls carry the expert dimension as a batch dimension and are
+    recomputed."""
+    kv_dim = cfg.n_kv_heads(layer) * cfg.head_dim
+    return (cfg.d_model + cfg.q_dim + 2 * kv_dim + cfg.d_model + cfg.n_experts
+            + 2 * cfg.latent_dim + 3 * cfg.n_shared * cfg.shared_dim)
+
+
+def activation_elements_per_token(cfg, seq_len: int) -> float:
+    """Saved activations per token for the whole model (elements) at ``seq_len`` without
+    rematerialisation. See the module docstring for the terms."""
+    d = cfg.d_model
+    gated = 2 * cfg.gated_rank + 3 * d if cfg.gated_norm_rank else 0
+    total = sum(_layer_elements(cfg, layer) for layer in range(cfg.n_layers))
     once = 2 * d + (gated * (2 if cfg.embed_norm else 1))   # embedding out, final norm (+gates)
     return total + once + 3 * cfg.vocab_size * min(cfg.loss_chunk, seq_len) / seq_len
+
+
+def plan_precision(cfg) -> str:
+    """The precision a plan describes: "auto" is what an accelerator runs (bf16), since a plan
+    lays a rung out for one (model.config.resolve_precision)."""
+    from ladder.model.config import resolve_precision
+
+    return resolve_precision(cfg.precision, "gpu")
+
+
+def activation_bytes_per_token(cfg, seq_len: int) -> float:
+    """Bytes of activations one token keeps for the backward pass under ``cfg``'s precision and
+    remat. In bf16 the activations are 2 bytes, the router's logits and probabilities and the LM
+    head's chunk stay float32 (model/transformer.py reads the router in float32). With remat
+    "full" each layer keeps only its input, and one layer's activations exist again while its
+    backward runs (the largest layer); with "dots" each layer keeps its weight matmuls'
+    outputs (``_layer_dot_outputs``) and again one layer is recomputed at a time. Whatever the
+    remat, the layer whose backward runs holds its activations' cotangents too: one layer
+    more."""
+    act = 2 if plan_precision(cfg) == "bf16" else BYTES_F32
+    layers = [_layer_elements(cfg, i) for i in range(cfg.n_layers)]
+    f32_router = 2 * cfg.n_experts * (BYTES_F32 - act)          # per layer, beyond act bytes
+    d = cfg.d_model
+    gated = 2 * cfg.gated_rank + 3 * d if cfg.gated_norm_rank else 0
+    once = (2 * d + gated * (2 if cfg.embed_norm else 1)) * act \
+        + 3 * cfg.vocab_size * min(cfg.loss_chunk, seq_len) / seq_len * BYTES_F32
+    # the backward of a layer holds its activations' cotangents beside them: one layer's worth
+    # more at the peak (XLA's buffer assignment of 1.6B-A61M's step at remat full holds the
+    # expert buffers [E, C, L] and their gradients at once, measured here)
+    one_layer = max(layers) * act + f32_router
+    if cfg.remat == "none":
+        return sum(layers) * act + cfg.n_layers * f32_router + once + one_layer
+    if cfg.remat == "full":
+        kept = cfg.n_layers * d * act
+    else:
+        kept = sum(_layer_dot_outputs(cfg, i) for i in range(cfg.n_layers)) * act \
+            + cfg.n_layers * cfg.n_experts * (BYTES_F32 - act)
+    return kept + 2 * one_layer + once   # one layer recomputed, and its cotangents
 
 
 @lru_cache(maxsize=64)
@@ -211,7 +272,7 @@ def plan_rung(rung: Rung, devices: int = 1, *, expert_parallel: int | None = Non
     counted = rung.params
     flops = rung.flops
     seqs_per_device = math.ceil(mb / mesh.devices)      # the largest shard when uneven
-    act_per_seq = activation_elements_per_token(cfg, rung.seq_len) * rung.seq_len * BYTES_ACT
+    act_per_seq = activation_bytes_per_token(cfg, rung.seq_len) * rung.seq_len
     n_top = max(1, rung.tokens_per_step * cfg.top_k // cfg.n_experts)
     # the balancing rule's statistic and its merged copy, split over "expert": the threshold
     # rule's top-n logits per expert, the quantile rule's margin histogram (ladder/model/balance.py)
@@ -222,7 +283,8 @@ def plan_rung(rung: Rung, devices: int = 1, *, expert_parallel: int | None = Non
         ladder=rung.ladder, name=rung.name, devices=mesh.devices, data_parallel=mesh.data,
         expert_parallel=mesh.expert, params=counted.total, active_params=counted.active,
         params_exact=int(n_exact), steps=rung.steps, batch=rung.batch, microbatch=mb,
-        seq_len=rung.seq_len, tokens_per_step=rung.tokens_per_step,
+        precision=plan_precision(cfg), remat=cfg.remat, seq_len=rung.seq_len,
+        tokens_per_step=rung.tokens_per_step,
         tokens_per_device=seqs_per_device * rung.seq_len,
         flops_per_step=flops.training(rung.tokens_per_step, lm_head=True),
         flops_per_step_no_lm_head=flops.training(rung.tokens_per_step, lm_head=False),
@@ -317,12 +379,61 @@ def _instruction(line: str):
     return None if o is None else (m.group(1), line[i:end], o.group(1), o.group(2))
 
 
-def hlo_flops(hlo_text: str) -> HloFlops:
-    """Matmul FLOPs of compiled HLO text (``compiled.as_text()``): every ``dot`` counted as
-    2 x output elements x the product of its contracted dimensions, times how often its
-    computation runs (nested loops multiply; a conditional counts its costliest branch).
-    Elementwise work, reductions and collectives are not FLOPs here (flops-v1 counts matmuls)."""
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
+                "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8,
+                "c128": 16}
+_ARRAY_RE = re.compile(r"\b([a-z]\w*)\[([^\]]*)\]")
+
+
+def _array_bytes(shape: str) -> list[float]:
+    """Bytes of each array of an HLO type (an array or a tuple of them); fp8 and other
+    1-byte types by their name (f8e4m3fn ...)."""
+    out = []
+    for dtype, dims in _ARRAY_RE.findall(shape):
+        size = _DTYPE_BYTES.get(dtype, 1 if dtype.startswith("f8") else None)
+        if size is None:
+            continue
+        out.append(float(size * math.prod(int(d.lstrip("<=")) for d in dims.split(",")
+                                          if d.strip())))
+    return out
+
+
+def _collective_bytes(opcode: str, shape: str, operands: list[float]) -> float:
+    """Bytes one collective moves per device, by the larger of its input and its output (an
+    all-gather's output, a reduce-scatter's input, an all-to-all's or all-reduce's buffer).
+    An async ``X-start`` returns a tuple of its operands and its outputs (plus small context
+    scalars): the outputs are what follows the operands."""
+    result = _array_bytes(shape)
+    if opcode.endswith("-start") and shape.startswith("(") and \
+            result[:len(operands)] == operands:
+        result = result[len(operands):]
+    return max(sum(result), sum(operands))
+
+
+@dataclass(frozen=True)
+class _HloWalk:
+    own_flops: dict          # computation -> matmul FLOPs of its own instructions
+    own_collectives: dict    # computation -> {kind: bytes} of its own collectives
+    edges: dict              # computation -> [(callee, "branch" | None, trip factor)]
+    entry: str
+    loops: tuple
+    unknown: int
+
+    def total(self, own_of, once: bool = False) -> float:
+        """``own_of(computation)`` summed over every computation as often as it runs (a
+        conditional: its costliest branch)."""
+        @lru_cache(maxsize=None)
+        def total(c: str) -> float:
+            calls = self.edges.get(c, [])
+            branches = [total(n) for n, g, _ in calls if g == "branch"]
+            return (own_of(c) + (max(branches) if branches else 0.0)
+                    + sum(total(n) * (1 if once else f) for n, g, f in calls if g is None))
+        return total(self.entry)
+
+
+def _walk_hlo(hlo_text: str) -> _HloWalk:
     own: dict[str, float] = {}
+    coll: dict[str, dict] = {}
     edges: dict[str, list[tuple[str, str, int | None]]] = {}
     shapes: dict[str, str] = {}
     loops: list[int] = []
@@ -333,6 +444,7 @@ def hlo_flops(hlo_text: str) -> HloFlops:
         if m:
             comp = m.group(1)
             own.setdefault(comp, 0.0)
+            coll.setdefault(comp, dict.fromkeys(COLLECTIVES, 0.0))
             edges.setdefault(comp, [])
             shapes = {}
             if line.startswith("ENTRY"):
@@ -355,6 +467,15 @@ def hlo_flops(hlo_text: str) -> HloFlops:
                 raise ValueError(f"hlo: cannot read the dot {name} in {comp}")
             contracted = math.prod(lhs[int(i)] for i in cm.group(2).split(",") if i)
             own[comp] += 2.0 * math.prod(out) * contracted
+        kind = opcode.removesuffix("-start")
+        if kind in COLLECTIVES:
+            args = [a.strip() for a in rest.split(")", 1)[0].split(",") if a.strip()]
+            operand_bytes = []
+            for arg in args:
+                typed = _array_bytes(arg.split("%")[0]) if "[" in arg else []
+                operand_bytes += typed or _array_bytes(shapes.get(arg.split()[-1].lstrip("%"),
+                                                                  ""))
+            coll[comp][kind] += _collective_bytes(opcode, shape, operand_bytes)
         trip = None
         if opcode == "while":
             t = _TRIP_RE.search(rest)
@@ -363,24 +484,39 @@ def hlo_flops(hlo_text: str) -> HloFlops:
                 loops.append(trip)
             else:
                 unknown += 1
-        for kind, target in _CALLS_RE.findall(rest):
+        for call, target in _CALLS_RE.findall(rest):
             names = [n.strip().lstrip("%") for n in target.strip("{}").split(",") if n.strip()]
-            factor = (trip or 1) if kind == "body" else 1
-            group = "branch" if kind in ("branch_computations", "true_computation",
+            factor = (trip or 1) if call == "body" else 1
+            group = "branch" if call in ("branch_computations", "true_computation",
                                          "false_computation") else None
             edges[comp].extend((n, group, factor) for n in names)
     if entry is None:
         raise ValueError("hlo: no ENTRY computation")
+    return _HloWalk(own_flops=own, own_collectives=coll, edges=edges, entry=entry,
+                    loops=tuple(loops), unknown=unknown)
 
-    @lru_cache(maxsize=None)
-    def total(c: str, once: bool) -> float:
-        calls = edges.get(c, [])
-        branches = [total(n, once) for n, g, _ in calls if g == "branch"]
-        return (own.get(c, 0.0) + (max(branches) if branches else 0.0)
-                + sum(total(n, once) * (1 if once else f) for n, g, f in calls if g is None))
 
-    return HloFlops(flops=total(entry, False), flops_once=total(entry, True), loops=tuple(loops),
-                    unknown_trip_loops=unknown)
+def hlo_flops(hlo_text: str) -> HloFlops:
+    """Matmul FLOPs of compiled HLO text (``compiled.as_text()``): every ``dot`` counted as
+    2 x output elements x the product of its contracted dimensions, times how often its
+    computation runs (nested loops multiply; a conditional counts its costliest branch).
+    Elementwise work, reductions and collectives are not FLOPs here (flops-v1 counts matmuls)."""
+    w = _walk_hlo(hlo_text)
+    own = w.own_flops.get
+    return HloFlops(flops=w.total(lambda c: own(c, 0.0)),
+                    flops_once=w.total(lambda c: own(c, 0.0), once=True), loops=w.loops,
+                    unknown_trip_loops=w.unknown)
+
+
+def collective_bytes(hlo_text: str) -> dict:
+    """{kind: bytes per device per program run} of each collective in compiled HLO text,
+    every instruction counted as often as its computation runs (loops x their trip counts),
+    each by the larger of its input and output buffers (``_collective_bytes``). The figure is
+    what one device sends or receives through that collective, up to the algorithm's factor
+    (a ring all-reduce moves ~2 (n-1)/n of it)."""
+    w = _walk_hlo(hlo_text)
+    return {kind: w.total(lambda c, k=kind: w.own_collectives.get(c, {}).get(k, 0.0))
+            for kind in COLLECTIVES}
 
 
 def ensure_host_devices(n: int) -> bool:
@@ -415,7 +551,10 @@ class CompiledStep:
     xla_flops: float            # XLA's cost analysis (every op, loop bodies counted once)
     loops: tuple                # trip counts of the program's while loops
     collectives: dict           # {kind: instruction count} from the compiled HLO
+    collective_bytes: dict      # {kind: bytes per device per step}, loops x trip counts
     compile_s: float
+    precision: str = "f32"      # the compiled program's compute precision and remat
+    remat: str = "none"
 
     @property
     def flops_ratio(self) -> float:
@@ -441,6 +580,7 @@ class CompiledEval:
     flops_v1_per_device: float  # 2 x flops-v1 forward x the batch's tokens / devices
     xla_flops: float
     collectives: dict
+    collective_bytes: dict      # {kind: bytes per device per eval call}
     compile_s: float
 
     @property
@@ -464,7 +604,7 @@ def _analyses(compiled) -> dict:
             "temp_bytes": tmp, "output_bytes": outb, "alias_bytes": alias,
             "flops_per_device": counted.flops, "loops": counted.loops,
             "xla_flops": float(cost.get("flops", float("nan"))),
-            "collectives": count_collectives(text)}
+            "collectives": count_collectives(text), "collective_bytes": collective_bytes(text)}
 
 
 def compile_step(rung: Rung, devices: int, *, microbatch: int | None = None,
@@ -490,9 +630,12 @@ def compile_step(rung: Rung, devices: int, *, microbatch: int | None = None,
     compiled = progs.train_step.lower(progs.abstract_state(), batch).compile()
     compile_s = time.perf_counter() - t
     a = _analyses(compiled)
+    from ladder.model.config import resolve_precision
     return CompiledStep(
         devices=devices, mesh={k: int(v) for k, v in mesh.shape.items()}, microbatch=mb,
         microbatches=rung.batch // mb, **a,
+        precision=resolve_precision(rung.model.precision, jax.default_backend()),
+        remat=rung.model.remat,
         flops_v1_per_device=rung.flops.training(rung.tokens_per_step, lm_head=True) / devices,
         compile_s=compile_s)
 
@@ -527,7 +670,8 @@ def compile_eval(rung: Rung, devices: int, *, eval_batch: int | None = None,
     return CompiledEval(devices=devices, eval_batch=eb, bytes_per_device=a["bytes_per_device"],
                         temp_bytes=a["temp_bytes"], flops_per_device=a["flops_per_device"],
                         flops_v1_per_device=v1, xla_flops=a["xla_flops"],
-                        collectives=a["collectives"], compile_s=compile_s)
+                        collectives=a["collectives"], collective_bytes=a["collective_bytes"],
+                        compile_s=compile_s)
 
 
 def microbatch_candidates(rung: Rung, devices: int) -> list[int]:

@@ -28,6 +28,7 @@ from ladder.io import (
     write_marker,
 )
 from ladder.specs import Rung
+from ladder.trainer import gpuenv
 from ladder.trainer.data import Corpus
 from ladder.trainer.trainconfig import RUN_ARGUMENTS, RunArgs, TrainConfig
 
@@ -89,6 +90,8 @@ def environment(corpus: Corpus, mesh_info: dict, peak: dict) -> dict:
         "devices": {"backend": jax.default_backend(), "count": len(devs),
                     "kind": devs[0].device_kind, "process_count": jax.process_count()},
         "mesh": mesh_info, "peak_flops": peak, "corpus": corpus.fingerprint,
+        # the XLA/allocator settings ladder.trainer.gpuenv set on a GPU, and the user's
+        "gpu_env": gpuenv.applied(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "started": time.time(),
     }
 

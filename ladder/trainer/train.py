@@ -29,7 +29,7 @@ import numpy as np
 from ladder.io import EX_USAGE, InputError, atomic_write_json, read_json
 from ladder.lrtable import run_lr_table
 from ladder.specs import Rung
-from ladder.trainer import distributed
+from ladder.trainer import distributed, gpuenv
 from ladder.trainer.checkpointing import Checkpoints
 from ladder.trainer.data import check_vocab, corrupt_bytes, load_corpus, shuffle_bytes
 from ladder.trainer.rundir import (
@@ -41,6 +41,7 @@ from ladder.trainer.rundir import (
     previous_run,
     summary,
 )
+from ladder.trainer.layout import run_layout
 from ladder.trainer.step import batch_sharding, enable_compilation_cache, make_mesh, programs
 from ladder.trainer.trainconfig import (
     TrainConfig,
@@ -133,12 +134,19 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
     # the run folder is this run's for its life: a second run into it (a resubmitted job) is
     # refused in one line; the lock of a dead run is taken over (ladder.io.folder_lock). Taken
     # before the folder is read when it exists; a new one is created only after the checks.
+    gpuenv.apply()   # before anything below starts JAX's backend (a no-op off GPUs)
+    # on an accelerator, precision, remat and microbatch the user left open are chosen to fit
+    # its memory (ladder/trainer/layout.py) and written into the config like given ones
+    layout = run_layout(rung, cfg)
+    if layout is not None:
+        cfg = layout.train_config(cfg)
     out = Path(out_dir)
     with contextlib.ExitStack() as held:
         locked = out.is_dir() and held.enter_context(run_lock(out))
         checked = _check(rung, out, cfg, resume)   # bad input fails here, nothing written
         if isinstance(checked, dict):
             return checked  # finished: a diverged run would only diverge again from its checkpoint
+        checked[3]["layout"] = layout.to_dict() if layout is not None else None
         if not locked:
             held.enter_context(run_lock(out))
         if distributed.is_writer():
