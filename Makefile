@@ -6,7 +6,7 @@ VENV := .venv
 DEMO_STAMP := $(VENV)/.installed-train
 TEST_STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test test-slow bench lint clean
+.PHONY: demo test test-heavy test-slow bench lint clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,9 @@ demo: $(DEMO_STAMP)
 
 test: $(TEST_STAMP)
 	$(VENV)/bin/python -m pytest -q
+
+test-heavy: $(TEST_STAMP)
+	$(VENV)/bin/python -m pytest -q -m heavy
 
 test-slow: $(TEST_STAMP)
 	$(VENV)/bin/python -m pytest -q -m slow

@@ -28,6 +28,7 @@ def test_margins_by_hand():
     np.testing.assert_allclose(margins(s, b, 2)[0], [2.5, 0.5, 1.5, -0.5])
 
 
+@pytest.mark.heavy  # 8 s on 2 busy cores
 @pytest.mark.parametrize("scale", [0.01, 1.0, 30.0])
 def test_histogram_quantile_matches_numpy_within_a_bin(scale):
     rng = np.random.default_rng(0)
@@ -43,6 +44,7 @@ def test_histogram_quantile_matches_numpy_within_a_bin(scale):
     np.testing.assert_allclose(got, want, rtol=5e-3, atol=3e-6)        # ~2 bins of 0.25%
 
 
+@pytest.mark.heavy  # 7 s on 2 busy cores
 def test_counts_sum_over_devices_and_microbatches():
     rng = np.random.default_rng(1)
     logits = jnp.asarray(rng.standard_normal((512, 16)), jnp.float32)
@@ -58,6 +60,7 @@ def test_counts_sum_over_devices_and_microbatches():
     np.testing.assert_allclose(quantile_bias(logits, bias, 4), new)
 
 
+@pytest.mark.heavy  # 14 s on 2 busy cores
 def test_quantile_rule_in_the_model():
     import ladder.model as M
     from ladder.specs import LADDERS
@@ -78,6 +81,7 @@ def test_quantile_rule_in_the_model():
         cfg.replace(bias_rule="median")
 
 
+@pytest.mark.heavy  # 7 s on 2 busy cores
 def test_quantile_rule_balances_a_small_router_better_than_the_threshold_rule():
     # the synthetic router of bench/balance.py at 1/8 of the size (seconds, not a minute)
     base = synthetic_router(n_experts=32, n_tokens=4096, clusters=8, per_cluster=8)

@@ -45,6 +45,7 @@ def test_key_value_overrides_are_not_a_positional_argument():
     assert "--key=value" in _subparsers(build_parser())["run"].format_help()  # the epilog
 
 
+@pytest.mark.heavy  # 19 s on 2 busy cores
 def test_python_dash_m_ladder_and_a_closed_pipe():
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     r = subprocess.run([sys.executable, "-m", "ladder", "--version"], capture_output=True,
@@ -73,6 +74,7 @@ def points_csv(tmp_path):
     return path
 
 
+@pytest.mark.heavy  # 6 s on 2 busy cores
 def test_fit_writes_law_json_by_default_readable_by_the_team(points_csv, tmp_path, monkeypatch,
                                                              capsys):
     monkeypatch.chdir(tmp_path)
@@ -109,6 +111,7 @@ def test_fit_writes_law_json_by_default_readable_by_the_team(points_csv, tmp_pat
     assert "ladder watch: following" in capsys.readouterr().err
 
 
+@pytest.mark.heavy  # 13 s on 2 busy cores
 def test_browser_tests_fail_under_ci_when_chromium_is_missing(tmp_path):
     (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
     (tmp_path / "test_b.py").write_text("def test_needs(chromium):\n    pass\n")

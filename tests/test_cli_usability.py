@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = LADDERS["tiny"]
 
 
+@pytest.mark.heavy  # 11 s on 2 busy cores
 @pytest.mark.parametrize("argv", [["run", "tiny", "--max-steps", "1"],
                                   ["plan", "tiny:" + TINY.rungs[0].name]])
 def test_trainer_commands_without_the_train_extra_name_it(argv, tmp_path):

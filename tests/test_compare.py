@@ -156,6 +156,7 @@ def csvs(tmp_path):
     return pa, pb
 
 
+@pytest.mark.heavy  # 9 s on 2 busy cores
 def test_cli_json_shape_and_out(csvs, tmp_path):
     pa, pb = csvs
     out = tmp_path / "cmp"
@@ -274,6 +275,7 @@ def _answer_or_refuse(tmp_path_factory, ab):
 
 # the derandomized first examples: 3 refusals (too few runs) and 3 answers, one with too few
 # usable bootstrap replicates
+@pytest.mark.heavy  # 10 s on 2 busy cores
 @settings(max_examples=6, deadline=None, derandomize=True, database=None)
 @given(ladder_pair())
 def test_property_generated_pairs_answer_or_refuse_in_one_line(tmp_path_factory, ab):

@@ -25,6 +25,7 @@ def _list_json():
     return {r["name"]: r for r in json.loads(out)}
 
 
+@pytest.mark.heavy  # 4 s on 2 busy cores
 def test_marin_ladder_reproduces_published_numbers():
     rows = _list_json()
     assert list(rows) == [r[0] for r in REAL]

@@ -150,6 +150,7 @@ def test_momentum_recovers_parameters():
     assert np.max(np.abs(pred / truth - 1)) < 2e-3
 
 
+@pytest.mark.heavy  # 6 s on 2 busy cores
 def test_size_transfer_predicts_a_larger_model_under_a_new_schedule():
     # truth: L0 and A power laws of size, shape shared (the assumption the transfer makes)
     def truth_at(n):
@@ -171,6 +172,7 @@ def test_size_transfer_predicts_a_larger_model_under_a_new_schedule():
         law.predict(schedule=lr)                      # a scaled law needs the target size
 
 
+@pytest.mark.heavy  # 6 s on 2 busy cores
 def test_bootstrap_band_contains_truth_and_json_round_trip():
     train = table(mpl_reference, MPL_TRUE, ["cosine", "constant", "wsd", "wsd_long"],
                   noise=1e-3, seed=3)
@@ -312,6 +314,7 @@ def test_analytic_gradient_matches_finite_differences(form, truth):
         assert g[i] == pytest.approx(fd, rel=1e-5, abs=1e-9), model.names[i]
 
 
+@pytest.mark.heavy  # 7 s on 2 busy cores
 def test_one_size_needs_no_size_column():
     """A points table of one model size (load_points always carries an empty active_params
     column) fits without a size column, exactly as a table without that column."""
@@ -327,6 +330,7 @@ def test_one_size_needs_no_size_column():
         assert law.params[k] == pytest.approx(v, rel=1e-9), k
 
 
+@pytest.mark.heavy  # 11 s on 2 busy cores
 def test_auto_on_a_table_of_curves_considers_the_curve_laws():
     """--form auto on curves with step and lr but no scale columns chooses between mpl and
     momentum by leave-one-run-out; on multi-power-law data it picks mpl and says why."""

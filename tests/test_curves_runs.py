@@ -57,6 +57,7 @@ def test_schedules_from_config_are_the_trainers(tmp_path):
     np.testing.assert_allclose(got[f"tiny/{spiked.name}"][at:], 4.0 * plain[at:])
 
 
+@pytest.mark.heavy  # 11 s on 2 busy cores
 def test_ladder_runs_forecast_the_target_under_a_shortened_decay(tmp_path):
     lad = get_ladder("tiny")
     for rung in lad.rungs:

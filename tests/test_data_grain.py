@@ -149,6 +149,7 @@ def _shard_cfg(corpus_dir):
                        data=(str(corpus_dir / "shards"),), model={"vocab_size": 300})
 
 
+@pytest.mark.heavy  # 10 s on 2 busy cores
 def test_run_on_token_shards_records_the_tokenizer_and_checkpoints_the_iterator(corpus_dir,
                                                                                tmp_path):
     rung = LADDERS["tiny"].rungs[0]

@@ -36,6 +36,7 @@ def test_implausible_asymptote_bounds():
     assert implausible_asymptote(E_MIN_FRACTION_OF_LOSS * 2.0, 2.0) is None
 
 
+@pytest.mark.heavy  # 6 s on 2 busy cores
 def test_a_defensible_plausible_variant_is_the_centre_over_an_implausible_free_fit():
     """E = 0.6 against losses of 1.7-2.6 with 0.5% noise (seed 0): the free fit puts E at 0.50,
     below half the smallest loss. Main once centred the band on that free E while its report
@@ -104,6 +105,7 @@ def test_the_chosen_variants_backtest_is_narrowed_to_the_shared_folds():
     assert "asymptote rule" in dropped[0]["reason"]
 
 
+@pytest.mark.heavy  # 5 s on 2 busy cores
 def test_with_no_plausible_defensible_variant_the_centre_stays_and_says_why():
     """E = 0.6, 0.5% noise, seed 1: the free fit (E = 0.16) is the only defensible variant
     (the prior and fixed ones miss their held-out rungs by 1.7-2.4% against 0.05%): it stays
@@ -117,6 +119,7 @@ def test_with_no_plausible_defensible_variant_the_centre_stays_and_says_why():
     assert "NOT IDENTIFIED: E" in res.report()
 
 
+@pytest.mark.heavy  # 29 s on 2 busy cores
 @settings(max_examples=6, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), E=st.floats(0.2, 2.2), noise=st.floats(0.0, 0.01))

@@ -237,6 +237,7 @@ def test_moe_law_recovers_known_parameters():
         assert res.params[k] == pytest.approx(v, rel=5e-3), k
 
 
+@pytest.mark.heavy  # 9 s on 2 busy cores
 def test_trajectory_fit_reports_the_per_fraction_comparison():
     df = _trajectory_table(TRUTH, n_runs=4, noise=0.001)
     res = fit_law(df, form="trajectory", fix={"E": 1.5}, bootstrap=0)
@@ -344,6 +345,7 @@ def _short_ladder(seed, n=4, noise=0.003):
     return pd.DataFrame({"run": [f"r{i}" for i in range(n)], "compute": C, "loss": L})
 
 
+@pytest.mark.heavy  # 9 s on 2 busy cores
 def test_short_ladder_with_an_unidentified_asymptote_uses_the_asymptote_rule():
     """4 rungs over 2 decades, 0.3% noise: the free fit cannot place E (its interval reaches
     the lower bound). The default fits the prior and fixed-E variants too, records the choice,
@@ -377,6 +379,7 @@ def test_the_asymptote_rule_leaves_long_or_identified_ladders_alone():
     assert "asymptote_rule" not in res.diagnostics
 
 
+@pytest.mark.heavy  # 14 s on 2 busy cores
 def test_auto_considers_the_tied_form_and_drops_compute_across_token_multipliers():
     """Runs over-trained by different multiples (tokens/params 20..320): loss is not a function
     of compute alone, so auto does not consider the compute form, says so, and fits the tied
@@ -652,6 +655,7 @@ def _coverage_over_seeds(seeds, noise=0.01, n=8):
     return np.mean(inside, axis=0)
 
 
+@pytest.mark.heavy  # 9 s on 2 busy cores
 def test_band_covers_a_known_law_with_known_noise_about_90_percent():
     cov = _coverage_over_seeds(range(5))   # ~5 s; the slow test below takes 80 seeds
     assert np.all(cov >= 0.6), cov

@@ -261,6 +261,7 @@ def test_runs_directory_several_metrics(tmp_path):
     assert float(b) > float(a)
 
 
+@pytest.mark.heavy  # 5 s on 2 busy cores
 def test_one_metric_refused_writes_nothing(tmp_path):
     """A metric whose every row is bad is refused, and so is the whole file: one line names
     it, exit 65, an existing law.json is left as it was."""
@@ -384,6 +385,7 @@ def check_multi_fit(c, tmp_path) -> str:
     return f"fitted {len(laws)}"
 
 
+@pytest.mark.heavy  # 4 s on 2 busy cores
 @settings(max_examples=4, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(c=multi_case())

@@ -188,6 +188,7 @@ FAST = settings(max_examples=3, deadline=None, derandomize=True, database=None,
                                        HealthCheck.too_slow])
 
 
+@pytest.mark.heavy  # 5 s on 2 busy cores
 @FAST
 @given(c=ladder_case(forms=("compute", "trajectory", "chinchilla")))
 def test_generated_ladders_fit_and_round_trip(c, tmp_path):

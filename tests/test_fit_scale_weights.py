@@ -50,6 +50,7 @@ def _fit(df, **kw):
                        **{"scale_weighting": True, "band_prior": False, **kw})
 
 
+@pytest.mark.heavy  # 19 s on 2 busy cores
 def test_small_over_trained_runs_with_another_slope_do_not_move_the_forecast():
     """X = half the near-only law's 90% half-width at the target: a move the band cannot
     resolve. Equal weights (main, and --equal-weights) move it 7x that (+4.2%); the default

@@ -34,6 +34,7 @@ def table(n: int, runs: int = 20, seed: int = 0) -> pd.DataFrame:
     return pd.concat(rows, ignore_index=True)
 
 
+@pytest.mark.heavy  # 5 s on 2 busy cores
 def test_a_table_beyond_the_limit_is_one_line_naming_it(tmp_path, capsys):
     n = MAX_FIT_ROWS + 20_000  # the issue's 300,000 rows, smaller: the refusal is the same
     p = tmp_path / "big.csv"
@@ -56,6 +57,7 @@ def _problem(n: int, starts: int):
     return prob, X
 
 
+@pytest.mark.heavy  # 10 s on 2 busy cores
 def test_an_evaluation_holds_a_slice_not_starts_times_points(monkeypatch):
     """4,000 problems x 20,000 points: 640 MB per temporary at once; in slices, a few tens."""
     prob, X = _problem(20_000, 4_000)
@@ -73,6 +75,7 @@ def test_an_evaluation_holds_a_slice_not_starts_times_points(monkeypatch):
         np.testing.assert_allclose(G[i], G1[0], rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.heavy  # 7 s on 2 busy cores
 def test_a_fit_in_slices_equals_the_fit_at_once(monkeypatch):
     df = table(400, runs=8)
     whole = fit_law(df, form="compute", bootstrap=30, backtest=False)

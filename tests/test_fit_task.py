@@ -62,6 +62,7 @@ def test_sigmoid_recovers_known_parameters(a, L0, k, b, seed):
     assert np.max(np.abs(sigmoid(grid, *got) - sigmoid(grid, a, L0, k, b))) < 5e-3
 
 
+@pytest.mark.heavy  # 23 s on 2 busy cores
 def test_chained_band_covers_the_truth_near_its_level():
     # 8 synthetic ladders, each fitted and asked for the accuracy of a model 6x the largest rung
     # at 20x its tokens; the truth is the sigmoid of the true loss plus the eval noise of a mean
@@ -98,6 +99,7 @@ def table_csv(tmp_path_factory):
     return p
 
 
+@pytest.mark.heavy  # 8 s on 2 busy cores
 def test_law_json_round_trips_through_predict(table_csv, tmp_path):
     out = tmp_path / "law.json"
     code, stdout, err = run_cli("fit", table_csv, "--form", "task", "--via", "bpb", "--metric",

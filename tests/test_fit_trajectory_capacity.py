@@ -47,6 +47,7 @@ def test_it_is_a_curves_form_and_four_runs_identify_it():
         fit_law(_table(n_runs=2), form="trajectory-capacity", bootstrap=0, backtest=False)
 
 
+@pytest.mark.heavy  # 10 s on 2 busy cores
 def test_the_growing_gap_is_forecast_where_the_trajectory_form_misses_it():
     # truth: small runs plateau first (the capacity term), so the gap between sizes grows
     # along the run; fitted on 4 runs over 2 decades, forecast a run 0.5 decades beyond
@@ -68,6 +69,7 @@ def test_the_growing_gap_is_forecast_where_the_trajectory_form_misses_it():
     assert np.all(np.diff(got_cap) <= 0)  # monotone along the run by construction
 
 
+@pytest.mark.heavy  # 8 s on 2 busy cores
 def test_a_law_without_a_capacity_part_is_still_fitted():
     # the trajectory form's own truth (no capacity term): the form nests it (A C_T^-alpha ~ 0)
     truth = dict(TRUTH, A=1e-6)
@@ -81,6 +83,7 @@ def test_a_law_without_a_capacity_part_is_still_fitted():
     assert got == pytest.approx(_loss(CT, 1.0, truth), rel=3e-3)
 
 
+@pytest.mark.heavy  # 7 s on 2 busy cores
 def test_law_json_round_trip_and_band(tmp_path):
     df = _table(noise=0.003, seed=1)
     with warnings.catch_warnings():

@@ -5,6 +5,7 @@ with the gpt2 init and the recipe's truncated normal (whose redraws need the who
 import json
 
 import numpy as np
+import pytest
 from conftest import run_on_fake_devices
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -77,12 +78,14 @@ print(json.dumps(compare_with_model_init()))
 """
 
 
+@pytest.mark.heavy  # 4 s on 2 busy cores
 def test_init_sharded_has_model_init_values_on_one_device():
     out = compare_with_model_init()
     assert set(out) == {"gpt2", "recipe"}
     assert all(v["same"] and v["placed"] for v in out.values()), out
 
 
+@pytest.mark.heavy  # 13 s on 2 busy cores
 def test_init_sharded_has_model_init_values_on_eight_devices():
     out = json.loads(run_on_fake_devices(SCRIPT, devices=8).strip().splitlines()[-1])
     assert set(out) == {"gpt2", "recipe"} and all(v["devices"] == 8 for v in out.values())

@@ -44,6 +44,7 @@ ISSUE_CASES = (
     "watch state bigint", "fit csv bigint", "report --out under-file")
 
 
+@pytest.mark.heavy  # 27 s on 2 busy cores
 def test_corpus_gives_one_line_errors(world, tmp_path):
     """Every case of the issue's list, and every 10th of the other fast cases (the bench runs all
     of them: ``python bench/fuzz_inputs.py``)."""
@@ -121,6 +122,7 @@ FAST = settings(max_examples=60, deadline=None, derandomize=True,
                                        HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
+@pytest.mark.heavy  # 8 s on 2 busy cores
 @FAST
 @given(slot=st.sampled_from(JSON_SLOTS), raw=_raw_json())
 def test_json_fields_never_crash_and_bad_values_fail(world, tmp_path, slot, raw):
@@ -180,6 +182,7 @@ def test_cli_numbers_never_crash_and_bad_values_fail(world, tmp_path, slot, text
         assert o.code is not None and o.code >= 64, (name, text, o)
 
 
+@pytest.mark.heavy  # 5 s on 2 busy cores
 @settings(max_examples=40, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(line=st.one_of(_raw_json(), st.binary(max_size=40).map(

@@ -133,6 +133,7 @@ def special_cases(w: Path, x: Path) -> list[list]:
             ["watch", pre, "--source", w / "live.jsonl", "--webhook-file", x]]
 
 
+@pytest.mark.heavy  # 6 s on 2 busy cores
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
 def test_special_files_are_refused_at_once_with_one_line(world, tmp_path, capsys, kind):
     for argv in special_cases(world, tmp_path / "x.json"):

@@ -101,6 +101,7 @@ def _predict(world, doc: dict, tmp_path) -> tuple[int, str, str]:
 # ------------------------------------------------------------ class 1: law.json fields
 
 
+@pytest.mark.heavy  # 4 s on 2 busy cores
 def test_a_malformed_extrapolation_record_is_refused_not_read_as_no_term(world, tmp_path):
     """Was: exit 0 with the extrapolation term dropped (the band 8x narrower out of range)."""
     doc = _set(_law(world), "diagnostics.backtest.extrapolation.ranges_log10", [8.8, 9.8])
@@ -616,6 +617,7 @@ def _memory_cap(extra: int):
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
+@pytest.mark.heavy  # 5 s on 2 busy cores
 def test_a_large_wandb_log_is_streamed_not_read_whole(tmp_path):
     """Was: the record log read whole (a 7 GiB log: MemoryError). A 768 MiB log (sparse: its
     blocks after the records are zero, as a preallocated file's) read under a 256 MiB cap."""

@@ -178,6 +178,7 @@ def test_a_teams_own_file_lists_and_plans(tmp_path, capsys):
     assert code == 0 and {x["ladder"] for x in json.loads(out)} == {"tiny"}
 
 
+@pytest.mark.heavy  # 5 s on 2 busy cores
 def test_a_teams_own_file_runs(tmp_path, capsys):
     f = tmp_path / "mine.toml"
     f.write_text(MINE)
@@ -192,6 +193,7 @@ def test_a_teams_own_file_runs(tmp_path, capsys):
     assert config["rung"]["optimizer"]["clip"] == 0.5 and config["rung"]["ladder"] == "mine"
 
 
+@pytest.mark.heavy  # 66 s on 2 busy cores
 @pytest.mark.parametrize("edit, field", [
     (lambda s: s.replace("top_k = 2", "top_k = 2\ntopk = 2"), "recipe.topk"),
     (lambda s: s.replace("seq_len = 64", 'seq_len = "64"'), "recipe.seq_len"),
@@ -227,6 +229,7 @@ def test_bad_files_fail_with_one_line_naming_file_and_field(tmp_path, edit, fiel
         assert f"field '{field}'" in lines[0]
 
 
+@pytest.mark.heavy  # 4 s on 2 busy cores
 def test_missing_file_is_exit_66(tmp_path):
     r = _cli("list", "--ladder-file", str(tmp_path / "absent.toml"))
     assert r.returncode == 66 and "absent.toml" in r.stderr

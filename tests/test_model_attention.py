@@ -20,6 +20,7 @@ def _segments(B, S, key):
     return jnp.cumsum(starts, axis=1).astype(jnp.int32)
 
 
+@pytest.mark.heavy  # 25 s on 2 busy cores
 @pytest.mark.parametrize("heads,kv_heads,window,segmented,chunk", [
     (4, 4, None, False, None), (4, 2, None, True, None), (4, 2, 5, False, None),
     (6, 1, 5, True, None), (6, 1, 1, True, None),
@@ -71,6 +72,7 @@ def tiny():
     return model.init(TINY, 0)
 
 
+@pytest.mark.heavy  # 10 s on 2 busy cores
 def test_segments_isolate_documents(tiny):
     # dropless: with capacity drops, earlier tokens win expert slots and could change later
     # tokens' outputs through the MoE, which is not attention crossing a boundary
@@ -81,6 +83,7 @@ def test_segments_isolate_documents(tiny):
     assert_documents_stay_apart(fwd, tokens, TINY.vocab_size, cut=10, atol=1e-6)
 
 
+@pytest.mark.heavy  # 9 s on 2 busy cores
 def test_no_segments_is_one_segment(tiny):
     params, bias = tiny
     tokens = jax.random.randint(jax.random.key(6), (2, 16), 0, TINY.vocab_size)

@@ -51,6 +51,7 @@ def _qkv(B, S, H, K, Hd, dtype=jnp.float32):
 
 
 # -------------------------------------------------------------------------- packed layout
+@pytest.mark.heavy  # 80 s on 2 busy cores
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.lists(st.integers(1, 9), min_size=1, max_size=12), min_size=1, max_size=3),
        st.integers(1, 8))
@@ -148,6 +149,7 @@ def test_cudnn_program_takes_segments_not_a_mask(fake_cuda, window):
     assert _dense_square(text, S) == []
 
 
+@pytest.mark.heavy  # 4 s on 2 busy cores
 def test_blocked_fallback_equals_reference_in_bf16_shapes():
     # the path a GPU takes for a batch with more than MAX_SEGMENTS documents in a row
     q, k, v, seg = _qkv(2, 64, 4, 2, 8)

@@ -24,6 +24,7 @@ def tiny():
     return params, bias
 
 
+@pytest.mark.heavy  # 4 s on 2 busy cores
 def test_tiny_forward_and_backward(tiny):
     params, bias = tiny
     B, S = 2, 16
@@ -50,6 +51,7 @@ def test_tiny_forward_and_backward(tiny):
         assert sum(float(jnp.abs(x).sum()) for x in leaves) > 0, group
 
 
+@pytest.mark.heavy  # 16 s on 2 busy cores
 @pytest.mark.parametrize("rung", [r for lad in ("tiny", "cpu") for r in LADDERS[lad].all],
                          ids=lambda r: f"{r.ladder}:{r.name}")
 def test_counted_params_equal_instantiated(rung):
@@ -97,6 +99,7 @@ def test_init_is_deterministic_and_seeded(tiny):
     np.testing.assert_array_equal(params["final_norm"]["scale"], np.ones(TINY.d_model))
 
 
+@pytest.mark.heavy  # 5 s on 2 busy cores
 @pytest.mark.parametrize("batch,dropless", [(1, False), (2, True)])
 def test_causal(tiny, batch, dropless):
     # with drops, earlier tokens of the flattened batch win expert slots, so a future token cannot
@@ -125,6 +128,7 @@ def test_local_window_limits_attention():
         assert changed == set(affected), (layer, changed)
 
 
+@pytest.mark.heavy  # 4 s on 2 busy cores
 def test_rope_scores_depend_on_relative_position_only():
     q = jax.random.normal(jax.random.key(3), (1, 8, 1, 8))
     k = jax.random.normal(jax.random.key(4), (1, 8, 1, 8))

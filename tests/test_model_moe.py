@@ -41,6 +41,7 @@ def run_moe(cfg, x, bias, dispatch, dropless=False, params=None):
     return params, y, aux
 
 
+@pytest.mark.heavy  # 17 s on 2 busy cores
 @pytest.mark.parametrize("capacity_factor,dropless,cell", [(0.5, False, None), (0.5, True, None),
                                                           (0.5, False, 12)])
 def test_sorted_dispatch_matches_reference(capacity_factor, dropless, cell):
@@ -72,6 +73,7 @@ HAND_EXPERT = np.array([[0, 1], [0, 2], [0, 1], [1, 0]], np.int32)
 HAND_KEPT = np.array([[True, True], [True, True], [False, True], [False, False]])
 
 
+@pytest.mark.heavy  # 11 s on 2 busy cores
 @pytest.mark.parametrize("dispatch", [dispatch_sorted, dispatch_reference])
 def test_drops_exact_on_hand_built_routing(dispatch):
     x = jnp.arange(4 * 3, dtype=jnp.float32).reshape(4, 3) + 1.0       # [T, L], no zero rows
@@ -101,6 +103,7 @@ def test_drops_exact_on_hand_built_routing(dispatch):
     assert float(stats["balance_loss"]) == pytest.approx(2.0, rel=1e-6)   # k at uniform P
 
 
+@pytest.mark.heavy  # 7 s on 2 busy cores
 def test_balance_loss_is_k_times_switch_and_entropy_falls_with_concentration():
     cfg = small_cfg(n_experts=4, top_k=2)
     logits = jnp.asarray(np.random.default_rng(0).standard_normal((16, 4)), jnp.float32)
@@ -120,6 +123,7 @@ def test_balance_loss_is_k_times_switch_and_entropy_falls_with_concentration():
     assert float(s["router_entropy"]) < float(even["router_entropy"])
 
 
+@pytest.mark.heavy  # 10 s on 2 busy cores
 def test_dropless_drops_nothing_where_capacity_drops_half():
     # the bias forces every token onto experts 0 and 1: with T=8, k=2, E=4 and capacity factor 1
     # each expert has ceil(8*2/4) = 4 slots, so experts 0 and 1 keep 4 of 8 each: half dropped
@@ -149,6 +153,7 @@ def test_dropless_drops_nothing_where_capacity_drops_half():
         assert not np.allclose(y_drop[0, t], y_all[0, t])
 
 
+@pytest.mark.heavy  # 10 s on 2 busy cores
 @pytest.mark.parametrize("dispatch", [dispatch_sorted, dispatch_reference],
                          ids=["sorted", "reference"])
 def test_drop_priority_is_the_key(dispatch):
@@ -168,6 +173,7 @@ def test_drop_priority_is_the_key(dispatch):
     assert kept(None) == [True, True, False, False, False]
 
 
+@pytest.mark.heavy  # 4 s on 2 busy cores
 def test_drop_order_is_random_per_sequence_and_causal():
     """The keys of a step: increasing with the position within a sequence (so a later token of
     a sequence never takes an earlier one's slot: causal), no ties in a cell, the same in every
@@ -195,6 +201,7 @@ def test_drop_order_is_random_per_sequence_and_causal():
     assert wins.min() > 150 and wins.max() < 250, wins
 
 
+@pytest.mark.heavy  # 11 s on 2 busy cores
 def test_each_cell_has_its_own_capacity():
     """Dispatch over 4 cells of 8 tokens = each cell dispatched alone (sorted and reference),
     on a random routing with drop keys and drops."""
@@ -219,6 +226,7 @@ def test_each_cell_has_its_own_capacity():
     assert not np.array_equal(dispatch_sorted(expert_fn, x, expert, E, 4 * cap, key)[1], kept)
 
 
+@pytest.mark.heavy  # 8 s on 2 busy cores
 def test_moe_layer_is_the_same_function_split_at_cell_boundaries():
     """The MoE layer on 4 sequences with cells of 2 sequences = the layer on each pair alone
     (what 2 devices or 2 microbatches see), with drops; cells that do not divide a call fail."""

@@ -11,6 +11,7 @@ from ladder.specs import LADDERS
 from ladder.trainer.plan import GB200_BF16_DENSE_FLOPS, make_mesh, plan_rung
 
 
+@pytest.mark.heavy  # 4 s on 2 busy cores
 def test_plan_marin_first_rung_on_8_devices():
     rung = LADDERS["marin-535b"].get("1.6B-A61M")
     cfg = rung.model
@@ -116,6 +117,7 @@ def test_mesh_choice_and_errors():
     assert p.microbatch == 4
 
 
+@pytest.mark.heavy  # 5 s on 2 busy cores
 def test_plan_cli_json_and_errors(capsys):
     assert main(["plan", "tiny", "--devices", "8", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)

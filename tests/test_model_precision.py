@@ -53,6 +53,7 @@ def test_invalid_compute_config_names_the_field(override, field):
         CFG.replace(**override)
 
 
+@pytest.mark.heavy  # 16 s on 2 busy cores
 def test_auto_is_f32_on_cpu_bitwise(init5):
     params, bias = init5
     tokens, targets = _tokens(1)
@@ -91,6 +92,7 @@ def test_bf16_matmuls_float32_router(init5):
                for a in d)
 
 
+@pytest.mark.heavy  # 73 s on 2 busy cores
 def test_bf16_close_to_f32_with_float32_grads(init5):
     params, bias = init5
     tokens, targets = _tokens(3)
@@ -132,6 +134,7 @@ def whole():
         partial(_whole_logits_loss, cfg)))(params, bias, tokens, targets)
 
 
+@pytest.mark.heavy  # 30 s on 2 busy cores
 @pytest.mark.parametrize("chunk", [8, 7, 512])   # 3 chunks, 4 (the last padded), one (clipped)
 def test_chunked_loss_and_grads_equal_whole(whole, chunk):
     cfg, params, bias, tokens, targets, (ref, ref_g) = whole

@@ -85,6 +85,7 @@ def test_scan_equals_layer_loop(init10):
         np.testing.assert_allclose(aux[k], v, rtol=1e-5, atol=1e-5, err_msg=k)
 
 
+@pytest.mark.heavy  # 11 s on 2 busy cores
 def test_remat_changes_nothing_but_memory():
     # one scanned group [L, G] and one unrolled layer: both paths, the fewest blocks to compile
     base = CFG.replace(n_layers=3, global_every=2)
@@ -105,6 +106,7 @@ def test_remat_changes_nothing_but_memory():
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.heavy  # 6 s on 2 busy cores
 def test_program_does_not_grow_with_depth():
     # a proxy for compile time that can be asserted: the lowered program (StableHLO text) of the
     # training gradient at 24 layers is about the size of the one at 8 (unrolled: 3x)

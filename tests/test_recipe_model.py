@@ -87,6 +87,7 @@ def test_switches_off_except_for_the_recipe():
         assert {r.model.norm_eps for r in LADDERS[name].all} == {1e-6}
 
 
+@pytest.mark.heavy  # 5 s on 2 busy cores
 def test_the_rms_qk_norm_keeps_its_eps_whatever_norm_eps():
     """The non-parametric QK-norm's eps is the recipe's 1e-6, not ``norm_eps`` (1e-5): at a
     tiny input scale the two differ, and attention is the same whichever norm_eps is set."""
@@ -276,6 +277,7 @@ def test_attention_with_every_switch_matches_numpy(layer):
                                rtol=2e-4, atol=2e-5)
 
 
+@pytest.mark.heavy  # 4 s on 2 busy cores
 def test_nope_global_layer_ignores_the_order_of_earlier_tokens():
     cfg = SMALL.replace(**{**RECIPE, "conv_kernel": 0})   # a convolution is order-aware
     x = rng_array(12, (1, 7, cfg.d_model))
@@ -311,6 +313,7 @@ def logits_of(cfg, params, bias, tokens):
     return model.apply(cfg, params, bias, tokens)[0]
 
 
+@pytest.mark.heavy  # 5 s on 2 busy cores
 def test_documents_stay_apart_with_every_switch(recipe_two):
     cfg, params, bias = recipe_two
     tokens = jax.random.randint(jax.random.key(5), (2, 20), 0, cfg.vocab_size)
@@ -340,6 +343,7 @@ def _batch(cfg):
     return tokens, jnp.roll(tokens, -1, 1)
 
 
+@pytest.mark.heavy  # 6 s on 2 busy cores
 def test_every_switch_learns(recipe_two):
     cfg, params, bias = recipe_two
     assert set(params) >= {"embed_norm", "final_norm"}
@@ -383,6 +387,7 @@ def test_every_switch_under_remat_and_bf16(recipe_small):
     assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(gb))
 
 
+@pytest.mark.heavy  # 4 s on 2 busy cores
 def test_recipe_pieces_reach_the_output(recipe_two):
     """XSA and GatedNorm change the function; the head gate at its zero init is exactly 1, so
     switching it off (same other weights) changes nothing."""

@@ -83,6 +83,7 @@ def _ladder(seed=0):
                          "compute": 6 * N * D, "loss": L})
 
 
+@pytest.mark.heavy  # 6 s on 2 busy cores
 def test_band_prior_moves_the_band_not_the_estimates(tmp_path):
     df = load_points(_ladder())
     with warnings.catch_warnings():
@@ -107,6 +108,7 @@ def test_band_prior_moves_the_band_not_the_estimates(tmp_path):
     assert "forecast layer" in back.report()
 
 
+@pytest.mark.heavy  # 6 s on 2 busy cores
 def test_a_device_that_moves_the_estimates_keeps_the_estimator_on_record():
     """4 rungs over 2 decades of a known compute law (E 1.8), 0.3% noise, seed 3: E is not
     identified, and the asymptote rule (asked for on a named form; on by default with
@@ -133,6 +135,7 @@ def test_a_device_that_moves_the_estimates_keeps_the_estimator_on_record():
 EPOCH = {"E": 1.8172, "alpha": 0.3473, "beta": 0.3672}   # anchors README: the exact grid fit
 
 
+@pytest.mark.heavy  # 7 s on 2 busy cores
 @needs_anchors
 def test_named_form_is_epochs_refit_by_default(tmp_path):
     """`ladder fit --form chinchilla` with no other option on Epoch's 240 points gives Epoch's

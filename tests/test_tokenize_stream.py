@@ -176,6 +176,7 @@ def resume_corpus(tmp_path_factory, tok_path):
     return root, ref
 
 
+@pytest.mark.heavy  # 4 s on 2 busy cores
 @settings(max_examples=6, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(calls=st.integers(1, 30), twice=st.booleans())
@@ -272,6 +273,7 @@ def test_one_text_file_holds_out_the_last_5_percent_and_resumes_through_the_recu
     assert _files(out) == _files(tmp_path / "ref")
 
 
+@pytest.mark.heavy  # 5 s on 2 busy cores
 def test_memory_is_bounded_by_the_chunk_not_the_corpus(tmp_path, tok_path):
     """Python-side peak while tokenizing 0.5 MB and 2 MB of JSONL in 16K-character chunks: the
     same (the old writer held every token of the corpus: its peak grew 4x)."""

@@ -24,6 +24,7 @@ def _steps(path: Path) -> list[int]:
         if path.exists() else []
 
 
+@pytest.mark.heavy  # 11 s on 2 busy cores
 def test_checkpoints_in_another_folder_by_url_resume_bitwise_and_a_profile_is_written(
         tiny_run, tmp_path):
     ckpt = tmp_path / "store"

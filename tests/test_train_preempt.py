@@ -33,6 +33,7 @@ def _steps(path: Path) -> list[int]:
         if path.exists() else []
 
 
+@pytest.mark.heavy  # 6 s on 2 busy cores
 @pytest.mark.parametrize("background", [False, True], ids=["sync", "async"])
 def test_sigterm_checkpoints_at_the_step_boundary_then_resume_is_bitwise(reference, tmp_path,
                                                                         monkeypatch, background):

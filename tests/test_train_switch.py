@@ -20,6 +20,7 @@ def rows(path):
     return [[r.get(k) for k in KEYS] for r in read_metrics(path / "metrics.jsonl")]
 
 
+@pytest.mark.heavy  # 13 s on 2 busy cores
 def test_switch_data_changes_batches_from_the_switch_on_and_resumes_bitwise(tiny_run,
                                                                               tmp_path):
     other = tmp_path / "other.txt"

@@ -67,6 +67,7 @@ def _uninterrupted(tmp_path, prereg_path, src_path):
     return ids_in(d / "a.jsonl")
 
 
+@pytest.mark.heavy  # 5 s on 2 busy cores
 def test_kill_at_every_moment_repeats_and_loses_no_alert(tmp_path, prereg_path, monkeypatch):
     """Killed while sending (a slow sink), or while writing the state: restarted with the same
     --state, --alerts and receiver, no alert is lost and the alerts file has each once."""
@@ -234,6 +235,7 @@ def test_webhook_bad_urls_are_refused_without_printing_them():
         assert e.value.exit_code == 64 and (url not in str(e.value) or len(url) < 5)
 
 
+@pytest.mark.heavy  # 10 s on 2 busy cores
 def test_kill_with_a_slow_webhook_then_restart_delivers_each_alert_once(tmp_path, prereg_path,
                                                                        hook):
     """A real kill -9 of `ladder watch --follow` while a slow receiver (0.4 s per POST) takes

@@ -74,6 +74,7 @@ def _watch(d, source, *extra):
     return code, out, err
 
 
+@pytest.mark.heavy  # 11 s on 2 busy cores
 def test_prereg3_one_sha_per_metric_band_and_family_rule(registered):
     d, target = registered
     doc = json.loads((d / "prereg.json").read_text())

@@ -131,6 +131,7 @@ def test_healthy_run_through_ladder_watch_is_quiet(tmp_path, prereg_path, capsys
     assert [a for a in got if a["severity"] != "info"] == []
 
 
+@pytest.mark.heavy  # 4 s on 2 busy cores
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_rule_fires_through_ladder_watch(name, tmp_path, prereg_path, capsys):
     make, kind, want_code = CASES[name]

@@ -97,6 +97,7 @@ def no_secret_in(w, *texts):
             assert SECRET.encode() not in q.read_bytes(), q
 
 
+@pytest.mark.heavy  # 4 s on 2 busy cores
 def test_webhook_file_keeps_the_url_off_the_command_line(w, rx, capsys, monkeypatch):
     hook = w / "hook.txt"
     hook.write_text(rx.url + "\n")

@@ -110,6 +110,7 @@ def test_verify_expect_anchors_the_file_outside_itself(w, capsys):
     assert code == 64 and "--expect" in err
 
 
+@pytest.mark.heavy  # 6 s on 2 busy cores
 def test_report_notes_a_law_other_than_the_registered_one(w, capsys):
     code, out, err = cli(capsys, "report", "--law", w / "law.json", "--prereg",
                          w / "pre" / "prereg.json", "--out", w / "rep")
