@@ -112,7 +112,12 @@ def fit_spec(df: pd.DataFrame, spec: Spec, config: FitConfig | None = None, *,
 
     boot_u, boot_info = None, {"replicates": 0}
     if bootstrap > 0:
-        boot_u, boot_info = _bootstrap(prob, runs, optima, bootstrap, seed, bounds=box)
+        # every replicate inside law.json's range (|u| <= U_LIMIT), as the fit itself: an
+        # unbounded replicate can run a term off to e^-10^4 (the cpu demo's trajectory-capacity
+        # law, 30 of 600 draws), which predicts as the box's edge does (a term of e^-350 is 0
+        # beside any loss) but writes draws whose exp() overflows, and the reader refuses them
+        boot_u, boot_info = _bootstrap(prob, runs, optima, bootstrap, seed,
+                                       bounds=box if box is not None else prob.box())
 
     intervals = _intervals(spec, u, boot_u, cov, dof, level)
     ident = _identifiability(spec, u, intervals, level, data, prior,
