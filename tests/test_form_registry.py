@@ -1,7 +1,7 @@
 """One registry of law forms (issue 38 item 4, issue 36): `fit --help`, the bad-form error and
 what `--form auto` tries all come from ladder.fit.forms.REGISTRY, whose entries are the forms
 each fitting module defines (the Chinchilla family here, the curve laws in fit.curve_forms, the
-task law in fit.task) and every form law.json can hold."""
+task law in fit.task_law) and every form law.json can hold."""
 
 import contextlib
 import io
@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from ladder.cli.main import main
-from ladder.fit import curve_forms, forms, task
+from ladder.fit import curve_forms, forms, task_law
 from ladder.fit.law import fit_law
 from ladder.fit.result import LawResult
 from ladder.fit.select import candidates
@@ -22,7 +22,7 @@ def test_the_registry_is_every_form_the_modules_define_and_law_json_reads():
     reg = forms.REGISTRY
     assert {n for n, e in reg.items() if e.kind == "points"} == set(forms.FORMS)
     assert {n for n, e in reg.items() if e.kind == "curve"} == set(curve_forms.FORMS)
-    assert {n for n, e in reg.items() if e.kind == "task"} == {task.FORM}
+    assert {n for n, e in reg.items() if e.kind == "task"} == {task_law.FORM}
     assert set(LawResult._KINDS) == set(reg)
     for name, make in forms.FORMS.items():  # the form carries its columns and features
         f = make()

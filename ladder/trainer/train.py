@@ -220,6 +220,22 @@ def _train(checked: tuple, cfg: TrainConfig, max_steps: int | None,
     return s.finish(status, interrupted.signal_name or "peer" if stopped else None)
 
 
+def _mesh_and_batches(rung: Rung, cfg: TrainConfig):
+    """(microbatch, mesh, eval batch) of a run, each checked to hold whole capacity cells on
+    every device: by :func:`_check` before the run folder is claimed, and by the session that
+    trains on them."""
+    microbatch = microbatch_size(rung, cfg)
+    mesh = make_mesh(cfg.run.devices, cfg.run.expert_parallel, rung.model.n_experts, microbatch)
+    devices = int(mesh.devices.size)
+    eval_batch = eval_batch_size(cfg, devices, rung)
+    if eval_batch % devices:
+        raise InputError(f"the {devices} devices must divide it ({eval_batch})",
+                         field="eval_batch", exit_code=EX_USAGE)
+    check_cell(rung, devices, microbatch, "microbatch")
+    check_cell(rung, devices, eval_batch, "eval_batch")
+    return microbatch, mesh, eval_batch
+
+
 def _check(rung: Rung, out: Path, cfg: TrainConfig, resume: bool):
     """Everything that can be bad input, checked before the first file is written. -> the
     finished run's summary (nothing to do), or (rung as run, corpus, out, config, previous)."""
@@ -227,6 +243,7 @@ def _check(rung: Rung, out: Path, cfg: TrainConfig, resume: bool):
     # the model is the rung's: its vocabulary changes only when --model.vocab_size says so (a
     # stray id must not grow the embedding under the rung's name, issue 39)
     rung = resolve_rung(rung, cfg)
+    _mesh_and_batches(rung, cfg)   # a microbatch that splits a capacity cell, say
     check_vocab(rung, corpus.vocab_size, "data", ",".join(cfg.data) or None,
                 explicit="vocab_size" in cfg.model)
     corpus.check_fits(rung.seq_len, ",".join(cfg.data) or "python-stdlib")
@@ -268,15 +285,7 @@ class Session:
         self.timing = {"setup_s": 0.0, "steps_s": 0.0, "eval_s": 0.0, "checkpoint_s": 0.0}
         self.final: dict = {}
         enable_compilation_cache()
-        microbatch = microbatch_size(rung, cfg)
-        mesh = make_mesh(cfg.run.devices, cfg.run.expert_parallel, rung.model.n_experts,
-                         microbatch)
-        eval_batch = eval_batch_size(cfg, int(mesh.devices.size), rung)
-        if eval_batch % mesh.devices.size:
-            raise InputError(f"the {mesh.devices.size} devices must divide it ({eval_batch})",
-                             field="eval_batch", exit_code=EX_USAGE)
-        check_cell(rung, int(mesh.devices.size), microbatch, "microbatch")
-        check_cell(rung, int(mesh.devices.size), eval_batch, "eval_batch")
+        microbatch, mesh, eval_batch = _mesh_and_batches(rung, cfg)
         mesh_info = {"axes": list(mesh.axis_names), "shape": dict(mesh.shape),
                      "devices": int(mesh.devices.size), "microbatch": microbatch,
                      "microbatches": rung.batch // microbatch, "eval_batch": eval_batch}
