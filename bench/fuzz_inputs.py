@@ -161,7 +161,7 @@ def _on_alarm(signum, frame):
 
 
 @contextlib.contextmanager
-def _address_space_cap(extra: int | None):
+def address_space_cap(extra: int | None):
     """While inside: the process may map at most ``extra`` more bytes (RLIMIT_AS soft limit);
     a read that would take the machine's memory ends in MemoryError instead."""
     if extra is None:
@@ -186,7 +186,7 @@ def judge(argv: list[str], names: tuple[str, ...] = (), *, bad: bool = True,
     would read /dev/zero or a huge table must not take a shared machine's memory)."""
     t0 = time.perf_counter()
     try:
-        with _address_space_cap(mem_cap):
+        with address_space_cap(mem_cap):
             code, _, err = run_cli(argv, alarm)
     except Hang:
         return Outcome("hang", None, "", time.perf_counter() - t0)

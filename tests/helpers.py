@@ -179,3 +179,24 @@ def alarm(seconds: float = 120):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+class FakeWandbRun:
+    """A run of W&B's public API (``wandb.Api().run``) over rows held in memory: the history,
+    the config and the name that ladder.fit.points reads."""
+
+    def __init__(self, rows, config, name):
+        self.rows, self.config, self.name = rows, config, name
+
+    def scan_history(self, page_size=1000):
+        return iter([dict(r) for r in self.rows])
+
+
+class FakeWandbApi:
+    """``wandb.Api()``'s run lookup, by the last part of the run path."""
+
+    def __init__(self, runs):
+        self.runs = runs
+
+    def run(self, path):
+        return self.runs[path.split("/")[-1]]

@@ -9,18 +9,14 @@ compare files, W&B record logs). bench/fuzz_readers.py prints the table per clas
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import gzip
 import json
 import math
-import resource
 import shutil
 import socket
 import struct
-import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +25,7 @@ from helpers import KNOWN_LAW, run_cli, write_law_runs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench.fuzz_inputs import address_space_cap
 from ladder.io import InputError
 
 FAST = settings(max_examples=40, deadline=None,
@@ -602,21 +599,6 @@ def test_runs_are_read_under_the_law_s_key_map(world, tmp_path):
 # --------------------------------------------------------- class 4: bounded memory and time
 
 
-@contextlib.contextmanager
-def _memory_cap(extra: int):
-    """While inside: at most ``extra`` more bytes of address space (a whole read of a large
-    input ends in MemoryError instead of taking the shared machine's memory)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    with open("/proc/self/statm") as f:
-        used = int(f.read().split()[0]) * resource.getpagesize()
-    cap = used + extra if hard == resource.RLIM_INFINITY else min(hard, used + extra)
-    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-
-
 @pytest.mark.heavy  # 5 s on 2 busy cores
 def test_a_large_wandb_log_is_streamed_not_read_whole(tmp_path):
     """Was: the record log read whole (a 7 GiB log: MemoryError). A 768 MiB log (sparse: its
@@ -627,7 +609,7 @@ def test_a_large_wandb_log_is_streamed_not_read_whole(tmp_path):
     with open(seg, "r+b") as f:
         f.truncate(768 << 20)
     src = WandbOfflineSource(tmp_path)
-    with _memory_cap(256 << 20):
+    with address_space_cap(256 << 20):
         got = src.poll()
     assert [r["step"] for r in got.rows] == list(range(1, 50))
 
@@ -696,7 +678,7 @@ def test_a_small_gz_expanding_to_one_huge_line_is_one_line(tmp_path, tok_path):
     from ladder.trainer import tokens as T
     src = _big_line_gz(tmp_path / "big.jsonl.gz", 512 << 20)
     assert src.stat().st_size < (8 << 20)
-    with _memory_cap(384 << 20), pytest.raises(InputError, match="big.jsonl.gz.*longer than"):
+    with address_space_cap(384 << 20), pytest.raises(InputError, match="big.jsonl.gz.*longer than"):
         T.tokenize_files([str(src)], tok_path, tmp_path / "out", shard_tokens=300)
 
 
@@ -711,7 +693,7 @@ def test_a_metrics_line_beyond_the_bound_is_skipped_and_later_rows_survive(tmp_p
         for _ in range(64):
             f.write(b"a" * (1 << 20))
         f.write(b'"}\n{"step": 3}\n')
-    with _memory_cap(160 << 20):
+    with address_space_cap(160 << 20):
         bad: list = []
         assert [r["step"] for _, r in iter_jsonl(p, bad=bad)] == [1, 3] and bad == [2]
         got = JsonlSource(p).poll()
@@ -764,33 +746,10 @@ def _page():
 
 def test_trickling_clients_do_not_hold_the_live_page(tmp_path):
     """Was: two dozen clients sending one header byte every 2 s held all 16 workers, and
-    GET /state.json waited 20 s and more (40 s measured). The head has a deadline now."""
-    page = _page()
-    stop = threading.Event()
-
-    def trickle():
-        s = socket.create_connection(("127.0.0.1", page.port))
-        try:
-            for ch in b"GET /state.json HTTP/1.1\r\nHost: 127.0.0.1\r\n":
-                if stop.wait(2.0):
-                    break
-                s.send(bytes([ch]))
-        except OSError:
-            pass
-        finally:
-            s.close()
-    clients = [threading.Thread(target=trickle, daemon=True) for _ in range(24)]
-    try:
-        for t in clients:
-            t.start()
-        time.sleep(0.5)
-        with urllib.request.urlopen(page.url + "state.json", timeout=10) as r:
-            assert r.status == 200
-    finally:
-        stop.set()
-        for t in clients:
-            t.join(5)
-        page.close()
+    GET /state.json waited 20 s and more (40 s measured). The head has a deadline now.
+    (bench/fuzz_readers.py's trickle_wait: the limit when no 200 came back in time.)"""
+    from bench.fuzz_readers import trickle_wait
+    assert trickle_wait(clients=24, limit=10.0) < 10.0
 
 
 def test_the_live_page_serves_loopback_only():

@@ -7,31 +7,13 @@ import json
 
 import numpy as np
 import pytest
-from helpers import write_law_runs
+from helpers import FakeWandbApi, FakeWandbRun, write_law_runs
 
 from ladder.cli.main import main
 from ladder.fit.law import fit_law
 from ladder.fit.points import load_points
 
 COLS = ["run", "params", "active_params", "tokens", "compute", "fraction", "loss", "step"]
-
-
-class _Run:
-    def __init__(self, rows, config, name):
-        self.rows, self.config, self.name = rows, config, name
-
-    def scan_history(self, page_size=1000):
-        return iter([dict(r) for r in self.rows])
-
-
-class _Api:
-    """The public API's run lookup, over the run folders' own files."""
-
-    def __init__(self, runs):
-        self.runs = runs
-
-    def run(self, path):
-        return self.runs[path.split("/")[-1]]
 
 
 def _ladder(tmp_path):
@@ -41,7 +23,7 @@ def _ladder(tmp_path):
     for i, rung in enumerate(lad.all):
         d = tmp_path / "runs" / lad.name / rung.name
         rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
-        runs[f"r{i}"] = _Run([dict(r, _step=r["step"]) for r in rows],
+        runs[f"r{i}"] = FakeWandbRun([dict(r, _step=r["step"]) for r in rows],
                              json.loads((d / "config.json").read_text()), rung.name)
     return lad, runs
 
@@ -50,7 +32,7 @@ def test_wandb_runs_leave_the_target_out_and_give_the_folders_law(tmp_path):
     lad, runs = _ladder(tmp_path)
     uri = "wandb://ent/proj/" + ",".join(runs)
     folders = load_points([str(tmp_path / "runs")])
-    wb = load_points([uri], wandb_api=_Api(runs))
+    wb = load_points([uri], wandb_api=FakeWandbApi(runs))
     target = f"{lad.name}/{lad.target.name}"
     assert folders.attrs["left_out"] == wb.attrs["left_out"] == [target]
     assert target not in set(wb["run"]) and len(set(wb["run"])) == len(lad.rungs)
@@ -60,7 +42,7 @@ def test_wandb_runs_leave_the_target_out_and_give_the_folders_law(tmp_path):
     law_a, law_b = fit_law(folders, form="compute"), fit_law(wb, form="compute")
     assert law_a.params == pytest.approx(law_b.params, rel=1e-9)
     # asked for, the target's run is a point like any other
-    every = load_points([uri], wandb_api=_Api(runs), include_target=True)
+    every = load_points([uri], wandb_api=FakeWandbApi(runs), include_target=True)
     assert target in set(every["run"]) and every.attrs["left_out"] == []
 
 
@@ -69,7 +51,7 @@ def test_a_wandb_target_alone_is_refused_with_the_flag_to_keep_it(tmp_path):
     lad, runs = _ladder(tmp_path)
     last = f"r{len(lad.all) - 1}"
     with pytest.raises(InputError, match="--include-target"):
-        load_points([f"wandb://ent/proj/{last}"], wandb_api=_Api(runs))
+        load_points([f"wandb://ent/proj/{last}"], wandb_api=FakeWandbApi(runs))
 
 
 @pytest.mark.slow  # four offline W&B runs (~15 s)
