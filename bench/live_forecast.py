@@ -479,8 +479,10 @@ def early_warning_table(anchors: Path | str = DEFAULT_ANCHORS,
     faults = [(f, at, size) for f, size in (("shift", 0.02), ("drift", 0.05), ("lrspike", 0.05))
               for at in (0.1, 0.3, 0.5)]
     out = []
-    for against, k in variants:
-        cfg = WatchConfig(heading_k=k, heading_against=against)
+    for against, k, *more in variants:
+        extra = more[0] if more else {}
+        ahead = extra.get("heading_ahead", "final")
+        cfg = WatchConfig(heading_k=k, heading_against=against, **extra)
         fired: dict[str, list] = {g: [] for g in GROUP_ORDER}
         band_fired: dict[str, list] = {g: [] for g in GROUP_ORDER}
         for c, fr in pf:
@@ -511,7 +513,7 @@ def early_warning_table(anchors: Path | str = DEFAULT_ANCHORS,
             rows = sy.make_run(truth, target, noise=noise, seed=seed).rows
             res = check(doc, rows, None, now=0.0)
             healthy.append(first_alert(res.alerts, ("heading",)))
-        out.append({"heading_k": k, "against": against,
+        out.append({"heading_k": k, "against": against, "ahead": ahead, **extra,
                     "public": {g: {"curves": sum(c.group == g for c, _ in pf),
                                    "heading": fired[g], "band": band_fired[g]}
                                for g in GROUP_ORDER},
@@ -713,6 +715,43 @@ def schaipp_changes(anchors: Path) -> list[Change]:
     return out
 
 
+def schaipp_extensions(anchors: Path) -> list[Change]:
+    """Schaipp's horizon extensions (slimpajama chunk 1, 12- and 24-layer 124M-width models):
+    a 50k-step WSD run (cooldown over its last 20%, from step 40k) is the old plan; each
+    ``horizon_transfer_extend-50k`` run resumes it at 40k, before its cooldown, with a longer
+    plan (100k or 200k steps; WSD with its cooldown moved later, cooldown 20% or 60%, or the
+    two-stage WSD), declared at S = 40k. The run's curve is the old plan's up to S and the
+    extension's after it; the old plan's forecast past its own end (50k) is held at its final
+    (the change's effect, read from the other model's same extension, carries the rest)."""
+    import pandas as pd
+
+    root = anchors / "schaipp2025_lr_schedules"
+    runs = pd.read_csv(root / "runs.csv")
+    cur = pd.read_csv(root / "curves.csv.gz")
+    cur = cur[cur["split"] == "val"]
+    ht = runs[runs["file"].str.startswith("horizon_transfer_")]
+    out = []
+    for nl, g in ht.groupby("n_layer"):
+        base = g[~g["file"].str.contains("extend") & (g["iterations"] == 50000)]
+        if len(base) != 1:
+            continue
+        b = base.iloc[0]
+        o = cur[cur["run_id"] == b["run_id"]].sort_values("iter")
+        ot, oy = o["iter"].to_numpy(float), o["loss"].to_numpy(float)
+        S = (1 - b["wsd_fract_decay"]) * b["iterations"]
+        for _, r in g[g["file"].str.contains("extend")].iterrows():
+            v = cur[cur["run_id"] == r["run_id"]].sort_values("iter")
+            v = v[v["iter"] > S]
+            if len(v) < 10:
+                continue
+            t = np.concatenate([ot[ot <= S], v["iter"].to_numpy(float)])
+            y = np.concatenate([oy[ot <= S], v["loss"].to_numpy(float)])
+            key = f"ext-{r['scheduler']}-T{r['iterations'] // 1000}k-c{r['wsd_fract_decay']:g}"
+            out.append(Change("schaipp-ext", f"{nl}L/{key}#{r['run_id']}", key, t, y, ot, oy,
+                              float(S), float(r["iterations"])))
+    return out
+
+
 TRANSITION_NAMES = ("anchor", "compute", "recipe", "relax")
 RELAX_WIDTH = 0.05  # ladder.predict.amend.DEFAULT_WIDTH
 
@@ -748,7 +787,7 @@ def transition_forecast(c: Change, siblings: list[Change], how: str) -> tuple[np
 
 def _changes(anchors: Path) -> list[Change] | str:
     try:
-        return mpl_changes(anchors) + schaipp_changes(anchors)
+        return mpl_changes(anchors) + schaipp_changes(anchors) + schaipp_extensions(anchors)
     except FileNotFoundError as e:
         return f"anchor data absent: {e.filename}"
 
@@ -786,8 +825,10 @@ def transition_table(anchors: Path | str = DEFAULT_ANCHORS) -> dict:
             row[how]["band_alerts"] = band_alerts_after(c, p, half, noise)
         rows.append(row)
     summary = {}
-    for g in ("mpl", "schaipp", "all"):
+    for g in ("mpl", "schaipp", "schaipp-ext", "all"):
         rs = [r for r in rows if g == "all" or r["group"] == g]
+        if not rs:
+            continue
         summary[g] = {how: {k: float(np.mean([r[how][k] for r in rs]))
                             for k in ("err", "final_err", "cov")} for how in TRANSITION_NAMES}
         for how in TRANSITION_NAMES:
@@ -854,6 +895,98 @@ def transitions_markdown(t: dict) -> str:
             f"{np.mean([r[h]['err'] for r in rs]):.2%}" for h in TRANSITION_NAMES) + " |")
     lines.append(f"\nBest by mean error over every change: {t['best']}.")
     return "\n".join(lines) + "\n"
+
+
+
+# ------------------------------------------------- the cpu ladder's injected faults (item 2)
+
+# Where the faulted heroes' curves are kept (git-ignored: bench_out/): training one costs ~7 min
+# on 2 cores, the replay through the watcher a second.
+CPU_CACHE = REPO / "bench_out" / "cpu-faults"
+
+
+@dataclass(frozen=True)
+class FaultRun:
+    """One hero of the cpu ladder's demo trained with a fault (``fault`` from ``at`` of the run,
+    the demo's own settings: ladder.cli.demo.FAULT_SETTINGS) at ``seed``; its metrics.jsonl."""
+
+    fault: str
+    at: float
+    seed: int
+    metrics: Path
+
+
+def fault_dir(cache: Path, seed: int, fault: str, at: float) -> Path:
+    return Path(cache) / f"seed{seed}" / f"{fault}-at{round(at * 100):02d}"
+
+
+def train_faults(seed: int, faults=None, ats=(0.5,), cache: Path = CPU_CACHE) -> list[FaultRun]:
+    """The demo's hero (the cpu ladder's target) trained once per fault and inject point, as
+    ``ladder demo --inject FAULT --inject-at AT --seed SEED`` trains it (ladder.cli.demo's
+    train_config), into ``cache``; a finished one is reused. Only the metrics are replayed (the
+    watcher is a pure function of the rows and the pre-registration: ``check()``)."""
+    from ladder.cli.demo import FAULTS, train_config
+    from ladder.specs import get_ladder
+    from ladder.trainer.train import train_rung
+
+    tgt = get_ladder("cpu").target
+    out = []
+    for fault in faults or FAULTS:
+        for at in ats:
+            d = fault_dir(cache, seed, fault, at)
+            s = train_rung(tgt, d, train_config(fault, at, seed), resume=True)
+            if s.get("status") not in ("complete", "diverged"):
+                raise RuntimeError(f"{d}: ended {s.get('status')}")
+            out.append(FaultRun(fault, at, seed, d / "metrics.jsonl"))
+    return out
+
+
+def _metric_rows(path: Path) -> list[dict]:
+    from ladder.io import iter_jsonl
+    return [row for _, row in iter_jsonl(path)]
+
+
+def _with_rule(doc: dict, **params) -> dict:
+    """The pre-registration with the decision rule's parameters changed (the variant judged)."""
+    dr = dict(doc["decision_rule"])
+    dr["parameters"] = {**dr.get("parameters", {}), **params}
+    return {**doc, "decision_rule": dr}
+
+
+def cpu_fault_table(cache: Path = CPU_CACHE, variants=None) -> dict:
+    """The cpu ladder's real injected faults (:func:`train_faults`) and its healthy heroes (the
+    demo's own, ``seedS/healthy/metrics.jsonl`` beside the demo's ``seedS/prereg.json``)
+    replayed through ``check()``: per fault, the fraction of the run at which the heading rule
+    first warns and the band rule first warns (warn or critical); per healthy hero, any warning.
+    One block per variant of the heading rule's parameters (a dict; {} = the registered)."""
+    from ladder.predict.watch import check
+
+    cache = Path(cache)
+    seeds = sorted(cache.glob("seed*/prereg.json"))
+    if not seeds:
+        return {"skipped": f"no cached cpu-ladder curves under {cache} (train_faults)"}
+    out = []
+    for params in variants or ({},):
+        faults, healthy = [], []
+        for pp in seeds:
+            doc = _with_rule(json.loads(pp.read_text()), **params)
+            seed = int(pp.parent.name[4:])
+            for d in sorted(pp.parent.iterdir()):
+                m = d / "metrics.jsonl"
+                if not (d.is_dir() and m.exists()):
+                    continue
+                summ = d / "summary.json"
+                status = json.loads(summ.read_text()).get("status") if summ.exists() else None
+                if d.name != "healthy" and status not in ("complete", "diverged"):
+                    continue  # still training
+                res = check(doc, _metric_rows(m), None, now=0.0)
+                worst = sorted({a.kind for a in res.alerts if a.severity != "info"})
+                row = {"seed": seed, "run": d.name, "alerts": worst,
+                       "heading": first_alert(res.alerts, ("heading",)),
+                       "band": first_alert(res.alerts, ("above_band", "below_band"))}
+                (healthy if d.name == "healthy" else faults).append(row)
+        out.append({"params": dict(params), "faults": faults, "healthy": healthy})
+    return {"rows": out}
 
 
 if __name__ == "__main__":

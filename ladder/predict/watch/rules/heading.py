@@ -33,6 +33,13 @@ class HeadingConfig(Smoothing, Persistence):
     #   final band compared with: widened to the alert level as the band rule's (a healthy run
     #   ends outside the registered 90% band 1 time in 10), or as registered (the same table:
     #   2 false warnings of 127 public curves at k = 2, no later than the band on 14 of 45)
+    heading_band: str = threshold("registered", one_of("registered", "alert"))
+    heading_closing: str = threshold("count", one_of("count", "hold"))
+    heading_scale: str = threshold("fixed", one_of("fixed", "gap"))
+    heading_ahead: str = threshold("final", one_of("final", "curve"))  # what of the updated
+    #   forecast is compared: its final with the frozen final band, or its whole curve ahead
+    #   (every point of the frozen grid after the last eval, and the final) with the frozen
+    #   curve's band there, each at the alert level
 
 @dataclass
 class HeadingState(Hysteresis):
@@ -48,6 +55,7 @@ class HeadingState(Hysteresis):
     recent: list = kept("nums", factory=list)
     last_z: float = kept("num?", 0.0)
     jump: float = kept("num?", 0.0)
+    gap: float | None = kept("num?")
 
     def filter(self) -> FilterState:
         return FilterState(self.mean or 0.0, self.var, self.v_at, self.at or 0.0, self.n,
@@ -73,6 +81,43 @@ def alert_final(view) -> tuple[float, float]:
     k = z_of(view.config.alert_level) / z_of(view.level)
     return (view.final - (view.final - view.final_lo) * k,
             view.final + (view.final_hi - view.final) * k)
+
+
+def gap_ahead(view, fs: FilterState, cfg: UpdateConfig, hc: HeadingConfig
+              ) -> tuple[str | None, float, float]:
+    """How far the updated forecast and its band lie outside the frozen band, in log: at the
+    final (``heading_ahead`` "final") or at every point of the frozen grid after the last eval
+    used, the final included ("curve"); the frozen band at the alert level when
+    ``heading_against`` is "alert". The direction ("above", "below") and gap of the point
+    farthest apart (a gap <= 0: they overlap everywhere; direction None)."""
+    tau = prior_sd(view.final, view.final_lo, view.final_hi, view.level)
+    lv = fs.level(tau)
+    if hc.heading_ahead == "curve":
+        ahead = view.fraction > lv.at
+        fx = view.fraction[ahead]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            w = np.log(view.hi[ahead] / view.lo[ahead]) / (2 * z_of(view.level))
+        m, v = lv.predict(np.minimum(offset_var(fx, tau, cfg, w), lv.v_at))
+        _, f_lo, f_hi = view.expected(fx, alert=hc.heading_against == "alert")
+        base = view.loss[ahead]
+    else:
+        m, v = lv.predict(np.array([tau * tau]))
+        f_lo, f_hi = alert_final(view) if hc.heading_against == "alert" else \
+            (view.final_lo, view.final_hi)
+        f_lo, f_hi, base = np.array([f_lo]), np.array([f_hi]), np.array([view.final])
+    lvl = view.config.alert_level if hc.heading_band == "alert" else view.level
+    half = z_of(lvl) * cfg.inflation * np.sqrt(v)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        up = np.log(base / f_hi) + m - half
+        down = np.log(f_lo / base) - m - half
+    up, down = np.where(np.isfinite(up), up, -np.inf), np.where(np.isfinite(down), down, -np.inf)
+    if not up.size:
+        return None, -math.inf, math.inf
+    iu, idn = int(np.argmax(up)), int(np.argmax(down))
+    gu, gd = float(up[iu]), float(down[idn])
+    if max(gu, gd) <= 0:
+        return None, max(gu, gd), math.inf
+    return ("above", gu, float(half[iu])) if gu >= gd else ("below", gd, float(half[idn]))
 
 
 def step_filter(view, fs: FilterState, ev: EvalPoint, cfg: UpdateConfig) -> bool:
@@ -112,11 +157,21 @@ class HeadingRule(LossRule):
             return
         hs.keep(fs)
         u, lo, hi = updated_final(view, fs, ucfg)
-        f_lo, f_hi = alert_final(view) if cfg.heading_against == "alert" else \
-            (view.final_lo, view.final_hi)
-        direction = "above" if lo > f_hi else "below" if hi < f_lo else None
+        direction, gap, uhalf = gap_ahead(view, fs, ucfg, cfg)
+        closing = (direction is not None and hs.gap is not None and hs.run == direction
+                   and gap < hs.gap)
+        hs.gap = gap if direction else None
+        if closing and cfg.heading_closing == "hold":
+            if hs.level:
+                return  # apart but coming back: neither raised further nor cleared
+            direction = None
         hs.extend(direction)
-        ch = hs.settle(1 if direction else 0, about=direction, k_raise=cfg.heading_k,
+        k_raise = cfg.heading_k
+        if direction and cfg.heading_scale == "gap" and gap < uhalf:
+            # apart by less than the updated band's own half-width: that much less sure, so as
+            # many times longer to confirm
+            k_raise = math.ceil(cfg.heading_k * uhalf / gap)
+        ch = hs.settle(1 if direction else 0, about=direction, k_raise=k_raise,
                        k_clear=cfg.k_clear)
         if ch is None:
             return
