@@ -456,7 +456,16 @@ def first_alert(alerts, kinds) -> float | None:
     return next((a.fraction for a in alerts if a.kind in kinds and a.severity != "info"), None)
 
 
-HEADING_VARIANTS = (("alert", 2), ("alert", 3), ("registered", 2), ("registered", 3))
+# the rule before issue 40's cpu-fault table (the final alone), the curve ahead without and with
+# holding a closing gap (the default); each (against, heading_k, other parameters)
+HEADING_VARIANTS = (("alert", 2, {"heading_ahead": "final", "heading_closing": "count"}),
+                    ("alert", 2, {"heading_ahead": "curve", "heading_closing": "count"}),
+                    ("alert", 2, {"heading_ahead": "curve", "heading_closing": "hold"}))
+
+
+def variant_label(r: dict) -> str:
+    return (f"{r.get('ahead', 'final')}, {r.get('heading_closing', 'count')}, "
+            f"against {r['against']}, k {r['heading_k']}")
 
 
 def early_warning_table(anchors: Path | str = DEFAULT_ANCHORS,
@@ -480,9 +489,9 @@ def early_warning_table(anchors: Path | str = DEFAULT_ANCHORS,
               for at in (0.1, 0.3, 0.5)]
     out = []
     for against, k, *more in variants:
-        extra = more[0] if more else {}
-        ahead = extra.get("heading_ahead", "final")
-        cfg = WatchConfig(heading_k=k, heading_against=against, **extra)
+        extra = dict(more[0]) if more else {}
+        ahead = extra.pop("heading_ahead", "final")
+        cfg = WatchConfig(heading_k=k, heading_against=against, heading_ahead=ahead, **extra)
         fired: dict[str, list] = {g: [] for g in GROUP_ORDER}
         band_fired: dict[str, list] = {g: [] for g in GROUP_ORDER}
         for c, fr in pf:
@@ -525,10 +534,10 @@ def early_warning_table(anchors: Path | str = DEFAULT_ANCHORS,
 def early_markdown(t: dict) -> str:
     if "skipped" in t:
         return f"skipped: {t['skipped']}\n"
-    lines = ["| frozen final band | heading_k | public curves warned by heading: false / true "
-             "(band rule warned) | synthetic healthy warned (of 20) | faults: heading no later "
-             "than band | heading later by (evals of 1%) | heading missed |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| heading rule (compared, closing gap, frozen band, k) | public curves warned by "
+             "heading: false / true (band rule warned) | synthetic healthy warned (of 20) | "
+             "faults: heading no later than band | heading later by (evals of 1%) | heading "
+             "missed |", "|---|---|---|---|---|---|"]
     for r in t["rows"]:
         pub = ", ".join(f"{g} {sum(x[1] == 'false' for x in v['heading'])} / "
                         f"{sum(x[1] == 'true' for x in v['heading'])} of {v['curves']} "
@@ -539,7 +548,7 @@ def early_markdown(t: dict) -> str:
         late = [round((x["heading"] - x["band"]) * 100) for x in caught
                 if x["heading"] is not None and x["heading"] > x["band"] + 1e-9]
         miss = sum(x["heading"] is None for x in caught)
-        lines.append(f"| {r['against']} | {r['heading_k']} | {pub} | "
+        lines.append(f"| {variant_label(r)} | {pub} | "
                      f"{r['synthetic_healthy_fired']} | {ok}/{len(caught)} | {sorted(late)} | "
                      f"{miss} |")
     return "\n".join(lines) + "\n"
@@ -589,12 +598,18 @@ def main(argv=None) -> int:
                 "the dials learned on the other groups):\n\n" + markdown(t))
         ew = early_warning_table(args.anchors)
         print(early_markdown(ew))
+        cf = cpu_fault_table(variants=[cpu_params(v) for v in HEADING_VARIANTS])
+        print(cpu_markdown(cf))
         text += ("\n## The early warning (issue 40 item 2)\n\nThe heading rule through "
                  "`check()` on every public curve above (its frozen forecast registered; a "
                  "warning is false when the final stayed inside the frozen final band at the "
                  "alert level) and on synthetic faults (shift 2%, drift to +5%, LR spike; onsets "
                  "10/30/50%; 5 seeds each; tests/synthetic.py), beside the band rule:\n\n"
-                 + early_markdown(ew))
+                 + early_markdown(ew) + "\nThe cpu ladder's real injected faults (the demo's "
+                 "hero trained with `ladder demo`'s --inject settings, cached under "
+                 "bench_out/cpu-faults by train_faults; the healthy heroes of `ladder demo "
+                 "--seed 0/1/2`), replayed through `check()`: first warning (fraction of the "
+                 "run) of the heading rule and of the band rule:\n\n" + cpu_markdown(cf))
         tt = transition_table(args.anchors)
         print(transitions_markdown(tt))
         text += ("\n## Transitions at a declared change (issue 40 item 3)\n\nEach public "
@@ -657,6 +672,8 @@ def mpl_changes(anchors: Path) -> list[Change]:
     import pandas as pd
 
     root = anchors / "multipower_luo2025"
+    if not root.is_dir():
+        raise FileNotFoundError(2, "no such folder", str(root))
     out = []
     for size in MPL_N:
         d = {p.stem: pd.read_csv(p) for p in (root / f"csv_{size}").glob("*.csv")}
@@ -951,6 +968,40 @@ def _with_rule(doc: dict, **params) -> dict:
     dr = dict(doc["decision_rule"])
     dr["parameters"] = {**dr.get("parameters", {}), **params}
     return {**doc, "decision_rule": dr}
+
+
+def cpu_params(v) -> dict:
+    """A HEADING_VARIANTS entry as decision-rule parameters."""
+    against, k, *more = v
+    return {"heading_against": against, "heading_k": k, **(more[0] if more else {})}
+
+
+def cpu_markdown(t: dict) -> str:
+    """Per variant and injected fault: the first warning of the heading rule and of the band
+    rule (fraction of the run), and the healthy heroes warned."""
+    if "skipped" in t:
+        return f"skipped: {t['skipped']}\n"
+    runs = sorted({(f["seed"], f["run"]) for r in t["rows"] for f in r["faults"]})
+    lines = ["| heading rule (compared, closing gap) | " + " | ".join(
+        f"seed {s} {n}: heading / band" for s, n in runs) + " | no later | healthy heroes "
+        "warned |", "|---|" + "---|" * len(runs) + "---|---|"]
+    for r in t["rows"]:
+        by = {(f["seed"], f["run"]): f for f in r["faults"]}
+        cells, ok = [], 0
+        for key in runs:
+            f = by.get(key)
+            if f is None:
+                cells.append("")
+                continue
+            h, b = f["heading"], f["band"]
+            ok += h is not None and (b is None or h <= b + 1e-9)
+            cells.append(f"{'-' if h is None else f'{h:.1%}'} / {'-' if b is None else f'{b:.1%}'}")
+        p = r["params"]
+        warned = [f"seed {h['seed']}" for h in r["healthy"] if h["alerts"]]
+        lines.append(f"| {p.get('heading_ahead', 'curve')}, {p.get('heading_closing', 'hold')} "
+                     f"| " + " | ".join(cells) + f" | {ok}/{len(r['faults'])} | "
+                     f"{', '.join(warned) or 'none'} of {len(r['healthy'])} |")
+    return "\n".join(lines) + "\n"
 
 
 def cpu_fault_table(cache: Path = CPU_CACHE, variants=None) -> dict:
