@@ -54,7 +54,6 @@ TIMEOUT_S = 5.0     # per connection: a client that sends nothing is dropped aft
 # write, well under a millisecond; a client still sending after this is dropped
 HEAD_DEADLINE_S = 2.0
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
-LOSS_KINDS = ("above_band", "below_band", "trend", "rising", "contingency", "nan")
 SEVERITY_COLORS = {"info": "#868e96", "warn": "#f08c00", "critical": "#d62728"}
 
 PAGE = """<!DOCTYPE html>
@@ -292,7 +291,8 @@ def chart_state(band, series: list[dict], alerts: list[dict], *, metric: str,
                 level: float | None) -> dict:
     """The ``chart`` object of the page: ``band`` (a ``ladder.predict.prereg_view.ForecastBand`` or
     None), ``series`` ({name, x, y, color, width, opacity}, already downsampled), ``alerts``
-    ({x, kind, severity}); the y range from the band and the series after the first 5% of the
+    (as written: drawn at their ``fraction``; lines for those about the metric, as on the
+    report's watch figure, ticks for the rest); the y range from the band and the series after the first 5% of the
     run (the first evals sit far above), as the report's watch figure does."""
     ys = []
     out_band = None
@@ -312,9 +312,12 @@ def chart_state(band, series: list[dict], alerts: list[dict], *, metric: str,
     pad = 0.08 * (hi - lo) if hi > lo else 0.05 * abs(hi) + 1e-3
     ylim = [lo - pad, hi + pad]
     xmax = max([1.0] + [float(np.max(s["x"])) for s in series if len(s["x"])])
-    marks = [{"x": _round(a["x"]), "kind": a["kind"], "loss": a["kind"] in LOSS_KINDS,
-              "color": SEVERITY_COLORS.get(a["severity"], SEVERITY_COLORS["info"])}
-             for a in alerts if a.get("x") is not None and a["severity"] != "info"]
+    from ladder.reports.figdata import is_loss_alert  # the report's watch figure's own split
+    marks = [{"x": _round(as_float(a.get("fraction"))), "kind": a.get("kind"),
+              "loss": is_loss_alert(a),
+              "color": SEVERITY_COLORS.get(a.get("severity"), SEVERITY_COLORS["info"])}
+             for a in alerts
+             if as_float(a.get("fraction")) is not None and a.get("severity") != "info"]
     names = [s["name"] for s in series]
     legend = (f"dashed: pre-registered forecast, shaded: its {level:.0%} band; "
               if band is not None and level else "") + "; ".join(
@@ -569,15 +572,13 @@ class WatcherFeed:
             series.append(_series(metric, self.metric, "#e8590c", 2.0, 1.0, True))
             last = self.metric.last
         alerts = [to_jsonable(a.to_dict()) for a in w.all_alerts[-ALERTS_SHOWN:]]
-        marks = [{"x": as_float(a.get("fraction")), "kind": a.get("kind"),
-                  "severity": a.get("severity")} for a in alerts]
         lines, tone = watcher_verdict(w, band, level, last)
         from ladder.reports import updated
         up = updated.of_watcher(w)  # issue 40: labelled, beside the frozen band
         series += updated.series(up)
         if updated.line(up, metric):
             lines.insert(1, updated.line(up, metric))
-        return {"chart": chart_state(band, series, marks, metric=metric, level=level),
+        return {"chart": chart_state(band, series, alerts, metric=metric, level=level),
                 "verdict": lines, "tone": {"ok": ""}.get(tone, tone),
                 "alerts": [_alert_row(a) for a in alerts[::-1]],
                 "n_alerts": len(w.all_alerts)}
@@ -661,12 +662,10 @@ def watcher_verdict(w, band, level, last) -> tuple[list[str], str]:
 
 def _panel(metric: str, band, ds: Downsampled, alerts: list[dict], level, residual,
            worst) -> dict:
-    marks = [{"x": as_float(a.get("fraction")), "kind": a.get("kind"),
-              "severity": a.get("severity")} for a in alerts]
     series = [_series(metric, ds, "#e8590c", 2.0, 1.0, True)] if ds.n else []
     res = "-" if residual is None or not math.isfinite(residual) else f"{residual:+.2%}"
     return {"metric": metric, "residual": res, "worst": worst,
-            "chart": chart_state(band, series, marks, metric=metric, level=level)}
+            "chart": chart_state(band, series, alerts, metric=metric, level=level)}
 
 
 def files_panels(inp) -> list[dict]:
@@ -706,8 +705,6 @@ def files_state(inp) -> dict:
         counts[str(a.get("severity"))] = counts.get(str(a.get("severity")), 0) + 1
     worst = next((k for k in ("critical", "warn", "info") if counts.get(k)), None)
     na = next((str(a.get("message")) for a in alerts if a.get("kind") == "not_applicable"), None)
-    marks = [{"x": as_float(a.get("fraction")), "kind": a.get("kind"),
-              "severity": a.get("severity")} for a in alerts]
     level = inp.level if inp.prereg else None
     lines, tone = verdict(inp.target_name or "target", metric, inp.forecast, level, last,
                           worst=worst, not_applicable=na, counts=counts)
@@ -717,7 +714,7 @@ def files_state(inp) -> dict:
     if ps:  # multi-metric: no single metric; the panels carry the curves
         lines = [f"{p['metric']}: residual {p['residual']}, worst alert {p['worst'] or 'none'}"
                  for p in ps] + lines[-1:]
-    return {"chart": None if ps else chart_state(inp.forecast, series, marks, metric=metric,
+    return {"chart": None if ps else chart_state(inp.forecast, series, alerts, metric=metric,
                                                 level=level),
             "panels": ps, "verdict": lines, "tone": {"ok": ""}.get(tone, tone),
             "alerts": [_alert_row(a) for a in alerts[-ALERTS_SHOWN:][::-1]],
