@@ -292,8 +292,8 @@ def chart_state(band, series: list[dict], alerts: list[dict], *, metric: str,
     """The ``chart`` object of the page: ``band`` (a ``ladder.predict.prereg_view.ForecastBand`` or
     None), ``series`` ({name, x, y, color, width, opacity}, already downsampled), ``alerts``
     (as written: drawn at their ``fraction``; lines for those about the metric, as on the
-    report's watch figure, ticks for the rest); the y range from the band and the series after the first 5% of the
-    run (the first evals sit far above), as the report's watch figure does."""
+    report's watch figure, ticks for the rest); the y range from the band and the series after
+    the first 5% of the run (the first evals sit far above), as the report's watch figure does."""
     ys = []
     out_band = None
     if band is not None:
