@@ -61,7 +61,7 @@ class Curve:
     hi: np.ndarray
 
 
-def _y_limits(ys, pad: float, *, log: bool = False) -> tuple[float, float] | None:
+def y_limits(ys, pad: float, *, log: bool = False) -> tuple[float, float] | None:
     """(lo, hi) around the finite values of ``ys`` (positive ones on a log axis), padded by
     ``pad`` of their range; None when there is none."""
     ys = np.asarray([y for y in ys if np.isfinite(y) and (y > 0 or not log)])
@@ -309,7 +309,7 @@ def ladder_data(inp: ReportInputs) -> LadderData | None:
         law_form=inp.law.form if inp.law is not None else None,
         join=not whole or inp.law.obj is None, rungs=rungs,
         law_line=None if whole else _final_points_law(inp, runs), target=target,
-        forecast=forecast, ylim=_y_limits(ys, 0.06, log=True),
+        forecast=forecast, ylim=y_limits(ys, 0.06, log=True),
         last_values=tuple(float(r.series(metric).value[-1]) for r in runs))
 
 
@@ -554,6 +554,18 @@ def _placed_alerts(inp: ReportInputs):
     return tuple(lines), tuple(ticks), counts
 
 
+def watch_ylim(fc, fraction, value) -> tuple[float, float] | None:
+    """The watch chart's y range (the report's figure and the live page alike): the band
+    (``fc``, a ForecastBand or None) and the curve after the first 5% of the run (the first
+    evals sit far above), padded by 8%."""
+    ys = []
+    if fc is not None:
+        m = fc.fraction >= 0.05
+        ys += list(fc.lo[m]) + list(fc.hi[m])
+    fraction, value = np.asarray(fraction, float), np.asarray(value, float)
+    return y_limits(ys + list(value[fraction >= 0.05]), 0.08)
+
+
 def watch_data(inp: ReportInputs) -> WatchData | None:
     """The watch figure's data; None with neither a target run nor a pre-registration."""
     t, fc, metric = inp.target, inp.forecast, inp.metric
@@ -580,13 +592,6 @@ def watch_data(inp: ReportInputs) -> WatchData | None:
         note = "no target run found: forecast only"
     else:
         note = f"{t.name}: no {metric} logged yet"
-    # y limits from the band and the curve after the first 5% (the first evals sit far above)
-    ys = []
-    if fc is not None:
-        m = fc.fraction >= 0.05
-        ys += list(fc.lo[m]) + list(fc.hi[m])
-    if s is not None and len(s):
-        ys += list(s.value[s.fraction >= 0.05])
     rs = []  # the same for the deviation panel, in percent
     if fc is not None:
         m = (fc.fraction >= 0.05) & (fc.loss > 0)
@@ -604,8 +609,9 @@ def watch_data(inp: ReportInputs) -> WatchData | None:
         band_missing=fc is not None and not np.isfinite(fc.lo).any(), run_label=label,
         run_note=note, fraction=fr, value=val, deviation=dev, nonfinite=nonfinite,
         spans=not_applicable_spans(inp), loss_alerts=loss_alerts, ticks=ticks, counts=counts,
-        has_alerts=inp.alerts is not None, ylim=_y_limits(ys, 0.08),
-        rlim=_y_limits(rs, 0.1) if len(rs) > 1 else None,
+        has_alerts=inp.alerts is not None,
+        ylim=watch_ylim(fc, *((s.fraction, s.value) if s is not None else ((), ()))),
+        rlim=y_limits(rs, 0.1) if len(rs) > 1 else None,
         tokens_total=tokens_total if isinstance(tokens_total, (int, float))
         and tokens_total > 0 else None,
         verdict=inp.verdict)

@@ -294,25 +294,20 @@ def chart_state(band, series: list[dict], alerts: list[dict], *, metric: str,
     (as written: drawn at their ``fraction``; lines for those about the metric, as on the
     report's watch figure, ticks for the rest); the y range from the band and the series after
     the first 5% of the run (the first evals sit far above), as the report's watch figure does."""
-    ys = []
+    # the report's watch figure's own rules
+    from ladder.reports.figdata import is_loss_alert, watch_ylim, y_limits
     out_band = None
     if band is not None:
         ok = band.fraction > 0
         out_band = {"x": _list(band.fraction[ok]), "mid": _list(band.loss[ok]),
                     "lo": _list(band.lo[ok]), "hi": _list(band.hi[ok])}
-        m = band.fraction >= 0.05
-        ys += [v for v in np.concatenate([band.lo[m], band.hi[m]]) if math.isfinite(v)]
-    for s in series:
-        if s.get("scale"):
-            x, y = np.asarray(s["x"], float), np.asarray(s["y"], float)
-            ys += [v for v in y[x >= 0.05] if math.isfinite(v)]
-    if not ys:
-        ys = [v for s in series for v in s["y"] if math.isfinite(v)] or [0.0, 1.0]
-    lo, hi = min(ys), max(ys)
-    pad = 0.08 * (hi - lo) if hi > lo else 0.05 * abs(hi) + 1e-3
-    ylim = [lo - pad, hi + pad]
+
+    def cat(ss, k):
+        return np.concatenate([np.asarray(s[k], float) for s in ss]) if ss else np.array([])
+    scaled = [s for s in series if s.get("scale")]
+    ylim = watch_ylim(band, cat(scaled, "x"), cat(scaled, "y")) or \
+        y_limits(cat(series, "y"), 0.08) or (0.0, 1.0)
     xmax = max([1.0] + [float(np.max(s["x"])) for s in series if len(s["x"])])
-    from ladder.reports.figdata import is_loss_alert  # the report's watch figure's own split
     marks = [{"x": _round(as_float(a.get("fraction"))), "kind": a.get("kind"),
               "loss": is_loss_alert(a),
               "color": SEVERITY_COLORS.get(a.get("severity"), SEVERITY_COLORS["info"])}
