@@ -35,6 +35,7 @@ import json
 import math
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -333,6 +334,27 @@ def _series(name: str, ds: Downsampled, color: str, width: float, opacity: float
             "opacity": opacity, "scale": scale}
 
 
+def _curves(metric: str, ds: Downsampled, train: Downsampled) -> list[dict]:
+    """The watched metric's series and, faint and not setting the y range, the train loss."""
+    return ([_series("train/loss", train, "#adb5bd", 1.0, 0.8, False)] if train.n else []) + \
+        [_series(metric, ds, "#e8590c", 2.0, 1.0, True)]
+
+
+def _answer(lines: list[str], tone: str, alerts: list[dict], n_alerts: int, *,
+            chart: dict | None = None, panels: list[dict] | None = None) -> dict:
+    """The page's state: the chart (or a multi-metric watch's panels), the verdict lines and
+    their tone, the newest alerts first."""
+    return {"chart": chart, "panels": panels or [], "verdict": lines,
+            "tone": {"ok": ""}.get(tone, tone),
+            "alerts": [_alert_row(a) for a in alerts[-ALERTS_SHOWN:][::-1]],
+            "n_alerts": n_alerts}
+
+
+def _panel_lines(ps: list[dict], absent=()) -> list[str]:
+    return [f"{p['metric']}: residual {p['residual']}, worst alert {p['worst'] or 'none'}"
+            + (" (absent from the source)" if p["metric"] in absent else "") for p in ps]
+
+
 def _alert_row(a: dict) -> dict:
     g = as_float(a.get("fraction"))
     v = as_float(a.get("value"))
@@ -561,10 +583,7 @@ class WatcherFeed:
         level = self._level_of(doc)
         metric = w.view.metric
         with self._lock:
-            series = []
-            if self.train.n:
-                series.append(_series("train/loss", self.train, "#adb5bd", 1.0, 0.8, False))
-            series.append(_series(metric, self.metric, "#e8590c", 2.0, 1.0, True))
+            series = _curves(metric, self.metric, self.train)
             last = self.metric.last
         alerts = [to_jsonable(a.to_dict()) for a in w.all_alerts[-ALERTS_SHOWN:]]
         lines, tone = watcher_verdict(w, band, level, last)
@@ -573,11 +592,8 @@ class WatcherFeed:
         series += updated.series(up)
         if updated.line(up, metric):
             lines.insert(1, updated.line(up, metric))
-        return {"chart": chart_state(band, series, alerts, metric=metric, level=level),
-                "verdict": lines, "tone": {"ok": ""}.get(tone, tone),
-                "alerts": [_alert_row(a) for a in alerts[::-1]],
-                "n_alerts": len(w.all_alerts)}
-
+        return _answer(lines, tone, alerts, len(w.all_alerts),
+                       chart=chart_state(band, series, alerts, metric=metric, level=level))
 
     def _multi_state(self) -> dict:
         """A multi-metric watch: the panels, in the watcher's residual order (its smoothed
@@ -596,16 +612,12 @@ class WatcherFeed:
                                  [a for a in alerts if a.get("metric") == key], level,
                                  r["residual_rel"], r["worst"]))
         st = w.state
-        lines = [f"{p['metric']}: residual {p['residual']}, worst alert {p['worst'] or 'none'}"
-                 + (" (absent from the source)" if rows[p["metric"]]["absent"] else "")
-                 for p in ps]
+        lines = _panel_lines(ps, [k for k, r in rows.items() if r["absent"]])
         lines.append(f"{st.get('n_points', 0):,} points and {st.get('n_evals', 0):,} evals "
                      f"judged, last step {st.get('last_step')}; worst: "
                      f"{st.get('worst') or 'none'}.")
         tone = {"critical": "bad", "warn": "warn"}.get(st.get("worst") or "", "")
-        return {"chart": None, "panels": ps, "verdict": lines, "tone": tone,
-                "alerts": [_alert_row(a) for a in alerts[::-1]],
-                "n_alerts": len(w.all_alerts)}
+        return _answer(lines, tone, alerts, len(w.all_alerts), panels=ps)
 
 
 def verdict(name: str, metric: str, band, level, last, *, worst: str | None,
@@ -645,9 +657,7 @@ def verdict(name: str, metric: str, band, level, last, *, worst: str | None,
 def watcher_verdict(w, band, level, last) -> tuple[list[str], str]:
     """The verdict of a watcher's page, from its state and alerts."""
     st = w.state
-    counts: dict[str, int] = {}
-    for a in w.all_alerts:
-        counts[a.severity] = counts.get(a.severity, 0) + 1
+    counts = Counter(a.severity for a in w.all_alerts)
     return verdict(str((w.doc.get("target") or {}).get("name") or "target"), w.view.metric,
                    band, level, last, worst=st.get("worst"),
                    not_applicable=st.get("not_applicable"), counts=counts,
@@ -666,10 +676,9 @@ def _panel(metric: str, band, ds: Downsampled, alerts: list[dict], level, residu
 def files_panels(inp) -> list[dict]:
     """The small multiples of a multi-metric pre-registration (``reports.metrics``): one chart
     per metric, largest residual first ([] for a single-metric one)."""
-    from ladder.reports.metrics import panels
     out = []
     level = inp.level if inp.prereg else None
-    for p in panels(inp):
+    for p in inp.panels:
         ds = Downsampled()
         if p.series is not None:
             ds.add(p.series.fraction, p.series.value)
@@ -681,23 +690,16 @@ def files_state(inp) -> dict:
     """The page's state from report inputs (``ladder.reports.inputs.ReportInputs``): the target's
     metric and train loss downsampled as a watcher's page draws them."""
     metric = inp.metric
-    series = []
     t = inp.target
-    last = None
-    if t is not None:
-        for key, color, width, opacity, scale in (("train/loss", "#adb5bd", 1.0, 0.8, False),
-                                                  (metric, "#e8590c", 2.0, 1.0, True)):
-            s = t.series(key)
-            if s is not None and len(s):
-                ds = Downsampled()
-                ds.add(s.fraction, s.value)
-                series.append(_series(key, ds, color, width, opacity, scale))
-                if key == metric:
-                    last = ds.last
+    ds = {key: Downsampled() for key in (metric, "train/loss")}
+    for key in ds if t is not None else ():
+        s = t.series(key)
+        if s is not None and len(s):
+            ds[key].add(s.fraction, s.value)
+    series = _curves(metric, ds[metric], ds["train/loss"]) if t is not None else []
+    last = ds[metric].last
     alerts = list(inp.alerts or [])
-    counts: dict[str, int] = {}
-    for a in alerts:
-        counts[str(a.get("severity"))] = counts.get(str(a.get("severity")), 0) + 1
+    counts = Counter(str(a.get("severity")) for a in alerts)
     worst = next((k for k in ("critical", "warn", "info") if counts.get(k)), None)
     na = next((str(a.get("message")) for a in alerts if a.get("kind") == "not_applicable"), None)
     level = inp.level if inp.prereg else None
@@ -707,13 +709,9 @@ def files_state(inp) -> dict:
         lines += list(inp.notes[:2])
     ps = files_panels(inp)
     if ps:  # multi-metric: no single metric; the panels carry the curves
-        lines = [f"{p['metric']}: residual {p['residual']}, worst alert {p['worst'] or 'none'}"
-                 for p in ps] + lines[-1:]
-    return {"chart": None if ps else chart_state(inp.forecast, series, alerts, metric=metric,
-                                                level=level),
-            "panels": ps, "verdict": lines, "tone": {"ok": ""}.get(tone, tone),
-            "alerts": [_alert_row(a) for a in alerts[-ALERTS_SHOWN:][::-1]],
-            "n_alerts": len(alerts)}
+        return _answer(_panel_lines(ps) + lines[-1:], tone, alerts, len(alerts), panels=ps)
+    return _answer(lines, tone, alerts, len(alerts),
+                   chart=chart_state(inp.forecast, series, alerts, metric=metric, level=level))
 
 
 # ------------------------------------------------------------------------ the server
