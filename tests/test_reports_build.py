@@ -479,3 +479,13 @@ def test_the_law_table_says_fixed_and_not_identified(tmp_path):
     path.write_text(json.dumps(law.to_json()))
     rows = {r["parameter"]: r for r in law_rows(load_inputs(law=path))}
     assert rows["E"]["note"] == "fixed" and rows["alpha"]["note"] == ""
+
+
+def test_a_health_alert_is_drawn_on_the_panel_of_the_key_it_names():
+    from ladder.reports.figdata import health_alert_for
+    grad = {"kind": "grad_norm", "severity": "warn", "key": "grad/norm"}
+    assert health_alert_for(grad, "grad/norm") and not health_alert_for(grad, "moe/drop_frac")
+    cleared = {"kind": "cleared", "clears": "grad_norm", "severity": "info", "key": "grad/norm"}
+    assert health_alert_for(cleared, "grad/norm")
+    assert not health_alert_for({"kind": "above_band", "severity": "warn", "key": "grad/norm"},
+                                "grad/norm")  # about the watched metric: the watch figure's

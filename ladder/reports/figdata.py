@@ -18,15 +18,12 @@ import numpy as np
 from ladder.fit.forms import CURVES_FORMS
 from ladder.io import as_float
 from ladder.predict.planned import rung_query
-from ladder.predict.watch import SEVERITIES, alert_kinds, health_alert_kinds
+from ladder.predict.watch import SEVERITIES, alert_kinds
 from ladder.reports.inputs import ReportInputs, RunData, alert_fraction, not_applicable_spans
 
 # Alert kinds about the watched metric itself: those of the watcher's rules drawn on the watch
 # plot (predict.watch.RULES, panel "watch"); spikes and health alerts are ticks on its top edge.
 LOSS_ALERT_KINDS = alert_kinds("watch")
-# Alert kinds drawn on a health panel as well as on the watch plot: per key, those of the rules
-# that read it (ladder.predict.watch.RULES, panel "health", and the non-finite rule).
-HEALTH_ALERT_KINDS = health_alert_kinds()
 # loss alerts whose value is circled on the watch plot
 MARKED_KINDS = ("above_band", "below_band", "trend", "rising")
 
@@ -41,14 +38,10 @@ def is_loss_alert(a: dict) -> bool:
 
 
 def health_alert_for(a: dict, key: str) -> bool:
-    """Whether alert ``a`` is about health signal ``key``: the metric ``key`` the watcher wrote
-    into it, else (alerts of older watchers) one of the kinds its rules raise about ``key``."""
-    if is_loss_alert(a):
-        return False
-    if isinstance(a.get("key"), str):
-        return a["key"] == key
-    kind = a.get("clears") if a.get("kind") == "cleared" else a.get("kind")
-    return kind in HEALTH_ALERT_KINDS.get(key, ())
+    """Whether alert ``a`` is about health signal ``key``: the metric ``key`` the watcher writes
+    into every alert of a health rule (since 4ad29e2, before any release; an alert without one
+    is drawn on the watch figure only)."""
+    return not is_loss_alert(a) and a.get("key") == key
 
 
 @dataclass(frozen=True)
