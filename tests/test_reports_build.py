@@ -19,7 +19,7 @@ from conftest import chromium_dom
 from ladder.cli.main import main as cli_main
 from ladder.predict.prereg import seal
 from ladder.reports.build import build_report
-from ladder.reports.figdata import backtests, ladder_residuals
+from ladder.reports.figdata import backtests, ladder_data
 from ladder.reports.inputs import load_inputs, not_applicable_spans
 from ladder.reports.page import render_html, render_summary
 from ladder.reports.plots import plot_law, plot_watch
@@ -350,10 +350,10 @@ def test_law_evaluated_at_the_right_compute(ladder_dir):
         form = "trajectory"
 
     inp = load_inputs(runs=ladder_dir[0], law=TrajectoryTruth())
-    res = ladder_residuals(inp)
+    res = ladder_data(inp).residuals
     assert len(res) == sum(len(r.series(METRIC)) for r in inp.rungs) == 4 * 20
     assert np.abs(res).max() < 1e-12
-    res_final = ladder_residuals(load_inputs(runs=ladder_dir[0], law=KnownLaw()))
+    res_final = ladder_data(load_inputs(runs=ladder_dir[0], law=KnownLaw())).residuals
     assert len(res_final) == 4 and np.abs(res_final).max() < 1e-12
 
 

@@ -306,14 +306,6 @@ def ladder_data(inp: ReportInputs) -> LadderData | None:
         last_values=tuple(float(r.series(metric).value[-1]) for r in runs))
 
 
-def ladder_residuals(inp: ReportInputs) -> np.ndarray:
-    """Relative residuals (observed / law - 1) of every rung's eval points (empty without a law)."""
-    whole = law_follows_runs(inp)
-    out = [_rung_law(inp, run, whole, np.array([]))[1] for run in inp.rungs]
-    out = [r for r in out if len(r)]
-    return np.concatenate(out) if out else np.array([])
-
-
 # ----------------------------------------------------------------------------- 2. the law
 
 

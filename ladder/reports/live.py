@@ -393,7 +393,6 @@ class LivePage:
         self._n = 0
         self._state: dict = {}
         self._body = b"{}"
-        self.requests = 0
         try:
             self.httpd = _PoolServer((host, port), _handler(self))
         except OSError as e:
@@ -802,7 +801,6 @@ def _handler(page: LivePage):
             self.wfile.write(body)
 
         def do_GET(self):  # noqa: N802 - the http.server API
-            page.requests += 1
             self.connection.settimeout(TIMEOUT_S)  # the answer's writes: the connection's own
             hosts = self.headers.get_all("Host") or []
             if len(hosts) != 1 or not page.host_allowed(hosts[0]):
