@@ -298,11 +298,8 @@ class Watcher:
 
     def _restore_source(self, saved: dict) -> None:
         judged = judged_through(saved.get("state"))
-        if "source" not in saved:
-            self._skip(judged)
-            return
         try:
-            if not self.source.restore(saved["source"]):
+            if "source" not in saved or not self.source.restore(saved["source"]):
                 self._skip(judged)
         except (TypeError, ValueError, KeyError, OverflowError, AttributeError) as e:
             msg = str(e)
