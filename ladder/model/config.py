@@ -7,12 +7,12 @@ Hd head dim, E routed experts, L latent width, F expert hidden width, C expert c
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import math
 from dataclasses import dataclass
 
 COMBINE_RULES = ("sigmoid", "softmax")
-BIAS_RULES = ("threshold", "quantile", "sign", "none")
 PRECISIONS = ("auto", "bf16", "f32")
 REMATS = ("none", "dots", "full")
 INITS = ("gpt2", "recipe")
@@ -21,6 +21,34 @@ QK_NORMS = ("learned", "rms")
 # residual scaling (Marin's public hero-run tracking issue; issue 12 of this project).
 RECIPE_INIT_COEF = 0.5
 RECIPE_INIT_TRUNCATE = 3.0
+
+
+class BiasRule(enum.StrEnum):
+    """How the router bias is set after each step: the names a config file or ``--model.bias_rule``
+    gives. What each rule does (its statistic, merge, target and update) is its class in
+    ladder/model/moe.py's ``RULES``, one per member (a test checks that every member has one).
+
+    A str (config.json and law files write the name unchanged); members are named by their
+    values so that they hash, compare and print as those strings.
+    """
+
+    threshold = "threshold"   # minus each expert's n-th largest raw logit (the first ladders')
+    quantile = "quantile"     # minus each expert's upper K/E margin quantile (the hero recipe's)
+    sign = "sign"             # bias += u sign(mean load - load) (loss-free balancing)
+    none = "none"             # the bias stays at its init (zeros)
+
+    @classmethod
+    def parse(cls, value, field: str = "bias_rule") -> "BiasRule":
+        """``value`` as a rule; a ValueError naming ``field`` for anything else."""
+        if isinstance(value, str):
+            try:
+                return cls(value)
+            except ValueError:
+                pass
+        raise ValueError(f"{field}: must be one of {BIAS_RULES}, got {value!r}")
+
+
+BIAS_RULES = tuple(r.value for r in BiasRule)
 
 
 def resolve_precision(precision: str, backend: str) -> str:
@@ -67,7 +95,7 @@ class ModelConfig:
     capacity_tokens: int | None = None  # tokens per capacity cell (consecutive tokens of the
     #                                batch); None: one cell per MoE call (per device), what every
     #                                run before issue 22 did. The ladders set it (model/moe.py)
-    bias_rule: str = "threshold"   # router-bias balancing rule: threshold | quantile | sign | none
+    bias_rule: BiasRule = BiasRule.threshold  # router-bias balancing rule (a name of BiasRule)
     bias_rate: float = 1e-3        # u of the sign rule
     z_loss: float = 1e-4           # logit z-loss weight (real recipe: 1e-4)
     norm_eps: float = 1e-6         # the residual-stream (and latent, learned-QK) RMSNorms; the
@@ -148,8 +176,8 @@ class ModelConfig:
                              f"{self.head_dim} * {self.rope_fraction}")
         if self.combine not in COMBINE_RULES:
             raise ValueError(f"combine: must be one of {COMBINE_RULES}, got {self.combine!r}")
-        if self.bias_rule not in BIAS_RULES:
-            raise ValueError(f"bias_rule: must be one of {BIAS_RULES}, got {self.bias_rule!r}")
+        # a name from a file or an override becomes the rule (frozen: set through object)
+        object.__setattr__(self, "bias_rule", BiasRule.parse(self.bias_rule))
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision: must be one of {PRECISIONS}, got {self.precision!r}")
         if self.remat not in REMATS:
