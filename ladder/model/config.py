@@ -59,26 +59,34 @@ def resolve_precision(precision: str, backend: str) -> str:
     return "f32" if backend == "cpu" else "bf16"
 
 
-@dataclass(frozen=True)
-class ModelConfig:
-    """A decoder of MoE layers in the shape of Marin's hero recipe.
+def _positive(obj, names) -> None:
+    for name in names:
+        if not isinstance(getattr(obj, name), int) or getattr(obj, name) <= 0:
+            raise ValueError(f"{name}: must be a positive integer, got {getattr(obj, name)!r}")
 
-    Every layer: RMSNorm -> attention (QK-norm, partial RoPE, grouped KV heads, sliding-window
-    "local" or full "global") -> RMSNorm -> MoE (routed SwiGLU experts in a latent space of width
-    ``latent_dim`` + ``n_shared`` full-width SwiGLU shared experts, router on the full-width token).
-    Untied embedding and LM head.
+
+def _at_most(obj, limits) -> None:
+    # what a model can be on any machine (issue 26): an override of 10**200 is refused here,
+    # not in a kernel
+    for name, hi in limits:
+        v = getattr(obj, name)
+        if isinstance(v, int) and v > hi:
+            raise ValueError(f"{name}: must be <= {hi}, got {v!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSwitches:
+    """The model's switches: every choice of the architecture and the recipe that is not a size
+    derived from a rung's width and depth, nor how to compute. Defined once, here: a ladder's
+    ``Recipe`` holds one (ladder/specs.py; a ladder file's ``[recipe]`` table sets them by name)
+    and a :class:`ModelConfig` is one plus the sizes and the compute path.
 
     The hero recipe's pieces are switches below (``init`` ... ``head_gate``, issue 12), off by
     default; ladder/model/layers.py says where each one sits.
     """
 
     vocab_size: int
-    d_model: int
-    n_layers: int
-    n_heads: int
     head_dim: int
-    n_kv_heads_local: int
-    n_kv_heads_global: int
     global_every: int = 4          # layer i is global if (i + 1) % global_every == 0, and the last
     local_window: int = 2048       # sliding window of local layers (tokens, incl. the current one)
     rope_fraction: float = 1.0     # fraction of the head dim rotated by RoPE
@@ -86,9 +94,6 @@ class ModelConfig:
     n_experts: int = 8
     top_k: int = 2
     n_shared: int = 1
-    expert_dim: int = 32           # hidden width F of a routed expert (in latent space)
-    latent_dim: int = 32           # latent width L the routed experts read and write
-    shared_dim: int = 32           # hidden width of a shared expert (full-width in and out)
     combine: str = "sigmoid"       # combine weights over the chosen k: sigmoid or softmax
     route_scale: float = 2.5       # combine weights rescaled to sum to this (real recipe: 2.5)
     capacity_factor: float = 1.25  # slots per (cell, expert) = ceil(cf * cell tokens * k / E)
@@ -115,34 +120,14 @@ class ModelConfig:
     #                                the attention output and the MoE output (the recipe: 4)
     xsa: bool = False              # exclusive self-attention: remove y's component along v
     head_gate: bool = False        # attention output of head h x 2 sigmoid(x . attn_gate_h)
-    # How to compute (not what): the same parameters and, up to rounding, the same function.
-    precision: str = "auto"        # auto | bf16 | f32; "auto": f32 on CPU, bf16 on accelerators
-    remat: str = "none"            # none | dots | full: what each layer saves for the backward
-    loss_chunk: int = 512          # LM head + cross-entropy over chunks of this many positions
-    attention_chunk: int = 512     # query block of attention without flash (XLA: CPU, TPU)
 
     def __post_init__(self):
-        def positive(name):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
-                raise ValueError(f"{name}: must be a positive integer, got {getattr(self, name)!r}")
-
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "head_dim", "n_kv_heads_local",
-                     "n_kv_heads_global", "global_every", "local_window", "n_experts", "top_k",
-                     "expert_dim", "latent_dim", "loss_chunk", "attention_chunk"):
-            positive(name)
-        # what a model can be on any machine (issue 26; the same limits as a ladder file's,
-        # ladder/specs.py::LIMITS): an override of 10**200 is refused here, not in a kernel
-        for name, hi in (("vocab_size", 2 ** 24), ("d_model", 2 ** 17), ("n_layers", 2 ** 12),
-                         ("n_heads", 2 ** 12), ("head_dim", 2 ** 12), ("n_kv_heads_local", 2 ** 12),
-                         ("n_kv_heads_global", 2 ** 12), ("global_every", 2 ** 12),
-                         ("local_window", 2 ** 24), ("n_experts", 2 ** 16), ("top_k", 2 ** 16),
-                         ("expert_dim", 2 ** 20), ("latent_dim", 2 ** 20),
-                         ("shared_dim", 2 ** 20), ("n_shared", 2 ** 10), ("loss_chunk", 2 ** 24),
-                         ("attention_chunk", 2 ** 24), ("gated_norm_rank", 2 ** 17),
-                         ("conv_kernel", 2 ** 10)):
-            v = getattr(self, name)
-            if isinstance(v, int) and v > hi:
-                raise ValueError(f"{name}: must be <= {hi}, got {v!r}")
+        _positive(self, ("vocab_size", "head_dim", "global_every", "local_window", "n_experts",
+                         "top_k"))
+        _at_most(self, (("vocab_size", 2 ** 24), ("head_dim", 2 ** 12), ("global_every", 2 ** 12),
+                        ("local_window", 2 ** 24), ("n_experts", 2 ** 16), ("top_k", 2 ** 16),
+                        ("n_shared", 2 ** 10), ("gated_norm_rank", 2 ** 17),
+                        ("conv_kernel", 2 ** 10)))
         for name, hi in (("capacity_factor", 1e3), ("route_scale", 1e3), ("rope_theta", 1e12),
                          ("qk_mult", 1e3), ("norm_eps", 1.0), ("init_std", 10.0),
                          ("bias_rate", 1.0), ("z_loss", 1e3)):
@@ -152,14 +137,6 @@ class ModelConfig:
                 raise ValueError(f"{name}: must be a finite number <= {hi:g}, got {v!r}")
         if not isinstance(self.n_shared, int) or self.n_shared < 0:
             raise ValueError(f"n_shared: must be an integer >= 0, got {self.n_shared!r}")
-        if self.n_shared and (not isinstance(self.shared_dim, int) or self.shared_dim <= 0):
-            raise ValueError(f"shared_dim: must be a positive integer, got {self.shared_dim!r}")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model: {self.d_model} is not divisible by n_heads={self.n_heads}")
-        for name in ("n_kv_heads_local", "n_kv_heads_global"):
-            if self.n_heads % getattr(self, name):
-                raise ValueError(f"{name}: n_heads={self.n_heads} is not a multiple of "
-                                 f"{getattr(self, name)}")
         if self.top_k > self.n_experts:
             raise ValueError(f"top_k: {self.top_k} > n_experts={self.n_experts}")
         if not self.capacity_factor > 0:
@@ -169,7 +146,9 @@ class ModelConfig:
                                                  self.capacity_tokens <= 0):
             raise ValueError(f"capacity_tokens: must be null or a positive integer, got "
                              f"{self.capacity_tokens!r}")
-        if not 0.0 <= self.rope_fraction <= 1.0:
+        if isinstance(self.rope_fraction, bool) or \
+                not isinstance(self.rope_fraction, (int, float)) or \
+                not 0.0 <= self.rope_fraction <= 1.0:
             raise ValueError(f"rope_fraction: must be in [0, 1], got {self.rope_fraction!r}")
         if int(self.head_dim * self.rope_fraction) % 2:
             raise ValueError(f"rope_fraction: head_dim * rope_fraction must be even, got "
@@ -178,10 +157,6 @@ class ModelConfig:
             raise ValueError(f"combine: must be one of {COMBINE_RULES}, got {self.combine!r}")
         # a name from a file or an override becomes the rule (frozen: set through object)
         object.__setattr__(self, "bias_rule", BiasRule.parse(self.bias_rule))
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision: must be one of {PRECISIONS}, got {self.precision!r}")
-        if self.remat not in REMATS:
-            raise ValueError(f"remat: must be one of {REMATS}, got {self.remat!r}")
         if self.init not in INITS:
             raise ValueError(f"init: must be one of {INITS}, got {self.init!r}")
         if self.qk_norm not in QK_NORMS:
@@ -198,6 +173,68 @@ class ModelConfig:
         for name in ("route_scale", "bias_rate", "z_loss", "norm_eps", "init_std", "rope_theta"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
+
+    @property
+    def switches(self) -> "ModelSwitches":
+        """The switches alone (of a :class:`ModelConfig`: without its sizes and compute path)."""
+        return ModelSwitches(**{f.name: getattr(self, f.name) for f in SWITCH_FIELDS})
+
+
+SWITCH_FIELDS = dataclasses.fields(ModelSwitches)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig(ModelSwitches):
+    """A decoder of MoE layers in the shape of Marin's hero recipe: its switches
+    (:class:`ModelSwitches`, the fields above these), its sizes and how to compute it.
+
+    Every layer: RMSNorm -> attention (QK-norm, partial RoPE, grouped KV heads, sliding-window
+    "local" or full "global") -> RMSNorm -> MoE (routed SwiGLU experts in a latent space of width
+    ``latent_dim`` + ``n_shared`` full-width SwiGLU shared experts, router on the full-width token).
+    Untied embedding and LM head. Keyword arguments only; on disk (config.json's ``"model"``) one
+    flat object of every field.
+    """
+
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads_local: int
+    n_kv_heads_global: int
+    expert_dim: int = 32           # hidden width F of a routed expert (in latent space)
+    latent_dim: int = 32           # latent width L the routed experts read and write
+    shared_dim: int = 32           # hidden width of a shared expert (full-width in and out)
+    # How to compute (not what): the same parameters and, up to rounding, the same function.
+    precision: str = "auto"        # auto | bf16 | f32; "auto": f32 on CPU, bf16 on accelerators
+    remat: str = "none"            # none | dots | full: what each layer saves for the backward
+    loss_chunk: int = 512          # LM head + cross-entropy over chunks of this many positions
+    attention_chunk: int = 512     # query block of attention without flash (XLA: CPU, TPU)
+
+    def __post_init__(self):
+        super().__post_init__()
+        _positive(self, ("d_model", "n_layers", "n_heads", "n_kv_heads_local", "n_kv_heads_global",
+                         "expert_dim", "latent_dim", "loss_chunk", "attention_chunk"))
+        _at_most(self, (("d_model", 2 ** 17), ("n_layers", 2 ** 12), ("n_heads", 2 ** 12),
+                        ("n_kv_heads_local", 2 ** 12), ("n_kv_heads_global", 2 ** 12),
+                        ("expert_dim", 2 ** 20), ("latent_dim", 2 ** 20), ("shared_dim", 2 ** 20),
+                        ("loss_chunk", 2 ** 24), ("attention_chunk", 2 ** 24)))
+        if self.n_shared and (not isinstance(self.shared_dim, int) or self.shared_dim <= 0):
+            raise ValueError(f"shared_dim: must be a positive integer, got {self.shared_dim!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model: {self.d_model} is not divisible by n_heads={self.n_heads}")
+        for name in ("n_kv_heads_local", "n_kv_heads_global"):
+            if self.n_heads % getattr(self, name):
+                raise ValueError(f"{name}: n_heads={self.n_heads} is not a multiple of "
+                                 f"{getattr(self, name)}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision: must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.remat not in REMATS:
+            raise ValueError(f"remat: must be one of {REMATS}, got {self.remat!r}")
+
+    @classmethod
+    def of(cls, switches: ModelSwitches, **sizes) -> "ModelConfig":
+        """The model of ``switches`` with these sizes (and compute fields; a switch named here
+        too, e.g. ``capacity_tokens``, takes this value)."""
+        return cls(**{**{f.name: getattr(switches, f.name) for f in SWITCH_FIELDS}, **sizes})
 
     # ----------------------------------------------------------------- derived sizes
     @property
