@@ -251,7 +251,7 @@ class FitResult(LawResult, forms=tuple(FORMS)):
         object.__setattr__(self, "tool_version", self.tool_version or _version())
 
     # --- what it was fitted with, and its spread ----------------------------------------------
-    metric = property(lambda self: self.config.metric)
+    metric = property(lambda self: self.config.metric or "loss")
     level = property(lambda self: float(self.config.level))
     params_column = property(lambda self: self.config.params_column)
     objective = property(lambda self: self.config.objective)

@@ -82,11 +82,11 @@ def _curve_table(df) -> bool:
                 and df["run"].nunique() >= 2)
 
 
-def fit_auto_curves(df, config, fix):
+def fit_auto_curves(df, config):
     """``--form auto`` on a table of curves without scale columns: the multi-power law (Luo et
     al. 2025) and the momentum law (Tissue et al. 2024), chosen by leave-one-run-out (fit on
     the other schedules, predict the held-out run's whole curve; mean relative error)."""
-    data = curve_data_from_table(df, size_column="active_params")
+    data, fix = curve_data_from_table(df, size_column="active_params"), config.fix
     rows, best = [], None
     for form in ("mpl", "momentum"):
         errs = []
@@ -184,11 +184,11 @@ def _own_prior(prior, spec) -> dict:
     return {k: v for k, v in (prior or {}).items() if k in spec.form.names}
 
 
-def fit_auto(df, fix, tie, config):
+def fit_auto(df, config):
     excluded: dict = {}
-    cands = candidates(df, fix, tie, config.params_column, excluded)
+    cands = candidates(df, config.fix, config.tie, config.params_column, excluded)
     if not cands and _curve_table(df):
-        return fit_auto_curves(df, config, fix)
+        return fit_auto_curves(df, config)
     if not cands:
         raise InputError("no law form fits these columns (need compute, or params and tokens, "
                          "or curves with step and lr)", field="form")
@@ -288,7 +288,7 @@ def _label(h) -> str:
     return "equal weights" if h == math.inf else f"{h:g} decades"
 
 
-def scale_weight_rule(df, result, config, prior: dict):
+def scale_weight_rule(df, result, config):
     """``result`` or the same form fitted with the weights of the bandwidth the rollout
     backtest prefers (see above); the decision is in ``diagnostics["scale_weighting"]``
     (``bandwidth``: decades, None for equal weights)."""
@@ -309,7 +309,7 @@ def scale_weight_rule(df, result, config, prior: dict):
                       why="no bandwidth is a candidate for this ladder")
         result.diagnostics["scale_weighting"] = record
         return result
-    pri = _own_prior(prior, spec)
+    pri = _own_prior(config.prior, spec)
     fits = {math.inf: result}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -422,7 +422,7 @@ def _common_folds(variants: dict) -> set | None:
     return common or None
 
 
-def asymptote_rule(df, result, config, fix: dict, tie: dict, prior: dict):
+def asymptote_rule(df, result, config):
     """``result`` or, when a short ladder leaves E unidentified, the one of its free, prior and
     fixed-E variants with the lowest rollout error among the defensible ones with a plausible
     E, with the pooled draws of the defensible ones; the decision and why are recorded in
@@ -430,7 +430,7 @@ def asymptote_rule(df, result, config, fix: dict, tie: dict, prior: dict):
     ``implausible``, ``why``)."""
     import numpy as np
 
-    form = result.spec.form
+    form, fix, prior = result.spec.form, config.fix, config.prior
     if "E" not in form.names or "E" in fix or "E" in (prior or {}) or result.by:
         return result
     # a ladder's length is its number of model sizes (runs within 0.05 decades are one size);
