@@ -25,7 +25,7 @@ from ladder.fit.backtest import (
     EXTRAPOLATION_POWER,
     backtest,
     fit_one,
-    set_power,
+    with_power,
     trajectory_vs_per_fraction,
 )
 from ladder.fit.config import HUBER_DELTA, OBJECTIVES, FitConfig
@@ -122,8 +122,8 @@ def fit_law(df, config: FitConfig | None = None, **changes) -> FitResult:
         power = config.extrapolation_power
         if power is None and auto:
             power = EXTRAPOLATION_POWER
-        if power is not None:
-            set_power(res.diagnostics.get("backtest"), power)
+        if power is not None and "backtest" in res.diagnostics:
+            res = res.with_diagnostics(backtest=with_power(res.diagnostics["backtest"], power))
     return _left_out(res, df)
 
 
@@ -157,39 +157,36 @@ def _forecast_layer(res, plain, band_prior) -> FitResult:
     """``res`` with its forecast layer on record (``diagnostics.forecast_layer``): the band's
     prior, and where a device (scale weights, the asymptote rule) moved the estimates, the
     form's own estimates beside them, so law.json and the report say which numbers are which."""
-    layer = {}
+    layer, new = {}, {}
     if band_prior is True:
         band_prior = BAND_PRIOR
     if band_prior:
-        res.diagnostics["band_prior"] = dict(band_prior)
+        new["band_prior"] = dict(band_prior)
         layer["band"] = ("noise and extrapolation terms pooled with their cross-ladder values "
                          "(diagnostics.band_prior); the estimates are not moved")
     devices = [k for k in ("scale_weighting", "asymptote_rule")
                if (res.diagnostics.get(k) or {}).get("applied")
                and (res.diagnostics.get(k) or {}).get("chosen") not in (None, "free",
                                                                          "equal weights")]
-    if devices and res is not plain:
+    if devices:  # a device that moved the estimates: res is another fit than plain
         layer["devices"] = devices
         layer["estimator_params"] = {k: float(v) for k, v in plain.params.items()}
         layer["estimates"] = ("params are the forecast's (moved by " + ", ".join(devices)
                               + "); the form's own estimator gave estimator_params")
         if "allocation" in plain.diagnostics:
             # an allocation sizes a run: it is the form's exponents', never a device's
-            res.diagnostics["allocation"] = dict(plain.diagnostics["allocation"],
-                                                 source="the form's own estimator")
+            new["allocation"] = dict(plain.diagnostics["allocation"],
+                                     source="the form's own estimator")
     else:
         layer["estimates"] = "params are the form's own estimator"
-    res.diagnostics["forecast_layer"] = layer
-    return res
+    return res.with_diagnostics(**new, forecast_layer=layer)
 
 
 def _left_out(res, df):
     """The runs the points table's reader left out (a ladder's target: fit.points.load_points)
     go into the law's ``inputs.left_out``, so the law and its report say what it did not see."""
     left = list(df.attrs.get("left_out") or [])
-    if left:
-        res.inputs["left_out"] = left
-    return res
+    return replace(res, inputs={**res.inputs, "left_out": left}) if left else res
 
 
 def _spec(form: str, fix: dict, tie: dict) -> Spec:
@@ -214,16 +211,16 @@ def _fit_by(df, config) -> FitResult:
         raise InputError("--by needs an explicit --form", field="by")
     spec, by = _spec(config.form, config.fix, config.tie), config.by
     res = fit_by(df, spec, by, config)
-    diag = res.diagnostics
-    if config.backtest:
-        diag["backtest"] = backtest(df, spec, config.refit(), by=by)
-        if by == "fraction" and spec.form.name == "compute" and set(spec.fix) == {"E"}:
-            try:
-                diag["trajectory_vs_per_fraction"] = trajectory_vs_per_fraction(
-                    df, config, per_fraction_bt=diag["backtest"], E=float(spec.fix["E"]))
-            except InputError as e:
-                diag["trajectory_vs_per_fraction"] = {"error": str(e)}
-    return res
+    if not config.backtest:
+        return res
+    new = {"backtest": backtest(df, spec, config.refit(), by=by)}
+    if by == "fraction" and spec.form.name == "compute" and set(spec.fix) == {"E"}:
+        try:
+            new["trajectory_vs_per_fraction"] = trajectory_vs_per_fraction(
+                df, config, per_fraction_bt=new["backtest"], E=float(spec.fix["E"]))
+        except InputError as e:
+            new["trajectory_vs_per_fraction"] = {"error": str(e)}
+    return res.with_diagnostics(**new)
 
 
 
