@@ -978,7 +978,9 @@ def cpu_params(v) -> dict:
 
 def cpu_markdown(t: dict) -> str:
     """Per variant and injected fault: the first warning of the heading rule and of the band
-    rule (fraction of the run), and the healthy heroes warned."""
+    rule (fraction of the run; '-' none), how many faults heading warned no later than the band
+    rule (a run neither warned of diverged first: the nan rule's), and the healthy heroes
+    warned."""
     if "skipped" in t:
         return f"skipped: {t['skipped']}\n"
     runs = sorted({(f["seed"], f["run"]) for r in t["rows"] for f in r["faults"]})
@@ -994,7 +996,8 @@ def cpu_markdown(t: dict) -> str:
                 cells.append("")
                 continue
             h, b = f["heading"], f["band"]
-            ok += h is not None and (b is None or h <= b + 1e-9)
+            # neither: the run diverged before two evals left the band (the nan rule's)
+            ok += b is None or (h is not None and h <= b + 1e-9)
             cells.append(f"{'-' if h is None else f'{h:.1%}'} / {'-' if b is None else f'{b:.1%}'}")
         p = r["params"]
         warned = [f"seed {h['seed']}" for h in r["healthy"] if h["alerts"]]
