@@ -625,7 +625,13 @@ def main(argv=None) -> int:
                  "change) `compute` is the new plan's law along the run, as `recipe`, and the "
                  "product's three transitions coincide "
                  "(tests/test_amend_property.py); the `relax` here relaxes from the old plan's "
-                 "curve, as it does for a data change.\n\n" + transitions_markdown(tt))
+                 "curve, as it does for a data change. Groups: MPL's schedule switches, "
+                 "Schaipp's WSD cooldowns (the constant-LR twin as the old plan), Schaipp's "
+                 "horizon extensions (schaipp-ext: the 50k-step WSD run as the old plan, "
+                 "resumed at 40k with a 100k or 200k plan; its forecast past its own end held "
+                 "at its final; one sibling each, the other model's same extension). The "
+                 "product's default (`relax`, ladder/predict/amend.py) is, on a schedule change "
+                 "(no multiplier), the `compute` column's curve.\n\n" + transitions_markdown(tt))
         from ladder.io import atomic_write_text
         atomic_write_text(args.out, text)
     return 0 if t.get("passed", True) else 1
