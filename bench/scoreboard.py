@@ -575,6 +575,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-cache", action="store_true")
     ap.add_argument("--out", default=None, help="write the markdown tables here")
     ap.add_argument("--json", default=None, help="write every ladder's numbers here")
+    ap.add_argument("--from-json", default=None, metavar="PATH",
+                    help="fit nothing: the fit's tables from a --json output as it is (to "
+                         "write the forecast tables beside results already measured)")
     ap.add_argument("--no-forecast-tables", action="store_true",
                     help="leave out the updated forecast's and the amendments' tables")
     ap.add_argument("--early-warning", action="store_true",
@@ -596,8 +599,12 @@ def main(argv=None) -> int:
         for vname, rows in obj["results"].items():
             results[f"{label} {vname}"] = {k: LadderScore(**v) for k, v in rows.items()
                                            if k in ladders}
+    if args.from_json:
+        obj = json.loads(Path(args.from_json).read_text())
+        for vname, rows in obj["results"].items():
+            results[vname] = {k: LadderScore(**v) for k, v in rows.items() if k in ladders}
     t0 = time.perf_counter()
-    for vname in args.variant or ["defaults"]:
+    for vname in [] if args.from_json else args.variant or ["defaults"]:
         results[vname] = run_variant(VARIANTS[vname], ladders, cache, all_ladders=all_ladders,
                                      log=lambda s: print(s, file=sys.stderr, flush=True))
         if any(s.power_grid for s in results[vname].values()) and len(ladders) > 1:
