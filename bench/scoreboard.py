@@ -218,6 +218,12 @@ VARIANTS = {v.name: v for v in (
             _fixed(asymptote_rule=False, scale_weighting=True)),
     Variant("no-weights", "form auto + asymptote rule, no scale weights",
             _fixed(asymptote_rule=True, scale_weighting=False)),
+    Variant("no-one-se", "the defaults, but --form auto takes the final-point form with the "
+            "lowest rollout error, not the simplest within one standard error of it "
+            "(FitConfig.one_se_form=False)", _fixed(one_se_form=False)),
+    Variant("own-folds", "the defaults, but the asymptote rule scores each variant on its own "
+            "rollout folds, not on the folds they share (FitConfig.shared_folds=False)",
+            _fixed(shared_folds=False)),
     Variant("e-prior", "form auto + a prior on E / smallest loss learned on the other ladders "
             "(plain fits), no rules", e_fraction_prior, learns_from="plain"),
     Variant("band-prior", "plain + the band prior learned on the other ladders",

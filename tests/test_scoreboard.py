@@ -214,3 +214,22 @@ def test_full_scoreboard_defaults_are_calibrated_and_their_devices_earn_their_pl
     assert new["failed"] == [] and new["ladders"] == len(ladders)
     assert 0.80 <= new["coverage_pooled"] <= 0.97
     assert new["interval_score"] < plain["interval_score"]
+
+
+@needs_anchors
+@pytest.mark.heavy  # ~7 s on 2 busy cores
+def test_the_one_se_switch_takes_the_lowest_rollout_form():
+    """FitConfig.one_se_form (the scoreboard's variant ``no-one-se``): on Gadre et al.'s RPJ
+    runs below the 1.4B targets the free form wins the rollout by noise (0.73% against the tied
+    form's 0.83%, se 0.42%); the default takes the tied form, the switch the free one."""
+    from bench.accuracy import ladder_tables
+    from ladder.fit import fit_law, load_points
+    runs = ladder_tables(ANCHORS)["Gadre rpj"][0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        one_se = fit_law(load_points(runs.copy()), bootstrap=0)
+        lowest = fit_law(load_points(runs.copy()), bootstrap=0, one_se_form=False)
+    assert one_se.diagnostics["auto"]["chosen"] == "chinchilla (alpha=beta)"
+    cands = {r["form"]: r["rollout_mean_abs_final"] for r in lowest.diagnostics["auto"]
+             ["candidates"] if r.get("rollout_mean_abs_final") is not None}
+    assert lowest.diagnostics["auto"]["chosen"] == min(cands, key=cands.get) == "chinchilla"
