@@ -4,7 +4,7 @@ says which variant it chose and why (issue 21, item 5)."""
 
 import json
 import warnings
-from types import SimpleNamespace
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ladder.fit import FitResult, fit_law
+from ladder.fit import FitResult, LawResult, fit_law
 from ladder.fit.estimate import E_MIN_FRACTION_OF_LOSS, implausible_asymptote
 from ladder.fit.select import _common_folds, _narrow_backtest, _score
 
@@ -64,9 +64,17 @@ def test_a_defensible_plausible_variant_is_the_centre_over_an_implausible_free_f
     assert float(back.predict(compute=1e22).loss) == float(res.predict(compute=1e22).loss)
 
 
+@dataclass(frozen=True)
+class _Variant:
+    """A stand-in fit result: its form and diagnostics, changed as a law is (a new one)."""
+    form: str
+    diagnostics: dict
+    with_diagnostics = LawResult.with_diagnostics
+
+
 def _variant(form, folds):
     """A stand-in fit result with the backtest folds given as (held_out, final, curve)."""
-    return SimpleNamespace(form=form, diagnostics={"backtest": {"folds": [
+    return _Variant(form=form, diagnostics={"backtest": {"folds": [
         {"held_out": list(h), "final_rel_err": [fin], "curve_mean_abs_rel_err": curve,
          "train_runs": 4 - len(folds) + i, "log_err": [fin], "distance": [0.5],
          "inside_band": None} for i, (h, fin, curve) in enumerate(folds)]}})
@@ -94,7 +102,9 @@ def test_the_chosen_variants_backtest_is_narrowed_to_the_shared_folds():
     dropped fold stays on record (under skipped, with its error)."""
     r = _variant("trajectory-capacity", [(("b",), 0.09, 0.078), (("c",), 0.013, 0.011)])
     r.diagnostics["backtest"]["extrapolation"] = {"inputs": ["compute"]}
-    _narrow_backtest(r, {("c",)})
+    narrowed = _narrow_backtest(r, {("c",)})
+    assert len(r.diagnostics["backtest"]["folds"]) == 2   # a new result; r is not changed
+    r = narrowed
     bt = r.diagnostics["backtest"]
     assert [f["held_out"] for f in bt["folds"]] == [["c"]]
     assert bt["extrapolation"]["rate_per_decade"] == pytest.approx(0.013 / 0.5)

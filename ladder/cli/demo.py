@@ -135,6 +135,7 @@ def _fit(law_path: Path, rung_dirs: list[Path], *, verbose: bool = False):
     """Fit the demo's law (or reuse a law.json newer than the rungs), print its summary (the
     whole report with ``verbose``: `ladder demo -v`) and return it as law.json reads back."""
     from ladder.fit import fit_law, load_law, load_points
+    from ladder.fit.config import FitConfig
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -151,8 +152,9 @@ def _fit(law_path: Path, rung_dirs: list[Path], *, verbose: bool = False):
     # the demo's verdicts (seeds 0-2, docs/LOG.md) were measured with the short-ladder rules
     # that were the defaults before issue 35 and with the ladder's own band: opted into
     # explicitly, so `make demo` is the demo it was until it is re-measured on the new defaults
-    res = fit_law(points, form=FORM, bootstrap=BOOTSTRAP, level=LEVEL, seed=0,
-                  asymptote_rule=True, scale_weighting=True, band_prior=False)
+    res = fit_law(points, FitConfig(form=FORM, bootstrap=BOOTSTRAP, level=LEVEL, seed=0,
+                                    asymptote_rule=True, scale_weighting=True,
+                                    band_prior=False))
     atomic_write_json(law_path, res.to_json())
     for line in fit_summary(res, law_path, verbose=verbose):
         say("      " + line)

@@ -130,8 +130,8 @@ def _fit_metric(args, metric: str | None, keymap):
         first = f" (e.g. {dropped[0]})" if dropped else ""
         raise InputError(f"no usable points: every row was dropped{first}",
                          path=args.sources[0], field="loss")
-    res = fit_law(df, form=args.form, by=args.by, metric=df.attrs.get("metric"),
-                  **_fit_options(args))
+    res = fit_law(df, _fit_config(args, form=args.form, by=args.by,
+                                  metric=df.attrs.get("metric")))
     with np.errstate(over="ignore"):  # a law beyond float64 is refused by _readable
         doc = res.to_json()
     if keymap is not None:  # another trainer's names (and FLOP convention) went in
@@ -145,17 +145,19 @@ def _fit_metric(args, metric: str | None, keymap):
     return res, df, doc
 
 
-def _fit_options(args) -> dict:
-    """The fitter's options from `ladder fit`'s arguments (ladder.fit.law.fit_law's keywords, which
-    ladder.fit.task.fit_task passes on to its step 1)."""
-    return {"fix": _pairs(args.fix, "--fix", True), "tie": _pairs(args.tie, "--tie", False),
-            "bootstrap": args.bootstrap, "level": args.level, "seed": args.seed,
-            "params_column": args.params_column, "objective": args.objective,
-            "prior": _priors(args.prior),
-            # None: fit_law's default (the forecast devices on for --form auto only, a named
-            # form its own estimator); the flags turn them off
-            "asymptote_rule": False if getattr(args, "free_asymptote", False) else None,
-            "scale_weighting": False if getattr(args, "equal_weights", False) else None}
+def _fit_config(args, **fields):
+    """The fit `ladder fit`'s arguments ask for (ladder.fit.config.FitConfig, which
+    ladder.fit.task.fit_task takes for its step 1), with ``fields``."""
+    from ladder.fit.config import FitConfig
+    return FitConfig(fix=_pairs(args.fix, "--fix", True), tie=_pairs(args.tie, "--tie", False),
+                     bootstrap=args.bootstrap, level=args.level, seed=args.seed,
+                     params_column=args.params_column, objective=args.objective,
+                     prior=_priors(args.prior),
+                     # None: fit_law's default (the forecast devices on for --form auto only,
+                     # a named form its own estimator); the flags turn them off
+                     asymptote_rule=False if getattr(args, "free_asymptote", False) else None,
+                     scale_weighting=False if getattr(args, "equal_weights", False) else None,
+                     **fields)
 
 
 def _check_converged(args, res) -> None:
@@ -269,8 +271,8 @@ def _fit_task_main(args) -> int:
     where = args.sources[0] if len(args.sources) == 1 else ", ".join(args.sources)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        law = fit_task(df, args.via, acc, form=args.via_form, where=where,
-                       **_fit_options(args))
+        law = fit_task(df, args.via, acc, _fit_config(args, form=args.via_form),
+                       where=where)
     _print_warnings("fit", caught)
     as_json = getattr(args, "json", False)
     with np.errstate(over="ignore"):
@@ -381,6 +383,7 @@ def compare_main(args) -> int:
     from pathlib import Path
 
     from ladder.fit.compare import compare_points
+    from ladder.fit.config import FitConfig
     from ladder.fit.points import is_wandb_offline_dir, load_points, offline_run_points
     number(args.level, field="--level", lo=0, hi=1, lo_open=True, hi_open=True,
            exit_code=EX_USAGE)
@@ -397,9 +400,10 @@ def compare_main(args) -> int:
         # the points-table convention: training FLOPs without the LM head (ladder.fit.points)
         at, at_source = rung.compute(lm_head=False), f"--target {args.target}"
     metrics = _compare_metrics(args)
-    fit_opts = {"fix": _pairs(args.fix, "--fix", True), "objective": args.objective,
-                "asymptote_rule": False if args.free_asymptote else None,
-                "scale_weighting": False if args.equal_weights else None}
+    config = FitConfig(form=args.form, fix=_pairs(args.fix, "--fix", True),
+                       objective=args.objective, bootstrap=args.bootstrap, level=args.level,
+                       seed=args.seed, asymptote_rule=False if args.free_asymptote else None,
+                       scale_weighting=False if args.equal_weights else None)
     sizes = getattr(args, "sizes", None)
     results, caught_all = {}, []
     for metric in metrics:
@@ -421,9 +425,8 @@ def compare_main(args) -> int:
             tables.append(df)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            cmp, fits = compare_points(tables[0], tables[1], metric=metric, form=args.form,
-                                       at=at, at_source=at_source, bootstrap=args.bootstrap,
-                                       level=args.level, seed=args.seed, **fit_opts)
+            cmp, fits = compare_points(tables[0], tables[1], config, metric=metric, at=at,
+                                       at_source=at_source)
         caught_all += caught
         for side, res in zip("AB", fits, strict=True):
             bad = unconverged(res)

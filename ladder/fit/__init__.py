@@ -44,7 +44,7 @@ _WHERE = {"Allocation": "allocation", "IsoFlopResult": "allocation", "allocation
           "isoflop_approach2": "allocation", "FitResult": "law", "LawResult": "law",
           "Prediction": "law", "fit_law": "law", "load_law": "law", "load_laws": "law",
           "load_points": "points", "Law": "prediction", "TaskLaw": "task_law",
-          "fit_task": "task"}
+          "fit_task": "task", "FitConfig": "config"}
 __all__ = sorted(_WHERE)
 
 

@@ -39,11 +39,12 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 
+from ladder.fit.config import FitConfig
 from ladder.fit.forms import Model
 from ladder.io import EX_USAGE, InputError
 
@@ -395,13 +396,16 @@ def _law_summary(res, how: str, draws) -> dict:
             "draws": how, "n_draws": 0 if draws is None else int(len(draws))}
 
 
-def compare_points(df_a: pd.DataFrame, df_b: pd.DataFrame, *, metric: str = "loss",
-                   form: str = "compute", at: float | None = None, at_source: str | None = None,
-                   bootstrap: int = 200, level: float = 0.9, seed: int = 0,
-                   **fit_options) -> tuple[Comparison, tuple]:
-    """Fit ``form`` to A's and B's points tables (:func:`ladder.fit.law.fit_law`, independent
-    bootstrap seeds) and compare them: (Comparison, (law A, law B))."""
+def compare_points(df_a: pd.DataFrame, df_b: pd.DataFrame, config: FitConfig | None = None, *,
+                   at: float | None = None, at_source: str | None = None,
+                   **changes) -> tuple[Comparison, tuple]:
+    """Fit the law ``config`` asks for (default ``FitConfig(form="compute", metric="loss")``,
+    with ``changes``: its fields by name) to A's and B's points tables
+    (:func:`ladder.fit.law.fit_law`, independent bootstrap seeds: B's is A's + 1) and compare
+    them: (Comparison, (law A, law B))."""
     from ladder.fit.law import fit_law
+    config = replace(config or FitConfig(form="compute", metric="loss"), **changes)
+    form, metric, seed = config.form, config.metric or "loss", config.seed
     if form not in COMPARE_FORMS:
         raise InputError(f"one of {', '.join(COMPARE_FORMS)} (a law of compute alone, which "
                          f"can be inverted), got {form!r}", field="--form", exit_code=EX_USAGE)
@@ -411,8 +415,7 @@ def compare_points(df_a: pd.DataFrame, df_b: pd.DataFrame, *, metric: str = "los
     fits = []
     for side, df, s in (("A", df_a, seed), ("B", df_b, seed + 1)):
         try:
-            fits.append(fit_law(df, form=form, bootstrap=bootstrap, level=level, seed=s,
-                                metric=metric, **fit_options))
+            fits.append(fit_law(df, replace(config, seed=s, metric=metric)))
         except InputError as e:
             msg = str(e)
             if e.field and not e.path:
@@ -420,6 +423,7 @@ def compare_points(df_a: pd.DataFrame, df_b: pd.DataFrame, *, metric: str = "los
             raise InputError(f"recipe {side}, metric {metric}: {msg}",
                              path=e.path or df.attrs.get("source"), field=e.field,
                              exit_code=e.exit_code) from None
+    bootstrap, level = config.bootstrap, config.level
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         cmp = compare_laws(fits[0], fits[1], df_a, df_b, metric=metric, at=at,

@@ -16,7 +16,6 @@ sigmoid).
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import pandas as pd
@@ -26,7 +25,7 @@ from ladder.fit.backtest import (
     EXTRAPOLATION_POWER,
     backtest,
     fit_one,
-    set_power,
+    with_power,
     trajectory_vs_per_fraction,
 )
 from ladder.fit.config import HUBER_DELTA, OBJECTIVES, FitConfig
@@ -56,23 +55,16 @@ __all__ = ["CURVE_FORMS", "HUBER_DELTA", "OBJECTIVES", "FitConfig", "FitResult",
            "law_from_json", "laws_from_json", "load_law", "load_laws", "select_points"]
 
 
-def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = None,
-            by: str | None = None, bootstrap: int = 200, level: float = 0.9, seed: int = 0,
-            params_column: str = "params", metric: str | None = None,
-            delta: float = HUBER_DELTA, backtest: bool = True, objective: str = "huber",
-            prior: dict | None = None, asymptote_rule: bool | None = None,
-            scale_weighting: bool | None = None,
-            band_prior: dict | bool | None = None,
-            extrapolation_power: float | None = None) -> FitResult:
-    """Fit ``form`` to the points table ``df`` (from :func:`fit.load_points`).
+def fit_law(df, config: FitConfig | None = None, **changes) -> FitResult:
+    """Fit the law ``config`` asks for (:class:`FitConfig`; default: ``FitConfig()``, with
+    ``changes``, its fields by name: ``fit_law(df, form="compute", bootstrap=100)`` is
+    ``fit_law(df, FitConfig(form="compute", bootstrap=100))``) to the points table ``df``
+    (from :func:`fit.load_points`; files or a bare DataFrame are read through it).
 
-    ``objective``: "huber" (summed Huber of log residuals, the default) or "ols" (least squares
-    of log(L - E) on log C, E fixed: the real ladder's own fit). ``prior``: {name: (mean, sd)}
-    in natural units, a Gaussian penalty on those parameters (see :class:`_Problem`).
-    A named form (``--form chinchilla``) gives that form's own estimator: Epoch's refit. The
-    forecast-only devices below (None: on for ``form="auto"``, the forecast default, off for a
-    named form; True/False: as asked) move the estimates only in that forecast layer, and a law
-    they moved keeps the form's own estimates and allocation beside them in
+    A named form (``form="chinchilla"``) gives that form's own estimator: Epoch's refit. The
+    forecast-only devices (None: on for ``form="auto"``, the forecast default, off for a named
+    form; True/False: as asked) move the estimates only in that forecast layer, and a law they
+    moved keeps the form's own estimates and allocation beside them in
     ``diagnostics.forecast_layer`` (docs/scoreboard.md: on the public ladders the devices earn
     their place in the forecast, 0.174 -> 0.124 aggregate interval score).
     ``asymptote_rule``: on a short ladder that leaves E unidentified, choose among free, prior
@@ -88,6 +80,8 @@ def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = 
     ``extrapolation_power``: the band's extrapolation term as s d^p outside the fitted runs
     (ladder.fit.backtest.EXTRAPOLATION_POWER; None: that p, 0, for ``form="auto"``, and the rate
     per decade, as before, for a named form; a number: that p). It moves no estimate."""
+    config = _with(config, changes)
+    metric, by, form = config.metric, config.by, config.form
     if metric is None and _plain_loss(df):
         metric = "loss"  # a notebook's own table: its column keeps the name it was given
     if not isinstance(df, pd.DataFrame) or not set(COLUMNS) <= set(df.columns):
@@ -99,12 +93,8 @@ def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = 
                          f"takes (its time grows with the points); thin the table (e.g. a run's "
                          f"points every 1% of its progress) or fit parts of it with --by",
                          field="rows")
-    metric = metric or df.attrs.get("metric") or "loss"
-    config = FitConfig(bootstrap=bootstrap, level=level, seed=seed, params_column=params_column,
-                       metric=metric, delta=delta, backtest=backtest, objective=objective)
-    fix, tie = dict(fix or {}), dict(tie or {})
-    prior = _check_prior(prior, fix)
-    config = replace(config, prior=prior)
+    config = replace(config, metric=metric or df.attrs.get("metric") or "loss")
+    fix, tie, prior, objective = config.fix, config.tie, config.prior, config.objective
     if objective == "ols" and (form != "compute" or set(fix) != {"E"} or tie or prior):
         raise InputError("ols is least squares of log(L - E) on log C: it needs --form compute "
                          "with E fixed (--fix E=VALUE) and no --tie or --prior",
@@ -113,35 +103,37 @@ def fit_law(df, form: str = "auto", fix: dict | None = None, tie: dict | None = 
         if tie or by or prior or objective != "huber":
             raise InputError(f"the {form} form takes no --tie, --by, --prior or --objective",
                              field="form")
-        return _left_out(fit_curve_law(df, form=form, bootstrap=bootstrap, level=level,
-                                       seed=seed, metric=metric, fix=fix or None), df)
+        return _left_out(fit_curve_law(df, form=form, bootstrap=config.bootstrap,
+                                       level=config.level, seed=config.seed,
+                                       metric=config.metric, fix=fix or None), df)
     if by is not None:
-        return _left_out(_fit_by(df, form, fix, tie, by, config), df)
-    if form == "auto":
-        res = fit_auto(df, fix, tie, config)
-    else:
-        res = fit_one(df, _spec(form, fix, tie), config)
-    if scale_weighting is None:
-        scale_weighting = form == "auto"
-    if asymptote_rule is None:
-        asymptote_rule = form == "auto"
+        return _left_out(_fit_by(df, config), df)
+    auto = form == "auto"
+    res = fit_auto(df, config) if auto else fit_one(df, _spec(form, fix, tie), config)
     plain = res
-    if scale_weighting and objective == "huber" and backtest and isinstance(res, FitResult):
-        res = apply_scale_weight_rule(df, res, config, prior)
-    if asymptote_rule and objective == "huber" and backtest and isinstance(res, FitResult):
+    rules = objective == "huber" and config.backtest and isinstance(res, FitResult)
+    if rules and (auto if config.scale_weighting is None else config.scale_weighting):
+        res = apply_scale_weight_rule(df, res, config)
+    if rules and (auto if config.asymptote_rule is None else config.asymptote_rule):
         bw = (res.diagnostics.get("scale_weighting") or {}).get("bandwidth")
-        res = apply_asymptote_rule(df, res, replace(config, bandwidth=bw), fix, tie, prior)
+        res = apply_asymptote_rule(df, res, replace(config, bandwidth=bw))
     if isinstance(res, FitResult):
-        res = _forecast_layer(res, plain, band_prior)
-        if extrapolation_power is None and form == "auto":
-            extrapolation_power = EXTRAPOLATION_POWER
-        if extrapolation_power is not None:
-            p = float(extrapolation_power)
-            if not (math.isfinite(p) and p >= 0):
-                raise InputError(f"must be a number >= 0, got {extrapolation_power!r}",
-                                 field="extrapolation_power")
-            set_power(res.diagnostics.get("backtest"), p)
+        res = _forecast_layer(res, plain, config.band_prior)
+        power = config.extrapolation_power
+        if power is None and auto:
+            power = EXTRAPOLATION_POWER
+        if power is not None and "backtest" in res.diagnostics:
+            res = res.with_diagnostics(backtest=with_power(res.diagnostics["backtest"], power))
     return _left_out(res, df)
+
+
+def _with(config: FitConfig | None, changes: dict) -> FitConfig:
+    """``config`` (default ``FitConfig()``) with ``changes``, which must name its fields."""
+    unknown = sorted(set(changes) - set(FitConfig.__dataclass_fields__))
+    if unknown:
+        raise TypeError(f"fit_law() got unexpected keyword argument(s) {', '.join(unknown)}; "
+                        f"FitConfig's fields: {', '.join(FitConfig.__dataclass_fields__)}")
+    return replace(config or FitConfig(), **changes)
 
 
 def _plain_loss(df) -> bool:
@@ -165,54 +157,36 @@ def _forecast_layer(res, plain, band_prior) -> FitResult:
     """``res`` with its forecast layer on record (``diagnostics.forecast_layer``): the band's
     prior, and where a device (scale weights, the asymptote rule) moved the estimates, the
     form's own estimates beside them, so law.json and the report say which numbers are which."""
-    layer = {}
+    layer, new = {}, {}
     if band_prior is True:
         band_prior = BAND_PRIOR
     if band_prior:
-        res.diagnostics["band_prior"] = dict(band_prior)
+        new["band_prior"] = dict(band_prior)
         layer["band"] = ("noise and extrapolation terms pooled with their cross-ladder values "
                          "(diagnostics.band_prior); the estimates are not moved")
     devices = [k for k in ("scale_weighting", "asymptote_rule")
                if (res.diagnostics.get(k) or {}).get("applied")
                and (res.diagnostics.get(k) or {}).get("chosen") not in (None, "free",
                                                                          "equal weights")]
-    if devices and res is not plain:
+    if devices:  # a device that moved the estimates: res is another fit than plain
         layer["devices"] = devices
         layer["estimator_params"] = {k: float(v) for k, v in plain.params.items()}
         layer["estimates"] = ("params are the forecast's (moved by " + ", ".join(devices)
                               + "); the form's own estimator gave estimator_params")
         if "allocation" in plain.diagnostics:
             # an allocation sizes a run: it is the form's exponents', never a device's
-            res.diagnostics["allocation"] = dict(plain.diagnostics["allocation"],
-                                                 source="the form's own estimator")
+            new["allocation"] = dict(plain.diagnostics["allocation"],
+                                     source="the form's own estimator")
     else:
         layer["estimates"] = "params are the form's own estimator"
-    res.diagnostics["forecast_layer"] = layer
-    return res
+    return res.with_diagnostics(**new, forecast_layer=layer)
 
 
 def _left_out(res, df):
     """The runs the points table's reader left out (a ladder's target: fit.points.load_points)
     go into the law's ``inputs.left_out``, so the law and its report say what it did not see."""
     left = list(df.attrs.get("left_out") or [])
-    if left:
-        res.inputs["left_out"] = left
-    return res
-
-
-def _check_prior(prior, fix) -> dict:
-    out = {}
-    for k, v in (prior or {}).items():
-        try:
-            mean, sd = (float(x) for x in v)
-        except (TypeError, ValueError):
-            raise InputError(f"{k}: expected (mean, sd), got {v!r}", field="prior") from None
-        if not (math.isfinite(mean) and math.isfinite(sd) and sd > 0):
-            raise InputError(f"{k}: needs a finite mean and sd > 0, got {v!r}", field="prior")
-        if k in fix:
-            raise InputError(f"{k}: both fixed and given a prior", field="prior")
-        out[k] = (mean, sd)
-    return out
+    return replace(res, inputs={**res.inputs, "left_out": left}) if left else res
 
 
 def _spec(form: str, fix: dict, tie: dict) -> Spec:
@@ -231,22 +205,22 @@ def _spec(form: str, fix: dict, tie: dict) -> Spec:
         raise InputError(str(e), field="fix" if fix else "tie") from None
 
 
-def _fit_by(df, form, fix, tie, by, config) -> FitResult:
+def _fit_by(df, config) -> FitResult:
     """``--by``: one law per value (ladder.fit.estimate.fit_by) and the whole law's backtest."""
-    if form == "auto":
+    if config.form == "auto":
         raise InputError("--by needs an explicit --form", field="by")
-    spec = _spec(form, fix, tie)
+    spec, by = _spec(config.form, config.fix, config.tie), config.by
     res = fit_by(df, spec, by, config)
-    diag = res.diagnostics
-    if config.backtest:
-        diag["backtest"] = backtest(df, spec, config.refit(), by=by)
-        if by == "fraction" and spec.form.name == "compute" and set(spec.fix) == {"E"}:
-            try:
-                diag["trajectory_vs_per_fraction"] = trajectory_vs_per_fraction(
-                    df, config, per_fraction_bt=diag["backtest"], E=float(spec.fix["E"]))
-            except InputError as e:
-                diag["trajectory_vs_per_fraction"] = {"error": str(e)}
-    return res
+    if not config.backtest:
+        return res
+    new = {"backtest": backtest(df, spec, config.refit(), by=by)}
+    if by == "fraction" and spec.form.name == "compute" and set(spec.fix) == {"E"}:
+        try:
+            new["trajectory_vs_per_fraction"] = trajectory_vs_per_fraction(
+                df, config, per_fraction_bt=new["backtest"], E=float(spec.fix["E"]))
+        except InputError as e:
+            new["trajectory_vs_per_fraction"] = {"error": str(e)}
+    return res.with_diagnostics(**new)
 
 
 

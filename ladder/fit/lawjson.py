@@ -312,10 +312,13 @@ def _read_block(block: dict, unc: dict, prefix: str, form: str, metric: str,
     level = number(unc.get("level", 0.9), field=prefix + "uncertainty.level", path=where,
                    lo=0, hi=1, lo_open=True, hi_open=True)
     objective, prior, column = _read_fit_options(fit, where, prefix)
-    return {"spec": spec, "u": u,
-            "config": FitConfig(metric=metric, level=level, objective=objective,
-                                prior=prior, params_column=column, bootstrap=0,
-                                backtest=False),
+    try:
+        config = FitConfig(metric=metric, level=level, objective=objective, prior=prior,
+                           params_column=column, bootstrap=0, backtest=False)
+    except InputError as e:  # a prior with sd <= 0, or on a fixed parameter
+        raise InputError(str(e).removeprefix("field 'prior': "), path=where,
+                         field=prefix + "fit.prior") from None
+    return {"spec": spec, "u": u, "config": config,
             "spread": spread,
             "intervals": _intervals(unc.get("intervals"), where, prefix)}
 

@@ -72,6 +72,12 @@ class LawResult:
         pin down (ladder.fit.estimate._identifiability; a curve law: an estimate at a bound)."""
         return self.diagnostics.get("identifiability") or {"flags": {}, "unidentified": []}
 
+    def with_diagnostics(self, **entries) -> LawResult:
+        """This law with ``entries`` in a new diagnostics mapping (a key it has keeps its place,
+        a new one goes last), as the passes of fit.law and fit.select record what they did: no
+        law is changed after it is made."""
+        return replace(self, diagnostics={**self.diagnostics, **entries})
+
     def diagnostics_json(self) -> dict:
         """``diagnostics`` as law.json writes them (a kind that recomputes its identifiability
         flags writes the current ones)."""
@@ -251,7 +257,7 @@ class FitResult(LawResult, forms=tuple(FORMS)):
         object.__setattr__(self, "tool_version", self.tool_version or _version())
 
     # --- what it was fitted with, and its spread ----------------------------------------------
-    metric = property(lambda self: self.config.metric)
+    metric = property(lambda self: self.config.metric or "loss")
     level = property(lambda self: float(self.config.level))
     params_column = property(lambda self: self.config.params_column)
     objective = property(lambda self: self.config.objective)

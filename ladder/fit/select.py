@@ -82,11 +82,11 @@ def _curve_table(df) -> bool:
                 and df["run"].nunique() >= 2)
 
 
-def fit_auto_curves(df, config, fix):
+def fit_auto_curves(df, config):
     """``--form auto`` on a table of curves without scale columns: the multi-power law (Luo et
     al. 2025) and the momentum law (Tissue et al. 2024), chosen by leave-one-run-out (fit on
     the other schedules, predict the held-out run's whole curve; mean relative error)."""
-    data = curve_data_from_table(df, size_column="active_params")
+    data, fix = curve_data_from_table(df, size_column="active_params"), config.fix
     rows, best = [], None
     for form in ("mpl", "momentum"):
         errs = []
@@ -111,14 +111,13 @@ def fit_auto_curves(df, config, fix):
                          field="form")
     law = fit_curve_law(df, best[0], bootstrap=config.bootstrap, level=config.level,
                         seed=config.seed, metric=config.metric, fix=fix or None)
-    law.diagnostics["auto"] = {
+    return law.with_diagnostics(auto={
         "chosen": best[0], "candidates": rows,
         "why": f"lowest leave-one-run-out error over held-out curves ({100 * best[1]:.3f}%; "
                + ", ".join(f"{r['form']} {100 * r['leave_one_run_out_mean_abs_curve']:.3f}%"
                            for r in rows if "error" not in r)
                + "); curve laws are the candidates because the table has step and lr but no "
-                 "compute, nor params and tokens"}
-    return law
+                 "compute, nor params and tokens"})
 
 
 def held_out_errors(r) -> dict:
@@ -184,11 +183,11 @@ def _own_prior(prior, spec) -> dict:
     return {k: v for k, v in (prior or {}).items() if k in spec.form.names}
 
 
-def fit_auto(df, fix, tie, config):
+def fit_auto(df, config):
     excluded: dict = {}
-    cands = candidates(df, fix, tie, config.params_column, excluded)
+    cands = candidates(df, config.fix, config.tie, config.params_column, excluded)
     if not cands and _curve_table(df):
-        return fit_auto_curves(df, config, fix)
+        return fit_auto_curves(df, config)
     if not cands:
         raise InputError("no law form fits these columns (need compute, or params and tokens, "
                          "or curves with step and lr)", field="form")
@@ -229,14 +228,22 @@ def fit_auto(df, fix, tie, config):
         win = min((r for r in rows if "error" not in r), key=lambda r: r["n_free"])["form"]
         why = "no candidate could be backtested (too few runs); simplest form chosen"
     spec, r = fitted[win]
-    if config.bootstrap > 0:  # refit the winner with its bootstrap; its backtest is reused
-        bt = r.diagnostics.get("backtest")
-        r = fit_one(df, spec, replace(config, backtest=False,
-                                      prior=_own_prior(config.prior, spec)))
-        if bt is not None:
-            r.diagnostics["backtest"] = bt
-    r.diagnostics["auto"] = {"chosen": win, "why": why, "candidates": rows}
-    return r
+    if config.bootstrap > 0:
+        r = _bootstrapped(df, r, replace(config, prior=_own_prior(config.prior, spec)))
+    return r.with_diagnostics(auto={"chosen": win, "why": why, "candidates": rows})
+
+
+def _bootstrapped(df, r, config):
+    """``r`` refitted with ``config``'s bootstrap (no backtest), its backtest reused."""
+    bt = r.diagnostics.get("backtest")
+    out = fit_one(df, r.spec, replace(config, backtest=False))
+    return out if bt is None else out.with_diagnostics(backtest=bt)
+
+
+def _carried(result, into, keys) -> dict:
+    """The records of ``keys`` that ``result`` has and ``into`` (its replacement) lacks."""
+    return {k: result.diagnostics[k] for k in keys
+            if k in result.diagnostics and k not in into.diagnostics}
 
 
 # ----------------------------------------------------------------------------- scale weighting
@@ -288,7 +295,7 @@ def _label(h) -> str:
     return "equal weights" if h == math.inf else f"{h:g} decades"
 
 
-def scale_weight_rule(df, result, config, prior: dict):
+def scale_weight_rule(df, result, config):
     """``result`` or the same form fitted with the weights of the bandwidth the rollout
     backtest prefers (see above); the decision is in ``diagnostics["scale_weighting"]``
     (``bandwidth``: decades, None for equal weights)."""
@@ -307,9 +314,8 @@ def scale_weight_rule(df, result, config, prior: dict):
     if not cands:
         record.update(applied=False, chosen=_label(math.inf),
                       why="no bandwidth is a candidate for this ladder")
-        result.diagnostics["scale_weighting"] = record
-        return result
-    pri = _own_prior(prior, spec)
+        return result.with_diagnostics(scale_weighting=record)
+    pri = _own_prior(config.prior, spec)
     fits = {math.inf: result}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -325,8 +331,7 @@ def scale_weight_rule(df, result, config, prior: dict):
         record.update(applied=False, chosen=_label(math.inf),
                       why=f"{n_common} held-out run(s) common to the candidates' rollout "
                           "backtests: nothing to compare")
-        result.diagnostics["scale_weighting"] = record
-        return result
+        return result.with_diagnostics(scale_weighting=record)
     for h, (m, se) in stats.items():
         record["candidates"][_label(h)] = {"mean_abs_err": m, "se": se, "held_out": n_common}
     why = (f"rollout mean |err| over {n_common} held-out finals: "
@@ -336,16 +341,10 @@ def scale_weight_rule(df, result, config, prior: dict):
     record.update(applied=True, chosen=_label(chosen),
                   bandwidth=None if chosen == math.inf else chosen, why=why)
     r = fits[chosen]
-    if chosen != math.inf and config.bootstrap > 0:  # its bootstrap; its backtest is reused
-        bt = r.diagnostics.get("backtest")
-        r = fit_one(df, spec, replace(config, backtest=False, bandwidth=chosen, prior=pri))
-        if bt is not None:
-            r.diagnostics["backtest"] = bt
-    for key in ("auto", "trajectory_vs_per_fraction"):
-        if key in result.diagnostics:
-            r.diagnostics.setdefault(key, result.diagnostics[key])
-    r.diagnostics["scale_weighting"] = record
-    return r
+    if chosen != math.inf and config.bootstrap > 0:
+        r = _bootstrapped(df, r, replace(config, bandwidth=chosen, prior=pri))
+    return r.with_diagnostics(**_carried(result, r, ("auto", "trajectory_vs_per_fraction")),
+                              scale_weighting=record)
 
 
 # ----------------------------------------------------------------------------- asymptote rule
@@ -386,18 +385,18 @@ def _fold_key(fold: dict) -> tuple:
     return tuple(fold.get("held_out") or ())
 
 
-def _narrow_backtest(r, folds: set) -> None:
-    """Keep only the backtest folds in ``folds`` in ``r``'s record (its extrapolation term and
+def _narrow_backtest(r, folds: set):
+    """``r`` with only the backtest folds in ``folds`` in its record (its extrapolation term and
     rollout means recomputed from them), so that the band of the centre the rule chose rests
     on the same tests as the variants it was compared with; the dropped folds stay on record
     under ``skipped``, with their errors."""
     bt = r.diagnostics.get("backtest")
     if not bt or not bt.get("folds"):
-        return
+        return r
     keep = [f for f in bt["folds"] if _fold_key(f) in folds]
     drop = [f for f in bt["folds"] if _fold_key(f) not in folds]
     if not drop:
-        return
+        return r
     skipped = list(bt.get("skipped") or []) + [
         {"train_runs": f["train_runs"], "held_out": f["held_out"],
          "final_rel_err": f["final_rel_err"],
@@ -405,7 +404,7 @@ def _narrow_backtest(r, folds: set) -> None:
                    "runs than their free parameters need); the variants are compared, and the "
                    "band's extrapolation term estimated, on the folds they share"}
         for f in drop]
-    r.diagnostics["backtest"] = summarise_folds(dict(bt, folds=keep, skipped=skipped))
+    return r.with_diagnostics(backtest=summarise_folds(dict(bt, folds=keep, skipped=skipped)))
 
 
 def _common_folds(variants: dict) -> set | None:
@@ -422,7 +421,7 @@ def _common_folds(variants: dict) -> set | None:
     return common or None
 
 
-def asymptote_rule(df, result, config, fix: dict, tie: dict, prior: dict):
+def asymptote_rule(df, result, config):
     """``result`` or, when a short ladder leaves E unidentified, the one of its free, prior and
     fixed-E variants with the lowest rollout error among the defensible ones with a plausible
     E, with the pooled draws of the defensible ones; the decision and why are recorded in
@@ -430,7 +429,7 @@ def asymptote_rule(df, result, config, fix: dict, tie: dict, prior: dict):
     ``implausible``, ``why``)."""
     import numpy as np
 
-    form = result.spec.form
+    form, fix, prior = result.spec.form, config.fix, config.prior
     if "E" not in form.names or "E" in fix or "E" in (prior or {}) or result.by:
         return result
     # a ladder's length is its number of model sizes (runs within 0.05 decades are one size);
@@ -445,8 +444,7 @@ def asymptote_rule(df, result, config, fix: dict, tie: dict, prior: dict):
               "E_unidentified": "E" in unident}
     if n_levels > SHORT_LADDER_LEVELS or "E" not in unident:
         record["applied"] = False
-        result.diagnostics["asymptote_rule"] = record
-        return result
+        return result.with_diagnostics(asymptote_rule=record)
     lmin = float(df["loss"].min())
     mean, sd = E_PRIOR_FRACTION[0] * lmin, E_PRIOR_FRACTION[1] * lmin
 
@@ -472,8 +470,7 @@ def asymptote_rule(df, result, config, fix: dict, tie: dict, prior: dict):
     if not scored:
         record["chosen"] = "free"
         record["why"] = "no variant could be backtested; E stays free (and flagged)"
-        result.diagnostics["asymptote_rule"] = record
-        return result
+        return result.with_diagnostics(asymptote_rule=record)
     best = min(scored, key=scored.get)
     limit = max(DEFENSIBLE_RATIO * scored[best], scored[best] + DEFENSIBLE_ABS)
     defensible = [k for k, v in scored.items() if v <= limit]
@@ -492,7 +489,7 @@ def asymptote_rule(df, result, config, fix: dict, tie: dict, prior: dict):
     centre = min(ok, key=scored.get) if ok else best
     chosen = variants[centre]
     if common:
-        _narrow_backtest(chosen, common)
+        chosen = _narrow_backtest(chosen, common)
     draws = [variants[k].boot_u for k in defensible if variants[k].boot_u is not None]
     if len(draws) > 1:
         chosen = chosen.with_draws(np.vstack(draws))
@@ -511,8 +508,5 @@ def asymptote_rule(df, result, config, fix: dict, tie: dict, prior: dict):
     record.update(chosen=centre, lowest_rollout=best, defensible=defensible,
                   E=e_values, implausible={k: v for k, v in implausible.items() if v},
                   centre_plausible=implausible[centre] is None, why=why)
-    chosen.diagnostics["asymptote_rule"] = record
-    for key in ("auto", "scale_weighting"):
-        if key in result.diagnostics:
-            chosen.diagnostics.setdefault(key, result.diagnostics[key])
-    return chosen
+    return chosen.with_diagnostics(asymptote_rule=record,
+                                   **_carried(result, chosen, ("auto", "scale_weighting")))

@@ -33,11 +33,13 @@ The band is the draws' quantiles; the centre is the sigmoid of step 1's central 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
+from ladder.fit.config import FitConfig
 from ladder.fit.law import fit_law
 from ladder.fit.points import load_points
 from ladder.fit.solver import run_weights
@@ -166,13 +168,14 @@ def extrapolation_rate(pairs: pd.DataFrame, anchor=ANCHOR) -> dict:
             "rms_err": float(np.sqrt(np.mean(errs ** 2))) if len(errs) else None}
 
 
-def fit_task(df: pd.DataFrame, via: str, metric: str, *, form: str = "auto",
-             bootstrap: int = 200, level: float = 0.9, seed: int = 0, smooth: int = SMOOTH,
-             skip: float = SKIP, where: str = "<table>", **step1_kw) -> TaskLaw:
-    """Both steps on a table of evals (see :func:`task_tables`); ``form`` and ``step1_kw`` go
-    to step 1's ``fit_law``."""
-    if not 0 < level < 1:
-        raise InputError(f"must be in (0, 1), got {level!r}", field="level")
+def fit_task(df: pd.DataFrame, via: str, metric: str, config: FitConfig | None = None, *,
+             smooth: int = SMOOTH, skip: float = SKIP, where: str = "<table>",
+             **changes) -> TaskLaw:
+    """Both steps on a table of evals (see :func:`task_tables`): step 1 is the law ``config``
+    asks for (default ``FitConfig()``, with ``changes``: its fields by name) of ``via``; its
+    bootstrap, level and seed are step 2's too."""
+    config = replace(config or FitConfig(), **changes, metric=via)
+    bootstrap, level, seed = config.bootstrap, config.level, config.seed
     if isinstance(smooth, bool) or not isinstance(smooth, int) or smooth < 1:
         raise InputError(f"must be an integer >= 1, got {smooth!r}", field="smooth")
     if not 0 <= skip < 1:
@@ -183,8 +186,7 @@ def fit_task(df: pd.DataFrame, via: str, metric: str, *, form: str = "auto",
                          "too few for the sigmoid's 4 parameters", path=where, field=metric)
     t1.attrs["source"] = where
     pts = load_points(t1, metric=via)
-    step1 = fit_law(pts, form=form, bootstrap=bootstrap, level=level, seed=seed, metric=via,
-                    **step1_kw)
+    step1 = fit_law(pts, config)
     L, y = pairs["loss"].to_numpy(), pairs["acc"].to_numpy()
     theta = fit_sigmoid(L, y)
     resid = y - sigmoid(L, *theta)
