@@ -208,7 +208,7 @@ def backtest(df: pd.DataFrame, spec, config: FitConfig, *, by: str | None = None
 def summarise_folds(out: dict) -> dict:
     """Fill a backtest record's summaries from its ``folds`` (in place; returned): the pooled
     extrapolation rate, the rollout means, the leave-largest-out fold (the last) and the band
-    coverage. Also for a record whose folds were narrowed (ladder.fit.select.asymptote_rule)."""
+    coverage. Also for a record whose folds were narrowed (ladder.fit.law.asymptote_rule)."""
     folds = out["folds"]
     rate, n_out = pooled_rate(folds)
     out["extrapolation"] = dict(out.get("extrapolation") or {}, rate_per_decade=rate,

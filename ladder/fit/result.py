@@ -74,7 +74,7 @@ class LawResult:
 
     def with_diagnostics(self, **entries) -> LawResult:
         """This law with ``entries`` in a new diagnostics mapping (a key it has keeps its place,
-        a new one goes last), as the passes of fit.law and fit.select record what they did: no
+        a new one goes last), as fit.law's passes record what they did: no
         law is changed after it is made."""
         return replace(self, diagnostics={**self.diagnostics, **entries})
 
@@ -270,7 +270,7 @@ class FitResult(LawResult, forms=tuple(FORMS)):
     small_sample = property(lambda self: self.spread.small_sample)
 
     def with_draws(self, boot_u) -> FitResult:
-        """This law with other bootstrap draws (fit.select's pooled draws of its variants)."""
+        """This law with other bootstrap draws (fit.law.asymptote_rule's pooled draws)."""
         return replace(self, spread=replace(self.spread, boot_u=boot_u))
 
     # --- named views ---------------------------------------------------------------------------
