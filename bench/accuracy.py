@@ -523,7 +523,7 @@ def main_band(r):
 
 def rate(r) -> float:
     """The law's extrapolation rate per decade (0 without one)."""
-    from ladder.fit import extrapolation_rate
+    from ladder.fit.result import extrapolation_rate
     v = extrapolation_rate((r.diagnostics or {}).get("backtest"))[0]
     return float(v) if v else 0.0
 

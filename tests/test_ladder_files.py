@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from ladder.io import InputError, read_metrics
-from ladder.specs import LADDERS, Dials, Recipe, load_ladder_file, make_ladder
+from ladder.model.config import BiasRule, ModelConfig
+from ladder.specs import LADDERS, Dials, Recipe, load_ladder_file, make_ladder, parse_ladder
 from ladder.trainer.optim import OptimizerSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,11 +24,11 @@ def python_ladders():
     """The built-in ladders exactly as ladder/specs.py defined them in Python before they became
     files (commit 648f2df), built by the same Recipe/make_ladder code: the cross-check. The cpu
     ladder was redesigned on purpose (issue 21: tests/test_counting.py checks its shape rule)."""
-    marin = Recipe(
+    marin = Recipe.of(
         vocab_size=128_256, seq_len=4096, head_dim=128, n_experts=384, top_k=8, n_shared=2,
         tokens_per_active=791, batch_per_unit=1024, lr_coef=0.087571, lr_tokens_exp=-0.3461,
         lr_d_exp=-0.3448, local_window=2048, sizing_convention="marin-sizing-v1")
-    tiny = Recipe(
+    tiny = Recipe.of(
         vocab_size=256, seq_len=64, head_dim=8, n_experts=4, top_k=2, n_shared=1,
         tokens_per_active=4, batch_per_unit=4, lr_coef=0.087571, lr_tokens_exp=-0.3461,
         lr_d_exp=-0.3448, local_window=32, eval_every=0.25)
@@ -233,6 +234,46 @@ def test_bad_files_fail_with_one_line_naming_file_and_field(tmp_path, edit, fiel
 def test_missing_file_is_exit_66(tmp_path):
     r = _cli("list", "--ladder-file", str(tmp_path / "absent.toml"))
     assert r.returncode == 66 and "absent.toml" in r.stderr
+
+
+def test_the_recipe_holds_the_models_switches_and_copies_none():
+    """The model's switches are defined once (ModelSwitches): no recipe field repeats a model
+    field, and every rung's model carries its recipe's switches (but for capacity_tokens, whose
+    None is one sequence in a recipe)."""
+    own = {f.name for f in dataclasses.fields(Recipe)} - {"switches"}
+    assert not own & {f.name for f in dataclasses.fields(ModelConfig)}
+    for lad in LADDERS.values():
+        for r in lad.all:
+            cells = lad.recipe.switches.capacity_tokens or r.seq_len
+            assert r.model.switches == dataclasses.replace(lad.recipe.switches,
+                                                           capacity_tokens=cells)
+
+
+def _doc(**recipe) -> dict:
+    import tomllib
+    doc = tomllib.loads(MINE)
+    doc["recipe"].update(recipe)
+    return doc
+
+
+def test_a_file_sets_any_switch_by_name_and_bad_ones_name_the_field():
+    # switches the recipe could not set while it copied fields by hand reach every rung
+    lad = parse_ladder(_doc(bias_rule="sign", bias_rate=0.01, z_loss=0.0, rope_theta=5e5))
+    assert {(r.model.bias_rule, r.model.bias_rate, r.model.z_loss, r.model.rope_theta)
+            for r in lad.all} == {(BiasRule.sign, 0.01, 0.0, 5e5)}
+    for bad, field in ((dict(bias_rule="median"), "recipe.bias_rule"),
+                       (dict(bias_rule=3), "recipe.bias_rule"),
+                       (dict(combine="max"), "recipe.combine"),
+                       (dict(rope_fraction=0.125), "recipe.rope_fraction"),  # 8 x 0.125: odd
+                       (dict(precision="bf16"), "recipe.precision"),       # how, not what
+                       (dict(d_model=16), "recipe.d_model")):              # a rung's dial
+        with pytest.raises(ValueError, match=rf"^{field.replace('.', '[.]')}: "):
+            parse_ladder(_doc(**bad))
+    for name in ("n_experts", "top_k", "n_shared", "local_window"):  # the model has defaults
+        doc = _doc()
+        del doc["recipe"][name]
+        with pytest.raises(ValueError, match=rf"^recipe[.]{name}: missing"):
+            parse_ladder(doc)
 
 
 def test_optimizer_spec_fields_are_the_files_keys():

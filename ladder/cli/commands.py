@@ -427,9 +427,6 @@ def _compiled_plan(rung, args, budget: float, budget_source: str, given: dict) -
             "next_layout_predicted": found.next_predicted,
             "compiled_mesh": step.mesh, "microbatch": step.microbatch,
             "microbatches": step.microbatches, "layout_search": log,
-            "microbatch_search": [{"microbatch": t["microbatch"], "remat": t["remat"],
-                                   "bytes_per_device": t["bytes_per_device"],
-                                   "fits": t["fits"]} for t in log],
             "microbatch_note": note, "compiled_fits": found.fits,
             "compiled_eval_fits": ev.bytes_per_device <= budget,
             "compiled_on": "fake CPU devices (XLA CPU backend)"}

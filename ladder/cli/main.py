@@ -676,9 +676,6 @@ def _watch_command(sub) -> None:
                    help="stop following after this many seconds (default: until the source "
                         "says the run finished)")
     _keys_option(s)
-    s.add_argument("--column-cache", default=None, metavar="DIR|off",
-                   help="deprecated, ignored with a warning (the column cache is gone; "
-                        "--state keeps a restarted watcher's place) (default: none)")
     _json_option(s, "one object with the verdict and the alerts at the end (no alert lines)")
     _serve_options(s)
     s.set_defaults(func=_watch_main)

@@ -474,11 +474,6 @@ def watch_main(args) -> int:
         sys.argv = sk.redact_argv(sys.argv, url)
     webhook = sk.WebhookSink(url) if url else None
     source = open_source(args.source, follow=args.follow)
-    if getattr(args, "column_cache", None) is not None:
-        # the column cache is gone (issue 24: orjson reads a 1M-line file in a few seconds);
-        # the option stays accepted so that scripts passing it keep working
-        log.warning("ladder watch: --column-cache is deprecated and ignored (there is no "
-                    "column cache any more; --state keeps a restarted watcher's place)")
     raw_source = source
     from ladder.sources.keymap import load_keymap
     keymap = load_keymap(getattr(args, "keys", None))

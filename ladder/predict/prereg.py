@@ -41,7 +41,6 @@ from ladder.io import (
     PREREG_MODE,
     InputError,
     atomic_write_bytes,
-    canonical_json,
     inside,
     loads,
     number,
@@ -713,7 +712,3 @@ def _unrecorded(path: Path, followed: set[str], known: set) -> list[str]:
             out.append(f"{p.name} claims to amend it but is not recorded in {CHAIN_FILE} nor "
                        f"named with --amend-chain")
     return out
-
-
-def canonical_bytes(doc: Mapping) -> bytes:
-    return canonical_json({k: v for k, v in doc.items() if k not in HASHED_OUT})

@@ -112,10 +112,6 @@ class RunDir:
             return str(s)
         return "running" if self.rows or self.metrics_path.is_file() else "no metrics"
 
-    @property
-    def ended(self) -> bool:
-        return self.status in ENDED
-
     # -- plan (the summary first, then the rung spec) --------------------------------------------
     def _planned(self, key: str) -> float | None:
         v = as_float(self.summary.get(key))
