@@ -49,21 +49,15 @@ from ladder.fit.backtest import (
     with_power,
 )
 from ladder.fit.compare import COMPARE_FORMS, MIN_PAIRS, Comparison, compare_laws
-from ladder.fit.config import HUBER_DELTA, OBJECTIVES, FitConfig
+from ladder.fit.config import FitConfig
 from ladder.fit.curve_fit import curve_data_from_table, fit_curve_law
 from ladder.fit.curve_forms import FORMS as _CURVE_LAW_FORMS
-from ladder.fit.estimate import (
-    NEAR_WEIGHT,
-    fit_by,
-    fit_spec,
-    implausible_asymptote,
-    run_scales,
-    select_points,
-)
+from ladder.fit.estimate import (NEAR_WEIGHT, fit_by, implausible_asymptote, run_scales,
+                                 select_points)
 from ladder.fit.forms import CURVES_FORMS, FORMS, Spec, form_choices, get_form
 from ladder.fit.points import COLUMNS, load_points
 from ladder.fit.prediction import Prediction
-from ladder.fit.result import FitResult, LawResult, extrapolation_rate
+from ladder.fit.result import FitResult, LawResult
 from ladder.fit.task_law import SKIP, SMOOTH, TaskLaw
 from ladder.io import EX_USAGE, InputError, read_json
 
@@ -75,10 +69,8 @@ CURVE_FORMS = tuple(_CURVE_LAW_FORMS)  # schedule-aware curve laws (fit.curve_fo
 # large is a run's every logged step, which says no more about the law than every 1% of it.
 MAX_FIT_ROWS = 100_000
 
-__all__ = ["CURVE_FORMS", "HUBER_DELTA", "OBJECTIVES", "FitConfig", "FitResult", "LawResult",
-           "Prediction", "compare_points", "extrapolation_rate", "fit_by", "fit_law", "fit_one",
-           "fit_spec", "fit_task", "law_from_json", "laws_from_json", "load_law", "load_laws",
-           "select_points"]
+__all__ = ["CURVE_FORMS", "FitConfig", "FitResult", "LawResult", "Prediction", "compare_points",
+           "fit_law", "fit_task", "law_from_json", "laws_from_json", "load_law", "load_laws"]
 
 
 def fit_law(df, config: FitConfig | None = None, **changes) -> FitResult:
