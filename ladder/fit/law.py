@@ -208,9 +208,6 @@ def _left_out(res, df):
 
 
 def _spec(form: str, fix: dict, tie: dict) -> Spec:
-    if form in CURVE_FORMS:
-        raise InputError(f"the {form} form is a schedule-aware curve law (ladder.fit.curve_fit)",
-                         field="form")
     if form == "task":
         raise InputError("the task form fits in two steps: ladder.fit.fit_task (the CLI: "
                          "--form task --via LOSS_KEY)", field="form")
