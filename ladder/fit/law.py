@@ -98,7 +98,7 @@ def fit_law(df, config: FitConfig | None = None, **changes) -> FitResult:
     ``extrapolation_power``: the band's extrapolation term as s d^p outside the fitted runs
     (ladder.fit.backtest.EXTRAPOLATION_POWER; None: that p, 0, for ``form="auto"``, and the rate
     per decade, as before, for a named form; a number: that p). It moves no estimate."""
-    config = _with(config, changes)
+    config = replace(config or FitConfig(), **changes)  # an unknown field: TypeError
     metric, by, form = config.metric, config.by, config.form
     if metric is None and _plain_loss(df):
         metric = "loss"  # a notebook's own table: its column keeps the name it was given
@@ -143,15 +143,6 @@ def fit_law(df, config: FitConfig | None = None, **changes) -> FitResult:
         if power is not None and "backtest" in res.diagnostics:
             res = res.with_diagnostics(backtest=with_power(res.diagnostics["backtest"], power))
     return _left_out(res, df)
-
-
-def _with(config: FitConfig | None, changes: dict) -> FitConfig:
-    """``config`` (default ``FitConfig()``) with ``changes``, which must name its fields."""
-    unknown = sorted(set(changes) - set(FitConfig.__dataclass_fields__))
-    if unknown:
-        raise TypeError(f"fit_law() got unexpected keyword argument(s) {', '.join(unknown)}; "
-                        f"FitConfig's fields: {', '.join(FitConfig.__dataclass_fields__)}")
-    return replace(config or FitConfig(), **changes)
 
 
 def _plain_loss(df) -> bool:
@@ -735,7 +726,7 @@ def fit_task(df: pd.DataFrame, via: str, metric: str, config: FitConfig | None =
     step 1 is the law ``config`` asks for (default ``FitConfig()``, with ``changes``: its fields
     by name) of the task loss ``via``; step 2 the sigmoid from it to the accuracy ``metric``,
     with step 1's bootstrap, level and seed."""
-    config = replace(_with(config, changes), metric=via)
+    config = replace(config or FitConfig(), **changes, metric=via)
     t1, pairs = task.step1_table(df, via, metric, smooth=smooth, skip=skip, where=where)
     step1 = fit_law(load_points(t1, metric=via), config)
     return task.chain(step1, t1, pairs, metric, bootstrap=config.bootstrap, level=config.level,
