@@ -197,47 +197,48 @@ def multi_prereg(args, laws: dict, amends: dict | None, *,
 
 
 def _write_and_say(args, out: Path, doc: dict, amends: dict | None) -> int:
+    from ladder.cli.output import tell  # the file is written: a closed pipe costs the lines
     pr.write_once(out, doc)
     if doc.get("schema") == pr.SCHEMA_V3:
         fam = doc["decision_rule"]["family"]
-        print(f"wrote {out} (read-only), sha256 {doc['sha256']}")
-        print(f"  {len(doc['metrics'])} metrics, one band each at {doc['band_level']:.0%}; "
-              f"alerts at the Sidak level {fam['alert_level']:.5f} per metric (family-wise "
-              f"{fam['family_alert_level']})")
+        tell(f"wrote {out} (read-only), sha256 {doc['sha256']}")
+        tell(f"  {len(doc['metrics'])} metrics, one band each at {doc['band_level']:.0%}; "
+             f"alerts at the Sidak level {fam['alert_level']:.5f} per metric (family-wise "
+             f"{fam['family_alert_level']})")
         for k in doc["metrics"]:
             fin = doc["forecasts"][k]["final"]
-            print(f"  {k}: final {fin['loss']:.4f} [{fin['lo']:.4f}, {fin['hi']:.4f}]")
+            tell(f"  {k}: final {fin['loss']:.4f} [{fin['lo']:.4f}, {fin['hi']:.4f}]")
         if amends:
-            print(f"  amends {amends['path']}: {amends['reason']}")
+            tell(f"  amends {amends['path']}: {amends['reason']}")
         return 0
     fin = doc["final"]
     target = fc.Target.from_spec(doc["target"], path=out)
-    print(f"wrote {out} (read-only), sha256 {doc['sha256']}")
+    tell(f"wrote {out} (read-only), sha256 {doc['sha256']}")
     def num(v):
         return f"{v:.4f}" if isinstance(v, float) else str(v)
-    print(f"  target {target.name}: final {doc['metric']} {num(fin['loss'])} "
-          f"[{num(fin['lo'])}, {num(fin['hi'])}] at {doc['band_level']:.0%}; "
-          f"{len(doc['forecast'])} "
-          f"forecast points; eval noise {doc['eval_noise']['sigma']:.4g} "
-          f"({doc['eval_noise']['method']})")
+    tell(f"  target {target.name}: final {doc['metric']} {num(fin['loss'])} "
+         f"[{num(fin['lo'])}, {num(fin['hi'])}] at {doc['band_level']:.0%}; "
+         f"{len(doc['forecast'])} "
+         f"forecast points; eval noise {doc['eval_noise']['sigma']:.4g} "
+         f"({doc['eval_noise']['method']})")
     if amends:
-        print(f"  amends {amends['path']} (sha256 {amends['sha256'][:12]}...): {amends['reason']}"
-              f"; recorded in {out.parent / pr.CHAIN_FILE}")
+        tell(f"  amends {amends['path']} (sha256 {amends['sha256'][:12]}...): {amends['reason']}"
+             f"; recorded in {out.parent / pr.CHAIN_FILE}")
     ch = doc.get("change")
     if ch:
         m = ch["multiplier"]
-        print(f"  from step {ch['at_step']} ({ch['fraction']:.1%}): the old forecast before it "
-              f"({ch['carried_rows']} rows carried), anchored on {len(ch['anchor']['steps'])} "
-              f"evals (log ratio {ch['anchor']['log_ratio']:+.4f}); multiplier {m['value']:.4g} "
-              f"[{m['lo']:.4g}, {m['hi']:.4g}]; transition {ch['transition']}; the change's "
-              f"share of the final band's variance {ch['final_band_share_of_change']:.0%}")
+        tell(f"  from step {ch['at_step']} ({ch['fraction']:.1%}): the old forecast before it "
+             f"({ch['carried_rows']} rows carried), anchored on {len(ch['anchor']['steps'])} "
+             f"evals (log ratio {ch['anchor']['log_ratio']:+.4f}); multiplier {m['value']:.4g} "
+             f"[{m['lo']:.4g}, {m['hi']:.4g}]; transition {ch['transition']}; the change's "
+             f"share of the final band's variance {ch['final_band_share_of_change']:.0%}")
     if getattr(args, "wandb", False):
         from ladder.predict.wandb_home import log_forecast
         group = target_rung(args.target).ladder if getattr(args, "target", None) else None
         info = log_forecast(doc, out, entity=args.wandb_entity, project=args.wandb_project,
                             group=group)
-        print(f"  W&B: forecast run {info['id']} in {info['entity'] or '(default entity)'}/"
-              f"{info['project']}, group {info['group']} ({info['dir']})")
+        tell(f"  W&B: forecast run {info['id']} in {info['entity'] or '(default entity)'}/"
+             f"{info['project']}, group {info['group']} ({info['dir']})")
     return 0
 
 
