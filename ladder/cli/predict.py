@@ -483,7 +483,7 @@ def watch_main(args) -> int:
     as_json = getattr(args, "json", False)
     sinks = _alert_sinks(args, raw_source, webhook, as_json=as_json)
     if getattr(args, "wandb", False):  # the residuals and alerts go to the watcher's own run
-        from ladder.predict.wandb_home import TeeSource, WatchRunSink
+        from ladder.predict.wandb_home import WatchRunSink
         doc = pr.load(pr.resolve_chain(args.prereg, getattr(args, "amend_chain", None))
                       .newest.path)
         if doc.get("schema") == pr.SCHEMA_V3:
@@ -493,11 +493,10 @@ def watch_main(args) -> int:
         home = WatchRunSink(doc, entity=args.wandb_entity, project=args.wandb_project,
                             dir=str(Path(args.prereg).resolve().parent))
         sinks.append(home)
-        source = TeeSource(source, lambda: w.view, home.log_evals)
-        from ladder.predict.watch.rules.heading import updated_forecast
-        home.updated = lambda: updated_forecast(w.view, w.state.get("heading"))
     w = Watcher(args.prereg, source, sinks, args.state, metric=args.metric, follow=follow,
                 amend_chain=getattr(args, "amend_chain", None))
+    if getattr(args, "wandb", False):
+        home.attach(w)
     if w.multi:
         server = _serve(args, w, keymap)
         try:
