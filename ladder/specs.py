@@ -221,6 +221,13 @@ def _check_eval_set(obj) -> None:
 # ---------------------------------------------------------------------------------------- rules
 
 
+def split_switches(table: dict) -> tuple[dict, dict]:
+    """A recipe's flat keys -> (the model's switches, :data:`SWITCH_FIELDS`; the rest)."""
+    names = {f.name for f in SWITCH_FIELDS}
+    return ({k: v for k, v in table.items() if k in names},
+            {k: v for k, v in table.items() if k not in names})
+
+
 # What a ladder file's [recipe] table must name although the model has a default for it: the
 # recipe's choices of experts and attention window (the model's defaults suit small test models).
 REQUIRED_SWITCHES = ("n_experts", "top_k", "n_shared", "local_window")
@@ -282,9 +289,8 @@ class Recipe:
     def of(cls, **kw) -> "Recipe":
         """A recipe from one flat set of keywords, as a ladder file's table names them: the
         model's switches (:data:`SWITCH_FIELDS`) and the recipe's own fields."""
-        names = {f.name for f in SWITCH_FIELDS}
-        switches = ModelSwitches(**{k: v for k, v in kw.items() if k in names})
-        return cls(switches=switches, **{k: v for k, v in kw.items() if k not in names})
+        switches, own = split_switches(kw)
+        return cls(switches=ModelSwitches(**switches), **own)
 
     def model(self, d: int, n_layers: int) -> ModelConfig:
         heads = max(1, d // self.switches.head_dim)
@@ -466,17 +472,16 @@ def parse_ladder(obj: dict) -> Ladder:
               for key, cls in (("schedule", Schedule), ("optimizer", OptimizerSpec))
               if key in table}
     # one flat table: the model's switches (ModelSwitches) beside the recipe's own fields
-    switch_names = [f.name for f in SWITCH_FIELDS]
-    own = {k: v for k, v in table.items() if k not in nested and k not in switch_names}
-    known = [f.name for f in dataclasses.fields(Recipe) if f.name != "switches"] + switch_names
+    switches, own = split_switches({k: v for k, v in table.items() if k not in nested})
+    known = [f.name for f in dataclasses.fields(Recipe) if f.name != "switches"] + \
+        [f.name for f in SWITCH_FIELDS]
     unknown = sorted(set(own) - set(known))
     if unknown:
         raise ValueError(f"recipe.{unknown[0]}: unknown key (known: {', '.join(known)})")
     for name in REQUIRED_SWITCHES:
         if name not in table:
             raise ValueError(f"recipe.{name}: missing")
-    nested["switches"] = _build(ModelSwitches, {k: v for k, v in table.items()
-                                                if k in switch_names}, "recipe")
+    nested["switches"] = _build(ModelSwitches, switches, "recipe")
     recipe = _build(Recipe, own, "recipe", skip=("schedule", "optimizer", "switches"),
                     extra=nested)
     rungs = obj["rungs"]
