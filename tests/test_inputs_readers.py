@@ -189,6 +189,23 @@ def test_a_state_file_of_a_future_schema_is_refused_by_name(world, tmp_path):
     _one_line(code, err, "state.json", "watch-state/3")
 
 
+@pytest.mark.parametrize("name", ["summary.json", "config.json"])
+def test_a_run_file_of_a_later_schema_is_refused_by_name(tmp_path, name):
+    """Was: a run-summary/2 or run-config/2 file (a later ladder's) read as version 1."""
+    lad = write_law_runs(tmp_path / "runs")
+    f = tmp_path / "runs" / lad.name / lad.rungs[1].name / name
+    doc = json.loads(f.read_text())
+    doc["schema"] = doc["schema"].replace("/1", "/2")
+    f.write_text(json.dumps(doc))
+    code, _, err = run_cli("fit", tmp_path / "runs", "--bootstrap", "0",
+                           "--out", tmp_path / "law.json")
+    _one_line(code, err, str(f), "field 'schema'", doc["schema"], "newer")
+    assert not (tmp_path / "law.json").exists()
+    from ladder.sources.runs import read_run
+    with pytest.raises(InputError, match="field 'schema'"):
+        read_run(f.parent)
+
+
 @pytest.fixture(scope="module")
 def saved_state(world, tmp_path_factory) -> dict:
     """The state file of a watch of the healthy run (``--state``), as written."""
