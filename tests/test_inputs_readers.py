@@ -374,6 +374,27 @@ def test_a_resealed_prereg_with_a_number_out_of_range_is_one_line(world, tmp_pat
     _one_line(code, err, "resealed.json", name)
 
 
+@pytest.mark.parametrize("scale", [0.1, 1e-4, 1e25])
+def test_a_resealed_target_tokens_that_misplaces_every_eval_names_target_tokens(world,
+                                                                               tmp_path,
+                                                                               scale):
+    """Was: '0 evals judged ... name the source key with --metric' (field '--metric'), though
+    the source holds the key: every eval fell outside the run the resealed target.tokens says."""
+    from ladder.predict import prereg as pr
+    doc = json.loads((world / "pre" / "prereg.json").read_text())
+    doc = _set(doc, "target.tokens", doc["target"]["tokens"] * scale)
+    p = tmp_path / "resealed.json"
+    p.write_text(json.dumps(pr.seal(doc)))
+    code, _, err = run_cli("watch", p, "--source", world / "live.jsonl")
+    _one_line(code, err.strip().splitlines()[-1], "resealed.json", "field 'target.tokens'",
+              "0 of 4 evals")
+    assert code == 65 and "--metric" not in err
+    # a key the source lacks is still the --metric line
+    code, _, err = run_cli("watch", world / "pre" / "prereg.json", "--source",
+                           world / "live.jsonl", "--metric", "eval/none")
+    assert code == 65 and "field '--metric'" in err.strip().splitlines()[-1]
+
+
 @FAST
 @given(data=st.data())
 def test_any_registered_number_resealed_is_judged_sanely_or_refused(world, tmp_path_factory,

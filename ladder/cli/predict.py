@@ -495,6 +495,8 @@ def watch_main(args) -> int:
         sinks.append(home)
     w = Watcher(args.prereg, source, sinks, args.state, metric=args.metric, follow=follow,
                 amend_chain=getattr(args, "amend_chain", None))
+    span = EvalSpan()  # where the evals fell: what to blame when none was judged
+    w.listeners.append(span)
     if getattr(args, "wandb", False):
         home.attach(w)
     if w.multi:
@@ -524,11 +526,68 @@ def watch_main(args) -> int:
     if as_json:
         print(json.dumps(to_jsonable(watch_verdict(w, code))))
     if not st.get("n_evals") and not st.get("not_applicable"):
-        # judging nothing is not "nothing above info": most likely the wrong --metric
+        # judging nothing is not "nothing above info": evals outside the registered run (a
+        # target.tokens or steps that is not this run's), else most likely the wrong --metric
+        outside = span.refusal(w.view, prereg=args.prereg, source=args.source)
+        if outside is not None:
+            raise outside
         raise InputError(f"0 evals of '{w.view.metric}' judged ({st.get('n_points', 0)} points "
                          f"read); keys seen: {source_keys(args.source) or 'none'}; name the "
                          "source key with --metric", field="--metric", exit_code=EX_DATAERR)
     return code
+
+
+class EvalSpan:
+    """A watcher listener: how many evals of the watched metric the judged batches held, and
+    where they fell in the registered run (the smallest and largest fraction), and by what
+    (``target.tokens``, ``target.steps`` or the source's ``progress``: the ``align`` rule)."""
+
+    def __init__(self):
+        self.n, self.lo, self.hi, self.by = 0, math.inf, -math.inf, set()
+
+    def __call__(self, view, batch) -> None:
+        import numpy as np
+
+        from ladder.predict.watch import row_fractions
+        y = batch.cols.get(view.metric)
+        if y is None or not len(batch):
+            return
+        ok = np.isfinite(y)
+        f = row_fractions(view, batch)[ok]
+        f = f[np.isfinite(f)]
+        if not f.size:
+            return
+        self.n += int(f.size)
+        self.lo, self.hi = min(self.lo, float(f.min())), max(self.hi, float(f.max()))
+        align = view.config.align
+        tokens = np.isfinite(batch.col("tokens")[ok])
+        if align == "tokens" or align == "auto" and tokens.any():
+            self.by.add("target.tokens")
+        if align == "step" or align == "auto" and not tokens.all():
+            self.by.add("target.steps")
+        if align == "fraction":
+            self.by.add("progress")
+
+    def refusal(self, view, *, prereg, source) -> InputError | None:
+        """The one line when evals were there but none fell inside the forecast (None when there
+        were none: then the key is what to blame): it names the field they were placed by."""
+        if not self.n:
+            return None
+        by = sorted(self.by)
+        field = by[0] if len(by) == 1 else "target"
+        said = {"target.tokens": f"target.tokens {view.tokens:g}",
+                "target.steps": f"target.steps {view.steps:g}",
+                "progress": "the source's progress"}
+        how = " and ".join(said[b] for b in by) if set(by) <= set(said) else field
+        where = (f"{self.lo:.3g}" if self.lo == self.hi else f"{self.lo:.3g} to {self.hi:.3g}")
+        # what the loss rules compare: the forecast's grid, from min_fraction on
+        first = max(float(view.fraction[0]), float(view.config.min_fraction))
+        return InputError(
+            f"0 of {self.n} evals of '{view.metric}' judged: by {how} they fall at fractions "
+            f"{where} of the registered run, outside what is compared ({first:.3g} to "
+            f"{float(view.fraction[-1]):.3g}); the source is not the run this file registers, "
+            f"or its {field} is wrong", path=source if field == "progress" else prereg,
+            field=field, exit_code=EX_DATAERR)
 
 
 def _alert_sinks(args, source, webhook, *, as_json: bool) -> list:
