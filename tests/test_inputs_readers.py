@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import KNOWN_LAW, run_cli, write_law_runs
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from bench.fuzz_inputs import address_space_cap
@@ -204,6 +204,33 @@ def test_a_run_file_of_a_later_schema_is_refused_by_name(tmp_path, name):
     from ladder.sources.runs import read_run
     with pytest.raises(InputError, match="field 'schema'"):
         read_run(f.parent)
+
+
+@FAST
+@given(name=st.sampled_from(["summary.json", "config.json"]),
+       schema=st.one_of(_JSON, st.from_regex(r"\Arun-(summary|config)/[0-9]{1,7}\Z")))
+@example(name="summary.json", schema="run-summary/1")
+@example(name="config.json", schema="run-config/1")
+@example(name="summary.json", schema="run-summary/2")
+def test_any_schema_of_a_run_file_is_read_as_version_1_only_when_it_says_so(tmp_path_factory,
+                                                                           name, schema):
+    """Property: a run's summary.json or config.json is read when its schema is the version
+    this reader knows, and refused in one line naming the file and 'schema' otherwise."""
+    from ladder.sources.runs import read_run
+    root = tmp_path_factory.mktemp("runs")
+    lad = write_law_runs(root)
+    f = root / lad.name / lad.rungs[0].name / name
+    doc = json.loads(f.read_text())
+    known = doc["schema"]
+    doc["schema"] = schema
+    f.write_text(json.dumps(doc))
+    if schema == known:
+        assert read_run(f.parent).path == f.parent
+        return
+    with pytest.raises(InputError) as e:
+        read_run(f.parent)
+    assert e.value.field == "schema" and e.value.path == str(f)
+    assert len(str(e.value).splitlines()) == 1
 
 
 @pytest.fixture(scope="module")
