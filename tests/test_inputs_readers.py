@@ -172,6 +172,61 @@ def test_any_field_of_a_law_edited_is_read_or_refused_and_no_band_is_infinite(wo
         assert not np.any(np.isinf(np.asarray(getattr(pred, k), float))), (where, k)
 
 
+# Every field, each of these values: the property test above draws a few at random (and on one
+# machine found an object read as a mapping unchecked); this sweep asks each field every time.
+_SWEEP = [None, True, 0, -1, 1e308, -1e308, float("nan"), float("inf"), "x", "", [], {}, [1, 2],
+          {"a": 1}, [[1]], ["a", "b"], 10**30]
+
+
+@pytest.mark.heavy  # ~10 s: 2 laws x ~80 fields x 17 values
+def test_every_field_of_a_law_set_to_each_kind_of_value_is_read_or_refused(world):
+    """Was: an AttributeError for fit.prior, fit.spec.fix or uncertainty.intervals not an object,
+    and an Infinity band for an extrapolation power or scale of 1e308."""
+    from ladder.fit.law import law_from_json
+    bad = []
+    for old in (False, True):
+        base = json.loads((Path(__file__).parent / "data" / "law_main_b81488e.json").read_text()) \
+            if old else _law(world)
+        for where in _paths(base):
+            for v in _SWEEP:
+                doc = _set(copy.deepcopy(base), where, v)
+                try:
+                    with np.errstate(all="ignore"):
+                        pred = law_from_json(doc, path="law.json").predict(
+                            compute=1e22 if old else 1e13, level=0.9)
+                except InputError:
+                    continue
+                except Exception as e:  # noqa: BLE001 - the sweep lists every other exception
+                    bad.append((old, where, v, f"{type(e).__name__}: {e}"))
+                    continue
+                if any(np.any(np.isinf(np.asarray(getattr(pred, k), float))) for k in ("lo", "hi")):
+                    bad.append((old, where, v, "an Infinity band"))
+    assert not bad, bad[:10]
+
+
+@pytest.mark.heavy  # ~10 s
+def test_every_registered_number_set_to_each_kind_of_value_is_judged_or_refused(world, tmp_path):
+    """Was: a resealed final.lo of 0 or below stopped the watch with a ZeroDivisionError or a
+    math domain error in the updated forecast's prior (it reads the final band in log)."""
+    from ladder.predict import prereg as pr
+    base = json.loads((world / "pre" / "prereg.json").read_text())
+    bad = []
+    for where in [w for w in _paths(base) if w.startswith(
+            ("forecast.", "final", "eval_noise", "band_level", "target.steps", "target.tokens"))]:
+        for v in _SWEEP:
+            p = tmp_path / "resealed.json"
+            p.write_text(json.dumps(pr.seal(_set(copy.deepcopy(base), where, v))))
+            try:
+                code, _, err = run_cli("watch", p, "--source", world / "live.jsonl")
+            except Exception as e:  # noqa: BLE001
+                bad.append((where, v, f"{type(e).__name__}: {e}"))
+                continue
+            last = err.strip().splitlines()[-1] if err.strip() else ""
+            if "Traceback" in err or not (code in (0, 1, 2, 3) or code >= 64 and "field '" in last):
+                bad.append((where, v, code, last))
+    assert not bad, bad[:10]
+
+
 # ------------------------------------------------ class 2: state, progress, key maps, compare
 
 
