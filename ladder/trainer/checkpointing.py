@@ -195,13 +195,6 @@ class Checkpoints:
         abstract = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like)
         step_dir = mngr.directory / str(step)    # a pathlib or etils path
-        if (step_dir / "default").is_dir():  # the single-item layout of earlier versions
-            legacy = ocp.CheckpointManager(mngr.directory, options=ocp.
-                                           CheckpointManagerOptions(read_only=True))
-            try:
-                return legacy.restore(step, args=ocp.args.StandardRestore(abstract))
-            finally:
-                legacy.close()
         items = {"state": ocp.args.StandardRestore(abstract)}
         if data_iterator is not None:
             from grain.checkpoint import CheckpointRestore
