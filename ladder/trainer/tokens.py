@@ -48,13 +48,11 @@ from ladder.io import (
     claim,
     folder_lock,
     inside,
-    marker_names,
     read_json,
     real_folder,
     safe_name,
     schema_version,
     sha256_file,
-    write_marker,
 )
 from ladder.trainer.corpus_files import TAIL_VAL_FRACTION, VAL_BUCKETS, data_files, is_held_out
 
@@ -538,8 +536,6 @@ def tokenize_files(patterns: list[str], tokenizer: str | Path, out_dir: str | Pa
         if (out / MANIFEST).exists():
             raise InputError("already holds token shards; use another --out",
                              path=out / MANIFEST, exit_code=EX_CANTCREAT)
-        if not marker_names(out) and _progress_of_ours(out / PROGRESS):
-            write_marker(out, OWN_FILES)   # an interrupted run of a version before the marker
         claim(out, OWN_FILES, what="ladder tokenize")
         return _tokenize(out, files, names, tok, tok_json, settings, inputs, tokenizer,
                          text_key=text_key, processes=processes, chunk_chars=chunk_chars,
@@ -550,13 +546,6 @@ def tokenize_files(patterns: list[str], tokenizer: str | Path, out_dir: str | Pa
 # not write there is refused, never replaced or deleted)
 OWN_FILES = tuple(f"{s}-*.bin{x}" for s in ("train", "val", "stream") for x in ("", ".partial")) \
     + (PROGRESS, MANIFEST)
-
-
-def _progress_of_ours(path: Path) -> bool:
-    try:
-        return read_json(path, schema="tokenize-progress") is not None
-    except InputError:
-        return False
 
 
 def _tokenize(out: Path, files, names, tok, tok_json, settings: dict, inputs, tokenizer, *,
