@@ -384,13 +384,6 @@ def format_name(p) -> str:
     return f"{fmt(p.total)}-A{fmt(p.active)}"
 
 
-def make_ladder(name: str, description: str, recipe: Recipe, rungs: list[Dials],
-                target: Dials) -> Ladder:
-    built = tuple(recipe.rung(name, r) for r in rungs)
-    hero = recipe.rung(name, dataclasses.replace(target, is_target=True))
-    return Ladder(name=name, description=description, recipe=recipe, rungs=built, target=hero)
-
-
 # ------------------------------------------------------------------------------ ladder files
 
 LADDER_FILE_SCHEMA = "ladder/1"
@@ -561,10 +554,7 @@ def with_file(ladder_file=None) -> dict[str, Ladder]:
 
 
 def get_ladder(name: str, ladders: dict[str, Ladder] | None = None) -> Ladder:
-    ladders = LADDERS if ladders is None else ladders
-    if name not in ladders:
-        raise KeyError(name)
-    return ladders[name]
+    return (LADDERS if ladders is None else ladders)[name]   # KeyError(name) when unknown
 
 
 def resolve(target: str, ladders: dict[str, Ladder] | None = None) -> tuple[Ladder, list[Rung]]:
