@@ -24,10 +24,12 @@ item) are still restored.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from time import monotonic as _clock  # a module global, so a test can drive the clock
 from urllib.parse import urlparse
 
@@ -59,17 +61,6 @@ def _manager(path, keep: int, async_save: bool):
     return ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(
         max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
         cleanup_tmp_directories=True))
-
-
-class _StateSnapshot:
-    """What Grain's checkpoint handler needs of an iterator (``get_state``), for a state taken
-    earlier: the trainer has already drawn the next batch when it saves."""
-
-    def __init__(self, state: bytes):
-        self._state = state
-
-    def get_state(self) -> bytes:
-        return self._state
 
 
 class Checkpoints:
@@ -107,7 +98,9 @@ class Checkpoints:
         if data_state is not None:
             from grain.checkpoint import CheckpointSave
 
-            items["data"] = CheckpointSave(_StateSnapshot(data_state))
+            # what Grain's handler needs of an iterator (get_state), for a state taken earlier:
+            # the trainer has already drawn the next batch when it saves
+            items["data"] = CheckpointSave(SimpleNamespace(get_state=lambda: data_state))
         kind = ROLLING if rolling else "permanent"
         mngr = self.rolling if rolling else self.permanent
         with self._disk_errors(step):
@@ -117,29 +110,25 @@ class Checkpoints:
             self._settle()
         self._last_save = _clock()
 
+    @contextlib.contextmanager
     def _disk_errors(self, step: int):
         """A save that fails on the disk (full, quota, read-only: an OSError, or Orbax's or
         TensorStore's error that carries one) becomes one line, exit 74, after the temporary
         folders of the unfinished checkpoint are removed (issue 39: nothing half-made); the
         newest complete checkpoint is untouched."""
-        import contextlib
-
-        @contextlib.contextmanager
-        def guard():
-            try:
-                yield
-            except Exception as e:  # noqa: BLE001 - examined, re-raised unless the disk's
-                reason = _disk_reason(e)
-                if reason is None:
-                    raise
-                self._close_quietly()       # background writers stop before the clean-up
-                self._remove_unfinished()
-                from ladder.io import EX_IOERR, InputError
-                raise InputError(f"checkpoint of step {step} could not be written ({reason}); "
-                                 f"the newest complete one is step {self._done}; make room and "
-                                 f"continue with --resume", path=self.root,
-                                 exit_code=EX_IOERR) from None
-        return guard()
+        try:
+            yield
+        except Exception as e:  # noqa: BLE001 - examined, re-raised unless the disk's
+            reason = _disk_reason(e)
+            if reason is None:
+                raise
+            self._close_quietly()       # background writers stop before the clean-up
+            self._remove_unfinished()
+            from ladder.io import EX_IOERR, InputError
+            raise InputError(f"checkpoint of step {step} could not be written ({reason}); "
+                             f"the newest complete one is step {self._done}; make room and "
+                             f"continue with --resume", path=self.root,
+                             exit_code=EX_IOERR) from None
 
     def _remove_unfinished(self) -> None:
         """Orbax's temporary folders of checkpoints that were never finished (its own clean-up
