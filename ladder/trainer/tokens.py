@@ -92,22 +92,6 @@ def segment_ids(tokens: np.ndarray, eos_id: int) -> np.ndarray:
 # depend on chunk boundaries, so the shards and the manifest's entries are those an
 # uninterrupted run writes, bitwise.
 
-def _tokenizer(path: str | Path):
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        raise InputError("needs the Hugging Face tokenizers library; pip install "
-                         "'ladder[data]'", field="--tokenizer") from None
-    p = Path(path)
-    if not p.is_file():
-        raise InputError("no such file", path=p, field="--tokenizer", exit_code=EX_NOINPUT)
-    try:
-        return Tokenizer.from_file(str(p))
-    except Exception as e:  # the library raises a bare Exception for a malformed file
-        raise InputError(f"not a tokenizers JSON file ({str(e).splitlines()[0][:200]})",
-                         path=p, field="--tokenizer") from None
-
-
 PROGRESS = "progress.json"
 PROGRESS_SCHEMA = "tokenize-progress/1"
 SPLITS = ("train", "val")
@@ -470,19 +454,27 @@ def _restore(out: Path, progress: Path, prev: dict) -> None:
 
 
 def _inputs(files: list[Path], names: list[str]) -> list[dict]:
-    out = []
-    for f, n in zip(files, names):
-        st = f.stat()
-        out.append({"path": n, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns})
-    return out
+    return [{"path": n, "bytes": (st := f.stat()).st_size, "mtime_ns": st.st_mtime_ns}
+            for f, n in zip(files, names)]
 
 
 def _load_encoder(tokenizer: str | Path, eos: str | None):
-    """(tokenizer JSON text, sha256, encoder settings) of a local tokenizers file."""
-    _tokenizer(tokenizer)      # the library is there and the file parses (one-line errors)
-    raw = Path(tokenizer).read_bytes()
-    from tokenizers import Tokenizer
-    tok = Tokenizer.from_str(raw.decode("utf-8"))
+    """(tokenizer, its JSON text, encoder settings) of a local tokenizers file; the sha256 is
+    of the very bytes parsed."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise InputError("needs the Hugging Face tokenizers library; pip install "
+                         "'ladder[data]'", field="--tokenizer") from None
+    p = Path(tokenizer)
+    if not p.is_file():
+        raise InputError("no such file", path=p, field="--tokenizer", exit_code=EX_NOINPUT)
+    raw = p.read_bytes()
+    try:
+        tok = Tokenizer.from_str(raw.decode("utf-8"))
+    except Exception as e:  # the library raises a bare Exception for a malformed file
+        raise InputError(f"not a tokenizers JSON file ({str(e).splitlines()[0][:200]})",
+                         path=p, field="--tokenizer") from None
     vocab = tok.get_vocab_size(with_added_tokens=True)
     if eos is None:
         eos = next((t for t in EOS_CANDIDATES if tok.token_to_id(t) is not None), None)
