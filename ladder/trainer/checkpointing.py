@@ -18,8 +18,7 @@ background; the step directory appears, renamed into place, only when complete, 
 never leaves a checkpoint that resume would read half-written. :meth:`Checkpoints.done_step`
 says which step is complete (the summary names only that), and every process waits for the
 previous save at the same point (the next save, or close), where a permanent checkpoint also
-removes the rolling one it supersedes. Checkpoints written before this layout (one ``default``
-item) are still restored.
+removes the rolling one it supersedes.
 """
 
 from __future__ import annotations
