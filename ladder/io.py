@@ -1036,23 +1036,17 @@ _NONFINITE = {"nan": math.nan, "NaN": math.nan, "Infinity": math.inf, "inf": mat
 
 def as_float(value: Any) -> float | None:
     """A metric value as float: numbers, numeric strings and "NaN"/"Infinity"; None otherwise."""
-    if isinstance(value, bool):
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         return None
-    if isinstance(value, (int, float)):
-        try:
-            return float(value)
-        except OverflowError:  # an integer beyond float range: not a usable metric value
-            return None
     if isinstance(value, str):
         if value in _NONFINITE:
             return _NONFINITE[value]
         if len(value) > 100:  # no metric is written with 100 characters
             return None
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
+    try:
+        return float(value)
+    except (OverflowError, ValueError):  # an integer beyond float range; a non-numeric string
+        return None
 
 
 # One metrics line is one step's scalars (a few KB; a row of every expert's load of the hero,
