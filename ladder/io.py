@@ -547,9 +547,7 @@ def folder_lock(folder: str | os.PathLike, *, what: str, field: str | None = "--
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise InputError(f"in use by {_describe_holder(holder)}; wait for it to end or use "
-                             f"another folder (lock {LOCK})", path=folder, field=field,
-                             exit_code=EX_TEMPFAIL) from None
+            raise _in_use(holder, folder, field) from None
         except OSError as e:
             if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
                 os.close(fd)
@@ -560,9 +558,7 @@ def folder_lock(folder: str | os.PathLike, *, what: str, field: str | None = "--
             if holder.get("host") == host and isinstance(pid, int) and pid != os.getpid() \
                     and _alive(pid):
                 os.close(fd)
-                raise InputError(f"in use by {_describe_holder(holder)}; wait for it to end or "
-                                 f"use another folder (lock {LOCK})", path=folder, field=field,
-                                 exit_code=EX_TEMPFAIL) from None
+                raise _in_use(holder, folder, field) from None
         # the file locked must still be the one at the path (a holder removes it on release)
         try:
             same = os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
@@ -591,11 +587,13 @@ def _lock_holder(fd: int) -> dict:
     return doc if isinstance(doc, dict) else {}
 
 
-def _describe_holder(h: dict) -> str:
-    if not h:
-        return "another ladder process"
-    return (f"{str(h.get('what', 'ladder'))[:40]} (pid {h.get('pid')} on "
-            f"{str(h.get('host'))[:60]}, since {str(h.get('since'))[:20]})")
+def _in_use(h: dict, folder: Path, field: str | None) -> InputError:
+    """The one line (75) refusing a second holder of ``folder``'s lock, naming the first."""
+    who = (f"{str(h.get('what', 'ladder'))[:40]} (pid {h.get('pid')} on "
+           f"{str(h.get('host'))[:60]}, since {str(h.get('since'))[:20]})") if h \
+        else "another ladder process"
+    return InputError(f"in use by {who}; wait for it to end or use another folder (lock {LOCK})",
+                      path=folder, field=field, exit_code=EX_TEMPFAIL)
 
 
 @contextlib.contextmanager
