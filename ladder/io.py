@@ -333,7 +333,7 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except (PermissionError, OverflowError):
-        return True
+        pass   # another user's process (or no pid of this OS): not known to be gone
     return True
 
 
@@ -403,8 +403,6 @@ def _append_fd(fd: int, data: bytes, path: Path, *, fsync: bool) -> int:
 
 def _cut_partial_line(fd: int, size: int) -> int:
     """Truncate the open file ``fd`` of ``size`` bytes after its last newline; the bytes cut."""
-    if size == 0:
-        return 0
     pos = size
     while pos > 0:
         n = min(pos, 1 << 16)
