@@ -939,9 +939,7 @@ def check_manifest(m: dict, path: Path) -> dict:
             bad(f"{where}.shards", "expected a list")
         for i, sh in enumerate(shards):
             at = f"{where}.shards[{i}]"
-            if not isinstance(sh, dict):
-                bad(at, "expected an object with file and tokens")
-            if "file" not in sh or "tokens" not in sh:
+            if not isinstance(sh, dict) or "file" not in sh or "tokens" not in sh:
                 bad(at, "expected an object with file and tokens")
             # the shard's name becomes a path: one safe component, inside the shard directory
             try:
