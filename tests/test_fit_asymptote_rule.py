@@ -1,4 +1,4 @@
-"""The short-ladder asymptote rule (ladder.fit.select.asymptote_rule) never centres the band on an
+"""The short-ladder asymptote rule (ladder.fit.law.asymptote_rule) never centres the band on an
 asymptote its own report calls implausible while a defensible variant has a plausible one, and
 says which variant it chose and why (issue 21, item 5)."""
 
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from ladder.fit import FitResult, LawResult, fit_law
 from ladder.fit.estimate import E_MIN_FRACTION_OF_LOSS, implausible_asymptote
-from ladder.fit.select import _common_folds, _narrow_backtest, _score
+from ladder.fit.law import _common_folds, _narrow_backtest, _score
 
 
 def _short_ladder(seed, E, noise, n=4):

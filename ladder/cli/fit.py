@@ -147,7 +147,7 @@ def _fit_metric(args, metric: str | None, keymap):
 
 def _fit_config(args, **fields):
     """The fit `ladder fit`'s arguments ask for (ladder.fit.config.FitConfig, which
-    ladder.fit.task.fit_task takes for its step 1), with ``fields``."""
+    ladder.fit.law.fit_task takes for its step 1), with ``fields``."""
     from ladder.fit.config import FitConfig
     return FitConfig(fix=_pairs(args.fix, "--fix", True), tie=_pairs(args.tie, "--tie", False),
                      bootstrap=args.bootstrap, level=args.level, seed=args.seed,
@@ -237,7 +237,7 @@ def _fit_task_main(args) -> int:
     (CSV, Parquet) with one row per (run, eval) and a column for each key."""
     from pathlib import Path
 
-    from ladder.fit.task import fit_task
+    from ladder.fit.law import fit_task
     from ladder.io import read_table
     if args.form != "task":
         raise InputError(f"--via goes with --form task, not --form {args.form}", field="--via",
@@ -382,7 +382,7 @@ def compare_main(args) -> int:
     multiplier at the target rung's compute (from the ladder specs)."""
     from pathlib import Path
 
-    from ladder.fit.compare import compare_points
+    from ladder.fit.law import compare_points
     from ladder.fit.config import FitConfig
     from ladder.fit.points import is_wandb_offline_dir, load_points, offline_run_points
     number(args.level, field="--level", lo=0, hi=1, lo_open=True, hi_open=True,

@@ -25,11 +25,9 @@ class FitConfig:
     residuals; ``backtest``: run the rollout backtest; ``objective``: "huber" (summed Huber of
     log residuals) or "ols" (least squares of log(L - E) on log C, E fixed); ``prior``: {name:
     (mean, sd)} in natural units; ``bandwidth``: decades of the scale weights
-    (ladder.fit.estimate.scale_weights), None for none. The forecast layer (fit.law.fit_law;
-    None: on for ``form="auto"``, off for a named form): ``asymptote_rule``,
-    ``scale_weighting``, ``band_prior`` (None/False: none; True: fit.law.BAND_PRIOR; a dict:
-    that prior) and ``extrapolation_power`` (a number >= 0). Bad values: InputError naming the
-    field (exit 64)."""
+    (ladder.fit.estimate.scale_weights), None for none. The forecast layer: ``asymptote_rule``,
+    ``scale_weighting``, ``band_prior``, ``extrapolation_power`` (fit.law.fit_law says what
+    each does). Bad values: InputError naming the field (exit 64)."""
 
     form: str = "auto"
     fix: dict = field(default_factory=dict)
