@@ -26,6 +26,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import shutil
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -134,8 +136,6 @@ class Checkpoints:
         runs when a manager starts; a failed save is cleaned at once). TensorStore's writes of
         the failed save may still land after the managers closed (they create their folders
         again): removed until two passes 0.2 s apart find none, for at most ~5 s."""
-        import shutil
-
         from orbax.checkpoint._src.path.step import TMP_DIR_SUFFIX
 
         quiet = 0
@@ -222,8 +222,6 @@ class Checkpoints:
         is a "RuntimeError: Event loop is closed" traceback on stderr, after the one line that
         named the damage (some already while the restore fails). Those, and only those, are
         dropped while restoring and, after a damaged checkpoint, until :meth:`close`."""
-        import sys
-
         if self._unraisable is not None:
             return
         previous = self._unraisable = sys.unraisablehook
@@ -266,13 +264,9 @@ class Checkpoints:
 
     def _loud_again(self) -> None:
         if self._unraisable is not None:
-            import sys
-
             sys.unraisablehook, self._unraisable = self._unraisable, None
 
     def _close_quietly(self) -> None:
-        import contextlib
-
         self._closed = True
         for mngr in (self.permanent, self.rolling):
             with contextlib.suppress(Exception):
