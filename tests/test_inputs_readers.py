@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import KNOWN_LAW, run_cli, write_law_runs
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from bench.fuzz_inputs import address_space_cap
@@ -187,6 +187,50 @@ def test_a_state_file_of_a_future_schema_is_refused_by_name(world, tmp_path):
     code, _, err = run_cli("watch", world / "pre" / "prereg.json", "--source",
                            world / "live.jsonl", "--state", state)
     _one_line(code, err, "state.json", "watch-state/3")
+
+
+@pytest.mark.parametrize("name", ["summary.json", "config.json"])
+def test_a_run_file_of_a_later_schema_is_refused_by_name(tmp_path, name):
+    """Was: a run-summary/2 or run-config/2 file (a later ladder's) read as version 1."""
+    lad = write_law_runs(tmp_path / "runs")
+    f = tmp_path / "runs" / lad.name / lad.rungs[1].name / name
+    doc = json.loads(f.read_text())
+    doc["schema"] = doc["schema"].replace("/1", "/2")
+    f.write_text(json.dumps(doc))
+    code, _, err = run_cli("fit", tmp_path / "runs", "--bootstrap", "0",
+                           "--out", tmp_path / "law.json")
+    _one_line(code, err, str(f), "field 'schema'", doc["schema"], "newer")
+    assert not (tmp_path / "law.json").exists()
+    from ladder.sources.runs import read_run
+    with pytest.raises(InputError, match="field 'schema'"):
+        read_run(f.parent)
+
+
+@FAST
+@given(name=st.sampled_from(["summary.json", "config.json"]),
+       schema=st.one_of(_JSON, st.from_regex(r"\Arun-(summary|config)/[0-9]{1,7}\Z")))
+@example(name="summary.json", schema="run-summary/1")
+@example(name="config.json", schema="run-config/1")
+@example(name="summary.json", schema="run-summary/2")
+def test_any_schema_of_a_run_file_is_read_as_version_1_only_when_it_says_so(tmp_path_factory,
+                                                                           name, schema):
+    """Property: a run's summary.json or config.json is read when its schema is the version
+    this reader knows, and refused in one line naming the file and 'schema' otherwise."""
+    from ladder.sources.runs import read_run
+    root = tmp_path_factory.mktemp("runs")
+    lad = write_law_runs(root)
+    f = root / lad.name / lad.rungs[0].name / name
+    doc = json.loads(f.read_text())
+    known = doc["schema"]
+    doc["schema"] = schema
+    f.write_text(json.dumps(doc))
+    if schema == known:
+        assert read_run(f.parent).path == f.parent
+        return
+    with pytest.raises(InputError) as e:
+        read_run(f.parent)
+    assert e.value.field == "schema" and e.value.path == str(f)
+    assert len(str(e.value).splitlines()) == 1
 
 
 @pytest.fixture(scope="module")
@@ -355,6 +399,27 @@ def test_a_resealed_prereg_with_a_number_out_of_range_is_one_line(world, tmp_pat
     code, _, err = run_cli("watch", p, "--source", world / "live.jsonl")
     name = field.replace(".5.", "[5].")
     _one_line(code, err, "resealed.json", name)
+
+
+@pytest.mark.parametrize("scale", [0.1, 1e-4, 1e25])
+def test_a_resealed_target_tokens_that_misplaces_every_eval_names_target_tokens(world,
+                                                                               tmp_path,
+                                                                               scale):
+    """Was: '0 evals judged ... name the source key with --metric' (field '--metric'), though
+    the source holds the key: every eval fell outside the run the resealed target.tokens says."""
+    from ladder.predict import prereg as pr
+    doc = json.loads((world / "pre" / "prereg.json").read_text())
+    doc = _set(doc, "target.tokens", doc["target"]["tokens"] * scale)
+    p = tmp_path / "resealed.json"
+    p.write_text(json.dumps(pr.seal(doc)))
+    code, _, err = run_cli("watch", p, "--source", world / "live.jsonl")
+    _one_line(code, err.strip().splitlines()[-1], "resealed.json", "field 'target.tokens'",
+              "0 of 4 evals")
+    assert code == 65 and "--metric" not in err
+    # a key the source lacks is still the --metric line
+    code, _, err = run_cli("watch", world / "pre" / "prereg.json", "--source",
+                           world / "live.jsonl", "--metric", "eval/none")
+    assert code == 65 and "field '--metric'" in err.strip().splitlines()[-1]
 
 
 @FAST

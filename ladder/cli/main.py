@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import warnings
 
@@ -796,10 +795,12 @@ def _run(args) -> int:
               f"'ladder[{EXTRAS[root]}]' (no module named {e.name!r})", file=sys.stderr)
         return EX_UNAVAILABLE
     except BrokenPipeError:
-        # the reader went away (`ladder list | head`): no traceback, and no second error when
-        # Python flushes stdout at exit
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        # the reader went away before the command was done (`ladder list | head`): no
+        # traceback, and no second error when Python flushes stdout at exit. A command that
+        # writes a file writes it before it prints (ladder.cli.output), so it ends with its own
+        # status instead
+        from ladder.cli.output import silence
+        silence(sys.stdout)
         return 128 + 13  # as if killed by SIGPIPE, like other command-line tools
     except OSError as e:  # (BrokenPipeError, a subclass, is caught above)
         # an OS error no input check foresaw: still one line, naming the file
