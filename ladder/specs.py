@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import tomllib
 from dataclasses import dataclass, field
+from importlib.resources import files
+from pathlib import Path
 
 from ladder.counting import FLOP_CONVENTION, SIZING_CONVENTIONS, count_params, flops_per_token
+from ladder.io import InputError, loads, read_bytes, safe_name
 from ladder.model.config import SWITCH_FIELDS, ModelConfig, ModelSwitches
 from ladder.optspec import OptimizerSettings, OptimizerSpec
 
@@ -366,7 +370,6 @@ class Ladder:
 def _safe(name: str, field_name: str) -> str:
     """A ladder or rung name: it becomes a folder of ``ladder run --out`` (ladder.io.safe_name,
     the one rule for names that become paths), as a ValueError naming the field."""
-    from ladder.io import InputError, safe_name
     try:
         return safe_name(name, field=field_name)
     except InputError as e:
@@ -382,13 +385,6 @@ def format_name(p) -> str:
                 return (f"{x:.1f}" if x < 100 else f"{x:.0f}") + unit
         return str(int(n))
     return f"{fmt(p.total)}-A{fmt(p.active)}"
-
-
-def make_ladder(name: str, description: str, recipe: Recipe, rungs: list[Dials],
-                target: Dials) -> Ladder:
-    built = tuple(recipe.rung(name, r) for r in rungs)
-    hero = recipe.rung(name, dataclasses.replace(target, is_target=True))
-    return Ladder(name=name, description=description, recipe=recipe, rungs=built, target=hero)
 
 
 # ------------------------------------------------------------------------------ ladder files
@@ -509,12 +505,6 @@ def parse_ladder(obj: dict) -> Ladder:
 def load_ladder_file(path) -> Ladder:
     """A ladder from a TOML (``.toml``) or JSON file. Bad content is an InputError naming the
     file and the field."""
-    from pathlib import Path
-
-    import tomllib
-
-    from ladder.io import InputError, loads, read_bytes
-
     path = Path(path)
     # a regular file of bounded size (a FIFO or /dev/zero is refused at once), JSON nesting
     # bounded (ladder.io: the one rule for opening inputs)
@@ -538,9 +528,6 @@ def load_ladder_file(path) -> Ladder:
 
 def _builtin() -> dict[str, Ladder]:
     """The ladders shipped as package data (ladder/ladders/*.toml), in a fixed order."""
-    from importlib.resources import files
-    from pathlib import Path
-
     ladders = {}
     for name in ("marin-535b", "cpu", "tiny"):
         lad = load_ladder_file(Path(str(files("ladder") / BUILTIN_DIR / f"{name}.toml")))
@@ -561,10 +548,7 @@ def with_file(ladder_file=None) -> dict[str, Ladder]:
 
 
 def get_ladder(name: str, ladders: dict[str, Ladder] | None = None) -> Ladder:
-    ladders = LADDERS if ladders is None else ladders
-    if name not in ladders:
-        raise KeyError(name)
-    return ladders[name]
+    return (LADDERS if ladders is None else ladders)[name]   # KeyError(name) when unknown
 
 
 def resolve(target: str, ladders: dict[str, Ladder] | None = None) -> tuple[Ladder, list[Rung]]:

@@ -14,11 +14,20 @@ from hypothesis import strategies as st
 
 from ladder.io import InputError, read_metrics
 from ladder.model.config import BiasRule, ModelConfig, ModelSwitches
-from ladder.specs import LADDERS, Dials, Recipe, load_ladder_file, make_ladder, parse_ladder
+from ladder.specs import LADDERS, Dials, Ladder, Recipe, load_ladder_file, parse_ladder
 from ladder.trainer.optim import OptimizerSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "ladder" / "ladders"
+
+
+def make_ladder(name: str, description: str, recipe: Recipe, rungs: list[Dials],
+                target: Dials) -> Ladder:
+    """A ladder built in Python, as ladder/specs.py built the shipped ones before they became
+    files."""
+    built = tuple(recipe.rung(name, r) for r in rungs)
+    hero = recipe.rung(name, dataclasses.replace(target, is_target=True))
+    return Ladder(name=name, description=description, recipe=recipe, rungs=built, target=hero)
 
 
 @pytest.fixture(scope="module")
