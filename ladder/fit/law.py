@@ -422,7 +422,7 @@ def fit_auto(df, config):
         why = ("lowest rollout error at held-out final points: "
                + ", ".join(f"{r['form']} {100 * r['rollout_mean_abs_final']:.2f}%"
                            for r in sorted(scored, key=lambda r: r["rollout_mean_abs_final"])))
-        simpler = _simplest_within_one_se(scored, fitted, win)
+        simpler = _simplest_within_one_se(scored, fitted, win) if config.one_se_form else None
         if simpler is not None:
             win, why = simpler
         unscored = [r["form"] for r in rows if r not in scored and "error" not in r]
@@ -665,7 +665,7 @@ def asymptote_rule(df, result, config):
                 variants[label] = fit_one(df, kw["spec"], replace(config, prior=kw["prior"]))
             except InputError as e:
                 record.setdefault("not_fitted", {})[label] = str(e)
-    common = _common_folds(variants)
+    common = _common_folds(variants) if config.shared_folds else None
     scores = {k: _score(v, common) for k, v in variants.items()}
     scored = {k: v for k, v in scores.items() if v is not None}
     record.update(applied=True, prior={"mean": mean, "sd": sd}, rollout_error=scores,
