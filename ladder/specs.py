@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import tomllib
 from dataclasses import dataclass, field
+from importlib.resources import files
+from pathlib import Path
 
 from ladder.counting import FLOP_CONVENTION, SIZING_CONVENTIONS, count_params, flops_per_token
+from ladder.io import InputError, loads, read_bytes, safe_name
 from ladder.model.config import SWITCH_FIELDS, ModelConfig, ModelSwitches
 from ladder.optspec import OptimizerSettings, OptimizerSpec
 
@@ -221,6 +225,13 @@ def _check_eval_set(obj) -> None:
 # ---------------------------------------------------------------------------------------- rules
 
 
+def split_switches(table: dict) -> tuple[dict, dict]:
+    """A recipe's flat keys -> (the model's switches, :data:`SWITCH_FIELDS`; the rest)."""
+    names = {f.name for f in SWITCH_FIELDS}
+    return ({k: v for k, v in table.items() if k in names},
+            {k: v for k, v in table.items() if k not in names})
+
+
 # What a ladder file's [recipe] table must name although the model has a default for it: the
 # recipe's choices of experts and attention window (the model's defaults suit small test models).
 REQUIRED_SWITCHES = ("n_experts", "top_k", "n_shared", "local_window")
@@ -282,9 +293,8 @@ class Recipe:
     def of(cls, **kw) -> "Recipe":
         """A recipe from one flat set of keywords, as a ladder file's table names them: the
         model's switches (:data:`SWITCH_FIELDS`) and the recipe's own fields."""
-        names = {f.name for f in SWITCH_FIELDS}
-        switches = ModelSwitches(**{k: v for k, v in kw.items() if k in names})
-        return cls(switches=switches, **{k: v for k, v in kw.items() if k not in names})
+        switches, own = split_switches(kw)
+        return cls(switches=ModelSwitches(**switches), **own)
 
     def model(self, d: int, n_layers: int) -> ModelConfig:
         heads = max(1, d // self.switches.head_dim)
@@ -360,7 +370,6 @@ class Ladder:
 def _safe(name: str, field_name: str) -> str:
     """A ladder or rung name: it becomes a folder of ``ladder run --out`` (ladder.io.safe_name,
     the one rule for names that become paths), as a ValueError naming the field."""
-    from ladder.io import InputError, safe_name
     try:
         return safe_name(name, field=field_name)
     except InputError as e:
@@ -376,13 +385,6 @@ def format_name(p) -> str:
                 return (f"{x:.1f}" if x < 100 else f"{x:.0f}") + unit
         return str(int(n))
     return f"{fmt(p.total)}-A{fmt(p.active)}"
-
-
-def make_ladder(name: str, description: str, recipe: Recipe, rungs: list[Dials],
-                target: Dials) -> Ladder:
-    built = tuple(recipe.rung(name, r) for r in rungs)
-    hero = recipe.rung(name, dataclasses.replace(target, is_target=True))
-    return Ladder(name=name, description=description, recipe=recipe, rungs=built, target=hero)
 
 
 # ------------------------------------------------------------------------------ ladder files
@@ -466,17 +468,16 @@ def parse_ladder(obj: dict) -> Ladder:
               for key, cls in (("schedule", Schedule), ("optimizer", OptimizerSpec))
               if key in table}
     # one flat table: the model's switches (ModelSwitches) beside the recipe's own fields
-    switch_names = [f.name for f in SWITCH_FIELDS]
-    own = {k: v for k, v in table.items() if k not in nested and k not in switch_names}
-    known = [f.name for f in dataclasses.fields(Recipe) if f.name != "switches"] + switch_names
+    switches, own = split_switches({k: v for k, v in table.items() if k not in nested})
+    known = [f.name for f in dataclasses.fields(Recipe) if f.name != "switches"] + \
+        [f.name for f in SWITCH_FIELDS]
     unknown = sorted(set(own) - set(known))
     if unknown:
         raise ValueError(f"recipe.{unknown[0]}: unknown key (known: {', '.join(known)})")
     for name in REQUIRED_SWITCHES:
         if name not in table:
             raise ValueError(f"recipe.{name}: missing")
-    nested["switches"] = _build(ModelSwitches, {k: v for k, v in table.items()
-                                                if k in switch_names}, "recipe")
+    nested["switches"] = _build(ModelSwitches, switches, "recipe")
     recipe = _build(Recipe, own, "recipe", skip=("schedule", "optimizer", "switches"),
                     extra=nested)
     rungs = obj["rungs"]
@@ -504,12 +505,6 @@ def parse_ladder(obj: dict) -> Ladder:
 def load_ladder_file(path) -> Ladder:
     """A ladder from a TOML (``.toml``) or JSON file. Bad content is an InputError naming the
     file and the field."""
-    from pathlib import Path
-
-    import tomllib
-
-    from ladder.io import InputError, loads, read_bytes
-
     path = Path(path)
     # a regular file of bounded size (a FIFO or /dev/zero is refused at once), JSON nesting
     # bounded (ladder.io: the one rule for opening inputs)
@@ -533,9 +528,6 @@ def load_ladder_file(path) -> Ladder:
 
 def _builtin() -> dict[str, Ladder]:
     """The ladders shipped as package data (ladder/ladders/*.toml), in a fixed order."""
-    from importlib.resources import files
-    from pathlib import Path
-
     ladders = {}
     for name in ("marin-535b", "cpu", "tiny"):
         lad = load_ladder_file(Path(str(files("ladder") / BUILTIN_DIR / f"{name}.toml")))
@@ -556,10 +548,7 @@ def with_file(ladder_file=None) -> dict[str, Ladder]:
 
 
 def get_ladder(name: str, ladders: dict[str, Ladder] | None = None) -> Ladder:
-    ladders = LADDERS if ladders is None else ladders
-    if name not in ladders:
-        raise KeyError(name)
-    return ladders[name]
+    return (LADDERS if ladders is None else ladders)[name]   # KeyError(name) when unknown
 
 
 def resolve(target: str, ladders: dict[str, Ladder] | None = None) -> tuple[Ladder, list[Rung]]:

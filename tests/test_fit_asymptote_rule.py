@@ -1,4 +1,4 @@
-"""The short-ladder asymptote rule (ladder.fit.select.asymptote_rule) never centres the band on an
+"""The short-ladder asymptote rule (ladder.fit.law.asymptote_rule) never centres the band on an
 asymptote its own report calls implausible while a defensible variant has a plausible one, and
 says which variant it chose and why (issue 21, item 5)."""
 
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from ladder.fit import FitResult, LawResult, fit_law
 from ladder.fit.estimate import E_MIN_FRACTION_OF_LOSS, implausible_asymptote
-from ladder.fit.select import _common_folds, _narrow_backtest, _score
+from ladder.fit.law import _common_folds, _narrow_backtest, _score
 
 
 def _short_ladder(seed, E, noise, n=4):
@@ -146,3 +146,19 @@ def test_the_centre_is_implausible_only_when_no_defensible_variant_is_plausible(
     if not centre_ok:
         assert all(k in rule["implausible"] for k in rule["defensible"]), rule
     assert rule["chosen"] in rule["defensible"]
+
+
+def test_the_shared_folds_switch_scores_each_variant_on_its_own_folds():
+    """FitConfig.shared_folds (bench/scoreboard.py's variant ``own-folds``): on, the variants
+    are compared on the folds they share; off, each on its own, as before the rule."""
+    df = _short_ladder(0, E=0.6, noise=0.005)
+    on = fit_law(df, form="compute", bootstrap=0, asymptote_rule=True)
+    off = fit_law(df, form="compute", bootstrap=0, asymptote_rule=True, shared_folds=False)
+    shared, own = on.diagnostics["asymptote_rule"], off.diagnostics["asymptote_rule"]
+    assert isinstance(shared["rollout_folds"], list) and shared["rollout_folds"]
+    assert own["rollout_folds"] == "each variant's own (they share no fold)"
+    # the free variant has only the shared fold; fixing E frees a fold of fewer training
+    # runs (farther out, larger error), which only the own-folds score counts
+    assert own["rollout_error"]["free"] == shared["rollout_error"]["free"]
+    fixed = next(k for k in own["rollout_error"] if k.startswith("fixed"))
+    assert own["rollout_error"][fixed] != shared["rollout_error"][fixed]

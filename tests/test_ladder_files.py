@@ -9,14 +9,25 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ladder.io import InputError, read_metrics
-from ladder.model.config import BiasRule, ModelConfig
-from ladder.specs import LADDERS, Dials, Recipe, load_ladder_file, make_ladder, parse_ladder
+from ladder.model.config import BiasRule, ModelConfig, ModelSwitches
+from ladder.specs import LADDERS, Dials, Ladder, Recipe, load_ladder_file, parse_ladder
 from ladder.trainer.optim import OptimizerSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "ladder" / "ladders"
+
+
+def make_ladder(name: str, description: str, recipe: Recipe, rungs: list[Dials],
+                target: Dials) -> Ladder:
+    """A ladder built in Python, as ladder/specs.py built the shipped ones before they became
+    files."""
+    built = tuple(recipe.rung(name, r) for r in rungs)
+    hero = recipe.rung(name, dataclasses.replace(target, is_target=True))
+    return Ladder(name=name, description=description, recipe=recipe, rungs=built, target=hero)
 
 
 @pytest.fixture(scope="module")
@@ -274,6 +285,25 @@ def test_a_file_sets_any_switch_by_name_and_bad_ones_name_the_field():
         del doc["recipe"][name]
         with pytest.raises(ValueError, match=rf"^recipe[.]{name}: missing"):
             parse_ladder(doc)
+
+
+@settings(max_examples=30, deadline=None)
+@given(name=st.sampled_from([f.name for f in dataclasses.fields(ModelSwitches)]),
+       value=st.one_of(st.none(), st.booleans(), st.integers(-(10 ** 12), 10 ** 12),
+                       st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=10),
+                       st.sampled_from(["threshold", "quantile", "sign", "none", "recipe",
+                                        "softmax", "rms"])))
+def test_any_switch_value_is_taken_or_refused_naming_the_field(name, value):
+    try:
+        lad = parse_ladder(_doc(**{name: value}))
+    except ValueError as e:
+        assert "\n" not in str(e)
+        where = str(e).partition(": ")[0]
+        assert where == f"recipe.{name}" or where.startswith(("rungs[", "target")), str(e)
+        return
+    for r in lad.all:   # taken: every rung's model has it (a recipe's null cell: one sequence)
+        got = getattr(r.model, name)
+        assert got == value or (name == "capacity_tokens" and value is None), (got, value)
 
 
 def test_optimizer_spec_fields_are_the_files_keys():

@@ -302,6 +302,16 @@ def test_every_bias_rule_name_has_one_behaviour():
             small_cfg(bias_rule=bad)
 
 
+@pytest.mark.parametrize("rule", ["threshold", "quantile"])
+def test_the_plan_counts_the_statistic_the_rule_makes(rule):
+    """ladder/trainer/plan.py sizes the balancing statistic by stat_width: the rule's own."""
+    from ladder.model.moe import balancing_rule, bias_stat
+    cfg = small_cfg(bias_rule=rule)
+    logits = jax.random.normal(jax.random.key(0), (24, cfg.n_experts))
+    stat = bias_stat(cfg, logits, bias=jnp.zeros(cfg.n_experts))
+    assert stat.shape == (cfg.n_experts, balancing_rule(cfg).stat_width(cfg, 24))
+
+
 def _balance(rule: str, steps: int = 300, tokens: int = 2048):
     """Route skewed logits (expert e gets a +1.5 .. -1.5 offset) for ``steps`` steps, updating the
     bias by ``rule`` after each; return the mean load over the last 50 steps and the first

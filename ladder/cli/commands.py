@@ -472,15 +472,16 @@ def isoflop_main(args) -> int:
         df = load_points(sources, args.metric)
     res = isoflop(df, bootstrap=args.bootstrap, level=args.level, seed=args.seed,
                   where=", ".join(args.points))
-    if args.json:
-        print(json.dumps(to_jsonable_strict(res.to_json(args.budget))))
-    else:
-        print(res.report(args.budget))
-    if args.plot:
+    shown = (json.dumps(to_jsonable_strict(res.to_json(args.budget))) if args.json
+             else res.report(args.budget))
+    if args.plot:  # written before anything is printed (ladder.cli.output)
         from ladder.reports.isoflop import plot_isoflop
         from ladder.reports.plots import png_bytes
         atomic_write_bytes(args.plot, png_bytes(plot_isoflop(res, args.budget)))
-        print(f"wrote {args.plot}", file=sys.stderr if args.json else sys.stdout)
+    from ladder.cli.output import tell
+    tell(shown)
+    if args.plot:
+        tell(f"wrote {args.plot}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

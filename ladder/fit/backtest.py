@@ -88,38 +88,34 @@ def input_ranges(df: pd.DataFrame, cols) -> dict:
     return out
 
 
+def _outside(folds):
+    """(e, d): the folds' held-out points outside their fold's range (``log_err``, ``distance``
+    finite, d > 0)."""
+    for f in folds or []:
+        if isinstance(f, dict):
+            for e, d in zip(f.get("log_err") or [], f.get("distance") or [], strict=False):
+                if all(isinstance(x, (int, float)) and math.isfinite(x) for x in (e, d)) \
+                        and d > 0:
+                    yield e, d
+
+
 def pooled_rate(folds) -> tuple[float | None, int]:
     """(r, points outside their fold's range) from folds' ``log_err`` and ``distance``:
     r^2 = sum(e^2) / sum(d^2) over the points with d > 0 (module docstring); r None without
     such a point."""
-    e2, d2, n = 0.0, 0.0, 0
-    for f in folds or []:
-        if not isinstance(f, dict):
-            continue
-        for e, d in zip(f.get("log_err") or [], f.get("distance") or [], strict=False):
-            if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (e, d)) \
-                    or d <= 0:
-                continue
-            e2, d2, n = e2 + e * e, d2 + d * d, n + 1
-    if not n:
+    pts = list(_outside(folds))
+    if not pts:
         return None, 0
-    return math.sqrt(e2 / d2), n
+    return math.sqrt(sum(e * e for e, _ in pts) / sum(d * d for _, d in pts)), len(pts)
 
 
 def pooled_scale(folds, power: float) -> float | None:
     """s of the extrapolation term s d^power (EXTRAPOLATION_POWER): s^2 = sum(e^2) /
     sum(d^(2 power)) over the folds' held-out points outside their fold's range (d > 0); None
     without such a point. power 1 is :func:`pooled_rate`."""
-    e2, d2 = 0.0, 0.0
-    for f in folds or []:
-        if not isinstance(f, dict):
-            continue
-        for e, d in zip(f.get("log_err") or [], f.get("distance") or [], strict=False):
-            if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (e, d)) \
-                    or d <= 0:
-                continue
-            e2, d2 = e2 + e * e, d2 + d ** (2 * power)
-    return math.sqrt(e2 / d2) if d2 > 0 else None
+    pts = list(_outside(folds))
+    d2 = sum(d ** (2 * power) for _, d in pts)
+    return math.sqrt(sum(e * e for e, _ in pts) / d2) if d2 > 0 else None
 
 
 def with_power(bt, power: float):
@@ -208,7 +204,7 @@ def backtest(df: pd.DataFrame, spec, config: FitConfig, *, by: str | None = None
 def summarise_folds(out: dict) -> dict:
     """Fill a backtest record's summaries from its ``folds`` (in place; returned): the pooled
     extrapolation rate, the rollout means, the leave-largest-out fold (the last) and the band
-    coverage. Also for a record whose folds were narrowed (ladder.fit.select.asymptote_rule)."""
+    coverage. Also for a record whose folds were narrowed (ladder.fit.law.asymptote_rule)."""
     folds = out["folds"]
     rate, n_out = pooled_rate(folds)
     out["extrapolation"] = dict(out.get("extrapolation") or {}, rate_per_decade=rate,

@@ -25,11 +25,14 @@ class FitConfig:
     residuals; ``backtest``: run the rollout backtest; ``objective``: "huber" (summed Huber of
     log residuals) or "ols" (least squares of log(L - E) on log C, E fixed); ``prior``: {name:
     (mean, sd)} in natural units; ``bandwidth``: decades of the scale weights
-    (ladder.fit.estimate.scale_weights), None for none. The forecast layer (fit.law.fit_law;
-    None: on for ``form="auto"``, off for a named form): ``asymptote_rule``,
-    ``scale_weighting``, ``band_prior`` (None/False: none; True: fit.law.BAND_PRIOR; a dict:
-    that prior) and ``extrapolation_power`` (a number >= 0). Bad values: InputError naming the
-    field (exit 64)."""
+    (ladder.fit.estimate.scale_weights), None for none. The forecast layer: ``asymptote_rule``,
+    ``scale_weighting``, ``band_prior``, ``extrapolation_power`` (fit.law.fit_law says what
+    each does). Two selection rules, on by default, with a switch each so that
+    bench/scoreboard.py can score each alone (its variants ``no-one-se`` and ``own-folds``):
+    ``one_se_form`` (--form auto takes the simplest final-point form within one standard error
+    of the lowest rollout error; False: the lowest) and ``shared_folds`` (the asymptote rule
+    compares its variants on the rollout folds they share; False: each on its own folds). Bad
+    values: InputError naming the field (exit 64)."""
 
     form: str = "auto"
     fix: dict = field(default_factory=dict)
@@ -49,6 +52,8 @@ class FitConfig:
     scale_weighting: bool | None = None
     band_prior: dict | bool | None = None
     extrapolation_power: float | None = None
+    one_se_form: bool = True
+    shared_folds: bool = True
 
     def __post_init__(self):
         if not 0 < self.level < 1:

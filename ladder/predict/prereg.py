@@ -437,6 +437,13 @@ def _check_metric(d: Mapping, path, prefix: str) -> None:
     if not isinstance(d.get("final"), Mapping):
         raise InputError("expected an object {loss, lo, hi}", path=path, field=f"{prefix}final")
     _check_band(d["final"], path, f"{prefix}final")
+    # the final band is read in log (the updated forecast's prior, ladder.predict.updated): a
+    # law's loss and its band are positive, so a 0 or negative end is no band this tool wrote
+    for name in ("loss", "lo", "hi"):
+        x = as_float(d["final"].get(name))
+        if x is not None and x <= 0:
+            raise InputError(f"expected a positive number, got {x!r}", path=path,
+                             field=f"{prefix}final.{name}")
 
 
 def _check_band(pt: Mapping, path, field: str) -> None:
