@@ -4,6 +4,14 @@ The protocol was fixed before any result was looked at: ``PROTOCOL`` below, one 
 docs/live_forecast.md repeats above the results.
 
     python bench/live_forecast.py [--anchors ../shared/anchors] [--out docs/live_forecast.md]
+
+The cpu ladder's injected faults come from heroes trained once and cached (bench_out/cpu-faults,
+git-ignored; ~7 min a hero on 2 cores) beside the healthy demo's pre-registration and hero of
+each seed (copy ``DEMO/prereg.json`` and ``DEMO/runs/cpu/<target>/metrics.jsonl`` of ``ladder
+demo --seed S --out DEMO`` to ``bench_out/cpu-faults/seedS/prereg.json`` and
+``.../seedS/healthy/metrics.jsonl``), then:
+
+    python bench/live_forecast.py --train-faults 0 --inject-at 0.3 --inject-at 0.5
 """
 
 from __future__ import annotations
@@ -586,7 +594,14 @@ def main(argv=None) -> int:
     ap.add_argument("--anchors", type=Path, default=DEFAULT_ANCHORS)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", type=Path, help="also write the protocol and the table here (.md)")
+    ap.add_argument("--train-faults", type=int, action="append", metavar="SEED",
+                    help="first train the demo's hero with every fault at this seed (cached)")
+    ap.add_argument("--inject-at", type=float, action="append", metavar="FRACTION",
+                    help="with --train-faults: where the faults start (default 0.5)")
     args = ap.parse_args(argv)
+    for seed in args.train_faults or ():
+        for r in train_faults(seed, ats=tuple(args.inject_at or (0.5,))):
+            print(f"trained: {r.metrics}", file=sys.stderr)
     t = live_forecast_table(args.anchors)
     print(json.dumps(t, indent=1) if args.json else markdown(t))
     if args.out and "skipped" not in t:
