@@ -4,6 +4,14 @@ The protocol was fixed before any result was looked at: ``PROTOCOL`` below, one 
 docs/live_forecast.md repeats above the results.
 
     python bench/live_forecast.py [--anchors ../shared/anchors] [--out docs/live_forecast.md]
+
+The cpu ladder's injected faults come from heroes trained once and cached (bench_out/cpu-faults,
+git-ignored; ~7 min a hero on 2 cores) beside the healthy demo's pre-registration and hero of
+each seed (copy ``DEMO/prereg.json`` and ``DEMO/runs/cpu/<target>/metrics.jsonl`` of ``ladder
+demo --seed S --out DEMO`` to ``bench_out/cpu-faults/seedS/prereg.json`` and
+``.../seedS/healthy/metrics.jsonl``), then:
+
+    python bench/live_forecast.py --train-faults 0 --inject-at 0.3 --inject-at 0.5
 """
 
 from __future__ import annotations
@@ -456,7 +464,16 @@ def first_alert(alerts, kinds) -> float | None:
     return next((a.fraction for a in alerts if a.kind in kinds and a.severity != "info"), None)
 
 
-HEADING_VARIANTS = (("alert", 2), ("alert", 3), ("registered", 2), ("registered", 3))
+# the rule before issue 40's cpu-fault table (the final alone), the curve ahead without and with
+# holding a closing gap (the default); each (against, heading_k, other parameters)
+HEADING_VARIANTS = (("alert", 2, {"heading_ahead": "final", "heading_closing": "count"}),
+                    ("alert", 2, {"heading_ahead": "curve", "heading_closing": "count"}),
+                    ("alert", 2, {"heading_ahead": "curve", "heading_closing": "hold"}))
+
+
+def variant_label(r: dict) -> str:
+    return (f"{r.get('ahead', 'final')}, {r.get('heading_closing', 'count')}, "
+            f"against {r['against']}, k {r['heading_k']}")
 
 
 def early_warning_table(anchors: Path | str = DEFAULT_ANCHORS,
@@ -479,8 +496,10 @@ def early_warning_table(anchors: Path | str = DEFAULT_ANCHORS,
     faults = [(f, at, size) for f, size in (("shift", 0.02), ("drift", 0.05), ("lrspike", 0.05))
               for at in (0.1, 0.3, 0.5)]
     out = []
-    for against, k in variants:
-        cfg = WatchConfig(heading_k=k, heading_against=against)
+    for against, k, *more in variants:
+        extra = dict(more[0]) if more else {}
+        ahead = extra.pop("heading_ahead", "final")
+        cfg = WatchConfig(heading_k=k, heading_against=against, heading_ahead=ahead, **extra)
         fired: dict[str, list] = {g: [] for g in GROUP_ORDER}
         band_fired: dict[str, list] = {g: [] for g in GROUP_ORDER}
         for c, fr in pf:
@@ -511,7 +530,7 @@ def early_warning_table(anchors: Path | str = DEFAULT_ANCHORS,
             rows = sy.make_run(truth, target, noise=noise, seed=seed).rows
             res = check(doc, rows, None, now=0.0)
             healthy.append(first_alert(res.alerts, ("heading",)))
-        out.append({"heading_k": k, "against": against,
+        out.append({"heading_k": k, "against": against, "ahead": ahead, **extra,
                     "public": {g: {"curves": sum(c.group == g for c, _ in pf),
                                    "heading": fired[g], "band": band_fired[g]}
                                for g in GROUP_ORDER},
@@ -523,10 +542,10 @@ def early_warning_table(anchors: Path | str = DEFAULT_ANCHORS,
 def early_markdown(t: dict) -> str:
     if "skipped" in t:
         return f"skipped: {t['skipped']}\n"
-    lines = ["| frozen final band | heading_k | public curves warned by heading: false / true "
-             "(band rule warned) | synthetic healthy warned (of 20) | faults: heading no later "
-             "than band | heading later by (evals of 1%) | heading missed |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| heading rule (compared, closing gap, frozen band, k) | public curves warned by "
+             "heading: false / true (band rule warned) | synthetic healthy warned (of 20) | "
+             "faults: heading no later than band | heading later by (evals of 1%) | heading "
+             "missed |", "|---|---|---|---|---|---|"]
     for r in t["rows"]:
         pub = ", ".join(f"{g} {sum(x[1] == 'false' for x in v['heading'])} / "
                         f"{sum(x[1] == 'true' for x in v['heading'])} of {v['curves']} "
@@ -537,7 +556,7 @@ def early_markdown(t: dict) -> str:
         late = [round((x["heading"] - x["band"]) * 100) for x in caught
                 if x["heading"] is not None and x["heading"] > x["band"] + 1e-9]
         miss = sum(x["heading"] is None for x in caught)
-        lines.append(f"| {r['against']} | {r['heading_k']} | {pub} | "
+        lines.append(f"| {variant_label(r)} | {pub} | "
                      f"{r['synthetic_healthy_fired']} | {ok}/{len(caught)} | {sorted(late)} | "
                      f"{miss} |")
     return "\n".join(lines) + "\n"
@@ -575,7 +594,14 @@ def main(argv=None) -> int:
     ap.add_argument("--anchors", type=Path, default=DEFAULT_ANCHORS)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", type=Path, help="also write the protocol and the table here (.md)")
+    ap.add_argument("--train-faults", type=int, action="append", metavar="SEED",
+                    help="first train the demo's hero with every fault at this seed (cached)")
+    ap.add_argument("--inject-at", type=float, action="append", metavar="FRACTION",
+                    help="with --train-faults: where the faults start (default 0.5)")
     args = ap.parse_args(argv)
+    for seed in args.train_faults or ():
+        for r in train_faults(seed, ats=tuple(args.inject_at or (0.5,))):
+            print(f"trained: {r.metrics}", file=sys.stderr)
     t = live_forecast_table(args.anchors)
     print(json.dumps(t, indent=1) if args.json else markdown(t))
     if args.out and "skipped" not in t:
@@ -587,12 +613,18 @@ def main(argv=None) -> int:
                 "the dials learned on the other groups):\n\n" + markdown(t))
         ew = early_warning_table(args.anchors)
         print(early_markdown(ew))
+        cf = cpu_fault_table(variants=[cpu_params(v) for v in HEADING_VARIANTS])
+        print(cpu_markdown(cf))
         text += ("\n## The early warning (issue 40 item 2)\n\nThe heading rule through "
                  "`check()` on every public curve above (its frozen forecast registered; a "
                  "warning is false when the final stayed inside the frozen final band at the "
                  "alert level) and on synthetic faults (shift 2%, drift to +5%, LR spike; onsets "
                  "10/30/50%; 5 seeds each; tests/synthetic.py), beside the band rule:\n\n"
-                 + early_markdown(ew))
+                 + early_markdown(ew) + "\nThe cpu ladder's real injected faults (the demo's "
+                 "hero trained with `ladder demo`'s --inject settings, cached under "
+                 "bench_out/cpu-faults by train_faults; the healthy heroes of `ladder demo "
+                 "--seed 0/1/2`), replayed through `check()`: first warning (fraction of the "
+                 "run) of the heading rule and of the band rule:\n\n" + cpu_markdown(cf))
         tt = transition_table(args.anchors)
         print(transitions_markdown(tt))
         text += ("\n## Transitions at a declared change (issue 40 item 3)\n\nEach public "
@@ -608,7 +640,13 @@ def main(argv=None) -> int:
                  "change) `compute` is the new plan's law along the run, as `recipe`, and the "
                  "product's three transitions coincide "
                  "(tests/test_amend_property.py); the `relax` here relaxes from the old plan's "
-                 "curve, as it does for a data change.\n\n" + transitions_markdown(tt))
+                 "curve, as it does for a data change. Groups: MPL's schedule switches, "
+                 "Schaipp's WSD cooldowns (the constant-LR twin as the old plan), Schaipp's "
+                 "horizon extensions (schaipp-ext: the 50k-step WSD run as the old plan, "
+                 "resumed at 40k with a 100k or 200k plan; its forecast past its own end held "
+                 "at its final; one sibling each, the other model's same extension). The "
+                 "product's default (`relax`, ladder/predict/amend.py) is, on a schedule change "
+                 "(no multiplier), the `compute` column's curve.\n\n" + transitions_markdown(tt))
         from ladder.io import atomic_write_text
         atomic_write_text(args.out, text)
     return 0 if t.get("passed", True) else 1
@@ -655,6 +693,8 @@ def mpl_changes(anchors: Path) -> list[Change]:
     import pandas as pd
 
     root = anchors / "multipower_luo2025"
+    if not root.is_dir():
+        raise FileNotFoundError(2, "no such folder", str(root))
     out = []
     for size in MPL_N:
         d = {p.stem: pd.read_csv(p) for p in (root / f"csv_{size}").glob("*.csv")}
@@ -713,6 +753,43 @@ def schaipp_changes(anchors: Path) -> list[Change]:
     return out
 
 
+def schaipp_extensions(anchors: Path) -> list[Change]:
+    """Schaipp's horizon extensions (slimpajama chunk 1, 12- and 24-layer 124M-width models):
+    a 50k-step WSD run (cooldown over its last 20%, from step 40k) is the old plan; each
+    ``horizon_transfer_extend-50k`` run resumes it at 40k, before its cooldown, with a longer
+    plan (100k or 200k steps; WSD with its cooldown moved later, cooldown 20% or 60%, or the
+    two-stage WSD), declared at S = 40k. The run's curve is the old plan's up to S and the
+    extension's after it; the old plan's forecast past its own end (50k) is held at its final
+    (the change's effect, read from the other model's same extension, carries the rest)."""
+    import pandas as pd
+
+    root = anchors / "schaipp2025_lr_schedules"
+    runs = pd.read_csv(root / "runs.csv")
+    cur = pd.read_csv(root / "curves.csv.gz")
+    cur = cur[cur["split"] == "val"]
+    ht = runs[runs["file"].str.startswith("horizon_transfer_")]
+    out = []
+    for nl, g in ht.groupby("n_layer"):
+        base = g[~g["file"].str.contains("extend") & (g["iterations"] == 50000)]
+        if len(base) != 1:
+            continue
+        b = base.iloc[0]
+        o = cur[cur["run_id"] == b["run_id"]].sort_values("iter")
+        ot, oy = o["iter"].to_numpy(float), o["loss"].to_numpy(float)
+        S = (1 - b["wsd_fract_decay"]) * b["iterations"]
+        for _, r in g[g["file"].str.contains("extend")].iterrows():
+            v = cur[cur["run_id"] == r["run_id"]].sort_values("iter")
+            v = v[v["iter"] > S]
+            if len(v) < 10:
+                continue
+            t = np.concatenate([ot[ot <= S], v["iter"].to_numpy(float)])
+            y = np.concatenate([oy[ot <= S], v["loss"].to_numpy(float)])
+            key = f"ext-{r['scheduler']}-T{r['iterations'] // 1000}k-c{r['wsd_fract_decay']:g}"
+            out.append(Change("schaipp-ext", f"{nl}L/{key}#{r['run_id']}", key, t, y, ot, oy,
+                              float(S), float(r["iterations"])))
+    return out
+
+
 TRANSITION_NAMES = ("anchor", "compute", "recipe", "relax")
 RELAX_WIDTH = 0.05  # ladder.predict.amend.DEFAULT_WIDTH
 
@@ -748,7 +825,7 @@ def transition_forecast(c: Change, siblings: list[Change], how: str) -> tuple[np
 
 def _changes(anchors: Path) -> list[Change] | str:
     try:
-        return mpl_changes(anchors) + schaipp_changes(anchors)
+        return mpl_changes(anchors) + schaipp_changes(anchors) + schaipp_extensions(anchors)
     except FileNotFoundError as e:
         return f"anchor data absent: {e.filename}"
 
@@ -786,8 +863,10 @@ def transition_table(anchors: Path | str = DEFAULT_ANCHORS) -> dict:
             row[how]["band_alerts"] = band_alerts_after(c, p, half, noise)
         rows.append(row)
     summary = {}
-    for g in ("mpl", "schaipp", "all"):
+    for g in ("mpl", "schaipp", "schaipp-ext", "all"):
         rs = [r for r in rows if g == "all" or r["group"] == g]
+        if not rs:
+            continue
         summary[g] = {how: {k: float(np.mean([r[how][k] for r in rs]))
                             for k in ("err", "final_err", "cov")} for how in TRANSITION_NAMES}
         for how in TRANSITION_NAMES:
@@ -854,6 +933,135 @@ def transitions_markdown(t: dict) -> str:
             f"{np.mean([r[h]['err'] for r in rs]):.2%}" for h in TRANSITION_NAMES) + " |")
     lines.append(f"\nBest by mean error over every change: {t['best']}.")
     return "\n".join(lines) + "\n"
+
+
+
+# ------------------------------------------------- the cpu ladder's injected faults (item 2)
+
+# Where the faulted heroes' curves are kept (git-ignored: bench_out/): training one costs ~7 min
+# on 2 cores, the replay through the watcher a second.
+CPU_CACHE = REPO / "bench_out" / "cpu-faults"
+
+
+@dataclass(frozen=True)
+class FaultRun:
+    """One hero of the cpu ladder's demo trained with a fault (``fault`` from ``at`` of the run,
+    the demo's own settings: ladder.cli.demo.FAULT_SETTINGS) at ``seed``; its metrics.jsonl."""
+
+    fault: str
+    at: float
+    seed: int
+    metrics: Path
+
+
+def fault_dir(cache: Path, seed: int, fault: str, at: float) -> Path:
+    return Path(cache) / f"seed{seed}" / f"{fault}-at{round(at * 100):02d}"
+
+
+def train_faults(seed: int, faults=None, ats=(0.5,), cache: Path = CPU_CACHE) -> list[FaultRun]:
+    """The demo's hero (the cpu ladder's target) trained once per fault and inject point, as
+    ``ladder demo --inject FAULT --inject-at AT --seed SEED`` trains it (ladder.cli.demo's
+    train_config), into ``cache``; a finished one is reused. Only the metrics are replayed (the
+    watcher is a pure function of the rows and the pre-registration: ``check()``)."""
+    from ladder.cli.demo import FAULTS, train_config
+    from ladder.specs import get_ladder
+    from ladder.trainer.train import train_rung
+
+    tgt = get_ladder("cpu").target
+    out = []
+    for fault in faults or FAULTS:
+        for at in ats:
+            d = fault_dir(cache, seed, fault, at)
+            s = train_rung(tgt, d, train_config(fault, at, seed), resume=True)
+            if s.get("status") not in ("complete", "diverged"):
+                raise RuntimeError(f"{d}: ended {s.get('status')}")
+            out.append(FaultRun(fault, at, seed, d / "metrics.jsonl"))
+    return out
+
+
+def _metric_rows(path: Path) -> list[dict]:
+    from ladder.io import iter_jsonl
+    return [row for _, row in iter_jsonl(path)]
+
+
+def _with_rule(doc: dict, **params) -> dict:
+    """The pre-registration with the decision rule's parameters changed (the variant judged)."""
+    dr = dict(doc["decision_rule"])
+    dr["parameters"] = {**dr.get("parameters", {}), **params}
+    return {**doc, "decision_rule": dr}
+
+
+def cpu_params(v) -> dict:
+    """A HEADING_VARIANTS entry as decision-rule parameters."""
+    against, k, *more = v
+    return {"heading_against": against, "heading_k": k, **(more[0] if more else {})}
+
+
+def cpu_markdown(t: dict) -> str:
+    """Per variant and injected fault: the first warning of the heading rule and of the band
+    rule (fraction of the run; '-' none), how many faults heading warned no later than the band
+    rule (a run neither warned of diverged first: the nan rule's), and the healthy heroes
+    warned."""
+    if "skipped" in t:
+        return f"skipped: {t['skipped']}\n"
+    runs = sorted({(f["seed"], f["run"]) for r in t["rows"] for f in r["faults"]})
+    lines = ["| heading rule (compared, closing gap) | " + " | ".join(
+        f"seed {s} {n}: heading / band" for s, n in runs) + " | no later | healthy heroes "
+        "warned |", "|---|" + "---|" * len(runs) + "---|---|"]
+    for r in t["rows"]:
+        by = {(f["seed"], f["run"]): f for f in r["faults"]}
+        cells, ok = [], 0
+        for key in runs:
+            f = by.get(key)
+            if f is None:
+                cells.append("")
+                continue
+            h, b = f["heading"], f["band"]
+            # neither: the run diverged before two evals left the band (the nan rule's)
+            ok += b is None or (h is not None and h <= b + 1e-9)
+            cells.append(f"{'-' if h is None else f'{h:.1%}'} / {'-' if b is None else f'{b:.1%}'}")
+        p = r["params"]
+        warned = [f"seed {h['seed']}" for h in r["healthy"] if h["alerts"]]
+        lines.append(f"| {p.get('heading_ahead', 'curve')}, {p.get('heading_closing', 'hold')} "
+                     f"| " + " | ".join(cells) + f" | {ok}/{len(r['faults'])} | "
+                     f"{', '.join(warned) or 'none'} of {len(r['healthy'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def cpu_fault_table(cache: Path = CPU_CACHE, variants=None) -> dict:
+    """The cpu ladder's real injected faults (:func:`train_faults`) and its healthy heroes (the
+    demo's own, ``seedS/healthy/metrics.jsonl`` beside the demo's ``seedS/prereg.json``)
+    replayed through ``check()``: per fault, the fraction of the run at which the heading rule
+    first warns and the band rule first warns (warn or critical); per healthy hero, any warning.
+    One block per variant of the heading rule's parameters (a dict; {} = the registered)."""
+    from ladder.predict.watch import check
+
+    cache = Path(cache)
+    seeds = sorted(cache.glob("seed*/prereg.json"))
+    if not seeds:
+        return {"skipped": f"no cached cpu-ladder curves under {cache} (train_faults)"}
+    out = []
+    for params in variants or ({},):
+        faults, healthy = [], []
+        for pp in seeds:
+            doc = _with_rule(json.loads(pp.read_text()), **params)
+            seed = int(pp.parent.name[4:])
+            for d in sorted(pp.parent.iterdir()):
+                m = d / "metrics.jsonl"
+                if not (d.is_dir() and m.exists()):
+                    continue
+                summ = d / "summary.json"
+                status = json.loads(summ.read_text()).get("status") if summ.exists() else None
+                if d.name != "healthy" and status not in ("complete", "diverged"):
+                    continue  # still training
+                res = check(doc, _metric_rows(m), None, now=0.0)
+                worst = sorted({a.kind for a in res.alerts if a.severity != "info"})
+                row = {"seed": seed, "run": d.name, "alerts": worst,
+                       "heading": first_alert(res.alerts, ("heading",)),
+                       "band": first_alert(res.alerts, ("above_band", "below_band"))}
+                (healthy if d.name == "healthy" else faults).append(row)
+        out.append({"params": dict(params), "faults": faults, "healthy": healthy})
+    return {"rows": out}
 
 
 if __name__ == "__main__":

@@ -553,6 +553,34 @@ def compare(base: dict[str, LadderScore], new: dict[str, LadderScore]) -> dict:
             an.get("interval_score", math.inf) < ab.get("interval_score", -math.inf)}
 
 
+def forecast_tables(anchors: Path, *, early_warning: bool = False, cpu_faults: Path | None = None,
+                    log=print) -> str:
+    """The updated forecast's tables (issue 40; bench/live_forecast.py), so that a change to the
+    updated forecast, the heading rule or the amendments is decided here as the fit's defaults
+    are: the live-forecast table (frozen against updated, per public curve group and cut), the
+    cpu ladder's injected faults through the heading and band rules (from the cached curves;
+    bench/live_forecast.py train_faults), the transition table (every public mid-run change);
+    with ``early_warning`` also the heading rule on every public curve and the synthetic faults
+    (minutes). ``cpu_faults``: where the cpu ladder's faulted curves are cached (default
+    bench_out/cpu-faults)."""
+    from bench import live_forecast as lf
+
+    parts = ["## The updated forecast on public full curves (issue 40; bench/live_forecast.py)\n",
+             lf.markdown(lf.live_forecast_table(anchors))]
+    log("scoreboard: the live-forecast table done")
+    if early_warning:
+        parts += ["\n## The early warning on public curves and synthetic faults\n",
+                  lf.early_markdown(lf.early_warning_table(anchors))]
+    parts += ["\n## The early warning on the cpu ladder's injected faults\n",
+              lf.cpu_markdown(lf.cpu_fault_table(
+                  cpu_faults or lf.CPU_CACHE,
+                  variants=[lf.cpu_params(v) for v in lf.HEADING_VARIANTS]))]
+    parts += ["\n## Transitions at a declared change (amendments)\n",
+              lf.transitions_markdown(lf.transition_table(anchors))]
+    log("scoreboard: the transition table done")
+    return "\n".join(parts)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--anchors", default=str(default_anchors()))
@@ -566,6 +594,15 @@ def main(argv=None) -> int:
     ap.add_argument("--no-cache", action="store_true")
     ap.add_argument("--out", default=None, help="write the markdown tables here")
     ap.add_argument("--json", default=None, help="write every ladder's numbers here")
+    ap.add_argument("--from-json", default=None, metavar="PATH",
+                    help="fit nothing: the fit's tables from a --json output as it is (to "
+                         "write the forecast tables beside results already measured)")
+    ap.add_argument("--no-forecast-tables", action="store_true",
+                    help="leave out the updated forecast's and the amendments' tables")
+    ap.add_argument("--early-warning", action="store_true",
+                    help="add the heading rule on every public curve (minutes)")
+    ap.add_argument("--cpu-faults", type=Path, default=None,
+                    help="the cached cpu-ladder fault curves (bench/live_forecast.py)")
     args = ap.parse_args(argv)
     anchors = Path(args.anchors)
     if not anchors.is_dir():
@@ -581,14 +618,22 @@ def main(argv=None) -> int:
         for vname, rows in obj["results"].items():
             results[f"{label} {vname}"] = {k: LadderScore(**v) for k, v in rows.items()
                                            if k in ladders}
+    if args.from_json:
+        obj = json.loads(Path(args.from_json).read_text())
+        for vname, rows in obj["results"].items():
+            results[vname] = {k: LadderScore(**v) for k, v in rows.items() if k in ladders}
     t0 = time.perf_counter()
-    for vname in args.variant or ["defaults"]:
+    for vname in [] if args.from_json else args.variant or ["defaults"]:
         results[vname] = run_variant(VARIANTS[vname], ladders, cache, all_ladders=all_ladders,
                                      log=lambda s: print(s, file=sys.stderr, flush=True))
         if any(s.power_grid for s in results[vname].values()) and len(ladders) > 1:
             label = f"{vname} (power learned leave-one-ladder-out)"
             results[label] = lolo_power(results[vname], label)
     text = markdown(results)
+    if not args.no_forecast_tables:
+        text += "\n" + forecast_tables(anchors, early_warning=args.early_warning,
+                                        cpu_faults=args.cpu_faults,
+                                        log=lambda m: print(m, file=sys.stderr, flush=True))
     print(text)
     names = list(results)
     for n in names[1:]:

@@ -138,6 +138,64 @@ def test_heading_warns_on_a_drift_and_state_round_trips(doc):
     assert up["frozen_final"]["loss"] == doc["final"]["loss"]
 
 
+def _rule(doc, **params):
+    return {**doc, "decision_rule": {**doc["decision_rule"], "parameters": {
+        **doc["decision_rule"]["parameters"], **params}}}
+
+
+@pytest.mark.parametrize("seed", (2, 3, 4))
+def test_heading_warns_no_later_than_the_band_rule_on_a_shift(doc, seed):
+    """A 2% shift from 30% of the run: the updated curve ahead leaves the frozen band no later
+    than the band rule warns; the updated final alone (the rule until issue 40's cpu-fault
+    table) warned dozens of evals later (docs/live_forecast.md), as the end-anchored forecast
+    lets an early departure fade by the end."""
+    rows = sy.make_run(TRUTH, TARGET, noise=NOISE, fault=sy.Fault("shift", 0.3, 0.02),
+                       seed=seed).rows
+    res = check(doc, rows, None, now=0.0)
+    h, b = _first(res.alerts, "heading"), _first(res.alerts, "above_band")
+    assert h is not None and b is not None and h <= b
+    old = check(_rule(doc, heading_ahead="final"), rows, None, now=0.0)
+    h_old = _first(old.alerts, "heading")
+    assert h_old is None or h_old > b
+
+
+def _transient_doc_and_rows(d):
+    """A frozen curve with a 1% band (90%) at 1% of the run apart, and a run whose log offset
+    to it is ``d(x)`` (a deterministic zigzag of 0.05% on top: an eval set's noise)."""
+    x = np.round(np.arange(1, 101) / 100, 2)
+    f = 2.0 + 2.0 * x ** -0.3
+    steps = 10_000
+    doc = {"schema": "prereg/1", "metric": "loss", "band_level": 0.9,
+           "target": {"name": "t", "steps": steps, "tokens": 1.0},
+           "forecast": [{"fraction": float(a), "step": int(round(a * steps)), "tokens": float(a),
+                         "loss": float(v), "lo": float(v * math.exp(-0.01)),
+                         "hi": float(v * math.exp(0.01))} for a, v in zip(x, f)],
+           "final": {"loss": float(f[-1]), "lo": float(f[-1] * math.exp(-0.01)),
+                     "hi": float(f[-1] * math.exp(0.01))},
+           "decision_rule": {"parameters": {"align": "fraction"}}}
+    y = f * np.exp(d(x) + 0.0005 * (-1.0) ** np.arange(x.size))
+    rows = [{"step": int(round(a * steps)), "tokens": float(a), "progress": float(a),
+             "time": 0.0, "loss": float(v)} for a, v in zip(x, y)]
+    return doc, rows
+
+
+def test_heading_holds_while_the_gap_closes():
+    """A warmup transient (10% above the frozen curve at 2% of the run, its offset falling by
+    e every 3% of the run): the band rule warns, the heading rule does not (its gap closes at
+    every eval: a run coming back is not heading outside); counted as any gap, it warns. A
+    permanent 3% shift from 30% on, in the same setting, is warned by both, heading no later."""
+    doc, rows = _transient_doc_and_rows(lambda x: 0.1 * np.exp(-(x - 0.02) / 0.03))
+    res = check(doc, rows, None, now=0.0)
+    assert _first(res.alerts, "above_band") is not None
+    assert _first(res.alerts, "heading") is None
+    counted = check(_rule(doc, heading_closing="count"), rows, None, now=0.0)
+    assert _first(counted.alerts, "heading") is not None
+    doc, rows = _transient_doc_and_rows(lambda x: np.where(x >= 0.3, 0.03, 0.0))
+    res = check(doc, rows, None, now=0.0)
+    h, b = _first(res.alerts, "heading"), _first(res.alerts, "above_band")
+    assert h is not None and b is not None and h <= b
+
+
 def test_heading_state_refuses_a_damaged_section():
     with pytest.raises(ValueError, match="state.heading.var"):
         HeadingState.from_json({"var": "x"}, "state.heading")

@@ -249,3 +249,45 @@ def test_regenerating_the_tables_keeps_the_decisions(tmp_path):
     assert _decisions(out) == "## Decisions\n\n| a | b |\n\nkept.\n\n"
     out.write_text("# Scoreboard\n\n## Protocol\n\nold table\n")
     assert _decisions(out) == ""
+
+
+@pytest.mark.heavy  # 8 s: 6 synthetic runs through the watcher
+def test_scoreboard_prints_and_writes_the_forecast_tables(tmp_path):
+    """`bench/scoreboard.py` gives the updated forecast's tables (issue 40) beside the fit's,
+    printed and in --out: here without anchors (each public table says why it is absent) and
+    with one cached cpu-ladder seed made of synthetic runs (a healthy one and a 3% shift from 30%
+    of the run), judged by every heading variant."""
+    from bench.scoreboard import main
+    from ladder.io import atomic_write_json
+    from ladder.predict.prereg import make_prereg
+    from tests import synthetic as sy
+
+    truth, target = sy.Truth(), sy.ladder_targets(4, steps0=150)[-1]
+    noise = sy.RunNoise(run_sigma=0.005, eval_sigma=0.003)
+    doc = make_prereg(sy.TruthLaw(truth, run_sigma=0.005), target, eval_noise=0.003,
+                      created="2026-01-01T00:00:00Z")
+    cache = tmp_path / "cpu"
+    atomic_write_json(cache / "seed0" / "prereg.json", doc)
+    for name, fault in (("healthy", sy.Fault()), ("shift-at30", sy.Fault("shift", 0.3, 0.03))):
+        d = cache / "seed0" / name
+        d.mkdir(parents=True)
+        rows = sy.make_run(truth, target, noise=noise, fault=fault, seed=1).rows
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        atomic_write_json(d / "summary.json", {"status": "complete"})
+    empty = tmp_path / "anchors"
+    empty.mkdir()
+    out = tmp_path / "scoreboard.md"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(io.StringIO()):
+        assert main(["--anchors", str(empty), "--no-cache", "--cpu-faults", str(cache),
+                     "--out", str(out)]) == 0
+    text = out.read_text()
+    for head in ("## The updated forecast on public full curves",
+                 "## The early warning on the cpu ladder's injected faults",
+                 "## Transitions at a declared change"):
+        assert head in text and head in printed.getvalue()
+    assert "anchor data absent" in text
+    rows = [ln for ln in text.splitlines() if ln.startswith(("| final,", "| curve,"))]
+    assert len(rows) == 3  # one per heading variant, each judging the shift and the healthy run
+    assert all("seed 0 shift-at30" not in r and r.endswith("none of 1 |") for r in rows)
+    assert "seed 0 shift-at30: heading / band" in text

@@ -90,14 +90,17 @@ def test_decision_rule_is_written_as_at_7de5265():
             added = rule(new_rule).words(cfg or WatchConfig(), 0.8)
             assert added in got[name]["words"]
             got[name]["words"] = got[name]["words"].replace(" " + added, "")
-        for k in ("heading_k", "heading_against"):  # its thresholds, at their defaults
+        for k in HEADING_KEYS:  # its thresholds, at their defaults
             assert got[name]["parameters"].pop(k) == getattr(WatchConfig(), k)
     want = (DATA / "decision_rule_main_7de5265.json").read_text()
     assert json.dumps(got, indent=2) + "\n" == want
     old = json.loads(want)["tuned"]["parameters"]
     back = WatchConfig.from_dict(old).to_dict()
     assert WatchConfig.from_dict(old) == tuned and \
-        {k: v for k, v in back.items() if k not in ("heading_k", "heading_against")} == old
+        {k: v for k, v in back.items() if k not in HEADING_KEYS} == old
+
+
+HEADING_KEYS = ("heading_k", "heading_against", "heading_ahead", "heading_closing")
 
 
 def test_watch_config_is_the_union_of_the_rules_thresholds():
