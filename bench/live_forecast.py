@@ -464,8 +464,9 @@ def first_alert(alerts, kinds) -> float | None:
     return next((a.fraction for a in alerts if a.kind in kinds and a.severity != "info"), None)
 
 
-# the rule before issue 40's cpu-fault table (the final alone), the curve ahead without and with
-# holding a closing gap (the default); each (against, heading_k, other parameters)
+# the final alone (the default: the one variant silent on every healthy public curve), the curve
+# ahead without and with holding a closing gap (opt-in); each (against, heading_k, other
+# parameters)
 HEADING_VARIANTS = (("alert", 2, {"heading_ahead": "final", "heading_closing": "count"}),
                     ("alert", 2, {"heading_ahead": "curve", "heading_closing": "count"}),
                     ("alert", 2, {"heading_ahead": "curve", "heading_closing": "hold"}))
@@ -619,7 +620,9 @@ def main(argv=None) -> int:
                  "`check()` on every public curve above (its frozen forecast registered; a "
                  "warning is false when the final stayed inside the frozen final band at the "
                  "alert level) and on synthetic faults (shift 2%, drift to +5%, LR spike; onsets "
-                 "10/30/50%; 5 seeds each; tests/synthetic.py), beside the band rule:\n\n"
+                 "10/30/50%; 5 seeds each; tests/synthetic.py), beside the band rule. The "
+                 "default is the first row (final, count): the one variant silent on every "
+                 "healthy public curve; the curve ahead is opt-in (docs/LOG.md):\n\n"
                  + early_markdown(ew) + "\nThe cpu ladder's real injected faults (the demo's "
                  "hero trained with `ladder demo`'s --inject settings, cached under "
                  "bench_out/cpu-faults by train_faults; the healthy heroes of `ladder demo "

@@ -40,10 +40,10 @@ Rules (thresholds in :class:`WatchConfig`, stored in the pre-registration's ``de
    band (a healthy run keeps its offset to the forecast; a fault moves it).
 1c. **rising**: the metric above its own running minimum by more than ``rise_rel`` (and
    ``rise_noise_k`` x the ladder's eval noise) for ``rise_k`` consecutive evals -> warn.
-1d. **heading**: the updated forecast of the curve ahead and the final (ladder.predict.updated: the
-   frozen curve moved by the run's own evals) and its band apart from the frozen band there
-   widened to the alert level for ``heading_k`` evals (a closing gap holds) -> warn (info when
-   better): the run is heading outside its contract.
+1d. **heading**: the updated forecast of the final (ladder.predict.updated: the frozen curve moved
+   by the run's own evals) and its band apart from the frozen final band widened to the alert
+   level for ``heading_k`` evals -> warn (info when better): the run is heading outside its
+   contract (``heading_ahead`` "curve": the curve ahead against the band there, opt-in).
 2. **token-drop fraction** (``moe/drop_frac``) against the ladder's value at the same fraction of
    the schedule (reference curves stored in the pre-registration), else absolute thresholds.
 3. **numerical stability**: non-finite loss/grad-norm -> critical at once; grad-norm level against
