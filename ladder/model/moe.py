@@ -66,6 +66,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
+from jax.ad_checkpoint import checkpoint_name
 
 from ladder.model.balance import bias_from_histogram, margin_histogram, top_k_rows
 from ladder.model.config import ModelConfig
@@ -600,6 +601,50 @@ class SharedExperts(nn.Module):
         return swiglu(x, w_gate, w_up, w_down, "td,ndf->tnf", "tnf,nfd->td")
 
 
+# The name of the routed path's output [T, L] under remat (model/transformer.py's policies keep
+# it: the path recomputes its own buffers in the backward pass, recompute_at_backward).
+ROUTED_NAME = "moe_routed"
+
+
+def combine(out: jax.Array, weight: jax.Array) -> jax.Array:
+    """out [T, k, L] (each assignment's expert output), weight [T, k] -> [T, L]."""
+    return jnp.einsum("tjl,tj->tl", out, weight.astype(out.dtype))
+
+
+def recompute_at_backward(fn: Callable) -> Callable:
+    """``fn`` whose backward pass recomputes it from its inputs, *after* its output's cotangent
+    exists: the forward keeps only the inputs, and the backward ties them to the cotangent
+    (``jax.lax.optimization_barrier``) before it runs ``jax.vjp(fn)``.
+
+    Why not ``jax.checkpoint`` alone: the recomputation of a rematerialised block depends only
+    on the block's saved input, so XLA is free to schedule it early, and XLA:CPU did: in the
+    27.7B-A1.2B step (bf16, remat full, 16 sequences per device) the routed path of every block
+    of a scanned group was recomputed at the start of the backward pass and held until each
+    block's gradient (~17 GiB of dispatch buffers per block on the peak; docs/LOG.md). With the
+    barrier the buffers of one routed path at a time are live. The gradient is the same
+    function's (one more forward of ``fn`` per backward: the price of remat). Integer and
+    boolean inputs and outputs pass through (their cotangents are float0)."""
+    @jax.custom_vjp
+    def f(*args):
+        return fn(*args)
+
+    def fwd(*args):
+        return fn(*args), args
+
+    def bwd(args, ct):
+        # zero times one element of the cotangent: a data dependency that XLA keeps (x * 0 is
+        # not folded for floats: NaN * 0 is NaN), where an optimization_barrier was dropped by
+        # XLA:CPU before scheduling and the recomputation still ran first (docs/LOG.md)
+        real = [c for c in jax.tree.leaves(ct) if jnp.issubdtype(c.dtype, jnp.floating)]
+        zero = real[0].reshape(-1)[0].astype(jnp.float32) * 0.0
+        args = tuple(a + zero.astype(a.dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a
+                     for a in args)
+        return jax.vjp(fn, *args)[1](ct)
+
+    f.defvjp(fwd, bwd)
+    return f
+
+
 class MoE(nn.Module):
     """Router + routed experts in latent space + shared experts. Returns ``(y, aux)``.
 
@@ -636,15 +681,23 @@ class MoE(nn.Module):
                    else dispatch_dropless_sharded(mesh, latent, routing.expert,
                                                   experts.weights()))
             kept = jnp.ones(routing.expert.shape, bool)
+            mixed = combine(out, routing.weight)                       # [T, L]
         elif mesh is not None:
-            out, kept = dispatch_expert_parallel(cfg, mesh, latent, routing.expert,
-                                                 _DROP_SEED.get(), experts.weights(), S)
+            def routed(latent, weight, expert, seed, *w):
+                out, kept = dispatch_expert_parallel(cfg, mesh, latent, expert, seed, w, S)
+                return combine(out, weight), kept                      # [T, L], [T, k]
+
+            if cfg.remat != "none":   # the buffers recomputed when the gradient reaches them
+                routed = recompute_at_backward(routed)
+            mixed, kept = routed(latent, routing.weight, routing.expert,
+                                 jnp.asarray(_DROP_SEED.get(), jnp.int32), *experts.weights())
+            mixed = checkpoint_name(mixed, ROUTED_NAME)                # kept by the remat
         else:
             key = drop_keys(_DROP_SEED.get(), T, cfg.top_k, cell, S)   # [T, k]
             out, kept = self.dispatch(experts, latent, routing.expert, E,
                                       capacity(cfg, cell, dropless=dropless), key,
                                       T // cell)                       # [T, k, L], [T, k]
-        mixed = jnp.einsum("tjl,tj->tl", out, routing.weight.astype(out.dtype))   # [T, L]
+            mixed = combine(out, routing.weight)                       # [T, L]
         y = jnp.einsum("tl,ld->td", mixed, w_up)                       # [T, D]
         if cfg.n_shared:
             y = y + SharedExperts(cfg, name="shared")(xt)

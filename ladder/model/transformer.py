@@ -39,7 +39,7 @@ from ladder.model.layers import (
     weight_init,
     zeros,
 )
-from ladder.model.moe import MoE, split_batch
+from ladder.model.moe import ROUTED_NAME, MoE, split_batch
 
 AUX_KEYS = ("drop_frac", "load", "prob", "router_entropy", "router_z_loss", "balance_loss",
             "bias_target",
@@ -47,9 +47,13 @@ AUX_KEYS = ("drop_frac", "load", "prob", "router_entropy", "router_z_loss", "bal
 DTYPES = {"bf16": jnp.bfloat16, "f32": jnp.float32}
 # What each block keeps for the backward pass. "dots": the outputs of the weight matmuls (dots
 # without batch dimensions), so attention scores and the expert buffers are recomputed;
-# "full": only the block's input.
-REMAT_POLICIES = {"dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-                  "full": jax.checkpoint_policies.nothing_saveable}
+# "full": only the block's input. Both keep the routed path's combined output [T, L]
+# (ladder.model.moe.ROUTED_NAME): that path recomputes itself when its gradient arrives
+# (moe.recompute_at_backward), so the block's recomputation need not run it a second time early.
+_ROUTED = jax.checkpoint_policies.save_only_these_names(ROUTED_NAME)
+REMAT_POLICIES = {"dots": jax.checkpoint_policies.save_from_both_policies(
+                      jax.checkpoint_policies.dots_with_no_batch_dims_saveable, _ROUTED),
+                  "full": _ROUTED}
 
 
 def compute_dtype(cfg: ModelConfig):
