@@ -202,10 +202,20 @@ def slots(expert: jax.Array, n_experts: int, cap: int, key: jax.Array | None = N
     return Slots(order, sorted_run % E, jnp.where(kept, slot, n_cells * cap), kept)
 
 
+def zeros_after(x: jax.Array, shape: tuple) -> jax.Array:
+    """Zeros of ``x``'s dtype in ``shape``, computed from ``x`` (one element times zero), so that
+    the buffer cannot be made before ``x`` exists. A constant zero buffer is one instruction
+    that XLA shares between the layers and copies for each in-place scatter, and XLA:CPU made
+    those copies at the start of the pass: the 27.7B-A1.2B eval step (64 devices) held ten
+    [573,056 x 1024] / [524,288 x 1024] float32 copies at its peak (27 GiB; docs/LOG.md).
+    NaN or inf in ``x`` fills the buffer with NaN: its loss is NaN anyway."""
+    return jnp.broadcast_to((x.reshape(-1)[0] * 0).astype(x.dtype), shape)
+
+
 def scatter_slots(x: jax.Array, s: Slots, k: int, n_experts: int, n_slots: int) -> jax.Array:
     """x [T, L] -> [E, n_slots, L]: each kept assignment's token in its slot, zeros elsewhere."""
     tokens = x[s.order // k]                                   # [A, L] token of each assignment
-    buf = jnp.zeros((n_experts, n_slots, x.shape[-1]), x.dtype)
+    buf = zeros_after(x, (n_experts, n_slots, x.shape[-1]))
     return buf.at[s.expert, s.slot].set(tokens, mode="drop")  # out of range: mode="drop" drops
 
 
@@ -213,7 +223,7 @@ def gather_slots(out: jax.Array, s: Slots, T: int, k: int) -> Dispatched:
     """[E, n_slots, L] expert outputs -> Dispatched(out [T, k, L], kept [T, k]) in assignment
     order."""
     out_sorted = out.at[s.expert, s.slot].get(mode="fill", fill_value=0)     # [A, L]
-    out_flat = jnp.zeros_like(out_sorted).at[s.order].set(out_sorted)       # unsort -> [A, L]
+    out_flat = zeros_after(out, out_sorted.shape).at[s.order].set(out_sorted)   # unsort: [A, L]
     kept = jnp.zeros((T * k,), bool).at[s.order].set(s.kept)
     return Dispatched(out_flat.reshape(T, k, -1), kept.reshape(T, k))   # [A, L] -> [T, k, L]
 
@@ -313,13 +323,13 @@ def dispatch_dropless(x: jax.Array, expert: jax.Array, weights: tuple,
     block_end = jnp.cumsum(blocks)                             # [E]
     dest = (block_end - blocks)[sorted_expert] * b + rank      # [A] padded row of each
     n_blocks = (A + min(E, A) * (b - 1)) // b                  # >= sum(blocks), static
-    buf = jnp.zeros((n_blocks * b, L), x.dtype).at[dest].set(x[order // k],
-                                                             unique_indices=True)
+    buf = zeros_after(x, (n_blocks * b, L)).at[dest].set(x[order // k], unique_indices=True)
     block_expert = jnp.minimum(jnp.searchsorted(block_end, jnp.arange(n_blocks), side="right"),
                                E - 1)                          # [n_blocks]; unused: any expert
     out = grouped_swiglu(buf.reshape(n_blocks, b, L), block_expert, *weights)   # [n, b, L]
     out_sorted = out.reshape(n_blocks * b, L)[dest]                             # [A, L]
-    out = jnp.zeros_like(out_sorted).at[order].set(out_sorted, unique_indices=True)  # unsort
+    out = zeros_after(out, out_sorted.shape).at[order].set(out_sorted,
+                                                           unique_indices=True)   # unsort
     return out.reshape(T, k, L)                                # [A, L] -> [T, k, L]
 
 
