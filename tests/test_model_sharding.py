@@ -17,7 +17,7 @@ SCRIPT = EXPERT_MESH_SRC + textwrap.dedent("""
     # drops on (capacity factor 1.25) with cells of one sequence (32 tokens here): each device
     # holds whole cells, so the expert-parallel path drops what one device drops (issue 22)
     cfg = LADDERS["tiny"].rungs[0].model.replace(n_experts=8, capacity_tokens=32,
-                                                 remat=os.environ["REMAT"])
+                                                 capacity_factor=1.25, remat=os.environ["REMAT"])
     assert cfg.capacity_factor == 1.25
     params, bias = model.init(cfg, 0)
     tokens = jax.random.randint(jax.random.key(1), (8, 32), 0, cfg.vocab_size)   # 1 per device
