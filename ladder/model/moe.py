@@ -566,6 +566,50 @@ def dispatch_expert_parallel(cfg: ModelConfig, mesh, x: jax.Array, expert: jax.A
         out_specs=(tok, tok))(x, expert, jnp.asarray(seed, jnp.int32), *weights))
 
 
+def routed_expert_parallel(cfg: ModelConfig, mesh, x: jax.Array, expert: jax.Array,
+                           weight: jax.Array, seed, weights: tuple, seq: int,
+                           exchange: Exchange | None = None) -> tuple[jax.Array, jax.Array]:
+    """:func:`dispatch_expert_parallel` and the combine in one: the same slots, drops and
+    exchange, but the buffer is gathered straight from the tokens (each slot reads its token's
+    row; an empty slot reads a zero row) and the outputs are added straight into their tokens'
+    rows, each times its combine weight. So no [A, L] array of the assignments (A = t x k) is
+    made, and the backward pass needs no zero-filled [E, n, L] buffer (the transpose of a gather
+    from the tokens is a scatter into [t, L]; that of the scatter-add is a gather). Under XLA:CPU
+    those were the largest buffers of the 27.7B-A1.2B step (docs/LOG.md). The sum over a token's
+    k outputs is taken in another order than :func:`combine`'s, nothing else changes.
+    x [T, L], expert [T, k], weight [T, k] -> (mixed [T, L], kept [T, k])."""
+    from jax.sharding import PartitionSpec as P
+
+    E, ep = cfg.n_experts, mesh.shape["expert"]
+    tok, wspec = P(tuple(mesh.axis_names)), P("expert")
+    exchange = exchange or default_exchange(ep)
+
+    def local(x, expert, weight, seed, w_gate, w_up, w_down):   # [t, L], [t, k], [t, k], ...
+        t, k = expert.shape
+        cell = cell_tokens(cfg, t)
+        cap = capacity(cfg, cell)
+        n = (t // cell) * cap                                          # slots per expert here
+        s, filled = compact_slots(slots(expert, E, cap, drop_keys(seed, t, k, cell, seq),
+                                        t // cell), E, cap, t // cell)
+        # each slot's token (t: the zero row) and combine weight (0 when empty)
+        src = jnp.full((E, n), t, jnp.int32).at[s.expert, s.slot].set(
+            (s.order // k).astype(jnp.int32), mode="drop")             # [E, n]
+        w_slot = jnp.zeros((E, n), weight.dtype).at[s.expert, s.slot].set(
+            weight.reshape(t * k)[s.order], mode="drop")               # [E, n]
+        rows = jnp.concatenate([x, zeros_after(x, (1, x.shape[-1]))])  # [t + 1, L]
+        buf = exchange.there(rows[src], filled)                        # [E/ep, ep*n, L]
+        out = swiglu(buf, w_gate, w_up, w_down, "ecl,elf->ecf", "ecf,efl->ecl")
+        out = exchange.back(out, filled)                               # home: [E, n, L]
+        mixed = zeros_after(out, (t + 1, out.shape[-1])).at[src].add(
+            out * w_slot.astype(out.dtype)[..., None])[:t]             # [t, L]
+        kept = jnp.zeros((t * k,), bool).at[s.order].set(s.kept)
+        return mixed, kept.reshape(t, k)
+
+    return jax.shard_map(
+        local, mesh=mesh, in_specs=(tok, tok, tok, P(), wspec, wspec, wspec),
+        out_specs=(tok, tok))(x, expert, weight, jnp.asarray(seed, jnp.int32), *weights)
+
+
 # ------------------------------------------------------------------------------------ experts
 def swiglu(x, w_gate, w_up, w_down, spec_in: str, spec_out: str):
     """SwiGLU feed-forward: (silu(x Wg) * (x Wu)) Wd, with einsum specs for the two halves."""
@@ -645,10 +689,11 @@ def recompute_at_backward(fn: Callable) -> Callable:
         # zero times one element of the cotangent: a data dependency that XLA keeps (x * 0 is
         # not folded for floats: NaN * 0 is NaN), where an optimization_barrier was dropped by
         # XLA:CPU before scheduling and the recomputation still ran first (docs/LOG.md)
+        # Integer inputs too: what depends on them alone (the sort into slots, its [A, L] fill
+        # masks) was otherwise made for every block at once
         real = [c for c in jax.tree.leaves(ct) if jnp.issubdtype(c.dtype, jnp.floating)]
         zero = real[0].reshape(-1)[0].astype(jnp.float32) * 0.0
-        args = tuple(a + zero.astype(a.dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a
-                     for a in args)
+        args = tuple(a if a.dtype == jnp.bool_ else a + zero.astype(a.dtype) for a in args)
         return jax.vjp(fn, *args)[1](ct)
 
     f.defvjp(fwd, bwd)
@@ -693,9 +738,8 @@ class MoE(nn.Module):
             kept = jnp.ones(routing.expert.shape, bool)
             mixed = combine(out, routing.weight)                       # [T, L]
         elif mesh is not None:
-            def routed(latent, weight, expert, seed, *w):
-                out, kept = dispatch_expert_parallel(cfg, mesh, latent, expert, seed, w, S)
-                return combine(out, weight), kept                      # [T, L], [T, k]
+            def routed(latent, weight, expert, seed, *w):           # -> [T, L], [T, k]
+                return routed_expert_parallel(cfg, mesh, latent, expert, weight, seed, w, S)
 
             if cfg.remat != "none":   # the buffers recomputed when the gradient reaches them
                 routed = recompute_at_backward(routed)
