@@ -323,7 +323,7 @@ def olmo_tasks(anchors: Path, form: str = "auto", target: str = "13b") -> list[d
     predicted / actual - 1 (the authors' table lists |error|; theirs here is signed from their
     Pred column). ``target="7b"``: the 7B-4T instead, beside the authors' 7B chained errors of
     variance.csv, which are unsigned (``authors_error_unsigned``)."""
-    from ladder.fit.task import fit_task
+    from ladder.fit.law import fit_task
     tables = anchors / "olmo_ladder_bhagia2024" / "paper_figure_tables"
     if target == "13b":
         authors = pd.read_csv(_need(tables / "chained_main.csv")).set_index("Task")
@@ -523,7 +523,7 @@ def main_band(r):
 
 def rate(r) -> float:
     """The law's extrapolation rate per decade (0 without one)."""
-    from ladder.fit import extrapolation_rate
+    from ladder.fit.result import extrapolation_rate
     v = extrapolation_rate((r.diagnostics or {}).get("backtest"))[0]
     return float(v) if v else 0.0
 
@@ -544,7 +544,7 @@ def held_out(df: pd.DataFrame, fit_kw: dict, scheme: str, decades: float = RUNG_
     """Hold out rungs and predict them with the default fit of the rest. ``scheme``: "loro"
     (every rung in turn, fit on all the others) or "rollout" (each of the last ``max_folds``
     rungs, fit on the smaller ones). ``rule``: the default asymptote rule for short ladders
-    (ladder.fit.select.asymptote_rule) on or off. Returns coverage of the band, its median relative
+    (ladder.fit.law.asymptote_rule) on or off. Returns coverage of the band, its median relative
     half-width, the held-out errors, per-fold notes and whether the rule changed any fold."""
     rung = _rungs(df, decades)
     levels = np.sort(rung.unique())

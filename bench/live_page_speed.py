@@ -1,6 +1,8 @@
 """The live page of a watcher on a long run (issue 24, item 4): the time to answer a refresh and
 the page's memory at 1,000,000 metrics lines, beside the page as it was before (it re-read the
-run directory and drew the figure with matplotlib for every new version).
+run directory and drew the figure with matplotlib for every new version), and beside the page
+drawn by the report's own matplotlib watch figure from the same downsampled points (one drawing
+for both, issue 36 item 4: SVG or PNG rendered on the server at every new version).
 
 Side by side in one run, on files written by bench/watch_follow_speed.py's generator (~40 keys a
 line, an eval every 1% of the run):
@@ -94,13 +96,53 @@ def after(d: Path, doc: dict) -> dict:
         series = sum(a.nbytes for ds in (feed.metric, feed.train)
                      for a in (ds.lo_x, ds.lo_y, ds.hi_x, ds.hi_y))
         drawn = sum(len(s["x"]) for s in json.loads(body)["chart"]["series"])
-        return {"lines": w.state["n_points"], "first_read_s": first_read,
+        svg, png = server_drawn(feed)
+        return {"server_svg_cpu_s": svg[0], "server_svg_bytes": svg[1],
+                "server_png_cpu_s": png[0], "server_png_bytes": png[1],
+                "lines": w.state["n_points"], "first_read_s": first_read,
                 "refresh_new_version_s": new_version, "refresh_new_version_cpu_s": new_version_cpu,
                 "refresh_same_version_s": same_version,
                 "http_s": http, "page_bytes": series + len(body), "json_bytes": len(body),
                 "drawn": drawn, "exit": w.exit_code}
     finally:
         page.close()
+
+
+def server_drawn(feed) -> tuple[tuple[float, int], tuple[float, int]]:
+    """The one-drawing alternative (issue 36 item 4): the report's matplotlib watch figure
+    (plots.draw_watch) of the same downsampled points the page sends, rendered on the server as
+    SVG and as PNG: ((CPU s, bytes), (CPU s, bytes)), each the best of 3."""
+    import io
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import numpy as np
+    from matplotlib import rc_context
+
+    from ladder.reports.figdata import Curve, WatchData, watch_ylim
+    from ladder.reports.plots import draw_watch
+    from ladder.reports.style import RC
+    band = feed._band_of(feed.w.doc)
+    x, y = feed.metric.points()
+    ok = band.fraction > 0
+    fc = Curve(band.fraction[ok], band.loss[ok], band.lo[ok], band.hi[ok])
+    d = WatchData(metric=feed.w.view.metric, level=0.9, name="target", forecast=fc,
+                  rel_lo=100 * (fc.lo / fc.loss - 1), rel_hi=100 * (fc.hi / fc.loss - 1),
+                  band_missing=False, run_label="target", run_note=None, fraction=x, value=y,
+                  deviation=100 * (y / band.at(x)[0] - 1), nonfinite=(), spans=[],
+                  loss_alerts=(), ticks=(), counts={}, has_alerts=False,
+                  ylim=watch_ylim(band, x, y), rlim=None, tokens_total=None, verdict={})
+    out = []
+    for fmt in ("svg", "png"):
+        best = (np.inf, 0)
+        for _ in range(3):
+            c0 = time.process_time()
+            with rc_context(RC):
+                buf = io.BytesIO()
+                draw_watch(d).savefig(buf, format=fmt, facecolor="white")
+            best = min(best, (time.process_time() - c0, len(buf.getvalue())))
+        out.append(best)
+    return out[0], out[1]
 
 
 def _hwm_mb() -> float:
@@ -171,6 +213,12 @@ def main(argv=None) -> int:
               f"({a['json_bytes'] / 1024:.0f} KiB JSON), {a['drawn']:,} points drawn; the "
               f"watcher's own first read {a['first_read_s']:.1f} s; load "
               f"{os.getloadavg()[0]:.2f}")
+        print(f"    the same points as the report's matplotlib figure, drawn on the server: SVG "
+              f"{a['server_svg_cpu_s'] * 1e3:.0f} ms CPU, {a['server_svg_bytes'] / 1024:.0f} KiB; "
+              f"PNG {a['server_png_cpu_s'] * 1e3:.0f} ms CPU, "
+              f"{a['server_png_bytes'] / 1024:.0f} KiB; ratio to the page's refresh (CPU) "
+              f"{a['server_svg_cpu_s'] / a['refresh_new_version_cpu_s']:.0f}x (SVG), "
+              f"{a['server_png_cpu_s'] / a['refresh_new_version_cpu_s']:.0f}x (PNG)")
     d, doc = run_dir(root, args.before_lines, args.extra)
     with open(d / "metrics.jsonl", "ab") as f:
         f.write((d / "more.jsonl").read_bytes())

@@ -218,6 +218,12 @@ VARIANTS = {v.name: v for v in (
             _fixed(asymptote_rule=False, scale_weighting=True)),
     Variant("no-weights", "form auto + asymptote rule, no scale weights",
             _fixed(asymptote_rule=True, scale_weighting=False)),
+    Variant("no-one-se", "the defaults, but --form auto takes the final-point form with the "
+            "lowest rollout error, not the simplest within one standard error of it "
+            "(FitConfig.one_se_form=False)", _fixed(one_se_form=False)),
+    Variant("own-folds", "the defaults, but the asymptote rule scores each variant on its own "
+            "rollout folds, not on the folds they share (FitConfig.shared_folds=False)",
+            _fixed(shared_folds=False)),
     Variant("e-prior", "form auto + a prior on E / smallest loss learned on the other ladders "
             "(plain fits), no rules", e_fraction_prior, learns_from="plain"),
     Variant("band-prior", "plain + the band prior learned on the other ladders",
@@ -512,6 +518,19 @@ def protocol_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _decisions(path: Path) -> str:
+    """The hand-written "## Decisions" section of an existing --out file (up to the next "## "
+    heading), so that regenerating the tables keeps what was decided on them; "" if none."""
+    if not path.exists():
+        return ""
+    text = path.read_text()
+    start = text.find("\n## Decisions")
+    if start < 0:
+        return ""
+    end = text.find("\n## ", start + 1)
+    return text[start + 1:end + 1 if end >= 0 else len(text)].rstrip("\n") + "\n\n"
+
+
 def compare(base: dict[str, LadderScore], new: dict[str, LadderScore]) -> dict:
     """Does ``new`` pass the rule for a change of default against ``base``: a lower aggregate
     interval score, and no ladder's mean |error| worse by more than its noise (the base's)?"""
@@ -579,13 +598,14 @@ def main(argv=None) -> int:
               f"{'; '.join(c['worse_ladders']) or 'none'}; passes: {c['passes']}")
     print(f"({time.perf_counter() - t0:.0f} s)")
     if args.out:
+        kept = _decisions(Path(args.out))
         doc = (f"# Scoreboard (bench/scoreboard.py)\n\nWritten by `python bench/scoreboard.py "
                f"{' '.join(argv if argv is not None else sys.argv[1:])}`. Per ladder: errors "
                "predicted / actual - 1 at the targets; coverage of the 90% band; mean half-width "
                "and the interval score (Gneiting & Raftery 2007, alpha 0.1) relative to the "
                f"actual; {BOOTSTRAP} bootstrap replicates, seed {SEED}. Aggregate: the mean over "
                "ladders (each ladder weighs the same), coverage pooled over every target.\n\n"
-               "## Protocol (fixed before any result was seen)\n\n" + protocol_markdown()
+               + kept + "## Protocol (fixed before any result was seen)\n\n" + protocol_markdown()
                + "\n## Results\n\n" + text)
         tmp = Path(args.out).with_suffix(".tmp")
         tmp.write_text(doc)

@@ -3,7 +3,7 @@
     python bench/train_throughput.py [--d 64 128 256] [--layers 2] [--batch 16] [--reps 5]
 
 For each width d this times the trainer's own jitted step (forward, backward, AdamW update,
-router-bias rule: ``ladder.trainer.train.make_train_step``) on the CPU recipe's model, and in the
+router-bias rule: ``ladder.trainer.step.programs``) on the CPU recipe's model, and in the
 same run a 2048 x 2048 float32 matmul. Everything is measured interleaved (MoE, dense, matmul,
 MoE, ...) and the medians compared, so the ratios stay meaningful on a machine shared with other
 jobs; the absolute numbers do not.

@@ -333,7 +333,7 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except (PermissionError, OverflowError):
-        return True
+        pass   # another user's process (or no pid of this OS): not known to be gone
     return True
 
 
@@ -403,8 +403,6 @@ def _append_fd(fd: int, data: bytes, path: Path, *, fsync: bool) -> int:
 
 def _cut_partial_line(fd: int, size: int) -> int:
     """Truncate the open file ``fd`` of ``size`` bytes after its last newline; the bytes cut."""
-    if size == 0:
-        return 0
     pos = size
     while pos > 0:
         n = min(pos, 1 << 16)
@@ -547,9 +545,7 @@ def folder_lock(folder: str | os.PathLike, *, what: str, field: str | None = "--
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise InputError(f"in use by {_describe_holder(holder)}; wait for it to end or use "
-                             f"another folder (lock {LOCK})", path=folder, field=field,
-                             exit_code=EX_TEMPFAIL) from None
+            raise _in_use(holder, folder, field) from None
         except OSError as e:
             if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
                 os.close(fd)
@@ -560,9 +556,7 @@ def folder_lock(folder: str | os.PathLike, *, what: str, field: str | None = "--
             if holder.get("host") == host and isinstance(pid, int) and pid != os.getpid() \
                     and _alive(pid):
                 os.close(fd)
-                raise InputError(f"in use by {_describe_holder(holder)}; wait for it to end or "
-                                 f"use another folder (lock {LOCK})", path=folder, field=field,
-                                 exit_code=EX_TEMPFAIL) from None
+                raise _in_use(holder, folder, field) from None
         # the file locked must still be the one at the path (a holder removes it on release)
         try:
             same = os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
@@ -591,11 +585,13 @@ def _lock_holder(fd: int) -> dict:
     return doc if isinstance(doc, dict) else {}
 
 
-def _describe_holder(h: dict) -> str:
-    if not h:
-        return "another ladder process"
-    return (f"{str(h.get('what', 'ladder'))[:40]} (pid {h.get('pid')} on "
-            f"{str(h.get('host'))[:60]}, since {str(h.get('since'))[:20]})")
+def _in_use(h: dict, folder: Path, field: str | None) -> InputError:
+    """The one line (75) refusing a second holder of ``folder``'s lock, naming the first."""
+    who = (f"{str(h.get('what', 'ladder'))[:40]} (pid {h.get('pid')} on "
+           f"{str(h.get('host'))[:60]}, since {str(h.get('since'))[:20]})") if h \
+        else "another ladder process"
+    return InputError(f"in use by {who}; wait for it to end or use another folder (lock {LOCK})",
+                      path=folder, field=field, exit_code=EX_TEMPFAIL)
 
 
 @contextlib.contextmanager
@@ -663,16 +659,12 @@ def staged_dir(out: str | os.PathLike, *, own: Iterable[str] = ()):
 
 
 def _fsync_dir(directory: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):   # best effort: not every file system syncs a directory
         fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -705,11 +697,8 @@ def sha256_of(obj: Any) -> str:
 
 
 def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 # ----------------------------------------------------------------------------- reading
@@ -1036,23 +1025,17 @@ _NONFINITE = {"nan": math.nan, "NaN": math.nan, "Infinity": math.inf, "inf": mat
 
 def as_float(value: Any) -> float | None:
     """A metric value as float: numbers, numeric strings and "NaN"/"Infinity"; None otherwise."""
-    if isinstance(value, bool):
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         return None
-    if isinstance(value, (int, float)):
-        try:
-            return float(value)
-        except OverflowError:  # an integer beyond float range: not a usable metric value
-            return None
     if isinstance(value, str):
         if value in _NONFINITE:
             return _NONFINITE[value]
         if len(value) > 100:  # no metric is written with 100 characters
             return None
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
+    try:
+        return float(value)
+    except (OverflowError, ValueError):  # an integer beyond float range; a non-numeric string
+        return None
 
 
 # One metrics line is one step's scalars (a few KB; a row of every expert's load of the hero,

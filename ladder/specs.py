@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import tomllib
 from dataclasses import dataclass, field
+from importlib.resources import files
+from pathlib import Path
 
 from ladder.counting import FLOP_CONVENTION, SIZING_CONVENTIONS, count_params, flops_per_token
-from ladder.model.config import BIAS_RULES, INITS, QK_NORMS, ModelConfig
+from ladder.io import InputError, loads, read_bytes, safe_name
+from ladder.model.config import SWITCH_FIELDS, ModelConfig, ModelSwitches
 from ladder.optspec import OptimizerSettings, OptimizerSpec
 
 SCHEDULES = ("linear", "wsd", "cosine", "constant")
@@ -19,14 +23,13 @@ SCHEDULES = ("linear", "wsd", "cosine", "constant")
 # against every published model (the hero: d 6144, 48 layers, 384 experts, vocab 128,256,
 # 791 tokens per active parameter; the largest vocabularies ~256k, the longest contexts ~1M):
 # a value outside is a typo or an attack, refused with the field named.
+# The model's switches (vocab_size, head_dim, n_experts, ...) have theirs where they are defined,
+# ladder/model/config.py::ModelSwitches.
 LIMITS = {
-    "vocab_size": 2 ** 24, "seq_len": 2 ** 24, "head_dim": 2 ** 12, "n_experts": 2 ** 16,
-    "top_k": 2 ** 16, "n_shared": 2 ** 10, "batch_per_unit": 2 ** 24, "local_window": 2 ** 24,
-    "kv_local_div": 2 ** 12, "kv_global_div": 2 ** 12, "global_every": 2 ** 12,
-    "gated_norm_rank": 2 ** 17, "conv_kernel": 2 ** 10,
+    "seq_len": 2 ** 24, "batch_per_unit": 2 ** 24,
+    "kv_local_div": 2 ** 12, "kv_global_div": 2 ** 12,
     "d": 2 ** 17, "n_layers": 2 ** 12, "batch_units": 2 ** 24,
-    "tokens_per_active": 1e5, "capacity_factor": 1e3, "route_scale": 1e3, "qk_mult": 1e3,
-    "lr_coef": 1e6, "eval_sequences": 2 ** 24, "eval_batch": 2 ** 24,
+    "tokens_per_active": 1e5, "lr_coef": 1e6, "eval_sequences": 2 ** 24, "eval_batch": 2 ** 24,
 }
 LR_EXPONENT_LIMIT = 10.0   # |lr_tokens_exp|, |lr_d_exp|: the real rule's are -0.5-ish
 MIN_EVAL_EVERY = 1e-4      # at most 10,000 evals a run (the recipe: 20)
@@ -222,30 +225,36 @@ def _check_eval_set(obj) -> None:
 # ---------------------------------------------------------------------------------------- rules
 
 
+def split_switches(table: dict) -> tuple[dict, dict]:
+    """A recipe's flat keys -> (the model's switches, :data:`SWITCH_FIELDS`; the rest)."""
+    names = {f.name for f in SWITCH_FIELDS}
+    return ({k: v for k, v in table.items() if k in names},
+            {k: v for k, v in table.items() if k not in names})
+
+
+# What a ladder file's [recipe] table must name although the model has a default for it: the
+# recipe's choices of experts and attention window (the model's defaults suit small test models).
+REQUIRED_SWITCHES = ("n_experts", "top_k", "n_shared", "local_window")
+
+
 @dataclass(frozen=True)
 class Recipe:
-    """A ladder's rules: everything about a rung except its dials (width, depth, batch units)."""
+    """A ladder's rules: everything about a rung except its dials (width, depth, batch units).
 
-    vocab_size: int
+    ``switches``: the model's switches every rung shares (ladder/model/config.py's
+    :class:`ModelSwitches`, defined there once); a ladder file's ``[recipe]`` table names them
+    beside the fields below, flat (:func:`parse_ladder`).
+    """
+
+    switches: ModelSwitches
     seq_len: int
-    head_dim: int
-    n_experts: int
-    top_k: int
-    n_shared: int
     tokens_per_active: float     # token budget = this x active params (sizing convention)
     batch_per_unit: int          # sequences per step per batch unit (the real ladder: per rack)
     lr_coef: float               # peak LR = lr_coef * tokens^lr_tokens_exp * d^lr_d_exp
     lr_tokens_exp: float         #           * sqrt(tokens per batch)
     lr_d_exp: float
-    local_window: int
     kv_local_div: int = 4        # KV heads = heads / 4 in local layers, floor 1
     kv_global_div: int = 8       # and heads / 8 in global layers, floor 1
-    global_every: int = 4
-    capacity_factor: float = 1.25
-    capacity_tokens: int | None = None  # tokens per capacity cell (ladder/model/moe.py); None: one
-    #                                     sequence (a cell every layout holds whole)
-    route_scale: float = 2.5
-    rope_fraction: float = 1.0
     sizing_convention: str = "exact-v1"
     schedule: Schedule = field(default_factory=Schedule)
     eval_every: float = 0.05
@@ -255,33 +264,16 @@ class Recipe:
     eval_sequences: int = 96
     eval_batch: int | None = None   # sequences per eval call; None = one per device
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
-    bias_rule: str = "threshold"  # router balancing (ladder/model/moe.py, ladder/model/balance.py)
-    # The hero recipe's model switches (model/config.py; issue 12). The defaults are the model
-    # of every earlier ladder; marin-535b.toml sets the recipe's values.
-    init: str = "gpt2"            # gpt2 | recipe (truncated normal, sigma 0.5/sqrt(d))
-    global_rope: bool = True      # False: NoPE on global layers
-    qk_norm: str = "learned"      # learned | rms (non-parametric)
-    qk_mult: float = 1.0          # q x this after the QK-norm
-    embed_norm: bool = False      # RMSNorm after the token embedding
-    gated_norm_rank: int = 0      # GatedNorm rank (capped at d); 0: off
-    conv_kernel: int = 0          # short causal convolutions' width; 0: off
-    xsa: bool = False             # exclusive self-attention
-    head_gate: bool = False       # attention head gate 2 sigmoid(x . attn_gate)
-    norm_eps: float = 1e-6        # RMSNorm eps of the residual stream (the recipe: 1e-5)
 
     def __post_init__(self):
-        for name in ("vocab_size", "seq_len", "head_dim", "n_experts", "top_k",
-                     "batch_per_unit", "local_window", "kv_local_div", "kv_global_div",
-                     "global_every"):
+        if not isinstance(self.switches, ModelSwitches) or isinstance(self.switches, ModelConfig):
+            raise ValueError(f"switches: must be a ModelSwitches, got {self.switches!r}")
+        for name in ("seq_len", "batch_per_unit", "kv_local_div", "kv_global_div"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"{name}: must be a positive integer, got {v!r}")
             _in_range(self, name, 1)
-        for name in ("n_shared", "gated_norm_rank", "conv_kernel"):
-            if isinstance(getattr(self, name), int):
-                _in_range(self, name, 0)
-        for name in ("tokens_per_active", "capacity_factor", "route_scale", "qk_mult",
-                     "lr_coef"):
+        for name in ("tokens_per_active", "lr_coef"):
             _in_range(self, name, 0, lo_open=True)
         for name in ("lr_tokens_exp", "lr_d_exp"):
             v = getattr(self, name)
@@ -289,13 +281,6 @@ class Recipe:
                     or abs(v) > LR_EXPONENT_LIMIT:
                 raise ValueError(f"{name}: must be a number in [-{LR_EXPONENT_LIMIT:g}, "
                                  f"{LR_EXPONENT_LIMIT:g}], got {v!r}")
-        if not isinstance(self.n_shared, int) or self.n_shared < 0:
-            raise ValueError(f"n_shared: must be an integer >= 0, got {self.n_shared!r}")
-        if self.top_k > self.n_experts:
-            raise ValueError(f"top_k: {self.top_k} > n_experts={self.n_experts}")
-        for name in ("tokens_per_active", "lr_coef", "capacity_factor", "norm_eps"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)!r}")
         if not MIN_EVAL_EVERY <= self.eval_every <= 1:
             raise ValueError(f"eval_every: must be in [{MIN_EVAL_EVERY:g}, 1], got "
                              f"{self.eval_every!r}")
@@ -303,45 +288,26 @@ class Recipe:
         if self.sizing_convention not in SIZING_CONVENTIONS:
             raise ValueError(f"sizing_convention: must be one of {SIZING_CONVENTIONS}, got "
                              f"{self.sizing_convention!r}")
-        if self.bias_rule not in BIAS_RULES:
-            raise ValueError(f"bias_rule: must be one of {BIAS_RULES}, got {self.bias_rule!r}")
-        if self.capacity_tokens is not None and (not isinstance(self.capacity_tokens, int) or
-                                                 isinstance(self.capacity_tokens, bool) or
-                                                 self.capacity_tokens <= 0):
-            raise ValueError(f"capacity_tokens: must be a positive integer, got "
-                             f"{self.capacity_tokens!r}")
-        # the model switches, checked here too so that a ladder file's error names recipe.FIELD
-        # (not the first rung whose model config would refuse it)
-        if self.init not in INITS:
-            raise ValueError(f"init: must be one of {INITS}, got {self.init!r}")
-        if self.qk_norm not in QK_NORMS:
-            raise ValueError(f"qk_norm: must be one of {QK_NORMS}, got {self.qk_norm!r}")
-        if not self.qk_mult > 0:
-            raise ValueError(f"qk_mult: must be > 0, got {self.qk_mult!r}")
-        for name in ("gated_norm_rank", "conv_kernel"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ValueError(f"{name}: must be an integer >= 0 (0: off), got {v!r}")
+
+    @classmethod
+    def of(cls, **kw) -> "Recipe":
+        """A recipe from one flat set of keywords, as a ladder file's table names them: the
+        model's switches (:data:`SWITCH_FIELDS`) and the recipe's own fields."""
+        switches, own = split_switches(kw)
+        return cls(switches=ModelSwitches(**switches), **own)
 
     def model(self, d: int, n_layers: int) -> ModelConfig:
-        heads = max(1, d // self.head_dim)
-        return ModelConfig(
-            vocab_size=self.vocab_size, d_model=d, n_layers=n_layers, n_heads=heads,
-            head_dim=self.head_dim,
+        heads = max(1, d // self.switches.head_dim)
+        return ModelConfig.of(
+            self.switches, d_model=d, n_layers=n_layers, n_heads=heads,
             n_kv_heads_local=max(1, heads // self.kv_local_div),
             n_kv_heads_global=max(1, heads // self.kv_global_div),
-            global_every=self.global_every, local_window=self.local_window,
-            rope_fraction=self.rope_fraction, n_experts=self.n_experts, top_k=self.top_k,
-            n_shared=self.n_shared,
             # real recipe: expert width = latent width = d/2; shared experts full-width with
             # hidden d/2 (this reproduces the published parameter counts)
             expert_dim=d // 2, latent_dim=d // 2, shared_dim=d // 2,
-            capacity_factor=self.capacity_factor, route_scale=self.route_scale,
-            capacity_tokens=self.capacity_tokens or self.seq_len,
-            bias_rule=self.bias_rule, init=self.init, global_rope=self.global_rope,
-            qk_norm=self.qk_norm, qk_mult=self.qk_mult, embed_norm=self.embed_norm,
-            gated_norm_rank=self.gated_norm_rank, conv_kernel=self.conv_kernel, xsa=self.xsa,
-            head_gate=self.head_gate, norm_eps=self.norm_eps,
+            # a recipe's None is a cell of one sequence (one every layout holds whole); the
+            # model's None would be one cell per MoE call
+            capacity_tokens=self.switches.capacity_tokens or self.seq_len,
         )
 
     def peak_lr(self, tokens: float, d: int, tokens_per_step: int) -> float:
@@ -404,7 +370,6 @@ class Ladder:
 def _safe(name: str, field_name: str) -> str:
     """A ladder or rung name: it becomes a folder of ``ladder run --out`` (ladder.io.safe_name,
     the one rule for names that become paths), as a ValueError naming the field."""
-    from ladder.io import InputError, safe_name
     try:
         return safe_name(name, field=field_name)
     except InputError as e:
@@ -422,17 +387,15 @@ def format_name(p) -> str:
     return f"{fmt(p.total)}-A{fmt(p.active)}"
 
 
-def make_ladder(name: str, description: str, recipe: Recipe, rungs: list[Dials],
-                target: Dials) -> Ladder:
-    built = tuple(recipe.rung(name, r) for r in rungs)
-    hero = recipe.rung(name, dataclasses.replace(target, is_target=True))
-    return Ladder(name=name, description=description, recipe=recipe, rungs=built, target=hero)
-
-
 # ------------------------------------------------------------------------------ ladder files
 
 LADDER_FILE_SCHEMA = "ladder/1"
 BUILTIN_DIR = "ladders"   # package data: ladder/ladders/*.toml
+
+
+# annotations a file gives as a string: str, and the model's BiasRule (a StrEnum the dataclass
+# parses from its name, naming the field when it is none of them)
+STRING_KINDS = {"str", "BiasRule"}
 
 
 def _check_type(value, annotation: str, where: str):
@@ -449,9 +412,9 @@ def _check_type(value, annotation: str, where: str):
         return value if "int" in kinds else float(value)
     elif isinstance(value, float) and "float" in kinds:
         return value
-    elif isinstance(value, str) and "str" in kinds:
+    elif isinstance(value, str) and STRING_KINDS & set(kinds):
         return value
-    want = " or ".join(k for k in kinds if k != "None")
+    want = " or ".join("str" if k in STRING_KINDS else k for k in kinds if k != "None")
     raise ValueError(f"{where}: must be {want}, got {value!r}")
 
 
@@ -504,8 +467,19 @@ def parse_ladder(obj: dict) -> Ladder:
     nested = {key: _build(cls, table[key], f"recipe.{key}")
               for key, cls in (("schedule", Schedule), ("optimizer", OptimizerSpec))
               if key in table}
-    recipe = _build(Recipe, {k: v for k, v in table.items() if k not in nested}, "recipe",
-                    skip=("schedule", "optimizer"), extra=nested)
+    # one flat table: the model's switches (ModelSwitches) beside the recipe's own fields
+    switches, own = split_switches({k: v for k, v in table.items() if k not in nested})
+    known = [f.name for f in dataclasses.fields(Recipe) if f.name != "switches"] + \
+        [f.name for f in SWITCH_FIELDS]
+    unknown = sorted(set(own) - set(known))
+    if unknown:
+        raise ValueError(f"recipe.{unknown[0]}: unknown key (known: {', '.join(known)})")
+    for name in REQUIRED_SWITCHES:
+        if name not in table:
+            raise ValueError(f"recipe.{name}: missing")
+    nested["switches"] = _build(ModelSwitches, switches, "recipe")
+    recipe = _build(Recipe, own, "recipe", skip=("schedule", "optimizer", "switches"),
+                    extra=nested)
     rungs = obj["rungs"]
     if not isinstance(rungs, list) or not rungs:
         raise ValueError("rungs: must be a non-empty array of tables")
@@ -531,12 +505,6 @@ def parse_ladder(obj: dict) -> Ladder:
 def load_ladder_file(path) -> Ladder:
     """A ladder from a TOML (``.toml``) or JSON file. Bad content is an InputError naming the
     file and the field."""
-    from pathlib import Path
-
-    import tomllib
-
-    from ladder.io import InputError, loads, read_bytes
-
     path = Path(path)
     # a regular file of bounded size (a FIFO or /dev/zero is refused at once), JSON nesting
     # bounded (ladder.io: the one rule for opening inputs)
@@ -560,9 +528,6 @@ def load_ladder_file(path) -> Ladder:
 
 def _builtin() -> dict[str, Ladder]:
     """The ladders shipped as package data (ladder/ladders/*.toml), in a fixed order."""
-    from importlib.resources import files
-    from pathlib import Path
-
     ladders = {}
     for name in ("marin-535b", "cpu", "tiny"):
         lad = load_ladder_file(Path(str(files("ladder") / BUILTIN_DIR / f"{name}.toml")))
@@ -583,10 +548,7 @@ def with_file(ladder_file=None) -> dict[str, Ladder]:
 
 
 def get_ladder(name: str, ladders: dict[str, Ladder] | None = None) -> Ladder:
-    ladders = LADDERS if ladders is None else ladders
-    if name not in ladders:
-        raise KeyError(name)
-    return ladders[name]
+    return (LADDERS if ladders is None else ladders)[name]   # KeyError(name) when unknown
 
 
 def resolve(target: str, ladders: dict[str, Ladder] | None = None) -> tuple[Ladder, list[Rung]]:

@@ -20,7 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ladder.cli.main import main
-from ladder.fit.compare import FLAT_PER_DECADE, compare_points, trend_verdict
+from ladder.fit.compare import FLAT_PER_DECADE, trend_verdict
+from ladder.fit.law import compare_points
 from ladder.io import EX_DATAERR, EX_NOINPUT, EX_USAGE
 
 C = np.geomspace(1e18, 1e21, 6)

@@ -1,10 +1,10 @@
-"""The short-ladder asymptote rule (ladder.fit.select.asymptote_rule) never centres the band on an
+"""The short-ladder asymptote rule (ladder.fit.law.asymptote_rule) never centres the band on an
 asymptote its own report calls implausible while a defensible variant has a plausible one, and
 says which variant it chose and why (issue 21, item 5)."""
 
 import json
 import warnings
-from types import SimpleNamespace
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ladder.fit import FitResult, fit_law
+from ladder.fit import FitResult, LawResult, fit_law
 from ladder.fit.estimate import E_MIN_FRACTION_OF_LOSS, implausible_asymptote
-from ladder.fit.select import _common_folds, _narrow_backtest, _score
+from ladder.fit.law import _common_folds, _narrow_backtest, _score
 
 
 def _short_ladder(seed, E, noise, n=4):
@@ -64,9 +64,17 @@ def test_a_defensible_plausible_variant_is_the_centre_over_an_implausible_free_f
     assert float(back.predict(compute=1e22).loss) == float(res.predict(compute=1e22).loss)
 
 
+@dataclass(frozen=True)
+class _Variant:
+    """A stand-in fit result: its form and diagnostics, changed as a law is (a new one)."""
+    form: str
+    diagnostics: dict
+    with_diagnostics = LawResult.with_diagnostics
+
+
 def _variant(form, folds):
     """A stand-in fit result with the backtest folds given as (held_out, final, curve)."""
-    return SimpleNamespace(form=form, diagnostics={"backtest": {"folds": [
+    return _Variant(form=form, diagnostics={"backtest": {"folds": [
         {"held_out": list(h), "final_rel_err": [fin], "curve_mean_abs_rel_err": curve,
          "train_runs": 4 - len(folds) + i, "log_err": [fin], "distance": [0.5],
          "inside_band": None} for i, (h, fin, curve) in enumerate(folds)]}})
@@ -94,7 +102,9 @@ def test_the_chosen_variants_backtest_is_narrowed_to_the_shared_folds():
     dropped fold stays on record (under skipped, with its error)."""
     r = _variant("trajectory-capacity", [(("b",), 0.09, 0.078), (("c",), 0.013, 0.011)])
     r.diagnostics["backtest"]["extrapolation"] = {"inputs": ["compute"]}
-    _narrow_backtest(r, {("c",)})
+    narrowed = _narrow_backtest(r, {("c",)})
+    assert len(r.diagnostics["backtest"]["folds"]) == 2   # a new result; r is not changed
+    r = narrowed
     bt = r.diagnostics["backtest"]
     assert [f["held_out"] for f in bt["folds"]] == [["c"]]
     assert bt["extrapolation"]["rate_per_decade"] == pytest.approx(0.013 / 0.5)
@@ -136,3 +146,19 @@ def test_the_centre_is_implausible_only_when_no_defensible_variant_is_plausible(
     if not centre_ok:
         assert all(k in rule["implausible"] for k in rule["defensible"]), rule
     assert rule["chosen"] in rule["defensible"]
+
+
+def test_the_shared_folds_switch_scores_each_variant_on_its_own_folds():
+    """FitConfig.shared_folds (bench/scoreboard.py's variant ``own-folds``): on, the variants
+    are compared on the folds they share; off, each on its own, as before the rule."""
+    df = _short_ladder(0, E=0.6, noise=0.005)
+    on = fit_law(df, form="compute", bootstrap=0, asymptote_rule=True)
+    off = fit_law(df, form="compute", bootstrap=0, asymptote_rule=True, shared_folds=False)
+    shared, own = on.diagnostics["asymptote_rule"], off.diagnostics["asymptote_rule"]
+    assert isinstance(shared["rollout_folds"], list) and shared["rollout_folds"]
+    assert own["rollout_folds"] == "each variant's own (they share no fold)"
+    # the free variant has only the shared fold; fixing E frees a fold of fewer training
+    # runs (farther out, larger error), which only the own-folds score counts
+    assert own["rollout_error"]["free"] == shared["rollout_error"]["free"]
+    fixed = next(k for k in own["rollout_error"] if k.startswith("fixed"))
+    assert own["rollout_error"][fixed] != shared["rollout_error"][fixed]

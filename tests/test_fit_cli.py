@@ -111,7 +111,7 @@ def test_predict_requires_the_law_inputs(tmp_path):
 
 def test_fit_does_not_import_jax():
     code = ("import sys, ladder.fit, ladder.cli.fit, ladder.fit.law, ladder.fit.points, "
-            "ladder.fit.backtest, ladder.fit.select, ladder.fit.allocation, ladder.fit.lawjson; "
+            "ladder.fit.backtest, ladder.fit.compare, ladder.fit.allocation, ladder.fit.lawjson; "
             "assert 'jax' not in sys.modules, 'jax imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

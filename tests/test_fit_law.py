@@ -408,6 +408,21 @@ def test_prior_on_an_unknown_parameter_names_it():
         fit_law(real_table(), form="compute", fix={"E": 1.5}, prior={"E": (1.5, 0.1)})
 
 
+def test_fit_law_takes_its_config_and_keywords_name_its_fields():
+    """fit_law(df, FitConfig(...)) is fit_law(df, field=...) (one path: the keywords are the
+    config's fields); a keyword that is no field is refused by name, a bad field by FitConfig."""
+    from ladder.fit.config import FitConfig
+    cfg = FitConfig(form="compute", fix={"E": 1.5}, bootstrap=0, backtest=False)
+    a = fit_law(real_table(), cfg)
+    b = fit_law(real_table(), form="compute", fix={"E": 1.5}, bootstrap=0, backtest=False)
+    assert a.params == b.params and a.config.form == "compute" and a.metric == "loss"
+    assert fit_law(real_table(), cfg, fix={}).spec.fix == {}  # keywords override the config
+    with pytest.raises(TypeError, match="bootstraps"):
+        fit_law(real_table(), cfg, bootstraps=10)
+    with pytest.raises(InputError, match="extrapolation_power"):
+        FitConfig(extrapolation_power=-1)
+
+
 def _heavy_tailed_table(n=40, seed=3):
     """A compute law with 0.3% noise on most runs and 6-12% misses on every 20th (Gadre et
     al.'s M=5 runs miss their law like this)."""

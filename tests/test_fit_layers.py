@@ -51,13 +51,27 @@ def test_the_layers_the_law_module_documents():
     g = _graph()
     # lower layers never import the fitting or selection layers above them
     f = "ladder.fit."
-    for low in ("forms", "solver", "prediction", "report", "lawjson"):
-        assert not g[f + low] & {f + m for m in ("result", "estimate", "backtest", "select", "law",
+    for low in ("forms", "solver", "prediction", "report", "lawjson", "compare"):
+        assert not g[f + low] & {f + m for m in ("result", "estimate", "backtest", "task", "law",
                                                  "curve_fit", "curve_law")}, low
     assert f + "law" not in g[f + "result"] | g[f + "estimate"] | g[f + "backtest"] \
-        | g[f + "select"]
-    assert "ladder.fit.select" not in g["ladder.fit.backtest"] | g["ladder.fit.estimate"]
+        | g[f + "task"] | g[f + "compare"]
     assert "ladder.fit.backtest" not in g["ladder.fit.estimate"] | g["ladder.fit.result"]
+
+
+def test_fit_has_at_most_six_floors():
+    """A module's floor is 1 + the highest floor of the fit modules it imports (1: none); fit/
+    keeps to 6 (issue 36: 8 before the selection passes joined fit.law and fit_task and
+    compare_points moved into it), so a reader follows at most 6 modules down."""
+    g = _graph()
+    floor: dict[str, int] = {}
+
+    def of(m):
+        if m not in floor:
+            floor[m] = 1 + max((of(d) for d in g.get(m, ()) if d != "ladder.fit"), default=0)
+        return floor[m]
+
+    assert max(of(m) for m in g) <= 6, sorted(floor.items(), key=lambda kv: -kv[1])
 
 
 def test_fit_imports_nothing_above_it_and_no_jax():

@@ -1,5 +1,5 @@
 """Runs far below the ladder's top do not move its forecast (issue 21, item 6): the scale-weight
-rule (fit.select.scale_weight_rule) and the one-standard-error choice (fit.select.one_se_choice)."""
+rule (fit.law.scale_weight_rule) and the one-standard-error choice (fit.law.one_se_choice)."""
 
 import json
 import math
@@ -11,7 +11,7 @@ import pytest
 
 from ladder.fit import FitResult, fit_law
 from ladder.fit.estimate import scale_weights
-from ladder.fit.select import one_se_choice
+from ladder.fit.law import one_se_choice
 
 TRUTH = {"E": 1.8, "A": 400.0, "B": 1200.0, "a": 0.32}   # alpha = beta: Gadre et al.'s form
 TARGET = {"params": 1e10, "tokens": 2e11}                  # 10x the largest run, M = 20

@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ladder.fit.law import law_from_json, load_law
-from ladder.fit.task import fit_sigmoid, fit_task, sigmoid
+from ladder.fit.law import fit_task
+from ladder.fit.task import fit_sigmoid, sigmoid
 
 # a synthetic ladder whose task loss is E + A/N^alpha + B/D^beta and whose accuracy is the
 # paper's sigmoid of it (floor 0.25, as a 4-way multiple choice task)

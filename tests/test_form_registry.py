@@ -14,7 +14,7 @@ from ladder.cli.main import main
 from ladder.fit import curve_forms, forms, task_law
 from ladder.fit.law import fit_law
 from ladder.fit.result import LawResult
-from ladder.fit.select import candidates
+from ladder.fit.law import candidates
 from ladder.io import InputError
 
 

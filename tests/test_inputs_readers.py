@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import KNOWN_LAW, run_cli, write_law_runs
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from bench.fuzz_inputs import address_space_cap
@@ -172,6 +172,61 @@ def test_any_field_of_a_law_edited_is_read_or_refused_and_no_band_is_infinite(wo
         assert not np.any(np.isinf(np.asarray(getattr(pred, k), float))), (where, k)
 
 
+# Every field, each of these values: the property test above draws a few at random (and on one
+# machine found an object read as a mapping unchecked); this sweep asks each field every time.
+_SWEEP = [None, True, 0, -1, 1e308, -1e308, float("nan"), float("inf"), "x", "", [], {}, [1, 2],
+          {"a": 1}, [[1]], ["a", "b"], 10**30]
+
+
+@pytest.mark.heavy  # ~10 s: 2 laws x ~80 fields x 17 values
+def test_every_field_of_a_law_set_to_each_kind_of_value_is_read_or_refused(world):
+    """Was: an AttributeError for fit.prior, fit.spec.fix or uncertainty.intervals not an object,
+    and an Infinity band for an extrapolation power or scale of 1e308."""
+    from ladder.fit.law import law_from_json
+    bad = []
+    for old in (False, True):
+        base = json.loads((Path(__file__).parent / "data" / "law_main_b81488e.json").read_text()) \
+            if old else _law(world)
+        for where in _paths(base):
+            for v in _SWEEP:
+                doc = _set(copy.deepcopy(base), where, v)
+                try:
+                    with np.errstate(all="ignore"):
+                        pred = law_from_json(doc, path="law.json").predict(
+                            compute=1e22 if old else 1e13, level=0.9)
+                except InputError:
+                    continue
+                except Exception as e:  # noqa: BLE001 - the sweep lists every other exception
+                    bad.append((old, where, v, f"{type(e).__name__}: {e}"))
+                    continue
+                if any(np.any(np.isinf(np.asarray(getattr(pred, k), float))) for k in ("lo", "hi")):
+                    bad.append((old, where, v, "an Infinity band"))
+    assert not bad, bad[:10]
+
+
+@pytest.mark.heavy  # ~10 s
+def test_every_registered_number_set_to_each_kind_of_value_is_judged_or_refused(world, tmp_path):
+    """Was: a resealed final.lo of 0 or below stopped the watch with a ZeroDivisionError or a
+    math domain error in the updated forecast's prior (it reads the final band in log)."""
+    from ladder.predict import prereg as pr
+    base = json.loads((world / "pre" / "prereg.json").read_text())
+    bad = []
+    for where in [w for w in _paths(base) if w.startswith(
+            ("forecast.", "final", "eval_noise", "band_level", "target.steps", "target.tokens"))]:
+        for v in _SWEEP:
+            p = tmp_path / "resealed.json"
+            p.write_text(json.dumps(pr.seal(_set(copy.deepcopy(base), where, v))))
+            try:
+                code, _, err = run_cli("watch", p, "--source", world / "live.jsonl")
+            except Exception as e:  # noqa: BLE001
+                bad.append((where, v, f"{type(e).__name__}: {e}"))
+                continue
+            last = err.strip().splitlines()[-1] if err.strip() else ""
+            if "Traceback" in err or not (code in (0, 1, 2, 3) or code >= 64 and "field '" in last):
+                bad.append((where, v, code, last))
+    assert not bad, bad[:10]
+
+
 # ------------------------------------------------ class 2: state, progress, key maps, compare
 
 
@@ -187,6 +242,50 @@ def test_a_state_file_of_a_future_schema_is_refused_by_name(world, tmp_path):
     code, _, err = run_cli("watch", world / "pre" / "prereg.json", "--source",
                            world / "live.jsonl", "--state", state)
     _one_line(code, err, "state.json", "watch-state/3")
+
+
+@pytest.mark.parametrize("name", ["summary.json", "config.json"])
+def test_a_run_file_of_a_later_schema_is_refused_by_name(tmp_path, name):
+    """Was: a run-summary/2 or run-config/2 file (a later ladder's) read as version 1."""
+    lad = write_law_runs(tmp_path / "runs")
+    f = tmp_path / "runs" / lad.name / lad.rungs[1].name / name
+    doc = json.loads(f.read_text())
+    doc["schema"] = doc["schema"].replace("/1", "/2")
+    f.write_text(json.dumps(doc))
+    code, _, err = run_cli("fit", tmp_path / "runs", "--bootstrap", "0",
+                           "--out", tmp_path / "law.json")
+    _one_line(code, err, str(f), "field 'schema'", doc["schema"], "newer")
+    assert not (tmp_path / "law.json").exists()
+    from ladder.sources.runs import read_run
+    with pytest.raises(InputError, match="field 'schema'"):
+        read_run(f.parent)
+
+
+@FAST
+@given(name=st.sampled_from(["summary.json", "config.json"]),
+       schema=st.one_of(_JSON, st.from_regex(r"\Arun-(summary|config)/[0-9]{1,7}\Z")))
+@example(name="summary.json", schema="run-summary/1")
+@example(name="config.json", schema="run-config/1")
+@example(name="summary.json", schema="run-summary/2")
+def test_any_schema_of_a_run_file_is_read_as_version_1_only_when_it_says_so(tmp_path_factory,
+                                                                           name, schema):
+    """Property: a run's summary.json or config.json is read when its schema is the version
+    this reader knows, and refused in one line naming the file and 'schema' otherwise."""
+    from ladder.sources.runs import read_run
+    root = tmp_path_factory.mktemp("runs")
+    lad = write_law_runs(root)
+    f = root / lad.name / lad.rungs[0].name / name
+    doc = json.loads(f.read_text())
+    known = doc["schema"]
+    doc["schema"] = schema
+    f.write_text(json.dumps(doc))
+    if schema == known:
+        assert read_run(f.parent).path == f.parent
+        return
+    with pytest.raises(InputError) as e:
+        read_run(f.parent)
+    assert e.value.field == "schema" and e.value.path == str(f)
+    assert len(str(e.value).splitlines()) == 1
 
 
 @pytest.fixture(scope="module")
@@ -355,6 +454,27 @@ def test_a_resealed_prereg_with_a_number_out_of_range_is_one_line(world, tmp_pat
     code, _, err = run_cli("watch", p, "--source", world / "live.jsonl")
     name = field.replace(".5.", "[5].")
     _one_line(code, err, "resealed.json", name)
+
+
+@pytest.mark.parametrize("scale", [0.1, 1e-4, 1e25])
+def test_a_resealed_target_tokens_that_misplaces_every_eval_names_target_tokens(world,
+                                                                               tmp_path,
+                                                                               scale):
+    """Was: '0 evals judged ... name the source key with --metric' (field '--metric'), though
+    the source holds the key: every eval fell outside the run the resealed target.tokens says."""
+    from ladder.predict import prereg as pr
+    doc = json.loads((world / "pre" / "prereg.json").read_text())
+    doc = _set(doc, "target.tokens", doc["target"]["tokens"] * scale)
+    p = tmp_path / "resealed.json"
+    p.write_text(json.dumps(pr.seal(doc)))
+    code, _, err = run_cli("watch", p, "--source", world / "live.jsonl")
+    _one_line(code, err.strip().splitlines()[-1], "resealed.json", "field 'target.tokens'",
+              "0 of 4 evals")
+    assert code == 65 and "--metric" not in err
+    # a key the source lacks is still the --metric line
+    code, _, err = run_cli("watch", world / "pre" / "prereg.json", "--source",
+                           world / "live.jsonl", "--metric", "eval/none")
+    assert code == 65 and "field '--metric'" in err.strip().splitlines()[-1]
 
 
 @FAST

@@ -393,17 +393,6 @@ def test_a_run_folder_holding_a_users_metrics_jsonl_is_refused(tmp_path, capsys)
     assert (out / "metrics.jsonl").read_text() == '{"step": 1, "mine": true}\n'
 
 
-@pytest.mark.slow
-def test_a_run_folder_of_a_version_before_the_marker_is_adopted_and_resumed(tmp_path):
-    runs = tmp_path / "runs"
-    assert main(RUN + ["--out", str(runs)]) == 0
-    out = runs / "tiny" / "12.8K-A3.8K"
-    (out / lio.MARKER).unlink()                        # as an older version left it
-    assert main(RUN + ["--out", str(runs), "--max-steps", "2", "--resume"]) == 0
-    assert json.loads((out / "summary.json").read_text())["step"] == 2
-    assert "metrics.jsonl" in lio.marker_names(out)
-
-
 def test_the_lock_of_a_killed_holder_is_taken_over(tmp_path):
     """A holder killed with SIGKILL leaves its lock file, naming its (dead) pid: the next one
     takes it over; a live holder in another process is refused."""

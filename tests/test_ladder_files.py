@@ -9,13 +9,25 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ladder.io import InputError, read_metrics
-from ladder.specs import LADDERS, Dials, Recipe, load_ladder_file, make_ladder
+from ladder.model.config import BiasRule, ModelConfig, ModelSwitches
+from ladder.specs import LADDERS, Dials, Ladder, Recipe, load_ladder_file, parse_ladder
 from ladder.trainer.optim import OptimizerSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "ladder" / "ladders"
+
+
+def make_ladder(name: str, description: str, recipe: Recipe, rungs: list[Dials],
+                target: Dials) -> Ladder:
+    """A ladder built in Python, as ladder/specs.py built the shipped ones before they became
+    files."""
+    built = tuple(recipe.rung(name, r) for r in rungs)
+    hero = recipe.rung(name, dataclasses.replace(target, is_target=True))
+    return Ladder(name=name, description=description, recipe=recipe, rungs=built, target=hero)
 
 
 @pytest.fixture(scope="module")
@@ -23,11 +35,11 @@ def python_ladders():
     """The built-in ladders exactly as ladder/specs.py defined them in Python before they became
     files (commit 648f2df), built by the same Recipe/make_ladder code: the cross-check. The cpu
     ladder was redesigned on purpose (issue 21: tests/test_counting.py checks its shape rule)."""
-    marin = Recipe(
+    marin = Recipe.of(
         vocab_size=128_256, seq_len=4096, head_dim=128, n_experts=384, top_k=8, n_shared=2,
         tokens_per_active=791, batch_per_unit=1024, lr_coef=0.087571, lr_tokens_exp=-0.3461,
         lr_d_exp=-0.3448, local_window=2048, sizing_convention="marin-sizing-v1")
-    tiny = Recipe(
+    tiny = Recipe.of(
         vocab_size=256, seq_len=64, head_dim=8, n_experts=4, top_k=2, n_shared=1,
         tokens_per_active=4, batch_per_unit=4, lr_coef=0.087571, lr_tokens_exp=-0.3461,
         lr_d_exp=-0.3448, local_window=32, eval_every=0.25)
@@ -236,6 +248,65 @@ def test_bad_files_fail_with_one_line_naming_file_and_field(tmp_path, edit, fiel
 def test_missing_file_is_exit_66(tmp_path):
     r = _cli("list", "--ladder-file", str(tmp_path / "absent.toml"))
     assert r.returncode == 66 and "absent.toml" in r.stderr
+
+
+def test_the_recipe_holds_the_models_switches_and_copies_none():
+    """The model's switches are defined once (ModelSwitches): no recipe field repeats a model
+    field, and every rung's model carries its recipe's switches (but for capacity_tokens, whose
+    None is one sequence in a recipe)."""
+    own = {f.name for f in dataclasses.fields(Recipe)} - {"switches"}
+    assert not own & {f.name for f in dataclasses.fields(ModelConfig)}
+    for lad in LADDERS.values():
+        for r in lad.all:
+            cells = lad.recipe.switches.capacity_tokens or r.seq_len
+            assert r.model.switches == dataclasses.replace(lad.recipe.switches,
+                                                           capacity_tokens=cells)
+
+
+def _doc(**recipe) -> dict:
+    import tomllib
+    doc = tomllib.loads(MINE)
+    doc["recipe"].update(recipe)
+    return doc
+
+
+def test_a_file_sets_any_switch_by_name_and_bad_ones_name_the_field():
+    # switches the recipe could not set while it copied fields by hand reach every rung
+    lad = parse_ladder(_doc(bias_rule="sign", bias_rate=0.01, z_loss=0.0, rope_theta=5e5))
+    assert {(r.model.bias_rule, r.model.bias_rate, r.model.z_loss, r.model.rope_theta)
+            for r in lad.all} == {(BiasRule.sign, 0.01, 0.0, 5e5)}
+    for bad, field in ((dict(bias_rule="median"), "recipe.bias_rule"),
+                       (dict(bias_rule=3), "recipe.bias_rule"),
+                       (dict(combine="max"), "recipe.combine"),
+                       (dict(rope_fraction=0.125), "recipe.rope_fraction"),  # 8 x 0.125: odd
+                       (dict(precision="bf16"), "recipe.precision"),       # how, not what
+                       (dict(d_model=16), "recipe.d_model")):              # a rung's dial
+        with pytest.raises(ValueError, match=rf"^{field.replace('.', '[.]')}: "):
+            parse_ladder(_doc(**bad))
+    for name in ("n_experts", "top_k", "n_shared", "local_window"):  # the model has defaults
+        doc = _doc()
+        del doc["recipe"][name]
+        with pytest.raises(ValueError, match=rf"^recipe[.]{name}: missing"):
+            parse_ladder(doc)
+
+
+@settings(max_examples=30, deadline=None)
+@given(name=st.sampled_from([f.name for f in dataclasses.fields(ModelSwitches)]),
+       value=st.one_of(st.none(), st.booleans(), st.integers(-(10 ** 12), 10 ** 12),
+                       st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=10),
+                       st.sampled_from(["threshold", "quantile", "sign", "none", "recipe",
+                                        "softmax", "rms"])))
+def test_any_switch_value_is_taken_or_refused_naming_the_field(name, value):
+    try:
+        lad = parse_ladder(_doc(**{name: value}))
+    except ValueError as e:
+        assert "\n" not in str(e)
+        where = str(e).partition(": ")[0]
+        assert where == f"recipe.{name}" or where.startswith(("rungs[", "target")), str(e)
+        return
+    for r in lad.all:   # taken: every rung's model has it (a recipe's null cell: one sequence)
+        got = getattr(r.model, name)
+        assert got == value or (name == "capacity_tokens" and value is None), (got, value)
 
 
 def test_optimizer_spec_fields_are_the_files_keys():

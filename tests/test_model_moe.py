@@ -1,5 +1,6 @@
 """The MoE layer: fast vs reference dispatch, exact drop counting, routing weights, bias rules."""
 
+import json
 import math
 
 import jax
@@ -7,9 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ladder.model.config import ModelConfig
+from ladder.model.config import BIAS_RULES, BiasRule, ModelConfig
 from ladder.model.layers import materialize
 from ladder.model.moe import (
+    RULES,
     MoE,
     capacity,
     dispatch_reference,
@@ -283,6 +285,31 @@ def test_bias_rules_move_only_by_their_rule():
                                [[0.1 + u, -0.2 - u, 0.3, 0.0]], rtol=1e-6)
     np.testing.assert_array_equal(update(bias_rule="threshold"), target)
     np.testing.assert_array_equal(update(bias_rule="none"), bias)
+
+
+def test_every_bias_rule_name_has_one_behaviour():
+    """A rule is a BiasRule member with its class in moe.RULES: a name without behaviour (or a
+    behaviour no name reaches) is caught here, not at the first step of a run."""
+    assert set(RULES) == set(BiasRule) and BIAS_RULES == tuple(RULES)
+    for name in BIAS_RULES:
+        cfg = small_cfg(bias_rule=name)
+        # parsed at the edge; config.json keeps the name, and reads back to the same config
+        assert cfg.bias_rule is BiasRule(name) and cfg.to_dict()["bias_rule"] == name
+        assert ModelConfig.from_dict(json.loads(cfg.to_json())) == cfg
+        assert json.loads(cfg.to_json())["bias_rule"] == name
+    for bad in ("median", "", 3, None):
+        with pytest.raises(ValueError, match=r"^bias_rule: must be one of"):
+            small_cfg(bias_rule=bad)
+
+
+@pytest.mark.parametrize("rule", ["threshold", "quantile"])
+def test_the_plan_counts_the_statistic_the_rule_makes(rule):
+    """ladder/trainer/plan.py sizes the balancing statistic by stat_width: the rule's own."""
+    from ladder.model.moe import balancing_rule, bias_stat
+    cfg = small_cfg(bias_rule=rule)
+    logits = jax.random.normal(jax.random.key(0), (24, cfg.n_experts))
+    stat = bias_stat(cfg, logits, bias=jnp.zeros(cfg.n_experts))
+    assert stat.shape == (cfg.n_experts, balancing_rule(cfg).stat_width(cfg, 24))
 
 
 def _balance(rule: str, steps: int = 300, tokens: int = 2048):

@@ -157,10 +157,9 @@ def offline_run(tmp_path_factory):
     return d / "wandb", rs
 
 
-@pytest.mark.parametrize("use_leet", [None, False])
-def test_wandb_offline_run_directory(offline_run, use_leet):
+def test_wandb_offline_run_directory(offline_run):
     wdir, rs = offline_run
-    src = WandbOfflineSource(wdir, use_leet=use_leet)
+    src = WandbOfflineSource(wdir)
     got = src.poll()
     assert [r["step"] for r in got.rows] == [r["step"] for r in rs]
     evals = [r for r in got.rows if "eval_dropless/loss" in r]

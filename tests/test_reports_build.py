@@ -19,7 +19,7 @@ from conftest import chromium_dom
 from ladder.cli.main import main as cli_main
 from ladder.predict.prereg import seal
 from ladder.reports.build import build_report
-from ladder.reports.figdata import backtests, ladder_residuals
+from ladder.reports.figdata import backtests, ladder_data
 from ladder.reports.inputs import load_inputs, not_applicable_spans
 from ladder.reports.page import render_html, render_summary
 from ladder.reports.plots import plot_law, plot_watch
@@ -350,10 +350,10 @@ def test_law_evaluated_at_the_right_compute(ladder_dir):
         form = "trajectory"
 
     inp = load_inputs(runs=ladder_dir[0], law=TrajectoryTruth())
-    res = ladder_residuals(inp)
+    res = ladder_data(inp).residuals
     assert len(res) == sum(len(r.series(METRIC)) for r in inp.rungs) == 4 * 20
     assert np.abs(res).max() < 1e-12
-    res_final = ladder_residuals(load_inputs(runs=ladder_dir[0], law=KnownLaw()))
+    res_final = ladder_data(load_inputs(runs=ladder_dir[0], law=KnownLaw())).residuals
     assert len(res_final) == 4 and np.abs(res_final).max() < 1e-12
 
 
@@ -479,3 +479,13 @@ def test_the_law_table_says_fixed_and_not_identified(tmp_path):
     path.write_text(json.dumps(law.to_json()))
     rows = {r["parameter"]: r for r in law_rows(load_inputs(law=path))}
     assert rows["E"]["note"] == "fixed" and rows["alpha"]["note"] == ""
+
+
+def test_a_health_alert_is_drawn_on_the_panel_of_the_key_it_names():
+    from ladder.reports.figdata import health_alert_for
+    grad = {"kind": "grad_norm", "severity": "warn", "key": "grad/norm"}
+    assert health_alert_for(grad, "grad/norm") and not health_alert_for(grad, "moe/drop_frac")
+    cleared = {"kind": "cleared", "clears": "grad_norm", "severity": "info", "key": "grad/norm"}
+    assert health_alert_for(cleared, "grad/norm")
+    assert not health_alert_for({"kind": "above_band", "severity": "warn", "key": "grad/norm"},
+                                "grad/norm")  # about the watched metric: the watch figure's

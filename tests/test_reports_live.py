@@ -270,3 +270,16 @@ def test_the_verdict_words_and_tone_follow_the_alerts(worst, tone):
     lines, got = verdict("hero", "loss", _Band(), 0.9, (0.4, 2.0), worst=None,
                          not_applicable=None, counts={})
     assert got == "ok" and "inside" in lines[0]
+
+
+def test_the_live_chart_splits_alerts_as_the_reports_watch_figure_does():
+    """Lines for alerts about the watched metric, ticks for the rest, by the report's own rule
+    (reports.figdata.is_loss_alert): a cleared band alert is a line, a health alert a tick."""
+    from ladder.reports.figdata import is_loss_alert
+    from ladder.reports.live import chart_state
+    alerts = [_alert(100, "above_band"), _alert(120, "grad_norm"),
+              {**_alert(140, "cleared"), "clears": "above_band"},
+              {**_alert(160, "cleared"), "clears": "grad_norm"}, _alert(180, "spike", "info")]
+    marks = chart_state(None, [], alerts, metric="loss", level=None)["alerts"]
+    assert [m["loss"] for m in marks] == [True, False, True, False]
+    assert [m["loss"] for m in marks] == [is_loss_alert(a) for a in alerts[:4]]

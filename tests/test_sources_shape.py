@@ -24,7 +24,6 @@ from ladder.sources import (
     WandbOfflineSource,
     open_source,
 )
-from ladder.predict.wandb_home import TeeSource
 
 
 class Rows(Source):
@@ -69,9 +68,7 @@ def test_a_source_and_a_sink_with_one_method_each_are_watched(tmp_path, prereg_p
 def test_wrappers_forward_what_they_do_not_change(tmp_path):
     write_jsonl(tmp_path / "m.jsonl", [{"step": 1, "train/loss": 3.0}])
     inner = JsonlSource(tmp_path / "m.jsonl")
-    seen = []
-    for w in (KeyMappedSource(inner, load_keymap("levanter")),
-              TeeSource(inner, lambda: None, lambda *a: seen.append(a))):
+    for w in (KeyMappedSource(inner, load_keymap("levanter")),):
         assert (w.kind, w.poll_seconds, w.path) == ("jsonl", 1.0, inner.path)
         assert w.position() == inner.position() and w.finished() is None
     (tmp_path / "summary.json").write_text(json.dumps({"schema": "run-summary/1",

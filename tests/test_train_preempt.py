@@ -104,23 +104,3 @@ def test_ladder_run_exits_143_on_sigterm_and_resumes_identically(reference, tmp_
     assert [[r.get(k) for k in KEYS] for r in rows] == \
         [[r.get(k) for k in KEYS] for r in reference]
 
-
-def test_checkpoints_of_the_earlier_single_item_layout_still_restore(tmp_path):
-    import jax.numpy as jnp
-    import numpy as np
-    import orbax.checkpoint as ocp
-
-    from ladder.trainer.checkpointing import Checkpoints
-
-    state = {"step": jnp.asarray(5, jnp.int32), "w": jnp.arange(6.0).reshape(2, 3)}
-    old = ocp.CheckpointManager(tmp_path.resolve(), options=ocp.CheckpointManagerOptions(
-        create=True, enable_async_checkpointing=False))
-    old.save(5, args=ocp.args.StandardSave(state))
-    old.wait_until_finished()
-    old.close()
-    ck = Checkpoints(tmp_path, keep=2)
-    assert ck.latest_step() == 5
-    like = {"step": jnp.zeros((), jnp.int32), "w": jnp.zeros((2, 3))}
-    got = ck.restore(5, like)
-    ck.close()
-    assert int(got["step"]) == 5 and np.array_equal(np.asarray(got["w"]), np.asarray(state["w"]))

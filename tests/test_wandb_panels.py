@@ -17,7 +17,7 @@ from tests import synthetic as sy
 from ladder.predict.live import Watcher
 from ladder.predict.prereg import make_prereg
 from ladder.sources import JsonlSource
-from ladder.predict.wandb_home import TeeSource, WatchRunSink, log_forecast
+from ladder.predict.wandb_home import WatchRunSink, log_forecast
 from ladder.wandbrun import band_keys, forecast_run_id, watch_run_id
 
 TRUTH = sy.Truth()
@@ -165,7 +165,7 @@ def test_watch_run_logs_at_the_heros_steps_and_the_alerts_table_grows(prereg, tm
     wb = _Wandb()
     sink = WatchRunSink(doc, group="lad", wandb_module=wb)
     w = Watcher(path, JsonlSource(m), [sink])
-    w.source = TeeSource(w.source, lambda: w.view, sink.log_evals)
+    sink.attach(w)
     first = w.poll()
     with open(m, "a") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows[len(half):])
@@ -208,11 +208,40 @@ def test_a_resumed_watch_run_skips_what_it_logged_before(prereg, tmp_path):
     m.write_text("".join(json.dumps(r) + "\n" for r in _rows(fault_at=0.9)))
     wb = _Wandb(resumed_step=600)
     sink = WatchRunSink(doc, wandb_module=wb)
-    w = Watcher(path, TeeSource(JsonlSource(m), lambda: w.view, sink.log_evals), [sink])
+    w = Watcher(path, JsonlSource(m), [sink])
+    sink.attach(w)
     w.poll()
     sink.close()
     logged = [s for r, s in wb.runs[0].logs if "watch/loss" in r]
     assert logged and min(logged) > 600
+
+
+def test_a_restarted_watcher_whose_wandb_source_starts_over_logs_each_row_once(prereg,
+                                                                               tmp_path):
+    """The hero crashed at 50% and goes on as a new W&B run: the restarted watcher (--state) is
+    given the lineage ``a1,b2``, which its saved read position (of ``a1``) does not fit, so the
+    source reads the whole lineage again. The watcher judges no step twice; its W&B run gets
+    each eval once too (W&B offline restarts its step counter, so the sink cannot tell)."""
+    from helpers import FakeWandbApi, FakeWandbRun
+
+    from ladder.sources.wandb import WandbApiSource
+    path, doc = prereg
+    rows = [dict(r, _step=r["step"]) for r in _rows()]
+    api = FakeWandbApi({"a1": FakeWandbRun([r for r in rows if r["progress"] <= 0.5], {}, "h"),
+                        "b2": FakeWandbRun([r for r in rows if r["progress"] > 0.4], {}, "h")})
+    logged = []
+    for lineage in ("a1", "a1,b2"):
+        wb = _Wandb()
+        sink = WatchRunSink(doc, wandb_module=wb)
+        w = Watcher(path, WandbApiSource(f"wandb://ent/proj/{lineage}", api=api), [sink],
+                    tmp_path / "state.json")
+        sink.attach(w)
+        w.poll()
+        sink.close()
+        logged += [s for r, s in wb.runs[0].logs if "watch/loss" in r]
+    evals = sorted(r["step"] for r in rows if METRIC in r)
+    assert sorted(logged) == evals  # every eval, once
+    assert w.state["n_evals"] == len(evals)  # and judged once
 
 
 @pytest.mark.slow  # three offline W&B runs (~15 s)
@@ -330,8 +359,8 @@ def test_watch_run_logs_the_updated_forecast_beside_the_frozen(prereg, tmp_path)
     m.write_text("".join(json.dumps(r) + "\n" for r in _rows()))
     wb = _Wandb()
     sink = WatchRunSink(doc, wandb_module=wb)
-    w = Watcher(path, TeeSource(JsonlSource(m), lambda: w.view, sink.log_evals), [sink])
-    sink.updated = lambda: updated_forecast(w.view, w.state.get("heading"))
+    w = Watcher(path, JsonlSource(m), [sink])
+    sink.attach(w)  # the updated forecast too
     w.poll()
     sink.close()
     run = wb.runs[0]

@@ -235,7 +235,6 @@ def test_report_small_multiples_in_residual_order(registered, tmp_path):
     """Item 3: `ladder report` of a multi-metric pre-registration draws one panel per metric,
     the largest residual first; the per-metric table follows the same order."""
     from ladder.reports.inputs import load_inputs
-    from ladder.reports.metrics import panels
     d, target = registered
     second = "paloma/c4_en/loss"
     run = sy.make_multi_run(TRUTHS, target, noise=NOISE, seed=21,
@@ -252,7 +251,7 @@ def test_report_small_multiples_in_residual_order(registered, tmp_path):
     assert code == 0, err
     assert (tmp_path / "rep" / "metrics.png").stat().st_size > 10_000
     inp = load_inputs(prereg=d / "prereg.json", target_run=rd, alerts=alerts)
-    ps = panels(inp)
+    ps = inp.panels
     assert [p.metric for p in ps][:2] == [DRIFTING, second]
     res = [abs(p.residual) for p in ps]
     assert res == sorted(res, reverse=True)
@@ -268,7 +267,6 @@ def test_report_small_multiples_in_residual_order(registered, tmp_path):
 def test_single_metric_report_draws_no_small_multiples(tmp_path):
     from ladder.reports.build import build_report
     from ladder.reports.inputs import load_inputs
-    from ladder.reports.metrics import panels
     one = {"schema": "prereg/1", "metric": "eval_dropless/loss",
            "target": {"name": "t", "steps": 100, "tokens": 1e9},
            "forecast": [{"fraction": g, "loss": 3.0, "lo": 2.9, "hi": 3.1}
@@ -278,7 +276,7 @@ def test_single_metric_report_draws_no_small_multiples(tmp_path):
     build_report(tmp_path / "rep", prereg=p)
     assert not (tmp_path / "rep" / "metrics.png").exists()
     assert (tmp_path / "rep" / "watch.png").exists()
-    assert panels(load_inputs(prereg=p)) == []
+    assert load_inputs(prereg=p).panels == []
 
 
 def test_live_page_panels_one_per_metric_worst_first(registered, tmp_path, chromium):

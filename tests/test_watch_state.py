@@ -1,11 +1,8 @@
 """The watch rules as classes: WatchConfig and the state file derived from them, the one
-hysteresis they share, and what was written before (a watch-state/1 state, a pre-registration's
-decision rule) read as it was.
+hysteresis they share, and what was written before (a pre-registration's decision rule) read as
+it was.
 
-tests/data/watch_state_v1_main_7de5265.json: the state ``check`` returned at main 7de5265 (the
-last watch-state/1 writer) after the first 539 rows of the run ``_rows()`` builds (a 3% shift
-at 30%, grad norm x5 and a parameter group's norm x3 from 40%): the band critical, the trend
-raised, the grad-norm signal raised. tests/data/decision_rule_main_7de5265.json: the
+tests/data/decision_rule_main_7de5265.json: the
 ``decision_rule`` of two pre-registrations as main 7de5265 wrote them (default and tuned
 thresholds), in the bytes ``ladder.predict.prereg.write_once`` writes.
 """
@@ -48,8 +45,8 @@ def doc():
 
 
 def _rows():
-    """The run of the v1 fixture (its first 539 rows as they were then); after 45% (which the
-    fixture did not see) it heals at 60% (the raised alerts clear) and the loss jumps 5% at 80%
+    """A 3% shift at 30%, grad norm x5 and a parameter group's norm x3 from 40%; it heals at
+    60% (the raised alerts clear) and the loss jumps 5% at 80%
     (raised again)."""
     rows = sy.make_run(TRUTH, TARGET, noise=NOISE, fault=sy.Fault("shift", 0.3, 0.03),
                        seed=3).rows
@@ -64,10 +61,6 @@ def _rows():
         if r["progress"] >= 0.8 and "eval_dropless/loss" in r:
             r["eval_dropless/loss"] *= 1.05
     return rows
-
-
-def _v1():
-    return json.loads((DATA / "watch_state_v1_main_7de5265.json").read_text())
 
 
 def _seen(alerts):
@@ -141,70 +134,36 @@ def test_the_state_is_the_judges_fields_and_one_section_per_rule(doc):
     assert back.to_json() == res.state  # every section to JSON and back
 
 
-def test_a_v1_state_written_at_7de5265_goes_on_where_it_stopped(doc):
-    """The watcher restarted on a watch-state/1 state raises what an uninterrupted watch raises
-    after that point, nothing twice and nothing missed: the same alerts as from the state this
-    version writes at the same row."""
-    v1 = _v1()
-    rows, cut = _rows(), v1["cut"]
-    assert v1["state"]["schema"] == "watch-state/1" and v1["state"]["band"]["level"] == "critical"
+def test_a_watcher_restarted_on_its_state_goes_on_where_it_stopped(doc):
+    """Restarted on the state it wrote at row 539 (the band critical, the trend and the
+    grad-norm signal raised), the watcher raises what an uninterrupted watch raises after that
+    point: nothing twice and nothing missed."""
+    rows, cut = _rows(), 539
     full = check(doc, rows, None, now=0)
-    last = v1["state"]["last_step"]
-    after = [a for a in full.alerts if a.step > last]
+    saved = json.loads(json.dumps(check(doc, rows[:cut], None, now=0).state))
+    assert saved["band"]["level"] == 2
+    after = [a for a in full.alerts if a.step > saved["last_step"]]
     # the raised ones clear, and are raised again
     assert {(a.kind, a.extra.get("clears")) for a in after} >= {
         ("cleared", "above_band"), ("cleared", "trend"), ("cleared", "grad_norm"),
         ("above_band", None), ("rising", None)}
-    from_v1 = check(doc, rows[cut:], v1["state"], now=0)
-
-    def old(alerts):  # a rule added since 7de5265 (heading) starts at the cut: its section
-        # takes its defaults (rules/__init__.py), so it cannot go on where it never was
-        return [a for a in alerts if a.kind != "heading" and a.extra.get("clears") != "heading"]
-    assert _seen(old(from_v1.alerts)) == _seen(old(after))
-    from_v2 = check(doc, rows[cut:], check(doc, rows[:cut], None, now=0).state, now=0)
-    assert [a.to_dict() for a in old(from_v1.alerts)] == \
-        [a.to_dict() for a in old(from_v2.alerts)]
-    assert from_v1.state["schema"] == "watch-state/2"
-    assert from_v1.state["n_evals"] == full.state["n_evals"]
+    again = check(doc, rows[cut:], saved, now=0)
+    assert _seen(again.alerts) == _seen(after)
+    assert again.state["n_evals"] == full.state["n_evals"]
 
 
-def test_a_v1_state_file_through_ladder_watch(doc, tmp_path, capsys):
-    """`ladder watch --state` on a file a 7de5265 watcher wrote: read, judged on, written as
-    watch-state/2."""
-    v1, rows = _v1(), _rows()
+def test_a_watch_state_1_file_is_refused_by_name(doc, tmp_path, capsys):
+    """watch-state/1 was written only before any release (7de5265 and earlier): refused with
+    the field named, never read as the current layout."""
     pre = tmp_path / "prereg.json"
     pr.write_once(pre, doc)
     src = tmp_path / "metrics.jsonl"
-    src.write_text("".join(json.dumps(r) + "\n" for r in rows[v1["cut"]:]))
+    src.write_text("".join(json.dumps(r) + "\n" for r in _rows()[:50]))
     state = tmp_path / "state.json"
     state.write_text(json.dumps({"schema": "watch-state/1", "prereg_sha256": doc["sha256"],
-                                 "prereg": "prereg.json", "state": v1["state"], "seq": 0,
-                                 "outbox": []}))
-    alerts = tmp_path / "alerts.jsonl"
-    code = cli_main(["watch", str(pre), "--source", str(src), "--state", str(state),
-                     "--alerts", str(alerts)])
-    got = [json.loads(line) for line in alerts.read_text().splitlines()]
-    want = check(doc, rows[v1["cut"]:], v1["state"], now=0).alerts
-    assert [(a["kind"], a["step"]) for a in got] == [(a.kind, a.step) for a in want]
-    assert code == 2  # the band's critical, raised before the restart, still counts
-    saved = json.loads(state.read_text())
-    assert saved["schema"] == saved["state"]["schema"] == "watch-state/2"
-
-
-@pytest.mark.parametrize("edit, field", [
-    (lambda s: s["band"].__setitem__("in_len", -1), "state.band.in_len"),
-    (lambda s: s["signals"].__setitem__("grad/norm", {"level": 5}),
-     "state.signals.grad/norm.level"),
-    (lambda s: s.__setitem__("param_base/params/norm/x", "big"),
-     "state.param_base/params/norm/x"),
-    (lambda s: s.__setitem__("sections", {}), "state.sections"),
-])
-def test_a_damaged_v1_state_names_its_field(edit, field):
-    st = _v1()["state"]
-    edit(st)
-    with pytest.raises(ValueError) as e:
-        check_state(st)
-    assert str(e.value).startswith(field + ":")
+                                 "state": {"last_step": 3}, "seq": 0, "outbox": []}))
+    code = cli_main(["watch", str(pre), "--source", str(src), "--state", str(state)])
+    assert code >= 64 and "schema" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("edit, field", [

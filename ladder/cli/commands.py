@@ -427,9 +427,6 @@ def _compiled_plan(rung, args, budget: float, budget_source: str, given: dict) -
             "next_layout_predicted": found.next_predicted,
             "compiled_mesh": step.mesh, "microbatch": step.microbatch,
             "microbatches": step.microbatches, "layout_search": log,
-            "microbatch_search": [{"microbatch": t["microbatch"], "remat": t["remat"],
-                                   "bytes_per_device": t["bytes_per_device"],
-                                   "fits": t["fits"]} for t in log],
             "microbatch_note": note, "compiled_fits": found.fits,
             "compiled_eval_fits": ev.bytes_per_device <= budget,
             "compiled_on": "fake CPU devices (XLA CPU backend)"}
@@ -475,15 +472,16 @@ def isoflop_main(args) -> int:
         df = load_points(sources, args.metric)
     res = isoflop(df, bootstrap=args.bootstrap, level=args.level, seed=args.seed,
                   where=", ".join(args.points))
-    if args.json:
-        print(json.dumps(to_jsonable_strict(res.to_json(args.budget))))
-    else:
-        print(res.report(args.budget))
-    if args.plot:
+    shown = (json.dumps(to_jsonable_strict(res.to_json(args.budget))) if args.json
+             else res.report(args.budget))
+    if args.plot:  # written before anything is printed (ladder.cli.output)
         from ladder.reports.isoflop import plot_isoflop
         from ladder.reports.plots import png_bytes
         atomic_write_bytes(args.plot, png_bytes(plot_isoflop(res, args.budget)))
-        print(f"wrote {args.plot}", file=sys.stderr if args.json else sys.stdout)
+    from ladder.cli.output import tell
+    tell(shown)
+    if args.plot:
+        tell(f"wrote {args.plot}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

@@ -20,7 +20,18 @@ import time
 import warnings
 from pathlib import Path
 
-from ladder.io import EX_USAGE, InputError, as_float, atomic_write_json, iter_jsonl
+from ladder.io import (
+    EX_USAGE,
+    InputError,
+    as_float,
+    atomic_write_json,
+    claim,
+    iter_jsonl,
+    marker_names,
+    read_json,
+    real_folder,
+    write_marker,
+)
 from ladder.specs import Ladder, get_ladder
 
 METRIC = "eval_dropless/loss"  # the real ladder fitted the held-out loss without token drops
@@ -35,6 +46,12 @@ FAULTS = ("lr-spike", "data-swap", "loss-drift")
 # trainer's default (30%) moves the loss so slowly at first that the proxy hero's own healthy
 # curve-shape residual (about -1% of the forecast per eval) hides it for ~9 evals.
 FAULT_SETTINGS = {"loss-drift": {"drift_max": 1.0}}
+
+
+# What the demo writes in its folder (ladder.io.claim, issue 39: a file of these names that
+# ladder did not write there is refused with one line, never replaced)
+DEMO_FILES = ("runs", "law.json", "prereg.json", "alerts.jsonl", "watch-state.json", "report",
+              "inject-*")
 
 
 def say(msg: str) -> None:
@@ -76,9 +93,9 @@ def train_config(inject: str | None = None, inject_at: float = 0.5, seed: int = 
 
 def run_demo(out: Path, ladder: Ladder, *, inject: str | None = None,
              inject_at: float = 0.5, seed: int = 0, verbose: bool = False) -> dict:
-    from ladder.trainer.train import train_rung
-
     t_start = time.time()
+    out = claim_demo_folder(out)  # before JAX is imported: a refused folder costs nothing
+    from ladder.trainer.train import train_rung
     runs = out / "runs" / ladder.name
     n = len(ladder.rungs)
     say(f"ladder demo: {ladder.name} ladder ({ladder.description}), seed {seed}; output in "
@@ -135,6 +152,7 @@ def _fit(law_path: Path, rung_dirs: list[Path], *, verbose: bool = False):
     """Fit the demo's law (or reuse a law.json newer than the rungs), print its summary (the
     whole report with ``verbose``: `ladder demo -v`) and return it as law.json reads back."""
     from ladder.fit import fit_law, load_law, load_points
+    from ladder.fit.config import FitConfig
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -144,19 +162,66 @@ def _fit(law_path: Path, rung_dirs: list[Path], *, verbose: bool = False):
         say(f"      note: {w.message}")
     newest_run = max((d / "summary.json").stat().st_mtime for d in rung_dirs)
     if law_path.exists() and law_path.stat().st_mtime >= newest_run:
-        say(f"[2/5] law: reusing {law_path} (newer than every rung's summary.json)")
-        return load_law(law_path)
+        law, why = reusable_law(law_path)
+        if law is not None:
+            say(f"[2/5] law: reusing {law_path} (newer than every rung's summary.json)")
+            return law
+        say(f"[2/5] law: not reusing {law_path}: {why}; fitting it again")
     say(f"[2/5] fitting the {FORM} law on {len(points)} eval points of {len(rung_dirs)} "
         f"rungs, {BOOTSTRAP} run-level bootstrap replicates")
     # the demo's verdicts (seeds 0-2, docs/LOG.md) were measured with the short-ladder rules
     # that were the defaults before issue 35 and with the ladder's own band: opted into
     # explicitly, so `make demo` is the demo it was until it is re-measured on the new defaults
-    res = fit_law(points, form=FORM, bootstrap=BOOTSTRAP, level=LEVEL, seed=0,
-                  asymptote_rule=True, scale_weighting=True, band_prior=False)
+    res = fit_law(points, FitConfig(form=FORM, bootstrap=BOOTSTRAP, level=LEVEL, seed=0,
+                                    asymptote_rule=True, scale_weighting=True,
+                                    band_prior=False))
     atomic_write_json(law_path, res.to_json())
     for line in fit_summary(res, law_path, verbose=verbose):
         say("      " + line)
     return load_law(law_path)
+
+
+def reusable_law(law_path: Path):
+    """(the law, None) when ``law_path`` holds a law the demo fits (its form and metric) that
+    this version reads; else (None, why) in a few words (a law.json of an older format the
+    reader refuses, or another command's law)."""
+    from ladder.fit import load_law
+    try:
+        law = load_law(law_path)
+    except InputError as e:  # its one line, less the path the note names already
+        return None, f"it cannot be read ({str(e).removeprefix(f'{law_path}: ')})"
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        # a field of the wrong type that the reader does not check (an old or hand-edited
+        # file): the file is refitted over, not trusted
+        return None, f"it cannot be read ({type(e).__name__}: {e})"
+    form, metric = getattr(law, "form", None), getattr(law, "metric", None)
+    if (form, metric) != (FORM, METRIC):
+        return None, (f"it is a {form} law of {metric}, not the demo's {FORM} law of "
+                      f"{METRIC}")
+    return law, None
+
+
+def claim_demo_folder(out: Path) -> Path:
+    """Claim ``out`` for the demo's files (:data:`DEMO_FILES`) as every command claims its
+    ``--out`` (ladder.io.claim: one of those names that ladder did not write there is refused
+    with one line, exit 73); a folder an earlier demo wrote before the marker existed (its
+    law.json is a law, its prereg.json a pre-registration, or a run under runs/ is one) is
+    adopted. Returns the real folder."""
+    folder = real_folder(out)
+    if folder.is_dir() and not marker_names(folder) and any(
+            _written_as(path, kind) for path, kind in (
+                (folder / "law.json", "law"), (folder / "prereg.json", "prereg"),
+                *((q, "run-config") for q in sorted(folder.glob("runs/*/*/config.json"))[:1]))):
+        write_marker(folder, DEMO_FILES)
+    return claim(folder, DEMO_FILES, what="ladder demo")
+
+
+def _written_as(path: Path, kind: str) -> bool:
+    """Whether ``path`` is a JSON artifact of schema ``kind/<version>``."""
+    try:
+        return path.is_file() and read_json(path, schema=kind) is not None
+    except InputError:
+        return False
 
 
 def fit_summary(res, law_path: Path, *, verbose: bool = False) -> list[str]:

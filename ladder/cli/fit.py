@@ -10,6 +10,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
+from ladder.cli.output import tell
 from ladder.io import (
     EX_DATAERR,
     EX_USAGE,
@@ -105,14 +106,29 @@ def fit_main(args) -> int:
     _print_warnings("fit", caught)
     as_json = getattr(args, "json", False)
     with np.errstate(over="ignore"):  # a law beyond float64 is refused below, in one line
-        print(json.dumps(to_jsonable(doc)) if as_json else res.report())
-    _check_converged(args, res)
-    if args.out:
-        doc["points"] = law_points(df)
-        _readable(doc)
-        atomic_write_json(args.out, doc)
-        print(f"wrote {args.out}", file=sys.stderr if as_json else sys.stdout)
+        shown = json.dumps(to_jsonable(doc)) if as_json else res.report()
+    law = dict(doc, points=law_points(df))
+    try:
+        _check_converged(args, res)
+        if args.out:
+            _readable(law)
+    except InputError:
+        # the report shows why (the solver's line) above the refusal; a closed pipe
+        # leaves the refusal its status
+        tell(shown)
+        raise
+    _write_then_tell(args.out, law, shown, as_json=as_json)
     return 0
+
+
+def _write_then_tell(out, doc: dict, shown: str, *, as_json: bool, note: str = "") -> None:
+    """law.json first (atomically), then the report: a reader of the report that goes away
+    (``ladder fit runs | head``) costs the rest of the report, not the law (ladder.cli.output)."""
+    if out:
+        atomic_write_json(out, doc)
+    tell(shown)
+    if out:
+        tell(f"wrote {out}{note}", file=sys.stderr if as_json else sys.stdout)
 
 
 def _fit_metric(args, metric: str | None, keymap):
@@ -130,8 +146,8 @@ def _fit_metric(args, metric: str | None, keymap):
         first = f" (e.g. {dropped[0]})" if dropped else ""
         raise InputError(f"no usable points: every row was dropped{first}",
                          path=args.sources[0], field="loss")
-    res = fit_law(df, form=args.form, by=args.by, metric=df.attrs.get("metric"),
-                  **_fit_options(args))
+    res = fit_law(df, _fit_config(args, form=args.form, by=args.by,
+                                  metric=df.attrs.get("metric")))
     with np.errstate(over="ignore"):  # a law beyond float64 is refused by _readable
         doc = res.to_json()
     if keymap is not None:  # another trainer's names (and FLOP convention) went in
@@ -145,17 +161,19 @@ def _fit_metric(args, metric: str | None, keymap):
     return res, df, doc
 
 
-def _fit_options(args) -> dict:
-    """The fitter's options from `ladder fit`'s arguments (ladder.fit.law.fit_law's keywords, which
-    ladder.fit.task.fit_task passes on to its step 1)."""
-    return {"fix": _pairs(args.fix, "--fix", True), "tie": _pairs(args.tie, "--tie", False),
-            "bootstrap": args.bootstrap, "level": args.level, "seed": args.seed,
-            "params_column": args.params_column, "objective": args.objective,
-            "prior": _priors(args.prior),
-            # None: fit_law's default (the forecast devices on for --form auto only, a named
-            # form its own estimator); the flags turn them off
-            "asymptote_rule": False if getattr(args, "free_asymptote", False) else None,
-            "scale_weighting": False if getattr(args, "equal_weights", False) else None}
+def _fit_config(args, **fields):
+    """The fit `ladder fit`'s arguments ask for (ladder.fit.config.FitConfig, which
+    ladder.fit.law.fit_task takes for its step 1), with ``fields``."""
+    from ladder.fit.config import FitConfig
+    return FitConfig(fix=_pairs(args.fix, "--fix", True), tie=_pairs(args.tie, "--tie", False),
+                     bootstrap=args.bootstrap, level=args.level, seed=args.seed,
+                     params_column=args.params_column, objective=args.objective,
+                     prior=_priors(args.prior),
+                     # None: fit_law's default (the forecast devices on for --form auto only,
+                     # a named form its own estimator); the flags turn them off
+                     asymptote_rule=False if getattr(args, "free_asymptote", False) else None,
+                     scale_weighting=False if getattr(args, "equal_weights", False) else None,
+                     **fields)
 
 
 def _check_converged(args, res) -> None:
@@ -181,6 +199,7 @@ def _fit_many(args, metrics: list[str], keymap) -> int:
     from ladder.fit.report import metric_summary, summary_lines
     as_json = getattr(args, "json", False)
     fitted, refused, rows = {}, {}, []
+    reports = []  # printed once law.json is written (or refused)
     for metric in metrics:
         t0 = time.perf_counter()
         with warnings.catch_warnings(record=True) as caught:
@@ -188,9 +207,8 @@ def _fit_many(args, metrics: list[str], keymap) -> int:
             try:
                 res, df, doc = _fit_metric(args, metric, keymap)
                 if not as_json:  # before the checks: an unconverged fit shows its solver line
-                    print(f"== {metric} ==")
                     with np.errstate(over="ignore"):
-                        print(res.report() + "\n")
+                        reports.append(f"== {metric} ==\n{res.report()}\n")
                 _check_converged(args, res)
                 doc["points"] = law_points(df)
                 _readable(doc)
@@ -206,7 +224,7 @@ def _fit_many(args, metrics: list[str], keymap) -> int:
                              seconds=round(time.perf_counter() - t0, 2)))
     if refused:
         if not as_json:
-            print("\n".join(summary_lines(rows, args.level)))
+            tell("\n".join([*reports, *summary_lines(rows, args.level)]))
         msgs = {m: str(e) for m, e in refused.items()}
         why = (f"all {len(msgs)}, {listed_keys(msgs)}: {next(iter(msgs.values()))}"
                if len(msgs) > 1 and len(set(msgs.values())) == 1
@@ -220,13 +238,10 @@ def _fit_many(args, metrics: list[str], keymap) -> int:
     if as_json:
         out = dict(doc, laws={m: {k: v for k, v in d.items() if k != "points"}
                               for m, d in fitted.items()}, summary=rows)
-        print(json.dumps(to_jsonable(out)))
+        shown = json.dumps(to_jsonable(out))
     else:
-        print("\n".join(summary_lines(rows, args.level)))
-    if args.out:
-        atomic_write_json(args.out, doc)
-        print(f"wrote {args.out} ({len(fitted)} laws)", file=sys.stderr if as_json
-              else sys.stdout)
+        shown = "\n".join([*reports, *summary_lines(rows, args.level)])
+    _write_then_tell(args.out, doc, shown, as_json=as_json, note=f" ({len(fitted)} laws)")
     return 0
 
 
@@ -235,7 +250,7 @@ def _fit_task_main(args) -> int:
     (CSV, Parquet) with one row per (run, eval) and a column for each key."""
     from pathlib import Path
 
-    from ladder.fit.task import fit_task
+    from ladder.fit.law import fit_task
     from ladder.io import read_table
     if args.form != "task":
         raise InputError(f"--via goes with --form task, not --form {args.form}", field="--via",
@@ -269,22 +284,25 @@ def _fit_task_main(args) -> int:
     where = args.sources[0] if len(args.sources) == 1 else ", ".join(args.sources)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        law = fit_task(df, args.via, acc, form=args.via_form, where=where,
-                       **_fit_options(args))
+        law = fit_task(df, args.via, acc, _fit_config(args, form=args.via_form),
+                       where=where)
     _print_warnings("fit", caught)
     as_json = getattr(args, "json", False)
     with np.errstate(over="ignore"):
         doc = law.to_json()
-        print(json.dumps(to_jsonable(doc)) if as_json else law.report())
-    bad = unconverged(law.step1)
-    if bad and not args.allow_unconverged:
-        raise InputError(f"step 1: {', '.join(bad)} did not converge; nothing written; rerun "
-                         "with --allow-unconverged to keep it anyway",
-                         field="diagnostics.converged", exit_code=EX_DATAERR)
-    if args.out:
-        _readable(doc)
-        atomic_write_json(args.out, doc)
-        print(f"wrote {args.out}", file=sys.stderr if as_json else sys.stdout)
+        shown = json.dumps(to_jsonable(doc)) if as_json else law.report()
+    try:
+        bad = unconverged(law.step1)
+        if bad and not args.allow_unconverged:
+            raise InputError(f"step 1: {', '.join(bad)} did not converge; nothing written; "
+                             "rerun with --allow-unconverged to keep it anyway",
+                             field="diagnostics.converged", exit_code=EX_DATAERR)
+        if args.out:
+            _readable(doc)
+    except InputError:
+        tell(shown)
+        raise
+    _write_then_tell(args.out, doc, shown, as_json=as_json)
     return 0
 
 
@@ -380,7 +398,8 @@ def compare_main(args) -> int:
     multiplier at the target rung's compute (from the ladder specs)."""
     from pathlib import Path
 
-    from ladder.fit.compare import compare_points
+    from ladder.fit.law import compare_points
+    from ladder.fit.config import FitConfig
     from ladder.fit.points import is_wandb_offline_dir, load_points, offline_run_points
     number(args.level, field="--level", lo=0, hi=1, lo_open=True, hi_open=True,
            exit_code=EX_USAGE)
@@ -397,9 +416,10 @@ def compare_main(args) -> int:
         # the points-table convention: training FLOPs without the LM head (ladder.fit.points)
         at, at_source = rung.compute(lm_head=False), f"--target {args.target}"
     metrics = _compare_metrics(args)
-    fit_opts = {"fix": _pairs(args.fix, "--fix", True), "objective": args.objective,
-                "asymptote_rule": False if args.free_asymptote else None,
-                "scale_weighting": False if args.equal_weights else None}
+    config = FitConfig(form=args.form, fix=_pairs(args.fix, "--fix", True),
+                       objective=args.objective, bootstrap=args.bootstrap, level=args.level,
+                       seed=args.seed, asymptote_rule=False if args.free_asymptote else None,
+                       scale_weighting=False if args.equal_weights else None)
     sizes = getattr(args, "sizes", None)
     results, caught_all = {}, []
     for metric in metrics:
@@ -421,9 +441,8 @@ def compare_main(args) -> int:
             tables.append(df)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            cmp, fits = compare_points(tables[0], tables[1], metric=metric, form=args.form,
-                                       at=at, at_source=at_source, bootstrap=args.bootstrap,
-                                       level=args.level, seed=args.seed, **fit_opts)
+            cmp, fits = compare_points(tables[0], tables[1], config, metric=metric, at=at,
+                                       at_source=at_source)
         caught_all += caught
         for side, res in zip("AB", fits, strict=True):
             bad = unconverged(res)
@@ -436,11 +455,11 @@ def compare_main(args) -> int:
     _print_warnings("compare", caught_all)
     obj = {metric: c.to_dict() for metric, c in results.items()}
     if args.json:
-        print(json.dumps(to_jsonable(obj)))
+        shown = json.dumps(to_jsonable(obj))
     else:
         from ladder.fit.compare import report
-        print(report(results, a=args.a, b=args.b))
-    if args.out:
+        shown = report(results, a=args.a, b=args.b)
+    if args.out:  # written before anything is printed (ladder.cli.output)
         from ladder.io import atomic_write_bytes, staged_dir
         doc = {"schema": "compare/1", "a": str(args.a), "b": str(args.b), "metrics": obj}
         from ladder.reports.plots import compare_figures
@@ -449,8 +468,10 @@ def compare_main(args) -> int:
             atomic_write_json(tmp / "compare.json", doc)
             for name, data in pngs.items():
                 atomic_write_bytes(tmp / name, data)
-        print(f"wrote {args.out}/compare.json" + (f" and {len(pngs)} figure(s)" if pngs else ""),
-              file=sys.stderr if args.json else sys.stdout)
+    tell(shown)
+    if args.out:
+        tell(f"wrote {args.out}/compare.json" + (f" and {len(pngs)} figure(s)" if pngs else ""),
+             file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

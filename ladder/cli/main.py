@@ -13,80 +13,40 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import warnings
 
 from ladder.io import EX_USAGE, InputError
 
 
-# The handlers: each imports its module when its command runs, so `ladder list` never loads
-# pandas or JAX. The command line is the one layer whose functions take parsed arguments.
+# The handlers live in these modules; each module is imported when one of its commands runs
+# (``set_defaults(func=...)`` below), so `ladder list` never loads pandas or JAX. The command
+# line is the one layer whose functions take parsed arguments.
 
 
-def _list_main(args) -> int:
-    from ladder.cli.commands import list_main
-    return list_main(args)
+def _commands():
+    from ladder.cli import commands  # list, plan, run, tokenize, isoflop
+    return commands
 
 
-def _plan_main(args) -> int:
-    from ladder.cli.commands import plan_main
-    return plan_main(args)
+def _fit():
+    from ladder.cli import fit  # fit, compare, predict
+    return fit
 
 
-def _run_main(args) -> int:
-    from ladder.cli.commands import run_main
-    return run_main(args)
+def _predict():
+    from ladder.cli import predict  # preregister, verify, watch
+    return predict
 
 
-def _tokenize_main(args) -> int:
-    from ladder.cli.commands import tokenize_main
-    return tokenize_main(args)
+def _report():
+    from ladder.cli import report
+    return report
 
 
-def _fit_main(args) -> int:
-    from ladder.cli.fit import fit_main
-    return fit_main(args)
-
-
-def _compare_main(args) -> int:
-    from ladder.cli.fit import compare_main
-    return compare_main(args)
-
-
-def _isoflop_main(args) -> int:
-    from ladder.cli.commands import isoflop_main
-    return isoflop_main(args)
-
-
-def _predict_main(args) -> int:
-    from ladder.cli.fit import predict_main
-    return predict_main(args)
-
-
-def _preregister_main(args) -> int:
-    from ladder.cli.predict import preregister_main
-    return preregister_main(args)
-
-
-def _verify_main(args) -> int:
-    from ladder.cli.predict import verify_main
-    return verify_main(args)
-
-
-def _watch_main(args) -> int:
-    from ladder.cli.predict import watch_main
-    return watch_main(args)
-
-
-def _report_main(args) -> int:
-    from ladder.cli.report import report_main
-    return report_main(args)
-
-
-def _demo_main(args) -> int:
-    from ladder.cli.demo import demo_main
-    return demo_main(args)
+def _demo():
+    from ladder.cli import demo
+    return demo
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
@@ -185,7 +145,7 @@ def _list_command(sub) -> None:
     s.add_argument("ladder", nargs="?", help="one ladder (default: all, or --ladder-file's)")
     _json_option(s, "one object per rung")
     _ladder_file_option(s)
-    s.set_defaults(func=_list_main)
+    s.set_defaults(func=lambda args: _commands().list_main(args))
 
 
 def _plan_command(sub) -> None:
@@ -233,7 +193,7 @@ def _plan_command(sub) -> None:
                    help="sequences of the eval step --compile compiles (default: one per "
                         "device, as `ladder run`)")
     _json_option(s, "the plan")
-    s.set_defaults(func=_plan_main)
+    s.set_defaults(func=lambda args: _commands().plan_main(args))
 
 
 def _run_command(sub) -> None:
@@ -322,7 +282,7 @@ def _run_command(sub) -> None:
                         '{"num_cpus": 1})')
     g.add_argument("--max-retries", type=int, default=2, metavar="N",
                    help="times a failed rung is retried from its last checkpoint (default: 2)")
-    s.set_defaults(func=_run_main, overrides=[])
+    s.set_defaults(func=lambda args: _commands().run_main(args), overrides=[])
 
 
 def _tokenize_command(sub) -> None:
@@ -353,7 +313,7 @@ def _tokenize_command(sub) -> None:
     s.add_argument("--processes", type=int, default=None, metavar="N",
                    help="worker processes that encode (0: this process, with the tokenizers "
                         "library's own threads; default: one per CPU core)")
-    s.set_defaults(func=_tokenize_main)
+    s.set_defaults(func=lambda args: _commands().tokenize_main(args))
 
 
 # --- fitting ---------------------------------------------------------------------------------
@@ -430,7 +390,7 @@ def _fit_command(sub) -> None:
     _keys_option(s)
     _json_option(s, "the law (law.json's content), not the report,")
     s.add_argument("--out", default="law.json", metavar="FILE", help="where the law is written")
-    s.set_defaults(func=_fit_main)
+    s.set_defaults(func=lambda args: _fit().fit_main(args))
 
 
 def _compare_command(sub) -> None:
@@ -480,7 +440,7 @@ def _compare_command(sub) -> None:
     s.add_argument("--out", default=None, metavar="DIR",
                    help="write compare.json and compare_METRIC.png here (default: nothing "
                         "written)")
-    s.set_defaults(func=_compare_main)
+    s.set_defaults(func=lambda args: _fit().compare_main(args))
 
 
 def _isoflop_command(sub) -> None:
@@ -509,7 +469,7 @@ def _isoflop_command(sub) -> None:
     s.add_argument("--plot", default=None, metavar="FILE.png",
                    help="also draw the profiles and the fits (default: no figure)")
     _json_option(s, "the exponents, their intervals and (with --budget) N and D")
-    s.set_defaults(func=_isoflop_main)
+    s.set_defaults(func=lambda args: _commands().isoflop_main(args))
 
 
 def _predict_command(sub) -> None:
@@ -535,7 +495,7 @@ def _predict_command(sub) -> None:
                    help="the metric whose law predicts: required for a law.json of several "
                         "metrics; on one of one metric it must be that metric (default: its "
                         "only law)")
-    s.set_defaults(func=_predict_main)
+    s.set_defaults(func=lambda args: _fit().predict_main(args))
 
 
 # --- pre-registration and watch --------------------------------------------------------------
@@ -603,7 +563,7 @@ def _preregister_command(sub) -> None:
                       "(job type forecast), the file as an artifact")
     s.add_argument("--out", default="prereg.json", metavar="FILE",
                    help="where it is written (read-only; never overwritten)")
-    s.set_defaults(func=_preregister_main)
+    s.set_defaults(func=lambda args: _predict().preregister_main(args))
 
 
 def _verify_command(sub) -> None:
@@ -623,7 +583,7 @@ def _verify_command(sub) -> None:
                         "(default: none)")
     _amend_chain_option(s)
     _json_option(s, "the verification")
-    s.set_defaults(func=_verify_main)
+    s.set_defaults(func=lambda args: _predict().verify_main(args))
 
 
 def _watch_command(sub) -> None:
@@ -676,12 +636,9 @@ def _watch_command(sub) -> None:
                    help="stop following after this many seconds (default: until the source "
                         "says the run finished)")
     _keys_option(s)
-    s.add_argument("--column-cache", default=None, metavar="DIR|off",
-                   help="deprecated, ignored with a warning (the column cache is gone; "
-                        "--state keeps a restarted watcher's place) (default: none)")
     _json_option(s, "one object with the verdict and the alerts at the end (no alert lines)")
     _serve_options(s)
-    s.set_defaults(func=_watch_main)
+    s.set_defaults(func=lambda args: _predict().watch_main(args))
 
 
 # --- reports and the demo --------------------------------------------------------------------
@@ -709,7 +666,7 @@ def _report_command(sub) -> None:
     s.add_argument("--out", default=None, metavar="DIR",
                    help="where index.html, the PNGs and summary.md go (required unless --serve)")
     _serve_options(s)
-    s.set_defaults(func=_report_main)
+    s.set_defaults(func=lambda args: _report().report_main(args))
 
 
 def _demo_command(sub) -> None:
@@ -734,7 +691,7 @@ def _demo_command(sub) -> None:
     s.add_argument("--strict", action="store_true",
                    help="exit with the watch's status (0 ok, 1 warnings, 2 critical, 3 the "
                         "forecast no longer applies) instead of 0 whenever the demo ran")
-    s.set_defaults(func=_demo_main)
+    s.set_defaults(func=lambda args: _demo().demo_main(args))
 
 
 # the subcommands in the order `ladder --help` lists them
@@ -838,10 +795,12 @@ def _run(args) -> int:
               f"'ladder[{EXTRAS[root]}]' (no module named {e.name!r})", file=sys.stderr)
         return EX_UNAVAILABLE
     except BrokenPipeError:
-        # the reader went away (`ladder list | head`): no traceback, and no second error when
-        # Python flushes stdout at exit
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        # the reader went away before the command was done (`ladder list | head`): no
+        # traceback, and no second error when Python flushes stdout at exit. A command that
+        # writes a file writes it before it prints (ladder.cli.output), so it ends with its own
+        # status instead
+        from ladder.cli.output import silence
+        silence(sys.stdout)
         return 128 + 13  # as if killed by SIGPIPE, like other command-line tools
     except OSError as e:  # (BrokenPipeError, a subclass, is caught above)
         # an OS error no input check foresaw: still one line, naming the file

@@ -197,47 +197,48 @@ def multi_prereg(args, laws: dict, amends: dict | None, *,
 
 
 def _write_and_say(args, out: Path, doc: dict, amends: dict | None) -> int:
+    from ladder.cli.output import tell  # the file is written: a closed pipe costs the lines
     pr.write_once(out, doc)
     if doc.get("schema") == pr.SCHEMA_V3:
         fam = doc["decision_rule"]["family"]
-        print(f"wrote {out} (read-only), sha256 {doc['sha256']}")
-        print(f"  {len(doc['metrics'])} metrics, one band each at {doc['band_level']:.0%}; "
-              f"alerts at the Sidak level {fam['alert_level']:.5f} per metric (family-wise "
-              f"{fam['family_alert_level']})")
+        tell(f"wrote {out} (read-only), sha256 {doc['sha256']}")
+        tell(f"  {len(doc['metrics'])} metrics, one band each at {doc['band_level']:.0%}; "
+             f"alerts at the Sidak level {fam['alert_level']:.5f} per metric (family-wise "
+             f"{fam['family_alert_level']})")
         for k in doc["metrics"]:
             fin = doc["forecasts"][k]["final"]
-            print(f"  {k}: final {fin['loss']:.4f} [{fin['lo']:.4f}, {fin['hi']:.4f}]")
+            tell(f"  {k}: final {fin['loss']:.4f} [{fin['lo']:.4f}, {fin['hi']:.4f}]")
         if amends:
-            print(f"  amends {amends['path']}: {amends['reason']}")
+            tell(f"  amends {amends['path']}: {amends['reason']}")
         return 0
     fin = doc["final"]
     target = fc.Target.from_spec(doc["target"], path=out)
-    print(f"wrote {out} (read-only), sha256 {doc['sha256']}")
+    tell(f"wrote {out} (read-only), sha256 {doc['sha256']}")
     def num(v):
         return f"{v:.4f}" if isinstance(v, float) else str(v)
-    print(f"  target {target.name}: final {doc['metric']} {num(fin['loss'])} "
-          f"[{num(fin['lo'])}, {num(fin['hi'])}] at {doc['band_level']:.0%}; "
-          f"{len(doc['forecast'])} "
-          f"forecast points; eval noise {doc['eval_noise']['sigma']:.4g} "
-          f"({doc['eval_noise']['method']})")
+    tell(f"  target {target.name}: final {doc['metric']} {num(fin['loss'])} "
+         f"[{num(fin['lo'])}, {num(fin['hi'])}] at {doc['band_level']:.0%}; "
+         f"{len(doc['forecast'])} "
+         f"forecast points; eval noise {doc['eval_noise']['sigma']:.4g} "
+         f"({doc['eval_noise']['method']})")
     if amends:
-        print(f"  amends {amends['path']} (sha256 {amends['sha256'][:12]}...): {amends['reason']}"
-              f"; recorded in {out.parent / pr.CHAIN_FILE}")
+        tell(f"  amends {amends['path']} (sha256 {amends['sha256'][:12]}...): {amends['reason']}"
+             f"; recorded in {out.parent / pr.CHAIN_FILE}")
     ch = doc.get("change")
     if ch:
         m = ch["multiplier"]
-        print(f"  from step {ch['at_step']} ({ch['fraction']:.1%}): the old forecast before it "
-              f"({ch['carried_rows']} rows carried), anchored on {len(ch['anchor']['steps'])} "
-              f"evals (log ratio {ch['anchor']['log_ratio']:+.4f}); multiplier {m['value']:.4g} "
-              f"[{m['lo']:.4g}, {m['hi']:.4g}]; transition {ch['transition']}; the change's "
-              f"share of the final band's variance {ch['final_band_share_of_change']:.0%}")
+        tell(f"  from step {ch['at_step']} ({ch['fraction']:.1%}): the old forecast before it "
+             f"({ch['carried_rows']} rows carried), anchored on {len(ch['anchor']['steps'])} "
+             f"evals (log ratio {ch['anchor']['log_ratio']:+.4f}); multiplier {m['value']:.4g} "
+             f"[{m['lo']:.4g}, {m['hi']:.4g}]; transition {ch['transition']}; the change's "
+             f"share of the final band's variance {ch['final_band_share_of_change']:.0%}")
     if getattr(args, "wandb", False):
         from ladder.predict.wandb_home import log_forecast
         group = target_rung(args.target).ladder if getattr(args, "target", None) else None
         info = log_forecast(doc, out, entity=args.wandb_entity, project=args.wandb_project,
                             group=group)
-        print(f"  W&B: forecast run {info['id']} in {info['entity'] or '(default entity)'}/"
-              f"{info['project']}, group {info['group']} ({info['dir']})")
+        tell(f"  W&B: forecast run {info['id']} in {info['entity'] or '(default entity)'}/"
+             f"{info['project']}, group {info['group']} ({info['dir']})")
     return 0
 
 
@@ -474,11 +475,6 @@ def watch_main(args) -> int:
         sys.argv = sk.redact_argv(sys.argv, url)
     webhook = sk.WebhookSink(url) if url else None
     source = open_source(args.source, follow=args.follow)
-    if getattr(args, "column_cache", None) is not None:
-        # the column cache is gone (issue 24: orjson reads a 1M-line file in a few seconds);
-        # the option stays accepted so that scripts passing it keep working
-        log.warning("ladder watch: --column-cache is deprecated and ignored (there is no "
-                    "column cache any more; --state keeps a restarted watcher's place)")
     raw_source = source
     from ladder.sources.keymap import load_keymap
     keymap = load_keymap(getattr(args, "keys", None))
@@ -487,7 +483,7 @@ def watch_main(args) -> int:
     as_json = getattr(args, "json", False)
     sinks = _alert_sinks(args, raw_source, webhook, as_json=as_json)
     if getattr(args, "wandb", False):  # the residuals and alerts go to the watcher's own run
-        from ladder.predict.wandb_home import TeeSource, WatchRunSink
+        from ladder.predict.wandb_home import WatchRunSink
         doc = pr.load(pr.resolve_chain(args.prereg, getattr(args, "amend_chain", None))
                       .newest.path)
         if doc.get("schema") == pr.SCHEMA_V3:
@@ -497,11 +493,12 @@ def watch_main(args) -> int:
         home = WatchRunSink(doc, entity=args.wandb_entity, project=args.wandb_project,
                             dir=str(Path(args.prereg).resolve().parent))
         sinks.append(home)
-        source = TeeSource(source, lambda: w.view, home.log_evals)
-        from ladder.predict.watch.rules.heading import updated_forecast
-        home.updated = lambda: updated_forecast(w.view, w.state.get("heading"))
     w = Watcher(args.prereg, source, sinks, args.state, metric=args.metric, follow=follow,
                 amend_chain=getattr(args, "amend_chain", None))
+    span = EvalSpan()  # where the evals fell: what to blame when none was judged
+    w.listeners.append(span)
+    if getattr(args, "wandb", False):
+        home.attach(w)
     if w.multi:
         server = _serve(args, w, keymap)
         try:
@@ -529,11 +526,68 @@ def watch_main(args) -> int:
     if as_json:
         print(json.dumps(to_jsonable(watch_verdict(w, code))))
     if not st.get("n_evals") and not st.get("not_applicable"):
-        # judging nothing is not "nothing above info": most likely the wrong --metric
+        # judging nothing is not "nothing above info": evals outside the registered run (a
+        # target.tokens or steps that is not this run's), else most likely the wrong --metric
+        outside = span.refusal(w.view, prereg=args.prereg, source=args.source)
+        if outside is not None:
+            raise outside
         raise InputError(f"0 evals of '{w.view.metric}' judged ({st.get('n_points', 0)} points "
                          f"read); keys seen: {source_keys(args.source) or 'none'}; name the "
                          "source key with --metric", field="--metric", exit_code=EX_DATAERR)
     return code
+
+
+class EvalSpan:
+    """A watcher listener: how many evals of the watched metric the judged batches held, and
+    where they fell in the registered run (the smallest and largest fraction), and by what
+    (``target.tokens``, ``target.steps`` or the source's ``progress``: the ``align`` rule)."""
+
+    def __init__(self):
+        self.n, self.lo, self.hi, self.by = 0, math.inf, -math.inf, set()
+
+    def __call__(self, view, batch) -> None:
+        import numpy as np
+
+        from ladder.predict.watch import row_fractions
+        y = batch.cols.get(view.metric)
+        if y is None or not len(batch):
+            return
+        ok = np.isfinite(y)
+        f = row_fractions(view, batch)[ok]
+        f = f[np.isfinite(f)]
+        if not f.size:
+            return
+        self.n += int(f.size)
+        self.lo, self.hi = min(self.lo, float(f.min())), max(self.hi, float(f.max()))
+        align = view.config.align
+        tokens = np.isfinite(batch.col("tokens")[ok])
+        if align == "tokens" or align == "auto" and tokens.any():
+            self.by.add("target.tokens")
+        if align == "step" or align == "auto" and not tokens.all():
+            self.by.add("target.steps")
+        if align == "fraction":
+            self.by.add("progress")
+
+    def refusal(self, view, *, prereg, source) -> InputError | None:
+        """The one line when evals were there but none fell inside the forecast (None when there
+        were none: then the key is what to blame): it names the field they were placed by."""
+        if not self.n:
+            return None
+        by = sorted(self.by)
+        field = by[0] if len(by) == 1 else "target"
+        said = {"target.tokens": f"target.tokens {view.tokens:g}",
+                "target.steps": f"target.steps {view.steps:g}",
+                "progress": "the source's progress"}
+        how = " and ".join(said[b] for b in by) if set(by) <= set(said) else field
+        where = (f"{self.lo:.3g}" if self.lo == self.hi else f"{self.lo:.3g} to {self.hi:.3g}")
+        # what the loss rules compare: the forecast's grid, from min_fraction on
+        first = max(float(view.fraction[0]), float(view.config.min_fraction))
+        return InputError(
+            f"0 of {self.n} evals of '{view.metric}' judged: by {how} they fall at fractions "
+            f"{where} of the registered run, outside what is compared ({first:.3g} to "
+            f"{float(view.fraction[-1]):.3g}); the source is not the run this file registers, "
+            f"or its {field} is wrong", path=source if field == "progress" else prereg,
+            field=field, exit_code=EX_DATAERR)
 
 
 def _alert_sinks(args, source, webhook, *, as_json: bool) -> list:

@@ -16,9 +16,10 @@ def report_main(args) -> int:
         path = build_report(args.out, runs=args.runs, law=args.law, prereg=args.prereg,
                             alerts=args.alerts, target_run=args.target_run,
                             points=getattr(args, "points", None))
-        print(f"report: {path}")
+        from ladder.cli.output import tell  # after the report is written: a closed pipe
+        tell(f"report: {path}")             # costs the printout, not the exit status
         summary = path.parent / "summary.md"
-        print(summary.read_text(encoding="utf-8").split("\n## ")[0].rstrip(), flush=True)
+        tell(summary.read_text(encoding="utf-8").split("\n## ")[0].rstrip())
     if serve:
         from ladder.reports.live import LivePage, serve_forever
         page = LivePage.for_files(runs=args.runs, law=args.law, prereg=args.prereg,

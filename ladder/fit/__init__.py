@@ -21,8 +21,8 @@ curve laws for a table of curves). The real ladder's method is ``fit_law(df, for
 fix={"E": 1.5}, by="fraction", objective="ols")`` (least squares of log(L - E) on log C).
 ``prior={"E": (1.5, 0.2)}`` regularises a parameter; parameters the ladder does not pin down are
 flagged (``diagnostics["identifiability"]``), and on a short ladder the default chooses among
-free, prior and fixed-E variants (``ladder.fit.select.asymptote_rule``); where the rollout backtest
-says so, runs far below the ladder's top are down-weighted (``fit.select.scale_weight_rule``).
+free, prior and fixed-E variants (``ladder.fit.law.asymptote_rule``); where the rollout backtest
+says so, runs far below the ladder's top are down-weighted (``fit.law.scale_weight_rule``).
 
 Solver (``fit.solver``, ``fit.law``): summed Huber(1e-3) on log residuals, every start of a grid
 (Chinchilla: the paper's 4,500) run by a batched numpy L-BFGS with per-start convergence
@@ -35,7 +35,9 @@ noise (the residual quantile) and the law's extrapolation error outside its runs
 rollout and leave-the-largest-out (``ladder.fit.backtest``). Allocation and IsoFLOP Approach 2:
 ``fit.allocation``. Schedule-aware curve laws (mpl, momentum): ``fit.curve_forms`` (fitted
 by ``fit.curve_fit``, the law ``fit.curve_law``). Downstream accuracy in two steps (task loss
-by any form, then a sigmoid to accuracy; ``--form task --via LOSS_KEY``): ``ladder.fit.task``.
+by any form, then a sigmoid to accuracy; ``--form task --via LOSS_KEY``): ``ladder.fit.task``
+(``fit.law.fit_task``). Two recipes' compute-equivalent multiplier: ``fit.law.compare_points``
+(``fit.compare``).
 """
 
 # The package's names, each imported from its module when first asked for (PEP 562): importing
@@ -44,7 +46,7 @@ _WHERE = {"Allocation": "allocation", "IsoFlopResult": "allocation", "allocation
           "isoflop_approach2": "allocation", "FitResult": "law", "LawResult": "law",
           "Prediction": "law", "fit_law": "law", "load_law": "law", "load_laws": "law",
           "load_points": "points", "Law": "prediction", "TaskLaw": "task_law",
-          "fit_task": "task"}
+          "fit_task": "law", "compare_points": "law", "FitConfig": "config"}
 __all__ = sorted(_WHERE)
 
 

@@ -88,51 +88,48 @@ def input_ranges(df: pd.DataFrame, cols) -> dict:
     return out
 
 
+def _outside(folds):
+    """(e, d): the folds' held-out points outside their fold's range (``log_err``, ``distance``
+    finite, d > 0)."""
+    for f in folds or []:
+        if isinstance(f, dict):
+            for e, d in zip(f.get("log_err") or [], f.get("distance") or [], strict=False):
+                if all(isinstance(x, (int, float)) and math.isfinite(x) for x in (e, d)) \
+                        and d > 0:
+                    yield e, d
+
+
 def pooled_rate(folds) -> tuple[float | None, int]:
     """(r, points outside their fold's range) from folds' ``log_err`` and ``distance``:
     r^2 = sum(e^2) / sum(d^2) over the points with d > 0 (module docstring); r None without
     such a point."""
-    e2, d2, n = 0.0, 0.0, 0
-    for f in folds or []:
-        if not isinstance(f, dict):
-            continue
-        for e, d in zip(f.get("log_err") or [], f.get("distance") or [], strict=False):
-            if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (e, d)) \
-                    or d <= 0:
-                continue
-            e2, d2, n = e2 + e * e, d2 + d * d, n + 1
-    if not n:
+    pts = list(_outside(folds))
+    if not pts:
         return None, 0
-    return math.sqrt(e2 / d2), n
+    return math.sqrt(sum(e * e for e, _ in pts) / sum(d * d for _, d in pts)), len(pts)
 
 
 def pooled_scale(folds, power: float) -> float | None:
     """s of the extrapolation term s d^power (EXTRAPOLATION_POWER): s^2 = sum(e^2) /
     sum(d^(2 power)) over the folds' held-out points outside their fold's range (d > 0); None
     without such a point. power 1 is :func:`pooled_rate`."""
-    e2, d2 = 0.0, 0.0
-    for f in folds or []:
-        if not isinstance(f, dict):
-            continue
-        for e, d in zip(f.get("log_err") or [], f.get("distance") or [], strict=False):
-            if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (e, d)) \
-                    or d <= 0:
-                continue
-            e2, d2 = e2 + e * e, d2 + d ** (2 * power)
-    return math.sqrt(e2 / d2) if d2 > 0 else None
+    pts = list(_outside(folds))
+    d2 = sum(d ** (2 * power) for _, d in pts)
+    return math.sqrt(sum(e * e for e, _ in pts) / d2) if d2 > 0 else None
 
 
-def set_power(bt, power: float) -> None:
-    """Put a backtest record (``diagnostics.backtest``, in place) on the power model of its
-    extrapolation term, log sd = s d^power (EXTRAPOLATION_POWER); a record without the pooled
-    extrapolation record (none, or law/1) is left as it is."""
+def with_power(bt, power: float):
+    """A backtest record (``diagnostics.backtest``) on the power model of its extrapolation term,
+    log sd = s d^power (EXTRAPOLATION_POWER), as a new record; a record without the pooled
+    extrapolation record (none, or law/1) is returned as it is."""
     ex = bt.get("extrapolation") if isinstance(bt, dict) else None
-    if isinstance(ex, dict) and "ranges_log10" in ex:
-        ex["power"] = float(power)
-        ex["log_sd_scale"] = pooled_scale(bt.get("folds"), float(power))
-        along = along_curve(bt.get("folds"))
-        if along is not None:
-            ex["along_curve"] = along
+    if not (isinstance(ex, dict) and "ranges_log10" in ex):
+        return bt
+    ex = dict(ex, power=float(power), log_sd_scale=pooled_scale(bt.get("folds"), float(power)))
+    along = along_curve(bt.get("folds"))
+    if along is not None:
+        ex["along_curve"] = along
+    return dict(bt, extrapolation=ex)
 
 
 def along_curve(folds) -> dict | None:
@@ -207,13 +204,13 @@ def backtest(df: pd.DataFrame, spec, config: FitConfig, *, by: str | None = None
 def summarise_folds(out: dict) -> dict:
     """Fill a backtest record's summaries from its ``folds`` (in place; returned): the pooled
     extrapolation rate, the rollout means, the leave-largest-out fold (the last) and the band
-    coverage. Also for a record whose folds were narrowed (ladder.fit.select.asymptote_rule)."""
+    coverage. Also for a record whose folds were narrowed (ladder.fit.law.asymptote_rule)."""
     folds = out["folds"]
     rate, n_out = pooled_rate(folds)
     out["extrapolation"] = dict(out.get("extrapolation") or {}, rate_per_decade=rate,
                                 n_points=n_out)
     ex = out["extrapolation"]
-    if "power" in ex:  # the power model's scale follows the folds (set_power)
+    if "power" in ex:  # the power model's scale follows the folds (with_power)
         ex["log_sd_scale"] = pooled_scale(folds, ex["power"])
     for key in ("rollout_mean_abs_final", "rollout_mean_abs_curve", "leave_largest_out",
                 "band_coverage_final"):
@@ -260,7 +257,7 @@ def _evaluate(res, test, spec, by, final_only, n_train, ranges=None) -> dict:
     along = {}
     if by is None and not spec.form.curves and "fraction" in test.columns:
         # a law of final points predicting the held-out runs' evals along their curves: the
-        # error of a run's early part, which no final point measures (set_power's along-curve
+        # error of a run's early part, which no final point measures (with_power's along-curve
         # term; the issue-35 synthetic ladder: tests/test_scoreboard.py)
         mid = test[test["fraction"].notna() & (test["fraction"] < 1 - 1e-9)]
         if len(mid):
@@ -338,9 +335,8 @@ def fit_one(df: pd.DataFrame, spec, config: FitConfig | None = None):
     res = fit_spec(df, spec, config)
     if not config.backtest:
         return res
-    res.diagnostics["backtest"] = backtest(df, spec, res.config, starts=res.starts)
-    if spec.form.curves and config.objective == "huber":
-        res.diagnostics["trajectory_vs_per_fraction"] = trajectory_vs_per_fraction(
-            df, replace(config, prior={}, bandwidth=None), traj_bt=res.diagnostics["backtest"],
-            E=float(spec.fix.get("E", 1.5)))
-    return res
+    bt = backtest(df, spec, res.config, starts=res.starts)
+    if not (spec.form.curves and config.objective == "huber"):
+        return res.with_diagnostics(backtest=bt)
+    return res.with_diagnostics(backtest=bt, trajectory_vs_per_fraction=trajectory_vs_per_fraction(
+        df, replace(config, prior={}, bandwidth=None), traj_bt=bt, E=float(spec.fix.get("E", 1.5))))

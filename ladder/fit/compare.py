@@ -1,7 +1,8 @@
 """Two recipes on the same ladder sizes: the compute-equivalent multiplier of B over A.
 
-``compare_points(df_a, df_b)`` fits one law per recipe with the package's own fitter
-(:func:`ladder.fit.law.fit_law`, the same form for both) and answers, per metric:
+``ladder.fit.law.compare_points(df_a, df_b)`` fits one law per recipe with the package's own
+fitter (:func:`ladder.fit.law.fit_law`, the same form for both) and :func:`compare_laws`
+answers, per metric:
 
 - the **multiplier** of B over A at compute C: the compute A's law needs to reach the loss B's
   law reaches at C, divided by C. ``m(C) = C_A(L_B(C)) / C``; > 1: B is worth that much more
@@ -38,7 +39,6 @@ grid) needs infinite compute, and the multiplier is reported as Infinity, not cl
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -393,39 +393,6 @@ def _law_summary(res, how: str, draws) -> dict:
             "asymptote": rule.get("chosen") if isinstance(rule, dict) else None,
             "runs": int((res.inputs or {}).get("n_runs", 0)),
             "draws": how, "n_draws": 0 if draws is None else int(len(draws))}
-
-
-def compare_points(df_a: pd.DataFrame, df_b: pd.DataFrame, *, metric: str = "loss",
-                   form: str = "compute", at: float | None = None, at_source: str | None = None,
-                   bootstrap: int = 200, level: float = 0.9, seed: int = 0,
-                   **fit_options) -> tuple[Comparison, tuple]:
-    """Fit ``form`` to A's and B's points tables (:func:`ladder.fit.law.fit_law`, independent
-    bootstrap seeds) and compare them: (Comparison, (law A, law B))."""
-    from ladder.fit.law import fit_law
-    if form not in COMPARE_FORMS:
-        raise InputError(f"one of {', '.join(COMPARE_FORMS)} (a law of compute alone, which "
-                         f"can be inverted), got {form!r}", field="--form", exit_code=EX_USAGE)
-    if at is not None and not (math.isfinite(at) and at > 0):
-        raise InputError(f"must be a positive number of FLOPs, got {at!r}", field="--at",
-                         exit_code=EX_USAGE)
-    fits = []
-    for side, df, s in (("A", df_a, seed), ("B", df_b, seed + 1)):
-        try:
-            fits.append(fit_law(df, form=form, bootstrap=bootstrap, level=level, seed=s,
-                                metric=metric, **fit_options))
-        except InputError as e:
-            msg = str(e)
-            if e.field and not e.path:
-                msg = msg.removeprefix(f"field '{e.field}': ")
-            raise InputError(f"recipe {side}, metric {metric}: {msg}",
-                             path=e.path or df.attrs.get("source"), field=e.field,
-                             exit_code=e.exit_code) from None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        cmp = compare_laws(fits[0], fits[1], df_a, df_b, metric=metric, at=at,
-                           at_source=at_source, level=level, draws=max(bootstrap, MIN_PAIRS),
-                           seed=seed)
-    return cmp, tuple(fits)
 
 
 # ----------------------------------------------------------------------------- the report

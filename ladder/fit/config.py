@@ -1,15 +1,14 @@
-"""How a Chinchilla-family law is fitted: ``FitConfig``, one frozen value that travels through
-the fit (fit.law.fit_law builds it; fit.estimate.fit_spec, fit.backtest's refits and fit.select's
-candidate fits take it, each refit as ``dataclasses.replace(config, bootstrap=0, ...)``), and is
-kept on the fitted law (``FitResult.config``), so its backtest refits with what it was fitted
-with."""
+"""How a law is fitted: ``FitConfig``, one frozen value that travels through the fit
+(fit.law.fit_law takes it; fit.estimate.fit_spec, fit.backtest's refits and fit.law's candidate
+fits take it, each refit as ``config.refit(...)``), and is kept on the fitted law
+(``FitResult.config``), so its backtest refits with what it was fitted with."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from ladder.io import InputError
+from ladder.io import InputError, number
 
 HUBER_DELTA = 1e-3   # on log residuals, every law's (Besiroglu et al. 2024's Chinchilla refit)
 OBJECTIVES = ("huber", "ols")
@@ -17,25 +16,44 @@ OBJECTIVES = ("huber", "ols")
 
 @dataclass(frozen=True)
 class FitConfig:
-    """``bootstrap``: run-level replicates (0: none); ``level``: the intervals' and bands'
-    level; ``seed``: the bootstrap's; ``params_column``: the column a form's N reads
-    ("params" or "active_params"); ``metric``: the key fitted; ``delta``: the Huber threshold
-    on log residuals; ``backtest``: run the rollout backtest; ``objective``: "huber" (summed
-    Huber of log residuals) or "ols" (least squares of log(L - E) on log C, E fixed);
-    ``prior``: {name: (mean, sd)} in natural units; ``bandwidth``: decades of the scale
-    weights (ladder.fit.estimate.scale_weights), None for none. Bad values: InputError naming the
-    field (exit 64)."""
+    """The law asked for: ``form`` (a name of fit.forms or fit.curve_forms, or "auto": chosen by
+    rollout backtest), ``fix`` ({name: value}), ``tie`` ({name: name}), ``by`` (one law per
+    value of that column). The estimator: ``bootstrap``: run-level replicates (0: none);
+    ``level``: the intervals' and bands' level; ``seed``: the bootstrap's; ``params_column``:
+    the column a form's N reads ("params" or "active_params"); ``metric``: the key fitted (None:
+    the table's own; a fitted law's config names it); ``delta``: the Huber threshold on log
+    residuals; ``backtest``: run the rollout backtest; ``objective``: "huber" (summed Huber of
+    log residuals) or "ols" (least squares of log(L - E) on log C, E fixed); ``prior``: {name:
+    (mean, sd)} in natural units; ``bandwidth``: decades of the scale weights
+    (ladder.fit.estimate.scale_weights), None for none. The forecast layer: ``asymptote_rule``,
+    ``scale_weighting``, ``band_prior``, ``extrapolation_power`` (fit.law.fit_law says what
+    each does). Two selection rules, on by default, with a switch each so that
+    bench/scoreboard.py can score each alone (its variants ``no-one-se`` and ``own-folds``):
+    ``one_se_form`` (--form auto takes the simplest final-point form within one standard error
+    of the lowest rollout error; False: the lowest) and ``shared_folds`` (the asymptote rule
+    compares its variants on the rollout folds they share; False: each on its own folds). Bad
+    values: InputError naming the field (exit 64)."""
 
+    form: str = "auto"
+    fix: dict = field(default_factory=dict)
+    tie: dict = field(default_factory=dict)
+    by: str | None = None
     bootstrap: int = 200
     level: float = 0.9
     seed: int = 0
     params_column: str = "params"
-    metric: str = "loss"
+    metric: str | None = None
     delta: float = HUBER_DELTA
     backtest: bool = True
     objective: str = "huber"
     prior: dict = field(default_factory=dict)
     bandwidth: float | None = None
+    asymptote_rule: bool | None = None
+    scale_weighting: bool | None = None
+    band_prior: dict | bool | None = None
+    extrapolation_power: float | None = None
+    one_se_form: bool = True
+    shared_folds: bool = True
 
     def __post_init__(self):
         if not 0 < self.level < 1:
@@ -50,10 +68,29 @@ class FitConfig:
         if not (isinstance(self.delta, (int, float)) and math.isfinite(self.delta)
                 and self.delta > 0):
             raise InputError(f"must be a positive number, got {self.delta!r}", field="delta")
-        object.__setattr__(self, "prior", dict(self.prior or {}))
+        object.__setattr__(self, "extrapolation_power", number(
+            self.extrapolation_power, field="extrapolation_power", lo=0, allow_none=True))
+        object.__setattr__(self, "fix", dict(self.fix or {}))
+        object.__setattr__(self, "tie", dict(self.tie or {}))
+        object.__setattr__(self, "prior", _checked_prior(self.prior, self.fix))
 
     def refit(self, **changes) -> FitConfig:
         """This config for a refit (a backtest fold, a candidate): no bootstrap, no backtest,
         and ``changes``."""
-        from dataclasses import replace
         return replace(self, **{"bootstrap": 0, "backtest": False, **changes})
+
+
+def _checked_prior(prior, fix) -> dict:
+    """{name: (mean, sd)} as floats: a finite mean, sd > 0, and no fixed parameter."""
+    out = {}
+    for k, v in (prior or {}).items():
+        try:
+            mean, sd = (float(x) for x in v)
+        except (TypeError, ValueError):
+            raise InputError(f"{k}: expected (mean, sd), got {v!r}", field="prior") from None
+        if not (math.isfinite(mean) and math.isfinite(sd) and sd > 0):
+            raise InputError(f"{k}: needs a finite mean and sd > 0, got {v!r}", field="prior")
+        if k in fix:
+            raise InputError(f"{k}: both fixed and given a prior", field="prior")
+        out[k] = (mean, sd)
+    return out

@@ -11,7 +11,6 @@ No JAX here.
 
 from __future__ import annotations
 
-import datetime as _dt
 import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -32,7 +31,7 @@ from ladder.fit.identify import identifiability
 from ladder.fit.lr_schedules import NamedSchedule, parse_schedule
 from ladder.fit.prediction import Prediction, Query
 from ladder.fit.report import auto_lines, bootstrap_line, parameter_lines
-from ladder.fit.result import LawResult
+from ladder.fit.result import LawResult, stamp
 from ladder.fit.solver import percentile_interval
 from ladder.io import InputError, number
 
@@ -70,13 +69,8 @@ class CurveLaw(LawResult, forms=tuple(FORMS)):
     plan: NamedSchedule | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
-        from ladder import __version__
-        from ladder.counting import conventions
-
-        self.created = self.created or _dt.datetime.now(_dt.timezone.utc).isoformat(
-            timespec="seconds")
-        self.conventions = self.conventions or conventions()
-        self.tool_version = self.tool_version or __version__
+        for k, v in stamp(self.created, self.conventions, self.tool_version).items():
+            setattr(self, k, v)
 
     @property
     def expression(self) -> str:

@@ -386,7 +386,7 @@ def implausible_asymptote(E: float, lmin: float) -> str | None:
     """Why an asymptote ``E`` is implausible for a ladder whose smallest fitted loss is
     ``lmin`` (at or above it: impossible for a decreasing law; below
     E_MIN_FRACTION_OF_LOSS x it: implausible), or None. The identifiability flags and the
-    short-ladder asymptote rule's choice of centre (ladder.fit.select) both use this one test."""
+    short-ladder asymptote rule's choice of centre (ladder.fit.law) both use this one test."""
     if E >= lmin:
         return f"E = {E:.4g} is not below the smallest loss {lmin:.4g}"
     if E < E_MIN_FRACTION_OF_LOSS * lmin:
@@ -450,7 +450,7 @@ def run_scales(df: pd.DataFrame) -> tuple[pd.Series, str]:
     return np.log10(s.astype(float)), kind
 
 
-# Weights by distance below the ladder's largest run (ladder.fit.select.distance_rule chooses the
+# Weights by distance below the ladder's largest run (ladder.fit.law.scale_weight_rule chooses the
 # bandwidth, or none). A law is fitted to forecast runs beyond its largest ones, and a
 # Chinchilla-family form holds only locally: its exponents drift with scale, so runs decades
 # below the top, however many, can pull the fit's local slope at the top away from what the
@@ -460,7 +460,8 @@ def run_scales(df: pd.DataFrame) -> tuple[pd.Series, str]:
 # top of the ladder (locally weighted regression); every run keeps a positive weight, so the
 # far ones still pin down what the near ones cannot, and adding runs far below moves the fit by
 # their weight, not their number.
-NEAR_WEIGHT = 0.5  # the runs a weighted fit is local to (fit.select's candidates need enough)
+# the runs a weighted fit is local to (fit.law.scale_weight_rule's candidates need enough)
+NEAR_WEIGHT = 0.5
 
 
 def scale_weights(data: pd.DataFrame, bandwidth: float | None) -> np.ndarray | None:

@@ -111,7 +111,7 @@ class Form:
     across_sets: tuple[tuple[str, ...], ...] | None = None
     # the features the terms read, from the ``needs`` columns (log N, log C, ...)
     featurize: Callable[[dict], dict] | None = None
-    # --form auto tries it when the table has its columns (ladder.fit.select.candidates)
+    # --form auto tries it when the table has its columns (ladder.fit.law.candidates)
     auto: bool = False
 
     @property

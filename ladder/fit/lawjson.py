@@ -43,6 +43,9 @@ PER_FOLD = "per-fold RMS of log error per decade on one scale (law/1)"
 # writes hundredths); beyond it an edit, and exp(q x spread) soon overflows float64 (e^709):
 # an Infinity band with exit 0 (issue 39)
 LOG_SPREAD_LIMIT = 10.0
+# The extrapolation term's power p in s d^p (learned in [0, 1]; a p above 8 is no record this
+# fitter writes, and at p ~ 100 d^p overflows float64 at d ~ 1000 decades).
+POWER_LIMIT = 8.0
 # Residual degrees of freedom below 0.1: t(0.1) at 95% is already 1.6e9 (every band overflows),
 # and scipy's stdtrit is not monotone below ~0.01 (t(1e-300) at 95%: 6,704); the fitter writes
 # null, not 0, where none are left
@@ -289,6 +292,16 @@ def _need(d, key: str, types, where: str, prefix: str = ""):
     return v
 
 
+def _mapping(d: dict, key: str, where: str, prefix: str) -> dict:
+    """``d[key]`` as an object ({} when absent or null), or a one-line refusal naming it."""
+    v = d.get(key)
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise InputError("expected an object or null", path=where, field=prefix + key)
+    return v
+
+
 def _read_block(block: dict, unc: dict, prefix: str, form: str, metric: str,
                 where: str) -> dict:
     """One law (the top level or one ``by`` group): its FitResult keyword arguments."""
@@ -296,8 +309,9 @@ def _read_block(block: dict, unc: dict, prefix: str, form: str, metric: str,
     spec_d = _need(fit, "spec", dict, where, prefix + "fit.")
     try:
         spec = Spec(get_form(form), fix={k: float(v) for k, v in
-                                         (spec_d.get("fix") or {}).items()},
-                    tie=dict(spec_d.get("tie") or {}))
+                                         _mapping(spec_d, "fix", where, prefix + "fit.spec.")
+                                         .items()},
+                    tie=dict(_mapping(spec_d, "tie", where, prefix + "fit.spec.")))
     except (ValueError, TypeError) as e:
         raise InputError(str(e), path=where, field=prefix + "fit.spec") from None
     u = _array(_need(fit, "u", list, where, prefix + "fit."), (len(spec.form.names),),
@@ -312,10 +326,13 @@ def _read_block(block: dict, unc: dict, prefix: str, form: str, metric: str,
     level = number(unc.get("level", 0.9), field=prefix + "uncertainty.level", path=where,
                    lo=0, hi=1, lo_open=True, hi_open=True)
     objective, prior, column = _read_fit_options(fit, where, prefix)
-    return {"spec": spec, "u": u,
-            "config": FitConfig(metric=metric, level=level, objective=objective,
-                                prior=prior, params_column=column, bootstrap=0,
-                                backtest=False),
+    try:
+        config = FitConfig(metric=metric, level=level, objective=objective, prior=prior,
+                           params_column=column, bootstrap=0, backtest=False)
+    except InputError as e:  # a prior with sd <= 0, or on a fixed parameter
+        raise InputError(str(e).removeprefix("field 'prior': "), path=where,
+                         field=prefix + "fit.prior") from None
+    return {"spec": spec, "u": u, "config": config,
             "spread": spread,
             "intervals": _intervals(unc.get("intervals"), where, prefix)}
 
@@ -377,7 +394,7 @@ def _read_fit_options(fit: dict, where: str, prefix: str) -> tuple[str, dict, st
         raise InputError(f"unknown objective {objective!r}", path=where,
                          field=prefix + "fit.objective")
     prior = {}
-    for k, v in (fit.get("prior") or {}).items():
+    for k, v in _mapping(fit, "prior", where, prefix + "fit.").items():
         if not (isinstance(v, list) and len(v) == 2 and all(as_float(x) is not None
                                                             for x in v)):
             raise InputError("expected [mean, sd]", path=where,
@@ -518,6 +535,15 @@ def check_extrapolation(obj: dict, *, path=None) -> None:
         if abs(r[1]) > 400 or (r[0] is not None and abs(r[0]) > 400):
             # float64 holds 10^+-308: no input of a run is beyond it
             raise InputError("beyond float64's range (|log10| > 400)", path=where, field=fc)
+    # the power model s d^p: p is learned in [0, 1] (ladder.fit.backtest.EXTRAPOLATION_POWER);
+    # beyond POWER_LIMIT, d^p overflows float64 a few decades out, so the band would be Infinity
+    power, scale = ex.get("power"), ex.get("log_sd_scale")
+    if power is not None and not (_finite(power) and 0 <= power <= POWER_LIMIT):
+        raise InputError(f"expected null or a number in [0, {POWER_LIMIT:g}], got "
+                         f"{str(power)[:40]!r}", path=where, field=f + ".power")
+    if scale is not None and not (_finite(scale) and 0 <= scale <= LOG_SPREAD_LIMIT):
+        raise InputError(f"expected null or a number in [0, {LOG_SPREAD_LIMIT:g}] (log loss), "
+                         f"got {str(scale)[:40]!r}", path=where, field=f + ".log_sd_scale")
 
 
 def pooled_record(bt) -> dict | None:
@@ -562,6 +588,9 @@ def pooled_record(bt) -> dict | None:
 def _intervals(obj, where, prefix) -> dict:
     """name -> [lo, hi] as floats ("NaN" strings, as written for missing intervals, to NaN)."""
     out = {}
+    if obj is not None and not isinstance(obj, dict):
+        raise InputError("expected an object {name: [lo, hi]} or null", path=where,
+                         field=prefix + "uncertainty.intervals")
     for name, iv in (obj or {}).items():
         if not isinstance(iv, list) or len(iv) != 2 or any(as_float(x) is None for x in iv):
             raise InputError("expected [lo, hi]", path=where,

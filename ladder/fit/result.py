@@ -72,6 +72,12 @@ class LawResult:
         pin down (ladder.fit.estimate._identifiability; a curve law: an estimate at a bound)."""
         return self.diagnostics.get("identifiability") or {"flags": {}, "unidentified": []}
 
+    def with_diagnostics(self, **entries) -> LawResult:
+        """This law with ``entries`` in a new diagnostics mapping (a key it has keeps its place,
+        a new one goes last), as fit.law's passes record what they did: no
+        law is changed after it is made."""
+        return replace(self, diagnostics={**self.diagnostics, **entries})
+
     def diagnostics_json(self) -> dict:
         """``diagnostics`` as law.json writes them (a kind that recomputes its identifiability
         flags writes the current ones)."""
@@ -245,13 +251,11 @@ class FitResult(LawResult, forms=tuple(FORMS)):
     def __post_init__(self):
         object.__setattr__(self, "u", np.asarray(self.u, dtype=float))
         object.__setattr__(self, "groups", tuple(self.groups or ()))
-        object.__setattr__(self, "conventions", self.conventions or _conventions())
-        object.__setattr__(self, "created", self.created or _dt.datetime.now(
-            _dt.timezone.utc).isoformat(timespec="seconds"))
-        object.__setattr__(self, "tool_version", self.tool_version or _version())
+        for k, v in stamp(self.created, self.conventions, self.tool_version).items():
+            object.__setattr__(self, k, v)
 
     # --- what it was fitted with, and its spread ----------------------------------------------
-    metric = property(lambda self: self.config.metric)
+    metric = property(lambda self: self.config.metric or "loss")
     level = property(lambda self: float(self.config.level))
     params_column = property(lambda self: self.config.params_column)
     objective = property(lambda self: self.config.objective)
@@ -264,7 +268,7 @@ class FitResult(LawResult, forms=tuple(FORMS)):
     small_sample = property(lambda self: self.spread.small_sample)
 
     def with_draws(self, boot_u) -> FitResult:
-        """This law with other bootstrap draws (fit.select's pooled draws of its variants)."""
+        """This law with other bootstrap draws (fit.law.asymptote_rule's pooled draws)."""
         return replace(self, spread=replace(self.spread, boot_u=boot_u))
 
     # --- named views ---------------------------------------------------------------------------
@@ -663,11 +667,10 @@ def extrapolation_rate(bt) -> tuple:
 
 
 
-def _conventions() -> dict:
-    from ladder.counting import conventions
-    return conventions()
-
-
-def _version() -> str:
+def stamp(created=None, conventions=None, tool_version=None) -> dict:
+    """A law's stamp: ``created`` (now, UTC, to the second), the FLOP ``conventions`` and the
+    ``tool_version``, this tool's unless given (a law read back keeps its own)."""
     from ladder import __version__
-    return __version__
+    from ladder.counting import conventions as ours
+    return {"created": created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "conventions": conventions or ours(), "tool_version": tool_version or __version__}

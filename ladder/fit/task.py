@@ -1,9 +1,10 @@
 """Downstream accuracy in two steps (``--form task --via LOSS_KEY``): Bhagia et al. 2024,
 "Establishing Task Scaling Laws via Compute-Efficient Model Ladders" (arXiv:2412.04403).
 
-Step 1 fits the task's loss (the bits per byte of the correct answer, say) in params / tokens /
-compute with the project's own fitter (``fit.law.fit_law``: any form, its bootstrap, backtests
-and band), one point per run: its last ``smooth`` evals averaged, at its final tokens.
+Both steps are ``fit.law.fit_task``. Step 1 fits the task's loss (the bits per byte of the
+correct answer, say) in params / tokens / compute with the project's own fitter
+(``fit.law.fit_law``: any form, its bootstrap, backtests and band), one point per run: its last
+``smooth`` evals averaged, at its final tokens (:func:`step1_table`).
 Step 2 maps task loss to accuracy with the paper's sigmoid (their eq. 2; the parametrisation of
 their code, src/scaling/fitting_functions.py ``sigmoid`` at commit 67a3f44 of
 github.com/allenai/OLMo-ladder):
@@ -27,7 +28,8 @@ Band (``TaskLaw.predict``), Monte Carlo over both steps:
      with sd = rate x (distance in loss below that lowest loss), the rate from a rollout backtest
      of step 2 over the ladder's sizes (fit on the sizes below one, predict that size's final
      accuracies from their actual losses).
-The band is the draws' quantiles; the centre is the sigmoid of step 1's central loss.
+The band is the draws' quantiles; the centre is the sigmoid of step 1's central loss
+(:func:`chain`).
 """
 
 from __future__ import annotations
@@ -38,8 +40,6 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from ladder.fit.law import fit_law
-from ladder.fit.points import load_points
 from ladder.fit.solver import run_weights
 from ladder.fit.task_law import (ANCHOR, LOWER, NAMES, SKIP, SMOOTH, UPPER, TaskLaw,
                                   sigmoid)
@@ -166,13 +166,10 @@ def extrapolation_rate(pairs: pd.DataFrame, anchor=ANCHOR) -> dict:
             "rms_err": float(np.sqrt(np.mean(errs ** 2))) if len(errs) else None}
 
 
-def fit_task(df: pd.DataFrame, via: str, metric: str, *, form: str = "auto",
-             bootstrap: int = 200, level: float = 0.9, seed: int = 0, smooth: int = SMOOTH,
-             skip: float = SKIP, where: str = "<table>", **step1_kw) -> TaskLaw:
-    """Both steps on a table of evals (see :func:`task_tables`); ``form`` and ``step1_kw`` go
-    to step 1's ``fit_law``."""
-    if not 0 < level < 1:
-        raise InputError(f"must be in (0, 1), got {level!r}", field="level")
+def step1_table(df: pd.DataFrame, via: str, metric: str, *, smooth: int = SMOOTH,
+                skip: float = SKIP, where: str = "<table>") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Step 1's points table of ``via`` and step 2's (loss, accuracy) pairs (:func:`task_tables`),
+    after the options and the number of pairs are checked (fit.law.fit_task fits both steps)."""
     if isinstance(smooth, bool) or not isinstance(smooth, int) or smooth < 1:
         raise InputError(f"must be an integer >= 1, got {smooth!r}", field="smooth")
     if not 0 <= skip < 1:
@@ -182,9 +179,14 @@ def fit_task(df: pd.DataFrame, via: str, metric: str, *, form: str = "auto",
         raise InputError(f"{len(pairs)} (loss, accuracy) points after skipping and smoothing: "
                          "too few for the sigmoid's 4 parameters", path=where, field=metric)
     t1.attrs["source"] = where
-    pts = load_points(t1, metric=via)
-    step1 = fit_law(pts, form=form, bootstrap=bootstrap, level=level, seed=seed, metric=via,
-                    **step1_kw)
+    return t1, pairs
+
+
+def chain(step1, t1: pd.DataFrame, pairs: pd.DataFrame, metric: str, *, bootstrap: int,
+          level: float, seed: int, smooth: int, skip: float, where: str) -> TaskLaw:
+    """Step 2 on the pairs of :func:`step1_table`, chained to ``step1`` (the law of the task
+    loss fitted on ``t1``): the task law, with ``bootstrap`` run-level replicates of the
+    sigmoid at ``level`` (``seed``)."""
     L, y = pairs["loss"].to_numpy(), pairs["acc"].to_numpy()
     theta = fit_sigmoid(L, y)
     resid = y - sigmoid(L, *theta)
@@ -202,8 +204,8 @@ def fit_task(df: pd.DataFrame, via: str, metric: str, *, form: str = "auto",
     intervals = {n: [float(v) for v in np.quantile(boot[:, i], q)] if len(boot) else
                  [math.nan, math.nan] for i, n in enumerate(NAMES)}
     return TaskLaw(
-        via=via, metric=metric, step1=step1, theta=theta, boot_theta=boot, resid=resid,
-        ext=ext, loss_range=(float(L.min()), float(L.max())), level=level,
+        via=step1.metric, metric=metric, step1=step1, theta=theta, boot_theta=boot,
+        resid=resid, ext=ext, loss_range=(float(L.min()), float(L.max())), level=level,
         intervals=intervals, smooth=smooth, skip=skip,
         inputs={"n_points": int(len(pairs)), "n_runs": int(pairs["run"].nunique()),
                 "step1_points": int(len(t1)), "source": where},

@@ -13,7 +13,8 @@
 
 Importing ``model`` alone imports only the config (no JAX); the functions load JAX on first use.
 
-Files: config.py (ModelConfig), layers.py (RMSNorm, RoPE, attention, init boxes), moe.py (router,
+Files: config.py (ModelSwitches: the switches a ladder's recipe sets, ModelConfig: those plus
+sizes and compute path, BiasRule), layers.py (RMSNorm, RoPE, attention, init boxes), moe.py (router,
 dispatch, experts, bias rules, reference MoE), transformer.py (decoder, API, losses, groups).
 
 Compute path (ladder/model/transformer.py): ``cfg.precision`` bf16 (accelerators) or f32 (CPU, and
@@ -38,11 +39,13 @@ convolutions, gated norms, attention head gates. Also: no TPU splash kernel (TPU
 blocked XLA attention).
 """
 
-from ladder.model.config import ModelConfig
+from ladder.model.config import BiasRule, ModelConfig, ModelSwitches
 
 __all__ = [
     "PARAM_GROUPS",
+    "BiasRule",
     "ModelConfig",
+    "ModelSwitches",
     "apply",
     "init",
     "init_sharded",

@@ -7,12 +7,12 @@ Hd head dim, E routed experts, L latent width, F expert hidden width, C expert c
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import math
 from dataclasses import dataclass
 
 COMBINE_RULES = ("sigmoid", "softmax")
-BIAS_RULES = ("threshold", "quantile", "sign", "none")
 PRECISIONS = ("auto", "bf16", "f32")
 REMATS = ("none", "dots", "full")
 INITS = ("gpt2", "recipe")
@@ -23,6 +23,34 @@ RECIPE_INIT_COEF = 0.5
 RECIPE_INIT_TRUNCATE = 3.0
 
 
+class BiasRule(enum.StrEnum):
+    """How the router bias is set after each step: the names a config file or ``--model.bias_rule``
+    gives. What each rule does (its statistic, merge, target and update) is its class in
+    ladder/model/moe.py's ``RULES``, one per member (a test checks that every member has one).
+
+    A str (config.json and law files write the name unchanged); members are named by their
+    values so that they hash, compare and print as those strings.
+    """
+
+    threshold = "threshold"   # minus each expert's n-th largest raw logit (the first ladders')
+    quantile = "quantile"     # minus each expert's upper K/E margin quantile (the hero recipe's)
+    sign = "sign"             # bias += u sign(mean load - load) (loss-free balancing)
+    none = "none"             # the bias stays at its init (zeros)
+
+    @classmethod
+    def parse(cls, value, field: str = "bias_rule") -> "BiasRule":
+        """``value`` as a rule; a ValueError naming ``field`` for anything else."""
+        if isinstance(value, str):
+            try:
+                return cls(value)
+            except ValueError:
+                pass
+        raise ValueError(f"{field}: must be one of {BIAS_RULES}, got {value!r}")
+
+
+BIAS_RULES = tuple(r.value for r in BiasRule)
+
+
 def resolve_precision(precision: str, backend: str) -> str:
     """"auto" -> "f32" on CPU (exact, and CPUs have no fast bf16 matmul) and "bf16" on
     accelerators (GPU/TPU); a concrete value is returned unchanged."""
@@ -31,26 +59,34 @@ def resolve_precision(precision: str, backend: str) -> str:
     return "f32" if backend == "cpu" else "bf16"
 
 
-@dataclass(frozen=True)
-class ModelConfig:
-    """A decoder of MoE layers in the shape of Marin's hero recipe.
+def _positive(obj, names) -> None:
+    for name in names:
+        if not isinstance(getattr(obj, name), int) or getattr(obj, name) <= 0:
+            raise ValueError(f"{name}: must be a positive integer, got {getattr(obj, name)!r}")
 
-    Every layer: RMSNorm -> attention (QK-norm, partial RoPE, grouped KV heads, sliding-window
-    "local" or full "global") -> RMSNorm -> MoE (routed SwiGLU experts in a latent space of width
-    ``latent_dim`` + ``n_shared`` full-width SwiGLU shared experts, router on the full-width token).
-    Untied embedding and LM head.
+
+def _at_most(obj, limits) -> None:
+    # what a model can be on any machine (issue 26): an override of 10**200 is refused here,
+    # not in a kernel
+    for name, hi in limits:
+        v = getattr(obj, name)
+        if isinstance(v, int) and v > hi:
+            raise ValueError(f"{name}: must be <= {hi}, got {v!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSwitches:
+    """The model's switches: every choice of the architecture and the recipe that is not a size
+    derived from a rung's width and depth, nor how to compute. Defined once, here: a ladder's
+    ``Recipe`` holds one (ladder/specs.py; a ladder file's ``[recipe]`` table sets them by name)
+    and a :class:`ModelConfig` is one plus the sizes and the compute path.
 
     The hero recipe's pieces are switches below (``init`` ... ``head_gate``, issue 12), off by
     default; ladder/model/layers.py says where each one sits.
     """
 
     vocab_size: int
-    d_model: int
-    n_layers: int
-    n_heads: int
     head_dim: int
-    n_kv_heads_local: int
-    n_kv_heads_global: int
     global_every: int = 4          # layer i is global if (i + 1) % global_every == 0, and the last
     local_window: int = 2048       # sliding window of local layers (tokens, incl. the current one)
     rope_fraction: float = 1.0     # fraction of the head dim rotated by RoPE
@@ -58,16 +94,13 @@ class ModelConfig:
     n_experts: int = 8
     top_k: int = 2
     n_shared: int = 1
-    expert_dim: int = 32           # hidden width F of a routed expert (in latent space)
-    latent_dim: int = 32           # latent width L the routed experts read and write
-    shared_dim: int = 32           # hidden width of a shared expert (full-width in and out)
     combine: str = "sigmoid"       # combine weights over the chosen k: sigmoid or softmax
     route_scale: float = 2.5       # combine weights rescaled to sum to this (real recipe: 2.5)
     capacity_factor: float = 1.25  # slots per (cell, expert) = ceil(cf * cell tokens * k / E)
     capacity_tokens: int | None = None  # tokens per capacity cell (consecutive tokens of the
     #                                batch); None: one cell per MoE call (per device), what every
     #                                run before issue 22 did. The ladders set it (model/moe.py)
-    bias_rule: str = "threshold"   # router-bias balancing rule: threshold | quantile | sign | none
+    bias_rule: BiasRule = BiasRule.threshold  # router-bias balancing rule (a name of BiasRule)
     bias_rate: float = 1e-3        # u of the sign rule
     z_loss: float = 1e-4           # logit z-loss weight (real recipe: 1e-4)
     norm_eps: float = 1e-6         # the residual-stream (and latent, learned-QK) RMSNorms; the
@@ -87,34 +120,14 @@ class ModelConfig:
     #                                the attention output and the MoE output (the recipe: 4)
     xsa: bool = False              # exclusive self-attention: remove y's component along v
     head_gate: bool = False        # attention output of head h x 2 sigmoid(x . attn_gate_h)
-    # How to compute (not what): the same parameters and, up to rounding, the same function.
-    precision: str = "auto"        # auto | bf16 | f32; "auto": f32 on CPU, bf16 on accelerators
-    remat: str = "none"            # none | dots | full: what each layer saves for the backward
-    loss_chunk: int = 512          # LM head + cross-entropy over chunks of this many positions
-    attention_chunk: int = 512     # query block of attention without flash (XLA: CPU, TPU)
 
     def __post_init__(self):
-        def positive(name):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
-                raise ValueError(f"{name}: must be a positive integer, got {getattr(self, name)!r}")
-
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "head_dim", "n_kv_heads_local",
-                     "n_kv_heads_global", "global_every", "local_window", "n_experts", "top_k",
-                     "expert_dim", "latent_dim", "loss_chunk", "attention_chunk"):
-            positive(name)
-        # what a model can be on any machine (issue 26; the same limits as a ladder file's,
-        # ladder/specs.py::LIMITS): an override of 10**200 is refused here, not in a kernel
-        for name, hi in (("vocab_size", 2 ** 24), ("d_model", 2 ** 17), ("n_layers", 2 ** 12),
-                         ("n_heads", 2 ** 12), ("head_dim", 2 ** 12), ("n_kv_heads_local", 2 ** 12),
-                         ("n_kv_heads_global", 2 ** 12), ("global_every", 2 ** 12),
-                         ("local_window", 2 ** 24), ("n_experts", 2 ** 16), ("top_k", 2 ** 16),
-                         ("expert_dim", 2 ** 20), ("latent_dim", 2 ** 20),
-                         ("shared_dim", 2 ** 20), ("n_shared", 2 ** 10), ("loss_chunk", 2 ** 24),
-                         ("attention_chunk", 2 ** 24), ("gated_norm_rank", 2 ** 17),
-                         ("conv_kernel", 2 ** 10)):
-            v = getattr(self, name)
-            if isinstance(v, int) and v > hi:
-                raise ValueError(f"{name}: must be <= {hi}, got {v!r}")
+        _positive(self, ("vocab_size", "head_dim", "global_every", "local_window", "n_experts",
+                         "top_k"))
+        _at_most(self, (("vocab_size", 2 ** 24), ("head_dim", 2 ** 12), ("global_every", 2 ** 12),
+                        ("local_window", 2 ** 24), ("n_experts", 2 ** 16), ("top_k", 2 ** 16),
+                        ("n_shared", 2 ** 10), ("gated_norm_rank", 2 ** 17),
+                        ("conv_kernel", 2 ** 10)))
         for name, hi in (("capacity_factor", 1e3), ("route_scale", 1e3), ("rope_theta", 1e12),
                          ("qk_mult", 1e3), ("norm_eps", 1.0), ("init_std", 10.0),
                          ("bias_rate", 1.0), ("z_loss", 1e3)):
@@ -124,14 +137,6 @@ class ModelConfig:
                 raise ValueError(f"{name}: must be a finite number <= {hi:g}, got {v!r}")
         if not isinstance(self.n_shared, int) or self.n_shared < 0:
             raise ValueError(f"n_shared: must be an integer >= 0, got {self.n_shared!r}")
-        if self.n_shared and (not isinstance(self.shared_dim, int) or self.shared_dim <= 0):
-            raise ValueError(f"shared_dim: must be a positive integer, got {self.shared_dim!r}")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model: {self.d_model} is not divisible by n_heads={self.n_heads}")
-        for name in ("n_kv_heads_local", "n_kv_heads_global"):
-            if self.n_heads % getattr(self, name):
-                raise ValueError(f"{name}: n_heads={self.n_heads} is not a multiple of "
-                                 f"{getattr(self, name)}")
         if self.top_k > self.n_experts:
             raise ValueError(f"top_k: {self.top_k} > n_experts={self.n_experts}")
         if not self.capacity_factor > 0:
@@ -141,19 +146,17 @@ class ModelConfig:
                                                  self.capacity_tokens <= 0):
             raise ValueError(f"capacity_tokens: must be null or a positive integer, got "
                              f"{self.capacity_tokens!r}")
-        if not 0.0 <= self.rope_fraction <= 1.0:
+        if isinstance(self.rope_fraction, bool) or \
+                not isinstance(self.rope_fraction, (int, float)) or \
+                not 0.0 <= self.rope_fraction <= 1.0:
             raise ValueError(f"rope_fraction: must be in [0, 1], got {self.rope_fraction!r}")
         if int(self.head_dim * self.rope_fraction) % 2:
             raise ValueError(f"rope_fraction: head_dim * rope_fraction must be even, got "
                              f"{self.head_dim} * {self.rope_fraction}")
         if self.combine not in COMBINE_RULES:
             raise ValueError(f"combine: must be one of {COMBINE_RULES}, got {self.combine!r}")
-        if self.bias_rule not in BIAS_RULES:
-            raise ValueError(f"bias_rule: must be one of {BIAS_RULES}, got {self.bias_rule!r}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision: must be one of {PRECISIONS}, got {self.precision!r}")
-        if self.remat not in REMATS:
-            raise ValueError(f"remat: must be one of {REMATS}, got {self.remat!r}")
+        # a name from a file or an override becomes the rule (frozen: set through object)
+        object.__setattr__(self, "bias_rule", BiasRule.parse(self.bias_rule))
         if self.init not in INITS:
             raise ValueError(f"init: must be one of {INITS}, got {self.init!r}")
         if self.qk_norm not in QK_NORMS:
@@ -170,6 +173,68 @@ class ModelConfig:
         for name in ("route_scale", "bias_rate", "z_loss", "norm_eps", "init_std", "rope_theta"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
+
+    @property
+    def switches(self) -> "ModelSwitches":
+        """The switches alone (of a :class:`ModelConfig`: without its sizes and compute path)."""
+        return ModelSwitches(**{f.name: getattr(self, f.name) for f in SWITCH_FIELDS})
+
+
+SWITCH_FIELDS = dataclasses.fields(ModelSwitches)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig(ModelSwitches):
+    """A decoder of MoE layers in the shape of Marin's hero recipe: its switches
+    (:class:`ModelSwitches`, the fields above these), its sizes and how to compute it.
+
+    Every layer: RMSNorm -> attention (QK-norm, partial RoPE, grouped KV heads, sliding-window
+    "local" or full "global") -> RMSNorm -> MoE (routed SwiGLU experts in a latent space of width
+    ``latent_dim`` + ``n_shared`` full-width SwiGLU shared experts, router on the full-width token).
+    Untied embedding and LM head. Keyword arguments only; on disk (config.json's ``"model"``) one
+    flat object of every field.
+    """
+
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads_local: int
+    n_kv_heads_global: int
+    expert_dim: int = 32           # hidden width F of a routed expert (in latent space)
+    latent_dim: int = 32           # latent width L the routed experts read and write
+    shared_dim: int = 32           # hidden width of a shared expert (full-width in and out)
+    # How to compute (not what): the same parameters and, up to rounding, the same function.
+    precision: str = "auto"        # auto | bf16 | f32; "auto": f32 on CPU, bf16 on accelerators
+    remat: str = "none"            # none | dots | full: what each layer saves for the backward
+    loss_chunk: int = 512          # LM head + cross-entropy over chunks of this many positions
+    attention_chunk: int = 512     # query block of attention without flash (XLA: CPU, TPU)
+
+    def __post_init__(self):
+        super().__post_init__()
+        _positive(self, ("d_model", "n_layers", "n_heads", "n_kv_heads_local", "n_kv_heads_global",
+                         "expert_dim", "latent_dim", "loss_chunk", "attention_chunk"))
+        _at_most(self, (("d_model", 2 ** 17), ("n_layers", 2 ** 12), ("n_heads", 2 ** 12),
+                        ("n_kv_heads_local", 2 ** 12), ("n_kv_heads_global", 2 ** 12),
+                        ("expert_dim", 2 ** 20), ("latent_dim", 2 ** 20), ("shared_dim", 2 ** 20),
+                        ("loss_chunk", 2 ** 24), ("attention_chunk", 2 ** 24)))
+        if self.n_shared and (not isinstance(self.shared_dim, int) or self.shared_dim <= 0):
+            raise ValueError(f"shared_dim: must be a positive integer, got {self.shared_dim!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model: {self.d_model} is not divisible by n_heads={self.n_heads}")
+        for name in ("n_kv_heads_local", "n_kv_heads_global"):
+            if self.n_heads % getattr(self, name):
+                raise ValueError(f"{name}: n_heads={self.n_heads} is not a multiple of "
+                                 f"{getattr(self, name)}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision: must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.remat not in REMATS:
+            raise ValueError(f"remat: must be one of {REMATS}, got {self.remat!r}")
+
+    @classmethod
+    def of(cls, switches: ModelSwitches, **sizes) -> "ModelConfig":
+        """The model of ``switches`` with these sizes (and compute fields; a switch named here
+        too, e.g. ``capacity_tokens``, takes this value)."""
+        return cls(**{**{f.name: getattr(switches, f.name) for f in SWITCH_FIELDS}, **sizes})
 
     # ----------------------------------------------------------------- derived sizes
     @property

@@ -68,8 +68,8 @@ import jax.numpy as jnp
 from flax import linen as nn
 from jax.ad_checkpoint import checkpoint_name
 
-from ladder.model.balance import bias_from_histogram, margin_histogram, top_k_rows
-from ladder.model.config import ModelConfig
+from ladder.model.balance import N_BINS, bias_from_histogram, margin_histogram, top_k_rows
+from ladder.model.config import BiasRule, ModelConfig
 from ladder.model.layers import RMSNorm, output_init, weight_init
 
 
@@ -795,23 +795,10 @@ def top_logits(logits: jax.Array, n: int) -> jax.Array:
     return top
 
 
-def bias_stat(cfg: ModelConfig, logits: jax.Array, mesh=None,
-              bias: jax.Array | None = None) -> jax.Array:
-    """This call's share of the balancing rule's statistic (mergeable by :func:`merge_bias_stat`).
-
-    threshold: [E, n] top-n logits per expert over this call's tokens (under a mesh: merged over
-    all devices, and split over "expert" on the E axis). quantile: [E, N_BINS] counts of each
-    expert's margins under the layer's current ``bias`` (model/balance.py; a sum, so GSPMD adds
-    the devices' counts). Other rules need none: [E, 1] zeros.
-    """
-    T, E = logits.shape
-    if cfg.bias_rule == "quantile":
-        if bias is None:
-            raise ValueError("bias_rule quantile: the statistic needs the layer's current bias")
-        return margin_histogram(logits, bias, cfg.top_k)
-    if cfg.bias_rule != "threshold":
-        return jnp.zeros((E, 1), jnp.float32)
-    n = threshold_n(cfg, T)
+def _threshold_stat(cfg: ModelConfig, logits: jax.Array, mesh) -> jax.Array:
+    """[E, n] top-n logits per expert over this call's tokens (under a mesh: merged over all
+    devices, and split over "expert" on the E axis)."""
+    n = threshold_n(cfg, logits.shape[0])
     if mesh is None:
         return top_logits(logits, n)
     from jax.sharding import PartitionSpec as P
@@ -836,16 +823,136 @@ def bias_stat(cfg: ModelConfig, logits: jax.Array, mesh=None,
                          out_specs=P("expert"), check_vma=False)(logits)
 
 
+# ------------------------------------------------------------------ the balancing rules
+# One class per ladder.model.config.BiasRule member, in RULES: a rule's mergeable statistic of a
+# call's logits, how two statistics merge (devices, microbatches), its target bias and its update.
+# The functions below them (bias_stat ... empty_bias_stat) are what the model and trainer call.
+
+
+class BalancingRule:
+    """A rule without a statistic or a target (``none``): the bias stays as it is. The base of
+    the others: they override what they use."""
+
+    def stat(self, cfg: ModelConfig, logits: jax.Array, mesh, bias) -> jax.Array:
+        """This call's share of the statistic: here [E, 1] zeros (none is needed)."""
+        return jnp.zeros((logits.shape[1], 1), jnp.float32)
+
+    def merge(self, a: jax.Array, b: jax.Array) -> jax.Array:
+        """The statistic of both token sets together."""
+        return a
+
+    def empty_fill(self) -> float:
+        """The value of the statistic of no tokens (the identity of :meth:`merge`)."""
+        return 0.0
+
+    def target(self, cfg: ModelConfig, stat: jax.Array) -> jax.Array:
+        """[..., E, n] statistic -> the target bias [..., E] (zeros: no target)."""
+        return jnp.zeros(stat.shape[:-1], jnp.float32)
+
+    def update(self, cfg: ModelConfig, router_bias: jax.Array, stats: dict,
+               router_step: jax.Array | None) -> jax.Array:
+        """The next step's bias [n_layers, E] (unrounded; :func:`update_router_bias` casts)."""
+        return router_bias
+
+    def stat_width(self, cfg: ModelConfig, step_tokens: int) -> int:
+        """Numbers per expert the statistic holds for a step of ``step_tokens`` tokens, for the
+        memory plan (ladder/trainer/plan.py); the rules without one count 0."""
+        return 0
+
+
+class TargetRule(BalancingRule):
+    """A rule that replaces the bias by its target, less the drift of the router weights
+    (:func:`update_router_bias`)."""
+
+    def update(self, cfg, router_bias, stats, router_step):
+        new = stats["moe/bias_target"]
+        if router_step is not None:
+            shift = jnp.einsum("ld,lde->le", stats["moe/router_in"].astype(jnp.float32),
+                               router_step.astype(jnp.float32))                 # [L, E]
+            new = new - (shift - jnp.mean(shift, axis=-1, keepdims=True))
+        return new
+
+
+class ThresholdRule(TargetRule):
+    """Minus each expert's n-th largest raw logit over the step, n = T*k/E (:func:`threshold_bias`),
+    from the top-n logits per expert, which merge by keeping the top-n of the union."""
+
+    def stat(self, cfg, logits, mesh, bias):
+        return _threshold_stat(cfg, logits, mesh)
+
+    def merge(self, a, b):
+        n = a.shape[-1]
+        return jax.lax.top_k(jnp.concatenate([a, b], axis=-1), n)[0]
+
+    def empty_fill(self):
+        return -jnp.inf
+
+    def target(self, cfg, stat):
+        # minus the n-th largest logit of each expert, centred to zero mean over experts (a
+        # common shift changes no top-k choice)
+        bias = -stat[..., -1]
+        return bias - jnp.mean(bias, axis=-1, keepdims=True)
+
+    def stat_width(self, cfg, step_tokens):
+        return max(1, step_tokens * cfg.top_k // cfg.n_experts)
+
+
+class QuantileRule(TargetRule):
+    """The hero recipe's: minus each expert's upper K/E margin quantile under the current bias,
+    from margin histograms [E, N_BINS] that merge by adding (ladder/model/balance.py)."""
+
+    def stat(self, cfg, logits, mesh, bias):
+        if bias is None:
+            raise ValueError("bias_rule quantile: the statistic needs the layer's current bias")
+        return margin_histogram(logits, bias, cfg.top_k)   # a sum: GSPMD adds the devices'
+
+    def merge(self, a, b):
+        return a + b
+
+    def target(self, cfg, stat):
+        return bias_from_histogram(stat, cfg.top_k)
+
+    def stat_width(self, cfg, step_tokens):
+        return N_BINS
+
+
+class SignRule(BalancingRule):
+    """bias += bias_rate * sign(mean load - load), per layer (loss-free balancing, Wang et al.
+    2024, "Auxiliary-loss-free load balancing strategy for mixture-of-experts")."""
+
+    def update(self, cfg, router_bias, stats, router_step):
+        load = stats["moe/load"]                                       # [n_layers, E]
+        return router_bias + cfg.bias_rate * jnp.sign(jnp.mean(load, axis=-1, keepdims=True)
+                                                      - load)
+
+
+RULES: dict[BiasRule, BalancingRule] = {
+    BiasRule.threshold: ThresholdRule(), BiasRule.quantile: QuantileRule(),
+    BiasRule.sign: SignRule(), BiasRule.none: BalancingRule()}
+
+
+def balancing_rule(cfg: ModelConfig) -> BalancingRule:
+    """The behaviour of ``cfg.bias_rule``."""
+    return RULES[cfg.bias_rule]
+
+
+def bias_stat(cfg: ModelConfig, logits: jax.Array, mesh=None,
+              bias: jax.Array | None = None) -> jax.Array:
+    """This call's share of the balancing rule's statistic (mergeable by :func:`merge_bias_stat`).
+
+    threshold: [E, n] top-n logits per expert over this call's tokens (under a mesh: merged over
+    all devices, and split over "expert" on the E axis). quantile: [E, N_BINS] counts of each
+    expert's margins under the layer's current ``bias`` (model/balance.py; a sum, so GSPMD adds
+    the devices' counts). Other rules need none: [E, 1] zeros.
+    """
+    return balancing_rule(cfg).stat(cfg, logits, mesh, bias)
+
+
 def merge_bias_stat(cfg: ModelConfig, a: jax.Array, b: jax.Array) -> jax.Array:
     """Two statistics of :func:`bias_stat` (any leading axes, e.g. layers) -> the statistic of
     both token sets together, exactly: threshold keeps the top-n of the union, quantile adds the
     counts; others: zeros."""
-    if cfg.bias_rule == "quantile":
-        return a + b
-    if cfg.bias_rule != "threshold":
-        return a
-    n = a.shape[-1]
-    return jax.lax.top_k(jnp.concatenate([a, b], axis=-1), n)[0]
+    return balancing_rule(cfg).merge(a, b)
 
 
 def bias_target_from_stat(cfg: ModelConfig, stat: jax.Array) -> jax.Array:
@@ -853,12 +960,7 @@ def bias_target_from_stat(cfg: ModelConfig, stat: jax.Array) -> jax.Array:
     of each expert, centred to zero mean over experts (a common shift changes no top-k choice).
     quantile: [..., E, N_BINS] summed margin counts -> minus each expert's upper K/E margin
     quantile, centred (ladder/model/balance.py). Other rules: zeros (they do not use a target)."""
-    if cfg.bias_rule == "quantile":
-        return bias_from_histogram(stat, cfg.top_k)
-    if cfg.bias_rule != "threshold":
-        return jnp.zeros(stat.shape[:-1], jnp.float32)
-    bias = -stat[..., -1]
-    return bias - jnp.mean(bias, axis=-1, keepdims=True)
+    return balancing_rule(cfg).target(cfg, stat)
 
 
 def threshold_bias(logits: jax.Array, top_k: int) -> jax.Array:
@@ -947,22 +1049,11 @@ def update_router_bias(cfg: ModelConfig, router_bias: jax.Array, stats: dict,
     Adam step moves an expert's logits further than their spread over tokens (small widths at
     the peak LR), every token picks the same experts for 10-30 steps (issue 37 item 6).
     """
-    if cfg.bias_rule in ("threshold", "quantile"):   # quantile: model/balance.py, the recipe's
-        new = stats["moe/bias_target"]
-        if router_step is not None:
-            shift = jnp.einsum("ld,lde->le", stats["moe/router_in"].astype(jnp.float32),
-                               router_step.astype(jnp.float32))                 # [L, E]
-            new = new - (shift - jnp.mean(shift, axis=-1, keepdims=True))
-    elif cfg.bias_rule == "sign":
-        load = stats["moe/load"]                                       # [n_layers, E]
-        new = router_bias + cfg.bias_rate * jnp.sign(jnp.mean(load, axis=-1, keepdims=True) - load)
-    else:
-        new = router_bias
+    new = balancing_rule(cfg).update(cfg, router_bias, stats, router_step)
     return jax.lax.stop_gradient(jnp.asarray(new, router_bias.dtype))
 
 
 def empty_bias_stat(cfg: ModelConfig, shape) -> jax.Array:
     """The identity of :func:`merge_bias_stat` (the statistic of no tokens): -inf logits for
     threshold, zero counts for quantile (and the rules without a statistic)."""
-    fill = -jnp.inf if cfg.bias_rule == "threshold" else 0.0
-    return jnp.full(shape, fill, jnp.float32)
+    return jnp.full(shape, balancing_rule(cfg).empty_fill(), jnp.float32)

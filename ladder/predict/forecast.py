@@ -136,8 +136,6 @@ class Forecast(ForecastBand):
     final: dict
     level: float
     eval_noise: float
-    law_lo: np.ndarray
-    law_hi: np.ndarray
 
     def points(self) -> list[dict]:
         return [{"fraction": float(f), "step": int(s), "tokens": float(t), "loss": float(l),
@@ -163,12 +161,12 @@ def forecast(law, target: Target, *, level: float = 0.9, eval_noise: float = 0.0
     if not 0 < level < 1:
         raise ValueError(f"level: must be in (0, 1), got {level!r}")
     g = grid_fractions(target, every=every)
-    loss, lo, hi, lo2, hi2 = target_band(law, target.at(g), level=level, eval_noise=eval_noise)
+    # the band with the eval noise (the law's own band, the first pair, is not registered)
+    loss, _, _, lo, hi = target_band(law, target.at(g), level=level, eval_noise=eval_noise)
     steps = np.rint(g * target.steps).astype(np.int64)
-    final = {"loss": float(loss[-1]), "lo": float(lo2[-1]), "hi": float(hi2[-1])}
-    return Forecast(fraction=g, step=steps, tokens=g * target.tokens, loss=loss, lo=lo2, hi=hi2,
-                    final=final, level=level, eval_noise=float(eval_noise or 0.0),
-                    law_lo=lo, law_hi=hi)
+    final = {"loss": float(loss[-1]), "lo": float(lo[-1]), "hi": float(hi[-1])}
+    return Forecast(fraction=g, step=steps, tokens=g * target.tokens, loss=loss, lo=lo, hi=hi,
+                    final=final, level=level, eval_noise=float(eval_noise or 0.0))
 
 
 def budget_curve(law, target: Target) -> dict:

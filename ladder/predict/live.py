@@ -61,9 +61,9 @@ from ladder.predict.watch import (
 # they already have, so nothing is sent twice
 RECOVER = ("move the state file aside (or give a new --state) to judge the run from its start; "
            "--alerts skips the alerts it already holds")
-# the state files this tool reads: the current one and the one before (its state is upgraded,
-# ladder.predict.watch.state); a newer one is refused by name, never read as the current one
-STATE_FILE_SCHEMAS = ("watch-state/1", STATE_SCHEMA)
+# the state file this tool reads (watch-state/1, written only before any release, and a newer
+# one are refused by name, never read as the current one)
+STATE_FILE_SCHEMAS = (STATE_SCHEMA,)
 ALERT_FIELDS = ("time", "step", "tokens", "fraction", "kind", "severity", "value", "expected",
                 "lo", "hi", "direction", "message")
 
@@ -298,11 +298,8 @@ class Watcher:
 
     def _restore_source(self, saved: dict) -> None:
         judged = judged_through(saved.get("state"))
-        if "source" not in saved:
-            self._skip(judged)
-            return
         try:
-            if not self.source.restore(saved["source"]):
+            if "source" not in saved or not self.source.restore(saved["source"]):
                 self._skip(judged)
         except (TypeError, ValueError, KeyError, OverflowError, AttributeError) as e:
             msg = str(e)

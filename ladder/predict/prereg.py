@@ -41,7 +41,6 @@ from ladder.io import (
     PREREG_MODE,
     InputError,
     atomic_write_bytes,
-    canonical_json,
     inside,
     loads,
     number,
@@ -438,6 +437,13 @@ def _check_metric(d: Mapping, path, prefix: str) -> None:
     if not isinstance(d.get("final"), Mapping):
         raise InputError("expected an object {loss, lo, hi}", path=path, field=f"{prefix}final")
     _check_band(d["final"], path, f"{prefix}final")
+    # the final band is read in log (the updated forecast's prior, ladder.predict.updated): a
+    # law's loss and its band are positive, so a 0 or negative end is no band this tool wrote
+    for name in ("loss", "lo", "hi"):
+        x = as_float(d["final"].get(name))
+        if x is not None and x <= 0:
+            raise InputError(f"expected a positive number, got {x!r}", path=path,
+                             field=f"{prefix}final.{name}")
 
 
 def _check_band(pt: Mapping, path, field: str) -> None:
@@ -713,7 +719,3 @@ def _unrecorded(path: Path, followed: set[str], known: set) -> list[str]:
             out.append(f"{p.name} claims to amend it but is not recorded in {CHAIN_FILE} nor "
                        f"named with --amend-chain")
     return out
-
-
-def canonical_bytes(doc: Mapping) -> bytes:
-    return canonical_json({k: v for k, v in doc.items() if k not in HASHED_OUT})

@@ -19,9 +19,10 @@ its forecast with no hand-built chart.
   each poll's last step, labelled, beside the frozen numbers. Every row carries its ``step`` as
   a key too and W&B's step is given explicitly, so a
   watcher resumed offline (where W&B restarts its row counter at 0) still puts rows at the
-  watched run's steps. The eval rows come from :class:`TeeSource`, which passes the watcher's
-  source through unchanged and hands each poll's evals to the sink with the pre-registration
-  view in use (an amendment the watcher moves to is followed).
+  watched run's steps. The eval rows come from the watcher it is attached to
+  (:meth:`WatchRunSink.attach`: a listener of every batch the watcher judges, with the
+  pre-registration view in use, so an amendment the watcher moves to is followed and a row read
+  again after a restart is not logged again).
 
 Both runs also log **one chart with the band** (:func:`band_chart`, key ``band``): W&B's built-in
 line-series custom chart (``wandb.plot.line_series``, preset ``wandb/lineseries/v0``) over a table
@@ -51,7 +52,6 @@ import numpy as np
 from ladder import wandbrun
 from ladder.io import InputError, as_float, sha256_file
 from ladder.predict.sinks import Sink, wandb_alert
-from ladder.sources.base import Poll, Source, SourceWrapper
 from ladder.predict.watch import SEVERITIES, Alert, Batch, PreregView, exit_code_for, row_fractions
 
 PREFIXES = ("forecast", "watch")
@@ -185,36 +185,6 @@ def _grid_band(doc: dict, view: PreregView | None = None):
     return step, e, lo, hi
 
 
-class TeeSource(SourceWrapper):
-    """A watcher source passed through unchanged; every poll's eval rows of ``view.metric`` also go
-    to ``on_evals(view, step, tokens, fraction, value)`` (numpy arrays), ``view`` being
-    ``view_of()`` at that poll (the watcher's current pre-registration)."""
-
-    def __init__(self, source: Source, view_of, on_evals):
-        super().__init__(source)
-        self._view_of, self._on_evals = view_of, on_evals
-
-    def poll(self) -> Poll:
-        return self._tee(self._source.poll())
-
-    def poll_batch(self, keys, keep) -> Poll:
-        return self._tee(self._source.poll_batch(keys, keep))
-
-    def _tee(self, p: Poll) -> Poll:
-        view: PreregView = self._view_of()
-        b = p.batch if p.batch is not None else Batch.from_rows(p.rows, keys=[view.metric,
-                                                                              "tokens",
-                                                                              "progress"])
-        y = b.cols.get(view.metric)
-        if y is None or not len(b):
-            return p
-        ok = np.isfinite(y)
-        if ok.any():
-            frac = row_fractions(view, b)
-            self._on_evals(view, b.step[ok], b.col("tokens")[ok], frac[ok], y[ok])
-        return p
-
-
 def previous_live(wandb_dir: Path, run_id: str, current: Path, metric: str) -> dict[int, float]:
     """The live curve (step -> value) of the last band chart an earlier offline segment of run
     ``run_id`` under ``wandb_dir`` logged (the segment ``current`` left out); {} when there is
@@ -299,6 +269,26 @@ class WatchRunSink(Sink):
         except (TypeError, ValueError):
             pass
         return None
+
+    def attach(self, watcher) -> None:
+        """Log what ``watcher`` (ladder.predict.live.Watcher) judges: the evals of every batch it
+        judges, as one of its listeners, and the updated forecast after each poll. A listener
+        sees the rows after the watcher dropped those it judged already, so a restarted watcher
+        whose source starts over (a lineage given a new run id, an offline log read again)
+        logs each row once."""
+        from ladder.predict.watch.rules.heading import updated_forecast
+        watcher.listeners.append(self.on_batch)
+        self.updated = lambda: updated_forecast(watcher.view, watcher.state.get("heading"))
+
+    def on_batch(self, view: PreregView, batch: Batch) -> None:
+        """A judged batch's finite evals of ``view.metric`` to :meth:`log_evals`."""
+        y = batch.cols.get(view.metric)
+        if y is None or not len(batch):
+            return
+        ok = np.isfinite(y)
+        if ok.any():
+            frac = row_fractions(view, batch)
+            self.log_evals(view, batch.step[ok], batch.col("tokens")[ok], frac[ok], y[ok])
 
     def log_evals(self, view: PreregView, step, tokens, frac, y) -> None:
         """Hold this poll's judged evals until :meth:`flush` (after the alerts about them)."""

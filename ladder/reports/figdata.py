@@ -18,15 +18,12 @@ import numpy as np
 from ladder.fit.forms import CURVES_FORMS
 from ladder.io import as_float
 from ladder.predict.planned import rung_query
-from ladder.predict.watch import SEVERITIES, alert_kinds, health_alert_kinds
+from ladder.predict.watch import SEVERITIES, alert_kinds
 from ladder.reports.inputs import ReportInputs, RunData, alert_fraction, not_applicable_spans
 
 # Alert kinds about the watched metric itself: those of the watcher's rules drawn on the watch
 # plot (predict.watch.RULES, panel "watch"); spikes and health alerts are ticks on its top edge.
 LOSS_ALERT_KINDS = alert_kinds("watch")
-# Alert kinds drawn on a health panel as well as on the watch plot: per key, those of the rules
-# that read it (ladder.predict.watch.RULES, panel "health", and the non-finite rule).
-HEALTH_ALERT_KINDS = health_alert_kinds()
 # loss alerts whose value is circled on the watch plot
 MARKED_KINDS = ("above_band", "below_band", "trend", "rising")
 
@@ -41,14 +38,10 @@ def is_loss_alert(a: dict) -> bool:
 
 
 def health_alert_for(a: dict, key: str) -> bool:
-    """Whether alert ``a`` is about health signal ``key``: the metric ``key`` the watcher wrote
-    into it, else (alerts of older watchers) one of the kinds its rules raise about ``key``."""
-    if is_loss_alert(a):
-        return False
-    if isinstance(a.get("key"), str):
-        return a["key"] == key
-    kind = a.get("clears") if a.get("kind") == "cleared" else a.get("kind")
-    return kind in HEALTH_ALERT_KINDS.get(key, ())
+    """Whether alert ``a`` is about health signal ``key``: the metric ``key`` the watcher writes
+    into every alert of a health rule (since 4ad29e2, before any release; an alert without one
+    is drawn on the watch figure only)."""
+    return not is_loss_alert(a) and a.get("key") == key
 
 
 @dataclass(frozen=True)
@@ -61,7 +54,7 @@ class Curve:
     hi: np.ndarray
 
 
-def _y_limits(ys, pad: float, *, log: bool = False) -> tuple[float, float] | None:
+def y_limits(ys, pad: float, *, log: bool = False) -> tuple[float, float] | None:
     """(lo, hi) around the finite values of ``ys`` (positive ones on a log axis), padded by
     ``pad`` of their range; None when there is none."""
     ys = np.asarray([y for y in ys if np.isfinite(y) and (y > 0 or not log)])
@@ -309,16 +302,8 @@ def ladder_data(inp: ReportInputs) -> LadderData | None:
         law_form=inp.law.form if inp.law is not None else None,
         join=not whole or inp.law.obj is None, rungs=rungs,
         law_line=None if whole else _final_points_law(inp, runs), target=target,
-        forecast=forecast, ylim=_y_limits(ys, 0.06, log=True),
+        forecast=forecast, ylim=y_limits(ys, 0.06, log=True),
         last_values=tuple(float(r.series(metric).value[-1]) for r in runs))
-
-
-def ladder_residuals(inp: ReportInputs) -> np.ndarray:
-    """Relative residuals (observed / law - 1) of every rung's eval points (empty without a law)."""
-    whole = law_follows_runs(inp)
-    out = [_rung_law(inp, run, whole, np.array([]))[1] for run in inp.rungs]
-    out = [r for r in out if len(r)]
-    return np.concatenate(out) if out else np.array([])
 
 
 # ----------------------------------------------------------------------------- 2. the law
@@ -554,6 +539,18 @@ def _placed_alerts(inp: ReportInputs):
     return tuple(lines), tuple(ticks), counts
 
 
+def watch_ylim(fc, fraction, value) -> tuple[float, float] | None:
+    """The watch chart's y range (the report's figure and the live page alike): the band
+    (``fc``, a ForecastBand or None) and the curve after the first 5% of the run (the first
+    evals sit far above), padded by 8%."""
+    ys = []
+    if fc is not None:
+        m = fc.fraction >= 0.05
+        ys += list(fc.lo[m]) + list(fc.hi[m])
+    fraction, value = np.asarray(fraction, float), np.asarray(value, float)
+    return y_limits(ys + list(value[fraction >= 0.05]), 0.08)
+
+
 def watch_data(inp: ReportInputs) -> WatchData | None:
     """The watch figure's data; None with neither a target run nor a pre-registration."""
     t, fc, metric = inp.target, inp.forecast, inp.metric
@@ -580,13 +577,6 @@ def watch_data(inp: ReportInputs) -> WatchData | None:
         note = "no target run found: forecast only"
     else:
         note = f"{t.name}: no {metric} logged yet"
-    # y limits from the band and the curve after the first 5% (the first evals sit far above)
-    ys = []
-    if fc is not None:
-        m = fc.fraction >= 0.05
-        ys += list(fc.lo[m]) + list(fc.hi[m])
-    if s is not None and len(s):
-        ys += list(s.value[s.fraction >= 0.05])
     rs = []  # the same for the deviation panel, in percent
     if fc is not None:
         m = (fc.fraction >= 0.05) & (fc.loss > 0)
@@ -604,8 +594,9 @@ def watch_data(inp: ReportInputs) -> WatchData | None:
         band_missing=fc is not None and not np.isfinite(fc.lo).any(), run_label=label,
         run_note=note, fraction=fr, value=val, deviation=dev, nonfinite=nonfinite,
         spans=not_applicable_spans(inp), loss_alerts=loss_alerts, ticks=ticks, counts=counts,
-        has_alerts=inp.alerts is not None, ylim=_y_limits(ys, 0.08),
-        rlim=_y_limits(rs, 0.1) if len(rs) > 1 else None,
+        has_alerts=inp.alerts is not None,
+        ylim=watch_ylim(fc, *((s.fraction, s.value) if s is not None else ((), ()))),
+        rlim=y_limits(rs, 0.1) if len(rs) > 1 else None,
         tokens_total=tokens_total if isinstance(tokens_total, (int, float))
         and tokens_total > 0 else None,
         verdict=inp.verdict)

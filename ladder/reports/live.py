@@ -35,6 +35,7 @@ import json
 import math
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -54,7 +55,6 @@ TIMEOUT_S = 5.0     # per connection: a client that sends nothing is dropped aft
 # write, well under a millisecond; a client still sending after this is dropped
 HEAD_DEADLINE_S = 2.0
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
-LOSS_KINDS = ("above_band", "below_band", "trend", "rising", "contingency", "nan")
 SEVERITY_COLORS = {"info": "#868e96", "warn": "#f08c00", "critical": "#d62728"}
 
 PAGE = """<!DOCTYPE html>
@@ -292,29 +292,28 @@ def chart_state(band, series: list[dict], alerts: list[dict], *, metric: str,
                 level: float | None) -> dict:
     """The ``chart`` object of the page: ``band`` (a ``ladder.predict.prereg_view.ForecastBand`` or
     None), ``series`` ({name, x, y, color, width, opacity}, already downsampled), ``alerts``
-    ({x, kind, severity}); the y range from the band and the series after the first 5% of the
-    run (the first evals sit far above), as the report's watch figure does."""
-    ys = []
+    (as written: drawn at their ``fraction``; lines for those about the metric, as on the
+    report's watch figure, ticks for the rest); the y range from the band and the series after
+    the first 5% of the run (the first evals sit far above), as the report's watch figure does."""
+    # the report's watch figure's own rules
+    from ladder.reports.figdata import is_loss_alert, watch_ylim, y_limits
     out_band = None
     if band is not None:
         ok = band.fraction > 0
         out_band = {"x": _list(band.fraction[ok]), "mid": _list(band.loss[ok]),
                     "lo": _list(band.lo[ok]), "hi": _list(band.hi[ok])}
-        m = band.fraction >= 0.05
-        ys += [v for v in np.concatenate([band.lo[m], band.hi[m]]) if math.isfinite(v)]
-    for s in series:
-        if s.get("scale"):
-            x, y = np.asarray(s["x"], float), np.asarray(s["y"], float)
-            ys += [v for v in y[x >= 0.05] if math.isfinite(v)]
-    if not ys:
-        ys = [v for s in series for v in s["y"] if math.isfinite(v)] or [0.0, 1.0]
-    lo, hi = min(ys), max(ys)
-    pad = 0.08 * (hi - lo) if hi > lo else 0.05 * abs(hi) + 1e-3
-    ylim = [lo - pad, hi + pad]
+
+    def cat(ss, k):
+        return np.concatenate([np.asarray(s[k], float) for s in ss]) if ss else np.array([])
+    scaled = [s for s in series if s.get("scale")]
+    ylim = watch_ylim(band, cat(scaled, "x"), cat(scaled, "y")) or \
+        y_limits(cat(series, "y"), 0.08) or (0.0, 1.0)
     xmax = max([1.0] + [float(np.max(s["x"])) for s in series if len(s["x"])])
-    marks = [{"x": _round(a["x"]), "kind": a["kind"], "loss": a["kind"] in LOSS_KINDS,
-              "color": SEVERITY_COLORS.get(a["severity"], SEVERITY_COLORS["info"])}
-             for a in alerts if a.get("x") is not None and a["severity"] != "info"]
+    marks = [{"x": _round(as_float(a.get("fraction"))), "kind": a.get("kind"),
+              "loss": is_loss_alert(a),
+              "color": SEVERITY_COLORS.get(a.get("severity"), SEVERITY_COLORS["info"])}
+             for a in alerts
+             if as_float(a.get("fraction")) is not None and a.get("severity") != "info"]
     names = [s["name"] for s in series]
     legend = (f"dashed: pre-registered forecast, shaded: its {level:.0%} band; "
               if band is not None and level else "") + "; ".join(
@@ -333,6 +332,27 @@ def _series(name: str, ds: Downsampled, color: str, width: float, opacity: float
     x, y = ds.points()
     return {"name": name, "x": x, "y": y, "n": ds.n, "color": color, "width": width,
             "opacity": opacity, "scale": scale}
+
+
+def _curves(metric: str, ds: Downsampled, train: Downsampled) -> list[dict]:
+    """The watched metric's series and, faint and not setting the y range, the train loss."""
+    return ([_series("train/loss", train, "#adb5bd", 1.0, 0.8, False)] if train.n else []) + \
+        [_series(metric, ds, "#e8590c", 2.0, 1.0, True)]
+
+
+def _answer(lines: list[str], tone: str, alerts: list[dict], n_alerts: int, *,
+            chart: dict | None = None, panels: list[dict] | None = None) -> dict:
+    """The page's state: the chart (or a multi-metric watch's panels), the verdict lines and
+    their tone, the newest alerts first."""
+    return {"chart": chart, "panels": panels or [], "verdict": lines,
+            "tone": {"ok": ""}.get(tone, tone),
+            "alerts": [_alert_row(a) for a in alerts[-ALERTS_SHOWN:][::-1]],
+            "n_alerts": n_alerts}
+
+
+def _panel_lines(ps: list[dict], absent=()) -> list[str]:
+    return [f"{p['metric']}: residual {p['residual']}, worst alert {p['worst'] or 'none'}"
+            + (" (absent from the source)" if p["metric"] in absent else "") for p in ps]
 
 
 def _alert_row(a: dict) -> dict:
@@ -373,7 +393,6 @@ class LivePage:
         self._n = 0
         self._state: dict = {}
         self._body = b"{}"
-        self.requests = 0
         try:
             self.httpd = _PoolServer((host, port), _handler(self))
         except OSError as e:
@@ -563,25 +582,17 @@ class WatcherFeed:
         level = self._level_of(doc)
         metric = w.view.metric
         with self._lock:
-            series = []
-            if self.train.n:
-                series.append(_series("train/loss", self.train, "#adb5bd", 1.0, 0.8, False))
-            series.append(_series(metric, self.metric, "#e8590c", 2.0, 1.0, True))
+            series = _curves(metric, self.metric, self.train)
             last = self.metric.last
         alerts = [to_jsonable(a.to_dict()) for a in w.all_alerts[-ALERTS_SHOWN:]]
-        marks = [{"x": as_float(a.get("fraction")), "kind": a.get("kind"),
-                  "severity": a.get("severity")} for a in alerts]
         lines, tone = watcher_verdict(w, band, level, last)
         from ladder.reports import updated
         up = updated.of_watcher(w)  # issue 40: labelled, beside the frozen band
         series += updated.series(up)
         if updated.line(up, metric):
             lines.insert(1, updated.line(up, metric))
-        return {"chart": chart_state(band, series, marks, metric=metric, level=level),
-                "verdict": lines, "tone": {"ok": ""}.get(tone, tone),
-                "alerts": [_alert_row(a) for a in alerts[::-1]],
-                "n_alerts": len(w.all_alerts)}
-
+        return _answer(lines, tone, alerts, len(w.all_alerts),
+                       chart=chart_state(band, series, alerts, metric=metric, level=level))
 
     def _multi_state(self) -> dict:
         """A multi-metric watch: the panels, in the watcher's residual order (its smoothed
@@ -600,16 +611,12 @@ class WatcherFeed:
                                  [a for a in alerts if a.get("metric") == key], level,
                                  r["residual_rel"], r["worst"]))
         st = w.state
-        lines = [f"{p['metric']}: residual {p['residual']}, worst alert {p['worst'] or 'none'}"
-                 + (" (absent from the source)" if rows[p["metric"]]["absent"] else "")
-                 for p in ps]
+        lines = _panel_lines(ps, [k for k, r in rows.items() if r["absent"]])
         lines.append(f"{st.get('n_points', 0):,} points and {st.get('n_evals', 0):,} evals "
                      f"judged, last step {st.get('last_step')}; worst: "
                      f"{st.get('worst') or 'none'}.")
         tone = {"critical": "bad", "warn": "warn"}.get(st.get("worst") or "", "")
-        return {"chart": None, "panels": ps, "verdict": lines, "tone": tone,
-                "alerts": [_alert_row(a) for a in alerts[::-1]],
-                "n_alerts": len(w.all_alerts)}
+        return _answer(lines, tone, alerts, len(w.all_alerts), panels=ps)
 
 
 def verdict(name: str, metric: str, band, level, last, *, worst: str | None,
@@ -649,9 +656,7 @@ def verdict(name: str, metric: str, band, level, last, *, worst: str | None,
 def watcher_verdict(w, band, level, last) -> tuple[list[str], str]:
     """The verdict of a watcher's page, from its state and alerts."""
     st = w.state
-    counts: dict[str, int] = {}
-    for a in w.all_alerts:
-        counts[a.severity] = counts.get(a.severity, 0) + 1
+    counts = Counter(a.severity for a in w.all_alerts)
     return verdict(str((w.doc.get("target") or {}).get("name") or "target"), w.view.metric,
                    band, level, last, worst=st.get("worst"),
                    not_applicable=st.get("not_applicable"), counts=counts,
@@ -661,21 +666,18 @@ def watcher_verdict(w, band, level, last) -> tuple[list[str], str]:
 
 def _panel(metric: str, band, ds: Downsampled, alerts: list[dict], level, residual,
            worst) -> dict:
-    marks = [{"x": as_float(a.get("fraction")), "kind": a.get("kind"),
-              "severity": a.get("severity")} for a in alerts]
     series = [_series(metric, ds, "#e8590c", 2.0, 1.0, True)] if ds.n else []
     res = "-" if residual is None or not math.isfinite(residual) else f"{residual:+.2%}"
     return {"metric": metric, "residual": res, "worst": worst,
-            "chart": chart_state(band, series, marks, metric=metric, level=level)}
+            "chart": chart_state(band, series, alerts, metric=metric, level=level)}
 
 
 def files_panels(inp) -> list[dict]:
     """The small multiples of a multi-metric pre-registration (``reports.metrics``): one chart
     per metric, largest residual first ([] for a single-metric one)."""
-    from ladder.reports.metrics import panels
     out = []
     level = inp.level if inp.prereg else None
-    for p in panels(inp):
+    for p in inp.panels:
         ds = Downsampled()
         if p.series is not None:
             ds.add(p.series.fraction, p.series.value)
@@ -687,27 +689,18 @@ def files_state(inp) -> dict:
     """The page's state from report inputs (``ladder.reports.inputs.ReportInputs``): the target's
     metric and train loss downsampled as a watcher's page draws them."""
     metric = inp.metric
-    series = []
     t = inp.target
-    last = None
-    if t is not None:
-        for key, color, width, opacity, scale in (("train/loss", "#adb5bd", 1.0, 0.8, False),
-                                                  (metric, "#e8590c", 2.0, 1.0, True)):
-            s = t.series(key)
-            if s is not None and len(s):
-                ds = Downsampled()
-                ds.add(s.fraction, s.value)
-                series.append(_series(key, ds, color, width, opacity, scale))
-                if key == metric:
-                    last = ds.last
+    ds = {key: Downsampled() for key in (metric, "train/loss")}
+    for key in ds if t is not None else ():
+        s = t.series(key)
+        if s is not None and len(s):
+            ds[key].add(s.fraction, s.value)
+    series = _curves(metric, ds[metric], ds["train/loss"]) if t is not None else []
+    last = ds[metric].last
     alerts = list(inp.alerts or [])
-    counts: dict[str, int] = {}
-    for a in alerts:
-        counts[str(a.get("severity"))] = counts.get(str(a.get("severity")), 0) + 1
+    counts = Counter(str(a.get("severity")) for a in alerts)
     worst = next((k for k in ("critical", "warn", "info") if counts.get(k)), None)
     na = next((str(a.get("message")) for a in alerts if a.get("kind") == "not_applicable"), None)
-    marks = [{"x": as_float(a.get("fraction")), "kind": a.get("kind"),
-              "severity": a.get("severity")} for a in alerts]
     level = inp.level if inp.prereg else None
     lines, tone = verdict(inp.target_name or "target", metric, inp.forecast, level, last,
                           worst=worst, not_applicable=na, counts=counts)
@@ -715,13 +708,9 @@ def files_state(inp) -> dict:
         lines += list(inp.notes[:2])
     ps = files_panels(inp)
     if ps:  # multi-metric: no single metric; the panels carry the curves
-        lines = [f"{p['metric']}: residual {p['residual']}, worst alert {p['worst'] or 'none'}"
-                 for p in ps] + lines[-1:]
-    return {"chart": None if ps else chart_state(inp.forecast, series, marks, metric=metric,
-                                                level=level),
-            "panels": ps, "verdict": lines, "tone": {"ok": ""}.get(tone, tone),
-            "alerts": [_alert_row(a) for a in alerts[-ALERTS_SHOWN:][::-1]],
-            "n_alerts": len(alerts)}
+        return _answer(_panel_lines(ps) + lines[-1:], tone, alerts, len(alerts), panels=ps)
+    return _answer(lines, tone, alerts, len(alerts),
+                   chart=chart_state(inp.forecast, series, alerts, metric=metric, level=level))
 
 
 # ------------------------------------------------------------------------ the server
@@ -812,7 +801,6 @@ def _handler(page: LivePage):
             self.wfile.write(body)
 
         def do_GET(self):  # noqa: N802 - the http.server API
-            page.requests += 1
             self.connection.settimeout(TIMEOUT_S)  # the answer's writes: the connection's own
             hosts = self.headers.get_all("Host") or []
             if len(hosts) != 1 or not page.host_allowed(hosts[0]):

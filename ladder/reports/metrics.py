@@ -15,16 +15,10 @@ import math
 
 import numpy as np
 
-from ladder.reports.inputs import Panel, ReportInputs, alert_fraction
+from ladder.reports.inputs import ReportInputs, alert_fraction
 from ladder.reports.style import FORECAST_COLOR, SEVERITY_COLORS, TARGET_COLOR, figure, percent_x
 
 COLUMNS = 4
-
-
-def panels(inp: ReportInputs) -> list[Panel]:
-    """One :class:`ladder.reports.inputs.Panel` per registered metric, largest |residual| first ([]
-    unless the pre-registration is a multi-metric one); computed once per ``inp``."""
-    return inp.panels
 
 
 def plot_metrics(inp: ReportInputs):

@@ -39,7 +39,6 @@ from ladder.sources.wandb import (
     WandbUri,
     decode_wandb_file,
     read_wandb_records,
-    wandb_executable,
 )
 
 
@@ -80,4 +79,4 @@ def open_source(src: str, *, follow: bool = False, **kw) -> Source:
 __all__ = ["IDENTITY_BYTES", "JSONL_POSITION", "CsvSource", "JsonlSource", "KeyMappedSource",
            "Poll", "Source", "SourceWrapper", "WandbApiSource", "WandbOfflineSource", "WandbUri",
            "check_position", "decode_wandb_file", "file_identity", "normalise_columns",
-           "open_source", "parse_lines", "read_wandb_records", "same_file", "wandb_executable"]
+           "open_source", "parse_lines", "read_wandb_records", "same_file"]

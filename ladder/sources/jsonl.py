@@ -58,7 +58,7 @@ class JsonlSource(Source):
         return {"kind": self.kind, "path": str(self.path), "offset": self.offset,
                 "inode": self.inode, "line_no": self.line_no, "max_step": self.max_step,
                 "config_sent": self._config_sent, "head": self.head,
-                "skip_through": None, "identity": file_identity(self.path)}
+                "identity": file_identity(self.path)}
 
     def finished(self) -> str | None:
         return summary_finished(self.path.parent)
@@ -75,9 +75,6 @@ class JsonlSource(Source):
             return False  # another file: read it from its start
         self.offset = got["offset"]
         self.head = got["head"]
-        # a position saved while steps were being skipped (before the watcher did it): the
-        # rows read again still include judged ones
-        self.restarted = got["skip_through"] is not None
         self.inode = got["inode"]
         self.line_no = got["line_no"]
         self.max_step = got["max_step"]
@@ -266,7 +263,7 @@ def parse_lines(block: bytes, line_no: int, rows: list) -> tuple[int, int | None
 # A saved read position of a JSONL source, field by field (ladder.sources.base.check_position)
 JSONL_POSITION = {"path": ("str", None), "offset": ("int", POS_INT),
                   "inode": ("int?", POS_INT), "line_no": ("int", POS_INT),
-                  "max_step": ("int?", (0, 2 ** 53)), "skip_through": ("int?", (0, 2 ** 53)),
+                  "max_step": ("int?", (0, 2 ** 53)),
                   "config_sent": ("bool", None), "head": ("str", None),
                   "identity": ("dict?", None)}
 

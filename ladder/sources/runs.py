@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ladder.io import EX_NOINPUT, InputError, as_float, read_json, read_metrics
+from ladder.io import EX_NOINPUT, InputError, as_float, known_schema, read_json, read_metrics
 
 if TYPE_CHECKING:
     import numpy as np
@@ -37,6 +37,10 @@ STATUSES = ("complete", "running", "diverged", "failed")   # what the trainer wr
 ENDED = ("complete", "diverged", "failed")
 EXCLUDED = ("diverged", "failed")   # a fit, a forecast's references: never from these runs
 MAX_DEPTH = 3
+# The versions of a run's summary.json and config.json this reader knows (the trainer writes
+# them, ladder.trainer.rundir); a later version is refused by name, never read as these
+SUMMARY_SCHEMAS = ("run-summary/1",)
+CONFIG_SCHEMAS = ("run-config/1",)
 
 
 def is_run_dir(path: str | os.PathLike) -> bool:
@@ -111,10 +115,6 @@ class RunDir:
         if s in STATUSES:
             return str(s)
         return "running" if self.rows or self.metrics_path.is_file() else "no metrics"
-
-    @property
-    def ended(self) -> bool:
-        return self.status in ENDED
 
     # -- plan (the summary first, then the rung spec) --------------------------------------------
     def _planned(self, key: str) -> float | None:
@@ -198,9 +198,9 @@ def read_run(path: str | os.PathLike, *, metrics: bool = True) -> RunDir:
         raise InputError("no such run directory", path=path, exit_code=EX_NOINPUT)
     # a name that is there but not a regular file (a FIFO, a device) is read, and so refused
     # with one line by ladder.io.open_input, rather than passed over as missing
-    summary = read_json(path / "summary.json", schema="run-summary") \
+    summary = _versioned(path / "summary.json", "run-summary", SUMMARY_SCHEMAS) \
         if _there(path / "summary.json") else {}
-    config = read_json(path / "config.json", schema="run-config") \
+    config = _versioned(path / "config.json", "run-config", CONFIG_SCHEMAS) \
         if _there(path / "config.json") else {}
     rung = None
     if isinstance(config.get("rung"), dict):
@@ -213,6 +213,15 @@ def read_run(path: str | os.PathLike, *, metrics: bool = True) -> RunDir:
     rows = read_metrics(path / "metrics.jsonl") \
         if metrics and _there(path / "metrics.jsonl") else []
     return RunDir(path=path, config=config, summary=summary, rung=rung, rows=rows)
+
+
+def _versioned(path: Path, kind: str, known: tuple[str, ...]) -> dict:
+    """The JSON object of ``path``, of schema ``kind/<version>`` and a version this reader knows:
+    else one line naming the file and ``schema`` (a later version: 'written by a newer
+    ladder?')."""
+    obj = read_json(path, schema=kind)
+    known_schema(obj, known, path=path)
+    return obj
 
 
 def _there(p: Path) -> bool:

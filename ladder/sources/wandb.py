@@ -1,8 +1,7 @@
 """The W&B sources.
 
-- :class:`WandbOfflineSource`: a W&B offline run directory (or its ``.wandb`` file), read with
-  ``wandb leet inspect --json`` (wandb >= 0.2x) or, when that is unavailable, by decoding the
-  record log directly with wandb's protobuf classes (:func:`decode_wandb_file`).
+- :class:`WandbOfflineSource`: a W&B offline run directory (or its ``.wandb`` file), its record
+  log decoded incrementally with wandb's protobuf classes (:func:`decode_wandb_file`).
 - :class:`WandbApiSource`: ``wandb://ENTITY/PROJECT/ID[,ID...]`` through the public API; several
   ids form one lineage (a restarted run gets a new id) and later ids win for repeated steps.
 """
@@ -11,10 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import struct
-import subprocess
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,13 +26,6 @@ SEGMENT_POSITION = {"offset": ("int", POS_INT), "num": ("int", POS_INT), "exit":
 # ----------------------------------------------------------------------------------- offline
 
 
-def wandb_executable() -> str | None:
-    exe = Path(sys.executable).parent / "wandb"
-    if exe.exists():
-        return str(exe)
-    return shutil.which("wandb")
-
-
 class WandbOfflineSource(Source):
     """A W&B offline run: a directory (``wandb/``, a ``run-*`` directory) or one ``.wandb`` file.
 
@@ -50,9 +39,8 @@ class WandbOfflineSource(Source):
     kind = "wandb-offline"
     poll_seconds = 2.0  # W&B flushes its offline log every few seconds
 
-    def __init__(self, path: str | os.PathLike, *, use_leet: bool | None = None):
+    def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        self.use_leet = use_leet  # True: `wandb leet inspect --json` (reads whole files)
         self.segs: dict[str, dict] = {}  # segment name -> {"offset", "num", "exit"}
         self._config_sent = False
 
@@ -108,29 +96,6 @@ class WandbOfflineSource(Source):
         last = self.segs.get(segs[-1][0]) if segs else None
         return "W&B exit record" if last and last.get("exit") else None
 
-    def _leet(self, f: Path) -> list[dict] | None:
-        exe = wandb_executable() if self.use_leet is not False else None
-        if not exe:
-            return None
-        try:
-            proc = subprocess.run([exe, "leet", "inspect", "--json", str(f)],
-                                  capture_output=True, timeout=120, check=False)
-        except (OSError, subprocess.TimeoutExpired):
-            proc = None
-        if proc is not None and proc.returncode == 0 and proc.stdout.strip():
-            out = []
-            for line in proc.stdout.splitlines():
-                try:
-                    out.append(json.loads(line))
-                except (ValueError, RecursionError):
-                    continue
-            return out
-        if self.use_leet:
-            raise InputError("`wandb leet inspect --json` failed: "
-                             + (proc.stderr.decode(errors="replace").strip()[:200]
-                                if proc else "not runnable"), path=f)
-        return None
-
     def poll(self) -> Poll:
         out = Poll()
         for name, f in self.segments():
@@ -145,15 +110,10 @@ class WandbOfflineSource(Source):
                 seg.update(offset=0, num=0)
             if size == seg["offset"]:
                 continue
-            if self.use_leet:
-                recs = [r for r in (self._leet(f) or []) if int(r.get("num", 0) or 0) > seg["num"]]
-                end, bad = size, 0
-            else:
-                stats: dict = {}
-                recs = list(iter_wandb_records(f, seg["offset"], max_bytes=POLL_BYTES,
-                                               stats=stats))
-                end, bad = stats["end"], stats["bad"]
-                out.more = out.more or stats["more"]
+            stats: dict = {}
+            recs = list(iter_wandb_records(f, seg["offset"], max_bytes=POLL_BYTES, stats=stats))
+            end, bad = stats["end"], stats["bad"]
+            out.more = out.more or stats["more"]
             if bad:
                 if not recs and seg["offset"] == 0:
                     raise InputError(f"not a readable W&B record log ({bad} corrupt "

@@ -18,16 +18,19 @@ background; the step directory appears, renamed into place, only when complete, 
 never leaves a checkpoint that resume would read half-written. :meth:`Checkpoints.done_step`
 says which step is complete (the summary names only that), and every process waits for the
 previous save at the same point (the next save, or close), where a permanent checkpoint also
-removes the rolling one it supersedes. Checkpoints written before this layout (one ``default``
-item) are still restored.
+removes the rolling one it supersedes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
+import shutil
+import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from time import monotonic as _clock  # a module global, so a test can drive the clock
 from urllib.parse import urlparse
 
@@ -59,17 +62,6 @@ def _manager(path, keep: int, async_save: bool):
     return ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(
         max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
         cleanup_tmp_directories=True))
-
-
-class _StateSnapshot:
-    """What Grain's checkpoint handler needs of an iterator (``get_state``), for a state taken
-    earlier: the trainer has already drawn the next batch when it saves."""
-
-    def __init__(self, state: bytes):
-        self._state = state
-
-    def get_state(self) -> bytes:
-        return self._state
 
 
 class Checkpoints:
@@ -107,7 +99,9 @@ class Checkpoints:
         if data_state is not None:
             from grain.checkpoint import CheckpointSave
 
-            items["data"] = CheckpointSave(_StateSnapshot(data_state))
+            # what Grain's handler needs of an iterator (get_state), for a state taken earlier:
+            # the trainer has already drawn the next batch when it saves
+            items["data"] = CheckpointSave(SimpleNamespace(get_state=lambda: data_state))
         kind = ROLLING if rolling else "permanent"
         mngr = self.rolling if rolling else self.permanent
         with self._disk_errors(step):
@@ -117,37 +111,31 @@ class Checkpoints:
             self._settle()
         self._last_save = _clock()
 
+    @contextlib.contextmanager
     def _disk_errors(self, step: int):
         """A save that fails on the disk (full, quota, read-only: an OSError, or Orbax's or
         TensorStore's error that carries one) becomes one line, exit 74, after the temporary
         folders of the unfinished checkpoint are removed (issue 39: nothing half-made); the
         newest complete checkpoint is untouched."""
-        import contextlib
-
-        @contextlib.contextmanager
-        def guard():
-            try:
-                yield
-            except Exception as e:  # noqa: BLE001 - examined, re-raised unless the disk's
-                reason = _disk_reason(e)
-                if reason is None:
-                    raise
-                self._close_quietly()       # background writers stop before the clean-up
-                self._remove_unfinished()
-                from ladder.io import EX_IOERR, InputError
-                raise InputError(f"checkpoint of step {step} could not be written ({reason}); "
-                                 f"the newest complete one is step {self._done}; make room and "
-                                 f"continue with --resume", path=self.root,
-                                 exit_code=EX_IOERR) from None
-        return guard()
+        try:
+            yield
+        except Exception as e:  # noqa: BLE001 - examined, re-raised unless the disk's
+            reason = _disk_reason(e)
+            if reason is None:
+                raise
+            self._close_quietly()       # background writers stop before the clean-up
+            self._remove_unfinished()
+            from ladder.io import EX_IOERR, InputError
+            raise InputError(f"checkpoint of step {step} could not be written ({reason}); "
+                             f"the newest complete one is step {self._done}; make room and "
+                             f"continue with --resume", path=self.root,
+                             exit_code=EX_IOERR) from None
 
     def _remove_unfinished(self) -> None:
         """Orbax's temporary folders of checkpoints that were never finished (its own clean-up
         runs when a manager starts; a failed save is cleaned at once). TensorStore's writes of
         the failed save may still land after the managers closed (they create their folders
         again): removed until two passes 0.2 s apart find none, for at most ~5 s."""
-        import shutil
-
         from orbax.checkpoint._src.path.step import TMP_DIR_SUFFIX
 
         quiet = 0
@@ -195,13 +183,6 @@ class Checkpoints:
         abstract = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like)
         step_dir = mngr.directory / str(step)    # a pathlib or etils path
-        if (step_dir / "default").is_dir():  # the single-item layout of earlier versions
-            legacy = ocp.CheckpointManager(mngr.directory, options=ocp.
-                                           CheckpointManagerOptions(read_only=True))
-            try:
-                return legacy.restore(step, args=ocp.args.StandardRestore(abstract))
-            finally:
-                legacy.close()
         items = {"state": ocp.args.StandardRestore(abstract)}
         if data_iterator is not None:
             from grain.checkpoint import CheckpointRestore
@@ -241,8 +222,6 @@ class Checkpoints:
         is a "RuntimeError: Event loop is closed" traceback on stderr, after the one line that
         named the damage (some already while the restore fails). Those, and only those, are
         dropped while restoring and, after a damaged checkpoint, until :meth:`close`."""
-        import sys
-
         if self._unraisable is not None:
             return
         previous = self._unraisable = sys.unraisablehook
@@ -285,13 +264,9 @@ class Checkpoints:
 
     def _loud_again(self) -> None:
         if self._unraisable is not None:
-            import sys
-
             sys.unraisablehook, self._unraisable = self._unraisable, None
 
     def _close_quietly(self) -> None:
-        import contextlib
-
         self._closed = True
         for mngr in (self.permanent, self.rolling):
             with contextlib.suppress(Exception):

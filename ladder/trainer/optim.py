@@ -44,25 +44,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ladder.optspec import (  # noqa: F401  (re-exported: the recipe's names stay here too)
+from ladder.optspec import (  # noqa: F401  (MUON_NS_COEFFS, OptimizerSpec re-exported)
     ADAM_GROUPS,
     ADAMH_GROUPS,
-    ADAMW_DEFAULTS,
-    BETA2_BASE,
-    BETA2_BATCH_TOKENS,
-    BETA2_MAX,
-    BETA2_MIN,
-    EPS_COEF,
-    MARIN_BETA1,
-    MUON_MOMENTUM,
-    MUON_NESTEROV,
     MUON_NS_COEFFS,
     MUON_NS_EPS,
     MUONH_GROUPS,
-    MUONH_LR_CAP,
-    MUONH_LR_RATIO,
     NORM_GAIN,
-    OPTIMIZERS,
     OptimizerSettings,
     OptimizerSpec,
 )

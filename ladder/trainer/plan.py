@@ -264,7 +264,7 @@ def plan_rung(rung: Rung, devices: int = 1, *, expert_parallel: int | None = Non
     cfg = rung.model
     mesh = make_mesh(devices, cfg.n_experts, expert_parallel)
 
-    from ladder.model.balance import N_BINS
+    from ladder.model.moe import balancing_rule
 
     n_trained, n_bias = exact_param_count(cfg)
     n_exact = n_trained + n_bias
@@ -273,10 +273,9 @@ def plan_rung(rung: Rung, devices: int = 1, *, expert_parallel: int | None = Non
     flops = rung.flops
     seqs_per_device = math.ceil(mb / mesh.devices)      # the largest shard when uneven
     act_per_seq = activation_bytes_per_token(cfg, rung.seq_len) * rung.seq_len
-    n_top = max(1, rung.tokens_per_step * cfg.top_k // cfg.n_experts)
     # the balancing rule's statistic and its merged copy, split over "expert": the threshold
-    # rule's top-n logits per expert, the quantile rule's margin histogram (ladder/model/balance.py)
-    per_expert = {"threshold": n_top, "quantile": N_BINS}.get(cfg.bias_rule, 0)
+    # rule's top-n logits per expert, the quantile rule's margin histogram (ladder/model/moe.py)
+    per_expert = balancing_rule(cfg).stat_width(cfg, rung.tokens_per_step)
     balance = 2 * cfg.n_layers * cfg.n_experts * per_expert * BYTES_F32 / mesh.expert
     accumulator = trained * BYTES_F32 if mb < rung.batch else 0.0
     return RungPlan(

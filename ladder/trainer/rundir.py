@@ -22,10 +22,8 @@ from ladder.io import (
     atomic_write_text,
     claim,
     iter_jsonl,
-    marker_names,
     read_json,
     to_jsonable,
-    write_marker,
 )
 from ladder.specs import Rung
 from ladder.trainer import gpuenv
@@ -45,19 +43,8 @@ RUN_FILES = ("config.json", "env.json", "metrics.jsonl", "summary.json", "checkp
 
 
 def claim_run_folder(out: Path) -> None:
-    """Claim ``out`` for a run (see :data:`RUN_FILES`); a run folder written before the marker
-    existed (its config.json or summary.json is a run's) is adopted as ladder's."""
-    if not marker_names(out) and any(_is_ours(out / name, kind) for name, kind in (
-            ("config.json", "run-config"), ("summary.json", "run-summary"))):
-        write_marker(out, RUN_FILES)
+    """Claim ``out`` for a run (see :data:`RUN_FILES`)."""
     claim(out, RUN_FILES, what="ladder run")
-
-
-def _is_ours(path: Path, kind: str) -> bool:
-    try:
-        return path.is_file() and read_json(path, schema=kind) is not None
-    except InputError:
-        return False
 
 
 def git_sha() -> dict:

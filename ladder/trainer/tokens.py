@@ -48,13 +48,11 @@ from ladder.io import (
     claim,
     folder_lock,
     inside,
-    marker_names,
     read_json,
     real_folder,
     safe_name,
     schema_version,
     sha256_file,
-    write_marker,
 )
 from ladder.trainer.corpus_files import TAIL_VAL_FRACTION, VAL_BUCKETS, data_files, is_held_out
 
@@ -93,22 +91,6 @@ def segment_ids(tokens: np.ndarray, eos_id: int) -> np.ndarray:
 # the open shards to those lengths and continues from that position; the token stream does not
 # depend on chunk boundaries, so the shards and the manifest's entries are those an
 # uninterrupted run writes, bitwise.
-
-def _tokenizer(path: str | Path):
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        raise InputError("needs the Hugging Face tokenizers library; pip install "
-                         "'ladder[data]'", field="--tokenizer") from None
-    p = Path(path)
-    if not p.is_file():
-        raise InputError("no such file", path=p, field="--tokenizer", exit_code=EX_NOINPUT)
-    try:
-        return Tokenizer.from_file(str(p))
-    except Exception as e:  # the library raises a bare Exception for a malformed file
-        raise InputError(f"not a tokenizers JSON file ({str(e).splitlines()[0][:200]})",
-                         path=p, field="--tokenizer") from None
-
 
 PROGRESS = "progress.json"
 PROGRESS_SCHEMA = "tokenize-progress/1"
@@ -472,19 +454,27 @@ def _restore(out: Path, progress: Path, prev: dict) -> None:
 
 
 def _inputs(files: list[Path], names: list[str]) -> list[dict]:
-    out = []
-    for f, n in zip(files, names):
-        st = f.stat()
-        out.append({"path": n, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns})
-    return out
+    return [{"path": n, "bytes": (st := f.stat()).st_size, "mtime_ns": st.st_mtime_ns}
+            for f, n in zip(files, names)]
 
 
 def _load_encoder(tokenizer: str | Path, eos: str | None):
-    """(tokenizer JSON text, sha256, encoder settings) of a local tokenizers file."""
-    _tokenizer(tokenizer)      # the library is there and the file parses (one-line errors)
-    raw = Path(tokenizer).read_bytes()
-    from tokenizers import Tokenizer
-    tok = Tokenizer.from_str(raw.decode("utf-8"))
+    """(tokenizer, its JSON text, encoder settings) of a local tokenizers file; the sha256 is
+    of the very bytes parsed."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise InputError("needs the Hugging Face tokenizers library; pip install "
+                         "'ladder[data]'", field="--tokenizer") from None
+    p = Path(tokenizer)
+    if not p.is_file():
+        raise InputError("no such file", path=p, field="--tokenizer", exit_code=EX_NOINPUT)
+    raw = p.read_bytes()
+    try:
+        tok = Tokenizer.from_str(raw.decode("utf-8"))
+    except Exception as e:  # the library raises a bare Exception for a malformed file
+        raise InputError(f"not a tokenizers JSON file ({str(e).splitlines()[0][:200]})",
+                         path=p, field="--tokenizer") from None
     vocab = tok.get_vocab_size(with_added_tokens=True)
     if eos is None:
         eos = next((t for t in EOS_CANDIDATES if tok.token_to_id(t) is not None), None)
@@ -538,8 +528,6 @@ def tokenize_files(patterns: list[str], tokenizer: str | Path, out_dir: str | Pa
         if (out / MANIFEST).exists():
             raise InputError("already holds token shards; use another --out",
                              path=out / MANIFEST, exit_code=EX_CANTCREAT)
-        if not marker_names(out) and _progress_of_ours(out / PROGRESS):
-            write_marker(out, OWN_FILES)   # an interrupted run of a version before the marker
         claim(out, OWN_FILES, what="ladder tokenize")
         return _tokenize(out, files, names, tok, tok_json, settings, inputs, tokenizer,
                          text_key=text_key, processes=processes, chunk_chars=chunk_chars,
@@ -550,13 +538,6 @@ def tokenize_files(patterns: list[str], tokenizer: str | Path, out_dir: str | Pa
 # not write there is refused, never replaced or deleted)
 OWN_FILES = tuple(f"{s}-*.bin{x}" for s in ("train", "val", "stream") for x in ("", ".partial")) \
     + (PROGRESS, MANIFEST)
-
-
-def _progress_of_ours(path: Path) -> bool:
-    try:
-        return read_json(path, schema="tokenize-progress") is not None
-    except InputError:
-        return False
 
 
 def _tokenize(out: Path, files, names, tok, tok_json, settings: dict, inputs, tokenizer, *,
@@ -958,9 +939,7 @@ def check_manifest(m: dict, path: Path) -> dict:
             bad(f"{where}.shards", "expected a list")
         for i, sh in enumerate(shards):
             at = f"{where}.shards[{i}]"
-            if not isinstance(sh, dict):
-                bad(at, "expected an object with file and tokens")
-            if "file" not in sh or "tokens" not in sh:
+            if not isinstance(sh, dict) or "file" not in sh or "tokens" not in sh:
                 bad(at, "expected an object with file and tokens")
             # the shard's name becomes a path: one safe component, inside the shard directory
             try:

@@ -17,7 +17,7 @@ Where things live (each module a concern):
   level shares (:class:`Hysteresis`);
 - ``config``: the thresholds, :class:`WatchConfig`, derived from the rules' ``Config`` classes;
 - ``state``: the watcher state, derived from the rules' ``State`` classes (:class:`WatchState`;
-  ``watch-state/2``, and ``watch-state/1`` still read);
+  ``watch-state/2``);
 - ``alerts``: :class:`Alert`, severities and exit statuses;
 - ``batch``: rows as columns, :class:`Batch`; ``view``: the pre-registration as arrays,
   :class:`PreregView`; ``multi``: several metrics watched together.

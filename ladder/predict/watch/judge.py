@@ -27,8 +27,8 @@ def check(prereg: Mapping | PreregView, points: Batch | Iterable[Mapping], state
 
     Pure: ``state`` is not modified (a new one is returned), ``now`` (epoch seconds) is only used
     for alert times and the stalled rule. Passing the same points again after a restart with the
-    returned state raises no alert twice: alerts fire on state changes only. ``state`` may be of
-    either version (``ladder.predict.watch.state``); the one returned is the newest.
+    returned state raises no alert twice: alerts fire on state changes only
+    (``ladder.predict.watch.state``).
     """
     from ladder.predict.watch import multi
     if isinstance(prereg, multi.MultiView) or multi.is_multi(prereg):

@@ -1,0 +1,40 @@
+"""What a command prints once its result is on disk.
+
+A command that writes an artifact (law.json, prereg.json, a report, compare.json, a figure)
+writes it first and prints after, through :func:`tell`: a reader that went away (``ladder fit
+runs | head``) then costs the rest of the printout, never the artifact, and the command keeps
+its own exit status. A command whose result *is* its printout (``ladder list``) prints with
+``print``; a closed pipe there ends it quietly with 141 (ladder.cli.main._run).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def tell(*values, file=None, sep: str = " ") -> bool:
+    """``print(*values, file=file)`` and a flush, so that a closed pipe shows here and not at
+    exit. On a closed pipe the stream is pointed at /dev/null (what it still holds, and every
+    later line, goes nowhere, without a second error when Python flushes at exit) and False is
+    returned; True when the line went out."""
+    stream = file if file is not None else sys.stdout
+    try:
+        print(*values, sep=sep, file=stream, flush=True)
+        return True
+    except BrokenPipeError:
+        silence(stream)
+        return False
+
+
+def silence(stream) -> None:
+    """Point ``stream``'s file descriptor at /dev/null (a stream without one is left alone)."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
