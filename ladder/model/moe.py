@@ -741,7 +741,9 @@ class MoE(nn.Module):
             def routed(latent, weight, expert, seed, *w):           # -> [T, L], [T, k]
                 return routed_expert_parallel(cfg, mesh, latent, expert, weight, seed, w, S)
 
-            if cfg.remat != "none":   # the buffers recomputed when the gradient reaches them
+            # remat dots: the buffers recomputed when the gradient reaches them (remat full
+            # recomputes the whole block so, model/transformer.py call_block)
+            if cfg.remat == "dots":
                 routed = recompute_at_backward(routed)
             mixed, kept = routed(latent, routing.weight, routing.expert,
                                  jnp.asarray(_DROP_SEED.get(), jnp.int32), *experts.weights())

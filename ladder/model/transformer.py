@@ -45,15 +45,15 @@ AUX_KEYS = ("drop_frac", "load", "prob", "router_entropy", "router_z_loss", "bal
             "bias_target",
             "bias_stat", "router_in")
 DTYPES = {"bf16": jnp.bfloat16, "f32": jnp.float32}
-# What each block keeps for the backward pass. "dots": the outputs of the weight matmuls (dots
-# without batch dimensions), so attention scores and the expert buffers are recomputed;
-# "full": only the block's input. Both keep the routed path's combined output [T, L]
-# (ladder.model.moe.ROUTED_NAME): that path recomputes itself when its gradient arrives
-# (moe.recompute_at_backward), so the block's recomputation need not run it a second time early.
-_ROUTED = jax.checkpoint_policies.save_only_these_names(ROUTED_NAME)
+# What a block keeps for the backward pass under remat "dots" (nn.remat): the outputs of the
+# weight matmuls (dots without batch dimensions), so attention scores and the expert buffers are
+# recomputed, and the routed path's combined output [T, L] (ladder.model.moe.ROUTED_NAME): that
+# path recomputes itself when its gradient arrives (moe.recompute_at_backward), so the block's
+# recomputation need not run it a second time early. Remat "full" keeps only the block's input
+# and recomputes the whole block late (call_block).
 REMAT_POLICIES = {"dots": jax.checkpoint_policies.save_from_both_policies(
-                      jax.checkpoint_policies.dots_with_no_batch_dims_saveable, _ROUTED),
-                  "full": _ROUTED}
+    jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    jax.checkpoint_policies.save_only_these_names(ROUTED_NAME))}
 
 
 def compute_dtype(cfg: ModelConfig):
