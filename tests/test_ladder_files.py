@@ -85,12 +85,15 @@ def test_shipped_files_rebuild_every_rung_as_before(python_ladders):
     assert {r.optimizer.kind for r in LADDERS["marin-535b"].all} == {"marin"}
     assert {r.model.bias_rule for r in LADDERS["marin-535b"].all} == {"quantile"}
     # the tiny ladder's numbers do not move, but for its init: the recipe's since issue 37 item 6
-    # (with std 0.02 its routing collapsed for 10-30 steps)
+    # (with std 0.02 its routing collapsed for 10-30 steps), and its capacity factor: the
+    # recipe's headroom for one-sequence cells (1.6, tiny.toml; issue 37)
     def without_init(r):
         d = r.to_dict()
         assert d["model"].pop("init") in ("gpt2", "recipe")
+        assert d["model"].pop("capacity_factor") in (1.25, 1.6)
         return d
     assert {r.model.init for r in LADDERS["tiny"].all} == {"recipe"}
+    assert {r.model.capacity_factor for r in LADDERS["tiny"].all} == {1.6}
     assert [without_init(r) for r in LADDERS["tiny"].all] == \
         [without_init(r) for r in python_ladders["tiny"].all]
 

@@ -88,6 +88,19 @@ def test_choice_on_cpu_is_blocked_xla_and_said(caplog):
     assert c.to_dict() in layers.attention_choices()
 
 
+def test_traced_choices_since_a_mark_include_repeats():
+    """What a program traced after a mark, even a choice an earlier program made (env.json of
+    the second rung trained in one process)."""
+    q = jnp.zeros((1, 16, 2, 8), jnp.float32)
+    layers.attend(q, q, q, None, None, 8)                              # blocked: 16 > 8
+    mark = layers.attention_mark()
+    assert layers.attention_traced(mark) == []
+    layers.attend(q, q, q, None, None, 8)
+    layers.attend(q, q, q, None, None, 32)                             # one block
+    got = layers.attention_traced(mark)
+    assert [c["implementation"] for c in got] == ["xla", "xla-blocked"]
+
+
 @pytest.fixture
 def fake_cuda(monkeypatch):
     """jax's cuDNN checks answered as on a Hopper GPU with cuDNN 9.10, so that the program can be

@@ -66,7 +66,8 @@ def test_plan_marin_first_rung_on_8_devices():
 
 def test_plan_tiny_hand_computed():
     rung = LADDERS["tiny"].rungs[0]
-    cfg = rung.model.replace(precision="f32")      # "auto" plans as bf16 (an accelerator's)
+    # "auto" plans as bf16 (an accelerator's); capacity factor 1.25 in the sums below
+    cfg = rung.model.replace(precision="f32", capacity_factor=1.25)
     rung = rung.replace(model=cfg)
     assert (cfg.d_model, cfg.n_layers, cfg.q_dim, cfg.head_dim, cfg.n_kv_heads_local,
             cfg.n_kv_heads_global, cfg.n_experts, cfg.top_k, cfg.latent_dim, cfg.expert_dim,

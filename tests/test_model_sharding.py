@@ -7,6 +7,7 @@ import pytest
 from conftest import EXPERT_MESH_SRC, run_on_fake_devices
 
 SCRIPT = EXPERT_MESH_SRC + textwrap.dedent("""
+    import os
     import jax, jax.numpy as jnp, numpy as np
     from functools import partial
     from jax.sharding import PartitionSpec as P
@@ -15,7 +16,8 @@ SCRIPT = EXPERT_MESH_SRC + textwrap.dedent("""
     assert jax.device_count() == 8
     # drops on (capacity factor 1.25) with cells of one sequence (32 tokens here): each device
     # holds whole cells, so the expert-parallel path drops what one device drops (issue 22)
-    cfg = LADDERS["tiny"].rungs[0].model.replace(n_experts=8, capacity_tokens=32)
+    cfg = LADDERS["tiny"].rungs[0].model.replace(n_experts=8, capacity_tokens=32,
+                                                 capacity_factor=1.25, remat=os.environ["REMAT"])
     assert cfg.capacity_factor == 1.25
     params, bias = model.init(cfg, 0)
     tokens = jax.random.randint(jax.random.key(1), (8, 32), 0, cfg.vocab_size)   # 1 per device
@@ -40,5 +42,8 @@ SCRIPT = EXPERT_MESH_SRC + textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_data_expert_mesh_matches_one_device():
+@pytest.mark.parametrize("remat", ["none", "full"])
+def test_data_expert_mesh_matches_one_device(remat, monkeypatch):
+    """With remat the routed path's gradient comes from moe.recompute_at_backward: the same."""
+    monkeypatch.setenv("REMAT", remat)
     assert run_on_fake_devices(SCRIPT).strip().endswith("ok")

@@ -59,11 +59,11 @@ def test_switches_off_except_for_the_recipe():
                           n_kv_heads_local=1, n_kv_heads_global=1)
     for rung in LADDERS["tiny"].all:
         m = rung.model
-        # but the recipe's init (issue 37 item 6: std 0.02 collapsed its routing)
-        assert m.init == "recipe", rung.name
+        # but the recipe's init (issue 37 item 6: std 0.02 collapsed its routing) and the
+        # recipe's capacity headroom for its one-sequence cells (1.6, tiny.toml)
+        assert m.init == "recipe" and m.capacity_factor == 1.6, rung.name
         for field in ("global_rope", "qk_norm", "qk_mult", "embed_norm",
-                      "gated_norm_rank", "conv_kernel", "xsa", "head_gate", "rope_fraction",
-                      "capacity_factor"):
+                      "gated_norm_rank", "conv_kernel", "xsa", "head_gate", "rope_fraction"):
             assert getattr(m, field) == getattr(default, field), (rung.name, field)
         assert rung.params.extras == 0 and rung.flops.extras == 0
     # the cpu ladder trains the recipe's init, attention and capacity, without the item-4

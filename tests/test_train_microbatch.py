@@ -46,7 +46,7 @@ def test_microbatched_step_matches_one_big_batch(bias_rule):
     # with drops on: capacity is counted per cell of one sequence (tiny's capacity_tokens), so
     # a microbatch of 2 sequences holds whole cells and drops the same assignments (issue 22
     # item 2; before, capacity was per call and the comparison needed a factor of E / k)
-    cfg = rung.model.replace(bias_rule=bias_rule, bias_rate=0.01)
+    cfg = rung.model.replace(bias_rule=bias_rule, bias_rate=0.01, capacity_factor=1.25)
     assert cfg.capacity_tokens == rung.seq_len and cfg.capacity_factor == 1.25
     batch, seq = 8, rung.seq_len
     corpus = stdlib_corpus()

@@ -78,6 +78,13 @@ def test_tiny_rung_trains_and_writes_the_run_directory(tiny_run):
     # on CPU no layout is chosen (f32, the whole batch) and no GPU setting is made (issue 37)
     assert cfg["layout"] is None and cfg["mesh"]["microbatch"] == RUNG.batch
     assert env["gpu_env"]["gpu"] is False and env["gpu_env"]["xla_flags_set"] == []
+    # the attention each program traced, and why (issue 37): on CPU XLA's, for both programs
+    chunk = RUNG.model.attention_chunk
+    want = "xla-blocked" if chunk is not None and RUNG.seq_len > chunk else "xla"
+    assert set(env["attention"]) == {"train", "eval"}
+    for program in ("train", "eval"):
+        assert [c["implementation"] for c in env["attention"][program]] == [want]
+        assert env["attention"][program][0]["reason"].startswith("backend cpu")
     # Orbax keeps the last 2 checkpoints
     assert sorted(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit()) \
         == RUNG.eval_steps()[-2:]

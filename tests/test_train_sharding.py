@@ -22,6 +22,7 @@ assert len(jax.devices()) == 8, jax.devices()
 # factor 1.25): capacity is counted per cell of one sequence (tiny's capacity_tokens), which
 # every layout here holds whole, so all of them compute the same function (issue 22 item 2)
 rung = LADDERS["tiny"].rungs[0].replace(batch=16, steps=20)
+rung = rung.replace(model=rung.model.replace(capacity_factor=1.25))
 assert rung.model.capacity_tokens == rung.seq_len and rung.model.capacity_factor == 1.25
 out = {}
 for n, ep, mb in ((1, 1, None), (1, 1, 4), (8, 4, 8), (8, 2, None)):

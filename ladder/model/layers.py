@@ -278,6 +278,7 @@ def segment_mask(segment_ids: jax.Array) -> jax.Array:
 MAX_SEGMENTS = 32
 _LOG = logging.getLogger(__name__)
 _SAID: set = set()
+_TRACED: list = []   # every choice traced in this process, in order (attention_traced)
 
 
 @dataclass(frozen=True)
@@ -336,7 +337,8 @@ def attention_choice(dtype, head_dim: int, seq_len: int, segmented: bool,
 
 def say_attention_choice(choice: AttentionChoice) -> None:
     """Log each distinct choice once per process (at trace time; a GPU falling back: a
-    warning)."""
+    warning). Every call is also recorded for :func:`attention_traced`."""
+    _TRACED.append(choice)
     if choice in _SAID:
         return
     _SAID.add(choice)
@@ -352,8 +354,22 @@ def attention_implementation(dtype, head_dim: int, seq_len: int = 0, segmented: 
 
 
 def attention_choices() -> list[dict]:
-    """Every attention implementation traced in this process so far (for env.json)."""
+    """Every attention implementation traced in this process so far."""
     return [c.to_dict() for c in sorted(_SAID, key=lambda c: (c.implementation, c.reason))]
+
+
+def attention_mark() -> int:
+    """A mark of how many attention calls this process has traced (for
+    :func:`attention_traced`)."""
+    return len(_TRACED)
+
+
+def attention_traced(since: int = 0) -> list[dict]:
+    """The distinct attention implementations (and why) traced since ``since``
+    (:func:`attention_mark`): what one program chose, for env.json, even when an earlier
+    program of this process made the same choice."""
+    return [c.to_dict() for c in sorted(set(_TRACED[since:]),
+                                        key=lambda c: (c.implementation, c.reason))]
 
 
 class Packed(NamedTuple):

@@ -66,6 +66,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
+from jax.ad_checkpoint import checkpoint_name
 
 from ladder.model.balance import N_BINS, bias_from_histogram, margin_histogram, top_k_rows
 from ladder.model.config import BiasRule, ModelConfig
@@ -201,10 +202,20 @@ def slots(expert: jax.Array, n_experts: int, cap: int, key: jax.Array | None = N
     return Slots(order, sorted_run % E, jnp.where(kept, slot, n_cells * cap), kept)
 
 
+def zeros_after(x: jax.Array, shape: tuple) -> jax.Array:
+    """Zeros of ``x``'s dtype in ``shape``, computed from ``x`` (one element times zero), so that
+    the buffer cannot be made before ``x`` exists. A constant zero buffer is one instruction
+    that XLA shares between the layers and copies for each in-place scatter, and XLA:CPU made
+    those copies at the start of the pass: the 27.7B-A1.2B eval step (64 devices) held ten
+    [573,056 x 1024] / [524,288 x 1024] float32 copies at its peak (27 GiB; docs/LOG.md).
+    NaN or inf in ``x`` fills the buffer with NaN: its loss is NaN anyway."""
+    return jnp.broadcast_to((x.reshape(-1)[0] * 0).astype(x.dtype), shape)
+
+
 def scatter_slots(x: jax.Array, s: Slots, k: int, n_experts: int, n_slots: int) -> jax.Array:
     """x [T, L] -> [E, n_slots, L]: each kept assignment's token in its slot, zeros elsewhere."""
     tokens = x[s.order // k]                                   # [A, L] token of each assignment
-    buf = jnp.zeros((n_experts, n_slots, x.shape[-1]), x.dtype)
+    buf = zeros_after(x, (n_experts, n_slots, x.shape[-1]))
     return buf.at[s.expert, s.slot].set(tokens, mode="drop")  # out of range: mode="drop" drops
 
 
@@ -212,7 +223,7 @@ def gather_slots(out: jax.Array, s: Slots, T: int, k: int) -> Dispatched:
     """[E, n_slots, L] expert outputs -> Dispatched(out [T, k, L], kept [T, k]) in assignment
     order."""
     out_sorted = out.at[s.expert, s.slot].get(mode="fill", fill_value=0)     # [A, L]
-    out_flat = jnp.zeros_like(out_sorted).at[s.order].set(out_sorted)       # unsort -> [A, L]
+    out_flat = zeros_after(out, out_sorted.shape).at[s.order].set(out_sorted)   # unsort: [A, L]
     kept = jnp.zeros((T * k,), bool).at[s.order].set(s.kept)
     return Dispatched(out_flat.reshape(T, k, -1), kept.reshape(T, k))   # [A, L] -> [T, k, L]
 
@@ -312,13 +323,13 @@ def dispatch_dropless(x: jax.Array, expert: jax.Array, weights: tuple,
     block_end = jnp.cumsum(blocks)                             # [E]
     dest = (block_end - blocks)[sorted_expert] * b + rank      # [A] padded row of each
     n_blocks = (A + min(E, A) * (b - 1)) // b                  # >= sum(blocks), static
-    buf = jnp.zeros((n_blocks * b, L), x.dtype).at[dest].set(x[order // k],
-                                                             unique_indices=True)
+    buf = zeros_after(x, (n_blocks * b, L)).at[dest].set(x[order // k], unique_indices=True)
     block_expert = jnp.minimum(jnp.searchsorted(block_end, jnp.arange(n_blocks), side="right"),
                                E - 1)                          # [n_blocks]; unused: any expert
     out = grouped_swiglu(buf.reshape(n_blocks, b, L), block_expert, *weights)   # [n, b, L]
     out_sorted = out.reshape(n_blocks * b, L)[dest]                             # [A, L]
-    out = jnp.zeros_like(out_sorted).at[order].set(out_sorted, unique_indices=True)  # unsort
+    out = zeros_after(out, out_sorted.shape).at[order].set(out_sorted,
+                                                           unique_indices=True)   # unsort
     return out.reshape(T, k, L)                                # [A, L] -> [T, k, L]
 
 
@@ -555,6 +566,50 @@ def dispatch_expert_parallel(cfg: ModelConfig, mesh, x: jax.Array, expert: jax.A
         out_specs=(tok, tok))(x, expert, jnp.asarray(seed, jnp.int32), *weights))
 
 
+def routed_expert_parallel(cfg: ModelConfig, mesh, x: jax.Array, expert: jax.Array,
+                           weight: jax.Array, seed, weights: tuple, seq: int,
+                           exchange: Exchange | None = None) -> tuple[jax.Array, jax.Array]:
+    """:func:`dispatch_expert_parallel` and the combine in one: the same slots, drops and
+    exchange, but the buffer is gathered straight from the tokens (each slot reads its token's
+    row; an empty slot reads a zero row) and the outputs are added straight into their tokens'
+    rows, each times its combine weight. So no [A, L] array of the assignments (A = t x k) is
+    made, and the backward pass needs no zero-filled [E, n, L] buffer (the transpose of a gather
+    from the tokens is a scatter into [t, L]; that of the scatter-add is a gather). Under XLA:CPU
+    those were the largest buffers of the 27.7B-A1.2B step (docs/LOG.md). The sum over a token's
+    k outputs is taken in another order than :func:`combine`'s, nothing else changes.
+    x [T, L], expert [T, k], weight [T, k] -> (mixed [T, L], kept [T, k])."""
+    from jax.sharding import PartitionSpec as P
+
+    E, ep = cfg.n_experts, mesh.shape["expert"]
+    tok, wspec = P(tuple(mesh.axis_names)), P("expert")
+    exchange = exchange or default_exchange(ep)
+
+    def local(x, expert, weight, seed, w_gate, w_up, w_down):   # [t, L], [t, k], [t, k], ...
+        t, k = expert.shape
+        cell = cell_tokens(cfg, t)
+        cap = capacity(cfg, cell)
+        n = (t // cell) * cap                                          # slots per expert here
+        s, filled = compact_slots(slots(expert, E, cap, drop_keys(seed, t, k, cell, seq),
+                                        t // cell), E, cap, t // cell)
+        # each slot's token (t: the zero row) and combine weight (0 when empty)
+        src = jnp.full((E, n), t, jnp.int32).at[s.expert, s.slot].set(
+            (s.order // k).astype(jnp.int32), mode="drop")             # [E, n]
+        w_slot = jnp.zeros((E, n), weight.dtype).at[s.expert, s.slot].set(
+            weight.reshape(t * k)[s.order], mode="drop")               # [E, n]
+        rows = jnp.concatenate([x, zeros_after(x, (1, x.shape[-1]))])  # [t + 1, L]
+        buf = exchange.there(rows[src], filled)                        # [E/ep, ep*n, L]
+        out = swiglu(buf, w_gate, w_up, w_down, "ecl,elf->ecf", "ecf,efl->ecl")
+        out = exchange.back(out, filled)                               # home: [E, n, L]
+        mixed = zeros_after(out, (t + 1, out.shape[-1])).at[src].add(
+            out * w_slot.astype(out.dtype)[..., None])[:t]             # [t, L]
+        kept = jnp.zeros((t * k,), bool).at[s.order].set(s.kept)
+        return mixed, kept.reshape(t, k)
+
+    return jax.shard_map(
+        local, mesh=mesh, in_specs=(tok, tok, tok, P(), wspec, wspec, wspec),
+        out_specs=(tok, tok))(x, expert, weight, jnp.asarray(seed, jnp.int32), *weights)
+
+
 # ------------------------------------------------------------------------------------ experts
 def swiglu(x, w_gate, w_up, w_down, spec_in: str, spec_out: str):
     """SwiGLU feed-forward: (silu(x Wg) * (x Wu)) Wd, with einsum specs for the two halves."""
@@ -600,6 +655,51 @@ class SharedExperts(nn.Module):
         return swiglu(x, w_gate, w_up, w_down, "td,ndf->tnf", "tnf,nfd->td")
 
 
+# The name of the routed path's output [T, L] under remat (model/transformer.py's policies keep
+# it: the path recomputes its own buffers in the backward pass, recompute_at_backward).
+ROUTED_NAME = "moe_routed"
+
+
+def combine(out: jax.Array, weight: jax.Array) -> jax.Array:
+    """out [T, k, L] (each assignment's expert output), weight [T, k] -> [T, L]."""
+    return jnp.einsum("tjl,tj->tl", out, weight.astype(out.dtype))
+
+
+def recompute_at_backward(fn: Callable) -> Callable:
+    """``fn`` whose backward pass recomputes it from its inputs, *after* its output's cotangent
+    exists: the forward keeps only the inputs, and the backward ties them to the cotangent
+    (``jax.lax.optimization_barrier``) before it runs ``jax.vjp(fn)``.
+
+    Why not ``jax.checkpoint`` alone: the recomputation of a rematerialised block depends only
+    on the block's saved input, so XLA is free to schedule it early, and XLA:CPU did: in the
+    27.7B-A1.2B step (bf16, remat full, 16 sequences per device) the routed path of every block
+    of a scanned group was recomputed at the start of the backward pass and held until each
+    block's gradient (~17 GiB of dispatch buffers per block on the peak; docs/LOG.md). With the
+    barrier the buffers of one routed path at a time are live. The gradient is the same
+    function's (one more forward of ``fn`` per backward: the price of remat). Integer and
+    boolean inputs and outputs pass through (their cotangents are float0)."""
+    @jax.custom_vjp
+    def f(*args):
+        return fn(*args)
+
+    def fwd(*args):
+        return fn(*args), args
+
+    def bwd(args, ct):
+        # zero times one element of the cotangent: a data dependency that XLA keeps (x * 0 is
+        # not folded for floats: NaN * 0 is NaN), where an optimization_barrier was dropped by
+        # XLA:CPU before scheduling and the recomputation still ran first (docs/LOG.md)
+        # Integer inputs too: what depends on them alone (the sort into slots, its [A, L] fill
+        # masks) was otherwise made for every block at once
+        real = [c for c in jax.tree.leaves(ct) if jnp.issubdtype(c.dtype, jnp.floating)]
+        zero = real[0].reshape(-1)[0].astype(jnp.float32) * 0.0
+        args = tuple(a if a.dtype == jnp.bool_ else a + zero.astype(a.dtype) for a in args)
+        return jax.vjp(fn, *args)[1](ct)
+
+    f.defvjp(fwd, bwd)
+    return f
+
+
 class MoE(nn.Module):
     """Router + routed experts in latent space + shared experts. Returns ``(y, aux)``.
 
@@ -636,15 +736,24 @@ class MoE(nn.Module):
                    else dispatch_dropless_sharded(mesh, latent, routing.expert,
                                                   experts.weights()))
             kept = jnp.ones(routing.expert.shape, bool)
+            mixed = combine(out, routing.weight)                       # [T, L]
         elif mesh is not None:
-            out, kept = dispatch_expert_parallel(cfg, mesh, latent, routing.expert,
-                                                 _DROP_SEED.get(), experts.weights(), S)
+            def routed(latent, weight, expert, seed, *w):           # -> [T, L], [T, k]
+                return routed_expert_parallel(cfg, mesh, latent, expert, weight, seed, w, S)
+
+            # remat dots: the buffers recomputed when the gradient reaches them (remat full
+            # recomputes the whole block so, model/transformer.py call_block)
+            if cfg.remat == "dots":
+                routed = recompute_at_backward(routed)
+            mixed, kept = routed(latent, routing.weight, routing.expert,
+                                 jnp.asarray(_DROP_SEED.get(), jnp.int32), *experts.weights())
+            mixed = checkpoint_name(mixed, ROUTED_NAME)                # kept by the remat
         else:
             key = drop_keys(_DROP_SEED.get(), T, cfg.top_k, cell, S)   # [T, k]
             out, kept = self.dispatch(experts, latent, routing.expert, E,
                                       capacity(cfg, cell, dropless=dropless), key,
                                       T // cell)                       # [T, k, L], [T, k]
-        mixed = jnp.einsum("tjl,tj->tl", out, routing.weight.astype(out.dtype))   # [T, L]
+            mixed = combine(out, routing.weight)                       # [T, L]
         y = jnp.einsum("tl,ld->td", mixed, w_up)                       # [T, D]
         if cfg.n_shared:
             y = y + SharedExperts(cfg, name="shared")(xt)

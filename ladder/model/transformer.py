@@ -39,17 +39,21 @@ from ladder.model.layers import (
     weight_init,
     zeros,
 )
-from ladder.model.moe import MoE, split_batch
+from ladder.model.moe import ROUTED_NAME, MoE, split_batch
 
 AUX_KEYS = ("drop_frac", "load", "prob", "router_entropy", "router_z_loss", "balance_loss",
             "bias_target",
             "bias_stat", "router_in")
 DTYPES = {"bf16": jnp.bfloat16, "f32": jnp.float32}
-# What each block keeps for the backward pass. "dots": the outputs of the weight matmuls (dots
-# without batch dimensions), so attention scores and the expert buffers are recomputed;
-# "full": only the block's input.
-REMAT_POLICIES = {"dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-                  "full": jax.checkpoint_policies.nothing_saveable}
+# What a block keeps for the backward pass under remat "dots" (nn.remat): the outputs of the
+# weight matmuls (dots without batch dimensions), so attention scores and the expert buffers are
+# recomputed, and the routed path's combined output [T, L] (ladder.model.moe.ROUTED_NAME): that
+# path recomputes itself when its gradient arrives (moe.recompute_at_backward), so the block's
+# recomputation need not run it a second time early. Remat "full" keeps only the block's input
+# and recomputes the whole block late (call_block).
+REMAT_POLICIES = {"dots": jax.checkpoint_policies.save_from_both_policies(
+    jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    jax.checkpoint_policies.save_only_these_names(ROUTED_NAME))}
 
 
 def compute_dtype(cfg: ModelConfig):
@@ -100,10 +104,46 @@ def _block_class(cfg: ModelConfig, *, in_scan: bool):
     dtype = compute_dtype(cfg)
     if dtype != jnp.float32:
         cls = nn.map_variables(cls, "params", trans_in_fn=partial(cast_params, dtype=dtype))
-    if cfg.remat != "none":
+    if cfg.remat == "dots":
         # prevent_cse guards remat against XLA's CSE; under scan the loop already does (flax doc)
         cls = nn.remat(cls, policy=REMAT_POLICIES[cfg.remat], prevent_cse=not in_scan)
     return cls
+
+
+def call_block(cls, cfg: ModelConfig, layer: int, dropless: bool, name: str, x, bias,
+               segment_ids):
+    """``cls(cfg, layer, dropless, name=name)(x, bias, segment_ids)``; with remat "full" the
+    block keeps only its input and parameters and is recomputed in the backward pass once its
+    output's cotangent exists (the cotangent times zero added to the input: a data dependency).
+    ``nn.remat`` leaves the recomputation free to run as soon as the input is there, and XLA:CPU
+    ran every block of a scanned group at once at the start of the group's backward pass
+    (27.7B-A1.2B: 53 GiB of recomputed attention and norms at the peak; docs/LOG.md)."""
+    block = cls(cfg, layer, dropless, name=name)
+    if cfg.remat != "full":
+        return block(x, bias, segment_ids)
+    from ladder.model.moe import _DROP_SEED, drop_order
+
+    def f(mdl, x, bias, segment_ids):
+        return mdl(x, bias, segment_ids)
+
+    def fwd(mdl, x, bias, segment_ids):
+        out = mdl(x, bias, segment_ids)
+        seed = jnp.asarray(_DROP_SEED.get(), jnp.int32)
+        return out, (mdl.variables["params"], x, bias, segment_ids, seed)
+
+    def bwd(res, ct):
+        params, x, bias, segment_ids, seed = res
+        zero = ct[0].reshape(-1)[0].astype(jnp.float32) * 0.0
+        x = x + zero.astype(x.dtype)
+
+        def run(p, x, bias):
+            with drop_order(seed):
+                return cls(cfg, layer, dropless).apply({"params": p}, x, bias, segment_ids)
+
+        params_ct, x_ct, bias_ct = jax.vjp(run, params, x, bias)[1](ct)
+        return {"params": params_ct}, x_ct, bias_ct, None
+
+    return nn.custom_vjp(f, forward_fn=fwd, backward_fn=bwd)(block, x, bias, segment_ids)
 
 
 class Group(nn.Module):
@@ -118,7 +158,8 @@ class Group(nn.Module):
         cls = _block_class(self.cfg, in_scan=True)
         auxes = []
         for j in range(self.cfg.global_every):
-            x, aux = cls(self.cfg, j, self.dropless, name=f"block_{j}")(x, bias[j], segment_ids)
+            x, aux = call_block(cls, self.cfg, j, self.dropless, f"block_{j}", x, bias[j],
+                                segment_ids)
             auxes.append(aux)
         return x, {k: jnp.stack([a[k] for a in auxes]) for k in AUX_KEYS}
 
@@ -152,8 +193,8 @@ class Decoder(nn.Module):
             auxes.append({k: v.reshape((n_scan,) + v.shape[2:]) for k, v in aux.items()})
         cls = _block_class(cfg, in_scan=False)
         for layer in range(n_scan, cfg.n_layers):
-            x, aux = cls(cfg, layer, dropless, name=f"layer_{layer}")(x, router_bias[layer],
-                                                                      segment_ids)
+            x, aux = call_block(cls, cfg, layer, dropless, f"layer_{layer}", x,
+                                router_bias[layer], segment_ids)
             auxes.append({k: v[None] for k, v in aux.items()})
         x = GatedRMSNorm(cfg, name="final_norm")(split_batch(x))
         # per-layer stats on a leading layer axis: scalars -> [n_layers], load -> [n_layers, E]

@@ -177,6 +177,7 @@ def _train(checked: tuple, cfg: TrainConfig, max_steps: int | None,
     batch = s.batch(start) if start < stop else None
     if batch is not None:  # compile before the clock starts, so tokens/s is the step's own
         train_step = s.programs.compiled_step(state, batch)
+        s.note_attention("train")
     status, stopped = "running", False
     tick = time.perf_counter()
     s.timing["setup_s"] = tick - t_start  # data, tracing and compiling: this session's overhead
@@ -297,8 +298,12 @@ class Session:
         distributed.barrier("ladder-run-checked")  # all read the old run before it is rewritten
         out.mkdir(parents=True, exist_ok=True)
         self.write_json(out / "config.json", config)
-        self.write_json(out / "env.json", {**environment(corpus, mesh_info, self.peak),
-                                           "processes": distributed.info()})
+        # "attention": filled in as the train and eval steps are traced (note_attention)
+        self.env = {**environment(corpus, mesh_info, self.peak),
+                    "processes": distributed.info(), "attention": {}}
+        self.write_json(out / "env.json", self.env)
+        from ladder.model.layers import attention_mark
+        self.attention_mark = attention_mark()
         self.ckpt = Checkpoints(checkpoint_root(out, rung, cfg), cfg.run.keep,
                                 cfg.run.checkpoint_minutes, async_save=cfg.run.checkpoint_async)
         self.metrics = MetricsFile(out / "metrics.jsonl", writer=self.writer)
@@ -352,6 +357,21 @@ class Session:
         self.bar = tqdm(total=rung.steps, initial=self.start, desc=f"{rung.ladder}/{rung.name}",
                         unit="step", disable=not (cfg.run.progress and self.writer),
                         mininterval=0.5, dynamic_ncols=True, leave=False)
+
+    def note_attention(self, program: str) -> None:
+        """env.json's ``attention[program]`` ("train" or "eval"): the implementation(s) the
+        program traced since the last note (ladder.model.layers.attention_choice: the kernel
+        found and why, e.g. cuDNN's packed segments or the blocked XLA fallback). Call right
+        after the program's first call, which traces it."""
+        from ladder.model.layers import attention_mark, attention_traced
+
+        if program in self.env["attention"]:
+            return
+        traced = attention_traced(self.attention_mark)
+        self.attention_mark = attention_mark()
+        if traced:
+            self.env["attention"][program] = traced
+            self.write_json(self.out / "env.json", self.env)
 
     def write_json(self, path: Path, obj) -> None:
         if self.writer:
@@ -411,6 +431,7 @@ class Session:
         # eval is ~100 calls, which then queue on the devices instead of waiting one by one
         parts = jax.device_get([self.programs.eval_step(state["params"], state["router_bias"], b)
                                 for b in self.eval_set])
+        self.note_attention("eval")
         loss = float(np.mean([p["loss"] for p in parts]))
         dropless = float(np.mean([p["dropless"] for p in parts]))
         row = {"eval/loss": loss, "eval_dropless/loss": dropless,
