@@ -91,6 +91,9 @@ def test_plan_compile_cli_reexecs_with_fake_devices(capfd):
     assert (c["precision"], c["remat"]) == ("bf16", "none") == (row["precision"], row["remat"])
     assert row["layout"]["microbatch"] == 4 and row["largest_fitting"]["microbatch"] == 4
     assert row["compiled_fits"] and row["layout_search"][0]["fits"]
+    # with --compile, XLA's figures decide the verdict; the estimate's stays beside it
+    assert row["fits"] == (row["compiled_fits"] and row["compiled_eval_fits"])
+    assert row["estimate_fits"] == (row["total_bytes"] <= row["memory_per_device"])
     # bytes per step of every collective, from the HLO; the tokens' all-to-all among them
     assert set(c["collective_bytes"]) == set(c["collectives"])
     assert c["collective_bytes"]["all-to-all"] > 0
