@@ -551,11 +551,7 @@ def dispatch_expert_parallel(cfg: ModelConfig, mesh, x: jax.Array, expert: jax.A
 
     def local(x, expert, seed, w_gate, w_up, w_down):   # x [t, L], [t, k], weights [E/ep, ...]
         t, k = expert.shape
-        cell = cell_tokens(cfg, t)
-        cap = capacity(cfg, cell)
-        n = (t // cell) * cap                                          # slots per expert here
-        s, filled = compact_slots(slots(expert, E, cap, drop_keys(seed, t, k, cell, seq),
-                                        t // cell), E, cap, t // cell)
+        n, s, filled = _slots_here(cfg, expert, seed, seq)
         buf = exchange.there(scatter_slots(x, s, k, E, n), filled)     # [E/ep, ep*n, L]
         out = swiglu(buf, w_gate, w_up, w_down, "ecl,elf->ecf", "ecf,efl->ecl")
         out = exchange.back(out, filled)                               # home: [E, n, L]
@@ -564,6 +560,18 @@ def dispatch_expert_parallel(cfg: ModelConfig, mesh, x: jax.Array, expert: jax.A
     return Dispatched(*jax.shard_map(
         local, mesh=mesh, in_specs=(tok, tok, P(), wspec, wspec, wspec),
         out_specs=(tok, tok))(x, expert, jnp.asarray(seed, jnp.int32), *weights))
+
+
+def _slots_here(cfg: ModelConfig, expert: jax.Array, seed, seq: int):
+    """One device's slots inside shard_map: (n slots per expert here, the compacted slots, the
+    filled counts), from its [t, k] assignments in capacity cells of its own tokens."""
+    t, k = expert.shape
+    cell = cell_tokens(cfg, t)
+    cap = capacity(cfg, cell)
+    s, filled = compact_slots(slots(expert, cfg.n_experts, cap,
+                                    drop_keys(seed, t, k, cell, seq), t // cell),
+                              cfg.n_experts, cap, t // cell)
+    return (t // cell) * cap, s, filled
 
 
 def routed_expert_parallel(cfg: ModelConfig, mesh, x: jax.Array, expert: jax.Array,
@@ -586,11 +594,7 @@ def routed_expert_parallel(cfg: ModelConfig, mesh, x: jax.Array, expert: jax.Arr
 
     def local(x, expert, weight, seed, w_gate, w_up, w_down):   # [t, L], [t, k], [t, k], ...
         t, k = expert.shape
-        cell = cell_tokens(cfg, t)
-        cap = capacity(cfg, cell)
-        n = (t // cell) * cap                                          # slots per expert here
-        s, filled = compact_slots(slots(expert, E, cap, drop_keys(seed, t, k, cell, seq),
-                                        t // cell), E, cap, t // cell)
+        n, s, filled = _slots_here(cfg, expert, seed, seq)
         # each slot's token (t: the zero row) and combine weight (0 when empty)
         src = jnp.full((E, n), t, jnp.int32).at[s.expert, s.slot].set(
             (s.order // k).astype(jnp.int32), mode="drop")             # [E, n]
