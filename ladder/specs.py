@@ -424,9 +424,7 @@ def _build(cls, table, where: str, skip: tuple[str, ...] = (), extra: dict | Non
     if not isinstance(table, dict):
         raise ValueError(f"{where}: must be a table, got {table!r}")
     fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in skip}
-    unknown = sorted(set(table) - set(fields))
-    if unknown:
-        raise ValueError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(fields)})")
+    _refuse_unknown(table, fields, where + ".")
     missing = [n for n, f in fields.items() if n not in table
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
@@ -441,15 +439,19 @@ def _build(cls, table, where: str, skip: tuple[str, ...] = (), extra: dict | Non
         raise ValueError(f"{where}.{field_name}: {message}") from None
 
 
+def _refuse_unknown(table: dict, known, prefix: str) -> None:
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        raise ValueError(f"{prefix}{unknown[0]}: unknown key (known: {', '.join(known)})")
+
+
 def parse_ladder(obj: dict) -> Ladder:
     """A :class:`Ladder` from a ladder file's content (a dict). Raises ValueError whose message
     starts with the field ('recipe.top_k: ...', 'rungs[2].d: ...')."""
     if not isinstance(obj, dict):
         raise ValueError("(top level): must be a table")
     known = ("schema", "name", "description", "recipe", "rungs", "target")
-    unknown = sorted(set(obj) - set(known))
-    if unknown:
-        raise ValueError(f"{unknown[0]}: unknown key (known: {', '.join(known)})")
+    _refuse_unknown(obj, known, "")
     for key in known:
         if key not in obj:
             raise ValueError(f"{key}: missing")
@@ -471,9 +473,7 @@ def parse_ladder(obj: dict) -> Ladder:
     switches, own = split_switches({k: v for k, v in table.items() if k not in nested})
     known = [f.name for f in dataclasses.fields(Recipe) if f.name != "switches"] + \
         [f.name for f in SWITCH_FIELDS]
-    unknown = sorted(set(own) - set(known))
-    if unknown:
-        raise ValueError(f"recipe.{unknown[0]}: unknown key (known: {', '.join(known)})")
+    _refuse_unknown(own, known, "recipe.")
     for name in REQUIRED_SWITCHES:
         if name not in table:
             raise ValueError(f"recipe.{name}: missing")
