@@ -26,7 +26,7 @@ FIRST = "[[rungs]]\nd = 16\nn_layers = 2"
     ("tokens_per_active = 4", "tokens_per_active = 1e300", "recipe.tokens_per_active"),
     (FIRST, "[[rungs]]\nd = 16\nn_layers = 10000000", "rungs[0].n_layers"),
     ("eval_every = 0.25", "eval_every = 1e-300", "recipe.eval_every"),
-    ("eval_every = 0.25", "eval_every = 0.25\ncapacity_factor = inf", "recipe.capacity_factor"),
+    ("capacity_factor = 1.6", "capacity_factor = inf", "recipe.capacity_factor"),
     ("lr_coef = 0.087571", "lr_coef = nan", "recipe.lr_coef"),
     ("lr_d_exp = -0.3448", "lr_d_exp = 1e300", "recipe.lr_d_exp"),
     ("head_dim = 8", "head_dim = 100000", "recipe.head_dim"),
