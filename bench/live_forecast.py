@@ -630,26 +630,7 @@ def main(argv=None) -> int:
                  "run) of the heading rule and of the band rule:\n\n" + cpu_markdown(cf))
         tt = transition_table(args.anchors)
         print(transitions_markdown(tt))
-        text += ("\n## Transitions at a declared change (issue 40 item 3)\n\nEach public "
-                 "mid-run change: the run's old plan is its twin without the change (the same "
-                 "model, LR and seed: the same curve before S); the new plan's law is the old "
-                 "plan's curve times the change's effect read from the other runs with the "
-                 "same change (leave-one-run-out, at the same position of the change); every "
-                 "transition anchored on the last 3 evals at or before S. err: mean |pred / "
-                 "actual - 1| over the evals after S; cov: of those evals by the 90% band (the "
-                 "siblings' prediction interval with the eval noise; for 'anchor' the change's "
-                 "whole effect is unknown to it and joins its band); band alert: the watcher's "
-                 "band rule through `check()` after S. With no compute multiplier (a schedule "
-                 "change) `compute` is the new plan's law along the run, as `recipe`, and the "
-                 "product's three transitions coincide "
-                 "(tests/test_amend_property.py); the `relax` here relaxes from the old plan's "
-                 "curve, as it does for a data change. Groups: MPL's schedule switches, "
-                 "Schaipp's WSD cooldowns (the constant-LR twin as the old plan), Schaipp's "
-                 "horizon extensions (schaipp-ext: the 50k-step WSD run as the old plan, "
-                 "resumed at 40k with a 100k or 200k plan; its forecast past its own end held "
-                 "at its final; one sibling each, the other model's same extension). The "
-                 "product's default (`relax`, ladder/predict/amend.py) is, on a schedule change "
-                 "(no multiplier), the `compute` column's curve.\n\n" + transitions_markdown(tt))
+        text += transitions_section(tt)
         from ladder.io import atomic_write_text
         atomic_write_text(args.out, text)
     return 0 if t.get("passed", True) else 1
@@ -797,32 +778,107 @@ TRANSITION_NAMES = ("anchor", "compute", "recipe", "relax")
 RELAX_WIDTH = 0.05  # ladder.predict.amend.DEFAULT_WIDTH
 
 
-def transition_forecast(c: Change, siblings: list[Change], how: str) -> tuple[np.ndarray,
-                                                                             np.ndarray]:
-    """The amended centre at the run's evals after S and its log half-width's change part
-    (the siblings' spread), for one transition. The new plan's law: the old plan's curve times
-    the change's effect read from the siblings (the mean log ratio of a sibling to its own old
-    twin at the same position of its change); anchored on the run's last 3 evals at or before
-    S. ``compute``: with no compute multiplier (a schedule change), the effective compute is the
-    run's own, so the law is the new plan's along the run, as ``recipe`` (amend.py)."""
+# The change part of the band (fixed before the per-run results were read; docs/LOG.md
+# 2026-12-07, "an honest band from one sibling"). A prediction interval for one new run from n
+# siblings needs their spread, which one sibling (n = 1) does not give: the old band used |its
+# effect| in its place, which shrinks to nothing where that effect crosses zero. The rule, the
+# same for every group and every change:
+#   own    = t_{n-1} * sd(siblings' effects at the eval) * sqrt(1 + 1/n)   (n >= 2; else none)
+#   pooled = z * r * M * sqrt(1 + 1/n)
+#   change half-width = max(own, pooled) at each eval after S
+# where M is the root mean square, over the change (u = 0..1 on a fixed grid), of the siblings'
+# mean effect (how large this change is), and r is the pooled relative spread of a change's
+# effect, learned leave-one-group-out: for every change of the OTHER groups with at least 2 runs,
+# rms_u(sd of its runs' effects) / rms_u(|their mean effect|), and r the median of those (a
+# median: a change whose mean effect is near 0 gives a ratio without bound). The band is then
+# never narrower than the spread a change of this size showed elsewhere, and one sibling's
+# crossing of zero no longer pinches it.
+U_GRID = np.linspace(0.0, 1.0, 101)[1:]
+
+
+def _effects(siblings: list[Change], u: np.ndarray) -> np.ndarray:
+    """Each sibling's effect at positions ``u`` of its change, past its own anchor (its offset
+    to its twin before S is not the change's)."""
+    return np.array([_log_ratio(s, u) - _anchor(s) for s in siblings])
+
+
+def _rms(x: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(np.square(x))))
+
+
+def relative_spreads(changes: list[Change]) -> dict[str, tuple[str, float]]:
+    """Per change key with at least 2 runs: (its group, rms_u of its runs' effect spread /
+    rms_u of their mean effect), on the fixed grid ``U_GRID``."""
+    by: dict[str, list[Change]] = {}
+    for c in changes:
+        by.setdefault(c.key, []).append(c)
+    out = {}
+    for k, rs in by.items():
+        if len(rs) < 2:
+            continue
+        e = _effects(rs, U_GRID)
+        m = _rms(e.mean(axis=0))
+        if m > 0:
+            out[k] = (rs[0].group, _rms(e.std(axis=0, ddof=1)) / m)
+    return out
+
+
+def pooled_relative_spread(spreads: dict[str, tuple[str, float]], group: str) -> float:
+    """The median relative spread over the changes of the groups other than ``group``
+    (leave-one-group-out); 0 when there are none."""
+    r = [v for g, v in spreads.values() if g != group]
+    return float(np.median(r)) if r else 0.0
+
+
+def change_half(siblings: list[Change], u: np.ndarray, pooled: float) -> np.ndarray:
+    """The change part of the band (log half-width at ``LEVEL``) at positions ``u``: the larger
+    of the siblings' own prediction interval (n >= 2) and ``pooled`` x the size of the
+    siblings' mean effect over the change (the rule above)."""
+    from scipy import stats
+
+    n = len(siblings)
+    if n == 0:
+        return np.zeros(u.size)
+    z = z_of(LEVEL)
+    grow = math.sqrt(1 + 1 / n)  # one new run, not the siblings' mean
+    pool = z * pooled * _rms(_effects(siblings, U_GRID).mean(axis=0)) * grow
+    if n < 2:
+        return np.full(u.size, pool)
+    own = float(stats.t.ppf(0.5 + LEVEL / 2, n - 1)) * _effects(siblings, u).std(
+        axis=0, ddof=1) * grow
+    return np.maximum(own, pool)
+
+
+def transition_forecast(c: Change, siblings: list[Change], how: str,
+                        pooled: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """The amended centre at the run's evals after S and the change part of its band (log
+    half-width at ``LEVEL``: ``change_half`` with the pooled relative spread ``pooled``), for
+    one transition. The new plan's law: the old plan's curve times the change's effect read
+    from the siblings (the mean log ratio of a sibling to its own old twin at the same position
+    of its change); anchored on the run's last 3 evals at or before S. ``compute``: with no
+    compute multiplier (a schedule change), the effective compute is the run's own, so the law
+    is the new plan's along the run, as ``recipe`` (amend.py)."""
     after = c.t > c.S
     t = c.t[after]
     a = _anchor(c)
     old = np.interp(t, c.ot, np.log(c.oy)) + a
     u = _u(t, c.S, c.end)
-    # each sibling's effect past its own anchor (its offset to its twin before S is not the
-    # change's)
-    effects = np.array([_log_ratio(s, u) - _anchor(s) for s in siblings]) if siblings else \
-        np.zeros((1, t.size))
-    eff = effects.mean(axis=0)
-    spread = effects.std(axis=0, ddof=1) if len(siblings) > 1 else np.abs(eff)
+    eff = _effects(siblings, u).mean(axis=0) if siblings else np.zeros(t.size)
+    part = change_half(siblings, u, pooled)
     if how == "anchor":
-        return np.exp(old), np.hypot(np.abs(eff), spread)  # the change is all unknown to it
+        # the change is all unknown to it: its whole effect joins the band, at the quantile
+        # of the siblings' interval
+        n = max(len(siblings), 1)
+        from scipy import stats
+
+        q = (float(stats.t.ppf(0.5 + LEVEL / 2, n - 1)) if n > 1 else z_of(LEVEL)) * \
+            math.sqrt(1 + 1 / n)
+        return np.exp(old), np.hypot(q * np.abs(eff), part)
     if how in ("recipe", "compute"):
-        return np.exp(old + eff), spread
+        return np.exp(old + eff), part
     if how == "relax":
         f = (t - c.S) / c.end
-        return np.exp(old + eff * (1 - np.exp(-f / RELAX_WIDTH))), spread
+        return np.exp(old + eff * (1 - np.exp(-f / RELAX_WIDTH))), part
     raise ValueError(how)
 
 
@@ -841,9 +897,9 @@ def transition_table(anchors: Path | str = DEFAULT_ANCHORS) -> dict:
     ch = _changes(Path(anchors))
     if isinstance(ch, str):
         return {"skipped": ch}
-    from scipy import stats
-
     z = z_of(LEVEL)
+    spreads = relative_spreads(ch)
+    pooled = {g: pooled_relative_spread(spreads, g) for g in {c.group for c in ch}}
     rows = []
     for c in ch:
         sib = [s for s in ch if s.key == c.key and s is not c]
@@ -853,13 +909,9 @@ def transition_table(anchors: Path | str = DEFAULT_ANCHORS) -> dict:
         noise = robust_noise_of(c)
         row = {"group": c.group, "change": c.name, "key": c.key, "n_after": int(y.size),
                "siblings": len(sib)}
-        # the change part's prediction interval from n siblings: t quantile with n - 1 degrees
-        # of freedom and sqrt(1 + 1/n) (one new run, not the siblings' mean)
-        n = len(sib)
-        tq = float(stats.t.ppf(0.5 + LEVEL / 2, n - 1)) if n > 1 else z
         for how in TRANSITION_NAMES:
-            p, part = transition_forecast(c, sib, how)
-            half = np.sqrt((tq * part) ** 2 * (1 + 1 / n) + (z * noise) ** 2)
+            p, part = transition_forecast(c, sib, how, pooled[c.group])
+            half = np.hypot(part, z * noise)
             row[how] = {"err": float(np.mean(np.abs(p / y - 1))),
                         "final_err": float(abs(p[-1] / y[-1] - 1)),
                         "cov": float(np.mean(np.abs(np.log(y / p)) <= half))}
@@ -876,7 +928,8 @@ def transition_table(anchors: Path | str = DEFAULT_ANCHORS) -> dict:
             summary[g][how]["runs_alerted"] = sum(r[how]["band_alerts"] > 0 for r in rs)
         summary[g]["n"] = len(rs)
     best = min(TRANSITION_NAMES, key=lambda h: summary["all"][h]["err"])
-    return {"rows": rows, "summary": summary, "best": best}
+    return {"rows": rows, "summary": summary, "best": best, "pooled": pooled,
+            "relative_spreads": {k: v for k, (_, v) in spreads.items()}}
 
 
 def band_alerts_after(c: Change, centre: np.ndarray, half: np.ndarray, noise: float) -> int:
@@ -914,6 +967,34 @@ def robust_noise_of(c: Change) -> float:
     return robust_noise(d[-32:], 1e-4)
 
 
+def transitions_section(tt: dict) -> str:
+    """The transition part of docs/live_forecast.md: its heading, what it measures, the table."""
+    return ("\n## Transitions at a declared change (issue 40 item 3)\n\nEach public "
+            "mid-run change: the run's old plan is its twin without the change (the same "
+            "model, LR and seed: the same curve before S); the new plan's law is the old "
+            "plan's curve times the change's effect read from the other runs with the "
+            "same change (leave-one-run-out, at the same position of the change); every "
+            "transition anchored on the last 3 evals at or before S. err: mean |pred / "
+            "actual - 1| over the evals after S; cov: of those evals by the 90% band (the "
+            "eval noise with the change part: the larger of the siblings' own prediction "
+            "interval, from 2 or more siblings, and the pooled relative spread of a change's "
+            "effect learned on the other groups' changes (leave-one-group-out) times the size "
+            "of the siblings' mean effect; one sibling gives no spread of its own, so it gets "
+            "the pooled part alone; for 'anchor' the change's "
+            "whole effect is unknown to it and joins its band); band alert: the watcher's "
+            "band rule through `check()` after S. With no compute multiplier (a schedule "
+            "change) `compute` is the new plan's law along the run, as `recipe`, and the "
+            "product's three transitions coincide "
+            "(tests/test_amend_property.py); the `relax` here relaxes from the old plan's "
+            "curve, as it does for a data change. Groups: MPL's schedule switches, "
+            "Schaipp's WSD cooldowns (the constant-LR twin as the old plan), Schaipp's "
+            "horizon extensions (schaipp-ext: the 50k-step WSD run as the old plan, "
+            "resumed at 40k with a 100k or 200k plan; its forecast past its own end held "
+            "at its final; one sibling each, the other model's same extension). The "
+            "product's default (`relax`, ladder/predict/amend.py) is, on a schedule change "
+            "(no multiplier), the `compute` column's curve.\n\n" + transitions_markdown(tt))
+
+
 def transitions_markdown(t: dict) -> str:
     if "skipped" in t:
         return f"skipped: {t['skipped']}\n"
@@ -935,6 +1016,10 @@ def transitions_markdown(t: dict) -> str:
         lines.append(f"| {k} | {len(rs)} | " + " | ".join(
             f"{np.mean([r[h]['err'] for r in rs]):.2%}" for h in TRANSITION_NAMES) + " |")
     lines.append(f"\nBest by mean error over every change: {t['best']}.")
+    if "pooled" in t:
+        lines.append("Pooled relative spread of a change's effect (median over the other groups' "
+                     "changes with 2 or more runs), per held-out group: " + ", ".join(
+                         f"{g} {v:.2f}" for g, v in sorted(t["pooled"].items())) + ".")
     return "\n".join(lines) + "\n"
 
 

@@ -293,3 +293,49 @@ def test_transitions_on_a_change_of_known_effect():
     assert a[-1] / runs[0].y[-1] == pytest.approx(math.exp(0.03))
     r, _ = transition_forecast(runs[0], runs[1:], "relax")
     assert runs[0].y[after][0] < r[0] < a[0] + 1e-12
+
+
+def _change_of(i, effect, offset=0.0, key="k", group="g"):
+    """A made-up run whose change at step 1000 (of 2000) multiplies its old plan's curve by
+    exp(effect(u)), u its position in the change."""
+    from bench.live_forecast import Change
+
+    t = np.arange(100.0, 2001.0, 10.0)  # evals on the grid the effect is read on
+    o = 3.0 + 5.0 * t ** -0.3
+    u = np.clip((t - 1000.0) / 1000.0, 0, 1)
+    return Change(group, f"r{i}", key, t, o * math.exp(offset) * np.exp(effect(u)), t, o,
+                  1000.0, 2000.0)
+
+
+def test_one_sibling_crossing_zero_gets_at_least_the_pooled_band():
+    """One sibling whose effect (2% x sin(2 pi u)) crosses zero at u = 0.5: the change part of the
+    band is the pooled spread x the effect's size everywhere, not |the effect| (which is 0 at
+    the crossing); two siblings that disagree keep their own, wider interval."""
+    from bench.live_forecast import change_half, pooled_relative_spread, relative_spreads
+
+    def cross(u):
+        return 0.02 * np.sin(2 * math.pi * u)
+
+    run, sib = _change_of(0, cross), _change_of(1, cross, offset=0.01)
+    u = np.linspace(0.0, 1.0, 41)
+    pooled = 0.2
+    grid = np.linspace(0.0, 1.0, 101)[1:]
+    size = math.sqrt(np.mean(cross(grid) ** 2))  # rms of the effect over the change
+    floor = z_of(0.9) * pooled * size * math.sqrt(2)
+    half = change_half([sib], u, pooled)
+    assert np.all(half >= floor * (1 - 1e-9))
+    assert half[20] > 0.5 * floor > z_of(0.9) * math.sqrt(2) * abs(cross(u[20]))
+    assert np.allclose(change_half([sib], u, 0.0), 0)  # one sibling has no spread of its own
+
+    # two siblings with effects 2% u and 4% u: sd 1.41% u, far above a pooled 1% of 3% u
+    two = [_change_of(2, lambda v: 0.02 * v, key="j"), _change_of(3, lambda v: 0.04 * v, key="j")]
+    own = change_half(two, u, 0.01)
+    assert own[-1] == pytest.approx(6.314 * 0.02 / math.sqrt(2) * math.sqrt(1.5), rel=1e-3)
+
+    # relative spread of that pair: sd / |mean| = 0.01414 / 0.03; pooled leave-one-group-out
+    rs = relative_spreads(two + [run, sib])
+    assert rs["j"] == ("g", pytest.approx((0.02 / math.sqrt(2)) / 0.03, rel=1e-6))
+    spreads = {"a": ("g1", 0.1), "b": ("g2", 0.3), "c": ("g2", 0.5)}
+    assert pooled_relative_spread(spreads, "g2") == pytest.approx(0.1)
+    assert pooled_relative_spread(spreads, "g1") == pytest.approx(0.4)
+    assert pooled_relative_spread(spreads, "g3") == pytest.approx(0.3)
