@@ -266,19 +266,17 @@ def _multi_runs(w: Path, tmp: Path) -> str:
 
 # ---- a restarted watcher
 
-def _wandb_log(path: Path, rows) -> None:
-    from wandb.proto import wandb_internal_pb2 as pb
+def write_wandb_log(path: Path, records, append: bool = False) -> None:
+    """Protobuf ``records`` (wandb_internal_pb2.Record) framed as W&B's offline log: a 7-byte
+    header, then LevelDB log records in 32 KiB blocks (one split across blocks as first/middle/
+    last; the CRC left 0, the reader does not check it). ``append``: added to a file that has its
+    header already (framed as if the file were new, as a test of a log growing in pieces)."""
+    block = 32768
     buf = bytearray(b":W&B\xbe\xe7\x01")
-    for k, r in enumerate(rows):
-        rec = pb.Record(num=k + 1)
-        rec.history.step.num = int(r["step"])
-        for key, v in r.items():
-            if key != "step":
-                it = rec.history.item.add()
-                it.key, it.value_json = key, json.dumps(v)
+    for rec in records:
         data, first = rec.SerializeToString(), True
         while True:
-            left = 32768 - len(buf) % 32768
+            left = block - len(buf) % block
             if left < 7:
                 buf += b"\0" * left
                 continue
@@ -289,7 +287,25 @@ def _wandb_log(path: Path, rows) -> None:
             if not data:
                 break
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(bytes(buf))
+    if append and path.exists() and path.stat().st_size:
+        with open(path, "ab") as f:
+            f.write(bytes(buf[7:]))
+    else:
+        path.write_bytes(bytes(buf))
+
+
+def _wandb_log(path: Path, rows) -> None:
+    from wandb.proto import wandb_internal_pb2 as pb
+    records = []
+    for k, r in enumerate(rows):
+        rec = pb.Record(num=k + 1)
+        rec.history.step.num = int(r["step"])
+        for key, v in r.items():
+            if key != "step":
+                it = rec.history.item.add()
+                it.key, it.value_json = key, json.dumps(v)
+        records.append(rec)
+    write_wandb_log(path, records)
 
 
 def _judged(w: Path, source, state) -> list[int]:

@@ -15,7 +15,6 @@ import json
 import math
 import shutil
 import socket
-import struct
 import time
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from bench.fuzz_inputs import address_space_cap
+from bench.fuzz_readers import write_wandb_log as _wandb_log
 from ladder.io import InputError
 
 FAST = settings(max_examples=40, deadline=None,
@@ -561,28 +561,6 @@ def test_any_keymap_table_is_a_finite_map_or_a_named_refusal(keys):
 
 
 # ---------------------------------------------- class 3: a restarted watcher never re-judges
-
-
-def _wandb_log(path: Path, records) -> None:
-    """Protobuf records framed as W&B's offline log (a 7-byte header, 32 KiB LevelDB blocks)."""
-    block = 32768
-    buf = bytearray(b":W&B\xbe\xe7\x01")
-    for rec in records:
-        data = rec.SerializeToString()
-        first = True
-        while True:
-            left = block - len(buf) % block
-            if left < 7:
-                buf += b"\0" * left
-                continue
-            piece, data = data[:left - 7], data[left - 7:]
-            typ = (1 if not data else 2) if first else (4 if not data else 3)
-            buf += struct.pack("<IHB", 0, len(piece), typ) + piece
-            first = False
-            if not data:
-                break
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(bytes(buf))
 
 
 def _history(rows, num0=1):

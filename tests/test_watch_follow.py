@@ -6,7 +6,6 @@ import http.server
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import threading
@@ -16,6 +15,8 @@ from pathlib import Path
 import pytest
 from helpers import watch_rows as rows  # the watched target's run; prereg_path: conftest
 from helpers import write_jsonl
+
+from bench.fuzz_readers import write_wandb_log
 
 from ladder.cli.main import main
 from ladder.predict import live
@@ -392,32 +393,9 @@ def test_source_error_without_follow_is_a_one_line_error(tmp_path, prereg_path, 
 
 # ------------------------------------------------------------------ offline W&B segments
 
-_BLOCK = 32768
-
-
 def _wandb_log(path: Path, records) -> None:
-    """Write ``records`` (wandb_internal_pb2.Record) as W&B's record log: a 7-byte header, then
-    LevelDB log records in 32 KiB blocks (a record split across blocks as first/middle/last).
-    The CRC is left 0 (the reader does not check it)."""
-    out = bytearray(b":W&B" + b"\xbe\xe7" + b"\x00")
-    for rec in records:
-        data = rec.SerializeToString()
-        first = True
-        while True:
-            left = _BLOCK - len(out) % _BLOCK
-            if left < 7:
-                out += b"\x00" * left
-                continue
-            chunk = data[:left - 7]
-            data = data[len(chunk):]
-            typ = (1 if not data else 2) if first else (4 if not data else 3)
-            out += struct.pack("<IHB", 0, len(chunk), typ) + chunk
-            first = False
-            if not data:
-                break
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "ab") as f:
-        f.write(bytes(out) if not path.exists() or path.stat().st_size == 0 else bytes(out[7:]))
+    """``records`` added to W&B's record log at ``path`` (its header written first when new)."""
+    write_wandb_log(path, records, append=True)
 
 
 def _records(rs, num0=1, exit_=False, pad=0):
