@@ -1286,7 +1286,7 @@ def corpus39_writers() -> list[Case]:
 
     def tokenize(w, out, *inputs):
         return ["tokenize", *(inputs or (str(_corpus_jsonl(w)),)), "--tokenizer",
-                str(_tok(w)), "--out", str(out), "--processes", "0"]
+                str(small_tokenizer(w)), "--out", str(out), "--processes", "0"]
 
     train = {"alarm": 180}
     # ------------------------------------------------------------------ only what it wrote
@@ -1423,7 +1423,7 @@ def _compare(w: Path, out: Path) -> list[str]:
             "--form", "compute", "--out", str(out)]
 
 
-def _tok(w: Path) -> Path:
+def small_tokenizer(w: Path) -> Path:
     p = w / "tokenizer.json"
     if p.exists():
         return p
@@ -1532,7 +1532,8 @@ def _amendment_whole(w: Path, o: Outcome) -> str | None:
 def _shards_verify(w: Path, o: Outcome) -> str | None:
     """After the failure, the same command finishes and every shard has its manifest's hash."""
     from ladder.io import sha256_file
-    code, _, err = run_cli(["tokenize", str(_corpus_jsonl(w)), "--tokenizer", str(_tok(w)),
+    code, _, err = run_cli(["tokenize", str(_corpus_jsonl(w)),
+                            "--tokenizer", str(small_tokenizer(w)),
                             "--out", str(w / "full"), "--processes", "0"], alarm=300)
     if code != 0:
         return "lost"

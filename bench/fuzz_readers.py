@@ -26,7 +26,6 @@ import contextlib
 import copy
 import gzip
 import json
-import resource
 import shutil
 import socket
 import struct
@@ -39,6 +38,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from bench.fuzz_inputs import address_space_cap, small_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -101,18 +102,6 @@ def _guard(fn: Callable[[], str]) -> str:
         return "exhausted"
     except Exception:  # noqa: BLE001 - the point: anything else escaping is a finding
         return "traceback"
-
-
-@contextlib.contextmanager
-def _cap(extra: int):
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    with open("/proc/self/statm") as f:
-        used = int(f.read().split()[0]) * resource.getpagesize()
-    resource.setrlimit(resource.RLIMIT_AS, (used + extra, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 def _apart(run: Callable[[Path, Path], str]) -> Callable[[Path, Path], str]:
@@ -375,21 +364,14 @@ def _wandb_sparse(w: Path, tmp: Path) -> str:
         f.truncate(768 << 20)
 
     def go():
-        with _cap(256 << 20):
+        with address_space_cap(256 << 20):
             rows = WandbOfflineSource(seg.parent.parent).poll().rows
         return "clean" if [r["step"] for r in rows] == list(range(1, 50)) else "accepted"
     return _guard(go)
 
 
 def _gz_line(w: Path, tmp: Path) -> str:
-    tok = tmp / "tokenizer.json"
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    t = Tokenizer(models.BPE())
-    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    t.train_from_iterator(["alpha beta gamma"] * 10, trainers.BpeTrainer(
-        vocab_size=270, special_tokens=["<|endoftext|>"], show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    t.save(str(tok))
+    tok = small_tokenizer(tmp)  # a small byte-level BPE, as the writers' fuzz makes it
     src = tmp / "big.jsonl.gz"
     with gzip.open(src, "wb", compresslevel=1) as f:
         f.write(b'{"text": "')
@@ -399,7 +381,7 @@ def _gz_line(w: Path, tmp: Path) -> str:
     from ladder.trainer import tokens as T
 
     def go():
-        with _cap(384 << 20):
+        with address_space_cap(384 << 20):
             T.tokenize_files([str(src)], tok, tmp / "out", shard_tokens=300)
         return "accepted"
     return _guard(go)
@@ -415,7 +397,7 @@ def _metrics_line(w: Path, tmp: Path) -> str:
         f.write(b'"}\n{"step": 3}\n')
 
     def go():
-        with _cap(160 << 20):
+        with address_space_cap(160 << 20):
             rows = JsonlSource(p).poll().rows
         return "clean" if [r["step"] for r in rows] == [1, 3] else "accepted"
     return _guard(go)
