@@ -107,18 +107,23 @@ def fit_main(args) -> int:
     as_json = getattr(args, "json", False)
     with np.errstate(over="ignore"):  # a law beyond float64 is refused below, in one line
         shown = json.dumps(to_jsonable(doc)) if as_json else res.report()
-    law = dict(doc, points=law_points(df))
+    _keep_or_refuse(args.out, dict(doc, points=law_points(df)), shown, as_json=as_json,
+                    check=lambda: _check_converged(args, res))
+    return 0
+
+
+def _keep_or_refuse(out, doc: dict, shown: str, *, as_json: bool, check) -> None:
+    """``check()`` and, with ``out``, ``doc`` read back as `predict` will read it; then written
+    and the report shown. A refusal (InputError) shows the report first, since it says why (the
+    solver's line), and keeps its own status even when the pipe is closed."""
     try:
-        _check_converged(args, res)
-        if args.out:
-            _readable(law)
+        check()
+        if out:
+            _readable(doc)
     except InputError:
-        # the report shows why (the solver's line) above the refusal; a closed pipe
-        # leaves the refusal its status
         tell(shown)
         raise
-    _write_then_tell(args.out, law, shown, as_json=as_json)
-    return 0
+    _write_then_tell(out, doc, shown, as_json=as_json)
 
 
 def _write_then_tell(out, doc: dict, shown: str, *, as_json: bool, note: str = "") -> None:
@@ -291,18 +296,15 @@ def _fit_task_main(args) -> int:
     with np.errstate(over="ignore"):
         doc = law.to_json()
         shown = json.dumps(to_jsonable(doc)) if as_json else law.report()
-    try:
+
+    def step1_converged():
         bad = unconverged(law.step1)
         if bad and not args.allow_unconverged:
             raise InputError(f"step 1: {', '.join(bad)} did not converge; nothing written; "
                              "rerun with --allow-unconverged to keep it anyway",
                              field="diagnostics.converged", exit_code=EX_DATAERR)
-        if args.out:
-            _readable(doc)
-    except InputError:
-        tell(shown)
-        raise
-    _write_then_tell(args.out, doc, shown, as_json=as_json)
+
+    _keep_or_refuse(args.out, doc, shown, as_json=as_json, check=step1_converged)
     return 0
 
 
