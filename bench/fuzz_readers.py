@@ -283,18 +283,23 @@ def write_wandb_log(path: Path, records, append: bool = False) -> None:
         path.write_bytes(bytes(buf))
 
 
-def _wandb_log(path: Path, rows) -> None:
+def history_records(rows, num0: int = 1) -> list:
+    """Rows ({"step": S, key: value, ...}) as W&B history records numbered from ``num0``."""
     from wandb.proto import wandb_internal_pb2 as pb
-    records = []
+    out = []
     for k, r in enumerate(rows):
-        rec = pb.Record(num=k + 1)
+        rec = pb.Record(num=num0 + k)
         rec.history.step.num = int(r["step"])
         for key, v in r.items():
             if key != "step":
                 it = rec.history.item.add()
                 it.key, it.value_json = key, json.dumps(v)
-        records.append(rec)
-    write_wandb_log(path, records)
+        out.append(rec)
+    return out
+
+
+def _wandb_log(path: Path, rows) -> None:
+    write_wandb_log(path, history_records(rows))
 
 
 def _judged(w: Path, source, state) -> list[int]:

@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from bench.fuzz_inputs import address_space_cap
+from bench.fuzz_readers import history_records as _history
 from bench.fuzz_readers import write_wandb_log as _wandb_log
 from ladder.io import InputError
 
@@ -561,20 +562,6 @@ def test_any_keymap_table_is_a_finite_map_or_a_named_refusal(keys):
 
 
 # ---------------------------------------------- class 3: a restarted watcher never re-judges
-
-
-def _history(rows, num0=1):
-    from wandb.proto import wandb_internal_pb2 as pb
-    out = []
-    for k, r in enumerate(rows):
-        rec = pb.Record(num=num0 + k)
-        rec.history.step.num = int(r["step"])
-        for key, v in r.items():
-            if key != "step":
-                it = rec.history.item.add()
-                it.key, it.value_json = key, json.dumps(v)
-        out.append(rec)
-    return out
 
 
 def _watch_steps(prereg: Path, source, state: Path) -> tuple[list[int], int]:
