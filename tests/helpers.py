@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import json
+import math
+import struct
 import subprocess
 import sys
 import time
@@ -200,3 +202,17 @@ class FakeWandbApi:
 
     def run(self, path):
         return self.runs[path.split("/")[-1]]
+
+
+def same(a, b) -> bool:
+    """Equal as values and types, floats to the bit (NaN equal to NaN; 1 is not 1.0, -0.0 is
+    not 0.0): what two JSON readers must agree on."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float):
+        return struct.pack("<d", a) == struct.pack("<d", b) or (math.isnan(a) and math.isnan(b))
+    return a == b

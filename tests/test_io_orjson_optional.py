@@ -2,26 +2,13 @@
 the value orjson gives it, and the lines orjson refuses go where they always went."""
 
 import json
-import math
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from helpers import same
 
 from ladder import io
-
-
-def same(a, b) -> bool:
-    """Equal values of equal types (NaN equal to NaN, 1 not equal to 1.0)."""
-    if isinstance(a, float) and isinstance(b, float):
-        return (math.isnan(a) and math.isnan(b)) or a == b
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, dict):
-        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, list):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    return a == b
 
 
 def both(raw: bytes):

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import math
-import struct
 
 import numpy as np
 import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from helpers import same
 
 from ladder.io import iter_jsonl, json_line, read_metrics
 from ladder.sources import JsonlSource, parse_lines
@@ -46,19 +46,6 @@ def _wide_ints_as_floats(v):
     if isinstance(v, int) and not isinstance(v, bool) and not -2 ** 63 <= v < 2 ** 64:
         return float(v)  # within float range: orjson refuses a line with one beyond it
     return v
-
-
-def same(a, b) -> bool:
-    """Equal as values and types, floats to the bit (NaN equal to NaN)."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, dict):
-        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, list):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    if isinstance(a, float):
-        return struct.pack("<d", a) == struct.pack("<d", b) or (math.isnan(a) and math.isnan(b))
-    return a == b
 
 
 NUMBERS = st.one_of(
