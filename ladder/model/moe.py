@@ -672,7 +672,7 @@ def combine(out: jax.Array, weight: jax.Array) -> jax.Array:
 def recompute_at_backward(fn: Callable) -> Callable:
     """``fn`` whose backward pass recomputes it from its inputs, *after* its output's cotangent
     exists: the forward keeps only the inputs, and the backward ties them to the cotangent
-    (``jax.lax.optimization_barrier``) before it runs ``jax.vjp(fn)``.
+    (:func:`after_cotangent`) before it runs ``jax.vjp(fn)``.
 
     Why not ``jax.checkpoint`` alone: the recomputation of a rematerialised block depends only
     on the block's saved input, so XLA is free to schedule it early, and XLA:CPU did: in the
@@ -690,18 +690,22 @@ def recompute_at_backward(fn: Callable) -> Callable:
         return fn(*args), args
 
     def bwd(args, ct):
-        # zero times one element of the cotangent: a data dependency that XLA keeps (x * 0 is
-        # not folded for floats: NaN * 0 is NaN), where an optimization_barrier was dropped by
-        # XLA:CPU before scheduling and the recomputation still ran first (docs/LOG.md)
-        # Integer inputs too: what depends on them alone (the sort into slots, its [A, L] fill
-        # masks) was otherwise made for every block at once
-        real = [c for c in jax.tree.leaves(ct) if jnp.issubdtype(c.dtype, jnp.floating)]
-        zero = real[0].reshape(-1)[0].astype(jnp.float32) * 0.0
-        args = tuple(a if a.dtype == jnp.bool_ else a + zero.astype(a.dtype) for a in args)
-        return jax.vjp(fn, *args)[1](ct)
+        # integer inputs tied too: what depends on them alone (the sort into slots, its [A, L]
+        # fill masks) was otherwise made for every block at once
+        return jax.vjp(fn, *after_cotangent(ct, *args))[1](ct)
 
     f.defvjp(fwd, bwd)
     return f
+
+
+def after_cotangent(ct, *arrays) -> tuple:
+    """``arrays`` plus zero times one element of the cotangent ``ct`` (booleans as they are): a
+    data dependency that XLA keeps (x * 0 is not folded for floats: NaN * 0 is NaN), so what is
+    computed from them waits for the cotangent. An ``optimization_barrier`` was dropped by
+    XLA:CPU before scheduling, and the recomputation still ran first (docs/LOG.md)."""
+    real = [c for c in jax.tree.leaves(ct) if jnp.issubdtype(c.dtype, jnp.floating)]
+    zero = real[0].reshape(-1)[0].astype(jnp.float32) * 0.0
+    return tuple(a if a.dtype == jnp.bool_ else a + zero.astype(a.dtype) for a in arrays)
 
 
 class MoE(nn.Module):

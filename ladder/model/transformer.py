@@ -121,7 +121,7 @@ def call_block(cls, cfg: ModelConfig, layer: int, dropless: bool, name: str, x, 
     block = cls(cfg, layer, dropless, name=name)
     if cfg.remat != "full":
         return block(x, bias, segment_ids)
-    from ladder.model.moe import _DROP_SEED, drop_order
+    from ladder.model.moe import _DROP_SEED, after_cotangent, drop_order
 
     def f(mdl, x, bias, segment_ids):
         return mdl(x, bias, segment_ids)
@@ -133,8 +133,7 @@ def call_block(cls, cfg: ModelConfig, layer: int, dropless: bool, name: str, x, 
 
     def bwd(res, ct):
         params, x, bias, segment_ids, seed = res
-        zero = ct[0].reshape(-1)[0].astype(jnp.float32) * 0.0
-        x = x + zero.astype(x.dtype)
+        (x,) = after_cotangent(ct, x)
 
         def run(p, x, bias):
             with drop_order(seed):
