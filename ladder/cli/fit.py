@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
@@ -107,23 +108,29 @@ def fit_main(args) -> int:
     as_json = getattr(args, "json", False)
     with np.errstate(over="ignore"):  # a law beyond float64 is refused below, in one line
         shown = json.dumps(to_jsonable(doc)) if as_json else res.report()
-    _keep_or_refuse(args.out, dict(doc, points=law_points(df)), shown, as_json=as_json,
-                    check=lambda: _check_converged(args, res))
+    doc = dict(doc, points=law_points(df))
+    with _shown_if_refused(shown):
+        _check_converged(args, res)
+        _readable_if_kept(args.out, doc)
+    _write_then_tell(args.out, doc, shown, as_json=as_json)
     return 0
 
 
-def _keep_or_refuse(out, doc: dict, shown: str, *, as_json: bool, check) -> None:
-    """``check()`` and, with ``out``, ``doc`` read back as `predict` will read it; then written
-    and the report shown. A refusal (InputError) shows the report first, since it says why (the
-    solver's line), and keeps its own status even when the pipe is closed."""
+@contextlib.contextmanager
+def _shown_if_refused(shown: str):
+    """A refusal (InputError) inside shows the report first, since it says why (the solver's
+    line), and keeps its own status even when the pipe is closed."""
     try:
-        check()
-        if out:
-            _readable(doc)
+        yield
     except InputError:
         tell(shown)
         raise
-    _write_then_tell(out, doc, shown, as_json=as_json)
+
+
+def _readable_if_kept(out, doc: dict) -> None:
+    """With ``out``, ``doc`` read back as `predict` will read it, before anything is written."""
+    if out:
+        _readable(doc)
 
 
 def _write_then_tell(out, doc: dict, shown: str, *, as_json: bool, note: str = "") -> None:
@@ -297,14 +304,14 @@ def _fit_task_main(args) -> int:
         doc = law.to_json()
         shown = json.dumps(to_jsonable(doc)) if as_json else law.report()
 
-    def step1_converged():
+    with _shown_if_refused(shown):
         bad = unconverged(law.step1)
         if bad and not args.allow_unconverged:
             raise InputError(f"step 1: {', '.join(bad)} did not converge; nothing written; "
                              "rerun with --allow-unconverged to keep it anyway",
                              field="diagnostics.converged", exit_code=EX_DATAERR)
-
-    _keep_or_refuse(args.out, doc, shown, as_json=as_json, check=step1_converged)
+        _readable_if_kept(args.out, doc)
+    _write_then_tell(args.out, doc, shown, as_json=as_json)
     return 0
 
 
