@@ -22,19 +22,8 @@ from typing import Any
 import numpy as np
 
 from ladder.fit.config import HUBER_DELTA
-from ladder.fit.curve_forms import (
-    FORMS,
-    LINEAR,
-    SIZE_EXP,
-    CurveModel,
-    RunDesign,
-    components,
-    curve,
-    curve_grad,
-    design,
-    safe_log,
-    stack,
-)
+from ladder.fit.curve_forms import (FORMS, LINEAR, SIZE_EXP, CurveModel, RunDesign, components,
+                                    curve, curve_grad, design, safe_log, stack)
 from ladder.fit.curve_law import CurveLaw
 from ladder.fit.lr_schedules import lr_from_samples
 from ladder.fit.solver import Refits, polish, run_bootstrap
@@ -130,7 +119,8 @@ def _minimize(model: CurveModel, u0: np.ndarray, runs, delta: float, *,
 
 @contextlib.contextmanager
 def _single_thread_blas():
-    """Run OpenBLAS single-threaded inside the block: the fits' BLAS calls are tiny, and
+    """Run OpenBLAS single-threaded inside the block (or the decorated function, each call
+    afresh): the fits' BLAS calls are tiny, and
     threads made a bootstrap refit take 3.5x the CPU on 2 cores. Linux, OpenBLAS only; anything
     unexpected -> no change."""
     import ctypes
@@ -311,6 +301,7 @@ def curve_data_from_table(df, *, size_column: str | None = "active_params",
     return out
 
 
+@_single_thread_blas()
 def fit_curve_law(df, form: str = "mpl", bootstrap: int = 200, level: float = 0.9,
                   seed: int = 0, *, metric: str | None = None, fix: dict | None = None,
                   size_column: str | None = "active_params", scaled: Sequence[str] = ("L0", "A"),
@@ -319,14 +310,6 @@ def fit_curve_law(df, form: str = "mpl", bootstrap: int = 200, level: float = 0.
     """Fit a curve law (``form`` "mpl" or "momentum") on the whole curves of ``df``
     (:func:`curve_data_from_table`). ``fix``: values held fixed (natural units, LRs in units of
     the data's largest); ``scaled``: power laws of size with several sizes; ``bootstrap``: draws."""
-    with _single_thread_blas():
-        return _fit_curve_law(df, form, bootstrap, level, seed, metric=metric, fix=fix,
-                              size_column=size_column, scaled=scaled, schedules=schedules,
-                              n_starts=n_starts, node_every=node_every, huber_delta=huber_delta)
-
-
-def _fit_curve_law(df, form, bootstrap, level, seed, *, metric, fix, size_column, scaled,
-                   schedules, n_starts, node_every, huber_delta) -> CurveLaw:
     if form not in FORMS:
         raise InputError(f"unknown curve form {form!r}; choose one of {sorted(FORMS)}",
                          field="form")

@@ -14,15 +14,8 @@ from typing import Any
 import numpy as np
 
 import ladder.fit.lawjson as lawjson
-from ladder.fit.curve_forms import (
-    EXPRESSIONS,
-    FORMS,
-    SIZE_VARIABLES,
-    CurveModel,
-    curve,
-    design,
-    safe_log,
-)
+from ladder.fit.curve_forms import (EXPRESSIONS, FORMS, SIZE_VARIABLES, CurveModel, curve,
+                                    design, safe_log)
 from ladder.fit.identify import identifiability
 from ladder.fit.lr_schedules import NamedSchedule, parse_schedule
 from ladder.fit.prediction import Prediction, Query

@@ -204,26 +204,28 @@ def compute() -> Form:
         note="C is training compute so far (flops-v1, no LM head) at each point.")
 
 
+# The trajectory forms' h(g) = g^-gamma exp(c0 (1/g - 1) + c1 (1-g) + c2 (1-g)^2): h(1) = 1 and
+# non-increasing in g (shape parameters >= 0), so every curve is monotone. g^-gamma: the power law
+# in tokens; c0: the early transient (on OLMo's 1xC curves, RMS log residual 2.4% -> 0.4%); the
+# (1-g) polynomial: the annealing drop of a decaying schedule.
+_POS_GRID = (math.log(0.02), math.log(0.3))
+_H_PARAMS = (Param("gamma", "positive", _POS_GRID, (0.0, 5.0)),
+             Param("c0", "positive", (math.log(0.003), math.log(0.03)), (0.0, 20.0)),
+             Param("c1", "positive", _POS_GRID, (0.0, 20.0)),
+             Param("c2", "positive", _POS_GRID, (0.0, 20.0)))
+_H_ENTRIES = (Entry("gamma", "neglogg", 1.0), Entry("c0", "r1", 1.0), Entry("c1", "q1", 1.0),
+              Entry("c2", "q2", 1.0))
+
+
 def trajectory() -> Form:
-    # h(g) = g^-gamma exp(c0 (1/g - 1) + c1 (1-g) + c2 (1-g)^2): h(1) = 1 and non-increasing
-    # in g (shape parameters >= 0), so every curve is monotone. g^-gamma: the power law in tokens;
-    # c0: the early transient (on OLMo's 1xC curves, RMS log residual 2.4% -> 0.4%); the (1-g)
-    # polynomial: the annealing drop of a decaying schedule.
-    pos_grid = (math.log(0.02), math.log(0.3))
     return Form(
         name="trajectory",
         expression="L = E + A * C_T^-alpha * g^-gamma * exp(c0 (1/g - 1) + c1 (1-g) + "
                    "c2 (1-g)^2), C_T = compute / g (planned total compute), g = fraction",
         params=(_E_CENTRED, Param("A", "coef", (-4.0, -2.0, 0.0), (1e-6, 1e15)),
-                Param("alpha", "exponent", (0.05, 0.1, 0.2, 0.4), (0.0, 3.0)),
-                Param("gamma", "positive", pos_grid, (0.0, 5.0)),
-                Param("c0", "positive", (math.log(0.003), math.log(0.03)), (0.0, 20.0)),
-                Param("c1", "positive", pos_grid, (0.0, 20.0)),
-                Param("c2", "positive", pos_grid, (0.0, 20.0))),
+                Param("alpha", "exponent", (0.05, 0.1, 0.2, 0.4), (0.0, 3.0)), *_H_PARAMS),
         terms=((Entry("E", "one", 1.0),),
-               (Entry("A", "one", 1.0), Entry("alpha", "logCT", -1.0),
-                Entry("gamma", "neglogg", 1.0), Entry("c0", "r1", 1.0),
-                Entry("c1", "q1", 1.0), Entry("c2", "q2", 1.0))),
+               (Entry("A", "one", 1.0), Entry("alpha", "logCT", -1.0), *_H_ENTRIES)),
         needs=("compute", "fraction"), centered_grid=True, curves=True,
         shape_params=("gamma", "c0", "c1", "c2"), featurize=_feat_trajectory, auto=True,
         note="compute is so far at the point (points-table convention); the law is written in "
@@ -236,7 +238,6 @@ def trajectory_capacity() -> Form:
     # a training term B C_T^-beta h(g): the gap between sizes may grow along the run (small
     # models plateau first), which the trajectory form's one product cannot follow (it missed
     # the cpu ladder's early points by 5-6%; docs/LOG.md, issue 21).
-    pos_grid = (math.log(0.02), math.log(0.3))
     return Form(
         name="trajectory-capacity",
         expression="L = E + A * C_T^-alpha + B * C_T^-beta * g^-gamma * exp(c0 (1/g - 1) + "
@@ -245,16 +246,10 @@ def trajectory_capacity() -> Form:
         params=(_E_CENTRED, Param("A", "coef", (-3.0, -1.0), (1e-6, 1e15)),
                 Param("alpha", "exponent", (0.05, 0.2), (0.0, 3.0)),
                 Param("B", "coef", (-3.0, -1.0), (1e-6, 1e15)),
-                Param("beta", "exponent", (0.0, 0.1), (-1.0, 3.0)),
-                Param("gamma", "positive", pos_grid, (0.0, 5.0)),
-                Param("c0", "positive", (math.log(0.003), math.log(0.03)), (0.0, 20.0)),
-                Param("c1", "positive", pos_grid, (0.0, 20.0)),
-                Param("c2", "positive", pos_grid, (0.0, 20.0))),
+                Param("beta", "exponent", (0.0, 0.1), (-1.0, 3.0)), *_H_PARAMS),
         terms=((Entry("E", "one", 1.0),),
                (Entry("A", "one", 1.0), Entry("alpha", "logCT", -1.0)),
-               (Entry("B", "one", 1.0), Entry("beta", "logCT", -1.0),
-                Entry("gamma", "neglogg", 1.0), Entry("c0", "r1", 1.0),
-                Entry("c1", "q1", 1.0), Entry("c2", "q2", 1.0))),
+               (Entry("B", "one", 1.0), Entry("beta", "logCT", -1.0), *_H_ENTRIES)),
         needs=("compute", "fraction"), centered_grid=True, curves=True,
         shape_params=("gamma", "c0", "c1", "c2"), featurize=_feat_trajectory,
         # a run's curve separates its constant part from its falling part's scale

@@ -30,16 +30,9 @@ import pandas as pd
 
 import ladder.fit.lawjson as lawjson
 import ladder.fit.task as task
-from ladder.fit.backtest import (
-    EXTRAPOLATION_POWER,
-    backtest,
-    fit_one,
-    scale_inputs,
-    scale_levels,
-    summarise_folds,
-    trajectory_vs_per_fraction,
-    with_power,
-)
+from ladder.fit.backtest import (EXTRAPOLATION_POWER, backtest, fit_one, scale_inputs,
+                                 scale_levels, summarise_folds, trajectory_vs_per_fraction,
+                                 with_power)
 from ladder.fit.compare import COMPARE_FORMS, MIN_PAIRS, Comparison, compare_laws
 from ladder.fit.config import FitConfig
 from ladder.fit.curve_fit import curve_data_from_table, fit_curve_law

@@ -16,7 +16,7 @@ import ladder.fit.lawjson as lawjson
 from ladder.fit.prediction import Prediction, Query
 from ladder.fit.report import parameter_lines
 from ladder.fit.result import LawResult
-from ladder.io import InputError, to_jsonable
+from ladder.io import InputError
 
 FORM = "task"
 TASK_SCHEMA = "task-law/1"   # the "task" block of a law.json file of form "task"
@@ -148,9 +148,6 @@ class TaskLaw(LawResult, forms=(FORM,)):
                          "step1": self.step1.to_json(), "loss_range": list(self.loss_range),
                          "smooth": self.smooth, "skip": self.skip, "anchor": list(ANCHOR),
                          "draws": N_DRAWS}}
-
-    def to_json(self) -> dict:
-        return to_jsonable(lawjson.to_json(self))
 
     @classmethod
     def from_json(cls, obj: dict, *, path=None) -> TaskLaw:
