@@ -234,9 +234,7 @@ def _evaluate(res, test, spec, by, final_only, n_train, ranges=None) -> dict:
         # the error of a run's early part, which no final point measures (along_curve)
         mid = test[test["fraction"].notna() & (test["fraction"] < 1 - 1e-9)]
         if len(mid):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                mp = _predict(res, mid)
+            mp = _predict(res, mid)
             le = np.log(mp.loss / mid["loss"].to_numpy(dtype=float))
             ok = np.isfinite(le)
             along = {"along_fraction": [float(x) for x in mid["fraction"].to_numpy()[ok]],

@@ -236,13 +236,8 @@ class FitResult(LawResult, forms=tuple(FORMS)):
         return replace(self, spread=replace(self.spread, boot_u=boot_u))
 
     # --- named views ---------------------------------------------------------------------------
-    @property
-    def form(self) -> str:
-        return self.spec.form.name
-
-    @property
-    def expression(self) -> str:
-        return self.spec.form.expression
+    form = property(lambda self: self.spec.form.name)
+    expression = property(lambda self: self.spec.form.expression)
 
     @property
     def params(self) -> dict:
