@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -187,13 +187,12 @@ def _solve_linear(form: str, nl: dict, runs: Sequence[RunDesign]) -> dict | None
     return out
 
 
-def _fit_one_size(model: CurveModel, runs: Sequence[RunDesign], delta: float, n_starts: int,
-                  extra_starts: Iterable[dict] = ()):
+def _fit_one_size(model: CurveModel, runs: Sequence[RunDesign], delta: float, n_starts: int):
     """Multi-start fit; returns (u, objective, converged, n_local_fits)."""
     runs = stack(runs)
     T = float(runs.S.max())
     cands = []
-    for nl in list(_nonlinear_grid(model.form, T)) + list(extra_starts):
+    for nl in _nonlinear_grid(model.form, T):
         nl = {k: model.fix.get(k, v) for k, v in nl.items()}
         full = _solve_linear(model.form, nl, runs)
         if full is None:
