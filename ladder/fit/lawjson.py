@@ -313,48 +313,43 @@ def _read_block(block: dict, unc: dict, prefix: str, form: str, metric: str,
 
 def _read_spread(unc: dict, spec: Spec, where: str, prefix: str) -> dict:
     """A law's ``uncertainty`` block: the keyword arguments of ``ladder.fit.result.Spread``."""
+    def field(name):
+        return prefix + "uncertainty." + name
+
+    def bad(name, msg):
+        return InputError(msg, path=where, field=field(name))
     boot = unc.get("bootstrap_u")
     boot = None if boot is None else _array(boot, (None, len(spec.form.names)), where,
-                                            prefix + "uncertainty.bootstrap_u")
+                                            field("bootstrap_u"))
     if boot is not None and np.any(np.abs(boot) > U_LIMIT):  # as fit.u: exp() overflows
-        raise InputError(f"a draw beyond |{U_LIMIT:g}|: exp() overflows float64", path=where,
-                         field=prefix + "uncertainty.bootstrap_u")
+        raise bad("bootstrap_u", f"a draw beyond |{U_LIMIT:g}|: exp() overflows float64")
     cov = unc.get("covariance_free")
     cov = None if cov is None else _array(cov, (spec.n_free, spec.n_free), where,
-                                          prefix + "uncertainty.covariance_free")
+                                          field("covariance_free"))
     if cov is not None and np.any(np.diag(cov) < 0):
         # a huge variance is the fitter's word for a flat direction: read as written
-        raise InputError("expected variances >= 0 on the diagonal",
-                         path=where, field=prefix + "uncertainty.covariance_free")
+        raise bad("covariance_free", "expected variances >= 0 on the diagonal")
     sigma, dof = unc.get("sigma_log"), unc.get("dof")
     for name, v in (("sigma_log", sigma), ("dof", dof)):
         if v is not None and (isinstance(v, bool) or not (isinstance(v, (int, float))
                                                            and math.isfinite(v))):
-            raise InputError("expected a finite number or null", path=where,
-                             field=prefix + "uncertainty." + name)
+            raise bad(name, "expected a finite number or null")
         if v is not None and v < 0:  # a negative sd gives a nonsense (inverted) band
-            raise InputError(f"must be >= 0, got {v!r}", path=where,
-                             field=prefix + "uncertainty." + name)
+            raise bad(name, f"must be >= 0, got {v!r}")
     if dof is not None and dof < DOF_MIN:
         # the fitter writes null where no residual dof is left (fit.estimate); t(0) is undefined
-        raise InputError(f"must be >= {DOF_MIN:g} (null where there are none), got {dof!r}",
-                         path=where, field=prefix + "uncertainty.dof")
+        raise bad("dof", f"must be >= {DOF_MIN:g} (null where there are none), got {dof!r}")
     if sigma is not None and sigma > LOG_SPREAD_LIMIT:
-        raise InputError(f"must be <= {LOG_SPREAD_LIMIT:g} (a log-loss sd), got {sigma!r}",
-                         path=where, field=prefix + "uncertainty.sigma_log")
+        raise bad("sigma_log", f"must be <= {LOG_SPREAD_LIMIT:g} (a log-loss sd), got {sigma!r}")
     small = unc.get("small_sample")
     if small not in ("normal", "student-t"):
-        raise InputError(f"expected 'normal' or 'student-t', got {small!r}", path=where,
-                         field=prefix + "uncertainty.small_sample")
+        raise bad("small_sample", f"expected 'normal' or 'student-t', got {small!r}")
     if "abs_residuals_log" not in unc:
-        raise InputError("missing (null where there are none)", path=where,
-                         field=prefix + "uncertainty.abs_residuals_log")
+        raise bad("abs_residuals_log", "missing (null where there are none)")
     ares = unc["abs_residuals_log"]
-    ares = None if ares is None else _array(ares, (None,), where,
-                                            prefix + "uncertainty.abs_residuals_log")
+    ares = None if ares is None else _array(ares, (None,), where, field("abs_residuals_log"))
     if ares is not None and (np.any(ares < 0) or np.any(ares > LOG_SPREAD_LIMIT)):
-        raise InputError(f"expected |log residuals| in [0, {LOG_SPREAD_LIMIT:g}]", path=where,
-                         field=prefix + "uncertainty.abs_residuals_log")
+        raise bad("abs_residuals_log", f"expected |log residuals| in [0, {LOG_SPREAD_LIMIT:g}]")
     return {"boot_u": boot, "cov": cov, "sigma": sigma, "dof": dof, "abs_resid": ares,
             "small_sample": small}
 
