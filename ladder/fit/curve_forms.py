@@ -51,6 +51,11 @@ MAX_NODES = 500         # annealing-sum blocks per run (see module doc)
 # ------------------------------------------------------------------------------------ forms
 
 
+# a parameter's transform: (value -> u, u -> value)
+_TRANSFORMS = {"log": (math.log, math.exp), "raw": (float, float),
+               "log1m": (lambda p: math.log(1.0 - p), lambda t: 1.0 - math.exp(t))}
+
+
 @dataclass(frozen=True)
 class CurveParam:
     """A curve-law parameter in fit.forms.Param's convention (``to_u``, ``to_display``); unlike
@@ -61,18 +66,10 @@ class CurveParam:
     hi: float
 
     def to_u(self, p: float) -> float:
-        if self.transform == "log":
-            return math.log(p)
-        if self.transform == "log1m":
-            return math.log(1.0 - p)
-        return float(p)
+        return _TRANSFORMS[self.transform][0](p)
 
     def to_display(self, t: float) -> float:
-        if self.transform == "log":
-            return math.exp(t)
-        if self.transform == "log1m":
-            return 1.0 - math.exp(t)
-        return float(t)
+        return _TRANSFORMS[self.transform][1](t)
 
     def interval_flags(self, interval, level: float) -> list[str]:
         """Why an interval ``[lo, hi]`` does not pin this parameter: an end at a bound of its
