@@ -20,26 +20,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from ladder.io import EX_NOINPUT, InputError
-from ladder.sources.base import (
-    IDENTITY_BYTES,
-    Poll,
-    Source,
-    SourceWrapper,
-    check_position,
-    check_regular,
-    file_identity,
-    same_file,
-)
-from ladder.sources.csv import CsvSource, normalise_columns
-from ladder.sources.jsonl import JSONL_POSITION, JsonlSource, parse_lines
+from ladder.sources.base import Poll, Source, SourceWrapper, check_regular
+from ladder.sources.csv import CsvSource
+from ladder.sources.jsonl import JsonlSource, parse_lines
 from ladder.sources.keyed import KeyMappedSource
-from ladder.sources.wandb import (
-    WandbApiSource,
-    WandbOfflineSource,
-    WandbUri,
-    decode_wandb_file,
-    read_wandb_records,
-)
+from ladder.sources.wandb import WandbApiSource, WandbOfflineSource, read_wandb_records
 
 
 def open_source(src: str, *, follow: bool = False, **kw) -> Source:
@@ -76,7 +61,6 @@ def open_source(src: str, *, follow: bool = False, **kw) -> Source:
     return JsonlSource(p)
 
 
-__all__ = ["IDENTITY_BYTES", "JSONL_POSITION", "CsvSource", "JsonlSource", "KeyMappedSource",
-           "Poll", "Source", "SourceWrapper", "WandbApiSource", "WandbOfflineSource", "WandbUri",
-           "check_position", "decode_wandb_file", "file_identity", "normalise_columns",
-           "open_source", "parse_lines", "read_wandb_records", "same_file"]
+__all__ = ["CsvSource", "JsonlSource", "KeyMappedSource", "Poll", "Source", "SourceWrapper",
+           "WandbApiSource", "WandbOfflineSource", "open_source", "parse_lines",
+           "read_wandb_records"]

@@ -5,14 +5,13 @@ recognised and not judged again) and the check of a saved read position."""
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ladder.io import InputError, as_float, open_input
+from ladder.io import InputError, open_input
 from ladder.sources.runs import ended_status
 
 
@@ -184,15 +183,3 @@ def check_position(pos: dict, spec: dict) -> dict:
                              + f", got {str(v)[:40]!r}")
         out[name] = v
     return out
-
-
-def step_of(row: dict) -> int | None:
-    """A row's ``step`` as an integer; None when it has none or it is not a finite number."""
-    return step_value(row.get("step"))
-
-
-def step_value(s) -> int | None:
-    f = as_float(s)
-    if f is None or not math.isfinite(f):
-        return None
-    return int(f)

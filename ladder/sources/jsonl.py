@@ -8,13 +8,20 @@ is recognised by its first bytes: :func:`ladder.sources.base.same_file`)."""
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 
 import orjson
 
-from ladder.io import MAX_LINE_BYTES, InputError, json_line, open_input, read_json, skip_line
+from ladder.io import (
+    MAX_LINE_BYTES,
+    InputError,
+    json_line,
+    open_input,
+    read_json,
+    skip_line,
+    step_of,
+)
 from ladder.sources.base import (
     POS_INT,
     Poll,
@@ -23,7 +30,6 @@ from ladder.sources.base import (
     check_regular,
     file_identity,
     same_file,
-    step_value,
     summary_finished,
 )
 
@@ -269,12 +275,11 @@ JSONL_POSITION = {"path": ("str", None), "offset": ("int", POS_INT),
 
 
 def _max_step(steps: list) -> int | None:
-    """The highest step of the rows' ``step`` values, as :func:`step_value` reads each."""
-    try:  # the common case: every row has a finite numeric step (max runs in C)
-        m = max(steps) if steps else None
-        if m is not None and not math.isfinite(m):
-            raise ValueError  # a NaN first compares as the max: the careful way
-        return int(m) if m is not None else None
-    except (TypeError, ValueError, OverflowError):
-        got = [s for s in (step_value(v) for v in steps) if s is not None]
-        return max(got) if got else None
+    """The highest of the rows' valid steps (:func:`ladder.io.step_of`)."""
+    try:  # the common case, every step valid: max runs in C, and a valid max is the answer
+        top = step_of(max(steps, default=None))
+    except TypeError:  # a missing step or a string among the numbers
+        top = None
+    if top is None:
+        top = max((s for s in map(step_of, steps) if s is not None), default=None)
+    return top

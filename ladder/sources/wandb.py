@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ladder.io import EX_NOINPUT, InputError, open_input
-from ladder.sources.base import POS_INT, Poll, Source, check_position, step_of
+from ladder.io import EX_NOINPUT, InputError, open_input, step_of
+from ladder.sources.base import POS_INT, Poll, Source, check_position
 
 # a saved segment's read position (ladder.sources.base.check_position): a state file is a file,
 # edited or of another version (an offset of the wrong type was a TypeError)
@@ -185,26 +185,17 @@ def read_wandb_records(path: str | os.PathLike, *, full: bool = False) -> Iterab
     yield from iter_wandb_records(Path(path), 0, full=full)
 
 
-def decode_wandb_file(path: Path, start: int = 0, *, full: bool = False,
-                      max_bytes: int | None = None) -> tuple[list[dict], int, int]:
-    """Records of a .wandb log from byte ``start`` (0, or an offset this function returned):
-    ``(records, end, corrupt)``, ``end`` being the offset after the last complete record (a
-    truncated last record of a live run is left for the next call). ``max_bytes``: stop at the
-    first record boundary past that many bytes from ``start`` (the rest at the next call). The
-    CRC is not checked; a record header that cannot be one (an unknown type, a length past its
-    block) is corrupt: counted, and the rest of the file is skipped (a log cannot be
-    resynchronised reliably)."""
-    stats: dict = {}
-    recs = list(iter_wandb_records(path, start, full=full, max_bytes=max_bytes, stats=stats))
-    return recs, stats["end"], stats["bad"]
-
-
 def iter_wandb_records(path: Path, start: int = 0, *, full: bool = False,
                        max_bytes: int | None = None, stats: dict | None = None
                        ) -> Iterable[dict]:
-    """The records of :func:`decode_wandb_file`, one at a time; ``stats`` gets ``end``,
-    ``bad`` and ``more`` (stopped at ``max_bytes`` with bytes left) when the iteration ends.
-    Memory: one read buffer and one record, whatever the log's size."""
+    """The records of a .wandb log from byte ``start`` (0, or a ``stats["end"]`` of an earlier
+    call), one at a time. ``stats`` gets ``end`` (the offset after the last complete record: a
+    truncated last record of a live run is left for the next call), ``bad`` (corrupt records)
+    and ``more`` (stopped at the first record boundary ``max_bytes`` past ``start``, with bytes
+    left). The CRC is not checked; a record header that cannot be one (an unknown type, a length
+    past its block) is corrupt: counted, and the rest of the file is skipped (a log cannot be
+    resynchronised reliably). ``full``: see :func:`read_wandb_records`. Memory: one read buffer
+    and one record, whatever the log's size."""
     from wandb.proto import wandb_internal_pb2 as pb
 
     st = {"end": start, "bad": 0, "more": False} if stats is None else stats
@@ -458,10 +449,8 @@ class WandbApiSource(Source):
                 kw["min_step"] = start + 1
             for row in run.scan_history(**kw):
                 row = dict(row)
-                step = row.get("_step")
-                if "step" not in row:
-                    row["step"] = step
-                s = step_of(row)
+                row.setdefault("step", row.get("_step"))
+                s = step_of(row["step"])
                 if s is None:
                     continue
                 if start is not None and s <= start:
