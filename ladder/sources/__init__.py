@@ -24,7 +24,7 @@ from ladder.sources.base import Poll, Source, SourceWrapper, check_regular
 from ladder.sources.csv import CsvSource
 from ladder.sources.jsonl import JsonlSource, parse_lines
 from ladder.sources.keyed import KeyMappedSource
-from ladder.sources.wandb import WandbApiSource, WandbOfflineSource, read_wandb_records
+from ladder.sources.wandb import WandbApiSource, WandbOfflineSource, WandbUri, read_wandb_records
 
 
 def open_source(src: str, *, follow: bool = False, **kw) -> Source:
@@ -62,5 +62,5 @@ def open_source(src: str, *, follow: bool = False, **kw) -> Source:
 
 
 __all__ = ["CsvSource", "JsonlSource", "KeyMappedSource", "Poll", "Source", "SourceWrapper",
-           "WandbApiSource", "WandbOfflineSource", "open_source", "parse_lines",
+           "WandbApiSource", "WandbOfflineSource", "WandbUri", "open_source", "parse_lines",
            "read_wandb_records"]
