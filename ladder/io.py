@@ -117,8 +117,7 @@ def check_replaceable(path: str | os.PathLike) -> None:
     except FileNotFoundError:
         return
     except OSError as e:
-        raise InputError(f"cannot be written ({_os_reason(e)})", path=path,
-                         exit_code=EX_CANTCREAT) from None
+        raise _cannot("written", e, path) from None
     if stat.S_ISDIR(st.st_mode):
         raise InputError("is a directory; expected a file path", path=path,
                          exit_code=EX_CANTCREAT)
@@ -184,8 +183,7 @@ def _stage(path: Path, data: bytes, mode: int | None) -> str:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp",
                                    dir=path.parent)
     except OSError as e:
-        raise InputError(f"cannot be written ({_os_reason(e)})", path=path,
-                         exit_code=EX_CANTCREAT) from None
+        raise _cannot("written", e, path) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -196,8 +194,7 @@ def _stage(path: Path, data: bytes, mode: int | None) -> str:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         if isinstance(e, OSError):
-            raise InputError(f"cannot be written ({_os_reason(e)})", path=path,
-                             exit_code=EX_CANTCREAT) from None
+            raise _cannot("written", e, path) from None
         raise
     return tmp
 
@@ -220,8 +217,7 @@ def _publish(tmp: str, path: Path, exclusive: bool) -> None:
     except (FileExistsError, InputError):
         raise
     except OSError as e:
-        raise InputError(f"cannot be written ({_os_reason(e)})", path=path,
-                         exit_code=EX_CANTCREAT) from None
+        raise _cannot("written", e, path) from None
 
 
 def write_with_record(path: str | os.PathLike, data: bytes, log: str | os.PathLike, line: str,
@@ -272,8 +268,7 @@ def _flock(fd: int, path: Path) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX)
     except OSError as e:
         if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-            raise InputError(f"cannot be locked ({_os_reason(e)})", path=path,
-                             exit_code=EX_CANTCREAT) from None
+            raise _cannot("locked", e, path) from None
 
 
 def _remove_stale_temps(path: Path) -> None:
@@ -338,8 +333,7 @@ def _open_log(path: Path) -> int:
         except FileExistsError:
             fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_NONBLOCK)
     except OSError as e:
-        raise InputError(f"cannot be appended to ({_os_reason(e)})", path=path,
-                         exit_code=EX_CANTCREAT) from None
+        raise _cannot("appended to", e, path) from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise InputError("not a regular file (a FIFO, a device or a socket); not appended "
@@ -368,8 +362,7 @@ def _append_fd(fd: int, data: bytes, path: Path, *, fsync: bool) -> int:
             raise
         return start
     except OSError as e:
-        raise InputError(f"cannot be appended to ({_os_reason(e)})", path=path,
-                         exit_code=EX_CANTCREAT) from None
+        raise _cannot("appended to", e, path) from None
 
 
 def _cut_partial_line(fd: int, size: int) -> int:
@@ -388,6 +381,13 @@ def _cut_partial_line(fd: int, size: int) -> int:
     if end < size:
         os.ftruncate(fd, end)
     return size - end
+
+
+def _cannot(doing: str, e: OSError, path, *, field: str | None = None,
+            exit_code: int = EX_CANTCREAT) -> InputError:
+    """The one line of an OS error: ``PATH: cannot be DOING (reason)`` (73 unless told)."""
+    return InputError(f"cannot be {doing} ({_os_reason(e)})", path=path, field=field,
+                      exit_code=exit_code)
 
 
 def _os_reason(e: OSError) -> str:
@@ -466,8 +466,7 @@ def claim(folder: str | os.PathLike, patterns: Iterable[str], *, what: str,
         try:
             names = sorted(q.name for q in folder.iterdir())
         except OSError as e:
-            raise InputError(f"cannot be read ({_os_reason(e)})", path=folder, field=field,
-                             exit_code=EX_CANTCREAT) from None
+            raise _cannot("read", e, folder, field=field) from None
         foreign = [n for n in names if n != MARKER and _listed(n, patterns) and
                    not _listed(n, ours)]
         if foreign:
@@ -494,8 +493,7 @@ def folder_lock(folder: str | os.PathLike, *, what: str, field: str | None = "--
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise InputError(f"cannot be created ({_os_reason(e)})", path=folder, field=field,
-                         exit_code=EX_CANTCREAT) from None
+        raise _cannot("created", e, folder, field=field) from None
     path = folder / LOCK
     host = socket.gethostname()
     while True:
@@ -503,8 +501,7 @@ def folder_lock(folder: str | os.PathLike, *, what: str, field: str | None = "--
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                          ARTIFACT_MODE)
         except OSError as e:
-            raise InputError(f"cannot be locked ({_os_reason(e)})", path=path, field=field,
-                             exit_code=EX_CANTCREAT) from None
+            raise _cannot("locked", e, path, field=field) from None
         holder = _lock_holder(fd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -514,8 +511,7 @@ def folder_lock(folder: str | os.PathLike, *, what: str, field: str | None = "--
         except OSError as e:
             if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
                 os.close(fd)
-                raise InputError(f"cannot be locked ({_os_reason(e)})", path=path, field=field,
-                                 exit_code=EX_CANTCREAT) from None
+                raise _cannot("locked", e, path, field=field) from None
             # no flock here: the pid in the file decides (a live one on this host holds it)
             pid = holder.get("pid")
             if holder.get("host") == host and isinstance(pid, int) and pid != os.getpid() \
@@ -577,8 +573,7 @@ def staged_dir(out: str | os.PathLike, *, own: Iterable[str] = ()):
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".staged",
                                     dir=out.parent))
     except OSError as e:
-        raise InputError(f"cannot be written ({_os_reason(e)})", path=out,
-                         exit_code=EX_CANTCREAT) from None
+        raise _cannot("written", e, out) from None
     trash = None
     try:
         yield tmp
@@ -610,8 +605,7 @@ def staged_dir(out: str | os.PathLike, *, own: Iterable[str] = ()):
             _fsync_dir(out)
         _fsync_dir(out.parent)
     except OSError as e:
-        raise InputError(f"cannot be written ({_os_reason(e)})", path=out,
-                         exit_code=EX_CANTCREAT) from None
+        raise _cannot("written", e, out) from None
     finally:
         for d in (tmp, trash):
             if d is not None and d.exists():
@@ -684,8 +678,7 @@ def open_input(path: str | os.PathLike, *, field: str | None = None):
         if e.errno == errno.ENXIO:  # a socket (or a FIFO without a reader, for writing)
             raise InputError("not a regular file (a socket?); refused", path=path, field=field,
                              exit_code=EX_DATAERR) from None
-        raise InputError(f"cannot be read ({_os_reason(e)})", path=path, field=field,
-                         exit_code=EX_NOINPUT) from None
+        raise _cannot("read", e, path, field=field, exit_code=EX_NOINPUT) from None
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
@@ -726,8 +719,7 @@ def read_bytes(path: str | os.PathLike, *, field: str | None = None,
                 got += len(more)
             data = parts[0] if len(parts) == 1 else b"".join(parts)
         except OSError as e:
-            raise InputError(f"cannot be read ({_os_reason(e)})", path=path, field=field,
-                             exit_code=EX_NOINPUT) from None
+            raise _cannot("read", e, path, field=field, exit_code=EX_NOINPUT) from None
     if len(data) > limit:
         raise InputError(f"larger than {limit >> 20} MiB, the limit for a file read whole; "
                          f"refused", path=path, field=field, exit_code=EX_DATAERR)
@@ -1035,8 +1027,7 @@ def iter_jsonl(path: str | os.PathLike, *, start: int = 0,
                 elif bad is not None:
                     bad.append(line_no)
         except OSError as e:
-            raise InputError(f"cannot be read ({_os_reason(e)})", path=path,
-                             exit_code=EX_NOINPUT) from None
+            raise _cannot("read", e, path, exit_code=EX_NOINPUT) from None
 
 
 # Steps beyond 2**53 are not exact as floats (issue 15: 1e30 wrapped negative); the hero has
