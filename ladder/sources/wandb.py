@@ -19,8 +19,7 @@ from typing import Any
 from ladder.io import EX_NOINPUT, InputError, open_input, step_of
 from ladder.sources.base import POS_INT, Poll, Source, check_position
 
-# a saved segment's read position (ladder.sources.base.check_position): a state file is a file,
-# edited or of another version (an offset of the wrong type was a TypeError)
+# a saved segment's read position (ladder.sources.base.check_position)
 SEGMENT_POSITION = {"offset": ("int", POS_INT), "num": ("int", POS_INT), "exit": ("bool", None)}
 
 # ----------------------------------------------------------------------------------- offline
@@ -29,12 +28,10 @@ SEGMENT_POSITION = {"offset": ("int", POS_INT), "num": ("int", POS_INT), "exit":
 class WandbOfflineSource(Source):
     """A W&B offline run: a directory (``wandb/``, a ``run-*`` directory) or one ``.wandb`` file.
 
-    Every ``.wandb`` segment below the directory is read, in lineage order (a resumed run writes
-    a new ``run-<time>-<id>`` directory; the names sort by time), each incrementally: the byte
-    offset after its last complete record is kept, so a poll decodes only what was appended
-    (not the whole file again) and a restarted watcher continues there. A later segment's row
-    for a step replaces an earlier one downstream (last one wins). The run finished when the
-    newest segment holds W&B's exit record."""
+    Every ``.wandb`` segment is read in lineage order (a resumed run writes a new
+    ``run-<time>-<id>`` directory), each from the byte after its last complete record: a poll
+    decodes only what was appended. A later segment's row for a step wins downstream. The run
+    finished when the newest segment holds W&B's exit record."""
 
     kind = "wandb-offline"
     poll_seconds = 2.0  # W&B flushes its offline log every few seconds
@@ -49,10 +46,8 @@ class WandbOfflineSource(Source):
                 "config_sent": self._config_sent}
 
     def restore(self, pos: dict) -> bool:
-        """Continue at a saved position; True when every segment it names is still there
-        (names are relative to the watched directory: a moved directory still matches). A
-        renamed or removed segment, or another kind's position: False, the segments not named
-        are read from their start (the watcher skips the steps it already judged)."""
+        """Continue at a saved position; True when every segment it names (relative to the
+        watched directory) is still there. Segments it does not name are read from their start."""
         if pos.get("kind") != self.kind or not isinstance(pos.get("segments"), dict):
             return False
         segs = {}
@@ -127,15 +122,12 @@ class WandbOfflineSource(Source):
         for rec in recs:
             num = int(rec.get("num", 0) or 0)
             typ = rec.get("type")
-            if typ == "run" and not self._config_sent:
-                cfg = _config_from_update((rec.get("run") or {}).get("config") or {})
+            if typ == "config" or typ == "run" and not self._config_sent:
+                upd = (rec["run"]["config"] if typ == "run" else rec["config"])["update"]
+                cfg = {k: v for k, v in upd.items() if k != "_wandb"}
                 if cfg:
                     out.configs.append(cfg)
-                self._config_sent = True
-            elif typ == "config":
-                cfg = _config_from_update(rec.get("config") or {})
-                if cfg:
-                    out.configs.append(cfg)
+                self._config_sent = self._config_sent or typ == "run"
             elif typ == "history":
                 h = rec.get("history") or {}
                 row = dict(h.get("item") or {})
@@ -147,19 +139,6 @@ class WandbOfflineSource(Source):
             seg["num"] = max(seg["num"], num)
 
 
-def _config_from_update(cfg: dict) -> dict:
-    upd = cfg.get("update", cfg) if isinstance(cfg, dict) else {}
-    if isinstance(upd, list):  # protobuf-shaped: [{"key", "value_json"}]
-        d = {}
-        for item in upd:
-            try:
-                d[item.get("key")] = json.loads(item.get("value_json", "null"))
-            except ValueError:
-                continue
-        upd = d
-    return {k: v for k, v in upd.items() if k != "_wandb"} if isinstance(upd, dict) else {}
-
-
 # The .wandb file: a 7-byte header (":W&B", a 2-byte magic, a version byte), then the LevelDB log
 # format: 32 KiB blocks of records, each a 7-byte header (CRC32C, uint16 length, type: 1 full,
 # 2 first, 3 middle, 4 last) and a payload; a block tail under 7 bytes is zero padding. The
@@ -168,11 +147,9 @@ def _config_from_update(cfg: dict) -> dict:
 _BLOCK = 32768
 
 
-# The log is read READ_BYTES at a time (a multiple of the block), never whole (a 7 GiB log was a
-# MemoryError, issue 39); a record split over blocks is joined once from its fragments (joined by
-# repeated concatenation, a 50 MB record took a minute). A record beyond MAX_RECORD is skipped
-# unread and counted with the corrupt ones: the watcher reads a history row's numbers, a few KB
-# (W&B's own history rows are bounded far below this).
+# The log is read READ_BYTES at a time, never whole (issue 39: a 7 GiB log); a record split over
+# blocks is joined once from its fragments. A record beyond MAX_RECORD (a history row is a few
+# KB) is passed over unread and counted as corrupt.
 READ_BYTES = 128 * _BLOCK      # 4 MiB
 MAX_RECORD = 64 << 20
 POLL_BYTES = 64 << 20          # of log decoded per segment and poll; the rest: ``Poll.more``
