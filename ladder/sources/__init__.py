@@ -1,16 +1,13 @@
-"""Live metric sources for the watcher. Each source (the shape: :class:`Source`) answers
-``poll()`` with a :class:`Poll` of the rows that arrived since the last poll (dicts with ``step``
-and metric keys), run configurations seen, and notes about the input; ``position()``/``restore()``
-give a JSON-serialisable read position so a restarted watcher continues where it stopped (no row
-judged twice, none skipped).
+"""Every metrics reader: run directories (``runs.py``) and the watcher's live sources, each the
+shape of :class:`Source` (``base.py``): ``poll()`` gives the rows that arrived since the last
+poll, ``position()``/``restore()`` a read position a restarted watcher continues at.
 
-- :class:`JsonlSource` (``jsonl.py``): a metrics.jsonl, tailed by byte offset, each line parsed by
-  orjson; a rotated or truncated file is read again (the watcher skips the steps it judged).
+- :class:`JsonlSource` (``jsonl.py``): a metrics.jsonl, tailed by byte offset.
 - :class:`CsvSource` (``csv.py``): a CSV, incl. W&B exports.
 - :class:`WandbOfflineSource` and :class:`WandbApiSource` (``wandb.py``): a W&B offline run
   directory or ``.wandb`` file, and ``wandb://ENTITY/PROJECT/ID[,ID...]`` through the public API.
-- :class:`KeyMappedSource` (``keyed.py``): any of them read under another trainer's metric names.
-- ``base.py``: the :class:`Source` shape, :class:`Poll`, a file's identity, a position's check.
+- :class:`KeyMappedSource` (``keyed.py``): any of them under another trainer's metric names
+  (``keymap.py``); ``batch.py``: rows as columns.
 
 :func:`open_source` picks the source a ``--source`` argument names.
 """
@@ -28,10 +25,9 @@ from ladder.sources.wandb import WandbApiSource, WandbOfflineSource, WandbUri, r
 
 
 def open_source(src: str, *, follow: bool = False, **kw) -> Source:
-    """The source for a ``--source`` argument. With ``follow``, a path that does not exist yet
-    is waited for (a watcher started before the run): its suffix says what it will be
-    (``.csv``/``.tsv``, ``.wandb``, else a metrics JSONL; a name without suffix is a run
-    directory, whose ``metrics.jsonl`` is awaited)."""
+    """The source for a ``--source`` argument. With ``follow``, a path not there yet is waited
+    for, its suffix saying what it will be (``.csv``/``.tsv``, ``.wandb``, else a metrics JSONL;
+    no suffix: a run directory, whose ``metrics.jsonl`` is awaited)."""
     if src.startswith("wandb://"):
         return WandbApiSource(src, **kw)
     p = Path(src)
