@@ -47,7 +47,11 @@ class Batch:
             b = cls._columns_fast(rows_l, keys, keep)
             if b is not None:
                 return b
-        # one value at a time (any mix of keys and value types)
+        return cls._from_rows_general(rows_l, keys, keep)
+
+    @classmethod
+    def _from_rows_general(cls, rows_l: list[Mapping], keys, keep) -> Batch:
+        """:meth:`from_rows`, one value at a time (any mix of keys and value types)."""
         configs = [r["config"] for r in rows_l if "config" in r and isinstance(r["config"], dict)]
         notes: list[str] = []
         steps_raw = [r.get("step") for r in rows_l]
