@@ -209,13 +209,8 @@ def iter_wandb_records(path: Path, start: int = 0, *, full: bool = False,
                 break
             abs_pos = base + i
             block_left = _BLOCK - (abs_pos % _BLOCK)
-            if block_left < 7:  # zero padding at a block's end
-                i += block_left
-                if not parts and not skipping:
-                    st["end"] = base + min(i, len(buf))
-                continue
             _crc, length, typ = struct.unpack_from("<IHB", buf, i)
-            if typ == 0 and length == 0:  # a zero-filled block tail: skip to the next block
+            if block_left < 7 or typ == 0 and length == 0:  # padding: on to the next block
                 i += block_left
                 if not parts and not skipping:
                     st["end"] = base + min(i, len(buf))
