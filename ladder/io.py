@@ -942,18 +942,11 @@ def require(obj: dict, key: str, types: type | tuple[type, ...], *, path=None, p
         if types is float:
             return number(value, field=name, path=path)
         return value
-    if not isinstance(value, types) or isinstance(value, bool) and bool not in _as_tuple(types):
-        raise InputError(f"expected {_type_names(types)}, got {type(value).__name__}",
-                         path=path, field=name)
+    kinds = types if isinstance(types, tuple) else (types,)
+    if not isinstance(value, types) or isinstance(value, bool) and bool not in kinds:
+        raise InputError(f"expected {' or '.join(t.__name__ for t in kinds)}, got "
+                         f"{type(value).__name__}", path=path, field=name)
     return value
-
-
-def _as_tuple(t):
-    return t if isinstance(t, tuple) else (t,)
-
-
-def _type_names(t) -> str:
-    return " or ".join(x.__name__ for x in _as_tuple(t))
 
 
 _NONFINITE = {"nan": math.nan, "NaN": math.nan, "Infinity": math.inf, "inf": math.inf,
