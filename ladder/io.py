@@ -260,6 +260,9 @@ def write_with_record(path: str | os.PathLike, data: bytes, log: str | os.PathLi
     return path
 
 
+_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)  # a file system without flock
+
+
 def _flock(fd: int, path: Path) -> None:
     """An exclusive advisory lock on ``fd`` (waits: holders are short); none where the file
     system has no locks."""
@@ -267,7 +270,7 @@ def _flock(fd: int, path: Path) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
     except OSError as e:
-        if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+        if e.errno not in _NO_LOCKS:
             raise _cannot("locked", e, path) from None
 
 
@@ -385,14 +388,11 @@ def _cut_partial_line(fd: int, size: int) -> int:
 
 def _cannot(doing: str, e: OSError, path, *, field: str | None = None,
             exit_code: int = EX_CANTCREAT) -> InputError:
-    """The one line of an OS error: ``PATH: cannot be DOING (reason)`` (73 unless told)."""
-    return InputError(f"cannot be {doing} ({_os_reason(e)})", path=path, field=field,
+    """The one line of an OS error: ``PATH: cannot be DOING (reason)`` (73 unless told), the
+    reason in a few words without the path ("permission denied")."""
+    reason = (e.strerror or type(e).__name__).lower() if isinstance(e, OSError) else str(e)
+    return InputError(f"cannot be {doing} ({reason})", path=path, field=field,
                       exit_code=exit_code)
-
-
-def _os_reason(e: OSError) -> str:
-    """An OSError as a few words ("is a directory", "permission denied"), without the path."""
-    return (e.strerror or type(e).__name__).lower() if isinstance(e, OSError) else str(e)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, **kw) -> Path:
@@ -509,7 +509,7 @@ def folder_lock(folder: str | os.PathLike, *, what: str, field: str | None = "--
             os.close(fd)
             raise _in_use(holder, folder, field) from None
         except OSError as e:
-            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+            if e.errno not in _NO_LOCKS:
                 os.close(fd)
                 raise _cannot("locked", e, path, field=field) from None
             # no flock here: the pid in the file decides (a live one on this host holds it)
