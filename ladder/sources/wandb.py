@@ -264,34 +264,27 @@ def _record_dict(rec, full: bool = False) -> dict:
         d[which] = MessageToDict(getattr(rec, which), preserving_proto_field_name=True)
         return d
     if which == "history":
-        item = {}
-        for it in rec.history.item:
-            key = it.key or "/".join(it.nested_key)
-            item[key] = _history_value(it)
-        d["history"] = {"item": item, "step": {"num": rec.history.step.num}}
-    elif which in ("run", "config"):
-        cfg_msg = rec.run.config if which == "run" else rec.config
-        upd = {}
-        for it in cfg_msg.update:
-            key = it.key or "/".join(it.nested_key)
-            try:
-                upd[key] = json.loads(it.value_json)
-            except (ValueError, RecursionError):
-                upd[key] = it.value_json
-        d[which] = {"config": {"update": upd}} if which == "run" else {"update": upd}
-    elif which in ("exit",):
-        d[which] = {}
+        d["history"] = {"item": _items(rec.history.item), "step": {"num": rec.history.step.num}}
+    elif which == "run":
+        d["run"] = {"config": {"update": _items(rec.run.config.update)}}
+    elif which == "config":
+        d["config"] = {"update": _items(rec.config.update)}
+    elif which == "exit":
+        d["exit"] = {}
     return d
 
 
+def _items(items) -> dict:
+    """W&B's key/value items (a history row, a config update) as a dict."""
+    return {it.key or "/".join(it.nested_key): _history_value(it) for it in items}
+
+
 def _history_value(it) -> Any:
+    """One item's value: a typed field where the item has them (newer wandb), else its JSON."""
     which = it.WhichOneof("value") if any(f.containing_oneof for f in it.DESCRIPTOR.fields) \
         else None
     if which and which != "value_json":
-        v = getattr(it, which)
-        if which == "none":
-            return None
-        return v
+        return None if which == "none" else getattr(it, which)
     try:
         return json.loads(it.value_json)
     except (ValueError, RecursionError):
