@@ -882,27 +882,26 @@ def number(value: Any, *, field: str, path=None, lo: float | None = None,
     InputError naming the field otherwise."""
     if value is None and allow_none:
         return None
+
+    def refuse(why: str) -> InputError:
+        return InputError(f"{why}, got {_short(value)}", path=path, field=field,
+                          exit_code=exit_code)
     if isinstance(value, bool) or not isinstance(value, (int, float)) and \
             not hasattr(value, "__float__"):
-        raise InputError(f"expected a number, got {_short(value)}", path=path, field=field,
-                         exit_code=exit_code)
+        raise refuse("expected a number")
     try:
         f = float(value)
     except (OverflowError, ValueError, TypeError):
         raise InputError(f"not a representable number ({_short(value)})", path=path,
                          field=field, exit_code=exit_code) from None
     if not math.isfinite(f):
-        raise InputError(f"must be finite, got {_short(value)}", path=path, field=field,
-                         exit_code=exit_code)
+        raise refuse("must be finite")
     if integral and (isinstance(value, float) and not f.is_integer()):
-        raise InputError(f"must be an integer, got {_short(value)}", path=path, field=field,
-                         exit_code=exit_code)
+        raise refuse("must be an integer")
     if lo is not None and (f < lo or lo_open and f == lo):
-        raise InputError(f"must be {'>' if lo_open else '>='} {lo:g}, got {_short(value)}",
-                         path=path, field=field, exit_code=exit_code)
+        raise refuse(f"must be {'>' if lo_open else '>='} {lo:g}")
     if hi is not None and (f > hi or hi_open and f == hi):
-        raise InputError(f"must be {'<' if hi_open else '<='} {hi:g}, got {_short(value)}",
-                         path=path, field=field, exit_code=exit_code)
+        raise refuse(f"must be {'<' if hi_open else '<='} {hi:g}")
     if integral:
         return int(value) if isinstance(value, int) else int(f)
     return value if isinstance(value, int) else f
