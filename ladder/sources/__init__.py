@@ -41,8 +41,6 @@ def open_source(src: str, *, follow: bool = False, **kw) -> Source:
     if not p.exists():
         raise InputError("no such file or directory", path=src, field="--source",
                          exit_code=EX_NOINPUT)
-    if not p.is_dir():
-        check_regular(p)
     if p.is_dir():
         if (p / "metrics.jsonl").exists():
             return JsonlSource(p / "metrics.jsonl")
@@ -50,6 +48,7 @@ def open_source(src: str, *, follow: bool = False, **kw) -> Source:
             return WandbOfflineSource(p)
         raise InputError("a directory without metrics.jsonl or a .wandb file", path=src,
                          field="--source")
+    check_regular(p)
     if p.suffix == ".wandb":
         return WandbOfflineSource(p)
     if p.suffix.lower() in (".csv", ".tsv"):
