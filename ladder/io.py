@@ -793,7 +793,15 @@ _REFUSED = object()
 def _orjson_int(text: str):
     """An integer as orjson reads it: exact within [-2**63, 2**64), else the nearest float."""
     value = int(text)
-    return value if -2 ** 63 <= value < 2 ** 64 else float(text)
+    return value if -2 ** 63 <= value < 2 ** 64 else _finite_float(text)
+
+
+def _finite_float(text: str) -> float:
+    """A number as orjson reads it: refused (ValueError) beyond float range (1e999)."""
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"{text[:20]} is beyond float range")
+    return value
 
 
 def _refuse_constant(name: str):
@@ -807,29 +815,14 @@ def _stdlib_line(raw: bytes):
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
         if not json_depth_ok(text.encode("utf-8")):
             return _REFUSED
-        value = json.loads(text, parse_int=_orjson_int, parse_constant=_refuse_constant)
+        value = json.loads(text, parse_int=_orjson_int, parse_float=_finite_float,
+                           parse_constant=_refuse_constant)
+        # a lone surrogate ("\ud800" escaped in the line), which orjson refuses, cannot be
+        # encoded as UTF-8
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
     except (ValueError, UnicodeError, RecursionError):
         return _REFUSED
-    return _REFUSED if _has_surrogate_or_inf(value) else value
-
-
-def _has_surrogate_or_inf(value) -> bool:
-    """Whether a parsed value holds what orjson refuses: an infinite float or a lone surrogate."""
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, float):
-            if not math.isfinite(v):
-                return True
-        elif isinstance(v, str):
-            if any("\ud800" <= c <= "\udfff" for c in v):
-                return True
-        elif isinstance(v, dict):
-            stack.extend(v.keys())
-            stack.extend(v.values())
-        elif isinstance(v, list):
-            stack.extend(v)
-    return False
+    return value
 
 
 def read_json(path: str | os.PathLike, *, schema: str | None = None,
