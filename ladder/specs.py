@@ -79,11 +79,10 @@ class Schedule:
         lo = self.min_lr_frac
         if self.kind == "constant":
             return 1.0
+        t = (step - warm) / max(end - warm, 1e-12)  # linear and cosine: through the decay
         if self.kind == "linear":
-            t = (step - warm) / max(end - warm, 1e-12)
             return 1.0 - (1.0 - lo) * t
         if self.kind == "cosine":
-            t = (step - warm) / max(end - warm, 1e-12)
             return lo + (1.0 - lo) * 0.5 * (1.0 + math.cos(math.pi * t))
         start = end - self.decay * steps  # wsd
         if step < start:
