@@ -515,6 +515,7 @@ class WatchData:
     rlim: tuple[float, float] | None
     tokens_total: float | None
     verdict: dict
+    updated: Curve | None = None   # the watcher's updated forecast ahead (the live page)
 
 
 def _placed_alerts(inp: ReportInputs):
@@ -551,7 +552,7 @@ def watch_ylim(fc, fraction, value) -> tuple[float, float] | None:
     return y_limits(ys + list(value[fraction >= 0.05]), 0.08)
 
 
-def watch_data(inp: ReportInputs) -> WatchData | None:
+def watch_data(inp: ReportInputs, updated: Curve | None = None) -> WatchData | None:
     """The watch figure's data; None with neither a target run nor a pre-registration."""
     t, fc, metric = inp.target, inp.forecast, inp.metric
     if t is None and fc is None:
@@ -599,4 +600,4 @@ def watch_data(inp: ReportInputs) -> WatchData | None:
         rlim=y_limits(rs, 0.1) if len(rs) > 1 else None,
         tokens_total=tokens_total if isinstance(tokens_total, (int, float))
         and tokens_total > 0 else None,
-        verdict=inp.verdict)
+        verdict=inp.verdict, updated=updated)

@@ -40,6 +40,7 @@ from ladder.reports.style import (
     RC,
     SEVERITY_COLORS,
     TARGET_COLOR,
+    UPDATED_COLOR,
     rung_colors,
     sci,
     si,
@@ -320,9 +321,10 @@ def draw_law(d, colors: dict[str, str]) -> Figure:
 
 
 @_styled
-def plot_watch(inp: ReportInputs) -> Figure | None:
-    """The watch figure of ``inp`` (its data: ladder.reports.figdata.watch_data)."""
-    d = watch_data(inp)
+def plot_watch(inp: ReportInputs, updated=None) -> Figure | None:
+    """The watch figure of ``inp`` (its data: ladder.reports.figdata.watch_data), with the
+    ``updated`` forecast ahead when given (a ``figdata.Curve``: the live page's)."""
+    d = watch_data(inp, updated)
     return None if d is None else draw_watch(d)
 
 
@@ -353,6 +355,11 @@ def _draw_run(ax, axr, d) -> None:
         axr.plot(d.fraction, d.deviation, "-o", color=TARGET_COLOR, lw=2, ms=3.5, zorder=4)
     for g in d.nonfinite:
         ax.axvline(g, color=SEVERITY_COLORS["critical"], lw=2, ls=":")
+    u = d.updated
+    if u is not None:  # issue 40: labelled, beside the registered band it never replaces
+        ax.plot(u.x, u.loss, "-", color=UPDATED_COLOR, lw=1.5, zorder=3,
+                label="updated forecast (from the run's evals so far)")
+        ax.fill_between(u.x, u.lo, u.hi, color=UPDATED_COLOR, alpha=0.12, lw=0)
 
 
 def _draw_alerts(ax, axr, d) -> None:
