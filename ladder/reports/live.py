@@ -59,7 +59,6 @@ TIMEOUT_S = 5.0     # per connection: a client that sends nothing is dropped aft
 # the whole request head (request line and headers): a browser on this machine sends it in one
 # write, well under a millisecond; a client still sending after this is dropped
 HEAD_DEADLINE_S = 2.0
-LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 # matplotlib's rcParams are global (plots draw under rc_context): one drawing at a time per process
 _DRAWING = threading.Lock()
 
@@ -265,7 +264,6 @@ class LivePage:
         except OSError as e:
             raise InputError(f"cannot serve on {host}:{port} ({e.strerror or e})",
                              field="--port", exit_code=EX_USAGE) from None
-        self.allowed_hosts = set(LOOPBACK_NAMES)
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
@@ -351,10 +349,7 @@ class LivePage:
             port = rest[1:] if rest.startswith(":") else ""
         else:
             name, _, port = h.partition(":")
-        if port and port != str(self.port):
-            return False
-        return name in self.allowed_hosts or (name[:1].isdigit() or name[:1] == "[") and \
-            _loopback(name)
+        return not (port and port != str(self.port)) and _loopback(name)
 
     # ---------------------------------------------------------------- the two ways to feed it
     @classmethod
