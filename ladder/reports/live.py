@@ -1,30 +1,21 @@
 """The live page: the watch chart, the verdict and the alerts, served on 127.0.0.1 and refreshed in
 the browser as points and alerts arrive (`ladder watch --serve`, `ladder report --serve`).
 
-Standard library only (``http.server``) and no external assets: ``/`` is one HTML page with
-inline CSS and a few lines of JavaScript that poll ``/state.json`` every ``poll_ms`` and redraw
-the verdict and the alerts table when its ``version`` changes. The chart is the report's own
-figure (``plots.plot_watch``, or ``metrics.plot_metrics`` for a multi-metric watch), drawn on the
-server as a PNG (``/chart.png``) in one thread, at most once per ``REDRAW_S``, only when the
-version changed; a poll answers cached bytes.
+Standard library only (``http.server``), no external assets: ``/`` is one HTML page whose few
+lines of JavaScript poll ``/state.json`` every ``poll_ms`` and redraw the verdict and the alerts
+table when its ``version`` changes. The chart is the report's own figure (``plots.plot_watch``;
+``metrics.plot_metrics`` for a multi-metric watch) as a PNG (``/chart.png``), drawn in one thread
+only when the version changed, at most once per ``REDRAW_S``; a poll answers cached bytes.
 
-Two feeds, one page:
+Two feeds: :meth:`LivePage.for_watcher` folds the batches a running watcher judges into
+:class:`Downsampled` series (the metrics file is never read again), so memory and a drawing stay
+bounded however many lines a 100-day run logs; :meth:`LivePage.for_files` (`report --serve`)
+re-reads the report's inputs when one of them changes.
 
-- :meth:`LivePage.for_watcher` follows a running :class:`ladder.predict.live.Watcher`: it listens to
-  the batches the watcher judges (its incremental read of the source; the metrics file is never
-  read again for the page) and folds them into :class:`Downsampled` series, a fixed number of
-  buckets along the run, so memory and the cost of a drawing stay bounded however many lines the
-  run logs (a 100-day hero logs every step).
-- :meth:`LivePage.for_files` (`report --serve`) re-reads the report's input files when one of
-  them changes and draws the report's figure of them.
-
-The server binds a loopback address only and answers only requests whose one ``Host`` header
-is a loopback name (127.0.0.1, localhost, [::1], with this page's port): a page elsewhere that
-points a DNS name at 127.0.0.1 gets 403 (DNS rebinding). It serves from a bounded pool of threads
-with a listen queue of 256, and a request head must arrive whole within ``HEAD_DEADLINE_S`` (a
-deadline for the head, not a timeout per read: a client trickling a byte every 2 s held a worker
-for ever, and two dozen of them every worker, issue 39), so 200 clients at once are all answered
-and a slow one holds one worker for at most ``HEAD_DEADLINE_S``.
+The server binds a loopback address and answers only one loopback ``Host`` header (with this
+page's port; else 403, against DNS rebinding), from a bounded pool of threads, and a request head
+must arrive whole within ``HEAD_DEADLINE_S`` (a deadline, not a timeout per read: clients
+trickling a byte every 2 s held every worker, issue 39).
 """
 
 from __future__ import annotations
@@ -133,9 +124,8 @@ th { background: #f1f3f5; }
 
 
 class Downsampled:
-    """A series along the run (x = fraction of the planned run) kept in fixed buckets: for each
-    bucket of width 1/BUCKETS its lowest and its highest point (a spike survives), so memory is
-    O(BUCKETS) and what is drawn is at most 2 points per bucket, however many are added."""
+    """A series along the run (x = fraction of the planned run) kept as each bucket's (width
+    1/BUCKETS) lowest and highest point: a spike survives, memory is O(BUCKETS)."""
 
     def __init__(self, buckets: int = BUCKETS, x_max: float = FRACTION_MAX):
         self.per_unit = buckets
@@ -186,8 +176,8 @@ class Downsampled:
 
 def _answer(lines: list[str], tone: str, alerts: list[dict], n_alerts: int,
             chart: Callable[[], object] | None = None) -> dict:
-    """The page's state: the verdict lines and their tone, the newest alerts first, and
-    ``chart``, a function drawing the chart's matplotlib figure (None: no chart)."""
+    """The page's state: the verdict lines, their tone, the newest alerts first and ``chart``, a
+    function returning the chart's matplotlib figure (None: no chart)."""
     return {"chart": chart, "verdict": lines, "tone": {"ok": ""}.get(tone, tone),
             "alerts": [_alert_row(a) for a in alerts[-ALERTS_SHOWN:][::-1]],
             "n_alerts": n_alerts}
@@ -225,12 +215,10 @@ def _png(draw: Callable[[], object]) -> bytes | None:
 
 
 class LivePage:
-    """Serve the live page of ``state()`` (a dict with the page's ``verdict``, ``tone``,
-    ``alerts``, ``n_alerts`` and ``chart``, a function returning the chart's figure or None)
-    on ``host:port`` (port 0: a free one). ``version()`` is a cheap fingerprint of what the state
-    shows; the state is rebuilt (and its JSON encoded) only when it changes, and its chart drawn
-    in the page's drawing thread, at most once per ``redraw_s``. ``before_state`` (tests) runs
-    before each ``/state.json`` is answered."""
+    """Serve the page of ``state()`` (:func:`_answer`'s dict) on ``host:port`` (0: a free port).
+    ``version()`` is a cheap fingerprint of what the state shows: the state is rebuilt only when
+    it changes, and its chart drawn in the page's drawing thread, at most once per
+    ``redraw_s``. ``before_state`` (tests) runs before each ``/state.json`` is answered."""
 
     def __init__(self, state: Callable[[], dict], version: Callable[[], Hashable], *,
                  port: int = 0, host: str = "127.0.0.1", poll_ms: int = 2000,
@@ -397,8 +385,8 @@ class LivePage:
 
 
 class _LiveRun:
-    """The watched run as the report's figures read a target run (``RunData``'s name, status,
-    plan and series), its series the page's downsampled points."""
+    """The watched run as the report's figures read a target (``RunData``'s name, status, plan,
+    series), its series the page's downsampled points."""
 
     def __init__(self, name: str, steps, tokens, series: dict[str, Downsampled]):
         from ladder.reports.inputs import Series
@@ -419,10 +407,9 @@ class _LiveRun:
 
 
 class WatcherFeed:
-    """What the watcher's page shows, kept up to date by the watcher itself: it registers a
-    listener (``watcher.listeners``) that folds every judged batch's metric into
-    :class:`Downsampled` series; the page's state is built from those, the watcher's alerts and
-    its pre-registration, never from the metrics file."""
+    """The watcher's page, fed by the watcher itself: a listener (``watcher.listeners``) folds
+    every judged batch's metric into :class:`Downsampled` series; the state is built from those,
+    the watcher's alerts and its pre-registration."""
 
     def __init__(self, watcher):
         self.w = watcher
@@ -505,7 +492,14 @@ class WatcherFeed:
             return self._multi_state(alerts, lambda: plot_metrics(inp))
         with self._lock:
             last = self.metric.last
-        lines, tone = watcher_verdict(w, inp.forecast, band_level(w.doc), last)
+        st = w.state
+        lines, tone = verdict(
+            str((w.doc.get("target") or {}).get("name") or "target"), w.view.metric,
+            inp.forecast, band_level(w.doc), last, worst=st.get("worst"),
+            not_applicable=st.get("not_applicable"),
+            counts=Counter(a.severity for a in w.all_alerts),
+            detail=f"{st.get('n_points', 0):,} points and {st.get('n_evals', 0):,} evals "
+                   f"judged, last step {st.get('last_step')}.")
         up = updated.of_watcher(w)  # issue 40: labelled, beside the frozen band
         if updated.line(up, w.view.metric):
             lines.insert(1, updated.line(up, w.view.metric))
@@ -563,17 +557,6 @@ def verdict(name: str, metric: str, band, level, last, *, worst: str | None,
     return lines, tone
 
 
-def watcher_verdict(w, band, level, last) -> tuple[list[str], str]:
-    """The verdict of a watcher's page, from its state and alerts."""
-    st = w.state
-    counts = Counter(a.severity for a in w.all_alerts)
-    return verdict(str((w.doc.get("target") or {}).get("name") or "target"), w.view.metric,
-                   band, level, last, worst=st.get("worst"),
-                   not_applicable=st.get("not_applicable"), counts=counts,
-                   detail=f"{st.get('n_points', 0):,} points and {st.get('n_evals', 0):,} evals "
-                          f"judged, last step {st.get('last_step')}.")
-
-
 def files_state(inp) -> dict:
     """The page's state from report inputs (``ladder.reports.inputs.ReportInputs``): the
     report's verdict words and its watch figure (a multi-metric pre-registration: its small
@@ -608,9 +591,8 @@ def files_state(inp) -> dict:
 
 
 class _PoolServer(HTTPServer):
-    """An HTTP server answering from a bounded pool of threads (``WORKERS``), with a listen
-    queue of ``QUEUE`` (the standard library's 5 left 52 of 200 simultaneous clients without an
-    answer in 20 s)."""
+    """An HTTP server answering from a pool of ``WORKERS`` threads, with a listen queue of
+    ``QUEUE`` (the standard library's 5 left 52 of 200 simultaneous clients unanswered)."""
 
     request_queue_size = QUEUE
     daemon_threads = True
