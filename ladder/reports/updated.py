@@ -1,9 +1,7 @@
 """The updated forecast on the report and the live page (issue 40 item 1): always labelled
-"updated", always beside the frozen numbers, which it never replaces.
-
-The report computes it from the artifacts (the pre-registration and the target's evals) with the
-watcher's own method (:func:`ladder.predict.updated.update`); the live page reads the watcher's
-(the heading rule's filter, :func:`ladder.predict.watch.rules.heading.updated_forecast`).
+"updated", beside the frozen numbers it never replaces. The report computes it from the
+artifacts with the watcher's own method (``ladder.predict.updated.update``); the live page reads
+the watcher's (``ladder.predict.watch.rules.heading.updated_forecast``).
 """
 
 from __future__ import annotations
