@@ -57,24 +57,12 @@ PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>%(title)s</title>
-<style>
-body { font: 15px/1.45 -apple-system, "Segoe UI", Roboto, Arial, sans-serif; margin: 0;
-       background: #fafafa; color: #1a1a1a; }
-main { max-width: 1280px; margin: 0 auto; padding: 20px 32px 48px; }
+<style>%(css)s
 #status { color: #666; font-size: 13px; }
-#verdict { background: #fff; border-left: 5px solid #2b6cb0; padding: 8px 16px; }
-#verdict.warn { border-left-color: #f08c00; } #verdict.bad { border-left-color: #d62728; }
-figure { margin: 12px 0; background: #fff; padding: 8px; border: 1px solid #e4e4e4; }
-figure img { max-width: 100%%; height: auto; display: block; margin: 0 auto; }
-table { border-collapse: collapse; background: #fff; font-size: 13px; }
-th, td { border: 1px solid #e0e0e0; padding: 3px 8px; text-align: left; vertical-align: top; }
-th { background: #f1f3f5; }
-.sev-critical { color: #d62728; font-weight: 600; } .sev-warn { color: #f08c00; font-weight: 600; }
-.sev-info { color: #8a8a8a; }
 </style></head><body><main>
 <h1>%(title)s</h1>
 <p id="status">connecting...</p>
-<div id="verdict"><ul id="verdict-lines"></ul></div>
+<div id="verdict" class="verdict"><ul id="verdict-lines"></ul></div>
 <figure id="fig" style="display: none"><img id="chart" alt="the run against its forecast band">
 </figure>
 <h2>Alerts (<span id="n-alerts">0</span>)</h2>
@@ -94,7 +82,7 @@ th { background: #f1f3f5; }
     var ul = document.getElementById('verdict-lines'); ul.textContent = '';
     s.verdict.forEach(function (x) {
       var li = document.createElement('li'); li.textContent = x; ul.appendChild(li); });
-    document.getElementById('verdict').className = s.tone;
+    document.getElementById('verdict').className = 'verdict ' + s.tone;
     var tb = document.getElementById('alerts'); tb.textContent = '';
     s.alerts.forEach(function (a) {
       var tr = document.createElement('tr');
@@ -271,7 +259,9 @@ class LivePage:
         self.httpd.server_close()
 
     def page(self) -> bytes:
-        return (PAGE % {"title": html.escape(self.title), "poll_ms": self.poll_ms}).encode()
+        from ladder.reports.page import CSS  # the report's own look
+        return (PAGE % {"title": html.escape(self.title), "poll_ms": self.poll_ms,
+                        "css": CSS}).encode()
 
     def snapshot(self) -> dict:
         """The state object for the current version (rebuilt when the version changed)."""
