@@ -209,6 +209,41 @@ def test_the_page_of_a_restarted_watcher_reads_the_run_once_for_its_history(arti
     assert len(x) == 100 and min(x) <= 0.01  # from the start of the run
 
 
+def test_the_watch_figure_draws_the_train_loss_without_widening_its_y_range(artifacts,
+                                                                             tmp_path):
+    """The run's train loss is the watch figure's data when logged (the report's files and the
+    watcher's feed alike), drawn as a labelled line, and the y range is the one without it (the
+    early train loss sits far above it); a run without train loss draws no such line."""
+    from ladder.reports.figdata import watch_data
+    from ladder.reports.live import WatcherFeed
+    from ladder.reports.plots import draw_watch
+
+    prereg, run, _, _ = artifacts
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "metrics.jsonl").write_text("".join(
+        json.dumps({k: v for k, v in r.items() if k != "train/loss"}) + "\n" for r in rows))
+    with_train = watch_data(load_inputs(prereg=prereg, target_run=run))
+    without = watch_data(load_inputs(prereg=prereg, target_run=bare))
+    assert without.train is None
+    logged = [(r["progress"], r["train/loss"]) for r in rows]
+    assert list(zip(with_train.train.fraction, with_train.train.value)) == logged
+    assert with_train.ylim == without.ylim and max(v for _, v in logged) > without.ylim[1]
+    figs = [draw_watch(d) for d in (with_train, without)]
+    labels = [f.axes[0].get_legend_handles_labels()[1] for f in figs]
+    assert "train loss (train/loss)" in labels[0] and not any("train" in x for x in labels[1])
+    assert figs[0].axes[0].get_ylim() == figs[1].axes[0].get_ylim()
+
+    w = Watcher(prereg, JsonlSource(run / "metrics.jsonl"))
+    feed = WatcherFeed(w)
+    w.poll()
+    live = watch_data(feed.inputs([]))
+    assert live.ylim == with_train.ylim
+    assert live.train is not None and set(live.train.value) <= {v for _, v in logged}
+    assert len(live.train.value) <= 2 * 1000 and len(live.train.value) > len(live.value)
+
+
 def test_downsampled_series_stay_bounded_and_keep_spikes():
     ds = Downsampled(buckets=100)
     x = np.linspace(0, 1, 1_000_001)
