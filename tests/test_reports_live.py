@@ -5,6 +5,7 @@ poll; the watcher's page follows the watcher (its judged batches, never the metr
 with bounded series; the server answers only its own Host and a crowd of clients at once."""
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -17,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from conftest import chromium_dom
 
 from ladder.cli.main import main
@@ -32,6 +35,7 @@ from ladder.reports.plots import plot_watch, png_bytes
 TRUTH = sy.Truth()
 TARGET = sy.ladder_targets(4, steps0=150)[-1]
 LAW = sy.TruthLaw(TRUTH, run_sigma=0.005)
+DOC = make_prereg(LAW, TARGET, eval_noise=0.003, created="2026-01-01T00:00:00Z")
 
 
 def _alert(step, kind, severity="warn"):
@@ -242,6 +246,32 @@ def test_the_watch_figure_draws_the_train_loss_without_widening_its_y_range(arti
     assert live.ylim == with_train.ylim
     assert live.train is not None and set(live.train.value) <= {v for _, v in logged}
     assert len(live.train.value) <= 2 * 1000 and len(live.train.value) > len(live.value)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.one_of(st.floats(allow_nan=True, allow_infinity=True),
+                          st.text("abxyz -", max_size=3), st.none()), min_size=1, max_size=60))
+def test_any_logged_train_loss_leaves_the_watch_y_range_as_it_was(train):
+    """Whatever a run logs as train loss (huge, negative, NaN, words), the watch figure's data
+    carries its finite values and the y range is the one without it."""
+    from ladder.reports.figdata import watch_data
+    from ladder.reports.inputs import ReportInputs, RunData
+
+    def inputs(with_train: bool):
+        rows = []
+        for i, v in enumerate(train):
+            row = {"step": i + 1, "progress": (i + 1) / len(train),
+                   "eval_dropless/loss": 3.0 - (i + 1) / len(train)}
+            if with_train:
+                row["train/loss"] = v
+            rows.append(row)
+        run = RunData(path=Path("target"), rows=rows)
+        return ReportInputs(rungs=[], target=run, law=None, prereg=DOC, alerts=None, notes=[])
+
+    d, d0 = watch_data(inputs(True)), watch_data(inputs(False))
+    finite = [float(v) for v in train if isinstance(v, float) and math.isfinite(v)]
+    assert d0.train is None and d.ylim == d0.ylim
+    assert (d.train.value.tolist() if d.train is not None else []) == finite
 
 
 def test_downsampled_series_stay_bounded_and_keep_spikes():
