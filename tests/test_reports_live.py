@@ -5,6 +5,7 @@ poll; the watcher's page follows the watcher (its judged batches, never the metr
 with bounded series; the server answers only its own Host and a crowd of clients at once."""
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -17,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from conftest import chromium_dom
 
 from ladder.cli.main import main
@@ -32,6 +35,7 @@ from ladder.reports.plots import plot_watch, png_bytes
 TRUTH = sy.Truth()
 TARGET = sy.ladder_targets(4, steps0=150)[-1]
 LAW = sy.TruthLaw(TRUTH, run_sigma=0.005)
+DOC = make_prereg(LAW, TARGET, eval_noise=0.003, created="2026-01-01T00:00:00Z")
 
 
 def _alert(step, kind, severity="warn"):
@@ -207,6 +211,67 @@ def test_the_page_of_a_restarted_watcher_reads_the_run_once_for_its_history(arti
     assert page.feed.history_error is None
     x, _ = page.feed.metric.points()
     assert len(x) == 100 and min(x) <= 0.01  # from the start of the run
+
+
+def test_the_watch_figure_draws_the_train_loss_without_widening_its_y_range(artifacts,
+                                                                             tmp_path):
+    """The run's train loss is the watch figure's data when logged (the report's files and the
+    watcher's feed alike), drawn as a labelled line, and the y range is the one without it (the
+    early train loss sits far above it); a run without train loss draws no such line."""
+    from ladder.reports.figdata import watch_data
+    from ladder.reports.live import WatcherFeed
+    from ladder.reports.plots import draw_watch
+
+    prereg, run, _, _ = artifacts
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "metrics.jsonl").write_text("".join(
+        json.dumps({k: v for k, v in r.items() if k != "train/loss"}) + "\n" for r in rows))
+    with_train = watch_data(load_inputs(prereg=prereg, target_run=run))
+    without = watch_data(load_inputs(prereg=prereg, target_run=bare))
+    assert without.train is None
+    logged = [(r["progress"], r["train/loss"]) for r in rows]
+    assert list(zip(with_train.train.fraction, with_train.train.value)) == logged
+    assert with_train.ylim == without.ylim and max(v for _, v in logged) > without.ylim[1]
+    figs = [draw_watch(d) for d in (with_train, without)]
+    labels = [f.axes[0].get_legend_handles_labels()[1] for f in figs]
+    assert "train loss (train/loss)" in labels[0] and not any("train" in x for x in labels[1])
+    assert figs[0].axes[0].get_ylim() == figs[1].axes[0].get_ylim()
+
+    w = Watcher(prereg, JsonlSource(run / "metrics.jsonl"))
+    feed = WatcherFeed(w)
+    w.poll()
+    live = watch_data(feed.inputs([]))
+    assert live.ylim == with_train.ylim
+    assert live.train is not None and set(live.train.value) <= {v for _, v in logged}
+    assert len(live.train.value) <= 2 * 1000 and len(live.train.value) > len(live.value)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.one_of(st.floats(allow_nan=True, allow_infinity=True),
+                          st.text("abxyz -", max_size=3), st.none()), min_size=1, max_size=60))
+def test_any_logged_train_loss_leaves_the_watch_y_range_as_it_was(train):
+    """Whatever a run logs as train loss (huge, negative, NaN, words), the watch figure's data
+    carries its finite values and the y range is the one without it."""
+    from ladder.reports.figdata import watch_data
+    from ladder.reports.inputs import ReportInputs, RunData
+
+    def inputs(with_train: bool):
+        rows = []
+        for i, v in enumerate(train):
+            row = {"step": i + 1, "progress": (i + 1) / len(train),
+                   "eval_dropless/loss": 3.0 - (i + 1) / len(train)}
+            if with_train:
+                row["train/loss"] = v
+            rows.append(row)
+        run = RunData(path=Path("target"), rows=rows)
+        return ReportInputs(rungs=[], target=run, law=None, prereg=DOC, alerts=None, notes=[])
+
+    d, d0 = watch_data(inputs(True)), watch_data(inputs(False))
+    finite = [float(v) for v in train if isinstance(v, float) and math.isfinite(v)]
+    assert d0.train is None and d.ylim == d0.ylim
+    assert (d.train.value.tolist() if d.train is not None else []) == finite
 
 
 def test_downsampled_series_stay_bounded_and_keep_spikes():

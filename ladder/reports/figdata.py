@@ -15,13 +15,17 @@ from ladder.fit.forms import CURVES_FORMS
 from ladder.io import as_float
 from ladder.predict.planned import rung_query
 from ladder.predict.watch import SEVERITIES, alert_kinds
-from ladder.reports.inputs import ReportInputs, RunData, alert_fraction, not_applicable_spans
+from ladder.reports.inputs import ReportInputs, RunData, Series, alert_fraction
+from ladder.reports.inputs import not_applicable_spans
 
 # alerts about the watched metric (predict.watch.RULES, panel "watch"): lines on the watch plot;
 # spikes and health alerts are ticks on its top edge
 LOSS_ALERT_KINDS = alert_kinds("watch")
 # loss alerts whose value is circled on the watch plot
 MARKED_KINDS = ("above_band", "below_band", "trend", "rising")
+# the run's train loss as the trainer logs it (trainer/step.py; the watcher's spike rule reads
+# it): drawn faint beside the watched metric on the watch plot
+TRAIN_KEY = "train/loss"
 
 
 def is_loss_alert(a: dict) -> bool:
@@ -498,6 +502,7 @@ class WatchData:
     tokens_total: float | None
     verdict: dict
     updated: Curve | None = None   # the watcher's updated forecast ahead (the live page)
+    train: Series | None = None    # the target's train loss (TRAIN_KEY); never sets ylim
 
 
 def _placed_alerts(inp: ReportInputs):
@@ -562,6 +567,11 @@ def watch_data(inp: ReportInputs, updated: Curve | None = None) -> WatchData | N
         if fc is not None:
             rs += list(100 * (s.value[m] / fc.at(s.fraction[m])[0] - 1))
     rs = [r for r in rs if np.isfinite(r)]
+    tr = t.series(TRAIN_KEY) if t is not None and metric != TRAIN_KEY else None
+    train = None
+    if tr is not None and np.isfinite(tr.fraction).any():
+        ok = np.isfinite(tr.fraction)
+        train = Series(tr.step[ok], tr.fraction[ok], tr.tokens[ok], tr.value[ok])
     loss_alerts, ticks, counts = _placed_alerts(inp)
     tokens_total = inp.target_info.get("tokens") or (t.planned_tokens if t else None)
     return WatchData(
@@ -576,4 +586,4 @@ def watch_data(inp: ReportInputs, updated: Curve | None = None) -> WatchData | N
         rlim=y_limits(rs, 0.1) if len(rs) > 1 else None,
         tokens_total=tokens_total if isinstance(tokens_total, (int, float))
         and tokens_total > 0 else None,
-        verdict=inp.verdict, updated=updated)
+        verdict=inp.verdict, updated=updated, train=train)

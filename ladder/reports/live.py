@@ -398,19 +398,21 @@ class _LiveRun:
 
 class WatcherFeed:
     """The watcher's page, fed by the watcher itself: a listener (``watcher.listeners``) folds
-    every judged batch's metric into :class:`Downsampled` series; the state is built from those,
-    the watcher's alerts and its pre-registration."""
+    every judged batch's metric and train loss into :class:`Downsampled` series; the state is
+    built from those, the watcher's alerts and its pre-registration."""
 
     def __init__(self, watcher):
         self.w = watcher
         self._lock = threading.Lock()
         self.metric = Downsampled()
+        self.train = Downsampled()  # the run's train loss (figdata.TRAIN_KEY), drawn faint
         self.per_metric: dict[str, Downsampled] = {}  # a multi-metric watch: one per key
         self.batches = 0
         watcher.listeners.append(self.on_batch)
 
     def on_batch(self, view, batch) -> None:
         from ladder.predict.watch import row_fractions
+        from ladder.reports.figdata import TRAIN_KEY
 
         if not len(batch):
             return
@@ -421,9 +423,10 @@ class WatcherFeed:
                 y = batch.cols.get(key)
                 if y is not None:
                     self.per_metric.setdefault(key, Downsampled()).add(g, y)
-            y = batch.cols.get(view.metric)
-            if y is not None:
-                self.metric.add(g, y)
+            for key, ds in ((TRAIN_KEY, self.train), (view.metric, self.metric)):
+                y = batch.cols.get(key)
+                if y is not None:
+                    ds.add(g, y)
 
     def backfill(self, source: str, keymap=None) -> None:
         """Read the run once from a fresh source (``open_source(source)``), in a daemon thread,
@@ -460,13 +463,14 @@ class WatcherFeed:
         """The report's inputs of the watch: its pre-registration, ``alerts`` and the run as
         the page's downsampled series (``ReportInputs``, for the report's figures)."""
         from ladder.predict.prereg_view import target_of
+        from ladder.reports.figdata import TRAIN_KEY
         from ladder.reports.inputs import ReportInputs
         doc = self.w.doc
         t = target_of(doc)
         with self._lock:
             run = _LiveRun(str(t.get("name") or "target"), t.get("steps"), t.get("tokens"),
                            self.per_metric if getattr(self.w, "multi", False)
-                           else {self.w.view.metric: self.metric})
+                           else {TRAIN_KEY: self.train, self.w.view.metric: self.metric})
         return ReportInputs(rungs=[], target=run, law=None, prereg=doc, alerts=alerts,
                             notes=[])
 

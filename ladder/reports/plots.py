@@ -25,7 +25,7 @@ from matplotlib.ticker import (
 )
 
 from ladder.predict.watch import SEVERITIES
-from ladder.reports.figdata import health_alert_for, ladder_data, law_data, watch_data
+from ladder.reports.figdata import TRAIN_KEY, health_alert_for, ladder_data, law_data, watch_data
 from ladder.reports.inputs import ReportInputs, RunData
 from ladder.reports.inputs import alert_fraction as _alert_fraction
 from ladder.reports.style import (
@@ -35,6 +35,7 @@ from ladder.reports.style import (
     RC,
     SEVERITY_COLORS,
     TARGET_COLOR,
+    TRAIN_COLOR,
     UPDATED_COLOR,
     rung_colors,
     sci,
@@ -338,6 +339,9 @@ def _draw_band(ax, axr, d) -> None:
 
 
 def _draw_run(ax, axr, d) -> None:
+    if d.train is not None:  # noisier than the evals, may sit off-scale: clipped, never scaled to
+        ax.plot(d.train.fraction, d.train.value, "-", color=TRAIN_COLOR, lw=0.8, alpha=0.8,
+                zorder=1.5, scalex=False, scaley=False, label=f"train loss ({TRAIN_KEY})")
     if d.run_label is None:
         ax.text(0.5, 0.9, d.run_note, transform=ax.transAxes, ha="center", color="#666666")
         return
