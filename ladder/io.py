@@ -440,8 +440,10 @@ def marker_names(folder: Path) -> list[str]:
         doc = loads(read_bytes(folder / MARKER, limit=1 << 20))
     except InputError:
         return []
-    files = doc.get("files") if isinstance(doc, dict) else None
-    if doc.get("schema") != MARKER_SCHEMA or not isinstance(files, list):
+    if not isinstance(doc, dict) or doc.get("schema") != MARKER_SCHEMA:
+        return []
+    files = doc.get("files")
+    if not isinstance(files, list):
         return []
     return [f for f in files if isinstance(f, str)]
 
