@@ -19,11 +19,6 @@ import warnings
 from ladder.io import EX_USAGE, InputError
 
 
-# The handlers live in these modules; each module is imported when one of its commands runs
-# (``set_defaults(func=...)`` below), so `ladder list` never loads pandas or JAX. The command
-# line is the one layer whose functions take parsed arguments.
-
-
 def _commands():
     from ladder.cli import commands  # list, plan, run, tokenize, isoflop
     return commands
@@ -103,6 +98,39 @@ def _amend_chain_option(s) -> None:
                         "only those recorded in amendments.jsonl beside the pre-registration)")
 
 
+def _fit_options(s) -> None:
+    """The options of a law's fit that `fit` and `compare` share (compare fits two laws)."""
+    s.add_argument("--bootstrap", type=int, default=200,
+                   help="run-level bootstrap replicates (default: %(default)s)")
+    s.add_argument("--level", type=float, default=0.9,
+                   help="level of the intervals and bands (default: %(default)s)")
+    s.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE",
+                   help="hold a parameter fixed, e.g. E=1.5 (default: none)")
+    s.add_argument("--objective", default="huber", choices=["huber", "ols"],
+                   help="huber: summed Huber(1e-3) on log loss; ols: least squares of "
+                        "log(L - E) on log C with E fixed (the real ladder's fit; Student-t "
+                        "interval with n-2 dof) (default: %(default)s)")
+    s.add_argument("--seed", type=int, default=0,
+                   help="bootstrap seed (compare: recipe B's is seed + 1) (default: %(default)s)")
+    s.add_argument("--free-asymptote", action="store_true",
+                   help="keep E free even on a short ladder (<= 5 sizes) that does not "
+                        "identify it (default: with --form auto, the forecast's asymptote rule; "
+                        "a named form is always its own estimator)")
+    s.add_argument("--include-target", action="store_true",
+                   help="fit a runs directory's target rung too (default: left out, and said so: "
+                        "it is the run the law forecasts)")
+    s.add_argument("--equal-weights", action="store_true",
+                   help="weight every run alike (default: with --form auto, the forecast "
+                        "weights runs by their decades below the largest one where the rollout "
+                        "backtest says it forecasts better; a named form is its own estimator)")
+    s.add_argument("--allow-unconverged", action="store_true",
+                   help="write the law, or compare, even when a fit's best start did not "
+                        "converge (default: refuse, exit 65)")
+    s.add_argument("--sizes", default=None, metavar="FILE",
+                   help="CSV/JSON of run sizes (run, params, active_params) for W&B sources "
+                        "whose configs lack them (default: from the runs' configs)")
+
+
 def _json_option(s, what: str) -> None:
     s.add_argument("--json", action="store_true", help=f"print {what} on stdout, as JSON")
 
@@ -136,7 +164,6 @@ class _SubParser(_Parser):
 # --- ladders and rungs -------------------------------------------------------------------
 
 def _list_command(sub) -> None:
-    """`ladder list`: its subparser and options."""
     s = sub.add_parser(
         "list", help="ladders, rungs, params total/active, tokens, FLOPs",
         description="List the ladders (or one), each rung's parameters, tokens, steps, batch "
@@ -149,7 +176,6 @@ def _list_command(sub) -> None:
 
 
 def _plan_command(sub) -> None:
-    """`ladder plan`: its subparser and options."""
     s = sub.add_parser(
         "plan", help="memory and time per step on a mesh, no training",
         description="Estimate per-device memory and time per step of a rung on a data x expert "
@@ -197,7 +223,6 @@ def _plan_command(sub) -> None:
 
 
 def _run_command(sub) -> None:
-    """`ladder run`: its subparser and options."""
     s = sub.add_parser(
         "run", help="train ladder rungs",
         description="Train a ladder's rungs, one after another, into DIR/LADDER/RUNG/ (default: "
@@ -286,7 +311,6 @@ def _run_command(sub) -> None:
 
 
 def _tokenize_command(sub) -> None:
-    """`ladder tokenize`: its subparser and options."""
     s = sub.add_parser(
         "tokenize", help="token shards for `run --data DIR` from text, JSONL or Parquet files",
         description="Encode text, JSONL or Parquet files with a local tokenizer into token "
@@ -319,7 +343,6 @@ def _tokenize_command(sub) -> None:
 # --- fitting ---------------------------------------------------------------------------------
 
 def _fit_command(sub) -> None:
-    """`ladder fit`: its subparser and options."""
     s = sub.add_parser(
         "fit", help="fit and export a scaling law",
         description="Fit a scaling law with its uncertainty to points tables or runs and write "
@@ -349,12 +372,6 @@ def _fit_command(sub) -> None:
                         "maps to accuracy with a sigmoid (Bhagia et al. 2024)")
     s.add_argument("--via-form", default="auto", metavar="FORM",
                    help="with --form task: step 1's form (default: %(default)s)")
-    s.add_argument("--bootstrap", type=int, default=200,
-                   help="run-level bootstrap replicates (default: %(default)s)")
-    s.add_argument("--level", type=float, default=0.9,
-                   help="level of the intervals and bands (default: %(default)s)")
-    s.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE",
-                   help="hold a parameter fixed, e.g. E=1.5 (default: none)")
     s.add_argument("--prior", action="append", default=[], metavar="NAME=MEAN:SD",
                    help="Gaussian prior on a parameter (in its natural units), e.g. "
                         "E=1.5:0.2: a penalised fit whose prior spread goes into the band "
@@ -363,30 +380,9 @@ def _fit_command(sub) -> None:
                    help="make parameter A equal B, e.g. beta=alpha (default: none)")
     s.add_argument("--by", default=None, metavar="COLUMN",
                    help="one law per value of COLUMN, e.g. fraction (default: one law)")
-    s.add_argument("--objective", default="huber", choices=["huber", "ols"],
-                   help="huber: summed Huber(1e-3) on log loss; ols: least squares of "
-                        "log(L - E) on log C with E fixed (the real ladder's fit; Student-t "
-                        "interval with n-2 dof) (default: %(default)s)")
     s.add_argument("--params-column", default="params", choices=["params", "active_params"],
                    help="parameter count of the chinchilla form (default: %(default)s)")
-    s.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: %(default)s)")
-    s.add_argument("--free-asymptote", action="store_true",
-                   help="keep E free even on a short ladder (<= 5 sizes) that does not "
-                        "identify it (default: with --form auto, the forecast's asymptote rule; "
-                        "a named form is always its own estimator)")
-    s.add_argument("--include-target", action="store_true",
-                   help="fit a runs directory's target rung too (default: left out, and said so: "
-                        "it is the run the law forecasts)")
-    s.add_argument("--equal-weights", action="store_true",
-                   help="weight every run alike (default: with --form auto, the forecast "
-                        "weights runs by their decades below the largest one where the rollout "
-                        "backtest says it forecasts better; a named form is its own estimator)")
-    s.add_argument("--allow-unconverged", action="store_true",
-                   help="write the law even when the best start did not converge (default: "
-                        "refuse, exit 65)")
-    s.add_argument("--sizes", default=None, metavar="FILE",
-                   help="CSV/JSON of run sizes (run, params, active_params) for W&B sources "
-                        "whose configs lack them (default: from the runs' configs)")
+    _fit_options(s)
     _keys_option(s)
     _json_option(s, "the law (law.json's content), not the report,")
     s.add_argument("--out", default="law.json", metavar="FILE", help="where the law is written")
@@ -394,7 +390,6 @@ def _fit_command(sub) -> None:
 
 
 def _compare_command(sub) -> None:
-    """`ladder compare`: its subparser and options."""
     s = sub.add_parser(
         "compare", help="compute-equivalent multiplier of recipe B over recipe A on the same "
         "ladder sizes",
@@ -418,24 +413,7 @@ def _compare_command(sub) -> None:
     s.add_argument("--form", default="compute",
                    choices=["compute", "trajectory", "trajectory-capacity"],
                    help="law form of both fits (one of compute alone, so it can be inverted)")
-    s.add_argument("--bootstrap", type=int, default=200,
-                   help="run-level bootstrap replicates of each fit (default: %(default)s)")
-    s.add_argument("--level", type=float, default=0.9,
-                   help="level of the bands (default: %(default)s)")
-    s.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE",
-                   help="hold a parameter of both laws fixed, e.g. E=1.5 (default: none)")
-    s.add_argument("--objective", default="huber", choices=["huber", "ols"],
-                   help="as `ladder fit --objective` (ols needs --fix E=...)")
-    s.add_argument("--free-asymptote", action="store_true",
-                   help="as `ladder fit --free-asymptote`")
-    s.add_argument("--equal-weights", action="store_true", help="as `ladder fit --equal-weights`")
-    s.add_argument("--include-target", action="store_true",
-                   help="fit runs directories' target rungs too (default: left out)")
-    s.add_argument("--sizes", default=None, metavar="FILE",
-                   help="CSV/JSON of run sizes for W&B sources (default: from the configs)")
-    s.add_argument("--seed", type=int, default=0, help="bootstrap seed (B's is seed + 1)")
-    s.add_argument("--allow-unconverged", action="store_true",
-                   help="compare even when a fit did not converge (default: refuse, exit 65)")
+    _fit_options(s)
     _json_option(s, "{metric: {multiplier, lo, hi, per_size, trend, ...}}, not the report,")
     s.add_argument("--out", default=None, metavar="DIR",
                    help="write compare.json and compare_METRIC.png here (default: nothing "
@@ -444,7 +422,6 @@ def _compare_command(sub) -> None:
 
 
 def _isoflop_command(sub) -> None:
-    """`ladder isoflop`: its subparser and options."""
     s = sub.add_parser(
         "isoflop", help="IsoFLOP approaches 1 and 2: compute-optimal N and D",
         description="IsoFLOP planning (Hoffmann et al. 2022, approaches 1 and 2): the "
@@ -473,7 +450,6 @@ def _isoflop_command(sub) -> None:
 
 
 def _predict_command(sub) -> None:
-    """`ladder predict`: its subparser and options."""
     s = sub.add_parser(
         "predict", help="predict loss from a law",
         description="Predict the loss and its band from a law.json at a size and token count, "
@@ -501,7 +477,6 @@ def _predict_command(sub) -> None:
 # --- pre-registration and watch --------------------------------------------------------------
 
 def _preregister_command(sub) -> None:
-    """`ladder preregister`: its subparser and options."""
     s = sub.add_parser(
         "preregister", help="freeze a forecast of a target run",
         description="Freeze a law's forecast of a target run, at every 1% of it, as a hashed, "
@@ -567,7 +542,6 @@ def _preregister_command(sub) -> None:
 
 
 def _verify_command(sub) -> None:
-    """`ladder verify`: its subparser and options."""
     s = sub.add_parser(
         "verify", help="check a pre-registration's hash",
         description="Recompute a pre-registration's sha256 and name what changed when it does "
@@ -587,7 +561,6 @@ def _verify_command(sub) -> None:
 
 
 def _watch_command(sub) -> None:
-    """`ladder watch`: its subparser and options."""
     s = sub.add_parser(
         "watch", help="compare a live run with its pre-registration",
         description="Judge a run's metrics, live with --follow, against its pre-registration "
@@ -644,7 +617,6 @@ def _watch_command(sub) -> None:
 # --- reports and the demo --------------------------------------------------------------------
 
 def _report_command(sub) -> None:
-    """`ladder report`: its subparser and options."""
     s = sub.add_parser(
         "report", help="plots and an HTML/Markdown report of the artifacts",
         description="Draw the ladder, the law, the watch and MoE health into a self-contained "
@@ -670,7 +642,6 @@ def _report_command(sub) -> None:
 
 
 def _demo_command(sub) -> None:
-    """`ladder demo`: its subparser and options."""
     s = sub.add_parser(
         "demo", help="everything, on the built-in CPU ladder",
         description="Everything on the built-in cpu ladder: the rungs, the law, the proxy "
