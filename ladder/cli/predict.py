@@ -31,14 +31,9 @@ log = logging.getLogger("ladder")
 
 
 def load_law_file(path: str, *, every_metric: bool = False):
-    """The law object of ``fit.load_law`` or, with ``every_metric``, ``{metric key: law}`` of
-    ``fit.load_laws`` (one for a single-metric file). fit is imported here: it is only needed
-    when forecasting."""
-    try:
-        from ladder.fit import load_law, load_laws
-    except ImportError as e:
-        raise InputError(f"the fit package cannot load laws here ({e})", path=path,
-                         exit_code=69) from None
+    """The law of ``fit.load_law`` or, with ``every_metric``, ``{metric key: law}`` of
+    ``fit.load_laws`` (one for a single-metric file)."""
+    from ladder.fit import load_law, load_laws
     if not Path(path).exists():
         raise InputError("no such file", path=path, exit_code=66)
     return load_laws(path) if every_metric else load_law(path)
@@ -101,17 +96,14 @@ def preregister_main(args) -> int:
         raise InputError(f"an amendment is written beside the file it amends "
                          f"({Path(args.amend).parent}/), where its chain file "
                          f"({pr.CHAIN_FILE}) records it", field="--out", exit_code=EX_USAGE)
-    at_step_only = [f"--{dest.replace('_', '-')}" for dest in ("source", "multiplier", "compare",
-                                                               "seq_len", "transition",
-                                                               "transition_width")
-                    if getattr(args, dest) is not None]
     if args.at_step is not None:
         if not args.amend:
             raise InputError("--at-step amends a pre-registration: give it with --amend OLD.json",
                              field="--at-step", exit_code=EX_USAGE)
         amends = pr.amendment(args.amend, args.reason)
-        doc = at_step_prereg(args, amends)
-        return _write_and_say(args, out, doc, amends)
+        return _write_and_say(args, out, at_step_prereg(args, amends), amends)
+    at_step_only = [f"--{d.replace('_', '-')}" for d in ("source", "multiplier", "compare",
+                    "seq_len", "transition", "transition_width") if getattr(args, d) is not None]
     if at_step_only:
         raise InputError(f"{at_step_only[0]} is only for an amendment at a step (--at-step S)",
                          field=at_step_only[0], exit_code=EX_USAGE)
@@ -126,8 +118,7 @@ def preregister_main(args) -> int:
                          "registered without it (or register each metric alone)",
                          field="--wandb", exit_code=EX_USAGE)
     if len(laws) > 1:
-        doc = multi_prereg(args, laws, amends)
-        return _write_and_say(args, out, doc, amends)
+        return _write_and_say(args, out, multi_prereg(args, laws, amends), amends)
     doc = _forecast(args, next(iter(laws.values())), resolve_target(args), amends,
                     whose="the law", field="fit.u")
     return _write_and_say(args, out, doc, amends)
@@ -181,9 +172,9 @@ def multi_prereg(args, laws: dict, amends: dict | None, *,
 def _write_and_say(args, out: Path, doc: dict, amends: dict | None) -> int:
     from ladder.cli.output import tell  # the file is written: a closed pipe costs the lines
     pr.write_once(out, doc)
+    tell(f"wrote {out} (read-only), sha256 {doc['sha256']}")
     if doc.get("schema") == pr.SCHEMA_V3:
         fam = doc["decision_rule"]["family"]
-        tell(f"wrote {out} (read-only), sha256 {doc['sha256']}")
         tell(f"  {len(doc['metrics'])} metrics, one band each at {doc['band_level']:.0%}; "
              f"alerts at the Sidak level {fam['alert_level']:.5f} per metric (family-wise "
              f"{fam['family_alert_level']})")
@@ -195,13 +186,12 @@ def _write_and_say(args, out: Path, doc: dict, amends: dict | None) -> int:
         return 0
     fin = doc["final"]
     target = fc.Target.from_spec(doc["target"], path=out)
-    tell(f"wrote {out} (read-only), sha256 {doc['sha256']}")
+
     def num(v):
         return f"{v:.4f}" if isinstance(v, float) else str(v)
     tell(f"  target {target.name}: final {doc['metric']} {num(fin['loss'])} "
          f"[{num(fin['lo'])}, {num(fin['hi'])}] at {doc['band_level']:.0%}; "
-         f"{len(doc['forecast'])} "
-         f"forecast points; eval noise {doc['eval_noise']['sigma']:.4g} "
+         f"{len(doc['forecast'])} forecast points; eval noise {doc['eval_noise']['sigma']:.4g} "
          f"({doc['eval_noise']['method']})")
     if amends:
         tell(f"  amends {amends['path']} (sha256 {amends['sha256'][:12]}...): {amends['reason']}"
