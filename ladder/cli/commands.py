@@ -251,13 +251,12 @@ def plan_main(args) -> int:
     kw = {"expert_parallel": args.expert_parallel, "peak_flops": peak, "mfu": mfu}
     given = {"precision": args.precision, "remat": args.remat, "microbatch": args.microbatch}
     try:
-        plans, layouts = [], []
+        rows = []
         for r in rungs:   # the layout (precision, remat, microbatch) the estimate fits
             lay = choose_layout(r, args.devices, budget, expert_parallel=args.expert_parallel,
                                 budget_source=budget_source, **given)
-            layouts.append(lay)
-            plans.append(plan_rung(lay.apply(r), args.devices, microbatch=lay.microbatch, **kw))
-        rows = [{**p.to_dict(), "layout": lay.to_dict()} for p, lay in zip(plans, layouts)]
+            plan = plan_rung(lay.apply(r), args.devices, microbatch=lay.microbatch, **kw)
+            rows.append({**plan.to_dict(), "layout": lay.to_dict()})
         if args.compile:
             extra = _compiled_plan(rungs[0], args, budget, budget_source, given)
             # the estimate at the layout XLA chose, next to XLA's figure
@@ -286,8 +285,7 @@ def plan_main(args) -> int:
     for r in rows:
         mesh = f"{r['data_parallel']}x{r['expert_parallel']}"
         print(f"{r['ladder']:<11} {r['name']:<14} {mesh:>9} {r['microbatch']:>6} "
-              f"{_fmt(r['params']):>8} "
-              f"{_fmt(r['active_params']):>8} {r['flops_per_step']:>10.3e} "
+              f"{_fmt(r['params']):>8} {_fmt(r['active_params']):>8} {r['flops_per_step']:>10.3e} "
               f"{_fmt(r['tokens_per_device']):>8} {_bytes(r['param_bytes']):>9} "
               f"{_bytes(r['grad_bytes']):>9} {_bytes(r['optimizer_bytes']):>9} "
               f"{_bytes(r['activation_bytes_per_sequence']):>9} "
@@ -298,10 +296,8 @@ def plan_main(args) -> int:
     print(f"memory per device: params, grads, Adam 2 x f32 (FSDP over all devices), weights "
           f"gathered for use, the balancing statistic, activations of one microbatch (micro: "
           f"sequences; at the layout's precision and remat; see ladder/trainer/plan.py). "
-          f"time: FLOPs/step "
-          f"(LM head included) / "
-          f"({args.devices} x "
-          f"{peak:.3g} FLOP/s x MFU {mfu:g})")
+          f"time: FLOPs/step (LM head included) / ({args.devices} x {peak:.3g} FLOP/s x MFU "
+          f"{mfu:g})")
     for r in rows:
         if not r["fits"]:
             need = (max(r["compiled"]["bytes_per_device"], r["compiled_eval"]["bytes_per_device"])

@@ -308,19 +308,15 @@ def _at_step_change(args, old: dict) -> tuple:
     return mult, seq_len
 
 
-
 def _amended_plan(args, old: dict, target, body: dict, seq_len) -> tuple[dict, dict, dict]:
     """The amendment's target, applicability and decision-rule parameters: the new plan as
-    registered."""
-    # the new plan as registered: its sequence length and (with one) the tokens and compute it
-    # now spends; the applicability accepts the plan before S as well (a run's configuration
-    # written before the change), and the watcher judges steps before S against the old steps
+    registered, its sequence length and (with one) the tokens and compute it now spends. The
+    applicability accepts the plan before S as well (a run's configuration written before the
+    change), and the watcher judges steps before S against the old steps."""
     tdict = target.to_dict()
     old_app = {k: v for k, v in (old.get("applicability") or {}).items() if k != "before"}
-    app = dict(old_app)
-    app["steps"] = target.steps
-    app["tokens"] = target.tokens
-    app["config_hash"] = target.config_hash
+    app = {**old_app, "steps": target.steps, "tokens": target.tokens,
+           "config_hash": target.config_hash}
     if args.target:
         app["config"] = target_rung(args.target).to_dict()
     if args.data_tag is not None:
@@ -332,13 +328,13 @@ def _amended_plan(args, old: dict, target, body: dict, seq_len) -> tuple[dict, d
         tdict["seq_len"] = seq_len
         tdict["tokens"] = target.tokens * (f_s + k * (1 - f_s))
         tdict["compute"] = target.compute * (f_s + k * (1 - f_s))
+        tdict["config_hash"] = None
         app["seq_len"] = seq_len
         app["tokens"] = None  # two sequence lengths: no one tokens-per-step to check
         if isinstance(app.get("config"), dict) and "seq_len" in app["config"]:
             app["config"] = {**app["config"], "seq_len": seq_len}
         # tokens no longer grow linearly in steps: rows map to the forecast by step
         params["align"] = "step"
-    tdict["config_hash"] = None if seq_len is not None else tdict.get("config_hash")
     app["before"] = {**old_app, "at_step": args.at_step}
     return tdict, app, params
 
