@@ -327,13 +327,8 @@ def _plan_budget(args) -> tuple[float, str, float]:
     """(memory budget per device, where it came from, peak FLOP/s) of `ladder plan`:
     --memory-per-device, else the accelerator's usable memory (--accelerator, default an H100);
     the peak: --peak-flops, else --accelerator's, else one GB200's (the hero's)."""
-    from ladder.accelerators import (
-        ACCELERATORS,
-        DEFAULT_PLAN_ACCELERATOR,
-        GB200_BF16_DENSE_FLOPS,
-        accelerator_peak,
-        usable_memory,
-    )
+    from ladder.accelerators import (ACCELERATORS, DEFAULT_PLAN_ACCELERATOR, GB200_BF16_DENSE_FLOPS,
+                                     accelerator_peak, usable_memory)
 
     name = args.accelerator
     entry = None

@@ -20,18 +20,8 @@ import time
 import warnings
 from pathlib import Path
 
-from ladder.io import (
-    EX_USAGE,
-    InputError,
-    as_float,
-    atomic_write_json,
-    claim,
-    iter_jsonl,
-    marker_names,
-    read_json,
-    real_folder,
-    write_marker,
-)
+from ladder.io import (EX_USAGE, InputError, as_float, atomic_write_json, claim, iter_jsonl,
+                       marker_names, read_json, real_folder, write_marker)
 from ladder.specs import Ladder, get_ladder
 
 METRIC = "eval_dropless/loss"  # the real ladder fitted the held-out loss without token drops

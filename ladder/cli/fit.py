@@ -12,15 +12,8 @@ import numpy as np
 import pandas as pd
 
 from ladder.cli.output import tell
-from ladder.io import (
-    EX_DATAERR,
-    EX_USAGE,
-    InputError,
-    atomic_write_json,
-    check_writable,
-    number,
-    to_jsonable,
-)
+from ladder.io import (EX_DATAERR, EX_USAGE, InputError, atomic_write_json, check_writable, number,
+                       to_jsonable)
 
 
 def _pairs(items, what: str, numeric: bool) -> dict:
@@ -267,8 +260,7 @@ def _fit_task_main(args) -> int:
     if not args.via:
         raise InputError("--form task needs --via LOSS_KEY (the task-loss column)",
                          field="--via", exit_code=EX_USAGE)
-    # --metric is repeatable (several metrics: one law each); a task law maps to one accuracy
-    accs = [args.metric] if isinstance(args.metric, str) else list(args.metric or [])
+    accs = args.metric or []  # repeatable (one law each); a task law maps to one accuracy
     if len(accs) != 1:
         raise InputError("--form task needs one --metric ACC_KEY (the accuracy column)"
                          + (f", got {len(accs)}" if accs else ""), field="--metric",
@@ -405,12 +397,8 @@ def compare_main(args) -> int:
 
     from ladder.fit.law import compare_points
     from ladder.fit.config import FitConfig
-    from ladder.fit.points import (
-        expand_metrics,
-        is_wandb_offline_dir,
-        load_points,
-        offline_run_points,
-    )
+    from ladder.fit.points import (expand_metrics, is_wandb_offline_dir, load_points,
+                                   offline_run_points)
     check_fit_numbers(args)
     number(args.at, field="--at", lo=0, lo_open=True, allow_none=True, exit_code=EX_USAGE)
     if args.out:

@@ -9,19 +9,8 @@ import math
 import sys
 from pathlib import Path
 
-from ladder.io import (
-    EX_DATAERR,
-    EX_USAGE,
-    InputError,
-    as_float,
-    check_writable,
-    inside,
-    iter_jsonl,
-    number,
-    open_input,
-    read_json,
-    to_jsonable,
-)
+from ladder.io import (EX_DATAERR, EX_USAGE, InputError, as_float, check_writable, inside,
+                       iter_jsonl, number, open_input, read_json, to_jsonable)
 from ladder.predict import forecast as fc
 from ladder.predict import prereg as pr
 from ladder.predict.prereg import make_prereg
