@@ -124,9 +124,8 @@ def run_demo(out: Path, ladder: Ladder, *, inject: str | None = None,
     report = build_report(base / "report", runs=runs, law=law_path, prereg=prereg_path,
                           alerts=alerts_path, target_run=target_dir)
     say(f"[5/5] report: {report}")
-    verdict = _verdict(doc, summary, alerts)
-    verdict["watch_exit"] = watch_exit
-    verdict["seconds"] = time.time() - t_start
+    verdict = dict(_verdict(doc, summary, alerts), watch_exit=watch_exit,
+                   seconds=time.time() - t_start)
     for line in verdict["lines"]:
         say(line)
     say(f"demo finished in {verdict['seconds'] / 60:.1f} min; open {report}")

@@ -312,14 +312,12 @@ def _amended_plan(args, old: dict, target, body: dict, seq_len) -> tuple[dict, d
         app["data_tag"] = args.data_tag
     params = dict((old.get("decision_rule") or {}).get("parameters") or {})
     if seq_len is not None:
-        k = body["change"]["seq_len_ratio"]
-        f_s = body["change"]["fraction"]
-        tdict["seq_len"] = seq_len
-        tdict["tokens"] = target.tokens * (f_s + k * (1 - f_s))
-        tdict["compute"] = target.compute * (f_s + k * (1 - f_s))
-        tdict["config_hash"] = None
-        app["seq_len"] = seq_len
-        app["tokens"] = None  # two sequence lengths: no one tokens-per-step to check
+        f_s, k = body["change"]["fraction"], body["change"]["seq_len_ratio"]
+        spent = f_s + k * (1 - f_s)  # of the planned tokens and compute
+        tdict.update(seq_len=seq_len, tokens=target.tokens * spent,
+                     compute=target.compute * spent, config_hash=None)
+        # two sequence lengths: no one tokens-per-step to check
+        app.update(seq_len=seq_len, tokens=None)
         if isinstance(app.get("config"), dict) and "seq_len" in app["config"]:
             app["config"] = {**app["config"], "seq_len": seq_len}
         # tokens no longer grow linearly in steps: rows map to the forecast by step
@@ -521,8 +519,8 @@ class EvalSpan:
         said = {"target.tokens": f"target.tokens {view.tokens:g}",
                 "target.steps": f"target.steps {view.steps:g}",
                 "progress": "the source's progress"}
-        how = " and ".join(said[b] for b in by) if set(by) <= set(said) else field
-        where = (f"{self.lo:.3g}" if self.lo == self.hi else f"{self.lo:.3g} to {self.hi:.3g}")
+        how = " and ".join(said[b] for b in by)
+        where = f"{self.lo:.3g}" if self.lo == self.hi else f"{self.lo:.3g} to {self.hi:.3g}"
         # what the loss rules compare: the forecast's grid, from min_fraction on
         first = max(float(view.fraction[0]), float(view.config.min_fraction))
         return InputError(
@@ -589,11 +587,8 @@ def _watch_multi_finish(args, w) -> int:
     log.info(f"ladder watch: {st.get('n_points', 0)} points, {st.get('n_evals', 0)} evals "
              f"judged over {len(rows)} metrics; worst {st.get('worst') or 'none'}; exit {code}")
     if args.json:
-        v = watch_verdict(w, code)
-        v["schema"] = "watch-verdict/2"
-        v["metric"] = None
-        v["metrics"] = rows
-        v["absent"] = absent
+        v = {**watch_verdict(w, code), "schema": "watch-verdict/2", "metric": None,
+             "metrics": rows, "absent": absent}
         print(json.dumps(to_jsonable(v)))
     if not st.get("n_evals") and not st.get("not_applicable"):
         raise InputError(f"0 evals of the {len(rows)} registered metrics judged "
