@@ -362,45 +362,34 @@ def _layout_line(lay: dict) -> str:
 def _compiled_plan(rung, args, budget: float, budget_source: str, given: dict) -> dict:
     """The `compiled` and `compiled_eval` blocks of `plan --compile`: XLA's figures of the real
     train step at the layout chosen by XLA's memory figure (ladder.trainer.layout.fit_layout),
-    and of the eval step at its precision."""
+    and of the eval step at its precision. A ValueError names the option (as in plan_main)."""
     from ladder.trainer.layout import fit_layout
     from ladder.trainer.plan import compile_eval
 
-    try:
-        found = fit_layout(rung, args.devices, budget, expert_parallel=args.expert_parallel,
-                           budget_source=budget_source, **given)
-        step, lay = found.step, found.layout
-        log = [dict(t) for t in found.tried]
-        note = (f"chose {lay.precision}, remat {lay.remat}, microbatch {lay.microbatch}: the "
-                f"first of the rule's order (less remat, then larger microbatches first) whose "
-                f"compiled step fits {_bytes(budget)} per device" if found.fits else
-                f"no layout fits {_bytes(budget)} per device; the most frugal tried "
-                f"(remat {lay.remat}, microbatch {lay.microbatch}) needs "
-                f"{_bytes(step.bytes_per_device)}")
-        ev = compile_eval(lay.apply(rung), args.devices,
-                          eval_batch=args.eval_batch,
-                          expert_parallel=args.expert_parallel)
-    except ValueError as e:
-        field, _, message = str(e).partition(": ")
-        raise InputError(message, field=f"--{field.replace('_', '-')}",
-                         exit_code=EX_USAGE) from None
-    d = step.to_dict()
-    e = ev.to_dict()
-    return {"compiled": {k: d[k] for k in ("bytes_per_device", "flops_per_device",
-                                           "flops_v1_per_device", "flops_ratio", "xla_flops",
-                                           "loops", "collectives", "collective_bytes",
-                                           "precision", "remat", "argument_bytes",
-                                           "temp_bytes", "output_bytes", "alias_bytes",
-                                           "compile_s")},
-            "compiled_eval": {k: e[k] for k in ("bytes_per_device", "flops_per_device",
-                                                "eval_batch", "flops_v1_per_device",
-                                                "flops_ratio", "xla_flops", "temp_bytes",
-                                                "collectives", "collective_bytes",
-                                                "compile_s")},
+    found = fit_layout(rung, args.devices, budget, expert_parallel=args.expert_parallel,
+                       budget_source=budget_source, **given)
+    step, lay = found.step, found.layout
+    note = (f"chose {lay.precision}, remat {lay.remat}, microbatch {lay.microbatch}: the "
+            f"first of the rule's order (less remat, then larger microbatches first) whose "
+            f"compiled step fits {_bytes(budget)} per device" if found.fits else
+            f"no layout fits {_bytes(budget)} per device; the most frugal tried "
+            f"(remat {lay.remat}, microbatch {lay.microbatch}) needs "
+            f"{_bytes(step.bytes_per_device)}")
+    ev = compile_eval(lay.apply(rung), args.devices, eval_batch=args.eval_batch,
+                      expert_parallel=args.expert_parallel)
+    d, e = step.to_dict(), ev.to_dict()
+    return {"compiled": {k: d[k] for k in (
+                "bytes_per_device", "flops_per_device", "flops_v1_per_device", "flops_ratio",
+                "xla_flops", "loops", "collectives", "collective_bytes", "precision", "remat",
+                "argument_bytes", "temp_bytes", "output_bytes", "alias_bytes", "compile_s")},
+            "compiled_eval": {k: e[k] for k in (
+                "bytes_per_device", "flops_per_device", "eval_batch", "flops_v1_per_device",
+                "flops_ratio", "xla_flops", "temp_bytes", "collectives", "collective_bytes",
+                "compile_s")},
             "layout": lay.to_dict(), "largest_fitting": found.largest_fitting,
             "next_layout_predicted": found.next_predicted,
             "compiled_mesh": step.mesh, "microbatch": step.microbatch,
-            "microbatches": step.microbatches, "layout_search": log,
+            "microbatches": step.microbatches, "layout_search": [dict(t) for t in found.tried],
             "microbatch_note": note, "compiled_fits": found.fits,
             "compiled_eval_fits": ev.bytes_per_device <= budget,
             "compiled_on": "fake CPU devices (XLA CPU backend)"}
