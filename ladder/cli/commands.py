@@ -144,18 +144,15 @@ def run_main(args) -> int:
         out = outs[rung.name]
         s = train_rung(rung, out, cfg, max_steps=args.max_steps, resume=args.resume)
         code = rung_exit_code(s)
+        final = s.get("final", {}).get("eval_dropless/loss")
+        note = f", eval_dropless/loss {final:.4f}" if isinstance(final, float) else ""
         if distributed.is_writer():
             print(f"{ladder.name}/{rung.name}: {s['status']} at step {s['step']}/{s['steps']}"
-                  f"{_final_note(s)} -> {out}", flush=True)
+                  f"{note} -> {out}", flush=True)
         if code:
             print(f"ladder run: {rung_problem(ladder.name, rung.name, s, out)}", file=sys.stderr)
             return code
     return 0
-
-
-def _final_note(s: dict) -> str:
-    final = s.get("final", {}).get("eval_dropless/loss")
-    return f", eval_dropless/loss {final:.4f}" if isinstance(final, float) else ""
 
 
 def rung_problem(ladder: str, rung: str, s: dict, out) -> str:

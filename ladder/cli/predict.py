@@ -583,12 +583,11 @@ def _watch_multi_finish(args, w) -> int:
             line = (f"{(r['worst'] or 'ok'):8} {r['evals']:5d} evals, residual "
                     f"{'-' if rel is None else f'{rel:+.2%}'}, {r['alerts']} alerts")
         log.warning(f"  {r['metric']}: {line}")
-    absent = [r["metric"] for r in rows if r["absent"]]
     log.info(f"ladder watch: {st.get('n_points', 0)} points, {st.get('n_evals', 0)} evals "
              f"judged over {len(rows)} metrics; worst {st.get('worst') or 'none'}; exit {code}")
     if args.json:
         v = {**watch_verdict(w, code), "schema": "watch-verdict/2", "metric": None,
-             "metrics": rows, "absent": absent}
+             "metrics": rows, "absent": [r["metric"] for r in rows if r["absent"]]}
         print(json.dumps(to_jsonable(v)))
     if not st.get("n_evals") and not st.get("not_applicable"):
         raise InputError(f"0 evals of the {len(rows)} registered metrics judged "
