@@ -206,28 +206,11 @@ def slots(expert: jax.Array, n_experts: int, cap: int, key: jax.Array | None = N
 
 def zeros_after(x: jax.Array, shape: tuple) -> jax.Array:
     """Zeros of ``x``'s dtype in ``shape``, computed from ``x`` (one element times zero), so that
-    the buffer cannot be made before ``x`` exists. A constant zero buffer is one instruction
-    that XLA shares between the layers and copies for each in-place scatter, and XLA:CPU made
-    those copies at the start of the pass: the 27.7B-A1.2B eval step (64 devices) held ten
-    [573,056 x 1024] / [524,288 x 1024] float32 copies at its peak (27 GiB; docs/LOG.md).
-    NaN or inf in ``x`` fills the buffer with NaN: its loss is NaN anyway."""
+    the buffer cannot be made before ``x`` exists. A constant zero buffer is shared between the
+    layers and copied for each in-place scatter, and XLA:CPU made those copies at the start of
+    the pass (27 GiB at the peak of the 27.7B-A1.2B eval step; docs/LOG.md). NaN or inf in
+    ``x`` fills the buffer with NaN: its loss is NaN anyway."""
     return jnp.broadcast_to((x.reshape(-1)[0] * 0).astype(x.dtype), shape)
-
-
-def scatter_slots(x: jax.Array, s: Slots, k: int, n_experts: int, n_slots: int) -> jax.Array:
-    """x [T, L] -> [E, n_slots, L]: each kept assignment's token in its slot, zeros elsewhere."""
-    tokens = x[s.order // k]                                   # [A, L] token of each assignment
-    buf = zeros_after(x, (n_experts, n_slots, x.shape[-1]))
-    return buf.at[s.expert, s.slot].set(tokens, mode="drop")  # out of range: mode="drop" drops
-
-
-def gather_slots(out: jax.Array, s: Slots, T: int, k: int) -> Dispatched:
-    """[E, n_slots, L] expert outputs -> Dispatched(out [T, k, L], kept [T, k]) in assignment
-    order."""
-    out_sorted = out.at[s.expert, s.slot].get(mode="fill", fill_value=0)     # [A, L]
-    out_flat = zeros_after(out, out_sorted.shape).at[s.order].set(out_sorted)   # unsort: [A, L]
-    kept = jnp.zeros((T * k,), bool).at[s.order].set(s.kept)
-    return Dispatched(out_flat.reshape(T, k, -1), kept.reshape(T, k))   # [A, L] -> [T, k, L]
 
 
 def dispatch_sorted(expert_fn: ExpertFn, x: jax.Array, expert: jax.Array, n_experts: int,
@@ -241,8 +224,14 @@ def dispatch_sorted(expert_fn: ExpertFn, x: jax.Array, expert: jax.Array, n_expe
     every expert, ~7x than jax.lax.ragged_dot: bench/moe_dispatch.py)."""
     T, k = expert.shape
     s = slots(expert, n_experts, cap, key, n_cells)
-    out = expert_fn(scatter_slots(x, s, k, n_experts, n_cells * cap))   # [E, n_cells * C, L]
-    return gather_slots(out, s, T, k)
+    buf = zeros_after(x, (n_experts, n_cells * cap, x.shape[-1]))
+    # each kept assignment's token in its slot; out of range (dropped): mode="drop" drops
+    buf = buf.at[s.expert, s.slot].set(x[s.order // k], mode="drop")  # [E, n_cells * C, L]
+    out = expert_fn(buf)
+    out_sorted = out.at[s.expert, s.slot].get(mode="fill", fill_value=0)     # [A, L]
+    out_flat = zeros_after(out, out_sorted.shape).at[s.order].set(out_sorted)   # unsort: [A, L]
+    kept = jnp.zeros((T * k,), bool).at[s.order].set(s.kept)
+    return Dispatched(out_flat.reshape(T, k, -1), kept.reshape(T, k))   # [A, L] -> [T, k, L]
 
 
 # ------------------------------------------------------------------------------ dropless
