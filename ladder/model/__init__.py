@@ -12,20 +12,13 @@ Importing ``model`` alone imports only the config (no JAX); the functions load J
 
 Files: config.py (ModelSwitches: the switches a ladder's recipe sets, ModelConfig: those plus
 sizes and compute path, BiasRule), layers.py (norms, RoPE, attention, init boxes), moe.py
-(router, dispatch, experts, bias rules, reference MoE), balance.py (the quantile bias rule),
-transformer.py (decoder, API, losses, parameter groups).
+(router, dispatch, experts, bias rules, reference MoE, expert parallelism), balance.py (the
+quantile bias rule), transformer.py (decoder, API, losses, parameter layout and precision).
 
-Compute path (transformer.py): ``cfg.precision`` bf16 (accelerators) or f32 (CPU, and wherever
-exactness is tested) with float32 master weights; cuDNN flash attention on GPU, query blocks of
-``cfg.attention_chunk`` through XLA elsewhere (layers.attention_choice); the layer pattern's
-whole repeats under nn.scan with ``cfg.remat``; the LM head and cross-entropy over chunks of
-``cfg.loss_chunk`` positions. ``segment_ids`` [B, S] keep packed documents apart.
-
-Sharding: under ``jax.set_mesh`` of a mesh with "Auto" axes ("data", "expert") the MoE layers
-run their routed path expert-parallel (moe.py); jit/GSPMD partitions the rest
-(tests/test_model_sharding.py). Meshes with "Explicit" axes (jax.make_mesh's default in jax
-0.10) are not supported: the embedding gather would need out_sharding annotations. TPUs take
-the blocked XLA attention (no splash kernel).
+Under ``jax.set_mesh`` of a mesh with "Auto" axes ("data", "expert") the MoE layers run their
+routed path expert-parallel and jit/GSPMD partitions the rest (tests/test_model_sharding.py).
+Meshes with "Explicit" axes (jax.make_mesh's default in jax 0.10) are not supported: the
+embedding gather would need out_sharding annotations.
 """
 
 from ladder.model.config import BiasRule, ModelConfig, ModelSwitches

@@ -80,8 +80,7 @@ def zeros(key, shape, dtype=jnp.float32):
 
 
 def weight_init(cfg: ModelConfig):
-    """Init of every weight matrix (``cfg.init``): normal(init_std), or the recipe's truncated
-    normal with sigma 0.5 / sqrt(d_model)."""
+    """Init of every weight matrix (``cfg.init``: ``cfg.weight_std``, ``cfg.init_truncate``)."""
     return normal(cfg.weight_std, cfg.init_truncate)
 
 
@@ -328,12 +327,6 @@ def say_attention_choice(choice: AttentionChoice) -> None:
              choice.implementation, choice.reason)
 
 
-def attention_implementation(dtype, head_dim: int, seq_len: int = 0, segmented: bool = True,
-                             chunk: int | None = None) -> str:
-    """The name of :func:`attention_choice`'s implementation (bench/gpu_rung.py reports it)."""
-    return attention_choice(dtype, head_dim, seq_len, segmented, chunk).implementation
-
-
 def attention_mark() -> int:
     """How many attention calls this process has traced (for :func:`attention_traced`)."""
     return len(_TRACED)
@@ -475,9 +468,8 @@ def attend_chunked(q: jax.Array, k: jax.Array, v: jax.Array, window: int | None,
 
 
 def output_init(cfg: ModelConfig):
-    """Init of projections that write into the residual stream. gpt2: std / sqrt(2 n_layers), so
-    the residual variance does not grow with depth (GPT-2's scaling of residual projections,
-    Radford et al. 2019, section 2.3); recipe: the same as every other weight (no scaling)."""
+    """Init of projections that write into the residual stream (``cfg.residual_std``: gpt2
+    scales them so that the residual variance does not grow with depth)."""
     return normal(cfg.residual_std, cfg.init_truncate)
 
 
@@ -554,15 +546,11 @@ def head_gate(x: jax.Array, w_gate: jax.Array) -> jax.Array:
 class Attention(nn.Module):
     """Causal self-attention: QK-norm, partial RoPE, grouped KV heads, optional sliding window.
 
-    Layer ``layer`` is global (full causal) when ``cfg.is_global(layer)``, else local: each query
-    sees the last ``cfg.local_window`` positions, itself included. x [B, S, D] in the compute
-    dtype (the weights arrive already cast, see model.transformer), segment_ids [B, S] or None.
-
-    The recipe's switches (model/config.py): ``qk_norm`` "rms" (no gain) and ``qk_mult``; RoPE
-    on ``cfg.layer_rope_dim(layer)`` channels (none on NoPE global layers); ``conv_kernel``: a
-    short causal convolution on K (after its projection, before the norm) and on the output
-    (after the output projection); ``xsa``; ``head_gate`` (on each head's output before the
-    output projection, after XSA).
+    Layer ``layer`` is global (full causal) when ``cfg.is_global(layer)``, else local (the last
+    ``cfg.local_window`` positions). x [B, S, D] in the compute dtype (the weights arrive already
+    cast, see model.transformer), segment_ids [B, S] or None. The recipe's switches
+    (model/config.py) sit where the code shows: the short convolution on K before the QK-norm
+    and on the output projection's output, XSA before the head gate.
     """
 
     cfg: ModelConfig

@@ -398,20 +398,6 @@ class Exchange(NamedTuple):
     back: Callable
 
 
-def _dense_there(buf, filled, ep):
-    E, n, L = buf.shape
-    # block i of E/ep experts -> device i; received: block j = sender j's slots for mine
-    buf = jax.lax.all_to_all(buf, "expert", 0, 0, tiled=True)                 # [ep*E/ep, n, L]
-    return buf.reshape(ep, E // ep, n, L).transpose(1, 0, 2, 3).reshape(E // ep, ep * n, L)
-
-
-def _dense_back(out, filled, ep):
-    n_here, m, L = out.shape
-    n = m // ep
-    out = out.reshape(n_here, ep, n, L).transpose(1, 0, 2, 3).reshape(ep * n_here, n, L)
-    return jax.lax.all_to_all(out, "expert", 0, 0, tiled=True)               # home: [E, n, L]
-
-
 def _ragged_layout(filled, E, n, ep):
     """Offsets and sizes of both trips (jax.lax.ragged_all_to_all's arguments): slice e of
     the way there is expert e's filled rows, sent to device e // (E/ep) into its block
@@ -427,37 +413,43 @@ def _ragged_layout(filled, E, n, ep):
     return there, back
 
 
-def _ragged_there(buf, filled, ep, a2a):
-    E, n, L = buf.shape
-    (off, send, out_off, recv), _ = _ragged_layout(filled, E, n, ep)
-    out = a2a(buf.reshape(E * n, L), jnp.zeros((E * n, L), buf.dtype), off, send, out_off, recv)
-    return out.reshape(E // ep, ep * n, L)
-
-
-def _ragged_back(out, filled, ep, a2a):
-    n_here, m, L = out.shape
-    E, n = n_here * ep, m // ep
-    _, (off, send, out_off, recv) = _ragged_layout(filled, E, n, ep)
-    home = a2a(out.reshape(E * n, L), jnp.zeros((E * n, L), out.dtype), off, send, out_off, recv)
-    return home.reshape(E, n, L)
-
-
-# jax.lax.ragged_all_to_all over the "expert" axis
-_lax_ragged = partial(jax.lax.ragged_all_to_all, axis_name="expert")
-
-
 def exchange_dense(ep: int) -> Exchange:
     """Two ``jax.lax.all_to_all`` of the whole padded buffer (every slot, used or not)."""
-    return Exchange("all_to_all", lambda b, f: _dense_there(b, f, ep),
-                    lambda o, f: _dense_back(o, f, ep))
+    def there(buf, filled):
+        E, n, L = buf.shape
+        # block i of E/ep experts -> device i; received: block j = sender j's slots for mine
+        buf = jax.lax.all_to_all(buf, "expert", 0, 0, tiled=True)             # [ep*E/ep, n, L]
+        return buf.reshape(ep, E // ep, n, L).transpose(1, 0, 2, 3).reshape(E // ep, ep * n, L)
+
+    def back(out, filled):
+        n_here, m, L = out.shape
+        n = m // ep
+        out = out.reshape(n_here, ep, n, L).transpose(1, 0, 2, 3).reshape(ep * n_here, n, L)
+        return jax.lax.all_to_all(out, "expert", 0, 0, tiled=True)           # home: [E, n, L]
+
+    return Exchange("all_to_all", there, back)
 
 
-def exchange_ragged(ep: int, a2a: Callable = _lax_ragged) -> Exchange:
-    """Two ragged all-to-alls of the filled rows only (``a2a``: jax.lax.ragged_all_to_all, or
-    a stand-in with its arguments in tests); the receiving buffers keep their padded shape
-    (a static worst case), only the bytes on the wire shrink."""
-    return Exchange("ragged_all_to_all", lambda b, f: _ragged_there(b, f, ep, a2a),
-                    lambda o, f: _ragged_back(o, f, ep, a2a))
+def exchange_ragged(ep: int, a2a: Callable | None = None) -> Exchange:
+    """Two ragged all-to-alls of the filled rows only (``a2a``: jax.lax.ragged_all_to_all over
+    "expert", or a stand-in with its arguments in tests); the receiving buffers keep their
+    padded shape (a static worst case), only the bytes on the wire shrink."""
+    a2a = a2a or partial(jax.lax.ragged_all_to_all, axis_name="expert")
+
+    def there(buf, filled):
+        E, n, L = buf.shape
+        sizes = _ragged_layout(filled, E, n, ep)[0]
+        out = a2a(buf.reshape(E * n, L), jnp.zeros((E * n, L), buf.dtype), *sizes)
+        return out.reshape(E // ep, ep * n, L)                               # [E/ep, ep*n, L]
+
+    def back(out, filled):
+        n_here, m, L = out.shape
+        E, n = n_here * ep, m // ep
+        sizes = _ragged_layout(filled, E, n, ep)[1]
+        home = a2a(out.reshape(E * n, L), jnp.zeros((E * n, L), out.dtype), *sizes)
+        return home.reshape(E, n, L)                                         # [E, n, L]
+
+    return Exchange("ragged_all_to_all", there, back)
 
 
 # XLA:CPU has no ragged all-to-all ("HLO opcode ragged-all-to-all is not supported by XLA:CPU

@@ -43,11 +43,9 @@ AUX_KEYS = ("drop_frac", "load", "prob", "router_entropy", "router_z_loss", "bal
             "bias_target", "bias_stat", "router_in")
 DTYPES = {"bf16": jnp.bfloat16, "f32": jnp.float32}
 # What a block keeps for the backward pass under remat "dots" (nn.remat): the outputs of the
-# weight matmuls (dots without batch dimensions), so attention scores and the expert buffers are
-# recomputed, and the routed path's combined output [T, L] (ladder.model.moe.ROUTED_NAME): that
-# path recomputes itself when its gradient arrives (moe.recompute_at_backward), so the block's
-# recomputation need not run it a second time early. Remat "full" keeps only the block's input
-# and recomputes the whole block late (call_block).
+# weight matmuls (dots without batch dimensions) and the routed path's combined output [T, L]
+# (moe.ROUTED_NAME: that path recomputes itself late, moe.recompute_at_backward). Remat "full"
+# keeps only the block's input and recomputes the whole block late (call_block).
 REMAT_POLICIES = {"dots": jax.checkpoint_policies.save_from_both_policies(
     jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
     jax.checkpoint_policies.save_only_these_names(ROUTED_NAME))}
@@ -58,17 +56,13 @@ def compute_dtype(cfg: ModelConfig):
     return DTYPES[resolve_precision(cfg.precision, jax.default_backend())]
 
 
-def _keeps_float32(path: tuple[str, ...]) -> bool:
-    """Norm scales and the router weight are read in float32 whatever the precision."""
-    return path[-1] in ("scale", "router")
-
-
 def cast_params(tree, dtype):
-    """Every parameter in ``dtype`` except those of :func:`_keeps_float32`."""
+    """Every parameter in ``dtype`` except the norm scales and the router weight (float32
+    whatever the precision)."""
     if dtype == jnp.float32:
         return tree
     flat = flatten_dict(unfreeze(tree))
-    return unflatten_dict({p: x if _keeps_float32(p) else x.astype(dtype)
+    return unflatten_dict({p: x if p[-1] in ("scale", "router") else x.astype(dtype)
                            for p, x in flat.items()})
 
 
@@ -196,22 +190,21 @@ class Decoder(nn.Module):
         return x, {k: jnp.concatenate([a[k] for a in auxes]) for k in AUX_KEYS}
 
 
-def _boxed_params(cfg: ModelConfig, key: jax.Array) -> dict:
-    """Linen's init: params boxed in :class:`model.layers.Init` (value + init rule). Traced in
-    float32 without remat, on one token, so with no capacity cell: none of these changes a
-    parameter's shape or init rule."""
-    cfg = cfg.replace(precision="f32", remat="none", capacity_tokens=None)
-    tokens = jnp.zeros((1, 1), jnp.int32)
-    bias = jnp.zeros((cfg.n_layers, cfg.n_experts), jnp.float32)
-    return unfreeze(Decoder(cfg).init(key, tokens, bias)["params"])
-
-
 @lru_cache(maxsize=8)
 def _boxes(cfg: ModelConfig) -> dict:
-    """Nested {name: Init(ShapeDtypeStruct, std)} from an abstract trace: nothing is allocated.
-    Cached per config: tracing the linen init takes seconds, and a run needs it for the
-    shardings and again for the values (the boxes hold only immutable shapes and rules)."""
-    return jax.eval_shape(partial(_boxed_params, cfg), jax.random.key(0))
+    """Nested {name: Init(ShapeDtypeStruct, std)} (:class:`model.layers.Init`) from an abstract
+    trace of linen's init: nothing is allocated. Cached per config: tracing takes seconds, and a
+    run needs it for the shardings and again for the values (the boxes are immutable)."""
+    # in float32 without remat, on one token, so with no capacity cell: none of these changes a
+    # parameter's shape or init rule
+    cfg = cfg.replace(precision="f32", remat="none", capacity_tokens=None)
+
+    def boxed(key):
+        tokens = jnp.zeros((1, 1), jnp.int32)
+        bias = jnp.zeros((cfg.n_layers, cfg.n_experts), jnp.float32)
+        return unfreeze(Decoder(cfg).init(key, tokens, bias)["params"])
+
+    return jax.eval_shape(boxed, jax.random.key(0))
 
 
 def init(cfg: ModelConfig, seed: int):
