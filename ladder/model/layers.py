@@ -143,6 +143,24 @@ def draw_normal_regions(seed: int, path: tuple[str, ...], shape: tuple, std: flo
     return [std * out for out in outs]
 
 
+def _host_values(box: Init, seed: int, path: tuple[str, ...], shape: tuple, regions: list,
+                 slices) -> list[np.ndarray]:
+    """One parameter's initial values in each region (a tuple of (start, stop) per axis)."""
+    if box.std is None:
+        return [np.full([b - a for a, b in r], box.fill, np.float32) for r in regions]
+    parts = slices(path) if slices is not None else None
+    if parts is None:
+        return draw_normal_regions(seed, path, shape, box.std, box.truncate, regions)
+    host = [np.empty([b - a for a, b in r], np.float32) for r in regions]
+    for g, p in enumerate(parts):                       # [G, ...]: slice g drawn as parts[g]
+        want = [k for k, r in enumerate(regions) if r[0][0] <= g < r[0][1]]
+        got = draw_normal_regions(seed, p, shape[1:], box.std, box.truncate,
+                                  [regions[k][1:] for k in want])
+        for k, v in zip(want, got):
+            host[k][g - regions[k][0][0]] = v
+    return host
+
+
 def materialize(boxes, seed: int, slices=None) -> dict:
     """Nested dict of Init(ShapeDtypeStruct, std) (``jax.eval_shape`` of a linen init) -> nested
     dict of arrays. Each parameter is drawn from its own numpy stream seeded by (seed, its path),
@@ -151,18 +169,10 @@ def materialize(boxes, seed: int, slices=None) -> dict:
     under (None: not stacked), so the scanned model starts from its unrolled twin's values."""
     values = {}
     for path, box in flatten_dict(unfreeze(boxes)).items():
-        shape, dtype = box.value.shape, box.value.dtype
-        if box.std is None:
-            values[path] = jnp.full(shape, box.fill, dtype)
-            continue
-        parts = slices(path) if slices is not None else None
-        if parts is None:
-            values[path] = jnp.asarray(draw_normal(seed, path, shape, box.std, box.truncate),
-                                       dtype)
-        else:                                           # [G, ...]: slice g drawn as parts[g]
-            values[path] = jnp.asarray(np.stack([draw_normal(seed, p, shape[1:], box.std,
-                                                             box.truncate) for p in parts]),
-                                       dtype)
+        shape = tuple(box.value.shape)
+        whole = tuple((0, n) for n in shape)
+        values[path] = jnp.asarray(_host_values(box, seed, path, shape, [whole], slices)[0],
+                                   box.value.dtype)
     return unflatten_dict(values)
 
 
@@ -178,21 +188,8 @@ def materialize_sharded(boxes, seed: int, shardings, slices=None) -> dict:
         index = {d: tuple(sl.indices(n)[:2] for sl, n in zip(idx, shape))
                  for d, idx in sharding.addressable_devices_indices_map(shape).items()}
         regions = sorted(set(index.values()))         # replicas share one region
-        if box.std is None:
-            host = [np.full([b - a for a, b in r], box.fill, dtype) for r in regions]
-        else:
-            parts = slices(path) if slices is not None else None
-            if parts is None:
-                host = draw_normal_regions(seed, path, shape, box.std, box.truncate, regions)
-            else:                              # [G, ...]: slice g drawn as parts[g], as above
-                host = [np.empty([b - a for a, b in r], np.float32) for r in regions]
-                for g, p in enumerate(parts):
-                    want = [k for k, r in enumerate(regions) if r[0][0] <= g < r[0][1]]
-                    got = draw_normal_regions(seed, p, shape[1:], box.std, box.truncate,
-                                              [regions[k][1:] for k in want])
-                    for k, v in zip(want, got):
-                        host[k][g - regions[k][0][0]] = v
-            host = [h.astype(dtype, copy=False) for h in host]
+        host = [h.astype(dtype, copy=False)
+                for h in _host_values(box, seed, path, shape, regions, slices)]
         where = {r: k for k, r in enumerate(regions)}
         values[path] = jax.make_array_from_single_device_arrays(
             shape, sharding, [jax.device_put(host[where[r]], d) for d, r in index.items()])
