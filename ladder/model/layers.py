@@ -238,12 +238,6 @@ def rope(x: jax.Array, positions: jax.Array, rope_dim: int, theta: float) -> jax
     return jnp.concatenate([rotated.astype(x.dtype), rest], axis=-1)
 
 
-def segment_mask(segment_ids: jax.Array) -> jax.Array:
-    """segment_ids [B, S] int32 -> [B, 1, S, T] bool: query s may read key t only within its own
-    segment (packed documents do not see each other)."""
-    return (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
-
-
 # cuDNN's packed layout (per-row segment offsets and lengths, one flash-attention call, each
 # document causal and windowed within itself) reaches jax only through its internal module in jax
 # 0.10 (openxla/xla#20861 and jax-ml/jax#25812 added the path, jax-ml/jax#29731 proposes public
@@ -412,7 +406,9 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, window: int | None,
             lambda: attend_cudnn_packed(q, k, v, window, packed))
     if choice.implementation == "xla-blocked":
         return attend_chunked(q, k, v, window, segment_ids, chunk)
-    mask = None if segment_ids is None else segment_mask(segment_ids)
+    # [B, 1, S, T]: query s may read key t only within its own segment
+    mask = None if segment_ids is None else (segment_ids[:, :, None]
+                                             == segment_ids[:, None, :])[:, None]
     return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True,
                                         local_window_size=local, implementation="xla")
 
