@@ -48,13 +48,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ladder.model.balance import (
-    N_BINS,
-    bias_from_histogram,
-    margin_histogram,
-    rows_mesh,
-    top_k_rows,
-)
+from ladder.model import balance
 from ladder.model.config import BiasRule, ModelConfig
 from ladder.model.layers import RMSNorm, output_init, weight_init
 
@@ -150,7 +144,7 @@ def drop_keys(seed, T: int, k: int, cell: int, seq: int) -> jax.Array:
 def route(cfg: ModelConfig, logits: jax.Array, bias: jax.Array) -> Routing:
     """logits [T, E] float32 (unbiased), bias [E] -> the chosen experts and their weights."""
     biased = logits + jax.lax.stop_gradient(bias)[None, :]
-    _, expert = top_k_rows(biased, cfg.top_k)                          # [T, k]
+    _, expert = balance.top_k_rows(biased, cfg.top_k)                  # [T, k]
     chosen = jnp.take_along_axis(logits, expert, axis=-1)             # [T, k] unbiased logits
     if cfg.combine == "sigmoid":
         gate = jax.nn.sigmoid(chosen)
@@ -357,7 +351,7 @@ def expert_mesh(n_tokens: int):
     """The abstract mesh of the surrounding ``jax.set_mesh`` when the routed path should run
     sharded over it (more than one device, an "expert" axis, tokens that split evenly), else
     None: one device, or no mesh in context (then XLA/GSPMD partitions whatever it is given)."""
-    mesh = rows_mesh(n_tokens)
+    mesh = balance.rows_mesh(n_tokens)
     return mesh if mesh is not None and "expert" in mesh.axis_names else None
 
 
@@ -367,7 +361,7 @@ def split_batch(x: jax.Array) -> jax.Array:
     GSPMD propagates shardings from the weights too: the embedding gather from a vocab-split
     table came out replicated, every device running the whole microbatch's dense layers (373 GiB
     per device at 27.7B-A1.2B on 64 devices, ``ladder plan --compile``)."""
-    mesh = rows_mesh(x.shape[0])
+    mesh = balance.rows_mesh(x.shape[0])
     if mesh is None:
         return x
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(tuple(mesh.axis_names))))
@@ -790,16 +784,17 @@ class QuantileRule(TargetRule):
     def stat(self, cfg, logits, mesh, bias):
         if bias is None:
             raise ValueError("bias_rule quantile: the statistic needs the layer's current bias")
-        return margin_histogram(logits, bias, cfg.top_k)   # a sum: GSPMD adds the devices'
+        # a sum: GSPMD adds the devices'
+        return balance.margin_histogram(logits, bias, cfg.top_k)
 
     def merge(self, a, b):
         return a + b
 
     def target(self, cfg, stat):
-        return bias_from_histogram(stat, cfg.top_k)
+        return balance.bias_from_histogram(stat, cfg.top_k)
 
     def stat_width(self, cfg, step_tokens):
-        return N_BINS
+        return balance.N_BINS
 
 
 class SignRule(BalancingRule):
