@@ -466,17 +466,15 @@ def routed_expert_parallel(cfg: ModelConfig, mesh, x: jax.Array, expert: jax.Arr
     :func:`dispatch_dropless_sharded`). x [T, L], expert [T, k], weight [T, k] (combine
     weights) -> (mixed [T, L], kept [T, k]).
 
-    Each device (a sender shard) cuts its t tokens into cells (:func:`cell_tokens`), draws their
-    drop keys itself (:func:`drop_keys` of ``seed``: the same keys as one device's), gives every
-    expert C slots per cell (the recipe's (cell, expert) capacity) with each expert's kept rows
-    first (:func:`compact_slots`), and ``exchange`` (default :func:`default_exchange`) sends each
-    block of E/ep experts to the device holding them, which runs them on [E/ep, ep * n, L]; the
-    way back brings the outputs home. The buffer is gathered straight from the tokens (an empty
-    slot reads a zero row) and the outputs are added straight into their tokens' rows times
-    their combine weights, so no [t * k, L] array of the assignments is made, nor a zero-filled
-    [E, n, L] buffer in the backward pass: under XLA:CPU those were the largest buffers of the
-    27.7B-A1.2B step (docs/LOG.md). The sum over a token's k outputs is taken in another order
-    than :func:`combine`'s."""
+    Each device (a sender shard) cuts its t tokens into cells (:func:`cell_tokens`) with their
+    drop keys (:func:`drop_keys` of ``seed``: the same as one device's), fills C slots per
+    (cell, expert), each expert's kept rows first (:func:`compact_slots`), and ``exchange``
+    (default :func:`default_exchange`) sends each block of E/ep experts to the device holding
+    them and the outputs back. Slots gather straight from the tokens (an empty slot reads a zero
+    row) and outputs add straight into their tokens' rows times their combine weights: no
+    [t * k, L] array of the assignments, nor a zero-filled [E, n, L] buffer in the backward
+    pass, the largest buffers of the 27.7B-A1.2B step under XLA:CPU (docs/LOG.md). The sum over
+    a token's k outputs is taken in another order than :func:`combine`'s."""
     E, ep = cfg.n_experts, mesh.shape["expert"]
     tok, wspec = P(tuple(mesh.axis_names)), P("expert")
     exchange = exchange or default_exchange(ep)

@@ -372,7 +372,7 @@ OPTIONAL_GROUPS = ("gated_norms", "convs", "head_gates")   # only a model with t
 def param_groups(params) -> dict[str, list]:
     """{group: [leaf, ...]} for the groups of PARAM_GROUPS (empty list if a group has none),
     except the recipe's optional groups, present only when the model has them (so a model
-    without them logs the same metrics as before they existed)."""
+    without them logs the metrics it always logged)."""
     groups: dict[str, list] = {g: [] for g in PARAM_GROUPS}
     for path, leaf in flatten_dict(params).items():
         groups[param_group(path)].append(leaf)
