@@ -7,9 +7,9 @@ Parameter layout (nested dict of float32 arrays). Layers repeat the pattern [loc
 (global_every - 1) + [global]; the ``cfg.n_groups`` whole repeats run under ``nn.scan`` (compile
 time does not grow with depth), their parameters stacked on a leading group axis:
 ``groups/block_j/...`` [n_groups, ...] holds layer ``g * global_every + j`` at index g. The
-``n_layers % global_every`` layers after them are unrolled as ``layer_i/...`` (no group axis).
-The router bias [n_layers, E] lives outside the params: an input of every call, never
-differentiated.
+``n_layers % global_every`` layers after them are unrolled as ``layer_i/...`` (no group axis;
+routed-expert weights: [n_groups, E, L, F] and [E, L, F], :func:`expert_axis`). The router
+bias [n_layers, E] lives outside the params: an input of every call, never differentiated.
 
 Precision (``cfg.precision``): parameters are float32 masters; "bf16" runs each block's matmuls
 and activations in bfloat16 by casting its weights on read (norm scales and the router stay
