@@ -29,13 +29,10 @@ from ladder.model.config import ModelConfig
 @struct.dataclass
 class Init(meta.AxisMetadata):
     """A parameter boxed with how it was initialised: normal(0, std) (truncated at +-truncate
-    sigmas when ``truncate`` is set), or the constant ``fill`` when std is None.
-
-    The box survives ``jax.eval_shape`` (std is static), so ``model.init`` reads every
-    parameter's shape and init rule from one abstract trace and draws the values with numpy
-    (XLA took ~17 s to jit the linen init of the largest cpu-ladder rung). Linen unboxes it
-    whenever a module reads the parameter.
-    """
+    sigmas when ``truncate`` is set), or the constant ``fill`` when std is None. The box
+    survives ``jax.eval_shape`` (std is static), so ``model.init`` reads every parameter's shape
+    and init rule from one abstract trace and draws the values with numpy (XLA took ~17 s to jit
+    the linen init of the largest cpu-ladder rung). Linen unboxes it when a module reads it."""
 
     value: Any
     std: float | None = struct.field(pytree_node=False)
@@ -379,11 +376,9 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, window: int | None,
            segment_ids: jax.Array | None = None, chunk: int | None = None,
            max_segments: int = MAX_SEGMENTS) -> jax.Array:
     """Causal attention: q [B, S, H, Hd], k and v [B, T, K, Hd] with H a multiple of K (head h
-    reads KV head h // (H / K)) -> [B, S, H, Hd].
-
-    ``window``: each query sees the last ``window`` keys, itself included (None: all earlier
-    keys). ``segment_ids`` [B, S] int32: a query reads keys of its own segment only (None: one
-    segment). The softmax runs in float32 whatever the input dtype.
+    reads KV head h // (H / K)) -> [B, S, H, Hd]. ``window``: each query sees the last
+    ``window`` keys, itself included (None: all earlier keys). ``segment_ids`` [B, S] int32: a
+    query reads keys of its own segment only (None: one segment). Softmax in float32.
 
     Which implementation runs is :func:`attention_choice`'s, logged once per process. On a GPU
     cuDNN's flash attention builds no S x T scores, documents going in as packed segments

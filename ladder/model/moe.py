@@ -864,16 +864,13 @@ def balance_loss(load: jax.Array, prob: jax.Array, top_k: int) -> jax.Array:
 
 def moe_stats(cfg: ModelConfig, logits: jax.Array, routing: Routing, kept: jax.Array,
               stat: jax.Array | None = None, bias: jax.Array | None = None) -> dict:
-    """Named statistics of one MoE layer (for logging and the bias rule; none is differentiated).
-
-    drop_frac: dropped assignments / all assignments (exact). load [E]: assignments per expert
-    before dropping. prob [E]: mean softmax(logits) over tokens. router_entropy
-    (:func:`load_entropy`: it falls as the load concentrates), router_z_loss (mean
-    logsumexp(logits)^2) and balance_loss (:func:`balance_loss`) are functions of ``load`` and
-    ``prob``, which merge exactly over microbatches: trainer/step.py recomputes them for the
-    whole step. bias_stat: :func:`bias_stat` of ``logits`` and the layer's ``bias`` (computed
-    here when not given); bias_target [E]: the rule's target from it.
-    """
+    """Named statistics of one MoE layer (for logging and the bias rule; none is differentiated):
+    drop_frac (exact), load [E] (assignments per expert before dropping), prob [E] (mean
+    softmax(logits)), router_entropy (:func:`load_entropy`), router_z_loss (mean
+    logsumexp(logits)^2), balance_loss (:func:`balance_loss`: like the entropy a function of
+    ``load`` and ``prob``, which merge exactly, so trainer/step.py recomputes both for the whole
+    step), bias_stat (:func:`bias_stat` of ``logits`` and ``bias`` when not given) and
+    bias_target [E] (the rule's target from it)."""
     logits = jax.lax.stop_gradient(logits)
     T, E = logits.shape
     A = T * cfg.top_k

@@ -256,14 +256,11 @@ def apply(cfg: ModelConfig, params, router_bias, tokens, *, dropless: bool = Fal
 
 
 def lm_head_losses(h, lm_head, targets, chunk: int):
-    """Sums over positions of (logsumexp - target logit) and logsumexp^2, computed over chunks
-    of ``chunk`` positions so that only one [B, chunk, V] float32 block of logits exists at a
-    time, in the forward and (recomputed, by jax.checkpoint) in the backward.
-
-    h [B, S, D] (compute dtype), lm_head [D, V] float32 (cast per chunk, so its gradient
-    accumulates over chunks in float32), targets [B, S] -> (ce_sum, lse_sq_sum) float32.
-    S is padded up to a whole number of chunks; padded positions are masked out.
-    """
+    """Sums over positions of (logsumexp - target logit) and logsumexp^2, over chunks of
+    ``chunk`` positions (padded to whole chunks, masked): one [B, chunk, V] float32 block of
+    logits at a time, forward and (recomputed by jax.checkpoint) backward. h [B, S, D] (compute
+    dtype), lm_head [D, V] float32 (cast per chunk, so its gradient accumulates in float32),
+    targets [B, S] -> (ce_sum, lse_sq_sum) float32."""
     B, S, D = h.shape
     c = min(chunk, S)
     n = -(-S // c)
