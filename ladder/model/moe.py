@@ -834,10 +834,12 @@ def bias_target_from_stat(cfg: ModelConfig, stat: jax.Array) -> jax.Array:
 
 
 def threshold_bias(logits: jax.Array, top_k: int) -> jax.Array:
-    """The threshold rule's bias over one batch of logits [T, E] -> [E]: exactly n = T*k/E
-    tokens (floored, at least 1) clear each expert's threshold."""
+    """The threshold rule's bias over one batch, computed directly: logits [T, E] -> [E], minus
+    each expert's n-th largest logit, n = T*k/E (floored, at least 1), so that exactly n tokens
+    clear its threshold; centred (a common shift changes no top-k choice)."""
     n = max(1, (logits.shape[0] * top_k) // logits.shape[1])
-    return RULES[BiasRule.threshold].target(None, top_logits(logits, n))
+    bias = -top_logits(logits, n)[:, n - 1]                           # [E]
+    return bias - jnp.mean(bias)
 
 
 # The recipe's router statistics (Marin's grug MoE `_routing_stats`, marin-community/marin
