@@ -243,3 +243,20 @@ def attend_reference(q, k, v, window, segment_ids=None):
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)      # every row sees itself: no NaN
     out = jnp.einsum("bkgst,btkx->bskgx", probs, v)              # [B, S, K, G, Hd]
     return out.reshape(B, S, H, Hd)                              # [B,S,K,G,Hd] -> [B,S,H,Hd]
+
+
+# ---------------------------------------------------- W&B offline runs read back
+
+def offline_records(run_dir: Path, timeout: float = 60.0) -> list[dict]:
+    """Every record of an offline W&B run directory's .wandb files, oldest segment first, once
+    each segment ends with its exit record. ``run.finish()`` returns before wandb-core's writer
+    has closed the file (wandb 0.31: its log says "stream: finishing up" after the call came
+    back), so a test reading at once can find the run's history missing on a busy machine."""
+    from ladder.sources import WandbOfflineSource, read_wandb_records
+    t_end = time.monotonic() + timeout
+    while True:
+        segs = [[r for r in read_wandb_records(f, full=True)]
+                for _, f in WandbOfflineSource(run_dir).segments()]
+        if all(s and s[-1]["type"] == "exit" for s in segs) or time.monotonic() > t_end:
+            return [r for s in segs for r in s]
+        time.sleep(0.1)
