@@ -138,7 +138,8 @@ def _fit_metric(args, metric: str | None, keymap):
     """One metric's fit, as `ladder fit --metric KEY` does it: (the law, its points table, its
     law.json document without the points). InputError when the input is refused."""
     from ladder.fit.law import fit_law
-    from ladder.fit.points import is_wandb_offline_dir, load_points, offline_run_points
+    from ladder.fit.points import load_points, offline_run_points
+    from ladder.sources import is_wandb_offline_dir
     sources = [offline_run_points(s, metric, args.sizes, keymap=keymap)
                if is_wandb_offline_dir(s) else s for s in args.sources]
     df = load_points(sources, metric, sizes=args.sizes, keymap=keymap,
@@ -397,8 +398,8 @@ def compare_main(args) -> int:
 
     from ladder.fit.law import compare_points
     from ladder.fit.config import FitConfig
-    from ladder.fit.points import (expand_metrics, is_wandb_offline_dir, load_points,
-                                   offline_run_points)
+    from ladder.fit.points import expand_metrics, load_points, offline_run_points
+    from ladder.sources import is_wandb_offline_dir
     check_fit_numbers(args)
     number(args.at, field="--at", lo=0, lo_open=True, allow_none=True, exit_code=EX_USAGE)
     if args.out:
