@@ -475,13 +475,18 @@ def compare_main(args) -> int:
 
 def predict_schedule_main(args) -> int:
     """``ladder predict law.json --schedule FILE|KIND:k=v,...``: CSV ``step,loss,lo,hi``."""
-    from ladder.fit.curve_law import load_curve_law
+    from ladder.fit.curve_law import CurveLaw
+    from ladder.fit.law import load_law
     from ladder.fit.lr_schedules import schedule_source
 
     if args.tokens is not None:
         raise InputError("has no meaning with --schedule (the schedule sets the run's length)",
                          field="--tokens", exit_code=64)
-    law = load_curve_law(args.law, metric=args.metric)
+    law = load_law(args.law, metric=args.metric)
+    if not isinstance(law, CurveLaw):
+        raise InputError(f"a {law.form} law predicts at points, not along a schedule: "
+                         "--schedule needs a curve law (--form mpl or momentum)", path=args.law,
+                         field="form")
     at, lr = schedule_source(args.schedule)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
