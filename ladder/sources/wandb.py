@@ -1,7 +1,7 @@
 """The W&B sources.
 
 - :class:`WandbOfflineSource`: a W&B offline run directory (or its ``.wandb`` file), its record
-  log decoded incrementally with wandb's protobuf classes (:func:`decode_wandb_file`).
+  log decoded incrementally with wandb's protobuf classes (:func:`iter_wandb_records`).
 - :class:`WandbApiSource`: ``wandb://ENTITY/PROJECT/ID[,ID...]`` through the public API; several
   ids form one lineage (a restarted run gets a new id) and later ids win for repeated steps.
 - :func:`read_api_runs`, :func:`read_offline_run`: runs read whole as :class:`WandbHistory`
@@ -314,7 +314,7 @@ class WandbUri:
             raise InputError(f"no run id in {uri!r}", field=field, exit_code=64)
         return cls(parts[0], parts[1], ids)
 
-    def of(self, run_id: str | None = None) -> str:
+    def uri_of(self, run_id: str | None = None) -> str:
         """The URI of one run (None: of them all)."""
         return f"wandb://{self.entity}/{self.project}/{run_id or ','.join(self.run_ids)}"
 
@@ -354,7 +354,7 @@ class WandbApiSource(Source):
                 self._api = wandb.Api(timeout=30)
             except Exception as e:  # noqa: BLE001 - no network / no login: one clear line
                 raise InputError(f"cannot reach the W&B API ({type(e).__name__}: {e})",
-                                 path=self.uri.of(), field=self.field, exit_code=69) from None
+                                 path=self.uri.uri_of(), field=self.field, exit_code=69) from None
         return self._api
 
     def position(self) -> dict:
@@ -376,7 +376,7 @@ class WandbApiSource(Source):
                 self.runs[run_id] = api.run(f"{self.uri.entity}/{self.uri.project}/{run_id}")
             except Exception as e:  # noqa: BLE001
                 raise InputError(f"W&B run not readable ({type(e).__name__}: {e})",
-                                 path=self.uri.of(run_id), field=self.field,
+                                 path=self.uri.uri_of(run_id), field=self.field,
                                  exit_code=69) from None
         return self.runs[run_id]
 
@@ -399,7 +399,7 @@ class WandbApiSource(Source):
             raise
         except Exception as e:  # noqa: BLE001 - the API's errors (HTTP, timeouts) vary by version
             raise InputError(f"W&B API error ({type(e).__name__}: {str(e)[:160]})",
-                             path=self.uri.of(), field=self.field, exit_code=69) from None
+                             path=self.uri.uri_of(), field=self.field, exit_code=69) from None
 
     def _poll(self) -> Poll:
         out = Poll()
@@ -462,7 +462,7 @@ def read_api_runs(uri: str, *, api: Any = None, field: str = "--source") -> list
             summary = dict(getattr(run, "summary", None) or {})
         except (TypeError, ValueError):
             summary = {}
-        out.append(WandbHistory(where=src.uri.of(rid), run_id=rid,
+        out.append(WandbHistory(where=src.uri.uri_of(rid), run_id=rid,
                                 name=str(getattr(run, "name", None) or rid),
                                 config=dict(getattr(run, "config", {}) or {}),
                                 rows=run.scan_history(page_size=src.page_size), summary=summary))
