@@ -1,25 +1,32 @@
 """Token data for real runs: shards written by `ladder tokenize`, read through Grain.
 
-Writing (``tokenize_files``, streaming): a JSONL or Parquet record is one document (its
-``--text-key`` field), a plain-text file is one document. Documents are encoded by worker
-processes with a Hugging Face ``tokenizers`` file given locally (nothing is fetched), each
-followed by the end-of-document id (EOS), and go to the held-out split by a hash (of a text
-file's path, as data.py does, or of a record's text). The two streams are written as they
-come into ``train-NNNNN.bin`` / ``val-NNNNN.bin`` shards of raw uint16 (vocab up to 65,536) or
-uint32 ids, so memory does not grow with the corpus; an interrupted run continues from
-``progress.json``. ``manifest.json`` (written last, atomically: a crash leaves no loadable
+Writing (:func:`tokenize_files`): a JSONL or Parquet record is one document (its ``--text-key``
+field), a plain-text file is one document. Documents are read in corpus order and cut into
+chunks of ~CHUNK_CHARS characters; worker processes encode them with a local Hugging Face
+``tokenizers`` file (nothing is fetched), each document followed by the end-of-document id
+(EOS), and each goes to the held-out split by a hash (of a text file's path, as data.py does,
+or of a record's text). The two streams are appended in order to ``train-NNNNN.bin`` /
+``val-NNNNN.bin`` shards of raw uint16 (vocab up to 65,536) or uint32 ids, so memory does not
+grow with the corpus. ``manifest.json`` (written last, atomically: a crash leaves no loadable
 half) records each shard's tokens, documents and sha256, the tokenizer's sha256, vocabulary
 and EOS id, and how many text bytes became how many tokens (for bits per byte).
 
-Reading (``load_shards``, what ``ladder run --data DIR`` uses): the shards are memory-mapped. A
-training window is ``seq_len + 1`` consecutive tokens inside one shard, windows of a shard start
-every ``seq_len`` tokens, so every token is a target exactly once per epoch. Batches come from
-Grain: an ``IndexSampler`` over the windows (a fresh shuffle every epoch, without replacement;
-each data-parallel group of processes takes its own shard of the windows) and a ``DataLoader``
-that batches them; its iterator state is saved with every checkpoint (checkpointing.py), so
-a resumed run continues the same order mid-epoch. Every batch carries ``segment_ids`` (int32
-[B, S]): a new segment starts after each EOS, so attention (and later short convolutions) can be
-kept inside a document.
+Resume: at every shard close (and every PROGRESS_EVERY_S seconds) the open shards are fsynced
+and ``progress.json`` records the position of the next document, the shards closed so far and
+the length of each open one. A run started again with the same inputs and options truncates
+the open shards to those lengths and continues from that position; the token stream does not
+depend on chunk boundaries, so the shards and the manifest are those an uninterrupted run
+writes, bitwise.
+
+Reading (:func:`load_shards`, what ``ladder run --data DIR`` uses): the shards are
+memory-mapped. A training window is ``seq_len + 1`` consecutive tokens inside one shard,
+windows of a shard start every ``seq_len`` tokens, so every token is a target exactly once per
+epoch. Batches come from Grain: an ``IndexSampler`` over the windows (a fresh shuffle every
+epoch, without replacement; each data-parallel group of processes takes its own shard of the
+windows) and a ``DataLoader`` that batches them; its iterator state is saved with every
+checkpoint (checkpointing.py), so a resumed run continues the same order mid-epoch. Every
+batch carries ``segment_ids`` (int32 [B, S]): a new segment starts after each EOS, so attention
+is kept inside a document.
 """
 
 from __future__ import annotations
@@ -77,20 +84,6 @@ def segment_ids(tokens: np.ndarray, eos_id: int) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------- writing
-#
-# ``tokenize_files`` streams: documents are read in corpus order (files in the order the globs
-# list them, records in file order) and cut into chunks of ~CHUNK_CHARS characters; worker
-# processes encode the chunks; this process appends each chunk's tokens, in order, to the open
-# shard of each split and closes a shard (fsync, rename from ``.partial``) once it holds
-# ``shard_tokens``. What is in memory is the tokenizer and a few chunks in flight, whatever the
-# corpus size (one plain-text file is one document, so it is read whole).
-#
-# Resume: at every shard close (and every PROGRESS_EVERY_S seconds) the open shards are fsynced
-# and ``progress.json`` records the position of the next document, the shards closed so far and
-# the length of each open one. A run started again with the same inputs and options truncates
-# the open shards to those lengths and continues from that position; the token stream does not
-# depend on chunk boundaries, so the shards and the manifest's entries are those an
-# uninterrupted run writes, bitwise.
 
 PROGRESS = "progress.json"
 PROGRESS_SCHEMA = "tokenize-progress/1"
