@@ -1,7 +1,6 @@
 """What the two corpus readers (:mod:`ladder.trainer.data`, :mod:`ladder.trainer.tokens`) share:
-which files a ``--data`` argument names, and which documents are held out for evaluation. Kept
-below both so that the token-shard reader need not import the byte corpus (and the corpus may
-dispatch to the shard reader without an import cycle).
+which files a ``--data`` argument names, which documents are held out for evaluation, and the
+token dtype. Kept below both, so the corpus may dispatch to the shard reader without a cycle.
 """
 
 from __future__ import annotations
@@ -10,6 +9,8 @@ import glob
 import hashlib
 import os
 from pathlib import Path
+
+import numpy as np
 
 from ladder.io import EX_DATAERR, EX_NOINPUT, InputError
 
@@ -21,6 +22,11 @@ def is_held_out(name: str) -> bool:
     """A document is held out when sha256 of its name falls in bucket 0 of ``VAL_BUCKETS``."""
     h = hashlib.sha256(name.encode("utf-8")).digest()
     return int.from_bytes(h[:8], "big") % VAL_BUCKETS == 0
+
+
+def token_dtype(vocab: int) -> np.dtype:
+    """uint16 holds ids below 65,536 (GPT-2-sized vocabularies); larger ones need uint32."""
+    return np.dtype(np.uint16 if vocab <= 1 << 16 else np.uint32)
 
 
 def data_files(patterns: tuple[str, ...]) -> list[Path]:

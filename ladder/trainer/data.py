@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from ladder.io import EX_USAGE, InputError, sha256_file
-from ladder.trainer.corpus_files import TAIL_VAL_FRACTION, VAL_BUCKETS, data_files, is_held_out  # noqa: F401  (the split rule, re-exported)
+from ladder.trainer.corpus_files import (  # noqa: F401  (the split rule, re-exported)
+    TAIL_VAL_FRACTION, VAL_BUCKETS, data_files, is_held_out, token_dtype)
 
 BYTE_VOCAB = 256
 # Directories of the standard library that are test suites or third-party packages.
@@ -63,11 +64,7 @@ class Corpus:
         return PureFeed(self, seed, batch, seq_len, rows)
 
     def eval_batches(self, n_batches: int, batch: int, seq_len: int) -> list[dict]:
-        """The fixed held-out set: ``n_batches x batch`` evenly spaced windows of the val stream."""
-        n = n_batches * batch
-        starts = np.linspace(0, len(self.val) - seq_len - 1, n).astype(np.int64)
-        return [_windows(self.val, starts[i * batch:(i + 1) * batch], seq_len)
-                for i in range(n_batches)]
+        return eval_windows(self.val, n_batches, batch, seq_len)
 
     def check_fits(self, seq_len: int, where: str) -> None:
         for name, part in (("train", self.train), ("validation", self.val)):
@@ -100,8 +97,16 @@ class PureFeed:
 
 def _windows(stream: np.ndarray, starts: np.ndarray, seq_len: int) -> dict:
     idx = starts[:, None] + np.arange(seq_len + 1)[None, :]  # [B, S+1]
-    w = stream[idx].astype(np.int32)
+    w = np.asarray(stream[idx], dtype=np.int32)
     return {"tokens": w[:, :-1], "targets": w[:, 1:]}
+
+
+def eval_windows(stream, n_batches: int, batch: int, seq_len: int) -> list[dict]:
+    """The fixed held-out set: ``n_batches x batch`` evenly spaced windows of ``stream`` (the
+    validation split), the same whatever the seed and the batch."""
+    starts = np.linspace(0, len(stream) - seq_len - 1, n_batches * batch).astype(np.int64)
+    return [_windows(stream, starts[i * batch:(i + 1) * batch], seq_len)
+            for i in range(n_batches)]
 
 
 def shuffle_bytes(batch: dict, seed: int, index: int) -> dict:
@@ -225,8 +230,7 @@ def _token_corpus(path: Path, vocab_size: int | None) -> Corpus:
         if vocab_size is None:
             raise InputError("a raw .bin token file needs --vocab-size (it sets uint16 vs "
                              "uint32)", path=path, field="vocab_size")
-        # uint16 holds ids below 65,536 (GPT-2-sized vocabularies); larger ones are uint32.
-        dtype = np.uint16 if vocab_size <= 1 << 16 else np.uint32
+        dtype = token_dtype(vocab_size)
         size = path.stat().st_size
         if size % np.dtype(dtype).itemsize:
             raise InputError(f"byte length {size} is not a multiple of {np.dtype(dtype).itemsize}"
