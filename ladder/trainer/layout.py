@@ -157,8 +157,6 @@ def run_layout(rung: Rung, cfg) -> Layout | None:
 
     enable_compilation_cache()   # the step compiled here is the Session's: a cache hit there
     try:
-        # the estimate's choice, checked by the device's own compiler (XLA's memory analysis
-        # of the real step): a layout the estimate misjudges walks down until it fits
         layout = fit_layout(resolved, devices, budget[0], budget_source=budget[1],
                             expert_parallel=cfg.run.expert_parallel, search_up=False,
                             **given).layout

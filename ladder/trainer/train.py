@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ladder.io import EX_USAGE, InputError, atomic_write_json, read_json
+from ladder.io import EX_USAGE, InputError, atomic_write_json, claim, folder_lock, read_json
 from ladder.lrtable import run_lr_table
 from ladder.specs import Rung
 from ladder.trainer import distributed, gpuenv
@@ -32,9 +32,9 @@ from ladder.trainer.checkpointing import Checkpoints
 from ladder.trainer.data import check_vocab, corrupt_bytes, load_corpus, shuffle_bytes
 from ladder.trainer.rundir import (
     RUN_CONFIG_SCHEMA,
+    RUN_FILES,
     MetricsFile,
     WandbMirror,
-    claim_run_folder,
     environment,
     previous_run,
     summary,
@@ -143,15 +143,13 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
         if not locked:
             held.enter_context(run_lock(out))
         if distributed.is_writer():
-            claim_run_folder(out)   # only files a run wrote are replaced (ladder.io.claim)
+            claim(out, RUN_FILES, what="ladder run")  # only files a run wrote are replaced
         return _train(checked, cfg, max_steps, on_metrics, t_start)
 
 
 def run_lock(out: Path):
     """The run folder's lock (held by the process that writes it: process 0 of a multi-host
     run; the others write only their checkpoint shards)."""
-    from ladder.io import folder_lock
-
     if not distributed.is_writer():
         return contextlib.nullcontext(True)
     return folder_lock(out, what="ladder run", field="--out")

@@ -142,7 +142,7 @@ class RunArgs:
         for name in ("keep", "log_every"):
             _check(self, name, _is_int(getattr(self, name)) and
                    1 <= getattr(self, name) <= _MAX_COUNT, "an integer in [1, 2**40]")
-        # 1e20 FLOP/s: ~50,000x a GB200 GPU's dense bf16 peak (ladder/trainer/plan.py's table)
+        # 1e20 FLOP/s: ~50,000x a GB200 GPU's dense bf16 peak (ladder/accelerators.py)
         _check(self, "peak_flops", self.peak_flops is None
                or _is_num(self.peak_flops) and 0 < self.peak_flops <= 1e20,
                "null or a number in (0, 1e20]")
@@ -300,33 +300,28 @@ def train_config(values: dict | None = None, *, where: str = "config") -> TrainC
             if unknown:
                 raise InputError(f"unknown {what}", path=where, field=f"{key}.{unknown[0]}",
                                  exit_code=EX_USAGE)
-    parts: dict = {name: {} for name in _PARTS}
-    own = {}
+    parts: dict = {name: {} for name in (None, *_PARTS)}   # None: TrainConfig's own keys
     for key, value in flat.items():
-        if key in FLAT_KEYS:
-            part, name = FLAT_KEYS[key]
-            parts[part][name] = value
-        else:
-            own[key] = value
-    reverse = {v: k for k, v in FLAT_KEYS.items()}
-    kw = {}
+        part, name = FLAT_KEYS.get(key, (None, key))
+        parts[part][name] = value
     for part, cls in _PARTS.items():
         if part == "fault" and parts[part].get("kind") is None:
             # no fault: its settings (to_dict writes them) are inert, but still checked
-            _build(cls, {**parts[part], "kind": FAULTS[0]}, where,
-                   lambda n, p=part: reverse.get((p, n), n))
-            continue
-        kw[part] = _build(cls, parts[part], where, lambda n, p=part: reverse.get((p, n), n))
-    return _build(TrainConfig, {**own, **kw}, where, lambda n: n)
+            _build(cls, {**parts.pop(part), "kind": FAULTS[0]}, where, part)
+        else:
+            parts[None][part] = _build(cls, parts.pop(part), where, part)
+    return _build(TrainConfig, parts[None], where)
 
 
-def _build(cls, kw: dict, where: str, flat_name):
+def _build(cls, kw: dict, where: str, part: str | None = None):
+    """``cls(**kw)``; its ValueError an InputError naming the flat key (:data:`FLAT_KEYS`)."""
     try:
         return cls(**kw)
     except (ValueError, TypeError) as e:
         name = str(e).split(":")[0] if ":" in str(e) else None
-        raise InputError(str(e).split(": ", 1)[-1], path=where,
-                         field=flat_name(name) if name else None, exit_code=EX_USAGE) from None
+        flat = next((k for k, v in FLAT_KEYS.items() if v == (part, name)), name)
+        raise InputError(str(e).split(": ", 1)[-1], path=where, field=flat or None,
+                         exit_code=EX_USAGE) from None
 
 
 def _leaves(d, prefix: str = ""):
