@@ -459,10 +459,8 @@ def _walk_hlo(hlo_text: str) -> _HloWalk:
 
 
 def hlo_flops(hlo_text: str) -> HloFlops:
-    """Matmul FLOPs of compiled HLO text (``compiled.as_text()``): every ``dot`` counted as
-    2 x output elements x the product of its contracted dimensions, times how often its
-    computation runs (nested loops multiply; a conditional counts its costliest branch).
-    Elementwise work, reductions and collectives are not FLOPs here (flops-v1 counts matmuls)."""
+    """Matmul FLOPs of compiled HLO text (``compiled.as_text()``), each ``dot`` as often as its
+    computation runs (nested loops multiply; a conditional counts its costliest branch)."""
     w = _walk_hlo(hlo_text)
     own = w.own_flops.get
     return HloFlops(flops=w.total(lambda c: own(c, 0.0)),
