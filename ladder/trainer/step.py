@@ -330,11 +330,9 @@ def _in_mesh(mesh):
 def make_train_step(model_cfg: ModelConfig, optimizer, state_shardings, mesh=None,
                     microbatches: int = 1):
     """The jitted ``train_step(state, batch) -> (state, metrics)``; the state is donated.
-
-    ``batch`` is the step's input: ``tokens`` and ``targets`` [B, S] (split over every device)
-    and ``lr``, this step's learning rate (a scalar from the schedule table). The step runs
-    under ``mesh`` (the MoE layers read it from the context and go expert-parallel), in
-    ``microbatches`` parts (:func:`accumulate`); the balancing rule sees the whole step."""
+    ``batch``: ``tokens`` and ``targets`` [B, S] and ``lr``, this step's learning rate (a
+    scalar from the schedule table). Runs under ``mesh`` (the MoE layers read it from the
+    context and go expert-parallel), in ``microbatches`` parts (:func:`accumulate`)."""
     import jax
     import jax.numpy as jnp
     import optax
