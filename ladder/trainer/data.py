@@ -25,7 +25,7 @@ import numpy as np
 
 from ladder.io import EX_USAGE, InputError, sha256_file
 from ladder.trainer.corpus_files import (  # noqa: F401  (the split rule, re-exported)
-    TAIL_VAL_FRACTION, VAL_BUCKETS, data_files, is_held_out, token_dtype)
+    TAIL_VAL_FRACTION, VAL_BUCKETS, data_files, eval_windows, is_held_out, token_dtype, windows)
 
 BYTE_VOCAB = 256
 # Directories of the standard library that are test suites or third-party packages.
@@ -52,7 +52,7 @@ class Corpus:
         rows of the whole batch."""
         rng = np.random.default_rng([int(seed), int(index)])
         starts = rng.integers(0, len(self.train) - seq_len, size=batch)
-        return _windows(self.train, starts[rows], seq_len)
+        return windows(self.train, starts[rows], seq_len)
 
     def train_feed(self, seed: int, batch: int, seq_len: int, rows: slice) -> PureFeed:
         return PureFeed(self, seed, batch, seq_len, rows)
@@ -86,20 +86,6 @@ class PureFeed:
 
     def state_for(self, index: int) -> None:
         return None
-
-
-def _windows(stream: np.ndarray, starts: np.ndarray, seq_len: int) -> dict:
-    idx = starts[:, None] + np.arange(seq_len + 1)[None, :]  # [B, S+1]
-    w = np.asarray(stream[idx], dtype=np.int32)
-    return {"tokens": w[:, :-1], "targets": w[:, 1:]}
-
-
-def eval_windows(stream, n_batches: int, batch: int, seq_len: int) -> list[dict]:
-    """The fixed held-out set: ``n_batches x batch`` evenly spaced windows of ``stream`` (the
-    validation split), the same whatever the seed and the batch."""
-    starts = np.linspace(0, len(stream) - seq_len - 1, n_batches * batch).astype(np.int64)
-    return [_windows(stream, starts[i * batch:(i + 1) * batch], seq_len)
-            for i in range(n_batches)]
 
 
 def shuffle_bytes(batch: dict, seed: int, index: int) -> dict:

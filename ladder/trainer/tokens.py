@@ -63,8 +63,7 @@ from ladder.io import (
     sha256_file,
 )
 from ladder.trainer.corpus_files import (TAIL_VAL_FRACTION, VAL_BUCKETS, data_files,
-                                         is_held_out, token_dtype)
-from ladder.trainer.data import eval_windows
+                                         eval_windows, is_held_out, token_dtype)
 
 log = logging.getLogger(__name__)
 
