@@ -1,36 +1,32 @@
 """The updated forecast: where the run will land, given its own evals so far (issue 40 item 1).
 
-The frozen pre-registration never changes. Beside it the watcher keeps this forecast, always
-labelled "updated": the frozen curve, moved by a run-level offset learned from the run's evals.
+The frozen pre-registration never changes; beside it the watcher keeps this forecast, always
+labelled "updated": the frozen curve moved by a run-level offset learned from the run's evals.
 
 Model (Gaussian, pinned at the end of the run): the log-ratio of the run's eval to the frozen
-forecast at fraction ``x``, ``d(x) = log(y(x) / f(x))``, is the run's final offset ``s1`` plus a
+forecast at fraction ``x``, ``d(x) = log(y(x) / f(x))``, is the final offset ``s1`` plus a
 departure ``u(x)`` that vanishes at the end, plus eval noise,
 
     d_i = s1 + u(x_i) + e_i,    e_i ~ N(0, sigma^2),   s1 ~ N(0, tau^2)
     Var u(x) = q t(x) + b^2 max(w(x)^2 - tau^2, 0),   t(x) = 1/x - 1
 
-An early eval says less about where the run ends than a late one (the clock t; the public curves
-chose 1/x - 1 over log 1/x and 1 - x), and may say less where the frozen band is wider than at
-the end (``w(x)``: the frozen band's log half-width over z at ``x``: on the OLMo ladder the
-per-fraction band at 10% is 4x the final's; the weight ``b`` is learned, 0 on all four groups
-together, 1 with the OLMo ladder or the MPL curves held out). ``tau``, the frozen final band's
-log half-width over z(level), is the prior: a run with no evals gets the
-frozen final back, and the frozen band keeps its marginal width.
+An early eval says less about the end than a late one (the clock t; the public curves chose
+1/x - 1 over log 1/x and 1 - x), and may say less where the frozen band is wider than at the end
+(``w(x)``, the frozen band's log half-width over z; on the OLMo ladder the band at 10% is 4x the
+final's; the weight ``b`` is learned). ``tau``, the frozen final band's log half-width over
+z(level), is the prior: with no evals the frozen final comes back, with its width.
 
-The posterior of ``s1`` comes from a forward Kalman filter over the evals: ``s(x) = s1 + u(x)``
-is Gauss-Markov with variance ``V(x) = tau^2 + Var u(x)``, non-increasing in ``x``, and for
-``x' > x``: ``s(x') | s(x) ~ N(a s(x), V(x') - a V(x'))`` with ``a = V(x') / V(x)``. The final
-loss is ``f(1) exp(s1)``, its band that normal's ``level`` interval widened by ``inflation``; the
-curve ahead at ``x`` is ``f(x) exp(s(x))``, predicted the same way. ``sigma`` is the run's own
-eval-to-eval noise (robust: 1.4826 x the median absolute first difference / sqrt 2, over the
+The posterior comes from a forward Kalman filter: ``s(x) = s1 + u(x)`` is Gauss-Markov with
+variance ``V(x) = tau^2 + Var u(x)``, non-increasing in ``x``, and for ``x' > x``,
+``s(x') | s(x) ~ N(a s(x), V(x') - a V(x'))``, ``a = V(x') / V(x)``. The final loss is
+``f(1) exp(s1)``, its band that normal's ``level`` interval widened by ``inflation``; the curve
+ahead is predicted the same way. ``sigma`` is the run's own eval-to-eval noise (robust, over the
 latest evals), floored at ``sigma_floor``. Two evals in a row far from the prediction on one
-side let the level go (an intervention: :meth:`FilterState.step`), so a fault is followed.
+side let the level go (:meth:`FilterState.step`), so a fault is followed.
 
-The clock, ``q``, ``b`` (``band_weight``) and ``inflation`` are chosen leave-one-ladder-out on
-the public full curves (bench/live_forecast.py: the OLMo ladder, Gemstones, the MPL schedules,
-Schaipp's schedules); the defaults are the values learned there on all four
-(docs/live_forecast.md).
+The clock, ``q``, ``b`` and ``inflation`` are chosen leave-one-ladder-out on the public full
+curves (bench/live_forecast.py: the OLMo ladder, Gemstones, the MPL schedules, Schaipp's
+schedules); the defaults are the values learned on all four (docs/live_forecast.md).
 """
 
 from __future__ import annotations
@@ -96,15 +92,13 @@ class Updated:
     curve_lo: np.ndarray
     curve_hi: np.ndarray
 
-    def to_json(self, *, curve: bool = True) -> dict:
-        out = {"label": "updated", "at_fraction": self.at, "n_evals": self.n_evals,
-               "level": self.level, "final": {"loss": self.final, "lo": self.lo, "hi": self.hi},
-               "offset": self.offset, "offset_sd": self.offset_sd}
-        if curve:
-            out["curve"] = [{"fraction": float(f), "loss": float(v), "lo": float(a),
-                             "hi": float(b)} for f, v, a, b in
-                            zip(self.fraction, self.loss, self.curve_lo, self.curve_hi)]
-        return out
+    def to_json(self) -> dict:
+        return {"label": "updated", "at_fraction": self.at, "n_evals": self.n_evals,
+                "level": self.level, "final": {"loss": self.final, "lo": self.lo, "hi": self.hi},
+                "offset": self.offset, "offset_sd": self.offset_sd,
+                "curve": [{"fraction": float(f), "loss": float(v), "lo": float(a),
+                           "hi": float(b)} for f, v, a, b in
+                          zip(self.fraction, self.loss, self.curve_lo, self.curve_hi)]}
 
 
 def prior_sd(final: float, lo: float, hi: float, level: float) -> float:
@@ -255,6 +249,16 @@ def filter_offset(x: np.ndarray, d: np.ndarray, tau: float, cfg: UpdateConfig,
     return st.level(tau)
 
 
+def curve_ahead(lv: Level, tau: float, fraction, lo, hi, level: float, cfg: UpdateConfig):
+    """(mask, mean, variance) of the offset at the frozen grid's points after the last eval used
+    (``fraction > lv.at``), ``lo``/``hi`` the frozen band there."""
+    ahead = fraction > lv.at
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w = np.log(hi[ahead] / lo[ahead]) / (2 * z_of(level))
+    m, v = lv.predict(np.minimum(offset_var(fraction[ahead], tau, cfg, w), lv.v_at))
+    return ahead, m, v
+
+
 def final_band(lv: Level, tau: float, level: float, cfg: UpdateConfig) -> tuple[float, float]:
     """The final log offset's mean and the half-width of its band at ``level`` (inflated)."""
     m, v = lv.predict(np.array([tau * tau]))
@@ -275,8 +279,6 @@ def update(forecast_fraction, forecast_loss, forecast_lo, forecast_hi, final: fl
     gx, gy = gx[order], gy[order]
     glo = np.asarray(forecast_lo, float)[order]
     ghi = np.asarray(forecast_hi, float)[order]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        gw = np.log(ghi / glo) / (2 * z_of(level))
     ex = np.asarray(eval_fraction, float)
     ey = np.asarray(eval_loss, float)
     o = np.argsort(ex, kind="stable")
@@ -290,9 +292,8 @@ def update(forecast_fraction, forecast_loss, forecast_lo, forecast_hi, final: fl
     z = z_of(level) * cfg.inflation
     m1, v1 = lv.predict(np.array([tau * tau]))
     m1, sd1 = float(m1[0]), math.sqrt(float(v1[0]))
-    ahead = gx > lv.at
+    ahead, mx, vx = curve_ahead(lv, tau, gx, glo, ghi, level, cfg)
     fx = gx[ahead]
-    mx, vx = lv.predict(np.minimum(offset_var(fx, tau, cfg, gw[ahead]), lv.v_at))
     cy = gy[ahead] * np.exp(mx)
     sdx = np.sqrt(vx)
     return Updated(at=lv.at, n_evals=lv.n, level=level, final=final * math.exp(m1),
