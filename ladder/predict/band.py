@@ -297,12 +297,6 @@ class Calibration:
                          f"{r.mean_rel_error:.3%}")
         return "\n".join(lines)
 
-    def to_dict(self) -> dict:
-        return {"level": self.level, "coverage": self.coverage, "n": self.n,
-                "rungs": [{"run": r.run, "n": r.n, "inside": r.inside, "above": r.above,
-                           "below": r.below, "missing": r.missing, "coverage": r.coverage,
-                           "mean_rel_error": r.mean_rel_error} for r in self.rungs]}
-
 
 def leave_one_rung_out(points, fit_fn: Callable[[Any], Any], *, level: float = 0.9,
                        eval_noise: float = 0.0, min_fraction: float = 0.01,
