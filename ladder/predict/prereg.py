@@ -641,13 +641,9 @@ def resolve_chain(path: str | os.PathLike, named=None) -> Chain:
             f = inside(rec["where"], rec["file"], field="file")
             try:
                 doc = load(f, check=False)
-            except InputError as e:
-                skipped.append(f"{rec['file']} recorded but not readable ({str(e)[:120]})")
-                continue
-            if not verify_doc(doc, str(f)).ok:
-                skipped.append(f"{f.name} fails verification")
-                continue
-            try:
+                if not verify_doc(doc, str(f)).ok:
+                    skipped.append(f"{f.name} fails verification")
+                    continue
                 _check_registered(doc, f)
             except InputError as e:
                 skipped.append(f"{rec['file']} recorded but not readable ({str(e)[:120]})")

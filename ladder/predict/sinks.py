@@ -116,10 +116,8 @@ def webhook_url(url: str | None, file: str | None, *, environ=None, warn=None) -
     """The webhook's URL from ``--webhook-file FILE`` (its one line), ``--webhook URL`` (which
     every user sees in ``ps``: ``warn`` is told so) or ``$LADDER_WEBHOOK_URL``; None: no
     webhook. The URL is never repeated in an error (it often carries a token)."""
-    import os as _os
-
     from ladder.io import read_bytes
-    environ = _os.environ if environ is None else environ
+    environ = os.environ if environ is None else environ
     if url is not None and file is not None:
         raise InputError("give --webhook or --webhook-file, not both", field="--webhook-file",
                          exit_code=EX_USAGE)
@@ -130,7 +128,7 @@ def webhook_url(url: str | None, file: str | None, *, environ=None, warn=None) -
             raise InputError(f"expected one line, the URL (got {len(lines)} non-empty lines)",
                              path=file, field="--webhook-file", exit_code=EX_USAGE)
         try:
-            mode = _os.stat(file).st_mode
+            mode = os.stat(file).st_mode
         except OSError:
             mode = 0
         if mode & 0o077 and warn is not None:
