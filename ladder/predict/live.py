@@ -66,9 +66,8 @@ STATE_FILE_SCHEMAS = (STATE_SCHEMA,)
 
 @dataclass(frozen=True)
 class FollowConfig:
-    """How a follow polls and retries (``ladder watch --follow``: the CLI builds it from
-    ``--poll`` and ``--max-seconds``). The decision rule's thresholds are not here: they are
-    registered (``ladder.predict.watch.WatchConfig``)."""
+    """How a follow polls and retries (``--poll``, ``--max-seconds``; the decision rule's
+    thresholds are registered, ``ladder.predict.watch.WatchConfig``)."""
 
     poll_seconds: float | None = None  # None: the source's own (a file ~1 s, the W&B API ~60 s)
     max_seconds: float | None = None   # None: until the source says the run finished
@@ -87,8 +86,7 @@ class FollowConfig:
 
 
 class SourceError(InputError):
-    """The source could not be read this time (an OS error, the W&B API unreachable). Without
-    ``--follow`` it is the command's one-line error; following, it is retried."""
+    """The source could not be read this time: the command's error, or retried when following."""
 
 
 def alert_id(prereg_sha: str | None, seq: int, alert: Alert) -> str:
@@ -99,8 +97,7 @@ def alert_id(prereg_sha: str | None, seq: int, alert: Alert) -> str:
 
 
 def judged_through(state) -> int | None:
-    """The last step a watch state judged (of a multi-metric state: the largest of its
-    metrics'), None before any."""
+    """The last step a (multi-metric: any metric's) watch state judged, None before any."""
     if not isinstance(state, dict):
         return None
     inner = state.get("metrics")
@@ -148,9 +145,8 @@ def _note(t: float, kind: str, severity: str, message: str) -> Alert:
 
 
 def newest_of(chain) -> tuple[dict, str]:
-    """The newest pre-registration of ``chain`` and the words for it. An amendment at a step S
-    (predict.amend) is checked to carry the forecast it amends unchanged before S, and said to
-    be followed from S on."""
+    """The newest pre-registration of ``chain`` and the words for it; an amendment at a step S
+    checked to carry the forecast it amends unchanged before S."""
     doc = _prereg.load(chain.newest.path)
     words = chain.describe()
     ch = doc.get("change")
@@ -168,9 +164,8 @@ def newest_of(chain) -> tuple[dict, str]:
 
 
 class Watcher:
-    """Watch one source against the newest valid pre-registration of a chain: ``source`` has the
-    shape of :class:`predict.sources.Source`, each sink that of :class:`predict.sinks.Sink`
-    (their defaults: no columnar read, no end of the run known, nothing to flush or close)."""
+    """Watch one source (the shape of :class:`ladder.sources.base.Source`) against the newest
+    valid pre-registration of a chain, with sinks of the shape of :class:`predict.sinks.Sink`."""
 
     def __init__(self, prereg: str | os.PathLike | dict, source, sinks: Sequence = (),
                  state_path: str | os.PathLike | None = None, *, metric: str | None = None,
@@ -178,8 +173,6 @@ class Watcher:
                  sleep: Callable[[float], None] = time.sleep,
                  follow: FollowConfig | None = None, amend_chain: Sequence | None = None):
         self.follow = follow or FollowConfig()
-        # amendments followed: those recorded in the chain file beside the pre-registration,
-        # and those the user names (``--amend-chain``: chain files or amendment files)
         self.amend_chain = list(amend_chain or ())
         self.prereg_path = None if isinstance(prereg, dict) else Path(prereg)
         self.source = source
@@ -201,15 +194,13 @@ class Watcher:
         self.outbox: list[dict] = []  # alerts some sink has not taken yet (saved with the state)
         self.seq = 0                  # alerts raised so far in this watch (for their ids)
         self._saved: bytes | None = None
-        # rows of steps up to this one were judged already and come again (the source could not
-        # continue at its saved position, or read its file again from the start): skipped until
-        # a later step arrives; one rule for every kind of source
+        # rows of steps up to this one, judged already, come again (the source could not continue
+        # at its saved position): skipped until a later step arrives
         self._skip_through: int | None = None
         self.state = self._load_state()
         self._notes_seen: set[str] = set()
         self.all_alerts: list[Alert] = []
-        # called with (view, batch) for every batch judged: the live page follows the watch
-        # through them (ladder.reports.live.WatcherFeed) instead of reading the source again
+        # called with (view, batch) for every batch judged (ladder.reports.live.WatcherFeed)
         self.listeners: list[Callable] = []
         self._sent: set[tuple[str, str]] = set()  # (id, sink) handed to a sink by this process
         for s in self.sinks:  # the async webhook reports each delivery back
@@ -219,8 +210,8 @@ class Watcher:
     # ------------------------------------------------------------------ setup
     @property
     def from_step(self) -> int | None:
-        """The step from which the pre-registration followed holds (an amendment at a step:
-        ladder.predict.amend); None when it holds for the whole run."""
+        """The step from which the pre-registration followed holds (an amendment at a step);
+        None when it holds for the whole run."""
         ch = self.doc.get("change")
         return ch.get("at_step") if isinstance(ch, dict) else None
 
@@ -244,7 +235,6 @@ class Watcher:
             raise InputError(f"not a usable pre-registration ({type(e).__name__}: {e})",
                              path=self.prereg_path, field=field) from None
         self.description = description
-        # the keys the rules read (from RULES), of every registered metric
         self.keep, self.keys = watched_keys(self.view.metrics if self.multi else
                                             self.view.metric, self.view.config)
         self.context = {"prereg_sha256": doc.get("sha256"),
@@ -334,7 +324,7 @@ class Watcher:
             self._skip_through = None
         return batch, note
 
-    def _save_state(self, *, force: bool = False) -> None:
+    def _save_state(self) -> None:
         """Write the state (atomically) when it changed since the last write."""
         if self.state_path is None:
             return
@@ -343,7 +333,7 @@ class Watcher:
                    "prereg": self.description, "source": self.source.position(),
                    "state": self.state, "seq": self.seq, "outbox": self.outbox}
             blob = canonical_json(doc)
-            if blob == self._saved and not force:
+            if blob == self._saved:
                 return  # an idle poll rewrites nothing
             atomic_write_json(self.state_path, doc)
             self._saved = blob

@@ -97,26 +97,15 @@ def build(*, target: dict, applicability: dict, metric: str, law: dict, forecast
     """The pre-registration document, sealed. ``change``: the plan's change at a step that this
     amendment forecasts from (ladder.predict.amend; schema prereg/2)."""
     from ladder import __version__
-    doc: dict[str, Any] = {
-        "schema": SCHEMA_V2 if change is not None else SCHEMA,
-        "target": target,
-        "applicability": applicability,
-        "metric": metric,
-        "law": law,
-        "law_sha256": sha256_of(law),
-        "forecast": forecast,
-        "final": final,
-        "band_level": band_level,
-        "eval_noise": eval_noise,
-        "extrapolation": extrapolation,
-        "decision_rule": decision_rule,
-        "health_reference": health_reference,
-        "budget_curve": budget_curve,
-        "amends": amends,
+    doc: dict[str, Any] = {  # in the order the file lists them
+        "schema": SCHEMA_V2 if change is not None else SCHEMA, "target": target,
+        "applicability": applicability, "metric": metric, "law": law,
+        "law_sha256": sha256_of(law), "forecast": forecast, "final": final,
+        "band_level": band_level, "eval_noise": eval_noise, "extrapolation": extrapolation,
+        "decision_rule": decision_rule, "health_reference": health_reference,
+        "budget_curve": budget_curve, "amends": amends,
         "created": created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "git_sha": git_sha(),
-        "tool_version": f"ladder {__version__}",
-    }
+        "git_sha": git_sha(), "tool_version": f"ladder {__version__}"}
     if change is not None:
         doc["change"] = change
     return seal(doc)
