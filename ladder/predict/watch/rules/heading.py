@@ -92,15 +92,6 @@ def updated_final(view, fs: FilterState, cfg: UpdateConfig) -> tuple[float, floa
             view.final * math.exp(m + half))
 
 
-def alert_final(view) -> tuple[float, float]:
-    """The frozen final band widened to the alert level, as the band rule widens the curve's
-    (``alert_level``, say 99%): a healthy run ends outside the registered 90% band 1 time in 10,
-    and the updated forecast knows where it ends by then."""
-    k = z_of(view.config.alert_level) / z_of(view.level)
-    return (view.final - (view.final - view.final_lo) * k,
-            view.final + (view.final_hi - view.final) * k)
-
-
 def gap_ahead(view, fs: FilterState, cfg: UpdateConfig, hc: HeadingConfig
               ) -> tuple[str | None, float]:
     """How far the updated forecast and its band lie outside the frozen band, in log: at the
@@ -116,8 +107,10 @@ def gap_ahead(view, fs: FilterState, cfg: UpdateConfig, hc: HeadingConfig
         base = view.loss[ahead]
     else:
         m, v = lv.predict(np.array([tau * tau]))
-        f_lo, f_hi = alert_final(view) if hc.heading_against == "alert" else \
-            (view.final_lo, view.final_hi)
+        f_lo, f_hi = view.final_lo, view.final_hi
+        if hc.heading_against == "alert":  # widened as the band rule widens the curve's
+            k = z_of(view.config.alert_level) / z_of(view.level)
+            f_lo, f_hi = view.final - (view.final - f_lo) * k, view.final + (f_hi - view.final) * k
         f_lo, f_hi, base = np.array([f_lo]), np.array([f_hi]), np.array([view.final])
     half = z_of(view.level) * cfg.inflation * np.sqrt(v)
     with np.errstate(divide="ignore", invalid="ignore"):
