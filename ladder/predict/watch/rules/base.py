@@ -20,26 +20,21 @@ if TYPE_CHECKING:  # annotations only
     from ladder.sources.batch import Batch
 
 
-def positive_int(v) -> str | None:
-    return None if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else \
-        "a positive integer"
+def _check(ok: Callable[[Any], bool], want: str) -> Callable[[Any], str | None]:
+    """A threshold's check: None when ``ok(v)``, else what the value must be."""
+    return lambda v: None if ok(v) else want
 
 
-def positive(v) -> str | None:
-    return None if isinstance(v, (int, float)) and v > 0 and math.isfinite(v) else \
-        "a positive number"
+def _num(v) -> bool:
+    return isinstance(v, (int, float))
 
 
-def unit(v) -> str | None:
-    return None if isinstance(v, (int, float)) and 0.0 <= v <= 1.0 else "in [0, 1]"
-
-
-def open_unit(v) -> str | None:
-    return None if isinstance(v, (int, float)) and 0.0 < v < 1.0 else "in (0, 1)"
-
-
-def alpha(v) -> str | None:
-    return None if isinstance(v, (int, float)) and 0.0 < v <= 1.0 else "in (0, 1]"
+positive_int = _check(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+                      "a positive integer")
+positive = _check(lambda v: _num(v) and v > 0 and math.isfinite(v), "a positive number")
+unit = _check(lambda v: _num(v) and 0.0 <= v <= 1.0, "in [0, 1]")
+open_unit = _check(lambda v: _num(v) and 0.0 < v < 1.0, "in (0, 1)")
+alpha = _check(lambda v: _num(v) and 0.0 < v <= 1.0, "in (0, 1]")
 
 
 def one_of(*values):
