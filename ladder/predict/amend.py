@@ -213,9 +213,7 @@ def amended_forecast(old: Mapping, law, target, plan: Plan, evals: tuple[np.ndar
                          exit_code=EX_DATAERR)
     f_s = S / steps_new
     m = plan.multiplier or Multiplier(1.0, 1.0, 1.0, None, "none (no recipe change)")
-    k = 1.0
-    if plan.seq_len is not None:
-        k = plan.seq_len / int(old["target"]["seq_len"])
+    k = 1.0 if plan.seq_len is None else plan.seq_len / int(old["target"]["seq_len"])
     evidence = _evidence(law, target, f_s=f_s, k=k, level=level, transition=transition,
                          width=width)
     # the anchor: the run's last evals at or before S against the evidence there

@@ -317,18 +317,19 @@ def _name_change(doc, key) -> str:
 
 
 def verify(path: str | os.PathLike) -> Verification:
+    return verify_doc(_read(path), str(path))
+
+
+def _read(path) -> dict:
+    """The document at ``path``; a newer schema version is not "MODIFIED": it is a file this
+    tool cannot judge."""
     doc = read_json(path, schema="prereg")
-    _known_version(doc, path)
-    return verify_doc(doc, str(path))
-
-
-def _known_version(doc: Mapping, path) -> None:
-    """A newer schema version is not "MODIFIED": it is a file this tool cannot judge."""
     v = schema_version(dict(doc))
     if v is not None and v > int(SCHEMA_V3.split("/")[1]):
         raise InputError(f"written by a newer ladder ({doc.get('schema')}); this one reads "
                          f"{' and '.join(SCHEMAS)}: upgrade ladder to verify it", path=path,
                          field="schema", exit_code=EX_DATAERR)
+    return doc
 
 
 def seal(doc: Mapping) -> dict:
@@ -342,8 +343,7 @@ def seal(doc: Mapping) -> dict:
 
 def load(path: str | os.PathLike, *, check: bool = True) -> dict:
     """Read a pre-registration; with ``check``, a modified file is an InputError."""
-    doc = read_json(path, schema="prereg")
-    _known_version(doc, path)
+    doc = _read(path)
     if doc.get("schema") == SCHEMA_V3:
         _check_multi(doc, path)
     else:
@@ -496,10 +496,9 @@ def _check_family(doc: Mapping, m: int, path) -> None:
     if fam.get("metrics") != m or isinstance(fam.get("metrics"), bool):
         raise InputError(f"expected {m} (the metrics registered), got "
                          f"{str(fam.get('metrics'))[:40]!r}", path=path, field=f + ".metrics")
-    levels = {}
-    for name in ("family_alert_level", "alert_level"):
-        levels[name] = number(fam.get(name), field=f"{f}.{name}", path=path, lo=0, hi=1,
-                              lo_open=True, hi_open=True)
+    levels = {name: number(fam.get(name), field=f"{f}.{name}", path=path, lo=0, hi=1,
+                           lo_open=True, hi_open=True)
+              for name in ("family_alert_level", "alert_level")}
     p = 1.0 - levels["family_alert_level"]
     sidak = 1.0 + math.expm1(math.log1p(-p) / m)   # 1 - p_m, p_m = 1 - (1 - p)^(1/m)
     if not math.isclose(levels["alert_level"], sidak, rel_tol=1e-9, abs_tol=1e-12):

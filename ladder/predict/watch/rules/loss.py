@@ -129,8 +129,7 @@ class BandRule(LossRule):
                 want = 2
             if bs.settle(want, about=direction, k_clear=cfg.k_clear):
                 sev = SEVERITY_NAME[want]
-                why = (f"{bs.run_len} consecutive evals" if want == 1 else
-                       "far outside the band" if bs.far_len >= cfg.k_far and
+                why = ("far outside the band" if want == 2 and bs.far_len >= cfg.k_far and
                        bs.run_len < cfg.k_critical else f"{bs.run_len} consecutive evals")
                 worse = "worse" if direction == "above" else "better"
                 ctx.emit(Alert(ctx.stamp, ev.step, ev.tokens, f, f"{direction}_band", sev,
