@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,7 +67,10 @@ def main(argv=None) -> int:
         page = LivePage.for_watcher(w, port=0, poll_ms=300)
         try:
             w.poll()
-            shot(chromium, page.url, args.out / "live_updated.png", 1000)
+            page.body()  # the state of the watch, and its chart drawn before the shot
+            while not page.drawings:
+                time.sleep(0.05)
+            shot(chromium, page.url, args.out / "live_updated.png", 1400)
         finally:
             page.close()
         shot(chromium, (out / "report" / "index.html").as_uri(), args.out / "report_updated.png",

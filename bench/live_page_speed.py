@@ -1,18 +1,19 @@
-"""The live page of a watcher on a long run (issue 24, item 4): the time to answer a refresh and
-the page's memory at 1,000,000 metrics lines, beside the page as it was before (it re-read the
-run directory and drew the figure with matplotlib for every new version), and beside the page
-drawn by the report's own matplotlib watch figure from the same downsampled points (one drawing
-for both, issue 36 item 4: SVG or PNG rendered on the server at every new version).
+"""The live page of a watcher on a long run (issue 24, item 4; issue 36 item 4): the CPU per state
+change and per poll, and the page's memory at 1,000,000 metrics lines, beside the page as it was
+before issue 24 (it re-read the run directory and drew the figure with matplotlib for every new
+version).
 
 Side by side in one run, on files written by bench/watch_follow_speed.py's generator (~40 keys a
 line, an eval every 1% of the run):
 
 - ``after`` (``ladder.reports.live.WatcherFeed``): a watcher judges the whole file with its page
-  attached, then a few more lines arrive and it polls again; timed: the refresh that follows
-  (the version changed: the state rebuilt from the page's bounded series and encoded as JSON),
-  a refresh at an unchanged version (the cached bytes), and ``GET /state.json`` over HTTP; the
-  page's own memory (its series and the JSON) and the points it draws. Done at ``--small``
-  lines too, to show the page's memory does not grow with the run.
+  attached, then a few more lines arrive and it polls again; timed: per state change, the
+  refresh (the state rebuilt from the page's bounded series, its JSON encoded) and the drawing
+  of the chart (the report's watch figure of the downsampled points as a PNG, which the page's
+  drawing thread does at most once per ``REDRAW_S``); per poll, a refresh at an unchanged
+  version (the cached bytes), ``GET /state.json`` and ``GET /chart.png`` over HTTP; the page's
+  own memory (its series, the JSON and the PNG). Done at ``--small`` lines too, to show the
+  page's memory does not grow with the run.
 - ``before``: the old refresh, ``ladder.reports.inputs.load_inputs`` of the run directory, the
   matplotlib watch figure and its PNG, in a fresh process (its time and max-RSS growth), at
   ``--before-lines`` (default 200,000: it reads the whole file every time; 1M takes minutes).
@@ -59,90 +60,64 @@ def run_dir(root: Path, lines: int, extra: int) -> tuple[Path, dict]:
 
 
 def after(d: Path, doc: dict) -> dict:
-    """The watcher's page: refresh times and the page's memory."""
+    """The watcher's page: CPU per state change and per poll, and the page's memory."""
     from ladder.predict import prereg as pr
     from ladder.predict.live import Watcher
-    from ladder.sources import JsonlSource
     from ladder.reports.live import LivePage
+    from ladder.sources import JsonlSource
 
     prereg = d / "prereg.json"
     if not prereg.exists():
         pr.write_once(prereg, doc)
     w = Watcher(prereg, JsonlSource(d / "metrics.jsonl"), [], None)
-    page = LivePage.for_watcher(w, port=0)
+    page = LivePage.for_watcher(w, port=0, redraw_s=0)
     try:
         t0 = time.perf_counter()
         w.poll()
         first_read = time.perf_counter() - t0
         page.body()
+        while not page.drawings:  # the first drawing (imports matplotlib) is not timed
+            time.sleep(0.01)
         with open(d / "metrics.jsonl", "ab") as f:
             f.write((d / "more.jsonl").read_bytes())
         w.poll()
-        t0, c0 = time.perf_counter(), time.process_time()
+        page.redraw_s = 3600  # the page's own thread draws no more: the drawing is timed here
+        c0 = time.process_time()
         body = page.body()  # a new version: rebuilt
-        new_version = time.perf_counter() - t0
         new_version_cpu = time.process_time() - c0
+        draw = page.feed.state()["chart"]
+        draw_cpu, png = min((_timed(draw) for _ in range(3)), key=lambda r: r[0])
         reps = 200
-        t0 = time.perf_counter()
+        c0 = time.process_time()
         for _ in range(reps):
             page.body()
-        same_version = (time.perf_counter() - t0) / reps
-        t0 = time.perf_counter()
-        for _ in range(20):
-            with urllib.request.urlopen(page.url + "state.json", timeout=30) as r:
-                r.read()
-        http = (time.perf_counter() - t0) / 20
-        feed = page.feed
-        series = sum(a.nbytes for ds in (feed.metric, feed.train)
-                     for a in (ds.lo_x, ds.lo_y, ds.hi_x, ds.hi_y))
-        drawn = sum(len(s["x"]) for s in json.loads(body)["chart"]["series"])
-        svg, png = server_drawn(feed)
-        return {"server_svg_cpu_s": svg[0], "server_svg_bytes": svg[1],
-                "server_png_cpu_s": png[0], "server_png_bytes": png[1],
-                "lines": w.state["n_points"], "first_read_s": first_read,
-                "refresh_new_version_s": new_version, "refresh_new_version_cpu_s": new_version_cpu,
-                "refresh_same_version_s": same_version,
-                "http_s": http, "page_bytes": series + len(body), "json_bytes": len(body),
-                "drawn": drawn, "exit": w.exit_code}
+        same_version_cpu = (time.process_time() - c0) / reps
+        http = {}
+        for path in ("state.json", "chart.png"):
+            t0 = time.perf_counter()
+            for _ in range(20):
+                with urllib.request.urlopen(page.url + path, timeout=30) as r:
+                    r.read()
+            http[path] = (time.perf_counter() - t0) / 20
+        x, _ = page.feed.metric.points()
+        ds = page.feed.metric
+        series = sum(a.nbytes for a in (ds.lo_x, ds.lo_y, ds.hi_x, ds.hi_y))
+        return {"lines": w.state["n_points"], "first_read_s": first_read,
+                "refresh_new_version_cpu_s": new_version_cpu, "draw_cpu_s": draw_cpu,
+                "png_bytes": len(png), "refresh_same_version_cpu_s": same_version_cpu,
+                "http_state_s": http["state.json"], "http_chart_s": http["chart.png"],
+                "page_bytes": series + len(body) + len(page.chart() or b""),
+                "json_bytes": len(body), "drawn": len(x), "exit": w.exit_code}
     finally:
         page.close()
 
 
-def server_drawn(feed) -> tuple[tuple[float, int], tuple[float, int]]:
-    """The one-drawing alternative (issue 36 item 4): the report's matplotlib watch figure
-    (plots.draw_watch) of the same downsampled points the page sends, rendered on the server as
-    SVG and as PNG: ((CPU s, bytes), (CPU s, bytes)), each the best of 3."""
-    import io
-
-    import matplotlib
-    matplotlib.use("Agg")
-    import numpy as np
-    from matplotlib import rc_context
-
-    from ladder.reports.figdata import Curve, WatchData, watch_ylim
-    from ladder.reports.plots import draw_watch
-    from ladder.reports.style import RC
-    band = feed._band_of(feed.w.doc)
-    x, y = feed.metric.points()
-    ok = band.fraction > 0
-    fc = Curve(band.fraction[ok], band.loss[ok], band.lo[ok], band.hi[ok])
-    d = WatchData(metric=feed.w.view.metric, level=0.9, name="target", forecast=fc,
-                  rel_lo=100 * (fc.lo / fc.loss - 1), rel_hi=100 * (fc.hi / fc.loss - 1),
-                  band_missing=False, run_label="target", run_note=None, fraction=x, value=y,
-                  deviation=100 * (y / band.at(x)[0] - 1), nonfinite=(), spans=[],
-                  loss_alerts=(), ticks=(), counts={}, has_alerts=False,
-                  ylim=watch_ylim(band, x, y), rlim=None, tokens_total=None, verdict={})
-    out = []
-    for fmt in ("svg", "png"):
-        best = (np.inf, 0)
-        for _ in range(3):
-            c0 = time.process_time()
-            with rc_context(RC):
-                buf = io.BytesIO()
-                draw_watch(d).savefig(buf, format=fmt, facecolor="white")
-            best = min(best, (time.process_time() - c0, len(buf.getvalue())))
-        out.append(best)
-    return out[0], out[1]
+def _timed(draw) -> tuple[float, bytes]:
+    """The page's drawing of ``draw`` (reports.live._png): (CPU s, PNG bytes)."""
+    from ladder.reports.live import _png
+    c0 = time.process_time()
+    png = _png(draw)
+    return time.process_time() - c0, png
 
 
 def _hwm_mb() -> float:
@@ -206,19 +181,16 @@ def main(argv=None) -> int:
         d, doc = run_dir(root, n, args.extra)
         a = after(d, doc)
         rows[n] = a
-        print(f"  after, {a['lines']:>9,} lines: refresh {a['refresh_new_version_s'] * 1e3:7.1f} ms"
-              f" wall, {a['refresh_new_version_cpu_s'] * 1e3:6.1f} ms CPU (new version), "
-              f"{a['refresh_same_version_s'] * 1e6:6.1f} us (same), "
-              f"{a['http_s'] * 1e3:6.1f} ms over HTTP; page {a['page_bytes'] / 1024:6.0f} KiB "
-              f"({a['json_bytes'] / 1024:.0f} KiB JSON), {a['drawn']:,} points drawn; the "
+        print(f"  after, {a['lines']:>9,} lines: per state change "
+              f"{a['refresh_new_version_cpu_s'] * 1e3:.1f} ms CPU (state) + "
+              f"{a['draw_cpu_s'] * 1e3:.0f} ms CPU (the chart's drawing, "
+              f"{a['png_bytes'] / 1024:.0f} KiB PNG, {a['drawn']:,} points); per poll "
+              f"{a['refresh_same_version_cpu_s'] * 1e6:.1f} us CPU (cached), "
+              f"{a['http_state_s'] * 1e3:.1f} ms GET /state.json, "
+              f"{a['http_chart_s'] * 1e3:.1f} ms GET /chart.png over HTTP; page "
+              f"{a['page_bytes'] / 1024:.0f} KiB ({a['json_bytes'] / 1024:.0f} KiB JSON); the "
               f"watcher's own first read {a['first_read_s']:.1f} s; load "
               f"{os.getloadavg()[0]:.2f}")
-        print(f"    the same points as the report's matplotlib figure, drawn on the server: SVG "
-              f"{a['server_svg_cpu_s'] * 1e3:.0f} ms CPU, {a['server_svg_bytes'] / 1024:.0f} KiB; "
-              f"PNG {a['server_png_cpu_s'] * 1e3:.0f} ms CPU, "
-              f"{a['server_png_bytes'] / 1024:.0f} KiB; ratio to the page's refresh (CPU) "
-              f"{a['server_svg_cpu_s'] / a['refresh_new_version_cpu_s']:.0f}x (SVG), "
-              f"{a['server_png_cpu_s'] / a['refresh_new_version_cpu_s']:.0f}x (PNG)")
     d, doc = run_dir(root, args.before_lines, args.extra)
     with open(d / "metrics.jsonl", "ab") as f:
         f.write((d / "more.jsonl").read_bytes())
@@ -229,8 +201,9 @@ def main(argv=None) -> int:
           f"{os.getloadavg()[0]:.2f}")
     big = rows[args.lines]
     grew = max(b["rss_growth_mb"], 1)
-    print(f"  after at {args.lines:,} / before at {args.before_lines:,}: refresh CPU "
-          f"{big['refresh_new_version_cpu_s'] / b['refresh_cpu_s']:.4f}; page memory / the "
+    change = big["refresh_new_version_cpu_s"] + big["draw_cpu_s"]
+    print(f"  after at {args.lines:,} / before at {args.before_lines:,}: CPU per state change "
+          f"(state + drawing) {change / b['refresh_cpu_s']:.4f}; page memory / the "
           f"before refresh's RSS growth {big['page_bytes'] / 1024 ** 2 / grew:.5f}")
     print(f"  page memory at {args.lines:,} / at {args.small:,} lines: "
           f"{rows[args.lines]['page_bytes'] / rows[args.small]['page_bytes']:.2f}")

@@ -1,9 +1,6 @@
-"""`python -m ladder`: the same command line as the `ladder` script (``ladder.cli.main``).
-
-Python looks for the entry point of ``-m ladder`` in this folder, the ladder base, which stands
-below the command line (``cli/``). So this file hands over to the ``cli`` package by name (runpy)
-instead of importing it: nothing imports this file, and no import runs from ``ladder/`` up to
-``ladder/cli/``. tests/test_layers.py names it as the one such handover (``HANDOVERS``).
+"""`python -m ladder`: the `ladder` command line. This folder (the base) stands below ``cli/``,
+so it hands over by name (runpy) rather than importing upward: the one handover
+tests/test_layers.py allows (``HANDOVERS``).
 """
 
 import runpy

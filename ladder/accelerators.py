@@ -1,6 +1,5 @@
-"""Nominal peak FLOP/s and memory of the accelerators the planner and the trainer know (plain
-data, part of the ladder base: ``ladder.trainer.plan`` estimates step times with it and chooses a
-layout that fits the memory, ``ladder.trainer.train`` divides by it for MFU)."""
+"""Nominal peak FLOP/s and memory of the accelerators the planner (step times, a layout that
+fits) and the trainer (MFU) know."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The one counter of parameters and FLOPs. Used by the trainer, the planner, the fitter and the
-forecaster; every artifact names the conventions below. Plain Python, no JAX.
+"""The one counter of parameters and FLOPs; every artifact names the conventions below.
 
 Parameter conventions
 ---------------------
@@ -9,18 +8,15 @@ Parameter conventions
     norms, router (+ its bias), latent projections, the shared experts and top-k of the routed
     experts. *total* = every parameter.
 ``marin-sizing-v1``
-    How the real ladder sized its rungs and set their token budgets: like ``exact-v1`` but with
-    every layer's K/V projections counted at the *local* KV-head count (heads/4), although global
-    layers have heads/8, and counting weight matrices only (norm scales and the router bias, about
-    0.03%, left out). It reproduces the published sizes (60.56M ... 22.76B active) to 1e-4 and
-    every published step count; ``exact-v1`` is up to 0.65% lower for the real rungs. The real
-    ladder's parameter counts come from Marin's public hero-run tracking issue (shared/DESIGN.md).
+    How the real ladder sized its rungs: like ``exact-v1`` but every layer's K/V projections at
+    the *local* KV-head count (heads/4; global layers have heads/8), weight matrices only (norm
+    scales and router bias, ~0.03%, left out). It reproduces the published sizes (60.56M ...
+    22.76B active; Marin's public hero-run tracking issue) to 1e-4 and every published step
+    count; ``exact-v1`` is up to 0.65% lower for the real rungs.
 
-Both conventions put the recipe's GatedNorm matrices, short-convolution kernels and attention
-head gates (ladder/model/config.py ``gated_norm_rank``, ``conv_kernel``, ``head_gate``) in *total*
-and outside *active*, as the real ladder's names require: its published active sizes are
-reproduced without them. They are counted exactly (per-layer KV heads) in both conventions and
-are zero when the switches are off (every ladder but marin-535b).
+Both conventions count the recipe's GatedNorm matrices, short-convolution kernels and attention
+head gates in *total*, outside *active* (the published active sizes are reproduced without
+them), exactly (per-layer KV heads); zero with the switches off (every ladder but marin-535b).
 
 FLOP convention ``flops-v1``
 ----------------------------
@@ -29,16 +25,13 @@ shared and top-k routed experts; norms and biases excluded) + attention scores a
 4 x n_heads x head_dim x context per layer, with context = seq_len for global layers and
 min(local_window, seq_len) for local ones (the full window, no causal halving, as the real ladder
 counted). The LM head adds 2 x d x vocab. Training FLOPs = 3 x forward x tokens (backward = 2 x
-forward). The real ladder's fit uses compute *without* the LM head ("C = 3 x forward FLOPs without
-the LM head"); both are reported.
+forward). The real ladder's fit uses compute *without* the LM head; both are reported.
 
-Since issue 12 the forward also holds ``extras``, the FLOPs of the recipe's pieces when they are
-switched on: GatedNorm 2 x 2 x d x r per norm, the head gate 2 x d x n_heads, each short
-convolution 2 x kernel x channels, XSA 6 x n_heads x head_dim (two dot products and the
-subtraction) per layer and token. They are zero with the switches off, so every cpu/tiny number
-is unchanged and the id stays ``flops-v1``. The real ladder's published FLOP figures do not hold
-them (they are reproduced by the terms above alone): marin-535b's compute is now
-``extras_fraction`` above them (0.7% for the hero, 1.8-3.8% for the rungs); the published
+The forward also holds ``extras`` (issue 12), the recipe's pieces when switched on: GatedNorm
+2 x 2 x d x r per norm, the head gate 2 x d x n_heads, each short convolution 2 x kernel x
+channels, XSA 6 x n_heads x head_dim (two dot products and the subtraction) per layer and token;
+zero with the switches off. The published FLOP figures leave them out: marin-535b's compute is
+``extras_fraction`` above them (0.7% for the hero, 1.8-3.8% for the rungs), and the published
 figures are ``compute - compute_extras`` (``ladder list --json``).
 """
 
@@ -84,8 +77,7 @@ class ParamCount:
 
     @property
     def active(self) -> int:
-        """Non-embedding parameters a token uses: excludes embedding and LM head (and the
-        recipe's extras, see the module docstring)."""
+        """Parameters a token uses, embedding, LM head and the recipe's extras left out."""
         return (self.attention + self.norms + self.router + self.latent
                 + self.shared_experts + self.routed_active)
 
@@ -164,8 +156,7 @@ class FlopCount:
 
     @property
     def extras_fraction(self) -> float:
-        """extras / forward without the LM head: how far this count is above one that leaves the
-        recipe's pieces out (the real ladder's published figures)."""
+        """extras / forward without the LM head: how far above the published figures."""
         return self.extras / self.forward_no_lm_head
 
     @property

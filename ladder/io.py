@@ -1,30 +1,19 @@
-"""File I/O shared by every part: atomic writes, validated JSON reads, tolerant JSONL reads.
+"""File I/O shared by every part, and the input layer every command reads through.
 
-Every JSON artifact carries ``"schema": "<kind>/<version>"`` and is written atomically (temp file
-in the same directory, fsync, rename), so a crash never leaves a half-written artifact; artifacts
-are 0644 (a teammate reads them), a pre-registration 0444. Write-once is enforced here, at the one
-place that writes: no write replaces a read-only file (exit 73), whoever asks.
+- **Writes** are atomic (temp file beside the target, fsync, rename): a crash never leaves a
+  half-written artifact. Artifacts are 0644, a pre-registration 0444; no write replaces a
+  read-only file (exit 73). JSON artifacts carry ``"schema": "<kind>/<version>"``.
+- **Reads** (:func:`read_bytes`, :func:`read_json`, :func:`iter_jsonl`, :func:`read_table`) turn
+  every OS or parse error into the one-line :class:`InputError` naming the file (and the field);
+  :func:`number` checks every number a user or a file gives.
+- **Inputs are regular files** (:func:`open_input`, issue 26): a FIFO, a device or a socket is
+  refused without blocking; a file read whole is bounded (:data:`MAX_READ_BYTES`), JSON nesting
+  too (:data:`MAX_JSON_DEPTH`).
+- **Names that become paths** (:func:`safe_name`, :func:`inside`) are one path component of a
+  safe character set, and the path resolves inside its folder.
+- JSON lines are parsed by orjson (optional), the standard library taking what it refuses
+  (:func:`json_line`); artifacts read whole by the standard library, whose integers stay exact.
 
-This is also the input layer every command reads through: :func:`read_bytes`, :func:`read_json`,
-:func:`iter_jsonl`/:func:`read_metrics` and :func:`read_table` turn every OS error (missing,
-a directory, unreadable), parse error (bad UTF-8, bad JSON, integers too long to convert, nesting
-too deep) into the one-line :class:`InputError` naming the file (and the field), and
-:func:`number` checks every number a user or a file gives (finite, in range, integral).
-
-Two rules every part follows (issue 26), kept here so that there is one of each:
-
-- **Inputs are regular files** (:func:`open_input`): a FIFO, a device or a socket is refused
-  with one line, without blocking (opened ``O_NONBLOCK``, then ``fstat``), and a file read whole
-  is bounded in size (:data:`MAX_READ_BYTES`); JSON nesting is bounded by the parsers.
-- **Names that become paths** (:func:`safe_name`, :func:`inside`): a ladder, rung or run name, a
-  manifest's shard file, a chain file's entry is one path component of a safe character set
-  (no separator, no ``..``, no NUL or newline), and the path it makes resolves inside its folder.
-
-JSON lines (metrics.jsonl, alerts.jsonl: :func:`json_line`) are parsed by orjson, a C parser,
-with the standard library as the fallback for what orjson refuses (``NaN``/``Infinity`` tokens,
-numbers beyond float range); orjson is optional: without it the standard library parses every
-line, to the same values (:func:`_stdlib_line`); artifacts read whole (:func:`loads`) by the
-standard library, whose integers stay exact (a hash is taken over them), depth-checked first.
 No JAX here: ``fit`` and ``predict`` import this module.
 """
 
@@ -49,8 +38,7 @@ try:
 except ImportError:   # a bare GPU image (issue 37): the standard library reads every line
     orjson = None
 
-# Exit statuses for bad input follow BSD sysexits(3): 64 usage, 65 data, 66 no input,
-# 73 can't create.
+# Exit statuses follow BSD sysexits(3): 64 usage, 65 data, 66 no input, 73 can't create, 74 I/O.
 EX_USAGE, EX_DATAERR, EX_NOINPUT, EX_CANTCREAT, EX_IOERR = 64, 65, 66, 73, 74
 
 ARTIFACT_MODE = 0o644  # readable by the team (issue 14); the pre-registration is 0o444
@@ -74,25 +62,23 @@ class InputError(Exception):
         super().__init__(text.translate(_ONE_LINE))
 
 
-# Every character str.splitlines breaks a line at, written escaped: a field name or a value
-# taken from a file (a key with a newline in it) cannot make the one-line message two.
+# Every character str.splitlines breaks a line at, escaped: a value from a file cannot make the
+# one-line message two.
 _ONE_LINE = {ord(c): c.encode("unicode_escape").decode("ascii")
              for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}
 
 
 # ----------------------------------------------------------------------------- names -> paths
 
-# One path component: a letter or digit first (no hidden name, no option-like "-x", no "." or
-# ".."), then letters, digits and . _ - + = @ (the real ladder's rung names, e.g. "1.6B-A61M",
-# and shard names such as "train-00000.bin" fit); 128 characters at most (file systems allow 255
-# bytes; a name is also a W&B run name and a column of tables).
+# One path component: a letter or digit first (no hidden name, no "-x", no ".."), then letters,
+# digits and . _ - + = @ (rung names such as "1.6B-A61M", shards such as "train-00000.bin");
+# 128 characters at most (a name is also a W&B run name and a table column).
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=@-]{0,127}")
 
 
 def safe_name(value: Any, *, field: str, path=None, what: str = "name") -> str:
-    """``value`` when it can be one path component (:data:`SAFE_NAME`, and not ``..``-like);
-    InputError (65) naming the field otherwise. The message shows the value escaped (a newline or
-    a NUL must not break the one-line error)."""
+    """``value`` when it can be one path component (:data:`SAFE_NAME`, no ``..``); InputError
+    (65) naming the field, the value shown escaped, otherwise."""
     if not isinstance(value, str) or not SAFE_NAME.fullmatch(value) or ".." in value:
         shown = ascii(value) if isinstance(value, str) else type(value).__name__
         raise InputError(f"not a safe {what} ({shown[:80]}): use 1-128 letters, digits and "
@@ -102,9 +88,8 @@ def safe_name(value: Any, *, field: str, path=None, what: str = "name") -> str:
 
 
 def inside(root: str | os.PathLike, *names: str, field: str, path=None) -> Path:
-    """``root / names...`` after each name passed :func:`safe_name`, checked to resolve inside
-    ``root`` (a symbolic link below ``root`` that leads out of it is refused too); InputError
-    (65) naming the field otherwise."""
+    """``root / names...``, each name a :func:`safe_name`, checked to resolve inside ``root``
+    (a symbolic link leading out is refused too); InputError (65) naming the field otherwise."""
     root = Path(root)
     for n in names:
         safe_name(n, field=field, path=path)
@@ -125,16 +110,14 @@ def inside(root: str | os.PathLike, *names: str, field: str, path=None) -> Path:
 
 
 def check_replaceable(path: str | os.PathLike) -> None:
-    """InputError (73) when ``path`` is a file that must not be replaced: read-only (a
-    pre-registration, or anything its owner froze) or not a regular file (a directory).
-    Checked on the mode bits, not ``os.access``, so that root is refused too."""
+    """InputError (73) when ``path`` must not be replaced: read-only (a pre-registration) or not
+    a regular file. Checked on the mode bits, not ``os.access``, so that root is refused too."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
         return
     except OSError as e:
-        raise InputError(f"cannot be written ({_os_reason(e)})", path=path,
-                         exit_code=EX_CANTCREAT) from None
+        raise _cannot("written", e, path) from None
     if stat.S_ISDIR(st.st_mode):
         raise InputError("is a directory; expected a file path", path=path,
                          exit_code=EX_CANTCREAT)
@@ -148,10 +131,9 @@ def check_replaceable(path: str | os.PathLike) -> None:
 
 def check_writable(path: str | os.PathLike, *, field: str | None = None,
                    directory: bool = False) -> Path:
-    """Fail early (InputError, 73) when ``path`` could not be written later: it is read-only
-    or a directory (a file expected; with ``directory`` a directory is expected and a file is
-    refused), or its nearest existing ancestor is a file or not writable. Called before the work
-    so that a long fit or forecast is not lost to a bad ``--out``."""
+    """InputError (73) now when ``path`` could not be written later (read-only; a directory, or
+    with ``directory`` a file; its nearest existing ancestor a file or not writable), so that a
+    long fit or forecast is not lost to a bad ``--out``."""
     path = Path(path)
     if directory:
         if path.exists() and not path.is_dir():
@@ -175,14 +157,11 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, mode: int | None
                        exclusive: bool = False) -> Path:
     """Write ``data`` to ``path`` via a temp file in the same directory, fsync, and rename.
 
-    ``mode``: the file's permission bits (default :data:`ARTIFACT_MODE`, 0644). A read-only file
-    at ``path`` is never replaced (InputError, exit 73). ``exclusive``: never replace an existing
-    file at all; publish with a hard link, which fails if the name exists even under a race
-    (raises FileExistsError). File systems without hard links get a best-effort
-    check-then-rename. Any other OS error (a directory that cannot be created or written, a full
-    disk) is an InputError naming the path (exit 73) and leaves ``path`` as it was. The temp
-    name carries the writer's pid, so temp files of killed writers are removed by the next write
-    into the same directory.
+    ``mode``: permission bits (default 0644). A read-only file is never replaced (InputError,
+    73). ``exclusive``: never replace any file; published with a hard link, which fails under a
+    race too (FileExistsError; without hard links, a best-effort check-then-rename). Any other
+    OS error is an InputError (73) and leaves ``path`` as it was. The temp name carries the
+    writer's pid: the next write into the directory removes those of killed writers.
     """
     path = Path(path)
     tmp = _stage(path, data, mode)
@@ -196,8 +175,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, mode: int | None
 
 
 def _stage(path: Path, data: bytes, mode: int | None) -> str:
-    """``data`` in a fsynced temp file beside ``path`` (the first half of an atomic write);
-    its name. Nothing is left behind when it fails (InputError, 73)."""
+    """``data`` in a fsynced temp file beside ``path``: its name (nothing left when it fails)."""
     check_replaceable(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -205,8 +183,7 @@ def _stage(path: Path, data: bytes, mode: int | None) -> str:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp",
                                    dir=path.parent)
     except OSError as e:
-        raise InputError(f"cannot be written ({_os_reason(e)})", path=path,
-                         exit_code=EX_CANTCREAT) from None
+        raise _cannot("written", e, path) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -217,8 +194,7 @@ def _stage(path: Path, data: bytes, mode: int | None) -> str:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         if isinstance(e, OSError):
-            raise InputError(f"cannot be written ({_os_reason(e)})", path=path,
-                             exit_code=EX_CANTCREAT) from None
+            raise _cannot("written", e, path) from None
         raise
     return tmp
 
@@ -241,22 +217,18 @@ def _publish(tmp: str, path: Path, exclusive: bool) -> None:
     except (FileExistsError, InputError):
         raise
     except OSError as e:
-        raise InputError(f"cannot be written ({_os_reason(e)})", path=path,
-                         exit_code=EX_CANTCREAT) from None
+        raise _cannot("written", e, path) from None
 
 
 def write_with_record(path: str | os.PathLike, data: bytes, log: str | os.PathLike, line: str,
                       *, mode: int | None = None) -> Path:
-    """Publish ``data`` at ``path`` (exclusively: never over an existing file) AND append the
-    whole line ``line`` to the JSONL log ``log``: both or neither (issue 39: an amendment and its
-    line in amendments.jsonl).
+    """Publish ``data`` at ``path`` (exclusively) AND append ``line`` to the JSONL log ``log``:
+    both or neither (issue 39: an amendment and its line in amendments.jsonl).
 
-    Order: the data is staged (written and fsynced under a temp name: the step a full disk
-    fails), then the line appended, then the data published with a hard link. A failure before
-    the link cuts the log back to where it was and removes the temp file: the state before the
-    call. A kill between the append and the link leaves a line whose file is missing (readers
-    of the log pass over it), so the same call, retried, still works. Appenders of ``log`` that
-    use this function are serialized by a lock on it, so a cut never removes another's line."""
+    The data is staged (a full disk fails here), the line appended, then the data linked into
+    place; a failure before the link cuts the log back and removes the temp file. A kill between
+    append and link leaves a line whose file is missing (readers pass over it; a retry works).
+    Appenders through this function are serialized by a lock on ``log``."""
     path, log = Path(path), Path(log)
     if path.exists() or path.is_symlink():
         raise FileExistsError(str(path))
@@ -288,24 +260,24 @@ def write_with_record(path: str | os.PathLike, data: bytes, log: str | os.PathLi
     return path
 
 
+_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)  # a file system without flock
+
+
 def _flock(fd: int, path: Path) -> None:
-    """An exclusive advisory lock on the open file ``fd`` (waits: the holders are short);
-    nothing on file systems without locks (the caller's ordering still holds there)."""
+    """An exclusive advisory lock on ``fd`` (waits: holders are short); none where the file
+    system has no locks."""
     import fcntl
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
     except OSError as e:
-        if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-            raise InputError(f"cannot be locked ({_os_reason(e)})", path=path,
-                             exit_code=EX_CANTCREAT) from None
+        if e.errno not in _NO_LOCKS:
+            raise _cannot("locked", e, path) from None
 
 
 def _remove_stale_temps(path: Path) -> None:
-    """Delete what writers of ``path`` that were killed (their pid is gone) left: temp files
-    ``.NAME.<pid>.*.tmp`` and the staging and trash directories of :func:`staged_dir`
-    (``.staged``, ``.trash``: they hold only files a writer wrote). Those of live writers (a
-    concurrent write) are left alone, and so is anything else (the ``.tmp``/``.old`` directories
-    of older versions could hold a user's files: never deleted)."""
+    """Delete what killed writers of ``path`` (pid gone) left: temp files ``.NAME.<pid>.*.tmp``
+    and :func:`staged_dir`'s ``.staged``/``.trash`` directories. A live writer's are left, and
+    so is anything else (a directory of another name could hold a user's files)."""
     try:
         names = [q for q in path.parent.iterdir() if q.name.startswith(f".{path.name}.")
                  and q.name.endswith((".tmp", ".staged", ".trash"))]
@@ -339,12 +311,10 @@ def _alive(pid: int) -> bool:
 
 def append_text(path: str | os.PathLike, text: str, *, fsync: bool = True) -> int:
     """Append ``text`` (whole lines) to the JSONL log ``path`` (created 0644), fsynced; OS errors
-    are an InputError naming the path (73). Returns the bytes of a partial last line removed.
+    are an InputError (73). Returns the bytes of a partial last line removed.
 
-    Durable (issue 26): a partial last line (a write cut short by a kill or a full disk) is
-    removed first, so the next line is never glued onto it (the reader would skip both); and a
-    write that fails midway is cut back to where it started, so no partial line is left behind.
-    The cut bytes were never a complete line: no reader ever took them as one."""
+    Durable (issue 26): a partial last line (a kill, a full disk) is removed first, so the next
+    line is not glued onto it, and a write failing midway is cut back: no partial line stays."""
     path = Path(path)
     fd = _open_log(path)
     try:
@@ -359,15 +329,14 @@ def _open_log(path: Path) -> int:
     """``path`` opened for appending (created 0644 whatever the umask); a regular file."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        try:  # created here: 0644 whatever the umask, as the atomic writes
+        try:
             fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NONBLOCK,
                          ARTIFACT_MODE)
             os.fchmod(fd, ARTIFACT_MODE)
         except FileExistsError:
             fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_NONBLOCK)
     except OSError as e:
-        raise InputError(f"cannot be appended to ({_os_reason(e)})", path=path,
-                         exit_code=EX_CANTCREAT) from None
+        raise _cannot("appended to", e, path) from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise InputError("not a regular file (a FIFO, a device or a socket); not appended "
@@ -379,8 +348,7 @@ def _open_log(path: Path) -> int:
 
 
 def _append_fd(fd: int, data: bytes, path: Path, *, fsync: bool) -> int:
-    """Append ``data`` to the open log ``fd`` after cutting a partial last line; the offset it
-    was written at. A write that fails midway is cut back (no half line left behind)."""
+    """Append ``data`` to ``fd`` after cutting a partial last line; the offset written at."""
     try:
         size = os.fstat(fd).st_size
         start = size - _cut_partial_line(fd, size)
@@ -397,8 +365,7 @@ def _append_fd(fd: int, data: bytes, path: Path, *, fsync: bool) -> int:
             raise
         return start
     except OSError as e:
-        raise InputError(f"cannot be appended to ({_os_reason(e)})", path=path,
-                         exit_code=EX_CANTCREAT) from None
+        raise _cannot("appended to", e, path) from None
 
 
 def _cut_partial_line(fd: int, size: int) -> int:
@@ -419,9 +386,13 @@ def _cut_partial_line(fd: int, size: int) -> int:
     return size - end
 
 
-def _os_reason(e: OSError) -> str:
-    """An OSError as a few words ("is a directory", "permission denied"), without the path."""
-    return (e.strerror or type(e).__name__).lower() if isinstance(e, OSError) else str(e)
+def _cannot(doing: str, e: OSError, path, *, field: str | None = None,
+            exit_code: int = EX_CANTCREAT) -> InputError:
+    """The one line of an OS error: ``PATH: cannot be DOING (reason)`` (73 unless told), the
+    reason in a few words without the path ("permission denied")."""
+    reason = (e.strerror or type(e).__name__).lower() if isinstance(e, OSError) else str(e)
+    return InputError(f"cannot be {doing} ({reason})", path=path, field=field,
+                      exit_code=exit_code)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, **kw) -> Path:
@@ -435,12 +406,10 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, **kw) -> Path:
 
 # ----------------------------------------------------------------------------- output folders
 #
-# A command touches only what it wrote (issue 39). A folder it writes (``--out DIR``) holds
-# MARKER, a small JSON file listing the names (or glob patterns) that ladder wrote there; a file
-# of a name the command is about to write that the marker does not list is not ours: the command
-# refuses with one line rather than replace, move or delete it. A folder given as a symbolic
-# link is resolved first and the checks apply to the real folder. Writers that can collide
-# (two tokenizers, two runs into one run folder) also hold :func:`folder_lock` for their life.
+# A command touches only what it wrote (issue 39): a folder it writes holds MARKER, listing the
+# names (or globs) ladder wrote there; a file the command would write that the marker does not
+# list is refused with one line, never replaced, moved or deleted. Writers that can collide
+# (two tokenizers, two runs into one folder) also hold :func:`folder_lock`.
 
 MARKER = ".ladder-out.json"
 MARKER_SCHEMA = "ladder-out/1"
@@ -449,8 +418,8 @@ EX_TEMPFAIL = 75  # sysexits: a temporary failure (the folder is in use); try ag
 
 
 def real_folder(out: str | os.PathLike, *, field: str | None = "--out") -> Path:
-    """``out`` with a symbolic link at its end resolved (the checks apply to the real folder);
-    InputError (73) when it leads nowhere or to something that is not a folder."""
+    """``out`` with a final symbolic link resolved; InputError (73) when it leads nowhere or to
+    something that is not a folder."""
     out = Path(out)
     if not out.is_symlink():
         return out
@@ -466,14 +435,15 @@ def real_folder(out: str | os.PathLike, *, field: str | None = "--out") -> Path:
 
 
 def marker_names(folder: Path) -> list[str]:
-    """The names (glob patterns) the marker of ``folder`` lists; [] when it has none or it
-    cannot be read (then nothing in the folder counts as ladder's: the safe direction)."""
+    """The names (globs) ``folder``'s marker lists; [] when unreadable (the safe direction)."""
     try:
         doc = loads(read_bytes(folder / MARKER, limit=1 << 20))
     except InputError:
         return []
-    files = doc.get("files") if isinstance(doc, dict) else None
-    if doc.get("schema") != MARKER_SCHEMA or not isinstance(files, list):
+    if not isinstance(doc, dict) or doc.get("schema") != MARKER_SCHEMA:
+        return []
+    files = doc.get("files")
+    if not isinstance(files, list):
         return []
     return [f for f in files if isinstance(f, str)]
 
@@ -488,10 +458,9 @@ def write_marker(folder: Path, names: Iterable[str]) -> None:
 
 def claim(folder: str | os.PathLike, patterns: Iterable[str], *, what: str,
           field: str = "--out") -> Path:
-    """Claim the folder ``folder`` for a writer of the files ``patterns`` (names or globs): a
-    file there that matches them but that the marker does not list was not written by ladder:
-    InputError (73) naming it. Otherwise the marker lists ``patterns`` (the folder is created
-    if needed). Returns the real folder (a symbolic link resolved)."""
+    """Claim ``folder`` for a writer of ``patterns`` (names or globs): a matching file the
+    marker does not list is InputError (73); otherwise the marker lists ``patterns`` (the folder
+    created if needed). Returns the real folder."""
     folder = real_folder(folder, field=field)
     patterns = list(patterns)
     ours = marker_names(folder) if folder.is_dir() else []
@@ -499,8 +468,7 @@ def claim(folder: str | os.PathLike, patterns: Iterable[str], *, what: str,
         try:
             names = sorted(q.name for q in folder.iterdir())
         except OSError as e:
-            raise InputError(f"cannot be read ({_os_reason(e)})", path=folder, field=field,
-                             exit_code=EX_CANTCREAT) from None
+            raise _cannot("read", e, folder, field=field) from None
         foreign = [n for n in names if n != MARKER and _listed(n, patterns) and
                    not _listed(n, ours)]
         if foreign:
@@ -516,11 +484,9 @@ def claim(folder: str | os.PathLike, patterns: Iterable[str], *, what: str,
 
 @contextlib.contextmanager
 def folder_lock(folder: str | os.PathLike, *, what: str, field: str | None = "--out"):
-    """Hold ``folder`` (created if needed) for the life of the block: an exclusive lock on
-    ``folder/.ladder.lock`` (``flock``: the kernel releases it when the holder dies, so the lock
-    of a dead process, killed or crashed, is simply taken over). A second holder is refused with
-    one line naming the first (InputError, 75). On file systems without ``flock`` the pid
-    written in the lock file is checked instead (a dead pid's lock is taken over)."""
+    """Hold ``folder`` (created if needed) for the block: ``flock`` on ``folder/.ladder.lock``
+    (released by the kernel when the holder dies). A second holder is refused with one line
+    naming the first (InputError, 75). Without ``flock``, the pid in the file decides."""
     import fcntl
     import socket
     import time
@@ -529,8 +495,7 @@ def folder_lock(folder: str | os.PathLike, *, what: str, field: str | None = "--
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise InputError(f"cannot be created ({_os_reason(e)})", path=folder, field=field,
-                         exit_code=EX_CANTCREAT) from None
+        raise _cannot("created", e, folder, field=field) from None
     path = folder / LOCK
     host = socket.gethostname()
     while True:
@@ -538,8 +503,7 @@ def folder_lock(folder: str | os.PathLike, *, what: str, field: str | None = "--
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                          ARTIFACT_MODE)
         except OSError as e:
-            raise InputError(f"cannot be locked ({_os_reason(e)})", path=path, field=field,
-                             exit_code=EX_CANTCREAT) from None
+            raise _cannot("locked", e, path, field=field) from None
         holder = _lock_holder(fd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -547,10 +511,9 @@ def folder_lock(folder: str | os.PathLike, *, what: str, field: str | None = "--
             os.close(fd)
             raise _in_use(holder, folder, field) from None
         except OSError as e:
-            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+            if e.errno not in _NO_LOCKS:
                 os.close(fd)
-                raise InputError(f"cannot be locked ({_os_reason(e)})", path=path, field=field,
-                                 exit_code=EX_CANTCREAT) from None
+                raise _cannot("locked", e, path, field=field) from None
             # no flock here: the pid in the file decides (a live one on this host holds it)
             pid = holder.get("pid")
             if holder.get("host") == host and isinstance(pid, int) and pid != os.getpid() \
@@ -586,7 +549,7 @@ def _lock_holder(fd: int) -> dict:
 
 
 def _in_use(h: dict, folder: Path, field: str | None) -> InputError:
-    """The one line (75) refusing a second holder of ``folder``'s lock, naming the first."""
+    """The refusal (75) of a second holder of ``folder``'s lock, naming the first."""
     who = (f"{str(h.get('what', 'ladder'))[:40]} (pid {h.get('pid')} on "
            f"{str(h.get('host'))[:60]}, since {str(h.get('since'))[:20]})") if h \
         else "another ladder process"
@@ -597,18 +560,13 @@ def _in_use(h: dict, folder: Path, field: str | None) -> InputError:
 @contextlib.contextmanager
 def staged_dir(out: str | os.PathLike, *, own: Iterable[str] = ()):
     """Build a directory of artifacts in a hidden temp directory beside ``out``, then put it in
-    place. A crash while building leaves ``out`` as it was.
+    place; a crash while building leaves ``out`` as it was.
 
-    A new ``out`` is one rename. Into an existing ``out`` the files are moved one by one: first
-    the old files of this writer (the names the new one writes, and the names matching ``own``
-    that the folder's marker lists: a stale figure must not pass for the new report) into a
-    hidden trash directory, then the new ones in; so a crash in between leaves part of one
-    report, never a mix of two. A file of a name the new one writes that the marker does not
-    list was not written by ladder: refused before anything moves (issue 39), as is an old file
-    that is read-only (the promise single-file writes keep: :func:`check_replaceable`). Nothing
-    else in ``out`` is ever moved or deleted (issue 26: the user's files stay where they are),
-    and the hidden directories a killed writer leaves hold only files a writer wrote, so the
-    next write removes them. ``out`` given as a symbolic link is written through (resolved)."""
+    A new ``out`` is one rename. Into an existing one, this writer's old files (the new names,
+    and the marker's names matching ``own``: a stale figure must not pass for the new report)
+    go to a hidden trash directory, then the new ones move in: a crash between leaves part of
+    one report, never a mix of two. A same-named file the marker does not list, or a read-only
+    one, is refused before anything moves (issue 39); nothing else in ``out`` is touched."""
     out = real_folder(out)
     own = tuple(own)
     try:
@@ -617,8 +575,7 @@ def staged_dir(out: str | os.PathLike, *, own: Iterable[str] = ()):
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".staged",
                                     dir=out.parent))
     except OSError as e:
-        raise InputError(f"cannot be written ({_os_reason(e)})", path=out,
-                         exit_code=EX_CANTCREAT) from None
+        raise _cannot("written", e, out) from None
     trash = None
     try:
         yield tmp
@@ -650,8 +607,7 @@ def staged_dir(out: str | os.PathLike, *, own: Iterable[str] = ()):
             _fsync_dir(out)
         _fsync_dir(out.parent)
     except OSError as e:
-        raise InputError(f"cannot be written ({_os_reason(e)})", path=out,
-                         exit_code=EX_CANTCREAT) from None
+        raise _cannot("written", e, out) from None
     finally:
         for d in (tmp, trash):
             if d is not None and d.exists():
@@ -668,19 +624,15 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def to_jsonable(obj: Any) -> Any:
-    """Plain JSON types; non-finite floats become the strings "NaN", "Infinity", "-Infinity"."""
+    """Plain JSON types; non-finite floats as the strings "NaN", "Infinity", "-Infinity"."""
     if isinstance(obj, dict):
         return {str(k): to_jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [to_jsonable(v) for v in obj]
     if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):  # numpy scalars and arrays
         return to_jsonable(obj.tolist())
-    if isinstance(obj, float):
-        if math.isnan(obj):
-            return "NaN"
-        if math.isinf(obj):
-            return "Infinity" if obj > 0 else "-Infinity"
-        return obj
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "NaN" if math.isnan(obj) else "Infinity" if obj > 0 else "-Infinity"
     if isinstance(obj, Path):
         return str(obj)
     return obj
@@ -704,23 +656,18 @@ def sha256_file(path: str | os.PathLike) -> str:
 # ----------------------------------------------------------------------------- reading
 
 
-# A file read whole (a JSON artifact, a ladder file, a state file, a table) larger than this is
-# refused rather than read: the largest artifact here, a pre-registration with health reference
-# curves, is a few MB; a points table of 300,000 rows ~40 MB. A symlink to /dev/zero or a
-# runaway file must not take the machine's memory (issue 26).
+# A file read whole above this is refused (issue 26: a runaway file must not take the memory);
+# the largest artifact, a pre-registration with health curves, is a few MB.
 MAX_READ_BYTES = 512 << 20
-# JSON nesting: orjson stops at 1024 levels in C; the standard-library fallback is held to the
-# same (our artifacts nest fewer than 10 deep), checked before it recurses.
+# JSON nesting: orjson's limit in C, held for the standard library too (ours nest < 10 deep).
 MAX_JSON_DEPTH = 1024
 
 
 def open_input(path: str | os.PathLike, *, field: str | None = None):
-    """The regular file ``path`` opened for reading (binary); InputError naming the path
-    otherwise: 66 when missing or unreadable, 65 for a directory, a FIFO, a device or a socket.
-
-    Opened with ``O_NONBLOCK`` and checked with ``fstat`` on the open descriptor, so that a FIFO
-    (which would block until a writer comes) or a device (``/dev/zero``: endless) is refused at
-    once, and a file swapped between a check and the open cannot slip through."""
+    """The regular file ``path`` opened for binary reading; InputError otherwise (66 missing or
+    unreadable or a directory, 65 a FIFO, device or socket). Opened ``O_NONBLOCK`` and checked
+    by ``fstat`` on the descriptor: a FIFO or a device is refused at once, and a file swapped
+    between a check and the open cannot slip through."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -729,8 +676,7 @@ def open_input(path: str | os.PathLike, *, field: str | None = None):
         if e.errno == errno.ENXIO:  # a socket (or a FIFO without a reader, for writing)
             raise InputError("not a regular file (a socket?); refused", path=path, field=field,
                              exit_code=EX_DATAERR) from None
-        raise InputError(f"cannot be read ({_os_reason(e)})", path=path, field=field,
-                         exit_code=EX_NOINPUT) from None
+        raise _cannot("read", e, path, field=field, exit_code=EX_NOINPUT) from None
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
@@ -751,17 +697,16 @@ def open_input(path: str | os.PathLike, *, field: str | None = None):
 
 def read_bytes(path: str | os.PathLike, *, field: str | None = None,
                limit: int = MAX_READ_BYTES) -> bytes:
-    """The whole regular file ``path`` (see :func:`open_input`), refused above ``limit`` bytes
-    (checked on its size and again while reading: a file that grows meanwhile is refused too)."""
+    """The whole regular file ``path`` (:func:`open_input`), refused above ``limit`` bytes (on
+    its size, and again while reading: a file growing meanwhile)."""
     with open_input(path, field=field) as f:
         try:
             size = os.fstat(f.fileno()).st_size
             if size > limit:
                 raise InputError(f"larger than {limit >> 20} MiB, the limit for a file read "
                                  f"whole; refused", path=path, field=field, exit_code=EX_DATAERR)
-            # read(n) allocates n bytes up front: ask for the size the file has (plus one, to see
-            # it grew), then for what it grew by in 1 MiB pieces up to the limit (a read of
-            # limit + 1 held 512 MiB for every small file: under a memory cap, a MemoryError)
+            # read(n) allocates n bytes up front: the size (plus one, to see it grew), then what
+            # it grew by in 1 MiB pieces (a read of limit + 1 allocated 512 MiB every time)
             parts = [f.read(size + 1)]
             got = len(parts[0])
             while got > size and got <= limit:
@@ -772,8 +717,7 @@ def read_bytes(path: str | os.PathLike, *, field: str | None = None,
                 got += len(more)
             data = parts[0] if len(parts) == 1 else b"".join(parts)
         except OSError as e:
-            raise InputError(f"cannot be read ({_os_reason(e)})", path=path, field=field,
-                             exit_code=EX_NOINPUT) from None
+            raise _cannot("read", e, path, field=field, exit_code=EX_NOINPUT) from None
     if len(data) > limit:
         raise InputError(f"larger than {limit >> 20} MiB, the limit for a file read whole; "
                          f"refused", path=path, field=field, exit_code=EX_DATAERR)
@@ -784,8 +728,8 @@ _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 
 
 def json_depth_ok(data: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
-    """Whether the JSON text ``data`` nests at most ``limit`` arrays/objects deep (strings are
-    blanked first, so their brackets do not count). Cheap when the text has few brackets."""
+    """Whether the JSON text ``data`` nests at most ``limit`` deep (brackets in strings not
+    counted); cheap when it has few brackets."""
     if data.count(b"[") + data.count(b"{") <= limit:
         return True
     import numpy as np
@@ -796,11 +740,9 @@ def json_depth_ok(data: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
 
 
 def loads(data: bytes | str, *, path=None, field: str | None = None) -> Any:
-    """Parse a JSON document (an artifact, read whole) with every failure an InputError: bad
-    syntax, bad UTF-8, an integer too long to convert (Python's 4300-digit limit), nesting
-    deeper than :data:`MAX_JSON_DEPTH` (checked before the parser recurses). The standard
-    library parses: an artifact's hash is taken over what it reads, and it keeps every integer
-    exact (orjson, the JSON-lines parser, reads one beyond 64 bits as a float)."""
+    """Parse a JSON document read whole, every failure (bad syntax or UTF-8, an integer past
+    Python's 4300 digits, nesting past :data:`MAX_JSON_DEPTH`) an InputError. The standard
+    library parses: hashes are taken over what it reads, and it keeps every integer exact."""
     try:
         # UTF-8 as RFC 8259 requires (json.loads on bytes would guess UTF-16 from a \xff\xfe)
         text = data.decode("utf-8") if isinstance(data, bytes) else data
@@ -821,13 +763,11 @@ def loads(data: bytes | str, *, path=None, field: str | None = None) -> Any:
 
 
 def json_line(raw: bytes) -> tuple[Any, bool]:
-    """One JSON line: ``(value, by_stdlib)``; ``value`` None when the line is not JSON (bad
-    syntax or UTF-8, too deep, an integer too long to convert). orjson parses (C; the same
-    values as ``json.loads``, floats to the bit, issue 24); the lines it refuses (NaN/Infinity
-    tokens, a number beyond float range, a lone surrogate) go to ``json.loads`` (``by_stdlib``
-    True). One difference remains, measured in tests/test_watch_jsonl.py: an integer outside
-    [-2**63, 2**64) reads as the nearest float where ``json.loads`` keeps a Python int; every
-    reader here turns it into that float anyway (``as_float``, the watcher's float columns)."""
+    """One JSON line: ``(value, by_stdlib)``, ``value`` None when it is not JSON. orjson parses
+    (the same values as ``json.loads``, floats to the bit, issue 24); what it refuses (NaN and
+    Infinity tokens, a number beyond float range, a lone surrogate) goes to ``json.loads``.
+    An integer outside [-2**63, 2**64) reads as the nearest float (every reader here makes it
+    a float anyway; tests/test_watch_jsonl.py)."""
     if orjson is not None:
         try:
             return orjson.loads(raw), False
@@ -851,7 +791,15 @@ _REFUSED = object()
 def _orjson_int(text: str):
     """An integer as orjson reads it: exact within [-2**63, 2**64), else the nearest float."""
     value = int(text)
-    return value if -2 ** 63 <= value < 2 ** 64 else float(text)
+    return value if -2 ** 63 <= value < 2 ** 64 else _finite_float(text)
+
+
+def _finite_float(text: str) -> float:
+    """A number as orjson reads it: refused (ValueError) beyond float range (1e999)."""
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"{text[:20]} is beyond float range")
+    return value
 
 
 def _refuse_constant(name: str):
@@ -859,46 +807,26 @@ def _refuse_constant(name: str):
 
 
 def _stdlib_line(raw: bytes):
-    """The standard library reading one line to orjson's values, for machines without orjson:
-    integers beyond 64 bits as the nearest float (``_orjson_int``); ``_REFUSED`` for what
-    orjson refuses (NaN/Infinity tokens, a number beyond float range, a lone surrogate, bad
-    syntax or UTF-8, too deep), which :func:`json_line` then reads as it always has."""
+    """One line read by the standard library to orjson's values (without orjson); ``_REFUSED``
+    for what orjson refuses, which :func:`json_line` then reads as usual."""
     try:
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
         if not json_depth_ok(text.encode("utf-8")):
             return _REFUSED
-        value = json.loads(text, parse_int=_orjson_int, parse_constant=_refuse_constant)
+        value = json.loads(text, parse_int=_orjson_int, parse_float=_finite_float,
+                           parse_constant=_refuse_constant)
+        # a lone surrogate ("\ud800" escaped in the line), which orjson refuses, cannot be
+        # encoded as UTF-8
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
     except (ValueError, UnicodeError, RecursionError):
         return _REFUSED
-    return _REFUSED if _has_surrogate_or_inf(value) else value
-
-
-def _has_surrogate_or_inf(value) -> bool:
-    """Whether a parsed value holds what orjson would have refused: a float beyond range
-    (1e999 -> inf) or a lone surrogate (``"\\ud800"``)."""
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, float):
-            if not math.isfinite(v):
-                return True
-        elif isinstance(v, str):
-            if any("\ud800" <= c <= "\udfff" for c in v):
-                return True
-        elif isinstance(v, dict):
-            stack.extend(v.keys())
-            stack.extend(v.values())
-        elif isinstance(v, list):
-            stack.extend(v)
-    return False
+    return value
 
 
 def read_json(path: str | os.PathLike, *, schema: str | None = None,
               field: str | None = None) -> dict:
-    """Read a JSON artifact; check that ``schema`` starts with the given kind (e.g. ``"law/"``).
-
-    A schema of the right kind but a newer version than this tool knows is not rejected here;
-    callers that care compare the version (see :func:`schema_version`)."""
+    """A JSON object read whole, its ``schema`` checked to be of the kind ``schema`` (``"law/"``)
+    when given; the version is the caller's to check (:func:`known_schema`)."""
     obj = loads(read_bytes(path, field=field), path=path, field=field)
     if not isinstance(obj, dict):
         raise InputError("expected a JSON object at the top level", path=path, field=field)
@@ -920,8 +848,8 @@ def schema_version(obj: dict) -> int | None:
 
 
 def known_schema(obj: dict, known: tuple[str, ...], *, path=None, field: str = "schema") -> str:
-    """``obj["schema"]`` when this tool reads it (one of ``known``); an unknown version, a
-    newer one above all, is refused by name (never read as the current one, issue 39)."""
+    """``obj["schema"]`` when one of ``known``; any other is refused by name (a newer one is
+    never read as the current one, issue 39)."""
     kind = obj.get("schema") if isinstance(obj, dict) else None
     if kind not in known:
         newer = schema_version(obj) if isinstance(obj, dict) else None
@@ -940,32 +868,31 @@ def _short(value: Any, n: int = 60) -> str:
 def number(value: Any, *, field: str, path=None, lo: float | None = None,
            hi: float | None = None, lo_open: bool = False, hi_open: bool = False,
            integral: bool = False, allow_none: bool = False, exit_code: int = EX_DATAERR):
-    """Check one number a user or a file gave: a real number (not a bool, not a string), finite,
-    within ``[lo, hi]`` (open ends with ``lo_open``/``hi_open``), integral when ``integral``
-    (then returned as ``int``). InputError naming the field otherwise."""
+    """One number a user or a file gave: real (not a bool or string), finite, in ``[lo, hi]``
+    (open ends with ``lo_open``/``hi_open``), integral when ``integral`` (then an ``int``).
+    InputError naming the field otherwise."""
     if value is None and allow_none:
         return None
+
+    def refuse(why: str) -> InputError:
+        return InputError(f"{why}, got {_short(value)}", path=path, field=field,
+                          exit_code=exit_code)
     if isinstance(value, bool) or not isinstance(value, (int, float)) and \
             not hasattr(value, "__float__"):
-        raise InputError(f"expected a number, got {_short(value)}", path=path, field=field,
-                         exit_code=exit_code)
+        raise refuse("expected a number")
     try:
         f = float(value)
     except (OverflowError, ValueError, TypeError):
         raise InputError(f"not a representable number ({_short(value)})", path=path,
                          field=field, exit_code=exit_code) from None
     if not math.isfinite(f):
-        raise InputError(f"must be finite, got {_short(value)}", path=path, field=field,
-                         exit_code=exit_code)
+        raise refuse("must be finite")
     if integral and (isinstance(value, float) and not f.is_integer()):
-        raise InputError(f"must be an integer, got {_short(value)}", path=path, field=field,
-                         exit_code=exit_code)
+        raise refuse("must be an integer")
     if lo is not None and (f < lo or lo_open and f == lo):
-        raise InputError(f"must be {'>' if lo_open else '>='} {lo:g}, got {_short(value)}",
-                         path=path, field=field, exit_code=exit_code)
+        raise refuse(f"must be {'>' if lo_open else '>='} {lo:g}")
     if hi is not None and (f > hi or hi_open and f == hi):
-        raise InputError(f"must be {'<' if hi_open else '<='} {hi:g}, got {_short(value)}",
-                         path=path, field=field, exit_code=exit_code)
+        raise refuse(f"must be {'<' if hi_open else '<='} {hi:g}")
     if integral:
         return int(value) if isinstance(value, int) else int(f)
     return value if isinstance(value, int) else f
@@ -1005,18 +932,11 @@ def require(obj: dict, key: str, types: type | tuple[type, ...], *, path=None, p
         if types is float:
             return number(value, field=name, path=path)
         return value
-    if not isinstance(value, types) or isinstance(value, bool) and bool not in _as_tuple(types):
-        raise InputError(f"expected {_type_names(types)}, got {type(value).__name__}",
-                         path=path, field=name)
+    kinds = types if isinstance(types, tuple) else (types,)
+    if not isinstance(value, types) or isinstance(value, bool) and bool not in kinds:
+        raise InputError(f"expected {' or '.join(t.__name__ for t in kinds)}, got "
+                         f"{type(value).__name__}", path=path, field=name)
     return value
-
-
-def _as_tuple(t):
-    return t if isinstance(t, tuple) else (t,)
-
-
-def _type_names(t) -> str:
-    return " or ".join(x.__name__ for x in _as_tuple(t))
 
 
 _NONFINITE = {"nan": math.nan, "NaN": math.nan, "Infinity": math.inf, "inf": math.inf,
@@ -1038,17 +958,14 @@ def as_float(value: Any) -> float | None:
         return None
 
 
-# One metrics line is one step's scalars (a few KB; a row of every expert's load of the hero,
-# 48 layers x 384 experts, ~0.4 MB): 16 MiB bounds what one line holds in memory. A longer line
-# is skipped as corrupt, read past in 1 MiB pieces (a small .jsonl.gz expanding to one 3 GiB
-# line was read whole: issue 39).
+# One metrics line is one step's scalars (a few KB; every expert's load of the hero ~0.4 MB). A
+# longer line is skipped as corrupt, read past in 1 MiB pieces (issue 39: a 3 GiB line).
 MAX_LINE_BYTES = 16 << 20
 
 
 def skip_line(f) -> int | None:
-    """Read past the rest of the current line of the binary file ``f`` in 1 MiB pieces: the
-    bytes consumed through its newline, or None when the file ends first (a line still being
-    written)."""
+    """Read past the rest of the current line of ``f`` in 1 MiB pieces: the bytes consumed
+    through its newline, or None when the file ends first (a line still being written)."""
     n = 0
     while True:
         piece = f.readline(1 << 20)
@@ -1063,13 +980,9 @@ def iter_jsonl(path: str | os.PathLike, *, start: int = 0,
                bad: list | None = None) -> Iterator[tuple[int, dict]]:
     """Yield ``(end_offset, row)`` for each complete JSON object line from byte ``start`` on.
 
-    A partial last line (no newline yet) is not yielded, so a tailing reader can resume from the
-    last ``end_offset``; a corrupt complete line (bad JSON or UTF-8, an integer too long to
-    convert, nesting too deep, not an object) is skipped, and its 1-based line number appended
-    to ``bad`` when given. Lines are parsed by :func:`json_line`; NaN/Infinity are accepted as
-    bare tokens and as strings (see :func:`as_float`). A missing, directory, special or
-    unreadable path is an InputError (:func:`open_input`).
-    """
+    A partial last line is not yielded (a tailing reader resumes at the last ``end_offset``); a
+    corrupt line (not a JSON object, :func:`json_line`) is skipped, its 1-based number appended
+    to ``bad``. A path that cannot be read is an InputError (:func:`open_input`)."""
     with open_input(path) as f:
         f.seek(start)
         offset = start
@@ -1097,12 +1010,11 @@ def iter_jsonl(path: str | os.PathLike, *, start: int = 0,
                 elif bad is not None:
                     bad.append(line_no)
         except OSError as e:
-            raise InputError(f"cannot be read ({_os_reason(e)})", path=path,
-                             exit_code=EX_NOINPUT) from None
+            raise _cannot("read", e, path, exit_code=EX_NOINPUT) from None
 
 
-# Steps beyond 2**53 are not exact as floats and overflow int64 columns downstream (a step of
-# 1e30 wrapped negative, issue 15); no real run comes near (the hero has 390,251 steps).
+# Steps beyond 2**53 are not exact as floats (issue 15: 1e30 wrapped negative); the hero has
+# 390,251.
 MAX_STEP = 2 ** 53
 
 
@@ -1120,11 +1032,9 @@ def step_of(value: Any) -> int | None:
 
 
 def read_metrics(path: str | os.PathLike, *, notes: list | None = None) -> list[dict]:
-    """All rows of a metrics.jsonl, one per step; a repeated step replaces the earlier row.
-
-    Rows without a valid ``step`` (see :func:`step_of`) are dropped, as are corrupt lines; with
-    ``notes``, one line saying how many and where is appended. Returned in step order.
-    """
+    """All rows of a metrics.jsonl in step order, a repeated step replacing the earlier row.
+    Rows without a valid ``step`` (:func:`step_of`) and corrupt lines are dropped, said in one
+    line appended to ``notes``."""
     by_step: dict[int, dict] = {}
     bad: list[int] = []
     no_step = 0

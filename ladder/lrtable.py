@@ -1,16 +1,9 @@
 """The LR table: the learning rate of every update of a run, the one place it is built.
 
-:func:`run_lr_table` builds a run's table from what its ``config.json`` records (the rung and
-the flat ``train`` section); it is the one entry point: the trainer steps with it (cast to
-float32, ``ladder.trainer.train.Session``) and the schedule-aware curve laws read it for every
-ladder run (``fit.curve_fit``) through :meth:`sources.runs.RunDir.lr_table`, so the LRs a
-run trained with and the LRs a law is fitted on cannot drift apart. :func:`lr_table` is the
-schedule-level core (``fit.lr_schedules`` uses it for schedules that are not runs).
-Convention: entry ``i`` is the LR of 0-based update ``i``, i.e. ``peak x
-Schedule.lr_frac(i, steps)``; the ``lr-spike`` demo fault multiplies every update from
-``spike_at`` on.
-
-Plain numpy; part of the ladder base (no JAX).
+The trainer steps with :func:`run_lr_table` and the schedule-aware curve laws read it
+(:meth:`sources.runs.RunDir.lr_table`), so the LRs a run trained with and those a law is fitted
+on cannot drift apart. Entry ``i`` is the LR of 0-based update ``i``: ``peak x
+Schedule.lr_frac(i, steps)``, times the ``lr-spike`` demo fault's scale from ``spike_at`` on.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """The plain-Python half of the optimizer recipe: the rules' constants, :class:`OptimizerSpec`
 (a rung's rule, in ladder files and rung specs) and :class:`OptimizerSettings` (the resolved
-numbers `ladder list` prints). Part of the ladder base (no JAX): ``ladder.specs`` builds rungs
-with it. The recipe itself, and the optax transformations that use these numbers, are described
-and built in :mod:`ladder.trainer.optim`.
+numbers `ladder list` prints). The optax side is :mod:`ladder.trainer.optim`.
 """
 
 from __future__ import annotations
@@ -13,8 +11,8 @@ from dataclasses import dataclass
 
 OPTIMIZERS = ("adamw", "marin")
 
-# AdamW defaults (the optimizer of every ladder before issue 12; the usual LLM choices: GPT-3,
-# Llama): b2 0.95, eps 1e-8, decoupled weight decay 0.1 on matrices, global-norm clip 1.0.
+# AdamW defaults, the usual LLM choices (GPT-3, Llama): b2 0.95, eps 1e-8, decoupled weight decay
+# 0.1 on matrices, global-norm clip 1.0.
 ADAMW_DEFAULTS = {"beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1, "clip": 1.0}
 
 # The hero recipe's rules (Marin's public hero-run tracking issue, quoted in issue 12).

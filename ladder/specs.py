@@ -18,13 +18,9 @@ from ladder.optspec import OptimizerSettings, OptimizerSpec
 
 SCHEDULES = ("linear", "wsd", "cosine", "constant")
 
-# What a rung can be on any machine (issue 26: a ladder file's width 10**200, vocab 2**62,
-# n_layers 10**7 or tokens_per_active 1e300 crashed, hung or planned ~1e300 steps). Generous
-# against every published model (the hero: d 6144, 48 layers, 384 experts, vocab 128,256,
-# 791 tokens per active parameter; the largest vocabularies ~256k, the longest contexts ~1M):
-# a value outside is a typo or an attack, refused with the field named.
-# The model's switches (vocab_size, head_dim, n_experts, ...) have theirs where they are defined,
-# ladder/model/config.py::ModelSwitches.
+# What a rung can be on any machine (issue 26: a width of 10**200 crashed, hung or planned ~1e300
+# steps). Generous against every published model (the hero: d 6144, 48 layers, 791 tokens per
+# active parameter; contexts ~1M at most). The model's switches have theirs in ModelSwitches.
 LIMITS = {
     "seq_len": 2 ** 24, "batch_per_unit": 2 ** 24,
     "kv_local_div": 2 ** 12, "kv_global_div": 2 ** 12,
@@ -37,8 +33,8 @@ MAX_RUN_STEPS = 10 ** 12   # ~30,000 years at a step a second: any real run is f
 
 
 def _in_range(obj, name: str, lo: float, *, lo_open: bool = False) -> None:
-    """ValueError naming ``name`` unless the number ``obj.name`` is finite and in
-    [lo (or > lo), LIMITS[name]]."""
+    """ValueError naming ``name`` unless ``obj.name`` is a finite number in [lo, LIMITS[name]]
+    (``lo`` excluded with ``lo_open``)."""
     v, hi = getattr(obj, name), LIMITS[name]
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or \
             v < lo or (lo_open and v == lo) or v > hi:
@@ -83,11 +79,10 @@ class Schedule:
         lo = self.min_lr_frac
         if self.kind == "constant":
             return 1.0
+        t = (step - warm) / max(end - warm, 1e-12)  # linear and cosine: through the decay
         if self.kind == "linear":
-            t = (step - warm) / max(end - warm, 1e-12)
             return 1.0 - (1.0 - lo) * t
         if self.kind == "cosine":
-            t = (step - warm) / max(end - warm, 1e-12)
             return lo + (1.0 - lo) * 0.5 * (1.0 + math.cos(math.pi * t))
         start = end - self.decay * steps  # wsd
         if step < start:
@@ -128,10 +123,7 @@ class Rung:
         if not (isinstance(self.peak_lr, (int, float)) and math.isfinite(self.peak_lr)
                 and self.peak_lr > 0):
             raise ValueError(f"peak_lr: must be a finite number > 0, got {self.peak_lr!r}")
-        if not MIN_EVAL_EVERY <= self.eval_every <= 1:
-            raise ValueError(f"eval_every: must be in [{MIN_EVAL_EVERY:g}, 1], got "
-                             f"{self.eval_every!r}")
-        _check_eval_set(self)
+        _check_evals(self)
 
     @property
     def tokens_per_step(self) -> int:
@@ -211,7 +203,12 @@ class Rung:
         return dataclasses.replace(self, **kw)
 
 
-def _check_eval_set(obj) -> None:
+def _check_evals(obj) -> None:
+    """The eval fields a rung and a recipe share: ``eval_every``, ``eval_sequences``,
+    ``eval_batch``."""
+    if not MIN_EVAL_EVERY <= obj.eval_every <= 1:
+        raise ValueError(f"eval_every: must be in [{MIN_EVAL_EVERY:g}, 1], got "
+                         f"{obj.eval_every!r}")
     hi = LIMITS["eval_sequences"]
     v = obj.eval_sequences
     if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= hi:
@@ -258,9 +255,8 @@ class Recipe:
     sizing_convention: str = "exact-v1"
     schedule: Schedule = field(default_factory=Schedule)
     eval_every: float = 0.05
-    # The held-out set (trainer/data.py: fixed windows of the validation split): the same windows
-    # for every rung, so their evals compare. 96 windows of 128 tokens on the cpu ladder before
-    # issue 21; a ladder of short sequences needs more windows for the same tokens.
+    # The held-out set (trainer/data.py: fixed windows of the validation split), the same for
+    # every rung so that their evals compare; short sequences need more windows.
     eval_sequences: int = 96
     eval_batch: int | None = None   # sequences per eval call; None = one per device
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
@@ -281,10 +277,7 @@ class Recipe:
                     or abs(v) > LR_EXPONENT_LIMIT:
                 raise ValueError(f"{name}: must be a number in [-{LR_EXPONENT_LIMIT:g}, "
                                  f"{LR_EXPONENT_LIMIT:g}], got {v!r}")
-        if not MIN_EVAL_EVERY <= self.eval_every <= 1:
-            raise ValueError(f"eval_every: must be in [{MIN_EVAL_EVERY:g}, 1], got "
-                             f"{self.eval_every!r}")
-        _check_eval_set(self)
+        _check_evals(self)
         if self.sizing_convention not in SIZING_CONVENTIONS:
             raise ValueError(f"sizing_convention: must be one of {SIZING_CONVENTIONS}, got "
                              f"{self.sizing_convention!r}")
@@ -368,8 +361,8 @@ class Ladder:
 
 
 def _safe(name: str, field_name: str) -> str:
-    """A ladder or rung name: it becomes a folder of ``ladder run --out`` (ladder.io.safe_name,
-    the one rule for names that become paths), as a ValueError naming the field."""
+    """A ladder or rung name (a folder of ``ladder run --out``): ``ladder.io.safe_name``, as a
+    ValueError naming the field."""
     try:
         return safe_name(name, field=field_name)
     except InputError as e:
@@ -393,8 +386,7 @@ LADDER_FILE_SCHEMA = "ladder/1"
 BUILTIN_DIR = "ladders"   # package data: ladder/ladders/*.toml
 
 
-# annotations a file gives as a string: str, and the model's BiasRule (a StrEnum the dataclass
-# parses from its name, naming the field when it is none of them)
+# annotations a file gives as a string: str, and the model's BiasRule (a StrEnum parsed by name)
 STRING_KINDS = {"str", "BiasRule"}
 
 
@@ -506,8 +498,6 @@ def load_ladder_file(path) -> Ladder:
     """A ladder from a TOML (``.toml``) or JSON file. Bad content is an InputError naming the
     file and the field."""
     path = Path(path)
-    # a regular file of bounded size (a FIFO or /dev/zero is refused at once), JSON nesting
-    # bounded (ladder.io: the one rule for opening inputs)
     raw = read_bytes(path, field="--ladder-file", limit=1 << 20)  # a ladder file is ~2 KB
     if path.suffix == ".json":
         obj = loads(raw, path=path)

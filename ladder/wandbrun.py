@@ -1,12 +1,9 @@
-"""How ladder runs are named and placed in Weights & Biases (plain Python; wandb is imported by the
-callers, only when they log).
+"""How ladder runs are named and placed in Weights & Biases (wandb is imported by the callers).
 
 Every W&B run of a ladder lands in one project, grouped by the ladder, named by the rung and typed
-by what it is (shared/DESIGN.md section 5): ``train`` (a rung, ``ladder run --wandb``), ``forecast``
-(the frozen pre-registration, ``ladder preregister --wandb``: its forecast under the watched
-key itself, ``band_keys``) and ``watch`` (the watcher's residuals and alerts, ``ladder watch
---wandb``, at the watched run's steps). The step, token and FLOP counts are logged as metrics of
-their own so a panel can use any of them as its x axis (``x_axes``).
+(shared/DESIGN.md section 5): ``train`` (``ladder run --wandb``), ``forecast`` (``ladder
+preregister --wandb``, under the watched key itself: ``band_keys``) and ``watch`` (``ladder watch
+--wandb``). Step, tokens and FLOPs are logged as metrics so a panel can use any as its x axis.
 """
 
 from __future__ import annotations

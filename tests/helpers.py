@@ -272,3 +272,30 @@ def contingency_forecast(law, rung, decay_end: float, *,
                                 decay_end=float(sched.decay_end), loss=float(pred.loss[0]),
                                 lo=float(pred.lo[0]), hi=float(pred.hi[0])))
     return ContingencyForecast(out[0], out[1], float(pred.level))
+
+
+# ---------------------------------------------------- attention, slow and obviously correct
+
+def attend_reference(q, k, v, window, segment_ids=None):
+    """Slow, obviously correct twin of ladder.model.layers.attend: q [B, S, H, Hd], k and v
+    [B, T, K, Hd] -> [B, S, H, Hd] from full [B, K, G, S, T] float32 scores, masked causally
+    (and to the last ``window`` keys, and within each query's segment), softmaxed."""
+    import jax
+    import jax.numpy as jnp
+
+    B, S, H, Hd = q.shape
+    K = k.shape[2]
+    G = H // K
+    q = q.reshape(B, S, K, G, Hd)               # [B,S,H,Hd] -> [B,S,K,G,Hd]; head h = k*G + g
+    scores = jnp.einsum("bskgx,btkx->bkgst", q, k).astype(jnp.float32) / math.sqrt(Hd)
+    s, t = jnp.arange(S)[:, None], jnp.arange(S)[None, :]
+    mask = t <= s                                                # [S, T]
+    if window is not None:
+        mask = mask & (s - t < window)
+    mask = mask[None, None, None]                                # [1, 1, 1, S, T]
+    if segment_ids is not None:                                  # [B, 1, 1, S, T]
+        mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None, None]
+    scores = jnp.where(mask, scores, -jnp.inf)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)      # every row sees itself: no NaN
+    out = jnp.einsum("bkgst,btkx->bskgx", probs, v)              # [B, S, K, G, Hd]
+    return out.reshape(B, S, H, Hd)                              # [B,S,K,G,Hd] -> [B,S,H,Hd]

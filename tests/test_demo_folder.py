@@ -91,3 +91,10 @@ def test_the_refusal_is_an_input_error_not_a_traceback(tmp_path):
     with pytest.raises(InputError) as e:
         demo.claim_demo_folder(out)
     assert e.value.exit_code == 73 and e.value.field == "--out"
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", "3", '"files"', "null", '{"schema": 1}',
+                                  "{not json"])
+def test_a_marker_that_is_not_a_marker_object_lists_nothing(tmp_path, text):
+    (tmp_path / MARKER).write_text(text)
+    assert marker_names(tmp_path) == []

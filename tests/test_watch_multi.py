@@ -280,9 +280,11 @@ def test_single_metric_report_draws_no_small_multiples(tmp_path):
 
 
 def test_live_page_panels_one_per_metric_worst_first(registered, tmp_path, chromium):
-    """Item 3, the live page: a multi-metric watch's page (and `report --serve`'s) draws one
-    small chart per metric, in the residual order, in a real browser."""
+    """Item 3, the live page: a multi-metric watch's page (and `report --serve`'s) shows the
+    report's small multiples, one chart per metric, and says them in the residual order, in a
+    real browser."""
     import re
+    import time
 
     from conftest import chromium_dom
 
@@ -300,17 +302,24 @@ def test_live_page_panels_one_per_metric_worst_first(registered, tmp_path, chrom
     try:
         w.poll()
         s = page.snapshot()
+        panels = page.feed.inputs([]).panels
+        while not page.drawings and page.draw_error is None:
+            time.sleep(0.05)
         dom = chromium_dom(chromium, page.url, tmp_path / "profile", budget_ms=4000)
     finally:
         page.close()
-    ps = s["panels"]
-    assert [p["metric"] for p in ps][0] == DRIFTING and len(ps) == len(TRUTHS)
-    assert ps[0]["worst"] in ("warn", "critical") and all(p["worst"] is None for p in ps[1:])
-    assert all(len(p["chart"]["series"][0]["x"]) == 100 for p in ps)  # every eval, per metric
-    assert [m for m in re.findall(r'data-metric="([^"]+)"', dom)] == [p["metric"] for p in ps]
+    order = [line.split(":")[0] for line in s["verdict"][:len(TRUTHS)]]
+    assert order[0] == DRIFTING and sorted(order) == sorted(TRUTHS)
+    assert "worst alert none" not in s["verdict"][0]
+    assert all("worst alert none" in line for line in s["verdict"][1:len(TRUTHS)])
+    # the figure's panels: the same metrics, worst first, every eval of each
+    assert [p.metric for p in panels][0] == DRIFTING and len(panels) == len(TRUTHS)
+    assert all(len(p.series) == 100 for p in panels)
+    assert page.draw_error is None and page.chart()[:4] == b"\x89PNG"
+    assert re.search(r'<img id="chart"[^>]* src="chart.png\?v=1"', dom), dom[:800]
     # the files' page (report --serve) orders them the same way
     fs = files_state(load_inputs(prereg=d / "prereg.json", target_run=src.parent))
-    assert [p["metric"] for p in fs["panels"]][0] == DRIFTING and fs["chart"] is None
+    assert fs["verdict"][0].split(":")[0] == DRIFTING
 
 
 def test_at_step_amendment_of_a_multi_prereg_is_a_one_line_refusal(registered, tmp_path):

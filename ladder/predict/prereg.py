@@ -21,13 +21,13 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import os
-import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ladder import git_state
 from ladder.io import (
     EX_CANTCREAT,
     EX_DATAERR,
@@ -74,19 +74,10 @@ def section_digests(doc: Mapping) -> dict:
             if k not in HASHED_OUT and k != "section_sha256"}
 
 
-def git_sha(cwd: str | Path | None = None) -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd or Path(__file__).parent,
-                             capture_output=True, text=True, timeout=5, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    sha = out.stdout.strip()
-    if out.returncode != 0 or not sha:
-        return None
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                           cwd=cwd or Path(__file__).parent, capture_output=True, text=True,
-                           check=False)
-    return sha + ("-dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
+def _git_sha() -> str | None:
+    """HEAD's sha, "-dirty" appended when the checkout has changes (:func:`ladder.git_state`)."""
+    git = git_state()
+    return git["sha"] and git["sha"] + ("-dirty" if git["dirty"] else "")
 
 
 def build(*, target: dict, applicability: dict, metric: str, law: dict, forecast: list[dict],
@@ -105,7 +96,7 @@ def build(*, target: dict, applicability: dict, metric: str, law: dict, forecast
         "decision_rule": decision_rule, "health_reference": health_reference,
         "budget_curve": budget_curve, "amends": amends,
         "created": created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "git_sha": git_sha(), "tool_version": f"ladder {__version__}"}
+        "git_sha": _git_sha(), "tool_version": f"ladder {__version__}"}
     if change is not None:
         doc["change"] = change
     return seal(doc)

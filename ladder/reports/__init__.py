@@ -7,6 +7,6 @@ alerts.jsonl); nothing is refitted and JAX is never imported. Evaluating the exp
 
 
 def build_report(*args, **kwargs):
-    """See :func:`reports.commands.build_report` (imported lazily: matplotlib loads on use)."""
+    """:func:`ladder.reports.build.build_report`, imported lazily (matplotlib loads on use)."""
     from ladder.reports.build import build_report as _build
     return _build(*args, **kwargs)

@@ -1,12 +1,8 @@
-"""What the report's figures draw, computed once from the loaded artifacts (:class:`ReportInputs`):
-the law evaluated along the ladder's runs and at the end of a run, the registered forecast and
-the target's deviation from it, the watcher's alerts placed on the run. Plain data, no drawing:
-:mod:`ladder.reports.plots` only draws these objects.
-
-The law is evaluated here and nowhere else in ``reports`` (through ``LawView.predict``,
-reports.inputs, asked the one query every law answers, fit.prediction.Query): evaluating the
-exported law is part of the artifact; nothing is refitted.
-"""
+"""What the report's figures draw, computed from the loaded artifacts (:class:`ReportInputs`): the
+law along the ladder's runs and at the end of a run, the registered forecast and the target's
+deviation from it, the alerts placed on the run. Plain data; :mod:`ladder.reports.plots` draws it.
+The law is evaluated here and nowhere else in ``reports`` (``LawView.predict``); nothing is
+refitted."""
 
 from __future__ import annotations
 
@@ -19,18 +15,22 @@ from ladder.fit.forms import CURVES_FORMS
 from ladder.io import as_float
 from ladder.predict.planned import rung_query
 from ladder.predict.watch import SEVERITIES, alert_kinds
-from ladder.reports.inputs import ReportInputs, RunData, alert_fraction, not_applicable_spans
+from ladder.reports.inputs import ReportInputs, RunData, Series, alert_fraction
+from ladder.reports.inputs import not_applicable_spans
 
-# Alert kinds about the watched metric itself: those of the watcher's rules drawn on the watch
-# plot (predict.watch.RULES, panel "watch"); spikes and health alerts are ticks on its top edge.
+# alerts about the watched metric (predict.watch.RULES, panel "watch"): lines on the watch plot;
+# spikes and health alerts are ticks on its top edge
 LOSS_ALERT_KINDS = alert_kinds("watch")
 # loss alerts whose value is circled on the watch plot
 MARKED_KINDS = ("above_band", "below_band", "trend", "rising")
+# the run's train loss as the trainer logs it (trainer/step.py; the watcher's spike rule reads
+# it): drawn faint beside the watched metric on the watch plot
+TRAIN_KEY = "train/loss"
 
 
 def is_loss_alert(a: dict) -> bool:
-    """About the watched metric: by the alert's ``kind`` (a "cleared" alert, which several rules
-    raise, by the kind it ``clears``), as the watcher's rules define them."""
+    """About the watched metric, by the alert's ``kind`` (a "cleared" alert's: the kind it
+    ``clears``)."""
     kind = str(a.get("kind", ""))
     if kind == "cleared":
         return str(a.get("clears", "")) in LOSS_ALERT_KINDS
@@ -38,9 +38,8 @@ def is_loss_alert(a: dict) -> bool:
 
 
 def health_alert_for(a: dict, key: str) -> bool:
-    """Whether alert ``a`` is about health signal ``key``: the metric ``key`` the watcher writes
-    into every alert of a health rule (since 4ad29e2, before any release; an alert without one
-    is drawn on the watch figure only)."""
+    """Whether alert ``a`` is about health signal ``key`` (the ``key`` a health rule's alert
+    carries; one without it is drawn on the watch figure only)."""
     return not is_loss_alert(a) and a.get("key") == key
 
 
@@ -79,10 +78,6 @@ def law_follows_runs(inp: ReportInputs) -> bool:
                                 or law.is_curve)
 
 
-# The law is asked in two ways, each in one function: along a run (law_along_run) and at the
-# end of runs sized by the ladder's rule (law_at_sizes).
-
-
 def law_along_run(inp: ReportInputs, run: RunData, fractions: np.ndarray):
     """The law evaluated along ``run`` at ``fractions`` of its plan (tokens and compute so far)."""
     if inp.law is None or run.planned_tokens is None:
@@ -107,9 +102,9 @@ def law_at_sizes(inp: ReportInputs, compute: np.ndarray):
 
 
 def allocation(inp: ReportInputs):
-    """params, active params and tokens as power laws of compute through the rungs and the target
-    (the ladder's own sizing rule, read off its runs), so that laws in (N, D) can be drawn against
-    compute. Returns a function compute -> dict of arrays, or None with fewer than one point."""
+    """The ladder's sizing rule read off its runs: params, active params and tokens as power laws
+    of compute (so laws in (N, D) can be drawn against compute); a function compute -> dict of
+    arrays, or None without a sized run."""
     pts = []
     runs = list(inp.rungs) + ([inp.target] if inp.target is not None else [])
     for r in runs:
@@ -142,9 +137,8 @@ def allocation(inp: ReportInputs):
 
 
 def table_finals(inp: ReportInputs, cols: tuple[str, ...]) -> np.ndarray:
-    """Rows of ``cols`` of the law's points (``inp.points``): each run's last point (largest
-    fraction), only rows where every column is a positive finite number; (0, len(cols)) when
-    there are none."""
+    """``cols`` of each run's last point (largest fraction) in the law's points (``inp.points``),
+    rows with every column positive and finite."""
     df = inp.points
     if df is None or not len(df) or not set(cols) <= set(df.columns):
         return np.zeros((0, len(cols)))
@@ -202,10 +196,8 @@ class LadderData:
 
 
 def _rung_law(inp: ReportInputs, run: RunData, whole: bool, grid: np.ndarray):
-    """The law along ``run`` at ``grid`` (fractions; a law of whole runs) and the run's
-    residuals, observed / law - 1, at every eval (a law of whole runs) or at its final point (a
-    law of final points, complete runs only): one evaluation of the law at both sets of points.
-    Returns (curve or None, residuals)."""
+    """(the law along ``run`` at ``grid`` fractions or None, the run's residuals observed / law
+    - 1 at every eval, or for a law of final points at a complete run's final point)."""
     s = run.series(inp.metric)
     ok = np.isfinite(s.fraction) & (s.fraction > 0)
     if not whole:  # a law of final points is judged at final points only
@@ -242,8 +234,8 @@ def _rung_curve(inp: ReportInputs, run: RunData, whole: bool) -> RungCurve:
 
 
 def _final_points_law(inp: ReportInputs, runs: list[RunData]) -> Curve | None:
-    """A law of final points: one line through the rungs' end points, along the ladder's own
-    sizing rule (params and tokens as power laws of compute), out to the target."""
+    """A law of final points along the ladder's sizing rule, from the rungs out to the
+    target."""
     cs = [r.compute for r in runs if r.compute] + [inp.target_info.get("compute")]
     cs = [float(c) for c in cs if isinstance(c, (int, float)) and c > 0]
     at = law_at_sizes(inp, np.geomspace(min(cs) / 1.5, max(cs) * 1.2, 120)) if cs else None
@@ -253,11 +245,9 @@ def _final_points_law(inp: ReportInputs, runs: list[RunData]) -> Curve | None:
 
 
 def forecast_floor(inp: ReportInputs) -> float:
-    """The smallest fraction of a run a law of whole curves (a form with the fraction as an
-    input: fit.forms.CURVES_FORMS) was fitted on (law.json's ``diagnostics.fraction_range``: the
-    pre-registration's law, else the law given), below which its forecast is extrapolated; a
-    tiny positive number when neither says (a law of final points reads every point as a run's
-    end: nothing is below its range)."""
+    """The smallest fraction of a run a law of whole curves (fit.forms.CURVES_FORMS) was fitted
+    on (``diagnostics.fraction_range`` of the pre-registration's law, else the law given): its
+    forecast below is extrapolated. A tiny positive number when neither says."""
     for law in ((inp.prereg or {}).get("law"), inp.law.meta if inp.law is not None else None):
         if not isinstance(law, dict) or law.get("form") not in CURVES_FORMS:
             continue
@@ -310,13 +300,9 @@ def ladder_data(inp: ReportInputs) -> LadderData | None:
 
 
 def backtests(law_meta: dict) -> list[dict]:
-    """Backtest rows of ``law.json`` diagnostics: ``{kind, label, rel_error}`` with rel_error =
-    predicted / actual - 1 at the held-out run's final point.
-
-    The fitter's layout (``diagnostics.backtest.folds``: ``train_runs``, ``held_out`` and
-    ``final_rel_err`` as parallel lists) is read first; other layouts are searched tolerantly for
-    entries with a relative error (``rel_error``/``relative_error``/``error``) and a run name.
-    """
+    """Backtest rows ``{kind, label, rel_error}`` (predicted / actual - 1 at the held-out run's
+    final point) of law.json's diagnostics: the fitter's ``backtest.folds`` (parallel lists
+    ``held_out``, ``final_rel_err``), else any entry with a relative error and a run name."""
     diag = law_meta.get("diagnostics") if isinstance(law_meta, dict) else None
     if not isinstance(diag, dict):
         return []
@@ -402,7 +388,7 @@ class LawData:
 
 def _law_curve(inp: ReportInputs, grid) -> tuple[Curve | None, float | None]:
     """The law at the end of a run against compute: a curve law at each run with a rung spec
-    (the ladder and the target; it needs a schedule), else along the ladder's sizing rule."""
+    (it needs a schedule), else along the ladder's sizing rule."""
     law = inp.law
     if law is not None and law.is_curve:
         pts = []
@@ -515,6 +501,8 @@ class WatchData:
     rlim: tuple[float, float] | None
     tokens_total: float | None
     verdict: dict
+    updated: Curve | None = None   # the watcher's updated forecast ahead (the live page)
+    train: Series | None = None    # the target's train loss (TRAIN_KEY); never sets ylim
 
 
 def _placed_alerts(inp: ReportInputs):
@@ -539,19 +527,7 @@ def _placed_alerts(inp: ReportInputs):
     return tuple(lines), tuple(ticks), counts
 
 
-def watch_ylim(fc, fraction, value) -> tuple[float, float] | None:
-    """The watch chart's y range (the report's figure and the live page alike): the band
-    (``fc``, a ForecastBand or None) and the curve after the first 5% of the run (the first
-    evals sit far above), padded by 8%."""
-    ys = []
-    if fc is not None:
-        m = fc.fraction >= 0.05
-        ys += list(fc.lo[m]) + list(fc.hi[m])
-    fraction, value = np.asarray(fraction, float), np.asarray(value, float)
-    return y_limits(ys + list(value[fraction >= 0.05]), 0.08)
-
-
-def watch_data(inp: ReportInputs) -> WatchData | None:
+def watch_data(inp: ReportInputs, updated: Curve | None = None) -> WatchData | None:
     """The watch figure's data; None with neither a target run nor a pre-registration."""
     t, fc, metric = inp.target, inp.forecast, inp.metric
     if t is None and fc is None:
@@ -577,14 +553,25 @@ def watch_data(inp: ReportInputs) -> WatchData | None:
         note = "no target run found: forecast only"
     else:
         note = f"{t.name}: no {metric} logged yet"
-    rs = []  # the same for the deviation panel, in percent
+    # the y ranges: the band and the curve after the first 5% of the run (the first evals sit
+    # far above); the deviation panel's alike, in percent
+    ys, rs = [], [0.0]
     if fc is not None:
-        m = (fc.fraction >= 0.05) & (fc.loss > 0)
+        m = fc.fraction >= 0.05
+        ys += list(fc.lo[m]) + list(fc.hi[m])
+        m &= fc.loss > 0
         rs += list(100 * (fc.lo[m] / fc.loss[m] - 1)) + list(100 * (fc.hi[m] / fc.loss[m] - 1))
-        if s is not None and len(s):
-            m = s.fraction >= 0.05
+    if s is not None and len(s):
+        m = s.fraction >= 0.05
+        ys += list(s.value[m])
+        if fc is not None:
             rs += list(100 * (s.value[m] / fc.at(s.fraction[m])[0] - 1))
-    rs = [r for r in rs if np.isfinite(r)] + [0.0]
+    rs = [r for r in rs if np.isfinite(r)]
+    tr = t.series(TRAIN_KEY) if t is not None and metric != TRAIN_KEY else None
+    train = None
+    if tr is not None and np.isfinite(tr.fraction).any():
+        ok = np.isfinite(tr.fraction)
+        train = Series(tr.step[ok], tr.fraction[ok], tr.tokens[ok], tr.value[ok])
     loss_alerts, ticks, counts = _placed_alerts(inp)
     tokens_total = inp.target_info.get("tokens") or (t.planned_tokens if t else None)
     return WatchData(
@@ -595,8 +582,8 @@ def watch_data(inp: ReportInputs) -> WatchData | None:
         run_note=note, fraction=fr, value=val, deviation=dev, nonfinite=nonfinite,
         spans=not_applicable_spans(inp), loss_alerts=loss_alerts, ticks=ticks, counts=counts,
         has_alerts=inp.alerts is not None,
-        ylim=watch_ylim(fc, *((s.fraction, s.value) if s is not None else ((), ()))),
+        ylim=y_limits(ys, 0.08),
         rlim=y_limits(rs, 0.1) if len(rs) > 1 else None,
         tokens_total=tokens_total if isinstance(tokens_total, (int, float))
         and tokens_total > 0 else None,
-        verdict=inp.verdict)
+        verdict=inp.verdict, updated=updated, train=train)

@@ -1,14 +1,8 @@
-"""Loading the artifacts a report is drawn from: run directories, the law, the pre-registration
-and the alerts. Everything here reads files; nothing is refitted (the FLOP counter of
-``ladder.counting``, reached through ``Rung.compute``, turns "tokens so far" into "compute so far"
-exactly as the points table of the fitter does). What several parts of a report share is computed
-once from what was read (``ReportInputs.verdict``, ``ReportInputs.panels``); what each figure
-draws, in :mod:`ladder.reports.figdata`.
-
-Any artifact may be absent: the loaders return what exists and collect one line per missing or
-unusable piece in ``ReportInputs.notes``, which the report prints. A path the user named that does
-not exist, or a file that is not what it claims to be, is an :class:`InputError` (the CLI prints
-it as one line and exits 64+).
+"""Loading the artifacts a report is drawn from (run directories, the law, the pre-registration,
+the alerts) into :class:`ReportInputs`; nothing is refitted. Any artifact may be absent: what is
+missing or unusable is one line of ``ReportInputs.notes``, which the report prints. A path the
+user named that does not exist, or a file that is not what it claims to be, is an
+:class:`InputError`.
 """
 
 from __future__ import annotations
@@ -50,10 +44,9 @@ class Series:
 
 @dataclass
 class RunData(RunDir):
-    """One run directory as :mod:`sources.runs` reads it (identity, plan, status: the rules the
-    fitter and the forecaster use too), with the report's views of its metrics."""
+    """One run directory as :mod:`sources.runs` reads it, with the report's views of its
+    metrics."""
 
-    # -- metrics ---------------------------------------------------------------------------------
     def keys(self) -> set[str]:
         out: set[str] = set()
         for r in self.rows:
@@ -61,7 +54,7 @@ class RunData(RunDir):
         return out
 
     def series(self, key: str) -> Series:
-        """``key`` over the run (cached: rows are read once, series asked for many times)."""
+        """``key`` over the run (cached)."""
         cache = self.__dict__.setdefault("_series_cache", {})
         if key not in cache:
             cache[key] = self._series(key)
@@ -101,8 +94,8 @@ class RunData(RunDir):
         return out
 
     def final(self, metric: str) -> float | None:
-        """The final value of ``metric`` for a complete run: the last eval row at the end of the
-        plan, else ``summary.final``. None when the run has not finished its plan."""
+        """The final value of ``metric`` of a complete run (its last eval at the end of the plan,
+        else ``summary.final``); None for a run that has not finished."""
         if self.status != "complete":
             return None
         s = self.series(metric)
@@ -155,9 +148,8 @@ class LawView:
         return v if v and 0 < v < 1 else DEFAULT_LEVEL
 
     def predict(self, level: float | None = None, **kw) -> Prediction | None:
-        """``law.predict`` of the query's fields ``kw`` (ladder.fit.prediction.Query) on arrays (a
-        curve law's ``schedule`` as given); None (and ``error`` set) when it cannot be
-        evaluated."""
+        """``law.predict`` of the query's fields ``kw`` (ladder.fit.prediction.Query) as arrays;
+        None (and ``error`` set) when it cannot be evaluated."""
         if self.obj is None:
             return None
         schedule = kw.pop("schedule", None)
@@ -178,8 +170,8 @@ class LawView:
 
     @property
     def is_curve(self) -> bool:
-        """A loss-curve law of the LR schedule (``--form mpl``/``momentum``): it is evaluated
-        from a run's schedule, not from its tokens and compute."""
+        """A loss-curve law of the LR schedule (``--form mpl``/``momentum``), evaluated from a
+        run's schedule."""
         from ladder.fit.law import CURVE_FORMS  # the fitter's list, not a copy
 
         return self.form in CURVE_FORMS
@@ -211,8 +203,8 @@ def load_law(law: Any) -> LawView | None:
 
 
 def law_differs(law: LawView, prereg: dict, where=None) -> str | None:
-    """A note when the law drawn is not the one the pre-registration embeds (issue 26: `report
-    --law L --prereg P` drew L's curve beside P's band without a word); None when it is."""
+    """A note when the law drawn is not the one the pre-registration embeds (issue 26); None
+    when it is."""
     from ladder.io import sha256_of
     registered = prereg.get("law_sha256")
     shas = {sha256_of(law.meta)}
@@ -280,9 +272,7 @@ class ReportInputs:
             return name
         return self.target.name if self.target is not None else None
 
-    # what several parts of a report share, computed once: the page's verdict, the watch
-    # figure's title and the tables read the one verdict; the small multiples, their table and
-    # the live page the one list of panels
+    # computed once, shared by the page, the figures, the tables and the live page
 
     @cached_property
     def verdict(self) -> dict:
@@ -304,9 +294,8 @@ def _same_run(run: RunData, name: str) -> bool:
 
 
 def law_points(law_view: LawView | None, points=None):
-    """The points a law was fitted to: ``points`` (a points table path, read by
-    ``fit.points.load_points``), else the law.json's ``points`` block (``{columns, rows}``); None
-    when neither is there. A malformed block is an InputError naming the field."""
+    """The points a law was fitted to: the points table ``points``, else law.json's ``points``
+    block (``{columns, rows}``), else None. A malformed block is an InputError."""
     import pandas as pd
     if points is not None:
         from ladder.fit.points import load_points
@@ -432,9 +421,8 @@ def alert_fraction(a: dict, inp: ReportInputs) -> float | None:
 
 
 def not_applicable_spans(inp: ReportInputs) -> list[tuple[float, float]]:
-    """Fractions of the run where the forecast did not apply: from the first alert of the
-    watcher's applicability rule (``predict.watch``, kind ``not_applicable``) to the run's end;
-    the watcher stops comparing once the forecast no longer applies, so nothing ends a span."""
+    """Where the forecast did not apply: from the first alert of the watcher's applicability
+    rule to the run's end (the watcher stops comparing then: nothing ends a span)."""
     from ladder.predict.watch import rule
 
     kinds = rule("applicability").kinds
@@ -472,10 +460,9 @@ def watch_verdict(inp: ReportInputs) -> dict:
 
 
 # ----------------------------------------------------------------------------- metric panels
-# Small multiples of a multi-metric pre-registration (issue 23, item 3; drawn by
-# reports.metrics): one panel per registered metric, sorted by the target's relative residual to
-# the forecast, y / forecast - 1, as the median over its last LAST_EVALS evals (robust to one
-# noisy eval; what the watcher's smoothed residual follows); a metric without evals sorts last.
+# A multi-metric pre-registration's panels (issue 23 item 3, drawn by reports.metrics), sorted by
+# the target's residual y / forecast - 1, the median of its last LAST_EVALS evals (robust to one
+# noisy eval); a metric without evals last.
 
 LAST_EVALS = 5
 
@@ -508,7 +495,7 @@ def _residual(series: Series | None, band: ForecastBand | None) -> float:
 
 def metric_panels(inp: ReportInputs) -> list[Panel]:
     """One :class:`Panel` per registered metric, largest |residual| first ([] unless the
-    pre-registration is a multi-metric one). Read it as ``inp.panels`` (computed once)."""
+    pre-registration is a multi-metric one); read as ``inp.panels``."""
     from ladder.predict.watch.multi import is_multi, metric_doc
     doc = inp.prereg
     if not is_multi(doc):

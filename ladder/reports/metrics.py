@@ -1,12 +1,7 @@
 """Small multiples of a multi-metric pre-registration (issue 23, item 3): one panel per
-registered metric (the target's live curve, the frozen band, the alerts about that metric),
-sorted by the largest residual first, so that the domain that regressed is the first one seen
-while the macro average may look fine. A single-metric report draws none of this (its pictures
-stay as they were).
-
-The panels (their order: the target's relative residual to the forecast, median over its last
-evals; ladder.reports.inputs.metric_panels) are computed once per report inputs (``inp.panels``) and
-shared by the figure, its table and the live page.
+registered metric (the target's curve, the frozen band, the alerts about that metric), largest
+residual first (``inp.panels``, reports.inputs.metric_panels), so the domain that regressed is
+seen first while the macro average may look fine. A single-metric report draws none of this.
 """
 
 from __future__ import annotations

@@ -134,9 +134,10 @@ SECTIONS = (
       "backtest errors recorded in law.json (fit on smaller runs, predict a held-out larger "
       "one).")),
     ("watch", "3. The watch",
-     ("The target's live curve over the band that was frozen before it started. Vertical lines: "
-      "loss alerts where they fired, coloured by severity; triangles on the top edge: other "
-      "alerts; hatched: the forecast did not apply. Bottom: the deviation from the forecast.")),
+     ("The target's live curve over the band that was frozen before it started; thin grey: its "
+      "train loss, clipped to the axes. Vertical lines: loss alerts where they fired, coloured "
+      "by severity; triangles on the top edge: other alerts; hatched: the forecast did not "
+      "apply. Bottom: the deviation from the forecast.")),
     ("health", "4. Health against the ladder",
      ("Training health signals at the same fraction of each run's schedule: ladder rungs thin, "
       "the target thick. Vertical lines: health alerts.")),

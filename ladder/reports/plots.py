@@ -1,12 +1,7 @@
-"""The report's figures. Each returns a matplotlib ``Figure`` (or None when its artifacts are
-missing) and only draws: ``plot_ladder``, ``plot_law`` and ``plot_watch`` draw the data objects
-that :mod:`reports.figdata` builds once from the loaded artifacts (:class:`ReportInputs`): the law
-evaluated along the runs, the registered forecast, the watcher's alerts (``draw_ladder``,
-``draw_law``, ``draw_watch``); the health figure draws the runs' logged signals.
-
-Built on ``matplotlib.figure.Figure`` without pyplot, so no global state and no display backend
-(PNG rendering goes through Agg).
-"""
+"""The report's figures: each returns a matplotlib ``Figure`` (None when its artifacts are
+missing) and only draws; ``plot_ladder``, ``plot_law`` and ``plot_watch`` draw what
+:mod:`reports.figdata` computes. ``matplotlib.figure.Figure`` without pyplot: no display backend
+(PNG through Agg)."""
 
 from __future__ import annotations
 
@@ -30,7 +25,7 @@ from matplotlib.ticker import (
 )
 
 from ladder.predict.watch import SEVERITIES
-from ladder.reports.figdata import health_alert_for, ladder_data, law_data, watch_data
+from ladder.reports.figdata import TRAIN_KEY, health_alert_for, ladder_data, law_data, watch_data
 from ladder.reports.inputs import ReportInputs, RunData
 from ladder.reports.inputs import alert_fraction as _alert_fraction
 from ladder.reports.style import (
@@ -40,6 +35,8 @@ from ladder.reports.style import (
     RC,
     SEVERITY_COLORS,
     TARGET_COLOR,
+    TRAIN_COLOR,
+    UPDATED_COLOR,
     rung_colors,
     sci,
     si,
@@ -76,9 +73,8 @@ def _styled(func):
 
 
 def _plain_log_y(ax) -> None:
-    """Log y axis labelled with plain numbers (losses 2.1, 2.5, 3 rather than 10^0.3). Within
-    less than a decade, log locators give two or three ticks; there the ticks are chosen as
-    round linear values instead (call after the limits are settled)."""
+    """Log y axis labelled with plain numbers (2.1, 2.5, 3, not 10^0.3); within a decade, round
+    linear ticks (log locators give two or three there). Call after the limits are settled."""
     ax.set_yscale("log")
     lo, hi = ax.get_ylim()
     if lo > 0 and hi / lo < 10:
@@ -133,9 +129,7 @@ def _draw_rung(ax, r, color: str, join: bool) -> None:
     if r.final is not None:
         ax.plot([r.final[0]], [r.final[1]], "o", color=color, ms=8, mec=TARGET_COLOR, mew=1,
                 zorder=4)
-    if r.law is not None:
-        # No per-rung band here: the rungs overlap in tokens and their bands would hide the
-        # points; the law's band is drawn in the law and watch figures.
+    if r.law is not None:  # no band: the rungs overlap, their bands would hide the points
         ax.plot(r.law.x, r.law.loss, "-", color=color, lw=1.6, alpha=0.9, zorder=2)
 
 
@@ -320,9 +314,10 @@ def draw_law(d, colors: dict[str, str]) -> Figure:
 
 
 @_styled
-def plot_watch(inp: ReportInputs) -> Figure | None:
-    """The watch figure of ``inp`` (its data: ladder.reports.figdata.watch_data)."""
-    d = watch_data(inp)
+def plot_watch(inp: ReportInputs, updated=None) -> Figure | None:
+    """The watch figure of ``inp`` (its data: ladder.reports.figdata.watch_data), with the
+    ``updated`` forecast ahead when given (a ``figdata.Curve``: the live page's)."""
+    d = watch_data(inp, updated)
     return None if d is None else draw_watch(d)
 
 
@@ -344,6 +339,9 @@ def _draw_band(ax, axr, d) -> None:
 
 
 def _draw_run(ax, axr, d) -> None:
+    if d.train is not None:  # noisier than the evals, may sit off-scale: clipped, never scaled to
+        ax.plot(d.train.fraction, d.train.value, "-", color=TRAIN_COLOR, lw=0.8, alpha=0.8,
+                zorder=1.5, scalex=False, scaley=False, label=f"train loss ({TRAIN_KEY})")
     if d.run_label is None:
         ax.text(0.5, 0.9, d.run_note, transform=ax.transAxes, ha="center", color="#666666")
         return
@@ -353,12 +351,16 @@ def _draw_run(ax, axr, d) -> None:
         axr.plot(d.fraction, d.deviation, "-o", color=TARGET_COLOR, lw=2, ms=3.5, zorder=4)
     for g in d.nonfinite:
         ax.axvline(g, color=SEVERITY_COLORS["critical"], lw=2, ls=":")
+    u = d.updated
+    if u is not None:  # issue 40: labelled, beside the registered band it never replaces
+        ax.plot(u.x, u.loss, "-", color=UPDATED_COLOR, lw=1.5, zorder=3,
+                label="updated forecast (from the run's evals so far)")
+        ax.fill_between(u.x, u.lo, u.hi, color=UPDATED_COLOR, alpha=0.12, lw=0)
 
 
 def _draw_alerts(ax, axr, d) -> None:
-    """Alerts about the loss are vertical lines through both panels, labelled with their kind;
-    every other alert (health, spikes, cleared) is a triangle on the top edge, so a run with
-    many health warnings stays readable (they are drawn in full on the health figure)."""
+    """Loss alerts: vertical lines through both panels, labelled with their kind; every other
+    alert: a triangle on the top edge (drawn in full on the health figure)."""
     for g0, g1 in d.spans:
         for a in (ax, axr):
             a.axvspan(g0, g1, color=NOT_APPLICABLE_COLOR, alpha=0.35, hatch="//", lw=0, zorder=0)
@@ -469,8 +471,8 @@ SMOOTH_FRACTION = 0.02  # health lines: rolling median over 2% of each run's own
 
 
 def _smooth(x: np.ndarray, y: np.ndarray, width: float = SMOOTH_FRACTION):
-    """Centred rolling median over ``width`` of the run (x in fractions), so that per-step signals
-    of runs with 60 or 20,000 steps read alike; evaluated at no more than ~400 x positions."""
+    """Centred rolling median over ``width`` of the run (x in fractions: runs of 60 and 20,000
+    steps read alike), at no more than ~400 x positions."""
     n = len(y)
     if n < 3:
         return x, y
@@ -556,13 +558,12 @@ def plot_health(inp: ReportInputs) -> Figure | None:
         if col:
             col[-1].set_xlabel("fraction of the run's own schedule")
             col[-1].tick_params(labelbottom=True)
-    handles, labels = [], []
+    legend: dict = {}  # label -> the first handle of that label
     for ax in axes.ravel():
         for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
-            if lab not in labels:
-                handles.append(h)
-                labels.append(lab)
-    fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 6))
+            legend.setdefault(lab, h)
+    fig.legend(list(legend.values()), list(legend), loc="outside lower center",
+               ncol=min(len(legend), 6))
     n_alerts = sum(1 for a in inp.alerts or [] if a.get("severity") in ("warn", "critical")
                    and any(health_alert_for(a, k) for k in keys))
     who = t.name if t is not None else "the ladder"
@@ -587,6 +588,10 @@ def _as_num(v) -> float:
         return math.nan
 
 
+def _nums(vs) -> np.ndarray:
+    return np.array([_as_num(v) for v in vs])
+
+
 @_styled
 def plot_compare(metric: str, c: dict) -> Figure:
     """One metric of compare.json (ladder.fit.compare): both laws with their runs against compute,
@@ -594,13 +599,13 @@ def plot_compare(metric: str, c: dict) -> Figure:
     fig = _fig(12.5, 4.8)
     ax, axm = fig.subplots(1, 2)
     cur = c["curve"]
-    x = np.array([_as_num(v) for v in cur["compute"]])
+    x = _nums(cur["compute"])
     for side, color, label in (("a", COMPARE_A_COLOR, "A"), ("b", COMPARE_B_COLOR, "B")):
         pts = c["points"][side]
         law = c["laws"][side]
-        ax.plot(x, [_as_num(v) for v in cur[f"loss_{side}"]], color=color, lw=1.6,
+        ax.plot(x, _nums(cur[f"loss_{side}"]), color=color, lw=1.6,
                 label=f"{label}: {law['form']} law")
-        ax.scatter([_as_num(v) for v in pts["compute"]], [_as_num(v) for v in pts["loss"]],
+        ax.scatter(_nums(pts["compute"]), _nums(pts["loss"]),
                    color=color, s=28, zorder=3, label=f"{label}: runs' final loss")
     at = _as_num(c["at"])
     for a in (ax, axm):
@@ -611,9 +616,7 @@ def plot_compare(metric: str, c: dict) -> Figure:
     _plain_log_y(ax)
     ax.set_title("both recipes' laws")
     ax.legend(loc="upper right")
-    m = np.array([_as_num(v) for v in cur["multiplier"]])
-    lo = np.array([_as_num(v) for v in cur["lo"]])
-    hi = np.array([_as_num(v) for v in cur["hi"]])
+    m, lo, hi = (_nums(cur[k]) for k in ("multiplier", "lo", "hi"))
     ok = np.isfinite(m)
     axm.plot(x[ok], m[ok], color=COMPARE_B_COLOR, lw=1.6, label="laws: C_A(L_B(C)) / C")
     band = ok & np.isfinite(lo) & np.isfinite(hi)
@@ -622,10 +625,8 @@ def plot_compare(metric: str, c: dict) -> Figure:
                          label=f"{c['level']:.0%} band (both fits' draws)")
     sizes = [e for e in c["per_size"] if _as_num(e.get("multiplier")) > 0]
     if sizes:
-        xs = np.array([_as_num(e["compute"]) for e in sizes])
-        ys = np.array([_as_num(e["multiplier"]) for e in sizes])
-        elo = np.array([_as_num(e.get("lo")) for e in sizes])
-        ehi = np.array([_as_num(e.get("hi")) for e in sizes])
+        xs, ys, elo, ehi = (_nums([e.get(k) for e in sizes])
+                            for k in ("compute", "multiplier", "lo", "hi"))
         err = np.vstack([np.where(np.isfinite(elo), ys - elo, 0),
                          np.where(np.isfinite(ehi), ehi - ys, 0)])
         fin = np.isfinite(ys)
@@ -672,8 +673,8 @@ def plot_compare_summary(doc: dict) -> Figure:
 
 
 def compare_figures(doc: dict) -> dict[str, bytes]:
-    """compare.json's object -> {file name: PNG}: one figure per metric (compare_KEY.png, the
-    key's characters outside [A-Za-z0-9._-] as '_') and, for several metrics, compare.png."""
+    """compare.json's object -> {file name: PNG}: compare_KEY.png per metric (characters outside
+    [A-Za-z0-9._-] as '_') and, for several metrics, compare.png."""
     out = {}
     for k, c in doc["metrics"].items():
         safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in str(k))

@@ -15,6 +15,8 @@ FORECAST_COLOR = "#2b6cb0"    # the pre-registered forecast and its band
 LAW_COLOR = "#2b6cb0"
 SEVERITY_COLORS = {"info": "#8a8a8a", "warn": "#f08c00", "critical": "#d62728"}
 NOT_APPLICABLE_COLOR = "#b0b0b0"
+UPDATED_COLOR = "#1971c2"     # the watcher's updated forecast (issue 40), beside the frozen band
+TRAIN_COLOR = "#adb5bd"       # the run's train loss: neutral and faint, beneath the metric
 
 RC = {
     "figure.dpi": 110,

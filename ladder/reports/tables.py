@@ -13,8 +13,8 @@ from ladder.reports.inputs import ReportInputs, not_applicable_spans
 from ladder.reports.style import loss_fmt, num, pct, sci, si
 
 CHECKPOINTS = (0.25, 0.5, 0.75, 1.0)
-# An eval counts as "at" a checkpoint when it lies within this fraction of the run of it; evals
-# come every 5% of the run (DESIGN.md, trainer), so the nearest is at most 2.5% away.
+# an eval is "at" a checkpoint within this fraction of the run: evals come every 5% of the run
+# (DESIGN.md, trainer), so the nearest is at most 2.5% away
 NEAR = 0.03
 
 
@@ -108,8 +108,7 @@ WAITING = "not there (yet)"
 
 
 def shown_alerts(inp: ReportInputs) -> list[dict]:
-    """The alerts a reader is shown: all of them but the start-up "not there (yet)" notes of a
-    target run that then logged rows."""
+    """The alerts, less the start-up "not there (yet)" notes of a target run that then logged."""
     alerts = list(inp.alerts or [])
     if inp.target is not None and inp.target.rows:
         alerts = [a for a in alerts if not (a.get("kind") == "input"
@@ -144,9 +143,8 @@ def _opt(v) -> str:
 
 
 def decision_rule(words: str) -> tuple[str, list[str]]:
-    """The pre-registered rule's words (ladder.predict.watch.rules.decision_rule_words: one
-    slice per rule, joined) as (the verdict's own rule, the loss rule's first clause, in one
-    sentence; every rule's slice, one per item)."""
+    """The pre-registered rule's words (predict.watch.rules.decision_rule_words) as (the loss
+    rule's first clause, the verdict's rule, in one sentence; every rule's slice)."""
     import re
     items = [x.strip() for x in re.split(r"(?<=[.)])\s+(?=[A-Z])", words) if x.strip()]
     loss = next((x for x in items if x.startswith("Loss:")), None)

@@ -1,9 +1,7 @@
 """The updated forecast on the report and the live page (issue 40 item 1): always labelled
-"updated", always beside the frozen numbers, which it never replaces.
-
-The report computes it from the artifacts (the pre-registration and the target's evals) with the
-watcher's own method (:func:`ladder.predict.updated.update`); the live page reads the watcher's
-(the heading rule's filter, :func:`ladder.predict.watch.rules.heading.updated_forecast`).
+"updated", beside the frozen numbers it never replaces. The report computes it from the
+artifacts with the watcher's own method (``ladder.predict.updated.update``); the live page reads
+the watcher's (``ladder.predict.watch.rules.heading.updated_forecast``).
 """
 
 from __future__ import annotations
@@ -13,9 +11,6 @@ import math
 import numpy as np
 
 from ladder.io import as_float
-
-COLOR = "#1971c2"  # the updated forecast's line, on the page and the report alike
-
 
 def of_inputs(inp) -> dict | None:
     """The updated forecast of a report's target (as JSON: ``label`` "updated", ``final``,
@@ -54,21 +49,14 @@ def line(up: dict | None, metric: str) -> str | None:
             f"frozen {z['loss']:.4f} [{z['lo']:.4f}, {z['hi']:.4f}].")
 
 
-def series(up: dict | None) -> list[dict]:
-    """The live page's lines of the updated curve ahead and its band (downsampled already: the
-    pre-registration's grid)."""
+def curve(up: dict | None):
+    """The updated curve ahead and its band (``figdata.Curve``, x in fractions of the run), or
+    None without one."""
+    from ladder.reports.figdata import Curve
     if not up or not up.get("curve"):
-        return []
+        return None
     c = up["curve"]
-    x = np.array([r["fraction"] for r in c])
-    out = []
-    for name, key, width, opacity in (("updated forecast", "loss", 1.5, 1.0),
-                                      ("updated band low", "lo", 0.8, 0.6),
-                                      ("updated band high", "hi", 0.8, 0.6)):
-        y = np.array([r[key] for r in c])
-        out.append({"name": name, "x": x, "y": y, "n": len(c), "color": COLOR, "width": width,
-                    "opacity": opacity, "scale": False})
-    return out
+    return Curve(*(np.array([r[k] for r in c], float) for k in ("fraction", "loss", "lo", "hi")))
 
 
 def of_watcher(w) -> dict | None:

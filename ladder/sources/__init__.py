@@ -1,16 +1,13 @@
-"""Live metric sources for the watcher. Each source (the shape: :class:`Source`) answers
-``poll()`` with a :class:`Poll` of the rows that arrived since the last poll (dicts with ``step``
-and metric keys), run configurations seen, and notes about the input; ``position()``/``restore()``
-give a JSON-serialisable read position so a restarted watcher continues where it stopped (no row
-judged twice, none skipped).
+"""Every metrics reader: run directories (``runs.py``) and the watcher's live sources, each the
+shape of :class:`Source` (``base.py``): ``poll()`` gives the rows that arrived since the last
+poll, ``position()``/``restore()`` a read position a restarted watcher continues at.
 
-- :class:`JsonlSource` (``jsonl.py``): a metrics.jsonl, tailed by byte offset, each line parsed by
-  orjson; a rotated or truncated file is read again (the watcher skips the steps it judged).
+- :class:`JsonlSource` (``jsonl.py``): a metrics.jsonl, tailed by byte offset.
 - :class:`CsvSource` (``csv.py``): a CSV, incl. W&B exports.
 - :class:`WandbOfflineSource` and :class:`WandbApiSource` (``wandb.py``): a W&B offline run
   directory or ``.wandb`` file, and ``wandb://ENTITY/PROJECT/ID[,ID...]`` through the public API.
-- :class:`KeyMappedSource` (``keyed.py``): any of them read under another trainer's metric names.
-- ``base.py``: the :class:`Source` shape, :class:`Poll`, a file's identity, a position's check.
+- :class:`KeyMappedSource` (``keyed.py``): any of them under another trainer's metric names
+  (``keymap.py``); ``batch.py``: rows as columns.
 
 :func:`open_source` picks the source a ``--source`` argument names.
 """
@@ -20,33 +17,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from ladder.io import EX_NOINPUT, InputError
-from ladder.sources.base import (
-    IDENTITY_BYTES,
-    Poll,
-    Source,
-    SourceWrapper,
-    check_position,
-    check_regular,
-    file_identity,
-    same_file,
-)
-from ladder.sources.csv import CsvSource, normalise_columns
-from ladder.sources.jsonl import JSONL_POSITION, JsonlSource, parse_lines
+from ladder.sources.base import Poll, Source, SourceWrapper, check_regular
+from ladder.sources.csv import CsvSource
+from ladder.sources.jsonl import JsonlSource, parse_lines
 from ladder.sources.keyed import KeyMappedSource
-from ladder.sources.wandb import (
-    WandbApiSource,
-    WandbOfflineSource,
-    WandbUri,
-    decode_wandb_file,
-    read_wandb_records,
-)
+from ladder.sources.wandb import WandbApiSource, WandbOfflineSource, WandbUri, read_wandb_records
 
 
 def open_source(src: str, *, follow: bool = False, **kw) -> Source:
-    """The source for a ``--source`` argument. With ``follow``, a path that does not exist yet
-    is waited for (a watcher started before the run): its suffix says what it will be
-    (``.csv``/``.tsv``, ``.wandb``, else a metrics JSONL; a name without suffix is a run
-    directory, whose ``metrics.jsonl`` is awaited)."""
+    """The source for a ``--source`` argument. With ``follow``, a path not there yet is waited
+    for, its suffix saying what it will be (``.csv``/``.tsv``, ``.wandb``, else a metrics JSONL;
+    no suffix: a run directory, whose ``metrics.jsonl`` is awaited)."""
     if src.startswith("wandb://"):
         return WandbApiSource(src, **kw)
     p = Path(src)
@@ -60,8 +41,6 @@ def open_source(src: str, *, follow: bool = False, **kw) -> Source:
     if not p.exists():
         raise InputError("no such file or directory", path=src, field="--source",
                          exit_code=EX_NOINPUT)
-    if not p.is_dir():
-        check_regular(p)
     if p.is_dir():
         if (p / "metrics.jsonl").exists():
             return JsonlSource(p / "metrics.jsonl")
@@ -69,6 +48,7 @@ def open_source(src: str, *, follow: bool = False, **kw) -> Source:
             return WandbOfflineSource(p)
         raise InputError("a directory without metrics.jsonl or a .wandb file", path=src,
                          field="--source")
+    check_regular(p)
     if p.suffix == ".wandb":
         return WandbOfflineSource(p)
     if p.suffix.lower() in (".csv", ".tsv"):
@@ -76,7 +56,6 @@ def open_source(src: str, *, follow: bool = False, **kw) -> Source:
     return JsonlSource(p)
 
 
-__all__ = ["IDENTITY_BYTES", "JSONL_POSITION", "CsvSource", "JsonlSource", "KeyMappedSource",
-           "Poll", "Source", "SourceWrapper", "WandbApiSource", "WandbOfflineSource", "WandbUri",
-           "check_position", "decode_wandb_file", "file_identity", "normalise_columns",
-           "open_source", "parse_lines", "read_wandb_records", "same_file"]
+__all__ = ["CsvSource", "JsonlSource", "KeyMappedSource", "Poll", "Source", "SourceWrapper",
+           "WandbApiSource", "WandbOfflineSource", "WandbUri", "open_source", "parse_lines",
+           "read_wandb_records"]

@@ -1,18 +1,16 @@
-"""What every watcher source shares: the :class:`Source` shape (with its defaults), the
-:class:`Poll` a poll returns, the identity of a source file (so a moved or renamed file is
-recognised and not judged again) and the check of a saved read position."""
+"""What every watcher source shares: the :class:`Source` shape, the :class:`Poll` a poll returns,
+a source file's identity (a moved file is recognised) and the check of a saved read position."""
 
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ladder.io import InputError, as_float, open_input
+from ladder.io import InputError, open_input
 from ladder.sources.runs import ended_status
 
 
@@ -22,9 +20,7 @@ class Poll:
     configs: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     more: bool = False  # the source has more rows ready: poll again at once
-    # the rows start over from the source's beginning (a file replaced, truncated or rewritten):
-    # the watcher skips the steps it already judged (ladder.predict.live.Watcher, one rule for
-    # every kind of source)
+    # the rows start over (a file replaced or truncated): the watcher skips the judged steps
     restarted: bool = False
     batch: Any = None   # rows already as columns (predict.watch.Batch), when the source made them
 
@@ -32,14 +28,10 @@ class Poll:
 class Source:
     """The shape of a watcher source (``ladder.predict.live.Watcher`` asks for nothing else).
 
-    ``poll()`` returns a :class:`Poll` of what arrived since the last poll; ``position()`` is a
-    JSON-serialisable read position that ``restore()`` continues at, returning True when it
-    does (a restarted watcher judges no row twice and skips none; when the source cannot
-    continue there, the watcher skips the steps it already judged); ``finished()`` says, in
-    words, that the run ended (None while it runs or when the source cannot tell);
-    ``poll_seconds`` is the interval that suits the source when following. A source that can
-    hand its rows over as columns overrides :meth:`poll_batch`; by default it is :meth:`poll`,
-    whose rows the watcher turns into columns itself."""
+    ``poll()``: a :class:`Poll` of what arrived since the last poll. ``position()``: a
+    JSON-serialisable read position that ``restore()`` continues at (True when it can).
+    ``finished()``: in words, that the run ended (None while it runs or when unknown).
+    ``poll_seconds``: the interval that suits the source when following."""
 
     kind = "source"
     poll_seconds = 1.0
@@ -48,17 +40,16 @@ class Source:
         raise NotImplementedError
 
     def poll_batch(self, keys, keep) -> Poll:
-        """The next rows, as columns of ``keys`` and the keys ``keep`` accepts when the source
-        makes them (``Poll.batch``); this default leaves them as rows (``Poll.rows``)."""
+        """The next rows as columns of ``keys`` and the keys ``keep`` accepts (``Poll.batch``),
+        for a source that makes them; this default leaves them as rows."""
         return self.poll()
 
     def position(self) -> dict:
         return {"kind": self.kind}
 
     def restore(self, pos: dict) -> bool:
-        """Continue at ``pos`` (a :meth:`position` of the same kind of source) and say so (True);
-        False when the source starts from its beginning instead (another kind's position, another
-        file): the rows already judged then come again, for the watcher to skip."""
+        """Continue at ``pos`` (a :meth:`position`): True; False when reading from the start
+        instead (the watcher then skips the rows already judged)."""
         return False
 
     def finished(self) -> str | None:
@@ -66,8 +57,8 @@ class Source:
 
 
 class SourceWrapper(Source):
-    """A source passed through to ``source`` (position, restore, finished, the poll interval
-    and any other attribute are the wrapped source's); a subclass changes the polls."""
+    """A source passed through to ``source`` (every attribute the wrapped source's); a subclass
+    changes the polls."""
 
     def __init__(self, source: Source):
         self._source = source
@@ -95,8 +86,7 @@ class SourceWrapper(Source):
 
 
 def summary_finished(run_dir: Path) -> str | None:
-    """``summary.json status S`` when the run of ``run_dir`` ended (complete, diverged, failed:
-    ``ladder.sources.runs.ended_status``, the status rule of every run reader), else None."""
+    """``summary.json status S`` when the run of ``run_dir`` ended (:func:`ended_status`)."""
     status = ended_status(run_dir)
     return f"summary.json status {status}" if status else None
 
@@ -107,8 +97,8 @@ IDENTITY_BYTES = 4096  # the first bytes that fingerprint a file (a run's first 
 
 
 def file_identity(path: str | os.PathLike) -> dict | None:
-    """What identifies a source file when its path changed: device, inode, size and a digest of
-    its first bytes (up to 4 KiB); None if it cannot be read."""
+    """What identifies a source file whose path changed: device, inode, size and a digest of
+    its first bytes; None if it cannot be read."""
     try:
         with open_input(path) as f:
             st = os.fstat(f.fileno())
@@ -120,9 +110,8 @@ def file_identity(path: str | os.PathLike) -> dict | None:
 
 
 def same_file(path: str | os.PathLike, ident: dict | None) -> bool:
-    """``path`` holds the file ``ident`` was taken of (moved, renamed, copied, or grown since):
-    its first ``n`` bytes have the recorded digest and it is not shorter than it was. An empty
-    fingerprint (the file was empty) matches nothing."""
+    """``path`` holds the file ``ident`` was taken of (moved, copied or grown since): its first
+    ``n`` bytes have the recorded digest and it is not shorter. An empty file matches nothing."""
     if not isinstance(ident, dict) or not ident.get("n"):
         return False
     try:
@@ -139,8 +128,7 @@ def same_file(path: str | os.PathLike, ident: dict | None) -> bool:
 
 
 def check_regular(p: Path) -> None:
-    """InputError (65) when ``p`` is a FIFO, a device or a socket (ladder.io's rule for inputs:
-    a source is a regular file, checked without opening it)."""
+    """InputError (65) when ``p`` is a FIFO, a device or a socket (checked without opening it)."""
     try:
         mode = os.stat(p).st_mode
     except OSError:
@@ -152,14 +140,13 @@ def check_regular(p: Path) -> None:
 
 # ----------------------------------------------------------------------------------- positions
 
-# A saved read position, field by field: (name, kinds, bounds). A state file is ours, but it is
-# a file: edited, truncated, or from another version (issue 26).
+# A saved read position is checked field by field: a state file may be edited (issue 26).
 POS_INT = (0, 2 ** 63 - 1)
 
 
 def check_position(pos: dict, spec: dict) -> dict:
-    """The fields of a saved read position ``pos`` as ``spec`` says (missing ones: the
-    defaults of a fresh source), or a ValueError naming the first bad one (``source.FIELD``)."""
+    """The fields of a saved position ``pos`` as ``spec`` (name -> (kind, bounds)) says, missing
+    ones a fresh source's; a ValueError naming the first bad one (``source.FIELD``)."""
     defaults = {"str": "", "int": 0, "int?": None, "bool": False, "dict?": None}
     out = {}
     for name, (kind, bounds) in spec.items():
@@ -184,15 +171,3 @@ def check_position(pos: dict, spec: dict) -> dict:
                              + f", got {str(v)[:40]!r}")
         out[name] = v
     return out
-
-
-def step_of(row: dict) -> int | None:
-    """A row's ``step`` as an integer; None when it has none or it is not a finite number."""
-    return step_value(row.get("step"))
-
-
-def step_value(s) -> int | None:
-    f = as_float(s)
-    if f is None or not math.isfinite(f):
-        return None
-    return int(f)

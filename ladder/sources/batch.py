@@ -14,10 +14,9 @@ from ladder.io import as_float
 
 @dataclass
 class Batch:
-    """Rows of a metrics source as columns. ``cols[key]`` is float64 with NaN where the row lacks
-    the key or its value is non-finite; ``nonfinite[key]`` marks values *written* as NaN/Inf.
-    ``configs`` are run configurations seen in the source (checked for applicability); ``notes``
-    are human-readable remarks on the input (skipped lines, non-numeric values)."""
+    """``cols[key]``: float64, NaN where the row lacks the key or its value is non-finite;
+    ``nonfinite[key]`` marks values *written* as NaN/Inf. ``configs``: run configurations seen;
+    ``notes``: remarks on the input (skipped rows, non-numeric values)."""
 
     step: np.ndarray
     cols: dict[str, np.ndarray]
@@ -39,13 +38,10 @@ class Batch:
     @classmethod
     def from_rows(cls, rows: Iterable[Mapping], *, keys: Iterable[str] | None = None,
                   keep=None) -> Batch:
-        """Columns from row dicts (as read from JSONL/CSV/W&B). A row with a ``config`` dict is a
-        configuration; rows without a numeric ``step`` are skipped with a note. Within the batch
-        a repeated step keeps its last row (a resumed run re-logs steps: last one wins).
-
-        Rows in runs of one shape (the same keys in the same order: a trainer's lines) are
-        turned into columns in C (:meth:`_columns_fast`); the same numbers, masks and notes as
-        the general conversion (:meth:`_from_rows_general`), which takes the rest."""
+        """Columns from row dicts. A row with a ``config`` dict is a configuration; rows without
+        a numeric ``step`` are skipped with a note; a repeated step keeps its last row (a resumed
+        run re-logs steps). Rows in runs of one shape go the fast way (:meth:`_columns_fast`),
+        to the same numbers, masks and notes as the general one."""
         rows_l = rows if isinstance(rows, list) else list(rows)
         if len(rows_l) >= 64:
             b = cls._columns_fast(rows_l, keys, keep)
@@ -67,13 +63,8 @@ class Batch:
             if no_step:
                 notes.append(f"{no_step} row(s) without a numeric 'step' skipped")
             rows_l = [r for r, k in zip(rows_l, ok, strict=True) if k]
-        return cls._columns(rows_l, keys, configs, notes, keep)
-
-    @classmethod
-    def _columns(cls, rows: list[Mapping], keys, configs, notes, keep=None) -> Batch:
-        n = len(rows)
-        step = _to_float([r["step"] for r in rows], nonfinite=False)[0].astype(np.int64) if n \
-            else np.zeros(0, dtype=np.int64)
+        rows = rows_l
+        step = arr[ok].astype(np.int64)
         ks = cls._keys(rows, keys, keep) - {"step", "config"}
         cols: dict[str, np.ndarray] = {}
         nonfinite: dict[str, np.ndarray] = {}
@@ -84,18 +75,16 @@ class Batch:
 
     @classmethod
     def _columns_fast(cls, rows: list[Mapping], keys, keep) -> Batch | None:
-        """:meth:`from_rows` for rows that come in runs of one shape (a trainer writes the same
-        keys in the same order on every line; evals add a few): per run, the wanted values of
-        every row in one pass in C (``itemgetter`` over the run, ``np.fromiter``), ~2.5x a pass
-        per key (bench/watch_follow_speed.py). Within a run every row has every key, so a
-        non-finite value is one *written* non-finite (a missing key is only ever a run without
-        it). None (the general path) for configuration rows, many short runs, or a value that
-        is not a number (a string, a null: the general path notes and ignores it)."""
+        """:meth:`from_rows` for rows in runs of one shape (a trainer writes the same keys in the
+        same order on every line): per run, every wanted value in one pass in C (``itemgetter``,
+        ``np.fromiter``), ~2.5x a pass per key (bench/watch_follow_speed.py). Within a run every
+        row has every key, so a non-finite value was written so. None (the general path) for
+        configuration rows, many short runs, or a value that is not a number."""
         from itertools import chain, compress
         from operator import itemgetter, ne
         n = len(rows)
-        # runs of rows with one key set: where a row's keys differ from the row before (dict key
-        # views compare in C; orjson shares the key strings, so each test is pointer-fast)
+        # runs of rows with one key set: where a row's keys differ from the row before (key
+        # views compare in C; orjson shares the key strings)
         try:
             ks_of = list(map(dict.keys, rows))
         except TypeError:  # a row that is not a dict (a Mapping of another kind)
@@ -207,8 +196,8 @@ def concat_batches(batches: list[Batch]) -> Batch:
 
 
 def _column(k: str, vals: list, cols: dict, nonfinite: dict, notes: list) -> None:
-    """Column ``k`` of a batch from its row values (None: missing), with its non-finite mask and
-    a note on the values that are not numbers."""
+    """Column ``k`` from its row values (None: missing), its non-finite mask, and a note on the
+    values that are not numbers."""
     arr, bad, nf = _to_float(vals)
     if bad:
         notes.append(f"{bad} non-numeric value(s) of '{k}' ignored")

@@ -1,20 +1,24 @@
-"""The metrics JSONL source: a run's ``metrics.jsonl`` tailed by byte offset, each line parsed by
-orjson (the standard library for lines with NaN/Infinity tokens). A partial last line waits for
-its newline; a corrupt complete line is skipped with a note; a truncated or replaced (rotated)
-file is read again from its start (``Poll.restarted``: the watcher skips the steps it already
-judged, as for every source). A watcher
-started again with its ``--state`` continues at the saved byte offset (a moved or renamed file
-is recognised by its first bytes: :func:`ladder.sources.base.same_file`)."""
+"""The metrics JSONL source: a run's ``metrics.jsonl`` tailed by byte offset. A partial last line
+waits for its newline; a corrupt line is skipped with a note; a truncated or replaced (rotated)
+file is read again from its start (``Poll.restarted``). A watcher started again with its
+``--state`` continues at the saved offset (a moved file is recognised by its first bytes)."""
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 
 import orjson
 
-from ladder.io import MAX_LINE_BYTES, InputError, json_line, open_input, read_json, skip_line
+from ladder.io import (
+    MAX_LINE_BYTES,
+    InputError,
+    json_line,
+    open_input,
+    read_json,
+    skip_line,
+    step_of,
+)
 from ladder.sources.base import (
     POS_INT,
     Poll,
@@ -23,15 +27,12 @@ from ladder.sources.base import (
     check_regular,
     file_identity,
     same_file,
-    step_value,
     summary_finished,
 )
 
 
 class JsonlSource(Source):
-    """Tail a metrics JSONL by byte offset; each line parsed by orjson (``ladder.io.json_line``:
-    the standard library for the lines holding NaN/Infinity tokens), a poll's rows turned into
-    columns of the keys the rules read (:meth:`poll_batch`)."""
+    """Tail a metrics JSONL by byte offset (lines parsed as ``ladder.io.json_line`` does)."""
 
     kind = "jsonl"
     poll_seconds = 1.0  # a local file: cheap to stat
@@ -39,10 +40,9 @@ class JsonlSource(Source):
     def __init__(self, path: str | os.PathLike, *, chunk_bytes: int = 4 << 20,
                  max_rows: int = 100_000):
         self.path = Path(path)
-        # a poll returns at most about this many rows: a backlog is judged in slices, so memory
-        # stays bounded (a block's dicts, ~4 MB of lines, and 100,000 rows as float columns,
-        # ~20 MB) whatever the file's length; judging 1M rows in slices of 100,000 took 1.7 s of
-        # CPU against 2.1 s in slices of 20,000 (bench/watch_follow_speed.py)
+        # a poll returns at most about this many rows: a backlog is judged in slices, memory
+        # bounded (~20 MB of columns); 1M rows took 1.7 s of CPU in slices of 100,000, 2.1 s in
+        # slices of 20,000 (bench/watch_follow_speed.py)
         self.max_rows = max_rows
         self.offset = 0
         self.inode: int | None = None
@@ -64,9 +64,8 @@ class JsonlSource(Source):
         return summary_finished(self.path.parent)
 
     def restore(self, pos: dict) -> bool:
-        """Continue at a saved position (a state file's ``source``), each field checked: a
-        ValueError naming ``source.FIELD`` when one is not what :meth:`position` writes. False
-        (read from the start) for another kind's position or another file."""
+        """Continue at a saved position, each field checked (ValueError naming ``source.FIELD``);
+        False for another kind's position or another file."""
         if pos.get("kind") != self.kind:
             return False
         got = check_position(pos, JSONL_POSITION)
@@ -88,8 +87,7 @@ class JsonlSource(Source):
         return True
 
     def _read_head(self) -> str:
-        """The file's first line (up to 4 KiB): its fingerprint, since a rotated file can reuse
-        the old inode number."""
+        """The file's first line (up to 4 KiB): a rotated file can reuse the old inode number."""
         try:
             with open_input(self.path) as f:
                 line = f.readline(4096)
@@ -120,13 +118,12 @@ class JsonlSource(Source):
             return len(out.rows)
 
         self._read_blocks(out, take)
-        self._after_rows(out)
+        self._saw_step(_max_step([r.get("step") for r in out.rows]))
         return out
 
     def poll_batch(self, keys, keep) -> Poll:
-        """Like :meth:`poll`, but the rows as a :class:`predict.watch.Batch` of the ``keys`` and
-        the keys ``keep`` accepts (``rows`` left empty): each block's rows become columns as
-        soon as they are parsed, so a poll holds the dicts of one block (~4 MB) at a time."""
+        """:meth:`poll` as a :class:`Batch` of ``keys`` and the keys ``keep`` accepts, each block's
+        rows made columns once parsed (a poll holds one block's dicts at a time)."""
         from ladder.sources.batch import Batch, concat_batches
         out = Poll()
         parts: list = []
@@ -149,15 +146,10 @@ class JsonlSource(Source):
         if m is not None:
             self.max_step = m if self.max_step is None else max(self.max_step, m)
 
-    def _bad_note(self, bad: int, first_bad: int | None) -> str:
-        return (f"{self.path}: {bad} line(s) not a JSON object, skipped (first at line "
-                f"{first_bad})")
-
     def _read_blocks(self, out: Poll, take) -> None:
-        """Read the complete lines that arrived, in blocks of about ``chunk_bytes``, handing
-        each block's rows to ``take(rows) -> rows taken so far`` until about ``max_rows`` rows
-        were read (``out.more`` then); notes go to ``out``. The file is opened by
-        ``ladder.io.open_input`` (a regular file, without blocking on a FIFO)."""
+        """Read the complete lines that arrived in blocks of about ``chunk_bytes``, each block's
+        rows handed to ``take(rows) -> rows taken so far`` until about ``max_rows`` (then
+        ``out.more``); notes go to ``out``."""
         if self.moved_from:
             out.notes.append(f"{self.path} is {self.moved_from} moved (same first bytes): "
                              f"continuing at byte {self.offset}, nothing judged again")
@@ -222,19 +214,16 @@ class JsonlSource(Source):
                     out.more = True
                     break
         if bad:
-            out.notes.append(self._bad_note(bad, first_bad))
+            out.notes.append(f"{self.path}: {bad} line(s) not a JSON object, skipped (first at "
+                             f"line {first_bad})")
         if self.restarted:
             out.restarted, self.restarted = True, False
 
-    def _after_rows(self, out: Poll) -> None:
-        self._saw_step(_max_step([r.get("step") for r in out.rows]))
-
 
 def parse_lines(block: bytes, line_no: int, rows: list) -> tuple[int, int | None, int]:
-    """Append the JSON objects of the newline-separated ``block`` to ``rows``: each line by
-    orjson, the lines it refuses by the standard library (``ladder.io.json_line``: NaN/Infinity
-    tokens, numbers beyond float range); blank lines skipped, lines that are not a JSON object
-    counted. Returns ``(bad, first bad line number (1-based, after line_no), lines)``."""
+    """Append the JSON objects of the lines of ``block`` to ``rows`` (``ladder.io.json_line``,
+    orjson's fast path first); blank lines skipped, others counted as bad. Returns ``(bad, first
+    bad line number (1-based, after line_no), lines)``."""
     lines = block.split(b"\n")
     try:  # the common case, every line an object orjson reads: one pass in C
         got = list(map(orjson.loads, lines))
@@ -269,12 +258,11 @@ JSONL_POSITION = {"path": ("str", None), "offset": ("int", POS_INT),
 
 
 def _max_step(steps: list) -> int | None:
-    """The highest step of the rows' ``step`` values, as :func:`step_value` reads each."""
-    try:  # the common case: every row has a finite numeric step (max runs in C)
-        m = max(steps) if steps else None
-        if m is not None and not math.isfinite(m):
-            raise ValueError  # a NaN first compares as the max: the careful way
-        return int(m) if m is not None else None
-    except (TypeError, ValueError, OverflowError):
-        got = [s for s in (step_value(v) for v in steps) if s is not None]
-        return max(got) if got else None
+    """The highest of the rows' valid steps (:func:`ladder.io.step_of`)."""
+    try:  # the common case, every step valid: max runs in C, and a valid max is the answer
+        top = step_of(max(steps, default=None))
+    except TypeError:  # a missing step or a string among the numbers
+        top = None
+    if top is None:
+        top = max((s for s in map(step_of, steps) if s is not None), default=None)
+    return top

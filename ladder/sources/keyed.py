@@ -1,12 +1,7 @@
-"""A watcher source read under another trainer's metric names (`ladder watch --keys ...`).
-
-:class:`KeyMappedSource` wraps any source of :mod:`ladder.sources` (a metrics JSONL, a CSV,
-a W&B offline directory, the W&B API) and a ``sources.keymap.KeyMap``: the watcher asks for its
-keys (``tokens``, ``progress``, the metric...), the source is asked for the trainer's names
-(``throughput/total_tokens``, ``run_progress``...), and what comes back, rows or columns, carries
-ours (values scaled: levanter's GFLOPs to FLOPs). Everything else (position, restore, finished,
-the path) is the wrapped source's.
-"""
+"""A watcher source read under another trainer's metric names (`ladder watch --keys ...`):
+:class:`KeyMappedSource` asks the wrapped source for the trainer's names of the keys the watcher
+wants (a ``KeyMap``) and hands back rows or columns under ours, values scaled. Everything else
+is the wrapped source's."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """Another trainer's metric names mapped to this project's (`ladder fit|watch --keys ...`).
 
-The fitter and the watcher read the keys of shared/DESIGN.md section 3 (``tokens``, ``progress``,
-``flops``, ``optim/lr``, ``step``, the metric) and the run's sizes (``params``). A run trained by
-another trainer logs the same quantities under its own names; a key map says which, and by what
-factor a value is scaled (levanter logs GFLOPs). Built-in maps are data, like the ladders:
-``sources/keymaps/levanter.toml`` and ``marin.toml`` (each cites where the trainer logs the names);
-``--keys FILE.toml`` takes a team's own in the same shape::
+The fitter and the watcher read the keys of shared/DESIGN.md section 3 (``tokens``, ``flops``,
+the metric...); another trainer logs them under its own names, a key map says which and by what
+factor (levanter logs GFLOPs). Built-in maps are data (``sources/keymaps/levanter.toml``,
+``marin.toml``, each citing its trainer); ``--keys FILE.toml`` takes a team's own::
 
     schema = "keymap/1"
     name = "mytrainer"
@@ -13,8 +11,8 @@ factor a value is scaled (levanter logs GFLOPs). Built-in maps are data, like th
     tokens = "tokens_seen"                       # ours = theirs
     flops = { from = "total_gflops", scale = 1e9 }
 
-A mapped key takes the value of the trainer's key (scaled) wherever that key is in a row; every
-other key passes unchanged. Plain Python (the ladder base): fit and predict both use it.
+A mapped key takes the trainer's key's value (scaled) wherever it is in a row; every other key
+passes unchanged.
 """
 
 from __future__ import annotations
@@ -33,8 +31,8 @@ BUILTIN_DIR = "keymaps"
 BUILTIN = ("levanter", "marin")
 # what a points table (fit's input) calls the quantities a metrics row calls otherwise
 TABLE_NAMES = {"flops": "compute", "progress": "fraction"}
-# a scale is a unit's factor: the SI prefixes from atto (1e-18) to exa (1e18) hold every unit a
-# trainer logs a count in (levanter's GFLOPs: 1e9); beyond them every count is 0 or Infinity
+# a scale is a unit's factor: SI prefixes atto (1e-18) to exa (1e18) hold every unit a trainer
+# logs a count in (levanter's GFLOPs: 1e9)
 SCALE_RANGE = (1e-18, 1e18)
 MAX_BYTES = 1 << 20  # a key map is a few lines; a larger file is not one
 
@@ -78,8 +76,8 @@ class KeyMap:
         return out
 
     def value(self, key: str, *where: dict) -> Any:
-        """Our ``key`` looked up in ``where`` (e.g. a W&B run's summary, then its config), by
-        its own name first, then by the trainer's (scaled); None when absent."""
+        """Our ``key`` in the first of ``where`` that has it, by our name, else the trainer's
+        (scaled); None when absent."""
         t, s = self.theirs.get(key, (key, 1.0))
         for d in where:
             if isinstance(d, dict):
@@ -122,9 +120,8 @@ class KeyMap:
 
 
 def recognise(keys) -> tuple[list[str], list[str]] | None:
-    """The built-in key maps whose trainer keys ``keys`` (a run's config, summary and history
-    keys) hold the most of (maps that tie, e.g. marin's, which is levanter's keys, all named),
-    with those keys; None when they hold none of any map's."""
+    """The built-in key maps whose trainer keys ``keys`` (a run's keys) hold the most of (all
+    that tie), with those keys; None when they hold none."""
     keys = set(keys)
     found: dict[str, list[str]] = {}
     for name in BUILTIN:

@@ -1,22 +1,15 @@
 """The run-directory reader: the one place that finds run directories and reads them.
 
-A run directory (shared/DESIGN.md §3) holds ``config.json`` (schema run-config: the resolved rung
-under ``rung``, the training arguments under ``train``), ``summary.json`` (schema run-summary:
-status, sizes, final metrics) and ``metrics.jsonl``; any of the three makes a directory a run
-(a run that failed before its first metric has no metrics yet). The fitter's points table
-(``fit.points``), the forecaster's ladder references (``predict.forecast``), the watcher's "has
-the run ended" (``predict.sources``), the report (``reports.inputs``) and the curve laws' LR
-tables (``fit.curve_fit``) all read runs through it, so they agree on which runs there are, what
-each is called, what it was planned to be and what state it is in.
+A run directory (shared/DESIGN.md §3) holds ``config.json`` (run-config: the resolved rung
+under ``rung``, the training arguments under ``train``), ``summary.json`` (run-summary: status,
+sizes, final metrics) and ``metrics.jsonl``; any of the three makes it a run. The fitter, the
+forecaster, the watcher, the report and the curve laws' LR tables all read runs here, so they
+agree on which runs there are, what each is called, planned and in what state.
 
-Discovery: ``root`` itself when it is a run, else the runs up to :data:`MAX_DEPTH` levels below
-it (``RUNS/<ladder>/<rung>`` and the demo's ``OUT/runs/<ladder>/<rung>``), not descending into a
-run, nor into ``checkpoints/`` or hidden directories.
-
-Status: the summary's ``status`` (:data:`STATUSES`); a run without a summary is ``running`` when
-it has metrics, else ``no metrics``. :data:`ENDED` are the statuses a run does not leave.
-
-Plain Python (numpy when computing); part of the ladder base (no JAX).
+- Discovery: ``root`` itself when it is a run, else the runs up to :data:`MAX_DEPTH` levels
+  below it, not descending into a run, ``checkpoints/`` or hidden directories.
+- Status: the summary's (:data:`STATUSES`); without one, ``running`` when there are metrics,
+  else ``no metrics``. A run does not leave the :data:`ENDED` statuses.
 """
 
 from __future__ import annotations
@@ -37,8 +30,8 @@ STATUSES = ("complete", "running", "diverged", "failed")   # what the trainer wr
 ENDED = ("complete", "diverged", "failed")
 EXCLUDED = ("diverged", "failed")   # a fit, a forecast's references: never from these runs
 MAX_DEPTH = 3
-# The versions of a run's summary.json and config.json this reader knows (the trainer writes
-# them, ladder.trainer.rundir); a later version is refused by name, never read as these
+# The versions of summary.json and config.json this reader knows (ladder.trainer.rundir writes
+# them); a later one is refused by name
 SUMMARY_SCHEMAS = ("run-summary/1",)
 CONFIG_SCHEMAS = ("run-config/1",)
 
@@ -64,6 +57,11 @@ def find_run_dirs(root: str | os.PathLike, *, max_depth: int = MAX_DEPTH) -> lis
         elif depth >= max_depth:
             dirnames[:] = []
     return sorted(found)
+
+
+def _plan(key: str, doc: str | None = None) -> property:
+    """A planned quantity of a run (float or None), read by :meth:`RunDir._planned`."""
+    return property(lambda self: self._planned(key), doc=doc)
 
 
 @dataclass
@@ -118,6 +116,7 @@ class RunDir:
 
     # -- plan (the summary first, then the rung spec) --------------------------------------------
     def _planned(self, key: str) -> float | None:
+        """``key`` from the summary, else the rung's summary; None when neither says."""
         v = as_float(self.summary.get(key))
         if v is not None and math.isfinite(v):
             return v
@@ -126,27 +125,11 @@ class RunDir:
             return as_float(s.get("compute_no_lm_head" if key == "compute" else key))
         return None
 
-    @property
-    def params(self) -> float | None:
-        return self._planned("params")
-
-    @property
-    def active_params(self) -> float | None:
-        return self._planned("active_params")
-
-    @property
-    def planned_tokens(self) -> float | None:
-        return self._planned("tokens")
-
-    @property
-    def compute(self) -> float | None:
-        """Planned training FLOPs without the LM head (flops-v1), as laws are fitted on."""
-        return self._planned("compute")
-
-    @property
-    def steps(self) -> float | None:
-        """Planned steps from the summary or the rung; None when neither says."""
-        return self._planned("steps")
+    params = _plan("params")
+    active_params = _plan("active_params")
+    planned_tokens = _plan("tokens")
+    compute = _plan("compute", "Planned training FLOPs without the LM head (flops-v1).")
+    steps = _plan("steps")
 
     def planned_steps(self) -> int | None:
         """Planned steps; without a summary or rung, inferred from the last row's progress (else
@@ -191,13 +174,12 @@ class RunDir:
 
 
 def read_run(path: str | os.PathLike, *, metrics: bool = True) -> RunDir:
-    """Read one run directory (``metrics=False``: not its metrics rows). A file that is there but
-    is not what it claims, or a config.json whose rung cannot be rebuilt, is an InputError."""
+    """Read one run directory (``metrics=False``: not its rows). A file that is not what it
+    claims, or a rung that cannot be rebuilt, is an InputError."""
     path = Path(path)
     if not path.is_dir():
         raise InputError("no such run directory", path=path, exit_code=EX_NOINPUT)
-    # a name that is there but not a regular file (a FIFO, a device) is read, and so refused
-    # with one line by ladder.io.open_input, rather than passed over as missing
+    # a name that is there but not a regular file is read, so refused with one line
     summary = _versioned(path / "summary.json", "run-summary", SUMMARY_SCHEMAS) \
         if _there(path / "summary.json") else {}
     config = _versioned(path / "config.json", "run-config", CONFIG_SCHEMAS) \
@@ -216,9 +198,7 @@ def read_run(path: str | os.PathLike, *, metrics: bool = True) -> RunDir:
 
 
 def _versioned(path: Path, kind: str, known: tuple[str, ...]) -> dict:
-    """The JSON object of ``path``, of schema ``kind/<version>`` and a version this reader knows:
-    else one line naming the file and ``schema`` (a later version: 'written by a newer
-    ladder?')."""
+    """The JSON object of ``path`` when its schema is one of ``known`` (of kind ``kind``)."""
     obj = read_json(path, schema=kind)
     known_schema(obj, known, path=path)
     return obj
@@ -237,8 +217,8 @@ def read_runs(root: str | os.PathLike, *, metrics: bool = True) -> list[RunDir]:
 
 
 def read_summary(run_dir: str | os.PathLike) -> dict | None:
-    """``summary.json`` of a run another process may be writing: None when it is absent, being
-    replaced, or not a run summary (for pollers; :func:`read_run` raises instead)."""
+    """``summary.json`` of a run being written: None when absent, being replaced, or not a run
+    summary (for pollers; :func:`read_run` raises instead)."""
     f = Path(run_dir) / "summary.json"
     if not f.is_file():
         return None
@@ -249,7 +229,7 @@ def read_summary(run_dir: str | os.PathLike) -> dict | None:
 
 
 def ended_status(run_dir: str | os.PathLike) -> str | None:
-    """The status of a run that has ended (:data:`ENDED`), else None: for a watcher tailing a
-    run's metrics, a summary being written or not ours means "not ended as far as we know"."""
+    """The status of a run that has ended (:data:`ENDED`), else None (also when the summary
+    cannot be read: not ended as far as we know)."""
     status = (read_summary(run_dir) or {}).get("status")
     return status if status in ENDED else None

@@ -16,11 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ladder.io import EX_NOINPUT, InputError, open_input
-from ladder.sources.base import POS_INT, Poll, Source, check_position, step_of
+from ladder.io import EX_NOINPUT, InputError, open_input, step_of
+from ladder.sources.base import POS_INT, Poll, Source, check_position
 
-# a saved segment's read position (ladder.sources.base.check_position): a state file is a file,
-# edited or of another version (an offset of the wrong type was a TypeError)
+# a saved segment's read position (ladder.sources.base.check_position)
 SEGMENT_POSITION = {"offset": ("int", POS_INT), "num": ("int", POS_INT), "exit": ("bool", None)}
 
 # ----------------------------------------------------------------------------------- offline
@@ -29,12 +28,10 @@ SEGMENT_POSITION = {"offset": ("int", POS_INT), "num": ("int", POS_INT), "exit":
 class WandbOfflineSource(Source):
     """A W&B offline run: a directory (``wandb/``, a ``run-*`` directory) or one ``.wandb`` file.
 
-    Every ``.wandb`` segment below the directory is read, in lineage order (a resumed run writes
-    a new ``run-<time>-<id>`` directory; the names sort by time), each incrementally: the byte
-    offset after its last complete record is kept, so a poll decodes only what was appended
-    (not the whole file again) and a restarted watcher continues there. A later segment's row
-    for a step replaces an earlier one downstream (last one wins). The run finished when the
-    newest segment holds W&B's exit record."""
+    Every ``.wandb`` segment is read in lineage order (a resumed run writes a new
+    ``run-<time>-<id>`` directory), each from the byte after its last complete record: a poll
+    decodes only what was appended. A later segment's row for a step wins downstream. The run
+    finished when the newest segment holds W&B's exit record."""
 
     kind = "wandb-offline"
     poll_seconds = 2.0  # W&B flushes its offline log every few seconds
@@ -49,10 +46,8 @@ class WandbOfflineSource(Source):
                 "config_sent": self._config_sent}
 
     def restore(self, pos: dict) -> bool:
-        """Continue at a saved position; True when every segment it names is still there
-        (names are relative to the watched directory: a moved directory still matches). A
-        renamed or removed segment, or another kind's position: False, the segments not named
-        are read from their start (the watcher skips the steps it already judged)."""
+        """Continue at a saved position; True when every segment it names (relative to the
+        watched directory) is still there. Segments it does not name are read from their start."""
         if pos.get("kind") != self.kind or not isinstance(pos.get("segments"), dict):
             return False
         segs = {}
@@ -127,15 +122,12 @@ class WandbOfflineSource(Source):
         for rec in recs:
             num = int(rec.get("num", 0) or 0)
             typ = rec.get("type")
-            if typ == "run" and not self._config_sent:
-                cfg = _config_from_update((rec.get("run") or {}).get("config") or {})
+            if typ == "config" or typ == "run" and not self._config_sent:
+                upd = (rec["run"]["config"] if typ == "run" else rec["config"])["update"]
+                cfg = {k: v for k, v in upd.items() if k != "_wandb"}
                 if cfg:
                     out.configs.append(cfg)
-                self._config_sent = True
-            elif typ == "config":
-                cfg = _config_from_update(rec.get("config") or {})
-                if cfg:
-                    out.configs.append(cfg)
+                self._config_sent = self._config_sent or typ == "run"
             elif typ == "history":
                 h = rec.get("history") or {}
                 row = dict(h.get("item") or {})
@@ -147,19 +139,6 @@ class WandbOfflineSource(Source):
             seg["num"] = max(seg["num"], num)
 
 
-def _config_from_update(cfg: dict) -> dict:
-    upd = cfg.get("update", cfg) if isinstance(cfg, dict) else {}
-    if isinstance(upd, list):  # protobuf-shaped: [{"key", "value_json"}]
-        d = {}
-        for item in upd:
-            try:
-                d[item.get("key")] = json.loads(item.get("value_json", "null"))
-            except ValueError:
-                continue
-        upd = d
-    return {k: v for k, v in upd.items() if k != "_wandb"} if isinstance(upd, dict) else {}
-
-
 # The .wandb file: a 7-byte header (":W&B", a 2-byte magic, a version byte), then the LevelDB log
 # format: 32 KiB blocks of records, each a 7-byte header (CRC32C, uint16 length, type: 1 full,
 # 2 first, 3 middle, 4 last) and a payload; a block tail under 7 bytes is zero padding. The
@@ -168,11 +147,9 @@ def _config_from_update(cfg: dict) -> dict:
 _BLOCK = 32768
 
 
-# The log is read READ_BYTES at a time (a multiple of the block), never whole (a 7 GiB log was a
-# MemoryError, issue 39); a record split over blocks is joined once from its fragments (joined by
-# repeated concatenation, a 50 MB record took a minute). A record beyond MAX_RECORD is skipped
-# unread and counted with the corrupt ones: the watcher reads a history row's numbers, a few KB
-# (W&B's own history rows are bounded far below this).
+# The log is read READ_BYTES at a time, never whole (issue 39: a 7 GiB log); a record split over
+# blocks is joined once from its fragments. A record beyond MAX_RECORD (a history row is a few
+# KB) is passed over unread and counted as corrupt.
 READ_BYTES = 128 * _BLOCK      # 4 MiB
 MAX_RECORD = 64 << 20
 POLL_BYTES = 64 << 20          # of log decoded per segment and poll; the rest: ``Poll.more``
@@ -185,26 +162,17 @@ def read_wandb_records(path: str | os.PathLike, *, full: bool = False) -> Iterab
     yield from iter_wandb_records(Path(path), 0, full=full)
 
 
-def decode_wandb_file(path: Path, start: int = 0, *, full: bool = False,
-                      max_bytes: int | None = None) -> tuple[list[dict], int, int]:
-    """Records of a .wandb log from byte ``start`` (0, or an offset this function returned):
-    ``(records, end, corrupt)``, ``end`` being the offset after the last complete record (a
-    truncated last record of a live run is left for the next call). ``max_bytes``: stop at the
-    first record boundary past that many bytes from ``start`` (the rest at the next call). The
-    CRC is not checked; a record header that cannot be one (an unknown type, a length past its
-    block) is corrupt: counted, and the rest of the file is skipped (a log cannot be
-    resynchronised reliably)."""
-    stats: dict = {}
-    recs = list(iter_wandb_records(path, start, full=full, max_bytes=max_bytes, stats=stats))
-    return recs, stats["end"], stats["bad"]
-
-
 def iter_wandb_records(path: Path, start: int = 0, *, full: bool = False,
                        max_bytes: int | None = None, stats: dict | None = None
                        ) -> Iterable[dict]:
-    """The records of :func:`decode_wandb_file`, one at a time; ``stats`` gets ``end``,
-    ``bad`` and ``more`` (stopped at ``max_bytes`` with bytes left) when the iteration ends.
-    Memory: one read buffer and one record, whatever the log's size."""
+    """The records of a .wandb log from byte ``start`` (0, or a ``stats["end"]`` of an earlier
+    call), one at a time. ``stats`` gets ``end`` (the offset after the last complete record: a
+    truncated last record of a live run is left for the next call), ``bad`` (corrupt records)
+    and ``more`` (stopped at the first record boundary ``max_bytes`` past ``start``, with bytes
+    left). The CRC is not checked; a record header that cannot be one (an unknown type, a length
+    past its block) is corrupt: counted, and the rest of the file is skipped (a log cannot be
+    resynchronised reliably). ``full``: see :func:`read_wandb_records`. Memory: one read buffer
+    and one record, whatever the log's size."""
     from wandb.proto import wandb_internal_pb2 as pb
 
     st = {"end": start, "bad": 0, "more": False} if stats is None else stats
@@ -241,13 +209,8 @@ def iter_wandb_records(path: Path, start: int = 0, *, full: bool = False,
                 break
             abs_pos = base + i
             block_left = _BLOCK - (abs_pos % _BLOCK)
-            if block_left < 7:  # zero padding at a block's end
-                i += block_left
-                if not parts and not skipping:
-                    st["end"] = base + min(i, len(buf))
-                continue
             _crc, length, typ = struct.unpack_from("<IHB", buf, i)
-            if typ == 0 and length == 0:  # a zero-filled block tail: skip to the next block
+            if block_left < 7 or typ == 0 and length == 0:  # padding: on to the next block
                 i += block_left
                 if not parts and not skipping:
                     st["end"] = base + min(i, len(buf))
@@ -301,34 +264,27 @@ def _record_dict(rec, full: bool = False) -> dict:
         d[which] = MessageToDict(getattr(rec, which), preserving_proto_field_name=True)
         return d
     if which == "history":
-        item = {}
-        for it in rec.history.item:
-            key = it.key or "/".join(it.nested_key)
-            item[key] = _history_value(it)
-        d["history"] = {"item": item, "step": {"num": rec.history.step.num}}
-    elif which in ("run", "config"):
-        cfg_msg = rec.run.config if which == "run" else rec.config
-        upd = {}
-        for it in cfg_msg.update:
-            key = it.key or "/".join(it.nested_key)
-            try:
-                upd[key] = json.loads(it.value_json)
-            except (ValueError, RecursionError):
-                upd[key] = it.value_json
-        d[which] = {"config": {"update": upd}} if which == "run" else {"update": upd}
-    elif which in ("exit",):
-        d[which] = {}
+        d["history"] = {"item": _items(rec.history.item), "step": {"num": rec.history.step.num}}
+    elif which == "run":
+        d["run"] = {"config": {"update": _items(rec.run.config.update)}}
+    elif which == "config":
+        d["config"] = {"update": _items(rec.config.update)}
+    elif which == "exit":
+        d["exit"] = {}
     return d
 
 
+def _items(items) -> dict:
+    """W&B's key/value items (a history row, a config update) as a dict."""
+    return {it.key or "/".join(it.nested_key): _history_value(it) for it in items}
+
+
 def _history_value(it) -> Any:
+    """One item's value: a typed field where the item has them (newer wandb), else its JSON."""
     which = it.WhichOneof("value") if any(f.containing_oneof for f in it.DESCRIPTOR.fields) \
         else None
     if which and which != "value_json":
-        v = getattr(it, which)
-        if which == "none":
-            return None
-        return v
+        return None if which == "none" else getattr(it, which)
     try:
         return json.loads(it.value_json)
     except (ValueError, RecursionError):
@@ -458,10 +414,8 @@ class WandbApiSource(Source):
                 kw["min_step"] = start + 1
             for row in run.scan_history(**kw):
                 row = dict(row)
-                step = row.get("_step")
-                if "step" not in row:
-                    row["step"] = step
-                s = step_of(row)
+                row.setdefault("step", row.get("_step"))
+                s = step_of(row["step"])
                 if s is None:
                     continue
                 if start is not None and s <= start:

@@ -10,11 +10,10 @@ import json
 import os
 import platform
 import socket
-import subprocess
 import time
 from pathlib import Path
 
-from ladder import __version__
+from ladder import __version__, git_state
 from ladder.counting import conventions
 from ladder.io import (
     EX_USAGE,
@@ -47,18 +46,6 @@ def claim_run_folder(out: Path) -> None:
     claim(out, RUN_FILES, what="ladder run")
 
 
-def git_sha() -> dict:
-    root = Path(__file__).resolve().parent.parent
-    def git(*a):
-        try:
-            return subprocess.run(["git", "-C", str(root), *a], capture_output=True, text=True,
-                                  timeout=10, check=False).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-    sha = git("rev-parse", "HEAD")
-    return {"sha": sha or None, "dirty": bool(git("status", "--porcelain")) if sha else None}
-
-
 def environment(corpus: Corpus, mesh_info: dict, peak: dict) -> dict:
     import importlib.metadata as md
 
@@ -71,7 +58,7 @@ def environment(corpus: Corpus, mesh_info: dict, peak: dict) -> dict:
             versions[pkg] = None
     devs = jax.devices()
     return {
-        "schema": ENV_SCHEMA, "ladder_version": __version__, "git": git_sha(),
+        "schema": ENV_SCHEMA, "ladder_version": __version__, "git": git_state(),
         "python": platform.python_version(), "platform": platform.platform(),
         "hostname": socket.gethostname(), "versions": versions,
         "devices": {"backend": jax.default_backend(), "count": len(devs),
