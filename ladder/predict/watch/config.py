@@ -79,10 +79,8 @@ def _derive(name: str, family: str | None, doc: str, bases: tuple = ()) -> type:
         namespace={"__post_init__": __post_init__, "__doc__": doc, "__module__": __name__})
 
 
-LossRules = _derive("LossRules", "loss", "The loss rules' thresholds (rules 1, 1b, 1c and 4: "
-                    "``ladder.predict.watch.rules.loss``).")
-HealthRules = _derive("HealthRules", "health", "The health rules' thresholds (rules 2 and 3: "
-                      "``ladder.predict.watch.rules.health``).")
+LossRules = _derive("LossRules", "loss", "The loss rules' thresholds (``rules.loss``).")
+HealthRules = _derive("HealthRules", "health", "The health rules' thresholds (``rules.health``).")
 RunRules = _derive("RunRules", "run", "How rows are placed on the forecast; the run-level "
                    "rules (``ladder.predict.watch.rules.run``).")
 

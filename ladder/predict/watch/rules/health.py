@@ -259,8 +259,6 @@ class GradState(SignalState):
 
 
 class GradNormRule(HealthRule):
-    """Grad norm: level vs the ladder's, growth since its post-warmup minimum."""
-
     name = "grad_norm"
     kinds = ("grad_norm", "cleared")
     description = "grad norm against the ladder's and its growth since warmup"
@@ -316,8 +314,6 @@ class DropConfig(DropWindow, EnvelopeWidth, HealthPersistence):
 
 
 class DropFracRule(HealthRule):
-    """Token-drop fraction vs the ladder's widened envelope at the same fraction."""
-
     name = "drop_frac"
     kinds = ("drop_frac", "cleared")
     description = "the token-drop fraction against the ladder's envelope at the same fraction"
@@ -413,8 +409,6 @@ class _EnvelopeRule(HealthRule):
 
 
 class RouterEntropyRule(_EnvelopeRule):
-    """Router entropy below the ladder's widened envelope (a collapse: entropy -> 0)."""
-
     name = "router_entropy"
     description = "router entropy below the ladder's envelope (a collapse)"
     signal_key = "moe/router_entropy"
@@ -425,9 +419,6 @@ class RouterEntropyRule(_EnvelopeRule):
 
 
 class ExpertLoadRule(_EnvelopeRule):
-    """Expert load max/mean above the ladder's widened envelope (a collapse: ->
-    n_experts/top_k)."""
-
     name = "expert_load"
     description = "expert load max/mean above the ladder's envelope (a collapse onto few experts)"
     signal_key = "moe/load_max_over_mean"

@@ -1,5 +1,5 @@
 """The loss rules, judged eval by eval on one shared :class:`EvalPoint` (the residual's EMA):
-band (rule 1), trend (1b), rising (1c) and the contingency advisory (rule 4).
+band, trend, rising and the contingency advisory.
 """
 
 from __future__ import annotations
@@ -99,8 +99,6 @@ class BandState(Hysteresis):
 
 
 class BandRule(LossRule):
-    """Rule 1: the smoothed metric outside the alert band, with hysteresis."""
-
     name = "band"
     kinds = ("above_band", "below_band", "cleared")
     description = "the smoothed metric outside the forecast band, with hysteresis"
@@ -188,7 +186,7 @@ class TrendState(Hysteresis):
 
 
 class TrendRule(LossRule):
-    """Rule 1b: the smoothed relative residual against its own median over an earlier window."""
+    """The smoothed relative residual against its own median over an earlier window."""
 
     name = "trend"
     kinds = ("trend", "cleared")
@@ -285,8 +283,6 @@ class RiseState(Hysteresis):
 
 
 class RiseRule(LossRule):
-    """Rule 1c: the metric above its own running minimum for ``rise_k`` consecutive evals."""
-
     name = "rising"
     kinds = ("rising", "cleared")
     description = "the held-out metric rising above its own running minimum"
@@ -337,8 +333,8 @@ class ContingencySent(RuleState):
 
 
 class ContingencyRule(LossRule):
-    """Rule 4: an above_band alert raised inside the first ``contingency_fraction`` of the run
-    (once per run): the contingency advisory (:meth:`advisory`)."""
+    """An above_band alert raised inside the first ``contingency_fraction`` of the run (once per
+    run): the contingency advisory (:meth:`advisory`)."""
 
     name = "contingency"
     kinds = ("contingency",)
