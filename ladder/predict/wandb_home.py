@@ -54,10 +54,6 @@ def require_wandb():
     return wandb
 
 
-def _wandb(module):
-    return module if module is not None else require_wandb()
-
-
 def _group_of(doc: dict, group: str | None) -> tuple[str | None, str]:
     """The ladder (group) and rung of the target: ``LADDER/RUNG`` names, else the target name."""
     name = str((doc.get("target") or {}).get("name") or "target")
@@ -110,7 +106,7 @@ def log_forecast(doc: dict, path: str | Path, *, entity: str | None = None,
                  wandb_module: Any = None) -> dict:
     """Log the pre-registration ``doc`` (written at ``path``) as its own W&B run; returns where
     it went (id, entity, project, group, name, dir). The run is finished before returning."""
-    wandb = _wandb(wandb_module)
+    wandb = wandb_module if wandb_module is not None else require_wandb()
     entity, project = wandbrun.resolve(entity, project)
     sha = str(doc["sha256"])
     ladder, rung = _group_of(doc, group)
@@ -202,7 +198,7 @@ class WatchRunSink(Sink):
 
     def __init__(self, doc: dict, *, entity: str | None = None, project: str | None = None,
                  group: str | None = None, wandb_module: Any = None, dir: str | None = None):
-        self._wandb = _wandb(wandb_module)
+        self._wandb = wandb_module if wandb_module is not None else require_wandb()
         self.entity, self.project = wandbrun.resolve(entity, project)
         self.metric = str(doc.get("metric"))
         sha = str(doc["sha256"])

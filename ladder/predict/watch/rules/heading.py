@@ -29,6 +29,7 @@ from ladder.predict.updated import (
     final_band,
     offset_var,
     prior_sd,
+    usable,
 )
 from ladder.predict.watch.alerts import Alert
 from ladder.predict.watch.rules.base import Context, kept, one_of, positive_int, threshold
@@ -131,7 +132,7 @@ def step_filter(view, fs: FilterState, ev: EvalPoint, cfg: UpdateConfig) -> bool
     if not (ev.e > 0 and ev.y > 0):
         return False
     d = math.log(ev.y / ev.e)
-    if not (math.isfinite(d) and cfg.min_fraction - 1e-9 <= ev.f <= 1.0):
+    if not usable(ev.f, d, cfg):
         return False
     _, lo, hi = view.expected(np.array([ev.f]), alert=False)
     with np.errstate(divide="ignore", invalid="ignore"):
