@@ -171,8 +171,7 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
            "require": dict(requires or {})}
     if run_config is not None:
         app["config"] = run_config
-    law_json = law.to_json()
-    return build(target=target.to_dict(), applicability=app, metric=metric, law=law_json,
+    return build(target=target.to_dict(), applicability=app, metric=metric, law=law.to_json(),
                  forecast=f.points(), final=f.final, band_level=level,
                  eval_noise=noise_info, extrapolation=extrapolation.to_dict(),
                  decision_rule={"words": decision_rule_words(cfg, level),
