@@ -372,7 +372,7 @@ def main(argv=None) -> int:
     import jax.numpy as jnp
     import numpy as np
 
-    from ladder.model.layers import attention_implementation
+    from ladder.model.layers import attention_choice
     from ladder.model.transformer import compute_dtype
     from ladder.trainer.layout import choose_layout, device_memory_budget, ordered_layouts
     from ladder.trainer.plan import plan_rung
@@ -421,8 +421,9 @@ def main(argv=None) -> int:
                 "model_overrides": overrides,
                 "device_memory_bytes": memory, "mesh": {k: int(v) for k, v in mesh.shape.items()},
                 "precision": str(jnp.dtype(compute_dtype(rung.model))),
-                "attention_asked": attention_implementation(compute_dtype(rung.model),
-                                                            rung.model.head_dim),
+                "attention_asked": attention_choice(compute_dtype(rung.model),
+                                                    rung.model.head_dim, 0, True,
+                                                    None).implementation,
                 "init_s": time.perf_counter() - t}
 
     def data():

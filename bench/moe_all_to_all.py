@@ -69,16 +69,17 @@ def dense_bytes(rung: str) -> dict:
     x = jax.ShapeDtypeStruct((8 * t, L), dt, sharding=NamedSharding(mesh, P(("data", "expert"))))
     ex = jax.ShapeDtypeStruct((8 * t, k), jnp.int32,
                               sharding=NamedSharding(mesh, P(("data", "expert"))))
+    wt = jax.ShapeDtypeStruct((8 * t, k), dt, sharding=NamedSharding(mesh, P(("data", "expert"))))
     w = tuple(jax.ShapeDtypeStruct(s, dt, sharding=NamedSharding(mesh, P("expert")))
               for s in ((E, L, F), (E, L, F), (E, F, L)))
 
-    def layer(x, e, w):
-        d = moe.dispatch_expert_parallel(cfg, mesh, x, e, 0, w, cfg.capacity_tokens // 16,
-                                         moe.exchange_dense(8))
-        return jnp.sum(d.out.astype(jnp.float32) ** 2)
+    def layer(x, e, wt, w):
+        mixed, _ = moe.routed_expert_parallel(cfg, mesh, x, e, wt, 0, w,
+                                              cfg.capacity_tokens // 16, moe.exchange_dense(8))
+        return jnp.sum(mixed.astype(jnp.float32) ** 2)
 
     with jax.set_mesh(mesh):
-        hlo = jax.jit(jax.grad(layer, argnums=(0, 2))).lower(x, ex, w).compile().as_text()
+        hlo = jax.jit(jax.grad(layer, argnums=(0, 3))).lower(x, ex, wt, w).compile().as_text()
     per = [2 * n for n in all_to_all_elements(hlo)]                    # bf16
     cap = moe.capacity(cfg, t)
     return {"rung": rung, "tokens_per_device": t, "experts": E, "top_k": k, "latent": L,

@@ -7,6 +7,7 @@ module and nothing outside the library, so either import is the same code.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -216,3 +218,101 @@ def same(a, b) -> bool:
     if isinstance(a, float):
         return struct.pack("<d", a) == struct.pack("<d", b) or (math.isnan(a) and math.isnan(b))
     return a == b
+
+
+# ---------------------------------------------------- a law along a planned run (issue 16)
+
+
+def predict_rung(law, rung, schedule=None, *, level: float | None = None, step=None,
+                 fraction=None):
+    """The law along ``rung`` (ladder.predict.planned.rung_query)."""
+    from ladder.predict.planned import rung_query
+    return law.predict(rung_query(rung, schedule, step=step, fraction=fraction), level=level)
+
+
+@dataclass(frozen=True)
+class PlanForecast:
+    """Final loss (with band) of one plan for a run: its length and where the prediction ends."""
+
+    steps: int
+    tokens: int
+    decay_end: float
+    loss: float
+    lo: float
+    hi: float
+
+
+@dataclass(frozen=True)
+class ContingencyForecast:
+    """"Continue as planned" vs "shorten and re-aim the decay" (the real hero's contingency:
+    trouble within the first 25% of tokens -> shorten the run and re-aim the LR decay)."""
+
+    planned: PlanForecast
+    shortened: PlanForecast
+    level: float
+
+    def to_dict(self) -> dict:
+        return {"planned": dataclasses.asdict(self.planned),
+                "shortened": dataclasses.asdict(self.shortened), "level": self.level}
+
+
+def contingency_forecast(law, rung, decay_end: float, *,
+                         level: float | None = None) -> ContingencyForecast:
+    """Projected final loss of ``rung`` as planned and when shortened to ``decay_end`` of its
+    planned steps with the decay re-aimed to end there (``Schedule.decay_end``)."""
+    from ladder.io import InputError
+    if not 0 < decay_end <= 1:
+        raise InputError(f"must be in (0, 1], got {decay_end!r}", field="decay_end")
+    short_sched = dataclasses.replace(rung.schedule, decay_end=float(decay_end))
+    short_steps = max(1, round(decay_end * rung.steps))
+    out = []
+    for sched, steps in ((rung.schedule, rung.steps), (short_sched, short_steps)):
+        pred = predict_rung(law, rung, sched, level=level, step=[steps])
+        out.append(PlanForecast(steps=int(steps), tokens=int(steps * rung.tokens_per_step),
+                                decay_end=float(sched.decay_end), loss=float(pred.loss[0]),
+                                lo=float(pred.lo[0]), hi=float(pred.hi[0])))
+    return ContingencyForecast(out[0], out[1], float(pred.level))
+
+
+# ---------------------------------------------------- attention, slow and obviously correct
+
+def attend_reference(q, k, v, window, segment_ids=None):
+    """Slow, obviously correct twin of ladder.model.layers.attend: q [B, S, H, Hd], k and v
+    [B, T, K, Hd] -> [B, S, H, Hd] from full [B, K, G, S, T] float32 scores, masked causally
+    (and to the last ``window`` keys, and within each query's segment), softmaxed."""
+    import jax
+    import jax.numpy as jnp
+
+    B, S, H, Hd = q.shape
+    K = k.shape[2]
+    G = H // K
+    q = q.reshape(B, S, K, G, Hd)               # [B,S,H,Hd] -> [B,S,K,G,Hd]; head h = k*G + g
+    scores = jnp.einsum("bskgx,btkx->bkgst", q, k).astype(jnp.float32) / math.sqrt(Hd)
+    s, t = jnp.arange(S)[:, None], jnp.arange(S)[None, :]
+    mask = t <= s                                                # [S, T]
+    if window is not None:
+        mask = mask & (s - t < window)
+    mask = mask[None, None, None]                                # [1, 1, 1, S, T]
+    if segment_ids is not None:                                  # [B, 1, 1, S, T]
+        mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None, None]
+    scores = jnp.where(mask, scores, -jnp.inf)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)      # every row sees itself: no NaN
+    out = jnp.einsum("bkgst,btkx->bskgx", probs, v)              # [B, S, K, G, Hd]
+    return out.reshape(B, S, H, Hd)                              # [B,S,K,G,Hd] -> [B,S,H,Hd]
+
+
+# ---------------------------------------------------- W&B offline runs read back
+
+def offline_records(run_dir: Path, timeout: float = 60.0) -> list[dict]:
+    """Every record of an offline W&B run directory's .wandb files, oldest segment first, once
+    each segment ends with its exit record. ``run.finish()`` returns before wandb-core's writer
+    has closed the file (wandb 0.31: its log says "stream: finishing up" after the call came
+    back), so a test reading at once can find the run's history missing on a busy machine."""
+    from ladder.sources import WandbOfflineSource, read_wandb_records
+    t_end = time.monotonic() + timeout
+    while True:
+        segs = [[r for r in read_wandb_records(f, full=True)]
+                for _, f in WandbOfflineSource(run_dir).segments()]
+        if all(s and s[-1]["type"] == "exit" for s in segs) or time.monotonic() > t_end:
+            return [r for s in segs for r in s]
+        time.sleep(0.1)

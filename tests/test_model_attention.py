@@ -5,10 +5,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import assert_documents_stay_apart
+from helpers import assert_documents_stay_apart, attend_reference
 
 from ladder import model
-from ladder.model.layers import attend, attend_reference
+from ladder.model.layers import attend
 from ladder.specs import LADDERS
 
 TINY = LADDERS["tiny"].rungs[0].model

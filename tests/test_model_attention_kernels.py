@@ -14,16 +14,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import attend_reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ladder.model import layers
-from ladder.model.layers import (
-    attend,
-    attend_reference,
-    attention_choice,
-    packed_segments,
-)
+from ladder.model.layers import attend, attention_choice, packed_segments
 
 # shapes of every array in an HLO / StableHLO text: f32[1,2,3]{...} and tensor<1x2x3xf32>
 _HLO_SHAPE = re.compile(r"\b(?:pred|s8|s32|u32|u8|bf16|f16|f32)\[([0-9,]+)\]")
@@ -85,7 +81,7 @@ def test_choice_on_cpu_is_blocked_xla_and_said(caplog):
         layers.say_attention_choice(c)                                 # once per process
     assert [r.getMessage() for r in caplog.records].count(
         f"attention: xla-blocked ({c.reason})") == 1
-    assert c.to_dict() in layers.attention_choices()
+    assert c.to_dict() in layers.attention_traced()
 
 
 def test_traced_choices_since_a_mark_include_repeats():

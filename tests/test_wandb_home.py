@@ -9,7 +9,7 @@ import math
 import os
 
 import pytest
-from helpers import FakeWandbApi, FakeWandbRun
+from helpers import FakeWandbApi, FakeWandbRun, offline_records
 
 from ladder.cli.main import main
 from ladder.io import read_metrics
@@ -17,7 +17,6 @@ from ladder.predict import forecast as fc
 from ladder.predict import prereg as pr
 from tests import synthetic as sy
 from ladder.predict.prereg import make_prereg
-from ladder.sources import WandbOfflineSource, read_wandb_records
 from ladder.predict.watch import config_difference
 from ladder.specs import LADDERS
 from ladder.wandbrun import forecast_run_id, resolve, watch_run_id
@@ -52,9 +51,7 @@ def wandb_run(tmp_path_factory, offline_env):
 
 
 def _records(d):
-    """Every record of an offline W&B run directory's .wandb files, oldest segment first."""
-    return [r for _, f in WandbOfflineSource(d).segments()
-            for r in read_wandb_records(f, full=True)]
+    return offline_records(d)
 
 
 def _prereg(tmp_path, **kw):

@@ -250,7 +250,7 @@ def test_an_offline_wandb_group_read_back(prereg, tmp_path, monkeypatch, capsys)
     back, the forecast run's rows sit under the live key at the target's steps, the watch run's
     rows at the watched run's steps in both of its offline segments (no restart at 0), and the
     alerts table was logged by each watcher that raised alerts."""
-    from ladder.sources import WandbOfflineSource, read_wandb_records
+    from helpers import offline_records
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -281,9 +281,7 @@ def test_an_offline_wandb_group_read_back(prereg, tmp_path, monkeypatch, capsys)
         f.writelines(json.dumps(r) + "\n" for r in rows[len(half):])
     main(argv)
 
-    def records(d):
-        return [r for _, f in WandbOfflineSource(d).segments()
-                for r in read_wandb_records(f, full=True)]
+    records = offline_records
     wdir = tmp_path / "wandb"
     fdir, = wdir.glob(f"offline-run-*-{forecast_run_id(doc['sha256'])}")
     segs = sorted(wdir.glob(f"offline-run-*-{watch_run_id(doc['sha256'])}*"))

@@ -72,27 +72,19 @@ def _train_config(args):
     from ladder.io import read_json
     from ladder.trainer.trainconfig import parse_overrides, train_config
 
-    values: dict = {}
-    where = "overrides"
-    if getattr(args, "config", None):
-        obj = read_json(args.config)
-        obj.pop("schema", None)
-        values.update(obj)
-        where = args.config
-    overrides = parse_overrides(list(getattr(args, "overrides", []) or []))
+    values: dict = read_json(args.config) if args.config else {}
+    values.pop("schema", None)
+    overrides = parse_overrides(args.overrides)
+    where = args.config or "overrides"
     if overrides:
-        where = f"{where} + --key=value" if getattr(args, "config", None) else "--key=value"
+        where = f"{where} + --key=value" if args.config else "--key=value"
     values.update(overrides)
     for flag in ("devices", "expert_parallel", "vocab_size", "checkpoint_minutes", "microbatch",
                  "eval_batch", "peak_flops", "checkpoint_dir", "profile_steps"):
-        if getattr(args, flag, None) is not None:
+        if getattr(args, flag) is not None:
             values[flag] = getattr(args, flag)
-    if getattr(args, "data", None):
-        values["data"] = list(args.data)
-    if getattr(args, "wandb", False):
-        values["wandb"] = True
-    for flag in ("wandb_entity", "wandb_project"):
-        if getattr(args, flag, None):
+    for flag in ("data", "wandb", "wandb_entity", "wandb_project"):  # given: not off or empty
+        if getattr(args, flag):
             values[flag] = getattr(args, flag)
     if not sys.stderr.isatty():  # progress bars only on a terminal (not in logs or CI output)
         values.setdefault("progress", False)
@@ -116,14 +108,11 @@ def run_main(args) -> int:
                              f"{', '.join(r.name for r in ladder.all)})", field="rung",
                              exit_code=EX_USAGE) from None
     cfg = _train_config(args)
-    dist = distributed.from_args(getattr(args, "distributed", None),
-                                 getattr(args, "coordinator", None),
-                                 getattr(args, "num_processes", None),
-                                 getattr(args, "process_id", None),
-                                 getattr(args, "distributed_timeout", None))
-    executor = getattr(args, "executor", "local")
+    dist = distributed.from_args(args.distributed, args.coordinator, args.num_processes,
+                                 args.process_id, args.distributed_timeout)
+    executor = args.executor
     for flag in ("address", "resources_per_rung"):
-        if executor != "ray" and getattr(args, flag, None) is not None:
+        if executor != "ray" and getattr(args, flag) is not None:
             raise InputError("applies only with --executor ray",
                              field=f"--{flag.replace('_', '-')}", exit_code=EX_USAGE)
     if executor == "ray":
@@ -133,8 +122,7 @@ def run_main(args) -> int:
                              exit_code=EX_USAGE)
         from ladder.trainer.executor import parse_resources, print_problems, run_ladder_ray
 
-        resources = parse_resources(getattr(args, "resources_per_rung", None),
-                                    [r.name for r in rungs])
+        resources = parse_resources(args.resources_per_rung, [r.name for r in rungs])
         if args.max_retries < 0:
             raise InputError(f"must be >= 0, got {args.max_retries}", field="--max-retries",
                              exit_code=EX_USAGE)
@@ -151,28 +139,20 @@ def run_main(args) -> int:
     # symbolic link below --out that leads out of it is refused here)
     outs = {rung.name: inside(args.out, ladder.name, rung.name, field="rung") for rung in rungs}
     distributed.initialize(dist)
+    from ladder.trainer.train import train_rung
     for rung in rungs:
         out = outs[rung.name]
-        s = _train_one(rung, out, cfg, args.max_steps, args.resume)
+        s = train_rung(rung, out, cfg, max_steps=args.max_steps, resume=args.resume)
         code = rung_exit_code(s)
+        final = s.get("final", {}).get("eval_dropless/loss")
+        note = f", eval_dropless/loss {final:.4f}" if isinstance(final, float) else ""
         if distributed.is_writer():
             print(f"{ladder.name}/{rung.name}: {s['status']} at step {s['step']}/{s['steps']}"
-                  f"{_final_note(s)} -> {out}", flush=True)
+                  f"{note} -> {out}", flush=True)
         if code:
             print(f"ladder run: {rung_problem(ladder.name, rung.name, s, out)}", file=sys.stderr)
             return code
     return 0
-
-
-def _train_one(rung, out, cfg, max_steps, resume) -> dict:
-    from ladder.trainer.train import train_rung
-
-    return train_rung(rung, out, cfg, max_steps=max_steps, resume=resume)
-
-
-def _final_note(s: dict) -> str:
-    final = s.get("final", {}).get("eval_dropless/loss")
-    return f", eval_dropless/loss {final:.4f}" if isinstance(final, float) else ""
 
 
 def rung_problem(ladder: str, rung: str, s: dict, out) -> str:
@@ -257,31 +237,24 @@ def plan_main(args) -> int:
            exit_code=EX_USAGE)
     number(args.mfu, field="--mfu", lo=0, hi=1, lo_open=True, allow_none=True,
            exit_code=EX_USAGE)
-    compile_ = getattr(args, "compile", False)
-    if compile_:
+    if args.compile:
         if len(rungs) != 1 or not is_one_rung(args.target or "", _ladders(args)):
             raise InputError("--compile compiles one rung: give LADDER:RUNG",
                              field="LADDER[:RUNG]", exit_code=EX_USAGE)
-        if args.devices < 1:
-            raise InputError(f"must be >= 1, got {args.devices}", field="--devices",
-                             exit_code=EX_USAGE)
         if not ensure_host_devices(args.devices):
             return _plan_child(args)
     budget, budget_source, peak = _plan_budget(args)
     mfu = DEFAULT_MFU if args.mfu is None else args.mfu
-    given_mb = getattr(args, "microbatch", None)
     kw = {"expert_parallel": args.expert_parallel, "peak_flops": peak, "mfu": mfu}
-    given = {"precision": getattr(args, "precision", None),
-             "remat": getattr(args, "remat", None), "microbatch": given_mb}
+    given = {"precision": args.precision, "remat": args.remat, "microbatch": args.microbatch}
     try:
-        plans, layouts = [], []
+        rows = []
         for r in rungs:   # the layout (precision, remat, microbatch) the estimate fits
             lay = choose_layout(r, args.devices, budget, expert_parallel=args.expert_parallel,
                                 budget_source=budget_source, **given)
-            layouts.append(lay)
-            plans.append(plan_rung(lay.apply(r), args.devices, microbatch=lay.microbatch, **kw))
-        rows = [{**p.to_dict(), "layout": lay.to_dict()} for p, lay in zip(plans, layouts)]
-        if compile_:
+            plan = plan_rung(lay.apply(r), args.devices, microbatch=lay.microbatch, **kw)
+            rows.append({**plan.to_dict(), "layout": lay.to_dict()})
+        if args.compile:
             extra = _compiled_plan(rungs[0], args, budget, budget_source, given)
             # the estimate at the layout XLA chose, next to XLA's figure
             lay = extra["layout"]
@@ -309,8 +282,7 @@ def plan_main(args) -> int:
     for r in rows:
         mesh = f"{r['data_parallel']}x{r['expert_parallel']}"
         print(f"{r['ladder']:<11} {r['name']:<14} {mesh:>9} {r['microbatch']:>6} "
-              f"{_fmt(r['params']):>8} "
-              f"{_fmt(r['active_params']):>8} {r['flops_per_step']:>10.3e} "
+              f"{_fmt(r['params']):>8} {_fmt(r['active_params']):>8} {r['flops_per_step']:>10.3e} "
               f"{_fmt(r['tokens_per_device']):>8} {_bytes(r['param_bytes']):>9} "
               f"{_bytes(r['grad_bytes']):>9} {_bytes(r['optimizer_bytes']):>9} "
               f"{_bytes(r['activation_bytes_per_sequence']):>9} "
@@ -321,10 +293,8 @@ def plan_main(args) -> int:
     print(f"memory per device: params, grads, Adam 2 x f32 (FSDP over all devices), weights "
           f"gathered for use, the balancing statistic, activations of one microbatch (micro: "
           f"sequences; at the layout's precision and remat; see ladder/trainer/plan.py). "
-          f"time: FLOPs/step "
-          f"(LM head included) / "
-          f"({args.devices} x "
-          f"{peak:.3g} FLOP/s x MFU {mfu:g})")
+          f"time: FLOPs/step (LM head included) / ({args.devices} x {peak:.3g} FLOP/s x MFU "
+          f"{mfu:g})")
     for r in rows:
         if not r["fits"]:
             need = (max(r["compiled"]["bytes_per_device"], r["compiled_eval"]["bytes_per_device"])
@@ -354,15 +324,10 @@ def _plan_budget(args) -> tuple[float, str, float]:
     """(memory budget per device, where it came from, peak FLOP/s) of `ladder plan`:
     --memory-per-device, else the accelerator's usable memory (--accelerator, default an H100);
     the peak: --peak-flops, else --accelerator's, else one GB200's (the hero's)."""
-    from ladder.accelerators import (
-        ACCELERATORS,
-        DEFAULT_PLAN_ACCELERATOR,
-        GB200_BF16_DENSE_FLOPS,
-        accelerator_peak,
-        usable_memory,
-    )
+    from ladder.accelerators import (ACCELERATORS, DEFAULT_PLAN_ACCELERATOR, GB200_BF16_DENSE_FLOPS,
+                                     accelerator_peak, usable_memory)
 
-    name = getattr(args, "accelerator", None)
+    name = args.accelerator
     entry = None
     if name is not None:
         entry = next((accelerator_peak(key) for key, label, *_ in ACCELERATORS
@@ -372,7 +337,7 @@ def _plan_budget(args) -> tuple[float, str, float]:
             raise InputError(f"unknown accelerator {name!r} (known: {', '.join(known)})",
                              field="--accelerator", exit_code=EX_USAGE)
     table = entry or accelerator_peak(DEFAULT_PLAN_ACCELERATOR)
-    budget = getattr(args, "memory_per_device", None)
+    budget = args.memory_per_device
     number(budget, field="--memory-per-device", lo=0, lo_open=True, allow_none=True,
            exit_code=EX_USAGE)
     source = "--memory-per-device" if budget is not None else \
@@ -394,45 +359,34 @@ def _layout_line(lay: dict) -> str:
 def _compiled_plan(rung, args, budget: float, budget_source: str, given: dict) -> dict:
     """The `compiled` and `compiled_eval` blocks of `plan --compile`: XLA's figures of the real
     train step at the layout chosen by XLA's memory figure (ladder.trainer.layout.fit_layout),
-    and of the eval step at its precision."""
+    and of the eval step at its precision. A ValueError names the option (as in plan_main)."""
     from ladder.trainer.layout import fit_layout
     from ladder.trainer.plan import compile_eval
 
-    try:
-        found = fit_layout(rung, args.devices, budget, expert_parallel=args.expert_parallel,
-                           budget_source=budget_source, **given)
-        step, lay = found.step, found.layout
-        log = [dict(t) for t in found.tried]
-        note = (f"chose {lay.precision}, remat {lay.remat}, microbatch {lay.microbatch}: the "
-                f"first of the rule's order (less remat, then larger microbatches first) whose "
-                f"compiled step fits {_bytes(budget)} per device" if found.fits else
-                f"no layout fits {_bytes(budget)} per device; the most frugal tried "
-                f"(remat {lay.remat}, microbatch {lay.microbatch}) needs "
-                f"{_bytes(step.bytes_per_device)}")
-        ev = compile_eval(lay.apply(rung), args.devices,
-                          eval_batch=getattr(args, "eval_batch", None),
-                          expert_parallel=args.expert_parallel)
-    except ValueError as e:
-        field, _, message = str(e).partition(": ")
-        raise InputError(message, field=f"--{field.replace('_', '-')}",
-                         exit_code=EX_USAGE) from None
-    d = step.to_dict()
-    e = ev.to_dict()
-    return {"compiled": {k: d[k] for k in ("bytes_per_device", "flops_per_device",
-                                           "flops_v1_per_device", "flops_ratio", "xla_flops",
-                                           "loops", "collectives", "collective_bytes",
-                                           "precision", "remat", "argument_bytes",
-                                           "temp_bytes", "output_bytes", "alias_bytes",
-                                           "compile_s")},
-            "compiled_eval": {k: e[k] for k in ("bytes_per_device", "flops_per_device",
-                                                "eval_batch", "flops_v1_per_device",
-                                                "flops_ratio", "xla_flops", "temp_bytes",
-                                                "collectives", "collective_bytes",
-                                                "compile_s")},
+    found = fit_layout(rung, args.devices, budget, expert_parallel=args.expert_parallel,
+                       budget_source=budget_source, **given)
+    step, lay = found.step, found.layout
+    note = (f"chose {lay.precision}, remat {lay.remat}, microbatch {lay.microbatch}: the "
+            f"first of the rule's order (less remat, then larger microbatches first) whose "
+            f"compiled step fits {_bytes(budget)} per device" if found.fits else
+            f"no layout fits {_bytes(budget)} per device; the most frugal tried "
+            f"(remat {lay.remat}, microbatch {lay.microbatch}) needs "
+            f"{_bytes(step.bytes_per_device)}")
+    ev = compile_eval(lay.apply(rung), args.devices, eval_batch=args.eval_batch,
+                      expert_parallel=args.expert_parallel)
+    d, e = step.to_dict(), ev.to_dict()
+    return {"compiled": {k: d[k] for k in (
+                "bytes_per_device", "flops_per_device", "flops_v1_per_device", "flops_ratio",
+                "xla_flops", "loops", "collectives", "collective_bytes", "precision", "remat",
+                "argument_bytes", "temp_bytes", "output_bytes", "alias_bytes", "compile_s")},
+            "compiled_eval": {k: e[k] for k in (
+                "bytes_per_device", "flops_per_device", "eval_batch", "flops_v1_per_device",
+                "flops_ratio", "xla_flops", "temp_bytes", "collectives", "collective_bytes",
+                "compile_s")},
             "layout": lay.to_dict(), "largest_fitting": found.largest_fitting,
             "next_layout_predicted": found.next_predicted,
             "compiled_mesh": step.mesh, "microbatch": step.microbatch,
-            "microbatches": step.microbatches, "layout_search": log,
+            "microbatches": step.microbatches, "layout_search": [dict(t) for t in found.tried],
             "microbatch_note": note, "compiled_fits": found.fits,
             "compiled_eval_fits": ev.bytes_per_device <= budget,
             "compiled_on": "fake CPU devices (XLA CPU backend)"}
@@ -445,7 +399,7 @@ def isoflop_main(args) -> int:
 
     from ladder.fit.isoflop import isoflop
     from ladder.fit.points import load_points
-    from ladder.io import atomic_write_bytes, check_writable, read_table
+    from ladder.io import atomic_write_bytes, check_writable, read_table, to_jsonable
 
     number(args.level, field="--level", lo=0, hi=1, lo_open=True, hi_open=True,
            exit_code=EX_USAGE)
@@ -478,8 +432,8 @@ def isoflop_main(args) -> int:
         df = load_points(sources, args.metric)
     res = isoflop(df, bootstrap=args.bootstrap, level=args.level, seed=args.seed,
                   where=", ".join(args.points))
-    shown = (json.dumps(to_jsonable_strict(res.to_json(args.budget))) if args.json
-             else res.report(args.budget))
+    shown = json.dumps(to_jsonable(res.to_json(args.budget))) if args.json else \
+        res.report(args.budget)
     if args.plot:  # written before anything is printed (ladder.cli.output)
         from ladder.reports.isoflop import plot_isoflop
         from ladder.reports.plots import png_bytes
@@ -489,18 +443,3 @@ def isoflop_main(args) -> int:
     if args.plot:
         tell(f"wrote {args.plot}", file=sys.stderr if args.json else sys.stdout)
     return 0
-
-
-def to_jsonable_strict(obj):
-    """JSON-ready, NaN as null (a missing interval is missing, not a number)."""
-    import math
-
-    from ladder.io import to_jsonable
-    obj = to_jsonable(obj)
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: to_jsonable_strict(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [to_jsonable_strict(v) for v in obj]
-    return obj

@@ -20,34 +20,20 @@ import time
 import warnings
 from pathlib import Path
 
-from ladder.io import (
-    EX_USAGE,
-    InputError,
-    as_float,
-    atomic_write_json,
-    claim,
-    iter_jsonl,
-    marker_names,
-    read_json,
-    real_folder,
-    write_marker,
-)
+from ladder.io import (EX_USAGE, InputError, as_float, atomic_write_json, claim, iter_jsonl,
+                       marker_names, read_json, real_folder, write_marker)
 from ladder.specs import Ladder, get_ladder
 
 METRIC = "eval_dropless/loss"  # the real ladder fitted the held-out loss without token drops
 LEVEL = 0.9
 BOOTSTRAP = 200
-# The cpu ladder's gap between sizes grows along the run (a larger model learns more of what a
-# smaller one cannot), which the trajectory form cannot draw: it missed the proxy hero's first 15%
-# by 5-6%; the trajectory-capacity form's capacity term can (docs/LOG.md, issue 21).
+# The cpu ladder's gap between sizes grows along the run, which the trajectory form cannot draw
+# (it missed the proxy hero's first 15% by 5-6%); the capacity term can (docs/LOG.md, issue 21).
 FORM = "trajectory-capacity"
 FAULTS = ("lr-spike", "data-swap", "loss-drift")
-# The demo's loss drift: the share of random tokens grows to 100% by the end of the run. The
-# trainer's default (30%) moves the loss so slowly at first that the proxy hero's own healthy
-# curve-shape residual (about -1% of the forecast per eval) hides it for ~9 evals.
+# The loss drift's share of random tokens grows to 100% by the end: at the trainer's default
+# (30%) the proxy hero's healthy curve-shape residual (~-1% per eval) hides it for ~9 evals.
 FAULT_SETTINGS = {"loss-drift": {"drift_max": 1.0}}
-
-
 # What the demo writes in its folder (ladder.io.claim, issue 39: a file of these names that
 # ladder did not write there is refused with one line, never replaced)
 DEMO_FILES = ("runs", "law.json", "prereg.json", "alerts.jsonl", "watch-state.json", "report",
@@ -81,9 +67,8 @@ def demo_main(args) -> int:
 
 
 def train_config(inject: str | None = None, inject_at: float = 0.5, seed: int = 0):
-    """The demo's training configuration: the defaults, with the seed (init and data order of
-    every rung), the fault to inject, and progress bars only when stderr is a terminal (as
-    ``ladder run``: none in logs or CI output)."""
+    """The default training configuration with the seed (every rung's init and data order), the
+    fault to inject, and progress bars only on a terminal (as ``ladder run``)."""
     from ladder.trainer.trainconfig import Fault, RunArgs, TrainConfig
 
     fault = None if inject is None else Fault(inject, at=inject_at,
@@ -139,9 +124,8 @@ def run_demo(out: Path, ladder: Ladder, *, inject: str | None = None,
     report = build_report(base / "report", runs=runs, law=law_path, prereg=prereg_path,
                           alerts=alerts_path, target_run=target_dir)
     say(f"[5/5] report: {report}")
-    verdict = _verdict(doc, summary, alerts)
-    verdict["watch_exit"] = watch_exit
-    verdict["seconds"] = time.time() - t_start
+    verdict = dict(_verdict(doc, summary, alerts), watch_exit=watch_exit,
+                   seconds=time.time() - t_start)
     for line in verdict["lines"]:
         say(line)
     say(f"demo finished in {verdict['seconds'] / 60:.1f} min; open {report}")
@@ -150,7 +134,7 @@ def run_demo(out: Path, ladder: Ladder, *, inject: str | None = None,
 
 def _fit(law_path: Path, rung_dirs: list[Path], *, verbose: bool = False):
     """Fit the demo's law (or reuse a law.json newer than the rungs), print its summary (the
-    whole report with ``verbose``: `ladder demo -v`) and return it as law.json reads back."""
+    whole report with ``verbose``) and return it as law.json reads back."""
     from ladder.fit import fit_law, load_law, load_points
     from ladder.fit.config import FitConfig
 
@@ -169,9 +153,8 @@ def _fit(law_path: Path, rung_dirs: list[Path], *, verbose: bool = False):
         say(f"[2/5] law: not reusing {law_path}: {why}; fitting it again")
     say(f"[2/5] fitting the {FORM} law on {len(points)} eval points of {len(rung_dirs)} "
         f"rungs, {BOOTSTRAP} run-level bootstrap replicates")
-    # the demo's verdicts (seeds 0-2, docs/LOG.md) were measured with the short-ladder rules
-    # that were the defaults before issue 35 and with the ladder's own band: opted into
-    # explicitly, so `make demo` is the demo it was until it is re-measured on the new defaults
+    # the demo's verdicts (seeds 0-2, docs/LOG.md) were measured with the short-ladder rules and
+    # the ladder's own band (the defaults before issue 35): opted into until it is re-measured
     res = fit_law(points, FitConfig(form=FORM, bootstrap=BOOTSTRAP, level=LEVEL, seed=0,
                                     asymptote_rule=True, scale_weighting=True,
                                     band_prior=False))
@@ -182,17 +165,15 @@ def _fit(law_path: Path, rung_dirs: list[Path], *, verbose: bool = False):
 
 
 def reusable_law(law_path: Path):
-    """(the law, None) when ``law_path`` holds a law the demo fits (its form and metric) that
-    this version reads; else (None, why) in a few words (a law.json of an older format the
-    reader refuses, or another command's law)."""
+    """(the law, None) when ``law_path`` holds a law of the demo's form and metric that this
+    version reads; else (None, why) in a few words."""
     from ladder.fit import load_law
     try:
         law = load_law(law_path)
     except InputError as e:  # its one line, less the path the note names already
         return None, f"it cannot be read ({str(e).removeprefix(f'{law_path}: ')})"
     except (AttributeError, KeyError, TypeError, ValueError) as e:
-        # a field of the wrong type that the reader does not check (an old or hand-edited
-        # file): the file is refitted over, not trusted
+        # a field of the wrong type the reader does not check (an old or hand-edited file)
         return None, f"it cannot be read ({type(e).__name__}: {e})"
     form, metric = getattr(law, "form", None), getattr(law, "metric", None)
     if (form, metric) != (FORM, METRIC):
@@ -202,10 +183,9 @@ def reusable_law(law_path: Path):
 
 
 def claim_demo_folder(out: Path) -> Path:
-    """Claim ``out`` for the demo's files (:data:`DEMO_FILES`) as every command claims its
-    ``--out`` (ladder.io.claim: one of those names that ladder did not write there is refused
-    with one line, exit 73); a folder an earlier demo wrote before the marker existed (its
-    law.json is a law, its prereg.json a pre-registration, or a run under runs/ is one) is
+    """Claim ``out`` for :data:`DEMO_FILES` as every command claims its ``--out``
+    (ladder.io.claim: exit 73 for a name ladder did not write); a folder an earlier demo wrote
+    before the marker existed (its law.json, prereg.json or a run under runs/ is ours) is
     adopted. Returns the real folder."""
     folder = real_folder(out)
     if folder.is_dir() and not marker_names(folder) and any(
@@ -225,9 +205,8 @@ def _written_as(path: Path, kind: str) -> bool:
 
 
 def fit_summary(res, law_path: Path, *, verbose: bool = False) -> list[str]:
-    """What the demo prints of its fit: the law's short summary (ladder.fit.report.short_lines:
-    the parameter table with what is not identified, the fit's error, the backtest) and where
-    the rest is; with ``verbose`` the whole report."""
+    """What the demo prints of its fit: the law's short summary (ladder.fit.report.short_lines)
+    and where the rest is; with ``verbose`` the whole report."""
     if verbose:
         return res.report().splitlines()
     return res.summary().splitlines() + [f"(the whole fit: `ladder demo -v`, or "
@@ -321,9 +300,8 @@ def _verdict(doc: dict, summary: dict, alerts: list[dict]) -> dict:
         + (f" ({', '.join(kinds)})" if kinds else ""),
         "  status: " + _status(inside, kinds, math.isfinite(actual), doc["band_level"]),
     ]
-    # judged by the pre-registered decision rule (warn/critical alerts, which use the wider alert
-    # band with hysteresis), not by the final point alone: a healthy run ends outside a 90% band
-    # one time in ten
+    # judged by the pre-registered decision rule (warn/critical alerts), not by the final point
+    # alone: a healthy run ends outside a 90% band one time in ten
     ok = not kinds and math.isfinite(actual)
     return {"ok": ok, "inside": inside, "actual": actual,
             "forecast": fin, "alerts": counts, "kinds": kinds, "lines": lines}

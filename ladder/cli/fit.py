@@ -12,15 +12,8 @@ import numpy as np
 import pandas as pd
 
 from ladder.cli.output import tell
-from ladder.io import (
-    EX_DATAERR,
-    EX_USAGE,
-    InputError,
-    atomic_write_json,
-    check_writable,
-    number,
-    to_jsonable,
-)
+from ladder.io import (EX_DATAERR, EX_USAGE, InputError, atomic_write_json, check_writable, number,
+                       to_jsonable)
 
 
 def _pairs(items, what: str, numeric: bool) -> dict:
@@ -79,25 +72,29 @@ def _print_warnings(command: str, caught) -> None:
             print(f"ladder {command}: warning: {msg}", file=sys.stderr)
 
 
+def check_fit_numbers(args) -> None:
+    """--level in (0, 1) and --bootstrap a count, checked before any work (a bad one must not
+    cost a finished fit). 10**5 replicates: ~1e3x the default (200); beyond it memory, not
+    accuracy, grows."""
+    number(args.level, field="--level", lo=0, hi=1, lo_open=True, hi_open=True,
+           exit_code=EX_USAGE)
+    number(args.bootstrap, field="--bootstrap", lo=0, hi=100_000, integral=True,
+           exit_code=EX_USAGE)
+
+
 def fit_main(args) -> int:
-    """`ladder fit`. ``--metric`` may be given several times, each a key or a glob over the keys
-    the sources hold
+    """`ladder fit`. Each ``--metric`` is a key or a glob over the keys the sources hold
     (ladder.fit.points.expand_metrics). One key: law.json is that metric's law (law/3).
     Several: each is fitted exactly as it would be alone, and law.json holds them all (law/2:
     ``laws: {key: law}``); if any is refused, nothing is written and one line names each."""
     from ladder.fit.points import expand_metrics
-    # checked before any work: a bad --out or --level must not cost a finished fit
-    number(args.level, field="--level", lo=0, hi=1, lo_open=True, hi_open=True,
-           exit_code=EX_USAGE)
-    # 10**5 replicates: already ~1e3x the default (200); beyond it memory, not accuracy, grows
-    number(args.bootstrap, field="--bootstrap", lo=0, hi=100_000, integral=True,
-           exit_code=EX_USAGE)
+    check_fit_numbers(args)
     if args.out:
         check_writable(args.out, field="--out")
-    if args.form == "task" or getattr(args, "via", None):
+    if args.form == "task" or args.via:
         return _fit_task_main(args)
     from ladder.sources.keymap import load_keymap
-    keymap = load_keymap(getattr(args, "keys", None))
+    keymap = load_keymap(args.keys)
     metrics = expand_metrics(args.metric, args.sources, keymap=keymap)
     if len(metrics) > 1:
         return _fit_many(args, metrics, keymap)
@@ -105,14 +102,14 @@ def fit_main(args) -> int:
         warnings.simplefilter("always")
         res, df, doc = _fit_metric(args, metrics[0], keymap)
     _print_warnings("fit", caught)
-    as_json = getattr(args, "json", False)
     with np.errstate(over="ignore"):  # a law beyond float64 is refused below, in one line
-        shown = json.dumps(to_jsonable(doc)) if as_json else res.report()
+        shown = json.dumps(to_jsonable(doc)) if args.json else res.report()
     doc = dict(doc, points=law_points(df))
     with _shown_if_refused(shown):
         _check_converged(args, res)
-        _readable_if_kept(args.out, doc)
-    _write_then_tell(args.out, doc, shown, as_json=as_json)
+        if args.out:
+            _readable(doc)
+    _write_then_tell(args.out, doc, shown, as_json=args.json)
     return 0
 
 
@@ -125,12 +122,6 @@ def _shown_if_refused(shown: str):
     except InputError:
         tell(shown)
         raise
-
-
-def _readable_if_kept(out, doc: dict) -> None:
-    """With ``out``, ``doc`` read back as `predict` will read it, before anything is written."""
-    if out:
-        _readable(doc)
 
 
 def _write_then_tell(out, doc: dict, shown: str, *, as_json: bool, note: str = "") -> None:
@@ -148,11 +139,10 @@ def _fit_metric(args, metric: str | None, keymap):
     law.json document without the points). InputError when the input is refused."""
     from ladder.fit.law import fit_law
     from ladder.fit.points import is_wandb_offline_dir, load_points, offline_run_points
-    sizes = getattr(args, "sizes", None)
-    sources = [offline_run_points(s, metric, sizes, keymap=keymap)
+    sources = [offline_run_points(s, metric, args.sizes, keymap=keymap)
                if is_wandb_offline_dir(s) else s for s in args.sources]
-    df = load_points(sources, metric, sizes=sizes, keymap=keymap,
-                     include_target=getattr(args, "include_target", False))
+    df = load_points(sources, metric, sizes=args.sizes, keymap=keymap,
+                     include_target=args.include_target)
     if not len(df):
         dropped = df.attrs.get("dropped") or []
         first = f" (e.g. {dropped[0]})" if dropped else ""
@@ -183,8 +173,8 @@ def _fit_config(args, **fields):
                      prior=_priors(args.prior),
                      # None: fit_law's default (the forecast devices on for --form auto only,
                      # a named form its own estimator); the flags turn them off
-                     asymptote_rule=False if getattr(args, "free_asymptote", False) else None,
-                     scale_weighting=False if getattr(args, "equal_weights", False) else None,
+                     asymptote_rule=False if args.free_asymptote else None,
+                     scale_weighting=False if args.equal_weights else None,
                      **fields)
 
 
@@ -209,7 +199,7 @@ def _fit_many(args, metrics: list[str], keymap) -> int:
     from ladder.fit.lawjson import multi_to_json
     from ladder.fit.points import listed_keys
     from ladder.fit.report import metric_summary, summary_lines
-    as_json = getattr(args, "json", False)
+    as_json = args.json
     fitted, refused, rows = {}, {}, []
     reports = []  # printed once law.json is written (or refused)
     for metric in metrics:
@@ -270,8 +260,7 @@ def _fit_task_main(args) -> int:
     if not args.via:
         raise InputError("--form task needs --via LOSS_KEY (the task-loss column)",
                          field="--via", exit_code=EX_USAGE)
-    # --metric is repeatable (several metrics: one law each); a task law maps to one accuracy
-    accs = [args.metric] if isinstance(args.metric, str) else list(args.metric or [])
+    accs = args.metric or []  # repeatable (one law each); a task law maps to one accuracy
     if len(accs) != 1:
         raise InputError("--form task needs one --metric ACC_KEY (the accuracy column)"
                          + (f", got {len(accs)}" if accs else ""), field="--metric",
@@ -299,19 +288,18 @@ def _fit_task_main(args) -> int:
         law = fit_task(df, args.via, acc, _fit_config(args, form=args.via_form),
                        where=where)
     _print_warnings("fit", caught)
-    as_json = getattr(args, "json", False)
     with np.errstate(over="ignore"):
         doc = law.to_json()
-        shown = json.dumps(to_jsonable(doc)) if as_json else law.report()
-
+        shown = json.dumps(to_jsonable(doc)) if args.json else law.report()
     with _shown_if_refused(shown):
         bad = unconverged(law.step1)
         if bad and not args.allow_unconverged:
             raise InputError(f"step 1: {', '.join(bad)} did not converge; nothing written; "
                              "rerun with --allow-unconverged to keep it anyway",
                              field="diagnostics.converged", exit_code=EX_DATAERR)
-        _readable_if_kept(args.out, doc)
-    _write_then_tell(args.out, doc, shown, as_json=as_json)
+        if args.out:
+            _readable(doc)
+    _write_then_tell(args.out, doc, shown, as_json=args.json)
     return 0
 
 
@@ -356,7 +344,7 @@ def law_points(df) -> dict:
 
 
 def predict_main(args) -> int:
-    if getattr(args, "schedule", None):
+    if args.schedule:
         return predict_schedule_main(args)
     from ladder.fit.law import load_law
     number(args.level, field="--level", lo=0, hi=1, lo_open=True, hi_open=True,
@@ -366,7 +354,7 @@ def predict_main(args) -> int:
                allow_none=True, exit_code=EX_USAGE)
     number(args.fraction, field="--fraction", lo=0, hi=1, lo_open=True, allow_none=True,
            exit_code=EX_USAGE)
-    law = load_law(args.law, metric=getattr(args, "metric", None))
+    law = load_law(args.law, metric=args.metric)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -409,11 +397,9 @@ def compare_main(args) -> int:
 
     from ladder.fit.law import compare_points
     from ladder.fit.config import FitConfig
-    from ladder.fit.points import is_wandb_offline_dir, load_points, offline_run_points
-    number(args.level, field="--level", lo=0, hi=1, lo_open=True, hi_open=True,
-           exit_code=EX_USAGE)
-    number(args.bootstrap, field="--bootstrap", lo=0, hi=100_000, integral=True,
-           exit_code=EX_USAGE)
+    from ladder.fit.points import (expand_metrics, is_wandb_offline_dir, load_points,
+                                   offline_run_points)
+    check_fit_numbers(args)
     number(args.at, field="--at", lo=0, lo_open=True, allow_none=True, exit_code=EX_USAGE)
     if args.out:
         check_writable(args.out, field="--out", directory=True)
@@ -424,12 +410,14 @@ def compare_main(args) -> int:
         rung = resolve_target(args.target, args)[1][-1]
         # the points-table convention: training FLOPs without the LM head (ladder.fit.points)
         at, at_source = rung.compute(lm_head=False), f"--target {args.target}"
-    metrics = _compare_metrics(args)
+    # --metric keys in order, each glob (``bpb/*``) expanded over the keys A holds; none:
+    # ``[None]``, the table's ``loss`` (or runs' default)
+    metrics = expand_metrics(args.metric, [args.a])
     config = FitConfig(form=args.form, fix=_pairs(args.fix, "--fix", True),
                        objective=args.objective, bootstrap=args.bootstrap, level=args.level,
                        seed=args.seed, asymptote_rule=False if args.free_asymptote else None,
                        scale_weighting=False if args.equal_weights else None)
-    sizes = getattr(args, "sizes", None)
+    sizes = args.sizes
     results, caught_all = {}, []
     for metric in metrics:
         tables = []
@@ -439,7 +427,7 @@ def compare_main(args) -> int:
                 src_df = (offline_run_points(src, metric, sizes) if is_wandb_offline_dir(src)
                           else src)
                 df = load_points([src_df], metric, sizes=sizes,
-                                 include_target=getattr(args, "include_target", False))
+                                 include_target=args.include_target)
             caught_all += caught
             if metric is None:  # a table's own loss column, else runs' default metric
                 metric = "loss" if Path(str(src)).is_file() else df.attrs.get("metric")
@@ -484,33 +472,22 @@ def compare_main(args) -> int:
     return 0
 
 
-def _compare_metrics(args) -> list[str | None]:
-    """--metric keys in order, each glob (``bpb/*``) expanded over the keys A holds
-    (fit.points.expand_metrics); none: ``[None]``, the table's ``loss`` (or runs' default)."""
-    from ladder.fit.points import expand_metrics
-    return expand_metrics(args.metric, [args.a])
-
-
 def predict_schedule_main(args) -> int:
     """``ladder predict law.json --schedule FILE|KIND:k=v,...``: CSV ``step,loss,lo,hi``."""
     from ladder.fit.curve_law import load_curve_law
     from ladder.fit.lr_schedules import schedule_source
 
-    if getattr(args, "tokens", None) is not None:
+    if args.tokens is not None:
         raise InputError("has no meaning with --schedule (the schedule sets the run's length)",
                          field="--tokens", exit_code=64)
-    law = load_curve_law(args.law, metric=getattr(args, "metric", None))
+    law = load_curve_law(args.law, metric=args.metric)
     at, lr = schedule_source(args.schedule)
-    fraction = getattr(args, "fraction", None)
-    if fraction is not None:
-        at = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        pred = law.predict(schedule=lr, step=at, fraction=fraction,
-                           params=getattr(args, "params", None),
-                           active_params=getattr(args, "active_params", None),
-                           compute=getattr(args, "compute", None),
-                           level=getattr(args, "level", None))
+        pred = law.predict(schedule=lr, step=None if args.fraction is not None else at,
+                           fraction=args.fraction, params=args.params,
+                           active_params=args.active_params, compute=args.compute,
+                           level=args.level)
     for w in caught:
         print(f"ladder predict: warning: {w.message}", file=sys.stderr)
     sys.stdout.write(pred.to_csv())

@@ -19,11 +19,6 @@ import warnings
 from ladder.io import EX_USAGE, InputError
 
 
-# The handlers live in these modules; each module is imported when one of its commands runs
-# (``set_defaults(func=...)`` below), so `ladder list` never loads pandas or JAX. The command
-# line is the one layer whose functions take parsed arguments.
-
-
 def _commands():
     from ladder.cli import commands  # list, plan, run, tokenize, isoflop
     return commands
@@ -78,29 +73,60 @@ class _Parser(argparse.ArgumentParser):
 def _wandb_options(s, what: str) -> None:
     """--wandb, --wandb-entity, --wandb-project: the same three on run, preregister and watch."""
     s.add_argument("--wandb", action="store_true", help=what)
-    s.add_argument("--wandb-entity", default=None, metavar="ENTITY",
+    s.add_argument("--wandb-entity", metavar="ENTITY",
                    help="W&B entity (default: $WANDB_ENTITY, else your W&B default entity)")
-    s.add_argument("--wandb-project", default=None, metavar="PROJECT",
+    s.add_argument("--wandb-project", metavar="PROJECT",
                    help="W&B project (default: $WANDB_PROJECT, else 'ladder')")
 
 
 def _ladder_file_option(s) -> None:
-    s.add_argument("--ladder-file", default=None, metavar="FILE",
+    s.add_argument("--ladder-file", metavar="FILE",
                    help="a ladder as data (TOML or JSON, like ladder/ladders/*.toml); it joins "
                         "the built-in ladders, replacing one of its name (default: none)")
 
 
 def _keys_option(s) -> None:
-    s.add_argument("--keys", default=None, metavar="levanter|marin|FILE.toml",
+    s.add_argument("--keys", metavar="levanter|marin|FILE.toml",
                    help="another trainer's metric names mapped to ours (tokens, FLOPs, "
                         "progress, LR, params; ladder/sources/keymap.py) (default: ours)")
 
 
 def _amend_chain_option(s) -> None:
-    s.add_argument("--amend-chain", action="append", default=None, metavar="FILE",
+    s.add_argument("--amend-chain", action="append", metavar="FILE",
                    help="also follow these amendments: a chain file (.jsonl, as `preregister "
                         "--amend` writes) or an amendment's own file (repeatable; default: "
                         "only those recorded in amendments.jsonl beside the pre-registration)")
+
+
+def _fit_options(s) -> None:
+    """The options of a law's fit that `fit` and `compare` share (compare fits two laws)."""
+    s.add_argument("--bootstrap", type=int, default=200, help="run-level bootstrap replicates")
+    s.add_argument("--level", type=float, default=0.9, help="level of the intervals and bands")
+    s.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE",
+                   help="hold a parameter fixed, e.g. E=1.5 (default: none)")
+    s.add_argument("--objective", default="huber", choices=["huber", "ols"],
+                   help="huber: summed Huber(1e-3) on log loss; ols: least squares of "
+                        "log(L - E) on log C with E fixed (the real ladder's fit; Student-t "
+                        "interval with n-2 dof)")
+    s.add_argument("--seed", type=int, default=0,
+                   help="bootstrap seed (compare: recipe B's is seed + 1)")
+    s.add_argument("--free-asymptote", action="store_true",
+                   help="keep E free even on a short ladder (<= 5 sizes) that does not "
+                        "identify it (default: with --form auto, the forecast's asymptote rule; "
+                        "a named form is always its own estimator)")
+    s.add_argument("--include-target", action="store_true",
+                   help="fit a runs directory's target rung too (default: left out, and said so: "
+                        "it is the run the law forecasts)")
+    s.add_argument("--equal-weights", action="store_true",
+                   help="weight every run alike (default: with --form auto, the forecast "
+                        "weights runs by their decades below the largest one where the rollout "
+                        "backtest says it forecasts better; a named form is its own estimator)")
+    s.add_argument("--allow-unconverged", action="store_true",
+                   help="write the law, or compare, even when a fit's best start did not "
+                        "converge (default: refuse, exit 65)")
+    s.add_argument("--sizes", metavar="FILE",
+                   help="CSV/JSON of run sizes (run, params, active_params) for W&B sources "
+                        "whose configs lack them (default: from the runs' configs)")
 
 
 def _json_option(s, what: str) -> None:
@@ -136,7 +162,6 @@ class _SubParser(_Parser):
 # --- ladders and rungs -------------------------------------------------------------------
 
 def _list_command(sub) -> None:
-    """`ladder list`: its subparser and options."""
     s = sub.add_parser(
         "list", help="ladders, rungs, params total/active, tokens, FLOPs",
         description="List the ladders (or one), each rung's parameters, tokens, steps, batch "
@@ -149,7 +174,6 @@ def _list_command(sub) -> None:
 
 
 def _plan_command(sub) -> None:
-    """`ladder plan`: its subparser and options."""
     s = sub.add_parser(
         "plan", help="memory and time per step on a mesh, no training",
         description="Estimate per-device memory and time per step of a rung on a data x expert "
@@ -161,35 +185,34 @@ def _plan_command(sub) -> None:
                         "of the file's ladder)")
     _ladder_file_option(s)
     s.add_argument("--devices", type=int, default=1, help="devices in the mesh")
-    s.add_argument("--expert-parallel", type=int, default=None,
+    s.add_argument("--expert-parallel", type=int,
                    help="size of the 'expert' mesh axis (default: largest divisor of --devices "
                         "that divides the number of experts)")
-    s.add_argument("--peak-flops", type=float, default=None, metavar="FLOP/S",
+    s.add_argument("--peak-flops", type=float, metavar="FLOP/S",
                    help="peak FLOP/s of one device (default: 2.5e15, one GB200 GPU, bf16 dense; "
                         "see ladder/trainer/plan.py)")
-    s.add_argument("--mfu", type=float, default=None,
-                   help="assumed model FLOPs utilisation (default: 0.4)")
+    s.add_argument("--mfu", type=float, help="assumed model FLOPs utilisation (default: 0.4)")
     s.add_argument("--compile", action="store_true",
                    help="also lower and compile the real train and eval steps for this mesh on "
                         "fake CPU devices and report XLA's own bytes, FLOPs (loops x trip "
                         "counts) and collectives per device (default: off; needs LADDER:RUNG)")
-    s.add_argument("--accelerator", default=None, metavar="NAME",
+    s.add_argument("--accelerator", metavar="NAME",
                    help="the device to lay the rung out for (a name or key of "
                         "ladder/accelerators.py, e.g. h100, h200, gb200): its memory x the usable "
                         "share is the budget and its peak the time's (default: the budget of "
                         "an H100, the time of a GB200)")
-    s.add_argument("--memory-per-device", type=float, default=None, metavar="BYTES",
+    s.add_argument("--memory-per-device", type=float, metavar="BYTES",
                    help="memory budget of one device, instead of the accelerator's; the layout "
                         "(precision, remat, microbatch) is chosen to fit it, by the estimate "
                         "and with --compile by XLA's figure (default: 80 GB x 0.9)")
-    s.add_argument("--precision", default=None, choices=["bf16", "f32"],
+    s.add_argument("--precision", choices=["bf16", "f32"],
                    help="compute precision (default: bf16 over f32 master weights)")
-    s.add_argument("--remat", default=None, choices=["none", "dots", "full"],
+    s.add_argument("--remat", choices=["none", "dots", "full"],
                    help="rematerialisation (default: the least that fits)")
-    s.add_argument("--microbatch", type=int, default=None, metavar="SEQUENCES",
+    s.add_argument("--microbatch", type=int, metavar="SEQUENCES",
                    help="sequences per microbatch (default: the largest that fits at the "
                         "chosen remat)")
-    s.add_argument("--eval-batch", type=int, default=None, metavar="SEQUENCES",
+    s.add_argument("--eval-batch", type=int, metavar="SEQUENCES",
                    help="sequences of the eval step --compile compiles (default: one per "
                         "device, as `ladder run`)")
     _json_option(s, "the plan")
@@ -197,7 +220,6 @@ def _plan_command(sub) -> None:
 
 
 def _run_command(sub) -> None:
-    """`ladder run`: its subparser and options."""
     s = sub.add_parser(
         "run", help="train ladder rungs",
         description="Train a ladder's rungs, one after another, into DIR/LADDER/RUNG/ (default: "
@@ -215,68 +237,66 @@ def _run_command(sub) -> None:
                    help="a ladder (all its rungs, the target last) or one rung of it "
                         "(default: --ladder-file's ladder)")
     _ladder_file_option(s)
-    s.add_argument("--rung", action="append", default=None, metavar="NAME",
+    s.add_argument("--rung", action="append", metavar="NAME",
                    help="train only this rung (repeatable; default: all)")
     s.add_argument("--out", default="runs", metavar="DIR",
                    help="runs directory: rungs go to DIR/LADDER/RUNG/")
-    s.add_argument("--max-steps", type=int, default=None, metavar="N",
-                   help="stop after N steps of the planned run, resumable (default: the whole "
-                        "run)")
+    s.add_argument("--max-steps", type=int, metavar="N",
+                   help="stop after N steps of the planned run, resumable (default: the whole run)")
     s.add_argument("--resume", action="store_true",
                    help="continue unfinished rungs from their last checkpoint")
     _wandb_options(s, "mirror the metrics to W&B (group = ladder, name = rung, job type train)")
-    s.add_argument("--data", action="append", default=None,
+    s.add_argument("--data", action="append",
                    help="text files/globs, a token array (.npy, .bin with --vocab-size) or a "
                         "`ladder tokenize` directory (default: the Python stdlib as bytes)")
-    s.add_argument("--vocab-size", type=int, default=None,
+    s.add_argument("--vocab-size", type=int,
                    help="vocabulary of a .bin token file (default: from the data)")
-    s.add_argument("--devices", type=int, default=None,
-                   help="devices in the mesh (default: all visible)")
-    s.add_argument("--expert-parallel", type=int, default=None,
+    s.add_argument("--devices", type=int, help="devices in the mesh (default: all visible)")
+    s.add_argument("--expert-parallel", type=int,
                    help="size of the 'expert' mesh axis (default: the largest that fits)")
-    s.add_argument("--config", default=None, metavar="FILE.json",
+    s.add_argument("--config", metavar="FILE.json",
                    help="JSON file of training overrides (default: none)")
-    s.add_argument("--microbatch", type=int, default=None, metavar="SEQUENCES",
+    s.add_argument("--microbatch", type=int, metavar="SEQUENCES",
                    help="sequences per microbatch: gradient accumulation inside the step "
                         "(default: on a GPU/TPU, with precision (--model.precision) and remat "
                         "(--model.remat), chosen to fit the device's memory and written to "
                         "config.json's layout; on CPU the whole batch)")
-    s.add_argument("--eval-batch", type=int, default=None, metavar="SEQUENCES",
+    s.add_argument("--eval-batch", type=int, metavar="SEQUENCES",
                    help="sequences per eval call (default: one per device in the mesh)")
-    s.add_argument("--peak-flops", type=float, default=None, metavar="FLOP/S",
+    s.add_argument("--peak-flops", type=float, metavar="FLOP/S",
                    help="peak FLOP/s of one device for throughput/mfu (default: the "
                         "accelerator table in ladder/trainer/plan.py; on CPU a measured matmul)")
-    s.add_argument("--checkpoint-minutes", type=float, default=None, metavar="M",
+    s.add_argument("--checkpoint-minutes", type=float, metavar="M",
                    help="also keep a rolling checkpoint every M minutes of wall clock, beside "
                         "the permanent ones (default: none; SIGTERM always checkpoints)")
-    s.add_argument("--checkpoint-dir", default=None, metavar="DIR|URL",
+    s.add_argument("--checkpoint-dir", metavar="DIR|URL",
                    help="checkpoints under DIR/LADDER/RUNG: a folder or gs://, s3:// (Orbax "
                         "through etils; needs gcsfs/s3fs) (default: RUN_DIR/checkpoints); "
                         "saves are asynchronous unless --checkpoint_async=false")
-    s.add_argument("--profile-steps", default=None, metavar="A:B",
+    s.add_argument("--profile-steps", metavar="A:B",
                    help="write a jax.profiler trace of steps A..B (inclusive) into "
                         "RUN_DIR/profile (default: none)")
     g = s.add_argument_group("multi-host JAX (one rung over several processes)")
-    g.add_argument("--distributed", default=None, choices=["off", "auto", "explicit"],
+    g.add_argument("--distributed", choices=["off", "auto", "explicit"],
                    help="off: one process; auto: jax.distributed.initialize() reads the cluster "
                         "(SLURM, Kubernetes, Cloud TPU); explicit: the three flags below "
                         "(default: explicit when --coordinator is given, else off)")
-    g.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+    g.add_argument("--coordinator", metavar="HOST:PORT",
                    help="process 0's coordinator address (default: none)")
-    g.add_argument("--num-processes", type=int, default=None, metavar="N",
+    g.add_argument("--num-processes", type=int, metavar="N",
                    help="processes in the run (default: none)")
-    g.add_argument("--process-id", type=int, default=None, metavar="I",
+    g.add_argument("--process-id", type=int, metavar="I",
                    help="this process's index, 0..N-1 (default: none)")
-    g.add_argument("--distributed-timeout", type=int, default=None, metavar="SECONDS",
+    g.add_argument("--distributed-timeout", type=int, metavar="SECONDS",
                    help="wait at most this long for every process to connect (default: 300)")
     g = s.add_argument_group("whole ladders on a Ray cluster")
     g.add_argument("--executor", default="local", choices=["local", "ray"],
                    help="local: rungs one after another in this process; ray: each rung a Ray "
                         "task, those that fit at once in parallel (default: local)")
-    g.add_argument("--address", default=None, metavar="ADDR",
+    g.add_argument("--address", metavar="ADDR",
                    help="Ray cluster address, e.g. auto or ray://HOST:10001 (default: a local "
                         "Ray started for this run, or RAY_ADDRESS)")
-    g.add_argument("--resources-per-rung", default=None, metavar="JSON",
+    g.add_argument("--resources-per-rung", metavar="JSON",
                    help='Ray resources of one rung task, e.g. \'{"num_gpus": 8}\', or per rung '
                         '\'{"*": {"num_cpus": 1}, "RUNG": {"num_gpus": 4}}\' (default: '
                         '{"num_cpus": 1})')
@@ -286,7 +306,6 @@ def _run_command(sub) -> None:
 
 
 def _tokenize_command(sub) -> None:
-    """`ladder tokenize`: its subparser and options."""
     s = sub.add_parser(
         "tokenize", help="token shards for `run --data DIR` from text, JSONL or Parquet files",
         description="Encode text, JSONL or Parquet files with a local tokenizer into token "
@@ -301,16 +320,16 @@ def _tokenize_command(sub) -> None:
                    help="a local Hugging Face tokenizers file (nothing is downloaded)")
     s.add_argument("--out", required=True, metavar="DIR", help="directory for the shards and "
                    "manifest.json (must not hold shards already)")
-    s.add_argument("--eos", default=None, metavar="TOKEN",
+    s.add_argument("--eos", metavar="TOKEN",
                    help="end-of-document token appended to every file (default: the first of "
                         "<|endoftext|>, <|end_of_text|>, </s>, <eos>, <|eos|>, [EOS] in the "
                         "vocabulary)")
-    s.add_argument("--shard-tokens", type=int, default=None, metavar="N",
+    s.add_argument("--shard-tokens", type=int, metavar="N",
                    help="tokens per shard file (default: 2**27, 256 MiB of uint16)")
     s.add_argument("--text-key", default="text", metavar="KEY",
                    help="the field of a JSONL record / column of a Parquet file that holds its "
                         "text (default: text)")
-    s.add_argument("--processes", type=int, default=None, metavar="N",
+    s.add_argument("--processes", type=int, metavar="N",
                    help="worker processes that encode (0: this process, with the tokenizers "
                         "library's own threads; default: one per CPU core)")
     s.set_defaults(func=lambda args: _commands().tokenize_main(args))
@@ -319,7 +338,6 @@ def _tokenize_command(sub) -> None:
 # --- fitting ---------------------------------------------------------------------------------
 
 def _fit_command(sub) -> None:
-    """`ladder fit`: its subparser and options."""
     s = sub.add_parser(
         "fit", help="fit and export a scaling law",
         description="Fit a scaling law with its uncertainty to points tables or runs and write "
@@ -336,57 +354,29 @@ def _fit_command(sub) -> None:
     s.add_argument("--form", default="auto",
                    help=f"law form: {form_choices()}; auto: every form marked * that the "
                         "columns allow, chosen by rollout backtest; task: downstream accuracy "
-                        "in two steps, needs --via (default: %(default)s)")
-    s.add_argument("--metric", action="append", default=None, metavar="KEY",
+                        "in two steps, needs --via")
+    s.add_argument("--metric", action="append", metavar="KEY",
                    help="metric key: a key of runs, a long table's 'metric' value or a wide "
                         "table's loss column; repeatable, and a glob such as 'paloma/*/loss' "
                         "matches the keys the sources hold; several metrics: one law each, all "
                         "in one law.json (default: runs' eval_dropless/loss, a table's loss); "
                         "with --form task, one: the accuracy column")
-    s.add_argument("--via", default=None, metavar="LOSS_KEY",
+    s.add_argument("--via", metavar="LOSS_KEY",
                    help="with --form task: the task-loss column (e.g. bits per byte of the "
                         "correct answer) that step 1 fits in params/tokens/compute and step 2 "
                         "maps to accuracy with a sigmoid (Bhagia et al. 2024)")
     s.add_argument("--via-form", default="auto", metavar="FORM",
-                   help="with --form task: step 1's form (default: %(default)s)")
-    s.add_argument("--bootstrap", type=int, default=200,
-                   help="run-level bootstrap replicates (default: %(default)s)")
-    s.add_argument("--level", type=float, default=0.9,
-                   help="level of the intervals and bands (default: %(default)s)")
-    s.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE",
-                   help="hold a parameter fixed, e.g. E=1.5 (default: none)")
+                   help="with --form task: step 1's form")
     s.add_argument("--prior", action="append", default=[], metavar="NAME=MEAN:SD",
-                   help="Gaussian prior on a parameter (in its natural units), e.g. "
-                        "E=1.5:0.2: a penalised fit whose prior spread goes into the band "
-                        "(default: none)")
+                   help="Gaussian prior on a parameter (in its natural units), e.g. E=1.5:0.2: a "
+                        "penalised fit whose prior spread goes into the band (default: none)")
     s.add_argument("--tie", action="append", default=[], metavar="A=B",
                    help="make parameter A equal B, e.g. beta=alpha (default: none)")
-    s.add_argument("--by", default=None, metavar="COLUMN",
+    s.add_argument("--by", metavar="COLUMN",
                    help="one law per value of COLUMN, e.g. fraction (default: one law)")
-    s.add_argument("--objective", default="huber", choices=["huber", "ols"],
-                   help="huber: summed Huber(1e-3) on log loss; ols: least squares of "
-                        "log(L - E) on log C with E fixed (the real ladder's fit; Student-t "
-                        "interval with n-2 dof) (default: %(default)s)")
     s.add_argument("--params-column", default="params", choices=["params", "active_params"],
-                   help="parameter count of the chinchilla form (default: %(default)s)")
-    s.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: %(default)s)")
-    s.add_argument("--free-asymptote", action="store_true",
-                   help="keep E free even on a short ladder (<= 5 sizes) that does not "
-                        "identify it (default: with --form auto, the forecast's asymptote rule; "
-                        "a named form is always its own estimator)")
-    s.add_argument("--include-target", action="store_true",
-                   help="fit a runs directory's target rung too (default: left out, and said so: "
-                        "it is the run the law forecasts)")
-    s.add_argument("--equal-weights", action="store_true",
-                   help="weight every run alike (default: with --form auto, the forecast "
-                        "weights runs by their decades below the largest one where the rollout "
-                        "backtest says it forecasts better; a named form is its own estimator)")
-    s.add_argument("--allow-unconverged", action="store_true",
-                   help="write the law even when the best start did not converge (default: "
-                        "refuse, exit 65)")
-    s.add_argument("--sizes", default=None, metavar="FILE",
-                   help="CSV/JSON of run sizes (run, params, active_params) for W&B sources "
-                        "whose configs lack them (default: from the runs' configs)")
+                   help="parameter count of the chinchilla form")
+    _fit_options(s)
     _keys_option(s)
     _json_option(s, "the law (law.json's content), not the report,")
     s.add_argument("--out", default="law.json", metavar="FILE", help="where the law is written")
@@ -394,7 +384,6 @@ def _fit_command(sub) -> None:
 
 
 def _compare_command(sub) -> None:
-    """`ladder compare`: its subparser and options."""
     s = sub.add_parser(
         "compare", help="compute-equivalent multiplier of recipe B over recipe A on the same "
         "ladder sizes",
@@ -404,47 +393,27 @@ def _compare_command(sub) -> None:
     s.add_argument("a", metavar="A", help="recipe A (the baseline): a points table, runs "
                    "directory, W&B offline run directory or wandb://ENTITY/PROJECT/ID[,ID...]")
     s.add_argument("b", metavar="B", help="recipe B (the variant), the same kinds")
-    s.add_argument("--metric", action="append", default=None, metavar="KEY",
-                   help="metric key (repeatable; a glob such as 'bpb/*' matches the columns of "
-                        "A's points table) (default: the table's loss, runs' "
-                        "eval_dropless/loss)")
+    s.add_argument("--metric", action="append", metavar="KEY",
+                   help="metric key (repeatable; a glob such as 'bpb/*' matches the columns of A's "
+                        "points table) (default: the table's loss, runs' eval_dropless/loss)")
     g = s.add_mutually_exclusive_group()
-    g.add_argument("--at", type=float, default=None, metavar="C",
+    g.add_argument("--at", type=float, metavar="C",
                    help="the multiplier at this compute, FLOPs without the LM head (default: "
                         "the largest B run's)")
-    g.add_argument("--target", default=None, metavar="LADDER[:RUNG]",
+    g.add_argument("--target", metavar="LADDER[:RUNG]",
                    help="the multiplier at this rung's compute (a ladder alone: its target)")
     _ladder_file_option(s)
     s.add_argument("--form", default="compute",
                    choices=["compute", "trajectory", "trajectory-capacity"],
                    help="law form of both fits (one of compute alone, so it can be inverted)")
-    s.add_argument("--bootstrap", type=int, default=200,
-                   help="run-level bootstrap replicates of each fit (default: %(default)s)")
-    s.add_argument("--level", type=float, default=0.9,
-                   help="level of the bands (default: %(default)s)")
-    s.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE",
-                   help="hold a parameter of both laws fixed, e.g. E=1.5 (default: none)")
-    s.add_argument("--objective", default="huber", choices=["huber", "ols"],
-                   help="as `ladder fit --objective` (ols needs --fix E=...)")
-    s.add_argument("--free-asymptote", action="store_true",
-                   help="as `ladder fit --free-asymptote`")
-    s.add_argument("--equal-weights", action="store_true", help="as `ladder fit --equal-weights`")
-    s.add_argument("--include-target", action="store_true",
-                   help="fit runs directories' target rungs too (default: left out)")
-    s.add_argument("--sizes", default=None, metavar="FILE",
-                   help="CSV/JSON of run sizes for W&B sources (default: from the configs)")
-    s.add_argument("--seed", type=int, default=0, help="bootstrap seed (B's is seed + 1)")
-    s.add_argument("--allow-unconverged", action="store_true",
-                   help="compare even when a fit did not converge (default: refuse, exit 65)")
+    _fit_options(s)
     _json_option(s, "{metric: {multiplier, lo, hi, per_size, trend, ...}}, not the report,")
-    s.add_argument("--out", default=None, metavar="DIR",
-                   help="write compare.json and compare_METRIC.png here (default: nothing "
-                        "written)")
+    s.add_argument("--out", metavar="DIR", help="write compare.json and compare_METRIC.png here "
+                                                "(default: nothing written)")
     s.set_defaults(func=lambda args: _fit().compare_main(args))
 
 
 def _isoflop_command(sub) -> None:
-    """`ladder isoflop`: its subparser and options."""
     s = sub.add_parser(
         "isoflop", help="IsoFLOP approaches 1 and 2: compute-optimal N and D",
         description="IsoFLOP planning (Hoffmann et al. 2022, approaches 1 and 2): the "
@@ -453,27 +422,25 @@ def _isoflop_command(sub) -> None:
     s.add_argument("points", nargs="+", metavar="POINTS",
                    help="points tables (CSV, Parquet: compute, loss, and params or tokens; "
                         "the other from C = 6 N D) or runs directories")
-    s.add_argument("--budget", type=float, default=None, metavar="C",
+    s.add_argument("--budget", type=float, metavar="C",
                    help="compute budget (FLOPs) to give the compute-optimal N and D for "
                         "(default: none)")
     s.add_argument("--bootstrap", type=int, default=1000,
                    help="run-level bootstrap replicates of the bands")
     s.add_argument("--level", type=float, default=0.9, help="level of the intervals")
     s.add_argument("--seed", type=int, default=0, help="bootstrap seed")
-    s.add_argument("--metric", default=None,
-                   help="metric key of runs, or the loss column of a table (default: loss, "
-                        "else eval_dropless/loss)")
+    s.add_argument("--metric", help="metric key of runs, or the loss column of a table (default: "
+                                    "loss, else eval_dropless/loss)")
     s.add_argument("--column", action="append", default=[], metavar="NAME=COLUMN",
                    help="read a table's COLUMN as NAME, e.g. compute=compute_budget "
                         "(repeatable; default: the names as they are)")
-    s.add_argument("--plot", default=None, metavar="FILE.png",
+    s.add_argument("--plot", metavar="FILE.png",
                    help="also draw the profiles and the fits (default: no figure)")
     _json_option(s, "the exponents, their intervals and (with --budget) N and D")
     s.set_defaults(func=lambda args: _commands().isoflop_main(args))
 
 
 def _predict_command(sub) -> None:
-    """`ladder predict`: its subparser and options."""
     s = sub.add_parser(
         "predict", help="predict loss from a law",
         description="Predict the loss and its band from a law.json at a size and token count, "
@@ -482,16 +449,15 @@ def _predict_command(sub) -> None:
                "example:\n  ladder predict law.json --compute 1.44e10\n"
                "  ladder predict law.json --params 535e9 --active-params 22.8e9 --tokens 18e12")
     s.add_argument("law", metavar="LAW.json", help="a law written by `ladder fit`")
-    s.add_argument("--params", type=float, default=None, help="total parameters")
-    s.add_argument("--active-params", type=float, default=None, help="active parameters")
-    s.add_argument("--tokens", type=float, default=None, help="training tokens")
-    s.add_argument("--compute", type=float, default=None, help="training FLOPs (no LM head)")
-    s.add_argument("--fraction", type=float, default=None,
-                   help="fraction of the planned run (default: the end)")
+    s.add_argument("--params", type=float, help="total parameters")
+    s.add_argument("--active-params", type=float, help="active parameters")
+    s.add_argument("--tokens", type=float, help="training tokens")
+    s.add_argument("--compute", type=float, help="training FLOPs (no LM head)")
+    s.add_argument("--fraction", type=float, help="fraction of the planned run (default: the end)")
     s.add_argument("--level", type=float, default=0.9, help="interval level")
-    s.add_argument("--schedule", default=None,
+    s.add_argument("--schedule",
                    help="CSV (step, lr) or a named schedule (curve laws; default: none)")
-    s.add_argument("--metric", default=None, metavar="KEY",
+    s.add_argument("--metric", metavar="KEY",
                    help="the metric whose law predicts: required for a law.json of several "
                         "metrics; on one of one metric it must be that metric (default: its "
                         "only law)")
@@ -501,7 +467,6 @@ def _predict_command(sub) -> None:
 # --- pre-registration and watch --------------------------------------------------------------
 
 def _preregister_command(sub) -> None:
-    """`ladder preregister`: its subparser and options."""
     s = sub.add_parser(
         "preregister", help="freeze a forecast of a target run",
         description="Freeze a law's forecast of a target run, at every 1% of it, as a hashed, "
@@ -509,7 +474,7 @@ def _preregister_command(sub) -> None:
         epilog="exit status: 0 written, 65 no band (see --allow-no-band), 73 the file exists\n"
                "(never overwritten), 64+ other usage or input errors.\n\n"
                "example:\n  ladder preregister law.json --target tiny:46.4K-A21.1K --runs runs")
-    s.add_argument("law", metavar="LAW.json", nargs="?", default=None,
+    s.add_argument("law", metavar="LAW.json", nargs="?",
                    help="a law written by `ladder fit` (with --at-step, default: the law the "
                         "amended file embeds)")
     g = s.add_mutually_exclusive_group()
@@ -518,43 +483,42 @@ def _preregister_command(sub) -> None:
                         "file's target)")
     g.add_argument("--target-spec", metavar="FILE.json",
                    help="the target as a JSON object of pre-registration target fields")
-    s.add_argument("--level", type=float, default=None,
+    s.add_argument("--level", type=float,
                    help="band level (default: 0.9; with --at-step, the amended file's)")
     s.add_argument("--require", action="append", default=[], metavar="KEY=VALUE",
                    help="run-config value the forecast requires (repeatable; default: none)")
-    s.add_argument("--amend", default=None, metavar="OLD.json",
+    s.add_argument("--amend", metavar="OLD.json",
                    help="this amends an earlier pre-registration (default: a new one)")
-    s.add_argument("--reason", default=None, help="why (with --amend; default: none)")
+    s.add_argument("--reason", help="why (with --amend; default: none)")
     g = s.add_argument_group("a change of plan at a step (with --amend; ladder/predict/amend.py)")
-    g.add_argument("--at-step", type=int, default=None, metavar="S",
+    g.add_argument("--at-step", type=int, metavar="S",
                    help="the plan changed at step S: the old forecast is kept up to S, the "
                         "amended one, anchored on the run's evals up to S (--source), from S on "
                         "(default: the amendment replaces the whole forecast)")
-    g.add_argument("--source", default=None, metavar="RUN",
+    g.add_argument("--source", metavar="RUN",
                    help="the run itself (run directory, metrics.jsonl, CSV, W&B), for the "
                         "anchor of --at-step (default: none)")
     m = g.add_mutually_exclusive_group()
-    m.add_argument("--multiplier", default=None, metavar="M[:LO:HI]",
+    m.add_argument("--multiplier", metavar="M[:LO:HI]",
                    help="compute multiplier of the new recipe over the old, with its interval "
                         "(default: none)")
-    m.add_argument("--compare", default=None, metavar="COMPARE.json",
+    m.add_argument("--compare", metavar="COMPARE.json",
                    help="the multiplier from `ladder compare --json` output (default: none)")
-    g.add_argument("--seq-len", type=int, default=None, metavar="N",
+    g.add_argument("--seq-len", type=int, metavar="N",
                    help="the sequence length from S on (default: unchanged)")
-    g.add_argument("--transition", default=None, choices=["compute", "recipe", "relax"],
-                   help="relax: the old curve relaxing to the new recipe's (the law from step "
-                        "0 at M x compute) within --transition-width; compute: after S each "
-                        "unit of compute counts M x; recipe: the new recipe's law from step 0, "
-                        "shifted to the anchor (default: relax, the closest on the cpu switch: "
-                        "docs/LOG.md)")
-    g.add_argument("--transition-width", type=float, default=None, metavar="W",
+    g.add_argument("--transition", choices=["compute", "recipe", "relax"],
+                   help="relax: the old curve relaxing to the new recipe's (the law from step 0 at "
+                        "M x compute) within --transition-width; compute: after S each unit of "
+                        "compute counts M x; recipe: the new recipe's law from step 0, shifted to "
+                        "the anchor (default: relax, the closest on the cpu switch: docs/LOG.md)")
+    g.add_argument("--transition-width", type=float, metavar="W",
                    help="relax: the gap left at f is exp(-(f - f_S) / W) of it, W a fraction "
                         "of the run (default: 0.05)")
-    s.add_argument("--runs", default=None, metavar="DIR",
+    s.add_argument("--runs", metavar="DIR",
                    help="ladder run directories: health reference curves and eval noise")
-    s.add_argument("--data-tag", default=None,
+    s.add_argument("--data-tag",
                    help="data-mix tag the forecast applies to (with --at-step: the tag from S on)")
-    s.add_argument("--eval-noise", type=float, default=None, metavar="SIGMA",
+    s.add_argument("--eval-noise", type=float, metavar="SIGMA",
                    help="sd of one eval's metric (default: estimated from --runs)")
     s.add_argument("--allow-no-band", action="store_true",
                    help="register even when the law gives no band at any point (default: "
@@ -567,7 +531,6 @@ def _preregister_command(sub) -> None:
 
 
 def _verify_command(sub) -> None:
-    """`ladder verify`: its subparser and options."""
     s = sub.add_parser(
         "verify", help="check a pre-registration's hash",
         description="Recompute a pre-registration's sha256 and name what changed when it does "
@@ -577,7 +540,7 @@ def _verify_command(sub) -> None:
                "example (SHA256: the digest kept elsewhere, e.g. the W&B artifact's):\n"
                "  ladder verify prereg.json --expect SHA256")
     s.add_argument("prereg", metavar="PREREG.json", help="a pre-registration")
-    s.add_argument("--expect", default=None, metavar="SHA256",
+    s.add_argument("--expect", metavar="SHA256",
                    help="the sha256 the file must have, kept outside it (the W&B artifact's "
                         "digest, a ticket): a hand-resealed file verifies, this does not "
                         "(default: none)")
@@ -587,7 +550,6 @@ def _verify_command(sub) -> None:
 
 
 def _watch_command(sub) -> None:
-    """`ladder watch`: its subparser and options."""
     s = sub.add_parser(
         "watch", help="compare a live run with its pre-registration",
         description="Judge a run's metrics, live with --follow, against its pre-registration "
@@ -608,20 +570,18 @@ def _watch_command(sub) -> None:
     s.add_argument("--source", required=True, metavar="SRC",
                    help="metrics.jsonl, CSV, a W&B offline run directory (or its "
                         "latest-run link) or wandb://ENTITY/PROJECT/ID[,ID...]")
-    s.add_argument("--metric", default=None,
-                   help="source key holding the registered metric (default: the registered "
-                        "metric's own key)")
+    s.add_argument("--metric", help="source key holding the registered metric (default: the "
+                                    "registered metric's own key)")
     s.add_argument("--follow", action="store_true", help="keep polling for new points")
-    s.add_argument("--alerts", default=None, metavar="FILE",
+    s.add_argument("--alerts", metavar="FILE",
                    help="append alerts here as JSON lines (default: stdout only)")
-    s.add_argument("--state", default=None, metavar="FILE",
-                   help="saved watcher state: a restart neither repeats an alert nor skips a "
-                        "row (default: none)")
-    s.add_argument("--webhook-file", default=None, metavar="FILE",
+    s.add_argument("--state", metavar="FILE", help="saved watcher state: a restart neither repeats "
+                                                   "an alert nor skips a row (default: none)")
+    s.add_argument("--webhook-file", metavar="FILE",
                    help="POST each alert as JSON to the URL in FILE (default: "
                         "$LADDER_WEBHOOK_URL, else none); a URL with a token stays out of the "
                         "process list and of W&B's record of the command line")
-    s.add_argument("--webhook", default=None, metavar="URL",
+    s.add_argument("--webhook", metavar="URL",
                    help="the URL itself (visible to every user in `ps` for the whole follow: "
                         "prefer --webhook-file or $LADDER_WEBHOOK_URL) (default: none)")
     s.add_argument("--wandb-alert", action="store_true",
@@ -629,10 +589,10 @@ def _watch_command(sub) -> None:
     _wandb_options(s, "log the residuals and alerts into the watcher's own W&B run (job type "
                       "watch, the ladder's group, at the watched run's steps) and post "
                       "wandb.alert")
-    s.add_argument("--poll", type=float, default=None, metavar="SECONDS",
+    s.add_argument("--poll", type=float, metavar="SECONDS",
                    help="seconds between polls with --follow (default: the source's own: 1 for "
                         "files, 2 for W&B offline directories, 60 for the W&B API)")
-    s.add_argument("--max-seconds", type=float, default=None,
+    s.add_argument("--max-seconds", type=float,
                    help="stop following after this many seconds (default: until the source "
                         "says the run finished)")
     _keys_option(s)
@@ -644,33 +604,29 @@ def _watch_command(sub) -> None:
 # --- reports and the demo --------------------------------------------------------------------
 
 def _report_command(sub) -> None:
-    """`ladder report`: its subparser and options."""
     s = sub.add_parser(
         "report", help="plots and an HTML/Markdown report of the artifacts",
         description="Draw the ladder, the law, the watch and MoE health into a self-contained "
                     "index.html, PNGs and summary.md.",
         epilog="example:\n  ladder report --runs runs --law law.json --prereg prereg.json "
                "--alerts alerts.jsonl \\\n      --out report")
-    s.add_argument("--runs", default=None, metavar="DIR",
-                   help="runs directory (default: no ladder curves)")
-    s.add_argument("--law", default=None, metavar="LAW.json", help="a law (default: none)")
-    s.add_argument("--prereg", default=None, metavar="PREREG.json",
-                   help="a pre-registration (default: none)")
-    s.add_argument("--alerts", default=None, metavar="FILE",
+    s.add_argument("--runs", metavar="DIR", help="runs directory (default: no ladder curves)")
+    s.add_argument("--law", metavar="LAW.json", help="a law (default: none)")
+    s.add_argument("--prereg", metavar="PREREG.json", help="a pre-registration (default: none)")
+    s.add_argument("--alerts", metavar="FILE",
                    help="alerts.jsonl of `ladder watch` (default: none)")
-    s.add_argument("--target-run", default=None, metavar="DIR",
+    s.add_argument("--target-run", metavar="DIR",
                    help="the target's run directory (default: found in --runs by name)")
-    s.add_argument("--points", default=None, metavar="FILE",
+    s.add_argument("--points", metavar="FILE",
                    help="the points table the law was fitted to, drawn on the law plot "
                         "(default: the points law.json carries)")
-    s.add_argument("--out", default=None, metavar="DIR",
+    s.add_argument("--out", metavar="DIR",
                    help="where index.html, the PNGs and summary.md go (required unless --serve)")
     _serve_options(s)
     s.set_defaults(func=lambda args: _report().report_main(args))
 
 
 def _demo_command(sub) -> None:
-    """`ladder demo`: its subparser and options."""
     s = sub.add_parser(
         "demo", help="everything, on the built-in CPU ladder",
         description="Everything on the built-in cpu ladder: the rungs, the law, the proxy "
@@ -680,9 +636,8 @@ def _demo_command(sub) -> None:
                "example (about 10 minutes on 2 CPU cores):\n  ladder demo --out demo_out")
     s.add_argument("--out", default="demo_out", metavar="DIR", help="where everything goes")
     s.add_argument("--ladder", default="cpu", help="the ladder to run")
-    s.add_argument("--inject", default=None, metavar="FAULT",
-                   help="fault in the target run: lr-spike, data-swap or loss-drift "
-                        "(default: none)")
+    s.add_argument("--inject", metavar="FAULT", help="fault in the target run: lr-spike, data-swap "
+                                                     "or loss-drift (default: none)")
     s.add_argument("--inject-at", type=float, default=0.5, metavar="FRACTION",
                    help="where the fault starts")
     s.add_argument("--seed", type=int, default=0, metavar="S",

@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import sys
 from pathlib import Path
 
-from ladder.io import (
-    EX_DATAERR,
-    EX_USAGE,
-    InputError,
-    as_float,
-    check_writable,
-    inside,
-    iter_jsonl,
-    number,
-    open_input,
-    read_json,
-    to_jsonable,
-)
+from ladder.io import (EX_DATAERR, EX_USAGE, InputError, as_float, check_writable, inside,
+                       iter_jsonl, number, open_input, read_json, to_jsonable)
 from ladder.predict import forecast as fc
 from ladder.predict import prereg as pr
 from ladder.predict.prereg import make_prereg
@@ -30,14 +20,9 @@ log = logging.getLogger("ladder")
 
 
 def load_law_file(path: str, *, every_metric: bool = False):
-    """The law object of ``fit.load_law`` or, with ``every_metric``, ``{metric key: law}`` of
-    ``fit.load_laws`` (one for a single-metric file). fit is imported here: it is only needed
-    when forecasting."""
-    try:
-        from ladder.fit import load_law, load_laws
-    except ImportError as e:
-        raise InputError(f"the fit package cannot load laws here ({e})", path=path,
-                         exit_code=69) from None
+    """The law of ``fit.load_law`` or, with ``every_metric``, ``{metric key: law}`` of
+    ``fit.load_laws`` (one for a single-metric file)."""
+    from ladder.fit import load_law, load_laws
     if not Path(path).exists():
         raise InputError("no such file", path=path, exit_code=66)
     return load_laws(path) if every_metric else load_law(path)
@@ -71,7 +56,7 @@ def target_rung(target: str):
 
 
 def resolve_target(args) -> fc.Target:
-    if getattr(args, "target", None):
+    if args.target:
         return fc.Target.from_rung(target_rung(args.target))
     spec = read_json(args.target_spec)
     return fc.Target.from_spec(spec, path=args.target_spec)
@@ -80,18 +65,18 @@ def resolve_target(args) -> fc.Target:
 def preregister_main(args) -> int:
     if args.reason and not args.amend:
         raise InputError("--reason is only for --amend", field="--reason", exit_code=EX_USAGE)
-    if getattr(args, "level", None) is None:   # an amendment at a step keeps the old level
-        args.level = 0.9 if getattr(args, "at_step", None) is None else None
+    if args.level is None:   # an amendment at a step keeps the old level
+        args.level = 0.9 if args.at_step is None else None
     number(args.level, field="--level", lo=0, hi=1, lo_open=True, hi_open=True, allow_none=True,
            exit_code=EX_USAGE)
     # an eval's sd above 10 nats is no measurement of a loss of a few nats (a typo'd unit)
-    number(getattr(args, "eval_noise", None), field="--eval-noise", lo=0, hi=10,
-           allow_none=True, exit_code=EX_USAGE)
+    number(args.eval_noise, field="--eval-noise", lo=0, hi=10, allow_none=True,
+           exit_code=EX_USAGE)
     out = Path(args.out)
     if out.exists() or out.is_symlink():  # fail before any work
         raise InputError("exists; a pre-registration is never overwritten", path=out,
                          exit_code=73)
-    if getattr(args, "wandb", False):  # before anything is written: wandb must be there
+    if args.wandb:  # before anything is written: wandb must be there
         from ladder.predict.wandb_home import require_wandb
         require_wandb()
     check_writable(out, field="--out")
@@ -100,63 +85,50 @@ def preregister_main(args) -> int:
         raise InputError(f"an amendment is written beside the file it amends "
                          f"({Path(args.amend).parent}/), where its chain file "
                          f"({pr.CHAIN_FILE}) records it", field="--out", exit_code=EX_USAGE)
-    at_step_only = [f for f, v in (("--source", getattr(args, "source", None)),
-                                   ("--multiplier", getattr(args, "multiplier", None)),
-                                   ("--compare", getattr(args, "compare", None)),
-                                   ("--seq-len", getattr(args, "seq_len", None)))
-                    if v is not None]
-    if getattr(args, "transition", None) is not None:
-        at_step_only.append("--transition")
-    if getattr(args, "transition_width", None) is not None:
-        at_step_only.append("--transition-width")
-    if getattr(args, "at_step", None) is not None:
+    if args.at_step is not None:
         if not args.amend:
             raise InputError("--at-step amends a pre-registration: give it with --amend OLD.json",
                              field="--at-step", exit_code=EX_USAGE)
         amends = pr.amendment(args.amend, args.reason)
-        doc = at_step_prereg(args, amends)
-        return _write_and_say(args, out, doc, amends)
+        return _write_and_say(args, out, at_step_prereg(args, amends), amends)
+    at_step_only = [f"--{d.replace('_', '-')}" for d in ("source", "multiplier", "compare",
+                    "seq_len", "transition", "transition_width") if getattr(args, d) is not None]
     if at_step_only:
         raise InputError(f"{at_step_only[0]} is only for an amendment at a step (--at-step S)",
                          field=at_step_only[0], exit_code=EX_USAGE)
-    if args.law is None or not (getattr(args, "target", None) or
-                                getattr(args, "target_spec", None)):
+    if args.law is None or not (args.target or args.target_spec):
         raise InputError("give LAW.json and --target (or --target-spec); only --at-step takes "
                          "them from the amended file", field="--target" if args.law else "law",
                          exit_code=EX_USAGE)
     amends = pr.amendment(args.amend, args.reason) if args.amend else None
     laws = load_law_file(args.law, every_metric=True)
-    if len(laws) > 1 and getattr(args, "wandb", False):
+    if len(laws) > 1 and args.wandb:
         raise InputError("--wandb logs one metric's forecast; a multi-metric law.json is "
                          "registered without it (or register each metric alone)",
                          field="--wandb", exit_code=EX_USAGE)
     if len(laws) > 1:
-        doc = multi_prereg(args, laws, amends)
-        return _write_and_say(args, out, doc, amends)
-    law = next(iter(laws.values()))
-    target = resolve_target(args)
-    run_config = None
-    if getattr(args, "target", None):
-        run_config = target_rung(args.target).to_dict()
-    law = _scheduled(law, args)  # a curve law needs the run's schedule
-    doc = make_prereg(law, target, level=args.level, runs=getattr(args, "runs", None),
-                      eval_noise=getattr(args, "eval_noise", None),
-                      data_tag=getattr(args, "data_tag", None),
-                      requires=parse_requires(args.require), amends=amends,
-                      run_config=run_config,
-                      allow_no_band=getattr(args, "allow_no_band", False))
-    _finite_forecast(doc, "the law", path=args.law, field="fit.u")
+        return _write_and_say(args, out, multi_prereg(args, laws, amends), amends)
+    doc = _forecast(args, next(iter(laws.values())), resolve_target(args), amends,
+                    whose="the law", field="fit.u")
     return _write_and_say(args, out, doc, amends)
 
 
-def _finite_forecast(doc: dict, whose: str, *, path, field: str) -> None:
-    """Refuse a forecast with a non-finite loss (a law whose terms overflow float64 at the
-    target): nothing is registered."""
+def _forecast(args, law, target: fc.Target, amends: dict | None, *, whose: str, field: str,
+              config: WatchConfig | None = None) -> dict:
+    """One law's pre-registration of ``target`` (a curve law on the --target rung's schedule),
+    refused when a forecast loss is not finite (the law's terms overflow float64 there):
+    nothing is registered."""
+    run_config = target_rung(args.target).to_dict() if args.target else None
+    doc = make_prereg(_scheduled(law, args), target, level=args.level, runs=args.runs,
+                      eval_noise=args.eval_noise, data_tag=args.data_tag,
+                      requires=parse_requires(args.require), amends=amends,
+                      run_config=run_config, config=config, allow_no_band=args.allow_no_band)
     bad = [p for p in doc["forecast"] if not _finite(p.get("loss"))]
     if bad or not _finite(doc["final"].get("loss")):
         raise InputError(f"{whose} forecasts a non-finite loss at {len(bad)} of "
                          f"{len(doc['forecast'])} points (its terms overflow float64 at the "
-                         f"target); nothing registered", path=path, field=field)
+                         f"target); nothing registered", path=args.law, field=field)
+    return doc
 
 
 def _scheduled(law, args, *, plan: str = "target", field: str = "--target-spec"):
@@ -164,7 +136,7 @@ def _scheduled(law, args, *, plan: str = "target", field: str = "--target-spec")
     and ``field``: what the refusal asks for when no rung is given)."""
     if getattr(law, "form", None) not in ("mpl", "momentum"):
         return law
-    if not getattr(args, "target", None):
+    if not args.target:
         raise InputError(f"a {law.form} law forecasts a run from its LR schedule: give the "
                          f"{plan} as --target LADDER:RUNG", field=field,
                          exit_code=EX_USAGE)
@@ -179,19 +151,9 @@ def multi_prereg(args, laws: dict, amends: dict | None, *,
     (ladder.predict.watch.multi.family_config), one sha256 over the whole."""
     from ladder.predict.watch.multi import family_config
     target = resolve_target(args)
-    run_config = target_rung(args.target).to_dict() if getattr(args, "target", None) else None
     cfg, family = family_config(config or WatchConfig(), len(laws))
-    docs = {}
-    for key, law in laws.items():
-        d = make_prereg(_scheduled(law, args), target, level=args.level,
-                        runs=getattr(args, "runs", None),
-                        eval_noise=getattr(args, "eval_noise", None),
-                        data_tag=getattr(args, "data_tag", None),
-                        requires=parse_requires(args.require), amends=amends,
-                        run_config=run_config, config=cfg,
-                        allow_no_band=getattr(args, "allow_no_band", False))
-        _finite_forecast(d, f"the law of {key!r}", path=args.law, field=f"laws.{key}")
-        docs[key] = d
+    docs = {key: _forecast(args, law, target, amends, whose=f"the law of {key!r}",
+                           field=f"laws.{key}", config=cfg) for key, law in laws.items()}
     # the spike threshold is calibrated once per run: every document carries the same rule
     return pr.build_multi(docs, family=family)
 
@@ -199,9 +161,9 @@ def multi_prereg(args, laws: dict, amends: dict | None, *,
 def _write_and_say(args, out: Path, doc: dict, amends: dict | None) -> int:
     from ladder.cli.output import tell  # the file is written: a closed pipe costs the lines
     pr.write_once(out, doc)
+    tell(f"wrote {out} (read-only), sha256 {doc['sha256']}")
     if doc.get("schema") == pr.SCHEMA_V3:
         fam = doc["decision_rule"]["family"]
-        tell(f"wrote {out} (read-only), sha256 {doc['sha256']}")
         tell(f"  {len(doc['metrics'])} metrics, one band each at {doc['band_level']:.0%}; "
              f"alerts at the Sidak level {fam['alert_level']:.5f} per metric (family-wise "
              f"{fam['family_alert_level']})")
@@ -213,13 +175,12 @@ def _write_and_say(args, out: Path, doc: dict, amends: dict | None) -> int:
         return 0
     fin = doc["final"]
     target = fc.Target.from_spec(doc["target"], path=out)
-    tell(f"wrote {out} (read-only), sha256 {doc['sha256']}")
+
     def num(v):
         return f"{v:.4f}" if isinstance(v, float) else str(v)
     tell(f"  target {target.name}: final {doc['metric']} {num(fin['loss'])} "
          f"[{num(fin['lo'])}, {num(fin['hi'])}] at {doc['band_level']:.0%}; "
-         f"{len(doc['forecast'])} "
-         f"forecast points; eval noise {doc['eval_noise']['sigma']:.4g} "
+         f"{len(doc['forecast'])} forecast points; eval noise {doc['eval_noise']['sigma']:.4g} "
          f"({doc['eval_noise']['method']})")
     if amends:
         tell(f"  amends {amends['path']} (sha256 {amends['sha256'][:12]}...): {amends['reason']}"
@@ -232,9 +193,9 @@ def _write_and_say(args, out: Path, doc: dict, amends: dict | None) -> int:
              f"evals (log ratio {ch['anchor']['log_ratio']:+.4f}); multiplier {m['value']:.4g} "
              f"[{m['lo']:.4g}, {m['hi']:.4g}]; transition {ch['transition']}; the change's "
              f"share of the final band's variance {ch['final_band_share_of_change']:.0%}")
-    if getattr(args, "wandb", False):
+    if args.wandb:
         from ladder.predict.wandb_home import log_forecast
-        group = target_rung(args.target).ladder if getattr(args, "target", None) else None
+        group = target_rung(args.target).ladder if args.target else None
         info = log_forecast(doc, out, entity=args.wandb_entity, project=args.wandb_project,
                             group=group)
         tell(f"  W&B: forecast run {info['id']} in {info['entity'] or '(default entity)'}/"
@@ -261,7 +222,7 @@ def at_step_prereg(args, amends: dict, *, law=None) -> dict:
                          f"carries ({old_level:g}); leave --level out", field="--level",
                          exit_code=EX_USAGE)
     args.level = old_level
-    if getattr(args, "target", None) or getattr(args, "target_spec", None):
+    if args.target or args.target_spec:
         target = resolve_target(args)
     else:
         target = fc.Target.from_spec(old["target"], path=args.amend)
@@ -284,14 +245,14 @@ def at_step_prereg(args, amends: dict, *, law=None) -> dict:
         from ladder.fit.law import law_from_json
         law = law_from_json(old["law"], path=args.amend)
     law = _scheduled(law, args, plan="plan from step S on", field="--target")
-    noise = getattr(args, "eval_noise", None)
+    noise = args.eval_noise
     if noise is None:
         noise = as_float((old.get("eval_noise") or {}).get("sigma")) or 0.0
     plan = am.Plan(at_step=args.at_step, multiplier=mult, data_tag=args.data_tag,
                    seq_len=seq_len)
     body = am.amended_forecast(old, law, target, plan, evals, level=args.level,
                                eval_noise=noise,
-                               transition=getattr(args, "transition", None) or am.DEFAULT,
+                               transition=args.transition or am.DEFAULT,
                                width=getattr(args, "transition_width", None) or am.DEFAULT_WIDTH)
     tdict, app, params = _amended_plan(args, old, target, body, seq_len)
     rule = dict(old.get("decision_rule") or {})
@@ -328,8 +289,7 @@ def _at_step_change(args, old: dict) -> tuple:
     if args.data_tag is not None and args.data_tag == old_tag:
         raise InputError(f"is the registered tag ({old_tag!r}): not a change",
                          field="--data-tag", exit_code=EX_USAGE)
-    new_plan = args.law is not None or getattr(args, "target", None) or \
-        getattr(args, "target_spec", None)
+    new_plan = args.law is not None or args.target or args.target_spec
     if mult is None and seq_len is None and not new_plan:
         raise InputError("nothing changes at this step: give the change (--data-tag with "
                          "--multiplier/--compare, --seq-len, or the new plan's LAW.json and "
@@ -337,37 +297,31 @@ def _at_step_change(args, old: dict) -> tuple:
     return mult, seq_len
 
 
-
 def _amended_plan(args, old: dict, target, body: dict, seq_len) -> tuple[dict, dict, dict]:
     """The amendment's target, applicability and decision-rule parameters: the new plan as
-    registered."""
-    # the new plan as registered: its sequence length and (with one) the tokens and compute it
-    # now spends; the applicability accepts the plan before S as well (a run's configuration
-    # written before the change), and the watcher judges steps before S against the old steps
+    registered, its sequence length and (with one) the tokens and compute it now spends. The
+    applicability accepts the plan before S as well (a run's configuration written before the
+    change), and the watcher judges steps before S against the old steps."""
     tdict = target.to_dict()
     old_app = {k: v for k, v in (old.get("applicability") or {}).items() if k != "before"}
-    app = dict(old_app)
-    app["steps"] = target.steps
-    app["tokens"] = target.tokens
-    app["config_hash"] = target.config_hash
-    if getattr(args, "target", None):
+    app = {**old_app, "steps": target.steps, "tokens": target.tokens,
+           "config_hash": target.config_hash}
+    if args.target:
         app["config"] = target_rung(args.target).to_dict()
     if args.data_tag is not None:
         app["data_tag"] = args.data_tag
     params = dict((old.get("decision_rule") or {}).get("parameters") or {})
     if seq_len is not None:
-        k = body["change"]["seq_len_ratio"]
-        f_s = body["change"]["fraction"]
-        tdict["seq_len"] = seq_len
-        tdict["tokens"] = target.tokens * (f_s + k * (1 - f_s))
-        tdict["compute"] = target.compute * (f_s + k * (1 - f_s))
-        app["seq_len"] = seq_len
-        app["tokens"] = None  # two sequence lengths: no one tokens-per-step to check
+        f_s, k = body["change"]["fraction"], body["change"]["seq_len_ratio"]
+        spent = f_s + k * (1 - f_s)  # of the planned tokens and compute
+        tdict.update(seq_len=seq_len, tokens=target.tokens * spent,
+                     compute=target.compute * spent, config_hash=None)
+        # two sequence lengths: no one tokens-per-step to check
+        app.update(seq_len=seq_len, tokens=None)
         if isinstance(app.get("config"), dict) and "seq_len" in app["config"]:
             app["config"] = {**app["config"], "seq_len": seq_len}
         # tokens no longer grow linearly in steps: rows map to the forecast by step
         params["align"] = "step"
-    tdict["config_hash"] = None if seq_len is not None else tdict.get("config_hash")
     app["before"] = {**old_app, "at_step": args.at_step}
     return tdict, app, params
 
@@ -428,9 +382,8 @@ def verify_chain(path: str, *, expect: str | None = None, named=None) -> dict:
 
 
 def verify_main(args) -> int:
-    res = verify_chain(args.prereg, expect=getattr(args, "expect", None),
-                       named=getattr(args, "amend_chain", None))
-    if getattr(args, "json", False):
+    res = verify_chain(args.prereg, expect=args.expect, named=args.amend_chain)
+    if args.json:
         print(json.dumps({k: v for k, v in res.items() if k != "lines"}))
     else:
         print("\n".join(res["lines"]))
@@ -468,24 +421,20 @@ def watch_main(args) -> int:
     for flag, path in (("--alerts", args.alerts), ("--state", args.state)):
         if path:
             check_writable(path, field=flag)
-    url = sk.webhook_url(getattr(args, "webhook", None), getattr(args, "webhook_file", None),
-                         warn=log.warning)
-    if getattr(args, "webhook", None):
+    url = sk.webhook_url(args.webhook, args.webhook_file, warn=log.warning)
+    if args.webhook:
         # W&B records the command line in a run's metadata: not the secret
         sys.argv = sk.redact_argv(sys.argv, url)
     webhook = sk.WebhookSink(url) if url else None
     source = open_source(args.source, follow=args.follow)
-    raw_source = source
     from ladder.sources.keymap import load_keymap
-    keymap = load_keymap(getattr(args, "keys", None))
+    keymap = load_keymap(args.keys)
+    sinks = _alert_sinks(args, source, webhook)
     if keymap is not None:  # another trainer's names
         source = KeyMappedSource(source, keymap)
-    as_json = getattr(args, "json", False)
-    sinks = _alert_sinks(args, raw_source, webhook, as_json=as_json)
-    if getattr(args, "wandb", False):  # the residuals and alerts go to the watcher's own run
+    if args.wandb:  # the residuals and alerts go to the watcher's own run
         from ladder.predict.wandb_home import WatchRunSink
-        doc = pr.load(pr.resolve_chain(args.prereg, getattr(args, "amend_chain", None))
-                      .newest.path)
+        doc = pr.load(pr.resolve_chain(args.prereg, args.amend_chain).newest.path)
         if doc.get("schema") == pr.SCHEMA_V3:
             raise InputError("--wandb logs one metric's residuals; a multi-metric "
                              "pre-registration is watched without it", field="--wandb",
@@ -494,36 +443,28 @@ def watch_main(args) -> int:
                             dir=str(Path(args.prereg).resolve().parent))
         sinks.append(home)
     w = Watcher(args.prereg, source, sinks, args.state, metric=args.metric, follow=follow,
-                amend_chain=getattr(args, "amend_chain", None))
+                amend_chain=args.amend_chain)
     span = EvalSpan()  # where the evals fell: what to blame when none was judged
     w.listeners.append(span)
-    if getattr(args, "wandb", False):
+    if args.wandb:
         home.attach(w)
     if w.multi:
-        server = _serve(args, w, keymap)
-        try:
-            return _watch_multi_finish(args, w, source, as_json=as_json)
-        finally:
-            if server is not None:
-                server.close()
+        with _served(args, w, keymap):
+            return _watch_multi_finish(args, w)
     registered = w.doc.get("metric") if not args.metric else pr.load(w.chain.newest.path)["metric"]
     if args.metric and args.metric != registered:
         log.warning(f"ladder watch: the source's '{args.metric}' is compared with the forecast "
                     f"of '{registered}' (--metric names the source key holding the registered "
                     f"metric)")
     log.info(f"ladder watch: {w.description}; metric {w.view.metric}; source {args.source}")
-    server = _serve(args, w, keymap)
-    try:
+    with _served(args, w, keymap):
         code = w.run(follow=args.follow)
-    finally:
-        if server is not None:
-            server.close()
     st = w.state
     log.info(f"ladder watch: {st.get('n_points', 0)} points, {st.get('n_evals', 0)} evals "
              f"judged, last step {st.get('last_step')}; worst {st.get('worst') or 'none'}"
              + (f"; NOT APPLICABLE: {st['not_applicable']}" if st.get("not_applicable") else "")
              + f"; exit {code}")
-    if as_json:
+    if args.json:
         print(json.dumps(to_jsonable(watch_verdict(w, code))))
     if not st.get("n_evals") and not st.get("not_applicable"):
         # judging nothing is not "nothing above info": evals outside the registered run (a
@@ -578,8 +519,8 @@ class EvalSpan:
         said = {"target.tokens": f"target.tokens {view.tokens:g}",
                 "target.steps": f"target.steps {view.steps:g}",
                 "progress": "the source's progress"}
-        how = " and ".join(said[b] for b in by) if set(by) <= set(said) else field
-        where = (f"{self.lo:.3g}" if self.lo == self.hi else f"{self.lo:.3g} to {self.hi:.3g}")
+        how = " and ".join(said[b] for b in by)
+        where = f"{self.lo:.3g}" if self.lo == self.hi else f"{self.lo:.3g} to {self.hi:.3g}"
         # what the loss rules compare: the forecast's grid, from min_fraction on
         first = max(float(view.fraction[0]), float(view.config.min_fraction))
         return InputError(
@@ -590,12 +531,12 @@ class EvalSpan:
             field=field, exit_code=EX_DATAERR)
 
 
-def _alert_sinks(args, source, webhook, *, as_json: bool) -> list:
+def _alert_sinks(args, source, webhook) -> list:
     """Where `ladder watch`'s alerts go: stdout (not with ``--json``: the alerts are in its final
     object), ``--alerts``, the ``webhook`` sink, ``--wandb-alert`` (of a W&B API ``source``)."""
     from ladder.predict import sinks as sk
     from ladder.sources import WandbApiSource
-    sinks: list = [] if as_json else [sk.StdoutSink()]
+    sinks: list = [] if args.json else [sk.StdoutSink()]
     if args.alerts:
         sinks.append(sk.JsonlSink(args.alerts))
     if webhook is not None:
@@ -609,18 +550,23 @@ def _alert_sinks(args, source, webhook, *, as_json: bool) -> list:
     return sinks
 
 
-def _serve(args, w, keymap):
-    """The ``--serve`` page of a watch (None without --serve)."""
+@contextlib.contextmanager
+def _served(args, w, keymap):
+    """With ``--serve``, the watch's live page, closed when the watch ends."""
+    if not args.serve:
+        yield
+        return
     from ladder.reports.live import LivePage
-    if not getattr(args, "serve", False):
-        return None
     # a restarted watcher's page reads the run once more from its start (the --source again)
     server = LivePage.for_watcher(w, port=args.port, source=args.source, keymap=keymap)
     log.warning(f"ladder watch: live page on {server.url}")
-    return server
+    try:
+        yield
+    finally:
+        server.close()
 
 
-def _watch_multi_finish(args, w, source, *, as_json: bool) -> int:
+def _watch_multi_finish(args, w) -> int:
     """`ladder watch` of a multi-metric pre-registration: judge, then the verdict per metric
     (text on stderr, ``--json`` one object); a registered metric the source lacks is said."""
     from ladder.predict.watch.multi import metric_summary
@@ -637,15 +583,11 @@ def _watch_multi_finish(args, w, source, *, as_json: bool) -> int:
             line = (f"{(r['worst'] or 'ok'):8} {r['evals']:5d} evals, residual "
                     f"{'-' if rel is None else f'{rel:+.2%}'}, {r['alerts']} alerts")
         log.warning(f"  {r['metric']}: {line}")
-    absent = [r["metric"] for r in rows if r["absent"]]
     log.info(f"ladder watch: {st.get('n_points', 0)} points, {st.get('n_evals', 0)} evals "
              f"judged over {len(rows)} metrics; worst {st.get('worst') or 'none'}; exit {code}")
-    if as_json:
-        v = watch_verdict(w, code)
-        v["schema"] = "watch-verdict/2"
-        v["metric"] = None
-        v["metrics"] = rows
-        v["absent"] = absent
+    if args.json:
+        v = {**watch_verdict(w, code), "schema": "watch-verdict/2", "metric": None,
+             "metrics": rows, "absent": [r["metric"] for r in rows if r["absent"]]}
         print(json.dumps(to_jsonable(v)))
     if not st.get("n_evals") and not st.get("not_applicable"):
         raise InputError(f"0 evals of the {len(rows)} registered metrics judged "

@@ -11,33 +11,16 @@ ladder.specs and ladder.counting are plain Python.
     load_law("law.json", metric="paloma/c4_en/loss")            # one law of a multi-metric file
     load_laws("law.json")                                       # {metric key: law}, every one
 
-Forms (``ladder.fit.forms``): ``compute`` E + A C^-alpha; ``chinchilla`` E + A/N^alpha + B/D^beta;
-``trajectory`` E + A C_T^-alpha h(g), one joint law of a run's whole curve, with C_T the planned
-total compute (= compute so far / fraction; inputs stay in the points-table convention, compute
-so far) and h a positive factor, non-increasing in the fraction g by construction, h(1) = 1;
-``moe`` E + A Na^-alpha (N/Na)^-gamma + B/D^beta; ``auto`` (the default) picks by rollout
-backtest among every form the columns allow (the tied-exponent Chinchilla form included; the
-curve laws for a table of curves). The real ladder's method is ``fit_law(df, form="compute",
-fix={"E": 1.5}, by="fraction", objective="ols")`` (least squares of log(L - E) on log C).
-``prior={"E": (1.5, 0.2)}`` regularises a parameter; parameters the ladder does not pin down are
-flagged (``diagnostics["identifiability"]``), and on a short ladder the default chooses among
-free, prior and fixed-E variants (``ladder.fit.law.asymptote_rule``); where the rollout backtest
-says so, runs far below the ladder's top are down-weighted (``fit.law.scale_weight_rule``).
+Forms (fit.forms): ``compute`` E + A C^-alpha; ``chinchilla`` E + A/N^alpha + B/D^beta;
+``trajectory`` E + A C_T^-alpha h(g), a run's whole curve (C_T = compute so far / fraction, h
+non-increasing in the fraction g, h(1) = 1); ``moe``; the curve laws (fit.curve_forms);
+``auto`` (the default) picks by rollout backtest (fit.law). The real ladder's method:
+``fit_law(df, form="compute", fix={"E": 1.5}, by="fraction", objective="ols")``.
 
-Solver (``fit.solver``, ``fit.law``): summed Huber(1e-3) on log residuals, every start of a grid
-(Chinchilla: the paper's 4,500) run by a batched numpy L-BFGS with per-start convergence
-status, the best distinct candidates polished to 1e-15 relative decrease.
-Uncertainty: run-level Bayesian bootstrap (weighting runs); bands combine it with run-to-run
-noise (the residual quantile) and the law's extrapolation error outside its runs (see
-``fit.result``). Every law, curve laws included, is a ``fit.LawResult`` (``fit.result``: one
-``predict``/``band``/``report``/``to_json`` and law.json envelope; the ``fit.Law`` protocol of
-``ladder.fit.prediction``). Backtests:
-rollout and leave-the-largest-out (``ladder.fit.backtest``). Allocation and IsoFLOP Approach 2:
-``fit.allocation``. Schedule-aware curve laws (mpl, momentum): ``fit.curve_forms`` (fitted
-by ``fit.curve_fit``, the law ``fit.curve_law``). Downstream accuracy in two steps (task loss
-by any form, then a sigmoid to accuracy; ``--form task --via LOSS_KEY``): ``ladder.fit.task``
-(``fit.law.fit_task``). Two recipes' compute-equivalent multiplier: ``fit.law.compare_points``
-(``fit.compare``).
+Fitting: fit.estimate (summed Huber on log residuals, the batched L-BFGS of fit.solver); the
+band: fit.result; backtests: fit.backtest; allocation: fit.allocation; IsoFLOP: fit.isoflop;
+downstream accuracy: fit.task (``fit.law.fit_task``); two recipes' compute-equivalent
+multiplier: fit.compare (``fit.law.compare_points``). Every law is a ``fit.LawResult``.
 """
 
 # The package's names, each imported from its module when first asked for (PEP 562): importing

@@ -2,14 +2,11 @@
 
 Allocation (Hoffmann et al. 2022, Eq. 4 / App. A): minimising E + A/N^alpha + B/D^beta under
 C = k N D gives N_opt(C) = G (C/k)^a, D_opt(C) = G^-1 (C/k)^b with a = beta/(alpha+beta),
-b = alpha/(alpha+beta), G = (alpha A / (beta B))^(1/(alpha+beta)). k = 6 FLOPs per parameter per
-token is the Chinchilla convention (the counter of this project has its own per-token FLOPs;
-pass k explicitly to use it).
+b = alpha/(alpha+beta), G = (alpha A / (beta B))^(1/(alpha+beta)); k = 6, Chinchilla's convention.
 
-Approach 2 (Hoffmann et al. 2022, Sec. 3.2): for each compute budget fit a parabola of loss in
-log N, take its vertex as N_opt(C), then fit log N_opt = a log C + c. A vertex outside (or in the
-outer fifth of) the sampled log N range of its budget is flagged off-centre: the parabola is then
-extrapolated and the optimum is not measured.
+Approach 2 (Hoffmann et al. 2022, Sec. 3.2): each budget's parabola of loss in log N has its
+vertex at N_opt(C) (flagged off-centre in the outer fifth of the sampled sizes), then
+log N_opt = a log C + c.
 """
 
 from __future__ import annotations
@@ -26,8 +23,8 @@ from ladder.io import InputError
 
 @dataclass(frozen=True)
 class Allocation:
-    """N_opt and D_opt as powers of compute. ``a``, ``b`` and ``G`` are NaN when the law has no
-    compute-optimal allocation, or when it overflows float64, and ``reason`` says which."""
+    """N_opt and D_opt as powers of compute; NaN where not defined or beyond float64, and
+    ``reason`` says why."""
     a: float
     b: float
     G: float
@@ -45,8 +42,7 @@ class Allocation:
         return self._power(C, self.b, -math.log(self.G) if self.G > 0 else math.nan)
 
     def _power(self, C, e, log_coef):
-        # in log space: (C/k)^a with a ~ 1/(alpha + beta) -> inf as alpha + beta -> 0; an
-        # optimum beyond float64 is not defined (NaN), never an overflow
+        # in log space: an optimum beyond float64 is NaN, never an overflow
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             out = np.exp(log_coef + e * np.log(np.asarray(C, dtype=float) / self.k))
         return np.where(np.isfinite(out), out, np.nan)
@@ -57,9 +53,8 @@ LOG_MAX = 709.0
 
 
 def allocation(params: dict, k: float = 6.0) -> Allocation:
-    """The compute-optimal allocation of a Chinchilla-form law (module docstring). It exists only
-    for alpha, beta > 0 and A, B > 0 (otherwise the loss does not fall in N or in D and the
-    optimum runs off to a boundary); G is computed in log space, and is NaN where it overflows."""
+    """The compute-optimal allocation of a Chinchilla-form law, defined for alpha, beta, A,
+    B > 0 (else the optimum runs off to a boundary); G in log space."""
     al, be, A, B = (float(params[n]) for n in ("alpha", "beta", "A", "B"))
     nan = math.nan
     if not all(math.isfinite(v) for v in (al, be, A, B)):
@@ -80,8 +75,8 @@ def allocation(params: dict, k: float = 6.0) -> Allocation:
 
 
 def allocation_diagnostics(params: dict, boot_u, spec, level: float) -> dict:
-    """diagnostics.allocation of a Chinchilla fit: a, b, G (None where not defined, with
-    ``not_defined`` saying why) and the bootstrap interval of a over the draws that define it."""
+    """diagnostics.allocation of a Chinchilla fit: a, b, G (None where not defined, with why) and
+    a's bootstrap interval."""
     al = allocation(params)
 
     def num(v):
@@ -124,16 +119,11 @@ def isoflop_approach2(df: pd.DataFrame, *, budget: str = "compute", size: str = 
                       loss: str = "loss", bootstrap: int = 1000, level: float = 0.9,
                       seed: int = 0, min_points: int = 3,
                       window_octaves: float | None = 1.5) -> IsoFlopResult:
-    """Approach 2 on a table with one row per run: ``budget`` (FLOPs), ``size`` (N), ``loss``.
-    Budgets are grouped by value rounded to 3 significant digits. The interval comes from a
-    bootstrap that resamples runs within each budget and refits everything.
-
-    ``window_octaves``: the parabola is fitted to the points within this many octaves (factors
-    of 2 in N) of the budget's lowest-loss point (at least 3 points). A parabola is the local
-    second-order shape of an IsoFLOP curve at its minimum; the curves are skewed in log N, so
-    far points pull the vertex (on Porian et al. 2024's tuned RefinedWeb IsoFLOPs the whole-range
-    parabola gives a = 0.514, the 1.5-octave window 0.500, the paper 0.497). None: all points.
-    """
+    """Approach 2 on a table of one row per run (``budget`` FLOPs, ``size`` N, ``loss``), budgets
+    equal to 3 significant digits, the interval by resampling runs within each budget.
+    ``window_octaves``: the parabola fitted within this many octaves of the budget's best point
+    (a curve skewed in log N: on Porian et al. 2024's RefinedWeb IsoFLOPs a = 0.514 from every
+    point, 0.500 from 1.5 octaves, the paper 0.497). None: all points."""
     for col in (budget, size, loss):
         if col not in df.columns:
             raise InputError("missing column", field=col)
@@ -152,7 +142,6 @@ def isoflop_approach2(df: pd.DataFrame, *, budget: str = "compute", size: str = 
         lo, hi = x.min(), x.max()
         span = hi - lo
         off = (not ok) or vx < lo + 0.2 * span or vx > hi - 0.2 * span
-        # a nearly flat parabola puts its vertex decades away: beyond float64 it is not defined
         n_opt = math.exp(vx) if ok and abs(vx) <= LOG_MAX else math.nan
         if off:
             notes.append(f"budget {c:.3g}: optimum at N={n_opt:.3g} is off-centre in the "
@@ -190,6 +179,7 @@ def isoflop_approach2(df: pd.DataFrame, *, budget: str = "compute", size: str = 
 
 
 def window(x, y, octaves):
+    """The points within ``octaves`` of the lowest loss (at least 3)."""
     if octaves is None:
         return x, y
     i = int(np.argmin(y))

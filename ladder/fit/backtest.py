@@ -7,20 +7,12 @@ fit on every smaller level and predict that level. Leave-the-largest-out is the 
 fit on everything but the largest level. Errors are relative, ``predicted / observed - 1``, at the
 held-out runs' final points and (for runs with several points) averaged over their whole curves.
 
-The folds also measure the law's extrapolation error (``extrapolation`` in the record, the band's
-extrapolation term: fit.result.FitResult.extrapolation_log_sd). Every held-out final point has a
-distance outside its fold's training runs, in decades: the largest over the inputs the form uses
-(params and tokens for the Chinchilla forms, compute for the compute and trajectory forms) of its
-log10 distance outside the training runs' range of that input. A bigger model at a budget inside
-the fitted compute range is outside in params, and an over-trained run outside in tokens. The
-rate per decade r pools the log errors e of every held-out point outside its fold's range,
-r^2 = sum(e^2) / sum(d^2): the moment estimate for e ~ N(0, r^2 d^2), weighted by d^2, so a fold
-that held out a rung 0.09 decades out adds 0.09^2 to the denominator rather than its error over
-0.09 (OLMo's ladder: 0.65% there was 7%/decade, and a 13B band of +-10% around a -0.4% error,
-docs/LOG.md 2026-12-01). Tried and dropped: counting only the error beyond each fold's own band
-(sum(e^2 - s^2), s its sd on the error's side): the rollout folds' errors sit inside their bands
-on Gadre's C4 ladder, the rate went to 0, and the smallest rung, 0.85 decades below the rest and
-missed by 5-24%, fell out of its band (leave-one-rung-out coverage 94% -> 74%).
+The folds also measure the law's extrapolation error (``extrapolation``, the band's term:
+fit.result.FitResult.extrapolation_log_sd). Each held-out final point's distance d is the largest
+over the form's inputs of its decades outside the training runs' range (a bigger model at an
+inside budget is outside in params). The rate per decade r pools the log errors e of the points
+outside, r^2 = sum(e^2) / sum(d^2) (the moment estimate for e ~ N(0, r^2 d^2)), so a fold 0.09
+decades out does not divide its error by 0.09 (OLMo: 7%/decade; docs/LOG.md 2026-12-01).
 """
 
 from __future__ import annotations
@@ -42,23 +34,17 @@ MAX_FOLDS = 4
 EXTRAPOLATION_METHOD = ("held-out log errors pooled per decade (sum e^2 / sum d^2) of the largest "
                         "distance outside the fitted range in the form's inputs")
 PLANNED = ("tokens", "compute")  # so far at a point: divided by its fraction (planned, at 1)
-# How the extrapolation error grows with the decades d outside the fitted runs: log sd = s d^p
-# (d > 0), s^2 = sum(e^2) / sum(d^(2p)) over the rollout's held-out points outside their fold
-# (p = 1: the rate per decade above). p was chosen on bench/scoreboard.py, leave one ladder
-# out, from (0, 0.25, 0.5, 0.75, 1): every ladder's others chose 0 (docs/LOG.md 2026-12-07,
-# "the extrapolation term"). The rollouts' held-out errors do not grow with their distance
-# (0.01-0.48 decades; Porian's largest misses sit 0.08-0.11 decades out, Gadre's one fold's
-# 2.5% at 0.43), and the linear law carried one fold's 5.8%/decade to a +-13% band 2 decades
-# out where the law missed by 0.3%. p = 0: the band holds the RMS held-out error of a larger run
-# wherever a point lies outside the fitted runs (in the form's inputs or in planned compute).
-# A forecast-layer choice (ladder.fit.law.fit_law's ``extrapolation_power``): on for --form auto,
-# a named form keeps the rate per decade (p = 1) unless asked, as the demo's band was measured.
+# The extrapolation error outside the fitted runs: log sd = s d^p, s^2 = sum(e^2) / sum(d^(2p))
+# (p = 1: the rate above). p chosen on bench/scoreboard.py leave-one-ladder-out from 0..1 in
+# steps of 0.25: every ladder's others chose 0 (docs/LOG.md 2026-12-07): the held-out errors do
+# not grow with distance, and p = 1 carried one fold's 5.8%/decade to +-13% where the law missed
+# by 0.3%. p = 0: the RMS held-out error wherever a point is outside. For --form auto only
+# (fit.law.fit_law's ``extrapolation_power``); a named form keeps p = 1 unless asked.
 EXTRAPOLATION_POWER = 0.0
 
 
 def scale_inputs(form, params_column: str = "params") -> list[str]:
-    """The points-table columns whose range the law is extrapolated out of: the form's inputs
-    (its ``N`` is ``params_column``), less ``fraction`` (progress, not scale)."""
+    """The form's input columns (``N`` is ``params_column``) but ``fraction``."""
     out = []
     for need in form.needs:
         col = params_column if need == "N" else need
@@ -75,8 +61,7 @@ def _planned(df: pd.DataFrame, col: str) -> np.ndarray:
 
 
 def input_ranges(df: pd.DataFrame, cols) -> dict:
-    """{column: [log10 min, log10 max]} over the runs' planned values (tokens and compute at
-    fraction 1) of every column in ``cols`` the table has."""
+    """{column: [log10 min, log10 max]} of the planned values of the ``cols`` the table has."""
     out = {}
     for c in cols:
         if c in df.columns and df[c].notna().all() and len(df):
@@ -89,8 +74,7 @@ def input_ranges(df: pd.DataFrame, cols) -> dict:
 
 
 def _outside(folds):
-    """(e, d): the folds' held-out points outside their fold's range (``log_err``, ``distance``
-    finite, d > 0)."""
+    """(e, d) of the folds' held-out points outside their fold's range."""
     for f in folds or []:
         if isinstance(f, dict):
             for e, d in zip(f.get("log_err") or [], f.get("distance") or [], strict=False):
@@ -100,9 +84,7 @@ def _outside(folds):
 
 
 def pooled_rate(folds) -> tuple[float | None, int]:
-    """(r, points outside their fold's range) from folds' ``log_err`` and ``distance``:
-    r^2 = sum(e^2) / sum(d^2) over the points with d > 0 (module docstring); r None without
-    such a point."""
+    """(r, points outside): r^2 = sum(e^2) / sum(d^2) (module docstring); r None without any."""
     pts = list(_outside(folds))
     if not pts:
         return None, 0
@@ -110,18 +92,16 @@ def pooled_rate(folds) -> tuple[float | None, int]:
 
 
 def pooled_scale(folds, power: float) -> float | None:
-    """s of the extrapolation term s d^power (EXTRAPOLATION_POWER): s^2 = sum(e^2) /
-    sum(d^(2 power)) over the folds' held-out points outside their fold's range (d > 0); None
-    without such a point. power 1 is :func:`pooled_rate`."""
+    """s of the extrapolation term s d^power: s^2 = sum(e^2) / sum(d^(2 power)); None without
+    a point outside."""
     pts = list(_outside(folds))
     d2 = sum(d ** (2 * power) for _, d in pts)
     return math.sqrt(sum(e * e for e, _ in pts) / d2) if d2 > 0 else None
 
 
 def with_power(bt, power: float):
-    """A backtest record (``diagnostics.backtest``) on the power model of its extrapolation term,
-    log sd = s d^power (EXTRAPOLATION_POWER), as a new record; a record without the pooled
-    extrapolation record (none, or law/1) is returned as it is."""
+    """A new backtest record on the power model s d^power (a record without the pooled
+    extrapolation record as it is)."""
     ex = bt.get("extrapolation") if isinstance(bt, dict) else None
     if not (isinstance(ex, dict) and "ranges_log10" in ex):
         return bt
@@ -133,10 +113,8 @@ def with_power(bt, power: float):
 
 
 def along_curve(folds) -> dict | None:
-    """The rollout's held-out runs' errors along their curves (a law of final points predicting
-    their evals at fraction < 1): {"fraction": [...], "log_sd": [...]}, the RMS log error of the
-    held-out points at each fraction (to 0.01), for the band of a run's early part
-    (ladder.fit.result.FitResult.extrapolation_log_sd); None without such points."""
+    """The RMS log error of the held-out runs' evals along their curves per fraction (0.01):
+    {"fraction", "log_sd", "method"} for the band of a run's early part; None without any."""
     by: dict = {}
     for f in folds or []:
         if not isinstance(f, dict):
@@ -155,8 +133,7 @@ def along_curve(folds) -> dict | None:
 
 
 def scale_levels(df: pd.DataFrame) -> pd.Series:
-    """Scale level (an integer, larger = bigger) of every run: log10 of its scale in 0.05
-    decades (:func:`run_scales`)."""
+    """Every run's scale level: log10 of its scale (:func:`run_scales`) in 0.05 decades."""
     logs, _ = run_scales(df)
     return pd.Series(np.round(logs * 20).astype(int), index=logs.index)
 
@@ -202,9 +179,7 @@ def backtest(df: pd.DataFrame, spec, config: FitConfig, *, by: str | None = None
 
 
 def summarise_folds(out: dict) -> dict:
-    """Fill a backtest record's summaries from its ``folds`` (in place; returned): the pooled
-    extrapolation rate, the rollout means, the leave-largest-out fold (the last) and the band
-    coverage. Also for a record whose folds were narrowed (ladder.fit.law.asymptote_rule)."""
+    """Fill a backtest record's summaries from its ``folds`` (in place; returned)."""
     folds = out["folds"]
     rate, n_out = pooled_rate(folds)
     out["extrapolation"] = dict(out.get("extrapolation") or {}, rate_per_decade=rate,
@@ -256,14 +231,10 @@ def _evaluate(res, test, spec, by, final_only, n_train, ranges=None) -> dict:
         curve_err = float(np.mean(np.abs(cp.loss / curve_pts["loss"].to_numpy() - 1.0)))
     along = {}
     if by is None and not spec.form.curves and "fraction" in test.columns:
-        # a law of final points predicting the held-out runs' evals along their curves: the
-        # error of a run's early part, which no final point measures (with_power's along-curve
-        # term; the issue-35 synthetic ladder: tests/test_scoreboard.py)
+        # the error of a run's early part, which no final point measures (along_curve)
         mid = test[test["fraction"].notna() & (test["fraction"] < 1 - 1e-9)]
         if len(mid):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                mp = _predict(res, mid)
+            mp = _predict(res, mid)
             le = np.log(mp.loss / mid["loss"].to_numpy(dtype=float))
             ok = np.isfinite(le)
             along = {"along_fraction": [float(x) for x in mid["fraction"].to_numpy()[ok]],
@@ -289,10 +260,8 @@ def _predict(res, pts):
 def trajectory_vs_per_fraction(df: pd.DataFrame, config: FitConfig, *,
                                traj_bt: dict | None = None,
                                per_fraction_bt: dict | None = None, E: float = 1.5) -> dict:
-    """Backtest the joint trajectory law against the real ladder's method (a separate compute
-    law per progress fraction with E fixed; Marin's hero-run issue fixed E = 1.5) on the same
-    held-out rungs, and say which predicts them better (mean |relative error| over the held-out
-    runs' whole curves, then at their final points)."""
+    """Backtest the trajectory law against the real ladder's method (a compute law per
+    fraction, E fixed: Marin's 1.5) on the same held-out rungs; which predicts them better."""
     o = config.refit()
     if traj_bt is None:  # the trajectory law is always the summed-Huber fit, no prior
         traj_bt = backtest(df, Spec(get_form("trajectory")),
@@ -328,9 +297,8 @@ def trajectory_vs_per_fraction(df: pd.DataFrame, config: FitConfig, *,
 
 
 def fit_one(df: pd.DataFrame, spec, config: FitConfig | None = None):
-    """One form on one table (fit.estimate.fit_spec) and, with ``config.backtest``, its rollout
-    backtest in ``diagnostics["backtest"]`` (for the trajectory form also the comparison with
-    the real ladder's per-fraction fits, ``diagnostics["trajectory_vs_per_fraction"]``)."""
+    """fit.estimate.fit_spec and, with ``config.backtest``, its ``diagnostics["backtest"]`` (a
+    curve form's also ``trajectory_vs_per_fraction``)."""
     config = config or FitConfig()
     res = fit_spec(df, spec, config)
     if not config.backtest:

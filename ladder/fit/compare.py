@@ -1,39 +1,22 @@
-"""Two recipes on the same ladder sizes: the compute-equivalent multiplier of B over A.
+"""Two recipes on the same ladder sizes: the compute-equivalent multiplier of B over A
+(:func:`compare_laws`, on two laws of one form fitted by ladder.fit.law.compare_points), per metric:
 
-``ladder.fit.law.compare_points(df_a, df_b)`` fits one law per recipe with the package's own
-fitter (:func:`ladder.fit.law.fit_law`, the same form for both) and :func:`compare_laws`
-answers, per metric:
+- the **multiplier** at compute C: ``m(C) = C_A(L_B(C)) / C``, the compute A's law needs to reach
+  B's loss at C over C (> 1: B is worth that much more compute), at ``at`` (default the largest
+  B run's compute; ``decades_beyond`` the runs when it extrapolates);
+- **per size**, at each B run's compute: that multiplier, and the *paired* one of that B run over
+  the A run of its size (A's law moved to pass through A's run): ((L_A - E) / (L_B - E))^(1 /
+  alpha), the speedup of the Marin mixture study (marin-community/marin#9126) with a floor E;
+- the **trend**: d ln m / d ln C across B's runs, fading or growing only when its interval
+  excludes 0, flat only within +-5% per decade.
 
-- the **multiplier** of B over A at compute C: the compute A's law needs to reach the loss B's
-  law reaches at C, divided by C. ``m(C) = C_A(L_B(C)) / C``; > 1: B is worth that much more
-  compute. At ``at`` (a target's compute; default the largest B run's), it is an extrapolation
-  of both laws when ``at`` lies beyond the runs (``decades_beyond`` says how far);
-- **per size**, at each B run's final compute: the same law multiplier, and the *paired*
-  multiplier of that B run over the A run of the same size: the compute A's law needs to reach
-  B's observed loss over the compute it needs to reach A's own observed loss (A's law moved
-  along the compute axis to pass through A's run), times C_A / C_B. With a zero-floor power law
-  this is (L_A / L_B)^(1 / alpha), the speedup the Marin mixture study reports
-  (marin-community/marin#9126); with a floor E it is ((L_A - E) / (L_B - E))^(1 / alpha);
-- the **trend** with scale: the slope of ln m against ln C across B's runs (d ln m / d ln C),
-  said to fade or grow only when its interval excludes 0, flat only when its interval lies
-  within +-5% per decade.
+Bands: A's bootstrap draw r paired with B's draw r (independent fits), every quantity recomputed
+per pair, its percentile interval widened to hold the estimate; a paired band adds both runs'
+noise (``FitResult.noise_half_width``) by A's local slope. The bands hold parameter uncertainty,
+not the laws' extrapolation error. Fewer than 20 pairs: NaN, with why.
 
-Bands (at ``level``): both fits' run-level bootstrap draws, propagated jointly. The two
-bootstraps are independent (different seeds, different runs), so pairing A's replicate r with
-B's replicate r gives draws from the product of the two distributions; every quantity is
-recomputed on each pair and the band is its percentile interval (widened to hold the point
-estimate). A paired per-size band adds, in quadrature, the run-to-run noise of the two runs
-(each fit's residual-quantile half-width, ``FitResult.noise_half_width``, mapped to compute
-by A's local slope); the law multiplier's band holds the laws' parameter uncertainty only, not
-the extrapolation error a rollout backtest measures for each law alone (the two laws' errors
-share a ladder and a form, and are not independent). A band that cannot be computed (fewer
-than 20 usable pairs) is NaN and says why.
-
-Only forms whose end-of-run loss is a function of compute alone can be inverted for "the compute
-A needs": ``compute`` and the curve laws ``trajectory`` / ``trajectory-capacity`` at fraction
-1. Inversion is numerical (one grid per law, 12 decades beyond the runs either way, 400 points a
-decade, linear in log-log): a loss A's law never reaches (below its asymptote, or beyond the
-grid) needs infinite compute, and the multiplier is reported as Infinity, not clipped.
+Only laws of compute alone invert (``compute``, ``trajectory``, ``trajectory-capacity`` at
+fraction 1), numerically on a log-log grid; a loss A's law never reaches is Infinity, not clipped.
 """
 
 from __future__ import annotations
@@ -51,11 +34,10 @@ COMPARE_FORMS = ("compute", "trajectory", "trajectory-capacity")
 GRID_DECADES = 12           # the inversion grid reaches this far beyond the runs, either way
 GRID_PER_DECADE = 400       # grid points per decade: linear log-log interpolation error < 1e-5
 MIN_PAIRS = 20              # as ladder.fit.result: fewer usable bootstrap draws give no band
-# a B run and an A run are the same size when their final computes are within 10**0.1 = 1.26x
-# (the Marin study's d1536 pair differs by one update: 1.0003x)
+# a B run and an A run are one size within 10**0.1 = 1.26x of compute (Marin's d1536: 1.0003x)
 PAIR_DECADES = 0.1
-# "flat": the whole interval of the trend lies within +-5% change of the multiplier per decade
-# of compute (a judgement call: smaller changes are below what a 3-5 rung ladder resolves)
+# "flat": the trend's interval within +-5% per decade (a judgement call: below what a 3-5 rung
+# ladder resolves)
 FLAT_PER_DECADE = math.log(1.05) / math.log(10.0)
 CURVE_POINTS = 60           # points of the drawn curves (compare.json's "curve")
 
@@ -98,15 +80,12 @@ def final_points(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def law_draws(res, n: int, seed: int) -> tuple[np.ndarray | None, str]:
-    """Parameter draws of a fitted law, (R, P), and how they were made: its run-level bootstrap
-    replicates where it has at least MIN_PAIRS usable ones; else, where it has a covariance
-    (the delta method; an ``ols`` fit, which has no bootstrap), ``n`` draws of a multivariate t
-    with its residual dof (normal without dof) around the estimate, which is the distribution
-    its own intervals assume; else none."""
+    """Parameter draws of a fitted law, (R, P), and how they were made: its bootstrap draws,
+    else ``n`` draws of a multivariate t with its residual dof from its covariance (as its own
+    intervals assume), else none."""
     dof = getattr(res, "dof", None)
     if not (dof and dof > 0):
-        # as many free parameters as runs: the law interpolates them, every bootstrap replicate
-        # is the same law, and a zero-width band would claim a certainty nothing measured
+        # the law interpolates its runs: a zero-width band would claim what nothing measured
         return None, (f"none: {res.spec.n_free} free parameters for "
                       f"{(res.inputs or {}).get('n_runs', '?')} runs leave no residual "
                       "degrees of freedom (fix or tie a parameter, or add runs)")
@@ -125,8 +104,7 @@ def law_draws(res, n: int, seed: int) -> tuple[np.ndarray | None, str]:
 
 
 def _log_loss(res, log_c: np.ndarray, U: np.ndarray) -> np.ndarray:
-    """ln L at the end of a run (fraction 1) of compute exp(log_c), for each parameter row of
-    ``U``: (R, len(log_c))."""
+    """ln L at the end of a run of compute exp(log_c), per row of ``U``: (R, len(log_c))."""
     c = np.exp(np.asarray(log_c, float))
     feats = res.spec.form.features({"compute": c, "fraction": np.ones_like(c)})
     return Model(res.spec.form, feats).log_predict(np.atleast_2d(U))
@@ -140,9 +118,8 @@ def _grid(lo: float, hi: float) -> np.ndarray:
 
 
 class Inverse:
-    """The compute a law needs to reach a loss, for each of its parameter rows ``U``: the
-    law's end-of-run curve on ``grid`` (ln C) is evaluated once, then inverted by linear
-    interpolation in log-log for any number of losses."""
+    """The compute a law needs to reach a loss, per parameter row of ``U``: its curve on ``grid``
+    (ln C) evaluated once, inverted by linear interpolation in log-log."""
 
     def __init__(self, res, U: np.ndarray, grid: np.ndarray):
         self.grid = grid
@@ -152,10 +129,8 @@ class Inverse:
                             for y in self.curves])
 
     def __call__(self, log_loss: np.ndarray) -> np.ndarray:
-        """ln C reaching ``log_loss`` (ln L; (R, n), one row per law row, or (n,) for every
-        row): (R, n). +inf where the law never gets that low on the grid (below its asymptote
-        or beyond the grid), -inf where it is that low before the grid starts, NaN for a row
-        without an inverse."""
+        """ln C reaching ``log_loss`` ((R, n) or (n,)): (R, n); +inf where never reached on the
+        grid, -inf where reached before it, NaN for a row without an inverse."""
         R = len(self.curves)
         log_loss = np.asarray(log_loss, float)
         targets = np.broadcast_to(log_loss, (R,) + log_loss.shape[-1:])
@@ -169,14 +144,13 @@ class Inverse:
 
 def _interval(center: float, draws: np.ndarray, level: float,
               extra: float = 0.0) -> tuple[float, float, int]:
-    """(lo, hi, usable) of ln-space ``draws`` around ``center``: their percentile interval
-    widened to hold the point estimate, plus ``extra`` (a further half-width) in quadrature."""
+    """(lo, hi, usable) of ``draws``' percentile interval widened to hold ``center``, plus
+    ``extra`` in quadrature."""
     d = draws[~np.isnan(draws)]
     if len(d) < MIN_PAIRS or not math.isfinite(center):
         return math.nan, math.nan, len(d)
     q = 0.5 + level / 2
-    # quantiles of draws that may hold +-inf (a law that never reaches the loss): the nearest
-    # order statistic, not an interpolation between inf and a number
+    # draws may hold +-inf: the nearest order statistic, not an interpolation with inf
     lo_d = float(np.quantile(d, 1 - q, method="inverted_cdf"))
     hi_d = float(np.quantile(d, q, method="inverted_cdf"))
     down, up = max(center - lo_d, 0.0), max(hi_d - center, 0.0)
@@ -196,8 +170,7 @@ def _exp(x: float) -> float:
 def compare_laws(fa, fb, df_a: pd.DataFrame, df_b: pd.DataFrame, *, metric: str,
                  at: float | None = None, at_source: str | None = None,
                  level: float = 0.9, draws: int = 200, seed: int = 0) -> Comparison:
-    """The comparison of two fitted laws (``fit_law`` results of one form in COMPARE_FORMS) and
-    the points tables they were fitted on."""
+    """The comparison of two laws of one form in COMPARE_FORMS and their points tables."""
     if fa.form not in COMPARE_FORMS or fb.form not in COMPARE_FORMS:
         raise InputError(f"the multiplier needs a law of compute alone ({', '.join(COMPARE_FORMS)})"
                          f"; got {fa.form} and {fb.form}", field="--form", exit_code=EX_USAGE)
@@ -347,18 +320,15 @@ def _trend(law_log_m, span, level, per_size) -> dict:
     if obs is not None:
         obs["verdict"] = trend_verdict(obs["slope"], obs["lo"], obs["hi"],
                                        float(np.mean([m for _c, m in paired])))
-    # reported beside the laws' trend, never in its place: its interval holds only the scatter
-    # of the paired values about a line (with 3 sizes, 1 dof), not the runs' noise, so three
-    # nearly collinear values would claim a trend that nothing else supports
+    # beside the laws' trend, never in its place: its interval holds only the paired values'
+    # scatter about a line, not the runs' noise
     out["observed"] = obs
     return out
 
 
 def trend_verdict(slope: float, lo: float, hi: float, log_m: float) -> str:
-    """The trend of a multiplier whose ln is ``log_m`` from its slope d ln m / d ln C and that
-    slope's interval: "fades" or "grows" when the interval excludes 0 (fades: the multiplier
-    moves towards 1 with scale, on either side of 1), "flat" when it lies within
-    +-FLAT_PER_DECADE, else "undetermined"."""
+    """A multiplier's trend from its slope d ln m / d ln C and interval: "fades" (towards 1) or
+    "grows" when the interval excludes 0, "flat" within +-FLAT_PER_DECADE, else "undetermined"."""
     if not (math.isfinite(lo) and math.isfinite(hi)):
         return "undetermined"
     if lo > 0 or hi < 0:
@@ -371,8 +341,7 @@ def trend_verdict(slope: float, lo: float, hi: float, log_m: float) -> str:
 
 
 def _observed_slope(pairs, level) -> dict | None:
-    """OLS of ln m on ln C over the paired per-size multipliers, with its t interval (n - 2
-    dof): the trend the runs show without the laws' shape (3 sizes: 1 dof, a wide interval)."""
+    """OLS of ln m on ln C over the paired multipliers, with its t interval (n - 2 dof)."""
     if len(pairs) < 3:
         return None
     from scipy.special import stdtrit
@@ -399,8 +368,7 @@ def _law_summary(res, how: str, draws) -> dict:
 
 
 def _x(v) -> str:
-    """A multiplier readable at any size: three decimals between 0.01 and 1000 (1.012x), else
-    three significant digits in scientific notation (3.3e-04x, not 0.000x)."""
+    """A multiplier: 1.012x between 0.01 and 1000, else 3.30e-04x."""
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "n/a"
     if v == math.inf:
@@ -419,8 +387,7 @@ def _band(m, lo, hi) -> str:
 
 
 def report(results: dict[str, Comparison], *, a: str = "A", b: str = "B") -> str:
-    """The comparison as text: per metric the multiplier at the target, per size, the trend;
-    with several metrics first a summary table, one line each."""
+    """The comparison as text (several metrics: a summary table first)."""
     out = [f"compute-equivalent multiplier of B ({b}) over A ({a}): the compute A needs to "
            "reach B's loss / B's compute"]
     if len(results) > 1:

@@ -1,7 +1,5 @@
-"""How a law is fitted: ``FitConfig``, one frozen value that travels through the fit
-(fit.law.fit_law takes it; fit.estimate.fit_spec, fit.backtest's refits and fit.law's candidate
-fits take it, each refit as ``config.refit(...)``), and is kept on the fitted law
-(``FitResult.config``), so its backtest refits with what it was fitted with."""
+"""How a law is fitted: ``FitConfig``, one frozen value that travels through the fit (each refit
+as ``config.refit(...)``) and is kept on the fitted law, so its backtest refits with it."""
 
 from __future__ import annotations
 
@@ -16,23 +14,16 @@ OBJECTIVES = ("huber", "ols")
 
 @dataclass(frozen=True)
 class FitConfig:
-    """The law asked for: ``form`` (a name of fit.forms or fit.curve_forms, or "auto": chosen by
-    rollout backtest), ``fix`` ({name: value}), ``tie`` ({name: name}), ``by`` (one law per
-    value of that column). The estimator: ``bootstrap``: run-level replicates (0: none);
-    ``level``: the intervals' and bands' level; ``seed``: the bootstrap's; ``params_column``:
-    the column a form's N reads ("params" or "active_params"); ``metric``: the key fitted (None:
-    the table's own; a fitted law's config names it); ``delta``: the Huber threshold on log
-    residuals; ``backtest``: run the rollout backtest; ``objective``: "huber" (summed Huber of
-    log residuals) or "ols" (least squares of log(L - E) on log C, E fixed); ``prior``: {name:
-    (mean, sd)} in natural units; ``bandwidth``: decades of the scale weights
-    (ladder.fit.estimate.scale_weights), None for none. The forecast layer: ``asymptote_rule``,
-    ``scale_weighting``, ``band_prior``, ``extrapolation_power`` (fit.law.fit_law says what
-    each does). Two selection rules, on by default, with a switch each so that
-    bench/scoreboard.py can score each alone (its variants ``no-one-se`` and ``own-folds``):
-    ``one_se_form`` (--form auto takes the simplest final-point form within one standard error
-    of the lowest rollout error; False: the lowest) and ``shared_folds`` (the asymptote rule
-    compares its variants on the rollout folds they share; False: each on its own folds). Bad
-    values: InputError naming the field (exit 64)."""
+    """The law asked for: ``form`` (or "auto"), ``fix`` ({name: value}), ``tie`` ({name:
+    name}), ``by`` (one law per value of that column). The estimator: ``bootstrap`` replicates
+    (0: none), ``level``, ``seed``, ``params_column`` (what a form's N reads), ``metric`` (None:
+    the table's own), ``delta`` (Huber, on log residuals), ``backtest``, ``objective`` ("huber"
+    or "ols": least squares of log(L - E) on log C, E fixed), ``prior`` ({name: (mean, sd)}),
+    ``bandwidth`` (fit.estimate.scale_weights). The forecast layer (fit.law.fit_law):
+    ``asymptote_rule``, ``scale_weighting``, ``band_prior``, ``extrapolation_power``. Two
+    selection rules with a switch each for bench/scoreboard.py: ``one_se_form`` (auto's
+    one-standard-error choice) and ``shared_folds`` (the asymptote rule's common folds).
+    Bad values: InputError naming the field (exit 64)."""
 
     form: str = "auto"
     fix: dict = field(default_factory=dict)
@@ -75,8 +66,7 @@ class FitConfig:
         object.__setattr__(self, "prior", _checked_prior(self.prior, self.fix))
 
     def refit(self, **changes) -> FitConfig:
-        """This config for a refit (a backtest fold, a candidate): no bootstrap, no backtest,
-        and ``changes``."""
+        """This config for a refit: no bootstrap, no backtest, and ``changes``."""
         return replace(self, **{"bootstrap": 0, "backtest": False, **changes})
 
 

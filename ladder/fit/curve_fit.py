@@ -1,53 +1,29 @@
-"""Fitting the schedule-aware curve laws (fit.curve_forms) on whole curves: ``fit_curve_law``.
+"""Fitting the schedule-aware curve laws (fit.curve_forms) on whole curves: ``fit_curve_law``
+on a points table of ``run, step, lr, loss`` (+ a size column).
 
-Points tables with ``run, step, lr, loss`` rows (+ a size column for several model sizes) are
-grouped into runs (:func:`curve_data_from_table`; exact per-update LRs of ladder runs:
-:func:`schedules_from_sources`).
+Huber (delta 1e-3) of log residuals, summed (Besiroglu et al. 2024: averaging stops L-BFGS
+early); starts from a grid over the nonlinear parameters with the linear ones solved by
+non-negative least squares, the best few polished by fit.solver's batched L-BFGS within bounds.
+Bands: a run-level bootstrap plus the RMS log residual, by Monte Carlo (fit.curve_law);
+fewer than 2 draws: a NaN band with a warning.
 
-Fitting: Huber loss (delta 1e-3) on log residuals, summed (not averaged: averaging stops L-BFGS
-early, the Chinchilla-refit lesson of Besiroglu et al. 2024); starts from a grid over the
-nonlinear parameters with the linear ones (L0, A, B or L0, A, C) solved by non-negative least
-squares, then the best few polished together by ladder.fit.solver's batched L-BFGS within the
-parameters' bounds (``ladder.fit.solver.polish``, the Chinchilla family's last stage too). Bands:
-run-level bootstrap (ladder.fit.solver.run_bootstrap, every law's: resample whole runs with
-replacement; every distinct resample refitted from the estimate, all at once) for parameter
-uncertainty, plus the RMS log residual of the fit as run-to-run and point noise, combined by
-Monte Carlo in log space (fit.curve_law.CurveLaw.predict). Fewer than 2 draws -> NaN band with
-a warning, never a zero-width one.
-
-Across model sizes: with runs of several sizes (``active_params`` column by default), the
-parameters named in ``scaled`` (default L0 and A) are power laws of size, and the shape
-parameters are shared; the joint fit starts from per-size fits (kept in
-``diagnostics.per_size``) and a log-linear regression of their parameters on log N. So a ladder
-yields a curve forecast for a target of any size under any schedule.
-
-No JAX here.
+With runs of several sizes the ``scaled`` parameters (default L0, A) are power laws of size and
+the shape parameters shared; the joint fit starts from per-size fits (``diagnostics.per_size``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ladder.fit.config import HUBER_DELTA
-from ladder.fit.curve_forms import (
-    FORMS,
-    LINEAR,
-    SIZE_EXP,
-    CurveModel,
-    RunDesign,
-    components,
-    curve,
-    curve_grad,
-    design,
-    safe_log,
-    stack,
-)
+from ladder.fit.curve_forms import (FORMS, LINEAR, SIZE_EXP, CurveModel, RunDesign, components,
+                                    curve, curve_grad, design, safe_log, stack)
 from ladder.fit.curve_law import CurveLaw
 from ladder.fit.lr_schedules import lr_from_samples
 from ladder.fit.solver import Refits, polish, run_bootstrap
@@ -69,8 +45,7 @@ def _objective(model: CurveModel, u: np.ndarray, runs, delta: float) -> float:
 def _objective_grad(model: CurveModel, u: np.ndarray, runs, delta: float,
                     eps: float = 1e-6, weights: np.ndarray | None = None
                     ) -> tuple[float, np.ndarray]:
-    """The summed Huber objective and its exact gradient in u (all parameters).
-    ``weights``: one per point (a bootstrap replicate's run counts), else all 1."""
+    """The summed Huber objective and its exact gradient in u; ``weights``: one per point."""
     run = stack(runs)
     v = model.values(u)
     g = np.zeros(len(model.specs))
@@ -100,21 +75,14 @@ def _objective_grad(model: CurveModel, u: np.ndarray, runs, delta: float,
     return tot, g
 
 
-# The curve fits' stopping test (fit.solver.lbfgs, per row): a relative decrease of the summed
-# Huber objective below FIT_FTOL on two successive iterations, or max |projected gradient| below
-# FIT_GTOL. scipy's L-BFGS-B, which these fits used before, stopped at an absolute decrease of
-# 1e-15 (its ftol relative to max(|f|, 1); the objective here is ~1e-4-1e-2); this is that test
-# relative to f itself (docs/LOG.md, 2026-12-01: the same held-out errors on Luo et al.'s curves).
+# The stopping test (fit.solver.lbfgs): a relative decrease below FIT_FTOL on two successive
+# iterations, or max |projected gradient| below FIT_GTOL (scipy's absolute 1e-15 made relative to
+# f; docs/LOG.md, 2026-12-01: the same held-out errors on Luo et al.'s curves).
 FIT_FTOL = 1e-12
 FIT_GTOL = 1e-12
 FIT_MAX_ITER = 3000
-# a bootstrap refit starts at the estimate, to the same tolerance (at 1e-9 or 1e-10 one of the 10
-# distinct refits on Luo et al.'s 25M curves stopped early along a flat direction). Replicates of
-# one or two distinct schedules (one schedule drawn three times) leave B, C and beta unidentified
-# and stop at BOOT_MAX_ITER, as they did with scipy's L-BFGS-B, at other points of the same flat
-# valley (on 100M: 0.3% and 0.9% above scipy's objective, 5.5% below): bands differ from main's
-# by up to 0.8% of the loss on 100M, 0.03% on 25M, 4e-6 on 400M (docs/LOG.md, 2026-12-01); every
-# other refit reaches scipy's optimum to 1e-12
+# Bootstrap refits to the same tolerance (at 1e-9 one of Luo et al.'s 25M refits stopped early);
+# a replicate of one or two schedules has a flat valley and stops at BOOT_MAX_ITER (docs/LOG.md)
 BOOT_FTOL = FIT_FTOL
 BOOT_MAX_ITER = 500
 
@@ -122,11 +90,8 @@ BOOT_MAX_ITER = 500
 def _minimize(model: CurveModel, u0: np.ndarray, runs, delta: float, *,
               per_row: bool = False, weights=None, max_iter: int = FIT_MAX_ITER,
               ftol: float = FIT_FTOL):
-    """Polish every row of ``u0`` (S, P: full parameter vectors), all at once by
-    fit.solver's batched L-BFGS within the parameters' bounds, on ``runs`` (every row the same
-    runs) or with ``per_row``, on ``runs[row]`` with per-point ``weights[row]`` (a bootstrap
-    replicate's runs and counts). (u (S, P), objective (S,), converged (S,), index of the
-    lowest objective)."""
+    """Polish every row of ``u0`` (S, P) at once within the bounds, on ``runs`` or, ``per_row``,
+    on ``runs[row]`` weighted by ``weights[row]``: (u, objective, converged, index of the best)."""
     u0 = np.atleast_2d(np.asarray(u0, dtype=float))
     rows_runs = [stack(r) for r in runs] if per_row else [stack(runs)] * len(u0)
     rows_w = weights if per_row and weights is not None else [None] * len(u0)
@@ -154,11 +119,10 @@ def _minimize(model: CurveModel, u0: np.ndarray, runs, delta: float, *,
 
 @contextlib.contextmanager
 def _single_thread_blas():
-    """Run OpenBLAS single-threaded inside the block (restored after). The fits' BLAS calls
-    (the gradient's dot products, NNLS of the starts) are tiny; multithreaded they spend most of
-    their time starting and spinning threads: a bootstrap refit took 3.5x the CPU time with the
-    default threads on a 2-core machine (measured here, with scipy's L-BFGS-B, before
-    fit.solver's L-BFGS took over). Linux, OpenBLAS only; anything unexpected -> no change."""
+    """Run OpenBLAS single-threaded inside the block (or the decorated function, each call
+    afresh): the fits' BLAS calls are tiny, and
+    threads made a bootstrap refit take 3.5x the CPU on 2 cores. Linux, OpenBLAS only; anything
+    unexpected -> no change."""
     import ctypes
 
     handles = []
@@ -223,13 +187,12 @@ def _solve_linear(form: str, nl: dict, runs: Sequence[RunDesign]) -> dict | None
     return out
 
 
-def _fit_one_size(model: CurveModel, runs: Sequence[RunDesign], delta: float, n_starts: int,
-                  extra_starts: Iterable[dict] = ()):
+def _fit_one_size(model: CurveModel, runs: Sequence[RunDesign], delta: float, n_starts: int):
     """Multi-start fit; returns (u, objective, converged, n_local_fits)."""
     runs = stack(runs)
     T = float(runs.S.max())
     cands = []
-    for nl in list(_nonlinear_grid(model.form, T)) + list(extra_starts):
+    for nl in _nonlinear_grid(model.form, T):
         nl = {k: model.fix.get(k, v) for k, v in nl.items()}
         full = _solve_linear(model.form, nl, runs)
         if full is None:
@@ -269,11 +232,8 @@ class CurveData:
 def curve_data_from_table(df, *, size_column: str | None = "active_params",
                           schedules: dict[str, np.ndarray] | None = None,
                           what: str = "points") -> CurveData:
-    """Group a points table (``run, step, lr, loss`` [+ size]) into runs.
-
-    Rows with a NaN/empty loss contribute only their LR (e.g. per-step ``optim/lr`` between
-    evaluations). ``schedules`` (run -> full per-update LR array) overrides the table's LRs.
-    """
+    """Group a points table (``run, step, lr, loss`` [+ size]) into runs; rows without a loss
+    give only their LR. ``schedules`` (run -> per-update LRs) overrides the table's LRs."""
     import pandas as pd
 
     if not isinstance(df, pd.DataFrame):
@@ -294,8 +254,7 @@ def curve_data_from_table(df, *, size_column: str | None = "active_params",
         raise InputError("losses must be > 0", field="loss")
     if np.any(np.isinf(loss)):
         raise InputError("infinite loss (diverged run?)", field="loss")
-    # a size column that is entirely empty (a points table of one model size: load_points
-    # always carries the column) is no size column: one size needs none
+    # an empty size column (load_points always carries one) is none
     use_size = size_column is not None and size_column in df.columns and \
         bool(pd.to_numeric(df[size_column], errors="coerce").notna().any())
     sizes_col = (pd.to_numeric(df[size_column], errors="coerce").to_numpy(float)
@@ -341,26 +300,15 @@ def curve_data_from_table(df, *, size_column: str | None = "active_params",
     return out
 
 
+@_single_thread_blas()
 def fit_curve_law(df, form: str = "mpl", bootstrap: int = 200, level: float = 0.9,
                   seed: int = 0, *, metric: str | None = None, fix: dict | None = None,
                   size_column: str | None = "active_params", scaled: Sequence[str] = ("L0", "A"),
                   schedules: dict[str, np.ndarray] | None = None, n_starts: int = 4,
                   node_every: int | None = None, huber_delta: float = HUBER_DELTA) -> CurveLaw:
-    """Fit a curve law (``form`` "mpl" or "momentum") on the whole curves of a points table.
-
-    ``df``: columns ``run, step, lr, loss`` (+ ``size_column`` for several model sizes); see
-    :func:`curve_data_from_table`. ``fix``: parameter values held fixed (natural units, LRs in
-    units of the largest LR of the data). ``scaled``: parameters that become power laws of size
-    when the table holds more than one size. ``bootstrap``: run-level bootstrap draws for bands.
-    """
-    with _single_thread_blas():
-        return _fit_curve_law(df, form, bootstrap, level, seed, metric=metric, fix=fix,
-                              size_column=size_column, scaled=scaled, schedules=schedules,
-                              n_starts=n_starts, node_every=node_every, huber_delta=huber_delta)
-
-
-def _fit_curve_law(df, form, bootstrap, level, seed, *, metric, fix, size_column, scaled,
-                   schedules, n_starts, node_every, huber_delta) -> CurveLaw:
+    """Fit a curve law (``form`` "mpl" or "momentum") on the whole curves of ``df``
+    (:func:`curve_data_from_table`). ``fix``: values held fixed (natural units, LRs in units of
+    the data's largest); ``scaled``: power laws of size with several sizes; ``bootstrap``: draws."""
     if form not in FORMS:
         raise InputError(f"unknown curve form {form!r}; choose one of {sorted(FORMS)}",
                          field="form")
@@ -453,30 +401,20 @@ def _fit_curve_law(df, form, bootstrap, level, seed, *, metric, fix, size_column
 
 def _bootstrap(model: CurveModel, runs: list[RunDesign], u: np.ndarray, n: int, seed: int,
                delta: float, multi: bool) -> tuple[list[dict], dict]:
-    """Run-level bootstrap (ladder.fit.solver.run_bootstrap, every law's): resample whole runs with
-    replacement, refit from the estimate (once per distinct multiset of runs). Counts, not the
-    Chinchilla family's Dirichlet weights: a curve law's runs are its schedules, and a replicate
-    must be a set of whole schedules to refit (with 3 schedules, 10 multisets are 10 refits for
-    any number of replicates). For a size-scaled law a draw must keep more distinct sizes than
-    it has size exponents (else the exponents are an exact interpolation of two points and
-    extrapolate wildly: with 4 rungs and 2-size draws the 90% band of a 3.6x extrapolation
-    reached +120%, measured on synthetic ladders); such draws are redrawn, up to 50 times each.
-    Fewer than 2 usable draws: none (the band is NaN). (draws, the record report() and law.json
-    show)."""
+    """Run-level bootstrap (fit.solver.run_bootstrap) by counts, not Dirichlet weights: a
+    replicate is a multiset of whole schedules, refitted once per distinct multiset from the
+    estimate. A size-scaled law's draw keeps more sizes than size exponents (else they
+    interpolate two points: a +120% band at 3.6x on synthetic ladders). (draws, the record)."""
     need = len(model.scaled) + 1 if multi else 1
 
     def refit(counts, _rng):
-        # a replicate is a multiset of runs: the same multiset is the same refit, so each
-        # distinct one is fitted once (3 runs of one size have only 10 multisets: 200 replicates
-        # cost 10 refits instead of 200, with identical draws); all of them at once (fit.solver's
-        # batched L-BFGS), each from the estimate
+        # each distinct multiset fitted once (3 runs: 10 refits for 200 replicates), all at once
         keys = [tuple(np.repeat(np.arange(len(runs)), c.astype(int))) for c in counts]
         distinct = sorted(set(keys))
         if not distinct:
             return Refits(draws=[], valid=0, degenerate=int(n), not_converged=0,
                           record={"distinct_refits": 0})
-        # each distinct run of a replicate evaluated once, its points weighted by its count (the
-        # same objective as stacking the copies; a third less work on 3 runs)
+        # each distinct run once, its points weighted by its count (as stacking the copies)
         picked = [np.unique(key, return_counts=True) for key in distinct]
         th, _f, ok, _i = _minimize(
             model, np.tile(u, (len(distinct), 1)), [[runs[i] for i in idx] for idx, _ in picked],
@@ -485,8 +423,7 @@ def _bootstrap(model: CurveModel, runs: list[RunDesign], u: np.ndarray, n: int, 
                                      for i, c in zip(idx, cnt)]) for idx, cnt in picked])
         fitted = {key: model.values(th[j]) for j, key in enumerate(distinct)}
         stopped = {key for j, key in enumerate(distinct) if not ok[j]}
-        # a refit that stopped at BOOT_MAX_ITER is kept, as it always was (a replicate of one or
-        # two schedules has a flat direction; see BOOT_FTOL), and counted
+        # a refit stopped at BOOT_MAX_ITER is kept (a flat valley, above) and counted
         return Refits(draws=[dict(fitted[key]) for key in keys], valid=len(keys),
                       degenerate=int(n) - len(keys),
                       not_converged=sum(key in stopped for key in keys),
@@ -501,12 +438,9 @@ def _bootstrap(model: CurveModel, runs: list[RunDesign], u: np.ndarray, n: int, 
 
 
 def schedules_from_sources(sources) -> dict[str, np.ndarray]:
-    """Exact per-update LRs of the ladder runs below ``sources`` (run directories or folders of
-    them; other sources, e.g. CSV tables, give nothing), keyed as :func:`fit.load_points` names
-    runs (``LADDER/RUNG``). Rebuilt from each run's ``config.json`` exactly as the trainer builds
-    its LR table (``ladder.lrtable``: peak LR x ``Schedule.lr_frac(i, steps)`` for 0-based
-    update i, with the ``lr-spike`` fault applied), so that fits need not interpolate the
-    ``optim/lr`` values logged only at evaluation steps."""
+    """Exact per-update LRs of the ladder runs below ``sources`` (others give nothing), keyed
+    ``LADDER/RUNG``, rebuilt from each run's config.json as the trainer builds them, so fits need
+    not interpolate the LRs logged at evals."""
     from pathlib import Path
 
     from ladder.sources.runs import read_runs

@@ -1,8 +1,5 @@
 """Schedule-aware loss-curve laws, their forms: the loss at every step as a function of the whole
-LR schedule, and its fast evaluation. Fitted by ladder.fit.curve_fit; a fitted law is
-ladder.fit.curve_law.CurveLaw.
-
-Two forms, of whole curves (points tables with ``run, step, lr, loss`` rows):
+LR schedule, and its fast evaluation (fitted by fit.curve_fit into a fit.curve_law.CurveLaw).
 
 ``mpl`` -- the multi-power law of Luo et al. 2025 ("A Multi-Power Law for Loss Curve Prediction
 Across Learning Rate Schedules", ICLR 2025, arXiv:2503.12811, eqs. of section 3)::
@@ -19,29 +16,21 @@ Annealing", arXiv:2408.11029)::
     L(t) = L0 + A * S1(t)^(-alpha) - C * S2(t),   S2(t) = sum_{i<=t} m_i,
     m_i  = lam * m_{i-1} + (eta_{i-1} - eta_i)
 
-so S2(t) = sum_k (eta_{k-1} - eta_k) (1 - lam^(t-k+1)) / (1 - lam). Here S1 is the forward area
-of all LRs (warmup included) and the annealing increments start after warmup, as in MPL (during
-warmup they are negative and would make S2 meaningless).
+so S2(t) = sum_k (eta_{k-1} - eta_k) (1 - lam^(t-k+1)) / (1 - lam); S1 holds warmup, the
+annealing increments start after it, as in MPL (negative during warmup).
 
-Conventions (ours, written into law.json):
+Conventions (written into law.json):
 - ``lr[s-1]`` is the LR of update ``s``; the loss at completed step ``t`` has seen updates 1..t
-  (see :mod:`ladder.fit.lr_schedules`, which also documents how sampled LRs are interpolated).
-- Warmup ends at the first update whose LR reaches the schedule's maximum (``W`` above).
-- LRs are divided by ``lr_scale`` (the largest LR of the fitting data) before use, so all areas
-  are in "steps at the reference LR"; ``A``, ``B``, ``C`` are in those units (the law is invariant
-  under this rescaling: e.g. MPL's C becomes C * lr_scale^(1-gamma)). ``lr_scale`` is stored.
-- The annealing sums are exact for steps at which the LR changes by a jump; where it changes
-  every step they are summed over blocks of ``node_every`` updates (LR-drop-weighted midpoint
-  rule; blocks never straddle a step where the loss is evaluated, nor more than ~5% of LR
-  change). ``node_every`` is chosen so a run has at most ~500 blocks (on the Luo et al. anchors
-  500 and 170 blocks give the same accuracy); with 1 the sums are exact (tested against a naive
-  per-step implementation).
+  (fit.lr_schedules); warmup ends at the first update reaching the maximum LR (``W``).
+- LRs are divided by ``lr_scale`` (the data's largest LR), so areas are in steps at that LR and
+  ``A``, ``B``, ``C`` in those units (the law is invariant under the rescaling).
+- The annealing sums are exact at LR jumps; where the LR changes every step they are summed over
+  blocks of ``node_every`` updates (drop-weighted midpoint rule; a block never straddles an
+  evaluated step nor ~5% of LR change), at most ~500 blocks a run (170 gave the same accuracy on
+  Luo et al.'s anchors); ``node_every=1`` is exact.
 
-Across model sizes: with runs of several sizes, the parameters named in ``scaled`` (default L0
-and A) are power laws of size, ``P(N) = P * (N / size_ref)^P_size_exp``, and the shape
-parameters are shared (:class:`CurveModel`).
-
-No JAX here.
+With several sizes, the ``scaled`` parameters are ``P(N) = P * (N / size_ref)^P_size_exp`` and
+the shape parameters are shared (:class:`CurveModel`).
 """
 
 from __future__ import annotations
@@ -62,37 +51,29 @@ MAX_NODES = 500         # annealing-sum blocks per run (see module doc)
 # ------------------------------------------------------------------------------------ forms
 
 
+# a parameter's transform: (value -> u, u -> value)
+_TRANSFORMS = {"log": (math.log, math.exp), "raw": (float, float),
+               "log1m": (lambda p: math.log(1.0 - p), lambda t: 1.0 - math.exp(t))}
+
+
 @dataclass(frozen=True)
 class CurveParam:
-    """A curve-law parameter in the solver's convention of fit.forms.Param: the solver works on
-    ``u`` (``to_u``; ``to_display`` back). Unlike a Chinchilla-family parameter, whose
-    ``bounds`` are a plausible display-space range that is flagged, not enforced, ``lo``/``hi``
-    bound ``u`` itself and the solver keeps it inside (fit.solver.lbfgs ``bounds``, as scipy's
-    L-BFGS-B did before)."""
+    """A curve-law parameter in fit.forms.Param's convention (``to_u``, ``to_display``); unlike
+    those, ``lo``/``hi`` bound ``u`` itself and the solver keeps it inside."""
     name: str
     transform: str      # "log": u = log(p); "raw": u = p; "log1m": u = log(1 - p)
     lo: float           # bounds on u
     hi: float
 
     def to_u(self, p: float) -> float:
-        if self.transform == "log":
-            return math.log(p)
-        if self.transform == "log1m":
-            return math.log(1.0 - p)
-        return float(p)
+        return _TRANSFORMS[self.transform][0](p)
 
     def to_display(self, t: float) -> float:
-        if self.transform == "log":
-            return math.exp(t)
-        if self.transform == "log1m":
-            return 1.0 - math.exp(t)
-        return float(t)
+        return _TRANSFORMS[self.transform][1](t)
 
     def interval_flags(self, interval, level: float) -> list[str]:
-        """Why an interval ``[lo, hi]`` of this parameter does not pin it down
-        (ladder.fit.identify.identifiability): an end at a bound of its range in ``u`` (a flat
-        direction: the replicates run to the edge, as B and beta do on curves without a
-        decay)."""
+        """Why an interval ``[lo, hi]`` does not pin this parameter: an end at a bound of its
+        range in ``u`` (a flat direction, as B and beta on curves without a decay)."""
         if interval is None:
             return []
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -141,9 +122,8 @@ SIZE_VARIABLES = ("active_params", "params")
 
 @dataclass
 class RunDesign:
-    """Runs precomputed for fast evaluation: one row per evaluated (run, step). Several runs are
-    stacked into one (``stack``), blocks padded with zero drops, so that one numpy expression
-    evaluates them all."""
+    """Runs precomputed for fast evaluation, one row per evaluated (run, step); ``stack`` joins
+    several (blocks padded with zero drops) for one numpy expression."""
 
     name: str
     size0: float           # the run's size (the first run's, for a stack)
@@ -160,9 +140,8 @@ class RunDesign:
 
 @dataclass(frozen=True)
 class _Sparse:
-    """The (row, block) entries with a nonzero LR drop and the block before ``t``: blocks after
-    ``t`` (about half of a run's (n, m) matrix, and all of the padding of a stack) contribute
-    exactly 0, so the annealing sums run over these entries only, as weighted bincounts."""
+    """The (row, block) entries with a nonzero LR drop before ``t``, the only ones the
+    annealing sums need (about half of a run's (n, m) matrix is after ``t``)."""
     row: np.ndarray        # (nnz,) row index, non-decreasing
     starts: np.ndarray     # first entry of each row that has entries
     rows_with: np.ndarray  # those rows
@@ -171,8 +150,7 @@ class _Sparse:
     log_eta: np.ndarray
     dt: np.ndarray
     n: int
-    work: np.ndarray       # (4, nnz) scratch: reused, so that an evaluation allocates (and
-    # page-faults in) no nnz-sized temporaries (they cost as much system time as the math)
+    work: np.ndarray       # (4, nnz) scratch: temporaries cost as much system time as the math
 
 
 def _sparse_view(run: RunDesign) -> _Sparse:
@@ -256,9 +234,8 @@ def design(name: str, lr: np.ndarray, t: np.ndarray, y: np.ndarray | None, size:
 
 
 def components(form: str, p: dict, run: RunDesign, grad: bool = False):
-    """(f1, f2[, df2]) with L = L0 + A*f1 - (B or C)*f2 for the run's parameters ``p``; ``df2``
-    maps the nonlinear annealing parameters to d f2 / d parameter. Blocks after ``t`` have
-    ``Sk = dt = 0`` and so contribute exactly 0 (G(0) = 0, (1 - lam^0) = 0)."""
+    """(f1, f2[, df2]) with L = L0 + A*f1 - (B or C)*f2 for the run's parameters ``p``; ``df2``:
+    d f2 / d each nonlinear annealing parameter."""
     f1 = run.S ** (-p["alpha"])
     df2: dict[str, np.ndarray] = {}
     if run.D.shape[1] == 0:
@@ -324,7 +301,6 @@ def curve_grad(form: str, p: dict, run: RunDesign) -> tuple[np.ndarray, dict[str
     for k, v in df2.items():
         d[k] = -p[lin] * v
     return pred, d
-
 
 
 def safe_log(x: np.ndarray, eps: float = 1e-6) -> np.ndarray:

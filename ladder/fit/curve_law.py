@@ -1,12 +1,8 @@
-"""A fitted schedule-aware curve law (fit.curve_forms; fitted by fit.curve_fit): ``CurveLaw``,
-its prediction along a schedule with a band, its law.json fields and report lines (the command
-``ladder predict law.json --schedule`` is ``ladder.cli.fit.predict_schedule_main``).
+"""A fitted schedule-aware curve law (fit.curve_forms, fitted by fit.curve_fit): ``CurveLaw``,
+its prediction along a schedule, its law.json fields and report lines.
 
-The band: the run-level bootstrap draws (ladder.fit.curve_fit) for the parameters plus the RMS log
-residual as run-to-run and point noise, combined by Monte Carlo in log space. Fewer than 2
-draws -> NaN band with a warning, never a zero-width one.
-
-No JAX here.
+The band: the bootstrap draws plus the RMS log residual as noise, by Monte Carlo in log space;
+fewer than 2 draws: a NaN band with a warning, never a zero-width one.
 """
 
 from __future__ import annotations
@@ -18,15 +14,8 @@ from typing import Any
 import numpy as np
 
 import ladder.fit.lawjson as lawjson
-from ladder.fit.curve_forms import (
-    EXPRESSIONS,
-    FORMS,
-    SIZE_VARIABLES,
-    CurveModel,
-    curve,
-    design,
-    safe_log,
-)
+from ladder.fit.curve_forms import (EXPRESSIONS, FORMS, SIZE_VARIABLES, CurveModel, curve,
+                                    design, safe_log)
 from ladder.fit.identify import identifiability
 from ladder.fit.lr_schedules import NamedSchedule, parse_schedule
 from ladder.fit.prediction import Prediction, Query
@@ -43,10 +32,8 @@ MC_SEED = 0   # the band's Monte Carlo draws: the same band for the same law and
 
 @dataclass(repr=False)  # LawResult's short repr, not every field
 class CurveLaw(LawResult, forms=tuple(FORMS)):
-    """A fitted schedule-aware curve law (form ``mpl`` or ``momentum``); see the module doc.
-    What it shares with every law (intervals, band, report layout, law.json envelope) is
-    ladder.fit.result.LawResult's; what is its own: ``predict`` takes a schedule, and law.json holds
-    its LR unit, size scaling and bootstrap draws."""
+    """A fitted curve law (``mpl`` or ``momentum``): ``predict`` takes a schedule; law.json
+    holds its LR unit, size scaling and bootstrap draws."""
 
     form: str
     params: dict[str, float]
@@ -78,8 +65,7 @@ class CurveLaw(LawResult, forms=tuple(FORMS)):
 
     @property
     def intervals(self) -> dict:
-        """name -> [lo, hi]: percentiles of the bootstrap draws at ``level`` (none with fewer
-        than 2 draws)."""
+        """name -> [lo, hi]: the draws' percentiles at ``level`` (none below 2 draws)."""
         if len(self.draws) < 2:
             return {}
         return {k: [float(v) for v in percentile_interval(np.array([d[k] for d in self.draws]),
@@ -87,9 +73,8 @@ class CurveLaw(LawResult, forms=tuple(FORMS)):
 
     @property
     def identifiability(self) -> dict:
-        """Parameters the curves do not pin down (fit.identify.identifiability: the estimate at
-        a bound of its range, or its bootstrap interval reaching one); recomputed from the
-        estimate and the draws, so law.json files that predate the flags have them too."""
+        """Parameters the curves do not pin down, recomputed from the estimate and the draws
+        (so law.json files before the flags have them too)."""
         m = self._model()
         at = set(self.diagnostics.get("at_bounds") or ())
         return identifiability([m.specs[i] for i in m.free], self.intervals, self.level,
@@ -116,24 +101,15 @@ class CurveLaw(LawResult, forms=tuple(FORMS)):
         return float(v[0])
 
     def on(self, plan: NamedSchedule) -> CurveLaw:
-        """This law with ``plan`` (a planned run's schedule, ladder.fit.lr_schedules.NamedSchedule,
-        with its tokens per step) answering queries that give no schedule: the forecaster asks
-        every law at the target's points (ladder.predict.forecast), and ``ladder predict --target``
-        says whose schedule those points are on. Not written to law.json."""
+        """This law with ``plan`` (a planned run's NamedSchedule, with its tokens per step)
+        answering queries without a schedule (the forecaster's). Not written to law.json."""
         return replace(self, plan=plan)
 
     def _predict(self, q: Query, *, level, extra_log_sigma, extrapolation) -> Prediction:
-        """Predicted curve with a band (a curve law has no extrapolation term of its own:
-        ``extrapolation`` changes nothing).
-
-        The schedule: ``q.schedule`` (the LR of every update, ``lr[s-1]`` for update ``s``, a
-        :class:`ladder.fit.lr_schedules.NamedSchedule`, or a string ``kind:steps=..,peak=..``), else
-        the law's plan (:meth:`on`). Where: ``q.step`` (completed steps), or ``q.fraction`` of
-        the schedule's length, default every 1% of it. Size: ``active_params`` or ``params``
-        (whichever the law scales with). ``tokens`` and ``compute`` follow from the schedule;
-        with a planned run's schedule (tokens per step known), ``tokens`` so far at ``fraction``
-        set the run's length: the same schedule shape stretched to ``tokens / fraction``.
-        ``extra_log_sigma``: a further log sd (eval noise) added in quadrature."""
+        """Predicted curve with a band (no extrapolation term of its own). The schedule:
+        ``q.schedule`` (every update's LR, a NamedSchedule, or ``kind:steps=..,peak=..``), else
+        the plan (:meth:`on`); where: ``q.step`` or ``q.fraction`` (default every 1%). With a
+        planned schedule, ``tokens`` so far at ``fraction`` set the run's length."""
         if q.compute is not None and q.params is None and q.active_params is None \
                 and self.size_ref is not None:
             raise InputError(f"a curve law takes the target size as {self.size_variable}, "
@@ -159,9 +135,8 @@ class CurveLaw(LawResult, forms=tuple(FORMS)):
         return self._along(lr, q.step, q.fraction, size, level, extra_log_sigma)
 
     def _along_plan(self, plan, q, size, level, extra_log_sigma) -> Prediction:
-        """The planned run at ``q.fraction`` (default its end), its length in steps set by the
-        tokens so far: ``tokens / fraction / tokens_per_step`` (the contingency "shorten the
-        run, re-aim the decay" is a run of fewer steps with the same schedule shape)."""
+        """The planned run at ``q.fraction`` (default its end), ``tokens / fraction /
+        tokens_per_step`` steps long (a shortened run keeps the schedule's shape)."""
         g = np.atleast_1d(np.asarray(1.0 if q.fraction is None else q.fraction, float))
         total = np.broadcast_to(np.asarray(q.tokens, float), g.shape) / np.maximum(g, 1e-12)
         steps = np.maximum(1, np.rint(total / plan.tokens_per_step)).astype(np.int64)
@@ -206,8 +181,7 @@ class CurveLaw(LawResult, forms=tuple(FORMS)):
             logs = np.array([safe_log(curve_for(d)) for d in self.draws])   # (B, n)
             rng = np.random.default_rng(MC_SEED)
             extra = np.broadcast_to(np.asarray(extra_log_sigma, float), center.shape)
-            # the noise sd per point: the residual sigma, with eval noise in quadrature (exactly
-            # sigma without it)
+            # the residual sigma, with eval noise in quadrature
             sd = self.sigma if not np.any(extra) else np.sqrt(self.sigma ** 2 + extra ** 2)
             z = rng.standard_normal((logs.shape[0], 64))
             noise = z * sd if np.ndim(sd) == 0 else z[:, :, None] * sd
@@ -224,7 +198,6 @@ class CurveLaw(LawResult, forms=tuple(FORMS)):
     # -- artifacts ----------------------------------------------------------------------
     @property
     def band_method(self) -> str:
-        """The band's method by name (law.json ``uncertainty.band_method``)."""
         return "bootstrap + residual-rms (monte carlo)"
 
     def _uncertainty_own(self) -> dict:
@@ -322,8 +295,7 @@ class CurveLaw(LawResult, forms=tuple(FORMS)):
 
 
 def load_curve_law(path, metric: str | None = None) -> CurveLaw:
-    """A law.json file that must hold a curve law (the one reader, ladder.fit.law.load_law; of a
-    multi-metric file, the law of ``metric``)."""
+    """A law.json file that must hold a curve law (of a law/2 file, the law of ``metric``)."""
     from ladder.fit.lawjson import select, within
     from ladder.io import read_json
 

@@ -1,22 +1,14 @@
 """One form fitted to one points table: ``fit_spec(df, spec) -> FitResult``.
 
 Objective: Huber (delta 1e-3) of log residuals, *summed* over points (Hoffmann et al. 2022, App.
-D.2, averaged it; Besiroglu et al. 2024 show the average stops L-BFGS early and gives wrong
-parameters). Multi-start from the form's grid (for ``chinchilla`` the paper's 4,500 starts), every
-start run to convergence by the batched L-BFGS of ``fit.solver``, the best polished with scipy's
-L-BFGS-B at tight tolerances.
+D.2, averaged it; Besiroglu et al. 2024 show the average stops L-BFGS early). Multi-start from
+the form's grid (``chinchilla``: the paper's 4,500 starts) by fit.solver's batched L-BFGS, the
+best candidates polished to tight tolerances.
 
-Uncertainty (all kept in law.json, so bands can be recomputed):
-- a run-level Bayesian bootstrap (Dirichlet weights on *runs*: points of one run are correlated),
-  each replicate refitted from the point estimate and the other distinct local optima;
-- the residuals: their scale sigma and degrees of freedom, and the |log residuals| whose quantile
-  is the band's noise part. For runs with several points the dof are the effective number of
-  independent residuals (lag-1 autocorrelation along each run) less the free parameters, never
-  below runs minus across-run parameters;
-- the delta-method covariance sigma^2 (J'J)^-1 (plus a prior's precision, ``--prior``), the
-  parameter part of the band where the bootstrap has no usable replicates.
-How these make a band: ladder.fit.result. ``objective="ols"`` (the real ladder's fit) has its own
-band: the OLS prediction interval of log(L - E) (:func:`ols`, numpy; statsmodels' formula).
+Uncertainty, all kept in law.json (the band: ladder.fit.result): a run-level Bayesian bootstrap
+(points of one run are correlated); the residual scale, dof (effective independent residuals
+along each run, less the free parameters) and |log residuals|; the delta-method covariance
+(plus a prior's precision). ``objective="ols"`` (the real ladder's fit): :func:`_fit_ols`.
 """
 
 from __future__ import annotations
@@ -39,9 +31,8 @@ from ladder.io import InputError, sha256_of
 
 
 def fit_by(df, spec: Spec, by: str, config: FitConfig) -> FitResult:
-    """One law of ``spec`` per value of column ``by`` (fractions rounded to 1e-3), each fitted
-    with :func:`fit_spec`; the result predicts with the matching one (``FitResult.groups``).
-    No backtest (ladder.fit.law adds the whole law's)."""
+    """One law of ``spec`` per value of column ``by`` (fractions rounded to 1e-3), in
+    ``FitResult.groups``; no backtest (fit.law adds the whole law's)."""
     if by not in df.columns or df[by].isna().all():
         raise InputError(f"no column '{by}' to group by", field="by")
     key = df[by].round(3) if by == "fraction" else df[by]
@@ -62,12 +53,8 @@ def fit_by(df, spec: Spec, by: str, config: FitConfig) -> FitResult:
 
 def fit_spec(df: pd.DataFrame, spec: Spec, config: FitConfig | None = None, *,
              final_only: bool | None = None, starts: np.ndarray | None = None) -> FitResult:
-    """One form on one table with ``config`` (its bootstrap, level, seed, params column,
-    metric, Huber delta, objective, prior and bandwidth; not its ``backtest``): multi-start
-    fit, bootstrap, diagnostics (no backtest: that is ladder.fit.backtest.fit_one, which refits with
-    ``result.config``). ``result.starts`` holds the starts its backtest refits use
-    (fit.backtest). ``config.bandwidth`` (decades): weight every run by its distance below the
-    table's largest run (:func:`scale_weights`); None: every run alike."""
+    """One form on one table with ``config`` (all but its ``backtest``: fit.backtest.fit_one):
+    multi-start fit, bootstrap, diagnostics. ``config.bandwidth``: :func:`scale_weights`."""
     form = spec.form
     config = config or FitConfig()
     if config.objective == "ols":
@@ -102,20 +89,15 @@ def fit_spec(df: pd.DataFrame, spec: Spec, config: FitConfig | None = None, *,
     near10 = order[:400][res.f[order[:400]] <= fbest * 1.1]
     optima = _distinct(res.x[near10], res.f[near10], phi)
 
-    # lack-of-fit: residual scale and degrees of freedom. A weighted fit (scale_weights) is a
-    # local fit at the ladder's top: its noise, residual scale and dof are those of the runs it
-    # is local to (weight NEAR_WEIGHT or more), not of the far runs whose misfit the weights set
-    # aside (counted, they would widen every band by that misfit)
+    # a weighted fit's noise is that of the runs it is local to, not the far runs' misfit
     near, sigma, dof, rho = _residual_scale(data, runs, resid, weights, spec, len(prior))
     r_near = resid[near]
     cov = _laplace_cov(model, u, prob, weights, sigma)
 
     boot_u, boot_info = None, {"replicates": 0}
     if bootstrap > 0:
-        # every replicate inside law.json's range (|u| <= U_LIMIT), as the fit itself: an
-        # unbounded replicate can run a term off to e^-10^4 (the cpu demo's trajectory-capacity
-        # law, 30 of 600 draws), which predicts as the box's edge does (a term of e^-350 is 0
-        # beside any loss) but writes draws whose exp() overflows, and the reader refuses them
+        # every replicate inside law.json's range (|u| <= U_LIMIT): an unbounded one can run a
+        # term off to e^-10^4, which predicts as the edge does but overflows exp() when read
         boot_u, boot_info = _bootstrap(prob, runs, optima, bootstrap, seed,
                                        bounds=box if box is not None else prob.box())
 
@@ -128,12 +110,9 @@ def fit_spec(df: pd.DataFrame, spec: Spec, config: FitConfig | None = None, *,
     diagnostics = {
         "objective": float(fbest),
         "huber_delta": delta,
-        # the polish decides: it runs the best stage-1 candidates to the tight tolerances from
-        # where the screen left them, so a screen cut at STAGE1_MAX_ITER while still crawling
-        # along a flat valley (a free E that the runs leave unidentified) is not a failure when
-        # the polish then converges; requiring both made the verdict depend on the machine's
-        # floating point (issue 21: a 5-run compute fit whose 5 polished candidates agreed to
-        # 10 digits was refused on one host and written on another)
+        # the polish decides: a screen cut at STAGE1_MAX_ITER in a flat valley is no failure
+        # when the polish converges (requiring both depended on the host's floating point,
+        # issue 21)
         "converged": bool(pol.status[pol_best] == 0),
         "best_start_status": STATUS[int(res.status[best])],
         "polish_gain_rel": float((res.f[best] - fbest) / max(abs(fbest), 1e-300)),
@@ -144,7 +123,6 @@ def fit_spec(df: pd.DataFrame, spec: Spec, config: FitConfig | None = None, *,
         "distinct_optima": len(optima),
         "polished_candidates": len(cands),
         "at_bound": at_bound,
-        # the unbounded optimum left law.json's range and was polished again inside it
         "solver_box": None if box is None else {"limit": U_LIMIT, "held": held},
         "free": list(spec.free),
         "n_points": n, "n_runs": len(uniq_runs),
@@ -169,9 +147,9 @@ def fit_spec(df: pd.DataFrame, spec: Spec, config: FitConfig | None = None, *,
                      intervals=intervals, diagnostics=diagnostics, inputs=_inputs(data),
                      starts=_backtest_starts(grid, res, order))
 
+
 def _start_grid(prob: _Problem, starts: np.ndarray | None) -> np.ndarray:
-    """The multi-start grid: ``starts`` where given (a backtest's refits), else the spec's grid
-    (in the centred coordinates for a form fitted centred)."""
+    """``starts`` where given (a backtest's refits), else the spec's grid (centred if fitted so)."""
     if starts is not None:
         return np.atleast_2d(starts)
     grid = prob.spec.grid()
@@ -186,15 +164,12 @@ def _polish(prob: _Problem, res, order: np.ndarray) -> tuple:
     phi, fbest, pol = prob.polish(cands)
     held, box = {}, None
     if not np.all(np.abs(prob.spec.to_u(phi)) <= U_LIMIT):
-        # the optimum ran off along a direction the data do not pin down (a factor or a
-        # coefficient towards 0, a term switched off by a runaway exponent), beyond what
-        # law.json holds: the values out there are solver drift, not estimates. Polish again
-        # inside the box of law.json's range and flag what stays at its edge.
+        # the optimum drifted along a direction the data do not pin down, beyond law.json's
+        # range: polish again inside it and flag what stays at its edge
         box = prob.box()
         phi, fbest, pol = prob.polish(cands, bounds=box)
         held = prob.at_box(phi, box)
     return cands, phi, fbest, pol, box, held
-
 
 
 def _check_enough(n: int, n_runs: int, spec: Spec) -> None:
@@ -219,11 +194,8 @@ def _with_prior(prob: _Problem, res, grid: np.ndarray, logy: np.ndarray, weights
     """The fit again with the Gaussian prior as a penalty, from the unpenalised fit ``res``:
     (problem, its solutions, their starts, the prior's weight)."""
     model, spec, delta = prob.model, prob.spec, prob.delta
-    # the penalty is a Gaussian prior on the scale of the data term: summed Huber ~
-    # sum r^2 / 2 = sigma^2 x (negative log-likelihood), so the prior's negative
-    # log-likelihood is multiplied by sigma^2, estimated from the unpenalised fit's
-    # residuals (sum r^2 / (n - free)); with no residual dof the Huber delta (the scale at
-    # which the objective stops being quadratic) stands in for sigma
+    # summed Huber ~ sum r^2 / 2 = sigma^2 x NLL, so the prior's NLL is weighted by sigma^2
+    # of the unpenalised residuals; with no residual dof, the Huber delta stands in for sigma
     i0 = int(np.nanargmin(np.where(np.isfinite(res.f), res.f, np.inf)))
     r0 = logy - model.log_predict(spec.to_u(res.x[i0])[None])[0]
     if weights is not None:  # the residuals of the runs the weighted fit is local to
@@ -240,20 +212,16 @@ def _with_prior(prob: _Problem, res, grid: np.ndarray, logy: np.ndarray, weights
 
 def _residual_scale(data: pd.DataFrame, runs: np.ndarray, resid: np.ndarray, weights,
                     spec: Spec, n_prior: int) -> tuple:
-    """Lack-of-fit: (the rows the scale is taken on, the residual sd of log loss or None, its
-    degrees of freedom or None, the residuals' lag-1 autocorrelation along a run or None).
-    A prior is one pseudo-observation of its parameter: ``n_prior`` residual degrees of freedom
-    more."""
+    """Lack-of-fit: (rows the scale is taken on, residual sd of log loss, its dof, lag-1
+    autocorrelation along a run); None for what cannot be had. A prior adds one dof."""
     n = len(data)
     near = np.ones(n, dtype=bool) if weights is None else weights >= NEAR_WEIGHT
     n_near, r_near = int(near.sum()), resid[near]
     multi = data.groupby("run").size().max() > 1
     rho = None
     if multi:
-        # sigma is the sd of point residuals; the dof of that estimate is the number of
-        # independent residuals, n_eff = n (1 - rho) / (1 + rho) for residuals that are AR(1)
-        # along each run with lag-1 autocorrelation rho (the usual effective sample size of a
-        # correlated series), less the free parameters; never below the across-run count
+        # dof: the effective sample size of AR(1) residuals along each run, n (1 - rho) /
+        # (1 + rho), less the free parameters; never below the across-run count
         rho = _lag1_autocorrelation(data[near], r_near)
         n_eff = n_near * (1 - rho) / (1 + rho)
         dof = max(n_eff + n_prior - spec.n_free,
@@ -273,24 +241,17 @@ def _laplace_cov(model: Model, u: np.ndarray, prob: _Problem, weights, sigma) ->
     J = model.jacobian(u) @ prob.M
     if weights is not None:  # the weighted objective's curvature: J' W J
         J = J * np.sqrt(weights)[:, None]
-    # Laplace approximation of the penalised fit: the prior's precision (in the solver's
-    # u coordinates) adds to J'J / sigma^2, so the prior's spread enters the band.
-    # pinv: a shape factor driven to 0 leaves a flat direction; its variance is then not
-    # propagated (it does not move the prediction either)
+    # the prior's precision adds to J'J / sigma^2. pinv: a shape factor at 0 leaves a flat
+    # direction, not propagated; hermitian (eigh): rounding cannot leave a negative variance
     H = J.T @ J / sigma ** 2 + prob.prior_precision(u)
-    # hermitian: H is symmetric positive semi-definite, so its pseudo-inverse is too; through
-    # eigh, rounding cannot leave a negative variance (the SVD path did, on a nearly flat
-    # direction: a law.json whose reader refuses it, and a NaN band)
     cov = np.linalg.pinv((H + H.T) / 2, rcond=1e-12, hermitian=True)
     return cov if np.all(np.isfinite(cov)) else None
 
 
 def ols(y: np.ndarray, X: np.ndarray) -> OlsFit:
-    """Ordinary least squares of ``y`` on the columns of ``X`` (with its own constant column):
-    what statsmodels' ``OLS(y, X).fit()`` reports of it, in numpy (statsmodels is 75 MB of the
-    core install for these few lines; tests/test_fit_law.py checks the two agree to 1e-10).
-    The normal equations are solved through a QR factorisation (as ``pinv`` does), the
-    covariance is ``scale (X'X)^-1`` with ``scale = SSR / (n - p)``."""
+    """Ordinary least squares of ``y`` on ``X`` (with its own constant column) through QR: what
+    statsmodels' ``OLS(y, X).fit()`` reports (75 MB of install for these lines; a test checks
+    they agree to 1e-10). Covariance ``SSR / (n - p) (X'X)^-1``."""
     n, p = X.shape
     q, r = np.linalg.qr(X)
     beta = np.linalg.solve(r, q.T @ y)
@@ -323,9 +284,8 @@ class OlsFit:
 
 
 def _fit_ols(df, spec, config, *, final_only):
-    """The real ladder's fit: ordinary least squares of log(L - E) on log C with E fixed
-    (:func:`ols`), the Student-t lack-of-fit interval with n - 2 residual dof its team asked
-    for. Parameters: log A = intercept, alpha = -slope."""
+    """The real ladder's fit: OLS of log(L - E) on log C with E fixed and the Student-t
+    interval (n - 2 dof) its team asked for; log A = intercept, alpha = -slope."""
     level = config.level
     data, note = select_points(df, spec.form, final_only)
     cols = _required(data, spec.form, config.params_column)
@@ -372,21 +332,16 @@ def _fit_ols(df, spec, config, *, final_only):
                      diagnostics=diagnostics, inputs=_inputs(data))
 
 
-# Identifiability checks. An asymptote below half the smallest measured loss says most of the
-# loss at the ladder's largest run is reducible: published LM ladders put E at 55-90% of the
-# losses they fit (Hoffmann et al. 2022: E 1.69 against losses ~2-3; Besiroglu et al. 2024's
-# refit 1.82; Marin's ladder fixes 1.5 against 2.4-3.0), so that is flagged as implausible, as
-# is E at or above the smallest loss (impossible for a decreasing law). An interval that spans
-# more than half of the range (0, min loss) means the ladder does not pin E down.
+# Published LM ladders put E at 55-90% of the losses they fit (Hoffmann et al. 2022: 1.69 against
+# ~2-3; Besiroglu et al. 2024: 1.82; Marin fixes 1.5 against 2.4-3.0): E below half the smallest
+# loss is implausible. An interval wider than half of (0, min loss) does not pin E down.
 E_MIN_FRACTION_OF_LOSS = 0.5
 E_INTERVAL_MAX_FRACTION = 0.5
 
 
 def implausible_asymptote(E: float, lmin: float) -> str | None:
-    """Why an asymptote ``E`` is implausible for a ladder whose smallest fitted loss is
-    ``lmin`` (at or above it: impossible for a decreasing law; below
-    E_MIN_FRACTION_OF_LOSS x it: implausible), or None. The identifiability flags and the
-    short-ladder asymptote rule's choice of centre (ladder.fit.law) both use this one test."""
+    """Why ``E`` is implausible below a smallest fitted loss ``lmin``, or None (the one test of
+    the identifiability flags and of fit.law's asymptote rule)."""
     if E >= lmin:
         return f"E = {E:.4g} is not below the smallest loss {lmin:.4g}"
     if E < E_MIN_FRACTION_OF_LOSS * lmin:
@@ -397,15 +352,11 @@ def implausible_asymptote(E: float, lmin: float) -> str | None:
 
 def _identifiability(spec, u, intervals, level, data, prior, have_interval=True,
                      held=None) -> dict:
-    """Parameters the ladder does not pin down, with why (ladder.fit.identify.identifiability, the
-    one check of every law): {"flags": {name: [reasons]}, "unidentified": [names]}. Beyond
-    where the estimate and the interval sit: a fit through its points, ``held`` ({name: edge}
-    of those the solver held at the edge of law.json's range, ``_Problem.at_box``), and an
-    implausible or flat asymptote."""
+    """fit.identify.identifiability with this family's checks: a fit through its points, the
+    parameters ``held`` at the solver box's edge, and an implausible or flat asymptote."""
     form = spec.form
     lmin = float(data["loss"].min())
-    # a fit with as many free parameters as points (priors count as points) passes through
-    # them: every bootstrap draw gives the same law, so a zero-width interval pins nothing down
+    # as many free parameters as points: every draw is the same law, a zero-width interval
     exact = len(data) + len(prior or {}) <= spec.n_free
     before = [f"the fit has no residual degrees of freedom ({len(data)} points, "
               f"{spec.n_free} free parameters): it passes through its points"] if exact else []
@@ -450,24 +401,17 @@ def run_scales(df: pd.DataFrame) -> tuple[pd.Series, str]:
     return np.log10(s.astype(float)), kind
 
 
-# Weights by distance below the ladder's largest run (ladder.fit.law.scale_weight_rule chooses the
-# bandwidth, or none). A law is fitted to forecast runs beyond its largest ones, and a
-# Chinchilla-family form holds only locally: its exponents drift with scale, so runs decades
-# below the top, however many, can pull the fit's local slope at the top away from what the
-# largest runs show (Porian et al.'s tuned IsoFLOP grid: fitted on its 11 smaller budgets the
-# default missed the 12th by +6.5%; fitted on the 2 largest, by +0.9%; docs/LOG.md). A Gaussian
-# kernel in decades of scale below the largest run, exp(-d^2 / 2 h^2), is a local fit at the
-# top of the ladder (locally weighted regression); every run keeps a positive weight, so the
-# far ones still pin down what the near ones cannot, and adding runs far below moves the fit by
-# their weight, not their number.
-# the runs a weighted fit is local to (fit.law.scale_weight_rule's candidates need enough)
+# A Chinchilla-family form holds only locally (its exponents drift with scale), so runs decades
+# below the top can pull its slope there (Porian et al.'s IsoFLOP grid: the 12th budget missed
+# by +6.5% from the 11 smaller, +0.9% from the 2 largest; docs/LOG.md). A Gaussian kernel in
+# decades below the largest run is a local fit at the top in which every run keeps a weight.
+# fit.law.scale_weight_rule chooses the bandwidth. NEAR_WEIGHT: the runs a weighted fit is local to.
 NEAR_WEIGHT = 0.5
 
 
 def scale_weights(data: pd.DataFrame, bandwidth: float | None) -> np.ndarray | None:
-    """Per-row weights exp(-d^2 / 2 h^2) of a table, d the decades of the row's run below the
-    largest run's scale (:func:`run_scales`: planned compute, else params x tokens, else
-    params), h = ``bandwidth``; None without a bandwidth."""
+    """Per-row weights exp(-d^2 / 2 h^2), d the decades of the row's run below the largest
+    run's scale (:func:`run_scales`), h = ``bandwidth``; None without one."""
     if bandwidth is None:
         return None
     h = float(bandwidth)
@@ -492,8 +436,7 @@ def weights_record(data: pd.DataFrame, weights: np.ndarray, bandwidth: float) ->
 
 
 def _lag1_autocorrelation(data, resid) -> float:
-    """Pooled lag-1 autocorrelation of the residuals along each run (ordered by fraction),
-    clipped to [0, 0.98]: sum r_t r_(t-1) / sum r_t^2 over consecutive points of a run."""
+    """Pooled lag-1 autocorrelation of the residuals along each run, clipped to [0, 0.98]."""
     num = den = 0.0
     frame = pd.DataFrame({"run": data["run"].to_numpy(), "g": data["fraction"].to_numpy(),
                           "r": resid})
@@ -506,11 +449,8 @@ def _lag1_autocorrelation(data, resid) -> float:
 
 
 def _backtest_starts(grid, res, order):
-    """Starts of the backtest refits. A grid of up to 500 starts is used whole; a larger one
-    (the Chinchilla grid) is thinned to every 20th start plus the 32 best distinct end points
-    of the full fit's starts, which are local optima of a closely related objective (the
-    backtest fits drop a few of the largest runs); this keeps a backtest fold ~15x cheaper
-    than the full fit."""
+    """Starts of the backtest refits: a grid over 500 starts thinned to every 20th plus the
+    full fit's 32 best distinct end points (a fold ~15x cheaper); None: the grid whole."""
     if len(grid) <= 500:
         return None
     ends = _distinct(res.x[order[:2000]], res.f[order[:2000]], res.x[order[0]], k=32)
@@ -518,9 +458,8 @@ def _backtest_starts(grid, res, order):
 
 
 def select_points(df: pd.DataFrame, form: Form, final_only: bool | None):
-    """Rows a form is fitted on. Non-trajectory forms fit each run's final point when runs carry
-    several points (intermediate points of a decaying schedule are not end points of shorter
-    runs); ``final_only=False`` keeps every row (the per-fraction fits)."""
+    """Rows a form is fitted on, and a note: each run's final point unless the form models
+    curves (a decaying schedule's middle is no shorter run's end) or ``final_only=False``."""
     if final_only is None:
         final_only = not form.curves
     if df.empty:
@@ -546,13 +485,9 @@ def _required(data, form, params_column) -> dict:
     return cols
 
 
-# Stage 1 runs every start until one iteration decreases f by less than 2.2e-6 of f (scipy's
-# default L-BFGS-B test, factr 1e7, is 2.2e-9 relative to max(|f|, 1): ~2e-6 of a
-# Chinchilla-size objective of ~1e-3, the same test there, but meaningless for a near-exact fit
-# whose f is ~1e-7; this one is relative to f itself). Stage 2 polishes the best POLISH_TOP distinct
-# candidates within POLISH_WITHIN of the best to a relative decrease below 1e-15 (the batched
-# solver again: scipy's L-BFGS-B costs milliseconds per iteration in call overhead) and keeps
-# the lowest.
+# Stage 1 stops a start when an iteration decreases f by less than 2.2e-6 of f (scipy's factr 1e7
+# test, but relative to f itself, not max(|f|, 1): a near-exact fit's f is ~1e-7). Stage 2
+# polishes the best POLISH_TOP distinct candidates within POLISH_WITHIN to 1e-15.
 STAGE1_FTOL = 2.2e-6
 STAGE1_PATIENCE = 1
 STAGE1_MAX_ITER = 300  # starts still moving after this are reported as max_iter
@@ -560,25 +495,18 @@ POLISH_FTOL = 1e-15
 POLISH_TOP = 5
 POLISH_WITHIN = 0.01  # only candidates within 1% of the best stage-1 objective are polished
 BOOT_FTOL = 1e-9
-# Values of one (problems x points) array an objective evaluation holds at a time: 2**22 float64
-# (32 MB). The batched solver evaluates all its problems at once (4,500 starts of the Chinchilla
-# grid, or 200 bootstrap replicates x 4 warm starts); on a large table that is starts x rows
-# values per temporary (4,500 x 300,000 = 10.8 GB: issue 26's MemoryError), so the problems are
-# evaluated in slices of at most this many values: memory bounded whatever the table's size,
-# each problem's numbers computed as before.
+# Values of one (problems x points) array an objective evaluation holds at a time (32 MB): all
+# problems at once on a large table was 4,500 x 300,000 = 10.8 GB (issue 26's MemoryError).
 CHUNK_VALUES = 1 << 22
 
 
 class _Problem:
-    """One fit's objective in solver coordinates. The solver works in a centred
-    parametrisation: a coefficient whose term holds ``-alpha * log x`` is replaced by the term's
-    value at the mean log x, which decorrelates (log A, alpha) (log x varies by a few units
-    around ~20-50) and lets L-BFGS converge in several times fewer iterations. It is a linear
-    change of variables, so optima are unchanged."""
+    """One fit's objective in solver coordinates, centred: a coefficient of a term with
+    ``-alpha * log x`` is replaced by the term's value at the mean log x, which decorrelates
+    (log A, alpha) and converges several times faster (linear, so optima are unchanged)."""
 
     def __init__(self, model, logy, spec, delta, prior=None, prior_weight=None, weights=None):
         self.model, self.logy, self.spec, self.delta = model, logy, spec, delta
-        # per-point weights of the objective (scale_weights), on top of any bootstrap weights
         self.weights = None if weights is None else np.asarray(weights, dtype=float)[None, :]
         self.u0, self.M = spec.mapping()
         self.P = _centering(spec, model)
@@ -650,12 +578,9 @@ class _Problem:
         return r.x[i], float(r.f[i]), r
 
     def box(self) -> tuple[np.ndarray, np.ndarray]:
-        """Bounds in the solver's coordinates that keep every free parameter inside law.json's
-        range, |u| <= U_LIMIT. A centred coefficient's u is its own coordinate plus its term's
-        exponents times the mean log inputs (``_centering``): coefficients and shape factors
-        get U_LIMIT / 2 (a term or factor of e^-350 is 0 beside any loss), exponents the other
-        half over the largest such sum of mean log inputs (|exponent| <= ~6 at 1e25 FLOPs,
-        beyond every plausible exponent: ladder.fit.forms bounds them at 3)."""
+        """Bounds in the solver's coordinates keeping every free |u| <= U_LIMIT: coefficients
+        and factors get U_LIMIT / 2 (e^-350 is 0 beside any loss), exponents the other half over
+        the largest sum of mean log inputs (|exponent| <= ~6 at 1e25 FLOPs; forms bound 3)."""
         kinds = [self.spec.form.param(n).kind for n in self.spec.free]
         half = U_LIMIT / 2
         reach = float(np.abs(self.P - np.eye(len(kinds))).sum(axis=1).max()) if kinds else 0.0
@@ -664,9 +589,8 @@ class _Problem:
         return -np.array(lim), np.array(lim)
 
     def at_box(self, phi, box) -> dict:
-        """{name: "lower bound" | "upper bound"} of the free parameters at the edge of ``box``;
-        a shape factor at its lower edge is left out: that is the factor at 0, unused, which
-        is legitimate (ladder.fit.forms)."""
+        """{name: "lower bound" | "upper bound"} of the free parameters at ``box``'s edge (a
+        shape factor at 0 is legitimate, not flagged)."""
         x = np.asarray(phi) @ self.Pinv.T
         out = {}
         for j, n in enumerate(self.spec.free):
@@ -711,9 +635,8 @@ def _distinct(X, f, phi, k: int = 4, rtol: float = 1e-3):
 
 
 class _RunWeights:
-    """The (R k, n) point weights of the bootstrap's problems (replicate r's run weights, for
-    each of its k warm starts), built only for the rows asked for: ``W[rows]``. Held whole they
-    are R k n values (800 x 300,000 = 1.9 GB on a large table)."""
+    """The (R k, n) point weights of the bootstrap's problems, built only for the rows asked for
+    (whole, 1.9 GB on a 300,000-row table)."""
 
     def __init__(self, counts: np.ndarray, inv: np.ndarray, k: int):
         self.counts, self.inv, self.k = counts, inv, k
@@ -724,22 +647,14 @@ class _RunWeights:
 
 
 def _bootstrap(prob, runs, optima, R, seed, bounds=None):
-    """Run-level Bayesian bootstrap (fit.solver.run_bootstrap, every law's): each replicate weights
-    whole runs (all points of a run share its Dirichlet weight) and is refitted from the
-    distinct optima of the full fit. Replicates with fewer runs of non-negligible weight than
-    across-run parameters are degenerate and left out (counted). ``bounds``: the solver's box
-    when the full fit needed it (``_Problem.box``). Fewer than 20 usable replicates: none (the
-    band's parameter part is then the delta method's, ladder.fit.result)."""
+    """Run-level Bayesian bootstrap (fit.solver.run_bootstrap), each replicate refitted from the
+    full fit's distinct optima; degenerate replicates (fewer weighted runs than across-run
+    parameters) left out. Fewer than 20 usable: none (the band uses the delta method)."""
     spec = prob.spec
     uniq, inv = np.unique(runs, return_inverse=True)
     k = len(optima)
 
     def refit(counts, rng):
-        # Bayesian bootstrap (Rubin 1981): Dirichlet(1, ..., 1) run weights (scaled to sum to the
-        # number of runs) instead of multinomial counts. Same first two moments, but every run
-        # keeps a positive weight, so a 5-run ladder has no replicate that drops to 4 runs and
-        # interpolates them exactly with a 4-parameter law (with counts, 114 of 200 replicates
-        # of Gadre et al.'s 5-run fit were such degenerate draws)
         W = _RunWeights(counts, inv, k)                               # (R k, n), rows on demand
         means = None
         if prob.prior:  # each replicate draws its prior centre: the prior's spread enters the band

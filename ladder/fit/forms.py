@@ -1,10 +1,8 @@
 """Law forms: each is a sum of positive power-law terms, evaluated in log space.
 
-Every form here can be written as ``log L = logsumexp_k z_k`` with each term ``z_k`` a sum of
-``multiplier * value(param) * feature`` entries, where the features are logs of the inputs (or
-fixed functions of the progress fraction). That one shape covers the Chinchilla form, the compute
-form, the trajectory form and the MoE form, and it is what lets the solver evaluate thousands of
-starts and bootstrap replicates with a few array operations (``ladder.fit.solver``).
+Every form is ``log L = logsumexp_k z_k``, each term ``z_k`` a sum of ``multiplier *
+value(param) * feature`` entries over logs of the inputs (or functions of the progress
+fraction): one shape, so the solver evaluates thousands of starts in a few array operations.
 
 Parameter kinds (the solver works on an unconstrained vector ``u``; names are in display space):
 - ``coef``: a positive coefficient (E, A, B). ``u = log(value)``; enters a term as ``+u``.
@@ -27,9 +25,8 @@ import numpy as np
 
 PARAM_KINDS = ("coef", "exponent", "positive")
 
-# The range of the solver's parameter vector u that law.json holds (ladder.fit.lawjson refuses a law
-# beyond it, fit.estimate keeps every fit inside it): up to |u| ~ 709 exp(u), a coefficient or a
-# shape factor, is a finite non-zero float64; beyond it a coefficient is inf or 0.
+# The range of the solver's vector u that law.json holds: up to |u| ~ 709, exp(u) is a finite
+# non-zero float64.
 U_LIMIT = 700.0
 
 
@@ -55,8 +52,8 @@ class Param:
         return u if self.kind == "exponent" else np.exp(u)
 
     def estimate_flag(self, value: float) -> str | None:
-        """Where an estimate ``value`` sits at an end of the plausible range (a shape factor at 0
-        is legitimate: that factor is unused), or None."""
+        """Where an estimate sits at an end of the plausible range (a shape factor at 0 is
+        legitimate), or None."""
         lo, hi = self.bounds
         if self.kind == "positive":
             return f"at or above its upper bound {hi:g}" if value >= hi else None
@@ -67,8 +64,8 @@ class Param:
         return None
 
     def interval_flags(self, interval, level: float) -> list[str]:
-        """Why an interval ``[lo, hi]`` of this parameter does not pin it down
-        (ladder.fit.identify.identifiability): an end within 1% of the plausible range's ends."""
+        """Why an interval ``[lo, hi]`` does not pin this parameter: an end within 1% of the
+        plausible range's."""
         lo, hi = interval if interval is not None else (math.nan, math.nan)
         if self.kind == "positive" or not (math.isfinite(lo) and math.isfinite(hi)):
             return []
@@ -98,21 +95,15 @@ class Form:
     needs: tuple[str, ...]           # points-table columns the features are computed from
     shape_params: tuple[str, ...] = ()  # identified within runs (do not need more runs)
     note: str = ""
-    # True: the grid values of a coefficient are the log of its term at the data's mean log
-    # inputs (the solver's centred coordinates, see fit.law._centering), i.e. log(L - E)-sized
-    # numbers, so every start is a plausible curve. False: natural logs (the Chinchilla grid).
+    # True: a coefficient's grid is the log of its term at the data's mean log inputs (the
+    # solver's centred coordinates, fit.estimate._centering); False: natural logs (Chinchilla's)
     centered_grid: bool = False
-    # True: a law of whole training curves (inputs compute so far and the fraction g of the
-    # planned run), fitted on every point of every run; False: a law of end points, fitted on each
-    # run's final point (intermediate points of a decaying schedule are not end points).
+    # True: a law of whole curves, fitted on every point; False: on each run's final point
     curves: bool = False
-    # Sets of the non-shape parameters that runs identify separately (each set needs as many
-    # runs as it has free parameters); None: all of them together.
+    # sets of non-shape parameters runs identify separately; None: all together
     across_sets: tuple[tuple[str, ...], ...] | None = None
-    # the features the terms read, from the ``needs`` columns (log N, log C, ...)
-    featurize: Callable[[dict], dict] | None = None
-    # --form auto tries it when the table has its columns (ladder.fit.law.candidates)
-    auto: bool = False
+    featurize: Callable[[dict], dict] | None = None  # the ``needs`` columns -> the features
+    auto: bool = False  # --form auto tries it (fit.law.candidates)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -149,14 +140,12 @@ def _feat_compute(c):
 
 
 def _feat_trajectory(c):
-    """Trajectory features. Inputs are the points-table convention: ``compute`` so far at the
-    point and ``fraction`` g of the planned run. The law is written in the planned total compute
-    C_T = compute / g, so that at fixed C_T (one run) it is a function of g alone."""
+    """Trajectory features of ``compute`` so far and the ``fraction`` g, in the planned total
+    C_T = compute / g (one run: a function of g alone)."""
     g = np.asarray(c["fraction"], dtype=float)
     logCT = _log(c["compute"]) - np.log(g)
     one_minus = 1.0 - g
-    # the early-transient feature is held constant below ``fraction_floor`` (the smallest
-    # fitted fraction, passed at prediction time): no data constrains 1/g - 1 there
+    # held below ``fraction_floor`` (the smallest fitted fraction): no data constrains 1/g there
     floor = c.get("fraction_floor")
     r1 = 1.0 / (g if floor is None else np.maximum(g, floor)) - 1.0
     return {"one": _one(len(g)), "logCT": logCT, "neglogg": -np.log(g), "r1": r1,
@@ -168,7 +157,6 @@ def _feat_moe(c):
     return {"one": _one(n), "logNa": _log(c["active_params"]),
             "logSparsity": _log(c["params"]) - _log(c["active_params"]),
             "logD": _log(c["tokens"])}
-
 
 
 # ----------------------------------------------------------------------------- the forms
@@ -216,29 +204,28 @@ def compute() -> Form:
         note="C is training compute so far (flops-v1, no LM head) at each point.")
 
 
+# The trajectory forms' h(g) = g^-gamma exp(c0 (1/g - 1) + c1 (1-g) + c2 (1-g)^2): h(1) = 1 and
+# non-increasing in g (shape parameters >= 0), so every curve is monotone. g^-gamma: the power law
+# in tokens; c0: the early transient (on OLMo's 1xC curves, RMS log residual 2.4% -> 0.4%); the
+# (1-g) polynomial: the annealing drop of a decaying schedule.
+_POS_GRID = (math.log(0.02), math.log(0.3))
+_H_PARAMS = (Param("gamma", "positive", _POS_GRID, (0.0, 5.0)),
+             Param("c0", "positive", (math.log(0.003), math.log(0.03)), (0.0, 20.0)),
+             Param("c1", "positive", _POS_GRID, (0.0, 20.0)),
+             Param("c2", "positive", _POS_GRID, (0.0, 20.0)))
+_H_ENTRIES = (Entry("gamma", "neglogg", 1.0), Entry("c0", "r1", 1.0), Entry("c1", "q1", 1.0),
+              Entry("c2", "q2", 1.0))
+
+
 def trajectory() -> Form:
-    # h(g) = g^-gamma * exp(c0 (1/g - 1) + c1 (1-g) + c2 (1-g)^2): positive, h(1) = 1, and
-    # non-increasing in g for gamma, c0, c1, c2 >= 0 (all exp-parametrised), so every forecast
-    # curve is monotone by construction. g^-gamma is the power law in tokens seen; c0 (1/g - 1)
-    # the steep early transient (warmup, high LR); the (1-g) polynomial lets the curve fall
-    # faster towards the end of a decaying LR schedule (the annealing drop). On the OLMo ladder's
-    # 1xC C4 curves (190M..3B) the c0 term takes the RMS log residual from 2.4% to 0.4% (without
-    # it the 5% points sit ~10% above any power law in g and drag the whole fit).
-    pos_grid = (math.log(0.02), math.log(0.3))
     return Form(
         name="trajectory",
         expression="L = E + A * C_T^-alpha * g^-gamma * exp(c0 (1/g - 1) + c1 (1-g) + "
                    "c2 (1-g)^2), C_T = compute / g (planned total compute), g = fraction",
         params=(_E_CENTRED, Param("A", "coef", (-4.0, -2.0, 0.0), (1e-6, 1e15)),
-                Param("alpha", "exponent", (0.05, 0.1, 0.2, 0.4), (0.0, 3.0)),
-                Param("gamma", "positive", pos_grid, (0.0, 5.0)),
-                Param("c0", "positive", (math.log(0.003), math.log(0.03)), (0.0, 20.0)),
-                Param("c1", "positive", pos_grid, (0.0, 20.0)),
-                Param("c2", "positive", pos_grid, (0.0, 20.0))),
+                Param("alpha", "exponent", (0.05, 0.1, 0.2, 0.4), (0.0, 3.0)), *_H_PARAMS),
         terms=((Entry("E", "one", 1.0),),
-               (Entry("A", "one", 1.0), Entry("alpha", "logCT", -1.0),
-                Entry("gamma", "neglogg", 1.0), Entry("c0", "r1", 1.0),
-                Entry("c1", "q1", 1.0), Entry("c2", "q2", 1.0))),
+               (Entry("A", "one", 1.0), Entry("alpha", "logCT", -1.0), *_H_ENTRIES)),
         needs=("compute", "fraction"), centered_grid=True, curves=True,
         shape_params=("gamma", "c0", "c1", "c2"), featurize=_feat_trajectory, auto=True,
         note="compute is so far at the point (points-table convention); the law is written in "
@@ -247,17 +234,10 @@ def trajectory() -> Form:
 
 
 def trajectory_capacity() -> Form:
-    # The trajectory law with the reducible loss split in two, as the Chinchilla form splits it
-    # into a size term and a data term: a capacity term A C_T^-alpha that training does not
-    # remove (what a model of this size can reach), and a training term B C_T^-beta h(g) that
-    # falls along the run with the trajectory form's h. On a ladder with a fixed token-per-
-    # parameter rule both of Chinchilla's terms are powers of C_T. The trajectory form's one
-    # product A C_T^-alpha h(g) keeps the rungs' loss ratio the same at every g; on the cpu
-    # ladder the gap between sizes grows along the run instead (small models plateau first:
-    # the 2.7x larger hero is 3% below its largest rung at 5% of the run and 8% at the end), so
-    # fitted to whole curves that form misses early points by 5-6% and the largest rung's end by
-    # 1-3% (docs/LOG.md, issue 21). h is non-increasing in g, so every curve is monotone.
-    pos_grid = (math.log(0.02), math.log(0.3))
+    # The trajectory law with a capacity term A C_T^-alpha that training does not remove beside
+    # a training term B C_T^-beta h(g): the gap between sizes may grow along the run (small
+    # models plateau first), which the trajectory form's one product cannot follow (it missed
+    # the cpu ladder's early points by 5-6%; docs/LOG.md, issue 21).
     return Form(
         name="trajectory-capacity",
         expression="L = E + A * C_T^-alpha + B * C_T^-beta * g^-gamma * exp(c0 (1/g - 1) + "
@@ -266,20 +246,13 @@ def trajectory_capacity() -> Form:
         params=(_E_CENTRED, Param("A", "coef", (-3.0, -1.0), (1e-6, 1e15)),
                 Param("alpha", "exponent", (0.05, 0.2), (0.0, 3.0)),
                 Param("B", "coef", (-3.0, -1.0), (1e-6, 1e15)),
-                Param("beta", "exponent", (0.0, 0.1), (-1.0, 3.0)),
-                Param("gamma", "positive", pos_grid, (0.0, 5.0)),
-                Param("c0", "positive", (math.log(0.003), math.log(0.03)), (0.0, 20.0)),
-                Param("c1", "positive", pos_grid, (0.0, 20.0)),
-                Param("c2", "positive", pos_grid, (0.0, 20.0))),
+                Param("beta", "exponent", (0.0, 0.1), (-1.0, 3.0)), *_H_PARAMS),
         terms=((Entry("E", "one", 1.0),),
                (Entry("A", "one", 1.0), Entry("alpha", "logCT", -1.0)),
-               (Entry("B", "one", 1.0), Entry("beta", "logCT", -1.0),
-                Entry("gamma", "neglogg", 1.0), Entry("c0", "r1", 1.0),
-                Entry("c1", "q1", 1.0), Entry("c2", "q2", 1.0))),
+               (Entry("B", "one", 1.0), Entry("beta", "logCT", -1.0), *_H_ENTRIES)),
         needs=("compute", "fraction"), centered_grid=True, curves=True,
         shape_params=("gamma", "c0", "c1", "c2"), featurize=_feat_trajectory,
-        # each run's curve gives its constant part (E + A C_T^-alpha) and the scale of its
-        # falling part (B C_T^-beta) apart: 3 runs pin the first set, 2 the second
+        # a run's curve separates its constant part from its falling part's scale
         across_sets=(("E", "A", "alpha"), ("B", "beta")),
         note="as the trajectory form, with a capacity term A C_T^-alpha that does not fall along "
              "a run: the gap between sizes may grow (or shrink) along the run. beta near 0: the "
@@ -287,10 +260,8 @@ def trajectory_capacity() -> Form:
 
 
 def moe() -> Form:
-    # An effective-parameter MoE law: at fixed active parameters, loss falls as a power of the
-    # sparsity (total / active), the effect Clark et al. 2022 measure as a power of the expert
-    # count; Ludziejewski et al. 2025's joint MoE law likewise adds the sparsity to a
-    # Chinchilla-style law in active parameters and tokens. Here both enter one parameter term.
+    # At fixed active parameters, loss falls as a power of the sparsity (total / active): Clark
+    # et al. 2022's power of the expert count; Ludziejewski et al. 2025's joint MoE law.
     return Form(
         name="moe",
         expression="L = E + A * Na^-alpha * (N/Na)^-gamma + B / D^beta",
@@ -322,11 +293,9 @@ def get_form(name: str) -> Form:
 
 @dataclass(frozen=True)
 class FormEntry:
-    """One ``--form`` value: what it is and what it needs. ``kind``: "points" (a Chinchilla-family
-    law, this module, fitted by fit.estimate), "curve" (a schedule-aware curve law,
-    fit.curve_forms, fitted by fit.curve_fit) or "task" (downstream accuracy in two steps,
-    fit.task). ``columns``: the points-table columns it reads (``N``: the --params-column).
-    ``auto``: --form auto tries it when the table has them."""
+    """One ``--form`` value. ``kind``: "points" (this module's), "curve" (fit.curve_forms) or
+    "task" (fit.task); ``columns``: what it reads (``N``: the --params-column); ``auto``: --form
+    auto tries it."""
 
     name: str
     kind: str
@@ -340,8 +309,7 @@ def _points_entry(make) -> FormEntry:
     return FormEntry(f.name, "points", f.needs, f.auto, f.expression)
 
 
-# The curve laws' and the task law's entries: their parameters live in fit.curve_forms and
-# fit.task (which import this module); tests/test_form_registry.py checks the names agree.
+# The curve and task laws live above this module; tests/test_form_registry.py checks the names.
 CURVE_LAW_COLUMNS = ("run", "step", "lr", "loss")
 OTHER_FORMS = (
     FormEntry("mpl", "curve", CURVE_LAW_COLUMNS, True,
@@ -353,12 +321,10 @@ OTHER_FORMS = (
 )
 REGISTRY: dict[str, FormEntry] = {**{n: _points_entry(m) for n, m in FORMS.items()},
                                   **{e.name: e for e in OTHER_FORMS}}
-FORM_NAMES = tuple(REGISTRY)
 
 
 def form_choices() -> str:
-    """Every --form value in one line (help text, the bad-form error): auto first, then each
-    form with ``*`` where --form auto tries it."""
+    """Every --form value in one line, ``*`` where --form auto tries it."""
     return "auto, " + ", ".join(n + ("*" if e.auto else "") for n, e in REGISTRY.items())
 
 
@@ -398,9 +364,8 @@ class Spec:
 
     @property
     def n_across(self) -> int:
-        """Runs needed to identify the free parameters that only differences between runs
-        identify (not shape params): their number, or with ``across_sets`` the largest number
-        of them in one set."""
+        """Runs needed for the free parameters only differences between runs identify (the
+        largest of ``across_sets``)."""
         across = [n for n in self.free if n not in self.form.shape_params]
         if self.form.across_sets is None:
             return len(across)
@@ -496,13 +461,9 @@ class Model:
         return J
 
     def objective(self, U, logy, W, delta):
-        """Summed Huber of log residuals and its gradient wrt U: f (S,), G (S, P).
-
-        ``W`` is None (unweighted) or (S, n) point weights (bootstrap counts). Not max-shifted:
-        the terms are exponentiated directly (a constant term costs (S, 1), not (S, n)), which
-        is 3x cheaper; parameters for which a term over- or underflows give a non-finite f,
-        which the solver's line search rejects.
-        """
+        """Summed Huber of log residuals and its gradient wrt U: f (S,), G (S, P); ``W``: None
+        or (S, n) point weights. Not max-shifted (3x cheaper): an overflowing term gives a
+        non-finite f, which the line search rejects."""
         V = self._values(U)
         ek = [self._term(V, t) for t in self.terms]
         for e in ek:
@@ -540,6 +501,7 @@ class Model:
         if self.positive.any():
             G[:, self.positive] *= V[:, self.positive]
         return f, G
+
 
 def _logsumexp0(Z):
     zmax = Z.max(axis=0)

@@ -1,15 +1,8 @@
-"""Which fitted parameters the data do not pin down: one check for every law.
-
-``identifiability`` gives ``{"flags": {name: [reasons]}, "unidentified": [names]}`` (law.json
-``diagnostics.identifiability``; fit.result.LawResult.identifiability). A parameter is flagged
-for where its estimate sits (at an end of its range), for where its interval reaches (an end of
-its range: a flat direction the replicates run along), and for reasons its law adds (the
-Chinchilla family: a fit through its points, the solver's box, an implausible asymptote:
-ladder.fit.estimate). A parameter's range and what "reaches it" means are its kind's: a
-Chinchilla-family parameter's plausible display-space range (ladder.fit.forms.Param), a curve-law
-parameter's bounds on the solver's ``u`` (ladder.fit.curve_forms.CurveParam); both answer
-``interval_flags(interval, level)``. A flagged parameter with a prior is flagged, with the
-prior said, and not counted as unidentified (the prior pins it down).
+"""Which fitted parameters the data do not pin down, one check for every law: ``{"flags": {name:
+[reasons]}, "unidentified": [names]}`` (law.json ``diagnostics.identifiability``). A parameter's
+kind says when its interval reaches its range (``interval_flags``: fit.forms.Param's display
+range, fit.curve_forms.CurveParam's bounds on ``u``); a law adds its own reasons. A flagged
+parameter with a prior says so and is not unidentified (the prior pins it down).
 """
 
 from __future__ import annotations

@@ -1,30 +1,20 @@
 """IsoFLOP planning: the compute-optimal model size N* and data D* as power laws of compute
 (`ladder isoflop`), by Approaches 1 and 2 of Hoffmann et al. 2022 (Sec. 3.1, 3.2).
 
-Input: a points table (``compute``, ``loss`` and ``params`` or ``tokens``; the other from the
-FLOPs convention C = 6 N D, Hoffmann et al.'s, which IsoFLOP tables such as Porian et al. 2024's
-follow exactly) or the points of runs directories (``ladder.fit.points.load_points``).
+Input: a points table (``compute``, ``loss`` and ``params`` or ``tokens``, the other from C = 6 N
+D, which IsoFLOP tables such as Porian et al. 2024's follow) or runs directories' points.
 
-- **Approach 2** (IsoFLOP profiles): the runs of one budget (compute equal to 3 significant
-  digits, at least 3 sizes) give a parabola of loss in log N (in log D); its vertex is N*(C)
-  (D*(C)). As in ``fit.allocation.isoflop_approach2``, the parabola is fitted within 1.5 octaves
-  of the budget's best point (an IsoFLOP curve is skewed in log N; far points pull the vertex);
-  a vertex in the outer fifth of the sampled range is flagged off-centre (extrapolated). Then
-  log N* = a log C + log k_N and log D* = b log C + log k_D by least squares over the budgets.
-- **Approach 1** (the envelope): for each compute C the run with the lowest loss at C: with
-  curves (runs with several points) along each run's curve, linear in log C - log L, on a grid of
-  40 log-spaced C where at least two runs overlap; with one point per run (an IsoFLOP table), at
-  each budget the best run. Its N and D (D at C on its curve) give the same two fits.
+- **Approach 2** (IsoFLOP profiles): a budget's runs (compute equal to 3 significant digits, at
+  least 3 sizes) give a parabola of loss in log N (log D), fitted within 1.5 octaves of its best
+  point (fit.allocation.window: the profile is skewed); its vertex is N*(C) (D*(C)), flagged
+  off-centre in the outer fifth of the sizes. Then power laws in C by least squares.
+- **Approach 1** (the envelope): the run of lowest loss at each C, along the runs' curves on a
+  grid of 40 C where two runs overlap, or each budget's best run of an IsoFLOP table.
 
-Bands, by bootstrap, everything refitted; the intervals are the quantiles at ``level``, and so
-are those of N* and D* at a budget:
-- Approach 2: a residual bootstrap within each budget (the parabola's fitted values plus its
-  residuals resampled, the sizes of the budget kept), so the band holds the noise of each
-  profile's losses. (Resampling a budget's runs instead, as ``isoflop_approach2`` does, drops
-  sizes: a budget of 8 sizes keeps ~5 distinct ones and its vertex swings; on Porian et al.'s
-  tuned RefinedWeb profiles that gave a 90% interval of a 6x the authors' width.)
-- Approach 1: the budgets' best runs resampled with replacement (a pairs bootstrap of the
-  power-law fit); on curves, runs resampled with replacement.
+Bands (quantiles at ``level``), everything refitted: Approach 2 by a residual bootstrap within
+each budget (resampling its runs, as fit.allocation does, drops sizes: 6x the authors' interval
+on Porian et al.'s RefinedWeb profiles); Approach 1 by resampling the budgets' best runs (or the
+runs, on curves).
 """
 
 from __future__ import annotations
@@ -46,8 +36,8 @@ WINDOW_OCTAVES = 1.5         # the Approach 2 parabola's window (ladder.fit.allo
 
 
 def _exp(x: float) -> float:
-    """exp(x), NaN where it is not finite or leaves float64 (a nearly flat parabola's vertex or
-    a power law through two points can sit hundreds of e-folds away): not defined, no crash."""
+    """exp(x), NaN where it is not finite or leaves float64 (a flat parabola's vertex can sit
+    hundreds of e-folds away)."""
     return math.exp(x) if math.isfinite(x) and abs(x) <= LOG_MAX else math.nan
 
 
@@ -165,9 +155,8 @@ class IsoflopResult:
 
 
 def isoflop_table(df: pd.DataFrame, *, where: str = "<table>") -> tuple[pd.DataFrame, str | None]:
-    """The columns isoflop needs from a points table: ``run, params, tokens, compute, loss,
-    final`` (``final``: the point is its run's last, largest fraction). One of params/tokens may
-    be missing: it comes from C = 6 N D. A one-line InputError naming the column otherwise."""
+    """The table isoflop needs: ``run, params, tokens, compute, loss, final`` (``final``: its
+    run's last point), one of params/tokens from C = 6 N D, and which (or None)."""
     for col in ("compute", "loss"):
         if col not in df.columns or not df[col].notna().any():
             raise InputError("missing (a table needs compute, loss and params or tokens)",
@@ -223,8 +212,7 @@ def _power_law(c, y) -> tuple[float, float]:
 
 
 def _profile_fits(groups) -> list[dict]:
-    """Approach 2's parabolas: per budget (compute, log N, log D, loss arrays) the window it is
-    fitted on (in log N and in log D) and its fitted values and residuals."""
+    """Approach 2's parabolas: per budget its window (log N, log D), fitted values, residuals."""
     out = []
     for c, ln, ld, y in groups:
         fit = {"compute": c, "n_points": len(y), "span": (ln.min(), ln.max())}
@@ -256,9 +244,7 @@ def _profiles(fits) -> pd.DataFrame:
 
 
 def _profile_draws(fits, rng, bootstrap: int) -> tuple[list, list]:
-    """Approach 2's residual bootstrap: each budget's parabola refitted to its fitted values
-    plus its residuals resampled (the sizes of the budget kept), the vertices' power laws;
-    ``bootstrap`` (exponent, log coefficient) draws for N* and for D*."""
+    """Approach 2's residual bootstrap: (exponent, log coefficient) draws for N* and for D*."""
     logc = np.log([f["compute"] for f in fits])
     out = {"n": [], "d": []}
     for name in ("n", "d"):
@@ -280,14 +266,10 @@ def _profile_draws(fits, rng, bootstrap: int) -> tuple[list, list]:
     return out["n"], out["d"]
 
 
-def _envelope_points(budgets, idx=None) -> pd.DataFrame:
-    """Approach 1 on single-point runs: the best run of each budget (compute, N, D, loss
-    arrays per budget; ``idx[i]`` resamples budget i's runs)."""
+def _envelope_points(budgets) -> pd.DataFrame:
+    """Approach 1 on single-point runs: the best run of each (compute, N, D, loss) budget."""
     rows = []
-    for i, (c, n, dd, y) in enumerate(budgets):
-        if idx is not None:
-            k = idx[i]
-            n, dd, y = n[k], dd[k], y[k]
+    for c, n, dd, y in budgets:
         j = int(np.argmin(y))
         rows.append({"compute": c, "n_opt": float(n[j]), "d_opt": float(dd[j]),
                      "loss_opt": float(y[j]), "n_points": len(y), "off_centre": False})
@@ -296,8 +278,8 @@ def _envelope_points(budgets, idx=None) -> pd.DataFrame:
 
 def _envelope_curves(curves: list[tuple[float, np.ndarray, np.ndarray, np.ndarray]]
                      ) -> pd.DataFrame:
-    """Approach 1 on curves (params, log C, log L, log D per run, sorted by C): on a log grid
-    of C where at least two runs reach, the run of lowest interpolated loss."""
+    """Approach 1 on curves (params, log C, log L, log D per run): the run of lowest loss on a
+    grid of C where two runs reach."""
     lo = [lc[0] for _, lc, _, _ in curves]
     hi = [lc[-1] for _, lc, _, _ in curves]
     cover_lo, cover_hi = sorted(lo)[1] if len(lo) > 1 else lo[0], \

@@ -1,30 +1,22 @@
 """Fitting a law to a points table: ``fit_law(df, FitConfig(...))``, the package's entry point,
-with the two that chain or pair its laws (``fit_task``, ``compare_points``) and the one law.json
-reader keyed by form (``load_law``).
+with ``fit_task`` and ``compare_points``, which chain or pair its laws, and the law.json readers
+keyed by form (``load_law``).
 
-fit_law checks the options, then hands the table to the form's fitter: a schedule-aware curve
-law (fit.curve_fit), ``--form auto`` (below: every candidate form, chosen by rollout backtest),
-one form (fit.backtest.fit_one: fit.estimate's fit plus its backtests), or one law per value of
-a column (``--by``); then the forecast layer's passes (below: the scale-weight rule and, on a
-short ladder that leaves the asymptote unidentified, the asymptote rule), each returning a new
-result. How a law is fitted is documented in fit.estimate; its band in fit.result.
+fit_law checks the options and hands the table to the form's fitter: a curve law
+(fit.curve_fit), ``--form auto`` (below), one form (fit.backtest.fit_one) or one law per value
+of a column (``--by``); then the forecast layer's passes (the scale-weight rule and the
+asymptote rule, below), each returning a new result. Fitting: fit.estimate; bands: fit.result.
 
-``--form auto``'s candidates: ``compute`` (needs compute), ``chinchilla`` and ``chinchilla``
-with tied exponents alpha = beta (the form Gadre et al. 2024 fit: with alpha = beta, E + A/N^a +
-B/D^a is their E + (a M^eta + b M^-eta) C^-eta) (need params and tokens), ``moe`` (needs active
-params that differ from total params), and ``trajectory`` (needs runs with several progress
-fractions). The winner has the lowest rollout error at the held-out runs' final points (fit on
-the smaller runs, predict the larger), or, among the forms fitted to final points, the one with
-the fewest free parameters within one standard error of it (one_se_choice); candidates that
-cannot be backtested (too few runs) are listed but not chosen unless nothing could be
-backtested, in which case the simplest fitting form wins. Then, for the chosen form, the
-scale-weight rule and (on a short ladder) the asymptote rule below.
+``--form auto``'s candidates: ``compute``, ``chinchilla``, ``chinchilla`` with alpha = beta (the
+form Gadre et al. 2024 fit: their E + (a M^eta + b M^-eta) C^-eta), ``moe`` (active params that
+differ from total) and ``trajectory`` (several fractions per run), each where its columns are
+there. The winner has the lowest rollout error at the held-out runs' final points or, among the
+forms of final points, is the simplest within one standard error of it (one_se_choice); forms
+that cannot be backtested are chosen only when none can (then the simplest).
 
-Layers inside ladder/fit/, bottom to top (each imports only those below it): forms, identify,
-config, solver, prediction, points, lr_schedules, curve_forms, allocation, report -> lawjson,
-compare (two laws' compute-equivalent multiplier) -> result -> curve_law, task_law, estimate ->
-backtest, curve_fit, task (the task law's step 2, a sigmoid) -> law (this module; it imports
-task_law, whose class registers the form law.json reads).
+Layers inside ladder/fit/, bottom to top: forms, identify, config, solver, prediction, points,
+lr_schedules, curve_forms, allocation, report -> lawjson, compare -> result -> curve_law,
+task_law, estimate -> backtest, curve_fit, task -> law.
 """
 
 from __future__ import annotations
@@ -38,16 +30,9 @@ import pandas as pd
 
 import ladder.fit.lawjson as lawjson
 import ladder.fit.task as task
-from ladder.fit.backtest import (
-    EXTRAPOLATION_POWER,
-    backtest,
-    fit_one,
-    scale_inputs,
-    scale_levels,
-    summarise_folds,
-    trajectory_vs_per_fraction,
-    with_power,
-)
+from ladder.fit.backtest import (EXTRAPOLATION_POWER, backtest, fit_one, scale_inputs,
+                                 scale_levels, summarise_folds, trajectory_vs_per_fraction,
+                                 with_power)
 from ladder.fit.compare import COMPARE_FORMS, MIN_PAIRS, Comparison, compare_laws
 from ladder.fit.config import FitConfig
 from ladder.fit.curve_fit import curve_data_from_table, fit_curve_law
@@ -62,11 +47,8 @@ from ladder.fit.task_law import SKIP, SMOOTH, TaskLaw
 from ladder.io import EX_USAGE, InputError, read_json
 
 CURVE_FORMS = tuple(_CURVE_LAW_FORMS)  # schedule-aware curve laws (fit.curve_forms): mpl, momentum
-# The most points one fit takes (issue 26). Memory is bounded whatever the size (the objective
-# is evaluated in slices, ladder.fit.estimate.CHUNK_VALUES), but time is not: `ladder fit` of 2,000
-# points with the default form took 35 s of CPU here and grows with the points (a 300,000-point
-# table: hours). A ladder needs far fewer (the real one: 4 rungs x 20 fractions); a table this
-# large is a run's every logged step, which says no more about the law than every 1% of it.
+# The most points one fit takes (issue 26): memory is bounded (fit.estimate.CHUNK_VALUES) but time
+# grows with the points (2,000 took 35 s of CPU); a ladder needs far fewer (4 rungs x 20 fractions).
 MAX_FIT_ROWS = 100_000
 
 __all__ = ["CURVE_FORMS", "FitConfig", "FitResult", "LawResult", "Prediction", "compare_points",
@@ -74,30 +56,20 @@ __all__ = ["CURVE_FORMS", "FitConfig", "FitResult", "LawResult", "Prediction", "
 
 
 def fit_law(df, config: FitConfig | None = None, **changes) -> FitResult:
-    """Fit the law ``config`` asks for (:class:`FitConfig`; default: ``FitConfig()``, with
-    ``changes``, its fields by name: ``fit_law(df, form="compute", bootstrap=100)`` is
-    ``fit_law(df, FitConfig(form="compute", bootstrap=100))``) to the points table ``df``
-    (from :func:`fit.load_points`; files or a bare DataFrame are read through it).
+    """Fit the law ``config`` asks for (default ``FitConfig()``; ``changes`` are its fields by
+    name: ``fit_law(df, form="compute")``) to the points table ``df`` (fit.load_points; files
+    or a bare DataFrame are read through it).
 
-    A named form (``form="chinchilla"``) gives that form's own estimator: Epoch's refit. The
-    forecast-only devices (None: on for ``form="auto"``, the forecast default, off for a named
-    form; True/False: as asked) move the estimates only in that forecast layer, and a law they
-    moved keeps the form's own estimates and allocation beside them in
-    ``diagnostics.forecast_layer`` (docs/scoreboard.md: on the public ladders the devices earn
-    their place in the forecast, 0.174 -> 0.124 aggregate interval score).
-    ``asymptote_rule``: on a short ladder that leaves E unidentified, choose among free, prior
-    and fixed-E variants by rollout backtest (:func:`asymptote_rule`).
-    ``scale_weighting``: also fit the chosen form with weights that fall off with a run's
-    decades below the largest run, and keep them where the rollout backtest says they predict
-    the largest runs better (:func:`scale_weight_rule`); the asymptote rule then fits
-    its variants with the same weights.
-    ``band_prior``: opt-in (None/False: the ladder's own band): the noise and extrapolation
-    terms the ladder measures pooled with their values across the public ladders (True:
-    ``BAND_PRIOR``; a dict: that prior; ladder.fit.result.band_prior_of). It moves no
-    estimate; measured on bench/scoreboard.py it did not earn a place as a default.
-    ``extrapolation_power``: the band's extrapolation term as s d^p outside the fitted runs
-    (ladder.fit.backtest.EXTRAPOLATION_POWER; None: that p, 0, for ``form="auto"``, and the rate
-    per decade, as before, for a named form; a number: that p). It moves no estimate."""
+    A named form gives that form's own estimator (Epoch's refit). The forecast-only devices
+    (None: on for ``form="auto"``, off for a named form) move the estimates only in the
+    forecast layer, which keeps the form's own estimates beside them in
+    ``diagnostics.forecast_layer`` (docs/scoreboard.md: 0.174 -> 0.124 aggregate interval
+    score): ``asymptote_rule`` (:func:`asymptote_rule`) and ``scale_weighting``
+    (:func:`scale_weight_rule`; the asymptote rule then uses its weights).
+    ``band_prior`` (opt-in; True: ``BAND_PRIOR``, a dict: that prior) pools the band's noise and
+    extrapolation terms with their cross-ladder values (fit.result.band_prior_of).
+    ``extrapolation_power``: the band's extrapolation term as s d^p (None: EXTRAPOLATION_POWER
+    for ``form="auto"``, the rate per decade for a named form). Neither moves an estimate."""
     config = replace(config or FitConfig(), **changes)  # an unknown field: TypeError
     metric, by, form = config.metric, config.by, config.form
     if metric is None and _plain_loss(df):
@@ -146,26 +118,21 @@ def fit_law(df, config: FitConfig | None = None, **changes) -> FitResult:
 
 
 def _plain_loss(df) -> bool:
-    """A DataFrame built by hand with a plain ``loss`` column (no ``metric`` column, no metric
-    named in its attrs as load_points names one)."""
+    """A DataFrame built by hand with a plain ``loss`` column and no metric named."""
     return isinstance(df, pd.DataFrame) and "loss" in df.columns and \
         "metric" not in df.columns and not df.attrs.get("metric")
 
 
-# The band's prior (ladder.fit.result.band_prior_of): medians over the 12 public ladders of
-# bench/scoreboard.py of each ladder's own measured terms (its plain fit: form auto, no rule, no
-# weights): the run-to-run noise as a log sd, the extrapolation error per decade. weight: the
-# observations the prior is worth, 9: the fewest a 90% residual quantile can rank
-# (m >= level / (1 - level), ladder.fit.result.FitResult.noise_half_width), fixed before scoring.
-# The scoreboard learns these leave-one-ladder-out (no ladder is scored by a prior it informed).
+# The band's prior (fit.result.band_prior_of): medians over bench/scoreboard.py's 12 public
+# ladders of each plain fit's noise log sd and extrapolation rate per decade (the scoreboard learns
+# them leave-one-ladder-out). weight 9: the fewest points a 90% residual quantile can rank.
 BAND_PRIOR_WEIGHT = 9.0
 BAND_PRIOR = {"noise_log_sd": 0.00628, "rate": 0.0401, "weight": BAND_PRIOR_WEIGHT, "source": "bench/scoreboard.py: medians over its 12 public ladders' plain fits"}  # noqa: E501
 
 
 def _forecast_layer(res, plain, band_prior) -> FitResult:
-    """``res`` with its forecast layer on record (``diagnostics.forecast_layer``): the band's
-    prior, and where a device (scale weights, the asymptote rule) moved the estimates, the
-    form's own estimates beside them, so law.json and the report say which numbers are which."""
+    """``res`` with ``diagnostics.forecast_layer``: the band's prior, and the form's own
+    estimates beside those a device moved, so law.json says which numbers are which."""
     layer, new = {}, {}
     if band_prior is True:
         band_prior = BAND_PRIOR
@@ -192,8 +159,7 @@ def _forecast_layer(res, plain, band_prior) -> FitResult:
 
 
 def _left_out(res, df):
-    """The runs the points table's reader left out (a ladder's target: fit.points.load_points)
-    go into the law's ``inputs.left_out``, so the law and its report say what it did not see."""
+    """The runs the table's reader left out (a ladder's target) into ``inputs.left_out``."""
     left = list(df.attrs.get("left_out") or [])
     return replace(res, inputs={**res.inputs, "left_out": left}) if left else res
 
@@ -230,11 +196,9 @@ def _fit_by(df, config) -> FitResult:
 
 
 # ----------------------------------------------------------------------------- --form auto
-# The compute form says the loss is a function of compute alone, which holds along a ladder at a
-# fixed tokens-per-parameter ratio (the real ladder: 791 x active params) but not across runs
-# over-trained by different multiples (Gadre et al.'s M = 20..640): there the compute form was
-# +6.6% off at the 6.9B run and still won the rollout by noise (2.38% against 2.44%). With
-# params and tokens given, runs whose tokens/params spread more than this factor exclude it.
+# The compute form holds at a fixed tokens-per-parameter ratio, not across runs over-trained by
+# different multiples (Gadre et al.'s M = 20..640: +6.6% off at 6.9B, yet it won the rollout by
+# noise); runs whose tokens/params spread more than this factor exclude it.
 MAX_TOKENS_PER_PARAM_SPREAD = 2.0
 
 
@@ -278,8 +242,7 @@ def candidates(df, fix: dict, tie: dict, params_column: str,
 
 
 def _curve_table(df) -> bool:
-    """Whole curves with their LR schedule (step, lr) and several runs: the schedule-aware
-    curve laws apply."""
+    """Whole curves of several runs with their LR schedule: the curve laws apply."""
     if not {"step", "lr", "loss"} <= set(df.columns):
         return False
     return bool(df["step"].notna().all() and df["lr"].notna().any()
@@ -287,9 +250,8 @@ def _curve_table(df) -> bool:
 
 
 def fit_auto_curves(df, config):
-    """``--form auto`` on a table of curves without scale columns: the multi-power law (Luo et
-    al. 2025) and the momentum law (Tissue et al. 2024), chosen by leave-one-run-out (fit on
-    the other schedules, predict the held-out run's whole curve; mean relative error)."""
+    """``--form auto`` on curves without scale columns: the multi-power law (Luo et al. 2025)
+    or the momentum law (Tissue et al. 2024), by leave-one-run-out curve error."""
     data, fix = curve_data_from_table(df, size_column="active_params"), config.fix
     rows, best = [], None
     for form in ("mpl", "momentum"):
@@ -325,8 +287,7 @@ def fit_auto_curves(df, config):
 
 
 def held_out_errors(r) -> dict:
-    """{held-out run: |relative error| of its final point} over the rollout folds of ``r``
-    (ladder.fit.backtest)."""
+    """{held-out run: |relative error| of its final point} over ``r``'s rollout folds."""
     out = {}
     for f in ((r.diagnostics.get("backtest") or {}).get("folds") or []):
         for run, e in zip(f.get("final_runs") or [], f.get("final_rel_err") or [], strict=True):
@@ -337,11 +298,9 @@ def held_out_errors(r) -> dict:
 
 def one_se_choice(errs: dict, order: list):
     """The first candidate of ``order`` (simplest first) whose mean held-out error is within
-    one standard error of the lowest: the one-standard-error rule of cross-validated model
-    choice (Breiman et al. 1984, Classification and Regression Trees, 3.4.3; Hastie et al.,
-    The Elements of Statistical Learning, 7.10). ``errs``: {candidate: {run: |error|}}, compared
-    on the runs every candidate predicted. Returns (choice, {candidate: (mean, se)}, runs
-    compared), or (None, {}, n) with fewer than 2 common runs (no standard error)."""
+    one standard error of the lowest (Breiman et al. 1984, CART 3.4.3; Hastie et al., ESL
+    7.10). ``errs``: {candidate: {run: |error|}}, compared on the runs all of them predicted.
+    Returns (choice, {candidate: (mean, se)}, runs compared); (None, {}, n) below 2 runs."""
     common = sorted(set.intersection(*(set(e) for e in errs.values()))) if errs else []
     if len(common) < 2:
         return None, {}, len(common)
@@ -355,15 +314,11 @@ def one_se_choice(errs: dict, order: list):
 
 
 def _simplest_within_one_se(scored: list, fitted: dict, lowest: str):
-    """Among the forms fitted to the runs' final points, the one with the fewest free
-    parameters whose rollout error is within one standard error of the lowest
-    (:func:`one_se_choice`), with why; None when the lowest is not such a form (the trajectory
-    form models whole curves: it is chosen on its error alone) or nothing can be compared.
-    A rollout of a ladder holds out a few runs next to the fitted ones, and a more flexible
-    form wins it by noise and then extrapolates worse: on Gadre et al.'s RedPajama ladder, every
-    run below the 1.4B targets fitted, the free-exponent form won the rollout with 0.73% (se
-    0.30%) against the tied form's 0.83% (se 0.42%; 4 held-out finals) and missed the 6.9B
-    target by -3.0%, the tied form (the authors' own) by +0.3% (docs/LOG.md, 2026-12-02)."""
+    """(form, why): among the forms of final points, the simplest within one standard error of
+    the lowest rollout error (:func:`one_se_choice`); None when the lowest is a curve form or
+    nothing compares. A flexible form wins a few-run rollout by noise and extrapolates worse
+    (Gadre et al.'s RedPajama ladder: free exponents won, 0.73% against 0.83%, and missed 6.9B
+    by -3.0%, the tied form by +0.3%; docs/LOG.md, 2026-12-02)."""
     rows = [r for r in scored if not fitted[r["form"]][0].form.curves]
     if not any(r["form"] == lowest for r in rows) or len(rows) < 2:
         return None
@@ -383,7 +338,7 @@ def _simplest_within_one_se(scored: list, fitted: dict, lowest: str):
 
 
 def _own_prior(prior, spec) -> dict:
-    """The priors on ``spec``'s parameters (a candidate form may lack some)."""
+    """The priors on ``spec``'s own parameters."""
     return {k: v for k, v in (prior or {}).items() if k in spec.form.names}
 
 
@@ -451,25 +406,17 @@ def _carried(result, into, keys) -> dict:
 
 
 # ----------------------------------------------------------------------------- scale weighting
-# Runs far below the ladder's top can pull a law's local slope there (fit.estimate.scale_weights:
-# a Chinchilla-family form holds only locally). The default therefore also fits the chosen form
-# with Gaussian weights in decades below the largest run, bandwidths BANDWIDTHS, each backtested
-# by the same rollout (every fold weighted below its own largest training run), and keeps
-# equal weights unless a bandwidth predicts the held-out largest runs better by more than the
-# noise of that comparison: the widest bandwidth whose mean |error| over the held-out finals is
-# within one standard error of the lowest (one_se_choice), equal weights the widest. A
-# bandwidth is a candidate only where it changes the fit (some run below weight 0.9) and the
-# runs it keeps at half weight or more can hold the form by themselves: at least the form's
-# free parameters + NEAR_RUNS_MARGIN runs, spanning at least NEAR_LEVELS distinct values (0.05
-# decades) of every scale input of the form. A short one-run-per-size ladder (the real ladder's
-# 4 rungs) has no candidate and stays as it was; so do Gadre et al.'s and the OLMo ladder,
-# whose rollouts see no gain (docs/LOG.md); Porian et al.'s tuned IsoFLOP grid takes 0.5
-# decades (its 12th budget: +6.5% -> +1.3% from the other 11).
+# Runs far below the ladder's top can pull a law's local slope there (fit.estimate.scale_weights).
+# The default also fits the chosen form with Gaussian weights in decades below the largest run,
+# each bandwidth backtested by the same rollout, and keeps the widest whose mean |error| over the
+# held-out finals is within one standard error of the lowest (equal weights the widest). A
+# bandwidth is a candidate only where it changes the fit (a run below weight 0.9) and the runs
+# at NEAR_WEIGHT or more hold the form alone: free parameters + NEAR_RUNS_MARGIN runs spanning
+# NEAR_LEVELS values (0.05 decades) of every scale input. Porian et al.'s IsoFLOP grid takes 0.5
+# decades (its 12th budget: +6.5% -> +1.3%); Gadre's and OLMo's see no gain (docs/LOG.md).
 BANDWIDTHS = (2.0, 1.0, 0.5)
 NEAR_RUNS_MARGIN = 2
 NEAR_LEVELS = 3
-
-
 
 
 def _bandwidth_candidate(data, logs, spec, params_column, h) -> str | None:
@@ -500,9 +447,8 @@ def _label(h) -> str:
 
 
 def scale_weight_rule(df, result, config):
-    """``result`` or the same form fitted with the weights of the bandwidth the rollout
-    backtest prefers (see above); the decision is in ``diagnostics["scale_weighting"]``
-    (``bandwidth``: decades, None for equal weights)."""
+    """``result`` or the same form with the weights the rollout prefers (see above); the
+    decision in ``diagnostics["scale_weighting"]`` (``bandwidth``: decades, None: equal)."""
     spec = result.spec
     data, _ = select_points(df, spec.form, None)
     logs, kind = run_scales(data)
@@ -552,19 +498,13 @@ def scale_weight_rule(df, result, config):
 
 
 # ----------------------------------------------------------------------------- asymptote rule
-# A short ladder (<= 5 scale levels: the real ladder has 4 rungs) often cannot tell the
-# asymptote E from the slope; a free fit then puts E wherever the noise says (0.87 on the real
-# 4-rung MoE ladder, the lower bound on the cpu ladder), and extrapolating it is the forecast's
-# largest error. When the fit flags E as not identified (ladder.fit.estimate._identifiability), the
-# default fits two more variants, E with a weakly informative prior and E fixed at that prior's
-# mean, and calls defensible every variant whose rollout backtest error is within
-# DEFENSIBLE_RATIO x the best (or DEFENSIBLE_ABS of it). The centre is the defensible variant
-# with the lowest error whose E is plausible (fit.estimate.implausible_asymptote: not below half
-# the smallest loss, not above it); the band widens to the spread of every defensible variant:
-# their bootstrap draws are pooled, so the band covers the choice between them.
-# The prior: E ~ N(0.7, 0.1) x the smallest loss of the ladder: published LM ladders put E at
-# 55-90% of the losses they fit (see ladder.fit.law: Hoffmann et al. 2022, Besiroglu et al. 2024,
-# Marin's fixed 1.5 against 2.4-3.0), so +-2 sd covers 0.5-0.9 of the smallest loss.
+# A short ladder (<= 5 sizes; the real one has 4) often cannot tell E from the slope, and a free
+# E goes wherever the noise says (0.87 on the real MoE ladder). When E is flagged unidentified,
+# the default also fits E with a prior and E fixed at its mean; defensible: within
+# DEFENSIBLE_RATIO x the best rollout error (or DEFENSIBLE_ABS). The centre is the defensible
+# variant of lowest error with a plausible E (fit.estimate.implausible_asymptote); the band pools
+# every defensible variant's draws. The prior E ~ N(0.7, 0.1) x the smallest loss: published
+# ladders put E at 55-90% of their losses (Hoffmann et al. 2022, Besiroglu et al. 2024, Marin).
 SHORT_LADDER_LEVELS = 5
 E_PRIOR_FRACTION = (0.7, 0.1)
 DEFENSIBLE_RATIO = 3.0
@@ -572,8 +512,7 @@ DEFENSIBLE_ABS = 0.002
 
 
 def _score(r, folds: set | None = None) -> float | None:
-    """The rollout error of ``r`` (curve error for the curve forms, final error otherwise),
-    over its backtest folds whose held-out runs are in ``folds`` (None: all its folds)."""
+    """``r``'s rollout error (curve error for curve forms) over ``folds`` (None: all)."""
     bt = r.diagnostics.get("backtest") or {}
     use = [f for f in bt.get("folds") or [] if folds is None or _fold_key(f) in folds]
     if r.form in CURVES_FORMS:
@@ -590,10 +529,8 @@ def _fold_key(fold: dict) -> tuple:
 
 
 def _narrow_backtest(r, folds: set):
-    """``r`` with only the backtest folds in ``folds`` in its record (its extrapolation term and
-    rollout means recomputed from them), so that the band of the centre the rule chose rests
-    on the same tests as the variants it was compared with; the dropped folds stay on record
-    under ``skipped``, with their errors."""
+    """``r`` with only the backtest folds in ``folds`` (its summaries recomputed), so the
+    centre's band rests on the tests it was compared on; the others go under ``skipped``."""
     bt = r.diagnostics.get("backtest")
     if not bt or not bt.get("folds"):
         return r
@@ -612,12 +549,9 @@ def _narrow_backtest(r, folds: set):
 
 
 def _common_folds(variants: dict) -> set | None:
-    """The backtest folds (by held-out runs) every backtested variant has, or None when they
-    share none. Variants with fewer free parameters can fit folds with fewer training runs
-    (fixing E frees a fold of 2 runs where 9 parameters need 3), whose errors extrapolate
-    further and are larger: scored on their own folds, the variants would be compared on
-    different tests (on the cpu demo ladder, seed 1, fixed E scored 4.5% against the prior's
-    1.35%, and 1.55% on the one fold both have; docs/LOG.md 2026-12-02)."""
+    """The backtest folds (by held-out runs) every backtested variant has, or None. A variant
+    with fewer free parameters fits folds of fewer runs, which extrapolate further: scored on
+    their own folds, variants are compared on different tests (docs/LOG.md 2026-12-02)."""
     sets = [{_fold_key(f) for f in (v.diagnostics.get("backtest") or {}).get("folds") or []}
             for v in variants.values()]
     sets = [x for x in sets if x]
@@ -626,13 +560,8 @@ def _common_folds(variants: dict) -> set | None:
 
 
 def asymptote_rule(df, result, config):
-    """``result`` or, when a short ladder leaves E unidentified, the one of its free, prior and
-    fixed-E variants with the lowest rollout error among the defensible ones with a plausible
-    E, with the pooled draws of the defensible ones; the decision and why are recorded in
-    ``diagnostics["asymptote_rule"]`` (``chosen``, ``lowest_rollout``, ``defensible``, ``E``,
-    ``implausible``, ``why``)."""
-    import numpy as np
-
+    """``result`` or, when a short ladder leaves E unidentified, the variant the rule above
+    chooses; the decision and why in ``diagnostics["asymptote_rule"]``."""
     form, fix, prior = result.spec.form, config.fix, config.prior
     if "E" not in form.names or "E" in fix or "E" in (prior or {}) or result.by:
         return result
@@ -678,13 +607,9 @@ def asymptote_rule(df, result, config):
     best = min(scored, key=scored.get)
     limit = max(DEFENSIBLE_RATIO * scored[best], scored[best] + DEFENSIBLE_ABS)
     defensible = [k for k, v in scored.items() if v <= limit]
-    # the centre: the lowest rollout error among the defensible variants whose E is plausible
-    # (ladder.fit.estimate.implausible_asymptote, the test behind the NOT IDENTIFIED flag), so the
-    # band is never centred on an asymptote the same report calls implausible while a
-    # defensible one exists; the implausible ones stay in the pooled band (their rollout
-    # error did not rule them out). Only when no defensible variant is plausible does the
-    # centre stay on the lowest error, and the record says so. Not "the prior variant
-    # whenever it is defensible": tried, docs/LOG.md ("the asymptote variants' centre").
+    # never centred on an E the report calls implausible while a defensible plausible one
+    # exists; the implausible ones stay in the pooled band. Not "the prior variant whenever
+    # defensible": tried, docs/LOG.md ("the asymptote variants' centre").
     lmin_fit = {k: float(select_points(df, v.spec.form, None)[0]["loss"].min())
                 for k, v in variants.items()}
     e_values = {k: float(v.params["E"]) for k, v in variants.items()}
@@ -722,10 +647,9 @@ def asymptote_rule(df, result, config):
 def fit_task(df: pd.DataFrame, via: str, metric: str, config: FitConfig | None = None, *,
              smooth: int = SMOOTH, skip: float = SKIP, where: str = "<table>",
              **changes) -> TaskLaw:
-    """Downstream accuracy in two steps (fit.task) on a table of evals (fit.task.task_tables):
-    step 1 is the law ``config`` asks for (default ``FitConfig()``, with ``changes``: its fields
-    by name) of the task loss ``via``; step 2 the sigmoid from it to the accuracy ``metric``,
-    with step 1's bootstrap, level and seed."""
+    """Downstream accuracy in two steps (fit.task) on a table of evals: step 1 the law
+    ``config`` asks for (``changes``: its fields by name) of the task loss ``via``; step 2 the
+    sigmoid from it to the accuracy ``metric``, with step 1's bootstrap, level and seed."""
     config = replace(config or FitConfig(), **changes, metric=via)
     t1, pairs = task.step1_table(df, via, metric, smooth=smooth, skip=skip, where=where)
     step1 = fit_law(load_points(t1, metric=via), config)
@@ -736,10 +660,9 @@ def fit_task(df: pd.DataFrame, via: str, metric: str, config: FitConfig | None =
 def compare_points(df_a: pd.DataFrame, df_b: pd.DataFrame, config: FitConfig | None = None, *,
                    at: float | None = None, at_source: str | None = None,
                    **changes) -> tuple[Comparison, tuple]:
-    """Fit the law ``config`` asks for (default ``FitConfig(form="compute", metric="loss")``,
-    with ``changes``: its fields by name) to A's and B's points tables
-    (:func:`ladder.fit.law.fit_law`, independent bootstrap seeds: B's is A's + 1) and compare
-    them: (Comparison, (law A, law B))."""
+    """Fit the law ``config`` asks for (default form compute, metric loss; ``changes``: its
+    fields by name) to A's and B's tables (B's seed A's + 1) and compare them: (Comparison,
+    (law A, law B))."""
     config = replace(config or FitConfig(form="compute", metric="loss"), **changes)
     form, metric, seed = config.form, config.metric or "loss", config.seed
     if form not in COMPARE_FORMS:
@@ -769,17 +692,13 @@ def compare_points(df_a: pd.DataFrame, df_b: pd.DataFrame, config: FitConfig | N
 
 
 # ----------------------------------------------------------------------------- law.json
-# One reader keyed by form: law.json files of every form share the schema (law/3; law/1 files read
-# through ladder.fit.lawjson.upgrade, one reader per version) and its envelope
-# (fit.lawjson.to_json); a curve law's own fields are under "curve" (fit.curve_law.CurveLaw), a
-# Chinchilla-family law's under "fit" (fit.lawjson.fit_own). fit.result.LawResult.from_json hands
-# each file to the kind that reads its form (importing fit.curve_fit here registers the curve one).
+# One reader keyed by form: fit.result.LawResult.from_json hands each file to the kind that reads
+# its form (the imports above register the curve and task kinds).
 
 
 def law_from_json(obj: dict, *, path=None, metric: str | None = None) -> LawResult:
-    """A law.json object to its law (a FitResult or a CurveLaw, by ``form``), validated. A
-    multi-metric file (law/2) holds one law per metric: ``metric`` picks one (required there); on
-    a single-metric file it must be the law's own metric (fit.lawjson.select; refusals exit 64)."""
+    """A law.json object to its law (by ``form``), validated; ``metric`` picks one of a law/2
+    file's laws (required there; fit.lawjson.select)."""
     inner, prefix = lawjson.select(obj, path=path, metric=metric)
     return _read_one(inner, prefix, path)
 
@@ -793,8 +712,7 @@ def _read_one(inner: dict, prefix: str, path) -> LawResult:
 
 
 def laws_from_json(obj: dict, *, path=None) -> dict[str, LawResult]:
-    """Every law of a law.json object, {metric key: law} in the file's order (a single-metric
-    file: its one law under its metric)."""
+    """Every law of a law.json object, {metric key: law} in the file's order."""
     laws = lawjson.multi_laws(obj, path=path)
     if laws is None:
         law = LawResult.from_json(obj, path=path)
@@ -803,8 +721,7 @@ def laws_from_json(obj: dict, *, path=None) -> dict[str, LawResult]:
 
 
 def load_law(path, metric: str | None = None):
-    """Read and validate a law.json file (any form); of a multi-metric file, the law of
-    ``metric`` (:func:`law_from_json`)."""
+    """Read and validate a law.json file (:func:`law_from_json`)."""
     return law_from_json(read_json(path, schema="law"), path=path, metric=metric)
 
 

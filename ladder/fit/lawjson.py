@@ -1,26 +1,16 @@
-"""law.json (schemas ``law/3``, one law, and ``law/2``, one law per metric; ``law/1`` files,
-one law as written before law/3, still read): write and validate-on-read.
+"""law.json: write and validate-on-read (``law/3``, one law; ``law/2``, one law per metric;
+``law/1``, one law written before law/3, still read).
 
 Fields (shared/DESIGN.md): schema, form, expression, params, uncertainty, metric, conventions,
-inputs, diagnostics, created, tool_version. Beyond those, ``fit`` holds what rebuilds the law
-exactly: the form's fixed/tied parameters, the params column, the solver's parameter vector
-``u`` (logs of coefficients, exponents as they are), and under ``uncertainty`` the run-level
-bootstrap draws of ``u`` and the delta-method covariance with the residual scale and degrees of
-freedom, so that prediction bands can be recomputed at any level. ``by`` fits (one law per
-fraction) carry ``groups``: one such law per value.
+inputs, diagnostics, created, tool_version; ``fit`` holds what rebuilds the law exactly (spec,
+params column, the solver's vector ``u``), ``uncertainty`` the bootstrap draws of ``u``, the
+covariance, residual scale and dof, so bands can be recomputed at any level; a ``by`` fit has
+``groups``, one such law per value. A ``law/2`` file holds ``laws`` ({metric key: a complete
+one-law document}, in the order fitted), ``created``, ``tool_version``.
 
-Several metrics fitted together (``ladder fit --metric KEY --metric KEY``) are one ``law/2``
-file: ``schema``, ``laws`` ({metric key: a complete one-law document whose ``metric`` is that
-key}, in the order fitted), ``created``, ``tool_version``. Each inner law is exactly what a
-single-metric fit of that key writes, so it can be taken out and used alone.
-
-One reader per version of a one-law document (:func:`upgrade`, called by every kind's reader):
-law/3 is read as written; a law/1 document is first put in law/3's shape by :func:`_v1`, which
-holds every "written before" default in one place (law/3 writes each of them explicitly):
-``uncertainty.small_sample`` (absent before the pooled extrapolation rate: "student-t", t(dof)
-quantiles), ``uncertainty.abs_residuals_log`` (absent before the residual quantile: null, the
-noise part t(dof) x sigma), and ``diagnostics.backtest.extrapolation`` (absent before the pooled
-rate: the per-fold record, :func:`per_fold_extrapolation`); the same in a by-law's groups.
+One reader per version (:func:`upgrade`): a law/1 document is put in law/3's shape by
+:func:`_v1`, which writes out what its absent fields meant (``small_sample`` "student-t",
+``abs_residuals_log`` null, the per-fold extrapolation record).
 """
 
 from __future__ import annotations
@@ -38,24 +28,18 @@ SCHEMA = "law/3"        # one law (written)
 MULTI_SCHEMA = "law/2"  # {metric key: one-law document} under "laws"
 V1 = "law/1"            # one law, written before law/3 (read through _v1)
 PER_FOLD = "per-fold RMS of log error per decade on one scale (law/1)"
-# The band's spreads in log loss (sigma_log, abs_residuals_log, the extrapolation rate per
-# decade): 10 is a factor e^10 ~ 22,000 on L - E at one sd, no measurement of a loss (a fit
-# writes hundredths); beyond it an edit, and exp(q x spread) soon overflows float64 (e^709):
-# an Infinity band with exit 0 (issue 39)
+# The band's spreads in log loss: 10 is a factor e^10 ~ 22,000 at one sd (a fit writes
+# hundredths); beyond it exp(q x spread) soon overflows: an Infinity band (issue 39)
 LOG_SPREAD_LIMIT = 10.0
-# The extrapolation term's power p in s d^p (learned in [0, 1]; a p above 8 is no record this
-# fitter writes, and at p ~ 100 d^p overflows float64 at d ~ 1000 decades).
+# The extrapolation term's power p in s d^p (learned in [0, 1]; d^p overflows for large p)
 POWER_LIMIT = 8.0
-# Residual degrees of freedom below 0.1: t(0.1) at 95% is already 1.6e9 (every band overflows),
-# and scipy's stdtrit is not monotone below ~0.01 (t(1e-300) at 95%: 6,704); the fitter writes
-# null, not 0, where none are left
+# Residual dof below 0.1: t(0.1) at 95% is 1.6e9, and stdtrit is not monotone below ~0.01
 DOF_MIN = 0.1
 
 
 def to_json(r) -> dict:
-    """The law.json document of any fitted law (a ``ladder.fit.result.LawResult``): the envelope
-    every kind shares, then the kind's own fields (``r._json_own()``; under ``uncertainty``,
-    ``r._uncertainty_own()``)."""
+    """The law.json document of any fitted law: the shared envelope, then the kind's own
+    fields (``r._json_own()``, ``r._uncertainty_own()``)."""
     obj = {
         "schema": SCHEMA,
         "form": r.form,
@@ -84,8 +68,7 @@ def multi_to_json(docs: dict[str, dict]) -> dict:
 
 
 def multi_laws(obj, *, path=None) -> dict[str, dict] | None:
-    """A law/2 document's {metric key: law/1 object}, its envelope checked (each law is read by
-    the caller); None for any other document (a law/1 one, checked by its reader)."""
+    """A law/2 document's {metric key: one-law object}, its envelope checked; None for any other."""
     if not isinstance(obj, dict) or obj.get("schema") != MULTI_SCHEMA:
         return None
     where = str(path) if path else "<law>"
@@ -106,9 +89,8 @@ def multi_laws(obj, *, path=None) -> dict[str, dict] | None:
 
 
 def select(obj, *, path=None, metric: str | None = None) -> tuple[dict, str]:
-    """The law/1 object of ``metric`` in a law.json object and the field prefix of its errors
-    (``laws['KEY'].``; "" for a law/1 file). A law/2 file needs ``metric``; on a law/1 file it
-    must be the law's own. Refusals: InputError, exit 64, listing the metrics there are."""
+    """The one-law object of ``metric`` and the prefix of its errors (``laws['KEY'].``, or "").
+    A law/2 file needs ``metric``, a one-law file's must be its own (else exit 64)."""
     laws = multi_laws(obj, path=path)
     where = str(path) if path else "<law>"
     if laws is None:
@@ -128,8 +110,7 @@ def select(obj, *, path=None, metric: str | None = None) -> tuple[dict, str]:
 
 
 def within(e: InputError, prefix: str, path=None) -> InputError:
-    """``e`` (an error reading one law of a law/2 file) with its field under ``prefix``
-    (``laws['KEY'].``), naming the file once."""
+    """``e`` (reading one law of a law/2 file) with its field under ``prefix``."""
     where = str(path) if path else "<law>"
     head = (e.path or where) + (f": field '{e.field}'" if e.field else "") + ": "
     msg = str(e)[len(head):] if str(e).startswith(head) else str(e)
@@ -171,13 +152,8 @@ def fit_own(r) -> dict:
     if r.by:
         obj["by"] = r.by
         obj["groups"] = [{"value": v, "params": g.params, "fit": _fit_block(g),
-                          "uncertainty": _uncertainty(g)} for v, g in r.groups]
+                          "uncertainty": fit_uncertainty(g)} for v, g in r.groups]
     return obj
-
-
-def fit_uncertainty(r) -> dict:
-    """A Chinchilla-family law's own ``uncertainty`` fields."""
-    return _uncertainty(r)
 
 
 def _fit_block(r) -> dict:
@@ -187,7 +163,8 @@ def _fit_block(r) -> dict:
             "prior": {k: [m, sd] for k, (m, sd) in r.prior.items()}}
 
 
-def _uncertainty(r) -> dict:
+def fit_uncertainty(r) -> dict:
+    """A Chinchilla-family law's own ``uncertainty`` fields."""
     if r.objective == "ols":
         return {"method": "ols: Student-t prediction interval of log(L - E), n - 2 dof "
                           "(the OLS obs_ci of statsmodels)", "level": r.level,
@@ -260,9 +237,8 @@ def _pooled(r) -> bool:
 
 
 def read(obj: dict, *, path=None) -> tuple[dict, list]:
-    """Validate a law/1 object of a Chinchilla-family form: (keyword arguments of
-    ``fit.result.FitResult``, its ``spread`` as those of ``fit.result.Spread``; [(value,
-    keyword arguments)] of its ``by`` groups)."""
+    """Validate a Chinchilla-family law object: (FitResult's keyword arguments, its ``spread``
+    as Spread's; [(value, keyword arguments)] of its ``by`` groups)."""
     where = str(path) if path else "<law>"
     obj = upgrade(obj, path=path)
     form = check_envelope(obj, path=path, forms=tuple(FORMS))
@@ -316,9 +292,7 @@ def _read_block(block: dict, unc: dict, prefix: str, form: str, metric: str,
         raise InputError(str(e), path=where, field=prefix + "fit.spec") from None
     u = _array(_need(fit, "u", list, where, prefix + "fit."), (len(spec.form.names),),
                where, prefix + "fit.u")
-    # u holds logs of coefficients and plain exponents; beyond |700| exp() over- or
-    # underflows float64 (max ~ e^709): the fitter never writes that (ladder.fit.estimate holds
-    # its solver inside U_LIMIT), an edit does
+    # beyond |700| exp() leaves float64: the fitter never writes that, an edit does
     if np.any(np.abs(u) > U_LIMIT):
         raise InputError(f"a parameter beyond |{U_LIMIT:g}|: exp() overflows float64",
                          path=where, field=prefix + "fit.u")
@@ -339,50 +313,43 @@ def _read_block(block: dict, unc: dict, prefix: str, form: str, metric: str,
 
 def _read_spread(unc: dict, spec: Spec, where: str, prefix: str) -> dict:
     """A law's ``uncertainty`` block: the keyword arguments of ``ladder.fit.result.Spread``."""
+    def field(name):
+        return prefix + "uncertainty." + name
+
+    def bad(name, msg):
+        return InputError(msg, path=where, field=field(name))
     boot = unc.get("bootstrap_u")
     boot = None if boot is None else _array(boot, (None, len(spec.form.names)), where,
-                                            prefix + "uncertainty.bootstrap_u")
+                                            field("bootstrap_u"))
     if boot is not None and np.any(np.abs(boot) > U_LIMIT):  # as fit.u: exp() overflows
-        raise InputError(f"a draw beyond |{U_LIMIT:g}|: exp() overflows float64", path=where,
-                         field=prefix + "uncertainty.bootstrap_u")
+        raise bad("bootstrap_u", f"a draw beyond |{U_LIMIT:g}|: exp() overflows float64")
     cov = unc.get("covariance_free")
     cov = None if cov is None else _array(cov, (spec.n_free, spec.n_free), where,
-                                          prefix + "uncertainty.covariance_free")
+                                          field("covariance_free"))
     if cov is not None and np.any(np.diag(cov) < 0):
-        # a variance is >= 0. A huge one is the fitter's own word for a direction the runs leave
-        # flat (a parameter held at the solver's box, flagged not identified), so it is read as
-        # written; a band it makes infinite is refused where the band is asked for (predict).
-        raise InputError("expected variances >= 0 on the diagonal",
-                         path=where, field=prefix + "uncertainty.covariance_free")
+        # a huge variance is the fitter's word for a flat direction: read as written
+        raise bad("covariance_free", "expected variances >= 0 on the diagonal")
     sigma, dof = unc.get("sigma_log"), unc.get("dof")
     for name, v in (("sigma_log", sigma), ("dof", dof)):
         if v is not None and (isinstance(v, bool) or not (isinstance(v, (int, float))
                                                            and math.isfinite(v))):
-            raise InputError("expected a finite number or null", path=where,
-                             field=prefix + "uncertainty." + name)
+            raise bad(name, "expected a finite number or null")
         if v is not None and v < 0:  # a negative sd gives a nonsense (inverted) band
-            raise InputError(f"must be >= 0, got {v!r}", path=where,
-                             field=prefix + "uncertainty." + name)
+            raise bad(name, f"must be >= 0, got {v!r}")
     if dof is not None and dof < DOF_MIN:
         # the fitter writes null where no residual dof is left (fit.estimate); t(0) is undefined
-        raise InputError(f"must be >= {DOF_MIN:g} (null where there are none), got {dof!r}",
-                         path=where, field=prefix + "uncertainty.dof")
+        raise bad("dof", f"must be >= {DOF_MIN:g} (null where there are none), got {dof!r}")
     if sigma is not None and sigma > LOG_SPREAD_LIMIT:
-        raise InputError(f"must be <= {LOG_SPREAD_LIMIT:g} (a log-loss sd), got {sigma!r}",
-                         path=where, field=prefix + "uncertainty.sigma_log")
+        raise bad("sigma_log", f"must be <= {LOG_SPREAD_LIMIT:g} (a log-loss sd), got {sigma!r}")
     small = unc.get("small_sample")
     if small not in ("normal", "student-t"):
-        raise InputError(f"expected 'normal' or 'student-t', got {small!r}", path=where,
-                         field=prefix + "uncertainty.small_sample")
+        raise bad("small_sample", f"expected 'normal' or 'student-t', got {small!r}")
     if "abs_residuals_log" not in unc:
-        raise InputError("missing (null where there are none)", path=where,
-                         field=prefix + "uncertainty.abs_residuals_log")
+        raise bad("abs_residuals_log", "missing (null where there are none)")
     ares = unc["abs_residuals_log"]
-    ares = None if ares is None else _array(ares, (None,), where,
-                                            prefix + "uncertainty.abs_residuals_log")
+    ares = None if ares is None else _array(ares, (None,), where, field("abs_residuals_log"))
     if ares is not None and (np.any(ares < 0) or np.any(ares > LOG_SPREAD_LIMIT)):
-        raise InputError(f"expected |log residuals| in [0, {LOG_SPREAD_LIMIT:g}]", path=where,
-                         field=prefix + "uncertainty.abs_residuals_log")
+        raise bad("abs_residuals_log", f"expected |log residuals| in [0, {LOG_SPREAD_LIMIT:g}]")
     return {"boot_u": boot, "cov": cov, "sigma": sigma, "dof": dof, "abs_resid": ares,
             "small_sample": small}
 
@@ -408,18 +375,15 @@ def _read_fit_options(fit: dict, where: str, prefix: str) -> tuple[str, dict, st
 
 
 def upgrade(obj, *, path=None):
-    """A one-law document of any version in the current shape (law/3): one reader per version
-    (``_READERS``); anything else as it is, for the envelope check to refuse. A field an upgrade
-    reads is type-checked first (InputError naming ``path`` and the field)."""
+    """A one-law document of any version in law/3's shape (``_READERS``); anything else as it
+    is, for the envelope check to refuse."""
     schema = obj.get("schema") if isinstance(obj, dict) else None
     reader = _READERS.get(schema) if isinstance(schema, str) else None
     return obj if reader is None else reader(obj, str(path) if path else "<law>")
 
 
 def _v1(obj: dict, where: str = "<law>") -> dict:
-    """A law/1 document in law/3's shape (see the module doc): what a law/1 file written before
-    a field existed means by its absence, written out. Only what is absent is filled in (what
-    is there is left for the law/3 reader to check); the document is not changed in place."""
+    """A law/1 document in law/3's shape: only what is absent is filled in (a new document)."""
     out = dict(obj, schema=SCHEMA)
     form = obj.get("form")
     if not isinstance(form, str) or form not in FORMS:  # a curve or task law: law/3's shape
@@ -451,13 +415,9 @@ _READERS = {V1: _v1, SCHEMA: lambda obj, where: obj}
 
 
 def per_fold_extrapolation(bt: dict, where: str = "<law>") -> dict | None:
-    """A law/1 backtest's extrapolation record as written before the pooled rate: the RMS over
-    its rollout folds of log error per decade of one scale (``scale``: planned compute, else
-    params x tokens, else params), outside [smallest, largest] run's scale (the smallest absent
-    in the oldest files: the band then widens only above the largest run); None without a fold
-    that extrapolated (no term). In the pooled record's shape (``ranges_log10`` over that one
-    scale, a null end unbounded), so that one computation reads both
-    (ladder.fit.result.FitResult.extrapolation_log_sd)."""
+    """A law/1 backtest's extrapolation record, in the pooled record's shape: the RMS over its
+    folds of log error per decade of one scale, outside the runs' range of it (a null end
+    unbounded); None without a fold that extrapolated."""
     per_decade = []
     field = "diagnostics.backtest.folds"
     folds = bt.get("folds")
@@ -493,10 +453,8 @@ def _finite(x) -> bool:
 
 
 def check_extrapolation(obj: dict, *, path=None) -> None:
-    """A law's ``diagnostics.backtest.extrapolation`` record (the band's extrapolation term,
-    :func:`pooled_record`), when there is one, checked field by field: a malformed record is
-    refused naming the field, never read as "no term" (a band four decades out 8x too narrow,
-    issue 39)."""
+    """A law's ``diagnostics.backtest.extrapolation`` record checked field by field: a malformed
+    one is refused, never read as "no term" (a band 8x too narrow, issue 39)."""
     where = str(path) if path else "<law>"
     diag = obj.get("diagnostics")
     if diag is None:
@@ -533,10 +491,7 @@ def check_extrapolation(obj: dict, *, path=None) -> None:
         if r[0] is not None and r[0] > r[1]:
             raise InputError(f"lo {r[0]} above hi {r[1]}", path=where, field=fc)
         if abs(r[1]) > 400 or (r[0] is not None and abs(r[0]) > 400):
-            # float64 holds 10^+-308: no input of a run is beyond it
             raise InputError("beyond float64's range (|log10| > 400)", path=where, field=fc)
-    # the power model s d^p: p is learned in [0, 1] (ladder.fit.backtest.EXTRAPOLATION_POWER);
-    # beyond POWER_LIMIT, d^p overflows float64 a few decades out, so the band would be Infinity
     power, scale = ex.get("power"), ex.get("log_sd_scale")
     if power is not None and not (_finite(power) and 0 <= power <= POWER_LIMIT):
         raise InputError(f"expected null or a number in [0, {POWER_LIMIT:g}], got "
@@ -547,9 +502,8 @@ def check_extrapolation(obj: dict, *, path=None) -> None:
 
 
 def pooled_record(bt) -> dict | None:
-    """A backtest's extrapolation record (ladder.fit.backtest's ``extrapolation``; a law/1 file's
-    per-fold one through :func:`per_fold_extrapolation`): {"rate": per decade or None,
-    "ranges": {input: (log10 lo, hi)}} (a null end: unbounded), or None without a valid one."""
+    """A backtest's extrapolation record as {"rate", "ranges": {input: (log10 lo, hi)}} (and the
+    power model's "power", "scale", "scale_ranges", "along"), or None without a valid one."""
     ex = bt.get("extrapolation") if isinstance(bt, dict) else None
     if not isinstance(ex, dict) or not isinstance(ex.get("ranges_log10"), dict):
         return None
@@ -565,8 +519,7 @@ def pooled_record(bt) -> dict | None:
             return None
         ranges[str(c)] = (-math.inf if r[0] is None else float(r[0]), float(r[1]))
     out = {"rate": None if rate is None else float(rate), "ranges": ranges}
-    # the power model (ladder.fit.backtest.EXTRAPOLATION_POWER; records written before it have
-    # no "power" and keep the rate per decade)
+    # the power model (records written before it keep the rate per decade)
     power, sd = ex.get("power"), ex.get("log_sd_scale")
     if isinstance(power, (int, float)) and math.isfinite(power) and power >= 0 and (
             sd is None or isinstance(sd, (int, float)) and math.isfinite(sd) and sd >= 0):
@@ -586,7 +539,7 @@ def pooled_record(bt) -> dict | None:
 
 
 def _intervals(obj, where, prefix) -> dict:
-    """name -> [lo, hi] as floats ("NaN" strings, as written for missing intervals, to NaN)."""
+    """name -> [lo, hi] as floats ("NaN" strings to NaN)."""
     out = {}
     if obj is not None and not isinstance(obj, dict):
         raise InputError("expected an object {name: [lo, hi]} or null", path=where,

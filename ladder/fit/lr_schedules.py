@@ -1,22 +1,11 @@
-"""Learning-rate sequences for the schedule-aware curve laws (``ladder.fit.curve_forms``).
+"""Learning-rate sequences for the curve laws (fit.curve_forms), which need the LR of *every*
+update: ``lr[s - 1]`` is the LR of update ``s`` (1-based); the loss at completed step ``t`` has
+seen updates ``1..t``.
 
-A curve law needs the LR of *every* update, not only at the logged steps. Convention used
-throughout: ``lr[s - 1]`` is the LR of update ``s`` (1-based), i.e. the update that completes step
-``s``; the loss logged at completed step ``t`` has seen updates ``1..t``.
-
-Three sources:
-- a named schedule (``linear:steps=1000,peak=3e-3,warmup=0.01,min=0.05,decay_end=0.6``), built from
-  :class:`ladder.specs.Schedule` exactly as the trainer does (update ``s`` uses
-  ``Schedule.lr_frac(s - 1, steps)``);
-- a CSV with columns ``step, lr`` (possibly sampled every few steps);
-- the ``step, lr`` columns of a points table.
-Sampled LRs are linearly interpolated between samples; before the first sample the LR is taken to
-rise linearly from 0 at step 0 (a linear warmup, the usual case and what every ladder here uses),
-and after the last sample it stays at the last value. Linear interpolation is exact for the
-piecewise-linear schedules (linear, WSD with linear decay, constant) whenever the kinks are
-sampled, and off by at most one sampling interval's smear for a step change.
-
-Plain numpy; no JAX.
+Sources: a named schedule (``linear:steps=1000,peak=3e-3,warmup=0.01,min=0.05,decay_end=0.6``),
+built as the trainer builds it; a CSV of ``step, lr``; a points table's ``step, lr``. Sampled LRs
+are interpolated linearly (exact for piecewise-linear schedules whose kinks are sampled), rising
+from 0 at step 0 before the first sample (a linear warmup) and held after the last.
 """
 
 from __future__ import annotations
@@ -38,9 +27,8 @@ _KEYS = {"steps": "steps", "peak": "peak", "warmup": "warmup", "min": "min_lr_fr
 
 @dataclass(frozen=True)
 class NamedSchedule:
-    """A :class:`Schedule` with its length and peak LR: enough to give the LR of every update.
-    ``tokens_per_step`` (a planned run's, :meth:`of_rung`): a curve law then reads tokens so far
-    as the run's length (ladder.fit.prediction.Query)."""
+    """A :class:`Schedule` with its length and peak LR; ``tokens_per_step`` (a planned run's):
+    a curve law then reads tokens so far as the run's length."""
 
     schedule: Schedule
     steps: int
@@ -49,9 +37,7 @@ class NamedSchedule:
 
     @classmethod
     def of_rung(cls, rung, schedule: Schedule | None = None) -> NamedSchedule:
-        """The planned run of ``rung`` (a :class:`ladder.specs.Rung`): its schedule (or
-        ``schedule``, e.g. ``dataclasses.replace(rung.schedule, decay_end=0.6)`` for a
-        shortened plan), steps, peak LR and tokens per step."""
+        """The planned run of ``rung`` (with ``schedule`` in place of its own, if given)."""
         return cls(rung.schedule if schedule is None else schedule, int(rung.steps),
                    float(rung.peak_lr), float(rung.tokens_per_step))
 
@@ -66,8 +52,7 @@ class NamedSchedule:
 
 
 def lr_from_schedule(schedule: Schedule, steps: int, peak: float) -> np.ndarray:
-    """LR of updates 1..steps (``lr[s-1]`` for update ``s``): the trainer's own table
-    (:func:`ladder.lrtable.lr_table`)."""
+    """LR of updates 1..steps: the trainer's own table (ladder.lrtable)."""
     return lr_table(schedule, steps, peak)
 
 
@@ -97,8 +82,7 @@ def parse_schedule(text: str, *, field: str = "--schedule") -> NamedSchedule:
         raise InputError(f"schedule value is not a number ({e})", field=field) from None
     steps = nums.pop("steps")
     peak = nums.pop("peak")
-    # 10**8 steps: 256x the hero's 390,251; the LR table is built step by step, so a larger
-    # (typo'd) count would hang rather than fail
+    # 10**8 steps: 256x the hero's; the table is built step by step, so a typo would hang
     if not math.isfinite(steps) or steps != int(steps) or steps <= 0 or steps > 10**8:
         raise InputError(f"schedule steps must be a positive integer <= 1e8, got "
                          f"{values['steps']}",
@@ -110,11 +94,8 @@ def parse_schedule(text: str, *, field: str = "--schedule") -> NamedSchedule:
 
 
 def lr_from_samples(step, lr, *, until: int | None = None, what: str = "lr") -> np.ndarray:
-    """Full per-update LR sequence from LRs sampled at some completed steps (see module doc).
-
-    ``until`` (default: the last sampled step) is the length of the returned sequence.
-    Raises :class:`InputError` on repeated steps with different LRs, negative or non-finite LRs.
-    """
+    """Full per-update LR sequence (``until`` long, default the last sampled step) from LRs
+    sampled at completed steps (module doc)."""
     step = np.asarray(step, dtype=float)
     lr = np.asarray(lr, dtype=float)
     ok = np.isfinite(step) & np.isfinite(lr)
@@ -145,8 +126,7 @@ def lr_from_samples(step, lr, *, until: int | None = None, what: str = "lr") -> 
 
 
 def read_schedule_csv(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
-    """``(steps, lr)`` from a CSV with columns ``step, lr``: the sampled steps (to predict at) and
-    the full per-update LR sequence up to the last of them."""
+    """``(sampled steps, per-update LRs up to the last)`` from a CSV of ``step, lr``."""
     import pandas as pd
 
     from ladder.io import read_table
@@ -172,8 +152,7 @@ def read_schedule_csv(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def schedule_source(text: str) -> tuple[np.ndarray | None, np.ndarray]:
-    """``--schedule`` argument -> ``(steps to report or None for the default grid, lr sequence)``.
-    A value naming an existing file (or ending in .csv) is a CSV; anything else a named schedule."""
+    """``--schedule`` -> ``(steps to report or None, LR sequence)``: a CSV file, else a name."""
     if Path(text).exists() or text.lower().endswith(".csv"):
         return read_schedule_csv(text)
     return None, parse_schedule(text).lr()

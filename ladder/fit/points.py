@@ -1,23 +1,15 @@
-"""The points table: load it from CSV/Parquet files and/or runs directories, drop bad rows.
+"""The points table: load it from CSV/Parquet files, runs directories and W&B runs, drop bad
+rows.
 
 Columns (shared/DESIGN.md): ``run, params, active_params, tokens, compute, fraction, loss`` (+
-``step, lr`` for schedule-aware curve laws). ``compute`` and ``tokens`` are *so far* at the point;
-``compute`` is flops-v1 training FLOPs without the LM head. A runs directory (``RUNS/<ladder>/
-<rung>/`` with config.json, summary.json, metrics.jsonl; found and read by ``sources.runs``, the
-reader the forecaster and the report use) is converted to the same table: every
-eval row of every rung becomes a point with its progress fraction, compute counted by the one
-counter (``Rung.compute(tokens_so_far)``).
+``step, lr`` for curve laws). ``compute`` (flops-v1, no LM head) and ``tokens`` are *so far* at
+the point. A runs directory (read by ``sources.runs``) gives every eval row of every rung as a
+point, its compute by the one counter (``Rung.compute``).
 
-Several metrics in one table (DESIGN.md): long form, a ``metric`` column naming each row's key
-beside its ``loss``; or wide form, one loss column per key. ``load_points`` reads one metric:
-the rows of a long table whose ``metric`` is that key (a long table holding several keys is
-refused without one, never read as one law), or a wide table's column of that name.
-:func:`metric_keys` lists the keys a source holds and :func:`expand_metrics` expands ``--metric``
-globs over them.
-
-Bad rows (NaN or non-positive numbers, fractions outside (0, 1], duplicates) are dropped and
-reported with their row numbers in ``df.attrs["dropped"]`` (a list of one-line strings) and by
-``warnings.warn``.
+Several metrics (DESIGN.md): a long table has a ``metric`` column beside ``loss``, a wide one a
+loss column per key; ``load_points`` reads one (a long table of several keys is refused without
+one). Bad rows (NaN or non-positive numbers, fractions outside (0, 1], duplicates) are dropped,
+listed in ``df.attrs["dropped"]`` and warned of.
 """
 
 from __future__ import annotations
@@ -51,18 +43,14 @@ RUN_NOT_METRICS = frozenset({"step", "tokens", "progress", "time", "_step", "_ru
 def load_points(sources, metric: str | None = None, *, include_incomplete: bool = True,
                 include_target: bool = False, sizes: str | Path | None = None,
                 wandb_api=None, keymap=None) -> pd.DataFrame:
-    """One points table from several sources (paths to CSV/Parquet files or runs directories,
-    ``wandb://ENTITY/PROJECT/ID[,ID...]`` URIs, or DataFrames). ``metric`` picks the metric of runs
-    (default the dropless eval loss) and labels the table's ``loss`` column (a table without
-    ``loss`` may carry a column named after the metric instead). ``sizes`` (CSV or JSON: run,
-    params, active_params) gives the sizes of W&B runs whose configs lack a rung; ``wandb_api``
-    replaces ``wandb.Api()`` (tests). ``keymap`` (a ``sources.keymap.KeyMap``) renames another
-    trainer's keys in W&B histories and table columns to ours (``--keys``).
+    """One points table from several sources (CSV/Parquet files, runs directories,
+    ``wandb://ENTITY/PROJECT/ID[,ID...]`` URIs, DataFrames). ``metric`` picks the runs' metric
+    (default the dropless eval loss) and labels ``loss`` (a table may name its column after
+    it). ``sizes`` (CSV or JSON: run, params, active_params): W&B runs without a rung;
+    ``wandb_api`` replaces ``wandb.Api()``; ``keymap`` renames another trainer's keys (``--keys``).
 
-    A run of a ladder's target rung (its rung's ``is_target``: ``ladder run`` trains it beside
-    the rungs; a run directory's config.json, or a W&B run's config, whose points table names it
-    in ``attrs["targets"]``) is the run the law forecasts, not a point to fit: it is left out
-    unless ``include_target``, and ``df.attrs["left_out"]`` names it (``LADDER/RUNG``)."""
+    A ladder's target rung is the run the law forecasts: left out unless ``include_target``,
+    named in ``df.attrs["left_out"]`` (``LADDER/RUNG``)."""
     if isinstance(sources, (str, Path, pd.DataFrame)):
         sources = [sources]
     requested, metric = metric, metric or DEFAULT_METRIC
@@ -94,7 +82,7 @@ def load_points(sources, metric: str | None = None, *, include_incomplete: bool 
             if frame is not None:
                 frames.append(frame)
         else:
-            table = _read_table(path)
+            table = read_table(path)
             frames.append(_table(keymap.table(table) if keymap else table, str(path), metric,
                                  requested))
     if requested is None:  # long tables name their one metric; two different ones never mix
@@ -121,8 +109,7 @@ def load_points(sources, metric: str | None = None, *, include_incomplete: bool 
 
 
 def _without_targets(df: pd.DataFrame, include_target: bool) -> tuple[pd.DataFrame, list[str]]:
-    """W&B runs' points (:func:`points_from_histories`) without the target rung's run, as a
-    runs directory leaves it out: (the table, the runs left out)."""
+    """A table without the runs its ``attrs["targets"]`` names: (the table, those runs)."""
     targets = [str(t) for t in df.attrs.get("targets") or []]
     if include_target or not targets or "run" not in df.columns:
         return df, []
@@ -132,16 +119,11 @@ def _without_targets(df: pd.DataFrame, include_target: bool) -> tuple[pd.DataFra
     return out, targets
 
 
-def _read_table(path: Path) -> pd.DataFrame:
-    return read_table(path)
-
-
 def _table(df: pd.DataFrame, where: str, metric: str, requested: str | None = None
            ) -> pd.DataFrame:
-    """One table's rows of ``metric`` in the points-table columns. ``requested``: the metric the
-    caller named (None: the default, ``metric``). A long table (a ``metric`` column) gives the
-    rows of that key, with their row numbers in the file; a wide one the column named after the
-    requested metric, else its ``loss`` column (the metric a label)."""
+    """One table's rows of ``metric`` in the points-table columns (``requested``: the metric the
+    caller named, None: the default): a long table's rows of that key, or a wide one's column
+    named after it, else its ``loss``."""
     df.columns = [str(c).strip() for c in df.columns]
     # row numbers as a person counts them in the file: data row 1 is line 2 of a CSV
     rows = np.arange(1, len(df) + 1)
@@ -180,8 +162,7 @@ def _table(df: pd.DataFrame, where: str, metric: str, requested: str | None = No
 
 
 def _long_rows(df: pd.DataFrame, rows: np.ndarray, where: str, requested: str | None):
-    """A long table's rows of one metric key: (rows, their row numbers, the key). Without a
-    requested key the table must hold one; several are refused (exit 64), never fitted as one."""
+    """A long table's rows of one metric key: (rows, their row numbers, the key)."""
     names, keys = _metric_names(df["metric"])
     if requested is None:
         if len(keys) > 1:
@@ -212,10 +193,8 @@ def _is_pattern(key: str) -> bool:
 
 def metric_keys(source, *, keymap=None) -> list[str]:
     """The metric keys a source holds, in order of first appearance: a long table's ``metric``
-    values, a wide table's columns but the points table's own (its ``loss`` included), the keys
-    logged in a runs directory's metrics.jsonl files but step, tokens, progress and time.
-    ``keymap`` renames a table's columns as :func:`load_points` does. W&B runs are not listed
-    (their keys live behind the API, or in a record log read above fit): InputError (64)."""
+    values, a wide table's other columns (its ``loss`` included), a runs directory's logged
+    keys. W&B runs are not listed: InputError (64)."""
     if isinstance(source, pd.DataFrame):
         return _table_keys(source, str(source.attrs.get("source", "<dataframe>")))
     if str(source).startswith("wandb://") or is_wandb_offline_dir(source):
@@ -231,7 +210,7 @@ def metric_keys(source, *, keymap=None) -> list[str]:
             for row in run.rows:
                 keys.update((k, None) for k in row if k not in RUN_NOT_METRICS)
         return list(keys)
-    table = _read_table(path)
+    table = read_table(path)
     return _table_keys(keymap.table(table) if keymap else table, str(path))
 
 
@@ -243,8 +222,7 @@ def _table_keys(df: pd.DataFrame, where: str) -> list[str]:
 
 
 def _metric_names(column: pd.Series) -> tuple[pd.Series, list[str]]:
-    """A long table's ``metric`` column stripped, and its distinct keys in order of first
-    appearance (blanks left out)."""
+    """A long table's ``metric`` column stripped, and its distinct non-blank keys."""
     names = column.astype("string").str.strip()
     return names, list(dict.fromkeys(k for k in names.dropna() if k))
 
@@ -301,9 +279,8 @@ def expand_metrics(patterns, sources, *, keymap=None) -> list[str | None]:
 
 def _runs_dir(root: Path, metric: str, include_incomplete: bool,
               include_target: bool = False):
-    """Every run directory at or below ``root`` that has a metrics.jsonl (``sources.runs``: the
-    discovery and status rules the forecaster and the report use too), to points: (table or
-    None when every run is a target left out, notes, the targets left out)."""
+    """Every run directory at or below ``root`` with a metrics.jsonl (``sources.runs``), to
+    points: (table or None when every run is a target, notes, the targets left out)."""
     runs = [r for r in read_runs(root) if r.metrics_path.is_file()]
     if not runs:
         raise InputError("no runs found (no */metrics.jsonl below it)", path=root,
@@ -335,8 +312,7 @@ def _runs_dir(root: Path, metric: str, include_incomplete: bool,
 
 
 def _concat(batches: list[tuple[str, list[dict]]], notes: list[str], metric: str, *, where):
-    """One table of the runs' point rows (a note for each run without any); InputError when no
-    run has a point."""
+    """One table of the runs' point rows (a note for each run without any)."""
     frames = []
     for src, rows in batches:
         if rows:
@@ -351,10 +327,8 @@ def _concat(batches: list[tuple[str, list[dict]]], notes: list[str], metric: str
 
 def point_rows(rows: Iterable[dict], metric: str, *, run: str, source: str,
                params: float | None, active_params: float | None, compute_of) -> list[dict]:
-    """The points-table rows of one run's metrics rows (a run directory's metrics.jsonl or a W&B
-    history): one per row that logs ``metric``, with its line number, progress, step (W&B's
-    ``_step`` when no ``step`` is logged) and LR. ``compute_of(row, tokens)`` gives the compute
-    so far (None: unknown)."""
+    """The points-table rows of one run's metrics rows, one per row that logs ``metric``;
+    ``compute_of(row, tokens)``: the compute so far (None: unknown)."""
     out = []
     for i, row in enumerate(rows, start=1):
         if row.get(metric) is None:
@@ -384,7 +358,7 @@ def read_sizes(path) -> dict[str, dict]:
         rows = obj if isinstance(obj, list) else [dict(v, run=k) for k, v in obj.items()
                                                   if isinstance(v, dict)]
     else:
-        rows = _read_table(path).to_dict("records")
+        rows = read_table(path).to_dict("records")
     out = {}
     for i, r in enumerate(rows, start=1):
         for key in ("run", "params", "active_params"):
@@ -396,8 +370,7 @@ def read_sizes(path) -> dict[str, dict]:
 
 
 def _wandb_runs(uri: str, metric: str, sizes: dict, api, keymap=None):
-    """Points of W&B runs (``wandb://ENTITY/PROJECT/ID,ID...``) from their histories through the
-    public API (:func:`points_from_histories` turns them into the table)."""
+    """Points of W&B runs (``wandb://ENTITY/PROJECT/ID,ID...``) through the public API."""
     body = uri[len("wandb://"):].strip("/").split("/")
     if len(body) != 3 or not all(body):
         raise InputError(f"expected wandb://ENTITY/PROJECT/ID[,ID...], got {uri!r}",
@@ -427,7 +400,7 @@ def _wandb_runs(uri: str, metric: str, sizes: dict, api, keymap=None):
 
 
 def _summary(run) -> dict:
-    """A W&B run's summary as a dict ({} when the API object has none)."""
+    """A W&B run's summary as a dict ({} without one)."""
     try:
         return dict(getattr(run, "summary", None) or {})
     except (TypeError, ValueError):
@@ -436,8 +409,7 @@ def _summary(run) -> dict:
 
 @dataclass
 class WandbHistory:
-    """One W&B run as the points builder needs it: where it came from, its id and name, its
-    config and its history rows (dicts with ``_step`` and the logged keys)."""
+    """One W&B run as the points builder needs it; ``rows``: history dicts."""
 
     where: str
     run_id: str
@@ -449,12 +421,10 @@ class WandbHistory:
 
 def points_from_histories(runs: Iterable[WandbHistory], metric: str, sizes: dict | None = None,
                           *, where: str = "W&B", keymap=None) -> tuple[pd.DataFrame, list[str]]:
-    """The points table of W&B runs: the rung in a run's config (a `ladder run --wandb` run) gives
-    its sizes and FLOPs (the one counter); otherwise ``sizes`` must name the run (by id or name),
-    or a ``keymap`` find its ``params`` in the run's summary or config (levanter's
-    ``parameter_count``), and its rows must log ``flops``. ``keymap`` renames the rows' keys to
-    ours. Returns the table and notes on runs without points; ``attrs["targets"]`` names the runs
-    of a target rung (:func:`load_points` leaves them out unless asked)."""
+    """The points table of W&B runs and notes on runs without points. A run's sizes and FLOPs
+    come from the rung in its config; else ``sizes`` names the run (id or name) or ``keymap``
+    finds its ``params`` in its summary or config, and its rows log ``flops``.
+    ``attrs["targets"]`` names the target rung's runs."""
     from ladder.specs import Rung  # plain Python; no JAX
 
     sizes = sizes or {}
@@ -475,8 +445,7 @@ def points_from_histories(runs: Iterable[WandbHistory], metric: str, sizes: dict
             sz = sizes.get(h.run_id) or sizes[name]
             params, active = sz["params"], sz["active_params"]
         elif keymap is not None and as_float(keymap.value("params", h.summary, h.config)):
-            # another trainer's run: its own parameter count (every parameter: `params`);
-            # active parameters only when the map names them (a dense run: unknown, NaN)
+            # another trainer's parameter count; active ones only where the map names them
             params = as_float(keymap.value("params", h.summary, h.config))
             active = as_float(keymap.value("active_params", h.summary, h.config)) or math.nan
         else:
@@ -493,8 +462,8 @@ def points_from_histories(runs: Iterable[WandbHistory], metric: str, sizes: dict
 
 
 def _no_sizes(h: WandbHistory, name: str, keymap) -> InputError:
-    """The error of a W&B run without sizes: another trainer's run (its keys are a built-in key
-    map's) is told to pass ``--keys NAME``; any other run to give ``--sizes``."""
+    """The error of a W&B run without sizes: ``--keys NAME`` where its keys are a built-in
+    map's, else ``--sizes``."""
     from ladder.sources.keymap import recognise
     if keymap is None:
         rows = iter(h.rows)
@@ -512,8 +481,8 @@ def _no_sizes(h: WandbHistory, name: str, keymap) -> InputError:
 
 
 def is_wandb_offline_dir(path) -> bool:
-    """A W&B offline run directory (or the ``wandb/`` folder above runs): a ``.wandb`` record file
-    in it, in ``latest-run/`` or one level down, and no metrics.jsonl (a run directory wins)."""
+    """A W&B offline run directory (or the ``wandb/`` folder above): a ``.wandb`` file in it
+    or one level down, and no metrics.jsonl."""
     p = Path(path)
     if not p.is_dir() or (p / "metrics.jsonl").exists():
         return False
@@ -554,11 +523,8 @@ def _clean(df: pd.DataFrame):
 
 
 def offline_run_points(path: str, metric: str | None, sizes, *, keymap=None):
-    """The points of a W&B offline run directory: the record log read by ladder.sources, the
-    table built like that of a wandb:// run. With a ``keymap`` (another trainer's
-    names), the run's summary records are read too: levanter logs its parameter count there."""
-    import warnings
-
+    """The points of a W&B offline run directory (its record log read by ladder.sources), as
+    of a wandb:// run; with a ``keymap``, its summary too (levanter's parameter count)."""
     from ladder.sources import WandbOfflineSource
 
     src = WandbOfflineSource(path)
@@ -583,7 +549,7 @@ def offline_run_points(path: str, metric: str | None, sizes, *, keymap=None):
 
 
 def _offline_summary(src) -> dict:
-    """The summary values of a W&B offline run (its ``summary`` records, later ones win)."""
+    """A W&B offline run's summary records, later ones winning."""
     import json
 
     from ladder.sources import read_wandb_records

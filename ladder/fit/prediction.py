@@ -1,13 +1,6 @@
 """What every fitted law answers: the ``Law`` protocol, the one question ``Query`` and the one
-answer ``Prediction``.
-
-Every law is asked the same way, ``law.predict(Query(...), level=...)`` (or the query's fields
-as keywords, ``law.predict(compute=..., fraction=...)``: the same query). A Chinchilla-family
-law (ladder.fit.result.FitResult) reads the points' sizes, tokens, compute and fraction; a curve law
-(ladder.fit.curve_law.CurveLaw) reads the planned run's LR ``schedule``, where along it (``step`` or
-``fraction``) and its size, and fills the prediction's ``step`` and ``fraction``. ``loss``,
-``lo`` and ``hi`` are in metric units; the band is at ``level``. No dependencies beyond numpy,
-so ladder.fit.law, ladder.fit.curve_law and reports can all import it.
+answer ``Prediction`` (``loss``, ``lo``, ``hi`` in metric units, the band at ``level``); every
+law is asked ``law.predict(Query(...))`` or with the query's fields as keywords. Numpy only.
 """
 
 from __future__ import annotations
@@ -21,14 +14,10 @@ import numpy as np
 @dataclass(frozen=True)
 class Query:
     """Where a law is asked; every field optional, arrays broadcast. ``params``,
-    ``active_params``: the model's size; ``tokens``, ``compute``: so far at the point (the
-    points-table convention); ``fraction``: progress through the planned run; ``schedule``: the
-    planned run's LR schedule (curve laws: the LR of every update as an array, ``lr[s-1]`` for
-    update ``s``, a ladder.fit.lr_schedules.NamedSchedule, or its text ``kind:steps=..,peak=..``; a
-    NamedSchedule with ``tokens_per_step`` also reads ``tokens`` as tokens so far, so that a
-    different budget is the same schedule shape stretched to it); ``step``: completed steps
-    along the schedule (curve laws; else ``fraction`` of it, default every 1%). A law reads the
-    fields its form needs and says which one is missing (fit.result, fit.curve_law)."""
+    ``active_params``: the model's size; ``tokens``, ``compute``: so far at the point;
+    ``fraction``: progress through the planned run; ``schedule`` (curve laws): the LR of every
+    update, a fit.lr_schedules.NamedSchedule or ``kind:steps=..,peak=..``; ``step``: completed
+    steps along it. A law reads the fields its form needs and names one that is missing."""
 
     params: Any = None
     active_params: Any = None
@@ -86,15 +75,9 @@ class Prediction:
 
 @runtime_checkable
 class Law(Protocol):
-    """A fitted law of any form, implemented once by fit.result.LawResult, whose two kinds are
-    ladder.fit.result.FitResult (Chinchilla family: compute, chinchilla, moe, trajectory) and
-    ladder.fit.curve_law.CurveLaw (schedule-aware curves: mpl, momentum).
-
-    ``predict`` takes a :class:`Query` (or its fields as keywords) and returns a
-    :class:`Prediction` with its band at ``level``, whatever the form; ``band`` is that band
-    alone. ``to_json`` writes law.json (schema law/3, keyed by ``form``;
-    read back by ladder.fit.law.law_from_json = LawResult.from_json), whose
-    ``uncertainty.band_method`` names ``band_method``."""
+    """A fitted law of any form, implemented once by fit.result.LawResult: ``predict`` a
+    :class:`Query` to a :class:`Prediction` at ``level``, ``band`` alone, ``to_json`` (law.json,
+    read back by LawResult.from_json)."""
 
     @property
     def form(self) -> str: ...

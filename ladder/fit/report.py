@@ -1,9 +1,6 @@
-"""``report()`` of every fitted law: the fit as text a person reads at a terminal.
-
-One layout for every kind (lmfit's ``fit_report``: the model and its data, then the parameters
-with their intervals and flags, then what the fit did): ``report`` writes the two lines every
-law has and hands on to the kind's own lines (``r._report_lines()``), which use
-``parameter_lines`` for the table. ``fit_lines`` are a Chinchilla-family law's.
+"""``report()`` of every fitted law as text, one layout for every kind (lmfit's ``fit_report``:
+the model and its data, the parameters, what the fit did); a kind's own lines:
+``r._report_lines()`` (``fit_lines``: the Chinchilla family's).
 """
 
 from __future__ import annotations
@@ -30,7 +27,7 @@ def report(r) -> str:
 
 
 def left_out_line(run: str) -> str:
-    """What a fit of a runs directory says of the target rung it left out (ladder.fit.points)."""
+    """What a fit says of the target rung it left out."""
     return f"left out: {run} (the ladder's target; --include-target to fit it)"
 
 
@@ -42,9 +39,8 @@ def head_lines(r) -> list[str]:
 
 
 def parameter_lines(r, tags: dict[str, str], warnings: dict[str, str], hint: str) -> list[str]:
-    """The parameters at their ``r.level`` intervals, each with its tag ("(fixed)", ...) and
-    warning, then the identifiability flags (``r.identifiability``) and ``hint`` (how to pin
-    an unidentified one down) when there is one."""
+    """The parameters at their intervals with tags and warnings, the identifiability flags,
+    and ``hint`` (how to pin one down) when one is unidentified."""
     width = max([6] + [len(n) for n in r.params])
     lines = [f"parameters ({r.level:.0%} intervals):"]
     for n, v in r.params.items():
@@ -61,9 +57,8 @@ def parameter_lines(r, tags: dict[str, str], warnings: dict[str, str], hint: str
 
 
 def parameter_rows(r) -> list[dict]:
-    """The parameter table of any law, one dict per parameter: ``name``, ``estimate``, ``lo``,
-    ``hi`` (its ``r.level`` interval), ``identified`` (False where ``r.identifiability`` flags
-    it) and ``note`` (fixed, tied, a prior, an estimate at a bound, why it is not identified)."""
+    """The parameter table of any law: ``name``, ``estimate``, ``lo``, ``hi``, ``identified``,
+    ``note`` (fixed, tied, a prior, at a bound, why not identified)."""
     spec = getattr(r, "spec", None)
     fixed = set(spec.fix) if spec is not None else set(getattr(r, "fixed", None) or ())
     tie = dict(spec.tie) if spec is not None else {}
@@ -93,8 +88,7 @@ def parameter_rows(r) -> list[dict]:
     return rows
 
 
-# a shape factor (a "positive" parameter: fit.forms) below this is at its bound 0, the factor
-# switched off (the solver's exp(u) reaches 1e-17 where the data want none of it)
+# a shape factor below this is switched off (exp(u) reaches 1e-17 where the data want none)
 UNUSED = 1e-8
 
 
@@ -108,9 +102,7 @@ def _param(r, name: str):
 
 
 def short_lines(r) -> list[str]:
-    """A law in a dozen lines (a notebook's repr, the demo's summary): the form and data, the
-    parameter table with identified or not, the fit's error and backtest in one line each;
-    ``report()`` has the rest."""
+    """A law in a dozen lines (a notebook's repr, the demo's summary)."""
     rows = parameter_rows(r)
     width = max([6] + [len(x["name"]) for x in rows])
     head = head_lines(r)[:2]
@@ -295,10 +287,8 @@ EXPONENTS = ("alpha", "beta", "gamma")  # the forms' exponents (ladder.fit.forms
 
 
 def metric_summary(metric: str, law, df) -> dict:
-    """One metric's line of a multi-metric fit: its form, exponents, backtest errors (rollout and
-    leave-largest-out mean |relative error| of the final points) and the band's relative
-    half-width, (hi - lo) / 2 / loss at the law's level, at the largest run's last point of
-    ``df`` (its points table; None where the law cannot say: a curve law needs a schedule)."""
+    """One metric's line of a multi-metric fit: form, exponents, backtest errors and the band's
+    relative half-width at the largest run's last point of ``df`` (None where it cannot say)."""
     d = law.diagnostics or {}
     bt = d.get("backtest") or {}
     row = {"metric": metric, "form": law.form,
@@ -330,8 +320,7 @@ def metric_summary(metric: str, law, df) -> dict:
 
 
 def summary_lines(rows: list[dict], level: float) -> list[str]:
-    """The one-line-per-metric table of a multi-metric fit (rows of :func:`metric_summary`, or
-    ``{"metric", "refused"}`` for a metric that was not fitted)."""
+    """The one-line-per-metric table of a multi-metric fit (``refused`` rows: not fitted)."""
     def pct(x):
         x = as_float(x)
         return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:.2f}%"

@@ -1,21 +1,12 @@
-"""The fitted law of a Chinchilla-family form: ``FitResult`` and its prediction band.
+"""The fitted law: ``LawResult`` (every kind's shared part) and ``FitResult`` (the
+Chinchilla family; fit.curve_law.CurveLaw is the curve laws'), with its prediction band.
 
-A prediction band at a point, in log space: the parameter part is the bootstrap quantile
-deviation where the bootstrap has usable replicates, else z x the delta-method standard error;
-the run-to-run noise part is the residual quantile (``FitResult.noise_half_width``; z x sigma
-with too few points; t(dof) in law.json files written before ``small_sample``); the law's own
-extrapolation error outside its runs' range in the form's inputs, from every held-out point of
-its rollout backtest (``FitResult.extrapolation_log_sd``, ladder.fit.backtest) and an extra
-log-sigma (eval noise, added by a forecaster) are added in quadrature. A band that cannot be
-computed (no residual degrees of freedom, no usable replicates) is NaN with a warning.
-``objective="ols"`` (the real ladder's fit) has its own band: statsmodels' OLS prediction
-interval of log(L - E).
-
-``LawResult`` is what every fitted law is, whatever its form: ``FitResult`` here (the
-Chinchilla family) and ``fit.curve_law.CurveLaw`` (schedule-aware curve laws) are its two kinds.
-
-Fitting lives in fit.estimate (one form on one table) and fit.law (``fit_law``); law.json in
-ladder.fit.lawjson.
+The band at a point, in log space, adds in quadrature: the parameter part (the bootstrap
+quantile deviation, else z x the delta-method se), the run-to-run noise part
+(``FitResult.noise_half_width``), the law's own extrapolation error outside its runs
+(``FitResult.extrapolation_log_sd``, from its rollout backtest) and an extra log-sigma (eval
+noise). A band that cannot be computed is NaN with a warning. ``objective="ols"`` has its own
+band: statsmodels' OLS prediction interval of log(L - E).
 """
 
 from __future__ import annotations
@@ -40,19 +31,11 @@ SMALL_SAMPLE = ("normal", "student-t")
 
 
 class LawResult:
-    """A fitted law of any form (the ``ladder.fit.prediction.Law`` protocol, implemented once).
-
-    What every kind shares lives here: the fitted ``params`` with their ``intervals`` at
-    ``level`` (and the identifiability flags in ``diagnostics``), ``metric``, the band's method
-    by name (``band_method``), ``band()``, the law.json envelope (schema, form, expression,
-    params, metric, conventions, inputs, diagnostics, created, tool_version, and under
-    ``uncertainty`` the method, level, intervals and band method: ladder.fit.lawjson.envelope) and
-    ``from_json``, which hands a law.json object to the kind that reads its ``form``. What a
-    kind adds is its model and what its ``predict`` takes (a Chinchilla-family law: N, D, C,
-    fraction; a curve law: a schedule), its own law.json fields (``_json_own``) and its own
-    report lines (``_report_lines``; the layout is ladder.fit.report.report's).
-
-    A kind names its forms when it subclasses: ``class CurveLaw(LawResult, forms=FORMS)``."""
+    """A fitted law of any form (the ``ladder.fit.prediction.Law`` protocol, implemented once):
+    ``predict``, ``band``, the views, the law.json envelope (fit.lawjson.to_json) and
+    ``from_json``, which hands an object to the kind that reads its ``form``. A kind adds its
+    model (``_predict``), its own law.json fields and report lines, and names its forms when it
+    subclasses: ``class CurveLaw(LawResult, forms=FORMS)``."""
 
     _KINDS: dict[str, type] = {}   # form -> the LawResult subclass that fits and reads it
     by = None   # the column of a one-law-per-value fit (ladder.fit.estimate.fit_by), else None
@@ -68,31 +51,25 @@ class LawResult:
 
     @property
     def identifiability(self) -> dict:
-        """{"flags": {name: [reasons]}, "unidentified": [names]}: parameters the data do not
-        pin down (ladder.fit.estimate._identifiability; a curve law: an estimate at a bound)."""
+        """{"flags": {name: [reasons]}, "unidentified": [names]}: what the data do not pin."""
         return self.diagnostics.get("identifiability") or {"flags": {}, "unidentified": []}
 
     def with_diagnostics(self, **entries) -> LawResult:
-        """This law with ``entries`` in a new diagnostics mapping (a key it has keeps its place,
-        a new one goes last), as fit.law's passes record what they did: no
-        law is changed after it is made."""
+        """This law with ``entries`` added to a new diagnostics mapping (no law is changed)."""
         return replace(self, diagnostics={**self.diagnostics, **entries})
 
     def diagnostics_json(self) -> dict:
-        """``diagnostics`` as law.json writes them (a kind that recomputes its identifiability
-        flags writes the current ones)."""
+        """``diagnostics`` as law.json writes them."""
         return self.diagnostics
 
     def predict(self, query=None, /, *, level: float | None = None,
                 extra_log_sigma=0.0, extrapolation: bool = True, **fields):
-        """The law at ``query`` (a :class:`ladder.fit.prediction.Query`, or its fields as keywords:
-        the same question for every kind; numbers, lists or arrays, which broadcast) with its
-        band at ``level`` (None: the kind's default). A scalar question gets floats, never 0-d
-        arrays. ``query`` may be a pandas DataFrame whose columns are the query's fields (others
-        are ignored): the answer is then a DataFrame on its index with ``loss``, ``lo`` and
-        ``hi`` columns. ``extra_log_sigma``: a further log sd (eval noise) added to the band in
-        quadrature; ``extrapolation``: the band holds the law's own extrapolation error outside
-        its runs (a kind without one has none to add)."""
+        """The law at ``query`` (a :class:`ladder.fit.prediction.Query` or its fields as keywords,
+        which broadcast; a scalar question gets floats) with its band at ``level`` (None: the
+        kind's default). A pandas DataFrame ``query`` (columns: the query's fields) gets a
+        DataFrame on its index with ``loss``, ``lo`` and ``hi``. ``extra_log_sigma``: a log sd
+        added to the band in quadrature; ``extrapolation``: the band holds the law's own
+        extrapolation error outside its runs."""
         frame = _as_frame(query)
         if frame is not None:
             return self._predict_frame(frame, level=level, extra_log_sigma=extra_log_sigma,
@@ -119,8 +96,7 @@ class LawResult:
         return out
 
     def parameter_table(self):
-        """The parameters as a pandas DataFrame (index: name): estimate, lo, hi (the ``level``
-        interval), identified (False where the data do not pin it down) and note."""
+        """The parameters as a DataFrame (index: name): estimate, lo, hi, identified, note."""
         import pandas as pd
         return pd.DataFrame(parameter_rows(self)).set_index("name")
 
@@ -162,8 +138,7 @@ class LawResult:
 
     @classmethod
     def from_json(cls, obj: dict, *, path=None) -> LawResult:
-        """A one-law law.json object (schema law/3, or law/1: ladder.fit.lawjson.upgrade) to the law
-        its ``form`` names, validated."""
+        """A one-law law.json object to the law its ``form`` names, validated."""
         form = obj.get("form") if isinstance(obj, dict) else None
         kind = LawResult._KINDS.get(form) if isinstance(form, str) else None
         if kind is None or kind is cls:
@@ -177,13 +152,10 @@ class LawResult:
 @dataclass(frozen=True)
 class Spread:
     """What a Chinchilla-family law's band is made of besides its estimate (law.json
-    ``uncertainty``): the run-level bootstrap draws of ``u`` (``boot_u``, (R, P)), the
-    delta-method covariance of the free coordinates (``cov``), the residual scale and degrees of
-    freedom (``sigma``, ``dof``), the fitted points' |log residuals| (``abs_resid``, kept sorted:
-    the noise part is their quantile, noise_half_width; None in law.json files from before:
-    t(dof) x sigma), and ``small_sample``: the quantile of the band's parts estimated from few
-    residuals, "normal", or "student-t" (t(dof), law.json files written before the pooled
-    extrapolation rate; see noise_half_width)."""
+    ``uncertainty``): bootstrap draws of ``u`` (``boot_u``, (R, P)), the delta-method covariance
+    of the free coordinates (``cov``), the residual ``sigma`` and ``dof``, the sorted |log
+    residuals| (``abs_resid``; None in old files) and ``small_sample``, the quantile used with
+    few residuals ("student-t" in law/1 files)."""
 
     boot_u: np.ndarray | None = None
     cov: np.ndarray | None = None
@@ -219,20 +191,12 @@ def _no_0d(p: Prediction) -> Prediction:
 
 @dataclass(frozen=True, eq=False, repr=False)
 class FitResult(LawResult, forms=tuple(FORMS)):
-    """A fitted law: parameters, intervals, diagnostics, ``predict()``, ``report()``, JSON.
-
-    Built by its one constructor (fit.estimate's fits, fit.lawjson's reader) and never changed
-    after (a variant is ``dataclasses.replace``): ``spec`` (the form with its fixed and tied
-    parameters), ``u`` (the solver's parameter vector), ``config`` (what it was fitted with:
-    metric, level, params column, objective, prior; its backtest refits with it), ``spread``
-    (what the band is made of), ``intervals``, ``diagnostics``, ``inputs`` and the stamp
-    (``conventions``, ``created``, ``tool_version``; now and this tool's by default).
-
-    For ``by=`` fits (one law per value of a column, e.g. the real ladder's per-fraction fits)
-    ``groups`` holds the per-value results and ``predict(fraction=...)`` uses the matching one,
-    interpolating log loss linearly between neighbouring values. ``starts``: the starts its
-    backtest refits use (ladder.fit.estimate; not written to law.json).
-    """
+    """A fitted law of the Chinchilla family, never changed after it is made: ``spec`` (the
+    form with its fixed and tied parameters), ``u`` (the solver's parameter vector), ``config``
+    (what it was fitted with; its backtest refits with it), ``spread``, ``intervals``,
+    ``diagnostics``, ``inputs`` and the stamp. A ``by=`` fit holds one law per value in
+    ``groups`` and predicts by interpolating log loss between them. ``starts``: its backtest
+    refits' starts (not written to law.json)."""
 
     spec: Spec
     u: np.ndarray
@@ -268,17 +232,12 @@ class FitResult(LawResult, forms=tuple(FORMS)):
     small_sample = property(lambda self: self.spread.small_sample)
 
     def with_draws(self, boot_u) -> FitResult:
-        """This law with other bootstrap draws (fit.law.asymptote_rule's pooled draws)."""
+        """This law with other bootstrap draws."""
         return replace(self, spread=replace(self.spread, boot_u=boot_u))
 
     # --- named views ---------------------------------------------------------------------------
-    @property
-    def form(self) -> str:
-        return self.spec.form.name
-
-    @property
-    def expression(self) -> str:
-        return self.spec.form.expression
+    form = property(lambda self: self.spec.form.name)
+    expression = property(lambda self: self.spec.form.expression)
 
     @property
     def params(self) -> dict:
@@ -286,12 +245,8 @@ class FitResult(LawResult, forms=tuple(FORMS)):
 
     # --- prediction ----------------------------------------------------------------------------
     def _predict(self, q: Query, *, level, extra_log_sigma, extrapolation) -> Prediction:
-        """Loss and its band at ``level`` (default 0.9; numpy arrays, the query's fields
-        broadcast). ``compute`` and ``tokens`` are so far at the point (points-table convention);
-        ``fraction`` is the progress through the planned run (trajectory and per-fraction laws;
-        default 1); a law of points has no use for a ``schedule`` or ``step``. The band also
-        holds the law's extrapolation error outside its runs' scale range
-        (:meth:`extrapolation_log_sd`) unless ``extrapolation=False``."""
+        """Loss and its band at ``level`` (default 0.9). ``compute`` and ``tokens`` are so far
+        at the point; ``fraction`` is the progress through the planned run (default 1)."""
         params, active_params, tokens, compute, fraction = (
             q.params, q.active_params, q.tokens, q.compute, q.fraction)
         level = 0.9 if level is None else float(level)
@@ -310,9 +265,8 @@ class FitResult(LawResult, forms=tuple(FORMS)):
         fr = self.diagnostics.get("fraction_range")
         below = None
         if "fraction" in cols and fr and as_float(fr[0]) is not None:
-            # below the smallest fitted fraction nothing was measured: the early-transient
-            # factor is held at its value there (1/g would otherwise explode), and a warning
-            # says that these points are extrapolated
+            # below the smallest fitted fraction the early-transient factor is held at its
+            # value there (1/g would explode), with a warning
             flat["fraction_floor"] = float(as_float(fr[0]))
             below = flat["fraction"] < flat["fraction_floor"] - 1e-9
         if below is not None and below.any():
@@ -326,19 +280,12 @@ class FitResult(LawResult, forms=tuple(FORMS)):
 
     def extrapolation_log_sd(self, params=None, tokens=None, compute=None, fraction=None,
                              active_params=None) -> np.ndarray:
-        """The law's own extrapolation error (a log sd) at each point: the rate per decade its
-        rollout backtest measured (ladder.fit.backtest: the held-out finals' log errors pooled over
-        every fold and point, per decade outside the fold's fitted range) times the point's
-        decades outside the range of the runs it was fitted on, the largest over the inputs
-        the form uses (params and tokens, or compute; tokens and compute are taken at
-        fraction 1, planned), above or below. 0 inside every range,
-        without a backtest, or for inputs not given. A law/1 file written before the pooled
-        record keeps its method, read into the same record's shape
-        (fit.lawjson.per_fold_extrapolation): the RMS over folds of log error per decade of one
-        scale (planned compute, else params x tokens, else params).
-        Below the range the rate measured upward is assumed: a ladder rung held out at the
-        bottom is 0.85 decades below the rest on Gadre et al.'s ladder and its law misses it
-        by 5-24% (docs/LOG.md, 2026-12-01)."""
+        """The law's own extrapolation error (a log sd) at each point: the rollout backtest's
+        measure (fit.backtest: a rate per decade, or s d^p) at the point's decades outside the
+        fitted runs' range, the largest over the inputs given (tokens and compute planned, at
+        fraction 1); 0 inside every range or without a backtest. Below the range the rate
+        measured upward holds too (Gadre et al.'s bottom rung, 0.85 decades below the rest, is
+        missed by 5-24%; docs/LOG.md, 2026-12-01)."""
         bt = self.diagnostics.get("backtest")
         given = [np.asarray(x, float) for x in (params, tokens, compute, fraction, active_params)
                  if x is not None]
@@ -360,17 +307,15 @@ class FitResult(LawResult, forms=tuple(FORMS)):
         d = input_distance(vals, pooled["ranges"], shape)
         prior = band_prior_of(self.diagnostics)
         if prior is None and "power" in pooled:
-            # the power model (ladder.fit.backtest.EXTRAPOLATION_POWER): s d^p outside the
-            # runs, in the form's inputs or in planned compute (a larger run)
+            # the power model s d^p, outside the runs in the form's inputs or planned compute
             d = np.maximum(d, input_distance(vals, pooled["scale_ranges"], shape))
             if pooled["scale"] is None:
                 return self._unmeasured(d, shape)
             x = np.where(d > 0, pooled["scale"] * np.power(np.maximum(d, 1e-300),
                                                            pooled["power"]), 0.0)
             if "along" in pooled and fraction is not None:
-                # a point along a larger run's curve, where the law of final points was held
-                # out on the rollout's curves (ladder.fit.backtest.along_curve): that error
-                # at its fraction, held at the nearest fraction measured; 0 at the end
+                # a point along a larger run's curve: the rollout's error along held-out
+                # curves at its fraction (fit.backtest.along_curve); 0 at the end
                 gs, sds = pooled["along"]
                 g = np.broadcast_to(fr, shape)
                 a = np.where(g < 1 - 1e-9, np.interp(g, gs, sds), 0.0)
@@ -384,8 +329,7 @@ class FitResult(LawResult, forms=tuple(FORMS)):
         return pooled["rate"] * d
 
     def _unmeasured(self, d, shape) -> np.ndarray:
-        # no rollout fold could be fitted (too few smaller runs): nothing measured the
-        # error outside the runs, and the band does not hold it; said, not hidden
+        # no rollout fold measured the error outside the runs: said, not hidden
         if np.any(d > 0):
             warnings.warn(f"{self.form} law: points up to {float(np.max(d)):.2f} "
                           "decades outside the fitted runs' range, and no rollout "
@@ -434,10 +378,8 @@ class FitResult(LawResult, forms=tuple(FORMS)):
             up = np.maximum(up, np.quantile(dev, q, axis=0))
             down = np.maximum(down, -np.quantile(dev, 1 - q, axis=0))
             have_param = True
-        # the delta method only where the bootstrap is not there: t(dof) x se on top of a
-        # bootstrap that already measured the parameters' spread doubles it, and with the
-        # 1-2 residual dof of a 4-5 rung ladder t is 3-6 (Gadre's 5-run fit: +-25% at 6.9B);
-        # the normal quantile (small_sample), as for the noise part
+        # the delta method only without the bootstrap (both would double the spread), at the
+        # normal quantile: t of the 1-2 dof of a 4-5 rung ladder is 3-6 (+-25% at 6.9B)
         if self.cov is not None and tq is not None and not have_param:
             _u0, M = self.spec.mapping()
             J = model.jacobian(self.u) @ M             # (m, F)
@@ -482,29 +424,18 @@ class FitResult(LawResult, forms=tuple(FORMS)):
         return qq if qq <= 1 else None
 
     def noise_half_width(self, level: float) -> float | None:
-        """Half-width (log loss) of the band's run-to-run noise part at ``level``.
-
-        The ``level`` quantile of the fitted points' |log residuals|, at the split-conformal
-        rank (level x (m + 1) / m of m effective observations, m = dof + free parameters) and
-        scaled by sqrt(m / dof) for the parameters the fit spent on them. Distribution-free:
-        the summed-Huber fit is robust because ladder residuals are not Gaussian (Gadre et
-        al.'s M=5 runs miss the law by 4-15% where the rest sit within 1-2%), and t(dof) x
-        their RMS let those few points set a +-6% band for every target (leave-one-rung-out
-        coverage 97% on RedPajama, bands 3-12x the typical held-out error). Too few
-        observations for the rank (m < level / (1 - level), 9 at 90%, 99 at 99%): the
-        normal quantile x sigma. Not t(dof) x sigma (main before the pooled extrapolation
-        rate, and law.json files from then: ``small_sample="student-t"``): with the 1 residual
-        dof of Gadre et al.'s 5-run, 4-parameter fit t is 6.3 and this part alone was +-4.3%
-        for targets its rollout missed by 2.4% and the law by 0.4%. Outside the runs' range
-        the out-of-sample error is measured, not modelled: the rollout backtest's held-out
-        errors, which hold the run-to-run noise, are the extrapolation term (ladder.fit.backtest,
-        :meth:`extrapolation_log_sd`)."""
+        """Half-width (log loss) of the band's run-to-run noise part at ``level``: the |log
+        residuals|' quantile at the split-conformal rank (level x (m + 1) / m, m = dof + free
+        parameters), scaled by sqrt(m / dof). Distribution-free because ladder residuals are not
+        Gaussian (Gadre et al.'s M=5 runs miss by 4-15%, the rest by 1-2%, and t(dof) x their
+        RMS set a +-6% band everywhere). Too few observations for the rank (m < level / (1 -
+        level)): the normal quantile x sigma (t(dof) x sigma in law/1 files: with 1 dof, t is
+        6.3)."""
         own = self._own_noise_half_width(level)
         prior = band_prior_of(self.diagnostics)
         if prior is None:
             return own
-        # the forecast layer's prior (band_prior_of): the ladder's own estimate, worth its
-        # residual dof, pooled with the cross-ladder one, worth prior["weight"]
+        # the forecast layer's prior: the ladder's own estimate, worth its dof, pooled with it
         z = float(ndtri(0.5 + level / 2))
         return shrink(own, max(float(self.dof or 0), 0.0), z * prior["noise_log_sd"],
                       prior["weight"])
@@ -521,10 +452,8 @@ class FitResult(LawResult, forms=tuple(FORMS)):
         return quant * self.sigma
 
     def band_terms(self, level: float = 0.9) -> dict:
-        """The band's two ladder-measured terms before any prior: the noise part as a log sd
-        (its half-width at ``level`` / z) with the residual dof behind it, and the
-        extrapolation rate per decade with the held-out points behind it (bench/scoreboard.py
-        pools them across ladders into the prior of band_prior_of)."""
+        """The band's two ladder-measured terms before any prior, with the numbers behind them:
+        the noise log sd (dof) and the extrapolation rate per decade (held-out points)."""
         own = self._own_noise_half_width(level)
         ex = ((self.diagnostics.get("backtest") or {}).get("extrapolation") or {})
         return {"noise_log_sd": None if own is None else own / float(ndtri(0.5 + level / 2)),
@@ -532,9 +461,8 @@ class FitResult(LawResult, forms=tuple(FORMS)):
                 "rate": ex.get("rate_per_decade"), "rate_points": int(ex.get("n_points") or 0)}
 
     def _band_ols(self, model, center, level, extra):
-        """The OLS prediction interval of log(L - E) (statsmodels' ``obs_ci``: Student-t with
-        the residual dof, mean-prediction variance x' V x plus the residual variance), mapped
-        to loss; an extra log-sigma (eval noise) is added in quadrature in log-loss space."""
+        """The OLS prediction interval of log(L - E) (statsmodels' ``obs_ci``: t(dof) x
+        sqrt(x' V x + sigma^2)) mapped to loss, the extra log-sigma added in quadrature."""
         q = 0.5 + level / 2
         if not (self.dof and self.dof > 0 and self.cov is not None and self.sigma is not None):
             warnings.warn(f"{self.form} law (ols): prediction band unavailable: no residual "
@@ -625,13 +553,10 @@ def input_distance(values: dict, ranges: dict, shape=()) -> np.ndarray:
 
 def band_prior_of(diagnostics) -> dict | None:
     """The forecast layer's prior on the band's two measured terms (``diagnostics.band_prior``,
-    set by ladder.fit.law.fit_law; absent in law.json files written before it, which keep
-    their band): ``noise_log_sd``, the run-to-run noise as a log sd, and ``rate``, the
-    extrapolation error per decade, each the median over the public ladders of
-    bench/scoreboard.py, and ``weight``, the observations the prior is worth. A ladder's own
-    estimate of a term rests on few numbers (a 5-run ladder fitted by a 4-parameter law has 1
-    residual dof; its rollout 2-4 held-out finals), and alone it set bands of +-6 to +-20%
-    where the law missed by 0.3% (Gadre et al.'s RedPajama ladder, docs/scoreboard.md)."""
+    fit.law.BAND_PRIOR): ``noise_log_sd``, ``rate`` (per decade) and ``weight`` (observations it
+    is worth); None without a valid one. A ladder's own terms rest on few numbers (1 residual
+    dof, 2-4 held-out finals) and alone set +-6 to +-20% bands where the law missed by 0.3%
+    (Gadre et al.'s RedPajama ladder, docs/scoreboard.md)."""
     bp = (diagnostics or {}).get("band_prior")
     if not isinstance(bp, dict):
         return None
@@ -645,19 +570,17 @@ def band_prior_of(diagnostics) -> dict | None:
 
 
 def shrink(own: float | None, n: float, prior: float, n0: float) -> float:
-    """The pooled scale of ``own`` (a scale measured from ``n`` numbers) and ``prior`` (worth
-    ``n0``): sqrt((n own^2 + n0 prior^2) / (n + n0)), the posterior mean of a variance under
-    a scaled-inverse-chi-square prior (Gelman et al., Bayesian Data Analysis, 3rd ed., 3.3);
-    ``prior`` where nothing was measured."""
+    """sqrt((n own^2 + n0 prior^2) / (n + n0)): ``own`` (from ``n`` numbers) pooled with
+    ``prior`` (worth ``n0``), the posterior mean of a variance under a scaled-inverse-chi-square
+    prior (Gelman et al., BDA 3rd ed., 3.3); ``prior`` where nothing was measured."""
     if own is None or not math.isfinite(own) or n <= 0:
         return float(prior)
     return math.sqrt((n * own * own + n0 * prior * prior) / (n + n0))
 
 
 def extrapolation_rate(bt) -> tuple:
-    """(rate per decade, scale kind, log10 of the smallest and the largest run's scale) from a
-    backtest's record (``diagnostics.backtest``); rate None without a rate measured; an end
-    None where the record has none (law/1 files written before it was recorded)."""
+    """(rate per decade, scale kind, log10 of the smallest and largest run's scale) from a
+    backtest's record; None for what it does not hold."""
     bt = bt if isinstance(bt, dict) else {}
     rec = lawjson.pooled_record(bt)
     top, bottom = bt.get("scale_log10_max"), bt.get("scale_log10_min")
@@ -666,10 +589,9 @@ def extrapolation_rate(bt) -> tuple:
             float(top) if isinstance(top, (int, float)) else None)
 
 
-
 def stamp(created=None, conventions=None, tool_version=None) -> dict:
-    """A law's stamp: ``created`` (now, UTC, to the second), the FLOP ``conventions`` and the
-    ``tool_version``, this tool's unless given (a law read back keeps its own)."""
+    """A law's stamp: ``created`` (now, UTC), FLOP ``conventions``, ``tool_version``; ours
+    unless given."""
     from ladder import __version__
     from ladder.counting import conventions as ours
     return {"created": created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

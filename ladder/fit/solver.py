@@ -1,10 +1,8 @@
 """A batched L-BFGS: many independent smooth problems (starts x bootstrap replicates) at once.
 
-scipy's L-BFGS-B solves one problem per call, and a Python loop over the Chinchilla grid's 4,500
-starts spends its time in per-call overhead on a 5-parameter problem. Here every row of ``X`` is
-its own problem with its own curvature history, step length and stopping test; the objective is
-evaluated for all rows that still need it in one vectorised call. Rows leave the active set as
-they converge, so the cost falls as the run goes on.
+scipy's L-BFGS-B solves one problem per call (4,500 Chinchilla starts: all call overhead). Here
+every row of ``X`` is its own problem with its own history, step and stopping test, the
+objective evaluated for all active rows in one call; converged rows leave the active set.
 
 Method (Nocedal & Wright 2006, Alg. 7.4 and 7.5): two-loop recursion with m = 10 pairs, initial
 Hessian scaling s'y / y'y, Armijo backtracking (c1 = 1e-4) with a safeguarded quadratic step,
@@ -12,15 +10,9 @@ curvature pairs kept only when s'y > 0. Stopping, per row: max |grad| <= gtol, o
 decrease of f below ftol on two successive iterations (scipy's factr test, but relative to |f|
 itself: the summed Huber objective of a good fit is ~1e-3, far below scipy's floor of 1).
 
-Box bounds (``bounds=(lo, hi)``, the curve laws' parameter ranges) make it a projected L-BFGS: a
-coordinate at a bound whose gradient points outward is held (its gradient and step are zero),
-trial points are clipped into the box, the Armijo test uses the step actually taken, and the
-stopping test uses the projected gradient. Without bounds it is the plain method above, bit for
-bit.
-
-Also here, for every law: ``polish`` (the last stage of a multi-start fit: the best candidates
-to tight tolerances, the lowest kept), and the run-level bootstrap, ``run_bootstrap`` (which runs a
-replicate resamples: ``run_weights``; its record; the intervals: ``percentile_interval``).
+Box bounds make it a projected L-BFGS: a coordinate at a bound with an outward gradient is held,
+trial points are clipped, the Armijo test uses the step taken, the stopping test the projected
+gradient. Also here, for every law: ``polish`` and the run-level bootstrap (``run_bootstrap``).
 """
 
 from __future__ import annotations
@@ -172,19 +164,16 @@ def lbfgs(fg, x0: np.ndarray, *, m: int = 10, max_iter: int = 1000, gtol: float 
 
 
 def polish(fg, cands: np.ndarray, **kw) -> tuple[int, BatchResult]:
-    """The last stage of a multi-start fit: every candidate (a row of ``cands``) to the tight
-    tolerances ``kw`` (``lbfgs``'s), all at once; the index of the lowest finite one and the
-    whole result (every candidate's x, f and status)."""
+    """The last stage of a multi-start fit: every candidate to the tolerances ``kw``, all at
+    once; (index of the lowest finite one, the whole result)."""
     r = lbfgs(fg, np.atleast_2d(cands), **kw)
     return int(np.argmin(np.where(np.isfinite(r.f), r.f, np.inf))), r
 
 
 @dataclass(frozen=True)
 class Refits:
-    """What a law's refits of the bootstrap's replicates give back (:func:`run_bootstrap`): the
-    usable replicates' parameters in the law's own shape, how many there are, how many were
-    left out as degenerate (too few distinct runs to determine the law) or counted as not
-    converged, and the law's own fields of the record."""
+    """A law's refits of the bootstrap's replicates: the usable draws in the law's own shape,
+    the counts, and the law's own fields of the record."""
     draws: Any
     valid: int
     degenerate: int
@@ -196,12 +185,9 @@ def run_bootstrap(n_runs: int, replicates: int, seed: int,
               refit: Callable[[np.ndarray, np.random.Generator], Refits], *,
               bayesian: bool = True, accept=None, usable: int = 1, possible: bool = True,
               without: str = "") -> tuple[Any, dict]:
-    """The run-level bootstrap of every law: ``replicates`` draws of run weights
-    (:func:`run_weights`, seeded by ``seed``; the generator is handed on to ``refit`` for any
-    further draws of its own), each replicate refitted by the law (``refit(weights, rng)``:
-    from its estimate, all at once), and the record law.json and ``report()`` show. Fewer than
-    ``usable`` usable replicates (or none ``possible``): a warning that says what the band does
-    ``without`` them, and no draws (None). (draws, record)."""
+    """The run-level bootstrap of every law: ``replicates`` draws of run weights, refitted by
+    ``refit(weights, rng)``: (draws, the record law.json shows). Fewer than ``usable`` (or none
+    ``possible``): a warning saying what the band does ``without`` them, and None."""
     info = {"replicates": int(replicates), "valid": 0, "degenerate": int(replicates),
             "not_converged": 0, "seed": int(seed), "resampled": "runs"}
     r = None
@@ -221,12 +207,10 @@ def run_bootstrap(n_runs: int, replicates: int, seed: int,
 
 def run_weights(rng: np.random.Generator, n_runs: int, replicates: int, *,
                 bayesian: bool = True, accept=None, tries: int = 50) -> np.ndarray:
-    """(replicates, n_runs) weights of the runs in a run-level bootstrap: every point of a
-    run carries its run's weight (points of one run are correlated; resampling points would
-    pretend they are not). ``bayesian``: Dirichlet(1, ..., 1) weights scaled to sum to
-    ``n_runs`` (Rubin 1981: every run keeps a positive weight); else multinomial counts
-    (whole runs drawn with replacement), redrawn up to ``tries`` times until ``accept(picked
-    run indices)`` holds; a replicate that never does is left out (fewer rows)."""
+    """(replicates, n_runs) run weights (points of one run are correlated). ``bayesian``:
+    Dirichlet(1, ..., 1) x ``n_runs`` (Rubin 1981: every run keeps a positive weight, so no
+    replicate of a 5-run ladder drops to an exact 4-run fit); else multinomial counts, redrawn up
+    to ``tries`` times until ``accept(picked run indices)``, else left out."""
     if bayesian:
         return rng.dirichlet(np.ones(n_runs), size=replicates) * n_runs
     out = []

@@ -1,35 +1,21 @@
 """Downstream accuracy in two steps (``--form task --via LOSS_KEY``): Bhagia et al. 2024,
 "Establishing Task Scaling Laws via Compute-Efficient Model Ladders" (arXiv:2412.04403).
 
-Both steps are ``fit.law.fit_task``. Step 1 fits the task's loss (the bits per byte of the
-correct answer, say) in params / tokens / compute with the project's own fitter
-(``fit.law.fit_law``: any form, its bootstrap, backtests and band), one point per run: its last
-``smooth`` evals averaged, at its final tokens (:func:`step1_table`).
-Step 2 maps task loss to accuracy with the paper's sigmoid (their eq. 2; the parametrisation of
-their code, src/scaling/fitting_functions.py ``sigmoid`` at commit 67a3f44 of
-github.com/allenai/OLMo-ladder):
+Both steps are ``fit.law.fit_task``. Step 1 fits the task's loss with ``fit.law.fit_law`` (any
+form, its bootstrap and band), one point per run: its last ``smooth`` evals averaged
+(:func:`step1_table`). Step 2 maps task loss to accuracy with the paper's sigmoid (eq. 2, as in
+src/scaling/fitting_functions.py at commit 67a3f44 of github.com/allenai/OLMo-ladder):
 
     acc(L) = a / (1 + exp(-k (L - L0))) + b,   a in [-1, 0], k >= 0, b in [0, 1]
 
-so accuracy falls from ``b`` (L -> -inf) to ``a + b`` (L -> inf) around ``L0``. As in the
-paper, step 2 is fitted to every eval of every run after its first ``skip`` (10%), both
-series smoothed by a moving average of ``smooth`` (5) evals, with one more point saying a model
-of zero loss is always right (L = 0, acc = 1). The fitting code here is our own (scipy's
-bounded least squares from a small grid of starts).
+fitted, as in the paper, to every eval after each run's first ``skip`` (10%), smoothed by a
+moving average of ``smooth`` (5), plus the point (L = 0, acc = 1); by scipy's bounded least
+squares from a grid of starts (our own code).
 
-Band (``TaskLaw.predict``), Monte Carlo over both steps:
-  1. the target's task loss: draws from step 1's own band at the law's level (a split normal in
-     log loss whose quantiles at that level are step 1's lo and hi), which carries step 1's
-     bootstrap, its residual noise and its extrapolation error (ladder.fit.result);
-  2. each loss draw goes through one run-level Bayesian-bootstrap draw of the sigmoid (Dirichlet
-     weights over runs: a run's checkpoints are not independent);
-  3. plus a residual of step 2 (eval and checkpoint noise around the sigmoid), resampled;
-  4. plus the sigmoid's own extrapolation error below the lowest loss it was fitted on: normal
-     with sd = rate x (distance in loss below that lowest loss), the rate from a rollout backtest
-     of step 2 over the ladder's sizes (fit on the sizes below one, predict that size's final
-     accuracies from their actual losses).
-The band is the draws' quantiles; the centre is the sigmoid of step 1's central loss
-(:func:`chain`).
+Band (``TaskLaw.predict``), Monte Carlo over both steps: draws of the task loss from step 1's
+band (a split normal in log loss), each through one run-level bootstrap draw of the sigmoid,
+plus a resampled step-2 residual, plus the sigmoid's extrapolation error below its lowest fitted
+loss (sd = rate x distance, the rate from a rollout of step 2 over the ladder's sizes).
 """
 
 from __future__ import annotations
@@ -44,6 +30,7 @@ from ladder.fit.solver import run_weights
 from ladder.fit.task_law import (ANCHOR, LOWER, NAMES, SKIP, SMOOTH, UPPER, TaskLaw,
                                   sigmoid)
 from ladder.io import InputError
+
 
 def fit_sigmoid(L, acc, weights=None, *, anchor=ANCHOR, starts=None) -> np.ndarray:
     """(a, L0, k, b) by weighted least squares of accuracy, within the paper's bounds, the best
@@ -136,17 +123,14 @@ def task_tables(df: pd.DataFrame, via: str, metric: str, *, smooth: int = SMOOTH
 
 
 def _run_weights(runs: np.ndarray, rng, replicates: int) -> np.ndarray:
-    """Run-level Bayesian bootstrap (ladder.fit.solver.run_weights: Dirichlet(1) weights over runs,
-    scaled to mean 1), each given to every point of its run (replicates x points)."""
+    """Run-level Bayesian bootstrap weights given to every point of a run (replicates x points)."""
     uniq, idx = np.unique(runs, return_inverse=True)
     return run_weights(rng, len(uniq), replicates)[:, idx]
 
 
 def extrapolation_rate(pairs: pd.DataFrame, anchor=ANCHOR) -> dict:
-    """Step 2's rollout backtest: for each size from the third up, fit the sigmoid on the smaller
-    sizes and predict this size's final (smoothed) accuracies from their actual losses. The rate
-    is sqrt(sum e^2 / sum d^2), e the errors and d the losses' distance below the fitted
-    range's lowest loss; 0 when no held-out point lies below it."""
+    """Step 2's rollout backtest: each size from the third up predicted from the smaller ones;
+    rate sqrt(sum e^2 / sum d^2), d the distance below the fitted losses (0 without any)."""
     sizes = np.sort(pairs["size"].unique())
     errs, dists, folds = [], [], []
     for s in sizes[2:]:
@@ -168,8 +152,7 @@ def extrapolation_rate(pairs: pd.DataFrame, anchor=ANCHOR) -> dict:
 
 def step1_table(df: pd.DataFrame, via: str, metric: str, *, smooth: int = SMOOTH,
                 skip: float = SKIP, where: str = "<table>") -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Step 1's points table of ``via`` and step 2's (loss, accuracy) pairs (:func:`task_tables`),
-    after the options and the number of pairs are checked (fit.law.fit_task fits both steps)."""
+    """Step 1's points table of ``via`` and step 2's (loss, accuracy) pairs, checked."""
     if isinstance(smooth, bool) or not isinstance(smooth, int) or smooth < 1:
         raise InputError(f"must be an integer >= 1, got {smooth!r}", field="smooth")
     if not 0 <= skip < 1:
@@ -184,9 +167,7 @@ def step1_table(df: pd.DataFrame, via: str, metric: str, *, smooth: int = SMOOTH
 
 def chain(step1, t1: pd.DataFrame, pairs: pd.DataFrame, metric: str, *, bootstrap: int,
           level: float, seed: int, smooth: int, skip: float, where: str) -> TaskLaw:
-    """Step 2 on the pairs of :func:`step1_table`, chained to ``step1`` (the law of the task
-    loss fitted on ``t1``): the task law, with ``bootstrap`` run-level replicates of the
-    sigmoid at ``level`` (``seed``)."""
+    """Step 2 on the pairs of :func:`step1_table`, chained to ``step1``: the task law."""
     L, y = pairs["loss"].to_numpy(), pairs["acc"].to_numpy()
     theta = fit_sigmoid(L, y)
     resid = y - sigmoid(L, *theta)

@@ -1,7 +1,6 @@
 """The downstream-accuracy law (form ``task``): step 1's law of the task loss chained into the
-paper's sigmoid (Bhagia et al. 2024, arXiv:2412.04403); ladder.fit.task fits it. The law lives
-below the fitter so that every reader of law.json knows the form (ladder.fit.law imports this
-module, which registers ``task`` with ladder.fit.result.LawResult).
+paper's sigmoid (Bhagia et al. 2024, arXiv:2412.04403), fitted by fit.task; below the fitter so
+that law.json's reader knows the form.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import ladder.fit.lawjson as lawjson
 from ladder.fit.prediction import Prediction, Query
 from ladder.fit.report import parameter_lines
 from ladder.fit.result import LawResult
-from ladder.io import InputError, to_jsonable
+from ladder.io import InputError
 
 FORM = "task"
 TASK_SCHEMA = "task-law/1"   # the "task" block of a law.json file of form "task"
@@ -87,8 +86,7 @@ class TaskLaw(LawResult, forms=(FORM,)):
 
     def predict(self, query: Query | None = None, /, *, level: float | None = None,
                 draws: int = N_DRAWS, seed: int = 0, **fields) -> Prediction:
-        """Accuracy and its band at ``query`` (step 1's query, ladder.fit.prediction.Query, or its
-        fields; step 1's options, e.g. ``extrapolation``, pass through)."""
+        """Accuracy and its band at step 1's ``query`` (or its fields; its options pass through)."""
         level = self.level if level is None else float(level)
         if not 0 < level < 1:
             raise ValueError(f"level: must be in (0, 1), got {level!r}")
@@ -116,8 +114,7 @@ class TaskLaw(LawResult, forms=(FORM,)):
 
     def accuracy_band(self, loss, level: float | None = None, *, draws: int = N_DRAWS,
                       seed: int = 0) -> Prediction:
-        """Step 2 alone: the accuracy at a known task loss, its band from step 2's bootstrap,
-        residual and extrapolation terms (what a measured loss says of accuracy)."""
+        """Step 2 alone: the accuracy at a known task loss, with step 2's band."""
         level = self.level if level is None else float(level)
         L = np.atleast_1d(np.asarray(loss, dtype=float))
         rng = np.random.default_rng(seed)
@@ -129,9 +126,7 @@ class TaskLaw(LawResult, forms=(FORM,)):
                           level=level)
 
     def _band(self, losses: np.ndarray, level: float, rng) -> tuple[float, float]:
-        """Quantiles at ``level`` of step 2's accuracy over draws of the task loss: each
-        through one bootstrap sigmoid, plus a resampled residual, plus the extrapolation
-        error below the fitted losses (see the module's docstring)."""
+        """Quantiles at ``level`` of step 2's accuracy over draws of the task loss (fit.task)."""
         n = len(losses)
         th = self.boot_theta[np.arange(n) % len(self.boot_theta)]
         acc = sigmoid(losses, th[:, 0], th[:, 1], th[:, 2], th[:, 3])
@@ -153,9 +148,6 @@ class TaskLaw(LawResult, forms=(FORM,)):
                          "step1": self.step1.to_json(), "loss_range": list(self.loss_range),
                          "smooth": self.smooth, "skip": self.skip, "anchor": list(ANCHOR),
                          "draws": N_DRAWS}}
-
-    def to_json(self) -> dict:
-        return to_jsonable(lawjson.to_json(self))
 
     @classmethod
     def from_json(cls, obj: dict, *, path=None) -> TaskLaw:

@@ -4,19 +4,16 @@ Axis legend (as in ladder/model/config.py): T tokens, E routed experts, K = top_
 
 The rule (Marin's public hero-run tracking issue, quoted in issue 12 of this project): with
 biased logits z = s + b, token t's threshold alpha_t is its (K+1)-th largest biased logit, and
-expert e's margin on token t is s[t, e] - alpha_t: e would win t's slot iff s + b_e > alpha_t,
-i.e. iff margin > -b_e. For every expert to take the share K/E of the tokens, -b_e must be the
-upper K/E quantile of e's margins: beta_e = quantile_{1 - K/E}(margins[:, e]), and the new bias
-is -beta, centred (a common shift changes no top-k choice). Unlike today's threshold rule (minus
-the n-th largest *raw* logit of each expert, which ignores the competition between experts for a
-token's K slots), it accounts for who else a token would pick.
+expert e's margin on token t is s[t, e] - alpha_t: e would win t's slot iff margin > -b_e. For
+every expert to take the share K/E of the tokens, -b_e must be the upper K/E quantile of e's
+margins, so the new bias is minus that quantile, centred (a common shift changes no top-k
+choice). Unlike the threshold rule (minus each expert's n-th largest *raw* logit), it accounts
+for the competition between experts for a token's K slots.
 
-The quantile comes from a histogram, so that it is a *sum*: counts from every device (and every
-microbatch of a gradient-accumulation step) add up, and :func:`bias_from_histogram` turns the
-summed counts into the bias. Bins: 10,000 (the recipe's), uniform in asinh(margin / 1e-3) over
-|margin| <= 100: at any margin above 1e-3 a bin is ~0.25% of the margin wide, below it ~2.4e-6,
-so one fixed grid serves router logits at the scale of their init (~0.02 x sqrt(d)) and late in
-training alike. Margins beyond +-100 land in the end bins.
+The quantile comes from a histogram, so that it is a *sum* over devices and microbatches. Bins:
+10,000 (the recipe's), uniform in asinh(margin / 1e-3) over |margin| <= 100 (beyond: the end
+bins): above 1e-3 a bin is ~0.25% of the margin wide, below it ~2.4e-6, so one fixed grid serves
+router logits at their init scale (~0.02 x sqrt(d)) and late in training alike.
 """
 
 from __future__ import annotations
@@ -25,19 +22,19 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 N_BINS = 10_000          # the recipe's histogram size
 SCALE = 1e-3             # asinh knee: bins are uniform in margin below it, in log(margin) above
 MAX_MARGIN = 100.0       # the grid covers |margin| <= MAX_MARGIN
-_U_MAX = math.asinh(MAX_MARGIN / SCALE)
+_U_MAX = math.asinh(MAX_MARGIN / SCALE)   # the grid is uniform in u = asinh(margin / SCALE)
 
 
-def _to_u(m: jax.Array) -> jax.Array:
-    return jnp.arcsinh(m / SCALE)
-
-
-def _from_u(u: jax.Array) -> jax.Array:
-    return jnp.sinh(u) * SCALE
+def rows_mesh(n_rows: int):
+    """The abstract mesh in context (``jax.set_mesh``) when it has more than one device and they
+    split ``n_rows`` rows evenly, else None."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return None if mesh.empty or mesh.size == 1 or n_rows % mesh.size else mesh
 
 
 def top_k_rows(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
@@ -45,11 +42,9 @@ def top_k_rows(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     mesh whose devices split T, inside ``shard_map`` (XLA's SPMD partitioner gathers the whole
     [T, E] operand of a top_k on every device: 4.9 TB of all-gather per step per device on
     27.7B-A1.2B over 64 devices, measured with ``ladder plan --compile``, issue 37)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.size == 1 or x.shape[0] % mesh.size:
+    mesh = rows_mesh(x.shape[0])
+    if mesh is None:
         return jax.lax.top_k(x, k)
-    from jax.sharding import PartitionSpec as P
-
     rows = P(tuple(mesh.axis_names))
     return jax.shard_map(lambda v: tuple(jax.lax.top_k(v, k)), mesh=mesh, in_specs=rows,
                          out_specs=(rows, rows))(x)
@@ -72,7 +67,7 @@ def margin_histogram(logits: jax.Array, bias: jax.Array, top_k: int) -> jax.Arra
     summable statistic of the rule. logits [T, E], bias [E]."""
     m = margins(logits, bias, top_k)                                   # [T, E]
     T, E = m.shape
-    u = (_to_u(m) + _U_MAX) / (2 * _U_MAX) * N_BINS                   # [T, E] in [0, N)
+    u = (jnp.arcsinh(m / SCALE) + _U_MAX) / (2 * _U_MAX) * N_BINS     # [T, E] in [0, N)
     b = jnp.clip(jnp.floor(u), 0, N_BINS - 1).astype(jnp.int32)       # [T, E] bin of each
     flat = (jnp.arange(E, dtype=jnp.int32)[None, :] * N_BINS + b).reshape(T * E)
     counts = jnp.zeros((E * N_BINS,), jnp.float32).at[flat].add(1.0)
@@ -94,7 +89,7 @@ def upper_quantile(counts: jax.Array, share: float) -> jax.Array:
     # within bin i: (above_i - want) of its count_i margins lie below the quantile
     frac = jnp.where(count_i > 0, (above_i - want) / jnp.maximum(count_i, 1.0), 0.0)
     u = (idx + jnp.clip(frac, 0.0, 1.0)) / N_BINS * (2 * _U_MAX) - _U_MAX
-    return _from_u(u)[..., 0]
+    return (jnp.sinh(u) * SCALE)[..., 0]
 
 
 def bias_from_histogram(counts: jax.Array, top_k: int) -> jax.Array:

@@ -25,12 +25,8 @@ RECIPE_INIT_TRUNCATE = 3.0
 
 class BiasRule(enum.StrEnum):
     """How the router bias is set after each step: the names a config file or ``--model.bias_rule``
-    gives. What each rule does (its statistic, merge, target and update) is its class in
-    ladder/model/moe.py's ``RULES``, one per member (a test checks that every member has one).
-
-    A str (config.json and law files write the name unchanged); members are named by their
-    values so that they hash, compare and print as those strings.
-    """
+    gives. What each rule does is its class in ladder/model/moe.py's ``RULES``. A str, so that
+    members hash, compare, print and are written as their names."""
 
     threshold = "threshold"   # minus each expert's n-th largest raw logit (the first ladders')
     quantile = "quantile"     # minus each expert's upper K/E margin quantile (the hero recipe's)
@@ -66,24 +62,25 @@ def _positive(obj, names) -> None:
 
 
 def _at_most(obj, limits) -> None:
-    # what a model can be on any machine (issue 26): an override of 10**200 is refused here,
-    # not in a kernel
+    # what a model can be on any machine (issue 26): 10**200 is refused here, not in a kernel
     for name, hi in limits:
         v = getattr(obj, name)
         if isinstance(v, int) and v > hi:
             raise ValueError(f"{name}: must be <= {hi}, got {v!r}")
 
 
+def _one_of(obj, choices) -> None:
+    for name, allowed in choices:
+        if getattr(obj, name) not in allowed:
+            raise ValueError(f"{name}: must be one of {allowed}, got {getattr(obj, name)!r}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelSwitches:
     """The model's switches: every choice of the architecture and the recipe that is not a size
-    derived from a rung's width and depth, nor how to compute. Defined once, here: a ladder's
-    ``Recipe`` holds one (ladder/specs.py; a ladder file's ``[recipe]`` table sets them by name)
-    and a :class:`ModelConfig` is one plus the sizes and the compute path.
-
-    The hero recipe's pieces are switches below (``init`` ... ``head_gate``, issue 12), off by
-    default; ladder/model/layers.py says where each one sits.
-    """
+    derived from a rung's width and depth, nor how to compute. A ladder's ``Recipe`` holds one
+    (ladder/specs.py; a ladder file's ``[recipe]`` table sets them by name) and a
+    :class:`ModelConfig` is one plus the sizes and the compute path."""
 
     vocab_size: int
     head_dim: int
@@ -98,16 +95,15 @@ class ModelSwitches:
     route_scale: float = 2.5       # combine weights rescaled to sum to this (real recipe: 2.5)
     capacity_factor: float = 1.25  # slots per (cell, expert) = ceil(cf * cell tokens * k / E)
     capacity_tokens: int | None = None  # tokens per capacity cell (consecutive tokens of the
-    #                                batch); None: one cell per MoE call (per device), what every
-    #                                run before issue 22 did. The ladders set it (model/moe.py)
+    #                                batch); None: one cell per MoE call per device (model/moe.py)
     bias_rule: BiasRule = BiasRule.threshold  # router-bias balancing rule (a name of BiasRule)
     bias_rate: float = 1e-3        # u of the sign rule
     z_loss: float = 1e-4           # logit z-loss weight (real recipe: 1e-4)
     norm_eps: float = 1e-6         # the residual-stream (and latent, learned-QK) RMSNorms; the
     #                                recipe's: 1e-5 (marin-535b.toml; model/layers.py QK_RMS_EPS)
     init_std: float = 0.02
-    # The hero recipe's pieces (issue 12). The defaults are the model every earlier ladder
-    # trained (cpu, tiny: their numbers do not move); marin-535b.toml switches them on.
+    # The hero recipe's pieces (issue 12; ladder/model/layers.py says where each sits), off by
+    # default (the cpu and tiny ladders' model); marin-535b.toml switches them on.
     init: str = "gpt2"             # gpt2: normal(init_std), residual projections / sqrt(2 L);
     #                                recipe: truncated normal +-3 sigma, sigma 0.5/sqrt(d_model)
     global_rope: bool = True       # False: global layers use no positions (NoPE)
@@ -153,14 +149,10 @@ class ModelSwitches:
         if int(self.head_dim * self.rope_fraction) % 2:
             raise ValueError(f"rope_fraction: head_dim * rope_fraction must be even, got "
                              f"{self.head_dim} * {self.rope_fraction}")
-        if self.combine not in COMBINE_RULES:
-            raise ValueError(f"combine: must be one of {COMBINE_RULES}, got {self.combine!r}")
+        _one_of(self, (("combine", COMBINE_RULES),))
         # a name from a file or an override becomes the rule (frozen: set through object)
         object.__setattr__(self, "bias_rule", BiasRule.parse(self.bias_rule))
-        if self.init not in INITS:
-            raise ValueError(f"init: must be one of {INITS}, got {self.init!r}")
-        if self.qk_norm not in QK_NORMS:
-            raise ValueError(f"qk_norm: must be one of {QK_NORMS}, got {self.qk_norm!r}")
+        _one_of(self, (("init", INITS), ("qk_norm", QK_NORMS)))
         for name in ("global_rope", "embed_norm", "xsa", "head_gate"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: must be true or false, got {getattr(self, name)!r}")
@@ -186,14 +178,11 @@ SWITCH_FIELDS = dataclasses.fields(ModelSwitches)
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig(ModelSwitches):
     """A decoder of MoE layers in the shape of Marin's hero recipe: its switches
-    (:class:`ModelSwitches`, the fields above these), its sizes and how to compute it.
-
-    Every layer: RMSNorm -> attention (QK-norm, partial RoPE, grouped KV heads, sliding-window
-    "local" or full "global") -> RMSNorm -> MoE (routed SwiGLU experts in a latent space of width
-    ``latent_dim`` + ``n_shared`` full-width SwiGLU shared experts, router on the full-width token).
-    Untied embedding and LM head. Keyword arguments only; on disk (config.json's ``"model"``) one
-    flat object of every field.
-    """
+    (:class:`ModelSwitches`), its sizes and how to compute it. Every layer: RMSNorm -> attention
+    (QK-norm, partial RoPE, grouped KV heads, sliding-window "local" or full "global") -> RMSNorm
+    -> MoE (routed SwiGLU experts in a latent space of width ``latent_dim`` + ``n_shared``
+    full-width shared experts). Untied embedding and LM head. On disk (config.json's
+    ``"model"``) one flat object of every field."""
 
     d_model: int
     n_layers: int
@@ -225,10 +214,7 @@ class ModelConfig(ModelSwitches):
             if self.n_heads % getattr(self, name):
                 raise ValueError(f"{name}: n_heads={self.n_heads} is not a multiple of "
                                  f"{getattr(self, name)}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision: must be one of {PRECISIONS}, got {self.precision!r}")
-        if self.remat not in REMATS:
-            raise ValueError(f"remat: must be one of {REMATS}, got {self.remat!r}")
+        _one_of(self, (("precision", PRECISIONS), ("remat", REMATS)))
 
     @classmethod
     def of(cls, switches: ModelSwitches, **sizes) -> "ModelConfig":

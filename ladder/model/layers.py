@@ -29,14 +29,10 @@ from ladder.model.config import ModelConfig
 @struct.dataclass
 class Init(meta.AxisMetadata):
     """A parameter boxed with how it was initialised: normal(0, std) (truncated at +-truncate
-    sigmas when ``truncate`` is set), or the constant ``fill`` when std is None (norm scales:
-    ones; the recipe's zero-initialised gates and convolutions: zeros).
-
-    The box survives ``jax.eval_shape`` (std is static), so ``model.init`` reads every
-    parameter's shape and init rule from one abstract trace and draws the values with numpy:
-    XLA compiles jax.random samplers slowly on CPU (measured here: ~17 s to jit the linen init
-    of the largest cpu-ladder rung). Linen unboxes it whenever a module reads the parameter.
-    """
+    sigmas when ``truncate`` is set), or the constant ``fill`` when std is None. The box
+    survives ``jax.eval_shape`` (std is static), so ``model.init`` reads every parameter's shape
+    and init rule from one abstract trace and draws the values with numpy (XLA took ~17 s to jit
+    the linen init of the largest cpu-ladder rung). Linen unboxes it when a module reads it."""
 
     value: Any
     std: float | None = struct.field(pytree_node=False)
@@ -81,8 +77,7 @@ def zeros(key, shape, dtype=jnp.float32):
 
 
 def weight_init(cfg: ModelConfig):
-    """Init of every weight matrix (``cfg.init``): normal(init_std), or the recipe's truncated
-    normal with sigma 0.5 / sqrt(d_model)."""
+    """Init of every weight matrix (``cfg.init``: ``cfg.weight_std``, ``cfg.init_truncate``)."""
     return normal(cfg.weight_std, cfg.init_truncate)
 
 
@@ -111,10 +106,9 @@ def draw_normal_regions(seed: int, path: tuple[str, ...], shape: tuple, std: flo
                         chunk: int = 1 << 22) -> list[np.ndarray]:
     """``draw_normal(...)[region]`` for each region (a tuple of (start, stop) per axis) without
     the whole array: the stream is drawn in blocks of ~``chunk`` values along the first axis and
-    only the regions are kept (numpy's generators give the same values whether drawn at once or
-    in pieces). The redraws of a truncated normal need the positions of every out-of-range
-    value in the whole array (0.27% of them at 3 sigma), so the stream is read to its end;
-    without truncation it stops after the last region."""
+    only the regions are kept (numpy's generators give the same values drawn at once or in
+    pieces). A truncated normal's redraws need every out-of-range position, so then the stream
+    is read to its end."""
     rng = param_rng(seed, path)
     outs = [np.empty([b - a for a, b in r], np.float32) for r in regions]
     if not shape:                                  # a scalar: nothing to split
@@ -146,36 +140,43 @@ def draw_normal_regions(seed: int, path: tuple[str, ...], shape: tuple, std: flo
     return [std * out for out in outs]
 
 
+def _host_values(box: Init, seed: int, path: tuple[str, ...], shape: tuple, regions: list,
+                 slices) -> list[np.ndarray]:
+    """One parameter's initial values in each region (a tuple of (start, stop) per axis)."""
+    if box.std is None:
+        return [np.full([b - a for a, b in r], box.fill, np.float32) for r in regions]
+    parts = slices(path) if slices is not None else None
+    if parts is None:
+        return draw_normal_regions(seed, path, shape, box.std, box.truncate, regions)
+    host = [np.empty([b - a for a, b in r], np.float32) for r in regions]
+    for g, p in enumerate(parts):                       # [G, ...]: slice g drawn as parts[g]
+        want = [k for k, r in enumerate(regions) if r[0][0] <= g < r[0][1]]
+        got = draw_normal_regions(seed, p, shape[1:], box.std, box.truncate,
+                                  [regions[k][1:] for k in want])
+        for k, v in zip(want, got):
+            host[k][g - regions[k][0][0]] = v
+    return host
+
+
 def materialize(boxes, seed: int, slices=None) -> dict:
     """Nested dict of Init(ShapeDtypeStruct, std) (``jax.eval_shape`` of a linen init) -> nested
     dict of arrays. Each parameter is drawn from its own numpy stream seeded by (seed, its path),
-    so its initial value does not depend on which other parameters exist.
-
-    ``slices(path)``: for a parameter stacked on a leading axis (the scanned layers), the path
-    each slice is drawn under (None: not stacked). The scanned model then starts from the very
-    values the same model has with its layers unrolled."""
+    so its initial value does not depend on which other parameters exist. ``slices(path)``: for
+    a parameter stacked on a leading axis (the scanned layers), the path each slice is drawn
+    under (None: not stacked), so the scanned model starts from its unrolled twin's values."""
     values = {}
     for path, box in flatten_dict(unfreeze(boxes)).items():
-        shape, dtype = box.value.shape, box.value.dtype
-        if box.std is None:
-            values[path] = jnp.full(shape, box.fill, dtype)
-            continue
-        parts = slices(path) if slices is not None else None
-        if parts is None:
-            values[path] = jnp.asarray(draw_normal(seed, path, shape, box.std, box.truncate),
-                                       dtype)
-        else:                                           # [G, ...]: slice g drawn as parts[g]
-            values[path] = jnp.asarray(np.stack([draw_normal(seed, p, shape[1:], box.std,
-                                                             box.truncate) for p in parts]),
-                                       dtype)
+        shape = tuple(box.value.shape)
+        whole = tuple((0, n) for n in shape)
+        values[path] = jnp.asarray(_host_values(box, seed, path, shape, [whole], slices)[0],
+                                   box.value.dtype)
     return unflatten_dict(values)
 
 
 def materialize_sharded(boxes, seed: int, shardings, slices=None) -> dict:
-    """:func:`materialize`'s values, placed with ``shardings`` (a nested dict like the params of
-    ``jax.sharding.Sharding``), each process building only the shards of its own devices: per
-    parameter, the regions its devices hold are drawn (:func:`draw_normal_regions`) and put on
-    those devices; host memory holds one parameter's local shards at a time, never the model."""
+    """:func:`materialize`'s values, placed with ``shardings`` (a params-shaped nested dict of
+    ``jax.sharding.Sharding``), each process drawing only the regions of its own devices
+    (:func:`draw_normal_regions`): host memory holds one parameter's local shards at a time."""
     flat_shardings = flatten_dict(unfreeze(shardings))
     values = {}
     for path, box in flatten_dict(unfreeze(boxes)).items():
@@ -184,21 +185,8 @@ def materialize_sharded(boxes, seed: int, shardings, slices=None) -> dict:
         index = {d: tuple(sl.indices(n)[:2] for sl, n in zip(idx, shape))
                  for d, idx in sharding.addressable_devices_indices_map(shape).items()}
         regions = sorted(set(index.values()))         # replicas share one region
-        if box.std is None:
-            host = [np.full([b - a for a, b in r], box.fill, dtype) for r in regions]
-        else:
-            parts = slices(path) if slices is not None else None
-            if parts is None:
-                host = draw_normal_regions(seed, path, shape, box.std, box.truncate, regions)
-            else:                              # [G, ...]: slice g drawn as parts[g], as above
-                host = [np.empty([b - a for a, b in r], np.float32) for r in regions]
-                for g, p in enumerate(parts):
-                    want = [k for k, r in enumerate(regions) if r[0][0] <= g < r[0][1]]
-                    got = draw_normal_regions(seed, p, shape[1:], box.std, box.truncate,
-                                              [regions[k][1:] for k in want])
-                    for k, v in zip(want, got):
-                        host[k][g - regions[k][0][0]] = v
-            host = [h.astype(dtype, copy=False) for h in host]
+        host = [h.astype(dtype, copy=False)
+                for h in _host_values(box, seed, path, shape, regions, slices)]
         where = {r: k for k, r in enumerate(regions)}
         values[path] = jax.make_array_from_single_device_arrays(
             shape, sharding, [jax.device_put(host[where[r]], d) for d, r in index.items()])
@@ -247,34 +235,14 @@ def rope(x: jax.Array, positions: jax.Array, rope_dim: int, theta: float) -> jax
     return jnp.concatenate([rotated.astype(x.dtype), rest], axis=-1)
 
 
-def attention_mask(seq_len: int, window: int | None) -> jax.Array:
-    """[S, T] bool: query s may read key t iff t <= s (causal) and s - t < window (local layers;
-    the window counts the current token)."""
-    s = jnp.arange(seq_len)[:, None]
-    t = jnp.arange(seq_len)[None, :]
-    mask = t <= s
-    if window is not None:
-        mask = mask & (s - t < window)
-    return mask
-
-
-def segment_mask(segment_ids: jax.Array) -> jax.Array:
-    """segment_ids [B, S] int32 -> [B, 1, S, T] bool: query s may read key t only within its own
-    segment (packed documents do not see each other)."""
-    return (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
-
-
-# cuDNN's packed layout (sequence packing: per-row segment offsets and lengths, one flash-attention
-# call, each document causal and windowed within itself) reaches jax only through its internal
-# module in jax 0.10 (jax.nn.dot_product_attention takes no offsets; openxla/xla#20861 and
-# jax-ml/jax#25812 added the path, jax-ml/jax#29731 proposes the public arguments). It needs a
-# Hopper or later GPU; its softmax statistics are [B * M, H, S] float32 for M documents per row
-# at most, so M is a compile-time bound and a batch with a row of more documents takes the
-# blocked XLA path at run time (``jax.lax.cond``: both are compiled). M = 32: the statistics are
-# then 50 MB per layer at 1.6B-A61M (16 sequences x 6 heads x 4096 positions per device), a tenth
-# of the [B, 1, S, S] bias they replace (537 MB in bf16), and 32 documents per 4096-token row
-# means documents of ~128 tokens on average (a constant, not a ModelConfig field: it changes how,
-# never what, is computed, and a new field would change every rung's config hash).
+# cuDNN's packed layout (per-row segment offsets and lengths, one flash-attention call, each
+# document causal and windowed within itself) reaches jax only through its internal module in jax
+# 0.10 (openxla/xla#20861 and jax-ml/jax#25812 added the path, jax-ml/jax#29731 proposes public
+# arguments). It needs a Hopper or later GPU. Its softmax statistics are [B * M, H, S] float32
+# for at most M documents per row, a compile-time bound: a row with more takes the blocked XLA
+# path at run time (``jax.lax.cond``). M = 32: 50 MB per layer at 1.6B-A61M, a tenth of the
+# [B, 1, S, S] bias they replace, and documents of ~128 tokens on average in a 4096-token row
+# (a constant, not a ModelConfig field: it changes how, never what, is computed).
 MAX_SEGMENTS = 32
 _LOG = logging.getLogger(__name__)
 _SAID: set = set()
@@ -347,27 +315,15 @@ def say_attention_choice(choice: AttentionChoice) -> None:
              choice.implementation, choice.reason)
 
 
-def attention_implementation(dtype, head_dim: int, seq_len: int = 0, segmented: bool = True,
-                             chunk: int | None = None) -> str:
-    """The name of :func:`attention_choice`'s implementation (bench/gpu_rung.py reports it)."""
-    return attention_choice(dtype, head_dim, seq_len, segmented, chunk).implementation
-
-
-def attention_choices() -> list[dict]:
-    """Every attention implementation traced in this process so far."""
-    return [c.to_dict() for c in sorted(_SAID, key=lambda c: (c.implementation, c.reason))]
-
-
 def attention_mark() -> int:
-    """A mark of how many attention calls this process has traced (for
-    :func:`attention_traced`)."""
+    """How many attention calls this process has traced (for :func:`attention_traced`)."""
     return len(_TRACED)
 
 
 def attention_traced(since: int = 0) -> list[dict]:
     """The distinct attention implementations (and why) traced since ``since``
-    (:func:`attention_mark`): what one program chose, for env.json, even when an earlier
-    program of this process made the same choice."""
+    (:func:`attention_mark`): what one program chose, for env.json, even a choice an earlier
+    program of this process made."""
     return [c.to_dict() for c in sorted(set(_TRACED[since:]),
                                         key=lambda c: (c.implementation, c.reason))]
 
@@ -420,19 +376,15 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, window: int | None,
            segment_ids: jax.Array | None = None, chunk: int | None = None,
            max_segments: int = MAX_SEGMENTS) -> jax.Array:
     """Causal attention: q [B, S, H, Hd], k and v [B, T, K, Hd] with H a multiple of K (head h
-    reads KV head h // (H / K)) -> [B, S, H, Hd].
+    reads KV head h // (H / K)) -> [B, S, H, Hd]. ``window``: each query sees the last
+    ``window`` keys, itself included (None: all earlier keys). ``segment_ids`` [B, S] int32: a
+    query reads keys of its own segment only (None: one segment). Softmax in float32.
 
-    ``window``: each query sees the last ``window`` keys, itself included (None: all earlier
-    keys). ``segment_ids`` [B, S] int32: a query reads keys of its own segment only (None: one
-    segment). The softmax runs in float32 whatever the input dtype.
-
-    Which implementation runs is :func:`attention_choice`'s, logged once per process
-    (:func:`say_attention_choice`). On a GPU cuDNN's flash attention is whole: no S x T scores
-    exist; documents go in as cuDNN's packed segments (:func:`packed_segments`, at most
-    ``max_segments`` per row; a batch with more takes the blocked path at run time), never as a
-    mask. Elsewhere XLA's attention builds the scores, so with ``chunk`` < S the queries go in
-    blocks of ``chunk`` (:func:`attend_chunked`), each block's scores and mask recomputed in
-    the backward pass.
+    Which implementation runs is :func:`attention_choice`'s, logged once per process. On a GPU
+    cuDNN's flash attention builds no S x T scores, documents going in as packed segments
+    (:func:`packed_segments`, at most ``max_segments`` per row; a batch with more takes the
+    blocked path at run time). Elsewhere XLA builds the scores, so with ``chunk`` < S the queries
+    go in blocks of ``chunk`` (:func:`attend_chunked`).
     """
     choice = attention_choice(q.dtype, q.shape[-1], q.shape[1], segment_ids is not None, chunk)
     say_attention_choice(choice)
@@ -449,7 +401,9 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, window: int | None,
             lambda: attend_cudnn_packed(q, k, v, window, packed))
     if choice.implementation == "xla-blocked":
         return attend_chunked(q, k, v, window, segment_ids, chunk)
-    mask = None if segment_ids is None else segment_mask(segment_ids)
+    # [B, 1, S, T]: query s may read key t only within its own segment
+    mask = None if segment_ids is None else (segment_ids[:, :, None]
+                                             == segment_ids[:, None, :])[:, None]
     return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True,
                                         local_window_size=local, implementation="xla")
 
@@ -501,28 +455,9 @@ def attend_chunked(q: jax.Array, k: jax.Array, v: jax.Array, window: int | None,
     return out[:, :S]
 
 
-def attend_reference(q: jax.Array, k: jax.Array, v: jax.Array, window: int | None,
-                     segment_ids: jax.Array | None = None) -> jax.Array:
-    """Slow, obviously correct twin of :func:`attend` (the dense path the model used before):
-    full [B, K, G, S, T] float32 scores, masked, softmaxed. For tests."""
-    B, S, H, Hd = q.shape
-    K = k.shape[2]
-    G = H // K
-    q = q.reshape(B, S, K, G, Hd)               # [B,S,H,Hd] -> [B,S,K,G,Hd]; head h = k*G + g
-    scores = jnp.einsum("bskgx,btkx->bkgst", q, k).astype(jnp.float32) / math.sqrt(Hd)
-    mask = attention_mask(S, window)[None, None, None]           # [1, 1, 1, S, T]
-    if segment_ids is not None:
-        mask = mask & segment_mask(segment_ids)[:, :, None]      # [B, 1, 1, S, T]
-    scores = jnp.where(mask, scores, -jnp.inf)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)      # every row sees itself: no NaN
-    out = jnp.einsum("bkgst,btkx->bskgx", probs, v)              # [B, S, K, G, Hd]
-    return out.reshape(B, S, H, Hd)                              # [B,S,K,G,Hd] -> [B,S,H,Hd]
-
-
 def output_init(cfg: ModelConfig):
-    """Init of projections that write into the residual stream. gpt2: std / sqrt(2 n_layers), so
-    the residual variance does not grow with depth (GPT-2's scaling of residual projections,
-    Radford et al. 2019, section 2.3); recipe: the same as every other weight (no scaling)."""
+    """Init of projections that write into the residual stream (``cfg.residual_std``: gpt2
+    scales them so that the residual variance does not grow with depth)."""
     return normal(cfg.residual_std, cfg.init_truncate)
 
 
@@ -599,15 +534,11 @@ def head_gate(x: jax.Array, w_gate: jax.Array) -> jax.Array:
 class Attention(nn.Module):
     """Causal self-attention: QK-norm, partial RoPE, grouped KV heads, optional sliding window.
 
-    Layer ``layer`` is global (full causal) when ``cfg.is_global(layer)``, else local: each query
-    sees the last ``cfg.local_window`` positions, itself included. x [B, S, D] in the compute
-    dtype (the weights arrive already cast, see model.transformer), segment_ids [B, S] or None.
-
-    The recipe's switches (model/config.py): ``qk_norm`` "rms" (no gain) and ``qk_mult``; RoPE
-    on ``cfg.layer_rope_dim(layer)`` channels (none on NoPE global layers); ``conv_kernel``: a
-    short causal convolution on K (after its projection, before the norm) and on the output
-    (after the output projection); ``xsa``; ``head_gate`` (on each head's output before the
-    output projection, after XSA).
+    Layer ``layer`` is global (full causal) when ``cfg.is_global(layer)``, else local (the last
+    ``cfg.local_window`` positions). x [B, S, D] in the compute dtype (the weights arrive already
+    cast, see model.transformer), segment_ids [B, S] or None. The recipe's switches
+    (model/config.py) sit where the code shows: the short convolution on K before the QK-norm
+    and on the output projection's output, XSA before the head gate.
     """
 
     cfg: ModelConfig

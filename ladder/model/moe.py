@@ -13,46 +13,23 @@ option). The bias never gets a gradient: it is an input, wrapped in stop_gradien
 only by :func:`update_router_bias`.
 
 Capacity (issue 22 item 2): the tokens are cut into *cells* of ``cfg.capacity_tokens``
-consecutive tokens of the flattened batch (a recipe setting: whole sequences when it is a
-multiple of the sequence length), and each expert takes at most C = ceil(capacity_factor *
-cell tokens * k / E) assignments of each cell; assignments beyond that are dropped (their expert
-output is zero; the token keeps its residual and the shared experts). Within a (cell, expert) the
-cell's sequences win in a random order drawn anew every step, and within a sequence earlier
-tokens win (:func:`drop_keys`: a hash of the step and the sequence's place in its cell, then the
-position; exact integers). So what is dropped depends on the recipe's cell and the step, never
-on the devices or the microbatch, as long as a device's share of a call holds whole cells
-(ladder/trainer/trainconfig.py refuses a layout where it does not); no place in the batch loses more
-often than another; and a token's drop never depends on later tokens of its own sequence (a
-random order within the sequence, tried first, made the layer non-causal: tests/
-test_model_decoder.py::test_causal). Later positions of a sequence still lose first, as in
-Switch/GShard's position priority. (Not by router score: a float whose last bits depend on the
-layout's reduction order, so near-equal scores could change places between 1 and 8 devices,
-and non-causal too. The same key serves every layer of a step: the layers under ``nn.scan``
-share one trace.)
-``capacity_tokens`` None: one cell per call. Dropless mode
-(evaluation) computes every assignment through a blocked grouped matmul
-(:func:`dispatch_dropless`: the assignments sorted by expert, each expert's run padded to whole
-blocks, a static schedule of blocks), never a T-slot [E, T, L] buffer nor ``jax.lax.ragged_dot``
-(expanded to a dense dot over all experts on CPU).
+consecutive tokens of the flattened batch (None: one cell per call), and each expert takes at
+most C = ceil(capacity_factor * cell tokens * k / E) assignments of each cell; the others are
+dropped (their expert output is zero; the token keeps its residual and the shared experts). Who
+keeps a slot is :func:`drop_keys`' order, a function of the step and of places in the cell, so
+drops never depend on the devices or the microbatch as long as a device's share holds whole
+cells (ladder/trainer/trainconfig.py refuses a layout where it does not). Dropless mode
+(evaluation) computes every assignment (:func:`dispatch_dropless`).
 
 Expert parallelism: when the jitted caller runs under a device mesh (``jax.set_mesh``) whose
 "expert" axis has more than one device, the routed path runs in ``jax.shard_map`` over the mesh
-(:func:`dispatch_expert_parallel`): tokens are split over every device (batch over "data" x
-"expert"), each device fills an [E, C, L] buffer from its own tokens (capacity counted per
-(sender shard, expert) cell, as in the real recipe), and an exchange over "expert" carries each
-expert's slots to the device holding it and the outputs back: ``jax.lax.ragged_all_to_all`` of
-the filled slots only on GPU/TPU, ``jax.lax.all_to_all`` of the whole padded buffer on CPU (XLA:CPU
-has no ragged all-to-all; :func:`default_exchange`, bench/moe_all_to_all.py). Dropless, each
-device runs its own tokens through every expert, whose weights are gathered for the layer
-(:func:`dispatch_dropless_sharded`). The mesh comes from the context, not from a module argument,
-so the layer also works inside ``nn.scan``.
+(:func:`routed_expert_parallel`; dropless: :func:`dispatch_dropless_sharded`). The mesh comes
+from the context, not from a module argument, so the layer also works inside ``nn.scan``.
 
-Balancing statistics over a whole step: the step may be split into microbatches (and always is
-over devices), so the router-bias rule's statistic is *mergeable*: ``aux["bias_stat"]`` is what
-the rule needs from this call, :func:`merge_bias_stat` combines two of them exactly, and
-:func:`bias_target_from_stat` turns the merged one into the target. For the threshold rule the
-statistic is the per-expert top-n raw logits, n = tokens-per-step * k / E; the step's token count
-comes from :func:`step_tokens` (default: this call's tokens).
+Balancing over a whole step (split into microbatches, and always over devices): the router-bias
+rule's statistic is *mergeable*: ``aux["bias_stat"]`` is this call's share, :func:`merge_bias_stat`
+combines two of them exactly, and :func:`bias_target_from_stat` turns the merged one into the
+target, sized for the step's tokens (:func:`step_tokens`).
 """
 
 from __future__ import annotations
@@ -61,14 +38,17 @@ import contextlib
 import contextvars
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
 from jax.ad_checkpoint import checkpoint_name
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from ladder.model.balance import N_BINS, bias_from_histogram, margin_histogram, top_k_rows
+from ladder.model import balance
 from ladder.model.config import BiasRule, ModelConfig
 from ladder.model.layers import RMSNorm, output_init, weight_init
 
@@ -100,18 +80,31 @@ def cell_tokens(cfg: ModelConfig, n_tokens: int) -> int:
 
 
 _DROP_SEED: contextvars.ContextVar = contextvars.ContextVar("drop_seed", default=0)
+_STEP_TOKENS: contextvars.ContextVar[int | None] = contextvars.ContextVar("step_tokens",
+                                                                         default=None)
 
 
 @contextlib.contextmanager
+def _setting(var: contextvars.ContextVar, value):
+    token = var.set(value)
+    try:
+        yield
+    finally:
+        var.reset(token)
+
+
 def drop_order(seed):
     """Within this context (at trace time) the capacity drop order is drawn from ``seed`` (an
     int or a traced int32 scalar: the train step passes its step counter, so every step draws
     a new order). Outside it the seed is 0 (evaluation, direct calls)."""
-    token = _DROP_SEED.set(seed)
-    try:
-        yield
-    finally:
-        _DROP_SEED.reset(token)
+    return _setting(_DROP_SEED, seed)
+
+
+def step_tokens(n: int):
+    """Within this context (at trace time) the balancing rule's statistic is sized for a step of
+    ``n`` tokens, however many a single call sees: a microbatched step sets it to the whole
+    step's tokens so the merged statistic equals one big batch's."""
+    return _setting(_STEP_TOKENS, int(n))
 
 
 def _mix32(x: jax.Array) -> jax.Array:
@@ -127,10 +120,13 @@ def _mix32(x: jax.Array) -> jax.Array:
 def drop_keys(seed, T: int, k: int, cell: int, seq: int) -> jax.Array:
     """[T, k] uint32 drop priorities (lower keeps its slot) of T tokens in sequences of ``seq``
     and cells of ``cell``: high bits a hash of ``seed`` and of the sequence's place in its cell
-    (a random order of the cell's sequences, new for every seed), low bits the position in the
-    sequence (earlier first). A function of places in the cell only, so the same on any layout
-    that holds whole cells; and causal: whether a token keeps its slot never depends on later
-    tokens of its own sequence (a random order within a sequence would let them take it)."""
+    (the cell's sequences in a random order, new for every seed, so no place in the batch loses
+    more often), low bits the position in the sequence (earlier first, as in Switch/GShard's
+    position priority). A function of places in the cell only, so the same on any layout that
+    holds whole cells; and causal: whether a token keeps its slot never depends on later tokens
+    of its own sequence (a random order within a sequence made the layer non-causal:
+    tests/test_model_decoder.py::test_causal). Not by router score: its last bits depend on the
+    layout's reduction order. Every layer of a step shares the key (``nn.scan``: one trace)."""
     run = min(seq, cell)                                                     # causal stretch
     low = max(1, (run * k - 1).bit_length())                                 # bits of pos * k + j
     if low > 24:
@@ -148,7 +144,7 @@ def drop_keys(seed, T: int, k: int, cell: int, seq: int) -> jax.Array:
 def route(cfg: ModelConfig, logits: jax.Array, bias: jax.Array) -> Routing:
     """logits [T, E] float32 (unbiased), bias [E] -> the chosen experts and their weights."""
     biased = logits + jax.lax.stop_gradient(bias)[None, :]
-    _, expert = top_k_rows(biased, cfg.top_k)                          # [T, k]
+    _, expert = balance.top_k_rows(biased, cfg.top_k)                  # [T, k]
     chosen = jnp.take_along_axis(logits, expert, axis=-1)             # [T, k] unbiased logits
     if cfg.combine == "sigmoid":
         gate = jax.nn.sigmoid(chosen)
@@ -204,28 +200,11 @@ def slots(expert: jax.Array, n_experts: int, cap: int, key: jax.Array | None = N
 
 def zeros_after(x: jax.Array, shape: tuple) -> jax.Array:
     """Zeros of ``x``'s dtype in ``shape``, computed from ``x`` (one element times zero), so that
-    the buffer cannot be made before ``x`` exists. A constant zero buffer is one instruction
-    that XLA shares between the layers and copies for each in-place scatter, and XLA:CPU made
-    those copies at the start of the pass: the 27.7B-A1.2B eval step (64 devices) held ten
-    [573,056 x 1024] / [524,288 x 1024] float32 copies at its peak (27 GiB; docs/LOG.md).
-    NaN or inf in ``x`` fills the buffer with NaN: its loss is NaN anyway."""
+    the buffer cannot be made before ``x`` exists. A constant zero buffer is shared between the
+    layers and copied for each in-place scatter, and XLA:CPU made those copies at the start of
+    the pass (27 GiB at the peak of the 27.7B-A1.2B eval step; docs/LOG.md). NaN or inf in
+    ``x`` fills the buffer with NaN: its loss is NaN anyway."""
     return jnp.broadcast_to((x.reshape(-1)[0] * 0).astype(x.dtype), shape)
-
-
-def scatter_slots(x: jax.Array, s: Slots, k: int, n_experts: int, n_slots: int) -> jax.Array:
-    """x [T, L] -> [E, n_slots, L]: each kept assignment's token in its slot, zeros elsewhere."""
-    tokens = x[s.order // k]                                   # [A, L] token of each assignment
-    buf = zeros_after(x, (n_experts, n_slots, x.shape[-1]))
-    return buf.at[s.expert, s.slot].set(tokens, mode="drop")  # out of range: mode="drop" drops
-
-
-def gather_slots(out: jax.Array, s: Slots, T: int, k: int) -> Dispatched:
-    """[E, n_slots, L] expert outputs -> Dispatched(out [T, k, L], kept [T, k]) in assignment
-    order."""
-    out_sorted = out.at[s.expert, s.slot].get(mode="fill", fill_value=0)     # [A, L]
-    out_flat = zeros_after(out, out_sorted.shape).at[s.order].set(out_sorted)   # unsort: [A, L]
-    kept = jnp.zeros((T * k,), bool).at[s.order].set(s.kept)
-    return Dispatched(out_flat.reshape(T, k, -1), kept.reshape(T, k))   # [A, L] -> [T, k, L]
 
 
 def dispatch_sorted(expert_fn: ExpertFn, x: jax.Array, expert: jax.Array, n_experts: int,
@@ -235,26 +214,26 @@ def dispatch_sorted(expert_fn: ExpertFn, x: jax.Array, expert: jax.Array, n_expe
     x [T, L], expert [T, k], key [T, k] (drop priority, lower first; None: earlier tokens) ->
     Dispatched(out [T, k, L] with zeros where dropped, kept [T, k]). Sort the assignments by
     (cell, expert, priority) (:func:`slots`), scatter into an [E, n_cells * C, L] buffer, run
-    all experts as one batched einsum, gather back. Measured here on CPU (bench/moe_dispatch.py,
-    expert path fwd+bwd, T=2048, E=8, top-2, L=F=32): ~5x faster than running every expert on
-    every token with a one-hot mask, ~7x faster than jax.lax.ragged_dot, ~70x faster than an
-    [A, E, C] one-hot dispatch einsum.
-    """
+    all experts as one batched einsum, gather back (on CPU ~5x faster than a one-hot mask over
+    every expert, ~7x than jax.lax.ragged_dot: bench/moe_dispatch.py)."""
     T, k = expert.shape
     s = slots(expert, n_experts, cap, key, n_cells)
-    out = expert_fn(scatter_slots(x, s, k, n_experts, n_cells * cap))   # [E, n_cells * C, L]
-    return gather_slots(out, s, T, k)
+    buf = zeros_after(x, (n_experts, n_cells * cap, x.shape[-1]))
+    # each kept assignment's token in its slot; out of range (dropped): mode="drop" drops
+    buf = buf.at[s.expert, s.slot].set(x[s.order // k], mode="drop")  # [E, n_cells * C, L]
+    out = expert_fn(buf)
+    out_sorted = out.at[s.expert, s.slot].get(mode="fill", fill_value=0)     # [A, L]
+    out_flat = zeros_after(out, out_sorted.shape).at[s.order].set(out_sorted)   # unsort: [A, L]
+    kept = jnp.zeros((T * k,), bool).at[s.order].set(s.kept)
+    return Dispatched(out_flat.reshape(T, k, -1), kept.reshape(T, k))   # [A, L] -> [T, k, L]
 
 
 # ------------------------------------------------------------------------------ dropless
-# The dropless grouped matmul. jax.lax.ragged_dot is no use here: jaxlib 0.10.2 expands it on CPU
-# into one dense dot over every group (issue 22: [32768, 384] x [48, 384, 384] became a
-# [32768, 18432] x [18432, 384] dot, 48x the FLOPs; bench/dropless_dispatch.py: E x at 8-128
-# experts), and XLA:GPU does the same unless its cuDNN ragged-dot fusion fires (docs/LOG.md).
-# This one sorts the assignments by expert, pads each expert's run to whole blocks of ``block``
-# rows and multiplies block by block, each block by its own expert's weights: plain gathers,
-# scatters and batched dots on every backend, with a static schedule whose FLOPs are those of rows
-# + experts x (block - 1) rows, not E x rows.
+# The dropless grouped matmul. Not jax.lax.ragged_dot: jaxlib 0.10.2 expands it on CPU into one
+# dense dot over every group, E x the FLOPs (issue 22; bench/dropless_dispatch.py), and XLA:GPU
+# does the same unless its cuDNN ragged-dot fusion fires (docs/LOG.md). Here each expert's run of
+# assignments is padded to whole blocks and multiplied block by block: plain gathers, scatters
+# and batched dots, FLOPs of rows + E x (block - 1) rows.
 MIN_BLOCK, MAX_BLOCK = 8, 128
 ROWS_PER_STEP = 4096            # rows of the block loop's one step (fewer, larger dots)
 GATHER_BYTES_PER_STEP = 2**26   # at most this many bytes of expert weights gathered per step
@@ -262,11 +241,9 @@ GATHER_BYTES_PER_STEP = 2**26   # at most this many bytes of expert weights gath
 
 def group_block(rows: int, groups: int) -> int:
     """Rows per block of :func:`grouped_swiglu` for ``rows`` rows over ``groups`` groups: the
-    largest power of two <= rows / groups, within [8, 128]. The schedule computes at most
-    rows + groups x (block - 1) rows, so under 2 x rows however many experts there are (down to
-    blocks of 8). Smaller blocks compute less padding but gather an expert's weights once per
-    block: on CPU (bench/dropless_dispatch.py) blocks of ~rows/groups, capped at 128, were the
-    fastest or within 1.6x of it at 8, 32 and 128 experts."""
+    largest power of two <= rows / groups, within [8, 128] (so at most 2 x rows computed).
+    Smaller blocks pad less but gather an expert's weights once per block; these were the
+    fastest or within 1.6x of it at 8, 32 and 128 experts on CPU (bench/dropless_dispatch.py)."""
     b = MIN_BLOCK
     while b * 2 <= min(MAX_BLOCK, rows // groups):
         b *= 2
@@ -305,11 +282,9 @@ def dispatch_dropless(x: jax.Array, expert: jax.Array, weights: tuple,
     x [T, L], expert [T, k], weights of all E experts ([E, L, F], [E, L, F], [E, F, L])
     -> out [T, k, L].
 
-    The A = T*k assignments are sorted by expert (stable); expert e's n_e assignments take
-    ceil(n_e / b) blocks of b = ``block`` rows (default :func:`group_block`), its blocks after
-    those of the experts before it; the rest of its last block is zeros. The number of blocks is
-    static, floor((A + min(E, A) (b - 1)) / b), an upper bound whatever the routing; unused
-    blocks at the end compute zeros. :func:`grouped_swiglu` runs the blocks."""
+    The assignments are sorted by expert; expert e's n_e take ceil(n_e / b) blocks of b =
+    ``block`` rows (default :func:`group_block`), zero-padded. The number of blocks is static,
+    an upper bound whatever the routing (unused ones compute zeros)."""
     T, k = expert.shape
     E, L = weights[0].shape[0], x.shape[-1]
     A = T * k
@@ -335,17 +310,10 @@ def dispatch_dropless(x: jax.Array, expert: jax.Array, weights: tuple,
 
 def dispatch_dropless_sharded(mesh, x: jax.Array, expert: jax.Array, weights: tuple
                               ) -> jax.Array:
-    """:func:`dispatch_dropless` under ``jax.shard_map`` over ``mesh``: tokens split over every
-    device, each device running its own tokens through every expert, whose weights come in
-    whole (GSPMD all-gathers a layer's expert weights, as FSDP gathers the dense ones).
-
-    Why not the training path's all-to-all: a dropless receive buffer must hold the worst case,
-    every sender's every assignment, ep x the tokens' assignments; gathering the tokens instead
-    (the earlier path) made each device compute ep x t x k rows. Gathering one layer's expert
-    weights costs their bytes (0.34 GB in bf16 at 1.6B-A61M) and keeps each device at its own
-    t x k rows. x [T, L], expert [T, k] -> out [T, k, L]."""
-    from jax.sharding import PartitionSpec as P
-
+    """:func:`dispatch_dropless` under ``jax.shard_map`` over ``mesh``: each device runs its own
+    tokens through every expert, whose weights GSPMD all-gathers (0.34 GB per layer in bf16 at
+    1.6B-A61M). Not the training path's all-to-all: a dropless receive buffer must hold the
+    worst case, ep x the tokens' assignments. x [T, L], expert [T, k] -> out [T, k, L]."""
     tok = P(tuple(mesh.axis_names))
     return jax.shard_map(lambda x, e, *w: dispatch_dropless(x, e, w), mesh=mesh,
                          in_specs=(tok, tok, P(), P(), P()), out_specs=tok)(x, expert, *weights)
@@ -383,27 +351,19 @@ def expert_mesh(n_tokens: int):
     """The abstract mesh of the surrounding ``jax.set_mesh`` when the routed path should run
     sharded over it (more than one device, an "expert" axis, tokens that split evenly), else
     None: one device, or no mesh in context (then XLA/GSPMD partitions whatever it is given)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.size == 1 or "expert" not in mesh.axis_names \
-            or n_tokens % mesh.size:
-        return None
-    return mesh
+    mesh = balance.rows_mesh(n_tokens)
+    return mesh if mesh is not None and "expert" in mesh.axis_names else None
 
 
 def split_batch(x: jax.Array) -> jax.Array:
     """``x`` [B, ...] constrained to its rows split over every device of the mesh in context
     (batch over "data" x "expert"); unchanged without a mesh or when the devices do not divide B.
-
-    The dense layers need it: GSPMD propagates shardings from the weights as well as the inputs,
-    and the embedding gather from a vocab-split table came out replicated, so every device ran
-    the whole microbatch's attention and norms (measured with ``ladder plan --compile``:
-    27.7B-A1.2B on 64 devices held [262144, 2048] activations, 64 sequences, on each device:
-    373 GiB per device)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.size == 1 or x.shape[0] % mesh.size:
+    GSPMD propagates shardings from the weights too: the embedding gather from a vocab-split
+    table came out replicated, every device running the whole microbatch's dense layers (373 GiB
+    per device at 27.7B-A1.2B on 64 devices, ``ladder plan --compile``)."""
+    mesh = balance.rows_mesh(x.shape[0])
+    if mesh is None:
         return x
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(tuple(mesh.axis_names))))
 
 
@@ -432,20 +392,6 @@ class Exchange(NamedTuple):
     back: Callable
 
 
-def _dense_there(buf, filled, ep):
-    E, n, L = buf.shape
-    # block i of E/ep experts -> device i; received: block j = sender j's slots for mine
-    buf = jax.lax.all_to_all(buf, "expert", 0, 0, tiled=True)                 # [ep*E/ep, n, L]
-    return buf.reshape(ep, E // ep, n, L).transpose(1, 0, 2, 3).reshape(E // ep, ep * n, L)
-
-
-def _dense_back(out, filled, ep):
-    n_here, m, L = out.shape
-    n = m // ep
-    out = out.reshape(n_here, ep, n, L).transpose(1, 0, 2, 3).reshape(ep * n_here, n, L)
-    return jax.lax.all_to_all(out, "expert", 0, 0, tiled=True)               # home: [E, n, L]
-
-
 def _ragged_layout(filled, E, n, ep):
     """Offsets and sizes of both trips (jax.lax.ragged_all_to_all's arguments): slice e of
     the way there is expert e's filled rows, sent to device e // (E/ep) into its block
@@ -461,58 +407,43 @@ def _ragged_layout(filled, E, n, ep):
     return there, back
 
 
-def _ragged_there(buf, filled, ep, a2a):
-    E, n, L = buf.shape
-    (off, send, out_off, recv), _ = _ragged_layout(filled, E, n, ep)
-    out = a2a(buf.reshape(E * n, L), jnp.zeros((E * n, L), buf.dtype), off, send, out_off, recv)
-    return out.reshape(E // ep, ep * n, L)
-
-
-def _ragged_back(out, filled, ep, a2a):
-    n_here, m, L = out.shape
-    E, n = n_here * ep, m // ep
-    _, (off, send, out_off, recv) = _ragged_layout(filled, E, n, ep)
-    home = a2a(out.reshape(E * n, L), jnp.zeros((E * n, L), out.dtype), off, send, out_off, recv)
-    return home.reshape(E, n, L)
-
-
-def ragged_all_to_all_reference(operand, output, input_offsets, send_sizes, output_offsets,
-                                recv_sizes):
-    """``jax.lax.ragged_all_to_all`` over "expert" as its documentation defines it, from
-    all_gather (every device gathers every sender's operand: for tests on CPU, where XLA has no
-    ragged all-to-all)."""
-    ep = jax.lax.axis_size("expert")
-    me = jax.lax.axis_index("expert")
-    N, L = operand.shape
-    per = input_offsets.shape[0] // ep                              # slices per destination
-    ops = jax.lax.all_gather(operand, "expert")                     # [ep, N, L]
-    off, size, dest = (jax.lax.dynamic_slice_in_dim(jax.lax.all_gather(a, "expert"), me * per,
-                                                    per, axis=1)[..., None]
-                       for a in (input_offsets, send_sizes, output_offsets))   # [ep, per, 1]
-    r = jnp.arange(N)[None, None, :]                                # [1, 1, N]
-    inside = (r >= off) & (r < off + size)                          # [ep, per, N]
-    at = jnp.where(inside, dest + r - off, output.shape[0])         # out of range: dropped
-    rows = jnp.broadcast_to(ops[:, None], (ep, per, N, L))
-    return output.at[at.reshape(-1)].set(rows.reshape(-1, L), mode="drop")
-
-
-def _lax_ragged(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes):
-    return jax.lax.ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets,
-                                     recv_sizes, axis_name="expert")
-
-
 def exchange_dense(ep: int) -> Exchange:
     """Two ``jax.lax.all_to_all`` of the whole padded buffer (every slot, used or not)."""
-    return Exchange("all_to_all", lambda b, f: _dense_there(b, f, ep),
-                    lambda o, f: _dense_back(o, f, ep))
+    def there(buf, filled):
+        E, n, L = buf.shape
+        # block i of E/ep experts -> device i; received: block j = sender j's slots for mine
+        buf = jax.lax.all_to_all(buf, "expert", 0, 0, tiled=True)             # [ep*E/ep, n, L]
+        return buf.reshape(ep, E // ep, n, L).transpose(1, 0, 2, 3).reshape(E // ep, ep * n, L)
+
+    def back(out, filled):
+        n_here, m, L = out.shape
+        n = m // ep
+        out = out.reshape(n_here, ep, n, L).transpose(1, 0, 2, 3).reshape(ep * n_here, n, L)
+        return jax.lax.all_to_all(out, "expert", 0, 0, tiled=True)           # home: [E, n, L]
+
+    return Exchange("all_to_all", there, back)
 
 
-def exchange_ragged(ep: int, a2a: Callable = _lax_ragged) -> Exchange:
-    """Two ragged all-to-alls of the filled rows only (``a2a``: jax.lax.ragged_all_to_all, or
-    :func:`ragged_all_to_all_reference` in tests); the receiving buffers keep their padded shape
-    (a static worst case), only the bytes on the wire shrink."""
-    return Exchange("ragged_all_to_all", lambda b, f: _ragged_there(b, f, ep, a2a),
-                    lambda o, f: _ragged_back(o, f, ep, a2a))
+def exchange_ragged(ep: int, a2a: Callable | None = None) -> Exchange:
+    """Two ragged all-to-alls of the filled rows only (``a2a``: jax.lax.ragged_all_to_all over
+    "expert", or a stand-in with its arguments in tests); the receiving buffers keep their
+    padded shape (a static worst case), only the bytes on the wire shrink."""
+    a2a = a2a or partial(jax.lax.ragged_all_to_all, axis_name="expert")
+
+    def there(buf, filled):
+        E, n, L = buf.shape
+        sizes = _ragged_layout(filled, E, n, ep)[0]
+        out = a2a(buf.reshape(E * n, L), jnp.zeros((E * n, L), buf.dtype), *sizes)
+        return out.reshape(E // ep, ep * n, L)                               # [E/ep, ep*n, L]
+
+    def back(out, filled):
+        n_here, m, L = out.shape
+        E, n = n_here * ep, m // ep
+        sizes = _ragged_layout(filled, E, n, ep)[1]
+        home = a2a(out.reshape(E * n, L), jnp.zeros((E * n, L), out.dtype), *sizes)
+        return home.reshape(E, n, L)                                         # [E, n, L]
+
+    return Exchange("ragged_all_to_all", there, back)
 
 
 # XLA:CPU has no ragged all-to-all ("HLO opcode ragged-all-to-all is not supported by XLA:CPU
@@ -527,74 +458,34 @@ def default_exchange(ep: int) -> Exchange:
         exchange_dense(ep)
 
 
-def dispatch_expert_parallel(cfg: ModelConfig, mesh, x: jax.Array, expert: jax.Array,
-                             seed, weights: tuple, seq: int,
-                             exchange: Exchange | None = None) -> Dispatched:
-    """The routed path with capacity under ``jax.shard_map`` over ``mesh``: tokens split over
-    every device, expert weights over "expert" (dropless: :func:`dispatch_dropless_sharded`).
-
-    Each device (a sender shard) cuts its t tokens into cells of ``cfg.capacity_tokens``
-    (:func:`cell_tokens`), gives every expert C = ceil(cf * cell * k / E) slots per cell (the
-    recipe's (cell, expert) capacity: the same cells on any number of devices), fills its
-    [E, n_cells * C, L] buffer (each expert's kept rows first, :func:`compact_slots`), and
-    ``exchange`` (default :func:`default_exchange`: ragged on GPU/TPU, dense on CPU) sends each
-    block of E/ep experts to the device holding them, which runs its experts on
-    [E/ep, ep * n_cells * C, L]; the exchange's way back brings the outputs home. Each device
-    draws its cells' drop keys itself (:func:`drop_keys` of ``seed``: a function of the place in
-    the cell, so the same keys as one device's).
-    x [T, L], expert [T, k] -> Dispatched(out [T, k, L], kept [T, k])."""
-    from jax.sharding import PartitionSpec as P
-
-    E, ep = cfg.n_experts, mesh.shape["expert"]
-    tok, wspec = P(tuple(mesh.axis_names)), P("expert")
-    exchange = exchange or default_exchange(ep)
-
-    def local(x, expert, seed, w_gate, w_up, w_down):   # x [t, L], [t, k], weights [E/ep, ...]
-        t, k = expert.shape
-        n, s, filled = _slots_here(cfg, expert, seed, seq)
-        buf = exchange.there(scatter_slots(x, s, k, E, n), filled)     # [E/ep, ep*n, L]
-        out = swiglu(buf, w_gate, w_up, w_down, "ecl,elf->ecf", "ecf,efl->ecl")
-        out = exchange.back(out, filled)                               # home: [E, n, L]
-        return tuple(gather_slots(out, s, t, k))
-
-    return Dispatched(*jax.shard_map(
-        local, mesh=mesh, in_specs=(tok, tok, P(), wspec, wspec, wspec),
-        out_specs=(tok, tok))(x, expert, jnp.asarray(seed, jnp.int32), *weights))
-
-
-def _slots_here(cfg: ModelConfig, expert: jax.Array, seed, seq: int):
-    """One device's slots inside shard_map: (n slots per expert here, the compacted slots, the
-    filled counts), from its [t, k] assignments in capacity cells of its own tokens."""
-    t, k = expert.shape
-    cell = cell_tokens(cfg, t)
-    cap = capacity(cfg, cell)
-    s, filled = compact_slots(slots(expert, cfg.n_experts, cap,
-                                    drop_keys(seed, t, k, cell, seq), t // cell),
-                              cfg.n_experts, cap, t // cell)
-    return (t // cell) * cap, s, filled
-
-
 def routed_expert_parallel(cfg: ModelConfig, mesh, x: jax.Array, expert: jax.Array,
                            weight: jax.Array, seed, weights: tuple, seq: int,
                            exchange: Exchange | None = None) -> tuple[jax.Array, jax.Array]:
-    """:func:`dispatch_expert_parallel` and the combine in one: the same slots, drops and
-    exchange, but the buffer is gathered straight from the tokens (each slot reads its token's
-    row; an empty slot reads a zero row) and the outputs are added straight into their tokens'
-    rows, each times its combine weight. So no [A, L] array of the assignments (A = t x k) is
-    made, and the backward pass needs no zero-filled [E, n, L] buffer (the transpose of a gather
-    from the tokens is a scatter into [t, L]; that of the scatter-add is a gather). Under XLA:CPU
-    those were the largest buffers of the 27.7B-A1.2B step (docs/LOG.md). The sum over a token's
-    k outputs is taken in another order than :func:`combine`'s, nothing else changes.
-    x [T, L], expert [T, k], weight [T, k] -> (mixed [T, L], kept [T, k])."""
-    from jax.sharding import PartitionSpec as P
+    """The routed path with capacity, and its combine, under ``jax.shard_map`` over ``mesh``:
+    tokens split over every device, expert weights over "expert" (dropless:
+    :func:`dispatch_dropless_sharded`). x [T, L], expert [T, k], weight [T, k] (combine
+    weights) -> (mixed [T, L], kept [T, k]).
 
+    Each device (a sender shard) cuts its t tokens into cells (:func:`cell_tokens`) with their
+    drop keys (:func:`drop_keys` of ``seed``: the same as one device's), fills C slots per
+    (cell, expert), each expert's kept rows first (:func:`compact_slots`), and ``exchange``
+    (default :func:`default_exchange`) sends each block of E/ep experts to the device holding
+    them and the outputs back. Slots gather straight from the tokens (an empty slot reads a zero
+    row) and outputs add straight into their tokens' rows times their combine weights: no
+    [t * k, L] array of the assignments, nor a zero-filled [E, n, L] buffer in the backward
+    pass, the largest buffers of the 27.7B-A1.2B step under XLA:CPU (docs/LOG.md). The sum over
+    a token's k outputs is taken in another order than :func:`combine`'s."""
     E, ep = cfg.n_experts, mesh.shape["expert"]
     tok, wspec = P(tuple(mesh.axis_names)), P("expert")
     exchange = exchange or default_exchange(ep)
 
     def local(x, expert, weight, seed, w_gate, w_up, w_down):   # [t, L], [t, k], [t, k], ...
         t, k = expert.shape
-        n, s, filled = _slots_here(cfg, expert, seed, seq)
+        cell = cell_tokens(cfg, t)
+        cap = capacity(cfg, cell)
+        n = (t // cell) * cap                                          # slots per expert here
+        s, filled = compact_slots(slots(expert, E, cap, drop_keys(seed, t, k, cell, seq),
+                                        t // cell), E, cap, t // cell)
         # each slot's token (t: the zero row) and combine weight (0 when empty)
         src = jnp.full((E, n), t, jnp.int32).at[s.expert, s.slot].set(
             (s.order // k).astype(jnp.int32), mode="drop")             # [E, n]
@@ -672,16 +563,12 @@ def combine(out: jax.Array, weight: jax.Array) -> jax.Array:
 def recompute_at_backward(fn: Callable) -> Callable:
     """``fn`` whose backward pass recomputes it from its inputs, *after* its output's cotangent
     exists: the forward keeps only the inputs, and the backward ties them to the cotangent
-    (:func:`after_cotangent`) before it runs ``jax.vjp(fn)``.
+    (:func:`after_cotangent`) before it runs ``jax.vjp(fn)``. The gradient is the same.
 
-    Why not ``jax.checkpoint`` alone: the recomputation of a rematerialised block depends only
-    on the block's saved input, so XLA is free to schedule it early, and XLA:CPU did: in the
-    27.7B-A1.2B step (bf16, remat full, 16 sequences per device) the routed path of every block
-    of a scanned group was recomputed at the start of the backward pass and held until each
-    block's gradient (~17 GiB of dispatch buffers per block on the peak; docs/LOG.md). With the
-    barrier the buffers of one routed path at a time are live. The gradient is the same
-    function's (one more forward of ``fn`` per backward: the price of remat). Integer and
-    boolean inputs and outputs pass through (their cotangents are float0)."""
+    Why not ``jax.checkpoint`` alone: a recomputation that depends only on saved inputs may be
+    scheduled early, and XLA:CPU recomputed the routed path of every block of a scanned group at
+    the start of the backward pass (27.7B-A1.2B: ~17 GiB of dispatch buffers per block at the
+    peak; docs/LOG.md). Integer and boolean inputs and outputs pass through (float0 cotangents)."""
     @jax.custom_vjp
     def f(*args):
         return fn(*args)
@@ -712,10 +599,8 @@ class MoE(nn.Module):
     """Router + routed experts in latent space + shared experts. Returns ``(y, aux)``.
 
     ``dispatch`` is :func:`dispatch_sorted` (fast; under a multi-device mesh
-    :func:`dispatch_expert_parallel`; dropless evaluation goes through
-    :func:`dispatch_dropless`, sharded by :func:`dispatch_dropless_sharded`) or
-    :func:`dispatch_reference` (tests).
-    """
+    :func:`routed_expert_parallel`; dropless: :func:`dispatch_dropless`, sharded by
+    :func:`dispatch_dropless_sharded`) or :func:`dispatch_reference` (tests)."""
 
     cfg: ModelConfig
     dispatch: Callable = dispatch_sorted
@@ -773,22 +658,6 @@ class MoE(nn.Module):
 
 
 # ------------------------------------------------------------------------------ stats and bias
-_STEP_TOKENS: contextvars.ContextVar[int | None] = contextvars.ContextVar("step_tokens",
-                                                                         default=None)
-
-
-@contextlib.contextmanager
-def step_tokens(n: int):
-    """Within this context (at trace time) the balancing rule's statistic is sized for a step of
-    ``n`` tokens, however many a single call sees: a microbatched step sets it to the whole
-    step's tokens so the merged statistic equals one big batch's."""
-    token = _STEP_TOKENS.set(int(n))
-    try:
-        yield
-    finally:
-        _STEP_TOKENS.reset(token)
-
-
 def threshold_n(cfg: ModelConfig, n_tokens: int) -> int:
     """n of the threshold rule: T*k/E over the step's tokens (floored, at least 1)."""
     step = _STEP_TOKENS.get() or n_tokens
@@ -805,34 +674,6 @@ def top_logits(logits: jax.Array, n: int) -> jax.Array:
     return top
 
 
-def _threshold_stat(cfg: ModelConfig, logits: jax.Array, mesh) -> jax.Array:
-    """[E, n] top-n logits per expert over this call's tokens (under a mesh: merged over all
-    devices, and split over "expert" on the E axis)."""
-    n = threshold_n(cfg, logits.shape[0])
-    if mesh is None:
-        return top_logits(logits, n)
-    from jax.sharding import PartitionSpec as P
-
-    others = tuple(a for a in mesh.axis_names if a != "expert")
-
-    def local(lg):                                     # [t, E] -> [E/ep, n]
-        top = top_logits(lg, min(n, lg.shape[0]))                     # [E, m]
-        # experts to their "expert" device, candidates of all senders side by side
-        top = jax.lax.all_to_all(top, "expert", 0, 1, tiled=True)     # [E/ep, ep*m]
-        top = jax.lax.top_k(top, min(n, top.shape[1]))[0]
-        if others:
-            top = jax.lax.all_gather(top, others, axis=1, tiled=True)   # [E/ep, dp*m']
-            top = jax.lax.top_k(top, min(n, top.shape[1]))[0]
-        if top.shape[1] < n:
-            top = jnp.pad(top, ((0, 0), (0, n - top.shape[1])), constant_values=-jnp.inf)
-        return top
-
-    # all_gather leaves its result typed "varying" over the other axes although every device of
-    # them holds the same merged top-n: the replication check cannot see it, so it is off here
-    return jax.shard_map(local, mesh=mesh, in_specs=P(tuple(mesh.axis_names)),
-                         out_specs=P("expert"), check_vma=False)(logits)
-
-
 # ------------------------------------------------------------------ the balancing rules
 # One class per ladder.model.config.BiasRule member, in RULES: a rule's mergeable statistic of a
 # call's logits, how two statistics merge (devices, microbatches), its target bias and its update.
@@ -844,11 +685,11 @@ class BalancingRule:
     the others: they override what they use."""
 
     def stat(self, cfg: ModelConfig, logits: jax.Array, mesh, bias) -> jax.Array:
-        """This call's share of the statistic: here [E, 1] zeros (none is needed)."""
+        """This call's share of the statistic [E, n] (here [E, 1] zeros: none is needed)."""
         return jnp.zeros((logits.shape[1], 1), jnp.float32)
 
     def merge(self, a: jax.Array, b: jax.Array) -> jax.Array:
-        """The statistic of both token sets together."""
+        """The statistic of both token sets together, exactly."""
         return a
 
     def empty_fill(self) -> float:
@@ -871,8 +712,15 @@ class BalancingRule:
 
 
 class TargetRule(BalancingRule):
-    """A rule that replaces the bias by its target, less the drift of the router weights
-    (:func:`update_router_bias`)."""
+    """A rule that replaces the bias by its target, less the drift of the router weights.
+
+    ``router_step`` [n_layers, D, E]: this step's change of the router weights (new - old). The
+    target comes from this step's logits, but the next step routes with the updated router,
+    whose logits move by x . router_step; the part common to all tokens, the mean input
+    ``stats["moe/router_in"]`` [n_layers, D] times the step, is taken off (centred over
+    experts). Without it the bias lags one optimizer step behind: where one Adam step moves an
+    expert's logits further than their spread over tokens (small widths at the peak LR), every
+    token picks the same experts for 10-30 steps (issue 37 item 6)."""
 
     def update(self, cfg, router_bias, stats, router_step):
         new = stats["moe/bias_target"]
@@ -884,11 +732,31 @@ class TargetRule(BalancingRule):
 
 
 class ThresholdRule(TargetRule):
-    """Minus each expert's n-th largest raw logit over the step, n = T*k/E (:func:`threshold_bias`),
-    from the top-n logits per expert, which merge by keeping the top-n of the union."""
+    """Minus each expert's n-th largest raw logit over the step, n = T*k/E (:func:`threshold_n`),
+    from the top-n logits per expert [E, n], which merge by keeping the top-n of the union."""
 
     def stat(self, cfg, logits, mesh, bias):
-        return _threshold_stat(cfg, logits, mesh)
+        n = threshold_n(cfg, logits.shape[0])
+        if mesh is None:
+            return top_logits(logits, n)
+        others = tuple(a for a in mesh.axis_names if a != "expert")
+
+        def local(lg):                                 # [t, E] -> [E/ep, n]
+            top = top_logits(lg, min(n, lg.shape[0]))                     # [E, m]
+            # experts to their "expert" device, candidates of all senders side by side
+            top = jax.lax.all_to_all(top, "expert", 0, 1, tiled=True)     # [E/ep, ep*m]
+            top = jax.lax.top_k(top, min(n, top.shape[1]))[0]
+            if others:
+                top = jax.lax.all_gather(top, others, axis=1, tiled=True)   # [E/ep, dp*m']
+                top = jax.lax.top_k(top, min(n, top.shape[1]))[0]
+            if top.shape[1] < n:
+                top = jnp.pad(top, ((0, 0), (0, n - top.shape[1])), constant_values=-jnp.inf)
+            return top
+
+        # all_gather leaves its result typed "varying" over the other axes although every device
+        # of them holds the same merged top-n: the replication check cannot see it, so it is off
+        return jax.shard_map(local, mesh=mesh, in_specs=P(tuple(mesh.axis_names)),
+                             out_specs=P("expert"), check_vma=False)(logits)
 
     def merge(self, a, b):
         n = a.shape[-1]
@@ -908,22 +776,23 @@ class ThresholdRule(TargetRule):
 
 
 class QuantileRule(TargetRule):
-    """The hero recipe's: minus each expert's upper K/E margin quantile under the current bias,
-    from margin histograms [E, N_BINS] that merge by adding (ladder/model/balance.py)."""
+    """The hero recipe's: minus each expert's upper K/E margin quantile under the layer's current
+    bias, from margin histograms [E, N_BINS] that merge by adding (ladder/model/balance.py)."""
 
     def stat(self, cfg, logits, mesh, bias):
         if bias is None:
             raise ValueError("bias_rule quantile: the statistic needs the layer's current bias")
-        return margin_histogram(logits, bias, cfg.top_k)   # a sum: GSPMD adds the devices'
+        # a sum: GSPMD adds the devices'
+        return balance.margin_histogram(logits, bias, cfg.top_k)
 
     def merge(self, a, b):
         return a + b
 
     def target(self, cfg, stat):
-        return bias_from_histogram(stat, cfg.top_k)
+        return balance.bias_from_histogram(stat, cfg.top_k)
 
     def stat_width(self, cfg, step_tokens):
-        return N_BINS
+        return balance.N_BINS
 
 
 class SignRule(BalancingRule):
@@ -948,38 +817,27 @@ def balancing_rule(cfg: ModelConfig) -> BalancingRule:
 
 def bias_stat(cfg: ModelConfig, logits: jax.Array, mesh=None,
               bias: jax.Array | None = None) -> jax.Array:
-    """This call's share of the balancing rule's statistic (mergeable by :func:`merge_bias_stat`).
-
-    threshold: [E, n] top-n logits per expert over this call's tokens (under a mesh: merged over
-    all devices, and split over "expert" on the E axis). quantile: [E, N_BINS] counts of each
-    expert's margins under the layer's current ``bias`` (model/balance.py; a sum, so GSPMD adds
-    the devices' counts). Other rules need none: [E, 1] zeros.
-    """
+    """This call's share of the rule's statistic (under a mesh: threshold's merged over all
+    devices and split over "expert" on the E axis; ``bias``: the layer's current bias)."""
     return balancing_rule(cfg).stat(cfg, logits, mesh, bias)
 
 
 def merge_bias_stat(cfg: ModelConfig, a: jax.Array, b: jax.Array) -> jax.Array:
     """Two statistics of :func:`bias_stat` (any leading axes, e.g. layers) -> the statistic of
-    both token sets together, exactly: threshold keeps the top-n of the union, quantile adds the
-    counts; others: zeros."""
+    both token sets together, exactly."""
     return balancing_rule(cfg).merge(a, b)
 
 
 def bias_target_from_stat(cfg: ModelConfig, stat: jax.Array) -> jax.Array:
-    """[..., E, n] statistic -> the threshold rule's bias [..., E]: minus the n-th largest logit
-    of each expert, centred to zero mean over experts (a common shift changes no top-k choice).
-    quantile: [..., E, N_BINS] summed margin counts -> minus each expert's upper K/E margin
-    quantile, centred (ladder/model/balance.py). Other rules: zeros (they do not use a target)."""
+    """[..., E, n] statistic -> the rule's target bias [..., E] (zeros for rules without one)."""
     return balancing_rule(cfg).target(cfg, stat)
 
 
 def threshold_bias(logits: jax.Array, top_k: int) -> jax.Array:
-    """The real recipe's bias: per expert e, minus the n-th largest unbiased logit of e over the
-    step's tokens, n = T*k/E (floored, at least 1), so that exactly n tokens clear e's threshold;
-    then centred to zero mean (a common shift does not change any top-k choice).
-    logits [T, E] -> [E]."""
-    T, E = logits.shape
-    n = max(1, (T * top_k) // E)
+    """The threshold rule's bias over one batch, computed directly: logits [T, E] -> [E], minus
+    each expert's n-th largest logit, n = T*k/E (floored, at least 1), so that exactly n tokens
+    clear its threshold; centred (a common shift changes no top-k choice)."""
+    n = max(1, (logits.shape[0] * top_k) // logits.shape[1])
     bias = -top_logits(logits, n)[:, n - 1]                           # [E]
     return bias - jnp.mean(bias)
 
@@ -1008,19 +866,13 @@ def balance_loss(load: jax.Array, prob: jax.Array, top_k: int) -> jax.Array:
 
 def moe_stats(cfg: ModelConfig, logits: jax.Array, routing: Routing, kept: jax.Array,
               stat: jax.Array | None = None, bias: jax.Array | None = None) -> dict:
-    """Named statistics of one MoE layer (for logging and the bias rule; none is differentiated).
-
-    drop_frac: dropped assignments / all assignments (exact). load [E]: assignments per expert
-    before dropping. prob [E]: mean softmax(logits) over tokens. router_entropy: the entropy of
-    the assignment shares, :func:`load_entropy` (the recipe's "routing entropy": it falls as the
-    load concentrates). router_z_loss: mean logsumexp(logits)^2. balance_loss: the recipe's
-    :func:`balance_loss`. Both are functions of ``load`` and ``prob``, which merge exactly over
-    microbatches (sum, mean): trainer/step.py recomputes them for the whole step. bias_stat: the
-    balancing rule's mergeable statistic (:func:`bias_stat` of ``logits`` and the layer's
-    current ``bias``, computed here when not given); bias_target [E]: the rule's target from it
-    (:func:`bias_target_from_stat`; for threshold, :func:`threshold_bias` over the step; for
-    quantile, the bias from the margin histogram of ladder/model/balance.py).
-    """
+    """Named statistics of one MoE layer (for logging and the bias rule; none is differentiated):
+    drop_frac (exact), load [E] (assignments per expert before dropping), prob [E] (mean
+    softmax(logits)), router_entropy (:func:`load_entropy`), router_z_loss (mean
+    logsumexp(logits)^2), balance_loss (:func:`balance_loss`: like the entropy a function of
+    ``load`` and ``prob``, which merge exactly, so trainer/step.py recomputes both for the whole
+    step), bias_stat (:func:`bias_stat` of ``logits`` and ``bias`` when not given) and
+    bias_target [E] (the rule's target from it)."""
     logits = jax.lax.stop_gradient(logits)
     T, E = logits.shape
     A = T * cfg.top_k
@@ -1042,28 +894,13 @@ def moe_stats(cfg: ModelConfig, logits: jax.Array, routing: Routing, kept: jax.A
 
 def update_router_bias(cfg: ModelConfig, router_bias: jax.Array, stats: dict,
                        router_step: jax.Array | None = None) -> jax.Array:
-    """The next step's router bias [n_layers, E] from this step's stats (``cfg.bias_rule``).
-
-    threshold: replaced by ``stats["moe/bias_target"]`` (minus each expert's n-th raw logit).
-    quantile: replaced by ``stats["moe/bias_target"]`` (minus each expert's upper K/E margin
-    quantile, from the step's summed histogram: the hero recipe, ladder/model/balance.py).
-    sign: bias += bias_rate * sign(mean load - load), per layer (loss-free balancing, Wang et al.
-    2024, "Auxiliary-loss-free load balancing strategy for mixture-of-experts").
-    none: unchanged.
-
-    ``router_step`` [n_layers, D, E]: this step's change of the router weights (new - old).
-    threshold and quantile set the bias from this step's logits, but the next step routes with
-    the updated router; its logits move by x . router_step, and the part common to all tokens,
-    the mean input ``stats["moe/router_in"]`` [n_layers, D] times the step, is taken off the
-    target (centred over experts). Without it the bias lags one optimizer step behind: where one
-    Adam step moves an expert's logits further than their spread over tokens (small widths at
-    the peak LR), every token picks the same experts for 10-30 steps (issue 37 item 6).
-    """
+    """The next step's router bias [n_layers, E] from this step's stats, by ``cfg.bias_rule``
+    (its class in :data:`RULES`). ``router_step`` [n_layers, D, E]: this step's change of the
+    router weights, taken off the target rules' target (:class:`TargetRule`)."""
     new = balancing_rule(cfg).update(cfg, router_bias, stats, router_step)
     return jax.lax.stop_gradient(jnp.asarray(new, router_bias.dtype))
 
 
 def empty_bias_stat(cfg: ModelConfig, shape) -> jax.Array:
-    """The identity of :func:`merge_bias_stat` (the statistic of no tokens): -inf logits for
-    threshold, zero counts for quantile (and the rules without a statistic)."""
+    """The identity of :func:`merge_bias_stat` (the statistic of no tokens)."""
     return jnp.full(shape, balancing_rule(cfg).empty_fill(), jnp.float32)

@@ -4,14 +4,12 @@ Axis legend (as in ladder/model/config.py): B batch, S sequence, D model width, 
 N loss chunks, c positions per chunk. Einsum letters: b=B, s=S, d=D, v=V.
 
 Parameter layout (nested dict of float32 arrays). Layers repeat the pattern [local] *
-(global_every - 1) + [global]; the ``cfg.n_groups`` whole repeats run under ``nn.scan``, so
-compile time does not grow with depth, and their parameters are stacked on a leading group axis:
+(global_every - 1) + [global]; the ``cfg.n_groups`` whole repeats run under ``nn.scan`` (compile
+time does not grow with depth), their parameters stacked on a leading group axis:
 ``groups/block_j/...`` [n_groups, ...] holds layer ``g * global_every + j`` at index g. The
-``n_layers % global_every`` layers after them (the last one global) are unrolled as
-``layer_i/...`` with i the layer index and no group axis; a model shallower than one repeat (the
-cpu and tiny ladders) is all ``layer_i``. Routed-expert weights are [n_groups, E, L, F] under
-``groups`` and [E, L, F] in ``layer_i`` (:func:`expert_axis`). The router bias [n_layers, E]
-lives outside the params: it is an input of every call and never differentiated.
+``n_layers % global_every`` layers after them are unrolled as ``layer_i/...`` (no group axis;
+routed-expert weights: [n_groups, E, L, F] and [E, L, F], :func:`expert_axis`). The router
+bias [n_layers, E] lives outside the params: an input of every call, never differentiated.
 
 Precision (``cfg.precision``): parameters are float32 masters; "bf16" runs each block's matmuls
 and activations in bfloat16 by casting its weights on read (norm scales and the router stay
@@ -42,15 +40,12 @@ from ladder.model.layers import (
 from ladder.model.moe import ROUTED_NAME, MoE, split_batch
 
 AUX_KEYS = ("drop_frac", "load", "prob", "router_entropy", "router_z_loss", "balance_loss",
-            "bias_target",
-            "bias_stat", "router_in")
+            "bias_target", "bias_stat", "router_in")
 DTYPES = {"bf16": jnp.bfloat16, "f32": jnp.float32}
 # What a block keeps for the backward pass under remat "dots" (nn.remat): the outputs of the
-# weight matmuls (dots without batch dimensions), so attention scores and the expert buffers are
-# recomputed, and the routed path's combined output [T, L] (ladder.model.moe.ROUTED_NAME): that
-# path recomputes itself when its gradient arrives (moe.recompute_at_backward), so the block's
-# recomputation need not run it a second time early. Remat "full" keeps only the block's input
-# and recomputes the whole block late (call_block).
+# weight matmuls (dots without batch dimensions) and the routed path's combined output [T, L]
+# (moe.ROUTED_NAME: that path recomputes itself late, moe.recompute_at_backward). Remat "full"
+# keeps only the block's input and recomputes the whole block late (call_block).
 REMAT_POLICIES = {"dots": jax.checkpoint_policies.save_from_both_policies(
     jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
     jax.checkpoint_policies.save_only_these_names(ROUTED_NAME))}
@@ -61,17 +56,13 @@ def compute_dtype(cfg: ModelConfig):
     return DTYPES[resolve_precision(cfg.precision, jax.default_backend())]
 
 
-def _keeps_float32(path: tuple[str, ...]) -> bool:
-    """Norm scales and the router weight are read in float32 whatever the precision."""
-    return path[-1] in ("scale", "router")
-
-
 def cast_params(tree, dtype):
-    """Every parameter in ``dtype`` except those of :func:`_keeps_float32`."""
+    """Every parameter in ``dtype`` except the norm scales and the router weight (float32
+    whatever the precision)."""
     if dtype == jnp.float32:
         return tree
     flat = flatten_dict(unfreeze(tree))
-    return unflatten_dict({p: x if _keeps_float32(p) else x.astype(dtype)
+    return unflatten_dict({p: x if p[-1] in ("scale", "router") else x.astype(dtype)
                            for p, x in flat.items()})
 
 
@@ -114,10 +105,9 @@ def call_block(cls, cfg: ModelConfig, layer: int, dropless: bool, name: str, x, 
                segment_ids):
     """``cls(cfg, layer, dropless, name=name)(x, bias, segment_ids)``; with remat "full" the
     block keeps only its input and parameters and is recomputed in the backward pass once its
-    output's cotangent exists (the cotangent times zero added to the input: a data dependency).
-    ``nn.remat`` leaves the recomputation free to run as soon as the input is there, and XLA:CPU
-    ran every block of a scanned group at once at the start of the group's backward pass
-    (27.7B-A1.2B: 53 GiB of recomputed attention and norms at the peak; docs/LOG.md)."""
+    output's cotangent exists (moe.after_cotangent). ``nn.remat`` leaves the recomputation free
+    to run early, and XLA:CPU ran every block of a scanned group at once at the start of the
+    group's backward pass (27.7B-A1.2B: 53 GiB at the peak; docs/LOG.md)."""
     block = cls(cfg, layer, dropless, name=name)
     if cfg.remat != "full":
         return block(x, bias, segment_ids)
@@ -200,45 +190,35 @@ class Decoder(nn.Module):
         return x, {k: jnp.concatenate([a[k] for a in auxes]) for k in AUX_KEYS}
 
 
-def _boxed_params(cfg: ModelConfig, key: jax.Array) -> dict:
-    """Linen's init: params boxed in :class:`model.layers.Init` (value + init rule). Traced in
-    float32 without remat, on one token, so with no capacity cell: none of these changes a
-    parameter's shape or init rule."""
-    cfg = cfg.replace(precision="f32", remat="none", capacity_tokens=None)
-    tokens = jnp.zeros((1, 1), jnp.int32)
-    bias = jnp.zeros((cfg.n_layers, cfg.n_experts), jnp.float32)
-    return unfreeze(Decoder(cfg).init(key, tokens, bias)["params"])
-
-
 @lru_cache(maxsize=8)
 def _boxes(cfg: ModelConfig) -> dict:
-    """Nested {name: Init(ShapeDtypeStruct, std)} from an abstract trace: nothing is allocated.
-    Cached per config: tracing the linen init takes seconds, and a run needs it for the
-    shardings and again for the values (the boxes hold only immutable shapes and rules)."""
-    return jax.eval_shape(partial(_boxed_params, cfg), jax.random.key(0))
+    """Nested {name: Init(ShapeDtypeStruct, std)} (:class:`model.layers.Init`) from an abstract
+    trace of linen's init: nothing is allocated. Cached per config: tracing takes seconds, and a
+    run needs it for the shardings and again for the values (the boxes are immutable)."""
+    # in float32 without remat, on one token, so with no capacity cell: none of these changes a
+    # parameter's shape or init rule
+    cfg = cfg.replace(precision="f32", remat="none", capacity_tokens=None)
 
+    def boxed(key):
+        tokens = jnp.zeros((1, 1), jnp.int32)
+        bias = jnp.zeros((cfg.n_layers, cfg.n_experts), jnp.float32)
+        return unfreeze(Decoder(cfg).init(key, tokens, bias)["params"])
 
-def _abstract_boxes(cfg: ModelConfig) -> dict:
-    """{path: Init(ShapeDtypeStruct, std)} from an abstract trace: nothing is allocated."""
-    return flatten_dict(_boxes(cfg))
+    return jax.eval_shape(boxed, jax.random.key(0))
 
 
 def init(cfg: ModelConfig, seed: int):
-    """-> (params, router_bias): params a nested dict of float32 arrays, router_bias zeros
-    [n_layers, n_experts].
-
-    Shapes and init rules come from the modules (an abstract trace, see model.layers.Init); the
-    values are drawn with numpy by :func:`ladder.model.layers.materialize`.
-    """
+    """-> (params, router_bias): params a nested dict of float32 arrays (shapes and init rules
+    from an abstract trace of the modules, values drawn with numpy by
+    ladder.model.layers.materialize), router_bias zeros [n_layers, n_experts]."""
     return (materialize(_boxes(cfg), seed, partial(_unrolled_paths, cfg)),
             jnp.zeros((cfg.n_layers, cfg.n_experts), jnp.float32))
 
 
 def init_sharded(cfg: ModelConfig, seed: int, shardings):
     """:func:`init`'s values placed with ``shardings`` (a params-shaped tree of shardings), each
-    process drawing only its own devices' shards (ladder.model.layers.materialize_sharded): host
-    memory holds one parameter's local part at a time, not the model (at 27.7B-A1.2B the whole
-    model is 111 GB in float32). -> (params, router_bias zeros, not yet placed)."""
+    process drawing only its own devices' shards (ladder.model.layers.materialize_sharded; the
+    27.7B-A1.2B model is 111 GB in float32). -> (params, router_bias zeros, not yet placed)."""
     return (materialize_sharded(_boxes(cfg), seed, shardings, partial(_unrolled_paths, cfg)),
             jnp.zeros((cfg.n_layers, cfg.n_experts), jnp.float32))
 
@@ -254,7 +234,7 @@ def _unrolled_paths(cfg: ModelConfig, path: tuple[str, ...]):
 
 def param_shapes(cfg: ModelConfig):
     """(params, router_bias) as jax.ShapeDtypeStruct trees, without allocating anything."""
-    params = unflatten_dict({path: box.value for path, box in _abstract_boxes(cfg).items()})
+    params = unflatten_dict({path: box.value for path, box in flatten_dict(_boxes(cfg)).items()})
     return params, jax.ShapeDtypeStruct((cfg.n_layers, cfg.n_experts), jnp.float32)
 
 
@@ -276,14 +256,11 @@ def apply(cfg: ModelConfig, params, router_bias, tokens, *, dropless: bool = Fal
 
 
 def lm_head_losses(h, lm_head, targets, chunk: int):
-    """Sums over positions of (logsumexp - target logit) and logsumexp^2, computed over chunks
-    of ``chunk`` positions so that only one [B, chunk, V] float32 block of logits exists at a
-    time, in the forward and (recomputed, by jax.checkpoint) in the backward.
-
-    h [B, S, D] (compute dtype), lm_head [D, V] float32 (cast per chunk, so its gradient
-    accumulates over chunks in float32), targets [B, S] -> (ce_sum, lse_sq_sum) float32.
-    S is padded up to a whole number of chunks; padded positions are masked out.
-    """
+    """Sums over positions of (logsumexp - target logit) and logsumexp^2, over chunks of
+    ``chunk`` positions (padded to whole chunks, masked): one [B, chunk, V] float32 block of
+    logits at a time, forward and (recomputed by jax.checkpoint) backward. h [B, S, D] (compute
+    dtype), lm_head [D, V] float32 (cast per chunk, so its gradient accumulates in float32),
+    targets [B, S] -> (ce_sum, lse_sq_sum) float32."""
     B, S, D = h.shape
     c = min(chunk, S)
     n = -(-S // c)
@@ -316,18 +293,13 @@ def lm_head_losses(h, lm_head, targets, chunk: int):
 def loss_fn(cfg: ModelConfig, params, router_bias, tokens, targets, *, dropless: bool = False,
             segment_ids=None):
     """-> (loss, stats). loss = mean cross-entropy + z_loss * mean(logsumexp(logits)^2), the only
-    differentiated quantity. The router z-loss and the balance loss are returned for logging only.
-    The LM head and the cross-entropy run over chunks of ``cfg.loss_chunk`` positions
+    differentiated quantity (the router z-loss and the balance loss are for logging only). The LM
+    head and the cross-entropy run over chunks of ``cfg.loss_chunk`` positions
     (:func:`lm_head_losses`): the [B, S, V] logits never exist.
 
-    stats: "ce", "z_loss" (the weighted term, so loss = ce + z_loss), "moe/drop_frac" (over all
-    layers' assignments), "moe/load_max_over_mean" (the worst layer's max/mean expert load),
-    "moe/router_entropy", "moe/router_z_loss", "moe/balance_loss" (means over layers; the
-    recipe's definitions, ladder.model.moe.moe_stats), and the per-layer arrays "moe/load" [L, E]
-    (assignment counts), "moe/router_prob" [L, E] (mean router probabilities),
-    "moe/bias_target" [L, E], "moe/router_in" [L, D] (each router's mean input: the balancing
-    rule's drift correction) and the balancing rule's mergeable statistic "moe/bias_stat" (see
-    ladder.model.moe.bias_stat).
+    stats: "ce", "z_loss" (the weighted term: loss = ce + z_loss), means over layers of the
+    moe.moe_stats scalars, the worst layer's max/mean expert load, and per-layer arrays [L, ...]
+    of the load, router probabilities, bias target and statistic and router mean input.
     """
     h, aux = _hidden(cfg, params, router_bias, tokens, dropless, segment_ids)
     ce_sum, sq_sum = lm_head_losses(h, params["lm_head"], targets, cfg.loss_chunk)
@@ -355,11 +327,15 @@ def loss_fn(cfg: ModelConfig, params, router_bias, tokens, targets, *, dropless:
 
 PARAM_GROUPS = ("embedding", "lm_head", "attention", "norms", "router", "latent",
                 "shared_experts", "routed_experts", "gated_norms", "convs", "head_gates")
-# Leaf names of the recipe's pieces (ladder/model/layers.py), wherever they sit: GatedNorm's two
-# matrices, the short convolutions' kernels, the attention head gate.
-GATED_NORM_LEAVES = ("gate_down", "gate_up")
-CONV_LEAVES = ("k_conv", "out_conv", "moe_conv")
-HEAD_GATE_LEAVES = ("attn_gate",)
+# The group of a parameter, looked up by its leaf name (the recipe's pieces, wherever they sit:
+# GatedNorm's two matrices, the short convolutions' kernels, the attention head gate), else by its
+# top-level name, else by its part of a layer, else by its part of the layer's MoE.
+LEAF_GROUPS = {"gate_down": "gated_norms", "gate_up": "gated_norms", "k_conv": "convs",
+               "out_conv": "convs", "moe_conv": "convs", "attn_gate": "head_gates"}
+TOP_GROUPS = {"embedding": "embedding", "lm_head": "lm_head", "final_norm": "norms",
+              "embed_norm": "norms"}
+LAYER_GROUPS = {"attn_norm": "norms", "moe_norm": "norms", "attn": "attention"}
+MOE_GROUPS = {"router": "router", "experts": "routed_experts", "shared": "shared_experts"}
 
 
 def stacked_axes(path: tuple[str, ...]) -> int:
@@ -377,32 +353,14 @@ def param_group(path: tuple[str, ...]) -> str:
     """The group (as in ladder/counting.py) of the parameter at ``path`` in the params dict.
     The final norm belongs to "norms", as in ladder/counting.py (one scheme of groups)."""
     path = tuple(path)
-    top, leaf = path[0], path[-1]
-    if leaf in GATED_NORM_LEAVES:
-        return "gated_norms"
-    if leaf in CONV_LEAVES:
-        return "convs"
-    if leaf in HEAD_GATE_LEAVES:
-        return "head_gates"
-    if top in ("embedding", "lm_head"):
-        return top
-    if top in ("final_norm", "embed_norm"):
-        return "norms"
-    if top == "groups":                  # groups/block_j/... reads like layer_i/...
+    if path[-1] in LEAF_GROUPS:
+        return LEAF_GROUPS[path[-1]]
+    if path[0] in TOP_GROUPS:
+        return TOP_GROUPS[path[0]]
+    if path[0] == "groups":              # groups/block_j/... reads like layer_i/...
         path = path[1:]
-    part = path[1]                       # inside layer_i
-    if part in ("attn_norm", "moe_norm"):
-        return "norms"
-    if part == "attn":
-        return "attention"
-    sub = path[2]                        # inside moe
-    if sub == "router":
-        return "router"
-    if sub == "experts":
-        return "routed_experts"
-    if sub == "shared":
-        return "shared_experts"
-    return "latent"                      # down, up, latent_norm
+    # inside moe, the rest (down, up, latent_norm) is the latent projection's
+    return LAYER_GROUPS.get(path[1]) or MOE_GROUPS.get(path[2], "latent")
 
 
 OPTIONAL_GROUPS = ("gated_norms", "convs", "head_gates")   # only a model with the switches on
@@ -411,7 +369,7 @@ OPTIONAL_GROUPS = ("gated_norms", "convs", "head_gates")   # only a model with t
 def param_groups(params) -> dict[str, list]:
     """{group: [leaf, ...]} for the groups of PARAM_GROUPS (empty list if a group has none),
     except the recipe's optional groups, present only when the model has them (so a model
-    without them logs the same metrics as before they existed)."""
+    without them logs the metrics it always logged)."""
     groups: dict[str, list] = {g: [] for g in PARAM_GROUPS}
     for path, leaf in flatten_dict(params).items():
         groups[param_group(path)].append(leaf)
