@@ -37,7 +37,8 @@ sys.path.insert(0, str(ROOT))
 if os.environ.get("BENCH_FIT_ROOT"):
     sys.path.insert(0, os.environ["BENCH_FIT_ROOT"])
 
-from ladder.fit import fit_law, isoflop_approach2, load_points  # noqa: E402
+from ladder.fit import fit_law, load_points  # noqa: E402
+from ladder.fit.isoflop import isoflop  # noqa: E402
 
 
 class Skip(Exception):
@@ -142,12 +143,12 @@ def porian_tuned(anchors: Path) -> list[Row]:
         raise Skip("no rw/tuned/short/const/standard/val rows")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        r = isoflop_approach2(sel.rename(columns={"flops": "compute", "N": "params"}),
-                              bootstrap=1000, level=0.9)
-    note = f"{len(r.budgets)} budgets" + (f", {len(r.warnings)} off-centre" if r.warnings
-                                          else "")
-    return [Row("Porian tuned RW (Approach 2)", "a in N* ~ C^a", r.exponent, 0.497,
-                r.interval, "within 0.01", abs(r.exponent - 0.497) <= 0.01, note)]
+        r = isoflop(sel.rename(columns={"flops": "compute", "N": "params", "D_tokens": "tokens"}),
+                    bootstrap=1000, level=0.9).approach2
+    off = int(r.optima["off_centre"].sum())
+    note = f"{len(r.optima)} budgets" + (f", {off} off-centre" if off else "")
+    return [Row("Porian tuned RW (Approach 2)", "a in N* ~ C^a", r.n.exponent, 0.497,
+                r.n.exponent_interval, "within 0.01", abs(r.n.exponent - 0.497) <= 0.01, note)]
 
 
 GADRE_SMALL = ["d=96_l=8_h=4", "d=512_l=8_h=4", "d=576_l=24_h=8", "d=1024_l=24_h=8"]

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from ladder.fit import FitResult, fit_law, load_points
-from ladder.fit.allocation import allocation, isoflop_approach2
+from ladder.fit.allocation import allocation
 from ladder.io import InputError
 
 # Marin's hero-run tracking issue: final dropless Paloma losses of the 4 rungs at training
@@ -168,19 +168,6 @@ def test_auto_chooses_a_form_and_records_the_comparison():
     auto = res.diagnostics["auto"]
     assert auto["chosen"] == "compute" and res.form == "compute"
     assert "form chosen by --form auto" in res.report()
-
-
-def test_isoflop_approach2_recovers_exponent():
-    # loss parabolas in log N whose vertex follows N_opt = 0.1 C^0.5
-    rows = []
-    for C in np.logspace(17, 20, 6):
-        n_opt = 0.1 * C ** 0.5
-        for x in np.linspace(-1.5, 1.5, 7):
-            rows.append({"compute": C, "params": n_opt * math.exp(x),
-                         "loss": 2 + 5 * C ** -0.05 + 0.04 * x * x})
-    res = isoflop_approach2(pd.DataFrame(rows), bootstrap=50)
-    assert res.exponent == pytest.approx(0.5, abs=1e-6)
-    assert not res.warnings
 
 
 def test_roundtrip_json():

@@ -389,33 +389,6 @@ def test_runaway_coefficients_are_held_at_the_box_and_flagged():
     assert _same(law.predict(params=1e8, tokens=4e9).loss, r.predict(params=1e8, tokens=4e9).loss)
 
 
-def test_isoflop_vertex_beyond_float64_is_not_defined():
-    """Found beside the allocation's overflow (not by the generator: IsoFLOP tables are not
-    ladders): a budget whose loss is a nearly flat parabola in log N has its vertex at log N ~
-    2000, and math.exp raised OverflowError; now that budget's optimum is NaN (not defined,
-    off-centre), and with fewer than 2 budgets left the call is refused, not crashed."""
-    from ladder.fit.allocation import isoflop_approach2
-
-    def table(flat_budgets):
-        rows = []
-        for i, C in enumerate(np.logspace(17, 20, 4)):
-            n_opt = 0.1 * C ** 0.5
-            for x in np.linspace(-1.5, 1.5, 7):
-                lx = math.log(n_opt) + x
-                loss = (2 + 1e-12 * (lx - 2000) ** 2 if i in flat_budgets
-                        else 2 + 5 * C ** -0.05 + 0.04 * x * x)
-                rows.append({"compute": C, "params": math.exp(lx), "loss": loss})
-        return pd.DataFrame(rows)
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        res = isoflop_approach2(table({1}), bootstrap=20)
-        assert res.exponent == pytest.approx(0.5, abs=1e-6)
-        assert np.isnan(res.budgets["n_opt"][1]) and res.budgets["off_centre"][1]
-        with pytest.raises(InputError, match="at least 2 budgets whose loss has a minimum"):
-            isoflop_approach2(table({0, 1, 2}), bootstrap=20)
-
-
 def test_fit_refuses_to_write_a_law_its_reader_would_refuse(tmp_path):
     """The ols fit (the real ladder's, closed form, no solver box) of losses whose log A lands
     at 800: `fit` wrote it and `predict` refused it; now `fit` reads the law back before it

@@ -5,6 +5,7 @@ closed form (N* = G (C/6)^a, a = beta / (alpha + beta); ladder.fit.allocation); 
 
 import json
 import math
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -50,6 +51,46 @@ def test_approach_2_recovers_the_closed_form_allocation():
     assert n == pytest.approx(float(al.n_opt(1e22)), rel=0.1)
     # Approach 1 (the best sampled size per budget) on the same grid of sizes
     assert res.approach1.n.exponent == pytest.approx(a, abs=0.05)
+
+
+def test_approach_2_finds_the_vertices_of_exact_parabolas():
+    """Loss parabolas in log N whose vertex follows N* = 0.1 C^0.5: the exponent to 1e-6 and no
+    budget off-centre (the band has no width: the profiles have no noise, and a warning says so)."""
+    rows = []
+    for C in np.logspace(17, 20, 6):
+        n_opt = 0.1 * C ** 0.5
+        for x in np.linspace(-1.5, 1.5, 7):
+            rows.append({"compute": C, "params": n_opt * math.exp(x),
+                         "loss": 2 + 5 * C ** -0.05 + 0.04 * x * x})
+    with pytest.warns(UserWarning, match="no residuals"):
+        res = isoflop(pd.DataFrame(rows), bootstrap=50)
+    assert res.approach2.n.exponent == pytest.approx(0.5, abs=1e-6)
+    assert not res.approach2.optima["off_centre"].any()
+    assert not [w for w in res.warnings if "off-centre" in w]
+
+
+def test_a_vertex_beyond_float64_is_not_defined():
+    """A budget whose loss is a nearly flat parabola in log N has its vertex at log N ~ 2000
+    (math.exp raised OverflowError once): that budget's N* is NaN (not defined, off-centre) and
+    the others give the exponent; with fewer than 2 budgets left, approach 2's exponent is NaN,
+    not a crash."""
+    def table(flat_budgets):
+        rows = []
+        for i, C in enumerate(np.logspace(17, 20, 4)):
+            n_opt = 0.1 * C ** 0.5
+            for x in np.linspace(-1.5, 1.5, 7):
+                lx = math.log(n_opt) + x
+                loss = (2 + 1e-12 * (lx - 2000) ** 2 if i in flat_budgets
+                        else 2 + 5 * C ** -0.05 + 0.04 * x * x)
+                rows.append({"compute": C, "params": math.exp(lx), "loss": loss})
+        return pd.DataFrame(rows)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = isoflop(table({1}), bootstrap=20).approach2
+        assert m.n.exponent == pytest.approx(0.5, abs=1e-6)
+        assert np.isnan(m.optima["n_opt"][1]) and m.optima["off_centre"][1]
+        assert np.isnan(isoflop(table({0, 1, 2}), bootstrap=20).approach2.n.exponent)
 
 
 def test_noisy_profiles_give_bands_that_mostly_hold_the_truth():

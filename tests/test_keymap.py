@@ -225,7 +225,8 @@ def test_a_levanter_keyed_offline_wandb_run_fitted_and_watched(tmp_path, monkeyp
 def test_a_foreign_run_without_keys_is_told_which_map_reads_it():
     """Issue 38: a levanter-keyed W&B run fitted without --keys was told to give --sizes; its
     keys say which built-in map reads it. A run with no map's keys still gets --sizes."""
-    from ladder.fit.points import WandbHistory, points_from_histories
+    from ladder.fit.points import points_from_histories
+    from ladder.sources import WandbHistory
     from ladder.io import InputError
     t = sy.ladder_targets(3, steps0=60)[0]
     rows = [levanter_row(r, t) for r in sy.make_run(TRUTH, t, seed=0).rows]

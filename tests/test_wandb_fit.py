@@ -84,3 +84,19 @@ def test_ladder_fit_on_offline_wandb_runs_gives_the_folders_law(tmp_path, monkey
     assert f"{lad.name}/{lad.target.name}" not in fitted_runs(b)
     assert b["params"] == pytest.approx(a["params"], rel=1e-9)
     assert np.isfinite(list(a["params"].values())).all()
+
+
+def test_a_bad_wandb_uri_or_run_is_one_line_naming_it_and_the_argument():
+    """`ladder fit`'s W&B URIs are read by ladder.sources (the watcher's reader): its errors
+    name the URI (the run's, when one run is not readable) and fit's argument, SOURCE."""
+    from ladder.io import InputError
+    with pytest.raises(InputError) as e:
+        load_points(["wandb://ent/proj"], wandb_api=FakeWandbApi({}))
+    assert (e.value.field, e.value.exit_code) == ("SOURCE", 64)
+    assert "wandb://ENTITY/PROJECT/RUN_ID" in str(e.value) and "'wandb://ent/proj'" in str(e.value)
+    with pytest.raises(InputError) as e:
+        api = FakeWandbApi({"a": FakeWandbRun([], {}, "a")})
+        load_points(["wandb://ent/proj/a, zz"], wandb_api=api)
+    assert (e.value.path, e.value.field, e.value.exit_code) == ("wandb://ent/proj/zz", "SOURCE",
+                                                                 69)
+    assert "W&B run not readable (KeyError" in str(e.value)

@@ -227,8 +227,8 @@ def test_fit_points_from_wandb_histories_match_the_run_directory(tmp_path):
 def test_fit_points_from_an_offline_wandb_dir_match_the_run_directory(wandb_run):
     import numpy as np
 
-    from ladder.fit.points import offline_run_points
-    from ladder.fit.points import is_wandb_offline_dir, load_points
+    from ladder.fit.points import load_points, offline_run_points
+    from ladder.sources import is_wandb_offline_dir
     run_dir, wdir = wandb_run
     assert is_wandb_offline_dir(wdir) and not is_wandb_offline_dir(run_dir)
     want = load_points([str(run_dir)])

@@ -138,7 +138,8 @@ def _fit_metric(args, metric: str | None, keymap):
     """One metric's fit, as `ladder fit --metric KEY` does it: (the law, its points table, its
     law.json document without the points). InputError when the input is refused."""
     from ladder.fit.law import fit_law
-    from ladder.fit.points import is_wandb_offline_dir, load_points, offline_run_points
+    from ladder.fit.points import load_points, offline_run_points
+    from ladder.sources import is_wandb_offline_dir
     sources = [offline_run_points(s, metric, args.sizes, keymap=keymap)
                if is_wandb_offline_dir(s) else s for s in args.sources]
     df = load_points(sources, metric, sizes=args.sizes, keymap=keymap,
@@ -397,8 +398,8 @@ def compare_main(args) -> int:
 
     from ladder.fit.law import compare_points
     from ladder.fit.config import FitConfig
-    from ladder.fit.points import (expand_metrics, is_wandb_offline_dir, load_points,
-                                   offline_run_points)
+    from ladder.fit.points import expand_metrics, load_points, offline_run_points
+    from ladder.sources import is_wandb_offline_dir
     check_fit_numbers(args)
     number(args.at, field="--at", lo=0, lo_open=True, allow_none=True, exit_code=EX_USAGE)
     if args.out:
@@ -474,13 +475,18 @@ def compare_main(args) -> int:
 
 def predict_schedule_main(args) -> int:
     """``ladder predict law.json --schedule FILE|KIND:k=v,...``: CSV ``step,loss,lo,hi``."""
-    from ladder.fit.curve_law import load_curve_law
+    from ladder.fit.curve_law import CurveLaw
+    from ladder.fit.law import load_law
     from ladder.fit.lr_schedules import schedule_source
 
     if args.tokens is not None:
         raise InputError("has no meaning with --schedule (the schedule sets the run's length)",
                          field="--tokens", exit_code=64)
-    law = load_curve_law(args.law, metric=args.metric)
+    law = load_law(args.law, metric=args.metric)
+    if not isinstance(law, CurveLaw):
+        raise InputError(f"a {law.form} law predicts at points, not along a schedule: "
+                         "--schedule needs a curve law (--form mpl or momentum)", path=args.law,
+                         field="form")
     at, lr = schedule_source(args.schedule)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -25,11 +25,11 @@ multiplier: fit.compare (``fit.law.compare_points``). Every law is a ``fit.LawRe
 
 # The package's names, each imported from its module when first asked for (PEP 562): importing
 # ladder.fit.forms (the command line's list of forms) then costs numpy, not pandas and scipy.
-_WHERE = {"Allocation": "allocation", "IsoFlopResult": "allocation", "allocation": "allocation",
-          "isoflop_approach2": "allocation", "FitResult": "law", "LawResult": "law",
-          "Prediction": "law", "fit_law": "law", "load_law": "law", "load_laws": "law",
-          "load_points": "points", "Law": "prediction", "TaskLaw": "task_law",
-          "fit_task": "law", "compare_points": "law", "FitConfig": "config"}
+_WHERE = {"Allocation": "allocation", "allocation": "allocation", "FitResult": "law",
+          "LawResult": "law", "Prediction": "law", "fit_law": "law", "load_law": "law",
+          "load_laws": "law", "load_points": "points", "Law": "prediction",
+          "TaskLaw": "task_law", "fit_task": "law", "compare_points": "law",
+          "FitConfig": "config"}
 __all__ = sorted(_WHERE)
 
 

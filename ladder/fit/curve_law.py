@@ -289,23 +289,3 @@ class CurveLaw(LawResult, forms=tuple(FORMS)):
                      "bootstrap: none (fewer than 2 draws): the band cannot be computed and is "
                      "NaN")
         return lines + auto_lines(d.get("auto"))
-
-
-# --------------------------------------------------------------------- forecasts, the CLI
-
-
-def load_curve_law(path, metric: str | None = None) -> CurveLaw:
-    """A law.json file that must hold a curve law (of a law/2 file, the law of ``metric``)."""
-    from ladder.fit.lawjson import select, within
-    from ladder.io import read_json
-
-    obj, prefix = select(read_json(path, schema="law"), path=path, metric=metric)
-    try:
-        law = LawResult.from_json(obj, path=path)
-    except InputError as e:
-        raise (within(e, prefix, path) if prefix else e) from None
-    if not isinstance(law, CurveLaw):
-        raise InputError(f"a {law.form} law predicts at points, not along a schedule: "
-                         "--schedule needs a curve law (--form mpl or momentum)", path=path,
-                         field="form")
-    return law

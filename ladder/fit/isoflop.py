@@ -6,15 +6,14 @@ D, which IsoFLOP tables such as Porian et al. 2024's follow) or runs directories
 
 - **Approach 2** (IsoFLOP profiles): a budget's runs (compute equal to 3 significant digits, at
   least 3 sizes) give a parabola of loss in log N (log D), fitted within 1.5 octaves of its best
-  point (fit.allocation.window: the profile is skewed); its vertex is N*(C) (D*(C)), flagged
+  point (:func:`window`: the profile is skewed); its vertex is N*(C) (D*(C)), flagged
   off-centre in the outer fifth of the sizes. Then power laws in C by least squares.
 - **Approach 1** (the envelope): the run of lowest loss at each C, along the runs' curves on a
   grid of 40 C where two runs overlap, or each budget's best run of an IsoFLOP table.
 
 Bands (quantiles at ``level``), everything refitted: Approach 2 by a residual bootstrap within
-each budget (resampling its runs, as fit.allocation does, drops sizes: 6x the authors' interval
-on Porian et al.'s RefinedWeb profiles); Approach 1 by resampling the budgets' best runs (or the
-runs, on curves).
+each budget (resampling its runs drops sizes: 6x the authors' interval on Porian et al.'s
+RefinedWeb profiles); Approach 1 by resampling the budgets' best runs (or the runs, on curves).
 """
 
 from __future__ import annotations
@@ -26,13 +25,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from ladder.fit.allocation import LOG_MAX, vertex, window
+from ladder.fit.allocation import LOG_MAX
 from ladder.io import EX_DATAERR, InputError
 
 SCHEMA = "isoflop/1"
 FLOPS_PER_PARAM_TOKEN = 6.0  # C = 6 N D (Hoffmann et al. 2022, Kaplan et al. 2020)
 GRID = 40                    # Approach 1 on curves: compute values of the envelope
-WINDOW_OCTAVES = 1.5         # the Approach 2 parabola's window (ladder.fit.allocation)
+# the Approach 2 parabola's window: on Porian et al. 2024's RefinedWeb IsoFLOPs a = 0.514 from
+# every point, 0.500 from 1.5 octaves, the paper 0.497
+WINDOW_OCTAVES = 1.5
 
 
 def _exp(x: float) -> float:
@@ -199,6 +200,27 @@ def budget_key(c: np.ndarray) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- fits
+
+
+def window(x, y, octaves: float):
+    """The points within ``octaves`` of the lowest loss (at least 3)."""
+    i = int(np.argmin(y))
+    near = np.abs(x - x[i]) <= octaves * math.log(2) + 1e-12
+    if len(np.unique(x[near])) < 3:
+        near = np.argsort(np.abs(x - x[i]), kind="stable")[:max(3, int(near.sum()))]
+    return x[near], y[near]
+
+
+def vertex(x, y):
+    """Vertex of the least-squares parabola y ~ p2 x^2 + p1 x + p0: (x, y, found); not found
+    (NaN) unless it opens upwards (p2 > 0)."""
+    if len(np.unique(x)) < 3:
+        return math.nan, math.nan, False
+    p2, p1, p0 = np.polyfit(x, y, 2)
+    if not p2 > 0:
+        return math.nan, math.nan, False
+    vx = -p1 / (2 * p2)
+    return float(vx), float(p0 - p1 * p1 / (4 * p2)), True
 
 
 def _power_law(c, y) -> tuple[float, float]:

@@ -18,7 +18,6 @@ import fnmatch
 import math
 import warnings
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +25,8 @@ import pandas as pd
 
 from ladder.io import EX_NOINPUT, EX_USAGE, InputError, as_float, read_json, read_table
 from ladder.sources.runs import EXCLUDED, read_runs
+from ladder.sources.wandb import (WandbHistory, is_wandb_offline_dir, read_api_runs,
+                                  read_offline_run)
 
 DEFAULT_METRIC = "eval_dropless/loss"
 NUMERIC = ("params", "active_params", "tokens", "compute", "fraction", "loss", "step", "lr")
@@ -64,7 +65,10 @@ def load_points(sources, metric: str | None = None, *, include_incomplete: bool 
                                      metric, requested))
             continue
         if isinstance(src, str) and src.startswith("wandb://"):
-            frame, notes = _wandb_runs(src, metric, read_sizes(sizes), wandb_api, keymap)
+            known = read_sizes(sizes)
+            frame, notes = points_from_histories(
+                read_api_runs(src, api=wandb_api, field="SOURCE"), metric, known, where=src,
+                keymap=keymap)
             frame, targets = _without_targets(frame, include_target)
             dropped += notes
             left_out += targets
@@ -369,56 +373,6 @@ def read_sizes(path) -> dict[str, dict]:
     return out
 
 
-def _wandb_runs(uri: str, metric: str, sizes: dict, api, keymap=None):
-    """Points of W&B runs (``wandb://ENTITY/PROJECT/ID,ID...``) through the public API."""
-    body = uri[len("wandb://"):].strip("/").split("/")
-    if len(body) != 3 or not all(body):
-        raise InputError(f"expected wandb://ENTITY/PROJECT/ID[,ID...], got {uri!r}",
-                         field="SOURCE", exit_code=64)
-    entity, project, ids = body[0], body[1], [i for i in body[2].split(",") if i.strip()]
-    if api is None:
-        try:
-            import wandb
-            api = wandb.Api(timeout=30)
-        except Exception as e:  # noqa: BLE001 - no network, no login, no wandb: one clear line
-            raise InputError(f"cannot reach the W&B API ({type(e).__name__}: {e})", path=uri,
-                             exit_code=69) from None
-    runs = []
-    for rid in ids:
-        where = f"wandb://{entity}/{project}/{rid}"
-        try:
-            run = api.run(f"{entity}/{project}/{rid}")
-        except Exception as e:  # noqa: BLE001
-            raise InputError(f"W&B run not readable ({type(e).__name__}: {e})", path=where,
-                             exit_code=69) from None
-        runs.append(WandbHistory(where=where, run_id=rid,
-                                 name=str(getattr(run, "name", None) or rid),
-                                 config=dict(getattr(run, "config", {}) or {}),
-                                 rows=run.scan_history(page_size=1000),
-                                 summary=_summary(run)))
-    return points_from_histories(runs, metric, sizes, where=uri, keymap=keymap)
-
-
-def _summary(run) -> dict:
-    """A W&B run's summary as a dict ({} without one)."""
-    try:
-        return dict(getattr(run, "summary", None) or {})
-    except (TypeError, ValueError):
-        return {}
-
-
-@dataclass
-class WandbHistory:
-    """One W&B run as the points builder needs it; ``rows``: history dicts."""
-
-    where: str
-    run_id: str
-    name: str
-    config: dict
-    rows: Iterable
-    summary: dict = field(default_factory=dict)  # W&B summary values (e.g. parameter_count)
-
-
 def points_from_histories(runs: Iterable[WandbHistory], metric: str, sizes: dict | None = None,
                           *, where: str = "W&B", keymap=None) -> tuple[pd.DataFrame, list[str]]:
     """The points table of W&B runs and notes on runs without points. A run's sizes and FLOPs
@@ -480,15 +434,6 @@ def _no_sizes(h: WandbHistory, name: str, keymap) -> InputError:
                       f"FILE (run, params, active_params)", path=h.where, field="--sizes")
 
 
-def is_wandb_offline_dir(path) -> bool:
-    """A W&B offline run directory (or the ``wandb/`` folder above): a ``.wandb`` file in it
-    or one level down, and no metrics.jsonl."""
-    p = Path(path)
-    if not p.is_dir() or (p / "metrics.jsonl").exists():
-        return False
-    return bool(list(p.glob("*.wandb")) or list(p.glob("*/*.wandb")))
-
-
 def _clean(df: pd.DataFrame):
     """Drop and report bad rows: NaN/non-positive required numbers, bad fractions, duplicates."""
     notes = []
@@ -523,46 +468,12 @@ def _clean(df: pd.DataFrame):
 
 
 def offline_run_points(path: str, metric: str | None, sizes, *, keymap=None):
-    """The points of a W&B offline run directory (its record log read by ladder.sources), as
-    of a wandb:// run; with a ``keymap``, its summary too (levanter's parameter count)."""
-    from ladder.sources import WandbOfflineSource
-
-    src = WandbOfflineSource(path)
-    run_id = src.record_file().stem.removeprefix("run-")
-    rows, configs = [], []
-    while True:  # the log is decoded in slices (ladder.sources.wandb.POLL_BYTES a poll)
-        got = src.poll()
-        rows += got.rows
-        configs += got.configs
-        if not got.more:
-            break
-    config = configs[0] if configs else {}
-    summary = _offline_summary(src) if keymap is not None else {}
+    """The points of a W&B offline run directory (ladder.sources.read_offline_run), as of a
+    wandb:// run; with a ``keymap``, its summary too (levanter's parameter count)."""
     df, notes = points_from_histories(
-        [WandbHistory(where=str(path), run_id=run_id, name=run_id, config=config,
-                      rows=rows, summary=summary)], metric or DEFAULT_METRIC,
+        [read_offline_run(path, summary=keymap is not None)], metric or DEFAULT_METRIC,
         read_sizes(sizes), where=str(path), keymap=keymap)
     for n in notes:
         warnings.warn(n, stacklevel=2)
     df.attrs["source"] = str(path)
     return df
-
-
-def _offline_summary(src) -> dict:
-    """A W&B offline run's summary records, later ones winning."""
-    import json
-
-    from ladder.sources import read_wandb_records
-
-    out: dict = {}
-    for _, f in src.segments():
-        for rec in read_wandb_records(f, full=True):
-            if rec.get("type") != "summary":
-                continue
-            for item in (rec.get("summary") or {}).get("update") or []:
-                key = item.get("key") or "/".join(item.get("nested_key") or [])
-                try:
-                    out[key] = json.loads(item.get("value_json", "null"))
-                except ValueError:
-                    continue
-    return out

@@ -15,8 +15,7 @@ import numpy as np
 from matplotlib import colormaps, rc_context
 from matplotlib.figure import Figure
 
-from ladder.fit.allocation import window
-from ladder.fit.isoflop import WINDOW_OCTAVES, budget_key
+from ladder.fit.isoflop import WINDOW_OCTAVES, budget_key, window
 from ladder.reports.style import RC
 
 

@@ -5,7 +5,8 @@ poll, ``position()``/``restore()`` a read position a restarted watcher continues
 - :class:`JsonlSource` (``jsonl.py``): a metrics.jsonl, tailed by byte offset.
 - :class:`CsvSource` (``csv.py``): a CSV, incl. W&B exports.
 - :class:`WandbOfflineSource` and :class:`WandbApiSource` (``wandb.py``): a W&B offline run
-  directory or ``.wandb`` file, and ``wandb://ENTITY/PROJECT/ID[,ID...]`` through the public API.
+  directory or ``.wandb`` file, and ``wandb://ENTITY/PROJECT/ID[,ID...]`` through the public API;
+  :func:`read_offline_run` and :func:`read_api_runs`: those runs read whole.
 - :class:`KeyMappedSource` (``keyed.py``): any of them under another trainer's metric names
   (``keymap.py``); ``batch.py``: rows as columns.
 
@@ -21,7 +22,9 @@ from ladder.sources.base import Poll, Source, SourceWrapper, check_regular
 from ladder.sources.csv import CsvSource
 from ladder.sources.jsonl import JsonlSource, parse_lines
 from ladder.sources.keyed import KeyMappedSource
-from ladder.sources.wandb import WandbApiSource, WandbOfflineSource, WandbUri, read_wandb_records
+from ladder.sources.wandb import (WandbApiSource, WandbHistory, WandbOfflineSource, WandbUri,
+                                  is_wandb_offline_dir, read_api_runs, read_offline_run,
+                                  read_wandb_records)
 
 
 def open_source(src: str, *, follow: bool = False, **kw) -> Source:
@@ -44,7 +47,7 @@ def open_source(src: str, *, follow: bool = False, **kw) -> Source:
     if p.is_dir():
         if (p / "metrics.jsonl").exists():
             return JsonlSource(p / "metrics.jsonl")
-        if list(p.glob("*.wandb")) or list(p.glob("*/*.wandb")) or (p / "latest-run").exists():
+        if is_wandb_offline_dir(p) or (p / "latest-run").exists():
             return WandbOfflineSource(p)
         raise InputError("a directory without metrics.jsonl or a .wandb file", path=src,
                          field="--source")
@@ -57,5 +60,6 @@ def open_source(src: str, *, follow: bool = False, **kw) -> Source:
 
 
 __all__ = ["CsvSource", "JsonlSource", "KeyMappedSource", "Poll", "Source", "SourceWrapper",
-           "WandbApiSource", "WandbOfflineSource", "WandbUri", "open_source", "parse_lines",
-           "read_wandb_records"]
+           "WandbApiSource", "WandbHistory", "WandbOfflineSource", "WandbUri",
+           "is_wandb_offline_dir", "open_source", "parse_lines", "read_api_runs",
+           "read_offline_run", "read_wandb_records"]

@@ -1,9 +1,11 @@
 """The W&B sources.
 
 - :class:`WandbOfflineSource`: a W&B offline run directory (or its ``.wandb`` file), its record
-  log decoded incrementally with wandb's protobuf classes (:func:`decode_wandb_file`).
+  log decoded incrementally with wandb's protobuf classes (:func:`iter_wandb_records`).
 - :class:`WandbApiSource`: ``wandb://ENTITY/PROJECT/ID[,ID...]`` through the public API; several
   ids form one lineage (a restarted run gets a new id) and later ids win for repeated steps.
+- :func:`read_api_runs`, :func:`read_offline_run`: runs read whole as :class:`WandbHistory`
+  (``ladder fit``'s points, ladder.fit.points).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import json
 import os
 import struct
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -301,18 +303,20 @@ class WandbUri:
     run_ids: tuple[str, ...]
 
     @classmethod
-    def parse(cls, uri: str) -> WandbUri:
-        if not uri.startswith("wandb://"):
-            raise InputError("expected wandb://ENTITY/PROJECT/RUN_ID[,RUN_ID...]",
-                             field="--source", exit_code=64)
+    def parse(cls, uri: str, *, field: str = "--source") -> WandbUri:
+        """``field``: the argument that gave it, named in the error (InputError, 64)."""
         parts = uri[len("wandb://"):].strip("/").split("/")
-        if len(parts) != 3 or not all(parts):
+        if not uri.startswith("wandb://") or len(parts) != 3 or not all(parts):
             raise InputError(f"expected wandb://ENTITY/PROJECT/RUN_ID[,RUN_ID...], got {uri!r}",
-                             field="--source", exit_code=64)
+                             field=field, exit_code=64)
         ids = tuple(i.strip() for i in parts[2].split(",") if i.strip())
         if not ids:
-            raise InputError("no run id", field="--source", exit_code=64)
+            raise InputError(f"no run id in {uri!r}", field=field, exit_code=64)
         return cls(parts[0], parts[1], ids)
+
+    def uri_of(self, run_id: str | None = None) -> str:
+        """The URI of one run (None: of them all)."""
+        return f"wandb://{self.entity}/{self.project}/{run_id or ','.join(self.run_ids)}"
 
 
 class WandbApiSource(Source):
@@ -320,7 +324,8 @@ class WandbApiSource(Source):
 
     The first poll reads every id's history in lineage order; later polls read the last id's new
     rows (``min_step`` past the last step seen). Rows are passed on in lineage order, so a step
-    logged again by a later run replaces the earlier one downstream (last one wins)."""
+    logged again by a later run replaces the earlier one downstream (last one wins). Errors name
+    the URI and ``field``, the argument that gave it."""
 
     kind = "wandb-api"
     # W&B's public API is rate-limited (per user and minute); a minute between polls is what a
@@ -328,8 +333,9 @@ class WandbApiSource(Source):
     poll_seconds = 60.0
 
     def __init__(self, uri: str, *, api: Any = None, page_size: int = 1000,
-                 max_rows: int = 100_000):
-        self.uri = WandbUri.parse(uri)
+                 max_rows: int = 100_000, field: str = "--source"):
+        self.uri = WandbUri.parse(uri, field=field)
+        self.field = field
         self._api = api
         self.page_size = page_size
         # a poll returns at most this many rows (``Poll.more``): a 100-day history is read in
@@ -348,7 +354,7 @@ class WandbApiSource(Source):
                 self._api = wandb.Api(timeout=30)
             except Exception as e:  # noqa: BLE001 - no network / no login: one clear line
                 raise InputError(f"cannot reach the W&B API ({type(e).__name__}: {e})",
-                                 field="--source", exit_code=69) from None
+                                 path=self.uri.uri_of(), field=self.field, exit_code=69) from None
         return self._api
 
     def position(self) -> dict:
@@ -365,14 +371,13 @@ class WandbApiSource(Source):
 
     def run(self, run_id: str):
         if run_id not in self.runs:
-            path = f"{self.uri.entity}/{self.uri.project}/{run_id}"
+            api = self.api  # its own error first
             try:
-                self.runs[run_id] = self.api.run(path)
-            except InputError:
-                raise
+                self.runs[run_id] = api.run(f"{self.uri.entity}/{self.uri.project}/{run_id}")
             except Exception as e:  # noqa: BLE001
-                raise InputError(f"W&B run {path} not readable ({type(e).__name__}: {e})",
-                                 field="--source", exit_code=69) from None
+                raise InputError(f"W&B run not readable ({type(e).__name__}: {e})",
+                                 path=self.uri.uri_of(run_id), field=self.field,
+                                 exit_code=69) from None
         return self.runs[run_id]
 
     def finished(self) -> str | None:
@@ -394,7 +399,7 @@ class WandbApiSource(Source):
             raise
         except Exception as e:  # noqa: BLE001 - the API's errors (HTTP, timeouts) vary by version
             raise InputError(f"W&B API error ({type(e).__name__}: {str(e)[:160]})",
-                             field="--source", exit_code=69) from None
+                             path=self.uri.uri_of(), field=self.field, exit_code=69) from None
 
     def _poll(self) -> Poll:
         out = Poll()
@@ -428,3 +433,79 @@ class WandbApiSource(Source):
             if k < len(ids) - 1:  # an earlier run of the lineage (superseded): read once
                 self.done_ids.append(rid)
         return out
+
+
+# ----------------------------------------------------------------------------- whole runs
+
+
+@dataclass
+class WandbHistory:
+    """One W&B run read whole (``ladder fit``'s points): where (URI or directory), id, name,
+    config, history rows (streamed from the API) and summary (e.g. a parameter count)."""
+
+    where: str
+    run_id: str
+    name: str
+    config: dict
+    rows: Iterable
+    summary: dict = field(default_factory=dict)
+
+
+def read_api_runs(uri: str, *, api: Any = None, field: str = "--source") -> list[WandbHistory]:
+    """Every run of a ``wandb://ENTITY/PROJECT/ID[,ID...]`` URI (:class:`WandbApiSource`'s
+    lookups and errors), its history streamed page by page when read."""
+    src = WandbApiSource(uri, api=api, field=field)
+    out = []
+    for rid in src.uri.run_ids:
+        run = src.run(rid)
+        try:
+            summary = dict(getattr(run, "summary", None) or {})
+        except (TypeError, ValueError):
+            summary = {}
+        out.append(WandbHistory(where=src.uri.uri_of(rid), run_id=rid,
+                                name=str(getattr(run, "name", None) or rid),
+                                config=dict(getattr(run, "config", {}) or {}),
+                                rows=run.scan_history(page_size=src.page_size), summary=summary))
+    return out
+
+
+def is_wandb_offline_dir(path) -> bool:
+    """A W&B offline run directory (or the ``wandb/`` folder above): a ``.wandb`` file in it
+    or one level down, and no metrics.jsonl."""
+    p = Path(path)
+    if not p.is_dir() or (p / "metrics.jsonl").exists():
+        return False
+    return bool(list(p.glob("*.wandb")) or list(p.glob("*/*.wandb")))
+
+
+def read_offline_run(path: str | os.PathLike, *, summary: bool = False) -> WandbHistory:
+    """A W&B offline run whole, named by its id: its rows and first config as the watcher reads
+    them (:data:`POLL_BYTES` a slice); with ``summary``, its summary records too (a second pass
+    over the log; later records win)."""
+    src = WandbOfflineSource(path)
+    run_id = src.record_file().stem.removeprefix("run-")
+    rows, configs = [], []
+    while True:
+        got = src.poll()
+        rows += got.rows
+        configs += got.configs
+        if not got.more:
+            break
+    return WandbHistory(where=str(path), run_id=run_id, name=run_id,
+                        config=configs[0] if configs else {}, rows=rows,
+                        summary=_offline_summary(src) if summary else {})
+
+
+def _offline_summary(src: WandbOfflineSource) -> dict:
+    out: dict = {}
+    for _, f in src.segments():
+        for rec in read_wandb_records(f, full=True):
+            if rec.get("type") != "summary":
+                continue
+            for item in (rec.get("summary") or {}).get("update") or []:
+                key = item.get("key") or "/".join(item.get("nested_key") or [])
+                try:
+                    out[key] = json.loads(item.get("value_json", "null"))
+                except ValueError:
+                    continue
+    return out
