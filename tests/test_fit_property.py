@@ -431,3 +431,39 @@ def test_fit_refuses_to_write_a_law_its_reader_would_refuse(tmp_path):
     _refusal(code, err)
     assert "law.json's reader would refuse the fitted law (a parameter beyond |700|" in err
     assert "field 'fit.u'" in err and not law.exists()
+
+
+# the generator's steep ladder (sizes 5, exponents 0.9, E = 1e-4, one point per run): the loss
+# falls from 1.0 to 0.0069, and the forecast one decade on is 0.0025
+STEEP = pd.DataFrame({
+    "run": [f"r{i}" for i in range(5)],
+    "params": 1e4 * 4.0 ** np.arange(5), "active_params": 1e4 * 4.0 ** np.arange(5),
+    "tokens": 2e5 * 4.0 ** np.arange(5),
+    "compute": 1.2e10 * 16.0 ** np.arange(5), "fraction": 1.0,
+    "loss": [1.0001, 0.2872745887492587, 0.08256924442330589, 0.023783071351724965,
+             0.006901176275750968]})
+
+
+def test_an_eval_noise_as_large_as_the_forecast_is_refused_not_registered_below_0(tmp_path):
+    """The eval noise (an sd in loss units, added in quadrature) of 0.003 at a forecast of 0.0025
+    put the band's lower end at -0.0024: `preregister` wrote it, the watcher's prior took its
+    log (math domain error) and `watch` refused the file. Now preregister refuses in one line,
+    exit 65, nothing written; a noise the forecast can hold is registered above 0."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        df = load_points(STEEP)
+        law = fit_law(df, form="compute", bootstrap=20, level=0.9, seed=0, backtest=False)
+    target = target_of(df)
+    with pytest.raises(InputError, match="not above 0") as e:
+        make_prereg(law, target, level=0.9, eval_noise=0.003)
+    assert _refused(e.value) and e.value.field == "--eval-noise"
+    doc = make_prereg(law, target, level=0.9, eval_noise=1e-4)
+    assert 0 < doc["final"]["lo"] < doc["final"]["loss"]
+    assert all(p["lo"] > 0 for p in doc["forecast"])
+    law_path, spec, prereg = tmp_path / "law.json", tmp_path / "target.json", tmp_path / "p.json"
+    atomic_write_json(law_path, law.to_json())
+    spec.write_text(json.dumps(target.to_dict()))
+    code, out, err = _cli("preregister", law_path, "--target-spec", spec, "--eval-noise", "0.003",
+                          "--out", prereg)
+    _refusal(code, err)
+    assert "field '--eval-noise'" in err and not prereg.exists()
