@@ -7,6 +7,7 @@ module and nothing outside the library, so either import is the same code.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -216,6 +218,60 @@ def same(a, b) -> bool:
     if isinstance(a, float):
         return struct.pack("<d", a) == struct.pack("<d", b) or (math.isnan(a) and math.isnan(b))
     return a == b
+
+
+# ---------------------------------------------------- a law along a planned run (issue 16)
+
+
+def predict_rung(law, rung, schedule=None, *, level: float | None = None, step=None,
+                 fraction=None):
+    """The law along ``rung`` (ladder.predict.planned.rung_query)."""
+    from ladder.predict.planned import rung_query
+    return law.predict(rung_query(rung, schedule, step=step, fraction=fraction), level=level)
+
+
+@dataclass(frozen=True)
+class PlanForecast:
+    """Final loss (with band) of one plan for a run: its length and where the prediction ends."""
+
+    steps: int
+    tokens: int
+    decay_end: float
+    loss: float
+    lo: float
+    hi: float
+
+
+@dataclass(frozen=True)
+class ContingencyForecast:
+    """"Continue as planned" vs "shorten and re-aim the decay" (the real hero's contingency:
+    trouble within the first 25% of tokens -> shorten the run and re-aim the LR decay)."""
+
+    planned: PlanForecast
+    shortened: PlanForecast
+    level: float
+
+    def to_dict(self) -> dict:
+        return {"planned": dataclasses.asdict(self.planned),
+                "shortened": dataclasses.asdict(self.shortened), "level": self.level}
+
+
+def contingency_forecast(law, rung, decay_end: float, *,
+                         level: float | None = None) -> ContingencyForecast:
+    """Projected final loss of ``rung`` as planned and when shortened to ``decay_end`` of its
+    planned steps with the decay re-aimed to end there (``Schedule.decay_end``)."""
+    from ladder.io import InputError
+    if not 0 < decay_end <= 1:
+        raise InputError(f"must be in (0, 1], got {decay_end!r}", field="decay_end")
+    short_sched = dataclasses.replace(rung.schedule, decay_end=float(decay_end))
+    short_steps = max(1, round(decay_end * rung.steps))
+    out = []
+    for sched, steps in ((rung.schedule, rung.steps), (short_sched, short_steps)):
+        pred = predict_rung(law, rung, sched, level=level, step=[steps])
+        out.append(PlanForecast(steps=int(steps), tokens=int(steps * rung.tokens_per_step),
+                                decay_end=float(sched.decay_end), loss=float(pred.loss[0]),
+                                lo=float(pred.lo[0]), hi=float(pred.hi[0])))
+    return ContingencyForecast(out[0], out[1], float(pred.level))
 
 
 # ---------------------------------------------------- attention, slow and obviously correct

@@ -18,7 +18,7 @@ import pytest
 from ladder.fit.curve_fit import fit_curve_law
 from ladder.fit.curve_law import CurveLaw
 from ladder.io import InputError
-from ladder.predict.planned import predict_rung
+from helpers import predict_rung
 from ladder.specs import Schedule
 
 PEAK = 3e-3

@@ -14,7 +14,7 @@ from test_curves_laws import mpl_reference  # tests/ is on sys.path under pytest
 from ladder.fit import load_points
 from ladder.fit.curve_fit import fit_curve_law, schedules_from_sources
 from ladder.fit.lr_schedules import lr_from_schedule
-from ladder.predict.planned import predict_rung
+from helpers import predict_rung
 from ladder.specs import get_ladder
 
 SHAPE = {"alpha": 0.45, "B": 0.9, "C": 0.02, "beta": 0.6, "gamma": 0.5}
@@ -82,7 +82,7 @@ def test_contingency_forecast_planned_vs_shortened():
     from test_curves_laws import MPL_TRUE
 
     from ladder.fit.curve_law import CurveLaw
-    from ladder.predict.planned import contingency_forecast
+    from helpers import contingency_forecast
 
     rung = get_ladder("tiny").target
     law = CurveLaw(form="mpl", params=dict(MPL_TRUE), lr_scale=UNIT)

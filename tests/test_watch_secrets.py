@@ -14,6 +14,7 @@ import threading
 import time
 
 import pytest
+from helpers import offline_records
 
 from ladder.cli.main import main
 from ladder.io import InputError
@@ -162,7 +163,12 @@ def test_wandb_metadata_holds_no_secret(w, rx, capsys, monkeypatch):
                            "--wandb-project", "secrets")
     assert code == 2, err
     # the run's metadata (its command line among it) goes to files/wandb-metadata.json in older
-    # W&B versions and into the binary run-*.wandb log in newer ones: every file W&B wrote
+    # W&B versions and into the binary run-*.wandb log in newer ones: every file W&B wrote, once
+    # its writer has closed each run's log (helpers.offline_records)
+    runs = [d for d in w.rglob("offline-run-*") if d.is_dir()]
+    assert runs
+    for d in runs:
+        offline_records(d)
     written = [p for p in w.rglob("*") if p.is_file() and "wandb" in p.parts]
     blobs = [p.read_bytes() for p in written]
     assert any(b"<redacted>" in b for b in blobs), written   # the command line was recorded

@@ -1,45 +1,32 @@
 """An amended forecast after a change of plan at step S (issue 27): a new data mixture (with the
-compute multiplier `ladder compare` measured for it), a new sequence length, or a new schedule.
+compute multiplier M `ladder compare` measured for it), a new sequence length, or a new schedule.
 
 ``ladder preregister --amend OLD.json --reason ... --at-step S --source RUN ...`` writes a
-pre-registration (schema prereg/2, with a ``change`` section) whose forecast is
+pre-registration (schema prereg/2, with a ``change`` section) whose forecast is the old one's
+rows before S, carried unchanged (:func:`check_carried` lets the watcher verify that), and from
+S on the *evidence* for the new plan, anchored on the run's own evals up to S.
 
-- **before S**: the old forecast's rows, carried unchanged (so the old forecast stays the one
-  judged up to S; :func:`check_carried` lets the watcher verify that against the old file);
-- **from S on**: the *evidence* for the new plan, anchored on the run's own evals up to S.
+The evidence is the law along the run as it now will be (``transition``, :data:`TRANSITIONS`):
 
-The evidence is the law evaluated along the run as it now will be. A change of data with
-compute multiplier M (B reaches with compute C what A reaches with M x C) and a new sequence
-length (k = new/old tokens per step) make the run's **effective compute** at fraction f >= f_S
+- ``compute``: with M and k = new/old tokens per step, the run's effective compute at f >= f_S
+  is C x (f_S + M k (f - f_S)) (the tokens alike; the schedule position stays f): at S the
+  evidence is the old forecast (no jump) and departs from it at the law's slope;
+- ``recipe``: the law of a run on the new recipe from step 0, crediting the tokens before S too;
+- ``relax`` (the default): the old plan's curve relaxing to the new recipe's within a width W.
+  `bench/mixture_switch.py` measures the three: on the cpu ladder's data switch the eval loss
+  followed the new data much faster than its compute, and relax came closest (docs/LOG.md).
 
-    C_eff(f) = C x (f_S + M k (f - f_S))      (the tokens alike; the schedule position stays f)
+A new schedule (``--law`` and ``--target`` of the new plan) is the new plan's law at each
+fraction. The anchor: the mean log ratio of the run's last ``ANCHOR_EVALS`` evals at or before
+S to the evidence there, so the amended curve passes through the run where it is.
 
-i.e. the new recipe is worth M x compute only for the compute spent on it, after S. This is the
-``compute`` transition (the default is ``relax``, below): at S the evidence is the old forecast
-itself (no jump), and it departs from it as compute on the new plan accumulates, at the rate the
-law's slope gives. The alternative, the law
-of a run on the new recipe from step 0 (compute M x C throughout), credits the tokens before S
-with the new data as well (``recipe``); and ``relax`` has the old plan's curve relax to the new
-recipe's within a width W of the run. `bench/mixture_switch.py` measures the three: on the cpu
-ladder's data switch the eval loss followed the new data much faster than its compute, and relax
-came closest (docs/LOG.md). A new schedule (``--law`` and ``--target`` of the new plan, curve
-laws) is the law of the new plan at each fraction.
-
-The anchor: the mean log ratio of the run's last ``ANCHOR_EVALS`` evals at or before S to the
-evidence at their fractions (before S the evidence is the old plan's law), so the amended curve
-passes through the run where it is, and keeps that ratio.
-
-The band holds two parts, registered apart per point (``lo_law``/``hi_law``, ``lo_change``/
-``hi_change``) and combined in quadrature in log space (``lo``/``hi``; predict.band.amended_band,
-beside the other terms of a band):
-
-- **the law's**: the old band's relative half-width at f with its part at f_S removed (the anchor
-  fixes the level at S: what is left is how wrong the law's *change* from S to f may be),
-  sqrt(max(w(f)^2 - w(f_S)^2, 0)), plus the anchor's own noise (eval sd / sqrt(n anchor evals))
-  and one eval's noise;
-- **the change's**: the evidence at the multiplier's interval ends (LO, HI) against its centre,
-  in log units (asymmetric). The multiplier's interval level is mapped to the band's level by
-  the normal quantile ratio when they differ.
+The band (predict.band.amended_band), registered per point in two parts (``lo_law``/``hi_law``,
+``lo_change``/``hi_change``) combined in quadrature in log space (``lo``/``hi``): the law's,
+the old band's relative half-width at f with its part at f_S removed (the anchor fixes the level
+at S: what is left is how wrong the law's *change* from S to f may be), sqrt(max(w(f)^2 -
+w(f_S)^2, 0)), plus the anchor's noise (eval sd / sqrt(n anchor evals)) and one eval's; and the
+change's, the evidence at the multiplier's interval ends against its centre (log units; the
+interval's level mapped to the band's by the normal quantile ratio).
 """
 
 from __future__ import annotations
@@ -208,10 +195,7 @@ def amended_forecast(old: Mapping, law, target, plan: Plan, evals: tuple[np.ndar
 
     ``old``: the amended pre-registration; ``law``/``target``: the law and the run as planned
     from now on (the old ones unless the schedule changed); ``evals``: the run's (steps, values)
-    at or before S. ``transition``: "compute" (effective compute, the module docstring) or
-    "recipe" (the new recipe's law from step 0, shifted to the anchor) or "relax" (the old
-    plan's curve relaxing to the new recipe's, exp(-(f - f_S) / ``width``) of the log gap left
-    at f; both shifted to the anchor): the alternatives `bench/mixture_switch.py` measures."""
+    at or before S; ``transition`` and its ``width``: the module docstring."""
     from ladder.predict.band import amended_band, registered_half_widths
     from ladder.predict.forecast import grid_fractions
     S = plan.at_step
@@ -229,9 +213,7 @@ def amended_forecast(old: Mapping, law, target, plan: Plan, evals: tuple[np.ndar
                          exit_code=EX_DATAERR)
     f_s = S / steps_new
     m = plan.multiplier or Multiplier(1.0, 1.0, 1.0, None, "none (no recipe change)")
-    k = 1.0
-    if plan.seq_len is not None:
-        k = plan.seq_len / int(old["target"]["seq_len"])
+    k = 1.0 if plan.seq_len is None else plan.seq_len / int(old["target"]["seq_len"])
     evidence = _evidence(law, target, f_s=f_s, k=k, level=level, transition=transition,
                          width=width)
     # the anchor: the run's last evals at or before S against the evidence there
@@ -246,8 +228,6 @@ def amended_forecast(old: Mapping, law, target, plan: Plan, evals: tuple[np.ndar
     lo_m, _, _ = evidence(g, m.hi)     # more compute-equivalent: lower loss
     hi_m, _, _ = evidence(g, m.lo)
     centre = c_loss * math.exp(offset)
-    # the band (ladder.predict.band.amended_band): the old band's half-width at the same step (law +
-    # eval noise + extrapolation) with its part at f_S taken out, and the change's part
     from ladder.predict.prereg_view import forecast_band
     registered = forecast_band(old)
     old_steps = int(old["target"]["steps"])
@@ -280,8 +260,7 @@ def amended_forecast(old: Mapping, law, target, plan: Plan, evals: tuple[np.ndar
 
 def _evidence(law, target, *, f_s: float, k: float, level: float, transition: str,
               width: float):
-    """The evidence for the new plan: ``evidence(fractions, multiplier) -> (loss, lo, hi)``, the
-    law along the run as it now will be under ``transition`` (the module docstring)."""
+    """``evidence(fractions, multiplier) -> (loss, lo, hi)`` under ``transition``."""
     from ladder.predict.band import law_band
 
     def recipe(frac, mult):  # the new recipe from step 0 (a seq_len change after S only)
@@ -322,14 +301,8 @@ def _rows(old: Mapping, S: int, steps_new: int, g: np.ndarray, tokens: np.ndarra
           centre: np.ndarray, band) -> list[dict]:
     """The old forecast's rows before S (carried unchanged but for the fraction, which is the
     new plan's), then the amended rows from S at fractions ``g`` with their band's parts."""
-    old_steps = int(old["target"]["steps"])
-    rows = []
-    for r in old["forecast"]:
-        st = as_float(r.get("step"))
-        if st is None:
-            st = as_float(r.get("fraction")) * old_steps
-        if st < S:
-            rows.append({**r, "fraction": float(st) / steps_new, "carried": True})
+    rows = [{**r, "fraction": float(st) / steps_new, "carried": True}
+            for st, r in _before(old, S)]
     lo, hi = band.bounds(centre)
     for i, f in enumerate(g):
         rows.append({"fraction": float(f), "step": int(round(f * steps_new)),
@@ -342,6 +315,19 @@ def _rows(old: Mapping, S: int, steps_new: int, g: np.ndarray, tokens: np.ndarra
     return rows
 
 
+def _before(old: Mapping, S: int) -> list[tuple[float, dict]]:
+    """(step, row) of the old forecast's rows before step S (a row without a step: its fraction
+    of the old plan's steps)."""
+    old_steps = int(old["target"]["steps"])
+    out = []
+    for r in old["forecast"]:
+        st = as_float(r.get("step"))
+        st = st if st is not None else as_float(r.get("fraction")) * old_steps
+        if st < S:
+            out.append((st, r))
+    return out
+
+
 def check_carried(old: Mapping, new: Mapping) -> None:
     """The watcher's check that an amendment at step S carries the old forecast's rows before S
     unchanged (but for the fraction, which is the new plan's): InputError naming the first that
@@ -350,13 +336,7 @@ def check_carried(old: Mapping, new: Mapping) -> None:
     S = ch.get("at_step")
     if not isinstance(S, int):
         raise InputError("change.at_step is not an integer", field="change.at_step")
-    old_steps = int(old["target"]["steps"])
-    before = []
-    for r in old["forecast"]:
-        st = as_float(r.get("step"))
-        st = st if st is not None else as_float(r.get("fraction")) * old_steps
-        if st < S:
-            before.append(r)
+    before = [r for _, r in _before(old, S)]
     carried = [r for r in new["forecast"] if r.get("carried")]
     if len(carried) != len(before):
         raise InputError(f"carries {len(carried)} rows of the forecast it amends before step "

@@ -1,47 +1,34 @@
 """The band of a forecast in one module: what it holds, where each term comes from, and how well
-it covers (its calibration).
+it covers. A point's band at ``level`` is a central interval, z = Phi^-1(1/2 + level/2) (1.645 at
+90%), of three terms:
 
-A forecast point's band at ``level`` is a central interval; z = Phi^-1(1/2 + level/2) (1.645 at
-90%). It holds three terms:
+1. **The law's band** (:func:`law_band`), which the law computes its own way: a Chinchilla-family
+   law (ladder.fit.result.FitResult._band) from its bootstrap parameter draws (the percentile
+   bootstrap, Efron & Tibshirani 1993, *An Introduction to the Bootstrap*, ch. 13), the
+   split-conformal quantile of its fitted points' residuals for the run-to-run noise (Lei,
+   G'Sell, Rinaldo, Tibshirani & Wasserman 2018, JASA 113:1094) and term 2; an OLS law from
+   statsmodels' prediction interval of log(L - E); a curve law from bootstrap draws of the curve.
+2. **The law's extrapolation error** (:func:`extrapolation_error`): the target lies beyond every
+   rung, and the rollout backtest (fit.backtest: refit on the smaller runs, forecast the larger)
+   measured how wrong the law is per decade outside its runs. Without it a band narrowed by
+   honest bootstrap replicates missed the cpu demo's proxy hero, -5.0% against [-2.7%, +8.2%]
+   (docs/LOG.md). Only the law knows this term (issue 13: one place computes a law's band): it
+   is read from the law for the record (prereg.json ``extrapolation``), never added again here.
+3. **Eval noise** (:func:`estimate_eval_noise`, :func:`combine_band`): a watched value is one
+   eval on a finite eval set, scattered about the run's smooth curve. Its sd comes from the
+   ladder's evals by the pseudo-residuals of Gasser, Sroka & Jennen-Steinmetz (1986, Biometrika
+   73:625) and 1.4826 x MAD (Rousseeuw & Croux 1993, JASA 88:1273), or is given.
 
-1. **The law's band** (:func:`law_band`): what ``law.predict`` returns at ``level`` at the
-   target's points. The law computes it, each kind its own way: a Chinchilla-family law
-   (ladder.fit.result.FitResult._band) from its bootstrap parameter draws (the percentile bootstrap,
-   Efron & Tibshirani 1993, *An Introduction to the Bootstrap*, ch. 13), the split-conformal
-   quantile of its fitted points' residuals for the run-to-run noise (Lei, G'Sell, Rinaldo,
-   Tibshirani & Wasserman 2018, JASA 113:1094) and term 2; an OLS law from statsmodels'
-   prediction interval of log(L - E); a curve law (fit.curves) from bootstrap draws of the whole
-   curve.
-2. **The law's extrapolation error** (:func:`extrapolation_error`): a pre-registered target lies
-   beyond every rung, and the ladder measured how wrong its law is outside the runs it was fitted
-   on with the rollout backtest (fit.backtest: refit on the smaller runs, forecast the held-out
-   larger ones; their log error per decade outside the fitted range, times the target's decades
-   outside it). Without it a band narrowed by honest bootstrap replicates missed the cpu demo's
-   proxy hero, -5.0% against a [-2.7%, +8.2%] band (docs/LOG.md). Only the law knows this term:
-   a law whose law.json carries a rollout backtest answers ``extrapolation_log_sd`` and its band
-   already holds it (issue 13: one place computes a law's band); a law without one measured
-   none. It is read from the law for the record (prereg.json ``extrapolation``), never added
-   again here.
-3. **Eval noise** (:func:`estimate_eval_noise`, :func:`combine_band`): the watched values are
-   single evals on a finite eval set, scattered about the run's smooth curve that the law
-   describes. Its sd is estimated from the ladder's evals with the pseudo-residuals of Gasser,
-   Sroka & Jennen-Steinmetz (1986, Biometrika 73:625) and a robust scale, 1.4826 x MAD (the
-   normal-consistent MAD, Rousseeuw & Croux 1993, JASA 88:1273), or given.
-
-The terms are independent errors, approximately Gaussian: their half-widths add in quadrature
-(the law of propagation of uncertainty for uncorrelated inputs, JCGM 100:2008 "GUM" 5.1.2), on
-each side of an asymmetric band. An amended forecast (predict.amend) combines its parts the same
-way, in log units (:func:`amended_band`). A band that cannot be computed stays NaN (missing,
-loudly), never zero width.
-
-Calibration (:func:`leave_one_rung_out`): refit the law without one rung, forecast that rung's
-points and count how many fall inside the band: a 90% band should hold about 90%.
-
-No JAX here; ``fit`` only for the backtest record's reader.
+The terms are independent, approximately Gaussian errors: their half-widths add in quadrature
+(JCGM 100:2008 "GUM" 5.1.2), on each side of an asymmetric band; an amendment's parts likewise,
+in log units (:func:`amended_band`). A band that cannot be computed stays NaN (missing, loudly),
+never zero width. Calibration (:func:`leave_one_rung_out`): refit without one rung and count
+how many of its points fall inside the band (a 90% band should hold about 90%).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -64,9 +51,8 @@ def z_of(level: float) -> float:
 
 def law_band(law, inputs: Mapping, level: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(loss, lo, hi) of ``law.predict`` at ``inputs`` (params, active_params, tokens and compute
-    so far, fraction: arrays of one shape), broadcast to that shape. The forecaster's one call of
-    a law: the target's grid, a budget's final values, an amendment's evidence and the
-    calibration's held-out points all come through here."""
+    so far, fraction: arrays of one shape), broadcast to that shape: the forecaster's one call
+    of a law."""
     res = law.predict(params=inputs["params"], active_params=inputs["active_params"],
                       tokens=inputs["tokens"], compute=inputs["compute"],
                       fraction=inputs["fraction"], level=level)
@@ -89,20 +75,15 @@ class Extrapolation:
     in_law_band: bool = False  # the law's own band holds it (a measured term, always there)
 
     def to_dict(self) -> dict:
-        return {"sigma_log": self.sigma_log, "n": self.n, "method": self.method,
-                "in_law_band": self.in_law_band}
+        return dataclasses.asdict(self)
 
 
 def extrapolation_error(law, target) -> Extrapolation:
-    """The law's own extrapolation error at ``target`` (a predict.forecast.Target), read from the
-    law: its rollout backtest as its law.json records it (``diagnostics.backtest``: refit on the
-    runs below each scale level, forecast that level's final losses) and, where that measured a
-    rate, the sd its band holds at the target (``law.extrapolation_log_sd``: fit.result, the rate
-    per decade times the target's decades outside the fitted range over the form's inputs; a
-    law.json written before the pooled record keeps its per-fold rate on one scale). A target
-    inside the range gets 0. No rate (a curve law, a fit with ``backtest=False``, a ladder too
-    short for a rollout fold) or no scale to place the target: 0, the method says so, and no band
-    holds a term."""
+    """The law's own extrapolation error at ``target`` (a predict.forecast.Target): from its
+    rollout backtest (law.json ``diagnostics.backtest``), the sd its band holds there
+    (``law.extrapolation_log_sd``; 0 inside the fitted range). No rate (a curve law, a fit with
+    ``backtest=False``, a ladder too short for a fold) or no scale to place the target: 0, and
+    the method says so."""
     from ladder.fit.result import extrapolation_rate
     bt = ((law.to_json() or {}).get("diagnostics") or {}).get("backtest") or {}
     rate, kind, _bottom, _top = extrapolation_rate(bt)
@@ -155,19 +136,15 @@ class EvalNoise:
     method: str
 
     def to_dict(self) -> dict:
-        return {"sigma": self.sigma, "n": self.n, "method": self.method}
+        return dataclasses.asdict(self)
 
 
 def estimate_eval_noise(curves: Iterable[tuple[np.ndarray, np.ndarray]], *,
                         min_fraction: float = 0.2) -> EvalNoise:
-    """Eval noise from the scatter of each eval about the line through its two neighbours.
-
-    For three consecutive evals at fractions x0 < x1 < x2 of a smooth curve, the residual
-    r = y1 - (w y0 + (1 - w) y2), w = (x2 - x1)/(x2 - x0), has variance sigma^2 (1 + w^2 + (1-w)^2)
-    when the eval errors are independent with sd sigma (Gasser et al. 1986's pseudo-residuals),
-    and the curve's own curvature is small (hence only evals after ``min_fraction`` of the run).
-    Robust scale: 1.4826 x MAD.
-    """
+    """Eval noise from the scatter of each eval about the line through its two neighbours: for
+    evals at x0 < x1 < x2 of a smooth curve, r = y1 - (w y0 + (1 - w) y2), w = (x2 - x1)/(x2 -
+    x0), has variance sigma^2 (1 + w^2 + (1-w)^2) for independent errors of sd sigma (Gasser et
+    al. 1986) where the curvature is small (hence only evals after ``min_fraction``)."""
     z = []
     for x, y in curves:
         x, y = np.asarray(x, float), np.asarray(y, float)
@@ -247,21 +224,17 @@ def amended_band(old_up, old_down, old_up_s: float, old_down_s: float, *, level:
                  eval_noise: float, anchor_values: np.ndarray, evidence: np.ndarray,
                  evidence_lo: np.ndarray, evidence_hi: np.ndarray,
                  multiplier_level: float | None) -> AmendedBand:
-    """The band of an amendment at step S (ladder.predict.amend), in two parts:
+    """The band of an amendment at step S (ladder.predict.amend's docstring), in two parts:
 
-    - the law's: the old band's half-width at f (``old_up``/``old_down``, log units, law + eval
-      noise + extrapolation) with its part at S (``old_up_s``/``old_down_s``) removed, since
-      the anchor fixed the level there: sqrt(max(w(f)^2 - w(f_S)^2, 0)); plus, in quadrature,
-      the anchor's own noise (eval sd / sqrt(n anchor evals), ``anchor_values`` the evals it is
-      the mean of) and one eval's noise, both relative to the anchor's level;
+    - the law's: the old band's log half-width at f (``old_up``/``old_down``) with its part at S
+      (``old_up_s``/``old_down_s``) removed, plus the noise of the anchor (the mean of
+      ``anchor_values``) and of one eval, relative to the anchor's level;
     - the change's: the ``evidence`` at the multiplier's interval ends (``evidence_lo``: the
-      larger multiplier; ``evidence_hi``) against its centre, in log units, mapped from the
-      multiplier's interval level to ``level`` by the ratio of normal quantiles; its wider side
-      on both sides (issue 40: a lopsided multiplier interval, 1.20x [1.19, 1.50], put a real
-      run's amended centre at its own upper edge, 2.0842 [1.9204, 2.0921], and the healthy run
-      above it; how far the measured multiplier may be off says how far the centre may be, not
-      on which side). The combined band thus holds its centre in the law's own proportions,
-      or nearer the middle (tests/test_amend_property.py)."""
+      larger multiplier) against its centre, mapped from the multiplier's level to ``level``;
+      its wider side on both sides (issue 40: a lopsided interval, 1.20x [1.19, 1.50], put a
+      real run's amended centre at its own upper edge, 2.0842 [1.9204, 2.0921], and the healthy
+      run above it: how far the multiplier may be off says how far the centre may be, not on
+      which side; tests/test_amend_property.py)."""
     z = z_of(level)
     noise_log = eval_noise / float(np.exp(np.mean(np.log(anchor_values)))) if eval_noise else 0.0
     anchor_sd = noise_log / math.sqrt(anchor_values.size)
@@ -324,22 +297,13 @@ class Calibration:
                          f"{r.mean_rel_error:.3%}")
         return "\n".join(lines)
 
-    def to_dict(self) -> dict:
-        return {"level": self.level, "coverage": self.coverage, "n": self.n,
-                "rungs": [{"run": r.run, "n": r.n, "inside": r.inside, "above": r.above,
-                           "below": r.below, "missing": r.missing, "coverage": r.coverage,
-                           "mean_rel_error": r.mean_rel_error} for r in self.rungs]}
-
 
 def leave_one_rung_out(points, fit_fn: Callable[[Any], Any], *, level: float = 0.9,
                        eval_noise: float = 0.0, min_fraction: float = 0.01,
                        runs: Iterable[str] | None = None) -> Calibration:
-    """Refit without each rung (``fit_fn(points_without_it) -> law``), forecast its points.
-
-    ``points`` is a points table (pandas DataFrame with ``run, params, active_params, tokens,
-    compute, fraction, loss``). Points before ``min_fraction`` are not scored (the watcher does
-    not compare them either).
-    """
+    """Refit without each rung (``fit_fn(points_without_it) -> law``) and score its points
+    (``points``: a table with ``run, params, active_params, tokens, compute, fraction, loss``)
+    from ``min_fraction`` on, as the watcher compares them."""
     import pandas as pd
 
     df = pd.DataFrame(points)

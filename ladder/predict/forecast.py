@@ -1,12 +1,6 @@
-"""Forecast a target run's metric curve from a law on a grid of its run, and the ladder's
-references the watcher compares the run with (health signals, spike threshold, eval noise).
-
-The band of each forecast point (the law's band, its extrapolation term, eval noise: what each
-is, cited, and the band's calibration) lives in :mod:`predict.band`; :func:`forecast` asks it for
-the band at the target's grid. A band the law cannot compute stays NaN (missing, loudly), never
-zero width.
-
-No JAX here, and ``fit`` is imported lazily (only to load a law from a file).
+"""Forecast a target run's metric curve from a law on a grid of its run (its band from
+:mod:`predict.band`), and the ladder's references the watcher compares the run with (health
+signals, spike threshold, eval noise). No JAX here.
 """
 
 from __future__ import annotations
@@ -90,8 +84,7 @@ class Target:
         try:
             Schedule(**dict(sched))
         except (TypeError, ValueError) as e:
-            msg = str(e).split(": ", 1)[-1] if ": " in str(e) else str(e)
-            raise InputError(msg, path=path, field="schedule") from None
+            raise InputError(str(e).split(": ", 1)[-1], path=path, field="schedule") from None
         kw["schedule"] = dict(sched)
         ev = d.get("eval_steps", ())
         if not isinstance(ev, (list, tuple)):
@@ -117,8 +110,8 @@ class Target:
                 "config_hash": self.config_hash}
 
     def at(self, fraction: np.ndarray) -> dict:
-        """Law inputs at ``fraction`` of the run: tokens and compute so far (a constant batch and
-        sequence length make both proportional to the fraction; flops-v1 is linear in tokens)."""
+        """Law inputs at ``fraction`` of the run (tokens and compute so far are proportional to
+        it: a constant batch and sequence length; flops-v1 is linear in tokens)."""
         g = np.asarray(fraction, dtype=float)
         return {"params": np.full(g.shape, self.params),
                 "active_params": np.full(g.shape, self.active_params),
@@ -130,8 +123,8 @@ class Target:
 
 @dataclass(frozen=True)
 class Forecast(ForecastBand):
-    """A target's metric curve with its band (the :class:`ForecastBand` that prereg.json
-    registers) and how it was made. Arrays share one index (the grid)."""
+    """A target's metric curve with its band (the :class:`ForecastBand` prereg.json registers)
+    and how it was made."""
 
     final: dict
     level: float
@@ -155,9 +148,8 @@ def grid_fractions(target: Target, *, every: float = 0.01) -> np.ndarray:
 
 def forecast(law, target: Target, *, level: float = 0.9, eval_noise: float = 0.0,
              every: float = 0.01) -> Forecast:
-    """The target's forecast on the grid (every ``every`` of the run + eval steps + final), its
-    band from :func:`ladder.predict.band.target_band` (the law's band, which holds the law's
-    extrapolation error, and ``eval_noise``, an eval's sd in metric units)."""
+    """The target's forecast on :func:`grid_fractions`, its band from
+    :func:`ladder.predict.band.target_band` (``eval_noise``: an eval's sd in metric units)."""
     if not 0 < level < 1:
         raise ValueError(f"level: must be in (0, 1), got {level!r}")
     g = grid_fractions(target, every=every)
@@ -173,11 +165,7 @@ def budget_curve(law, target: Target) -> dict:
     """The law's final metric if the run were given ``m`` x its planned tokens (decay re-aimed to
     the new end: fraction 1 of a run of that budget), for the contingency advisory."""
     m = np.array(BUDGET_MULTIPLIERS)
-    inputs = {"params": np.full(m.shape, target.params),
-              "active_params": np.full(m.shape, target.active_params),
-              "tokens": m * target.tokens, "compute": m * target.compute,
-              "fraction": np.ones(m.shape)}
-    loss, _, _ = law_band(law, inputs, 0.9)
+    loss, _, _ = law_band(law, {**target.at(m), "fraction": np.ones(m.shape)}, 0.9)
     return {"multiplier": m.tolist(), "tokens": (m * target.tokens).tolist(),
             "loss": loss.tolist()}
 
@@ -196,14 +184,13 @@ class LadderRun:
 
 
 def read_ladder_runs(runs_dir: str | Path, *, include_targets: bool = False) -> list[LadderRun]:
-    """Every run directory with metrics under ``runs_dir`` (:func:`sources.runs.find_run_dirs`).
-    Target runs (``rung.is_target``) are left out unless asked, and diverged or failed runs
-    always: the references describe the healthy ladder, not the run being watched."""
+    """Every run with metrics under ``runs_dir`` but target runs (unless asked) and diverged or
+    failed ones: the references describe the healthy ladder, not the run being watched."""
     root = Path(runs_dir)
     if not root.exists():
         raise InputError("no such directory", path=root, field="--runs")
     out = []
-    for run in read_runs(root):  # ladder.sources.runs: the reader fit and reports use too
+    for run in read_runs(root):
         if (run.is_target and not include_targets) or run.status in EXCLUDED or not run.rows:
             continue
         out.append(LadderRun(path=str(run.path), name=run.name, steps=run.planned_steps(),
@@ -250,12 +237,10 @@ def _smoothed_bins(fr: np.ndarray, v: np.ndarray, centers: np.ndarray, width: fl
 
 
 def envelope_tolerance(m: np.ndarray, *, min_others: int = 2) -> dict:
-    """How far (in log units) a rung strays outside the envelope of the *other* rungs at the same
-    fraction of the schedule, worst case over rungs and fractions: leave-one-rung-out. Health
-    signals differ between model sizes and depths (router entropy of the cpu ladder at 30% of
-    the run: 0.6 to 1.5 across rungs), so the distance a healthy new size may lie outside the
-    ladder's range is measured on the ladder itself rather than assumed. ``m``: runs x bins of
-    positive values. None per side when fewer than ``min_others`` + 1 runs have data."""
+    """How far (log units) a rung strays outside the envelope of the *other* rungs at the same
+    fraction, worst case over rungs and fractions: leave-one-rung-out, since health signals
+    differ between sizes (cpu ladder router entropy at 30%: 0.6 to 1.5 across rungs). ``m``: runs
+    x bins of positive values; None per side with fewer than ``min_others`` + 1 runs."""
     out = {"below": None, "above": None, "runs": int(m.shape[0])}
     if m.shape[0] < min_others + 1:
         return out
@@ -279,11 +264,9 @@ def envelope_tolerance(m: np.ndarray, *, min_others: int = 2) -> dict:
 def health_reference(runs: list[LadderRun], *, bins: int = 100, grad_after: float = 0.02,
                      smooth: float = 0.05) -> dict:
     """The ladder's health signals per 1% of the schedule: median, min and max across rungs of
-    each rung's median within +-``smooth``/2 of the bin centre, and the leave-one-rung-out
-    ``tolerance`` of the envelope (:func:`envelope_tolerance`). Parameter norms
-    (``params/norm/<group>``, not router_bias) are stored relative to each rung's value at
-    ``grad_after`` of its run, since their absolute size grows with width; the watcher compares
-    growth with growth."""
+    each rung's median within +-``smooth``/2 of the bin centre, and the envelope's
+    ``tolerance``. Parameter norms (``params/norm/<group>``, not router_bias) are relative to
+    each rung's value at ``grad_after`` (their size grows with width: growth is compared)."""
     edges = np.linspace(0, 1, bins + 1)
     centers = (edges[:-1] + edges[1:]) / 2
     keys = set(HEALTH_KEYS)
@@ -333,13 +316,10 @@ class SpikeScores:
 
 
 def spike_scores(x: np.ndarray, window: int) -> SpikeScores:
-    """Robust z-score of each value against the ``window`` finite values before it:
-    (x - trailing median) / (1.4826 x trailing MAD), where the MAD is the trailing median of the
-    absolute deviations from the rolling median (robust to the falling trend of a loss curve);
-    NaN until two quarter windows are seen. The same function judges the target
-    (ladder.predict.watch) and calibrates ``spike_k`` on the ladder."""
-    # pandas' rolling medians, computed by ladder.predict.rolling (the same numbers, ~3x faster:
-    # this was 0.7 s of the 1M-line first read of bench/watch_follow_speed.py)
+    """Robust z-score of each value against the ``window`` finite values before it: (x - trailing
+    median) / (1.4826 x trailing MAD), the MAD the trailing median of the absolute deviations
+    from the rolling median (robust to a loss curve's fall); NaN until two quarter windows are
+    seen. It judges the target and calibrates ``spike_k`` on the ladder alike."""
     from ladder.predict.rolling import rolling_median
     x = np.asarray(x, float)
     ok = ~np.isnan(x)
@@ -361,8 +341,8 @@ def spike_scores(x: np.ndarray, window: int) -> SpikeScores:
 
 
 def calibrate_spike_k(runs: list[LadderRun], window: int, *, key: str = "train/loss") -> dict:
-    """The largest robust z-score of ``key`` (:func:`spike_scores`) over the ladder's healthy runs:
-    the watcher's spike threshold is set above it (``spike_k`` in the decision rule)."""
+    """The largest robust z-score of ``key`` over the ladder's healthy runs (``spike_k`` is set
+    above it)."""
     worst, n = None, 0
     for run in runs:
         x = np.array([np.nan if as_float(r.get(key)) is None else as_float(r.get(key))

@@ -1,23 +1,20 @@
 """The watcher's I/O shell: a source, the pure :func:`predict.watch.check`, sinks, a saved state.
 
-``Watcher(prereg_path, source, sinks, state_path).poll()`` judges whatever arrived since the last
-call and returns the new alerts; ``run(follow=...)`` loops. The demo can call ``poll()`` in-process
-or run ``run()`` in a background thread (``start_thread``). The state file (JSON) holds the rule
-state, the source's read position (with the source's identity: path, inode, size, first bytes,
-so a moved or renamed file is recognised and not judged again) and the pre-registration
-followed, so a restarted watcher neither repeats an alert nor skips a row.
+``Watcher(prereg_path, source, sinks, state_path).poll()`` judges what arrived since the last
+call and returns the new alerts; ``run(follow=...)`` loops (``start_thread``: in a background
+thread, for the demo). The state file holds the rule state, the source's read position (with
+the source's identity, so a moved or renamed file is not judged again) and the
+pre-registration followed: a restarted watcher neither repeats an alert nor skips a row.
 
-Exactly-once alerts: each alert gets an ``id`` (a digest of the pre-registration, the alert's
-sequence number in this watch and its content, so a watcher that is killed before it saves and
-then judges the same rows again makes the same ids). The state, with the new alerts in its
-outbox, is saved BEFORE any sink sees them; an alert leaves the outbox once every sink took it;
-a restarted watcher sends what is left, and the sinks skip ids they already have.
+Exactly-once alerts: each alert's ``id`` is a digest of the pre-registration, its sequence
+number in this watch and its content, so judging the same rows again makes the same ids. The
+state, with the new alerts in its outbox, is saved BEFORE any sink sees them; an alert leaves
+the outbox once every sink took it; a restarted watcher sends what is left, and the sinks skip
+ids they already have.
 
-Following (``run(follow=True)``): an error of the source (a file that vanished, the W&B API
-down) is retried with exponential backoff; the first is an ``info`` alert, one that persists
-(``persistent_after`` tries in a row) a ``warn``. The poll interval suits the source (a file
-~1 s, the W&B API ~60 s; ``source.poll_seconds``), and the loop ends by itself when the source
-says the run finished (summary.json status, W&B run state, the offline log's exit record),
+Following: a source error (a vanished file, the W&B API down) is retried with exponential
+backoff, said as ``info`` first and ``warn`` once it persists; the poll interval is the
+source's own (``source.poll_seconds``), and the loop ends when the source says the run finished,
 after reading what it wrote last; the exit status is then the verdict (0 for a healthy run).
 """
 
@@ -55,6 +52,7 @@ from ladder.predict.watch import (
     new_state,
     watched_keys,
 )
+from ladder.predict.watch.alerts import FIELDS, SEVERITY_RANK
 
 # what a user does about a damaged state file (said with every field error): the watch is then
 # judged from the start again, and the --alerts file and the webhook skip the alerts (by id) that
@@ -64,15 +62,12 @@ RECOVER = ("move the state file aside (or give a new --state) to judge the run f
 # the state file this tool reads (watch-state/1, written only before any release, and a newer
 # one are refused by name, never read as the current one)
 STATE_FILE_SCHEMAS = (STATE_SCHEMA,)
-ALERT_FIELDS = ("time", "step", "tokens", "fraction", "kind", "severity", "value", "expected",
-                "lo", "hi", "direction", "message")
 
 
 @dataclass(frozen=True)
 class FollowConfig:
-    """How a follow polls and retries (``ladder watch --follow``: the CLI builds it from
-    ``--poll`` and ``--max-seconds``). The decision rule's thresholds are not here: they are
-    registered (``ladder.predict.watch.WatchConfig``)."""
+    """How a follow polls and retries (``--poll``, ``--max-seconds``; the decision rule's
+    thresholds are registered, ``ladder.predict.watch.WatchConfig``)."""
 
     poll_seconds: float | None = None  # None: the source's own (a file ~1 s, the W&B API ~60 s)
     max_seconds: float | None = None   # None: until the source says the run finished
@@ -91,8 +86,7 @@ class FollowConfig:
 
 
 class SourceError(InputError):
-    """The source could not be read this time (an OS error, the W&B API unreachable). Without
-    ``--follow`` it is the command's one-line error; following, it is retried."""
+    """The source could not be read this time: the command's error, or retried when following."""
 
 
 def alert_id(prereg_sha: str | None, seq: int, alert: Alert) -> str:
@@ -103,8 +97,7 @@ def alert_id(prereg_sha: str | None, seq: int, alert: Alert) -> str:
 
 
 def judged_through(state) -> int | None:
-    """The last step a watch state judged (of a multi-metric state: the largest of its
-    metrics'), None before any."""
+    """The last step a (multi-metric: any metric's) watch state judged, None before any."""
     if not isinstance(state, dict):
         return None
     inner = state.get("metrics")
@@ -140,16 +133,20 @@ def _check_outbox_entry(e) -> None:
 
 
 def alert_from_dict(d: dict) -> Alert:
-    kw = {k: d.get(k) for k in ALERT_FIELDS}
+    kw = {k: d.get(k) for k in FIELDS}
     kw["message"] = kw["message"] or ""
-    extra = {k: v for k, v in d.items() if k not in ALERT_FIELDS}
-    return Alert(**kw, extra=extra)
+    return Alert(**kw, extra={k: v for k, v in d.items() if k not in FIELDS})
+
+
+def _note(t: float, kind: str, severity: str, message: str) -> Alert:
+    """An alert about the watch itself (no step), stamped at epoch seconds ``t``."""
+    return Alert(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t)), None, None, None, kind,
+                 severity, message=message)
 
 
 def newest_of(chain) -> tuple[dict, str]:
-    """The newest pre-registration of ``chain`` and the words for it. An amendment at a step S
-    (predict.amend) is checked to carry the forecast it amends unchanged before S, and said to
-    be followed from S on."""
+    """The newest pre-registration of ``chain`` and the words for it; an amendment at a step S
+    checked to carry the forecast it amends unchanged before S."""
     doc = _prereg.load(chain.newest.path)
     words = chain.describe()
     ch = doc.get("change")
@@ -167,9 +164,8 @@ def newest_of(chain) -> tuple[dict, str]:
 
 
 class Watcher:
-    """Watch one source against the newest valid pre-registration of a chain: ``source`` has the
-    shape of :class:`predict.sources.Source`, each sink that of :class:`predict.sinks.Sink`
-    (their defaults: no columnar read, no end of the run known, nothing to flush or close)."""
+    """Watch one source (the shape of :class:`ladder.sources.base.Source`) against the newest
+    valid pre-registration of a chain, with sinks of the shape of :class:`predict.sinks.Sink`."""
 
     def __init__(self, prereg: str | os.PathLike | dict, source, sinks: Sequence = (),
                  state_path: str | os.PathLike | None = None, *, metric: str | None = None,
@@ -177,8 +173,6 @@ class Watcher:
                  sleep: Callable[[float], None] = time.sleep,
                  follow: FollowConfig | None = None, amend_chain: Sequence | None = None):
         self.follow = follow or FollowConfig()
-        # amendments followed: those recorded in the chain file beside the pre-registration,
-        # and those the user names (``--amend-chain``: chain files or amendment files)
         self.amend_chain = list(amend_chain or ())
         self.prereg_path = None if isinstance(prereg, dict) else Path(prereg)
         self.source = source
@@ -200,15 +194,13 @@ class Watcher:
         self.outbox: list[dict] = []  # alerts some sink has not taken yet (saved with the state)
         self.seq = 0                  # alerts raised so far in this watch (for their ids)
         self._saved: bytes | None = None
-        # rows of steps up to this one were judged already and come again (the source could not
-        # continue at its saved position, or read its file again from the start): skipped until
-        # a later step arrives; one rule for every kind of source
+        # rows of steps up to this one, judged already, come again (the source could not continue
+        # at its saved position): skipped until a later step arrives
         self._skip_through: int | None = None
         self.state = self._load_state()
         self._notes_seen: set[str] = set()
         self.all_alerts: list[Alert] = []
-        # called with (view, batch) for every batch judged: the live page follows the watch
-        # through them (ladder.reports.live.WatcherFeed) instead of reading the source again
+        # called with (view, batch) for every batch judged (ladder.reports.live.WatcherFeed)
         self.listeners: list[Callable] = []
         self._sent: set[tuple[str, str]] = set()  # (id, sink) handed to a sink by this process
         for s in self.sinks:  # the async webhook reports each delivery back
@@ -218,8 +210,8 @@ class Watcher:
     # ------------------------------------------------------------------ setup
     @property
     def from_step(self) -> int | None:
-        """The step from which the pre-registration followed holds (an amendment at a step:
-        ladder.predict.amend); None when it holds for the whole run."""
+        """The step from which the pre-registration followed holds (an amendment at a step);
+        None when it holds for the whole run."""
         ch = self.doc.get("change")
         return ch.get("at_step") if isinstance(ch, dict) else None
 
@@ -243,7 +235,6 @@ class Watcher:
             raise InputError(f"not a usable pre-registration ({type(e).__name__}: {e})",
                              path=self.prereg_path, field=field) from None
         self.description = description
-        # the keys the rules read (from RULES), of every registered metric
         self.keep, self.keys = watched_keys(self.view.metrics if self.multi else
                                             self.view.metric, self.view.config)
         self.context = {"prereg_sha256": doc.get("sha256"),
@@ -333,7 +324,7 @@ class Watcher:
             self._skip_through = None
         return batch, note
 
-    def _save_state(self, *, force: bool = False) -> None:
+    def _save_state(self) -> None:
         """Write the state (atomically) when it changed since the last write."""
         if self.state_path is None:
             return
@@ -342,7 +333,7 @@ class Watcher:
                    "prereg": self.description, "source": self.source.position(),
                    "state": self.state, "seq": self.seq, "outbox": self.outbox}
             blob = canonical_json(doc)
-            if blob == self._saved and not force:
+            if blob == self._saved:
                 return  # an idle poll rewrites nothing
             atomic_write_json(self.state_path, doc)
             self._saved = blob
@@ -401,13 +392,11 @@ class Watcher:
             return []
         self._last_chain_check = now
         chain = _prereg.resolve_chain(self.prereg_path, self.amend_chain)
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
         found = []
         for u in chain.unrecorded:  # said once each, never followed
             if u not in self._notes_seen:
                 self._notes_seen.add(u)
-                found.append(Alert(stamp, None, None, None, "prereg", "info",
-                                   message=f"not followed: {u}"))
+                found.append(_note(now, "prereg", "info", f"not followed: {u}"))
         if chain.newest.sha256 == self.doc.get("sha256"):
             return found
         self.chain = chain
@@ -416,9 +405,8 @@ class Watcher:
         pos = self.source.position()
         self.state = new_state()
         self.source.restore(pos)
-        return [Alert(stamp, None, None, None, "prereg", "info",
-                      message=f"amended pre-registration recorded: {chain.describe()}; compared "
-                              f"against it from here on")] + found
+        return [_note(now, "prereg", "info", f"amended pre-registration recorded: "
+                      f"{chain.describe()}; compared against it from here on")] + found
 
     def _read(self):
         try:
@@ -451,7 +439,6 @@ class Watcher:
         while True:
             p = self._read()
             now = self.clock()
-            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
             notes = list(p.notes)
             if p.restarted:  # the source reads its rows again from the start
                 self._skip(judged_through(self.state))
@@ -466,7 +453,7 @@ class Watcher:
                 if n in self._notes_seen:
                     continue
                 self._notes_seen.add(n)
-                new.append(Alert(stamp, None, None, None, "input", "info", message=n))
+                new.append(_note(now, "input", "info", n))
             if len(batch) or batch.configs:
                 got_rows = got_rows or bool(len(batch))
                 res: CheckResult = check(self.view, batch, self.state, now=now)
@@ -488,25 +475,19 @@ class Watcher:
         return self.follow.persistent_after
 
     @property
-    def max_backoff(self) -> float:
-        return self.follow.max_backoff
-
-    @property
     def exit_code(self) -> int:
         return exit_code_for(self.state.get("worst"), bool(self.state.get("not_applicable")))
 
     def _source_alert(self, e: Exception, tries: int, wait: float) -> Alert | None:
-        """info on the first error, warn once when it persists, then quiet (hourly a line)."""
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock()))
+        """info on the first error, warn once when it persists, then quiet."""
         if tries == 1:
             sev = "info"
         elif tries == self.persistent_after:
             sev = "warn"
         else:
             return None
-        return Alert(stamp, None, None, None, "source", sev,
-                     message=f"source error ({e}); try {tries}, retrying in {wait:.0f} s"
-                             + (" (persistent)" if sev == "warn" else " (transient?)"))
+        return _note(self.clock(), "source", sev, f"source error ({e}); try {tries}, retrying "
+                     f"in {wait:.0f} s" + (" (persistent)" if sev == "warn" else " (transient?)"))
 
     def run(self, *, follow: bool = False, poll_seconds: float | None = None,
             max_seconds: float | None = None, stop: threading.Event | None = None) -> int:
@@ -533,24 +514,19 @@ class Watcher:
                     self.poll()
                 except SourceError as e:
                     tries += 1
-                    wait = min(poll_seconds * 2 ** tries, self.max_backoff)
+                    wait = min(poll_seconds * 2 ** tries, self.follow.max_backoff)
                     a = self._source_alert(e, tries, wait)
                     if a is not None:
                         self._emit([a])
                         self._fold_worst(a)
                 else:
                     if tries >= self.persistent_after:
-                        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock()))
-                        self._emit([Alert(stamp, None, None, None, "source", "info",
-                                          message=f"source readable again after {tries} "
-                                                  f"failed tries")])
+                        self._emit([_note(self.clock(), "source", "info", f"source readable "
+                                          f"again after {tries} failed tries")])
                     tries, wait = 0, poll_seconds
                     if finished:
-                        self._emit([Alert(time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                        time.gmtime(self.clock())),
-                                          None, None, None, "finished", "info",
-                                          message=f"the source says the run finished "
-                                                  f"({finished}); stopping")])
+                        self._emit([_note(self.clock(), "finished", "info", f"the source says "
+                                          f"the run finished ({finished}); stopping")])
                         break
                 if self.state.get("not_applicable") and self.prereg_path is None:
                     break
@@ -568,9 +544,8 @@ class Watcher:
             self._save_state()
 
     def _fold_worst(self, a: Alert) -> None:
-        rank = {None: -1, "info": 0, "warn": 1, "critical": 2}
         with self._lock:
-            if rank[a.severity] > rank.get(self.state.get("worst"), -1):
+            if SEVERITY_RANK[a.severity] > SEVERITY_RANK.get(self.state.get("worst"), -1):
                 self.state["worst"] = a.severity
                 self._save_state()
 

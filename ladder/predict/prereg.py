@@ -1,25 +1,19 @@
-"""Pre-registration files (shared/DESIGN.md section 3): made, written once, verified, amended as
-a chain. :func:`make_prereg` makes the document of a law's forecast for a target (the forecast on
-the target's grid, the eval noise, the decision rule and its calibration), :func:`build` seals it
-and :func:`write_once` writes it.
+"""Pre-registration files (shared/DESIGN.md section 3): made (:func:`make_prereg`: a law's forecast
+on the target's grid, the eval noise, the decision rule and its calibration), sealed
+(:func:`build`), written once (:func:`write_once`), verified, and amended as a chain.
 
-The ``sha256`` field is the SHA-256 of :func:`ladder.io.canonical_json` of the document without
-that field. ``section_sha256`` holds one digest per top-level section (inside the hashed content),
-so that :func:`verify` can name the section that was edited; ``law_sha256`` is the digest of the
-embedded law, so an edited law is named as such. A file is written atomically, made read-only,
-and never replaces an existing file (the final step is a hard link, which fails if the name is
-taken, so two writers cannot race either).
+``sha256`` is the SHA-256 of :func:`ladder.io.canonical_json` of the document without it;
+``section_sha256`` holds one digest per top-level section, so :func:`verify` names the section
+edited, and ``law_sha256`` the embedded law's. A file is written atomically, read-only, and never
+replaces one (the last step is a hard link, which fails if the name is taken).
 
 An amendment (``--amend OLD.json --reason ...``) is a new pre-registration whose ``amends`` names
-the old one's sha256, path and the reason; the old file is not touched. Writing it (the one
-writer, :func:`write_once`) also appends a line to the append-only chain file
-``amendments.jsonl`` in its directory: the old file's sha256, the new one's, its name and the
-reason. What the watcher follows is trusted by name (issue 26), never found: :func:`resolve_chain`
-follows the amendments recorded there, or named by the user (``--amend-chain``: another chain
-file, or the amendment's file itself), each checked against the sha256 recorded for it; a
-pre-registration that merely appears in the directory claiming to amend one (hand-sealed, dated
-9999) is reported, not followed. A hash is not a signature: ``ladder verify --expect SHA256``
-checks a file against a digest kept elsewhere (the W&B artifact's, a ticket's).
+the old one's sha256, path and the reason; writing it also appends a line to the append-only
+chain file ``amendments.jsonl`` beside it. What the watcher follows is trusted by name (issue
+26), never found: :func:`resolve_chain` follows the amendments recorded there or named by the
+user (``--amend-chain``), each checked against its recorded sha256; a file that merely claims to
+amend one (hand-sealed, dated 9999) is reported, not followed. A hash is not a signature:
+``ladder verify --expect SHA256`` checks a file against a digest kept elsewhere.
 """
 
 from __future__ import annotations
@@ -57,21 +51,17 @@ from ladder.predict.band import extrapolation_error
 from ladder.predict.watch import WatchConfig, decision_rule_words
 
 SCHEMA = "prereg/1"
-# prereg/2: an amendment at a step (``change``: predict.amend); written only for those, so that a
-# ladder that reads prereg/1 refuses them (as a newer file) instead of judging the whole run
-# against a forecast that holds from step S on only
+# an amendment at a step (``change``: predict.amend), and only it: a ladder that reads prereg/1
+# refuses it (a newer file) instead of judging the whole run against a forecast from step S on
 SCHEMA_V2 = "prereg/2"
-# prereg/3: several metrics under one sha256 (issue 23): ``metrics`` (the keys, in order) and
-# ``forecasts: {key: {law, law_sha256, forecast, final, eval_noise, extrapolation,
-# budget_curve}}`` beside the shared target, applicability, decision rule and health reference
-# (ladder.predict.watch.multi). A single-metric file stays prereg/1.
+# several metrics under one sha256 (issue 23): ``metrics`` (the keys) and ``forecasts: {key:
+# watch.multi.PER_METRIC}`` beside the shared sections; a single-metric file stays prereg/1
 SCHEMA_V3 = "prereg/3"
 SCHEMAS = (SCHEMA, SCHEMA_V2, SCHEMA_V3)
 HASHED_OUT = ("sha256",)
 CHAIN_FILE = "amendments.jsonl"   # beside the pre-registrations, append-only
 CHAIN_SCHEMA = "prereg-chain/1"
-# a pre-registration is a few MB at most (a forecast every 1%, the health reference); the
-# directory scan that reports unrecorded amendments reads nothing larger
+# a pre-registration is a few MB at most: the scan for unrecorded amendments reads nothing larger
 SCAN_LIMIT = 64 << 20
 
 
@@ -95,29 +85,18 @@ def build(*, target: dict, applicability: dict, metric: str, law: dict, forecast
           extrapolation: dict | None = None, health_reference: dict | None = None,
           budget_curve: dict | None = None, amends: dict | None = None,
           created: str | None = None, change: dict | None = None) -> dict:
-    """The pre-registration document, hashed (plain JSON types only). ``change``: the plan's
-    change at a step that this amendment forecasts from (ladder.predict.amend; schema prereg/2)."""
+    """The pre-registration document, sealed. ``change``: the plan's change at a step that this
+    amendment forecasts from (ladder.predict.amend; schema prereg/2)."""
     from ladder import __version__
-    doc: dict[str, Any] = {
-        "schema": SCHEMA_V2 if change is not None else SCHEMA,
-        "target": target,
-        "applicability": applicability,
-        "metric": metric,
-        "law": law,
-        "law_sha256": sha256_of(law),
-        "forecast": forecast,
-        "final": final,
-        "band_level": band_level,
-        "eval_noise": eval_noise,
-        "extrapolation": extrapolation,
-        "decision_rule": decision_rule,
-        "health_reference": health_reference,
-        "budget_curve": budget_curve,
-        "amends": amends,
+    doc: dict[str, Any] = {  # in the order the file lists them
+        "schema": SCHEMA_V2 if change is not None else SCHEMA, "target": target,
+        "applicability": applicability, "metric": metric, "law": law,
+        "law_sha256": sha256_of(law), "forecast": forecast, "final": final,
+        "band_level": band_level, "eval_noise": eval_noise, "extrapolation": extrapolation,
+        "decision_rule": decision_rule, "health_reference": health_reference,
+        "budget_curve": budget_curve, "amends": amends,
         "created": created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "git_sha": _git_sha(),
-        "tool_version": f"ladder {__version__}",
-    }
+        "git_sha": _git_sha(), "tool_version": f"ladder {__version__}"}
     if change is not None:
         doc["change"] = change
     return seal(doc)
@@ -128,12 +107,9 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
                 requires: dict | None = None, config: WatchConfig | None = None,
                 amends: dict | None = None, created: str | None = None,
                 run_config: dict | None = None, allow_no_band: bool = False) -> dict:
-    """The pre-registration document for ``target`` from ``law`` (library entry of `ladder
-    preregister`; seal it with :func:`build`, as this does, and write it with :func:`write_once`).
-
-    ``run_config`` is the target rung's configuration (``Rung.to_dict()``): registered by value,
-    so the watcher compares a run's configuration key by key (and names the first that differs)
-    instead of a hash of its serialisation."""
+    """The sealed pre-registration of ``target`` from ``law`` (`ladder preregister`; write it
+    with :func:`write_once`). ``run_config``: the target rung's ``Rung.to_dict()``, registered
+    by value so the watcher names the first key of a run's configuration that differs."""
     metric = getattr(law, "metric", None) or "eval_dropless/loss"
     noise_info = {"sigma": 0.0, "n": 0, "method": "none (no --runs, no --eval-noise)"}
     health = None
@@ -162,8 +138,7 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
             if math.isfinite(est.sigma):
                 noise_info = est.to_dict()
             elif not any(_finite_value(r.get(metric)) for run in ladder_runs for r in run.rows):
-                # a band frozen without the eval noise alerts on a healthy run (issue 39: every
-                # metric of a multi-metric file critical): refused, not said and written
+                # a band frozen without the eval noise alerts on a healthy run (issue 39)
                 raise InputError(f"no run here logs {metric!r}, the law's metric, so its eval "
                                  "noise cannot be estimated; give the runs the law was fitted "
                                  "on (or `ladder fit --keys` for another trainer's names), or "
@@ -210,8 +185,7 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
            "require": dict(requires or {})}
     if run_config is not None:
         app["config"] = run_config
-    law_json = law.to_json()
-    return build(target=target.to_dict(), applicability=app, metric=metric, law=law_json,
+    return build(target=target.to_dict(), applicability=app, metric=metric, law=law.to_json(),
                  forecast=f.points(), final=f.final, band_level=level,
                  eval_noise=noise_info, extrapolation=extrapolation.to_dict(),
                  decision_rule={"words": decision_rule_words(cfg, level),
@@ -222,10 +196,9 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
 
 
 def build_multi(docs: Mapping[str, Mapping], *, family: dict) -> dict:
-    """One pre-registration of several metrics from the single-metric documents ``docs``
-    ({metric key: :func:`build`'s document}, all for one target, with one decision rule): the
-    shared sections are taken from the first, each metric's forecast sections kept under
-    ``forecasts``; ``family`` (predict.watch.multi.family_config) goes into the decision rule."""
+    """One pre-registration of several metrics from ``docs`` ({metric key: :func:`build`'s
+    document}, one target, one decision rule): the shared sections from the first, each
+    metric's under ``forecasts``; ``family`` (watch.multi.family_config) joins the rule."""
     from ladder.predict.watch.multi import PER_METRIC
     keys = list(docs)
     if not keys:
@@ -244,10 +217,9 @@ def build_multi(docs: Mapping[str, Mapping], *, family: dict) -> dict:
 
 
 def write_once(path: str | os.PathLike, doc: Mapping) -> Path:
-    """Write ``doc`` to ``path`` atomically and read-only; never replace an existing file. An
-    amendment (``doc["amends"]``) is then recorded in the chain file beside it
-    (:func:`chain_line`), which is what makes the watcher follow it; the two are written
-    together or not at all (ladder.io.write_with_record)."""
+    """Write ``doc`` to ``path`` atomically and read-only, never replacing a file; an amendment
+    with its line in the chain file beside it (:func:`chain_line`: what makes the watcher
+    follow it), both or neither (ladder.io.write_with_record, issue 39)."""
     path = Path(path)
     if path.exists() or path.is_symlink():
         raise InputError("exists; a pre-registration is never overwritten (choose another --out, "
@@ -259,8 +231,6 @@ def write_once(path: str | os.PathLike, doc: Mapping) -> Path:
     data = (json.dumps(to_jsonable(doc), indent=2, allow_nan=False) + "\n").encode("utf-8")
     try:
         if isinstance(am, Mapping):
-            # the file and its line in the chain file go together (issue 39): a full disk
-            # midway leaves neither, and the same command run again works
             return write_with_record(path, data, path.parent / CHAIN_FILE,
                                      chain_line(path, doc), mode=PREREG_MODE)
         return atomic_write_bytes(path, data, mode=PREREG_MODE, exclusive=True)
@@ -270,8 +240,7 @@ def write_once(path: str | os.PathLike, doc: Mapping) -> Path:
 
 
 def chain_line(path: Path, doc: Mapping) -> str:
-    """The chain file's line (amendments.jsonl) for the amendment ``doc`` written at ``path``:
-    the sha256 it amends, its own, its file name and the reason."""
+    """The chain file's line for the amendment ``doc`` written at ``path``."""
     import json
     rec = {"schema": CHAIN_SCHEMA, "amends": doc["amends"].get("sha256"),
            "sha256": doc["sha256"], "file": path.name, "reason": doc["amends"].get("reason"),
@@ -352,24 +321,23 @@ def _name_change(doc, key) -> str:
 
 
 def verify(path: str | os.PathLike) -> Verification:
+    return verify_doc(_read(path), str(path))
+
+
+def _read(path) -> dict:
+    """The document at ``path``; a newer schema version is not "MODIFIED": it is a file this
+    tool cannot judge."""
     doc = read_json(path, schema="prereg")
-    _known_version(doc, path)
-    return verify_doc(doc, str(path))
-
-
-def _known_version(doc: Mapping, path) -> None:
-    """A newer schema version is not "MODIFIED": it is a file this tool cannot judge."""
     v = schema_version(dict(doc))
     if v is not None and v > int(SCHEMA_V3.split("/")[1]):
         raise InputError(f"written by a newer ladder ({doc.get('schema')}); this one reads "
                          f"{' and '.join(SCHEMAS)}: upgrade ladder to verify it", path=path,
                          field="schema", exit_code=EX_DATAERR)
+    return doc
 
 
 def seal(doc: Mapping) -> dict:
-    """``doc`` with its ``section_sha256`` and ``sha256`` (re)computed: how :func:`build` and
-    :func:`build_multi` finish a document, and what tools and tests that assemble one by hand
-    call."""
+    """``doc`` with its ``section_sha256`` and ``sha256`` (re)computed."""
     out = to_jsonable(dict(doc))
     out.pop("sha256", None)
     out["section_sha256"] = section_digests(out)
@@ -379,8 +347,7 @@ def seal(doc: Mapping) -> dict:
 
 def load(path: str | os.PathLike, *, check: bool = True) -> dict:
     """Read a pre-registration; with ``check``, a modified file is an InputError."""
-    doc = read_json(path, schema="prereg")
-    _known_version(doc, path)
+    doc = _read(path)
     if doc.get("schema") == SCHEMA_V3:
         _check_multi(doc, path)
     else:
@@ -400,8 +367,7 @@ def load(path: str | os.PathLike, *, check: bool = True) -> dict:
 
 def _check_registered(doc: Mapping, path) -> None:
     """The registered numbers the watcher reads, checked for type and range (a file resealed
-    after an edit passes its sha256, not this; issue 39): the target's steps and tokens, the band
-    level, and of each metric its forecast points, final and eval noise."""
+    after an edit passes its sha256, not this; issue 39)."""
     tgt = doc.get("target")
     if not isinstance(tgt, Mapping):
         raise InputError("expected an object", path=path, field="target")
@@ -442,8 +408,7 @@ def _check_metric(d: Mapping, path, prefix: str) -> None:
     if not isinstance(d.get("final"), Mapping):
         raise InputError("expected an object {loss, lo, hi}", path=path, field=f"{prefix}final")
     _check_band(d["final"], path, f"{prefix}final")
-    # the final band is read in log (the updated forecast's prior, ladder.predict.updated): a
-    # law's loss and its band are positive, so a 0 or negative end is no band this tool wrote
+    # the final band is read in log (ladder.predict.updated's prior): a law's is positive
     for name in ("loss", "lo", "hi"):
         x = as_float(d["final"].get(name))
         if x is not None and x <= 0:
@@ -452,9 +417,8 @@ def _check_metric(d: Mapping, path, prefix: str) -> None:
 
 
 def _check_band(pt: Mapping, path, field: str) -> None:
-    """A registered ``loss`` (finite) and its ``lo``/``hi``: finite around it, or missing
-    (null/NaN: registered without a band there, never judged inside); never Infinity, never
-    inverted."""
+    """A finite ``loss`` and its ``lo``/``hi``: finite around it, or missing (null/NaN: no band
+    there, never judged inside)."""
     from ladder.io import as_float
     loss = as_float(pt.get("loss"))
     if loss is None or not math.isfinite(loss):
@@ -503,9 +467,8 @@ def _finite_value(v) -> bool:
 
 
 def _under_law_keys(ladder_runs: list, law) -> list:
-    """The ladder runs' rows under the law's own metric names: a law fitted through a key map
-    (``conventions.metric_keys``, `ladder fit --keys`) reads runs that log another trainer's
-    names, and ``--runs`` are those runs."""
+    """The ladder runs' rows under the law's own metric names (a law fitted through `ladder fit
+    --keys` records its key map in ``conventions.metric_keys``)."""
     keys = (getattr(law, "conventions", None) or {}).get("metric_keys")
     if not keys:
         return ladder_runs
@@ -521,10 +484,8 @@ def _under_law_keys(ladder_runs: list, law) -> list:
 
 
 def _check_family(doc: Mapping, m: int, path) -> None:
-    """The multiple-comparison record (``decision_rule.family``, written by
-    ladder.predict.watch.multi.family_config): both levels in (0, 1), the metric count the file's,
-    and the per-metric level the Sidak level of the family's (a file resealed after an edit
-    passes its sha256, not this)."""
+    """The multiple-comparison record (``decision_rule.family``, watch.multi.family_config):
+    both levels in (0, 1), the file's metric count, the per-metric level the family's Sidak."""
     rule = doc.get("decision_rule")
     if not isinstance(rule, Mapping):
         raise InputError("expected an object", path=path, field="decision_rule")
@@ -539,10 +500,9 @@ def _check_family(doc: Mapping, m: int, path) -> None:
     if fam.get("metrics") != m or isinstance(fam.get("metrics"), bool):
         raise InputError(f"expected {m} (the metrics registered), got "
                          f"{str(fam.get('metrics'))[:40]!r}", path=path, field=f + ".metrics")
-    levels = {}
-    for name in ("family_alert_level", "alert_level"):
-        levels[name] = number(fam.get(name), field=f"{f}.{name}", path=path, lo=0, hi=1,
-                              lo_open=True, hi_open=True)
+    levels = {name: number(fam.get(name), field=f"{f}.{name}", path=path, lo=0, hi=1,
+                           lo_open=True, hi_open=True)
+              for name in ("family_alert_level", "alert_level")}
     p = 1.0 - levels["family_alert_level"]
     sidak = 1.0 + math.expm1(math.log1p(-p) / m)   # 1 - p_m, p_m = 1 - (1 - p)^(1/m)
     if not math.isclose(levels["alert_level"], sidak, rel_tol=1e-9, abs_tol=1e-12):
@@ -578,10 +538,9 @@ class ChainLink:
 
 @dataclass
 class Chain:
-    """The amendment chain from a given pre-registration to the newest trusted amendment:
-    ``skipped`` are recorded or named amendments that could not be followed (and why),
-    ``unrecorded`` the files beside it that claim to amend a link but were neither recorded
-    nor named (reported, never followed)."""
+    """The amendment chain from a pre-registration to the newest trusted amendment;
+    ``skipped``: trusted amendments not followed (and why); ``unrecorded``: files beside it that
+    claim to amend a link but are neither recorded nor named (reported, never followed)."""
 
     links: list[ChainLink]
     skipped: list[str]
@@ -613,8 +572,8 @@ def is_sha256(v) -> bool:
 
 
 def read_chain_file(path: str | os.PathLike) -> list[dict]:
-    """The records of a chain file (:func:`chain_line`), each checked: a torn last line
-    (a writer killed midway) is left out; any other bad line is an InputError naming it."""
+    """The records of a chain file, each checked: a torn last line (a writer killed midway) is
+    left out, any other bad line an InputError naming it."""
     path = Path(path)
     data = read_bytes(path, field="--amend-chain", limit=16 << 20)
     recs = []
@@ -658,10 +617,9 @@ def _trusted(path: Path, named) -> list[dict]:
 
 
 def resolve_chain(path: str | os.PathLike, named=None) -> Chain:
-    """From ``path``, follow the trusted amendments (see :func:`_trusted`) to the newest one:
-    for each link, the record of its amendment written last whose file is there, verifies and
-    has the recorded sha256. Files in the directory that claim to amend a link but are not
-    trusted are listed in ``unrecorded``."""
+    """From ``path``, follow the trusted amendments (:func:`_trusted`) to the newest: for each
+    link, its amendment recorded last whose file is there, verifies and has the recorded
+    sha256."""
     path = Path(path)
     start = load(path)
     links = [ChainLink(str(path), start["sha256"], None, start.get("created"))]
@@ -675,13 +633,9 @@ def resolve_chain(path: str | os.PathLike, named=None) -> Chain:
             f = inside(rec["where"], rec["file"], field="file")
             try:
                 doc = load(f, check=False)
-            except InputError as e:
-                skipped.append(f"{rec['file']} recorded but not readable ({str(e)[:120]})")
-                continue
-            if not verify_doc(doc, str(f)).ok:
-                skipped.append(f"{f.name} fails verification")
-                continue
-            try:
+                if not verify_doc(doc, str(f)).ok:
+                    skipped.append(f"{f.name} fails verification")
+                    continue
                 _check_registered(doc, f)
             except InputError as e:
                 skipped.append(f"{rec['file']} recorded but not readable ({str(e)[:120]})")
@@ -706,8 +660,7 @@ def resolve_chain(path: str | os.PathLike, named=None) -> Chain:
 
 def _unrecorded(path: Path, followed: set[str], known: set) -> list[str]:
     """Files beside ``path`` that claim to amend a followed link but are neither followed nor
-    recorded (``known``: (directory, name) of the trusted records): read as inputs are
-    (regular files of bounded size: a FIFO or a huge file is passed over)."""
+    ``known`` ((directory, name) of the trusted records); a FIFO or huge file is passed over."""
     out = []
     for p in sorted(path.parent.glob("*.json")):
         if (p.parent.resolve(), p.name) in known:

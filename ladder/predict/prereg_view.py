@@ -1,15 +1,9 @@
-"""The one read-only view of a pre-registration document (shared/DESIGN.md §3, prereg.json): its
-forecast as sorted arrays and the fields every reader needs. The watcher
-(``predict.watch.PreregView``, which adds the decision rule and the health references) and the
-report (``reports.inputs``) both take the registered forecast from :func:`forecast_band`, so the
-curve the report draws is the curve the alerts are judged against.
-
-Tolerant by design: a report of a partial document (no forecast yet, a row without a number)
-shows what is there. Whether a document is authentic is :func:`predict.prereg.verify_doc`'s job.
-
-Two levels: ``band_level`` is the level of the registered ``lo``/``hi`` (the band the report
-draws, 0.9 by default); the alerts widen it to ``decision_rule.parameters.alert_level`` (see
-``PreregView.expected``).
+"""The one read-only view of a pre-registration's forecast (shared/DESIGN.md section 3): the
+watcher (``predict.watch.PreregView``) and the report (``reports.inputs``) both take it from
+:func:`forecast_band`, so the curve the report draws is the one the alerts judge against.
+Tolerant by design: a partial document shows what is there (authenticity is
+:func:`predict.prereg.verify_doc`'s job). ``band_level`` is the level of the registered
+``lo``/``hi``; the alerts widen it to ``decision_rule.parameters.alert_level``.
 """
 
 from __future__ import annotations
@@ -36,8 +30,8 @@ class ForecastBand:
     hi: np.ndarray
 
     def at(self, fraction) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(loss, lo, hi) interpolated linearly in fraction over the rows where each is finite;
-        NaN outside the registered grid."""
+        """(loss, lo, hi) interpolated in fraction over the rows where each is finite; NaN
+        outside the registered grid."""
         g = np.asarray(fraction, float)
         out = []
         for arr in (self.loss, self.lo, self.hi):
@@ -48,9 +42,8 @@ class ForecastBand:
 
 
 def forecast_band(prereg: Mapping) -> ForecastBand | None:
-    """``prereg["forecast"]`` as a :class:`ForecastBand` (rows without a finite fraction, or not
-    objects, are skipped; a stable sort keeps the registered order of equal fractions); None
-    when there is no row."""
+    """``prereg["forecast"]`` as a :class:`ForecastBand` (rows without a finite fraction skipped,
+    equal fractions in registered order); None when there is no row."""
     rows = prereg.get("forecast")
     if not isinstance(rows, list):
         return None

@@ -1,13 +1,10 @@
 """Where alerts go: human-readable lines, an alerts JSONL, a webhook (JSON POST), ``wandb.alert``.
 
-Every alert carries an ``id`` (``context["id"]``, a digest of the pre-registration and the
-alert's content, the same when a restarted watcher judges the same rows again). The watcher saves
-its state, with the alerts not yet delivered (its outbox), before any sink sees them, and sends
-the outbox again after a restart; the sinks make that exactly-once: the JSONL sink skips ids
-already in its file, the webhook sink sends the id (``Idempotency-Key`` header and ``id`` field)
-and skips ids it has delivered. A sink that fails (webhook down, W&B unreachable) reports it on
-stderr and keeps the watcher running: an alert that could not be sent is still in the JSONL and
-on stdout.
+Exactly once (ladder.predict.live): every alert carries an ``id`` (``context["id"]``) and the
+watcher sends its outbox again after a restart; the JSONL sink skips ids already in its file,
+the webhook sends the id (``Idempotency-Key`` header and ``id`` field) and skips ids it has
+delivered. A sink that fails reports it on stderr and keeps the watcher running: the alert is
+still in the JSONL and on stdout.
 """
 
 from __future__ import annotations
@@ -26,18 +23,17 @@ from typing import Any, TextIO
 
 from ladder.io import EX_USAGE, InputError, append_text, open_input, to_jsonable
 from ladder.predict.watch import Alert
+from ladder.predict.watch.alerts import SEVERITY_RANK
 
 
 class Sink:
-    """The shape of a place alerts go (``ladder.predict.live.Watcher`` asks for nothing else).
+    """The shape of a place alerts go (all ``ladder.predict.live.Watcher`` asks for).
 
-    ``send(alert, context)`` hands over one alert (its id is ``context["id"]``). A synchronous
-    sink has taken it when ``send`` returns; an ``asynchronous`` one (the webhook) delivers later
-    and reports each delivery through ``on_delivered(alert_id)``, which the watcher sets when it
-    is None. An ``idempotent`` sink skips the ids it already has, so the watcher need not save its
-    state after every alert it takes (after a kill it may be sent one again). ``flush()`` comes
-    after every poll's alerts (a sink that batches writes them then), ``close()`` at the end of a
-    watch; both do nothing by default."""
+    ``send(alert, context)`` hands over one alert: a synchronous sink has taken it on return, an
+    ``asynchronous`` one reports each delivery through ``on_delivered(alert_id)`` (which the
+    watcher sets when None). An ``idempotent`` sink skips ids it has, so the watcher need not
+    save its state after each alert it takes. ``flush()`` comes after every poll's alerts,
+    ``close()`` at the end of a watch."""
 
     idempotent = False
     asynchronous = False
@@ -73,9 +69,8 @@ class StdoutSink(Sink):
 
 
 class JsonlSink(Sink):
-    """Append one JSON object per alert (shared/DESIGN.md alert fields + the pre-registration's
-    sha256, the target and the alert ``id``), flushed and fsynced so a crash loses nothing
-    already raised; an id already in the file is not written again."""
+    """One JSON object per alert (its fields + the context: the pre-registration's sha256, the
+    target, the ``id``), appended durably; an id already in the file is not written again."""
 
     name = "jsonl"
     idempotent = True  # skips ids already in its file
@@ -118,14 +113,11 @@ MAX_ANSWER_BYTES = 64 << 10
 
 
 def webhook_url(url: str | None, file: str | None, *, environ=None, warn=None) -> str | None:
-    """The webhook's URL from ``--webhook-file FILE`` (the first line of a regular file), from
-    ``$LADDER_WEBHOOK_URL`` when neither option is given, or from ``--webhook URL`` (which every
-    user of the machine sees in ``ps`` for the whole follow: ``warn`` is told so). None: no
+    """The webhook's URL from ``--webhook-file FILE`` (its one line), ``--webhook URL`` (which
+    every user sees in ``ps``: ``warn`` is told so) or ``$LADDER_WEBHOOK_URL``; None: no
     webhook. The URL is never repeated in an error (it often carries a token)."""
-    import os as _os
-
     from ladder.io import read_bytes
-    environ = _os.environ if environ is None else environ
+    environ = os.environ if environ is None else environ
     if url is not None and file is not None:
         raise InputError("give --webhook or --webhook-file, not both", field="--webhook-file",
                          exit_code=EX_USAGE)
@@ -136,7 +128,7 @@ def webhook_url(url: str | None, file: str | None, *, environ=None, warn=None) -
             raise InputError(f"expected one line, the URL (got {len(lines)} non-empty lines)",
                              path=file, field="--webhook-file", exit_code=EX_USAGE)
         try:
-            mode = _os.stat(file).st_mode
+            mode = os.stat(file).st_mode
         except OSError:
             mode = 0
         if mode & 0o077 and warn is not None:
@@ -153,8 +145,7 @@ def webhook_url(url: str | None, file: str | None, *, environ=None, warn=None) -
 
 
 def redact_argv(argv: list[str], secret: str | None) -> list[str]:
-    """``argv`` with the webhook's URL replaced (``--webhook URL`` and ``--webhook=URL``), so
-    that what records the command line (W&B's run metadata) does not record the secret."""
+    """``argv`` with the webhook's URL redacted (W&B records the command line)."""
     if not secret:
         return list(argv)
     out = []
@@ -169,8 +160,7 @@ def redact_argv(argv: list[str], secret: str | None) -> list[str]:
 
 
 def check_webhook_url(url: str) -> urllib.parse.SplitResult:
-    """An http(s) URL with a host; InputError (64) otherwise. The message never repeats the URL
-    (it often carries a secret token): it names the scheme at most."""
+    """An http(s) URL with a host; InputError (64) otherwise, naming the scheme at most."""
     try:
         u = urllib.parse.urlsplit(url)
         port = u.port  # ValueError for a bad port
@@ -186,15 +176,11 @@ def check_webhook_url(url: str) -> urllib.parse.SplitResult:
 
 
 class WebhookSink(Sink):
-    """POST each alert as JSON to ``url`` (Slack-style receivers read ``text``), from a background
-    thread, so a slow or dead receiver never blocks the watcher.
-
-    Only a 2xx answer to the POST counts as delivered. Redirects are not followed (a 3xx is a
-    failure: following one turns the POST into a body-less GET, or leads off http(s)). A failure
-    is retried with exponential backoff (``backoff`` s doubling, up to ``max_tries`` tries), then
-    given up with one line on stderr. The URL is never printed: only its host is named.
-    ``on_delivered(alert_id)`` is called from the worker after each delivery (the watcher uses it
-    to clear its outbox)."""
+    """POST each alert as JSON to ``url`` (Slack-style receivers read ``text``) from a background
+    thread, so a slow or dead receiver never blocks the watcher. Only a 2xx answer counts;
+    redirects are not followed (one turns the POST into a body-less GET, or leads off
+    http(s)); a failure is retried with backoff up to ``max_tries`` times, then given up with a
+    line on stderr naming the host only."""
 
     name = "webhook"
     asynchronous = True
@@ -230,9 +216,6 @@ class WebhookSink(Sink):
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._work, name="webhook", daemon=True)
                 self._thread.start()
-
-    def pending(self) -> int:
-        return self._q.unfinished_tasks
 
     def close(self, timeout: float = 30.0) -> bool:
         """Wait up to ``timeout`` s for the queue to drain; False (and a line) if it did not."""
@@ -313,8 +296,7 @@ class WebhookSink(Sink):
 
 
 def _drain(resp, limit: int, deadline: float) -> None:
-    """Read at most ``limit`` bytes of an answer's body, until ``deadline`` at the latest (a body
-    that never ends, or trickles, is cut: the status has decided already)."""
+    """Read at most ``limit`` bytes of an answer's body, until ``deadline`` at the latest."""
     got = 0
     while got < limit and time.monotonic() < deadline:
         chunk = resp.read1(min(16384, limit - got)) if hasattr(resp, "read1") else \
@@ -325,9 +307,8 @@ def _drain(resp, limit: int, deadline: float) -> None:
 
 
 def wandb_alert(connect: Callable[[], tuple[Any, Any]], title: str, alert: Alert) -> bool:
-    """``run.alert`` of ``alert`` under ``title`` at its severity's W&B level, ``connect()``
-    giving (the wandb module, the run); False, and one line on stderr, when W&B failed (the
-    sink then skips its W&B alerts: a sink never stops the watcher)."""
+    """``run.alert`` of ``alert`` at its severity's W&B level, ``connect()`` giving (the wandb
+    module, the run); False, and a line on stderr, when W&B failed."""
     try:
         wandb, run = connect()
         levels = getattr(wandb, "AlertLevel", None)
@@ -342,9 +323,8 @@ def wandb_alert(connect: Callable[[], tuple[Any, Any]], title: str, alert: Alert
 
 
 class WandbAlertSink(Sink):
-    """``wandb.alert`` for alerts about a W&B run. It opens a separate small run in the watched
-    run's project (job_type "watch"), so the watched run itself is never touched; ``wandb_module``
-    is injectable for tests."""
+    """``wandb.alert`` for alerts about a W&B run, from a small run of its own in the watched
+    run's project (job_type "watch"): the watched run is never touched."""
 
     name = "wandb"
 
@@ -353,7 +333,7 @@ class WandbAlertSink(Sink):
         self.entity, self.project, self.watched = entity, project, watched
         self._wandb = wandb_module
         self._run = None
-        self.min_rank = {"info": 0, "warn": 1, "critical": 2}[min_severity]
+        self.min_rank = SEVERITY_RANK[min_severity]
         self.failed = False
 
     def _connect(self):
@@ -368,8 +348,8 @@ class WandbAlertSink(Sink):
         return self._wandb, self._run
 
     def send(self, alert: Alert, context: dict) -> None:
-        rank = {"info": 0, "warn": 1, "critical": 2}[alert.severity]
-        if rank < self.min_rank and alert.kind != "contingency" or self.failed:
+        if self.failed or SEVERITY_RANK[alert.severity] < self.min_rank and \
+                alert.kind != "contingency":
             return
         self.failed = not wandb_alert(self._connect,
                                       f"{self.watched}: {alert.kind} ({alert.severity})", alert)

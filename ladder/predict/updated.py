@@ -1,36 +1,32 @@
 """The updated forecast: where the run will land, given its own evals so far (issue 40 item 1).
 
-The frozen pre-registration never changes. Beside it the watcher keeps this forecast, always
-labelled "updated": the frozen curve, moved by a run-level offset learned from the run's evals.
+The frozen pre-registration never changes; beside it the watcher keeps this forecast, always
+labelled "updated": the frozen curve moved by a run-level offset learned from the run's evals.
 
 Model (Gaussian, pinned at the end of the run): the log-ratio of the run's eval to the frozen
-forecast at fraction ``x``, ``d(x) = log(y(x) / f(x))``, is the run's final offset ``s1`` plus a
+forecast at fraction ``x``, ``d(x) = log(y(x) / f(x))``, is the final offset ``s1`` plus a
 departure ``u(x)`` that vanishes at the end, plus eval noise,
 
     d_i = s1 + u(x_i) + e_i,    e_i ~ N(0, sigma^2),   s1 ~ N(0, tau^2)
     Var u(x) = q t(x) + b^2 max(w(x)^2 - tau^2, 0),   t(x) = 1/x - 1
 
-An early eval says less about where the run ends than a late one (the clock t; the public curves
-chose 1/x - 1 over log 1/x and 1 - x), and may say less where the frozen band is wider than at
-the end (``w(x)``: the frozen band's log half-width over z at ``x``: on the OLMo ladder the
-per-fraction band at 10% is 4x the final's; the weight ``b`` is learned, 0 on all four groups
-together, 1 with the OLMo ladder or the MPL curves held out). ``tau``, the frozen final band's
-log half-width over z(level), is the prior: a run with no evals gets the
-frozen final back, and the frozen band keeps its marginal width.
+An early eval says less about the end than a late one (the clock t; the public curves chose
+1/x - 1 over log 1/x and 1 - x), and may say less where the frozen band is wider than at the end
+(``w(x)``, the frozen band's log half-width over z; on the OLMo ladder the band at 10% is 4x the
+final's; the weight ``b`` is learned). ``tau``, the frozen final band's log half-width over
+z(level), is the prior: with no evals the frozen final comes back, with its width.
 
-The posterior of ``s1`` comes from a forward Kalman filter over the evals: ``s(x) = s1 + u(x)``
-is Gauss-Markov with variance ``V(x) = tau^2 + Var u(x)``, non-increasing in ``x``, and for
-``x' > x``: ``s(x') | s(x) ~ N(a s(x), V(x') - a V(x'))`` with ``a = V(x') / V(x)``. The final
-loss is ``f(1) exp(s1)``, its band that normal's ``level`` interval widened by ``inflation``; the
-curve ahead at ``x`` is ``f(x) exp(s(x))``, predicted the same way. ``sigma`` is the run's own
-eval-to-eval noise (robust: 1.4826 x the median absolute first difference / sqrt 2, over the
+The posterior comes from a forward Kalman filter: ``s(x) = s1 + u(x)`` is Gauss-Markov with
+variance ``V(x) = tau^2 + Var u(x)``, non-increasing in ``x``, and for ``x' > x``,
+``s(x') | s(x) ~ N(a s(x), V(x') - a V(x'))``, ``a = V(x') / V(x)``. The final loss is
+``f(1) exp(s1)``, its band that normal's ``level`` interval widened by ``inflation``; the curve
+ahead is predicted the same way. ``sigma`` is the run's own eval-to-eval noise (robust, over the
 latest evals), floored at ``sigma_floor``. Two evals in a row far from the prediction on one
-side let the level go (an intervention: :meth:`FilterState.step`), so a fault is followed.
+side let the level go (:meth:`FilterState.step`), so a fault is followed.
 
-The clock, ``q``, ``b`` (``band_weight``) and ``inflation`` are chosen leave-one-ladder-out on
-the public full curves (bench/live_forecast.py: the OLMo ladder, Gemstones, the MPL schedules,
-Schaipp's schedules); the defaults are the values learned there on all four
-(docs/live_forecast.md).
+The clock, ``q``, ``b`` and ``inflation`` are chosen leave-one-ladder-out on the public full
+curves (bench/live_forecast.py: the OLMo ladder, Gemstones, the MPL schedules, Schaipp's
+schedules); the defaults are the values learned on all four (docs/live_forecast.md).
 """
 
 from __future__ import annotations
@@ -45,22 +41,16 @@ from ladder.predict.band import z_of
 
 @dataclass(frozen=True)
 class UpdateConfig:
-    """The updated forecast's dials. Defaults: learned on the 4 public curve groups
-    (bench/live_forecast.py, docs/live_forecast.md); the leave-one-ladder-out table there shows
-    each group's error with the values learned on the 3 others."""
+    """The updated forecast's dials, learned on the 4 public curve groups (the module doc)."""
 
     q: float = 3.2e-5          # rate of the departure's variance per unit of its clock
     inflation: float = 0.8     # the band's half-width x this (1: the model's own)
-    sigma_floor: float = 1e-3  # eval noise (log) at least this: 0.1% (a smooth eval set's
-    #                            eval-to-eval noise is below it; the floor keeps one eval from
-    #                            pinning the level)
-    min_fraction: float = 0.02  # evals before 2% of the run are not used (warmup: the frozen
-    #                             curve there is a guess at a steep start)
-    intervene: float = 3.0     # two innovations beyond this many sd on one side let the level
-    #                            go (:meth:`FilterState.step`); 0: never
+    sigma_floor: float = 1e-3  # eval noise (log): a smooth eval set's is below it, and the floor
+    #                            keeps one eval from pinning the level
+    min_fraction: float = 0.02  # evals before are not used (warmup: a guess at a steep start)
+    intervene: float = 3.0     # sd beyond which two innovations let the level go; 0: never
     clock: str = "inverse"     # the departure's clock t(x) (:func:`t_of`)
-    band_weight: float = 0.0   # weight of the frozen band's excess width in the offset's prior
-    #                            variance (:func:`offset_var`)
+    band_weight: float = 0.0   # ``b``: the frozen band's excess width (:func:`offset_var`)
 
     def __post_init__(self):
         if not (isinstance(self.intervene, (int, float)) and self.intervene >= 0):
@@ -78,10 +68,9 @@ class UpdateConfig:
 
 @dataclass(frozen=True)
 class Updated:
-    """The updated forecast after the evals up to fraction ``at``: the final loss and its band
-    (``final``, ``lo``, ``hi`` at ``level``), the log offset's mean and sd now (``offset``,
-    ``offset_sd``), how many evals it used, and the curve ahead (``fraction``, ``loss``, ``lo``,
-    ``hi``: the frozen grid's points after ``at``)."""
+    """The updated forecast after the evals up to fraction ``at``: the final loss and its band at
+    ``level``, the log offset's mean and sd, and the curve ahead (the frozen grid's points after
+    ``at``)."""
 
     at: float
     n_evals: int
@@ -96,20 +85,17 @@ class Updated:
     curve_lo: np.ndarray
     curve_hi: np.ndarray
 
-    def to_json(self, *, curve: bool = True) -> dict:
-        out = {"label": "updated", "at_fraction": self.at, "n_evals": self.n_evals,
-               "level": self.level, "final": {"loss": self.final, "lo": self.lo, "hi": self.hi},
-               "offset": self.offset, "offset_sd": self.offset_sd}
-        if curve:
-            out["curve"] = [{"fraction": float(f), "loss": float(v), "lo": float(a),
-                             "hi": float(b)} for f, v, a, b in
-                            zip(self.fraction, self.loss, self.curve_lo, self.curve_hi)]
-        return out
+    def to_json(self) -> dict:
+        return {"label": "updated", "at_fraction": self.at, "n_evals": self.n_evals,
+                "level": self.level, "final": {"loss": self.final, "lo": self.lo, "hi": self.hi},
+                "offset": self.offset, "offset_sd": self.offset_sd,
+                "curve": [{"fraction": float(f), "loss": float(v), "lo": float(a),
+                           "hi": float(b)} for f, v, a, b in
+                          zip(self.fraction, self.loss, self.curve_lo, self.curve_hi)]}
 
 
 def prior_sd(final: float, lo: float, hi: float, level: float) -> float:
-    """The frozen final band as the prior sd of the log offset: its half-width in log over
-    z(level) (the wider side: a band is never narrowed by reading it)."""
+    """The frozen final band's wider log half-width over z(level): the offset's prior sd."""
     half = max(math.log(hi / final), math.log(final / lo))
     return max(half, 1e-6) / z_of(level)
 
@@ -136,12 +122,9 @@ def t_of(x, kind: str = "inverse"):
 
 
 def offset_var(x, tau: float, cfg: UpdateConfig, w=None) -> np.ndarray:
-    """``V(x)``, the prior variance of the log offset at fractions ``x``: ``tau^2`` (the final's),
-    plus the clock's ``q t(x)``, plus ``band_weight^2`` x the frozen band's excess variance there
-    (``w``: the frozen band's log half-width / z at ``x``; its excess over the final's,
-    ``max(w^2 - tau^2, 0)``, says how much less the law knows of the curve there than of its
-    end). Made non-increasing in ``x`` (a running max from the end), as a process pinned at the
-    end must be."""
+    """``V(x)``, the log offset's prior variance at fractions ``x`` (the module doc; ``w`` the
+    frozen band's log half-width / z there), made non-increasing in ``x`` as a process pinned at
+    the end must be."""
     x = np.asarray(x, float)
     v = tau * tau + cfg.q * t_of(x, cfg.clock)
     if w is not None and cfg.band_weight > 0:
@@ -158,9 +141,8 @@ def offset_var(x, tau: float, cfg: UpdateConfig, w=None) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Level:
-    """The run's offset after the evals: the filtered ``s`` at the last eval used (``mean_at``,
-    ``var_at`` at fraction ``at``, where its prior variance is ``v_at``) and how many evals were
-    used."""
+    """The run's offset after ``n`` evals: the filtered ``s`` at the last one used (fraction
+    ``at``, prior variance ``v_at``)."""
 
     mean_at: float
     var_at: float
@@ -170,8 +152,8 @@ class Level:
     jump: float = 0.0  # variance let in by interventions (:meth:`FilterState.step`)
 
     def predict(self, v_x) -> tuple[np.ndarray, np.ndarray]:
-        """Mean and variance of the offset at fractions after ``at`` whose prior variances are
-        ``v_x`` (:func:`offset_var`; at the end, ``tau^2``: the final's offset ``s1``)."""
+        """Mean and variance of the offset at fractions after ``at`` of prior variance ``v_x``
+        (at the end ``tau^2``: the final's offset ``s1``)."""
         v_x = np.minimum(np.asarray(v_x, float) + self.jump, self.v_at)
         if self.n == 0:
             return np.zeros_like(v_x), v_x
@@ -179,15 +161,14 @@ class Level:
         return a * self.mean_at, a * a * self.var_at + v_x - v_x * v_x / self.v_at
 
 
-NOISE_WINDOW = 32  # evals the eval-to-eval noise is read from (the latest ones: a run's noise
-#                   changes as its loss falls; 32 first differences give the median to ~20%)
+NOISE_WINDOW = 32  # the latest evals the noise is read from (it changes as the loss falls; 32
+#                   first differences give the median to ~20%)
 
 
 @dataclass
 class FilterState:
-    """The filter's running state (the watch rule keeps it between calls): the offset's mean and
-    variance at the last eval used (``var`` None before the first), its prior variance there
-    (``v_at``) and fraction (``at``), the count and the latest log offsets (for the noise)."""
+    """The filter's running state (the heading rule keeps it): as :class:`Level` (``var`` None
+    before the first eval), the latest log offsets (the noise) and the last innovation's z."""
 
     mean: float = 0.0
     var: float | None = None
@@ -200,7 +181,7 @@ class FilterState:
 
     def step(self, x: float, d: float, v_x: float, cfg: UpdateConfig) -> None:
         """Take one eval: fraction ``x``, log offset ``d``, prior variance ``v_x`` there (kept
-        non-increasing along the run: a later eval never gets a wider prior)."""
+        non-increasing along the run)."""
         v_x += self.jump
         if self.var is not None:
             v_x = min(v_x, self.v_at)
@@ -213,12 +194,10 @@ class FilterState:
         z = (float(d) - self.mean) / math.sqrt(self.var + r)
         h = cfg.intervene
         if h and abs(z) > h and abs(self.last_z) > h and z * self.last_z > 0:
-            # two evals in a row beyond h sd of the prediction, on one side: the run moved (a
-            # fault, a change the healthy model does not describe), so the level is let go
+            # two evals in a row beyond h sd on one side: the run moved, so the level is let go
             # (West & Harrison 1997, "Bayesian forecasting and dynamic models", ch. 11:
-            # intervention by a larger prior variance); one outlying eval does not do it. The
-            # jump's variance joins the offset's all the way to the end (``jump``): a change of
-            # the run is not an early-curve departure that fades by the end
+            # intervention by a larger prior variance); the jump stays to the end (``jump``):
+            # a change of the run is no early departure that fades
             j = (float(d) - self.mean) ** 2
             self.var += j
             self.jump += j
@@ -241,9 +220,8 @@ def usable(x: float, d: float, cfg: UpdateConfig) -> bool:
 
 def filter_offset(x: np.ndarray, d: np.ndarray, tau: float, cfg: UpdateConfig,
                   w=None) -> Level:
-    """The end-anchored model filtered over the log offsets ``d`` at fractions ``x`` (sorted),
-    ``w`` the frozen band's log sd there (None: not used); evals before ``cfg.min_fraction`` and
-    non-finite ones are skipped. The same steps as the watch rule's (:class:`FilterState`)."""
+    """The model filtered over the log offsets ``d`` at sorted fractions ``x`` (``w``: the frozen
+    band's log sd there, or None), skipping unusable evals, as the heading rule does."""
     x, d = np.asarray(x, float), np.asarray(d, float)
     st = FilterState()
     for i in range(x.size):
@@ -255,6 +233,16 @@ def filter_offset(x: np.ndarray, d: np.ndarray, tau: float, cfg: UpdateConfig,
     return st.level(tau)
 
 
+def curve_ahead(lv: Level, tau: float, fraction, lo, hi, level: float, cfg: UpdateConfig):
+    """(mask, mean, variance) of the offset at the frozen grid's points after the last eval used
+    (``fraction > lv.at``), ``lo``/``hi`` the frozen band there."""
+    ahead = fraction > lv.at
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w = np.log(hi[ahead] / lo[ahead]) / (2 * z_of(level))
+    m, v = lv.predict(np.minimum(offset_var(fraction[ahead], tau, cfg, w), lv.v_at))
+    return ahead, m, v
+
+
 def final_band(lv: Level, tau: float, level: float, cfg: UpdateConfig) -> tuple[float, float]:
     """The final log offset's mean and the half-width of its band at ``level`` (inflated)."""
     m, v = lv.predict(np.array([tau * tau]))
@@ -264,10 +252,8 @@ def final_band(lv: Level, tau: float, level: float, cfg: UpdateConfig) -> tuple[
 def update(forecast_fraction, forecast_loss, forecast_lo, forecast_hi, final: float,
            final_lo: float, final_hi: float, level: float, eval_fraction, eval_loss,
            cfg: UpdateConfig | None = None) -> Updated:
-    """The updated forecast from the frozen curve (``forecast_fraction``, ``forecast_loss`` and
-    its band ``forecast_lo``..``forecast_hi``: the pre-registration's grid), its final band
-    (``final``, ``final_lo``, ``final_hi`` at ``level``) and the run's evals so far
-    (``eval_fraction``, ``eval_loss``)."""
+    """The updated forecast from the frozen curve and band on its grid, its final band at
+    ``level`` and the run's evals so far."""
     cfg = cfg or UpdateConfig()
     gx = np.asarray(forecast_fraction, float)
     gy = np.asarray(forecast_loss, float)
@@ -275,8 +261,6 @@ def update(forecast_fraction, forecast_loss, forecast_lo, forecast_hi, final: fl
     gx, gy = gx[order], gy[order]
     glo = np.asarray(forecast_lo, float)[order]
     ghi = np.asarray(forecast_hi, float)[order]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        gw = np.log(ghi / glo) / (2 * z_of(level))
     ex = np.asarray(eval_fraction, float)
     ey = np.asarray(eval_loss, float)
     o = np.argsort(ex, kind="stable")
@@ -290,9 +274,8 @@ def update(forecast_fraction, forecast_loss, forecast_lo, forecast_hi, final: fl
     z = z_of(level) * cfg.inflation
     m1, v1 = lv.predict(np.array([tau * tau]))
     m1, sd1 = float(m1[0]), math.sqrt(float(v1[0]))
-    ahead = gx > lv.at
+    ahead, mx, vx = curve_ahead(lv, tau, gx, glo, ghi, level, cfg)
     fx = gx[ahead]
-    mx, vx = lv.predict(np.minimum(offset_var(fx, tau, cfg, gw[ahead]), lv.v_at))
     cy = gy[ahead] * np.exp(mx)
     sdx = np.sqrt(vx)
     return Updated(at=lv.at, n_evals=lv.n, level=level, final=final * math.exp(m1),

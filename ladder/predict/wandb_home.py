@@ -2,41 +2,24 @@
 in the ladder's group, so that W&B's default panel of the watched key shows the live curve beside
 its forecast with no hand-built chart.
 
-- :func:`log_forecast` (`ladder preregister --wandb`): a run of job type ``forecast`` in the
-  ladder's group whose rows are the forecast grid at the target's steps (W&B's step = the target's
-  step): the watched key itself (e.g. ``eval_dropless/loss``) = the forecast centre, so the
-  auto-panel of that key overlays the forecast on the train runs of the group, its band beside it
-  (``eval_dropless/loss_lo``, ``_hi``: the same workspace section), and ``forecast/loss``,
-  ``forecast/lo``, ``forecast/hi`` with ``step``, ``tokens`` and ``forecast/fraction``; the prereg
-  file as an artifact whose metadata carries its sha256. Its id is a function of that sha256
-  (``ladder.wandbrun.forecast_run_id``).
-- :class:`WatchRunSink` (`ladder watch --wandb`): the watcher's own run (job type ``watch``, the
-  same group, id ``ladder.wandbrun.watch_run_id``): every judged eval (``watch/loss``,
-  ``watch/expected``, ``watch/lo``, ``watch/hi``, ``watch/residual``, ``watch/residual_rel``)
-  at the watched run's step as W&B's step, and each alert as it comes (the ``watch/alerts``
-  table, logged incrementally, and ``wandb.alert`` for warnings and worse); the verdict in its
-  summary; the updated forecast's final (``watch/updated_final``, ``_lo``, ``_hi``, issue 40) at
-  each poll's last step, labelled, beside the frozen numbers. Every row carries its ``step`` as
-  a key too and W&B's step is given explicitly, so a
-  watcher resumed offline (where W&B restarts its row counter at 0) still puts rows at the
-  watched run's steps. The eval rows come from the watcher it is attached to
-  (:meth:`WatchRunSink.attach`: a listener of every batch the watcher judges, with the
-  pre-registration view in use, so an amendment the watcher moves to is followed and a row read
-  again after a restart is not logged again).
+- :func:`log_forecast` (`ladder preregister --wandb`): a run of job type ``forecast`` whose rows
+  are the forecast grid at the target's steps: the watched key itself (its auto-panel overlays
+  the forecast on the group's train runs) = the centre, ``<key>_lo``/``_hi`` its band, and
+  ``forecast/*``; the prereg file as an artifact with its sha256. Its id is a function of that
+  sha256 (``ladder.wandbrun.forecast_run_id``).
+- :class:`WatchRunSink` (`ladder watch --wandb`): the watcher's own run (``watch_run_id``):
+  every judged eval (``watch/loss``, ``watch/expected``, ``watch/lo``, ``watch/hi``,
+  ``watch/residual``, ``watch/residual_rel``), the alerts as they come (the ``watch/alerts``
+  table and ``wandb.alert`` for warnings and worse), the updated forecast's final
+  (``watch/updated_final``, issue 40) beside the frozen numbers, the verdict in its summary.
+  Every row carries ``step`` and W&B's step is given explicitly, so a watcher resumed offline
+  (where W&B restarts its counter at 0) still logs at the watched run's steps.
 
-Both runs also log **one chart with the band** (:func:`band_chart`, key ``band``): W&B's built-in
-line-series custom chart (``wandb.plot.line_series``, preset ``wandb/lineseries/v0``) over a table
-the run logs, with the forecast centre, the band's two edges and, in the watch run, the live
-curve, against the watched run's step. Why a logged chart rather than a saved workspace view
-(``wandb-workspaces``): a view is saved through the W&B server with an API key (nothing of it can
-be made or checked offline), and a line plot of the live key in a workspace that groups runs by
-their group draws the group's aggregate, not the live run beside its forecast. A custom chart's
-data is the run's own table (its query reads each run's ``summaryTable``), so it shows the same
-four lines whatever the workspace's grouping, needs no hand work, is written into an offline run
-and travels with `wandb sync`. A band drawn as a shaded area needs a Vega spec stored on the
-server first (``wandb.plot_table`` names a saved preset), which is hand work; the built-in line
-series draws the band as its two edges. The default panels of the watched key and its ``_lo``,
-``_hi`` keys stay as before.
+Both runs also log **one chart with the band** (:func:`band_chart`, key ``band``): W&B's
+built-in ``wandb.plot.line_series`` over the run's own table, so it shows the same lines
+whatever the workspace's grouping, is written offline and travels with `wandb sync`. A saved
+workspace view needs the server and an API key, and a shaded band a Vega spec stored there
+first; the line series draws the band as its two edges.
 
 ``wandb_module`` is injectable for tests; WANDB_MODE=offline works without network.
 """
@@ -69,10 +52,6 @@ def require_wandb():
         raise InputError(f"--wandb needs the wandb package (pip install 'ladder[wandb]'): {e}",
                          field="--wandb", exit_code=69) from None
     return wandb
-
-
-def _wandb(module):
-    return module if module is not None else require_wandb()
 
 
 def _group_of(doc: dict, group: str | None) -> tuple[str | None, str]:
@@ -127,7 +106,7 @@ def log_forecast(doc: dict, path: str | Path, *, entity: str | None = None,
                  wandb_module: Any = None) -> dict:
     """Log the pre-registration ``doc`` (written at ``path``) as its own W&B run; returns where
     it went (id, entity, project, group, name, dir). The run is finished before returning."""
-    wandb = _wandb(wandb_module)
+    wandb = wandb_module if wandb_module is not None else require_wandb()
     entity, project = wandbrun.resolve(entity, project)
     sha = str(doc["sha256"])
     ladder, rung = _group_of(doc, group)
@@ -219,7 +198,7 @@ class WatchRunSink(Sink):
 
     def __init__(self, doc: dict, *, entity: str | None = None, project: str | None = None,
                  group: str | None = None, wandb_module: Any = None, dir: str | None = None):
-        self._wandb = _wandb(wandb_module)
+        self._wandb = wandb_module if wandb_module is not None else require_wandb()
         self.entity, self.project = wandbrun.resolve(entity, project)
         self.metric = str(doc.get("metric"))
         sha = str(doc["sha256"])
@@ -254,10 +233,7 @@ class WatchRunSink(Sink):
         self.worst: str | None = None
         self.not_applicable = False
         self.failed = False
-        # the updated forecast (issue 40), read after each poll from the watcher it serves
-        # (``ladder watch --wandb`` sets it): ``watch/updated_final`` (``_lo``, ``_hi``) at the
-        # poll's last step, beside ``watch/expected``, never in place of the frozen numbers
-        self.updated: Any = None
+        self.updated: Any = None  # the updated forecast, read after each poll (:meth:`attach`)
 
     def _new_table(self):
         """An INCREMENTAL table (each log adds the rows since the last: the alerts as they
@@ -271,11 +247,9 @@ class WatchRunSink(Sink):
         return None
 
     def attach(self, watcher) -> None:
-        """Log what ``watcher`` (ladder.predict.live.Watcher) judges: the evals of every batch it
-        judges, as one of its listeners, and the updated forecast after each poll. A listener
-        sees the rows after the watcher dropped those it judged already, so a restarted watcher
-        whose source starts over (a lineage given a new run id, an offline log read again)
-        logs each row once."""
+        """Log what ``watcher`` (ladder.predict.live.Watcher) judges, as one of its listeners
+        (which see the rows after it dropped those judged already: each row is logged once),
+        and the updated forecast after each poll."""
         from ladder.predict.watch.rules.heading import updated_forecast
         watcher.listeners.append(self.on_batch)
         self.updated = lambda: updated_forecast(watcher.view, watcher.state.get("heading"))

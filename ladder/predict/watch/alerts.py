@@ -7,14 +7,15 @@ import math
 from dataclasses import dataclass, field
 
 SEVERITIES = ("info", "warn", "critical")
-
-
 SEVERITY_RANK = {"info": 0, "warn": 1, "critical": 2}
+# an alert's fields (shared/DESIGN.md section 3, alerts.jsonl), in the order they are written
+FIELDS = ("time", "step", "tokens", "fraction", "kind", "severity", "value", "expected", "lo",
+          "hi", "direction", "message")
 
 
 @dataclass(frozen=True)
 class Alert:
-    """One alert (shared/DESIGN.md section 3, alerts.jsonl)."""
+    """One alert; ``extra`` holds the fields a rule adds (written after :data:`FIELDS`)."""
 
     time: str
     step: int | None
@@ -35,9 +36,7 @@ class Alert:
             raise ValueError(f"severity: must be one of {SEVERITIES}, got {self.severity!r}")
 
     def to_dict(self) -> dict:
-        d = {k: getattr(self, k) for k in ("time", "step", "tokens", "fraction", "kind",
-                                           "severity", "value", "expected", "lo", "hi",
-                                           "direction", "message")}
+        d = {k: getattr(self, k) for k in FIELDS}
         d.update(self.extra)
         return d
 
@@ -59,10 +58,6 @@ def exit_code_for(worst: str | None, not_applicable: bool) -> int:
 class CheckResult:
     alerts: list[Alert]
     state: dict
-
-    @property
-    def worst(self) -> str | None:
-        return self.state.get("worst")
 
     @property
     def exit_code(self) -> int:

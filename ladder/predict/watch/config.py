@@ -1,12 +1,8 @@
 """The decision rule's thresholds, derived from the rules (``predict.watch.rules.RULES``): each
-rule's ``Config`` is its slice; :class:`LossRules`, :class:`HealthRules` and :class:`RunRules` are
-the union of the slices of the rules of one family, and :class:`WatchConfig` all three in one
-frozen object with flat fields, which is what a pre-registration's ``decision_rule.parameters``
-stores (one flat dict). ``.loss``, ``.health`` and ``.run`` give one family alone,
-``slice_of(Config)`` one rule's slice (what its judge and its words read).
-
-Nothing here is written per rule: a field shared by several rules is declared once, in a
-dataclass their slices inherit (``rules.loss.Persistence``); one declared twice must agree.
+rule's ``Config`` is its slice; :class:`LossRules`, :class:`HealthRules` and :class:`RunRules`
+the union of one family's slices; :class:`WatchConfig` all in one frozen object with flat fields,
+as a pre-registration's ``decision_rule.parameters`` stores them. A field shared by several
+rules is declared once, in a dataclass their slices inherit (``rules.loss.Persistence``).
 """
 
 from __future__ import annotations
@@ -23,9 +19,8 @@ from ladder.predict.watch.rules.base import check_thresholds
 # drop_crit_factor)
 RETIRED_PARAMETERS = frozenset({"entropy_drop", "drop_warn_ratio", "drop_crit_ratio"})
 
-# The order of the parameters as pre-registrations listed them before the rules were classes: a
-# pre-registration is written as its dict is ordered (ladder.predict.prereg.write_once), so the same
-# rule keeps the same bytes. A field not listed (a new rule's) follows, in registry order.
+# The parameters' order in a written pre-registration (its dict's order): the same rule keeps
+# the same bytes. A field not listed (a new rule's) follows, in registry order.
 WRITTEN_ORDER = (
     # loss
     "alert_level", "ema_alpha", "k_consecutive", "k_critical", "far_factor", "k_far", "k_clear",
@@ -52,8 +47,8 @@ def _slices(family: str | None) -> list[type]:
 
 
 def _fields(slices: list[type]) -> list[dataclasses.Field]:
-    """The fields of ``slices``, each once (in :data:`WRITTEN_ORDER`, then as they come); a field
-    declared twice with another default or check is an error of the rules, raised at import."""
+    """The fields of ``slices``, each once, in :data:`WRITTEN_ORDER`; one declared twice with
+    another default or check is an error of the rules, raised at import."""
     seen: dict[str, dataclasses.Field] = {}
     for s in slices:
         for f in dataclasses.fields(s):
@@ -84,10 +79,8 @@ def _derive(name: str, family: str | None, doc: str, bases: tuple = ()) -> type:
         namespace={"__post_init__": __post_init__, "__doc__": doc, "__module__": __name__})
 
 
-LossRules = _derive("LossRules", "loss", "The loss rules' thresholds (rules 1, 1b, 1c and 4: "
-                    "``ladder.predict.watch.rules.loss``).")
-HealthRules = _derive("HealthRules", "health", "The health rules' thresholds (rules 2 and 3: "
-                      "``ladder.predict.watch.rules.health``).")
+LossRules = _derive("LossRules", "loss", "The loss rules' thresholds (``rules.loss``).")
+HealthRules = _derive("HealthRules", "health", "The health rules' thresholds (``rules.health``).")
 RunRules = _derive("RunRules", "run", "How rows are placed on the forecast; the run-level "
                    "rules (``ladder.predict.watch.rules.run``).")
 
@@ -96,7 +89,7 @@ class _Flat:
     """What :class:`WatchConfig` adds to its fields."""
 
     def slice_of(self, cls: type):
-        """The slice ``cls`` (a rule's ``Config`` or a family) of these thresholds (built once)."""
+        """The slice ``cls`` (a rule's ``Config`` or a family) of these thresholds, built once."""
         parts = self._parts
         got = parts.get(cls)
         if got is None:

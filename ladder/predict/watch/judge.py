@@ -1,7 +1,5 @@
-"""The judging loop: ``check(prereg, points, state) -> CheckResult(alerts, state)``, pure (no
-file, clock or network access: the caller passes ``now``); it runs the rules of ``RULES`` in
-order, each with its own slice of the thresholds and its own typed state.
-"""
+"""The judging loop, :func:`check`: the rules of ``RULES`` in order, each with its own slice of
+the thresholds and its own typed state."""
 
 from __future__ import annotations
 
@@ -23,13 +21,10 @@ from ladder.predict.watch.view import PreregView
 
 def check(prereg: Mapping | PreregView, points: Batch | Iterable[Mapping], state: dict | None,
           *, now: float | None = None) -> CheckResult:
-    """Judge new ``points`` against ``prereg``; returns the new alerts and the new state.
-
-    Pure: ``state`` is not modified (a new one is returned), ``now`` (epoch seconds) is only used
-    for alert times and the stalled rule. Passing the same points again after a restart with the
-    returned state raises no alert twice: alerts fire on state changes only
-    (``ladder.predict.watch.state``).
-    """
+    """Judge new ``points`` against ``prereg``: the new alerts and the new state. Pure:
+    ``state`` is not modified, ``now`` (epoch seconds) is only used for alert times and the
+    stalled rule. Alerts fire on state changes only, so the same points judged again with the
+    returned state raise nothing twice."""
     from ladder.predict.watch import multi
     if isinstance(prereg, multi.MultiView) or multi.is_multi(prereg):
         mv = prereg if isinstance(prereg, multi.MultiView) else multi.MultiView.of(prereg)
@@ -66,7 +61,7 @@ def check(prereg: Mapping | PreregView, points: Batch | Iterable[Mapping], state
 
     # rewinds: a resumed run re-logs steps; rows are judged in arrival order, last one wins
     rules[InputRule].rewind(ctx)
-    ctx.frac = _fractions(view, batch)
+    ctx.frac = row_fractions(view, batch)
     ctx.tokens = batch.col("tokens")
 
     eval_rules = [r for r in RULES if r.scope == "eval"]
@@ -114,20 +109,8 @@ def _judge_evals(ctx: Context, rules: list, source: InputRule, band: BandRule) -
             judge(ctx, c, st, ev)
 
 
-def stalled_check(prereg, state: dict, *, now: float) -> CheckResult:
-    """The stalled rule alone (called by the follower between polls that brought nothing)."""
-    from ladder.predict.watch import multi
-    view = prereg if isinstance(prereg, (PreregView, multi.MultiView)) else \
-        (multi.MultiView.of(prereg) if multi.is_multi(prereg) else PreregView.of(prereg))
-    return check(view, Batch.empty(), state, now=now)
-
-
 def row_fractions(view: PreregView, b: Batch) -> np.ndarray:
     """Where each row of ``b`` falls in the registered run (0..1), by the ``align`` rule."""
-    return _fractions(view, b)
-
-
-def _fractions(view: PreregView, b: Batch) -> np.ndarray:
     align = view.config.align
     tok = b.col("tokens")
     prog = b.col("progress")
@@ -138,5 +121,4 @@ def _fractions(view: PreregView, b: Batch) -> np.ndarray:
         return by_step
     if align == "fraction":
         return prog
-    out = np.where(np.isfinite(tok), tok / view.tokens, by_step)
-    return out
+    return np.where(np.isfinite(tok), tok / view.tokens, by_step)

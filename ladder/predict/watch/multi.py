@@ -1,21 +1,16 @@
 """Several metrics watched together (issue 23): a multi-metric pre-registration (``prereg/3``)
-holds one forecast per metric key under ``forecasts`` and one decision rule; the watcher judges
-each metric with its own state (hysteresis per metric) and names the metric in every alert.
+holds one forecast per metric key under ``forecasts`` and one decision rule; each metric is
+judged with its own state (hysteresis per metric) and named in its alerts.
 
-The multiple-comparison rule. A healthy run is a family of m metrics; the aim is that the
-family raises a false alarm no more often than one metric does under the single-metric rule
-(family-wise rate = the single-metric rate, ``alert_level`` 0.99). The loss rules' thresholds
-are Gaussian quantiles, so each is moved to the Sidak level of the family: the alert band's
-tail ``p = 1 - alert_level`` becomes ``p_m = 1 - (1 - p)^(1/m)`` per metric (exact for
-independent metrics, conservative for correlated ones: per-domain losses of one run share its
-seed, data order and optimizer trouble), and the noise multiples of the trend and rising rules
-(``trend_noise_k``, ``rise_noise_k``) are scaled by the same ratio of normal quantiles
-z(1 - p_m/2) / z(1 - p/2). bench/watch_quality.py ``--family`` measures the family-wise rate on
-healthy synthetic runs for 1 and 16 metrics and the detection of one drifting metric among 16.
-
-The health rules (grad norm, drops, router, spikes, non-finite train loss) read the run, not a
-metric: they are judged once, with the first metric's state; the other metrics see only their
-own column (and the alignment keys).
+The multiple-comparison rule: a healthy run's family of m metrics should raise a false alarm no
+more often than one metric does under the single-metric rule. The loss rules' thresholds are
+Gaussian quantiles, so each moves to the family's Sidak level: the alert band's tail ``p = 1 -
+alert_level`` becomes ``p_m = 1 - (1 - p)^(1/m)`` per metric (exact for independent metrics,
+conservative for correlated ones: per-domain losses of one run share its seed, data order and
+optimizer trouble), and ``trend_noise_k``, ``rise_noise_k`` scale by z(1 - p_m/2) / z(1 - p/2).
+bench/watch_quality.py ``--family`` measures the family-wise rate and the detection of one
+drifting metric among 16. The health rules read the run, not a metric: they are judged once,
+with the first metric's state; the others see only their own column (and the alignment keys).
 """
 
 from __future__ import annotations
@@ -43,19 +38,15 @@ PER_METRIC = ("law", "law_sha256", "forecast", "final", "eval_noise", "extrapola
 ALIGN = ("step", "tokens", "progress", "time")
 
 
-def _ndtri(p: float) -> float:
-    from scipy.special import ndtri
-    return float(ndtri(p))
-
-
 def family_config(cfg: WatchConfig, m: int) -> tuple[WatchConfig, dict]:
-    """``cfg`` with its loss thresholds moved to the Sidak level of a family of ``m`` metrics,
-    and the record of it (stored in the pre-registration's ``decision_rule.family``)."""
+    """``cfg`` at the Sidak level of a family of ``m`` metrics, and the record of it
+    (``decision_rule.family``)."""
+    from scipy.special import ndtri
     if m < 1:
         raise ValueError("m: must be >= 1")
     p = 1.0 - cfg.alert_level
     p_m = -math.expm1(math.log1p(-p) / m)   # 1 - (1 - p)^(1/m), without cancellation
-    z1, zm = _ndtri(1 - p / 2), _ndtri(1 - p_m / 2)
+    z1, zm = float(ndtri(1 - p / 2)), float(ndtri(1 - p_m / 2))
     scale = zm / z1
     out = dataclasses.replace(cfg, alert_level=1.0 - p_m,
                               trend_noise_k=round(cfg.trend_noise_k * scale, 4),
@@ -72,8 +63,7 @@ def is_multi(doc) -> bool:
 
 
 def metric_doc(doc: Mapping, key: str) -> dict:
-    """The single-metric pre-registration of ``key`` inside a multi-metric one (what the
-    single-metric views, pictures and rules read)."""
+    """The single-metric pre-registration of ``key`` inside a multi-metric one."""
     fc = doc["forecasts"][key]
     out = {k: doc.get(k) for k in SHARED if k in doc}
     out.update({k: fc.get(k) for k in PER_METRIC if k in fc})
@@ -128,8 +118,8 @@ def new_multi_state(keys) -> dict:
 
 
 def check_multi_state(st, keys, where: str = "state") -> dict:
-    """A multi-metric watcher state, each metric's part checked as a single one
-    (:func:`check_state`); a ValueError naming the first bad field."""
+    """A multi-metric watcher state, each metric's part checked as a single one; a ValueError
+    naming the first bad field."""
     if not isinstance(st, dict) or st.get("schema") != STATE_SCHEMA:
         got = st.get("schema") if isinstance(st, dict) else None
         raise ValueError(f"{where}.schema: unknown schema {str(got)[:40]!r} (this tool reads "
@@ -160,12 +150,9 @@ def _named(a: Alert, key: str) -> Alert:
 
 def check_multi(mv: MultiView, batch: Batch, state: dict | None, *, now: float,
                 single) -> CheckResult:
-    """Judge ``batch`` for every metric of ``mv``; the same contract as
-    :func:`predict.watch.check` (pure, alerts on state changes only). The first metric's check
-    also runs the run-level rules (health, applicability, stalled); the others see their own
-    column only. Each alert about a metric carries ``metric`` and its message starts with it.
-    ``single``: the single-metric check (``ladder.predict.watch.judge.check``, which calls this one:
-    passed in, so that the two modules do not import each other)."""
+    """Judge ``batch`` for every metric of ``mv``, as :func:`predict.watch.check` (which calls
+    this one and passes itself as ``single``, so the two modules do not import each other).
+    Each alert about a metric carries ``metric`` and its message starts with it."""
     keys = mv.metrics
     # a copy of the top level only: each metric's state is copied by its single check
     st = dict(state) if state and state.get("schema") == STATE_SCHEMA else new_multi_state(keys)
@@ -194,8 +181,7 @@ def check_multi(mv: MultiView, batch: Batch, state: dict | None, *, now: float,
 
 
 def metric_summary(mv: MultiView, state: dict, alerts=()) -> list[dict]:
-    """One row per metric for the verdict: worst severity, evals judged, last residual,
-    alerts raised; ``absent`` when the source never held the key."""
+    """One row per metric for the verdict; ``absent`` when the source never held the key."""
     from ladder.predict.watch.alerts import exit_code_for
     rows = []
     for k in mv.metrics:
@@ -219,8 +205,8 @@ _METRIC_KINDS = frozenset({"above_band", "below_band", "trend", "rising", "conti
 
 
 def residual_order(mv: MultiView, state: dict) -> list[str]:
-    """The metric keys, largest |smoothed residual| relative to the forecast first (what the
-    report's small multiples are sorted by); metrics never seen last."""
+    """The metric keys, largest |smoothed residual| relative to the forecast first (the report's
+    small multiples); metrics never seen last."""
     def key(k):
         s = (state.get("metrics") or {}).get(k) or {}
         ema = (s.get("band") or {}).get("ema")

@@ -1,12 +1,7 @@
-"""The watcher state, derived from the rules: the fields the judge itself keeps (where the run
-is, what was judged, the worst severity, whether the forecast still applies) and one section per
-rule that keeps a state (``RULES``: its ``State`` under its ``key``).
-
-``check`` reads a state (:meth:`WatchState.read`), judges with the rules' typed states and
-writes it back (:meth:`WatchState.to_json`): the state passed in and out of ``check`` and kept
-in the state file is JSON (``watch-state/2``, :data:`SCHEMA`; ``watch-state/1``, which no
-released version wrote, is refused by name). A bad field is a ValueError naming it
-(``state.band.run_len: expected an integer >= 0, got '-1'``).
+"""The watcher state, derived from the rules: the judge's own fields and one section per rule
+that keeps a state (its ``State`` under its ``key``). ``check`` takes and returns it as JSON
+(``watch-state/2``, :data:`SCHEMA`; ``watch-state/1``, which no release wrote, is refused by
+name); a bad field is a ValueError naming it (``state.band.run_len: expected ...``).
 """
 
 from __future__ import annotations
@@ -49,9 +44,7 @@ class WatchState(RuleState):
     @classmethod
     def read(cls, d, where: str = "state") -> WatchState:
         """A ``watch-state/2`` state, its schema checked first."""
-        if not isinstance(d, dict):
-            raise ValueError(f"{where}: expected an object, got {type(d).__name__}")
-        if d.get("schema") != SCHEMA:
+        if isinstance(d, dict) and d.get("schema") != SCHEMA:
             raise ValueError(f"{where}.schema: expected {SCHEMA!r}, got "
                              f"{str(d.get('schema'))[:40]!r}")
         return cls.from_json(d, where)

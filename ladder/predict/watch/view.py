@@ -71,8 +71,6 @@ class PreregView:
         lo = np.interp(frac, self.fraction, self.lo, left=np.nan, right=np.nan)
         hi = np.interp(frac, self.fraction, self.hi, left=np.nan, right=np.nan)
         if alert and self.config.alert_level != self.level:
-            # the normal quantile of ladder.predict.band (scipy.special.ndtri, not scipy.stats: that
-            # import costs 0.6-1.1 s, a fifth of `ladder watch` on a 1M-line file)
             from ladder.predict.band import z_of
             k = z_of(self.config.alert_level) / z_of(self.level)
             lo, hi = e - (e - lo) * k, e + (hi - e) * k
@@ -92,8 +90,8 @@ class PreregView:
         return np.interp(frac, x[ok], y[ok], left=np.nan, right=np.nan)
 
     def envelope(self, key: str, frac: np.ndarray) -> Envelope | None:
-        """The ladder's min and max of ``key`` across rungs at ``frac`` and the leave-one-rung-out
-        tolerance (log units) stored with them; None without a reference for ``key``."""
+        """The ladder's min and max of ``key`` across rungs at ``frac`` and their tolerance (log
+        units, within the configured floor and cap); None without a reference for ``key``."""
         sig = (self.health.get("signals") or {}).get(key)
         lo = self._curve(sig, "min", frac)
         hi = self._curve(sig, "max", frac)
@@ -104,7 +102,7 @@ class PreregView:
         tol = sig.get("tolerance") or {}
         fallback = self.config.envelope_tol
 
-        def t(side):  # the measured tolerance within the configured floor and cap
+        def t(side):
             v = as_float(tol.get(side))
             if v is None or not math.isfinite(v):
                 return fallback
@@ -123,8 +121,7 @@ class PreregView:
         ok = np.isfinite(x) & np.isfinite(y)
         if ok.sum() < 2:
             return None
-        # the bins cover [0, 1]: their outer halves take the edge values (the last 0.5% of the
-        # run would otherwise go unjudged)
+        # the bins' outer halves take the edge values (else the last 0.5% goes unjudged)
         out = np.interp(frac, x[ok], y[ok])
         return np.where((frac >= -1e-9) & (frac <= 1 + 1e-9), out, np.nan)
 

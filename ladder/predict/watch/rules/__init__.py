@@ -1,30 +1,23 @@
-"""The registry: the rules in the order they judge (and list their alerts). Each is one class
-(the :class:`Rule` protocol, ``rules.base``) that owns its thresholds, its typed state, its words,
-the keys it reads, its alert kinds and its judge. Everything else is derived from ``RULES``:
-``WatchConfig`` (``predict.watch.config``: the union of the rules' thresholds), the state file
-(``predict.watch.state``: one section per rule), the watcher's key filter (:func:`watched_keys`),
-the pre-registration's ``decision_rule.words`` (:func:`decision_rule_words`) and the report's
-alert kinds (:func:`alert_kinds`, :func:`health_alert_kinds`).
+"""The registry: the rules in the order they judge (and list their alerts). ``WatchConfig``
+(``predict.watch.config``), the state file (``predict.watch.state``), the watcher's key filter
+(:func:`watched_keys`), ``decision_rule.words`` (:func:`decision_rule_words`) and the report's
+alert kinds (:func:`alert_kinds`, :func:`health_alert_kinds`) are derived from ``RULES``.
 
 A new rule, step by step:
 
-1. write its class in the module of its family (``rules.loss``, ``rules.health``, ``rules.run``)
-   or a module of its own under ``rules/``: ``name``, ``scope`` ("batch": it sees the whole
-   batch; "eval": one eval at a time, with the residual the loss rules share), ``family`` (the
-   part of ``WatchConfig`` its thresholds join), ``kinds``, ``description``, ``panel``;
-   ``Config``, a frozen dataclass of ``Thresholds`` (each field a ``threshold(default,
-   check)``; share a group of fields with other rules by inheriting its dataclass, e.g.
-   ``HealthPersistence``); ``State``, a dataclass of ``RuleState`` (each field ``kept(kind,
-   default)``; raise and clear with a ``Hysteresis`` field or by inheriting it); ``keys``,
-   ``judge`` and ``text`` (its words);
+1. write its class (the :class:`Rule` protocol, ``rules.base``) in the module of its family or
+   one of its own under ``rules/``: ``name``, ``scope``, ``family``, ``kinds``,
+   ``description``, ``panel``; ``Config``, a frozen dataclass of ``Thresholds`` (each field a
+   ``threshold(default, check)``; a group of fields shared with other rules by inheriting its
+   dataclass, e.g. ``HealthPersistence``); ``State``, a dataclass of ``RuleState`` (each field
+   ``kept(kind, default)``; raise and clear with a ``Hysteresis``); ``keys``, ``judge`` and
+   ``text`` (its words);
 2. add an instance to ``RULES`` below, where it should judge;
-3. tests: its own judge against ``check()`` and a case in tests/test_watch_rules_e2e.py (the
+3. tests: its judge against ``check()`` and a case in tests/test_watch_rules_e2e.py (the
    registry test there fails until it has one).
 
-Its thresholds then appear in ``WatchConfig`` (and a pre-registration's ``decision_rule``), its
-state in the state file, its keys in the watcher's filter and its words in the decision rule.
-A state written before it existed reads (its section takes its defaults); a pre-registration
-written before it existed reads too (its thresholds take their defaults).
+A state or pre-registration written before it existed still reads (its section and its
+thresholds take their defaults).
 """
 
 from __future__ import annotations
@@ -70,14 +63,9 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def _one_section_each() -> None:
-    """Two rules in one section of the state file would overwrite each other: a bug here."""
-    keys = [r.key for r in RULES if r.State is not None]
-    if len(set(keys)) != len(keys):
-        raise AssertionError(f"rules share a state section: {sorted(keys)}")
-
-
-_one_section_each()
+_keys = [r.key for r in RULES if r.State is not None]
+if len(set(_keys)) != len(_keys):  # two rules in one section would overwrite each other
+    raise AssertionError(f"rules share a state section: {sorted(_keys)}")
 
 
 # keys every rule needs to place a row on the forecast (DESIGN.md section 3: metrics.jsonl)
@@ -95,12 +83,11 @@ def watched_keys(metric: str | Sequence[str], config=None) -> tuple[KeyFilter, l
     """The key filter of a source (which keys the rules read) and its fixed keys, sorted;
     ``metric`` one key, or the keys of a multi-metric watch (the union of what each reads);
     ``config`` a ``WatchConfig`` (None: the defaults)."""
-    cfg = config  # None: each rule's defaults
     fixed = set(ALIGN_KEYS)
     prefixes: list[str] = []
     for r in RULES:
         for m in ([metric] if isinstance(metric, str) else metric):
-            fixed.update(r.reads(m, cfg))
+            fixed.update(r.reads(m, config))
         prefixes += [p for p in r.prefixes if p not in prefixes]
     return KeyFilter(frozenset(fixed), tuple(prefixes)), sorted(fixed)
 
@@ -115,12 +102,11 @@ def alert_kinds(panel: str | None = None) -> frozenset[str]:
 def health_alert_kinds(config=None) -> dict[str, tuple]:
     """For each fixed key a health-panel rule reads (and the non-finite rule's keys, the
     registered metric aside), the alert kinds raised about it."""
-    cfg = config  # None: each rule's defaults
     out: dict[str, list] = {}
     for r in RULES:
         if r.panel != "health" and r.name != "nan":
             continue
-        for k in r.reads("", cfg):
+        for k in r.reads("", config):
             if not k:  # the registered metric's place: not a health key
                 continue
             out.setdefault(k, [])

@@ -1,13 +1,8 @@
 """What every watch rule is made of: the :class:`Rule` protocol, the frozen :class:`Thresholds`
-a rule's config slice derives from, the :class:`RuleState` its typed state derives from (to and
-from JSON, each field checked) and the :class:`Context` a judge is called with.
-
-A rule is one class. It names its thresholds (``Config``, a frozen dataclass of
-:class:`Thresholds` whose fields carry their own check), its state (``State``, a dataclass of
-:class:`RuleState` whose fields carry their kind in the state file), the metric keys it reads,
-its alert kinds, its slice of the decision rule in words and its judge. ``WatchConfig``
-(``ladder.predict.watch.config``) is the union of the rules' ``Config`` fields and the state file
-(``predict.watch.state``) the union of their ``State`` sections, so neither is edited by hand.
+its ``Config`` derives from (each field carries its own check), the :class:`RuleState` its
+typed ``State`` derives from (each field its kind in the state file) and the :class:`Context` a
+judge is called with. ``WatchConfig`` and the state file are the unions of the rules' ``Config``
+fields and ``State`` sections, so neither is edited by hand.
 """
 
 from __future__ import annotations
@@ -25,26 +20,21 @@ if TYPE_CHECKING:  # annotations only
     from ladder.sources.batch import Batch
 
 
-def positive_int(v) -> str | None:
-    return None if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else \
-        "a positive integer"
+def _check(ok: Callable[[Any], bool], want: str) -> Callable[[Any], str | None]:
+    """A threshold's check: None when ``ok(v)``, else what the value must be."""
+    return lambda v: None if ok(v) else want
 
 
-def positive(v) -> str | None:
-    return None if isinstance(v, (int, float)) and v > 0 and math.isfinite(v) else \
-        "a positive number"
+def _num(v) -> bool:
+    return isinstance(v, (int, float))
 
 
-def unit(v) -> str | None:
-    return None if isinstance(v, (int, float)) and 0.0 <= v <= 1.0 else "in [0, 1]"
-
-
-def open_unit(v) -> str | None:
-    return None if isinstance(v, (int, float)) and 0.0 < v < 1.0 else "in (0, 1)"
-
-
-def alpha(v) -> str | None:
-    return None if isinstance(v, (int, float)) and 0.0 < v <= 1.0 else "in (0, 1]"
+positive_int = _check(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+                      "a positive integer")
+positive = _check(lambda v: _num(v) and v > 0 and math.isfinite(v), "a positive number")
+unit = _check(lambda v: _num(v) and 0.0 <= v <= 1.0, "in [0, 1]")
+open_unit = _check(lambda v: _num(v) and 0.0 < v < 1.0, "in (0, 1)")
+alpha = _check(lambda v: _num(v) and 0.0 < v <= 1.0, "in (0, 1]")
 
 
 def one_of(*values):
@@ -89,12 +79,9 @@ def check_thresholds(obj) -> None:
 
 
 # The kinds of a state field (issue 26: a state file is ours, but it is a file, edited or damaged
-# or from another version, and its fields feed the rules): "count" an int >= 0, "step?" an int in
-# [0, 2**53] or null, "num?" a finite number or null, "bool", "str?", ("enum?", values),
-# ("int", lo, hi), "label?" (a hysteresis run's label: null, a string, or 1 or 2), "strs" a list
-# of strings, "nums" a list of finite numbers, "pairs" a list of [fraction, value] pairs,
-# ("map", kind) an object of string keys to that kind, and a RuleState class (an object of its
-# fields).
+# or from another version, and its fields feed the rules): those of _KINDS below, ("enum?",
+# values), ("int", lo, hi) or ("int?", lo, hi), ("map", kind) an object of string keys to that
+# kind, and a RuleState class (an object of its fields).
 MAX_COUNT = 2 ** 53
 
 
@@ -147,6 +134,29 @@ def _finite(x) -> bool:
         return False
 
 
+def _int(v, lo: int = 0, hi: int = MAX_COUNT) -> bool:
+    return not isinstance(v, bool) and isinstance(v, int) and lo <= v <= hi
+
+
+# kind: (whether a value is one, what it must be)
+_KINDS = {
+    "count": (_int, "an integer >= 0"),
+    "step?": (lambda v: v is None or _int(v), "a step (an integer >= 0) or null"),
+    "num?": (lambda v: v is None or _finite(v), "a finite number or null"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "str?": (lambda v: v is None or isinstance(v, str), "a string or null"),
+    "label?": (lambda v: v is None or isinstance(v, str) or _int(v, 1, 2),  # a hysteresis run's
+               "a run's label (a string, 1, 2 or null)"),
+    "strs": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+             "a list of strings"),
+    "nums": (lambda v: isinstance(v, list) and all(_finite(x) for x in v),
+             "a list of finite numbers"),
+    "pairs": (lambda v: isinstance(v, list) and all(isinstance(x, list) and len(x) == 2 and
+                                                    all(_finite(y) for y in x) for x in v),
+              "a list of [fraction, value] pairs of finite numbers"),
+}
+
+
 def read_field(v, spec, where: str):
     """``v`` as a state field of kind ``spec`` (a fresh copy of lists and objects: the reader
     never shares the caller's), or a ValueError "where: expected ..., got ..."."""
@@ -165,56 +175,24 @@ def read_field(v, spec, where: str):
         return v
     if isinstance(spec, tuple):  # ("int", lo, hi) or ("int?", lo, hi)
         kind, lo, hi = spec
-        if v is None and kind == "int?":
-            return v
-        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        if not (v is None and kind == "int?" or _int(v, lo, hi)):
             bad(f"an integer in [{lo}, {hi}]")
         return v
-    if spec == "count":
-        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_COUNT:
-            bad("an integer >= 0")
-    elif spec == "step?":
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or
-                              not 0 <= v <= MAX_COUNT):
-            bad("a step (an integer >= 0) or null")
-    elif spec == "num?":
-        if v is not None and not _finite(v):
-            bad("a finite number or null")
-    elif spec == "bool":
-        if not isinstance(v, bool):
-            bad("true or false")
-    elif spec == "str?":
-        if v is not None and not isinstance(v, str):
-            bad("a string or null")
-    elif spec == "label?":
-        if v is not None and not isinstance(v, str) and \
-                (isinstance(v, bool) or not isinstance(v, int) or v not in (1, 2)):
-            bad("a run's label (a string, 1, 2 or null)")
-    elif spec == "strs":
-        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-            bad("a list of strings")
-        return list(v)
-    elif spec == "nums":
-        if not isinstance(v, list) or not all(_finite(x) for x in v):
-            bad("a list of finite numbers")
-        return list(v)
-    elif spec == "pairs":
-        if not isinstance(v, list) or not all(isinstance(x, list) and len(x) == 2 and
-                                              all(_finite(y) for y in x) for x in v):
-            bad("a list of [fraction, value] pairs of finite numbers")
-        return [list(x) for x in v]
-    else:  # a spec this function does not know: a bug here, not in the file
+    if spec not in _KINDS:  # a bug here, not in the file
         raise AssertionError(f"unknown state spec {spec!r} at {where}")
-    return v
+    ok, want = _KINDS[spec]
+    if not ok(v):
+        bad(want)
+    if spec == "pairs":
+        return [list(x) for x in v]
+    return list(v) if spec in ("strs", "nums") else v
 
 
 @dataclass
 class Context:
-    """What a judge sees of one call of ``check``: the pre-registration's view, the batch, each
-    row's fraction of the run and tokens, the alerts' time stamp, ``emit`` (records an alert and
-    the worst severity) and the watcher state (its shared fields; a rule's own state is
-    ``state.of(rule)``). The view and the state are not imported here: both modules derive from
-    the rules (the view holds the ``WatchConfig``, the state their sections)."""
+    """What a judge sees of one call of ``check``: ``emit`` records an alert and the worst
+    severity; ``state`` is the watcher state (a rule's own is ``state.of(rule)``). The view and
+    the state are not imported here: both modules derive from the rules."""
 
     view: Any            # ladder.predict.watch.view.PreregView
     batch: Batch
@@ -228,16 +206,14 @@ class Context:
 class Rule:
     """One rule of the decision rule (the protocol every rule class follows).
 
-    Class attributes: ``name``; ``scope``, how ``check`` calls it: "batch" rules see the whole
-    batch (:meth:`judge` ``(ctx, cfg, st)``), "eval" rules one eval at a time (``(ctx, cfg, st,
-    ev)``: the loss rules, which share the residual's EMA), "run" rules are called by ``check``
-    at their own points (applicability first, the input's remarks, stalled); ``family``, the part
-    of ``WatchConfig`` its thresholds join ("loss", "health", "run"); ``kinds``, the alert kinds
-    it raises; ``description``; ``panel``, where the report draws its alerts ("watch": the loss
-    plot, "health": the health panels of the keys it reads, None: listed only); the keys it reads
-    (:meth:`keys`): the registered metric when ``reads_metric``, the ``fixed_keys``, and every key
-    starting with one of ``prefixes``; ``Config``, its thresholds; ``State``, its typed state
-    (None: it keeps none), kept in the state file under ``key`` (default its name).
+    ``scope``, how ``check`` calls it: "batch" rules see the whole batch (:meth:`judge` ``(ctx,
+    cfg, st)``), "eval" rules one eval at a time (``(ctx, cfg, st, ev)``: the loss rules, which
+    share the residual's EMA), "run" rules at their own points (applicability first, the input's
+    remarks, stalled); ``family``, the part of ``WatchConfig`` its thresholds join; ``panel``,
+    where the report draws its alerts ("watch": the loss plot, "health": the panels of the keys
+    it reads, None: listed only); it reads the registered metric when ``reads_metric``, the
+    ``fixed_keys`` and every key starting with one of ``prefixes``; ``State`` (None: it keeps
+    none) is kept in the state file under ``key`` (default its name).
     """
 
     name: ClassVar[str]
@@ -255,7 +231,7 @@ class Rule:
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
-        if "name" not in cls.__dict__:  # an abstract helper class (shared by a few rules)
+        if "name" not in cls.__dict__:  # a helper class shared by a few rules
             return
         if cls.scope not in ("run", "batch", "eval"):
             raise ValueError(f"scope: must be run, batch or eval, got {cls.scope!r}")

@@ -2,18 +2,16 @@
 on the run's evals so far, and its band no longer overlap the frozen band ahead of the run: the
 run is heading outside its contract.
 
-What is compared (``heading_ahead``): the updated final with the frozen final band ("final", the
-default), or the updated curve ahead, every point of the frozen grid after the last eval and the
-final, with the frozen curve's band there ("curve", opt-in). The end-anchored forecast knows
-early on that a departure of the curve may fade by the end, so its final band stays wide for
-much of the run: the final alone warned 9-86 evals after the band rule on 33 of 45 synthetic
-faults, where the curve ahead sees the departure where it is. But the issue's protocol asks for
-silence on every healthy public curve first, and only "final" keeps it (0 of 127; "curve" warns
-on 1 or 2); on the cpu ladder's real injected faults every variant warns no later than the band
-rule (12 of 12). So "final" stays the default, and a team that prefers the earlier warning on
-slow faults opts in with its false-warning rate known (docs/live_forecast.md, docs/LOG.md).
-A gap that is closing (``heading_closing`` "hold", with "curve") is a run coming back toward its
-band: it neither raises (its count restarts) nor clears a raised warning.
+``heading_ahead`` compares the updated final with the frozen final band ("final", the default),
+or the updated curve ahead (every frozen grid point after the last eval, and the final) with
+the frozen band there ("curve", opt-in). The end-anchored forecast knows that an early departure
+may fade by the end, so its final band stays wide for much of the run: the final alone warned
+9-86 evals after the band rule on 33 of 45 synthetic faults, where the curve sees the departure
+where it is. But the issue's protocol asks for silence on every healthy public curve first, and
+only "final" keeps it (0 of 127; "curve" warns on 1 or 2); on the cpu ladder's injected faults
+every variant warns no later than the band rule (12 of 12). A team that prefers the earlier
+warning opts in with its false-warning rate known (bench/live_forecast.py,
+docs/live_forecast.md). A closing gap (``heading_closing`` "hold") neither raises nor clears.
 """
 
 from __future__ import annotations
@@ -24,7 +22,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from ladder.predict.band import z_of
-from ladder.predict.updated import FilterState, UpdateConfig, final_band, offset_var, prior_sd
+from ladder.predict.updated import (
+    FilterState,
+    UpdateConfig,
+    curve_ahead,
+    final_band,
+    offset_var,
+    prior_sd,
+    usable,
+)
 from ladder.predict.watch.alerts import Alert
 from ladder.predict.watch.rules.base import Context, kept, one_of, positive_int, threshold
 from ladder.predict.watch.rules.hysteresis import Hysteresis
@@ -37,25 +43,18 @@ class HeadingConfig(Smoothing, Persistence):
     clear); the updated forecast's own dials are ladder.predict.updated's (chosen on the public
     curves, not registered per run)."""
 
-    heading_k: int = threshold(2, positive_int)  # evals apart before a warning: one fewer
-    #   than the band rule's 3, the updated forecast being already a filter of the evals
-    #   (bench/live_forecast.py early_warning_table, docs/live_forecast.md: against the alert
-    #   band, k = 2 and 3 warn on no healthy public curve whose final stayed inside it, of 127;
-    #   k = 2 is no later than the band rule on 12 of 45 synthetic faults, k = 3 on 3, missing 2)
+    # the choices are bench/live_forecast.py's early_warning_table (docs/live_forecast.md): 45
+    # synthetic faults, 127 healthy public curves
+    heading_k: int = threshold(2, positive_int)  # evals apart before a warning: one fewer than
+    #   the band rule's, the updated forecast being a filter already (k = 2 and 3: no false
+    #   warning of 127; k = 2 no later than the band rule on 12 of 45 faults, k = 3 on 3)
     heading_against: str = threshold("alert", one_of("alert", "registered"))  # the frozen
-    #   final band compared with: widened to the alert level as the band rule's (a healthy run
-    #   ends outside the registered 90% band 1 time in 10), or as registered (the same table:
-    #   2 false warnings of 127 public curves at k = 2, no later than the band on 14 of 45)
-    heading_ahead: str = threshold("final", one_of("final", "curve"))  # what of the updated
-    #   forecast is compared (the module doc). The table (bench/live_forecast.py, 45 synthetic
-    #   faults, 127 public curves, the cpu ladder's injected faults): "final" no later than the
-    #   band rule on 12 of 45 synthetic faults and silent on all 127 healthy public curves,
-    #   "curve" on 27, but "curve" warned on 2 healthy public curves (a warmup transient closing
-    #   fast, and a curve ending 92% of the way to its alert edge; the band rule went critical
-    #   on both); on the cpu ladder's faults both are no later than the band rule on 12 of 12
+    #   final band widened to the alert level as the band rule's (a healthy run ends outside
+    #   the registered 90% band 1 time in 10), or as registered (2 false warnings of 127)
+    heading_ahead: str = threshold("final", one_of("final", "curve"))  # the module doc
     heading_closing: str = threshold("count", one_of("count", "hold"))  # a closing gap: "hold"
-    #   (neither raise nor clear) or "count" as any gap. With "curve": "hold" is silent on the
-    #   warmup transient (1 false warning of 127 left), no later than the band on 21 of 45
+    #   (neither raise nor clear) or "count" as any gap (with "curve", "hold" is silent on a
+    #   closing warmup transient: 1 false warning of 127 left)
 
 @dataclass
 class HeadingState(Hysteresis):
@@ -82,21 +81,16 @@ class HeadingState(Hysteresis):
             fs.mean, fs.var, fs.v_at, fs.at, fs.n, list(fs.recent), fs.last_z, fs.jump)
 
 
+def _tau(view) -> float:
+    return prior_sd(view.final, view.final_lo, view.final_hi, view.level)
+
+
 def updated_final(view, fs: FilterState, cfg: UpdateConfig) -> tuple[float, float, float]:
     """The updated final loss and its band at the registered level, from the filter's state."""
-    tau = prior_sd(view.final, view.final_lo, view.final_hi, view.level)
+    tau = _tau(view)
     m, half = final_band(fs.level(tau), tau, view.level, cfg)
     return (view.final * math.exp(m), view.final * math.exp(m - half),
             view.final * math.exp(m + half))
-
-
-def alert_final(view) -> tuple[float, float]:
-    """The frozen final band widened to the alert level, as the band rule widens the curve's
-    (``alert_level``, say 99%): a healthy run ends outside the registered 90% band 1 time in 10,
-    and the updated forecast knows where it ends by then."""
-    k = z_of(view.config.alert_level) / z_of(view.level)
-    return (view.final - (view.final - view.final_lo) * k,
-            view.final + (view.final_hi - view.final) * k)
 
 
 def gap_ahead(view, fs: FilterState, cfg: UpdateConfig, hc: HeadingConfig
@@ -106,20 +100,18 @@ def gap_ahead(view, fs: FilterState, cfg: UpdateConfig, hc: HeadingConfig
     used, the final included ("curve"); the frozen band at the alert level when
     ``heading_against`` is "alert". The direction ("above", "below") and gap of the point
     farthest apart (a gap <= 0: they overlap everywhere; direction None)."""
-    tau = prior_sd(view.final, view.final_lo, view.final_hi, view.level)
+    tau = _tau(view)
     lv = fs.level(tau)
     if hc.heading_ahead == "curve":  # the final is the grid's last point
-        ahead = view.fraction > lv.at
-        fx = view.fraction[ahead]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            w = np.log(view.hi[ahead] / view.lo[ahead]) / (2 * z_of(view.level))
-        m, v = lv.predict(np.minimum(offset_var(fx, tau, cfg, w), lv.v_at))
-        _, f_lo, f_hi = view.expected(fx, alert=hc.heading_against == "alert")
+        ahead, m, v = curve_ahead(lv, tau, view.fraction, view.lo, view.hi, view.level, cfg)
+        _, f_lo, f_hi = view.expected(view.fraction[ahead], alert=hc.heading_against == "alert")
         base = view.loss[ahead]
     else:
         m, v = lv.predict(np.array([tau * tau]))
-        f_lo, f_hi = alert_final(view) if hc.heading_against == "alert" else \
-            (view.final_lo, view.final_hi)
+        f_lo, f_hi = view.final_lo, view.final_hi
+        if hc.heading_against == "alert":  # widened as the band rule widens the curve's
+            k = z_of(view.config.alert_level) / z_of(view.level)
+            f_lo, f_hi = view.final - (view.final - f_lo) * k, view.final + (f_hi - view.final) * k
         f_lo, f_hi, base = np.array([f_lo]), np.array([f_hi]), np.array([view.final])
     half = z_of(view.level) * cfg.inflation * np.sqrt(v)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -140,13 +132,12 @@ def step_filter(view, fs: FilterState, ev: EvalPoint, cfg: UpdateConfig) -> bool
     if not (ev.e > 0 and ev.y > 0):
         return False
     d = math.log(ev.y / ev.e)
-    if not (math.isfinite(d) and cfg.min_fraction - 1e-9 <= ev.f <= 1.0):
+    if not usable(ev.f, d, cfg):
         return False
-    tau = prior_sd(view.final, view.final_lo, view.final_hi, view.level)
     _, lo, hi = view.expected(np.array([ev.f]), alert=False)
     with np.errstate(divide="ignore", invalid="ignore"):
         w = np.log(hi / lo) / (2 * z_of(view.level))
-    fs.step(ev.f, d, float(offset_var(np.array([ev.f]), tau, cfg, w)[0]), cfg)
+    fs.step(ev.f, d, float(offset_var(np.array([ev.f]), _tau(view), cfg, w)[0]), cfg)
     return True
 
 
@@ -237,13 +228,10 @@ def updated_forecast(view, section) -> dict | None:
         return None
     ucfg = UpdateConfig()
     u, lo, hi = updated_final(view, fs, ucfg)
-    tau = prior_sd(view.final, view.final_lo, view.final_hi, view.level)
+    tau = _tau(view)
     lv = fs.level(tau)
-    ahead = view.fraction > lv.at
+    ahead, m, v = curve_ahead(lv, tau, view.fraction, view.lo, view.hi, view.level, ucfg)
     fx = view.fraction[ahead]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        w = np.log(view.hi[ahead] / view.lo[ahead]) / (2 * z_of(view.level))
-    m, v = lv.predict(np.minimum(offset_var(fx, tau, ucfg, w), lv.v_at))
     z = z_of(view.level) * ucfg.inflation
     cy = view.loss[ahead] * np.exp(m)
     sd = np.sqrt(v)

@@ -1,6 +1,6 @@
-"""The health rules, vectorised over a batch: non-finite values (rule 3a), train-loss spikes,
-grad norm, token-drop fraction, router entropy and expert load against the ladder's envelope,
-the router-bias norm and per-group parameter norms.
+"""The health rules, vectorised over a batch: non-finite values, train-loss spikes, grad norm,
+token-drop fraction, router entropy and expert load against the ladder's envelope, the
+router-bias norm and per-group parameter norms.
 """
 
 from __future__ import annotations
@@ -40,34 +40,25 @@ class HealthRule(Rule):
 class HealthPersistence(Thresholds):
     """How many rows a health condition must hold before it is raised and be gone to clear."""
 
-    k_health: int = threshold(5, positive_int)         # rows a condition must hold before an
-    #                                                    alert
-    k_health_clear: int = threshold(20, positive_int)  # rows it must be gone before "cleared"
+    k_health: int = threshold(5, positive_int)
+    k_health_clear: int = threshold(20, positive_int)
 
 
 @dataclass(frozen=True)
 class EnvelopeWidth(Thresholds):
-    """How far a signal may stray outside the ladder's envelope. Router entropy / load max-over-
-    mean below / above the envelope (min..max) of the ladder's rungs at the same fraction,
-    widened by the ladder's own leave-one-rung-out tolerance (how far one rung strays outside the
-    others' envelope; stored in health_reference) plus a margin, in log units. Entropy and load
-    differ with size and depth (cpu ladder, 30% of the run: entropy 0.6 to 1.5 across rungs), so
-    a fixed fraction of the ladder's mean is not a rule. A collapse (entropy -> 0, load ->
-    n_experts/top_k) leaves the widened envelope. The same envelope judges the token-drop
-    fraction (rule 2): it too differs between rungs (cpu ladder at the end of the run: 1.5% to
-    9%)."""
+    """How far a signal may stray outside the ladder's envelope (min..max of its rungs at the
+    same fraction), in log units: the ladder's own leave-one-rung-out tolerance
+    (forecast.envelope_tolerance) plus a margin. Router entropy, expert load and the token-drop
+    fraction differ with size and depth (cpu ladder: entropy 0.6 to 1.5 across rungs at 30%,
+    drops 1.5% to 9% at the end), so a fixed fraction of the ladder's mean is not a rule; a
+    collapse (entropy -> 0, load -> n_experts/top_k) leaves the widened envelope."""
 
-    envelope_margin: float = threshold(0.25, positive)  # exp(0.25) = 1.28x beyond the calibrated
-    #                                                     tolerance
-    envelope_tol: float = threshold(0.5, positive)  # floor of the tolerance (and its value when
-    #                                 the ladder has fewer than 3 rungs to measure it): a
-    #                                 leave-one-rung-out max over 3-4 rungs underestimates the
-    #                                 spread of the next size (cpu ladder: 0.27 over 3 rungs, while
-    #                                 the 4th strays 0.7)
-    envelope_tol_max: float = threshold(1.1, positive)  # ... and its cap (x3): a ladder whose
-    #                                 small rungs scatter wildly (cpu ladder drop fraction: 1.8,
-    #                                 x6) must not blind the rule to a jump like 7% -> 40% (issue:
-    #                                 65k context)
+    envelope_margin: float = threshold(0.25, positive)  # exp(0.25) = 1.28x beyond the tolerance
+    envelope_tol: float = threshold(0.5, positive)  # the tolerance's floor (and value with < 3
+    #   rungs): a max over 3-4 rungs underestimates the next size (cpu ladder: 0.27 over 3
+    #   rungs, the 4th strays 0.7)
+    envelope_tol_max: float = threshold(1.1, positive)  # ... and cap: small rungs that scatter
+    #   wildly (cpu ladder drops: 1.8) must not blind the rule to 7% -> 40% (65k context)
 
 
 @dataclass(frozen=True)
@@ -77,8 +68,7 @@ class DropWindow(Thresholds):
 
 @dataclass(frozen=True)
 class SpikeWindow(Thresholds):
-    spike_window: int = threshold(50, positive_int)  # rows in the trailing median (and MAD) of
-    #                                                  train loss
+    spike_window: int = threshold(50, positive_int)  # rows in the trailing median and MAD
 
 
 @dataclass(frozen=True)
@@ -88,14 +78,13 @@ class GradWindow(Thresholds):
 
 @dataclass(frozen=True)
 class GradAfter(Thresholds):
-    grad_after: float = threshold(0.02, unit)  # ignore norms before this fraction (warmup
-    #                                            transients)
+    grad_after: float = threshold(0.02, unit)  # norms before this fraction: warmup transients
 
 
 @dataclass
 class SignalState(RuleState):
-    """One health signal: its hysteresis and the last finite values of its key (the trailing
-    window of the next batch)."""
+    """One health signal: its hysteresis and its key's last finite values (the next batch's
+    trailing window)."""
 
     signal: Hysteresis = kept(Hysteresis, factory=Hysteresis)
     tail: list = kept("nums", factory=list)
@@ -112,7 +101,7 @@ def trailing(tail: list, x: np.ndarray, window: int) -> tuple[np.ndarray, int, l
 
 def rolling_median(x: np.ndarray, window: int, *, shift: bool) -> np.ndarray:
     """Trailing median over the finite values (NaN rows skipped); ``shift`` excludes the row."""
-    from ladder.predict.rolling import rolling_median as fast  # pandas' rolling median, faster
+    from ladder.predict.rolling import rolling_median as fast
     x = np.asarray(x, dtype=float)
     ok = ~np.isnan(x)
     med = fast(x[ok], window, max(1, window // 4))
@@ -133,9 +122,7 @@ def trailing_median(st: SignalState, x: np.ndarray, window: int) -> np.ndarray:
 def signal(ctx: Context, cfg: HealthPersistence, h: Hysteresis, kind: str, key: str,
            sev: np.ndarray, value: np.ndarray, ref: np.ndarray | None,
            describe: Callable[[int, int], str]) -> None:
-    """Alerts of a health signal with hysteresis (:func:`level_changes`): ``sev`` per row -1
-    unknown, 0 fine, 1 warn, 2 critical; raised after ``k_health`` rows, cleared after
-    ``k_health_clear``."""
+    """Alerts of a health signal with hysteresis (:func:`level_changes`), ``sev`` per row."""
     b, frac, tokens = ctx.batch, ctx.frac, ctx.tokens
     for at, ch in level_changes(h, sev, k_raise=cfg.k_health, k_clear=cfg.k_health_clear):
         where = (ctx.stamp, int(b.step[at]), finite_or_none(tokens[at]),
@@ -195,16 +182,12 @@ class NanRule(HealthRule):
 
 @dataclass(frozen=True)
 class SpikeConfig(SpikeWindow):
+    # a spike: a robust z-score above k; preregister raises k to spike_k_margin x the largest z
+    # of the ladder's healthy runs. This floor: 1M rows of Gaussian noise reach z 6.8.
     spike_k: float = threshold(7.0, positive)
-    #                  a spike: train loss > trailing median + k x 1.4826 x MAD (a robust z-score
-    #                  above k). With ladder runs, preregister raises k to spike_k_margin x the
-    #                  largest z of the ladder's healthy runs (the cpu ladder: 1.5; its proxy
-    #                  hero: 2.7, with 4k tokens a step); this value is the floor: 1M rows of
-    #                  Gaussian noise on a loss curve reach z 6.8 (3 rows above 6), and heavier
-    #                  tails show on the ladder and raise k.
     spike_k_margin: float = threshold(1.5, positive)
-    spike_rel: float = threshold(0.02, positive)  # ... and at least this much above the median
-    #                                               (a flat series has MAD 0)
+    spike_rel: float = threshold(0.02, positive)  # ... and this much above the median (a flat
+    #                                               series has MAD 0)
 
 
 @dataclass
@@ -263,10 +246,10 @@ class SpikeRule(HealthRule):
 
 @dataclass(frozen=True)
 class GradConfig(GradWindow, GradAfter, HealthPersistence):
-    grad_growth_warn: float = threshold(4.0, positive)  # growth of grad norm since its
-    #                                                     post-warmup minimum (real: 4)
-    grad_ref_warn: float = threshold(4.0, positive)     # x the ladder's grad norm at the same
-    #                                                     fraction
+    # growth since its post-warmup minimum: the real team added the logit z-loss when grad norm
+    # grew past 4 (Marin hero-run tracking issue, shared/DESIGN.md section 1)
+    grad_growth_warn: float = threshold(4.0, positive)
+    grad_ref_warn: float = threshold(4.0, positive)     # x the ladder's at the same fraction
     grad_ref_crit: float = threshold(16.0, positive)
 
 
@@ -276,8 +259,6 @@ class GradState(SignalState):
 
 
 class GradNormRule(HealthRule):
-    """Grad norm: level vs the ladder's, growth since its post-warmup minimum."""
-
     name = "grad_norm"
     kinds = ("grad_norm", "cleared")
     description = "grad norm against the ladder's and its growth since warmup"
@@ -325,18 +306,14 @@ class GradNormRule(HealthRule):
 
 @dataclass(frozen=True)
 class DropConfig(DropWindow, EnvelopeWidth, HealthPersistence):
-    drop_crit_factor: float = threshold(2.5, positive)  # critical: this x the warning limit (the
-    #                                 ladder's max at the same fraction x exp(tolerance + margin))
-    drop_warn_abs: float = threshold(0.08, positive)  # without a ladder reference (issue: hero
-    #                                                   ~2%, 8% plausible)
-    drop_crit_abs: float = threshold(0.40, positive)  # (at 65k context the real drops went
-    #                                                   7% -> 40%)
-    drop_floor: float = threshold(0.01, unit)         # below this drop fraction never alert
+    drop_crit_factor: float = threshold(2.5, positive)  # x the warning limit
+    # without a ladder reference: the real hero ~2% (8% plausible); at 65k context 7% -> 40%
+    drop_warn_abs: float = threshold(0.08, positive)
+    drop_crit_abs: float = threshold(0.40, positive)
+    drop_floor: float = threshold(0.01, unit)         # never alert below it
 
 
 class DropFracRule(HealthRule):
-    """Token-drop fraction vs the ladder's widened envelope at the same fraction."""
-
     name = "drop_frac"
     kinds = ("drop_frac", "cleared")
     description = "the token-drop fraction against the ladder's envelope at the same fraction"
@@ -432,8 +409,6 @@ class _EnvelopeRule(HealthRule):
 
 
 class RouterEntropyRule(_EnvelopeRule):
-    """Router entropy below the ladder's widened envelope (a collapse: entropy -> 0)."""
-
     name = "router_entropy"
     description = "router entropy below the ladder's envelope (a collapse)"
     signal_key = "moe/router_entropy"
@@ -444,9 +419,6 @@ class RouterEntropyRule(_EnvelopeRule):
 
 
 class ExpertLoadRule(_EnvelopeRule):
-    """Expert load max/mean above the ladder's widened envelope (a collapse: ->
-    n_experts/top_k)."""
-
     name = "expert_load"
     description = "expert load max/mean above the ladder's envelope (a collapse onto few experts)"
     signal_key = "moe/load_max_over_mean"
@@ -457,11 +429,10 @@ class ExpertLoadRule(_EnvelopeRule):
 
 
 class RouterLogitRule(_EnvelopeRule):
-    """Router logits growing beyond the ladder's: the router z-loss (mean logsumexp(logits)^2,
-    ``moe/router_z_loss``) above the ladder's widened envelope at the same fraction. Growing
-    logits saturate the combine weights and make routing brittle; the real ladder's grad-norm
-    growth led to adding the logit z-loss (1e-4), and on the cpu ladder the z-loss still grows
-    4.8 -> 113 over a run (issue 37), so a fixed limit is not a rule: the rungs' own curve is."""
+    """Router logits growing beyond the ladder's: the router z-loss (mean logsumexp(logits)^2)
+    above the ladder's widened envelope. Growing logits saturate the combine weights; on the cpu
+    ladder the z-loss grows 4.8 -> 113 over a healthy run (issue 37), so no fixed limit is a
+    rule: the rungs' own curve is."""
 
     name = "router_logits"
     description = "router logit growth (z-loss) above the ladder's envelope"
@@ -474,10 +445,8 @@ class RouterLogitRule(_EnvelopeRule):
 
 @dataclass(frozen=True)
 class RouterBiasConfig(GradWindow, SpikeWindow, HealthPersistence):
-    router_bias_after: float = threshold(0.1, unit)   # router_bias spikes early by design: judge
-    #                                                   it after this
-    router_bias_jump: float = threshold(3.0, positive)  # |router_bias| norm > this x its
-    #                                                     trailing median
+    router_bias_after: float = threshold(0.1, unit)     # it spikes early by design
+    router_bias_jump: float = threshold(3.0, positive)  # x its trailing median
 
 
 class RouterBiasRule(HealthRule):
@@ -514,14 +483,13 @@ class RouterBiasRule(HealthRule):
 
 @dataclass(frozen=True)
 class ParamNormConfig(GradWindow, GradAfter, HealthPersistence):
-    param_growth_ratio: float = threshold(2.0, positive)  # per-group norm growth vs the
-    #                                                       ladder's, either way
+    param_growth_ratio: float = threshold(2.0, positive)  # vs the ladder's, either way
 
 
 @dataclass
 class ParamNormState(RuleState):
-    """Per parameter group (its key): the hysteresis, the trailing values and the norm at
-    ``grad_after`` its growth is measured from."""
+    """Per parameter group: the hysteresis, the trailing values and the norm at ``grad_after``
+    its growth is measured from."""
 
     signals: dict = kept(("map", Hysteresis), factory=dict)
     tails: dict = kept(("map", "nums"), factory=dict)

@@ -1,13 +1,9 @@
-"""The hysteresis every watch rule that raises and clears shares (band, trend, rising and the
-health signals): a condition must hold for a number of observations in a row before its alert
-is raised, and be gone for a number in a row before it clears; no alert while the level does not
-change.
-
-Observations come in runs: a run of one label (what is wrong: a band's direction, a health
-signal's severity) or of fine ones (label None). :meth:`Hysteresis.extend` adds observations to
-the current run (or starts a new one), :meth:`Hysteresis.settle` then says whether the raised
-level changes. :func:`level_changes` does both for a whole batch of per-row severities, run by
-run (the health rules judge a million rows in one call).
+"""The hysteresis every rule that raises and clears shares: a condition must hold for a number of
+observations in a row to be raised, and be gone for a number in a row to clear; no alert while
+the level does not change. Observations come in runs of one label (what is wrong: a band's
+direction, a signal's severity; None: fine): :meth:`Hysteresis.extend` adds to the run,
+:meth:`Hysteresis.settle` says whether the level changes, :func:`level_changes` does both for a
+batch of per-row severities, run by run (the health rules judge a million rows in one call).
 """
 
 from __future__ import annotations

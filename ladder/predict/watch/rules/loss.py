@@ -1,5 +1,5 @@
 """The loss rules, judged eval by eval on one shared :class:`EvalPoint` (the residual's EMA):
-band (rule 1), trend (1b), rising (1c) and the contingency advisory (rule 4).
+band, trend, rising and the contingency advisory.
 """
 
 from __future__ import annotations
@@ -31,10 +31,9 @@ SEVERITY_NAME = {1: "warn", 2: "critical"}
 
 @dataclass
 class EvalPoint:
-    """One eval row as the loss rules see it: the metric ``y``, the forecast ``e`` and the alert
-    band ``lo``..``hi`` at fraction ``f``, the raw residual ``r = y - e`` and its EMA ``ema`` (the
-    smoothed value is ``e + ema``). ``raised`` is set by the band rule to the direction of an
-    above/below-band alert it raised at this eval (the contingency rule follows it)."""
+    """One eval as the loss rules see it: the metric ``y``, the forecast ``e`` and the alert band
+    ``lo``..``hi`` at fraction ``f``, the residual ``r = y - e`` and its EMA ``ema`` (the
+    smoothed value is ``e + ema``); ``raised``: the direction of a band alert raised at it."""
 
     step: int
     tokens: float | None
@@ -59,18 +58,14 @@ class LossRule(Rule):
 
 @dataclass(frozen=True)
 class Smoothing(Thresholds):
-    """The residual every loss rule reads: its alert band and its smoothing (the band rule's;
-    the trend rule reads the smoothing's noise factor)."""
+    """The residual every loss rule reads: its alert band and its smoothing."""
 
+    # the registered band (say 90%) widened by z(alert_level)/z(band_level): a healthy run sits
+    # outside a calibrated 90% band 10% of the time and its offset persists, so alerting at 90%
+    # would flag ~1 healthy run in 10 (bench/watch_quality.py measures both)
     alert_level: float = threshold(0.99, open_unit)
-    #                              band level the alerts use: the registered band (say 90%)
-    #                              widened by z(alert_level)/z(band_level) (Gaussian). A healthy
-    #                              run sits outside a calibrated 90% band 10% of the time, and its
-    #                              offset persists over the run, so alerting at 90% would flag
-    #                              ~1 healthy run in 10; bench/watch_quality.py measures both.
-    ema_alpha: float = threshold(0.5, alpha)  # smoothing of the residual over evals (1.0 = none)
-    min_fraction: float = threshold(0.01, unit)  # no comparison before 1% of the run (warmup,
-    #                                              steep start)
+    ema_alpha: float = threshold(0.5, alpha)  # the residual's EMA over evals (1.0 = none)
+    min_fraction: float = threshold(0.01, unit)  # none before (warmup, steep start)
 
 
 @dataclass(frozen=True)
@@ -83,10 +78,8 @@ class Persistence(Thresholds):
 
 @dataclass(frozen=True)
 class BandConfig(Smoothing, Persistence):
-    k_critical: int = threshold(6, positive_int)  # evals outside before a warning becomes
-    #                                               critical ("persisting")
-    far_factor: float = threshold(1.0, positive)  # "far outside": beyond the band by this x its
-    #                                               half-width ...
+    k_critical: int = threshold(6, positive_int)  # evals outside before critical
+    far_factor: float = threshold(1.0, positive)  # beyond the band by this x its half-width ...
     k_far: int = threshold(2, positive_int)       # ... for this many evals -> critical
 
     def cross_check(self) -> None:
@@ -96,9 +89,8 @@ class BandConfig(Smoothing, Persistence):
 
 @dataclass
 class BandState(Hysteresis):
-    """The band's hysteresis (about: the direction raised), the residual's EMA every loss rule
-    reads (the band rule keeps it: it is the smoothed value the band judges) and the run of evals
-    far outside."""
+    """The band's hysteresis, the residual's EMA every loss rule reads (the value the band judges)
+    and the run of evals far outside."""
 
     about: str | None = kept(("enum?", ("above", "below")))
     run: str | None = kept(("enum?", ("above", "below")))
@@ -107,8 +99,6 @@ class BandState(Hysteresis):
 
 
 class BandRule(LossRule):
-    """Rule 1: the smoothed metric outside the alert band, with hysteresis."""
-
     name = "band"
     kinds = ("above_band", "below_band", "cleared")
     description = "the smoothed metric outside the forecast band, with hysteresis"
@@ -137,8 +127,7 @@ class BandRule(LossRule):
                 want = 2
             if bs.settle(want, about=direction, k_clear=cfg.k_clear):
                 sev = SEVERITY_NAME[want]
-                why = (f"{bs.run_len} consecutive evals" if want == 1 else
-                       "far outside the band" if bs.far_len >= cfg.k_far and
+                why = ("far outside the band" if want == 2 and bs.far_len >= cfg.k_far and
                        bs.run_len < cfg.k_critical else f"{bs.run_len} consecutive evals")
                 worse = "worse" if direction == "above" else "better"
                 ctx.emit(Alert(ctx.stamp, ev.step, ev.tokens, f, f"{direction}_band", sev,
@@ -172,34 +161,24 @@ class BandRule(LossRule):
 
 @dataclass(frozen=True)
 class TrendConfig(Smoothing, Persistence):
-    # a change against the run's own earlier level (catches a step or a drift inside the band: a
-    # healthy run keeps its offset to the forecast, a fault moves it)
-    trend_rel: float = threshold(0.01, positive)  # smoothed residual moved by 1% of the
-    #                                               forecast ...
-    trend_window: float = threshold(0.5, unit)    # ... from its median over the preceding 50% of
-    #                                               the run ... (0.3 misses slow drifts:
-    #                                               docs/LOG.md, 2026-12-01, "the trend window";
-    #                                               bench/watch_quality.py)
+    # a change against the run's own earlier level (a step or drift inside the band: a healthy
+    # run keeps its offset to the forecast, a fault moves it)
+    trend_rel: float = threshold(0.01, positive)  # moved by 1% of the forecast ...
+    trend_window: float = threshold(0.5, unit)    # ... from its median over the preceding 50%
+    #   of the run (0.3 misses slow drifts: docs/LOG.md 2026-12-01, bench/watch_quality.py) ...
     trend_gap: float = threshold(0.03, unit)      # ... ending 3% of the run before the eval
-    trend_after: float = threshold(0.25, unit)    # not before 25% of the run: the early curve is
-    #                                               least certain (the cpu demo's healthy hero
-    #                                               drifted 2.2% of the forecast toward "better"
-    #                                               between 10% and 30%)
-    trend_band: float = threshold(0.25, unit)     # the threshold is at least this x the
-    #                                               registered band's relative half-width at that
-    #                                               fraction (a wide band = a curve shape the law
-    #                                               knows less well) ...
-    trend_noise_k: float = threshold(4.0, positive)  # ... and at least this x the sd of the
-    #                                               smoothed residual's own eval-to-eval noise
-    #                                               (robust, from the run's history). A move
-    #                                               toward "better" than forecast is recorded as
-    #                                               info.
+    trend_after: float = threshold(0.25, unit)    # the early curve is least certain (the cpu
+    #   demo's healthy hero drifted 2.2% toward "better" between 10% and 30%)
+    trend_band: float = threshold(0.25, unit)     # at least this x the band's relative
+    #   half-width there (a wide band: a shape the law knows less well) ...
+    trend_noise_k: float = threshold(4.0, positive)  # ... and this x the smoothed residual's
+    #   own eval-to-eval noise
 
 
 @dataclass
 class TrendState(Hysteresis):
-    """The trend's hysteresis, the run's history of (fraction, relative residual) over the
-    window, and while raised the level it left (``base``) and the direction (``dir``)."""
+    """The trend's hysteresis, the (fraction, relative residual) history over the window, and
+    while raised the level it left (``base``) and the direction (``dir``)."""
 
     hist: list = kept("pairs", factory=list)
     base: float | None = kept("num?")
@@ -207,7 +186,7 @@ class TrendState(Hysteresis):
 
 
 class TrendRule(LossRule):
-    """Rule 1b: the smoothed relative residual against its own median over an earlier window."""
+    """The smoothed relative residual against its own median over an earlier window."""
 
     name = "trend"
     kinds = ("trend", "cleared")
@@ -262,11 +241,10 @@ class TrendRule(LossRule):
 
     @staticmethod
     def threshold(view, cfg: TrendConfig, hist: list, f: float) -> float:
-        """The threshold (relative to the forecast) at fraction ``f``: the largest of the
-        configured floor, a share of the registered band's relative half-width, and a multiple
-        of the smoothed residual's own noise. The noise is robust: 1.4826 x the median absolute
-        first difference of the raw relative residuals / sqrt(2) (a slow drift barely changes
-        first differences), scaled by the EMA's sd factor sqrt(alpha / (2 - alpha))."""
+        """The threshold (relative to the forecast) at ``f``: the largest of the floor, a share
+        of the band's relative half-width and a multiple of the smoothed residual's noise
+        (1.4826 x the median absolute first difference / sqrt(2): a slow drift barely changes
+        first differences; x the EMA's sd factor sqrt(alpha / (2 - alpha)))."""
         thr = max(cfg.trend_rel, cfg.trend_band * view.band_half_rel(f))
         if len(hist) >= 8:
             r = np.array([v for _, v in hist])
@@ -288,13 +266,11 @@ class TrendRule(LossRule):
 
 @dataclass(frozen=True)
 class RiseConfig(Persistence):
-    # the metric rising above its own running minimum. A healthy run's held-out loss does not go
-    # up while it trains; a data or optimizer fault makes it, well before the offset to a wide
-    # forecast band shows (cpu demo, loss-drift from 40%: +4.9% one eval after onset, +11.5% two
-    # evals after; the band and trend rules needed 5 evals)
+    # a healthy run's held-out loss does not rise; a data or optimizer fault makes it, well
+    # before a wide band shows it (cpu demo, drift from 40%: +4.9% one eval after onset; the
+    # band and trend rules needed 5 evals)
     rise_rel: float = threshold(0.01, positive)      # above the running minimum by 1% of it ...
-    rise_noise_k: float = threshold(4.0, positive)   # ... and by at least this x the ladder's
-    #                                                  eval noise ...
+    rise_noise_k: float = threshold(4.0, positive)   # ... and this x the ladder's eval noise ...
     rise_k: int = threshold(2, positive_int)         # ... for this many consecutive evals -> warn
     rise_after: float = threshold(0.1, unit)         # judged from 10% of the run on
 
@@ -307,8 +283,6 @@ class RiseState(Hysteresis):
 
 
 class RiseRule(LossRule):
-    """Rule 1c: the metric above its own running minimum for ``rise_k`` consecutive evals."""
-
     name = "rising"
     kinds = ("rising", "cleared")
     description = "the held-out metric rising above its own running minimum"
@@ -348,8 +322,7 @@ class RiseRule(LossRule):
 
 @dataclass(frozen=True)
 class ContingencyConfig(Thresholds):
-    contingency_fraction: float = threshold(0.25, unit)  # real plan: trouble in the first 25% of
-    #                                                      tokens
+    contingency_fraction: float = threshold(0.25, unit)  # the real plan's first 25% of tokens
 
 
 @dataclass
@@ -360,9 +333,8 @@ class ContingencySent(RuleState):
 
 
 class ContingencyRule(LossRule):
-    """Rule 4: an above_band alert raised inside the first ``contingency_fraction`` of the run
-    (once per run): the contingency advisory, with the projected final value if the run
-    continues and the token budget that would still reach the registered final value."""
+    """An above_band alert raised inside the first ``contingency_fraction`` of the run (once per
+    run): the contingency advisory (:meth:`advisory`)."""
 
     name = "contingency"
     kinds = ("contingency",)
@@ -381,11 +353,9 @@ class ContingencyRule(LossRule):
     @staticmethod
     def advisory(view, cfg: ContingencyConfig, step: int, tok: float | None, f, ys,
                  e, stamp) -> Alert:
-        """Projected final value if the run continues, and the token budget that would still
-        reach the registered final value. The deviation is taken as a constant ratio of the
-        loss to the forecast (the same relative offset to the end of the run); the budget comes
-        from the pre-registration's ``budget_curve`` (the law's final loss against token
-        budget)."""
+        """Projected final value if the run continues (the same ratio to the forecast to the
+        end), and the token budget that would still reach the registered final (the
+        pre-registration's ``budget_curve``)."""
         ratio = ys / e
         projected = view.final * ratio
         bc = view.budget
@@ -410,7 +380,7 @@ class ContingencyRule(LossRule):
                 budget_msg = (f"the registered final {view.final:.4f} would still be reached at "
                               f"about {needed:.2f}x the planned tokens ({needed * view.tokens:.3g}"
                               f" tokens)")
-        if mult.size >= 2 and np.isfinite(fl).all():  # the law's finals for shorter plans
+            # the law's finals for shorter plans
             short = [(m, x * ratio) for m, x in zip(mult, fl)
                      if m < 1 and m in (0.5, 0.6, 0.7, 0.85)]
             if short:

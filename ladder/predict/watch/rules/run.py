@@ -1,7 +1,6 @@
-"""The run-level rules: applicability (the run is still the one the forecast was made for),
-the input's own remarks (rewind, missing metric) and stalled (no new point for a while). ``check``
-calls them at their own points: applicability before anything else, the input's remarks as the
-rows arrive, stalled when a poll brought nothing.
+"""The run-level rules, which ``check`` calls at their own points: applicability (the run is
+still the one the forecast was made for) before anything else, the input's remarks (rewind,
+missing metric) as rows arrive, stalled (no new point for a while) when a poll brought nothing.
 """
 
 from __future__ import annotations
@@ -25,24 +24,21 @@ from ladder.predict.watch.rules.base import (
     threshold,
 )
 
-# A source that reads the metric's key as a column (the watcher's key filter names it) yields an
-# empty column when the key is never logged; by 10% of the run a rung has logged two evals (it
-# evaluates every 5% by default: the trainer's TrainConfig.eval_every), so an empty column then
-# means the key is missing.
+# a column of the metric that is still empty by then means the key is missing: a rung has logged
+# two evals by 10% of its run (every 5% by default: the trainer's TrainConfig.eval_every)
 MISSING_METRIC_BY = 0.1
 
 
 @dataclass(frozen=True)
 class ApplicabilityConfig(Thresholds):
-    steps_tolerance: float = threshold(0.005, positive)  # planned steps implied by step/progress
-    #                                                      may differ this much
+    steps_tolerance: float = threshold(0.005, positive)  # of the planned steps step/progress
+    #                                                      implies
 
 
 class ApplicabilityRule(Rule):
-    """Whether an applicability condition is broken (then nothing is compared from here on): a
-    run configuration in the source that differs from the registered one, or planned steps
-    (implied by step / progress) that differ from the registered steps. What it finds is the
-    watch's verdict, the state's ``not_applicable`` (exit status 3)."""
+    """Whether an applicability condition is broken: a run configuration that differs from the
+    registered one, or planned steps (implied by step / progress) that differ. Then nothing is
+    compared from here on: the state's ``not_applicable`` (exit status 3)."""
 
     name = "applicability"
     scope = "run"
@@ -103,8 +99,7 @@ class ApplicabilityRule(Rule):
 
 @dataclass(frozen=True)
 class InputConfig(Thresholds):
-    align: str = threshold("auto", one_of("auto", "tokens", "step", "fraction"))
-    #            how a row maps to the forecast: auto | tokens | step | fraction
+    align: str = threshold("auto", one_of("auto", "tokens", "step", "fraction"))  # row -> fraction
 
 
 @dataclass
@@ -201,13 +196,10 @@ class StalledRule(Rule):
 
 
 def applicability_breaks(app: Mapping, config: Mapping) -> list[str]:
-    """The applicability conditions that ``config`` (a run-config/1 dict, a flat dict of fields, or
-    a W&B config) definitely breaks. A key the config does not carry is not a break.
-
-    An amendment at a step (``app["before"]``: the applicability of the plan before it) accepts
-    a configuration of either plan: a run's configuration may have been written before the
-    declared change or after it. One that fits neither (a change nobody declared) breaks, and
-    is reported against the plan now followed."""
+    """The applicability conditions that ``config`` (run-config/1, a flat dict, or a W&B config)
+    definitely breaks; a key it does not carry is no break. An amendment at a step
+    (``app["before"]``: the plan before it) accepts either plan's configuration; one that fits
+    neither is reported against the plan now followed."""
     out = _breaks(app, config)
     before = app.get("before")
     if out and isinstance(before, Mapping) and not _breaks(before, config):
@@ -252,10 +244,9 @@ _MISSING = object()
 
 
 def config_difference(want, have, path: str = "") -> str | None:
-    """The first key (dotted, in sorted order) where configuration ``have`` differs from ``want``
-    in value, with both values; None when they agree. Numbers compare by value (1 == 1.0, as a
-    round trip through W&B or YAML leaves them), booleans only with booleans; a registered
-    "auto" matches whatever the run resolved it to."""
+    """The first key (dotted, sorted) where configuration ``have`` differs from ``want``, with
+    both values; None when they agree. Numbers compare by value (1 == 1.0 after a round trip
+    through W&B or YAML), booleans only with booleans; a registered "auto" matches anything."""
     if isinstance(want, Mapping) and isinstance(have, Mapping):
         for k in sorted(set(want) | set(have), key=str):
             where = f"{path}.{k}" if path else str(k)
