@@ -4,19 +4,16 @@
 ``checkpoint_every`` steps; the last ``keep`` are kept). ``checkpoints/rolling/<step>/`` holds at
 most one more: the latest time-based checkpoint (``checkpoint_minutes``; the real hero kept one an
 hour) or the one written when a signal stopped the run. A rolling checkpoint never evicts a
-permanent one, and resume starts from the newest of either kind. The folder is the run
-directory's ``checkpoints/`` or a ``checkpoint_dir``: a local path or an object-store URL
-(``gs://``, ``s3://``: Orbax writes through etils/TensorStore, which need gcsfs or s3fs and the
-store's credentials).
+permanent one; resume starts from the newest of either kind. The folder is the run directory's
+``checkpoints/`` or a ``checkpoint_dir``: a local path or an object-store URL (``gs://``,
+``s3://``: Orbax writes through etils/TensorStore, which need gcsfs or s3fs and credentials).
 
 Each checkpoint is an Orbax composite: ``state`` (the sharded train state; every process writes
-its own shards) and, when the data pipeline has state (Grain over token shards), ``data`` (each
-process's iterator state, written by Grain's own Orbax handler as one JSON file per process).
-Saves are asynchronous by default: ``save`` returns once the state has been copied off the
-devices (the next step may then overwrite the donated buffers) and Orbax writes it in the
-background; the step directory appears, renamed into place, only when complete, so a crash
-never leaves a checkpoint that resume would read half-written. :meth:`Checkpoints.done_step`
-says which step is complete (the summary names only that), and every process waits for the
+its own shards) and, over token shards, ``data`` (each process's Grain iterator state, written by
+Grain's own Orbax handler). Saves are asynchronous by default: ``save`` returns once the state is
+copied off the devices and Orbax writes it in the background; the step directory appears,
+renamed into place, only when complete, so resume never reads a half-written checkpoint.
+:meth:`Checkpoints.done_step` says which step is complete, and every process waits for the
 previous save at the same point (the next save, or close), where a permanent checkpoint also
 removes the rolling one it supersedes.
 """
@@ -132,10 +129,9 @@ class Checkpoints:
                              exit_code=EX_IOERR) from None
 
     def _remove_unfinished(self) -> None:
-        """Orbax's temporary folders of checkpoints that were never finished (its own clean-up
-        runs when a manager starts; a failed save is cleaned at once). TensorStore's writes of
-        the failed save may still land after the managers closed (they create their folders
-        again): removed until two passes 0.2 s apart find none, for at most ~5 s."""
+        """Orbax's temporary folders of unfinished checkpoints, removed until two passes 0.2 s
+        apart find none (for at most ~5 s): TensorStore's writes of the failed save may still
+        land after the managers closed and create their folders again."""
         from orbax.checkpoint._src.path.step import TMP_DIR_SUFFIX
 
         quiet = 0
@@ -179,7 +175,7 @@ class Checkpoints:
         import jax
         import orbax.checkpoint as ocp
 
-        mngr = self.permanent if step in self.permanent.all_steps() else self.rolling
+        mngr = self._holder(step)
         abstract = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like)
         step_dir = mngr.directory / str(step)    # a pathlib or etils path
@@ -192,6 +188,9 @@ class Checkpoints:
                                  f"written by a run on token shards")
             items["data"] = CheckpointRestore(data_iterator)
         return mngr.restore(step, args=ocp.args.Composite(**items))["state"]
+
+    def _holder(self, step: int):
+        return self.permanent if step in self.permanent.all_steps() else self.rolling
 
     def restore_latest(self, like, data_iterator=None):
         """``(step, state)`` of the newest checkpoint that restores, ``(0, like)`` when there
@@ -217,11 +216,10 @@ class Checkpoints:
         return 0, like
 
     def _quiet_late_callbacks(self) -> None:
-        """After a failed restore, TensorStore's reads of the damaged checkpoint still finish
-        in its own threads and call back into the event loop Orbax has closed by then: each
-        is a "RuntimeError: Event loop is closed" traceback on stderr, after the one line that
-        named the damage (some already while the restore fails). Those, and only those, are
-        dropped while restoring and, after a damaged checkpoint, until :meth:`close`."""
+        """Drop the "RuntimeError: Event loop is closed" tracebacks (and only those) while
+        restoring and, after a damaged checkpoint, until :meth:`close`: TensorStore's reads of a
+        damaged checkpoint finish in its own threads and call back into the event loop Orbax
+        has closed by then, after the one line that named the damage."""
         if self._unraisable is not None:
             return
         previous = self._unraisable = sys.unraisablehook
@@ -238,7 +236,7 @@ class Checkpoints:
         by process 0 only (the folder is shared by every process of a multi-host run)."""
         import jax
 
-        mngr = self.permanent if step in self.permanent.all_steps() else self.rolling
+        mngr = self._holder(step)
         src = mngr.directory / str(step)
         dst = mngr.directory / f"{step}.damaged"
         if dst.exists():

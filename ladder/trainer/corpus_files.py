@@ -1,7 +1,7 @@
 """What the two corpus readers (:mod:`ladder.trainer.data`, :mod:`ladder.trainer.tokens`) share:
-which files a ``--data`` argument names, and which documents are held out for evaluation. Kept
-below both so that the token-shard reader need not import the byte corpus (and the corpus may
-dispatch to the shard reader without an import cycle).
+which files a ``--data`` argument names, which documents are held out for evaluation, the token
+dtype and the held-out windows. Kept below both, so the corpus may dispatch to the shard reader
+without an import cycle.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import glob
 import hashlib
 import os
 from pathlib import Path
+
+import numpy as np
 
 from ladder.io import EX_DATAERR, EX_NOINPUT, InputError
 
@@ -21,6 +23,27 @@ def is_held_out(name: str) -> bool:
     """A document is held out when sha256 of its name falls in bucket 0 of ``VAL_BUCKETS``."""
     h = hashlib.sha256(name.encode("utf-8")).digest()
     return int.from_bytes(h[:8], "big") % VAL_BUCKETS == 0
+
+
+def token_dtype(vocab: int) -> np.dtype:
+    """uint16 holds ids below 65,536 (GPT-2-sized vocabularies); larger ones need uint32."""
+    return np.dtype(np.uint16 if vocab <= 1 << 16 else np.uint32)
+
+
+def windows(stream, starts: np.ndarray, seq_len: int) -> dict:
+    """``tokens`` and next-token ``targets`` (int32 [B, S]) of the windows of ``stream`` at
+    ``starts``."""
+    idx = starts[:, None] + np.arange(seq_len + 1)[None, :]  # [B, S+1]
+    w = np.asarray(stream[idx], dtype=np.int32)
+    return {"tokens": w[:, :-1], "targets": w[:, 1:]}
+
+
+def eval_windows(stream, n_batches: int, batch: int, seq_len: int) -> list[dict]:
+    """The fixed held-out set: ``n_batches x batch`` evenly spaced windows of ``stream`` (the
+    validation split), the same whatever the seed and the batch."""
+    starts = np.linspace(0, len(stream) - seq_len - 1, n_batches * batch).astype(np.int64)
+    return [windows(stream, starts[i * batch:(i + 1) * batch], seq_len)
+            for i in range(n_batches)]
 
 
 def data_files(patterns: tuple[str, ...]) -> list[Path]:

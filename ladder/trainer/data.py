@@ -1,17 +1,14 @@
 """Training data: a token stream split into train and held-out parts, and batches as pure functions.
 
 Default corpus: the running Python's standard-library sources (test suites excluded), byte tokens
-(vocab 256). It exists on every machine and needs no network. Each document (file) goes to the
+(vocab 256): it exists on every machine and needs no network. Each document (file) goes to the
 held-out split when a hash of its path (relative to the stdlib root) says so, so the split never
 changes between runs, machines or seeds. ``--data`` brings other text files (bytes, vocab 256) or
 pre-tokenized arrays (``.npy``, or raw ``.bin`` of uint16/uint32 with the vocab size given).
 
-Batch ``i`` is a pure function of ``(seed, i)`` (random windows drawn from a generator seeded by
-both), which is what makes resume exact: no data-loader state needs checkpointing. The held-out
-set is a fixed list of evenly spaced windows of the validation stream, independent of the seed,
-so every rung of a ladder is evaluated on the same tokens.
-
-No JAX here: batches are numpy arrays.
+Batch ``i`` is a pure function of ``(seed, i)``, which makes resume exact with no data-loader
+state to checkpoint; the held-out set is independent of the seed, so every rung of a ladder is
+evaluated on the same tokens. No JAX here: batches are numpy arrays.
 """
 
 from __future__ import annotations
@@ -27,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from ladder.io import EX_USAGE, InputError, sha256_file
-from ladder.trainer.corpus_files import TAIL_VAL_FRACTION, VAL_BUCKETS, data_files, is_held_out  # noqa: F401  (the split rule, re-exported)
+from ladder.trainer.corpus_files import (  # noqa: F401  (the split rule, re-exported)
+    TAIL_VAL_FRACTION, VAL_BUCKETS, data_files, eval_windows, is_held_out, token_dtype, windows)
 
 BYTE_VOCAB = 256
 # Directories of the standard library that are test suites or third-party packages.
@@ -48,26 +46,19 @@ class Corpus:
 
     def batch(self, seed: int, index: int, batch: int, seq_len: int,
               rows: slice = slice(None)) -> dict:
-        """Training batch ``index`` for ``seed``: ``tokens`` and next-token ``targets`` [B, S].
-
-        Windows start at uniform random offsets drawn from a generator seeded by (seed, index),
-        so the batch depends on nothing but those two numbers. ``rows`` builds only those rows
-        (a process of a multi-host run), identical to the same rows of the whole batch.
-        """
+        """Training batch ``index`` for ``seed``: ``tokens`` and next-token ``targets`` [B, S]
+        of windows at uniform random offsets drawn from a generator seeded by (seed, index).
+        ``rows`` builds only those rows (a process of a multi-host run), identical to the same
+        rows of the whole batch."""
         rng = np.random.default_rng([int(seed), int(index)])
         starts = rng.integers(0, len(self.train) - seq_len, size=batch)
-        return _windows(self.train, starts[rows], seq_len)
+        return windows(self.train, starts[rows], seq_len)
 
     def train_feed(self, seed: int, batch: int, seq_len: int, rows: slice) -> PureFeed:
-        """The trainer's source of training batches (see PureFeed)."""
         return PureFeed(self, seed, batch, seq_len, rows)
 
     def eval_batches(self, n_batches: int, batch: int, seq_len: int) -> list[dict]:
-        """The fixed held-out set: ``n_batches x batch`` evenly spaced windows of the val stream."""
-        n = n_batches * batch
-        starts = np.linspace(0, len(self.val) - seq_len - 1, n).astype(np.int64)
-        return [_windows(self.val, starts[i * batch:(i + 1) * batch], seq_len)
-                for i in range(n_batches)]
+        return eval_windows(self.val, n_batches, batch, seq_len)
 
     def check_fits(self, seq_len: int, where: str) -> None:
         for name, part in (("train", self.train), ("validation", self.val)):
@@ -94,22 +85,14 @@ class PureFeed:
         """Continue at batch ``index`` (after a restore): nothing to do for a pure function."""
 
     def state_for(self, index: int) -> None:
-        """The state to checkpoint so that the next batch drawn is ``index``: none needed."""
         return None
 
 
-def _windows(stream: np.ndarray, starts: np.ndarray, seq_len: int) -> dict:
-    idx = starts[:, None] + np.arange(seq_len + 1)[None, :]  # [B, S+1]
-    w = stream[idx].astype(np.int32)
-    return {"tokens": w[:, :-1], "targets": w[:, 1:]}
-
-
 def shuffle_bytes(batch: dict, seed: int, index: int) -> dict:
-    """The same tokens permuted within each sequence: unigram statistics kept, all structure gone.
-
-    Used by the ``data-swap`` fault (a run's data silently replaced by garbage of the same
-    alphabet); deterministic in (seed, index) so a faulted run still resumes exactly.
-    """
+    """The ``data-swap`` fault (a run's data silently replaced by garbage of the same
+    alphabet): the tokens permuted within each sequence, unigram statistics kept, all structure
+    gone. Deterministic in (seed, index), as is :func:`corrupt_bytes`, so a faulted run still
+    resumes exactly."""
     rng = np.random.default_rng([int(seed), int(index), 0xDA7A])
     full = np.concatenate([batch["tokens"], batch["targets"][:, -1:]], axis=1)
     full = rng.permuted(full, axis=1)
@@ -117,12 +100,8 @@ def shuffle_bytes(batch: dict, seed: int, index: int) -> dict:
 
 
 def corrupt_bytes(batch: dict, fraction: float, vocab: int, seed: int, index: int) -> dict:
-    """Each token replaced, with probability ``fraction``, by a uniform random one.
-
-    Used by the ``loss-drift`` fault: a slowly growing share of noise in the data (a data-pipeline
-    bug that creeps in) makes the loss drift up slowly rather than jump. Deterministic in
-    (seed, index), so a faulted run still resumes exactly.
-    """
+    """The ``loss-drift`` fault (a data-pipeline bug that creeps in): each token replaced, with
+    probability ``fraction``, by a uniform random one."""
     rng = np.random.default_rng([int(seed), int(index), 0xD21F])
     full = np.concatenate([batch["tokens"], batch["targets"][:, -1:]], axis=1)
     noise = rng.integers(0, vocab, size=full.shape, dtype=full.dtype)
@@ -162,10 +141,8 @@ def stdlib_corpus() -> Corpus:
 
 
 def _split_documents(docs: list[tuple[str, bytes]], where: str) -> Corpus:
-    """Byte documents -> train/val streams by path hash; documents are separated by a NUL byte.
-
-    When the hash leaves either split empty (e.g. one file), the last 5% of the stream is held out.
-    """
+    """Byte documents -> train/val streams by path hash, documents separated by a NUL byte;
+    when the hash leaves either split empty (e.g. one file), the last 5% is held out."""
     sep = b"\0"
     train = sep.join(d for n, d in docs if not is_held_out(n))
     val = sep.join(d for n, d in docs if is_held_out(n))
@@ -225,8 +202,7 @@ def _token_corpus(path: Path, vocab_size: int | None) -> Corpus:
         if vocab_size is None:
             raise InputError("a raw .bin token file needs --vocab-size (it sets uint16 vs "
                              "uint32)", path=path, field="vocab_size")
-        # uint16 holds ids below 65,536 (GPT-2-sized vocabularies); larger ones are uint32.
-        dtype = np.uint16 if vocab_size <= 1 << 16 else np.uint32
+        dtype = token_dtype(vocab_size)
         size = path.stat().st_size
         if size % np.dtype(dtype).itemsize:
             raise InputError(f"byte length {size} is not a multiple of {np.dtype(dtype).itemsize}"
@@ -252,10 +228,9 @@ def _token_corpus(path: Path, vocab_size: int | None) -> Corpus:
 
 
 def check_vocab(rung, data_vocab: int, field: str, where, *, explicit: bool) -> None:
-    """InputError (64) when the data holds token ids the model's vocabulary lacks, saying how
-    much larger the model would be (and the flag that trains that other model on purpose).
-    ``rung``: a :class:`ladder.specs.Rung`, its model as it will be trained. Issue 39: a .npy
-    with one stray id used to train a model 150x the rung's size under the rung's name."""
+    """InputError (64) when the data holds token ids the model's vocabulary lacks (``rung``'s
+    model as it will be trained), saying how much larger the model would be and the flag that
+    trains that model on purpose (issue 39: one stray id must not grow the rung 150x)."""
     vocab = rung.model.vocab_size
     if data_vocab <= vocab:
         return

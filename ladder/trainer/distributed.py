@@ -1,23 +1,13 @@
 """Multi-host JAX for one rung: start-up, who writes, and which rows of a batch a process feeds.
 
-One rung can span several processes (hosts), each owning some devices of one global
-("data", "expert") mesh. The engine is JAX's own: ``jax.distributed.initialize`` connects the
-processes through a coordinator, after which ``jax.devices()`` lists every process's devices and
-jitted programs run as one SPMD program. This module adds only what the trainer needs around it:
-
-- ``DistributedConfig``: off (the default: a single-host run never tries to connect), ``auto``
-  (``jax.distributed.initialize()`` with no arguments, which reads the cluster's environment on
-  SLURM, Kubernetes (JobSet), Cloud TPU, Open MPI ...), or an explicit coordinator, process count
-  and process id.
-- ``is_writer()``: process 0 writes the run directory (config, env, metrics, summary, W&B); every
-  process takes part in the Orbax checkpoint, which writes each process's shards itself.
-- ``local_rows`` / ``global_array``: a process builds only the batch rows its devices hold and
-  hands them to ``jax.make_array_from_process_local_data``; no process ever holds a global batch.
-- ``agree``: step-boundary decisions (stop on a signal, a time-based checkpoint) are taken by all
-  processes together, since an Orbax save is collective and a process that saved alone would wait
-  for the others forever.
-
-JAX is imported lazily: importing this module costs nothing.
+One rung can span several processes (hosts), each owning some devices of one global ("data",
+"expert") mesh; ``jax.distributed.initialize`` connects them and jitted programs run as one SPMD
+program. Around it: how a process joins (:class:`DistributedConfig`), which process writes the
+run directory (:func:`is_writer`; every process writes its own checkpoint shards), the batch rows
+each process builds (:func:`local_rows`, :func:`global_array`: no process ever holds a global
+batch), and step-boundary decisions taken by all processes together (:func:`agree`: an Orbax
+save is collective, and a process that saved alone would wait for the others forever). JAX is
+imported lazily.
 """
 
 from __future__ import annotations
@@ -37,7 +27,10 @@ DEFAULT_TIMEOUT_S = 300
 
 @dataclass(frozen=True)
 class DistributedConfig:
-    """How this process joins a multi-host run (``mode`` "off": it does not)."""
+    """How this process joins a multi-host run: "off" (the default: a single-host run never
+    tries to connect), "auto" (``jax.distributed.initialize()`` reads the cluster's environment
+    on SLURM, Kubernetes JobSet, Cloud TPU, Open MPI ...) or "explicit" (a coordinator, process
+    count and process id)."""
 
     mode: str = "off"
     coordinator: str | None = None    # HOST:PORT of process 0's coordinator service

@@ -1,18 +1,13 @@
 """Whole ladders on a Ray cluster: each rung one Ray task, the same run directories as a local run.
 
 ``run_ladder_ray`` submits every rung as a Ray task that calls ``train.train_rung`` into
-``LADDER_DIR/RUNG/`` on a filesystem the workers share, with the rung's resource request
-(``num_cpus``, ``num_gpus``, custom resources, an accelerator type), so Ray runs at once the rungs
-that fit on the cluster and queues the rest. While they run, the driver streams one line per rung
-status change (queued, running, each new checkpointed step, done), read from the rung's own
-``summary.json``, the same file ``ladder watch``/``fit``/``report`` read. A rung whose task fails
-(an exception, a lost worker or node) or is preempted (its worker got SIGTERM, checkpointed and
-stopped) is submitted again with ``resume=True``, so it continues from its last checkpoint, up to
-``max_retries`` times; bad input is never retried.
-
-Ray is an optional dependency (``pip install 'ladder[ray]'``); it is imported only here, and only
-when the executor runs. Each task runs in a fresh worker process (``max_calls=1``), so a rung's
-JAX runtime and device memory are released when it ends.
+``LADDER_DIR/RUNG/`` on a filesystem the workers share, with the rung's resource request, so Ray
+runs at once the rungs that fit and queues the rest. The driver streams one line per rung status
+change, read from the rung's own ``summary.json``. A rung whose task fails (an exception, a lost
+worker or node) or is preempted (SIGTERM: it checkpointed and stopped) is submitted again with
+``resume=True``, up to ``max_retries`` times; bad input is never retried. Each task runs in a
+fresh worker process (``max_calls=1``), so a rung's JAX runtime and device memory are released
+when it ends. Ray is optional (``pip install 'ladder[ray]'``) and imported only when this runs.
 """
 
 from __future__ import annotations
@@ -159,10 +154,9 @@ def run_ladder_ray(rungs: list, ladder_dir: str | os.PathLike, cfg, *,
                    task: Callable = rung_task) -> LadderResult:
     """Train ``rungs`` as Ray tasks into ``ladder_dir/RUNG/`` (see the module docstring).
 
-    Connects to ``address`` (None: ``RAY_ADDRESS`` or a new local Ray), unless Ray is already
-    initialised in this process (then that cluster is used and left running). ``task`` is the
-    function each Ray task runs (``rung_task``; a test passes a flaky one to exercise retries).
-    Raises InputError when a rung's input is bad.
+    Connects to ``address`` (None: ``RAY_ADDRESS`` or a new local Ray) unless Ray is already
+    initialised here (then that cluster is used and left running). ``task``: what each Ray task
+    runs (a test passes a flaky one). Raises InputError when a rung's input is bad.
     """
     try:
         import ray
@@ -271,17 +265,17 @@ def run_ladder_ray(rungs: list, ladder_dir: str | os.PathLike, cfg, *,
 def print_problems(result: LadderResult) -> None:
     """One stderr line per rung that did not finish cleanly."""
     for o in result.outcomes:
+        s, problem = o.summary, None
         if o.cancelled:
-            print(f"ladder run: {o.out.parent.name}/{o.name} not started (the run was stopped); "
-                  f"continue with --resume", file=sys.stderr)
-        elif o.summary is None:
-            print(f"ladder run: {o.out.parent.name}/{o.name} failed after {o.attempts} "
-                  f"attempt(s): {o.errors[-1] if o.errors else 'unknown error'}", file=sys.stderr)
-        elif o.summary.get("interrupted"):
-            print(f"ladder run: {o.out.parent.name}/{o.name} interrupted at step "
-                  f"{o.summary['step']} ({o.summary.get('signal')}); checkpoint saved, continue "
-                  f"with --resume", file=sys.stderr)
+            problem = "not started (the run was stopped); continue with --resume"
+        elif s is None:
+            problem = (f"failed after {o.attempts} attempt(s): "
+                       f"{o.errors[-1] if o.errors else 'unknown error'}")
+        elif s.get("interrupted"):
+            problem = (f"interrupted at step {s['step']} ({s.get('signal')}); checkpoint saved, "
+                       f"continue with --resume")
         elif o.status == "diverged":
-            print(f"ladder run: {o.out.parent.name}/{o.name} diverged at step "
-                  f"{o.summary['step']} (non-finite loss); see {o.out / 'summary.json'}",
-                  file=sys.stderr)
+            problem = (f"diverged at step {s['step']} (non-finite loss); see "
+                       f"{o.out / 'summary.json'}")
+        if problem:
+            print(f"ladder run: {o.out.parent.name}/{o.name} {problem}", file=sys.stderr)

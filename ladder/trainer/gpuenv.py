@@ -1,41 +1,23 @@
 """XLA settings for MoE training on NVIDIA GPUs, set before JAX starts its backend (issue 37
 item 4).
 
-XLA reads ``XLA_FLAGS`` and the allocator reads ``XLA_PYTHON_CLIENT_MEM_FRACTION`` once, when
-the first backend is created (the first ``jax.devices()``, ``jax.default_backend()`` or
-computation), not at ``import jax``. So :func:`apply` runs first thing in ``ladder run`` (the
-command line), in ``train_rung`` (Ray workers and library callers) and in bench/gpu_rung.py;
-when a backend is already up it changes nothing and records that it came too late.
+XLA reads ``XLA_FLAGS`` and the allocator ``XLA_PYTHON_CLIENT_MEM_FRACTION`` once, when the first
+backend is created (the first ``jax.devices()`` or computation), not at ``import jax``. So
+:func:`apply` runs first thing in ``ladder run``, in ``train_rung`` (Ray workers and library
+callers) and in bench/gpu_rung.py; when a backend is already up it changes nothing and records
+that it came too late. Only on a GPU platform (``JAX_PLATFORMS`` naming cuda/gpu, or, when unset,
+a JAX CUDA plugin and an NVIDIA device node): CPU and TPU runs see no change. The user's own
+environment wins (a flag already in ``XLA_FLAGS``, by name, or a variable already set), and
+``LADDER_GPU_FLAGS=0`` turns all of this off. What was set and what was the user's lands in
+env.json (``gpu_env``). XLA aborts on a flag it does not know, and flags come and go between
+jaxlib releases: the flags are checked once in a child process on the CPU backend (which parses
+every XLA flag, GPU ones included) and only those it accepts are set.
 
-Only on a GPU platform (``JAX_PLATFORMS`` naming cuda/gpu, or, when unset, a JAX CUDA plugin
-installed and an NVIDIA device node present): CPU and TPU runs see no change. The user's own
-environment wins: a flag already in ``XLA_FLAGS`` (by name) or a variable already set is kept,
-and ``LADDER_GPU_FLAGS=0`` turns all of this off. What was set and what was the user's lands in
-env.json (``gpu_env``).
-
-The settings and where the field uses them:
-- ``--xla_gpu_enable_latency_hiding_scheduler=true``: lets XLA overlap collectives (the expert
-  all-to-all, FSDP's all-gathers and reduce-scatters) with compute. The one XLA flag NVIDIA's
-  JAX container sets by default (JAX-Toolbox "Environment Variables" page) and the first of
-  JAX's own GPU performance tips (docs.jax.dev gpu_performance_tips).
-- ``--xla_gpu_enable_pipelined_all_gather/reduce_scatter/all_reduce=true`` and
-  ``--xla_gpu_enable_while_loop_double_buffering=true``: FSDP over a scanned layer stack
-  prefetches the next layer's weights while this one computes (JAX-Toolbox
-  rosetta/docs/GPU_performance.md, "Enable Optimizations for FSDP communication"; MaxText's and
-  JAX-Toolbox's GPU training scripts set all four).
-- collective combine thresholds: many small per-layer collectives are merged up to these sizes
-  (same guide, "many small collectives"); the scripts there use 1 GiB divided by the GPUs
-  (all-gather, all-reduce) and by twice the GPUs (reduce-scatter). Here one 8-GPU node's values,
-  128 MiB and 64 MiB, since the GPU count is not known before the backend starts.
-- ``XLA_PYTHON_CLIENT_MEM_FRACTION=0.9`` (JAX's default 0.75): the same guide, "We typically
-  set it to 0.9 or 0.8"; ladder.accelerators.GPU_MEM_FRACTION, which the layout is chosen for.
-No NCCL variable is set: NVIDIA's container dropped its one (NCCL_NVLS_ENABLE=0, JAX-Toolbox
-PR 1708) and leaves NCCL to its own tuning; ``CUDA_DEVICE_MAX_CONNECTIONS=1`` helps Hopper and
-hurts Blackwell (the same guide's Blackwell tips), so it is the user's to set.
-
-XLA aborts the process on a flag it does not know, and flags come and go between jaxlib
-releases: before setting them, :func:`apply` checks them once in a child process on the CPU
-backend (which parses every XLA flag, GPU ones included) and keeps only those it accepts.
+Sources: NVIDIA's JAX-Toolbox (rosetta/docs/GPU_performance.md, "the guide" below, and its
+containers' environment) and JAX's gpu_performance_tips. No NCCL variable is set: NVIDIA's
+container dropped its one (NCCL_NVLS_ENABLE=0, JAX-Toolbox PR 1708) and leaves NCCL to its own
+tuning; ``CUDA_DEVICE_MAX_CONNECTIONS=1`` helps Hopper and hurts Blackwell (the guide's Blackwell
+tips), so it is the user's to set.
 """
 
 from __future__ import annotations
@@ -54,15 +36,25 @@ log = logging.getLogger(__name__)
 
 _MIB = 2 ** 20
 XLA_GPU_FLAGS = (
+    # overlap collectives (the expert all-to-all, FSDP's all-gathers and reduce-scatters) with
+    # compute: the one XLA flag NVIDIA's JAX container sets by default, JAX's first GPU tip
     ("xla_gpu_enable_latency_hiding_scheduler", "true"),
+    # FSDP over a scanned layer stack prefetches the next layer's weights while this one
+    # computes (the guide's "Enable Optimizations for FSDP communication"; MaxText's and
+    # JAX-Toolbox's GPU training scripts set all four)
     ("xla_gpu_enable_pipelined_all_gather", "true"),
     ("xla_gpu_enable_pipelined_reduce_scatter", "true"),
     ("xla_gpu_enable_pipelined_all_reduce", "true"),
     ("xla_gpu_enable_while_loop_double_buffering", "true"),
+    # many small per-layer collectives merged up to these sizes (the guide's "many small
+    # collectives": 1 GiB / GPUs, reduce-scatter 1 GiB / (2 x GPUs)); one 8-GPU node's values,
+    # since the GPU count is not known before the backend starts
     ("xla_gpu_all_gather_combine_threshold_bytes", str(128 * _MIB)),
     ("xla_gpu_all_reduce_combine_threshold_bytes", str(128 * _MIB)),
     ("xla_gpu_reduce_scatter_combine_threshold_bytes", str(64 * _MIB)),
 )
+# 0.9 (JAX's default 0.75): the guide, "We typically set it to 0.9 or 0.8"; the layout is
+# chosen for this share
 ENV_VARS = (("XLA_PYTHON_CLIENT_MEM_FRACTION", str(GPU_MEM_FRACTION)),)
 OFF_SWITCH = "LADDER_GPU_FLAGS"
 

@@ -77,37 +77,29 @@ def choose_layout(rung: Rung, devices: int, memory_per_device: float, *,
     """The layout of ``rung`` on ``devices`` devices that fits ``memory_per_device`` by the
     estimate (module docstring); ``precision``/``remat``/``microbatch`` given are kept.
     ValueError naming the field when a given microbatch does not split the batch."""
-    from ladder.trainer.plan import microbatch_candidates, plan_rung
+    from ladder.trainer.plan import plan_rung
 
     chosen = tuple(name for name, v in (("precision", precision), ("remat", remat),
                                         ("microbatch", microbatch)) if v is None)
     prec = precision or "bf16"
-    remats = (remat,) if remat is not None else REMAT_ORDER
-    if microbatch is not None:
-        mbs = [microbatch]
-    else:
-        # none splits into whole cells: the whole batch (the mesh check refuses it by name)
-        mbs = microbatch_candidates(rung, devices) or [rung.batch]
     last = None
-    for r in remats:
-        model = rung.model.replace(precision=prec, remat=r)
-        laid = rung.replace(model=model)
-        for mb in mbs:
-            est = plan_rung(laid, devices, microbatch=mb, expert_parallel=expert_parallel)
-            last = Layout(precision=prec, remat=r, microbatch=mb, devices=devices,
-                          memory_per_device=memory_per_device, estimate_bytes=est.total_bytes,
-                          fits=est.total_bytes <= memory_per_device, chosen=chosen,
-                          budget_source=budget_source)
-            if last.fits:
-                return last
+    for r, mb in ordered_layouts(rung, devices, remat=remat, microbatch=microbatch):
+        laid = rung.replace(model=rung.model.replace(precision=prec, remat=r))
+        est = plan_rung(laid, devices, microbatch=mb, expert_parallel=expert_parallel)
+        last = Layout(precision=prec, remat=r, microbatch=mb, devices=devices,
+                      memory_per_device=memory_per_device, estimate_bytes=est.total_bytes,
+                      fits=est.total_bytes <= memory_per_device, chosen=chosen,
+                      budget_source=budget_source)
+        if last.fits:
+            return last
     return last
 
 
 def ordered_layouts(rung: Rung, devices: int, *, precision: str | None = None,
                     remat: str | None = None, microbatch: int | None = None
                     ) -> list[tuple[str, int]]:
-    """Every (remat, microbatch) the rule may choose, in its order of preference (what
-    ``plan --compile`` walks when XLA's figure disagrees with the estimate)."""
+    """Every (remat, microbatch) the rule may choose, in its order of preference. When no
+    microbatch splits into whole cells: the whole batch (the mesh check refuses it by name)."""
     from ladder.trainer.plan import microbatch_candidates
 
     remats = (remat,) if remat is not None else REMAT_ORDER
@@ -143,9 +135,8 @@ def run_layout(rung: Rung, cfg) -> Layout | None:
     """The layout ``ladder run`` trains ``rung`` with under ``cfg`` (a TrainConfig) on this
     process's devices: the estimate's choice, compiled for these devices and walked down while
     XLA's figure is over the device's budget (``fit_layout`` without the walk up). None when
-    there is nothing to choose: on CPU (f32, the whole batch:
-    the small ladders' numbers stay as they were), on an accelerator of unknown memory, or
-    when the user gave precision, remat and microbatch all three."""
+    there is nothing to choose: on CPU (f32, the whole batch), on an accelerator of unknown
+    memory, or when the user gave precision, remat and microbatch all three."""
     import jax
 
     given_prec = cfg.model.get("precision")
@@ -166,8 +157,6 @@ def run_layout(rung: Rung, cfg) -> Layout | None:
 
     enable_compilation_cache()   # the step compiled here is the Session's: a cache hit there
     try:
-        # the estimate's choice, checked by the device's own compiler (XLA's memory analysis
-        # of the real step): a layout the estimate misjudges walks down until it fits
         layout = fit_layout(resolved, devices, budget[0], budget_source=budget[1],
                             expert_parallel=cfg.run.expert_parallel, search_up=False,
                             **given).layout

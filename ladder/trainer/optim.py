@@ -1,45 +1,34 @@
 """The optimizers a rung trains with: ``adamw`` (every earlier ladder) and ``marin``, the hero
 recipe's three groups (Marin's public hero-run tracking issue; issue 12 of this project):
 
-- **MuonH** on the hidden matrices (attention, latent projections, shared and routed experts):
-  the recipe's Muon direction (issue 22 item 3; Marin's grug MoE ``scale_with_grug_muonh``):
-  momentum m <- 0.95 m + g (undamped, no bias correction), the Nesterov input 0.95 m + g,
-  orthogonalised by 5 Newton-Schulz steps with the recipe's coefficient schedule
-  (:func:`newton_schulz`, constants in ladder/optspec.py), then the hyperball step
-  p' = p - lr * u * |p| / |u|, renormalised to |p|. Norms are Frobenius norms *per matrix*: a
-  routed-expert weight [E, L, F] is E matrices, each kept at its own norm (and a stacked
-  [n_layers, ...] weight is one matrix per layer). MuonH keeps one moment (no second moment).
-- **AdamH** on the output projection (the LM head): the Adam direction, the same hyperball step,
-  at the MuonH learning rate.
+- **MuonH** on the hidden matrices (attention, latent projections, shared and routed experts,
+  GatedNorm's matrices): the recipe's Muon direction (issue 22 item 3; Marin's grug MoE
+  ``scale_with_grug_muonh``): momentum m <- 0.95 m + g (undamped, no bias correction), the
+  Nesterov input 0.95 m + g, orthogonalised by 5 Newton-Schulz steps (:func:`newton_schulz`,
+  constants in ladder/optspec.py), then the hyperball step p' = p - lr * u * |p| / |u|,
+  renormalised to |p|. Norms are Frobenius norms *per matrix*: a routed-expert weight [E, L, F]
+  is E matrices (a stacked [n_layers, ...] weight one matrix per layer). No second moment.
+- **AdamH** on the output projection (the LM head): the Adam direction, the same hyperball
+  step, at the MuonH learning rate.
 - **Adam** (no weight decay) on the embedding, the router, the norm gains, the attention head
-  gates and the short-convolution kernels (GatedNorm's matrices are MuonH's). The
-  router *bias* is not a parameter here: the balancing rule sets it (ladder/model/moe.py).
+  gates and the short-convolution kernels. The router *bias* is not a parameter here: the
+  balancing rule sets it (ladder/model/moe.py).
 
-Learning rates: Adam LR = the ladder's rule (0.087571 x tokens^-0.3461 x d^-0.3448 x
-sqrt(tokens per batch), ``ladder.specs.Recipe.peak_lr``); MuonH LR = 13/3 x Adam LR, capped at
-0.05. beta2 = clip(0.999^(tokens per batch / 131072), 0.95, 0.9999); eps = 9.676e-18 x
-sqrt(tokens / tokens per batch); beta1 0.9 (Adam and AdamH); no clipping, no weight decay.
-With these the published peak LRs come out to < 1% (tests/test_optim.py). MuonH's momentum is
-its own (0.95; until issue 22 it was beta1, damped and bias-corrected as optax's Muon does).
-
-The schedule: the step's input ``lr`` is the Adam peak times the schedule's multiplier
-(``ladder.lrtable.run_lr_table``), so the MuonH/AdamH step is ``lr x muonh_lr / adam_lr``: the
-multiplier applies to both peaks. The trainer applies ``params - lr * updates``; the hyperball
-groups need the step's LR to land on the sphere, so ``update(..., lr=...)`` takes it and returns
-``(p - p') / lr`` for those leaves (exact up to float rounding: |p| is kept to ~1e-7).
-
-The hyperball keeps every MuonH/AdamH matrix at its initial norm for the whole run, so the init
-scale is a hyperparameter for good: the recipe's init (std 0.5/sqrt(d), issue 12 item 2) is part
-of it (what std 0.02 does to the small ladders: docs/LOG.md, 2026-12-01, "the marin optimizer on
-small widths needs the recipe's init").
+The learning rates, betas and eps are the recipe's rules (ladder/optspec.py: MuonH LR = 13/3 x
+the Adam LR, capped at 0.05; the published peak LRs come out to < 1%, tests/test_optim.py). The
+step's input ``lr`` is the Adam peak times the schedule's multiplier
+(``ladder.lrtable.run_lr_table``), so the multiplier applies to both peaks. The trainer applies
+``params - lr * updates``; the hyperball groups need the step's LR to land on the sphere, so
+``update(..., lr=...)`` takes it and returns ``(p - p') / lr`` for those leaves (exact up to
+float rounding: |p| is kept to ~1e-7).
 
 The plain-Python part (:class:`OptimizerSpec`, :class:`OptimizerSettings`) lives in
-:mod:`ladder.optspec`, the ladder base, without JAX: ``ladder list`` prints the settings.
-:func:`make_optimizer` imports optax when called.
+:mod:`ladder.optspec`, without JAX: ``ladder list`` prints the settings.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -55,23 +44,18 @@ from ladder.optspec import (  # noqa: F401  (MUON_NS_COEFFS, OptimizerSpec re-ex
     OptimizerSpec,
 )
 
-# ------------------------------------------------------------------------------ optax part
-
-
-# How far the hidden matrices' init std may sit from the recipe's 0.5/sqrt(d) before the marin
-# optimizer warns. MuonH/AdamH keep each matrix at its initial norm for good, so the init is a
-# hyperparameter of the run: with std 0.02 the cpu ladder's proxy trained to 3.889 where the
-# recipe's init gave 2.527 (issue 37), and the tiny ladder's d=16 rung to a train CE of 4.8
-# against 2.8 (docs/LOG.md, 2026-12-01). 0.02 at d=16 is 0.16x the recipe's 0.125; a factor of 2
-# either way flags that and leaves the recipe's own scale (and --model.init_std=0.5/sqrt(d)) alone.
+# How far the hidden matrices' init std may sit from the recipe's 0.5/sqrt(d) (issue 12 item 2)
+# before the marin optimizer warns. MuonH/AdamH keep each matrix at its initial norm for good,
+# so the init is a hyperparameter of the run: with std 0.02 the cpu ladder's proxy trained to
+# 3.889 where the recipe's init gave 2.527 (issue 37), and the tiny ladder's d=16 rung to a train
+# CE of 4.8 against 2.8 (docs/LOG.md, 2026-12-01). 0.02 at d=16 is 0.16x the recipe's 0.125; a
+# factor of 2 either way flags that and leaves the recipe's own scale alone.
 INIT_STD_TOLERANCE = 2.0
 
 
 def init_warning(kind: str, model_cfg) -> str | None:
     """A one-line warning when ``kind``'s optimizer is known not to train well from
-    ``model_cfg``'s init (None: no objection). Only ``marin`` objects: its hyperball steps keep
-    the hidden matrices at their init norms, so an init std far from the recipe's
-    0.5/sqrt(d_model) fixes their scale for the whole run."""
+    ``model_cfg``'s init (None: no objection); only ``marin`` objects (INIT_STD_TOLERANCE)."""
     if kind != "marin":
         return None
     from ladder.model.config import RECIPE_INIT_COEF
@@ -96,8 +80,7 @@ def warn_init(kind: str, model_cfg) -> None:
 def make_optimizer(settings: OptimizerSettings):
     """The optax transformation for ``settings``. Its ``update(grads, state, params, lr=...)``
     returns updates that the trainer applies as ``params - lr * updates`` (``adamw`` ignores
-    ``lr``; ``marin`` needs it for the hyperball step). The compiled program depends on the
-    settings only through their numbers' ratios and betas, never on the schedule."""
+    ``lr``), so the compiled program never depends on the schedule."""
     import optax
 
     if settings.kind == "adamw":
@@ -105,23 +88,19 @@ def make_optimizer(settings: OptimizerSettings):
     parts = [optax.clip_by_global_norm(settings.clip)] if settings.clip else []
     parts.append(scale_by_marin(settings))
     if settings.weight_decay:  # not the recipe (it has none); decays the Adam group's matrices
-        parts.append(optax.add_decayed_weights(settings.weight_decay, mask=_adam_matrix_mask))
+        parts.append(optax.add_decayed_weights(settings.weight_decay,
+                                               mask=partial(_matrix_mask, adam_only=True)))
     return optax.chain(*parts)
 
 
 def adamw(settings: OptimizerSettings):
     """AdamW as optax composes it (adam scaling, then decoupled weight decay on matrices only:
     norm scales and other vectors are not decayed), after global-norm clipping."""
-    import jax
     import optax
-
-    def decay_mask(params):
-        return jax.tree_util.tree_map_with_path(
-            lambda path, x: _is_matrix(_path_names(path), x), params)
 
     parts = [optax.clip_by_global_norm(settings.clip)] if settings.clip else []
     parts += [optax.scale_by_adam(b1=settings.beta1, b2=settings.beta2, eps=settings.eps),
-              optax.add_decayed_weights(settings.weight_decay, mask=decay_mask)]
+              optax.add_decayed_weights(settings.weight_decay, mask=_matrix_mask)]
     return optax.chain(*parts)
 
 
@@ -180,20 +159,18 @@ def marin_groups(params) -> Any:
         lambda path, x: marin_group(_path_names(path), x.shape), params)
 
 
-def _adam_matrix_mask(params):
+def _matrix_mask(params, adam_only: bool = False):
+    """True on the matrices once the scanned layers' stack axis is set aside (a [G, D] stack of
+    norm scales is G vectors: it gets no weight decay); with ``adam_only``, marin's Adam ones."""
     import jax
 
-    return jax.tree_util.tree_map_with_path(
-        lambda path, x: _is_matrix(_path_names(path), x)
-        and marin_group(_path_names(path), x.shape).kind == "adam", params)
-
-
-def _is_matrix(names: tuple[str, ...], x) -> bool:
-    """A matrix once the scanned layers' stack axis is set aside (a [G, D] stack of norm scales
-    is G vectors, not a matrix: it gets no weight decay)."""
     from ladder.model.transformer import stacked_axes
 
-    return x.ndim - stacked_axes(names) >= 2
+    def leaf(path, x):
+        names = _path_names(path)
+        return x.ndim - stacked_axes(names) >= 2 and (
+            not adam_only or marin_group(names, x.shape).kind == "adam")
+    return jax.tree_util.tree_map_with_path(leaf, params)
 
 
 def _matrix_axes(x, dims) -> tuple[int, ...]:
@@ -278,11 +255,9 @@ def scale_by_marin(settings: OptimizerSettings):
 
     The state holds the first moment of every leaf (``mu``, shaped like the params) and the
     second moment of the Adam and AdamH leaves (``nu``: the params' tree with None on the
-    MuonH leaves, ~1x params less memory and checkpoint than a full tree; plan.py counts
-    it). ``optax.tree_utils.tree_map_params`` maps ``mu`` as a params tree; ``nu``'s Nones
-    need ``is_leaf`` (step.py ``state_shardings``). A checkpoint written before issue 22
-    (a zero second moment on every MuonH leaf too) restores into this state: Orbax reads the
-    leaves the target has and leaves the rest (tests/test_optim.py)."""
+    MuonH leaves; its Nones need ``is_leaf``, step.py ``state_shardings``). A checkpoint with a
+    zero second moment on every MuonH leaf too (before issue 22) restores into this state:
+    Orbax reads the leaves the target has (tests/test_optim.py)."""
     import jax
     import jax.numpy as jnp
     import optax

@@ -2,45 +2,26 @@
 without training and without allocating the model; with ``--compile``, XLA's own figures.
 
 Parameter shapes come from ``jax.eval_shape`` of the model's init (``model.param_shapes``), so
-even the 535B hero is planned in seconds. FLOPs come from the one counter (ladder/counting.py).
+even the 535B hero is planned in seconds; FLOPs come from the one counter (ladder/counting.py).
+The mesh is the trainer's (step.py): N devices = data x expert; the batch of one microbatch is
+split over all N, routed-expert weights over "expert" (and FSDP-style over "data"), every other
+weight FSDP-style over all N. The default expert axis is the largest divisor of N that also
+divides the number of experts.
 
-Mesh (as the trainer's, ladder/trainer/step.py): N devices = data x expert. The batch (of one
-microbatch) is split over ALL N devices; routed-expert weights are split over "expert" (and
-FSDP-style over "data"); every other weight FSDP-style over all N devices. By default the expert
-axis is the largest divisor of N that also divides the number of experts.
-
-Memory per device (bytes), the estimate (what the trainer as it is here keeps):
-- parameters, gradients and the optimizer's moments: float32, each 1/N of the model (FSDP; the
-  routed experts 1/(data x expert)); moments: AdamW two per weight, marin two per Adam/AdamH
-  weight and one per MuonH weight (optim.py); plus a float32 gradient accumulator when the
-  step has more than
-  one microbatch; plus the weights GSPMD gathers for use, of which the embedding and LM head
-  (2 V D float32, whole) dominate;
-- the threshold rule's merged statistic [layers, E, n] float32 (n = tokens per step x k / E),
-  split over "expert", twice (running value and the merge);
-- activations of one microbatch's tokens on the device at the rung's precision and remat
-  (``activation_bytes_per_token``; "auto" precision is planned as bf16, what an accelerator
-  runs; the layout ladder/trainer/layout.py chooses sets both). Without remat, per token and
-  layer (elements):
-  4 D (residual inputs and their normed copies) + 4 q_dim + 3 kv_dim (q, k, v before and after
-  QK-norm/RoPE, attention output) + 2 E (router logits and probabilities) + 3 L (latent
-  before/after norm, combined output) + 2 k L (each assignment's token and output) + 2 cf k
-  (2 L + 3 F) (expert slots, on the sender and again on the expert's device after the
-  all-to-all: input, gate, up, hidden, output) + 3 N F_shared; with the recipe's pieces on
-  (issue 12), + 2 (2 r + 3 D) (GatedNorm of rank r after both norms) + 2 kv_dim + 4 D (the short
-  convolutions at K, the attention output and the MoE output) + 2 q_dim (XSA) + q_dim + H (the
-  head gate). No attention scores: attention
-  runs in query blocks whose scores are recomputed in the backward pass (ladder/model/layers.py), so
-  none is kept. Per token once: 2 D (embedding output, final norm; + their GatedNorms) +
-  3 V loss_chunk / S (the
-  LM head and cross-entropy run over chunks of loss_chunk positions: one chunk's float32
-  logits, exponentials and gradient exist at a time).
-  In bf16 these are 2 bytes but the router's logits and probabilities and the loss chunk (f32).
-  Remat "full" keeps each layer's input and recomputes one layer at a time; "dots" keeps the
-  weight matmuls' outputs. Measured against XLA's memory analysis of the compiled step
-  (``--compile``) it is a planning estimate, expected within ~30% on the real rungs in f32;
-  XLA:CPU computes bf16 matmuls through float32 copies (bench/compute_memory.py), so a bf16
-  step compiled on CPU needs more than the estimate and than the same step on a GPU.
+Memory per device (bytes), an estimate of what the trainer keeps:
+- float32 parameters, gradients and optimizer moments, each 1/N of the model (AdamW: two
+  moments per weight; marin: two per Adam/AdamH weight, one per MuonH weight, optim.py); a
+  float32 gradient accumulator when the step has several microbatches; the weights GSPMD
+  gathers whole for use, of which the embedding and LM head (2 V D float32) dominate;
+- the balancing rule's merged statistic [layers, E, n] float32 (threshold rule: n = tokens per
+  step x k / E), split over "expert", twice (running value and the merge);
+- one microbatch's activations on the device at the rung's precision and remat
+  (:func:`activation_bytes_per_token`, the terms in :func:`_layer_elements`; "auto" precision
+  is planned as bf16, what an accelerator runs; ladder/trainer/layout.py chooses both).
+It is a planning estimate, expected within ~30% of XLA's memory analysis of the compiled step
+(``--compile``) on the real rungs in f32. XLA:CPU computes bf16 matmuls through float32 copies
+(bench/compute_memory.py), so a bf16 step compiled on CPU needs more than the estimate and than
+the same step on a GPU.
 
 Time per step = training FLOPs per step (LM head included) / (N x peak FLOP/s x MFU).
 The default peak is one GB200 GPU in bf16 without sparsity: 2.5e15 FLOP/s (NVIDIA's GB200 NVL72
@@ -54,10 +35,11 @@ import math
 import os
 import re
 import sys
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
 
-from ladder.accelerators import ACCELERATORS, GB200_BF16_DENSE_FLOPS, accelerator_peak  # noqa: F401  (ACCELERATORS re-exported)
+from ladder.accelerators import GB200_BF16_DENSE_FLOPS, accelerator_peak  # noqa: F401  (accelerator_peak re-exported)
 from ladder.specs import Rung
 
 DEFAULT_MFU = 0.4
@@ -70,15 +52,9 @@ class Mesh:
     data: int
     expert: int
 
-    def __post_init__(self):
-        if self.devices < 1:
-            raise ValueError(f"devices: must be >= 1, got {self.devices}")
-        if self.data * self.expert != self.devices:
-            raise ValueError(f"expert_parallel: {self.expert} does not divide "
-                             f"devices={self.devices}")
-
 
 def make_mesh(devices: int, n_experts: int, expert_parallel: int | None = None) -> Mesh:
+    """The plan's mesh; ValueError naming the field when the axes do not divide."""
     if devices < 1:
         raise ValueError(f"devices: must be >= 1, got {devices}")
     if expert_parallel is None:
@@ -142,20 +118,29 @@ class RungPlan:
                 "run_time_s": self.run_time_s, "run_time_days": self.run_time_s / 86400}
 
 
+def _gated(cfg) -> float:
+    """GatedNorm of rank r after a norm (issue 12): its rank-r down projection and activation
+    and three [D] products."""
+    return 2 * cfg.gated_rank + 3 * cfg.d_model if cfg.gated_norm_rank else 0
+
+
 def _layer_elements(cfg, layer: int) -> float:
-    """Activations one layer keeps per token without rematerialisation (elements; see the
-    module docstring for the terms)."""
+    """Activations one layer keeps per token without rematerialisation (elements). No
+    attention scores: attention runs in query blocks whose scores are recomputed in the
+    backward pass (ladder/model/layers.py)."""
     cap_slots = cfg.capacity_factor * cfg.top_k          # expert slots per token
     d = cfg.d_model
-    # the recipe's pieces (issue 12), when on: GatedNorm after a norm keeps its rank-r down
-    # projection and activation and three [D] products; a short conv its input and output
-    gated = 2 * cfg.gated_rank + 3 * d if cfg.gated_norm_rank else 0
     kv_dim = cfg.n_kv_heads(layer) * cfg.head_dim
-    return (4 * d + 4 * cfg.q_dim + 3 * kv_dim
-            + 2 * cfg.n_experts + 3 * cfg.latent_dim + 2 * cfg.top_k * cfg.latent_dim
+    return (4 * d                           # residual inputs and their normed copies
+            + 4 * cfg.q_dim + 3 * kv_dim    # q, k, v before/after QK-norm and RoPE; attn out
+            + 2 * cfg.n_experts             # router logits and probabilities
+            + 3 * cfg.latent_dim            # latent before/after norm, combined output
+            + 2 * cfg.top_k * cfg.latent_dim    # each assignment's token and output
+            # expert slots (input, gate, up, hidden, output), on the sender and again on the
+            # expert's device after the all-to-all
             + 2 * cap_slots * (2 * cfg.latent_dim + 3 * cfg.expert_dim)
             + 3 * cfg.n_shared * cfg.shared_dim
-            + 2 * gated                                         # attention and MoE norms
+            + 2 * _gated(cfg)                                   # attention and MoE norms
             + (2 * kv_dim + 4 * d if cfg.conv_kernel else 0)    # K, attention out, MoE out
             + (2 * cfg.q_dim if cfg.xsa else 0)                 # y and its projection on v
             + (cfg.q_dim + cfg.n_heads if cfg.head_gate else 0))
@@ -163,23 +148,12 @@ def _layer_elements(cfg, layer: int) -> float:
 
 def _layer_dot_outputs(cfg, layer: int) -> float:
     """What remat "dots" (jax's dots_with_no_batch_dims_saveable) keeps of one layer per token:
-    the layer's input and the outputs of its weight matmuls without a batch dimension (q, k, v,
-    the attention output projection, the router, the latent projections, the shared experts);
-    the routed experts' matmuls carry the expert dimension as a batch dimension and are
+    the layer's input and the outputs of its weight matmuls without a batch dimension; the
+    routed experts' matmuls carry the expert dimension as a batch dimension and are
     recomputed."""
     kv_dim = cfg.n_kv_heads(layer) * cfg.head_dim
     return (cfg.d_model + cfg.q_dim + 2 * kv_dim + cfg.d_model + cfg.n_experts
             + 2 * cfg.latent_dim + 3 * cfg.n_shared * cfg.shared_dim)
-
-
-def activation_elements_per_token(cfg, seq_len: int) -> float:
-    """Saved activations per token for the whole model (elements) at ``seq_len`` without
-    rematerialisation. See the module docstring for the terms."""
-    d = cfg.d_model
-    gated = 2 * cfg.gated_rank + 3 * d if cfg.gated_norm_rank else 0
-    total = sum(_layer_elements(cfg, layer) for layer in range(cfg.n_layers))
-    once = 2 * d + (gated * (2 if cfg.embed_norm else 1))   # embedding out, final norm (+gates)
-    return total + once + 3 * cfg.vocab_size * min(cfg.loss_chunk, seq_len) / seq_len
 
 
 def plan_precision(cfg) -> str:
@@ -192,23 +166,22 @@ def plan_precision(cfg) -> str:
 
 def activation_bytes_per_token(cfg, seq_len: int) -> float:
     """Bytes of activations one token keeps for the backward pass under ``cfg``'s precision and
-    remat. In bf16 the activations are 2 bytes, the router's logits and probabilities and the LM
-    head's chunk stay float32 (model/transformer.py reads the router in float32). With remat
-    "full" each layer keeps only its input, and one layer's activations exist again while its
-    backward runs (the largest layer); with "dots" each layer keeps its weight matmuls'
-    outputs (``_layer_dot_outputs``) and again one layer is recomputed at a time. Whatever the
-    remat, the layer whose backward runs holds its activations' cotangents too: one layer
-    more."""
+    remat. In bf16 the activations are 2 bytes; the router's logits and probabilities and the
+    LM head's chunk stay float32. Remat "full" keeps each layer's input, "dots" its weight
+    matmuls' outputs, and one layer is recomputed at a time; whatever the remat, the layer
+    whose backward runs holds its activations' cotangents too."""
     act = 2 if plan_precision(cfg) == "bf16" else BYTES_F32
     layers = [_layer_elements(cfg, i) for i in range(cfg.n_layers)]
     f32_router = 2 * cfg.n_experts * (BYTES_F32 - act)          # per layer, beyond act bytes
     d = cfg.d_model
-    gated = 2 * cfg.gated_rank + 3 * d if cfg.gated_norm_rank else 0
-    once = (2 * d + gated * (2 if cfg.embed_norm else 1)) * act \
+    # per token once: the embedding output and final norm (+ their GatedNorms); the LM head and
+    # cross-entropy run over chunks of loss_chunk positions: one chunk's float32 logits,
+    # exponentials and gradient exist at a time
+    once = (2 * d + _gated(cfg) * (2 if cfg.embed_norm else 1)) * act \
         + 3 * cfg.vocab_size * min(cfg.loss_chunk, seq_len) / seq_len * BYTES_F32
-    # the backward of a layer holds its activations' cotangents beside them: one layer's worth
-    # more at the peak (XLA's buffer assignment of 1.6B-A61M's step at remat full holds the
-    # expert buffers [E, C, L] and their gradients at once, measured here)
+    # the cotangents: one layer's worth more at the peak (XLA's buffer assignment of
+    # 1.6B-A61M's step at remat full holds the expert buffers [E, C, L] and their gradients at
+    # once, measured here)
     one_layer = max(layers) * act + f32_router
     if cfg.remat == "none":
         return sum(layers) * act + cfg.n_layers * f32_router + once + one_layer
@@ -299,18 +272,8 @@ def plan_rung(rung: Rung, devices: int = 1, *, expert_parallel: int | None = Non
     )
 
 
-def largest_fitting_microbatch(rung: Rung, devices: int, memory_per_device: float, **kw
-                               ) -> int | None:
-    """The largest microbatch whose *estimated* memory fits (None when none does)."""
-    for m in microbatch_candidates(rung, devices):
-        if plan_rung(rung, devices, microbatch=m, **kw).total_bytes <= memory_per_device:
-            return m
-    return None
-
-
 # ------------------------------------------------------------------------------ --compile
 COLLECTIVES = ("all-to-all", "all-reduce", "all-gather", "reduce-scatter", "collective-permute")
-DEFAULT_MEMORY_PER_DEVICE = 80e9   # bytes: one H100/H200-class 80 GB HBM budget
 _COLLECTIVE_RE = re.compile(r"\s(" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
 
 
@@ -496,10 +459,8 @@ def _walk_hlo(hlo_text: str) -> _HloWalk:
 
 
 def hlo_flops(hlo_text: str) -> HloFlops:
-    """Matmul FLOPs of compiled HLO text (``compiled.as_text()``): every ``dot`` counted as
-    2 x output elements x the product of its contracted dimensions, times how often its
-    computation runs (nested loops multiply; a conditional counts its costliest branch).
-    Elementwise work, reductions and collectives are not FLOPs here (flops-v1 counts matmuls)."""
+    """Matmul FLOPs of compiled HLO text (``compiled.as_text()``), each ``dot`` as often as its
+    computation runs (nested loops multiply; a conditional counts its costliest branch)."""
     w = _walk_hlo(hlo_text)
     own = w.own_flops.get
     return HloFlops(flops=w.total(lambda c: own(c, 0.0)),
@@ -532,8 +493,20 @@ def ensure_host_devices(n: int) -> bool:
     return True
 
 
+class _Compiled:
+    @property
+    def flops_ratio(self) -> float:
+        """Compiled matmul FLOPs / flops-v1: what the program computes beyond the convention
+        (the LM head recomputed in the backward, the optimizer's Newton-Schulz, capacity slots,
+        attention blocks that are masked out)."""
+        return self.flops_per_device / self.flops_v1_per_device
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "flops_ratio": self.flops_ratio}
+
+
 @dataclass(frozen=True)
-class CompiledStep:
+class CompiledStep(_Compiled):
     """XLA's own figures for the real train step of one rung on one mesh (per device)."""
 
     devices: int
@@ -555,19 +528,9 @@ class CompiledStep:
     precision: str = "f32"      # the compiled program's compute precision and remat
     remat: str = "none"
 
-    @property
-    def flops_ratio(self) -> float:
-        """Compiled matmul FLOPs / flops-v1: what the program computes beyond the convention
-        (the LM head recomputed in the backward, the optimizer's Newton-Schulz, capacity slots,
-        attention blocks that are masked out)."""
-        return self.flops_per_device / self.flops_v1_per_device
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "flops_ratio": self.flops_ratio}
-
 
 @dataclass(frozen=True)
-class CompiledEval:
+class CompiledEval(_Compiled):
     """XLA's figures for the eval step (held-out loss with drops and dropless, two forward
     passes) of one rung at ``eval_batch`` sequences on one mesh (per device)."""
 
@@ -582,16 +545,13 @@ class CompiledEval:
     collective_bytes: dict      # {kind: bytes per device per eval call}
     compile_s: float
 
-    @property
-    def flops_ratio(self) -> float:
-        return self.flops_per_device / self.flops_v1_per_device
 
-    def to_dict(self) -> dict:
-        return {**asdict(self), "flops_ratio": self.flops_ratio}
-
-
-def _analyses(compiled) -> dict:
-    """Memory, FLOPs and collectives of a compiled program, per device."""
+def _compile(program, *args) -> dict:
+    """Lower and compile ``program`` on abstract ``args`` (nothing is allocated): the compile
+    time and XLA's memory, FLOPs and collectives of the program, per device."""
+    t = time.perf_counter()
+    compiled = program.lower(*args).compile()
+    compile_s = time.perf_counter() - t
     mem = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
@@ -603,18 +563,18 @@ def _analyses(compiled) -> dict:
             "temp_bytes": tmp, "output_bytes": outb, "alias_bytes": alias,
             "flops_per_device": counted.flops, "loops": counted.loops,
             "xla_flops": float(cost.get("flops", float("nan"))),
-            "collectives": count_collectives(text), "collective_bytes": collective_bytes(text)}
+            "collectives": count_collectives(text), "collective_bytes": collective_bytes(text),
+            "compile_s": compile_s}
 
 
 def compile_step(rung: Rung, devices: int, *, microbatch: int | None = None,
                  expert_parallel: int | None = None) -> CompiledStep:
-    """Lower and compile ``rung``'s real train step (ladder.trainer.train) for a ``devices`` mesh on
-    abstract inputs (nothing is allocated) and read XLA's memory and cost analyses."""
-    import time
-
+    """XLA's figures for ``rung``'s real train step (ladder.trainer.train) on a ``devices``
+    mesh."""
     import jax
     import jax.numpy as jnp
 
+    from ladder.model.config import resolve_precision
     from ladder.trainer.step import batch_sharding, make_mesh, programs
     from ladder.trainer.trainconfig import TrainConfig, check_cell, microbatch_size
 
@@ -625,27 +585,20 @@ def compile_step(rung: Rung, devices: int, *, microbatch: int | None = None,
     split = batch_sharding(mesh)
     toks = jax.ShapeDtypeStruct((rung.batch, rung.seq_len), jnp.int32, sharding=split)
     batch = {"tokens": toks, "targets": toks, "lr": jax.ShapeDtypeStruct((), jnp.float32)}
-    t = time.perf_counter()
-    compiled = progs.train_step.lower(progs.abstract_state(), batch).compile()
-    compile_s = time.perf_counter() - t
-    a = _analyses(compiled)
-    from ladder.model.config import resolve_precision
+    a = _compile(progs.train_step, progs.abstract_state(), batch)
     return CompiledStep(
         devices=devices, mesh={k: int(v) for k, v in mesh.shape.items()}, microbatch=mb,
         microbatches=rung.batch // mb, **a,
         precision=resolve_precision(rung.model.precision, jax.default_backend()),
         remat=rung.model.remat,
-        flops_v1_per_device=rung.flops.training(rung.tokens_per_step, lm_head=True) / devices,
-        compile_s=compile_s)
+        flops_v1_per_device=rung.flops.training(rung.tokens_per_step, lm_head=True) / devices)
 
 
 def compile_eval(rung: Rung, devices: int, *, eval_batch: int | None = None,
                  expert_parallel: int | None = None) -> CompiledEval:
-    """Lower and compile ``rung``'s eval step (ladder.trainer.step.make_eval_step: the held-out loss
-    with capacity and dropless) for ``eval_batch`` sequences (default: one per device) on the
-    train step's mesh, on abstract inputs, and read XLA's analyses."""
-    import time
-
+    """XLA's figures for ``rung``'s eval step (ladder.trainer.step.make_eval_step: the held-out
+    loss with capacity and dropless) for ``eval_batch`` sequences (default: one per device) on
+    the train step's mesh."""
     import jax
     import jax.numpy as jnp
 
@@ -660,17 +613,11 @@ def compile_eval(rung: Rung, devices: int, *, eval_batch: int | None = None,
     state = progs.abstract_state()
     toks = jax.ShapeDtypeStruct((eb, rung.seq_len), jnp.int32, sharding=batch_sharding(mesh))
     batch = {"tokens": toks, "targets": toks, "segment_ids": toks}
-    t = time.perf_counter()
-    compiled = progs.eval_step.lower(state["params"], state["router_bias"], batch).compile()
-    compile_s = time.perf_counter() - t
-    a = _analyses(compiled)
+    a = _compile(progs.eval_step, state["params"], state["router_bias"], batch)
     # two forward passes (as trained, and dropless) of the batch, the LM head included
     v1 = 2.0 * rung.flops.forward * eb * rung.seq_len / devices
-    return CompiledEval(devices=devices, eval_batch=eb, bytes_per_device=a["bytes_per_device"],
-                        temp_bytes=a["temp_bytes"], flops_per_device=a["flops_per_device"],
-                        flops_v1_per_device=v1, xla_flops=a["xla_flops"],
-                        collectives=a["collectives"], collective_bytes=a["collective_bytes"],
-                        compile_s=compile_s)
+    return CompiledEval(devices=devices, eval_batch=eb, flops_v1_per_device=v1,
+                        **{f.name: a[f.name] for f in fields(CompiledEval) if f.name in a})
 
 
 def microbatch_candidates(rung: Rung, devices: int) -> list[int]:
@@ -680,38 +627,3 @@ def microbatch_candidates(rung: Rung, devices: int) -> list[int]:
 
     return [m for m in range(rung.batch, 0, -1)
             if rung.batch % m == 0 and cell_fits(rung, devices, m)]
-
-
-def fit_microbatch(rung: Rung, devices: int, memory_per_device: float = DEFAULT_MEMORY_PER_DEVICE,
-                   *, expert_parallel: int | None = None, start: int | None = None
-                   ) -> tuple[CompiledStep, list[dict]]:
-    """The largest microbatch whose compiled step fits ``memory_per_device``: compiles from
-    ``start`` (default: the estimate's largest fitting one) downwards until one fits, and
-    upwards while the next larger one still fits. Returns (the chosen step, every attempt as
-    {microbatch, bytes, fits}); when none fits, the smallest candidate's step, with fits False."""
-    cands = microbatch_candidates(rung, devices)
-    if not cands:
-        raise ValueError(f"devices: {devices} divides no microbatch of the batch ({rung.batch})")
-    if start is None:
-        start = largest_fitting_microbatch(rung, devices, memory_per_device,
-                                           expert_parallel=expert_parallel) or cands[-1]
-    i = cands.index(start) if start in cands else 0
-    tried: dict[int, CompiledStep] = {}
-
-    def attempt(j):
-        if cands[j] not in tried:
-            tried[cands[j]] = compile_step(rung, devices, microbatch=cands[j],
-                                           expert_parallel=expert_parallel)
-        return tried[cands[j]].bytes_per_device <= memory_per_device
-
-    if attempt(i):
-        while i > 0 and attempt(i - 1):
-            i -= 1
-    else:
-        while i + 1 < len(cands) and not attempt(i + 1):
-            i += 1
-        i = min(i + 1, len(cands) - 1)
-    chosen = tried[cands[i]]
-    log = [{"microbatch": m, "bytes_per_device": s.bytes_per_device,
-            "fits": s.bytes_per_device <= memory_per_device} for m, s in sorted(tried.items())]
-    return chosen, log

@@ -19,7 +19,6 @@ from ladder.io import (
     EX_USAGE,
     InputError,
     atomic_write_text,
-    claim,
     iter_jsonl,
     read_json,
     to_jsonable,
@@ -35,15 +34,9 @@ ENV_SCHEMA = "run-env/1"
 
 
 # What a run writes in its folder (ladder.io.claim: a file or folder of these names that ladder
-# did not write there is refused, never replaced or deleted: a fresh run removes a stale
-# metrics.jsonl, a resume cuts it back)
+# did not write there is refused, never replaced or deleted)
 RUN_FILES = ("config.json", "env.json", "metrics.jsonl", "summary.json", "checkpoints",
              "profile", "wandb")
-
-
-def claim_run_folder(out: Path) -> None:
-    """Claim ``out`` for a run (see :data:`RUN_FILES`)."""
-    claim(out, RUN_FILES, what="ladder run")
 
 
 def environment(corpus: Corpus, mesh_info: dict, peak: dict) -> dict:
@@ -68,7 +61,6 @@ def environment(corpus: Corpus, mesh_info: dict, peak: dict) -> dict:
         "gpu_env": gpuenv.applied(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "started": time.time(),
     }
-
 
 
 class MetricsFile:
@@ -106,13 +98,10 @@ class MetricsFile:
 
 
 class WandbMirror:
-    """Mirrors metrics rows to Weights & Biases (WANDB_MODE=offline works without network).
-
-    The run is grouped by the ladder, named by the rung, of job type ``train`` and tagged with
-    both (``ladder.wandbrun``); ``step``, ``tokens`` and ``flops`` are logged as metrics so any of
-    them can be a panel's x axis. The same W&B run id is reused on resume; its local directory
-    (an offline run directory is a `ladder watch` source) is recorded in summary.json.
-    """
+    """Mirrors metrics rows to Weights & Biases (WANDB_MODE=offline works without network):
+    grouped by the ladder, named by the rung, job type ``train`` (``ladder.wandbrun``); ``step``,
+    ``tokens`` and ``flops`` are metrics, so any can be a panel's x axis. The same W&B run id is
+    reused on resume; its local directory (a `ladder watch` source) is in summary.json."""
 
     PREFIXES = ("train", "eval", "eval_dropless", "optim", "grad", "params", "moe", "throughput")
 

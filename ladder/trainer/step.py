@@ -4,13 +4,13 @@
 batch) -> (state, metrics)`` (state donated), ``eval_step`` and the state's shardings, cached per
 process. The mesh has axes ("data", "expert"): the batch is split over every device, routed-expert
 weights over "expert" (the MoE layer goes expert-parallel under the mesh, model/moe.py), every
-other weight and its Adam moments FSDP-style over all devices. A step may run its batch in
-microbatches (:func:`accumulate`), merging the balancing rule's statistic so that the rule sees
-the whole step.
+other weight and its optimizer moments FSDP-style over all devices. A step may run its batch in
+microbatches (:func:`accumulate`) and the balancing rule still sees the whole step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +20,7 @@ import numpy as np
 
 from ladder.io import EX_USAGE, InputError
 from ladder.model.config import ModelConfig
-from ladder.trainer.optim import OptimizerSettings
+from ladder.trainer.optim import OptimizerSettings, make_optimizer  # noqa: F401  (re-exported)
 
 
 def enable_compilation_cache() -> str | None:
@@ -47,8 +47,7 @@ BATCH_AXES = ("data", "expert")   # dense work: the batch is split over every de
 def make_mesh(n_devices: int | None, expert_parallel: int | None, n_experts: int, batch: int):
     """A ("data", "expert") mesh. The default expert axis is the largest divisor of the device
     count that divides the number of experts. ``batch`` (the sequences of one microbatch) is split
-    over ALL devices (data x expert), so no device holds another's sequences whatever the
-    split between the axes: a 1 x 8 mesh no longer means the whole batch on every device."""
+    over ALL devices (data x expert), whatever the split between the axes."""
     import jax
     from jax.sharding import Mesh
 
@@ -114,15 +113,6 @@ def _param_shardings(params, groups, mesh, n_experts: int):
             return NamedSharding(mesh, _fsdp_spec(x.shape, fixed, mesh))
         return NamedSharding(mesh, _fsdp_spec(x.shape, stacked(tuple(k.key for k in path)), mesh))
     return jax.tree_util.tree_map_with_path(spec, params)
-
-
-def make_optimizer(settings: OptimizerSettings):
-    """The rung's optimizer (``adamw`` or ``marin``, ladder/trainer/optim.py). The learning rate is
-    applied in the step from the step's own input, so the compiled program does not depend on
-    the schedule (a resumed, re-aimed or fault-injected run re-uses it)."""
-    from ladder.trainer import optim
-
-    return optim.make_optimizer(settings)
 
 
 def state_shardings(model_cfg: ModelConfig, optimizer, mesh) -> dict:
@@ -206,7 +196,6 @@ class Programs:
         return self._compiled[key]
 
 
-
 def programs(model_cfg: ModelConfig, mesh, optimizer: OptimizerSettings | None = None,
              microbatches: int = 1) -> Programs:
     """The programs for ``model_cfg`` on ``mesh``, the step's batch split into ``microbatches``.
@@ -223,8 +212,9 @@ def _programs(model_cfg: ModelConfig, settings: OptimizerSettings, mesh,
               microbatches: int) -> Programs:
     import jax
 
-    from ladder.trainer import optim
-    optim.warn_init(settings.kind, model_cfg)       # once per program (lru_cache)
+    from ladder.trainer.optim import warn_init
+
+    warn_init(settings.kind, model_cfg)       # once per program (lru_cache)
     optimizer = make_optimizer(settings)
     shard = state_shardings(model_cfg, optimizer, mesh)
     return Programs(model_cfg, optimizer, shard,
@@ -248,17 +238,17 @@ def accumulate(model_cfg: ModelConfig, objective, params, tokens, targets, micro
 
     Microbatch j holds sequences j B/M .. (j + 1) B/M - 1, consecutive, split over the devices
     like the batch: a capacity cell of several sequences (ladder/model/moe.py) is then the same
-    sequences whatever the microbatch and the device count (issue 22 item 2). The rows move
-    between devices for it (int32 tokens and targets, B x S x 4 bytes each: 16 MiB a step at
-    1024 x 4096, small next to the MoE all-to-alls). Means over tokens are averaged, counts
-    summed, and the balancing rule's statistic merged by the rule's own function
-    (ladder.model.moe.merge_bias_stat), so the bias target is that of the whole step. The router
-    entropy and the balance loss (logged only) are recomputed from the step's summed loads and
-    mean router probabilities, so they too are the whole step's (ladder.model.moe.load_entropy,
-    ladder.model.moe.balance_loss).
+    sequences whatever the microbatch and the device count (issue 22 item 2); the rows move
+    between devices for it (16 MiB of int32 a step at 1024 x 4096, small next to the MoE
+    all-to-alls). Means over tokens are averaged, counts summed, and the balancing rule's
+    statistic merged by the rule's own function (ladder.model.moe.merge_bias_stat), so the bias
+    target is the whole step's; so are the logged router entropy and balance loss, recomputed
+    from the summed loads and mean router probabilities.
     ``objective(params, tokens, targets, segment_ids) -> (loss, stats)``."""
     import jax
     import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     from ladder.model.moe import (
         balance_loss,
@@ -277,8 +267,6 @@ def accumulate(model_cfg: ModelConfig, objective, params, tokens, targets, micro
     def split(x):   # [B, S] -> [M, B/M, S]; row j*B/M + i -> microbatch j
         x = x.reshape(M, B // M, S)
         if mesh is not None:
-            from jax.sharding import NamedSharding
-            from jax.sharding import PartitionSpec as P
             x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(None, BATCH_AXES)))
         return x
 
@@ -287,12 +275,11 @@ def accumulate(model_cfg: ModelConfig, objective, params, tokens, targets, micro
     zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
     if param_shardings is not None:
         zero_grads = jax.lax.with_sharding_constraint(zero_grads, param_shardings)
+
     def split_experts(stat):
         # the balancing statistic [layers, E, n] stays split over "expert" on its E axis
         if mesh is None:
             return stat
-        from jax.sharding import NamedSharding
-        from jax.sharding import PartitionSpec as P
         return jax.lax.with_sharding_constraint(stat, NamedSharding(mesh, P(None, "expert")))
 
     def merge(stat, new):
@@ -301,7 +288,6 @@ def accumulate(model_cfg: ModelConfig, objective, params, tokens, targets, micro
         # --compile`: +3.6 GB per layer for 27.7B-A1.2B on 64 devices, n = 961K)
         if mesh is None or mesh.size == 1:
             return merge_bias_stat(model_cfg, stat, new)
-        from jax.sharding import PartitionSpec as P
         spec = P(None, "expert")
         return jax.shard_map(lambda a, b: merge_bias_stat(model_cfg, a, b), mesh=mesh,
                              in_specs=(spec, spec), out_specs=spec, check_vma=False)(stat, new)
@@ -333,16 +319,20 @@ def accumulate(model_cfg: ModelConfig, objective, params, tokens, targets, micro
     return (loss_sum / M, stats), grads
 
 
+def _in_mesh(mesh):
+    """The context a step traces under: ``mesh`` (abstract), or none."""
+    import jax
+
+    return (jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if mesh is not None
+            else contextlib.nullcontext())
+
+
 def make_train_step(model_cfg: ModelConfig, optimizer, state_shardings, mesh=None,
                     microbatches: int = 1):
     """The jitted ``train_step(state, batch) -> (state, metrics)``; the state is donated.
-
-    ``batch`` is the step's input: ``tokens`` and ``targets`` [B, S] (split over every device)
-    and ``lr``, this step's learning rate (a scalar from the schedule table). The step runs
-    under ``mesh`` (the MoE layers read it from the context and go expert-parallel), in
-    ``microbatches`` parts (:func:`accumulate`); the balancing rule sees the whole step."""
-    import contextlib
-
+    ``batch``: ``tokens`` and ``targets`` [B, S] and ``lr``, this step's learning rate (a
+    scalar from the schedule table). Runs under ``mesh`` (the MoE layers read it from the
+    context and go expert-parallel), in ``microbatches`` parts (:func:`accumulate`)."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -351,10 +341,6 @@ def make_train_step(model_cfg: ModelConfig, optimizer, state_shardings, mesh=Non
     from ladder.model.moe import drop_order, step_tokens
     from ladder.model.transformer import router_weights
 
-    def in_mesh():
-        return (jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if mesh is not None
-                else contextlib.nullcontext())
-
     def train_step(state, batch):
         params, rb = state["params"], state["router_bias"]
 
@@ -362,7 +348,7 @@ def make_train_step(model_cfg: ModelConfig, optimizer, state_shardings, mesh=Non
             return M.loss_fn(model_cfg, p, rb, tokens, targets, segment_ids=segment_ids)
 
         # the capacity drop order: a new random one every step, the same on every layout
-        with in_mesh(), step_tokens(batch["tokens"].size), drop_order(state["step"]):
+        with _in_mesh(mesh), step_tokens(batch["tokens"].size), drop_order(state["step"]):
             (loss, stats), grads = accumulate(model_cfg, objective, params, batch["tokens"],
                                               batch["targets"], microbatches,
                                               state_shardings["params"], mesh,
@@ -392,17 +378,13 @@ def make_train_step(model_cfg: ModelConfig, optimizer, state_shardings, mesh=Non
 def make_eval_step(model_cfg: ModelConfig, mesh=None):
     """Held-out CE of one batch as trained (capacity, drops) and dropless (the ragged path);
     the drop fraction. Runs under ``mesh`` like the train step."""
-    import contextlib
-
     import jax
 
     import ladder.model as M
 
     def eval_step(params, router_bias, batch):
-        ctx = (jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if mesh is not None
-               else contextlib.nullcontext())
         seg = batch.get("segment_ids")   # packed documents never attend across a boundary
-        with ctx:
+        with _in_mesh(mesh):
             _, s = M.loss_fn(model_cfg, params, router_bias, batch["tokens"], batch["targets"],
                              segment_ids=seg)
             _, sd = M.loss_fn(model_cfg, params, router_bias, batch["tokens"], batch["targets"],

@@ -1,25 +1,32 @@
 """Token data for real runs: shards written by `ladder tokenize`, read through Grain.
 
-Writing (``tokenize_files``, streaming): a JSONL or Parquet record is one document (its
-``--text-key`` field), a plain-text file is one document. Documents are encoded by worker
-processes with a Hugging Face ``tokenizers`` file given locally (nothing is fetched), each
-followed by the end-of-document id (EOS), and go to the held-out split by a hash (of a text
-file's path, as data.py does, or of a record's text). The two streams are written as they
-come into ``train-NNNNN.bin`` / ``val-NNNNN.bin`` shards of raw uint16 (vocab up to 65,536) or
-uint32 ids, so memory does not grow with the corpus; an interrupted run continues from
-``progress.json``. ``manifest.json`` (written last, atomically: a crash leaves no loadable
+Writing (:func:`tokenize_files`): a JSONL or Parquet record is one document (its ``--text-key``
+field), a plain-text file is one document. Documents are read in corpus order and cut into
+chunks of ~CHUNK_CHARS characters; worker processes encode them with a local Hugging Face
+``tokenizers`` file (nothing is fetched), each document followed by the end-of-document id
+(EOS), and each goes to the held-out split by a hash (of a text file's path, as data.py does,
+or of a record's text). The two streams are appended in order to ``train-NNNNN.bin`` /
+``val-NNNNN.bin`` shards of raw uint16 (vocab up to 65,536) or uint32 ids, so memory does not
+grow with the corpus. ``manifest.json`` (written last, atomically: a crash leaves no loadable
 half) records each shard's tokens, documents and sha256, the tokenizer's sha256, vocabulary
 and EOS id, and how many text bytes became how many tokens (for bits per byte).
 
-Reading (``load_shards``, what ``ladder run --data DIR`` uses): the shards are memory-mapped. A
-training window is ``seq_len + 1`` consecutive tokens inside one shard, windows of a shard start
-every ``seq_len`` tokens, so every token is a target exactly once per epoch. Batches come from
-Grain: an ``IndexSampler`` over the windows (a fresh shuffle every epoch, without replacement;
-each data-parallel group of processes takes its own shard of the windows) and a ``DataLoader``
-that batches them; its iterator state is saved with every checkpoint (checkpointing.py), so
-a resumed run continues the same order mid-epoch. Every batch carries ``segment_ids`` (int32
-[B, S]): a new segment starts after each EOS, so attention (and later short convolutions) can be
-kept inside a document.
+Resume: at every shard close (and every PROGRESS_EVERY_S seconds) the open shards are fsynced
+and ``progress.json`` records the position of the next document, the shards closed so far and
+the length of each open one. A run started again with the same inputs and options truncates
+the open shards to those lengths and continues from that position; the token stream does not
+depend on chunk boundaries, so the shards and the manifest are those an uninterrupted run
+writes, bitwise.
+
+Reading (:func:`load_shards`, what ``ladder run --data DIR`` uses): the shards are
+memory-mapped. A training window is ``seq_len + 1`` consecutive tokens inside one shard,
+windows of a shard start every ``seq_len`` tokens, so every token is a target exactly once per
+epoch. Batches come from Grain: an ``IndexSampler`` over the windows (a fresh shuffle every
+epoch, without replacement; each data-parallel group of processes takes its own shard of the
+windows) and a ``DataLoader`` that batches them; its iterator state is saved with every
+checkpoint (checkpointing.py), so a resumed run continues the same order mid-epoch. Every
+batch carries ``segment_ids`` (int32 [B, S]): a new segment starts after each EOS, so attention
+is kept inside a document.
 """
 
 from __future__ import annotations
@@ -48,13 +55,15 @@ from ladder.io import (
     claim,
     folder_lock,
     inside,
+    known_schema,
     read_json,
     real_folder,
     safe_name,
     schema_version,
     sha256_file,
 )
-from ladder.trainer.corpus_files import TAIL_VAL_FRACTION, VAL_BUCKETS, data_files, is_held_out
+from ladder.trainer.corpus_files import (TAIL_VAL_FRACTION, VAL_BUCKETS, data_files,
+                                         eval_windows, is_held_out, token_dtype)
 
 log = logging.getLogger(__name__)
 
@@ -77,20 +86,6 @@ def segment_ids(tokens: np.ndarray, eos_id: int) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------- writing
-#
-# ``tokenize_files`` streams: documents are read in corpus order (files in the order the globs
-# list them, records in file order) and cut into chunks of ~CHUNK_CHARS characters; worker
-# processes encode the chunks; this process appends each chunk's tokens, in order, to the open
-# shard of each split and closes a shard (fsync, rename from ``.partial``) once it holds
-# ``shard_tokens``. What is in memory is the tokenizer and a few chunks in flight, whatever the
-# corpus size (one plain-text file is one document, so it is read whole).
-#
-# Resume: at every shard close (and every PROGRESS_EVERY_S seconds) the open shards are fsynced
-# and ``progress.json`` records the position of the next document, the shards closed so far and
-# the length of each open one. A run started again with the same inputs and options truncates
-# the open shards to those lengths and continues from that position; the token stream does not
-# depend on chunk boundaries, so the shards and the manifest's entries are those an
-# uninterrupted run writes, bitwise.
 
 PROGRESS = "progress.json"
 PROGRESS_SCHEMA = "tokenize-progress/1"
@@ -118,15 +113,13 @@ def input_kind(path: Path) -> str:
 
 # One record of a JSON-lines corpus is one document: 64 MiB of text is ~16M tokens, beyond any
 # training document, and bounds what one line holds in memory (a small .jsonl.gz can expand to
-# one line of gigabytes, read whole before: issue 39)
+# one line of gigabytes, issue 39)
 MAX_DOCUMENT_LINE = 64 << 20
 
 
 def check_progress(prev: dict, path: Path, n_files: int) -> dict:
     """A ``progress.json`` (:data:`PROGRESS_SCHEMA`) with every field the resume reads checked
-    for type and range; InputError naming the file and the field otherwise (a position of the
-    wrong type was a TypeError, issue 39)."""
-    from ladder.io import known_schema
+    for type and range (issue 39); InputError naming the file and the field otherwise."""
     known_schema(prev, (PROGRESS_SCHEMA,), path=path)
 
     def bad(field, what):
@@ -335,8 +328,8 @@ def _encode_in_worker(names: list, texts: list) -> dict:
 
 class _SplitWriter:
     """The shards of one split: tokens are appended to the open ``<split>-NNNNN.bin.partial``,
-    which becomes ``<split>-NNNNN.bin`` (fsync, rename) once it holds ``shard_tokens``. Each
-    shard records its tokens, the documents that end in it (their EOS is in it) and sha256."""
+    which becomes ``<split>-NNNNN.bin`` (fsync, rename) once it holds ``shard_tokens``, listed
+    with its tokens, the documents that end in it (their EOS is in it) and sha256."""
 
     def __init__(self, out: Path, split: str, dtype, shard_tokens: int, state: dict | None = None):
         self.out, self.split, self.dtype, self.shard_tokens = out, split, np.dtype(dtype), \
@@ -381,7 +374,6 @@ class _SplitWriter:
                 self.close_shard()
 
     def close_shard(self) -> None:
-        """The open shard, final: fsynced, renamed into place, listed."""
         if self.file is None:
             return
         self.sync()
@@ -411,7 +403,7 @@ class _SplitWriter:
 
 def _open_shard(path: Path, flags: int):
     """A shard file opened without following a symbolic link (a link planted at a shard's name
-    would make the writer write through it, into a file it did not make)."""
+    would make the writer write into a file it did not make)."""
     return os.fdopen(os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644),
                      "r+b" if flags & os.O_RDWR else "wb")
 
@@ -428,8 +420,8 @@ def _shard_files(out: Path) -> list[tuple[str, int, Path]]:
 
 def _restore(out: Path, progress: Path, prev: dict) -> None:
     """Put the shard files back as ``prev`` (the progress file) recorded them: shards closed
-    after it was written are opened again, open ones truncated (by the writers), later ones
-    removed. Each listed name is checked to be the one this writer gives (never a path)."""
+    after it was written are opened again (the writers truncate them), later ones removed;
+    each listed name must be the one this writer gives (never a path)."""
     for split in SPLITS:
         st = prev["splits"][split]
         for j, sh in enumerate(st["shards"]):
@@ -451,11 +443,6 @@ def _restore(out: Path, progress: Path, prev: dict) -> None:
                 raise InputError(f"the open shard {partial.name} is shorter than recorded; "
                                  f"remove the folder and start again", path=progress,
                                  field=f"splits.{split}.open_tokens")
-
-
-def _inputs(files: list[Path], names: list[str]) -> list[dict]:
-    return [{"path": n, "bytes": (st := f.stat()).st_size, "mtime_ns": st.st_mtime_ns}
-            for f, n in zip(files, names)]
 
 
 def _load_encoder(tokenizer: str | Path, eos: str | None):
@@ -486,8 +473,7 @@ def _load_encoder(tokenizer: str | Path, eos: str | None):
     if eos_id is None:
         raise InputError(f"token {eos!r} is not in the tokenizer's vocabulary", path=tokenizer,
                          field="--eos")
-    # uint16 holds ids below 65,536 (GPT-2-sized vocabularies); larger ones need uint32
-    dtype = np.dtype(np.uint16 if vocab <= 1 << 16 else np.uint32)
+    dtype = token_dtype(vocab)
     return tok, raw, {"tokenizer_sha256": hashlib.sha256(raw).hexdigest(), "eos": eos,
                       "eos_id": int(eos_id), "vocab_size": int(vocab), "dtype": dtype.name}
 
@@ -499,8 +485,8 @@ def tokenize_files(patterns: list[str], tokenizer: str | Path, out_dir: str | Pa
     """Tokenize ``patterns`` (text files, JSONL, Parquet) into shards under ``out_dir``; return
     the manifest (also written to ``out_dir/manifest.json``). ``processes``: worker processes
     (0: encode in this process with the tokenizers library's own threads). An interrupted run
-    (``progress.json`` in ``out_dir``) is continued when the inputs and options are the same.
-    ``progress_bar``: a tqdm bar on stderr in input bytes read (a Parquet file counts when done)."""
+    is continued when the inputs and options are the same. ``progress_bar``: a tqdm bar on
+    stderr in input bytes read."""
     if shard_tokens < 2:
         raise InputError(f"must be >= 2, got {shard_tokens}", field="--shard-tokens",
                          exit_code=EX_USAGE)
@@ -514,13 +500,13 @@ def tokenize_files(patterns: list[str], tokenizer: str | Path, out_dir: str | Pa
         raise InputError("already holds token shards; use another --out", path=out / MANIFEST,
                          exit_code=EX_CANTCREAT)
     files = data_files(tuple(patterns))
-    # names: relative to the files' common folder, so the split does not depend on where the
-    # corpus lives
+    # names relative to the files' common folder: the split does not depend on where it lives
     base = Path(os.path.commonpath([str(f.resolve().parent) for f in files]))
     names = [str(f.resolve().relative_to(base)) for f in files]
     tok, tok_json, settings = _load_encoder(tokenizer, eos)
     settings.update(shard_tokens=int(shard_tokens), text_key=text_key)
-    inputs = _inputs(files, names)
+    inputs = [{"path": n, "bytes": (st := f.stat()).st_size, "mtime_ns": st.st_mtime_ns}
+              for f, n in zip(files, names)]
     check_writable(out, field="--out", directory=True)
     # one tokenizer at a time in a folder (two would interleave shards under one manifest), and
     # only into files it wrote: a user's own train-00000.bin is never replaced or deleted
@@ -534,8 +520,7 @@ def tokenize_files(patterns: list[str], tokenizer: str | Path, out_dir: str | Pa
                          progress_bar=progress_bar)
 
 
-# What a tokenizer writes in its --out (ladder.io.claim: a file of these names that ladder did
-# not write there is refused, never replaced or deleted)
+# What a tokenizer writes in its --out (ladder.io.claim)
 OWN_FILES = tuple(f"{s}-*.bin{x}" for s in ("train", "val", "stream") for x in ("", ".partial")) \
     + (PROGRESS, MANIFEST)
 
@@ -642,8 +627,7 @@ def _tokenize(out: Path, files, names, tok, tok_json, settings: dict, inputs, to
 
 def _bytes_done(files: list[Path], sizes: list[int], position: tuple) -> int:
     """Input bytes read at ``position`` (:func:`_documents`): the files before it, and the byte
-    offset inside a plain JSONL file (a compressed one's offset is not in its own bytes, a
-    Parquet file's is a row: they count when done)."""
+    offset inside a plain JSONL file (a .gz or Parquet file counts when done)."""
     i, offset = int(position[0]), int(position[1])
     done = sum(sizes[:i])
     if i < len(files) and input_kind(files[i]) == "jsonl" and files[i].suffix != ".gz":
@@ -653,8 +637,8 @@ def _bytes_done(files: list[Path], sizes: list[int], position: tuple) -> int:
 
 def _finish(out: Path, files, names, settings: dict, tokenizer, prev: dict,
             processes: int) -> dict:
-    """After every document is written: the held-out fallback when one split is empty, then
-    manifest.json (atomically) and the progress file removed."""
+    """After every document is written: the held-out fallback when a split is empty, then
+    manifest.json and the progress file removed."""
     progress = out / PROGRESS
     splits = prev["splits"]
     tokens = {s: sum(sh["tokens"] for sh in splits[s]["shards"]) for s in SPLITS}
@@ -697,10 +681,10 @@ def _finish(out: Path, files, names, settings: dict, tokenizer, prev: dict,
 
 
 def _recut(out: Path, prev: dict, settings: dict) -> dict:
-    """One split is empty: its documents all hashed into the other. The whole stream (the
-    non-empty split's shards, renamed ``stream-*``) is cut again: its first 95% is the training
-    split, the rest held out (documents per shard unknown: null). Resumable: the progress file
-    says ``recut`` before the first rename."""
+    """One split is empty (its documents all hashed into the other): the whole stream (the
+    other split's shards, renamed ``stream-*``) is cut again, its first 95% the training split
+    (documents per shard unknown: null). Resumable: the progress file says ``recut`` before the
+    first rename."""
     progress = out / PROGRESS
     splits = prev["splits"]
     src = "train" if splits["train"]["shards"] else "val"
@@ -780,13 +764,10 @@ class WindowSource:
 
 
 class GrainFeed:
-    """Training batches for the trainer from Grain (same interface as ladder.trainer.data.PureFeed).
-
-    This process builds rows ``rows`` of every global batch; the processes holding the same rows
-    (a data axis that does not span them) read the same shard of the windows. Batches are drawn
-    in order; the state before each of the last two is kept for the checkpoint, because the
-    trainer draws batch k+1 before it saves step k+1.
-    """
+    """Training batches from Grain (the interface of ladder.trainer.data.PureFeed). This process
+    builds rows ``rows`` of every global batch; processes holding the same rows read the same
+    shard of the windows. Batches are drawn in order; the state before each of the last two is
+    kept for the checkpoint, because the trainer draws batch k+1 before it saves step k+1."""
 
     def __init__(self, source: WindowSource, seed: int, batch: int, rows: slice):
         import grain
@@ -876,14 +857,8 @@ class TokenShards:
                          batch, rows)
 
     def eval_batches(self, n_batches: int, batch: int, seq_len: int) -> list[dict]:
-        """The fixed held-out set: evenly spaced windows of the validation stream."""
-        n = n_batches * batch
-        starts = np.linspace(0, len(self.val) - seq_len - 1, n).astype(np.int64)
-        idx = starts[:, None] + np.arange(seq_len + 1)[None, :]
-        w = np.asarray(self.val[idx], dtype=np.int32)
-        seg = segment_ids(w[:, :-1], self.eos_id)
-        return [{"tokens": w[s, :-1], "targets": w[s, 1:], "segment_ids": seg[s]}
-                for s in (slice(i * batch, (i + 1) * batch) for i in range(n_batches))]
+        return [{**b, "segment_ids": segment_ids(b["tokens"], self.eos_id)}
+                for b in eval_windows(self.val, n_batches, batch, seq_len)]
 
     def check_fits(self, seq_len: int, where: str) -> None:
         windows = sum(max(0, (len(s) - 1) // seq_len) for s in self.train_shards)
@@ -901,9 +876,8 @@ def is_shard_dir(path: str | Path) -> bool:
 
 def check_manifest(m: dict, path: Path) -> dict:
     """The fields of a token-shard manifest that :func:`load_shards` reads, checked one by one
-    (issue 26: a manifest is a file; a shard named ``../secret.bin`` or a ``splits`` list must
-    be a one-line error naming the field, with what to do about it). Fields it does not read are
-    left alone (a newer writer may add some)."""
+    (issue 26: a shard named ``../secret.bin`` is a one-line error naming the field). Fields it
+    does not read are left alone (a newer writer may add some)."""
     fix = "rewrite it with `ladder tokenize` (or restore the one it wrote)"
 
     def bad(field: str, what: str):
@@ -954,9 +928,8 @@ def check_manifest(m: dict, path: Path) -> dict:
 
 
 def load_shards(path: str | Path, vocab_size: int | None = None) -> TokenShards:
-    """Memory-map the shards of a ``ladder tokenize`` directory; the manifest is checked field
-    by field (:func:`check_manifest`) and the sizes against it (a truncated shard is an error
-    naming it)."""
+    """Memory-map the shards of a ``ladder tokenize`` directory, checked against the manifest
+    (:func:`check_manifest`; a truncated shard is an error naming it)."""
     root = Path(path)
     m = check_manifest(read_json(root / MANIFEST, schema="token-shards"), root / MANIFEST)
     if (schema_version(m) or 0) > 2:

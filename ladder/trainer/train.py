@@ -2,9 +2,7 @@
 
 ``train_rung(rung, out_dir, cfg)`` checks its input, opens a :class:`Session` (data, mesh,
 compiled step, restored state, run directory) and runs ONE visible loop: step, log, eval,
-checkpoint. Its parts live in rooms of their own in this folder: the config (trainconfig.py),
-the step and its mesh (step.py), the run directory and the W&B mirror (rundir.py), checkpoints
-(checkpointing.py), data (data.py).
+checkpoint.
 
 Exactness: batch i is a pure function of (seed, i) (on token shards: drawn by a Grain iterator
 whose state is saved in every checkpoint) and the LR of step i a pure function of i, so a run
@@ -26,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ladder.io import EX_USAGE, InputError, atomic_write_json, read_json
+from ladder.io import EX_USAGE, InputError, atomic_write_json, claim, folder_lock, read_json
 from ladder.lrtable import run_lr_table
 from ladder.specs import Rung
 from ladder.trainer import distributed, gpuenv
@@ -34,9 +32,9 @@ from ladder.trainer.checkpointing import Checkpoints
 from ladder.trainer.data import check_vocab, corrupt_bytes, load_corpus, shuffle_bytes
 from ladder.trainer.rundir import (
     RUN_CONFIG_SCHEMA,
+    RUN_FILES,
     MetricsFile,
     WandbMirror,
-    claim_run_folder,
     environment,
     previous_run,
     summary,
@@ -77,14 +75,10 @@ def measure_peak_flops(n: int = 2048, repeats: int = 3) -> float:
 
 
 def peak_flops_info(per_device: float | None, devices: int) -> dict:
-    """The peak FLOP/s that MFU divides by, and where it came from.
-
-    MFU = model FLOPs per second (flops-v1, LM head included) / (devices x one device's nominal
-    dense bf16 peak, :data:`ladder.accelerators.ACCELERATORS`) on GPUs/TPUs. ``per_device`` (the
-    ``peak_flops`` setting, ``--peak-flops``) overrides the table. On CPU the peak is measured
-    (a float32 matmul) and NOT multiplied by the device count: fake host devices share the same
-    cores, so the host's matmul rate is the whole mesh's peak.
-    """
+    """The peak FLOP/s that MFU divides by, and where it came from: ``per_device`` (the
+    ``peak_flops`` setting), else one device's nominal dense bf16 peak
+    (:data:`ladder.accelerators.ACCELERATORS`) x the devices. On CPU the peak is measured (a
+    float32 matmul) and NOT multiplied by the device count: fake host devices share the cores."""
     import jax
 
     from ladder.accelerators import accelerator_peak
@@ -119,21 +113,17 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
 
     A completed (or diverged) run is not retrained: its summary is returned. An unfinished one
     is resumed from its latest checkpoint when ``resume``, else it is an InputError.
-    ``max_steps`` stops after that many steps of the planned schedule (the schedule is not
-    shortened; status stays "running").
+    ``max_steps`` stops after that many steps of the planned schedule (status stays "running").
     ``on_metrics(row)`` sees every metrics row as it is written. Bad input raises InputError
-    before anything is written. Divergence returns status "diverged"; Ctrl-C checkpoints and
-    returns status "running" with ``"interrupted": True``; so does SIGTERM (a preemption), with
-    ``"signal": "SIGTERM"``. Under ``jax.distributed`` every process calls this; process 0 writes
-    the run directory and each process feeds its own rows of every batch.
+    before anything is written. Divergence returns status "diverged"; Ctrl-C or SIGTERM (a
+    preemption) checkpoints and returns status "running" with ``"interrupted": True`` and the
+    signal's name. Under ``jax.distributed`` every process calls this; process 0 writes the run
+    directory and each process feeds its own rows of every batch.
     """
     cfg = cfg or TrainConfig()
     t_start = time.perf_counter()
     if max_steps is not None and max_steps < 1:
         raise InputError(f"must be >= 1, got {max_steps}", field="max_steps", exit_code=EX_USAGE)
-    # the run folder is this run's for its life: a second run into it (a resubmitted job) is
-    # refused in one line; the lock of a dead run is taken over (ladder.io.folder_lock). Taken
-    # before the folder is read when it exists; a new one is created only after the checks.
     gpuenv.apply()   # before anything below starts JAX's backend (a no-op off GPUs)
     # on an accelerator, precision, remat and microbatch the user left open are chosen to fit
     # its memory (ladder/trainer/layout.py) and written into the config like given ones
@@ -141,6 +131,9 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
     if layout is not None:
         cfg = layout.train_config(cfg)
     out = Path(out_dir)
+    # the run folder is this run's for its life: a second run into it (a resubmitted job) is
+    # refused in one line (ladder.io.folder_lock). Locked before the folder is read when it
+    # exists; a new one is created only after the checks.
     with contextlib.ExitStack() as held:
         locked = out.is_dir() and held.enter_context(run_lock(out))
         checked = _check(rung, out, cfg, resume)   # bad input fails here, nothing written
@@ -150,15 +143,13 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
         if not locked:
             held.enter_context(run_lock(out))
         if distributed.is_writer():
-            claim_run_folder(out)   # only files a run wrote are replaced (ladder.io.claim)
+            claim(out, RUN_FILES, what="ladder run")  # only files a run wrote are replaced
         return _train(checked, cfg, max_steps, on_metrics, t_start)
 
 
 def run_lock(out: Path):
     """The run folder's lock (held by the process that writes it: process 0 of a multi-host
     run; the others write only their checkpoint shards)."""
-    from ladder.io import folder_lock
-
     if not distributed.is_writer():
         return contextlib.nullcontext(True)
     return folder_lock(out, what="ladder run", field="--out")
@@ -223,8 +214,7 @@ def _train(checked: tuple, cfg: TrainConfig, max_steps: int | None,
 
 def _mesh_and_batches(rung: Rung, cfg: TrainConfig):
     """(microbatch, mesh, eval batch) of a run, each checked to hold whole capacity cells on
-    every device: by :func:`_check` before the run folder is claimed, and by the session that
-    trains on them."""
+    every device."""
     microbatch = microbatch_size(rung, cfg)
     mesh = make_mesh(cfg.run.devices, cfg.run.expert_parallel, rung.model.n_experts, microbatch)
     devices = int(mesh.devices.size)
@@ -359,9 +349,8 @@ class Session:
                         mininterval=0.5, dynamic_ncols=True, leave=False)
 
     def note_attention(self, program: str) -> None:
-        """env.json's ``attention[program]`` ("train" or "eval"): the implementation(s) the
-        program traced since the last note (ladder.model.layers.attention_choice: the kernel
-        found and why, e.g. cuDNN's packed segments or the blocked XLA fallback). Call right
+        """env.json's ``attention[program]`` ("train" or "eval"): the attention
+        implementation(s) the program traced (ladder.model.layers.attention_choice). Call right
         after the program's first call, which traces it."""
         from ladder.model.layers import attention_mark, attention_traced
 

@@ -1,14 +1,8 @@
-"""How to train a rung, by concern: the rung's numbers, its optimizer overrides, the run's
-arguments and an optional injected fault. Plain Python (no JAX import).
-
-``TrainConfig`` holds what changes a run's numbers (seed, eval set, microbatching, model and data
-overrides) and three parts:
-
-- ``optim`` (:class:`OptimizerOverrides`): the optimizer kind, its fixed numbers, the peak LR and
-  schedule overrides; None everywhere = the ladder's rules;
-- ``run`` (:class:`RunArgs`): where and how a run executes and is watched (devices, W&B, progress
-  bar, checkpoint cadence). These never change its numbers, so a resume may change them;
-- ``fault`` (:class:`Fault` or None): a fault injected for demos and watcher tests.
+"""How to train a rung (plain Python, no JAX import). ``TrainConfig`` holds what changes a
+run's numbers (seed, eval set, microbatching, model and data overrides) and three parts:
+``optim`` (:class:`OptimizerOverrides`; None everywhere = the ladder's rules), ``run``
+(:class:`RunArgs`: where and how a run executes and is watched, never its numbers, so a resume
+may change them) and ``fault`` (:class:`Fault` or None: injected for demos and watcher tests).
 
 On disk (config.json's ``"train"``, ``--config`` files, ``--key=value`` overrides) the config is
 ONE flat object of the names below (``lr``, ``devices``, ``fault``, ``fault_at``, ...), the same
@@ -42,8 +36,7 @@ def _is_num(v) -> bool:
 
 
 # Upper ends of the settings' ranges (issue 26: what a run can be on any machine; the model's
-# and a ladder file's are in ladder/model/config.py and ladder/specs.py::LIMITS). A value above is a
-# typo or an attack (an eval_every of 1e-300 planned 1e300 evals and hung).
+# and a ladder file's are in ladder/model/config.py and ladder/specs.py::LIMITS).
 _MAX_COUNT = 2 ** 40     # steps between checkpoints/logs, sequences, devices
 _MAX_SEQS = 2 ** 24      # sequences of a batch or an eval set
 MIN_EVAL_EVERY = 1e-4    # ladder/specs.py::MIN_EVAL_EVERY: at most 10,000 evals a run
@@ -126,17 +119,13 @@ class RunArgs:
 
     devices: int | None = None       # devices in the mesh; None = all visible devices
     expert_parallel: int | None = None  # size of the "expert" mesh axis; None = largest that fits
-    peak_flops: float | None = None  # FLOP/s of ONE device for throughput/mfu; None = the
-                                     # accelerator table (ladder.accelerators), on CPU measured
+    peak_flops: float | None = None  # FLOP/s of ONE device for throughput/mfu (None: table)
     checkpoint_every: int = 0        # steps between checkpoints; 0 = every 25% of the run
     checkpoint_minutes: float | None = None  # also a rolling checkpoint this often (wall clock)
-    keep: int = 2                    # checkpoints kept (the issue: the last 2)
-    checkpoint_dir: str | None = None  # None: <run dir>/checkpoints; else a folder or a gs:// /
-                                     # s3:// URL (Orbax/etils), the rung's under <it>/LADDER/RUNG
-    checkpoint_async: bool = True    # write in the background (the loop waits only while the
-                                     # state is copied off the devices)
-    profile_steps: str | None = None  # "A:B": a jax.profiler trace of steps A..B (1-based,
-                                     # inclusive) into <run dir>/profile
+    keep: int = 2                    # permanent checkpoints kept
+    checkpoint_dir: str | None = None  # None: <run dir>/checkpoints (train.checkpoint_root)
+    checkpoint_async: bool = True    # write in the background (checkpointing.py)
+    profile_steps: str | None = None  # "A:B": a jax.profiler trace of steps A..B (train._Profile)
     log_every: int = 1               # steps between metrics rows (the loss is checked every step)
     wandb: bool = False
     wandb_project: str | None = None  # None: WANDB_PROJECT, else "ladder" (ladder.wandbrun)
@@ -153,7 +142,7 @@ class RunArgs:
         for name in ("keep", "log_every"):
             _check(self, name, _is_int(getattr(self, name)) and
                    1 <= getattr(self, name) <= _MAX_COUNT, "an integer in [1, 2**40]")
-        # 1e20 FLOP/s: ~50,000x a GB200 GPU's dense bf16 peak (ladder/trainer/plan.py's table)
+        # 1e20 FLOP/s: ~50,000x a GB200 GPU's dense bf16 peak (ladder/accelerators.py)
         _check(self, "peak_flops", self.peak_flops is None
                or _is_num(self.peak_flops) and 0 < self.peak_flops <= 1e20,
                "null or a number in (0, 1e20]")
@@ -205,21 +194,16 @@ class TrainConfig:
     run's numbers, and its optimizer overrides, run arguments and fault (see the module doc)."""
 
     seed: int = 0
-    eval_sequences: int | None = None  # held-out windows per eval; None = the rung's (its
-                                     # ladder's: the same windows for every rung)
+    eval_sequences: int | None = None  # held-out windows per eval; None = the rung's
     eval_every: float | None = None  # fraction of the run between evals; None = the rung's (5%)
-    microbatch: int | None = None    # sequences per microbatch (gradient accumulation inside the
-                                     # step); None = the whole batch. Must divide the batch, and
-                                     # the devices must divide it.
-    eval_batch: int | None = None    # sequences per eval call; None = the rung's, else one per
-                                     # device of the mesh (eval_batch_size: what fits wherever
-                                     # training fits)
+    microbatch: int | None = None    # sequences per microbatch; None = the whole batch
+    eval_batch: int | None = None    # sequences per eval call (eval_batch_size)
     model: dict = field(default_factory=dict)  # ModelConfig field overrides (ablations)
     data: tuple[str, ...] = ()       # text files/globs or one token array; () = Python stdlib
     vocab_size: int | None = None    # for raw .bin token files (and a check for .npy)
     # training batches from other data than ``data``'s training split; the evals stay on
-    # ``data``'s held-out split, one yardstick for two mixtures (issue 27). None = ``data``.
-    # (None, not (): a run written before these keys existed resumes, its config lacks them.)
+    # ``data``'s held-out split, one yardstick for two mixtures (issue 27). None = ``data``
+    # (not (): a config.json that lacks these keys must still resume)
     train_data: tuple[str, ...] | None = None
     switch_data: tuple[str, ...] | None = None  # from switch_at on, training batches from these
     switch_at: float | None = None   # fraction of the planned steps where the data switches
@@ -316,33 +300,28 @@ def train_config(values: dict | None = None, *, where: str = "config") -> TrainC
             if unknown:
                 raise InputError(f"unknown {what}", path=where, field=f"{key}.{unknown[0]}",
                                  exit_code=EX_USAGE)
-    parts: dict = {name: {} for name in _PARTS}
-    own = {}
+    parts: dict = {name: {} for name in (None, *_PARTS)}   # None: TrainConfig's own keys
     for key, value in flat.items():
-        if key in FLAT_KEYS:
-            part, name = FLAT_KEYS[key]
-            parts[part][name] = value
-        else:
-            own[key] = value
-    reverse = {v: k for k, v in FLAT_KEYS.items()}
-    kw = {}
+        part, name = FLAT_KEYS.get(key, (None, key))
+        parts[part][name] = value
     for part, cls in _PARTS.items():
         if part == "fault" and parts[part].get("kind") is None:
             # no fault: its settings (to_dict writes them) are inert, but still checked
-            _build(cls, {**parts[part], "kind": FAULTS[0]}, where,
-                   lambda n, p=part: reverse.get((p, n), n))
-            continue
-        kw[part] = _build(cls, parts[part], where, lambda n, p=part: reverse.get((p, n), n))
-    return _build(TrainConfig, {**own, **kw}, where, lambda n: n)
+            _build(cls, {**parts.pop(part), "kind": FAULTS[0]}, where, part)
+        else:
+            parts[None][part] = _build(cls, parts.pop(part), where, part)
+    return _build(TrainConfig, parts[None], where)
 
 
-def _build(cls, kw: dict, where: str, flat_name):
+def _build(cls, kw: dict, where: str, part: str | None = None):
+    """``cls(**kw)``; its ValueError an InputError naming the flat key (:data:`FLAT_KEYS`)."""
     try:
         return cls(**kw)
     except (ValueError, TypeError) as e:
         name = str(e).split(":")[0] if ":" in str(e) else None
-        raise InputError(str(e).split(": ", 1)[-1], path=where,
-                         field=flat_name(name) if name else None, exit_code=EX_USAGE) from None
+        flat = next((k for k, v in FLAT_KEYS.items() if v == (part, name)), name)
+        raise InputError(str(e).split(": ", 1)[-1], path=where, field=flat or None,
+                         exit_code=EX_USAGE) from None
 
 
 def _leaves(d, prefix: str = ""):
@@ -388,9 +367,7 @@ def resolve_rung(rung: Rung, cfg: TrainConfig, corpus_vocab: int | None = None) 
     try:
         model = rung.model.replace(**model_kw) if model_kw else rung.model
     except ValueError as e:
-        field_name = str(e).split(":")[0]
-        raise InputError(str(e).split(": ", 1)[-1], field=f"model.{field_name}",
-                         exit_code=EX_USAGE) from None
+        raise _usage_error(e, "model.") from None
     except TypeError as e:
         raise InputError(str(e), field="model", exit_code=EX_USAGE) from None
     if model.precision == "auto":
@@ -406,16 +383,20 @@ def resolve_rung(rung: Rung, cfg: TrainConfig, corpus_vocab: int | None = None) 
         try:
             kw["schedule"] = dataclasses.replace(rung.schedule, **cfg.optim.schedule)
         except ValueError as e:
-            raise InputError(str(e).split(": ", 1)[-1], field=str(e).split(":")[0],
-                             exit_code=EX_USAGE) from None
+            raise _usage_error(e) from None
     if cfg.eval_every is not None:
         kw["eval_every"] = float(cfg.eval_every)
     try:
         kw["optimizer"] = cfg.optim.apply(rung.optimizer)
     except ValueError as e:   # e.g. a MuonH setting for an AdamW rung
-        raise InputError(str(e).split(": ", 1)[-1], field=str(e).split(":")[0],
-                         exit_code=EX_USAGE) from None
+        raise _usage_error(e) from None
     return rung.replace(**kw)
+
+
+def _usage_error(e: ValueError, prefix: str = "") -> InputError:
+    """A config's ValueError ("field: message") as an InputError naming the field."""
+    return InputError(str(e).split(": ", 1)[-1], field=prefix + str(e).split(":")[0],
+                      exit_code=EX_USAGE)
 
 
 def checkpoint_steps(rung: Rung, run: RunArgs) -> set[int]:
@@ -465,14 +446,12 @@ def microbatch_size(rung: Rung, cfg: TrainConfig) -> int:
 
 
 def eval_batch_size(cfg: TrainConfig, devices: int, rung: Rung | None = None) -> int:
-    """Sequences per eval call: ``cfg.eval_batch``, else the rung's (its ladder's rule: the cpu
-    ladder's 8-token windows are evaluated 512 at a time), by default one per device. The eval step
-    keeps no gradients, but its batch used to be the rung's whole batch (1024 sequences at
-    1.6B-A61M: ~3 TiB per device compiled, issue 22); one sequence per device is the smallest
-    batch the mesh splits, and the held-out set is the same whatever the batch. A rung whose
-    capacity cell is longer than a sequence gets, by default, the fewest sequences per device
-    that hold whole cells (marin-535b: 16 of 4096 tokens), so its as-trained eval drops what
-    training would (issue 22 item 2) instead of refusing the default."""
+    """Sequences per eval call: ``cfg.eval_batch``, else the rung's (its ladder's rule), else
+    one per device: the smallest batch the mesh splits (the rung's whole batch was ~3 TiB per
+    device compiled at 1.6B-A61M, issue 22), and the held-out set is the same whatever the
+    batch. A rung whose capacity cell is longer than a sequence gets the fewest sequences per
+    device that hold whole cells (marin-535b: 16 of 4096 tokens), so its as-trained eval drops
+    what training would (issue 22 item 2)."""
     per_device = 1
     cell = rung.model.capacity_tokens if rung is not None else None
     if cell is not None:
