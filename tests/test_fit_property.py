@@ -404,3 +404,74 @@ def test_fit_refuses_to_write_a_law_its_reader_would_refuse(tmp_path):
     _refusal(code, err)
     assert "law.json's reader would refuse the fitted law (a parameter beyond |700|" in err
     assert "field 'fit.u'" in err and not law.exists()
+
+
+# the generator's steep ladder (sizes 5, exponents 0.9, E = 1e-4, one point per run): the loss
+# falls from 1.0 to 0.0069, and the forecast one decade on is 0.0025
+STEEP = pd.DataFrame({
+    "run": [f"r{i}" for i in range(5)],
+    "params": 1e4 * 4.0 ** np.arange(5), "active_params": 1e4 * 4.0 ** np.arange(5),
+    "tokens": 2e5 * 4.0 ** np.arange(5),
+    "compute": 1.2e10 * 16.0 ** np.arange(5), "fraction": 1.0,
+    "loss": [1.0001, 0.2872745887492587, 0.08256924442330589, 0.023783071351724965,
+             0.006901176275750968]})
+
+
+def test_an_eval_noise_as_large_as_the_forecast_is_refused_not_registered_below_0(tmp_path):
+    """The eval noise (an sd in loss units, added in quadrature) of 0.003 at a forecast of 0.0025
+    put the band's lower end at -0.0024: `preregister` wrote it, the watcher's prior took its
+    log (math domain error) and `watch` refused the file. Now preregister refuses in one line,
+    exit 65, nothing written; a noise the forecast can hold is registered above 0."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        df = load_points(STEEP)
+        law = fit_law(df, form="compute", bootstrap=20, level=0.9, seed=0, backtest=False)
+    target = target_of(df)
+    with pytest.raises(InputError, match="not above 0") as e:
+        make_prereg(law, target, level=0.9, eval_noise=0.003)
+    assert _refused(e.value) and e.value.field == "--eval-noise"
+    doc = make_prereg(law, target, level=0.9, eval_noise=1e-4)
+    assert 0 < doc["final"]["lo"] < doc["final"]["loss"]
+    assert all(p["lo"] > 0 for p in doc["forecast"])
+    law_path, spec, prereg = tmp_path / "law.json", tmp_path / "target.json", tmp_path / "p.json"
+    atomic_write_json(law_path, law.to_json())
+    spec.write_text(json.dumps(target.to_dict()))
+    code, out, err = _cli("preregister", law_path, "--target-spec", spec, "--eval-noise", "0.003",
+                          "--out", prereg)
+    _refusal(code, err)
+    assert "field '--eval-noise'" in err and not prereg.exists()
+
+
+def test_a_backtest_that_measured_more_than_the_readers_limit_is_held_there():
+    """The generator's flat, over-trained ladder (8 runs of loss 2.5 with 1.3% noise, --form
+    compute): its first rollout fold, fitted on 4 runs, forecast the next rung e^29.9 too high,
+    a rate of 11.57 log loss per decade, which `fit` wrote and law.json's reader refused (limit
+    10). The writer now holds the rate (and the power model's scale) at the reader's limit and
+    keeps what it measured beside it; the law reads back."""
+    from ladder.fit.backtest import summarise_folds, with_power
+    from ladder.fit.lawjson import LOG_SPREAD_LIMIT
+    e = [29.859678985117824, 0.03582445193466938, -0.00437757048727061, 0.02059148250438325]
+    d = [1.0201690294297237, 1.9232590164216674, 1.321199025093705, 0.41810903810176114]
+    folds = [{"train_runs": 4 + i, "held_out": [f"r{4 + i}"], "final_runs": [f"r{4 + i}"],
+              "final_rel_err": [math.expm1(ei)], "final_mean_abs": abs(math.expm1(ei)),
+              "curve_mean_abs_rel_err": None, "inside_band": None, "log_err": [ei],
+              "distance": [di], "decades": di} for i, (ei, di) in enumerate(zip(e, d))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        law = fit_law(load_points(STEEP), form="compute", bootstrap=0, seed=0)
+    doc = to_jsonable(law.to_json())
+    bt = summarise_folds(dict(doc["diagnostics"]["backtest"], folds=folds))
+    ex = bt["extrapolation"]
+    measured = math.sqrt(sum(x * x for x in e) / sum(x * x for x in d))   # 11.57
+    assert ex["rate_per_decade"] == LOG_SPREAD_LIMIT < measured
+    assert ex["held_at_limit"] == {"rate_per_decade": pytest.approx(measured, rel=1e-12)}
+    doc["diagnostics"]["backtest"] = bt
+    back = law_from_json(json.loads(json.dumps(to_jsonable(doc))))   # refused before
+    top = 10 ** ex["ranges_log10"]["compute"][1]
+    assert back.extrapolation_log_sd(compute=top * 10) == pytest.approx(LOG_SPREAD_LIMIT)
+    # the power model at p = 0: the RMS held-out log error, 14.9, held too
+    bt0 = with_power(bt, 0.0)["extrapolation"]
+    assert bt0["log_sd_scale"] == LOG_SPREAD_LIMIT and bt0["held_at_limit"]["log_sd_scale"] == \
+        pytest.approx(math.sqrt(sum(x * x for x in e) / 4), rel=1e-12)
+    doc["diagnostics"]["backtest"] = with_power(bt, 0.0)
+    law_from_json(json.loads(json.dumps(to_jsonable(doc))))

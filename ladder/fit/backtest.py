@@ -27,6 +27,7 @@ import pandas as pd
 from ladder.fit.config import FitConfig
 from ladder.fit.estimate import fit_by, fit_spec, run_scales, select_points
 from ladder.fit.forms import Spec, get_form
+from ladder.fit.lawjson import LOG_SPREAD_LIMIT
 from ladder.fit.result import input_distance
 from ladder.io import InputError
 
@@ -99,13 +100,33 @@ def pooled_scale(folds, power: float) -> float | None:
     return math.sqrt(sum(e * e for e, _ in pts) / d2) if d2 > 0 else None
 
 
+def hold(ex: dict, key: str, value: float | None) -> None:
+    """``ex[key] = value``, held at law.json's limit on a band's spread (lawjson.LOG_SPREAD_LIMIT,
+    which its reader checks) when the folds measured more: a fold fitted on a few flat runs that
+    forecast the next rung e^30 too high (a rate of 11.6 per decade) made a law.json `predict`
+    refused. At the limit the band is already e^+-16 at 90% one decade out (it says nothing, and
+    never alerts), so the held value changes no judgement; the measured one is kept beside it
+    in ``held_at_limit`` (not read by the band)."""
+    held = dict(ex.get("held_at_limit") or {})
+    held.pop(key, None)
+    if value is not None and value > LOG_SPREAD_LIMIT:
+        held[key] = float(value)
+        value = LOG_SPREAD_LIMIT
+    ex[key] = value
+    if held:
+        ex["held_at_limit"] = held
+    else:
+        ex.pop("held_at_limit", None)
+
+
 def with_power(bt, power: float):
     """A new backtest record on the power model s d^power (a record without the pooled
     extrapolation record as it is)."""
     ex = bt.get("extrapolation") if isinstance(bt, dict) else None
     if not (isinstance(ex, dict) and "ranges_log10" in ex):
         return bt
-    ex = dict(ex, power=float(power), log_sd_scale=pooled_scale(bt.get("folds"), float(power)))
+    ex = dict(ex, power=float(power))
+    hold(ex, "log_sd_scale", pooled_scale(bt.get("folds"), float(power)))
     along = along_curve(bt.get("folds"))
     if along is not None:
         ex["along_curve"] = along
@@ -182,11 +203,11 @@ def summarise_folds(out: dict) -> dict:
     """Fill a backtest record's summaries from its ``folds`` (in place; returned)."""
     folds = out["folds"]
     rate, n_out = pooled_rate(folds)
-    out["extrapolation"] = dict(out.get("extrapolation") or {}, rate_per_decade=rate,
-                                n_points=n_out)
-    ex = out["extrapolation"]
+    ex = out["extrapolation"] = dict(out.get("extrapolation") or {}, rate_per_decade=None,
+                                     n_points=n_out)
+    hold(ex, "rate_per_decade", rate)
     if "power" in ex:  # the power model's scale follows the folds (with_power)
-        ex["log_sd_scale"] = pooled_scale(folds, ex["power"])
+        hold(ex, "log_sd_scale", pooled_scale(folds, ex["power"]))
     for key in ("rollout_mean_abs_final", "rollout_mean_abs_curve", "leave_largest_out",
                 "band_coverage_final"):
         out.pop(key, None)

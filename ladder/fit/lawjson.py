@@ -29,7 +29,8 @@ MULTI_SCHEMA = "law/2"  # {metric key: one-law document} under "laws"
 V1 = "law/1"            # one law, written before law/3 (read through _v1)
 PER_FOLD = "per-fold RMS of log error per decade on one scale (law/1)"
 # The band's spreads in log loss: 10 is a factor e^10 ~ 22,000 at one sd (a fit writes
-# hundredths); beyond it exp(q x spread) soon overflows: an Infinity band (issue 39)
+# hundredths); beyond it exp(q x spread) soon overflows: an Infinity band (issue 39). The
+# backtest's rate per decade and scale are held at it by their writer (fit.backtest.hold)
 LOG_SPREAD_LIMIT = 10.0
 # The extrapolation term's power p in s d^p (learned in [0, 1]; d^p overflows for large p)
 POWER_LIMIT = 8.0

@@ -162,6 +162,20 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
                          "residual degrees of freedom); nothing written; refit with more runs "
                          "or a --prior, or pass --allow-no-band", field="forecast.lo",
                          exit_code=EX_DATAERR)
+    low = np.flatnonzero(np.isfinite(f.lo) & (f.lo <= 0))
+    if low.size:
+        # the eval noise is an sd in metric units added in quadrature (band.combine_band); one
+        # that reaches below 0 from the forecast makes a band no loss can fill, which the
+        # watcher reads in log (prior_sd: a math domain error) and prereg's reader refuses
+        i = int(low[-1])
+        raise InputError(f"the band's lower end at fraction {f.fraction[i]:.4g} is "
+                         f"{float(f.lo[i]):.4g}, not above 0: the eval noise (sd "
+                         f"{noise_info['sigma']:.4g}) is as large as the forecast loss "
+                         f"{float(f.loss[i]):.4g} at level {level:g}; a loss is never below 0, "
+                         "so give a smaller --eval-noise or a law whose loss is larger than its "
+                         "evals' noise; nothing written",
+                         field="--eval-noise" if eval_noise is not None else "eval_noise.sigma",
+                         exit_code=EX_DATAERR)
     if not (np.isfinite(f.lo).all() and np.isfinite(f.hi).all()):
         print("ladder preregister: WARNING the law could not compute a band for some points; "
               "they are registered with lo/hi missing (NaN), and never judged as inside",
