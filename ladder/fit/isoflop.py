@@ -36,6 +36,15 @@ GRID = 40                    # Approach 1 on curves: compute values of the envel
 WINDOW_OCTAVES = 1.5
 
 
+def _null_nan(obj):
+    """A value that cannot be computed (NaN) as JSON null, through dicts and lists."""
+    if isinstance(obj, dict):
+        return {k: _null_nan(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_null_nan(v) for v in obj]
+    return None if isinstance(obj, float) and math.isnan(obj) else obj
+
+
 def _exp(x: float) -> float:
     """exp(x), NaN where it is not finite or leaves float64 (a flat parabola's vertex can sit
     hundreds of e-folds away)."""
@@ -106,15 +115,20 @@ class IsoflopResult:
         """Approach 2 when the table has IsoFLOP profiles, else Approach 1."""
         return self.approach2 if self.approach2 is not None else self.approach1
 
+    @property
+    def convention(self) -> str:
+        return f"C = {FLOPS_PER_PARAM_TOKEN:g} N D" + (
+            f" ({self.derived} derived from it)" if self.derived else "")
+
     def to_json(self, budget: float | None = None) -> dict:
+        """The `ladder isoflop --json` object; a value that cannot be computed is null."""
         m = self.main
         out = {"schema": SCHEMA, "approach": m.name, "level": self.level,
                "n_exponent": m.n.exponent, "d_exponent": m.d.exponent,
                "n_exponent_interval": list(m.n.exponent_interval),
                "d_exponent_interval": list(m.d.exponent_interval),
                "n_coef": m.n.coef, "d_coef": m.d.coef,
-               "convention": f"C = {FLOPS_PER_PARAM_TOKEN:g} N D" +
-                             (f" ({self.derived} derived from it)" if self.derived else ""),
+               "convention": self.convention,
                "bootstrap": self.bootstrap, "runs": int(self.points["run"].nunique()),
                "approach1": self.approach1.to_json(self.level, budget),
                "approach2": None if self.approach2 is None else
@@ -124,15 +138,13 @@ class IsoflopResult:
             out["budget"] = float(budget)
             for k in ("n_opt", "d_opt", "n_opt_interval", "d_opt_interval"):
                 out[k] = out[f"approach{m.name[-1]}"][k]
-        return out
+        return _null_nan(out)
 
     def report(self, budget: float | None = None) -> str:
-        lv = f"{self.level:.0%}"
         lines = [f"IsoFLOP: {len(self.points)} points, {self.points['run'].nunique()} runs; "
-                 f"C = {FLOPS_PER_PARAM_TOKEN:g} N D"
-                 + (f" ({self.derived} derived from it)" if self.derived else "")
-                 + f"; {lv} intervals from {self.bootstrap} bootstrap replicates (approach 2: "
-                 f"residuals within budgets; approach 1: budgets)"]
+                 f"{self.convention}; {self.level:.0%} intervals from {self.bootstrap} "
+                 "bootstrap replicates (approach 2: residuals within budgets; approach 1: "
+                 "budgets)"]
         for a in (self.approach1, self.approach2):
             if a is None:
                 continue
@@ -375,33 +387,24 @@ def isoflop(df: pd.DataFrame, *, bootstrap: int = 1000, level: float = 0.9, seed
                       law(opt["compute"], opt["d_opt"], dd))
 
     # Approach 1: the envelope (curves when runs have several points, else budgets)
-    runs = sorted(d["run"].unique())
     with_curves = d.groupby("run").size().min() >= 2
     if with_curves:
-        curves = _curves(d, runs)
-        opt1 = _envelope_curves(curves)
-        nd, dd = [], []
-        for _ in range(bootstrap):
-            pick = rng.integers(0, len(curves), len(curves))
-            o = _envelope_curves([curves[i] for i in pick])
-            nd.append(_power_law(o["compute"], o["n_opt"]))
-            dd.append(_power_law(o["compute"], o["d_opt"]))
+        items, envelope = _curves(d, sorted(d["run"].unique())), _envelope_curves
     else:
-        budgets = [(float(np.exp(np.log(g["compute"]).mean())), g["params"].to_numpy(),
-                    g["tokens"].to_numpy(), g["loss"].to_numpy())
-                   for _, g in d.groupby(budget_key(d["compute"].to_numpy()))]
-        opt1 = _envelope_points(budgets)
-        nd, dd = [], []
-        c1, n1, d1 = (opt1[k].to_numpy(float) for k in ("compute", "n_opt", "d_opt"))
-        for _ in range(bootstrap):  # the budgets' best runs resampled (pairs bootstrap)
-            k = rng.integers(0, len(c1), len(c1))
-            nd.append(_power_law(c1[k], n1[k]))
-            dd.append(_power_law(c1[k], d1[k]))
-    if len(opt1) < 2 or opt1["compute"].nunique() < 2:
-        if a2 is None:
-            raise InputError("needs at least 2 compute budgets (or runs whose curves span "
-                             "more than one compute value)", path=where, field="compute",
-                             exit_code=EX_DATAERR)
+        items = [(float(np.exp(np.log(g["compute"]).mean())), g["params"].to_numpy(),
+                  g["tokens"].to_numpy(), g["loss"].to_numpy())
+                 for _, g in d.groupby(budget_key(d["compute"].to_numpy()))]
+        envelope = _envelope_points
+    opt1 = envelope(items)
+    if a2 is None and (len(opt1) < 2 or opt1["compute"].nunique() < 2):
+        raise InputError("needs at least 2 compute budgets (or runs whose curves span more "
+                         "than one compute value)", path=where, field="compute",
+                         exit_code=EX_DATAERR)
+    nd, dd = [], []
+    for _ in range(bootstrap):  # the runs (or the budgets' best runs) resampled
+        o = envelope([items[i] for i in rng.integers(0, len(items), len(items))])
+        nd.append(_power_law(o["compute"], o["n_opt"]))
+        dd.append(_power_law(o["compute"], o["d_opt"]))
     a1 = Approach("approach 1", opt1, law(opt1["compute"], opt1["n_opt"], nd),
                   law(opt1["compute"], opt1["d_opt"], dd))
     if with_curves:
