@@ -102,11 +102,9 @@ def pooled_scale(folds, power: float) -> float | None:
 
 def hold(ex: dict, key: str, value: float | None) -> None:
     """``ex[key] = value``, held at law.json's limit on a band's spread (lawjson.LOG_SPREAD_LIMIT,
-    which its reader checks) when the folds measured more: a fold fitted on a few flat runs that
-    forecast the next rung e^30 too high (a rate of 11.6 per decade) made a law.json `predict`
-    refused. At the limit the band is already e^+-16 at 90% one decade out (it says nothing, and
-    never alerts), so the held value changes no judgement; the measured one is kept beside it
-    in ``held_at_limit`` (not read by the band)."""
+    which its reader checks) when the folds measured more (11.6 per decade from a fold on a few
+    flat runs). At the limit the band is already e^+-16 at 90% one decade out, so holding changes
+    no judgement; the measured value is kept in ``held_at_limit`` (not read by the band)."""
     held = dict(ex.get("held_at_limit") or {})
     held.pop(key, None)
     if value is not None and value > LOG_SPREAD_LIMIT:
@@ -260,11 +258,13 @@ def _evaluate(res, test, spec, by, final_only, n_train, ranges=None) -> dict:
             ok = np.isfinite(le)
             along = {"along_fraction": [float(x) for x in mid["fraction"].to_numpy()[ok]],
                      "along_log_err": [float(x) for x in le[ok]]}
-    return {**along,"train_runs": int(n_train), "held_out": sorted(final_pts["run"].astype(str)),
+    return {**along, "train_runs": int(n_train),
+            "held_out": sorted(final_pts["run"].astype(str)),
             # the run of each final_rel_err / log_err / distance, in their order
             "final_runs": [str(x) for x in final_pts["run"]],
-            "final_rel_err": [float(x) for x in rel], "final_mean_abs": float(np.mean(np.abs(rel)))
-            if len(rel) else None, "curve_mean_abs_rel_err": curve_err, "inside_band": inside,
+            "final_rel_err": [float(x) for x in rel],
+            "final_mean_abs": float(np.mean(np.abs(rel))) if len(rel) else None,
+            "curve_mean_abs_rel_err": curve_err, "inside_band": inside,
             "log_err": [float(x) for x in loge], "distance": [float(x) for x in dist]}
 
 

@@ -177,14 +177,7 @@ def _solve_linear(form: str, nl: dict, runs: Sequence[RunDesign]) -> dict | None
         return None
     scale = np.maximum(np.abs(M).max(axis=0), 1e-300)
     coef, _ = nnls(M / scale, b)
-    coef = coef / scale
-    names = LINEAR[form]
-    out = dict(nl)
-    for n, c in zip(names, coef):
-        out[n] = max(float(c), 1e-12)
-    if form == "mpl" and "C" not in out:
-        out["C"] = nl["C"]
-    return out
+    return dict(nl, **{n: max(float(c), 1e-12) for n, c in zip(LINEAR[form], coef / scale)})
 
 
 def _fit_one_size(model: CurveModel, runs: Sequence[RunDesign], delta: float, n_starts: int):
@@ -201,12 +194,9 @@ def _fit_one_size(model: CurveModel, runs: Sequence[RunDesign], delta: float, n_
         for n in model.scaled:
             full.setdefault(f"{n}_size_exp", 0.0)
         try:
-            th = model.u_of(full)
+            th = model.clip(model.u_of(full))
         except (ValueError, KeyError):
             continue
-        lo = np.array([s.lo for s in model.specs])
-        hi = np.array([s.hi for s in model.specs])
-        th = np.clip(th, lo, hi)
         cands.append((_objective(model, th, runs, delta), th))
     if not cands:
         raise InputError("no valid starting point for the fit (check the data)", field="loss")
@@ -364,11 +354,8 @@ def fit_curve_law(df, form: str = "mpl", bootstrap: int = 200, level: float = 0.
                 v[n], v[f"{n}_size_exp"] = reg[n]
             v.update(fix)
             starts.append(v)
-        lo = np.array([p.lo for p in model.specs])
-        hi = np.array([p.hi for p in model.specs])
-        cands = sorted(((_objective(model, np.clip(model.u_of(v), lo, hi), stacked,
-                                    huber_delta),
-                         np.clip(model.u_of(v), lo, hi)) for v in starts),
+        us = [model.clip(model.u_of(v)) for v in starts]
+        cands = sorted(((_objective(model, u, stacked, huber_delta), u) for u in us),
                        key=lambda c: c[0])
         th, f, conv, i = _minimize(model, np.array([c[1] for c in cands[:max(1, n_starts // 2)]]),
                                    stacked, huber_delta)
@@ -435,21 +422,3 @@ def _bootstrap(model: CurveModel, runs: list[RunDesign], u: np.ndarray, n: int, 
         accept=lambda pick: len({runs[i].size0 for i in pick}) >= need,
         without="too few runs or sizes for the band's parameter part: bands are NaN")
     return draws or [], info
-
-
-def schedules_from_sources(sources) -> dict[str, np.ndarray]:
-    """Exact per-update LRs of the ladder runs below ``sources`` (others give nothing), keyed
-    ``LADDER/RUNG``, rebuilt from each run's config.json as the trainer builds them, so fits need
-    not interpolate the LRs logged at evals."""
-    from pathlib import Path
-
-    from ladder.sources.runs import read_runs
-
-    out: dict[str, np.ndarray] = {}
-    for src in sources if isinstance(sources, (list, tuple)) else [sources]:
-        if not Path(src).is_dir():
-            continue
-        for run in read_runs(src, metrics=False):
-            if run.rung is not None and run.metrics_path.is_file():
-                out[run.key] = run.lr_table()
-    return out

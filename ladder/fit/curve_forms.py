@@ -360,3 +360,7 @@ class CurveModel:
 
     def bounds(self):
         return [(self.specs[i].lo, self.specs[i].hi) for i in self.free]
+
+    def clip(self, u: np.ndarray) -> np.ndarray:
+        """``u`` inside every parameter's bounds."""
+        return np.clip(u, [s.lo for s in self.specs], [s.hi for s in self.specs])

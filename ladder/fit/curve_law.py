@@ -272,8 +272,7 @@ class CurveLaw(LawResult, forms=tuple(FORMS)):
         if self.size_ref is not None:
             lines.append(f"size scaling: {', '.join(self.scaled)} are power laws of "
                          f"{self.size_variable} around {self.size_ref:.4g}")
-        lines += parameter_lines(self, {k: " (fixed)" for k in self.fixed}, {},
-                                 "fix it with --fix NAME=VALUE")
+        lines += parameter_lines(self, {}, "fix it with --fix NAME=VALUE")
 
         def g(key):
             v = d.get(key)

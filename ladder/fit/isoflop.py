@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from ladder.fit.allocation import LOG_MAX
+from ladder.fit.solver import percentile_interval
 from ladder.io import EX_DATAERR, InputError
 
 SCHEMA = "isoflop/1"
@@ -71,9 +72,8 @@ class PowerLaw:
             return v, (math.nan, math.nan)
         with np.errstate(over="ignore", invalid="ignore"):
             vals = np.exp(self.draws[:, 1] + self.draws[:, 0] * math.log(compute))
-        vals = np.where(np.isfinite(vals), vals, np.nan)
-        q = 0.5 + level / 2
-        return v, (float(np.quantile(vals, 1 - q)), float(np.quantile(vals, q)))
+        lo, hi = percentile_interval(np.where(np.isfinite(vals), vals, np.nan), level)
+        return v, (float(lo), float(hi))
 
 
 @dataclass(frozen=True)
@@ -191,9 +191,8 @@ def isoflop_table(df: pd.DataFrame, *, where: str = "<table>") -> tuple[pd.DataF
     if derived is not None:
         other = "tokens" if derived == "params" else "params"
         d[derived] = d["compute"] / (FLOPS_PER_PARAM_TOKEN * d[other])
-    frac = pd.to_numeric(df["fraction"], errors="coerce") if "fraction" in df.columns \
-        else pd.Series(1.0, index=df.index)
-    d["fraction"] = frac.to_numpy()
+    d["fraction"] = pd.to_numeric(df["fraction"], errors="coerce").to_numpy() \
+        if "fraction" in df.columns else 1.0
     num = d[["compute", "loss", "params", "tokens"]].to_numpy(float)
     with np.errstate(invalid="ignore"):
         ok = np.isfinite(num).all(axis=1) & (num > 0).all(axis=1)
@@ -356,13 +355,12 @@ def isoflop(df: pd.DataFrame, *, bootstrap: int = 1000, level: float = 0.9, seed
     d, derived = isoflop_table(df, where=where)
     rng = np.random.default_rng(seed)
     notes: list[str] = []
-    q = 0.5 + level / 2
 
     def law(c, y, draws) -> PowerLaw:
         a, logk = _power_law(c, y)
         dr = np.asarray([x for x in draws if np.isfinite(x).all()]).reshape(-1, 2)
-        iv = (float(np.quantile(dr[:, 0], 1 - q)), float(np.quantile(dr[:, 0], q))) \
-            if len(dr) >= 2 else (math.nan, math.nan)
+        iv = tuple(map(float, percentile_interval(dr[:, 0], level))) if len(dr) >= 2 \
+            else (math.nan, math.nan)
         return PowerLaw(a, _exp(logk), iv, dr)
 
     # Approach 2: the final points of runs, grouped by budget

@@ -15,6 +15,7 @@ listed in ``df.attrs["dropped"]`` and warned of.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import math
 import warnings
 from collections.abc import Iterable
@@ -243,14 +244,10 @@ def expand_metrics(patterns, sources, *, keymap=None) -> list[str | None]:
     patterns = [str(p) for p in patterns or []]
     if not patterns:
         return [None]
-    held = None
 
+    @functools.cache
     def keys_held():
-        nonlocal held
-        if held is None:
-            held = list(dict.fromkeys(k for s in sources
-                                      for k in metric_keys(s, keymap=keymap)))
-        return held
+        return list(dict.fromkeys(k for s in sources for k in metric_keys(s, keymap=keymap)))
 
     out: list[str] = []
     for k in patterns:

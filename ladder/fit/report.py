@@ -38,15 +38,17 @@ def head_lines(r) -> list[str]:
                                              for x in r.inputs.get("left_out") or []]
 
 
-def parameter_lines(r, tags: dict[str, str], warnings: dict[str, str], hint: str) -> list[str]:
-    """The parameters at their intervals with tags and warnings, the identifiability flags,
-    and ``hint`` (how to pin one down) when one is unidentified."""
+def parameter_lines(r, warnings: dict[str, str], hint: str) -> list[str]:
+    """The parameters at their intervals, tagged with what the fit imposed (:func:`_imposed`),
+    with ``warnings``, the identifiability flags, and ``hint`` (how to pin one down) when one is
+    unidentified."""
     width = max([6] + [len(n) for n in r.params])
     lines = [f"parameters ({r.level:.0%} intervals):"]
     for n, v in r.params.items():
         iv = r.intervals.get(n, [math.nan, math.nan])
         flag = warnings.get(n)
-        lines.append(f"  {n:>{width}} = {v:<12.6g} [{_g(iv[0])}, {_g(iv[1])}]{tags.get(n, '')}"
+        tags = "".join(f" ({x})" for x in _imposed(r, n) + _unused(r, n))
+        lines.append(f"  {n:>{width}} = {v:<12.6g} [{_g(iv[0])}, {_g(iv[1])}]{tags}"
                      + (f"  WARNING: {flag}" if flag else ""))
     ident = r.identifiability
     for n, why in (ident.get("flags") or {}).items():
@@ -59,9 +61,6 @@ def parameter_lines(r, tags: dict[str, str], warnings: dict[str, str], hint: str
 def parameter_rows(r) -> list[dict]:
     """The parameter table of any law: ``name``, ``estimate``, ``lo``, ``hi``, ``identified``,
     ``note`` (fixed, tied, a prior, at a bound, why not identified)."""
-    spec = getattr(r, "spec", None)
-    fixed = set(spec.fix) if spec is not None else set(getattr(r, "fixed", None) or ())
-    tie = dict(spec.tie) if spec is not None else {}
     ident = r.identifiability
     flags = ident.get("flags") or {}
     unidentified = set(ident.get("unidentified") or []) | set(flags)
@@ -69,21 +68,14 @@ def parameter_rows(r) -> list[dict]:
     rows = []
     for n, v in r.params.items():
         iv = r.intervals.get(n) or [math.nan, math.nan]
-        notes = ["fixed"] if n in fixed else ([f"= {tie[n]}"] if n in tie else [])
-        pr = (getattr(r, "prior", None) or {}).get(n)
-        if pr:
-            notes.append(f"prior {pr[0]:g} +- {pr[1]:g}")
-        if at_bound.get(n):
-            notes.append(str(at_bound[n]))
+        imposed = _imposed(r, n)
+        notes = imposed + ([str(at_bound[n])] if at_bound.get(n) else [])
         # a flag that repeats the bound note adds nothing: the interval's reason is kept
-        notes += [f for f in flags.get(n) or [] if not f.startswith("estimate ")]
-        param = _param(r, n)
-        if param is not None and param.kind == "positive" and abs(v) < UNUSED:
-            notes.append("~0: this factor is unused")
+        notes += [f for f in flags.get(n) or [] if not f.startswith("estimate ")] + _unused(r, n)
         lo, hi = (as_float(x) for x in iv)
         rows.append({"name": n, "estimate": float(v),
                      "lo": math.nan if lo is None else lo, "hi": math.nan if hi is None else hi,
-                     "identified": n in fixed or n not in unidentified,
+                     "identified": imposed[:1] == ["fixed"] or n not in unidentified,
                      "note": "; ".join(notes)})
     return rows
 
@@ -92,13 +84,25 @@ def parameter_rows(r) -> list[dict]:
 UNUSED = 1e-8
 
 
-def _param(r, name: str):
-    """The ladder.fit.forms.Param of ``name`` in a Chinchilla-family law, else None."""
+def _imposed(r, n: str) -> list[str]:
+    """What the fit imposed on parameter ``n``: fixed, tied (``= B``), a prior."""
+    spec = getattr(r, "spec", None)
+    fixed = spec.fix if spec is not None else (getattr(r, "fixed", None) or {})
+    tie = spec.tie if spec is not None else {}
+    out = ["fixed"] if n in fixed else ([f"= {tie[n]}"] if n in tie else [])
+    pr = (getattr(r, "prior", None) or {}).get(n)
+    return out + ([f"prior {pr[0]:g} +- {pr[1]:g}"] if pr else [])
+
+
+def _unused(r, n: str) -> list[str]:
+    """["~0: this factor is unused"] for a Chinchilla-family shape factor below UNUSED."""
     spec = getattr(r, "spec", None)
     try:
-        return spec.form.param(name) if spec is not None else None
+        param = spec.form.param(n) if spec is not None else None
     except KeyError:
-        return None
+        return []
+    return ["~0: this factor is unused"] if param is not None and param.kind == "positive" \
+        and abs(r.params[n]) < UNUSED else []
 
 
 def short_lines(r) -> list[str]:
@@ -167,17 +171,7 @@ def fit_lines(r) -> list[str]:
             lines.append(f"  {v:8.3f}  " + "  ".join(f"{g.params[n]:10.4g}"
                                                        for n in r.spec.form.names))
     else:
-        tags = {}
-        for n in r.params:
-            tag = " (fixed)" if n in r.spec.fix else (f" (= {r.spec.tie[n]})" if n in r.spec.tie
-                                                      else "")
-            pr = (r.prior or {}).get(n)
-            if pr:
-                tag += f" (prior {pr[0]:g} +- {pr[1]:g})"
-            if r.spec.form.param(n).kind == "positive" and abs(r.params[n]) < UNUSED:
-                tag += " (~0: this factor is unused)"
-            tags[n] = tag
-        lines += parameter_lines(r, tags, d.get("at_bound", {}),
+        lines += parameter_lines(r, d.get("at_bound", {}),
                                  "fix it with --fix NAME=VALUE or regularise it with --prior "
                                  "NAME=MEAN:SD")
         ss = d.get("starts_status", {})
