@@ -1,18 +1,17 @@
 """Backtests: fit on the smaller runs, predict the larger ones.
 
 Runs are ordered by scale (their largest compute; else params x tokens; else params) and grouped
-into scale levels (runs within 0.05 decades are one level, so the runs of one IsoFLOP budget or
-one rung with a rerun are held out together). Rollout: for each of the last ``max_folds`` levels,
-fit on every smaller level and predict that level. Leave-the-largest-out is the last rollout fold:
-fit on everything but the largest level. Errors are relative, ``predicted / observed - 1``, at the
-held-out runs' final points and (for runs with several points) averaged over their whole curves.
+into scale levels of 0.05 decades (one IsoFLOP budget, or a rung and its rerun, is held out
+together). Rollout: for each of the last ``max_folds`` levels, fit on every smaller level and
+predict that level; its last fold is leave-the-largest-out. Errors are relative, ``predicted /
+observed - 1``, at the held-out runs' final points and averaged over their whole curves.
 
-The folds also measure the law's extrapolation error (``extrapolation``, the band's term:
-fit.result.FitResult.extrapolation_log_sd). Each held-out final point's distance d is the largest
-over the form's inputs of its decades outside the training runs' range (a bigger model at an
-inside budget is outside in params). The rate per decade r pools the log errors e of the points
-outside, r^2 = sum(e^2) / sum(d^2) (the moment estimate for e ~ N(0, r^2 d^2)), so a fold 0.09
-decades out does not divide its error by 0.09 (OLMo: 7%/decade; docs/LOG.md 2026-12-01).
+The folds also measure the extrapolation error (the band's term,
+fit.result.FitResult.extrapolation_log_sd): a held-out final point's distance d is its most
+decades outside the training runs' range over the form's inputs (a bigger model at an inside
+budget is outside in params); the rate per decade pools the log errors e of the points outside,
+r^2 = sum(e^2) / sum(d^2) (the moment estimate for e ~ N(0, r^2 d^2)), so a fold 0.09 decades
+out does not divide its error by 0.09 (OLMo: 7%/decade; docs/LOG.md 2026-12-01).
 """
 
 from __future__ import annotations
@@ -36,11 +35,10 @@ EXTRAPOLATION_METHOD = ("held-out log errors pooled per decade (sum e^2 / sum d^
                         "distance outside the fitted range in the form's inputs")
 PLANNED = ("tokens", "compute")  # so far at a point: divided by its fraction (planned, at 1)
 # The extrapolation error outside the fitted runs: log sd = s d^p, s^2 = sum(e^2) / sum(d^(2p))
-# (p = 1: the rate above). p chosen on bench/scoreboard.py leave-one-ladder-out from 0..1 in
-# steps of 0.25: every ladder's others chose 0 (docs/LOG.md 2026-12-07): the held-out errors do
-# not grow with distance, and p = 1 carried one fold's 5.8%/decade to +-13% where the law missed
-# by 0.3%. p = 0: the RMS held-out error wherever a point is outside. For --form auto only
-# (fit.law.fit_law's ``extrapolation_power``); a named form keeps p = 1 unless asked.
+# (p = 1: the rate above; p = 0: the RMS held-out error wherever a point is outside). p = 0 was
+# chosen by every ladder's others on bench/scoreboard.py leave-one-ladder-out over 0..1 in steps
+# of 0.25 (docs/LOG.md 2026-12-07: held-out errors do not grow with distance). For --form auto
+# only (fit.law.fit_law's ``extrapolation_power``); a named form keeps p = 1 unless asked.
 EXTRAPOLATION_POWER = 0.0
 
 

@@ -4,8 +4,7 @@ on a points table of ``run, step, lr, loss`` (+ a size column).
 Huber (delta 1e-3) of log residuals, summed (Besiroglu et al. 2024: averaging stops L-BFGS
 early); starts from a grid over the nonlinear parameters with the linear ones solved by
 non-negative least squares, the best few polished by fit.solver's batched L-BFGS within bounds.
-Bands: a run-level bootstrap plus the RMS log residual, by Monte Carlo (fit.curve_law);
-fewer than 2 draws: a NaN band with a warning.
+The band's draws: a run-level bootstrap (:func:`_bootstrap`; the band itself: fit.curve_law).
 
 With runs of several sizes the ``scaled`` parameters (default L0, A) are power laws of size and
 the shape parameters shared; the joint fit starts from per-size fits (``diagnostics.per_size``).
@@ -120,9 +119,8 @@ def _minimize(model: CurveModel, u0: np.ndarray, runs, delta: float, *,
 @contextlib.contextmanager
 def _single_thread_blas():
     """Run OpenBLAS single-threaded inside the block (or the decorated function, each call
-    afresh): the fits' BLAS calls are tiny, and
-    threads made a bootstrap refit take 3.5x the CPU on 2 cores. Linux, OpenBLAS only; anything
-    unexpected -> no change."""
+    afresh): the fits' BLAS calls are tiny, and threads made a bootstrap refit take 3.5x the CPU
+    on 2 cores. Linux, OpenBLAS only; anything unexpected -> no change."""
     import ctypes
 
     handles = []
@@ -153,10 +151,8 @@ def _single_thread_blas():
                 pass
 
 
-# ------------------------------------------------------------------------------- start grid
-
-
 def _nonlinear_grid(form: str, T: float) -> list[dict]:
+    """The starts of the nonlinear parameters (the linear ones: :func:`_solve_linear`)."""
     if form == "mpl":
         return [{"alpha": a, "beta": b, "gamma": g, "C": c / T}
                 for a in (0.2, 0.35, 0.5, 0.8) for b in (0.3, 0.6, 1.2) for g in (0.2, 0.5, 0.8)
@@ -203,9 +199,6 @@ def _fit_one_size(model: CurveModel, runs: Sequence[RunDesign], delta: float, n_
     cands.sort(key=lambda c: c[0])
     th, f, ok, i = _minimize(model, np.array([c[1] for c in cands[:n_starts]]), runs, delta)
     return th[i], float(f[i]), bool(ok[i]), min(n_starts, len(cands))
-
-
-# ------------------------------------------------------------------------------ fitting
 
 
 @dataclass
@@ -332,13 +325,12 @@ def fit_curve_law(df, form: str = "mpl", bootstrap: int = 200, level: float = 0.
         u, obj, ok, n_local = _fit_one_size(model, stacked, huber_delta, n_starts)
     else:
         # stage 1: each size on its own (shape parameters free per size)
-        per_size, starts = {}, []
+        per_size = {}
         m1 = CurveModel(form, (), None,
                         {k: v for k, v in fix.items() if not k.endswith("_size_exp")})
         for s in sizes:
             rs = [r for r in runs if r.size0 == s]
-            th, o, k_ok, _ = _fit_one_size(m1, rs, huber_delta, max(1, n_starts // 2))
-            per_size[s] = m1.values(th)
+            per_size[s] = m1.values(_fit_one_size(m1, rs, huber_delta, max(1, n_starts // 2))[0])
         diagnostics["per_size"] = [dict(size=s, **v) for s, v in per_size.items()]
         # stage 2: scaled params as power laws of size (regression of the per-size fits), shape
         # params from each size's fit in turn, then one joint fit
@@ -347,14 +339,9 @@ def fit_curve_law(df, form: str = "mpl", bootstrap: int = 200, level: float = 0.
         for n in model.scaled:
             yv = np.log([per_size[s][n] for s in sizes])
             slope, icpt = np.polyfit(logn, yv, 1)
-            reg[n] = (float(np.exp(icpt)), float(np.clip(slope, SIZE_EXP.lo, SIZE_EXP.hi)))
-        for s in sizes:
-            v = dict(per_size[s])
-            for n in model.scaled:
-                v[n], v[f"{n}_size_exp"] = reg[n]
-            v.update(fix)
-            starts.append(v)
-        us = [model.clip(model.u_of(v)) for v in starts]
+            reg[n] = float(np.exp(icpt))
+            reg[f"{n}_size_exp"] = float(np.clip(slope, SIZE_EXP.lo, SIZE_EXP.hi))
+        us = [model.clip(model.u_of({**per_size[s], **reg, **fix})) for s in sizes]
         cands = sorted(((_objective(model, u, stacked, huber_delta), u) for u in us),
                        key=lambda c: c[0])
         th, f, conv, i = _minimize(model, np.array([c[1] for c in cands[:max(1, n_starts // 2)]]),

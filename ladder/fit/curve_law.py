@@ -27,9 +27,6 @@ from ladder.io import InputError, number
 MC_SEED = 0   # the band's Monte Carlo draws: the same band for the same law and query
 
 
-# ------------------------------------------------------------------------------- results
-
-
 @dataclass(repr=False)  # LawResult's short repr, not every field
 class CurveLaw(LawResult, forms=tuple(FORMS)):
     """A fitted curve law (``mpl`` or ``momentum``): ``predict`` takes a schedule; law.json

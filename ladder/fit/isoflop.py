@@ -164,9 +164,6 @@ class IsoflopResult:
         return "\n".join(lines)
 
 
-# ----------------------------------------------------------------------------- the table
-
-
 def isoflop_table(df: pd.DataFrame, *, where: str = "<table>") -> tuple[pd.DataFrame, str | None]:
     """The table isoflop needs: ``run, params, tokens, compute, loss, final`` (``final``: its
     run's last point), one of params/tokens from C = 6 N D, and which (or None)."""
@@ -208,9 +205,6 @@ def isoflop_table(df: pd.DataFrame, *, where: str = "<table>") -> tuple[pd.DataF
 def budget_key(c: np.ndarray) -> np.ndarray:
     """Budgets equal to 3 significant digits are one budget."""
     return np.array([float(f"{x:.3g}") for x in c])
-
-
-# ----------------------------------------------------------------------------- fits
 
 
 def window(x, y, octaves: float):

@@ -58,38 +58,32 @@ def load_points(sources, metric: str | None = None, *, include_incomplete: bool 
     requested, metric = metric, metric or DEFAULT_METRIC
     frames, dropped, left_out = [], [], []
     for src in sources:
+        frame, notes, targets = None, [], []
         if isinstance(src, pd.DataFrame):  # a table built elsewhere may name its source
             src, targets = _without_targets(src, include_target)
-            left_out += targets
             if len(src) or not targets:
-                frames.append(_table(src.copy(), str(src.attrs.get("source", "<dataframe>")),
-                                     metric, requested))
-            continue
-        if isinstance(src, str) and src.startswith("wandb://"):
-            known = read_sizes(sizes)
+                frame = _table(src.copy(), str(src.attrs.get("source", "<dataframe>")), metric,
+                               requested)
+        elif isinstance(src, str) and src.startswith("wandb://"):
+            known = read_sizes(sizes)  # before the API is asked
             frame, notes = points_from_histories(
                 read_api_runs(src, api=wandb_api, field="SOURCE"), metric, known, where=src,
                 keymap=keymap)
             frame, targets = _without_targets(frame, include_target)
-            dropped += notes
-            left_out += targets
-            if len(frame) or not targets:
-                frames.append(frame)
-            continue
-        path = Path(src)
-        if not path.exists():
-            raise InputError("no such file or directory", path=path, exit_code=EX_NOINPUT)
-        if path.is_dir():
-            frame, notes, targets = _runs_dir(path, metric, include_incomplete,
+            frame = frame if len(frame) or not targets else None
+        elif not Path(src).exists():
+            raise InputError("no such file or directory", path=Path(src), exit_code=EX_NOINPUT)
+        elif Path(src).is_dir():
+            frame, notes, targets = _runs_dir(Path(src), metric, include_incomplete,
                                               include_target)
-            dropped += notes
-            left_out += targets
-            if frame is not None:
-                frames.append(frame)
         else:
-            table = read_table(path)
-            frames.append(_table(keymap.table(table) if keymap else table, str(path), metric,
-                                 requested))
+            table = read_table(Path(src))
+            frame = _table(keymap.table(table) if keymap else table, str(Path(src)), metric,
+                           requested)
+        dropped += notes
+        left_out += targets
+        if frame is not None:
+            frames.append(frame)
     if requested is None:  # long tables name their one metric; two different ones never mix
         named = list(dict.fromkeys(f.attrs["long_metric"] for f in frames
                                    if f.attrs.get("long_metric")))

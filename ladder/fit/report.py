@@ -17,9 +17,8 @@ def _g(x, fmt="{:.4g}"):
     return fmt.format(x)
 
 
-def _pct(x):
-    x = as_float(x)
-    return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:+.2f}%"
+def _pct(x, sign: str = "+"):
+    return _g(x, f"{{:{sign}.2%}}")
 
 
 def report(r) -> str:
@@ -188,10 +187,8 @@ def fit_lines(r) -> list[str]:
                      f"{_pct(d.get('max_abs_rel_residual'))}, residual dof {_g(d.get('dof'))}; "
                      f"{d.get('points_note')}")
         b = d.get("bootstrap", {})
-        if b.get("replicates"):
-            lines.append(bootstrap_line(b))
-        else:
-            lines.append("bootstrap: none (bands from the Student-t lack-of-fit interval only)")
+        lines.append(bootstrap_line(b) if b.get("replicates") else
+                     "bootstrap: none (bands from the Student-t lack-of-fit interval only)")
     al = d.get("allocation")
     a = as_float(al.get("a")) if al else None
     if al and (a is None or not math.isfinite(a)):
@@ -203,9 +200,8 @@ def fit_lines(r) -> list[str]:
                      + f", D_opt ~ C^{_g(al.get('b'), '{:.4f}')}  (C = {_g(al.get('k'))} N D)"
                      + (f"; G not defined: {al['not_defined']}" if al.get("not_defined")
                         else ""))
-    bt = d.get("backtest")
-    if bt:
-        lines += _backtest_lines("backtest", bt)
+    if d.get("backtest"):
+        lines += _backtest_lines(d["backtest"])
     cmp_ = d.get("trajectory_vs_per_fraction")
     if cmp_ and not cmp_.get("held_out") and not cmp_.get("better"):
         lines.append("trajectory vs per-fraction fits: not compared (no rung held out)")
@@ -245,20 +241,19 @@ def fit_lines(r) -> list[str]:
                          f"with their cross-ladder values {_g(bp.get('noise_log_sd'))} and "
                          f"{_g(bp.get('rate'))}/decade, worth {_g(bp.get('weight'))} "
                          f"observations ({bp.get('source', '')})")
-    for line in d.get("dropped_rows", [])[:20]:
-        lines.append(f"dropped: {line}")
-    if len(d.get("dropped_rows", [])) > 20:
-        lines.append(f"dropped: ... and {len(d['dropped_rows']) - 20} more rows")
+    dropped = d.get("dropped_rows", [])
+    lines += [f"dropped: {line}" for line in dropped[:20]]
+    if len(dropped) > 20:
+        lines.append(f"dropped: ... and {len(dropped) - 20} more rows")
     return lines
 
 
-def _backtest_lines(title, bt) -> list[str]:
-    out = []
+def _backtest_lines(bt) -> list[str]:
     folds = bt.get("folds", [])
     if not folds:
         why = "; ".join(s["reason"] for s in bt.get("skipped", [])) or "one scale level only"
-        return [f"{title}: not possible ({why})"]
-    out.append(f"{title} (fit on smaller runs, predict the next scale level):")
+        return [f"backtest: not possible ({why})"]
+    out = ["backtest (fit on smaller runs, predict the next scale level):"]
     for f in folds:
         errs = ", ".join(_pct(e) for e in f["final_rel_err"][:6])
         more = " ..." if len(f["final_rel_err"]) > 6 else ""
@@ -315,10 +310,6 @@ def metric_summary(metric: str, law, df) -> dict:
 
 def summary_lines(rows: list[dict], level: float) -> list[str]:
     """The one-line-per-metric table of a multi-metric fit (``refused`` rows: not fitted)."""
-    def pct(x):
-        x = as_float(x)
-        return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:.2f}%"
-
     w = max([6] + [len(r["metric"]) for r in rows])
     fitted = sum("refused" not in r for r in rows)
     out = [f"{fitted} of {len(rows)} metrics fitted, one law each "
@@ -331,7 +322,7 @@ def summary_lines(rows: list[dict], level: float) -> list[str]:
             continue
         ex = " ".join(f"{n} {_g(v, '{:.3g}')}" for n, v in r["exponents"].items()) or "-"
         out.append(f"  {r['metric']:<{w}}  {r['form']:<20} {ex:<26} "
-                   f"{pct(r['rollout_mean_abs_final']):>13} "
-                   f"{pct(r['leave_largest_out_abs_final']):>17} "
-                   f"{pct(r['band_half_width_rel']):>8}")
+                   f"{_pct(r['rollout_mean_abs_final'], ''):>13} "
+                   f"{_pct(r['leave_largest_out_abs_final'], ''):>17} "
+                   f"{_pct(r['band_half_width_rel'], ''):>8}")
     return out
