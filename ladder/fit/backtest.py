@@ -43,13 +43,9 @@ EXTRAPOLATION_POWER = 0.0
 
 
 def scale_inputs(form, params_column: str = "params") -> list[str]:
-    """The form's input columns (``N`` is ``params_column``) but ``fraction``."""
-    out = []
-    for need in form.needs:
-        col = params_column if need == "N" else need
-        if col != "fraction" and col not in out:
-            out.append(col)
-    return out
+    """The form's input columns (``N`` is ``params_column``) but ``fraction``, once each."""
+    return list(dict.fromkeys(params_column if need == "N" else need for need in form.needs
+                              if need != "fraction"))
 
 
 def _planned(df: pd.DataFrame, col: str) -> np.ndarray:

@@ -167,9 +167,7 @@ class CurveLaw(LawResult, forms=tuple(FORMS)):
         run = design("predict", lr, at, None, size or 1.0, self.lr_scale, self.node_every)
 
         def curve_for(values):
-            p = m.run_params(values, size) if m.scaled else {s.name: values[s.name]
-                                                             for s in m.base}
-            return curve(self.form, p, run)
+            return curve(self.form, m.run_params(values, size), run)
 
         center = curve_for(self.params)
         lo = np.full(center.shape, np.nan)
@@ -220,12 +218,10 @@ class CurveLaw(LawResult, forms=tuple(FORMS)):
             return InputError(msg, path=str(path) if path else "<law>", field=field_)
         obj = lawjson.upgrade(obj, path=path)
         form = lawjson.check_envelope(obj, path=path, forms=tuple(FORMS))
-        curve = obj.get("curve")
-        if not isinstance(curve, dict):
-            raise bad("curve", "missing or not an object")
-        params = obj.get("params")
-        if not isinstance(params, dict):
-            raise bad("params", "missing or not an object")
+        for key in ("curve", "params"):
+            if not isinstance(obj.get(key), dict):
+                raise bad(key, "missing or not an object")
+        curve, params = obj["curve"], obj["params"]
         scaled = tuple(curve.get("scaled") or ())
         need = [p.name for p in FORMS[form]] + [f"{n}_size_exp" for n in scaled]
         for n in need:

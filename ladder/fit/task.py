@@ -102,11 +102,8 @@ def step1_table(df: pd.DataFrame, via: str, metric: str, *, smooth: int = SMOOTH
         n = len(g)
         tail = g.iloc[-min(smooth, n):]
         last = g.iloc[-1]
-        row = {"run": str(run), "tokens": float(last["tokens"]), "fraction": 1.0,
-               "loss": float(tail[via].mean())}
-        for c in size_cols:
-            row[c] = float(last[c])
-        step1.append(row)
+        step1.append({"run": str(run), "tokens": float(last["tokens"]), "fraction": 1.0,
+                      "loss": float(tail[via].mean()), **{c: float(last[c]) for c in size_cols}})
         kept = g.iloc[int(math.ceil(skip * n)):]
         w = min(smooth, len(kept))
         if w < 1:

@@ -89,12 +89,9 @@ class TaskLaw(LawResult, forms=(FORM,)):
             raise ValueError(f"level: must be in (0, 1), got {level!r}")
         options = {k: fields.pop(k) for k in ("extra_log_sigma", "extrapolation") if k in fields}
         p1 = self.step1.predict(Query.of(query, **fields), level=self.level, **options)
-        L = np.atleast_1d(np.asarray(p1.loss, dtype=float))
-        lo1 = np.atleast_1d(np.asarray(p1.lo, dtype=float))
-        hi1 = np.atleast_1d(np.asarray(p1.hi, dtype=float))
+        L, lo1, hi1 = (np.atleast_1d(np.asarray(x, dtype=float)) for x in (p1.loss, p1.lo, p1.hi))
         center = np.clip(self.accuracy(L), 0.0, 1.0)
-        lo = np.full_like(center, np.nan)
-        hi = np.full_like(center, np.nan)
+        lo, hi = np.full_like(center, np.nan), np.full_like(center, np.nan)
         if len(self.boot_theta) and np.all(np.isfinite(lo1)) and np.all(np.isfinite(hi1)):
             rng = np.random.default_rng(seed)
             zq = float(ndtri((1 + self.level) / 2))
@@ -155,13 +152,11 @@ class TaskLaw(LawResult, forms=(FORM,)):
         params = obj.get("params")
         if not isinstance(params, dict):
             raise bad("params", "missing or not an object")
-        theta = []
         for n in NAMES:
             v = params.get(n)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise bad(f"params.{n}", "missing or not a finite number")
-            theta.append(float(v))
-        theta = np.asarray(theta)
+        theta = np.array([float(params[n]) for n in NAMES])
         if np.any(theta < LOWER) or np.any(theta > UPPER):
             raise bad("params", "outside the sigmoid's bounds (a in [-1, 0], L0 >= 0, "
                                 "k in [0, 1000], b in [0, 1])")
