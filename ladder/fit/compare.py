@@ -140,12 +140,12 @@ class Inverse:
 
 
 def _interval(center: float, draws: np.ndarray, level: float,
-              extra: float = 0.0) -> tuple[float, float, int]:
-    """(lo, hi, usable) of ``draws``' percentile interval widened to hold ``center``, plus
-    ``extra`` in quadrature."""
+              extra: float = 0.0) -> tuple[float, float]:
+    """``draws``' percentile interval widened to hold ``center``, plus ``extra`` in quadrature;
+    NaN from fewer than MIN_PAIRS draws."""
     d = draws[~np.isnan(draws)]
     if len(d) < MIN_PAIRS or not math.isfinite(center):
-        return math.nan, math.nan, len(d)
+        return math.nan, math.nan
     q = 0.5 + level / 2
     # draws may hold +-inf: the nearest order statistic, not an interpolation with inf
     lo_d = float(np.quantile(d, 1 - q, method="inverted_cdf"))
@@ -153,7 +153,7 @@ def _interval(center: float, draws: np.ndarray, level: float,
     down, up = max(center - lo_d, 0.0), max(hi_d - center, 0.0)
     if extra:
         down, up = math.hypot(down, extra), math.hypot(up, extra)
-    return center - down, center + up, len(d)
+    return center - down, center + up
 
 
 def _exp(x: float) -> float:
@@ -205,7 +205,7 @@ def compare_laws(fa, fb, df_a: pd.DataFrame, df_b: pd.DataFrame, *, metric: str,
     def with_band(log_c: np.ndarray):
         """ln m at each ln C and its interval's ends: three (n,) arrays."""
         p, d = law_log_m(log_c)
-        ends = np.array([_interval(float(p[j]), d[:, j], level)[:2] if d is not None
+        ends = np.array([_interval(float(p[j]), d[:, j], level) if d is not None
                          else (math.nan, math.nan) for j in range(len(p))])
         return p, ends[:, 0], ends[:, 1]
 
@@ -284,7 +284,7 @@ def _paired(inv_a, inv_da, pa, lca, row, level, noise) -> dict:
         lo = hi = math.nan
         parts = ["none: A's law has no parameter draws (see the notes)"]
     else:
-        lo, hi, _ = _interval(center, log_m(inv_da), level, extra)
+        lo, hi = _interval(center, log_m(inv_da), level, extra)
     return {"run_a": str(pa["run"].iloc[j]), "loss_a": float(pa["loss"].iloc[j]),
             "compute_a": float(pa["compute"].iloc[j]), "multiplier": _exp(center),
             "lo": _exp(lo), "hi": _exp(hi), "band": parts}
@@ -306,7 +306,7 @@ def _trend(law_log_m, span, level, per_size) -> dict:
         with np.errstate(invalid="ignore"):
             s = (d[:, 1] - d[:, 0]) / width
         s = s[np.isfinite(s)]
-        lo, hi, _ = _interval(slope, s, level) if math.isfinite(slope) else (math.nan,) * 3
+        lo, hi = _interval(slope, s, level) if math.isfinite(slope) else (math.nan, math.nan)
     mid = float(np.nanmean(p)) if np.all(np.isfinite(p)) else math.nan
     out.update(slope=slope, lo=lo, hi=hi,
                per_decade=_exp(slope * math.log(10.0)) if math.isfinite(slope) else None,

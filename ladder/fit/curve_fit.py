@@ -213,20 +213,19 @@ class CurveData:
 
 
 def curve_data_from_table(df, *, size_column: str | None = "active_params",
-                          schedules: dict[str, np.ndarray] | None = None,
-                          what: str = "points") -> CurveData:
+                          schedules: dict[str, np.ndarray] | None = None) -> CurveData:
     """Group a points table (``run, step, lr, loss`` [+ size]) into runs; rows without a loss
     give only their LR. ``schedules`` (run -> per-update LRs) overrides the table's LRs."""
     import pandas as pd
 
     if not isinstance(df, pd.DataFrame):
-        raise InputError("expected a pandas DataFrame", field=what)
+        raise InputError("expected a pandas DataFrame", field="points")
     need = ["run", "step", "loss"] + ([] if schedules else ["lr"])
     for col in need:
         if col not in df.columns:
             raise InputError("missing column (curve laws need run, step, lr, loss)", field=col)
     if len(df) == 0:
-        raise InputError("no rows", field=what)
+        raise InputError("no rows", field="points")
     step = pd.to_numeric(df["step"], errors="coerce").to_numpy(float)
     loss = pd.to_numeric(df["loss"], errors="coerce").to_numpy(float)
     lr = (pd.to_numeric(df["lr"], errors="coerce").to_numpy(float) if "lr" in df.columns

@@ -20,8 +20,8 @@ so S2(t) = sum_k (eta_{k-1} - eta_k) (1 - lam^(t-k+1)) / (1 - lam); S1 holds war
 annealing increments start after it, as in MPL (negative during warmup).
 
 Conventions (written into law.json):
-- ``lr[s-1]`` is the LR of update ``s``; the loss at completed step ``t`` has seen updates 1..t
-  (fit.lr_schedules); warmup ends at the first update reaching the maximum LR (``W``).
+- LRs per update as fit.lr_schedules says; warmup ends at the first update reaching the maximum
+  LR (``W``).
 - LRs are divided by ``lr_scale`` (the data's largest LR), so areas are in steps at that LR and
   ``A``, ``B``, ``C`` in those units (the law is invariant under the rescaling).
 - The annealing sums are exact at LR jumps; where the LR changes every step they are summed over

@@ -135,7 +135,7 @@ def _table(df: pd.DataFrame, where: str, metric: str, requested: str | None = No
         if metric in df.columns:
             df = df.rename(columns={metric: "loss"})
         else:
-            keys = [] if long_metric else _table_keys(df, where)
+            keys = [] if long_metric else _table_keys(df)
             hint = (f"; choose its metric column{'s' if len(keys) > 1 else ''} with --metric "
                     f"KEY (repeatable; globs allowed): {listed_keys(keys)}"
                     if requested is None and keys else "")
@@ -186,16 +186,12 @@ def listed_keys(keys, most: int = 20) -> str:
     return ", ".join(keys[:most]) + (f", ... ({len(keys)} in all)" if len(keys) > most else "")
 
 
-def _is_pattern(key: str) -> bool:
-    return any(ch in key for ch in "*?[")
-
-
 def metric_keys(source, *, keymap=None) -> list[str]:
     """The metric keys a source holds, in order of first appearance: a long table's ``metric``
     values, a wide table's other columns (its ``loss`` included), a runs directory's logged
     keys. W&B runs are not listed: InputError (64)."""
     if isinstance(source, pd.DataFrame):
-        return _table_keys(source, str(source.attrs.get("source", "<dataframe>")))
+        return _table_keys(source)
     if str(source).startswith("wandb://") or is_wandb_offline_dir(source):
         raise InputError("a metric pattern is matched against the keys a points table or runs "
                          "directory holds; name W&B metrics exactly", path=str(source),
@@ -210,10 +206,10 @@ def metric_keys(source, *, keymap=None) -> list[str]:
                 keys.update((k, None) for k in row if k not in RUN_NOT_METRICS)
         return list(keys)
     table = read_table(path)
-    return _table_keys(keymap.table(table) if keymap else table, str(path))
+    return _table_keys(keymap.table(table) if keymap else table)
 
 
-def _table_keys(df: pd.DataFrame, where: str) -> list[str]:
+def _table_keys(df: pd.DataFrame) -> list[str]:
     cols = [str(c).strip() for c in df.columns]
     if "metric" in cols:
         return _metric_names(df[df.columns[cols.index("metric")]])[1]
@@ -245,7 +241,7 @@ def expand_metrics(patterns, sources, *, keymap=None) -> list[str | None]:
 
     out: list[str] = []
     for k in patterns:
-        if not _is_pattern(k):
+        if not any(ch in k for ch in "*?["):  # a key, not a glob
             out.append(k)
             continue
         hit = [c for c in keys_held() if fnmatch.fnmatchcase(c, k)]
