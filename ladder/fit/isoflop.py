@@ -122,22 +122,19 @@ class IsoflopResult:
 
     def to_json(self, budget: float | None = None) -> dict:
         """The `ladder isoflop --json` object; a value that cannot be computed is null."""
-        m = self.main
-        out = {"schema": SCHEMA, "approach": m.name, "level": self.level,
-               "n_exponent": m.n.exponent, "d_exponent": m.d.exponent,
-               "n_exponent_interval": list(m.n.exponent_interval),
-               "d_exponent_interval": list(m.d.exponent_interval),
-               "n_coef": m.n.coef, "d_coef": m.d.coef,
+        a1 = self.approach1.to_json(self.level, budget)
+        a2 = None if self.approach2 is None else self.approach2.to_json(self.level, budget)
+        main = a1 if a2 is None else a2         # its numbers are repeated at the top level
+        out = {"schema": SCHEMA, "approach": self.main.name, "level": self.level,
+               **{k: main[k] for k in ("n_exponent", "d_exponent", "n_exponent_interval",
+                                       "d_exponent_interval", "n_coef", "d_coef")},
                "convention": self.convention,
                "bootstrap": self.bootstrap, "runs": int(self.points["run"].nunique()),
-               "approach1": self.approach1.to_json(self.level, budget),
-               "approach2": None if self.approach2 is None else
-               self.approach2.to_json(self.level, budget),
-               "warnings": list(self.warnings)}
+               "approach1": a1, "approach2": a2, "warnings": list(self.warnings)}
         if budget is not None:
             out["budget"] = float(budget)
-            for k in ("n_opt", "d_opt", "n_opt_interval", "d_opt_interval"):
-                out[k] = out[f"approach{m.name[-1]}"][k]
+            out.update({k: main[k] for k in ("n_opt", "d_opt", "n_opt_interval",
+                                             "d_opt_interval")})
         return _null_nan(out)
 
     def report(self, budget: float | None = None) -> str:
@@ -282,8 +279,7 @@ def _profile_draws(fits, rng, bootstrap: int) -> tuple[list, list]:
                 continue
             ys = yhat[None, :] + r[rng.integers(0, len(r), (bootstrap, len(r)))]
             # least-squares parabolas of every replicate at once: one solve, many right sides
-            X = np.vander(wx, 3)
-            p2, p1, _ = np.linalg.lstsq(X, ys.T, rcond=None)[0]
+            p2, p1, _ = np.linalg.lstsq(np.vander(wx, 3), ys.T, rcond=None)[0]
             with np.errstate(divide="ignore", invalid="ignore"):
                 vx[:, j] = np.where(p2 > 0, -p1 / (2 * p2), np.nan)
         for b in range(bootstrap):
