@@ -18,29 +18,17 @@ CHECKPOINTS = (0.25, 0.5, 0.75, 1.0)
 NEAR = 0.03
 
 
-def _pair(v) -> tuple[float, float] | None:
-    if isinstance(v, (list, tuple)) and len(v) == 2:
-        lo, hi = as_float(v[0]), as_float(v[1])
-    elif isinstance(v, dict):
-        lo = as_float(next((v[k] for k in ("lo", "low", "lower") if k in v), None))
-        hi = as_float(next((v[k] for k in ("hi", "high", "upper") if k in v), None))
-    else:
-        return None
-    return None if lo is None or hi is None else (lo, hi)
-
-
 def param_intervals(law_meta: dict) -> dict[str, tuple[float, float]]:
-    """Per-parameter intervals from ``law.json``'s ``uncertainty`` (name -> (lo, hi))."""
+    """Per-parameter intervals of ``law.json``'s ``uncertainty.intervals`` (name -> [lo, hi],
+    as every law ``ladder fit`` writes has them) as name -> (lo, hi)."""
     u = law_meta.get("uncertainty") if isinstance(law_meta, dict) else None
-    if not isinstance(u, dict):
-        return {}
-    for key in ("intervals", "params", "parameters", "param_intervals", "per_parameter"):
-        block = u.get(key)
-        if isinstance(block, dict):
-            out = {k: p for k, v in block.items() if (p := _pair(v)) is not None}
-            if out:
-                return out
-    return {}
+    block = u.get("intervals") if isinstance(u, dict) else None
+    out = {}
+    for name, v in (block if isinstance(block, dict) else {}).items():
+        pair = tuple(as_float(x) for x in v) if isinstance(v, (list, tuple)) else ()
+        if len(pair) == 2 and None not in pair:
+            out[name] = pair
+    return out
 
 
 def law_rows(inp: ReportInputs) -> list[dict]:
