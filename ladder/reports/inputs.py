@@ -61,28 +61,21 @@ class RunData(RunDir):
         return cache[key]
 
     def _series(self, key: str) -> Series:
-        step, frac, tok, val = [], [], [], []
-        steps = self.steps
-        planned = self.planned_tokens
+        out = []
+        steps, planned = self.steps, self.planned_tokens
         for r in self.rows:
             v = as_float(r.get(key))
             if v is None or not math.isfinite(v):
                 continue
-            s = as_float(r.get("step"))
-            g = as_float(r.get("progress"))
-            t = as_float(r.get("tokens"))
+            s, g, t = (as_float(r.get(k)) for k in ("step", "progress", "tokens"))
             if g is None and s is not None and steps:
                 g = s / steps
             if t is None and g is not None and planned:
                 t = g * planned
             if g is None and t is not None and planned:
                 g = t / planned
-            step.append(np.nan if s is None else s)
-            frac.append(np.nan if g is None else g)
-            tok.append(np.nan if t is None else t)
-            val.append(v)
-        return Series(np.array(step, float), np.array(frac, float), np.array(tok, float),
-                      np.array(val, float))
+            out.append((s, g, t, v))  # None: NaN
+        return Series(*np.array(out, float).reshape(-1, 4).T.copy())
 
     def nonfinite_steps(self, key: str) -> list[float]:
         """Steps where ``key`` was logged as NaN/Inf (a diverging run says so this way)."""
@@ -160,13 +153,12 @@ class LawView:
                 p = self.obj.predict(level=level or self.level, **kw,
                                      **({} if schedule is None else {"schedule": schedule}))
             shape = np.broadcast(*kw.values()).shape if kw else ()
-            out = Prediction(*(np.broadcast_to(np.asarray(getattr(p, a), float), shape).copy()
-                               for a in ("loss", "lo", "hi")),
-                             level=float(getattr(p, "level", level or self.level)))
+            return Prediction(*(np.broadcast_to(np.asarray(getattr(p, a), float), shape).copy()
+                                for a in ("loss", "lo", "hi")),
+                              level=float(getattr(p, "level", level or self.level)))
         except Exception as e:  # noqa: BLE001 -- any failure of the law is shown, not raised
             self.error = f"law.predict failed: {type(e).__name__}: {e}"
             return None
-        return out
 
     @property
     def is_curve(self) -> bool:
@@ -219,11 +211,6 @@ def law_differs(law: LawView, prereg: dict, where=None) -> str | None:
     return (f"the law drawn ({name}, sha256 {sha256_of(law.meta)[:12]}...) is not the one the "
             f"pre-registration {Path(str(where)).name if where else ''} embeds (law_sha256 "
             f"{str(registered)[:12]}...): its curve is not what the band was registered from")
-
-
-def load_alerts(path: str | os.PathLike) -> list[dict]:
-    """alerts.jsonl rows (tolerant reader: partial last line and corrupt lines skipped)."""
-    return [row for _, row in iter_jsonl(path)]
 
 
 # ----------------------------------------------------------------------------- all inputs
@@ -369,7 +356,9 @@ def load_inputs(runs=None, law=None, prereg=None, alerts=None, target_run=None,
     if alerts is not None:
         if isinstance(alerts, (str, os.PathLike)):
             if Path(alerts).exists() or Path(alerts).is_symlink():
-                alert_rows = load_alerts(alerts)  # a FIFO or a device: refused, one line
+                # tolerant: a partial last line and corrupt lines are skipped; a FIFO or a
+                # device is refused, one line
+                alert_rows = [row for _, row in iter_jsonl(alerts)]
             else:  # the watcher may write the file only when something fires
                 alert_rows = []
                 notes.append(f"alerts file {alerts} does not exist: read as no alerts")
@@ -381,9 +370,7 @@ def load_inputs(runs=None, law=None, prereg=None, alerts=None, target_run=None,
     # The target: --target-run, else the run named like the pre-registration's target, else the
     # one run whose rung spec says is_target.
     target = None
-    tname = None
-    if prereg_obj and isinstance(prereg_obj.get("target"), dict):
-        tname = prereg_obj["target"].get("name")
+    tname = target_of(prereg_obj).get("name") if prereg_obj else None
     if target_run is not None:
         target = load_run(target_run)
         tpath = target.path.resolve()

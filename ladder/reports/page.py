@@ -74,13 +74,14 @@ def verdict_lines(inp: ReportInputs) -> tuple[list[str], str]:
         step = inp.target.summary.get("step")
         lines.append(f"{name} {inp.target.status} at step {step} of {inp.target.steps or '?'}"
                      " (summary.json).")
+    where = ("final" if v["complete"] else f"latest (at {v['fraction']:.0%} of the run)") \
+        if "actual" in v else ""
     if "not_applicable_since" in v:
         tone = "warn"
         lines.append(f"{name}: the forecast no longer applies since {v['not_applicable_since']:.0%}"
                      f" of the run ({v['not_applicable_reason']}); the last value "
                      f"{loss_fmt(v['actual'])} is not judged against it.")
     elif "inside" in v:
-        where = "final" if v["complete"] else f"latest (at {v['fraction']:.0%} of the run)"
         lines.append(f"{name} {where} {inp.metric}: {loss_fmt(v['actual'])}; forecast "
                      f"{loss_fmt(v['forecast'])} [{loss_fmt(v['lo'])}, {loss_fmt(v['hi'])}] "
                      f"({inp.level:.0%} band).")
@@ -91,7 +92,6 @@ def verdict_lines(inp: ReportInputs) -> tuple[list[str], str]:
             side = "above" if v["actual"] > v["hi"] else "below"
             lines.append(f"OUTSIDE the pre-registered band ({side}).")
     elif v.get("band_missing"):
-        where = "final" if v["complete"] else f"latest (at {v['fraction']:.0%} of the run)"
         lines.append(f"{name} {where} {inp.metric}: {loss_fmt(v['actual'])}; forecast "
                      f"{loss_fmt(v['forecast'])} ({v['actual'] / v['forecast'] - 1:+.2%}).")
         tone = "warn"
