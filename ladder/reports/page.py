@@ -256,5 +256,4 @@ def render_summary(inp: ReportInputs, pngs: dict[str, bytes]) -> str:
 
 
 def _md_text(text) -> str:
-    import html
     return html.escape(str(text), quote=False)

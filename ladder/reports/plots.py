@@ -15,39 +15,21 @@ from matplotlib import rc_context
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import (
-    FixedLocator,
-    FuncFormatter,
-    LogLocator,
-    MaxNLocator,
-    NullFormatter,
-    NullLocator,
-)
+from matplotlib.ticker import (FixedLocator, FuncFormatter, LogLocator, MaxNLocator,
+                               NullFormatter, NullLocator)
 
 from ladder.predict.watch import SEVERITIES
 from ladder.reports.figdata import TRAIN_KEY, health_alert_for, ladder_data, law_data, watch_data
 from ladder.reports.inputs import ReportInputs, RunData
 from ladder.reports.inputs import alert_fraction as _alert_fraction
-from ladder.reports.style import (
-    FORECAST_COLOR,
-    LAW_COLOR,
-    NOT_APPLICABLE_COLOR,
-    RC,
-    SEVERITY_COLORS,
-    TARGET_COLOR,
-    TRAIN_COLOR,
-    UPDATED_COLOR,
-    rung_colors,
-    sci,
-    si,
-)
+from ladder.reports.style import (FORECAST_COLOR, LAW_COLOR, NOT_APPLICABLE_COLOR, RC,
+                                  SEVERITY_COLORS, TARGET_COLOR, TRAIN_COLOR, UPDATED_COLOR,
+                                  rung_colors, sci, si)
 from ladder.reports.style import figure as _fig
 from ladder.reports.style import loss_fmt as num
 from ladder.reports.style import percent_x as _pct_x
 
-HEALTH_KEYS = ("moe/drop_frac", "grad/norm", "moe/router_entropy", "params/norm/router_bias",
-               "moe/load_max_over_mean")
-HEALTH_LABELS = {
+HEALTH_LABELS = {  # the health figure's panels, in this order: (title, unit)
     "moe/drop_frac": ("token-drop fraction", "fraction of assignments dropped"),
     "grad/norm": ("gradient norm", "global L2 norm"),
     "moe/router_entropy": ("router entropy", "nats"),
@@ -223,9 +205,8 @@ def _draw_law_points(ax, d, colors: dict[str, str]) -> None:
     if fc and tcomp is not None:
         f, lo, hi = (fc.get(k) for k in ("loss", "lo", "hi"))
         if isinstance(f, (int, float)):
-            yerr = None
-            if isinstance(lo, (int, float)) and isinstance(hi, (int, float)):
-                yerr = [[f - lo], [hi - f]]
+            band = isinstance(lo, (int, float)) and isinstance(hi, (int, float))
+            yerr = [[f - lo], [hi - f]] if band else None
             ax.errorbar([tcomp], [f - sub], yerr=yerr, fmt="D", color=TARGET_COLOR, ms=8,
                         capsize=6, lw=2, zorder=5,
                         label=f"{d.target_name or 'target'} forecast: {num(f)} "
@@ -462,7 +443,7 @@ def health_keys(inp: ReportInputs) -> list[str]:
     present: set[str] = set()
     for r in list(inp.rungs) + ([inp.target] if inp.target is not None else []):
         present |= r.keys()
-    keys = [k for k in HEALTH_KEYS if k in present]
+    keys = [k for k in HEALTH_LABELS if k in present]
     keys += sorted(k for k in present if k.startswith("params/norm/") and k not in keys)
     return keys
 

@@ -5,6 +5,7 @@ actual at fixed fractions of the target run, alerts, runs. Rendered to HTML and 
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import numpy as np
 
@@ -64,6 +65,8 @@ def forecast_rows(inp: ReportInputs) -> list[dict]:
     if fc is None:
         return []
     s = inp.target.series(inp.metric) if inp.target is not None else None
+    ok = np.isfinite(s.fraction) if s is not None else []
+    gs, vs = (s.fraction[ok], s.value[ok]) if s is not None else (np.array([]), [])
     void = not_applicable_spans(inp)
     rows = []
     for g in CHECKPOINTS:
@@ -71,22 +74,19 @@ def forecast_rows(inp: ReportInputs) -> list[dict]:
         row = {"fraction": f"{g:.0%}", "forecast": loss_fmt(f),
                "band": f"[{loss_fmt(lo)}, {loss_fmt(hi)}]",
                "actual": "not reached", "at": "", "error": "", "inside": ""}
-        if s is not None and len(s):
-            ok = np.isfinite(s.fraction)
-            if ok.any():
-                i = int(np.argmin(np.abs(s.fraction[ok] - g)))
-                ga, va = float(s.fraction[ok][i]), float(s.value[ok][i])
-                if abs(ga - g) <= NEAR:
-                    fa, loa, hia = (float(x) for x in fc.at(ga))  # compare at the eval's fraction
-                    row.update(actual=loss_fmt(va), at=f"{ga:.1%}", error=pct(va / fa - 1))
-                    if any(g0 <= ga <= g1 for g0, g1 in void):
-                        row["inside"] = "not judged (forecast void)"
-                    elif math.isfinite(loa) and math.isfinite(hia):
-                        row["inside"] = "yes" if loa <= va <= hia else (
-                            "above" if va > hia else "below")
-                    else:
-                        row["inside"] = "band missing"
         rows.append(row)
+        i = int(np.argmin(np.abs(gs - g))) if len(gs) else None
+        if i is None or abs(gs[i] - g) > NEAR:
+            continue
+        ga, va = float(gs[i]), float(vs[i])
+        fa, loa, hia = (float(x) for x in fc.at(ga))  # compare at the eval's fraction
+        row.update(actual=loss_fmt(va), at=f"{ga:.1%}", error=pct(va / fa - 1))
+        if any(g0 <= ga <= g1 for g0, g1 in void):
+            row["inside"] = "not judged (forecast void)"
+        elif math.isfinite(loa) and math.isfinite(hia):
+            row["inside"] = "yes" if loa <= va <= hia else ("above" if va > hia else "below")
+        else:
+            row["inside"] = "band missing"
     return rows
 
 
@@ -143,11 +143,7 @@ def decision_rule(words: str) -> tuple[str, list[str]]:
 
 
 def alert_counts(inp: ReportInputs) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for a in shown_alerts(inp):
-        sev = str(a.get("severity", "info"))
-        out[sev] = out.get(sev, 0) + 1
-    return out
+    return Counter(str(a.get("severity", "info")) for a in shown_alerts(inp))
 
 
 def run_rows(inp: ReportInputs) -> list[dict]:
