@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ladder.fit.prediction import Prediction
-from ladder.io import EX_NOINPUT, InputError, as_float, iter_jsonl, read_json
+from ladder.io import EX_NOINPUT, InputError, as_float, iter_jsonl, read_json, sha256_of
 from ladder.predict.prereg_view import ForecastBand, band_level, forecast_band, target_of
 from ladder.sources.runs import RunDir, find_run_dirs, read_run
 
@@ -197,7 +197,6 @@ def load_law(law: Any) -> LawView | None:
 def law_differs(law: LawView, prereg: dict, where=None) -> str | None:
     """A note when the law drawn is not the one the pre-registration embeds (issue 26); None
     when it is."""
-    from ladder.io import sha256_of
     registered = prereg.get("law_sha256")
     shas = {sha256_of(law.meta)}
     if law.obj is not None and hasattr(law.obj, "to_json"):

@@ -429,7 +429,7 @@ def draw_watch(d) -> Figure:
     if d.tokens_total is not None:
         total = d.tokens_total
         sec = ax.secondary_xaxis("top", functions=(lambda g: g * total, lambda x: x / total))
-        sec.xaxis.set_major_formatter(FuncFormatter(lambda v, _: si(v)))
+        _si_x(sec)
         sec.set_xlabel("tokens seen")
     _watch_legend(fig, ax, d)
     fig.suptitle(textwrap.fill(_watch_title(d), 110), x=0.01, ha="left", fontsize=12)
@@ -491,10 +491,9 @@ def plot_health(inp: ReportInputs) -> Figure | None:
     ncol = 4 if len(keys) > 9 else 3
     nrow = math.ceil(len(keys) / ncol)
     fig = _fig(3.7 * ncol, 2.9 * nrow + 0.8)
-    axes = fig.subplots(nrow, ncol, squeeze=False, sharex=True)
+    axes = fig.subplots(nrow, ncol, squeeze=False, sharex=True).ravel()
     t = inp.target
-    for i, key in enumerate(keys):
-        ax = axes[i // ncol][i % ncol]
+    for ax, key in zip(axes, keys, strict=False):
         for run in inp.rungs:
             s = run.series(key)
             ok = np.isfinite(s.fraction)
@@ -532,15 +531,13 @@ def plot_health(inp: ReportInputs) -> Figure | None:
         if key == "moe/drop_frac":
             ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0%}"))
         _pct_x(ax)
-    for j in range(len(keys), nrow * ncol):
-        axes[j // ncol][j % ncol].set_visible(False)
-    for j in range(ncol):  # x labels on the lowest visible panel of each column
-        col = [axes[r][j] for r in range(nrow) if (r * ncol + j) < len(keys)]
-        if col:
-            col[-1].set_xlabel("fraction of the run's own schedule")
-            col[-1].tick_params(labelbottom=True)
+    for ax in axes[len(keys):]:
+        ax.set_visible(False)
+    for ax in axes[max(0, len(keys) - ncol):len(keys)]:  # the lowest visible panel of each column
+        ax.set_xlabel("fraction of the run's own schedule")
+        ax.tick_params(labelbottom=True)
     legend: dict = {}  # label -> the first handle of that label
-    for ax in axes.ravel():
+    for ax in axes:
         for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
             legend.setdefault(lab, h)
     fig.legend(list(legend.values()), list(legend), loc="outside lower center",
