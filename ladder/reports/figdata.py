@@ -122,12 +122,10 @@ def allocation(inp: ReportInputs):
         return None
     arr = np.log(np.asarray(pts, float))
     lc = arr[:, 0]
-    coefs = []
-    for j in range(1, 4):
-        if len(np.unique(lc)) >= 2:
-            coefs.append(np.polyfit(lc, arr[:, j], 1))
-        else:  # one point: keep the ratio fixed, N and D each ~ C^0.5
-            coefs.append(np.array([0.5, arr[0, j] - 0.5 * lc[0]]))
+    if len(np.unique(lc)) >= 2:
+        coefs = [np.polyfit(lc, arr[:, j], 1) for j in range(1, 4)]
+    else:  # one point: keep the ratio fixed, N and D each ~ C^0.5
+        coefs = [np.array([0.5, arr[0, j] - 0.5 * lc[0]]) for j in range(1, 4)]
 
     def at(compute):
         x = np.log(np.asarray(compute, float))
@@ -201,8 +199,7 @@ def _rung_law(inp: ReportInputs, run: RunData, whole: bool, grid: np.ndarray):
     s = run.series(inp.metric)
     ok = np.isfinite(s.fraction) & (s.fraction > 0)
     if not whole:  # a law of final points is judged at final points only
-        ok &= s.fraction >= 0.999
-        ok &= run.status == "complete"
+        ok &= (s.fraction >= 0.999) & (run.status == "complete")
     at = np.unique(np.concatenate([grid, s.fraction[ok]]))
     p = law_along_run(inp, run, at) if len(at) else None
     if p is None:

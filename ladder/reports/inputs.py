@@ -179,14 +179,10 @@ def load_law(law: Any) -> LawView | None:
     path = Path(law)
     meta = read_json(path, schema="law")
     view = LawView(meta=meta, path=path)
-    try:  # fit never imports JAX; imported lazily so a report without a law does not need it
+    try:  # imported here: a report without a law loads no scipy
         from ladder.fit import load_law as fit_load_law
-    except ImportError as e:
-        view.error = f"fit.load_law is not available ({e}); the fitted curve cannot be drawn"
-        return view
-    try:
         view.obj = fit_load_law(path)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - the law is shown from its JSON, the failure noted
         view.error = f"fit.load_law({path.name}) failed: {type(e).__name__}: {e}"
     return view
 
@@ -346,10 +342,9 @@ def load_inputs(runs=None, law=None, prereg=None, alerts=None, target_run=None,
     else:
         notes.append("no pre-registration given (--prereg): no forecast band, no watch plot")
 
-    if law_view is not None and prereg_obj and isinstance(prereg_obj.get("law_sha256"), str):
-        note = law_differs(law_view, prereg_obj, prereg)
-        if note:
-            notes.append(note)
+    if law_view is not None and prereg_obj and isinstance(prereg_obj.get("law_sha256"), str) \
+            and (note := law_differs(law_view, prereg_obj, prereg)):
+        notes.append(note)
 
     alert_rows = None
     if alerts is not None:
@@ -377,11 +372,8 @@ def load_inputs(runs=None, law=None, prereg=None, alerts=None, target_run=None,
     else:
         named = [r for r in all_runs if tname and _same_run(r, str(tname))]
         flagged = [r for r in all_runs if r.is_target]
-        pick = named or (flagged if len(flagged) == 1 else [])
-        if pick:
-            target = pick[0]
-            all_runs = [r for r in all_runs if r is not target]
-    all_runs = [r for r in all_runs if not r.is_target or r is target]
+        target = (named or (flagged if len(flagged) == 1 else [None]))[0]
+    all_runs = [r for r in all_runs if r is not target and not r.is_target]
     if target is None and (prereg_obj is not None or alerts is not None):
         notes.append(f"no target run found (looked for {tname!r} in --runs; or pass --target-run)")
 

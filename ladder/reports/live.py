@@ -150,8 +150,7 @@ class Downsampled:
         order = np.argsort(xs, kind="stable")
         xs, ys = xs[order], ys[order]
         if len(xs) > 1:
-            keep = np.ones(len(xs), bool)
-            keep[1:] = (xs[1:] != xs[:-1]) | (ys[1:] != ys[:-1])
+            keep = np.r_[True, (xs[1:] != xs[:-1]) | (ys[1:] != ys[:-1])]
             xs, ys = xs[keep], ys[keep]
         return xs, ys
 
