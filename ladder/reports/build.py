@@ -9,8 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display: figures are rendered to PNG only
 
-from ladder.io import (EX_CANTCREAT, InputError, atomic_write_bytes, atomic_write_text,
-                       check_writable, staged_dir)
+from ladder.io import atomic_write_bytes, atomic_write_text, check_writable, staged_dir
 from ladder.reports import plots
 from ladder.reports.inputs import load_inputs
 from ladder.reports.metrics import plot_metrics
@@ -29,11 +28,7 @@ def build_report(out_dir: str | os.PathLike, runs=None, law=None, prereg=None, a
     """Write ``index.html``, one PNG per figure and ``summary.md`` into ``out_dir``; return the
     path of ``index.html``. Every input is optional (a path; ``law`` may also be a loaded law
     object); what is missing is said in the report. Bad files raise ``InputError``."""
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise InputError("exists and is not a directory", path=out, field="--out",
-                         exit_code=EX_CANTCREAT)
-    check_writable(out, field="--out", directory=True)
+    out = check_writable(out_dir, field="--out", directory=True)  # a file there: refused
     inp = load_inputs(runs=runs, law=law, prereg=prereg, alerts=alerts, target_run=target_run,
                       points=points)
     pngs: dict[str, bytes] = {}
