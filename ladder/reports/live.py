@@ -234,11 +234,8 @@ class LivePage:
             raise InputError(f"cannot serve on {host}:{port} ({e.strerror or e})",
                              field="--port", exit_code=EX_USAGE) from None
         self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-        self.drawer = threading.Thread(target=self._draw_loop, daemon=True,
-                                       name="live-page-chart")
-        self.drawer.start()
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        threading.Thread(target=self._draw_loop, daemon=True, name="live-page-chart").start()
 
     @property
     def url(self) -> str:
@@ -443,9 +440,7 @@ class WatcherFeed:
             except Exception as e:  # noqa: BLE001 - the page lives on without its history
                 self.history_error = f"{type(e).__name__}: {e}"
         self.history_error: str | None = None
-        self.history_thread = threading.Thread(target=run, daemon=True,
-                                               name="live-page-history")
-        self.history_thread.start()
+        threading.Thread(target=run, daemon=True, name="live-page-history").start()
 
     def version(self) -> Hashable:
         st = self.w.state
