@@ -440,7 +440,9 @@ class WatcherFeed:
             except Exception as e:  # noqa: BLE001 - the page lives on without its history
                 self.history_error = f"{type(e).__name__}: {e}"
         self.history_error: str | None = None
-        threading.Thread(target=run, daemon=True, name="live-page-history").start()
+        self.history_thread = threading.Thread(target=run, daemon=True,
+                                               name="live-page-history")
+        self.history_thread.start()
 
     def version(self) -> Hashable:
         st = self.w.state
