@@ -328,10 +328,8 @@ def form_comparison(law_meta: dict) -> list[str]:
             continue
         e = c.get("rollout_mean_abs_final")
         mark = " (chosen)" if c.get("form") == auto.get("chosen") else ""
-        if isinstance(e, (int, float)):
-            out.append(f"{c.get('form')}: {100 * e:.2f}%{mark}")
-        else:
-            out.append(f"{c.get('form')}: n/a{mark}")
+        out.append(f"{c.get('form')}: "
+                   + (f"{100 * e:.2f}%" if isinstance(e, (int, float)) else "n/a") + mark)
     return out
 
 
