@@ -25,16 +25,13 @@ def report(r) -> str:
     return "\n".join(head_lines(r) + r._report_lines())
 
 
-def left_out_line(run: str) -> str:
-    """What a fit says of the target rung it left out."""
-    return f"left out: {run} (the ladder's target; --include-target to fit it)"
-
-
 def head_lines(r) -> list[str]:
+    """The law, its data, and the target rung the fit left out."""
     return [f"law: {r.form}   {r.expression}" + (f"   (one fit per {r.by})" if r.by else ""),
             (f"metric: {r.metric or '-'}   points: {r.inputs.get('n_points')}   runs: "
-             f"{r.inputs.get('n_runs')}")] + [left_out_line(str(x))
-                                             for x in r.inputs.get("left_out") or []]
+             f"{r.inputs.get('n_runs')}")] + [
+        f"left out: {x} (the ladder's target; --include-target to fit it)"
+        for x in r.inputs.get("left_out") or []]
 
 
 def parameter_lines(r, warnings: dict[str, str], hint: str) -> list[str]:
