@@ -20,17 +20,13 @@ A new schedule (``--law`` and ``--target`` of the new plan) is the new plan's la
 fraction. The anchor: the mean log ratio of the run's last ``ANCHOR_EVALS`` evals at or before
 S to the evidence there, so the amended curve passes through the run where it is.
 
-The band (predict.band.amended_band), registered per point in two parts (``lo_law``/``hi_law``,
-``lo_change``/``hi_change``) combined in quadrature in log space (``lo``/``hi``): the law's,
-the old band's relative half-width at f with its part at f_S removed (the anchor fixes the level
-at S: what is left is how wrong the law's *change* from S to f may be), sqrt(max(w(f)^2 -
-w(f_S)^2, 0)), plus the anchor's noise (eval sd / sqrt(n anchor evals)) and one eval's; and the
-change's, the evidence at the multiplier's interval ends against its centre (log units; the
-interval's level mapped to the band's by the normal quantile ratio).
+The band, the law's part and the change's registered apart and combined: predict.band's
+:func:`~ladder.predict.band.amended_band`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -80,8 +76,7 @@ class Multiplier:
                              field="--multiplier", exit_code=EX_USAGE)
 
     def to_dict(self) -> dict:
-        return {"value": self.value, "lo": self.lo, "hi": self.hi, "level": self.level,
-                "source": self.source}
+        return dataclasses.asdict(self)
 
 
 def parse_multiplier(text: str) -> Multiplier:

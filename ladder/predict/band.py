@@ -220,11 +220,13 @@ def amended_band(old_up, old_down, old_up_s: float, old_down_s: float, *, level:
                  eval_noise: float, anchor_values: np.ndarray, evidence: np.ndarray,
                  evidence_lo: np.ndarray, evidence_hi: np.ndarray,
                  multiplier_level: float | None) -> AmendedBand:
-    """The band of an amendment at step S (ladder.predict.amend's docstring), in two parts:
+    """The band of an amendment at step S (ladder.predict.amend), in two parts:
 
     - the law's: the old band's log half-width at f (``old_up``/``old_down``) with its part at S
-      (``old_up_s``/``old_down_s``) removed, plus the noise of the anchor (the mean of
-      ``anchor_values``) and of one eval, relative to the anchor's level;
+      (``old_up_s``/``old_down_s``) removed, sqrt(max(w(f)^2 - w(S)^2, 0)) (the anchor fixes the
+      level at S: what is left is how wrong the law's *change* from S to f may be), plus the
+      noise of the anchor (the mean of ``anchor_values``) and of one eval, relative to the
+      anchor's level;
     - the change's: the ``evidence`` at the multiplier's interval ends (``evidence_lo``: the
       larger multiplier) against its centre, mapped from the multiplier's level to ``level``;
       its wider side on both sides (issue 40: a lopsided interval, 1.20x [1.19, 1.50], put a

@@ -72,11 +72,8 @@ class JsonlSource(Source):
         moved = got["path"] != str(self.path)
         if moved and not same_file(self.path, got["identity"]):
             return False  # another file: read it from its start
-        self.offset = got["offset"]
-        self.head = got["head"]
-        self.inode = got["inode"]
-        self.line_no = got["line_no"]
-        self.max_step = got["max_step"]
+        for name in ("offset", "head", "inode", "line_no", "max_step"):
+            setattr(self, name, got[name])
         self._config_sent = got["config_sent"]
         if moved:  # the same file under a new name (a copy has a new inode)
             self.moved_from = got["path"]
