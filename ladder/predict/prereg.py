@@ -207,14 +207,11 @@ def build_multi(docs: Mapping[str, Mapping], *, family: dict) -> dict:
     if not keys:
         raise ValueError("docs: no metric")
     first = docs[keys[0]]
-    doc: dict[str, Any] = {"schema": SCHEMA_V3}
-    for k in ("target", "applicability"):
-        doc[k] = first[k]
-    doc["metrics"] = keys
-    doc["forecasts"] = {k: {f: d.get(f) for f in PER_METRIC} for k, d in docs.items()}
-    for k in ("band_level", "decision_rule", "health_reference", "amends", "created",
-              "git_sha", "tool_version"):
-        doc[k] = first.get(k)
+    doc = {"schema": SCHEMA_V3, "target": first["target"],
+           "applicability": first["applicability"], "metrics": keys,
+           "forecasts": {k: {f: d.get(f) for f in PER_METRIC} for k, d in docs.items()},
+           **{k: first.get(k) for k in ("band_level", "decision_rule", "health_reference",
+                                        "amends", "created", "git_sha", "tool_version")}}
     doc["decision_rule"] = {**dict(first["decision_rule"]), "family": family}
     return seal(doc)
 

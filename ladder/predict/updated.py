@@ -253,16 +253,11 @@ def update(forecast_fraction, forecast_loss, forecast_lo, forecast_hi, final: fl
     """The updated forecast from the frozen curve and band on its grid, its final band at
     ``level`` and the run's evals so far."""
     cfg = cfg or UpdateConfig()
-    gx = np.asarray(forecast_fraction, float)
-    gy = np.asarray(forecast_loss, float)
-    order = np.argsort(gx)
-    gx, gy = gx[order], gy[order]
-    glo = np.asarray(forecast_lo, float)[order]
-    ghi = np.asarray(forecast_hi, float)[order]
-    ex = np.asarray(eval_fraction, float)
-    ey = np.asarray(eval_loss, float)
-    o = np.argsort(ex, kind="stable")
-    ex, ey = ex[o], ey[o]
+    order = np.argsort(np.asarray(forecast_fraction, float))
+    gx, gy, glo, ghi = (np.asarray(a, float)[order] for a in
+                        (forecast_fraction, forecast_loss, forecast_lo, forecast_hi))
+    order = np.argsort(np.asarray(eval_fraction, float), kind="stable")
+    ex, ey = (np.asarray(a, float)[order] for a in (eval_fraction, eval_loss))
     with np.errstate(divide="ignore", invalid="ignore"):  # as the watcher reads the band
         fe = np.interp(ex, gx, gy)
         d = np.log(ey / fe)
