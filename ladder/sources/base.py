@@ -144,29 +144,28 @@ def check_regular(p: Path) -> None:
 POS_INT = (0, 2 ** 63 - 1)
 
 
-def _int_in(v, bounds) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and \
-        (not bounds or bounds[0] <= v <= bounds[1])
-
-
-# kind -> (a fresh source's value, the check of a saved one given the field's bounds)
-_POSITION_KINDS = {
-    "str": ("", lambda v, b: isinstance(v, str) and len(v) <= 1 << 16),
-    "int": (0, _int_in),
-    "int?": (None, lambda v, b: v is None or _int_in(v, b)),
-    "bool": (False, lambda v, b: isinstance(v, bool)),
-    "dict?": (None, lambda v, b: v is None or isinstance(v, dict)),
-}
-
-
 def check_position(pos: dict, spec: dict) -> dict:
     """The fields of a saved position ``pos`` as ``spec`` (name -> (kind, bounds)) says, missing
     ones a fresh source's; a ValueError naming the first bad one (``source.FIELD``)."""
+    defaults = {"str": "", "int": 0, "int?": None, "bool": False, "dict?": None}
     out = {}
     for name, (kind, bounds) in spec.items():
-        default, ok = _POSITION_KINDS[kind]
-        v = pos.get(name, default)
-        if not ok(v, bounds):
+        v = pos.get(name, defaults[kind])
+        ok = True
+        if kind in ("int", "int?"):
+            if v is None and kind == "int?":
+                pass
+            elif isinstance(v, bool) or not isinstance(v, int):
+                ok = False
+            elif bounds and not bounds[0] <= v <= bounds[1]:
+                ok = False
+        elif kind == "bool":
+            ok = isinstance(v, bool)
+        elif kind == "str":
+            ok = isinstance(v, str) and len(v) <= 1 << 16
+        elif kind == "dict?":
+            ok = v is None or isinstance(v, dict)
+        if not ok:
             raise ValueError(f"source.{name}: expected {kind.replace('?', ' or null')}"
                              + (f" in [{bounds[0]}, {bounds[1]}]" if bounds else "")
                              + f", got {str(v)[:40]!r}")
