@@ -10,10 +10,9 @@ it covers. A point's band at ``level`` is a central interval, z = Phi^-1(1/2 + l
    statsmodels' prediction interval of log(L - E); a curve law from bootstrap draws of the curve.
 2. **The law's extrapolation error** (:func:`extrapolation_error`): the target lies beyond every
    rung, and the rollout backtest (fit.backtest: refit on the smaller runs, forecast the larger)
-   measured how wrong the law is per decade outside its runs. Without it a band narrowed by
-   honest bootstrap replicates missed the cpu demo's proxy hero, -5.0% against [-2.7%, +8.2%]
-   (docs/LOG.md). Only the law knows this term (issue 13: one place computes a law's band): it
-   is read from the law for the record (prereg.json ``extrapolation``), never added again here.
+   measured how wrong the law is per decade outside its runs (without it the cpu demo's proxy
+   hero fell outside its band, docs/LOG.md). Only the law knows this term (issue 13): it is read
+   from the law for the record (prereg.json ``extrapolation``), never added again here.
 3. **Eval noise** (:func:`estimate_eval_noise`, :func:`combine_band`): a watched value is one
    eval on a finite eval set, scattered about the run's smooth curve. Its sd comes from the
    ladder's evals by the pseudo-residuals of Gasser, Sroka & Jennen-Steinmetz (1986, Biometrika
