@@ -92,9 +92,6 @@ class JsonlSource(Source):
             return ""
         return line.decode("utf-8", "replace") if line.endswith(b"\n") else ""
 
-    def _same_head(self) -> bool:
-        return not self.head or self._read_head() == self.head
-
     def _config(self, out: Poll) -> None:
         if self._config_sent:
             return
@@ -157,8 +154,8 @@ class JsonlSource(Source):
             out.notes.append(f"{self.path}: not there (yet); waiting")
             return
         check_regular(self.path)  # a FIFO put in the file's place: an error, not a hang
-        replaced = self.inode is not None and (st.st_ino != self.inode or
-                                               not self._same_head())
+        replaced = self.inode is not None and (
+            st.st_ino != self.inode or bool(self.head) and self._read_head() != self.head)
         if self.offset and (replaced or st.st_size < self.offset):
             what = "replaced (rotated)" if replaced else "truncated"
             out.notes.append(f"{self.path} was {what}: reading it again from the start")
