@@ -98,11 +98,7 @@ class Target:
                                  integral=True)
         if d.get("config_hash") is not None:
             kw["config_hash"] = str(d["config_hash"])
-        try:
-            return cls(**kw)
-        except ValueError as e:
-            field_name = str(e).split(":")[0]
-            raise InputError(str(e).split(": ", 1)[-1], path=path, field=field_name) from None
+        return cls(**kw)  # every field checked above, as strictly as __post_init__ does
 
     def to_dict(self) -> dict:
         return {**dataclasses.asdict(self), "eval_steps": list(self.eval_steps)}

@@ -141,7 +141,8 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
         if eval_noise is None:
             if math.isfinite(est.sigma):
                 noise_info = est.to_dict()
-            elif not any(_finite_value(r.get(metric)) for run in ladder_runs for r in run.rows):
+            elif not np.isfinite(np.array([as_float(r.get(metric)) for run in ladder_runs
+                                           for r in run.rows], dtype=float)).any():  # None: NaN
                 # a band frozen without the eval noise alerts on a healthy run (issue 39)
                 raise InputError(f"no run here logs {metric!r}, the law's metric, so its eval "
                                  "noise cannot be estimated; give the runs the law was fitted "
@@ -454,11 +455,6 @@ def _check_multi(doc: Mapping, path) -> None:
         if not isinstance(f.get("final"), Mapping):
             raise InputError("missing", path=path, field=f"forecasts.{k}.final")
     _check_family(doc, len(keys), path)
-
-
-def _finite_value(v) -> bool:
-    f = as_float(v)
-    return f is not None and math.isfinite(f)
 
 
 def _under_law_keys(ladder_runs: list, law) -> list:
