@@ -26,17 +26,9 @@ from collections.abc import Sequence
 
 from ladder.sources.batch import KeyFilter
 from ladder.predict.watch.rules.base import Rule
-from ladder.predict.watch.rules.health import (
-    DropFracRule,
-    ExpertLoadRule,
-    GradNormRule,
-    NanRule,
-    ParamNormRule,
-    RouterBiasRule,
-    RouterEntropyRule,
-    RouterLogitRule,
-    SpikeRule,
-)
+from ladder.predict.watch.rules.health import (DropFracRule, ExpertLoadRule, GradNormRule, NanRule,
+                                               ParamNormRule, RouterBiasRule, RouterEntropyRule,
+                                               RouterLogitRule, SpikeRule)
 from ladder.predict.watch.rules.heading import HeadingRule
 from ladder.predict.watch.rules.loss import BandRule, ContingencyRule, RiseRule, TrendRule
 from ladder.predict.watch.rules.run import ApplicabilityRule, InputRule, StalledRule

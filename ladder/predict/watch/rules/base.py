@@ -242,11 +242,6 @@ class Rule:
         if cls.State is not None and cls.key is None:
             cls.key = cls.name
 
-    @property
-    def state(self) -> tuple[str, ...]:
-        """The entries of the watcher state it owns (its section)."""
-        return (self.key,) if self.State is not None else ()
-
     def config(self, cfg) -> Thresholds:
         """This rule's slice of ``cfg`` (a ``WatchConfig``, the slice itself, or None: the
         defaults)."""
@@ -270,6 +265,3 @@ class Rule:
 
     def text(self, c, level: float) -> str:
         raise NotImplementedError(self.name)
-
-    def new_state(self) -> RuleState | None:
-        return self.State() if self.State is not None else None

@@ -22,15 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ladder.predict.band import z_of
-from ladder.predict.updated import (
-    FilterState,
-    UpdateConfig,
-    curve_ahead,
-    final_band,
-    offset_var,
-    prior_sd,
-    usable,
-)
+from ladder.predict.updated import (FilterState, UpdateConfig, curve_ahead, final_band, offset_var,
+                                    prior_sd, usable)
 from ladder.predict.watch.alerts import Alert
 from ladder.predict.watch.rules.base import Context, kept, one_of, positive_int, threshold
 from ladder.predict.watch.rules.hysteresis import Hysteresis

@@ -12,17 +12,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ladder.predict.watch.alerts import Alert, finite_or_none
-from ladder.predict.watch.rules.base import (
-    Context,
-    Rule,
-    RuleState,
-    Thresholds,
-    kept,
-    positive,
-    positive_int,
-    threshold,
-    unit,
-)
+from ladder.predict.watch.rules.base import (Context, Rule, RuleState, Thresholds, kept, positive,
+                                             positive_int, threshold, unit)
 from ladder.predict.watch.rules.hysteresis import Hysteresis, level_changes
 
 if TYPE_CHECKING:

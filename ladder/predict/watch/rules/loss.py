@@ -11,19 +11,8 @@ import numpy as np
 
 from ladder.io import as_float
 from ladder.predict.watch.alerts import Alert
-from ladder.predict.watch.rules.base import (
-    Context,
-    Rule,
-    RuleState,
-    Thresholds,
-    alpha,
-    kept,
-    open_unit,
-    positive,
-    positive_int,
-    threshold,
-    unit,
-)
+from ladder.predict.watch.rules.base import (Context, Rule, RuleState, Thresholds, alpha, kept,
+                                             open_unit, positive, positive_int, threshold, unit)
 from ladder.predict.watch.rules.hysteresis import Hysteresis
 
 SEVERITY_NAME = {1: "warn", 2: "critical"}

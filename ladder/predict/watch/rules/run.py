@@ -13,16 +13,8 @@ import numpy as np
 
 from ladder.io import as_float, sha256_of
 from ladder.predict.watch.alerts import Alert
-from ladder.predict.watch.rules.base import (
-    Context,
-    Rule,
-    RuleState,
-    Thresholds,
-    kept,
-    one_of,
-    positive,
-    threshold,
-)
+from ladder.predict.watch.rules.base import (Context, Rule, RuleState, Thresholds, kept, one_of,
+                                             positive, threshold)
 
 # a column of the metric that is still empty by then means the key is missing: a rung has logged
 # two evals by 10% of its run (every 5% by default: the trainer's TrainConfig.eval_every)
@@ -47,7 +39,6 @@ class ApplicabilityRule(Rule):
     description = ("the run is still the one the forecast was made for (configuration, planned "
                    "steps)")
     Config = ApplicabilityConfig
-    state = ("not_applicable",)
 
     def keys(self, metric, cfg):
         return ("progress",)
