@@ -148,15 +148,8 @@ def redact_argv(argv: list[str], secret: str | None) -> list[str]:
     """``argv`` with the webhook's URL redacted (W&B records the command line)."""
     if not secret:
         return list(argv)
-    out = []
-    for a in argv:
-        if a == secret:
-            out.append("<redacted>")
-        elif a.startswith("--webhook=") and a[len("--webhook="):] == secret:
-            out.append("--webhook=<redacted>")
-        else:
-            out.append(a)
-    return out
+    return ["<redacted>" if a == secret else "--webhook=<redacted>"
+            if a == f"--webhook={secret}" else a for a in argv]
 
 
 def check_webhook_url(url: str) -> urllib.parse.SplitResult:
@@ -171,7 +164,7 @@ def check_webhook_url(url: str) -> urllib.parse.SplitResult:
                          field="--webhook", exit_code=EX_USAGE)
     if not u.hostname:
         raise InputError("the URL has no host", field="--webhook", exit_code=EX_USAGE)
-    del port
+    del port  # read for its check only
     return u
 
 
@@ -297,10 +290,9 @@ class WebhookSink(Sink):
 
 def _drain(resp, limit: int, deadline: float) -> None:
     """Read at most ``limit`` bytes of an answer's body, until ``deadline`` at the latest."""
-    got = 0
+    got, read = 0, getattr(resp, "read1", resp.read)
     while got < limit and time.monotonic() < deadline:
-        chunk = resp.read1(min(16384, limit - got)) if hasattr(resp, "read1") else \
-            resp.read(min(16384, limit - got))
+        chunk = read(min(16384, limit - got))
         if not chunk:
             return
         got += len(chunk)

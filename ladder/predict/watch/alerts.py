@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ladder.io import as_float
+
 SEVERITIES = ("info", "warn", "critical")
 SEVERITY_RANK = {"info": 0, "warn": 1, "critical": 2}
 # an alert's fields (shared/DESIGN.md section 3, alerts.jsonl), in the order they are written
@@ -65,6 +67,6 @@ class CheckResult:
 
 
 def finite_or_none(x) -> float | None:
-    """``x`` as a float, None when it is not finite (an alert's optional numbers)."""
-    x = float(x)
-    return x if math.isfinite(x) else None
+    """``x`` as a float (``ladder.io.as_float``), None when it is not a finite number."""
+    x = as_float(x)
+    return x if x is not None and math.isfinite(x) else None

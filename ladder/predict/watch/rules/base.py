@@ -242,6 +242,11 @@ class Rule:
         if cls.State is not None and cls.key is None:
             cls.key = cls.name
 
+    @property
+    def state(self) -> tuple[str, ...]:
+        """The entries of the watcher state it owns (its section)."""
+        return (self.key,) if self.State is not None else ()
+
     def config(self, cfg) -> Thresholds:
         """This rule's slice of ``cfg`` (a ``WatchConfig``, the slice itself, or None: the
         defaults)."""

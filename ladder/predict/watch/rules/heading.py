@@ -3,15 +3,11 @@ on the run's evals so far, and its band no longer overlap the frozen band ahead 
 run is heading outside its contract.
 
 ``heading_ahead`` compares the updated final with the frozen final band ("final", the default),
-or the updated curve ahead (every frozen grid point after the last eval, and the final) with
-the frozen band there ("curve", opt-in). The end-anchored forecast knows that an early departure
-may fade by the end, so its final band stays wide for much of the run: the final alone warned
-9-86 evals after the band rule on 33 of 45 synthetic faults, where the curve sees the departure
-where it is. But the issue's protocol asks for silence on every healthy public curve first, and
-only "final" keeps it (0 of 127; "curve" warns on 1 or 2); on the cpu ladder's injected faults
-every variant warns no later than the band rule (12 of 12). A team that prefers the earlier
-warning opts in with its false-warning rate known (bench/live_forecast.py,
-docs/live_forecast.md). A closing gap (``heading_closing`` "hold") neither raises nor clears.
+or the updated curve ahead (every frozen grid point after the last eval, and the final) with the
+frozen band there ("curve", opt-in: it warns earlier, as the end-anchored final band stays wide
+for much of the run, but not silent on every healthy public curve: 1 or 2 false warnings of 127
+against 0 for "final"; bench/live_forecast.py, docs/live_forecast.md). A closing gap
+(``heading_closing`` "hold") neither raises nor clears.
 """
 
 from __future__ import annotations
@@ -32,9 +28,8 @@ from ladder.predict.watch.rules.loss import EvalPoint, LossRule, Persistence, Sm
 
 @dataclass(frozen=True)
 class HeadingConfig(Smoothing, Persistence):
-    """The persistence (``heading_k`` evals apart to raise, the band rule's ``k_clear`` to
-    clear); the updated forecast's own dials are ladder.predict.updated's (chosen on the public
-    curves, not registered per run)."""
+    """The persistence (``heading_k`` to raise, ``k_clear`` to clear) and what is compared; the
+    updated forecast's own dials are ladder.predict.updated's (not registered per run)."""
 
     # the choices are bench/live_forecast.py's early_warning_table (docs/live_forecast.md): 45
     # synthetic faults, 127 healthy public curves
@@ -46,8 +41,9 @@ class HeadingConfig(Smoothing, Persistence):
     #   the registered 90% band 1 time in 10), or as registered (2 false warnings of 127)
     heading_ahead: str = threshold("final", one_of("final", "curve"))  # the module doc
     heading_closing: str = threshold("count", one_of("count", "hold"))  # a closing gap: "hold"
-    #   (neither raise nor clear) or "count" as any gap (with "curve", "hold" is silent on a
-    #   closing warmup transient: 1 false warning of 127 left)
+    #   (neither raise nor clear) or "count" as any gap (with "curve", "hold" leaves 1 false
+    #   warning of 127)
+
 
 @dataclass
 class HeadingState(Hysteresis):

@@ -39,6 +39,7 @@ class ApplicabilityRule(Rule):
     description = ("the run is still the one the forecast was made for (configuration, planned "
                    "steps)")
     Config = ApplicabilityConfig
+    state = ("not_applicable",)
 
     def keys(self, metric, cfg):
         return ("progress",)
