@@ -148,8 +148,8 @@ def redact_argv(argv: list[str], secret: str | None) -> list[str]:
     """``argv`` with the webhook's URL redacted (W&B records the command line)."""
     if not secret:
         return list(argv)
-    return ["<redacted>" if a == secret else "--webhook=<redacted>"
-            if a == f"--webhook={secret}" else a for a in argv]
+    hidden = {secret: "<redacted>", f"--webhook={secret}": "--webhook=<redacted>"}
+    return [hidden.get(a, a) for a in argv]
 
 
 def check_webhook_url(url: str) -> urllib.parse.SplitResult:

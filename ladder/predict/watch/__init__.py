@@ -18,8 +18,7 @@ from ladder.predict.watch.alerts import SEVERITIES, Alert, CheckResult, exit_cod
 from ladder.sources.batch import Batch, concat_batches
 from ladder.predict.watch.config import WatchConfig
 from ladder.predict.watch.judge import check, row_fractions
-from ladder.predict.watch.rules import (RULES, alert_kinds, decision_rule_words, health_alert_kinds,
-                                        rule, watched_keys)
+from ladder.predict.watch.rules import RULES, alert_kinds, decision_rule_words, rule, watched_keys
 from ladder.predict.watch.rules.run import config_difference
 from ladder.predict.watch.state import SCHEMA as STATE_SCHEMA
 from ladder.predict.watch.state import WatchState, check_state, new_state
@@ -27,5 +26,5 @@ from ladder.predict.watch.view import PreregView
 
 __all__ = ["RULES", "SEVERITIES", "STATE_SCHEMA", "Alert", "Batch", "CheckResult", "PreregView",
            "WatchConfig", "WatchState", "alert_kinds", "check", "check_state", "concat_batches",
-           "config_difference", "decision_rule_words", "exit_code_for", "health_alert_kinds",
-           "new_state", "row_fractions", "rule", "watched_keys"]
+           "config_difference", "decision_rule_words", "exit_code_for", "new_state",
+           "row_fractions", "rule", "watched_keys"]

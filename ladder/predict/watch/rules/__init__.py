@@ -67,21 +67,6 @@ def alert_kinds(panel: str | None = None) -> frozenset[str]:
     return frozenset(out if panel is None else out - {"cleared"})
 
 
-def health_alert_kinds(config=None) -> dict[str, tuple]:
-    """For each fixed key a health-panel rule reads (and the non-finite rule's keys, the
-    registered metric aside), the alert kinds raised about it."""
-    out: dict[str, list] = {}
-    for r in RULES:
-        if r.panel != "health" and r.name != "nan":
-            continue
-        for k in r.reads("", config):
-            if not k:  # the registered metric's place: not a health key
-                continue
-            out.setdefault(k, [])
-            out[k] += [x for x in r.kinds if x != "cleared" and x not in out[k]]
-    return {k: tuple(v) for k, v in out.items()}
-
-
 def decision_rule_words(cfg, level: float) -> str:
     """The decision rule in words (stored beside the parameters in the pre-registration): each
     rule's own slice, in registry order (``RULES``); ``cfg`` a ``WatchConfig``."""

@@ -6,8 +6,8 @@ router-bias norm and per-group parameter norms.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,8 +16,6 @@ from ladder.predict.watch.rules.base import (Context, Rule, RuleState, Threshold
                                              positive_int, threshold, unit)
 from ladder.predict.watch.rules.hysteresis import Hysteresis, level_changes
 
-if TYPE_CHECKING:
-    from collections.abc import Callable
 
 class HealthRule(Rule):
     """A health rule: judged on the whole batch, drawn on the health panels of its keys."""
@@ -316,27 +314,20 @@ class DropFracRule(HealthRule):
         b, frac = ctx.batch, ctx.frac
         if "moe/drop_frac" not in b.cols:
             return
-        n = len(b)
         med = trailing_median(st, b.cols["moe/drop_frac"], cfg.drop_window)
         env = ctx.view.envelope("moe/drop_frac", frac)
-        ref = None
-        if env is not None:
-            ref = env.hi
-            warn_t = np.fmax(env.hi * math.exp(env.tol_above + cfg.envelope_margin),
-                             cfg.drop_floor)
-            crit_t = cfg.drop_crit_factor * warn_t
-            warn_t = np.where(np.isfinite(ref), warn_t, cfg.drop_warn_abs)
-            crit_t = np.where(np.isfinite(ref), crit_t, cfg.drop_crit_abs)
-        else:
-            warn_t = np.full(n, cfg.drop_warn_abs)
-            crit_t = np.full(n, cfg.drop_crit_abs)
+        # no envelope (or none at this fraction): the absolute limits
+        ref = env.hi if env is not None else np.full(len(b), np.nan)
+        tol = env.tol_above if env is not None else 0.0
+        warn_t = np.fmax(ref * math.exp(tol + cfg.envelope_margin), cfg.drop_floor)
+        crit_t = np.where(np.isfinite(ref), cfg.drop_crit_factor * warn_t, cfg.drop_crit_abs)
+        warn_t = np.where(np.isfinite(ref), warn_t, cfg.drop_warn_abs)
         sev = np.where(med > crit_t, 2, np.where(med > warn_t, 1, 0))
         sev = np.where(np.isfinite(med), sev, -1)
 
         def describe(i, level):
-            against = (f"the ladder's max {ref[i]:.2%} at this fraction, widened" if ref is
-                       not None and math.isfinite(ref[i])
-                       else "the absolute limits (no ladder reference)")
+            against = (f"the ladder's max {ref[i]:.2%} at this fraction, widened"
+                       if math.isfinite(ref[i]) else "the absolute limits (no ladder reference)")
             return (f"token-drop fraction (median of {cfg.drop_window}) {med[i]:.2%}: above "
                     f"{(crit_t if level == 2 else warn_t)[i]:.2%}, against {against}")
         signal(ctx, cfg, st.signal, "drop_frac", "moe/drop_frac", sev, med, ref, describe)
@@ -373,16 +364,12 @@ class _EnvelopeRule(HealthRule):
         if env is None:
             return
         med = trailing_median(st, b.cols[key], cfg.drop_window)
-        if self.side == "below":
-            tol = env.tol_below + cfg.envelope_margin
-            limit = env.lo * math.exp(-tol)
-            bad = med < limit
-        else:
-            tol = env.tol_above + cfg.envelope_margin
-            limit = env.hi * math.exp(tol)
-            bad = med > limit
+        below = self.side == "below"
+        tol = (env.tol_below if below else env.tol_above) + cfg.envelope_margin
+        edge = env.lo if below else env.hi
+        limit = edge * math.exp(-tol if below else tol)
+        bad = med < limit if below else med > limit
         sev = np.where(np.isfinite(med) & np.isfinite(limit), np.where(bad, 1, 0), -1)
-        edge = env.lo if self.side == "below" else env.hi
 
         def describe(i, lv):
             return (f"{self.what} {med[i]:.3g} (median of {cfg.drop_window}) {self.side} "

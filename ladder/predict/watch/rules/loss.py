@@ -100,20 +100,13 @@ class BandRule(LossRule):
         ys = e + ev.ema
         direction = "above" if ys > hi else "below" if ys < lo else None
         if direction:
-            half = (hi - e) if direction == "above" else (e - lo)
-            excess = (ys - hi) if direction == "above" else (lo - ys)
+            half, excess = (hi - e, ys - hi) if direction == "above" else (e - lo, lo - ys)
             far = excess > cfg.far_factor * half
-            if bs.run != direction:
-                bs.far_len = 0
+            bs.far_len = (bs.far_len if bs.run == direction else 0) + 1 if far else 0
             bs.extend(direction)
-            bs.far_len = bs.far_len + 1 if far else 0
-            want = 0
-            if bs.run_len >= cfg.k_consecutive:
-                want = 1
-            if bs.run_len >= cfg.k_critical or (bs.far_len >= cfg.k_far
-                                                and bs.run_len >= min(cfg.k_far,
-                                                                      cfg.k_consecutive)):
-                want = 2
+            critical = bs.run_len >= cfg.k_critical or (
+                bs.far_len >= cfg.k_far and bs.run_len >= min(cfg.k_far, cfg.k_consecutive))
+            want = 2 if critical else 1 if bs.run_len >= cfg.k_consecutive else 0
             if bs.settle(want, about=direction, k_clear=cfg.k_clear):
                 sev = SEVERITY_NAME[want]
                 why = ("far outside the band" if want == 2 and bs.far_len >= cfg.k_far and

@@ -203,11 +203,9 @@ def _breaks(app: Mapping, config: Mapping) -> list[str]:
     out = []
     facts = config_facts(config)
     for key in ("seq_len", "steps", "tokens"):
-        want = app.get(key)
-        have = facts.get(key)
-        if want is None or have is None:
-            continue
-        if abs(float(have) - float(want)) > 1e-9 * max(1.0, abs(float(want))):
+        want, have = app.get(key), facts.get(key)
+        if want is not None and have is not None and \
+                abs(float(have) - float(want)) > 1e-9 * max(1.0, abs(float(want))):
             out.append(f"{key} is {have:g} in the run, {want:g} in the pre-registration")
     registered = app.get("config")
     run_rung = config.get("rung") if isinstance(config.get("rung"), Mapping) else None
@@ -264,8 +262,7 @@ def config_difference(want, have, path: str = "") -> str | None:
         return None
     num = (int, float)
     if isinstance(want, bool) or isinstance(have, bool):
-        same = want is have or (isinstance(want, bool) and isinstance(have, bool)
-                                and want == have)
+        same = want is have  # True and False are singletons
     elif isinstance(want, num) and isinstance(have, num):
         same = want == have or abs(want - have) <= 1e-12 * max(abs(want), abs(have))
     else:
@@ -279,19 +276,15 @@ def lookup(d: Mapping, dotted: str):
         return d[dotted]
     cur: Any = d
     for part in dotted.split("."):
-        if isinstance(cur, Mapping) and part in cur:
-            cur = cur[part]
-        else:
-            cur = _MISSING
+        if not (isinstance(cur, Mapping) and part in cur):
             break
-    if cur is not _MISSING:
+        cur = cur[part]
+    else:
         return cur
     for section in ("rung", "train"):
-        sub = d.get(section)
-        if isinstance(sub, Mapping):
-            v = lookup(sub, dotted)
-            if v is not _MISSING:
-                return v
+        v = lookup(d[section], dotted) if isinstance(d.get(section), Mapping) else _MISSING
+        if v is not _MISSING:
+            return v
     return _MISSING
 
 
