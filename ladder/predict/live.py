@@ -402,9 +402,8 @@ class Watcher:
             return self._poll()
 
     def _poll(self) -> list[Alert]:
-        new: list[Alert] = []
         now = self.clock()
-        new += self._maybe_follow_chain(now)
+        new = self._maybe_follow_chain(now)
         if self.state.get("not_applicable"):
             # the forecast no longer applies: nothing more to judge until an amendment
             self._emit(new)

@@ -276,8 +276,7 @@ class WatchRunSink(Sink):
                                          > SEVERITIES.index(self.worst)):
             self.worst = alert.severity
         self.not_applicable = self.not_applicable or alert.kind == "not_applicable"
-        self._new_alerts.append([alert.time, alert.step, alert.fraction, alert.kind,
-                                 alert.severity, alert.value, alert.expected, alert.message])
+        self._new_alerts.append([getattr(alert, c) for c in ALERT_COLUMNS])
         at = self._pending.setdefault(alert.step if alert.step is not None else -1, {})
         sev = SEVERITIES.index(alert.severity)
         at["watch/alert_severity"] = max(sev, at.get("watch/alert_severity", sev))

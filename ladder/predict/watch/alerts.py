@@ -70,3 +70,9 @@ def finite_or_none(x) -> float | None:
     """``x`` as a float (``ladder.io.as_float``), None when it is not a finite number."""
     x = as_float(x)
     return x if x is not None and math.isfinite(x) else None
+
+
+def float_or_nan(x) -> float:
+    """``x`` as a float (``ladder.io.as_float``), NaN when it is not a number."""
+    x = as_float(x)
+    return math.nan if x is None else x

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ladder.io import as_float
-from ladder.predict.watch.alerts import Alert
+from ladder.predict.watch.alerts import Alert, float_or_nan
 from ladder.predict.watch.rules.base import (Context, Rule, RuleState, Thresholds, alpha, kept,
                                              open_unit, positive, positive_int, threshold, unit)
 from ladder.predict.watch.rules.hysteresis import Hysteresis
@@ -343,8 +342,8 @@ class ContingencyRule(LossRule):
         bc = view.budget
         budget_msg = "no budget curve in the pre-registration"
         needed = None
-        mult = np.array([_num(v) for v in bc.get("multiplier", [])])
-        fl = np.array([_num(v) for v in bc.get("loss", [])])
+        mult = np.array([float_or_nan(v) for v in bc.get("multiplier", [])])
+        fl = np.array([float_or_nan(v) for v in bc.get("loss", [])])
         if mult.size >= 2 and np.isfinite(fl).all():
             scaled = fl * ratio
             # final loss falls with the budget: the smallest budget whose scaled loss <= registered
@@ -381,8 +380,3 @@ class ContingencyRule(LossRule):
     def text(self, c: ContingencyConfig, level: float) -> str:
         return (f"A confirmed above_band deviation inside the first {c.contingency_fraction:.0%} "
                 f"of the token budget adds a contingency advisory.")
-
-
-def _num(v) -> float:
-    x = as_float(v)
-    return math.nan if x is None else x
