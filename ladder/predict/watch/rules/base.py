@@ -213,7 +213,9 @@ class Rule:
     where the report draws its alerts ("watch": the loss plot, "health": the panels of the keys
     it reads, None: listed only); it reads the registered metric when ``reads_metric``, the
     ``fixed_keys`` and every key starting with one of ``prefixes``; ``State`` (None: it keeps
-    none) is kept in the state file under ``key`` (default its name).
+    none) is kept in the state file under ``key`` (default its name); ``template``, its words
+    (``str.format`` of ``c`` its config slice, ``level`` the band level and ``rule`` itself),
+    or its own :meth:`text`.
     """
 
     name: ClassVar[str]
@@ -228,6 +230,7 @@ class Rule:
     Config: ClassVar[type] = Thresholds
     State: ClassVar[type | None] = None
     key: ClassVar[str | None] = None
+    template: ClassVar[str]
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
@@ -269,4 +272,4 @@ class Rule:
         return self.text(self.config(cfg), level)
 
     def text(self, c, level: float) -> str:
-        raise NotImplementedError(self.name)
+        return self.template.format(c=c, level=level, rule=self)

@@ -196,6 +196,10 @@ class SpikeRule(HealthRule):
     fixed_keys = ("train/loss",)
     Config = SpikeConfig
     State = SpikeState
+    template = ("Train loss above its trailing median of {c.spike_window} rows by more than "
+                "{c.spike_k:g}x the robust sd (1.4826 x MAD; k = {c.spike_k_margin}x the "
+                "largest such z-score of the ladder's healthy runs, at least the default) and "
+                "more than {c.spike_rel:.0%} is a spike.")
 
     def judge(self, ctx: Context, cfg: SpikeConfig, st: SpikeState) -> None:
         b = ctx.batch
@@ -226,12 +230,6 @@ class SpikeRule(HealthRule):
                                    f"{cfg.spike_k:g})", extra={"z": finite_or_none(z[i])}))
         st.last_step = last
 
-    def text(self, c: SpikeConfig, level: float) -> str:
-        return (f"Train loss above its trailing median of {c.spike_window} rows by more than "
-                f"{c.spike_k:g}x the robust sd (1.4826 x MAD; k = {c.spike_k_margin}x the "
-                f"largest such z-score of the ladder's healthy runs, at least the default) and "
-                f"more than {c.spike_rel:.0%} is a spike.")
-
 
 @dataclass(frozen=True)
 class GradConfig(GradWindow, GradAfter, HealthPersistence):
@@ -254,6 +252,10 @@ class GradNormRule(HealthRule):
     fixed_keys = ("grad/norm",)
     Config = GradConfig
     State = GradState
+    template = ("Grad norm (median of {c.grad_window} rows, after {c.grad_after:.0%} of the "
+                "run) grown {c.grad_growth_warn}x since its post-warmup minimum, or "
+                "{c.grad_ref_warn}x the ladder's, warns; {c.grad_ref_crit}x the ladder's is "
+                "critical.")
 
     def judge(self, ctx: Context, cfg: GradConfig, st: GradState) -> None:
         b, frac, view = ctx.batch, ctx.frac, ctx.view
@@ -286,12 +288,6 @@ class GradNormRule(HealthRule):
             return ", ".join(parts)
         signal(ctx, cfg, st.signal, "grad_norm", "grad/norm", sev, med, ref, describe)
 
-    def text(self, c: GradConfig, level: float) -> str:
-        return (f"Grad norm (median of {c.grad_window} rows, after {c.grad_after:.0%} of the "
-                f"run) grown {c.grad_growth_warn}x since its post-warmup minimum, or "
-                f"{c.grad_ref_warn}x the ladder's, warns; {c.grad_ref_crit}x the ladder's is "
-                f"critical.")
-
 
 @dataclass(frozen=True)
 class DropConfig(DropWindow, EnvelopeWidth, HealthPersistence):
@@ -309,6 +305,10 @@ class DropFracRule(HealthRule):
     fixed_keys = ("moe/drop_frac",)
     Config = DropConfig
     State = SignalState
+    template = ("Token-drop fraction (trailing median of {c.drop_window} rows) above the "
+                "ladder's max at the same fraction widened as below for the router warns, "
+                "above {c.drop_crit_factor}x that is critical (without a ladder reference: "
+                "{c.drop_warn_abs} / {c.drop_crit_abs}); never below {c.drop_floor}.")
 
     def judge(self, ctx: Context, cfg: DropConfig, st: SignalState) -> None:
         b, frac = ctx.batch, ctx.frac
@@ -332,12 +332,6 @@ class DropFracRule(HealthRule):
                     f"{(crit_t if level == 2 else warn_t)[i]:.2%}, against {against}")
         signal(ctx, cfg, st.signal, "drop_frac", "moe/drop_frac", sev, med, ref, describe)
 
-    def text(self, c: DropConfig, level: float) -> str:
-        return (f"Token-drop fraction (trailing median of {c.drop_window} rows) above the "
-                f"ladder's max at the same fraction widened as below for the router warns, "
-                f"above {c.drop_crit_factor}x that is critical (without a ladder reference: "
-                f"{c.drop_warn_abs} / {c.drop_crit_abs}); never below {c.drop_floor}.")
-
 
 @dataclass(frozen=True)
 class EnvelopeConfig(DropWindow, EnvelopeWidth, HealthPersistence):
@@ -355,6 +349,10 @@ class _EnvelopeRule(HealthRule):
     side: str
     what: str      # the signal, in messages
     phrase: str    # how the words start
+    template = ("{rule.phrase} the range of the ladder's rungs at the same fraction widened by "
+                "the ladder's own leave-one-rung-out tolerance (within "
+                "{c.envelope_tol}..{c.envelope_tol_max}; {c.envelope_tol} without one) plus "
+                "{c.envelope_margin} (log units) warns.")
 
     def judge(self, ctx: Context, cfg: EnvelopeConfig, st: SignalState) -> None:
         b, frac, key = ctx.batch, ctx.frac, self.signal_key
@@ -378,12 +376,6 @@ class _EnvelopeRule(HealthRule):
                     f"{'measured leave-one-rung-out' if env.calibrated else 'by default'} + "
                     f"margin)")
         signal(ctx, cfg, st.signal, "router", key, sev, med, edge, describe)
-
-    def text(self, c: EnvelopeConfig, level: float) -> str:
-        return (f"{self.phrase} the range of the ladder's rungs at the same fraction widened by "
-                f"the ladder's own leave-one-rung-out tolerance (within "
-                f"{c.envelope_tol}..{c.envelope_tol_max}; {c.envelope_tol} without one) plus "
-                f"{c.envelope_margin} (log units) warns.")
 
 
 class RouterEntropyRule(_EnvelopeRule):
@@ -439,6 +431,8 @@ class RouterBiasRule(HealthRule):
     State = SignalState
     signal_key = "params/norm/router_bias"
     fixed_keys = (signal_key,)
+    template = ("router_bias is judged on its own after {c.router_bias_after:.0%} of the run "
+                "(> {c.router_bias_jump}x its trailing median).")
 
     def judge(self, ctx: Context, cfg: RouterBiasConfig, st: SignalState) -> None:
         b, key = ctx.batch, self.signal_key
@@ -453,10 +447,6 @@ class RouterBiasRule(HealthRule):
         signal(ctx, cfg, st.signal, "router", key, sev, med, None,
                lambda i, lv: f"router_bias norm {med[i]:.3g} is {jump[i]:.1f}x its trailing "
                              f"median (judged on its own: not gradient-trained)")
-
-    def text(self, c: RouterBiasConfig, level: float) -> str:
-        return (f"router_bias is judged on its own after {c.router_bias_after:.0%} of the run "
-                f"(> {c.router_bias_jump}x its trailing median).")
 
 
 @dataclass(frozen=True)
@@ -483,6 +473,9 @@ class ParamNormRule(HealthRule):
     prefixes = ("params/norm/",)
     Config = ParamNormConfig
     State = ParamNormState
+    template = ("A parameter-norm group whose growth differs from the ladder's by more than "
+                "{c.param_growth_ratio}x warns. Health conditions must hold for {c.k_health} "
+                "rows and be gone for {c.k_health_clear} rows to clear.")
 
     def judge(self, ctx: Context, cfg: ParamNormConfig, st: ParamNormState) -> None:
         b, frac = ctx.batch, ctx.frac
@@ -511,8 +504,3 @@ class ParamNormRule(HealthRule):
                    lambda i, lv, key=key, growth=growth, ref=ref:
                    f"{key} grew {growth[i]:.2f}x since {cfg.grad_after:.0%} of the run; "
                    f"the ladder's grew {ref[i]:.2f}x by this fraction")
-
-    def text(self, c: ParamNormConfig, level: float) -> str:
-        return (f"A parameter-norm group whose growth differs from the ladder's by more than "
-                f"{c.param_growth_ratio}x warns. Health conditions must hold for {c.k_health} "
-                f"rows and be gone for {c.k_health_clear} rows to clear.")

@@ -92,6 +92,14 @@ class BandRule(LossRule):
     description = "the smoothed metric outside the forecast band, with hysteresis"
     Config = BandConfig
     State = BandState
+    template = ("Loss: the eval metric's residual against the forecast, smoothed by an EMA "
+                "(alpha {c.ema_alpha}), outside the band widened from {level:.0%} to "
+                "{c.alert_level:.0%} (half-widths x z({c.alert_level})/z({level}), Gaussian) "
+                "for {c.k_consecutive} consecutive evals is a warning (above_band = worse than "
+                "forecast, below_band = better); outside for {c.k_critical} evals, or beyond "
+                "the band by {c.far_factor}x its half-width for {c.k_far} evals, is critical; "
+                "inside again for {c.k_clear} evals clears it. Evals before "
+                "{c.min_fraction:.0%} of the run are not compared.")
 
     def judge(self, ctx: Context, cfg: BandConfig, bs: BandState, ev: EvalPoint) -> None:
         view = ctx.view
@@ -129,16 +137,6 @@ class BandRule(LossRule):
                                        f"evals (was {was}, {SEVERITY_NAME[ch.level_before]})",
                                extra={"key": view.metric, "clears": was}))
 
-    def text(self, c: BandConfig, level: float) -> str:
-        return (f"Loss: the eval metric's residual against the forecast, smoothed by an EMA "
-                f"(alpha {c.ema_alpha}), outside the band widened from {level:.0%} to "
-                f"{c.alert_level:.0%} (half-widths x z({c.alert_level})/z({level}), Gaussian) "
-                f"for {c.k_consecutive} consecutive evals is a warning (above_band = worse than "
-                f"forecast, below_band = better); outside for {c.k_critical} evals, or beyond "
-                f"the band by {c.far_factor}x its half-width for {c.k_far} evals, is critical; "
-                f"inside again for {c.k_clear} evals clears it. Evals before "
-                f"{c.min_fraction:.0%} of the run are not compared.")
-
 
 @dataclass(frozen=True)
 class TrendConfig(Smoothing, Persistence):
@@ -175,6 +173,14 @@ class TrendRule(LossRule):
                    "the band)")
     Config = TrendConfig
     State = TrendState
+    template = ("After {c.trend_after:.0%} of the run, the smoothed residual moving from its "
+                "own median over the preceding {c.trend_window:.0%} of the run (ending "
+                "{c.trend_gap:.0%} before) by more than the largest of {c.trend_rel:.0%} of the "
+                "forecast, {c.trend_band}x the band's relative half-width there and "
+                "{c.trend_noise_k}x the smoothed residual's own noise, for {c.k_consecutive} "
+                "evals, is a 'trend' warning when worse than forecast (info when better), "
+                "cleared when it is back within half that of the earlier level for "
+                "{c.k_clear} evals.")
 
     def judge(self, ctx: Context, cfg: TrendConfig, ts: TrendState, ev: EvalPoint) -> None:
         view = ctx.view
@@ -234,16 +240,6 @@ class TrendRule(LossRule):
             thr = max(thr, cfg.trend_noise_k * sd * math.sqrt(a / (2 - a)))
         return thr
 
-    def text(self, c: TrendConfig, level: float) -> str:
-        return (f"After {c.trend_after:.0%} of the run, the smoothed residual moving from its "
-                f"own median over the preceding {c.trend_window:.0%} of the run (ending "
-                f"{c.trend_gap:.0%} before) by more than the largest of {c.trend_rel:.0%} of the "
-                f"forecast, {c.trend_band}x the band's relative half-width there and "
-                f"{c.trend_noise_k}x the smoothed residual's own noise, for {c.k_consecutive} "
-                f"evals, is a 'trend' warning when worse than forecast (info when better), "
-                f"cleared when it is back within half that of the earlier level for "
-                f"{c.k_clear} evals.")
-
 
 @dataclass(frozen=True)
 class RiseConfig(Persistence):
@@ -270,6 +266,9 @@ class RiseRule(LossRule):
     Config = RiseConfig
     State = RiseState
     key = "rise"
+    template = ("From {c.rise_after:.0%} of the run, the metric above its lowest value so far "
+                "by more than {c.rise_rel:.0%} of it (and {c.rise_noise_k}x the ladder's eval "
+                "noise) for {c.rise_k} consecutive evals is a 'rising' warning.")
 
     def judge(self, ctx: Context, cfg: RiseConfig, rs: RiseState, ev: EvalPoint) -> None:
         view = ctx.view
@@ -295,11 +294,6 @@ class RiseRule(LossRule):
                                    f"(was rising)", extra={"key": view.metric,
                                                            "clears": "rising"}))
 
-    def text(self, c: RiseConfig, level: float) -> str:
-        return (f"From {c.rise_after:.0%} of the run, the metric above its lowest value so far "
-                f"by more than {c.rise_rel:.0%} of it (and {c.rise_noise_k}x the ladder's eval "
-                f"noise) for {c.rise_k} consecutive evals is a 'rising' warning.")
-
 
 @dataclass(frozen=True)
 class ContingencyConfig(Thresholds):
@@ -323,6 +317,8 @@ class ContingencyRule(LossRule):
                    "to reach the registered one")
     Config = ContingencyConfig
     State = ContingencySent
+    template = ("A confirmed above_band deviation inside the first {c.contingency_fraction:.0%} "
+                "of the token budget adds a contingency advisory.")
 
     def judge(self, ctx: Context, cfg: ContingencyConfig, st: ContingencySent,
               ev: EvalPoint) -> None:
@@ -376,7 +372,3 @@ class ContingencyRule(LossRule):
                              f"{budget_msg}. Consider shortening and re-aiming the LR decay, then "
                              f"`ladder preregister --amend`.",
                      extra={"projected_final": projected, "budget_multiplier": needed})
-
-    def text(self, c: ContingencyConfig, level: float) -> str:
-        return (f"A confirmed above_band deviation inside the first {c.contingency_fraction:.0%} "
-                f"of the token budget adds a contingency advisory.")

@@ -40,6 +40,9 @@ class ApplicabilityRule(Rule):
                    "steps)")
     Config = ApplicabilityConfig
     state = ("not_applicable",)
+    template = ("A broken applicability condition (the run's configuration, compared value by "
+                "value; planned steps from step/progress off by more than "
+                "{c.steps_tolerance:.1%}) stops all comparison: not_applicable.")
 
     def keys(self, metric, cfg):
         return ("progress",)
@@ -83,11 +86,6 @@ class ApplicabilityRule(Rule):
                        message="the forecast no longer applies, nothing is compared from here on: "
                                + ctx.state.not_applicable))
 
-    def text(self, c: ApplicabilityConfig, level: float) -> str:
-        return (f"A broken applicability condition (the run's configuration, compared value by "
-                f"value; planned steps from step/progress off by more than "
-                f"{c.steps_tolerance:.1%}) stops all comparison: not_applicable.")
-
 
 @dataclass(frozen=True)
 class InputConfig(Thresholds):
@@ -111,6 +109,8 @@ class InputRule(Rule):
     description = "remarks on the rows themselves: steps logged again, the metric missing"
     Config = InputConfig
     State = InputState
+    template = ("Steps logged again (a resumed run) replace the earlier rows (last one wins): "
+                "'rewind' (info); no registered metric in the rows: 'missing_metric' (info).")
 
     def rewind(self, ctx: Context) -> None:
         """Rows are judged in arrival order, last one wins: say when steps are logged again."""
@@ -137,10 +137,6 @@ class InputRule(Rule):
                                    f"until it appears (wrong --metric?)"))
         return y_all
 
-    def text(self, c: InputConfig, level: float) -> str:
-        return ("Steps logged again (a resumed run) replace the earlier rows (last one wins): "
-                "'rewind' (info); no registered metric in the rows: 'missing_metric' (info).")
-
 
 @dataclass(frozen=True)
 class StalledConfig(Thresholds):
@@ -163,6 +159,7 @@ class StalledRule(Rule):
     panel = "watch"
     Config = StalledConfig
     State = StalledState
+    template = "No new point for {c.stalled_seconds:g} s is 'stalled'."
 
     def idle(self, ctx: Context, cfg: StalledConfig, st: StalledState, now: float) -> None:
         """A poll that brought nothing, at ``now``."""
@@ -182,9 +179,6 @@ class StalledRule(Rule):
             st.active = False
             ctx.emit(Alert(ctx.stamp, int(ctx.batch.step[-1]), None, None, "stalled", "info",
                            message="new points arrive again (stall cleared)"))
-
-    def text(self, c: StalledConfig, level: float) -> str:
-        return f"No new point for {c.stalled_seconds:g} s is 'stalled'."
 
 
 def applicability_breaks(app: Mapping, config: Mapping) -> list[str]:
