@@ -45,7 +45,7 @@ def _fields(slices: list[type]) -> list[dataclasses.Field]:
                 seen[f.name] = f
             elif (old.default, old.metadata.get("check")) != (f.default, f.metadata.get("check")):
                 raise TypeError(f"{f.name}: declared by two rules' thresholds with another "
-                                f"default or check ({s.__name__})")
+                                f"default or check ({s.__qualname__})")
     rank = {n: i for i, n in enumerate(WRITTEN_ORDER)}
     came = {n: i for i, n in enumerate(seen)}
     return [seen[n] for n in sorted(seen, key=lambda n: (rank.get(n, len(rank)), came[n]))]

@@ -3,14 +3,15 @@ state file, the watcher's key filter (:func:`watched_keys`), ``decision_rule.wor
 (:func:`decision_rule_words`) and the report's alert kinds (:func:`alert_kinds`) derive from it.
 
 A new rule: (1) its class (the :class:`Rule` protocol, ``rules.base``) in its family's module or
-its own: ``name``, ``scope``, ``family``, ``kinds``, ``description``, ``panel``; ``Config`` a
-frozen ``Thresholds`` dataclass of ``threshold(default, check)`` fields (a group shared with
-other rules by inheriting its dataclass, e.g. ``HealthPersistence``); ``State`` a ``RuleState``
-dataclass of ``kept(kind, default)`` fields (raise and clear with a ``Hysteresis``); ``keys``,
-``judge`` and ``text`` (its words); (2) an instance in ``RULES`` below, where it should judge;
-(3) tests: its judge against ``check()`` and a case in tests/test_watch_rules_e2e.py (whose
-registry test fails until it has one). A state or pre-registration written before it existed
-still reads (its section and thresholds take their defaults).
+its own: ``name``, ``scope``, ``family``, ``kinds``, ``description``, ``panel``, ``template``
+(its words; or a ``text`` method); nested in it, ``Config`` a frozen ``Thresholds`` dataclass of
+``threshold(default, check)`` fields (a group shared with other rules by inheriting its
+dataclass, e.g. ``HealthPersistence``) and ``State`` a ``RuleState`` dataclass of
+``kept(kind, default)`` fields (raise and clear with a ``Hysteresis``); ``keys`` and ``judge``;
+(2) an instance in ``RULES`` below, where it should judge; (3) tests: its judge against
+``check()`` and a case in tests/test_watch_rules_e2e.py (whose registry test fails until it has
+one). A state or pre-registration written before it existed still reads (its section and
+thresholds take their defaults).
 """
 
 from __future__ import annotations

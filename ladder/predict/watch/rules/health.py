@@ -129,16 +129,6 @@ def signal(ctx: Context, cfg: HealthPersistence, h: Hysteresis, kind: str, key: 
                            extra={"key": key, "clears": kind}))
 
 
-@dataclass(frozen=True)
-class NanConfig(Thresholds):
-    nan_keys: tuple = threshold(("train/loss", "grad/norm", "eval/loss"), convert=tuple)
-
-
-@dataclass
-class NanState(RuleState):
-    reported: list = kept("strs", factory=list)  # keys already reported (once each)
-
-
 class NanRule(HealthRule):
     """A non-finite value of the metric or of ``nan_keys``: critical at once, once per key."""
 
@@ -146,13 +136,19 @@ class NanRule(HealthRule):
     kinds = ("nan",)
     description = "a non-finite metric, train loss, grad norm or eval loss (critical at once)"
     panel = "watch"
-    Config = NanConfig
-    State = NanState
+
+    @dataclass(frozen=True)
+    class Config(Thresholds):
+        nan_keys: tuple = threshold(("train/loss", "grad/norm", "eval/loss"), convert=tuple)
+
+    @dataclass
+    class State(RuleState):
+        reported: list = kept("strs", factory=list)  # keys already reported (once each)
 
     def keys(self, metric, cfg):
         return (metric, *cfg.nan_keys)
 
-    def judge(self, ctx: Context, cfg: NanConfig, st: NanState) -> None:
+    def judge(self, ctx: Context, cfg: Config, st: State) -> None:
         b = ctx.batch
         for k in dict.fromkeys((ctx.view.metric,) + tuple(cfg.nan_keys)):
             nf = b.nonfinite.get(k)
@@ -165,24 +161,8 @@ class NanRule(HealthRule):
                            message=f"{k} is not finite at step {int(b.step[i])}",
                            extra={"key": k}))
 
-    def text(self, c: NanConfig, level: float) -> str:
+    def text(self, c: Config, level: float) -> str:
         return f"A non-finite {', '.join(c.nan_keys)} or metric is critical at once."
-
-
-@dataclass(frozen=True)
-class SpikeConfig(SpikeWindow):
-    # a spike: a robust z-score above k; preregister raises k to spike_k_margin x the largest z
-    # of the ladder's healthy runs. This floor: 1M rows of Gaussian noise reach z 6.8.
-    spike_k: float = threshold(7.0, positive)
-    spike_k_margin: float = threshold(1.5, positive)
-    spike_rel: float = threshold(0.02, positive)  # ... and this much above the median (a flat
-    #                                               series has MAD 0)
-
-
-@dataclass
-class SpikeState(RuleState):
-    tail: list = kept("nums", factory=list)  # the last 2 x spike_window finite train losses
-    last_step: int | None = kept("step?")     # the step of the last spike alerted
 
 
 class SpikeRule(HealthRule):
@@ -194,14 +174,26 @@ class SpikeRule(HealthRule):
     description = "train-loss spikes against a robust trailing median"
     panel = None  # listed only (a tick on the loss plot's edge)
     fixed_keys = ("train/loss",)
-    Config = SpikeConfig
-    State = SpikeState
     template = ("Train loss above its trailing median of {c.spike_window} rows by more than "
                 "{c.spike_k:g}x the robust sd (1.4826 x MAD; k = {c.spike_k_margin}x the "
                 "largest such z-score of the ladder's healthy runs, at least the default) and "
                 "more than {c.spike_rel:.0%} is a spike.")
 
-    def judge(self, ctx: Context, cfg: SpikeConfig, st: SpikeState) -> None:
+    @dataclass(frozen=True)
+    class Config(SpikeWindow):
+        # a spike: a robust z-score above k; preregister raises k to spike_k_margin x the largest z
+        # of the ladder's healthy runs. This floor: 1M rows of Gaussian noise reach z 6.8.
+        spike_k: float = threshold(7.0, positive)
+        spike_k_margin: float = threshold(1.5, positive)
+        spike_rel: float = threshold(0.02, positive)  # ... and this much above the median (a flat
+        #                                               series has MAD 0)
+
+    @dataclass
+    class State(RuleState):
+        tail: list = kept("nums", factory=list)  # the last 2 x spike_window finite train losses
+        last_step: int | None = kept("step?")     # the step of the last spike alerted
+
+    def judge(self, ctx: Context, cfg: Config, st: State) -> None:
         b = ctx.batch
         if "train/loss" not in b.cols:
             return
@@ -231,33 +223,29 @@ class SpikeRule(HealthRule):
         st.last_step = last
 
 
-@dataclass(frozen=True)
-class GradConfig(GradWindow, GradAfter, HealthPersistence):
-    # growth since its post-warmup minimum: the real team added the logit z-loss when grad norm
-    # grew past 4 (Marin hero-run tracking issue, shared/DESIGN.md section 1)
-    grad_growth_warn: float = threshold(4.0, positive)
-    grad_ref_warn: float = threshold(4.0, positive)     # x the ladder's at the same fraction
-    grad_ref_crit: float = threshold(16.0, positive)
-
-
-@dataclass
-class GradState(SignalState):
-    min: float | None = kept("num?")  # the trailing median's minimum since grad_after
-
-
 class GradNormRule(HealthRule):
     name = "grad_norm"
     kinds = ("grad_norm", "cleared")
     description = "grad norm against the ladder's and its growth since warmup"
     fixed_keys = ("grad/norm",)
-    Config = GradConfig
-    State = GradState
     template = ("Grad norm (median of {c.grad_window} rows, after {c.grad_after:.0%} of the "
                 "run) grown {c.grad_growth_warn}x since its post-warmup minimum, or "
                 "{c.grad_ref_warn}x the ladder's, warns; {c.grad_ref_crit}x the ladder's is "
                 "critical.")
 
-    def judge(self, ctx: Context, cfg: GradConfig, st: GradState) -> None:
+    @dataclass(frozen=True)
+    class Config(GradWindow, GradAfter, HealthPersistence):
+        # growth since its post-warmup minimum: the real team added the logit z-loss when grad norm
+        # grew past 4 (Marin hero-run tracking issue, shared/DESIGN.md section 1)
+        grad_growth_warn: float = threshold(4.0, positive)
+        grad_ref_warn: float = threshold(4.0, positive)     # x the ladder's at the same fraction
+        grad_ref_crit: float = threshold(16.0, positive)
+
+    @dataclass
+    class State(SignalState):
+        min: float | None = kept("num?")  # the trailing median's minimum since grad_after
+
+    def judge(self, ctx: Context, cfg: Config, st: State) -> None:
         b, frac, view = ctx.batch, ctx.frac, ctx.view
         if "grad/norm" not in b.cols:
             return
@@ -289,28 +277,26 @@ class GradNormRule(HealthRule):
         signal(ctx, cfg, st.signal, "grad_norm", "grad/norm", sev, med, ref, describe)
 
 
-@dataclass(frozen=True)
-class DropConfig(DropWindow, EnvelopeWidth, HealthPersistence):
-    drop_crit_factor: float = threshold(2.5, positive)  # x the warning limit
-    # without a ladder reference: the real hero ~2% (8% plausible); at 65k context 7% -> 40%
-    drop_warn_abs: float = threshold(0.08, positive)
-    drop_crit_abs: float = threshold(0.40, positive)
-    drop_floor: float = threshold(0.01, unit)         # never alert below it
-
-
 class DropFracRule(HealthRule):
     name = "drop_frac"
     kinds = ("drop_frac", "cleared")
     description = "the token-drop fraction against the ladder's envelope at the same fraction"
     fixed_keys = ("moe/drop_frac",)
-    Config = DropConfig
     State = SignalState
     template = ("Token-drop fraction (trailing median of {c.drop_window} rows) above the "
                 "ladder's max at the same fraction widened as below for the router warns, "
                 "above {c.drop_crit_factor}x that is critical (without a ladder reference: "
                 "{c.drop_warn_abs} / {c.drop_crit_abs}); never below {c.drop_floor}.")
 
-    def judge(self, ctx: Context, cfg: DropConfig, st: SignalState) -> None:
+    @dataclass(frozen=True)
+    class Config(DropWindow, EnvelopeWidth, HealthPersistence):
+        drop_crit_factor: float = threshold(2.5, positive)  # x the warning limit
+        # without a ladder reference: the real hero ~2% (8% plausible); at 65k context 7% -> 40%
+        drop_warn_abs: float = threshold(0.08, positive)
+        drop_crit_abs: float = threshold(0.40, positive)
+        drop_floor: float = threshold(0.01, unit)         # never alert below it
+
+    def judge(self, ctx: Context, cfg: Config, st: SignalState) -> None:
         b, frac = ctx.batch, ctx.frac
         if "moe/drop_frac" not in b.cols:
             return
@@ -333,17 +319,11 @@ class DropFracRule(HealthRule):
         signal(ctx, cfg, st.signal, "drop_frac", "moe/drop_frac", sev, med, ref, describe)
 
 
-@dataclass(frozen=True)
-class EnvelopeConfig(DropWindow, EnvelopeWidth, HealthPersistence):
-    pass
-
-
 class _EnvelopeRule(HealthRule):
     """A router signal below (``side`` "below") or above its envelope: the ladder's range at the
     same fraction widened by the ladder's own tolerance plus ``envelope_margin``."""
 
     kinds = ("router", "cleared")
-    Config = EnvelopeConfig
     State = SignalState
     signal_key: str
     side: str
@@ -354,7 +334,11 @@ class _EnvelopeRule(HealthRule):
                 "{c.envelope_tol}..{c.envelope_tol_max}; {c.envelope_tol} without one) plus "
                 "{c.envelope_margin} (log units) warns.")
 
-    def judge(self, ctx: Context, cfg: EnvelopeConfig, st: SignalState) -> None:
+    @dataclass(frozen=True)
+    class Config(DropWindow, EnvelopeWidth, HealthPersistence):
+        pass
+
+    def judge(self, ctx: Context, cfg: Config, st: SignalState) -> None:
         b, frac, key = ctx.batch, ctx.frac, self.signal_key
         if key not in b.cols:
             return
@@ -413,12 +397,6 @@ class RouterLogitRule(_EnvelopeRule):
     phrase = "Router z-loss (logit growth) above"
 
 
-@dataclass(frozen=True)
-class RouterBiasConfig(GradWindow, SpikeWindow, HealthPersistence):
-    router_bias_after: float = threshold(0.1, unit)     # it spikes early by design
-    router_bias_jump: float = threshold(3.0, positive)  # x its trailing median
-
-
 class RouterBiasRule(HealthRule):
     """``router_bias`` judged on its own: set by a balancing rule, not by gradients, it spikes
     early by design; after ``router_bias_after`` a jump over its trailing median warns."""
@@ -427,14 +405,18 @@ class RouterBiasRule(HealthRule):
     kinds = ("router", "cleared")
     description = ("the router-bias norm jumping over its trailing median (it is not "
                    "gradient-trained)")
-    Config = RouterBiasConfig
     State = SignalState
     signal_key = "params/norm/router_bias"
     fixed_keys = (signal_key,)
     template = ("router_bias is judged on its own after {c.router_bias_after:.0%} of the run "
                 "(> {c.router_bias_jump}x its trailing median).")
 
-    def judge(self, ctx: Context, cfg: RouterBiasConfig, st: SignalState) -> None:
+    @dataclass(frozen=True)
+    class Config(GradWindow, SpikeWindow, HealthPersistence):
+        router_bias_after: float = threshold(0.1, unit)     # it spikes early by design
+        router_bias_jump: float = threshold(3.0, positive)  # x its trailing median
+
+    def judge(self, ctx: Context, cfg: Config, st: SignalState) -> None:
         b, key = ctx.batch, self.signal_key
         if key not in b.cols:
             return
@@ -449,21 +431,6 @@ class RouterBiasRule(HealthRule):
                              f"median (judged on its own: not gradient-trained)")
 
 
-@dataclass(frozen=True)
-class ParamNormConfig(GradWindow, GradAfter, HealthPersistence):
-    param_growth_ratio: float = threshold(2.0, positive)  # vs the ladder's, either way
-
-
-@dataclass
-class ParamNormState(RuleState):
-    """Per parameter group: the hysteresis, the trailing values and the norm at ``grad_after``
-    its growth is measured from."""
-
-    signals: dict = kept(("map", Hysteresis), factory=dict)
-    tails: dict = kept(("map", "nums"), factory=dict)
-    base: dict = kept(("map", "num?"), factory=dict)
-
-
 class ParamNormRule(HealthRule):
     """Parameter norms per group (``router_bias`` aside) against the ladder's growth."""
 
@@ -471,13 +438,24 @@ class ParamNormRule(HealthRule):
     kinds = ("param_norm", "cleared")
     description = "parameter-norm growth per group against the ladder's"
     prefixes = ("params/norm/",)
-    Config = ParamNormConfig
-    State = ParamNormState
     template = ("A parameter-norm group whose growth differs from the ladder's by more than "
                 "{c.param_growth_ratio}x warns. Health conditions must hold for {c.k_health} "
                 "rows and be gone for {c.k_health_clear} rows to clear.")
 
-    def judge(self, ctx: Context, cfg: ParamNormConfig, st: ParamNormState) -> None:
+    @dataclass(frozen=True)
+    class Config(GradWindow, GradAfter, HealthPersistence):
+        param_growth_ratio: float = threshold(2.0, positive)  # vs the ladder's, either way
+
+    @dataclass
+    class State(RuleState):
+        """Per parameter group: the hysteresis, the trailing values and the norm at ``grad_after``
+        its growth is measured from."""
+
+        signals: dict = kept(("map", Hysteresis), factory=dict)
+        tails: dict = kept(("map", "nums"), factory=dict)
+        base: dict = kept(("map", "num?"), factory=dict)
+
+    def judge(self, ctx: Context, cfg: Config, st: State) -> None:
         b, frac = ctx.batch, ctx.frac
         for key in sorted(k for k in b.cols if k.startswith("params/norm/")):
             if key == RouterBiasRule.signal_key:

@@ -21,12 +21,6 @@ from ladder.predict.watch.rules.base import (Context, Rule, RuleState, Threshold
 MISSING_METRIC_BY = 0.1
 
 
-@dataclass(frozen=True)
-class ApplicabilityConfig(Thresholds):
-    steps_tolerance: float = threshold(0.005, positive)  # of the planned steps step/progress
-    #                                                      implies
-
-
 class ApplicabilityRule(Rule):
     """Whether an applicability condition is broken: a run configuration that differs from the
     registered one, or planned steps (implied by step / progress) that differ. Then nothing is
@@ -38,16 +32,20 @@ class ApplicabilityRule(Rule):
     kinds = ("not_applicable",)
     description = ("the run is still the one the forecast was made for (configuration, planned "
                    "steps)")
-    Config = ApplicabilityConfig
     state = ("not_applicable",)
     template = ("A broken applicability condition (the run's configuration, compared value by "
                 "value; planned steps from step/progress off by more than "
                 "{c.steps_tolerance:.1%}) stops all comparison: not_applicable.")
 
+    @dataclass(frozen=True)
+    class Config(Thresholds):
+        steps_tolerance: float = threshold(0.005, positive)  # of the planned steps step/progress
+        #                                                      implies
+
     def keys(self, metric, cfg):
         return ("progress",)
 
-    def judge(self, ctx: Context, cfg: ApplicabilityConfig) -> bool:
+    def judge(self, ctx: Context, cfg: Config) -> bool:
         """True when the forecast no longer applies (said in an alert, kept in the state)."""
         view, batch = ctx.view, ctx.batch
         for c in batch.configs:
@@ -87,17 +85,6 @@ class ApplicabilityRule(Rule):
                                + ctx.state.not_applicable))
 
 
-@dataclass(frozen=True)
-class InputConfig(Thresholds):
-    align: str = threshold("auto", one_of("auto", "tokens", "step", "fraction"))  # row -> fraction
-
-
-@dataclass
-class InputState(RuleState):
-    metric_seen: bool = kept("bool", False)     # the metric's key held a value
-    missing_metric: bool = kept("bool", False)  # its absence was said
-
-
 class InputRule(Rule):
     """Remarks on the rows themselves: steps logged again (a resumed run; the new rows replace
     the earlier ones), the registered metric missing from the rows."""
@@ -107,10 +94,18 @@ class InputRule(Rule):
     family = "run"
     kinds = ("rewind", "missing_metric")
     description = "remarks on the rows themselves: steps logged again, the metric missing"
-    Config = InputConfig
-    State = InputState
     template = ("Steps logged again (a resumed run) replace the earlier rows (last one wins): "
                 "'rewind' (info); no registered metric in the rows: 'missing_metric' (info).")
+
+    @dataclass(frozen=True)
+    class Config(Thresholds):
+        # how a row is placed on the forecast (its fraction of the run)
+        align: str = threshold("auto", one_of("auto", "tokens", "step", "fraction"))
+
+    @dataclass
+    class State(RuleState):
+        metric_seen: bool = kept("bool", False)     # the metric's key held a value
+        missing_metric: bool = kept("bool", False)  # its absence was said
 
     def rewind(self, ctx: Context) -> None:
         """Rows are judged in arrival order, last one wins: say when steps are logged again."""
@@ -120,7 +115,7 @@ class InputRule(Rule):
                            message=f"steps from {first} logged again (resumed run?); the new "
                                    f"rows replace the earlier ones (last one wins)"))
 
-    def metric(self, ctx: Context, st: InputState) -> np.ndarray | None:
+    def metric(self, ctx: Context, st: State) -> np.ndarray | None:
         """The metric's column of the batch; None (said once) while the rows do not hold it."""
         b, key = ctx.batch, ctx.view.metric
         y_all = b.cols.get(key)
@@ -138,16 +133,6 @@ class InputRule(Rule):
         return y_all
 
 
-@dataclass(frozen=True)
-class StalledConfig(Thresholds):
-    stalled_seconds: float = threshold(1800.0, positive)
-
-
-@dataclass
-class StalledState(RuleState):
-    active: bool = kept("bool", False)  # said, and no point since
-
-
 class StalledRule(Rule):
     """No new point for ``stalled_seconds`` (said once); points arriving again clear it."""
 
@@ -157,11 +142,17 @@ class StalledRule(Rule):
     kinds = ("stalled",)
     description = "no new point for a while"
     panel = "watch"
-    Config = StalledConfig
-    State = StalledState
     template = "No new point for {c.stalled_seconds:g} s is 'stalled'."
 
-    def idle(self, ctx: Context, cfg: StalledConfig, st: StalledState, now: float) -> None:
+    @dataclass(frozen=True)
+    class Config(Thresholds):
+        stalled_seconds: float = threshold(1800.0, positive)
+
+    @dataclass
+    class State(RuleState):
+        active: bool = kept("bool", False)  # said, and no point since
+
+    def idle(self, ctx: Context, cfg: Config, st: State, now: float) -> None:
         """A poll that brought nothing, at ``now``."""
         last = ctx.state.last_point_time
         if last is None or st.active:
@@ -173,7 +164,7 @@ class StalledRule(Rule):
                                    f"{cfg.stalled_seconds:g} s); last step "
                                    f"{ctx.state.last_step}"))
 
-    def arrived(self, ctx: Context, st: StalledState) -> None:
+    def arrived(self, ctx: Context, st: State) -> None:
         """Points arrived (after the batch was judged)."""
         if st.active:
             st.active = False
