@@ -64,11 +64,8 @@ def is_multi(doc) -> bool:
 def metric_doc(doc: Mapping, key: str) -> dict:
     """The single-metric pre-registration of ``key`` inside a multi-metric one."""
     fc = doc["forecasts"][key]
-    out = {k: doc.get(k) for k in SHARED if k in doc}
-    out.update({k: fc.get(k) for k in PER_METRIC if k in fc})
-    out["schema"] = "prereg/1"
-    out["metric"] = key
-    return out
+    return {**{k: doc[k] for k in SHARED if k in doc}, **{k: fc[k] for k in PER_METRIC if k in fc},
+            "schema": "prereg/1", "metric": key}
 
 
 @dataclass(frozen=True)

@@ -39,10 +39,9 @@ class WatchState(RuleState):
         return self.sections[rule.key]
 
     def to_json(self) -> dict:
-        out = {"schema": SCHEMA}
-        out.update({f.name: getattr(self, f.name) for f in fields(self) if f.name != "sections"})
-        out.update({k: s.to_json() for k, s in self.sections.items()})
-        return out
+        return {"schema": SCHEMA,
+                **{f.name: getattr(self, f.name) for f in fields(self) if f.name != "sections"},
+                **{k: s.to_json() for k, s in self.sections.items()}}
 
     @classmethod
     def read(cls, d, where: str = "state") -> WatchState:

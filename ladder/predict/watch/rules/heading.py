@@ -87,8 +87,6 @@ def step_filter(view, fs: FilterState, ev: EvalPoint, cfg: UpdateConfig) -> bool
 
 
 class HeadingRule(LossRule):
-    """The updated final forecast's band apart from the frozen final band, with hysteresis."""
-
     name = "heading"
     kinds = ("heading", "cleared")
     description = ("the updated final-loss forecast's band (conditioned on the run's evals) no "

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ladder.predict.watch.alerts import Alert, finite_or_none
+from ladder.predict.watch.alerts import SEVERITIES, Alert, finite_or_none
 from ladder.predict.watch.rules.base import (Context, Rule, RuleState, Thresholds, kept, positive,
                                              positive_int, threshold, unit)
 from ladder.predict.watch.rules.hysteresis import Hysteresis, level_changes
@@ -117,21 +117,18 @@ def signal(ctx: Context, cfg: HealthPersistence, h: Hysteresis, kind: str, key: 
         where = (ctx.stamp, int(b.step[at]), finite_or_none(tokens[at]),
                  finite_or_none(frac[at]))
         if ch.kind == "raised":
-            ctx.emit(Alert(*where, kind, "critical" if h.level == 2 else "warn",
-                           value=finite_or_none(value[at]),
+            ctx.emit(Alert(*where, kind, SEVERITIES[h.level], value=finite_or_none(value[at]),
                            expected=None if ref is None else finite_or_none(ref[at]),
                            direction="above" if kind != "router" else None,
                            message=describe(at, h.level) + f" ({key})", extra={"key": key}))
         elif ch.kind == "cleared":
             ctx.emit(Alert(*where, "cleared", "info", value=finite_or_none(value[at]),
                            message=f"{key} back to normal for {ch.need} rows (was {kind}, "
-                                   f"{'critical' if ch.level_before == 2 else 'warn'})",
+                                   f"{SEVERITIES[ch.level_before]})",
                            extra={"key": key, "clears": kind}))
 
 
 class NanRule(HealthRule):
-    """A non-finite value of the metric or of ``nan_keys``: critical at once, once per key."""
-
     name = "nan"
     kinds = ("nan",)
     description = "a non-finite metric, train loss, grad norm or eval loss (critical at once)"
@@ -166,9 +163,6 @@ class NanRule(HealthRule):
 
 
 class SpikeRule(HealthRule):
-    """Train-loss spikes: train loss vs trailing median + k x robust sd of the rows before it;
-    one alert per burst."""
-
     name = "spike"
     kinds = ("spike",)
     description = "train-loss spikes against a robust trailing median"
@@ -432,8 +426,6 @@ class RouterBiasRule(HealthRule):
 
 
 class ParamNormRule(HealthRule):
-    """Parameter norms per group (``router_bias`` aside) against the ladder's growth."""
-
     name = "param_norm"
     kinds = ("param_norm", "cleared")
     description = "parameter-norm growth per group against the ladder's"

@@ -9,12 +9,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ladder.predict.watch.alerts import Alert, float_or_nan
+from ladder.predict.watch.alerts import SEVERITIES, Alert, float_or_nan
 from ladder.predict.watch.rules.base import (Context, Rule, RuleState, Thresholds, alpha, kept,
                                              open_unit, positive, positive_int, threshold, unit)
 from ladder.predict.watch.rules.hysteresis import Hysteresis
-
-SEVERITY_NAME = {1: "warn", 2: "critical"}
 
 
 @dataclass
@@ -111,12 +109,12 @@ class BandRule(LossRule):
                 bs.far_len >= cfg.k_far and bs.run_len >= min(cfg.k_far, cfg.k_consecutive))
             want = 2 if critical else 1 if bs.run_len >= cfg.k_consecutive else 0
             if bs.settle(want, about=direction, k_clear=cfg.k_clear):
-                sev = SEVERITY_NAME[want]
                 why = ("far outside the band" if want == 2 and bs.far_len >= cfg.k_far and
                        bs.run_len < cfg.k_critical else f"{bs.run_len} consecutive evals")
                 worse = "worse" if direction == "above" else "better"
-                ctx.emit(Alert(ctx.stamp, ev.step, ev.tokens, f, f"{direction}_band", sev,
-                               value=ys, expected=e, lo=lo, hi=hi, direction=worse,
+                ctx.emit(Alert(ctx.stamp, ev.step, ev.tokens, f, f"{direction}_band",
+                               SEVERITIES[want], value=ys, expected=e, lo=lo, hi=hi,
+                               direction=worse,
                                message=f"{view.metric} {ys:.4f} (smoothed; raw {y:.4f}) is "
                                        f"{worse} than forecast {e:.4f} [{lo:.4f}, {hi:.4f}] at "
                                        f"{cfg.alert_level:.0%}: {why}"))
@@ -130,13 +128,11 @@ class BandRule(LossRule):
                 ctx.emit(Alert(ctx.stamp, ev.step, ev.tokens, f, "cleared", "info",
                                value=ys, expected=e, lo=lo, hi=hi, direction=None,
                                message=f"{view.metric} back inside the band for {bs.run_len} "
-                                       f"evals (was {was}, {SEVERITY_NAME[ch.level_before]})",
+                                       f"evals (was {was}, {SEVERITIES[ch.level_before]})",
                                extra={"key": view.metric, "clears": was}))
 
 
 class TrendRule(LossRule):
-    """The smoothed relative residual against its own median over an earlier window."""
-
     name = "trend"
     kinds = ("trend", "cleared")
     description = ("the residual to the forecast moving away from its own earlier level (inside "
@@ -284,9 +280,6 @@ class RiseRule(LossRule):
 
 
 class ContingencyRule(LossRule):
-    """An above_band alert raised inside the first ``contingency_fraction`` of the run (once per
-    run): the contingency advisory (:meth:`advisory`)."""
-
     name = "contingency"
     kinds = ("contingency",)
     description = ("a confirmed deviation early in the run: projected final value and the budget "

@@ -86,9 +86,6 @@ class ApplicabilityRule(Rule):
 
 
 class InputRule(Rule):
-    """Remarks on the rows themselves: steps logged again (a resumed run; the new rows replace
-    the earlier ones), the registered metric missing from the rows."""
-
     name = "input"
     scope = "run"
     family = "run"
@@ -134,8 +131,6 @@ class InputRule(Rule):
 
 
 class StalledRule(Rule):
-    """No new point for ``stalled_seconds`` (said once); points arriving again clear it."""
-
     name = "stalled"
     scope = "run"
     family = "run"
