@@ -453,11 +453,8 @@ class Watcher:
 
     def _source_alert(self, e: Exception, tries: int, wait: float) -> Alert | None:
         """info on the first error, warn once when it persists, then quiet."""
-        if tries == 1:
-            sev = "info"
-        elif tries == self.persistent_after:
-            sev = "warn"
-        else:
+        sev = "info" if tries == 1 else "warn" if tries == self.persistent_after else None
+        if sev is None:
             return None
         return _note(self.clock(), "source", sev, f"source error ({e}); try {tries}, retrying "
                      f"in {wait:.0f} s" + (" (persistent)" if sev == "warn" else " (transient?)"))

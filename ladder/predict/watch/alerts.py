@@ -1,5 +1,4 @@
-"""Alerts, the severities and exit statuses, and what ``check`` returns (:class:`CheckResult`).
-"""
+"""Alerts, the severities and exit statuses, and what ``check`` returns (:class:`CheckResult`)."""
 
 from __future__ import annotations
 
@@ -38,9 +37,7 @@ class Alert:
             raise ValueError(f"severity: must be one of {SEVERITIES}, got {self.severity!r}")
 
     def to_dict(self) -> dict:
-        d = {k: getattr(self, k) for k in FIELDS}
-        d.update(self.extra)
-        return d
+        return {**{k: getattr(self, k) for k in FIELDS}, **self.extra}
 
     def line(self) -> str:
         where = f"step {self.step}" if self.step is not None else "-"
