@@ -461,8 +461,7 @@ class ParamNormRule(HealthRule):
             if base is None:
                 ok = np.flatnonzero(np.isfinite(med) & (frac >= cfg.grad_after))
                 if ok.size:
-                    base = float(med[ok[0]])
-                    st.base[key] = base
+                    base = st.base[key] = float(med[ok[0]])
             if ref is None or base is None or not base:
                 continue
             h = st.signals.setdefault(key, Hysteresis())
