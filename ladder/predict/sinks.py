@@ -64,8 +64,7 @@ class StdoutSink(Sink):
         self.stream = stream
 
     def send(self, alert: Alert, context: dict) -> None:
-        stream = self.stream or sys.stdout
-        print(alert.line(), file=stream, flush=True)
+        print(alert.line(), file=self.stream or sys.stdout, flush=True)
 
 
 class JsonlSink(Sink):

@@ -1,8 +1,7 @@
-"""What every watch rule is made of: the :class:`Rule` protocol, the frozen :class:`Thresholds`
-its ``Config`` derives from (each field carries its own check), the :class:`RuleState` its
-typed ``State`` derives from (each field its kind in the state file) and the :class:`Context` a
-judge is called with. ``WatchConfig`` and the state file are the unions of the rules' ``Config``
-fields and ``State`` sections, so neither is edited by hand.
+"""What every watch rule is made of: the :class:`Rule` protocol, the :class:`Thresholds` and
+:class:`RuleState` its ``Config`` and ``State`` derive from, the :class:`Context` of a judge.
+``WatchConfig`` and the state file are the unions of the rules' ``Config`` fields and ``State``
+sections, so neither is edited by hand.
 """
 
 from __future__ import annotations
