@@ -20,8 +20,10 @@ import time
 import warnings
 from pathlib import Path
 
+from ladder.cli.output import tell
 from ladder.io import (EX_USAGE, InputError, as_float, atomic_write_json, claim, iter_jsonl,
                        marker_names, read_json, real_folder, write_marker)
+from ladder.predict.sinks import StdoutSink
 from ladder.specs import Ladder, get_ladder
 
 METRIC = "eval_dropless/loss"  # the real ladder fitted the held-out loss without token drops
@@ -41,7 +43,16 @@ DEMO_FILES = ("runs", "law.json", "prereg.json", "alerts.jsonl", "watch-state.js
 
 
 def say(msg: str) -> None:
-    print(msg, flush=True)
+    """A line of progress; a reader gone (`ladder demo | head`) costs the lines, never the demo's
+    artifacts or its exit status (ladder.cli.output)."""
+    tell(msg)
+
+
+class SaySink(StdoutSink):
+    """The watcher's alert lines, through :func:`say`."""
+
+    def send(self, alert, context) -> None:
+        say(alert.line())
 
 
 def demo_main(args) -> int:
@@ -241,14 +252,14 @@ def _preregister(prereg_path: Path, law, ladder: Ladder, runs: Path) -> dict:
 def _train_watched(rung, target_dir: Path, cfg, prereg_path: Path, alerts_path: Path,
                    base: Path):
     from ladder.predict.live import Watcher
-    from ladder.predict.sinks import JsonlSink, StdoutSink
+    from ladder.predict.sinks import JsonlSink
     from ladder.sources import JsonlSource
     from ladder.predict.watch.alerts import exit_code_for
     from ladder.trainer.train import train_rung
 
     target_dir.mkdir(parents=True, exist_ok=True)
     watcher = Watcher(prereg_path, JsonlSource(target_dir / "metrics.jsonl"),
-                      [StdoutSink(), JsonlSink(alerts_path)], state_path=base / "watch-state.json")
+                      [SaySink(), JsonlSink(alerts_path)], state_path=base / "watch-state.json")
     thread, stop = watcher.start_thread(poll_seconds=0.5)
     try:
         summary = train_rung(rung, target_dir, cfg, resume=True)
