@@ -1,15 +1,10 @@
-"""`ladder demo`: the whole job on a ladder small enough for 2 CPU cores.
-
-1. train the ladder's rungs (finished ones are reused),
-2. fit the trajectory-capacity law on their eval curves, with a run-level bootstrap -> law.json,
-3. pre-register the proxy hero's forecast -> prereg.json (frozen before the hero starts),
-4. train the proxy hero while a watcher follows its metrics.jsonl live, printing alerts as
-   they fire,
-5. write the report, and print a five-line verdict.
+"""`ladder demo`: the whole job on a ladder small enough for 2 CPU cores, in five steps: the rungs
+(finished ones reused), the law (law.json), the proxy hero's pre-registration (prereg.json,
+frozen before it starts), its training under a live watcher, the report and a verdict.
 
 ``--inject FAULT`` perturbs the proxy hero from ``--inject-at`` (a fraction of its run) so that the
-watch has something to catch; that hero trains into ``OUT/inject-FAULT/`` and the clean artifacts
-(rungs, law, prereg) are shared.
+watch has something to catch; that hero trains into ``OUT/inject-FAULT/``, sharing the clean
+rungs, law and prereg.
 """
 
 from __future__ import annotations
@@ -194,10 +189,8 @@ def reusable_law(law_path: Path):
 
 
 def claim_demo_folder(out: Path) -> Path:
-    """Claim ``out`` for :data:`DEMO_FILES` as every command claims its ``--out``
-    (ladder.io.claim: exit 73 for a name ladder did not write); a folder an earlier demo wrote
-    before the marker existed (its law.json, prereg.json or a run under runs/ is ours) is
-    adopted. Returns the real folder."""
+    """Claim ``out`` for :data:`DEMO_FILES` (ladder.io.claim); a folder an earlier demo wrote
+    before the marker existed (its law.json, prereg.json or a run under runs/) is adopted."""
     folder = real_folder(out)
     if folder.is_dir() and not marker_names(folder) and any(
             _written_as(path, kind) for path, kind in (
