@@ -56,8 +56,7 @@ def target_rung(target: str):
 def resolve_target(args) -> fc.Target:
     if args.target:
         return fc.Target.from_rung(target_rung(args.target))
-    spec = read_json(args.target_spec)
-    return fc.Target.from_spec(spec, path=args.target_spec)
+    return fc.Target.from_spec(read_json(args.target_spec), path=args.target_spec)
 
 
 def preregister_main(args) -> int:
