@@ -397,12 +397,14 @@ def isoflop_main(args) -> int:
     compute-optimal N and D for ``--budget``, the figure with ``--plot`` (reports.isoflop)."""
     from pathlib import Path
 
-    from ladder.cli.fit import check_fit_numbers
     from ladder.fit.isoflop import isoflop
     from ladder.fit.points import load_points
     from ladder.io import atomic_write_bytes, check_writable, read_table, to_jsonable
 
-    check_fit_numbers(args)
+    number(args.level, field="--level", lo=0, hi=1, lo_open=True, hi_open=True,
+           exit_code=EX_USAGE)
+    number(args.bootstrap, field="--bootstrap", lo=0, hi=100_000, integral=True,
+           exit_code=EX_USAGE)
     number(args.budget, field="--budget", lo=0, lo_open=True, allow_none=True,
            exit_code=EX_USAGE)
     if args.plot:
