@@ -222,10 +222,9 @@ class GradNormRule(HealthRule):
     kinds = ("grad_norm", "cleared")
     description = "grad norm against the ladder's and its growth since warmup"
     fixed_keys = ("grad/norm",)
-    template = ("Grad norm (median of {c.grad_window} rows, after {c.grad_after:.0%} of the "
-                "run) grown {c.grad_growth_warn}x since its post-warmup minimum, or "
-                "{c.grad_ref_warn}x the ladder's, warns; {c.grad_ref_crit}x the ladder's is "
-                "critical.")
+    template = ("Grad norm (median of {c.grad_window} rows, after {c.grad_after:.0%} of the run) "
+                "grown {c.grad_growth_warn}x since its post-warmup minimum, or {c.grad_ref_warn}x "
+                "the ladder's, warns; {c.grad_ref_crit}x the ladder's is critical.")
 
     @dataclass(frozen=True)
     class Config(GradWindow, GradAfter, HealthPersistence):

@@ -66,14 +66,13 @@ class BandRule(LossRule):
     name = "band"
     kinds = ("above_band", "below_band", "cleared")
     description = "the smoothed metric outside the forecast band, with hysteresis"
-    template = ("Loss: the eval metric's residual against the forecast, smoothed by an EMA "
-                "(alpha {c.ema_alpha}), outside the band widened from {level:.0%} to "
-                "{c.alert_level:.0%} (half-widths x z({c.alert_level})/z({level}), Gaussian) "
-                "for {c.k_consecutive} consecutive evals is a warning (above_band = worse than "
-                "forecast, below_band = better); outside for {c.k_critical} evals, or beyond "
-                "the band by {c.far_factor}x its half-width for {c.k_far} evals, is critical; "
-                "inside again for {c.k_clear} evals clears it. Evals before "
-                "{c.min_fraction:.0%} of the run are not compared.")
+    template = ("Loss: the eval metric's residual against the forecast, smoothed by an EMA (alpha "
+                "{c.ema_alpha}), outside the band widened from {level:.0%} to {c.alert_level:.0%} "
+                "(half-widths x z({c.alert_level})/z({level}), Gaussian) for {c.k_consecutive} "
+                "consecutive evals is a warning (above_band = worse than forecast, below_band = "
+                "better); outside for {c.k_critical} evals, or beyond the band by {c.far_factor}x "
+                "its half-width for {c.k_far} evals, is critical; inside again for {c.k_clear} "
+                "evals clears it. Evals before {c.min_fraction:.0%} of the run are not compared.")
 
     @dataclass(frozen=True)
     class Config(Smoothing, Persistence):
@@ -137,14 +136,13 @@ class TrendRule(LossRule):
     kinds = ("trend", "cleared")
     description = ("the residual to the forecast moving away from its own earlier level (inside "
                    "the band)")
-    template = ("After {c.trend_after:.0%} of the run, the smoothed residual moving from its "
-                "own median over the preceding {c.trend_window:.0%} of the run (ending "
+    template = ("After {c.trend_after:.0%} of the run, the smoothed residual moving from its own "
+                "median over the preceding {c.trend_window:.0%} of the run (ending "
                 "{c.trend_gap:.0%} before) by more than the largest of {c.trend_rel:.0%} of the "
                 "forecast, {c.trend_band}x the band's relative half-width there and "
                 "{c.trend_noise_k}x the smoothed residual's own noise, for {c.k_consecutive} "
-                "evals, is a 'trend' warning when worse than forecast (info when better), "
-                "cleared when it is back within half that of the earlier level for "
-                "{c.k_clear} evals.")
+                "evals, is a 'trend' warning when worse than forecast (info when better), cleared "
+                "when it is back within half that of the earlier level for {c.k_clear} evals.")
 
     @dataclass(frozen=True)
     class Config(Smoothing, Persistence):
