@@ -555,7 +555,8 @@ def _watch_command(sub) -> None:
                "  1   warnings\n"
                "  2   a critical alert\n"
                "  3   the forecast no longer applies (the run left the pre-registered plan)\n"
-               "  64+ usage or input errors (one line naming the file and the field)\n\n"
+               "  64+ usage or input errors (one line naming the file and the field)\n"
+               "  130, 143 stopped by Ctrl-C, SIGTERM (the state saved: a restart goes on)\n\n"
                "example (start it before the target run; it waits for the file):\n"
                "  ladder watch prereg.json --source runs/tiny/46.4K-A21.1K/metrics.jsonl "
                "--follow \\\n      --alerts alerts.jsonl")
