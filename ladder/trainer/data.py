@@ -1,18 +1,19 @@
 """Training data: a token stream split into train and held-out parts, and batches as pure functions.
 
 Default corpus: the running Python's standard-library sources (test suites excluded), byte tokens
-(vocab 256): it exists on every machine and needs no network. Each document (file) goes to the
-held-out split when a hash of its path (relative to the stdlib root) says so, so the split never
-changes between runs, machines or seeds. ``--data`` brings other text files (bytes, vocab 256) or
-pre-tokenized arrays (``.npy``, or raw ``.bin`` of uint16/uint32 with the vocab size given).
+(vocab 256): it exists on every machine and needs no network. A document (file) is held out when
+a hash of its path (relative to the stdlib root) says so, the same split on every run, machine
+and seed. ``--data`` brings other text files (bytes, vocab 256), pre-tokenized arrays (``.npy``,
+or raw ``.bin`` of uint16/uint32 with the vocab size given) or `ladder tokenize` shards.
 
-Batch ``i`` is a pure function of ``(seed, i)``, which makes resume exact with no data-loader
-state to checkpoint; the held-out set is independent of the seed, so every rung of a ladder is
-evaluated on the same tokens. No JAX here: batches are numpy arrays.
+Batch ``i`` is a pure function of ``(seed, i)``: resume is exact with no loader state to save.
+The held-out set does not depend on the seed: every rung of a ladder is evaluated on the same
+tokens. No JAX here.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import platform
@@ -23,15 +24,77 @@ from pathlib import Path
 
 import numpy as np
 
-from ladder.io import EX_USAGE, InputError, sha256_file
-from ladder.trainer.corpus_files import (  # noqa: F401  (the split rule, re-exported)
-    TAIL_VAL_FRACTION, VAL_BUCKETS, data_files, eval_windows, is_held_out, token_dtype, windows)
+from ladder.io import EX_DATAERR, EX_NOINPUT, EX_USAGE, InputError, sha256_file
 
 BYTE_VOCAB = 256
 # Directories of the standard library that are test suites or third-party packages.
 STDLIB_SKIP = frozenset({"test", "tests", "idle_test", "site-packages", "dist-packages",
                          "__pycache__"})
 TOKEN_SUFFIXES = (".npy", ".bin")
+
+
+# ------------------------- shared with tokens.py: the split rule, windows, token dtype, --data
+
+VAL_BUCKETS = 20          # one document in 20 (by path hash) is held out: ~5% of the corpus
+TAIL_VAL_FRACTION = 0.05  # a single stream (one file, a token array) holds out its last 5%
+
+
+def is_held_out(name: str) -> bool:
+    """A document is held out when sha256 of its name falls in bucket 0 of ``VAL_BUCKETS``."""
+    h = hashlib.sha256(name.encode("utf-8")).digest()
+    return int.from_bytes(h[:8], "big") % VAL_BUCKETS == 0
+
+
+def token_dtype(vocab: int) -> np.dtype:
+    """uint16 holds ids below 65,536 (GPT-2-sized vocabularies); larger ones need uint32."""
+    return np.dtype(np.uint16 if vocab <= 1 << 16 else np.uint32)
+
+
+def windows(stream, starts: np.ndarray, seq_len: int) -> dict:
+    """``tokens`` and next-token ``targets`` (int32 [B, S]) of the windows of ``stream`` at
+    ``starts``."""
+    idx = starts[:, None] + np.arange(seq_len + 1)[None, :]  # [B, S+1]
+    w = np.asarray(stream[idx], dtype=np.int32)
+    return {"tokens": w[:, :-1], "targets": w[:, 1:]}
+
+
+def eval_windows(stream, n_batches: int, batch: int, seq_len: int) -> list[dict]:
+    """The fixed held-out set: ``n_batches x batch`` evenly spaced windows of ``stream`` (the
+    validation split), the same whatever the seed and the batch."""
+    starts = np.linspace(0, len(stream) - seq_len - 1, n_batches * batch).astype(np.int64)
+    return [windows(stream, starts[i * batch:(i + 1) * batch], seq_len)
+            for i in range(n_batches)]
+
+
+def data_files(patterns: tuple[str, ...]) -> list[Path]:
+    """The files that ``--data``'s paths and globs name, in order (directories a glob meets are
+    skipped); a pattern that matches nothing, a directory named as such, patterns that match
+    only directories, and a match that is not a regular file (a FIFO, a device: reading it
+    would block or never end) are an InputError."""
+    files: list[Path] = []
+    for pat in patterns:
+        hits = sorted(glob.glob(os.path.expanduser(pat), recursive=True))
+        if not hits:
+            raise InputError("no such file (or the glob matched nothing)", path=pat,
+                             field="data", exit_code=EX_NOINPUT)
+        if not glob.has_magic(pat) and Path(hits[0]).is_dir():
+            # a folder named as such (not met by a glob) is never dropped without a word
+            raise InputError("is a directory; name its files (a glob such as DIR/**/*.txt) or "
+                             "a `ladder tokenize` folder", path=pat, field="data",
+                             exit_code=EX_NOINPUT)
+        for h in hits:
+            p = Path(h)
+            if p.is_file():
+                files.append(p)
+            elif not p.is_dir():
+                # a FIFO, a device, a socket or a dangling link: never dropped without a word
+                # (issue 39); a directory a glob meets is passed over, as documented
+                raise InputError("not a regular file (a FIFO, a device, a socket or a broken "
+                                 "link); refused", path=h, field="data", exit_code=EX_DATAERR)
+    if not files:
+        raise InputError("matched only directories", path=",".join(patterns), field="data",
+                         exit_code=EX_NOINPUT)
+    return files
 
 
 @dataclass(frozen=True)
@@ -46,10 +109,9 @@ class Corpus:
 
     def batch(self, seed: int, index: int, batch: int, seq_len: int,
               rows: slice = slice(None)) -> dict:
-        """Training batch ``index`` for ``seed``: ``tokens`` and next-token ``targets`` [B, S]
-        of windows at uniform random offsets drawn from a generator seeded by (seed, index).
-        ``rows`` builds only those rows (a process of a multi-host run), identical to the same
-        rows of the whole batch."""
+        """Training batch ``index`` for ``seed``: ``tokens`` and ``targets`` [B, S] of windows at
+        uniform random offsets drawn by a generator seeded with (seed, index); ``rows``: only
+        those rows (a process of a multi-host run), as in the whole batch."""
         rng = np.random.default_rng([int(seed), int(index)])
         starts = rng.integers(0, len(self.train) - seq_len, size=batch)
         return windows(self.train, starts[rows], seq_len)
@@ -68,9 +130,8 @@ class Corpus:
 
 
 class PureFeed:
-    """Training batches of a Corpus for the trainer: batch ``i`` is a pure function of
-    (seed, i), so there is no iterator (``iterator`` is None) and no state to checkpoint. The
-    Grain feed over token shards (ladder.trainer.tokens) has the same interface, with state."""
+    """Training batches of a Corpus: pure functions of (seed, i), so no ``iterator`` and no
+    state to checkpoint (tokens.GrainFeed: the same interface, with state)."""
 
     iterator = None
 
@@ -89,10 +150,9 @@ class PureFeed:
 
 
 def shuffle_bytes(batch: dict, seed: int, index: int) -> dict:
-    """The ``data-swap`` fault (a run's data silently replaced by garbage of the same
-    alphabet): the tokens permuted within each sequence, unigram statistics kept, all structure
-    gone. Deterministic in (seed, index), as is :func:`corrupt_bytes`, so a faulted run still
-    resumes exactly."""
+    """The ``data-swap`` fault (data silently replaced by garbage of the same alphabet): the
+    tokens permuted within each sequence, unigram statistics kept, structure gone.
+    Deterministic in (seed, index), as :func:`corrupt_bytes`: a faulted run resumes exactly."""
     rng = np.random.default_rng([int(seed), int(index), 0xDA7A])
     full = np.concatenate([batch["tokens"], batch["targets"][:, -1:]], axis=1)
     full = rng.permuted(full, axis=1)
@@ -228,9 +288,8 @@ def _token_corpus(path: Path, vocab_size: int | None) -> Corpus:
 
 
 def check_vocab(rung, data_vocab: int, field: str, where, *, explicit: bool) -> None:
-    """InputError (64) when the data holds token ids the model's vocabulary lacks (``rung``'s
-    model as it will be trained), saying how much larger the model would be and the flag that
-    trains that model on purpose (issue 39: one stray id must not grow the rung 150x)."""
+    """InputError (64) when the data holds token ids ``rung``'s vocabulary lacks, saying how much
+    larger the model would be (issue 39: one stray id must not grow the rung 150x)."""
     vocab = rung.model.vocab_size
     if data_vocab <= vocab:
         return

@@ -40,12 +40,10 @@ from ladder.optspec import (  # noqa: F401  (MUON_NS_COEFFS, OptimizerSpec re-ex
     OptimizerSpec,
 )
 
-# How far the hidden matrices' init std may sit from the recipe's 0.5/sqrt(d) (issue 12 item 2)
-# before the marin optimizer warns. MuonH/AdamH keep each matrix at its initial norm for good,
-# so the init is a hyperparameter of the run: with std 0.02 the cpu ladder's proxy trained to
-# 3.889 where the recipe's init gave 2.527 (issue 37), and the tiny ladder's d=16 rung to a train
-# CE of 4.8 against 2.8 (docs/LOG.md, 2026-12-01). 0.02 at d=16 is 0.16x the recipe's 0.125; a
-# factor of 2 either way flags that and leaves the recipe's own scale alone.
+# How far the hidden matrices' init std may sit from the recipe's 0.5/sqrt(d) before the marin
+# optimizer warns (issue 12 item 2): MuonH/AdamH keep each matrix at its initial norm for good
+# (std 0.02: the cpu ladder's proxy trained to 3.889 against the recipe init's 2.527, issue 37;
+# docs/LOG.md, 2026-12-01). A factor of 2 either way flags 0.02 at d=16 (0.16x).
 INIT_STD_TOLERANCE = 2.0
 
 

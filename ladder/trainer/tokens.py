@@ -58,8 +58,8 @@ from ladder.io import (
     schema_version,
     sha256_file,
 )
-from ladder.trainer.corpus_files import (TAIL_VAL_FRACTION, VAL_BUCKETS, data_files,
-                                         eval_windows, is_held_out, token_dtype)
+from ladder.trainer.data import (TAIL_VAL_FRACTION, VAL_BUCKETS, data_files, eval_windows,
+                                 is_held_out, token_dtype)
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +112,10 @@ def input_kind(path: Path) -> str:
 MAX_DOCUMENT_LINE = 64 << 20
 
 
+# the counters of a split's writer that progress.json records (besides its closed shards)
+_COUNTERS = ("open_tokens", "open_documents", "documents", "text_bytes")
+
+
 def _is_count(v, lo: int = 0, hi: int = 2 ** 62) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
 
@@ -141,7 +145,7 @@ def check_progress(prev: dict, path: Path, n_files: int) -> dict:
         st = splits.get(s)
         if not isinstance(st, dict):
             raise bad(f"splits.{s}", "an object")
-        for k in ("open_tokens", "open_documents", "documents", "text_bytes"):
+        for k in _COUNTERS:
             if not count(st.get(k)):
                 raise bad(f"splits.{s}.{k}", "an integer >= 0")
         if not isinstance(st.get("shards"), list):
@@ -334,7 +338,7 @@ class _SplitWriter:
         state = state or {"shards": []}
         self.closed = list(state["shards"])
         self.open_tokens, self.open_documents, self.documents, self.text_bytes = (
-            state.get(k, 0) for k in ("open_tokens", "open_documents", "documents", "text_bytes"))
+            state.get(k, 0) for k in _COUNTERS)
         self.hash = hashlib.sha256()
         self.file = None
         if self.open_tokens:   # a resumed run: the open shard's first tokens are on disk
@@ -392,9 +396,7 @@ class _SplitWriter:
             self.file = None
 
     def state(self) -> dict:
-        return {"shards": self.closed, "open_tokens": self.open_tokens,
-                "open_documents": self.open_documents, "documents": self.documents,
-                "text_bytes": self.text_bytes}
+        return {"shards": self.closed, **{k: getattr(self, k) for k in _COUNTERS}}
 
 
 def _open_shard(path: Path, flags: int):
