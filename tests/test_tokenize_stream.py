@@ -24,7 +24,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from ladder.cli.main import main
 from ladder.io import InputError, atomic_write_json, read_json
 from ladder.trainer import tokens as T
-from ladder.trainer.data import is_held_out
+from ladder.trainer.corpus_files import is_held_out
 from ladder.trainer.data import load_corpus
 
 ROOT = Path(__file__).resolve().parent.parent

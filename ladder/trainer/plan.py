@@ -48,14 +48,11 @@ class Mesh:
     expert: int
 
 
-def default_expert_axis(devices: int, n_experts: int) -> int:
-    """The default "expert" mesh axis: the largest divisor of the device count that also
-    divides the number of experts."""
-    return max(e for e in range(1, devices + 1) if devices % e == 0 and n_experts % e == 0)
-
-
 def make_mesh(devices: int, n_experts: int, expert_parallel: int | None = None) -> Mesh:
-    """The plan's mesh; ValueError naming the field when the axes do not divide."""
+    """The plan's mesh (the trainer's axes, step.make_mesh); ValueError naming the field when
+    the axes do not divide."""
+    from ladder.trainer.step import default_expert_axis
+
     if devices < 1:
         raise ValueError(f"devices: must be >= 1, got {devices}")
     if expert_parallel is None:

@@ -21,7 +21,6 @@ import numpy as np
 from ladder.io import EX_USAGE, InputError
 from ladder.model.config import ModelConfig
 from ladder.trainer.optim import OptimizerSettings, make_optimizer  # noqa: F401  (re-exported)
-from ladder.trainer.plan import default_expert_axis
 
 
 def enable_compilation_cache() -> str | None:
@@ -45,9 +44,15 @@ def enable_compilation_cache() -> str | None:
 BATCH_AXES = ("data", "expert")   # dense work: the batch is split over every device
 
 
+def default_expert_axis(devices: int, n_experts: int) -> int:
+    """The default "expert" mesh axis: the largest divisor of the device count that also
+    divides the number of experts."""
+    return max(e for e in range(1, devices + 1) if devices % e == 0 and n_experts % e == 0)
+
+
 def make_mesh(n_devices: int | None, expert_parallel: int | None, n_experts: int, batch: int):
-    """A ("data", "expert") mesh (the default expert axis: plan.default_expert_axis). ``batch``
-    (the sequences of one microbatch) is split over ALL devices (data x expert)."""
+    """A ("data", "expert") mesh (the default expert axis: :func:`default_expert_axis`).
+    ``batch`` (the sequences of one microbatch) is split over ALL devices (data x expert)."""
     import jax
     from jax.sharding import Mesh
 

@@ -58,8 +58,8 @@ from ladder.io import (
     schema_version,
     sha256_file,
 )
-from ladder.trainer.data import (TAIL_VAL_FRACTION, VAL_BUCKETS, data_files, eval_windows,
-                                 is_held_out, token_dtype)
+from ladder.trainer.corpus_files import (TAIL_VAL_FRACTION, VAL_BUCKETS, data_files,
+                                         eval_windows, is_held_out, token_dtype)
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,6 @@ def check_progress(prev: dict, path: Path, n_files: int) -> dict:
     """A ``progress.json`` (:data:`PROGRESS_SCHEMA`) with every field the resume reads checked
     for type and range (issue 39); InputError naming the file and the field otherwise."""
     known_schema(prev, (PROGRESS_SCHEMA,), path=path)
-    count = _is_count
 
     def bad(field, what):
         return InputError(f"expected {what}; remove the folder and start again", path=path,
@@ -135,7 +134,7 @@ def check_progress(prev: dict, path: Path, n_files: int) -> dict:
     if not isinstance(prev.get("settings"), dict):
         raise bad("settings", "an object")
     pos = prev.get("position")
-    if not (isinstance(pos, list) and len(pos) == 3 and all(count(x) for x in pos)
+    if not (isinstance(pos, list) and len(pos) == 3 and all(_is_count(x) for x in pos)
             and pos[0] <= n_files):
         raise bad("position", f"[input index <= {n_files}, offset, line], integers >= 0")
     splits = prev.get("splits")
@@ -146,13 +145,13 @@ def check_progress(prev: dict, path: Path, n_files: int) -> dict:
         if not isinstance(st, dict):
             raise bad(f"splits.{s}", "an object")
         for k in _COUNTERS:
-            if not count(st.get(k)):
+            if not _is_count(st.get(k)):
                 raise bad(f"splits.{s}.{k}", "an integer >= 0")
         if not isinstance(st.get("shards"), list):
             raise bad(f"splits.{s}.shards", "a list")
         for j, sh in enumerate(st["shards"]):
             if not (isinstance(sh, dict) and isinstance(sh.get("file"), str)
-                    and count(sh.get("tokens"))):
+                    and _is_count(sh.get("tokens"))):
                 raise bad(f"splits.{s}.shards[{j}]", "{file: name, tokens: integer >= 0}")
     if prev["phase"] == "recut":
         stream = prev.get("stream")
@@ -160,7 +159,7 @@ def check_progress(prev: dict, path: Path, n_files: int) -> dict:
             raise bad("stream", "a list")
         for j, sh in enumerate(stream):
             if not (isinstance(sh, dict) and isinstance(sh.get("file"), str)
-                    and isinstance(sh.get("from"), str) and count(sh.get("tokens"))):
+                    and isinstance(sh.get("from"), str) and _is_count(sh.get("tokens"))):
                 raise bad(f"stream[{j}]", "{file, from: names, tokens: integer >= 0}")
     return prev
 
