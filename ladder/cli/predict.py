@@ -23,8 +23,6 @@ def load_law_file(path: str, *, every_metric: bool = False):
     """The law of ``fit.load_law`` or, with ``every_metric``, ``{metric key: law}`` of
     ``fit.load_laws`` (one for a single-metric file)."""
     from ladder.fit import load_law, load_laws
-    if not Path(path).exists():
-        raise InputError("no such file", path=path, exit_code=66)
     return load_laws(path) if every_metric else load_law(path)
 
 
@@ -58,8 +56,7 @@ def target_rung(target: str):
 def resolve_target(args) -> fc.Target:
     if args.target:
         return fc.Target.from_rung(target_rung(args.target))
-    spec = read_json(args.target_spec)
-    return fc.Target.from_spec(spec, path=args.target_spec)
+    return fc.Target.from_spec(read_json(args.target_spec), path=args.target_spec)
 
 
 def preregister_main(args) -> int:
