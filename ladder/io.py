@@ -410,6 +410,7 @@ MARKER = ".ladder-out.json"
 MARKER_SCHEMA = "ladder-out/1"
 LOCK = ".ladder.lock"
 EX_TEMPFAIL = 75  # sysexits: a temporary failure (the folder is in use); try again later
+EX_TERMINATED = 143  # stopped by SIGTERM (a preemption, a supervisor), as shells report it
 
 
 def real_folder(out: str | os.PathLike, *, field: str | None = "--out") -> Path:

@@ -9,8 +9,8 @@ import math
 import sys
 from pathlib import Path
 
-from ladder.io import (EX_DATAERR, EX_USAGE, InputError, as_float, check_writable, inside,
-                       iter_jsonl, number, open_input, read_json, to_jsonable)
+from ladder.io import (EX_DATAERR, EX_TERMINATED, EX_USAGE, InputError, as_float, check_writable,
+                       inside, iter_jsonl, number, open_input, read_json, to_jsonable)
 from ladder.predict import forecast as fc
 from ladder.predict import prereg as pr
 from ladder.predict.prereg import make_prereg
@@ -405,9 +405,6 @@ def source_keys(src: str, max_rows: int = 200) -> str:
     except InputError:
         return ""
     return ", ".join(keys)
-
-
-EX_TERMINATED = 143  # 128 + SIGTERM, as shells report it (the trainer's status too)
 
 
 @contextlib.contextmanager

@@ -94,7 +94,8 @@ class RungOutcome:
 def rung_exit_code(s: dict) -> int:
     """The exit status a rung's summary stands for: 0 done or stopped at --max-steps, 1
     diverged, 130 stopped by Ctrl-C, 143 stopped by SIGTERM (a preemption, or a peer's)."""
-    from ladder.trainer.train import EX_DIVERGED, EX_INTERRUPTED, EX_TERMINATED
+    from ladder.io import EX_TERMINATED
+    from ladder.trainer.train import EX_DIVERGED, EX_INTERRUPTED
 
     if s["status"] == "diverged":
         return EX_DIVERGED
@@ -113,7 +114,8 @@ class LadderResult:
         """0 when every rung completed or stopped at --max-steps; 1 when one diverged or failed
         after its retries; 143/130 when the driver or a rung was stopped by SIGTERM/SIGINT (the
         rungs checkpointed: run again with --resume)."""
-        from ladder.trainer.train import EX_INTERRUPTED, EX_TERMINATED
+        from ladder.io import EX_TERMINATED
+        from ladder.trainer.train import EX_INTERRUPTED
 
         stopped = self.signal is not None
         codes = [1 if o.summary is None and not (stopped and o.cancelled) else

@@ -51,7 +51,6 @@ from ladder.trainer.trainconfig import (
 
 EX_DIVERGED = 1        # a diverged run exits 1 (it is not an input error: those are 64+)
 EX_INTERRUPTED = 130   # Ctrl-C, as shells report SIGINT
-EX_TERMINATED = 143    # SIGTERM (a preemption), as shells report it: 128 + 15
 
 
 @lru_cache(maxsize=1)
