@@ -101,7 +101,3 @@ def bias_from_histogram(counts: jax.Array, top_k: int) -> jax.Array:
     bias = -beta
     return bias - jnp.mean(bias, axis=-1, keepdims=True)
 
-
-def quantile_bias(logits: jax.Array, bias: jax.Array, top_k: int) -> jax.Array:
-    """One device's rule in one call: logits [T, E], bias [E] -> the next bias [E]."""
-    return bias_from_histogram(margin_histogram(logits, bias, top_k), top_k)
