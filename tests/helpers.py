@@ -356,6 +356,23 @@ def quantile_bias(logits, bias, top_k: int):
     return bias_from_histogram(margin_histogram(logits, bias, top_k), top_k)
 
 
+def draw_normal(seed: int, path: tuple, shape: tuple, std: float, truncate):
+    """The whole of a parameter's initial values, drawn at once: what
+    ladder.model.layers.draw_normal_regions gives region by region."""
+    import numpy as np
+
+    from ladder.model.layers import param_rng
+
+    rng = param_rng(seed, path)
+    z = rng.standard_normal(shape, dtype=np.float32)
+    if truncate is not None:
+        bad = np.abs(z) > truncate
+        while bad.any():
+            z[bad] = rng.standard_normal(int(bad.sum()), dtype=np.float32)
+            bad = np.abs(z) > truncate
+    return std * z
+
+
 # ---------------------------------------------------- W&B offline runs read back
 
 def offline_records(run_dir: Path, timeout: float = 60.0) -> list[dict]:
