@@ -39,10 +39,9 @@ from ladder.model.moe import ROUTED_NAME, MoE, split_batch
 AUX_KEYS = ("drop_frac", "load", "prob", "router_entropy", "router_z_loss", "balance_loss",
             "bias_target", "bias_stat", "router_in")
 DTYPES = {"bf16": jnp.bfloat16, "f32": jnp.float32}
-# What a block keeps for the backward pass under remat "dots" (nn.remat): the outputs of the
-# weight matmuls (dots without batch dimensions) and the routed path's combined output [T, L]
-# (moe.ROUTED_NAME: that path recomputes itself late, moe.recompute_at_backward). Remat "full"
-# keeps only the block's input and recomputes the whole block late (call_block).
+# What a block keeps for the backward pass under remat "dots": the outputs of the weight matmuls
+# (dots without batch dimensions) and the routed path's output (moe.ROUTED_NAME; that path
+# recomputes itself late, moe.recompute_at_backward). Remat "full": call_block.
 REMAT_POLICIES = {"dots": jax.checkpoint_policies.save_from_both_policies(
     jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
     jax.checkpoint_policies.save_only_these_names(ROUTED_NAME))}
@@ -313,8 +312,7 @@ def loss_fn(cfg: ModelConfig, params, router_bias, tokens, targets, *, dropless:
 
 PARAM_GROUPS = ("embedding", "lm_head", "attention", "norms", "router", "latent",
                 "shared_experts", "routed_experts", "gated_norms", "convs", "head_gates")
-# The group of a parameter, looked up by its leaf name (the recipe's pieces, wherever they sit:
-# GatedNorm's two matrices, the short convolutions' kernels, the attention head gate), else by its
+# The group of a parameter: by its leaf name (the recipe's pieces, wherever they sit), else by its
 # top-level name, else by its part of a layer, else by its part of the layer's MoE.
 LEAF_GROUPS = {"gate_down": "gated_norms", "gate_up": "gated_norms", "k_conv": "convs",
                "out_conv": "convs", "moe_conv": "convs", "attn_gate": "head_gates"}
