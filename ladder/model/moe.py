@@ -498,9 +498,7 @@ def recompute_at_backward(fn: Callable) -> Callable:
     exists (:func:`after_cotangent`); the same gradient. Not ``jax.checkpoint``: XLA:CPU ran
     that recomputation of every block of a scanned group at the start of the backward pass
     (27.7B-A1.2B: ~17 GiB of dispatch buffers per block at the peak; docs/LOG.md)."""
-    @jax.custom_vjp
-    def f(*args):
-        return fn(*args)
+    f = jax.custom_vjp(fn)
 
     def fwd(*args):
         return fn(*args), args
