@@ -107,9 +107,6 @@ def call_block(cls, cfg: ModelConfig, layer: int, dropless: bool, name: str, x, 
         return block(x, bias, segment_ids)
     from ladder.model.moe import _DROP_SEED, after_cotangent, drop_order
 
-    def f(mdl, x, bias, segment_ids):
-        return mdl(x, bias, segment_ids)
-
     def fwd(mdl, x, bias, segment_ids):
         out = mdl(x, bias, segment_ids)
         seed = jnp.asarray(_DROP_SEED.get(), jnp.int32)
@@ -126,7 +123,8 @@ def call_block(cls, cfg: ModelConfig, layer: int, dropless: bool, name: str, x, 
         params_ct, x_ct, bias_ct = jax.vjp(run, params, x, bias)[1](ct)
         return {"params": params_ct}, x_ct, bias_ct, None
 
-    return nn.custom_vjp(f, forward_fn=fwd, backward_fn=bwd)(block, x, bias, segment_ids)
+    return nn.custom_vjp(lambda mdl, *args: mdl(*args), forward_fn=fwd,
+                         backward_fn=bwd)(block, x, bias, segment_ids)
 
 
 class Group(nn.Module):
