@@ -221,14 +221,12 @@ class ModelConfig(ModelSwitches):
         return int(self.head_dim * self.rope_fraction)
 
     def layer_rope_dim(self, layer: int) -> int:
-        """Channels of each head RoPE rotates in ``layer``: 0 on global layers without
-        ``global_rope`` (NoPE)."""
+        """Channels of each head RoPE rotates in ``layer`` (0: NoPE global layers)."""
         return 0 if self.is_global(layer) and not self.global_rope else self.rope_dim
 
     @property
     def gated_rank(self) -> int:
-        """The GatedNorm rank: ``gated_norm_rank`` capped at d_model (the recipe's 128 is wider
-        than the cpu and tiny ladders' models; there the gate is full rank). 0: off."""
+        """``gated_norm_rank`` capped at d_model (small ladders: a full-rank gate). 0: off."""
         return min(self.gated_norm_rank, self.d_model)
 
     @property
@@ -265,8 +263,7 @@ class ModelConfig(ModelSwitches):
     @property
     def n_groups(self) -> int:
         """Repeats of the [local] * (global_every - 1) + [global] pattern that run under one
-        scan: layers 0 .. n_groups * global_every - 1. The rest (n_layers % global_every layers,
-        the last of them global) run unrolled after it."""
+        scan (layers 0 .. scanned_layers - 1); the rest run unrolled after it."""
         return self.n_layers // self.global_every
 
     @property

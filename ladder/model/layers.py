@@ -147,10 +147,9 @@ def _host_values(box: Init, seed: int, path: tuple[str, ...], shape: tuple, regi
 
 def materialize(boxes, seed: int, slices=None) -> dict:
     """Nested dict of Init(ShapeDtypeStruct, std) (``jax.eval_shape`` of a linen init) -> nested
-    dict of arrays. Each parameter is drawn from its own numpy stream seeded by (seed, its path),
-    so its initial value does not depend on which other parameters exist. ``slices(path)``: for
-    a parameter stacked on a leading axis (the scanned layers), the path each slice is drawn
-    under (None: not stacked), so the scanned model starts from its unrolled twin's values."""
+    dict of arrays, each drawn from its own numpy stream (:func:`param_rng`), so its value does
+    not depend on which other parameters exist. ``slices(path)``: for a parameter stacked on a
+    leading axis (the scanned layers), the path each slice is drawn under (None: not stacked)."""
     values = {}
     for path, box in flatten_dict(unfreeze(boxes)).items():
         shape = tuple(box.value.shape)
