@@ -60,7 +60,7 @@ def test_identity_plan_and_status_come_from_config_and_summary(tmp_path):
     assert (run.key, run.status) == (f"tiny/{rung.name}", "complete")
     assert run.params == rung.params.total and run.planned_steps() == rung.steps
     assert run.compute_at(1000.0) == rung.compute(1000.0)
-    assert [i for i, _ in run.evals(METRIC)] == [1, 2, 3, 4]
+    assert len(run.rows) == 4 and all(METRIC in r for r in run.rows)
     (d / "summary.json").unlink()
     assert read_run(d).status == "running"
     (d / "config.json").write_text(json.dumps({"schema": "run-config/1", "rung": {"d": 1}}))

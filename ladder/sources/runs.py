@@ -158,11 +158,6 @@ class RunDir:
             out = c * t / d if c is not None and d else np.full(t.shape, np.nan)
         return float(out) if out.ndim == 0 else out
 
-    # -- metrics ----------------------------------------------------------------------------------
-    def evals(self, metric: str) -> list[tuple[int, dict]]:
-        """``(line number, row)`` of every metrics row that logs ``metric``."""
-        return [(i, r) for i, r in enumerate(self.rows, start=1) if metric in r]
-
     def lr_table(self) -> np.ndarray | None:
         """The LR of every update as the trainer built it (:mod:`ladder.lrtable`); None without
         a rung."""
