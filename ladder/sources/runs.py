@@ -213,14 +213,17 @@ def read_runs(root: str | os.PathLike, *, metrics: bool = True) -> list[RunDir]:
 
 def read_summary(run_dir: str | os.PathLike) -> dict | None:
     """``summary.json`` of a run being written: None when absent, being replaced, or not a run
-    summary (for pollers; :func:`read_run` raises instead)."""
+    summary (for pollers; :func:`read_run` raises instead). A run summary of a version this
+    reader does not know is an InputError (never read as version 1)."""
     f = Path(run_dir) / "summary.json"
     if not f.is_file():
         return None
     try:
-        return read_json(f, schema="run-summary")
+        summary = read_json(f, schema="run-summary")
     except InputError:
         return None
+    known_schema(summary, SUMMARY_SCHEMAS, path=f)
+    return summary
 
 
 def ended_status(run_dir: str | os.PathLike) -> str | None:
