@@ -7,9 +7,9 @@ more experts than a token's 8 slots compete for the popular clusters' tokens; a 
 step. Each step routes with the bias from the previous step's statistics (the trainer's order:
 the pending update applies before the next step) and records std(load) / mean(load).
 
-Rules: ``threshold`` (model/moe.py, today's default: minus each expert's n-th largest raw logit),
-``quantile`` (model/balance.py, the hero recipe's). Issue 12 quotes 0.10-0.27 for the former and
-0.04 for the latter in the recipe authors' own simulation.
+Rules (computed directly by tests/helpers.py): ``threshold`` (model/moe.py, today's default: minus
+each expert's n-th largest raw logit), ``quantile`` (model/balance.py, the hero recipe's). Issue
+12 quotes 0.10-0.27 for the former and 0.04 for the latter in the recipe authors' own simulation.
 
     python bench/balance.py [--steps 30] [--experts 128] [--top-k 8] [--tokens 16384]
 """
@@ -17,14 +17,16 @@ Rules: ``threshold`` (model/moe.py, today's default: minus each expert's n-th la
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ladder.model.balance import quantile_bias
-from ladder.model.moe import threshold_bias
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, for tests.helpers
+from tests.helpers import quantile_bias, threshold_bias  # noqa: E402  (the rules, computed directly)
 
 RULES = ("threshold", "quantile")
 

@@ -301,6 +301,78 @@ def attend_reference(q, k, v, window, segment_ids=None):
     return out.reshape(B, S, H, Hd)                              # [B,S,K,G,Hd] -> [B,S,H,Hd]
 
 
+# ---------------------------------------------------- MoE, slow and obviously correct
+
+def dispatch_reference(expert_fn, x, expert, n_experts: int, cap: int, key=None,
+                       n_cells: int = 1):
+    """Slow, obviously correct twin of ladder.model.moe.dispatch_sorted (same signature, a
+    ``Dispatched``): every expert computes every token; a Python loop over experts keeps, in each
+    cell of T / n_cells consecutive tokens, the ``cap`` tokens that chose it with the lowest
+    ``key`` (ties, or no key: the earlier token), ranking each token by counting the tokens of
+    its cell that beat it ([T, T] comparisons)."""
+    import jax.numpy as jnp
+
+    from ladder.model.moe import Dispatched
+
+    T, k = expert.shape
+    all_out = expert_fn(jnp.broadcast_to(x[None], (n_experts,) + x.shape))   # [E, T, L]
+    out = jnp.zeros((T, k, x.shape[-1]), x.dtype)
+    kept = jnp.zeros((T, k), bool)
+    t = jnp.arange(T)
+    same_cell = (t[:, None] // (T // n_cells)) == (t[None, :] // (T // n_cells))   # [T, T]
+    for e in range(n_experts):
+        chose = expert == e                                    # [T, k]; at most one j per token
+        chose_token = jnp.any(chose, axis=-1)                  # [T]
+        # [T] each token's key for e (at most one of its k choices is e; others are masked)
+        s = (jnp.zeros(T, jnp.uint32) if key is None else
+             jnp.max(jnp.where(chose, key, jnp.uint32(0)), axis=-1))
+        # beats[t, u]: token u outranks token t for e (a lower key, or equal and earlier)
+        beats = (s[None, :] < s[:, None]) | ((s[None, :] == s[:, None])
+                                             & (t[None, :] < t[:, None]))
+        rank = jnp.sum(beats & same_cell & chose_token[None, :], axis=-1)   # [T] rank in cell
+        keep = chose & (chose_token & (rank < cap))[:, None]   # [T, k]
+        out = jnp.where(keep[..., None], all_out[e][:, None, :], out)
+        kept = kept | keep
+    return Dispatched(out, kept)
+
+
+def threshold_bias(logits, top_k: int):
+    """The threshold rule's bias over one batch, computed directly: logits [T, E] -> [E], minus
+    each expert's n-th largest logit, n = T*k/E (floored, at least 1), so that exactly n tokens
+    clear its threshold; centred (a common shift changes no top-k choice)."""
+    import jax.numpy as jnp
+
+    from ladder.model.moe import top_logits
+
+    n = max(1, (logits.shape[0] * top_k) // logits.shape[1])
+    bias = -top_logits(logits, n)[:, n - 1]                           # [E]
+    return bias - jnp.mean(bias)
+
+
+def quantile_bias(logits, bias, top_k: int):
+    """The quantile rule on one device in one call: logits [T, E], bias [E] -> the next bias [E]."""
+    from ladder.model.balance import bias_from_histogram, margin_histogram
+
+    return bias_from_histogram(margin_histogram(logits, bias, top_k), top_k)
+
+
+def draw_normal(seed: int, path: tuple, shape: tuple, std: float, truncate):
+    """The whole of a parameter's initial values, drawn at once: what
+    ladder.model.layers.draw_normal_regions gives region by region."""
+    import numpy as np
+
+    from ladder.model.layers import param_rng
+
+    rng = param_rng(seed, path)
+    z = rng.standard_normal(shape, dtype=np.float32)
+    if truncate is not None:
+        bad = np.abs(z) > truncate
+        while bad.any():
+            z[bad] = rng.standard_normal(int(bad.sum()), dtype=np.float32)
+            bad = np.abs(z) > truncate
+    return std * z
+
+
 # ---------------------------------------------------- W&B offline runs read back
 
 def offline_records(run_dir: Path, timeout: float = 60.0) -> list[dict]:

@@ -9,8 +9,9 @@ import pytest
 from conftest import run_on_fake_devices
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from helpers import draw_normal
 
-from ladder.model.layers import draw_normal, draw_normal_regions
+from ladder.model.layers import draw_normal_regions
 
 
 @st.composite

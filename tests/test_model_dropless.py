@@ -8,8 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import EXPERT_MESH_SRC, run_on_fake_devices
+from helpers import dispatch_reference
 
-from ladder.model.moe import dispatch_dropless, dispatch_reference, group_block, swiglu
+from ladder.model.moe import dispatch_dropless, group_block, swiglu
 from ladder.trainer.plan import hlo_flops
 
 

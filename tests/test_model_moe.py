@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import dispatch_reference, threshold_bias
 
 from ladder.model.config import BIAS_RULES, BiasRule, ModelConfig
 from ladder.model.layers import materialize
@@ -14,12 +15,10 @@ from ladder.model.moe import (
     RULES,
     MoE,
     capacity,
-    dispatch_reference,
     dispatch_sorted,
     drop_keys,
     moe_stats,
     route,
-    threshold_bias,
     update_router_bias,
 )
 

@@ -13,10 +13,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import draw_normal
 
 from ladder import model
 from ladder.model.config import ModelConfig
-from ladder.model.layers import draw_normal
 from ladder.model.moe import moe_stats, route, update_router_bias
 from ladder.model.transformer import router_weights
 from ladder.specs import LADDERS

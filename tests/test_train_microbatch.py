@@ -3,13 +3,13 @@
 import jax
 import numpy as np
 import pytest
+from helpers import threshold_bias
 
 from ladder.model.config import ModelConfig
 from ladder.model.moe import (
     bias_target_from_stat,
     merge_bias_stat,
     step_tokens,
-    threshold_bias,
     top_logits,
 )
 from ladder.specs import LADDERS

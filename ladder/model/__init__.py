@@ -9,38 +9,20 @@
     param_groups(params) -> {group: [leaf, ...]}
 
 Importing ``model`` alone imports only the config (no JAX); the functions load JAX on first use.
+Files: config.py (switches, sizes), layers.py (norms, RoPE, attention, init), moe.py (router,
+dispatch, experts, bias rules), balance.py (the quantile rule), transformer.py (decoder, API).
 
-Files: config.py (ModelSwitches: the switches a ladder's recipe sets, ModelConfig: those plus
-sizes and compute path, BiasRule), layers.py (norms, RoPE, attention, init boxes), moe.py
-(router, dispatch, experts, bias rules, reference MoE, expert parallelism), balance.py (the
-quantile bias rule), transformer.py (decoder, API, losses, parameter layout and precision).
-
-Under ``jax.set_mesh`` of a mesh with "Auto" axes ("data", "expert") the MoE layers run their
-routed path expert-parallel and jit/GSPMD partitions the rest (tests/test_model_sharding.py).
-Meshes with "Explicit" axes (jax.make_mesh's default in jax 0.10) are not supported: the
-embedding gather would need out_sharding annotations.
+Under ``jax.set_mesh`` of a mesh with "Auto" axes ("data", "expert") the MoE layers run
+expert-parallel and GSPMD partitions the rest. "Explicit" axes (jax.make_mesh's default in jax
+0.10) are not supported: the embedding gather would need out_sharding annotations.
 """
 
 from ladder.model.config import BiasRule, ModelConfig, ModelSwitches
 
-__all__ = [
-    "PARAM_GROUPS",
-    "BiasRule",
-    "ModelConfig",
-    "ModelSwitches",
-    "apply",
-    "init",
-    "init_sharded",
-    "loss_fn",
-    "param_groups",
-    "param_shapes",
-    "update_router_bias",
-]
-
-_LAZY = {"init": "ladder.model.transformer", "init_sharded": "ladder.model.transformer",
-         "apply": "ladder.model.transformer", "loss_fn": "ladder.model.transformer",
-         "param_groups": "ladder.model.transformer", "param_shapes": "ladder.model.transformer",
-         "PARAM_GROUPS": "ladder.model.transformer", "update_router_bias": "ladder.model.moe"}
+_LAZY = {**dict.fromkeys(("init", "init_sharded", "apply", "loss_fn", "param_groups",
+                          "param_shapes", "PARAM_GROUPS"), "ladder.model.transformer"),
+         "update_router_bias": "ladder.model.moe"}
+__all__ = ["BiasRule", "ModelConfig", "ModelSwitches", *_LAZY]
 
 
 def __getattr__(name):  # PEP 562: `from model import init` imports JAX only when asked for

@@ -5,15 +5,14 @@ Axis legend (as in ladder/model/config.py): T tokens, E routed experts, K = top_
 The rule (Marin's public hero-run tracking issue, quoted in issue 12 of this project): with
 biased logits z = s + b, token t's threshold alpha_t is its (K+1)-th largest biased logit, and
 expert e's margin on token t is s[t, e] - alpha_t: e would win t's slot iff margin > -b_e. For
-every expert to take the share K/E of the tokens, -b_e must be the upper K/E quantile of e's
-margins, so the new bias is minus that quantile, centred (a common shift changes no top-k
-choice). Unlike the threshold rule (minus each expert's n-th largest *raw* logit), it accounts
-for the competition between experts for a token's K slots.
+every expert to take the share K/E of the tokens, the new bias is minus the upper K/E quantile
+of e's margins, centred. Unlike the threshold rule it accounts for the competition between
+experts for a token's K slots.
 
-The quantile comes from a histogram, so that it is a *sum* over devices and microbatches. Bins:
-10,000 (the recipe's), uniform in asinh(margin / 1e-3) over |margin| <= 100 (beyond: the end
-bins): above 1e-3 a bin is ~0.25% of the margin wide, below it ~2.4e-6, so one fixed grid serves
-router logits at their init scale (~0.02 x sqrt(d)) and late in training alike.
+The quantile comes from a histogram, so that it is a *sum* over devices and microbatches: 10,000
+bins (the recipe's), uniform in asinh(margin / 1e-3) over |margin| <= 100: above 1e-3 a bin is
+~0.25% of the margin wide, below it ~2.4e-6, so one grid serves router logits at their init scale
+(~0.02 x sqrt(d)) and late in training alike.
 """
 
 from __future__ import annotations
@@ -101,7 +100,3 @@ def bias_from_histogram(counts: jax.Array, top_k: int) -> jax.Array:
     bias = -beta
     return bias - jnp.mean(bias, axis=-1, keepdims=True)
 
-
-def quantile_bias(logits: jax.Array, bias: jax.Array, top_k: int) -> jax.Array:
-    """One device's rule in one call: logits [T, E], bias [E] -> the next bias [E]."""
-    return bias_from_histogram(margin_histogram(logits, bias, top_k), top_k)

@@ -24,24 +24,13 @@ RECIPE_INIT_TRUNCATE = 3.0
 
 
 class BiasRule(enum.StrEnum):
-    """How the router bias is set after each step: the names a config file or ``--model.bias_rule``
-    gives. What each rule does is its class in ladder/model/moe.py's ``RULES``. A str, so that
-    members hash, compare, print and are written as their names."""
+    """How the router bias is set after each step, by the name a config file or
+    ``--model.bias_rule`` gives (a str: written as its name). Each rule's class: moe.RULES."""
 
     threshold = "threshold"   # minus each expert's n-th largest raw logit (the first ladders')
     quantile = "quantile"     # minus each expert's upper K/E margin quantile (the hero recipe's)
     sign = "sign"             # bias += u sign(mean load - load) (loss-free balancing)
     none = "none"             # the bias stays at its init (zeros)
-
-    @classmethod
-    def parse(cls, value, field: str = "bias_rule") -> "BiasRule":
-        """``value`` as a rule; a ValueError naming ``field`` for anything else."""
-        if isinstance(value, str):
-            try:
-                return cls(value)
-            except ValueError:
-                pass
-        raise ValueError(f"{field}: must be one of {BIAS_RULES}, got {value!r}")
 
 
 BIAS_RULES = tuple(r.value for r in BiasRule)
@@ -53,6 +42,12 @@ def resolve_precision(precision: str, backend: str) -> str:
     if precision != "auto":
         return precision
     return "f32" if backend == "cpu" else "bf16"
+
+
+# (field, upper bound, lower bound > or >= 0) of the float switches
+NUMBER_BOUNDS = (("capacity_factor", 1e3, ">"), ("route_scale", 1e3, ">="),
+                 ("rope_theta", 1e12, ">="), ("qk_mult", 1e3, ">"), ("norm_eps", 1.0, ">="),
+                 ("init_std", 10.0, ">="), ("bias_rate", 1.0, ">="), ("z_loss", 1e3, ">="))
 
 
 def _positive(obj, names) -> None:
@@ -124,19 +119,17 @@ class ModelSwitches:
                         ("local_window", 2 ** 24), ("n_experts", 2 ** 16), ("top_k", 2 ** 16),
                         ("n_shared", 2 ** 10), ("gated_norm_rank", 2 ** 17),
                         ("conv_kernel", 2 ** 10)))
-        for name, hi in (("capacity_factor", 1e3), ("route_scale", 1e3), ("rope_theta", 1e12),
-                         ("qk_mult", 1e3), ("norm_eps", 1.0), ("init_std", 10.0),
-                         ("bias_rate", 1.0), ("z_loss", 1e3)):
+        for name, hi, lo in NUMBER_BOUNDS:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
                     or v > hi:
                 raise ValueError(f"{name}: must be a finite number <= {hi:g}, got {v!r}")
+            if not (v > 0 if lo == ">" else v >= 0):
+                raise ValueError(f"{name}: must be {lo} 0, got {v!r}")
         if not isinstance(self.n_shared, int) or self.n_shared < 0:
             raise ValueError(f"n_shared: must be an integer >= 0, got {self.n_shared!r}")
         if self.top_k > self.n_experts:
             raise ValueError(f"top_k: {self.top_k} > n_experts={self.n_experts}")
-        if not self.capacity_factor > 0:
-            raise ValueError(f"capacity_factor: must be > 0, got {self.capacity_factor!r}")
         if self.capacity_tokens is not None and (not isinstance(self.capacity_tokens, int) or
                                                  isinstance(self.capacity_tokens, bool) or
                                                  self.capacity_tokens <= 0):
@@ -149,10 +142,11 @@ class ModelSwitches:
         if int(self.head_dim * self.rope_fraction) % 2:
             raise ValueError(f"rope_fraction: head_dim * rope_fraction must be even, got "
                              f"{self.head_dim} * {self.rope_fraction}")
-        _one_of(self, (("combine", COMBINE_RULES),))
+        _one_of(self, (("combine", COMBINE_RULES), ("init", INITS), ("qk_norm", QK_NORMS)))
+        if not isinstance(self.bias_rule, str) or self.bias_rule not in BIAS_RULES:
+            raise ValueError(f"bias_rule: must be one of {BIAS_RULES}, got {self.bias_rule!r}")
         # a name from a file or an override becomes the rule (frozen: set through object)
-        object.__setattr__(self, "bias_rule", BiasRule.parse(self.bias_rule))
-        _one_of(self, (("init", INITS), ("qk_norm", QK_NORMS)))
+        object.__setattr__(self, "bias_rule", BiasRule(self.bias_rule))
         for name in ("global_rope", "embed_norm", "xsa", "head_gate"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: must be true or false, got {getattr(self, name)!r}")
@@ -160,11 +154,6 @@ class ModelSwitches:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"{name}: must be an integer >= 0 (0: off), got {v!r}")
-        if not self.qk_mult > 0:
-            raise ValueError(f"qk_mult: must be > 0, got {self.qk_mult!r}")
-        for name in ("route_scale", "bias_rate", "z_loss", "norm_eps", "init_std", "rope_theta"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
 
     @property
     def switches(self) -> "ModelSwitches":
@@ -232,14 +221,12 @@ class ModelConfig(ModelSwitches):
         return int(self.head_dim * self.rope_fraction)
 
     def layer_rope_dim(self, layer: int) -> int:
-        """Channels of each head RoPE rotates in ``layer``: 0 on global layers without
-        ``global_rope`` (NoPE)."""
+        """Channels of each head RoPE rotates in ``layer`` (0: NoPE global layers)."""
         return 0 if self.is_global(layer) and not self.global_rope else self.rope_dim
 
     @property
     def gated_rank(self) -> int:
-        """The GatedNorm rank: ``gated_norm_rank`` capped at d_model (the recipe's 128 is wider
-        than the cpu and tiny ladders' models; there the gate is full rank). 0: off."""
+        """``gated_norm_rank`` capped at d_model (small ladders: a full-rank gate). 0: off."""
         return min(self.gated_norm_rank, self.d_model)
 
     @property
@@ -276,8 +263,7 @@ class ModelConfig(ModelSwitches):
     @property
     def n_groups(self) -> int:
         """Repeats of the [local] * (global_every - 1) + [global] pattern that run under one
-        scan: layers 0 .. n_groups * global_every - 1. The rest (n_layers % global_every layers,
-        the last of them global) run unrolled after it."""
+        scan (layers 0 .. scanned_layers - 1); the rest run unrolled after it."""
         return self.n_layers // self.global_every
 
     @property

@@ -29,16 +29,17 @@ from ladder.model.config import ModelConfig
 @struct.dataclass
 class Init(meta.AxisMetadata):
     """A parameter boxed with how it was initialised: normal(0, std) (truncated at +-truncate
-    sigmas when ``truncate`` is set), or the constant ``fill`` when std is None. The box
-    survives ``jax.eval_shape`` (std is static), so ``model.init`` reads every parameter's shape
-    and init rule from one abstract trace and draws the values with numpy (XLA took ~17 s to jit
-    the linen init of the largest cpu-ladder rung). Linen unboxes it when a module reads it."""
+    sigmas when set), or the constant ``fill`` when std is None. The box survives
+    ``jax.eval_shape`` (std is static), so ``model.init`` reads every parameter's shape and rule
+    from one abstract trace and draws the values with numpy (XLA took ~17 s to jit the linen
+    init of the largest cpu-ladder rung)."""
 
     value: Any
     std: float | None = struct.field(pytree_node=False)
     truncate: float | None = struct.field(pytree_node=False, default=None)
     fill: float = struct.field(pytree_node=False, default=1.0)
 
+    # flax's AxisMetadata protocol (all four abstract): linen unboxes a parameter it reads
     def unbox(self):
         return self.value
 
@@ -53,9 +54,8 @@ class Init(meta.AxisMetadata):
 
 
 def normal(std: float, truncate: float | None = None):
-    """Linen initializer: normal(0, std), truncated at +-``truncate`` sigmas when given (values
-    beyond are redrawn: sigma is the untruncated normal's, so the sample's std is 0.987 sigma
-    at +-3), boxed with its rule."""
+    """Linen initializer: normal(0, std), truncated at +-``truncate`` sigmas when given (redrawn:
+    sigma is the untruncated normal's, the sample's std 0.987 sigma at +-3), boxed."""
     def init(key, shape, dtype=jnp.float32):
         if truncate is None:
             z = jax.random.normal(key, shape, dtype)
@@ -72,7 +72,7 @@ def ones(key, shape, dtype=jnp.float32):
 
 def zeros(key, shape, dtype=jnp.float32):
     """Linen initializer of the recipe's gates and convolution kernels: zeros, boxed (the head
-    gate 2 sigmoid(0) = 1 and a zero residual convolution both start as the identity)."""
+    gate and the residual convolutions start as the identity)."""
     return Init(jnp.zeros(shape, dtype), None, None, 0.0)
 
 
@@ -86,33 +86,20 @@ def param_rng(seed: int, path: tuple[str, ...]) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32("/".join(path).encode())])
 
 
-def draw_normal(seed: int, path: tuple[str, ...], shape: tuple, std: float,
-                truncate: float | None) -> np.ndarray:
-    """A parameter's initial values: ``std`` x standard normals of its stream in C order; with
-    ``truncate``, values beyond +-truncate are redrawn from the same stream (all of them in C
-    order, again until none is left)."""
-    rng = param_rng(seed, path)
-    z = rng.standard_normal(shape, dtype=np.float32)
-    if truncate is not None:
-        bad = np.abs(z) > truncate
-        while bad.any():
-            z[bad] = rng.standard_normal(int(bad.sum()), dtype=np.float32)
-            bad = np.abs(z) > truncate
-    return std * z
-
-
 def draw_normal_regions(seed: int, path: tuple[str, ...], shape: tuple, std: float,
                         truncate: float | None, regions: list[tuple],
                         chunk: int = 1 << 22) -> list[np.ndarray]:
-    """``draw_normal(...)[region]`` for each region (a tuple of (start, stop) per axis) without
-    the whole array: the stream is drawn in blocks of ~``chunk`` values along the first axis and
-    only the regions are kept (numpy's generators give the same values drawn at once or in
-    pieces). A truncated normal's redraws need every out-of-range position, so then the stream
-    is read to its end."""
+    """A parameter's initial values in each region (a tuple of (start, stop) per axis): ``std``
+    x standard normals of its stream in C order; with ``truncate``, values beyond +-truncate
+    are redrawn from the same stream (all of them in C order, again until none is left). The
+    stream goes in blocks of ~``chunk`` values along the first axis, only the regions kept
+    (numpy's generators give the same values drawn at once or in pieces); truncation's redraws
+    need every out-of-range position, so then it is read to its end."""
+    if not shape:                                  # a scalar: one value, drawn as [1]
+        return [v.reshape(()) for v in draw_normal_regions(seed, path, (1,), std, truncate,
+                                                           [((0, 1),)] * len(regions), chunk)]
     rng = param_rng(seed, path)
     outs = [np.empty([b - a for a, b in r], np.float32) for r in regions]
-    if not shape:                                  # a scalar: nothing to split
-        return [draw_normal(seed, path, shape, std, truncate) for _ in regions]
     row = int(np.prod(shape[1:], dtype=np.int64))
     rows = max(1, chunk // max(row, 1))
     last = shape[0] if truncate is not None else max((r[0][1] for r in regions), default=0)
@@ -128,7 +115,7 @@ def draw_normal_regions(seed: int, path: tuple[str, ...], shape: tuple, std: flo
                 out[a - r[0][0]:b - r[0][0]] = z[(slice(a - r0, b - r0),
                                                   *(slice(lo, hi) for lo, hi in r[1:]))]
     pending = np.concatenate(bad) if bad else np.zeros(0, np.int64)
-    while len(pending):      # the redraws, in C order of the positions, as draw_normal does
+    while len(pending):                            # the redraws, in C order of the positions
         v = rng.standard_normal(len(pending), dtype=np.float32)
         ok = ~(np.abs(v) > truncate)
         coords = np.unravel_index(pending[ok], shape)
@@ -160,10 +147,9 @@ def _host_values(box: Init, seed: int, path: tuple[str, ...], shape: tuple, regi
 
 def materialize(boxes, seed: int, slices=None) -> dict:
     """Nested dict of Init(ShapeDtypeStruct, std) (``jax.eval_shape`` of a linen init) -> nested
-    dict of arrays. Each parameter is drawn from its own numpy stream seeded by (seed, its path),
-    so its initial value does not depend on which other parameters exist. ``slices(path)``: for
-    a parameter stacked on a leading axis (the scanned layers), the path each slice is drawn
-    under (None: not stacked), so the scanned model starts from its unrolled twin's values."""
+    dict of arrays, each drawn from its own numpy stream (:func:`param_rng`), so its value does
+    not depend on which other parameters exist. ``slices(path)``: for a parameter stacked on a
+    leading axis (the scanned layers), the path each slice is drawn under (None: not stacked)."""
     values = {}
     for path, box in flatten_dict(unfreeze(boxes)).items():
         shape = tuple(box.value.shape)
@@ -194,10 +180,9 @@ def materialize_sharded(boxes, seed: int, shardings, slices=None) -> dict:
     return unflatten_dict(values)
 
 
-# The recipe's non-parametric QK-norm uses eps 1e-6 while its residual-stream norms use the
-# model's layer_norm_eps, 1e-5 (Marin's grug MoE, marin-community/marin
-# experiments/grug/moe/model.py: `rms_norm(q)` with its default eps=1e-6; RMSNorm.init(...,
-# cfg.layer_norm_eps) with layer_norm_eps = 1e-5). ``ModelConfig.norm_eps`` is the latter.
+# The recipe's non-parametric QK-norm eps; its residual-stream norms use layer_norm_eps = 1e-5,
+# ``ModelConfig.norm_eps`` (Marin's grug MoE, marin-community/marin
+# experiments/grug/moe/model.py: `rms_norm(q)` with its default eps=1e-6).
 QK_RMS_EPS = 1e-6
 
 
@@ -218,11 +203,8 @@ class RMSNorm(nn.Module):
 
 
 def rope(x: jax.Array, positions: jax.Array, rope_dim: int, theta: float) -> jax.Array:
-    """Rotary position embedding on the first ``rope_dim`` channels of each head.
-
-    x [B, S, N, Hd] (N heads), positions [S]. Channel i is paired with channel i + rope_dim/2
-    ("rotate-half" layout); the remaining Hd - rope_dim channels carry no position.
-    """
+    """Rotary position embedding on the first ``rope_dim`` channels of each head: x [B, S, N, Hd]
+    (N heads), positions [S]. Channel i pairs with channel i + rope_dim/2 ("rotate-half")."""
     if rope_dim == 0:
         return x
     half = rope_dim // 2
@@ -235,14 +217,12 @@ def rope(x: jax.Array, positions: jax.Array, rope_dim: int, theta: float) -> jax
     return jnp.concatenate([rotated.astype(x.dtype), rest], axis=-1)
 
 
-# cuDNN's packed layout (per-row segment offsets and lengths, one flash-attention call, each
-# document causal and windowed within itself) reaches jax only through its internal module in jax
-# 0.10 (openxla/xla#20861 and jax-ml/jax#25812 added the path, jax-ml/jax#29731 proposes public
-# arguments). It needs a Hopper or later GPU. Its softmax statistics are [B * M, H, S] float32
-# for at most M documents per row, a compile-time bound: a row with more takes the blocked XLA
-# path at run time (``jax.lax.cond``). M = 32: 50 MB per layer at 1.6B-A61M, a tenth of the
-# [B, 1, S, S] bias they replace, and documents of ~128 tokens on average in a 4096-token row
-# (a constant, not a ModelConfig field: it changes how, never what, is computed).
+# cuDNN's packed layout (per-row segment offsets and lengths, each document causal and windowed
+# within itself) reaches jax 0.10 only through its internal module (openxla/xla#20861,
+# jax-ml/jax#25812; jax-ml/jax#29731 proposes public arguments); Hopper or later. Its softmax
+# statistics are [B * M, H, S] float32 for at most M documents per row (more: the blocked XLA
+# path, at run time). M = 32: 50 MB per layer at 1.6B-A61M, a tenth of the [B, 1, S, S] bias
+# they replace, documents of ~128 tokens on average in a 4096-token row.
 MAX_SEGMENTS = 32
 _LOG = logging.getLogger(__name__)
 _SAID: set = set()
@@ -251,11 +231,9 @@ _TRACED: list = []   # every choice traced in this process, in order (attention_
 
 @dataclass(frozen=True)
 class AttentionChoice:
-    """Which attention runs and why: ``implementation`` is "cudnn-packed" (cuDNN flash attention
-    with documents as packed segments: no S x T mask or scores anywhere), "cudnn" (flash, no
-    segments given), "xla-blocked" (XLA softmax over blocks of ``chunk`` queries, each block's
-    mask built from positions and segment ids: at most [B, 1, chunk, span]) or "xla" (one block:
-    S <= chunk)."""
+    """Which attention runs and why: ``implementation`` is "cudnn-packed" (cuDNN flash attention,
+    documents as packed segments), "cudnn" (flash, no segments), "xla-blocked" (XLA softmax over
+    blocks of ``chunk`` queries, :func:`attend_chunked`) or "xla" (one block: S <= chunk)."""
 
     implementation: str
     reason: str
@@ -265,8 +243,7 @@ class AttentionChoice:
 
 
 def cudnn_packed_unavailable() -> str | None:
-    """Why cuDNN's packed layout cannot run here (None: it can): no GPU, no cuDNN, or a GPU older
-    than Hopper (jax's own checks, read without tracing anything)."""
+    """Why cuDNN's packed layout cannot run here (None: it can), by jax's own checks."""
     if jax.default_backend() != "gpu":
         return f"backend is {jax.default_backend()}, not gpu"
     try:
@@ -281,10 +258,9 @@ def cudnn_packed_unavailable() -> str | None:
 
 def attention_choice(dtype, head_dim: int, seq_len: int, segmented: bool,
                      chunk: int | None) -> AttentionChoice:
-    """The attention implementation for these shapes on this backend (pure: no logging).
-    cuDNN on GPU for bf16/fp16 and head dim a multiple of 8 up to 128 (jax's cuDNN limits);
-    with segments only where the packed layout runs (:func:`cudnn_packed_unavailable`), else the
-    blocked XLA path, which builds no [S, T] mask either."""
+    """The attention implementation for these shapes on this backend (pure: no logging): cuDNN
+    on GPU for bf16/fp16 and head dim a multiple of 8 up to 128 (jax's cuDNN limits), with
+    segments only where the packed layout runs; else XLA."""
     flash_ok = (jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and head_dim % 8 == 0
                 and head_dim <= 128)
     blocked = chunk is not None and seq_len > chunk
@@ -304,8 +280,8 @@ def attention_choice(dtype, head_dim: int, seq_len: int, segmented: bool,
 
 
 def say_attention_choice(choice: AttentionChoice) -> None:
-    """Log each distinct choice once per process (at trace time; a GPU falling back: a
-    warning). Every call is also recorded for :func:`attention_traced`."""
+    """Log each distinct choice once per process (a GPU falling back: a warning); record every
+    call for :func:`attention_traced`."""
     _TRACED.append(choice)
     if choice in _SAID:
         return
@@ -321,18 +297,16 @@ def attention_mark() -> int:
 
 
 def attention_traced(since: int = 0) -> list[dict]:
-    """The distinct attention implementations (and why) traced since ``since``
-    (:func:`attention_mark`): what one program chose, for env.json, even a choice an earlier
-    program of this process made."""
+    """The distinct attention choices traced since ``since`` (:func:`attention_mark`): what one
+    program chose, for env.json."""
     return [c.to_dict() for c in sorted(set(_TRACED[since:]),
                                         key=lambda c: (c.implementation, c.reason))]
 
 
 class Packed(NamedTuple):
-    """Documents of each row in cuDNN's packed layout (jax's convention for
-    ``fused_attention_stablehlo.dot_product_attention``): ``offsets`` [B, M + 1] the start of each
-    segment, -1 past the row's last; ``lengths`` [B, M] each segment's length, -1 past the last;
-    ``count`` [B] segments per row (a row with count > M does not fit)."""
+    """Documents of each row in cuDNN's packed layout (jax's ``fused_attention_stablehlo``):
+    ``offsets`` [B, M + 1] each segment's start and ``lengths`` [B, M] its length, -1 past the
+    row's last; ``count`` [B] segments per row (count > M does not fit)."""
     offsets: jax.Array
     lengths: jax.Array
     count: jax.Array
@@ -378,14 +352,9 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, window: int | None,
     """Causal attention: q [B, S, H, Hd], k and v [B, T, K, Hd] with H a multiple of K (head h
     reads KV head h // (H / K)) -> [B, S, H, Hd]. ``window``: each query sees the last
     ``window`` keys, itself included (None: all earlier keys). ``segment_ids`` [B, S] int32: a
-    query reads keys of its own segment only (None: one segment). Softmax in float32.
-
-    Which implementation runs is :func:`attention_choice`'s, logged once per process. On a GPU
-    cuDNN's flash attention builds no S x T scores, documents going in as packed segments
-    (:func:`packed_segments`, at most ``max_segments`` per row; a batch with more takes the
-    blocked path at run time). Elsewhere XLA builds the scores, so with ``chunk`` < S the queries
-    go in blocks of ``chunk`` (:func:`attend_chunked`).
-    """
+    query reads keys of its own segment only (None: one segment). Softmax in float32. The
+    implementation is :func:`attention_choice`'s; a batch with more than ``max_segments``
+    documents in a row takes the blocked path at run time."""
     choice = attention_choice(q.dtype, q.shape[-1], q.shape[1], segment_ids is not None, chunk)
     say_attention_choice(choice)
     # jax's window (left, right) lets query s read keys s - left ... s + right
@@ -412,10 +381,8 @@ def attend_chunked(q: jax.Array, k: jax.Array, v: jax.Array, window: int | None,
                    segment_ids: jax.Array | None, chunk: int) -> jax.Array:
     """:func:`attend` over blocks of ``chunk`` queries (XLA path), under jax.checkpoint: at most
     one block's [B, H, chunk, span] float32 scores exist, forward or backward. A global layer's
-    block reads all S keys (span = S, masked causally); a local layer's reads only the
-    ``window - 1`` keys before the block and the block (span = window - 1 + chunk), so local
-    layers also cost O(S x (window + chunk)) instead of O(S^2).
-    Shapes as in :func:`attend`; S is padded to whole blocks, the padded queries dropped."""
+    block reads all S keys; a local layer's the ``window - 1`` keys before it and itself (span
+    = window - 1 + chunk: O(S x (window + chunk)), not O(S^2)). S is padded to whole blocks."""
     B, S, H, Hd = q.shape
     n = -(-S // chunk)
     pad = n * chunk - S
@@ -456,16 +423,13 @@ def attend_chunked(q: jax.Array, k: jax.Array, v: jax.Array, window: int | None,
 
 
 def output_init(cfg: ModelConfig):
-    """Init of projections that write into the residual stream (``cfg.residual_std``: gpt2
-    scales them so that the residual variance does not grow with depth)."""
+    """Init of projections that write into the residual stream (``cfg.residual_std``)."""
     return normal(cfg.residual_std, cfg.init_truncate)
 
 
 class GatedRMSNorm(nn.Module):
-    """RMSNorm with a learned gain over the last axis, then, when ``cfg.gated_rank`` > 0,
-    GatedNorm: y * sigmoid(silu(y W_down) W_up) with W_down [D, r], W_up [r, D] (r =
-    ``cfg.gated_rank``). A residual-stream norm; its gain keeps the leaf name "scale". The gate
-    is computed in the compute dtype and its sigmoid in float32."""
+    """A residual-stream RMSNorm with a learned gain ("scale"), then, when ``cfg.gated_rank`` > 0,
+    GatedNorm (:func:`gated_norm`, W_down [D, r], W_up [r, D], r = ``cfg.gated_rank``)."""
 
     cfg: ModelConfig
 
@@ -484,7 +448,8 @@ class GatedRMSNorm(nn.Module):
 
 
 def gated_norm(y: jax.Array, w_down: jax.Array, w_up: jax.Array) -> jax.Array:
-    """GatedNorm's gate on an already normalised y [..., D]: y * sigmoid(silu(y W_down) W_up)."""
+    """GatedNorm's gate on an already normalised y [..., D]: y * sigmoid(silu(y W_down) W_up),
+    in the compute dtype, the sigmoid in float32."""
     h = jax.nn.silu(jnp.einsum("...d,dr->...r", y, w_down.astype(y.dtype)))
     g = jnp.einsum("...r,rd->...d", h, w_up.astype(y.dtype), preferred_element_type=jnp.float32)
     return (y.astype(jnp.float32) * jax.nn.sigmoid(g)).astype(y.dtype)
@@ -532,14 +497,9 @@ def head_gate(x: jax.Array, w_gate: jax.Array) -> jax.Array:
 
 
 class Attention(nn.Module):
-    """Causal self-attention: QK-norm, partial RoPE, grouped KV heads, optional sliding window.
-
-    Layer ``layer`` is global (full causal) when ``cfg.is_global(layer)``, else local (the last
-    ``cfg.local_window`` positions). x [B, S, D] in the compute dtype (the weights arrive already
-    cast, see model.transformer), segment_ids [B, S] or None. The recipe's switches
-    (model/config.py) sit where the code shows: the short convolution on K before the QK-norm
-    and on the output projection's output, XSA before the head gate.
-    """
+    """Causal self-attention: QK-norm, partial RoPE, grouped KV heads, a sliding window on local
+    layers (``cfg.is_global``). x [B, S, D] in the compute dtype (weights arrive cast),
+    segment_ids [B, S] or None. The recipe's switches (model/config.py) sit where the code shows."""
 
     cfg: ModelConfig
     layer: int

@@ -1,35 +1,24 @@
 """The MoE layer: router, capacity-limited sort-based dispatch, routed experts in a latent space,
-shared experts, and the router-bias balancing rules. Plus a slow reference dispatch for tests.
+shared experts, and the router-bias balancing rules.
 
 Axis legend (as in model/config.py): T tokens (B*S flattened), D model width, E routed experts,
 k chosen experts per token (top_k), L latent width, F expert hidden width, C expert capacity,
 N shared experts, A assignments (T*k, token-major: assignment a = t*k + j).
 Einsum letters: t=T, d=D, e=E, j=k, l=L, f=F, c=C, n=N.
 
-Routing (the real recipe): the router reads the full-width token in float32, logits = x W (E).
-Top-k is taken on logits + router_bias; the combine weights are the sigmoid of the *unbiased*
-logits of the chosen k, rescaled to sum to ``route_scale`` (softmax over the chosen k as an
-option). The bias never gets a gradient: it is an input, wrapped in stop_gradient, and is moved
-only by :func:`update_router_bias`.
-
-Capacity (issue 22 item 2): the tokens are cut into *cells* of ``cfg.capacity_tokens``
-consecutive tokens of the flattened batch (None: one cell per call), and each expert takes at
-most C = ceil(capacity_factor * cell tokens * k / E) assignments of each cell; the others are
-dropped (their expert output is zero; the token keeps its residual and the shared experts). Who
-keeps a slot is :func:`drop_keys`' order, a function of the step and of places in the cell, so
-drops never depend on the devices or the microbatch as long as a device's share holds whole
-cells (ladder/trainer/trainconfig.py refuses a layout where it does not). Dropless mode
-(evaluation) computes every assignment (:func:`dispatch_dropless`).
-
-Expert parallelism: when the jitted caller runs under a device mesh (``jax.set_mesh``) whose
-"expert" axis has more than one device, the routed path runs in ``jax.shard_map`` over the mesh
-(:func:`routed_expert_parallel`; dropless: :func:`dispatch_dropless_sharded`). The mesh comes
-from the context, not from a module argument, so the layer also works inside ``nn.scan``.
-
-Balancing over a whole step (split into microbatches, and always over devices): the router-bias
-rule's statistic is *mergeable*: ``aux["bias_stat"]`` is this call's share, :func:`merge_bias_stat`
-combines two of them exactly, and :func:`bias_target_from_stat` turns the merged one into the
-target, sized for the step's tokens (:func:`step_tokens`).
+- Routing (the real recipe): float32 logits of the full-width token; top-k of logits +
+  router_bias; combine weights from the *unbiased* logits (:func:`route`). The bias is an input
+  under stop_gradient, moved only by :func:`update_router_bias`.
+- Capacity (issue 22 item 2): each expert takes at most C assignments of each cell of
+  ``cfg.capacity_tokens`` consecutive tokens (:func:`capacity`, :func:`cell_tokens`), in
+  :func:`drop_keys`' order; a dropped assignment's output is zero. Dropless mode (evaluation)
+  computes every assignment (:func:`dispatch_dropless`).
+- Expert parallelism: under a ``jax.set_mesh`` mesh with an "expert" axis of several devices,
+  the routed path runs in ``jax.shard_map`` (:func:`routed_expert_parallel`). The mesh comes
+  from the context, so the layer also works inside ``nn.scan``.
+- Balancing over a step (microbatches, devices): ``aux["bias_stat"]`` is this call's share of
+  the rule's statistic, :func:`merge_bias_stat` combines two exactly, and
+  :func:`bias_target_from_stat` turns the merged one into the target (:func:`step_tokens`).
 """
 
 from __future__ import annotations
@@ -69,8 +58,7 @@ def capacity(cfg: ModelConfig, n_tokens: int, *, dropless: bool = False) -> int:
 def cell_tokens(cfg: ModelConfig, n_tokens: int) -> int:
     """Tokens per capacity cell in a call of ``n_tokens`` tokens (one device's share under a
     mesh): ``cfg.capacity_tokens``, which must divide them; None, or a call shorter than one
-    cell (a direct call on short sequences; ``ladder run`` refuses such a layout before it
-    trains, ladder/trainer/trainconfig.py::check_cell): the whole call."""
+    cell (``ladder run`` refuses that layout: trainer/trainconfig.py::check_cell): the call."""
     cell = min(cfg.capacity_tokens or n_tokens, n_tokens)
     if n_tokens % cell:
         raise ValueError(f"capacity_tokens: a cell of {cell} tokens does not divide the "
@@ -95,15 +83,13 @@ def _setting(var: contextvars.ContextVar, value):
 
 def drop_order(seed):
     """Within this context (at trace time) the capacity drop order is drawn from ``seed`` (an
-    int or a traced int32 scalar: the train step passes its step counter, so every step draws
-    a new order). Outside it the seed is 0 (evaluation, direct calls)."""
+    int or a traced int32 scalar: the train step's counter). Outside it the seed is 0."""
     return _setting(_DROP_SEED, seed)
 
 
 def step_tokens(n: int):
     """Within this context (at trace time) the balancing rule's statistic is sized for a step of
-    ``n`` tokens, however many a single call sees: a microbatched step sets it to the whole
-    step's tokens so the merged statistic equals one big batch's."""
+    ``n`` tokens (a microbatched step's whole), so the merged statistic equals one batch's."""
     return _setting(_STEP_TOKENS, int(n))
 
 
@@ -120,13 +106,11 @@ def _mix32(x: jax.Array) -> jax.Array:
 def drop_keys(seed, T: int, k: int, cell: int, seq: int) -> jax.Array:
     """[T, k] uint32 drop priorities (lower keeps its slot) of T tokens in sequences of ``seq``
     and cells of ``cell``: high bits a hash of ``seed`` and of the sequence's place in its cell
-    (the cell's sequences in a random order, new for every seed, so no place in the batch loses
-    more often), low bits the position in the sequence (earlier first, as in Switch/GShard's
-    position priority). A function of places in the cell only, so the same on any layout that
-    holds whole cells; and causal: whether a token keeps its slot never depends on later tokens
-    of its own sequence (a random order within a sequence made the layer non-causal:
-    tests/test_model_decoder.py::test_causal). Not by router score: its last bits depend on the
-    layout's reduction order. Every layer of a step shares the key (``nn.scan``: one trace)."""
+    (a new order of the cell's sequences every seed, so no place loses more often), low bits
+    the position in the sequence (earlier first: Switch/GShard's position priority). A function
+    of places in the cell only, so the same on any layout holding whole cells; causal, since
+    order within a sequence is by position (tests/test_model_decoder.py::test_causal). Not by
+    router score: its last bits depend on the layout's reduction order."""
     run = min(seq, cell)                                                     # causal stretch
     low = max(1, (run * k - 1).bit_length())                                 # bits of pos * k + j
     if low > 24:
@@ -164,8 +148,7 @@ class Dispatched(NamedTuple):
 
 
 class Slots(NamedTuple):
-    """Where each assignment goes in an [E, n_cells * C, L] buffer (sorted order, see
-    :func:`slots`): cell c of expert e owns slots [c * C, (c + 1) * C)."""
+    """Where each assignment goes in an [E, n_cells * C, L] buffer (:func:`slots`)."""
     order: jax.Array          # [A] assignment index of each sorted position
     expert: jax.Array         # [A] expert of each sorted position
     slot: jax.Array           # [A] slot of its expert; ``n_cells * cap`` (out of range): dropped
@@ -174,11 +157,10 @@ class Slots(NamedTuple):
 
 def slots(expert: jax.Array, n_experts: int, cap: int, key: jax.Array | None = None,
           n_cells: int = 1) -> Slots:
-    """expert [T, k] -> the slot of every assignment. The T tokens are ``n_cells`` cells of
-    T / n_cells consecutive tokens; sort the assignments by (cell, expert), within that by
-    ``key`` [T, k] ascending (:func:`drop_keys`; None: none), ties by assignment order (so
-    earlier tokens first); an assignment's rank within its (cell, expert) run is its slot in the
-    cell, and ranks >= cap are dropped."""
+    """expert [T, k] -> the slot of every assignment: sorted by (cell of T / n_cells consecutive
+    tokens, expert, ``key`` [T, k] ascending (None: none), assignment order), an assignment's
+    rank in its (cell, expert) run is its slot in the cell (cell c owns slots [c * C, (c + 1)
+    * C)); ranks >= cap are dropped."""
     T, k = expert.shape
     A, E = T * k, n_experts
     flat = expert.reshape(A)                                   # [T, k] -> [A], a = t*k + j
@@ -199,27 +181,22 @@ def slots(expert: jax.Array, n_experts: int, cap: int, key: jax.Array | None = N
 
 
 def zeros_after(x: jax.Array, shape: tuple) -> jax.Array:
-    """Zeros of ``x``'s dtype in ``shape``, computed from ``x`` (one element times zero), so that
-    the buffer cannot be made before ``x`` exists. A constant zero buffer is shared between the
-    layers and copied for each in-place scatter, and XLA:CPU made those copies at the start of
-    the pass (27 GiB at the peak of the 27.7B-A1.2B eval step; docs/LOG.md). NaN or inf in
-    ``x`` fills the buffer with NaN: its loss is NaN anyway."""
+    """Zeros of ``x``'s dtype in ``shape``, computed from ``x`` (one element times zero; NaN in
+    ``x``: NaN), so that the buffer cannot be made before ``x`` exists: XLA:CPU made copies of a
+    shared constant zero buffer at the start of the pass (27 GiB at the 27.7B-A1.2B eval step's
+    peak; docs/LOG.md)."""
     return jnp.broadcast_to((x.reshape(-1)[0] * 0).astype(x.dtype), shape)
 
 
 def dispatch_sorted(expert_fn: ExpertFn, x: jax.Array, expert: jax.Array, n_experts: int,
                     cap: int, key: jax.Array | None = None, n_cells: int = 1) -> Dispatched:
-    """Run each token's chosen experts with at most ``cap`` assignments per (cell, expert).
-
-    x [T, L], expert [T, k], key [T, k] (drop priority, lower first; None: earlier tokens) ->
-    Dispatched(out [T, k, L] with zeros where dropped, kept [T, k]). Sort the assignments by
-    (cell, expert, priority) (:func:`slots`), scatter into an [E, n_cells * C, L] buffer, run
-    all experts as one batched einsum, gather back (on CPU ~5x faster than a one-hot mask over
-    every expert, ~7x than jax.lax.ragged_dot: bench/moe_dispatch.py)."""
+    """Run each token's chosen experts with at most ``cap`` assignments per (cell, expert):
+    x [T, L], expert [T, k], key [T, k] (:func:`slots`) -> Dispatched. Scatter into an
+    [E, n_cells * C, L] buffer, one batched einsum, gather back (on CPU ~5x faster than a
+    one-hot mask over every expert, ~7x than jax.lax.ragged_dot: bench/moe_dispatch.py)."""
     T, k = expert.shape
     s = slots(expert, n_experts, cap, key, n_cells)
     buf = zeros_after(x, (n_experts, n_cells * cap, x.shape[-1]))
-    # each kept assignment's token in its slot; out of range (dropped): mode="drop" drops
     buf = buf.at[s.expert, s.slot].set(x[s.order // k], mode="drop")  # [E, n_cells * C, L]
     out = expert_fn(buf)
     out_sorted = out.at[s.expert, s.slot].get(mode="fill", fill_value=0)     # [A, L]
@@ -241,9 +218,8 @@ GATHER_BYTES_PER_STEP = 2**26   # at most this many bytes of expert weights gath
 
 def group_block(rows: int, groups: int) -> int:
     """Rows per block of :func:`grouped_swiglu` for ``rows`` rows over ``groups`` groups: the
-    largest power of two <= rows / groups, within [8, 128] (so at most 2 x rows computed).
-    Smaller blocks pad less but gather an expert's weights once per block; these were the
-    fastest or within 1.6x of it at 8, 32 and 128 experts on CPU (bench/dropless_dispatch.py)."""
+    largest power of two <= rows / groups, within [8, 128] (so at most 2 x rows computed; the
+    fastest or within 1.6x of it at 8, 32 and 128 experts on CPU: bench/dropless_dispatch.py)."""
     b = MIN_BLOCK
     while b * 2 <= min(MAX_BLOCK, rows // groups):
         b *= 2
@@ -254,10 +230,8 @@ def grouped_swiglu(x_blocks: jax.Array, block_group: jax.Array, w_gate, w_up, w_
                    ) -> jax.Array:
     """SwiGLU experts on blocks of rows, each block through one expert: x_blocks [n, b, L],
     block_group [n] (the expert of each block), weights [E, L, F] / [E, F, L] -> [n, b, L].
-
-    The blocks go in steps of c under ``jax.lax.scan`` (a static trip count): step i gathers the
-    c blocks' expert weights [c, L, F] and runs three batched dots. c makes a step about
-    ROWS_PER_STEP rows and at most GATHER_BYTES_PER_STEP bytes of gathered weights."""
+    Under ``jax.lax.scan``, c blocks a step (about ROWS_PER_STEP rows, at most
+    GATHER_BYTES_PER_STEP bytes of gathered weights), three batched dots each."""
     n, b, L = x_blocks.shape
     F = w_gate.shape[-1]
     per_block = 3 * L * F * jnp.dtype(w_gate.dtype).itemsize
@@ -280,11 +254,9 @@ def dispatch_dropless(x: jax.Array, expert: jax.Array, weights: tuple,
                       block: int | None = None) -> jax.Array:
     """Dropless: every assignment through its expert, with no capacity and no [E, T, L] buffer.
     x [T, L], expert [T, k], weights of all E experts ([E, L, F], [E, L, F], [E, F, L])
-    -> out [T, k, L].
-
-    The assignments are sorted by expert; expert e's n_e take ceil(n_e / b) blocks of b =
-    ``block`` rows (default :func:`group_block`), zero-padded. The number of blocks is static,
-    an upper bound whatever the routing (unused ones compute zeros)."""
+    -> out [T, k, L]. Sorted by expert, expert e's n_e assignments take ceil(n_e / b) zero-padded
+    blocks of b = ``block`` rows (default :func:`group_block`); the block count is a static bound
+    (unused blocks compute zeros)."""
     T, k = expert.shape
     E, L = weights[0].shape[0], x.shape[-1]
     A = T * k
@@ -312,55 +284,24 @@ def dispatch_dropless_sharded(mesh, x: jax.Array, expert: jax.Array, weights: tu
                               ) -> jax.Array:
     """:func:`dispatch_dropless` under ``jax.shard_map`` over ``mesh``: each device runs its own
     tokens through every expert, whose weights GSPMD all-gathers (0.34 GB per layer in bf16 at
-    1.6B-A61M). Not the training path's all-to-all: a dropless receive buffer must hold the
-    worst case, ep x the tokens' assignments. x [T, L], expert [T, k] -> out [T, k, L]."""
+    1.6B-A61M; an all-to-all's dropless receive buffer would need ep x the assignments)."""
     tok = P(tuple(mesh.axis_names))
     return jax.shard_map(lambda x, e, *w: dispatch_dropless(x, e, w), mesh=mesh,
                          in_specs=(tok, tok, P(), P(), P()), out_specs=tok)(x, expert, *weights)
 
 
-def dispatch_reference(expert_fn: ExpertFn, x: jax.Array, expert: jax.Array, n_experts: int,
-                       cap: int, key: jax.Array | None = None, n_cells: int = 1) -> Dispatched:
-    """Slow, obviously correct twin of :func:`dispatch_sorted`: every expert computes every token;
-    a Python loop over experts keeps, in each cell of T / n_cells consecutive tokens, the ``cap``
-    tokens that chose it with the lowest ``key`` (ties, or no key: the earlier token), ranking
-    each token by counting the tokens of its cell that beat it ([T, T] comparisons)."""
-    T, k = expert.shape
-    all_out = expert_fn(jnp.broadcast_to(x[None], (n_experts,) + x.shape))   # [E, T, L]
-    out = jnp.zeros((T, k, x.shape[-1]), x.dtype)
-    kept = jnp.zeros((T, k), bool)
-    t = jnp.arange(T)
-    same_cell = (t[:, None] // (T // n_cells)) == (t[None, :] // (T // n_cells))   # [T, T]
-    for e in range(n_experts):
-        chose = expert == e                                    # [T, k]; at most one j per token
-        chose_token = jnp.any(chose, axis=-1)                  # [T]
-        # [T] each token's key for e (at most one of its k choices is e; others are masked)
-        s = (jnp.zeros(T, jnp.uint32) if key is None else
-             jnp.max(jnp.where(chose, key, jnp.uint32(0)), axis=-1))
-        # beats[t, u]: token u outranks token t for e (a lower key, or equal and earlier)
-        beats = (s[None, :] < s[:, None]) | ((s[None, :] == s[:, None])
-                                             & (t[None, :] < t[:, None]))
-        rank = jnp.sum(beats & same_cell & chose_token[None, :], axis=-1)   # [T] rank in cell
-        keep = chose & (chose_token & (rank < cap))[:, None]   # [T, k]
-        out = jnp.where(keep[..., None], all_out[e][:, None, :], out)
-        kept = kept | keep
-    return Dispatched(out, kept)
-
-
 def expert_mesh(n_tokens: int):
-    """The abstract mesh of the surrounding ``jax.set_mesh`` when the routed path should run
-    sharded over it (more than one device, an "expert" axis, tokens that split evenly), else
-    None: one device, or no mesh in context (then XLA/GSPMD partitions whatever it is given)."""
+    """The abstract mesh in context when the routed path runs sharded over it (an "expert" axis,
+    :func:`balance.rows_mesh`), else None."""
     mesh = balance.rows_mesh(n_tokens)
     return mesh if mesh is not None and "expert" in mesh.axis_names else None
 
 
 def split_batch(x: jax.Array) -> jax.Array:
     """``x`` [B, ...] constrained to its rows split over every device of the mesh in context
-    (batch over "data" x "expert"); unchanged without a mesh or when the devices do not divide B.
-    GSPMD propagates shardings from the weights too: the embedding gather from a vocab-split
-    table came out replicated, every device running the whole microbatch's dense layers (373 GiB
-    per device at 27.7B-A1.2B on 64 devices, ``ladder plan --compile``)."""
+    (unchanged without one, or when the devices do not divide B). Else GSPMD may follow the
+    weights: the embedding gather from a vocab-split table came out replicated (373 GiB per
+    device at 27.7B-A1.2B on 64 devices, ``ladder plan --compile``)."""
     mesh = balance.rows_mesh(x.shape[0])
     if mesh is None:
         return x
@@ -368,10 +309,9 @@ def split_batch(x: jax.Array) -> jax.Array:
 
 
 def compact_slots(s: Slots, n_experts: int, cap: int, n_cells: int) -> tuple[Slots, jax.Array]:
-    """The same assignments and drops as ``s``, with each expert's kept assignments moved to the
-    front of its row of the [E, n_cells * cap, L] buffer (cell after cell, in rank order) ->
-    (slots, filled [E]: kept rows of each expert). An exchange can then send each expert's
-    filled rows as one slice (:func:`exchange_ragged`)."""
+    """The same assignments and drops as ``s``, each expert's kept ones moved to the front of its
+    row of the [E, n_cells * cap, L] buffer (cell after cell, in rank order) -> (slots, filled
+    [E]: kept rows of each expert), so each expert's rows go as one slice (exchange_ragged)."""
     e = s.expert                                                           # [A] sorted order
     cell = jnp.where(s.kept, s.slot // cap, n_cells)                       # [A]; dropped: row n
     kept = jnp.zeros((n_cells + 1, n_experts), jnp.int32).at[cell, e].add(1)[:n_cells]
@@ -387,7 +327,6 @@ class Exchange(NamedTuple):
     ``there(buf, filled) -> [E/ep, ep * n, L]`` (local expert, then sender, then slot) and
     ``back(out, filled) -> [E, n, L]``; ``filled`` [E] counts the rows in use at the front of
     each expert's n (:func:`compact_slots`)."""
-    name: str
     there: Callable
     back: Callable
 
@@ -421,7 +360,7 @@ def exchange_dense(ep: int) -> Exchange:
         out = out.reshape(n_here, ep, n, L).transpose(1, 0, 2, 3).reshape(ep * n_here, n, L)
         return jax.lax.all_to_all(out, "expert", 0, 0, tiled=True)           # home: [E, n, L]
 
-    return Exchange("all_to_all", there, back)
+    return Exchange(there, back)
 
 
 def exchange_ragged(ep: int, a2a: Callable | None = None) -> Exchange:
@@ -443,7 +382,7 @@ def exchange_ragged(ep: int, a2a: Callable | None = None) -> Exchange:
         home = a2a(out.reshape(E * n, L), jnp.zeros((E * n, L), out.dtype), *sizes)
         return home.reshape(E, n, L)                                         # [E, n, L]
 
-    return Exchange("ragged_all_to_all", there, back)
+    return Exchange(there, back)
 
 
 # XLA:CPU has no ragged all-to-all ("HLO opcode ragged-all-to-all is not supported by XLA:CPU
@@ -452,8 +391,7 @@ RAGGED_BACKENDS = ("gpu", "tpu")
 
 
 def default_exchange(ep: int) -> Exchange:
-    """The exchange for this backend: ragged where XLA implements it (:data:`RAGGED_BACKENDS`),
-    else the dense all_to_all."""
+    """The exchange for this backend: ragged where XLA implements it, else dense."""
     return exchange_ragged(ep) if jax.default_backend() in RAGGED_BACKENDS else \
         exchange_dense(ep)
 
@@ -462,19 +400,16 @@ def routed_expert_parallel(cfg: ModelConfig, mesh, x: jax.Array, expert: jax.Arr
                            weight: jax.Array, seed, weights: tuple, seq: int,
                            exchange: Exchange | None = None) -> tuple[jax.Array, jax.Array]:
     """The routed path with capacity, and its combine, under ``jax.shard_map`` over ``mesh``:
-    tokens split over every device, expert weights over "expert" (dropless:
-    :func:`dispatch_dropless_sharded`). x [T, L], expert [T, k], weight [T, k] (combine
-    weights) -> (mixed [T, L], kept [T, k]).
+    tokens split over every device, expert weights over "expert". x [T, L], expert [T, k],
+    weight [T, k] (combine weights) -> (mixed [T, L], kept [T, k]).
 
-    Each device (a sender shard) cuts its t tokens into cells (:func:`cell_tokens`) with their
-    drop keys (:func:`drop_keys` of ``seed``: the same as one device's), fills C slots per
-    (cell, expert), each expert's kept rows first (:func:`compact_slots`), and ``exchange``
-    (default :func:`default_exchange`) sends each block of E/ep experts to the device holding
-    them and the outputs back. Slots gather straight from the tokens (an empty slot reads a zero
-    row) and outputs add straight into their tokens' rows times their combine weights: no
-    [t * k, L] array of the assignments, nor a zero-filled [E, n, L] buffer in the backward
-    pass, the largest buffers of the 27.7B-A1.2B step under XLA:CPU (docs/LOG.md). The sum over
-    a token's k outputs is taken in another order than :func:`combine`'s."""
+    Each device fills C slots per (cell, expert) of its own tokens (the drops one device would
+    make), kept rows first (:func:`compact_slots`), and ``exchange`` (default
+    :func:`default_exchange`) sends each block of E/ep experts to their device and the outputs
+    back. Slots gather straight from the tokens and outputs add straight into their tokens'
+    rows: no [t * k, L] array, nor a zero-filled [E, n, L] buffer in the backward pass, the
+    largest buffers of the 27.7B-A1.2B step under XLA:CPU (docs/LOG.md). The sum over a token's
+    k outputs is taken in another order than :func:`combine`'s."""
     E, ep = cfg.n_experts, mesh.shape["expert"]
     tok, wspec = P(tuple(mesh.axis_names)), P("expert")
     exchange = exchange or default_exchange(ep)
@@ -513,9 +448,8 @@ def swiglu(x, w_gate, w_up, w_down, spec_in: str, spec_out: str):
 
 
 class RoutedExperts(nn.Module):
-    """E SwiGLU experts latent -> F -> latent, weights with a leading E axis (the mesh's
-    "expert" axis shards it). ``weights()`` hands them to the dropless and expert-parallel
-    paths, which run outside the module."""
+    """E SwiGLU experts latent -> F -> latent, weights [E, ...] (the mesh's "expert" axis
+    shards E); ``weights()`` hands them to the paths that run outside the module."""
 
     cfg: ModelConfig
 
@@ -550,8 +484,7 @@ class SharedExperts(nn.Module):
         return swiglu(x, w_gate, w_up, w_down, "td,ndf->tnf", "tnf,nfd->td")
 
 
-# The name of the routed path's output [T, L] under remat (model/transformer.py's policies keep
-# it: the path recomputes its own buffers in the backward pass, recompute_at_backward).
+# The name of the routed path's output [T, L], which remat "dots" keeps (model/transformer.py)
 ROUTED_NAME = "moe_routed"
 
 
@@ -561,17 +494,11 @@ def combine(out: jax.Array, weight: jax.Array) -> jax.Array:
 
 
 def recompute_at_backward(fn: Callable) -> Callable:
-    """``fn`` whose backward pass recomputes it from its inputs, *after* its output's cotangent
-    exists: the forward keeps only the inputs, and the backward ties them to the cotangent
-    (:func:`after_cotangent`) before it runs ``jax.vjp(fn)``. The gradient is the same.
-
-    Why not ``jax.checkpoint`` alone: a recomputation that depends only on saved inputs may be
-    scheduled early, and XLA:CPU recomputed the routed path of every block of a scanned group at
-    the start of the backward pass (27.7B-A1.2B: ~17 GiB of dispatch buffers per block at the
-    peak; docs/LOG.md). Integer and boolean inputs and outputs pass through (float0 cotangents)."""
-    @jax.custom_vjp
-    def f(*args):
-        return fn(*args)
+    """``fn`` whose backward pass recomputes it from its inputs *after* its output's cotangent
+    exists (:func:`after_cotangent`); the same gradient. Not ``jax.checkpoint``: XLA:CPU ran
+    that recomputation of every block of a scanned group at the start of the backward pass
+    (27.7B-A1.2B: ~17 GiB of dispatch buffers per block at the peak; docs/LOG.md)."""
+    f = jax.custom_vjp(fn)
 
     def fwd(*args):
         return fn(*args), args
@@ -587,9 +514,8 @@ def recompute_at_backward(fn: Callable) -> Callable:
 
 def after_cotangent(ct, *arrays) -> tuple:
     """``arrays`` plus zero times one element of the cotangent ``ct`` (booleans as they are): a
-    data dependency that XLA keeps (x * 0 is not folded for floats: NaN * 0 is NaN), so what is
-    computed from them waits for the cotangent. An ``optimization_barrier`` was dropped by
-    XLA:CPU before scheduling, and the recomputation still ran first (docs/LOG.md)."""
+    data dependency XLA keeps (x * 0 is not folded for floats), so what is computed from them
+    waits for the cotangent (XLA:CPU dropped an ``optimization_barrier``; docs/LOG.md)."""
     real = [c for c in jax.tree.leaves(ct) if jnp.issubdtype(c.dtype, jnp.floating)]
     zero = real[0].reshape(-1)[0].astype(jnp.float32) * 0.0
     return tuple(a if a.dtype == jnp.bool_ else a + zero.astype(a.dtype) for a in arrays)
@@ -597,10 +523,8 @@ def after_cotangent(ct, *arrays) -> tuple:
 
 class MoE(nn.Module):
     """Router + routed experts in latent space + shared experts. Returns ``(y, aux)``.
-
-    ``dispatch`` is :func:`dispatch_sorted` (fast; under a multi-device mesh
-    :func:`routed_expert_parallel`; dropless: :func:`dispatch_dropless`, sharded by
-    :func:`dispatch_dropless_sharded`) or :func:`dispatch_reference` (tests)."""
+    ``dispatch``: :func:`dispatch_sorted` (with its sharded and dropless twins) or, in tests, a
+    reference with its signature."""
 
     cfg: ModelConfig
     dispatch: Callable = dispatch_sorted
@@ -675,14 +599,9 @@ def top_logits(logits: jax.Array, n: int) -> jax.Array:
 
 
 # ------------------------------------------------------------------ the balancing rules
-# One class per ladder.model.config.BiasRule member, in RULES: a rule's mergeable statistic of a
-# call's logits, how two statistics merge (devices, microbatches), its target bias and its update.
-# The functions below them (bias_stat ... empty_bias_stat) are what the model and trainer call.
-
-
 class BalancingRule:
-    """A rule without a statistic or a target (``none``): the bias stays as it is. The base of
-    the others: they override what they use."""
+    """One class per BiasRule member (:data:`RULES`). This base is ``none``: no statistic nor
+    target, the bias stays as it is; the others override what they use."""
 
     def stat(self, cfg: ModelConfig, logits: jax.Array, mesh, bias) -> jax.Array:
         """This call's share of the statistic [E, n] (here [E, 1] zeros: none is needed)."""
@@ -706,21 +625,19 @@ class BalancingRule:
         return router_bias
 
     def stat_width(self, cfg: ModelConfig, step_tokens: int) -> int:
-        """Numbers per expert the statistic holds for a step of ``step_tokens`` tokens, for the
-        memory plan (ladder/trainer/plan.py); the rules without one count 0."""
+        """Numbers per expert the statistic holds for a step of ``step_tokens`` tokens (for
+        ladder/trainer/plan.py)."""
         return 0
 
 
 class TargetRule(BalancingRule):
     """A rule that replaces the bias by its target, less the drift of the router weights.
 
-    ``router_step`` [n_layers, D, E]: this step's change of the router weights (new - old). The
-    target comes from this step's logits, but the next step routes with the updated router,
-    whose logits move by x . router_step; the part common to all tokens, the mean input
-    ``stats["moe/router_in"]`` [n_layers, D] times the step, is taken off (centred over
-    experts). Without it the bias lags one optimizer step behind: where one Adam step moves an
-    expert's logits further than their spread over tokens (small widths at the peak LR), every
-    token picks the same experts for 10-30 steps (issue 37 item 6)."""
+    ``router_step`` [n_layers, D, E] (new - old router weights) moves the next step's logits by
+    x . router_step; its part common to all tokens, the mean input ``stats["moe/router_in"]``
+    [n_layers, D] times the step, is taken off (centred over experts). Without it, where one
+    Adam step moves an expert's logits further than their spread over tokens (small widths at
+    the peak LR), every token picked the same experts for 10-30 steps (issue 37 item 6)."""
 
     def update(self, cfg, router_bias, stats, router_step):
         new = stats["moe/bias_target"]
@@ -733,7 +650,7 @@ class TargetRule(BalancingRule):
 
 class ThresholdRule(TargetRule):
     """Minus each expert's n-th largest raw logit over the step, n = T*k/E (:func:`threshold_n`),
-    from the top-n logits per expert [E, n], which merge by keeping the top-n of the union."""
+    centred; from the top-n logits per expert [E, n], which merge by keeping the top-n."""
 
     def stat(self, cfg, logits, mesh, bias):
         n = threshold_n(cfg, logits.shape[0])
@@ -766,9 +683,7 @@ class ThresholdRule(TargetRule):
         return -jnp.inf
 
     def target(self, cfg, stat):
-        # minus the n-th largest logit of each expert, centred to zero mean over experts (a
-        # common shift changes no top-k choice)
-        bias = -stat[..., -1]
+        bias = -stat[..., -1]              # centred: a common shift changes no top-k choice
         return bias - jnp.mean(bias, axis=-1, keepdims=True)
 
     def stat_width(self, cfg, step_tokens):
@@ -811,7 +726,6 @@ RULES: dict[BiasRule, BalancingRule] = {
 
 
 def balancing_rule(cfg: ModelConfig) -> BalancingRule:
-    """The behaviour of ``cfg.bias_rule``."""
     return RULES[cfg.bias_rule]
 
 
@@ -823,23 +737,12 @@ def bias_stat(cfg: ModelConfig, logits: jax.Array, mesh=None,
 
 
 def merge_bias_stat(cfg: ModelConfig, a: jax.Array, b: jax.Array) -> jax.Array:
-    """Two statistics of :func:`bias_stat` (any leading axes, e.g. layers) -> the statistic of
-    both token sets together, exactly."""
+    """:meth:`BalancingRule.merge` of two statistics (any leading axes, e.g. layers)."""
     return balancing_rule(cfg).merge(a, b)
 
 
 def bias_target_from_stat(cfg: ModelConfig, stat: jax.Array) -> jax.Array:
-    """[..., E, n] statistic -> the rule's target bias [..., E] (zeros for rules without one)."""
     return balancing_rule(cfg).target(cfg, stat)
-
-
-def threshold_bias(logits: jax.Array, top_k: int) -> jax.Array:
-    """The threshold rule's bias over one batch, computed directly: logits [T, E] -> [E], minus
-    each expert's n-th largest logit, n = T*k/E (floored, at least 1), so that exactly n tokens
-    clear its threshold; centred (a common shift changes no top-k choice)."""
-    n = max(1, (logits.shape[0] * top_k) // logits.shape[1])
-    bias = -top_logits(logits, n)[:, n - 1]                           # [E]
-    return bias - jnp.mean(bias)
 
 
 # The recipe's router statistics (Marin's grug MoE `_routing_stats`, marin-community/marin
@@ -866,13 +769,11 @@ def balance_loss(load: jax.Array, prob: jax.Array, top_k: int) -> jax.Array:
 
 def moe_stats(cfg: ModelConfig, logits: jax.Array, routing: Routing, kept: jax.Array,
               stat: jax.Array | None = None, bias: jax.Array | None = None) -> dict:
-    """Named statistics of one MoE layer (for logging and the bias rule; none is differentiated):
-    drop_frac (exact), load [E] (assignments per expert before dropping), prob [E] (mean
-    softmax(logits)), router_entropy (:func:`load_entropy`), router_z_loss (mean
-    logsumexp(logits)^2), balance_loss (:func:`balance_loss`: like the entropy a function of
-    ``load`` and ``prob``, which merge exactly, so trainer/step.py recomputes both for the whole
-    step), bias_stat (:func:`bias_stat` of ``logits`` and ``bias`` when not given) and
-    bias_target [E] (the rule's target from it)."""
+    """Named statistics of one MoE layer (none differentiated): drop_frac (exact), load [E]
+    (assignments per expert before dropping), prob [E] (mean softmax(logits)), router_entropy,
+    router_z_loss (mean logsumexp(logits)^2), balance_loss (entropy and balance loss are
+    functions of load and prob, which merge exactly: trainer/step.py recomputes them for the
+    step), bias_stat (of ``logits`` and ``bias`` when not given) and bias_target [E]."""
     logits = jax.lax.stop_gradient(logits)
     T, E = logits.shape
     A = T * cfg.top_k
@@ -894,9 +795,8 @@ def moe_stats(cfg: ModelConfig, logits: jax.Array, routing: Routing, kept: jax.A
 
 def update_router_bias(cfg: ModelConfig, router_bias: jax.Array, stats: dict,
                        router_step: jax.Array | None = None) -> jax.Array:
-    """The next step's router bias [n_layers, E] from this step's stats, by ``cfg.bias_rule``
-    (its class in :data:`RULES`). ``router_step`` [n_layers, D, E]: this step's change of the
-    router weights, taken off the target rules' target (:class:`TargetRule`)."""
+    """The next step's router bias [n_layers, E] from this step's stats by ``cfg.bias_rule``
+    (``router_step``: :class:`TargetRule`)."""
     new = balancing_rule(cfg).update(cfg, router_bias, stats, router_step)
     return jax.lax.stop_gradient(jnp.asarray(new, router_bias.dtype))
 

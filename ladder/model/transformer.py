@@ -1,20 +1,17 @@
 """The decoder and the functional API the trainer uses: init, apply, loss_fn, param_groups.
 
-Axis legend (as in ladder/model/config.py): B batch, S sequence, D model width, V vocab, E experts,
-N loss chunks, c positions per chunk. Einsum letters: b=B, s=S, d=D, v=V.
+Axis legend (as in ladder/model/config.py): B batch, S sequence, D model width, V vocab, E experts.
+Einsum letters: b=B, s=S, d=D, v=V.
 
 Parameter layout (nested dict of float32 arrays). Layers repeat the pattern [local] *
 (global_every - 1) + [global]; the ``cfg.n_groups`` whole repeats run under ``nn.scan`` (compile
-time does not grow with depth), their parameters stacked on a leading group axis:
-``groups/block_j/...`` [n_groups, ...] holds layer ``g * global_every + j`` at index g. The
-``n_layers % global_every`` layers after them are unrolled as ``layer_i/...`` (no group axis;
-routed-expert weights: [n_groups, E, L, F] and [E, L, F], :func:`expert_axis`). The router
-bias [n_layers, E] lives outside the params: an input of every call, never differentiated.
+time does not grow with depth): ``groups/block_j/...`` [n_groups, ...] holds layer
+``g * global_every + j`` at index g; the layers after them are unrolled as ``layer_i/...``. The
+router bias [n_layers, E] is an input of every call, never differentiated.
 
-Precision (``cfg.precision``): parameters are float32 masters; "bf16" runs each block's matmuls
-and activations in bfloat16 by casting its weights on read (norm scales and the router stay
-float32; the router logits, norm statistics, attention softmax and the loss are float32). "f32"
-casts nothing.
+Precision (``cfg.precision``): parameters are float32 masters; "bf16" casts each block's weights
+on read, except norm scales and the router (router logits, norm statistics, attention softmax
+and the loss are float32).
 """
 
 from __future__ import annotations
@@ -42,10 +39,9 @@ from ladder.model.moe import ROUTED_NAME, MoE, split_batch
 AUX_KEYS = ("drop_frac", "load", "prob", "router_entropy", "router_z_loss", "balance_loss",
             "bias_target", "bias_stat", "router_in")
 DTYPES = {"bf16": jnp.bfloat16, "f32": jnp.float32}
-# What a block keeps for the backward pass under remat "dots" (nn.remat): the outputs of the
-# weight matmuls (dots without batch dimensions) and the routed path's combined output [T, L]
-# (moe.ROUTED_NAME: that path recomputes itself late, moe.recompute_at_backward). Remat "full"
-# keeps only the block's input and recomputes the whole block late (call_block).
+# What a block keeps for the backward pass under remat "dots": the outputs of the weight matmuls
+# (dots without batch dimensions) and the routed path's output (moe.ROUTED_NAME; that path
+# recomputes itself late, moe.recompute_at_backward). Remat "full": call_block.
 REMAT_POLICIES = {"dots": jax.checkpoint_policies.save_from_both_policies(
     jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
     jax.checkpoint_policies.save_only_these_names(ROUTED_NAME))}
@@ -57,8 +53,7 @@ def compute_dtype(cfg: ModelConfig):
 
 
 def cast_params(tree, dtype):
-    """Every parameter in ``dtype`` except the norm scales and the router weight (float32
-    whatever the precision)."""
+    """Every parameter in ``dtype`` except the norm scales and the router weight."""
     if dtype == jnp.float32:
         return tree
     flat = flatten_dict(unfreeze(tree))
@@ -67,8 +62,8 @@ def cast_params(tree, dtype):
 
 
 class Block(nn.Module):
-    """RMSNorm -> attention -> residual, RMSNorm -> MoE -> residual. ``layer`` sets the layer's
-    kind (local/global); inside a scanned group it is the position in the group."""
+    """RMSNorm -> attention -> residual, RMSNorm -> MoE -> residual. ``layer``: the layer's index,
+    or in a scanned group its position (which sets local/global alike)."""
 
     cfg: ModelConfig
     layer: int
@@ -89,8 +84,8 @@ class Block(nn.Module):
 
 
 def _block_class(cfg: ModelConfig, *, in_scan: bool):
-    """Block with the precision cast (on read, so inside remat: recomputed, not stored) and the
-    remat policy of ``cfg`` applied."""
+    """Block with ``cfg``'s precision cast (on read, inside remat: recomputed, not stored) and
+    remat policy."""
     cls = Block
     dtype = compute_dtype(cfg)
     if dtype != jnp.float32:
@@ -104,17 +99,13 @@ def _block_class(cfg: ModelConfig, *, in_scan: bool):
 def call_block(cls, cfg: ModelConfig, layer: int, dropless: bool, name: str, x, bias,
                segment_ids):
     """``cls(cfg, layer, dropless, name=name)(x, bias, segment_ids)``; with remat "full" the
-    block keeps only its input and parameters and is recomputed in the backward pass once its
-    output's cotangent exists (moe.after_cotangent). ``nn.remat`` leaves the recomputation free
-    to run early, and XLA:CPU ran every block of a scanned group at once at the start of the
-    group's backward pass (27.7B-A1.2B: 53 GiB at the peak; docs/LOG.md)."""
+    block keeps only its input and parameters and is recomputed once its output's cotangent
+    exists (moe.after_cotangent): under ``nn.remat`` XLA:CPU ran every block of a scanned group
+    at the start of its backward pass (27.7B-A1.2B: 53 GiB at the peak; docs/LOG.md)."""
     block = cls(cfg, layer, dropless, name=name)
     if cfg.remat != "full":
         return block(x, bias, segment_ids)
     from ladder.model.moe import _DROP_SEED, after_cotangent, drop_order
-
-    def f(mdl, x, bias, segment_ids):
-        return mdl(x, bias, segment_ids)
 
     def fwd(mdl, x, bias, segment_ids):
         out = mdl(x, bias, segment_ids)
@@ -132,12 +123,13 @@ def call_block(cls, cfg: ModelConfig, layer: int, dropless: bool, name: str, x, 
         params_ct, x_ct, bias_ct = jax.vjp(run, params, x, bias)[1](ct)
         return {"params": params_ct}, x_ct, bias_ct, None
 
-    return nn.custom_vjp(f, forward_fn=fwd, backward_fn=bwd)(block, x, bias, segment_ids)
+    return nn.custom_vjp(lambda mdl, *args: mdl(*args), forward_fn=fwd,
+                         backward_fn=bwd)(block, x, bias, segment_ids)
 
 
 class Group(nn.Module):
-    """One repeat of the layer pattern: ``global_every`` blocks, the last one global.
-    (x, bias [global_every, E]) -> (x, aux stacked on a leading [global_every] axis)."""
+    """``global_every`` blocks, the last one global: (x, bias [global_every, E]) -> (x, aux
+    stacked on a leading [global_every] axis)."""
 
     cfg: ModelConfig
     dropless: bool = False
@@ -193,10 +185,8 @@ class Decoder(nn.Module):
 @lru_cache(maxsize=8)
 def _boxes(cfg: ModelConfig) -> dict:
     """Nested {name: Init(ShapeDtypeStruct, std)} (:class:`model.layers.Init`) from an abstract
-    trace of linen's init: nothing is allocated. Cached per config: tracing takes seconds, and a
-    run needs it for the shardings and again for the values (the boxes are immutable)."""
-    # in float32 without remat, on one token, so with no capacity cell: none of these changes a
-    # parameter's shape or init rule
+    trace of linen's init. Cached: tracing takes seconds, and a run needs it twice."""
+    # none of these changes a parameter's shape or init rule
     cfg = cfg.replace(precision="f32", remat="none", capacity_tokens=None)
 
     def boxed(key):
@@ -208,24 +198,23 @@ def _boxes(cfg: ModelConfig) -> dict:
 
 
 def init(cfg: ModelConfig, seed: int):
-    """-> (params, router_bias): params a nested dict of float32 arrays (shapes and init rules
-    from an abstract trace of the modules, values drawn with numpy by
-    ladder.model.layers.materialize), router_bias zeros [n_layers, n_experts]."""
+    """-> (params, router_bias): params a nested dict of float32 arrays drawn with numpy
+    (ladder.model.layers.materialize), router_bias zeros [n_layers, n_experts]."""
     return (materialize(_boxes(cfg), seed, partial(_unrolled_paths, cfg)),
             jnp.zeros((cfg.n_layers, cfg.n_experts), jnp.float32))
 
 
 def init_sharded(cfg: ModelConfig, seed: int, shardings):
-    """:func:`init`'s values placed with ``shardings`` (a params-shaped tree of shardings), each
-    process drawing only its own devices' shards (ladder.model.layers.materialize_sharded; the
-    27.7B-A1.2B model is 111 GB in float32). -> (params, router_bias zeros, not yet placed)."""
+    """:func:`init`'s values placed with ``shardings`` (a params-shaped tree), each process
+    drawing only its own devices' shards (the 27.7B-A1.2B model is 111 GB in float32); the
+    router bias is not placed."""
     return (materialize_sharded(_boxes(cfg), seed, shardings, partial(_unrolled_paths, cfg)),
             jnp.zeros((cfg.n_layers, cfg.n_experts), jnp.float32))
 
 
 def _unrolled_paths(cfg: ModelConfig, path: tuple[str, ...]):
-    """The paths the slices of a scanned parameter have when the layers are unrolled:
-    groups/block_j/... [G, ...] -> layer_{g * global_every + j}/... for g < G; None otherwise."""
+    """The unrolled paths of a scanned parameter's slices (groups/block_j/... [G, ...] ->
+    layer_{g * global_every + j}/...), so both layouts start alike; None if not scanned."""
     if path[0] != "groups":
         return None
     j = int(path[1].removeprefix("block_"))
@@ -246,21 +235,19 @@ def _hidden(cfg, params, router_bias, tokens, dropless, segment_ids):
 
 def apply(cfg: ModelConfig, params, router_bias, tokens, *, dropless: bool = False,
           segment_ids=None):
-    """tokens int32 [B, S] -> (logits float32 [B, S, V], aux): aux holds the MoE statistics of
-    every layer stacked on a leading layer axis (see ladder.model.moe.moe_stats). ``segment_ids``
-    [B, S] int32: tokens attend only within their segment (None: the row is one segment).
-    This builds the whole [B, S, V] logits; :func:`loss_fn` never does."""
+    """tokens int32 [B, S] -> (logits float32 [B, S, V], aux): every layer's moe.moe_stats on a
+    leading layer axis. ``segment_ids`` [B, S] int32: tokens attend only within their segment
+    (None: the row is one segment)."""
     h, aux = _hidden(cfg, params, router_bias, tokens, dropless, segment_ids)
     w = params["lm_head"].astype(h.dtype)
     return jnp.einsum("bsd,dv->bsv", h, w, preferred_element_type=jnp.float32), aux
 
 
 def lm_head_losses(h, lm_head, targets, chunk: int):
-    """Sums over positions of (logsumexp - target logit) and logsumexp^2, over chunks of
-    ``chunk`` positions (padded to whole chunks, masked): one [B, chunk, V] float32 block of
-    logits at a time, forward and (recomputed by jax.checkpoint) backward. h [B, S, D] (compute
-    dtype), lm_head [D, V] float32 (cast per chunk, so its gradient accumulates in float32),
-    targets [B, S] -> (ce_sum, lse_sq_sum) float32."""
+    """h [B, S, D], lm_head [D, V] float32 (cast per chunk: its gradient accumulates in float32),
+    targets [B, S] -> (ce_sum, lse_sq_sum) float32: sums of (logsumexp - target logit) and
+    logsumexp^2 over chunks of ``chunk`` positions, one [B, chunk, V] block of logits at a time
+    (jax.checkpoint recomputes it in the backward pass)."""
     B, S, D = h.shape
     c = min(chunk, S)
     n = -(-S // c)
@@ -293,14 +280,10 @@ def lm_head_losses(h, lm_head, targets, chunk: int):
 def loss_fn(cfg: ModelConfig, params, router_bias, tokens, targets, *, dropless: bool = False,
             segment_ids=None):
     """-> (loss, stats). loss = mean cross-entropy + z_loss * mean(logsumexp(logits)^2), the only
-    differentiated quantity (the router z-loss and the balance loss are for logging only). The LM
-    head and the cross-entropy run over chunks of ``cfg.loss_chunk`` positions
-    (:func:`lm_head_losses`): the [B, S, V] logits never exist.
-
-    stats: "ce", "z_loss" (the weighted term: loss = ce + z_loss), means over layers of the
-    moe.moe_stats scalars, the worst layer's max/mean expert load, and per-layer arrays [L, ...]
-    of the load, router probabilities, bias target and statistic and router mean input.
-    """
+    differentiated quantity (router z-loss and balance loss are logged only), over chunks of
+    ``cfg.loss_chunk`` positions (:func:`lm_head_losses`: no [B, S, V] logits). stats: "ce",
+    "z_loss" (the weighted term), means over layers of the moe.moe_stats scalars, the worst
+    layer's max/mean expert load, and per-layer arrays [L, ...]."""
     h, aux = _hidden(cfg, params, router_bias, tokens, dropless, segment_ids)
     ce_sum, sq_sum = lm_head_losses(h, params["lm_head"], targets, cfg.loss_chunk)
     n_pos = tokens.shape[0] * tokens.shape[1]
@@ -327,8 +310,7 @@ def loss_fn(cfg: ModelConfig, params, router_bias, tokens, targets, *, dropless:
 
 PARAM_GROUPS = ("embedding", "lm_head", "attention", "norms", "router", "latent",
                 "shared_experts", "routed_experts", "gated_norms", "convs", "head_gates")
-# The group of a parameter, looked up by its leaf name (the recipe's pieces, wherever they sit:
-# GatedNorm's two matrices, the short convolutions' kernels, the attention head gate), else by its
+# The group of a parameter: by its leaf name (the recipe's pieces, wherever they sit), else by its
 # top-level name, else by its part of a layer, else by its part of the layer's MoE.
 LEAF_GROUPS = {"gate_down": "gated_norms", "gate_up": "gated_norms", "k_conv": "convs",
                "out_conv": "convs", "moe_conv": "convs", "attn_gate": "head_gates"}
@@ -344,14 +326,11 @@ def stacked_axes(path: tuple[str, ...]) -> int:
     return 1 if path[0] == "groups" else 0
 
 
-def expert_axis(path: tuple[str, ...]) -> int:
-    """The E axis of a routed-expert weight: 1 under ``groups`` ([n_groups, E, ...]), else 0."""
-    return stacked_axes(path)
+expert_axis = stacked_axes   # a routed-expert weight's E axis comes right after its stack axes
 
 
 def param_group(path: tuple[str, ...]) -> str:
-    """The group (as in ladder/counting.py) of the parameter at ``path`` in the params dict.
-    The final norm belongs to "norms", as in ladder/counting.py (one scheme of groups)."""
+    """The group (as in ladder/counting.py) of the parameter at ``path`` in the params dict."""
     path = tuple(path)
     if path[-1] in LEAF_GROUPS:
         return LEAF_GROUPS[path[-1]]
@@ -368,8 +347,7 @@ OPTIONAL_GROUPS = ("gated_norms", "convs", "head_gates")   # only a model with t
 
 def param_groups(params) -> dict[str, list]:
     """{group: [leaf, ...]} for the groups of PARAM_GROUPS (empty list if a group has none),
-    except the recipe's optional groups, present only when the model has them (so a model
-    without them logs the metrics it always logged)."""
+    except the recipe's optional groups, present only when the model has them."""
     groups: dict[str, list] = {g: [] for g in PARAM_GROUPS}
     for path, leaf in flatten_dict(params).items():
         groups[param_group(path)].append(leaf)
