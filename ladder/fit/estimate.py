@@ -59,12 +59,10 @@ def fit_spec(df: pd.DataFrame, spec: Spec, config: FitConfig | None = None, *,
     config = config or FitConfig()
     if config.objective == "ols":
         return _fit_ols(df, spec, config, final_only=final_only)
-    bootstrap, level, seed = config.bootstrap, config.level, config.seed
-    params_column, delta, bandwidth = config.params_column, config.delta, config.bandwidth
-    prior = config.prior
+    level, delta, bandwidth, prior = config.level, config.delta, config.bandwidth, config.prior
     _check_prior(prior, spec)
     data, note = select_points(df, form, final_only)
-    cols = _required(data, form, params_column)
+    cols = _required(data, form, config.params_column)
     n, runs = len(data), data["run"].astype(str).to_numpy()
     uniq_runs = np.unique(runs)
     _check_enough(n, len(uniq_runs), spec)
@@ -95,18 +93,18 @@ def fit_spec(df: pd.DataFrame, spec: Spec, config: FitConfig | None = None, *,
     cov = _laplace_cov(model, u, prob, weights, sigma)
 
     boot_u, boot_info = None, {"replicates": 0}
-    if bootstrap > 0:
+    if config.bootstrap > 0:
         # every replicate inside law.json's range (|u| <= U_LIMIT): an unbounded one can run a
         # term off to e^-10^4, which predicts as the edge does but overflows exp() when read
-        boot_u, boot_info = _bootstrap(prob, runs, optima, bootstrap, seed,
+        boot_u, boot_info = _bootstrap(prob, runs, optima, config.bootstrap, config.seed,
                                        bounds=box if box is not None else prob.box())
 
     intervals = _intervals(spec, u, boot_u, cov, dof, level)
-    ident = _identifiability(spec, u, intervals, level, data, prior,
-                             have_interval=cov is not None or boot_u is not None, held=held)
     disp = {p.name: float(p.to_display(u[i])) for i, p in enumerate(form.params)}
     at_bound = {k: v for k, v in ((p.name, p.estimate_flag(disp[p.name])) for p in form.params
                                   if p.name in spec.free) if v}
+    ident = _identifiability(spec, disp, intervals, level, data, prior, at_bound, held,
+                             have_interval=cov is not None or boot_u is not None)
     diagnostics = {
         "objective": float(fbest),
         "huber_delta": delta,
@@ -350,30 +348,28 @@ def implausible_asymptote(E: float, lmin: float) -> str | None:
     return None
 
 
-def _identifiability(spec, u, intervals, level, data, prior, have_interval=True,
-                     held=None) -> dict:
+def _identifiability(spec, disp, intervals, level, data, prior, at_bound, held,
+                     have_interval) -> dict:
     """fit.identify.identifiability with this family's checks: a fit through its points, the
-    parameters ``held`` at the solver box's edge, and an implausible or flat asymptote."""
+    free parameters ``at_bound`` of their range or ``held`` at the solver box's edge, and an
+    implausible or flat asymptote (``disp``: the parameters, display space)."""
     form = spec.form
     lmin = float(data["loss"].min())
     # as many free parameters as points: every draw is the same law, a zero-width interval
     exact = len(data) + len(prior or {}) <= spec.n_free
     before = [f"the fit has no residual degrees of freedom ({len(data)} points, "
               f"{spec.n_free} free parameters): it passes through its points"] if exact else []
-    free = [p for p in form.params if p.name not in spec.fix and p.name not in spec.tie]
+    free = [p for p in form.params if p.name in spec.free]
     estimate = {}
     for p in free:
-        why = []
-        b = p.estimate_flag(float(p.to_display(u[form.names.index(p.name)])))
-        if b:
-            why.append(f"estimate {b}")
-        if p.name in (held or {}):
+        why = [f"estimate {at_bound[p.name]}"] if p.name in at_bound else []
+        if p.name in held:
             why.append(f"held at the {held[p.name]} of the solver's box (law.json's range, "
                        f"|u| <= {U_LIMIT:g}): the data do not pin it down")
         estimate[p.name] = why
     after = {}
-    if "E" in form.names and "E" not in spec.fix and "E" not in spec.tie:
-        E = float(form.param("E").to_display(u[form.names.index("E")]))
+    if "E" in spec.free:
+        E = disp["E"]
         lo, hi = intervals.get("E", [math.nan, math.nan])
         why = [bad] if (bad := implausible_asymptote(E, lmin)) else []
         if math.isfinite(lo) and math.isfinite(hi) and hi - lo > E_INTERVAL_MAX_FRACTION * lmin:
