@@ -125,18 +125,12 @@ def _log(x):
     return np.log(np.asarray(x, dtype=float))
 
 
-def _one(n):
-    return np.ones(n)
-
-
 def _feat_chinchilla(c):
-    n = len(c["N"])
-    return {"one": _one(n), "logN": _log(c["N"]), "logD": _log(c["tokens"])}
+    return {"one": np.ones(len(c["N"])), "logN": _log(c["N"]), "logD": _log(c["tokens"])}
 
 
 def _feat_compute(c):
-    n = len(c["compute"])
-    return {"one": _one(n), "logC": _log(c["compute"])}
+    return {"one": np.ones(len(c["compute"])), "logC": _log(c["compute"])}
 
 
 def _feat_trajectory(c):
@@ -148,13 +142,12 @@ def _feat_trajectory(c):
     # held below ``fraction_floor`` (the smallest fitted fraction): no data constrains 1/g there
     floor = c.get("fraction_floor")
     r1 = 1.0 / (g if floor is None else np.maximum(g, floor)) - 1.0
-    return {"one": _one(len(g)), "logCT": logCT, "neglogg": -np.log(g), "r1": r1,
+    return {"one": np.ones(len(g)), "logCT": logCT, "neglogg": -np.log(g), "r1": r1,
             "q1": one_minus, "q2": one_minus ** 2}
 
 
 def _feat_moe(c):
-    n = len(c["active_params"])
-    return {"one": _one(n), "logNa": _log(c["active_params"]),
+    return {"one": np.ones(len(c["active_params"])), "logNa": _log(c["active_params"]),
             "logSparsity": _log(c["params"]) - _log(c["active_params"]),
             "logD": _log(c["tokens"])}
 
@@ -284,9 +277,7 @@ CURVES_FORMS = tuple(name for name, make in FORMS.items() if make().curves)
 
 
 def get_form(name: str) -> Form:
-    if name not in FORMS:
-        raise KeyError(name)
-    return FORMS[name]()
+    return FORMS[name]()  # an unknown name: KeyError
 
 
 # ----------------------------------------------------------------------------- the registry
