@@ -70,15 +70,13 @@ class LawResult:
         DataFrame on its index with ``loss``, ``lo`` and ``hi``. ``extra_log_sigma``: a log sd
         added to the band in quadrature; ``extrapolation``: the band holds the law's own
         extrapolation error outside its runs."""
+        kw = {"level": level, "extra_log_sigma": extra_log_sigma, "extrapolation": extrapolation}
         frame = _as_frame(query)
         if frame is not None:
-            return self._predict_frame(frame, level=level, extra_log_sigma=extra_log_sigma,
-                                       extrapolation=extrapolation, **fields)
-        p = self._predict(Query.of(query, **fields), level=level,
-                          extra_log_sigma=extra_log_sigma, extrapolation=extrapolation)
-        return _no_0d(p)
+            return self._predict_frame(frame, kw, **fields)
+        return _no_0d(self._predict(Query.of(query, **fields), **kw))
 
-    def _predict_frame(self, frame, *, level, extra_log_sigma, extrapolation, **fields):
+    def _predict_frame(self, frame, kw, **fields):
         import pandas as pd
         names = [f.name for f in dataclasses.fields(Query)]
         given = {c: frame[c].to_numpy() for c in frame.columns if c in names}
@@ -86,8 +84,7 @@ class LawResult:
             raise InputError(f"the DataFrame has none of the query's columns ({', '.join(names)})"
                              f"; it has {', '.join(map(str, frame.columns)) or 'none'}",
                              field="query")
-        p = self._predict(Query.of(None, **{**given, **fields}), level=level,
-                          extra_log_sigma=extra_log_sigma, extrapolation=extrapolation)
+        p = self._predict(Query.of(None, **{**given, **fields}), **kw)
         n = len(frame)
         cols = {k: np.broadcast_to(np.asarray(getattr(p, k), dtype=float), (n,))
                 for k in ("loss", "lo", "hi")}
