@@ -398,8 +398,7 @@ class Model:
         self.feats = feats
         self.n = len(next(iter(feats.values())))
         idx = {p.name: i for i, p in enumerate(form.params)}
-        self.kinds = np.array([p.kind for p in form.params])
-        self.positive = self.kinds == "positive"
+        self.positive = np.array([p.kind == "positive" for p in form.params])
         self._ones = feats["one"]
         # per term: list of (param index, feature vector, multiplier)
         self.terms = [[(idx[e.param], feats[e.feature], e.multiplier) for e in t]

@@ -290,8 +290,7 @@ def _read_block(block: dict, unc: dict, prefix: str, form: str, metric: str,
     except InputError as e:  # a prior with sd <= 0, or on a fixed parameter
         raise InputError(str(e).removeprefix("field 'prior': "), path=where,
                          field=prefix + "fit.prior") from None
-    return {"spec": spec, "u": u, "config": config,
-            "spread": spread,
+    return {"spec": spec, "u": u, "config": config, "spread": spread,
             "intervals": _intervals(unc.get("intervals"), where, prefix)}
 
 
@@ -315,8 +314,7 @@ def _read_spread(unc: dict, spec: Spec, where: str, prefix: str) -> dict:
         raise bad("covariance_free", "expected variances >= 0 on the diagonal")
     sigma, dof = unc.get("sigma_log"), unc.get("dof")
     for name, v in (("sigma_log", sigma), ("dof", dof)):
-        if v is not None and (isinstance(v, bool) or not (isinstance(v, (int, float))
-                                                           and math.isfinite(v))):
+        if v is not None and not _finite(v):
             raise bad(name, "expected a finite number or null")
         if v is not None and v < 0:  # a negative sd gives a nonsense (inverted) band
             raise bad(name, f"must be >= 0, got {v!r}")
