@@ -81,8 +81,7 @@ def fit_spec(df: pd.DataFrame, spec: Spec, config: FitConfig | None = None, *,
     pol_best = int(np.argmin(np.where(np.isfinite(pol.f), pol.f, np.inf)))
     best = order[0]
     u = spec.to_u(phi)
-    logfit = model.log_predict(u[None])[0]
-    resid = logy - logfit
+    resid = logy - model.log_predict(u[None])[0]
     # distinct local optima within 10% of the best (warm starts of the bootstrap replicates)
     near10 = order[:400][res.f[order[:400]] <= fbest * 1.1]
     optima = _distinct(res.x[near10], res.f[near10], phi)
@@ -284,7 +283,6 @@ class OlsFit:
 def _fit_ols(df, spec, config, *, final_only):
     """The real ladder's fit: OLS of log(L - E) on log C with E fixed and the Student-t
     interval (n - 2 dof) its team asked for; log A = intercept, alpha = -slope."""
-    level = config.level
     data, note = select_points(df, spec.form, final_only)
     cols = _required(data, spec.form, config.params_column)
     E = float(spec.fix["E"])
@@ -296,10 +294,7 @@ def _fit_ols(df, spec, config, *, final_only):
     if n < 2:
         raise InputError(f"{n} point cannot determine the 2 ols parameters (log A, alpha)",
                          field="form")
-    logC = np.log(cols["compute"])
-    y = np.log(L - E)
-    X = np.column_stack([np.ones(n), logC])
-    fit = ols(y, X)
+    fit = ols(np.log(L - E), np.column_stack([np.ones(n), np.log(cols["compute"])]))
     b0, b1 = (float(v) for v in fit.params)
     D = np.diag([1.0, -1.0])                      # (log A, slope) -> (log A, alpha)
     dof = float(fit.df_resid) if fit.df_resid > 0 else None
@@ -308,7 +303,7 @@ def _fit_ols(df, spec, config, *, final_only):
     u = spec.to_u(np.array([b0, -b1]))
     intervals = {"E": [E, E]}
     if dof:
-        ci = np.asarray(fit.conf_int(alpha=1 - level))
+        ci = np.asarray(fit.conf_int(alpha=1 - config.level))
         intervals["A"] = [float(np.exp(ci[0, 0])), float(np.exp(ci[0, 1]))]
         intervals["alpha"] = [float(-ci[1, 1]), float(-ci[1, 0])]
     else:
