@@ -54,9 +54,10 @@ class KnownLaw:
                 "uncertainty": {"method": "bootstrap", "level": 0.9,
                                 "intervals": {"E": [1.45, 1.55], "A": [17.0, 21.0],
                                               "alpha": [0.095, 0.105]}},
-                "diagnostics": {"backtests": {"rollout": [
-                    {"held_out": "103K-A47.8K", "rel_error": 0.004},
-                    {"held_out": "170K-A82.1K", "rel_error": -0.006}]}}}
+                "diagnostics": {"backtest": {"folds": [
+                    {"train_runs": 2, "held_out": ["103K-A47.8K"], "final_rel_err": [0.004]},
+                    {"train_runs": 3, "held_out": ["170K-A82.1K"],
+                     "final_rel_err": [-0.006]}]}}}
 
 
 def _write_run(root: Path, rung, *, scale=1.0, upto=1.0, status="complete", spike_at=None):
@@ -230,21 +231,17 @@ def test_not_applicable_spans_and_backtests(tmp_path):
     # the watcher stops comparing once the forecast no longer applies: one span, to the end
     assert not_applicable_spans(inp) == [(0.25, 1.0)]
     meta = KnownLaw().to_json()
-    assert backtests(meta) == [{"kind": "rollout", "label": "103K-A47.8K", "rel_error": 0.004},
-                               {"kind": "rollout", "label": "170K-A82.1K", "rel_error": -0.006}]
-    # the fitter's own layout: folds with parallel held_out / final_rel_err lists
+    assert backtests(meta) == [
+        {"kind": "fit on 2 runs", "label": "103K-A47.8K", "rel_error": 0.004},
+        {"kind": "fit on 3 runs", "label": "170K-A82.1K", "rel_error": -0.006}]
+    # the fitter's folds: parallel held_out / final_rel_err lists, several runs held out
     folds = {"diagnostics": {"backtest": {"folds": [
         {"train_runs": 2, "held_out": ["cpu/a"], "final_rel_err": [0.01]},
         {"train_runs": 3, "held_out": ["cpu/b", "cpu/c"], "final_rel_err": [-0.02, 0.03]}]}}}
     assert [(r["kind"], r["label"], r["rel_error"]) for r in backtests(folds)] == [
         ("fit on 2 runs", "cpu/a", 0.01), ("fit on 3 runs", "cpu/b", -0.02),
         ("fit on 3 runs", "cpu/c", 0.03)]
-    assert backtests({"diagnostics": {"backtest_leave_largest_out": {"r4": {"rel_error": 0.01}}}}
-                     ) == [{"kind": "backtest_leave_largest_out/r4", "label": "",
-                            "rel_error": 0.01}]
     assert param_intervals(meta)["alpha"] == (0.095, 0.105)
-    assert param_intervals({"uncertainty": {"params": {"E": {"lo": 1, "hi": 2}}}}) == {
-        "E": (1.0, 2.0)}
 
 
 def test_cli_report_and_bad_input(tmp_path, ladder_dir, capsys):

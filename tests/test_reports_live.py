@@ -90,7 +90,13 @@ def test_live_page_refreshes_as_points_and_alerts_arrive(artifacts, tmp_path, ch
             _drawn(page, 2)
 
     page = LivePage.for_files(prereg=prereg, alerts=alerts, target_run=run, port=0,
-                              poll_ms=300, before_state=arrive, redraw_s=0)
+                              poll_ms=300, redraw_s=0)
+    body = page.body  # /state.json's answer: the run goes on just before it
+
+    def arrive_then_body():
+        arrive()
+        return body()
+    page.body = arrive_then_body
     try:
         with urllib.request.urlopen(page.url + "state.json", timeout=10) as r:  # first look
             first = json.loads(r.read())

@@ -122,12 +122,10 @@ def allocation(inp: ReportInputs):
         return None
     arr = np.log(np.asarray(pts, float))
     lc = arr[:, 0]
-    coefs = []
-    for j in range(1, 4):
-        if len(np.unique(lc)) >= 2:
-            coefs.append(np.polyfit(lc, arr[:, j], 1))
-        else:  # one point: keep the ratio fixed, N and D each ~ C^0.5
-            coefs.append(np.array([0.5, arr[0, j] - 0.5 * lc[0]]))
+    if len(np.unique(lc)) >= 2:
+        coefs = [np.polyfit(lc, arr[:, j], 1) for j in range(1, 4)]
+    else:  # one point: keep the ratio fixed, N and D each ~ C^0.5
+        coefs = [np.array([0.5, arr[0, j] - 0.5 * lc[0]]) for j in range(1, 4)]
 
     def at(compute):
         x = np.log(np.asarray(compute, float))
@@ -201,8 +199,7 @@ def _rung_law(inp: ReportInputs, run: RunData, whole: bool, grid: np.ndarray):
     s = run.series(inp.metric)
     ok = np.isfinite(s.fraction) & (s.fraction > 0)
     if not whole:  # a law of final points is judged at final points only
-        ok &= s.fraction >= 0.999
-        ok &= run.status == "complete"
+        ok &= (s.fraction >= 0.999) & (run.status == "complete")
     at = np.unique(np.concatenate([grid, s.fraction[ok]]))
     p = law_along_run(inp, run, at) if len(at) else None
     if p is None:
@@ -301,45 +298,22 @@ def ladder_data(inp: ReportInputs) -> LadderData | None:
 
 def backtests(law_meta: dict) -> list[dict]:
     """Backtest rows ``{kind, label, rel_error}`` (predicted / actual - 1 at the held-out run's
-    final point) of law.json's diagnostics: the fitter's ``backtest.folds`` (parallel lists
-    ``held_out``, ``final_rel_err``), else any entry with a relative error and a run name."""
+    final point) of law.json's ``diagnostics.backtest.folds`` (parallel lists ``held_out``,
+    ``final_rel_err``, as ``ladder fit`` writes them)."""
     diag = law_meta.get("diagnostics") if isinstance(law_meta, dict) else None
-    if not isinstance(diag, dict):
-        return []
-    bt = diag.get("backtest")
-    if isinstance(bt, dict) and isinstance(bt.get("folds"), list):
-        rows = []
-        for f in bt["folds"]:
-            if not isinstance(f, dict):
-                continue
-            names, errs = f.get("held_out") or [], f.get("final_rel_err") or []
-            names = names if isinstance(names, list) else [names]
-            errs = errs if isinstance(errs, list) else [errs]
-            for name, err in zip(names, errs, strict=False):
-                if isinstance(err, (int, float)) and math.isfinite(err):
-                    rows.append({"kind": f"fit on {f.get('train_runs', '?')} runs",
-                                 "label": str(name), "rel_error": float(err)})
-        return rows
-    rows: list[dict] = []
-    err_keys = ("rel_error", "relative_error", "rel_err", "error")
-    name_keys = ("held_out", "run", "target", "name", "heldout", "predict")
-
-    def visit(obj, kind: str):
-        if isinstance(obj, list):
-            for x in obj:
-                visit(x, kind)
-        elif isinstance(obj, dict):
-            err = next((obj[k] for k in err_keys if isinstance(obj.get(k), (int, float))), None)
-            if err is not None:
-                label = next((obj[k] for k in name_keys if isinstance(obj.get(k), (str, int))), "")
-                rows.append({"kind": kind, "label": str(label), "rel_error": float(err)})
-                return
-            for k, v in obj.items():
-                visit(v, f"{kind}/{k}" if kind else k)
-
-    for key, val in diag.items():
-        if "backtest" in key.lower():
-            visit(val, "" if key.lower() == "backtests" else key)
+    bt = diag.get("backtest") if isinstance(diag, dict) else None
+    folds = bt.get("folds") if isinstance(bt, dict) else None
+    rows = []
+    for f in folds if isinstance(folds, list) else []:
+        if not isinstance(f, dict):
+            continue
+        names, errs = f.get("held_out") or [], f.get("final_rel_err") or []
+        names = names if isinstance(names, list) else [names]
+        errs = errs if isinstance(errs, list) else [errs]
+        for name, err in zip(names, errs, strict=False):
+            if isinstance(err, (int, float)) and math.isfinite(err):
+                rows.append({"kind": f"fit on {f.get('train_runs', '?')} runs",
+                             "label": str(name), "rel_error": float(err)})
     return rows
 
 
@@ -354,10 +328,8 @@ def form_comparison(law_meta: dict) -> list[str]:
             continue
         e = c.get("rollout_mean_abs_final")
         mark = " (chosen)" if c.get("form") == auto.get("chosen") else ""
-        if isinstance(e, (int, float)):
-            out.append(f"{c.get('form')}: {100 * e:.2f}%{mark}")
-        else:
-            out.append(f"{c.get('form')}: n/a{mark}")
+        out.append(f"{c.get('form')}: "
+                   + (f"{100 * e:.2f}%" if isinstance(e, (int, float)) else "n/a") + mark)
     return out
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ladder.fit.prediction import Prediction
-from ladder.io import EX_NOINPUT, InputError, as_float, iter_jsonl, read_json
+from ladder.io import EX_NOINPUT, InputError, as_float, iter_jsonl, read_json, sha256_of
 from ladder.predict.prereg_view import ForecastBand, band_level, forecast_band, target_of
 from ladder.sources.runs import RunDir, find_run_dirs, read_run
 
@@ -61,28 +61,21 @@ class RunData(RunDir):
         return cache[key]
 
     def _series(self, key: str) -> Series:
-        step, frac, tok, val = [], [], [], []
-        steps = self.steps
-        planned = self.planned_tokens
+        out = []
+        steps, planned = self.steps, self.planned_tokens
         for r in self.rows:
             v = as_float(r.get(key))
             if v is None or not math.isfinite(v):
                 continue
-            s = as_float(r.get("step"))
-            g = as_float(r.get("progress"))
-            t = as_float(r.get("tokens"))
+            s, g, t = (as_float(r.get(k)) for k in ("step", "progress", "tokens"))
             if g is None and s is not None and steps:
                 g = s / steps
             if t is None and g is not None and planned:
                 t = g * planned
             if g is None and t is not None and planned:
                 g = t / planned
-            step.append(np.nan if s is None else s)
-            frac.append(np.nan if g is None else g)
-            tok.append(np.nan if t is None else t)
-            val.append(v)
-        return Series(np.array(step, float), np.array(frac, float), np.array(tok, float),
-                      np.array(val, float))
+            out.append((s, g, t, v))  # None: NaN
+        return Series(*np.array(out, float).reshape(-1, 4).T.copy())
 
     def nonfinite_steps(self, key: str) -> list[float]:
         """Steps where ``key`` was logged as NaN/Inf (a diverging run says so this way)."""
@@ -160,13 +153,12 @@ class LawView:
                 p = self.obj.predict(level=level or self.level, **kw,
                                      **({} if schedule is None else {"schedule": schedule}))
             shape = np.broadcast(*kw.values()).shape if kw else ()
-            out = Prediction(*(np.broadcast_to(np.asarray(getattr(p, a), float), shape).copy()
-                               for a in ("loss", "lo", "hi")),
-                             level=float(getattr(p, "level", level or self.level)))
+            return Prediction(*(np.broadcast_to(np.asarray(getattr(p, a), float), shape).copy()
+                                for a in ("loss", "lo", "hi")),
+                              level=float(getattr(p, "level", level or self.level)))
         except Exception as e:  # noqa: BLE001 -- any failure of the law is shown, not raised
             self.error = f"law.predict failed: {type(e).__name__}: {e}"
             return None
-        return out
 
     @property
     def is_curve(self) -> bool:
@@ -187,14 +179,10 @@ def load_law(law: Any) -> LawView | None:
     path = Path(law)
     meta = read_json(path, schema="law")
     view = LawView(meta=meta, path=path)
-    try:  # fit never imports JAX; imported lazily so a report without a law does not need it
+    try:  # imported here: a report without a law loads no scipy
         from ladder.fit import load_law as fit_load_law
-    except ImportError as e:
-        view.error = f"fit.load_law is not available ({e}); the fitted curve cannot be drawn"
-        return view
-    try:
         view.obj = fit_load_law(path)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - the law is shown from its JSON, the failure noted
         view.error = f"fit.load_law({path.name}) failed: {type(e).__name__}: {e}"
     return view
 
@@ -205,7 +193,6 @@ def load_law(law: Any) -> LawView | None:
 def law_differs(law: LawView, prereg: dict, where=None) -> str | None:
     """A note when the law drawn is not the one the pre-registration embeds (issue 26); None
     when it is."""
-    from ladder.io import sha256_of
     registered = prereg.get("law_sha256")
     shas = {sha256_of(law.meta)}
     if law.obj is not None and hasattr(law.obj, "to_json"):
@@ -219,11 +206,6 @@ def law_differs(law: LawView, prereg: dict, where=None) -> str | None:
     return (f"the law drawn ({name}, sha256 {sha256_of(law.meta)[:12]}...) is not the one the "
             f"pre-registration {Path(str(where)).name if where else ''} embeds (law_sha256 "
             f"{str(registered)[:12]}...): its curve is not what the band was registered from")
-
-
-def load_alerts(path: str | os.PathLike) -> list[dict]:
-    """alerts.jsonl rows (tolerant reader: partial last line and corrupt lines skipped)."""
-    return [row for _, row in iter_jsonl(path)]
 
 
 # ----------------------------------------------------------------------------- all inputs
@@ -360,16 +342,17 @@ def load_inputs(runs=None, law=None, prereg=None, alerts=None, target_run=None,
     else:
         notes.append("no pre-registration given (--prereg): no forecast band, no watch plot")
 
-    if law_view is not None and prereg_obj and isinstance(prereg_obj.get("law_sha256"), str):
-        note = law_differs(law_view, prereg_obj, prereg)
-        if note:
-            notes.append(note)
+    if law_view is not None and prereg_obj and isinstance(prereg_obj.get("law_sha256"), str) \
+            and (note := law_differs(law_view, prereg_obj, prereg)):
+        notes.append(note)
 
     alert_rows = None
     if alerts is not None:
         if isinstance(alerts, (str, os.PathLike)):
             if Path(alerts).exists() or Path(alerts).is_symlink():
-                alert_rows = load_alerts(alerts)  # a FIFO or a device: refused, one line
+                # tolerant: a partial last line and corrupt lines are skipped; a FIFO or a
+                # device is refused, one line
+                alert_rows = [row for _, row in iter_jsonl(alerts)]
             else:  # the watcher may write the file only when something fires
                 alert_rows = []
                 notes.append(f"alerts file {alerts} does not exist: read as no alerts")
@@ -381,9 +364,7 @@ def load_inputs(runs=None, law=None, prereg=None, alerts=None, target_run=None,
     # The target: --target-run, else the run named like the pre-registration's target, else the
     # one run whose rung spec says is_target.
     target = None
-    tname = None
-    if prereg_obj and isinstance(prereg_obj.get("target"), dict):
-        tname = prereg_obj["target"].get("name")
+    tname = target_of(prereg_obj).get("name") if prereg_obj else None
     if target_run is not None:
         target = load_run(target_run)
         tpath = target.path.resolve()
@@ -391,11 +372,8 @@ def load_inputs(runs=None, law=None, prereg=None, alerts=None, target_run=None,
     else:
         named = [r for r in all_runs if tname and _same_run(r, str(tname))]
         flagged = [r for r in all_runs if r.is_target]
-        pick = named or (flagged if len(flagged) == 1 else [])
-        if pick:
-            target = pick[0]
-            all_runs = [r for r in all_runs if r is not target]
-    all_runs = [r for r in all_runs if not r.is_target or r is target]
+        target = (named or (flagged if len(flagged) == 1 else [None]))[0]
+    all_runs = [r for r in all_runs if r is not target and not r.is_target]
     if target is None and (prereg_obj is not None or alerts is not None):
         notes.append(f"no target run found (looked for {tname!r} in --runs; or pass --target-run)")
 

@@ -1,21 +1,18 @@
 """The live page: the watch chart, the verdict and the alerts, served on 127.0.0.1 and refreshed in
 the browser as points and alerts arrive (`ladder watch --serve`, `ladder report --serve`).
 
-Standard library only (``http.server``), no external assets: ``/`` is one HTML page whose few
-lines of JavaScript poll ``/state.json`` every ``poll_ms`` and redraw the verdict and the alerts
-table when its ``version`` changes. The chart is the report's own figure (``plots.plot_watch``;
-``metrics.plot_metrics`` for a multi-metric watch) as a PNG (``/chart.png``), drawn in one thread
-only when the version changed, at most once per ``REDRAW_S``; a poll answers cached bytes.
-
+Standard library only (``http.server``), no external assets: ``/`` is one HTML page whose
+JavaScript polls ``/state.json`` every ``poll_ms`` and redraws when its ``version`` changes;
+``/chart.png`` is the report's own figure (``plots.plot_watch``; ``metrics.plot_metrics`` for a
+multi-metric watch), drawn in one thread only for a new version, at most once per ``REDRAW_S``.
 Two feeds: :meth:`LivePage.for_watcher` folds the batches a running watcher judges into
-:class:`Downsampled` series (the metrics file is never read again), so memory and a drawing stay
-bounded however many lines a 100-day run logs; :meth:`LivePage.for_files` (`report --serve`)
-re-reads the report's inputs when one of them changes.
+:class:`Downsampled` series (memory bounded over a 100-day run; the metrics file is never read
+again); :meth:`LivePage.for_files` (`report --serve`) re-reads the report's inputs on a change.
 
-The server binds a loopback address and answers only one loopback ``Host`` header (with this
-page's port; else 403, against DNS rebinding), from a bounded pool of threads, and a request head
-must arrive whole within ``HEAD_DEADLINE_S`` (a deadline, not a timeout per read: clients
-trickling a byte every 2 s held every worker, issue 39).
+The server binds a loopback address, answers only one loopback ``Host`` header with this page's
+port (else 403, against DNS rebinding) from a bounded pool of threads, and a request head must
+arrive whole within ``HEAD_DEADLINE_S`` (a deadline, not a timeout per read: clients trickling a
+byte every 2 s held every worker, issue 39).
 """
 
 from __future__ import annotations
@@ -153,8 +150,7 @@ class Downsampled:
         order = np.argsort(xs, kind="stable")
         xs, ys = xs[order], ys[order]
         if len(xs) > 1:
-            keep = np.ones(len(xs), bool)
-            keep[1:] = (xs[1:] != xs[:-1]) | (ys[1:] != ys[:-1])
+            keep = np.r_[True, (xs[1:] != xs[:-1]) | (ys[1:] != ys[:-1])]
             xs, ys = xs[keep], ys[keep]
         return xs, ys
 
@@ -206,12 +202,11 @@ class LivePage:
     """Serve the page of ``state()`` (:func:`_answer`'s dict) on ``host:port`` (0: a free port).
     ``version()`` is a cheap fingerprint of what the state shows: the state is rebuilt only when
     it changes, and its chart drawn in the page's drawing thread, at most once per
-    ``redraw_s``. ``before_state`` (tests) runs before each ``/state.json`` is answered."""
+    ``redraw_s``."""
 
     def __init__(self, state: Callable[[], dict], version: Callable[[], Hashable], *,
                  port: int = 0, host: str = "127.0.0.1", poll_ms: int = 2000,
-                 title: str = "ladder: live watch",
-                 before_state: Callable[[], None] | None = None, redraw_s: float = REDRAW_S):
+                 title: str = "ladder: live watch", redraw_s: float = REDRAW_S):
         if not (isinstance(port, int) and 0 <= port <= 65535):
             raise InputError(f"must be in 0..65535, got {port!r}", field="--port",
                              exit_code=EX_USAGE)
@@ -220,9 +215,7 @@ class LivePage:
                              f"address (127.0.0.1, localhost, ::1), got {str(host)[:60]!r}",
                              field="--host", exit_code=EX_USAGE)
         self.state_of, self.version, self.poll_ms = state, version, int(poll_ms)
-        self.title = title
-        self.before_state = before_state
-        self.redraw_s = redraw_s
+        self.title, self.redraw_s = title, redraw_s
         self._lock = threading.Lock()
         self._key: Hashable = object()
         self._n = 0
@@ -241,11 +234,8 @@ class LivePage:
             raise InputError(f"cannot serve on {host}:{port} ({e.strerror or e})",
                              field="--port", exit_code=EX_USAGE) from None
         self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-        self.drawer = threading.Thread(target=self._draw_loop, daemon=True,
-                                       name="live-page-chart")
-        self.drawer.start()
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        threading.Thread(target=self._draw_loop, daemon=True, name="live-page-chart").start()
 
     @property
     def url(self) -> str:
@@ -678,8 +668,6 @@ def _handler(page: LivePage):
                 if path in ("/", "/index.html"):
                     return self._send(200, page.page(), "text/html; charset=utf-8")
                 if path == "/state.json":
-                    if page.before_state is not None:
-                        page.before_state()
                     return self._send(200, page.body(), "application/json")
                 if path == "/chart.png" and page.chart() is not None:
                     return self._send(200, page.chart(), "image/png")

@@ -44,8 +44,7 @@ def plot_metrics(inp: ReportInputs):
                 ax.set_ylim(np.nanmin(ys) - pad, np.nanmax(ys) + pad)
         for a in p.alerts:
             g = alert_fraction(a, inp)
-            if g is not None and a.get("severity") in SEVERITY_COLORS and \
-                    a.get("severity") != "info":
+            if g is not None and a.get("severity") in ("warn", "critical"):
                 ax.axvline(g, color=SEVERITY_COLORS[a["severity"]], lw=1.2, alpha=0.8)
         res = "no evals" if not math.isfinite(p.residual) else f"{p.residual:+.2%}"
         tone = SEVERITY_COLORS.get(p.worst or "", "#222222")

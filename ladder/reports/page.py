@@ -74,13 +74,14 @@ def verdict_lines(inp: ReportInputs) -> tuple[list[str], str]:
         step = inp.target.summary.get("step")
         lines.append(f"{name} {inp.target.status} at step {step} of {inp.target.steps or '?'}"
                      " (summary.json).")
+    where = ("final" if v["complete"] else f"latest (at {v['fraction']:.0%} of the run)") \
+        if "actual" in v else ""
     if "not_applicable_since" in v:
         tone = "warn"
         lines.append(f"{name}: the forecast no longer applies since {v['not_applicable_since']:.0%}"
                      f" of the run ({v['not_applicable_reason']}); the last value "
                      f"{loss_fmt(v['actual'])} is not judged against it.")
     elif "inside" in v:
-        where = "final" if v["complete"] else f"latest (at {v['fraction']:.0%} of the run)"
         lines.append(f"{name} {where} {inp.metric}: {loss_fmt(v['actual'])}; forecast "
                      f"{loss_fmt(v['forecast'])} [{loss_fmt(v['lo'])}, {loss_fmt(v['hi'])}] "
                      f"({inp.level:.0%} band).")
@@ -91,7 +92,6 @@ def verdict_lines(inp: ReportInputs) -> tuple[list[str], str]:
             side = "above" if v["actual"] > v["hi"] else "below"
             lines.append(f"OUTSIDE the pre-registered band ({side}).")
     elif v.get("band_missing"):
-        where = "final" if v["complete"] else f"latest (at {v['fraction']:.0%} of the run)"
         lines.append(f"{name} {where} {inp.metric}: {loss_fmt(v['actual'])}; forecast "
                      f"{loss_fmt(v['forecast'])} ({v['actual'] / v['forecast'] - 1:+.2%}).")
         tone = "warn"
@@ -167,13 +167,13 @@ def render_html(inp: ReportInputs, pngs: dict[str, bytes], missing_plots: dict[s
     if "metrics" in pngs:  # a multi-metric pre-registration (ladder.reports.metrics)
         from ladder.reports.metrics import panel_rows
         b64 = base64.b64encode(pngs["metrics"]).decode("ascii")
-        parts.append("<h2>Every registered metric</h2>")
-        parts.append(f'<figure><img src="data:image/png;base64,{b64}" alt="every metric">'
-                     "<figcaption>One panel per registered metric: the target's live curve, "
-                     "the frozen band, the alerts about that metric; sorted by the largest "
-                     "residual (median of the last evals, relative to the forecast) first "
-                     "(file: metrics.png)</figcaption></figure>")
-        parts.append(_table(panel_rows(inp), "no metrics"))
+        parts += ["<h2>Every registered metric</h2>",
+                  f'<figure><img src="data:image/png;base64,{b64}" alt="every metric">'
+                  "<figcaption>One panel per registered metric: the target's live curve, "
+                  "the frozen band, the alerts about that metric; sorted by the largest "
+                  "residual (median of the last evals, relative to the forecast) first "
+                  "(file: metrics.png)</figcaption></figure>",
+                  _table(panel_rows(inp), "no metrics")]
     for key, title, caption in SECTIONS:
         parts.append(f"<h2>{_esc(title)}</h2>")
         if key in pngs:
@@ -183,27 +183,23 @@ def render_html(inp: ReportInputs, pngs: dict[str, bytes], missing_plots: dict[s
         else:
             parts.append(f'<p class="missing">Not drawn: {_esc(missing_plots.get(key, "missing"))}'
                          "</p>")
-    parts.append("<h2>5. Numbers</h2>")
-    parts.append("<h3>Law parameters</h3>")
-    parts.append(_table(law_rows(inp), "no law given"))
-    parts.append(f"<h3>Forecast vs actual ({_esc(inp.metric)})</h3>")
-    parts.append(_table(forecast_rows(inp), "no pre-registration given"))
+    parts += ["<h2>5. Numbers</h2>", "<h3>Law parameters</h3>",
+              _table(law_rows(inp), "no law given"),
+              f"<h3>Forecast vs actual ({_esc(inp.metric)})</h3>",
+              _table(forecast_rows(inp), "no pre-registration given")]
     rule = inp.prereg.get("decision_rule") if inp.prereg else None
     words = rule.get("words") if isinstance(rule, dict) else rule if isinstance(rule, str) else None
     if words:
         short, items = decision_rule(str(words))
-        parts.append("<h3>Decision rule (pre-registered)</h3>")
-        parts.append(f'<p class="rule">{_esc(short)}</p>')
-        parts.append(f'<details class="rule"><summary>every rule ({len(items)})</summary><ul>'
-                     + "".join(f"<li>{_esc(x)}</li>" for x in items) + "</ul></details>")
+        parts += ["<h3>Decision rule (pre-registered)</h3>", f'<p class="rule">{_esc(short)}</p>',
+                  f'<details class="rule"><summary>every rule ({len(items)})</summary><ul>'
+                  + "".join(f"<li>{_esc(x)}</li>" for x in items) + "</ul></details>"]
     n = len(shown_alerts(inp))
-    parts.append(f"<h3>Alerts ({n})</h3>")
-    parts.append(_table(alert_rows(inp), "no alerts file given" if inp.alerts is None
-                        else "no alerts fired"))
+    empty = "no alerts file given" if inp.alerts is None else "no alerts fired"
+    parts += [f"<h3>Alerts ({n})</h3>", _table(alert_rows(inp), empty)]
     if n > 200:
         parts.append(f"<p>first 200 of {n} alerts shown.</p>")
-    parts.append("<h3>Runs</h3>")
-    parts.append(_table(run_rows(inp), "no runs"))
+    parts += ["<h3>Runs</h3>", _table(run_rows(inp), "no runs")]
     notes = list(inp.notes)
     if inp.law is not None and inp.law.error and inp.law.error not in notes:
         notes.append(inp.law.error)  # set while drawing: the law could not be evaluated
@@ -256,5 +252,4 @@ def render_summary(inp: ReportInputs, pngs: dict[str, bytes]) -> str:
 
 
 def _md_text(text) -> str:
-    import html
     return html.escape(str(text), quote=False)

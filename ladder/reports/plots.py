@@ -15,39 +15,21 @@ from matplotlib import rc_context
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import (
-    FixedLocator,
-    FuncFormatter,
-    LogLocator,
-    MaxNLocator,
-    NullFormatter,
-    NullLocator,
-)
+from matplotlib.ticker import (FixedLocator, FuncFormatter, LogLocator, MaxNLocator,
+                               NullFormatter, NullLocator)
 
 from ladder.predict.watch import SEVERITIES
 from ladder.reports.figdata import TRAIN_KEY, health_alert_for, ladder_data, law_data, watch_data
 from ladder.reports.inputs import ReportInputs, RunData
 from ladder.reports.inputs import alert_fraction as _alert_fraction
-from ladder.reports.style import (
-    FORECAST_COLOR,
-    LAW_COLOR,
-    NOT_APPLICABLE_COLOR,
-    RC,
-    SEVERITY_COLORS,
-    TARGET_COLOR,
-    TRAIN_COLOR,
-    UPDATED_COLOR,
-    rung_colors,
-    sci,
-    si,
-)
+from ladder.reports.style import (FORECAST_COLOR, LAW_COLOR, NOT_APPLICABLE_COLOR, RC,
+                                  SEVERITY_COLORS, TARGET_COLOR, TRAIN_COLOR, UPDATED_COLOR,
+                                  rung_colors, sci, si)
 from ladder.reports.style import figure as _fig
 from ladder.reports.style import loss_fmt as num
 from ladder.reports.style import percent_x as _pct_x
 
-HEALTH_KEYS = ("moe/drop_frac", "grad/norm", "moe/router_entropy", "params/norm/router_bias",
-               "moe/load_max_over_mean")
-HEALTH_LABELS = {
+HEALTH_LABELS = {  # the health figure's panels, in this order: (title, unit)
     "moe/drop_frac": ("token-drop fraction", "fraction of assignments dropped"),
     "grad/norm": ("gradient norm", "global L2 norm"),
     "moe/router_entropy": ("router entropy", "nats"),
@@ -223,9 +205,8 @@ def _draw_law_points(ax, d, colors: dict[str, str]) -> None:
     if fc and tcomp is not None:
         f, lo, hi = (fc.get(k) for k in ("loss", "lo", "hi"))
         if isinstance(f, (int, float)):
-            yerr = None
-            if isinstance(lo, (int, float)) and isinstance(hi, (int, float)):
-                yerr = [[f - lo], [hi - f]]
+            band = isinstance(lo, (int, float)) and isinstance(hi, (int, float))
+            yerr = [[f - lo], [hi - f]] if band else None
             ax.errorbar([tcomp], [f - sub], yerr=yerr, fmt="D", color=TARGET_COLOR, ms=8,
                         capsize=6, lw=2, zorder=5,
                         label=f"{d.target_name or 'target'} forecast: {num(f)} "
@@ -448,7 +429,7 @@ def draw_watch(d) -> Figure:
     if d.tokens_total is not None:
         total = d.tokens_total
         sec = ax.secondary_xaxis("top", functions=(lambda g: g * total, lambda x: x / total))
-        sec.xaxis.set_major_formatter(FuncFormatter(lambda v, _: si(v)))
+        _si_x(sec)
         sec.set_xlabel("tokens seen")
     _watch_legend(fig, ax, d)
     fig.suptitle(textwrap.fill(_watch_title(d), 110), x=0.01, ha="left", fontsize=12)
@@ -462,7 +443,7 @@ def health_keys(inp: ReportInputs) -> list[str]:
     present: set[str] = set()
     for r in list(inp.rungs) + ([inp.target] if inp.target is not None else []):
         present |= r.keys()
-    keys = [k for k in HEALTH_KEYS if k in present]
+    keys = [k for k in HEALTH_LABELS if k in present]
     keys += sorted(k for k in present if k.startswith("params/norm/") and k not in keys)
     return keys
 
@@ -510,10 +491,9 @@ def plot_health(inp: ReportInputs) -> Figure | None:
     ncol = 4 if len(keys) > 9 else 3
     nrow = math.ceil(len(keys) / ncol)
     fig = _fig(3.7 * ncol, 2.9 * nrow + 0.8)
-    axes = fig.subplots(nrow, ncol, squeeze=False, sharex=True)
+    axes = fig.subplots(nrow, ncol, squeeze=False, sharex=True).ravel()
     t = inp.target
-    for i, key in enumerate(keys):
-        ax = axes[i // ncol][i % ncol]
+    for ax, key in zip(axes, keys, strict=False):
         for run in inp.rungs:
             s = run.series(key)
             ok = np.isfinite(s.fraction)
@@ -551,15 +531,13 @@ def plot_health(inp: ReportInputs) -> Figure | None:
         if key == "moe/drop_frac":
             ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0%}"))
         _pct_x(ax)
-    for j in range(len(keys), nrow * ncol):
-        axes[j // ncol][j % ncol].set_visible(False)
-    for j in range(ncol):  # x labels on the lowest visible panel of each column
-        col = [axes[r][j] for r in range(nrow) if (r * ncol + j) < len(keys)]
-        if col:
-            col[-1].set_xlabel("fraction of the run's own schedule")
-            col[-1].tick_params(labelbottom=True)
+    for ax in axes[len(keys):]:
+        ax.set_visible(False)
+    for ax in axes[max(0, len(keys) - ncol):len(keys)]:  # the lowest visible panel of each column
+        ax.set_xlabel("fraction of the run's own schedule")
+        ax.tick_params(labelbottom=True)
     legend: dict = {}  # label -> the first handle of that label
-    for ax in axes.ravel():
+    for ax in axes:
         for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
             legend.setdefault(lab, h)
     fig.legend(list(legend.values()), list(legend), loc="outside lower center",

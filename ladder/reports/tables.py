@@ -5,6 +5,7 @@ actual at fixed fractions of the target run, alerts, runs. Rendered to HTML and 
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import numpy as np
 
@@ -18,29 +19,17 @@ CHECKPOINTS = (0.25, 0.5, 0.75, 1.0)
 NEAR = 0.03
 
 
-def _pair(v) -> tuple[float, float] | None:
-    if isinstance(v, (list, tuple)) and len(v) == 2:
-        lo, hi = as_float(v[0]), as_float(v[1])
-    elif isinstance(v, dict):
-        lo = as_float(next((v[k] for k in ("lo", "low", "lower") if k in v), None))
-        hi = as_float(next((v[k] for k in ("hi", "high", "upper") if k in v), None))
-    else:
-        return None
-    return None if lo is None or hi is None else (lo, hi)
-
-
 def param_intervals(law_meta: dict) -> dict[str, tuple[float, float]]:
-    """Per-parameter intervals from ``law.json``'s ``uncertainty`` (name -> (lo, hi))."""
+    """Per-parameter intervals of ``law.json``'s ``uncertainty.intervals`` (name -> [lo, hi],
+    as every law ``ladder fit`` writes has them) as name -> (lo, hi)."""
     u = law_meta.get("uncertainty") if isinstance(law_meta, dict) else None
-    if not isinstance(u, dict):
-        return {}
-    for key in ("intervals", "params", "parameters", "param_intervals", "per_parameter"):
-        block = u.get(key)
-        if isinstance(block, dict):
-            out = {k: p for k, v in block.items() if (p := _pair(v)) is not None}
-            if out:
-                return out
-    return {}
+    block = u.get("intervals") if isinstance(u, dict) else None
+    out = {}
+    for name, v in (block if isinstance(block, dict) else {}).items():
+        pair = tuple(as_float(x) for x in v) if isinstance(v, (list, tuple)) else ()
+        if len(pair) == 2 and None not in pair:
+            out[name] = pair
+    return out
 
 
 def law_rows(inp: ReportInputs) -> list[dict]:
@@ -76,6 +65,8 @@ def forecast_rows(inp: ReportInputs) -> list[dict]:
     if fc is None:
         return []
     s = inp.target.series(inp.metric) if inp.target is not None else None
+    ok = np.isfinite(s.fraction) if s is not None else []
+    gs, vs = (s.fraction[ok], s.value[ok]) if s is not None else (np.array([]), [])
     void = not_applicable_spans(inp)
     rows = []
     for g in CHECKPOINTS:
@@ -83,22 +74,19 @@ def forecast_rows(inp: ReportInputs) -> list[dict]:
         row = {"fraction": f"{g:.0%}", "forecast": loss_fmt(f),
                "band": f"[{loss_fmt(lo)}, {loss_fmt(hi)}]",
                "actual": "not reached", "at": "", "error": "", "inside": ""}
-        if s is not None and len(s):
-            ok = np.isfinite(s.fraction)
-            if ok.any():
-                i = int(np.argmin(np.abs(s.fraction[ok] - g)))
-                ga, va = float(s.fraction[ok][i]), float(s.value[ok][i])
-                if abs(ga - g) <= NEAR:
-                    fa, loa, hia = (float(x) for x in fc.at(ga))  # compare at the eval's fraction
-                    row.update(actual=loss_fmt(va), at=f"{ga:.1%}", error=pct(va / fa - 1))
-                    if any(g0 <= ga <= g1 for g0, g1 in void):
-                        row["inside"] = "not judged (forecast void)"
-                    elif math.isfinite(loa) and math.isfinite(hia):
-                        row["inside"] = "yes" if loa <= va <= hia else (
-                            "above" if va > hia else "below")
-                    else:
-                        row["inside"] = "band missing"
         rows.append(row)
+        i = int(np.argmin(np.abs(gs - g))) if len(gs) else None
+        if i is None or abs(gs[i] - g) > NEAR:
+            continue
+        ga, va = float(gs[i]), float(vs[i])
+        fa, loa, hia = (float(x) for x in fc.at(ga))  # compare at the eval's fraction
+        row.update(actual=loss_fmt(va), at=f"{ga:.1%}", error=pct(va / fa - 1))
+        if any(g0 <= ga <= g1 for g0, g1 in void):
+            row["inside"] = "not judged (forecast void)"
+        elif math.isfinite(loa) and math.isfinite(hia):
+            row["inside"] = "yes" if loa <= va <= hia else ("above" if va > hia else "below")
+        else:
+            row["inside"] = "band missing"
     return rows
 
 
@@ -155,11 +143,7 @@ def decision_rule(words: str) -> tuple[str, list[str]]:
 
 
 def alert_counts(inp: ReportInputs) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for a in shown_alerts(inp):
-        sev = str(a.get("severity", "info"))
-        out[sev] = out.get(sev, 0) + 1
-    return out
+    return Counter(str(a.get("severity", "info")) for a in shown_alerts(inp))
 
 
 def run_rows(inp: ReportInputs) -> list[dict]:
