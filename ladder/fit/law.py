@@ -574,16 +574,14 @@ def asymptote_rule(df, result, config):
     mean, sd = E_PRIOR_FRACTION[0] * lmin, E_PRIOR_FRACTION[1] * lmin
 
     variants = {"free": result}
-    candidates = [(f"prior E~N({mean:.3g}, {sd:.3g})",
-                   {"spec": result.spec, "prior": dict(prior or {}, E=(mean, sd))}),
-                  (f"fixed E={mean:.3g}",
-                   {"spec": Spec(form, fix=dict(result.spec.fix, E=mean),
-                                 tie=dict(result.spec.tie)), "prior": prior})]
+    fixed = Spec(form, fix=dict(result.spec.fix, E=mean), tie=dict(result.spec.tie))
+    candidates = [(f"prior E~N({mean:.3g}, {sd:.3g})", result.spec,
+                   dict(prior or {}, E=(mean, sd))), (f"fixed E={mean:.3g}", fixed, prior)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for label, kw in candidates:
+        for label, spec, pri in candidates:
             try:
-                variants[label] = fit_one(df, kw["spec"], replace(config, prior=kw["prior"]))
+                variants[label] = fit_one(df, spec, replace(config, prior=pri))
             except InputError as e:
                 record.setdefault("not_fitted", {})[label] = str(e)
     common = _common_folds(variants) if config.shared_folds else None

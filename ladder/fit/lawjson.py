@@ -301,14 +301,13 @@ def _read_spread(unc: dict, spec: Spec, where: str, prefix: str) -> dict:
 
     def bad(name, msg):
         return InputError(msg, path=where, field=field(name))
-    boot = unc.get("bootstrap_u")
-    boot = None if boot is None else _array(boot, (None, len(spec.form.names)), where,
-                                            field("bootstrap_u"))
+
+    def array(name, shape):  # null: None
+        return None if unc.get(name) is None else _array(unc[name], shape, where, field(name))
+    boot = array("bootstrap_u", (None, len(spec.form.names)))
     if boot is not None and np.any(np.abs(boot) > U_LIMIT):  # as fit.u: exp() overflows
         raise bad("bootstrap_u", f"a draw beyond |{U_LIMIT:g}|: exp() overflows float64")
-    cov = unc.get("covariance_free")
-    cov = None if cov is None else _array(cov, (spec.n_free, spec.n_free), where,
-                                          field("covariance_free"))
+    cov = array("covariance_free", (spec.n_free, spec.n_free))
     if cov is not None and np.any(np.diag(cov) < 0):
         # a huge variance is the fitter's word for a flat direction: read as written
         raise bad("covariance_free", "expected variances >= 0 on the diagonal")
@@ -328,8 +327,7 @@ def _read_spread(unc: dict, spec: Spec, where: str, prefix: str) -> dict:
         raise bad("small_sample", f"expected 'normal' or 'student-t', got {small!r}")
     if "abs_residuals_log" not in unc:
         raise bad("abs_residuals_log", "missing (null where there are none)")
-    ares = unc["abs_residuals_log"]
-    ares = None if ares is None else _array(ares, (None,), where, field("abs_residuals_log"))
+    ares = array("abs_residuals_log", (None,))
     if ares is not None and (np.any(ares < 0) or np.any(ares > LOG_SPREAD_LIMIT)):
         raise bad("abs_residuals_log", f"expected |log residuals| in [0, {LOG_SPREAD_LIMIT:g}]")
     return {"boot_u": boot, "cov": cov, "sigma": sigma, "dof": dof, "abs_resid": ares,
