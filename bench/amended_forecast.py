@@ -35,10 +35,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ladder.fit import load_law, load_points  # noqa: E402
-from ladder.fit.curve_fit import fit_curve_law, schedules_from_sources  # noqa: E402
+from ladder.fit.curve_fit import fit_curve_law  # noqa: E402
 from ladder.fit.lr_schedules import NamedSchedule  # noqa: E402
 from ladder.io import as_float, atomic_write_json  # noqa: E402
-from tests.helpers import contingency_forecast  # noqa: E402
+from tests.helpers import contingency_forecast, schedules_from_sources  # noqa: E402
 from ladder.specs import get_ladder  # noqa: E402
 
 

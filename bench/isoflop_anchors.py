@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import io
 import json
+import math
 import sys
 import tempfile
 from pathlib import Path
@@ -34,6 +35,12 @@ def run(argv: list[str]) -> dict:
     if code:
         raise SystemExit(f"ladder {' '.join(argv)}: exit {code}")
     return json.loads(out.getvalue())
+
+
+def num(x) -> float:
+    """A number of `ladder isoflop --json`: null where it cannot be computed (older versions
+    wrote the string "NaN" there)."""
+    return math.nan if x is None else float(x)
 
 
 def main(argv=None) -> int:
@@ -80,8 +87,9 @@ def main(argv=None) -> int:
         a1 = r["approach1"]
         a1v = {"a (N* ~ C^a)": a1["n_exponent"], "b (D* ~ C^b)": a1["d_exponent"],
                "D* at 3.8e25": a1.get("d_opt"), "N* at 3.8e25": a1.get("n_opt")}[q]
-        print(f"{name:<22} {q:<14} {v:>10.4g} [{iv[0]:>10.4g}, {iv[1]:>10.4g}] {pub:>10.4g} "
-              f"{'' if piv is None else f'[{piv[0]:.4g}, {piv[1]:.4g}]':>20}  {a1v:.4g}")
+        print(f"{name:<22} {q:<14} {num(v):>10.4g} [{num(iv[0]):>10.4g}, {num(iv[1]):>10.4g}] "
+              f"{pub:>10.4g} {'' if piv is None else f'[{piv[0]:.4g}, {piv[1]:.4g}]':>20}  "
+              f"{num(a1v):.4g}")
     return 0
 
 

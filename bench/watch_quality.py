@@ -40,7 +40,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ladder.predict import band
+from bench.band_calibration import leave_one_rung_out
 from ladder.predict import forecast as fc
 from tests import synthetic as sy
 from ladder.predict.prereg import make_prereg
@@ -127,7 +127,7 @@ def main(argv=None):
         runs, pts = ladder_points(truth, rungs, noise, seed=k)
         en = fc.eval_noise_from_runs([fc.LadderRun(str(i), r.target.name, r.target.steps, r.rows)
                                       for i, r in enumerate(runs)], METRIC)
-        cal = band.leave_one_rung_out(pts, fit_fn(args.bootstrap, k), level=0.9,
+        cal = leave_one_rung_out(pts, fit_fn(args.bootstrap, k), level=0.9,
                                     eval_noise=en.sigma, min_fraction=0.05)
         cover.append(cal)
         for r in cal.rungs:
@@ -306,7 +306,7 @@ def main(argv=None):
             en = fc.eval_noise_from_runs(lr, METRIC)
             print(f"   {pts['run'].nunique()} runs, {len(pts)} points; eval noise {en.sigma:.4f}")
             if pts["run"].nunique() >= 5:
-                cal = band.leave_one_rung_out(pts, fit_fn(args.bootstrap), level=0.9,
+                cal = leave_one_rung_out(pts, fit_fn(args.bootstrap), level=0.9,
                                             eval_noise=en.sigma, min_fraction=0.05)
                 print("   " + cal.report().replace("\n", "\n   "))
                 out["real_loro_coverage"] = cal.coverage

@@ -118,7 +118,7 @@ def record(out_path: str) -> None:
         "words_tuned": W.decision_rule_words(
             WatchConfig(k_consecutive=4, spike_k=9.0, nan_keys=("a",), alert_level=0.95), 0.8),
         "kinds": sorted(W.alert_kinds()), "kinds_watch": sorted(W.alert_kinds("watch")),
-        "kinds_health": sorted(W.alert_kinds("health")), "health_kinds": W.health_alert_kinds(),
+        "kinds_health": sorted(W.alert_kinds("health")),
         "keys": W.watched_keys("eval_dropless/loss")[1],
         "rules": [(r.name, r.scope, list(r.kinds), r.panel, list(r.prefixes),
                    list(r.reads("m", WatchConfig()))) for r in W.RULES],

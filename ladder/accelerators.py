@@ -6,33 +6,27 @@ from __future__ import annotations
 GB200_BF16_DENSE_FLOPS = 2.5e15
 
 # Nominal dense (no 2:4 sparsity) bf16 peak of one device, matched against jax's device_kind
-# (lower-cased substring, first match wins, so the more specific names come first). Vendors
+# (lower-cased substrings, first match wins, so the more specific names come first). Vendors
 # quote tensor-core bf16 "with sparsity"; dense is half of that figure.
 ACCELERATORS = (
-    # (substring of device_kind, name, FLOP/s, memory bytes, source); memory is the HBM of one
+    # (substrings of device_kind, name, FLOP/s, memory bytes, source); memory is the HBM of one
     # device as the same datasheets give it (GB = 1e9 bytes)
-    ("gb200", "GB200", 2.5e15, 186e9, "NVIDIA GB200 NVL72 datasheet: 5 PFLOPS FP16/BF16 per GPU "
-     "with sparsity; 13.4 TB HBM3e per 72 GPUs"),
-    ("b200", "B200", 2.25e15, 180e9, "NVIDIA HGX B200 datasheet: 4.5 PFLOPS FP16/BF16 per GPU "
+    (("gb200",), "GB200", 2.5e15, 186e9, "NVIDIA GB200 NVL72 datasheet: 5 PFLOPS FP16/BF16 per "
+     "GPU with sparsity; 13.4 TB HBM3e per 72 GPUs"),
+    (("b200",), "B200", 2.25e15, 180e9, "NVIDIA HGX B200 datasheet: 4.5 PFLOPS FP16/BF16 per GPU "
      "with sparsity; 180 GB HBM3e"),
-    ("h200", "H200", 989e12, 141e9, "NVIDIA H200 SXM datasheet: 1,979 TFLOPS BF16 with "
+    (("h200",), "H200", 989e12, 141e9, "NVIDIA H200 SXM datasheet: 1,979 TFLOPS BF16 with "
      "sparsity; 141 GB HBM3e"),
-    ("h100 pcie", "H100 PCIe", 756e12, 80e9, "NVIDIA H100 PCIe datasheet: 1,513 TFLOPS BF16 "
+    (("h100 pcie",), "H100 PCIe", 756e12, 80e9, "NVIDIA H100 PCIe datasheet: 1,513 TFLOPS BF16 "
      "with sparsity; 80 GB HBM2e"),
-    ("h100", "H100 SXM", 989e12, 80e9, "NVIDIA H100 SXM datasheet: 1,979 TFLOPS BF16 with "
+    (("h100",), "H100 SXM", 989e12, 80e9, "NVIDIA H100 SXM datasheet: 1,979 TFLOPS BF16 with "
      "sparsity; 80 GB HBM3"),
-    ("v5 lite", "TPU v5e", 197e12, 16e9, "Google Cloud TPU v5e docs: 197 TFLOPS BF16, 16 GB "
-     "HBM per chip"),
-    ("v5e", "TPU v5e", 197e12, 16e9, "Google Cloud TPU v5e docs: 197 TFLOPS BF16, 16 GB HBM "
-     "per chip"),
-    ("v5p", "TPU v5p", 459e12, 95e9, "Google Cloud TPU v5p docs: 459 TFLOPS BF16, 95 GB HBM "
-     "per chip"),
-    ("tpu v5", "TPU v5p", 459e12, 95e9, "Google Cloud TPU v5p docs: 459 TFLOPS BF16, 95 GB HBM "
-     "per chip"),
-    ("v6 lite", "TPU v6e", 918e12, 32e9, "Google Cloud TPU v6e (Trillium) docs: 918 TFLOPS "
-     "BF16, 32 GB HBM per chip"),
-    ("v6e", "TPU v6e", 918e12, 32e9, "Google Cloud TPU v6e (Trillium) docs: 918 TFLOPS BF16, "
-     "32 GB HBM per chip"),
+    (("v5 lite", "v5e"), "TPU v5e", 197e12, 16e9, "Google Cloud TPU v5e docs: 197 TFLOPS BF16, "
+     "16 GB HBM per chip"),
+    (("v5p", "tpu v5"), "TPU v5p", 459e12, 95e9, "Google Cloud TPU v5p docs: 459 TFLOPS BF16, "
+     "95 GB HBM per chip"),
+    (("v6 lite", "v6e"), "TPU v6e", 918e12, 32e9, "Google Cloud TPU v6e (Trillium) docs: 918 "
+     "TFLOPS BF16, 32 GB HBM per chip"),
 )
 
 # The share of a GPU's memory JAX's allocator takes (XLA_PYTHON_CLIENT_MEM_FRACTION, which
@@ -46,11 +40,11 @@ DEFAULT_PLAN_ACCELERATOR = "h100"
 
 
 def accelerator_peak(device_kind: str) -> dict | None:
-    """{name, flops, memory, source} of the first ACCELERATORS entry whose key is in
+    """{name, flops, memory, source} of the first ACCELERATORS entry with a key in
     ``device_kind`` (case-insensitive), else None."""
     kind = device_kind.lower()
-    for key, name, flops, memory, source in ACCELERATORS:
-        if key in kind:
+    for keys, name, flops, memory, source in ACCELERATORS:
+        if any(key in kind for key in keys):
             return {"name": name, "flops": flops, "memory": memory, "source": source}
     return None
 

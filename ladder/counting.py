@@ -91,9 +91,7 @@ def _swiglu(d_in: int, hidden: int) -> int:
 
 
 def _attention_matrices(cfg: ModelConfig, kv_heads: int) -> int:
-    q_o = 2 * cfg.d_model * cfg.q_dim
-    k_v = 2 * cfg.d_model * kv_heads * cfg.head_dim
-    return q_o + k_v
+    return 2 * cfg.d_model * (cfg.q_dim + kv_heads * cfg.head_dim)  # q and o; k and v
 
 
 def count_params(cfg: ModelConfig, convention: str = PARAM_CONVENTION) -> ParamCount:

@@ -53,13 +53,8 @@ class InputError(Exception):
         self.path = None if path is None else str(path)
         self.field = field
         self.exit_code = exit_code
-        where = ""
-        if self.path:
-            where = self.path + (f": field '{field}'" if field else "")
-        elif field:
-            where = f"field '{field}'"
-        text = f"{where}: {message}" if where else message
-        super().__init__(text.translate(_ONE_LINE))
+        where = [w for w in (self.path, field and f"field '{field}'") if w]
+        super().__init__(": ".join([*where, message]).translate(_ONE_LINE))
 
 
 # Every character str.splitlines breaks a line at, escaped: a value from a file cannot make the
@@ -443,9 +438,7 @@ def marker_names(folder: Path) -> list[str]:
     if not isinstance(doc, dict) or doc.get("schema") != MARKER_SCHEMA:
         return []
     files = doc.get("files")
-    if not isinstance(files, list):
-        return []
-    return [f for f in files if isinstance(f, str)]
+    return [f for f in files if isinstance(f, str)] if isinstance(files, list) else []
 
 
 def _listed(name: str, patterns: Iterable[str]) -> bool:

@@ -47,6 +47,26 @@ MUONH_GROUPS = ("attention", "latent", "shared_experts", "routed_experts", "gate
 NORM_GAIN = "scale"              # leaf name of every RMSNorm gain (ladder/model/layers.py): Adam
 
 
+def _check(obj, muon_fields: tuple[str, ...]) -> None:
+    """What a rule (:class:`OptimizerSpec`, None: not given) and its numbers
+    (:class:`OptimizerSettings`) both must be: a known kind, no MuonH field outside marin, the
+    betas in [0, 1), eps, weight decay and clip >= 0. ValueError naming the field."""
+    if obj.kind not in OPTIMIZERS:
+        raise ValueError(f"kind: must be one of {OPTIMIZERS}, got {obj.kind!r}")
+    for name in muon_fields:
+        if obj.kind != "marin" and getattr(obj, name) is not None:
+            raise ValueError(f"{name}: a MuonH setting, for the marin optimizer only (this one "
+                             f"is {obj.kind!r})")
+    for name in ("beta1", "beta2", "muon_momentum"):
+        v = getattr(obj, name)
+        if v is not None and not 0 <= v < 1:
+            raise ValueError(f"{name}: must be in [0, 1), got {v!r}")
+    for name in ("eps", "weight_decay", "clip"):
+        v = getattr(obj, name)
+        if v is not None and not v >= 0:
+            raise ValueError(f"{name}: must be >= 0, got {v!r}")
+
+
 @dataclass(frozen=True)
 class OptimizerSettings:
     """The resolved optimizer of one rung: what `ladder list --json` shows under "optimizer".
@@ -66,19 +86,11 @@ class OptimizerSettings:
     ns_coeffs: tuple[tuple[float, float, float], ...] | None = None
 
     def __post_init__(self):
-        if self.kind not in OPTIMIZERS:
-            raise ValueError(f"kind: must be one of {OPTIMIZERS}, got {self.kind!r}")
+        _check(self, ("muon_momentum", "nesterov", "ns_coeffs"))
         if not self.adam_lr > 0:
             raise ValueError(f"adam_lr: must be > 0, got {self.adam_lr!r}")
         if self.kind == "marin" and not (self.muonh_lr or 0) > 0:
             raise ValueError(f"muonh_lr: must be > 0 for marin, got {self.muonh_lr!r}")
-        for name in ("beta1", "beta2"):
-            if not 0 <= getattr(self, name) < 1:
-                raise ValueError(f"{name}: must be in [0, 1), got {getattr(self, name)!r}")
-        for name in ("eps", "weight_decay", "clip"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
-        muon = (self.muon_momentum, self.nesterov, self.ns_coeffs)
         if self.kind == "marin":
             if not (isinstance(self.muon_momentum, (int, float)) and 0 <= self.muon_momentum < 1):
                 raise ValueError(f"muon_momentum: must be in [0, 1) for marin, got "
@@ -91,11 +103,6 @@ class OptimizerSettings:
                                  f"{self.ns_coeffs!r}")
             object.__setattr__(self, "ns_coeffs", tuple(tuple(float(x) for x in c)
                                                         for c in self.ns_coeffs))
-        else:
-            for name, v in zip(("muon_momentum", "nesterov", "ns_coeffs"), muon):
-                if v is not None:
-                    raise ValueError(f"{name}: a MuonH setting, for the marin optimizer only "
-                                     f"(this one is {self.kind!r})")
 
     @property
     def muonh_ratio(self) -> float:
@@ -129,18 +136,7 @@ class OptimizerSpec:
                 raise ValueError(f"{name}: must be null or a number, got {v!r}")
         if self.nesterov is not None and not isinstance(self.nesterov, bool):
             raise ValueError(f"nesterov: must be null, true or false, got {self.nesterov!r}")
-        for name in ("muon_momentum", "nesterov"):
-            if self.kind != "marin" and getattr(self, name) is not None:
-                raise ValueError(f"{name}: a MuonH setting, for the marin optimizer only (this "
-                                 f"one is {self.kind!r})")
-        for name in ("beta1", "beta2", "muon_momentum"):
-            v = getattr(self, name)
-            if v is not None and not 0 <= v < 1:
-                raise ValueError(f"{name}: must be in [0, 1), got {v!r}")
-        for name in ("eps", "weight_decay", "clip"):
-            v = getattr(self, name)
-            if v is not None and not v >= 0:
-                raise ValueError(f"{name}: must be >= 0, got {v!r}")
+        _check(self, ("muon_momentum", "nesterov"))
 
     def settings(self, adam_lr: float, tokens: float, tokens_per_step: int) -> OptimizerSettings:
         """The numbers for a run of ``tokens`` tokens at ``tokens_per_step`` per step whose Adam

@@ -181,11 +181,7 @@ class Rung:
         }
 
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["model"] = self.model.to_dict()
-        d["schedule"] = self.schedule.to_dict()
-        d["optimizer"] = self.optimizer.to_dict()
-        return d
+        return {**dataclasses.asdict(self), "model": self.model.to_dict()}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Rung":
@@ -209,14 +205,12 @@ def _check_evals(obj) -> None:
     if not MIN_EVAL_EVERY <= obj.eval_every <= 1:
         raise ValueError(f"eval_every: must be in [{MIN_EVAL_EVERY:g}, 1], got "
                          f"{obj.eval_every!r}")
-    hi = LIMITS["eval_sequences"]
-    v = obj.eval_sequences
-    if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= hi:
-        raise ValueError(f"eval_sequences: must be an integer in [1, {hi}], got {v!r}")
-    hi = LIMITS["eval_batch"]
-    v = obj.eval_batch
-    if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= hi):
-        raise ValueError(f"eval_batch: must be null or an integer in [1, {hi}], got {v!r}")
+    for name, null in (("eval_sequences", ""), ("eval_batch", "null or ")):  # null: None allowed
+        v, hi = getattr(obj, name), LIMITS[name]
+        if v is None and null:
+            continue
+        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= hi:
+            raise ValueError(f"{name}: must be {null}an integer in [1, {hi}], got {v!r}")
 
 
 # ---------------------------------------------------------------------------------------- rules
@@ -484,9 +478,8 @@ def parse_ladder(obj: dict) -> Ladder:
                 dial, is_target=where == "target")))
         except ValueError as e:  # the model config refuses these dials with this recipe
             raise ValueError(f"{where}: {e}") from None
+        _safe(built[-1].name, f"{where}.name")
     names = [r.name for r in built]
-    for where, n in zip([f"rungs[{i}]" for i in range(len(dials))] + ["target"], names):
-        _safe(n, f"{where}.name")
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
         raise ValueError(f"rungs: two rungs are named {dup!r}")

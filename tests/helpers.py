@@ -316,3 +316,18 @@ def offline_records(run_dir: Path, timeout: float = 60.0) -> list[dict]:
         if all(s and s[-1]["type"] == "exit" for s in segs) or time.monotonic() > t_end:
             return [r for s in segs for r in s]
         time.sleep(0.1)
+
+
+def schedules_from_sources(sources) -> dict:
+    """Exact per-update LRs of the ladder runs below ``sources`` (others give nothing), keyed
+    ``LADDER/RUNG``, rebuilt from each run's config.json as the trainer builds them, so curve
+    fits (``fit_curve_law(schedules=...)``) need not interpolate the LRs logged at evals."""
+    from ladder.sources.runs import read_runs
+
+    out = {}
+    for src in sources if isinstance(sources, (list, tuple)) else [sources]:
+        if Path(src).is_dir():
+            for run in read_runs(src, metrics=False):
+                if run.rung is not None and run.metrics_path.is_file():
+                    out[run.key] = run.lr_table()
+    return out

@@ -128,3 +128,21 @@ def test_list_into_a_closed_pipe_still_ends_quietly_with_141():
     """What `ladder list` makes is its printout: a reader gone before it is out is a SIGPIPE."""
     with closed_stdout():
         assert main(["list", "tiny"]) == 141
+
+
+def test_the_demo_goes_on_past_a_closed_pipe():
+    """`ladder demo | head`: its progress lines and the live watcher's alert lines meet the closed
+    pipe (the demo itself is slow: its two printers are tested); the demo goes on to write its
+    artifacts and end with its own status."""
+    from ladder.cli import demo
+    from ladder.predict.watch.alerts import Alert
+
+    alert = Alert(time="t", step=10, tokens=None, fraction=0.5, kind="loss-band",
+                  severity="warn", value=2.0, expected=1.9, lo=1.8, hi=1.95, direction="above",
+                  message="outside the band")
+    with closed_stdout():
+        demo.say("[1/5] rung 1/3")
+        demo.SaySink().send(alert, {})
+    with closed_stdout():  # the watcher's thread may be the first to meet it
+        demo.SaySink().send(alert, {})
+        demo.say("[5/5] report: demo_out/report/index.html")

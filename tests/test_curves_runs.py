@@ -9,12 +9,12 @@ import warnings
 
 import numpy as np
 import pytest
+from helpers import predict_rung, schedules_from_sources
 from test_curves_laws import mpl_reference  # tests/ is on sys.path under pytest
 
 from ladder.fit import load_points
-from ladder.fit.curve_fit import fit_curve_law, schedules_from_sources
+from ladder.fit.curve_fit import fit_curve_law
 from ladder.fit.lr_schedules import lr_from_schedule
-from helpers import predict_rung
 from ladder.specs import get_ladder
 
 SHAPE = {"alpha": 0.45, "B": 0.9, "C": 0.02, "beta": 0.6, "gamma": 0.5}

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from ladder.fit.law import law_from_json, load_law
 from ladder.fit.law import fit_task
 from ladder.fit.task import fit_sigmoid, sigmoid
+from ladder.fit.task_law import N_DRAWS
 
 # a synthetic ladder whose task loss is E + A/N^alpha + B/D^beta and whose accuracy is the
 # paper's sigmoid of it (floor 0.25, as a 4-way multiple choice task)
@@ -86,8 +87,10 @@ def test_chained_band_covers_the_truth_near_its_level():
         widths.append(float(p.hi - p.lo))
         p1 = law.predict_loss(**TARGET, compute=C)
         w1 = float(law.accuracy(p1.lo) - law.accuracy(p1.hi))   # accuracy falls with loss
-        p2 = law.accuracy_band(p1.loss)
-        ratios.append(widths[-1] / np.hypot(w1, float(p2.hi - p2.lo)))
+        # step 2 alone: its band at the central task loss
+        lo2, hi2 = law._band(np.full(N_DRAWS, float(p1.loss)), law.level,
+                             np.random.default_rng(0))
+        ratios.append(widths[-1] / np.hypot(w1, hi2 - lo2))
     assert sum(hits) >= 6, (hits, widths)
     assert np.median(widths) < 0.15, widths
     assert 0.95 < np.median(ratios) < 1.1, ratios

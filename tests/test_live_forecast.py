@@ -20,7 +20,7 @@ from ladder.predict.updated import (
     update,
 )
 from ladder.predict.watch import check
-from ladder.predict.watch.rules.heading import HeadingState, updated_forecast
+from ladder.predict.watch.rules.heading import HeadingRule, updated_forecast
 from ladder.predict.watch.view import PreregView
 
 GRID = np.linspace(0.01, 1.0, 100)
@@ -200,7 +200,7 @@ def test_heading_holds_while_the_gap_closes():
 
 def test_heading_state_refuses_a_damaged_section():
     with pytest.raises(ValueError, match="state.heading.var"):
-        HeadingState.from_json({"var": "x"}, "state.heading")
+        HeadingRule.State.from_json({"var": "x"}, "state.heading")
 
 
 ANCHORS = Path(__file__).resolve().parents[2] / "shared" / "anchors"

@@ -6,9 +6,9 @@ import warnings
 import numpy as np
 import pytest
 
+from bench.band_calibration import leave_one_rung_out
 from ladder.cli.main import main
 from ladder.io import atomic_write_json, read_json
-from ladder.predict import band
 from ladder.predict import forecast as fc
 from ladder.predict import prereg as pr
 from tests import synthetic as sy
@@ -31,12 +31,12 @@ def test_band_of_the_true_law_covers_fresh_runs_at_its_level():
     def fit_fn(_df):
         return law
     pts_train = pts.assign(run="other")
-    cal = band.leave_one_rung_out(pd_concat(pts, pts_train), fit_fn, level=0.9,
+    cal = leave_one_rung_out(pd_concat(pts, pts_train), fit_fn, level=0.9,
                                 eval_noise=noise.eval_sigma, runs=["held-out"])
     assert cal.n == len(pts)
     assert 0.86 <= cal.coverage <= 0.94
     # without the eval noise the band is too narrow: coverage drops measurably
-    narrow = band.leave_one_rung_out(pd_concat(pts, pts_train), fit_fn, level=0.9, eval_noise=0.0,
+    narrow = leave_one_rung_out(pd_concat(pts, pts_train), fit_fn, level=0.9, eval_noise=0.0,
                                    runs=["held-out"])
     assert narrow.coverage < cal.coverage - 0.05
 

@@ -291,19 +291,22 @@ def test_registered_auto_precision_matches_what_the_run_resolved():
 
 
 def test_config_split_by_concern():
-    """WatchConfig is the loss, health and run parts' fields, flat (what a pre-registration
-    stores); each part validates its own fields and is one concern alone."""
+    """WatchConfig is the loss, health and run families' fields, flat (what a pre-registration
+    stores); no field belongs to two families, and each rule's slice validates its own."""
     import dataclasses
 
-    from ladder.predict.watch.config import HealthRules, LossRules, RunRules
-    names = [{f.name for f in dataclasses.fields(c)} for c in (LossRules, HealthRules, RunRules)]
+    from ladder.predict.watch import RULES, rule
+    names = [{f.name for r in RULES if r.family == fam for f in dataclasses.fields(r.Config)}
+             for fam in ("loss", "health", "run")]
     assert not (names[0] & names[1] or names[0] & names[2] or names[1] & names[2])
     assert set.union(*names) == set(WatchConfig().to_dict())
     cfg = WatchConfig(k_consecutive=4, spike_k=9.0, stalled_seconds=60.0)
-    assert cfg.loss == LossRules(k_consecutive=4) and cfg.health == HealthRules(spike_k=9.0)
-    assert cfg.run == RunRules(stalled_seconds=60.0)
-    assert dataclasses.replace(cfg, spike_k=8.0).health.spike_k == 8.0
+    band, spike, stalled = (rule(n) for n in ("band", "spike", "stalled"))
+    assert band.config(cfg) == band.Config(k_consecutive=4)
+    assert spike.config(cfg) == spike.Config(spike_k=9.0)
+    assert stalled.config(cfg) == stalled.Config(stalled_seconds=60.0)
+    assert spike.config(dataclasses.replace(cfg, spike_k=8.0)).spike_k == 8.0
     with pytest.raises(ValueError, match="spike_window: must be a positive integer"):
-        HealthRules(spike_window=0)
+        spike.Config(spike_window=0)
     with pytest.raises(ValueError, match="align: must be auto"):
         WatchConfig(align="x")

@@ -60,7 +60,7 @@ def test_identity_plan_and_status_come_from_config_and_summary(tmp_path):
     assert (run.key, run.status) == (f"tiny/{rung.name}", "complete")
     assert run.params == rung.params.total and run.planned_steps() == rung.steps
     assert run.compute_at(1000.0) == rung.compute(1000.0)
-    assert [i for i, _ in run.evals(METRIC)] == [1, 2, 3, 4]
+    assert len(run.rows) == 4 and all(METRIC in r for r in run.rows)
     (d / "summary.json").unlink()
     assert read_run(d).status == "running"
     (d / "config.json").write_text(json.dumps({"schema": "run-config/1", "rung": {"d": 1}}))
@@ -118,3 +118,21 @@ def test_source_keys_reads_through_ladder_io(tmp_path):
     csv.write_text("_step, loss\r\n1,2\n")
     assert source_keys(str(csv)) == "_step, loss"
     assert source_keys(str(tmp_path)) == ""
+
+
+@pytest.mark.parametrize("schema", ["run-summary/2", "run-summary/10"])
+def test_the_status_reader_and_resume_refuse_a_later_run_summary(tmp_path, schema):
+    """Was: ended_status and the trainer's resume read a run-summary/2 (a later ladder's) as
+    version 1. Both refuse it in one line naming the file and 'schema'; version 1 still reads."""
+    from ladder.trainer.rundir import previous_run
+    f = tmp_path / "summary.json"
+    f.write_text(json.dumps({"schema": "run-summary/1", "status": "complete"}))
+    assert ended_status(tmp_path) == "complete"
+    assert previous_run(tmp_path, {}, resume=True)["status"] == "complete"
+    f.write_text(json.dumps({"schema": schema, "status": "complete"}))
+    for read in (lambda: ended_status(tmp_path),
+                 lambda: previous_run(tmp_path, {}, resume=True)):
+        with pytest.raises(InputError) as e:
+            read()
+        assert (e.value.field, e.value.path) == ("schema", str(f))
+        assert len(str(e.value).splitlines()) == 1 and schema in str(e.value)

@@ -6,6 +6,7 @@ import http.server
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from helpers import watch_rows as rows  # the watched target's run; prereg_path: conftest
-from helpers import write_jsonl
+from helpers import offline_records, write_jsonl
 
 from bench.fuzz_readers import write_wandb_log
 
@@ -270,6 +271,42 @@ def test_kill_with_a_slow_webhook_then_restart_delivers_each_alert_once(tmp_path
     assert all(key == aid for _, key, aid in H.got)  # an idempotent receiver sees each once
     assert len(got_ids) - len(set(got_ids)) <= 1  # at most the one in flight at the kill
     assert json.loads(state.read_text())["outbox"] == []
+
+
+@pytest.mark.heavy  # ~15 s: a W&B offline run in a subprocess
+def test_sigterm_ends_a_follow_as_ctrl_c_does(tmp_path, prereg_path):
+    """A supervisor's SIGTERM (kill, systemd, Kubernetes, Slurm) to `ladder watch --follow
+    --wandb`: the poll under way ends, the state is saved with an empty outbox, the watcher's W&B
+    run is finished holding every eval it judged (without the handler the process died at once:
+    exit -15, no exit record; stopping at once, as Ctrl-C does, can lose the row being logged),
+    and the exit status is 143."""
+    src, rs = faulty(tmp_path)
+    state, alerts = tmp_path / "state.json", tmp_path / "alerts.jsonl"
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ladder", "watch", str(prereg_path), "--source", str(src),
+         "--state", str(state), "--alerts", str(alerts), "--follow", "--poll", "0.2",
+         "--wandb", "--wandb-project", "proj"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not (alerts.exists() and alerts.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)  # within one poll the whole file is judged; then it waits for more
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = proc.stderr.read().decode()
+    assert code == 143, err[-2000:]
+    saved = json.loads(state.read_text())
+    assert saved["outbox"] == [] and saved["state"]["n_evals"] > 0
+    [run_dir] = (tmp_path / "wandb").glob("offline-run-*")
+    records = offline_records(run_dir, timeout=30)
+    assert records and records[-1]["type"] == "exit"
+    judged = [r["history"]["item"] for r in records if r["type"] == "history"]
+    assert sum("watch/residual" in r for r in judged) == saved["state"]["n_evals"]
 
 
 # ------------------------------------------------------------------ follow

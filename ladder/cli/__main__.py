@@ -1,5 +1,5 @@
-"""`python -m cli` (and `python -m ladder`, through ladder/__main__.py): the same command line as
-the `ladder` script."""
+"""`python -m ladder.cli` (and `python -m ladder`, through ladder/__main__.py): the same command
+line as the `ladder` script."""
 
 import sys
 

@@ -330,8 +330,8 @@ def _plan_budget(args) -> tuple[float, str, float]:
     name = args.accelerator
     entry = None
     if name is not None:
-        entry = next((accelerator_peak(key) for key, label, *_ in ACCELERATORS
-                      if name.lower() in (key, label.lower())), None)
+        entry = next((accelerator_peak(keys[0]) for keys, label, *_ in ACCELERATORS
+                      if name.lower() in (*keys, label.lower())), None)
         if entry is None:
             known = sorted({label for _, label, *_ in ACCELERATORS})
             raise InputError(f"unknown accelerator {name!r} (known: {', '.join(known)})",

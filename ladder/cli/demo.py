@@ -1,15 +1,10 @@
-"""`ladder demo`: the whole job on a ladder small enough for 2 CPU cores.
-
-1. train the ladder's rungs (finished ones are reused),
-2. fit the trajectory-capacity law on their eval curves, with a run-level bootstrap -> law.json,
-3. pre-register the proxy hero's forecast -> prereg.json (frozen before the hero starts),
-4. train the proxy hero while a watcher follows its metrics.jsonl live, printing alerts as
-   they fire,
-5. write the report, and print a five-line verdict.
+"""`ladder demo`: the whole job on a ladder small enough for 2 CPU cores, in five steps: the rungs
+(finished ones reused), the law (law.json), the proxy hero's pre-registration (prereg.json,
+frozen before it starts), its training under a live watcher, the report and a verdict.
 
 ``--inject FAULT`` perturbs the proxy hero from ``--inject-at`` (a fraction of its run) so that the
-watch has something to catch; that hero trains into ``OUT/inject-FAULT/`` and the clean artifacts
-(rungs, law, prereg) are shared.
+watch has something to catch; that hero trains into ``OUT/inject-FAULT/``, sharing the clean
+rungs, law and prereg.
 """
 
 from __future__ import annotations
@@ -20,8 +15,10 @@ import time
 import warnings
 from pathlib import Path
 
+from ladder.cli.output import tell
 from ladder.io import (EX_USAGE, InputError, as_float, atomic_write_json, claim, iter_jsonl,
                        marker_names, read_json, real_folder, write_marker)
+from ladder.predict.sinks import StdoutSink
 from ladder.specs import Ladder, get_ladder
 
 METRIC = "eval_dropless/loss"  # the real ladder fitted the held-out loss without token drops
@@ -41,7 +38,16 @@ DEMO_FILES = ("runs", "law.json", "prereg.json", "alerts.jsonl", "watch-state.js
 
 
 def say(msg: str) -> None:
-    print(msg, flush=True)
+    """A line of progress; a reader gone (`ladder demo | head`) costs the lines, never the demo's
+    artifacts or its exit status (ladder.cli.output)."""
+    tell(msg)
+
+
+class SaySink(StdoutSink):
+    """The watcher's alert lines, through :func:`say`."""
+
+    def send(self, alert, context) -> None:
+        say(alert.line())
 
 
 def demo_main(args) -> int:
@@ -183,10 +189,8 @@ def reusable_law(law_path: Path):
 
 
 def claim_demo_folder(out: Path) -> Path:
-    """Claim ``out`` for :data:`DEMO_FILES` as every command claims its ``--out``
-    (ladder.io.claim: exit 73 for a name ladder did not write); a folder an earlier demo wrote
-    before the marker existed (its law.json, prereg.json or a run under runs/ is ours) is
-    adopted. Returns the real folder."""
+    """Claim ``out`` for :data:`DEMO_FILES` (ladder.io.claim); a folder an earlier demo wrote
+    before the marker existed (its law.json, prereg.json or a run under runs/) is adopted."""
     folder = real_folder(out)
     if folder.is_dir() and not marker_names(folder) and any(
             _written_as(path, kind) for path, kind in (
@@ -241,14 +245,14 @@ def _preregister(prereg_path: Path, law, ladder: Ladder, runs: Path) -> dict:
 def _train_watched(rung, target_dir: Path, cfg, prereg_path: Path, alerts_path: Path,
                    base: Path):
     from ladder.predict.live import Watcher
-    from ladder.predict.sinks import JsonlSink, StdoutSink
+    from ladder.predict.sinks import JsonlSink
     from ladder.sources import JsonlSource
     from ladder.predict.watch.alerts import exit_code_for
     from ladder.trainer.train import train_rung
 
     target_dir.mkdir(parents=True, exist_ok=True)
     watcher = Watcher(prereg_path, JsonlSource(target_dir / "metrics.jsonl"),
-                      [StdoutSink(), JsonlSink(alerts_path)], state_path=base / "watch-state.json")
+                      [SaySink(), JsonlSink(alerts_path)], state_path=base / "watch-state.json")
     thread, stop = watcher.start_thread(poll_seconds=0.5)
     try:
         summary = train_rung(rung, target_dir, cfg, resume=True)

@@ -1,4 +1,4 @@
-"""`ladder fit` and `ladder predict`: parse-free entry points called by ladder/cli/main.py."""
+"""`ladder fit`, `ladder compare` and `ladder predict` (arguments are parsed in cli/main)."""
 
 from __future__ import annotations
 
@@ -73,9 +73,8 @@ def _print_warnings(command: str, caught) -> None:
 
 
 def check_fit_numbers(args) -> None:
-    """--level in (0, 1) and --bootstrap a count, checked before any work (a bad one must not
-    cost a finished fit). 10**5 replicates: ~1e3x the default (200); beyond it memory, not
-    accuracy, grows."""
+    """--level in (0, 1) and --bootstrap a count, before any work. 10**5 replicates: ~1e3x the
+    default (200); beyond it memory, not accuracy, grows."""
     number(args.level, field="--level", lo=0, hi=1, lo_open=True, hi_open=True,
            exit_code=EX_USAGE)
     number(args.bootstrap, field="--bootstrap", lo=0, hi=100_000, integral=True,
@@ -84,9 +83,8 @@ def check_fit_numbers(args) -> None:
 
 def fit_main(args) -> int:
     """`ladder fit`. Each ``--metric`` is a key or a glob over the keys the sources hold
-    (ladder.fit.points.expand_metrics). One key: law.json is that metric's law (law/3).
-    Several: each is fitted exactly as it would be alone, and law.json holds them all (law/2:
-    ``laws: {key: law}``); if any is refused, nothing is written and one line names each."""
+    (ladder.fit.points.expand_metrics): one key, law.json is its law (law/3); several,
+    :func:`_fit_many`."""
     from ladder.fit.points import expand_metrics
     check_fit_numbers(args)
     if args.out:
@@ -115,8 +113,7 @@ def fit_main(args) -> int:
 
 @contextlib.contextmanager
 def _shown_if_refused(shown: str):
-    """A refusal (InputError) inside shows the report first, since it says why (the solver's
-    line), and keeps its own status even when the pipe is closed."""
+    """A refusal (InputError) inside shows the report first: its solver line says why."""
     try:
         yield
     except InputError:
@@ -125,8 +122,7 @@ def _shown_if_refused(shown: str):
 
 
 def _write_then_tell(out, doc: dict, shown: str, *, as_json: bool, note: str = "") -> None:
-    """law.json first (atomically), then the report: a reader of the report that goes away
-    (``ladder fit runs | head``) costs the rest of the report, not the law (ladder.cli.output)."""
+    """law.json first (atomically), then the report (ladder.cli.output)."""
     if out:
         atomic_write_json(out, doc)
     tell(shown)
@@ -134,23 +130,29 @@ def _write_then_tell(out, doc: dict, shown: str, *, as_json: bool, note: str = "
         tell(f"wrote {out}{note}", file=sys.stderr if as_json else sys.stdout)
 
 
-def _fit_metric(args, metric: str | None, keymap):
-    """One metric's fit, as `ladder fit --metric KEY` does it: (the law, its points table, its
-    law.json document without the points). InputError when the input is refused."""
-    from ladder.fit.law import fit_law
+def _points(sources, metric: str | None, args, keymap=None):
+    """The points table of ``sources`` (a W&B offline run directory read by
+    ladder.fit.points.offline_run_points, every other kind by load_points)."""
     from ladder.fit.points import load_points, offline_run_points
     from ladder.sources import is_wandb_offline_dir
     sources = [offline_run_points(s, metric, args.sizes, keymap=keymap)
-               if is_wandb_offline_dir(s) else s for s in args.sources]
-    df = load_points(sources, metric, sizes=args.sizes, keymap=keymap,
-                     include_target=args.include_target)
+               if is_wandb_offline_dir(s) else s for s in sources]
+    return load_points(sources, metric, sizes=args.sizes, keymap=keymap,
+                       include_target=args.include_target)
+
+
+def _fit_metric(args, metric: str | None, keymap):
+    """One metric's fit: (the law, its points table, its law.json document without the
+    points)."""
+    from ladder.fit.law import fit_law
+    df = _points(args.sources, metric, args, keymap)
     if not len(df):
         dropped = df.attrs.get("dropped") or []
         first = f" (e.g. {dropped[0]})" if dropped else ""
         raise InputError(f"no usable points: every row was dropped{first}",
                          path=args.sources[0], field="loss")
     res = fit_law(df, _fit_config(args, form=args.form, by=args.by,
-                                  metric=df.attrs.get("metric")))
+                                  metric=df.attrs.get("metric"), **_law_options(args)))
     with np.errstate(over="ignore"):  # a law beyond float64 is refused by _readable
         doc = res.to_json()
     if keymap is not None:  # another trainer's names (and FLOP convention) went in
@@ -165,18 +167,22 @@ def _fit_metric(args, metric: str | None, keymap):
 
 
 def _fit_config(args, **fields):
-    """The fit `ladder fit`'s arguments ask for (ladder.fit.config.FitConfig, which
-    ladder.fit.law.fit_task takes for its step 1), with ``fields``."""
+    """The FitConfig of the options `fit` and `compare` share (main._fit_options), with
+    ``fields``."""
     from ladder.fit.config import FitConfig
-    return FitConfig(fix=_pairs(args.fix, "--fix", True), tie=_pairs(args.tie, "--tie", False),
-                     bootstrap=args.bootstrap, level=args.level, seed=args.seed,
-                     params_column=args.params_column, objective=args.objective,
-                     prior=_priors(args.prior),
+    return FitConfig(fix=_pairs(args.fix, "--fix", True), bootstrap=args.bootstrap,
+                     level=args.level, seed=args.seed, objective=args.objective,
                      # None: fit_law's default (the forecast devices on for --form auto only,
                      # a named form its own estimator); the flags turn them off
                      asymptote_rule=False if args.free_asymptote else None,
                      scale_weighting=False if args.equal_weights else None,
                      **fields)
+
+
+def _law_options(args) -> dict:
+    """The FitConfig fields only `ladder fit` has options for."""
+    return {"tie": _pairs(args.tie, "--tie", False), "prior": _priors(args.prior),
+            "params_column": args.params_column}
 
 
 def _check_converged(args, res) -> None:
@@ -190,11 +196,10 @@ def _check_converged(args, res) -> None:
 
 
 def _fit_many(args, metrics: list[str], keymap) -> int:
-    """`ladder fit --metric A --metric B ...`: every metric fitted as alone (its own form
-    choice, band, backtests, asymptote rule), each report, then one summary line per metric;
-    law.json (law/2) holds them all, read back before it is written. Every metric is tried, so a
-    refusal names all that failed; then nothing is written (a file missing some of the asked-for
-    metrics would pass for the whole set)."""
+    """`ladder fit --metric A --metric B ...`: each metric fitted as it would be alone, each
+    report, then one summary line per metric; law.json (law/2: ``laws: {key: law}``) holds them
+    all. Every metric is tried, so a refusal names all that failed; then nothing is written (a
+    file missing some of the asked-for metrics would pass for the whole set)."""
     import time
 
     from ladder.fit.lawjson import multi_to_json
@@ -286,8 +291,8 @@ def _fit_task_main(args) -> int:
     where = args.sources[0] if len(args.sources) == 1 else ", ".join(args.sources)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        law = fit_task(df, args.via, acc, _fit_config(args, form=args.via_form),
-                       where=where)
+        law = fit_task(df, args.via, acc,
+                       _fit_config(args, form=args.via_form, **_law_options(args)), where=where)
     _print_warnings("fit", caught)
     with np.errstate(over="ignore"):
         doc = law.to_json()
@@ -390,16 +395,12 @@ def predict_main(args) -> int:
 
 def compare_main(args) -> int:
     """`ladder compare A B`: the compute-equivalent multiplier of recipe B over recipe A, per
-    metric (ladder.fit.compare). Prints a report (or ``--json``: ``{metric: {multiplier, lo, hi,
-    per_size, trend, ...}}``); ``--out DIR`` gets compare.json and its figures
-    (ladder.reports.plots.compare_figures), all swapped in at once. ``--target`` puts the
-    multiplier at the target rung's compute (from the ladder specs)."""
+    metric (ladder.fit.compare); ``--out DIR`` gets compare.json and its figures, swapped in at
+    once."""
     from pathlib import Path
 
     from ladder.fit.law import compare_points
-    from ladder.fit.config import FitConfig
-    from ladder.fit.points import expand_metrics, load_points, offline_run_points
-    from ladder.sources import is_wandb_offline_dir
+    from ladder.fit.points import expand_metrics
     check_fit_numbers(args)
     number(args.at, field="--at", lo=0, lo_open=True, allow_none=True, exit_code=EX_USAGE)
     if args.out:
@@ -414,21 +415,14 @@ def compare_main(args) -> int:
     # --metric keys in order, each glob (``bpb/*``) expanded over the keys A holds; none:
     # ``[None]``, the table's ``loss`` (or runs' default)
     metrics = expand_metrics(args.metric, [args.a])
-    config = FitConfig(form=args.form, fix=_pairs(args.fix, "--fix", True),
-                       objective=args.objective, bootstrap=args.bootstrap, level=args.level,
-                       seed=args.seed, asymptote_rule=False if args.free_asymptote else None,
-                       scale_weighting=False if args.equal_weights else None)
-    sizes = args.sizes
+    config = _fit_config(args, form=args.form)
     results, caught_all = {}, []
     for metric in metrics:
         tables = []
         for src in (args.a, args.b):
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                src_df = (offline_run_points(src, metric, sizes) if is_wandb_offline_dir(src)
-                          else src)
-                df = load_points([src_df], metric, sizes=sizes,
-                                 include_target=args.include_target)
+                df = _points([src], metric, args)
             caught_all += caught
             if metric is None:  # a table's own loss column, else runs' default metric
                 metric = "loss" if Path(str(src)).is_file() else df.attrs.get("metric")

@@ -1,12 +1,8 @@
 """The `ladder` command line: parses arguments and calls library functions; nothing else.
 
-Every function that takes parsed arguments lives in this package: the handlers of `list`, `plan`,
-`run`, `tokenize` and `isoflop` (``ladder.cli.commands``), `fit`, `compare` and `predict`
-(``ladder.cli.fit``), `preregister`, `verify` and `watch` (``ladder.cli.predict``), `report`
-(``ladder.cli.report``) and `demo` (``ladder.cli.demo``). Each is imported when its command runs,
-so `ladder list` and `ladder fit` never pay for JAX start-up. Bad input raises
-:class:`ladder.io.InputError`; it is printed as one line and the process exits with its status
-(64+).
+Every function that takes parsed arguments lives in this package; a handler's module is imported
+when its command runs, so `ladder list` and `ladder fit` never pay for JAX start-up. Bad input
+raises :class:`ladder.io.InputError`, printed as one line; the exit status is its own (64+).
 """
 
 from __future__ import annotations
@@ -35,12 +31,12 @@ def _predict():
 
 
 def _report():
-    from ladder.cli import report
+    from ladder.cli import report  # report
     return report
 
 
 def _demo():
-    from ladder.cli import demo
+    from ladder.cli import demo  # demo
     return demo
 
 
@@ -559,7 +555,8 @@ def _watch_command(sub) -> None:
                "  1   warnings\n"
                "  2   a critical alert\n"
                "  3   the forecast no longer applies (the run left the pre-registered plan)\n"
-               "  64+ usage or input errors (one line naming the file and the field)\n\n"
+               "  64+ usage or input errors (one line naming the file and the field)\n"
+               "  130, 143 stopped by Ctrl-C, SIGTERM (the state saved: a restart goes on)\n\n"
                "example (start it before the target run; it waits for the file):\n"
                "  ladder watch prereg.json --source runs/tiny/46.4K-A21.1K/metrics.jsonl "
                "--follow \\\n      --alerts alerts.jsonl")
@@ -708,9 +705,8 @@ EX_UNAVAILABLE = 69  # sysexits: a service (here: an optional package) is unavai
 
 
 def _warning_line(command: str):
-    """warnings.showwarning that prints one line without the source path and line of the code
-    that warned (a user reads 'ladder fit: warning: ...', not 'ladder/predict/forecast.py:229:
-    UserWarning: ...')."""
+    """warnings.showwarning that prints 'ladder CMD: warning: ...', without the source path and
+    line of the code that warned."""
     def show(message, category, filename, lineno, file=None, line=None):
         try:
             print(f"ladder {command}: warning: {message}", file=file or sys.stderr)
@@ -740,9 +736,7 @@ def _run(args) -> int:
     except InputError as e:
         print(f"ladder {args.command}: {e}", file=sys.stderr)
         return e.exit_code
-    except ModuleNotFoundError as e:
-        # an optional package of an extra the install left out (`ladder run` in the core
-        # install): one line naming the extra, not a traceback
+    except ModuleNotFoundError as e:  # an optional package of an extra the install left out
         root = (e.name or "").split(".")[0]
         if root not in EXTRAS:
             raise
@@ -750,10 +744,8 @@ def _run(args) -> int:
               f"'ladder[{EXTRAS[root]}]' (no module named {e.name!r})", file=sys.stderr)
         return EX_UNAVAILABLE
     except BrokenPipeError:
-        # the reader went away before the command was done (`ladder list | head`): no
-        # traceback, and no second error when Python flushes stdout at exit. A command that
-        # writes a file writes it before it prints (ladder.cli.output), so it ends with its own
-        # status instead
+        # the reader went away (`ladder list | head`): no traceback, and no second error when
+        # Python flushes stdout at exit (a command that writes a file: ladder.cli.output)
         from ladder.cli.output import silence
         silence(sys.stdout)
         return 128 + 13  # as if killed by SIGPIPE, like other command-line tools

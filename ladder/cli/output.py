@@ -1,11 +1,7 @@
-"""What a command prints once its result is on disk.
-
-A command that writes an artifact (law.json, prereg.json, a report, compare.json, a figure)
-writes it first and prints after, through :func:`tell`: a reader that went away (``ladder fit
-runs | head``) then costs the rest of the printout, never the artifact, and the command keeps
-its own exit status. A command whose result *is* its printout (``ladder list``) prints with
-``print``; a closed pipe there ends it quietly with 141 (ladder.cli.main._run).
-"""
+"""What a command prints once its result is on disk: a command that writes an artifact writes it
+first and prints after, through :func:`tell`, so a reader that went away (``ladder fit runs |
+head``) costs the rest of the printout, never the artifact or the exit status. A command whose
+result *is* its printout (``ladder list``) prints; a closed pipe ends it with 141 (cli.main)."""
 
 from __future__ import annotations
 

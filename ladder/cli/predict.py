@@ -23,8 +23,6 @@ def load_law_file(path: str, *, every_metric: bool = False):
     """The law of ``fit.load_law`` or, with ``every_metric``, ``{metric key: law}`` of
     ``fit.load_laws`` (one for a single-metric file)."""
     from ladder.fit import load_law, load_laws
-    if not Path(path).exists():
-        raise InputError("no such file", path=path, exit_code=66)
     return load_laws(path) if every_metric else load_law(path)
 
 
@@ -58,8 +56,7 @@ def target_rung(target: str):
 def resolve_target(args) -> fc.Target:
     if args.target:
         return fc.Target.from_rung(target_rung(args.target))
-    spec = read_json(args.target_spec)
-    return fc.Target.from_spec(spec, path=args.target_spec)
+    return fc.Target.from_spec(read_json(args.target_spec), path=args.target_spec)
 
 
 def preregister_main(args) -> int:
@@ -410,6 +407,34 @@ def source_keys(src: str, max_rows: int = 200) -> str:
     return ", ".join(keys)
 
 
+EX_TERMINATED = 143  # 128 + SIGTERM, as shells report it (the trainer's status too)
+
+
+@contextlib.contextmanager
+def _sigterm_stops():
+    """An event set by a supervisor's SIGTERM (kill, systemd, Kubernetes, Slurm): the watch ends
+    after the poll under way, so the evals it judged reach every sink (the W&B run too), the
+    state is saved and each sink closed. A second SIGTERM stops at once, as Ctrl-C does."""
+    import signal
+    import threading
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop  # only the main thread may set a handler (a watch run inside a test's thread)
+        return
+
+    def on_term(signum, frame):
+        if stop.is_set():
+            raise SystemExit(EX_TERMINATED)
+        # set from another thread: the handler may interrupt the main thread inside the
+        # event's own lock, which set() takes
+        threading.Thread(target=stop.set, daemon=True).start()
+    before = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def watch_main(args) -> int:
     """`ladder watch`: judge a run against its pre-registration (``--follow``: as it grows;
     ``--serve``: with the live page of ladder.reports.live)."""
@@ -449,16 +474,16 @@ def watch_main(args) -> int:
     if args.wandb:
         home.attach(w)
     if w.multi:
-        with _served(args, w, keymap):
-            return _watch_multi_finish(args, w)
+        with _served(args, w, keymap), _sigterm_stops() as stop:
+            return _watch_multi_finish(args, w, stop)
     registered = w.doc.get("metric") if not args.metric else pr.load(w.chain.newest.path)["metric"]
     if args.metric and args.metric != registered:
         log.warning(f"ladder watch: the source's '{args.metric}' is compared with the forecast "
                     f"of '{registered}' (--metric names the source key holding the registered "
                     f"metric)")
     log.info(f"ladder watch: {w.description}; metric {w.view.metric}; source {args.source}")
-    with _served(args, w, keymap):
-        code = w.run(follow=args.follow)
+    with _served(args, w, keymap), _sigterm_stops() as stop:
+        code = w.run(follow=args.follow, stop=stop)
     st = w.state
     log.info(f"ladder watch: {st.get('n_points', 0)} points, {st.get('n_evals', 0)} evals "
              f"judged, last step {st.get('last_step')}; worst {st.get('worst') or 'none'}"
@@ -466,6 +491,9 @@ def watch_main(args) -> int:
              + f"; exit {code}")
     if args.json:
         print(json.dumps(to_jsonable(watch_verdict(w, code))))
+    if stop.is_set():
+        log.warning("ladder watch: stopped by SIGTERM; the state is saved (a restart goes on)")
+        return EX_TERMINATED
     if not st.get("n_evals") and not st.get("not_applicable"):
         # judging nothing is not "nothing above info": evals outside the registered run (a
         # target.tokens or steps that is not this run's), else most likely the wrong --metric
@@ -566,13 +594,13 @@ def _served(args, w, keymap):
         server.close()
 
 
-def _watch_multi_finish(args, w) -> int:
+def _watch_multi_finish(args, w, stop) -> int:
     """`ladder watch` of a multi-metric pre-registration: judge, then the verdict per metric
     (text on stderr, ``--json`` one object); a registered metric the source lacks is said."""
     from ladder.predict.watch.multi import metric_summary
     log.info(f"ladder watch: {w.description}; {len(w.view.metrics)} metrics; source "
              f"{args.source}")
-    code = w.run(follow=args.follow)
+    code = w.run(follow=args.follow, stop=stop)
     st = w.state
     rows = metric_summary(w.view, st, w.all_alerts)
     for r in rows:
@@ -589,6 +617,9 @@ def _watch_multi_finish(args, w) -> int:
         v = {**watch_verdict(w, code), "schema": "watch-verdict/2", "metric": None,
              "metrics": rows, "absent": [r["metric"] for r in rows if r["absent"]]}
         print(json.dumps(to_jsonable(v)))
+    if stop.is_set():
+        log.warning("ladder watch: stopped by SIGTERM; the state is saved (a restart goes on)")
+        return EX_TERMINATED
     if not st.get("n_evals") and not st.get("not_applicable"):
         raise InputError(f"0 evals of the {len(rows)} registered metrics judged "
                          f"({st.get('n_points', 0)} points read); keys seen: "

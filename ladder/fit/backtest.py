@@ -1,18 +1,17 @@
 """Backtests: fit on the smaller runs, predict the larger ones.
 
 Runs are ordered by scale (their largest compute; else params x tokens; else params) and grouped
-into scale levels (runs within 0.05 decades are one level, so the runs of one IsoFLOP budget or
-one rung with a rerun are held out together). Rollout: for each of the last ``max_folds`` levels,
-fit on every smaller level and predict that level. Leave-the-largest-out is the last rollout fold:
-fit on everything but the largest level. Errors are relative, ``predicted / observed - 1``, at the
-held-out runs' final points and (for runs with several points) averaged over their whole curves.
+into scale levels of 0.05 decades (one IsoFLOP budget, or a rung and its rerun, is held out
+together). Rollout: for each of the last ``max_folds`` levels, fit on every smaller level and
+predict that level; its last fold is leave-the-largest-out. Errors are relative, ``predicted /
+observed - 1``, at the held-out runs' final points and averaged over their whole curves.
 
-The folds also measure the law's extrapolation error (``extrapolation``, the band's term:
-fit.result.FitResult.extrapolation_log_sd). Each held-out final point's distance d is the largest
-over the form's inputs of its decades outside the training runs' range (a bigger model at an
-inside budget is outside in params). The rate per decade r pools the log errors e of the points
-outside, r^2 = sum(e^2) / sum(d^2) (the moment estimate for e ~ N(0, r^2 d^2)), so a fold 0.09
-decades out does not divide its error by 0.09 (OLMo: 7%/decade; docs/LOG.md 2026-12-01).
+The folds also measure the extrapolation error (the band's term,
+fit.result.FitResult.extrapolation_log_sd): a held-out final point's distance d is its most
+decades outside the training runs' range over the form's inputs (a bigger model at an inside
+budget is outside in params); the rate per decade pools the log errors e of the points outside,
+r^2 = sum(e^2) / sum(d^2) (the moment estimate for e ~ N(0, r^2 d^2)), so a fold 0.09 decades
+out does not divide its error by 0.09 (OLMo: 7%/decade; docs/LOG.md 2026-12-01).
 """
 
 from __future__ import annotations
@@ -36,22 +35,17 @@ EXTRAPOLATION_METHOD = ("held-out log errors pooled per decade (sum e^2 / sum d^
                         "distance outside the fitted range in the form's inputs")
 PLANNED = ("tokens", "compute")  # so far at a point: divided by its fraction (planned, at 1)
 # The extrapolation error outside the fitted runs: log sd = s d^p, s^2 = sum(e^2) / sum(d^(2p))
-# (p = 1: the rate above). p chosen on bench/scoreboard.py leave-one-ladder-out from 0..1 in
-# steps of 0.25: every ladder's others chose 0 (docs/LOG.md 2026-12-07): the held-out errors do
-# not grow with distance, and p = 1 carried one fold's 5.8%/decade to +-13% where the law missed
-# by 0.3%. p = 0: the RMS held-out error wherever a point is outside. For --form auto only
-# (fit.law.fit_law's ``extrapolation_power``); a named form keeps p = 1 unless asked.
+# (p = 1: the rate above; p = 0: the RMS held-out error wherever a point is outside). p = 0 was
+# chosen by every ladder's others on bench/scoreboard.py leave-one-ladder-out over 0..1 in steps
+# of 0.25 (docs/LOG.md 2026-12-07: held-out errors do not grow with distance). For --form auto
+# only (fit.law.fit_law's ``extrapolation_power``); a named form keeps p = 1 unless asked.
 EXTRAPOLATION_POWER = 0.0
 
 
 def scale_inputs(form, params_column: str = "params") -> list[str]:
-    """The form's input columns (``N`` is ``params_column``) but ``fraction``."""
-    out = []
-    for need in form.needs:
-        col = params_column if need == "N" else need
-        if col != "fraction" and col not in out:
-            out.append(col)
-    return out
+    """The form's input columns (``N`` is ``params_column``) but ``fraction``, once each."""
+    return list(dict.fromkeys(params_column if need == "N" else need for need in form.needs
+                              if need != "fraction"))
 
 
 def _planned(df: pd.DataFrame, col: str) -> np.ndarray:
@@ -102,11 +96,9 @@ def pooled_scale(folds, power: float) -> float | None:
 
 def hold(ex: dict, key: str, value: float | None) -> None:
     """``ex[key] = value``, held at law.json's limit on a band's spread (lawjson.LOG_SPREAD_LIMIT,
-    which its reader checks) when the folds measured more: a fold fitted on a few flat runs that
-    forecast the next rung e^30 too high (a rate of 11.6 per decade) made a law.json `predict`
-    refused. At the limit the band is already e^+-16 at 90% one decade out (it says nothing, and
-    never alerts), so the held value changes no judgement; the measured one is kept beside it
-    in ``held_at_limit`` (not read by the band)."""
+    which its reader checks) when the folds measured more (11.6 per decade from a fold on a few
+    flat runs). At the limit the band is already e^+-16 at 90% one decade out, so holding changes
+    no judgement; the measured value is kept in ``held_at_limit`` (not read by the band)."""
     held = dict(ex.get("held_at_limit") or {})
     held.pop(key, None)
     if value is not None and value > LOG_SPREAD_LIMIT:
@@ -260,11 +252,13 @@ def _evaluate(res, test, spec, by, final_only, n_train, ranges=None) -> dict:
             ok = np.isfinite(le)
             along = {"along_fraction": [float(x) for x in mid["fraction"].to_numpy()[ok]],
                      "along_log_err": [float(x) for x in le[ok]]}
-    return {**along,"train_runs": int(n_train), "held_out": sorted(final_pts["run"].astype(str)),
+    return {**along, "train_runs": int(n_train),
+            "held_out": sorted(final_pts["run"].astype(str)),
             # the run of each final_rel_err / log_err / distance, in their order
             "final_runs": [str(x) for x in final_pts["run"]],
-            "final_rel_err": [float(x) for x in rel], "final_mean_abs": float(np.mean(np.abs(rel)))
-            if len(rel) else None, "curve_mean_abs_rel_err": curve_err, "inside_band": inside,
+            "final_rel_err": [float(x) for x in rel],
+            "final_mean_abs": float(np.mean(np.abs(rel))) if len(rel) else None,
+            "curve_mean_abs_rel_err": curve_err, "inside_band": inside,
             "log_err": [float(x) for x in loge], "distance": [float(x) for x in dist]}
 
 

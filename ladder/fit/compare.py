@@ -22,7 +22,7 @@ fraction 1), numerically on a log-log grid; a loss A's law never reaches is Infi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -44,29 +44,26 @@ CURVE_POINTS = 60           # points of the drawn curves (compare.json's "curve"
 
 @dataclass
 class Comparison:
-    """One metric's comparison of recipe B over recipe A (see the module docstring)."""
+    """One metric's comparison of recipe B over recipe A (see the module docstring); the fields
+    after ``metric`` in compare.json's order."""
     metric: str
-    form: str
-    level: float
-    at: float
-    at_source: str
     multiplier: float
     lo: float
     hi: float
+    level: float
+    at: float
+    at_source: str
     decades_beyond: float
     per_size: list[dict]
     trend: dict
+    form: str
     laws: dict
     points: dict
     curve: dict
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"multiplier": self.multiplier, "lo": self.lo, "hi": self.hi, "level": self.level,
-                "at": self.at, "at_source": self.at_source,
-                "decades_beyond": self.decades_beyond, "per_size": self.per_size,
-                "trend": self.trend, "form": self.form, "laws": self.laws,
-                "points": self.points, "curve": self.curve, "notes": self.notes}
+        return {k: v for k, v in asdict(self).items() if k != "metric"}
 
 
 # ----------------------------------------------------------------------------- the laws
@@ -143,12 +140,12 @@ class Inverse:
 
 
 def _interval(center: float, draws: np.ndarray, level: float,
-              extra: float = 0.0) -> tuple[float, float, int]:
-    """(lo, hi, usable) of ``draws``' percentile interval widened to hold ``center``, plus
-    ``extra`` in quadrature."""
+              extra: float = 0.0) -> tuple[float, float]:
+    """``draws``' percentile interval widened to hold ``center``, plus ``extra`` in quadrature;
+    NaN from fewer than MIN_PAIRS draws."""
     d = draws[~np.isnan(draws)]
     if len(d) < MIN_PAIRS or not math.isfinite(center):
-        return math.nan, math.nan, len(d)
+        return math.nan, math.nan
     q = 0.5 + level / 2
     # draws may hold +-inf: the nearest order statistic, not an interpolation with inf
     lo_d = float(np.quantile(d, 1 - q, method="inverted_cdf"))
@@ -156,10 +153,11 @@ def _interval(center: float, draws: np.ndarray, level: float,
     down, up = max(center - lo_d, 0.0), max(hi_d - center, 0.0)
     if extra:
         down, up = math.hypot(down, extra), math.hypot(up, extra)
-    return center - down, center + up, len(d)
+    return center - down, center + up
 
 
 def _exp(x: float) -> float:
+    """exp(x), inf beyond float64 (a multiplier A's law never reaches)."""
     with np.errstate(over="ignore"):
         return float(np.exp(x))
 
@@ -204,21 +202,22 @@ def compare_laws(fa, fb, df_a: pd.DataFrame, df_b: pd.DataFrame, *, metric: str,
         tb = _log_loss(fb, log_c, db_p)                          # (R, n): B's losses per draw
         return point, inv_dp(tb) - log_c[None]
 
-    # at the target compute
-    p_at, d_at = law_log_m(np.array([lat]))
-    lo, hi, _ = (_interval(float(p_at[0]), d_at[:, 0], level) if d_at is not None
-                 else (math.nan, math.nan, 0))
-    # per size, at each B run's final compute
-    p_sz, d_sz = law_log_m(lcb)
+    def with_band(log_c: np.ndarray):
+        """ln m at each ln C and its interval's ends: three (n,) arrays."""
+        p, d = law_log_m(log_c)
+        ends = np.array([_interval(float(p[j]), d[:, j], level) if d is not None
+                         else (math.nan, math.nan) for j in range(len(p))])
+        return p, ends[:, 0], ends[:, 1]
+
+    p_at, lo, hi = with_band(np.array([lat]))                   # at the target compute
+    p_sz, lo_sz, hi_sz = with_band(lcb)                         # at each B run's final compute
     noise = [r.noise_half_width(level) if hasattr(r, "noise_half_width") else None
              for r in (fa, fb)]
     per_size = []
     for i, row in pb.iterrows():
         entry = {"run": str(row["run"]), "compute": float(row["compute"]),
                  "loss_b": float(row["loss"])}
-        llo, lhi, _ = (_interval(float(p_sz[i]), d_sz[:, i], level) if d_sz is not None
-                       else (math.nan, math.nan, 0))
-        entry["law"] = {"multiplier": _exp(p_sz[i]), "lo": _exp(llo), "hi": _exp(lhi)}
+        entry["law"] = {"multiplier": _exp(p_sz[i]), "lo": _exp(lo_sz[i]), "hi": _exp(hi_sz[i])}
         entry.update(_paired(inv_a, inv_da, pa, lca, row, level, noise))
         per_size.append(entry)
     trend = _trend(law_log_m, span, level, per_size)
@@ -228,14 +227,12 @@ def compare_laws(fa, fb, df_a: pd.DataFrame, df_b: pd.DataFrame, *, metric: str,
     # the figure's curves: both laws and the multiplier with its band against compute
     cg = np.linspace(min(lca.min(), lcb.min(), lat) - 0.5, max(lca.max(), lcb.max(), lat) + 0.5,
                      CURVE_POINTS)
-    p_c, d_c = law_log_m(cg)
-    bands = [(_interval(float(p_c[j]), d_c[:, j], level) if d_c is not None
-              else (math.nan, math.nan, 0)) for j in range(len(cg))]
+    p_c, lo_c, hi_c = with_band(cg)
     curve = {"compute": np.exp(cg).tolist(),
              "loss_a": np.exp(_log_loss(fa, cg, ua)[0]).tolist(),
              "loss_b": np.exp(_log_loss(fb, cg, ub)[0]).tolist(),
              "multiplier": [_exp(v) for v in p_c],
-             "lo": [_exp(b[0]) for b in bands], "hi": [_exp(b[1]) for b in bands]}
+             "lo": [_exp(v) for v in lo_c], "hi": [_exp(v) for v in hi_c]}
     beyond = (lat - span[1]) / math.log(10.0)
     if beyond > 0.05:
         notes.append(f"the multiplier at {at:.3g} is extrapolated {beyond:.2f} decades beyond "
@@ -247,7 +244,7 @@ def compare_laws(fa, fb, df_a: pd.DataFrame, df_b: pd.DataFrame, *, metric: str,
                      "B's loss at the target is above A's law everywhere on the grid")
     return Comparison(
         metric=metric, form=fa.form, level=level, at=float(at), at_source=at_source or "--at",
-        multiplier=_exp(p_at[0]), lo=_exp(lo), hi=_exp(hi), decades_beyond=float(beyond),
+        multiplier=_exp(p_at[0]), lo=_exp(lo[0]), hi=_exp(hi[0]), decades_beyond=float(beyond),
         per_size=per_size, trend=trend,
         laws={"a": _law_summary(fa, how_a, da), "b": _law_summary(fb, how_b, db),
               "pairs": int(n_pairs)},
@@ -287,7 +284,7 @@ def _paired(inv_a, inv_da, pa, lca, row, level, noise) -> dict:
         lo = hi = math.nan
         parts = ["none: A's law has no parameter draws (see the notes)"]
     else:
-        lo, hi, _ = _interval(center, log_m(inv_da), level, extra)
+        lo, hi = _interval(center, log_m(inv_da), level, extra)
     return {"run_a": str(pa["run"].iloc[j]), "loss_a": float(pa["loss"].iloc[j]),
             "compute_a": float(pa["compute"].iloc[j]), "multiplier": _exp(center),
             "lo": _exp(lo), "hi": _exp(hi), "band": parts}
@@ -309,7 +306,7 @@ def _trend(law_log_m, span, level, per_size) -> dict:
         with np.errstate(invalid="ignore"):
             s = (d[:, 1] - d[:, 0]) / width
         s = s[np.isfinite(s)]
-        lo, hi, _ = _interval(slope, s, level) if math.isfinite(slope) else (math.nan,) * 3
+        lo, hi = _interval(slope, s, level) if math.isfinite(slope) else (math.nan, math.nan)
     mid = float(np.nanmean(p)) if np.all(np.isfinite(p)) else math.nan
     out.update(slope=slope, lo=lo, hi=hi,
                per_decade=_exp(slope * math.log(10.0)) if math.isfinite(slope) else None,

@@ -4,8 +4,7 @@ on a points table of ``run, step, lr, loss`` (+ a size column).
 Huber (delta 1e-3) of log residuals, summed (Besiroglu et al. 2024: averaging stops L-BFGS
 early); starts from a grid over the nonlinear parameters with the linear ones solved by
 non-negative least squares, the best few polished by fit.solver's batched L-BFGS within bounds.
-Bands: a run-level bootstrap plus the RMS log residual, by Monte Carlo (fit.curve_law);
-fewer than 2 draws: a NaN band with a warning.
+The band's draws: a run-level bootstrap (:func:`_bootstrap`; the band itself: fit.curve_law).
 
 With runs of several sizes the ``scaled`` parameters (default L0, A) are power laws of size and
 the shape parameters shared; the joint fit starts from per-size fits (``diagnostics.per_size``).
@@ -120,9 +119,8 @@ def _minimize(model: CurveModel, u0: np.ndarray, runs, delta: float, *,
 @contextlib.contextmanager
 def _single_thread_blas():
     """Run OpenBLAS single-threaded inside the block (or the decorated function, each call
-    afresh): the fits' BLAS calls are tiny, and
-    threads made a bootstrap refit take 3.5x the CPU on 2 cores. Linux, OpenBLAS only; anything
-    unexpected -> no change."""
+    afresh): the fits' BLAS calls are tiny, and threads made a bootstrap refit take 3.5x the CPU
+    on 2 cores. Linux, OpenBLAS only; anything unexpected -> no change."""
     import ctypes
 
     handles = []
@@ -153,10 +151,8 @@ def _single_thread_blas():
                 pass
 
 
-# ------------------------------------------------------------------------------- start grid
-
-
 def _nonlinear_grid(form: str, T: float) -> list[dict]:
+    """The starts of the nonlinear parameters (the linear ones: :func:`_solve_linear`)."""
     if form == "mpl":
         return [{"alpha": a, "beta": b, "gamma": g, "C": c / T}
                 for a in (0.2, 0.35, 0.5, 0.8) for b in (0.3, 0.6, 1.2) for g in (0.2, 0.5, 0.8)
@@ -177,14 +173,7 @@ def _solve_linear(form: str, nl: dict, runs: Sequence[RunDesign]) -> dict | None
         return None
     scale = np.maximum(np.abs(M).max(axis=0), 1e-300)
     coef, _ = nnls(M / scale, b)
-    coef = coef / scale
-    names = LINEAR[form]
-    out = dict(nl)
-    for n, c in zip(names, coef):
-        out[n] = max(float(c), 1e-12)
-    if form == "mpl" and "C" not in out:
-        out["C"] = nl["C"]
-    return out
+    return dict(nl, **{n: max(float(c), 1e-12) for n, c in zip(LINEAR[form], coef / scale)})
 
 
 def _fit_one_size(model: CurveModel, runs: Sequence[RunDesign], delta: float, n_starts: int):
@@ -201,21 +190,15 @@ def _fit_one_size(model: CurveModel, runs: Sequence[RunDesign], delta: float, n_
         for n in model.scaled:
             full.setdefault(f"{n}_size_exp", 0.0)
         try:
-            th = model.u_of(full)
+            th = model.clip(model.u_of(full))
         except (ValueError, KeyError):
             continue
-        lo = np.array([s.lo for s in model.specs])
-        hi = np.array([s.hi for s in model.specs])
-        th = np.clip(th, lo, hi)
         cands.append((_objective(model, th, runs, delta), th))
     if not cands:
         raise InputError("no valid starting point for the fit (check the data)", field="loss")
     cands.sort(key=lambda c: c[0])
     th, f, ok, i = _minimize(model, np.array([c[1] for c in cands[:n_starts]]), runs, delta)
     return th[i], float(f[i]), bool(ok[i]), min(n_starts, len(cands))
-
-
-# ------------------------------------------------------------------------------ fitting
 
 
 @dataclass
@@ -230,20 +213,19 @@ class CurveData:
 
 
 def curve_data_from_table(df, *, size_column: str | None = "active_params",
-                          schedules: dict[str, np.ndarray] | None = None,
-                          what: str = "points") -> CurveData:
+                          schedules: dict[str, np.ndarray] | None = None) -> CurveData:
     """Group a points table (``run, step, lr, loss`` [+ size]) into runs; rows without a loss
     give only their LR. ``schedules`` (run -> per-update LRs) overrides the table's LRs."""
     import pandas as pd
 
     if not isinstance(df, pd.DataFrame):
-        raise InputError("expected a pandas DataFrame", field=what)
+        raise InputError("expected a pandas DataFrame", field="points")
     need = ["run", "step", "loss"] + ([] if schedules else ["lr"])
     for col in need:
         if col not in df.columns:
             raise InputError("missing column (curve laws need run, step, lr, loss)", field=col)
     if len(df) == 0:
-        raise InputError("no rows", field=what)
+        raise InputError("no rows", field="points")
     step = pd.to_numeric(df["step"], errors="coerce").to_numpy(float)
     loss = pd.to_numeric(df["loss"], errors="coerce").to_numpy(float)
     lr = (pd.to_numeric(df["lr"], errors="coerce").to_numpy(float) if "lr" in df.columns
@@ -342,13 +324,12 @@ def fit_curve_law(df, form: str = "mpl", bootstrap: int = 200, level: float = 0.
         u, obj, ok, n_local = _fit_one_size(model, stacked, huber_delta, n_starts)
     else:
         # stage 1: each size on its own (shape parameters free per size)
-        per_size, starts = {}, []
+        per_size = {}
         m1 = CurveModel(form, (), None,
                         {k: v for k, v in fix.items() if not k.endswith("_size_exp")})
         for s in sizes:
             rs = [r for r in runs if r.size0 == s]
-            th, o, k_ok, _ = _fit_one_size(m1, rs, huber_delta, max(1, n_starts // 2))
-            per_size[s] = m1.values(th)
+            per_size[s] = m1.values(_fit_one_size(m1, rs, huber_delta, max(1, n_starts // 2))[0])
         diagnostics["per_size"] = [dict(size=s, **v) for s, v in per_size.items()]
         # stage 2: scaled params as power laws of size (regression of the per-size fits), shape
         # params from each size's fit in turn, then one joint fit
@@ -357,18 +338,10 @@ def fit_curve_law(df, form: str = "mpl", bootstrap: int = 200, level: float = 0.
         for n in model.scaled:
             yv = np.log([per_size[s][n] for s in sizes])
             slope, icpt = np.polyfit(logn, yv, 1)
-            reg[n] = (float(np.exp(icpt)), float(np.clip(slope, SIZE_EXP.lo, SIZE_EXP.hi)))
-        for s in sizes:
-            v = dict(per_size[s])
-            for n in model.scaled:
-                v[n], v[f"{n}_size_exp"] = reg[n]
-            v.update(fix)
-            starts.append(v)
-        lo = np.array([p.lo for p in model.specs])
-        hi = np.array([p.hi for p in model.specs])
-        cands = sorted(((_objective(model, np.clip(model.u_of(v), lo, hi), stacked,
-                                    huber_delta),
-                         np.clip(model.u_of(v), lo, hi)) for v in starts),
+            reg[n] = float(np.exp(icpt))
+            reg[f"{n}_size_exp"] = float(np.clip(slope, SIZE_EXP.lo, SIZE_EXP.hi))
+        us = [model.clip(model.u_of({**per_size[s], **reg, **fix})) for s in sizes]
+        cands = sorted(((_objective(model, u, stacked, huber_delta), u) for u in us),
                        key=lambda c: c[0])
         th, f, conv, i = _minimize(model, np.array([c[1] for c in cands[:max(1, n_starts // 2)]]),
                                    stacked, huber_delta)
@@ -435,21 +408,3 @@ def _bootstrap(model: CurveModel, runs: list[RunDesign], u: np.ndarray, n: int, 
         accept=lambda pick: len({runs[i].size0 for i in pick}) >= need,
         without="too few runs or sizes for the band's parameter part: bands are NaN")
     return draws or [], info
-
-
-def schedules_from_sources(sources) -> dict[str, np.ndarray]:
-    """Exact per-update LRs of the ladder runs below ``sources`` (others give nothing), keyed
-    ``LADDER/RUNG``, rebuilt from each run's config.json as the trainer builds them, so fits need
-    not interpolate the LRs logged at evals."""
-    from pathlib import Path
-
-    from ladder.sources.runs import read_runs
-
-    out: dict[str, np.ndarray] = {}
-    for src in sources if isinstance(sources, (list, tuple)) else [sources]:
-        if not Path(src).is_dir():
-            continue
-        for run in read_runs(src, metrics=False):
-            if run.rung is not None and run.metrics_path.is_file():
-                out[run.key] = run.lr_table()
-    return out

@@ -20,8 +20,8 @@ so S2(t) = sum_k (eta_{k-1} - eta_k) (1 - lam^(t-k+1)) / (1 - lam); S1 holds war
 annealing increments start after it, as in MPL (negative during warmup).
 
 Conventions (written into law.json):
-- ``lr[s-1]`` is the LR of update ``s``; the loss at completed step ``t`` has seen updates 1..t
-  (fit.lr_schedules); warmup ends at the first update reaching the maximum LR (``W``).
+- LRs per update as fit.lr_schedules says; warmup ends at the first update reaching the maximum
+  LR (``W``).
 - LRs are divided by ``lr_scale`` (the data's largest LR), so areas are in steps at that LR and
   ``A``, ``B``, ``C`` in those units (the law is invariant under the rescaling).
 - The annealing sums are exact at LR jumps; where the LR changes every step they are summed over
@@ -71,18 +71,19 @@ class CurveParam:
     def to_display(self, t: float) -> float:
         return _TRANSFORMS[self.transform][1](t)
 
+    def u_or_nan(self, p: float) -> float:
+        """``to_u(p)``, NaN where ``p`` is outside the transform's domain."""
+        try:
+            return self.to_u(p)
+        except ValueError:
+            return math.nan
+
     def interval_flags(self, interval, level: float) -> list[str]:
         """Why an interval ``[lo, hi]`` does not pin this parameter: an end at a bound of its
         range in ``u`` (a flat direction, as B and beta on curves without a decay)."""
         if interval is None:
             return []
-        with np.errstate(divide="ignore", invalid="ignore"):
-            th = []
-            for v in interval:
-                try:
-                    th.append(self.to_u(v))
-                except ValueError:
-                    th.append(math.nan)
+        th = [self.u_or_nan(v) for v in interval]
         return [f"its {level:.0%} interval reaches the bound {self.to_display(b):.3g} of its "
                 "range" for b in (self.lo, self.hi) if any(abs(t - b) < 1e-6 for t in th)]
 
@@ -332,11 +333,7 @@ class CurveModel:
         self.free = [i for i, n in enumerate(self.names) if n not in self.fix]
         for k, v in self.fix.items():
             spec = self.specs[self.names.index(k)]
-            try:
-                th = spec.to_u(v)
-            except ValueError:
-                th = float("nan")
-            if not spec.lo <= th <= spec.hi:
+            if not spec.lo <= spec.u_or_nan(v) <= spec.hi:
                 raise InputError(f"fixed value {k}={v} is outside the allowed range", field="fix")
 
     def full_u(self, free_u: np.ndarray, template: np.ndarray) -> np.ndarray:
@@ -360,3 +357,7 @@ class CurveModel:
 
     def bounds(self):
         return [(self.specs[i].lo, self.specs[i].hi) for i in self.free]
+
+    def clip(self, u: np.ndarray) -> np.ndarray:
+        """``u`` inside every parameter's bounds."""
+        return np.clip(u, [s.lo for s in self.specs], [s.hi for s in self.specs])

@@ -27,9 +27,6 @@ from ladder.io import InputError, number
 MC_SEED = 0   # the band's Monte Carlo draws: the same band for the same law and query
 
 
-# ------------------------------------------------------------------------------- results
-
-
 @dataclass(repr=False)  # LawResult's short repr, not every field
 class CurveLaw(LawResult, forms=tuple(FORMS)):
     """A fitted curve law (``mpl`` or ``momentum``): ``predict`` takes a schedule; law.json
@@ -170,9 +167,7 @@ class CurveLaw(LawResult, forms=tuple(FORMS)):
         run = design("predict", lr, at, None, size or 1.0, self.lr_scale, self.node_every)
 
         def curve_for(values):
-            p = m.run_params(values, size) if m.scaled else {s.name: values[s.name]
-                                                             for s in m.base}
-            return curve(self.form, p, run)
+            return curve(self.form, m.run_params(values, size), run)
 
         center = curve_for(self.params)
         lo = np.full(center.shape, np.nan)
@@ -223,12 +218,10 @@ class CurveLaw(LawResult, forms=tuple(FORMS)):
             return InputError(msg, path=str(path) if path else "<law>", field=field_)
         obj = lawjson.upgrade(obj, path=path)
         form = lawjson.check_envelope(obj, path=path, forms=tuple(FORMS))
-        curve = obj.get("curve")
-        if not isinstance(curve, dict):
-            raise bad("curve", "missing or not an object")
-        params = obj.get("params")
-        if not isinstance(params, dict):
-            raise bad("params", "missing or not an object")
+        for key in ("curve", "params"):
+            if not isinstance(obj.get(key), dict):
+                raise bad(key, "missing or not an object")
+        curve, params = obj["curve"], obj["params"]
         scaled = tuple(curve.get("scaled") or ())
         need = [p.name for p in FORMS[form]] + [f"{n}_size_exp" for n in scaled]
         for n in need:
@@ -272,8 +265,7 @@ class CurveLaw(LawResult, forms=tuple(FORMS)):
         if self.size_ref is not None:
             lines.append(f"size scaling: {', '.join(self.scaled)} are power laws of "
                          f"{self.size_variable} around {self.size_ref:.4g}")
-        lines += parameter_lines(self, {k: " (fixed)" for k in self.fixed}, {},
-                                 "fix it with --fix NAME=VALUE")
+        lines += parameter_lines(self, {}, "fix it with --fix NAME=VALUE")
 
         def g(key):
             v = d.get(key)

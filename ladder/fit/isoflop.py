@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from ladder.fit.allocation import LOG_MAX
+from ladder.fit.solver import percentile_interval
 from ladder.io import EX_DATAERR, InputError
 
 SCHEMA = "isoflop/1"
@@ -34,6 +35,15 @@ GRID = 40                    # Approach 1 on curves: compute values of the envel
 # the Approach 2 parabola's window: on Porian et al. 2024's RefinedWeb IsoFLOPs a = 0.514 from
 # every point, 0.500 from 1.5 octaves, the paper 0.497
 WINDOW_OCTAVES = 1.5
+
+
+def _null_nan(obj):
+    """A value that cannot be computed (NaN) as JSON null, through dicts and lists."""
+    if isinstance(obj, dict):
+        return {k: _null_nan(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_null_nan(v) for v in obj]
+    return None if isinstance(obj, float) and math.isnan(obj) else obj
 
 
 def _exp(x: float) -> float:
@@ -62,9 +72,8 @@ class PowerLaw:
             return v, (math.nan, math.nan)
         with np.errstate(over="ignore", invalid="ignore"):
             vals = np.exp(self.draws[:, 1] + self.draws[:, 0] * math.log(compute))
-        vals = np.where(np.isfinite(vals), vals, np.nan)
-        q = 0.5 + level / 2
-        return v, (float(np.quantile(vals, 1 - q)), float(np.quantile(vals, q)))
+        lo, hi = percentile_interval(np.where(np.isfinite(vals), vals, np.nan), level)
+        return v, (float(lo), float(hi))
 
 
 @dataclass(frozen=True)
@@ -106,33 +115,33 @@ class IsoflopResult:
         """Approach 2 when the table has IsoFLOP profiles, else Approach 1."""
         return self.approach2 if self.approach2 is not None else self.approach1
 
+    @property
+    def convention(self) -> str:
+        return f"C = {FLOPS_PER_PARAM_TOKEN:g} N D" + (
+            f" ({self.derived} derived from it)" if self.derived else "")
+
     def to_json(self, budget: float | None = None) -> dict:
-        m = self.main
-        out = {"schema": SCHEMA, "approach": m.name, "level": self.level,
-               "n_exponent": m.n.exponent, "d_exponent": m.d.exponent,
-               "n_exponent_interval": list(m.n.exponent_interval),
-               "d_exponent_interval": list(m.d.exponent_interval),
-               "n_coef": m.n.coef, "d_coef": m.d.coef,
-               "convention": f"C = {FLOPS_PER_PARAM_TOKEN:g} N D" +
-                             (f" ({self.derived} derived from it)" if self.derived else ""),
+        """The `ladder isoflop --json` object; a value that cannot be computed is null."""
+        a1 = self.approach1.to_json(self.level, budget)
+        a2 = None if self.approach2 is None else self.approach2.to_json(self.level, budget)
+        main = a1 if a2 is None else a2         # its numbers are repeated at the top level
+        out = {"schema": SCHEMA, "approach": self.main.name, "level": self.level,
+               **{k: main[k] for k in ("n_exponent", "d_exponent", "n_exponent_interval",
+                                       "d_exponent_interval", "n_coef", "d_coef")},
+               "convention": self.convention,
                "bootstrap": self.bootstrap, "runs": int(self.points["run"].nunique()),
-               "approach1": self.approach1.to_json(self.level, budget),
-               "approach2": None if self.approach2 is None else
-               self.approach2.to_json(self.level, budget),
-               "warnings": list(self.warnings)}
+               "approach1": a1, "approach2": a2, "warnings": list(self.warnings)}
         if budget is not None:
             out["budget"] = float(budget)
-            for k in ("n_opt", "d_opt", "n_opt_interval", "d_opt_interval"):
-                out[k] = out[f"approach{m.name[-1]}"][k]
-        return out
+            out.update({k: main[k] for k in ("n_opt", "d_opt", "n_opt_interval",
+                                             "d_opt_interval")})
+        return _null_nan(out)
 
     def report(self, budget: float | None = None) -> str:
-        lv = f"{self.level:.0%}"
         lines = [f"IsoFLOP: {len(self.points)} points, {self.points['run'].nunique()} runs; "
-                 f"C = {FLOPS_PER_PARAM_TOKEN:g} N D"
-                 + (f" ({self.derived} derived from it)" if self.derived else "")
-                 + f"; {lv} intervals from {self.bootstrap} bootstrap replicates (approach 2: "
-                 f"residuals within budgets; approach 1: budgets)"]
+                 f"{self.convention}; {self.level:.0%} intervals from {self.bootstrap} "
+                 "bootstrap replicates (approach 2: residuals within budgets; approach 1: "
+                 "budgets)"]
         for a in (self.approach1, self.approach2):
             if a is None:
                 continue
@@ -150,9 +159,6 @@ class IsoflopResult:
             lines.append("  approach 2: no budget with >= 3 sizes (not an IsoFLOP table)")
         lines += [f"  warning: {w}" for w in self.warnings]
         return "\n".join(lines)
-
-
-# ----------------------------------------------------------------------------- the table
 
 
 def isoflop_table(df: pd.DataFrame, *, where: str = "<table>") -> tuple[pd.DataFrame, str | None]:
@@ -179,9 +185,8 @@ def isoflop_table(df: pd.DataFrame, *, where: str = "<table>") -> tuple[pd.DataF
     if derived is not None:
         other = "tokens" if derived == "params" else "params"
         d[derived] = d["compute"] / (FLOPS_PER_PARAM_TOKEN * d[other])
-    frac = pd.to_numeric(df["fraction"], errors="coerce") if "fraction" in df.columns \
-        else pd.Series(1.0, index=df.index)
-    d["fraction"] = frac.to_numpy()
+    d["fraction"] = pd.to_numeric(df["fraction"], errors="coerce").to_numpy() \
+        if "fraction" in df.columns else 1.0
     num = d[["compute", "loss", "params", "tokens"]].to_numpy(float)
     with np.errstate(invalid="ignore"):
         ok = np.isfinite(num).all(axis=1) & (num > 0).all(axis=1)
@@ -197,9 +202,6 @@ def isoflop_table(df: pd.DataFrame, *, where: str = "<table>") -> tuple[pd.DataF
 def budget_key(c: np.ndarray) -> np.ndarray:
     """Budgets equal to 3 significant digits are one budget."""
     return np.array([float(f"{x:.3g}") for x in c])
-
-
-# ----------------------------------------------------------------------------- fits
 
 
 def window(x, y, octaves: float):
@@ -277,8 +279,7 @@ def _profile_draws(fits, rng, bootstrap: int) -> tuple[list, list]:
                 continue
             ys = yhat[None, :] + r[rng.integers(0, len(r), (bootstrap, len(r)))]
             # least-squares parabolas of every replicate at once: one solve, many right sides
-            X = np.vander(wx, 3)
-            p2, p1, _ = np.linalg.lstsq(X, ys.T, rcond=None)[0]
+            p2, p1, _ = np.linalg.lstsq(np.vander(wx, 3), ys.T, rcond=None)[0]
             with np.errstate(divide="ignore", invalid="ignore"):
                 vx[:, j] = np.where(p2 > 0, -p1 / (2 * p2), np.nan)
         for b in range(bootstrap):
@@ -344,13 +345,12 @@ def isoflop(df: pd.DataFrame, *, bootstrap: int = 1000, level: float = 0.9, seed
     d, derived = isoflop_table(df, where=where)
     rng = np.random.default_rng(seed)
     notes: list[str] = []
-    q = 0.5 + level / 2
 
     def law(c, y, draws) -> PowerLaw:
         a, logk = _power_law(c, y)
         dr = np.asarray([x for x in draws if np.isfinite(x).all()]).reshape(-1, 2)
-        iv = (float(np.quantile(dr[:, 0], 1 - q)), float(np.quantile(dr[:, 0], q))) \
-            if len(dr) >= 2 else (math.nan, math.nan)
+        iv = tuple(map(float, percentile_interval(dr[:, 0], level))) if len(dr) >= 2 \
+            else (math.nan, math.nan)
         return PowerLaw(a, _exp(logk), iv, dr)
 
     # Approach 2: the final points of runs, grouped by budget
@@ -375,33 +375,24 @@ def isoflop(df: pd.DataFrame, *, bootstrap: int = 1000, level: float = 0.9, seed
                       law(opt["compute"], opt["d_opt"], dd))
 
     # Approach 1: the envelope (curves when runs have several points, else budgets)
-    runs = sorted(d["run"].unique())
     with_curves = d.groupby("run").size().min() >= 2
     if with_curves:
-        curves = _curves(d, runs)
-        opt1 = _envelope_curves(curves)
-        nd, dd = [], []
-        for _ in range(bootstrap):
-            pick = rng.integers(0, len(curves), len(curves))
-            o = _envelope_curves([curves[i] for i in pick])
-            nd.append(_power_law(o["compute"], o["n_opt"]))
-            dd.append(_power_law(o["compute"], o["d_opt"]))
+        items, envelope = _curves(d, sorted(d["run"].unique())), _envelope_curves
     else:
-        budgets = [(float(np.exp(np.log(g["compute"]).mean())), g["params"].to_numpy(),
-                    g["tokens"].to_numpy(), g["loss"].to_numpy())
-                   for _, g in d.groupby(budget_key(d["compute"].to_numpy()))]
-        opt1 = _envelope_points(budgets)
-        nd, dd = [], []
-        c1, n1, d1 = (opt1[k].to_numpy(float) for k in ("compute", "n_opt", "d_opt"))
-        for _ in range(bootstrap):  # the budgets' best runs resampled (pairs bootstrap)
-            k = rng.integers(0, len(c1), len(c1))
-            nd.append(_power_law(c1[k], n1[k]))
-            dd.append(_power_law(c1[k], d1[k]))
-    if len(opt1) < 2 or opt1["compute"].nunique() < 2:
-        if a2 is None:
-            raise InputError("needs at least 2 compute budgets (or runs whose curves span "
-                             "more than one compute value)", path=where, field="compute",
-                             exit_code=EX_DATAERR)
+        items = [(float(np.exp(np.log(g["compute"]).mean())), g["params"].to_numpy(),
+                  g["tokens"].to_numpy(), g["loss"].to_numpy())
+                 for _, g in d.groupby(budget_key(d["compute"].to_numpy()))]
+        envelope = _envelope_points
+    opt1 = envelope(items)
+    if a2 is None and (len(opt1) < 2 or opt1["compute"].nunique() < 2):
+        raise InputError("needs at least 2 compute budgets (or runs whose curves span more "
+                         "than one compute value)", path=where, field="compute",
+                         exit_code=EX_DATAERR)
+    nd, dd = [], []
+    for _ in range(bootstrap):  # the runs (or the budgets' best runs) resampled
+        o = envelope([items[i] for i in rng.integers(0, len(items), len(items))])
+        nd.append(_power_law(o["compute"], o["n_opt"]))
+        dd.append(_power_law(o["compute"], o["d_opt"]))
     a1 = Approach("approach 1", opt1, law(opt1["compute"], opt1["n_opt"], nd),
                   law(opt1["compute"], opt1["d_opt"], dd))
     if with_curves:

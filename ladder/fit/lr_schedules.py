@@ -85,8 +85,7 @@ def parse_schedule(text: str, *, field: str = "--schedule") -> NamedSchedule:
     # 10**8 steps: 256x the hero's; the table is built step by step, so a typo would hang
     if not math.isfinite(steps) or steps != int(steps) or steps <= 0 or steps > 10**8:
         raise InputError(f"schedule steps must be a positive integer <= 1e8, got "
-                         f"{values['steps']}",
-                         field=field)
+                         f"{values['steps']}", field=field)
     try:
         return NamedSchedule(Schedule(kind=kind, **nums), int(steps), peak)
     except ValueError as e:
@@ -136,12 +135,10 @@ def read_schedule_csv(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     for col in ("step", "lr"):
         if col not in df.columns:
             raise InputError("missing column", path=path, field=col)
-    step = pd.to_numeric(df["step"], errors="coerce").to_numpy(float)
-    lr = pd.to_numeric(df["lr"], errors="coerce").to_numpy(float)
-    if not np.all(np.isfinite(step)):
-        raise InputError("non-numeric or missing step", path=path, field="step")
-    if not np.all(np.isfinite(lr)):
-        raise InputError("non-numeric or missing lr", path=path, field="lr")
+    step, lr = (pd.to_numeric(df[c], errors="coerce").to_numpy(float) for c in ("step", "lr"))
+    for col, v in (("step", step), ("lr", lr)):
+        if not np.all(np.isfinite(v)):
+            raise InputError(f"non-numeric or missing {col}", path=path, field=col)
     if np.any(step > 10**8):  # the LR table is per step (see parse_schedule's limit)
         raise InputError("steps beyond 1e8", path=path, field="step")
     try:

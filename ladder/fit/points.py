@@ -15,6 +15,7 @@ listed in ``df.attrs["dropped"]`` and warned of.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import math
 import warnings
 from collections.abc import Iterable
@@ -57,38 +58,32 @@ def load_points(sources, metric: str | None = None, *, include_incomplete: bool 
     requested, metric = metric, metric or DEFAULT_METRIC
     frames, dropped, left_out = [], [], []
     for src in sources:
+        frame, notes, targets = None, [], []
         if isinstance(src, pd.DataFrame):  # a table built elsewhere may name its source
             src, targets = _without_targets(src, include_target)
-            left_out += targets
             if len(src) or not targets:
-                frames.append(_table(src.copy(), str(src.attrs.get("source", "<dataframe>")),
-                                     metric, requested))
-            continue
-        if isinstance(src, str) and src.startswith("wandb://"):
-            known = read_sizes(sizes)
+                frame = _table(src.copy(), str(src.attrs.get("source", "<dataframe>")), metric,
+                               requested)
+        elif isinstance(src, str) and src.startswith("wandb://"):
+            known = read_sizes(sizes)  # before the API is asked
             frame, notes = points_from_histories(
                 read_api_runs(src, api=wandb_api, field="SOURCE"), metric, known, where=src,
                 keymap=keymap)
             frame, targets = _without_targets(frame, include_target)
-            dropped += notes
-            left_out += targets
-            if len(frame) or not targets:
-                frames.append(frame)
-            continue
-        path = Path(src)
-        if not path.exists():
-            raise InputError("no such file or directory", path=path, exit_code=EX_NOINPUT)
-        if path.is_dir():
-            frame, notes, targets = _runs_dir(path, metric, include_incomplete,
+            frame = frame if len(frame) or not targets else None
+        elif not Path(src).exists():
+            raise InputError("no such file or directory", path=Path(src), exit_code=EX_NOINPUT)
+        elif Path(src).is_dir():
+            frame, notes, targets = _runs_dir(Path(src), metric, include_incomplete,
                                               include_target)
-            dropped += notes
-            left_out += targets
-            if frame is not None:
-                frames.append(frame)
         else:
-            table = read_table(path)
-            frames.append(_table(keymap.table(table) if keymap else table, str(path), metric,
-                                 requested))
+            table = read_table(Path(src))
+            frame = _table(keymap.table(table) if keymap else table, str(Path(src)), metric,
+                           requested)
+        dropped += notes
+        left_out += targets
+        if frame is not None:
+            frames.append(frame)
     if requested is None:  # long tables name their one metric; two different ones never mix
         named = list(dict.fromkeys(f.attrs["long_metric"] for f in frames
                                    if f.attrs.get("long_metric")))
@@ -140,7 +135,7 @@ def _table(df: pd.DataFrame, where: str, metric: str, requested: str | None = No
         if metric in df.columns:
             df = df.rename(columns={metric: "loss"})
         else:
-            keys = [] if long_metric else _table_keys(df, where)
+            keys = [] if long_metric else _table_keys(df)
             hint = (f"; choose its metric column{'s' if len(keys) > 1 else ''} with --metric "
                     f"KEY (repeatable; globs allowed): {listed_keys(keys)}"
                     if requested is None and keys else "")
@@ -191,16 +186,12 @@ def listed_keys(keys, most: int = 20) -> str:
     return ", ".join(keys[:most]) + (f", ... ({len(keys)} in all)" if len(keys) > most else "")
 
 
-def _is_pattern(key: str) -> bool:
-    return any(ch in key for ch in "*?[")
-
-
 def metric_keys(source, *, keymap=None) -> list[str]:
     """The metric keys a source holds, in order of first appearance: a long table's ``metric``
     values, a wide table's other columns (its ``loss`` included), a runs directory's logged
     keys. W&B runs are not listed: InputError (64)."""
     if isinstance(source, pd.DataFrame):
-        return _table_keys(source, str(source.attrs.get("source", "<dataframe>")))
+        return _table_keys(source)
     if str(source).startswith("wandb://") or is_wandb_offline_dir(source):
         raise InputError("a metric pattern is matched against the keys a points table or runs "
                          "directory holds; name W&B metrics exactly", path=str(source),
@@ -215,10 +206,10 @@ def metric_keys(source, *, keymap=None) -> list[str]:
                 keys.update((k, None) for k in row if k not in RUN_NOT_METRICS)
         return list(keys)
     table = read_table(path)
-    return _table_keys(keymap.table(table) if keymap else table, str(path))
+    return _table_keys(keymap.table(table) if keymap else table)
 
 
-def _table_keys(df: pd.DataFrame, where: str) -> list[str]:
+def _table_keys(df: pd.DataFrame) -> list[str]:
     cols = [str(c).strip() for c in df.columns]
     if "metric" in cols:
         return _metric_names(df[df.columns[cols.index("metric")]])[1]
@@ -243,18 +234,14 @@ def expand_metrics(patterns, sources, *, keymap=None) -> list[str | None]:
     patterns = [str(p) for p in patterns or []]
     if not patterns:
         return [None]
-    held = None
 
+    @functools.cache
     def keys_held():
-        nonlocal held
-        if held is None:
-            held = list(dict.fromkeys(k for s in sources
-                                      for k in metric_keys(s, keymap=keymap)))
-        return held
+        return list(dict.fromkeys(k for s in sources for k in metric_keys(s, keymap=keymap)))
 
     out: list[str] = []
     for k in patterns:
-        if not _is_pattern(k):
+        if not any(ch in k for ch in "*?["):  # a key, not a glob
             out.append(k)
             continue
         hit = [c for c in keys_held() if fnmatch.fnmatchcase(c, k)]

@@ -17,36 +17,34 @@ def _g(x, fmt="{:.4g}"):
     return fmt.format(x)
 
 
-def _pct(x):
-    x = as_float(x)
-    return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:+.2f}%"
+def _pct(x, sign: str = "+"):
+    return _g(x, f"{{:{sign}.2%}}")
 
 
 def report(r) -> str:
     return "\n".join(head_lines(r) + r._report_lines())
 
 
-def left_out_line(run: str) -> str:
-    """What a fit says of the target rung it left out."""
-    return f"left out: {run} (the ladder's target; --include-target to fit it)"
-
-
 def head_lines(r) -> list[str]:
+    """The law, its data, and the target rung the fit left out."""
     return [f"law: {r.form}   {r.expression}" + (f"   (one fit per {r.by})" if r.by else ""),
             (f"metric: {r.metric or '-'}   points: {r.inputs.get('n_points')}   runs: "
-             f"{r.inputs.get('n_runs')}")] + [left_out_line(str(x))
-                                             for x in r.inputs.get("left_out") or []]
+             f"{r.inputs.get('n_runs')}")] + [
+        f"left out: {x} (the ladder's target; --include-target to fit it)"
+        for x in r.inputs.get("left_out") or []]
 
 
-def parameter_lines(r, tags: dict[str, str], warnings: dict[str, str], hint: str) -> list[str]:
-    """The parameters at their intervals with tags and warnings, the identifiability flags,
-    and ``hint`` (how to pin one down) when one is unidentified."""
+def parameter_lines(r, warnings: dict[str, str], hint: str) -> list[str]:
+    """The parameters at their intervals, tagged with what the fit imposed (:func:`_imposed`),
+    with ``warnings``, the identifiability flags, and ``hint`` (how to pin one down) when one is
+    unidentified."""
     width = max([6] + [len(n) for n in r.params])
     lines = [f"parameters ({r.level:.0%} intervals):"]
     for n, v in r.params.items():
         iv = r.intervals.get(n, [math.nan, math.nan])
         flag = warnings.get(n)
-        lines.append(f"  {n:>{width}} = {v:<12.6g} [{_g(iv[0])}, {_g(iv[1])}]{tags.get(n, '')}"
+        tags = "".join(f" ({x})" for x in _imposed(r, n) + _unused(r, n))
+        lines.append(f"  {n:>{width}} = {v:<12.6g} [{_g(iv[0])}, {_g(iv[1])}]{tags}"
                      + (f"  WARNING: {flag}" if flag else ""))
     ident = r.identifiability
     for n, why in (ident.get("flags") or {}).items():
@@ -59,9 +57,6 @@ def parameter_lines(r, tags: dict[str, str], warnings: dict[str, str], hint: str
 def parameter_rows(r) -> list[dict]:
     """The parameter table of any law: ``name``, ``estimate``, ``lo``, ``hi``, ``identified``,
     ``note`` (fixed, tied, a prior, at a bound, why not identified)."""
-    spec = getattr(r, "spec", None)
-    fixed = set(spec.fix) if spec is not None else set(getattr(r, "fixed", None) or ())
-    tie = dict(spec.tie) if spec is not None else {}
     ident = r.identifiability
     flags = ident.get("flags") or {}
     unidentified = set(ident.get("unidentified") or []) | set(flags)
@@ -69,21 +64,14 @@ def parameter_rows(r) -> list[dict]:
     rows = []
     for n, v in r.params.items():
         iv = r.intervals.get(n) or [math.nan, math.nan]
-        notes = ["fixed"] if n in fixed else ([f"= {tie[n]}"] if n in tie else [])
-        pr = (getattr(r, "prior", None) or {}).get(n)
-        if pr:
-            notes.append(f"prior {pr[0]:g} +- {pr[1]:g}")
-        if at_bound.get(n):
-            notes.append(str(at_bound[n]))
+        imposed = _imposed(r, n)
+        notes = imposed + ([str(at_bound[n])] if at_bound.get(n) else [])
         # a flag that repeats the bound note adds nothing: the interval's reason is kept
-        notes += [f for f in flags.get(n) or [] if not f.startswith("estimate ")]
-        param = _param(r, n)
-        if param is not None and param.kind == "positive" and abs(v) < UNUSED:
-            notes.append("~0: this factor is unused")
+        notes += [f for f in flags.get(n) or [] if not f.startswith("estimate ")] + _unused(r, n)
         lo, hi = (as_float(x) for x in iv)
         rows.append({"name": n, "estimate": float(v),
                      "lo": math.nan if lo is None else lo, "hi": math.nan if hi is None else hi,
-                     "identified": n in fixed or n not in unidentified,
+                     "identified": imposed[:1] == ["fixed"] or n not in unidentified,
                      "note": "; ".join(notes)})
     return rows
 
@@ -92,13 +80,25 @@ def parameter_rows(r) -> list[dict]:
 UNUSED = 1e-8
 
 
-def _param(r, name: str):
-    """The ladder.fit.forms.Param of ``name`` in a Chinchilla-family law, else None."""
+def _imposed(r, n: str) -> list[str]:
+    """What the fit imposed on parameter ``n``: fixed, tied (``= B``), a prior."""
+    spec = getattr(r, "spec", None)
+    fixed = spec.fix if spec is not None else (getattr(r, "fixed", None) or {})
+    tie = spec.tie if spec is not None else {}
+    out = ["fixed"] if n in fixed else ([f"= {tie[n]}"] if n in tie else [])
+    pr = (getattr(r, "prior", None) or {}).get(n)
+    return out + ([f"prior {pr[0]:g} +- {pr[1]:g}"] if pr else [])
+
+
+def _unused(r, n: str) -> list[str]:
+    """["~0: this factor is unused"] for a Chinchilla-family shape factor below UNUSED."""
     spec = getattr(r, "spec", None)
     try:
-        return spec.form.param(name) if spec is not None else None
+        param = spec.form.param(n) if spec is not None else None
     except KeyError:
-        return None
+        return []
+    return ["~0: this factor is unused"] if param is not None and param.kind == "positive" \
+        and abs(r.params[n]) < UNUSED else []
 
 
 def short_lines(r) -> list[str]:
@@ -167,17 +167,7 @@ def fit_lines(r) -> list[str]:
             lines.append(f"  {v:8.3f}  " + "  ".join(f"{g.params[n]:10.4g}"
                                                        for n in r.spec.form.names))
     else:
-        tags = {}
-        for n in r.params:
-            tag = " (fixed)" if n in r.spec.fix else (f" (= {r.spec.tie[n]})" if n in r.spec.tie
-                                                      else "")
-            pr = (r.prior or {}).get(n)
-            if pr:
-                tag += f" (prior {pr[0]:g} +- {pr[1]:g})"
-            if r.spec.form.param(n).kind == "positive" and abs(r.params[n]) < UNUSED:
-                tag += " (~0: this factor is unused)"
-            tags[n] = tag
-        lines += parameter_lines(r, tags, d.get("at_bound", {}),
+        lines += parameter_lines(r, d.get("at_bound", {}),
                                  "fix it with --fix NAME=VALUE or regularise it with --prior "
                                  "NAME=MEAN:SD")
         ss = d.get("starts_status", {})
@@ -194,10 +184,8 @@ def fit_lines(r) -> list[str]:
                      f"{_pct(d.get('max_abs_rel_residual'))}, residual dof {_g(d.get('dof'))}; "
                      f"{d.get('points_note')}")
         b = d.get("bootstrap", {})
-        if b.get("replicates"):
-            lines.append(bootstrap_line(b))
-        else:
-            lines.append("bootstrap: none (bands from the Student-t lack-of-fit interval only)")
+        lines.append(bootstrap_line(b) if b.get("replicates") else
+                     "bootstrap: none (bands from the Student-t lack-of-fit interval only)")
     al = d.get("allocation")
     a = as_float(al.get("a")) if al else None
     if al and (a is None or not math.isfinite(a)):
@@ -209,9 +197,8 @@ def fit_lines(r) -> list[str]:
                      + f", D_opt ~ C^{_g(al.get('b'), '{:.4f}')}  (C = {_g(al.get('k'))} N D)"
                      + (f"; G not defined: {al['not_defined']}" if al.get("not_defined")
                         else ""))
-    bt = d.get("backtest")
-    if bt:
-        lines += _backtest_lines("backtest", bt)
+    if d.get("backtest"):
+        lines += _backtest_lines(d["backtest"])
     cmp_ = d.get("trajectory_vs_per_fraction")
     if cmp_ and not cmp_.get("held_out") and not cmp_.get("better"):
         lines.append("trajectory vs per-fraction fits: not compared (no rung held out)")
@@ -251,20 +238,19 @@ def fit_lines(r) -> list[str]:
                          f"with their cross-ladder values {_g(bp.get('noise_log_sd'))} and "
                          f"{_g(bp.get('rate'))}/decade, worth {_g(bp.get('weight'))} "
                          f"observations ({bp.get('source', '')})")
-    for line in d.get("dropped_rows", [])[:20]:
-        lines.append(f"dropped: {line}")
-    if len(d.get("dropped_rows", [])) > 20:
-        lines.append(f"dropped: ... and {len(d['dropped_rows']) - 20} more rows")
+    dropped = d.get("dropped_rows", [])
+    lines += [f"dropped: {line}" for line in dropped[:20]]
+    if len(dropped) > 20:
+        lines.append(f"dropped: ... and {len(dropped) - 20} more rows")
     return lines
 
 
-def _backtest_lines(title, bt) -> list[str]:
-    out = []
+def _backtest_lines(bt) -> list[str]:
     folds = bt.get("folds", [])
     if not folds:
         why = "; ".join(s["reason"] for s in bt.get("skipped", [])) or "one scale level only"
-        return [f"{title}: not possible ({why})"]
-    out.append(f"{title} (fit on smaller runs, predict the next scale level):")
+        return [f"backtest: not possible ({why})"]
+    out = ["backtest (fit on smaller runs, predict the next scale level):"]
     for f in folds:
         errs = ", ".join(_pct(e) for e in f["final_rel_err"][:6])
         more = " ..." if len(f["final_rel_err"]) > 6 else ""
@@ -321,10 +307,6 @@ def metric_summary(metric: str, law, df) -> dict:
 
 def summary_lines(rows: list[dict], level: float) -> list[str]:
     """The one-line-per-metric table of a multi-metric fit (``refused`` rows: not fitted)."""
-    def pct(x):
-        x = as_float(x)
-        return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:.2f}%"
-
     w = max([6] + [len(r["metric"]) for r in rows])
     fitted = sum("refused" not in r for r in rows)
     out = [f"{fitted} of {len(rows)} metrics fitted, one law each "
@@ -337,7 +319,7 @@ def summary_lines(rows: list[dict], level: float) -> list[str]:
             continue
         ex = " ".join(f"{n} {_g(v, '{:.3g}')}" for n, v in r["exponents"].items()) or "-"
         out.append(f"  {r['metric']:<{w}}  {r['form']:<20} {ex:<26} "
-                   f"{pct(r['rollout_mean_abs_final']):>13} "
-                   f"{pct(r['leave_largest_out_abs_final']):>17} "
-                   f"{pct(r['band_half_width_rel']):>8}")
+                   f"{_pct(r['rollout_mean_abs_final'], ''):>13} "
+                   f"{_pct(r['leave_largest_out_abs_final'], ''):>17} "
+                   f"{_pct(r['band_half_width_rel'], ''):>8}")
     return out

@@ -60,14 +60,16 @@ def fit_sigmoid(L, acc, weights=None, *, anchor=ANCHOR, starts=None) -> np.ndarr
     return best
 
 
-# ----------------------------------------------------------------------------- tables
-
-
-def task_tables(df: pd.DataFrame, via: str, metric: str, *, smooth: int = SMOOTH,
-                skip: float = SKIP, where: str = "<table>"):
-    """(step-1 points table, step-2 pairs) from a table of evals: one row per (run, eval) with
-    ``run``, ``params`` (and/or ``active_params``, ``compute``), ``tokens`` and the columns
-    ``via`` (task loss) and ``metric`` (accuracy in [0, 1])."""
+def step1_table(df: pd.DataFrame, via: str, metric: str, *, smooth: int = SMOOTH,
+                skip: float = SKIP, where: str = "<table>") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Step 1's points table of ``via`` and step 2's (loss, accuracy) pairs, checked, from a
+    table of evals: one row per (run, eval) with ``run``, ``params`` (and/or ``active_params``,
+    ``compute``), ``tokens`` and the columns ``via`` (task loss) and ``metric`` (accuracy in
+    [0, 1])."""
+    if isinstance(smooth, bool) or not isinstance(smooth, int) or smooth < 1:
+        raise InputError(f"must be an integer >= 1, got {smooth!r}", field="smooth")
+    if not 0 <= skip < 1:
+        raise InputError(f"must be in [0, 1), got {skip!r}", field="skip")
     for col in ("run", "tokens", via, metric):
         if col not in df.columns:
             raise InputError(f"missing column (columns: {', '.join(map(str, df.columns))})",
@@ -100,11 +102,8 @@ def task_tables(df: pd.DataFrame, via: str, metric: str, *, smooth: int = SMOOTH
         n = len(g)
         tail = g.iloc[-min(smooth, n):]
         last = g.iloc[-1]
-        row = {"run": str(run), "tokens": float(last["tokens"]), "fraction": 1.0,
-               "loss": float(tail[via].mean())}
-        for c in size_cols:
-            row[c] = float(last[c])
-        step1.append(row)
+        step1.append({"run": str(run), "tokens": float(last["tokens"]), "fraction": 1.0,
+                      "loss": float(tail[via].mean()), **{c: float(last[c]) for c in size_cols}})
         kept = g.iloc[int(math.ceil(skip * n)):]
         w = min(smooth, len(kept))
         if w < 1:
@@ -116,16 +115,12 @@ def task_tables(df: pd.DataFrame, via: str, metric: str, *, smooth: int = SMOOTH
         pairs += [{"run": str(run), "size": size, "loss": x, "acc": y,
                    "final": i == len(xs) - 1} for i, (x, y) in enumerate(zip(xs, ys,
                                                                                strict=True))]
-    return pd.DataFrame(step1), pd.DataFrame(pairs)
-
-
-# ----------------------------------------------------------------------------- fitting
-
-
-def _run_weights(runs: np.ndarray, rng, replicates: int) -> np.ndarray:
-    """Run-level Bayesian bootstrap weights given to every point of a run (replicates x points)."""
-    uniq, idx = np.unique(runs, return_inverse=True)
-    return run_weights(rng, len(uniq), replicates)[:, idx]
+    t1, pairs = pd.DataFrame(step1), pd.DataFrame(pairs)
+    if len(pairs) < len(NAMES) + 1:
+        raise InputError(f"{len(pairs)} (loss, accuracy) points after skipping and smoothing: "
+                         "too few for the sigmoid's 4 parameters", path=where, field=metric)
+    t1.attrs["source"] = where
+    return t1, pairs
 
 
 def extrapolation_rate(pairs: pd.DataFrame, anchor=ANCHOR) -> dict:
@@ -150,21 +145,6 @@ def extrapolation_rate(pairs: pd.DataFrame, anchor=ANCHOR) -> dict:
             "rms_err": float(np.sqrt(np.mean(errs ** 2))) if len(errs) else None}
 
 
-def step1_table(df: pd.DataFrame, via: str, metric: str, *, smooth: int = SMOOTH,
-                skip: float = SKIP, where: str = "<table>") -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Step 1's points table of ``via`` and step 2's (loss, accuracy) pairs, checked."""
-    if isinstance(smooth, bool) or not isinstance(smooth, int) or smooth < 1:
-        raise InputError(f"must be an integer >= 1, got {smooth!r}", field="smooth")
-    if not 0 <= skip < 1:
-        raise InputError(f"must be in [0, 1), got {skip!r}", field="skip")
-    t1, pairs = task_tables(df, via, metric, smooth=smooth, skip=skip, where=where)
-    if len(pairs) < len(NAMES) + 1:
-        raise InputError(f"{len(pairs)} (loss, accuracy) points after skipping and smoothing: "
-                         "too few for the sigmoid's 4 parameters", path=where, field=metric)
-    t1.attrs["source"] = where
-    return t1, pairs
-
-
 def chain(step1, t1: pd.DataFrame, pairs: pd.DataFrame, metric: str, *, bootstrap: int,
           level: float, seed: int, smooth: int, skip: float, where: str) -> TaskLaw:
     """Step 2 on the pairs of :func:`step1_table`, chained to ``step1``: the task law."""
@@ -175,7 +155,9 @@ def chain(step1, t1: pd.DataFrame, pairs: pd.DataFrame, metric: str, *, bootstra
     boot = []
     if bootstrap:
         starts = [theta, np.array([theta[0], np.median(L), 3.0, theta[3]])]
-        for w in _run_weights(pairs["run"].to_numpy(), rng, bootstrap):
+        # run-level Bayesian bootstrap: a run's weight given to each of its points
+        runs, idx = np.unique(pairs["run"].to_numpy(), return_inverse=True)
+        for w in run_weights(rng, len(runs), bootstrap)[:, idx]:
             boot.append(fit_sigmoid(L, y, w, starts=starts))
     boot = np.asarray(boot).reshape(-1, len(NAMES))
     ext = extrapolation_rate(pairs) if pairs["size"].nunique() >= 3 else \

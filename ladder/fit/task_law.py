@@ -34,9 +34,6 @@ def sigmoid(L, a, L0, k, b):
     return a / (1.0 + np.exp(z)) + b
 
 
-# ----------------------------------------------------------------------------- the law
-
-
 class TaskLaw(LawResult, forms=(FORM,)):
     """Accuracy through task loss: step 1 (any fitted law of the loss) chained into step 2 (the
     sigmoid). ``predict`` takes step 1's inputs and returns the accuracy with its band."""
@@ -92,12 +89,9 @@ class TaskLaw(LawResult, forms=(FORM,)):
             raise ValueError(f"level: must be in (0, 1), got {level!r}")
         options = {k: fields.pop(k) for k in ("extra_log_sigma", "extrapolation") if k in fields}
         p1 = self.step1.predict(Query.of(query, **fields), level=self.level, **options)
-        L = np.atleast_1d(np.asarray(p1.loss, dtype=float))
-        lo1 = np.atleast_1d(np.asarray(p1.lo, dtype=float))
-        hi1 = np.atleast_1d(np.asarray(p1.hi, dtype=float))
+        L, lo1, hi1 = (np.atleast_1d(np.asarray(x, dtype=float)) for x in (p1.loss, p1.lo, p1.hi))
         center = np.clip(self.accuracy(L), 0.0, 1.0)
-        lo = np.full_like(center, np.nan)
-        hi = np.full_like(center, np.nan)
+        lo, hi = np.full_like(center, np.nan), np.full_like(center, np.nan)
         if len(self.boot_theta) and np.all(np.isfinite(lo1)) and np.all(np.isfinite(hi1)):
             rng = np.random.default_rng(seed)
             zq = float(ndtri((1 + self.level) / 2))
@@ -111,19 +105,6 @@ class TaskLaw(LawResult, forms=(FORM,)):
         shape = np.shape(p1.loss)
         return Prediction(loss=center.reshape(shape), lo=lo.reshape(shape),
                           hi=hi.reshape(shape), level=level)
-
-    def accuracy_band(self, loss, level: float | None = None, *, draws: int = N_DRAWS,
-                      seed: int = 0) -> Prediction:
-        """Step 2 alone: the accuracy at a known task loss, with step 2's band."""
-        level = self.level if level is None else float(level)
-        L = np.atleast_1d(np.asarray(loss, dtype=float))
-        rng = np.random.default_rng(seed)
-        band = np.array([self._band(np.full(draws, x), level, rng) for x in L]) \
-            if len(self.boot_theta) else np.full((len(L), 2), np.nan)
-        shape = np.shape(loss)
-        return Prediction(loss=np.clip(self.accuracy(L), 0, 1).reshape(shape),
-                          lo=band[:, 0].reshape(shape), hi=band[:, 1].reshape(shape),
-                          level=level)
 
     def _band(self, losses: np.ndarray, level: float, rng) -> tuple[float, float]:
         """Quantiles at ``level`` of step 2's accuracy over draws of the task loss (fit.task)."""
@@ -171,13 +152,11 @@ class TaskLaw(LawResult, forms=(FORM,)):
         params = obj.get("params")
         if not isinstance(params, dict):
             raise bad("params", "missing or not an object")
-        theta = []
         for n in NAMES:
             v = params.get(n)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise bad(f"params.{n}", "missing or not a finite number")
-            theta.append(float(v))
-        theta = np.asarray(theta)
+        theta = np.array([float(params[n]) for n in NAMES])
         if np.any(theta < LOWER) or np.any(theta > UPPER):
             raise bad("params", "outside the sigmoid's bounds (a in [-1, 0], L0 >= 0, "
                                 "k in [0, 1000], b in [0, 1])")
@@ -212,7 +191,7 @@ class TaskLaw(LawResult, forms=(FORM,)):
                  f"(moving average {self.smooth}, first {self.skip:.0%} of each run skipped) "
                  f"+ the point (L=0, acc=1); RMS residual "
                  f"{d.get('step2_rms_residual', math.nan):.4g}"]
-        lines += parameter_lines(self, {}, {}, "")
+        lines += parameter_lines(self, {}, "")
         lines.append(f"step 2 rollout over sizes: extrapolation rate {ext.get('rate', 0):.4g} "
                      f"accuracy per unit of loss below the fitted range "
                      f"[{self.loss_range[0]:.4g}, {self.loss_range[1]:.4g}]")

@@ -6,31 +6,19 @@ pre-registration (schema prereg/2, with a ``change`` section) whose forecast is 
 rows before S, carried unchanged (:func:`check_carried` lets the watcher verify that), and from
 S on the *evidence* for the new plan, anchored on the run's own evals up to S.
 
-The evidence is the law along the run as it now will be (``transition``, :data:`TRANSITIONS`):
+The evidence is the law along the run as it now will be: the ``transition`` of
+:data:`TRANSITIONS` (the words each registers), :data:`DEFAULT` measured best; a new schedule
+(``--law`` and ``--target`` of the new plan) is the new plan's law at each fraction. The
+anchor: the mean log ratio of the run's last ``ANCHOR_EVALS`` evals at or before S to the
+evidence there, so the amended curve passes through the run where it is.
 
-- ``compute``: with M and k = new/old tokens per step, the run's effective compute at f >= f_S
-  is C x (f_S + M k (f - f_S)) (the tokens alike; the schedule position stays f): at S the
-  evidence is the old forecast (no jump) and departs from it at the law's slope;
-- ``recipe``: the law of a run on the new recipe from step 0, crediting the tokens before S too;
-- ``relax`` (the default): the old plan's curve relaxing to the new recipe's within a width W.
-  `bench/mixture_switch.py` measures the three: on the cpu ladder's data switch the eval loss
-  followed the new data much faster than its compute, and relax came closest (docs/LOG.md).
-
-A new schedule (``--law`` and ``--target`` of the new plan) is the new plan's law at each
-fraction. The anchor: the mean log ratio of the run's last ``ANCHOR_EVALS`` evals at or before
-S to the evidence there, so the amended curve passes through the run where it is.
-
-The band (predict.band.amended_band), registered per point in two parts (``lo_law``/``hi_law``,
-``lo_change``/``hi_change``) combined in quadrature in log space (``lo``/``hi``): the law's,
-the old band's relative half-width at f with its part at f_S removed (the anchor fixes the level
-at S: what is left is how wrong the law's *change* from S to f may be), sqrt(max(w(f)^2 -
-w(f_S)^2, 0)), plus the anchor's noise (eval sd / sqrt(n anchor evals)) and one eval's; and the
-change's, the evidence at the multiplier's interval ends against its centre (log units; the
-interval's level mapped to the band's by the normal quantile ratio).
+The band (the law's part and the change's, registered apart and combined):
+:func:`ladder.predict.band.amended_band`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -44,12 +32,13 @@ ANCHOR_EVALS = 3        # the last evals at or before S that place the anchor (a
 #                         ratio to the law was another)
 
 
-# the default: on the cpu ladder's data switch (bench/mixture_switch.py, docs/LOG.md) relax came
-# closest at 30% (where it was added, after the compute transition missed) and at 50% (a run it
-# was not chosen on): mean error after the switch 1.5% and 1.3% against 2.5% and 2.9%
+# the default: on the cpu ladder's data switch (bench/mixture_switch.py, docs/LOG.md) the eval
+# loss followed the new data much faster than its compute; relax came closest at 30% (where it
+# was added) and at 50% (a run it was not chosen on): mean error after the switch 1.5% and 1.3%
+# against 2.5% and 2.9%
 DEFAULT = "relax"
 DEFAULT_WIDTH = 0.05    # relax's width, a fraction of the run (fixed before either switch run)
-TRANSITIONS = {
+TRANSITIONS = {  # compute: effective_inputs; recipe and relax: _evidence
     "compute": ("effective compute: after S each unit of compute counts M x k (M the recipe's "
                 "multiplier, k the tokens-per-step ratio of a new sequence length), so the "
                 "forecast leaves the old one at S without a jump"),
@@ -80,8 +69,7 @@ class Multiplier:
                              field="--multiplier", exit_code=EX_USAGE)
 
     def to_dict(self) -> dict:
-        return {"value": self.value, "lo": self.lo, "hi": self.hi, "level": self.level,
-                "source": self.source}
+        return dataclasses.asdict(self)
 
 
 def parse_multiplier(text: str) -> Multiplier:

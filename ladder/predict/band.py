@@ -10,10 +10,9 @@ it covers. A point's band at ``level`` is a central interval, z = Phi^-1(1/2 + l
    statsmodels' prediction interval of log(L - E); a curve law from bootstrap draws of the curve.
 2. **The law's extrapolation error** (:func:`extrapolation_error`): the target lies beyond every
    rung, and the rollout backtest (fit.backtest: refit on the smaller runs, forecast the larger)
-   measured how wrong the law is per decade outside its runs. Without it a band narrowed by
-   honest bootstrap replicates missed the cpu demo's proxy hero, -5.0% against [-2.7%, +8.2%]
-   (docs/LOG.md). Only the law knows this term (issue 13: one place computes a law's band): it
-   is read from the law for the record (prereg.json ``extrapolation``), never added again here.
+   measured how wrong the law is per decade outside its runs (without it the cpu demo's proxy
+   hero fell outside its band, docs/LOG.md). Only the law knows this term (issue 13): it is read
+   from the law for the record (prereg.json ``extrapolation``), never added again here.
 3. **Eval noise** (:func:`estimate_eval_noise`, :func:`combine_band`): a watched value is one
    eval on a finite eval set, scattered about the run's smooth curve. Its sd comes from the
    ladder's evals by the pseudo-residuals of Gasser, Sroka & Jennen-Steinmetz (1986, Biometrika
@@ -22,22 +21,18 @@ it covers. A point's band at ``level`` is a central interval, z = Phi^-1(1/2 + l
 The terms are independent, approximately Gaussian errors: their half-widths add in quadrature
 (JCGM 100:2008 "GUM" 5.1.2), on each side of an asymmetric band; an amendment's parts likewise,
 in log units (:func:`amended_band`). A band that cannot be computed stays NaN (missing, loudly),
-never zero width. Calibration (:func:`leave_one_rung_out`): refit without one rung and count
-how many of its points fall inside the band (a 90% band should hold about 90%).
+never zero width. Its calibration (leave one rung out) is measured by bench/band_calibration.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
-
 import numpy as np
 from scipy.special import ndtri  # the normal quantile; scipy.stats takes 0.6 s to import
 
-from ladder.io import InputError
 from ladder.predict.prereg_view import ForecastBand
 
 
@@ -224,11 +219,13 @@ def amended_band(old_up, old_down, old_up_s: float, old_down_s: float, *, level:
                  eval_noise: float, anchor_values: np.ndarray, evidence: np.ndarray,
                  evidence_lo: np.ndarray, evidence_hi: np.ndarray,
                  multiplier_level: float | None) -> AmendedBand:
-    """The band of an amendment at step S (ladder.predict.amend's docstring), in two parts:
+    """The band of an amendment at step S (ladder.predict.amend), in two parts:
 
     - the law's: the old band's log half-width at f (``old_up``/``old_down``) with its part at S
-      (``old_up_s``/``old_down_s``) removed, plus the noise of the anchor (the mean of
-      ``anchor_values``) and of one eval, relative to the anchor's level;
+      (``old_up_s``/``old_down_s``) removed, sqrt(max(w(f)^2 - w(S)^2, 0)) (the anchor fixes the
+      level at S: what is left is how wrong the law's *change* from S to f may be), plus the
+      noise of the anchor (the mean of ``anchor_values``) and of one eval, relative to the
+      anchor's level;
     - the change's: the ``evidence`` at the multiplier's interval ends (``evidence_lo``: the
       larger multiplier) against its centre, mapped from the multiplier's level to ``level``;
       its wider side on both sides (issue 40: a lopsided interval, 1.20x [1.19, 1.50], put a
@@ -246,86 +243,3 @@ def amended_band(old_up, old_down, old_up_s: float, old_down_s: float, *, level:
         ch = np.fmax(np.log(evidence / evidence_lo), np.log(evidence_hi / evidence))
     ch = np.maximum(ch, 0.0) * scale
     return AmendedBand(law_up, law_down, ch, ch.copy(), anchor_sd)
-
-
-# ------------------------------------------------------------------------------ calibration
-
-
-@dataclass(frozen=True)
-class RungCoverage:
-    run: str
-    n: int
-    inside: int
-    above: int
-    below: int
-    missing: int           # points whose band could not be computed (NaN): not counted inside
-    mean_rel_error: float
-    inside_law_only: int = 0  # inside the law's own band, without the eval-noise term
-
-    @property
-    def coverage(self) -> float:
-        return self.inside / self.n if self.n else math.nan
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """Leave-one-rung-out coverage of the band."""
-
-    level: float
-    rungs: tuple[RungCoverage, ...]
-
-    @property
-    def n(self) -> int:
-        return sum(r.n for r in self.rungs)
-
-    @property
-    def coverage(self) -> float:
-        n = self.n
-        return sum(r.inside for r in self.rungs) / n if n else math.nan
-
-    @property
-    def coverage_law_only(self) -> float:
-        n = self.n
-        return sum(r.inside_law_only for r in self.rungs) / n if n else math.nan
-
-    def report(self) -> str:
-        lines = [f"leave-one-rung-out coverage of the {self.level:.0%} band: {self.coverage:.1%} "
-                 f"of {self.n} points (the law's band alone: {self.coverage_law_only:.1%})"]
-        for r in self.rungs:
-            lines.append(f"  {r.run:<24} {r.coverage:6.1%} of {r.n:4d} (above {r.above}, below "
-                         f"{r.below}, no band {r.missing}), mean |rel err| "
-                         f"{r.mean_rel_error:.3%}")
-        return "\n".join(lines)
-
-
-def leave_one_rung_out(points, fit_fn: Callable[[Any], Any], *, level: float = 0.9,
-                       eval_noise: float = 0.0, min_fraction: float = 0.01,
-                       runs: Iterable[str] | None = None) -> Calibration:
-    """Refit without each rung (``fit_fn(points_without_it) -> law``) and score its points
-    (``points``: a table with ``run, params, active_params, tokens, compute, fraction, loss``)
-    from ``min_fraction`` on, as the watcher compares them."""
-    import pandas as pd
-
-    df = pd.DataFrame(points)
-    for col in ("run", "loss", "fraction"):
-        if col not in df:
-            raise InputError("missing column", field=col)
-    out = []
-    for run in (runs or list(dict.fromkeys(df["run"]))):
-        train = df[df["run"] != run]
-        test = df[(df["run"] == run) & (df["fraction"] >= min_fraction)]
-        if test.empty:
-            continue
-        law = fit_fn(train)
-        inputs = {k: test[k].to_numpy(float) if k in test else np.full(len(test), np.nan)
-                  for k in ("params", "active_params", "tokens", "compute", "fraction")}
-        loss, lo0, hi0, lo, hi = target_band(law, inputs, level=level, eval_noise=eval_noise)
-        y = test["loss"].to_numpy(float)
-        has = np.isfinite(lo) & np.isfinite(hi)
-        inside = has & (y >= lo) & (y <= hi)
-        out.append(RungCoverage(run=str(run), n=len(y), inside=int(inside.sum()),
-                                above=int((has & (y > hi)).sum()),
-                                below=int((has & (y < lo)).sum()), missing=int((~has).sum()),
-                                mean_rel_error=float(np.mean(np.abs(loss / y - 1))),
-                                inside_law_only=int((has & (y >= lo0) & (y <= hi0)).sum())))
-    return Calibration(level=level, rungs=tuple(out))

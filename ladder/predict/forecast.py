@@ -5,7 +5,9 @@ signals, spike threshold, eval noise). No JAX here.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,18 +98,10 @@ class Target:
                                  integral=True)
         if d.get("config_hash") is not None:
             kw["config_hash"] = str(d["config_hash"])
-        try:
-            return cls(**kw)
-        except ValueError as e:
-            field_name = str(e).split(":")[0]
-            raise InputError(str(e).split(": ", 1)[-1], path=path, field=field_name) from None
+        return cls(**kw)  # every field checked above, as strictly as __post_init__ does
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "params": self.params, "active_params": self.active_params,
-                "tokens": self.tokens, "steps": self.steps, "compute": self.compute,
-                "seq_len": self.seq_len, "schedule": dict(self.schedule),
-                "eval_steps": list(self.eval_steps), "batch": self.batch,
-                "config_hash": self.config_hash}
+        return {**dataclasses.asdict(self), "eval_steps": list(self.eval_steps)}
 
     def at(self, fraction: np.ndarray) -> dict:
         """Law inputs at ``fraction`` of the run (tokens and compute so far are proportional to
@@ -279,8 +273,7 @@ def health_reference(runs: list[LadderRun], *, bins: int = 100, grad_after: floa
         per_run = []
         for run in runs:
             fr = np.array([_run_fraction(run, r) for r in run.rows])
-            v = np.array([np.nan if as_float(r.get(key)) is None else as_float(r.get(key))
-                          for r in run.rows], dtype=float)
+            v = np.array([as_float(r.get(key)) for r in run.rows], dtype=float)  # None: NaN
             ok = np.isfinite(fr) & np.isfinite(v)
             if ok.sum() < 2:
                 continue
@@ -294,17 +287,15 @@ def health_reference(runs: list[LadderRun], *, bins: int = 100, grad_after: floa
         if not per_run:
             continue
         m = np.vstack(per_run)
-        with np.errstate(all="ignore"):
-            import warnings
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                signals[key] = {"median": np.nanmedian(m, axis=0).tolist(),
-                                "min": np.nanmin(m, axis=0).tolist(),
-                                "max": np.nanmax(m, axis=0).tolist(),
-                                "tolerance": envelope_tolerance(m),
-                                "relative_to": (f"value at {grad_after:.0%}"
-                                                if key.startswith("params/norm/") else None),
-                                "runs": len(per_run)}
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN bin: NaN
+            signals[key] = {"median": np.nanmedian(m, axis=0).tolist(),
+                            "min": np.nanmin(m, axis=0).tolist(),
+                            "max": np.nanmax(m, axis=0).tolist(),
+                            "tolerance": envelope_tolerance(m),
+                            "relative_to": (f"value at {grad_after:.0%}"
+                                            if key.startswith("params/norm/") else None),
+                            "runs": len(per_run)}
     return {"fractions": centers.tolist(), "signals": signals, "smooth": smooth,
             "runs": [r.name for r in runs]}
 
@@ -345,8 +336,7 @@ def calibrate_spike_k(runs: list[LadderRun], window: int, *, key: str = "train/l
     above it)."""
     worst, n = None, 0
     for run in runs:
-        x = np.array([np.nan if as_float(r.get(key)) is None else as_float(r.get(key))
-                      for r in run.rows], dtype=float)
+        x = np.array([as_float(r.get(key)) for r in run.rows], dtype=float)  # None: NaN
         with np.errstate(all="ignore"):
             z = spike_scores(x, window).z
         z = z[np.isfinite(z)]

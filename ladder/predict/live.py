@@ -2,20 +2,18 @@
 
 ``Watcher(prereg_path, source, sinks, state_path).poll()`` judges what arrived since the last
 call and returns the new alerts; ``run(follow=...)`` loops (``start_thread``: in a background
-thread, for the demo). The state file holds the rule state, the source's read position (with
-the source's identity, so a moved or renamed file is not judged again) and the
-pre-registration followed: a restarted watcher neither repeats an alert nor skips a row.
+thread, for the demo). The state file holds the rule state, the source's read position (with its
+identity: a moved or renamed file is not judged again) and the pre-registration followed, so a
+restarted watcher neither repeats an alert nor skips a row.
 
-Exactly-once alerts: each alert's ``id`` is a digest of the pre-registration, its sequence
-number in this watch and its content, so judging the same rows again makes the same ids. The
-state, with the new alerts in its outbox, is saved BEFORE any sink sees them; an alert leaves
-the outbox once every sink took it; a restarted watcher sends what is left, and the sinks skip
-ids they already have.
+Exactly-once alerts: an alert's ``id`` digests the pre-registration, its sequence number and its
+content (judging the same rows again makes the same ids). The state, new alerts in its outbox,
+is saved BEFORE any sink sees them; an alert leaves the outbox once every sink took it; a
+restarted watcher sends what is left, and the sinks skip ids they already have.
 
 Following: a source error (a vanished file, the W&B API down) is retried with exponential
-backoff, said as ``info`` first and ``warn`` once it persists; the poll interval is the
-source's own (``source.poll_seconds``), and the loop ends when the source says the run finished,
-after reading what it wrote last; the exit status is then the verdict (0 for a healthy run).
+backoff, said as ``info`` first and ``warn`` once it persists; the loop ends when the source says
+the run finished, after reading what it wrote last; the exit status is then the verdict.
 """
 
 from __future__ import annotations
@@ -30,38 +28,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ladder.io import (
-    EX_USAGE,
-    InputError,
-    atomic_write_json,
-    canonical_json,
-    known_schema,
-    number,
-    read_json,
-)
+from ladder.io import (EX_USAGE, InputError, atomic_write_json, canonical_json, known_schema,
+                       number, read_json)
 from ladder.predict import prereg as _prereg
-from ladder.predict.watch import (
-    STATE_SCHEMA,
-    Alert,
-    Batch,
-    CheckResult,
-    PreregView,
-    check,
-    check_state,
-    exit_code_for,
-    new_state,
-    watched_keys,
-)
+from ladder.predict.watch import (STATE_SCHEMA, Alert, Batch, CheckResult, PreregView, check,
+                                  check_state, exit_code_for, new_state, watched_keys)
 from ladder.predict.watch.alerts import FIELDS, SEVERITY_RANK
 
-# what a user does about a damaged state file (said with every field error): the watch is then
-# judged from the start again, and the --alerts file and the webhook skip the alerts (by id) that
-# they already have, so nothing is sent twice
+# what a user does about a damaged state file (said with every field error); the sinks skip the
+# alerts (by id) they already have, so judging from the start again sends nothing twice
 RECOVER = ("move the state file aside (or give a new --state) to judge the run from its start; "
            "--alerts skips the alerts it already holds")
-# the state file this tool reads (watch-state/1, written only before any release, and a newer
-# one are refused by name, never read as the current one)
-STATE_FILE_SCHEMAS = (STATE_SCHEMA,)
 
 
 @dataclass(frozen=True)
@@ -245,7 +222,7 @@ class Watcher:
         if self.state_path is None or not self.state_path.exists():
             return new_state()
         saved = read_json(self.state_path, schema="watch-state", field="--state")
-        known_schema(saved, STATE_FILE_SCHEMAS, path=self.state_path)
+        known_schema(saved, (STATE_SCHEMA,), path=self.state_path)  # another one: refused
         for key, typ in (("state", dict), ("source", dict), ("outbox", list), ("seq", int)):
             if key in saved and (not isinstance(saved[key], typ) or isinstance(saved[key], bool)):
                 raise InputError(f"expected {'an integer' if typ is int else typ.__name__}; "
@@ -274,17 +251,14 @@ class Watcher:
                 field, _, why = str(err).partition(": ")
                 raise InputError(f"{why}; {RECOVER}", path=self.state_path,
                                  field=field) from None
-        chain_shas = [lk.sha256 for lk in self.chain.links] if self.chain else []
-        if saved.get("prereg_sha256") != self.doc.get("sha256") and \
-                saved.get("prereg_sha256") in chain_shas:
-            # amended while the watcher was down: keep reading where it stopped, judge anew
-            self._restore_source(saved)
-            return new_state()
-        if saved.get("prereg_sha256") != self.doc.get("sha256"):
-            raise InputError("the state file belongs to another pre-registration "
-                             f"({saved.get('prereg_sha256')}); use a new --state file",
-                             path=self.state_path, field="prereg_sha256")
+        sha = saved.get("prereg_sha256")
+        amended = sha != self.doc.get("sha256")
+        if amended and sha not in ([lk.sha256 for lk in self.chain.links] if self.chain else []):
+            raise InputError(f"the state file belongs to another pre-registration ({sha}); use "
+                             "a new --state file", path=self.state_path, field="prereg_sha256")
         self._restore_source(saved)
+        if amended:  # while the watcher was down: keep reading where it stopped, judge anew
+            return new_state()
         return saved.get("state") or new_state()
 
     def _restore_source(self, saved: dict) -> None:
@@ -428,9 +402,8 @@ class Watcher:
             return self._poll()
 
     def _poll(self) -> list[Alert]:
-        new: list[Alert] = []
         now = self.clock()
-        new += self._maybe_follow_chain(now)
+        new = self._maybe_follow_chain(now)
         if self.state.get("not_applicable"):
             # the forecast no longer applies: nothing more to judge until an amendment
             self._emit(new)
@@ -480,11 +453,8 @@ class Watcher:
 
     def _source_alert(self, e: Exception, tries: int, wait: float) -> Alert | None:
         """info on the first error, warn once when it persists, then quiet."""
-        if tries == 1:
-            sev = "info"
-        elif tries == self.persistent_after:
-            sev = "warn"
-        else:
+        sev = "info" if tries == 1 else "warn" if tries == self.persistent_after else None
+        if sev is None:
             return None
         return _note(self.clock(), "source", sev, f"source error ({e}); try {tries}, retrying "
                      f"in {wait:.0f} s" + (" (persistent)" if sev == "warn" else " (transient?)"))
@@ -495,11 +465,9 @@ class Watcher:
         the exit status. ``poll_seconds`` and ``max_seconds`` default to the watcher's
         :class:`FollowConfig`, whose poll defaults to the source's own interval."""
         if poll_seconds is None:
-            poll_seconds = self.follow.poll_seconds
+            poll_seconds = self.follow.poll_seconds or float(self.source.poll_seconds)
         if max_seconds is None:
             max_seconds = self.follow.max_seconds
-        if poll_seconds is None:
-            poll_seconds = float(self.source.poll_seconds)
         t0 = time.monotonic()
         try:
             if self.outbox:  # left over from a watcher that was stopped while sending

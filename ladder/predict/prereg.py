@@ -18,7 +18,9 @@ amend one (hand-sealed, dated 9999) is reported, not followed. A hash is not a s
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
+import json
 import math
 import os
 import sys
@@ -27,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ladder import git_state
 from ladder.io import (
     EX_CANTCREAT,
@@ -34,6 +38,7 @@ from ladder.io import (
     EX_USAGE,
     PREREG_MODE,
     InputError,
+    as_float,
     atomic_write_bytes,
     inside,
     loads,
@@ -126,7 +131,6 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
         if spk["max_z"] is not None and math.isfinite(spk["max_z"]):
             k = max(cfg.spike_k, cfg.spike_k_margin * spk["max_z"])
             spk["spike_k"] = k
-            import dataclasses
             cfg = dataclasses.replace(cfg, spike_k=round(k, 3))
         calibration["spike_k"] = spk
         calibration["envelope_tolerance"] = {
@@ -137,7 +141,8 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
         if eval_noise is None:
             if math.isfinite(est.sigma):
                 noise_info = est.to_dict()
-            elif not any(_finite_value(r.get(metric)) for run in ladder_runs for r in run.rows):
+            elif not np.isfinite(np.array([as_float(r.get(metric)) for run in ladder_runs
+                                           for r in run.rows], dtype=float)).any():  # None: NaN
                 # a band frozen without the eval noise alerts on a healthy run (issue 39)
                 raise InputError(f"no run here logs {metric!r}, the law's metric, so its eval "
                                  "noise cannot be estimated; give the runs the law was fitted "
@@ -155,7 +160,6 @@ def make_prereg(law, target: fc.Target, *, level: float = 0.9, runs: str | None 
         noise_info = {"sigma": float(eval_noise), "n": 0, "method": "given (--eval-noise)"}
     extrapolation = extrapolation_error(law, target)  # recorded: the law's band holds it
     f = fc.forecast(law, target, level=level, eval_noise=noise_info["sigma"])
-    import numpy as np
     if not allow_no_band and not (np.isfinite(f.lo).any() and np.isfinite(f.hi).any()):
         # a frozen, never-overwritable file whose band is all NaN can never judge anything
         raise InputError("the law gives no band at any forecast point (all lo/hi NaN: e.g. no "
@@ -204,14 +208,11 @@ def build_multi(docs: Mapping[str, Mapping], *, family: dict) -> dict:
     if not keys:
         raise ValueError("docs: no metric")
     first = docs[keys[0]]
-    doc: dict[str, Any] = {"schema": SCHEMA_V3}
-    for k in ("target", "applicability"):
-        doc[k] = first[k]
-    doc["metrics"] = keys
-    doc["forecasts"] = {k: {f: d.get(f) for f in PER_METRIC} for k, d in docs.items()}
-    for k in ("band_level", "decision_rule", "health_reference", "amends", "created",
-              "git_sha", "tool_version"):
-        doc[k] = first.get(k)
+    doc = {"schema": SCHEMA_V3, "target": first["target"],
+           "applicability": first["applicability"], "metrics": keys,
+           "forecasts": {k: {f: d.get(f) for f in PER_METRIC} for k, d in docs.items()},
+           **{k: first.get(k) for k in ("band_level", "decision_rule", "health_reference",
+                                        "amends", "created", "git_sha", "tool_version")}}
     doc["decision_rule"] = {**dict(first["decision_rule"]), "family": family}
     return seal(doc)
 
@@ -227,7 +228,6 @@ def write_once(path: str | os.PathLike, doc: Mapping) -> Path:
     am = doc.get("amends")
     if isinstance(am, Mapping):  # its name goes into the chain file: check it before writing
         safe_name(path.name, field="--out", path=path)
-    import json
     data = (json.dumps(to_jsonable(doc), indent=2, allow_nan=False) + "\n").encode("utf-8")
     try:
         if isinstance(am, Mapping):
@@ -241,7 +241,6 @@ def write_once(path: str | os.PathLike, doc: Mapping) -> Path:
 
 def chain_line(path: Path, doc: Mapping) -> str:
     """The chain file's line for the amendment ``doc`` written at ``path``."""
-    import json
     rec = {"schema": CHAIN_SCHEMA, "amends": doc["amends"].get("sha256"),
            "sha256": doc["sha256"], "file": path.name, "reason": doc["amends"].get("reason"),
            "created": doc.get("created")}
@@ -384,7 +383,6 @@ def _check_registered(doc: Mapping, path) -> None:
 
 
 def _check_metric(d: Mapping, path, prefix: str) -> None:
-    from ladder.io import as_float
     noise = d.get("eval_noise")
     if isinstance(noise, Mapping):  # an eval's sd: the --eval-noise range (0..10)
         number(noise.get("sigma"), field=f"{prefix}eval_noise.sigma", path=path, lo=0, hi=10)
@@ -419,7 +417,6 @@ def _check_metric(d: Mapping, path, prefix: str) -> None:
 def _check_band(pt: Mapping, path, field: str) -> None:
     """A finite ``loss`` and its ``lo``/``hi``: finite around it, or missing (null/NaN: no band
     there, never judged inside)."""
-    from ladder.io import as_float
     loss = as_float(pt.get("loss"))
     if loss is None or not math.isfinite(loss):
         raise InputError(f"expected a finite number, got {str(pt.get('loss'))[:40]!r}",
@@ -460,20 +457,12 @@ def _check_multi(doc: Mapping, path) -> None:
     _check_family(doc, len(keys), path)
 
 
-def _finite_value(v) -> bool:
-    from ladder.io import as_float
-    f = as_float(v)
-    return f is not None and math.isfinite(f)
-
-
 def _under_law_keys(ladder_runs: list, law) -> list:
     """The ladder runs' rows under the law's own metric names (a law fitted through `ladder fit
     --keys` records its key map in ``conventions.metric_keys``)."""
     keys = (getattr(law, "conventions", None) or {}).get("metric_keys")
     if not keys:
         return ladder_runs
-    import dataclasses
-
     from ladder.sources.keymap import parse_keymap
     try:
         km = parse_keymap(keys)

@@ -64,8 +64,7 @@ class StdoutSink(Sink):
         self.stream = stream
 
     def send(self, alert: Alert, context: dict) -> None:
-        stream = self.stream or sys.stdout
-        print(alert.line(), file=stream, flush=True)
+        print(alert.line(), file=self.stream or sys.stdout, flush=True)
 
 
 class JsonlSink(Sink):
@@ -148,15 +147,8 @@ def redact_argv(argv: list[str], secret: str | None) -> list[str]:
     """``argv`` with the webhook's URL redacted (W&B records the command line)."""
     if not secret:
         return list(argv)
-    out = []
-    for a in argv:
-        if a == secret:
-            out.append("<redacted>")
-        elif a.startswith("--webhook=") and a[len("--webhook="):] == secret:
-            out.append("--webhook=<redacted>")
-        else:
-            out.append(a)
-    return out
+    hidden = {secret: "<redacted>", f"--webhook={secret}": "--webhook=<redacted>"}
+    return [hidden.get(a, a) for a in argv]
 
 
 def check_webhook_url(url: str) -> urllib.parse.SplitResult:
@@ -171,7 +163,7 @@ def check_webhook_url(url: str) -> urllib.parse.SplitResult:
                          field="--webhook", exit_code=EX_USAGE)
     if not u.hostname:
         raise InputError("the URL has no host", field="--webhook", exit_code=EX_USAGE)
-    del port
+    del port  # read for its check only
     return u
 
 
@@ -297,10 +289,9 @@ class WebhookSink(Sink):
 
 def _drain(resp, limit: int, deadline: float) -> None:
     """Read at most ``limit`` bytes of an answer's body, until ``deadline`` at the latest."""
-    got = 0
+    got, read = 0, getattr(resp, "read1", resp.read)
     while got < limit and time.monotonic() < deadline:
-        chunk = resp.read1(min(16384, limit - got)) if hasattr(resp, "read1") else \
-            resp.read(min(16384, limit - got))
+        chunk = read(min(16384, limit - got))
         if not chunk:
             return
         got += len(chunk)

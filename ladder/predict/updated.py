@@ -39,6 +39,11 @@ import numpy as np
 from ladder.predict.band import z_of
 
 
+# the departure's clocks t(x): 0 at the end of the run, growing toward its start
+CLOCKS = {"inverse": lambda x: 1.0 / x - 1.0, "log": lambda x: -np.log(x),
+          "linear": lambda x: 1.0 - x}
+
+
 @dataclass(frozen=True)
 class UpdateConfig:
     """The updated forecast's dials, learned on the 4 public curve groups (the module doc)."""
@@ -62,7 +67,7 @@ class UpdateConfig:
                 raise ValueError(f"{name}: must be a positive number, got {v!r}")
         if not (0.0 <= self.min_fraction < 1.0):
             raise ValueError(f"min_fraction: must be in [0, 1), got {self.min_fraction!r}")
-        if self.clock not in ("inverse", "log", "linear"):
+        if self.clock not in CLOCKS:
             raise ValueError(f"clock: must be inverse, log or linear, got {self.clock!r}")
 
 
@@ -110,15 +115,8 @@ def robust_noise(d: np.ndarray, floor: float) -> float:
 
 
 def t_of(x, kind: str = "inverse"):
-    """The departure's clock: 0 at the end of the run, growing toward its start."""
-    x = np.clip(np.asarray(x, float), 1e-6, 1.0)
-    if kind == "inverse":
-        return 1.0 / x - 1.0
-    if kind == "log":
-        return -np.log(x)
-    if kind == "linear":
-        return 1.0 - x
-    raise ValueError(f"clock: must be inverse, log or linear, got {kind!r}")
+    """The departure's clock ``kind`` (:data:`CLOCKS`) at fractions ``x``."""
+    return CLOCKS[kind](np.clip(np.asarray(x, float), 1e-6, 1.0))
 
 
 def offset_var(x, tau: float, cfg: UpdateConfig, w=None) -> np.ndarray:
@@ -255,16 +253,11 @@ def update(forecast_fraction, forecast_loss, forecast_lo, forecast_hi, final: fl
     """The updated forecast from the frozen curve and band on its grid, its final band at
     ``level`` and the run's evals so far."""
     cfg = cfg or UpdateConfig()
-    gx = np.asarray(forecast_fraction, float)
-    gy = np.asarray(forecast_loss, float)
-    order = np.argsort(gx)
-    gx, gy = gx[order], gy[order]
-    glo = np.asarray(forecast_lo, float)[order]
-    ghi = np.asarray(forecast_hi, float)[order]
-    ex = np.asarray(eval_fraction, float)
-    ey = np.asarray(eval_loss, float)
-    o = np.argsort(ex, kind="stable")
-    ex, ey = ex[o], ey[o]
+    order = np.argsort(np.asarray(forecast_fraction, float))
+    gx, gy, glo, ghi = (np.asarray(a, float)[order] for a in
+                        (forecast_fraction, forecast_loss, forecast_lo, forecast_hi))
+    order = np.argsort(np.asarray(eval_fraction, float), kind="stable")
+    ex, ey = (np.asarray(a, float)[order] for a in (eval_fraction, eval_loss))
     with np.errstate(divide="ignore", invalid="ignore"):  # as the watcher reads the band
         fe = np.interp(ex, gx, gy)
         d = np.log(ey / fe)

@@ -1,32 +1,26 @@
 """W&B as home for a forecast: the frozen pre-registration as its own run, the watcher as another,
-in the ladder's group, so that W&B's default panel of the watched key shows the live curve beside
-its forecast with no hand-built chart.
+in the ladder's group, so W&B's default panel of the watched key shows the live curve beside its
+forecast with no hand-built chart.
 
-- :func:`log_forecast` (`ladder preregister --wandb`): a run of job type ``forecast`` whose rows
-  are the forecast grid at the target's steps: the watched key itself (its auto-panel overlays
-  the forecast on the group's train runs) = the centre, ``<key>_lo``/``_hi`` its band, and
-  ``forecast/*``; the prereg file as an artifact with its sha256. Its id is a function of that
-  sha256 (``ladder.wandbrun.forecast_run_id``).
-- :class:`WatchRunSink` (`ladder watch --wandb`): the watcher's own run (``watch_run_id``):
-  every judged eval (``watch/loss``, ``watch/expected``, ``watch/lo``, ``watch/hi``,
-  ``watch/residual``, ``watch/residual_rel``), the alerts as they come (the ``watch/alerts``
-  table and ``wandb.alert`` for warnings and worse), the updated forecast's final
-  (``watch/updated_final``, issue 40) beside the frozen numbers, the verdict in its summary.
-  Every row carries ``step`` and W&B's step is given explicitly, so a watcher resumed offline
-  (where W&B restarts its counter at 0) still logs at the watched run's steps.
+- :func:`log_forecast` (`ladder preregister --wandb`): a ``forecast`` run (id from the prereg's
+  sha256, ``ladder.wandbrun.forecast_run_id``) whose rows are the forecast grid at the target's
+  steps: the watched key itself = the centre, ``<key>_lo``/``_hi`` its band, ``forecast/*``; the
+  prereg file as an artifact.
+- :class:`WatchRunSink` (`ladder watch --wandb`): the watcher's own run (``watch_run_id``): each
+  judged eval (``watch/loss``, ``watch/expected``, ``watch/lo``, ``watch/hi``,
+  ``watch/residual``, ``watch/residual_rel``), the alerts (the ``watch/alerts`` table and
+  ``wandb.alert`` for warnings and worse), the updated forecast's final (``watch/updated_final``,
+  issue 40), the verdict in its summary. Rows carry ``step`` and W&B's step is explicit, so a
+  watcher resumed offline (W&B restarts its counter at 0) still logs at the watched run's steps.
 
-Both runs also log **one chart with the band** (:func:`band_chart`, key ``band``): W&B's
-built-in ``wandb.plot.line_series`` over the run's own table, so it shows the same lines
-whatever the workspace's grouping, is written offline and travels with `wandb sync`. A saved
-workspace view needs the server and an API key, and a shaded band a Vega spec stored there
-first; the line series draws the band as its two edges.
-
-``wandb_module`` is injectable for tests; WANDB_MODE=offline works without network.
+Both log one chart with the band (:func:`band_chart`, key ``band``): W&B's built-in
+``wandb.plot.line_series`` over the run's own table, written offline and carried by `wandb sync`
+(a saved workspace view or a shaded band needs the server). ``wandb_module`` is injectable for
+tests; WANDB_MODE=offline works without network.
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +30,7 @@ from ladder import wandbrun
 from ladder.io import InputError, as_float, sha256_file
 from ladder.predict.sinks import Sink, wandb_alert
 from ladder.predict.watch import SEVERITIES, Alert, Batch, PreregView, exit_code_for, row_fractions
+from ladder.predict.watch.alerts import finite_or_none
 
 PREFIXES = ("forecast", "watch")
 CHART_KEY = "band"
@@ -62,17 +57,12 @@ def _group_of(doc: dict, group: str | None) -> tuple[str | None, str]:
     return (group or ladder or None), (rung or name)
 
 
-def _finite(v) -> float | None:
-    x = as_float(v)
-    return x if x is not None and math.isfinite(x) else None
-
-
 def forecast_grid(doc: dict) -> tuple[np.ndarray, np.ndarray]:
     """The pre-registration's forecast grid as (fraction, step) arrays, the first grid point of
     each step, in step order (W&B's steps only increase)."""
     frac, step, last = [], [], None
     for p in sorted(doc.get("forecast") or [], key=lambda p: as_float(p.get("fraction")) or 0):
-        s, f = as_float(p.get("step")), _finite(p.get("fraction"))
+        s, f = as_float(p.get("step")), finite_or_none(p.get("fraction"))
         if s is None or f is None or (last is not None and int(s) <= last):
             continue
         last = int(s)
@@ -130,11 +120,11 @@ def log_forecast(doc: dict, path: str | Path, *, entity: str | None = None,
         if step is None or (last is not None and int(step) <= last):
             continue  # W&B steps only increase: the first grid point of each step
         last = int(step)
-        row = {"step": last, "tokens": _finite(p.get("tokens")),
-               "forecast/fraction": _finite(p.get("fraction"))}
+        row = {"step": last, "tokens": finite_or_none(p.get("tokens")),
+               "forecast/fraction": finite_or_none(p.get("fraction"))}
         for k, key in zip(("loss", "lo", "hi"), keys):
             # a missing band is left out, never drawn as zero width
-            row[f"forecast/{k}"] = row[key] = _finite(p.get(k))
+            row[f"forecast/{k}"] = row[key] = finite_or_none(p.get(k))
         run.log({k: v for k, v in row.items() if v is not None}, step=last)
     chart = band_chart(wandb, metric, *_grid_band(doc),
                        title=f"{metric}: forecast of {rung} and its band")
@@ -142,8 +132,8 @@ def log_forecast(doc: dict, path: str | Path, *, entity: str | None = None,
         run.log({CHART_KEY: chart}, step=last if last is not None else 0)
     fin = doc.get("final") or {}
     for k in ("loss", "lo", "hi"):
-        if _finite(fin.get(k)) is not None:
-            run.summary[f"forecast/final_{k}"] = _finite(fin.get(k))
+        if finite_or_none(fin.get(k)) is not None:
+            run.summary[f"forecast/final_{k}"] = finite_or_none(fin.get(k))
     art = wandb.Artifact(name=f"prereg-{sha[:12]}", type="prereg",
                          description=f"pre-registration of {doc.get('target', {}).get('name')}",
                          metadata={"sha256": sha, "file_sha256": sha256_file(path),
@@ -182,7 +172,8 @@ def previous_live(wandb_dir: Path, run_id: str, current: Path, metric: str) -> d
         except (OSError, ValueError):
             continue
         for row in data:
-            if len(row) == 3 and row[1] == f"{metric} (live)" and _finite(row[2]) is not None:
+            if len(row) == 3 and row[1] == f"{metric} (live)" and \
+                    finite_or_none(row[2]) is not None:
                 live[int(row[0])] = float(row[2])
         break
     return live
@@ -271,9 +262,9 @@ class WatchRunSink(Sink):
         self._chart_stale = self._chart_stale or len(step) > 0
         for s, t, f, v, ex, a, b in zip(step, tokens, frac, y, e, lo, hi):
             self.live[int(s)] = float(v)
-            row = {"tokens": _finite(t), "watch/fraction": _finite(f),
-                   "watch/loss": float(v), "watch/expected": _finite(ex),
-                   "watch/lo": _finite(a), "watch/hi": _finite(b)}
+            row = {"tokens": finite_or_none(t), "watch/fraction": finite_or_none(f),
+                   "watch/loss": float(v), "watch/expected": finite_or_none(ex),
+                   "watch/lo": finite_or_none(a), "watch/hi": finite_or_none(b)}
             if row["watch/expected"] is not None:
                 row["watch/residual"] = float(v - ex)
                 row["watch/residual_rel"] = float(v / ex - 1)
@@ -285,8 +276,7 @@ class WatchRunSink(Sink):
                                          > SEVERITIES.index(self.worst)):
             self.worst = alert.severity
         self.not_applicable = self.not_applicable or alert.kind == "not_applicable"
-        self._new_alerts.append([alert.time, alert.step, alert.fraction, alert.kind,
-                                 alert.severity, alert.value, alert.expected, alert.message])
+        self._new_alerts.append([getattr(alert, c) for c in ALERT_COLUMNS])
         at = self._pending.setdefault(alert.step if alert.step is not None else -1, {})
         sev = SEVERITIES.index(alert.severity)
         at["watch/alert_severity"] = max(sev, at.get("watch/alert_severity", sev))

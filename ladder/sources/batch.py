@@ -54,8 +54,7 @@ class Batch:
         """:meth:`from_rows`, one value at a time (any mix of keys and value types)."""
         configs = [r["config"] for r in rows_l if "config" in r and isinstance(r["config"], dict)]
         notes: list[str] = []
-        steps_raw = [r.get("step") for r in rows_l]
-        arr, _, _ = _to_float(steps_raw, nonfinite=False)
+        arr, _, _ = _to_float([r.get("step") for r in rows_l], nonfinite=False)
         ok = np.isfinite(arr)
         if not ok.all():
             is_cfg = np.array(["config" in r and "step" not in r for r in rows_l], dtype=bool)
@@ -63,15 +62,12 @@ class Batch:
             if no_step:
                 notes.append(f"{no_step} row(s) without a numeric 'step' skipped")
             rows_l = [r for r, k in zip(rows_l, ok, strict=True) if k]
-        rows = rows_l
-        step = arr[ok].astype(np.int64)
-        ks = cls._keys(rows, keys, keep) - {"step", "config"}
         cols: dict[str, np.ndarray] = {}
         nonfinite: dict[str, np.ndarray] = {}
-        for k in ks:
-            _column(k, [r.get(k) for r in rows], cols, nonfinite, notes)
-        b = cls(step=step, cols=cols, nonfinite=nonfinite, configs=configs, notes=notes)
-        return b.last_wins()
+        for k in cls._keys(rows_l, keys, keep) - {"step", "config"}:
+            _column(k, [r.get(k) for r in rows_l], cols, nonfinite, notes)
+        return cls(step=arr[ok].astype(np.int64), cols=cols, nonfinite=nonfinite,
+                   configs=configs, notes=notes).last_wins()
 
     @classmethod
     def _columns_fast(cls, rows: list[Mapping], keys, keep) -> Batch | None:
@@ -210,32 +206,19 @@ def _column(k: str, vals: list, cols: dict, nonfinite: dict, notes: list) -> Non
 
 def _to_float(vals: list, *, nonfinite: bool = True) -> tuple[np.ndarray, int, np.ndarray]:
     """Float array (NaN: missing/invalid), count of non-numeric values, written-non-finite mask."""
-    n = len(vals)
+    bad = 0
     try:
         arr = np.array(vals, dtype=np.float64)  # None -> NaN, "NaN"/"Infinity" strings parse
-        bad = 0
         if arr.ndim != 1:  # lists of one length, one a row: not numbers (a 2-D column had
             raise ValueError("not one number a row")  # crashed concat_batches)
     except (TypeError, ValueError):
-        out = np.empty(n, dtype=np.float64)
-        bad = 0
-        for i, v in enumerate(vals):
-            f = as_float(v)
-            if f is None:
-                out[i] = np.nan
-                if v is not None:
-                    bad += 1
-            else:
-                out[i] = f
-        arr = out
+        fs = [as_float(v) for v in vals]
+        bad = sum(f is None and v is not None for f, v in zip(fs, vals, strict=True))
+        arr = np.array(fs, dtype=np.float64)  # None -> NaN
     nf = ~np.isfinite(arr)
     if not nonfinite:
         return arr, bad, nf
-    if nf.any():
-        # written non-finite: not missing (None) and parsed to NaN/Inf
-        idx = np.flatnonzero(nf)
-        for i in idx:
-            v = vals[i]
-            if v is None or as_float(v) is None:
-                nf[i] = False
+    for i in np.flatnonzero(nf):  # written non-finite: not missing (None) and parsed to NaN/Inf
+        if vals[i] is None or as_float(vals[i]) is None:
+            nf[i] = False
     return arr, bad, nf

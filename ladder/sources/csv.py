@@ -69,10 +69,9 @@ class CsvSource(Source):
             df = pd.read_csv(io.BytesIO(complete), sep=None if self.path.suffix == ".tsv"
                              else ",", engine="c" if self.path.suffix != ".tsv" else "python",
                              dtype=str, keep_default_na=False)
-        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError,
-                ValueError, OverflowError) as e:
-            if isinstance(e, pd.errors.EmptyDataError):
-                return out
+        except pd.errors.EmptyDataError:
+            return out
+        except (pd.errors.ParserError, UnicodeDecodeError, ValueError, OverflowError) as e:
             raise InputError(f"not a readable CSV ({str(e).splitlines()[0]})",
                              path=self.path) from None
         df = normalise_columns(df)
@@ -81,8 +80,8 @@ class CsvSource(Source):
                              path=self.path, field="step")
         new = df.iloc[self.n_rows:]
         self.n_rows = len(df)
-        for rec in new.to_dict("records"):
-            out.rows.append({k: (None if v == "" else v) for k, v in rec.items()})
+        out.rows = [{k: (None if v == "" else v) for k, v in rec.items()}
+                    for rec in new.to_dict("records")]
         return out
 
 

@@ -72,11 +72,8 @@ class JsonlSource(Source):
         moved = got["path"] != str(self.path)
         if moved and not same_file(self.path, got["identity"]):
             return False  # another file: read it from its start
-        self.offset = got["offset"]
-        self.head = got["head"]
-        self.inode = got["inode"]
-        self.line_no = got["line_no"]
-        self.max_step = got["max_step"]
+        for name in ("offset", "head", "inode", "line_no", "max_step"):
+            setattr(self, name, got[name])
         self._config_sent = got["config_sent"]
         if moved:  # the same file under a new name (a copy has a new inode)
             self.moved_from = got["path"]
@@ -94,9 +91,6 @@ class JsonlSource(Source):
         except (OSError, InputError):
             return ""
         return line.decode("utf-8", "replace") if line.endswith(b"\n") else ""
-
-    def _same_head(self) -> bool:
-        return not self.head or self._read_head() == self.head
 
     def _config(self, out: Poll) -> None:
         if self._config_sent:
@@ -160,8 +154,8 @@ class JsonlSource(Source):
             out.notes.append(f"{self.path}: not there (yet); waiting")
             return
         check_regular(self.path)  # a FIFO put in the file's place: an error, not a hang
-        replaced = self.inode is not None and (st.st_ino != self.inode or
-                                               not self._same_head())
+        replaced = self.inode is not None and (
+            st.st_ino != self.inode or bool(self.head) and self._read_head() != self.head)
         if self.offset and (replaced or st.st_size < self.offset):
             what = "replaced (rotated)" if replaced else "truncated"
             out.notes.append(f"{self.path} was {what}: reading it again from the start")

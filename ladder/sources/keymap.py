@@ -94,9 +94,8 @@ class KeyMap:
 
     def batch(self, b):
         """A ``ladder.predict.watch.Batch`` read under the trainer's names, with ours (scaled)."""
-        back = {t: (o, s) for o, t, s in self.entries}
         cols, nonfinite = dict(b.cols), dict(b.nonfinite)
-        for t, (o, s) in back.items():
+        for o, t, s in self.entries:
             if t in b.cols:
                 cols[o] = b.cols[t] * s if s != 1 else b.cols[t]
             if t in b.nonfinite:

@@ -158,11 +158,6 @@ class RunDir:
             out = c * t / d if c is not None and d else np.full(t.shape, np.nan)
         return float(out) if out.ndim == 0 else out
 
-    # -- metrics ----------------------------------------------------------------------------------
-    def evals(self, metric: str) -> list[tuple[int, dict]]:
-        """``(line number, row)`` of every metrics row that logs ``metric``."""
-        return [(i, r) for i, r in enumerate(self.rows, start=1) if metric in r]
-
     def lr_table(self) -> np.ndarray | None:
         """The LR of every update as the trainer built it (:mod:`ladder.lrtable`); None without
         a rung."""
@@ -218,14 +213,17 @@ def read_runs(root: str | os.PathLike, *, metrics: bool = True) -> list[RunDir]:
 
 def read_summary(run_dir: str | os.PathLike) -> dict | None:
     """``summary.json`` of a run being written: None when absent, being replaced, or not a run
-    summary (for pollers; :func:`read_run` raises instead)."""
+    summary (for pollers; :func:`read_run` raises instead). A run summary of a version this
+    reader does not know is an InputError (never read as version 1)."""
     f = Path(run_dir) / "summary.json"
     if not f.is_file():
         return None
     try:
-        return read_json(f, schema="run-summary")
+        summary = read_json(f, schema="run-summary")
     except InputError:
         return None
+    known_schema(summary, SUMMARY_SCHEMAS, path=f)
+    return summary
 
 
 def ended_status(run_dir: str | os.PathLike) -> str | None:

@@ -52,17 +52,15 @@ class WandbOfflineSource(Source):
         watched directory) is still there. Segments it does not name are read from their start."""
         if pos.get("kind") != self.kind or not isinstance(pos.get("segments"), dict):
             return False
-        segs = {}
-        for k, v in pos["segments"].items():
-            got = check_position(v if isinstance(v, dict) else {"offset": v}, SEGMENT_POSITION)
-            segs[str(k)] = {"offset": got["offset"], "num": got["num"], "exit": got["exit"]}
-        self.segs = segs
+        self.segs = {str(k): check_position(v if isinstance(v, dict) else {"offset": v},
+                                            SEGMENT_POSITION)
+                     for k, v in pos["segments"].items()}
         self._config_sent = pos.get("config_sent") is True
         try:
             there = {name for name, _ in self.segments()}
         except InputError:  # no segment yet (a follow started before the run)
             there = set()
-        return set(segs) <= there
+        return set(self.segs) <= there
 
     def segments(self) -> list[tuple[str, Path]]:
         """(name, path) of every .wandb file of the run, oldest first."""

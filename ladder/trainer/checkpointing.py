@@ -1,19 +1,16 @@
 """A run's checkpoints: permanent ones on the rung's schedule and rolling ones for preemption.
 
-``checkpoints/<step>/`` are the permanent checkpoints (every 25% of the run or every
-``checkpoint_every`` steps; the last ``keep`` are kept). ``checkpoints/rolling/<step>/`` holds at
-most one more: the latest time-based checkpoint (``checkpoint_minutes``; the real hero kept one an
-hour) or the one written when a signal stopped the run. A rolling checkpoint never evicts a
-permanent one; resume starts from the newest of either kind. The folder is the run directory's
-``checkpoints/`` or a ``checkpoint_dir``: a local path or an object-store URL (``gs://``,
-``s3://``: Orbax writes through etils/TensorStore, which need gcsfs or s3fs and credentials).
+``<root>/<step>/`` are the permanent checkpoints (trainconfig.checkpoint_steps; the last
+``keep`` are kept); ``<root>/rolling/<step>/`` holds at most one more: the latest time-based one
+(``checkpoint_minutes``; the real hero kept one an hour) or the one written when a signal
+stopped the run. Resume starts from the newest of either kind. The root is the run directory's
+``checkpoints/`` or a ``checkpoint_dir`` (a local path, or ``gs://``/``s3://`` through
+etils/TensorStore, which need gcsfs or s3fs and credentials).
 
-Each checkpoint is an Orbax composite: ``state`` (the sharded train state; every process writes
-its own shards) and, over token shards, ``data`` (each process's Grain iterator state, written by
-Grain's own Orbax handler). Saves are asynchronous by default: ``save`` returns once the state is
-copied off the devices and Orbax writes it in the background; the step directory appears,
-renamed into place, only when complete, so resume never reads a half-written checkpoint.
-:meth:`Checkpoints.done_step` says which step is complete, and every process waits for the
+Each checkpoint is an Orbax composite: ``state`` (every process writes its own shards) and, over
+token shards, ``data`` (each process's Grain iterator state). Saves are asynchronous by default:
+``save`` returns once the state is off the devices; the step directory is renamed into place
+only when complete, so resume never reads a half-written one. Every process waits for the
 previous save at the same point (the next save, or close), where a permanent checkpoint also
 removes the rolling one it supersedes.
 """
@@ -129,9 +126,8 @@ class Checkpoints:
                              exit_code=EX_IOERR) from None
 
     def _remove_unfinished(self) -> None:
-        """Orbax's temporary folders of unfinished checkpoints, removed until two passes 0.2 s
-        apart find none (for at most ~5 s): TensorStore's writes of the failed save may still
-        land after the managers closed and create their folders again."""
+        """Orbax's temporary folders removed until two passes 0.2 s apart find none (at most
+        ~5 s): writes of the failed save may land after the managers closed and recreate them."""
         from orbax.checkpoint._src.path.step import TMP_DIR_SUFFIX
 
         quiet = 0
@@ -150,8 +146,8 @@ class Checkpoints:
             time.sleep(0.2)
 
     def done_step(self) -> int:
-        """The newest step whose checkpoint is complete (as this process sees it; no
-        collective, so only for what process 0 writes in the summary)."""
+        """The newest step whose checkpoint is complete, as this process sees it (no
+        collective: for what process 0 writes in the summary)."""
         for kind, mngr in (("permanent", self.permanent), (ROLLING, self.rolling)):
             if kind in self._pending and not mngr.is_saving_in_progress():
                 self._done = max(self._done, self._pending.pop(kind))
@@ -170,8 +166,8 @@ class Checkpoints:
             self.rolling.delete(roll)
 
     def restore(self, step: int, like, data_iterator=None):
-        """The train state of ``step`` with the shardings of ``like`` (a state of the same
-        structure); ``data_iterator`` (a Grain iterator), when given, is set to its saved state."""
+        """The train state of ``step`` with the shardings of ``like``; ``data_iterator`` (a
+        Grain iterator), when given, is set to its saved state."""
         import jax
         import orbax.checkpoint as ocp
 
@@ -216,10 +212,9 @@ class Checkpoints:
         return 0, like
 
     def _quiet_late_callbacks(self) -> None:
-        """Drop the "RuntimeError: Event loop is closed" tracebacks (and only those) while
-        restoring and, after a damaged checkpoint, until :meth:`close`: TensorStore's reads of a
-        damaged checkpoint finish in its own threads and call back into the event loop Orbax
-        has closed by then, after the one line that named the damage."""
+        """Drop the "RuntimeError: Event loop is closed" tracebacks (only those) until
+        :meth:`close`: TensorStore's reads of a damaged checkpoint finish in its own threads and
+        call back into the event loop Orbax has closed by then."""
         if self._unraisable is not None:
             return
         previous = self._unraisable = sys.unraisablehook
@@ -232,8 +227,8 @@ class Checkpoints:
         sys.unraisablehook = hook
 
     def _set_aside(self, step: int) -> str:
-        """Rename the damaged ``step`` out of Orbax's sight (a name that is not a step); done
-        by process 0 only (the folder is shared by every process of a multi-host run)."""
+        """Rename the damaged ``step`` out of Orbax's sight (process 0 only: the folder is
+        shared by every process)."""
         import jax
 
         mngr = self._holder(step)

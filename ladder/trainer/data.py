@@ -1,14 +1,14 @@
 """Training data: a token stream split into train and held-out parts, and batches as pure functions.
 
 Default corpus: the running Python's standard-library sources (test suites excluded), byte tokens
-(vocab 256): it exists on every machine and needs no network. Each document (file) goes to the
-held-out split when a hash of its path (relative to the stdlib root) says so, so the split never
-changes between runs, machines or seeds. ``--data`` brings other text files (bytes, vocab 256) or
-pre-tokenized arrays (``.npy``, or raw ``.bin`` of uint16/uint32 with the vocab size given).
+(vocab 256): it exists on every machine and needs no network. A document (file) is held out when
+a hash of its path (relative to the stdlib root) says so, the same split on every run, machine
+and seed. ``--data`` brings other text files (bytes, vocab 256), pre-tokenized arrays (``.npy``,
+or raw ``.bin`` of uint16/uint32 with the vocab size given) or `ladder tokenize` shards.
 
-Batch ``i`` is a pure function of ``(seed, i)``, which makes resume exact with no data-loader
-state to checkpoint; the held-out set is independent of the seed, so every rung of a ladder is
-evaluated on the same tokens. No JAX here: batches are numpy arrays.
+Batch ``i`` is a pure function of ``(seed, i)``: resume is exact with no loader state to save.
+The held-out set does not depend on the seed: every rung of a ladder is evaluated on the same
+tokens. No JAX here.
 """
 
 from __future__ import annotations
@@ -46,10 +46,9 @@ class Corpus:
 
     def batch(self, seed: int, index: int, batch: int, seq_len: int,
               rows: slice = slice(None)) -> dict:
-        """Training batch ``index`` for ``seed``: ``tokens`` and next-token ``targets`` [B, S]
-        of windows at uniform random offsets drawn from a generator seeded by (seed, index).
-        ``rows`` builds only those rows (a process of a multi-host run), identical to the same
-        rows of the whole batch."""
+        """Training batch ``index`` for ``seed``: ``tokens`` and ``targets`` [B, S] of windows at
+        uniform random offsets drawn by a generator seeded with (seed, index); ``rows``: only
+        those rows (a process of a multi-host run), as in the whole batch."""
         rng = np.random.default_rng([int(seed), int(index)])
         starts = rng.integers(0, len(self.train) - seq_len, size=batch)
         return windows(self.train, starts[rows], seq_len)
@@ -68,9 +67,8 @@ class Corpus:
 
 
 class PureFeed:
-    """Training batches of a Corpus for the trainer: batch ``i`` is a pure function of
-    (seed, i), so there is no iterator (``iterator`` is None) and no state to checkpoint. The
-    Grain feed over token shards (ladder.trainer.tokens) has the same interface, with state."""
+    """Training batches of a Corpus: pure functions of (seed, i), so no ``iterator`` and no
+    state to checkpoint (tokens.GrainFeed: the same interface, with state)."""
 
     iterator = None
 
@@ -89,10 +87,9 @@ class PureFeed:
 
 
 def shuffle_bytes(batch: dict, seed: int, index: int) -> dict:
-    """The ``data-swap`` fault (a run's data silently replaced by garbage of the same
-    alphabet): the tokens permuted within each sequence, unigram statistics kept, all structure
-    gone. Deterministic in (seed, index), as is :func:`corrupt_bytes`, so a faulted run still
-    resumes exactly."""
+    """The ``data-swap`` fault (data silently replaced by garbage of the same alphabet): the
+    tokens permuted within each sequence, unigram statistics kept, structure gone.
+    Deterministic in (seed, index), as :func:`corrupt_bytes`: a faulted run resumes exactly."""
     rng = np.random.default_rng([int(seed), int(index), 0xDA7A])
     full = np.concatenate([batch["tokens"], batch["targets"][:, -1:]], axis=1)
     full = rng.permuted(full, axis=1)
@@ -228,9 +225,8 @@ def _token_corpus(path: Path, vocab_size: int | None) -> Corpus:
 
 
 def check_vocab(rung, data_vocab: int, field: str, where, *, explicit: bool) -> None:
-    """InputError (64) when the data holds token ids the model's vocabulary lacks (``rung``'s
-    model as it will be trained), saying how much larger the model would be and the flag that
-    trains that model on purpose (issue 39: one stray id must not grow the rung 150x)."""
+    """InputError (64) when the data holds token ids ``rung``'s vocabulary lacks, saying how much
+    larger the model would be (issue 39: one stray id must not grow the rung 150x)."""
     vocab = rung.model.vocab_size
     if data_vocab <= vocab:
         return

@@ -1,13 +1,11 @@
 """Multi-host JAX for one rung: start-up, who writes, and which rows of a batch a process feeds.
 
 One rung can span several processes (hosts), each owning some devices of one global ("data",
-"expert") mesh; ``jax.distributed.initialize`` connects them and jitted programs run as one SPMD
-program. Around it: how a process joins (:class:`DistributedConfig`), which process writes the
-run directory (:func:`is_writer`; every process writes its own checkpoint shards), the batch rows
-each process builds (:func:`local_rows`, :func:`global_array`: no process ever holds a global
-batch), and step-boundary decisions taken by all processes together (:func:`agree`: an Orbax
-save is collective, and a process that saved alone would wait for the others forever). JAX is
-imported lazily.
+"expert") mesh, joined by ``jax.distributed.initialize`` (:class:`DistributedConfig`). Process 0
+writes the run directory (:func:`is_writer`; every process writes its own checkpoint shards);
+each process builds only its rows of a batch (:func:`local_rows`, :func:`global_array`); and
+step-boundary decisions are taken by all together (:func:`agree`: an Orbax save is collective,
+and a process that saved alone would wait for the others forever).
 """
 
 from __future__ import annotations
@@ -118,10 +116,8 @@ def is_writer() -> bool:
 
 
 def local_rows(sharding, batch: int) -> slice:
-    """The rows of a [batch, ...] array that this process's devices hold under ``sharding``
-    (all of them when the data axis does not cross processes). A data axis split over
-    processes gives each a contiguous block of rows: a ("data", "expert") mesh built from
-    ``jax.devices()`` orders the devices by process."""
+    """The rows of a [batch, ...] array that this process's devices hold under ``sharding``: a
+    contiguous block (a mesh built from ``jax.devices()`` orders the devices by process)."""
     idx = sharding.addressable_devices_indices_map((batch,))
     starts = sorted({(s[0].start or 0, batch if s[0].stop is None else s[0].stop)
                      for s in idx.values()})
@@ -164,8 +160,7 @@ def barrier(name: str) -> None:
 
 
 def environment_hint() -> str | None:
-    """Which cluster environment ``--distributed auto`` would read, if one is visible (for the
-    error message when auto-detection finds nothing)."""
+    """Which cluster environment ``--distributed auto`` would read, if one is visible."""
     for var, name in (("SLURM_JOB_ID", "SLURM"), ("JOBSET_NAME", "Kubernetes JobSet"),
                       ("OMPI_COMM_WORLD_SIZE", "Open MPI"), ("TPU_WORKER_HOSTNAMES", "Cloud TPU"),
                       ("MEGASCALE_COORDINATOR_ADDRESS", "Cloud TPU multislice")):

@@ -1,13 +1,13 @@
 """Whole ladders on a Ray cluster: each rung one Ray task, the same run directories as a local run.
 
 ``run_ladder_ray`` submits every rung as a Ray task that calls ``train.train_rung`` into
-``LADDER_DIR/RUNG/`` on a filesystem the workers share, with the rung's resource request, so Ray
-runs at once the rungs that fit and queues the rest. The driver streams one line per rung status
-change, read from the rung's own ``summary.json``. A rung whose task fails (an exception, a lost
-worker or node) or is preempted (SIGTERM: it checkpointed and stopped) is submitted again with
-``resume=True``, up to ``max_retries`` times; bad input is never retried. Each task runs in a
-fresh worker process (``max_calls=1``), so a rung's JAX runtime and device memory are released
-when it ends. Ray is optional (``pip install 'ladder[ray]'``) and imported only when this runs.
+``LADDER_DIR/RUNG/`` on a filesystem the workers share, with the rung's resource request (Ray
+runs the rungs that fit and queues the rest), and prints one line per rung status change, read
+from the rung's ``summary.json``. A rung whose task fails (an exception, a lost worker or node)
+or is preempted (SIGTERM: it checkpointed and stopped) is submitted again with ``resume=True``,
+up to ``max_retries`` times; bad input is never retried. Each task runs in a fresh worker
+process (``max_calls=1``), which releases its JAX runtime and device memory. Ray is optional
+(``pip install 'ladder[ray]'``).
 """
 
 from __future__ import annotations
@@ -35,12 +35,9 @@ PASS_ENV = ("LADDER_JAX_CACHE", "XLA_FLAGS", "JAX_PLATFORMS", "WANDB_MODE", "WAN
 
 
 def parse_resources(text: str | None, rung_names: list[str]) -> dict[str, dict]:
-    """``--resources-per-rung`` -> Ray task options per rung name.
-
-    Either one object of options for every rung (``{"num_gpus": 8}``), or an object keyed by rung
-    name with ``"*"`` for the rest (``{"*": {"num_cpus": 1}, "27.7B-A1.2B": {"num_gpus": 8}}``).
-    Options: num_cpus, num_gpus, memory (bytes), resources (custom resources), accelerator_type.
-    """
+    """``--resources-per-rung`` -> Ray task options (:data:`RESOURCE_KEYS`; memory in bytes) per
+    rung name: one object for every rung (``{"num_gpus": 8}``), or one per rung name with
+    ``"*"`` for the rest (``{"*": {"num_cpus": 1}, "27.7B-A1.2B": {"num_gpus": 8}}``)."""
     where = "--resources-per-rung"
     if text is None:
         return {name: dict(DEFAULT_RESOURCES) for name in rung_names}
@@ -129,8 +126,8 @@ class LadderResult:
 
 
 def rung_task(rung, out: str, cfg, max_steps: int | None, resume: bool) -> dict:
-    """The body of one Ray task: train the rung into ``out``. Bad input comes back as a value
-    (``{"input_error": ...}``), not as an exception, so that it is reported and never retried."""
+    """One Ray task: train the rung into ``out``. Bad input comes back as a value
+    (``{"input_error": ...}``), so that it is reported and never retried."""
     from ladder.trainer.train import train_rung
 
     try:
@@ -152,12 +149,10 @@ def run_ladder_ray(rungs: list, ladder_dir: str | os.PathLike, cfg, *,
                    max_retries: int = 2, poll_s: float = POLL_S,
                    log: Callable[[str], None] | None = None,
                    task: Callable = rung_task) -> LadderResult:
-    """Train ``rungs`` as Ray tasks into ``ladder_dir/RUNG/`` (see the module docstring).
-
-    Connects to ``address`` (None: ``RAY_ADDRESS`` or a new local Ray) unless Ray is already
-    initialised here (then that cluster is used and left running). ``task``: what each Ray task
-    runs (a test passes a flaky one). Raises InputError when a rung's input is bad.
-    """
+    """Train ``rungs`` as Ray tasks into ``ladder_dir/RUNG/`` (module docstring). Connects to
+    ``address`` (None: ``RAY_ADDRESS`` or a new local Ray) unless Ray is already initialised
+    here (then that cluster is used and left running). ``task``: what each Ray task runs (a test
+    passes a flaky one). Raises InputError when a rung's input is bad."""
     try:
         import ray
     except ImportError:

@@ -1,17 +1,15 @@
 """XLA settings for MoE training on NVIDIA GPUs, set before JAX starts its backend (issue 37
 item 4).
 
-XLA reads ``XLA_FLAGS`` and the allocator ``XLA_PYTHON_CLIENT_MEM_FRACTION`` once, when the first
-backend is created (the first ``jax.devices()`` or computation), not at ``import jax``. So
-:func:`apply` runs first thing in ``ladder run``, in ``train_rung`` (Ray workers and library
-callers) and in bench/gpu_rung.py; when a backend is already up it changes nothing and records
-that it came too late. Only on a GPU platform (``JAX_PLATFORMS`` naming cuda/gpu, or, when unset,
-a JAX CUDA plugin and an NVIDIA device node): CPU and TPU runs see no change. The user's own
-environment wins (a flag already in ``XLA_FLAGS``, by name, or a variable already set), and
-``LADDER_GPU_FLAGS=0`` turns all of this off. What was set and what was the user's lands in
-env.json (``gpu_env``). XLA aborts on a flag it does not know, and flags come and go between
-jaxlib releases: the flags are checked once in a child process on the CPU backend (which parses
-every XLA flag, GPU ones included) and only those it accepts are set.
+XLA reads ``XLA_FLAGS`` and ``XLA_PYTHON_CLIENT_MEM_FRACTION`` once, when the first backend is
+created, not at ``import jax``. So :func:`apply` runs first thing in ``ladder run``, in
+``train_rung`` (Ray workers, library callers) and in bench/gpu_rung.py; when a backend is
+already up it changes nothing and records that it came too late. Only on a GPU platform: CPU
+and TPU runs see no change. The user's own environment wins (a flag already in ``XLA_FLAGS``, by
+name, or a variable already set), and ``LADDER_GPU_FLAGS=0`` turns all of this off; env.json
+(``gpu_env``) records what was set and what was the user's. XLA aborts on a flag it does not
+know, and flags come and go between jaxlib releases: only the flags a child process on the CPU
+backend (which parses every XLA flag) accepts are set.
 
 Sources: NVIDIA's JAX-Toolbox (rosetta/docs/GPU_performance.md, "the guide" below, and its
 containers' environment) and JAX's gpu_performance_tips. No NCCL variable is set: NVIDIA's
@@ -89,8 +87,8 @@ def backend_started() -> bool:
 
 
 def accepted_flags(flags: list[str]) -> list[str]:
-    """The flags of ``flags`` this jaxlib accepts: one child process on the CPU backend (XLA
-    parses every flag there and aborts on an unknown one); on a refusal, one per flag."""
+    """The flags of ``flags`` this jaxlib accepts: one child process on the CPU backend; on a
+    refusal, one per flag."""
     def ok(chunk):
         env = {**os.environ, "XLA_FLAGS": " ".join(chunk), "JAX_PLATFORMS": "cpu",
                OFF_SWITCH: "0"}
@@ -104,9 +102,8 @@ def accepted_flags(flags: list[str]) -> list[str]:
 
 
 def apply(environ=os.environ, *, probe: bool = True, force_gpu: bool | None = None) -> dict:
-    """Set the GPU settings in ``environ`` (module docstring) unless the user's are there;
-    returns (and remembers, for env.json) what it did. Idempotent: a second call reports the
-    first one's result."""
+    """Set the GPU settings in ``environ`` (module docstring); returns (and remembers, for
+    env.json) what it did. A second call reports the first one's result."""
     global _applied
     if _applied is not None and environ is os.environ:
         return _applied

@@ -1,19 +1,16 @@
 """How a rung is laid out on a device's memory: compute precision, rematerialisation and
-microbatch, chosen so that the train step fits (issue 37 item 1).
+microbatch, chosen so that the train step fits (issue 37 item 1). None of the three changes
+what is trained (f32 master weights whatever the compute precision; remat recomputes the same
+values; microbatches accumulate the same gradient with whole capacity cells), only the memory
+and the time a step takes.
 
-None of the three changes what is trained (model/transformer.py: f32 master weights whatever the
-compute precision; remat recomputes the same values; microbatches accumulate the same gradient
-with whole capacity cells, trainconfig.check_cell), only the memory and the time a step takes.
-
-The rule, on the analytic estimate of ladder/trainer/plan.py (``plan_rung``):
+The rule, on the estimate of plan.py (``plan_rung``):
 - precision: bf16 compute over f32 master weights (what accelerators run; CPUs keep f32);
-- remat: the least that fits, in the order none < dots < full (each step recomputes more of
-  the forward pass: "full" ~1/3 more FLOPs);
+- remat: the least that fits, in the order none < dots < full ("full": ~1/3 more FLOPs);
 - microbatch: for that remat, the largest that fits (fewer, larger matmuls).
-A layout without remat at a small microbatch is preferred to remat at a large one: the recipe's
-capacity cell already gives every device >= 65,536 tokens a microbatch (marin-535b), enough to
-keep its matmuls large. A value the user gave is kept; only the others are chosen. When nothing
-fits, the most frugal layout is returned with ``fits`` False, and the caller says so.
+No remat at a small microbatch is preferred to remat at a large one: the recipe's capacity cell
+already gives every device >= 65,536 tokens a microbatch (marin-535b). A value the user gave is
+kept. When nothing fits, the most frugal layout is returned with ``fits`` False.
 """
 
 from __future__ import annotations
@@ -46,8 +43,7 @@ class Layout:
 
     def apply(self, rung: Rung) -> Rung:
         """``rung`` computed at this layout's precision and remat (the same function)."""
-        return rung.replace(model=rung.model.replace(precision=self.precision,
-                                                     remat=self.remat))
+        return _laid(rung, self.precision, self.remat)
 
     def train_config(self, cfg):
         """``cfg`` (a TrainConfig) with this layout written in, so config.json records it."""
@@ -70,22 +66,31 @@ class Layout:
         return {**dataclasses.asdict(self), "chosen": list(self.chosen)}
 
 
+def _laid(rung: Rung, precision: str, remat: str) -> Rung:
+    return rung.replace(model=rung.model.replace(precision=precision, remat=remat))
+
+
+def _chosen(precision, remat, microbatch) -> tuple[str, ...]:
+    """The names of the layout fields left to the rule (None)."""
+    return tuple(name for name, v in (("precision", precision), ("remat", remat),
+                                      ("microbatch", microbatch)) if v is None)
+
+
 def choose_layout(rung: Rung, devices: int, memory_per_device: float, *,
                   precision: str | None = None, remat: str | None = None,
                   microbatch: int | None = None, expert_parallel: int | None = None,
                   budget_source: str = "given") -> Layout:
     """The layout of ``rung`` on ``devices`` devices that fits ``memory_per_device`` by the
-    estimate (module docstring); ``precision``/``remat``/``microbatch`` given are kept.
-    ValueError naming the field when a given microbatch does not split the batch."""
+    estimate; ``precision``/``remat``/``microbatch`` given are kept. ValueError naming the
+    field when a given microbatch does not split the batch."""
     from ladder.trainer.plan import plan_rung
 
-    chosen = tuple(name for name, v in (("precision", precision), ("remat", remat),
-                                        ("microbatch", microbatch)) if v is None)
+    chosen = _chosen(precision, remat, microbatch)
     prec = precision or "bf16"
     last = None
     for r, mb in ordered_layouts(rung, devices, remat=remat, microbatch=microbatch):
-        laid = rung.replace(model=rung.model.replace(precision=prec, remat=r))
-        est = plan_rung(laid, devices, microbatch=mb, expert_parallel=expert_parallel)
+        est = plan_rung(_laid(rung, prec, r), devices, microbatch=mb,
+                        expert_parallel=expert_parallel)
         last = Layout(precision=prec, remat=r, microbatch=mb, devices=devices,
                       memory_per_device=memory_per_device, estimate_bytes=est.total_bytes,
                       fits=est.total_bytes <= memory_per_device, chosen=chosen,
@@ -110,10 +115,8 @@ def ordered_layouts(rung: Rung, devices: int, *, precision: str | None = None,
 
 def device_memory_budget(devices) -> tuple[float, str] | None:
     """(bytes a layout may fill on one device, where that figure came from) for JAX
-    ``devices`` on an accelerator, else None (CPU: host memory is not planned for). The
-    allocator's own limit when the runtime reports it (``memory_stats()['bytes_limit']``: the
-    GPU's memory x XLA_PYTHON_CLIENT_MEM_FRACTION), else the accelerator table's memory x the
-    share ladder.accelerators.usable_memory allows."""
+    ``devices`` on an accelerator, else None (CPU, or an unknown accelerator): the allocator's
+    ``bytes_limit`` when the runtime reports it, else the accelerator table's usable memory."""
     from ladder.accelerators import accelerator_peak, usable_memory
 
     dev = devices[0]
@@ -133,10 +136,8 @@ def device_memory_budget(devices) -> tuple[float, str] | None:
 
 def run_layout(rung: Rung, cfg) -> Layout | None:
     """The layout ``ladder run`` trains ``rung`` with under ``cfg`` (a TrainConfig) on this
-    process's devices: the estimate's choice, compiled for these devices and walked down while
-    XLA's figure is over the device's budget (``fit_layout`` without the walk up). None when
-    there is nothing to choose: on CPU (f32, the whole batch), on an accelerator of unknown
-    memory, or when the user gave precision, remat and microbatch all three."""
+    process's devices (``fit_layout`` without the walk up). None when there is nothing to
+    choose: on CPU, on an accelerator of unknown memory, or when all three were given."""
     import jax
 
     given_prec = cfg.model.get("precision")
@@ -189,23 +190,21 @@ def fit_layout(rung: Rung, devices: int, memory_per_device: float, *,
                precision: str | None = None, remat: str | None = None,
                microbatch: int | None = None, expert_parallel: int | None = None,
                budget_source: str = "given", search_up: bool = True) -> CompiledLayout:
-    """The most preferred layout (the rule's order, module docstring) whose COMPILED train step
-    fits ``memory_per_device``. Compiling a real rung takes minutes, so the walk is guided by
-    the estimate scaled to XLA's figure (``ratio`` = compiled / estimated bytes of the last
+    """The most preferred layout (the rule's order) whose COMPILED train step fits
+    ``memory_per_device``. Compiling a real rung takes minutes, so the walk is guided by the
+    estimate scaled to XLA's figure (``ratio`` = compiled / estimated bytes of the last
     compile): from the estimate's choice, while it does not fit, to the next layout in the order
     whose scaled estimate fits (else the most frugal); once one fits, to the first earlier
     layout whose scaled estimate fits and whose compiled step does, until none is left. When
     none fits, the most frugal tried."""
     from ladder.trainer.plan import compile_step, plan_rung
 
-    est = choose_layout(rung, devices, memory_per_device, precision=precision, remat=remat,
-                        microbatch=microbatch, expert_parallel=expert_parallel,
-                        budget_source=budget_source)
+    prec = precision or "bf16"
     order = ordered_layouts(rung, devices, precision=precision, remat=remat,
                             microbatch=microbatch)
 
     def laid(j: int) -> Rung:
-        return rung.replace(model=rung.model.replace(precision=est.precision, remat=order[j][0]))
+        return _laid(rung, prec, order[j][0])
 
     estimates = [plan_rung(laid(j), devices, microbatch=order[j][1],
                            expert_parallel=expert_parallel).total_bytes
@@ -224,7 +223,8 @@ def fit_layout(rung: Rung, devices: int, memory_per_device: float, *,
     def ratio(j: int) -> float:
         return steps[j].bytes_per_device / estimates[j]
 
-    i = order.index((est.remat, est.microbatch))
+    # the estimate's choice (choose_layout's): the first that fits by the estimate, else the last
+    i = next((j for j, e in enumerate(estimates) if e <= memory_per_device), len(order) - 1)
     while not fits(i) and i + 1 < len(order):
         r = ratio(i)
         i = next((j for j in range(i + 1, len(order)) if estimates[j] * r <= memory_per_device),
@@ -240,10 +240,10 @@ def fit_layout(rung: Rung, devices: int, memory_per_device: float, *,
         else:
             break
     step = steps[i]
-    chosen = Layout(precision=est.precision, remat=order[i][0], microbatch=order[i][1],
+    chosen = Layout(precision=prec, remat=order[i][0], microbatch=order[i][1],
                     devices=devices, memory_per_device=memory_per_device,
                     estimate_bytes=estimates[i], fits=step.bytes_per_device <= memory_per_device,
-                    chosen=est.chosen, budget_source=budget_source)
+                    chosen=_chosen(precision, remat, microbatch), budget_source=budget_source)
     tried = tuple({"remat": order[j][0], "microbatch": order[j][1],
                    "bytes_per_device": s.bytes_per_device, "estimate_bytes": estimates[j],
                    "fits": s.bytes_per_device <= memory_per_device}

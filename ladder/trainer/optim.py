@@ -4,26 +4,22 @@ recipe's three groups (Marin's public hero-run tracking issue; issue 12 of this 
 - **MuonH** on the hidden matrices (attention, latent projections, shared and routed experts,
   GatedNorm's matrices): the recipe's Muon direction (issue 22 item 3; Marin's grug MoE
   ``scale_with_grug_muonh``): momentum m <- 0.95 m + g (undamped, no bias correction), the
-  Nesterov input 0.95 m + g, orthogonalised by 5 Newton-Schulz steps (:func:`newton_schulz`,
-  constants in ladder/optspec.py), then the hyperball step p' = p - lr * u * |p| / |u|,
-  renormalised to |p|. Norms are Frobenius norms *per matrix*: a routed-expert weight [E, L, F]
-  is E matrices (a stacked [n_layers, ...] weight one matrix per layer). No second moment.
-- **AdamH** on the output projection (the LM head): the Adam direction, the same hyperball
-  step, at the MuonH learning rate.
+  Nesterov input 0.95 m + g, orthogonalised by 5 Newton-Schulz steps (constants in
+  ladder/optspec.py), then the hyperball step p' = p - lr * u * |p| / |u|, renormalised to |p|.
+  Norms are Frobenius norms *per matrix* (a routed-expert weight [E, L, F] is E matrices). No
+  second moment.
+- **AdamH** on the LM head: the Adam direction, the same hyperball step, at the MuonH LR.
 - **Adam** (no weight decay) on the embedding, the router, the norm gains, the attention head
-  gates and the short-convolution kernels. The router *bias* is not a parameter here: the
-  balancing rule sets it (ladder/model/moe.py).
+  gates and the short-convolution kernels. The router *bias* is set by the balancing rule
+  (ladder/model/moe.py), not here.
 
-The learning rates, betas and eps are the recipe's rules (ladder/optspec.py: MuonH LR = 13/3 x
-the Adam LR, capped at 0.05; the published peak LRs come out to < 1%, tests/test_optim.py). The
-step's input ``lr`` is the Adam peak times the schedule's multiplier
-(``ladder.lrtable.run_lr_table``), so the multiplier applies to both peaks. The trainer applies
+Learning rates, betas and eps follow the recipe's rules (ladder/optspec.py: MuonH LR = 13/3 x the
+Adam LR, capped at 0.05; tests/test_optim.py). The step's input ``lr`` is the Adam peak times
+the schedule's multiplier, so the multiplier applies to both peaks. The trainer applies
 ``params - lr * updates``; the hyperball groups need the step's LR to land on the sphere, so
 ``update(..., lr=...)`` takes it and returns ``(p - p') / lr`` for those leaves (exact up to
-float rounding: |p| is kept to ~1e-7).
-
-The plain-Python part (:class:`OptimizerSpec`, :class:`OptimizerSettings`) lives in
-:mod:`ladder.optspec`, without JAX: ``ladder list`` prints the settings.
+float rounding). The plain-Python settings (:class:`OptimizerSpec`, :class:`OptimizerSettings`)
+live in :mod:`ladder.optspec`, without JAX.
 """
 
 from __future__ import annotations
@@ -44,12 +40,10 @@ from ladder.optspec import (  # noqa: F401  (MUON_NS_COEFFS, OptimizerSpec re-ex
     OptimizerSpec,
 )
 
-# How far the hidden matrices' init std may sit from the recipe's 0.5/sqrt(d) (issue 12 item 2)
-# before the marin optimizer warns. MuonH/AdamH keep each matrix at its initial norm for good,
-# so the init is a hyperparameter of the run: with std 0.02 the cpu ladder's proxy trained to
-# 3.889 where the recipe's init gave 2.527 (issue 37), and the tiny ladder's d=16 rung to a train
-# CE of 4.8 against 2.8 (docs/LOG.md, 2026-12-01). 0.02 at d=16 is 0.16x the recipe's 0.125; a
-# factor of 2 either way flags that and leaves the recipe's own scale alone.
+# How far the hidden matrices' init std may sit from the recipe's 0.5/sqrt(d) before the marin
+# optimizer warns (issue 12 item 2): MuonH/AdamH keep each matrix at its initial norm for good
+# (std 0.02: the cpu ladder's proxy trained to 3.889 against the recipe init's 2.527, issue 37;
+# docs/LOG.md, 2026-12-01). A factor of 2 either way flags 0.02 at d=16 (0.16x).
 INIT_STD_TOLERANCE = 2.0
 
 
@@ -78,9 +72,8 @@ def warn_init(kind: str, model_cfg) -> None:
 
 
 def make_optimizer(settings: OptimizerSettings):
-    """The optax transformation for ``settings``. Its ``update(grads, state, params, lr=...)``
-    returns updates that the trainer applies as ``params - lr * updates`` (``adamw`` ignores
-    ``lr``), so the compiled program never depends on the schedule."""
+    """The optax transformation for ``settings``; ``update(grads, state, params, lr=...)``
+    (``adamw`` ignores ``lr``), so the compiled program never depends on the schedule."""
     import optax
 
     if settings.kind == "adamw":
@@ -94,8 +87,7 @@ def make_optimizer(settings: OptimizerSettings):
 
 
 def adamw(settings: OptimizerSettings):
-    """AdamW as optax composes it (adam scaling, then decoupled weight decay on matrices only:
-    norm scales and other vectors are not decayed), after global-norm clipping."""
+    """Global-norm clipping, adam scaling, then decoupled weight decay on matrices only."""
     import optax
 
     parts = [optax.clip_by_global_norm(settings.clip)] if settings.clip else []
@@ -118,14 +110,11 @@ def _path_names(path) -> tuple[str, ...]:
 
 
 def marin_group(path: tuple[str, ...], shape: tuple[int, ...]) -> Group:
-    """The marin group of the parameter at ``path`` (names as in the params dict).
-
-    Written against the group names of ``model.transformer.param_group``; the leaf name decides
-    only (a) norm gains ("scale") -> Adam wherever they sit, and (b) which axes of an attention
-    weight form its matrix: q/k/v [.., D, heads, Hd] map D -> heads*Hd, o [.., heads, Hd, D] maps
-    heads*Hd -> D. Every other hyperball weight is [.., in, out]. Leading axes (experts, shared
-    experts, stacked layers) are batches of matrices. An unknown group is an error, so a new
-    kind of parameter cannot silently get the wrong optimizer."""
+    """The marin group of the parameter at ``path``, by ``model.transformer.param_group``; the
+    leaf name decides only norm gains ("scale": Adam wherever they sit) and an attention
+    weight's matrix axes (q/k/v [.., D, heads, Hd]: D -> heads*Hd; o: heads*Hd -> D); other
+    hyperball weights are [.., in, out], their leading axes batches of matrices. An unknown
+    group is an error: a new kind of parameter never silently gets the wrong optimizer."""
     from optax.contrib import MuonDimensionNumbers as Dims
 
     from ladder.model.transformer import param_group
@@ -192,10 +181,9 @@ def hyperball_step(p, u, step_lr, axes):
 
 
 def newton_schulz(x, coeffs, eps: float):
-    """The orthogonalised direction of each matrix of ``x`` [..., m, n] (leading axes: a batch
-    of separate matrices, never merged, so a device-split expert axis stays split): x is
-    divided by (|x|_F + eps), which puts every singular value in [0, 1], then
-    :func:`ns_iterate` runs the steps."""
+    """The orthogonalised direction of each matrix of ``x`` [..., m, n] (leading axes never
+    merged, so a device-split expert axis stays split): x / (|x|_F + eps), every singular value
+    in [0, 1], through :func:`ns_iterate`."""
     import jax.numpy as jnp
 
     return ns_iterate(x / (jnp.sqrt(jnp.sum(jnp.square(x), axis=(-2, -1), keepdims=True))
@@ -251,13 +239,10 @@ def drops_muonh(groups, tree):
 
 
 def scale_by_marin(settings: OptimizerSettings):
-    """The recipe's three groups as one optax transformation.
-
-    The state holds the first moment of every leaf (``mu``, shaped like the params) and the
-    second moment of the Adam and AdamH leaves (``nu``: the params' tree with None on the
-    MuonH leaves; its Nones need ``is_leaf``, step.py ``state_shardings``). A checkpoint with a
-    zero second moment on every MuonH leaf too (before issue 22) restores into this state:
-    Orbax reads the leaves the target has (tests/test_optim.py)."""
+    """The recipe's three groups as one optax transformation (state: :class:`MarinState`; its
+    ``nu`` Nones need ``is_leaf``, step.py ``state_shardings``). A checkpoint with a zero second
+    moment on the MuonH leaves too (before issue 22) restores into it: Orbax reads the leaves
+    the target has (tests/test_optim.py)."""
     import jax
     import jax.numpy as jnp
     import optax

@@ -2,31 +2,26 @@
 without training and without allocating the model; with ``--compile``, XLA's own figures.
 
 Parameter shapes come from ``jax.eval_shape`` of the model's init (``model.param_shapes``), so
-even the 535B hero is planned in seconds; FLOPs come from the one counter (ladder/counting.py).
-The mesh is the trainer's (step.py): N devices = data x expert; the batch of one microbatch is
-split over all N, routed-expert weights over "expert" (and FSDP-style over "data"), every other
-weight FSDP-style over all N. The default expert axis is the largest divisor of N that also
-divides the number of experts.
+even the 535B hero is planned in seconds; FLOPs from the one counter (ladder/counting.py). The
+mesh is the trainer's (step.py :func:`~ladder.trainer.step.make_mesh`).
 
 Memory per device (bytes), an estimate of what the trainer keeps:
 - float32 parameters, gradients and optimizer moments, each 1/N of the model (AdamW: two
   moments per weight; marin: two per Adam/AdamH weight, one per MuonH weight, optim.py); a
-  float32 gradient accumulator when the step has several microbatches; the weights GSPMD
-  gathers whole for use, of which the embedding and LM head (2 V D float32) dominate;
-- the balancing rule's merged statistic [layers, E, n] float32 (threshold rule: n = tokens per
-  step x k / E), split over "expert", twice (running value and the merge);
-- one microbatch's activations on the device at the rung's precision and remat
-  (:func:`activation_bytes_per_token`, the terms in :func:`_layer_elements`; "auto" precision
-  is planned as bf16, what an accelerator runs; ladder/trainer/layout.py chooses both).
-It is a planning estimate, expected within ~30% of XLA's memory analysis of the compiled step
-(``--compile``) on the real rungs in f32. XLA:CPU computes bf16 matmuls through float32 copies
-(bench/compute_memory.py), so a bf16 step compiled on CPU needs more than the estimate and than
-the same step on a GPU.
+  float32 gradient accumulator with several microbatches; the weights GSPMD gathers whole for
+  use, of which the embedding and LM head (2 V D float32) dominate;
+- the balancing rule's merged statistic [layers, E, n] float32, split over "expert", twice
+  (running value and the merge);
+- one microbatch's activations at the rung's precision and remat
+  (:func:`activation_bytes_per_token`; "auto" precision is planned as bf16, what an
+  accelerator runs).
+Expected within ~30% of XLA's memory analysis of the compiled step (``--compile``) on the real
+rungs in f32; XLA:CPU computes bf16 matmuls through float32 copies (bench/compute_memory.py), so
+a bf16 step compiled on CPU needs more than the estimate.
 
-Time per step = training FLOPs per step (LM head included) / (N x peak FLOP/s x MFU).
-The default peak is one GB200 GPU in bf16 without sparsity: 2.5e15 FLOP/s (NVIDIA's GB200 NVL72
-datasheet lists 5 PFLOPS FP16/BF16 per Blackwell GPU *with* 2:4 sparsity; dense is half). The
-default MFU 0.4 is an assumption, not a measurement.
+Time per step = training FLOPs per step (LM head included) / (N x peak FLOP/s x MFU). The default
+peak is one GB200 GPU in dense bf16: 2.5e15 FLOP/s (NVIDIA's GB200 NVL72 datasheet lists 5 PFLOPS
+FP16/BF16 per Blackwell GPU *with* 2:4 sparsity). The default MFU 0.4 is an assumption.
 """
 
 from __future__ import annotations
@@ -54,12 +49,14 @@ class Mesh:
 
 
 def make_mesh(devices: int, n_experts: int, expert_parallel: int | None = None) -> Mesh:
-    """The plan's mesh; ValueError naming the field when the axes do not divide."""
+    """The plan's mesh (the trainer's axes, step.make_mesh); ValueError naming the field when
+    the axes do not divide."""
+    from ladder.trainer.step import default_expert_axis
+
     if devices < 1:
         raise ValueError(f"devices: must be >= 1, got {devices}")
     if expert_parallel is None:
-        expert_parallel = max(e for e in range(1, devices + 1)
-                              if devices % e == 0 and n_experts % e == 0)
+        expert_parallel = default_expert_axis(devices, n_experts)
     if expert_parallel < 1 or devices % expert_parallel:
         raise ValueError(f"expert_parallel: {expert_parallel} does not divide devices={devices}")
     if n_experts % expert_parallel:
@@ -70,7 +67,7 @@ def make_mesh(devices: int, n_experts: int, expert_parallel: int | None = None) 
 
 @dataclass(frozen=True)
 class RungPlan:
-    """One rung on one mesh. Bytes are per device."""
+    """One rung on one mesh (:func:`plan_rung`). Bytes are per device."""
 
     ladder: str
     name: str
@@ -125,9 +122,8 @@ def _gated(cfg) -> float:
 
 
 def _layer_elements(cfg, layer: int) -> float:
-    """Activations one layer keeps per token without rematerialisation (elements). No
-    attention scores: attention runs in query blocks whose scores are recomputed in the
-    backward pass (ladder/model/layers.py)."""
+    """Activations one layer keeps per token without remat (elements); no attention scores
+    (query blocks recompute them in the backward pass, ladder/model/layers.py)."""
     cap_slots = cfg.capacity_factor * cfg.top_k          # expert slots per token
     d = cfg.d_model
     kv_dim = cfg.n_kv_heads(layer) * cfg.head_dim
@@ -148,9 +144,8 @@ def _layer_elements(cfg, layer: int) -> float:
 
 def _layer_dot_outputs(cfg, layer: int) -> float:
     """What remat "dots" (jax's dots_with_no_batch_dims_saveable) keeps of one layer per token:
-    the layer's input and the outputs of its weight matmuls without a batch dimension; the
-    routed experts' matmuls carry the expert dimension as a batch dimension and are
-    recomputed."""
+    its input and its weight matmuls' outputs; the routed experts' matmuls (the expert axis is
+    a batch dimension) are recomputed."""
     kv_dim = cfg.n_kv_heads(layer) * cfg.head_dim
     return (cfg.d_model + cfg.q_dim + 2 * kv_dim + cfg.d_model + cfg.n_experts
             + 2 * cfg.latent_dim + 3 * cfg.n_shared * cfg.shared_dim)
@@ -195,9 +190,8 @@ def activation_bytes_per_token(cfg, seq_len: int) -> float:
 
 @lru_cache(maxsize=64)
 def exact_param_count(cfg) -> tuple[int, int]:
-    """(trained parameters, router-bias entries) of ``cfg``'s abstract parameter tree. Cached per
-    model: the microbatch search plans one model up to ~17 times, and each abstract trace of a
-    large model's init costs seconds on CPU (27.7B: 17 traces, 14.7 s before this cache)."""
+    """(trained parameters, router-bias entries) of ``cfg``'s abstract parameter tree. Cached:
+    the microbatch search plans one model up to ~17 times, each trace seconds on CPU."""
     import jax  # noqa: F401  (plan is the one `ladder` command that needs JAX)
     from flax.traverse_util import flatten_dict
 
@@ -240,10 +234,8 @@ def plan_rung(rung: Rung, devices: int = 1, *, expert_parallel: int | None = Non
     from ladder.model.moe import balancing_rule
 
     n_trained, n_bias = exact_param_count(cfg)
-    n_exact = n_trained + n_bias
     trained = n_trained / mesh.devices                  # FSDP: every weight split N ways
-    counted = rung.params
-    flops = rung.flops
+    counted, flops = rung.params, rung.flops
     seqs_per_device = math.ceil(mb / mesh.devices)      # the largest shard when uneven
     act_per_seq = activation_bytes_per_token(cfg, rung.seq_len) * rung.seq_len
     # the balancing rule's statistic and its merged copy, split over "expert": the threshold
@@ -254,7 +246,7 @@ def plan_rung(rung: Rung, devices: int = 1, *, expert_parallel: int | None = Non
     return RungPlan(
         ladder=rung.ladder, name=rung.name, devices=mesh.devices, data_parallel=mesh.data,
         expert_parallel=mesh.expert, params=counted.total, active_params=counted.active,
-        params_exact=int(n_exact), steps=rung.steps, batch=rung.batch, microbatch=mb,
+        params_exact=n_trained + n_bias, steps=rung.steps, batch=rung.batch, microbatch=mb,
         precision=plan_precision(cfg), remat=cfg.remat, seq_len=rung.seq_len,
         tokens_per_step=rung.tokens_per_step,
         tokens_per_device=seqs_per_device * rung.seq_len,
@@ -264,12 +256,9 @@ def plan_rung(rung: Rung, devices: int = 1, *, expert_parallel: int | None = Non
         grad_bytes=trained * BYTES_F32 + accumulator,    # the bias has no gradient
         optimizer_bytes=optimizer_state_count(cfg, rung.optimizer_settings) / mesh.devices
         * BYTES_F32,                                      # nor optimizer moments
-        gathered_bytes=2 * cfg.vocab_size * cfg.d_model * BYTES_F32,
-        balance_bytes=balance,
+        gathered_bytes=2 * cfg.vocab_size * cfg.d_model * BYTES_F32, balance_bytes=balance,
         activation_bytes=seqs_per_device * act_per_seq,
-        activation_bytes_per_sequence=act_per_seq,
-        peak_flops=peak_flops, mfu=mfu,
-    )
+        activation_bytes_per_sequence=act_per_seq, peak_flops=peak_flops, mfu=mfu)
 
 
 # ------------------------------------------------------------------------------ --compile
@@ -314,9 +303,12 @@ class HloFlops:
 
 def _dims(shape: str) -> list[int] | None:
     m = _SHAPE_RE.match(shape.strip())
-    if m is None:
-        return None
-    return [int(d.lstrip("<=")) for d in m.group(1).split(",") if d.strip()]
+    return None if m is None else _dim_list(m.group(1))
+
+
+def _dim_list(dims: str) -> list[int]:
+    """``"8,<=16"`` -> [8, 16] (a dynamic dimension by its bound)."""
+    return [int(d.lstrip("<=")) for d in dims.split(",") if d.strip()]
 
 
 def _instruction(line: str):
@@ -355,8 +347,7 @@ def _array_bytes(shape: str) -> list[float]:
         size = _DTYPE_BYTES.get(dtype, 1 if dtype.startswith("f8") else None)
         if size is None:
             continue
-        out.append(float(size * math.prod(int(d.lstrip("<=")) for d in dims.split(",")
-                                          if d.strip())))
+        out.append(float(size * math.prod(_dim_list(dims))))
     return out
 
 
@@ -469,10 +460,9 @@ def hlo_flops(hlo_text: str) -> HloFlops:
 
 
 def collective_bytes(hlo_text: str) -> dict:
-    """{kind: bytes per device per program run} of each collective in compiled HLO text,
-    every instruction counted as often as its computation runs (loops x their trip counts),
-    each by the larger of its input and output buffers (``_collective_bytes``). The figure is
-    what one device sends or receives through that collective, up to the algorithm's factor
+    """{kind: bytes per device per program run} of each collective in compiled HLO text, each
+    instruction as often as its computation runs, by the larger of its input and output
+    (``_collective_bytes``): what one device sends or receives, up to the algorithm's factor
     (a ring all-reduce moves ~2 (n-1)/n of it)."""
     w = _walk_hlo(hlo_text)
     return {kind: w.total(lambda c, k=kind: w.own_collectives.get(c, {}).get(k, 0.0))
@@ -569,8 +559,7 @@ def _compile(program, *args) -> dict:
 
 def compile_step(rung: Rung, devices: int, *, microbatch: int | None = None,
                  expert_parallel: int | None = None) -> CompiledStep:
-    """XLA's figures for ``rung``'s real train step (ladder.trainer.train) on a ``devices``
-    mesh."""
+    """XLA's figures for ``rung``'s real train step on a ``devices`` mesh."""
     import jax
     import jax.numpy as jnp
 
@@ -596,9 +585,9 @@ def compile_step(rung: Rung, devices: int, *, microbatch: int | None = None,
 
 def compile_eval(rung: Rung, devices: int, *, eval_batch: int | None = None,
                  expert_parallel: int | None = None) -> CompiledEval:
-    """XLA's figures for ``rung``'s eval step (ladder.trainer.step.make_eval_step: the held-out
-    loss with capacity and dropless) for ``eval_batch`` sequences (default: one per device) on
-    the train step's mesh."""
+    """XLA's figures for ``rung``'s eval step (step.make_eval_step) for ``eval_batch``
+    sequences (default: :func:`~ladder.trainer.trainconfig.eval_batch_size`) on the train
+    step's mesh."""
     import jax
     import jax.numpy as jnp
 

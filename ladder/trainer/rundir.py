@@ -20,9 +20,11 @@ from ladder.io import (
     InputError,
     atomic_write_text,
     iter_jsonl,
+    known_schema,
     read_json,
     to_jsonable,
 )
+from ladder.sources.runs import SUMMARY_SCHEMAS
 from ladder.specs import Rung
 from ladder.trainer import gpuenv
 from ladder.trainer.data import Corpus
@@ -174,8 +176,10 @@ def previous_run(out: Path, config: dict, resume: bool) -> dict | None:
     a different run, or an unfinished one and ``resume`` is off."""
     if not (out / "summary.json").exists() and not (out / "checkpoints").exists():
         return None
-    found = read_json(out / "summary.json", schema="run-summary") \
-        if (out / "summary.json").exists() else {"status": "running"}
+    found = {"status": "running"}
+    if (out / "summary.json").exists():
+        found = read_json(out / "summary.json", schema="run-summary")
+        known_schema(found, SUMMARY_SCHEMAS, path=out / "summary.json")
     if (out / "config.json").exists():
         old = read_json(out / "config.json", schema="run-config")
         if old.get("rung") != json.loads(json.dumps(to_jsonable(config["rung"]))):

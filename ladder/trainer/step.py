@@ -5,7 +5,7 @@ batch) -> (state, metrics)`` (state donated), ``eval_step`` and the state's shar
 process. The mesh has axes ("data", "expert"): the batch is split over every device, routed-expert
 weights over "expert" (the MoE layer goes expert-parallel under the mesh, model/moe.py), every
 other weight and its optimizer moments FSDP-style over all devices. A step may run its batch in
-microbatches (:func:`accumulate`) and the balancing rule still sees the whole step.
+microbatches (:func:`accumulate`); the balancing rule still sees the whole step.
 """
 
 from __future__ import annotations
@@ -44,10 +44,15 @@ def enable_compilation_cache() -> str | None:
 BATCH_AXES = ("data", "expert")   # dense work: the batch is split over every device
 
 
+def default_expert_axis(devices: int, n_experts: int) -> int:
+    """The default "expert" mesh axis: the largest divisor of the device count that also
+    divides the number of experts."""
+    return max(e for e in range(1, devices + 1) if devices % e == 0 and n_experts % e == 0)
+
+
 def make_mesh(n_devices: int | None, expert_parallel: int | None, n_experts: int, batch: int):
-    """A ("data", "expert") mesh. The default expert axis is the largest divisor of the device
-    count that divides the number of experts. ``batch`` (the sequences of one microbatch) is split
-    over ALL devices (data x expert), whatever the split between the axes."""
+    """A ("data", "expert") mesh (the default expert axis: :func:`default_expert_axis`).
+    ``batch`` (the sequences of one microbatch) is split over ALL devices (data x expert)."""
     import jax
     from jax.sharding import Mesh
 
@@ -56,9 +61,7 @@ def make_mesh(n_devices: int | None, expert_parallel: int | None, n_experts: int
     if n > len(devices):
         raise InputError(f"{n} devices requested, {len(devices)} visible", field="devices",
                          exit_code=EX_USAGE)
-    if expert_parallel is None:
-        expert_parallel = max(e for e in range(1, n + 1) if n % e == 0 and n_experts % e == 0)
-    ep = expert_parallel
+    ep = default_expert_axis(n, n_experts) if expert_parallel is None else expert_parallel
     if n % ep or n_experts % ep:
         raise InputError(f"expert axis {ep} must divide both the devices ({n}) and the experts "
                          f"({n_experts})", field="expert_parallel", exit_code=EX_USAGE)
@@ -87,11 +90,9 @@ def _fsdp_spec(shape: tuple, fixed: dict, mesh):
 
 def _param_shardings(params, groups, mesh, n_experts: int):
     """Routed-expert weights split on their E axis over "expert" (and FSDP-style over "data" on
-    another axis); every other weight FSDP-style over all devices (its largest axis the device
-    count divides; replicated when none does, e.g. norm scales of odd width). The E axis is
-    leading in unrolled layers ([E, L, F]) and second under the scanned groups ([n_groups, E, L,
-    F]; model.transformer.expert_axis); a scanned group's stack axis is never split (scan slices
-    it)."""
+    another axis); every other weight FSDP-style over all devices (replicated when no axis
+    divides, e.g. norm scales of odd width). The E axis: model.transformer.expert_axis; a
+    scanned group's stack axis is never split (scan slices it)."""
     import jax
     from jax.sharding import NamedSharding
 
@@ -99,25 +100,22 @@ def _param_shardings(params, groups, mesh, n_experts: int):
 
     routed = {id(x) for x in groups["routed_experts"]}
 
-    def stacked(names):  # a scanned group's stack axis: never split
-        return {i: None for i in range(stacked_axes(names))}
-
     def spec(path, x):
+        names = tuple(k.key for k in path)
+        fixed = {i: None for i in range(stacked_axes(names))}
         if id(x) in routed:
-            names = tuple(k.key for k in path)
             axis = expert_axis(names)
             if x.shape[axis] != n_experts:
                 raise ValueError(f"routed expert weight {'/'.join(names)} of shape {x.shape} has "
                                  f"no E axis at {axis}")
-            fixed = {**stacked(names), axis: "expert"}
-            return NamedSharding(mesh, _fsdp_spec(x.shape, fixed, mesh))
-        return NamedSharding(mesh, _fsdp_spec(x.shape, stacked(tuple(k.key for k in path)), mesh))
+            fixed[axis] = "expert"
+        return NamedSharding(mesh, _fsdp_spec(x.shape, fixed, mesh))
     return jax.tree_util.tree_map_with_path(spec, params)
 
 
 def state_shardings(model_cfg: ModelConfig, optimizer, mesh) -> dict:
-    """Shardings of the train state, from abstract shapes (nothing allocated): parameters and
-    their Adam moments as :func:`_param_shardings`, the step and router bias replicated."""
+    """Shardings of the train state from abstract shapes: parameters and their optimizer
+    moments as :func:`_param_shardings`, the step and router bias replicated."""
     import jax
     import optax
     from jax.sharding import NamedSharding
@@ -159,9 +157,8 @@ class Programs:
     _compiled: dict = field(default_factory=dict)
 
     def init_state(self, seed: int) -> dict:
-        """Fresh train state placed on the mesh: step, params, opt_state, router_bias. Each
-        process draws only its own devices' shards of the parameters (model.init_sharded: the
-        values of model.init), and the optimizer state is made on the devices."""
+        """Fresh train state on the mesh: step, params, opt_state, router_bias. Each process
+        draws only its own devices' shards of the parameters (model.init_sharded)."""
         import jax
         import jax.numpy as jnp
 
@@ -188,8 +185,8 @@ class Programs:
                             shapes, self.shardings)
 
     def compiled_step(self, state, batch):
-        """The train step compiled ahead of time for these shapes (so a step's measured time
-        never includes compilation)."""
+        """The train step compiled ahead of time for these shapes (a step's time never
+        includes compilation)."""
         key = tuple((k, v.shape, str(v.dtype)) for k, v in sorted(batch.items()))
         if key not in self._compiled:
             self._compiled[key] = self.train_step.lower(state, batch).compile()
@@ -232,19 +229,16 @@ _SUM_STATS = ("moe/load",)
 
 def accumulate(model_cfg: ModelConfig, objective, params, tokens, targets, microbatches: int,
                param_shardings=None, mesh=None, segment_ids=None):
-    """Loss, stats and gradients of the mean loss over ``tokens`` [B, S], computed in
-    ``microbatches`` equal parts under ``jax.lax.scan`` (gradients summed in float32).
-    ``segment_ids`` [B, S] (documents packed in a sequence, or None) are split like the tokens.
+    """Loss, stats and gradients of the mean loss over ``tokens`` [B, S] (and ``segment_ids``,
+    or None), computed in ``microbatches`` equal parts under ``jax.lax.scan`` (gradients summed
+    in float32); ``objective(params, tokens, targets, segment_ids) -> (loss, stats)``.
 
-    Microbatch j holds sequences j B/M .. (j + 1) B/M - 1, consecutive, split over the devices
+    Microbatch j holds the consecutive sequences j B/M .. (j + 1) B/M - 1, split over the devices
     like the batch: a capacity cell of several sequences (ladder/model/moe.py) is then the same
-    sequences whatever the microbatch and the device count (issue 22 item 2); the rows move
-    between devices for it (16 MiB of int32 a step at 1024 x 4096, small next to the MoE
-    all-to-alls). Means over tokens are averaged, counts summed, and the balancing rule's
-    statistic merged by the rule's own function (ladder.model.moe.merge_bias_stat), so the bias
-    target is the whole step's; so are the logged router entropy and balance loss, recomputed
-    from the summed loads and mean router probabilities.
-    ``objective(params, tokens, targets, segment_ids) -> (loss, stats)``."""
+    sequences whatever the microbatch and the device count (issue 22 item 2; the rows move for
+    it: 16 MiB of int32 a step at 1024 x 4096). Means over tokens are averaged, counts summed,
+    and the balancing rule's statistic merged by the rule's own function (moe.merge_bias_stat),
+    so the bias target, the router entropy and the balance loss are the whole step's."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding
@@ -329,10 +323,9 @@ def _in_mesh(mesh):
 
 def make_train_step(model_cfg: ModelConfig, optimizer, state_shardings, mesh=None,
                     microbatches: int = 1):
-    """The jitted ``train_step(state, batch) -> (state, metrics)``; the state is donated.
-    ``batch``: ``tokens`` and ``targets`` [B, S] and ``lr``, this step's learning rate (a
-    scalar from the schedule table). Runs under ``mesh`` (the MoE layers read it from the
-    context and go expert-parallel), in ``microbatches`` parts (:func:`accumulate`)."""
+    """The jitted ``train_step(state, batch) -> (state, metrics)``, the state donated.
+    ``batch``: ``tokens`` and ``targets`` [B, S] and ``lr``, this step's learning rate. Runs
+    under ``mesh`` (the MoE layers go expert-parallel), in ``microbatches`` parts."""
     import jax
     import jax.numpy as jnp
     import optax

@@ -1,32 +1,28 @@
 """Token data for real runs: shards written by `ladder tokenize`, read through Grain.
 
-Writing (:func:`tokenize_files`): a JSONL or Parquet record is one document (its ``--text-key``
-field), a plain-text file is one document. Documents are read in corpus order and cut into
-chunks of ~CHUNK_CHARS characters; worker processes encode them with a local Hugging Face
-``tokenizers`` file (nothing is fetched), each document followed by the end-of-document id
-(EOS), and each goes to the held-out split by a hash (of a text file's path, as data.py does,
-or of a record's text). The two streams are appended in order to ``train-NNNNN.bin`` /
-``val-NNNNN.bin`` shards of raw uint16 (vocab up to 65,536) or uint32 ids, so memory does not
-grow with the corpus. ``manifest.json`` (written last, atomically: a crash leaves no loadable
-half) records each shard's tokens, documents and sha256, the tokenizer's sha256, vocabulary
-and EOS id, and how many text bytes became how many tokens (for bits per byte).
+Writing (:func:`tokenize_files`): a JSONL or Parquet record (its ``--text-key`` field) or a
+plain-text file is one document. Documents are read in corpus order, cut into chunks of
+~CHUNK_CHARS characters and encoded (in worker processes) with a local Hugging Face
+``tokenizers`` file, each followed by the end-of-document id (EOS); each goes to the held-out
+split by a hash (of a text file's path, as data.py does, or of a record's text). The two streams
+are appended to ``train-NNNNN.bin`` / ``val-NNNNN.bin`` shards of raw uint16 (vocab up to
+65,536) or uint32 ids, so memory does not grow with the corpus. ``manifest.json`` (written last,
+atomically) records each shard's tokens, documents and sha256, the tokenizer's sha256,
+vocabulary and EOS id, and the text bytes per token (for bits per byte).
 
 Resume: at every shard close (and every PROGRESS_EVERY_S seconds) the open shards are fsynced
-and ``progress.json`` records the position of the next document, the shards closed so far and
-the length of each open one. A run started again with the same inputs and options truncates
-the open shards to those lengths and continues from that position; the token stream does not
-depend on chunk boundaries, so the shards and the manifest are those an uninterrupted run
-writes, bitwise.
+and ``progress.json`` records the next document's position, the closed shards and the open ones'
+lengths. Started again with the same inputs and options, a run truncates the open shards to
+those lengths and continues; the token stream does not depend on chunk boundaries, so the output
+is an uninterrupted run's, bitwise.
 
-Reading (:func:`load_shards`, what ``ladder run --data DIR`` uses): the shards are
-memory-mapped. A training window is ``seq_len + 1`` consecutive tokens inside one shard,
-windows of a shard start every ``seq_len`` tokens, so every token is a target exactly once per
-epoch. Batches come from Grain: an ``IndexSampler`` over the windows (a fresh shuffle every
-epoch, without replacement; each data-parallel group of processes takes its own shard of the
-windows) and a ``DataLoader`` that batches them; its iterator state is saved with every
-checkpoint (checkpointing.py), so a resumed run continues the same order mid-epoch. Every
-batch carries ``segment_ids`` (int32 [B, S]): a new segment starts after each EOS, so attention
-is kept inside a document.
+Reading (:func:`load_shards`, ``ladder run --data DIR``): the shards are memory-mapped. A
+training window is ``seq_len + 1`` consecutive tokens inside one shard, starting every
+``seq_len`` tokens (every token a target once per epoch). Grain's ``IndexSampler`` shuffles the
+windows afresh every epoch (each data-parallel group of processes takes its own shard of them);
+its iterator state is saved with every checkpoint, so a resume continues mid-epoch. Every batch
+carries ``segment_ids`` (int32 [B, S], a new segment after each EOS): attention stays inside a
+document.
 """
 
 from __future__ import annotations
@@ -101,8 +97,7 @@ _SHARD_NAME = re.compile(r"(train|val|stream)-(\d{5,})\.bin")
 
 
 def input_kind(path: Path) -> str:
-    """``jsonl`` and ``parquet`` files hold one document per record; any other file is one
-    plain-text document."""
+    """``jsonl`` or ``parquet`` (a document per record), else ``text`` (one document)."""
     name = path.name.lower()
     if name.endswith(JSONL_SUFFIXES):
         return "jsonl"
@@ -117,6 +112,14 @@ def input_kind(path: Path) -> str:
 MAX_DOCUMENT_LINE = 64 << 20
 
 
+# the counters of a split's writer that progress.json records (besides its closed shards)
+_COUNTERS = ("open_tokens", "open_documents", "documents", "text_bytes")
+
+
+def _is_count(v, lo: int = 0, hi: int = 2 ** 62) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+
 def check_progress(prev: dict, path: Path, n_files: int) -> dict:
     """A ``progress.json`` (:data:`PROGRESS_SCHEMA`) with every field the resume reads checked
     for type and range (issue 39); InputError naming the file and the field otherwise."""
@@ -126,15 +129,12 @@ def check_progress(prev: dict, path: Path, n_files: int) -> dict:
         return InputError(f"expected {what}; remove the folder and start again", path=path,
                           field=field)
 
-    def count(v) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 2 ** 62
-
     if prev.get("phase") not in ("reading", "recut", "written"):
         raise bad("phase", "'reading', 'recut' or 'written'")
     if not isinstance(prev.get("settings"), dict):
         raise bad("settings", "an object")
     pos = prev.get("position")
-    if not (isinstance(pos, list) and len(pos) == 3 and all(count(x) for x in pos)
+    if not (isinstance(pos, list) and len(pos) == 3 and all(_is_count(x) for x in pos)
             and pos[0] <= n_files):
         raise bad("position", f"[input index <= {n_files}, offset, line], integers >= 0")
     splits = prev.get("splits")
@@ -144,14 +144,14 @@ def check_progress(prev: dict, path: Path, n_files: int) -> dict:
         st = splits.get(s)
         if not isinstance(st, dict):
             raise bad(f"splits.{s}", "an object")
-        for k in ("open_tokens", "open_documents", "documents", "text_bytes"):
-            if not count(st.get(k)):
+        for k in _COUNTERS:
+            if not _is_count(st.get(k)):
                 raise bad(f"splits.{s}.{k}", "an integer >= 0")
         if not isinstance(st.get("shards"), list):
             raise bad(f"splits.{s}.shards", "a list")
         for j, sh in enumerate(st["shards"]):
             if not (isinstance(sh, dict) and isinstance(sh.get("file"), str)
-                    and count(sh.get("tokens"))):
+                    and _is_count(sh.get("tokens"))):
                 raise bad(f"splits.{s}.shards[{j}]", "{file: name, tokens: integer >= 0}")
     if prev["phase"] == "recut":
         stream = prev.get("stream")
@@ -159,7 +159,7 @@ def check_progress(prev: dict, path: Path, n_files: int) -> dict:
             raise bad("stream", "a list")
         for j, sh in enumerate(stream):
             if not (isinstance(sh, dict) and isinstance(sh.get("file"), str)
-                    and isinstance(sh.get("from"), str) and count(sh.get("tokens"))):
+                    and isinstance(sh.get("from"), str) and _is_count(sh.get("tokens"))):
                 raise bad(f"stream[{j}]", "{file, from: names, tokens: integer >= 0}")
     return prev
 
@@ -233,10 +233,9 @@ def _parquet_documents(f: Path, text_key: str, row: int):
 
 def _documents(files: list[Path], names: list[str], text_key: str, start: tuple):
     """Every document from position ``start`` on, in corpus order, as (split name, text,
-    position of the next document). The split name is the file's relative path for a
-    plain-text file and None for a record (the record's own text is hashed: identical records
-    land in the same split). A position is (file index, offset, line): the byte offset (JSONL)
-    or row (Parquet) inside the file, and the line/row number for messages."""
+    position of the next document). The split name: a plain-text file's relative path, None for
+    a record (its text is hashed). A position: (file index, byte offset (JSONL) or row
+    (Parquet), line or row number for messages)."""
     for i in range(start[0], len(files)):
         f = files[i]
         offset, line = (start[1], start[2]) if i == start[0] else (0, 0)
@@ -261,6 +260,7 @@ class _Chunk:
 
 
 def _chunks(docs, chunk_chars: int):
+    """``docs`` (:func:`_documents`) in chunks of at least ``chunk_chars`` characters."""
     names, texts, size, pos = [], [], 0, None
     for name, text, pos in docs:
         names.append(name)
@@ -334,11 +334,10 @@ class _SplitWriter:
     def __init__(self, out: Path, split: str, dtype, shard_tokens: int, state: dict | None = None):
         self.out, self.split, self.dtype, self.shard_tokens = out, split, np.dtype(dtype), \
             shard_tokens
-        state = state or {"shards": [], "open_tokens": 0, "open_documents": 0, "documents": 0,
-                          "text_bytes": 0}
+        state = state or {"shards": []}
         self.closed = list(state["shards"])
-        self.open_tokens, self.open_documents = state["open_tokens"], state["open_documents"]
-        self.documents, self.text_bytes = state["documents"], state["text_bytes"]
+        self.open_tokens, self.open_documents, self.documents, self.text_bytes = (
+            state.get(k, 0) for k in _COUNTERS)
         self.hash = hashlib.sha256()
         self.file = None
         if self.open_tokens:   # a resumed run: the open shard's first tokens are on disk
@@ -396,9 +395,7 @@ class _SplitWriter:
             self.file = None
 
     def state(self) -> dict:
-        return {"shards": self.closed, "open_tokens": self.open_tokens,
-                "open_documents": self.open_documents, "documents": self.documents,
-                "text_bytes": self.text_bytes}
+        return {"shards": self.closed, **{k: getattr(self, k) for k in _COUNTERS}}
 
 
 def _open_shard(path: Path, flags: int):
@@ -446,8 +443,8 @@ def _restore(out: Path, progress: Path, prev: dict) -> None:
 
 
 def _load_encoder(tokenizer: str | Path, eos: str | None):
-    """(tokenizer, its JSON text, encoder settings) of a local tokenizers file; the sha256 is
-    of the very bytes parsed."""
+    """(tokenizer, its JSON bytes, encoder settings, with the sha256 of those bytes) of a local
+    tokenizers file."""
     try:
         from tokenizers import Tokenizer
     except ImportError:
@@ -483,10 +480,9 @@ def tokenize_files(patterns: list[str], tokenizer: str | Path, out_dir: str | Pa
                    text_key: str = "text", processes: int = 0,
                    chunk_chars: int = CHUNK_CHARS, progress_bar: bool = False) -> dict:
     """Tokenize ``patterns`` (text files, JSONL, Parquet) into shards under ``out_dir``; return
-    the manifest (also written to ``out_dir/manifest.json``). ``processes``: worker processes
-    (0: encode in this process with the tokenizers library's own threads). An interrupted run
-    is continued when the inputs and options are the same. ``progress_bar``: a tqdm bar on
-    stderr in input bytes read."""
+    the manifest (also ``out_dir/manifest.json``). ``processes``: worker processes (0: in this
+    process, with the tokenizers library's threads). An interrupted run with the same inputs
+    and options is continued. ``progress_bar``: a tqdm bar of input bytes on stderr."""
     if shard_tokens < 2:
         raise InputError(f"must be >= 2, got {shard_tokens}", field="--shard-tokens",
                          exit_code=EX_USAGE)
@@ -529,15 +525,14 @@ def _tokenize(out: Path, files, names, tok, tok_json, settings: dict, inputs, to
               text_key: str, processes: int, chunk_chars: int, progress_bar: bool) -> dict:
     """The body of :func:`tokenize_files`, in the claimed and locked folder ``out``."""
     progress = out / PROGRESS
-    shard_tokens = settings["shard_tokens"]
     prev = None
     if progress.exists():
         prev = check_progress(read_json(progress, schema="tokenize-progress"), progress,
                               len(files))
         for key, value in settings.items():
-            if prev.get("settings", {}).get(key) != value:
+            if prev["settings"].get(key) != value:
                 raise InputError(f"the interrupted run in this folder had {key} = "
-                                 f"{prev.get('settings', {}).get(key)!r}, this one {value!r}; "
+                                 f"{prev['settings'].get(key)!r}, this one {value!r}; "
                                  f"run it with the same inputs and options, or use another "
                                  f"--out", path=progress, field=f"settings.{key}",
                                  exit_code=EX_USAGE)
@@ -545,7 +540,7 @@ def _tokenize(out: Path, files, names, tok, tok_json, settings: dict, inputs, to
             raise InputError("the input files differ from the interrupted run's (names, sizes "
                              "or modification times); run it with the same inputs, or use "
                              "another --out", path=progress, field="inputs", exit_code=EX_USAGE)
-        if prev.get("phase") != "reading":
+        if prev["phase"] != "reading":
             return _finish(out, files, names, settings, tokenizer, prev, processes)
         _restore(out, progress, prev)
         log.info("%s: resuming at input %d of %d", out, prev["position"][0] + 1, len(files))
@@ -553,8 +548,8 @@ def _tokenize(out: Path, files, names, tok, tok_json, settings: dict, inputs, to
         for _, _, p in _shard_files(out):   # leftovers of a run whose progress was never saved
             p.unlink()
     dtype = settings["dtype"]
-    writers = {s: _SplitWriter(out, s, dtype, shard_tokens, prev and prev["splits"][s])
-               for s in SPLITS}
+    writers = {s: _SplitWriter(out, s, dtype, settings["shard_tokens"],
+                               prev and prev["splits"][s]) for s in SPLITS}
     position = tuple(prev["position"]) if prev else (0, 0, 0)
     state = {"schema": PROGRESS_SCHEMA, "phase": "reading", "settings": settings,
              "inputs": inputs, "processes": processes}
@@ -626,13 +621,17 @@ def _tokenize(out: Path, files, names, tok, tok_json, settings: dict, inputs, to
 
 
 def _bytes_done(files: list[Path], sizes: list[int], position: tuple) -> int:
-    """Input bytes read at ``position`` (:func:`_documents`): the files before it, and the byte
-    offset inside a plain JSONL file (a .gz or Parquet file counts when done)."""
+    """Input bytes read at ``position``: the files before it, and the offset inside a plain
+    JSONL file (a .gz or Parquet file counts when done)."""
     i, offset = int(position[0]), int(position[1])
     done = sum(sizes[:i])
     if i < len(files) and input_kind(files[i]) == "jsonl" and files[i].suffix != ".gz":
         done += min(offset, sizes[i])
     return done
+
+
+def _split_tokens(splits: dict) -> dict:
+    return {s: sum(sh["tokens"] for sh in splits[s]["shards"]) for s in SPLITS}
 
 
 def _finish(out: Path, files, names, settings: dict, tokenizer, prev: dict,
@@ -641,7 +640,7 @@ def _finish(out: Path, files, names, settings: dict, tokenizer, prev: dict,
     manifest.json and the progress file removed."""
     progress = out / PROGRESS
     splits = prev["splits"]
-    tokens = {s: sum(sh["tokens"] for sh in splits[s]["shards"]) for s in SPLITS}
+    tokens = _split_tokens(splits)
     if prev["phase"] == "recut" or not tokens["train"] or not tokens["val"]:
         # too few documents for the hash to fill both splits: hold out the stream's last 5%
         splits = _recut(out, prev, settings)
@@ -650,7 +649,7 @@ def _finish(out: Path, files, names, settings: dict, tokenizer, prev: dict,
         split_rule = (f"sha256(path relative to the files' common folder) mod {VAL_BUCKETS} == 0 "
                       f"for a plain-text file (one document); sha256(the record's text) mod "
                       f"{VAL_BUCKETS} == 0 for a JSONL/Parquet record")
-    tokens = {s: sum(sh["tokens"] for sh in splits[s]["shards"]) for s in SPLITS}
+    tokens = _split_tokens(splits)
     if tokens["train"] < 2 or tokens["val"] < 2:
         for _, _, p in _shard_files(out):
             p.unlink()
@@ -681,10 +680,9 @@ def _finish(out: Path, files, names, settings: dict, tokenizer, prev: dict,
 
 
 def _recut(out: Path, prev: dict, settings: dict) -> dict:
-    """One split is empty (its documents all hashed into the other): the whole stream (the
-    other split's shards, renamed ``stream-*``) is cut again, its first 95% the training split
-    (documents per shard unknown: null). Resumable: the progress file says ``recut`` before the
-    first rename."""
+    """One split is empty: the whole stream (the other split's shards, renamed ``stream-*``) is
+    cut again, its first 95% the training split (documents per shard unknown: null). Resumable:
+    the progress file says ``recut`` before the first rename."""
     progress = out / PROGRESS
     splits = prev["splits"]
     src = "train" if splits["train"]["shards"] else "val"
@@ -764,10 +762,10 @@ class WindowSource:
 
 
 class GrainFeed:
-    """Training batches from Grain (the interface of ladder.trainer.data.PureFeed). This process
-    builds rows ``rows`` of every global batch; processes holding the same rows read the same
-    shard of the windows. Batches are drawn in order; the state before each of the last two is
-    kept for the checkpoint, because the trainer draws batch k+1 before it saves step k+1."""
+    """Training batches from Grain (the interface of data.PureFeed): rows ``rows`` of every
+    global batch (processes holding the same rows read the same shard of the windows). Batches
+    are drawn in order; the state before each of the last two is kept for the checkpoint (the
+    trainer draws batch k+1 before it saves step k+1)."""
 
     def __init__(self, source: WindowSource, seed: int, batch: int, rows: slice):
         import grain
@@ -884,9 +882,8 @@ def check_manifest(m: dict, path: Path) -> dict:
         raise InputError(f"{what}; {fix}", path=path, field=field)
 
     def count(v, field: str, lo: int = 0, hi: int = 2 ** 62):
-        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        if not _is_count(v, lo, hi):
             bad(field, f"expected an integer in [{lo}, {hi}], got {str(v)[:40]!r}")
-        return v
 
     for key in ("dtype", "vocab_size", "eos_id", "splits", "tokenizer"):
         if key not in m:
@@ -928,8 +925,8 @@ def check_manifest(m: dict, path: Path) -> dict:
 
 
 def load_shards(path: str | Path, vocab_size: int | None = None) -> TokenShards:
-    """Memory-map the shards of a ``ladder tokenize`` directory, checked against the manifest
-    (:func:`check_manifest`; a truncated shard is an error naming it)."""
+    """The memory-mapped shards of a ``ladder tokenize`` directory, checked against the
+    manifest (:func:`check_manifest`; a truncated shard is an error naming it)."""
     root = Path(path)
     m = check_manifest(read_json(root / MANIFEST, schema="token-shards"), root / MANIFEST)
     if (schema_version(m) or 0) > 2:
@@ -959,8 +956,8 @@ def load_shards(path: str | Path, vocab_size: int | None = None) -> TokenShards:
     val_split = m["splits"]["val"]
     bpt = (val_split["text_bytes"] / val_split["tokens"]) \
         if val_split.get("text_bytes") and val_split.get("tokens") else None
-    manifest_sha = sha256_file(root / MANIFEST)
-    fp = {"kind": "token-shards", "path": str(root.resolve()), "manifest_sha256": manifest_sha,
+    fp = {"kind": "token-shards", "path": str(root.resolve()),
+          "manifest_sha256": sha256_file(root / MANIFEST),
           "tokenizer": m["tokenizer"], "tokenizer_sha256": m["tokenizer"].get("sha256"),
           "vocab_size": m["vocab_size"], "eos_id": m["eos_id"], "dtype": m["dtype"],
           "train_tokens": int(sum(len(s) for s in maps["train"])), "val_tokens": int(len(val)),

@@ -2,13 +2,10 @@
 
 ``train_rung(rung, out_dir, cfg)`` checks its input, opens a :class:`Session` (data, mesh,
 compiled step, restored state, run directory) and runs ONE visible loop: step, log, eval,
-checkpoint.
-
-Exactness: batch i is a pure function of (seed, i) (on token shards: drawn by a Grain iterator
-whose state is saved in every checkpoint) and the LR of step i a pure function of i, so a run
-resumed from a checkpoint at step k recomputes steps k+1... exactly as the uninterrupted run
-did (bitwise on CPU). On resume metrics.jsonl is cut back (atomically) to the rows of steps <= k,
-so a run killed between a checkpoint and the next one leaves no duplicated or lost rows.
+checkpoint. Batch i is a pure function of (seed, i) (on token shards: a Grain iterator whose
+state every checkpoint saves) and the LR of step i of i, so a run resumed at step k recomputes
+steps k+1... as the uninterrupted run did (bitwise on CPU); metrics.jsonl is cut back
+(atomically) to the rows of steps <= k, so no row is duplicated or lost.
 """
 
 from __future__ import annotations
@@ -85,16 +82,12 @@ def peak_flops_info(per_device: float | None, devices: int) -> dict:
 
     dev = jax.devices()[0]
     kind = dev.device_kind
-    if per_device:
-        return {"flops_per_s": float(per_device), "devices": devices,
-                "total_flops_per_s": float(per_device) * devices, "device_kind": kind,
-                "source": "config (peak_flops, per device)"}
-    if dev.platform != "cpu":
-        entry = accelerator_peak(kind)
-        if entry is not None:
-            return {"flops_per_s": entry["flops"], "devices": devices,
-                    "total_flops_per_s": entry["flops"] * devices, "device_kind": kind,
-                    "source": f"{entry['name']} bf16 dense, {entry['source']}"}
+    entry = None if per_device or dev.platform == "cpu" else accelerator_peak(kind)
+    if per_device or entry is not None:
+        rate = float(per_device) if per_device else entry["flops"]
+        return {"flops_per_s": rate, "devices": devices, "total_flops_per_s": rate * devices,
+                "device_kind": kind, "source": "config (peak_flops, per device)" if per_device
+                else f"{entry['name']} bf16 dense, {entry['source']}"}
     rate = measure_peak_flops()
     return {"flops_per_s": rate, "devices": devices, "device_kind": kind,
             "total_flops_per_s": rate if dev.platform == "cpu" else rate * devices,
@@ -115,25 +108,22 @@ def train_rung(rung: Rung, out_dir: str | os.PathLike, cfg: TrainConfig | None =
     is resumed from its latest checkpoint when ``resume``, else it is an InputError.
     ``max_steps`` stops after that many steps of the planned schedule (status stays "running").
     ``on_metrics(row)`` sees every metrics row as it is written. Bad input raises InputError
-    before anything is written. Divergence returns status "diverged"; Ctrl-C or SIGTERM (a
-    preemption) checkpoints and returns status "running" with ``"interrupted": True`` and the
-    signal's name. Under ``jax.distributed`` every process calls this; process 0 writes the run
-    directory and each process feeds its own rows of every batch.
+    before anything is written. Divergence returns status "diverged"; Ctrl-C or SIGTERM
+    checkpoints and returns status "running" with ``"interrupted": True`` and the signal's name.
+    Under ``jax.distributed`` every process calls this; process 0 writes the run directory.
     """
     cfg = cfg or TrainConfig()
     t_start = time.perf_counter()
     if max_steps is not None and max_steps < 1:
         raise InputError(f"must be >= 1, got {max_steps}", field="max_steps", exit_code=EX_USAGE)
     gpuenv.apply()   # before anything below starts JAX's backend (a no-op off GPUs)
-    # on an accelerator, precision, remat and microbatch the user left open are chosen to fit
-    # its memory (ladder/trainer/layout.py) and written into the config like given ones
+    # on an accelerator, precision, remat and microbatch left open are chosen to fit its memory
     layout = run_layout(rung, cfg)
     if layout is not None:
         cfg = layout.train_config(cfg)
     out = Path(out_dir)
-    # the run folder is this run's for its life: a second run into it (a resubmitted job) is
-    # refused in one line (ladder.io.folder_lock). Locked before the folder is read when it
-    # exists; a new one is created only after the checks.
+    # a second run into the folder (a resubmitted job) is refused in one line: locked before it
+    # is read when it exists; a new one is created only after the checks
     with contextlib.ExitStack() as held:
         locked = out.is_dir() and held.enter_context(run_lock(out))
         checked = _check(rung, out, cfg, resume)   # bad input fails here, nothing written
@@ -228,8 +218,8 @@ def _mesh_and_batches(rung: Rung, cfg: TrainConfig):
 
 
 def _check(rung: Rung, out: Path, cfg: TrainConfig, resume: bool):
-    """Everything that can be bad input, checked before the first file is written. -> the
-    finished run's summary (nothing to do), or (rung as run, corpus, out, config, previous)."""
+    """Every input checked before the first file is written -> the finished run's summary
+    (nothing to do), or (rung as run, corpus, out, config, previous)."""
     corpus = load_corpus(cfg.data, cfg.vocab_size)
     # the model is the rung's: its vocabulary changes only when --model.vocab_size says so (a
     # stray id must not grow the embedding under the rung's name, issue 39)
@@ -263,9 +253,8 @@ def _check(rung: Rung, out: Path, cfg: TrainConfig, resume: bool):
 
 class Session:
     """One process's part of one training session of a rung: the data feed, the mesh and its
-    compiled programs, the (restored) state, and the run directory it writes. The loop in
-    :func:`train_rung` calls it: ``batch(i)``, ``row``, ``evaluate``, ``log``, ``save``, then
-    ``finish`` (or ``fail``)."""
+    programs, the (restored) state, and the run directory. The loop calls ``batch(i)``, ``row``,
+    ``evaluate``, ``log``, ``save``, then ``finish`` (or ``fail``)."""
 
     def __init__(self, rung: Rung, corpus, out: Path, config: dict, previous: dict | None, *,
                  cfg: TrainConfig, on_metrics: Callable[[dict], None] | None):
@@ -349,9 +338,8 @@ class Session:
                         mininterval=0.5, dynamic_ncols=True, leave=False)
 
     def note_attention(self, program: str) -> None:
-        """env.json's ``attention[program]`` ("train" or "eval"): the attention
-        implementation(s) the program traced (ladder.model.layers.attention_choice). Call right
-        after the program's first call, which traces it."""
+        """env.json's ``attention[program]`` ("train" or "eval"): the attention implementations
+        the program traced; called right after its first call."""
         from ladder.model.layers import attention_mark, attention_traced
 
         if program in self.env["attention"]:
@@ -438,8 +426,7 @@ class Session:
             self.on_metrics(row)
 
     def save(self, step: int, state, *, rolling: bool) -> None:
-        """Start the checkpoint of ``step``; ``checkpoint_s`` counts only the time the loop
-        waits (with async saves: the copy off the devices and a previous save still writing)."""
+        """Start the checkpoint of ``step``; ``checkpoint_s`` counts only the loop's wait."""
         t = time.perf_counter()
         self.ckpt.save(step, state, self.feed.state_for(step), rolling=rolling)
         self.timing["checkpoint_s"] += time.perf_counter() - t
@@ -492,9 +479,8 @@ def checkpoint_root(out: Path, rung: Rung, cfg: TrainConfig):
 
 
 class _Profile:
-    """``profile_steps`` "A:B": a jax.profiler trace of steps A..B (those this session runs)
-    into ``folder`` (TensorBoard's profile plugin and Perfetto read it). Each process writes
-    its own."""
+    """``profile_steps`` "A:B": a jax.profiler trace of steps A..B (of this session) into
+    ``folder`` (TensorBoard's profile plugin and Perfetto read it), one per process."""
 
     def __init__(self, steps: str | None, folder: Path, start: int):
         self.range = profile_range(steps) if steps else None

@@ -47,6 +47,18 @@ def _check(obj, name: str, ok: bool, what: str) -> None:
         raise ValueError(f"{name}: must be {what}, got {getattr(obj, name)!r}")
 
 
+def _check_fields(obj, rules) -> None:
+    """:func:`_check` of every field named in each ``(names, ok(value), what)`` of ``rules``,
+    in order."""
+    for names, ok, what in rules:
+        for name in names.split():
+            _check(obj, name, ok(getattr(obj, name)), what)
+
+
+def _optional(ok):
+    return lambda v: v is None or ok(v)
+
+
 @dataclass(frozen=True)
 class OptimizerOverrides:
     """What a run changes of the rung's optimizer and LR rule; None = the ladder's rule (adamw:
@@ -65,21 +77,16 @@ class OptimizerOverrides:
     nesterov: bool | None = None     # marin: Nesterov momentum for MuonH (the recipe's: true)
 
     def __post_init__(self):
-        _check(self, "optimizer", self.optimizer is None or self.optimizer in OPTIMIZERS,
-               f"null or one of {OPTIMIZERS}")
-        for name in ("b1", "b2", "muon_momentum"):
-            v = getattr(self, name)
-            _check(self, name, v is None or _is_num(v) and 0 <= v < 1,
-                   "null or a number in [0, 1)")
-        _check(self, "nesterov", self.nesterov is None or isinstance(self.nesterov, bool),
-               "null, true or false")
-        for name in ("eps", "weight_decay", "grad_clip"):
-            v = getattr(self, name)
-            _check(self, name, v is None or _is_num(v) and 0 <= v <= 1e6,
-                   "null or a number in [0, 1e6]")
-        _check(self, "lr", self.lr is None or _is_num(self.lr) and 0 < self.lr <= 1e3,
-               "null or a number in (0, 1e3]")
-        _check(self, "schedule", isinstance(self.schedule, dict), "an object of schedule fields")
+        _check_fields(self, (
+            ("optimizer", _optional(lambda v: v in OPTIMIZERS), f"null or one of {OPTIMIZERS}"),
+            ("b1 b2 muon_momentum", _optional(lambda v: _is_num(v) and 0 <= v < 1),
+             "null or a number in [0, 1)"),
+            ("nesterov", _optional(lambda v: isinstance(v, bool)), "null, true or false"),
+            ("eps weight_decay grad_clip", _optional(lambda v: _is_num(v) and 0 <= v <= 1e6),
+             "null or a number in [0, 1e6]"),
+            ("lr", _optional(lambda v: _is_num(v) and 0 < v <= 1e3),
+             "null or a number in (0, 1e3]"),
+            ("schedule", lambda v: isinstance(v, dict), "an object of schedule fields")))
 
     def apply(self, spec):
         """The rung's optimizer rule (an ``OptimizerSpec``) with this kind and fixed numbers."""
@@ -133,35 +140,26 @@ class RunArgs:
     progress: bool = True            # tqdm bar on stderr (only ever drawn on a terminal)
 
     def __post_init__(self):
-        for name in ("devices", "expert_parallel"):
-            v = getattr(self, name)
-            _check(self, name, v is None or _is_int(v) and 1 <= v <= 2 ** 24,
-                   "null or an integer in [1, 2**24]")
-        _check(self, "checkpoint_every", _is_int(self.checkpoint_every)
-               and 0 <= self.checkpoint_every <= _MAX_COUNT, "an integer in [0, 2**40]")
-        for name in ("keep", "log_every"):
-            _check(self, name, _is_int(getattr(self, name)) and
-                   1 <= getattr(self, name) <= _MAX_COUNT, "an integer in [1, 2**40]")
-        # 1e20 FLOP/s: ~50,000x a GB200 GPU's dense bf16 peak (ladder/accelerators.py)
-        _check(self, "peak_flops", self.peak_flops is None
-               or _is_num(self.peak_flops) and 0 < self.peak_flops <= 1e20,
-               "null or a number in (0, 1e20]")
-        _check(self, "checkpoint_minutes", self.checkpoint_minutes is None
-               or _is_num(self.checkpoint_minutes) and 0 < self.checkpoint_minutes <= 1e6,
-               "null or a number in (0, 1e6]")
-        for name in ("wandb", "progress", "checkpoint_async"):
-            _check(self, name, isinstance(getattr(self, name), bool), "true or false")
-        _check(self, "checkpoint_dir", self.checkpoint_dir is None
-               or isinstance(self.checkpoint_dir, str) and self.checkpoint_dir.strip()
-               and checkpoint_scheme(self.checkpoint_dir) in CHECKPOINT_SCHEMES,
-               "null, a folder, or a file://, gs:// or s3:// URL")
-        _check(self, "profile_steps", self.profile_steps is None
-               or profile_range(self.profile_steps) is not None,
-               "null or 'A:B' with 1 <= A <= B (steps, inclusive)")
-        for name in ("wandb_project", "wandb_entity"):
-            v = getattr(self, name)
-            _check(self, name, v is None or isinstance(v, str) and v,
-                   "null or a non-empty string")
+        _check_fields(self, (
+            ("devices expert_parallel", _optional(lambda v: _is_int(v) and 1 <= v <= 2 ** 24),
+             "null or an integer in [1, 2**24]"),
+            ("checkpoint_every", lambda v: _is_int(v) and 0 <= v <= _MAX_COUNT,
+             "an integer in [0, 2**40]"),
+            ("keep log_every", lambda v: _is_int(v) and 1 <= v <= _MAX_COUNT,
+             "an integer in [1, 2**40]"),
+            # 1e20 FLOP/s: ~50,000x a GB200 GPU's dense bf16 peak (ladder/accelerators.py)
+            ("peak_flops", _optional(lambda v: _is_num(v) and 0 < v <= 1e20),
+             "null or a number in (0, 1e20]"),
+            ("checkpoint_minutes", _optional(lambda v: _is_num(v) and 0 < v <= 1e6),
+             "null or a number in (0, 1e6]"),
+            ("wandb progress checkpoint_async", lambda v: isinstance(v, bool), "true or false"),
+            ("checkpoint_dir", _optional(lambda v: isinstance(v, str) and v.strip() != ""
+                                         and checkpoint_scheme(v) in CHECKPOINT_SCHEMES),
+             "null, a folder, or a file://, gs:// or s3:// URL"),
+            ("profile_steps", _optional(lambda v: profile_range(v) is not None),
+             "null or 'A:B' with 1 <= A <= B (steps, inclusive)"),
+            ("wandb_project wandb_entity", _optional(lambda v: isinstance(v, str) and v != ""),
+             "null or a non-empty string")))
 
 
 @dataclass(frozen=True)
@@ -177,11 +175,11 @@ class Fault:
     drift_max: float = 0.3
 
     def __post_init__(self):
-        _check(self, "kind", self.kind in FAULTS, f"one of {FAULTS}")
-        _check(self, "at", _is_num(self.at) and 0 <= self.at < 1, "in [0, 1)")
-        _check(self, "scale", _is_num(self.scale) and 0 < self.scale <= 1e6, "in (0, 1e6]")
-        _check(self, "drift_max", _is_num(self.drift_max) and 0 < self.drift_max <= 1,
-               "in (0, 1]")
+        _check_fields(self, (
+            ("kind", lambda v: v in FAULTS, f"one of {FAULTS}"),
+            ("at", lambda v: _is_num(v) and 0 <= v < 1, "in [0, 1)"),
+            ("scale", lambda v: _is_num(v) and 0 < v <= 1e6, "in (0, 1e6]"),
+            ("drift_max", lambda v: _is_num(v) and 0 < v <= 1, "in (0, 1]")))
 
     def first_step(self, steps: int) -> int:
         """First (0-based) step of a ``steps``-step run that the fault affects."""
@@ -212,28 +210,23 @@ class TrainConfig:
     fault: Fault | None = None
 
     def __post_init__(self):
-        _check(self, "seed", _is_int(self.seed) and 0 <= self.seed < 2 ** 63,
-               "an integer in [0, 2**63)")
-        for name in ("vocab_size", "microbatch", "eval_batch", "eval_sequences"):
-            v = getattr(self, name)
-            _check(self, name, v is None or _is_int(v) and 1 <= v <= _MAX_SEQS,
-                   "null or an integer in [1, 2**24]")
-        _check(self, "eval_every", self.eval_every is None or _is_num(self.eval_every)
-               and MIN_EVAL_EVERY <= self.eval_every <= 1, f"null or in [{MIN_EVAL_EVERY:g}, 1]")
-        _check(self, "model", isinstance(self.model, dict), "an object of model config fields")
-        if isinstance(self.data, (list, str)):
-            object.__setattr__(self, "data", (self.data,) if isinstance(self.data, str)
-                               else tuple(self.data))
-        _check(self, "data", all(isinstance(p, str) for p in self.data), "a list of paths")
-        for name in ("train_data", "switch_data"):
+        for name in ("data", "train_data", "switch_data"):   # a path or a list: a tuple
             v = getattr(self, name)
             if isinstance(v, (list, str)):
-                v = (v,) if isinstance(v, str) else tuple(v)
-                object.__setattr__(self, name, v)
-            _check(self, name, v is None or (len(v) > 0 and all(isinstance(p, str) for p in v)),
-                   "null or a non-empty list of paths")
-        _check(self, "switch_at", self.switch_at is None or _is_num(self.switch_at)
-               and 0 < self.switch_at < 1, "null or in (0, 1)")
+                object.__setattr__(self, name, (v,) if isinstance(v, str) else tuple(v))
+        _check_fields(self, (
+            ("seed", lambda v: _is_int(v) and 0 <= v < 2 ** 63, "an integer in [0, 2**63)"),
+            ("vocab_size microbatch eval_batch eval_sequences",
+             _optional(lambda v: _is_int(v) and 1 <= v <= _MAX_SEQS),
+             "null or an integer in [1, 2**24]"),
+            ("eval_every", _optional(lambda v: _is_num(v) and MIN_EVAL_EVERY <= v <= 1),
+             f"null or in [{MIN_EVAL_EVERY:g}, 1]"),
+            ("model", lambda v: isinstance(v, dict), "an object of model config fields"),
+            ("data", lambda v: all(isinstance(p, str) for p in v), "a list of paths"),
+            ("train_data switch_data",
+             _optional(lambda v: len(v) > 0 and all(isinstance(p, str) for p in v)),
+             "null or a non-empty list of paths"),
+            ("switch_at", _optional(lambda v: _is_num(v) and 0 < v < 1), "null or in (0, 1)")))
         _check(self, "switch_at", (self.switch_at is None) == (self.switch_data is None),
                "given with switch_data (and only with it)")
 
@@ -447,11 +440,10 @@ def microbatch_size(rung: Rung, cfg: TrainConfig) -> int:
 
 def eval_batch_size(cfg: TrainConfig, devices: int, rung: Rung | None = None) -> int:
     """Sequences per eval call: ``cfg.eval_batch``, else the rung's (its ladder's rule), else
-    one per device: the smallest batch the mesh splits (the rung's whole batch was ~3 TiB per
-    device compiled at 1.6B-A61M, issue 22), and the held-out set is the same whatever the
-    batch. A rung whose capacity cell is longer than a sequence gets the fewest sequences per
-    device that hold whole cells (marin-535b: 16 of 4096 tokens), so its as-trained eval drops
-    what training would (issue 22 item 2)."""
+    one per device, the smallest batch the mesh splits (the whole batch compiled to ~3 TiB per
+    device at 1.6B-A61M, issue 22); with a capacity cell longer than a sequence, the fewest
+    per device that hold whole cells (marin-535b: 16 of 4096 tokens), so the as-trained eval
+    drops what training would (issue 22 item 2)."""
     per_device = 1
     cell = rung.model.capacity_tokens if rung is not None else None
     if cell is not None:

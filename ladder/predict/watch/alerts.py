@@ -1,10 +1,11 @@
-"""Alerts, the severities and exit statuses, and what ``check`` returns (:class:`CheckResult`).
-"""
+"""Alerts, the severities and exit statuses, and what ``check`` returns (:class:`CheckResult`)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+from ladder.io import as_float
 
 SEVERITIES = ("info", "warn", "critical")
 SEVERITY_RANK = {"info": 0, "warn": 1, "critical": 2}
@@ -36,9 +37,7 @@ class Alert:
             raise ValueError(f"severity: must be one of {SEVERITIES}, got {self.severity!r}")
 
     def to_dict(self) -> dict:
-        d = {k: getattr(self, k) for k in FIELDS}
-        d.update(self.extra)
-        return d
+        return {**{k: getattr(self, k) for k in FIELDS}, **self.extra}
 
     def line(self) -> str:
         where = f"step {self.step}" if self.step is not None else "-"
@@ -65,6 +64,12 @@ class CheckResult:
 
 
 def finite_or_none(x) -> float | None:
-    """``x`` as a float, None when it is not finite (an alert's optional numbers)."""
-    x = float(x)
-    return x if math.isfinite(x) else None
+    """``x`` as a float (``ladder.io.as_float``), None when it is not a finite number."""
+    x = as_float(x)
+    return x if x is not None and math.isfinite(x) else None
+
+
+def float_or_nan(x) -> float:
+    """``x`` as a float (``ladder.io.as_float``), NaN when it is not a number."""
+    x = as_float(x)
+    return math.nan if x is None else x

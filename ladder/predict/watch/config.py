@@ -1,8 +1,7 @@
 """The decision rule's thresholds, derived from the rules (``predict.watch.rules.RULES``): each
-rule's ``Config`` is its slice; :class:`LossRules`, :class:`HealthRules` and :class:`RunRules`
-the union of one family's slices; :class:`WatchConfig` all in one frozen object with flat fields,
-as a pre-registration's ``decision_rule.parameters`` stores them. A field shared by several
-rules is declared once, in a dataclass their slices inherit (``rules.loss.Persistence``).
+rule's ``Config`` is its slice; :class:`WatchConfig` all of them in one frozen object with flat
+fields, as a pre-registration's ``decision_rule.parameters`` stores them. A field shared by
+several rules is declared once, in a dataclass their slices inherit (``rules.loss.Persistence``).
 """
 
 from __future__ import annotations
@@ -14,9 +13,7 @@ from ladder.predict.watch.rules import RULES
 from ladder.predict.watch.rules.base import check_thresholds
 
 # decision-rule parameters of earlier versions, ignored when reading an older pre-registration
-# (entropy_drop: router entropy below (1 - x) of the ladder's median; replaced by the envelope;
-# drop_warn_ratio / drop_crit_ratio: x the ladder's median; replaced by the envelope and
-# drop_crit_factor)
+# (router entropy and drops against the ladder's median; replaced by the envelope)
 RETIRED_PARAMETERS = frozenset({"entropy_drop", "drop_warn_ratio", "drop_crit_ratio"})
 
 # The parameters' order in a written pre-registration (its dict's order): the same rule keeps
@@ -37,15 +34,6 @@ WRITTEN_ORDER = (
 )
 
 
-def _slices(family: str | None) -> list[type]:
-    """The config slices of the rules of ``family`` (None: all), each once, in registry order."""
-    out: list[type] = []
-    for r in RULES:
-        if (family is None or r.family == family) and r.Config not in out:
-            out.append(r.Config)
-    return out
-
-
 def _fields(slices: list[type]) -> list[dataclasses.Field]:
     """The fields of ``slices``, each once, in :data:`WRITTEN_ORDER`; one declared twice with
     another default or check is an error of the rules, raised at import."""
@@ -57,57 +45,32 @@ def _fields(slices: list[type]) -> list[dataclasses.Field]:
                 seen[f.name] = f
             elif (old.default, old.metadata.get("check")) != (f.default, f.metadata.get("check")):
                 raise TypeError(f"{f.name}: declared by two rules' thresholds with another "
-                                f"default or check ({s.__name__})")
+                                f"default or check ({s.__qualname__})")
     rank = {n: i for i, n in enumerate(WRITTEN_ORDER)}
     came = {n: i for i, n in enumerate(seen)}
     return [seen[n] for n in sorted(seen, key=lambda n: (rank.get(n, len(rank)), came[n]))]
 
 
-def _derive(name: str, family: str | None, doc: str, bases: tuple = ()) -> type:
-    slices = _slices(family)
-
-    def __post_init__(self):
-        check_thresholds(self)           # every field's own check, in field order
-        for s in slices:                 # then the relations each slice checks
-            s.cross_check(self)
-        object.__setattr__(self, "_parts", {})
-
-    spec = [(f.name, f.type, dataclasses.field(default=f.default, metadata=f.metadata))
-            for f in _fields(slices)]
-    return dataclasses.make_dataclass(
-        name, spec, bases=bases, frozen=True,
-        namespace={"__post_init__": __post_init__, "__doc__": doc, "__module__": __name__})
-
-
-LossRules = _derive("LossRules", "loss", "The loss rules' thresholds (``rules.loss``).")
-HealthRules = _derive("HealthRules", "health", "The health rules' thresholds (``rules.health``).")
-RunRules = _derive("RunRules", "run", "How rows are placed on the forecast; the run-level "
-                   "rules (``ladder.predict.watch.rules.run``).")
+_SLICES = list(dict.fromkeys(r.Config for r in RULES))  # each once, in registry order
 
 
 class _Flat:
     """What :class:`WatchConfig` adds to its fields."""
 
+    def __post_init__(self):
+        check_thresholds(self)           # every field's own check, in field order
+        for s in _SLICES:                # then the relations each slice checks
+            s.cross_check(self)
+        object.__setattr__(self, "_parts", {})
+
     def slice_of(self, cls: type):
-        """The slice ``cls`` (a rule's ``Config`` or a family) of these thresholds, built once."""
+        """The slice ``cls`` (a rule's ``Config``) of these thresholds, built once."""
         parts = self._parts
         got = parts.get(cls)
         if got is None:
             got = parts[cls] = cls(**{f.name: getattr(self, f.name)
                                       for f in dataclasses.fields(cls)})
         return got
-
-    @property
-    def loss(self):
-        return self.slice_of(LossRules)
-
-    @property
-    def health(self):
-        return self.slice_of(HealthRules)
-
-    @property
-    def run(self):
-        return self.slice_of(RunRules)
 
     def to_dict(self) -> dict:
         return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
@@ -120,10 +83,13 @@ class _Flat:
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"{unknown[0]}: unknown decision-rule parameter")
-        return cls(**dict(d))
+        return cls(**d)
 
 
-# the loss, health and run families' fields, flat (what a pre-registration stores)
-WatchConfig = _derive("WatchConfig", None, "Thresholds of the decision rule: every rule's "
-                      "fields, flat (as stored in the pre-registration); each rule's slice "
-                      "validates its own.", bases=(_Flat,))
+WatchConfig = dataclasses.make_dataclass(
+    "WatchConfig", [(f.name, f.type, dataclasses.field(default=f.default, metadata=f.metadata))
+                    for f in _fields(_SLICES)],
+    bases=(_Flat,), frozen=True,
+    namespace={"__module__": __name__, "__doc__": "Thresholds of the decision rule: every "
+               "rule's fields, flat (as stored in the pre-registration); each rule's slice "
+               "validates its own."})

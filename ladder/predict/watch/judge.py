@@ -26,16 +26,14 @@ def check(prereg: Mapping | PreregView, points: Batch | Iterable[Mapping], state
     stalled rule. Alerts fire on state changes only, so the same points judged again with the
     returned state raise nothing twice."""
     from ladder.predict.watch import multi
+    batch = points if isinstance(points, Batch) else Batch.from_rows(points)
+    now = _time.time() if now is None else float(now)
     if isinstance(prereg, multi.MultiView) or multi.is_multi(prereg):
         mv = prereg if isinstance(prereg, multi.MultiView) else multi.MultiView.of(prereg)
-        batch = points if isinstance(points, Batch) else Batch.from_rows(points)
-        return multi.check_multi(mv, batch, state, now=_time.time() if now is None else now,
-                                 single=check)
+        return multi.check_multi(mv, batch, state, now=now, single=check)
     view = prereg if isinstance(prereg, PreregView) else PreregView.of(prereg)
     ws = WatchState.read(state) if state else WatchState()
-    now = _time.time() if now is None else float(now)
     stamp = _time.strftime("%Y-%m-%dT%H:%M:%SZ", _time.gmtime(now))
-    batch = points if isinstance(points, Batch) else Batch.from_rows(points)
     alerts: list[Alert] = []
 
     def emit(a: Alert):
@@ -111,14 +109,12 @@ def _judge_evals(ctx: Context, rules: list, source: InputRule, band: BandRule) -
 
 def row_fractions(view: PreregView, b: Batch) -> np.ndarray:
     """Where each row of ``b`` falls in the registered run (0..1), by the ``align`` rule."""
-    align = view.config.align
-    tok = b.col("tokens")
-    prog = b.col("progress")
+    align, tok = view.config.align, b.col("tokens")
     by_step = b.step.astype(float) / view.steps
-    if align == "tokens":
-        return tok / view.tokens
+    if align == "fraction":
+        return b.col("progress")
     if align == "step":
         return by_step
-    if align == "fraction":
-        return prog
-    return np.where(np.isfinite(tok), tok / view.tokens, by_step)
+    if align == "tokens":
+        return tok / view.tokens
+    return np.where(np.isfinite(tok), tok / view.tokens, by_step)  # "auto"

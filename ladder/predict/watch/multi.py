@@ -1,16 +1,15 @@
 """Several metrics watched together (issue 23): a multi-metric pre-registration (``prereg/3``)
 holds one forecast per metric key under ``forecasts`` and one decision rule; each metric is
-judged with its own state (hysteresis per metric) and named in its alerts.
+judged with its own state and named in its alerts. The health rules read the run, not a metric:
+they are judged once, with the first metric's state; the others see only their own column (and
+the alignment keys).
 
-The multiple-comparison rule: a healthy run's family of m metrics should raise a false alarm no
-more often than one metric does under the single-metric rule. The loss rules' thresholds are
-Gaussian quantiles, so each moves to the family's Sidak level: the alert band's tail ``p = 1 -
-alert_level`` becomes ``p_m = 1 - (1 - p)^(1/m)`` per metric (exact for independent metrics,
-conservative for correlated ones: per-domain losses of one run share its seed, data order and
-optimizer trouble), and ``trend_noise_k``, ``rise_noise_k`` scale by z(1 - p_m/2) / z(1 - p/2).
-bench/watch_quality.py ``--family`` measures the family-wise rate and the detection of one
-drifting metric among 16. The health rules read the run, not a metric: they are judged once,
-with the first metric's state; the others see only their own column (and the alignment keys).
+Multiple comparisons (:func:`family_config`): a healthy run's m metrics should raise a false alarm
+no more often than one metric does. The loss rules' thresholds are Gaussian quantiles, so each
+moves to the family's Sidak level: the alert band's tail ``p = 1 - alert_level`` becomes
+``p_m = 1 - (1 - p)^(1/m)`` per metric (exact for independent metrics, conservative for the
+correlated per-domain losses of one run), and ``trend_noise_k``, ``rise_noise_k`` scale by
+z(1 - p_m/2) / z(1 - p/2) (bench/watch_quality.py ``--family`` measures both rates).
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ladder.predict.watch.alerts import SEVERITY_RANK, Alert, CheckResult
+from ladder.predict.watch.alerts import SEVERITY_RANK, Alert, CheckResult, exit_code_for
 from ladder.sources.batch import Batch
 from ladder.predict.watch.config import WatchConfig
 from ladder.predict.watch.state import check_state, new_state
@@ -65,11 +64,8 @@ def is_multi(doc) -> bool:
 def metric_doc(doc: Mapping, key: str) -> dict:
     """The single-metric pre-registration of ``key`` inside a multi-metric one."""
     fc = doc["forecasts"][key]
-    out = {k: doc.get(k) for k in SHARED if k in doc}
-    out.update({k: fc.get(k) for k in PER_METRIC if k in fc})
-    out["schema"] = "prereg/1"
-    out["metric"] = key
-    return out
+    return {**{k: doc[k] for k in SHARED if k in doc}, **{k: fc[k] for k in PER_METRIC if k in fc},
+            "schema": "prereg/1", "metric": key}
 
 
 @dataclass(frozen=True)
@@ -107,7 +103,7 @@ class MultiView:
 
     def __getattr__(self, name):  # steps, tokens, config, applicability, health: shared
         if name in ("views", "sha256"):
-            raise AttributeError(name)
+            raise AttributeError(name)  # not set yet (unpickling, copying): no recursion
         return getattr(self.first, name)
 
 
@@ -128,9 +124,7 @@ def check_multi_state(st, keys, where: str = "state") -> dict:
     if not isinstance(ms, dict):
         raise ValueError(f"{where}.metrics: expected an object")
     out = new_multi_state(keys)
-    for k, v in st.items():
-        if k != "metrics":
-            out[k] = v
+    out.update({k: v for k, v in st.items() if k != "metrics"})
     for k in keys:
         if k in ms:
             out["metrics"][k] = check_state(ms[k], f"{where}.metrics.{k}")
@@ -173,16 +167,13 @@ def check_multi(mv: MultiView, batch: Batch, state: dict | None, *, now: float,
     st["worst"] = max(worst, key=SEVERITY_RANK.get) if worst else None
     st["not_applicable"] = next((s["not_applicable"] for s in subs if s.get("not_applicable")),
                                 None)
-    first = subs[0]
-    for f in ("last_step", "last_point_time", "n_points"):
-        st[f] = first.get(f)
+    st.update({f: subs[0].get(f) for f in ("last_step", "last_point_time", "n_points")})
     st["n_evals"] = sum(int(s.get("n_evals") or 0) for s in subs)
     return CheckResult(alerts, st)
 
 
 def metric_summary(mv: MultiView, state: dict, alerts=()) -> list[dict]:
     """One row per metric for the verdict; ``absent`` when the source never held the key."""
-    from ladder.predict.watch.alerts import exit_code_for
     rows = []
     for k in mv.metrics:
         s = (state.get("metrics") or {}).get(k) or new_state()

@@ -15,8 +15,11 @@ from ladder.predict.watch.rules.base import RuleState, kept
 SCHEMA = "watch-state/2"
 
 
+_SECTIONS = {r.key: r.State for r in RULES if r.State is not None}
+
+
 def _sections() -> dict:
-    return {r.key: r.new_state() for r in RULES if r.State is not None}
+    return {k: State() for k, State in _SECTIONS.items()}
 
 
 @dataclass
@@ -36,35 +39,27 @@ class WatchState(RuleState):
         return self.sections[rule.key]
 
     def to_json(self) -> dict:
-        out = {"schema": SCHEMA}
-        out.update({f.name: getattr(self, f.name) for f in fields(self) if f.name != "sections"})
-        out.update({k: s.to_json() for k, s in self.sections.items()})
-        return out
+        return {"schema": SCHEMA,
+                **{f.name: getattr(self, f.name) for f in fields(self) if f.name != "sections"},
+                **{k: s.to_json() for k, s in self.sections.items()}}
 
     @classmethod
     def read(cls, d, where: str = "state") -> WatchState:
-        """A ``watch-state/2`` state, its schema checked first."""
-        if isinstance(d, dict) and d.get("schema") != SCHEMA:
-            raise ValueError(f"{where}.schema: expected {SCHEMA!r}, got "
-                             f"{str(d.get('schema'))[:40]!r}")
-        return cls.from_json(d, where)
-
-    @classmethod
-    def from_json(cls, d, where: str = "state") -> WatchState:
-        """A ``watch-state/2`` state; missing fields and sections take their defaults."""
+        """A ``watch-state/2`` state, its schema checked first; missing fields and sections take
+        their defaults."""
         if not isinstance(d, dict):
             raise ValueError(f"{where}: expected an object, got {type(d).__name__}")
+        if d.get("schema") != SCHEMA:
+            raise ValueError(f"{where}.schema: expected {SCHEMA!r}, got "
+                             f"{str(d.get('schema'))[:40]!r}")
         own = {k: v for k, v in d.items() if k != "schema" and k not in _SECTIONS}
         if "sections" in own:
             raise ValueError(f"{where}.sections: unknown field of a watcher state")
-        st = super().from_json(own, where)
+        st = cls.from_json(own, where)
         for k, v in d.items():
             if k in _SECTIONS:
                 st.sections[k] = _SECTIONS[k].from_json(v, f"{where}.{k}")
         return st
-
-
-_SECTIONS = {r.key: r.State for r in RULES if r.State is not None}
 
 
 def new_state() -> dict:
@@ -73,6 +68,6 @@ def new_state() -> dict:
 
 
 def check_state(st, where: str = "state") -> dict:
-    """``st`` as a ``watch-state/2`` state, each field checked; a ValueError
-    naming the first bad field otherwise."""
+    """``st`` as a ``watch-state/2`` state, each field checked; a ValueError naming the first bad
+    field otherwise."""
     return WatchState.read(st, where).to_json()

@@ -12,6 +12,7 @@ import numpy as np
 
 from ladder.io import InputError, as_float, sha256_of
 from ladder.predict.prereg_view import forecast_band
+from ladder.predict.watch.alerts import float_or_nan
 from ladder.predict.watch.config import WatchConfig
 
 
@@ -51,8 +52,8 @@ class PreregView:
         final = prereg.get("final", {})
         return cls(metric=prereg["metric"], steps=int(target["steps"]),
                    tokens=float(target["tokens"]), fraction=band.fraction, loss=band.loss,
-                   lo=band.lo, hi=band.hi, final=_f(final.get("loss")),
-                   final_lo=_f(final.get("lo")), final_hi=_f(final.get("hi")),
+                   lo=band.lo, hi=band.hi, final=float_or_nan(final.get("loss")),
+                   final_lo=float_or_nan(final.get("lo")), final_hi=float_or_nan(final.get("hi")),
                    level=float(prereg.get("band_level", 0.9)),
                    config=WatchConfig.from_dict(params),
                    applicability=dict(prereg.get("applicability", {})),
@@ -67,9 +68,8 @@ class PreregView:
         f0, f1 = self.fraction[0], self.fraction[-1]
         frac = np.where((frac < f0) & (frac > f0 - 1e-6), f0, frac)  # rounding at the ends
         frac = np.where((frac > f1) & (frac < f1 + 1e-6), f1, frac)
-        e = np.interp(frac, self.fraction, self.loss, left=np.nan, right=np.nan)
-        lo = np.interp(frac, self.fraction, self.lo, left=np.nan, right=np.nan)
-        hi = np.interp(frac, self.fraction, self.hi, left=np.nan, right=np.nan)
+        e, lo, hi = (np.interp(frac, self.fraction, y, left=np.nan, right=np.nan)
+                     for y in (self.loss, self.lo, self.hi))
         if alert and self.config.alert_level != self.level:
             from ladder.predict.band import z_of
             k = z_of(self.config.alert_level) / z_of(self.level)
@@ -78,23 +78,14 @@ class PreregView:
 
     def reference(self, key: str, frac: np.ndarray) -> np.ndarray | None:
         """The ladder's median of ``key`` at fraction ``frac`` (NaN outside its range)."""
-        sig = (self.health.get("signals") or {}).get(key)
-        fr = self.health.get("fractions")
-        if not sig or not fr:
-            return None
-        x = np.array([_f(v) for v in fr])
-        y = np.array([_f(v) for v in sig.get("median", [])])
-        ok = np.isfinite(x) & np.isfinite(y)
-        if ok.sum() < 2:
-            return None
-        return np.interp(frac, x[ok], y[ok], left=np.nan, right=np.nan)
+        xy = self._points((self.health.get("signals") or {}).get(key), "median")
+        return None if xy is None else np.interp(frac, *xy, left=np.nan, right=np.nan)
 
     def envelope(self, key: str, frac: np.ndarray) -> Envelope | None:
         """The ladder's min and max of ``key`` across rungs at ``frac`` and their tolerance (log
         units, within the configured floor and cap); None without a reference for ``key``."""
         sig = (self.health.get("signals") or {}).get(key)
-        lo = self._curve(sig, "min", frac)
-        hi = self._curve(sig, "max", frac)
+        lo, hi = self._curve(sig, "min", frac), self._curve(sig, "max", frac)
         if lo is None or hi is None:  # a reference with medians only: a zero-width envelope
             lo = hi = self._curve(sig, "median", frac)
         if lo is None:
@@ -110,20 +101,22 @@ class PreregView:
         return Envelope(lo=lo, hi=hi, tol_below=t("below"), tol_above=t("above"),
                         calibrated=tol.get("below") is not None)
 
-    def _curve(self, sig, name, frac):
+    def _points(self, sig, name):
+        """The finite (fraction, value) points of the reference's curve ``name`` of ``sig``;
+        None when it has fewer than 2 (or as many values as fractions)."""
         fr = self.health.get("fractions")
-        if not sig or not fr or not sig.get(name):
+        if not sig or not fr or not sig.get(name) or len(fr) != len(sig[name]):
             return None
-        x = np.array([_f(v) for v in fr])
-        y = np.array([_f(v) for v in sig.get(name, [])])
-        if x.size != y.size:
-            return None
+        x, y = (np.array([float_or_nan(v) for v in vs]) for vs in (fr, sig[name]))
         ok = np.isfinite(x) & np.isfinite(y)
-        if ok.sum() < 2:
+        return (x[ok], y[ok]) if ok.sum() >= 2 else None
+
+    def _curve(self, sig, name, frac):
+        xy = self._points(sig, name)
+        if xy is None:
             return None
         # the bins' outer halves take the edge values (else the last 0.5% goes unjudged)
-        out = np.interp(frac, x[ok], y[ok])
-        return np.where((frac >= -1e-9) & (frac <= 1 + 1e-9), out, np.nan)
+        return np.where((frac >= -1e-9) & (frac <= 1 + 1e-9), np.interp(frac, *xy), np.nan)
 
     def band_half_rel(self, frac: float) -> float:
         """The registered band's relative half-width (hi - lo) / 2 / forecast at ``frac``."""
@@ -146,14 +139,9 @@ def _noise_sigma(noise) -> float:
     return sigma if sigma is not None and math.isfinite(sigma) and sigma > 0 else 0.0
 
 
-def _f(v) -> float:
-    x = as_float(v)
-    return math.nan if x is None else x
-
-
 def _first_eval(target: Mapping) -> int:
     """The smallest positive registered eval step of ``target`` (0: none registered)."""
-    steps = [_f(s) for s in target.get("eval_steps") or []] \
+    steps = [float_or_nan(s) for s in target.get("eval_steps") or []] \
         if isinstance(target.get("eval_steps"), list) else []
     steps = [int(s) for s in steps if math.isfinite(s) and s > 0]
     return min(steps) if steps else 0

@@ -1,22 +1,16 @@
-"""The registry: the rules in the order they judge (and list their alerts). ``WatchConfig``
-(``predict.watch.config``), the state file (``predict.watch.state``), the watcher's key filter
-(:func:`watched_keys`), ``decision_rule.words`` (:func:`decision_rule_words`) and the report's
-alert kinds (:func:`alert_kinds`, :func:`health_alert_kinds`) are derived from ``RULES``.
+"""The registry: the rules in the order they judge (and list their alerts). ``WatchConfig``, the
+state file, the watcher's key filter (:func:`watched_keys`), ``decision_rule.words``
+(:func:`decision_rule_words`) and the report's alert kinds (:func:`alert_kinds`) derive from it.
 
-A new rule, step by step:
-
-1. write its class (the :class:`Rule` protocol, ``rules.base``) in the module of its family or
-   one of its own under ``rules/``: ``name``, ``scope``, ``family``, ``kinds``,
-   ``description``, ``panel``; ``Config``, a frozen dataclass of ``Thresholds`` (each field a
-   ``threshold(default, check)``; a group of fields shared with other rules by inheriting its
-   dataclass, e.g. ``HealthPersistence``); ``State``, a dataclass of ``RuleState`` (each field
-   ``kept(kind, default)``; raise and clear with a ``Hysteresis``); ``keys``, ``judge`` and
-   ``text`` (its words);
-2. add an instance to ``RULES`` below, where it should judge;
-3. tests: its judge against ``check()`` and a case in tests/test_watch_rules_e2e.py (the
-   registry test there fails until it has one).
-
-A state or pre-registration written before it existed still reads (its section and its
+A new rule: (1) its class (the :class:`Rule` protocol, ``rules.base``) in its family's module or
+its own: ``name``, ``scope``, ``family``, ``kinds``, ``description``, ``panel``, ``template``
+(its words; or a ``text`` method); nested in it, ``Config`` a frozen ``Thresholds`` dataclass of
+``threshold(default, check)`` fields (a group shared with other rules by inheriting its
+dataclass, e.g. ``HealthPersistence``) and ``State`` a ``RuleState`` dataclass of
+``kept(kind, default)`` fields (raise and clear with a ``Hysteresis``); ``keys`` and ``judge``;
+(2) an instance in ``RULES`` below, where it should judge; (3) tests: its judge against
+``check()`` and a case in tests/test_watch_rules_e2e.py (whose registry test fails until it has
+one). A state or pre-registration written before it existed still reads (its section and
 thresholds take their defaults).
 """
 
@@ -26,57 +20,32 @@ from collections.abc import Sequence
 
 from ladder.sources.batch import KeyFilter
 from ladder.predict.watch.rules.base import Rule
-from ladder.predict.watch.rules.health import (
-    DropFracRule,
-    ExpertLoadRule,
-    GradNormRule,
-    NanRule,
-    ParamNormRule,
-    RouterBiasRule,
-    RouterEntropyRule,
-    RouterLogitRule,
-    SpikeRule,
-)
+from ladder.predict.watch.rules.health import (DropFracRule, ExpertLoadRule, GradNormRule, NanRule,
+                                               ParamNormRule, RouterBiasRule, RouterEntropyRule,
+                                               RouterLogitRule, SpikeRule)
 from ladder.predict.watch.rules.heading import HeadingRule
 from ladder.predict.watch.rules.loss import BandRule, ContingencyRule, RiseRule, TrendRule
 from ladder.predict.watch.rules.run import ApplicabilityRule, InputRule, StalledRule
 
 # Registry order is the order the rules judge a batch (and list their alerts).
 RULES: tuple[Rule, ...] = (
-    ApplicabilityRule(),
-    InputRule(),
-    NanRule(),
-    RiseRule(),
-    TrendRule(),
-    BandRule(),
-    ContingencyRule(),
-    HeadingRule(),
-    SpikeRule(),
-    GradNormRule(),
-    DropFracRule(),
-    RouterEntropyRule(),
-    ExpertLoadRule(),
-    RouterLogitRule(),
-    RouterBiasRule(),
-    ParamNormRule(),
+    ApplicabilityRule(), InputRule(), NanRule(),
+    RiseRule(), TrendRule(), BandRule(), ContingencyRule(), HeadingRule(),  # eval by eval
+    SpikeRule(), GradNormRule(), DropFracRule(), RouterEntropyRule(), ExpertLoadRule(),
+    RouterLogitRule(), RouterBiasRule(), ParamNormRule(),
     StalledRule(),
 )
-
 
 _keys = [r.key for r in RULES if r.State is not None]
 if len(set(_keys)) != len(_keys):  # two rules in one section would overwrite each other
     raise AssertionError(f"rules share a state section: {sorted(_keys)}")
-
 
 # keys every rule needs to place a row on the forecast (DESIGN.md section 3: metrics.jsonl)
 ALIGN_KEYS = ("tokens", "progress")
 
 
 def rule(name: str) -> Rule:
-    for r in RULES:
-        if r.name == name:
-            return r
-    raise KeyError(name)
+    return {r.name: r for r in RULES}[name]  # KeyError(name) for another
 
 
 def watched_keys(metric: str | Sequence[str], config=None) -> tuple[KeyFilter, list[str]]:
@@ -97,21 +66,6 @@ def alert_kinds(panel: str | None = None) -> frozenset[str]:
     by several rules and left out of a panel's set (its message says what cleared)."""
     out = {k for r in RULES if panel is None or r.panel == panel for k in r.kinds}
     return frozenset(out if panel is None else out - {"cleared"})
-
-
-def health_alert_kinds(config=None) -> dict[str, tuple]:
-    """For each fixed key a health-panel rule reads (and the non-finite rule's keys, the
-    registered metric aside), the alert kinds raised about it."""
-    out: dict[str, list] = {}
-    for r in RULES:
-        if r.panel != "health" and r.name != "nan":
-            continue
-        for k in r.reads("", config):
-            if not k:  # the registered metric's place: not a health key
-                continue
-            out.setdefault(k, [])
-            out[k] += [x for x in r.kinds if x != "cleared" and x not in out[k]]
-    return {k: tuple(v) for k, v in out.items()}
 
 
 def decision_rule_words(cfg, level: float) -> str:

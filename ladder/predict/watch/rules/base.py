@@ -1,8 +1,7 @@
-"""What every watch rule is made of: the :class:`Rule` protocol, the frozen :class:`Thresholds`
-its ``Config`` derives from (each field carries its own check), the :class:`RuleState` its
-typed ``State`` derives from (each field its kind in the state file) and the :class:`Context` a
-judge is called with. ``WatchConfig`` and the state file are the unions of the rules' ``Config``
-fields and ``State`` sections, so neither is edited by hand.
+"""What every watch rule is made of: the :class:`Rule` protocol, the :class:`Thresholds` and
+:class:`RuleState` its ``Config`` and ``State`` derive from, the :class:`Context` of a judge.
+``WatchConfig`` and the state file are the unions of the rules' ``Config`` fields and ``State``
+sections, so neither is edited by hand.
 """
 
 from __future__ import annotations
@@ -213,7 +212,9 @@ class Rule:
     where the report draws its alerts ("watch": the loss plot, "health": the panels of the keys
     it reads, None: listed only); it reads the registered metric when ``reads_metric``, the
     ``fixed_keys`` and every key starting with one of ``prefixes``; ``State`` (None: it keeps
-    none) is kept in the state file under ``key`` (default its name).
+    none) is kept in the state file under ``key`` (default its name); ``template``, its words
+    (``str.format`` of ``c`` its config slice, ``level`` the band level and ``rule`` itself),
+    or its own :meth:`text`.
     """
 
     name: ClassVar[str]
@@ -228,6 +229,7 @@ class Rule:
     Config: ClassVar[type] = Thresholds
     State: ClassVar[type | None] = None
     key: ClassVar[str | None] = None
+    template: ClassVar[str]
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
@@ -269,7 +271,4 @@ class Rule:
         return self.text(self.config(cfg), level)
 
     def text(self, c, level: float) -> str:
-        raise NotImplementedError(self.name)
-
-    def new_state(self) -> RuleState | None:
-        return self.State() if self.State is not None else None
+        return self.template.format(c=c, level=level, rule=self)

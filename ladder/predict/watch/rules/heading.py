@@ -3,15 +3,11 @@ on the run's evals so far, and its band no longer overlap the frozen band ahead 
 run is heading outside its contract.
 
 ``heading_ahead`` compares the updated final with the frozen final band ("final", the default),
-or the updated curve ahead (every frozen grid point after the last eval, and the final) with
-the frozen band there ("curve", opt-in). The end-anchored forecast knows that an early departure
-may fade by the end, so its final band stays wide for much of the run: the final alone warned
-9-86 evals after the band rule on 33 of 45 synthetic faults, where the curve sees the departure
-where it is. But the issue's protocol asks for silence on every healthy public curve first, and
-only "final" keeps it (0 of 127; "curve" warns on 1 or 2); on the cpu ladder's injected faults
-every variant warns no later than the band rule (12 of 12). A team that prefers the earlier
-warning opts in with its false-warning rate known (bench/live_forecast.py,
-docs/live_forecast.md). A closing gap (``heading_closing`` "hold") neither raises nor clears.
+or the updated curve ahead (every frozen grid point after the last eval, and the final) with the
+frozen band there ("curve", opt-in: it warns earlier, as the end-anchored final band stays wide
+for much of the run, but not silent on every healthy public curve: 1 or 2 false warnings of 127
+against 0 for "final"; bench/live_forecast.py, docs/live_forecast.md). A closing gap
+(``heading_closing`` "hold") neither raises nor clears.
 """
 
 from __future__ import annotations
@@ -22,63 +18,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ladder.predict.band import z_of
-from ladder.predict.updated import (
-    FilterState,
-    UpdateConfig,
-    curve_ahead,
-    final_band,
-    offset_var,
-    prior_sd,
-    usable,
-)
+from ladder.predict.updated import (FilterState, UpdateConfig, curve_ahead, final_band, offset_var,
+                                    prior_sd, usable)
 from ladder.predict.watch.alerts import Alert
 from ladder.predict.watch.rules.base import Context, kept, one_of, positive_int, threshold
 from ladder.predict.watch.rules.hysteresis import Hysteresis
 from ladder.predict.watch.rules.loss import EvalPoint, LossRule, Persistence, Smoothing
-
-
-@dataclass(frozen=True)
-class HeadingConfig(Smoothing, Persistence):
-    """The persistence (``heading_k`` evals apart to raise, the band rule's ``k_clear`` to
-    clear); the updated forecast's own dials are ladder.predict.updated's (chosen on the public
-    curves, not registered per run)."""
-
-    # the choices are bench/live_forecast.py's early_warning_table (docs/live_forecast.md): 45
-    # synthetic faults, 127 healthy public curves
-    heading_k: int = threshold(2, positive_int)  # evals apart before a warning: one fewer than
-    #   the band rule's, the updated forecast being a filter already (k = 2 and 3: no false
-    #   warning of 127; k = 2 no later than the band rule on 12 of 45 faults, k = 3 on 3)
-    heading_against: str = threshold("alert", one_of("alert", "registered"))  # the frozen
-    #   final band widened to the alert level as the band rule's (a healthy run ends outside
-    #   the registered 90% band 1 time in 10), or as registered (2 false warnings of 127)
-    heading_ahead: str = threshold("final", one_of("final", "curve"))  # the module doc
-    heading_closing: str = threshold("count", one_of("count", "hold"))  # a closing gap: "hold"
-    #   (neither raise nor clear) or "count" as any gap (with "curve", "hold" is silent on a
-    #   closing warmup transient: 1 false warning of 127 left)
-
-@dataclass
-class HeadingState(Hysteresis):
-    """The hysteresis (about: above or below) and the updated forecast's filter."""
-
-    about: str | None = kept(("enum?", ("above", "below")))
-    run: str | None = kept(("enum?", ("above", "below")))
-    mean: float = kept("num?", 0.0)
-    var: float | None = kept("num?")
-    v_at: float | None = kept("num?")
-    at: float = kept("num?", 0.0)
-    n: int = kept("count", 0)
-    recent: list = kept("nums", factory=list)
-    last_z: float = kept("num?", 0.0)
-    jump: float = kept("num?", 0.0)
-    gap: float | None = kept("num?")  # the last eval's gap (log) while apart: closing?
-
-    def filter(self) -> FilterState:
-        return FilterState(self.mean or 0.0, self.var, self.v_at, self.at or 0.0, self.n,
-                           list(self.recent), self.last_z or 0.0, self.jump or 0.0)
-
-    def keep(self, fs: FilterState) -> None:
-        self.mean, self.var, self.v_at, self.at, self.n, self.recent, self.last_z, self.jump = (
-            fs.mean, fs.var, fs.v_at, fs.at, fs.n, list(fs.recent), fs.last_z, fs.jump)
 
 
 def _tau(view) -> float:
@@ -93,7 +38,7 @@ def updated_final(view, fs: FilterState, cfg: UpdateConfig) -> tuple[float, floa
             view.final * math.exp(m + half))
 
 
-def gap_ahead(view, fs: FilterState, cfg: UpdateConfig, hc: HeadingConfig
+def gap_ahead(view, fs: FilterState, cfg: UpdateConfig, hc: HeadingRule.Config
               ) -> tuple[str | None, float]:
     """How far the updated forecast and its band lie outside the frozen band, in log: at the
     final (``heading_ahead`` "final") or at every point of the frozen grid after the last eval
@@ -142,16 +87,54 @@ def step_filter(view, fs: FilterState, ev: EvalPoint, cfg: UpdateConfig) -> bool
 
 
 class HeadingRule(LossRule):
-    """The updated final forecast's band apart from the frozen final band, with hysteresis."""
-
     name = "heading"
     kinds = ("heading", "cleared")
     description = ("the updated final-loss forecast's band (conditioned on the run's evals) no "
                    "longer overlapping the frozen final band")
-    Config = HeadingConfig
-    State = HeadingState
 
-    def judge(self, ctx: Context, cfg: HeadingConfig, hs: HeadingState, ev: EvalPoint) -> None:
+    @dataclass(frozen=True)
+    class Config(Smoothing, Persistence):
+        """The persistence (``heading_k`` to raise, ``k_clear`` to clear) and what is compared; the
+        updated forecast's own dials are ladder.predict.updated's (not registered per run)."""
+
+        # the choices are bench/live_forecast.py's early_warning_table (docs/live_forecast.md): 45
+        # synthetic faults, 127 healthy public curves
+        heading_k: int = threshold(2, positive_int)  # evals apart before a warning: one fewer than
+        #   the band rule's, the updated forecast being a filter already (k = 2 and 3: no false
+        #   warning of 127; k = 2 no later than the band rule on 12 of 45 faults, k = 3 on 3)
+        heading_against: str = threshold("alert", one_of("alert", "registered"))  # the frozen
+        #   final band widened to the alert level as the band rule's (a healthy run ends outside
+        #   the registered 90% band 1 time in 10), or as registered (2 false warnings of 127)
+        heading_ahead: str = threshold("final", one_of("final", "curve"))  # the module doc
+        heading_closing: str = threshold("count", one_of("count", "hold"))  # a closing gap: "hold"
+        #   (neither raise nor clear) or "count" as any gap (with "curve", "hold" leaves 1 false
+        #   warning of 127)
+
+    @dataclass
+    class State(Hysteresis):
+        """The hysteresis (about: above or below) and the updated forecast's filter."""
+
+        about: str | None = kept(("enum?", ("above", "below")))
+        run: str | None = kept(("enum?", ("above", "below")))
+        mean: float = kept("num?", 0.0)
+        var: float | None = kept("num?")
+        v_at: float | None = kept("num?")
+        at: float = kept("num?", 0.0)
+        n: int = kept("count", 0)
+        recent: list = kept("nums", factory=list)
+        last_z: float = kept("num?", 0.0)
+        jump: float = kept("num?", 0.0)
+        gap: float | None = kept("num?")  # the last eval's gap (log) while apart: closing?
+
+        def filter(self) -> FilterState:
+            return FilterState(self.mean or 0.0, self.var, self.v_at, self.at or 0.0, self.n,
+                               list(self.recent), self.last_z or 0.0, self.jump or 0.0)
+
+        def keep(self, fs: FilterState) -> None:
+            self.mean, self.var, self.v_at, self.at, self.n, self.recent, self.last_z, self.jump = (
+                fs.mean, fs.var, fs.v_at, fs.at, fs.n, list(fs.recent), fs.last_z, fs.jump)
+
+    def judge(self, ctx: Context, cfg: Config, hs: State, ev: EvalPoint) -> None:
         view = ctx.view
         if not (math.isfinite(view.final) and math.isfinite(view.final_lo)
                 and math.isfinite(view.final_hi) and view.final_lo < view.final < view.final_hi):
@@ -199,7 +182,7 @@ class HeadingRule(LossRule):
                                    f"heading {ch.about_before})",
                            extra={"key": view.metric, "clears": "heading", **extra}))
 
-    def text(self, c: HeadingConfig, level: float) -> str:
+    def text(self, c: Config, level: float) -> str:
         what = ("final forecast" if c.heading_ahead == "final" else
                 "forecast of the curve ahead (each point of the frozen grid after the last eval, "
                 "and the final)")
@@ -221,8 +204,8 @@ def updated_forecast(view, section) -> dict | None:
     state); None before its first eval or without a registered final band."""
     if section is None or not hasattr(view, "final"):
         return None
-    hs = section if isinstance(section, HeadingState) else \
-        HeadingState.from_json(section, "state.heading")
+    hs = section if isinstance(section, HeadingRule.State) else \
+        HeadingRule.State.from_json(section, "state.heading")
     fs = hs.filter()
     if not fs.n or not (view.final_lo < view.final < view.final_hi):
         return None

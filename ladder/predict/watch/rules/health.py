@@ -6,27 +6,16 @@ router-bias norm and per-group parameter norms.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ladder.predict.watch.alerts import Alert, finite_or_none
-from ladder.predict.watch.rules.base import (
-    Context,
-    Rule,
-    RuleState,
-    Thresholds,
-    kept,
-    positive,
-    positive_int,
-    threshold,
-    unit,
-)
+from ladder.predict.watch.alerts import SEVERITIES, Alert, finite_or_none
+from ladder.predict.watch.rules.base import (Context, Rule, RuleState, Thresholds, kept, positive,
+                                             positive_int, threshold, unit)
 from ladder.predict.watch.rules.hysteresis import Hysteresis, level_changes
 
-if TYPE_CHECKING:
-    from collections.abc import Callable
 
 class HealthRule(Rule):
     """A health rule: judged on the whole batch, drawn on the health panels of its keys."""
@@ -128,42 +117,35 @@ def signal(ctx: Context, cfg: HealthPersistence, h: Hysteresis, kind: str, key: 
         where = (ctx.stamp, int(b.step[at]), finite_or_none(tokens[at]),
                  finite_or_none(frac[at]))
         if ch.kind == "raised":
-            ctx.emit(Alert(*where, kind, "critical" if h.level == 2 else "warn",
-                           value=finite_or_none(value[at]),
+            ctx.emit(Alert(*where, kind, SEVERITIES[h.level], value=finite_or_none(value[at]),
                            expected=None if ref is None else finite_or_none(ref[at]),
                            direction="above" if kind != "router" else None,
                            message=describe(at, h.level) + f" ({key})", extra={"key": key}))
         elif ch.kind == "cleared":
             ctx.emit(Alert(*where, "cleared", "info", value=finite_or_none(value[at]),
                            message=f"{key} back to normal for {ch.need} rows (was {kind}, "
-                                   f"{'critical' if ch.level_before == 2 else 'warn'})",
+                                   f"{SEVERITIES[ch.level_before]})",
                            extra={"key": key, "clears": kind}))
 
 
-@dataclass(frozen=True)
-class NanConfig(Thresholds):
-    nan_keys: tuple = threshold(("train/loss", "grad/norm", "eval/loss"), convert=tuple)
-
-
-@dataclass
-class NanState(RuleState):
-    reported: list = kept("strs", factory=list)  # keys already reported (once each)
-
-
 class NanRule(HealthRule):
-    """A non-finite value of the metric or of ``nan_keys``: critical at once, once per key."""
-
     name = "nan"
     kinds = ("nan",)
     description = "a non-finite metric, train loss, grad norm or eval loss (critical at once)"
     panel = "watch"
-    Config = NanConfig
-    State = NanState
+
+    @dataclass(frozen=True)
+    class Config(Thresholds):
+        nan_keys: tuple = threshold(("train/loss", "grad/norm", "eval/loss"), convert=tuple)
+
+    @dataclass
+    class State(RuleState):
+        reported: list = kept("strs", factory=list)  # keys already reported (once each)
 
     def keys(self, metric, cfg):
         return (metric, *cfg.nan_keys)
 
-    def judge(self, ctx: Context, cfg: NanConfig, st: NanState) -> None:
+    def judge(self, ctx: Context, cfg: Config, st: State) -> None:
         b = ctx.batch
         for k in dict.fromkeys((ctx.view.metric,) + tuple(cfg.nan_keys)):
             nf = b.nonfinite.get(k)
@@ -176,39 +158,36 @@ class NanRule(HealthRule):
                            message=f"{k} is not finite at step {int(b.step[i])}",
                            extra={"key": k}))
 
-    def text(self, c: NanConfig, level: float) -> str:
+    def text(self, c: Config, level: float) -> str:
         return f"A non-finite {', '.join(c.nan_keys)} or metric is critical at once."
 
 
-@dataclass(frozen=True)
-class SpikeConfig(SpikeWindow):
-    # a spike: a robust z-score above k; preregister raises k to spike_k_margin x the largest z
-    # of the ladder's healthy runs. This floor: 1M rows of Gaussian noise reach z 6.8.
-    spike_k: float = threshold(7.0, positive)
-    spike_k_margin: float = threshold(1.5, positive)
-    spike_rel: float = threshold(0.02, positive)  # ... and this much above the median (a flat
-    #                                               series has MAD 0)
-
-
-@dataclass
-class SpikeState(RuleState):
-    tail: list = kept("nums", factory=list)  # the last 2 x spike_window finite train losses
-    last_step: int | None = kept("step?")     # the step of the last spike alerted
-
-
 class SpikeRule(HealthRule):
-    """Train-loss spikes: train loss vs trailing median + k x robust sd of the rows before it;
-    one alert per burst."""
-
     name = "spike"
     kinds = ("spike",)
     description = "train-loss spikes against a robust trailing median"
     panel = None  # listed only (a tick on the loss plot's edge)
     fixed_keys = ("train/loss",)
-    Config = SpikeConfig
-    State = SpikeState
+    template = ("Train loss above its trailing median of {c.spike_window} rows by more than "
+                "{c.spike_k:g}x the robust sd (1.4826 x MAD; k = {c.spike_k_margin}x the "
+                "largest such z-score of the ladder's healthy runs, at least the default) and "
+                "more than {c.spike_rel:.0%} is a spike.")
 
-    def judge(self, ctx: Context, cfg: SpikeConfig, st: SpikeState) -> None:
+    @dataclass(frozen=True)
+    class Config(SpikeWindow):
+        # a spike: a robust z-score above k; preregister raises k to spike_k_margin x the largest z
+        # of the ladder's healthy runs. This floor: 1M rows of Gaussian noise reach z 6.8.
+        spike_k: float = threshold(7.0, positive)
+        spike_k_margin: float = threshold(1.5, positive)
+        spike_rel: float = threshold(0.02, positive)  # ... and this much above the median (a flat
+        #                                               series has MAD 0)
+
+    @dataclass
+    class State(RuleState):
+        tail: list = kept("nums", factory=list)  # the last 2 x spike_window finite train losses
+        last_step: int | None = kept("step?")     # the step of the last spike alerted
+
+    def judge(self, ctx: Context, cfg: Config, st: State) -> None:
         b = ctx.batch
         if "train/loss" not in b.cols:
             return
@@ -237,36 +216,29 @@ class SpikeRule(HealthRule):
                                    f"{cfg.spike_k:g})", extra={"z": finite_or_none(z[i])}))
         st.last_step = last
 
-    def text(self, c: SpikeConfig, level: float) -> str:
-        return (f"Train loss above its trailing median of {c.spike_window} rows by more than "
-                f"{c.spike_k:g}x the robust sd (1.4826 x MAD; k = {c.spike_k_margin}x the "
-                f"largest such z-score of the ladder's healthy runs, at least the default) and "
-                f"more than {c.spike_rel:.0%} is a spike.")
-
-
-@dataclass(frozen=True)
-class GradConfig(GradWindow, GradAfter, HealthPersistence):
-    # growth since its post-warmup minimum: the real team added the logit z-loss when grad norm
-    # grew past 4 (Marin hero-run tracking issue, shared/DESIGN.md section 1)
-    grad_growth_warn: float = threshold(4.0, positive)
-    grad_ref_warn: float = threshold(4.0, positive)     # x the ladder's at the same fraction
-    grad_ref_crit: float = threshold(16.0, positive)
-
-
-@dataclass
-class GradState(SignalState):
-    min: float | None = kept("num?")  # the trailing median's minimum since grad_after
-
 
 class GradNormRule(HealthRule):
     name = "grad_norm"
     kinds = ("grad_norm", "cleared")
     description = "grad norm against the ladder's and its growth since warmup"
     fixed_keys = ("grad/norm",)
-    Config = GradConfig
-    State = GradState
+    template = ("Grad norm (median of {c.grad_window} rows, after {c.grad_after:.0%} of the run) "
+                "grown {c.grad_growth_warn}x since its post-warmup minimum, or {c.grad_ref_warn}x "
+                "the ladder's, warns; {c.grad_ref_crit}x the ladder's is critical.")
 
-    def judge(self, ctx: Context, cfg: GradConfig, st: GradState) -> None:
+    @dataclass(frozen=True)
+    class Config(GradWindow, GradAfter, HealthPersistence):
+        # growth since its post-warmup minimum: the real team added the logit z-loss when grad norm
+        # grew past 4 (Marin hero-run tracking issue, shared/DESIGN.md section 1)
+        grad_growth_warn: float = threshold(4.0, positive)
+        grad_ref_warn: float = threshold(4.0, positive)     # x the ladder's at the same fraction
+        grad_ref_crit: float = threshold(16.0, positive)
+
+    @dataclass
+    class State(SignalState):
+        min: float | None = kept("num?")  # the trailing median's minimum since grad_after
+
+    def judge(self, ctx: Context, cfg: Config, st: State) -> None:
         b, frac, view = ctx.batch, ctx.frac, ctx.view
         if "grad/norm" not in b.cols:
             return
@@ -297,69 +269,47 @@ class GradNormRule(HealthRule):
             return ", ".join(parts)
         signal(ctx, cfg, st.signal, "grad_norm", "grad/norm", sev, med, ref, describe)
 
-    def text(self, c: GradConfig, level: float) -> str:
-        return (f"Grad norm (median of {c.grad_window} rows, after {c.grad_after:.0%} of the "
-                f"run) grown {c.grad_growth_warn}x since its post-warmup minimum, or "
-                f"{c.grad_ref_warn}x the ladder's, warns; {c.grad_ref_crit}x the ladder's is "
-                f"critical.")
-
-
-@dataclass(frozen=True)
-class DropConfig(DropWindow, EnvelopeWidth, HealthPersistence):
-    drop_crit_factor: float = threshold(2.5, positive)  # x the warning limit
-    # without a ladder reference: the real hero ~2% (8% plausible); at 65k context 7% -> 40%
-    drop_warn_abs: float = threshold(0.08, positive)
-    drop_crit_abs: float = threshold(0.40, positive)
-    drop_floor: float = threshold(0.01, unit)         # never alert below it
-
 
 class DropFracRule(HealthRule):
     name = "drop_frac"
     kinds = ("drop_frac", "cleared")
     description = "the token-drop fraction against the ladder's envelope at the same fraction"
     fixed_keys = ("moe/drop_frac",)
-    Config = DropConfig
     State = SignalState
+    template = ("Token-drop fraction (trailing median of {c.drop_window} rows) above the "
+                "ladder's max at the same fraction widened as below for the router warns, "
+                "above {c.drop_crit_factor}x that is critical (without a ladder reference: "
+                "{c.drop_warn_abs} / {c.drop_crit_abs}); never below {c.drop_floor}.")
 
-    def judge(self, ctx: Context, cfg: DropConfig, st: SignalState) -> None:
+    @dataclass(frozen=True)
+    class Config(DropWindow, EnvelopeWidth, HealthPersistence):
+        drop_crit_factor: float = threshold(2.5, positive)  # x the warning limit
+        # without a ladder reference: the real hero ~2% (8% plausible); at 65k context 7% -> 40%
+        drop_warn_abs: float = threshold(0.08, positive)
+        drop_crit_abs: float = threshold(0.40, positive)
+        drop_floor: float = threshold(0.01, unit)         # never alert below it
+
+    def judge(self, ctx: Context, cfg: Config, st: SignalState) -> None:
         b, frac = ctx.batch, ctx.frac
         if "moe/drop_frac" not in b.cols:
             return
-        n = len(b)
         med = trailing_median(st, b.cols["moe/drop_frac"], cfg.drop_window)
         env = ctx.view.envelope("moe/drop_frac", frac)
-        ref = None
-        if env is not None:
-            ref = env.hi
-            warn_t = np.fmax(env.hi * math.exp(env.tol_above + cfg.envelope_margin),
-                             cfg.drop_floor)
-            crit_t = cfg.drop_crit_factor * warn_t
-            warn_t = np.where(np.isfinite(ref), warn_t, cfg.drop_warn_abs)
-            crit_t = np.where(np.isfinite(ref), crit_t, cfg.drop_crit_abs)
-        else:
-            warn_t = np.full(n, cfg.drop_warn_abs)
-            crit_t = np.full(n, cfg.drop_crit_abs)
+        # no envelope (or none at this fraction): the absolute limits
+        ref = env.hi if env is not None else np.full(len(b), np.nan)
+        tol = env.tol_above if env is not None else 0.0
+        warn_t = np.fmax(ref * math.exp(tol + cfg.envelope_margin), cfg.drop_floor)
+        crit_t = np.where(np.isfinite(ref), cfg.drop_crit_factor * warn_t, cfg.drop_crit_abs)
+        warn_t = np.where(np.isfinite(ref), warn_t, cfg.drop_warn_abs)
         sev = np.where(med > crit_t, 2, np.where(med > warn_t, 1, 0))
         sev = np.where(np.isfinite(med), sev, -1)
 
         def describe(i, level):
-            against = (f"the ladder's max {ref[i]:.2%} at this fraction, widened" if ref is
-                       not None and math.isfinite(ref[i])
-                       else "the absolute limits (no ladder reference)")
+            against = (f"the ladder's max {ref[i]:.2%} at this fraction, widened"
+                       if math.isfinite(ref[i]) else "the absolute limits (no ladder reference)")
             return (f"token-drop fraction (median of {cfg.drop_window}) {med[i]:.2%}: above "
                     f"{(crit_t if level == 2 else warn_t)[i]:.2%}, against {against}")
         signal(ctx, cfg, st.signal, "drop_frac", "moe/drop_frac", sev, med, ref, describe)
-
-    def text(self, c: DropConfig, level: float) -> str:
-        return (f"Token-drop fraction (trailing median of {c.drop_window} rows) above the "
-                f"ladder's max at the same fraction widened as below for the router warns, "
-                f"above {c.drop_crit_factor}x that is critical (without a ladder reference: "
-                f"{c.drop_warn_abs} / {c.drop_crit_abs}); never below {c.drop_floor}.")
-
-
-@dataclass(frozen=True)
-class EnvelopeConfig(DropWindow, EnvelopeWidth, HealthPersistence):
-    pass
 
 
 class _EnvelopeRule(HealthRule):
@@ -367,14 +317,21 @@ class _EnvelopeRule(HealthRule):
     same fraction widened by the ladder's own tolerance plus ``envelope_margin``."""
 
     kinds = ("router", "cleared")
-    Config = EnvelopeConfig
     State = SignalState
     signal_key: str
     side: str
     what: str      # the signal, in messages
     phrase: str    # how the words start
+    template = ("{rule.phrase} the range of the ladder's rungs at the same fraction widened by "
+                "the ladder's own leave-one-rung-out tolerance (within "
+                "{c.envelope_tol}..{c.envelope_tol_max}; {c.envelope_tol} without one) plus "
+                "{c.envelope_margin} (log units) warns.")
 
-    def judge(self, ctx: Context, cfg: EnvelopeConfig, st: SignalState) -> None:
+    @dataclass(frozen=True)
+    class Config(DropWindow, EnvelopeWidth, HealthPersistence):
+        pass
+
+    def judge(self, ctx: Context, cfg: Config, st: SignalState) -> None:
         b, frac, key = ctx.batch, ctx.frac, self.signal_key
         if key not in b.cols:
             return
@@ -382,16 +339,12 @@ class _EnvelopeRule(HealthRule):
         if env is None:
             return
         med = trailing_median(st, b.cols[key], cfg.drop_window)
-        if self.side == "below":
-            tol = env.tol_below + cfg.envelope_margin
-            limit = env.lo * math.exp(-tol)
-            bad = med < limit
-        else:
-            tol = env.tol_above + cfg.envelope_margin
-            limit = env.hi * math.exp(tol)
-            bad = med > limit
+        below = self.side == "below"
+        tol = (env.tol_below if below else env.tol_above) + cfg.envelope_margin
+        edge = env.lo if below else env.hi
+        limit = edge * math.exp(-tol if below else tol)
+        bad = med < limit if below else med > limit
         sev = np.where(np.isfinite(med) & np.isfinite(limit), np.where(bad, 1, 0), -1)
-        edge = env.lo if self.side == "below" else env.hi
 
         def describe(i, lv):
             return (f"{self.what} {med[i]:.3g} (median of {cfg.drop_window}) {self.side} "
@@ -400,12 +353,6 @@ class _EnvelopeRule(HealthRule):
                     f"{'measured leave-one-rung-out' if env.calibrated else 'by default'} + "
                     f"margin)")
         signal(ctx, cfg, st.signal, "router", key, sev, med, edge, describe)
-
-    def text(self, c: EnvelopeConfig, level: float) -> str:
-        return (f"{self.phrase} the range of the ladder's rungs at the same fraction widened by "
-                f"the ladder's own leave-one-rung-out tolerance (within "
-                f"{c.envelope_tol}..{c.envelope_tol_max}; {c.envelope_tol} without one) plus "
-                f"{c.envelope_margin} (log units) warns.")
 
 
 class RouterEntropyRule(_EnvelopeRule):
@@ -443,12 +390,6 @@ class RouterLogitRule(_EnvelopeRule):
     phrase = "Router z-loss (logit growth) above"
 
 
-@dataclass(frozen=True)
-class RouterBiasConfig(GradWindow, SpikeWindow, HealthPersistence):
-    router_bias_after: float = threshold(0.1, unit)     # it spikes early by design
-    router_bias_jump: float = threshold(3.0, positive)  # x its trailing median
-
-
 class RouterBiasRule(HealthRule):
     """``router_bias`` judged on its own: set by a balancing rule, not by gradients, it spikes
     early by design; after ``router_bias_after`` a jump over its trailing median warns."""
@@ -457,12 +398,18 @@ class RouterBiasRule(HealthRule):
     kinds = ("router", "cleared")
     description = ("the router-bias norm jumping over its trailing median (it is not "
                    "gradient-trained)")
-    Config = RouterBiasConfig
     State = SignalState
     signal_key = "params/norm/router_bias"
     fixed_keys = (signal_key,)
+    template = ("router_bias is judged on its own after {c.router_bias_after:.0%} of the run "
+                "(> {c.router_bias_jump}x its trailing median).")
 
-    def judge(self, ctx: Context, cfg: RouterBiasConfig, st: SignalState) -> None:
+    @dataclass(frozen=True)
+    class Config(GradWindow, SpikeWindow, HealthPersistence):
+        router_bias_after: float = threshold(0.1, unit)     # it spikes early by design
+        router_bias_jump: float = threshold(3.0, positive)  # x its trailing median
+
+    def judge(self, ctx: Context, cfg: Config, st: SignalState) -> None:
         b, key = ctx.batch, self.signal_key
         if key not in b.cols:
             return
@@ -476,37 +423,30 @@ class RouterBiasRule(HealthRule):
                lambda i, lv: f"router_bias norm {med[i]:.3g} is {jump[i]:.1f}x its trailing "
                              f"median (judged on its own: not gradient-trained)")
 
-    def text(self, c: RouterBiasConfig, level: float) -> str:
-        return (f"router_bias is judged on its own after {c.router_bias_after:.0%} of the run "
-                f"(> {c.router_bias_jump}x its trailing median).")
-
-
-@dataclass(frozen=True)
-class ParamNormConfig(GradWindow, GradAfter, HealthPersistence):
-    param_growth_ratio: float = threshold(2.0, positive)  # vs the ladder's, either way
-
-
-@dataclass
-class ParamNormState(RuleState):
-    """Per parameter group: the hysteresis, the trailing values and the norm at ``grad_after``
-    its growth is measured from."""
-
-    signals: dict = kept(("map", Hysteresis), factory=dict)
-    tails: dict = kept(("map", "nums"), factory=dict)
-    base: dict = kept(("map", "num?"), factory=dict)
-
 
 class ParamNormRule(HealthRule):
-    """Parameter norms per group (``router_bias`` aside) against the ladder's growth."""
-
     name = "param_norm"
     kinds = ("param_norm", "cleared")
     description = "parameter-norm growth per group against the ladder's"
     prefixes = ("params/norm/",)
-    Config = ParamNormConfig
-    State = ParamNormState
+    template = ("A parameter-norm group whose growth differs from the ladder's by more than "
+                "{c.param_growth_ratio}x warns. Health conditions must hold for {c.k_health} "
+                "rows and be gone for {c.k_health_clear} rows to clear.")
 
-    def judge(self, ctx: Context, cfg: ParamNormConfig, st: ParamNormState) -> None:
+    @dataclass(frozen=True)
+    class Config(GradWindow, GradAfter, HealthPersistence):
+        param_growth_ratio: float = threshold(2.0, positive)  # vs the ladder's, either way
+
+    @dataclass
+    class State(RuleState):
+        """Per parameter group: the hysteresis, the trailing values and the norm at ``grad_after``
+        its growth is measured from."""
+
+        signals: dict = kept(("map", Hysteresis), factory=dict)
+        tails: dict = kept(("map", "nums"), factory=dict)
+        base: dict = kept(("map", "num?"), factory=dict)
+
+    def judge(self, ctx: Context, cfg: Config, st: State) -> None:
         b, frac = ctx.batch, ctx.frac
         for key in sorted(k for k in b.cols if k.startswith("params/norm/")):
             if key == RouterBiasRule.signal_key:
@@ -520,8 +460,7 @@ class ParamNormRule(HealthRule):
             if base is None:
                 ok = np.flatnonzero(np.isfinite(med) & (frac >= cfg.grad_after))
                 if ok.size:
-                    base = float(med[ok[0]])
-                    st.base[key] = base
+                    base = st.base[key] = float(med[ok[0]])
             if ref is None or base is None or not base:
                 continue
             h = st.signals.setdefault(key, Hysteresis())
@@ -533,8 +472,3 @@ class ParamNormRule(HealthRule):
                    lambda i, lv, key=key, growth=growth, ref=ref:
                    f"{key} grew {growth[i]:.2f}x since {cfg.grad_after:.0%} of the run; "
                    f"the ladder's grew {ref[i]:.2f}x by this fraction")
-
-    def text(self, c: ParamNormConfig, level: float) -> str:
-        return (f"A parameter-norm group whose growth differs from the ladder's by more than "
-                f"{c.param_growth_ratio}x warns. Health conditions must hold for {c.k_health} "
-                f"rows and be gone for {c.k_health_clear} rows to clear.")

@@ -1,9 +1,7 @@
 """The hysteresis every rule that raises and clears shares: a condition must hold for a number of
 observations in a row to be raised, and be gone for a number in a row to clear; no alert while
 the level does not change. Observations come in runs of one label (what is wrong: a band's
-direction, a signal's severity; None: fine): :meth:`Hysteresis.extend` adds to the run,
-:meth:`Hysteresis.settle` says whether the level changes, :func:`level_changes` does both for a
-batch of per-row severities, run by run (the health rules judge a million rows in one call).
+direction, a signal's severity; None: fine).
 """
 
 from __future__ import annotations
@@ -40,7 +38,7 @@ class Hysteresis(RuleState):
     run_len: int = kept("count", 0)
 
     def extend(self, label: str | int | None, n: int = 1) -> int:
-        """Add ``n`` observations of ``label`` (None: fine); the run's length before them."""
+        """Add ``n`` observations of ``label`` (None: fine) to the run; its length before them."""
         prior = self.run_len if self.run == label else 0
         self.run, self.run_len = label, prior + n
         return prior
@@ -71,10 +69,10 @@ class Hysteresis(RuleState):
 
 def level_changes(h: Hysteresis, sev: np.ndarray, *, k_raise: int,
                   k_clear: int) -> Iterator[tuple[int, Change]]:
-    """A health signal over a batch: ``sev`` per row -1 unknown (skipped), 0 fine, 1 warn,
-    2 critical. A level must hold for ``k_raise`` judged rows to be raised (escalations too) or
-    lowered, and be gone for ``k_clear`` rows to clear. Yields (row index, change); loops over
-    runs of equal ``sev`` only."""
+    """A health signal over a batch, run by run (a million rows in one call): ``sev`` per row -1
+    unknown (skipped), 0 fine, 1 warn, 2 critical; a level must hold for ``k_raise`` judged rows
+    to be raised (escalations too) or lowered, and be gone for ``k_clear`` to clear. Yields
+    (row index, change)."""
     judged = np.flatnonzero(sev >= 0)
     if not judged.size:
         return

@@ -9,24 +9,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ladder.io import as_float
-from ladder.predict.watch.alerts import Alert
-from ladder.predict.watch.rules.base import (
-    Context,
-    Rule,
-    RuleState,
-    Thresholds,
-    alpha,
-    kept,
-    open_unit,
-    positive,
-    positive_int,
-    threshold,
-    unit,
-)
+from ladder.predict.watch.alerts import SEVERITIES, Alert, float_or_nan
+from ladder.predict.watch.rules.base import (Context, Rule, RuleState, Thresholds, alpha, kept,
+                                             open_unit, positive, positive_int, threshold, unit)
 from ladder.predict.watch.rules.hysteresis import Hysteresis
-
-SEVERITY_NAME = {1: "warn", 2: "critical"}
 
 
 @dataclass
@@ -76,62 +62,58 @@ class Persistence(Thresholds):
     k_clear: int = threshold(2, positive_int)        # evals back inside before "cleared"
 
 
-@dataclass(frozen=True)
-class BandConfig(Smoothing, Persistence):
-    k_critical: int = threshold(6, positive_int)  # evals outside before critical
-    far_factor: float = threshold(1.0, positive)  # beyond the band by this x its half-width ...
-    k_far: int = threshold(2, positive_int)       # ... for this many evals -> critical
-
-    def cross_check(self) -> None:
-        if self.k_critical < self.k_consecutive:
-            raise ValueError("k_critical: must be >= k_consecutive")
-
-
-@dataclass
-class BandState(Hysteresis):
-    """The band's hysteresis, the residual's EMA every loss rule reads (the value the band judges)
-    and the run of evals far outside."""
-
-    about: str | None = kept(("enum?", ("above", "below")))
-    run: str | None = kept(("enum?", ("above", "below")))
-    ema: float | None = kept("num?")
-    far_len: int = kept("count", 0)
-
-
 class BandRule(LossRule):
     name = "band"
     kinds = ("above_band", "below_band", "cleared")
     description = "the smoothed metric outside the forecast band, with hysteresis"
-    Config = BandConfig
-    State = BandState
+    template = ("Loss: the eval metric's residual against the forecast, smoothed by an EMA (alpha "
+                "{c.ema_alpha}), outside the band widened from {level:.0%} to {c.alert_level:.0%} "
+                "(half-widths x z({c.alert_level})/z({level}), Gaussian) for {c.k_consecutive} "
+                "consecutive evals is a warning (above_band = worse than forecast, below_band = "
+                "better); outside for {c.k_critical} evals, or beyond the band by {c.far_factor}x "
+                "its half-width for {c.k_far} evals, is critical; inside again for {c.k_clear} "
+                "evals clears it. Evals before {c.min_fraction:.0%} of the run are not compared.")
 
-    def judge(self, ctx: Context, cfg: BandConfig, bs: BandState, ev: EvalPoint) -> None:
+    @dataclass(frozen=True)
+    class Config(Smoothing, Persistence):
+        k_critical: int = threshold(6, positive_int)  # evals outside before critical
+        far_factor: float = threshold(1.0, positive)  # beyond the band by this x its half-width ...
+        k_far: int = threshold(2, positive_int)       # ... for this many evals -> critical
+
+        def cross_check(self) -> None:
+            if self.k_critical < self.k_consecutive:
+                raise ValueError("k_critical: must be >= k_consecutive")
+
+    @dataclass
+    class State(Hysteresis):
+        """The band's hysteresis, the residual's EMA every loss rule reads (the value the band
+        judges) and the run of evals far outside."""
+
+        about: str | None = kept(("enum?", ("above", "below")))
+        run: str | None = kept(("enum?", ("above", "below")))
+        ema: float | None = kept("num?")
+        far_len: int = kept("count", 0)
+
+    def judge(self, ctx: Context, cfg: Config, bs: State, ev: EvalPoint) -> None:
         view = ctx.view
         f, e, lo, hi, y = ev.f, ev.e, ev.lo, ev.hi, ev.y
         ys = e + ev.ema
         direction = "above" if ys > hi else "below" if ys < lo else None
         if direction:
-            half = (hi - e) if direction == "above" else (e - lo)
-            excess = (ys - hi) if direction == "above" else (lo - ys)
+            half, excess = (hi - e, ys - hi) if direction == "above" else (e - lo, lo - ys)
             far = excess > cfg.far_factor * half
-            if bs.run != direction:
-                bs.far_len = 0
+            bs.far_len = (bs.far_len if bs.run == direction else 0) + 1 if far else 0
             bs.extend(direction)
-            bs.far_len = bs.far_len + 1 if far else 0
-            want = 0
-            if bs.run_len >= cfg.k_consecutive:
-                want = 1
-            if bs.run_len >= cfg.k_critical or (bs.far_len >= cfg.k_far
-                                                and bs.run_len >= min(cfg.k_far,
-                                                                      cfg.k_consecutive)):
-                want = 2
+            critical = bs.run_len >= cfg.k_critical or (
+                bs.far_len >= cfg.k_far and bs.run_len >= min(cfg.k_far, cfg.k_consecutive))
+            want = 2 if critical else 1 if bs.run_len >= cfg.k_consecutive else 0
             if bs.settle(want, about=direction, k_clear=cfg.k_clear):
-                sev = SEVERITY_NAME[want]
                 why = ("far outside the band" if want == 2 and bs.far_len >= cfg.k_far and
                        bs.run_len < cfg.k_critical else f"{bs.run_len} consecutive evals")
                 worse = "worse" if direction == "above" else "better"
-                ctx.emit(Alert(ctx.stamp, ev.step, ev.tokens, f, f"{direction}_band", sev,
-                               value=ys, expected=e, lo=lo, hi=hi, direction=worse,
+                ctx.emit(Alert(ctx.stamp, ev.step, ev.tokens, f, f"{direction}_band",
+                               SEVERITIES[want], value=ys, expected=e, lo=lo, hi=hi,
+                               direction=worse,
                                message=f"{view.metric} {ys:.4f} (smoothed; raw {y:.4f}) is "
                                        f"{worse} than forecast {e:.4f} [{lo:.4f}, {hi:.4f}] at "
                                        f"{cfg.alert_level:.0%}: {why}"))
@@ -145,57 +127,48 @@ class BandRule(LossRule):
                 ctx.emit(Alert(ctx.stamp, ev.step, ev.tokens, f, "cleared", "info",
                                value=ys, expected=e, lo=lo, hi=hi, direction=None,
                                message=f"{view.metric} back inside the band for {bs.run_len} "
-                                       f"evals (was {was}, {SEVERITY_NAME[ch.level_before]})",
+                                       f"evals (was {was}, {SEVERITIES[ch.level_before]})",
                                extra={"key": view.metric, "clears": was}))
-
-    def text(self, c: BandConfig, level: float) -> str:
-        return (f"Loss: the eval metric's residual against the forecast, smoothed by an EMA "
-                f"(alpha {c.ema_alpha}), outside the band widened from {level:.0%} to "
-                f"{c.alert_level:.0%} (half-widths x z({c.alert_level})/z({level}), Gaussian) "
-                f"for {c.k_consecutive} consecutive evals is a warning (above_band = worse than "
-                f"forecast, below_band = better); outside for {c.k_critical} evals, or beyond "
-                f"the band by {c.far_factor}x its half-width for {c.k_far} evals, is critical; "
-                f"inside again for {c.k_clear} evals clears it. Evals before "
-                f"{c.min_fraction:.0%} of the run are not compared.")
-
-
-@dataclass(frozen=True)
-class TrendConfig(Smoothing, Persistence):
-    # a change against the run's own earlier level (a step or drift inside the band: a healthy
-    # run keeps its offset to the forecast, a fault moves it)
-    trend_rel: float = threshold(0.01, positive)  # moved by 1% of the forecast ...
-    trend_window: float = threshold(0.5, unit)    # ... from its median over the preceding 50%
-    #   of the run (0.3 misses slow drifts: docs/LOG.md 2026-12-01, bench/watch_quality.py) ...
-    trend_gap: float = threshold(0.03, unit)      # ... ending 3% of the run before the eval
-    trend_after: float = threshold(0.25, unit)    # the early curve is least certain (the cpu
-    #   demo's healthy hero drifted 2.2% toward "better" between 10% and 30%)
-    trend_band: float = threshold(0.25, unit)     # at least this x the band's relative
-    #   half-width there (a wide band: a shape the law knows less well) ...
-    trend_noise_k: float = threshold(4.0, positive)  # ... and this x the smoothed residual's
-    #   own eval-to-eval noise
-
-
-@dataclass
-class TrendState(Hysteresis):
-    """The trend's hysteresis, the (fraction, relative residual) history over the window, and
-    while raised the level it left (``base``) and the direction (``dir``)."""
-
-    hist: list = kept("pairs", factory=list)
-    base: float | None = kept("num?")
-    dir: str | None = kept("str?")
 
 
 class TrendRule(LossRule):
-    """The smoothed relative residual against its own median over an earlier window."""
-
     name = "trend"
     kinds = ("trend", "cleared")
     description = ("the residual to the forecast moving away from its own earlier level (inside "
                    "the band)")
-    Config = TrendConfig
-    State = TrendState
+    template = ("After {c.trend_after:.0%} of the run, the smoothed residual moving from its own "
+                "median over the preceding {c.trend_window:.0%} of the run (ending "
+                "{c.trend_gap:.0%} before) by more than the largest of {c.trend_rel:.0%} of the "
+                "forecast, {c.trend_band}x the band's relative half-width there and "
+                "{c.trend_noise_k}x the smoothed residual's own noise, for {c.k_consecutive} "
+                "evals, is a 'trend' warning when worse than forecast (info when better), cleared "
+                "when it is back within half that of the earlier level for {c.k_clear} evals.")
 
-    def judge(self, ctx: Context, cfg: TrendConfig, ts: TrendState, ev: EvalPoint) -> None:
+    @dataclass(frozen=True)
+    class Config(Smoothing, Persistence):
+        # a change against the run's own earlier level (a step or drift inside the band: a healthy
+        # run keeps its offset to the forecast, a fault moves it)
+        trend_rel: float = threshold(0.01, positive)  # moved by 1% of the forecast ...
+        trend_window: float = threshold(0.5, unit)    # ... from its median over the preceding 50%
+        #   of the run (0.3 misses slow drifts: docs/LOG.md 2026-12-01, bench/watch_quality.py) ...
+        trend_gap: float = threshold(0.03, unit)      # ... ending 3% of the run before the eval
+        trend_after: float = threshold(0.25, unit)    # the early curve is least certain (the cpu
+        #   demo's healthy hero drifted 2.2% toward "better" between 10% and 30%)
+        trend_band: float = threshold(0.25, unit)     # at least this x the band's relative
+        #   half-width there (a wide band: a shape the law knows less well) ...
+        trend_noise_k: float = threshold(4.0, positive)  # ... and this x the smoothed residual's
+        #   own eval-to-eval noise
+
+    @dataclass
+    class State(Hysteresis):
+        """The trend's hysteresis, the (fraction, relative residual) history over the window, and
+        while raised the level it left (``base``) and the direction (``dir``)."""
+
+        hist: list = kept("pairs", factory=list)
+        base: float | None = kept("num?")
+        dir: str | None = kept("str?")
+
+    def judge(self, ctx: Context, cfg: Config, ts: State, ev: EvalPoint) -> None:
         view = ctx.view
         f, rel, rel_smooth, step, tokens, e = (ev.f, ev.r / ev.e, ev.ema / ev.e, ev.step,
                                                ev.tokens, ev.e)
@@ -240,7 +213,7 @@ class TrendRule(LossRule):
                            extra={"threshold": thr}))
 
     @staticmethod
-    def threshold(view, cfg: TrendConfig, hist: list, f: float) -> float:
+    def threshold(view, cfg: Config, hist: list, f: float) -> float:
         """The threshold (relative to the forecast) at ``f``: the largest of the floor, a share
         of the band's relative half-width and a multiple of the smoothed residual's noise
         (1.4826 x the median absolute first difference / sqrt(2): a slow drift barely changes
@@ -253,44 +226,33 @@ class TrendRule(LossRule):
             thr = max(thr, cfg.trend_noise_k * sd * math.sqrt(a / (2 - a)))
         return thr
 
-    def text(self, c: TrendConfig, level: float) -> str:
-        return (f"After {c.trend_after:.0%} of the run, the smoothed residual moving from its "
-                f"own median over the preceding {c.trend_window:.0%} of the run (ending "
-                f"{c.trend_gap:.0%} before) by more than the largest of {c.trend_rel:.0%} of the "
-                f"forecast, {c.trend_band}x the band's relative half-width there and "
-                f"{c.trend_noise_k}x the smoothed residual's own noise, for {c.k_consecutive} "
-                f"evals, is a 'trend' warning when worse than forecast (info when better), "
-                f"cleared when it is back within half that of the earlier level for "
-                f"{c.k_clear} evals.")
-
-
-@dataclass(frozen=True)
-class RiseConfig(Persistence):
-    # a healthy run's held-out loss does not rise; a data or optimizer fault makes it, well
-    # before a wide band shows it (cpu demo, drift from 40%: +4.9% one eval after onset; the
-    # band and trend rules needed 5 evals)
-    rise_rel: float = threshold(0.01, positive)      # above the running minimum by 1% of it ...
-    rise_noise_k: float = threshold(4.0, positive)   # ... and this x the ladder's eval noise ...
-    rise_k: int = threshold(2, positive_int)         # ... for this many consecutive evals -> warn
-    rise_after: float = threshold(0.1, unit)         # judged from 10% of the run on
-
-
-@dataclass
-class RiseState(Hysteresis):
-    """The rising rule's hysteresis and the metric's lowest value so far."""
-
-    min: float | None = kept("num?")
-
 
 class RiseRule(LossRule):
     name = "rising"
     kinds = ("rising", "cleared")
     description = "the held-out metric rising above its own running minimum"
-    Config = RiseConfig
-    State = RiseState
     key = "rise"
+    template = ("From {c.rise_after:.0%} of the run, the metric above its lowest value so far "
+                "by more than {c.rise_rel:.0%} of it (and {c.rise_noise_k}x the ladder's eval "
+                "noise) for {c.rise_k} consecutive evals is a 'rising' warning.")
 
-    def judge(self, ctx: Context, cfg: RiseConfig, rs: RiseState, ev: EvalPoint) -> None:
+    @dataclass(frozen=True)
+    class Config(Persistence):
+        # a healthy run's held-out loss does not rise; a data or optimizer fault makes it, well
+        # before a wide band shows it (cpu demo, drift from 40%: +4.9% one eval after onset; the
+        # band and trend rules needed 5 evals)
+        rise_rel: float = threshold(0.01, positive)     # above the running minimum by 1% of it
+        rise_noise_k: float = threshold(4.0, positive)  # ... and this x the ladder's eval noise
+        rise_k: int = threshold(2, positive_int)        # ... for this many evals in a row: warn
+        rise_after: float = threshold(0.1, unit)        # judged from 10% of the run on
+
+    @dataclass
+    class State(Hysteresis):
+        """The rising rule's hysteresis and the metric's lowest value so far."""
+
+        min: float | None = kept("num?")
+
+    def judge(self, ctx: Context, cfg: Config, rs: State, ev: EvalPoint) -> None:
         view = ctx.view
         f, y, step, tokens = ev.f, ev.y, ev.step, ev.tokens
         low = rs.min
@@ -314,36 +276,26 @@ class RiseRule(LossRule):
                                    f"(was rising)", extra={"key": view.metric,
                                                            "clears": "rising"}))
 
-    def text(self, c: RiseConfig, level: float) -> str:
-        return (f"From {c.rise_after:.0%} of the run, the metric above its lowest value so far "
-                f"by more than {c.rise_rel:.0%} of it (and {c.rise_noise_k}x the ladder's eval "
-                f"noise) for {c.rise_k} consecutive evals is a 'rising' warning.")
-
-
-@dataclass(frozen=True)
-class ContingencyConfig(Thresholds):
-    contingency_fraction: float = threshold(0.25, unit)  # the real plan's first 25% of tokens
-
-
-@dataclass
-class ContingencySent(RuleState):
-    """Whether the advisory was sent (once per run)."""
-
-    sent: bool = kept("bool", False)
-
 
 class ContingencyRule(LossRule):
-    """An above_band alert raised inside the first ``contingency_fraction`` of the run (once per
-    run): the contingency advisory (:meth:`advisory`)."""
-
     name = "contingency"
     kinds = ("contingency",)
     description = ("a confirmed deviation early in the run: projected final value and the budget "
                    "to reach the registered one")
-    Config = ContingencyConfig
-    State = ContingencySent
+    template = ("A confirmed above_band deviation inside the first {c.contingency_fraction:.0%} "
+                "of the token budget adds a contingency advisory.")
 
-    def judge(self, ctx: Context, cfg: ContingencyConfig, st: ContingencySent,
+    @dataclass(frozen=True)
+    class Config(Thresholds):
+        contingency_fraction: float = threshold(0.25, unit)  # the real plan's first 25% of tokens
+
+    @dataclass
+    class State(RuleState):
+        """Whether the advisory was sent (once per run)."""
+
+        sent: bool = kept("bool", False)
+
+    def judge(self, ctx: Context, cfg: Config, st: State,
               ev: EvalPoint) -> None:
         if ev.raised == "above" and ev.f <= cfg.contingency_fraction and not st.sent:
             st.sent = True
@@ -351,7 +303,7 @@ class ContingencyRule(LossRule):
                                    ctx.stamp))
 
     @staticmethod
-    def advisory(view, cfg: ContingencyConfig, step: int, tok: float | None, f, ys,
+    def advisory(view, cfg: Config, step: int, tok: float | None, f, ys,
                  e, stamp) -> Alert:
         """Projected final value if the run continues (the same ratio to the forecast to the
         end), and the token budget that would still reach the registered final (the
@@ -361,8 +313,8 @@ class ContingencyRule(LossRule):
         bc = view.budget
         budget_msg = "no budget curve in the pre-registration"
         needed = None
-        mult = np.array([_num(v) for v in bc.get("multiplier", [])])
-        fl = np.array([_num(v) for v in bc.get("loss", [])])
+        mult = np.array([float_or_nan(v) for v in bc.get("multiplier", [])])
+        fl = np.array([float_or_nan(v) for v in bc.get("loss", [])])
         if mult.size >= 2 and np.isfinite(fl).all():
             scaled = fl * ratio
             # final loss falls with the budget: the smallest budget whose scaled loss <= registered
@@ -395,12 +347,3 @@ class ContingencyRule(LossRule):
                              f"{budget_msg}. Consider shortening and re-aiming the LR decay, then "
                              f"`ladder preregister --amend`.",
                      extra={"projected_final": projected, "budget_multiplier": needed})
-
-    def text(self, c: ContingencyConfig, level: float) -> str:
-        return (f"A confirmed above_band deviation inside the first {c.contingency_fraction:.0%} "
-                f"of the token budget adds a contingency advisory.")
-
-
-def _num(v) -> float:
-    x = as_float(v)
-    return math.nan if x is None else x

@@ -13,26 +13,12 @@ import numpy as np
 
 from ladder.io import as_float, sha256_of
 from ladder.predict.watch.alerts import Alert
-from ladder.predict.watch.rules.base import (
-    Context,
-    Rule,
-    RuleState,
-    Thresholds,
-    kept,
-    one_of,
-    positive,
-    threshold,
-)
+from ladder.predict.watch.rules.base import (Context, Rule, RuleState, Thresholds, kept, one_of,
+                                             positive, threshold)
 
 # a column of the metric that is still empty by then means the key is missing: a rung has logged
 # two evals by 10% of its run (every 5% by default: the trainer's TrainConfig.eval_every)
 MISSING_METRIC_BY = 0.1
-
-
-@dataclass(frozen=True)
-class ApplicabilityConfig(Thresholds):
-    steps_tolerance: float = threshold(0.005, positive)  # of the planned steps step/progress
-    #                                                      implies
 
 
 class ApplicabilityRule(Rule):
@@ -46,13 +32,20 @@ class ApplicabilityRule(Rule):
     kinds = ("not_applicable",)
     description = ("the run is still the one the forecast was made for (configuration, planned "
                    "steps)")
-    Config = ApplicabilityConfig
     state = ("not_applicable",)
+    template = ("A broken applicability condition (the run's configuration, compared value by "
+                "value; planned steps from step/progress off by more than "
+                "{c.steps_tolerance:.1%}) stops all comparison: not_applicable.")
+
+    @dataclass(frozen=True)
+    class Config(Thresholds):
+        steps_tolerance: float = threshold(0.005, positive)  # of the planned steps step/progress
+        #                                                      implies
 
     def keys(self, metric, cfg):
         return ("progress",)
 
-    def judge(self, ctx: Context, cfg: ApplicabilityConfig) -> bool:
+    def judge(self, ctx: Context, cfg: Config) -> bool:
         """True when the forecast no longer applies (said in an alert, kept in the state)."""
         view, batch = ctx.view, ctx.batch
         for c in batch.configs:
@@ -91,34 +84,25 @@ class ApplicabilityRule(Rule):
                        message="the forecast no longer applies, nothing is compared from here on: "
                                + ctx.state.not_applicable))
 
-    def text(self, c: ApplicabilityConfig, level: float) -> str:
-        return (f"A broken applicability condition (the run's configuration, compared value by "
-                f"value; planned steps from step/progress off by more than "
-                f"{c.steps_tolerance:.1%}) stops all comparison: not_applicable.")
-
-
-@dataclass(frozen=True)
-class InputConfig(Thresholds):
-    align: str = threshold("auto", one_of("auto", "tokens", "step", "fraction"))  # row -> fraction
-
-
-@dataclass
-class InputState(RuleState):
-    metric_seen: bool = kept("bool", False)     # the metric's key held a value
-    missing_metric: bool = kept("bool", False)  # its absence was said
-
 
 class InputRule(Rule):
-    """Remarks on the rows themselves: steps logged again (a resumed run; the new rows replace
-    the earlier ones), the registered metric missing from the rows."""
-
     name = "input"
     scope = "run"
     family = "run"
     kinds = ("rewind", "missing_metric")
     description = "remarks on the rows themselves: steps logged again, the metric missing"
-    Config = InputConfig
-    State = InputState
+    template = ("Steps logged again (a resumed run) replace the earlier rows (last one wins): "
+                "'rewind' (info); no registered metric in the rows: 'missing_metric' (info).")
+
+    @dataclass(frozen=True)
+    class Config(Thresholds):
+        # how a row is placed on the forecast (its fraction of the run)
+        align: str = threshold("auto", one_of("auto", "tokens", "step", "fraction"))
+
+    @dataclass
+    class State(RuleState):
+        metric_seen: bool = kept("bool", False)     # the metric's key held a value
+        missing_metric: bool = kept("bool", False)  # its absence was said
 
     def rewind(self, ctx: Context) -> None:
         """Rows are judged in arrival order, last one wins: say when steps are logged again."""
@@ -128,7 +112,7 @@ class InputRule(Rule):
                            message=f"steps from {first} logged again (resumed run?); the new "
                                    f"rows replace the earlier ones (last one wins)"))
 
-    def metric(self, ctx: Context, st: InputState) -> np.ndarray | None:
+    def metric(self, ctx: Context, st: State) -> np.ndarray | None:
         """The metric's column of the batch; None (said once) while the rows do not hold it."""
         b, key = ctx.batch, ctx.view.metric
         y_all = b.cols.get(key)
@@ -145,34 +129,25 @@ class InputRule(Rule):
                                    f"until it appears (wrong --metric?)"))
         return y_all
 
-    def text(self, c: InputConfig, level: float) -> str:
-        return ("Steps logged again (a resumed run) replace the earlier rows (last one wins): "
-                "'rewind' (info); no registered metric in the rows: 'missing_metric' (info).")
-
-
-@dataclass(frozen=True)
-class StalledConfig(Thresholds):
-    stalled_seconds: float = threshold(1800.0, positive)
-
-
-@dataclass
-class StalledState(RuleState):
-    active: bool = kept("bool", False)  # said, and no point since
-
 
 class StalledRule(Rule):
-    """No new point for ``stalled_seconds`` (said once); points arriving again clear it."""
-
     name = "stalled"
     scope = "run"
     family = "run"
     kinds = ("stalled",)
     description = "no new point for a while"
     panel = "watch"
-    Config = StalledConfig
-    State = StalledState
+    template = "No new point for {c.stalled_seconds:g} s is 'stalled'."
 
-    def idle(self, ctx: Context, cfg: StalledConfig, st: StalledState, now: float) -> None:
+    @dataclass(frozen=True)
+    class Config(Thresholds):
+        stalled_seconds: float = threshold(1800.0, positive)
+
+    @dataclass
+    class State(RuleState):
+        active: bool = kept("bool", False)  # said, and no point since
+
+    def idle(self, ctx: Context, cfg: Config, st: State, now: float) -> None:
         """A poll that brought nothing, at ``now``."""
         last = ctx.state.last_point_time
         if last is None or st.active:
@@ -184,15 +159,12 @@ class StalledRule(Rule):
                                    f"{cfg.stalled_seconds:g} s); last step "
                                    f"{ctx.state.last_step}"))
 
-    def arrived(self, ctx: Context, st: StalledState) -> None:
+    def arrived(self, ctx: Context, st: State) -> None:
         """Points arrived (after the batch was judged)."""
         if st.active:
             st.active = False
             ctx.emit(Alert(ctx.stamp, int(ctx.batch.step[-1]), None, None, "stalled", "info",
                            message="new points arrive again (stall cleared)"))
-
-    def text(self, c: StalledConfig, level: float) -> str:
-        return f"No new point for {c.stalled_seconds:g} s is 'stalled'."
 
 
 def applicability_breaks(app: Mapping, config: Mapping) -> list[str]:
@@ -211,11 +183,9 @@ def _breaks(app: Mapping, config: Mapping) -> list[str]:
     out = []
     facts = config_facts(config)
     for key in ("seq_len", "steps", "tokens"):
-        want = app.get(key)
-        have = facts.get(key)
-        if want is None or have is None:
-            continue
-        if abs(float(have) - float(want)) > 1e-9 * max(1.0, abs(float(want))):
+        want, have = app.get(key), facts.get(key)
+        if want is not None and have is not None and \
+                abs(float(have) - float(want)) > 1e-9 * max(1.0, abs(float(want))):
             out.append(f"{key} is {have:g} in the run, {want:g} in the pre-registration")
     registered = app.get("config")
     run_rung = config.get("rung") if isinstance(config.get("rung"), Mapping) else None
@@ -272,8 +242,7 @@ def config_difference(want, have, path: str = "") -> str | None:
         return None
     num = (int, float)
     if isinstance(want, bool) or isinstance(have, bool):
-        same = want is have or (isinstance(want, bool) and isinstance(have, bool)
-                                and want == have)
+        same = want is have  # True and False are singletons
     elif isinstance(want, num) and isinstance(have, num):
         same = want == have or abs(want - have) <= 1e-12 * max(abs(want), abs(have))
     else:
@@ -287,19 +256,15 @@ def lookup(d: Mapping, dotted: str):
         return d[dotted]
     cur: Any = d
     for part in dotted.split("."):
-        if isinstance(cur, Mapping) and part in cur:
-            cur = cur[part]
-        else:
-            cur = _MISSING
+        if not (isinstance(cur, Mapping) and part in cur):
             break
-    if cur is not _MISSING:
+        cur = cur[part]
+    else:
         return cur
     for section in ("rung", "train"):
-        sub = d.get(section)
-        if isinstance(sub, Mapping):
-            v = lookup(sub, dotted)
-            if v is not _MISSING:
-                return v
+        v = lookup(d[section], dotted) if isinstance(d.get(section), Mapping) else _MISSING
+        if v is not _MISSING:
+            return v
     return _MISSING
 
 
