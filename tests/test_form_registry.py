@@ -24,8 +24,7 @@ def test_the_registry_is_every_form_the_modules_define_and_law_json_reads():
     assert {n for n, e in reg.items() if e.kind == "curve"} == set(curve_forms.FORMS)
     assert {n for n, e in reg.items() if e.kind == "task"} == {task_law.FORM}
     assert set(LawResult._KINDS) == set(reg)
-    for name, make in forms.FORMS.items():  # the form carries its columns and features
-        f = make()
+    for name, f in forms.FORMS.items():  # the form carries its columns and features
         assert reg[name].columns == f.needs and callable(f.featurize)
 
 

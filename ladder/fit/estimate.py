@@ -59,12 +59,10 @@ def fit_spec(df: pd.DataFrame, spec: Spec, config: FitConfig | None = None, *,
     config = config or FitConfig()
     if config.objective == "ols":
         return _fit_ols(df, spec, config, final_only=final_only)
-    bootstrap, level, seed = config.bootstrap, config.level, config.seed
-    params_column, delta, bandwidth = config.params_column, config.delta, config.bandwidth
-    prior = config.prior
+    level, delta, bandwidth, prior = config.level, config.delta, config.bandwidth, config.prior
     _check_prior(prior, spec)
     data, note = select_points(df, form, final_only)
-    cols = _required(data, form, params_column)
+    cols = _required(data, form, config.params_column)
     n, runs = len(data), data["run"].astype(str).to_numpy()
     uniq_runs = np.unique(runs)
     _check_enough(n, len(uniq_runs), spec)
@@ -83,8 +81,7 @@ def fit_spec(df: pd.DataFrame, spec: Spec, config: FitConfig | None = None, *,
     pol_best = int(np.argmin(np.where(np.isfinite(pol.f), pol.f, np.inf)))
     best = order[0]
     u = spec.to_u(phi)
-    logfit = model.log_predict(u[None])[0]
-    resid = logy - logfit
+    resid = logy - model.log_predict(u[None])[0]
     # distinct local optima within 10% of the best (warm starts of the bootstrap replicates)
     near10 = order[:400][res.f[order[:400]] <= fbest * 1.1]
     optima = _distinct(res.x[near10], res.f[near10], phi)
@@ -95,18 +92,18 @@ def fit_spec(df: pd.DataFrame, spec: Spec, config: FitConfig | None = None, *,
     cov = _laplace_cov(model, u, prob, weights, sigma)
 
     boot_u, boot_info = None, {"replicates": 0}
-    if bootstrap > 0:
+    if config.bootstrap > 0:
         # every replicate inside law.json's range (|u| <= U_LIMIT): an unbounded one can run a
         # term off to e^-10^4, which predicts as the edge does but overflows exp() when read
-        boot_u, boot_info = _bootstrap(prob, runs, optima, bootstrap, seed,
+        boot_u, boot_info = _bootstrap(prob, runs, optima, config.bootstrap, config.seed,
                                        bounds=box if box is not None else prob.box())
 
     intervals = _intervals(spec, u, boot_u, cov, dof, level)
-    ident = _identifiability(spec, u, intervals, level, data, prior,
-                             have_interval=cov is not None or boot_u is not None, held=held)
     disp = {p.name: float(p.to_display(u[i])) for i, p in enumerate(form.params)}
     at_bound = {k: v for k, v in ((p.name, p.estimate_flag(disp[p.name])) for p in form.params
                                   if p.name in spec.free) if v}
+    ident = _identifiability(spec, disp, intervals, level, data, prior, at_bound, held,
+                             have_interval=cov is not None or boot_u is not None)
     diagnostics = {
         "objective": float(fbest),
         "huber_delta": delta,
@@ -286,7 +283,6 @@ class OlsFit:
 def _fit_ols(df, spec, config, *, final_only):
     """The real ladder's fit: OLS of log(L - E) on log C with E fixed and the Student-t
     interval (n - 2 dof) its team asked for; log A = intercept, alpha = -slope."""
-    level = config.level
     data, note = select_points(df, spec.form, final_only)
     cols = _required(data, spec.form, config.params_column)
     E = float(spec.fix["E"])
@@ -298,10 +294,7 @@ def _fit_ols(df, spec, config, *, final_only):
     if n < 2:
         raise InputError(f"{n} point cannot determine the 2 ols parameters (log A, alpha)",
                          field="form")
-    logC = np.log(cols["compute"])
-    y = np.log(L - E)
-    X = np.column_stack([np.ones(n), logC])
-    fit = ols(y, X)
+    fit = ols(np.log(L - E), np.column_stack([np.ones(n), np.log(cols["compute"])]))
     b0, b1 = (float(v) for v in fit.params)
     D = np.diag([1.0, -1.0])                      # (log A, slope) -> (log A, alpha)
     dof = float(fit.df_resid) if fit.df_resid > 0 else None
@@ -310,7 +303,7 @@ def _fit_ols(df, spec, config, *, final_only):
     u = spec.to_u(np.array([b0, -b1]))
     intervals = {"E": [E, E]}
     if dof:
-        ci = np.asarray(fit.conf_int(alpha=1 - level))
+        ci = np.asarray(fit.conf_int(alpha=1 - config.level))
         intervals["A"] = [float(np.exp(ci[0, 0])), float(np.exp(ci[0, 1]))]
         intervals["alpha"] = [float(-ci[1, 1]), float(-ci[1, 0])]
     else:
@@ -350,30 +343,28 @@ def implausible_asymptote(E: float, lmin: float) -> str | None:
     return None
 
 
-def _identifiability(spec, u, intervals, level, data, prior, have_interval=True,
-                     held=None) -> dict:
+def _identifiability(spec, disp, intervals, level, data, prior, at_bound, held,
+                     have_interval) -> dict:
     """fit.identify.identifiability with this family's checks: a fit through its points, the
-    parameters ``held`` at the solver box's edge, and an implausible or flat asymptote."""
+    free parameters ``at_bound`` of their range or ``held`` at the solver box's edge, and an
+    implausible or flat asymptote (``disp``: the parameters, display space)."""
     form = spec.form
     lmin = float(data["loss"].min())
     # as many free parameters as points: every draw is the same law, a zero-width interval
     exact = len(data) + len(prior or {}) <= spec.n_free
     before = [f"the fit has no residual degrees of freedom ({len(data)} points, "
               f"{spec.n_free} free parameters): it passes through its points"] if exact else []
-    free = [p for p in form.params if p.name not in spec.fix and p.name not in spec.tie]
+    free = [p for p in form.params if p.name in spec.free]
     estimate = {}
     for p in free:
-        why = []
-        b = p.estimate_flag(float(p.to_display(u[form.names.index(p.name)])))
-        if b:
-            why.append(f"estimate {b}")
-        if p.name in (held or {}):
+        why = [f"estimate {at_bound[p.name]}"] if p.name in at_bound else []
+        if p.name in held:
             why.append(f"held at the {held[p.name]} of the solver's box (law.json's range, "
                        f"|u| <= {U_LIMIT:g}): the data do not pin it down")
         estimate[p.name] = why
     after = {}
-    if "E" in form.names and "E" not in spec.fix and "E" not in spec.tie:
-        E = float(form.param("E").to_display(u[form.names.index("E")]))
+    if "E" in spec.free:
+        E = disp["E"]
         lo, hi = intervals.get("E", [math.nan, math.nan])
         why = [bad] if (bad := implausible_asymptote(E, lmin)) else []
         if math.isfinite(lo) and math.isfinite(hi) and hi - lo > E_INTERVAL_MAX_FRACTION * lmin:
@@ -518,7 +509,8 @@ class _Problem:
         self.prior_weight = float(prior_weight or 0.0)
 
     def fg(self, W=None, prior_means=None):
-        """``prior_means`` (R, K): per-problem prior centres (the bootstrap draws them)."""
+        """``W(rows)``: those problems' point weights; ``prior_means`` (R, K): per-problem prior
+        centres (the bootstrap draws both)."""
         u0, M, P = self.u0, self.M, self.P
 
         def fg(X, rows):
@@ -531,7 +523,7 @@ class _Problem:
 
         def one(X, rows):
             U = u0 + (X @ P.T) @ M.T
-            Wr = None if W is None else W[rows]
+            Wr = None if W is None else W(rows)
             if self.weights is not None:
                 Wr = self.weights if Wr is None else Wr * self.weights
             f, G = self.model.objective(U, self.logy, Wr, self.delta)
@@ -634,18 +626,6 @@ def _distinct(X, f, phi, k: int = 4, rtol: float = 1e-3):
     return np.array(keep)
 
 
-class _RunWeights:
-    """The (R k, n) point weights of the bootstrap's problems, built only for the rows asked for
-    (whole, 1.9 GB on a 300,000-row table)."""
-
-    def __init__(self, counts: np.ndarray, inv: np.ndarray, k: int):
-        self.counts, self.inv, self.k = counts, inv, k
-
-    def __getitem__(self, rows) -> np.ndarray:
-        rows = np.asarray(rows)
-        return self.counts[rows // self.k][:, self.inv].astype(float)
-
-
 def _bootstrap(prob, runs, optima, R, seed, bounds=None):
     """Run-level Bayesian bootstrap (fit.solver.run_bootstrap), each replicate refitted from the
     full fit's distinct optima; degenerate replicates (fewer weighted runs than across-run
@@ -655,7 +635,10 @@ def _bootstrap(prob, runs, optima, R, seed, bounds=None):
     k = len(optima)
 
     def refit(counts, rng):
-        W = _RunWeights(counts, inv, k)                               # (R k, n), rows on demand
+        # the (R k, n) point weights, built for the rows asked for (whole: 1.9 GB at 300,000 rows)
+        def W(rows):
+            return counts[np.asarray(rows) // k][:, inv].astype(float)
+
         means = None
         if prob.prior:  # each replicate draws its prior centre: the prior's spread enters the band
             mu = np.array([m for _i, _e, m, _s in prob.prior])

@@ -125,18 +125,12 @@ def _log(x):
     return np.log(np.asarray(x, dtype=float))
 
 
-def _one(n):
-    return np.ones(n)
-
-
 def _feat_chinchilla(c):
-    n = len(c["N"])
-    return {"one": _one(n), "logN": _log(c["N"]), "logD": _log(c["tokens"])}
+    return {"one": np.ones(len(c["N"])), "logN": _log(c["N"]), "logD": _log(c["tokens"])}
 
 
 def _feat_compute(c):
-    n = len(c["compute"])
-    return {"one": _one(n), "logC": _log(c["compute"])}
+    return {"one": np.ones(len(c["compute"])), "logC": _log(c["compute"])}
 
 
 def _feat_trajectory(c):
@@ -148,13 +142,12 @@ def _feat_trajectory(c):
     # held below ``fraction_floor`` (the smallest fitted fraction): no data constrains 1/g there
     floor = c.get("fraction_floor")
     r1 = 1.0 / (g if floor is None else np.maximum(g, floor)) - 1.0
-    return {"one": _one(len(g)), "logCT": logCT, "neglogg": -np.log(g), "r1": r1,
+    return {"one": np.ones(len(g)), "logCT": logCT, "neglogg": -np.log(g), "r1": r1,
             "q1": one_minus, "q2": one_minus ** 2}
 
 
 def _feat_moe(c):
-    n = len(c["active_params"])
-    return {"one": _one(n), "logNa": _log(c["active_params"]),
+    return {"one": np.ones(len(c["active_params"])), "logNa": _log(c["active_params"]),
             "logSparsity": _log(c["params"]) - _log(c["active_params"]),
             "logD": _log(c["tokens"])}
 
@@ -171,38 +164,32 @@ _AB_GRID = (0.0, 5.0, 10.0, 15.0, 20.0, 25.0)
 _E = Param("E", "coef", _E_GRID, (1e-3, 20.0))
 _E_CENTRED = Param("E", "coef", (-0.5, 0.0, 0.5, 1.0), (1e-3, 20.0))
 
-
-def chinchilla() -> Form:
-    return Form(
-        name="chinchilla",
-        expression="L = E + A / N^alpha + B / D^beta",
-        params=(_E, Param("A", "coef", _AB_GRID, (1e-6, 1e15)),
-                Param("B", "coef", _AB_GRID, (1e-6, 1e15)),
-                Param("alpha", "exponent", _EXP_GRID, (0.0, 3.0)),
-                Param("beta", "exponent", _EXP_GRID, (0.0, 3.0))),
-        terms=((Entry("E", "one", 1.0),),
-               (Entry("A", "one", 1.0), Entry("alpha", "logN", -1.0)),
-               (Entry("B", "one", 1.0), Entry("beta", "logD", -1.0))),
-        needs=("N", "tokens"), featurize=_feat_chinchilla, auto=True,
-        note="N is the params column chosen with --params-column; D the tokens column.")
-
+_CHINCHILLA = Form(
+    name="chinchilla",
+    expression="L = E + A / N^alpha + B / D^beta",
+    params=(_E, Param("A", "coef", _AB_GRID, (1e-6, 1e15)),
+            Param("B", "coef", _AB_GRID, (1e-6, 1e15)),
+            Param("alpha", "exponent", _EXP_GRID, (0.0, 3.0)),
+            Param("beta", "exponent", _EXP_GRID, (0.0, 3.0))),
+    terms=((Entry("E", "one", 1.0),),
+           (Entry("A", "one", 1.0), Entry("alpha", "logN", -1.0)),
+           (Entry("B", "one", 1.0), Entry("beta", "logD", -1.0))),
+    needs=("N", "tokens"), featurize=_feat_chinchilla, auto=True,
+    note="N is the params column chosen with --params-column; D the tokens column.")
 
 # Centred grids: the reducible loss L - E at the data's mean compute is ~0.02..3 (log -4..1).
 _CENTRED_A_GRID = (-4.0, -2.5, -1.0, 0.0, 1.0)
 _COMPUTE_ALPHA_GRID = (0.02, 0.05, 0.1, 0.2, 0.4)
 
-
-def compute() -> Form:
-    return Form(
-        name="compute",
-        expression="L = E + A * C^-alpha",
-        params=(_E_CENTRED, Param("A", "coef", _CENTRED_A_GRID, (1e-6, 1e15)),
-                Param("alpha", "exponent", _COMPUTE_ALPHA_GRID, (0.0, 3.0))),
-        terms=((Entry("E", "one", 1.0),),
-               (Entry("A", "one", 1.0), Entry("alpha", "logC", -1.0))),
-        needs=("compute",), centered_grid=True, featurize=_feat_compute, auto=True,
-        note="C is training compute so far (flops-v1, no LM head) at each point.")
-
+_COMPUTE = Form(
+    name="compute",
+    expression="L = E + A * C^-alpha",
+    params=(_E_CENTRED, Param("A", "coef", _CENTRED_A_GRID, (1e-6, 1e15)),
+            Param("alpha", "exponent", _COMPUTE_ALPHA_GRID, (0.0, 3.0))),
+    terms=((Entry("E", "one", 1.0),),
+           (Entry("A", "one", 1.0), Entry("alpha", "logC", -1.0))),
+    needs=("compute",), centered_grid=True, featurize=_feat_compute, auto=True,
+    note="C is training compute so far (flops-v1, no LM head) at each point.")
 
 # The trajectory forms' h(g) = g^-gamma exp(c0 (1/g - 1) + c1 (1-g) + c2 (1-g)^2): h(1) = 1 and
 # non-increasing in g (shape parameters >= 0), so every curve is monotone. g^-gamma: the power law
@@ -216,77 +203,67 @@ _H_PARAMS = (Param("gamma", "positive", _POS_GRID, (0.0, 5.0)),
 _H_ENTRIES = (Entry("gamma", "neglogg", 1.0), Entry("c0", "r1", 1.0), Entry("c1", "q1", 1.0),
               Entry("c2", "q2", 1.0))
 
+_TRAJECTORY = Form(
+    name="trajectory",
+    expression="L = E + A * C_T^-alpha * g^-gamma * exp(c0 (1/g - 1) + c1 (1-g) + "
+               "c2 (1-g)^2), C_T = compute / g (planned total compute), g = fraction",
+    params=(_E_CENTRED, Param("A", "coef", (-4.0, -2.0, 0.0), (1e-6, 1e15)),
+            Param("alpha", "exponent", (0.05, 0.1, 0.2, 0.4), (0.0, 3.0)), *_H_PARAMS),
+    terms=((Entry("E", "one", 1.0),),
+           (Entry("A", "one", 1.0), Entry("alpha", "logCT", -1.0), *_H_ENTRIES)),
+    needs=("compute", "fraction"), centered_grid=True, curves=True,
+    shape_params=("gamma", "c0", "c1", "c2"), featurize=_feat_trajectory, auto=True,
+    note="compute is so far at the point (points-table convention); the law is written in "
+         "the planned total C_T = compute / fraction, and is non-increasing in the fraction at "
+         "fixed C_T by construction. Shape parameters at 0 mean that factor is unused.")
 
-def trajectory() -> Form:
-    return Form(
-        name="trajectory",
-        expression="L = E + A * C_T^-alpha * g^-gamma * exp(c0 (1/g - 1) + c1 (1-g) + "
-                   "c2 (1-g)^2), C_T = compute / g (planned total compute), g = fraction",
-        params=(_E_CENTRED, Param("A", "coef", (-4.0, -2.0, 0.0), (1e-6, 1e15)),
-                Param("alpha", "exponent", (0.05, 0.1, 0.2, 0.4), (0.0, 3.0)), *_H_PARAMS),
-        terms=((Entry("E", "one", 1.0),),
-               (Entry("A", "one", 1.0), Entry("alpha", "logCT", -1.0), *_H_ENTRIES)),
-        needs=("compute", "fraction"), centered_grid=True, curves=True,
-        shape_params=("gamma", "c0", "c1", "c2"), featurize=_feat_trajectory, auto=True,
-        note="compute is so far at the point (points-table convention); the law is written in "
-             "the planned total C_T = compute / fraction, and is non-increasing in the fraction at "
-             "fixed C_T by construction. Shape parameters at 0 mean that factor is unused.")
+# The trajectory law with a capacity term A C_T^-alpha that training does not remove beside
+# a training term B C_T^-beta h(g): the gap between sizes may grow along the run (small
+# models plateau first), which the trajectory form's one product cannot follow (it missed
+# the cpu ladder's early points by 5-6%; docs/LOG.md, issue 21).
+_TRAJECTORY_CAPACITY = Form(
+    name="trajectory-capacity",
+    expression="L = E + A * C_T^-alpha + B * C_T^-beta * g^-gamma * exp(c0 (1/g - 1) + "
+               "c1 (1-g) + c2 (1-g)^2), C_T = compute / g (planned total compute), "
+               "g = fraction",
+    params=(_E_CENTRED, Param("A", "coef", (-3.0, -1.0), (1e-6, 1e15)),
+            Param("alpha", "exponent", (0.05, 0.2), (0.0, 3.0)),
+            Param("B", "coef", (-3.0, -1.0), (1e-6, 1e15)),
+            Param("beta", "exponent", (0.0, 0.1), (-1.0, 3.0)), *_H_PARAMS),
+    terms=((Entry("E", "one", 1.0),),
+           (Entry("A", "one", 1.0), Entry("alpha", "logCT", -1.0)),
+           (Entry("B", "one", 1.0), Entry("beta", "logCT", -1.0), *_H_ENTRIES)),
+    needs=("compute", "fraction"), centered_grid=True, curves=True,
+    shape_params=("gamma", "c0", "c1", "c2"), featurize=_feat_trajectory,
+    # a run's curve separates its constant part from its falling part's scale
+    across_sets=(("E", "A", "alpha"), ("B", "beta")),
+    note="as the trajectory form, with a capacity term A C_T^-alpha that does not fall along "
+         "a run: the gap between sizes may grow (or shrink) along the run. beta near 0: the "
+         "training term is the same for every size.")
 
+# At fixed active parameters, loss falls as a power of the sparsity (total / active): Clark
+# et al. 2022's power of the expert count; Ludziejewski et al. 2025's joint MoE law.
+_MOE = Form(
+    name="moe",
+    expression="L = E + A * Na^-alpha * (N/Na)^-gamma + B / D^beta",
+    params=(_E_CENTRED, Param("A", "coef", (-4.0, -2.0, 0.0), (1e-6, 1e15)),
+            Param("B", "coef", (-4.0, -2.0, 0.0), (1e-6, 1e15)),
+            Param("alpha", "exponent", (0.1, 0.3, 0.6), (0.0, 3.0)),
+            Param("gamma", "exponent", (0.0, 0.3), (-1.0, 3.0)),
+            Param("beta", "exponent", (0.1, 0.3, 0.6), (0.0, 3.0))),
+    terms=((Entry("E", "one", 1.0),),
+           (Entry("A", "one", 1.0), Entry("alpha", "logNa", -1.0),
+            Entry("gamma", "logSparsity", -1.0)),
+           (Entry("B", "one", 1.0), Entry("beta", "logD", -1.0))),
+    needs=("params", "active_params", "tokens"), centered_grid=True, featurize=_feat_moe,
+    auto=True, note="Na = active params, N = total params, D = tokens.")
 
-def trajectory_capacity() -> Form:
-    # The trajectory law with a capacity term A C_T^-alpha that training does not remove beside
-    # a training term B C_T^-beta h(g): the gap between sizes may grow along the run (small
-    # models plateau first), which the trajectory form's one product cannot follow (it missed
-    # the cpu ladder's early points by 5-6%; docs/LOG.md, issue 21).
-    return Form(
-        name="trajectory-capacity",
-        expression="L = E + A * C_T^-alpha + B * C_T^-beta * g^-gamma * exp(c0 (1/g - 1) + "
-                   "c1 (1-g) + c2 (1-g)^2), C_T = compute / g (planned total compute), "
-                   "g = fraction",
-        params=(_E_CENTRED, Param("A", "coef", (-3.0, -1.0), (1e-6, 1e15)),
-                Param("alpha", "exponent", (0.05, 0.2), (0.0, 3.0)),
-                Param("B", "coef", (-3.0, -1.0), (1e-6, 1e15)),
-                Param("beta", "exponent", (0.0, 0.1), (-1.0, 3.0)), *_H_PARAMS),
-        terms=((Entry("E", "one", 1.0),),
-               (Entry("A", "one", 1.0), Entry("alpha", "logCT", -1.0)),
-               (Entry("B", "one", 1.0), Entry("beta", "logCT", -1.0), *_H_ENTRIES)),
-        needs=("compute", "fraction"), centered_grid=True, curves=True,
-        shape_params=("gamma", "c0", "c1", "c2"), featurize=_feat_trajectory,
-        # a run's curve separates its constant part from its falling part's scale
-        across_sets=(("E", "A", "alpha"), ("B", "beta")),
-        note="as the trajectory form, with a capacity term A C_T^-alpha that does not fall along "
-             "a run: the gap between sizes may grow (or shrink) along the run. beta near 0: the "
-             "training term is the same for every size.")
-
-
-def moe() -> Form:
-    # At fixed active parameters, loss falls as a power of the sparsity (total / active): Clark
-    # et al. 2022's power of the expert count; Ludziejewski et al. 2025's joint MoE law.
-    return Form(
-        name="moe",
-        expression="L = E + A * Na^-alpha * (N/Na)^-gamma + B / D^beta",
-        params=(_E_CENTRED, Param("A", "coef", (-4.0, -2.0, 0.0), (1e-6, 1e15)),
-                Param("B", "coef", (-4.0, -2.0, 0.0), (1e-6, 1e15)),
-                Param("alpha", "exponent", (0.1, 0.3, 0.6), (0.0, 3.0)),
-                Param("gamma", "exponent", (0.0, 0.3), (-1.0, 3.0)),
-                Param("beta", "exponent", (0.1, 0.3, 0.6), (0.0, 3.0))),
-        terms=((Entry("E", "one", 1.0),),
-               (Entry("A", "one", 1.0), Entry("alpha", "logNa", -1.0),
-                Entry("gamma", "logSparsity", -1.0)),
-               (Entry("B", "one", 1.0), Entry("beta", "logD", -1.0))),
-        needs=("params", "active_params", "tokens"), centered_grid=True, featurize=_feat_moe,
-        auto=True, note="Na = active params, N = total params, D = tokens.")
-
-
-FORMS = {"chinchilla": chinchilla, "compute": compute, "trajectory": trajectory,
-         "trajectory-capacity": trajectory_capacity, "moe": moe}
-CURVES_FORMS = tuple(name for name, make in FORMS.items() if make().curves)
+FORMS = {f.name: f for f in (_CHINCHILLA, _COMPUTE, _TRAJECTORY, _TRAJECTORY_CAPACITY, _MOE)}
+CURVES_FORMS = tuple(name for name, f in FORMS.items() if f.curves)
 
 
 def get_form(name: str) -> Form:
-    if name not in FORMS:
-        raise KeyError(name)
-    return FORMS[name]()
+    return FORMS[name]  # an unknown name: KeyError
 
 
 # ----------------------------------------------------------------------------- the registry
@@ -304,8 +281,7 @@ class FormEntry:
     expression: str
 
 
-def _points_entry(make) -> FormEntry:
-    f = make()
+def _points_entry(f: Form) -> FormEntry:
     return FormEntry(f.name, "points", f.needs, f.auto, f.expression)
 
 
@@ -407,8 +383,7 @@ class Model:
         self.feats = feats
         self.n = len(next(iter(feats.values())))
         idx = {p.name: i for i, p in enumerate(form.params)}
-        self.kinds = np.array([p.kind for p in form.params])
-        self.positive = self.kinds == "positive"
+        self.positive = np.array([p.kind == "positive" for p in form.params])
         self._ones = feats["one"]
         # per term: list of (param index, feature vector, multiplier)
         self.terms = [[(idx[e.param], feats[e.feature], e.multiplier) for e in t]

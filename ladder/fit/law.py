@@ -2,17 +2,15 @@
 with ``fit_task`` and ``compare_points``, which chain or pair its laws, and the law.json readers
 keyed by form (``load_law``).
 
-fit_law checks the options and hands the table to the form's fitter: a curve law
-(fit.curve_fit), ``--form auto`` (below), one form (fit.backtest.fit_one) or one law per value
-of a column (``--by``); then the forecast layer's passes (the scale-weight rule and the
-asymptote rule, below), each returning a new result. Fitting: fit.estimate; bands: fit.result.
+fit_law hands the table to the form's fitter: a curve law (fit.curve_fit), ``--form auto``
+(below), one form (fit.backtest.fit_one) or one law per value of a column (``--by``); then the
+forecast layer's passes (the scale-weight and asymptote rules, below), each a new result.
 
-``--form auto``'s candidates: ``compute``, ``chinchilla``, ``chinchilla`` with alpha = beta (the
-form Gadre et al. 2024 fit: their E + (a M^eta + b M^-eta) C^-eta), ``moe`` (active params that
-differ from total) and ``trajectory`` (several fractions per run), each where its columns are
-there. The winner has the lowest rollout error at the held-out runs' final points or, among the
-forms of final points, is the simplest within one standard error of it (one_se_choice); forms
-that cannot be backtested are chosen only when none can (then the simplest).
+``--form auto``'s candidates (:func:`candidates`): ``compute``, ``chinchilla``, ``chinchilla``
+with alpha = beta (Gadre et al. 2024's E + (a M^eta + b M^-eta) C^-eta), ``moe`` and
+``trajectory``, where their columns are. The winner has the lowest rollout error at the held-out
+runs' final points or, among the forms of final points, is the simplest within one standard
+error of it (one_se_choice); a form that cannot be backtested wins only when none can.
 
 Layers inside ladder/fit/, bottom to top: forms, identify, config, solver, prediction, points,
 lr_schedules, curve_forms, allocation, report -> lawjson, compare -> result -> curve_law,
@@ -61,15 +59,12 @@ def fit_law(df, config: FitConfig | None = None, **changes) -> FitResult:
     or a bare DataFrame are read through it).
 
     A named form gives that form's own estimator (Epoch's refit). The forecast-only devices
-    (None: on for ``form="auto"``, off for a named form) move the estimates only in the
-    forecast layer, which keeps the form's own estimates beside them in
-    ``diagnostics.forecast_layer`` (docs/scoreboard.md: 0.174 -> 0.124 aggregate interval
-    score): ``asymptote_rule`` (:func:`asymptote_rule`) and ``scale_weighting``
-    (:func:`scale_weight_rule`; the asymptote rule then uses its weights).
-    ``band_prior`` (opt-in; True: ``BAND_PRIOR``, a dict: that prior) pools the band's noise and
-    extrapolation terms with their cross-ladder values (fit.result.band_prior_of).
-    ``extrapolation_power``: the band's extrapolation term as s d^p (None: EXTRAPOLATION_POWER
-    for ``form="auto"``, the rate per decade for a named form). Neither moves an estimate."""
+    (None: on for ``form="auto"``, off for a named form), :func:`scale_weight_rule` and then
+    :func:`asymptote_rule`, move the estimates only in the forecast layer, which keeps the
+    form's own beside them in ``diagnostics.forecast_layer`` (docs/scoreboard.md: 0.174 -> 0.124
+    aggregate interval score). ``band_prior`` (opt-in; True: ``BAND_PRIOR``) and
+    ``extrapolation_power`` (None: EXTRAPOLATION_POWER for ``form="auto"``, the rate per decade
+    for a named form) shape the band only (fit.result)."""
     config = replace(config or FitConfig(), **changes)  # an unknown field: TypeError
     metric, by, form = config.metric, config.by, config.form
     if metric is None and _plain_loss(df):
@@ -209,8 +204,7 @@ def candidates(df, fix: dict, tie: dict, params_column: str,
     excluded = {} if excluded is None else excluded
 
     def add(label, form, tie_extra=None):
-        t = dict(tie)
-        t.update(tie_extra or {})
+        t = {**tie, **(tie_extra or {})}
         f = get_form(form)
         fx = {k: v for k, v in fix.items() if k in f.names}
         tt = {k: v for k, v in t.items() if k in f.names and v in f.names}
@@ -243,10 +237,8 @@ def candidates(df, fix: dict, tie: dict, params_column: str,
 
 def _curve_table(df) -> bool:
     """Whole curves of several runs with their LR schedule: the curve laws apply."""
-    if not {"step", "lr", "loss"} <= set(df.columns):
-        return False
-    return bool(df["step"].notna().all() and df["lr"].notna().any()
-                and df["run"].nunique() >= 2)
+    return {"step", "lr", "loss"} <= set(df.columns) and bool(
+        df["step"].notna().all() and df["lr"].notna().any() and df["run"].nunique() >= 2)
 
 
 def fit_auto_curves(df, config):
@@ -582,16 +574,14 @@ def asymptote_rule(df, result, config):
     mean, sd = E_PRIOR_FRACTION[0] * lmin, E_PRIOR_FRACTION[1] * lmin
 
     variants = {"free": result}
-    candidates = [(f"prior E~N({mean:.3g}, {sd:.3g})",
-                   {"spec": result.spec, "prior": dict(prior or {}, E=(mean, sd))}),
-                  (f"fixed E={mean:.3g}",
-                   {"spec": Spec(form, fix=dict(result.spec.fix, E=mean),
-                                 tie=dict(result.spec.tie)), "prior": prior})]
+    fixed = Spec(form, fix=dict(result.spec.fix, E=mean), tie=dict(result.spec.tie))
+    candidates = [(f"prior E~N({mean:.3g}, {sd:.3g})", result.spec,
+                   dict(prior or {}, E=(mean, sd))), (f"fixed E={mean:.3g}", fixed, prior)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for label, kw in candidates:
+        for label, spec, pri in candidates:
             try:
-                variants[label] = fit_one(df, kw["spec"], replace(config, prior=kw["prior"]))
+                variants[label] = fit_one(df, spec, replace(config, prior=pri))
             except InputError as e:
                 record.setdefault("not_fitted", {})[label] = str(e)
     common = _common_folds(variants) if config.shared_folds else None

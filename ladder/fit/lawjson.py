@@ -1,16 +1,12 @@
-"""law.json: write and validate-on-read (``law/3``, one law; ``law/2``, one law per metric;
-``law/1``, one law written before law/3, still read).
+"""law.json: write and validate-on-read (``law/3``, one law; ``law/2``, {metric key: one-law
+document} under ``laws``; ``law/1``, one law written before law/3, still read).
 
 Fields (shared/DESIGN.md): schema, form, expression, params, uncertainty, metric, conventions,
 inputs, diagnostics, created, tool_version; ``fit`` holds what rebuilds the law exactly (spec,
 params column, the solver's vector ``u``), ``uncertainty`` the bootstrap draws of ``u``, the
 covariance, residual scale and dof, so bands can be recomputed at any level; a ``by`` fit has
-``groups``, one such law per value. A ``law/2`` file holds ``laws`` ({metric key: a complete
-one-law document}, in the order fitted), ``created``, ``tool_version``.
-
-One reader per version (:func:`upgrade`): a law/1 document is put in law/3's shape by
-:func:`_v1`, which writes out what its absent fields meant (``small_sample`` "student-t",
-``abs_residuals_log`` null, the per-fold extrapolation record).
+``groups``, one such law per value. One reader per version (:func:`upgrade`): :func:`_v1` writes
+out what a law/1 document's absent fields meant.
 """
 
 from __future__ import annotations
@@ -22,7 +18,7 @@ import numpy as np
 from ladder.fit.config import FitConfig
 from ladder.fit.forms import FORMS, U_LIMIT, Spec, get_form
 from ladder.fit.points import listed_keys
-from ladder.io import EX_USAGE, InputError, as_float, number, to_jsonable
+from ladder.io import EX_USAGE, InputError, as_float, number, require, to_jsonable
 
 SCHEMA = "law/3"        # one law (written)
 MULTI_SCHEMA = "law/2"  # {metric key: one-law document} under "laws"
@@ -166,32 +162,28 @@ def _fit_block(r) -> dict:
 
 def fit_uncertainty(r) -> dict:
     """A Chinchilla-family law's own ``uncertainty`` fields."""
-    if r.objective == "ols":
-        return {"method": "ols: Student-t prediction interval of log(L - E), n - 2 dof "
-                          "(the OLS obs_ci of statsmodels)", "level": r.level,
-                "intervals": r.intervals,
-                "bootstrap_u": None, "covariance_free": None if r.cov is None else r.cov.tolist(),
-                "sigma_log": r.sigma, "dof": r.dof, "abs_residuals_log": None,
-                "small_sample": r.small_sample,
+    ols = r.objective == "ols"
+    common = {
+        "method": "ols: Student-t prediction interval of log(L - E), n - 2 dof (the OLS obs_ci "
+                  "of statsmodels)" if ols else
+                  "run-level Bayesian bootstrap (percentiles) and lack-of-fit residual quantile "
+                  "(split-conformal rank; Student-t x sigma_log with too few points)",
+        "level": r.level,
+        "intervals": r.intervals,
+        "bootstrap_u": None if r.boot_u is None or ols else r.boot_u.tolist(),
+        "covariance_free": None if r.cov is None else r.cov.tolist(),
+        "sigma_log": r.sigma,
+        "dof": r.dof,
+        "abs_residuals_log": None if r.abs_resid is None or ols else r.abs_resid.tolist(),
+    }
+    if ols:
+        return {**common, "small_sample": r.small_sample,
                 "band": "E + exp(log(L - E) +- t(dof) sqrt(x' V x + sigma^2)), V the covariance "
                         "of (log A, alpha); sigma the residual sd of log(L - E); the "
                         "extrapolation error (ladder.fit.result.FitResult.extrapolation_log_sd) in "
                         "quadrature", "band_method": band_method(r)}
-    return {
-        "method": "run-level Bayesian bootstrap (percentiles) and lack-of-fit residual quantile "
-                  "(split-conformal rank; Student-t x sigma_log with too few points)",
-        "level": r.level,
-        "intervals": r.intervals,
-        "bootstrap_u": None if r.boot_u is None else r.boot_u.tolist(),
-        "covariance_free": None if r.cov is None else r.cov.tolist(),
-        "sigma_log": r.sigma,
-        "dof": r.dof,
-        "abs_residuals_log": None if r.abs_resid is None else r.abs_resid.tolist(),
-        "noise_method": r.noise_method(r.level),
-        "small_sample": r.small_sample,
-        "band_method": band_method(r),
-        "band": _band_text(r),
-    }
+    return {**common, "noise_method": r.noise_method(r.level), "small_sample": r.small_sample,
+            "band_method": band_method(r), "band": _band_text(r)}
 
 
 def _band_text(r) -> str:
@@ -243,30 +235,21 @@ def read(obj: dict, *, path=None) -> tuple[dict, list]:
     where = str(path) if path else "<law>"
     obj = upgrade(obj, path=path)
     form = check_envelope(obj, path=path, forms=tuple(FORMS))
-    metric = _need(obj, "metric", str, where)
-    top = _read_block(obj, _need(obj, "uncertainty", dict, where), "", form, metric, where)
+    metric = require(obj, "metric", str, path=where)
+    top = _read_block(obj, require(obj, "uncertainty", dict, path=where), "", form, metric, where)
     groups = []
     if obj.get("by"):
-        for i, g in enumerate(_need(obj, "groups", list, where)):
+        for i, g in enumerate(require(obj, "groups", list, path=where)):
             pre = f"groups[{i}]."
-            value = _need(g, "value", (int, float), where, pre)
-            kw = _read_block(g, _need(g, "uncertainty", dict, where, pre), pre, form, metric,
-                             where)
+            g = g if isinstance(g, dict) else {}  # not an object: its fields are missing
+            value = require(g, "value", (int, float), path=where, prefix=pre)
+            kw = _read_block(g, require(g, "uncertainty", dict, path=where, prefix=pre), pre,
+                             form, metric, where)
             groups.append((float(value), kw))
     top.update(diagnostics=obj.get("diagnostics") or {}, inputs=obj.get("inputs") or {},
                conventions=obj.get("conventions"), created=obj.get("created"),
                tool_version=obj.get("tool_version"), by=obj.get("by"))
     return top, groups
-
-
-def _need(d, key: str, types, where: str, prefix: str = ""):
-    """``d[key]``, of ``types`` (a bool is never a number); else the field is named."""
-    if not isinstance(d, dict) or key not in d:
-        raise InputError("missing", path=where, field=prefix + key)
-    v = d[key]
-    if not isinstance(v, types) or isinstance(v, bool):
-        raise InputError(f"expected {types}", path=where, field=prefix + key)
-    return v
 
 
 def _mapping(d: dict, key: str, where: str, prefix: str) -> dict:
@@ -282,8 +265,8 @@ def _mapping(d: dict, key: str, where: str, prefix: str) -> dict:
 def _read_block(block: dict, unc: dict, prefix: str, form: str, metric: str,
                 where: str) -> dict:
     """One law (the top level or one ``by`` group): its FitResult keyword arguments."""
-    fit = _need(block, "fit", dict, where, prefix)
-    spec_d = _need(fit, "spec", dict, where, prefix + "fit.")
+    fit = require(block, "fit", dict, path=where, prefix=prefix)
+    spec_d = require(fit, "spec", dict, path=where, prefix=prefix + "fit.")
     try:
         spec = Spec(get_form(form), fix={k: float(v) for k, v in
                                          _mapping(spec_d, "fix", where, prefix + "fit.spec.")
@@ -291,8 +274,8 @@ def _read_block(block: dict, unc: dict, prefix: str, form: str, metric: str,
                     tie=dict(_mapping(spec_d, "tie", where, prefix + "fit.spec.")))
     except (ValueError, TypeError) as e:
         raise InputError(str(e), path=where, field=prefix + "fit.spec") from None
-    u = _array(_need(fit, "u", list, where, prefix + "fit."), (len(spec.form.names),),
-               where, prefix + "fit.u")
+    u = _array(require(fit, "u", list, path=where, prefix=prefix + "fit."),
+               (len(spec.form.names),), where, prefix + "fit.u")
     # beyond |700| exp() leaves float64: the fitter never writes that, an edit does
     if np.any(np.abs(u) > U_LIMIT):
         raise InputError(f"a parameter beyond |{U_LIMIT:g}|: exp() overflows float64",
@@ -307,8 +290,7 @@ def _read_block(block: dict, unc: dict, prefix: str, form: str, metric: str,
     except InputError as e:  # a prior with sd <= 0, or on a fixed parameter
         raise InputError(str(e).removeprefix("field 'prior': "), path=where,
                          field=prefix + "fit.prior") from None
-    return {"spec": spec, "u": u, "config": config,
-            "spread": spread,
+    return {"spec": spec, "u": u, "config": config, "spread": spread,
             "intervals": _intervals(unc.get("intervals"), where, prefix)}
 
 
@@ -319,21 +301,19 @@ def _read_spread(unc: dict, spec: Spec, where: str, prefix: str) -> dict:
 
     def bad(name, msg):
         return InputError(msg, path=where, field=field(name))
-    boot = unc.get("bootstrap_u")
-    boot = None if boot is None else _array(boot, (None, len(spec.form.names)), where,
-                                            field("bootstrap_u"))
+
+    def array(name, shape):  # null: None
+        return None if unc.get(name) is None else _array(unc[name], shape, where, field(name))
+    boot = array("bootstrap_u", (None, len(spec.form.names)))
     if boot is not None and np.any(np.abs(boot) > U_LIMIT):  # as fit.u: exp() overflows
         raise bad("bootstrap_u", f"a draw beyond |{U_LIMIT:g}|: exp() overflows float64")
-    cov = unc.get("covariance_free")
-    cov = None if cov is None else _array(cov, (spec.n_free, spec.n_free), where,
-                                          field("covariance_free"))
+    cov = array("covariance_free", (spec.n_free, spec.n_free))
     if cov is not None and np.any(np.diag(cov) < 0):
         # a huge variance is the fitter's word for a flat direction: read as written
         raise bad("covariance_free", "expected variances >= 0 on the diagonal")
     sigma, dof = unc.get("sigma_log"), unc.get("dof")
     for name, v in (("sigma_log", sigma), ("dof", dof)):
-        if v is not None and (isinstance(v, bool) or not (isinstance(v, (int, float))
-                                                           and math.isfinite(v))):
+        if v is not None and not _finite(v):
             raise bad(name, "expected a finite number or null")
         if v is not None and v < 0:  # a negative sd gives a nonsense (inverted) band
             raise bad(name, f"must be >= 0, got {v!r}")
@@ -347,8 +327,7 @@ def _read_spread(unc: dict, spec: Spec, where: str, prefix: str) -> dict:
         raise bad("small_sample", f"expected 'normal' or 'student-t', got {small!r}")
     if "abs_residuals_log" not in unc:
         raise bad("abs_residuals_log", "missing (null where there are none)")
-    ares = unc["abs_residuals_log"]
-    ares = None if ares is None else _array(ares, (None,), where, field("abs_residuals_log"))
+    ares = array("abs_residuals_log", (None,))
     if ares is not None and (np.any(ares < 0) or np.any(ares > LOG_SPREAD_LIMIT)):
         raise bad("abs_residuals_log", f"expected |log residuals| in [0, {LOG_SPREAD_LIMIT:g}]")
     return {"boot_u": boot, "cov": cov, "sigma": sigma, "dof": dof, "abs_resid": ares,
@@ -457,28 +436,22 @@ def check_extrapolation(obj: dict, *, path=None) -> None:
     """A law's ``diagnostics.backtest.extrapolation`` record checked field by field: a malformed
     one is refused, never read as "no term" (a band 8x too narrow, issue 39)."""
     where = str(path) if path else "<law>"
-    diag = obj.get("diagnostics")
-    if diag is None:
-        return
-    if not isinstance(diag, dict):
-        raise InputError("expected an object", path=where, field="diagnostics")
-    bt = diag.get("backtest")
-    if bt is None:
-        return
-    if not isinstance(bt, dict):
-        raise InputError("expected an object or null", path=where,
-                         field="diagnostics.backtest")
-    ex = bt.get("extrapolation")
-    if ex is None:
-        return
-    f = "diagnostics.backtest.extrapolation"
-    if not isinstance(ex, dict):
-        raise InputError("expected an object or null", path=where, field=f)
-    rate = ex.get("rate_per_decade")
-    if rate is not None and not (_finite(rate) and 0 <= rate <= LOG_SPREAD_LIMIT):
-        raise InputError(f"expected null or a number in [0, {LOG_SPREAD_LIMIT:g}] (log loss "
-                         f"per decade), got {str(rate)[:40]!r}", path=where,
-                         field=f + ".rate_per_decade")
+    ex, f = obj, ""
+    for key, what in (("diagnostics", "an object"), ("backtest", "an object or null"),
+                      ("extrapolation", "an object or null")):
+        f = f"{f}.{key}" if f else key
+        ex = ex.get(key)
+        if ex is None:
+            return
+        if not isinstance(ex, dict):
+            raise InputError(f"expected {what}", path=where, field=f)
+
+    def scalar(key, hi, unit=""):
+        v = ex.get(key)
+        if v is not None and not (_finite(v) and 0 <= v <= hi):
+            raise InputError(f"expected null or a number in [0, {hi:g}]{unit}, got "
+                             f"{str(v)[:40]!r}", path=where, field=f"{f}.{key}")
+    scalar("rate_per_decade", LOG_SPREAD_LIMIT, " (log loss per decade)")
     ranges = ex.get("ranges_log10")
     if not isinstance(ranges, dict):
         raise InputError("expected an object {input: [log10 lo or null, log10 hi]}",
@@ -493,13 +466,8 @@ def check_extrapolation(obj: dict, *, path=None) -> None:
             raise InputError(f"lo {r[0]} above hi {r[1]}", path=where, field=fc)
         if abs(r[1]) > 400 or (r[0] is not None and abs(r[0]) > 400):
             raise InputError("beyond float64's range (|log10| > 400)", path=where, field=fc)
-    power, scale = ex.get("power"), ex.get("log_sd_scale")
-    if power is not None and not (_finite(power) and 0 <= power <= POWER_LIMIT):
-        raise InputError(f"expected null or a number in [0, {POWER_LIMIT:g}], got "
-                         f"{str(power)[:40]!r}", path=where, field=f + ".power")
-    if scale is not None and not (_finite(scale) and 0 <= scale <= LOG_SPREAD_LIMIT):
-        raise InputError(f"expected null or a number in [0, {LOG_SPREAD_LIMIT:g}] (log loss), "
-                         f"got {str(scale)[:40]!r}", path=where, field=f + ".log_sd_scale")
+    scalar("power", POWER_LIMIT)
+    scalar("log_sd_scale", LOG_SPREAD_LIMIT, " (log loss)")
 
 
 def pooled_record(bt) -> dict | None:

@@ -52,11 +52,9 @@ class Prediction:
         def one(a):
             a = np.asarray(a, dtype=float)
             return float(a) if a.ndim == 0 else a.tolist()
-        out = {}
-        if self.step is not None:
-            out["step"] = np.asarray(self.step).tolist()
-        if self.fraction is not None:
-            out["fraction"] = np.asarray(self.fraction).tolist()
+        out = {k: np.asarray(v).tolist() for k, v in (("step", self.step),
+                                                      ("fraction", self.fraction))
+               if v is not None}
         out.update(loss=one(self.loss), lo=one(self.lo), hi=one(self.hi), level=self.level)
         return out
 
@@ -81,21 +79,15 @@ class Law(Protocol):
 
     @property
     def form(self) -> str: ...
-
     @property
     def metric(self) -> str | None: ...
-
     @property
     def params(self) -> dict: ...
-
     @property
     def band_method(self) -> str: ...
 
     def predict(self, query: Query | None = None, /, *, level: float | None = None,
                 **fields) -> Prediction: ...
-
     def band(self, query: Query | None = None, /, **fields) -> tuple[np.ndarray, np.ndarray]: ...
-
     def report(self) -> str: ...
-
     def to_json(self) -> dict: ...

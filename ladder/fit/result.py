@@ -4,9 +4,8 @@ Chinchilla family; fit.curve_law.CurveLaw is the curve laws'), with its predicti
 The band at a point, in log space, adds in quadrature: the parameter part (the bootstrap
 quantile deviation, else z x the delta-method se), the run-to-run noise part
 (``FitResult.noise_half_width``), the law's own extrapolation error outside its runs
-(``FitResult.extrapolation_log_sd``, from its rollout backtest) and an extra log-sigma (eval
-noise). A band that cannot be computed is NaN with a warning. ``objective="ols"`` has its own
-band: statsmodels' OLS prediction interval of log(L - E).
+(``FitResult.extrapolation_log_sd``) and an extra log-sigma (eval noise). A band that cannot be
+computed is NaN with a warning. ``objective="ols"``: the OLS prediction interval of log(L - E).
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ from ladder.fit.report import fit_lines, parameter_rows, report, short_lines
 from ladder.io import InputError, as_float
 
 SMALL_SAMPLE = ("normal", "student-t")
+_SCALES = ("params", "active_params", "tokens", "compute", "fraction")  # a Query's scale fields
 
 
 class LawResult:
@@ -70,15 +70,13 @@ class LawResult:
         DataFrame on its index with ``loss``, ``lo`` and ``hi``. ``extra_log_sigma``: a log sd
         added to the band in quadrature; ``extrapolation``: the band holds the law's own
         extrapolation error outside its runs."""
+        kw = {"level": level, "extra_log_sigma": extra_log_sigma, "extrapolation": extrapolation}
         frame = _as_frame(query)
         if frame is not None:
-            return self._predict_frame(frame, level=level, extra_log_sigma=extra_log_sigma,
-                                       extrapolation=extrapolation, **fields)
-        p = self._predict(Query.of(query, **fields), level=level,
-                          extra_log_sigma=extra_log_sigma, extrapolation=extrapolation)
-        return _no_0d(p)
+            return self._predict_frame(frame, kw, **fields)
+        return _no_0d(self._predict(Query.of(query, **fields), **kw))
 
-    def _predict_frame(self, frame, *, level, extra_log_sigma, extrapolation, **fields):
+    def _predict_frame(self, frame, kw, **fields):
         import pandas as pd
         names = [f.name for f in dataclasses.fields(Query)]
         given = {c: frame[c].to_numpy() for c in frame.columns if c in names}
@@ -86,8 +84,7 @@ class LawResult:
             raise InputError(f"the DataFrame has none of the query's columns ({', '.join(names)})"
                              f"; it has {', '.join(map(str, frame.columns)) or 'none'}",
                              field="query")
-        p = self._predict(Query.of(None, **{**given, **fields}), level=level,
-                          extra_log_sigma=extra_log_sigma, extrapolation=extrapolation)
+        p = self._predict(Query.of(None, **{**given, **fields}), **kw)
         n = len(frame)
         cols = {k: np.broadcast_to(np.asarray(getattr(p, k), dtype=float), (n,))
                 for k in ("loss", "lo", "hi")}
@@ -247,31 +244,26 @@ class FitResult(LawResult, forms=tuple(FORMS)):
     def _predict(self, q: Query, *, level, extra_log_sigma, extrapolation) -> Prediction:
         """Loss and its band at ``level`` (default 0.9). ``compute`` and ``tokens`` are so far
         at the point; ``fraction`` is the progress through the planned run (default 1)."""
-        params, active_params, tokens, compute, fraction = (
-            q.params, q.active_params, q.tokens, q.compute, q.fraction)
         level = 0.9 if level is None else float(level)
         if not 0 < level < 1:
             raise ValueError(f"level: must be in (0, 1), got {level!r}")
         if extrapolation:
-            x = self.extrapolation_log_sd(params=params, tokens=tokens, compute=compute,
-                                          fraction=fraction, active_params=active_params)
+            x = self.extrapolation_log_sd(q.params, q.tokens, q.compute, q.fraction,
+                                          q.active_params)
             extra_log_sigma = np.sqrt(np.square(np.asarray(extra_log_sigma, float)) + x ** 2)
         if self.groups:
-            return self._predict_groups(params, active_params, tokens, compute, fraction, level,
-                                        extra_log_sigma)
-        cols = self._columns(params, active_params, tokens, compute, fraction)
+            return self._predict_groups(q, level, extra_log_sigma)
+        cols = self._columns(q)
         shape = np.broadcast(*cols.values()).shape
         flat = {k: np.broadcast_to(v, shape).ravel() for k, v in cols.items()}
         fr = self.diagnostics.get("fraction_range")
-        below = None
         if "fraction" in cols and fr and as_float(fr[0]) is not None:
             # below the smallest fitted fraction the early-transient factor is held at its
             # value there (1/g would explode), with a warning
             flat["fraction_floor"] = float(as_float(fr[0]))
-            below = flat["fraction"] < flat["fraction_floor"] - 1e-9
-        if below is not None and below.any():
-            warnings.warn(f"{self.form} law: fractions below {flat['fraction_floor']:g}, the "
-                          "smallest fitted, are extrapolated", stacklevel=3)
+            if np.any(flat["fraction"] < flat["fraction_floor"] - 1e-9):
+                warnings.warn(f"{self.form} law: fractions below {flat['fraction_floor']:g}, "
+                              "the smallest fitted, are extrapolated", stacklevel=3)
         model = Model(self.spec.form, self.spec.form.features(flat))
         center = model.log_predict(self.u[None])[0]
         lo, hi = self._band(model, center, level, np.broadcast_to(extra_log_sigma, shape).ravel())
@@ -294,13 +286,11 @@ class FitResult(LawResult, forms=tuple(FORMS)):
         if pooled is None:  # no backtest, or none that measured a rate (law/1)
             return np.zeros(shape)
         fr = np.asarray(1.0 if fraction is None else fraction, float)
-        vals = {"params": params, "active_params": active_params, "tokens": tokens,
-                "compute": compute}
-        with np.errstate(divide="ignore", invalid="ignore"):
-            vals = {k: None if v is None else (np.asarray(v, float) / fr
-                                               if k in ("tokens", "compute")
-                                               else np.asarray(v, float))
-                    for k, v in vals.items()}
+        with np.errstate(divide="ignore", invalid="ignore"):  # tokens and compute planned
+            vals = {"params": params, "active_params": active_params, "tokens": tokens,
+                    "compute": compute}
+            vals = {k: np.asarray(v, float) / fr if k in ("tokens", "compute") else
+                    np.asarray(v, float) for k, v in vals.items() if v is not None}
             if params is not None and tokens is not None:  # a law/1 per-fold record's scale
                 vals["params_x_tokens"] = (np.asarray(params, float) * np.asarray(tokens, float)
                                            / fr)
@@ -337,11 +327,10 @@ class FitResult(LawResult, forms=tuple(FORMS)):
                           "none", stacklevel=5)
         return np.zeros(shape)
 
-    def _columns(self, params, active_params, tokens, compute, fraction) -> dict:
-        given = {"params": params, "active_params": active_params, "tokens": tokens,
-                 "compute": compute, "fraction": fraction}
+    def _columns(self, q: Query) -> dict:
+        given = {k: getattr(q, k) for k in _SCALES}
         form = self.spec.form
-        if form.curves and fraction is None:
+        if form.curves and q.fraction is None:
             given["fraction"] = 1.0
         cols = {}
         for need in form.needs:
@@ -367,42 +356,29 @@ class FitResult(LawResult, forms=tuple(FORMS)):
         z = float(ndtri(q))
         tq = None if not (dof and dof > 0) else (z if self.small_sample == "normal"
                                                  else float(stdtrit(dof, q)))
-        reasons = []
-        # parameter part
-        up = np.zeros_like(center)
-        down = np.zeros_like(center)
-        have_param = False
+        reasons, up = [], None   # up, down: the parameter part
         if self.boot_u is not None and len(self.boot_u) >= 20:
-            draws = model.log_predict(self.boot_u)           # (R, m)
-            dev = draws - center[None]
-            up = np.maximum(up, np.quantile(dev, q, axis=0))
-            down = np.maximum(down, -np.quantile(dev, 1 - q, axis=0))
-            have_param = True
-        # the delta method only without the bootstrap (both would double the spread), at the
-        # normal quantile: t of the 1-2 dof of a 4-5 rung ladder is 3-6 (+-25% at 6.9B)
-        if self.cov is not None and tq is not None and not have_param:
-            _u0, M = self.spec.mapping()
-            J = model.jacobian(self.u) @ M             # (m, F)
-            se = np.sqrt(np.maximum(np.einsum("mf,fg,mg->m", J, self.cov, J), 0.0))
-            up = np.maximum(up, tq * se)
-            down = np.maximum(down, tq * se)
-            have_param = True
-        if not have_param:
+            dev = model.log_predict(self.boot_u) - center[None]     # (R, m)
+            up = np.maximum(np.quantile(dev, q, axis=0), 0.0)
+            down = np.maximum(-np.quantile(dev, 1 - q, axis=0), 0.0)
+        elif self.cov is not None and tq is not None:
+            # the delta method only without the bootstrap (both would double the spread), at
+            # the normal quantile: t of the 1-2 dof of a 4-5 rung ladder is 3-6 (+-25% at 6.9B)
+            J = model.jacobian(self.u) @ self.spec.mapping()[1]     # (m, F)
+            up = down = tq * np.sqrt(np.maximum(np.einsum("mf,fg,mg->m", J, self.cov, J), 0.0))
+        if up is None:
             reasons.append("no parameter uncertainty (no bootstrap replicates and no "
                            "covariance)")
-        half_noise = self.noise_half_width(level)
-        if half_noise is None:
+        noise = self.noise_half_width(level)
+        if noise is None:
             reasons.append("no residual degrees of freedom to estimate run-to-run noise "
                            f"(dof={dof})")
-            noise = np.full_like(center, np.nan)
-        else:
-            noise = np.full_like(center, half_noise)
-        extra = z * np.asarray(extra, dtype=float)
         if reasons:
             warnings.warn(f"{self.form} law: prediction band unavailable: "
                           + "; ".join(reasons), stacklevel=4)
             nan = np.full_like(center, np.nan)
             return nan, nan
+        extra = z * np.asarray(extra, dtype=float)
         hi = center + np.sqrt(up ** 2 + noise ** 2 + extra ** 2)
         lo = center - np.sqrt(down ** 2 + noise ** 2 + extra ** 2)
         return np.exp(lo), np.exp(hi)
@@ -480,11 +456,12 @@ class FitResult(LawResult, forms=tuple(FORMS)):
         hi = center + np.sqrt((hi_l - center) ** 2 + ex ** 2)
         return np.exp(lo), np.exp(hi)
 
-    def _predict_groups(self, params, active_params, tokens, compute, fraction, level, extra):
+    def _predict_groups(self, q: Query, level, extra):
         values = np.array([v for v, _ in self.groups])
-        g = np.asarray(1.0 if fraction is None else fraction, dtype=float)
-        shape = np.broadcast(*[np.asarray(x) for x in (params, active_params, tokens, compute,
-                                                        g, extra) if x is not None]).shape
+        g = np.asarray(1.0 if q.fraction is None else q.fraction, dtype=float)
+        given = {k: getattr(q, k) for k in _SCALES[:4]}
+        shape = np.broadcast(*[np.asarray(x) for x in (*given.values(), g, extra)
+                               if x is not None]).shape
         gb = np.broadcast_to(g, shape).ravel()
         tol = 1e-6 + 0.5e-3  # group values are fractions rounded to 1e-3
         if np.any(gb < values.min() - tol) or np.any(gb > values.max() + tol):
@@ -493,8 +470,7 @@ class FitResult(LawResult, forms=tuple(FORMS)):
         out = np.full((3, gb.size), np.nan)
         def b(x):
             return None if x is None else np.broadcast_to(np.asarray(x, float), shape).ravel()
-        kw = {"params": b(params), "active_params": b(active_params), "tokens": b(tokens),
-              "compute": b(compute), "level": level, "extra_log_sigma": b(extra),
+        kw = {**{k: b(v) for k, v in given.items()}, "level": level, "extra_log_sigma": b(extra),
               "extrapolation": False}  # the whole law's term is already in ``extra``
         preds = [r.predict(**kw) for _, r in self.groups]
         logs = np.log(np.array([[p.loss, p.lo, p.hi] for p in preds]))  # (G, 3, m)

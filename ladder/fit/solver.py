@@ -32,10 +32,8 @@ STATUS = ("converged", "max_iter", "line_search", "nonfinite")
 class BatchResult:
     x: np.ndarray          # (S, P)
     f: np.ndarray          # (S,)
-    grad_max: np.ndarray   # (S,) max |gradient| at x
     status: np.ndarray     # (S,) index into STATUS
     iterations: np.ndarray  # (S,)
-    evaluations: int       # objective calls (each over a subset of rows)
 
     @property
     def converged(self) -> np.ndarray:
@@ -64,9 +62,7 @@ def lbfgs(fg, x0: np.ndarray, *, m: int = 10, max_iter: int = 1000, gtol: float 
     else:
         def pgrad(xr, gr):
             return gr
-    all_rows = np.arange(S)
-    f, g = fg(x, all_rows)
-    n_eval = 1
+    f, g = fg(x, np.arange(S))
     s_hist = np.zeros((S, m, P))
     y_hist = np.zeros((S, m, P))
     rho = np.zeros((S, m))
@@ -107,7 +103,6 @@ def lbfgs(fg, x0: np.ndarray, *, m: int = 10, max_iter: int = 1000, gtol: float 
                 xt = np.clip(xt, lo, hi)
                 decrease = (g[act[pending]] * (xt - x[act[pending]])).sum(axis=1)
             ft, gt = fg(xt, act[pending])
-            n_eval += 1
             ok = np.isfinite(ft) & np.isfinite(gt).all(axis=1) & \
                 (ft <= f[act[pending]] + 1e-4 * decrease)
             done = pending[ok]
@@ -159,8 +154,7 @@ def lbfgs(fg, x0: np.ndarray, *, m: int = 10, max_iter: int = 1000, gtol: float 
     # already stalled is converged to working precision
     ls = status == 2
     status[ls & (small >= 1)] = 0
-    return BatchResult(x=x, f=f, grad_max=np.abs(pgrad(x, g)).max(axis=1), status=status,
-                       iterations=iters, evaluations=n_eval)
+    return BatchResult(x=x, f=f, status=status, iterations=iters)
 
 
 def polish(fg, cands: np.ndarray, **kw) -> tuple[int, BatchResult]:
