@@ -45,7 +45,7 @@ def test_columnar_path_equals_the_general_one():
     assert fast is not None  # the runs of shapes are few: the columnar path is taken
     slow = Batch._from_rows_general(rows, None, None)
     _same(fast, slow)
-    assert "1 row(s) without a numeric 'step' skipped" in fast.notes
+    assert "1 row(s) without a step (an integer 0..2**53) skipped" in fast.notes
     np.testing.assert_array_equal(fast.step, np.arange(1, 4001))
     assert set(fast.cols) == {"a", "b", "c", "e", "i"}
     assert fast.cols["a"][2] == 9.0
@@ -53,6 +53,20 @@ def test_columnar_path_equals_the_general_one():
     np.testing.assert_array_equal(np.flatnonzero(fast.nonfinite["c"]) + 1, [1300, 2600, 3900])
     assert not fast.nonfinite["e"][:1899].any() and fast.nonfinite["e"][1899]
     assert math.isnan(fast.cols["b"][10]) and fast.cols["b"][500] == 1.5
+
+
+def test_a_step_is_read_as_the_one_step_reader_reads_it():
+    """A step of 2.5, -1, 1e20 or 2**53 + 2 is no step (ladder.io.step_of), on both paths; cast
+    to int64 they became 2, -1 and -2**63 and were judged at those steps."""
+    from ladder.io import MAX_STEP, step_of
+    odd = [2.5, -1, 1e20, MAX_STEP + 2, MAX_STEP]
+    rows = [{"step": s, "a": 1.0} for s in range(1, 101)] + [{"step": s, "a": 2.0} for s in odd]
+    fast = Batch._columns_fast(rows, None, None)
+    assert fast is not None
+    _same(fast, Batch._from_rows_general(rows, None, None))
+    np.testing.assert_array_equal(fast.step, [s for s in range(1, 101)] + [MAX_STEP])
+    assert [step_of(s) for s in odd] == [None, None, None, None, MAX_STEP]
+    assert "4 row(s) without a step (an integer 0..2**53) skipped" in fast.notes
 
 
 def test_a_non_numeric_value_takes_the_general_path_with_its_note():

@@ -9,7 +9,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ladder.io import as_float
+from ladder.io import MAX_STEP, as_float
+
+
+def _is_step(a: np.ndarray) -> np.ndarray:
+    """Where ``a`` holds a step as :func:`ladder.io.step_of` reads one: an integral number in
+    ``[0, MAX_STEP]`` (2.5, -1 or 1e20 is none; cast to int64 they would be another step)."""
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(a) & (a >= 0) & (a <= MAX_STEP) & (a == np.floor(a))
 
 
 @dataclass
@@ -55,12 +62,12 @@ class Batch:
         configs = [r["config"] for r in rows_l if "config" in r and isinstance(r["config"], dict)]
         notes: list[str] = []
         arr, _, _ = _to_float([r.get("step") for r in rows_l], nonfinite=False)
-        ok = np.isfinite(arr)
+        ok = _is_step(arr)
         if not ok.all():
             is_cfg = np.array(["config" in r and "step" not in r for r in rows_l], dtype=bool)
             no_step = int((~ok & ~is_cfg).sum())
             if no_step:
-                notes.append(f"{no_step} row(s) without a numeric 'step' skipped")
+                notes.append(f"{no_step} row(s) without a step (an integer 0..2**53) skipped")
             rows_l = [r for r, k in zip(rows_l, ok, strict=True) if k]
         cols: dict[str, np.ndarray] = {}
         nonfinite: dict[str, np.ndarray] = {}
@@ -119,12 +126,12 @@ class Batch:
         except (TypeError, ValueError, OverflowError):  # a string, a null...: the general path
             return None
         stepf = cols.pop("step")
-        ok = np.isfinite(stepf)
+        ok = _is_step(stepf)
         notes: list[str] = []
         for k, nf in written.items():
             cols[k][nf] = np.nan
         if not ok.all():
-            notes.append(f"{int((~ok).sum())} row(s) without a numeric 'step' skipped")
+            notes.append(f"{int((~ok).sum())} row(s) without a step (an integer 0..2**53) skipped")
             stepf = stepf[ok]
             cols = {k: v[ok] for k, v in cols.items()}
             written = {k: nf[ok] for k, nf in written.items()}
