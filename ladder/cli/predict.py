@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import math
+import signal
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from ladder.predict import forecast as fc
 from ladder.predict import prereg as pr
 from ladder.predict.prereg import make_prereg
 from ladder.predict.watch import WatchConfig
+from ladder.stopflag import StopFlag
 
 log = logging.getLogger("ladder")
 
@@ -407,31 +409,6 @@ def source_keys(src: str, max_rows: int = 200) -> str:
     return ", ".join(keys)
 
 
-@contextlib.contextmanager
-def _sigterm_stops():
-    """An event set by a supervisor's SIGTERM (kill, systemd, Kubernetes, Slurm): the watch ends
-    after the poll under way, so the evals it judged reach every sink (the W&B run too), the
-    state is saved and each sink closed. A second SIGTERM stops at once, as Ctrl-C does."""
-    import signal
-    import threading
-    stop = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield stop  # only the main thread may set a handler (a watch run inside a test's thread)
-        return
-
-    def on_term(signum, frame):
-        if stop.is_set():
-            raise SystemExit(EX_TERMINATED)
-        # set from another thread: the handler may interrupt the main thread inside the
-        # event's own lock, which set() takes
-        threading.Thread(target=stop.set, daemon=True).start()
-    before = signal.signal(signal.SIGTERM, on_term)
-    try:
-        yield stop
-    finally:
-        signal.signal(signal.SIGTERM, before)
-
-
 def watch_main(args) -> int:
     """`ladder watch`: judge a run against its pre-registration (``--follow``: as it grows;
     ``--serve``: with the live page of ladder.reports.live)."""
@@ -471,7 +448,7 @@ def watch_main(args) -> int:
     if args.wandb:
         home.attach(w)
     if w.multi:
-        with _served(args, w, keymap), _sigterm_stops() as stop:
+        with _served(args, w, keymap), StopFlag(signals=(signal.SIGTERM,)) as stop:
             return _watch_multi_finish(args, w, stop)
     registered = w.doc.get("metric") if not args.metric else pr.load(w.chain.newest.path)["metric"]
     if args.metric and args.metric != registered:
@@ -479,8 +456,11 @@ def watch_main(args) -> int:
                     f"of '{registered}' (--metric names the source key holding the registered "
                     f"metric)")
     log.info(f"ladder watch: {w.description}; metric {w.view.metric}; source {args.source}")
-    with _served(args, w, keymap), _sigterm_stops() as stop:
-        code = w.run(follow=args.follow, stop=stop)
+    # a supervisor's SIGTERM (kill, systemd, Kubernetes, Slurm) ends the watch after the poll
+    # under way, so what it judged reaches every sink (the W&B run too) and the state is saved:
+    # exit 143; a second one stops at once, as Ctrl-C does
+    with _served(args, w, keymap), StopFlag(signals=(signal.SIGTERM,)) as stop:
+        code = w.run(follow=args.follow, stop=stop.event)
     st = w.state
     log.info(f"ladder watch: {st.get('n_points', 0)} points, {st.get('n_evals', 0)} evals "
              f"judged, last step {st.get('last_step')}; worst {st.get('worst') or 'none'}"
@@ -488,7 +468,7 @@ def watch_main(args) -> int:
              + f"; exit {code}")
     if args.json:
         print(json.dumps(to_jsonable(watch_verdict(w, code))))
-    if stop.is_set():
+    if stop.set:
         log.warning("ladder watch: stopped by SIGTERM; the state is saved (a restart goes on)")
         return EX_TERMINATED
     if not st.get("n_evals") and not st.get("not_applicable"):
@@ -597,7 +577,7 @@ def _watch_multi_finish(args, w, stop) -> int:
     from ladder.predict.watch.multi import metric_summary
     log.info(f"ladder watch: {w.description}; {len(w.view.metrics)} metrics; source "
              f"{args.source}")
-    code = w.run(follow=args.follow, stop=stop)
+    code = w.run(follow=args.follow, stop=stop.event)
     st = w.state
     rows = metric_summary(w.view, st, w.all_alerts)
     for r in rows:
@@ -614,7 +594,7 @@ def _watch_multi_finish(args, w, stop) -> int:
         v = {**watch_verdict(w, code), "schema": "watch-verdict/2", "metric": None,
              "metrics": rows, "absent": [r["metric"] for r in rows if r["absent"]]}
         print(json.dumps(to_jsonable(v)))
-    if stop.is_set():
+    if stop.set:
         log.warning("ladder watch: stopped by SIGTERM; the state is saved (a restart goes on)")
         return EX_TERMINATED
     if not st.get("n_evals") and not st.get("not_applicable"):

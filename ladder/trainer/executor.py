@@ -187,7 +187,7 @@ def run_ladder_ray(rungs: list, ladder_dir: str | os.PathLike, cfg, *,
             shown[name] = line
             log(f"{ladder_dir.name}/{name}: {line}")
 
-    from ladder.trainer.train import StopFlag
+    from ladder.stopflag import StopFlag
 
     stop, grace_end = StopFlag(), None
     try:

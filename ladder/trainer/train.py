@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import signal
 import time
 from collections.abc import Callable
 from functools import lru_cache
@@ -24,6 +23,7 @@ import numpy as np
 from ladder.io import EX_USAGE, InputError, atomic_write_json, claim, folder_lock, read_json
 from ladder.lrtable import run_lr_table
 from ladder.specs import Rung
+from ladder.stopflag import StopFlag
 from ladder.trainer import distributed, gpuenv
 from ladder.trainer.checkpointing import Checkpoints
 from ladder.trainer.data import check_vocab, corrupt_bytes, load_corpus, shuffle_bytes
@@ -502,37 +502,4 @@ class _Profile:
 
             jax.profiler.stop_trace()
             self.on = False
-
-
-class StopFlag:
-    """Ctrl-C (SIGINT) or a preemption (SIGTERM) sets a flag that the loop checks after each step
-    (checkpoint, then exit) instead of raising inside a step, whose donated input state would
-    then be lost. A second signal of either kind gives up at once."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self):
-        self.set = False
-        self.signal_name: str | None = None
-        self._old: dict = {}
-
-    def _handler(self, signum, frame):
-        if self.set:
-            raise KeyboardInterrupt
-        self.set = True
-        self.signal_name = signal.Signals(signum).name
-
-    def __enter__(self):
-        for sig in self.SIGNALS:
-            try:
-                self._old[sig] = signal.signal(sig, self._handler)
-            except ValueError:  # not the main thread: leave the signals alone
-                break
-        return self
-
-    def __exit__(self, *exc):
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-        self._old = {}
-        return False
 
