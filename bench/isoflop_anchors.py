@@ -16,7 +16,6 @@ import argparse
 import contextlib
 import io
 import json
-import math
 import sys
 import tempfile
 from pathlib import Path
@@ -38,9 +37,8 @@ def run(argv: list[str]) -> dict:
 
 
 def num(x) -> float:
-    """A number of `ladder isoflop --json`: null where it cannot be computed (older versions
-    wrote the string "NaN" there)."""
-    return math.nan if x is None else float(x)
+    """A number of `ladder isoflop --json` (one that cannot be computed is the string "NaN")."""
+    return float(x)
 
 
 def main(argv=None) -> int:

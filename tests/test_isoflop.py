@@ -152,9 +152,10 @@ def test_cli_json_and_plot(tmp_path, capsys):
     assert (tmp_path / "iso.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_cli_json_writes_a_missing_interval_as_null(tmp_path, capsys):
-    """No bootstrap: every interval is missing, written as JSON null (it was the string "NaN");
-    bench/isoflop_anchors.py, which reads this JSON, takes null and the old "NaN" alike."""
+def test_cli_json_writes_a_missing_interval_as_the_string_nan(tmp_path, capsys):
+    """No bootstrap: every interval is missing, written as the string "NaN" (ladder.io's
+    convention for every JSON it writes); bench/isoflop_anchors.py, which reads this JSON, takes
+    it as NaN."""
     from bench.isoflop_anchors import num
 
     path = tmp_path / "iso.csv"
@@ -163,10 +164,10 @@ def test_cli_json_writes_a_missing_interval_as_null(tmp_path, capsys):
     assert main(["isoflop", str(path), "--budget", "1e21", "--bootstrap", "0", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     for k in ("n_exponent_interval", "d_exponent_interval", "n_opt_interval", "d_opt_interval"):
-        assert out[k] == [None, None] and out["approach2"][k] == [None, None], out[k]
-    assert out["approach1"]["n_exponent_interval"] == [None, None]
+        assert out[k] == ["NaN", "NaN"] and out["approach2"][k] == ["NaN", "NaN"], out[k]
+    assert out["approach1"]["n_exponent_interval"] == ["NaN", "NaN"]
     assert isinstance(out["n_exponent"], float) and out["n_opt"] > 0
-    assert math.isnan(num(None)) and math.isnan(num("NaN")) and num(out["n_opt"]) == out["n_opt"]
+    assert math.isnan(num("NaN")) and num(out["n_opt"]) == out["n_opt"]
 
 
 def test_off_centre_budgets_warn_in_one_line_without_source_paths(tmp_path, capsys):

@@ -37,15 +37,6 @@ GRID = 40                    # Approach 1 on curves: compute values of the envel
 WINDOW_OCTAVES = 1.5
 
 
-def _null_nan(obj):
-    """A value that cannot be computed (NaN) as JSON null, through dicts and lists."""
-    if isinstance(obj, dict):
-        return {k: _null_nan(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_null_nan(v) for v in obj]
-    return None if isinstance(obj, float) and math.isnan(obj) else obj
-
-
 def _exp(x: float) -> float:
     """exp(x), NaN where it is not finite or leaves float64 (a flat parabola's vertex can sit
     hundreds of e-folds away)."""
@@ -121,7 +112,8 @@ class IsoflopResult:
             f" ({self.derived} derived from it)" if self.derived else "")
 
     def to_json(self, budget: float | None = None) -> dict:
-        """The `ladder isoflop --json` object; a value that cannot be computed is null."""
+        """The `ladder isoflop --json` object; a value that cannot be computed is NaN (written
+        as the string "NaN" by ladder.io.to_jsonable, as in every JSON ladder writes)."""
         a1 = self.approach1.to_json(self.level, budget)
         a2 = None if self.approach2 is None else self.approach2.to_json(self.level, budget)
         main = a1 if a2 is None else a2         # its numbers are repeated at the top level
@@ -135,7 +127,7 @@ class IsoflopResult:
             out["budget"] = float(budget)
             out.update({k: main[k] for k in ("n_opt", "d_opt", "n_opt_interval",
                                              "d_opt_interval")})
-        return _null_nan(out)
+        return out
 
     def report(self, budget: float | None = None) -> str:
         lines = [f"IsoFLOP: {len(self.points)} points, {self.points['run'].nunique()} runs; "
