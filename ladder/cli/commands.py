@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+from ladder.cli.output import ignore_dropped_coroutines, tell
 from ladder.io import EX_USAGE, InputError, inside, number
 from ladder.specs import Ladder, is_one_rung, lookup_message, resolve, with_file
 from ladder.trainer.executor import rung_exit_code  # beside the Ray driver, which uses it too
@@ -429,6 +430,7 @@ def isoflop_main(args) -> int:
     import warnings
     with warnings.catch_warnings():  # dropped rows: named by load_points, printed once
         warnings.simplefilter("default")
+        ignore_dropped_coroutines()
         df = load_points(sources, args.metric)
     res = isoflop(df, bootstrap=args.bootstrap, level=args.level, seed=args.seed,
                   where=", ".join(args.points))
@@ -438,7 +440,6 @@ def isoflop_main(args) -> int:
         from ladder.reports.isoflop import plot_isoflop
         from ladder.reports.plots import png_bytes
         atomic_write_bytes(args.plot, png_bytes(plot_isoflop(res, args.budget)))
-    from ladder.cli.output import tell
     tell(shown)
     if args.plot:
         tell(f"wrote {args.plot}", file=sys.stderr if args.json else sys.stdout)

@@ -12,10 +12,9 @@ from __future__ import annotations
 import math
 import sys
 import time
-import warnings
 from pathlib import Path
 
-from ladder.cli.output import tell
+from ladder.cli.output import recorded_warnings, tell
 from ladder.io import (EX_USAGE, InputError, as_float, atomic_write_json, claim, iter_jsonl,
                        marker_names, read_json, real_folder, write_marker)
 from ladder.predict.sinks import StdoutSink
@@ -144,8 +143,7 @@ def _fit(law_path: Path, rung_dirs: list[Path], *, verbose: bool = False):
     from ladder.fit import fit_law, load_law, load_points
     from ladder.fit.config import FitConfig
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with recorded_warnings() as caught:
         points = load_points([str(d) for d in rung_dirs], metric=METRIC,
                              include_incomplete=False)
     for w in caught:

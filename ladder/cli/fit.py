@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from ladder.cli.output import tell
+from ladder.cli.output import recorded_warnings, tell
 from ladder.io import (EX_DATAERR, EX_USAGE, InputError, atomic_write_json, check_writable, number,
                        to_jsonable)
 
@@ -96,8 +96,7 @@ def fit_main(args) -> int:
     metrics = expand_metrics(args.metric, args.sources, keymap=keymap)
     if len(metrics) > 1:
         return _fit_many(args, metrics, keymap)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with recorded_warnings() as caught:
         res, df, doc = _fit_metric(args, metrics[0], keymap)
     _print_warnings("fit", caught)
     with np.errstate(over="ignore"):  # a law beyond float64 is refused below, in one line
@@ -210,8 +209,7 @@ def _fit_many(args, metrics: list[str], keymap) -> int:
     reports = []  # printed once law.json is written (or refused)
     for metric in metrics:
         t0 = time.perf_counter()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        with recorded_warnings() as caught:
             try:
                 res, df, doc = _fit_metric(args, metric, keymap)
                 if not as_json:  # before the checks: an unconverged fit shows its solver line
@@ -289,8 +287,7 @@ def _fit_task_main(args) -> int:
         frames.append(t)
     df = pd.concat(frames, ignore_index=True)
     where = args.sources[0] if len(args.sources) == 1 else ", ".join(args.sources)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with recorded_warnings() as caught:
         law = fit_task(df, args.via, acc,
                        _fit_config(args, form=args.via_form, **_law_options(args)), where=where)
     _print_warnings("fit", caught)
@@ -361,8 +358,7 @@ def predict_main(args) -> int:
     number(args.fraction, field="--fraction", lo=0, hi=1, lo_open=True, allow_none=True,
            exit_code=EX_USAGE)
     law = load_law(args.law, metric=args.metric)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with recorded_warnings() as caught:
         try:
             pred = law.predict(params=args.params, active_params=args.active_params,
                                tokens=args.tokens, compute=args.compute, fraction=args.fraction,
@@ -420,8 +416,7 @@ def compare_main(args) -> int:
     for metric in metrics:
         tables = []
         for src in (args.a, args.b):
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
+            with recorded_warnings() as caught:
                 df = _points([src], metric, args)
             caught_all += caught
             if metric is None:  # a table's own loss column, else runs' default metric
@@ -431,8 +426,7 @@ def compare_main(args) -> int:
                                  path=src, field="loss")
             df.attrs["source"] = str(src)
             tables.append(df)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        with recorded_warnings() as caught:
             cmp, fits = compare_points(tables[0], tables[1], config, metric=metric, at=at,
                                        at_source=at_source)
         caught_all += caught
@@ -482,8 +476,7 @@ def predict_schedule_main(args) -> int:
                          "--schedule needs a curve law (--form mpl or momentum)", path=args.law,
                          field="form")
     at, lr = schedule_source(args.schedule)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with recorded_warnings() as caught:
         pred = law.predict(schedule=lr, step=None if args.fraction is not None else at,
                            fraction=args.fraction, params=args.params,
                            active_params=args.active_params, compute=args.compute,

@@ -5,8 +5,10 @@ result *is* its printout (``ladder list``) prints; a closed pipe ends it with 14
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import warnings
 
 
 def tell(*values, file=None, sep: str = " ") -> bool:
@@ -34,3 +36,22 @@ def silence(stream) -> None:
         os.dup2(devnull, fd)
     finally:
         os.close(devnull)
+
+
+def ignore_dropped_coroutines() -> None:
+    """Ignore, under the current warning filters, the RuntimeWarning of a coroutine that a library
+    dropped unawaited (Orbax's writes of a save abandoned on a full disk). It comes when the
+    garbage collector reaches the coroutine, at any later moment, in-process during another
+    command: nothing the command at hand did, and nothing a user can act on."""
+    warnings.filterwarnings("ignore", message=r"coroutine '.*' was never awaited",
+                            category=RuntimeWarning)
+
+
+@contextlib.contextmanager
+def recorded_warnings():
+    """The warnings raised inside, each time it is raised, in the list this yields, for the
+    command to print in its own words (a dropped coroutine's left out, as above)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ignore_dropped_coroutines()
+        yield caught
