@@ -372,6 +372,44 @@ def test_a_full_disk_during_a_save_is_74_and_nothing_half_made(tmp_path, async_s
     gc.collect()
 
 
+# `ladder run` itself, in a process of its own (what Orbax's threads print, and what Python prints
+# as it exits, is all there): a disk that fills during the background save of step 2
+FULL_AT_STEP_2 = """
+import errno, sys
+from etils import epath
+cls = type(epath.Path(sys.argv[1]))
+real = cls.write_text
+def full(self, *a, **k):
+    if "/checkpoints/2." in str(self):
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+    return real(self, *a, **k)
+cls.write_text = full
+from ladder.cli.main import main
+sys.exit(main(["run", "tiny", "--rung", "12.8K-A3.8K", "--quiet", "--progress=false",
+               "--peak_flops=1e11", "--max-steps", "3", "--checkpoint_every=1",
+               "--out", sys.argv[1]]))
+"""
+
+
+@pytest.mark.heavy
+def test_a_run_whose_disk_fills_during_a_background_save_says_so_in_one_line(tmp_path):
+    """Before: ~750 to 1,000 lines of Orbax's tracebacks (its log records, "Event loop is
+    closed" from TensorStore's threads, at exit "coroutine ... was never awaited") before the
+    one line, and both the line and summary.json named the failed step 2 as the newest complete
+    checkpoint: a background save that ended was counted done even when it had failed."""
+    p = subprocess.run([sys.executable, "-c", FULL_AT_STEP_2, str(tmp_path)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert p.returncode == 74, p.stderr[-2000:]
+    assert len(p.stderr.splitlines()) == 1, p.stderr[-2000:]
+    assert "checkpoint of step 2 could not be written (no space left on device); the newest " \
+        "complete one is step 1" in p.stderr
+    run = tmp_path / "tiny" / "12.8K-A3.8K"
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["status"], summary["step"]) == ("failed", 1)
+    assert sorted(q.name for q in (run / "checkpoints").iterdir()) == ["1", "rolling"]
+
+
 RUN = ["run", "tiny", "--rung", "12.8K-A3.8K", "--progress=false", "--peak_flops=1e11",
        "--max-steps", "1"]
 

@@ -17,12 +17,14 @@ removes the rolling one it supersedes.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import logging
 import shutil
 import sys
 import time
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 from time import monotonic as _clock  # a module global, so a test can drive the clock
@@ -71,8 +73,8 @@ class Checkpoints:
         self._last_save = _clock()
         self._pending: dict[str, int] = {}   # manager -> step being written in the background
         self._closed = False
-        self._unraisable = None   # the hook before _quiet_late_callbacks, restored by close
         self._done = self.latest_step()
+        _quiet(+1)   # until close
 
     def latest_step(self) -> int:
         steps = [m.latest_step() for m in (self.permanent, self.rolling)]
@@ -147,9 +149,13 @@ class Checkpoints:
 
     def done_step(self) -> int:
         """The newest step whose checkpoint is complete, as this process sees it (no
-        collective: for what process 0 writes in the summary)."""
+        collective: for what process 0 writes in the summary). A background save that ended is
+        complete only once its folder is in place: a failed one ends too, and is told at the
+        next save or close."""
         for kind, mngr in (("permanent", self.permanent), (ROLLING, self.rolling)):
-            if kind in self._pending and not mngr.is_saving_in_progress():
+            step = self._pending.get(kind)
+            if step is not None and not mngr.is_saving_in_progress() and \
+                    (mngr.directory / str(step)).is_dir():
                 self._done = max(self._done, self._pending.pop(kind))
         return self._done
 
@@ -194,14 +200,9 @@ class Checkpoints:
         metadata file) is named in one line, set aside as ``<step>.damaged`` (kept for a look,
         never listed as a step again), and the next older one is tried (issue 39)."""
         steps = sorted({*self.permanent.all_steps(), *self.rolling.all_steps()}, reverse=True)
-        if steps:
-            self._quiet_late_callbacks()
         for step in steps:
             try:
-                state = self.restore(step, like, data_iterator)
-                if step == steps[0]:   # nothing failed: no late callbacks to quiet
-                    self._loud_again()
-                return step, state
+                return step, self.restore(step, like, data_iterator)
             except Exception as e:  # noqa: BLE001 - any failure to read it back is damage
                 older = [s for s in steps if s < step]
                 where = self._set_aside(step)
@@ -210,21 +211,6 @@ class Checkpoints:
                             else "", where, f"resuming from step {older[0]}" if older else
                             "no older checkpoint: starting from step 0")
         return 0, like
-
-    def _quiet_late_callbacks(self) -> None:
-        """Drop the "RuntimeError: Event loop is closed" tracebacks (only those) until
-        :meth:`close`: TensorStore's reads of a damaged checkpoint finish in its own threads and
-        call back into the event loop Orbax has closed by then."""
-        if self._unraisable is not None:
-            return
-        previous = self._unraisable = sys.unraisablehook
-
-        def hook(u):
-            if isinstance(u.exc_value, RuntimeError) and \
-                    str(u.exc_value) == "Event loop is closed":
-                return
-            previous(u)
-        sys.unraisablehook = hook
 
     def _set_aside(self, step: int) -> str:
         """Rename the damaged ``step`` out of Orbax's sight (process 0 only: the folder is
@@ -253,18 +239,64 @@ class Checkpoints:
         self._closed = True
         self.permanent.close()
         self.rolling.close()
-        self._loud_again()
-
-    def _loud_again(self) -> None:
-        if self._unraisable is not None:
-            sys.unraisablehook, self._unraisable = self._unraisable, None
+        _quiet(-1)
 
     def _close_quietly(self) -> None:
+        """Close after a failure. The quiet below stays on for good: the failed save's writes go
+        on finishing (and calling back) after the managers are closed."""
+        if self._closed:
+            return
         self._closed = True
         for mngr in (self.permanent, self.rolling):
             with contextlib.suppress(Exception):
                 mngr.close()
-        self._loud_again()
+        atexit.register(_ignore_dropped_writes)   # once: the same function is called once
+
+
+# While any Checkpoints is open, and after one failed, the noise of an Orbax failure that its one
+# line tells is dropped (a full disk was ~750 to 1,000 lines of tracebacks before that line):
+# Orbax's log records of a disk error, one from each of its threads, and the "RuntimeError: Event
+# loop is closed" tracebacks of TensorStore's threads, whose reads and writes (of a damaged
+# checkpoint, of a failed save) finish after Orbax has closed the event loop they call back into.
+_open = 0
+_hook_before = None
+
+
+def _quiet(change: int) -> None:
+    """``change`` the count of open Checkpoints: the quiet is on while it is above 0 (put back
+    if another hook replaced it meanwhile), and off, as before, when it comes back to 0."""
+    global _open, _hook_before
+    _open += change
+    absl = logging.getLogger("absl")
+    if _open > 0:
+        absl.addFilter(_told_by_us)     # a filter already there is not added twice
+        if sys.unraisablehook is not _drop_closed_loop:
+            _hook_before, sys.unraisablehook = sys.unraisablehook, _drop_closed_loop
+    else:
+        absl.removeFilter(_told_by_us)
+        if sys.unraisablehook is _drop_closed_loop:   # not if someone put another in since
+            sys.unraisablehook = _hook_before
+        _hook_before = None
+
+
+def _ignore_dropped_writes() -> None:
+    """At exit, after the command's own warning filters are gone: the writes of a failed save
+    that Orbax never started (coroutines dropped unawaited) are often reached by the garbage
+    collector only as Python shuts down, each with a RuntimeWarning naming an Orbax internal."""
+    warnings.filterwarnings("ignore", message=r"coroutine '.*' was never awaited",
+                            category=RuntimeWarning)
+
+
+def _drop_closed_loop(u) -> None:
+    if not (isinstance(u.exc_value, RuntimeError) and str(u.exc_value) == "Event loop is closed"):
+        (_hook_before or sys.__unraisablehook__)(u)
+
+
+def _told_by_us(record: logging.LogRecord) -> bool:
+    """False for Orbax's log records of a disk error (a traceback from each of its threads):
+    :meth:`Checkpoints._disk_errors` tells it in one line."""
+    e = record.exc_info[1] if record.exc_info else None
+    return _disk_reason(e) is None and _disk_reason(RuntimeError(record.getMessage())) is None
 
 
 def _disk_reason(e: BaseException) -> str | None:
