@@ -125,7 +125,6 @@ def test_browser_tests_fail_under_ci_when_chromium_is_missing(tmp_path):
     assert r.returncode == 1 and "must run" in r.stdout, r.stdout
 
 
-
 async def _write():
     pass
 

@@ -250,7 +250,8 @@ class Checkpoints:
         for mngr in (self.permanent, self.rolling):
             with contextlib.suppress(Exception):
                 mngr.close()
-        atexit.register(_ignore_dropped_writes)   # once: the same function is called once
+        atexit.unregister(_ignore_dropped_writes)   # registered once, however many failed
+        atexit.register(_ignore_dropped_writes)
 
 
 # While any Checkpoints is open, and after one failed, the noise of an Orbax failure that its one
