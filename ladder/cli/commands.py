@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import sys
 
-from ladder.cli.output import ignore_dropped_coroutines, tell
+from ladder.cli.output import tell
 from ladder.io import EX_USAGE, InputError, inside, number
 from ladder.specs import Ladder, is_one_rung, lookup_message, resolve, with_file
+from ladder.trainer.checkpointing import ignore_dropped_writes
 from ladder.trainer.executor import rung_exit_code  # beside the Ray driver, which uses it too
 
 
@@ -430,7 +431,7 @@ def isoflop_main(args) -> int:
     import warnings
     with warnings.catch_warnings():  # dropped rows: named by load_points, printed once
         warnings.simplefilter("default")
-        ignore_dropped_coroutines()
+        ignore_dropped_writes()
         df = load_points(sources, args.metric)
     res = isoflop(df, bootstrap=args.bootstrap, level=args.level, seed=args.seed,
                   where=", ".join(args.points))

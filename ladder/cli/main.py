@@ -12,8 +12,8 @@ import logging
 import sys
 import warnings
 
-from ladder.cli.output import ignore_dropped_coroutines
 from ladder.io import EX_USAGE, InputError
+from ladder.trainer.checkpointing import ignore_dropped_writes
 
 
 def _commands():
@@ -726,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging(args.verbose, args.quiet)
     with warnings.catch_warnings():  # restored on return: main() may be called in-process
         warnings.showwarning = _warning_line(args.command)
-        ignore_dropped_coroutines()
+        ignore_dropped_writes()
         return _run(args)
 
 

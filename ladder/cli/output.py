@@ -10,6 +10,8 @@ import os
 import sys
 import warnings
 
+from ladder.trainer.checkpointing import ignore_dropped_writes
+
 
 def tell(*values, file=None, sep: str = " ") -> bool:
     """``print(*values, file=file)`` and a flush, so that a closed pipe shows here and not at
@@ -38,20 +40,11 @@ def silence(stream) -> None:
         os.close(devnull)
 
 
-def ignore_dropped_coroutines() -> None:
-    """Ignore, under the current warning filters, the RuntimeWarning of a coroutine that a library
-    dropped unawaited (Orbax's writes of a save abandoned on a full disk). It comes when the
-    garbage collector reaches the coroutine, at any later moment, in-process during another
-    command: nothing the command at hand did, and nothing a user can act on."""
-    warnings.filterwarnings("ignore", message=r"coroutine '.*' was never awaited",
-                            category=RuntimeWarning)
-
-
 @contextlib.contextmanager
 def recorded_warnings():
     """The warnings raised inside, each time it is raised, in the list this yields, for the
-    command to print in its own words (a dropped coroutine's left out, as above)."""
+    command to print in its own words (but not Orbax's dropped writes: ignore_dropped_writes)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        ignore_dropped_coroutines()
+        ignore_dropped_writes()
         yield caught

@@ -250,8 +250,8 @@ class Checkpoints:
         for mngr in (self.permanent, self.rolling):
             with contextlib.suppress(Exception):
                 mngr.close()
-        atexit.unregister(_ignore_dropped_writes)   # registered once, however many failed
-        atexit.register(_ignore_dropped_writes)
+        atexit.unregister(ignore_dropped_writes)   # registered once, however many failed
+        atexit.register(ignore_dropped_writes)
 
 
 # While any Checkpoints is open, and after one failed, the noise of an Orbax failure that its one
@@ -280,10 +280,12 @@ def _quiet(change: int) -> None:
         _hook_before = None
 
 
-def _ignore_dropped_writes() -> None:
-    """At exit, after the command's own warning filters are gone: the writes of a failed save
-    that Orbax never started (coroutines dropped unawaited) are often reached by the garbage
-    collector only as Python shuts down, each with a RuntimeWarning naming an Orbax internal."""
+def ignore_dropped_writes() -> None:
+    """Ignore, under the current warning filters, the RuntimeWarning of a coroutine dropped
+    unawaited: the writes of a failed save that Orbax never started. It comes when the garbage
+    collector reaches them, at any later moment: in-process during another command (the command
+    line sets this in each command's warning filters), often only as Python shuts down (set at
+    exit after a failed save). It names an Orbax internal, nothing a user can act on."""
     warnings.filterwarnings("ignore", message=r"coroutine '.*' was never awaited",
                             category=RuntimeWarning)
 
@@ -314,3 +316,4 @@ def _disk_reason(e: BaseException) -> str | None:
                 return words
         e = e.__cause__ or e.__context__
     return None
+
