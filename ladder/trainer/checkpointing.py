@@ -299,7 +299,7 @@ def _told_by_us(record: logging.LogRecord) -> bool:
     """False for Orbax's log records of a disk error (a traceback from each of its threads):
     :meth:`Checkpoints._disk_errors` tells it in one line."""
     e = record.exc_info[1] if record.exc_info else None
-    return _disk_reason(e) is None and _disk_reason(RuntimeError(record.getMessage())) is None
+    return _disk_reason(e) is None and _disk_words(record.getMessage()) is None
 
 
 def _disk_reason(e: BaseException) -> str | None:
@@ -310,10 +310,14 @@ def _disk_reason(e: BaseException) -> str | None:
         seen.add(id(e))
         if isinstance(e, OSError) and e.errno in DISK_ERRNOS:
             return (e.strerror or str(e)).lower()
-        text = str(e).lower()
-        for words in DISK_WORDS:
-            if words in text:
-                return words
+        words = _disk_words(str(e))
+        if words is not None:
+            return words
         e = e.__cause__ or e.__context__
     return None
 
+
+def _disk_words(text: str) -> str | None:
+    """The :data:`DISK_WORDS` that ``text`` holds, if any."""
+    text = text.lower()
+    return next((words for words in DISK_WORDS if words in text), None)
